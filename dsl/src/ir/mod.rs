@@ -1,0 +1,21 @@
+//! Palladium's kernel IR.
+//!
+//! A [`Kernel`] is a structured, SSA program over scalars, vectors and refs, with
+//! Pallas's call spec attached. It is the one IR of the compiler: the `#[kernel]` macro
+//! traces into it, the verifier checks it, the printer writes it deterministically, and the
+//! lowering translates it to Mosaic MLIR (an output format only).
+
+mod entities;
+pub mod infer;
+mod kernel;
+mod op;
+mod print;
+mod types;
+mod verify;
+
+pub use entities::{Block, Buf, Op, Sem, Value};
+pub use kernel::{BlockData, BufData, BufOrigin, Kernel, OpNode, SemData, SrcLoc, ValueData, ValueDef};
+pub use op::{BinaryOp, CmpPred, DotDims, Index, Literal, Offset, OpData, Precision, ReduceOp, Remote, UnaryOp};
+pub use print::{PrintOptions, print_kernel};
+pub use types::{DType, MemorySpace, RefType, SemKind, Shape, Type};
+pub use verify::{ErrorSite, VerifierError, VerifierErrors, VerifyOptions, block_tiling_rule, padded_vmem_bytes, verify};

@@ -1,0 +1,357 @@
+//! The operations of the kernel IR: one variant per primitive, grouped in families that
+//! match the lowering rules (`lowering/src/rules/*`).
+
+use super::{Block, Buf, DType, Sem, Shape, Type, Value};
+use smallvec::SmallVec;
+use std::fmt;
+
+/// A constant's value. Float constants keep the f64 they were written as; the dtype of the
+/// result decides how they round.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum Literal {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+}
+
+impl fmt::Display for Literal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Literal::Int(i) => write!(f, "{i}"),
+            // `{:?}` keeps a decimal point on whole numbers and is exact for round trips.
+            Literal::Float(x) => write!(f, "{x:?}"),
+            Literal::Bool(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+/// An offset into a ref dimension: known at trace time or an i32 value.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Offset {
+    Static(i64),
+    Dynamic(Value),
+}
+
+impl fmt::Display for Offset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Offset::Static(i) => write!(f, "{i}"),
+            Offset::Dynamic(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+/// How one ref dimension is indexed: a single position (the dim is dropped from the
+/// result) or a unit-stride slice of static size.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Index {
+    Point(Offset),
+    Slice { start: Offset, size: u64 },
+}
+
+impl Index {
+    pub fn offset(&self) -> Offset {
+        match *self {
+            Index::Point(o) | Index::Slice { start: o, .. } => o,
+        }
+    }
+    pub fn size(&self) -> u64 {
+        match *self {
+            Index::Point(_) => 1,
+            Index::Slice { size, .. } => size,
+        }
+    }
+}
+
+impl fmt::Display for Index {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Index::Point(o) => write!(f, "{o}"),
+            Index::Slice { start, size } => write!(f, "{start}:+{size}"),
+        }
+    }
+}
+
+macro_rules! op_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident => $s:literal),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+        pub enum $name { $($(#[$vm])* $v),* }
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$v),*];
+            pub fn name(self) -> &'static str { match self { $($name::$v => $s),* } }
+        }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result { f.write_str(self.name()) }
+        }
+    };
+}
+
+op_enum!(
+    /// Elementwise unary math.
+    UnaryOp {
+        Neg => "neg", Abs => "abs", Exp => "exp", Exp2 => "exp2", Log => "log", Log1p => "log1p",
+        Sqrt => "sqrt", Rsqrt => "rsqrt", Tanh => "tanh", Sin => "sin", Cos => "cos",
+        Floor => "floor", Ceil => "ceil", Round => "round", Erf => "erf",
+        /// `1 / (1 + exp(-x))`.
+        Logistic => "logistic",
+        /// Bitwise (ints) or logical (bool) not.
+        Not => "not",
+    }
+);
+
+op_enum!(
+    /// Elementwise binary arithmetic and bitwise ops. Integer ops are signed.
+    BinaryOp {
+        Add => "add", Sub => "sub", Mul => "mul", Div => "div", Rem => "rem",
+        Max => "max", Min => "min", Pow => "pow",
+        And => "and", Or => "or", Xor => "xor", Shl => "shl", Shr => "shr",
+    }
+);
+
+op_enum!(
+    /// Comparison predicates (ordered for floats, signed for ints).
+    CmpPred { Eq => "eq", Ne => "ne", Lt => "lt", Le => "le", Gt => "gt", Ge => "ge" }
+);
+
+op_enum!(
+    /// Reductions over vector axes.
+    ReduceOp { Sum => "sum", Max => "max", Min => "min" }
+);
+
+op_enum!(
+    /// MXU precision for f32 operands (`None` in Pallas = the default, bf16 passes).
+    Precision { Default => "default", Bf16x3 => "bf16x3", Fp32 => "fp32" }
+);
+
+/// Dimension numbers of a `dot_general`: contracting and batch dims of each side. The
+/// result is ordered batch dims, lhs free dims, rhs free dims.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DotDims {
+    pub lhs_contract: Vec<u32>,
+    pub rhs_contract: Vec<u32>,
+    pub lhs_batch: Vec<u32>,
+    pub rhs_batch: Vec<u32>,
+}
+
+impl DotDims {
+    /// `lhs @ rhs` for 2-D operands.
+    pub fn matmul() -> DotDims {
+        DotDims { lhs_contract: vec![1], rhs_contract: vec![0], lhs_batch: vec![], rhs_batch: vec![] }
+    }
+    /// `lhs @ rhs.T` for 2-D operands (contract both minor dims).
+    pub fn matmul_transposed_rhs() -> DotDims {
+        DotDims { lhs_contract: vec![1], rhs_contract: vec![1], lhs_batch: vec![], rhs_batch: vec![] }
+    }
+}
+
+/// The remote side of a DMA or signal: the destination device and, for DMAs, the
+/// semaphore the sender waits on.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Remote {
+    pub device_id: Value,
+    pub send_sem: Value,
+}
+
+/// One operation. Regions are blocks owned by the op.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OpData {
+    // --- constants and grid queries -------------------------------------------------------
+    /// A scalar constant, or a splat vector when the result type is a vector.
+    Constant { value: Literal, ty: Type },
+    /// `pl.program_id(axis)`: the i32 index of this grid step along `axis`.
+    ProgramId { axis: u32 },
+    /// `pl.num_programs(axis)`: the grid extent along `axis` (i32).
+    NumPrograms { axis: u32 },
+    /// `broadcasted_iota(i32, shape, dim)`.
+    Iota { shape: Shape, dim: u32 },
+
+    // --- elementwise -----------------------------------------------------------------------
+    Unary { op: UnaryOp, x: Value },
+    Binary { op: BinaryOp, lhs: Value, rhs: Value },
+    Compare { pred: CmpPred, lhs: Value, rhs: Value },
+    Select { cond: Value, on_true: Value, on_false: Value },
+    Cast { x: Value, to: DType },
+
+    // --- shapes ----------------------------------------------------------------------------
+    /// Scalar to vector, or vector with size-1 dims to a larger vector (numpy rules).
+    Broadcast { x: Value, shape: Shape },
+    /// Same elements, new shape (also squeeze/expand_dims; to rank 0 extracts the scalar).
+    Reshape { x: Value, shape: Shape },
+    Transpose { x: Value, perm: Vec<u32> },
+    /// Reduce `axes` away (the result drops them).
+    Reduce { op: ReduceOp, x: Value, axes: Vec<u32> },
+    /// Matrix multiply on the MXU with a 32-bit accumulator (the result dtype).
+    Dot { lhs: Value, rhs: Value, dims: DotDims, precision: Precision, out: DType },
+    /// Promise that an i32 is a multiple of `multiple` (lets tile-alignment checks pass).
+    AssumeMultiple { x: Value, multiple: u32 },
+
+    // --- memory ----------------------------------------------------------------------------
+    /// Read a window of a VMEM ref into a vector, or one SMEM element into a scalar.
+    Load { src: Value, index: Vec<Index> },
+    /// Write a vector into a VMEM ref window (optionally masked), or a scalar into SMEM.
+    Store { dst: Value, index: Vec<Index>, value: Value, mask: Option<Value> },
+    /// A sub-ref (`ref.at[...]`): point-indexed dims are dropped from the result.
+    RefSlice { base: Value, index: Vec<Index> },
+
+    // --- DMA and semaphores ----------------------------------------------------------------
+    /// Start an async copy `src -> dst` signalling DMA semaphore `sem` on arrival.
+    DmaStart { src: Value, dst: Value, sem: Value, remote: Option<Remote>, priority: u8 },
+    /// Wait until the copy `src -> dst` has arrived (`sem` counts its bytes).
+    DmaWait { src: Value, dst: Value, sem: Value, device_id: Option<Value> },
+    SemSignal { sem: Value, amount: Value, device_id: Option<Value> },
+    SemWait { sem: Value, amount: Value },
+    SemRead { sem: Value },
+
+    // --- structured control flow and scopes -------------------------------------------------
+    /// `pl.when` / `lax.cond`: both blocks yield the op's results.
+    If { cond: Value, then_block: Block, else_block: Block },
+    /// `fori_loop`: `body` takes (iv: i32, carried...) and yields the next carried values.
+    For { lower: Value, upper: Value, step: Value, init: Vec<Value>, body: Block },
+    /// `while_loop`: `cond` takes the carried values and yields one bool; `body` takes them
+    /// and yields the next ones.
+    While { init: Vec<Value>, cond: Block, body: Block },
+    /// `pl.run_scoped`: allocations inside `body` live until it ends.
+    RunScoped { body: Block },
+    /// A scoped VMEM/SMEM allocation (only directly inside a `RunScoped` body).
+    Alloc { buf: Buf },
+    /// A scoped semaphore allocation (only directly inside a `RunScoped` body).
+    SemAlloc { sem: Sem },
+    /// Ends a block, handing values to the enclosing op (or the index-map result).
+    Yield { values: SmallVec<[Value; 4]> },
+}
+
+impl OpData {
+    /// The mnemonic used by the printer and in error messages.
+    pub fn mnemonic(&self) -> String {
+        match self {
+            OpData::Constant { .. } => "const".into(),
+            OpData::ProgramId { .. } => "program_id".into(),
+            OpData::NumPrograms { .. } => "num_programs".into(),
+            OpData::Iota { .. } => "iota".into(),
+            OpData::Unary { op, .. } => op.name().into(),
+            OpData::Binary { op, .. } => op.name().into(),
+            OpData::Compare { pred, .. } => format!("cmp.{pred}"),
+            OpData::Select { .. } => "select".into(),
+            OpData::Cast { .. } => "cast".into(),
+            OpData::Broadcast { .. } => "broadcast".into(),
+            OpData::Reshape { .. } => "reshape".into(),
+            OpData::Transpose { .. } => "transpose".into(),
+            OpData::Reduce { op, .. } => format!("reduce.{op}"),
+            OpData::Dot { .. } => "dot".into(),
+            OpData::AssumeMultiple { .. } => "assume_multiple".into(),
+            OpData::Load { .. } => "load".into(),
+            OpData::Store { .. } => "store".into(),
+            OpData::RefSlice { .. } => "ref_slice".into(),
+            OpData::DmaStart { .. } => "dma_start".into(),
+            OpData::DmaWait { .. } => "dma_wait".into(),
+            OpData::SemSignal { .. } => "sem_signal".into(),
+            OpData::SemWait { .. } => "sem_wait".into(),
+            OpData::SemRead { .. } => "sem_read".into(),
+            OpData::If { .. } => "if".into(),
+            OpData::For { .. } => "for".into(),
+            OpData::While { .. } => "while".into(),
+            OpData::RunScoped { .. } => "run_scoped".into(),
+            OpData::Alloc { .. } => "alloc".into(),
+            OpData::SemAlloc { .. } => "sem_alloc".into(),
+            OpData::Yield { .. } => "yield".into(),
+        }
+    }
+
+    /// The SSA operands, in order (index offsets included).
+    pub fn operands(&self) -> SmallVec<[Value; 4]> {
+        let mut out = SmallVec::new();
+        let dyn_offsets = |index: &[Index], out: &mut SmallVec<[Value; 4]>| {
+            for i in index {
+                if let Offset::Dynamic(v) = i.offset() {
+                    out.push(v);
+                }
+            }
+        };
+        match self {
+            OpData::Constant { .. }
+            | OpData::ProgramId { .. }
+            | OpData::NumPrograms { .. }
+            | OpData::Iota { .. }
+            | OpData::Alloc { .. }
+            | OpData::SemAlloc { .. }
+            | OpData::RunScoped { .. } => {}
+            OpData::Unary { x, .. }
+            | OpData::Cast { x, .. }
+            | OpData::Broadcast { x, .. }
+            | OpData::Reshape { x, .. }
+            | OpData::Transpose { x, .. }
+            | OpData::Reduce { x, .. }
+            | OpData::AssumeMultiple { x, .. } => out.push(*x),
+            OpData::Binary { lhs, rhs, .. } | OpData::Compare { lhs, rhs, .. } => {
+                out.extend([*lhs, *rhs]);
+            }
+            OpData::Dot { lhs, rhs, .. } => out.extend([*lhs, *rhs]),
+            OpData::Select { cond, on_true, on_false } => out.extend([*cond, *on_true, *on_false]),
+            OpData::Load { src, index } => {
+                out.push(*src);
+                dyn_offsets(index, &mut out);
+            }
+            OpData::Store { dst, index, value, mask } => {
+                out.extend([*dst, *value]);
+                dyn_offsets(index, &mut out);
+                out.extend(mask.iter().copied());
+            }
+            OpData::RefSlice { base, index } => {
+                out.push(*base);
+                dyn_offsets(index, &mut out);
+            }
+            OpData::DmaStart { src, dst, sem, remote, .. } => {
+                out.extend([*src, *dst, *sem]);
+                if let Some(r) = remote {
+                    out.extend([r.device_id, r.send_sem]);
+                }
+            }
+            OpData::DmaWait { src, dst, sem, device_id } => {
+                out.extend([*src, *dst, *sem]);
+                out.extend(device_id.iter().copied());
+            }
+            OpData::SemSignal { sem, amount, device_id } => {
+                out.extend([*sem, *amount]);
+                out.extend(device_id.iter().copied());
+            }
+            OpData::SemWait { sem, amount } => out.extend([*sem, *amount]),
+            OpData::SemRead { sem } => out.push(*sem),
+            OpData::If { cond, .. } => out.push(*cond),
+            OpData::For { lower, upper, step, init, .. } => {
+                out.extend([*lower, *upper, *step]);
+                out.extend(init.iter().copied());
+            }
+            OpData::While { init, .. } => out.extend(init.iter().copied()),
+            OpData::Yield { values } => out.extend(values.iter().copied()),
+        }
+        out
+    }
+
+    /// The blocks (regions) this op owns, in order.
+    pub fn blocks(&self) -> SmallVec<[Block; 2]> {
+        match self {
+            OpData::If { then_block, else_block, .. } => [*then_block, *else_block].into_iter().collect(),
+            OpData::For { body, .. } | OpData::RunScoped { body } => [*body].into_iter().collect(),
+            OpData::While { cond, body, .. } => [*cond, *body].into_iter().collect(),
+            _ => SmallVec::new(),
+        }
+    }
+
+    /// Whether the op only computes its results (no memory or synchronisation effects).
+    pub fn is_pure(&self) -> bool {
+        !matches!(
+            self,
+            OpData::Store { .. }
+                | OpData::DmaStart { .. }
+                | OpData::DmaWait { .. }
+                | OpData::SemSignal { .. }
+                | OpData::SemWait { .. }
+                | OpData::If { .. }
+                | OpData::For { .. }
+                | OpData::While { .. }
+                | OpData::RunScoped { .. }
+                | OpData::Yield { .. }
+        )
+    }
+}

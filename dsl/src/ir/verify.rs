@@ -1,0 +1,371 @@
+//! The verifier: checks a kernel and collects *every* error, each tied to the op (and its
+//! source line) or the call-spec field it concerns, in the manner of Cranelift's verifier.
+//!
+//! Besides typing (shared with the builder through [`super::infer`]) and SSA scoping it
+//! enforces the TPU rules libtpu would otherwise report much later: block shapes must tile
+//! the hardware's native (sublane, lane) tiles, index maps must return one i32 per array
+//! dim, and everything resident in VMEM must fit the chip's budget.
+
+use super::infer::{result_types, yield_types};
+use super::{Block, BufOrigin, DType, Kernel, MemorySpace, Op, OpData, SrcLoc, Type, Value};
+use crate::spec::{BlockDim, Chip, OperandRole, OperandSpec, ScratchSpec};
+use cranelift_entity::SecondaryMap;
+use std::fmt;
+
+#[derive(Copy, Clone, Debug, Default)]
+pub struct VerifyOptions {
+    /// Check the VMEM budget against this chip (else only against `vmem_limit_bytes`, if set).
+    pub chip: Option<Chip>,
+}
+
+/// What an error is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ErrorSite {
+    Op(Op),
+    /// A part of the call spec, e.g. `operand x` or `vmem`.
+    Call(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifierError {
+    pub site: ErrorSite,
+    /// The op as printed, for context.
+    pub op_text: Option<String>,
+    pub loc: Option<SrcLoc>,
+    pub message: String,
+}
+
+impl fmt::Display for VerifierError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.site {
+            ErrorSite::Op(op) => write!(f, "{op}")?,
+            ErrorSite::Call(what) => f.write_str(what)?,
+        }
+        if let Some(text) = &self.op_text {
+            write!(f, " ({text})")?;
+        }
+        if let Some(loc) = &self.loc {
+            write!(f, " at {loc}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// All errors found in one kernel.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VerifierErrors(pub Vec<VerifierError>);
+
+impl fmt::Display for VerifierErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for VerifierErrors {}
+
+/// Verify `kernel`; `Ok` only if no rule is broken.
+pub fn verify(kernel: &Kernel, options: VerifyOptions) -> Result<(), VerifierErrors> {
+    let mut v = Verifier { k: kernel, errors: Vec::new(), visible: SecondaryMap::new() };
+    v.call_spec();
+    v.entry_signature();
+    v.region(kernel.entry, false);
+    for o in &kernel.call.operands {
+        if let Some(map) = o.index_map {
+            v.index_map(o, map);
+        }
+    }
+    v.vmem_budget(options.chip);
+    if v.errors.is_empty() { Ok(()) } else { Err(VerifierErrors(v.errors)) }
+}
+
+struct Verifier<'a> {
+    k: &'a Kernel,
+    errors: Vec<VerifierError>,
+    visible: SecondaryMap<Value, bool>,
+}
+
+impl Verifier<'_> {
+    fn call_error(&mut self, what: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(VerifierError { site: ErrorSite::Call(what.into()), op_text: None, loc: self.k.loc, message: message.into() });
+    }
+
+    fn op_error(&mut self, op: Op, message: impl Into<String>) {
+        let text = op_line(self.k, op);
+        self.errors.push(VerifierError { site: ErrorSite::Op(op), op_text: Some(text), loc: self.k.ops[op].loc, message: message.into() });
+    }
+
+    fn call_spec(&mut self) {
+        let c = &self.k.call;
+        for (i, g) in c.grid.iter().enumerate() {
+            if g.extent == 0 {
+                self.call_error(format!("grid dim {i}"), "grid extents must be at least 1");
+            }
+        }
+        for o in &c.operands {
+            self.operand(o);
+        }
+        let ins: Vec<&OperandSpec> = c.operands_of(OperandRole::Input).collect();
+        let outs: Vec<&OperandSpec> = c.operands_of(OperandRole::Output).collect();
+        for &(i, o) in &c.aliases {
+            match (ins.get(i), outs.get(o)) {
+                (Some(a), Some(b)) if a.dtype == b.dtype && a.shape == b.shape => {}
+                (Some(a), Some(b)) => self.call_error(
+                    format!("alias in{i} -> out{o}"),
+                    format!("aliased arrays must match: {} is {}{}, {} is {}{}", a.name, a.dtype, a.shape, b.name, b.dtype, b.shape),
+                ),
+                _ => self.call_error(format!("alias in{i} -> out{o}"), format!("no such input/output ({} inputs, {} outputs)", ins.len(), outs.len())),
+            }
+        }
+        if outs.is_empty() {
+            self.call_error("outputs", "a kernel needs at least one output");
+        }
+    }
+
+    fn operand(&mut self, o: &OperandSpec) {
+        let what = format!("operand {}", o.name);
+        if o.role == OperandRole::Prefetch && (o.dtype != DType::I32 || o.space != MemorySpace::Smem) {
+            self.call_error(&what, format!("scalar prefetch must be an i32 array in SMEM, got {}{} in {}", o.dtype, o.shape, o.space));
+        }
+        if o.space == MemorySpace::Semaphore {
+            self.call_error(&what, "arrays cannot live in semaphore memory");
+        }
+        let Some(block) = &o.block else {
+            if o.is_windowed() && !self.k.call.grid.is_empty() && o.index_map.is_none() {
+                self.call_error(&what, "a windowed operand of a gridded kernel needs a block shape and an index map");
+            }
+            return;
+        };
+        if o.space.is_hbm_like() {
+            self.call_error(&what, format!("{} operands are not windowed: drop the block shape and copy from them with DMAs", o.space));
+            return;
+        }
+        if block.len() != o.shape.rank() {
+            self.call_error(&what, format!("block rank {} differs from array rank {} ({})", block.len(), o.shape.rank(), o.shape));
+            return;
+        }
+        if o.index_map.is_none() {
+            self.call_error(&what, "a block shape needs an index map");
+        }
+        for (d, (b, &n)) in block.iter().zip(o.shape.dims()).enumerate() {
+            if let BlockDim::Blocked(b) = *b {
+                if b == 0 || b > n {
+                    self.call_error(&what, format!("block dim {d} is {b}, the array dim is {n}"));
+                }
+            }
+        }
+        if o.space == MemorySpace::Vmem {
+            if let Err(m) = block_tiling_rule(o.dtype, block, &o.shape) {
+                self.call_error(&what, m);
+            }
+        }
+    }
+
+    fn entry_signature(&mut self) {
+        let k = self.k;
+        let params = &k.blocks[k.entry].params;
+        let mut want: Vec<Type> = k.call.grid.iter().map(|_| Type::Scalar(DType::I32)).collect();
+        for o in &k.call.operands {
+            want.push(Type::Ref(super::RefType { space: o.space, dtype: o.dtype, shape: o.window_shape() }));
+        }
+        for s in &k.call.scratch {
+            want.push(match s {
+                ScratchSpec::Buffer { space, dtype, shape, .. } => Type::Ref(super::RefType { space: *space, dtype: *dtype, shape: shape.clone() }),
+                ScratchSpec::Semaphore { kind, shape, .. } => Type::Sem(*kind, shape.clone()),
+            });
+        }
+        let got: Vec<Type> = params.iter().map(|&p| k.ty(p).clone()).collect();
+        if got != want {
+            let show = |ts: &[Type]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
+            self.call_error("kernel signature", format!("entry block takes ({}), the call spec implies ({})", show(&got), show(&want)));
+        }
+    }
+
+    /// Check a region: ops typed and scoped, and a `yield` exactly at the end of nested
+    /// regions and index maps (`must_yield`), nowhere else.
+    fn region(&mut self, block: Block, must_yield: bool) {
+        let k = self.k;
+        for &p in &k.blocks[block].params {
+            self.visible[p] = true;
+        }
+        let ops = &k.blocks[block].ops;
+        for (i, &op) in ops.iter().enumerate() {
+            let node = &k.ops[op];
+            for v in node.data.operands() {
+                if !self.visible[v] {
+                    self.op_error(op, format!("uses {v}, which is not defined before it in an enclosing scope"));
+                }
+            }
+            let is_last = i + 1 == ops.len();
+            match &node.data {
+                OpData::Yield { .. } if !(must_yield && is_last) => {
+                    self.op_error(op, "yield must be the last op of a nested region");
+                }
+                OpData::Alloc { .. } | OpData::SemAlloc { .. } => {
+                    let parent = k.blocks[block].parent.expand();
+                    if !parent.is_some_and(|p| matches!(k.ops[p].data, OpData::RunScoped { .. })) {
+                        self.op_error(op, "scoped allocations belong directly inside run_scoped");
+                    }
+                }
+                _ => {}
+            }
+            for b in node.data.blocks() {
+                self.region(b, true);
+            }
+            match result_types(k, &node.data) {
+                Ok(types) => {
+                    let got: Vec<&Type> = node.results.iter().map(|&r| k.ty(r)).collect();
+                    if got != types.iter().collect::<Vec<_>>() {
+                        let show = |ts: Vec<String>| ts.join(", ");
+                        self.op_error(
+                            op,
+                            format!(
+                                "results are typed ({}), the operands imply ({})",
+                                show(got.iter().map(|t| t.to_string()).collect()),
+                                show(types.iter().map(|t| t.to_string()).collect())
+                            ),
+                        );
+                    }
+                }
+                Err(m) => self.op_error(op, m),
+            }
+            for &r in &node.results {
+                self.visible[r] = true;
+            }
+        }
+        if must_yield && !matches!(ops.last().map(|&o| &k.ops[o].data), Some(OpData::Yield { .. })) {
+            match k.blocks[block].parent.expand() {
+                Some(p) => self.op_error(p, format!("region {block} does not end with a yield")),
+                None => self.call_error(format!("index map {block}"), "does not end with a yield"),
+            }
+        }
+        // Leaving the region: its values go out of scope.
+        for &p in &k.blocks[block].params {
+            self.visible[p] = false;
+        }
+        for &op in ops {
+            for &r in &k.ops[op].results {
+                self.visible[r] = false;
+            }
+        }
+    }
+
+    fn index_map(&mut self, o: &OperandSpec, map: Block) {
+        let k = self.k;
+        let what = format!("index map of {}", o.name);
+        let mut want: Vec<Type> = k.call.grid.iter().map(|_| Type::Scalar(DType::I32)).collect();
+        for p in k.call.operands_of(OperandRole::Prefetch) {
+            want.push(Type::Ref(super::RefType { space: p.space, dtype: p.dtype, shape: p.shape.clone() }));
+        }
+        let got: Vec<Type> = k.blocks[map].params.iter().map(|&p| k.ty(p).clone()).collect();
+        if got != want {
+            self.call_error(&what, format!("takes {} parameters, expected the {} grid indices and {} prefetch refs", got.len(), k.call.grid.len(), want.len() - k.call.grid.len()));
+        }
+        // Index maps may not touch the kernel body's values.
+        let saved = std::mem::take(&mut self.visible);
+        self.region(map, true);
+        self.visible = saved;
+        if let Ok(ys) = yield_types(k, map) {
+            if ys.len() != o.shape.rank() || ys.iter().any(|t| *t != Type::Scalar(DType::I32)) {
+                let shown: Vec<String> = ys.iter().map(|t| t.to_string()).collect();
+                self.call_error(&what, format!("returns ({}), expected one i32 block index per array dim ({} dims)", shown.join(", "), o.shape.rank()));
+            }
+        }
+    }
+
+    fn vmem_budget(&mut self, chip: Option<Chip>) {
+        let k = self.k;
+        let gridded = !k.call.grid.is_empty();
+        let mut lines = Vec::new();
+        let mut total = 0u64;
+        for o in &k.call.operands {
+            if o.space != MemorySpace::Vmem {
+                continue;
+            }
+            // Windowed blocks are double-buffered by the grid pipeline.
+            let buffers = if gridded && o.block.is_some() { 2 } else { 1 };
+            let bytes = buffers * padded_vmem_bytes(o.dtype, &o.window_shape());
+            lines.push(format!("{} {}x{}", o.name, buffers, bytes / buffers));
+            total += bytes;
+        }
+        for b in k.bufs.values() {
+            let scratch_or_scoped = matches!(b.origin, BufOrigin::Scratch(_) | BufOrigin::Scoped(_));
+            if scratch_or_scoped && b.ty.space == MemorySpace::Vmem {
+                let bytes = padded_vmem_bytes(b.ty.dtype, &b.ty.shape);
+                lines.push(format!("{} {bytes}", b.name));
+                total += bytes;
+            }
+        }
+        let limit = k.call.vmem_limit_bytes.or(chip.map(Chip::default_scoped_vmem_bytes));
+        if let (Some(limit), Some(chip)) = (k.call.vmem_limit_bytes, chip) {
+            if limit > chip.vmem_bytes() {
+                self.call_error("vmem_limit", format!("vmem_limit_bytes {limit} exceeds the {} MiB of VMEM per TensorCore on {chip}", chip.vmem_bytes() >> 20));
+            }
+        }
+        if let Some(limit) = limit {
+            if total > limit {
+                self.call_error(
+                    "vmem",
+                    format!("VMEM budget exceeded: {total} bytes needed ({}), limit {limit} bytes{}", lines.join(" + "), chip.map(|c| format!(" on {c}")).unwrap_or_default()),
+                );
+            }
+        }
+    }
+}
+
+/// Bytes a VMEM buffer really occupies: the two minor dims are padded to the native tile.
+pub fn padded_vmem_bytes(dtype: DType, shape: &super::Shape) -> u64 {
+    let (sub, lane) = dtype.native_tile();
+    let d = shape.dims();
+    let padded: u64 = match d.len() {
+        0 => 1,
+        1 => d[0].next_multiple_of(sub * lane),
+        n => d[..n - 2].iter().product::<u64>() * d[n - 2].next_multiple_of(sub) * d[n - 1].next_multiple_of(lane),
+    };
+    (padded * u64::from(dtype.memory_bits())).div_ceil(8)
+}
+
+/// The TPU block-shape rule (Pallas's `_check_block_mappings`, tightened to the native tile
+/// of the dtype so that packed types do not waste or misalign vregs).
+pub fn block_tiling_rule(dtype: DType, block: &[BlockDim], array: &super::Shape) -> Result<(), String> {
+    let (sub, lane) = dtype.native_tile();
+    let a = array.dims();
+    let n = block.len();
+    let dims: Vec<u64> = block.iter().map(|b| b.extent()).collect();
+    let squeezed = |i: usize| block[i] == BlockDim::Squeezed;
+    if n == 1 {
+        let (b, full) = (dims[0], a[0]);
+        let min_pow2 = 128 * 32 / u64::from(dtype.memory_bits());
+        if b == full || b % 1024 == 0 || (b.is_power_of_two() && b >= min_pow2) {
+            return Ok(());
+        }
+        return Err(format!(
+            "TPU block rule: a 1-D block of {dtype} must be the whole array ({full}), a multiple of 1024, or a power of two >= {min_pow2}; got {b}"
+        ));
+    }
+    let mut problems = Vec::new();
+    if !squeezed(n - 1) && dims[n - 1] != a[n - 1] && dims[n - 1] % lane != 0 {
+        problems.push(format!("the last block dim ({}) must be a multiple of {lane} lanes or equal the array dim ({})", dims[n - 1], a[n - 1]));
+    }
+    if !squeezed(n - 2) && dims[n - 2] != a[n - 2] && dims[n - 2] % sub != 0 {
+        problems.push(format!(
+            "the second-minor block dim ({}) must be a multiple of {sub} (native {dtype} tile ({sub},{lane})) or equal the array dim ({})",
+            dims[n - 2], a[n - 2]
+        ));
+    }
+    if problems.is_empty() { Ok(()) } else { Err(format!("TPU block rule: {}", problems.join("; "))) }
+}
+
+/// One op's line of text, without nested regions.
+fn op_line(k: &Kernel, op: Op) -> String {
+    let node = &k.ops[op];
+    let results: Vec<String> = node.results.iter().map(|r| r.to_string()).collect();
+    let operands: Vec<String> = node.data.operands().iter().map(|v| k.value_name(*v)).collect();
+    let head = if results.is_empty() { String::new() } else { format!("{} = ", results.join(", ")) };
+    format!("{head}{} {}", node.data.mnemonic(), operands.join(", ")).trim_end().to_string()
+}

@@ -1,0 +1,209 @@
+//! The call spec: what `pallas_call` is told besides the kernel body.
+//!
+//! Grid, dimension semantics, one [`OperandSpec`] per scalar-prefetch array, input and
+//! output (array type + block spec), scratch shapes, input/output aliases, the VMEM limit
+//! and a cost estimate. Index maps are traced into the kernel's IR as blocks, so they live in
+//! [`Kernel`](crate::ir::Kernel), not here.
+
+use crate::ir::{Block, DType, MemorySpace, SemKind, Shape};
+use std::fmt;
+
+/// How the grid may iterate a dimension (`dimension_semantics`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Semantics {
+    /// Iterations are independent: may be split across TensorCores.
+    Parallel,
+    /// Iterations run in order (reductions, carried state).
+    Arbitrary,
+}
+
+impl Semantics {
+    pub fn name(self) -> &'static str {
+        match self {
+            Semantics::Parallel => "parallel",
+            Semantics::Arbitrary => "arbitrary",
+        }
+    }
+}
+
+/// One grid dimension.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GridDim {
+    pub extent: u64,
+    pub semantics: Semantics,
+}
+
+/// One dimension of a block: a blocked extent, or a squeezed (`None` / `pl.Squeezed()`) dim
+/// that the kernel sees without (the memref keeps it as size 1, as Pallas does).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum BlockDim {
+    Blocked(u64),
+    Squeezed,
+}
+
+impl BlockDim {
+    /// The extent in the window memref (squeezed dims are 1).
+    pub fn extent(self) -> u64 {
+        match self {
+            BlockDim::Blocked(n) => n,
+            BlockDim::Squeezed => 1,
+        }
+    }
+}
+
+impl fmt::Display for BlockDim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BlockDim::Blocked(n) => write!(f, "{n}"),
+            BlockDim::Squeezed => f.write_str("squeezed"),
+        }
+    }
+}
+
+/// The role of an operand of the call.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum OperandRole {
+    /// Scalar prefetch: a whole i32 array in SMEM, visible to the index maps.
+    Prefetch,
+    Input,
+    Output,
+}
+
+/// An array passed to (or returned from) the call, and how the kernel sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperandSpec {
+    pub name: String,
+    pub role: OperandRole,
+    pub dtype: DType,
+    /// The full array shape.
+    pub shape: Shape,
+    pub space: MemorySpace,
+    /// The block (window) shape; `None` means the whole array (HBM/ANY refs, prefetch,
+    /// grid-less kernels).
+    pub block: Option<Vec<BlockDim>>,
+    /// The traced index map: a block whose parameters are the grid indices and the
+    /// prefetch refs, ending in a `yield` of one i32 block index per array dim.
+    pub index_map: Option<Block>,
+}
+
+impl OperandSpec {
+    /// The memref shape the kernel body sees: the block (squeezed dims as 1) or the array.
+    pub fn window_shape(&self) -> Shape {
+        match &self.block {
+            Some(b) => Shape(b.iter().map(|d| d.extent()).collect()),
+            None => self.shape.clone(),
+        }
+    }
+
+    /// Whether the grid windows this operand (it gets a `transform_N` function).
+    pub fn is_windowed(&self) -> bool {
+        self.role != OperandRole::Prefetch && !self.space.is_hbm_like()
+    }
+}
+
+/// A scratch buffer or semaphore array, allocated for the whole kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScratchSpec {
+    Buffer { name: String, space: MemorySpace, dtype: DType, shape: Shape },
+    Semaphore { name: String, kind: SemKind, shape: Shape },
+}
+
+impl ScratchSpec {
+    pub fn name(&self) -> &str {
+        match self {
+            ScratchSpec::Buffer { name, .. } | ScratchSpec::Semaphore { name, .. } => name,
+        }
+    }
+}
+
+/// Pallas's `pl.CostEstimate`, passed through to XLA's scheduler.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CostEstimate {
+    pub flops: u64,
+    pub transcendentals: u64,
+    pub bytes_accessed: u64,
+}
+
+/// Everything `pallas_call` needs besides the body.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CallSpec {
+    pub grid: Vec<GridDim>,
+    /// Scalar-prefetch operands, inputs, then outputs (Pallas operand order).
+    pub operands: Vec<OperandSpec>,
+    pub scratch: Vec<ScratchSpec>,
+    /// `(input index, output index)`: the output reuses the input's buffer.
+    pub aliases: Vec<(usize, usize)>,
+    pub vmem_limit_bytes: Option<u64>,
+    pub cost: Option<CostEstimate>,
+}
+
+impl CallSpec {
+    pub fn operands_of(&self, role: OperandRole) -> impl Iterator<Item = &OperandSpec> {
+        self.operands.iter().filter(move |o| o.role == role)
+    }
+}
+
+/// TPU generations Palladium targets, with the per-TensorCore facts the compiler needs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Chip {
+    V4,
+    V5e,
+    V5p,
+    V6e,
+    V7x,
+}
+
+impl Chip {
+    pub const ALL: [Chip; 5] = [Chip::V4, Chip::V5e, Chip::V5p, Chip::V6e, Chip::V7x];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Chip::V4 => "v4",
+            Chip::V5e => "v5e",
+            Chip::V5p => "v5p",
+            Chip::V6e => "v6e",
+            Chip::V7x => "v7x",
+        }
+    }
+
+    /// VMEM per TensorCore (JAX's `tpu_info` table).
+    pub fn vmem_bytes(self) -> u64 {
+        const MIB: u64 = 1 << 20;
+        match self {
+            Chip::V4 => 16 * MIB,
+            Chip::V5e | Chip::V6e => 128 * MIB,
+            Chip::V5p | Chip::V7x => 64 * MIB,
+        }
+    }
+
+    /// SMEM per TensorCore.
+    pub fn smem_bytes(self) -> u64 {
+        1 << 20
+    }
+
+    /// The scoped-VMEM limit libtpu applies when a kernel sets no `vmem_limit_bytes`
+    /// (reported as 16 MiB on v4/v5e and 32 MiB on v6e and later).
+    pub fn default_scoped_vmem_bytes(self) -> u64 {
+        const MIB: u64 = 1 << 20;
+        match self {
+            Chip::V4 | Chip::V5e | Chip::V5p => 16 * MIB,
+            Chip::V6e | Chip::V7x => 32 * MIB,
+        }
+    }
+}
+
+impl fmt::Display for Chip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Chip {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Chip::ALL.into_iter().find(|c| c.name() == s).ok_or_else(|| {
+            let known: Vec<_> = Chip::ALL.iter().map(|c| c.name()).collect();
+            format!("unknown chip `{s}` (known: {})", known.join(", "))
+        })
+    }
+}
