@@ -1,7 +1,118 @@
 //! Palladium's front end: the core kernel IR ([`ir`]), the call spec ([`spec`]) and the
-//! tracing builder ([`trace`]) that `#[kernel]` functions run to produce a [`ir::Kernel`].
+//! tracing builder ([`trace`]) that `#[kernel]` functions run to produce an [`ir::Kernel`].
+//!
+//! Kernel code uses the [`prelude`]: handles ([`trace::Val`], [`trace::Ref`],
+//! [`trace::SemRef`]) with numpy-style operators, plus Pallas-like free functions.
 
 pub mod ir;
 pub mod spec;
+pub mod trace;
 
 pub use ir::{DType, Kernel};
+pub use palladium_macros::kernel;
+pub use trace::{BuildError, BuildErrors};
+
+/// What kernel code imports.
+pub mod prelude {
+    pub use crate::ir::{DType, DotDims, Precision};
+    pub use crate::kernel;
+    pub use crate::trace::{
+        Dma, Ref, Scope, SemRef, Val, async_copy, dot, dot_general, dot_t, ds, full, iota, num_programs, program_id, run_scoped, scalar,
+        select, zeros,
+    };
+    pub use crate::ir::DType::{Bf16 as bf16, Bool as bool_, F16 as f16, F32 as f32, I8 as i8, I16 as i16, I32 as i32};
+}
+
+/// Paths the `#[kernel]` macro expands to. Not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::ir::{CmpPred, DType, MemorySpace, SemKind};
+    pub use crate::spec::{BlockDim, OperandRole, Semantics};
+    pub use crate::trace::{
+        BuildErrors, Carry, Compare, Cond, IndexElem, IntoIndex, IntoVal, KernelBuilder, ParamError, Ref, SemRef, Val, for_range, if_else,
+        range, while_loop,
+    };
+    pub use crate::trace::builder_handles::{Handle, Sealed};
+    pub use crate::Kernel;
+
+    /// `a <pred> b`, traced when either side is.
+    #[track_caller]
+    pub fn cmp<A: Compare<B>, B>(pred: CmpPred, a: A, b: B) -> A::Output {
+        a.compare(pred, b)
+    }
+
+    /// `ref[idx]` in a kernel body is `(&ref).__pd_index(idx)`: a load for refs (this
+    /// trait) and plain indexing for anything else ([`IndexStd`]), picked by autoref
+    /// method resolution since the macro cannot see types.
+    pub trait IndexRef {
+        fn __pd_index<I: IntoIndex>(&self, idx: I) -> Val;
+    }
+
+    impl IndexRef for Ref {
+        #[track_caller]
+        fn __pd_index<I: IntoIndex>(&self, idx: I) -> Val {
+            self.load(idx)
+        }
+    }
+
+    /// Plain Rust indexing inside a kernel body (trace-time arrays of parameters).
+    pub trait IndexStd<I> {
+        type Output;
+        fn __pd_index(self, idx: I) -> Self::Output;
+    }
+
+    impl<I, T: std::ops::Index<I> + ?Sized> IndexStd<I> for &T
+    where
+        T::Output: Clone + Sized,
+    {
+        type Output = T::Output;
+        fn __pd_index(self, idx: I) -> T::Output {
+            self[idx].clone()
+        }
+    }
+
+    /// `ref[idx] = value` in a kernel body.
+    #[track_caller]
+    pub fn index_store<I: IntoIndex, V: IntoVal>(base: &Ref, idx: I, value: V) {
+        base.store(idx, value)
+    }
+
+    /// `a && b` / `a || b`: logical on traced bools, short-circuit on Rust bools.
+    pub trait Logic<B> {
+        type Output;
+        fn and(self, rhs: impl FnOnce() -> B) -> Self::Output;
+        fn or(self, rhs: impl FnOnce() -> B) -> Self::Output;
+    }
+
+    impl Logic<bool> for bool {
+        type Output = bool;
+        fn and(self, rhs: impl FnOnce() -> bool) -> bool {
+            self && rhs()
+        }
+        fn or(self, rhs: impl FnOnce() -> bool) -> bool {
+            self || rhs()
+        }
+    }
+
+    impl<B: IntoVal> Logic<B> for Val {
+        type Output = Val;
+        #[track_caller]
+        fn and(self, rhs: impl FnOnce() -> B) -> Val {
+            self & rhs().into_val_like(self)
+        }
+        #[track_caller]
+        fn or(self, rhs: impl FnOnce() -> B) -> Val {
+            self | rhs().into_val_like(self)
+        }
+    }
+
+    #[track_caller]
+    pub fn and<A: Logic<B>, B>(a: A, b: impl FnOnce() -> B) -> A::Output {
+        a.and(b)
+    }
+
+    #[track_caller]
+    pub fn or<A: Logic<B>, B>(a: A, b: impl FnOnce() -> B) -> A::Output {
+        a.or(b)
+    }
+}

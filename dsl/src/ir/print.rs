@@ -195,9 +195,10 @@ impl Printer<'_> {
         }
         self.out.push_str(&line);
         self.out.push('\n');
+        let separator = if matches!(node.data, OpData::While { .. }) { "do" } else { "else" };
         for (i, b) in blocks.iter().enumerate() {
             if i > 0 {
-                let _ = writeln!(self.out, "{indent}}} {{");
+                let _ = writeln!(self.out, "{indent}}} {separator} {{");
             }
             self.block(*b, depth + 1);
         }

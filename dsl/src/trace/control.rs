@@ -1,0 +1,365 @@
+//! Structured control flow that traces when its condition or bounds are traced values and
+//! runs as plain Rust when they are known at trace time (like `pl.when` on a Python bool).
+//!
+//! The `#[kernel]` macro rewrites `if`, `for` and `while` in kernel bodies into these calls;
+//! variables assigned in a body and declared outside it are threaded through as carried
+//! values ([`Carry`]) and become the op's results.
+
+use super::refs::{Ref, SemRef};
+use super::val::{Val, constant};
+use super::{in_block, with};
+use crate::ir::{BufOrigin, DType, Literal, MemorySpace, OpData, SemKind, Shape, SrcLoc, Type, Value};
+use cranelift_entity::packed_option::ReservedValue;
+use smallvec::SmallVec;
+
+/// A set of values a region hands back to its op: `()`, a [`Val`], or tuples of them.
+/// Rust values (trace-time constants) can be carried by static control flow only.
+pub trait Carry: Sized {
+    /// Append this carry's IR values (`None` for a Rust value that cannot be traced).
+    fn values(&self, out: &mut Vec<Option<Value>>);
+    /// Rebuild from IR values in the same order (Rust values are taken from `self`).
+    fn rebuild(&self, it: &mut dyn Iterator<Item = Value>) -> Self;
+}
+
+impl Carry for () {
+    fn values(&self, _: &mut Vec<Option<Value>>) {}
+    fn rebuild(&self, _: &mut dyn Iterator<Item = Value>) -> Self {}
+}
+
+impl Carry for Val {
+    fn values(&self, out: &mut Vec<Option<Value>>) {
+        out.push(Some(self.0));
+    }
+    fn rebuild(&self, it: &mut dyn Iterator<Item = Value>) -> Self {
+        it.next().map(Val).unwrap_or(*self)
+    }
+}
+
+macro_rules! rust_carry {
+    ($($t:ty),*) => {$(
+        impl Carry for $t {
+            fn values(&self, out: &mut Vec<Option<Value>>) { out.push(None); }
+            fn rebuild(&self, it: &mut dyn Iterator<Item = Value>) -> Self { let _ = it.next(); *self }
+        }
+    )*};
+}
+rust_carry!(bool, i32, i64, u32, u64, usize, f32, f64);
+
+macro_rules! tuple_carry {
+    ($($n:ident),*) => {
+        impl<$($n: Carry),*> Carry for ($($n,)*) {
+            #[allow(non_snake_case)]
+            fn values(&self, out: &mut Vec<Option<Value>>) {
+                let ($($n,)*) = self;
+                $($n.values(out);)*
+            }
+            #[allow(non_snake_case)]
+            fn rebuild(&self, it: &mut dyn Iterator<Item = Value>) -> Self {
+                let ($($n,)*) = self;
+                ($($n.rebuild(it),)*)
+            }
+        }
+    };
+}
+tuple_carry!(A);
+tuple_carry!(A, B);
+tuple_carry!(A, B, C);
+tuple_carry!(A, B, C, D);
+tuple_carry!(A, B, C, D, E);
+tuple_carry!(A, B, C, D, E, F);
+tuple_carry!(A, B, C, D, E, F, G);
+tuple_carry!(A, B, C, D, E, F, G, H);
+
+/// The traced IR values of a carry; a Rust value in a traced region is an error at `loc`.
+fn traced_values<C: Carry>(c: &C, loc: SrcLoc, what: &str) -> Vec<Value> {
+    let mut raw = Vec::new();
+    c.values(&mut raw);
+    let mut out = Vec::with_capacity(raw.len());
+    for v in raw {
+        match v {
+            Some(v) => out.push(v),
+            None => with(|t| {
+                t.error(loc, format!("a Rust value cannot change inside a traced {what}: make it a traced value (e.g. `scalar(..)`) or keep the {what} static"));
+            }),
+        }
+    }
+    out
+}
+
+fn types_of(vs: &[Value]) -> Vec<Type> {
+    with(|t| vs.iter().map(|&v| t.kernel.ty(v).clone()).collect())
+}
+
+fn emit_yield(values: Vec<Value>, loc: SrcLoc) {
+    with(|t| t.emit(OpData::Yield { values: SmallVec::from_vec(values) }, loc, &[]));
+}
+
+/// A condition: a Rust `bool` (decided while tracing) or a traced bool scalar.
+pub trait Cond: Copy {
+    /// `Some` for a trace-time condition.
+    fn known(self) -> Option<bool>;
+    fn traced(self) -> Option<Val>;
+}
+
+impl Cond for bool {
+    fn known(self) -> Option<bool> {
+        Some(self)
+    }
+    fn traced(self) -> Option<Val> {
+        None
+    }
+}
+
+impl Cond for Val {
+    fn known(self) -> Option<bool> {
+        None
+    }
+    fn traced(self) -> Option<Val> {
+        Some(self)
+    }
+}
+
+/// `if cond { then } else { else }`: `scf.if` for a traced condition.
+#[track_caller]
+pub fn if_else<C: Cond, R: Carry>(cond: C, then_branch: impl FnOnce() -> R, else_branch: impl FnOnce() -> R) -> R {
+    let loc = SrcLoc::caller();
+    if let Some(known) = cond.known() {
+        return if known { then_branch() } else { else_branch() };
+    }
+    let cond = cond.traced().map(|v| v.0).unwrap_or_else(|| constant(Literal::Bool(false), Type::Scalar(DType::Bool), loc).0);
+    let (then_block, _) = with(|t| t.new_block(&[]));
+    let then_result = in_block(then_block, || {
+        let r = then_branch();
+        let vs = traced_values(&r, loc, "if");
+        emit_yield(vs, loc);
+        r
+    });
+    let (else_block, _) = with(|t| t.new_block(&[]));
+    in_block(else_block, || {
+        let r = else_branch();
+        let vs = traced_values(&r, loc, "if");
+        emit_yield(vs, loc);
+    });
+    let mut want = Vec::new();
+    then_result.values(&mut want);
+    let fallback = types_of(&want.iter().flatten().copied().collect::<Vec<_>>());
+    let results = with(|t| t.emit(OpData::If { cond, then_block, else_block }, loc, &fallback));
+    then_result.rebuild(&mut results.into_iter())
+}
+
+/// Bounds of a `for` loop: Rust integers (the loop runs while tracing, unrolled) or traced
+/// i32 values (an `scf.for`).
+pub trait LoopRange {
+    /// The loop variable's type: a Rust integer or a traced [`Val`].
+    type Iv;
+    fn run<C: Carry>(self, init: C, loc: SrcLoc, body: impl FnMut(Self::Iv, C) -> C) -> C;
+}
+
+/// A static range, unrolled at trace time.
+#[derive(Clone, Debug)]
+pub struct StaticRange<T>(pub std::ops::Range<T>);
+
+/// A traced range `lower..upper` of i32 values.
+#[derive(Copy, Clone, Debug)]
+pub struct TracedRange {
+    lower: Val,
+    upper: Val,
+}
+
+impl<T> LoopRange for StaticRange<T>
+where
+    std::ops::Range<T>: Iterator<Item = T>,
+{
+    type Iv = T;
+    fn run<C: Carry>(self, init: C, _: SrcLoc, mut body: impl FnMut(T, C) -> C) -> C {
+        let mut c = init;
+        for i in self.0 {
+            c = body(i, c);
+        }
+        c
+    }
+}
+
+impl LoopRange for TracedRange {
+    type Iv = Val;
+    fn run<C: Carry>(self, init: C, loc: SrcLoc, mut body: impl FnMut(Val, C) -> C) -> C {
+        let init_values = traced_values(&init, loc, "loop");
+        let mut param_types = vec![Type::Scalar(DType::I32)];
+        param_types.extend(types_of(&init_values));
+        let (block, params) = with(|t| t.new_block(&param_types));
+        let carried_in = init.rebuild(&mut params[1..].iter().copied());
+        in_block(block, || {
+            let out = body(Val(params[0]), carried_in);
+            let vs = traced_values(&out, loc, "loop");
+            emit_yield(vs, loc);
+        });
+        let step = constant(Literal::Int(1), Type::Scalar(DType::I32), loc).0;
+        let fallback = types_of(&init_values);
+        let data = OpData::For { lower: self.lower.0, upper: self.upper.0, step, init: init_values, body: block };
+        let results = with(|t| t.emit(data, loc, &fallback));
+        init.rebuild(&mut results.into_iter())
+    }
+}
+
+/// Bounds pair → a static or traced range. The macro turns `for i in a..b` into
+/// `for_range(range(a, b), ...)`.
+pub trait MakeRange<Upper> {
+    type Range: LoopRange;
+    fn make(self, upper: Upper, loc: SrcLoc) -> Self::Range;
+}
+
+macro_rules! static_range {
+    ($($t:ty),*) => {$(
+        impl MakeRange<$t> for $t {
+            type Range = StaticRange<$t>;
+            fn make(self, upper: $t, _: SrcLoc) -> StaticRange<$t> { StaticRange(self..upper) }
+        }
+        impl MakeRange<Val> for $t {
+            type Range = TracedRange;
+            fn make(self, upper: Val, loc: SrcLoc) -> TracedRange {
+                TracedRange { lower: constant(Literal::Int(self as i64), Type::Scalar(DType::I32), loc), upper }
+            }
+        }
+        impl MakeRange<$t> for Val {
+            type Range = TracedRange;
+            fn make(self, upper: $t, loc: SrcLoc) -> TracedRange {
+                TracedRange { lower: self, upper: constant(Literal::Int(upper as i64), Type::Scalar(DType::I32), loc) }
+            }
+        }
+    )*};
+}
+static_range!(i32, i64, u32, u64, usize);
+
+impl MakeRange<Val> for Val {
+    type Range = TracedRange;
+    fn make(self, upper: Val, _: SrcLoc) -> TracedRange {
+        TracedRange { lower: self, upper }
+    }
+}
+
+/// `lower..upper` as a loop range.
+#[track_caller]
+pub fn range<L: MakeRange<U>, U>(lower: L, upper: U) -> L::Range {
+    lower.make(upper, SrcLoc::caller())
+}
+
+/// `for iv in range { body }` with carried values.
+#[track_caller]
+pub fn for_range<R: LoopRange, C: Carry>(range: R, init: C, body: impl FnMut(R::Iv, C) -> C) -> C {
+    range.run(init, SrcLoc::caller(), body)
+}
+
+/// `while cond(carried) { carried = body(carried) }`: traced when the condition is.
+#[track_caller]
+pub fn while_loop<C: Carry + Clone, B: Cond>(init: C, mut cond: impl FnMut(C) -> B, mut body: impl FnMut(C) -> C) -> C {
+    let loc = SrcLoc::caller();
+    let init_values = traced_values(&init, loc, "while loop");
+    let types = types_of(&init_values);
+    // Trace the condition in its own block first: its type says whether the loop is static.
+    let (cond_block, cond_params) = with(|t| t.new_block(&types));
+    let cond_carry = init.rebuild(&mut cond_params.iter().copied());
+    let traced_cond = in_block(cond_block, || {
+        let c = cond(cond_carry);
+        if let Some(v) = c.traced() {
+            emit_yield(vec![v.0], loc);
+        }
+        c.known().is_none()
+    });
+    if !traced_cond {
+        // A static condition: drop the probe block and run the loop while tracing.
+        with(|t| t.kernel.blocks[cond_block].ops.clear());
+        let mut c = init;
+        while cond(c.clone()).known().unwrap_or(false) {
+            c = body(c);
+        }
+        return c;
+    }
+    let (body_block, body_params) = with(|t| t.new_block(&types));
+    let body_carry = init.rebuild(&mut body_params.iter().copied());
+    in_block(body_block, || {
+        let out = body(body_carry);
+        let vs = traced_values(&out, loc, "while loop");
+        emit_yield(vs, loc);
+    });
+    let results = with(|t| t.emit(OpData::While { init: init_values, cond: cond_block, body: body_block }, loc, &types));
+    init.rebuild(&mut results.into_iter())
+}
+
+/// Allocation handle inside [`run_scoped`].
+#[derive(Debug)]
+pub struct Scope {
+    loc: SrcLoc,
+}
+
+impl Scope {
+    fn alloc_buf(&self, space: MemorySpace, dims: &[u64], dtype: DType) -> Ref {
+        let loc = self.loc;
+        Ref(with(|t| {
+            let n = t.kernel.bufs.len();
+            let ty = crate::ir::RefType { space, dtype, shape: Shape::new(dims.to_vec()) };
+            // The buffer is declared first so the Alloc op can name it; its value and origin
+            // are the op's, filled in right after.
+            let buf = t.kernel.declare_buf(format!("scoped{n}"), BufOrigin::Scratch(usize::MAX), space, dtype, ty.shape.clone(), Value::reserved_value());
+            let v = t.emit1(OpData::Alloc { buf }, loc, Type::Ref(ty));
+            let op = t.kernel.def_op(v).expect("alloc result");
+            t.kernel.bufs[buf].value = v;
+            t.kernel.bufs[buf].origin = BufOrigin::Scoped(op);
+            v
+        }))
+    }
+
+    /// A VMEM buffer live until the scope ends.
+    pub fn vmem(&self, dims: impl AsRef<[u64]>, dtype: DType) -> Ref {
+        self.alloc_buf(MemorySpace::Vmem, dims.as_ref(), dtype)
+    }
+
+    /// An SMEM buffer live until the scope ends.
+    pub fn smem(&self, dims: impl AsRef<[u64]>, dtype: DType) -> Ref {
+        self.alloc_buf(MemorySpace::Smem, dims.as_ref(), dtype)
+    }
+
+    fn alloc_sem(&self, kind: SemKind, dims: &[u64]) -> SemRef {
+        let loc = self.loc;
+        SemRef(with(|t| {
+            let n = t.kernel.sems.len();
+            let shape = Shape::new(dims.to_vec());
+            let sem = t.kernel.declare_sem(format!("scoped_sem{n}"), BufOrigin::Scratch(usize::MAX), kind, shape.clone(), Value::reserved_value());
+            let v = t.emit1(OpData::SemAlloc { sem }, loc, Type::Sem(kind, shape));
+            let op = t.kernel.def_op(v).expect("sem_alloc result");
+            t.kernel.sems[sem].value = v;
+            t.kernel.sems[sem].origin = BufOrigin::Scoped(op);
+            v
+        }))
+    }
+
+    /// A DMA semaphore (or an array of them, with `dims`) live until the scope ends.
+    pub fn dma_sems(&self, dims: impl AsRef<[u64]>) -> SemRef {
+        self.alloc_sem(SemKind::Dma, dims.as_ref())
+    }
+
+    pub fn dma_sem(&self) -> SemRef {
+        self.alloc_sem(SemKind::Dma, &[])
+    }
+
+    pub fn sem(&self) -> SemRef {
+        self.alloc_sem(SemKind::Regular, &[])
+    }
+}
+
+/// `pl.run_scoped`: allocations made through the [`Scope`] live until `body` returns.
+#[track_caller]
+pub fn run_scoped<R: Carry>(body: impl FnOnce(&Scope) -> R) -> R {
+    let loc = SrcLoc::caller();
+    let (block, _) = with(|t| t.new_block(&[]));
+    let r = in_block(block, || {
+        let r = body(&Scope { loc });
+        let vs = traced_values(&r, loc, "run_scoped");
+        emit_yield(vs, loc);
+        r
+    });
+    let mut want = Vec::new();
+    r.values(&mut want);
+    let fallback = types_of(&want.iter().flatten().copied().collect::<Vec<_>>());
+    let results = with(|t| t.emit(OpData::RunScoped { body: block }, loc, &fallback));
+    r.rebuild(&mut results.into_iter())
+}

@@ -1,0 +1,157 @@
+//! The tracing builder: what a `#[kernel]` function runs to produce IR.
+//!
+//! Kernel code manipulates handles ([`Val`], [`Ref`], [`SemRef`]) that stand for IR
+//! values. Every operation on a handle appends an op to the block being traced. The tracer
+//! lives in a thread-local slot for the duration of one kernel build, so that operator
+//! overloading (`a + b`) needs no explicit context, the way JAX traces Python.
+//!
+//! Ops take their source location from `#[track_caller]`, so IR and errors point at the
+//! user's kernel code. A typing error does not stop the trace: it is recorded with its
+//! location and the result is *poisoned*, so that one mistake is reported once and every
+//! independent mistake is reported too.
+
+mod builder;
+mod control;
+mod refs;
+mod val;
+
+pub use builder::{IndexMapOut, KernelBuilder, ParamError};
+pub mod builder_handles {
+    //! Handles handed out by a sealed [`super::KernelBuilder`].
+    pub use super::builder::{Handle, Sealed, Slot};
+}
+pub use control::{Carry, Cond, LoopRange, for_range, if_else, range, run_scoped, while_loop, Scope};
+pub use refs::{Dma, IndexElem, IntoIndex, Ref, SemRef, async_copy, ds, Ds};
+pub use val::{Compare, IntoVal, Val, dot, dot_general, dot_t, full, iota, num_programs, program_id, scalar, select, zeros};
+
+use crate::ir::{Block, Kernel, OpData, SrcLoc, Type, Value};
+use cranelift_entity::SecondaryMap;
+use std::cell::RefCell;
+use std::fmt;
+
+/// One problem found while tracing a kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BuildError {
+    pub loc: Option<SrcLoc>,
+    pub message: String,
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.loc {
+            Some(loc) => write!(f, "{loc}: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+/// Every problem found while tracing (and then verifying) one kernel.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BuildErrors(pub Vec<BuildError>);
+
+impl fmt::Display for BuildErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "error: {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for BuildErrors {}
+
+pub(crate) struct Tracer {
+    pub(crate) kernel: Kernel,
+    /// Insertion points: the innermost block being traced is last.
+    pub(crate) blocks: Vec<Block>,
+    pub(crate) errors: Vec<BuildError>,
+    pub(crate) poisoned: SecondaryMap<Value, bool>,
+}
+
+thread_local! {
+    static TRACER: RefCell<Option<Tracer>> = const { RefCell::new(None) };
+}
+
+/// Run `f` on the active tracer. Kernel code only runs inside `KernelBuilder`, so the slot
+/// is filled; calling a DSL function outside a kernel is a bug in the calling program.
+pub(crate) fn with<R>(f: impl FnOnce(&mut Tracer) -> R) -> R {
+    TRACER.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        let t = slot.as_mut().expect("palladium DSL functions can only be called while a #[kernel] is being traced");
+        f(t)
+    })
+}
+
+pub(crate) fn install(t: Tracer) -> Result<(), Tracer> {
+    TRACER.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        if slot.is_some() {
+            return Err(t);
+        }
+        *slot = Some(t);
+        Ok(())
+    })
+}
+
+pub(crate) fn uninstall() -> Option<Tracer> {
+    TRACER.with(|slot| slot.borrow_mut().take())
+}
+
+impl Tracer {
+    pub(crate) fn current_block(&self) -> Block {
+        *self.blocks.last().expect("a block is always being traced")
+    }
+
+    pub(crate) fn error(&mut self, loc: SrcLoc, message: impl Into<String>) {
+        self.errors.push(BuildError { loc: Some(loc), message: message.into() });
+    }
+
+    /// Append `data` to the current block with results typed by the typing rules. If an
+    /// operand is poisoned, or the op is ill typed (reported here), the results are
+    /// poisoned and typed `fallback`.
+    pub(crate) fn emit(&mut self, data: OpData, loc: SrcLoc, fallback: &[Type]) -> smallvec::SmallVec<[Value; 1]> {
+        let poisoned_in = data.operands().iter().any(|&v| self.poisoned[v]);
+        let (types, poison) = if poisoned_in {
+            (fallback.to_vec(), true)
+        } else {
+            match crate::ir::infer::result_types(&self.kernel, &data) {
+                Ok(t) => (t.into_vec(), false),
+                Err(m) => {
+                    self.error(loc, format!("{}: {m}", data.mnemonic()));
+                    (fallback.to_vec(), true)
+                }
+            }
+        };
+        let block = self.current_block();
+        let op = self.kernel.append_op(block, data, types, Some(loc));
+        let results = self.kernel.ops[op].results.clone();
+        for &r in &results {
+            self.poisoned[r] = poison;
+        }
+        results
+    }
+
+    /// Like [`Tracer::emit`] for single-result ops.
+    pub(crate) fn emit1(&mut self, data: OpData, loc: SrcLoc, fallback: Type) -> Value {
+        self.emit(data, loc, &[fallback])[0]
+    }
+
+    /// Trace `f` into a fresh block with parameters of `param_types`.
+    pub(crate) fn new_block(&mut self, param_types: &[Type]) -> (Block, Vec<Value>) {
+        let b = self.kernel.new_block();
+        let params = param_types.iter().map(|t| self.kernel.add_block_param(b, t.clone())).collect();
+        (b, params)
+    }
+}
+
+/// Run `f` with `block` as the insertion point. The tracer is released while `f` runs (user
+/// code calls back into it).
+pub(crate) fn in_block<R>(block: Block, f: impl FnOnce() -> R) -> R {
+    with(|t| t.blocks.push(block));
+    let r = f();
+    with(|t| t.blocks.pop());
+    r
+}

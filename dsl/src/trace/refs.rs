@@ -1,0 +1,329 @@
+//! [`Ref`] and [`SemRef`]: traced memory windows and semaphores; indexing and DMAs.
+
+use super::val::{IntoVal, Val};
+use super::with;
+use crate::ir::{DType, Index, Literal, Offset, OpData, Remote, Shape, SrcLoc, Type, Value};
+
+/// A traced ref: a window of VMEM/SMEM, an HBM array or a sub-ref of one.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Ref(pub(crate) Value);
+
+/// A traced semaphore or semaphore array.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct SemRef(pub(crate) Value);
+
+/// `pl.ds(start, size)`: a slice of static `size` at a (possibly traced) `start`.
+#[derive(Copy, Clone, Debug)]
+pub struct Ds {
+    start: Offset,
+    size: u64,
+}
+
+/// `pl.ds(start, size)`.
+pub fn ds(start: impl IndexElem, size: u64) -> Ds {
+    let start = match start.item() {
+        IndexItem::Point(o) => o,
+        // A range as a start makes no sense; use its start.
+        IndexItem::Range(lo, _) => Offset::Static(lo as i64),
+        IndexItem::Full | IndexItem::From(_) => Offset::Static(0),
+        IndexItem::Slice(o, _) => o,
+    };
+    Ds { start, size }
+}
+
+/// One dimension's index before the extent is known.
+#[derive(Copy, Clone, Debug)]
+pub enum IndexItem {
+    Full,
+    Range(u64, u64),
+    From(u64),
+    Point(Offset),
+    Slice(Offset, u64),
+}
+
+/// Something that indexes one dimension: `..`, `a..b`, `a..`, an integer, a traced i32,
+/// or [`ds`].
+pub trait IndexElem {
+    fn item(self) -> IndexItem;
+}
+
+impl IndexElem for std::ops::RangeFull {
+    fn item(self) -> IndexItem {
+        IndexItem::Full
+    }
+}
+impl IndexElem for std::ops::Range<u64> {
+    fn item(self) -> IndexItem {
+        IndexItem::Range(self.start, self.end)
+    }
+}
+impl IndexElem for std::ops::Range<usize> {
+    fn item(self) -> IndexItem {
+        IndexItem::Range(self.start as u64, self.end as u64)
+    }
+}
+impl IndexElem for std::ops::Range<i32> {
+    fn item(self) -> IndexItem {
+        IndexItem::Range(self.start.max(0) as u64, self.end.max(0) as u64)
+    }
+}
+impl IndexElem for std::ops::RangeFrom<usize> {
+    fn item(self) -> IndexItem {
+        IndexItem::From(self.start as u64)
+    }
+}
+impl IndexElem for Val {
+    fn item(self) -> IndexItem {
+        IndexItem::Point(Offset::Dynamic(self.0))
+    }
+}
+impl IndexElem for Ds {
+    fn item(self) -> IndexItem {
+        IndexItem::Slice(self.start, self.size)
+    }
+}
+macro_rules! int_index {
+    ($($t:ty),*) => {$(
+        impl IndexElem for $t {
+            fn item(self) -> IndexItem { IndexItem::Point(Offset::Static(self as i64)) }
+        }
+    )*};
+}
+int_index!(i32, i64, u32, u64, usize);
+
+/// A whole index: one element, or a tuple of them (missing trailing dims are taken whole,
+/// as in numpy).
+pub trait IntoIndex {
+    fn items(self) -> Vec<IndexItem>;
+}
+
+impl<T: IndexElem> IntoIndex for T {
+    fn items(self) -> Vec<IndexItem> {
+        vec![self.item()]
+    }
+}
+
+macro_rules! tuple_index {
+    ($($n:ident),*) => {
+        impl<$($n: IndexElem),*> IntoIndex for ($($n,)*) {
+            #[allow(non_snake_case)]
+            fn items(self) -> Vec<IndexItem> {
+                let ($($n,)*) = self;
+                vec![$($n.item()),*]
+            }
+        }
+    };
+}
+tuple_index!(A);
+tuple_index!(A, B);
+tuple_index!(A, B, C);
+tuple_index!(A, B, C, D);
+tuple_index!(A, B, C, D, E);
+
+/// Resolve index items against a shape; an error names the offending dim.
+fn resolve(items: Vec<IndexItem>, shape: &Shape) -> Result<Vec<Index>, String> {
+    if items.len() > shape.rank() {
+        return Err(format!("{} indices for a ref of rank {} ({shape})", items.len(), shape.rank()));
+    }
+    let mut out = Vec::with_capacity(shape.rank());
+    for (d, &extent) in shape.dims().iter().enumerate() {
+        let item = items.get(d).copied().unwrap_or(IndexItem::Full);
+        out.push(match item {
+            IndexItem::Full => Index::Slice { start: Offset::Static(0), size: extent },
+            IndexItem::Range(lo, hi) if lo >= hi => return Err(format!("empty range {lo}..{hi} along dim {d}")),
+            IndexItem::Range(lo, hi) => Index::Slice { start: Offset::Static(lo as i64), size: hi.saturating_sub(lo) },
+            IndexItem::From(lo) => Index::Slice { start: Offset::Static(lo as i64), size: extent.saturating_sub(lo) },
+            IndexItem::Point(o) => Index::Point(o),
+            IndexItem::Slice(o, size) => Index::Slice { start: o, size },
+        });
+    }
+    Ok(out)
+}
+
+fn shape_of(v: Value) -> Shape {
+    with(|t| match t.kernel.ty(v) {
+        Type::Ref(r) => r.shape.clone(),
+        Type::Sem(_, s) => s.clone(),
+        other => other.value_shape().unwrap_or_default(),
+    })
+}
+
+/// Resolve an index or record the error at `loc` (then index everything whole).
+fn index_for(v: Value, idx: impl IntoIndex, loc: SrcLoc) -> Vec<Index> {
+    let shape = shape_of(v);
+    resolve(idx.items(), &shape).unwrap_or_else(|m| {
+        with(|t| t.error(loc, m));
+        shape.dims().iter().map(|&n| Index::Slice { start: Offset::Static(0), size: n }).collect()
+    })
+}
+
+fn slice_of(base: Value, index: Vec<Index>, loc: SrcLoc) -> Value {
+    let fallback = with(|t| t.kernel.ty(base).clone());
+    with(|t| t.emit1(OpData::RefSlice { base, index }, loc, fallback))
+}
+
+impl Ref {
+    pub fn value(self) -> Value {
+        self.0
+    }
+
+    pub fn shape(self) -> Shape {
+        shape_of(self.0)
+    }
+
+    pub fn dtype(self) -> DType {
+        with(|t| t.kernel.ty(self.0).dtype().unwrap_or(DType::Bool))
+    }
+
+    /// Read `ref[idx]`: a vector from VMEM or a scalar from SMEM.
+    #[track_caller]
+    pub fn load(self, idx: impl IntoIndex) -> Val {
+        let loc = SrcLoc::caller();
+        let index = index_for(self.0, idx, loc);
+        let kept: Vec<u64> = index.iter().filter_map(|i| if let Index::Slice { size, .. } = i { Some(*size) } else { None }).collect();
+        let fallback = Type::array(Shape(kept), self.dtype());
+        Val(with(|t| t.emit1(OpData::Load { src: self.0, index }, loc, fallback)))
+    }
+
+    /// Write `ref[idx] = value` (a Rust number is splatted to the window).
+    #[track_caller]
+    pub fn store(self, idx: impl IntoIndex, value: impl IntoVal) {
+        self.store_impl(idx, value, None);
+    }
+
+    /// Write only where `mask` is true (32-bit data only).
+    #[track_caller]
+    pub fn store_masked(self, idx: impl IntoIndex, value: impl IntoVal, mask: Val) {
+        self.store_impl(idx, value, Some(mask));
+    }
+
+    #[track_caller]
+    fn store_impl(self, idx: impl IntoIndex, value: impl IntoVal, mask: Option<Val>) {
+        let loc = SrcLoc::caller();
+        let index = index_for(self.0, idx, loc);
+        let window: Vec<u64> = index.iter().filter_map(|i| if let Index::Slice { size, .. } = i { Some(*size) } else { None }).collect();
+        let dtype = self.dtype();
+        let value = match value.as_val() {
+            Some(v) if v.shape().rank() == 0 && !window.is_empty() => v.broadcast_to(&window),
+            Some(v) => v,
+            None => {
+                let lit = value.into_val_like(super::val::constant(Literal::Int(0), Type::Scalar(dtype), loc));
+                if window.is_empty() { lit } else { lit.broadcast_to(&window) }
+            }
+        };
+        with(|t| t.emit(OpData::Store { dst: self.0, index, value: value.0, mask: mask.map(|m| m.0) }, loc, &[]));
+    }
+
+    /// `ref.at[idx]`: a sub-ref, for DMAs and nested views.
+    #[track_caller]
+    pub fn at(self, idx: impl IntoIndex) -> Ref {
+        let loc = SrcLoc::caller();
+        let index = index_for(self.0, idx, loc);
+        Ref(slice_of(self.0, index, loc))
+    }
+}
+
+impl SemRef {
+    pub fn value(self) -> Value {
+        self.0
+    }
+
+    /// One semaphore of an array.
+    #[track_caller]
+    pub fn at(self, idx: impl IntoIndex) -> SemRef {
+        let loc = SrcLoc::caller();
+        let index = index_for(self.0, idx, loc);
+        SemRef(slice_of(self.0, index, loc))
+    }
+
+    /// Add `amount` to a regular semaphore (on `device`, when given).
+    #[track_caller]
+    pub fn signal(self, amount: impl IntoVal) {
+        let loc = SrcLoc::caller();
+        let amount = i32_val(amount, loc);
+        with(|t| t.emit(OpData::SemSignal { sem: self.0, amount: amount.0, device_id: None }, loc, &[]));
+    }
+
+    /// Signal the same semaphore on another device.
+    #[track_caller]
+    pub fn signal_remote(self, amount: impl IntoVal, device_id: impl IntoVal) {
+        let loc = SrcLoc::caller();
+        let (amount, device) = (i32_val(amount, loc), i32_val(device_id, loc));
+        with(|t| t.emit(OpData::SemSignal { sem: self.0, amount: amount.0, device_id: Some(device.0) }, loc, &[]));
+    }
+
+    /// Block until the semaphore reaches `amount`, then subtract it.
+    #[track_caller]
+    pub fn wait(self, amount: impl IntoVal) {
+        let loc = SrcLoc::caller();
+        let amount = i32_val(amount, loc);
+        with(|t| t.emit(OpData::SemWait { sem: self.0, amount: amount.0 }, loc, &[]));
+    }
+
+    #[track_caller]
+    pub fn read(self) -> Val {
+        let loc = SrcLoc::caller();
+        Val(with(|t| t.emit1(OpData::SemRead { sem: self.0 }, loc, Type::Scalar(DType::I32))))
+    }
+}
+
+fn i32_val(x: impl IntoVal, loc: SrcLoc) -> Val {
+    match x.as_val() {
+        Some(v) => v,
+        None => x.into_val_like(super::val::constant(Literal::Int(0), Type::Scalar(DType::I32), loc)),
+    }
+}
+
+/// An async copy descriptor (`pltpu.make_async_copy`); `start` and `wait` emit the ops.
+#[derive(Copy, Clone, Debug)]
+pub struct Dma {
+    src: Ref,
+    dst: Ref,
+    sem: SemRef,
+    remote: Option<(Val, SemRef)>,
+    priority: u8,
+}
+
+/// `pltpu.make_async_copy(src, dst, sem)`.
+pub fn async_copy(src: Ref, dst: Ref, sem: SemRef) -> Dma {
+    Dma { src, dst, sem, remote: None, priority: 0 }
+}
+
+impl Dma {
+    /// Copy to `dst` on another device; `send_sem` counts the bytes sent.
+    pub fn remote(self, device_id: Val, send_sem: SemRef) -> Dma {
+        Dma { remote: Some((device_id, send_sem)), ..self }
+    }
+
+    pub fn priority(self, priority: u8) -> Dma {
+        Dma { priority, ..self }
+    }
+
+    #[track_caller]
+    pub fn start(self) {
+        let loc = SrcLoc::caller();
+        let remote = self.remote.map(|(d, s)| Remote { device_id: d.0, send_sem: s.0 });
+        with(|t| {
+            t.emit(OpData::DmaStart { src: self.src.0, dst: self.dst.0, sem: self.sem.0, remote, priority: self.priority }, loc, &[])
+        });
+    }
+
+    /// Wait for the copy to arrive (for a remote copy: on the receiving side).
+    #[track_caller]
+    pub fn wait(self) {
+        let loc = SrcLoc::caller();
+        let device_id = self.remote.map(|(d, _)| d.0);
+        with(|t| t.emit(OpData::DmaWait { src: self.src.0, dst: self.dst.0, sem: self.sem.0, device_id }, loc, &[]));
+    }
+
+    /// For a remote copy: wait until the data has left (on the sending side).
+    #[track_caller]
+    pub fn wait_send(self) {
+        let loc = SrcLoc::caller();
+        let Some((_, send)) = self.remote else {
+            with(|t| t.error(loc, "wait_send is for remote copies (use .remote(...))"));
+            return;
+        };
+        with(|t| t.emit(OpData::DmaWait { src: self.dst.0, dst: self.src.0, sem: send.0, device_id: None }, loc, &[]));
+    }
+}

@@ -1,0 +1,484 @@
+//! [`Val`]: a traced scalar or vector, with numpy-style operators.
+
+use super::with;
+use crate::ir::{BinaryOp, CmpPred, DType, DotDims, Literal, OpData, Precision, ReduceOp, Shape, SrcLoc, Type, UnaryOp, Value};
+use std::ops;
+
+/// A traced scalar or vector value.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Val(pub(crate) Value);
+
+impl Val {
+    /// The IR value this handle names.
+    pub fn value(self) -> Value {
+        self.0
+    }
+
+    pub fn ty(self) -> Type {
+        with(|t| t.kernel.ty(self.0).clone())
+    }
+
+    /// The element type (bool for a ref or semaphore handle mistakenly wrapped).
+    pub fn dtype(self) -> DType {
+        self.ty().dtype().unwrap_or(DType::Bool)
+    }
+
+    pub fn shape(self) -> Shape {
+        self.ty().value_shape().unwrap_or_default()
+    }
+
+    #[track_caller]
+    fn unary(self, op: UnaryOp) -> Val {
+        let loc = SrcLoc::caller();
+        let ty = self.ty();
+        Val(with(|t| t.emit1(OpData::Unary { op, x: self.0 }, loc, ty)))
+    }
+
+    #[track_caller]
+    pub fn exp(self) -> Val {
+        self.unary(UnaryOp::Exp)
+    }
+    #[track_caller]
+    pub fn exp2(self) -> Val {
+        self.unary(UnaryOp::Exp2)
+    }
+    #[track_caller]
+    pub fn log(self) -> Val {
+        self.unary(UnaryOp::Log)
+    }
+    #[track_caller]
+    pub fn log1p(self) -> Val {
+        self.unary(UnaryOp::Log1p)
+    }
+    #[track_caller]
+    pub fn sqrt(self) -> Val {
+        self.unary(UnaryOp::Sqrt)
+    }
+    #[track_caller]
+    pub fn rsqrt(self) -> Val {
+        self.unary(UnaryOp::Rsqrt)
+    }
+    #[track_caller]
+    pub fn tanh(self) -> Val {
+        self.unary(UnaryOp::Tanh)
+    }
+    #[track_caller]
+    pub fn sin(self) -> Val {
+        self.unary(UnaryOp::Sin)
+    }
+    #[track_caller]
+    pub fn cos(self) -> Val {
+        self.unary(UnaryOp::Cos)
+    }
+    #[track_caller]
+    pub fn abs(self) -> Val {
+        self.unary(UnaryOp::Abs)
+    }
+    #[track_caller]
+    pub fn floor(self) -> Val {
+        self.unary(UnaryOp::Floor)
+    }
+    #[track_caller]
+    pub fn ceil(self) -> Val {
+        self.unary(UnaryOp::Ceil)
+    }
+    #[track_caller]
+    pub fn round(self) -> Val {
+        self.unary(UnaryOp::Round)
+    }
+    #[track_caller]
+    pub fn erf(self) -> Val {
+        self.unary(UnaryOp::Erf)
+    }
+    /// `1 / (1 + exp(-x))`.
+    #[track_caller]
+    pub fn sigmoid(self) -> Val {
+        self.unary(UnaryOp::Logistic)
+    }
+
+    /// `x * sigmoid(x)` (SiLU / swish).
+    #[track_caller]
+    pub fn silu(self) -> Val {
+        self * self.sigmoid()
+    }
+
+    #[track_caller]
+    pub fn max(self, other: impl IntoVal) -> Val {
+        binary(BinaryOp::Max, self, other.into_val_like(self))
+    }
+    #[track_caller]
+    pub fn min(self, other: impl IntoVal) -> Val {
+        binary(BinaryOp::Min, self, other.into_val_like(self))
+    }
+    #[track_caller]
+    pub fn pow(self, other: impl IntoVal) -> Val {
+        binary(BinaryOp::Pow, self, other.into_val_like(self))
+    }
+
+    /// Convert the element type (`astype`).
+    #[track_caller]
+    pub fn cast(self, to: DType) -> Val {
+        if self.dtype() == to {
+            return self;
+        }
+        let loc = SrcLoc::caller();
+        let fallback = Type::array(self.shape(), to);
+        Val(with(|t| t.emit1(OpData::Cast { x: self.0, to }, loc, fallback)))
+    }
+
+    #[track_caller]
+    pub fn reshape(self, dims: impl AsRef<[u64]>) -> Val {
+        let shape = Shape::new(dims.as_ref().to_vec());
+        if shape == self.shape() {
+            return self;
+        }
+        let loc = SrcLoc::caller();
+        let fallback = Type::array(shape.clone(), self.dtype());
+        Val(with(|t| t.emit1(OpData::Reshape { x: self.0, shape }, loc, fallback)))
+    }
+
+    /// numpy broadcasting to `dims`.
+    #[track_caller]
+    pub fn broadcast_to(self, dims: impl AsRef<[u64]>) -> Val {
+        let shape = Shape::new(dims.as_ref().to_vec());
+        if shape == self.shape() {
+            return self;
+        }
+        let loc = SrcLoc::caller();
+        // Lower-rank operands first get leading 1-dims (Mosaic's broadcast needs equal rank).
+        let mut x = self;
+        let rank = self.shape().rank();
+        if rank > 0 && rank < shape.rank() {
+            let mut dims = vec![1; shape.rank() - rank];
+            dims.extend(self.shape().dims());
+            x = x.reshape(dims);
+        }
+        let fallback = Type::array(shape.clone(), self.dtype());
+        Val(with(|t| t.emit1(OpData::Broadcast { x: x.0, shape }, loc, fallback)))
+    }
+
+    #[track_caller]
+    pub fn transpose(self, perm: impl AsRef<[u32]>) -> Val {
+        let loc = SrcLoc::caller();
+        let perm = perm.as_ref().to_vec();
+        let fallback = self.ty();
+        Val(with(|t| t.emit1(OpData::Transpose { x: self.0, perm }, loc, fallback)))
+    }
+
+    /// Swap the two minor dims.
+    #[track_caller]
+    pub fn t(self) -> Val {
+        let r = self.shape().rank() as u32;
+        let mut perm: Vec<u32> = (0..r).collect();
+        if r >= 2 {
+            perm.swap(r as usize - 1, r as usize - 2);
+        }
+        self.transpose(perm)
+    }
+
+    #[track_caller]
+    fn reduce(self, op: ReduceOp, axes: &[u32], keepdims: bool) -> Val {
+        let loc = SrcLoc::caller();
+        let shape = self.shape();
+        let kept: Vec<u64> = shape.dims().iter().enumerate().filter(|(i, _)| !axes.contains(&(*i as u32))).map(|(_, d)| *d).collect();
+        let fallback = Type::array(Shape(kept), self.dtype());
+        let r = Val(with(|t| t.emit1(OpData::Reduce { op, x: self.0, axes: axes.to_vec() }, loc, fallback)));
+        if keepdims {
+            let dims: Vec<u64> = shape.dims().iter().enumerate().map(|(i, d)| if axes.contains(&(i as u32)) { 1 } else { *d }).collect();
+            return r.reshape(dims);
+        }
+        r
+    }
+
+    /// Sum over `axis`, dropping it.
+    #[track_caller]
+    pub fn sum(self, axis: u32) -> Val {
+        self.reduce(ReduceOp::Sum, &[axis], false)
+    }
+    /// Sum over `axis`, keeping it as size 1 (ready to broadcast back).
+    #[track_caller]
+    pub fn sum_keepdims(self, axis: u32) -> Val {
+        self.reduce(ReduceOp::Sum, &[axis], true)
+    }
+    #[track_caller]
+    pub fn max_over(self, axis: u32) -> Val {
+        self.reduce(ReduceOp::Max, &[axis], false)
+    }
+    #[track_caller]
+    pub fn max_keepdims(self, axis: u32) -> Val {
+        self.reduce(ReduceOp::Max, &[axis], true)
+    }
+    #[track_caller]
+    pub fn min_over(self, axis: u32) -> Val {
+        self.reduce(ReduceOp::Min, &[axis], false)
+    }
+    /// Reduce over every axis to a scalar.
+    #[track_caller]
+    pub fn sum_all(self) -> Val {
+        let axes: Vec<u32> = (0..self.shape().rank() as u32).collect();
+        self.reduce(ReduceOp::Sum, &axes, false)
+    }
+
+    /// Promise the value (an i32 offset) is a multiple of `multiple` (`pl.multiple_of`).
+    #[track_caller]
+    pub fn multiple_of(self, multiple: u32) -> Val {
+        let loc = SrcLoc::caller();
+        Val(with(|t| t.emit1(OpData::AssumeMultiple { x: self.0, multiple }, loc, Type::Scalar(DType::I32))))
+    }
+}
+
+/// A constant of `dtype` with `shape` (rank 0: a scalar).
+#[track_caller]
+pub fn full(dims: impl AsRef<[u64]>, value: impl Into<f64>, dtype: DType) -> Val {
+    let v: f64 = value.into();
+    let lit = if dtype.is_float() {
+        Literal::Float(v)
+    } else if dtype == DType::Bool {
+        Literal::Bool(v != 0.0)
+    } else {
+        Literal::Int(v as i64)
+    };
+    constant(lit, Type::array(Shape::new(dims.as_ref().to_vec()), dtype), SrcLoc::caller())
+}
+
+#[track_caller]
+pub fn zeros(dims: impl AsRef<[u64]>, dtype: DType) -> Val {
+    full(dims, 0.0, dtype)
+}
+
+/// An i32 scalar constant.
+#[track_caller]
+pub fn scalar(value: i32) -> Val {
+    constant(Literal::Int(value.into()), Type::Scalar(DType::I32), SrcLoc::caller())
+}
+
+pub(crate) fn constant(value: Literal, ty: Type, loc: SrcLoc) -> Val {
+    let fallback = ty.clone();
+    Val(with(|t| t.emit1(OpData::Constant { value, ty }, loc, fallback)))
+}
+
+/// `pl.program_id(axis)`.
+#[track_caller]
+pub fn program_id(axis: u32) -> Val {
+    let loc = SrcLoc::caller();
+    Val(with(|t| t.emit1(OpData::ProgramId { axis }, loc, Type::Scalar(DType::I32))))
+}
+
+/// `pl.num_programs(axis)`.
+#[track_caller]
+pub fn num_programs(axis: u32) -> Val {
+    let loc = SrcLoc::caller();
+    Val(with(|t| t.emit1(OpData::NumPrograms { axis }, loc, Type::Scalar(DType::I32))))
+}
+
+/// An i32 vector counting along `dim` (`broadcasted_iota`).
+#[track_caller]
+pub fn iota(dims: impl AsRef<[u64]>, dim: u32) -> Val {
+    let loc = SrcLoc::caller();
+    let shape = Shape::new(dims.as_ref().to_vec());
+    let fallback = Type::array(shape.clone(), DType::I32);
+    Val(with(|t| t.emit1(OpData::Iota { shape, dim }, loc, fallback)))
+}
+
+/// `jnp.where(cond, a, b)`.
+#[track_caller]
+pub fn select(cond: Val, on_true: impl IntoVal, on_false: impl IntoVal) -> Val {
+    let loc = SrcLoc::caller();
+    let (a, b) = match (on_true.as_val(), on_false.as_val()) {
+        (Some(a), _) => (a, on_false.into_val_like(a)),
+        (None, Some(b)) => (on_true.into_val_like(b), b),
+        (None, None) => (on_true.into_val_like(cond), on_false.into_val_like(cond)),
+    };
+    let shape = broadcast_shape(&[cond.shape(), a.shape(), b.shape()]).unwrap_or_else(|| a.shape());
+    let (a, b) = (a.broadcast_to(shape.dims()), b.broadcast_to(shape.dims()));
+    let cond = if cond.shape().rank() == 0 { cond } else { cond.broadcast_to(shape.dims()) };
+    let fallback = a.ty();
+    Val(with(|t| t.emit1(OpData::Select { cond: cond.0, on_true: a.0, on_false: b.0 }, loc, fallback)))
+}
+
+/// `jnp.dot(a, b, preferred_element_type=f32)` for 2-D operands (i32 accumulation for
+/// integer operands).
+#[track_caller]
+pub fn dot(a: Val, b: Val) -> Val {
+    let out = if a.dtype().is_float() { DType::F32 } else { DType::I32 };
+    dot_general(a, b, DotDims::matmul(), out, Precision::Default)
+}
+
+/// `a @ b.T` for 2-D operands: contracts both minor dims (the MXU reads `b` transposed).
+#[track_caller]
+pub fn dot_t(a: Val, b: Val) -> Val {
+    let out = if a.dtype().is_float() { DType::F32 } else { DType::I32 };
+    dot_general(a, b, DotDims::matmul_transposed_rhs(), out, Precision::Default)
+}
+
+/// `lax.dot_general` with explicit dimension numbers and accumulator type.
+#[track_caller]
+pub fn dot_general(a: Val, b: Val, dims: DotDims, out: DType, precision: Precision) -> Val {
+    let loc = SrcLoc::caller();
+    let fallback = Type::Scalar(out);
+    Val(with(|t| t.emit1(OpData::Dot { lhs: a.0, rhs: b.0, dims, precision, out }, loc, fallback)))
+}
+
+/// The numpy broadcast of several shapes, if they are compatible.
+pub(crate) fn broadcast_shape(shapes: &[Shape]) -> Option<Shape> {
+    let rank = shapes.iter().map(|s| s.rank()).max().unwrap_or(0);
+    let mut out = vec![1u64; rank];
+    for s in shapes {
+        for (o, &d) in out.iter_mut().rev().zip(s.dims().iter().rev()) {
+            if *o == 1 {
+                *o = d;
+            } else if d != 1 && d != *o {
+                return None;
+            }
+        }
+    }
+    Some(Shape(out))
+}
+
+/// Anything usable where a value is expected: a [`Val`] or a Rust number, which becomes a
+/// constant of the other operand's dtype (JAX's weak typing).
+pub trait IntoVal: Copy {
+    fn as_val(self) -> Option<Val>;
+    #[track_caller]
+    fn into_val_like(self, like: Val) -> Val;
+}
+
+impl IntoVal for Val {
+    fn as_val(self) -> Option<Val> {
+        Some(self)
+    }
+    fn into_val_like(self, _: Val) -> Val {
+        self
+    }
+}
+
+macro_rules! number_into_val {
+    ($($t:ty => $lit:ident),*) => {$(
+        impl IntoVal for $t {
+            fn as_val(self) -> Option<Val> { None }
+            #[track_caller]
+            fn into_val_like(self, like: Val) -> Val {
+                let d = like.dtype();
+                let lit = if d.is_float() { Literal::Float(self as f64) }
+                    else if d == DType::Bool { Literal::Bool(self as f64 != 0.0) }
+                    else { number_into_val!(@int $lit self) };
+                constant(lit, Type::Scalar(d), SrcLoc::caller())
+            }
+        }
+    )*};
+    (@int int $x:ident) => { Literal::Int($x as i64) };
+    (@int float $x:ident) => { Literal::Float($x as f64) };
+}
+number_into_val!(f64 => float, f32 => float, i32 => int, i64 => int, u32 => int, usize => int, u64 => int);
+
+impl IntoVal for bool {
+    fn as_val(self) -> Option<Val> {
+        None
+    }
+    #[track_caller]
+    fn into_val_like(self, _: Val) -> Val {
+        constant(Literal::Bool(self), Type::Scalar(DType::Bool), SrcLoc::caller())
+    }
+}
+
+#[track_caller]
+pub(crate) fn binary(op: BinaryOp, a: Val, b: Val) -> Val {
+    let loc = SrcLoc::caller();
+    let (a, b) = broadcast_pair(a, b);
+    let fallback = a.ty();
+    Val(with(|t| t.emit1(OpData::Binary { op, lhs: a.0, rhs: b.0 }, loc, fallback)))
+}
+
+/// Broadcast two operands to a common shape (scalars splat, size-1 dims stretch).
+#[track_caller]
+fn broadcast_pair(a: Val, b: Val) -> (Val, Val) {
+    let (sa, sb) = (a.shape(), b.shape());
+    if sa == sb {
+        return (a, b);
+    }
+    match broadcast_shape(&[sa, sb]) {
+        Some(s) => (a.broadcast_to(s.dims()), b.broadcast_to(s.dims())),
+        // Leave them be: the typing rule reports the mismatch at the user's line.
+        None => (a, b),
+    }
+}
+
+#[track_caller]
+pub(crate) fn compare(pred: CmpPred, a: Val, b: Val) -> Val {
+    let loc = SrcLoc::caller();
+    let (a, b) = broadcast_pair(a, b);
+    let fallback = Type::array(a.shape(), DType::Bool);
+    Val(with(|t| t.emit1(OpData::Compare { pred, lhs: a.0, rhs: b.0 }, loc, fallback)))
+}
+
+macro_rules! binary_ops {
+    ($($tr:ident $m:ident => $op:ident),*) => {$(
+        impl<R: IntoVal> ops::$tr<R> for Val {
+            type Output = Val;
+            #[track_caller]
+            fn $m(self, rhs: R) -> Val { binary(BinaryOp::$op, self, rhs.into_val_like(self)) }
+        }
+        binary_ops!(@rev $tr $m $op: f64, f32, i32, i64, u32, usize, u64);
+    )*};
+    (@rev $tr:ident $m:ident $op:ident: $($t:ty),*) => {$(
+        impl ops::$tr<Val> for $t {
+            type Output = Val;
+            #[track_caller]
+            fn $m(self, rhs: Val) -> Val { binary(BinaryOp::$op, self.into_val_like(rhs), rhs) }
+        }
+    )*};
+}
+binary_ops!(Add add => Add, Sub sub => Sub, Mul mul => Mul, Div div => Div, Rem rem => Rem,
+            BitAnd bitand => And, BitOr bitor => Or, BitXor bitxor => Xor, Shl shl => Shl, Shr shr => Shr);
+
+impl ops::Neg for Val {
+    type Output = Val;
+    #[track_caller]
+    fn neg(self) -> Val {
+        self.unary(UnaryOp::Neg)
+    }
+}
+
+impl ops::Not for Val {
+    type Output = Val;
+    #[track_caller]
+    fn not(self) -> Val {
+        self.unary(UnaryOp::Not)
+    }
+}
+
+/// Comparison that traces when either side is a [`Val`] and is plain Rust otherwise. The
+/// `#[kernel]` macro rewrites `a < b` (and `==`, `!=`, ...) into calls of this trait,
+/// because Rust's comparison traits must return `bool`.
+pub trait Compare<Rhs> {
+    type Output;
+    fn compare(self, pred: CmpPred, rhs: Rhs) -> Self::Output;
+}
+
+impl<R: IntoVal> Compare<R> for Val {
+    type Output = Val;
+    #[track_caller]
+    fn compare(self, pred: CmpPred, rhs: R) -> Val {
+        compare(pred, self, rhs.into_val_like(self))
+    }
+}
+
+macro_rules! plain_compare {
+    ($($t:ty),*) => {$(
+        impl Compare<$t> for $t {
+            type Output = bool;
+            fn compare(self, pred: CmpPred, rhs: $t) -> bool {
+                match pred {
+                    CmpPred::Eq => self == rhs, CmpPred::Ne => self != rhs, CmpPred::Lt => self < rhs,
+                    CmpPred::Le => self <= rhs, CmpPred::Gt => self > rhs, CmpPred::Ge => self >= rhs,
+                }
+            }
+        }
+        impl Compare<Val> for $t {
+            type Output = Val;
+            #[track_caller]
+            fn compare(self, pred: CmpPred, rhs: Val) -> Val { compare(pred, self.into_val_like(rhs), rhs) }
+        }
+    )*};
+}
+plain_compare!(f64, f32, i32, i64, u32, usize, u64);
