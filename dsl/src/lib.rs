@@ -14,13 +14,27 @@ pub use trace::{BuildError, BuildErrors};
 
 /// What kernel code imports.
 pub mod prelude {
+    #![allow(non_upper_case_globals)]
     pub use crate::ir::{DType, DotDims, Precision};
     pub use crate::kernel;
     pub use crate::trace::{
         Dma, Ref, Scope, SemRef, Val, async_copy, dot, dot_general, dot_t, ds, full, iota, num_programs, program_id, run_scoped, scalar,
         select, zeros,
     };
-    pub use crate::ir::DType::{Bf16 as bf16, Bool as bool_, F16 as f16, F32 as f32, I8 as i8, I16 as i16, I32 as i32};
+    pub use crate::spec::Chip;
+
+    // Dtype names as values, so kernel code reads `x.cast(bf16)` as in JAX. They are
+    // constants (value namespace only), so the primitive types `f32`/`i32` stay usable.
+    pub const bf16: DType = DType::Bf16;
+    pub const f16: DType = DType::F16;
+    pub const f32: DType = DType::F32;
+    pub const i32: DType = DType::I32;
+    pub const i16: DType = DType::I16;
+    pub const i8: DType = DType::I8;
+    pub const int4: DType = DType::I4;
+    pub const float8_e4m3: DType = DType::F8E4M3;
+    pub const float8_e5m2: DType = DType::F8E5M2;
+    pub const bool_: DType = DType::Bool;
 }
 
 /// Paths the `#[kernel]` macro expands to. Not a public API.

@@ -1,1 +1,78 @@
-//! placeholder
+//! Palladium's kernel library. Every kernel is a `#[kernel]` function with defaulted
+//! compile-time parameters, listed in [`REGISTRY`] so tools can build it by name.
+
+mod gather;
+mod linalg;
+mod norm;
+
+pub use gather::gather_rows;
+pub use linalg::matmul;
+pub use norm::rmsnorm;
+
+use palladium_dsl::{BuildErrors, Kernel, __private::ParamError};
+
+/// Why a kernel could not be built by name.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("unknown kernel `{0}` (known: {known})", known = names().join(", "))]
+    Unknown(String),
+    #[error("bad --set `{0}`: write NAME=VALUE")]
+    BadSetting(String),
+    #[error(transparent)]
+    Param(#[from] ParamError),
+    #[error("kernel `{kernel}` does not trace:\n{errors}")]
+    Build { kernel: String, errors: BuildErrors },
+}
+
+/// A library kernel: its name, a one-line description, its parameters and a builder.
+#[derive(Debug)]
+pub struct KernelEntry {
+    pub name: &'static str,
+    pub description: &'static str,
+    /// `(name, default value)` of every compile-time parameter.
+    pub defaults: fn() -> Vec<(&'static str, String)>,
+    /// Build with `NAME=VALUE` overrides of the defaults.
+    pub build: fn(&[(String, String)]) -> Result<Kernel, KernelError>,
+}
+
+macro_rules! entry {
+    ($kernel:ident, $description:literal) => {
+        KernelEntry {
+            name: $kernel::NAME,
+            description: $description,
+            defaults: || $kernel::Params::default().values(),
+            build: |settings| {
+                let mut params = $kernel::Params::default();
+                for (name, value) in settings {
+                    params.set(name, value)?;
+                }
+                $kernel::build(&params).map_err(|errors| KernelError::Build { kernel: $kernel::NAME.to_string(), errors })
+            },
+        }
+    };
+}
+
+/// Every kernel in the library.
+pub static REGISTRY: &[KernelEntry] = &[
+    entry!(matmul, "tiled bf16 matmul with an f32 VMEM accumulator (Pallas's reference matmul)"),
+    entry!(rmsnorm, "RMSNorm over the hidden dim, f32 math, bf16 in/out"),
+    entry!(gather_rows, "gather row blocks from HBM by scalar-prefetched ids with double-buffered DMAs"),
+];
+
+pub fn names() -> Vec<&'static str> {
+    REGISTRY.iter().map(|e| e.name).collect()
+}
+
+/// Build a library kernel by name with `NAME=VALUE` settings.
+pub fn build(name: &str, settings: &[(String, String)]) -> Result<Kernel, KernelError> {
+    let entry = REGISTRY.iter().find(|e| e.name == name).ok_or_else(|| KernelError::Unknown(name.to_string()))?;
+    (entry.build)(settings)
+}
+
+/// Parse `NAME=VALUE`.
+pub fn parse_setting(s: &str) -> Result<(String, String), KernelError> {
+    match s.split_once('=') {
+        Some((n, v)) if !n.trim().is_empty() => Ok((n.trim().to_string(), v.trim().to_string())),
+        _ => Err(KernelError::BadSetting(s.to_string())),
+    }
+}

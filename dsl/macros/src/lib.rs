@@ -1,7 +1,31 @@
 //! `#[kernel]`: turns a Rust function over refs into a function that traces Palladium IR.
+//!
+//! ```ignore
+//! #[kernel(grid = (m / bm, n / bn, k / bk), semantics = (parallel, parallel, arbitrary))]
+//! pub fn matmul(
+//!     #[default(1024)] m: usize, /* ... compile-time parameters ... */
+//!     #[input(bf16[m, k], block = [bm, bk], map = |i, _j, kk| (i, kk))] x: Ref,
+//!     #[input(bf16[k, n], block = [bk, bn], map = |_i, j, kk| (kk, j))] y: Ref,
+//!     #[output(bf16[m, n], block = [bm, bn], map = |i, j, _kk| (i, j))] o: Ref,
+//!     #[scratch(vmem, f32[bm, bn])] acc: Ref,
+//! ) {
+//!     if program_id(2) == 0 { acc[..] = zeros([bm, bn], f32); }
+//!     acc[..] += dot(x[..], y[..]);
+//!     if program_id(2) == num_programs(2) - 1 { o[..] = acc[..].cast(bf16); }
+//! }
+//! ```
+//! expands to `fn matmul(m, ...) -> Result<Kernel, BuildErrors>` (ref parameters become
+//! declarations; the body is traced) plus `mod matmul { struct Params; fn build(..) }` for
+//! tools that set parameters by name. All generated paths go through
+//! `::palladium_dsl::__private`. Every error found is reported, each at its own span.
+
+mod body;
+mod expand;
+mod parse;
+
 use proc_macro::TokenStream;
 
 #[proc_macro_attribute]
-pub fn kernel(_args: TokenStream, input: TokenStream) -> TokenStream {
-    input
+pub fn kernel(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::expand(args.into(), item.into()).into()
 }

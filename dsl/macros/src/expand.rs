@@ -1,0 +1,370 @@
+//! The expansion of `#[kernel]`.
+
+use crate::body::BodyRewriter;
+use crate::parse::{BlockDimArg, DTYPES, Errors, OperandArgs, SPACES, ScratchArgs, parse_kernel_args};
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::visit_mut::VisitMut;
+use syn::{Attribute, Expr, FnArg, Ident, ItemFn, Pat, Type};
+
+pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let func: ItemFn = match syn::parse2(item.clone()) {
+        Ok(f) => f,
+        Err(e) => return e.to_compile_error(),
+    };
+    match expand_fn(args, func.clone()) {
+        Ok(tokens) => tokens,
+        Err(e) => {
+            // Report every error, and keep a body-less item of the same name so the rest of
+            // the crate still resolves it (and the IDE keeps working).
+            let errors = e.to_compile_error();
+            let fallback = fallback_item(&func);
+            quote!(#errors #fallback)
+        }
+    }
+}
+
+fn fallback_item(func: &ItemFn) -> TokenStream {
+    let vis = &func.vis;
+    let name = &func.sig.ident;
+    let params = compile_time_params(func).into_iter().map(|p| {
+        let (id, ty) = (&p.ident, &p.ty);
+        quote!(#id: #ty)
+    });
+    quote! {
+        #[allow(unused_variables, dead_code)]
+        #vis fn #name(#(#params),*) -> ::core::result::Result<::palladium_dsl::Kernel, ::palladium_dsl::BuildErrors> {
+            ::core::result::Result::Err(::palladium_dsl::BuildErrors::default())
+        }
+    }
+}
+
+struct Param {
+    ident: Ident,
+    ty: Type,
+    default: Option<Expr>,
+}
+
+enum RefKind {
+    Operand { role: &'static str, args: OperandArgs },
+    Scratch(ScratchArgs),
+}
+
+fn attr_kind(a: &Attribute) -> Option<&'static str> {
+    ["input", "output", "prefetch", "scratch", "default"].into_iter().find(|k| a.path().is_ident(k))
+}
+
+fn compile_time_params(func: &ItemFn) -> Vec<Param> {
+    let mut out = Vec::new();
+    for arg in &func.sig.inputs {
+        let FnArg::Typed(pt) = arg else { continue };
+        let kinds: Vec<_> = pt.attrs.iter().filter_map(attr_kind).collect();
+        if kinds.iter().any(|k| *k != "default") {
+            continue;
+        }
+        let Pat::Ident(pi) = &*pt.pat else { continue };
+        let default = pt.attrs.iter().find(|a| a.path().is_ident("default")).and_then(|a| a.parse_args::<Expr>().ok());
+        out.push(Param { ident: pi.ident.clone(), ty: (*pt.ty).clone(), default });
+    }
+    out
+}
+
+fn dtype_tokens(id: &Ident, errors: &mut Errors) -> TokenStream {
+    match DTYPES.iter().find(|(n, _)| id == n) {
+        Some((_, v)) => {
+            let v = Ident::new(v, id.span());
+            quote!(::palladium_dsl::__private::DType::#v)
+        }
+        None => {
+            let known: Vec<_> = DTYPES.iter().map(|(n, _)| *n).collect();
+            errors.at(id.span(), format!("unknown dtype `{id}` (known: {})", known.join(", ")));
+            quote!(::palladium_dsl::__private::DType::F32)
+        }
+    }
+}
+
+fn space_tokens(id: Option<&Ident>, default: &str, errors: &mut Errors) -> TokenStream {
+    let name = id.map(|i| i.to_string()).unwrap_or_else(|| default.to_string());
+    let span = id.map(|i| i.span()).unwrap_or_else(Span::call_site);
+    match SPACES.iter().find(|(n, _)| *n == name) {
+        Some((_, v)) => {
+            let v = Ident::new(v, span);
+            quote!(::palladium_dsl::__private::MemorySpace::#v)
+        }
+        None => {
+            errors.at(span, format!("unknown memory space `{name}` (known: vmem, smem, hbm, any)"));
+            quote!(::palladium_dsl::__private::MemorySpace::Vmem)
+        }
+    }
+}
+
+fn dims_tokens(dims: &[Expr]) -> TokenStream {
+    let ds = dims.iter().map(|d| quote_spanned!(d.span()=> ((#d) as u64)));
+    quote!(&[#(#ds),*])
+}
+
+fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
+    let mut errors = Errors::default();
+    let kargs = parse_kernel_args(args, &mut errors);
+    let grid_rank = kargs.grid.len();
+    let name = func.sig.ident.clone();
+    let vis = func.vis.clone();
+    if func.sig.output != syn::ReturnType::Default {
+        errors.at(func.sig.output.span(), "a kernel returns nothing: it writes its outputs through refs");
+    }
+    if !func.sig.generics.params.is_empty() {
+        errors.at(func.sig.generics.span(), "kernels cannot be generic: use compile-time parameters");
+    }
+
+    // Classify parameters.
+    let mut refs: Vec<(Ident, RefKind, Span)> = Vec::new();
+    for arg in &func.sig.inputs {
+        let FnArg::Typed(pt) = arg else {
+            errors.at(arg.span(), "kernels are free functions (no `self`)");
+            continue;
+        };
+        let Pat::Ident(pi) = &*pt.pat else {
+            errors.at(pt.pat.span(), "kernel parameters must be plain names");
+            continue;
+        };
+        let specs: Vec<&Attribute> = pt.attrs.iter().filter(|a| matches!(attr_kind(a), Some(k) if k != "default")).collect();
+        let ty_name = match &*pt.ty {
+            Type::Path(p) => p.path.segments.last().map(|s| s.ident.to_string()).unwrap_or_default(),
+            _ => String::new(),
+        };
+        match specs.as_slice() {
+            [] if ty_name == "Ref" || ty_name == "SemRef" => errors.at(
+                pt.ty.span(),
+                format!("ref parameter `{}` needs a spec: #[input(..)], #[output(..)], #[prefetch(..)] or #[scratch(..)]", pi.ident),
+            ),
+            [] => {}
+            [a] => {
+                let kind = attr_kind(a).expect("filtered");
+                let parsed = if kind == "scratch" {
+                    a.parse_args::<ScratchArgs>().map(RefKind::Scratch)
+                } else {
+                    let role = match kind {
+                        "input" => "Input",
+                        "output" => "Output",
+                        _ => "Prefetch",
+                    };
+                    a.parse_args::<OperandArgs>().map(|args| RefKind::Operand { role, args })
+                };
+                match parsed {
+                    Ok(k) => refs.push((pi.ident.clone(), k, pt.ty.span())),
+                    Err(e) => errors.push(e),
+                }
+            }
+            [_, second, ..] => errors.at(second.span(), "a parameter takes one spec attribute"),
+        }
+    }
+    let prefetch_count = refs.iter().filter(|(_, k, _)| matches!(k, RefKind::Operand { role: "Prefetch", .. })).count();
+
+    // Declarations.
+    let mut decls = Vec::new();
+    let mut bindings = Vec::new();
+    for (i, (ident, kind, ty_span)) in refs.iter().enumerate() {
+        let name_str = ident.to_string();
+        match kind {
+            RefKind::Operand { role, args } => {
+                let role_id = Ident::new(role, ident.span());
+                let dtype = dtype_tokens(&args.array.dtype, &mut errors);
+                let default_space = if *role == "Prefetch" { "smem" } else { "vmem" };
+                let space = space_tokens(args.space.as_ref(), default_space, &mut errors);
+                let shape = dims_tokens(&args.array.dims);
+                let block = match &args.block {
+                    Some((dims, span)) => {
+                        if dims.len() != args.array.dims.len() {
+                            errors.at(*span, format!("block rank {} differs from the array rank {}", dims.len(), args.array.dims.len()));
+                        }
+                        let ds = dims.iter().map(|d| match d {
+                            BlockDimArg::Blocked(e) => quote_spanned!(e.span()=> ::palladium_dsl::__private::BlockDim::Blocked((#e) as u64)),
+                            BlockDimArg::Squeezed => quote!(::palladium_dsl::__private::BlockDim::Squeezed),
+                        });
+                        quote!(::core::option::Option::Some(::std::vec![#(#ds),*]))
+                    }
+                    None => quote!(::core::option::Option::None),
+                };
+                let map = match &args.map {
+                    Some(closure) => index_map(closure, grid_rank, prefetch_count, &mut errors),
+                    None => {
+                        if args.block.is_some() {
+                            errors.at(args.array.span, "a block shape needs an index map: `map = |i, j| (i, j)`");
+                        }
+                        quote!(::core::option::Option::<::std::boxed::Box<dyn ::core::ops::FnOnce(&[::palladium_dsl::__private::Val], &[::palladium_dsl::__private::Ref]) -> (u32,)>>::None)
+                    }
+                };
+                decls.push(quote_spanned! {ident.span()=>
+                    __pd_b.operand(#name_str, ::palladium_dsl::__private::OperandRole::#role_id, #dtype, #shape, #space, #block, #map);
+                });
+                bindings.push(quote_spanned!(*ty_span=> let #ident = __pd_sealed.handles[#i].clone().into_ref();));
+            }
+            RefKind::Scratch(ScratchArgs::Buffer { space, array }) => {
+                let space = space_tokens(Some(space), "vmem", &mut errors);
+                let dtype = dtype_tokens(&array.dtype, &mut errors);
+                let shape = dims_tokens(&array.dims);
+                decls.push(quote_spanned!(ident.span()=> __pd_b.scratch_buffer(#name_str, #space, #dtype, #shape);));
+                bindings.push(quote_spanned!(*ty_span=> let #ident = __pd_sealed.handles[#i].clone().into_ref();));
+            }
+            RefKind::Scratch(ScratchArgs::Semaphores { kind, dims }) => {
+                let k = if kind == "dma_sem" { quote!(Dma) } else { quote!(Regular) };
+                let shape = dims_tokens(dims);
+                decls.push(quote_spanned!(ident.span()=> __pd_b.scratch_semaphores(#name_str, ::palladium_dsl::__private::SemKind::#k, #shape);));
+                bindings.push(quote_spanned!(*ty_span=> let #ident = __pd_sealed.handles[#i].clone().into_sem();));
+            }
+        }
+    }
+    let grid = kargs.grid.iter().enumerate().map(|(i, e)| {
+        let parallel = kargs.semantics.get(i).is_some_and(|s| s == "parallel");
+        let sem = Ident::new(if parallel { "Parallel" } else { "Arbitrary" }, e.span());
+        quote_spanned!(e.span()=> __pd_b.grid_dim(#e, ::palladium_dsl::__private::Semantics::#sem);)
+    });
+    let vmem = kargs.vmem_limit.iter().map(|e| quote_spanned!(e.span()=> __pd_b.vmem_limit_bytes(#e);));
+    let aliases = kargs.aliases.iter().map(|(i, o)| {
+        let (i, o) = (i.to_string(), o.to_string());
+        quote!(__pd_b.alias(#i, #o);)
+    });
+    let cost = match &kargs.cost {
+        Some(c) if c.len() == 3 => {
+            let (f, t, b) = (&c[0], &c[1], &c[2]);
+            quote!(__pd_b.cost_estimate((#f) as u64, (#t) as u64, (#b) as u64);)
+        }
+        Some(c) => {
+            errors.at(c.first().map(|e| e.span()).unwrap_or_else(Span::call_site), "cost = (flops, transcendentals, bytes_accessed)");
+            quote!()
+        }
+        None => quote!(),
+    };
+
+    // The body.
+    let mut body = (*func.block).clone();
+    BodyRewriter { errors: &mut errors }.visit_block_mut(&mut body);
+    errors.into_result()?;
+
+    let params = compile_time_params(&func);
+    let sig_params = params.iter().map(|p| {
+        let (id, ty) = (&p.ident, &p.ty);
+        quote!(#id: #ty)
+    });
+    let params_mod = params_module(&name, &vis, &params);
+    let attrs = &func.attrs;
+    let name_str = name.to_string();
+    Ok(quote! {
+        #(#attrs)*
+        #[allow(non_snake_case, unused_variables, unused_mut, clippy::too_many_arguments)]
+        #vis fn #name(#(#sig_params),*) -> ::core::result::Result<::palladium_dsl::Kernel, ::palladium_dsl::BuildErrors> {
+            #[allow(unused_imports)]
+            use ::palladium_dsl::__private::{IndexRef as _, IndexStd as _};
+            let mut __pd_b = ::palladium_dsl::__private::KernelBuilder::new(#name_str);
+            #(#grid)*
+            #(#decls)*
+            #(#aliases)*
+            #(#vmem)*
+            #cost
+            let __pd_sealed = __pd_b.seal()?;
+            #(#bindings)*
+            #body
+            __pd_sealed.finish()
+        }
+        #params_mod
+    })
+}
+
+fn index_map(closure: &syn::ExprClosure, grid_rank: usize, prefetch: usize, errors: &mut Errors) -> TokenStream {
+    let want = grid_rank + prefetch;
+    if closure.inputs.len() != want {
+        errors.at(
+            closure.inputs.span(),
+            format!(
+                "index map takes {} parameters; expected {want}: {grid_rank} grid indices{}",
+                closure.inputs.len(),
+                if prefetch > 0 { format!(" then {prefetch} scalar-prefetch refs") } else { String::new() }
+            ),
+        );
+    }
+    let mut body = (*closure.body).clone();
+    BodyRewriter { errors }.visit_expr_mut(&mut body);
+    let binds = closure.inputs.iter().enumerate().map(|(i, p)| {
+        if i < grid_rank {
+            quote_spanned!(p.span()=> let #p = __pd_g[#i];)
+        } else {
+            let j = i - grid_rank;
+            quote_spanned!(p.span()=> let #p = __pd_p[#j];)
+        }
+    });
+    quote_spanned! {closure.span()=>
+        ::core::option::Option::Some(::std::boxed::Box::new(move |__pd_g: &[::palladium_dsl::__private::Val], __pd_p: &[::palladium_dsl::__private::Ref]| {
+            #[allow(unused_imports)]
+            use ::palladium_dsl::__private::{IndexRef as _, IndexStd as _};
+            #(#binds)*
+            #body
+        }))
+    }
+}
+
+/// `mod <kernel> { Params, build, PARAMS }`: set parameters by name (CLI `--set`).
+fn params_module(name: &Ident, vis: &syn::Visibility, params: &[Param]) -> TokenStream {
+    let fields = params.iter().map(|p| {
+        let (id, ty) = (&p.ident, &p.ty);
+        quote!(pub #id: #ty)
+    });
+    let ids: Vec<&Ident> = params.iter().map(|p| &p.ident).collect();
+    let names: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+    let tys: Vec<&Type> = params.iter().map(|p| &p.ty).collect();
+    let ty_names: Vec<String> = tys.iter().map(|t| quote!(#t).to_string()).collect();
+    let default_impl = if params.iter().all(|p| p.default.is_some()) {
+        let defaults = params.iter().map(|p| {
+            let (id, d) = (&p.ident, p.default.as_ref().expect("checked"));
+            quote_spanned!(d.span()=> #id: #d)
+        });
+        quote! {
+            impl ::core::default::Default for Params {
+                fn default() -> Self { Params { #(#defaults),* } }
+            }
+        }
+    } else {
+        quote!()
+    };
+    let name_str = name.to_string();
+    let mod_name = format_ident!("{}", name);
+    quote! {
+        #[allow(non_snake_case, dead_code)]
+        #vis mod #mod_name {
+            #[allow(unused_imports)]
+            use super::*;
+            /// The kernel's compile-time parameters.
+            #[derive(Clone, Debug, PartialEq)]
+            pub struct Params { #(#fields),* }
+            #default_impl
+            /// The kernel's name.
+            pub const NAME: &str = #name_str;
+            /// Parameter names, in declaration order.
+            pub const PARAMS: &[&str] = &[#(#names),*];
+            impl Params {
+                /// Set one parameter from text (`--set NAME=VALUE`).
+                pub fn set(&mut self, name: &str, value: &str) -> ::core::result::Result<(), ::palladium_dsl::__private::ParamError> {
+                    match name {
+                        #(#names => {
+                            self.#ids = value.parse::<#tys>().map_err(|_| ::palladium_dsl::__private::ParamError::BadValue {
+                                kernel: NAME.to_string(), name: name.to_string(), value: value.to_string(), ty: #ty_names.to_string(),
+                            })?;
+                            ::core::result::Result::Ok(())
+                        })*
+                        _ => ::core::result::Result::Err(::palladium_dsl::__private::ParamError::Unknown {
+                            kernel: NAME.to_string(), name: name.to_string(), known: PARAMS.join(", "),
+                        }),
+                    }
+                }
+                /// `(name, value)` pairs, for reports.
+                pub fn values(&self) -> ::std::vec::Vec<(&'static str, ::std::string::String)> {
+                    ::std::vec![#((#names, ::std::string::ToString::to_string(&self.#ids))),*]
+                }
+            }
+            /// Trace the kernel with these parameters.
+            pub fn build(p: &Params) -> ::core::result::Result<::palladium_dsl::Kernel, ::palladium_dsl::BuildErrors> {
+                super::#name(#(::core::clone::Clone::clone(&p.#ids)),*)
+            }
+        }
+    }
+}

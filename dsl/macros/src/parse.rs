@@ -1,0 +1,220 @@
+//! Parsing of `#[kernel(...)]` arguments and of the parameter attributes.
+
+use proc_macro2::{Span, TokenStream};
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::{Expr, ExprClosure, Ident, Token, bracketed};
+
+/// Collects every error instead of stopping at the first.
+#[derive(Default)]
+pub struct Errors(Option<syn::Error>);
+
+impl Errors {
+    pub fn push(&mut self, e: syn::Error) {
+        match &mut self.0 {
+            Some(all) => all.combine(e),
+            None => self.0 = Some(e),
+        }
+    }
+    pub fn at(&mut self, span: Span, msg: impl std::fmt::Display) {
+        self.push(syn::Error::new(span, msg));
+    }
+    pub fn into_result(self) -> Result<(), syn::Error> {
+        self.0.map_or(Ok(()), Err)
+    }
+}
+
+/// `#[kernel(grid = (..), semantics = (..), vmem_limit = e, aliases = [(x, o)], cost = (f, t, b))]`
+pub struct KernelArgs {
+    pub grid: Vec<Expr>,
+    pub grid_span: Span,
+    pub semantics: Vec<Ident>,
+    pub semantics_span: Span,
+    pub vmem_limit: Option<Expr>,
+    pub aliases: Vec<(Ident, Ident)>,
+    pub cost: Option<Vec<Expr>>,
+}
+
+fn tuple_elems(e: &Expr) -> Vec<Expr> {
+    match e {
+        Expr::Tuple(t) => t.elems.iter().cloned().collect(),
+        Expr::Paren(p) => vec![(*p.expr).clone()],
+        other => vec![other.clone()],
+    }
+}
+
+pub fn parse_kernel_args(tokens: TokenStream, errors: &mut Errors) -> KernelArgs {
+    let mut args = KernelArgs {
+        grid: Vec::new(),
+        grid_span: Span::call_site(),
+        semantics: Vec::new(),
+        semantics_span: Span::call_site(),
+        vmem_limit: None,
+        aliases: Vec::new(),
+        cost: None,
+    };
+    let parsed = match syn::parse::Parser::parse2(Punctuated::<syn::MetaNameValue, Token![,]>::parse_terminated, tokens) {
+        Ok(p) => p,
+        Err(e) => {
+            errors.push(e);
+            return args;
+        }
+    };
+    for nv in parsed {
+        let key = nv.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
+        match key.as_str() {
+            "grid" => {
+                args.grid = tuple_elems(&nv.value);
+                args.grid_span = nv.value.span();
+            }
+            "semantics" => {
+                args.semantics_span = nv.value.span();
+                for e in tuple_elems(&nv.value) {
+                    match &e {
+                        Expr::Path(p) if p.path.get_ident().is_some() => {
+                            let id = p.path.get_ident().cloned().expect("checked");
+                            if id != "parallel" && id != "arbitrary" {
+                                errors.at(id.span(), format!("unknown dimension semantics `{id}`: expected `parallel` or `arbitrary`"));
+                            }
+                            args.semantics.push(id);
+                        }
+                        other => errors.at(other.span(), "dimension semantics are `parallel` or `arbitrary`"),
+                    }
+                }
+            }
+            "vmem_limit" => args.vmem_limit = Some(nv.value.clone()),
+            "cost" => args.cost = Some(tuple_elems(&nv.value)),
+            "aliases" => match &nv.value {
+                Expr::Array(a) => {
+                    for e in &a.elems {
+                        let pair = tuple_elems(e);
+                        let ids: Vec<Option<Ident>> = pair.iter().map(|x| if let Expr::Path(p) = x { p.path.get_ident().cloned() } else { None }).collect();
+                        match ids.as_slice() {
+                            [Some(i), Some(o)] => args.aliases.push((i.clone(), o.clone())),
+                            _ => errors.at(e.span(), "an alias is `(input_name, output_name)`"),
+                        }
+                    }
+                }
+                other => errors.at(other.span(), "aliases = [(input_name, output_name), ...]"),
+            },
+            _ => errors.at(nv.path.span(), format!("unknown kernel argument `{key}`: expected grid, semantics, vmem_limit, aliases or cost")),
+        }
+    }
+    if !args.grid.is_empty() && args.semantics.is_empty() {
+        args.semantics = args.grid.iter().map(|e| Ident::new("arbitrary", e.span())).collect();
+    } else if args.semantics.len() != args.grid.len() {
+        errors.at(
+            args.semantics_span,
+            format!("{} dimension semantics for a grid of {} dims", args.semantics.len(), args.grid.len()),
+        );
+    }
+    args
+}
+
+/// `dtype[d0, d1, ...]`
+pub struct ArrayTy {
+    pub dtype: Ident,
+    pub dims: Vec<Expr>,
+    pub span: Span,
+}
+
+impl Parse for ArrayTy {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let dtype: Ident = input.parse()?;
+        let content;
+        let b = bracketed!(content in input);
+        let dims = Punctuated::<Expr, Token![,]>::parse_terminated(&content)?;
+        Ok(ArrayTy { span: dtype.span().join(b.span.close()).unwrap_or(dtype.span()), dtype, dims: dims.into_iter().collect() })
+    }
+}
+
+pub const DTYPES: &[(&str, &str)] = &[
+    ("bf16", "Bf16"),
+    ("f16", "F16"),
+    ("f32", "F32"),
+    ("f8e4m3fn", "F8E4M3"),
+    ("f8e5m2", "F8E5M2"),
+    ("i32", "I32"),
+    ("i16", "I16"),
+    ("i8", "I8"),
+    ("i4", "I4"),
+    ("bool", "Bool"),
+];
+
+pub const SPACES: &[(&str, &str)] = &[("vmem", "Vmem"), ("smem", "Smem"), ("hbm", "Hbm"), ("any", "Any")];
+
+/// A block dim: an expression, or `None` for a squeezed dim.
+pub enum BlockDimArg {
+    Blocked(Expr),
+    Squeezed,
+}
+
+/// `#[input(T[dims], block = [..], map = |..| .., space = vmem)]` and friends.
+pub struct OperandArgs {
+    pub array: ArrayTy,
+    pub block: Option<(Vec<BlockDimArg>, Span)>,
+    pub map: Option<ExprClosure>,
+    pub space: Option<Ident>,
+}
+
+impl Parse for OperandArgs {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let array: ArrayTy = input.parse()?;
+        let mut out = OperandArgs { array, block: None, map: None, space: None };
+        while input.peek(Token![,]) {
+            input.parse::<Token![,]>()?;
+            if input.is_empty() {
+                break;
+            }
+            let key: Ident = input.parse()?;
+            input.parse::<Token![=]>()?;
+            match key.to_string().as_str() {
+                "block" => {
+                    let e: syn::ExprArray = input.parse()?;
+                    let dims = e
+                        .elems
+                        .iter()
+                        .map(|d| match d {
+                            Expr::Path(p) if p.path.is_ident("None") => BlockDimArg::Squeezed,
+                            other => BlockDimArg::Blocked(other.clone()),
+                        })
+                        .collect();
+                    out.block = Some((dims, e.span()));
+                }
+                "map" => out.map = Some(input.parse()?),
+                "space" => out.space = Some(input.parse()?),
+                other => return Err(syn::Error::new(key.span(), format!("unknown operand argument `{other}`: expected block, map or space"))),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `#[scratch(vmem, f32[8, 128])]`, `#[scratch(dma_sem[2])]`, `#[scratch(sem)]`.
+pub enum ScratchArgs {
+    Buffer { space: Ident, array: ArrayTy },
+    Semaphores { kind: Ident, dims: Vec<Expr> },
+}
+
+impl Parse for ScratchArgs {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let first: Ident = input.parse()?;
+        match first.to_string().as_str() {
+            "dma_sem" | "sem" => {
+                let dims = if input.peek(syn::token::Bracket) {
+                    let content;
+                    bracketed!(content in input);
+                    Punctuated::<Expr, Token![,]>::parse_terminated(&content)?.into_iter().collect()
+                } else {
+                    Vec::new()
+                };
+                Ok(ScratchArgs::Semaphores { kind: first, dims })
+            }
+            _ => {
+                input.parse::<Token![,]>()?;
+                Ok(ScratchArgs::Buffer { space: first, array: input.parse()? })
+            }
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! Row-block gather by scalar-prefetched ids: `out[i] = table[ids[i]] * scale`, with the
+//! table in HBM and the blocks streamed by manual, double-buffered DMAs (the pattern of
+//! paged attention and of fetching MoE experts by id).
+
+use palladium_dsl::prelude::*;
+
+#[kernel(grid = (n,), semantics = (arbitrary,))]
+pub fn gather_rows(
+    #[default(8)] n: usize,
+    #[default(64)] table_rows: usize,
+    #[default(16)] r: usize,
+    #[default(256)] d: usize,
+    #[default(2.0)] scale: f64,
+    #[prefetch(i32[n])] ids: Ref,
+    #[input(bf16[table_rows, r, d], space = any)] table: Ref,
+    #[output(bf16[n, r, d], block = [None, r, d], map = |i, _ids| (i, 0, 0))] out: Ref,
+    #[scratch(vmem, bf16[2, r, d])] buf: Ref,
+    #[scratch(dma_sem[2])] sems: SemRef,
+) {
+    let step = program_id(0);
+    let slot = step % 2;
+    let fetch = |i: Val, slot: Val| async_copy(table.at(ids[i]), buf.at(slot), sems.at(slot));
+    // Step 0 fetches its own block; every step prefetches the next one before waiting.
+    if step == 0 {
+        fetch(step, slot).start();
+    }
+    if step + 1 < num_programs(0) {
+        fetch(step + 1, 1 - slot).start();
+    }
+    fetch(step, slot).wait();
+    out[(0, .., ..)] = (buf[slot].cast(f32) * scale).cast(bf16);
+}
