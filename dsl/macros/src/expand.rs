@@ -277,8 +277,9 @@ fn index_map(closure: &syn::ExprClosure, grid_rank: usize, prefetch: usize, erro
         errors.at(
             closure.inputs.span(),
             format!(
-                "index map takes {} parameters; expected {want}: {grid_rank} grid indices{}",
+                "index map takes {} parameter{}; expected {want}: {grid_rank} grid indices{}",
                 closure.inputs.len(),
+                if closure.inputs.len() == 1 { "" } else { "s" },
                 if prefetch > 0 { format!(" then {prefetch} scalar-prefetch refs") } else { String::new() }
             ),
         );

@@ -196,7 +196,9 @@ impl Verifier<'_> {
         let ops = &k.blocks[block].ops;
         for (i, &op) in ops.iter().enumerate() {
             let node = &k.ops[op];
-            for v in node.data.operands() {
+            let mut operands = node.data.operands();
+            operands.dedup();
+            for v in operands {
                 if !self.visible[v] {
                     self.op_error(op, format!("uses {v}, which is not defined before it in an enclosing scope"));
                 }
@@ -238,11 +240,10 @@ impl Verifier<'_> {
                 self.visible[r] = true;
             }
         }
-        if must_yield && !matches!(ops.last().map(|&o| &k.ops[o].data), Some(OpData::Yield { .. })) {
-            match k.blocks[block].parent.expand() {
-                Some(p) => self.op_error(p, format!("region {block} does not end with a yield")),
-                None => self.call_error(format!("index map {block}"), "does not end with a yield"),
-            }
+        // A region of an op is reported by the op's typing rule; an index map has no op.
+        let ends_in_yield = matches!(ops.last().map(|&o| &k.ops[o].data), Some(OpData::Yield { .. }));
+        if must_yield && !ends_in_yield && k.blocks[block].parent.is_none() {
+            self.call_error(format!("index map {block}"), "does not end with a yield");
         }
         // Leaving the region: its values go out of scope.
         for &p in &k.blocks[block].params {
@@ -368,4 +369,75 @@ fn op_line(k: &Kernel, op: Op) -> String {
     let operands: Vec<String> = node.data.operands().iter().map(|v| k.value_name(*v)).collect();
     let head = if results.is_empty() { String::new() } else { format!("{} = ", results.join(", ")) };
     format!("{head}{} {}", node.data.mnemonic(), operands.join(", ")).trim_end().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Literal, Shape};
+    use crate::spec::OperandSpec;
+    use smallvec::smallvec;
+
+    /// A gridless kernel with one f32[8,128] VMEM output, built through the raw IR API.
+    fn kernel_with_output() -> (Kernel, Value) {
+        let mut k = Kernel::new("raw");
+        k.call.operands.push(OperandSpec {
+            name: "o".into(),
+            role: OperandRole::Output,
+            dtype: DType::F32,
+            shape: Shape::new([8, 128]),
+            space: MemorySpace::Vmem,
+            block: None,
+            index_map: None,
+        });
+        let ty = super::super::RefType { space: MemorySpace::Vmem, dtype: DType::F32, shape: Shape::new([8, 128]) };
+        let o = k.add_block_param(k.entry, Type::Ref(ty.clone()));
+        k.declare_buf("o".into(), BufOrigin::Operand(0), ty.space, ty.dtype, ty.shape, o);
+        (k, o)
+    }
+
+    #[test]
+    fn collects_scoping_typing_and_yield_errors_together() {
+        let (mut k, _) = kernel_with_output();
+        let entry = k.entry;
+        // A value defined inside an `if` region, used after it: out of scope.
+        let then_b = k.new_block();
+        let else_b = k.new_block();
+        let c = k.append_op(then_b, OpData::Constant { value: Literal::Int(1), ty: Type::Scalar(DType::I32) }, vec![Type::Scalar(DType::I32)], None);
+        let inner = k.result(c);
+        k.append_op(then_b, OpData::Yield { values: smallvec![] }, vec![], None);
+        // The else region lacks its yield.
+        let t = k.append_op(entry, OpData::Constant { value: Literal::Bool(true), ty: Type::Scalar(DType::Bool) }, vec![Type::Scalar(DType::Bool)], None);
+        let cond = k.result(t);
+        let if_op = k.append_op(entry, OpData::If { cond, then_block: then_b, else_block: else_b }, vec![], None);
+        // Result typed wrongly: i32 + i32 claimed to be f32.
+        let add = k.append_op(entry, OpData::Binary { op: super::super::BinaryOp::Add, lhs: inner, rhs: inner }, vec![Type::Scalar(DType::F32)], None);
+        let errs = verify(&k, VerifyOptions::default()).unwrap_err();
+        let text = errs.to_string();
+        assert_eq!(errs.0.len(), 3, "{text}");
+        assert!(text.contains(&format!("{if_op} (if v2): region bb2 does not end with a yield")), "{text}");
+        assert!(text.contains(&format!("{add} (v3 = add v1, v1): uses v1, which is not defined before it")), "{text}");
+        assert!(text.contains("results are typed (f32), the operands imply (i32)"), "{text}");
+    }
+
+    #[test]
+    fn block_rule_covers_full_dims_squeezed_dims_and_1d_blocks() {
+        let s = |d: &[u64]| Shape::new(d.to_vec());
+        let b = |d: &[u64]| d.iter().map(|&x| BlockDim::Blocked(x)).collect::<Vec<_>>();
+        assert!(block_tiling_rule(DType::F32, &b(&[8, 128]), &s(&[64, 256])).is_ok());
+        assert!(block_tiling_rule(DType::F32, &b(&[3, 100]), &s(&[3, 100])).is_ok(), "whole-array blocks are always fine");
+        assert!(block_tiling_rule(DType::Bf16, &b(&[8, 128]), &s(&[64, 256])).unwrap_err().contains("multiple of 16"));
+        assert!(block_tiling_rule(DType::I8, &b(&[32, 256]), &s(&[64, 256])).is_ok());
+        let squeezed = vec![BlockDim::Squeezed, BlockDim::Blocked(16), BlockDim::Blocked(128)];
+        assert!(block_tiling_rule(DType::Bf16, &squeezed, &s(&[4, 64, 256])).is_ok());
+        assert!(block_tiling_rule(DType::F32, &b(&[1024]), &s(&[4096])).is_ok());
+        assert!(block_tiling_rule(DType::F32, &b(&[96]), &s(&[4096])).unwrap_err().contains("1-D block"));
+    }
+
+    #[test]
+    fn padded_bytes_round_minor_dims_up_to_the_native_tile() {
+        assert_eq!(padded_vmem_bytes(DType::F32, &Shape::new([8, 128])), 4096);
+        assert_eq!(padded_vmem_bytes(DType::F32, &Shape::new([1, 100])), 4096);
+        assert_eq!(padded_vmem_bytes(DType::Bf16, &Shape::new([2, 8, 128])), 2 * 16 * 128 * 2);
+    }
 }
