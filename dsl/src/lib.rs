@@ -18,7 +18,7 @@ pub mod prelude {
     pub use crate::ir::{DType, DotDims, Precision};
     pub use crate::kernel;
     pub use crate::trace::{
-        Dma, Ref, Scope, SemRef, Val, async_copy, dot, dot_general, dot_t, ds, full, iota, num_programs, program_id, run_scoped, scalar,
+        Dims, Dma, Ref, Scope, SemRef, Val, async_copy, dot, dot_general, dot_t, ds, full, iota, num_programs, program_id, run_scoped, scalar,
         select, zeros,
     };
     pub use crate::spec::Chip;

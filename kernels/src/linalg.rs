@@ -17,7 +17,7 @@ pub fn matmul(
     #[scratch(vmem, f32[bm, bn])] acc: Ref,
 ) {
     if program_id(2) == 0 {
-        acc[..] = zeros([bm as u64, bn as u64], f32);
+        acc[..] = 0.0;
     }
     acc[..] += dot(x[..], y[..]);
     if program_id(2) == num_programs(2) - 1 {

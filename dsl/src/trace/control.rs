@@ -6,7 +6,7 @@
 //! values ([`Carry`]) and become the op's results.
 
 use super::refs::{Ref, SemRef};
-use super::val::{Val, constant};
+use super::val::{Dims, Val, constant};
 use super::{in_block, with};
 use crate::ir::{BufOrigin, DType, Literal, MemorySpace, OpData, SemKind, Shape, SrcLoc, Type, Value};
 use cranelift_entity::packed_option::ReservedValue;
@@ -309,13 +309,13 @@ impl Scope {
     }
 
     /// A VMEM buffer live until the scope ends.
-    pub fn vmem(&self, dims: impl AsRef<[u64]>, dtype: DType) -> Ref {
-        self.alloc_buf(MemorySpace::Vmem, dims.as_ref(), dtype)
+    pub fn vmem(&self, dims: impl Dims, dtype: DType) -> Ref {
+        self.alloc_buf(MemorySpace::Vmem, &dims.dims(), dtype)
     }
 
     /// An SMEM buffer live until the scope ends.
-    pub fn smem(&self, dims: impl AsRef<[u64]>, dtype: DType) -> Ref {
-        self.alloc_buf(MemorySpace::Smem, dims.as_ref(), dtype)
+    pub fn smem(&self, dims: impl Dims, dtype: DType) -> Ref {
+        self.alloc_buf(MemorySpace::Smem, &dims.dims(), dtype)
     }
 
     fn alloc_sem(&self, kind: SemKind, dims: &[u64]) -> SemRef {
@@ -333,8 +333,8 @@ impl Scope {
     }
 
     /// A DMA semaphore (or an array of them, with `dims`) live until the scope ends.
-    pub fn dma_sems(&self, dims: impl AsRef<[u64]>) -> SemRef {
-        self.alloc_sem(SemKind::Dma, dims.as_ref())
+    pub fn dma_sems(&self, dims: impl Dims) -> SemRef {
+        self.alloc_sem(SemKind::Dma, &dims.dims())
     }
 
     pub fn dma_sem(&self) -> SemRef {

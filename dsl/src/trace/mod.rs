@@ -22,7 +22,7 @@ pub mod builder_handles {
 }
 pub use control::{Carry, Cond, LoopRange, for_range, if_else, range, run_scoped, while_loop, Scope};
 pub use refs::{Dma, IndexElem, IntoIndex, Ref, SemRef, async_copy, ds, Ds};
-pub use val::{Compare, IntoVal, Val, dot, dot_general, dot_t, full, iota, num_programs, program_id, scalar, select, zeros};
+pub use val::{Compare, Dims, IntoVal, Val, dot, dot_general, dot_t, full, iota, num_programs, program_id, scalar, select, zeros};
 
 use crate::ir::{Block, Kernel, OpData, SrcLoc, Type, Value};
 use cranelift_entity::SecondaryMap;

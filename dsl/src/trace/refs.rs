@@ -2,7 +2,7 @@
 
 use super::val::{IntoVal, Val};
 use super::with;
-use crate::ir::{DType, Index, Literal, Offset, OpData, Remote, Shape, SrcLoc, Type, Value};
+use crate::ir::{DType, Index, Offset, OpData, Remote, Shape, SrcLoc, Type, Value};
 
 /// A traced ref: a window of VMEM/SMEM, an HBM array or a sub-ref of one.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -206,10 +206,7 @@ impl Ref {
         let value = match value.as_val() {
             Some(v) if v.shape().rank() == 0 && !window.is_empty() => v.broadcast_to(&window),
             Some(v) => v,
-            None => {
-                let lit = value.into_val_like(super::val::constant(Literal::Int(0), Type::Scalar(dtype), loc));
-                if window.is_empty() { lit } else { lit.broadcast_to(&window) }
-            }
+            None => value.into_val_shaped(dtype, &Shape(window)),
         };
         with(|t| t.emit(OpData::Store { dst: self.0, index, value: value.0, mask: mask.map(|m| m.0) }, loc, &[]));
     }
@@ -240,7 +237,7 @@ impl SemRef {
     #[track_caller]
     pub fn signal(self, amount: impl IntoVal) {
         let loc = SrcLoc::caller();
-        let amount = i32_val(amount, loc);
+        let amount = i32_val(amount);
         with(|t| t.emit(OpData::SemSignal { sem: self.0, amount: amount.0, device_id: None }, loc, &[]));
     }
 
@@ -248,7 +245,7 @@ impl SemRef {
     #[track_caller]
     pub fn signal_remote(self, amount: impl IntoVal, device_id: impl IntoVal) {
         let loc = SrcLoc::caller();
-        let (amount, device) = (i32_val(amount, loc), i32_val(device_id, loc));
+        let (amount, device) = (i32_val(amount), i32_val(device_id));
         with(|t| t.emit(OpData::SemSignal { sem: self.0, amount: amount.0, device_id: Some(device.0) }, loc, &[]));
     }
 
@@ -256,7 +253,7 @@ impl SemRef {
     #[track_caller]
     pub fn wait(self, amount: impl IntoVal) {
         let loc = SrcLoc::caller();
-        let amount = i32_val(amount, loc);
+        let amount = i32_val(amount);
         with(|t| t.emit(OpData::SemWait { sem: self.0, amount: amount.0 }, loc, &[]));
     }
 
@@ -267,11 +264,9 @@ impl SemRef {
     }
 }
 
-fn i32_val(x: impl IntoVal, loc: SrcLoc) -> Val {
-    match x.as_val() {
-        Some(v) => v,
-        None => x.into_val_like(super::val::constant(Literal::Int(0), Type::Scalar(DType::I32), loc)),
-    }
+#[track_caller]
+fn i32_val(x: impl IntoVal) -> Val {
+    x.into_val_shaped(DType::I32, &Shape::default())
 }
 
 /// An async copy descriptor (`pltpu.make_async_copy`); `start` and `wait` emit the ops.

@@ -4,6 +4,42 @@ use super::with;
 use crate::ir::{BinaryOp, CmpPred, DType, DotDims, Literal, OpData, Precision, ReduceOp, Shape, SrcLoc, Type, UnaryOp, Value};
 use std::ops;
 
+/// A static shape argument: `[8, 128]` of any integer type, a slice, a `Vec` or a [`Shape`],
+/// so kernel code can pass its `usize` parameters directly.
+pub trait Dims {
+    fn dims(&self) -> Vec<u64>;
+}
+
+impl<T: Copy + TryInto<u64>, const N: usize> Dims for [T; N] {
+    fn dims(&self) -> Vec<u64> {
+        self.iter().map(|&d| d.try_into().unwrap_or(0)).collect()
+    }
+}
+
+impl<T: Copy + TryInto<u64>> Dims for [T] {
+    fn dims(&self) -> Vec<u64> {
+        self.iter().map(|&d| d.try_into().unwrap_or(0)).collect()
+    }
+}
+
+impl<T: Dims + ?Sized> Dims for &T {
+    fn dims(&self) -> Vec<u64> {
+        (**self).dims()
+    }
+}
+
+impl<T: Copy + TryInto<u64>> Dims for Vec<T> {
+    fn dims(&self) -> Vec<u64> {
+        self.as_slice().dims()
+    }
+}
+
+impl Dims for Shape {
+    fn dims(&self) -> Vec<u64> {
+        self.0.clone()
+    }
+}
+
 /// A traced scalar or vector value.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Val(pub(crate) Value);
@@ -127,8 +163,8 @@ impl Val {
     }
 
     #[track_caller]
-    pub fn reshape(self, dims: impl AsRef<[u64]>) -> Val {
-        let shape = Shape::new(dims.as_ref().to_vec());
+    pub fn reshape(self, dims: impl Dims) -> Val {
+        let shape = Shape::new(dims.dims());
         if shape == self.shape() {
             return self;
         }
@@ -139,8 +175,8 @@ impl Val {
 
     /// numpy broadcasting to `dims`.
     #[track_caller]
-    pub fn broadcast_to(self, dims: impl AsRef<[u64]>) -> Val {
-        let shape = Shape::new(dims.as_ref().to_vec());
+    pub fn broadcast_to(self, dims: impl Dims) -> Val {
+        let shape = Shape::new(dims.dims());
         if shape == self.shape() {
             return self;
         }
@@ -229,7 +265,7 @@ impl Val {
 
 /// A constant of `dtype` with `shape` (rank 0: a scalar).
 #[track_caller]
-pub fn full(dims: impl AsRef<[u64]>, value: impl Into<f64>, dtype: DType) -> Val {
+pub fn full(dims: impl Dims, value: impl Into<f64>, dtype: DType) -> Val {
     let v: f64 = value.into();
     let lit = if dtype.is_float() {
         Literal::Float(v)
@@ -238,11 +274,11 @@ pub fn full(dims: impl AsRef<[u64]>, value: impl Into<f64>, dtype: DType) -> Val
     } else {
         Literal::Int(v as i64)
     };
-    constant(lit, Type::array(Shape::new(dims.as_ref().to_vec()), dtype), SrcLoc::caller())
+    constant(lit, Type::array(Shape::new(dims.dims()), dtype), SrcLoc::caller())
 }
 
 #[track_caller]
-pub fn zeros(dims: impl AsRef<[u64]>, dtype: DType) -> Val {
+pub fn zeros(dims: impl Dims, dtype: DType) -> Val {
     full(dims, 0.0, dtype)
 }
 
@@ -273,9 +309,9 @@ pub fn num_programs(axis: u32) -> Val {
 
 /// An i32 vector counting along `dim` (`broadcasted_iota`).
 #[track_caller]
-pub fn iota(dims: impl AsRef<[u64]>, dim: u32) -> Val {
+pub fn iota(dims: impl Dims, dim: u32) -> Val {
     let loc = SrcLoc::caller();
-    let shape = Shape::new(dims.as_ref().to_vec());
+    let shape = Shape::new(dims.dims());
     let fallback = Type::array(shape.clone(), DType::I32);
     Val(with(|t| t.emit1(OpData::Iota { shape, dim }, loc, fallback)))
 }
@@ -339,45 +375,62 @@ pub(crate) fn broadcast_shape(shapes: &[Shape]) -> Option<Shape> {
 /// constant of the other operand's dtype (JAX's weak typing).
 pub trait IntoVal: Copy {
     fn as_val(self) -> Option<Val>;
+    /// A Rust number as a constant of `dtype` and `shape` (a splat); a [`Val`] as itself.
     #[track_caller]
-    fn into_val_like(self, like: Val) -> Val;
+    fn into_val_shaped(self, dtype: DType, shape: &Shape) -> Val;
+    /// A Rust number as a scalar constant of `like`'s dtype; a [`Val`] as itself.
+    #[track_caller]
+    fn into_val_like(self, like: Val) -> Val {
+        self.into_val_shaped(like.dtype(), &Shape::default())
+    }
 }
 
 impl IntoVal for Val {
     fn as_val(self) -> Option<Val> {
         Some(self)
     }
-    fn into_val_like(self, _: Val) -> Val {
+    fn into_val_shaped(self, _: DType, _: &Shape) -> Val {
         self
     }
 }
 
+/// A Rust number as a literal of `dtype` (floats truncate toward zero for int dtypes).
+fn literal_of(x: f64, int: Option<i64>, dtype: DType) -> Literal {
+    if dtype.is_float() {
+        Literal::Float(x)
+    } else if dtype == DType::Bool {
+        Literal::Bool(x != 0.0)
+    } else {
+        Literal::Int(int.unwrap_or(x as i64))
+    }
+}
+
 macro_rules! number_into_val {
-    ($($t:ty => $lit:ident),*) => {$(
+    ($($t:ty => $int:expr),*) => {$(
         impl IntoVal for $t {
             fn as_val(self) -> Option<Val> { None }
             #[track_caller]
-            fn into_val_like(self, like: Val) -> Val {
-                let d = like.dtype();
-                let lit = if d.is_float() { Literal::Float(self as f64) }
-                    else if d == DType::Bool { Literal::Bool(self as f64 != 0.0) }
-                    else { number_into_val!(@int $lit self) };
-                constant(lit, Type::Scalar(d), SrcLoc::caller())
+            fn into_val_shaped(self, dtype: DType, shape: &Shape) -> Val {
+                #[allow(clippy::redundant_closure_call)]
+                let lit = literal_of(self as f64, ($int)(self), dtype);
+                constant(lit, Type::array(shape.clone(), dtype), SrcLoc::caller())
             }
         }
     )*};
-    (@int int $x:ident) => { Literal::Int($x as i64) };
-    (@int float $x:ident) => { Literal::Float($x as f64) };
 }
-number_into_val!(f64 => float, f32 => float, i32 => int, i64 => int, u32 => int, usize => int, u64 => int);
+number_into_val!(
+    f64 => |_| None, f32 => |_| None,
+    i32 => |x| Some(x as i64), i64 => |x| Some(x), u32 => |x| Some(x as i64),
+    usize => |x| Some(x as i64), u64 => |x| Some(x as i64)
+);
 
 impl IntoVal for bool {
     fn as_val(self) -> Option<Val> {
         None
     }
     #[track_caller]
-    fn into_val_like(self, _: Val) -> Val {
-        constant(Literal::Bool(self), Type::Scalar(DType::Bool), SrcLoc::caller())
+    fn into_val_shaped(self, _: DType, shape: &Shape) -> Val {
+        constant(Literal::Bool(self), Type::array(shape.clone(), DType::Bool), SrcLoc::caller())
     }
 }
 
