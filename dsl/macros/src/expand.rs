@@ -369,3 +369,41 @@ fn params_module(name: &Ident, vis: &syn::Visibility, params: &[Param]) -> Token
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::expand;
+    use quote::quote;
+
+    fn pretty(tokens: proc_macro2::TokenStream) -> String {
+        prettyplease::unparse(&syn::parse2(tokens).expect("the expansion is a valid file"))
+    }
+
+    /// The whole expansion of a small kernel, so changes to generated code are reviewed.
+    #[test]
+    fn expansion_of_a_gridded_kernel_with_a_carried_loop() {
+        let out = expand(
+            quote!(grid = (n / 8,), semantics = (parallel,)),
+            quote! {
+                pub fn scale(
+                    #[default(64)] n: usize,
+                    #[input(f32[n, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
+                    #[output(f32[n, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
+                ) {
+                    let mut acc = x[..];
+                    for _ in 0..scalar(3) {
+                        acc = acc * 2.0;
+                    }
+                    if program_id(0) > 0 && n > 8 {
+                        o[..] = acc;
+                    } else {
+                        o[..] += acc;
+                    }
+                }
+            },
+        );
+        insta::with_settings!({ snapshot_path => "../../../snapshots/macro_expand", prepend_module_to_snapshot => false, omit_expression => true }, {
+            insta::assert_snapshot!("scale", pretty(out));
+        });
+    }
+}

@@ -1,6 +1,6 @@
 //! `#[kernel]`: turns a Rust function over refs into a function that traces Palladium IR.
 //!
-//! ```ignore
+//! ```text
 //! #[kernel(grid = (m / bm, n / bn, k / bk), semantics = (parallel, parallel, arbitrary))]
 //! pub fn matmul(
 //!     #[default(1024)] m: usize, /* ... compile-time parameters ... */

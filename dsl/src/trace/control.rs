@@ -295,7 +295,7 @@ impl Scope {
     fn alloc_buf(&self, space: MemorySpace, dims: &[u64], dtype: DType) -> Ref {
         let loc = self.loc;
         Ref(with(|t| {
-            let n = t.kernel.bufs.len();
+            let n = t.kernel.bufs.values().filter(|b| matches!(b.origin, BufOrigin::Scoped(_))).count();
             let ty = crate::ir::RefType { space, dtype, shape: Shape::new(dims.to_vec()) };
             // The buffer is declared first so the Alloc op can name it; its value and origin
             // are the op's, filled in right after.
@@ -321,7 +321,7 @@ impl Scope {
     fn alloc_sem(&self, kind: SemKind, dims: &[u64]) -> SemRef {
         let loc = self.loc;
         SemRef(with(|t| {
-            let n = t.kernel.sems.len();
+            let n = t.kernel.sems.values().filter(|s| matches!(s.origin, BufOrigin::Scoped(_))).count();
             let shape = Shape::new(dims.to_vec());
             let sem = t.kernel.declare_sem(format!("scoped_sem{n}"), BufOrigin::Scratch(usize::MAX), kind, shape.clone(), Value::reserved_value());
             let v = t.emit1(OpData::SemAlloc { sem }, loc, Type::Sem(kind, shape));

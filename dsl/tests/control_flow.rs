@@ -1,0 +1,79 @@
+//! `if`, `for` and `while` in kernel bodies: traced into structured regions when their
+//! conditions are traced, plain Rust when they are not; assigned variables are carried.
+use palladium_dsl::ir::{PrintOptions, print_kernel};
+use palladium_dsl::prelude::*;
+
+#[kernel(grid = (4,), semantics = (arbitrary,))]
+fn loops(
+    #[default(3)] unrolled: usize,
+    #[input(f32[32, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
+    #[output(f32[32, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
+    #[scratch(smem, i32[1])] count: Ref,
+) {
+    let mut acc = x[..];
+    // Static bounds: unrolled while tracing (three multiplies, no loop op).
+    for _ in 0..unrolled {
+        acc = acc * 2.0;
+    }
+    // Traced bounds: an scf.for carrying `acc` and `steps`.
+    let mut steps = scalar(0);
+    for i in 0..program_id(0) {
+        acc = acc + 1.0;
+        steps = steps + i;
+    }
+    // A traced while loop carrying a counter.
+    let mut n = scalar(0);
+    while n < 5 {
+        n = n + 1;
+    }
+    // An if whose branches assign `acc` differently.
+    if steps > n && program_id(0) != 0 {
+        acc = -acc;
+    } else {
+        acc = acc.max(0.0);
+    }
+    count[0] = n;
+    o[..] = acc;
+}
+
+#[test]
+fn loops_trace_into_regions_with_carried_values() {
+    let k = loops(3).unwrap();
+    let text = print_kernel(&k, PrintOptions::default());
+    assert_eq!(text.matches(" = mul ").count(), 3, "static loop unrolled:\n{text}");
+    assert!(text.contains(" = for "), "{text}");
+    assert!(text.contains(" = while init("), "{text}");
+    assert!(text.contains("} do {"), "{text}");
+    let if_line = text.lines().find(|l| l.contains(" = if ")).unwrap_or_else(|| panic!("if with a result:\n{text}"));
+    assert!(if_line.contains(": f32[8,128]"), "{if_line}");
+    // The for loop yields both carried values; the store reads the if's result.
+    let for_line = text.lines().find(|l| l.contains(" = for ")).unwrap();
+    assert!(for_line.contains(": f32[8,128], i32"), "{for_line}");
+}
+
+#[kernel(grid = (2,))]
+fn scoped(
+    #[input(f32[16, 128], space = any)] src: Ref,
+    #[output(f32[16, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
+) {
+    let i = program_id(0);
+    let block = run_scoped(|s| {
+        let buf = s.vmem([8, 128], f32);
+        let sem = s.dma_sem();
+        let copy = async_copy(src.at(ds(i * 8, 8)), buf, sem);
+        copy.start();
+        copy.wait();
+        buf[..]
+    });
+    o[..] = block + 1.0;
+}
+
+#[test]
+fn run_scoped_allocates_and_yields() {
+    let k = scoped().unwrap();
+    let text = print_kernel(&k, PrintOptions::default());
+    assert!(text.contains(" = run_scoped : f32[8,128] {"), "{text}");
+    assert!(text.contains("alloc scoped0 : ref<vmem, f32[8,128]>"), "{text}");
+    assert!(text.contains("sem_alloc scoped_sem0 : dma_sem"), "{text}");
+    assert!(text.contains("ref_slice v1[v"), "dynamic DMA slice:\n{text}");
+}
