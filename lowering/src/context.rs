@@ -51,7 +51,7 @@ impl MlirContext {
     }
 
     /// Verify `op` (and everything nested in it); on failure return MLIR's diagnostics.
-    pub fn verify<'c, 'a>(&self, op: &impl OperationLike<'c, 'a>) -> Result<(), Vec<String>> {
+    pub fn verify<'c: 'a, 'a>(&self, op: &impl OperationLike<'c, 'a>) -> Result<(), Vec<String>> {
         self.take_diagnostics();
         if op.verify() {
             self.take_diagnostics();

@@ -69,13 +69,35 @@ fn fmt_diags(diags: &[String]) -> String {
     s
 }
 
-/// An error inside one lowering rule, before it is tied to its op by `rules::lower_op`.
+/// An error inside one lowering rule, before `rules::lower_op` ties it to its op; or an
+/// error of a nested op (already tied to that op) passing through its parent's rule.
 #[derive(Debug)]
-pub(crate) struct RuleError(pub String);
+pub(crate) enum RuleError {
+    Msg(String),
+    Nested(LowerError),
+}
 
-impl<T: fmt::Display> From<T> for RuleError {
-    fn from(e: T) -> Self {
-        RuleError(e.to_string())
+impl From<String> for RuleError {
+    fn from(m: String) -> Self {
+        RuleError::Msg(m)
+    }
+}
+
+impl From<&str> for RuleError {
+    fn from(m: &str) -> Self {
+        RuleError::Msg(m.to_string())
+    }
+}
+
+impl From<melior::Error> for RuleError {
+    fn from(e: melior::Error) -> Self {
+        RuleError::Msg(format!("MLIR: {e}"))
+    }
+}
+
+impl From<LowerError> for RuleError {
+    fn from(e: LowerError) -> Self {
+        RuleError::Nested(e)
     }
 }
 
@@ -83,6 +105,6 @@ pub(crate) type RuleResult<T> = Result<T, RuleError>;
 
 /// Return early from a rule with a formatted message.
 macro_rules! bail {
-    ($($t:tt)*) => { return Err($crate::error::RuleError(format!($($t)*))) };
+    ($($t:tt)*) => { return Err($crate::error::RuleError::Msg(format!($($t)*))) };
 }
 pub(crate) use bail;

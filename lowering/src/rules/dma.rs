@@ -1,0 +1,57 @@
+//! Async copies and semaphores (pallas-mosaic.md §5).
+
+use super::LowerCx;
+use crate::error::RuleResult;
+use crate::{tpu, types};
+use palladium_dsl::ir::{Op, Remote, Sem, Value as KValue};
+
+/// `tpu.enqueue_dma source(..) target(..) target_semaphore(..)`; remote copies add the send
+/// semaphore as `source_semaphore` and the `device_id`.
+pub(super) fn start(cx: &mut LowerCx<'_, '_>, src: KValue, dst: KValue, sem: KValue, remote: Option<Remote>, priority: u8) -> RuleResult<()> {
+    let (s, d, t) = (cx.v(src)?, cx.v(dst)?, cx.v(sem)?);
+    let (send, dev) = match remote {
+        Some(r) => (Some(cx.v(r.send_sem)?), Some(cx.v(r.device_id)?)),
+        None => (None, None),
+    };
+    let op = tpu::enqueue_dma(cx.ctx, cx.loc, s, d, t, send, dev, priority)?;
+    cx.emit(op);
+    Ok(())
+}
+
+/// `tpu.wait_dma2 semaphore(..) src(..) dst(..) [device_id(..)]`.
+pub(super) fn wait(cx: &mut LowerCx<'_, '_>, src: KValue, dst: KValue, sem: KValue, device_id: Option<KValue>) -> RuleResult<()> {
+    let (s, d, m) = (cx.v(src)?, cx.v(dst)?, cx.v(sem)?);
+    let dev = device_id.map(|v| cx.v(v)).transpose()?;
+    let op = tpu::wait_dma2(cx.ctx, cx.loc, m, s, d, dev)?;
+    cx.emit(op);
+    Ok(())
+}
+
+pub(super) fn signal(cx: &mut LowerCx<'_, '_>, sem: KValue, amount: KValue, device_id: Option<KValue>) -> RuleResult<()> {
+    let (s, a) = (cx.v(sem)?, cx.v(amount)?);
+    let dev = device_id.map(|v| cx.v(v)).transpose()?;
+    let op = tpu::sem_signal(cx.ctx, cx.loc, s, a, dev)?;
+    cx.emit(op);
+    Ok(())
+}
+
+pub(super) fn sem_wait(cx: &mut LowerCx<'_, '_>, sem: KValue, amount: KValue) -> RuleResult<()> {
+    let (s, a) = (cx.v(sem)?, cx.v(amount)?);
+    let op = tpu::sem_wait(cx.ctx, cx.loc, s, a)?;
+    cx.emit(op);
+    Ok(())
+}
+
+pub(super) fn sem_read(cx: &mut LowerCx<'_, '_>, op: Op, sem: KValue) -> RuleResult<()> {
+    let s = cx.v(sem)?;
+    let v = cx.emit1(tpu::sem_read(cx.ctx, cx.loc, s, types::i32(cx.ctx)))?;
+    cx.set_result(op, 0, v)
+}
+
+/// `tpu.sem_alloc` inside a `tpu.region`.
+pub(super) fn sem_alloc(cx: &mut LowerCx<'_, '_>, op: Op, sem: Sem) -> RuleResult<()> {
+    let s = &cx.k.sems[sem];
+    let ty = types::sem_memref(cx.ctx, s.kind, &s.shape)?;
+    let v = cx.emit1(tpu::sem_alloc(cx.ctx, cx.loc, ty))?;
+    cx.set_result(op, 0, v)
+}
