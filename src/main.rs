@@ -4,6 +4,8 @@ use clap::{Parser, Subcommand};
 use palladium_dsl::ir::{PrintOptions, VerifyOptions, print_kernel, verify};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::{KernelError, REGISTRY, parse_setting};
+use palladium_lowering::{LowerOptions, lower};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -30,6 +32,17 @@ enum Command {
         #[arg(long)]
         locations: bool,
     },
+    /// Lower a library kernel to Mosaic MLIR: writes DIR/KERNEL.mlir (the module),
+    /// DIR/KERNEL.body.mlir (the serialized tpu_custom_call body) and DIR/KERNEL.call.json.
+    Emit {
+        kernel: String,
+        #[arg(long)]
+        chip: Chip,
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 fn build(kernel: &str, set: &[String]) -> Result<palladium_dsl::Kernel, KernelError> {
@@ -52,7 +65,44 @@ fn run(cli: Cli) -> Result<(), String> {
             print!("{}", print_kernel(&k, PrintOptions { locations }));
             Ok(())
         }
+        Command::Emit { kernel, chip, set, out } => {
+            let k = build(&kernel, &set).map_err(|e| e.to_string())?;
+            let lowered = lower(&k, &LowerOptions { chip }).map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
+            let files = [
+                (format!("{kernel}.mlir"), lowered.module),
+                (format!("{kernel}.body.mlir"), lowered.body),
+                (format!("{kernel}.call.json"), lowered.call_json),
+            ];
+            write_all(&out, &files)?;
+            for (name, _) in &files {
+                println!("{}", out.join(name).display());
+            }
+            Ok(())
+        }
     }
+}
+
+/// Write every file or none: each goes to a temporary name first and is renamed into
+/// place only once all of them are written.
+fn write_all(dir: &Path, files: &[(String, String)]) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let mut staged = Vec::new();
+    for (name, text) in files {
+        let tmp = dir.join(format!(".{name}.partial"));
+        if let Err(e) = std::fs::write(&tmp, text) {
+            for t in &staged {
+                let _ = std::fs::remove_file(t);
+            }
+            let _ = std::fs::remove_file(&tmp);
+            return Err(format!("cannot write {}: {e}", tmp.display()));
+        }
+        staged.push(tmp);
+    }
+    for (tmp, (name, _)) in staged.iter().zip(files) {
+        let dest = dir.join(name);
+        std::fs::rename(tmp, &dest).map_err(|e| format!("cannot write {}: {e}", dest.display()))?;
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
