@@ -1,0 +1,76 @@
+//! The `palladium` binary end to end.
+use std::path::PathBuf;
+use std::process::Command;
+
+fn palladium(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_palladium")).args(args).output().expect("runs");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn kernels_lists_every_library_kernel_with_its_parameters() {
+    let (ok, out, _) = palladium(&["kernels"]);
+    assert!(ok);
+    for name in ["matmul", "rmsnorm", "gather_rows"] {
+        assert!(out.contains(name), "{out}");
+    }
+    assert!(out.contains("params: m=1024 k=2048 n=1024 bm=256 bk=512 bn=256"), "{out}");
+}
+
+#[test]
+fn emit_writes_module_body_and_call_spec() {
+    let dir = scratch("emit_ok");
+    let (ok, _, err) = palladium(&["emit", "matmul", "--chip", "v7x", "--set", "bm=128", "--out", dir.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let module = std::fs::read_to_string(dir.join("matmul.mlir")).unwrap();
+    assert!(module.contains("window_bounds = array<i64: 128, 512>"), "{module}");
+    assert!(module.contains("iteration_bounds = array<i64: 8, 4, 4>"), "{module}");
+    let body = std::fs::read_to_string(dir.join("matmul.body.mlir")).unwrap();
+    assert!(body.starts_with("module attributes {stable_mosaic.version = 15 : i64}"), "{body}");
+    assert!(body.contains("\"stable_mosaic.tpu.matmul\""), "{body}");
+    let spec = std::fs::read_to_string(dir.join("matmul.call.json")).unwrap();
+    assert!(spec.contains(r#""inputs":["bf16[1024,2048]","bf16[2048,1024]"],"outputs":["bf16[1024,1024]"]"#), "{spec}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 3, "no temporary files left");
+}
+
+#[test]
+fn a_tpu_rule_violation_is_refused_before_anything_is_written() {
+    let dir = scratch("emit_bad");
+    let (ok, _, err) = palladium(&["emit", "matmul", "--chip", "v6e", "--set", "bm=100", "--set", "bn=100", "--out", dir.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("operand x"), "{err}");
+    assert!(err.contains("TPU block rule: the second-minor block dim (100) must be a multiple of 16 (native bf16 tile (16,128))"), "{err}");
+    assert!(err.contains("the last block dim (100) must be a multiple of 128 lanes"), "{err}");
+    assert!(!dir.exists(), "nothing is written for a refused kernel");
+}
+
+#[test]
+fn bad_settings_and_unknown_kernels_are_named() {
+    let (ok, _, err) = palladium(&["ir", "matmul", "--set", "bq=1"]);
+    assert!(!ok && err.contains("kernel `matmul` has no parameter `bq`"), "{err}");
+    let (ok, _, err) = palladium(&["ir", "matmul", "--set", "bm"]);
+    assert!(!ok && err.contains("bad --set `bm`: write NAME=VALUE"), "{err}");
+    let (ok, _, err) = palladium(&["emit", "nope", "--chip", "v6e", "--out", "/nonexistent"]);
+    assert!(!ok && err.contains("unknown kernel `nope` (known: matmul, rmsnorm, gather_rows)"), "{err}");
+    let (ok, _, err) = palladium(&["ir", "matmul", "--chip", "v9"]);
+    assert!(!ok && err.contains("unknown chip `v9`"), "{err}");
+}
+
+#[test]
+fn the_vmem_budget_is_checked_for_the_chosen_chip() {
+    // 2 x (1024x2048 + 2048x1024 + 1024x1024) bf16 + a 4 MiB f32 accumulator = 24 MiB:
+    // within v6e's 32 MiB default scoped VMEM, over v5e's 16 MiB.
+    let sets = ["--set", "bm=1024", "--set", "bn=1024", "--set", "bk=2048"];
+    let (ok, _, err) = palladium(&[&["ir", "matmul", "--chip", "v6e"][..], &sets[..]].concat());
+    assert!(ok, "{err}");
+    let (ok, _, err) = palladium(&[&["ir", "matmul", "--chip", "v5e"][..], &sets[..]].concat());
+    assert!(!ok, "{err}");
+    assert!(err.contains("VMEM budget exceeded: 25165824 bytes needed"), "{err}");
+    assert!(err.contains("limit 16777216 bytes on v5e"), "{err}");
+}
