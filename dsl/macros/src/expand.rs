@@ -118,7 +118,7 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
     }
 
     // Classify parameters.
-    let mut refs: Vec<(Ident, RefKind, Span)> = Vec::new();
+    let mut refs: Vec<(Ident, RefKind, Type)> = Vec::new();
     for arg in &func.sig.inputs {
         let FnArg::Typed(pt) = arg else {
             errors.at(arg.span(), "kernels are free functions (no `self`)");
@@ -152,7 +152,7 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
                     a.parse_args::<OperandArgs>().map(|args| RefKind::Operand { role, args })
                 };
                 match parsed {
-                    Ok(k) => refs.push((pi.ident.clone(), k, pt.ty.span())),
+                    Ok(k) => refs.push((pi.ident.clone(), k, (*pt.ty).clone())),
                     Err(e) => errors.push(e),
                 }
             }
@@ -164,7 +164,7 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
     // Declarations.
     let mut decls = Vec::new();
     let mut bindings = Vec::new();
-    for (i, (ident, kind, ty_span)) in refs.iter().enumerate() {
+    for (i, (ident, kind, ty)) in refs.iter().enumerate() {
         let name_str = ident.to_string();
         match kind {
             RefKind::Operand { role, args } => {
@@ -198,20 +198,20 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
                 decls.push(quote_spanned! {ident.span()=>
                     __pd_b.operand(#name_str, ::palladium_dsl::__private::OperandRole::#role_id, #dtype, #shape, #space, #block, #map);
                 });
-                bindings.push(quote_spanned!(*ty_span=> let #ident = __pd_sealed.handles[#i].clone().into_ref();));
+                bindings.push(quote_spanned!(ty.span()=> let #ident: #ty = __pd_sealed.handles[#i].clone().into_ref();));
             }
             RefKind::Scratch(ScratchArgs::Buffer { space, array }) => {
                 let space = space_tokens(Some(space), "vmem", &mut errors);
                 let dtype = dtype_tokens(&array.dtype, &mut errors);
                 let shape = dims_tokens(&array.dims);
                 decls.push(quote_spanned!(ident.span()=> __pd_b.scratch_buffer(#name_str, #space, #dtype, #shape);));
-                bindings.push(quote_spanned!(*ty_span=> let #ident = __pd_sealed.handles[#i].clone().into_ref();));
+                bindings.push(quote_spanned!(ty.span()=> let #ident: #ty = __pd_sealed.handles[#i].clone().into_ref();));
             }
             RefKind::Scratch(ScratchArgs::Semaphores { kind, dims }) => {
                 let k = if kind == "dma_sem" { quote!(Dma) } else { quote!(Regular) };
                 let shape = dims_tokens(dims);
                 decls.push(quote_spanned!(ident.span()=> __pd_b.scratch_semaphores(#name_str, ::palladium_dsl::__private::SemKind::#k, #shape);));
-                bindings.push(quote_spanned!(*ty_span=> let #ident = __pd_sealed.handles[#i].clone().into_sem();));
+                bindings.push(quote_spanned!(ty.span()=> let #ident: #ty = __pd_sealed.handles[#i].clone().into_sem();));
             }
         }
     }

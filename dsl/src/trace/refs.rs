@@ -20,15 +20,19 @@ pub struct Ds {
 }
 
 /// `pl.ds(start, size)`.
-pub fn ds(start: impl IndexElem, size: u64) -> Ds {
-    let start = match start.item() {
-        IndexItem::Point(o) => o,
-        // A range as a start makes no sense; use its start.
-        IndexItem::Range(lo, _) => Offset::Static(lo as i64),
-        IndexItem::Full | IndexItem::From(_) => Offset::Static(0),
-        IndexItem::Slice(o, _) => o,
-    };
-    Ds { start, size }
+pub fn ds(start: impl IntoOffset, size: u64) -> Ds {
+    Ds { start: start.offset(), size }
+}
+
+/// A slice start: a Rust integer or a traced i32.
+pub trait IntoOffset {
+    fn offset(self) -> Offset;
+}
+
+impl IntoOffset for Val {
+    fn offset(self) -> Offset {
+        Offset::Dynamic(self.0)
+    }
 }
 
 /// One dimension's index before the extent is known.
@@ -86,6 +90,9 @@ macro_rules! int_index {
     ($($t:ty),*) => {$(
         impl IndexElem for $t {
             fn item(self) -> IndexItem { IndexItem::Point(Offset::Static(self as i64)) }
+        }
+        impl IntoOffset for $t {
+            fn offset(self) -> Offset { Offset::Static(self as i64) }
         }
     )*};
 }
