@@ -1,10 +1,12 @@
 //! Palladium's kernel library. Every kernel is a `#[kernel]` function with defaulted
 //! compile-time parameters, listed in [`REGISTRY`] so tools can build it by name.
 
+mod attention;
 mod gather;
 mod linalg;
 mod norm;
 
+pub use attention::decode_attention;
 pub use gather::gather_rows;
 pub use linalg::matmul;
 pub use norm::rmsnorm;
@@ -57,6 +59,7 @@ pub static REGISTRY: &[KernelEntry] = &[
     entry!(matmul, "tiled bf16 matmul with an f32 VMEM accumulator (Pallas's reference matmul)"),
     entry!(rmsnorm, "RMSNorm over the hidden dim, f32 math, bf16 in/out"),
     entry!(gather_rows, "gather row blocks from HBM by scalar-prefetched ids with double-buffered DMAs"),
+    entry!(decode_attention, "GQA decode attention over an HBM KV cache: per-sequence lengths, double-buffered KV tiles, online softmax"),
 ];
 
 pub fn names() -> Vec<&'static str> {

@@ -1,0 +1,70 @@
+//! Decode attention over a KV cache in HBM (grouped-query attention).
+//!
+//! One grid step per (sequence, kv head): the `group` query heads that share the kv head
+//! attend to the sequence's first `lens[b]` cached positions (scalar prefetch). K and V
+//! tiles of `block_kv` positions are streamed from HBM by manual DMAs into a two-slot
+//! VMEM ring: tile t+1 is in flight while tile t is used. Softmax is computed online
+//! (running max `m`, normaliser `l`, accumulator `acc`, all f32), so the context length is
+//! bounded by HBM, not VMEM.
+
+use palladium_dsl::prelude::*;
+
+#[kernel(grid = (batch, kv_heads), semantics = (parallel, arbitrary))]
+pub fn decode_attention(
+    #[default(2)] batch: usize,
+    #[default(4)] kv_heads: usize,
+    #[default(8)] group: usize,
+    #[default(128)] head_dim: usize,
+    #[default(4096)] max_context: usize,
+    #[default(512)] block_kv: usize,
+    #[prefetch(i32[batch])] lens: Ref,
+    #[input(bf16[batch, kv_heads, group, head_dim], block = [None, None, group, head_dim], map = |b, h, _lens| (b, h, 0, 0))] q: Ref,
+    #[input(bf16[batch, kv_heads, max_context, head_dim], space = any)] k_cache: Ref,
+    #[input(bf16[batch, kv_heads, max_context, head_dim], space = any)] v_cache: Ref,
+    #[output(bf16[batch, kv_heads, group, head_dim], block = [None, None, group, head_dim], map = |b, h, _lens| (b, h, 0, 0))] o: Ref,
+    #[scratch(vmem, bf16[2, block_kv, head_dim])] k_buf: Ref,
+    #[scratch(vmem, bf16[2, block_kv, head_dim])] v_buf: Ref,
+    #[scratch(dma_sem[2, 2])] sems: SemRef,
+) {
+    let b = program_id(0);
+    let h = program_id(1);
+    let len = lens[b];
+    let tiles = (len + (block_kv as i32 - 1)) / block_kv as i32;
+    let fetch = |tile: Val, slot: Val| {
+        let start = (tile * block_kv as i32).multiple_of(block_kv as u32);
+        let k = async_copy(k_cache.at((b, h, ds(start, block_kv as u64), ..)), k_buf.at(slot), sems.at((0, slot)));
+        let v = async_copy(v_cache.at((b, h, ds(start, block_kv as u64), ..)), v_buf.at(slot), sems.at((1, slot)));
+        (k, v)
+    };
+    let scale = 1.0 / (head_dim as f64).sqrt();
+    let qv = q[(0, 0, .., ..)];
+    if tiles > 0 {
+        let (k0, v0) = fetch(scalar(0), scalar(0));
+        k0.start();
+        v0.start();
+    }
+    let mut m = full([group, 1], f64::NEG_INFINITY, f32);
+    let mut l = zeros([group, 1], f32);
+    let mut acc = zeros([group, head_dim], f32);
+    for t in 0..tiles {
+        let slot = t % 2;
+        if t + 1 < tiles {
+            let (k_next, v_next) = fetch(t + 1, 1 - slot);
+            k_next.start();
+            v_next.start();
+        }
+        let (k_now, v_now) = fetch(t, slot);
+        k_now.wait();
+        v_now.wait();
+        let s = dot_t(qv, k_buf[slot]) * scale;
+        let pos = iota([group, block_kv], 1) + t * block_kv as i32;
+        let s = select(pos < len, s, f64::NEG_INFINITY);
+        let m_new = m.max(s.max_keepdims(1));
+        let correction = (m - m_new).exp();
+        let p = (s - m_new).exp();
+        l = l * correction + p.sum_keepdims(1);
+        acc = acc * correction + dot(p.cast(bf16), v_buf[slot]);
+        m = m_new;
+    }
+    o[(0, 0, .., ..)] = (acc / l).cast(bf16);
+}
