@@ -11,7 +11,7 @@ use std::fmt;
 /// How the grid may iterate a dimension (`dimension_semantics`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Semantics {
-    /// Iterations are independent: may be split across TensorCores.
+    /// Iterations are independent: may be split across `TensorCores`.
     Parallel,
     /// Iterations run in order (reductions, carried state).
     Arbitrary,
@@ -166,7 +166,7 @@ impl Chip {
         }
     }
 
-    /// VMEM per TensorCore (JAX's `tpu_info` table).
+    /// VMEM per `TensorCore` (JAX's `tpu_info` table).
     pub fn vmem_bytes(self) -> u64 {
         const MIB: u64 = 1 << 20;
         match self {
@@ -176,7 +176,7 @@ impl Chip {
         }
     }
 
-    /// SMEM per TensorCore.
+    /// SMEM per `TensorCore`.
     pub fn smem_bytes(self) -> u64 {
         1 << 20
     }

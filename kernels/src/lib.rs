@@ -26,6 +26,9 @@ pub enum KernelError {
     Build { kernel: String, errors: BuildErrors },
 }
 
+/// Builds a kernel from `NAME=VALUE` settings.
+pub type BuildFn = fn(&[(String, String)]) -> Result<Kernel, KernelError>;
+
 /// A library kernel: its name, a one-line description, its parameters and a builder.
 #[derive(Debug)]
 pub struct KernelEntry {
@@ -34,7 +37,7 @@ pub struct KernelEntry {
     /// `(name, default value)` of every compile-time parameter.
     pub defaults: fn() -> Vec<(&'static str, String)>,
     /// Build with `NAME=VALUE` overrides of the defaults.
-    pub build: fn(&[(String, String)]) -> Result<Kernel, KernelError>,
+    pub build: BuildFn,
 }
 
 macro_rules! entry {

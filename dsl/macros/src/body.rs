@@ -31,11 +31,10 @@ fn carried(block: &Block) -> Vec<Ident> {
         fn lhs(&mut self, e: &Expr) {
             match e {
                 Expr::Path(p) => {
-                    if let Some(id) = p.path.get_ident() {
-                        if self.assigned.insert(id.to_string()) {
+                    if let Some(id) = p.path.get_ident()
+                        && self.assigned.insert(id.to_string()) {
                             self.spans.push(id.clone());
                         }
-                    }
                 }
                 Expr::Tuple(t) => t.elems.iter().for_each(|e| self.lhs(e)),
                 Expr::Paren(p) => self.lhs(&p.expr),
@@ -247,8 +246,8 @@ impl BodyRewriter<'_> {
 impl VisitMut for BodyRewriter<'_> {
     fn visit_expr_mut(&mut self, e: &mut Expr) {
         // Assignments through an index are stores: rewrite before the index becomes a load.
-        if let Expr::Assign(a) = e {
-            if let Expr::Index(ix) = &mut *a.left {
+        if let Expr::Assign(a) = e
+            && let Expr::Index(ix) = &mut *a.left {
                 self.visit_expr_mut(&mut ix.expr);
                 self.visit_expr_mut(&mut ix.index);
                 self.visit_expr_mut(&mut a.right);
@@ -256,9 +255,8 @@ impl VisitMut for BodyRewriter<'_> {
                 *e = self.store(base, index, quote!(#right), a.eq_token.span());
                 return;
             }
-        }
-        if let Expr::Binary(b) = e {
-            if let (Expr::Index(ix), Some(op)) = (&mut *b.left, plain_op(&b.op)) {
+        if let Expr::Binary(b) = e
+            && let (Expr::Index(ix), Some(op)) = (&mut *b.left, plain_op(&b.op)) {
                 self.visit_expr_mut(&mut ix.expr);
                 self.visit_expr_mut(&mut ix.index);
                 self.visit_expr_mut(&mut b.right);
@@ -268,7 +266,6 @@ impl VisitMut for BodyRewriter<'_> {
                 *e = self.store(&ix.expr, &ix.index, value, b.op.span());
                 return;
             }
-        }
         visit_mut::visit_expr_mut(self, e);
         let replaced: Option<Expr> = match e {
             Expr::Index(ix) => {

@@ -47,7 +47,7 @@ struct Param {
 }
 
 enum RefKind {
-    Operand { role: &'static str, args: OperandArgs },
+    Operand { role: &'static str, args: Box<OperandArgs> },
     Scratch(ScratchArgs),
 }
 
@@ -100,7 +100,7 @@ fn space_tokens(id: Option<&Ident>, default: &str, errors: &mut Errors) -> Token
 }
 
 fn dims_tokens(dims: &[Expr]) -> TokenStream {
-    let ds = dims.iter().map(|d| quote_spanned!(d.span()=> ((#d) as u64)));
+    let ds = dims.iter().map(|d| quote_spanned!(d.span()=> ::palladium_dsl::__private::dim(#d)));
     quote!(&[#(#ds),*])
 }
 
@@ -149,7 +149,7 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
                         "output" => "Output",
                         _ => "Prefetch",
                     };
-                    a.parse_args::<OperandArgs>().map(|args| RefKind::Operand { role, args })
+                    a.parse_args::<OperandArgs>().map(|args| RefKind::Operand { role, args: Box::new(args) })
                 };
                 match parsed {
                     Ok(k) => refs.push((pi.ident.clone(), k, (*pt.ty).clone())),
@@ -179,7 +179,7 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
                             errors.at(*span, format!("block rank {} differs from the array rank {}", dims.len(), args.array.dims.len()));
                         }
                         let ds = dims.iter().map(|d| match d {
-                            BlockDimArg::Blocked(e) => quote_spanned!(e.span()=> ::palladium_dsl::__private::BlockDim::Blocked((#e) as u64)),
+                            BlockDimArg::Blocked(e) => quote_spanned!(e.span()=> ::palladium_dsl::__private::BlockDim::Blocked(::palladium_dsl::__private::dim(#e))),
                             BlockDimArg::Squeezed => quote!(::palladium_dsl::__private::BlockDim::Squeezed),
                         });
                         quote!(::core::option::Option::Some(::std::vec![#(#ds),*]))
@@ -228,7 +228,7 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
     let cost = match &kargs.cost {
         Some(c) if c.len() == 3 => {
             let (f, t, b) = (&c[0], &c[1], &c[2]);
-            quote!(__pd_b.cost_estimate((#f) as u64, (#t) as u64, (#b) as u64);)
+            quote!(__pd_b.cost_estimate(::palladium_dsl::__private::dim(#f), ::palladium_dsl::__private::dim(#t), ::palladium_dsl::__private::dim(#b));)
         }
         Some(c) => {
             errors.at(c.first().map(|e| e.span()).unwrap_or_else(Span::call_site), "cost = (flops, transcendentals, bytes_accessed)");
@@ -252,7 +252,7 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
     let name_str = name.to_string();
     Ok(quote! {
         #(#attrs)*
-        #[allow(non_snake_case, unused_variables, unused_mut, unused_assignments, clippy::too_many_arguments)]
+        #[allow(non_snake_case, unused_variables, unused_mut, unused_assignments, clippy::too_many_arguments, clippy::let_unit_value, clippy::unused_unit)]
         #vis fn #name(#(#sig_params),*) -> ::core::result::Result<::palladium_dsl::Kernel, ::palladium_dsl::BuildErrors> {
             #[allow(unused_imports)]
             use ::palladium_dsl::__private::{IndexRef as _, IndexStd as _};

@@ -40,11 +40,10 @@ pub fn indexed_shape(k: &Kernel, shape: &Shape, index: &[Index]) -> Result<Shape
         if size == 0 || size > extent {
             return Err(format!("slice of size {size} along dim {d} of {shape}"));
         }
-        if let Offset::Static(o) = i.offset() {
-            if o < 0 || o as u64 + size > extent {
+        if let Offset::Static(o) = i.offset()
+            && (o < 0 || o as u64 + size > extent) {
                 return Err(format!("index {i} is out of bounds along dim {d} (extent {extent})"));
             }
-        }
         if let Index::Slice { size, .. } = i {
             out.push(*size);
         }

@@ -176,7 +176,7 @@ pub enum OpData {
     // --- shapes ----------------------------------------------------------------------------
     /// Scalar to vector, or vector with size-1 dims to a larger vector (numpy rules).
     Broadcast { x: Value, shape: Shape },
-    /// Same elements, new shape (also squeeze/expand_dims; to rank 0 extracts the scalar).
+    /// Same elements, new shape (also `squeeze/expand_dims`; to rank 0 extracts the scalar).
     Reshape { x: Value, shape: Shape },
     Transpose { x: Value, perm: Vec<u32> },
     /// Reduce `axes` away (the result drops them).

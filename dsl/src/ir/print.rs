@@ -188,11 +188,10 @@ impl Printer<'_> {
         if !blocks.is_empty() {
             line.push_str(" {");
         }
-        if self.options.locations {
-            if let Some(loc) = node.loc {
+        if self.options.locations
+            && let Some(loc) = node.loc {
                 let _ = write!(line, "  ; {loc}");
             }
-        }
         self.out.push_str(&line);
         self.out.push('\n');
         let separator = if matches!(node.data, OpData::While { .. }) { "do" } else { "else" };

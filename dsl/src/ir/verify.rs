@@ -153,17 +153,15 @@ impl Verifier<'_> {
             self.call_error(&what, "a block shape needs an index map");
         }
         for (d, (b, &n)) in block.iter().zip(o.shape.dims()).enumerate() {
-            if let BlockDim::Blocked(b) = *b {
-                if b == 0 || b > n {
+            if let BlockDim::Blocked(b) = *b
+                && (b == 0 || b > n) {
                     self.call_error(&what, format!("block dim {d} is {b}, the array dim is {n}"));
                 }
-            }
         }
-        if o.space == MemorySpace::Vmem {
-            if let Err(m) = block_tiling_rule(o.dtype, block, &o.shape) {
+        if o.space == MemorySpace::Vmem
+            && let Err(m) = block_tiling_rule(o.dtype, block, &o.shape) {
                 self.call_error(&what, m);
             }
-        }
     }
 
     fn entry_signature(&mut self) {
@@ -271,12 +269,11 @@ impl Verifier<'_> {
         let saved = std::mem::take(&mut self.visible);
         self.region(map, true);
         self.visible = saved;
-        if let Ok(ys) = yield_types(k, map) {
-            if ys.len() != o.shape.rank() || ys.iter().any(|t| *t != Type::Scalar(DType::I32)) {
+        if let Ok(ys) = yield_types(k, map)
+            && (ys.len() != o.shape.rank() || ys.iter().any(|t| *t != Type::Scalar(DType::I32))) {
                 let shown: Vec<String> = ys.iter().map(|t| t.to_string()).collect();
                 self.call_error(&what, format!("returns ({}), expected one i32 block index per array dim ({} dims)", shown.join(", "), o.shape.rank()));
             }
-        }
     }
 
     fn vmem_budget(&mut self, chip: Option<Chip>) {
@@ -303,19 +300,17 @@ impl Verifier<'_> {
             }
         }
         let limit = k.call.vmem_limit_bytes.or(chip.map(Chip::default_scoped_vmem_bytes));
-        if let (Some(limit), Some(chip)) = (k.call.vmem_limit_bytes, chip) {
-            if limit > chip.vmem_bytes() {
+        if let (Some(limit), Some(chip)) = (k.call.vmem_limit_bytes, chip)
+            && limit > chip.vmem_bytes() {
                 self.call_error("vmem_limit", format!("vmem_limit_bytes {limit} exceeds the {} MiB of VMEM per TensorCore on {chip}", chip.vmem_bytes() >> 20));
             }
-        }
-        if let Some(limit) = limit {
-            if total > limit {
+        if let Some(limit) = limit
+            && total > limit {
                 self.call_error(
                     "vmem",
                     format!("VMEM budget exceeded: {total} bytes needed ({}), limit {limit} bytes{}", lines.join(" + "), chip.map(|c| format!(" on {c}")).unwrap_or_default()),
                 );
             }
-        }
     }
 }
 
@@ -350,10 +345,10 @@ pub fn block_tiling_rule(dtype: DType, block: &[BlockDim], array: &super::Shape)
         ));
     }
     let mut problems = Vec::new();
-    if !squeezed(n - 1) && dims[n - 1] != a[n - 1] && dims[n - 1] % lane != 0 {
+    if !squeezed(n - 1) && dims[n - 1] != a[n - 1] && !dims[n - 1].is_multiple_of(lane) {
         problems.push(format!("the last block dim ({}) must be a multiple of {lane} lanes or equal the array dim ({})", dims[n - 1], a[n - 1]));
     }
-    if !squeezed(n - 2) && dims[n - 2] != a[n - 2] && dims[n - 2] % sub != 0 {
+    if !squeezed(n - 2) && dims[n - 2] != a[n - 2] && !dims[n - 2].is_multiple_of(sub) {
         problems.push(format!(
             "the second-minor block dim ({}) must be a multiple of {sub} (native {dtype} tile ({sub},{lane})) or equal the array dim ({})",
             dims[n - 2], a[n - 2]

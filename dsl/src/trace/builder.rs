@@ -16,6 +16,9 @@ use smallvec::SmallVec;
 /// An index map: traced with the grid indices and the prefetch refs, returns block indices.
 type IndexMapFn<'a> = Box<dyn FnOnce(&[Val], &[Ref]) -> Vec<Val> + 'a>;
 
+/// An index-map closure as the macro passes it, returning a tuple of block indices.
+pub type UserIndexMap<'a, M> = Box<dyn FnOnce(&[Val], &[Ref]) -> M + 'a>;
+
 /// What an index-map closure may return: a tuple of block indices, each a traced i32 or a
 /// Rust integer.
 pub trait IndexMapOut {
@@ -192,7 +195,7 @@ impl<'a> KernelBuilder<'a> {
         shape: &[u64],
         space: MemorySpace,
         block: Option<Vec<BlockDim>>,
-        index_map: Option<Box<dyn FnOnce(&[Val], &[Ref]) -> M + 'a>>,
+        index_map: Option<UserIndexMap<'a, M>>,
     ) -> Slot {
         let loc = SrcLoc::caller();
         let index = self.operands.len();
@@ -273,7 +276,7 @@ impl<'a> KernelBuilder<'a> {
         // Aliases were recorded by position among inputs/outputs, which sorting preserves.
         kernel.call.aliases = self.aliases.clone();
         let tracer = Tracer { kernel, blocks: vec![entry], errors: std::mem::take(&mut self.errors), poisoned: SecondaryMap::new() };
-        if install(tracer).is_err() {
+        if !install(tracer) {
             return Err(BuildErrors(vec![BuildError { loc: Some(self.loc), message: "a kernel cannot be traced while another is being traced".into() }]));
         }
         let guard = Sealed { handles: Vec::new() };

@@ -85,14 +85,15 @@ pub(crate) fn with<R>(f: impl FnOnce(&mut Tracer) -> R) -> R {
     })
 }
 
-pub(crate) fn install(t: Tracer) -> Result<(), Tracer> {
+/// Make `t` the active tracer; `false` if another kernel is being traced on this thread.
+pub(crate) fn install(t: Tracer) -> bool {
     TRACER.with(|slot| {
         let mut slot = slot.borrow_mut();
         if slot.is_some() {
-            return Err(t);
+            return false;
         }
         *slot = Some(t);
-        Ok(())
+        true
     })
 }
 

@@ -132,7 +132,7 @@ impl Val {
         self.unary(UnaryOp::Logistic)
     }
 
-    /// `x * sigmoid(x)` (SiLU / swish).
+    /// `x * sigmoid(x)` (`SiLU` / swish).
     #[track_caller]
     pub fn silu(self) -> Val {
         self * self.sigmoid()
@@ -420,7 +420,7 @@ macro_rules! number_into_val {
 }
 number_into_val!(
     f64 => |_| None, f32 => |_| None,
-    i32 => |x| Some(x as i64), i64 => |x| Some(x), u32 => |x| Some(x as i64),
+    i32 => |x| Some(x as i64), i64 => Some, u32 => |x| Some(x as i64),
     usize => |x| Some(x as i64), u64 => |x| Some(x as i64)
 );
 
