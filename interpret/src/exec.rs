@@ -1,0 +1,548 @@
+//! Running prepared functions: one `match` per instruction, whole tiles per op.
+
+use crate::error::{ErrorKind, InterpError, Result, bail};
+use crate::memory::{Memory, join};
+use crate::prepare::{CBlock, Func, Instr, Kind, Precision, Program, RKind, Slot, Term};
+use crate::value::{self, DType, Data, Shape, Tile, Val, gather, permute, round_f, scatter, strides_of, walk_rows};
+use smallvec::SmallVec;
+use std::sync::Arc;
+
+/// Loops that run longer than this are reported instead of hanging.
+const MAX_WHILE_ITERATIONS: u64 = 50_000_000;
+
+pub(crate) struct Machine<'p> {
+    pub prog: &'p Program,
+    pub mem: Memory,
+    pub point: Vec<i64>,
+}
+
+impl<'p> Machine<'p> {
+    pub fn call(&mut self, f: &Func, args: Vec<Val>) -> Result<Vec<Val>> {
+        let mut fr = vec![Val::Undef; f.nslots];
+        if args.len() != f.body.args.len() {
+            bail!(Malformed, "@{} called with {} arguments, expects {}", f.name, args.len(), f.body.args.len());
+        }
+        for (s, a) in f.body.args.iter().zip(args) {
+            fr[*s as usize] = a;
+        }
+        self.block(&f.body, &mut fr)?;
+        Ok(match &f.body.term {
+            Term::Yield(v) => v.iter().map(|s| fr[*s as usize].clone()).collect(),
+            _ => Vec::new(),
+        })
+    }
+
+    fn block(&mut self, b: &CBlock, fr: &mut [Val]) -> Result<()> {
+        for ins in &b.instrs {
+            if let Err(mut e) = self.instr(ins, fr) {
+                if e.site.is_none() {
+                    e.site = Some(self.prog.sites[ins.site as usize].clone());
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn yielded(b: &CBlock, fr: &[Val]) -> Vec<Val> {
+        match &b.term {
+            Term::Yield(v) => v.iter().map(|s| fr[*s as usize].clone()).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn site_text(&self, ins: &Instr) -> String {
+        let s = &self.prog.sites[ins.site as usize];
+        let g = if self.point.is_empty() { String::new() } else { format!(", grid point ({})", join(&self.point)) };
+        format!("`{}` at line {} in @{}{g}", s.name, s.pos, s.func)
+    }
+
+    fn instr(&mut self, ins: &Instr, fr: &mut [Val]) -> Result<()> {
+        let v = |s: &Slot| -> &Val { &fr[*s as usize] };
+        let ints = |xs: &[Slot], fr: &[Val]| -> Result<Vec<i64>> { xs.iter().map(|s| fr[*s as usize].int()).collect() };
+        let out: Val = match &ins.kind {
+            Kind::Const(c) => c.clone(),
+            Kind::Bin { op, dt, a, b } => value::binary(*op, *dt, v(a), v(b))?,
+            Kind::Un { op, dt, a } => value::unary(*op, *dt, v(a))?,
+            Kind::Cmp { float, pred, dt, a, b } => value::compare(*float, *pred, *dt, v(a), v(b))?,
+            Kind::Select { c, t, f } => value::select(v(c), v(t), v(f))?,
+            Kind::Cast { op, from, to, a } => value::cast(*op, *from, *to, v(a))?,
+            Kind::Broadcast { a, dt, shape } => broadcast(v(a), *dt, shape)?,
+            Kind::ShapeCast { a, shape } => {
+                let t = v(a).tile()?;
+                Val::Tile(Tile { dt: t.dt, shape: shape.clone(), data: t.data.clone() })
+            }
+            Kind::VLoad { base, idx, shape, dt } => {
+                let view = v(base).view()?.clone();
+                let idx = ints(idx, fr)?;
+                Val::Tile(self.mem.load(&view, &idx, shape, *dt)?)
+            }
+            Kind::VStore { val, base, idx, mask, add } => {
+                let view = v(base).view()?.clone();
+                let t = v(val).tile()?.clone();
+                let m = match mask {
+                    Some(m) => Some(v(m).tile()?.clone()),
+                    None => None,
+                };
+                if let Some(m) = &m
+                    && m.shape != t.shape
+                {
+                    bail!(Mismatch, "mask shape [{}] differs from value shape [{}]", join(&m.shape), join(&t.shape));
+                }
+                let idx = ints(idx, fr)?;
+                self.mem.store(&view, &idx, &t, m.as_ref(), *add)?;
+                Val::Undef
+            }
+            Kind::MLoad { base, idx } => {
+                let view = v(base).view()?.clone();
+                let idx = ints(idx, fr)?;
+                self.mem.load_scalar(&view, &idx)?
+            }
+            Kind::MStore { val, base, idx } => {
+                let view = v(base).view()?.clone();
+                let x = v(val).clone();
+                let idx = ints(idx, fr)?;
+                self.mem.store_scalar(&view, &idx, &x)?;
+                Val::Undef
+            }
+            Kind::Reduce { kind, dt, a, acc, dims } => reduce(*kind, *dt, v(a).tile()?, v(acc), dims)?,
+            Kind::Extract { a, pos, dyn_pos } => {
+                let t = v(a).tile()?;
+                let mut dynv = ints(dyn_pos, fr)?.into_iter();
+                let mut p = Vec::new();
+                for &x in pos {
+                    p.push(if x == i64::MIN { dynv.next().unwrap_or(0) } else { x });
+                }
+                extract(t, &p)?
+            }
+            Kind::ExtractSS { a, offsets, sizes, strides } => extract_ss(v(a).tile()?, offsets, sizes, strides)?,
+            Kind::Matmul { lhs, rhs, acc, dims, precision, out, shape } => matmul(v(lhs).tile()?, v(rhs).tile()?, v(acc).tile()?, dims, *precision, *out, shape)?,
+            Kind::Transpose { a, perm } => {
+                let t = v(a).tile()?;
+                if perm.len() != t.shape.len() {
+                    bail!(Malformed, "permutation {perm:?} for a rank-{} vector", t.shape.len());
+                }
+                Val::Tile(permute(t, perm))
+            }
+            Kind::Iota { shape, dim } => {
+                let st = strides_of(shape);
+                let n: usize = shape.iter().product();
+                let data = (0..n).map(|k| ((k / st[*dim]) % shape[*dim]) as i32).collect();
+                Val::Tile(Tile::new(DType::I32, shape.clone(), Data::I(data)))
+            }
+            Kind::Concat { xs, dim } => {
+                let ts = xs.iter().map(|s| fr[*s as usize].tile().cloned()).collect::<Result<Vec<_>>>()?;
+                concat(&ts, *dim)?
+            }
+            Kind::Slice { base, offs, sizes } => {
+                let view = v(base).view()?.clone();
+                let offs = ints(offs, fr)?;
+                Val::Ref(Arc::new(self.mem.slice(&view, &offs, sizes)?))
+            }
+            Kind::Squeeze { base, shape } => {
+                let view = v(base).view()?.clone();
+                Val::Ref(Arc::new(self.mem.squeeze(&view, shape)?))
+            }
+            Kind::Dma { src, dst, sem } => {
+                let (s, d, m) = (v(src).view()?.clone(), v(dst).view()?.clone(), v(sem).view()?.clone());
+                let started = self.site_text(ins);
+                self.mem.dma_start(&s, &d, &m, started)?;
+                Val::Undef
+            }
+            Kind::DmaWait { sem, dst } => {
+                let (m, d) = (v(sem).view()?.clone(), v(dst).view()?.clone());
+                self.mem.dma_wait(&m, &d)?;
+                Val::Undef
+            }
+            Kind::SemSignal { sem, amount } => {
+                let (m, a) = (v(sem).view()?.clone(), v(amount).int()?);
+                self.mem.sem_signal(&m, a)?;
+                Val::Undef
+            }
+            Kind::SemWait { sem, amount } => {
+                let (m, a) = (v(sem).view()?.clone(), v(amount).int()?);
+                self.mem.sem_wait(&m, a)?;
+                Val::Undef
+            }
+            Kind::SemRead { sem } => {
+                let m = v(sem).view()?.clone();
+                let s = self.mem.sem(&m)?;
+                Val::Int(self.mem.sem_value(s))
+            }
+            Kind::Alloca { dt, shape, space } => {
+                let s = &self.prog.sites[ins.site as usize];
+                let name = format!("{}@{}", if dt.is_sem() { "sem_alloc" } else { "alloca" }, s.pos);
+                let id = self.mem.alloc(*dt, shape, *space, name);
+                Val::Ref(Arc::new(self.mem.whole(id)))
+            }
+            Kind::AssumeMultiple { a, m } => {
+                let x = v(a).int()?;
+                if *m != 0 && x % m != 0 {
+                    bail!(Misaligned, "tpu.assume_multiple claims {x} is a multiple of {m}; on hardware the alignment would be wrong");
+                }
+                Val::Int(x)
+            }
+            Kind::Assert { c, msg } => {
+                if v(c).int()? == 0 {
+                    bail!(Undefined, "cf.assert failed: {msg}");
+                }
+                Val::Undef
+            }
+            Kind::IterationBound { dim } => Val::Int(self.prog.grid.get(*dim).copied().unwrap_or(1)),
+            Kind::Nop => Val::Undef,
+            Kind::If { c, then, els } => {
+                let b = if v(c).int()? != 0 { then } else { els };
+                self.block(b, fr)?;
+                let ys = Self::yielded(b, fr);
+                return set_results(ins, fr, ys);
+            }
+            Kind::For { lb, ub, step, inits, body } => {
+                let (lo, hi, st) = (v(lb).int()?, v(ub).int()?, v(step).int()?);
+                if st <= 0 {
+                    bail!(Undefined, "scf.for with step {st}");
+                }
+                let mut carried: Vec<Val> = inits.iter().map(|s| fr[*s as usize].clone()).collect();
+                let mut i = lo;
+                while i < hi {
+                    fr[body.args[0] as usize] = Val::Int(i);
+                    for (a, c) in body.args[1..].iter().zip(carried.drain(..)) {
+                        fr[*a as usize] = c;
+                    }
+                    self.block(body, fr)?;
+                    carried = Self::yielded(body, fr);
+                    i += st;
+                }
+                return set_results(ins, fr, carried);
+            }
+            Kind::While { inits, before, after } => {
+                let mut carried: Vec<Val> = inits.iter().map(|s| fr[*s as usize].clone()).collect();
+                let mut n = 0u64;
+                loop {
+                    for (a, c) in before.args.iter().zip(carried.drain(..)) {
+                        fr[*a as usize] = c;
+                    }
+                    self.block(before, fr)?;
+                    let Term::Condition(c, args) = &before.term else { bail!(Malformed, "scf.while without scf.condition") };
+                    let vals: Vec<Val> = args.iter().map(|s| fr[*s as usize].clone()).collect();
+                    if fr[*c as usize].int()? == 0 {
+                        return set_results(ins, fr, vals);
+                    }
+                    for (a, c) in after.args.iter().zip(vals) {
+                        fr[*a as usize] = c;
+                    }
+                    self.block(after, fr)?;
+                    carried = Self::yielded(after, fr);
+                    n += 1;
+                    if n > MAX_WHILE_ITERATIONS {
+                        bail!(Deadlock, "scf.while did not terminate after {MAX_WHILE_ITERATIONS} iterations");
+                    }
+                }
+            }
+            Kind::Region { body } => {
+                self.mem.push_scope();
+                let r = self.block(body, fr);
+                let ys = Self::yielded(body, fr);
+                let end = self.mem.pop_scope();
+                r?;
+                end?;
+                return set_results(ins, fr, ys);
+            }
+        };
+        if let Some(&r) = ins.res.first() {
+            fr[r as usize] = out;
+        }
+        Ok(())
+    }
+}
+
+fn set_results(ins: &Instr, fr: &mut [Val], vals: Vec<Val>) -> Result<()> {
+    if vals.len() < ins.res.len() {
+        bail!(Malformed, "region yields {} values for {} results", vals.len(), ins.res.len());
+    }
+    for (r, x) in ins.res.iter().zip(vals) {
+        fr[*r as usize] = x;
+    }
+    Ok(())
+}
+
+fn broadcast(a: &Val, dt: DType, shape: &Shape) -> Result<Val> {
+    match a {
+        Val::Tile(t) => {
+            let pad = shape.len() - t.shape.len();
+            let st = strides_of(&t.shape);
+            let strides: SmallVec<[isize; 4]> = (0..shape.len()).map(|d| if d < pad || t.shape[d - pad] == 1 { 0 } else { st[d - pad] as isize }).collect();
+            let data = match &*t.data {
+                Data::F(v) => Data::F(gather(v, 0, &strides, shape)),
+                Data::I(v) => Data::I(gather(v, 0, &strides, shape)),
+            };
+            Ok(Val::Tile(Tile::new(dt, shape.clone(), data)))
+        }
+        s @ (Val::Int(_) | Val::Float(_)) => Ok(Val::Tile(Tile::splat(dt, shape.clone(), s))),
+        other => bail!(Mismatch, "cannot broadcast {}", other.kind()),
+    }
+}
+
+fn extract(t: &Tile, pos: &[i64]) -> Result<Val> {
+    if pos.len() > t.shape.len() {
+        bail!(Malformed, "extract position {pos:?} for a rank-{} vector", t.shape.len());
+    }
+    let st = strides_of(&t.shape);
+    let mut off = 0usize;
+    for (d, &p) in pos.iter().enumerate() {
+        if p < 0 || p as usize >= t.shape[d] {
+            bail!(OutOfBounds, "extract position {pos:?} out of bounds of [{}]", join(&t.shape));
+        }
+        off += p as usize * st[d];
+    }
+    let rest: Shape = t.shape[pos.len()..].into();
+    if rest.is_empty() {
+        return Ok(t.get(off));
+    }
+    let n: usize = rest.iter().product();
+    let data = match &*t.data {
+        Data::F(v) => Data::F(v[off..off + n].to_vec()),
+        Data::I(v) => Data::I(v[off..off + n].to_vec()),
+    };
+    Ok(Val::Tile(Tile::new(t.dt, rest, data)))
+}
+
+fn extract_ss(t: &Tile, offsets: &[usize], sizes: &[usize], strides: &[usize]) -> Result<Val> {
+    let st = strides_of(&t.shape);
+    let mut shape: Shape = t.shape.clone();
+    let mut gs: SmallVec<[isize; 4]> = st.iter().map(|&s| s as isize).collect();
+    let mut off = 0isize;
+    for d in 0..offsets.len() {
+        let step = strides.get(d).copied().unwrap_or(1);
+        if offsets[d] + (sizes[d].max(1) - 1) * step >= t.shape[d] {
+            bail!(OutOfBounds, "extract_strided_slice offsets {offsets:?} sizes {sizes:?} out of bounds of [{}]", join(&t.shape));
+        }
+        off += (offsets[d] * st[d]) as isize;
+        shape[d] = sizes[d];
+        gs[d] *= step as isize;
+    }
+    let data = match &*t.data {
+        Data::F(v) => Data::F(gather(v, off, &gs, &shape)),
+        Data::I(v) => Data::I(gather(v, off, &gs, &shape)),
+    };
+    Ok(Val::Tile(Tile::new(t.dt, shape, data)))
+}
+
+fn concat(ts: &[Tile], dim: usize) -> Result<Val> {
+    let Some(first) = ts.first() else { bail!(Malformed, "concatenate of nothing") };
+    let mut shape = first.shape.clone();
+    if dim >= shape.len() {
+        bail!(Malformed, "concatenate along dim {dim} of rank {}", shape.len());
+    }
+    shape[dim] = ts.iter().map(|t| t.shape[dim]).sum();
+    let st = strides_of(&shape);
+    let ist: SmallVec<[isize; 4]> = st.iter().map(|&s| s as isize).collect();
+    let n: usize = shape.iter().product();
+    let mut data = Data::filled(first.dt, n, 0.0, 0);
+    let mut at = 0usize;
+    for t in ts {
+        let off = (at * st[dim]) as isize;
+        match (&mut data, &*t.data) {
+            (Data::F(d), Data::F(s)) => scatter(d, off, &ist, &t.shape, s, None, false),
+            (Data::I(d), Data::I(s)) => scatter(d, off, &ist, &t.shape, s, None, false),
+            _ => bail!(Mismatch, "concatenate of different element kinds"),
+        }
+        at += t.shape[dim];
+    }
+    Ok(Val::Tile(Tile::new(first.dt, shape, data)))
+}
+
+fn reduce(kind: RKind, dt: DType, a: &Tile, acc: &Val, dims: &[usize]) -> Result<Val> {
+    let rank = a.shape.len();
+    if dims.iter().any(|&d| d >= rank) {
+        bail!(Malformed, "reduction dims {dims:?} for a rank-{rank} vector");
+    }
+    let out_shape: Shape = (0..rank).filter(|d| !dims.contains(d)).map(|d| a.shape[d]).collect();
+    let ost = strides_of(&out_shape);
+    let mut k = 0;
+    let strides: SmallVec<[isize; 4]> = (0..rank)
+        .map(|d| {
+            if dims.contains(&d) {
+                0
+            } else {
+                let s = ost[k] as isize;
+                k += 1;
+                s
+            }
+        })
+        .collect();
+    let accv: Data = match acc {
+        Val::Tile(t) => {
+            if t.shape != out_shape {
+                bail!(Mismatch, "reduction accumulator shape [{}], expected [{}]", join(&t.shape), join(&out_shape));
+            }
+            (*t.data).clone()
+        }
+        Val::Float(f) => Data::F(vec![*f as f32]),
+        Val::Int(i) => Data::I(vec![*i as i32]),
+        other => bail!(Mismatch, "reduction accumulator is {}", other.kind()),
+    };
+    let data = match (accv, &*a.data) {
+        (Data::F(mut out), Data::F(src)) => {
+            let f: fn(f32, f32) -> f32 = match kind {
+                RKind::Add => |x, y| x + y,
+                RKind::Mul => |x, y| x * y,
+                RKind::MaxF => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) },
+                RKind::MinF => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) },
+                RKind::MaxNumF => f32::max,
+                RKind::MinNumF => f32::min,
+                k => bail!(Malformed, "float reduction {k:?}"),
+            };
+            let mut i = 0usize;
+            walk_rows(&a.shape, &strides, 0, |o, len, s| {
+                for j in 0..len {
+                    let p = (o + j as isize * s) as usize;
+                    out[p] = f(out[p], src[i]);
+                    i += 1;
+                }
+            });
+            if dt != DType::F32 {
+                out.iter_mut().for_each(|x| *x = round_f(dt, *x));
+            }
+            Data::F(out)
+        }
+        (Data::I(mut out), Data::I(src)) => {
+            let f: fn(i32, i32) -> i32 = match kind {
+                RKind::Add => i32::wrapping_add,
+                RKind::Mul => i32::wrapping_mul,
+                RKind::MaxSI => i32::max,
+                RKind::MinSI => i32::min,
+                RKind::MaxUI => |x, y| (x as u32).max(y as u32) as i32,
+                RKind::MinUI => |x, y| (x as u32).min(y as u32) as i32,
+                RKind::And => |x, y| x & y,
+                RKind::Or => |x, y| x | y,
+                RKind::Xor => |x, y| x ^ y,
+                k => bail!(Malformed, "integer reduction {k:?}"),
+            };
+            let mut i = 0usize;
+            walk_rows(&a.shape, &strides, 0, |o, len, s| {
+                for j in 0..len {
+                    let p = (o + j as isize * s) as usize;
+                    out[p] = f(out[p], src[i]);
+                    i += 1;
+                }
+            });
+            Data::I(out)
+        }
+        _ => bail!(Mismatch, "reduction of mixed element kinds"),
+    };
+    if out_shape.is_empty() {
+        return Ok(Tile::new(dt, Shape::from_elem(1, 1), data).get(0));
+    }
+    Ok(Val::Tile(Tile::new(dt, out_shape, data)))
+}
+
+/// `tpu.matmul`: `acc + lhs · rhs` with Mosaic dimension numbers. Operands are brought to
+/// `[batch, M, K]` and `[batch, K, N]`, multiplied with f32 (or i32) accumulation, and the
+/// result permuted to `output_dim_order`.
+fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precision: Precision, out: DType, shape: &Shape) -> Result<Val> {
+    let u = |v: &[i64]| -> Vec<usize> { v.iter().map(|&x| x as usize).collect() };
+    let (lb, lc, rb, rc) = (u(&d.lhs_batch), u(&d.lhs_contract), u(&d.rhs_batch), u(&d.rhs_contract));
+    let free = |rank: usize, c: &[usize], b: &[usize]| -> Vec<usize> { (0..rank).filter(|x| !c.contains(x) && !b.contains(x)).collect() };
+    let lf = free(lhs.shape.len(), &lc, &lb);
+    let rf = free(rhs.shape.len(), &rc, &rb);
+    let lperm: Vec<usize> = lb.iter().chain(&lf).chain(&lc).copied().collect();
+    let rperm: Vec<usize> = rb.iter().chain(&rc).chain(&rf).copied().collect();
+    let ident = |p: &[usize]| p.iter().enumerate().all(|(i, &x)| i == x);
+    let lt = if ident(&lperm) { lhs.clone() } else { permute(lhs, &lperm) };
+    let rt = if ident(&rperm) { rhs.clone() } else { permute(rhs, &rperm) };
+    let prod = |t: &Tile, ds: &[usize]| -> usize { ds.iter().map(|&x| t.shape[x]).product() };
+    let (nb, m, k, n) = (prod(lhs, &lb), prod(lhs, &lf), prod(lhs, &lc), prod(rhs, &rf));
+    let mut canon: Shape = lb.iter().map(|&x| lhs.shape[x]).collect();
+    canon.extend(lf.iter().map(|&x| lhs.shape[x]));
+    canon.extend(rf.iter().map(|&x| rhs.shape[x]));
+    // Position of each output dim in the canonical (batch, lhs free, rhs free) order.
+    let mut operm = Vec::new();
+    for pair in d.output_dim_order.chunks(2) {
+        let (opnd, dim) = (pair[0], pair[1] as usize);
+        let p = if opnd == 0 {
+            lb.iter().position(|&x| x == dim).or_else(|| lf.iter().position(|&x| x == dim).map(|p| lb.len() + p))
+        } else {
+            rb.iter().position(|&x| x == dim).or_else(|| rf.iter().position(|&x| x == dim).map(|p| lb.len() + lf.len() + p))
+        };
+        match p {
+            Some(p) => operm.push(p),
+            None => bail!(Malformed, "output_dim_order names operand {opnd} dim {dim}, which is contracted"),
+        }
+    }
+    let prod_data = match (&*lt.data, &*rt.data) {
+        (Data::F(a), Data::F(b)) => {
+            let round = precision == Precision::Bf16 || (precision == Precision::Default && (lhs.dt == DType::F32 || rhs.dt == DType::F32));
+            let (a2, b2);
+            let (a, b) = if round {
+                a2 = a.iter().map(|x| round_f(DType::Bf16, *x)).collect::<Vec<_>>();
+                b2 = b.iter().map(|x| round_f(DType::Bf16, *x)).collect::<Vec<_>>();
+                (&a2[..], &b2[..])
+            } else {
+                (&a[..], &b[..])
+            };
+            let mut c = vec![0f32; nb * m * n];
+            for bi in 0..nb {
+                gemm_f32(&a[bi * m * k..(bi + 1) * m * k], &b[bi * k * n..(bi + 1) * k * n], &mut c[bi * m * n..(bi + 1) * m * n], m, k, n);
+            }
+            Data::F(c)
+        }
+        (Data::I(a), Data::I(b)) => {
+            let mut c = vec![0i32; nb * m * n];
+            for bi in 0..nb {
+                let (a, b, c) = (&a[bi * m * k..], &b[bi * k * n..], &mut c[bi * m * n..]);
+                for i in 0..m {
+                    for kk in 0..k {
+                        let x = a[i * k + kk];
+                        for j in 0..n {
+                            c[i * n + j] = c[i * n + j].wrapping_add(x.wrapping_mul(b[kk * n + j]));
+                        }
+                    }
+                }
+            }
+            Data::I(c)
+        }
+        _ => bail!(Mismatch, "matmul of a float and an integer operand"),
+    };
+    let mut r = Tile::new(out, canon, prod_data);
+    if !ident(&operm) {
+        r = permute(&r, &operm);
+    }
+    if r.shape != *shape || acc.shape != *shape {
+        bail!(Mismatch, "matmul result [{}] / accumulator [{}] do not match the result type [{}]", join(&r.shape), join(&acc.shape), join(shape));
+    }
+    let data = match (&*r.data, &*acc.data) {
+        (Data::F(p), Data::F(q)) => Data::F(p.iter().zip(q).map(|(x, y)| round_f(out, x + y)).collect()),
+        (Data::I(p), Data::I(q)) => Data::I(p.iter().zip(q).map(|(x, y)| x.wrapping_add(*y)).collect()),
+        _ => bail!(Mismatch, "matmul accumulator of a different element kind"),
+    };
+    Ok(Val::Tile(Tile::new(out, shape.clone(), data)))
+}
+
+/// `c += a · b` for row-major `a: m×k`, `b: k×n`, `c: m×n`, blocked so the inner loop
+/// vectorizes.
+fn gemm_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
+    const KB: usize = 256;
+    const MB: usize = 32;
+    for k0 in (0..k).step_by(KB) {
+        let k1 = (k0 + KB).min(k);
+        for i0 in (0..m).step_by(MB) {
+            let i1 = (i0 + MB).min(m);
+            for i in i0..i1 {
+                let crow = &mut c[i * n..(i + 1) * n];
+                let arow = &a[i * k..(i + 1) * k];
+                for kk in k0..k1 {
+                    let x = arow[kk];
+                    let brow = &b[kk * n..(kk + 1) * n];
+                    for (cj, bj) in crow.iter_mut().zip(brow) {
+                        *cj += x * bj;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[allow(dead_code)]
+pub(crate) fn internal(m: &str) -> InterpError {
+    InterpError::new(ErrorKind::Malformed, m.to_string())
+}

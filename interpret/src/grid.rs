@@ -1,0 +1,312 @@
+//! The grid driver: what Mosaic's pipeline does around the kernel body. The grid is walked
+//! in Pallas order (lexicographic, last dim fastest). For every windowed operand the
+//! `transform_N` function gives the block index; an input window is copied HBM→VMEM only
+//! when its block index changes, an output window is written back when its block index is
+//! about to change (and at the end), so a revisited output block stays resident across
+//! consecutive steps.
+
+use crate::error::{ErrorKind, InterpError, Result, bail};
+use crate::exec::Machine;
+use crate::host::{CallSpec, HostArray};
+use crate::memory::{Memory, Space, View, join};
+use crate::prepare::{Program, memref_info};
+use crate::value::{DType, Data, Val};
+use smallvec::SmallVec;
+use std::sync::Arc;
+
+/// How one input/output operand reaches the kernel.
+struct Operand {
+    /// The full array (HBM).
+    hbm: usize,
+    /// The window buffer and its shape, for windowed operands.
+    window: Option<(usize, Vec<usize>)>,
+    transform: Option<usize>,
+    is_output: bool,
+    label: String,
+    prev: Option<Vec<i64>>,
+}
+
+fn with_point(mut e: InterpError, point: &[i64]) -> InterpError {
+    if e.grid_point.is_none() && !point.is_empty() {
+        e.grid_point = Some(point.to_vec());
+    }
+    e
+}
+
+fn grid_points(grid: &[i64]) -> impl Iterator<Item = Vec<i64>> + '_ {
+    let total: i64 = grid.iter().product();
+    (0..total).map(move |mut lin| {
+        let mut p = vec![0; grid.len()];
+        for d in (0..grid.len()).rev() {
+            p[d] = lin % grid[d];
+            lin /= grid[d];
+        }
+        p
+    })
+}
+
+impl Program {
+    /// Run the kernel on `inputs` (scalar-prefetch arrays, then inputs, as in the call spec);
+    /// returns the outputs in order. Output shapes are inferred (whole operands from their
+    /// memref type; windowed ones from the largest block index the grid visits).
+    pub fn run(&self, inputs: &[HostArray]) -> Result<Vec<HostArray>> {
+        self.run_impl(inputs, None)
+    }
+
+    /// [`Program::run`] with explicit output shapes and input/output aliases.
+    pub fn run_with(&self, inputs: &[HostArray], spec: &CallSpec) -> Result<Vec<HostArray>> {
+        self.run_impl(inputs, Some(spec))
+    }
+
+    fn transform(&self, m: &mut Machine<'_>, f: usize, point: &[i64], prefetch: &[Val]) -> Result<Vec<i64>> {
+        let func = &self.funcs[f];
+        let mut args: Vec<Val> = point.iter().map(|&x| Val::Int(x)).collect();
+        args.extend(prefetch.iter().cloned());
+        let r = m.call(func, args).map_err(|e| with_point(e, point))?;
+        r.iter().map(Val::int).collect::<Result<Vec<_>>>().map_err(|e| with_point(e, point))
+    }
+
+    fn run_impl(&self, inputs: &[HostArray], spec: Option<&CallSpec>) -> Result<Vec<HostArray>> {
+        let k = &self.kernel;
+        let g = self.grid.len();
+        let p = self.scalar_prefetch;
+        let nargs = k.arg_types.len();
+        let n_io = nargs - g - p - self.scratch;
+        if inputs.len() < p || inputs.len() - p > n_io {
+            bail!(BadInput, "@{} takes {p} scalar-prefetch arrays and at most {} inputs ({} operands incl. outputs), got {} arrays", k.name, n_io, n_io, inputs.len());
+        }
+        let n_in = inputs.len() - p;
+        let n_out = n_io - n_in;
+        if let Some(s) = spec
+            && (s.outputs.len() != n_out || s.inputs.len() != inputs.len())
+        {
+            bail!(BadInput, "call spec has {} inputs / {} outputs, the kernel call has {} / {n_out}", s.inputs.len(), s.outputs.len(), inputs.len());
+        }
+        let mut m = Machine { prog: self, mem: Memory::default(), point: Vec::new() };
+
+        // Scalar prefetch: whole SMEM arrays.
+        let mut prefetch = Vec::new();
+        for (i, host) in inputs.iter().take(p).enumerate() {
+            let t = &k.arg_types[g + i];
+            let Some((shape, dt, _)) = memref_info(t) else { bail!(Malformed, "scalar prefetch {i} has type {t}") };
+            let id = load_host(&mut m.mem, host, dt, Space::Smem, format!("scalar_prefetch{i}"))?;
+            if host.shape != shape.as_slice() {
+                bail!(BadInput, "scalar prefetch {i}: shape {:?}, the kernel expects {t}", host.shape);
+            }
+            prefetch.push(Val::Ref(Arc::new(m.mem.whole(id))));
+        }
+
+        // Inputs and outputs.
+        let mut ops: Vec<Operand> = Vec::new();
+        for j in 0..n_io {
+            let t = &k.arg_types[g + p + j];
+            let Some((wshape, dt, space)) = memref_info(t) else { bail!(Malformed, "operand {j} has type {t}") };
+            let wp = self.windows.as_ref().map(|w| w[j].clone());
+            let transform = wp.as_ref().and_then(|w| w.transform);
+            if let Some(b) = wp.as_ref().and_then(|w| w.bounds.clone())
+                && b != wshape.as_slice()
+            {
+                bail!(Malformed, "operand {j}: window_bounds {b:?} but the kernel argument is {t}");
+            }
+            let is_output = j >= n_in;
+            let label = if is_output { format!("output{}", j - n_in) } else { format!("input{j}") };
+            let hbm = if !is_output {
+                let host = &inputs[p + j];
+                let id = load_host(&mut m.mem, host, dt, Space::Hbm, label.clone())?;
+                if transform.is_none() && host.shape != wshape.as_slice() {
+                    bail!(BadInput, "{label}: shape {:?}, the kernel takes it whole as {t}", host.shape);
+                }
+                if transform.is_some() && host.shape.len() != wshape.len() {
+                    bail!(BadInput, "{label}: rank-{} array for a rank-{} window {t}", host.shape.len(), wshape.len());
+                }
+                id
+            } else {
+                let o = j - n_in;
+                let shape: Vec<usize> = match (spec, transform) {
+                    (Some(s), _) => {
+                        if s.outputs[o].0 != dt {
+                            bail!(BadInput, "{label}: call spec says {}, the kernel writes {dt}", s.outputs[o].0);
+                        }
+                        s.outputs[o].1.clone()
+                    }
+                    (None, None) => wshape.to_vec(),
+                    (None, Some(f)) => {
+                        let mut hi = vec![0i64; wshape.len()];
+                        for pt in grid_points(&self.grid) {
+                            let idx = self.transform(&mut m, f, &pt, &prefetch)?;
+                            for (h, x) in hi.iter_mut().zip(&idx) {
+                                *h = (*h).max(*x);
+                            }
+                        }
+                        hi.iter().zip(&wshape).map(|(h, w)| (*h as usize + 1) * w).collect()
+                    }
+                };
+                let id = m.mem.alloc(dt, &shape, Space::Hbm, label.clone());
+                if let Some(s) = spec
+                    && let Some(&(a, _)) = s.aliases.iter().find(|(_, oo)| *oo == o)
+                {
+                    let Some(src) = inputs.get(a) else { bail!(BadInput, "alias of operand {a}, which does not exist") };
+                    if src.shape != shape || src.dtype != dt {
+                        bail!(BadInput, "{label} aliases operand {a} of a different type");
+                    }
+                    m.mem.bufs[id].data = src.to_data();
+                }
+                id
+            };
+            let windowed = match &self.windows {
+                Some(_) => transform.is_some(),
+                None => space != Space::Hbm,
+            };
+            let window = if windowed {
+                let wid = m.mem.alloc(dt, &wshape, space, format!("{label}_window"));
+                Some((wid, wshape.to_vec()))
+            } else {
+                if m.mem.bufs[hbm].shape.as_slice() != wshape.as_slice() {
+                    bail!(BadInput, "{label}: array shape [{}] differs from the whole-array operand {t}", join(&m.mem.bufs[hbm].shape));
+                }
+                None
+            };
+            ops.push(Operand { hbm, window, transform, is_output, label, prev: None });
+        }
+
+        // Scratch (lives for the whole kernel).
+        let mut scratch = Vec::new();
+        for s in 0..self.scratch {
+            let t = &k.arg_types[g + p + n_io + s];
+            let Some((shape, dt, space)) = memref_info(t) else { bail!(Malformed, "scratch {s} has type {t}") };
+            let id = m.mem.alloc(dt, &shape, space, format!("scratch{s}"));
+            scratch.push(id);
+        }
+
+        let args_for = |m: &Machine<'_>, pt: &[i64], ops: &[Operand]| -> Vec<Val> {
+            let mut a: Vec<Val> = pt.iter().map(|&x| Val::Int(x)).collect();
+            a.extend(prefetch.iter().cloned());
+            for o in ops {
+                let buf = o.window.as_ref().map(|w| w.0).unwrap_or(o.hbm);
+                a.push(Val::Ref(Arc::new(m.mem.whole(buf))));
+            }
+            for &s in &scratch {
+                a.push(Val::Ref(Arc::new(m.mem.whole(s))));
+            }
+            a
+        };
+
+        let single = [Vec::new()];
+        let points: Box<dyn Iterator<Item = Vec<i64>>> = if g == 0 { Box::new(single.into_iter()) } else { Box::new(grid_points(&self.grid)) };
+        for pt in points {
+            m.point = pt.clone();
+            // Block indices for this step.
+            let mut idx: Vec<Option<Vec<i64>>> = Vec::new();
+            for o in &ops {
+                idx.push(match (&o.window, o.transform) {
+                    (Some(_), Some(f)) => Some(self.transform(&mut m, f, &pt, &prefetch)?),
+                    (Some((_, w)), None) => Some(vec![0; w.len()]),
+                    _ => None,
+                });
+            }
+            for (o, new) in ops.iter_mut().zip(&idx) {
+                let Some(new) = new else { continue };
+                if o.prev.as_ref() == Some(new) {
+                    continue;
+                }
+                if o.is_output {
+                    if let Some(old) = o.prev.take() {
+                        window_copy(&mut m.mem, o, &old, false).map_err(|e| with_point(e, &pt))?;
+                    }
+                    if let Some((w, _)) = o.window {
+                        m.mem.check_access(&m.mem.whole(w), true, "fresh output window").map_err(|e| with_point(e, &pt))?;
+                        m.mem.fill_poison(w);
+                    }
+                    block_in_bounds(&m.mem, o, new).map_err(|e| with_point(e, &pt))?;
+                } else {
+                    window_copy(&mut m.mem, o, new, true).map_err(|e| with_point(e, &pt))?;
+                }
+                o.prev = Some(new.clone());
+            }
+            let args = args_for(&m, &pt, &ops);
+            m.call(&self.kernel, args).map_err(|e| with_point(e, &pt))?;
+        }
+        m.point.clear();
+        for o in ops.iter_mut() {
+            if o.is_output
+                && let Some(old) = o.prev.take()
+            {
+                window_copy(&mut m.mem, o, &old, false)?;
+            }
+        }
+        // Everything in flight must have been waited on; semaphores must be back at zero.
+        if let Some(d) = m.mem.dmas.first() {
+            bail!(Leak, "DMA {} → {} (started by {}) is still in flight when the kernel ends; it was never waited on", m.mem.describe(&d.src), m.mem.describe(&d.dst), d.started);
+        }
+        for &s in &scratch {
+            m.mem.check_released(s, "the end of the kernel")?;
+        }
+        ops.iter()
+            .filter(|o| o.is_output)
+            .map(|o| {
+                let b = &m.mem.bufs[o.hbm];
+                HostArray::from_data(b.dt, &b.shape, &b.data)
+            })
+            .collect()
+    }
+}
+
+fn load_host(mem: &mut Memory, host: &HostArray, dt: DType, space: Space, name: String) -> Result<usize> {
+    host.validate(&name)?;
+    if host.dtype != dt {
+        bail!(BadInput, "{name}: got a {} array, the kernel expects {dt}", host.dtype);
+    }
+    let id = mem.alloc(dt, &host.shape, space, name);
+    let d = host.to_data();
+    match (&mut mem.bufs[id].data, d) {
+        (Data::F(a), Data::F(b)) => *a = b,
+        (Data::I(a), Data::I(b)) => *a = b,
+        _ => bail!(BadInput, "element kind mismatch"),
+    }
+    Ok(id)
+}
+
+/// At least one element of the block must be inside the array (Pallas's rule for partial
+/// blocks); negative block indices are always out of bounds.
+fn block_in_bounds(mem: &Memory, o: &Operand, block: &[i64]) -> Result<()> {
+    let Some((_, w)) = &o.window else { return Ok(()) };
+    let shape = &mem.bufs[o.hbm].shape;
+    for d in 0..w.len() {
+        let start = block[d] * w[d] as i64;
+        if block[d] < 0 || start >= shape[d] as i64 {
+            return Err(InterpError::new(
+                ErrorKind::OutOfBounds,
+                format!("block index ({}) of {} (window [{}]) is outside the array [{}]", join(block), o.label, join(w), join(shape)),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Copy a block between the array and the window: `into_window` (input copy-in, the part
+/// outside the array is poison) or back (output write-back, clipped to the array).
+fn window_copy(mem: &mut Memory, o: &Operand, block: &[i64], into_window: bool) -> Result<()> {
+    let Some((w, wshape)) = &o.window else { return Ok(()) };
+    block_in_bounds(mem, o, block)?;
+    let shape = mem.bufs[o.hbm].shape.clone();
+    let mut start: SmallVec<[usize; 4]> = SmallVec::new();
+    let mut size: SmallVec<[usize; 4]> = SmallVec::new();
+    for d in 0..wshape.len() {
+        let s = block[d] as usize * wshape[d];
+        start.push(s);
+        size.push(wshape[d].min(shape[d] - s));
+    }
+    let rank = wshape.len() as u8;
+    let arr = View { buf: o.hbm, start, size: size.clone(), dims: (0..rank).collect() };
+    let win = View { buf: *w, start: SmallVec::from_elem(0, wshape.len()), size, dims: (0..rank).collect() };
+    if into_window {
+        mem.check_access(&mem.whole(*w), true, &format!("copy-in of {} block ({}) into", o.label, join(block)))?;
+        if win.size.as_slice() != wshape.as_slice() {
+            mem.fill_poison(*w);
+        }
+        mem.copy(&arr, &win)
+    } else {
+        mem.check_access(&win, false, &format!("write-back of {} block ({}) from", o.label, join(block)))?;
+        mem.copy(&win, &arr)
+    }
+}

@@ -1,0 +1,173 @@
+//! Host arrays: what goes into and comes out of [`crate::Program::run`].
+
+use crate::error::{Result, bail};
+use crate::value::{DType, Data, round_f};
+use half::{bf16, f16};
+
+/// A dense row-major array on the host: element type, shape and little-endian bytes.
+#[derive(Clone, PartialEq)]
+pub struct HostArray {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub bytes: Vec<u8>,
+}
+
+impl std::fmt::Debug for HostArray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = self.to_f32();
+        let head: Vec<String> = v.iter().take(8).map(|x| format!("{x}")).collect();
+        write!(f, "HostArray({}{:?}: [{}{}])", self.dtype, self.shape, head.join(", "), if v.len() > 8 { ", …" } else { "" })
+    }
+}
+
+impl HostArray {
+    fn check(shape: &[usize], n: usize) {
+        assert_eq!(shape.iter().product::<usize>(), n, "HostArray: shape {shape:?} does not hold {n} elements");
+    }
+
+    pub fn from_f32(shape: &[usize], data: &[f32]) -> Self {
+        Self::check(shape, data.len());
+        HostArray { dtype: DType::F32, shape: shape.to_vec(), bytes: bytemuck::cast_slice(data).to_vec() }
+    }
+
+    pub fn from_i32(shape: &[usize], data: &[i32]) -> Self {
+        Self::check(shape, data.len());
+        HostArray { dtype: DType::I32, shape: shape.to_vec(), bytes: bytemuck::cast_slice(data).to_vec() }
+    }
+
+    pub fn from_bf16(shape: &[usize], data: &[bf16]) -> Self {
+        Self::check(shape, data.len());
+        HostArray { dtype: DType::Bf16, shape: shape.to_vec(), bytes: bytemuck::cast_slice(data).to_vec() }
+    }
+
+    pub fn from_f16(shape: &[usize], data: &[f16]) -> Self {
+        Self::check(shape, data.len());
+        HostArray { dtype: DType::F16, shape: shape.to_vec(), bytes: bytemuck::cast_slice(data).to_vec() }
+    }
+
+    pub fn from_i8(shape: &[usize], data: &[i8]) -> Self {
+        Self::check(shape, data.len());
+        HostArray { dtype: DType::I8, shape: shape.to_vec(), bytes: bytemuck::cast_slice(data).to_vec() }
+    }
+
+    /// f32 values rounded to bf16 (round to nearest even).
+    pub fn bf16_from_f32(shape: &[usize], data: &[f32]) -> Self {
+        let v: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
+        Self::from_bf16(shape, &v)
+    }
+
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The elements as f32 (floats widened, integers converted).
+    pub fn to_f32(&self) -> Vec<f32> {
+        match self.to_data() {
+            Data::F(v) => v,
+            Data::I(v) => v.into_iter().map(|x| x as f32).collect(),
+        }
+    }
+
+    /// The elements as i32 (integer types only; floats are truncated).
+    pub fn to_i32(&self) -> Vec<i32> {
+        match self.to_data() {
+            Data::I(v) => v,
+            Data::F(v) => v.into_iter().map(|x| x as i32).collect(),
+        }
+    }
+
+    pub fn to_bf16(&self) -> Vec<bf16> {
+        match self.dtype {
+            DType::Bf16 => bytemuck::pod_collect_to_vec(&self.bytes),
+            _ => self.to_f32().into_iter().map(bf16::from_f32).collect(),
+        }
+    }
+
+    pub(crate) fn to_data(&self) -> Data {
+        let b = &self.bytes;
+        match self.dtype {
+            DType::F32 => Data::F(bytemuck::pod_collect_to_vec(b)),
+            DType::Bf16 => Data::F(bytemuck::pod_collect_to_vec::<u8, bf16>(b).into_iter().map(bf16::to_f32).collect()),
+            DType::F16 => Data::F(bytemuck::pod_collect_to_vec::<u8, f16>(b).into_iter().map(f16::to_f32).collect()),
+            DType::I32 => Data::I(bytemuck::pod_collect_to_vec(b)),
+            DType::I16 => Data::I(bytemuck::pod_collect_to_vec::<u8, i16>(b).into_iter().map(i32::from).collect()),
+            DType::I8 => Data::I(b.iter().map(|&x| i32::from(x as i8)).collect()),
+            DType::Bool => Data::I(b.iter().map(|&x| i32::from(x != 0)).collect()),
+            _ => Data::I(Vec::new()),
+        }
+    }
+
+    pub(crate) fn from_data(dtype: DType, shape: &[usize], d: &Data) -> Result<Self> {
+        let bytes: Vec<u8> = match (dtype, d) {
+            (DType::F32, Data::F(v)) => bytemuck::cast_slice(v).to_vec(),
+            (DType::Bf16, Data::F(v)) => bytemuck::cast_slice(&v.iter().map(|&x| bf16::from_f32(round_f(DType::Bf16, x))).collect::<Vec<_>>()).to_vec(),
+            (DType::F16, Data::F(v)) => bytemuck::cast_slice(&v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>()).to_vec(),
+            (DType::I32, Data::I(v)) => bytemuck::cast_slice(v).to_vec(),
+            (DType::I16, Data::I(v)) => bytemuck::cast_slice(&v.iter().map(|&x| x as i16).collect::<Vec<_>>()).to_vec(),
+            (DType::I8, Data::I(v)) => v.iter().map(|&x| x as i8 as u8).collect(),
+            (DType::Bool, Data::I(v)) => v.iter().map(|&x| u8::from(x != 0)).collect(),
+            (d, _) => bail!(Unsupported, "cannot return an array of {d}"),
+        };
+        Ok(HostArray { dtype, shape: shape.to_vec(), bytes })
+    }
+
+    /// Check dtype and byte length.
+    pub(crate) fn validate(&self, what: &str) -> Result<()> {
+        if self.bytes.len() != self.len() * self.dtype.size() {
+            bail!(BadInput, "{what}: {} bytes for {} elements of {}", self.bytes.len(), self.len(), self.dtype);
+        }
+        Ok(())
+    }
+}
+
+/// The shapes and aliases of a call (the oracle's call-spec JSON).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CallSpec {
+    /// Scalar-prefetch arrays then inputs.
+    pub inputs: Vec<(DType, Vec<usize>)>,
+    pub outputs: Vec<(DType, Vec<usize>)>,
+    /// `(operand index counting prefetch arrays, output index)`: the output starts as a copy
+    /// of that input.
+    pub aliases: Vec<(usize, usize)>,
+}
+
+impl CallSpec {
+    /// Parse `{"inputs":["bf16[1024,2048]",…],"outputs":[…],"input_output_aliases":[[i,o]],…}`.
+    pub fn from_json(json: &str) -> Result<CallSpec> {
+        let v: serde_json::Value = match serde_json::from_str(json) {
+            Ok(v) => v,
+            Err(e) => bail!(BadInput, "call spec: {e}"),
+        };
+        let arrays = |key: &str| -> Result<Vec<(DType, Vec<usize>)>> {
+            let Some(xs) = v.get(key).and_then(|x| x.as_array()) else { bail!(BadInput, "call spec: missing `{key}`") };
+            xs.iter().map(|x| parse_array_type(x.as_str().unwrap_or(""))).collect()
+        };
+        let mut aliases = Vec::new();
+        if let Some(xs) = v.get("input_output_aliases").and_then(|x| x.as_array()) {
+            for a in xs {
+                let pair = a.as_array().map(|p| p.iter().filter_map(|x| x.as_u64()).collect::<Vec<_>>()).unwrap_or_default();
+                if pair.len() != 2 {
+                    bail!(BadInput, "call spec: bad alias {a}");
+                }
+                aliases.push((pair[0] as usize, pair[1] as usize));
+            }
+        }
+        Ok(CallSpec { inputs: arrays("inputs")?, outputs: arrays("outputs")?, aliases })
+    }
+}
+
+/// `bf16[8,128]` → (Bf16, [8, 128]).
+pub fn parse_array_type(s: &str) -> Result<(DType, Vec<usize>)> {
+    let Some((d, rest)) = s.split_once('[') else { bail!(BadInput, "bad array type `{s}`") };
+    let Some(dt) = DType::parse(d) else { bail!(BadInput, "unknown dtype `{d}` in `{s}`") };
+    let dims = rest.trim_end_matches(']');
+    let shape = if dims.trim().is_empty() { Ok(Vec::new()) } else { dims.split(',').map(|x| x.trim().parse::<usize>()).collect::<Result<Vec<_>, _>>() };
+    match shape {
+        Ok(shape) => Ok((dt, shape)),
+        Err(_) => bail!(BadInput, "bad dims in `{s}`"),
+    }
+}

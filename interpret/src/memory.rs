@@ -1,0 +1,460 @@
+//! Buffers (HBM arrays, VMEM/SMEM windows and scratch, semaphores), memref views into them,
+//! and the DMA engine model: a DMA copies its data when it starts, but its destination is
+//! *pending* (unreadable, unwritable, not a valid target for another DMA) and its source
+//! must not be overwritten until a wait on its semaphore retires it.
+
+use crate::error::{ErrorKind, InterpError, Result, bail};
+use crate::value::{DType, Data, Shape, Tile, gather, scatter, strides_of};
+use smallvec::SmallVec;
+
+/// Where a buffer lives.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Space {
+    Vmem,
+    Smem,
+    /// `any` / `hbm`.
+    Hbm,
+    Semaphore,
+    Other,
+}
+
+impl Space {
+    pub fn parse(s: Option<&str>) -> Space {
+        match s {
+            Some("vmem") | None => Space::Vmem,
+            Some("smem") => Space::Smem,
+            Some("any" | "hbm") => Space::Hbm,
+            Some("semaphore_mem") => Space::Semaphore,
+            _ => Space::Other,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Buffer {
+    pub dt: DType,
+    pub shape: Shape,
+    pub strides: Shape,
+    pub data: Data,
+    #[allow(dead_code)]
+    pub space: Space,
+    pub name: String,
+    pub alive: bool,
+}
+
+/// A box of a buffer: `start`/`size` in the buffer's own coordinates, and which of the
+/// buffer's dims are visible (the rest were squeezed away and have size 1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct View {
+    pub buf: usize,
+    pub start: Shape,
+    pub size: Shape,
+    pub dims: SmallVec<[u8; 4]>,
+}
+
+impl View {
+    pub fn shape(&self) -> Shape {
+        self.dims.iter().map(|&d| self.size[d as usize]).collect()
+    }
+    pub fn elems(&self) -> usize {
+        self.size.iter().product()
+    }
+}
+
+fn overlaps(a: &View, b: &View) -> bool {
+    a.buf == b.buf && (0..a.start.len()).all(|d| a.start[d] < b.start[d] + b.size[d] && b.start[d] < a.start[d] + a.size[d])
+}
+
+/// A DMA in flight.
+#[derive(Clone, Debug)]
+pub(crate) struct Dma {
+    pub src: View,
+    pub dst: View,
+    /// The semaphore it signals: buffer and element.
+    pub sem: (usize, usize),
+    pub bytes: i64,
+    /// "`tpu.enqueue_dma` at line 12:7, grid point (0)".
+    pub started: String,
+}
+
+#[derive(Default, Debug)]
+pub(crate) struct Memory {
+    pub bufs: Vec<Buffer>,
+    pub dmas: Vec<Dma>,
+    scopes: Vec<Vec<usize>>,
+}
+
+impl Memory {
+    pub fn alloc(&mut self, dt: DType, shape: &[usize], space: Space, name: String) -> usize {
+        let n: usize = shape.iter().product();
+        // Fresh memory is poison: NaN for floats, i32::MIN for ints, 0 for semaphores.
+        let data = if dt.is_sem() { Data::I(vec![0; n]) } else { Data::filled(dt, n, f32::NAN, i32::MIN) };
+        self.bufs.push(Buffer { dt, shape: shape.into(), strides: strides_of(shape), data, space, name, alive: true });
+        let id = self.bufs.len() - 1;
+        if let Some(s) = self.scopes.last_mut() {
+            s.push(id);
+        }
+        id
+    }
+
+    pub fn whole(&self, buf: usize) -> View {
+        let b = &self.bufs[buf];
+        View { buf, start: SmallVec::from_elem(0, b.shape.len()), size: b.shape.clone(), dims: (0..b.shape.len() as u8).collect() }
+    }
+
+    fn live(&self, v: &View) -> Result<&Buffer> {
+        let b = &self.bufs[v.buf];
+        if !b.alive {
+            bail!(DmaRace, "use of `{}` after the end of the region that allocated it", b.name);
+        }
+        Ok(b)
+    }
+
+    pub fn describe(&self, v: &View) -> String {
+        let b = &self.bufs[v.buf];
+        let r: Vec<String> = (0..v.start.len()).map(|d| if v.size[d] == 1 { format!("{}", v.start[d]) } else { format!("{}..{}", v.start[d], v.start[d] + v.size[d]) }).collect();
+        format!("{}[{}]", b.name, r.join(", "))
+    }
+
+    // --- views ------------------------------------------------------------------------------
+
+    pub fn slice(&self, v: &View, offsets: &[i64], sizes: &[usize]) -> Result<View> {
+        self.live(v)?;
+        if offsets.len() != v.dims.len() || sizes.len() != v.dims.len() {
+            bail!(Malformed, "slice of a rank-{} memref with {} offsets and {} sizes", v.dims.len(), offsets.len(), sizes.len());
+        }
+        let mut out = v.clone();
+        for (d, (&o, &s)) in offsets.iter().zip(sizes).enumerate() {
+            let bd = v.dims[d] as usize;
+            if o < 0 || o as usize + s > v.size[bd] {
+                bail!(OutOfBounds, "slice [{}] of size [{}] is out of bounds of {} (shape [{}])", join(offsets), join(sizes), self.describe(v), join(&v.shape()));
+            }
+            out.start[bd] += o as usize;
+            out.size[bd] = s;
+        }
+        Ok(out)
+    }
+
+    /// `tpu.memref_squeeze`: drop unit dims so the view has `shape` (unit dims address
+    /// nothing, so which ones are dropped does not matter).
+    pub fn squeeze(&self, v: &View, shape: &[usize]) -> Result<View> {
+        let mut non_unit = v.dims.iter().copied().filter(|&d| v.size[d as usize] != 1);
+        let mut unit = v.dims.iter().copied().filter(|&d| v.size[d as usize] == 1);
+        let mut dims = SmallVec::new();
+        let bad = || InterpError::new(ErrorKind::Malformed, format!("cannot squeeze [{}] to [{}]", join(&v.shape()), join(shape)));
+        for &s in shape {
+            let d = if s == 1 { unit.next() } else { non_unit.next().filter(|&d| v.size[d as usize] == s) };
+            dims.push(d.ok_or_else(bad)?);
+        }
+        if non_unit.next().is_some() {
+            return Err(bad());
+        }
+        Ok(View { dims, ..v.clone() })
+    }
+
+    /// The sub-view accessed by a `vshape` access at `idx` (vector dims align with the
+    /// trailing memref dims).
+    pub fn access(&self, v: &View, idx: &[i64], vshape: &[usize]) -> Result<View> {
+        let rank = v.dims.len();
+        if idx.len() != rank || vshape.len() > rank {
+            bail!(Malformed, "access of a rank-{rank} memref with {} indices and a rank-{} value", idx.len(), vshape.len());
+        }
+        let lead = rank - vshape.len();
+        let mut out = v.clone();
+        for d in 0..rank {
+            let bd = v.dims[d] as usize;
+            let ext = if d < lead { 1 } else { vshape[d - lead] };
+            if idx[d] < 0 || idx[d] as usize + ext > v.size[bd] {
+                bail!(OutOfBounds, "access at [{}] of shape [{}] is out of bounds of {} (shape [{}])", join(idx), join(vshape), self.describe(v), join(&v.shape()));
+            }
+            out.start[bd] += idx[d] as usize;
+            out.size[bd] = ext;
+        }
+        Ok(out)
+    }
+
+    fn layout(&self, v: &View) -> (isize, SmallVec<[isize; 4]>, Shape) {
+        let b = &self.bufs[v.buf];
+        let off = v.start.iter().zip(&b.strides).map(|(s, t)| (s * t) as isize).sum();
+        let strides = v.dims.iter().map(|&d| b.strides[d as usize] as isize).collect();
+        (off, strides, v.shape())
+    }
+
+    // --- races ------------------------------------------------------------------------------
+
+    /// A read (`write = false`) or write of `region`: it must not overlap the destination of
+    /// a DMA in flight, and a write must not overlap a DMA's source.
+    pub fn check_access(&self, region: &View, write: bool, what: &str) -> Result<()> {
+        for d in &self.dmas {
+            if overlaps(&d.dst, region) {
+                bail!(
+                    DmaRace,
+                    "{what} {} overlaps {}, the destination of a DMA still in flight (started by {}); wait on its semaphore first",
+                    self.describe(region),
+                    self.describe(&d.dst),
+                    d.started
+                );
+            }
+            if write && overlaps(&d.src, region) {
+                bail!(
+                    DmaRace,
+                    "{what} {} overwrites {}, the source of a DMA still in flight (started by {})",
+                    self.describe(region),
+                    self.describe(&d.src),
+                    d.started
+                );
+            }
+        }
+        Ok(())
+    }
+
+    // --- loads and stores -------------------------------------------------------------------
+
+    pub fn load(&self, v: &View, idx: &[i64], vshape: &[usize], dt: DType) -> Result<Tile> {
+        let region = self.access(v, idx, vshape)?;
+        let b = self.live(v)?;
+        self.check_access(&region, false, "read of")?;
+        let (off, strides, _) = self.layout(&region);
+        let lead = strides.len() - vshape.len();
+        let strides = &strides[lead..];
+        let data = match &b.data {
+            Data::F(d) => Data::F(gather(d, off, strides, vshape)),
+            Data::I(d) => Data::I(gather(d, off, strides, vshape)),
+        };
+        Ok(Tile::new(dt, vshape.into(), data))
+    }
+
+    pub fn store(&mut self, v: &View, idx: &[i64], t: &Tile, mask: Option<&Tile>, add: bool) -> Result<()> {
+        let region = self.access(v, idx, &t.shape)?;
+        self.live(v)?;
+        self.check_access(&region, true, "write of")?;
+        let (off, strides, _) = self.layout(&region);
+        let lead = strides.len() - t.shape.len();
+        let strides: SmallVec<[isize; 4]> = strides[lead..].into();
+        let m = mask.map(|m| m.i());
+        let b = &mut self.bufs[v.buf];
+        if b.dt != t.dt {
+            bail!(Mismatch, "storing a {} vector into {} of {}", t.dt, b.name, b.dt);
+        }
+        match (&mut b.data, &*t.data) {
+            (Data::F(d), Data::F(s)) => scatter(d, off, &strides, &t.shape, s, m, add),
+            (Data::I(d), Data::I(s)) => scatter(d, off, &strides, &t.shape, s, m, add),
+            _ => bail!(Mismatch, "store of mismatched element kind"),
+        }
+        Ok(())
+    }
+
+    pub fn load_scalar(&self, v: &View, idx: &[i64]) -> Result<crate::value::Val> {
+        let region = self.access(v, idx, &[])?;
+        let b = self.live(v)?;
+        self.check_access(&region, false, "read of")?;
+        let (off, _, _) = self.layout(&region);
+        Ok(match &b.data {
+            Data::F(d) => crate::value::Val::Float(f64::from(d[off as usize])),
+            Data::I(d) => crate::value::Val::Int(i64::from(d[off as usize])),
+        })
+    }
+
+    pub fn store_scalar(&mut self, v: &View, idx: &[i64], x: &crate::value::Val) -> Result<()> {
+        let region = self.access(v, idx, &[])?;
+        self.live(v)?;
+        self.check_access(&region, true, "write of")?;
+        let (off, _, _) = self.layout(&region);
+        let b = &mut self.bufs[v.buf];
+        match (&mut b.data, x) {
+            (Data::F(d), crate::value::Val::Float(f)) => d[off as usize] = *f as f32,
+            (Data::I(d), crate::value::Val::Int(i)) => d[off as usize] = *i as i32,
+            _ => bail!(Mismatch, "scalar store of {} into {}", x.kind(), b.dt),
+        }
+        Ok(())
+    }
+
+    /// Copy `src` to `dst` (same shape), element by element.
+    pub fn copy(&mut self, src: &View, dst: &View) -> Result<()> {
+        let (so, ss, shape) = self.layout(src);
+        let (doff, ds, dshape) = self.layout(dst);
+        if shape != dshape {
+            bail!(Mismatch, "copy between shapes [{}] and [{}]", join(&shape), join(&dshape));
+        }
+        let tmp = match &self.bufs[src.buf].data {
+            Data::F(d) => Data::F(gather(d, so, &ss, &shape)),
+            Data::I(d) => Data::I(gather(d, so, &ss, &shape)),
+        };
+        match (&mut self.bufs[dst.buf].data, tmp) {
+            (Data::F(d), Data::F(s)) => scatter(d, doff, &ds, &shape, &s, None, false),
+            (Data::I(d), Data::I(s)) => scatter(d, doff, &ds, &shape, &s, None, false),
+            _ => bail!(Mismatch, "copy between different element kinds"),
+        }
+        Ok(())
+    }
+
+    pub fn fill_poison(&mut self, buf: usize) {
+        let b = &mut self.bufs[buf];
+        match &mut b.data {
+            Data::F(d) => d.iter_mut().for_each(|x| *x = f32::NAN),
+            Data::I(d) => d.iter_mut().for_each(|x| *x = i32::MIN),
+        }
+    }
+
+    // --- DMAs and semaphores ----------------------------------------------------------------
+
+    /// The single semaphore a rank-0 semaphore view names.
+    pub fn sem(&self, v: &View) -> Result<(usize, usize)> {
+        let b = self.live(v)?;
+        if !b.dt.is_sem() {
+            bail!(Mismatch, "{} is not a semaphore", b.name);
+        }
+        if v.elems() != 1 || !v.dims.is_empty() && v.shape().iter().any(|&s| s != 1) {
+            bail!(Malformed, "semaphore operand {} must be a single semaphore (rank 0)", self.describe(v));
+        }
+        let (off, _, _) = self.layout(v);
+        Ok((v.buf, off as usize))
+    }
+
+    pub fn sem_value(&self, s: (usize, usize)) -> i64 {
+        match &self.bufs[s.0].data {
+            Data::I(d) => i64::from(d[s.1]),
+            Data::F(_) => 0,
+        }
+    }
+
+    fn sem_add(&mut self, s: (usize, usize), k: i64) {
+        if let Data::I(d) = &mut self.bufs[s.0].data {
+            d[s.1] = (i64::from(d[s.1]) + k) as i32;
+        }
+    }
+
+    pub fn sem_name(&self, s: (usize, usize)) -> String {
+        let b = &self.bufs[s.0];
+        if b.shape.is_empty() { b.name.clone() } else { format!("{}[{}]", b.name, s.1) }
+    }
+
+    pub fn dma_start(&mut self, src: &View, dst: &View, sem: &View, started: String) -> Result<()> {
+        let s = self.sem(sem)?;
+        let (sdt, ddt) = (self.live(src)?.dt, self.live(dst)?.dt);
+        if sdt != ddt {
+            bail!(Mismatch, "DMA from {} ({sdt}) to {} ({ddt}): element types differ", self.describe(src), self.describe(dst));
+        }
+        if src.shape() != dst.shape() {
+            bail!(Mismatch, "DMA from {} to {}: shapes [{}] and [{}] differ", self.describe(src), self.describe(dst), join(&src.shape()), join(&dst.shape()));
+        }
+        for d in &self.dmas {
+            if overlaps(&d.dst, dst) {
+                bail!(
+                    DoubleDma,
+                    "DMA into {} started while another DMA into {} is still in flight (started by {}); wait for it before reusing the buffer",
+                    self.describe(dst),
+                    self.describe(&d.dst),
+                    d.started
+                );
+            }
+            if overlaps(&d.dst, src) {
+                bail!(DmaRace, "DMA reads {}, the destination of a DMA still in flight (started by {})", self.describe(src), d.started);
+            }
+            if overlaps(&d.src, dst) {
+                bail!(DmaRace, "DMA writes {}, the source of a DMA still in flight (started by {})", self.describe(dst), d.started);
+            }
+        }
+        self.check_access(src, false, "DMA source")?;
+        self.copy(src, dst)?;
+        let bytes = (dst.elems() * ddt.size()) as i64;
+        self.dmas.push(Dma { src: src.clone(), dst: dst.clone(), sem: s, bytes, started });
+        Ok(())
+    }
+
+    /// `tpu.wait_dma2`: wait until the semaphore has `size(dst)` bytes, retiring DMAs in
+    /// flight on it (the one into `dst` first, then in start order); then decrement.
+    pub fn dma_wait(&mut self, sem: &View, dst: &View) -> Result<()> {
+        let s = self.sem(sem)?;
+        self.live(dst)?;
+        let need = (dst.elems() * self.bufs[dst.buf].dt.size()) as i64;
+        while self.sem_value(s) < need {
+            let pick = self.dmas.iter().position(|d| d.sem == s && d.dst == *dst).or_else(|| self.dmas.iter().position(|d| d.sem == s));
+            let Some(k) = pick else {
+                let others: Vec<String> = self.dmas.iter().map(|d| format!("{} → {} on {}", self.describe(&d.src), self.describe(&d.dst), self.sem_name(d.sem))).collect();
+                bail!(
+                    Deadlock,
+                    "waits for {need} bytes on DMA semaphore {} (value {}), but no DMA in flight signals it{}; on hardware this hangs",
+                    self.sem_name(s),
+                    self.sem_value(s),
+                    if others.is_empty() { String::new() } else { format!(" (in flight: {})", others.join("; ")) }
+                );
+            };
+            let d = self.dmas.remove(k);
+            self.sem_add(s, d.bytes);
+        }
+        self.sem_add(s, -need);
+        Ok(())
+    }
+
+    pub fn sem_signal(&mut self, sem: &View, amount: i64) -> Result<()> {
+        let s = self.sem(sem)?;
+        self.sem_add(s, amount);
+        Ok(())
+    }
+
+    pub fn sem_wait(&mut self, sem: &View, amount: i64) -> Result<()> {
+        let s = self.sem(sem)?;
+        while self.sem_value(s) < amount {
+            let Some(k) = self.dmas.iter().position(|d| d.sem == s) else {
+                bail!(
+                    Deadlock,
+                    "waits for {amount} on semaphore {} (value {}), but nothing can signal it any more (no DMA in flight on it, and this is the only core); on hardware this hangs",
+                    self.sem_name(s),
+                    self.sem_value(s)
+                );
+            };
+            let d = self.dmas.remove(k);
+            self.sem_add(s, d.bytes);
+        }
+        self.sem_add(s, -amount);
+        Ok(())
+    }
+
+    // --- scopes -----------------------------------------------------------------------------
+
+    pub fn push_scope(&mut self) {
+        self.scopes.push(Vec::new());
+    }
+
+    /// End a `tpu.region`: its buffers die; DMAs touching them must be done and its
+    /// semaphores back at zero.
+    pub fn pop_scope(&mut self) -> Result<()> {
+        let ids = self.scopes.pop().unwrap_or_default();
+        for &id in &ids {
+            self.check_released(id, "the end of its region")?;
+        }
+        for id in ids {
+            let b = &mut self.bufs[id];
+            b.alive = false;
+            b.data = Data::I(Vec::new());
+        }
+        Ok(())
+    }
+
+    /// Buffer `id` is going away at `when`: no DMA may touch it and its semaphores must be 0.
+    pub fn check_released(&self, id: usize, when: &str) -> Result<()> {
+        for d in &self.dmas {
+            if d.dst.buf == id || d.src.buf == id || d.sem.0 == id {
+                bail!(Leak, "DMA {} → {} (started by {}) is still in flight at {when}; it was never waited on", self.describe(&d.src), self.describe(&d.dst), d.started);
+            }
+        }
+        let b = &self.bufs[id];
+        if b.dt.is_sem()
+            && let Data::I(v) = &b.data
+            && let Some(k) = v.iter().position(|&x| x != 0)
+        {
+            bail!(Leak, "semaphore {} has value {} at {when}; semaphores must be zero when released (unbalanced signal/wait)", self.sem_name((id, k)), v[k]);
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn join<T: std::fmt::Display>(xs: &[T]) -> String {
+    xs.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+#[allow(dead_code)]
+pub(crate) fn err(kind: ErrorKind, m: String) -> InterpError {
+    InterpError::new(kind, m)
+}

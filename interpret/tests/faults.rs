@@ -1,0 +1,146 @@
+//! Planted faults in emitted body text must be reported (or give a wrong answer the
+//! reference catches), never hang or pass silently.
+
+#![allow(clippy::result_large_err)]
+
+mod common;
+
+use common::*;
+use palladium_interpret::{CallSpec, ErrorKind, HostArray, Module};
+
+fn gather() -> (String, [HostArray; 2]) {
+    let (body, _) = library_body("gather_rows", &[]);
+    let mut rng = Rng::new(11);
+    let mut ids = rng.permutation(64);
+    ids.truncate(8);
+    let table = rng.bf16s(64 * 16 * 256);
+    (body, [HostArray::from_i32(&[8], &ids), HostArray::bf16_from_f32(&[64, 16, 256], &table)])
+}
+
+#[test]
+fn missing_dma_wait_is_a_race() {
+    let (body, inputs) = gather();
+    let bad = delete_line(&body, "tpu.wait_dma2");
+    let text = expect_err(run(&bad, &inputs), ErrorKind::DmaRace);
+    assert!(text.contains("vector.load"), "{text}");
+    assert!(text.contains("grid point (0)"), "{text}");
+    assert!(text.contains("scratch0[0, 0..16, 0..256]"), "{text}");
+    assert!(text.contains("tpu.enqueue_dma"), "names the DMA: {text}");
+}
+
+#[test]
+fn wait_nobody_signals_is_a_deadlock() {
+    let (body, inputs) = gather();
+    // Drop step 0's own fetch: its wait can never be satisfied.
+    let first = body.lines().find(|l| l.contains("tpu.enqueue_dma")).unwrap().to_string();
+    let bad = body.replacen(&format!("{first}\n"), "", 1);
+    let text = expect_err(run(&bad, &inputs), ErrorKind::Deadlock);
+    assert!(text.contains("tpu.wait_dma2"), "{text}");
+    assert!(text.contains("scratch1[0]"), "names the semaphore: {text}");
+    assert!(text.contains("grid point (0)"), "{text}");
+}
+
+#[test]
+fn dma_into_busy_buffer() {
+    let (body, inputs) = gather();
+    // Prefetch into the current slot instead of `1 - slot`.
+    let bad = edit(&body, "\"stable_mosaic.arith.subi\"", "\"stable_mosaic.arith.muli\"");
+    let text = expect_err(run(&bad, &inputs), ErrorKind::DoubleDma);
+    assert!(text.contains("tpu.enqueue_dma"), "{text}");
+    assert!(text.contains("still in flight"), "{text}");
+}
+
+#[test]
+fn out_of_bounds_slice() {
+    let (body, inputs) = gather();
+    // slot = step % 3: at step 2 the double buffer (2 slots) is indexed out of bounds.
+    let bad = edit(&body, "{value = 2 : i32}", "{value = 3 : i32}");
+    let text = expect_err(run(&bad, &inputs), ErrorKind::OutOfBounds);
+    assert!(text.contains("tpu.memref_slice"), "{text}");
+}
+
+#[test]
+fn out_of_bounds_id_from_scalar_prefetch() {
+    let (body, mut inputs) = gather();
+    let mut ids = inputs[0].to_i32();
+    ids[3] = 64; // table has 64 rows
+    inputs[0] = HostArray::from_i32(&[8], &ids);
+    let text = expect_err(run(&body, &inputs), ErrorKind::OutOfBounds);
+    assert!(text.contains("tpu.memref_slice") && text.contains("input0"), "{text}");
+}
+
+fn square_matmul() -> (String, Vec<f32>, Vec<f32>, [HostArray; 2]) {
+    let (body, _) = library_body("matmul", &[("m", "256"), ("k", "256"), ("n", "256"), ("bm", "128"), ("bk", "128"), ("bn", "128")]);
+    let mut rng = Rng::new(12);
+    let (x, y) = (rng.bf16s(256 * 256), rng.bf16s(256 * 256));
+    let inputs = [HostArray::bf16_from_f32(&[256, 256], &x), HostArray::bf16_from_f32(&[256, 256], &y)];
+    (body, x, y, inputs)
+}
+
+#[test]
+fn swapped_index_map_gives_a_wrong_answer() {
+    let (body, x, y, inputs) = square_matmul();
+    let want = matmul_ref(&x, &y, 256, 256, 256);
+    let good = run(&body, &inputs).unwrap();
+    assert_close(&good[0].to_f32(), &want, 1e-2, 1e-1, "unmodified");
+    let bad = edit(&body, "\"stable_mosaic.func.return\"(%arg0, %arg2)", "\"stable_mosaic.func.return\"(%arg2, %arg0)");
+    let out = run(&bad, &inputs).unwrap();
+    assert!(max_rel_err(&out[0].to_f32(), &want, 1e-1) > 0.5, "a swapped index map must change the result");
+}
+
+#[test]
+fn swapped_dimension_numbers_give_a_wrong_answer() {
+    let (body, x, y, inputs) = square_matmul();
+    let want = matmul_ref(&x, &y, 256, 256, 256);
+    let bad = edit(&body, "<[1], [0], [0], [1], [0, 0, 1, 1], [], []>", "<[0], [0], [1], [1], [0, 1, 1, 1], [], []>");
+    let out = run(&bad, &inputs).unwrap();
+    assert!(max_rel_err(&out[0].to_f32(), &want, 1e-1) > 0.5, "x^T y is not x y");
+}
+
+#[test]
+fn block_index_out_of_bounds() {
+    // Non-square: the swapped map indexes block (kk, i) of a 2x1-block array.
+    let (body, _) = library_body("matmul", &[("m", "64"), ("k", "256"), ("n", "128"), ("bm", "16"), ("bk", "128"), ("bn", "128")]);
+    let mut rng = Rng::new(13);
+    let inputs = [HostArray::bf16_from_f32(&[64, 256], &rng.bf16s(64 * 256)), HostArray::bf16_from_f32(&[256, 128], &rng.bf16s(256 * 128))];
+    let bad = edit(&body, "\"stable_mosaic.func.return\"(%arg0, %arg2)", "\"stable_mosaic.func.return\"(%arg2, %arg0)");
+    let text = expect_err(run(&bad, &inputs), ErrorKind::OutOfBounds);
+    assert!(text.contains("block index") && text.contains("input0"), "{text}");
+}
+
+#[test]
+fn bad_inputs_are_rejected() {
+    let (body, inputs) = gather();
+    let (_, call) = library_body("gather_rows", &[]);
+    let p = prepare(&body);
+    // Without a call spec a missing input would be taken for an output; with one it is an error.
+    let spec = CallSpec::from_json(&call).unwrap();
+    let e = p.run_with(&inputs[..1], &spec).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::BadInput, "{e}");
+    let wrong = [inputs[0].clone(), HostArray::from_f32(&[64, 16, 256], &vec![1.0; 64 * 16 * 256])];
+    let e = p.run(&wrong).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::BadInput, "{e}");
+    assert!(e.to_string().contains("expects bf16"), "{e}");
+}
+
+#[test]
+fn parse_errors_name_line_and_column() {
+    let (body, _) = library_body("rmsnorm", &[]);
+    let bad = body.replacen("vector<64x2048xf32>", "vector<64x2048xq32>", 1);
+    let e = Module::parse(&bad).unwrap_err();
+    let line = bad.lines().position(|l| l.contains("xq32")).unwrap() as u32 + 1;
+    assert_eq!(e.line, line, "{e}");
+    assert!(e.message.contains("unknown type `q32`"), "{e}");
+    assert!(e.to_string().starts_with(&format!("parse error at line {line}, column ")), "{e}");
+    let e = Module::parse("module {\n  %0 = \"x.y\"(%1 : () -> i32\n}").unwrap_err();
+    assert_eq!((e.line, e.col), (2, 17), "{e}");
+}
+
+#[test]
+fn unknown_ops_are_reported_at_prepare() {
+    let (body, _) = library_body("rmsnorm", &[]);
+    let bad = body.replacen("stable_mosaic.math.rsqrt", "stable_mosaic.math.frobnicate", 1);
+    let e = Module::parse(&bad).unwrap().prepare().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Unsupported);
+    assert!(e.to_string().contains("math.frobnicate"), "{e}");
+}

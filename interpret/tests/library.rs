@@ -1,0 +1,119 @@
+//! The library kernels, lowered by `palladium_lowering` and run from their serialized body
+//! text, against plain-Rust references on seeded random inputs.
+
+#![allow(clippy::result_large_err)]
+
+mod common;
+
+use common::*;
+use half::bf16;
+use palladium_interpret::{CallSpec, HostArray, Module};
+
+fn run_matmul(m: usize, k: usize, n: usize, bm: usize, bk: usize, bn: usize, seed: u64) {
+    let s = |v: usize| v.to_string();
+    let (body, call) = library_body("matmul", &[("m", &s(m)), ("k", &s(k)), ("n", &s(n)), ("bm", &s(bm)), ("bk", &s(bk)), ("bn", &s(bn))]);
+    let mut rng = Rng::new(seed);
+    let (x, y) = (rng.bf16s(m * k), rng.bf16s(k * n));
+    let inputs = [HostArray::bf16_from_f32(&[m, k], &x), HostArray::bf16_from_f32(&[k, n], &y)];
+    let program = prepare(&body);
+    let out = program.run(&inputs).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].shape, vec![m, n]);
+    assert_eq!(out[0].dtype, palladium_interpret::DType::Bf16);
+    let want = matmul_ref(&x, &y, m, k, n);
+    assert_close(&out[0].to_f32(), &want, 1e-2, 1e-1, &format!("matmul {m}x{k}x{n} blocks {bm}x{bk}x{bn}"));
+    // The call spec gives the same answer.
+    let spec = CallSpec::from_json(&call).unwrap();
+    assert_eq!(program.run_with(&inputs, &spec).unwrap(), out);
+}
+
+#[test]
+fn matmul_small() {
+    run_matmul(64, 256, 128, 16, 128, 128, 1);
+}
+
+#[test]
+fn matmul_rectangular_grid() {
+    run_matmul(128, 512, 256, 32, 256, 128, 2);
+}
+
+#[test]
+fn matmul_single_k_step() {
+    run_matmul(32, 128, 256, 16, 128, 128, 3);
+}
+
+fn rmsnorm_ref(x: &[f32], w: &[f32], rows: usize, hidden: usize, eps: f32) -> Vec<f32> {
+    let mut out = vec![0f32; rows * hidden];
+    for r in 0..rows {
+        let row = &x[r * hidden..(r + 1) * hidden];
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / hidden as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for h in 0..hidden {
+            out[r * hidden + h] = bf16::from_f32(row[h] * inv * w[h]).to_f32();
+        }
+    }
+    out
+}
+
+fn run_rmsnorm(rows: usize, hidden: usize, block_rows: usize, seed: u64) {
+    let s = |v: usize| v.to_string();
+    let (body, _) = library_body("rmsnorm", &[("rows", &s(rows)), ("hidden", &s(hidden)), ("block_rows", &s(block_rows))]);
+    let mut rng = Rng::new(seed);
+    let (x, w) = (rng.bf16s(rows * hidden), rng.bf16s(hidden));
+    let out = run(&body, &[HostArray::bf16_from_f32(&[rows, hidden], &x), HostArray::bf16_from_f32(&[1, hidden], &w)]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out[0].shape, vec![rows, hidden]);
+    assert_close(&out[0].to_f32(), &rmsnorm_ref(&x, &w, rows, hidden, 1e-6), 1e-2, 1e-2, "rmsnorm");
+}
+
+#[test]
+fn rmsnorm_small() {
+    run_rmsnorm(64, 256, 16, 4);
+}
+
+#[test]
+fn rmsnorm_one_block() {
+    run_rmsnorm(32, 512, 32, 5);
+}
+
+fn gather_inputs(n: usize, table_rows: usize, r: usize, d: usize, seed: u64) -> (Vec<i32>, Vec<f32>, [HostArray; 2]) {
+    let mut rng = Rng::new(seed);
+    let mut ids = rng.permutation(table_rows);
+    ids.truncate(n);
+    let table = rng.bf16s(table_rows * r * d);
+    let inputs = [HostArray::from_i32(&[n], &ids), HostArray::bf16_from_f32(&[table_rows, r, d], &table)];
+    (ids, table, inputs)
+}
+
+fn gather_ref(ids: &[i32], table: &[f32], r: usize, d: usize, scale: f32) -> Vec<f32> {
+    ids.iter().flat_map(|&i| table[i as usize * r * d..(i as usize + 1) * r * d].iter().map(move |v| bf16::from_f32(v * scale).to_f32())).collect()
+}
+
+fn run_gather(n: usize, table_rows: usize, r: usize, d: usize, scale: f32, seed: u64) {
+    let s = |v: usize| v.to_string();
+    let (body, _) = library_body("gather_rows", &[("n", &s(n)), ("table_rows", &s(table_rows)), ("r", &s(r)), ("d", &s(d)), ("scale", &scale.to_string())]);
+    let (ids, table, inputs) = gather_inputs(n, table_rows, r, d, seed);
+    let out = run(&body, &inputs).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out[0].shape, vec![n, r, d]);
+    assert_eq!(out[0].to_f32(), gather_ref(&ids, &table, r, d, scale), "gather_rows must be exact");
+}
+
+#[test]
+fn gather_rows_default() {
+    run_gather(8, 64, 16, 256, 2.0, 6);
+}
+
+#[test]
+fn gather_rows_small() {
+    run_gather(5, 16, 8, 128, 0.5, 7);
+}
+
+#[test]
+fn module_facts() {
+    let (body, _) = library_body("gather_rows", &[]);
+    let m = Module::parse(&body).unwrap();
+    assert_eq!(m.version(), Some(15));
+    assert!(m.ast.serialized);
+    let p = m.prepare().unwrap();
+    assert_eq!(p.name(), "gather_rows");
+    assert_eq!(p.grid(), &[8]);
+}
