@@ -4,6 +4,7 @@
 mod attention;
 mod gather;
 mod linalg;
+pub mod moe_reference;
 mod norm;
 
 pub use attention::decode_attention;
