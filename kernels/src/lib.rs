@@ -6,11 +6,13 @@ mod gather;
 mod linalg;
 pub mod moe_reference;
 mod norm;
+mod router;
 
 pub use attention::decode_attention;
 pub use gather::gather_rows;
 pub use linalg::matmul;
 pub use norm::rmsnorm;
+pub use router::moe_router;
 
 use palladium_dsl::{BuildErrors, Kernel, __private::ParamError};
 
@@ -61,6 +63,7 @@ pub static REGISTRY: &[KernelEntry] = &[
     entry!(rmsnorm, "RMSNorm over the hidden dim, f32 math, bf16 in/out"),
     entry!(gather_rows, "gather row blocks from HBM by scalar-prefetched ids with double-buffered DMAs"),
     entry!(decode_attention, "GQA decode attention over an HBM KV cache: per-sequence lengths, double-buffered KV tiles, online softmax"),
+    entry!(moe_router, "MoE router: x @ w_router logits, softmax/sigmoid scores, top-k (optionally renormalised) ids and weights to SMEM"),
 ];
 
 pub fn names() -> Vec<&'static str> {
