@@ -2,6 +2,7 @@
 //! compile-time parameters, listed in [`REGISTRY`] so tools can build it by name.
 
 mod attention;
+mod ffn;
 mod gather;
 mod linalg;
 pub mod moe_reference;
@@ -9,6 +10,7 @@ mod norm;
 mod router;
 
 pub use attention::decode_attention;
+pub use ffn::expert_ffn;
 pub use gather::gather_rows;
 pub use linalg::matmul;
 pub use norm::rmsnorm;
@@ -64,6 +66,7 @@ pub static REGISTRY: &[KernelEntry] = &[
     entry!(gather_rows, "gather row blocks from HBM by scalar-prefetched ids with double-buffered DMAs"),
     entry!(decode_attention, "GQA decode attention over an HBM KV cache: per-sequence lengths, double-buffered KV tiles, online softmax"),
     entry!(moe_router, "MoE router: x @ w_router logits, softmax/sigmoid scores, top-k (optionally renormalised) ids and weights to SMEM"),
+    entry!(expert_ffn, "MoE decode expert FFN: SwiGLU experts fetched by routed id with double-buffered manual DMAs, weighted f32 combine"),
 ];
 
 pub fn names() -> Vec<&'static str> {
