@@ -4,6 +4,7 @@
 mod attention;
 mod ffn;
 mod gather;
+mod gmm;
 mod linalg;
 pub mod moe_reference;
 mod norm;
@@ -12,6 +13,7 @@ mod router;
 pub use attention::decode_attention;
 pub use ffn::expert_ffn;
 pub use gather::gather_rows;
+pub use gmm::grouped_matmul;
 pub use linalg::matmul;
 pub use norm::rmsnorm;
 pub use router::moe_router;
@@ -67,6 +69,7 @@ pub static REGISTRY: &[KernelEntry] = &[
     entry!(decode_attention, "GQA decode attention over an HBM KV cache: per-sequence lengths, double-buffered KV tiles, online softmax"),
     entry!(moe_router, "MoE router: x @ w_router logits, softmax/sigmoid scores, top-k (optionally renormalised) ids and weights to SMEM"),
     entry!(expert_ffn, "MoE decode expert FFN: SwiGLU experts fetched by routed id with double-buffered manual DMAs, weighted f32 combine"),
+    entry!(grouped_matmul, "megablox-style grouped matmul: expert-sorted rows, group metadata in scalar prefetch, masked merge of straddling tiles"),
 ];
 
 pub fn names() -> Vec<&'static str> {
