@@ -2,14 +2,21 @@
 //! compile-time parameters, listed in [`REGISTRY`] so tools can build it by name.
 
 mod attention;
+mod ffn;
 mod gather;
+mod gmm;
 mod linalg;
+pub mod moe_reference;
 mod norm;
+mod router;
 
 pub use attention::decode_attention;
+pub use ffn::expert_ffn;
 pub use gather::gather_rows;
+pub use gmm::grouped_matmul;
 pub use linalg::matmul;
 pub use norm::rmsnorm;
+pub use router::moe_router;
 
 use palladium_dsl::{BuildErrors, Kernel, __private::ParamError};
 
@@ -63,6 +70,9 @@ pub static REGISTRY: &[KernelEntry] = &[
     entry!(rmsnorm, "RMSNorm over the hidden dim, f32 math, bf16 in/out"),
     entry!(gather_rows, "gather row blocks from HBM by scalar-prefetched ids with double-buffered DMAs"),
     entry!(decode_attention, "GQA decode attention over an HBM KV cache: per-sequence lengths, double-buffered KV tiles, online softmax"),
+    entry!(moe_router, "MoE router: x @ w_router logits, softmax/sigmoid scores, top-k (optionally renormalised) ids and weights to SMEM"),
+    entry!(expert_ffn, "MoE decode expert FFN: SwiGLU experts fetched by routed id with double-buffered manual DMAs, weighted f32 combine"),
+    entry!(grouped_matmul, "megablox-style grouped matmul: expert-sorted rows, group metadata in scalar prefetch, masked merge of straddling tiles"),
 ];
 
 pub fn names() -> Vec<&'static str> {

@@ -248,11 +248,29 @@ impl Val {
     pub fn min_over(self, axis: u32) -> Val {
         self.reduce(ReduceOp::Min, &[axis], false)
     }
-    /// Reduce over every axis to a scalar.
+    #[track_caller]
+    pub fn min_keepdims(self, axis: u32) -> Val {
+        self.reduce(ReduceOp::Min, &[axis], true)
+    }
+    /// Sum over every axis to a scalar.
     #[track_caller]
     pub fn sum_all(self) -> Val {
-        let axes: Vec<u32> = (0..self.shape().rank() as u32).collect();
-        self.reduce(ReduceOp::Sum, &axes, false)
+        self.reduce(ReduceOp::Sum, &self.all_axes(), false)
+    }
+    /// Max over every axis to a scalar (with [`Val::min_all`], how a kernel pulls one
+    /// element out of a vector: `select(mask, x, identity).max_all()`).
+    #[track_caller]
+    pub fn max_all(self) -> Val {
+        self.reduce(ReduceOp::Max, &self.all_axes(), false)
+    }
+    /// Min over every axis to a scalar.
+    #[track_caller]
+    pub fn min_all(self) -> Val {
+        self.reduce(ReduceOp::Min, &self.all_axes(), false)
+    }
+
+    fn all_axes(self) -> Vec<u32> {
+        (0..self.shape().rank() as u32).collect()
     }
 
     /// Promise the value (an i32 offset) is a multiple of `multiple` (`pl.multiple_of`).

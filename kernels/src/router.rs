@@ -1,0 +1,79 @@
+//! MoE router for decode: `logits = x @ w_router` (bf16 in, f32 on the MXU), scores by
+//! softmax over the experts (Qwen3-MoE, Mixtral) or by an elementwise sigmoid
+//! (DeepSeek-V3 style; `sigmoid = true`), then top-k with optional renormalisation of the
+//! selected weights (Qwen3's `norm_topk_prob`).
+//!
+//! Why it is shaped this way:
+//! - No grid: at decode a whole batch is 1-8 tokens, `x` is a few KiB and `w_router` is
+//!   `hidden * experts * 2` bytes (512 KiB for Qwen3-30B-A3B), so everything fits VMEM at
+//!   once and one invocation does the work; there is nothing to pipeline.
+//! - All tokens are processed together as `[tokens, experts]` vectors (one f32 vreg row per
+//!   token for 128 experts), so each top-k round is a handful of vector ops for the batch.
+//! - Top-k without a sort: `k` rounds of (row max → argmax as the *lowest* index holding the
+//!   max, via `select(s == max, iota, experts)` and a min-reduction → mask that expert with
+//!   -inf). Ties therefore go to the lower expert id, as `jax.lax.top_k` does; weights come
+//!   out in descending order.
+//! - The selected ids/weights are accumulated as small `[tokens, k]` vectors (a column per
+//!   round), then written to SMEM outputs element by element: SMEM stores are scalar-only,
+//!   so each element is pulled out of the vector with a masked `max_all` (a
+//!   `vector.multi_reduction` to a scalar) in a traced loop over (token, slot). SMEM is
+//!   where the next stage wants them: `expert_ffn` reads them as scalar prefetch (ids) and
+//!   SMEM scalars (weights), and in a fused megakernel they would stay in SMEM scratch.
+//!   (SMEM windows are whole arrays; a 2-D `[tokens, k]` SMEM array pads its minor dim, which
+//!   costs at most a few KiB of SMEM here.)
+//!
+//! Numerics: the f32 logits are the exact products of the bf16 inputs accumulated in f32
+//! (an f32 matmul at default precision, see the note in the body); the softmax is the max-subtracted one, in f32. See `moe_reference::moe_router`.
+
+use palladium_dsl::prelude::*;
+
+#[kernel]
+pub fn moe_router(
+    #[default(8)] tokens: usize,
+    #[default(2048)] hidden: usize,
+    #[default(128)] experts: usize,
+    #[default(8)] top_k: usize,
+    #[default(false)] sigmoid: bool,
+    #[default(true)] renormalize: bool,
+    #[input(bf16[tokens, hidden])] x: Ref,
+    #[input(bf16[hidden, experts])] w_router: Ref,
+    #[output(i32[tokens, top_k], space = smem)] ids: Ref,
+    #[output(f32[tokens, top_k], space = smem)] weights: Ref,
+) {
+    // f32 operands at default precision: the MXU rounds them back to bf16, so this is the
+    // bf16 x bf16 -> f32 product, but libtpu 0.0.42.1 crashes on v5e for a bf16 matmul whose
+    // lhs has 8 rows ("Expected vector-bf16packed" in vmatmul; JAX Pallas's own
+    // `jnp.dot(x_ref[...], w_ref[...])` on bf16[8, 256] x bf16[256, 128] aborts the same way).
+    let logits = dot(x[..].cast(f32), w_router[..].cast(f32));
+    let scores = if sigmoid {
+        logits.sigmoid()
+    } else {
+        let e = (logits - logits.max_keepdims(1)).exp();
+        e / e.sum_keepdims(1)
+    };
+    let expert_iota = iota([tokens, experts], 1);
+    let slot_iota = iota([tokens, top_k], 1);
+    let mut remaining = scores;
+    let mut top_ids = zeros([tokens, top_k], i32);
+    let mut top_w = zeros([tokens, top_k], f32);
+    for j in 0..top_k {
+        let best = remaining.max_keepdims(1);
+        let best_id = select(remaining == best, expert_iota, experts as i32).min_keepdims(1);
+        top_ids = select(slot_iota == j as i32, best_id, top_ids);
+        top_w = select(slot_iota == j as i32, best, top_w);
+        remaining = select(expert_iota == best_id, f64::NEG_INFINITY, remaining);
+    }
+    if renormalize {
+        top_w = top_w / top_w.sum_keepdims(1);
+    }
+    // SMEM stores are scalar: pull each element out with a masked reduction, in a traced
+    // loop over the (token, slot) pairs so the IR stays small.
+    let token_iota = iota([tokens, top_k], 0);
+    for t in 0..scalar(tokens as i32) {
+        for j in 0..scalar(top_k as i32) {
+            let here = (token_iota == t) & (slot_iota == j);
+            ids[(t, j)] = select(here, top_ids, -1).max_all();
+            weights[(t, j)] = select(here, top_w, f64::NEG_INFINITY).max_all();
+        }
+    }
+}
