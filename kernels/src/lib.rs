@@ -2,14 +2,23 @@
 //! compile-time parameters, listed in [`REGISTRY`] so tools can build it by name.
 
 mod attention;
+mod decode;
 mod gather;
 mod linalg;
 mod norm;
+mod norm_matmul;
+pub mod reference;
+mod residual;
+mod rotary;
 
 pub use attention::decode_attention;
+pub use decode::gemv;
 pub use gather::gather_rows;
 pub use linalg::matmul;
 pub use norm::rmsnorm;
+pub use norm_matmul::rmsnorm_matmul;
+pub use residual::{residual_add, residual_add_inplace};
+pub use rotary::rope;
 
 use palladium_dsl::{BuildErrors, Kernel, __private::ParamError};
 
@@ -60,6 +69,11 @@ pub static REGISTRY: &[KernelEntry] = &[
     entry!(rmsnorm, "RMSNorm over the hidden dim, f32 math, bf16 in/out"),
     entry!(gather_rows, "gather row blocks from HBM by scalar-prefetched ids with double-buffered DMAs"),
     entry!(decode_attention, "GQA decode attention over an HBM KV cache: per-sequence lengths, double-buffered KV tiles, online softmax"),
+    entry!(gemv, "decode GEMV: small bf16 batch against a large bf16 weight streamed in column blocks, f32 out"),
+    entry!(residual_add, "residual add of two bf16 arrays in f32, row blocks"),
+    entry!(residual_add_inplace, "residual_add with the residual input aliased to the output (in-place update)"),
+    entry!(rmsnorm_matmul, "RMSNorm (f32) fused into the next bf16 projection; normalised rows cached in VMEM across column blocks"),
+    entry!(rope, "rotary embedding on [tokens, heads*head_dim], neox or interleaved, rotation as an exact ±1 matmul"),
 ];
 
 pub fn names() -> Vec<&'static str> {
