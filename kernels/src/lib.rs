@@ -2,20 +2,29 @@
 //! compile-time parameters, listed in [`REGISTRY`] so tools can build it by name.
 
 mod attention;
+mod decode;
 mod ffn;
 mod gather;
 mod gmm;
 mod linalg;
 pub mod moe_reference;
 mod norm;
+mod norm_matmul;
+pub mod reference;
+mod residual;
+mod rotary;
 mod router;
 
 pub use attention::decode_attention;
+pub use decode::gemv;
 pub use ffn::expert_ffn;
 pub use gather::gather_rows;
 pub use gmm::grouped_matmul;
 pub use linalg::matmul;
 pub use norm::rmsnorm;
+pub use norm_matmul::rmsnorm_matmul;
+pub use residual::{residual_add, residual_add_inplace};
+pub use rotary::rope;
 pub use router::moe_router;
 
 use palladium_dsl::{BuildErrors, Kernel, __private::ParamError};
@@ -73,6 +82,11 @@ pub static REGISTRY: &[KernelEntry] = &[
     entry!(moe_router, "MoE router: x @ w_router logits, softmax/sigmoid scores, top-k (optionally renormalised) ids and weights to SMEM"),
     entry!(expert_ffn, "MoE decode expert FFN: SwiGLU experts fetched by routed id with double-buffered manual DMAs, weighted f32 combine"),
     entry!(grouped_matmul, "megablox-style grouped matmul: expert-sorted rows, group metadata in scalar prefetch, masked merge of straddling tiles"),
+    entry!(gemv, "decode GEMV: small bf16 batch against a large bf16 weight streamed in column blocks, f32 out"),
+    entry!(residual_add, "residual add of two bf16 arrays in f32, row blocks"),
+    entry!(residual_add_inplace, "residual_add with the residual input aliased to the output (in-place update)"),
+    entry!(rmsnorm_matmul, "RMSNorm (f32) fused into the next bf16 projection; normalised rows cached in VMEM across column blocks"),
+    entry!(rope, "rotary embedding on [tokens, heads*head_dim], neox or interleaved, rotation as an exact ±1 matmul"),
 ];
 
 pub fn names() -> Vec<&'static str> {

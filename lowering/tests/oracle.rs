@@ -22,8 +22,20 @@
 //! stricter than needed today (`misc`'s VMEM → ANY copy and `dynamic_dma`'s 2-D HBM → VMEM
 //! copy profile fine; `gather_rows`'s squeezed row of a 3-D HBM table aborts), but which
 //! DMAs the profiler models is libtpu's business, and an abort loses the whole batch. v7x
-//! never has cycles (the profiler aborts there for every kernel); v5e has them for every
-//! kernel, so module and body cycles are compared for all kernels there.
+//! never has cycles (the profiler aborts there for every kernel). v5e has them for every
+//! kernel but those in [`V5E_PROFILE_ABORTS`], so module and body cycles are compared for
+//! those there.
+//!
+//! Second known limitation: on v5e the profiler aborts libtpu ("Expected vector-bf16packed,
+//! got vector-int16, for operand #0 of … vmatmul.bf16") for a bf16 matmul whose LHS has 8
+//! rows, half a packed bf16 tile: `gemv` at its default batch of 8, and JAX's own
+//! `oracle.py pallas gemv` identically (batch 1, 16 and 32 profile fine). So v5e
+//! acceptance also runs with `ORACLE_CYCLES=0`, and a second v5e batch takes the cycles of
+//! the other kernels.
+//!
+//! The library's `gemv` with JAX's blocks (`block_n=1024`; its default problem is that of
+//! `oracle.py pallas gemv`, 8x4096 @ 4096x14336) must also be within 2% of JAX's gemv
+//! cycles on v6e.
 //!
 //! Remaining differences from Pallas's matmul print (`pallas matmul`, canonicalized):
 //! - the kernel function is `@matmul` here, `@body` there (Pallas names it after the
@@ -43,6 +55,9 @@ use palladium_dsl::spec::Chip;
 use palladium_lowering::{LowerOptions, Lowered, lower};
 use serde_json::Value as Json;
 use std::path::Path;
+
+/// Kernels whose static profile aborts libtpu on v5e (see the module docs).
+const V5E_PROFILE_ABORTS: &[&str] = &["gemv"];
 
 fn lowered(k: &palladium_dsl::Kernel) -> Lowered {
     lower(k, &LowerOptions { chip: Chip::V6e }).unwrap_or_else(|e| panic!("{}: {e}", k.name))
@@ -134,14 +149,29 @@ fn kernels_compile_with_libtpu_and_match_jax() {
     assert_eq!(signature(&ours), signature(&jax), "matmul signature/attributes differ from JAX's");
     let jax_job = compile_job("jax_matmul.mlir", "matmul.json");
 
+    // JAX's gemv, and ours with its blocks.
+    let (ok, jax_gemv) = oracle(&dir, &["pallas", "gemv", "--chip", "v6e"]);
+    assert!(ok, "oracle pallas gemv failed: {jax_gemv}");
+    std::fs::write(dir.join("jax_gemv.mlir"), module_text(&jax_gemv)).unwrap();
+    let gemv_jax_blocks = palladium_kernels::build("gemv", &[("block_n".into(), "1024".into())]).unwrap_or_else(|e| panic!("{e}"));
+    let gemv_jax_blocks = lowered(&gemv_jax_blocks);
+    std::fs::write(dir.join("gemv_1024.mlir"), &gemv_jax_blocks.module).unwrap();
+    std::fs::write(dir.join("gemv_1024.json"), &gemv_jax_blocks.call_json).unwrap();
+
     // The cycle table: (kernel, chip, module cycles, body cycles).
     let mut table: Vec<(String, &str, u64, u64)> = Vec::new();
 
     // Acceptance everywhere; v5e also gives cycles for every kernel.
     let mut all_jobs = jobs.clone();
     all_jobs.push(jax_job.clone());
-    let v5e = run_batch(&dir, "v5e", &all_jobs, "v5e", &[]);
-    for (name, _) in &kernels {
+    run_batch(&dir, "v5e", &all_jobs, "v5e", &[("ORACLE_CYCLES", "0")]);
+    let profiled: Vec<&(String, Lowered)> = kernels.iter().filter(|(n, _)| !V5E_PROFILE_ABORTS.contains(&n.as_str())).collect();
+    let v5e_jobs: Vec<Json> = profiled
+        .iter()
+        .flat_map(|(name, _)| [compile_job(&format!("{name}.mlir"), &format!("{name}.json")), body_job(&format!("{name}.body"), &format!("{name}.json"))])
+        .collect();
+    let v5e = run_batch(&dir, "v5e-cycles", &v5e_jobs, "v5e", &[("ORACLE_CYCLES", "1")]);
+    for (name, _) in &profiled {
         table.push((name.clone(), "v5e", cycles(&v5e, &format!("{name}.mlir")), cycles(&v5e, &format!("{name}.body"))));
     }
     run_batch(&dir, "v7x", &all_jobs, "v7x", &[]);
@@ -156,6 +186,8 @@ fn kernels_compile_with_libtpu_and_match_jax() {
         .flat_map(|(name, _)| [compile_job(&format!("{name}.mlir"), &format!("{name}.json")), body_job(&format!("{name}.body"), &format!("{name}.json"))])
         .collect();
     v6e_jobs.push(jax_job);
+    v6e_jobs.push(compile_job("jax_gemv.mlir", "gemv_1024.json"));
+    v6e_jobs.push(compile_job("gemv_1024.mlir", "gemv_1024.json"));
     let v6e = run_batch(&dir, "v6e-cycles", &v6e_jobs, "v6e", &[("ORACLE_CYCLES", "1")]);
     for (name, _) in &no_dma {
         table.push((name.clone(), "v6e", cycles(&v6e, &format!("{name}.mlir")), cycles(&v6e, &format!("{name}.body"))));
@@ -168,10 +200,14 @@ fn kernels_compile_with_libtpu_and_match_jax() {
     let (ours, theirs) = (cycles(&v6e, "matmul.mlir"), cycles(&v6e, "jax_matmul.mlir"));
     eprintln!("v6e matmul: ours {ours} cycles, JAX {theirs} cycles");
 
+    let (gemv_ours, gemv_jax) = (cycles(&v6e, "gemv_1024.mlir"), cycles(&v6e, "jax_gemv.mlir"));
+    eprintln!("v6e gemv (blocks 4096x1024): ours {gemv_ours} cycles, JAX {gemv_jax} cycles");
+
     for (name, chip, m, b) in &table {
         assert_eq!(m, b, "{name} on {chip}: module and body compile to different cycle estimates");
     }
     assert!((ours as f64 - theirs as f64).abs() <= 0.02 * theirs as f64, "matmul: {ours} cycles vs JAX's {theirs} (> 2% apart)");
+    assert!((gemv_ours as f64 - gemv_jax as f64).abs() <= 0.02 * gemv_jax as f64, "gemv: {gemv_ours} cycles vs JAX's {gemv_jax} (> 2% apart)");
 }
 
 /// The op names in order, one per line (`arith.constant`s dropped: their order and

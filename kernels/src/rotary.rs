@@ -1,0 +1,69 @@
+//! Rotary position embedding (RoPE) applied to q or k:
+//! `o = x * cos + rotate(x) * sin`, per head, f32 math, bf16 in/out.
+//!
+//! `rotate` pairs dimension `j` with its partner and negates one side:
+//! - neox (`interleaved = false`, rotate halves): `rotate(x) = concat(-x[d/2:], x[:d/2])`;
+//! - interleaved (GPT-J, pairs `(2i, 2i+1)`): `rotate(x)[2i] = -x[2i+1]`,
+//!   `rotate(x)[2i+1] = x[2i]`.
+//!
+//! The `cos`/`sin` tables are f32 `[tokens, head_dim]` inputs, already expanded to the full
+//! head dim in the style's order (neox: `cos[t, j] = cos(pos_t * inv_freq[j % (d/2)])`;
+//! interleaved: `cos[t, j] = cos(pos_t * inv_freq[j / 2])`), as model code precomputes
+//! them once per step for all layers. Computing them in the kernel from scalar-prefetched
+//! positions would spend two transcendental polynomials per element per head on the VPU to
+//! save a table read that, with the head axis innermost, is fetched once per token block
+//! and reused by every head block.
+//!
+//! Layout: `x` is `[tokens, heads * head_dim]`, the natural layout of a fused qkv
+//! projection's output. Tokens go on sublanes and `head_dim` (a multiple of 128) on lanes,
+//! so every head is a lane-aligned, tile-aligned column slice of the block. The 3-D
+//! `[tokens, heads, head_dim]` layout would put `heads` (often 8) on the sublanes of each
+//! token's tile: half-empty bf16 tiles, and blocks over tokens on a leading, untiled dim.
+//! A block is `[block_t, heads_per_block * head_dim]`; the heads in it are processed by a
+//! static loop over their column slices.
+//!
+//! Why a matmul: `rotate` moves data across lanes by `d/2` (neox) or by one lane
+//! (interleaved). The DSL cannot slice a loaded vector, and ref slices at `d/2 = 64` lanes
+//! are not tile-aligned, which Mosaic rejects. But `rotate(x) = x @ R` for a signed
+//! permutation matrix `R` (`d x d`, one ±1 per column), built in-kernel from `iota` and
+//! `select` (cheap, loop-invariant VPU work). The MXU computes it exactly: each output is one
+//! bf16 input times ±1, accumulated in f32 with zeros, so `rotate` is bit-exact and both
+//! styles are the same code with a different `R`. The extra `2 d` MXU flops per element are
+//! far below what the MXU sustains per HBM byte, so the kernel stays HBM-bound.
+
+use palladium_dsl::prelude::*;
+
+#[kernel(grid = (tokens / block_t, heads / heads_per_block), semantics = (parallel, parallel))]
+pub fn rope(
+    #[default(1024)] tokens: usize,
+    #[default(32)] heads: usize,
+    #[default(128)] head_dim: usize,
+    #[default(256)] block_t: usize,
+    #[default(8)] heads_per_block: usize,
+    #[default(false)] interleaved: bool,
+    #[input(bf16[tokens, heads * head_dim], block = [block_t, heads_per_block * head_dim], map = |i, h| (i, h))] x: Ref,
+    #[input(f32[tokens, head_dim], block = [block_t, head_dim], map = |i, _h| (i, 0))] cos: Ref,
+    #[input(f32[tokens, head_dim], block = [block_t, head_dim], map = |i, _h| (i, 0))] sin: Ref,
+    #[output(bf16[tokens, heads * head_dim], block = [block_t, heads_per_block * head_dim], map = |i, h| (i, h))] o: Ref,
+) {
+    let d = head_dim;
+    let half = (d / 2) as i32;
+    // R[r, c] = the coefficient of x[r] in rotate(x)[c].
+    let r = iota([d, d], 0);
+    let c = iota([d, d], 1);
+    let (negated, kept) = if interleaved {
+        ((c % 2 == 0) & (r == c + 1), (c % 2 == 1) & (r == c - 1))
+    } else {
+        ((c < half) & (r == c + half), (c >= half) & (r == c - half))
+    };
+    let one = full([d, d], 1.0, f32);
+    let rotation = select(negated, -one, select(kept, one, 0.0)).cast(bf16);
+    let cos_t = cos[..];
+    let sin_t = sin[..];
+    for h in 0..heads_per_block {
+        let cols = h * d..(h + 1) * d;
+        let xh = x[(.., cols.clone())];
+        let rotated = dot(xh, rotation);
+        o[(.., cols)] = (xh.cast(f32) * cos_t + rotated * sin_t).cast(bf16);
+    }
+}
