@@ -58,7 +58,7 @@ pub enum CheckError {
     #[error("interpreter cannot parse the body of `{kernel}`: {error}")]
     Parse { kernel: String, error: ParseError },
     #[error("interpreter error in `{kernel}`: {error}")]
-    Interp { kernel: String, error: InterpError },
+    Interp { kernel: String, error: Box<InterpError> },
     #[error("`{kernel}`: {message}")]
     Mismatch { kernel: String, message: String },
 }
@@ -155,7 +155,7 @@ pub fn prepare(name: &str, settings: &[(String, String)], chip: Chip) -> Result<
     let kernel = (entry.build)(settings)?;
     let lowered = lower(&kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower { kernel: name.to_string(), chip, message: e.to_string() })?;
     let module = Module::parse(&lowered.body).map_err(|error| CheckError::Parse { kernel: name.to_string(), error })?;
-    let program = module.prepare().map_err(|error| CheckError::Interp { kernel: name.to_string(), error })?;
+    let program = module.prepare().map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) })?;
     Ok((entry, kernel, program))
 }
 
@@ -167,7 +167,7 @@ pub fn check(name: &str, settings: &[(String, String)], options: &CheckOptions) 
     let inputs = (entry.inputs)(settings, options.seed)?;
     let host: Vec<HostArray> = inputs.iter().map(to_host_array).collect();
     let t = Instant::now();
-    let got = program.run(&host).map_err(|error| CheckError::Interp { kernel: name.to_string(), error })?;
+    let got = program.run(&host).map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) })?;
     let run_time = t.elapsed();
     let t = Instant::now();
     let want = (entry.reference)(settings, &inputs)?;

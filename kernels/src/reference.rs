@@ -138,8 +138,8 @@ pub fn decode_attention(lens: &[i32], q: &[f32], k: &[f32], v: &[f32], s: Attent
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; q.len()];
     let mut scores = Vec::with_capacity(t);
-    for b in 0..batch {
-        let len = usize::try_from(lens[b]).expect("negative length").min(t);
+    for (b, &len) in lens.iter().enumerate() {
+        let len = usize::try_from(len).expect("negative length").min(t);
         for h in 0..kv_heads {
             let cache = (b * kv_heads + h) * t * hd;
             for g in 0..group {
