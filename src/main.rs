@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use palladium_dsl::ir::{PrintOptions, VerifyOptions, print_kernel, verify};
+use palladium::check::{CheckOptions, check};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::{KernelError, REGISTRY, parse_setting};
 use palladium_lowering::{LowerOptions, lower};
@@ -43,6 +44,24 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Run a library kernel's serialized Mosaic body in the CPU interpreter on seeded random
+    /// inputs and compare every output with the kernel's plain-Rust reference: prints max
+    /// abs error and max relative error (max |got - want| / max |want|) per output;
+    /// exits non-zero if any output is out of tolerance or the interpreter reports an error.
+    Interpret {
+        kernel: String,
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+        #[arg(long, default_value = "v6e")]
+        chip: Chip,
+        /// Seed of the random inputs.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Relative tolerance for every output (default: bf16 1e-2, f16 1e-3, f32 1e-5,
+        /// integers exact).
+        #[arg(long)]
+        tolerance: Option<f32>,
+    },
 }
 
 fn build(kernel: &str, set: &[String]) -> Result<palladium_dsl::Kernel, KernelError> {
@@ -78,6 +97,12 @@ fn run(cli: Cli) -> Result<(), String> {
                 println!("{}", out.join(name).display());
             }
             Ok(())
+        }
+        Command::Interpret { kernel, set, chip, seed, tolerance } => {
+            let settings = set.iter().map(|s| parse_setting(s)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+            let report = check(&kernel, &settings, &CheckOptions { chip, seed, tolerance }).map_err(|e| e.to_string())?;
+            println!("{report}");
+            if report.passed() { Ok(()) } else { Err(format!("`{kernel}` does not match its reference")) }
         }
     }
 }

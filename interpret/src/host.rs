@@ -50,6 +50,32 @@ impl HostArray {
         HostArray { dtype: DType::I8, shape: shape.to_vec(), bytes: bytemuck::cast_slice(data).to_vec() }
     }
 
+    /// Any host buffer viewed as bytes (`bytemuck`): `data` must hold exactly
+    /// `shape.product()` elements of `dtype` (e.g. `&[bf16]`, `&[u16]` or `&[u8]` for bf16).
+    pub fn from_pod<T: bytemuck::Pod>(dtype: DType, shape: &[usize], data: &[T]) -> Result<Self> {
+        let a = HostArray { dtype, shape: shape.to_vec(), bytes: bytemuck::cast_slice(data).to_vec() };
+        a.validate("host buffer")?;
+        Ok(a)
+    }
+
+    /// Float values converted to `dtype` (bf16/f16 rounded to nearest even, f32 as is).
+    pub fn from_f32_values(dtype: DType, shape: &[usize], data: &[f32]) -> Result<Self> {
+        Self::check(shape, data.len());
+        Self::from_data(dtype, shape, &Data::F(data.to_vec()))
+    }
+
+    /// Integer values converted to `dtype` (i32, i16, i8 or bool).
+    pub fn from_i32_values(dtype: DType, shape: &[usize], data: &[i32]) -> Result<Self> {
+        Self::check(shape, data.len());
+        Self::from_data(dtype, shape, &Data::I(data.to_vec()))
+    }
+
+    /// The bytes reinterpreted as `T` (`bytemuck`); `T` must have the element size.
+    pub fn to_pod<T: bytemuck::Pod>(&self) -> Vec<T> {
+        assert_eq!(std::mem::size_of::<T>(), self.dtype.size(), "HostArray::to_pod: element size of {}", self.dtype);
+        bytemuck::pod_collect_to_vec(&self.bytes)
+    }
+
     /// f32 values rounded to bf16 (round to nearest even).
     pub fn bf16_from_f32(shape: &[usize], data: &[f32]) -> Self {
         let v: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();

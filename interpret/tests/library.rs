@@ -6,7 +6,6 @@
 mod common;
 
 use common::*;
-use half::bf16;
 use palladium_interpret::{CallSpec, HostArray, Module};
 
 fn run_matmul(m: usize, k: usize, n: usize, bm: usize, bk: usize, bn: usize, seed: u64) {
@@ -42,18 +41,7 @@ fn matmul_single_k_step() {
     run_matmul(32, 128, 256, 16, 128, 128, 3);
 }
 
-fn rmsnorm_ref(x: &[f32], w: &[f32], rows: usize, hidden: usize, eps: f32) -> Vec<f32> {
-    let mut out = vec![0f32; rows * hidden];
-    for r in 0..rows {
-        let row = &x[r * hidden..(r + 1) * hidden];
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / hidden as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
-        for h in 0..hidden {
-            out[r * hidden + h] = bf16::from_f32(row[h] * inv * w[h]).to_f32();
-        }
-    }
-    out
-}
+use palladium_kernels::reference::{gather_rows as gather_ref, rmsnorm as rmsnorm_ref};
 
 fn run_rmsnorm(rows: usize, hidden: usize, block_rows: usize, seed: u64) {
     let s = |v: usize| v.to_string();
@@ -82,10 +70,6 @@ fn gather_inputs(n: usize, table_rows: usize, r: usize, d: usize, seed: u64) -> 
     let table = rng.bf16s(table_rows * r * d);
     let inputs = [HostArray::from_i32(&[n], &ids), HostArray::bf16_from_f32(&[table_rows, r, d], &table)];
     (ids, table, inputs)
-}
-
-fn gather_ref(ids: &[i32], table: &[f32], r: usize, d: usize, scale: f32) -> Vec<f32> {
-    ids.iter().flat_map(|&i| table[i as usize * r * d..(i as usize + 1) * r * d].iter().map(move |v| bf16::from_f32(v * scale).to_f32())).collect()
 }
 
 fn run_gather(n: usize, table_rows: usize, r: usize, d: usize, scale: f32, seed: u64) {

@@ -1,11 +1,20 @@
 //! Palladium's kernel library. Every kernel is a `#[kernel]` function with defaulted
-//! compile-time parameters, listed in [`REGISTRY`] so tools can build it by name.
+//! compile-time parameters, listed in [`REGISTRY`] so tools can build it by name, generate
+//! random inputs for it and compute its expected outputs with a plain-Rust reference.
+//!
+//! Adding a kernel: write it (`#[kernel] pub fn foo(..)`), its reference math in
+//! [`reference`] (f32 over slices), a `cases::foo` module with `inputs` and `reference`
+//! (see [`cases`]), then one line in [`REGISTRY`]: `entry!(foo, "what it does", cases::foo)`.
+//! `entry!(foo, "...")` without cases registers a kernel that cannot be checked; the
+//! registry test fails for it.
 
 mod attention;
+pub mod cases;
 mod decode;
 mod ffn;
 mod gather;
 mod gmm;
+mod host;
 mod linalg;
 pub mod moe_reference;
 mod norm;
@@ -14,6 +23,8 @@ pub mod reference;
 mod residual;
 mod rotary;
 mod router;
+
+pub use host::{HostData, Values};
 
 pub use attention::decode_attention;
 pub use decode::gemv;
@@ -40,12 +51,21 @@ pub enum KernelError {
     Param(#[from] ParamError),
     #[error("kernel `{kernel}` does not trace:\n{errors}")]
     Build { kernel: String, errors: BuildErrors },
+    #[error("kernel `{0}` has no reference (add a `cases` module and name it in its `entry!`)")]
+    NoReference(String),
 }
 
 /// Builds a kernel from `NAME=VALUE` settings.
 pub type BuildFn = fn(&[(String, String)]) -> Result<Kernel, KernelError>;
 
-/// A library kernel: its name, a one-line description, its parameters and a builder.
+/// Random inputs for `NAME=VALUE` settings and a seed: scalar-prefetch arrays, then inputs.
+pub type InputsFn = fn(&[(String, String)], u64) -> Result<Vec<HostData>, KernelError>;
+
+/// The expected outputs for `NAME=VALUE` settings and inputs (as [`InputsFn`] orders them).
+pub type ReferenceFn = fn(&[(String, String)], &[HostData]) -> Result<Vec<HostData>, KernelError>;
+
+/// A library kernel: its name, a one-line description, its parameters, a builder, and
+/// (for checking it) an input generator and a reference.
 #[derive(Debug)]
 pub struct KernelEntry {
     pub name: &'static str,
@@ -54,31 +74,57 @@ pub struct KernelEntry {
     pub defaults: fn() -> Vec<(&'static str, String)>,
     /// Build with `NAME=VALUE` overrides of the defaults.
     pub build: BuildFn,
+    /// Seeded random inputs within the kernel's constraints (never all zero).
+    pub inputs: InputsFn,
+    /// The plain-Rust reference ([`reference`]).
+    pub reference: ReferenceFn,
 }
 
 macro_rules! entry {
     ($kernel:ident, $description:literal) => {
+        entry!(@ $kernel, $description,
+            |_, _| Err(KernelError::NoReference($kernel::NAME.to_string())),
+            |_, _| Err(KernelError::NoReference($kernel::NAME.to_string())))
+    };
+    ($kernel:ident, $description:literal, $($cases:ident)::+) => {
+        entry!(@ $kernel, $description,
+            |settings, seed| {
+                let params = entry!(@params $kernel, settings);
+                Ok($($cases)::+::inputs(&params, seed))
+            },
+            |settings, inputs| {
+                let params = entry!(@params $kernel, settings);
+                Ok($($cases)::+::reference(&params, inputs))
+            })
+    };
+    (@params $kernel:ident, $settings:expr) => {{
+        let mut params = $kernel::Params::default();
+        for (name, value) in $settings {
+            params.set(name, value)?;
+        }
+        params
+    }};
+    (@ $kernel:ident, $description:literal, $inputs:expr, $reference:expr) => {
         KernelEntry {
             name: $kernel::NAME,
             description: $description,
             defaults: || $kernel::Params::default().values(),
             build: |settings| {
-                let mut params = $kernel::Params::default();
-                for (name, value) in settings {
-                    params.set(name, value)?;
-                }
+                let params = entry!(@params $kernel, settings);
                 $kernel::build(&params).map_err(|errors| KernelError::Build { kernel: $kernel::NAME.to_string(), errors })
             },
+            inputs: $inputs,
+            reference: $reference,
         }
     };
 }
 
 /// Every kernel in the library.
 pub static REGISTRY: &[KernelEntry] = &[
-    entry!(matmul, "tiled bf16 matmul with an f32 VMEM accumulator (Pallas's reference matmul)"),
-    entry!(rmsnorm, "RMSNorm over the hidden dim, f32 math, bf16 in/out"),
-    entry!(gather_rows, "gather row blocks from HBM by scalar-prefetched ids with double-buffered DMAs"),
-    entry!(decode_attention, "GQA decode attention over an HBM KV cache: per-sequence lengths, double-buffered KV tiles, online softmax"),
+    entry!(matmul, "tiled bf16 matmul with an f32 VMEM accumulator (Pallas's reference matmul)", cases::matmul),
+    entry!(rmsnorm, "RMSNorm over the hidden dim, f32 math, bf16 in/out", cases::rmsnorm),
+    entry!(gather_rows, "gather row blocks from HBM by scalar-prefetched ids with double-buffered DMAs", cases::gather_rows),
+    entry!(decode_attention, "GQA decode attention over an HBM KV cache: per-sequence lengths, double-buffered KV tiles, online softmax", cases::decode_attention),
     entry!(moe_router, "MoE router: x @ w_router logits, softmax/sigmoid scores, top-k (optionally renormalised) ids and weights to SMEM"),
     entry!(expert_ffn, "MoE decode expert FFN: SwiGLU experts fetched by routed id with double-buffered manual DMAs, weighted f32 combine"),
     entry!(grouped_matmul, "megablox-style grouped matmul: expert-sorted rows, group metadata in scalar prefetch, masked merge of straddling tiles"),
@@ -97,6 +143,11 @@ pub fn names() -> Vec<&'static str> {
 pub fn build(name: &str, settings: &[(String, String)]) -> Result<Kernel, KernelError> {
     let entry = REGISTRY.iter().find(|e| e.name == name).ok_or_else(|| KernelError::Unknown(name.to_string()))?;
     (entry.build)(settings)
+}
+
+/// The registry entry of a kernel.
+pub fn entry(name: &str) -> Result<&'static KernelEntry, KernelError> {
+    REGISTRY.iter().find(|e| e.name == name).ok_or_else(|| KernelError::Unknown(name.to_string()))
 }
 
 /// Parse `NAME=VALUE`.

@@ -1,47 +1,183 @@
-//! Plain-Rust reference implementations of the library kernels, over row-major f32 slices,
-//! for checking interpret-mode results.
+//! Plain-Rust references for the library kernels, and the seeded generator their test
+//! inputs come from.
 //!
-//! Rounding model: bf16 operands are passed as f32 values that are already exactly
-//! representable in bf16 (convert with [`bf16_round`]); the math is done in f32 as the
-//! kernels do it, and wherever a kernel stores or feeds the MXU a bf16 value, the reference
-//! rounds with [`bf16_round`] (round to nearest, ties to even, as `astype(bf16)`) at that
-//! same point. Products accumulate in f32 in index order; the MXU's summation order differs,
-//! so compare dot results with a tolerance of a few f32 ulps of the accumulated magnitude.
-//! Transcendentals (`rsqrt`) use Rust's `1.0 / sqrt`, which can differ from the TPU's by an
-//! ulp or so before the bf16 rounding.
+//! No DSL here: f32 math over row-major slices, written the obvious way (no tiling, no
+//! online softmax), so that a wrong answer from a kernel cannot be the same wrong answer
+//! here.
+//!
+//! Rounding, to match what the kernels compute:
+//! - bf16 *inputs* are passed as f32 values that are already bf16 values ([`round_bf16`]
+//!   applied by the generator), so reading them as f32 is exact;
+//! - all math is f32, accumulating in f32 (a matmul's k sum, a row's sum of squares);
+//! - a bf16 *output* is rounded once, at the end, to nearest even ([`round_bf16`]), as the
+//!   kernel's final `.cast(bf16)` does. Intermediate bf16 casts inside a kernel (e.g. the
+//!   softmax weights fed to the MXU in decode attention) are *not* mirrored: they are the
+//!   kernel's business and show up as a small relative error.
 
-/// Round an f32 to the nearest bf16 value (ties to even), returned as f32. NaN stays NaN.
-pub fn bf16_round(x: f32) -> f32 {
-    if x.is_nan() {
-        return x;
+use half::bf16;
+
+/// Round an f32 to the nearest bf16 (ties to even), returned as f32.
+pub fn round_bf16(x: f32) -> f32 {
+    bf16::from_f32(x).to_f32()
+}
+
+/// `SplitMix64`: small, seeded, deterministic; the same seed gives the same inputs on
+/// every machine.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
     }
-    let bits = x.to_bits();
-    let lsb = (bits >> 16) & 1;
-    let rounded = bits.wrapping_add(0x7fff + lsb) & 0xffff_0000;
-    f32::from_bits(rounded)
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1), never exactly zero.
+    pub fn unit(&mut self) -> f32 {
+        let x = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+        if x == 0.0 { 0.5 } else { x }
+    }
+
+    /// `n` values in [-1, 1] (rounding can reach 1.0) rounded to bf16 (as f32); never zero.
+    pub fn bf16s(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| round_bf16(self.unit())).collect()
+    }
+
+    /// `n` values in [-1, 1); never zero.
+    pub fn f32s(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.unit()).collect()
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        assert!(lo <= hi, "empty range {lo}..={hi}");
+        lo + (self.next_u64() % (hi - lo + 1) as u64) as i64
+    }
+
+    /// A random permutation of `0..n`.
+    pub fn permutation(&mut self, n: usize) -> Vec<i32> {
+        let mut v: Vec<i32> = (0..n as i32).collect();
+        for i in (1..n).rev() {
+            let j = (self.next_u64() % (i as u64 + 1)) as usize;
+            v.swap(i, j);
+        }
+        v
+    }
+}
+
+/// `x[m, k] @ y[k, n]` with f32 accumulation in index order, f32 out.
+fn matmul_f32(x: &[f32], y: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    assert_eq!((x.len(), y.len()), (m * k, k * n), "matmul operand sizes");
+    let mut out = vec![0f32; m * n];
+    for i in 0..m {
+        for kk in 0..k {
+            let a = x[i * k + kk];
+            for j in 0..n {
+                out[i * n + j] += a * y[kk * n + j];
+            }
+        }
+    }
+    out
+}
+
+/// `x[m, k] @ y[k, n]`: f32 accumulation, output rounded to bf16.
+pub fn matmul(x: &[f32], y: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    matmul_f32(x, y, m, k, n).into_iter().map(round_bf16).collect()
+}
+
+/// RMSNorm over rows of `x[rows, hidden]`: `x / sqrt(mean(x^2) + eps) * w`, f32 math,
+/// output rounded to bf16.
+pub fn rmsnorm(x: &[f32], w: &[f32], rows: usize, hidden: usize, eps: f32) -> Vec<f32> {
+    assert_eq!((x.len(), w.len()), (rows * hidden, hidden), "rmsnorm operand sizes");
+    let mut out = vec![0f32; rows * hidden];
+    for r in 0..rows {
+        let row = &x[r * hidden..(r + 1) * hidden];
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / hidden as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for h in 0..hidden {
+            out[r * hidden + h] = round_bf16(row[h] * inv * w[h]);
+        }
+    }
+    out
+}
+
+/// `out[i] = table[ids[i]] * scale` over blocks of `r * d` elements, rounded to bf16.
+pub fn gather_rows(ids: &[i32], table: &[f32], r: usize, d: usize, scale: f32) -> Vec<f32> {
+    let block = r * d;
+    ids.iter()
+        .flat_map(|&i| {
+            let i = usize::try_from(i).expect("gather id is negative");
+            table[i * block..(i + 1) * block].iter().map(move |v| round_bf16(v * scale))
+        })
+        .collect()
+}
+
+/// Shapes of [`decode_attention`].
+#[derive(Copy, Clone, Debug)]
+pub struct AttentionShape {
+    pub batch: usize,
+    pub kv_heads: usize,
+    pub group: usize,
+    pub head_dim: usize,
+    pub max_context: usize,
+}
+
+/// GQA decode attention: for sequence `b`, kv head `h` and each of its `group` query heads,
+/// `softmax(q · k[..lens[b]] / sqrt(head_dim)) @ v[..lens[b]]`, a plain (not online)
+/// softmax in f32, output rounded to bf16.
+///
+/// `q`/`o`: `[batch, kv_heads, group, head_dim]`; `k`/`v`: `[batch, kv_heads, max_context,
+/// head_dim]`; positions at or past `lens[b]` are ignored.
+pub fn decode_attention(lens: &[i32], q: &[f32], k: &[f32], v: &[f32], s: AttentionShape) -> Vec<f32> {
+    let AttentionShape { batch, kv_heads, group, head_dim: hd, max_context: t } = s;
+    assert_eq!(lens.len(), batch, "one length per sequence");
+    assert_eq!(q.len(), batch * kv_heads * group * hd, "q size");
+    assert_eq!((k.len(), v.len()), (batch * kv_heads * t * hd, batch * kv_heads * t * hd), "cache sizes");
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut out = vec![0f32; q.len()];
+    let mut scores = Vec::with_capacity(t);
+    for (b, &len) in lens.iter().enumerate() {
+        let len = usize::try_from(len).expect("negative length").min(t);
+        for h in 0..kv_heads {
+            let cache = (b * kv_heads + h) * t * hd;
+            for g in 0..group {
+                let row = ((b * kv_heads + h) * group + g) * hd;
+                let qr = &q[row..row + hd];
+                scores.clear();
+                scores.extend((0..len).map(|p| qr.iter().zip(&k[cache + p * hd..cache + (p + 1) * hd]).map(|(a, b)| a * b).sum::<f32>() * scale));
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f32 = weights.iter().sum();
+                for (p, w) in weights.iter().enumerate() {
+                    let vr = &v[cache + p * hd..cache + (p + 1) * hd];
+                    for (o, x) in out[row..row + hd].iter_mut().zip(vr) {
+                        *o += w / total * x;
+                    }
+                }
+            }
+        }
+    }
+    out.into_iter().map(round_bf16).collect()
 }
 
 /// `gemv`: `o[batch, n] = x[batch, k] @ w[k, n]`, f32 accumulation, f32 out (no rounding
 /// after the inputs).
 pub fn gemv(x: &[f32], w: &[f32], batch: usize, k: usize, n: usize) -> Vec<f32> {
-    assert_eq!((x.len(), w.len()), (batch * k, k * n));
-    let mut o = vec![0.0f32; batch * n];
-    for b in 0..batch {
-        for kk in 0..k {
-            let xv = x[b * k + kk];
-            for j in 0..n {
-                o[b * n + j] += xv * w[kk * n + j];
-            }
-        }
-    }
-    o
+    matmul_f32(x, w, batch, k, n)
 }
 
 /// `residual_add`: `bf16(x + residual)`, the sum in f32 (exact for bf16 inputs of similar
 /// magnitude; one rounding at the store).
 pub fn residual_add(x: &[f32], residual: &[f32]) -> Vec<f32> {
     assert_eq!(x.len(), residual.len());
-    x.iter().zip(residual).map(|(a, b)| bf16_round(a + b)).collect()
+    x.iter().zip(residual).map(|(a, b)| round_bf16(a + b)).collect()
 }
 
 /// `rmsnorm_matmul`: `bf16(bf16(x * rsqrt(mean(x^2) + eps) * norm_w) @ w)` for `x[rows,
@@ -56,10 +192,10 @@ pub fn rmsnorm_matmul(x: &[f32], norm_w: &[f32], w: &[f32], rows: usize, hidden:
         let mean_square = row.iter().map(|v| v * v).sum::<f32>() / hidden as f32;
         let inv = 1.0 / (mean_square + eps).sqrt();
         for (h, v) in row.iter().enumerate() {
-            normed[r * hidden + h] = bf16_round(v * inv * norm_w[h]);
+            normed[r * hidden + h] = round_bf16(v * inv * norm_w[h]);
         }
     }
-    gemv(&normed, w, rows, hidden, n).into_iter().map(bf16_round).collect()
+    matmul(&normed, w, rows, hidden, n)
 }
 
 /// `rope`: for `x[tokens, heads * head_dim]` and tables `cos`, `sin` `[tokens, head_dim]`
@@ -83,7 +219,7 @@ pub fn rope(x: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, he
                 } else {
                     head[j - d / 2]
                 };
-                o[t * width + h * d + j] = bf16_round(head[j] * cos[t * d + j] + rotated * sin[t * d + j]);
+                o[t * width + h * d + j] = round_bf16(head[j] * cos[t * d + j] + rotated * sin[t * d + j]);
             }
         }
     }
@@ -95,15 +231,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bf16_rounding_is_nearest_even() {
-        assert_eq!(bf16_round(1.0), 1.0);
+    fn round_bf16_is_nearest_even() {
+        assert_eq!(round_bf16(1.0), 1.0);
         // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0).
-        assert_eq!(bf16_round(1.0 + 1.0 / 256.0), 1.0);
+        assert_eq!(round_bf16(1.0 + 1.0 / 256.0), 1.0);
         // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: ties to even (1 + 2^-6).
-        assert_eq!(bf16_round(1.0 + 3.0 / 256.0), 1.0 + 1.0 / 64.0);
-        assert_eq!(bf16_round(1.0 + 1.0 / 200.0), 1.0 + 1.0 / 128.0);
-        assert_eq!(bf16_round(-3.0), -3.0);
-        assert!(bf16_round(f32::NAN).is_nan());
+        assert_eq!(round_bf16(1.0 + 3.0 / 256.0), 1.0 + 1.0 / 64.0);
+        assert_eq!(round_bf16(1.0 + 1.0 / 200.0), 1.0 + 1.0 / 128.0);
+        assert_eq!(round_bf16(-3.0), -3.0);
+        assert!(round_bf16(f32::NAN).is_nan());
     }
 
     #[test]
@@ -143,5 +279,43 @@ mod tests {
         // out[0] = 0.5 * 1 - 0.5 * 3 = -1, out[2] = 0.5 * 3 + 0.5 * 1 = 2.
         let half = [0.5; 4];
         assert_eq!(rope(&x, &half, &half, 1, 1, 4, false), vec![-1.0, -1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn matmul_by_hand() {
+        // [1 2; 3 4] @ [5 6; 7 8] = [19 22; 43 50]
+        assert_eq!(matmul(&[1., 2., 3., 4.], &[5., 6., 7., 8.], 2, 2, 2), vec![19., 22., 43., 50.]);
+    }
+
+    #[test]
+    fn rmsnorm_by_hand() {
+        // mean square of [3, 4] = 12.5
+        let out = rmsnorm(&[3., 4.], &[1., 2.], 1, 2, 0.0);
+        let inv = 1.0 / 12.5f32.sqrt();
+        assert_eq!(out, vec![round_bf16(3. * inv), round_bf16(8. * inv)]);
+    }
+
+    #[test]
+    fn attention_of_one_position_is_its_value() {
+        let s = AttentionShape { batch: 1, kv_heads: 1, group: 2, head_dim: 2, max_context: 3 };
+        let v = [0.5, -0.25, 9., 9., 9., 9.];
+        let out = decode_attention(&[1], &[1., 2., 3., 4.], &[1., 1., 7., 7., 7., 7.], &v, s);
+        assert_eq!(out, vec![0.5, -0.25, 0.5, -0.25]);
+    }
+
+    #[test]
+    fn attention_of_equal_scores_is_the_mean() {
+        let s = AttentionShape { batch: 1, kv_heads: 1, group: 1, head_dim: 1, max_context: 4 };
+        let out = decode_attention(&[2], &[1.], &[1., 1., 5., 5.], &[1., 3., 100., 100.], s);
+        assert_eq!(out, vec![2.]);
+    }
+
+    #[test]
+    fn rng_never_gives_zero_and_permutes() {
+        let mut r = Rng::new(3);
+        assert!(r.bf16s(10_000).iter().all(|&x| x != 0.0 && (-1.0..=1.0).contains(&x)));
+        let mut p = r.permutation(100);
+        p.sort_unstable();
+        assert_eq!(p, (0..100).collect::<Vec<_>>());
     }
 }

@@ -3,47 +3,12 @@
 
 #![allow(clippy::result_large_err)]
 
-use half::bf16;
 use palladium_dsl::spec::Chip;
 use palladium_interpret::{ErrorKind, HostArray, InterpError, Module, Program};
 use palladium_lowering::{LowerOptions, lower};
 
-/// `SplitMix64`: small, seeded, deterministic.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1), never exactly zero.
-    pub fn unit(&mut self) -> f32 {
-        let x = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-        if x == 0.0 { 0.5 } else { x }
-    }
-    /// `n` values rounded to bf16 (as f32).
-    pub fn bf16s(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| bf16::from_f32(self.unit()).to_f32()).collect()
-    }
-    pub fn f32s(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.unit()).collect()
-    }
-    /// A random permutation of 0..n.
-    pub fn permutation(&mut self, n: usize) -> Vec<i32> {
-        let mut v: Vec<i32> = (0..n as i32).collect();
-        for i in (1..n).rev() {
-            let j = (self.next_u64() % (i as u64 + 1)) as usize;
-            v.swap(i, j);
-        }
-        v
-    }
-}
+/// The seeded generator and references live with the kernels.
+pub use palladium_kernels::reference::Rng;
 
 /// Build a library kernel with `settings` and lower it; returns (body, call json).
 pub fn library_body(name: &str, settings: &[(&str, &str)]) -> (String, String) {
@@ -105,14 +70,5 @@ pub fn delete_line(body: &str, needle: &str) -> String {
 
 /// Reference matmul: bf16 inputs (as f32), f32 accumulation, output rounded to bf16.
 pub fn matmul_ref(x: &[f32], y: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-    let mut out = vec![0f32; m * n];
-    for i in 0..m {
-        for kk in 0..k {
-            let a = x[i * k + kk];
-            for j in 0..n {
-                out[i * n + j] += a * y[kk * n + j];
-            }
-        }
-    }
-    out.into_iter().map(|v| bf16::from_f32(v).to_f32()).collect()
+    palladium_kernels::reference::matmul(x, y, m, k, n)
 }

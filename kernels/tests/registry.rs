@@ -1,0 +1,83 @@
+//! Every registry kernel can be checked: it has an input generator and a reference, and
+//! both agree with the kernel's own call spec (operand order, dtypes, shapes).
+
+use palladium_dsl::spec::OperandRole;
+use palladium_kernels::{HostData, REGISTRY, Values};
+
+fn types(kernel: &palladium_dsl::Kernel, roles: &[OperandRole]) -> Vec<String> {
+    kernel.call.operands.iter().filter(|o| roles.contains(&o.role)).map(|o| format!("{}[{}]", o.dtype, o.shape.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","))).collect()
+}
+
+fn all_zero(d: &HostData) -> bool {
+    match &d.values {
+        Values::F32(v) => v.iter().all(|&x| x == 0.0),
+        Values::I32(v) => v.iter().all(|&x| x == 0),
+    }
+}
+
+#[test]
+fn every_kernel_has_inputs_and_a_reference_matching_its_call_spec() {
+    let mut missing = Vec::new();
+    for e in REGISTRY {
+        let kernel = (e.build)(&[]).unwrap_or_else(|err| panic!("{err}"));
+        let inputs = match (e.inputs)(&[], 1) {
+            Ok(x) => x,
+            Err(err) => {
+                missing.push(format!("{}: {err}", e.name));
+                continue;
+            }
+        };
+        let got: Vec<String> = inputs.iter().map(HostData::type_string).collect();
+        assert_eq!(got, types(&kernel, &[OperandRole::Prefetch, OperandRole::Input]), "{}: inputs must follow the operand order", e.name);
+        for (i, x) in inputs.iter().enumerate() {
+            assert!(!all_zero(x), "{}: input {i} is all zero", e.name);
+        }
+        assert_eq!((e.inputs)(&[], 1).unwrap(), inputs, "{}: inputs must be deterministic", e.name);
+        assert_ne!((e.inputs)(&[], 2).unwrap(), inputs, "{}: the seed must matter", e.name);
+        let outputs = match (e.reference)(&[], &inputs) {
+            Ok(x) => x,
+            Err(err) => {
+                missing.push(format!("{}: {err}", e.name));
+                continue;
+            }
+        };
+        let got: Vec<String> = outputs.iter().map(HostData::type_string).collect();
+        assert_eq!(got, types(&kernel, &[OperandRole::Output]), "{}: reference outputs must follow the kernel's outputs", e.name);
+        assert!(outputs.iter().all(|o| !all_zero(o)), "{}: reference output is all zero", e.name);
+    }
+    assert!(missing.is_empty(), "kernels without a reference (every REGISTRY kernel needs `cases::NAME` in its entry!):\n  {}", missing.join("\n  "));
+}
+
+#[test]
+fn settings_reach_inputs_and_reference() {
+    let e = palladium_kernels::entry("matmul").unwrap();
+    let set = [("m".to_string(), "32".to_string()), ("k".into(), "64".into()), ("n".into(), "16".into())];
+    let x = (e.inputs)(&set, 7).unwrap();
+    assert_eq!(x[0].shape, [32, 64]);
+    assert_eq!((e.reference)(&set, &x).unwrap()[0].shape, [32, 16]);
+    let err = (e.inputs)(&[("q".into(), "1".into())], 7).unwrap_err().to_string();
+    assert!(err.contains("has no parameter `q`"), "{err}");
+}
+
+#[test]
+fn attention_lengths_are_in_range_and_not_all_whole_tiles() {
+    let e = palladium_kernels::entry("decode_attention").unwrap();
+    for seed in 0..50 {
+        let set = [("batch".to_string(), "1".to_string()), ("max_context".into(), "1024".into()), ("block_kv".into(), "512".into())];
+        let x = (e.inputs)(&set, seed).unwrap();
+        let lens = x[0].i32s();
+        assert!(lens.iter().all(|&l| (1..=1024).contains(&l)), "{lens:?}");
+        assert!(lens.iter().any(|&l| l % 512 != 0), "{lens:?}");
+    }
+}
+
+#[test]
+fn gather_ids_are_in_range_and_distinct() {
+    let e = palladium_kernels::entry("gather_rows").unwrap();
+    let x = (e.inputs)(&[], 3).unwrap();
+    let mut ids = x[0].i32s().to_vec();
+    assert!(ids.iter().all(|&i| (0..64).contains(&i)));
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 8);
+}

@@ -1,0 +1,4 @@
+//! The `palladium` package's library side: what the CLI does, callable from tests and
+//! benches.
+
+pub mod check;
