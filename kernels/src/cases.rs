@@ -87,3 +87,195 @@ pub mod decode_attention {
         vec![HostData::bf16(&[p.batch, p.kv_heads, p.group, p.head_dim], o)]
     }
 }
+
+/// `n` values in `[-scale, scale)` for a bf16 operand, unrounded: `HostData::bf16` rounds
+/// them (once; rounding is a large part of generating the MoE kernels' GiB-sized weights at
+/// their defaults). Never zero.
+fn scaled_bf16s(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    rng.f32s(n).into_iter().map(|v| v * scale).collect()
+}
+
+/// `1 / sqrt(fan_in)`: keeps a dot product over `fan_in` uniform inputs at `O(1)`.
+fn fan_in_scale(fan_in: usize) -> f32 {
+    1.0 / (fan_in.max(1) as f32).sqrt()
+}
+
+pub mod moe_router {
+    use super::*;
+    use crate::moe_reference as moe;
+    use crate::moe_router::Params;
+
+    /// `w_router` scaled by `1 / sqrt(hidden)` so the logits are `O(1)` and the softmax is
+    /// not one-hot (with unscaled inputs the logits' spread is ~15 and every slot past the
+    /// first weighs ~0): the selected weights then all matter, and near-ties stay far
+    /// apart compared with f32 accumulation-order differences (ids must match exactly).
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+        let mut rng = Rng::new(seed);
+        let x = rng.bf16s(p.tokens * p.hidden);
+        let w = scaled_bf16s(&mut rng, p.hidden * p.experts, fan_in_scale(p.hidden));
+        vec![HostData::bf16(&[p.tokens, p.hidden], x), HostData::bf16(&[p.hidden, p.experts], w)]
+    }
+
+    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
+        let (ids, weights) = moe::moe_router(x[0].f32s(), x[1].f32s(), p.tokens, p.hidden, p.experts, p.top_k, p.sigmoid, p.renormalize);
+        vec![HostData::i32(&[p.tokens, p.top_k], ids), HostData::f32(&[p.tokens, p.top_k], weights)]
+    }
+}
+
+pub mod expert_ffn {
+    use super::*;
+    use crate::expert_ffn::Params;
+    use crate::moe_reference as moe;
+
+    /// Router-shaped routing: per token `top_k` distinct expert ids (a prefix of a random
+    /// permutation of the experts) and positive weights summing to 1. Weights scaled by
+    /// `1 / sqrt(fan_in)` (`hidden` for gate/up, `ffn` for down) so activations stay `O(1)`.
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+        assert!(p.top_k <= p.experts, "expert_ffn cases: top_k {} > experts {}", p.top_k, p.experts);
+        let mut rng = Rng::new(seed);
+        let mut ids = Vec::with_capacity(p.tokens * p.top_k);
+        let mut weights = Vec::with_capacity(p.tokens * p.top_k);
+        for _ in 0..p.tokens {
+            ids.extend_from_slice(&rng.permutation(p.experts)[..p.top_k]);
+            let w: Vec<f32> = (0..p.top_k).map(|_| rng.unit().abs()).collect();
+            let total: f32 = w.iter().sum();
+            weights.extend(w.into_iter().map(|v| v / total));
+        }
+        let (e, h, f) = (p.experts, p.hidden, p.ffn);
+        vec![
+            HostData::i32(&[p.tokens * p.top_k], ids),
+            HostData::f32(&[p.tokens, p.top_k], weights),
+            HostData::bf16(&[p.tokens, h], rng.bf16s(p.tokens * h)),
+            HostData::bf16(&[e, h, f], scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h))),
+            HostData::bf16(&[e, h, f], scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h))),
+            HostData::bf16(&[e, f, h], scaled_bf16s(&mut rng, e * f * h, fan_in_scale(f))),
+        ]
+    }
+
+    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
+        let o = moe::expert_ffn(x[2].f32s(), x[0].i32s(), x[1].f32s(), x[3].f32s(), x[4].f32s(), x[5].f32s(), p.tokens, p.hidden, p.top_k, p.ffn);
+        vec![HostData::bf16(&[p.tokens, p.hidden], o)]
+    }
+}
+
+pub mod grouped_matmul {
+    use super::*;
+    use crate::grouped_matmul::Params;
+    use crate::moe_reference as moe;
+
+    /// Random group sizes summing to exactly `m` (rows past the last offset are undefined in
+    /// the kernel, so every row belongs to a group): `groups - 1` uniform cut points in
+    /// `0..=m`, sorted, so tiles straddle groups; with 3 or more groups, group 1 is forced
+    /// empty so the metadata's skipping of empty groups is always exercised. The metadata
+    /// comes from [`moe::group_metadata`].
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+        let mut rng = Rng::new(seed);
+        let mut cuts: Vec<usize> = (1..p.groups).map(|_| rng.range(0, p.m as i64) as usize).collect();
+        cuts.sort_unstable();
+        if cuts.len() >= 2 {
+            cuts[1] = cuts[0];
+        }
+        let bounds: Vec<usize> = std::iter::once(0).chain(cuts).chain(std::iter::once(p.m)).collect();
+        let sizes: Vec<usize> = bounds.windows(2).map(|w| w[1] - w[0]).collect();
+        let (offsets, gids, tids, num) = moe::group_metadata(&sizes, p.m, p.block_m);
+        let visits = gids.len();
+        vec![
+            HostData::i32(&[p.groups + 1], offsets),
+            HostData::i32(&[visits], gids),
+            HostData::i32(&[visits], tids),
+            HostData::i32(&[1], vec![num]),
+            HostData::bf16(&[p.m, p.k], rng.bf16s(p.m * p.k)),
+            // `f32s` rounded by `HostData::bf16` is `bf16s`, rounded once (1.6 GB at defaults).
+            HostData::bf16(&[p.groups, p.k, p.n], rng.f32s(p.groups * p.k * p.n)),
+        ]
+    }
+
+    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
+        vec![HostData::bf16(&[p.m, p.n], moe::grouped_matmul(x[4].f32s(), x[5].f32s(), x[0].i32s(), p.m, p.k, p.n))]
+    }
+}
+
+pub mod gemv {
+    use super::*;
+    use crate::gemv::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+        let mut rng = Rng::new(seed);
+        vec![HostData::bf16(&[p.batch, p.k], rng.bf16s(p.batch * p.k)), HostData::bf16(&[p.k, p.n], rng.bf16s(p.k * p.n))]
+    }
+
+    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
+        vec![HostData::f32(&[p.batch, p.n], r::gemv(x[0].f32s(), x[1].f32s(), p.batch, p.k, p.n))]
+    }
+}
+
+/// `residual_add` and `residual_add_inplace` share parameters, inputs and reference.
+macro_rules! residual_cases {
+    ($name:ident) => {
+        pub mod $name {
+            use super::*;
+            use crate::$name::Params;
+
+            pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+                let mut rng = Rng::new(seed);
+                let n = p.rows * p.hidden;
+                vec![HostData::bf16(&[p.rows, p.hidden], rng.bf16s(n)), HostData::bf16(&[p.rows, p.hidden], rng.bf16s(n))]
+            }
+
+            pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
+                vec![HostData::bf16(&[p.rows, p.hidden], r::residual_add(x[0].f32s(), x[1].f32s()))]
+            }
+        }
+    };
+}
+residual_cases!(residual_add);
+residual_cases!(residual_add_inplace);
+
+pub mod rmsnorm_matmul {
+    use super::*;
+    use crate::rmsnorm_matmul::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+        let mut rng = Rng::new(seed);
+        vec![
+            HostData::bf16(&[p.rows, p.hidden], rng.bf16s(p.rows * p.hidden)),
+            HostData::bf16(&[1, p.hidden], rng.bf16s(p.hidden)),
+            HostData::bf16(&[p.hidden, p.n], scaled_bf16s(&mut rng, p.hidden * p.n, fan_in_scale(p.hidden))),
+        ]
+    }
+
+    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
+        let o = r::rmsnorm_matmul(x[0].f32s(), x[1].f32s(), x[2].f32s(), p.rows, p.hidden, p.n, p.eps as f32);
+        vec![HostData::bf16(&[p.rows, p.n], o)]
+    }
+}
+
+pub mod rope {
+    use super::*;
+    use crate::rope::Params;
+
+    /// Real rotary tables: a random position per token, `inv_freq[i] = 10000^(-2i/d)`,
+    /// expanded to the full head dim in the style's order (neox `j % (d/2)`, interleaved
+    /// `j / 2`), as the kernel's doc specifies.
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+        let mut rng = Rng::new(seed);
+        let d = p.head_dim;
+        let x = rng.bf16s(p.tokens * p.heads * d);
+        let (mut cos, mut sin) = (Vec::with_capacity(p.tokens * d), Vec::with_capacity(p.tokens * d));
+        for _ in 0..p.tokens {
+            let pos = rng.range(0, 8191) as f64;
+            for j in 0..d {
+                let i = if p.interleaved { j / 2 } else { j % (d / 2) };
+                let angle = pos * 10000f64.powf(-2.0 * i as f64 / d as f64);
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        vec![HostData::bf16(&[p.tokens, p.heads * d], x), HostData::f32(&[p.tokens, d], cos), HostData::f32(&[p.tokens, d], sin)]
+    }
+
+    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
+        let o = r::rope(x[0].f32s(), x[1].f32s(), x[2].f32s(), p.tokens, p.heads, p.head_dim, p.interleaved);
+        vec![HostData::bf16(&[p.tokens, p.heads * p.head_dim], o)]
+    }
+}

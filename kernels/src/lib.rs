@@ -125,14 +125,14 @@ pub static REGISTRY: &[KernelEntry] = &[
     entry!(rmsnorm, "RMSNorm over the hidden dim, f32 math, bf16 in/out", cases::rmsnorm),
     entry!(gather_rows, "gather row blocks from HBM by scalar-prefetched ids with double-buffered DMAs", cases::gather_rows),
     entry!(decode_attention, "GQA decode attention over an HBM KV cache: per-sequence lengths, double-buffered KV tiles, online softmax", cases::decode_attention),
-    entry!(moe_router, "MoE router: x @ w_router logits, softmax/sigmoid scores, top-k (optionally renormalised) ids and weights to SMEM"),
-    entry!(expert_ffn, "MoE decode expert FFN: SwiGLU experts fetched by routed id with double-buffered manual DMAs, weighted f32 combine"),
-    entry!(grouped_matmul, "megablox-style grouped matmul: expert-sorted rows, group metadata in scalar prefetch, masked merge of straddling tiles"),
-    entry!(gemv, "decode GEMV: small bf16 batch against a large bf16 weight streamed in column blocks, f32 out"),
-    entry!(residual_add, "residual add of two bf16 arrays in f32, row blocks"),
-    entry!(residual_add_inplace, "residual_add with the residual input aliased to the output (in-place update)"),
-    entry!(rmsnorm_matmul, "RMSNorm (f32) fused into the next bf16 projection; normalised rows cached in VMEM across column blocks"),
-    entry!(rope, "rotary embedding on [tokens, heads*head_dim], neox or interleaved, rotation as an exact ±1 matmul"),
+    entry!(moe_router, "MoE router: x @ w_router logits, softmax/sigmoid scores, top-k (optionally renormalised) ids and weights to SMEM", cases::moe_router),
+    entry!(expert_ffn, "MoE decode expert FFN: SwiGLU experts fetched by routed id with double-buffered manual DMAs, weighted f32 combine", cases::expert_ffn),
+    entry!(grouped_matmul, "megablox-style grouped matmul: expert-sorted rows, group metadata in scalar prefetch, masked merge of straddling tiles", cases::grouped_matmul),
+    entry!(gemv, "decode GEMV: small bf16 batch against a large bf16 weight streamed in column blocks, f32 out", cases::gemv),
+    entry!(residual_add, "residual add of two bf16 arrays in f32, row blocks", cases::residual_add),
+    entry!(residual_add_inplace, "residual_add with the residual input aliased to the output (in-place update)", cases::residual_add_inplace),
+    entry!(rmsnorm_matmul, "RMSNorm (f32) fused into the next bf16 projection; normalised rows cached in VMEM across column blocks", cases::rmsnorm_matmul),
+    entry!(rope, "rotary embedding on [tokens, heads*head_dim], neox or interleaved, rotation as an exact ±1 matmul", cases::rope),
 ];
 
 pub fn names() -> Vec<&'static str> {
