@@ -77,3 +77,32 @@ fn run_scoped_allocates_and_yields() {
     assert!(text.contains("sem_alloc scoped_sem0 : dma_sem"), "{text}");
     assert!(text.contains("ref_slice v1[v"), "dynamic DMA slice:\n{text}");
 }
+
+#[kernel]
+fn nested_carry(#[output(i32[1], space = smem)] o: Ref) {
+    // `slot` is assigned only in the inner loop, `n` only inside an `if`: every enclosing
+    // region must carry them too (a ring slot flipped per chunk, as in `expert_ffn`).
+    let mut slot = scalar(0);
+    for _t in 0..scalar(2) {
+        for _c in 0..scalar(3) {
+            slot = 1 - slot;
+        }
+    }
+    let mut n = scalar(0);
+    for i in 0..scalar(4) {
+        if i > 1 {
+            n = n + i;
+        }
+    }
+    o[0] = slot + n;
+}
+
+#[test]
+fn names_assigned_in_nested_regions_are_carried_by_the_enclosing_ones() {
+    let k = nested_carry().unwrap();
+    let text = print_kernel(&k, PrintOptions::default());
+    // All three loops and the `if` yield: the outer loop carries `slot` through the inner one.
+    assert_eq!(text.matches(" = for ").count(), 3, "{text}");
+    assert!(!text.contains("init()"), "a loop carries nothing:\n{text}");
+    assert!(text.contains(" = if "), "{text}");
+}

@@ -20,6 +20,11 @@ pub struct BodyRewriter<'e> {
 }
 
 /// Names assigned in a block and not declared in it: the values a region must carry.
+///
+/// Must see the block as the user wrote it, before nested `if`/`for`/`while` are rewritten:
+/// a rewritten region re-binds its carried names inside closures (`let (mut a,) = __pd_c;`),
+/// which this scan would count as declarations, so a name assigned only inside a nested
+/// region would not be carried by the enclosing one (see [`region_vars`]).
 fn carried(block: &Block) -> Vec<Ident> {
     #[derive(Default)]
     struct Scan {
@@ -60,6 +65,31 @@ fn carried(block: &Block) -> Vec<Ident> {
     let mut s = Scan::default();
     s.visit_block(block);
     s.spans.into_iter().filter(|id| !s.declared.contains(&id.to_string()) && !id.to_string().starts_with("__pd")).collect()
+}
+
+/// The names a region expression carries (`if`: both branches; `for`/`while`: the body),
+/// computed on the unrewritten expression, or `None` for anything else.
+fn region_vars(e: &Expr) -> Option<Vec<Ident>> {
+    Some(match e {
+        Expr::If(i) if !matches!(&*i.cond, Expr::Let(_)) => {
+            let mut vars = carried(&i.then_branch);
+            if let Some((_, else_expr)) = &i.else_branch {
+                let else_block: Block = match &**else_expr {
+                    Expr::Block(b) => b.block.clone(),
+                    other => parse_quote!({ #other }),
+                };
+                for v in carried(&else_block) {
+                    if !vars.iter().any(|x| x == &v) {
+                        vars.push(v);
+                    }
+                }
+            }
+            vars
+        }
+        Expr::ForLoop(f) => carried(&f.body),
+        Expr::While(w) => carried(&w.body),
+        _ => return None,
+    })
 }
 
 fn is_compound(op: &BinOp) -> bool {
@@ -157,22 +187,16 @@ impl BodyRewriter<'_> {
         Find { errors: self.errors, what, depth: 0 }.visit_block(block);
     }
 
-    fn rewrite_if(&mut self, e: &syn::ExprIf) -> Expr {
+    fn rewrite_if(&mut self, e: &syn::ExprIf, vars: Vec<Ident>) -> Expr {
         let span = e.if_token.span();
         let cond = &e.cond;
         let then_b = &e.then_branch;
-        let mut vars = carried(then_b);
         let else_tokens = match &e.else_branch {
             Some((_, else_expr)) => {
                 let else_block: Block = match &**else_expr {
                     Expr::Block(b) => b.block.clone(),
                     other => parse_quote!({ #other }),
                 };
-                for v in carried(&else_block) {
-                    if !vars.iter().any(|x| x == &v) {
-                        vars.push(v);
-                    }
-                }
                 quote!(#else_block)
             }
             None => quote!({}),
@@ -191,14 +215,13 @@ impl BodyRewriter<'_> {
         }
     }
 
-    fn rewrite_for(&mut self, f: &syn::ExprForLoop) -> Option<Expr> {
+    fn rewrite_for(&mut self, f: &syn::ExprForLoop, vars: Vec<Ident>) -> Option<Expr> {
         let Expr::Range(r) = &*f.expr else { return None };
         let (Some(lo), Some(hi), syn::RangeLimits::HalfOpen(_)) = (&r.start, &r.end, &r.limits) else { return None };
         self.reject_in(&f.body, "for loop");
         let span = f.for_token.span();
         let pat: &Pat = &f.pat;
         let body = &f.body;
-        let vars = carried(body);
         Some(parse_quote_spanned! {span=>
             {
                 let __pd_r = ::palladium_dsl::__private::for_range(
@@ -211,7 +234,7 @@ impl BodyRewriter<'_> {
         })
     }
 
-    fn rewrite_while(&mut self, w: &syn::ExprWhile) -> Option<Expr> {
+    fn rewrite_while(&mut self, w: &syn::ExprWhile, vars: Vec<Ident>) -> Option<Expr> {
         if matches!(&*w.cond, Expr::Let(_)) {
             return None;
         }
@@ -219,7 +242,6 @@ impl BodyRewriter<'_> {
         let span = w.while_token.span();
         let cond = &w.cond;
         let body = &w.body;
-        let vars = carried(body);
         Some(parse_quote_spanned! {span=>
             {
                 let __pd_r = ::palladium_dsl::__private::while_loop(
@@ -266,6 +288,8 @@ impl VisitMut for BodyRewriter<'_> {
                 *e = self.store(&ix.expr, &ix.index, value, b.op.span());
                 return;
             }
+        // Carried names of a region: from the source, before its nested regions are rewritten.
+        let vars = region_vars(e).unwrap_or_default();
         visit_mut::visit_expr_mut(self, e);
         let replaced: Option<Expr> = match e {
             Expr::Index(ix) => {
@@ -285,9 +309,9 @@ impl VisitMut for BodyRewriter<'_> {
                     }
                 }
             }
-            Expr::If(i) if !matches!(&*i.cond, Expr::Let(_)) => Some(self.rewrite_if(i)),
-            Expr::ForLoop(f) => self.rewrite_for(f),
-            Expr::While(w) => self.rewrite_while(w),
+            Expr::If(i) if !matches!(&*i.cond, Expr::Let(_)) => Some(self.rewrite_if(i, vars)),
+            Expr::ForLoop(f) => self.rewrite_for(f, vars),
+            Expr::While(w) => self.rewrite_while(w, vars),
             Expr::Return(r) => {
                 self.errors.at(r.span(), "a kernel body cannot `return`: it is traced once, straight through");
                 None
