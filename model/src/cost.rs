@@ -7,6 +7,17 @@ use serde::Serialize;
 
 use crate::spec::{FfnKind, LayerSpec, LmHead, ModelSpec, QkNorm, SharedExpert};
 
+/// Saturating sum. Counts of a parsed model are far below `u64::MAX` (sizes are capped at
+/// 2^24 when parsing); saturation only keeps hand-built absurd specs from panicking.
+fn sum(xs: &[u64]) -> u64 {
+    xs.iter().fold(0u64, |a, &x| a.saturating_add(x))
+}
+
+/// `u128` → `u64`, saturating.
+fn sat(x: u128) -> u64 {
+    u64::try_from(x).unwrap_or(u64::MAX)
+}
+
 /// Parameters of one decoder layer (or the sum over layers), split the way the planner
 /// schedules them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -31,23 +42,37 @@ pub struct LayerParams {
 impl LayerParams {
     /// Every parameter stored for the layer.
     pub fn total(&self) -> u64 {
-        self.attention + self.norms + self.router + self.experts_total + self.shared_expert + self.dense_mlp
+        sum(&[
+            self.attention,
+            self.norms,
+            self.router,
+            self.experts_total,
+            self.shared_expert,
+            self.dense_mlp,
+        ])
     }
 
     /// Parameters one token multiplies with: [`Self::total`] with only `top_k` routed experts.
     pub fn active(&self) -> u64 {
-        self.attention + self.norms + self.router + self.experts_active + self.shared_expert + self.dense_mlp
+        sum(&[
+            self.attention,
+            self.norms,
+            self.router,
+            self.experts_active,
+            self.shared_expert,
+            self.dense_mlp,
+        ])
     }
 
     fn add(self, o: Self) -> Self {
         Self {
-            attention: self.attention + o.attention,
-            norms: self.norms + o.norms,
-            router: self.router + o.router,
-            experts_total: self.experts_total + o.experts_total,
-            experts_active: self.experts_active + o.experts_active,
-            shared_expert: self.shared_expert + o.shared_expert,
-            dense_mlp: self.dense_mlp + o.dense_mlp,
+            attention: self.attention.saturating_add(o.attention),
+            norms: self.norms.saturating_add(o.norms),
+            router: self.router.saturating_add(o.router),
+            experts_total: self.experts_total.saturating_add(o.experts_total),
+            experts_active: self.experts_active.saturating_add(o.experts_active),
+            shared_expert: self.shared_expert.saturating_add(o.shared_expert),
+            dense_mlp: self.dense_mlp.saturating_add(o.dense_mlp),
         }
     }
 }
@@ -68,19 +93,29 @@ pub struct ModelParams {
 impl ModelParams {
     /// Every stored parameter (the figure model cards quote as "total").
     pub fn total(&self) -> u64 {
-        self.layers.total() + self.embedding + self.lm_head + self.final_norm
+        sum(&[
+            self.layers.total(),
+            self.embedding,
+            self.lm_head,
+            self.final_norm,
+        ])
     }
 
     /// Active parameters per token, as model cards count them ("A3B"): the layers with `top_k`
     /// experts, plus the whole embedding and `lm_head` matrices. (What a decode step actually
     /// reads is [`DecodeTraffic`]: only one embedding row per token.)
     pub fn active(&self) -> u64 {
-        self.layers.active() + self.embedding + self.lm_head + self.final_norm
+        sum(&[
+            self.layers.active(),
+            self.embedding,
+            self.lm_head,
+            self.final_norm,
+        ])
     }
 
     /// [`Self::active`] without the embedding matrix (of which a token reads one row).
     pub fn active_without_embedding(&self) -> u64 {
-        self.active() - self.embedding
+        self.active().saturating_sub(self.embedding)
     }
 }
 
@@ -133,31 +168,38 @@ impl DecodeTraffic {
 impl ModelSpec {
     /// Parameters of one layer.
     pub fn layer_params(&self, layer: &LayerSpec) -> LayerParams {
-        let h = self.hidden_size;
+        // In u128: a product of four parsed sizes (each <= 2^24) always fits.
+        let h = u128::from(self.hidden_size);
         let a = &self.attention;
-        let q = a.num_heads * a.head_dim;
-        let kv = a.num_kv_heads * a.head_dim;
+        let q = u128::from(a.num_heads) * u128::from(a.head_dim);
+        let kv = u128::from(a.num_kv_heads) * u128::from(a.head_dim);
         let qkv_bias = if a.qkv_bias { q + 2 * kv } else { 0 };
         let o_bias = if a.o_bias { h } else { 0 };
         let qk_norm = match a.qk_norm {
             QkNorm::None => 0,
-            QkNorm::PerHeadRms { weight_len } => 2 * weight_len,
+            QkNorm::PerHeadRms { weight_len } => 2 * u128::from(weight_len),
         };
-        let mlp = |inter: u64| 3 * h * inter;
+        let mlp = |inter: u64| 3 * h * u128::from(inter);
         let mut p = LayerParams {
-            attention: h * (q + 2 * kv) + q * h + qkv_bias + o_bias,
-            norms: 2 * h + qk_norm,
+            attention: sat(h * (q + 2 * kv) + q * h + qkv_bias + o_bias),
+            norms: sat(2 * h + qk_norm),
             ..LayerParams::default()
         };
         match &layer.ffn {
-            FfnKind::Dense { intermediate } => p.dense_mlp = mlp(*intermediate),
+            FfnKind::Dense { intermediate } => p.dense_mlp = sat(mlp(*intermediate)),
             FfnKind::Moe(m) => {
-                p.router = h * m.num_experts;
-                p.experts_total = m.num_experts * mlp(m.intermediate);
-                p.experts_active = m.top_k * mlp(m.intermediate);
-                p.shared_expert = m.shared.map_or(0, |SharedExpert { intermediate, sigmoid_gate }| {
-                    mlp(intermediate) + if sigmoid_gate { h } else { 0 }
-                });
+                p.router = sat(h * u128::from(m.num_experts));
+                p.experts_total = sat(u128::from(m.num_experts) * mlp(m.intermediate));
+                p.experts_active = sat(u128::from(m.top_k) * mlp(m.intermediate));
+                p.shared_expert = m.shared.map_or(
+                    0,
+                    |SharedExpert {
+                         intermediate,
+                         sigmoid_gate,
+                     }| {
+                        sat(mlp(intermediate) + if sigmoid_gate { h } else { 0 })
+                    },
+                );
             }
         }
         p
@@ -165,9 +207,13 @@ impl ModelSpec {
 
     /// Parameters of the whole model.
     pub fn params(&self) -> ModelParams {
-        let embedding = self.vocab_size * self.hidden_size;
+        let embedding = sat(u128::from(self.vocab_size) * u128::from(self.hidden_size));
         ModelParams {
-            layers: self.layers.iter().map(|l| self.layer_params(l)).fold(LayerParams::default(), LayerParams::add),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| self.layer_params(l))
+                .fold(LayerParams::default(), LayerParams::add),
             embedding,
             lm_head: match self.lm_head {
                 LmHead::Untied => embedding,
@@ -179,35 +225,50 @@ impl ModelSpec {
 
     /// K and V bytes one cached position takes in one layer (`2 * kv_heads * head_dim * bytes`).
     pub fn kv_bytes_per_token_per_layer(&self, bytes_per_elem: u64) -> u64 {
-        2 * self.attention.num_kv_heads * self.attention.head_dim * bytes_per_elem
+        sat(2
+            * u128::from(self.attention.num_kv_heads)
+            * u128::from(self.attention.head_dim)
+            * u128::from(bytes_per_elem))
     }
 
     /// HBM bytes of one decode step for `batch` sequences at `context` cached positions each,
     /// weights and KV cache in `bytes_per_elem` bytes (2 for bf16). Weights are read once per
     /// step whatever the batch, except routed experts, of which the expected number of distinct
-    /// ones under uniform routing is read ([`expected_distinct_experts`]).
+    /// ones under uniform routing is read ([`expected_distinct_experts`]). Integer byte counts
+    /// saturate at `u64::MAX` rather than overflow.
     pub fn decode_traffic(&self, batch: u64, context: u64, bytes_per_elem: u64) -> DecodeTraffic {
-        let kv_per_pos = self.kv_bytes_per_token_per_layer(bytes_per_elem);
-        let mut t = DecodeTraffic {
-            batch,
-            context,
-            dense_weights: self.hidden_size * bytes_per_elem,
-            expert_weights: 0.0,
-            lm_head: self.vocab_size * self.hidden_size * bytes_per_elem,
-            embedding_rows: batch.min(self.vocab_size) * self.hidden_size * bytes_per_elem,
-            kv_read: 0,
-            kv_write: 0,
-        };
+        let bytes = u128::from(bytes_per_elem);
+        let kv_per_pos = u128::from(self.kv_bytes_per_token_per_layer(bytes_per_elem));
+        let (mut dense, mut experts, mut kv_read, mut kv_write) =
+            (u128::from(self.hidden_size) * bytes, 0.0, 0u128, 0u128);
         for layer in &self.layers {
             let p = self.layer_params(layer);
-            t.dense_weights += (p.attention + p.norms + p.router + p.shared_expert + p.dense_mlp) * bytes_per_elem;
-            if let FfnKind::Moe(m) = &layer.ffn {
-                let one_expert = (p.experts_total / m.num_experts) * bytes_per_elem;
-                t.expert_weights += expected_distinct_experts(m.num_experts, m.top_k, batch) * one_expert as f64;
+            dense += u128::from(sum(&[
+                p.attention,
+                p.norms,
+                p.router,
+                p.shared_expert,
+                p.dense_mlp,
+            ])) * bytes;
+            if let FfnKind::Moe(m) = &layer.ffn
+                && m.num_experts > 0
+            {
+                let one_expert = (p.experts_total / m.num_experts) as f64 * bytes_per_elem as f64;
+                experts += expected_distinct_experts(m.num_experts, m.top_k, batch) * one_expert;
             }
-            t.kv_read += batch * layer.attention.span(context) * kv_per_pos;
-            t.kv_write += batch * kv_per_pos;
+            kv_read += u128::from(batch) * u128::from(layer.attention.span(context)) * kv_per_pos;
+            kv_write += u128::from(batch) * kv_per_pos;
         }
-        t
+        let row = u128::from(self.hidden_size) * bytes;
+        DecodeTraffic {
+            batch,
+            context,
+            dense_weights: sat(dense),
+            expert_weights: experts,
+            lm_head: sat(u128::from(self.vocab_size) * row),
+            embedding_rows: sat(u128::from(batch.min(self.vocab_size)) * row),
+            kv_read: sat(kv_read),
+            kv_write: sat(kv_write),
+        }
     }
 }

@@ -20,16 +20,35 @@ pub enum ConfigError {
     Missing { field: String, hint: String },
     /// A field has the wrong JSON type.
     #[error("config.json: field \"{field}\": expected {expected}, got {found}")]
-    Type { field: String, expected: &'static str, found: String },
+    Type {
+        field: String,
+        expected: &'static str,
+        found: String,
+    },
     /// A field has a well-formed value this crate (or the family) does not support.
     #[error("config.json: field \"{field}\": unsupported value {value} (supported: {supported})")]
-    Unsupported { field: String, value: String, supported: String },
+    Unsupported {
+        field: String,
+        value: String,
+        supported: String,
+    },
     /// A field's value is out of range or inconsistent with another field.
     #[error("config.json: field \"{field}\": invalid value {value}: {reason}")]
-    Invalid { field: String, value: String, reason: String },
+    Invalid {
+        field: String,
+        value: String,
+        reason: String,
+    },
     /// Two spellings of the same setting (transformers 4.x and 5.x) are both present and differ.
-    #[error("config.json: fields \"{field}\" and \"{other}\" disagree: {field} = {value}, {other} = {other_value}")]
-    Conflict { field: String, value: String, other: String, other_value: String },
+    #[error(
+        "config.json: fields \"{field}\" and \"{other}\" disagree: {field} = {value}, {other} = {other_value}"
+    )]
+    Conflict {
+        field: String,
+        value: String,
+        other: String,
+        other_value: String,
+    },
 }
 
 impl ConfigError {
@@ -46,11 +65,27 @@ impl ConfigError {
         }
     }
 
-    pub(crate) fn invalid(field: impl Into<String>, value: impl ToString, reason: impl Into<String>) -> Self {
-        Self::Invalid { field: field.into(), value: value.to_string(), reason: reason.into() }
+    pub(crate) fn invalid(
+        field: impl Into<String>,
+        value: impl ToString,
+        reason: impl Into<String>,
+    ) -> Self {
+        Self::Invalid {
+            field: field.into(),
+            value: value.to_string(),
+            reason: reason.into(),
+        }
     }
 
-    pub(crate) fn unsupported(field: impl Into<String>, value: impl ToString, supported: impl Into<String>) -> Self {
-        Self::Unsupported { field: field.into(), value: value.to_string(), supported: supported.into() }
+    pub(crate) fn unsupported(
+        field: impl Into<String>,
+        value: impl ToString,
+        supported: impl Into<String>,
+    ) -> Self {
+        Self::Unsupported {
+            field: field.into(),
+            value: value.to_string(),
+            supported: supported.into(),
+        }
     }
 }

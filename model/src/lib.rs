@@ -27,6 +27,6 @@ pub use cost::{DecodeTraffic, LayerParams, ModelParams, expected_distinct_expert
 pub use error::ConfigError;
 pub use spec::{
     Activation, AttentionKind, AttentionSpec, Dtype, Family, FfnKind, LayerSpec, LmHead, MlpSpec,
-    ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, RopeScaling, RopeSpec, RopeStyle, Routing,
-    RouterScoring, SharedExpert, TopKWeights,
+    ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, RopeScaling, RopeSpec, RopeStyle,
+    RouterScoring, Routing, SharedExpert, TopKWeights,
 };

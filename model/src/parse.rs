@@ -14,32 +14,39 @@ use crate::error::ConfigError;
 use crate::json::{Obj, describe};
 use crate::spec::{
     Activation, AttentionKind, AttentionSpec, Dtype, Family, FfnKind, LayerSpec, LmHead, MlpSpec,
-    ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, RopeScaling, RopeSpec, RopeStyle, Routing,
-    RouterScoring, TopKWeights,
+    ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, RopeScaling, RopeSpec, RopeStyle,
+    RouterScoring, Routing, TopKWeights,
 };
 
 impl ModelSpec {
     /// Reads and validates a `config.json` file.
     pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::Io { path: path.display().to_string(), message: e.to_string() })?;
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
         Self::from_json_str(&text)
     }
 
     /// Parses and validates the text of a `config.json`.
     pub fn from_json_str(text: &str) -> Result<Self, ConfigError> {
-        let value: Value =
-            serde_json::from_str(text).map_err(|e| ConfigError::Json { message: e.to_string() })?;
+        let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::Json {
+            message: e.to_string(),
+        })?;
         Self::from_json(&value)
     }
 
     /// Validates an already-parsed `config.json`.
     pub fn from_json(value: &Value) -> Result<Self, ConfigError> {
-        let map = value
-            .as_object()
-            .ok_or_else(|| ConfigError::Json { message: format!("top level is {}", describe(value)) })?;
-        Parser { obj: Obj::new(map, ""), defaulted: IndexMap::new() }.model()
+        let map = value.as_object().ok_or_else(|| ConfigError::Json {
+            message: format!("top level is {}", describe(value)),
+        })?;
+        Parser {
+            obj: Obj::new(map, ""),
+            defaulted: IndexMap::new(),
+        }
+        .model()
     }
 }
 
@@ -78,7 +85,11 @@ impl<'a> Parser<'a> {
         let act = o.opt_str("hidden_act")?;
         let act = self.or_default("hidden_act", act, "silu");
         if act != "silu" {
-            return Err(ConfigError::unsupported("hidden_act", format!("{act:?}"), "silu"));
+            return Err(ConfigError::unsupported(
+                "hidden_act",
+                format!("{act:?}"),
+                "silu",
+            ));
         }
 
         let hidden_size = o.req_pos("hidden_size")?;
@@ -107,8 +118,14 @@ impl<'a> Parser<'a> {
             max_position_embeddings,
             dtype,
             attention,
-            norm: NormSpec { eps, kind: NormKind::Rms },
-            mlp: MlpSpec { activation: Activation::Silu, gated: true },
+            norm: NormSpec {
+                eps,
+                kind: NormKind::Rms,
+            },
+            mlp: MlpSpec {
+                activation: Activation::Silu,
+                gated: true,
+            },
             lm_head: if tied { LmHead::Tied } else { LmHead::Untied },
             layers,
             defaulted: self.defaulted,
@@ -118,14 +135,22 @@ impl<'a> Parser<'a> {
     fn family(&self) -> Result<Family, ConfigError> {
         let o = self.obj;
         let supported = Family::MODEL_TYPES.join(", ");
-        let model_type = o.opt_str("model_type")?.ok_or_else(|| ConfigError::Missing {
-            field: "model_type".into(),
-            hint: format!(" (supported: {supported})"),
-        })?;
+        let model_type = o
+            .opt_str("model_type")?
+            .ok_or_else(|| ConfigError::Missing {
+                field: "model_type".into(),
+                hint: format!(" (supported: {supported})"),
+            })?;
         let family = match model_type {
             "qwen3_moe" => Family::Qwen3Moe,
             "mixtral" => Family::Mixtral,
-            other => return Err(ConfigError::unsupported("model_type", format!("{other:?}"), supported)),
+            other => {
+                return Err(ConfigError::unsupported(
+                    "model_type",
+                    format!("{other:?}"),
+                    supported,
+                ));
+            }
         };
         if let Some(archs) = o.opt_str_list("architectures")?
             && !archs.is_empty()
@@ -134,7 +159,10 @@ impl<'a> Parser<'a> {
             return Err(ConfigError::unsupported(
                 "architectures",
                 format!("{archs:?}"),
-                format!("[\"{}\"] for model_type {model_type:?}", family.causal_lm_class()),
+                format!(
+                    "[\"{}\"] for model_type {model_type:?}",
+                    family.causal_lm_class()
+                ),
             ));
         }
         Ok(family)
@@ -144,18 +172,18 @@ impl<'a> Parser<'a> {
         let o = self.obj;
         let num_heads = o.req_pos("num_attention_heads")?;
         let num_kv_heads = o.req_pos("num_key_value_heads")?;
-        if num_kv_heads > num_heads || num_heads % num_kv_heads != 0 {
+        if num_kv_heads > num_heads || !num_heads.is_multiple_of(num_kv_heads) {
             return Err(ConfigError::invalid(
                 "num_key_value_heads",
                 num_kv_heads,
                 format!("num_attention_heads ({num_heads}) must be a multiple of it"),
             ));
         }
-        let head_dim = match o.opt_u64("head_dim")? {
+        let head_dim = match o.opt_size("head_dim")? {
             Some(0) => return Err(ConfigError::invalid("head_dim", 0, "must be at least 1")),
             Some(d) => d,
             None => {
-                if hidden % num_heads != 0 {
+                if !hidden.is_multiple_of(num_heads) {
                     return Err(ConfigError::invalid(
                         "num_attention_heads",
                         num_heads,
@@ -168,7 +196,11 @@ impl<'a> Parser<'a> {
             }
         };
         if head_dim % 2 != 0 {
-            return Err(ConfigError::invalid("head_dim", head_dim, "RoPE (rotate_half) needs an even head_dim"));
+            return Err(ConfigError::invalid(
+                "head_dim",
+                head_dim,
+                "RoPE (rotate_half) needs an even head_dim",
+            ));
         }
 
         let bias = o.opt_bool("attention_bias")?;
@@ -177,7 +209,13 @@ impl<'a> Parser<'a> {
             // k_norm are `Qwen3MoeRMSNorm(head_dim)`.
             Family::Qwen3Moe => {
                 let bias = self.or_default("attention_bias", bias, false);
-                (bias, bias, QkNorm::PerHeadRms { weight_len: head_dim })
+                (
+                    bias,
+                    bias,
+                    QkNorm::PerHeadRms {
+                        weight_len: head_dim,
+                    },
+                )
             }
             // MixtralAttention: all projections `bias=False`; there is no config field for it.
             Family::Mixtral => {
@@ -230,7 +268,11 @@ impl<'a> Parser<'a> {
             if let Some(f) = p.opt_f64("partial_rotary_factor")?
                 && f != 1.0
             {
-                return Err(ConfigError::unsupported(p.path("partial_rotary_factor"), f, "1.0"));
+                return Err(ConfigError::unsupported(
+                    p.path("partial_rotary_factor"),
+                    f,
+                    "1.0",
+                ));
             }
             new_theta = p.opt_pos_f64("rope_theta")?;
         }
@@ -254,7 +296,12 @@ impl<'a> Parser<'a> {
                 });
             }
         };
-        Ok(RopeSpec { theta, scaling: RopeScaling::Default, style: RopeStyle::NeoxRotateHalf, rotary_dim: head_dim })
+        Ok(RopeSpec {
+            theta,
+            scaling: RopeScaling::Default,
+            style: RopeStyle::NeoxRotateHalf,
+            rotary_dim: head_dim,
+        })
     }
 
     /// `torch_dtype` (4.x) or `dtype` (5.x).
@@ -262,7 +309,11 @@ impl<'a> Parser<'a> {
         let o = self.obj;
         let parse = |field: &str| -> Result<Option<Dtype>, ConfigError> {
             o.opt_str(field)?
-                .map(|s| Dtype::parse(s).ok_or_else(|| ConfigError::unsupported(field, format!("{s:?}"), Dtype::SUPPORTED)))
+                .map(|s| {
+                    Dtype::parse(s).ok_or_else(|| {
+                        ConfigError::unsupported(field, format!("{s:?}"), Dtype::SUPPORTED)
+                    })
+                })
                 .transpose()
         };
         match (parse("torch_dtype")?, parse("dtype")?) {
@@ -281,7 +332,7 @@ impl<'a> Parser<'a> {
     /// of both families).
     fn num_experts(&self) -> Result<u64, ConfigError> {
         let o = self.obj;
-        match (o.opt_u64("num_experts")?, o.opt_u64("num_local_experts")?) {
+        match (o.opt_size("num_experts")?, o.opt_size("num_local_experts")?) {
             (Some(a), Some(b)) if a != b => Err(ConfigError::Conflict {
                 field: "num_experts".into(),
                 value: a.to_string(),
@@ -296,7 +347,12 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn moe(&self, num_experts: u64, intermediate_field: &str, top_k_weights: TopKWeights) -> Result<MoeSpec, ConfigError> {
+    fn moe(
+        &self,
+        num_experts: u64,
+        intermediate_field: &str,
+        top_k_weights: TopKWeights,
+    ) -> Result<MoeSpec, ConfigError> {
         let o = self.obj;
         let top_k = o.req_pos("num_experts_per_tok")?;
         if top_k > num_experts {
@@ -310,7 +366,11 @@ impl<'a> Parser<'a> {
             num_experts,
             top_k,
             intermediate: o.req_pos(intermediate_field)?,
-            routing: Routing { router_bias: false, scoring: RouterScoring::Softmax, top_k_weights },
+            routing: Routing {
+                router_bias: false,
+                scoring: RouterScoring::Softmax,
+                top_k_weights,
+            },
             shared: None,
         })
     }
@@ -321,10 +381,14 @@ impl<'a> Parser<'a> {
     fn qwen3_moe_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
         let o = self.obj;
         let num_experts = self.num_experts()?;
-        let step = o.opt_u64("decoder_sparse_step")?;
+        let step = o.opt_size("decoder_sparse_step")?;
         let step = self.or_default("decoder_sparse_step", step, 1);
         if step == 0 {
-            return Err(ConfigError::invalid("decoder_sparse_step", 0, "must be at least 1"));
+            return Err(ConfigError::invalid(
+                "decoder_sparse_step",
+                0,
+                "must be at least 1",
+            ));
         }
         let mlp_only = o.opt_u64_list("mlp_only_layers")?;
         let mlp_only = match mlp_only {
@@ -341,11 +405,16 @@ impl<'a> Parser<'a> {
                 format!("not a layer index (num_hidden_layers is {num_layers})"),
             ));
         }
-        let is_moe = |i: u64| !mlp_only.contains(&i) && num_experts > 0 && (i + 1) % step == 0;
+        let is_moe =
+            |i: u64| !mlp_only.contains(&i) && num_experts > 0 && (i + 1).is_multiple_of(step);
 
         let norm_topk = o.opt_bool("norm_topk_prob")?;
         let norm_topk = self.or_default("norm_topk_prob", norm_topk, false);
-        let weights = if norm_topk { TopKWeights::Renormalized } else { TopKWeights::Raw };
+        let weights = if norm_topk {
+            TopKWeights::Renormalized
+        } else {
+            TopKWeights::Raw
+        };
         let attention = self.qwen3_moe_attention_kinds(num_layers)?;
         // The fields are re-read per layer (cheap) so that a field is required only when some
         // layer needs it: `intermediate_size` only with dense layers, the MoE ones only with MoE.
@@ -356,9 +425,15 @@ impl<'a> Parser<'a> {
                 let ffn = if is_moe(index as u64) {
                     FfnKind::Moe(self.moe(num_experts, "moe_intermediate_size", weights)?)
                 } else {
-                    FfnKind::Dense { intermediate: o.req_pos("intermediate_size")? }
+                    FfnKind::Dense {
+                        intermediate: o.req_pos("intermediate_size")?,
+                    }
                 };
-                Ok(LayerSpec { index, attention, ffn })
+                Ok(LayerSpec {
+                    index,
+                    attention,
+                    ffn,
+                })
             })
             .collect()
     }
@@ -369,7 +444,10 @@ impl<'a> Parser<'a> {
     /// transformers 4.x rule of `Qwen3MoeAttention`: layers `>= max_window_layers` slide, the
     /// ones before attend fully (transformers 5.x dropped `max_window_layers` and slides every
     /// layer, so a 5.x-written sliding config should carry `layer_types`).
-    fn qwen3_moe_attention_kinds(&mut self, num_layers: u64) -> Result<Vec<AttentionKind>, ConfigError> {
+    fn qwen3_moe_attention_kinds(
+        &mut self,
+        num_layers: u64,
+    ) -> Result<Vec<AttentionKind>, ConfigError> {
         let o = self.obj;
         let use_sw = o.opt_bool("use_sliding_window")?;
         let use_sw = self.or_default("use_sliding_window", use_sw, false);
@@ -390,14 +468,26 @@ impl<'a> Parser<'a> {
         let sliding = match layer_types {
             Some(types) => types,
             None => {
-                let first = o.opt_u64("max_window_layers")?.ok_or_else(|| ConfigError::Missing {
-                    field: "max_window_layers".into(),
-                    hint: " (use_sliding_window is true and there is no \"layer_types\")".into(),
-                })?;
+                let first =
+                    o.opt_size("max_window_layers")?
+                        .ok_or_else(|| ConfigError::Missing {
+                            field: "max_window_layers".into(),
+                            hint: " (use_sliding_window is true and there is no \"layer_types\")"
+                                .into(),
+                        })?;
                 (0..num_layers).map(|i| i >= first).collect()
             }
         };
-        Ok(sliding.into_iter().map(|s| if s { AttentionKind::Sliding { window } } else { AttentionKind::Full }).collect())
+        Ok(sliding
+            .into_iter()
+            .map(|s| {
+                if s {
+                    AttentionKind::Sliding { window }
+                } else {
+                    AttentionKind::Full
+                }
+            })
+            .collect())
     }
 
     /// Mixtral: `MixtralAttention` passes `config.sliding_window` to every layer; `null` (as in
@@ -406,7 +496,11 @@ impl<'a> Parser<'a> {
         let o = self.obj;
         let num_experts = self.num_experts()?;
         if num_experts == 0 {
-            return Err(ConfigError::invalid("num_local_experts", 0, "must be at least 1"));
+            return Err(ConfigError::invalid(
+                "num_local_experts",
+                0,
+                "must be at least 1",
+            ));
         }
         if o.opt_bool("norm_topk_prob")? == Some(false) {
             return Err(ConfigError::unsupported(
@@ -416,40 +510,62 @@ impl<'a> Parser<'a> {
             ));
         }
         let moe = self.moe(num_experts, "intermediate_size", TopKWeights::Renormalized)?;
-        let attention = match o.opt_u64("sliding_window")? {
+        let attention = match o.opt_size("sliding_window")? {
             None => AttentionKind::Full,
-            Some(_) => AttentionKind::Sliding { window: self.window("")? },
+            Some(_) => AttentionKind::Sliding {
+                window: self.window("")?,
+            },
         };
         if let Some(types) = self.layer_types(num_layers)? {
             let want = matches!(attention, AttentionKind::Sliding { .. });
             if let Some(i) = types.iter().position(|&s| s != want) {
                 return Err(ConfigError::invalid(
                     format!("layer_types[{i}]"),
-                    if types[i] { "\"sliding_attention\"" } else { "\"full_attention\"" },
+                    if types[i] {
+                        "\"sliding_attention\""
+                    } else {
+                        "\"full_attention\""
+                    },
                     "Mixtral uses sliding_window in every layer or in none",
                 ));
             }
         }
         Ok((0..num_layers as usize)
-            .map(|index| LayerSpec { index, attention, ffn: FfnKind::Moe(moe.clone()) })
+            .map(|index| LayerSpec {
+                index,
+                attention,
+                ffn: FfnKind::Moe(moe.clone()),
+            })
             .collect())
     }
 
     fn window(&self, why: &str) -> Result<u64, ConfigError> {
         let o = self.obj;
-        let w = o.opt_u64("sliding_window")?.ok_or_else(|| ConfigError::Missing {
-            field: "sliding_window".into(),
-            hint: if why.is_empty() { String::new() } else { format!(" ({why})") },
-        })?;
+        let w = o
+            .opt_size("sliding_window")?
+            .ok_or_else(|| ConfigError::Missing {
+                field: "sliding_window".into(),
+                hint: if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({why})")
+                },
+            })?;
         if w == 0 {
-            return Err(ConfigError::invalid("sliding_window", 0, "must be at least 1"));
+            return Err(ConfigError::invalid(
+                "sliding_window",
+                0,
+                "must be at least 1",
+            ));
         }
         Ok(w)
     }
 
     /// `layer_types`: one `"full_attention"` / `"sliding_attention"` per layer; `true` = sliding.
     fn layer_types(&self, num_layers: u64) -> Result<Option<Vec<bool>>, ConfigError> {
-        let Some(types) = self.obj.opt_str_list("layer_types")? else { return Ok(None) };
+        let Some(types) = self.obj.opt_str_list("layer_types")? else {
+            return Ok(None);
+        };
         if types.len() as u64 != num_layers {
             return Err(ConfigError::invalid(
                 "layer_types",
@@ -477,12 +593,22 @@ impl<'a> Parser<'a> {
     /// code of these families ignores them, so a config carrying them is probably not the model
     /// it claims to be; refuse instead of silently building the wrong network.
     fn reject_foreign_fields(&self, family: Family) -> Result<(), ConfigError> {
-        let mut fields = vec!["first_k_dense_replace", "n_shared_experts", "shared_expert_intermediate_size"];
+        let mut fields = vec![
+            "first_k_dense_replace",
+            "n_shared_experts",
+            "shared_expert_intermediate_size",
+        ];
         if family == Family::Mixtral {
-            fields.extend(["mlp_only_layers", "moe_intermediate_size", "use_sliding_window"]);
+            fields.extend([
+                "mlp_only_layers",
+                "moe_intermediate_size",
+                "use_sliding_window",
+            ]);
         }
         for field in fields {
-            let Some(v) = self.obj.get(field) else { continue };
+            let Some(v) = self.obj.get(field) else {
+                continue;
+            };
             let harmless = v.as_u64() == Some(0)
                 || v.as_array().is_some_and(Vec::is_empty)
                 || (field == "use_sliding_window" && v.as_bool() == Some(false));
@@ -490,7 +616,10 @@ impl<'a> Parser<'a> {
                 return Err(ConfigError::unsupported(
                     field,
                     describe(v),
-                    format!("absent (not part of the {} architecture)", family.model_type()),
+                    format!(
+                        "absent (not part of the {} architecture)",
+                        family.model_type()
+                    ),
                 ));
             }
         }
@@ -500,9 +629,17 @@ impl<'a> Parser<'a> {
 
 /// `rope_type` (or the legacy `type` key) must be `"default"`, or absent.
 fn check_rope_type(o: &Obj<'_>) -> Result<(), ConfigError> {
-    let key = if o.has("rope_type") { "rope_type" } else { "type" };
+    let key = if o.has("rope_type") {
+        "rope_type"
+    } else {
+        "type"
+    };
     match o.opt_str(key)? {
         None | Some("default") => Ok(()),
-        Some(other) => Err(ConfigError::unsupported(o.path(key), format!("{other:?}"), "default")),
+        Some(other) => Err(ConfigError::unsupported(
+            o.path(key),
+            format!("{other:?}"),
+            "default",
+        )),
     }
 }

@@ -16,7 +16,20 @@ pub fn si(x: f64) -> String {
     UNITS
         .iter()
         .find(|(scale, _)| x.abs() >= *scale)
-        .map_or_else(|| format!("{x:.0}"), |(scale, unit)| format!("{:.2} {unit}", x / scale))
+        .map_or_else(
+            || format!("{x:.0}"),
+            |(scale, unit)| format!("{:.2} {unit}", x / scale),
+        )
+}
+
+/// Bytes with [`si`]: `"1.23 MB"`, `"512 B"`.
+pub fn bytes(x: f64) -> String {
+    let s = si(x);
+    if s.ends_with(|c: char| c.is_ascii_digit()) {
+        format!("{s} B")
+    } else {
+        format!("{s}B")
+    }
 }
 
 fn attention_text(a: AttentionKind) -> String {
@@ -35,7 +48,15 @@ fn ffn_text(f: &FfnKind) -> String {
                 TopKWeights::Raw => "not renormalised",
             };
             let shared = m.shared.map_or(String::new(), |s| {
-                format!(", shared expert {}{}", s.intermediate, if s.sigmoid_gate { " (sigmoid gate)" } else { "" })
+                format!(
+                    ", shared expert {}{}",
+                    s.intermediate,
+                    if s.sigmoid_gate {
+                        " (sigmoid gate)"
+                    } else {
+                        ""
+                    }
+                )
             });
             format!(
                 "MoE {} experts top-{} (softmax, top-k {weights}), expert intermediate {}{shared}",
@@ -61,7 +82,12 @@ impl ModelSpec {
             Family::Qwen3Moe => "Qwen3-MoE",
             Family::Mixtral => "Mixtral",
         };
-        writeln!(s, "{name} (model_type {:?}), {} layers", self.family.model_type(), self.layers.len())?;
+        writeln!(
+            s,
+            "{name} (model_type {:?}), {} layers",
+            self.family.model_type(),
+            self.layers.len()
+        )?;
         writeln!(
             s,
             "  hidden {}, vocab {}, max positions {}, dtype {}",
@@ -81,9 +107,10 @@ impl ModelSpec {
         )?;
         match a.qk_norm {
             QkNorm::None => writeln!(s, "  q/k norm: none")?,
-            QkNorm::PerHeadRms { weight_len } => {
-                writeln!(s, "  q/k norm: per-head RMSNorm, weight [{weight_len}], before RoPE")?
-            }
+            QkNorm::PerHeadRms { weight_len } => writeln!(
+                s,
+                "  q/k norm: per-head RMSNorm, weight [{weight_len}], before RoPE"
+            )?,
         }
         writeln!(
             s,
@@ -91,12 +118,24 @@ impl ModelSpec {
             a.rope.style, a.rope.theta, a.rope.scaling, a.rope.rotary_dim
         )?;
         writeln!(s, "  bias: qkv {}, o {}", a.qkv_bias, a.o_bias)?;
-        writeln!(s, "norms: {:?} eps {}, pre-norm residual blocks, final norm before lm_head", self.norm.kind, self.norm.eps)?;
-        writeln!(s, "mlp: {:?}, gated {} (down(act(gate(x)) * up(x)))", self.mlp.activation, self.mlp.gated)?;
-        writeln!(s, "lm_head: {}", match self.lm_head {
-            LmHead::Untied => "untied",
-            LmHead::Tied => "tied to embed_tokens",
-        })?;
+        writeln!(
+            s,
+            "norms: {:?} eps {}, pre-norm residual blocks, final norm before lm_head",
+            self.norm.kind, self.norm.eps
+        )?;
+        writeln!(
+            s,
+            "mlp: {:?}, gated {} (down(act(gate(x)) * up(x)))",
+            self.mlp.activation, self.mlp.gated
+        )?;
+        writeln!(
+            s,
+            "lm_head: {}",
+            match self.lm_head {
+                LmHead::Untied => "untied",
+                LmHead::Tied => "tied to embed_tokens",
+            }
+        )?;
 
         writeln!(s, "layers:")?;
         let mut start = 0;
@@ -106,20 +145,39 @@ impl ModelSpec {
                 .iter()
                 .position(|m| m.attention != l.attention || m.ffn != l.ffn)
                 .map_or(self.layers.len(), |n| start + n);
-            writeln!(s, "  {:>3}..={:<3} {}; {}", start, end - 1, attention_text(l.attention), ffn_text(&l.ffn))?;
+            writeln!(
+                s,
+                "  {:>3}..={:<3} {}; {}",
+                start,
+                end - 1,
+                attention_text(l.attention),
+                ffn_text(&l.ffn)
+            )?;
             start = end;
         }
         if self.defaulted.is_empty() {
             writeln!(s, "defaulted fields: none")?;
         } else {
-            let list: Vec<String> = self.defaulted.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+            let list: Vec<String> = self
+                .defaulted
+                .iter()
+                .map(|(k, v)| format!("{k} = {v}"))
+                .collect();
             writeln!(s, "defaulted fields: {}", list.join(", "))?;
         }
 
         let p = self.params();
         let b = 2.0; // bf16
         writeln!(s, "parameters (bytes at bf16):")?;
-        let mut row = |label: &str, n: u64| writeln!(s, "  {label:<28}{:>16} {:>10}  {:>10}B", n, si(n as f64), si(n as f64 * b));
+        let mut row = |label: &str, n: u64| {
+            writeln!(
+                s,
+                "  {label:<28}{:>16} {:>10}  {:>10}",
+                n,
+                si(n as f64),
+                bytes(n as f64 * b)
+            )
+        };
         row("attention", p.layers.attention)?;
         row("norms (layers)", p.layers.norms)?;
         row("router", p.layers.router)?;
@@ -135,23 +193,37 @@ impl ModelSpec {
         row("active w/o embedding", p.active_without_embedding())?;
         if let Some(l) = self.layers.first() {
             let lp = self.layer_params(l);
-            writeln!(s, "  layer 0: total {} ({}B), active {} ({}B)", lp.total(), si(lp.total() as f64 * b), lp.active(), si(lp.active() as f64 * b))?;
+            writeln!(
+                s,
+                "  layer 0: total {} ({}), active {} ({})",
+                lp.total(),
+                bytes(lp.total() as f64 * b),
+                lp.active(),
+                bytes(lp.active() as f64 * b)
+            )?;
         }
 
         let kv = self.kv_bytes_per_token_per_layer(2);
-        writeln!(s, "KV cache (bf16): {kv} B per token per layer, {} B per token", kv * self.layers.len() as u64)?;
+        writeln!(
+            s,
+            "KV cache (bf16): {kv} B per token per layer, {} B per token",
+            kv * self.layers.len() as u64
+        )?;
         let context = REPORT_CONTEXT.min(self.max_position_embeddings);
-        writeln!(s, "decode step HBM bytes (bf16, uniform routing), context {context}:")?;
+        writeln!(
+            s,
+            "decode step HBM bytes (bf16, uniform routing), context {context}:"
+        )?;
         for batch in REPORT_BATCHES {
             let t = self.decode_traffic(batch, context, 2);
             writeln!(
                 s,
-                "  B={batch:<3} weights {}B (experts {}B), KV read {}B, KV write {}B, total {}B",
-                si(t.weights()),
-                si(t.expert_weights),
-                si(t.kv_read as f64),
-                si(t.kv_write as f64),
-                si(t.total())
+                "  B={batch:<3} weights {} (experts {}), KV read {}, KV write {}, total {}",
+                bytes(t.weights()),
+                bytes(t.expert_weights),
+                bytes(t.kv_read as f64),
+                bytes(t.kv_write as f64),
+                bytes(t.total())
             )?;
         }
         Ok(())

@@ -136,7 +136,7 @@ impl AttentionSpec {
 pub enum QkNorm {
     /// Mixtral: q and k go straight from the projections to RoPE.
     None,
-    /// Qwen3-MoE: `q_norm` / `k_norm` are RMSNorms over each head's `head_dim` values (weight
+    /// Qwen3-MoE: `q_norm` / `k_norm` are RMS norms over each head's `head_dim` values (weight
     /// shape `[head_dim]`, shared by all heads, same `eps` as the layer norms), applied after
     /// the projection is viewed as `[.., heads, head_dim]` and before RoPE
     /// (`modeling_qwen3_moe.py`, `Qwen3MoeAttention.forward`).
@@ -290,13 +290,13 @@ pub enum TopKWeights {
     Raw,
 }
 
-/// An always-active expert next to the routed ones (Qwen2-MoE / DeepSeek style; the type is
+/// An always-active expert next to the routed ones (Qwen2-MoE / `DeepSeek` style; the type is
 /// here so those families fit, neither current family produces it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct SharedExpert {
     /// Total intermediate size of the shared expert(s).
     pub intermediate: u64,
     /// Qwen2-MoE scales the shared output by `sigmoid(shared_expert_gate(x))`, a `[hidden] -> 1`
-    /// linear layer; DeepSeek adds it ungated.
+    /// linear layer; `DeepSeek` adds it ungated.
     pub sigmoid_gate: bool,
 }

@@ -32,7 +32,14 @@ fn qwen3_30b_a3b() {
     assert_eq!(s.vocab_size, 151_936);
     assert_eq!(s.max_position_embeddings, 40_960);
     assert_eq!(s.dtype, Some(Dtype::BFloat16));
-    assert_eq!((s.attention.num_heads, s.attention.num_kv_heads, s.attention.head_dim), (32, 4, 128));
+    assert_eq!(
+        (
+            s.attention.num_heads,
+            s.attention.num_kv_heads,
+            s.attention.head_dim
+        ),
+        (32, 4, 128)
+    );
     assert_eq!(s.attention.qk_norm, QkNorm::PerHeadRms { weight_len: 128 });
     assert_eq!(s.attention.rope.style, RopeStyle::NeoxRotateHalf);
     assert_eq!(s.attention.rope.theta, 1e6);
@@ -63,7 +70,10 @@ fn qwen3_30b_a3b() {
     assert!(close(p.total(), 30.5e9, 0.01) && close(p.active(), 3.3e9, 0.02));
     // The megakernel anchors' 3.04B "active params/token" excludes the embedding matrix (one
     // row is read per token) and the norms.
-    assert_eq!(p.active_without_embedding() - p.layers.norms - p.final_norm, 3_041_656_832);
+    assert_eq!(
+        p.active_without_embedding() - p.layers.norms - p.final_norm,
+        3_041_656_832
+    );
 
     // KV cache: 2 (K, V) * 4 heads * 128 * 2 bytes.
     assert_eq!(s.kv_bytes_per_token_per_layer(2), 2048);
@@ -75,7 +85,14 @@ fn qwen3_235b_a22b() {
     let s = spec("qwen3-235b-a22b.json");
     assert_eq!(s.layers.len(), 94);
     assert_eq!(s.hidden_size, 4096);
-    assert_eq!((s.attention.num_heads, s.attention.num_kv_heads, s.attention.head_dim), (64, 4, 128));
+    assert_eq!(
+        (
+            s.attention.num_heads,
+            s.attention.num_kv_heads,
+            s.attention.head_dim
+        ),
+        (64, 4, 128)
+    );
     let m = moe(&s, 93);
     assert_eq!((m.num_experts, m.top_k, m.intermediate), (128, 8, 1536));
     let p = s.params();
@@ -111,7 +128,14 @@ fn mixtral_8x7b() {
 fn tiny_configs() {
     let q = spec("tiny-qwen3-moe.json");
     assert_eq!((q.layers.len(), q.hidden_size, q.vocab_size), (4, 256, 512));
-    assert_eq!((q.attention.num_heads, q.attention.num_kv_heads, q.attention.head_dim), (4, 2, 64));
+    assert_eq!(
+        (
+            q.attention.num_heads,
+            q.attention.num_kv_heads,
+            q.attention.head_dim
+        ),
+        (4, 2, 64)
+    );
     let m = moe(&q, 0);
     assert_eq!((m.num_experts, m.top_k, m.intermediate), (8, 2, 128));
 
@@ -139,7 +163,10 @@ fn transformers_4_and_5_spellings_agree() {
     let both = edited(
         "tiny-qwen3-moe.json",
         &[
-            ("rope_parameters", Some(json!({"rope_theta": 1e6, "rope_type": "default"}))),
+            (
+                "rope_parameters",
+                Some(json!({"rope_theta": 1e6, "rope_type": "default"})),
+            ),
             ("rope_scaling", Some(json!({"rope_type": "default"}))),
             ("dtype", Some(json!("bfloat16"))),
             ("num_local_experts", Some(json!(8))),
@@ -151,13 +178,25 @@ fn transformers_4_and_5_spellings_agree() {
 
 #[test]
 fn qwen3_dense_layers_from_mlp_only_layers_and_sparse_step() {
-    let s = edited("tiny-qwen3-moe.json", &[("mlp_only_layers", Some(json!([0])))]).expect("parses");
+    let s = edited(
+        "tiny-qwen3-moe.json",
+        &[("mlp_only_layers", Some(json!([0])))],
+    )
+    .expect("parses");
     assert_eq!(s.layers[0].ffn, FfnKind::Dense { intermediate: 512 });
     assert!(matches!(s.layers[1].ffn, FfnKind::Moe(_)));
 
     // decoder_sparse_step 2: layers 1 and 3 ((i+1) % 2 == 0) are MoE.
-    let s = edited("tiny-qwen3-moe.json", &[("decoder_sparse_step", Some(json!(2)))]).expect("parses");
-    let kinds: Vec<bool> = s.layers.iter().map(|l| matches!(l.ffn, FfnKind::Moe(_))).collect();
+    let s = edited(
+        "tiny-qwen3-moe.json",
+        &[("decoder_sparse_step", Some(json!(2)))],
+    )
+    .expect("parses");
+    let kinds: Vec<bool> = s
+        .layers
+        .iter()
+        .map(|l| matches!(l.ffn, FfnKind::Moe(_)))
+        .collect();
     assert_eq!(kinds, [false, true, false, true]);
 
     // Without dense layers `intermediate_size` is not needed.
@@ -170,7 +209,11 @@ fn qwen3_sliding_window_layers() {
     // 4.x rule: layers >= max_window_layers slide.
     let s = edited(
         "tiny-qwen3-moe.json",
-        &[("use_sliding_window", Some(json!(true))), ("sliding_window", Some(json!(128))), ("max_window_layers", Some(json!(2)))],
+        &[
+            ("use_sliding_window", Some(json!(true))),
+            ("sliding_window", Some(json!(128))),
+            ("max_window_layers", Some(json!(2))),
+        ],
     )
     .expect("parses");
     let kinds: Vec<AttentionKind> = s.layers.iter().map(|l| l.attention).collect();
@@ -183,7 +226,15 @@ fn qwen3_sliding_window_layers() {
         &[
             ("use_sliding_window", Some(json!(true))),
             ("sliding_window", Some(json!(128))),
-            ("layer_types", Some(json!(["sliding_attention", "full_attention", "sliding_attention", "full_attention"]))),
+            (
+                "layer_types",
+                Some(json!([
+                    "sliding_attention",
+                    "full_attention",
+                    "sliding_attention",
+                    "full_attention"
+                ])),
+            ),
         ],
     )
     .expect("parses");
@@ -191,14 +242,26 @@ fn qwen3_sliding_window_layers() {
     assert_eq!(kinds, [w, AttentionKind::Full, w, AttentionKind::Full]);
 
     // use_sliding_window false: a sliding_window value is ignored, as in Hugging Face.
-    let s = edited("tiny-qwen3-moe.json", &[("sliding_window", Some(json!(128)))]).expect("parses");
+    let s = edited(
+        "tiny-qwen3-moe.json",
+        &[("sliding_window", Some(json!(128)))],
+    )
+    .expect("parses");
     assert!(s.layers.iter().all(|l| l.attention == AttentionKind::Full));
 }
 
 #[test]
 fn mixtral_sliding_window_applies_to_every_layer() {
-    let s = edited("tiny-mixtral.json", &[("sliding_window", Some(json!(1024)))]).expect("parses");
-    assert!(s.layers.iter().all(|l| l.attention == AttentionKind::Sliding { window: 1024 }));
+    let s = edited(
+        "tiny-mixtral.json",
+        &[("sliding_window", Some(json!(1024)))],
+    )
+    .expect("parses");
+    assert!(
+        s.layers
+            .iter()
+            .all(|l| l.attention == AttentionKind::Sliding { window: 1024 })
+    );
     // KV reads stop growing at the window.
     let at = |t| s.decode_traffic(1, t, 2).kv_read;
     assert_eq!(at(4096), at(1024));
@@ -207,12 +270,24 @@ fn mixtral_sliding_window_applies_to_every_layer() {
 
 #[test]
 fn qwen3_options() {
-    let s = edited("tiny-qwen3-moe.json", &[("norm_topk_prob", Some(json!(false)))]).expect("parses");
+    let s = edited(
+        "tiny-qwen3-moe.json",
+        &[("norm_topk_prob", Some(json!(false)))],
+    )
+    .expect("parses");
     assert_eq!(moe(&s, 0).routing.top_k_weights, TopKWeights::Raw);
-    let s = edited("tiny-qwen3-moe.json", &[("tie_word_embeddings", Some(json!(true)))]).expect("parses");
+    let s = edited(
+        "tiny-qwen3-moe.json",
+        &[("tie_word_embeddings", Some(json!(true)))],
+    )
+    .expect("parses");
     assert_eq!(s.lm_head, LmHead::Tied);
     assert_eq!(s.params().lm_head, 0);
-    let s = edited("tiny-qwen3-moe.json", &[("attention_bias", Some(json!(true)))]).expect("parses");
+    let s = edited(
+        "tiny-qwen3-moe.json",
+        &[("attention_bias", Some(json!(true)))],
+    )
+    .expect("parses");
     assert!(s.attention.qkv_bias && s.attention.o_bias);
     // q, k, v biases (256 + 2*128) and o bias (256) per layer.
     let plain = spec("tiny-qwen3-moe.json");
@@ -223,7 +298,17 @@ fn qwen3_options() {
     assert_eq!(s.defaulted.get("head_dim").map(String::as_str), Some("64"));
     // Optional fields absent take the Hugging Face defaults, and say so.
     let mut v = fixture_json("tiny-qwen3-moe.json");
-    for key in ["hidden_act", "rms_norm_eps", "tie_word_embeddings", "attention_bias", "decoder_sparse_step", "mlp_only_layers", "use_sliding_window", "norm_topk_prob", "torch_dtype"] {
+    for key in [
+        "hidden_act",
+        "rms_norm_eps",
+        "tie_word_embeddings",
+        "attention_bias",
+        "decoder_sparse_step",
+        "mlp_only_layers",
+        "use_sliding_window",
+        "norm_topk_prob",
+        "torch_dtype",
+    ] {
         v.as_object_mut().expect("object").remove(key);
     }
     let s = ModelSpec::from_json(&v).expect("parses");
@@ -232,7 +317,16 @@ fn qwen3_options() {
     let keys: Vec<&str> = s.defaulted.keys().copied().collect();
     assert_eq!(
         keys,
-        ["hidden_act", "attention_bias", "rms_norm_eps", "tie_word_embeddings", "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob", "use_sliding_window"]
+        [
+            "hidden_act",
+            "attention_bias",
+            "rms_norm_eps",
+            "tie_word_embeddings",
+            "decoder_sparse_step",
+            "mlp_only_layers",
+            "norm_topk_prob",
+            "use_sliding_window"
+        ]
     );
 }
 
