@@ -193,7 +193,7 @@ impl Oracle {
                 return Err(RunnerError(format!("the oracle failed before compiling anything on {chip}:\n{}", last_lines(&stderr, 12))));
             }
             let died = pending[answers.len()];
-            results[died] = Some(Err(format!("libtpu aborted the oracle process on {chip}: {}", last_lines(&stderr, 3))));
+            results[died] = Some(Err(format!("libtpu aborted the oracle process on {chip}: {}", fatal_line(&stderr).unwrap_or_else(|| last_lines(&stderr, 3)))));
             pending.drain(..=answers.len());
         }
         Ok(results.into_iter().map(|r| r.expect("every job answered")).collect())
@@ -250,6 +250,13 @@ impl Oracle {
     }
 }
 
+/// The message of glog's fatal line (`F1130 01:02:41.87 5570 file.cc:1585] message`), which
+/// says why libtpu aborted.
+fn fatal_line(stderr: &str) -> Option<String> {
+    let line = stderr.lines().find(|l| l.starts_with('F') && l.as_bytes().get(1).is_some_and(u8::is_ascii_digit) && l.contains("] "))?;
+    Some(line.split_once("] ").map_or(line, |(_, m)| m).trim().to_string())
+}
+
 /// The last `n` non-empty lines of `text`, joined by " | " (at most 600 characters).
 fn last_lines(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
@@ -296,6 +303,13 @@ impl Runner for Oracle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fatal_line_says_why() {
+        let err = "W0000 warning\nF1130 01:02:41.870801    5570 llo_dumper.cc:1585] Static LLO profiling failed: Unsupported DMA direction.\n*** SIGABRT";
+        assert_eq!(fatal_line(err).as_deref(), Some("Static LLO profiling failed: Unsupported DMA direction."));
+        assert_eq!(fatal_line("Failed to find host bounds\n"), None);
+    }
 
     #[test]
     fn last_lines_keeps_the_tail() {
