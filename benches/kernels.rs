@@ -6,7 +6,7 @@
 //! 1. v6e: our `matmul` and `gemv` against JAX Pallas's reference kernels of the same
 //!    shapes and blocks (`oracle.py pallas matmul|gemv`, compiled with our call spec):
 //!    `ratio = ours / JAX` (at most 1.0 = as fast or faster).
-//! 2. v6e: `gemv` block sweep (block_n x block_k) with the libtpu runner on a few decode
+//! 2. v6e: `gemv` block sweep (`block_n` x `block_k`) with the libtpu runner on a few decode
 //!    shapes; `ratio = floor / ours`, where the floor is `oracle.py floor`'s cycles for
 //!    the bytes the GEMV must move (1.0 = at the HBM floor).
 //! 3. v5e: `decode_attention`. Its KV loop runs `ceil(lens[b] / block_kv)` times, a count
@@ -14,7 +14,7 @@
 //!    checks what libtpu's estimate does with it (by varying `max_context` and `block_kv`)
 //!    and reports a floor ratio only if the estimate follows the bytes moved. (With
 //!    libtpu 0.0.42.1 it does not: the estimate is the same for every context and every
-//!    block_kv, so no ratio is reported and the bench says why.) v5e, not v6e: the v6e
+//!    `block_kv`, so no ratio is reported and the bench says why.) v5e, not v6e: the v6e
 //!    profiler is known to abort on manual DMAs from HBM (it happens to profile this
 //!    kernel's defaults, but not reliably across shapes).
 //!
