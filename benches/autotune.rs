@@ -5,8 +5,14 @@
 //! The cycle column is the roofline *model* of `palladium_autotune::model`, not a
 //! measurement: it ranks candidates by modelled HBM traffic, MXU work and grid-step count.
 //! The full reports are also written as JSON to `target/tmp/autotune-matmul-<chip>.json`.
+//!
+//! `PALLADIUM_AUTOTUNE_RUNNER=oracle` also costs the v6e sweep with the libtpu runner
+//! ([`Oracle`]: libtpu 0.0.42.1's static cycle estimates, deviceless, one process), prints
+//! its table and compares the two rankings: Spearman rank correlation over the candidates
+//! both costed, top-1 agreement, and where each runner's best lands in the other's ranking.
+//! (v7x is skipped there: libtpu reports no cycles on v7x.)
 
-use palladium_autotune::{ChipModel, CompileOnly, SearchSpace, search};
+use palladium_autotune::{ChipModel, CompileOnly, Oracle, SearchReport, SearchSpace, search};
 use palladium_dsl::spec::Chip;
 use std::time::{Duration, Instant};
 
@@ -78,5 +84,85 @@ fn main() {
         if let Err(e) = std::fs::write(&path, report.to_json()) {
             println!("(could not write {}: {e})", path.display());
         }
+
+        if chip == Chip::V6e && std::env::var("PALLADIUM_AUTOTUNE_RUNNER").as_deref() == Ok("oracle") {
+            let mut oracle = Oracle::new(env!("CARGO_TARGET_TMPDIR")).unwrap_or_else(|e| panic!("PALLADIUM_AUTOTUNE_RUNNER=oracle: {e}"));
+            let t0 = Instant::now();
+            let measured = search(&space, chip, &mut oracle).unwrap_or_else(|e| panic!("{e}"));
+            println!(
+                "== the same sweep on {chip}, libtpu runner (static LLO estimates, deviceless; {} oracle process(es), {:.1} s) ==",
+                oracle.processes,
+                t0.elapsed().as_secs_f64()
+            );
+            print!("{}", measured.table());
+            compare_rankings(&report, &measured);
+            let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("autotune-matmul-{chip}-oracle.json"));
+            if let Err(e) = std::fs::write(&path, measured.to_json()) {
+                println!("(could not write {}: {e})", path.display());
+            }
+            println!();
+        }
     }
+}
+
+/// Ranks (1 = best) with ties averaged, of `values`.
+fn ranks(values: &[f64]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..values.len()).collect();
+    order.sort_by(|&a, &b| values[a].total_cmp(&values[b]));
+    let mut r = vec![0.0; values.len()];
+    let mut i = 0;
+    while i < order.len() {
+        let mut j = i;
+        while j + 1 < order.len() && values[order[j + 1]] == values[order[i]] {
+            j += 1;
+        }
+        let avg = (i + j) as f64 / 2.0 + 1.0;
+        for &o in &order[i..=j] {
+            r[o] = avg;
+        }
+        i = j + 1;
+    }
+    r
+}
+
+/// Spearman's rho: Pearson correlation of the ranks.
+fn spearman(a: &[f64], b: &[f64]) -> f64 {
+    let (ra, rb) = (ranks(a), ranks(b));
+    let n = ra.len() as f64;
+    let (ma, mb) = (ra.iter().sum::<f64>() / n, rb.iter().sum::<f64>() / n);
+    let cov: f64 = ra.iter().zip(&rb).map(|(x, y)| (x - ma) * (y - mb)).sum();
+    let va: f64 = ra.iter().map(|x| (x - ma).powi(2)).sum();
+    let vb: f64 = rb.iter().map(|y| (y - mb).powi(2)).sum();
+    cov / (va * vb).sqrt()
+}
+
+fn compare_rankings(model: &SearchReport, measured: &SearchReport) {
+    let both: Vec<(usize, f64, f64)> = model
+        .results
+        .iter()
+        .zip(&measured.results)
+        .filter_map(|(a, b)| Some((a.candidate.index, a.cost()?.cycles, b.cost()?.cycles)))
+        .collect();
+    if both.len() < 2 {
+        println!("ranking comparison: fewer than 2 candidates costed by both runners");
+        return;
+    }
+    let (m, l): (Vec<f64>, Vec<f64>) = both.iter().map(|&(_, a, b)| (a, b)).unzip();
+    let rho = spearman(&m, &l);
+    let best_of = |v: &[f64]| (0..v.len()).min_by(|&a, &b| v[a].total_cmp(&v[b]).then(a.cmp(&b))).expect("non-empty");
+    let (bm, bl) = (best_of(&m), best_of(&l));
+    let (rm, rl) = (ranks(&m), ranks(&l));
+    let name = |i: usize| model.results[both[i].0].candidate.to_string();
+    println!(
+        "ranking: static model vs libtpu over {} candidates: Spearman rho = {rho:.3}; top-1 {} (model's best {} is libtpu's #{:.0} at {:.0} cycles, {:.3}x libtpu's best; libtpu's best {} at {:.0} cycles is the model's #{:.0})",
+        both.len(),
+        if bm == bl { "agrees" } else { "differs" },
+        name(bm),
+        rl[bm],
+        l[bm],
+        l[bm] / l[bl],
+        name(bl),
+        l[bl],
+        rm[bl],
+    );
 }

@@ -46,6 +46,13 @@ pub trait Runner {
     fn name(&self) -> &str;
     /// Cost `kernel` (already built and verified for `chip`).
     fn run(&mut self, kernel: &Kernel, chip: Chip) -> Result<CostRecord, RunnerError>;
+
+    /// Cost many kernels at once, one result per kernel in order. The search calls this
+    /// with every verified candidate; the default runs [`Runner::run`] on each in turn.
+    /// Runners with a costly start (the libtpu oracle) override it to share one start.
+    fn run_batch(&mut self, kernels: &[&Kernel], chip: Chip) -> Vec<Result<CostRecord, RunnerError>> {
+        kernels.iter().map(|k| self.run(k, chip)).collect()
+    }
 }
 
 /// The compile-only runner: the static pipeline traffic model priced by the roofline model

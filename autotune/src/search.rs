@@ -181,25 +181,43 @@ pub struct SearchReport {
     pub results: Vec<CandidateResult>,
 }
 
-/// Build, verify and cost every candidate of `space` on `chip` with `runner`.
+/// Build, verify and cost every candidate of `space` on `chip` with `runner`. Every
+/// candidate is built and verified first; the survivors go to [`Runner::run_batch`] in one
+/// call, in enumeration order.
 pub fn search(space: &SearchSpace, chip: Chip, runner: &mut dyn Runner) -> Result<SearchReport, SearchError> {
     space.check()?;
-    let mut results = Vec::with_capacity(space.len());
-    for candidate in space.candidates() {
+    let candidates = space.candidates();
+    let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(candidates.len());
+    let mut verified = Vec::new();
+    for candidate in &candidates {
         let settings: Vec<(String, String)> = space.fixed.iter().chain(&candidate.settings).cloned().collect();
         let outcome = match palladium_kernels::build(&space.kernel, &settings) {
-            Err(KernelError::Build { errors, .. }) => Outcome::Rejected { stage: Stage::Build, reason: errors.to_string() },
-            Err(e) => Outcome::Rejected { stage: Stage::Build, reason: e.to_string() },
+            Err(KernelError::Build { errors, .. }) => Some(Outcome::Rejected { stage: Stage::Build, reason: errors.to_string() }),
+            Err(e) => Some(Outcome::Rejected { stage: Stage::Build, reason: e.to_string() }),
             Ok(kernel) => match verify(&kernel, VerifyOptions { chip: Some(chip) }) {
-                Err(errors) => Outcome::Rejected { stage: Stage::Verify, reason: errors.to_string() },
-                Ok(()) => match runner.run(&kernel, chip) {
-                    Ok(cost) => Outcome::Costed(cost),
-                    Err(e) => Outcome::Rejected { stage: Stage::Runner, reason: e.to_string() },
-                },
+                Err(errors) => Some(Outcome::Rejected { stage: Stage::Verify, reason: errors.to_string() }),
+                Ok(()) => {
+                    verified.push((candidate.index, kernel));
+                    None
+                }
             },
         };
-        results.push(CandidateResult { candidate, outcome });
+        outcomes.push(outcome);
     }
+    let kernels: Vec<&palladium_dsl::Kernel> = verified.iter().map(|(_, k)| k).collect();
+    let costs = runner.run_batch(&kernels, chip);
+    assert_eq!(costs.len(), kernels.len(), "runner `{}` returned {} results for {} kernels", runner.name(), costs.len(), kernels.len());
+    for ((index, _), cost) in verified.iter().zip(costs) {
+        outcomes[*index] = Some(match cost {
+            Ok(cost) => Outcome::Costed(cost),
+            Err(e) => Outcome::Rejected { stage: Stage::Runner, reason: e.to_string() },
+        });
+    }
+    let results = candidates
+        .into_iter()
+        .zip(outcomes)
+        .map(|(candidate, outcome)| CandidateResult { candidate, outcome: outcome.expect("every candidate has an outcome") })
+        .collect();
     Ok(SearchReport { kernel: space.kernel.clone(), chip, runner: runner.name().to_string(), fixed: space.fixed.clone(), results })
 }
 

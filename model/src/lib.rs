@@ -1,0 +1,32 @@
+//! Palladium's model description: a Hugging Face `config.json` read into a typed, validated
+//! [`ModelSpec`], the input of the megakernel planner.
+//!
+//! ```
+//! let spec = palladium_model::ModelSpec::from_json_str(include_str!(
+//!     "../../fixtures/models/qwen3-30b-a3b.json"
+//! ))?;
+//! assert_eq!(spec.layers.len(), 48);
+//! # Ok::<(), palladium_model::ConfigError>(())
+//! ```
+//!
+//! - [`spec`]: the types; every family convention (q/k norm, RoPE style, top-k renormalisation,
+//!   biases, tied head) is a field, and every layer states its attention span and FFN kind.
+//! - `parse`: both transformers 4.x and 5.x spellings, family rules, consistency checks; errors
+//!   name the field ([`ConfigError`]).
+//! - [`cost`]: parameter counts, weight and KV-cache bytes, HBM bytes per decode step.
+//! - [`report`]: a human-readable summary ([`ModelSpec::report`]).
+
+pub mod cost;
+mod error;
+mod json;
+mod parse;
+pub mod report;
+pub mod spec;
+
+pub use cost::{DecodeTraffic, LayerParams, ModelParams, expected_distinct_experts};
+pub use error::ConfigError;
+pub use spec::{
+    Activation, AttentionKind, AttentionSpec, Dtype, Family, FfnKind, LayerSpec, LmHead, MlpSpec,
+    ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, RopeScaling, RopeSpec, RopeStyle,
+    RouterScoring, Routing, SharedExpert, TopKWeights,
+};

@@ -1,0 +1,645 @@
+//! `config.json` → [`ModelSpec`]: reading, the transformers 4.x / 5.x spellings, family rules
+//! and consistency checks.
+//!
+//! Family rules follow the Hugging Face modeling code: `modeling_qwen3_moe.py` /
+//! `configuration_qwen3_moe.py` and `modeling_mixtral.py` / `configuration_mixtral.py`
+//! (transformers 4.51 as written by the Qwen3 checkpoints, and the 5.x dataclass configs).
+
+use std::path::Path;
+
+use indexmap::IndexMap;
+use serde_json::Value;
+
+use crate::error::ConfigError;
+use crate::json::{Obj, describe};
+use crate::spec::{
+    Activation, AttentionKind, AttentionSpec, Dtype, Family, FfnKind, LayerSpec, LmHead, MlpSpec,
+    ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, RopeScaling, RopeSpec, RopeStyle,
+    RouterScoring, Routing, TopKWeights,
+};
+
+impl ModelSpec {
+    /// Reads and validates a `config.json` file.
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Self::from_json_str(&text)
+    }
+
+    /// Parses and validates the text of a `config.json`.
+    pub fn from_json_str(text: &str) -> Result<Self, ConfigError> {
+        let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::Json {
+            message: e.to_string(),
+        })?;
+        Self::from_json(&value)
+    }
+
+    /// Validates an already-parsed `config.json`.
+    pub fn from_json(value: &Value) -> Result<Self, ConfigError> {
+        let map = value.as_object().ok_or_else(|| ConfigError::Json {
+            message: format!("top level is {}", describe(value)),
+        })?;
+        Parser {
+            obj: Obj::new(map, ""),
+            defaulted: IndexMap::new(),
+        }
+        .model()
+    }
+}
+
+struct Parser<'a> {
+    obj: Obj<'a>,
+    defaulted: IndexMap<&'static str, String>,
+}
+
+/// Hugging Face defaults of optional fields, per family (the `*Config` class defaults).
+struct Defaults {
+    rms_norm_eps: f64,
+}
+
+impl Family {
+    fn defaults(self) -> Defaults {
+        match self {
+            Self::Qwen3Moe => Defaults { rms_norm_eps: 1e-6 },
+            Self::Mixtral => Defaults { rms_norm_eps: 1e-5 },
+        }
+    }
+}
+
+impl<'a> Parser<'a> {
+    /// An optional field's value, or `default` recorded in [`ModelSpec::defaulted`].
+    fn or_default<T: ToString>(&mut self, field: &'static str, value: Option<T>, default: T) -> T {
+        value.unwrap_or_else(|| {
+            self.defaulted.insert(field, default.to_string());
+            default
+        })
+    }
+
+    fn model(mut self) -> Result<ModelSpec, ConfigError> {
+        let o = self.obj;
+        let family = self.family()?;
+
+        let act = o.opt_str("hidden_act")?;
+        let act = self.or_default("hidden_act", act, "silu");
+        if act != "silu" {
+            return Err(ConfigError::unsupported(
+                "hidden_act",
+                format!("{act:?}"),
+                "silu",
+            ));
+        }
+
+        let hidden_size = o.req_pos("hidden_size")?;
+        let num_layers = o.req_pos("num_hidden_layers")?;
+        let vocab_size = o.req_pos("vocab_size")?;
+        let max_position_embeddings = o.req_pos("max_position_embeddings")?;
+        let attention = self.attention(family, hidden_size)?;
+
+        let eps = o.opt_pos_f64("rms_norm_eps")?;
+        let eps = self.or_default("rms_norm_eps", eps, family.defaults().rms_norm_eps);
+
+        let tied = o.opt_bool("tie_word_embeddings")?;
+        let tied = self.or_default("tie_word_embeddings", tied, false);
+
+        let dtype = self.dtype()?;
+        self.reject_foreign_fields(family)?;
+        let layers = match family {
+            Family::Qwen3Moe => self.qwen3_moe_layers(num_layers)?,
+            Family::Mixtral => self.mixtral_layers(num_layers)?,
+        };
+
+        Ok(ModelSpec {
+            family,
+            hidden_size,
+            vocab_size,
+            max_position_embeddings,
+            dtype,
+            attention,
+            norm: NormSpec {
+                eps,
+                kind: NormKind::Rms,
+            },
+            mlp: MlpSpec {
+                activation: Activation::Silu,
+                gated: true,
+            },
+            lm_head: if tied { LmHead::Tied } else { LmHead::Untied },
+            layers,
+            defaulted: self.defaulted,
+        })
+    }
+
+    fn family(&self) -> Result<Family, ConfigError> {
+        let o = self.obj;
+        let supported = Family::MODEL_TYPES.join(", ");
+        let model_type = o
+            .opt_str("model_type")?
+            .ok_or_else(|| ConfigError::Missing {
+                field: "model_type".into(),
+                hint: format!(" (supported: {supported})"),
+            })?;
+        let family = match model_type {
+            "qwen3_moe" => Family::Qwen3Moe,
+            "mixtral" => Family::Mixtral,
+            other => {
+                return Err(ConfigError::unsupported(
+                    "model_type",
+                    format!("{other:?}"),
+                    supported,
+                ));
+            }
+        };
+        if let Some(archs) = o.opt_str_list("architectures")?
+            && !archs.is_empty()
+            && !archs.contains(&family.causal_lm_class())
+        {
+            return Err(ConfigError::unsupported(
+                "architectures",
+                format!("{archs:?}"),
+                format!(
+                    "[\"{}\"] for model_type {model_type:?}",
+                    family.causal_lm_class()
+                ),
+            ));
+        }
+        Ok(family)
+    }
+
+    fn attention(&mut self, family: Family, hidden: u64) -> Result<AttentionSpec, ConfigError> {
+        let o = self.obj;
+        let num_heads = o.req_pos("num_attention_heads")?;
+        let num_kv_heads = o.req_pos("num_key_value_heads")?;
+        if num_kv_heads > num_heads || !num_heads.is_multiple_of(num_kv_heads) {
+            return Err(ConfigError::invalid(
+                "num_key_value_heads",
+                num_kv_heads,
+                format!("num_attention_heads ({num_heads}) must be a multiple of it"),
+            ));
+        }
+        let head_dim = match o.opt_size("head_dim")? {
+            Some(0) => return Err(ConfigError::invalid("head_dim", 0, "must be at least 1")),
+            Some(d) => d,
+            None => {
+                if !hidden.is_multiple_of(num_heads) {
+                    return Err(ConfigError::invalid(
+                        "num_attention_heads",
+                        num_heads,
+                        format!(
+                            "\"head_dim\" is absent, so hidden_size ({hidden}) must be divisible by num_attention_heads"
+                        ),
+                    ));
+                }
+                self.or_default("head_dim", None, hidden / num_heads)
+            }
+        };
+        if head_dim % 2 != 0 {
+            return Err(ConfigError::invalid(
+                "head_dim",
+                head_dim,
+                "RoPE (rotate_half) needs an even head_dim",
+            ));
+        }
+
+        let bias = o.opt_bool("attention_bias")?;
+        let (qkv_bias, o_bias, qk_norm) = match family {
+            // Qwen3MoeAttention: q/k/v/o_proj all take `bias=config.attention_bias`; q_norm and
+            // k_norm are `Qwen3MoeRMSNorm(head_dim)`.
+            Family::Qwen3Moe => {
+                let bias = self.or_default("attention_bias", bias, false);
+                (
+                    bias,
+                    bias,
+                    QkNorm::PerHeadRms {
+                        weight_len: head_dim,
+                    },
+                )
+            }
+            // MixtralAttention: all projections `bias=False`; there is no config field for it.
+            Family::Mixtral => {
+                if bias == Some(true) {
+                    return Err(ConfigError::unsupported(
+                        "attention_bias",
+                        true,
+                        "false or absent (Mixtral's attention projections have no bias)",
+                    ));
+                }
+                (false, false, QkNorm::None)
+            }
+        };
+
+        if let Some(f) = o.opt_f64("partial_rotary_factor")?
+            && f != 1.0
+        {
+            return Err(ConfigError::unsupported("partial_rotary_factor", f, "1.0"));
+        }
+        let rope = self.rope(head_dim)?;
+        Ok(AttentionSpec {
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale: (head_dim as f64).powf(-0.5),
+            qkv_bias,
+            o_bias,
+            qk_norm,
+            rope,
+        })
+    }
+
+    /// RoPE from either spelling: 4.x `rope_theta` + `rope_scaling` (null or a dict), or 5.x
+    /// `rope_parameters: {"rope_theta", "rope_type"}`. Both may be present (5.x keeps reading
+    /// 4.x files); they must then agree.
+    fn rope(&mut self, head_dim: u64) -> Result<RopeSpec, ConfigError> {
+        let o = self.obj;
+        let old_theta = o.opt_pos_f64("rope_theta")?;
+        let mut new_theta = None;
+        if let Some(params) = o.opt_obj("rope_parameters")? {
+            let p = Obj::new(params, "rope_parameters.");
+            if p.keys().any(|k| k.ends_with("_attention")) {
+                return Err(ConfigError::unsupported(
+                    "rope_parameters",
+                    "per-layer-type RoPE parameters",
+                    "a single {\"rope_theta\", \"rope_type\"} object",
+                ));
+            }
+            check_rope_type(&p)?;
+            if let Some(f) = p.opt_f64("partial_rotary_factor")?
+                && f != 1.0
+            {
+                return Err(ConfigError::unsupported(
+                    p.path("partial_rotary_factor"),
+                    f,
+                    "1.0",
+                ));
+            }
+            new_theta = p.opt_pos_f64("rope_theta")?;
+        }
+        if let Some(scaling) = o.opt_obj("rope_scaling")? {
+            check_rope_type(&Obj::new(scaling, "rope_scaling."))?;
+        }
+        let theta = match (old_theta, new_theta) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(ConfigError::Conflict {
+                    field: "rope_theta".into(),
+                    value: a.to_string(),
+                    other: "rope_parameters.rope_theta".into(),
+                    other_value: b.to_string(),
+                });
+            }
+            (Some(t), _) | (None, Some(t)) => t,
+            (None, None) => {
+                return Err(ConfigError::Missing {
+                    field: "rope_theta".into(),
+                    hint: " (or \"rope_parameters.rope_theta\")".into(),
+                });
+            }
+        };
+        Ok(RopeSpec {
+            theta,
+            scaling: RopeScaling::Default,
+            style: RopeStyle::NeoxRotateHalf,
+            rotary_dim: head_dim,
+        })
+    }
+
+    /// `torch_dtype` (4.x) or `dtype` (5.x).
+    fn dtype(&mut self) -> Result<Option<Dtype>, ConfigError> {
+        let o = self.obj;
+        let parse = |field: &str| -> Result<Option<Dtype>, ConfigError> {
+            o.opt_str(field)?
+                .map(|s| {
+                    Dtype::parse(s).ok_or_else(|| {
+                        ConfigError::unsupported(field, format!("{s:?}"), Dtype::SUPPORTED)
+                    })
+                })
+                .transpose()
+        };
+        match (parse("torch_dtype")?, parse("dtype")?) {
+            (Some(a), Some(b)) if a != b => Err(ConfigError::Conflict {
+                field: "torch_dtype".into(),
+                value: a.name().into(),
+                other: "dtype".into(),
+                other_value: b.name().into(),
+            }),
+            (Some(d), _) | (None, Some(d)) => Ok(Some(d)),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// `num_experts` (Qwen3 4.x) or `num_local_experts` (Mixtral, and the 5.x attribute map
+    /// of both families).
+    fn num_experts(&self) -> Result<u64, ConfigError> {
+        let o = self.obj;
+        match (o.opt_size("num_experts")?, o.opt_size("num_local_experts")?) {
+            (Some(a), Some(b)) if a != b => Err(ConfigError::Conflict {
+                field: "num_experts".into(),
+                value: a.to_string(),
+                other: "num_local_experts".into(),
+                other_value: b.to_string(),
+            }),
+            (Some(n), _) | (None, Some(n)) => Ok(n),
+            (None, None) => Err(ConfigError::Missing {
+                field: "num_experts".into(),
+                hint: " (or \"num_local_experts\")".into(),
+            }),
+        }
+    }
+
+    fn moe(
+        &self,
+        num_experts: u64,
+        intermediate_field: &str,
+        top_k_weights: TopKWeights,
+    ) -> Result<MoeSpec, ConfigError> {
+        let o = self.obj;
+        let top_k = o.req_pos("num_experts_per_tok")?;
+        if top_k > num_experts {
+            return Err(ConfigError::invalid(
+                "num_experts_per_tok",
+                top_k,
+                format!("more than the {num_experts} experts"),
+            ));
+        }
+        Ok(MoeSpec {
+            num_experts,
+            top_k,
+            intermediate: o.req_pos(intermediate_field)?,
+            routing: Routing {
+                router_bias: false,
+                scoring: RouterScoring::Softmax,
+                top_k_weights,
+            },
+            shared: None,
+        })
+    }
+
+    /// Qwen3-MoE layer `i` is MoE iff `i ∉ mlp_only_layers` and `num_experts > 0` and
+    /// `(i + 1) % decoder_sparse_step == 0`; otherwise a dense `Qwen3MoeMLP(intermediate_size)`
+    /// (`Qwen3MoeDecoderLayer.__init__`).
+    fn qwen3_moe_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
+        let o = self.obj;
+        let num_experts = self.num_experts()?;
+        let step = o.opt_size("decoder_sparse_step")?;
+        let step = self.or_default("decoder_sparse_step", step, 1);
+        if step == 0 {
+            return Err(ConfigError::invalid(
+                "decoder_sparse_step",
+                0,
+                "must be at least 1",
+            ));
+        }
+        let mlp_only = o.opt_u64_list("mlp_only_layers")?;
+        let mlp_only = match mlp_only {
+            Some(v) => v,
+            None => {
+                self.defaulted.insert("mlp_only_layers", "[]".into());
+                Vec::new()
+            }
+        };
+        if let Some((i, &l)) = mlp_only.iter().enumerate().find(|&(_, &l)| l >= num_layers) {
+            return Err(ConfigError::invalid(
+                format!("mlp_only_layers[{i}]"),
+                l,
+                format!("not a layer index (num_hidden_layers is {num_layers})"),
+            ));
+        }
+        let is_moe =
+            |i: u64| !mlp_only.contains(&i) && num_experts > 0 && (i + 1).is_multiple_of(step);
+
+        let norm_topk = o.opt_bool("norm_topk_prob")?;
+        let norm_topk = self.or_default("norm_topk_prob", norm_topk, false);
+        let weights = if norm_topk {
+            TopKWeights::Renormalized
+        } else {
+            TopKWeights::Raw
+        };
+        let attention = self.qwen3_moe_attention_kinds(num_layers)?;
+        // The fields are re-read per layer (cheap) so that a field is required only when some
+        // layer needs it: `intermediate_size` only with dense layers, the MoE ones only with MoE.
+        attention
+            .into_iter()
+            .enumerate()
+            .map(|(index, attention)| {
+                let ffn = if is_moe(index as u64) {
+                    FfnKind::Moe(self.moe(num_experts, "moe_intermediate_size", weights)?)
+                } else {
+                    FfnKind::Dense {
+                        intermediate: o.req_pos("intermediate_size")?,
+                    }
+                };
+                Ok(LayerSpec {
+                    index,
+                    attention,
+                    ffn,
+                })
+            })
+            .collect()
+    }
+
+    /// Qwen3-MoE sliding windows. `use_sliding_window: false` (the default and both real
+    /// configs) means full attention everywhere (`configuration_qwen3_moe.py` sets
+    /// `sliding_window = None` then). When it is true: `layer_types` if present, else the
+    /// transformers 4.x rule of `Qwen3MoeAttention`: layers `>= max_window_layers` slide, the
+    /// ones before attend fully (transformers 5.x dropped `max_window_layers` and slides every
+    /// layer, so a 5.x-written sliding config should carry `layer_types`).
+    fn qwen3_moe_attention_kinds(
+        &mut self,
+        num_layers: u64,
+    ) -> Result<Vec<AttentionKind>, ConfigError> {
+        let o = self.obj;
+        let use_sw = o.opt_bool("use_sliding_window")?;
+        let use_sw = self.or_default("use_sliding_window", use_sw, false);
+        let layer_types = self.layer_types(num_layers)?;
+        if !use_sw {
+            if let Some(types) = &layer_types
+                && let Some(i) = types.iter().position(|&sliding| sliding)
+            {
+                return Err(ConfigError::invalid(
+                    format!("layer_types[{i}]"),
+                    "\"sliding_attention\"",
+                    "use_sliding_window is false, so Qwen3-MoE attends fully in every layer",
+                ));
+            }
+            return Ok(vec![AttentionKind::Full; num_layers as usize]);
+        }
+        let window = self.window("use_sliding_window is true")?;
+        let sliding = match layer_types {
+            Some(types) => types,
+            None => {
+                let first =
+                    o.opt_size("max_window_layers")?
+                        .ok_or_else(|| ConfigError::Missing {
+                            field: "max_window_layers".into(),
+                            hint: " (use_sliding_window is true and there is no \"layer_types\")"
+                                .into(),
+                        })?;
+                (0..num_layers).map(|i| i >= first).collect()
+            }
+        };
+        Ok(sliding
+            .into_iter()
+            .map(|s| {
+                if s {
+                    AttentionKind::Sliding { window }
+                } else {
+                    AttentionKind::Full
+                }
+            })
+            .collect())
+    }
+
+    /// Mixtral: `MixtralAttention` passes `config.sliding_window` to every layer; `null` (as in
+    /// Mixtral-8x7B) means full attention.
+    fn mixtral_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
+        let o = self.obj;
+        let num_experts = self.num_experts()?;
+        if num_experts == 0 {
+            return Err(ConfigError::invalid(
+                "num_local_experts",
+                0,
+                "must be at least 1",
+            ));
+        }
+        if o.opt_bool("norm_topk_prob")? == Some(false) {
+            return Err(ConfigError::unsupported(
+                "norm_topk_prob",
+                false,
+                "true or absent (Mixtral always renormalises the top-k weights)",
+            ));
+        }
+        let moe = self.moe(num_experts, "intermediate_size", TopKWeights::Renormalized)?;
+        let attention = match o.opt_size("sliding_window")? {
+            None => AttentionKind::Full,
+            Some(_) => AttentionKind::Sliding {
+                window: self.window("")?,
+            },
+        };
+        if let Some(types) = self.layer_types(num_layers)? {
+            let want = matches!(attention, AttentionKind::Sliding { .. });
+            if let Some(i) = types.iter().position(|&s| s != want) {
+                return Err(ConfigError::invalid(
+                    format!("layer_types[{i}]"),
+                    if types[i] {
+                        "\"sliding_attention\""
+                    } else {
+                        "\"full_attention\""
+                    },
+                    "Mixtral uses sliding_window in every layer or in none",
+                ));
+            }
+        }
+        Ok((0..num_layers as usize)
+            .map(|index| LayerSpec {
+                index,
+                attention,
+                ffn: FfnKind::Moe(moe.clone()),
+            })
+            .collect())
+    }
+
+    fn window(&self, why: &str) -> Result<u64, ConfigError> {
+        let o = self.obj;
+        let w = o
+            .opt_size("sliding_window")?
+            .ok_or_else(|| ConfigError::Missing {
+                field: "sliding_window".into(),
+                hint: if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({why})")
+                },
+            })?;
+        if w == 0 {
+            return Err(ConfigError::invalid(
+                "sliding_window",
+                0,
+                "must be at least 1",
+            ));
+        }
+        Ok(w)
+    }
+
+    /// `layer_types`: one `"full_attention"` / `"sliding_attention"` per layer; `true` = sliding.
+    fn layer_types(&self, num_layers: u64) -> Result<Option<Vec<bool>>, ConfigError> {
+        let Some(types) = self.obj.opt_str_list("layer_types")? else {
+            return Ok(None);
+        };
+        if types.len() as u64 != num_layers {
+            return Err(ConfigError::invalid(
+                "layer_types",
+                format!("an array of {} elements", types.len()),
+                format!("needs one entry per layer ({num_layers})"),
+            ));
+        }
+        types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match *t {
+                "full_attention" => Ok(false),
+                "sliding_attention" => Ok(true),
+                other => Err(ConfigError::unsupported(
+                    format!("layer_types[{i}]"),
+                    format!("{other:?}"),
+                    "full_attention, sliding_attention",
+                )),
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
+    }
+
+    /// Fields that other MoE families use for shared experts or dense prefixes. The modeling
+    /// code of these families ignores them, so a config carrying them is probably not the model
+    /// it claims to be; refuse instead of silently building the wrong network.
+    fn reject_foreign_fields(&self, family: Family) -> Result<(), ConfigError> {
+        let mut fields = vec![
+            "first_k_dense_replace",
+            "n_shared_experts",
+            "shared_expert_intermediate_size",
+        ];
+        if family == Family::Mixtral {
+            fields.extend([
+                "mlp_only_layers",
+                "moe_intermediate_size",
+                "use_sliding_window",
+            ]);
+        }
+        for field in fields {
+            let Some(v) = self.obj.get(field) else {
+                continue;
+            };
+            let harmless = v.as_u64() == Some(0)
+                || v.as_array().is_some_and(Vec::is_empty)
+                || (field == "use_sliding_window" && v.as_bool() == Some(false));
+            if !harmless {
+                return Err(ConfigError::unsupported(
+                    field,
+                    describe(v),
+                    format!(
+                        "absent (not part of the {} architecture)",
+                        family.model_type()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `rope_type` (or the legacy `type` key) must be `"default"`, or absent.
+fn check_rope_type(o: &Obj<'_>) -> Result<(), ConfigError> {
+    let key = if o.has("rope_type") {
+        "rope_type"
+    } else {
+        "type"
+    };
+    match o.opt_str(key)? {
+        None | Some("default") => Ok(()),
+        Some(other) => Err(ConfigError::unsupported(
+            o.path(key),
+            format!("{other:?}"),
+            "default",
+        )),
+    }
+}

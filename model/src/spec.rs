@@ -1,0 +1,302 @@
+//! The typed model description: one [`ModelSpec`] per `config.json`, with every per-layer
+//! choice spelled out in [`LayerSpec`] and every family convention spelled out as a field, so
+//! the planner reads facts instead of re-deriving them from the family name.
+
+use indexmap::IndexMap;
+use serde::Serialize;
+
+/// The model families this crate reads, by Hugging Face `model_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum Family {
+    /// `"qwen3_moe"`: Qwen3-30B-A3B, Qwen3-235B-A22B (`modeling_qwen3_moe.py`).
+    Qwen3Moe,
+    /// `"mixtral"`: Mixtral-8x7B, Mixtral-8x22B (`modeling_mixtral.py`).
+    Mixtral,
+}
+
+impl Family {
+    /// Every supported `model_type` value, in the order error messages list them.
+    pub const MODEL_TYPES: &'static [&'static str] = &["qwen3_moe", "mixtral"];
+
+    /// The `model_type` string Hugging Face uses.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Self::Qwen3Moe => "qwen3_moe",
+            Self::Mixtral => "mixtral",
+        }
+    }
+
+    /// The causal-LM class named in `architectures`.
+    pub fn causal_lm_class(self) -> &'static str {
+        match self {
+            Self::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Self::Mixtral => "MixtralForCausalLM",
+        }
+    }
+}
+
+/// Declared weight dtype (`torch_dtype` in transformers 4.x, `dtype` in 5.x).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum Dtype {
+    BFloat16,
+    Float16,
+    Float32,
+}
+
+impl Dtype {
+    /// Values accepted in the config, as Hugging Face spells them.
+    pub const SUPPORTED: &'static str = "bfloat16, float16, float32";
+
+    pub fn bytes(self) -> u64 {
+        match self {
+            Self::BFloat16 | Self::Float16 => 2,
+            Self::Float32 => 4,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::BFloat16 => "bfloat16",
+            Self::Float16 => "float16",
+            Self::Float32 => "float32",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Option<Self> {
+        match s {
+            "bfloat16" => Some(Self::BFloat16),
+            "float16" => Some(Self::Float16),
+            "float32" => Some(Self::Float32),
+            _ => None,
+        }
+    }
+}
+
+/// A whole decoder-only MoE model, as the megakernel planner needs it.
+///
+/// Layout of one decode step (both families, pre-norm residual blocks):
+/// `x = embed[token]`; per layer `x += attn(rmsnorm(x))`, `x += ffn(rmsnorm(x))`;
+/// then `logits = lm_head(rmsnorm(x))`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelSpec {
+    pub family: Family,
+    /// `hidden_size`: width of the residual stream.
+    pub hidden_size: u64,
+    /// `vocab_size`: rows of the embedding and of `lm_head`.
+    pub vocab_size: u64,
+    /// `max_position_embeddings`: the longest context the RoPE tables must cover.
+    pub max_position_embeddings: u64,
+    /// Declared weight dtype; `None` when the config names none (Hugging Face then loads float32).
+    pub dtype: Option<Dtype>,
+    /// Shapes and conventions shared by the attention of every layer.
+    pub attention: AttentionSpec,
+    /// The normalisation used for the two per-layer norms and the final norm.
+    pub norm: NormSpec,
+    /// The expert / dense MLP form (activation and gating).
+    pub mlp: MlpSpec,
+    /// How `lm_head` relates to the embedding (`tie_word_embeddings`).
+    pub lm_head: LmHead,
+    /// One entry per decoder layer, in order; `layers[i].index == i`.
+    pub layers: Vec<LayerSpec>,
+    /// Optional fields that were absent from the config and took the family's Hugging Face
+    /// default, with the value used: field name → value.
+    pub defaulted: IndexMap<&'static str, String>,
+}
+
+/// Attention settings common to all layers (the per-layer part is [`AttentionKind`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AttentionSpec {
+    /// `num_attention_heads`.
+    pub num_heads: u64,
+    /// `num_key_value_heads` (grouped-query attention: `num_heads / num_kv_heads` query heads
+    /// share one K/V head).
+    pub num_kv_heads: u64,
+    /// `head_dim`, or `hidden_size / num_attention_heads` when absent.
+    pub head_dim: u64,
+    /// Softmax scale `head_dim^-0.5` (both families, `self.scaling`).
+    pub scale: f64,
+    /// Bias on `q_proj`, `k_proj`, `v_proj` (`attention_bias`; Mixtral: never).
+    pub qkv_bias: bool,
+    /// Bias on `o_proj` (Qwen3-MoE: `attention_bias`, unlike Qwen2; Mixtral: never).
+    pub o_bias: bool,
+    /// Normalisation of q and k before RoPE.
+    pub qk_norm: QkNorm,
+    pub rope: RopeSpec,
+}
+
+impl AttentionSpec {
+    /// Query heads per K/V head.
+    pub fn group_size(&self) -> u64 {
+        self.num_heads / self.num_kv_heads
+    }
+}
+
+/// Whether q and k are normalised before RoPE.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum QkNorm {
+    /// Mixtral: q and k go straight from the projections to RoPE.
+    None,
+    /// Qwen3-MoE: `q_norm` / `k_norm` are RMS norms over each head's `head_dim` values (weight
+    /// shape `[head_dim]`, shared by all heads, same `eps` as the layer norms), applied after
+    /// the projection is viewed as `[.., heads, head_dim]` and before RoPE
+    /// (`modeling_qwen3_moe.py`, `Qwen3MoeAttention.forward`).
+    PerHeadRms { weight_len: u64 },
+}
+
+/// Rotary position embedding.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RopeSpec {
+    /// Base frequency: `rope_theta` (4.x) or `rope_parameters.rope_theta` (5.x).
+    pub theta: f64,
+    /// Only `"default"` RoPE (no scaling) is supported so far.
+    pub scaling: RopeScaling,
+    pub style: RopeStyle,
+    /// Number of rotated dimensions per head (`head_dim`: neither family has partial rotary).
+    pub rotary_dim: u64,
+}
+
+/// RoPE frequency scaling (`rope_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum RopeScaling {
+    /// `inv_freq[i] = theta^(-2i/rotary_dim)`, no position scaling, attention factor 1.
+    Default,
+}
+
+/// How RoPE pairs up the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum RopeStyle {
+    /// GPT-NeoX style: dimension `i` rotates with `i + rotary_dim/2`
+    /// (`rotate_half(x) = cat(-x2, x1)`, `x*cos + rotate_half(x)*sin`, with
+    /// `cos = cat(cos(f), cos(f))`); both families, `apply_rotary_pos_emb`.
+    NeoxRotateHalf,
+}
+
+/// The normalisation layers.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct NormSpec {
+    /// `rms_norm_eps`.
+    pub eps: f64,
+    pub kind: NormKind,
+}
+
+/// Form of a normalisation layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum NormKind {
+    /// `w * (x / sqrt(mean(x^2) + eps))`, computed in float32 and cast back before the weight
+    /// multiply; the weight has no `+1` offset (`Qwen3MoeRMSNorm`, `MixtralRMSNorm`).
+    Rms,
+}
+
+/// The MLP form used by experts, shared experts and dense layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MlpSpec {
+    pub activation: Activation,
+    /// Gated MLP: `down(act(gate(x)) * up(x))`, no biases. Qwen3-MoE names the matrices
+    /// `gate_proj` / `up_proj` / `down_proj`; Mixtral checkpoints `w1` / `w3` / `w2`.
+    pub gated: bool,
+}
+
+/// `hidden_act`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Activation {
+    /// `x * sigmoid(x)`.
+    Silu,
+}
+
+/// `tie_word_embeddings`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum LmHead {
+    /// `lm_head.weight` is its own `[vocab, hidden]` matrix (both real Qwen3-MoE configs, Mixtral).
+    Untied,
+    /// `lm_head` reuses `embed_tokens.weight`.
+    Tied,
+}
+
+/// One decoder layer: which attention and which FFN.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LayerSpec {
+    pub index: usize,
+    pub attention: AttentionKind,
+    pub ffn: FfnKind,
+}
+
+/// Attention span of one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum AttentionKind {
+    /// Causal attention over the whole context.
+    Full,
+    /// Causal attention over the last `window` positions (the current one included).
+    Sliding { window: u64 },
+}
+
+impl AttentionKind {
+    /// How many cached positions this layer reads at context length `context`.
+    pub fn span(self, context: u64) -> u64 {
+        match self {
+            Self::Full => context,
+            Self::Sliding { window } => context.min(window),
+        }
+    }
+}
+
+/// Feed-forward part of one layer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum FfnKind {
+    /// A single gated MLP with this intermediate size (`mlp_only_layers`, `decoder_sparse_step`,
+    /// and later DeepSeek-style `first_k_dense_replace`).
+    Dense { intermediate: u64 },
+    /// A routed mixture of experts.
+    Moe(MoeSpec),
+}
+
+/// A mixture-of-experts FFN.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MoeSpec {
+    /// Routed experts (`num_experts` / `num_local_experts`).
+    pub num_experts: u64,
+    /// Experts per token (`num_experts_per_tok`).
+    pub top_k: u64,
+    /// Intermediate size of each routed expert (Qwen3-MoE: `moe_intermediate_size`;
+    /// Mixtral: `intermediate_size`).
+    pub intermediate: u64,
+    pub routing: Routing,
+    /// An always-on expert added to the routed output (none in either family yet).
+    pub shared: Option<SharedExpert>,
+}
+
+/// How router logits become expert weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Routing {
+    /// `gate`: a `[hidden] -> [num_experts]` linear layer without bias (both families).
+    pub router_bias: bool,
+    pub scoring: RouterScoring,
+    pub top_k_weights: TopKWeights,
+}
+
+/// Scoring of router logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum RouterScoring {
+    /// Softmax over all experts in float32, then top-k of the probabilities (both families).
+    Softmax,
+}
+
+/// What happens to the top-k probabilities before they weight the expert outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum TopKWeights {
+    /// Divided by their sum. Equivalent to a softmax over the k selected logits. Mixtral always;
+    /// Qwen3-MoE when `norm_topk_prob` is true (both real Qwen3 configs).
+    Renormalized,
+    /// Used as they are (they sum to less than 1): Qwen3-MoE with `norm_topk_prob: false`.
+    Raw,
+}
+
+/// An always-active expert next to the routed ones (Qwen2-MoE / `DeepSeek` style; the type is
+/// here so those families fit, neither current family produces it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SharedExpert {
+    /// Total intermediate size of the shared expert(s).
+    pub intermediate: u64,
+    /// Qwen2-MoE scales the shared output by `sigmoid(shared_expert_gate(x))`, a `[hidden] -> 1`
+    /// linear layer; `DeepSeek` adds it ungated.
+    pub sigmoid_gate: bool,
+}
