@@ -15,7 +15,7 @@ fn shapes(kernel: &str) -> Option<Vec<Vec<(&'static str, &'static str)>>> {
         "matmul" => vec![
             vec![],
             vec![("m", "256"), ("k", "512"), ("n", "256"), ("bm", "128"), ("bk", "256"), ("bn", "128")],
-            vec![("m", "96"), ("k", "384"), ("n", "384"), ("bm", "32"), ("bk", "128"), ("bn", "128")],
+            vec![("m", "96"), ("k", "384"), ("n", "384"), ("bm", "32"), ("bk", "128"), ("bn", "128"), ("out_dtype", "f32")],
         ],
         "rmsnorm" => vec![vec![], vec![("rows", "64"), ("hidden", "256"), ("block_rows", "16")], vec![("rows", "48"), ("hidden", "1024"), ("block_rows", "48"), ("eps", "0.01")]],
         "gather_rows" => vec![vec![], vec![("n", "5"), ("table_rows", "16"), ("r", "8"), ("d", "128"), ("scale", "0.5")], vec![("n", "12"), ("table_rows", "7"), ("r", "32"), ("d", "384"), ("scale", "-1.5")]],
@@ -107,7 +107,7 @@ fn cli_prints_errors_per_output_and_fails_out_of_tolerance() {
     assert!(out.contains("out      bf16[8,16,256]") && out.contains("max abs err 0.000e0  max rel err 0.000e0  tolerance 1e-2  ok") && out.ends_with("PASS\n"), "{out}");
     let (ok, out, err) = palladium(&[&["interpret", "matmul", "--seed", "1"][..], &small].concat());
     assert!(ok, "{out}{err}");
-    assert!(out.contains("matmul m=64 k=256 n=128 bm=16 bk=128 bn=128 on v6e, seed 1: grid (4, 1, 2)"), "{out}");
+    assert!(out.contains("matmul m=64 k=256 n=128 bm=16 bk=128 bn=128 out_dtype=bf16 on v6e, seed 1: grid (4, 1, 2)"), "{out}");
     // A negative tolerance nothing can meet: the comparison fails, the exit status says so.
     let (ok, out, err) = palladium(&[&["interpret", "matmul", "--seed", "1", "--tolerance=-1"][..], &small].concat());
     assert!(!ok && out.contains("FAIL") && err.contains("`matmul` does not match its reference"), "{out}{err}");

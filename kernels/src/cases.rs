@@ -13,6 +13,7 @@ use crate::reference::{self as r, Rng};
 
 pub mod matmul {
     use super::*;
+    use palladium_dsl::DType;
     use crate::matmul::Params;
 
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
@@ -21,7 +22,11 @@ pub mod matmul {
     }
 
     pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
-        vec![HostData::bf16(&[p.m, p.n], r::matmul(x[0].f32s(), x[1].f32s(), p.m, p.k, p.n))]
+        let shape = [p.m, p.n];
+        match p.out_dtype {
+            DType::F32 => vec![HostData::f32(&shape, r::matmul_f32(x[0].f32s(), x[1].f32s(), p.m, p.k, p.n))],
+            _ => vec![HostData::bf16(&shape, r::matmul(x[0].f32s(), x[1].f32s(), p.m, p.k, p.n))],
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! The Pallas tiled matmul: bf16 in, f32 accumulator in VMEM scratch, the reduction (k)
-//! axis last so each output block stays resident while it accumulates.
+//! axis last so each output block stays resident while it accumulates; bf16 or f32 out
+//! (`out_dtype`).
 
 use palladium_dsl::prelude::*;
 
@@ -11,9 +12,10 @@ pub fn matmul(
     #[default(256)] bm: usize,
     #[default(512)] bk: usize,
     #[default(256)] bn: usize,
+    #[default(bf16)] out_dtype: DType,
     #[input(bf16[m, k], block = [bm, bk], map = |i, _j, kk| (i, kk))] x: Ref,
     #[input(bf16[k, n], block = [bk, bn], map = |_i, j, kk| (kk, j))] y: Ref,
-    #[output(bf16[m, n], block = [bm, bn], map = |i, j, _kk| (i, j))] o: Ref,
+    #[output(out_dtype[m, n], block = [bm, bn], map = |i, j, _kk| (i, j))] o: Ref,
     #[scratch(vmem, f32[bm, bn])] acc: Ref,
 ) {
     if program_id(2) == 0 {
@@ -21,6 +23,6 @@ pub fn matmul(
     }
     acc[..] += dot(x[..], y[..]);
     if program_id(2) == num_programs(2) - 1 {
-        o[..] = acc[..].cast(bf16);
+        o[..] = acc[..].cast(out_dtype);
     }
 }

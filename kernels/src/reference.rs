@@ -73,7 +73,7 @@ impl Rng {
 }
 
 /// `x[m, k] @ y[k, n]` with f32 accumulation in index order, f32 out.
-fn matmul_f32(x: &[f32], y: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+pub fn matmul_f32(x: &[f32], y: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     assert_eq!((x.len(), y.len()), (m * k, k * n), "matmul operand sizes");
     let mut out = vec![0f32; m * n];
     for i in 0..m {

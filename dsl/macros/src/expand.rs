@@ -70,18 +70,22 @@ fn compile_time_params(func: &ItemFn) -> Vec<Param> {
     out
 }
 
-fn dtype_tokens(id: &Ident, errors: &mut Errors) -> TokenStream {
-    match DTYPES.iter().find(|(n, _)| id == n) {
-        Some((_, v)) => {
-            let v = Ident::new(v, id.span());
-            quote!(::palladium_dsl::__private::DType::#v)
-        }
-        None => {
-            let known: Vec<_> = DTYPES.iter().map(|(n, _)| *n).collect();
-            errors.at(id.span(), format!("unknown dtype `{id}` (known: {})", known.join(", ")));
-            quote!(::palladium_dsl::__private::DType::F32)
-        }
+/// A dtype in `dtype[dims]`: a dtype name, or a compile-time parameter of type `DType`
+/// (so one kernel can be built for several element types, e.g. `out_dtype[m, n]`).
+fn dtype_tokens(id: &Ident, params: &[Param], errors: &mut Errors) -> TokenStream {
+    if let Some((_, v)) = DTYPES.iter().find(|(n, _)| id == n) {
+        let v = Ident::new(v, id.span());
+        return quote!(::palladium_dsl::__private::DType::#v);
     }
+    if params.iter().any(|p| p.ident == *id) {
+        return quote_spanned!(id.span()=> { let __pd_dtype: ::palladium_dsl::__private::DType = #id; __pd_dtype });
+    }
+    let known: Vec<_> = DTYPES.iter().map(|(n, _)| *n).collect();
+    errors.at(
+        id.span(),
+        format!("unknown dtype `{id}` (known: {}, or a compile-time parameter of type DType)", known.join(", ")),
+    );
+    quote!(::palladium_dsl::__private::DType::F32)
 }
 
 fn space_tokens(id: Option<&Ident>, default: &str, errors: &mut Errors) -> TokenStream {
@@ -159,6 +163,7 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
             [_, second, ..] => errors.at(second.span(), "a parameter takes one spec attribute"),
         }
     }
+    let params = compile_time_params(&func);
     let prefetch_count = refs.iter().filter(|(_, k, _)| matches!(k, RefKind::Operand { role: "Prefetch", .. })).count();
 
     // Declarations.
@@ -169,7 +174,7 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
         match kind {
             RefKind::Operand { role, args } => {
                 let role_id = Ident::new(role, ident.span());
-                let dtype = dtype_tokens(&args.array.dtype, &mut errors);
+                let dtype = dtype_tokens(&args.array.dtype, &params, &mut errors);
                 let default_space = if *role == "Prefetch" { "smem" } else { "vmem" };
                 let space = space_tokens(args.space.as_ref(), default_space, &mut errors);
                 let shape = dims_tokens(&args.array.dims);
@@ -202,7 +207,7 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
             }
             RefKind::Scratch(ScratchArgs::Buffer { space, array }) => {
                 let space = space_tokens(Some(space), "vmem", &mut errors);
-                let dtype = dtype_tokens(&array.dtype, &mut errors);
+                let dtype = dtype_tokens(&array.dtype, &params, &mut errors);
                 let shape = dims_tokens(&array.dims);
                 decls.push(quote_spanned!(ident.span()=> __pd_b.scratch_buffer(#name_str, #space, #dtype, #shape);));
                 bindings.push(quote_spanned!(ty.span()=> let #ident: #ty = __pd_sealed.handles[#i].clone().into_ref();));
@@ -242,7 +247,6 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
     BodyRewriter { errors: &mut errors }.visit_block_mut(&mut body);
     errors.into_result()?;
 
-    let params = compile_time_params(&func);
     let sig_params = params.iter().map(|p| {
         let (id, ty) = (&p.ident, &p.ty);
         quote!(#id: #ty)

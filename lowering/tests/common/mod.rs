@@ -35,7 +35,15 @@ pub fn extra_kernels() -> Vec<(String, Kernel)> {
         (dynamic_dma::NAME, dynamic_dma()),
         (casts::NAME, casts()),
     ];
-    built.into_iter().map(|(name, k)| (name.to_string(), k.unwrap_or_else(|e| panic!("test kernel {name}: {e}")))).collect()
+    let mut all: Vec<(String, Kernel)> =
+        built.into_iter().map(|(name, k)| (name.to_string(), k.unwrap_or_else(|e| panic!("test kernel {name}: {e}")))).collect();
+    // Library kernels at non-default settings that change the emitted types.
+    let settings = [("matmul_f32_out", "matmul", [("out_dtype", "f32")])];
+    for (label, kernel, sets) in settings {
+        let sets: Vec<(String, String)> = sets.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+        all.push((label.to_string(), palladium_kernels::build(kernel, &sets).unwrap_or_else(|e| panic!("{label}: {e}"))));
+    }
+    all
 }
 
 /// A grid-less kernel: iota, compare, select, a traced `for` carrying a vector, a traced
