@@ -25,7 +25,7 @@ fn settings_override_defaults_and_bad_settings_are_named() {
     let k = palladium_kernels::build("matmul", &[("bm".into(), "128".into())]).unwrap();
     assert_eq!(k.call.grid[0].extent, 8);
     let err = palladium_kernels::build("matmul", &[("bq".into(), "128".into())]).unwrap_err().to_string();
-    assert!(err.contains("kernel `matmul` has no parameter `bq` (parameters: m, k, n, bm, bk, bn)"), "{err}");
+    assert!(err.contains("kernel `matmul` has no parameter `bq` (parameters: m, k, n, bm, bk, bn, out_dtype)"), "{err}");
     let err = palladium_kernels::build("matmul", &[("bm".into(), "big".into())]).unwrap_err().to_string();
     assert!(err.contains("cannot parse `big` as usize"), "{err}");
     let err = palladium_kernels::build("matmull", &[]).unwrap_err().to_string();
