@@ -88,6 +88,38 @@ pub mod decode_attention {
     }
 }
 
+pub mod kv_cache_update {
+    use super::*;
+    use crate::kv_cache_update::Params;
+
+    /// Positions in `0..max_context`, arbitrary (not tile-aligned; the first sequence's is
+    /// odd whenever `max_context > 1`, so a row inside a (16, 128) bf16 tile is always
+    /// written); random caches, so a wrong or missing row and any clobbered neighbour show.
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+        let mut rng = Rng::new(seed);
+        let mut positions: Vec<i32> = (0..p.batch).map(|_| rng.range(0, p.max_context as i64 - 1) as i32).collect();
+        if p.max_context > 1 && positions[0] % 2 == 0 {
+            positions[0] += if positions[0] + 1 < p.max_context as i32 { 1 } else { -1 };
+        }
+        let new = [p.batch, p.kv_heads, p.head_dim];
+        let cache = [p.batch, p.kv_heads, p.max_context, p.head_dim];
+        let (nn, nc) = (new.iter().product(), cache.iter().product());
+        vec![
+            HostData::i32(&[p.batch], positions),
+            HostData::bf16(&new, rng.bf16s(nn)),
+            HostData::bf16(&new, rng.bf16s(nn)),
+            HostData::bf16(&cache, rng.bf16s(nc)),
+            HostData::bf16(&cache, rng.bf16s(nc)),
+        ]
+    }
+
+    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
+        let cache = [p.batch, p.kv_heads, p.max_context, p.head_dim];
+        let update = |new: &HostData, old: &HostData| r::kv_cache_update(x[0].i32s(), new.f32s(), old.f32s(), p.kv_heads, p.max_context, p.head_dim);
+        vec![HostData::bf16(&cache, update(&x[1], &x[3])), HostData::bf16(&cache, update(&x[2], &x[4]))]
+    }
+}
+
 /// `n` values in `[-scale, scale)` for a bf16 operand, unrounded: `HostData::bf16` rounds
 /// them (once; rounding is a large part of generating the MoE kernels' GiB-sized weights at
 /// their defaults). Never zero.
