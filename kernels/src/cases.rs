@@ -62,12 +62,15 @@ pub mod decode_attention {
     use crate::decode_attention::Params;
 
     /// `lens` in `1..=max_context`, not all multiples of `block_kv` (a partial last tile is
-    /// always exercised when `block_kv > 1`).
+    /// always exercised when `block_kv > 1`); all `max_context` with `bench_full_context`.
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
         let mut rng = Rng::new(seed);
         let mut lens: Vec<i32> = (0..p.batch).map(|_| rng.range(1, p.max_context as i64) as i32).collect();
         let bkv = p.block_kv as i32;
-        if bkv > 1 && lens.iter().all(|l| l % bkv == 0) {
+        if p.bench_full_context {
+            // The benchmark variant attends to every position whatever `lens` says.
+            lens = vec![p.max_context as i32; p.batch];
+        } else if bkv > 1 && lens.iter().all(|l| l % bkv == 0) {
             lens[0] -= 1;
         }
         let q = [p.batch, p.kv_heads, p.group, p.head_dim];
