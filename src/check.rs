@@ -14,7 +14,7 @@
 //! A NaN or infinity in the output where the reference is finite is an infinite error.
 
 use palladium_dsl::spec::{Chip, OperandRole};
-use palladium_interpret::{DType, HostArray, InterpError, Module, ParseError, Program};
+use palladium_interpret::{CallSpec, DType, HostArray, InterpError, Module, ParseError, Program};
 use palladium_kernels::{HostData, KernelEntry, KernelError, Values};
 use palladium_lowering::{LowerOptions, lower};
 use std::fmt;
@@ -149,25 +149,30 @@ pub fn errors(got: &[f32], want: &[f32]) -> (f32, f32, Option<(usize, f32, f32)>
     (max_abs, max_abs / scale, worst)
 }
 
-/// Build, lower and prepare a library kernel: `(entry, body, program)`.
-pub fn prepare(name: &str, settings: &[(String, String)], chip: Chip) -> Result<(&'static KernelEntry, palladium_dsl::Kernel, Program), CheckError> {
+/// Build, lower and prepare a library kernel: `(entry, kernel, program, call spec)`. The
+/// call spec (the lowered call JSON: full output shapes and input/output aliases) is what
+/// [`Program::run_with`] needs to start an aliased output as a copy of its input.
+pub fn prepare(name: &str, settings: &[(String, String)], chip: Chip) -> Result<(&'static KernelEntry, palladium_dsl::Kernel, Program, CallSpec), CheckError> {
     let entry = palladium_kernels::entry(name)?;
     let kernel = (entry.build)(settings)?;
     let lowered = lower(&kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower { kernel: name.to_string(), chip, message: e.to_string() })?;
     let module = Module::parse(&lowered.body).map_err(|error| CheckError::Parse { kernel: name.to_string(), error })?;
     let program = module.prepare().map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) })?;
-    Ok((entry, kernel, program))
+    let spec = CallSpec::from_json(&lowered.call_json).map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) })?;
+    Ok((entry, kernel, program, spec))
 }
 
 /// Check one library kernel in interpret mode.
 pub fn check(name: &str, settings: &[(String, String)], options: &CheckOptions) -> Result<Report, CheckError> {
     let t = Instant::now();
-    let (entry, kernel, program) = prepare(name, settings, options.chip)?;
+    let (entry, kernel, program, spec) = prepare(name, settings, options.chip)?;
     let prepare_time = t.elapsed();
     let inputs = (entry.inputs)(settings, options.seed)?;
     let host: Vec<HostArray> = inputs.iter().map(to_host_array).collect();
     let t = Instant::now();
-    let got = program.run(&host).map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) })?;
+    // With the call spec: aliased outputs start as copies of their inputs (in-place kernels
+    // such as `kv_cache_update` write only part of them), output shapes as the call has them.
+    let got = program.run_with(&host, &spec).map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) })?;
     let run_time = t.elapsed();
     let t = Instant::now();
     let want = (entry.reference)(settings, &inputs)?;

@@ -24,6 +24,13 @@ fn shapes(kernel: &str) -> Option<Vec<Vec<(&'static str, &'static str)>>> {
             vec![("batch", "3"), ("kv_heads", "2"), ("group", "4"), ("max_context", "1024"), ("block_kv", "128")],
             vec![("batch", "2"), ("kv_heads", "1"), ("group", "16"), ("head_dim", "256"), ("max_context", "768"), ("block_kv", "256")],
         ],
+        // Arbitrary (odd, untiled) positions; random caches, so unchanged rows are checked too
+        // (the aliased outputs start as the input caches only through the call spec).
+        "kv_cache_update" => vec![
+            vec![],
+            vec![("batch", "5"), ("kv_heads", "1"), ("head_dim", "128"), ("max_context", "48")],
+            vec![("batch", "3"), ("kv_heads", "8"), ("head_dim", "64"), ("max_context", "300")],
+        ],
         "moe_router" => vec![
             vec![],
             vec![("tokens", "3"), ("hidden", "256"), ("experts", "64"), ("top_k", "2"), ("sigmoid", "true"), ("renormalize", "false")],

@@ -6,6 +6,12 @@
 //! VMEM ring: tile t+1 is in flight while tile t is used. Softmax is computed online
 //! (running max `m`, normaliser `l`, accumulator `acc`, all f32), so the context length is
 //! bounded by HBM, not VMEM.
+//!
+//! Benchmark variants (compile-time, default off): `bench_full_context` ignores `lens` and
+//! attends to all `max_context` positions with *static* loop bounds (`tiles` is a
+//! constant), so that libtpu's static estimate can price the KV loop (with run-time
+//! bounds it counts none of it); `unroll_kv` (with `bench_full_context`) unrolls the loop
+//! in Rust, one copy of the tile body per KV tile.
 
 use palladium_dsl::prelude::*;
 
@@ -17,6 +23,8 @@ pub fn decode_attention(
     #[default(128)] head_dim: usize,
     #[default(4096)] max_context: usize,
     #[default(512)] block_kv: usize,
+    #[default(false)] bench_full_context: bool,
+    #[default(false)] unroll_kv: bool,
     #[prefetch(i32[batch])] lens: Ref,
     #[input(bf16[batch, kv_heads, group, head_dim], block = [None, None, group, head_dim], map = |b, h, _lens| (b, h, 0, 0))] q: Ref,
     #[input(bf16[batch, kv_heads, max_context, head_dim], space = any)] k_cache: Ref,
@@ -28,8 +36,13 @@ pub fn decode_attention(
 ) {
     let b = program_id(0);
     let h = program_id(1);
-    let len = lens[b];
-    let tiles = (len + (block_kv as i32 - 1)) / block_kv as i32;
+    let n_tiles = max_context.div_ceil(block_kv);
+    let (len, tiles) = if bench_full_context {
+        (scalar(max_context as i32), scalar(n_tiles as i32))
+    } else {
+        let len = lens[b];
+        (len, (len + (block_kv as i32 - 1)) / block_kv as i32)
+    };
     let fetch = |tile: Val, slot: Val| {
         let start = (tile * block_kv as i32).multiple_of(block_kv as u32);
         let k = async_copy(k_cache.at((b, h, ds(start, block_kv as u64), ..)), k_buf.at(slot), sems.at((0, slot)));
@@ -46,7 +59,8 @@ pub fn decode_attention(
     let mut m = full([group, 1], f64::NEG_INFINITY, f32);
     let mut l = zeros([group, 1], f32);
     let mut acc = zeros([group, head_dim], f32);
-    for t in 0..tiles {
+    // One KV tile: prefetch the next, wait for this one, fold it into (m, l, acc).
+    let tile = |t: Val, m: Val, l: Val, acc: Val| -> (Val, Val, Val) {
         let slot = t % 2;
         if t + 1 < tiles {
             let (k_next, v_next) = fetch(t + 1, 1 - slot);
@@ -62,9 +76,18 @@ pub fn decode_attention(
         let m_new = m.max(s.max_keepdims(1));
         let correction = (m - m_new).exp();
         let p = (s - m_new).exp();
-        l = l * correction + p.sum_keepdims(1);
-        acc = acc * correction + dot(p.cast(bf16), v_buf[slot]);
-        m = m_new;
+        let l = l * correction + p.sum_keepdims(1);
+        let acc = acc * correction + dot(p.cast(bf16), v_buf[slot]);
+        (m_new, l, acc)
+    };
+    if bench_full_context && unroll_kv {
+        for t in 0..n_tiles {
+            (m, l, acc) = tile(scalar(t as i32), m, l, acc);
+        }
+    } else {
+        for t in 0..tiles {
+            (m, l, acc) = tile(t, m, l, acc);
+        }
     }
     o[(0, 0, .., ..)] = (acc / l).cast(bf16);
 }

@@ -67,12 +67,15 @@ pub mod decode_attention {
     use crate::decode_attention::Params;
 
     /// `lens` in `1..=max_context`, not all multiples of `block_kv` (a partial last tile is
-    /// always exercised when `block_kv > 1`).
+    /// always exercised when `block_kv > 1`); all `max_context` with `bench_full_context`.
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
         let mut rng = Rng::new(seed);
         let mut lens: Vec<i32> = (0..p.batch).map(|_| rng.range(1, p.max_context as i64) as i32).collect();
         let bkv = p.block_kv as i32;
-        if bkv > 1 && lens.iter().all(|l| l % bkv == 0) {
+        if p.bench_full_context {
+            // The benchmark variant attends to every position whatever `lens` says.
+            lens = vec![p.max_context as i32; p.batch];
+        } else if bkv > 1 && lens.iter().all(|l| l % bkv == 0) {
             lens[0] -= 1;
         }
         let q = [p.batch, p.kv_heads, p.group, p.head_dim];
@@ -90,6 +93,38 @@ pub mod decode_attention {
         let s = r::AttentionShape { batch: p.batch, kv_heads: p.kv_heads, group: p.group, head_dim: p.head_dim, max_context: p.max_context };
         let o = r::decode_attention(x[0].i32s(), x[1].f32s(), x[2].f32s(), x[3].f32s(), s);
         vec![HostData::bf16(&[p.batch, p.kv_heads, p.group, p.head_dim], o)]
+    }
+}
+
+pub mod kv_cache_update {
+    use super::*;
+    use crate::kv_cache_update::Params;
+
+    /// Positions in `0..max_context`, arbitrary (not tile-aligned; the first sequence's is
+    /// odd whenever `max_context > 1`, so a row inside a (16, 128) bf16 tile is always
+    /// written); random caches, so a wrong or missing row and any clobbered neighbour show.
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+        let mut rng = Rng::new(seed);
+        let mut positions: Vec<i32> = (0..p.batch).map(|_| rng.range(0, p.max_context as i64 - 1) as i32).collect();
+        if p.max_context > 1 && positions[0] % 2 == 0 {
+            positions[0] += if positions[0] + 1 < p.max_context as i32 { 1 } else { -1 };
+        }
+        let new = [p.batch, p.kv_heads, p.head_dim];
+        let cache = [p.batch, p.kv_heads, p.max_context, p.head_dim];
+        let (nn, nc) = (new.iter().product(), cache.iter().product());
+        vec![
+            HostData::i32(&[p.batch], positions),
+            HostData::bf16(&new, rng.bf16s(nn)),
+            HostData::bf16(&new, rng.bf16s(nn)),
+            HostData::bf16(&cache, rng.bf16s(nc)),
+            HostData::bf16(&cache, rng.bf16s(nc)),
+        ]
+    }
+
+    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
+        let cache = [p.batch, p.kv_heads, p.max_context, p.head_dim];
+        let update = |new: &HostData, old: &HostData| r::kv_cache_update(x[0].i32s(), new.f32s(), old.f32s(), p.kv_heads, p.max_context, p.head_dim);
+        vec![HostData::bf16(&cache, update(&x[1], &x[3])), HostData::bf16(&cache, update(&x[2], &x[4]))]
     }
 }
 

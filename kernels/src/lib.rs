@@ -15,6 +15,7 @@ mod ffn;
 mod gather;
 mod gmm;
 mod host;
+mod kv_cache;
 mod linalg;
 pub mod moe_reference;
 mod norm;
@@ -31,6 +32,7 @@ pub use decode::gemv;
 pub use ffn::expert_ffn;
 pub use gather::gather_rows;
 pub use gmm::grouped_matmul;
+pub use kv_cache::kv_cache_update;
 pub use linalg::matmul;
 pub use norm::rmsnorm;
 pub use norm_matmul::rmsnorm_matmul;
@@ -125,6 +127,7 @@ pub static REGISTRY: &[KernelEntry] = &[
     entry!(rmsnorm, "RMSNorm over the hidden dim, f32 math, bf16 in/out", cases::rmsnorm),
     entry!(gather_rows, "gather row blocks from HBM by scalar-prefetched ids with double-buffered DMAs", cases::gather_rows),
     entry!(decode_attention, "GQA decode attention over an HBM KV cache: per-sequence lengths, double-buffered KV tiles, online softmax", cases::decode_attention),
+    entry!(kv_cache_update, "in-place KV cache update: the new token's K/V rows DMA'd (HBM to HBM) into the aliased caches at per-sequence positions from scalar prefetch", cases::kv_cache_update),
     entry!(moe_router, "MoE router: x @ w_router logits, softmax/sigmoid scores, top-k (optionally renormalised) ids and weights to SMEM", cases::moe_router),
     entry!(expert_ffn, "MoE decode expert FFN: SwiGLU experts fetched by routed id with double-buffered manual DMAs, weighted f32 combine", cases::expert_ffn),
     entry!(grouped_matmul, "megablox-style grouped matmul: expert-sorted rows, group metadata in scalar prefetch, masked merge of straddling tiles", cases::grouped_matmul),

@@ -167,6 +167,26 @@ pub fn decode_attention(lens: &[i32], q: &[f32], k: &[f32], v: &[f32], s: Attent
     out.into_iter().map(round_bf16).collect()
 }
 
+/// `kv_cache_update`: the caches (`[batch, kv_heads, max_context, head_dim]`) with row
+/// `positions[b]` of every `(b, h)` replaced by the new token's `new[b, h, :]`
+/// (`[batch, kv_heads, head_dim]`); every other row unchanged. Returns the updated cache.
+pub fn kv_cache_update(positions: &[i32], new: &[f32], cache: &[f32], kv_heads: usize, max_context: usize, head_dim: usize) -> Vec<f32> {
+    let batch = positions.len();
+    assert_eq!(new.len(), batch * kv_heads * head_dim, "new token size");
+    assert_eq!(cache.len(), batch * kv_heads * max_context * head_dim, "cache size");
+    let mut out = cache.to_vec();
+    for (b, &pos) in positions.iter().enumerate() {
+        let pos = usize::try_from(pos).expect("negative position");
+        assert!(pos < max_context, "position {pos} outside the cache ({max_context})");
+        for h in 0..kv_heads {
+            let src = (b * kv_heads + h) * head_dim;
+            let dst = ((b * kv_heads + h) * max_context + pos) * head_dim;
+            out[dst..dst + head_dim].copy_from_slice(&new[src..src + head_dim]);
+        }
+    }
+    out
+}
+
 /// `gemv`: `o[batch, n] = x[batch, k] @ w[k, n]`, f32 accumulation, f32 out (no rounding
 /// after the inputs).
 pub fn gemv(x: &[f32], w: &[f32], batch: usize, k: usize, n: usize) -> Vec<f32> {

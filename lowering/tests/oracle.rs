@@ -57,7 +57,7 @@ use serde_json::Value as Json;
 use std::path::Path;
 
 /// Kernels whose static profile aborts libtpu on v5e (see the module docs).
-const V5E_PROFILE_ABORTS: &[&str] = &["gemv"];
+const V5E_PROFILE_ABORTS: &[&str] = &["gemv", "kv_cache_update"];
 
 fn lowered(k: &palladium_dsl::Kernel) -> Lowered {
     lower(k, &LowerOptions { chip: Chip::V6e }).unwrap_or_else(|e| panic!("{}: {e}", k.name))
