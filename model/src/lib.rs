@@ -17,6 +17,8 @@
 //! - [`report`]: a human-readable summary ([`ModelSpec::report`]).
 
 pub mod cost;
+pub mod reference;
+pub mod weights;
 mod error;
 mod json;
 mod parse;
