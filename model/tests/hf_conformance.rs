@@ -1,0 +1,147 @@
+//! Conformance of the reference forward pass with Hugging Face transformers' own.
+//!
+//! `hf_reference.py` (run with the oracle venv's python, where `scripts/setup.sh` installs
+//! pinned `torch` and `transformers`) builds the tiny fixture model with transformers,
+//! random-initialises it, saves a bf16 safetensors checkpoint, and runs prompt + greedy decode
+//! in float32 and in bfloat16. We load that checkpoint with [`Weights::load`] and the config it
+//! wrote with [`ModelSpec::from_path`], run [`Reference::generate`] in the same two precisions,
+//! and compare.
+//!
+//! Tolerances (logits of the tiny models are O(1): about -3..3, std 1):
+//! - float32: ids equal, max |ours - hf| <= 1e-4 (the two differ only in summation order:
+//!   we accumulate dot products in f64, torch in f32 with its own blocking).
+//! - bfloat16: ids equal, max |ours - hf| <= 0.0625 (four bf16 ulps at magnitude 2..4):
+//!   both round at the same points, but a torch bf16 GEMM's f32 accumulation order can flip the
+//!   last bit of an activation, and such flips propagate through 4 layers. Measured maxima are
+//!   printed (`cargo test -- --nocapture`).
+//!
+//! Without torch/transformers in the venv these tests fail, naming the setup script.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use palladium_model::ModelSpec;
+use palladium_model::reference::{Generation, Precision, Reference};
+use palladium_model::weights::Weights;
+
+const F32_TOL: f32 = 1e-4;
+const BF16_TOL: f32 = 0.0625;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn venv_python() -> PathBuf {
+    let venv = std::env::var_os("PALLADIUM_TPU_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
+                .join(".cache/palladium/venv-tpu")
+        });
+    let py = venv.join("bin/python");
+    let ok = Command::new(&py)
+        .args(["-c", "import torch, transformers"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok,
+        "{} cannot import torch and transformers: run scripts/setup.sh (it installs the pinned \
+         versions into the oracle venv, $PALLADIUM_TPU_VENV or ~/.cache/palladium/venv-tpu)",
+        py.display()
+    );
+    py
+}
+
+struct Oracle {
+    dir: PathBuf,
+    f32: Generation,
+    bf16: Generation,
+}
+
+fn run_oracle(config: &str, seed: u64, prompt: &[u32], steps: usize) -> Oracle {
+    let py = venv_python();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "hf-{}-{seed}-{}",
+        Path::new(config).file_stem().unwrap().to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let prompt_s: Vec<String> = prompt.iter().map(u32::to_string).collect();
+    let out = Command::new(&py)
+        .arg(repo_root().join("model/tests/hf_reference.py"))
+        .arg("--config")
+        .arg(repo_root().join(config))
+        .args(["--seed", &seed.to_string()])
+        .args(["--prompt-ids", &prompt_s.join(",")])
+        .args(["--steps", &steps.to_string()])
+        .arg("--out-dir")
+        .arg(&dir)
+        .output()
+        .expect("run hf_reference.py");
+    assert!(
+        out.status.success(),
+        "hf_reference.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read = |f: &str| -> Generation {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(f)).unwrap()).unwrap()
+    };
+    Oracle {
+        f32: read("hf_float32.json"),
+        bf16: read("hf_bfloat16.json"),
+        dir,
+    }
+}
+
+/// (max abs error, max abs error / max |hf logit|) over all steps.
+fn logit_error(ours: &Generation, hf: &Generation) -> (f32, f32) {
+    let (mut err, mut scale) = (0f32, 0f32);
+    for (a, b) in ours.steps.iter().zip(&hf.steps) {
+        assert_eq!(a.logits.len(), b.logits.len());
+        for (x, y) in a.logits.iter().zip(&b.logits) {
+            err = err.max((x - y).abs());
+            scale = scale.max(y.abs());
+        }
+    }
+    (err, err / scale)
+}
+
+fn check(config: &str, seed: u64, prompt: &[u32], steps: usize) {
+    let oracle = run_oracle(config, seed, prompt, steps);
+    let spec = ModelSpec::from_path(oracle.dir.join("config.json")).unwrap();
+    let weights = Weights::load(&spec, oracle.dir.join("model.safetensors")).unwrap();
+    assert!(weights.is_bf16_valued());
+    for (precision, hf, tol) in [
+        (Precision::F32, &oracle.f32, F32_TOL),
+        (Precision::Bf16, &oracle.bf16, BF16_TOL),
+    ] {
+        let reference = Reference::new(&spec, &weights, precision).unwrap();
+        let ours = reference.generate(prompt, steps).unwrap();
+        let (abs, rel) = logit_error(&ours, hf);
+        eprintln!(
+            "{config} seed {seed} {precision:?}: ids ours {:?} hf {:?}; max abs logit error \
+             {abs:.3e}, relative to max |logit| {rel:.3e}",
+            ours.generated_ids, hf.generated_ids
+        );
+        assert_eq!(hf.steps.len(), steps);
+        assert_eq!(
+            ours.generated_ids, hf.generated_ids,
+            "{config} {precision:?}: generated ids differ"
+        );
+        assert!(
+            abs <= tol,
+            "{config} {precision:?}: max abs logit error {abs} > {tol}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&oracle.dir);
+}
+
+#[test]
+fn qwen3_moe_matches_transformers() {
+    check("fixtures/models/tiny-qwen3-moe.json", 7, &[1, 17, 300, 42, 5], 10);
+}
+
+#[test]
+fn mixtral_matches_transformers() {
+    check("fixtures/models/tiny-mixtral.json", 11, &[3, 99, 250, 7], 10);
+}
