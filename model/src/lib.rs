@@ -23,13 +23,13 @@
 //!   `tests/hf_conformance.rs`.
 
 pub mod cost;
-pub mod reference;
-pub mod weights;
 mod error;
 mod json;
 mod parse;
+pub mod reference;
 pub mod report;
 pub mod spec;
+pub mod weights;
 
 pub use cost::{DecodeTraffic, LayerParams, ModelParams, expected_distinct_experts};
 pub use error::ConfigError;

@@ -67,9 +67,7 @@ pub enum ForwardError {
     TokenOutOfRange { id: u32, vocab: u64 },
     #[error("the prompt is empty")]
     EmptyPrompt,
-    #[error(
-        "position {pos} is past max_position_embeddings {max}"
-    )]
+    #[error("position {pos} is past max_position_embeddings {max}")]
     TooLong { pos: usize, max: u64 },
 }
 
@@ -81,6 +79,59 @@ pub enum ForwardError {
 pub struct Generation {
     pub generated_ids: Vec<u32>,
     pub steps: Vec<StepLogits>,
+}
+
+/// How closely two generations agree (see [`Generation::agreement`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Agreement {
+    /// First step whose generated id differs; `None` when all compared ids match.
+    pub first_id_mismatch: Option<usize>,
+    /// Steps compared: the shorter of the two.
+    pub steps: usize,
+    /// Largest `|a - b|` over the logits of the compared steps.
+    pub max_abs: f32,
+    /// `max_abs` divided by the largest `|b|` logit (the scale of the expected logits).
+    pub max_rel: f32,
+}
+
+impl Generation {
+    /// Compares `self` with an expected generation `expected` over the steps both have. Logits
+    /// are compared only up to and including the first id mismatch (after it the two runs see
+    /// different tokens).
+    pub fn agreement(&self, expected: &Generation) -> Agreement {
+        let steps = self.steps.len().min(expected.steps.len());
+        let first_id_mismatch = self
+            .generated_ids
+            .iter()
+            .zip(&expected.generated_ids)
+            .position(|(a, b)| a != b);
+        let upto = first_id_mismatch.map_or(steps, |i| (i + 1).min(steps));
+        let (mut max_abs, mut scale) = (0f32, 0f32);
+        for (a, b) in self.steps[..upto].iter().zip(&expected.steps[..upto]) {
+            for (x, y) in a.logits.iter().zip(&b.logits) {
+                let d = (x - y).abs();
+                max_abs = if d.is_nan() {
+                    f32::INFINITY
+                } else {
+                    max_abs.max(d)
+                };
+                scale = scale.max(y.abs());
+            }
+            if a.logits.len() != b.logits.len() {
+                max_abs = f32::INFINITY;
+            }
+        }
+        Agreement {
+            first_id_mismatch,
+            steps,
+            max_abs,
+            max_rel: if scale > 0.0 {
+                max_abs / scale
+            } else {
+                max_abs
+            },
+        }
+    }
 }
 
 /// One decode step's logits (`vocab_size` values).
@@ -384,6 +435,43 @@ impl Reference {
         Ok(out)
     }
 
+    /// Teacher forcing: the prompt, then `forced` fed one by one whatever the logits say.
+    /// `steps[i].logits` are the logits before `forced[i]` is fed (as in [`Self::generate`]);
+    /// `generated_ids[i]` is their argmax, the token greedy decoding would have picked. Used to
+    /// compare logits with another implementation at every step without one near-tie flip
+    /// sending the two runs down different token paths.
+    pub fn teacher_force(
+        &self,
+        prompt: &[u32],
+        forced: &[u32],
+    ) -> Result<Generation, ForwardError> {
+        let (last, first) = prompt.split_last().ok_or(ForwardError::EmptyPrompt)?;
+        let mut cache = self.new_cache();
+        for &t in first {
+            self.step(&mut cache, t)?;
+        }
+        let mut logits = self.step(&mut cache, *last)?;
+        let mut out = Generation {
+            generated_ids: Vec::with_capacity(forced.len()),
+            steps: Vec::with_capacity(forced.len()),
+        };
+        for (s, &id) in forced.iter().enumerate() {
+            out.generated_ids.push(argmax(&logits) as u32);
+            let next = if s + 1 < forced.len() {
+                Some(self.step(&mut cache, id)?)
+            } else {
+                None
+            };
+            out.steps.push(StepLogits {
+                logits: std::mem::take(&mut logits),
+            });
+            if let Some(n) = next {
+                logits = n;
+            }
+        }
+        Ok(out)
+    }
+
     /// Several prompts at once: each prompt is fed as one block ([`Self::forward_block`]),
     /// then all sequences decode together ([`Self::step_batch`]).
     pub fn generate_batch(
@@ -448,15 +536,15 @@ impl Reference {
 
     /// RMSNorm of `x` in place: `r(w * r(x * rsqrt(mean(x^2) + eps)))`.
     fn rmsnorm(&self, x: &mut [f32], w: &Tensor) {
-        let ms = (x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64)
-            as f32;
+        let ms =
+            (x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64) as f32;
         let inv = 1.0 / (ms + self.eps).sqrt();
         for (v, &g) in x.iter_mut().zip(&w.data) {
             *v = self.r(g * self.r(*v * inv));
         }
     }
 
-    /// NeoX RoPE of one head in place.
+    /// `NeoX` RoPE of one head in place.
     fn rope(&self, x: &mut [f32], cos: &[f32], sin: &[f32]) {
         let half = x.len() / 2;
         for i in 0..half {
@@ -614,9 +702,7 @@ impl Reference {
                     for d in 0..hd {
                         let acc: f64 = (start..=p)
                             .zip(&probs)
-                            .map(|(j, &pj)| {
-                                f64::from(pj) * f64::from(vals[(j * nkv + g) * hd + d])
-                            })
+                            .map(|(j, &pj)| f64::from(pj) * f64::from(vals[(j * nkv + g) * hd + d]))
                             .sum();
                         o[head * hd + d] = self.r(acc as f32);
                     }

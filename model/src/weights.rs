@@ -37,7 +37,7 @@ use indexmap::IndexMap;
 use safetensors::{Dtype as StDtype, SafeTensors, tensor::TensorView};
 use thiserror::Error;
 
-use crate::spec::{FfnKind, Family, LmHead, ModelSpec, QkNorm};
+use crate::spec::{Family, FfnKind, LmHead, ModelSpec, QkNorm};
 
 /// Why weights could not be built, read or written. Every variant about a tensor names it.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -220,10 +220,7 @@ impl ModelNames {
                         .collect();
                     FfnNames::Moe {
                         router: format!("{block}gate.weight"),
-                        router_bias: moe
-                            .routing
-                            .router_bias
-                            .then(|| format!("{block}gate.bias")),
+                        router_bias: moe.routing.router_bias.then(|| format!("{block}gate.bias")),
                         experts,
                     }
                 }
@@ -348,7 +345,9 @@ pub struct Tensor {
 impl Tensor {
     /// Whether every value is exactly representable in bf16.
     pub fn is_bf16_valued(&self) -> bool {
-        self.data.iter().all(|&x| round_bf16(x).to_bits() == x.to_bits() || x.is_nan())
+        self.data
+            .iter()
+            .all(|&x| round_bf16(x).to_bits() == x.to_bits() || x.is_nan())
     }
 
     /// A copy with every value rounded to the nearest bf16 (ties to even).
@@ -382,7 +381,7 @@ pub struct Weights {
     tensors: IndexMap<String, Tensor>,
 }
 
-/// SplitMix64: a small, fast, well-mixed generator, enough for test weights.
+/// `SplitMix64`: a small, fast, well-mixed generator, enough for test weights.
 struct SplitMix64(u64);
 
 impl SplitMix64 {
@@ -547,7 +546,10 @@ impl Weights {
                     shape: ts.shape.clone(),
                     data,
                 };
-                if found.insert(name.clone(), (path.to_path_buf(), t)).is_some() {
+                if found
+                    .insert(name.clone(), (path.to_path_buf(), t))
+                    .is_some()
+                {
                     return Err(WeightsError::Duplicate { path: disp, name });
                 }
             }

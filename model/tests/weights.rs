@@ -8,7 +8,9 @@ use palladium_model::weights::{SaveDtype, Weights, WeightsError, round_bf16, ten
 use safetensors::{Dtype, tensor::TensorView};
 
 fn spec(name: &str) -> ModelSpec {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/models")
+        .join(name);
     ModelSpec::from_path(path).unwrap()
 }
 
@@ -28,8 +30,10 @@ fn tmp(name: &str) -> PathBuf {
 fn layout_uses_hugging_face_names_and_shapes() {
     let s = qwen();
     let layout = tensor_layout(&s).unwrap();
-    let shapes: HashMap<&str, &[usize]> =
-        layout.iter().map(|t| (t.name.as_str(), t.shape.as_slice())).collect();
+    let shapes: HashMap<&str, &[usize]> = layout
+        .iter()
+        .map(|t| (t.name.as_str(), t.shape.as_slice()))
+        .collect();
     let want: &[(&str, &[usize])] = &[
         ("model.embed_tokens.weight", &[512, 256]),
         ("model.layers.0.input_layernorm.weight", &[256]),
@@ -55,7 +59,11 @@ fn layout_uses_hugging_face_names_and_shapes() {
     assert!(!shapes.contains_key("model.layers.0.self_attn.q_proj.bias"));
 
     let m = spec("tiny-mixtral.json");
-    let names: Vec<String> = tensor_layout(&m).unwrap().into_iter().map(|t| t.name).collect();
+    let names: Vec<String> = tensor_layout(&m)
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
     for n in [
         "model.layers.1.block_sparse_moe.gate.weight",
         "model.layers.1.block_sparse_moe.experts.0.w1.weight",
@@ -85,7 +93,10 @@ fn layout_follows_config_options() {
     assert!(has("model.layers.1.mlp.gate_proj.weight"));
     assert!(!has("model.layers.1.mlp.gate.weight"));
     assert!(!has("lm_head.weight"));
-    let dense = layout.iter().find(|t| t.name == "model.layers.1.mlp.down_proj.weight").unwrap();
+    let dense = layout
+        .iter()
+        .find(|t| t.name == "model.layers.1.mlp.down_proj.weight")
+        .unwrap();
     assert_eq!(dense.shape, vec![256, 512]);
 }
 
@@ -104,14 +115,23 @@ fn random_weights_are_seeded_bf16_and_well_scaled() {
         assert!(t.data.iter().all(|x| x.is_finite()), "{name}");
         let n = t.data.len() as f64;
         let mean = t.data.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
-        let std = (t.data.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / n).sqrt();
+        let std = (t
+            .data
+            .iter()
+            .map(|&x| (f64::from(x) - mean).powi(2))
+            .sum::<f64>()
+            / n)
+            .sqrt();
         if name.ends_with("norm.weight") {
             assert!(t.data.iter().all(|&x| (0.79..=1.21).contains(&x)), "{name}");
         } else if name == "model.embed_tokens.weight" {
             assert!((std - 1.0).abs() < 0.05, "{name}: std {std}");
         } else {
             let want = 1.0 / (t.shape[1] as f64).sqrt();
-            assert!((std / want - 1.0).abs() < 0.1, "{name}: std {std}, want {want}");
+            assert!(
+                (std / want - 1.0).abs() < 0.1,
+                "{name}: std {std}, want {want}"
+            );
         }
     }
     // Two experts of one layer differ (distinct streams per tensor).
@@ -148,13 +168,19 @@ fn safetensors_round_trip_bf16_and_f32() {
     assert_eq!(back, w32);
     w32.save(&p32, SaveDtype::BFloat16).unwrap();
     let back = Weights::load(&s, &p32).unwrap();
-    assert_eq!(back.get("model.norm.weight").unwrap().data[0], round_bf16(1.0 + 1e-6));
+    assert_eq!(
+        back.get("model.norm.weight").unwrap().data[0],
+        round_bf16(1.0 + 1e-6)
+    );
     assert!(back.is_bf16_valued());
 
     let m = spec("tiny-mixtral.json");
     let wm = Weights::random(&m, 4).unwrap();
     let bytes = wm.to_safetensors_bytes(SaveDtype::BFloat16).unwrap();
-    assert_eq!(Weights::from_safetensors(&m, &[(Path::new("mem"), &bytes)]).unwrap(), wm);
+    assert_eq!(
+        Weights::from_safetensors(&m, &[(Path::new("mem"), &bytes)]).unwrap(),
+        wm
+    );
     // A Qwen3 checkpoint is not a Mixtral one.
     let err = Weights::load(&m, &p).unwrap_err();
     assert!(matches!(err, WeightsError::Unexpected { .. }), "{err}");
@@ -166,7 +192,8 @@ fn sharded_checkpoint_with_index() {
     let s = qwen();
     let d = tmp("sharded");
     let w = Weights::random(&s, 5).unwrap();
-    let mut shards: [Vec<(String, Vec<u8>, Vec<usize>)>; 2] = Default::default();
+    type Shard = Vec<(String, Vec<u8>, Vec<usize>)>;
+    let mut shards: [Shard; 2] = Default::default();
     let mut map = serde_json::Map::new();
     for (i, (n, t)) in w.iter().enumerate() {
         let bytes = t.data.iter().flat_map(|&x| x.to_le_bytes()).collect();
@@ -177,10 +204,19 @@ fn sharded_checkpoint_with_index() {
     for (i, shard) in shards.iter().enumerate() {
         let views: Vec<(String, TensorView<'_>)> = shard
             .iter()
-            .map(|(n, b, s)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).unwrap()))
+            .map(|(n, b, s)| {
+                (
+                    n.clone(),
+                    TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
+                )
+            })
             .collect();
         let bytes = safetensors::serialize(views, None).unwrap();
-        std::fs::write(d.join(format!("model-{:05}-of-00002.safetensors", i + 1)), bytes).unwrap();
+        std::fs::write(
+            d.join(format!("model-{:05}-of-00002.safetensors", i + 1)),
+            bytes,
+        )
+        .unwrap();
     }
     let index = serde_json::json!({"metadata": {}, "weight_map": map});
     std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
@@ -234,7 +270,10 @@ fn load_errors_name_the_tensor() {
     });
     let e = Weights::load(&s, &p).unwrap_err();
     assert!(matches!(e, WeightsError::Shape { .. }), "{e}");
-    assert!(e.to_string().contains(victim) && e.to_string().contains("[128, 256]"), "{e}");
+    assert!(
+        e.to_string().contains(victim) && e.to_string().contains("[128, 256]"),
+        "{e}"
+    );
 
     write_edited(&w, &p, |ts| {
         let t = ts.iter_mut().find(|t| t.0 == victim).unwrap();
@@ -242,10 +281,18 @@ fn load_errors_name_the_tensor() {
     });
     let e = Weights::load(&s, &p).unwrap_err();
     assert!(matches!(e, WeightsError::Dtype { .. }), "{e}");
-    assert!(e.to_string().contains(victim) && e.to_string().contains("I32"), "{e}");
+    assert!(
+        e.to_string().contains(victim) && e.to_string().contains("I32"),
+        "{e}"
+    );
 
     write_edited(&w, &p, |ts| {
-        ts.push(("model.layers.9.mlp.gate.weight".into(), Dtype::F32, vec![1], vec![0; 4]));
+        ts.push((
+            "model.layers.9.mlp.gate.weight".into(),
+            Dtype::F32,
+            vec![1],
+            vec![0; 4],
+        ));
     });
     let e = Weights::load(&s, &p).unwrap_err();
     assert!(matches!(e, WeightsError::Unexpected { .. }), "{e}");
@@ -287,7 +334,9 @@ fn failed_save_leaves_nothing_behind() {
         .collect();
     assert_eq!(names, vec!["model.safetensors".to_string()]);
     // A save into a directory that does not exist fails and creates nothing.
-    let e = w.save(d.join("no/such/dir/m.safetensors"), SaveDtype::BFloat16).unwrap_err();
+    let e = w
+        .save(d.join("no/such/dir/m.safetensors"), SaveDtype::BFloat16)
+        .unwrap_err();
     assert!(matches!(e, WeightsError::Io { .. }), "{e}");
     // Overwriting an existing file replaces it whole.
     let p = d.join("m.safetensors");
