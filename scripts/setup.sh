@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh Debian 12 machine: LLVM/MLIR 22 (for melior), protoc,
-# and the TPU oracle's Python venv (jax[tpu]==0.10.2 with libtpu). Safe to run again.
+# and the TPU oracle's Python venv (jax[tpu]==0.10.2 with libtpu), plus torch and transformers in
+# that venv for the model conformance test (model/tests/hf_conformance.rs). Safe to run again.
 set -euo pipefail
 
 LLVM_PACKAGES=(llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev libpolly-22-dev
                libzstd-dev libxml2-dev zlib1g-dev protobuf-compiler)
 VENV="${PALLADIUM_TPU_VENV:-$HOME/.cache/palladium/venv-tpu}"
 JAX_SPEC="jax[tpu]==0.10.2"
+# transformers' Qwen3-MoE needs >= 4.51; 4.57 is the last 4.x (per-expert nn.Linear weights,
+# the checkpoint layout). torch from PyPI is the CUDA build (the CPU-only index is not
+# reachable): about 3.1 GB of wheels (torch 767 MB + nvidia-* 2.0 GB + triton 253 MB), about
+# 5 GB installed, about a minute here. CPU inference works without a GPU.
+TORCH_VERSION="2.6.0"
+TRANSFORMERS_VERSION="4.57.1"
 
 need_apt=()
 for p in "${LLVM_PACKAGES[@]}"; do
@@ -24,5 +31,12 @@ if ! "$VENV/bin/python" -c 'import jax, libtpu; assert jax.__version__ == "0.10.
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install -q "$JAX_SPEC"
+fi
+
+if ! "$VENV/bin/python" -c "import torch, transformers
+assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__
+assert transformers.__version__ == '$TRANSFORMERS_VERSION', transformers.__version__" 2>/dev/null; then
+  echo "setup: installing torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION into $VENV (~3 GB download)"
+  "$VENV/bin/pip" install -q --no-cache-dir "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION"
 fi
 echo "setup: ok (oracle venv: $VENV)"

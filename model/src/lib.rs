@@ -15,13 +15,21 @@
 //!   name the field ([`ConfigError`]).
 //! - [`cost`]: parameter counts, weight and KV-cache bytes, HBM bytes per decode step.
 //! - [`report`]: a human-readable summary ([`ModelSpec::report`]).
+//! - [`weights`]: [`weights::Weights`], the tensors under their Hugging Face names, seeded
+//!   random init and safetensors reading/writing.
+//! - [`reference`]: [`reference::Reference`], a plain-Rust forward pass (f32, or rounding to
+//!   bf16 where transformers' bf16 model does) with a KV cache and greedy
+//!   [`reference::Reference::generate`]; checked against transformers in
+//!   `tests/hf_conformance.rs`.
 
 pub mod cost;
 mod error;
 mod json;
 mod parse;
+pub mod reference;
 pub mod report;
 pub mod spec;
+pub mod weights;
 
 pub use cost::{DecodeTraffic, LayerParams, ModelParams, expected_distinct_experts};
 pub use error::ConfigError;

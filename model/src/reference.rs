@@ -1,0 +1,741 @@
+//! A plain-Rust reference forward pass of a [`ModelSpec`] with [`Weights`]: the numerics the
+//! megakernel is checked against, itself checked against Hugging Face transformers
+//! (`model/tests/hf_conformance.rs`).
+//!
+//! One decoder layer, as `modeling_qwen3_moe.py` / `modeling_mixtral.py` (transformers 4.57)
+//! compute it:
+//!
+//! ```text
+//! h = rmsnorm(x, input_layernorm)
+//! q, k, v = q_proj(h), k_proj(h), v_proj(h)            (viewed as [heads, head_dim])
+//! q, k = rmsnorm_per_head(q, q_norm), rmsnorm_per_head(k, k_norm)     (Qwen3-MoE only)
+//! q, k = rope_neox(q, pos), rope_neox(k, pos)          (theta from the config)
+//! append k, v to the cache; o = softmax(q k^T * head_dim^-0.5 + causal mask) v   (GQA)
+//! x = x + o_proj(o)
+//! h = rmsnorm(x, post_attention_layernorm)
+//! p = softmax(router(h)) in f32; top-k; / sum(top-k) when renormalised
+//! x = x + sum over the k experts, in increasing expert index, of p_e * down(silu(gate(h)) * up(h))
+//! ```
+//!
+//! then `logits = lm_head(rmsnorm(x, norm))` and greedy argmax (first maximum on ties, like
+//! `torch.argmax`).
+//!
+//! # Precision
+//!
+//! All arithmetic is `f32` (dot products accumulate in `f64` and are rounded once). With
+//! [`Precision::F32`] nothing else is rounded: this is transformers' float32 model. With
+//! [`Precision::Bf16`] the weights are rounded to bf16 and every activation is rounded to bf16
+//! exactly where transformers' bfloat16 model materialises a bf16 tensor:
+//!
+//! - RMSNorm (layer norms, q/k norms, final norm): `r(w * r(x * rsqrt(mean(x^2) + eps)))`,
+//!   statistics in f32 (`Qwen3MoeRMSNorm` casts to f32, casts back, then multiplies by the
+//!   bf16 weight).
+//! - every linear layer's output (bias included): `r(W x + b)`, accumulated in high precision.
+//! - RoPE: `cos`, `sin` are computed in f32 and rounded to bf16, then
+//!   `r(r(q * cos) + r(rotate_half(q) * sin))`.
+//! - attention: scores `r(r(q . k) * scale)`; softmax in f32 over the bf16 scores, probabilities
+//!   rounded; output `r(sum p v)`.
+//! - router: logits rounded (linear); softmax, top-k and renormalisation in f32; the k weights
+//!   rounded to bf16.
+//! - experts: `gate`, `up` outputs rounded, `r(silu(gate))`, `r(silu * up)`, `down` output
+//!   rounded, `r(down * weight)`, accumulated as `acc = r(acc + ...)` in increasing expert index
+//!   (`index_add_` into a bf16 buffer).
+//! - residual adds `r(x + y)`; logits rounded to bf16.
+//!
+//! A bf16 megakernel that keeps f32 accumulators and rounds at these points should agree with
+//! [`Precision::Bf16`] to within a few bf16 ulps of the logits.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::spec::{AttentionKind, FfnKind, ModelSpec, NormKind, QkNorm, TopKWeights};
+use crate::weights::{FfnNames, MlpNames, ModelNames, Tensor, Weights, WeightsError, round_bf16};
+
+/// Where activations are rounded (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// transformers' float32 model: no rounding.
+    F32,
+    /// transformers' bfloat16 model: bf16 weights, activations rounded where it rounds them.
+    Bf16,
+}
+
+/// Why a forward pass was refused.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum ForwardError {
+    #[error("token id {id} is out of range (vocab_size {vocab})")]
+    TokenOutOfRange { id: u32, vocab: u64 },
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("position {pos} is past max_position_embeddings {max}")]
+    TooLong { pos: usize, max: u64 },
+}
+
+/// Prompt + greedy decode output, in the `--logits-out` layout:
+/// `{"generated_ids": [...], "steps": [{"logits": [...]}, ...]}`. `steps[i].logits` are the
+/// logits that chose `generated_ids[i]`: step 0 follows the whole prompt, step `i` follows
+/// feeding `generated_ids[i-1]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Generation {
+    pub generated_ids: Vec<u32>,
+    pub steps: Vec<StepLogits>,
+}
+
+/// How closely two generations agree (see [`Generation::agreement`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Agreement {
+    /// First step whose generated id differs; `None` when all compared ids match.
+    pub first_id_mismatch: Option<usize>,
+    /// Steps compared: the shorter of the two.
+    pub steps: usize,
+    /// Largest `|a - b|` over the logits of the compared steps.
+    pub max_abs: f32,
+    /// `max_abs` divided by the largest `|b|` logit (the scale of the expected logits).
+    pub max_rel: f32,
+}
+
+impl Generation {
+    /// Compares `self` with an expected generation `expected` over the steps both have. Logits
+    /// are compared only up to and including the first id mismatch (after it the two runs see
+    /// different tokens).
+    pub fn agreement(&self, expected: &Generation) -> Agreement {
+        let steps = self.steps.len().min(expected.steps.len());
+        let first_id_mismatch = self
+            .generated_ids
+            .iter()
+            .zip(&expected.generated_ids)
+            .position(|(a, b)| a != b);
+        let upto = first_id_mismatch.map_or(steps, |i| (i + 1).min(steps));
+        let (mut max_abs, mut scale) = (0f32, 0f32);
+        for (a, b) in self.steps[..upto].iter().zip(&expected.steps[..upto]) {
+            for (x, y) in a.logits.iter().zip(&b.logits) {
+                let d = (x - y).abs();
+                max_abs = if d.is_nan() {
+                    f32::INFINITY
+                } else {
+                    max_abs.max(d)
+                };
+                scale = scale.max(y.abs());
+            }
+            if a.logits.len() != b.logits.len() {
+                max_abs = f32::INFINITY;
+            }
+        }
+        Agreement {
+            first_id_mismatch,
+            steps,
+            max_abs,
+            max_rel: if scale > 0.0 {
+                max_abs / scale
+            } else {
+                max_abs
+            },
+        }
+    }
+}
+
+/// One decode step's logits (`vocab_size` values).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepLogits {
+    pub logits: Vec<f32>,
+}
+
+/// Index of the first maximum (NaN never wins).
+pub fn argmax(xs: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in xs.iter().enumerate() {
+        if x > xs[best] || xs[best].is_nan() && !x.is_nan() {
+            best = i;
+        }
+    }
+    best
+}
+
+struct Mlp {
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
+}
+
+enum Ffn {
+    Dense(Mlp),
+    Moe {
+        router: Tensor,
+        router_bias: Option<Tensor>,
+        experts: Vec<Mlp>,
+        top_k: usize,
+        renormalize: bool,
+    },
+}
+
+struct Layer {
+    input_norm: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    q_bias: Option<Tensor>,
+    k_bias: Option<Tensor>,
+    v_bias: Option<Tensor>,
+    o_bias: Option<Tensor>,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    post_norm: Tensor,
+    ffn: Ffn,
+    /// Positions back (the current one included) this layer attends to; `None`: all.
+    window: Option<usize>,
+}
+
+/// The K/V cache of one sequence: per layer, `len` positions of `[kv_heads, head_dim]` keys
+/// (after q/k norm and RoPE) and values, in the precision of the run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvCache {
+    len: usize,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+impl KvCache {
+    /// Number of positions cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Layer `layer`'s keys, `[len, kv_heads, head_dim]` row-major.
+    pub fn keys(&self, layer: usize) -> &[f32] {
+        &self.k[layer]
+    }
+
+    /// Layer `layer`'s values, `[len, kv_heads, head_dim]` row-major.
+    pub fn values(&self, layer: usize) -> &[f32] {
+        &self.v[layer]
+    }
+}
+
+/// The reference model: a [`ModelSpec`]'s forward pass over its [`Weights`].
+pub struct Reference {
+    precision: Precision,
+    hidden: usize,
+    vocab: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    scale: f32,
+    eps: f32,
+    max_pos: u64,
+    /// RoPE inverse frequencies, `head_dim / 2` of them, computed in f32 as transformers does.
+    inv_freq: Vec<f32>,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    final_norm: Tensor,
+    lm_head: Tensor,
+}
+
+impl std::fmt::Debug for Reference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reference")
+            .field("precision", &self.precision)
+            .field("layers", &self.layers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reference {
+    /// Builds the reference for `spec` from `weights` (copied; rounded to bf16 for
+    /// [`Precision::Bf16`]). Fails if a tensor is missing or misshapen.
+    pub fn new(
+        spec: &ModelSpec,
+        weights: &Weights,
+        precision: Precision,
+    ) -> Result<Self, WeightsError> {
+        let names = ModelNames::new(spec)?;
+        let layout = crate::weights::tensor_layout(spec)?;
+        for ts in &layout {
+            match weights.get(&ts.name) {
+                None => {
+                    return Err(WeightsError::Missing {
+                        path: "weights".into(),
+                        name: ts.name.clone(),
+                        expected: ts.shape.clone(),
+                    });
+                }
+                Some(t) if t.shape != ts.shape => {
+                    return Err(WeightsError::Shape {
+                        path: "weights".into(),
+                        name: ts.name.clone(),
+                        expected: ts.shape.clone(),
+                        found: t.shape.clone(),
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+        let get = |n: &str| {
+            let t = weights.get(n).expect("checked against the layout above");
+            match precision {
+                Precision::F32 => t.clone(),
+                Precision::Bf16 => t.to_bf16_valued(),
+            }
+        };
+        let opt = |n: &Option<String>| n.as_deref().map(get);
+        let mlp = |m: &MlpNames| Mlp {
+            gate: get(&m.gate),
+            up: get(&m.up),
+            down: get(&m.down),
+        };
+        let NormKind::Rms = spec.norm.kind;
+        let layers = names
+            .layers
+            .iter()
+            .zip(&spec.layers)
+            .map(|(ln, ls)| Layer {
+                input_norm: get(&ln.input_norm),
+                q: get(&ln.q),
+                k: get(&ln.k),
+                v: get(&ln.v),
+                o: get(&ln.o),
+                q_bias: opt(&ln.q_bias),
+                k_bias: opt(&ln.k_bias),
+                v_bias: opt(&ln.v_bias),
+                o_bias: opt(&ln.o_bias),
+                q_norm: opt(&ln.q_norm),
+                k_norm: opt(&ln.k_norm),
+                post_norm: get(&ln.post_norm),
+                ffn: match (&ln.ffn, &ls.ffn) {
+                    (FfnNames::Dense(m), _) => Ffn::Dense(mlp(m)),
+                    (
+                        FfnNames::Moe {
+                            router,
+                            router_bias,
+                            experts,
+                        },
+                        FfnKind::Moe(moe),
+                    ) => Ffn::Moe {
+                        router: get(router),
+                        router_bias: opt(router_bias),
+                        experts: experts.iter().map(mlp).collect(),
+                        top_k: moe.top_k as usize,
+                        renormalize: moe.routing.top_k_weights == TopKWeights::Renormalized,
+                    },
+                    (FfnNames::Moe { .. }, FfnKind::Dense { .. }) => {
+                        unreachable!("ModelNames follows the layer's FFN kind")
+                    }
+                },
+                window: match ls.attention {
+                    AttentionKind::Full => None,
+                    AttentionKind::Sliding { window } => Some(window as usize),
+                },
+            })
+            .collect();
+        let a = &spec.attention;
+        debug_assert!(matches!(
+            a.qk_norm,
+            QkNorm::None | QkNorm::PerHeadRms { .. }
+        ));
+        let rotary = a.rope.rotary_dim as usize;
+        // transformers: `1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))`, all f32.
+        let inv_freq = (0..rotary / 2)
+            .map(|i| 1.0 / (a.rope.theta as f32).powf((2 * i) as f32 / rotary as f32))
+            .collect();
+        Ok(Self {
+            precision,
+            hidden: spec.hidden_size as usize,
+            vocab: spec.vocab_size as usize,
+            heads: a.num_heads as usize,
+            kv_heads: a.num_kv_heads as usize,
+            head_dim: a.head_dim as usize,
+            scale: a.scale as f32,
+            eps: spec.norm.eps as f32,
+            max_pos: spec.max_position_embeddings,
+            inv_freq,
+            embed: get(&names.embed),
+            layers,
+            final_norm: get(&names.final_norm),
+            lm_head: get(&names.lm_head),
+        })
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    /// An empty cache for one sequence.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache {
+            len: 0,
+            k: vec![Vec::new(); self.layers.len()],
+            v: vec![Vec::new(); self.layers.len()],
+        }
+    }
+
+    /// One decode step: feeds `token` at position `cache.len()`, returns its logits.
+    pub fn step(&self, cache: &mut KvCache, token: u32) -> Result<Vec<f32>, ForwardError> {
+        let mut out = self.forward(&[(0, token)], std::slice::from_mut(cache))?;
+        Ok(out.pop().expect("one row in, one row out"))
+    }
+
+    /// Feeds a whole block of tokens to one sequence in a single pass (every token attends to
+    /// the cache plus the block's earlier tokens: a causal mask), returning every position's
+    /// logits. With an empty cache this is the no-cache full-prefix forward.
+    pub fn forward_block(
+        &self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        let rows: Vec<(usize, u32)> = tokens.iter().map(|&t| (0, t)).collect();
+        self.forward(&rows, std::slice::from_mut(cache))
+    }
+
+    /// One decode step for a batch of sequences: `tokens[i]` goes to `caches[i]`.
+    pub fn step_batch(
+        &self,
+        caches: &mut [KvCache],
+        tokens: &[u32],
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        assert_eq!(caches.len(), tokens.len(), "one token per cache");
+        let rows: Vec<(usize, u32)> = tokens.iter().copied().enumerate().collect();
+        self.forward(&rows, caches)
+    }
+
+    /// Prompt (fed token by token through the cache) then `steps` greedy decode steps.
+    pub fn generate(&self, prompt: &[u32], steps: usize) -> Result<Generation, ForwardError> {
+        let (last, first) = prompt.split_last().ok_or(ForwardError::EmptyPrompt)?;
+        let mut cache = self.new_cache();
+        for &t in first {
+            self.step(&mut cache, t)?;
+        }
+        let mut logits = self.step(&mut cache, *last)?;
+        let mut out = Generation {
+            generated_ids: Vec::with_capacity(steps),
+            steps: Vec::with_capacity(steps),
+        };
+        for s in 0..steps {
+            let id = argmax(&logits) as u32;
+            out.generated_ids.push(id);
+            let next = if s + 1 < steps {
+                Some(self.step(&mut cache, id)?)
+            } else {
+                None
+            };
+            out.steps.push(StepLogits {
+                logits: std::mem::take(&mut logits),
+            });
+            if let Some(n) = next {
+                logits = n;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Teacher forcing: the prompt, then `forced` fed one by one whatever the logits say.
+    /// `steps[i].logits` are the logits before `forced[i]` is fed (as in [`Self::generate`]);
+    /// `generated_ids[i]` is their argmax, the token greedy decoding would have picked. Used to
+    /// compare logits with another implementation at every step without one near-tie flip
+    /// sending the two runs down different token paths.
+    pub fn teacher_force(
+        &self,
+        prompt: &[u32],
+        forced: &[u32],
+    ) -> Result<Generation, ForwardError> {
+        let (last, first) = prompt.split_last().ok_or(ForwardError::EmptyPrompt)?;
+        let mut cache = self.new_cache();
+        for &t in first {
+            self.step(&mut cache, t)?;
+        }
+        let mut logits = self.step(&mut cache, *last)?;
+        let mut out = Generation {
+            generated_ids: Vec::with_capacity(forced.len()),
+            steps: Vec::with_capacity(forced.len()),
+        };
+        for (s, &id) in forced.iter().enumerate() {
+            out.generated_ids.push(argmax(&logits) as u32);
+            let next = if s + 1 < forced.len() {
+                Some(self.step(&mut cache, id)?)
+            } else {
+                None
+            };
+            out.steps.push(StepLogits {
+                logits: std::mem::take(&mut logits),
+            });
+            if let Some(n) = next {
+                logits = n;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Several prompts at once: each prompt is fed as one block ([`Self::forward_block`]),
+    /// then all sequences decode together ([`Self::step_batch`]).
+    pub fn generate_batch(
+        &self,
+        prompts: &[&[u32]],
+        steps: usize,
+    ) -> Result<Vec<Generation>, ForwardError> {
+        let mut caches: Vec<KvCache> = prompts.iter().map(|_| self.new_cache()).collect();
+        let mut logits = Vec::with_capacity(prompts.len());
+        for (p, c) in prompts.iter().zip(&mut caches) {
+            let block = self.forward_block(c, p)?;
+            logits.push(block.into_iter().last().ok_or(ForwardError::EmptyPrompt)?);
+        }
+        let mut outs: Vec<Generation> = prompts
+            .iter()
+            .map(|_| Generation {
+                generated_ids: Vec::new(),
+                steps: Vec::new(),
+            })
+            .collect();
+        for s in 0..steps {
+            let ids: Vec<u32> = logits.iter().map(|l| argmax(l) as u32).collect();
+            let next = if s + 1 < steps {
+                Some(self.step_batch(&mut caches, &ids)?)
+            } else {
+                None
+            };
+            for ((o, id), l) in outs.iter_mut().zip(&ids).zip(std::mem::take(&mut logits)) {
+                o.generated_ids.push(*id);
+                o.steps.push(StepLogits { logits: l });
+            }
+            if let Some(n) = next {
+                logits = n;
+            }
+        }
+        Ok(outs)
+    }
+
+    #[inline]
+    fn r(&self, x: f32) -> f32 {
+        match self.precision {
+            Precision::F32 => x,
+            Precision::Bf16 => round_bf16(x),
+        }
+    }
+
+    /// `y = r(W x + b)` for `W: [out, in]`.
+    fn linear(&self, w: &Tensor, b: Option<&Tensor>, x: &[f32]) -> Vec<f32> {
+        let (out, inp) = (w.shape[0], w.shape[1]);
+        debug_assert_eq!(x.len(), inp);
+        (0..out)
+            .map(|o| {
+                let row = &w.data[o * inp..(o + 1) * inp];
+                let mut acc = dot64(row, x);
+                if let Some(b) = b {
+                    acc += f64::from(b.data[o]);
+                }
+                self.r(acc as f32)
+            })
+            .collect()
+    }
+
+    /// RMSNorm of `x` in place: `r(w * r(x * rsqrt(mean(x^2) + eps)))`.
+    fn rmsnorm(&self, x: &mut [f32], w: &Tensor) {
+        let ms =
+            (x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64) as f32;
+        let inv = 1.0 / (ms + self.eps).sqrt();
+        for (v, &g) in x.iter_mut().zip(&w.data) {
+            *v = self.r(g * self.r(*v * inv));
+        }
+    }
+
+    /// `NeoX` RoPE of one head in place.
+    fn rope(&self, x: &mut [f32], cos: &[f32], sin: &[f32]) {
+        let half = x.len() / 2;
+        for i in 0..half {
+            let (a, b) = (x[i], x[i + half]);
+            // rotate_half(x) = cat(-x2, x1)
+            x[i] = self.r(self.r(a * cos[i]) + self.r(-b * sin[i]));
+            x[i + half] = self.r(self.r(b * cos[i]) + self.r(a * sin[i]));
+        }
+    }
+
+    fn silu(&self, x: f32) -> f32 {
+        self.r(x / (1.0 + (-x).exp()))
+    }
+
+    fn mlp(&self, m: &Mlp, x: &[f32]) -> Vec<f32> {
+        let g = self.linear(&m.gate, None, x);
+        let u = self.linear(&m.up, None, x);
+        let a: Vec<f32> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| self.r(self.silu(g) * u))
+            .collect();
+        self.linear(&m.down, None, &a)
+    }
+
+    fn ffn(&self, ffn: &Ffn, x: &[f32]) -> Vec<f32> {
+        match ffn {
+            Ffn::Dense(m) => self.mlp(m, x),
+            Ffn::Moe {
+                router,
+                router_bias,
+                experts,
+                top_k,
+                renormalize,
+            } => {
+                let logits = self.linear(router, router_bias.as_ref(), x);
+                let mx = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let e: Vec<f32> = logits.iter().map(|&l| (l - mx).exp()).collect();
+                let s: f32 = e.iter().sum();
+                let p: Vec<f32> = e.iter().map(|&v| v / s).collect();
+                // top-k: largest probability first, lower index first on ties.
+                let mut order: Vec<usize> = (0..p.len()).collect();
+                order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+                let mut chosen: Vec<(usize, f32)> =
+                    order[..*top_k].iter().map(|&i| (i, p[i])).collect();
+                if *renormalize {
+                    let sum: f32 = chosen.iter().map(|c| c.1).sum();
+                    for c in &mut chosen {
+                        c.1 /= sum;
+                    }
+                }
+                chosen.sort_by_key(|c| c.0);
+                let mut acc = vec![0f32; self.hidden];
+                for (i, w) in chosen {
+                    let w = self.r(w);
+                    let y = self.mlp(&experts[i], x);
+                    for (a, y) in acc.iter_mut().zip(y) {
+                        *a = self.r(*a + self.r(y * w));
+                    }
+                }
+                acc
+            }
+        }
+    }
+
+    /// The forward pass over `rows`: `(cache index, token)`, each row at the next position of
+    /// its sequence, rows of one sequence in order. Returns each row's logits.
+    fn forward(
+        &self,
+        rows: &[(usize, u32)],
+        caches: &mut [KvCache],
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        let (h, hd, nh, nkv) = (self.hidden, self.head_dim, self.heads, self.kv_heads);
+        let group = nh / nkv;
+        // Positions.
+        let mut next: Vec<usize> = caches.iter().map(|c| c.len).collect();
+        let mut pos = Vec::with_capacity(rows.len());
+        for &(c, t) in rows {
+            if t as usize >= self.vocab {
+                return Err(ForwardError::TokenOutOfRange {
+                    id: t,
+                    vocab: self.vocab as u64,
+                });
+            }
+            if next[c] as u64 >= self.max_pos {
+                return Err(ForwardError::TooLong {
+                    pos: next[c],
+                    max: self.max_pos,
+                });
+            }
+            pos.push(next[c]);
+            next[c] += 1;
+        }
+        // RoPE tables per row: f32 `cos(pos * inv_freq)`, rounded in bf16 runs.
+        let tables: Vec<(Vec<f32>, Vec<f32>)> = pos
+            .iter()
+            .map(|&p| {
+                let f: Vec<f32> = self.inv_freq.iter().map(|&w| w * p as f32).collect();
+                (
+                    f.iter().map(|&x| self.r(x.cos())).collect(),
+                    f.iter().map(|&x| self.r(x.sin())).collect(),
+                )
+            })
+            .collect();
+        let mut xs: Vec<Vec<f32>> = rows
+            .iter()
+            .map(|&(_, t)| self.embed.data[t as usize * h..(t as usize + 1) * h].to_vec())
+            .collect();
+        for (li, layer) in self.layers.iter().enumerate() {
+            // q/k/v, q/k norm, RoPE; append k/v to the caches in row order.
+            let mut qs = Vec::with_capacity(rows.len());
+            for (r, &(c, _)) in rows.iter().enumerate() {
+                let mut hn = xs[r].clone();
+                self.rmsnorm(&mut hn, &layer.input_norm);
+                let mut q = self.linear(&layer.q, layer.q_bias.as_ref(), &hn);
+                let mut k = self.linear(&layer.k, layer.k_bias.as_ref(), &hn);
+                let v = self.linear(&layer.v, layer.v_bias.as_ref(), &hn);
+                let (cos, sin) = &tables[r];
+                for head in q.chunks_mut(hd) {
+                    if let Some(n) = &layer.q_norm {
+                        self.rmsnorm(head, n);
+                    }
+                    self.rope(head, cos, sin);
+                }
+                for head in k.chunks_mut(hd) {
+                    if let Some(n) = &layer.k_norm {
+                        self.rmsnorm(head, n);
+                    }
+                    self.rope(head, cos, sin);
+                }
+                debug_assert_eq!(caches[c].k[li].len(), pos[r] * nkv * hd);
+                caches[c].k[li].extend_from_slice(&k);
+                caches[c].v[li].extend_from_slice(&v);
+                qs.push(q);
+            }
+            for (r, &(c, _)) in rows.iter().enumerate() {
+                // Causal (and sliding-window) attention over the cache, GQA.
+                let p = pos[r];
+                let start = layer.window.map_or(0, |w| (p + 1).saturating_sub(w));
+                let (keys, vals) = (&caches[c].k[li], &caches[c].v[li]);
+                let mut o = vec![0f32; nh * hd];
+                for head in 0..nh {
+                    let g = head / group;
+                    let q = &qs[r][head * hd..(head + 1) * hd];
+                    let scores: Vec<f32> = (start..=p)
+                        .map(|j| {
+                            let kj = &keys[(j * nkv + g) * hd..(j * nkv + g + 1) * hd];
+                            self.r(self.r(dot64(q, kj) as f32) * self.scale)
+                        })
+                        .collect();
+                    let mx = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let e: Vec<f32> = scores.iter().map(|&s| (s - mx).exp()).collect();
+                    let sum: f32 = e.iter().sum();
+                    let probs: Vec<f32> = e.iter().map(|&v| self.r(v / sum)).collect();
+                    for d in 0..hd {
+                        let acc: f64 = (start..=p)
+                            .zip(&probs)
+                            .map(|(j, &pj)| f64::from(pj) * f64::from(vals[(j * nkv + g) * hd + d]))
+                            .sum();
+                        o[head * hd + d] = self.r(acc as f32);
+                    }
+                }
+                let attn = self.linear(&layer.o, layer.o_bias.as_ref(), &o);
+                let x = &mut xs[r];
+                for (x, a) in x.iter_mut().zip(attn) {
+                    *x = self.r(*x + a);
+                }
+                let mut hn = x.clone();
+                self.rmsnorm(&mut hn, &layer.post_norm);
+                let f = self.ffn(&layer.ffn, &hn);
+                for (x, f) in x.iter_mut().zip(f) {
+                    *x = self.r(*x + f);
+                }
+            }
+        }
+        for (c, n) in caches.iter_mut().zip(next) {
+            c.len = n;
+        }
+        Ok(xs
+            .into_iter()
+            .map(|mut x| {
+                self.rmsnorm(&mut x, &self.final_norm);
+                self.linear(&self.lm_head, None, &x)
+            })
+            .collect())
+    }
+}
+
+fn dot64(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(x) * f64::from(y))
+        .sum()
+}

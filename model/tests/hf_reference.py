@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Hugging Face transformers' own forward pass of a tiny checkpoint: the oracle of
+`model/tests/hf_conformance.rs`.
+
+Builds the model of a fixture config.json with transformers, random-initialises it with a
+seed (scales that keep activations O(1), like `palladium_model::Weights::random`), saves it
+as a bf16 safetensors checkpoint + config.json into --out-dir, reloads that checkpoint in
+float32 and in bfloat16 (eager attention), and runs prompt + greedy decode in each, writing
+
+    OUT_DIR/hf_float32.json, OUT_DIR/hf_bfloat16.json:
+        {"generated_ids": [...], "steps": [{"logits": [...]}, ...], "dtype": ..., ...}
+
+`steps[i].logits` chose `generated_ids[i]`: step 0 follows the prompt (fed as one block),
+step i follows feeding generated_ids[i-1] through the KV cache.
+
+Run with the oracle venv's python (scripts/setup.sh installs torch and transformers there):
+    $PALLADIUM_TPU_VENV/bin/python model/tests/hf_reference.py \
+        --config fixtures/models/tiny-qwen3-moe.json --seed 7 --prompt-ids 1,2,3 --steps 8 \
+        --out-dir /tmp/hf-tiny
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+
+
+def reinit(model, seed):
+    """Seeded init with O(1) activations: embeddings N(0, 1), linear weights N(0, 1/in),
+    biases N(0, 0.01), norm weights U(0.8, 1.2)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(0.8 + 0.4 * torch.rand(p.shape, generator=g))
+            elif name.endswith("embed_tokens.weight"):
+                p.copy_(torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            elif p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+            else:
+                raise SystemExit(f"hf_reference.py: no init rule for parameter {name} {tuple(p.shape)}")
+
+
+def greedy(model, prompt, steps):
+    ids, logits_out = [], []
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+        past, logits = out.past_key_values, out.logits[0, -1]
+        for s in range(steps):
+            tok = int(torch.argmax(logits))
+            ids.append(tok)
+            logits_out.append({"logits": logits.float().tolist()})
+            if s + 1 < steps:
+                out = model(input_ids=torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+                past, logits = out.past_key_values, out.logits[0, -1]
+    return ids, logits_out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompt-ids", required=True)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--out-dir", required=True)
+    args = ap.parse_args()
+    prompt = [int(t) for t in args.prompt_ids.split(",")]
+
+    torch.manual_seed(args.seed)
+    torch.use_deterministic_algorithms(True)
+    with open(args.config) as f:
+        cfg = json.load(f)
+    model_type = cfg.pop("model_type")
+    for k in ("architectures", "transformers_version", "torch_dtype", "dtype"):
+        cfg.pop(k, None)
+    config = AutoConfig.for_model(model_type, **cfg)
+    config.torch_dtype = torch.bfloat16
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", torch_dtype=torch.float32)
+    reinit(model, args.seed)
+    model = model.to(torch.bfloat16)
+    os.makedirs(args.out_dir, exist_ok=True)
+    model.save_pretrained(args.out_dir, safe_serialization=True)
+    del model
+
+    for dtype, tag in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16")):
+        m = AutoModelForCausalLM.from_pretrained(args.out_dir, torch_dtype=dtype, attn_implementation="eager")
+        m.eval()
+        ids, steps = greedy(m, prompt, args.steps)
+        inv_freq = m.model.rotary_emb.inv_freq
+        result = {
+            "generated_ids": ids,
+            "steps": steps,
+            "dtype": tag,
+            "prompt_ids": prompt,
+            "seed": args.seed,
+            "model_type": model_type,
+            "inv_freq_dtype": str(inv_freq.dtype),
+            "transformers_version": transformers.__version__,
+            "torch_version": torch.__version__,
+        }
+        with open(os.path.join(args.out_dir, f"hf_{tag}.json"), "w") as f:
+            json.dump(result, f)
+        print(f"hf_reference.py: {model_type} {tag}: generated {ids}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,347 @@
+//! `Weights`: layout, seeded random init, safetensors round trip and errors.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use palladium_model::ModelSpec;
+use palladium_model::weights::{SaveDtype, Weights, WeightsError, round_bf16, tensor_layout};
+use safetensors::{Dtype, tensor::TensorView};
+
+fn spec(name: &str) -> ModelSpec {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/models")
+        .join(name);
+    ModelSpec::from_path(path).unwrap()
+}
+
+fn qwen() -> ModelSpec {
+    spec("tiny-qwen3-moe.json")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("weights-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn layout_uses_hugging_face_names_and_shapes() {
+    let s = qwen();
+    let layout = tensor_layout(&s).unwrap();
+    let shapes: HashMap<&str, &[usize]> = layout
+        .iter()
+        .map(|t| (t.name.as_str(), t.shape.as_slice()))
+        .collect();
+    let want: &[(&str, &[usize])] = &[
+        ("model.embed_tokens.weight", &[512, 256]),
+        ("model.layers.0.input_layernorm.weight", &[256]),
+        ("model.layers.0.self_attn.q_proj.weight", &[256, 256]),
+        ("model.layers.0.self_attn.k_proj.weight", &[128, 256]),
+        ("model.layers.0.self_attn.v_proj.weight", &[128, 256]),
+        ("model.layers.0.self_attn.o_proj.weight", &[256, 256]),
+        ("model.layers.0.self_attn.q_norm.weight", &[64]),
+        ("model.layers.0.self_attn.k_norm.weight", &[64]),
+        ("model.layers.3.post_attention_layernorm.weight", &[256]),
+        ("model.layers.3.mlp.gate.weight", &[8, 256]),
+        ("model.layers.3.mlp.experts.7.gate_proj.weight", &[128, 256]),
+        ("model.layers.3.mlp.experts.7.up_proj.weight", &[128, 256]),
+        ("model.layers.3.mlp.experts.7.down_proj.weight", &[256, 128]),
+        ("model.norm.weight", &[256]),
+        ("lm_head.weight", &[512, 256]),
+    ];
+    for (n, shape) in want {
+        assert_eq!(shapes.get(n), Some(shape), "{n}");
+    }
+    // 1 embed + 4 * (2 norms + 4 proj + 2 qk norms + router + 8*3 experts) + norm + head
+    assert_eq!(layout.len(), 1 + 4 * (2 + 4 + 2 + 1 + 24) + 2);
+    assert!(!shapes.contains_key("model.layers.0.self_attn.q_proj.bias"));
+
+    let m = spec("tiny-mixtral.json");
+    let names: Vec<String> = tensor_layout(&m)
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    for n in [
+        "model.layers.1.block_sparse_moe.gate.weight",
+        "model.layers.1.block_sparse_moe.experts.0.w1.weight",
+        "model.layers.1.block_sparse_moe.experts.0.w2.weight",
+        "model.layers.1.block_sparse_moe.experts.0.w3.weight",
+    ] {
+        assert!(names.iter().any(|x| x == n), "{n}");
+    }
+    assert!(!names.iter().any(|x| x.contains("q_norm")));
+}
+
+#[test]
+fn layout_follows_config_options() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/tiny-qwen3-moe.json"),
+    )
+    .unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["attention_bias"] = true.into();
+    v["mlp_only_layers"] = serde_json::json!([1]);
+    v["tie_word_embeddings"] = true.into();
+    let s = ModelSpec::from_json(&v).unwrap();
+    let layout = tensor_layout(&s).unwrap();
+    let has = |n: &str| layout.iter().any(|t| t.name == n);
+    assert!(has("model.layers.0.self_attn.q_proj.bias"));
+    assert!(has("model.layers.0.self_attn.o_proj.bias"));
+    assert!(has("model.layers.1.mlp.gate_proj.weight"));
+    assert!(!has("model.layers.1.mlp.gate.weight"));
+    assert!(!has("lm_head.weight"));
+    let dense = layout
+        .iter()
+        .find(|t| t.name == "model.layers.1.mlp.down_proj.weight")
+        .unwrap();
+    assert_eq!(dense.shape, vec![256, 512]);
+}
+
+#[test]
+fn random_weights_are_seeded_bf16_and_well_scaled() {
+    let s = qwen();
+    let a = Weights::random(&s, 1).unwrap();
+    let b = Weights::random(&s, 1).unwrap();
+    let c = Weights::random(&s, 2).unwrap();
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    assert!(a.is_bf16_valued());
+    assert_eq!(a.len(), tensor_layout(&s).unwrap().len());
+    for (name, t) in a.iter() {
+        assert!(t.data.iter().any(|&x| x != 0.0), "{name} is all zero");
+        assert!(t.data.iter().all(|x| x.is_finite()), "{name}");
+        let n = t.data.len() as f64;
+        let mean = t.data.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
+        let std = (t
+            .data
+            .iter()
+            .map(|&x| (f64::from(x) - mean).powi(2))
+            .sum::<f64>()
+            / n)
+            .sqrt();
+        if name.ends_with("norm.weight") {
+            assert!(t.data.iter().all(|&x| (0.79..=1.21).contains(&x)), "{name}");
+        } else if name == "model.embed_tokens.weight" {
+            assert!((std - 1.0).abs() < 0.05, "{name}: std {std}");
+        } else {
+            let want = 1.0 / (t.shape[1] as f64).sqrt();
+            assert!(
+                (std / want - 1.0).abs() < 0.1,
+                "{name}: std {std}, want {want}"
+            );
+        }
+    }
+    // Two experts of one layer differ (distinct streams per tensor).
+    assert_ne!(
+        a.get("model.layers.0.mlp.experts.0.up_proj.weight"),
+        a.get("model.layers.0.mlp.experts.1.up_proj.weight")
+    );
+}
+
+#[test]
+fn safetensors_round_trip_bf16_and_f32() {
+    let s = qwen();
+    let d = tmp("roundtrip");
+    let w = Weights::random(&s, 3).unwrap();
+    let p = d.join("model.safetensors");
+    w.save(&p, SaveDtype::BFloat16).unwrap();
+    assert_eq!(Weights::load(&s, &p).unwrap(), w);
+    // The directory form finds the file too.
+    assert_eq!(Weights::load(&s, &d).unwrap(), w);
+    // Only the file is left: no temporary.
+    let entries: Vec<_> = std::fs::read_dir(&d).unwrap().collect();
+    assert_eq!(entries.len(), 1);
+    // bf16 file size: 8-byte length + header + 2 bytes per parameter.
+    let len = std::fs::metadata(&p).unwrap().len() as usize;
+    assert!(len > 2 * w.num_params() && len < 2 * w.num_params() + 64 * 1024);
+
+    // f32 keeps values that bf16 cannot hold; a bf16 save rounds them.
+    let mut w32 = w.clone();
+    w32.get_mut("model.norm.weight").unwrap()[0] = 1.0 + 1e-6;
+    assert!(!w32.is_bf16_valued());
+    let p32 = d.join("f32.safetensors");
+    w32.save(&p32, SaveDtype::Float32).unwrap();
+    let back = Weights::load(&s, &p32).unwrap();
+    assert_eq!(back, w32);
+    w32.save(&p32, SaveDtype::BFloat16).unwrap();
+    let back = Weights::load(&s, &p32).unwrap();
+    assert_eq!(
+        back.get("model.norm.weight").unwrap().data[0],
+        round_bf16(1.0 + 1e-6)
+    );
+    assert!(back.is_bf16_valued());
+
+    let m = spec("tiny-mixtral.json");
+    let wm = Weights::random(&m, 4).unwrap();
+    let bytes = wm.to_safetensors_bytes(SaveDtype::BFloat16).unwrap();
+    assert_eq!(
+        Weights::from_safetensors(&m, &[(Path::new("mem"), &bytes)]).unwrap(),
+        wm
+    );
+    // A Qwen3 checkpoint is not a Mixtral one.
+    let err = Weights::load(&m, &p).unwrap_err();
+    assert!(matches!(err, WeightsError::Unexpected { .. }), "{err}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn sharded_checkpoint_with_index() {
+    let s = qwen();
+    let d = tmp("sharded");
+    let w = Weights::random(&s, 5).unwrap();
+    type Shard = Vec<(String, Vec<u8>, Vec<usize>)>;
+    let mut shards: [Shard; 2] = Default::default();
+    let mut map = serde_json::Map::new();
+    for (i, (n, t)) in w.iter().enumerate() {
+        let bytes = t.data.iter().flat_map(|&x| x.to_le_bytes()).collect();
+        let file = format!("model-{:05}-of-00002.safetensors", i % 2 + 1);
+        map.insert(n.to_string(), file.into());
+        shards[i % 2].push((n.to_string(), bytes, t.shape.clone()));
+    }
+    for (i, shard) in shards.iter().enumerate() {
+        let views: Vec<(String, TensorView<'_>)> = shard
+            .iter()
+            .map(|(n, b, s)| {
+                (
+                    n.clone(),
+                    TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
+                )
+            })
+            .collect();
+        let bytes = safetensors::serialize(views, None).unwrap();
+        std::fs::write(
+            d.join(format!("model-{:05}-of-00002.safetensors", i + 1)),
+            bytes,
+        )
+        .unwrap();
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    assert_eq!(Weights::load(&s, &d).unwrap(), w);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Writes a safetensors file of `w`'s tensors, edited by `edit` (name → (dtype, shape, bytes)).
+fn write_edited(
+    w: &Weights,
+    path: &Path,
+    edit: impl Fn(&mut Vec<(String, Dtype, Vec<usize>, Vec<u8>)>),
+) {
+    let mut ts: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = w
+        .iter()
+        .map(|(n, t)| {
+            (
+                n.to_string(),
+                Dtype::F32,
+                t.shape.clone(),
+                t.data.iter().flat_map(|&x| x.to_le_bytes()).collect(),
+            )
+        })
+        .collect();
+    edit(&mut ts);
+    let views: Vec<(String, TensorView<'_>)> = ts
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+#[test]
+fn load_errors_name_the_tensor() {
+    let s = qwen();
+    let d = tmp("errors");
+    let w = Weights::random(&s, 6).unwrap();
+    let p = d.join("bad.safetensors");
+    let victim = "model.layers.2.mlp.experts.5.down_proj.weight";
+
+    write_edited(&w, &p, |ts| ts.retain(|t| t.0 != victim));
+    let e = Weights::load(&s, &p).unwrap_err();
+    assert!(matches!(e, WeightsError::Missing { .. }), "{e}");
+    assert_eq!(e.tensor(), Some(victim));
+    assert!(e.to_string().contains(victim), "{e}");
+    assert!(e.to_string().contains("[256, 128]"), "{e}");
+
+    write_edited(&w, &p, |ts| {
+        let t = ts.iter_mut().find(|t| t.0 == victim).unwrap();
+        t.2 = vec![128, 256];
+    });
+    let e = Weights::load(&s, &p).unwrap_err();
+    assert!(matches!(e, WeightsError::Shape { .. }), "{e}");
+    assert!(
+        e.to_string().contains(victim) && e.to_string().contains("[128, 256]"),
+        "{e}"
+    );
+
+    write_edited(&w, &p, |ts| {
+        let t = ts.iter_mut().find(|t| t.0 == victim).unwrap();
+        t.1 = Dtype::I32;
+    });
+    let e = Weights::load(&s, &p).unwrap_err();
+    assert!(matches!(e, WeightsError::Dtype { .. }), "{e}");
+    assert!(
+        e.to_string().contains(victim) && e.to_string().contains("I32"),
+        "{e}"
+    );
+
+    write_edited(&w, &p, |ts| {
+        ts.push((
+            "model.layers.9.mlp.gate.weight".into(),
+            Dtype::F32,
+            vec![1],
+            vec![0; 4],
+        ));
+    });
+    let e = Weights::load(&s, &p).unwrap_err();
+    assert!(matches!(e, WeightsError::Unexpected { .. }), "{e}");
+    assert_eq!(e.tensor(), Some("model.layers.9.mlp.gate.weight"));
+
+    // An `inv_freq` buffer from an old checkpoint is ignored.
+    write_edited(&w, &p, |ts| {
+        ts.push((
+            "model.layers.0.self_attn.rotary_emb.inv_freq".into(),
+            Dtype::F32,
+            vec![32],
+            vec![0; 128],
+        ));
+    });
+    assert_eq!(Weights::load(&s, &p).unwrap(), w);
+
+    std::fs::write(&p, b"not a safetensors file").unwrap();
+    let e = Weights::load(&s, &p).unwrap_err();
+    assert!(matches!(e, WeightsError::Format { .. }), "{e}");
+    let e = Weights::load(&s, d.join("absent.safetensors")).unwrap_err();
+    assert!(matches!(e, WeightsError::Io { .. }), "{e}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn failed_save_leaves_nothing_behind() {
+    let s = qwen();
+    let d = tmp("failsave");
+    let w = Weights::random(&s, 7).unwrap();
+    // The target is a directory: the rename fails, the temporary is removed.
+    let target = d.join("model.safetensors");
+    std::fs::create_dir(&target).unwrap();
+    std::fs::write(target.join("keep"), b"x").unwrap();
+    let e = w.save(&target, SaveDtype::BFloat16).unwrap_err();
+    assert!(matches!(e, WeightsError::Io { .. }), "{e}");
+    let names: Vec<String> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["model.safetensors".to_string()]);
+    // A save into a directory that does not exist fails and creates nothing.
+    let e = w
+        .save(d.join("no/such/dir/m.safetensors"), SaveDtype::BFloat16)
+        .unwrap_err();
+    assert!(matches!(e, WeightsError::Io { .. }), "{e}");
+    // Overwriting an existing file replaces it whole.
+    let p = d.join("m.safetensors");
+    std::fs::write(&p, b"old").unwrap();
+    w.save(&p, SaveDtype::BFloat16).unwrap();
+    assert_eq!(Weights::load(&s, &p).unwrap(), w);
+    let _ = std::fs::remove_dir_all(&d);
+}
