@@ -2,4 +2,5 @@
 pub mod emit;
 pub mod graph;
 pub mod plan;
+pub mod report;
 pub mod rewrite;

@@ -161,6 +161,8 @@ pub struct Plan {
     pub layers: usize,
     pub model_layers: usize,
     pub layer_kind: String,
+    /// `--context`: positions attended over (the cache holds `dims.positions`).
+    pub context: u64,
     pub dims: Dims,
     pub graph: Vec<String>,
     pub layer_rewrite: Rewritten,
@@ -588,6 +590,7 @@ impl Plan {
             layers,
             model_layers: spec.layers.len(),
             layer_kind: kind.describe(),
+            context: options.context,
             dims,
             graph: graph.describe(),
             layer_rewrite,
