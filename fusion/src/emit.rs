@@ -410,7 +410,7 @@ fn attention(p: &Plan, hd: H, layer: Val) {
     let row_b = iota([rows, hp], 0);
     for_range(range(0, scalar(kvh as i32)), (), |g: Val, ()| {
         let qg = hd.qs.load((g, 0..qrows, ..));
-        let qg = if qrows % 16 == 0 { qg.cast(bf16) } else { qg };
+        let qg = if qrows.is_multiple_of(16) { qg.cast(bf16) } else { qg };
         for_range(range(0, scalar(d.batch as i32)), (), |bi: Val, ()| {
             let pos = hd.positions.load(bi);
             let knew = select(eq(row_b, bi), hd.ks.load(g), 0.0).sum_keepdims(0);
@@ -466,7 +466,7 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                     },
                     || (),
                 );
-                let s = dot_t(qg, if qrows % 16 == 0 { hd.kbuf.load(slot) } else { hd.kbuf.load(slot).cast(f32) });
+                let s = dot_t(qg, if qrows.is_multiple_of(16) { hd.kbuf.load(slot) } else { hd.kbuf.load(slot).cast(f32) });
                 let col = iota([qrows, bkv], 1) + t * bkv as i32;
                 let mut valid = le(col, pos);
                 if let Some(w) = d.window {
@@ -477,8 +477,8 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                 let corr = (m - m_new).exp();
                 let pr = (s - m_new).exp();
                 let l_new = l_ * corr + pr.sum_keepdims(1);
-                let vt = if qrows % 16 == 0 { hd.vbuf.load(slot) } else { hd.vbuf.load(slot).cast(f32) };
-                let pv = if qrows % 16 == 0 { dot(pr.cast(bf16), vt) } else { dot(pr, vt) };
+                let vt = if qrows.is_multiple_of(16) { hd.vbuf.load(slot) } else { hd.vbuf.load(slot).cast(f32) };
+                let pv = if qrows.is_multiple_of(16) { dot(pr.cast(bf16), vt) } else { dot(pr, vt) };
                 (m_new, l_new, acc * corr + pv, 1 - slot)
             });
             // Wait for the in-place writes (the tile slot is reused next).
