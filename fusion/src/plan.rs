@@ -289,11 +289,11 @@ impl Plan {
             return Err(PlanError::Unsupported("attention or router biases".into()));
         }
         let a = &spec.attention;
-        if a.head_dim % 2 != 0 || a.head_dim > 256 {
+        if !a.head_dim.is_multiple_of(2) || a.head_dim > 256 {
             return Err(PlanError::Unsupported(format!("head_dim {}", a.head_dim)));
         }
         let h = spec.hidden_size;
-        if h % 128 != 0 {
+        if !h.is_multiple_of(128) {
             return Err(PlanError::Unsupported(format!("hidden_size {h} (must be a multiple of 128)")));
         }
         if moe.intermediate % 128 != 0 {
