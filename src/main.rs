@@ -48,6 +48,27 @@ enum Command {
     /// inputs and compare every output with the kernel's plain-Rust reference: prints max
     /// abs error and max relative error (max |got - want| / max |want|) per output;
     /// exits non-zero if any output is out of tolerance or the interpreter reports an error.
+    /// Plan and emit the decode megakernel of a Hugging Face MoE model (config.json): one
+    /// grid-less kernel for a whole decode step. Writes DIR/megakernel.mlir, .body.mlir and
+    /// .call.json and prints the report (layers, bytes streamed per step, VMEM plan, DMA
+    /// schedule). A model that does not fit the chip is refused and nothing is written.
+    Megakernel {
+        config: PathBuf,
+        #[arg(long)]
+        chip: Chip,
+        #[arg(long, default_value_t = 1)]
+        batch: u64,
+        #[arg(long, default_value_t = 4096)]
+        context: u64,
+        /// Use only the first N decoder layers.
+        #[arg(long)]
+        layers: Option<usize>,
+        #[arg(long)]
+        out: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     Interpret {
         kernel: String,
         #[arg(long = "set", value_name = "NAME=VALUE")]
@@ -96,6 +117,20 @@ fn run(cli: Cli) -> Result<(), String> {
             for (name, _) in &files {
                 println!("{}", out.join(name).display());
             }
+            Ok(())
+        }
+        Command::Megakernel { config, chip, batch, context, layers, out, json } => {
+            let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
+            let options = palladium_fusion::plan::PlanOptions { chip, batch, context, layers, check_hbm: true };
+            let plan = palladium_fusion::plan::Plan::new(&spec, &options).map_err(|e| format!("megakernel refused: {e}"))?;
+            let kernel = palladium_fusion::emit::emit(&plan).map_err(|e| format!("cannot build the megakernel:\n{e}"))?;
+            let lowered = lower(&kernel, &LowerOptions { chip }).map_err(|e| format!("cannot lower the megakernel for {chip}:\n{e}"))?;
+            write_all(&out, &[
+                ("megakernel.mlir".to_string(), lowered.module),
+                ("megakernel.body.mlir".to_string(), lowered.body),
+                ("megakernel.call.json".to_string(), lowered.call_json),
+            ])?;
+            if json { println!("{}", palladium_fusion::report::json(&plan)) } else { print!("{}", palladium_fusion::report::text(&plan)) }
             Ok(())
         }
         Command::Interpret { kernel, set, chip, seed, tolerance } => {

@@ -1,0 +1,594 @@
+//! The megakernel: ONE grid-less [`Kernel`] traced with the DSL's [`KernelBuilder`] from a
+//! [`Plan`]. The building blocks are plain Rust functions over DSL handles (`Val`, `Ref`,
+//! `SemRef`); the layer loop, the attention tile loops and the expert loops are traced
+//! (`scf.for`), so the module's size does not grow with the number of layers.
+//!
+//! Step structure (one call = one decode step for `batch` sequences):
+//! 1. prologue: embedding rows fetched by token id (scalar prefetch), the first `depth`
+//!    dense chunks issued, RoPE tables for the positions (scalar prefetch) computed;
+//! 2. `for l in 0..layers` (traced; the dense-ring bank of the layer's first chunk is
+//!    carried): for each dense chunk `k` of the layer (static): issue chunk `l*n + k +
+//!    depth` (this layer, a later layer, or `lm_head`), wait chunk `k`, consume its pieces —
+//!    q/k/v columns, then (after the q/k/v pieces) per-head norm + RoPE and attention over
+//!    the KV cache in streamed tiles (new K/V inserted and written in place), o-proj
+//!    pieces, then residual + norm and the router piece; after the last chunk: softmax
+//!    top-k to SMEM, the expert stream (fetch by id right after routing), residual;
+//! 3. final norm (folded) + `lm_head` chunks → f32 logits.
+
+use crate::plan::Plan;
+use palladium_dsl::__private::{CmpPred, KernelBuilder, OperandRole, cmp, for_range, if_else, range};
+use palladium_dsl::ir::{MemorySpace, SemKind};
+use palladium_dsl::prelude::*;
+use palladium_dsl::{BuildErrors, Kernel};
+
+type NoMap = Option<Box<dyn FnOnce(&[Val], &[Ref]) -> i32>>;
+
+fn lt(a: Val, b: impl IntoVal) -> Val {
+    cmp(CmpPred::Lt, a, b)
+}
+fn eq(a: Val, b: impl IntoVal) -> Val {
+    cmp(CmpPred::Eq, a, b)
+}
+fn ge(a: Val, b: impl IntoVal) -> Val {
+    cmp(CmpPred::Ge, a, b)
+}
+fn le(a: Val, b: impl IntoVal) -> Val {
+    cmp(CmpPred::Le, a, b)
+}
+
+use palladium_dsl::trace::IntoVal;
+
+/// `(base + k) mod n` for `0 <= base < n`, `k` static, without a division.
+fn ring_add(base: Val, k: u64, n: u64) -> Val {
+    let t = base + (k % n) as i32;
+    select(ge(t, n as i32), t - n as i32, t)
+}
+
+/// `x * rsqrt(mean(x^2) + eps)` over the last dim of `n` true elements (f32).
+fn rms_unit(x: Val, n: u64, eps: f64) -> Val {
+    let ms = (x * x).sum_keepdims(1) / n as f64;
+    x * (ms + eps).rsqrt()
+}
+
+/// All the handles of the kernel.
+#[derive(Clone, Copy)]
+struct H {
+    tokens: Ref,
+    positions: Ref,
+    embed: Ref,
+    w_dense: Ref,
+    w_lm: Ref,
+    w_gate_up: Ref,
+    w_down: Ref,
+    head_norms: Option<Ref>,
+    logits: Ref,
+    k_cache: Ref,
+    v_cache: Ref,
+    ring: Ref,
+    ring_sems: SemRef,
+    gu_buf: Ref,
+    dn_buf: Ref,
+    ex_sems: SemRef,
+    kbuf: Ref,
+    vbuf: Ref,
+    kv_sems: SemRef,
+    kv_wsems: SemRef,
+    emb: Ref,
+    emb_sems: SemRef,
+    hn: Ref,
+    hn_sem: SemRef,
+    x: Ref,
+    acc: Ref,
+    oacc: Ref,
+    qkv: Ref,
+    qs: Ref,
+    os: Ref,
+    ks: Ref,
+    vs: Ref,
+    attn: Ref,
+    rl: Ref,
+    rot: Ref,
+    cos: Ref,
+    sin: Ref,
+    ids: Ref,
+    wts: Ref,
+}
+
+/// Build the megakernel of `plan`.
+pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
+    let d = &plan.dims;
+    let l = plan.layers as u64;
+    let (h, hp, b, rows) = (d.hidden, d.head_pad, d.batch, d.rows);
+    let n = plan.per_layer();
+    let cw = plan.chunk_cols;
+    let (kvh, group, qr) = (d.kv_heads, d.group, d.q_rows);
+    let qbuf_rows = group * qr + rows - qr;
+    let nqkv = (d.heads + 2 * kvh) * hp;
+    let nq = d.heads * hp;
+    let eb = plan.expert_block;
+    let mut kb = KernelBuilder::new("megakernel");
+    kb.vmem_limit_bytes(plan.vmem_limit);
+    kb.cost_estimate(2 * (plan.traffic.dense + plan.traffic.lm_head + plan.traffic.experts) / 2 * b, 0, plan.traffic.total);
+    let op = |kb: &mut KernelBuilder<'_>, name: &str, role: OperandRole, dtype: DType, shape: &[u64], space: MemorySpace| {
+        kb.operand(name, role, dtype, shape, space, None, None as NoMap);
+    };
+    let dims_of = |name: &str| plan.operands.iter().find(|o| o.name == name).map(|o| o.shape.clone()).unwrap_or_default();
+    op(&mut kb, "tokens", OperandRole::Prefetch, DType::I32, &[b], MemorySpace::Smem);
+    op(&mut kb, "positions", OperandRole::Prefetch, DType::I32, &[b], MemorySpace::Smem);
+    for name in ["embed", "w_dense", "w_lm", "w_gate_up", "w_down"] {
+        op(&mut kb, name, OperandRole::Input, DType::Bf16, &dims_of(name), MemorySpace::Any);
+    }
+    if d.qk_norm {
+        op(&mut kb, "head_norms", OperandRole::Input, DType::F32, &dims_of("head_norms"), MemorySpace::Any);
+    }
+    op(&mut kb, "k_cache", OperandRole::Input, DType::Bf16, &dims_of("k_cache"), MemorySpace::Any);
+    op(&mut kb, "v_cache", OperandRole::Input, DType::Bf16, &dims_of("v_cache"), MemorySpace::Any);
+    op(&mut kb, "logits", OperandRole::Output, DType::F32, &dims_of("logits"), MemorySpace::Vmem);
+    op(&mut kb, "k_cache_out", OperandRole::Output, DType::Bf16, &dims_of("k_cache"), MemorySpace::Any);
+    op(&mut kb, "v_cache_out", OperandRole::Output, DType::Bf16, &dims_of("v_cache"), MemorySpace::Any);
+    kb.alias("k_cache", "k_cache_out");
+    kb.alias("v_cache", "v_cache_out");
+    let vm = MemorySpace::Vmem;
+    kb.scratch_buffer("ring", vm, DType::Bf16, &[plan.banks, h, cw]);
+    kb.scratch_semaphores("ring_sems", SemKind::Dma, &[plan.banks]);
+    kb.scratch_buffer("gate_up_buf", vm, DType::Bf16, &[plan.expert_slots, h, 2 * eb]);
+    kb.scratch_buffer("down_buf", vm, DType::Bf16, &[plan.expert_slots, eb, h]);
+    kb.scratch_semaphores("expert_sems", SemKind::Dma, &[2, plan.expert_slots]);
+    kb.scratch_buffer("k_tiles", vm, DType::Bf16, &[2, plan.block_kv, hp]);
+    kb.scratch_buffer("v_tiles", vm, DType::Bf16, &[2, plan.block_kv, hp]);
+    kb.scratch_semaphores("kv_sems", SemKind::Dma, &[2, 2]);
+    kb.scratch_semaphores("kv_write_sems", SemKind::Dma, &[2]);
+    kb.scratch_buffer("emb_rows", vm, DType::Bf16, &[b, 16, h]);
+    kb.scratch_semaphores("emb_sems", SemKind::Dma, &[b]);
+    kb.scratch_buffer("head_norm_buf", vm, DType::F32, &[8, hp]);
+    kb.scratch_semaphores("head_norm_sem", SemKind::Dma, &[1]);
+    kb.scratch_buffer("x", vm, DType::F32, &[rows, h]);
+    kb.scratch_buffer("expert_acc", vm, DType::F32, &[rows, h]);
+    kb.scratch_buffer("o_acc", vm, DType::F32, &[rows, h]);
+    kb.scratch_buffer("qkv", vm, DType::F32, &[rows, nqkv]);
+    kb.scratch_buffer("q_heads", vm, DType::F32, &[kvh, qbuf_rows, hp]);
+    kb.scratch_buffer("attn_heads", vm, DType::F32, &[kvh, qbuf_rows, hp]);
+    kb.scratch_buffer("k_new", vm, DType::F32, &[kvh, rows, hp]);
+    kb.scratch_buffer("v_new", vm, DType::F32, &[kvh, rows, hp]);
+    kb.scratch_buffer("attn", vm, DType::F32, &[rows, nq]);
+    kb.scratch_buffer("router_logits", vm, DType::F32, &[rows, d.experts_pad]);
+    kb.scratch_buffer("rope_rot", vm, DType::Bf16, &[hp, hp]);
+    kb.scratch_buffer("rope_cos", vm, DType::F32, &[rows, hp]);
+    kb.scratch_buffer("rope_sin", vm, DType::F32, &[rows, hp]);
+    kb.scratch_buffer("expert_ids", MemorySpace::Smem, DType::I32, &[b * d.top_k]);
+    kb.scratch_buffer("expert_weights", MemorySpace::Smem, DType::F32, &[b * d.top_k]);
+    let sealed = kb.seal()?;
+    let hs = &sealed.handles;
+    let r = |i: usize| hs[i].clone().into_ref();
+    let s = |i: usize| hs[i].clone().into_sem();
+    let mut i = 0usize;
+    let mut next = || {
+        i += 1;
+        i - 1
+    };
+    let tokens = r(next());
+    let positions = r(next());
+    let (embed, w_dense, w_lm, w_gate_up, w_down) = (r(next()), r(next()), r(next()), r(next()), r(next()));
+    let head_norms = if d.qk_norm { Some(r(next())) } else { None };
+    let (_k_in, _v_in) = (r(next()), r(next()));
+    let (logits, k_cache, v_cache) = (r(next()), r(next()), r(next()));
+    let hd = H {
+        tokens,
+        positions,
+        embed,
+        w_dense,
+        w_lm,
+        w_gate_up,
+        w_down,
+        head_norms,
+        logits,
+        k_cache,
+        v_cache,
+        ring: r(next()),
+        ring_sems: s(next()),
+        gu_buf: r(next()),
+        dn_buf: r(next()),
+        ex_sems: s(next()),
+        kbuf: r(next()),
+        vbuf: r(next()),
+        kv_sems: s(next()),
+        kv_wsems: s(next()),
+        emb: r(next()),
+        emb_sems: s(next()),
+        hn: r(next()),
+        hn_sem: s(next()),
+        x: r(next()),
+        acc: r(next()),
+        oacc: r(next()),
+        qkv: r(next()),
+        qs: r(next()),
+        os: r(next()),
+        ks: r(next()),
+        vs: r(next()),
+        attn: r(next()),
+        rl: r(next()),
+        rot: r(next()),
+        cos: r(next()),
+        sin: r(next()),
+        ids: r(next()),
+        wts: r(next()),
+    };
+    body(plan, hd, n, l);
+    let _ = (nq, cw);
+    sealed.finish()
+}
+
+/// The dense chunk `item` (global index) as a copy into its bank; `layer` is the traced
+/// layer when the item is a layer chunk.
+fn dense_copy(p: &Plan, hd: H, src: Ref, bank: Val) -> Dma {
+    let _ = p;
+    async_copy(src, hd.ring.at(bank), hd.ring_sems.at(bank))
+}
+
+/// Issue global dense item `layer * n + k + ahead` (static `k + ahead`, traced `layer`)
+/// into bank `bank`: a chunk of this or a later layer, or of `lm_head`, or nothing past
+/// the end.
+fn issue_ahead(p: &Plan, hd: H, layer: Val, k_ahead: u64, bank: Val) {
+    let n = p.per_layer();
+    let l = p.layers as u64;
+    let off = k_ahead / n;
+    let kk = k_ahead % n;
+    if off == 0 {
+        dense_copy(p, hd, hd.w_dense.at((layer, kk)), bank).start();
+        return;
+    }
+    let tl = layer + off as i32;
+    if_else(
+        lt(tl, l as i32),
+        || dense_copy(p, hd, hd.w_dense.at((tl, kk)), bank).start(),
+        || {
+            // lm item (tl - L) * n + kk, if it exists.
+            let c = (tl - l as i32) * n as i32 + kk as i32;
+            if_else(lt(c, p.lm_chunks as i32), || dense_copy(p, hd, hd.w_lm.at(c), bank).start(), || ());
+        },
+    );
+}
+
+fn body(p: &Plan, hd: H, n: u64, l: u64) {
+    let d = &p.dims;
+    let (h, hp, b, rows) = (d.hidden, d.head_pad, d.batch, d.rows);
+    let banks = p.banks;
+    let depth = p.depth;
+
+    // --- prologue: embeddings, first dense chunks, rope tables -------------------------
+    for bi in 0..b {
+        let t = hd.tokens.load(bi);
+        async_copy(hd.embed.at(t / 16), hd.emb.at(bi), hd.emb_sems.at(bi)).start();
+    }
+    for g in 0..depth.min(l * n + p.lm_chunks) {
+        let bank = scalar((g % banks) as i32);
+        if g < l * n {
+            dense_copy(p, hd, hd.w_dense.at((g / n, g % n)), bank).start();
+        } else {
+            dense_copy(p, hd, hd.w_lm.at(g - l * n), bank).start();
+        }
+    }
+    // RoPE (neox, rotate halves): cos/sin of pos * inv_freq[j mod hd/2], and the signed
+    // permutation R with rotate(x) = x @ R, restricted to the first head_dim lanes.
+    let half = (d.head_dim / 2) as i32;
+    let j = iota([1, hp], 1);
+    let jj = select(ge(j, half), j - half, j);
+    let inv_freq = (jj.cast(f32) * (-2.0 * d.rope_theta.ln() / d.head_dim as f64)).exp();
+    let row_i = iota([rows, 1], 0);
+    let mut pos = zeros([rows, 1], f32);
+    for bi in 0..b {
+        pos = select(eq(row_i, bi as i32), hd.positions.load(bi).cast(f32), pos);
+    }
+    let angle = pos * inv_freq;
+    hd.cos.store(.., angle.cos());
+    hd.sin.store(.., angle.sin());
+    let rr = iota([hp, hp], 0);
+    let cc = iota([hp, hp], 1);
+    let negated = lt(cc, half) & eq(rr, cc + half);
+    let kept = ge(cc, half) & lt(cc, 2 * half) & eq(rr, cc - half);
+    let one = full([hp, hp], 1.0, f32);
+    hd.rot.store(.., select(negated, -one, select(kept, one, 0.0)).cast(bf16));
+    hd.qs.store(.., 0.0);
+    hd.os.store(.., 0.0);
+    // Embedding rows: row (token % 16) of the fetched 16-row group.
+    let mut x = zeros([rows, h], f32);
+    let sub = iota([16, h], 0);
+    for bi in 0..b {
+        let t = hd.tokens.load(bi);
+        async_copy(hd.embed.at(t / 16), hd.emb.at(bi), hd.emb_sems.at(bi)).wait();
+        let grp = hd.emb.load(bi).cast(f32);
+        let row = select(eq(sub, t % 16), grp, 0.0).sum_keepdims(0);
+        x = select(eq(row_i, bi as i32), row, x);
+    }
+    hd.x.store(.., x);
+
+    // --- the layer loop ---------------------------------------------------------------
+    let base_step = (n % banks) as i32;
+    let _ = for_range(range(0, scalar(l as i32)), scalar(0), |layer: Val, base: Val| {
+        layer_body(p, hd, layer, base);
+        let nb = base + base_step;
+        select(ge(nb, banks as i32), nb - banks as i32, nb)
+    });
+
+    // --- final norm (folded) + lm_head -------------------------------------------------
+    let xf = rms_unit(hd.x.load(..), h, d.eps).cast(bf16);
+    let first_bank = ((l * n) % banks) as i32;
+    let lm = p.lm_chunks;
+    let _ = for_range(range(0, scalar(lm as i32)), scalar(first_bank), |c: Val, bank: Val| {
+        // Issue lm item c + depth (all layer items were issued before).
+        let ahead = c + depth as i32;
+        let ab = ring_add(bank, depth, banks);
+        if_else(lt(ahead, lm as i32), || dense_copy(p, hd, hd.w_lm.at(ahead), ab).start(), || ());
+        dense_copy(p, hd, hd.w_lm.at(c), bank).wait();
+        hd.logits.store(c, dot(xf, hd.ring.load(bank)));
+        ring_add(bank, 1, banks)
+    });
+}
+
+/// One decoder layer (traced `layer`; `base` = bank of its first dense chunk).
+fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
+    let d = &p.dims;
+    let (h, hp, rows) = (d.hidden, d.head_pad, d.rows);
+    let n = p.per_layer();
+    let banks = p.banks;
+    if let Some(norms) = hd.head_norms {
+        async_copy(norms.at(layer), hd.hn, hd.hn_sem.at(0)).start();
+    }
+    let xn1 = rms_unit(hd.x.load(..), h, d.eps).cast(bf16);
+    let mut xn2: Option<Val> = None;
+    let mut o_started = false;
+    for k in 0..n {
+        issue_ahead(p, hd, layer, k + p.depth, ring_add(base, k + p.depth, banks));
+        let bank = ring_add(base, k, banks);
+        dense_copy(p, hd, hd.w_dense.at((layer, k)), bank).wait();
+        for piece in &p.chunks[k as usize] {
+            let cols = piece.chunk_col..piece.chunk_col + piece.cols;
+            let seg_cols = piece.seg_col..piece.seg_col + piece.cols;
+            let w = hd.ring.load((bank, .., cols));
+            match p.segments[piece.segment].name {
+                "qkv" => hd.qkv.store((.., seg_cols), dot(xn1, w)),
+                "o" => {
+                    if !o_started {
+                        attention(p, hd, layer);
+                        o_started = true;
+                        hd.oacc.store(.., 0.0);
+                    }
+                    let a = hd.attn.load((.., seg_cols)).cast(bf16);
+                    hd.oacc.store(.., hd.oacc.load(..) + dot_t(a, w));
+                }
+                _ => {
+                    let xn = *xn2.get_or_insert_with(|| {
+                        let x = hd.x.load(..) + hd.oacc.load(..);
+                        hd.x.store(.., x);
+                        rms_unit(x, h, d.eps).cast(bf16)
+                    });
+                    hd.rl.store((.., seg_cols), dot(xn, w));
+                }
+            }
+        }
+    }
+    let _ = (hp, rows);
+    let xn2 = xn2.expect("the router segment is last");
+    route(p, hd);
+    experts(p, hd, layer, xn2);
+}
+
+/// Per-head q/k norm + RoPE into the head buffers, then attention for every (kv head,
+/// sequence) over the cache in streamed tiles, writing the new K/V in place; the outputs
+/// are reassembled into `attn` `[rows, heads * head_pad]`.
+fn attention(p: &Plan, hd: H, layer: Val) {
+    let d = &p.dims;
+    let (hp, rows, qr, group, kvh) = (d.head_pad, d.rows, d.q_rows, d.group, d.kv_heads);
+    if let Some(norms) = hd.head_norms {
+        async_copy(norms.at(layer), hd.hn, hd.hn_sem.at(0)).wait();
+    }
+    let cos = hd.cos.load(..);
+    let sin = hd.sin.load(..);
+    let rot = hd.rot.load(..);
+    let prep = |col: u64, norm_row: Option<u64>, scale: f64| {
+        let mut v = hd.qkv.load((.., col..col + hp));
+        if let Some(rw) = norm_row {
+            let w = hd.hn.load((rw..rw + 1, ..));
+            v = (rms_unit(v, d.head_dim, d.eps) * w).cast(bf16).cast(f32);
+        }
+        let rotated = dot(v.cast(bf16), rot);
+        (v * cos + rotated * sin) * scale
+    };
+    let qk_rows = |r: u64| if d.qk_norm { Some(r) } else { None };
+    for head in 0..d.heads {
+        let (g, j) = (head / group, head % group);
+        let v = prep(head * hp, qk_rows(0), d.scale);
+        hd.qs.store((g, j * qr..j * qr + rows, ..), v);
+    }
+    for g in 0..kvh {
+        let v = prep((d.heads + g) * hp, qk_rows(1), 1.0);
+        hd.ks.store(g, v);
+        hd.vs.store(g, hd.qkv.load((.., (d.heads + kvh + g) * hp..(d.heads + kvh + g + 1) * hp)));
+    }
+    let bkv = p.block_kv;
+    let qrows = group * qr;
+    let row_b = iota([rows, hp], 0);
+    for_range(range(0, scalar(kvh as i32)), (), |g: Val, ()| {
+        let qg = hd.qs.load((g, 0..qrows, ..));
+        let qg = if qrows.is_multiple_of(16) { qg.cast(bf16) } else { qg };
+        for_range(range(0, scalar(d.batch as i32)), (), |bi: Val, ()| {
+            let pos = hd.positions.load(bi);
+            let knew = select(eq(row_b, bi), hd.ks.load(g), 0.0).sum_keepdims(0);
+            let vnew = select(eq(row_b, bi), hd.vs.load(g), 0.0).sum_keepdims(0);
+            let ntiles = pos / bkv as i32 + 1;
+            let t0 = match d.window {
+                Some(w) => {
+                    let first = pos - (w as i32 - 1);
+                    select(lt(first, 0), 0, first) / bkv as i32
+                }
+                None => scalar(0),
+            };
+            let fetch = |t: Val, slot: Val| {
+                let start = (t * bkv as i32).multiple_of(bkv as u32);
+                let k = async_copy(hd.k_cache.at((layer, bi, g, ds(start, bkv), ..)), hd.kbuf.at(slot), hd.kv_sems.at((0, slot)));
+                let v = async_copy(hd.v_cache.at((layer, bi, g, ds(start, bkv), ..)), hd.vbuf.at(slot), hd.kv_sems.at((1, slot)));
+                (k, v)
+            };
+            let (k0, v0) = fetch(t0, scalar(0));
+            k0.start();
+            v0.start();
+            let m0 = full([qrows, 1], f64::NEG_INFINITY, f32);
+            let l0 = zeros([qrows, 1], f32);
+            let a0 = zeros([qrows, hp], f32);
+            let tile_rows = iota([bkv, hp], 0);
+            let (_, l_, acc, _) = for_range(range(t0, ntiles), (m0, l0, a0, scalar(0)), |t: Val, (m, l_, acc, slot): (Val, Val, Val, Val)| {
+                if_else(
+                    lt(t + 1, ntiles),
+                    || {
+                        let (kn, vn) = fetch(t + 1, 1 - slot);
+                        kn.start();
+                        vn.start();
+                    },
+                    || (),
+                );
+                let (kc, vc) = fetch(t, slot);
+                kc.wait();
+                vc.wait();
+                // The tile holding the new position: insert the new K/V row and write its
+                // 16-row group back to the cache (in place).
+                if_else(
+                    eq(t, ntiles - 1),
+                    || {
+                        let rrow = pos - t * bkv as i32;
+                        let kt = select(eq(tile_rows, rrow), knew, hd.kbuf.load(slot).cast(f32));
+                        let vt = select(eq(tile_rows, rrow), vnew, hd.vbuf.load(slot).cast(f32));
+                        hd.kbuf.store(slot, kt.cast(bf16));
+                        hd.vbuf.store(slot, vt.cast(bf16));
+                        let g16 = ((rrow / 16) * 16).multiple_of(16);
+                        let at = (t * bkv as i32 + g16).multiple_of(16);
+                        async_copy(hd.kbuf.at((slot, ds(g16, 16), ..)), hd.k_cache.at((layer, bi, g, ds(at, 16), ..)), hd.kv_wsems.at(0)).start();
+                        async_copy(hd.vbuf.at((slot, ds(g16, 16), ..)), hd.v_cache.at((layer, bi, g, ds(at, 16), ..)), hd.kv_wsems.at(1)).start();
+                    },
+                    || (),
+                );
+                let s = dot_t(qg, if qrows.is_multiple_of(16) { hd.kbuf.load(slot) } else { hd.kbuf.load(slot).cast(f32) });
+                let col = iota([qrows, bkv], 1) + t * bkv as i32;
+                let mut valid = le(col, pos);
+                if let Some(w) = d.window {
+                    valid = valid & lt(pos - w as i32, col);
+                }
+                let s = select(valid, s, f64::NEG_INFINITY);
+                let m_new = m.max(s.max_keepdims(1));
+                let corr = (m - m_new).exp();
+                let pr = (s - m_new).exp();
+                let l_new = l_ * corr + pr.sum_keepdims(1);
+                let vt = if qrows.is_multiple_of(16) { hd.vbuf.load(slot) } else { hd.vbuf.load(slot).cast(f32) };
+                let pv = if qrows.is_multiple_of(16) { dot(pr.cast(bf16), vt) } else { dot(pr, vt) };
+                (m_new, l_new, acc * corr + pv, 1 - slot)
+            });
+            // Wait for the in-place writes (the tile slot is reused next).
+            let last = pos / bkv as i32;
+            let g16 = (((pos - last * bkv as i32) / 16) * 16).multiple_of(16);
+            let at = (last * bkv as i32 + g16).multiple_of(16);
+            let slot_last = (last - t0) % 2;
+            async_copy(hd.kbuf.at((slot_last, ds(g16, 16), ..)), hd.k_cache.at((layer, bi, g, ds(at, 16), ..)), hd.kv_wsems.at(0)).wait();
+            async_copy(hd.vbuf.at((slot_last, ds(g16, 16), ..)), hd.v_cache.at((layer, bi, g, ds(at, 16), ..)), hd.kv_wsems.at(1)).wait();
+            // Keep this sequence's rows of every query head.
+            let out = acc / l_;
+            let mine = eq(iota([qrows, hp], 0) % qr as i32, bi);
+            hd.os.store((g, 0..qrows, ..), select(mine, out, hd.os.load((g, 0..qrows, ..))));
+        });
+    });
+    for head in 0..d.heads {
+        let (g, j) = (head / group, head % group);
+        hd.attn.store((.., head * hp..(head + 1) * hp), hd.os.load((g, j * qr..j * qr + rows, ..)));
+    }
+}
+
+/// Softmax over the experts, top-k (lowest id wins ties), optional renormalisation; ids and
+/// weights of the real rows to SMEM.
+fn route(p: &Plan, hd: H) {
+    let d = &p.dims;
+    let (rows, ep, k) = (d.rows, d.experts_pad, d.top_k);
+    let col = iota([rows, ep], 1);
+    let logits = select(lt(col, d.experts as i32), hd.rl.load(..), f64::NEG_INFINITY);
+    let e = (logits - logits.max_keepdims(1)).exp();
+    let scores = e / e.sum_keepdims(1);
+    let slot_iota = iota([rows, k], 1);
+    let mut remaining = select(lt(col, d.experts as i32), scores, -1.0);
+    let mut top_ids = zeros([rows, k], i32);
+    let mut top_w = zeros([rows, k], f32);
+    for j in 0..k {
+        let best = remaining.max_keepdims(1);
+        let best_id = select(eq(remaining, best), col, ep as i32).min_keepdims(1);
+        top_ids = select(eq(slot_iota, j as i32), best_id, top_ids);
+        top_w = select(eq(slot_iota, j as i32), best, top_w);
+        remaining = select(eq(col, best_id), -1.0, remaining);
+    }
+    if d.renormalize {
+        top_w = top_w / top_w.sum_keepdims(1);
+    }
+    let row_iota = iota([rows, k], 0);
+    for bi in 0..d.batch {
+        for j in 0..k {
+            let here = eq(row_iota, bi as i32) & eq(slot_iota, j as i32);
+            hd.ids.store(bi * k + j, select(here, top_ids, -1).max_all());
+            hd.wts.store(bi * k + j, select(here, top_w, f64::NEG_INFINITY).max_all());
+        }
+    }
+}
+
+/// The expert stream: for each (sequence, slot, chunk) the `gate_up` and `down` chunks of
+/// expert `ids[b * k + j]`, fetched by id right after routing into a ring of `slots`
+/// slots, `slots - 1` ahead; all rows are multiplied and masked to the item's sequence.
+fn experts(p: &Plan, hd: H, layer: Val, xn2: Val) {
+    let d = &p.dims;
+    let (rows, k, h) = (d.rows, d.top_k, d.hidden);
+    let (eb, ec, slots) = (p.expert_block, p.expert_chunks, p.expert_slots);
+    let pairs = d.batch * k;
+    let fetch = |pair: Val, c: Val, slot: Val| {
+        let e = hd.ids.load(pair);
+        let gu = async_copy(hd.w_gate_up.at((layer, e, c)), hd.gu_buf.at(slot), hd.ex_sems.at((0, slot)));
+        let dn = async_copy(hd.w_down.at((layer, e, c)), hd.dn_buf.at(slot), hd.ex_sems.at((1, slot)));
+        (gu, dn)
+    };
+    let total = pairs * ec;
+    let ahead = (slots - 1).min(total);
+    for it in 0..ahead {
+        let (gu, dn) = fetch(scalar((it / ec) as i32), scalar((it % ec) as i32), scalar(it as i32));
+        gu.start();
+        dn.start();
+    }
+    // The issue cursor: item (ip, ic) into slot `is`.
+    let ip0 = scalar((ahead / ec) as i32);
+    let ic0 = scalar((ahead % ec) as i32);
+    let is0 = scalar((ahead % slots) as i32);
+    hd.acc.store(.., 0.0);
+    let row_ids = iota([rows, 1], 0);
+    let _ = for_range(range(0, scalar(d.batch as i32)), (scalar(0), ip0, ic0, is0), |bi: Val, carry: (Val, Val, Val, Val)| {
+        for_range(range(0, scalar(k as i32)), carry, |j: Val, carry: (Val, Val, Val, Val)| {
+            let pair = bi * k as i32 + j;
+            let coef = select(eq(row_ids, bi), hd.wts.load(pair), 0.0);
+            for_range(range(0, scalar(ec as i32)), carry, |c: Val, (slot, ip, ic, is): (Val, Val, Val, Val)| {
+                if_else(
+                    lt(ip, pairs as i32),
+                    || {
+                        let (gu, dn) = fetch(ip, ic, is);
+                        gu.start();
+                        dn.start();
+                    },
+                    || (),
+                );
+                let ic1 = ic + 1;
+                let wrap = eq(ic1, ec as i32);
+                let (ip, ic) = (select(wrap, ip + 1, ip), select(wrap, 0, ic1));
+                let is = ring_add(is, 1, slots);
+                let (gu, dn) = fetch(pair, c, slot);
+                gu.wait();
+                dn.wait();
+                let gate = dot(xn2, hd.gu_buf.load((slot, .., 0..eb)));
+                let up = dot(xn2, hd.gu_buf.load((slot, .., eb..2 * eb)));
+                let act = (gate.silu() * up).cast(bf16);
+                hd.acc.store(.., hd.acc.load(..) + dot(act, hd.dn_buf.load(slot)) * coef);
+                (ring_add(slot, 1, slots), ip, ic, is)
+            })
+        })
+    });
+    let _ = h;
+    hd.x.store(.., hd.x.load(..) + hd.acc.load(..));
+}

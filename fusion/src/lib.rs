@@ -1,0 +1,46 @@
+//! Palladium's decode megakernel: a whole decode step of an MoE model (all layers, final
+//! norm, `lm_head`) as ONE grid-less kernel streaming weights from HBM, built by the
+//! compiler from the model's `config.json` (nothing is hand-written per model).
+//!
+//! Pipeline (one module per step, in order):
+//! - [`graph`]: the per-layer op graph (petgraph `StableDiGraph`) from a
+//!   [`palladium_model::ModelSpec`];
+//! - [`rewrite`]: egg rewrites inside a layer (RMS-norm scales folded into weights, q/k/v
+//!   fused into one projection, gate/up fused), DAG-aware extraction, `Saturated` asserted;
+//! - [`plan`]: the streaming plan — stacked weights and their host-side layout, DMA chunks,
+//!   the ring of VMEM banks and prefetch depth, expert and KV streams, VMEM budget per chip,
+//!   HBM fit (refusals carry the numbers);
+//! - [`emit`]: the one [`palladium_dsl::Kernel`], traced with the DSL's `KernelBuilder`;
+//! - [`report`]: the text and JSON report (`palladium megakernel ... [--json]`).
+//!
+//! # Operand interface
+//!
+//! Order (Pallas operand order; `L` layers, `B` batch, `H` hidden, `hp` = `head_dim`
+//! rounded up to 128, `E` experts, `I` expert intermediate, `cw` = [`plan::Plan::chunk_cols`],
+//! `n` = dense chunks per layer, `C` = `I / expert_block`, `T` = cache positions):
+//!
+//! | # | name | type | space | content |
+//! |---|---|---|---|---|
+//! | 0 | `tokens` | `i32[B]` | SMEM (scalar prefetch) | token id per sequence |
+//! | 1 | `positions` | `i32[B]` | SMEM (scalar prefetch) | position of the new token |
+//! | 2 | `embed` | `bf16[ceil(V/16), 16, H]` | HBM | `embed_tokens.weight` reshaped, zero rows past `V` |
+//! | 3 | `w_dense` | `bf16[L, n, H, cw]` | HBM | per layer `[q|k|v heads (transposed, input_layernorm folded) | o_proj.weight (heads padded to hp) | router^T (post_attention_layernorm folded, padded to 128)]` in `cw`-column chunks |
+//! | 4 | `w_lm` | `bf16[ceil(V/cw), H, cw]` | HBM | `lm_head^T` with the final norm folded, in column chunks |
+//! | 5 | `w_gate_up` | `bf16[L, E, C, H, 2*block]` | HBM | chunk `c` of expert `e`: `[gate^T cols | up^T cols]`, post-attention norm folded |
+//! | 6 | `w_down` | `bf16[L, E, C, block, H]` | HBM | `down_proj.weight^T` rows of chunk `c` |
+//! | 7 | `head_norms` (Qwen3 only) | `f32[L, 8, hp]` | HBM | row 0 `q_norm`, row 1 `k_norm` |
+//! | | `k_cache`, `v_cache` | `bf16[L, B, kv_heads, T, hp]` | HBM | K (normed, roped) / V; aliased to outputs |
+//! | out 0 | `logits` | `f32[ceil(V/cw), rows, cw]` | VMEM | logit of sequence b, token v at `[v / cw, b, v % cw]` |
+//! | out 1, 2 | `k_cache_out`, `v_cache_out` | as the inputs | HBM | the caches, new position written in place |
+//!
+//! The exact per-element mapping from Hugging Face tensor names (transposes, folding,
+//! padding) is in [`plan::Operand::source`], printed by the report for every operand.
+//! Numerics differ from Hugging Face in two documented ways: the residual stream stays f32,
+//! and norm scales are folded into bf16 weights (one rounding of `w * g` instead of rounding
+//! the scaled activations).
+
+pub mod emit;
+pub mod graph;
+pub mod plan;
+pub mod report;
+pub mod rewrite;

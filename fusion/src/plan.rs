@@ -1,0 +1,625 @@
+//! The streaming plan: everything about the megakernel that is decided before tracing.
+//!
+//! - **Rewrites**: the per-layer graph and the final norm + `lm_head` are rewritten with
+//!   [`crate::rewrite`]; the plan requires (and the report shows) that q/k/v became one
+//!   projection, gate/up one, and that every RMS-norm scale feeding a matmul was folded into
+//!   its weight rows.
+//! - **Stacking and host layout** ([`Layout`]): per-layer weights are stacked along a
+//!   leading layer axis; the q/k/v, `o_proj` and router weights of a layer form one *dense
+//!   stream* of `[hidden, chunk_cols]` chunks, `lm_head` continues that stream with chunks of
+//!   the same shape, and expert weights are stacked `[layer, expert, chunk, ..]` so each DMA
+//!   chunk is contiguous in HBM. The exact operand interface is documented in the crate docs.
+//! - **The dense ring**: `banks` VMEM banks of one chunk each; chunk `g` of the global dense
+//!   sequence (layer-major, then `lm_head`) lands in bank `g mod banks`, and is issued
+//!   `depth = banks - 1` chunks ahead of its use, across op and layer boundaries (so while
+//!   attention and the experts run, the next `depth` chunks — o-proj, router, next layer's
+//!   q/k/v, finally `lm_head` — are in flight).
+//! - **The expert ring**: `slots` slots of one expert chunk (`gate_up` `[hidden, 2 *
+//!   block]` + `down` `[block, hidden]`), issued `slots - 1` ahead, right after routing.
+//! - **KV**: tiles of `block_kv` positions, two slots per K and V.
+//! - **Budgets**: the VMEM plan (every scratch buffer, plus headroom for vector temporaries
+//!   and compiler spills) must fit the chip's VMEM per core, and every operand the chip's
+//!   HBM per device; a model that does not fit is refused with the numbers.
+
+use crate::graph::{LayerGraph, LayerKind};
+use crate::rewrite::{Rewritten, rewrite};
+use palladium_dsl::spec::Chip;
+use palladium_model::{AttentionKind, FfnKind, LmHead, ModelSpec, QkNorm, TopKWeights};
+use serde::Serialize;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// HBM per device (what one `TensorCore`'s kernel can address): v7x exposes each core as a
+/// device with 96 GiB.
+pub fn hbm_bytes(chip: Chip) -> u64 {
+    match chip {
+        Chip::V4 => 32 * GIB,
+        Chip::V5e => 16 * GIB,
+        Chip::V5p => 95 * GIB,
+        Chip::V6e => 32 * GIB,
+        Chip::V7x => 96 * GIB,
+    }
+}
+
+/// HBM left to the megakernel's operands: 1 GiB stays with the runtime and XLA.
+pub fn hbm_usable_bytes(chip: Chip) -> u64 {
+    hbm_bytes(chip) - GIB
+}
+
+/// HBM bandwidth per core, bytes/s (JAX `tpu_info`; v7x: 7.4e12 per chip, two cores).
+pub fn hbm_bandwidth(chip: Chip) -> f64 {
+    match chip {
+        Chip::V4 => 1.2e12 / 2.0,
+        Chip::V5e => 8.2e11,
+        Chip::V5p => 2.765e12 / 2.0,
+        Chip::V6e => 1.638e12,
+        Chip::V7x => 3.7e12,
+    }
+}
+
+/// What to plan for.
+#[derive(Clone, Debug)]
+pub struct PlanOptions {
+    pub chip: Chip,
+    pub batch: u64,
+    /// KV-cache capacity in positions (the step attends over up to this many).
+    pub context: u64,
+    /// Use only the first N layers (`--layers`).
+    pub layers: Option<usize>,
+    /// Refuse models whose operands exceed the chip's HBM (off only to time emission of
+    /// models that need more than one chip).
+    pub check_hbm: bool,
+}
+
+/// Why a model cannot be planned.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    #[error("not supported yet: {0}")]
+    Unsupported(String),
+    #[error("invalid option: {0}")]
+    Invalid(String),
+    #[error("does not fit {chip} HBM: the operands need {need} bytes ({need_gib:.2} GiB: {detail}), {chip} has {have} bytes ({have_gib:.2} GiB) usable per device; try --layers N (at most {max_layers} layers fit)")]
+    Hbm { chip: Chip, need: u64, need_gib: f64, have: u64, have_gib: f64, detail: String, max_layers: u64 },
+    #[error("does not fit {chip} VMEM: the plan needs {need} bytes ({need_mib:.2} MiB: {detail}), {chip} has {have} bytes ({have_mib} MiB) per core")]
+    Vmem { chip: Chip, need: u64, need_mib: f64, have: u64, have_mib: u64, detail: String },
+    #[error("the rewrites did not {0}")]
+    Rewrite(String),
+}
+
+/// Model dimensions as the kernel uses them (padded where the TPU tiling needs it).
+#[derive(Clone, Debug, Serialize)]
+pub struct Dims {
+    pub hidden: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    /// `head_dim` rounded up to 128 lanes: every head is a lane-aligned column block.
+    pub head_pad: u64,
+    pub group: u64,
+    pub experts: u64,
+    /// `experts` rounded up to 128 (the router's padded columns are masked to -inf).
+    pub experts_pad: u64,
+    pub top_k: u64,
+    pub intermediate: u64,
+    pub vocab: u64,
+    pub batch: u64,
+    /// Rows of every activation matrix: `batch` rounded up to 16 (a bf16 tile).
+    pub rows: u64,
+    /// Row stride of a query head inside a kv group: `batch` rounded up to a power of two >= 8.
+    pub q_rows: u64,
+    pub eps: f64,
+    pub rope_theta: f64,
+    pub scale: f64,
+    pub qk_norm: bool,
+    pub window: Option<u64>,
+    pub renormalize: bool,
+    /// KV-cache positions (context rounded up to `block_kv`).
+    pub positions: u64,
+}
+
+/// A segment of a layer's dense stream: one fused weight in a column range.
+#[derive(Clone, Debug, Serialize)]
+pub struct Segment {
+    pub name: &'static str,
+    /// First column in the per-layer stream, and width (both multiples of 128).
+    pub col: u64,
+    pub cols: u64,
+    /// The Hugging Face weights (per layer) and the folded norm scale.
+    pub weights: Vec<String>,
+    pub folded_scale: Option<String>,
+}
+
+/// A piece of a chunk: columns `[chunk_col, chunk_col + cols)` of the chunk are columns
+/// `[seg_col, seg_col + cols)` of segment `segment`.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Piece {
+    pub segment: usize,
+    pub seg_col: u64,
+    pub chunk_col: u64,
+    pub cols: u64,
+}
+
+/// One stacked operand of the megakernel.
+#[derive(Clone, Debug, Serialize)]
+pub struct Operand {
+    pub name: &'static str,
+    pub role: &'static str,
+    pub dtype: &'static str,
+    pub shape: Vec<u64>,
+    pub space: &'static str,
+    pub bytes: u64,
+    /// How Hugging Face tensors map into it.
+    pub source: String,
+}
+
+/// The streaming plan.
+#[derive(Clone, Debug, Serialize)]
+pub struct Plan {
+    pub model: String,
+    pub chip: String,
+    pub layers: usize,
+    pub model_layers: usize,
+    pub layer_kind: String,
+    /// `--context`: positions attended over (the cache holds `dims.positions`).
+    pub context: u64,
+    pub dims: Dims,
+    pub graph: Vec<String>,
+    pub layer_rewrite: Rewritten,
+    pub head_rewrite: Rewritten,
+    /// Columns of one dense chunk (a bank holds `[hidden, chunk_cols]` bf16).
+    pub chunk_cols: u64,
+    pub segments: Vec<Segment>,
+    /// Chunks per layer and the pieces of each.
+    pub chunks: Vec<Vec<Piece>>,
+    pub lm_chunks: u64,
+    pub banks: u64,
+    pub bank_bytes: u64,
+    pub depth: u64,
+    /// Expert chunk width (intermediate columns) and chunks per expert.
+    pub expert_block: u64,
+    pub expert_chunks: u64,
+    pub expert_slots: u64,
+    pub expert_slot_bytes: u64,
+    pub block_kv: u64,
+    pub operands: Vec<Operand>,
+    pub vmem: Vec<(String, u64)>,
+    pub vmem_total: u64,
+    pub vmem_limit: u64,
+    pub vmem_capacity: u64,
+    pub hbm_total: u64,
+    pub hbm_capacity: u64,
+    pub traffic: Traffic,
+}
+
+/// HBM bytes one decode step moves, by stream.
+#[derive(Clone, Debug, Serialize)]
+pub struct Traffic {
+    /// Dense chunks of all layers (q/k/v, o, router, including chunk padding).
+    pub dense: u64,
+    pub lm_head: u64,
+    /// `batch * top_k` expert fetches per layer (no deduplication across tokens).
+    pub experts: u64,
+    pub kv_read: u64,
+    pub kv_write: u64,
+    pub embedding: u64,
+    pub head_norms: u64,
+    pub total: u64,
+    /// The model's own count for the same step (`ModelSpec::decode_traffic`, unpadded).
+    pub model_total: f64,
+    /// Seconds at the chip's HBM bandwidth.
+    pub floor_seconds: f64,
+    /// DMAs issued per step.
+    pub dmas: u64,
+}
+
+/// `(name, bytes)` of every per-layer weight, in graph order (the input of [`rewrite`]).
+pub fn layer_weight_bytes(spec: &ModelSpec) -> Vec<(String, u64)> {
+    let g = LayerGraph::build(spec, 0);
+    let h = spec.hidden_size;
+    let a = &spec.attention;
+    let (q, kv) = (a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim);
+    let mut out = Vec::new();
+    // Graph insertion order: q, k, v, ... (the fused column order).
+    for n in g.graph.node_indices() {
+        use crate::graph::OpKind::*;
+        match &g.graph[n].kind {
+            RmsNorm { weight } => out.push((weight.clone(), 2 * h)),
+            HeadNorm { weight } => out.push((weight.clone(), 2 * a.head_dim)),
+            Linear { weight } => {
+                let b = if weight.contains("q_proj") || weight.contains("o_proj") {
+                    2 * h * q
+                } else if weight.contains("k_proj") || weight.contains("v_proj") {
+                    2 * h * kv
+                } else {
+                    match &spec.layers[0].ffn {
+                        FfnKind::Moe(m) => 2 * h * m.num_experts,
+                        FfnKind::Dense { intermediate } => 2 * h * intermediate,
+                    }
+                };
+                out.push((weight.clone(), b))
+            }
+            Experts { gate, up, down } => {
+                if let FfnKind::Moe(m) = &spec.layers[0].ffn {
+                    for w in [gate, up, down] {
+                        out.push((w.clone(), 2 * h * m.intermediate * m.top_k));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn round_up(x: u64, m: u64) -> u64 {
+    x.div_ceil(m) * m
+}
+
+impl Plan {
+    /// Plan the megakernel of `spec` for `options`.
+    pub fn new(spec: &ModelSpec, options: &PlanOptions) -> Result<Plan, PlanError> {
+        let chip = options.chip;
+        if options.batch == 0 || options.batch > 16 {
+            return Err(PlanError::Invalid(format!("--batch {} (supported: 1..=16)", options.batch)));
+        }
+        if options.context == 0 {
+            return Err(PlanError::Invalid("--context 0".into()));
+        }
+        let layers = options.layers.unwrap_or(spec.layers.len());
+        if layers == 0 || layers > spec.layers.len() {
+            return Err(PlanError::Invalid(format!("--layers {layers} (the model has {})", spec.layers.len())));
+        }
+        let kind = LayerKind::of(&spec.layers[0]);
+        if let Some(l) = spec.layers[..layers].iter().find(|l| LayerKind::of(l) != kind) {
+            return Err(PlanError::Unsupported(format!(
+                "layers of different kinds (layer 0: {}; layer {}: {}): one stack per kind is planned, not emitted yet",
+                kind.describe(),
+                l.index,
+                LayerKind::of(l).describe()
+            )));
+        }
+        let FfnKind::Moe(moe) = &spec.layers[0].ffn else {
+            return Err(PlanError::Unsupported("dense-MLP layers (only MoE layers are emitted so far)".into()));
+        };
+        if moe.shared.is_some() {
+            return Err(PlanError::Unsupported("shared experts".into()));
+        }
+        if spec.attention.qkv_bias || spec.attention.o_bias || moe.routing.router_bias {
+            return Err(PlanError::Unsupported("attention or router biases".into()));
+        }
+        let a = &spec.attention;
+        if !a.head_dim.is_multiple_of(2) || a.head_dim > 256 {
+            return Err(PlanError::Unsupported(format!("head_dim {}", a.head_dim)));
+        }
+        let h = spec.hidden_size;
+        if !h.is_multiple_of(128) {
+            return Err(PlanError::Unsupported(format!("hidden_size {h} (must be a multiple of 128)")));
+        }
+        if moe.intermediate % 128 != 0 {
+            return Err(PlanError::Unsupported(format!("expert intermediate size {} (must be a multiple of 128)", moe.intermediate)));
+        }
+
+        // --- rewrites -------------------------------------------------------------------
+        let graph = LayerGraph::build(spec, 0);
+        let layer_rewrite = rewrite(&graph.to_expr(), &layer_weight_bytes(spec));
+        let head_weight = match spec.lm_head {
+            LmHead::Untied => "lm_head.weight",
+            LmHead::Tied => "model.embed_tokens.weight",
+        };
+        let head_rewrite = rewrite(
+            &format!("(layer (matmul (rmsnorm x w:model.norm.weight) w:{head_weight}))"),
+            &[("model.norm.weight".to_string(), 2 * h), (head_weight.to_string(), 2 * h * spec.vocab_size)],
+        );
+        for r in [&layer_rewrite, &head_rewrite] {
+            if !r.saturated() {
+                return Err(PlanError::Rewrite(format!("saturate (stopped: {})", r.stop)));
+            }
+        }
+        let qkv = layer_rewrite.matmuls.iter().find(|m| m.weights.iter().any(|w| w.contains("q_proj"))).cloned();
+        let Some(qkv) = qkv.filter(|m| m.weights.len() == 3 && m.folded_scale.is_some()) else {
+            return Err(PlanError::Rewrite("fuse q/k/v into one projection with input_layernorm folded".into()));
+        };
+        let router = layer_rewrite.matmuls.iter().find(|m| m.weights.iter().any(|w| w.ends_with("gate.weight"))).cloned();
+        let Some(router) = router.filter(|m| m.folded_scale.is_some()) else {
+            return Err(PlanError::Rewrite("fold post_attention_layernorm into the router".into()));
+        };
+        if layer_rewrite.experts.len() != 2 || layer_rewrite.experts[0].weights.len() != 2 || layer_rewrite.experts[0].folded_scale.is_none() {
+            return Err(PlanError::Rewrite("fuse the experts' gate/up with post_attention_layernorm folded".into()));
+        }
+        if head_rewrite.matmuls.first().is_none_or(|m| m.folded_scale.is_none()) {
+            return Err(PlanError::Rewrite("fold the final norm into lm_head".into()));
+        }
+        let o_proj = layer_rewrite.matmuls.iter().find(|m| m.weights.iter().any(|w| w.contains("o_proj"))).cloned().ok_or_else(|| PlanError::Rewrite("keep o_proj".into()))?;
+
+        // --- dims -----------------------------------------------------------------------
+        let hp = round_up(a.head_dim, 128);
+        let batch = options.batch;
+        let rows = round_up(batch, 16);
+        let q_rows = batch.max(8).next_power_of_two();
+        let block_kv = options.context.next_power_of_two().clamp(16, 512);
+        let positions = round_up(options.context, block_kv);
+        let window = match spec.layers[0].attention {
+            AttentionKind::Full => None,
+            AttentionKind::Sliding { window } => Some(window),
+        };
+        let dims = Dims {
+            hidden: h,
+            heads: a.num_heads,
+            kv_heads: a.num_kv_heads,
+            head_dim: a.head_dim,
+            head_pad: hp,
+            group: a.group_size(),
+            experts: moe.num_experts,
+            experts_pad: round_up(moe.num_experts, 128),
+            top_k: moe.top_k,
+            intermediate: moe.intermediate,
+            vocab: spec.vocab_size,
+            batch,
+            rows,
+            q_rows,
+            eps: spec.norm.eps,
+            rope_theta: a.rope.theta,
+            scale: a.scale,
+            qk_norm: matches!(a.qk_norm, QkNorm::PerHeadRms { .. }),
+            window,
+            renormalize: moe.routing.top_k_weights == TopKWeights::Renormalized,
+            positions,
+        };
+
+        // --- the dense stream -----------------------------------------------------------
+        let nqkv = (a.num_heads + 2 * a.num_kv_heads) * hp;
+        let nq = a.num_heads * hp;
+        let segments = vec![
+            Segment { name: "qkv", col: 0, cols: nqkv, weights: qkv.weights.clone(), folded_scale: qkv.folded_scale.clone() },
+            Segment { name: "o", col: nqkv, cols: nq, weights: o_proj.weights.clone(), folded_scale: None },
+            Segment { name: "router", col: nqkv + nq, cols: dims.experts_pad, weights: router.weights.clone(), folded_scale: router.folded_scale.clone() },
+        ];
+        let width = nqkv + nq + dims.experts_pad;
+        // ~2 MiB banks, 128..=512 columns.
+        let chunk_cols = ((2 * MIB / (2 * h)) / 128 * 128).clamp(128, 512);
+        let per_layer = width.div_ceil(chunk_cols);
+        let mut chunks: Vec<Vec<Piece>> = vec![Vec::new(); per_layer as usize];
+        for (si, s) in segments.iter().enumerate() {
+            let mut c = s.col;
+            while c < s.col + s.cols {
+                let chunk = c / chunk_cols;
+                let end = ((chunk + 1) * chunk_cols).min(s.col + s.cols);
+                chunks[chunk as usize].push(Piece { segment: si, seg_col: c - s.col, chunk_col: c - chunk * chunk_cols, cols: end - c });
+                c = end;
+            }
+        }
+        let lm_chunks = round_up(spec.vocab_size, chunk_cols) / chunk_cols;
+        let bank_bytes = 2 * h * chunk_cols;
+        let vmem_capacity = chip.vmem_bytes();
+        let ring_target = if vmem_capacity >= 128 * MIB { 24 * MIB } else { 16 * MIB };
+        let total_items = layers as u64 * per_layer + lm_chunks;
+        let banks = (ring_target / bank_bytes).clamp(2, 12).min(total_items.max(2));
+        let depth = banks - 1;
+
+        // --- experts --------------------------------------------------------------------
+        let i = moe.intermediate;
+        let mut expert_block = 128;
+        for b in (128..=i).step_by(128) {
+            if i % b == 0 && 3 * h * b * 2 <= 3 * MIB {
+                expert_block = b;
+            }
+        }
+        let expert_chunks = i / expert_block;
+        let expert_slots = 3;
+        let expert_slot_bytes = 3 * h * expert_block * 2;
+
+        // --- operands -------------------------------------------------------------------
+        let l = layers as u64;
+        let e = moe.num_experts;
+        let (kvh, hd) = (a.num_kv_heads, a.head_dim);
+        let mixtral = spec.family == palladium_model::Family::Mixtral;
+        let p = if mixtral { "model.layers.{l}.block_sparse_moe" } else { "model.layers.{l}.mlp" };
+        let (gn, un, dn) = if mixtral { ("w1", "w3", "w2") } else { ("gate_proj", "up_proj", "down_proj") };
+        let vp16 = round_up(spec.vocab_size, 16);
+        let mut operands = vec![
+            Operand { name: "tokens", role: "prefetch", dtype: "i32", shape: vec![batch], space: "smem", bytes: 4 * batch, source: "token id of each sequence".into() },
+            Operand { name: "positions", role: "prefetch", dtype: "i32", shape: vec![batch], space: "smem", bytes: 4 * batch, source: format!("position of each sequence's new token (0-based, < {positions}); K/V are written there and attention covers positions 0..=pos") },
+            Operand {
+                name: "embed",
+                role: "input",
+                dtype: "bf16",
+                shape: vec![vp16 / 16, 16, h],
+                space: "any",
+                bytes: 2 * vp16 * h,
+                source: format!("model.embed_tokens.weight [{}, {h}] reshaped to [V/16, 16, H] (rows padded with zeros to {vp16})", spec.vocab_size),
+            },
+            Operand {
+                name: "w_dense",
+                role: "input",
+                dtype: "bf16",
+                shape: vec![l, per_layer, h, chunk_cols],
+                space: "any",
+                bytes: 2 * l * per_layer * h * chunk_cols,
+                source: format!(
+                    "per layer l, the [H={h}, {}] matrix D_l (then split into {per_layer} column chunks of {chunk_cols}: w_dense[l, c] = D_l[:, c*{chunk_cols}..]): \
+                     cols [0, {nqkv}) = q|k|v heads, head j of q at cols j*{hp}.. = (q_proj.weight[j*{hd}..(j+1)*{hd}, :])^T * input_layernorm.weight[:, None] (k heads from col {}, v heads from col {}, same form; cols {hd}..{hp} of each head zero); \
+                     cols [{nqkv}, {}) = o_proj.weight [H, heads*{hd}] with each head's {hd} columns padded to {hp} (not transposed); \
+                     cols [{}, {}) = (gate.weight [E={e}, H])^T * post_attention_layernorm.weight[:, None], zero-padded to {} columns; the rest zero",
+                    per_layer * chunk_cols,
+                    a.num_heads * hp,
+                    (a.num_heads + kvh) * hp,
+                    nqkv + nq,
+                    nqkv + nq,
+                    nqkv + nq + e,
+                    dims.experts_pad
+                ),
+            },
+            Operand {
+                name: "w_lm",
+                role: "input",
+                dtype: "bf16",
+                shape: vec![lm_chunks, h, chunk_cols],
+                space: "any",
+                bytes: 2 * lm_chunks * h * chunk_cols,
+                source: format!("w_lm[c, i, j] = {head_weight}[c*{chunk_cols} + j, i] * model.norm.weight[i] (zero for vocab >= {})", spec.vocab_size),
+            },
+            Operand {
+                name: "w_gate_up",
+                role: "input",
+                dtype: "bf16",
+                shape: vec![l, e, expert_chunks, h, 2 * expert_block],
+                space: "any",
+                bytes: 2 * l * e * i * h * 2,
+                source: format!(
+                    "w_gate_up[l, e, c, i, j] = {p}.experts.{{e}}.{gn}.weight[c*{expert_block} + j, i] for j < {expert_block}, {un}.weight[c*{expert_block} + j - {expert_block}, i] above; times post_attention_layernorm.weight[i]"
+                ),
+            },
+            Operand {
+                name: "w_down",
+                role: "input",
+                dtype: "bf16",
+                shape: vec![l, e, expert_chunks, expert_block, h],
+                space: "any",
+                bytes: 2 * l * e * i * h,
+                source: format!("w_down[l, e, c, r, i] = {p}.experts.{{e}}.{dn}.weight[i, c*{expert_block} + r]"),
+            },
+        ];
+        if dims.qk_norm {
+            operands.push(Operand {
+                name: "head_norms",
+                role: "input",
+                dtype: "f32",
+                shape: vec![l, 8, hp],
+                space: "any",
+                bytes: 4 * l * 8 * hp,
+                source: format!("head_norms[l, 0, :{hd}] = self_attn.q_norm.weight, [l, 1, :{hd}] = self_attn.k_norm.weight; the rest zero"),
+            });
+        }
+        let kv_shape = vec![l, batch, kvh, positions, hp];
+        let kv_bytes = 2 * l * batch * kvh * positions * hp;
+        for (n, what) in [("k_cache", "K"), ("v_cache", "V")] {
+            operands.push(Operand {
+                name: n,
+                role: "input",
+                dtype: "bf16",
+                shape: kv_shape.clone(),
+                space: "any",
+                bytes: kv_bytes,
+                source: format!("{what} of layer l, sequence b, kv head g at position t: [l, b, g, t, :{hd}] (after k_norm and RoPE for K; cols {hd}.. zero); aliased to the output {n}_out (updated in place)"),
+            });
+        }
+        operands.push(Operand {
+            name: "logits",
+            role: "output",
+            dtype: "f32",
+            shape: vec![lm_chunks, rows, chunk_cols],
+            space: "vmem",
+            bytes: 4 * lm_chunks * rows * chunk_cols,
+            source: format!("logits of sequence b for token v at [v / {chunk_cols}, b, v % {chunk_cols}] (rows >= batch and v >= vocab are padding)"),
+        });
+        for n in ["k_cache_out", "v_cache_out"] {
+            operands.push(Operand { name: n, role: "output", dtype: "bf16", shape: kv_shape.clone(), space: "any", bytes: kv_bytes, source: "aliases the input of the same name (KV written in place)".into() });
+        }
+
+        // --- VMEM -----------------------------------------------------------------------
+        let pad = |r: u64, c: u64, bytes: u64| {
+            let sub = if bytes == 2 { 16 } else { 8 };
+            round_up(r, sub) * round_up(c, 128) * bytes
+        };
+        let qr = a.group_size() * q_rows + rows - q_rows;
+        let mut vmem: Vec<(String, u64)> = vec![
+            ("dense ring".into(), banks * bank_bytes),
+            ("expert ring".into(), expert_slots * expert_slot_bytes),
+            ("kv tiles".into(), 4 * pad(block_kv, hp, 2)),
+            ("embedding rows".into(), batch * pad(16, h, 2)),
+            ("residual + expert acc + o acc".into(), 3 * pad(rows, h, 4)),
+            ("qkv".into(), pad(rows, nqkv, 4)),
+            ("q / attention out / k / v heads".into(), 2 * kvh * pad(qr, hp, 4) + 2 * kvh * pad(rows, hp, 4)),
+            ("attention rows".into(), pad(rows, nq, 4)),
+            ("router logits".into(), pad(rows, dims.experts_pad, 4)),
+            ("rope tables".into(), 2 * pad(rows, hp, 4) + pad(hp, hp, 2) + pad(8, hp, 4)),
+            ("logits (output)".into(), lm_chunks * pad(rows, chunk_cols, 4)),
+        ];
+        let scores = pad(a.group_size() * q_rows, block_kv, 4);
+        let temporaries = 4 * scores + 4 * pad(rows, 2 * expert_block, 4) + 4 * pad(rows, h.max(chunk_cols), 4);
+        vmem.push(("vector temporaries (estimate)".into(), temporaries));
+        vmem.push(("compiler spill headroom".into(), 4 * MIB));
+        let vmem_total: u64 = vmem.iter().map(|v| v.1).sum();
+        let detail = |v: &[(String, u64)]| v.iter().map(|(n, b)| format!("{n} {b}")).collect::<Vec<_>>().join(" + ");
+        if vmem_total > vmem_capacity {
+            return Err(PlanError::Vmem { chip, need: vmem_total, need_mib: vmem_total as f64 / MIB as f64, have: vmem_capacity, have_mib: vmem_capacity / MIB, detail: detail(&vmem) });
+        }
+        let vmem_limit = round_up(vmem_total, MIB).min(vmem_capacity);
+
+        // --- HBM ------------------------------------------------------------------------
+        let hbm_total: u64 = operands.iter().filter(|o| o.space == "any" && !o.name.ends_with("_out")).map(|o| o.bytes).sum::<u64>()
+            + operands.iter().filter(|o| o.name == "logits").map(|o| o.bytes).sum::<u64>();
+        let hbm_capacity = hbm_usable_bytes(chip);
+        if options.check_hbm && hbm_total > hbm_capacity {
+            let per_layer_bytes = 2 * per_layer * h * chunk_cols + 2 * e * i * h * 3 + 2 * kv_bytes / l + if dims.qk_norm { 4 * 8 * hp } else { 0 };
+            let fixed = hbm_total - l * per_layer_bytes;
+            let max_layers = hbm_capacity.saturating_sub(fixed) / per_layer_bytes;
+            let big: Vec<String> = operands.iter().filter(|o| o.bytes > GIB / 16 && !o.name.ends_with("_out")).map(|o| format!("{} {}", o.name, o.bytes)).collect();
+            return Err(PlanError::Hbm {
+                chip,
+                need: hbm_total,
+                need_gib: hbm_total as f64 / GIB as f64,
+                have: hbm_capacity,
+                have_gib: hbm_capacity as f64 / GIB as f64,
+                detail: big.join(" + "),
+                max_layers,
+            });
+        }
+
+        // --- traffic --------------------------------------------------------------------
+        let dense = 2 * l * per_layer * h * chunk_cols;
+        let lm_head = 2 * lm_chunks * h * chunk_cols;
+        let experts = l * batch * moe.top_k * 2 * 3 * h * i;
+        let span = window.map_or(options.context, |w| w.min(options.context));
+        let tiles = span.div_ceil(block_kv) + u64::from(window.is_some());
+        let kv_read = l * batch * kvh * 2 * tiles.min(positions / block_kv) * block_kv * hp * 2;
+        let kv_write = l * batch * kvh * 2 * 16 * hp * 2;
+        let embedding = batch * 16 * h * 2;
+        let head_norms = if dims.qk_norm { l * 8 * hp * 4 } else { 0 };
+        let total = dense + lm_head + experts + kv_read + kv_write + embedding + head_norms;
+        let mut truncated = spec.clone();
+        truncated.layers.truncate(layers);
+        let model_total = truncated.decode_traffic(batch, options.context, 2).total();
+        let dmas = l * (per_layer + 1 + batch * moe.top_k * expert_chunks * 2 + batch * kvh * 2 * (tiles + 1)) + lm_chunks + batch;
+        let traffic = Traffic { dense, lm_head, experts, kv_read, kv_write, embedding, head_norms, total, model_total, floor_seconds: total as f64 / hbm_bandwidth(chip), dmas };
+
+        Ok(Plan {
+            model: format!("{} ({} layers of {})", spec.family.model_type(), spec.layers.len(), kind.describe()),
+            chip: chip.name().to_string(),
+            layers,
+            model_layers: spec.layers.len(),
+            layer_kind: kind.describe(),
+            context: options.context,
+            dims,
+            graph: graph.describe(),
+            layer_rewrite,
+            head_rewrite,
+            chunk_cols,
+            segments,
+            chunks,
+            lm_chunks,
+            banks,
+            bank_bytes,
+            depth,
+            expert_block,
+            expert_chunks,
+            expert_slots,
+            expert_slot_bytes,
+            block_kv,
+            operands,
+            vmem,
+            vmem_total,
+            vmem_limit,
+            vmem_capacity,
+            hbm_total,
+            hbm_capacity,
+            traffic,
+        })
+    }
+
+    /// Dense chunks per layer.
+    pub fn per_layer(&self) -> u64 {
+        self.chunks.len() as u64
+    }
+}

@@ -1,0 +1,83 @@
+//! Plans and reports (snapshots), refusals, emission, lowering and emission time.
+use palladium_dsl::spec::Chip;
+use palladium_fusion::plan::{Plan, PlanError, PlanOptions};
+use palladium_fusion::{emit::emit, report};
+use palladium_lowering::{LowerOptions, lower};
+use palladium_model::ModelSpec;
+
+pub fn spec(name: &str) -> ModelSpec {
+    ModelSpec::from_path(format!("{}/../fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+pub fn options(chip: Chip, batch: u64, context: u64, layers: Option<usize>) -> PlanOptions {
+    PlanOptions { chip, batch, context, layers, check_hbm: true }
+}
+
+fn snapshot(name: &str, text: &str) {
+    insta::with_settings!({ snapshot_path => "../../snapshots/fusion", prepend_module_to_snapshot => false, omit_expression => true }, {
+        insta::assert_snapshot!(name, text);
+    });
+}
+
+#[test]
+fn tiny_plans_and_reports() {
+    for (name, batch, context) in [("tiny-qwen3-moe", 1, 256), ("tiny-mixtral", 2, 300)] {
+        let plan = Plan::new(&spec(name), &options(Chip::V6e, batch, context, None)).unwrap();
+        snapshot(&format!("{name}_report"), &report::text(&plan));
+        let json: serde_json::Value = serde_json::from_str(&report::json(&plan)).unwrap();
+        assert_eq!(json["layers"], 4);
+        assert_eq!(json["banks"].as_u64(), Some(plan.banks));
+    }
+}
+
+#[test]
+fn tiny_megakernels_build_verify_and_lower_on_every_chip() {
+    for name in ["tiny-qwen3-moe", "tiny-mixtral"] {
+        for chip in [Chip::V5e, Chip::V6e, Chip::V7x] {
+            let plan = Plan::new(&spec(name), &options(chip, 1, 256, None)).unwrap();
+            let k = emit(&plan).unwrap_or_else(|e| panic!("{name} {chip}: {e}"));
+            let l = lower(&k, &LowerOptions { chip }).unwrap_or_else(|e| panic!("{name} {chip}: {e}"));
+            assert!(l.body.contains("stable_mosaic.version"));
+            assert!(l.call_json.contains("\"input_output_aliases\""));
+        }
+    }
+}
+
+#[test]
+fn models_that_do_not_fit_are_refused_with_the_numbers() {
+    let s = spec("qwen3-30b-a3b");
+    match Plan::new(&s, &options(Chip::V6e, 1, 4096, None)) {
+        Err(e @ PlanError::Hbm { need, have, max_layers, .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains(&need.to_string()) && msg.contains(&have.to_string()), "{msg}");
+            assert!((20..48).contains(&max_layers), "{msg}");
+            // The suggested number of layers fits.
+            Plan::new(&s, &options(Chip::V6e, 1, 4096, Some(max_layers as usize))).unwrap();
+        }
+        other => panic!("expected an HBM refusal, got {other:?}"),
+    }
+    match Plan::new(&s, &options(Chip::V4, 1, 4096, Some(1))) {
+        Err(e @ PlanError::Vmem { need, have, .. }) => {
+            let msg = e.to_string();
+            assert!(need > have && msg.contains(&need.to_string()) && msg.contains("dense ring"), "{msg}");
+        }
+        other => panic!("expected a VMEM refusal, got {other:?}"),
+    }
+    assert!(Plan::new(&s, &options(Chip::V7x, 1, 4096, None)).is_ok());
+}
+
+/// Emission (plan + trace + verify + lower) of the 94-layer Qwen3-235B-A22B megakernel. It
+/// needs more HBM than one chip has, so the HBM check is off; the time is printed (goal
+/// < 0.5 s in a release build; this debug-build bound is loose).
+#[test]
+fn qwen3_235b_emission_time() {
+    let s = ModelSpec::from_path(format!("{}/../fixtures/models/qwen3-235b-a22b.json", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let t = std::time::Instant::now();
+    let plan = Plan::new(&s, &PlanOptions { check_hbm: false, ..options(Chip::V7x, 1, 4096, None) }).unwrap();
+    let k = emit(&plan).unwrap();
+    let l = lower(&k, &LowerOptions { chip: Chip::V7x }).unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    println!("qwen3-235b-a22b (94 layers) emission: {secs:.3} s, body {} bytes", l.body.len());
+    assert_eq!(plan.layers, 94);
+    assert!(secs < 10.0, "{secs}");
+}
