@@ -7,30 +7,11 @@
 mod common;
 
 use common::*;
+use palladium_kernels::coverage::{casts, dynamic_dma, int8_dot, loops, masked_store, misc, semaphores, softmax_t, transpose};
 use half::bf16;
 use palladium_dsl::prelude::*;
 use palladium_interpret::{ErrorKind, HostArray};
 
-#[kernel(grid = (4,), semantics = (arbitrary,))]
-fn loops(
-    #[input(f32[32, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
-    #[output(f32[32, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
-) {
-    let mut acc = x[..];
-    let mut steps = scalar(0);
-    for i in 0..program_id(0) {
-        acc = acc + 1.0;
-        steps = steps + i;
-    }
-    let mut n = scalar(0);
-    while n < 5 {
-        n = n + 1;
-    }
-    if steps >= 1 && n == 5 {
-        acc = -acc;
-    }
-    o[..] = acc;
-}
 
 #[test]
 fn for_while_if() {
@@ -48,15 +29,6 @@ fn for_while_if() {
     assert_eq!(out[0].to_f32(), want);
 }
 
-#[kernel(grid = (2,), semantics = (parallel,))]
-fn masked_store(
-    #[input(f32[16, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
-    #[output(f32[16, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
-) {
-    o[..] = 0.0;
-    let lanes = iota([8, 128], 1);
-    o.store_masked(.., x[..] * 2.0, lanes < 64);
-}
 
 #[test]
 fn masked_stores() {
@@ -67,13 +39,6 @@ fn masked_stores() {
     assert_eq!(out[0].to_f32(), want);
 }
 
-#[kernel(grid = (2,), semantics = (parallel,))]
-fn transpose(
-    #[input(f32[256, 128], block = [128, 128], map = |i| (i, 0))] x: Ref,
-    #[output(f32[128, 256], block = [128, 128], map = |i| (0, i))] o: Ref,
-) {
-    o[..] = x[..].t();
-}
 
 #[test]
 fn transposes() {
@@ -89,16 +54,6 @@ fn transposes() {
     }
 }
 
-#[kernel(grid = (2,), semantics = (parallel,))]
-fn casts(
-    #[input(f32[32, 128], block = [16, 128], map = |i| (i, 0))] x: Ref,
-    #[input(i32[32, 128], block = [16, 128], map = |i| (i, 0))] n: Ref,
-    #[output(bf16[32, 128], block = [16, 128], map = |i| (i, 0))] h: Ref,
-    #[output(f32[32, 128], block = [16, 128], map = |i| (i, 0))] o: Ref,
-) {
-    h[..] = x[..].cast(bf16);
-    o[..] = n[..].cast(f32) + x[..].cast(bf16).cast(f32);
-}
 
 #[test]
 fn casts_round_to_nearest_even() {
@@ -119,17 +74,6 @@ fn casts_round_to_nearest_even() {
     assert_eq!(out[1].to_f32(), want_o);
 }
 
-#[kernel(grid = (2,), semantics = (parallel,))]
-fn softmax_t(
-    #[input(f32[16, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
-    #[input(f32[128, 128], block = [128, 128], map = |_i| (0, 0))] w: Ref,
-    #[output(f32[16, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
-) {
-    let s = dot_t(x[..], w[..]);
-    let m = s.max_keepdims(1);
-    let e = (s - m).exp();
-    o[..] = e / e.sum_keepdims(1);
-}
 
 #[test]
 fn nt_matmul_and_softmax() {
@@ -151,36 +95,6 @@ fn nt_matmul_and_softmax() {
     assert_close(&out[0].to_f32(), &want, 1e-4, 1e-3, "softmax(x w^T)");
 }
 
-#[kernel]
-fn misc(
-    #[input(f32[8, 128])] x: Ref,
-    #[output(f32[8, 128])] o: Ref,
-    #[output(f32[2], space = smem)] s: Ref,
-    #[output(f32[8, 128], space = any)] o2: Ref,
-) {
-    let v = x[..];
-    let lanes = iota([8, 128], 1);
-    let kept = select(lanes < 100, v, 0.0);
-    let mut acc = kept;
-    for _i in 0..scalar(4) {
-        acc = acc + v;
-    }
-    s[0] = acc.sum_all();
-    let mut n = scalar(0);
-    while n < 3 {
-        n = n + 1;
-    }
-    s[1] = n.cast(f32);
-    o[..] = acc;
-    run_scoped(|scope| {
-        let buf = scope.vmem([8, 128], f32);
-        let sem = scope.dma_sem();
-        buf[..] = acc;
-        let copy = async_copy(buf, o2, sem);
-        copy.start();
-        copy.wait();
-    });
-}
 
 #[test]
 fn no_grid_smem_reduction_scoped_dma() {
@@ -203,19 +117,6 @@ fn no_grid_smem_reduction_scoped_dma() {
     assert_eq!(s[1], 3.0);
 }
 
-#[kernel(grid = (4,), semantics = (arbitrary,))]
-fn dynamic_dma(
-    #[input(f32[64, 128], space = any)] src: Ref,
-    #[output(f32[64, 128], block = [16, 128], map = |i| (i, 0))] o: Ref,
-    #[scratch(vmem, f32[16, 128])] buf: Ref,
-    #[scratch(dma_sem[1])] sems: SemRef,
-) {
-    let start = (program_id(0) * 16).multiple_of(16);
-    let copy = async_copy(src.at(ds(start, 16)), buf, sems.at(0));
-    copy.start();
-    copy.wait();
-    o[..] = buf[..] * 3.0;
-}
 
 #[test]
 fn dynamic_offset_dma() {
@@ -233,20 +134,6 @@ fn dynamic_offset_dma() {
     assert!(text.contains("vector.load"), "{text}");
 }
 
-#[kernel(grid = (2,), semantics = (arbitrary,))]
-fn semaphores(
-    #[input(f32[16, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
-    #[output(f32[16, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
-) {
-    run_scoped(|scope| {
-        let sem = scope.sem();
-        sem.signal(2);
-        sem.wait(1);
-        let left = sem.read();
-        sem.wait(left);
-    });
-    o[..] = x[..] + 1.0;
-}
 
 #[test]
 fn semaphore_signal_wait_read() {
@@ -282,14 +169,6 @@ fn unbalanced_semaphore_is_a_leak() {
     assert!(text.contains("tpu.region") && text.contains("has value 1"), "{text}");
 }
 
-#[kernel(grid = (2,), semantics = (parallel,))]
-fn int8_dot(
-    #[input(i8[64, 128], block = [32, 128], map = |i| (i, 0))] a: Ref,
-    #[input(i8[128, 128], block = [128, 128], map = |_i| (0, 0))] b: Ref,
-    #[output(i32[64, 128], block = [32, 128], map = |i| (i, 0))] o: Ref,
-) {
-    o[..] = dot_general(a[..], b[..], DotDims::matmul(), i32, Precision::Default);
-}
 
 #[test]
 fn int8_matmul_accumulates_in_i32() {

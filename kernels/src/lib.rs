@@ -10,6 +10,7 @@
 
 mod attention;
 pub mod cases;
+pub mod coverage;
 mod decode;
 mod ffn;
 mod gather;

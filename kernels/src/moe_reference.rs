@@ -9,6 +9,8 @@
 //! the MXU accumulates in f32 in another order, so compare with a tolerance of a few f32
 //! ulps of the accumulated magnitude (plus one bf16 ulp where the output is bf16).
 
+use crate::reference::matmul_f32;
+
 /// The f32 value of a bf16 bit pattern.
 pub fn bf16_to_f32(bits: u16) -> f32 {
     f32::from_bits(u32::from(bits) << 16)
@@ -29,19 +31,6 @@ pub fn round_bf16(x: f32) -> f32 {
     bf16_to_f32(f32_to_bf16(x))
 }
 
-/// `a[m, k] @ b[k, n]` with f32 accumulation.
-fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; m * n];
-    for i in 0..m {
-        for p in 0..k {
-            let av = a[i * k + p];
-            for j in 0..n {
-                out[i * n + j] += av * b[p * n + j];
-            }
-        }
-    }
-    out
-}
 
 fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
@@ -63,7 +52,7 @@ pub fn moe_router(
     sigmoid: bool,
     renormalize: bool,
 ) -> (Vec<i32>, Vec<f32>) {
-    let logits = matmul(x, w_router, tokens, hidden, experts);
+    let logits = matmul_f32(x, w_router, tokens, hidden, experts);
     let mut ids = Vec::with_capacity(tokens * top_k);
     let mut weights = Vec::with_capacity(tokens * top_k);
     for t in 0..tokens {
@@ -118,10 +107,10 @@ pub fn expert_ffn(
         let xt = &x[t * hidden..(t + 1) * hidden];
         for j in 0..top_k {
             let e = ids[t * top_k + j] as usize;
-            let gate = matmul(xt, &w_gate[e * hidden * ffn..(e + 1) * hidden * ffn], 1, hidden, ffn);
-            let up = matmul(xt, &w_up[e * hidden * ffn..(e + 1) * hidden * ffn], 1, hidden, ffn);
+            let gate = matmul_f32(xt, &w_gate[e * hidden * ffn..(e + 1) * hidden * ffn], 1, hidden, ffn);
+            let up = matmul_f32(xt, &w_up[e * hidden * ffn..(e + 1) * hidden * ffn], 1, hidden, ffn);
             let h: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| round_bf16(silu(g) * u)).collect();
-            let y = matmul(&h, &w_down[e * ffn * hidden..(e + 1) * ffn * hidden], 1, ffn, hidden);
+            let y = matmul_f32(&h, &w_down[e * ffn * hidden..(e + 1) * ffn * hidden], 1, ffn, hidden);
             let w = weights[t * top_k + j];
             for (o, v) in out[t * hidden..(t + 1) * hidden].iter_mut().zip(y) {
                 *o += w * v;
@@ -169,7 +158,7 @@ pub fn grouped_matmul(lhs: &[f32], rhs: &[f32], group_offsets: &[i32], m: usize,
         if lo >= hi {
             continue;
         }
-        let y = matmul(&lhs[lo * k..hi * k], &rhs[g * k * n..(g + 1) * k * n], hi - lo, k, n);
+        let y = matmul_f32(&lhs[lo * k..hi * k], &rhs[g * k * n..(g + 1) * k * n], hi - lo, k, n);
         for (o, v) in out[lo * n..hi * n].iter_mut().zip(y) {
             *o = round_bf16(v);
         }

@@ -1,0 +1,165 @@
+//! Op-coverage kernels: small kernels that exist to exercise the parts of the op vocabulary
+//! no library kernel uses (traced control flow, masked stores, transposes, casts, SMEM
+//! scalars, scoped DMAs and semaphores, NT and int8 matmuls). They are not in the registry:
+//! the lowering tests snapshot them and compile them with libtpu, and the interpreter tests
+//! run them against hand-written expectations and plant faults in their bodies.
+
+use palladium_dsl::prelude::*;
+use palladium_dsl::{BuildErrors, Kernel};
+
+/// Every coverage kernel by name, for suites that treat them alike.
+pub const ALL: &[(&str, fn() -> Result<Kernel, BuildErrors>)] = &[
+    ("loops", loops),
+    ("misc", misc),
+    ("masked_store", masked_store),
+    ("transpose", transpose),
+    ("semaphores", semaphores),
+    ("dynamic_dma", dynamic_dma),
+    ("casts", casts),
+    ("softmax_t", softmax_t),
+    ("int8_dot", int8_dot),
+];
+
+/// Traced control flow: an `scf.for` over `0..program_id(0)` carrying a vector and an i32,
+/// an `scf.while` counting to 5, and an `scf.if` on both.
+#[kernel(grid = (4,), semantics = (arbitrary,))]
+pub fn loops(
+    #[input(f32[32, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
+    #[output(f32[32, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
+) {
+    let mut acc = x[..];
+    let mut steps = scalar(0);
+    for i in 0..program_id(0) {
+        acc = acc + 1.0;
+        steps = steps + i;
+    }
+    let mut n = scalar(0);
+    while n < 5 {
+        n = n + 1;
+    }
+    if steps >= 1 && n == 5 {
+        acc = -acc;
+    }
+    o[..] = acc;
+}
+
+/// A grid-less kernel: iota, compare, select, a traced `for` carrying a vector, a traced
+/// `while`, a reduction to a scalar stored to SMEM, an i32 → f32 scalar cast, and
+/// `run_scoped` with a scoped VMEM buffer and DMA semaphore copying to an ANY output.
+#[kernel]
+pub fn misc(
+    #[input(f32[8, 128])] x: Ref,
+    #[output(f32[8, 128])] o: Ref,
+    #[output(f32[2], space = smem)] s: Ref,
+    #[output(f32[8, 128], space = any)] o2: Ref,
+) {
+    let v = x[..];
+    let lanes = iota([8, 128], 1);
+    let kept = select(lanes < 100, v, 0.0);
+    let mut acc = kept;
+    for _i in 0..scalar(4) {
+        acc = acc + v;
+    }
+    s[0] = acc.sum_all();
+    let mut n = scalar(0);
+    while n < 3 {
+        n = n + 1;
+    }
+    s[1] = n.cast(f32);
+    o[..] = acc;
+    run_scoped(|scope| {
+        let buf = scope.vmem([8, 128], f32);
+        let sem = scope.dma_sem();
+        buf[..] = acc;
+        let copy = async_copy(buf, o2, sem);
+        copy.start();
+        copy.wait();
+    });
+}
+
+/// A masked f32 store: zero the block, then write only its first 64 lanes.
+#[kernel(grid = (2,), semantics = (parallel,))]
+pub fn masked_store(
+    #[input(f32[16, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
+    #[output(f32[16, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
+) {
+    o[..] = 0.0;
+    let lanes = iota([8, 128], 1);
+    o.store_masked(.., x[..] * 2.0, lanes < 64);
+}
+
+/// `.t()` of a 128x128 f32 block: `o = x^T`, block by block.
+#[kernel(grid = (2,), semantics = (parallel,))]
+pub fn transpose(
+    #[input(f32[256, 128], block = [128, 128], map = |i| (i, 0))] x: Ref,
+    #[output(f32[128, 256], block = [128, 128], map = |i| (0, i))] o: Ref,
+) {
+    o[..] = x[..].t();
+}
+
+/// A regular semaphore allocated in a scoped region: signalled by 2, waited by 1, then by
+/// what `sem_read` says is left.
+#[kernel(grid = (2,), semantics = (arbitrary,))]
+pub fn semaphores(
+    #[input(f32[16, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
+    #[output(f32[16, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
+) {
+    run_scoped(|scope| {
+        let sem = scope.sem();
+        sem.signal(2);
+        sem.wait(1);
+        let left = sem.read();
+        sem.wait(left);
+    });
+    o[..] = x[..] + 1.0;
+}
+
+/// A DMA from HBM at a dynamic row offset promised to be a multiple of 16 (`multiple_of`).
+#[kernel(grid = (4,), semantics = (arbitrary,))]
+pub fn dynamic_dma(
+    #[input(f32[64, 128], space = any)] src: Ref,
+    #[output(f32[64, 128], block = [16, 128], map = |i| (i, 0))] o: Ref,
+    #[scratch(vmem, f32[16, 128])] buf: Ref,
+    #[scratch(dma_sem[1])] sems: SemRef,
+) {
+    let start = (program_id(0) * 16).multiple_of(16);
+    let copy = async_copy(src.at(ds(start, 16)), buf, sems.at(0));
+    copy.start();
+    copy.wait();
+    o[..] = buf[..] * 3.0;
+}
+
+/// Vector casts: f32 → bf16, bf16 → f32 and i32 → f32.
+#[kernel(grid = (2,), semantics = (parallel,))]
+pub fn casts(
+    #[input(f32[32, 128], block = [16, 128], map = |i| (i, 0))] x: Ref,
+    #[input(i32[32, 128], block = [16, 128], map = |i| (i, 0))] n: Ref,
+    #[output(bf16[32, 128], block = [16, 128], map = |i| (i, 0))] h: Ref,
+    #[output(f32[32, 128], block = [16, 128], map = |i| (i, 0))] o: Ref,
+) {
+    h[..] = x[..].cast(bf16);
+    o[..] = n[..].cast(f32) + x[..].cast(bf16).cast(f32);
+}
+
+/// An NT matmul (`x @ w^T`) followed by a row softmax.
+#[kernel(grid = (2,), semantics = (parallel,))]
+pub fn softmax_t(
+    #[input(f32[16, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
+    #[input(f32[128, 128], block = [128, 128], map = |_i| (0, 0))] w: Ref,
+    #[output(f32[16, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
+) {
+    let s = dot_t(x[..], w[..]);
+    let m = s.max_keepdims(1);
+    let e = (s - m).exp();
+    o[..] = e / e.sum_keepdims(1);
+}
+
+/// An int8 × int8 matmul accumulating in i32.
+#[kernel(grid = (2,), semantics = (parallel,))]
+pub fn int8_dot(
+    #[input(i8[64, 128], block = [32, 128], map = |i| (i, 0))] a: Ref,
+    #[input(i8[128, 128], block = [128, 128], map = |_i| (0, 0))] b: Ref,
+    #[output(i32[64, 128], block = [32, 128], map = |i| (i, 0))] o: Ref,
+) {
+    o[..] = dot_general(a[..], b[..], DotDims::matmul(), i32, Precision::Default);
+}
