@@ -201,9 +201,10 @@ fn run(cli: Cli) -> Result<(), String> {
             println!("{}", g.generated_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
             if check {
                 let c = palladium::run::check_reference(&options, &out)?;
-                let a = c.agreement;
-                let ties = if c.near_ties.is_empty() { "all ids equal".to_string() } else { c.near_ties.iter().map(|(i, gap)| format!("step {i}: reference argmax {gap:.4} above ours")).collect::<Vec<_>>().join("; ") };
-                println!("reference (bf16, teacher-forced on these ids): {ties}; logits max |diff| {:.4}, relative to max |logit| {:.2e}", a.max_abs, a.max_rel);
+                println!("reference (teacher-forced on these ids): {}", c.summary());
+                if !c.passed() {
+                    return Err("the megakernel does not match the reference".into());
+                }
             }
             Ok(())
         }

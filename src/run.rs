@@ -15,7 +15,7 @@ use palladium_fusion::pack::pack;
 use palladium_fusion::plan::{Plan, PlanOptions};
 use palladium_lowering::{LowerOptions, lower};
 use palladium_model::ModelSpec;
-use palladium_model::reference::{Agreement, Generation, Precision, Reference, argmax};
+use palladium_model::reference::Generation;
 use palladium_model::weights::Weights;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -120,30 +120,8 @@ pub fn run(o: &RunOptions) -> Result<RunOutput, String> {
     })
 }
 
-/// The megakernel's generation compared with the bf16 reference, teacher-forced on the
-/// megakernel's tokens (see `fusion/tests/numerics.rs` for the tolerance).
-#[derive(Debug)]
-pub struct ReferenceCheck {
-    pub agreement: Agreement,
-    /// Steps whose id differs from the reference's argmax, with the reference's logit gap
-    /// between its argmax and the megakernel's id.
-    pub near_ties: Vec<(usize, f32)>,
-    pub reference: Generation,
-}
-
-/// Teacher-force [`Precision::Bf16`] on `out`'s tokens.
-pub fn check_reference(o: &RunOptions, out: &RunOutput) -> Result<ReferenceCheck, String> {
-    let r = Reference::new(&out.spec, &out.weights, Precision::Bf16).map_err(|e| e.to_string())?;
-    let reference = r.teacher_force(&o.prompt, &out.generation.generated_ids).map_err(|e| e.to_string())?;
-    let mut near_ties = Vec::new();
-    for (i, (id, step)) in out.generation.generated_ids.iter().zip(&reference.steps).enumerate() {
-        let best = argmax(&step.logits);
-        if best != *id as usize {
-            near_ties.push((i, step.logits[best] - step.logits[*id as usize]));
-        }
-    }
-    // Teacher forcing keeps both runs on the same tokens, so every step's logits compare.
-    let mut forced = reference.clone();
-    forced.generated_ids.clone_from(&out.generation.generated_ids);
-    Ok(ReferenceCheck { agreement: out.generation.agreement(&forced), near_ties, reference })
+/// The megakernel's generation compared with the references, teacher-forced on its ids
+/// ([`palladium_fusion::decode::compare`]: the tolerance and near-tie rules).
+pub fn check_reference(o: &RunOptions, out: &RunOutput) -> Result<palladium_fusion::decode::Comparison, String> {
+    palladium_fusion::decode::compare(&out.spec, &out.weights, &o.prompt, &out.generation)
 }
