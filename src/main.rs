@@ -89,8 +89,8 @@ enum Command {
         /// Greedy decode steps (generated tokens).
         #[arg(long)]
         steps: usize,
-        /// Write {"generated_ids": [...], "steps": [{"logits": [...]}, ...]}; steps[i].logits
-        /// chose generated_ids[i].
+        /// Write `{"generated_ids": [...], "steps": [{"logits": [...]}, ...]}`; `steps[i].logits`
+        /// chose `generated_ids[i]`.
         #[arg(long, value_name = "FILE.json")]
         logits_out: Option<PathBuf>,
         /// The chip the megakernel is planned, verified and lowered for.

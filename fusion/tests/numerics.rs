@@ -73,8 +73,8 @@ fn tiny_mixtral_batch_2_matches_the_reference() {
     let mut dec = decoder(&s, 2, 16, &w);
     let prompts = [prompt(4, 0), prompt(4, 1)];
     let mut logits = Vec::new();
-    for i in 0..5 {
-        logits = dec.step(&[prompts[0][i], prompts[1][i]]).unwrap();
+    for (&a, &b) in prompts[0].iter().zip(&prompts[1]) {
+        logits = dec.step(&[a, b]).unwrap();
     }
     let mut gens: Vec<Generation> = (0..2).map(|_| Generation { generated_ids: vec![], steps: vec![] }).collect();
     for step in 0..8 {
