@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The project's main job on its bundled default: set up (idempotent), list the kernel
-# library, print the verified IR of the bundled tiled matmul, lower it to Mosaic MLIR, and
-# have libtpu (through the TPU oracle, deviceless) compile the serialized body we emitted.
+# The project's main job: set up (idempotent); emit, verify and interpret the tiny
+# Qwen3-MoE megakernel (prompt + 8 greedy steps, every token one run of the serialized
+# Mosaic body in the CPU interpreter, checked against the plain-Rust reference forward
+# pass); then emit the Qwen3-30B-A3B megakernel for v7x and print its report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cargo build --release --locked -q
-venv="${PALLADIUM_TPU_VENV:-$HOME/.cache/palladium/venv-tpu}"
-oracle="$(pwd)/../shared/tpu-oracle/oracle.py"
 out="${PALLADIUM_OUT:-out}"
-./target/release/palladium kernels
-./target/release/palladium ir matmul --chip v6e
-./target/release/palladium emit matmul --chip v6e --out "$out"
-echo "libtpu (v6e) on $out/matmul.body.mlir:"
-ALLOW_MULTIPLE_LIBTPU_LOAD=1 "$venv/bin/python" "$oracle" compile-body "$out/matmul.body.mlir" --chip v6e --spec "$out/matmul.call.json" 2>/dev/null
+mkdir -p "$out"
+echo "== tiny Qwen3-MoE, random weights (seed 0): megakernel in interpret mode vs the reference"
+./target/release/palladium run fixtures/models/tiny-qwen3-moe.json --random-weights --seed 0 \
+    --prompt-ids 1,17,300,42,5 --steps 8 --logits-out "$out/tiny-qwen3-moe.logits.json" --check
+echo "== tiny Mixtral, random weights (seed 4)"
+./target/release/palladium run fixtures/models/tiny-mixtral.json --random-weights --seed 4 \
+    --prompt-ids 1,17,300,42,5 --steps 8 --check
+echo "== Qwen3-30B-A3B megakernel for v7x (batch 1, context 4096)"
+./target/release/palladium megakernel fixtures/models/qwen3-30b-a3b.json --chip v7x --batch 1 --context 4096 --out "$out/qwen3-30b-a3b-v7x"

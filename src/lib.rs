@@ -2,3 +2,4 @@
 //! benches.
 
 pub mod check;
+pub mod run;

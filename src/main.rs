@@ -44,10 +44,6 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Run a library kernel's serialized Mosaic body in the CPU interpreter on seeded random
-    /// inputs and compare every output with the kernel's plain-Rust reference: prints max
-    /// abs error and max relative error (max |got - want| / max |want|) per output;
-    /// exits non-zero if any output is out of tolerance or the interpreter reports an error.
     /// Plan and emit the decode megakernel of a Hugging Face MoE model (config.json): one
     /// grid-less kernel for a whole decode step. Writes DIR/megakernel.mlir, .body.mlir and
     /// .call.json and prints the report (layers, bytes streamed per step, VMEM plan, DMA
@@ -69,6 +65,49 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Prompt + greedy decode of a Hugging Face MoE model (config.json) through its decode
+    /// megakernel in interpret mode: the megakernel is emitted, verified and lowered, its
+    /// serialized body runs once per token on the CPU (the prompt at positions 0.., then
+    /// --steps greedy steps; KV caches carried between runs). Prints the generated ids.
+    #[command(group(clap::ArgGroup::new("source").required(true).args(["weights", "random_weights"])))]
+    Run {
+        config: PathBuf,
+        /// A safetensors checkpoint with the family's Hugging Face tensor names: a
+        /// .safetensors file, or a directory (sharded with model.safetensors.index.json, or
+        /// *.safetensors files).
+        #[arg(long, value_name = "DIR")]
+        weights: Option<PathBuf>,
+        /// Seeded random weights instead of a checkpoint.
+        #[arg(long)]
+        random_weights: bool,
+        /// Seed of --random-weights.
+        #[arg(long, default_value_t = 0, requires = "random_weights")]
+        seed: u64,
+        /// Prompt token ids: 1,2,3.
+        #[arg(long, value_name = "IDS", required = true)]
+        prompt_ids: String,
+        /// Greedy decode steps (generated tokens).
+        #[arg(long)]
+        steps: usize,
+        /// Write `{"generated_ids": [...], "steps": [{"logits": [...]}, ...]}`; `steps[i].logits`
+        /// chose `generated_ids[i]`.
+        #[arg(long, value_name = "FILE.json")]
+        logits_out: Option<PathBuf>,
+        /// The chip the megakernel is planned, verified and lowered for.
+        #[arg(long, default_value = "v6e")]
+        chip: Chip,
+        /// KV-cache positions to plan for (default: prompt + steps).
+        #[arg(long)]
+        context: Option<u64>,
+        /// Also run the plain-Rust bf16 reference teacher-forced on the generated ids and
+        /// print how far the logits are from it.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Run a library kernel's serialized Mosaic body in the CPU interpreter on seeded random
+    /// inputs and compare every output with the kernel's plain-Rust reference: prints max
+    /// abs error and max relative error (max |got - want| / max |want|) per output;
+    /// exits non-zero if any output is out of tolerance or the interpreter reports an error.
     Interpret {
         kernel: String,
         #[arg(long = "set", value_name = "NAME=VALUE")]
@@ -131,6 +170,42 @@ fn run(cli: Cli) -> Result<(), String> {
                 ("megakernel.call.json".to_string(), lowered.call_json),
             ])?;
             if json { println!("{}", palladium_fusion::report::json(&plan)) } else { print!("{}", palladium_fusion::report::text(&plan)) }
+            Ok(())
+        }
+        Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check } => {
+            use palladium::run::{RunOptions, WeightSource};
+            let source = match (weights, random_weights) {
+                (Some(p), false) => WeightSource::Checkpoint(p),
+                (None, true) => WeightSource::Random(seed),
+                _ => return Err("give exactly one of --weights DIR and --random-weights".into()),
+            };
+            let options = RunOptions { config, weights: source, prompt: palladium::run::parse_ids(&prompt_ids)?, steps, chip, context };
+            let out = palladium::run::run(&options)?;
+            let g = &out.generation;
+            eprintln!(
+                "{} ({} layers), megakernel for {chip} (batch 1, KV cache {} positions, body {} KiB): {} runs ({} prompt tokens, {} generated tokens fed back) interpreted in {:.2} s (parse + prepare {:.1} ms)",
+                out.spec.family.model_type(),
+                out.spec.layers.len(),
+                out.plan_context,
+                out.body_bytes / 1024,
+                out.runs,
+                options.prompt.len(),
+                steps - 1,
+                out.interpret.as_secs_f64(),
+                out.prepare.as_secs_f64() * 1e3
+            );
+            if let Some(path) = &logits_out {
+                let json = serde_json::to_string(g).map_err(|e| e.to_string())?;
+                std::fs::write(path, json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            }
+            println!("{}", g.generated_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
+            if check {
+                let c = palladium::run::check_reference(&options, &out)?;
+                println!("reference (teacher-forced on these ids): {}", c.summary());
+                if !c.passed() {
+                    return Err("the megakernel does not match the reference".into());
+                }
+            }
             Ok(())
         }
         Command::Interpret { kernel, set, chip, seed, tolerance } => {

@@ -477,7 +477,16 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                 let corr = (m - m_new).exp();
                 let pr = (s - m_new).exp();
                 let l_new = l_ * corr + pr.sum_keepdims(1);
-                let vt = if qrows.is_multiple_of(16) { hd.vbuf.load(slot) } else { hd.vbuf.load(slot).cast(f32) };
+                // Rows past `pos` (or before the window) hold whatever the cache held (zeros
+                // from a fresh cache, or stale/uninitialised data): their probabilities are 0,
+                // but 0 * NaN is NaN, so they are zeroed before the PV product.
+                let vrow = iota([bkv, hp], 0) + t * bkv as i32;
+                let mut vvalid = le(vrow, pos);
+                if let Some(w) = d.window {
+                    vvalid = vvalid & lt(pos - w as i32, vrow);
+                }
+                let vt = select(vvalid, hd.vbuf.load(slot).cast(f32), 0.0);
+                let vt = if qrows.is_multiple_of(16) { vt.cast(bf16) } else { vt };
                 let pv = if qrows.is_multiple_of(16) { dot(pr.cast(bf16), vt) } else { dot(pr, vt) };
                 (m_new, l_new, acc * corr + pv, 1 - slot)
             });
@@ -515,7 +524,11 @@ fn route(p: &Plan, hd: H) {
     let mut top_w = zeros([rows, k], f32);
     for j in 0..k {
         let best = remaining.max_keepdims(1);
+        // Padded experts hold -1 and never win; a NaN row (no exact match) would give
+        // `ep`, so the id is clamped to a real expert: the expert fetch stays in bounds
+        // whatever the scores (the NaN still reaches the logits).
         let best_id = select(eq(remaining, best), col, ep as i32).min_keepdims(1);
+        let best_id = select(lt(best_id, d.experts as i32), best_id, d.experts as i32 - 1);
         top_ids = select(eq(slot_iota, j as i32), best_id, top_ids);
         top_w = select(eq(slot_iota, j as i32), best, top_w);
         remaining = select(eq(col, best_id), -1.0, remaining);

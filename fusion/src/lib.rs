@@ -39,8 +39,10 @@
 //! and norm scales are folded into bf16 weights (one rounding of `w * g` instead of rounding
 //! the scaled activations).
 
+pub mod decode;
 pub mod emit;
 pub mod graph;
+pub mod pack;
 pub mod plan;
 pub mod report;
 pub mod rewrite;

@@ -378,8 +378,23 @@ impl Reference {
 
     /// One decode step: feeds `token` at position `cache.len()`, returns its logits.
     pub fn step(&self, cache: &mut KvCache, token: u32) -> Result<Vec<f32>, ForwardError> {
-        let mut out = self.forward(&[(0, token)], std::slice::from_mut(cache))?;
-        Ok(out.pop().expect("one row in, one row out"))
+        Ok(self.step_traced(cache, token)?.0)
+    }
+
+    /// [`Self::step`], also returning the step's smallest *router margin*: over the MoE
+    /// layers, the gap between the `top_k`-th and the `(top_k + 1)`-th largest router logit
+    /// (infinite without MoE layers). A small margin is a routing near tie: another
+    /// implementation whose router logits differ by rounding may pick a different expert
+    /// there, a discrete change that no logit tolerance covers (and that persists through the
+    /// K/V written at this position).
+    pub fn step_traced(
+        &self,
+        cache: &mut KvCache,
+        token: u32,
+    ) -> Result<(Vec<f32>, f32), ForwardError> {
+        let mut margin = f32::INFINITY;
+        let mut out = self.forward_traced(&[(0, token)], std::slice::from_mut(cache), &mut margin)?;
+        Ok((out.pop().expect("one row in, one row out"), margin))
     }
 
     /// Feeds a whole block of tokens to one sequence in a single pass (every token attends to
@@ -570,7 +585,7 @@ impl Reference {
         self.linear(&m.down, None, &a)
     }
 
-    fn ffn(&self, ffn: &Ffn, x: &[f32]) -> Vec<f32> {
+    fn ffn(&self, ffn: &Ffn, x: &[f32], margin: &mut f32) -> Vec<f32> {
         match ffn {
             Ffn::Dense(m) => self.mlp(m, x),
             Ffn::Moe {
@@ -588,6 +603,9 @@ impl Reference {
                 // top-k: largest probability first, lower index first on ties.
                 let mut order: Vec<usize> = (0..p.len()).collect();
                 order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+                if let (Some(&kth), Some(&next)) = (order.get(*top_k - 1), order.get(*top_k)) {
+                    *margin = margin.min(logits[kth] - logits[next]);
+                }
                 let mut chosen: Vec<(usize, f32)> =
                     order[..*top_k].iter().map(|&i| (i, p[i])).collect();
                 if *renormalize {
@@ -616,6 +634,18 @@ impl Reference {
         &self,
         rows: &[(usize, u32)],
         caches: &mut [KvCache],
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        let mut margin = f32::INFINITY;
+        self.forward_traced(rows, caches, &mut margin)
+    }
+
+    /// [`Self::forward`]; `margin` is lowered to the smallest router margin seen (see
+    /// [`Self::step_traced`]).
+    fn forward_traced(
+        &self,
+        rows: &[(usize, u32)],
+        caches: &mut [KvCache],
+        margin: &mut f32,
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
         let (h, hd, nh, nkv) = (self.hidden, self.head_dim, self.heads, self.kv_heads);
         let group = nh / nkv;
@@ -714,7 +744,7 @@ impl Reference {
                 }
                 let mut hn = x.clone();
                 self.rmsnorm(&mut hn, &layer.post_norm);
-                let f = self.ffn(&layer.ffn, &hn);
+                let f = self.ffn(&layer.ffn, &hn, margin);
                 for (x, f) in x.iter_mut().zip(f) {
                     *x = self.r(*x + f);
                 }

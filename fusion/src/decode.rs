@@ -1,0 +1,384 @@
+//! Decoding with the megakernel in interpret mode: one decode step = one run of the
+//! serialized body in [`palladium_interpret`], with the packed weights ([`crate::pack`]),
+//! the token and position of every sequence as scalar prefetch, and the KV caches carried
+//! from one run to the next through the kernel's input/output aliases. Prefill feeds the
+//! prompt one token per run at positions `0..`; greedy decode then feeds back the argmax.
+
+use crate::pack::Packed;
+use crate::plan::Plan;
+use palladium_interpret::{CallSpec, HostArray, InterpError, Module, ParseError, Program};
+use palladium_model::reference::{Generation, StepLogits, argmax};
+use std::time::{Duration, Instant};
+
+/// Why a decode step could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("the interpreter cannot parse the megakernel body: {0}")]
+    Parse(#[from] ParseError),
+    #[error("the interpreter rejected the megakernel: {0}")]
+    Interp(#[from] Box<InterpError>),
+    #[error("the call spec does not match the packed weights: {0}")]
+    Interface(String),
+    #[error("token id {id} is out of range (vocab_size {vocab})")]
+    TokenOutOfRange { id: u32, vocab: u64 },
+    #[error("sequence {seq}: position {pos} is past the KV cache ({capacity} positions; plan a larger --context)")]
+    ContextFull { seq: usize, pos: usize, capacity: u64 },
+    #[error("{got} tokens for a batch of {batch}")]
+    Batch { got: usize, batch: usize },
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+}
+
+impl From<InterpError> for DecodeError {
+    fn from(e: InterpError) -> Self {
+        DecodeError::Interp(Box::new(e))
+    }
+}
+
+/// A megakernel ready to run decode steps on the CPU, with its KV caches.
+pub struct Decoder {
+    program: Program,
+    call: CallSpec,
+    /// Scalar prefetch (tokens, positions), weights, K cache, V cache: the call's inputs.
+    inputs: Vec<HostArray>,
+    vocab: u64,
+    batch: usize,
+    chunk_cols: usize,
+    rows: usize,
+    capacity: u64,
+    /// Next position of every sequence.
+    lens: Vec<usize>,
+    /// Time spent in the interpreter.
+    pub elapsed: Duration,
+    pub runs: usize,
+}
+
+impl std::fmt::Debug for Decoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decoder").field("batch", &self.batch).field("lens", &self.lens).finish_non_exhaustive()
+    }
+}
+
+impl Decoder {
+    /// `body` and `call_json`: the lowered megakernel of `plan`; `packed`: its weights.
+    pub fn new(plan: &Plan, body: &str, call_json: &str, packed: Packed) -> Result<Self, DecodeError> {
+        let program = Module::parse(body)?.prepare()?;
+        let call = CallSpec::from_json(call_json)?;
+        let (k, v) = packed.empty_caches();
+        let b = plan.dims.batch as usize;
+        let mut inputs = vec![HostArray::from_i32(&[b], &vec![0; b]), HostArray::from_i32(&[b], &vec![0; b])];
+        inputs.extend(packed.arrays);
+        inputs.push(k);
+        inputs.push(v);
+        if inputs.len() != call.inputs.len() {
+            return Err(DecodeError::Interface(format!("{} arrays for {} call inputs", inputs.len(), call.inputs.len())));
+        }
+        for (i, (a, (dt, shape))) in inputs.iter().zip(&call.inputs).enumerate() {
+            if a.dtype != *dt || &a.shape != shape {
+                let name = if i >= 2 && i - 2 < packed.names.len() { packed.names[i - 2] } else { "operand" };
+                return Err(DecodeError::Interface(format!("input {i} ({name}): {}{:?}, the kernel takes {dt}{shape:?}", a.dtype, a.shape)));
+            }
+        }
+        let n = inputs.len();
+        for (cache, out) in [(n - 2, 1), (n - 1, 2)] {
+            if !call.aliases.contains(&(cache, out)) {
+                return Err(DecodeError::Interface(format!("input {cache} is not aliased to output {out}")));
+            }
+        }
+        Ok(Decoder {
+            program,
+            call,
+            inputs,
+            vocab: plan.dims.vocab,
+            batch: b,
+            chunk_cols: plan.chunk_cols as usize,
+            rows: plan.dims.rows as usize,
+            capacity: plan.dims.positions,
+            lens: vec![0; b],
+            elapsed: Duration::ZERO,
+            runs: 0,
+        })
+    }
+
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// Next position of sequence `seq` (tokens fed so far).
+    pub fn len(&self, seq: usize) -> usize {
+        self.lens[seq]
+    }
+
+    /// Whether no token has been fed yet.
+    pub fn is_empty(&self) -> bool {
+        self.lens.iter().all(|&l| l == 0)
+    }
+
+    /// Empty every sequence's cache (positions restart at 0; stale rows are never read).
+    pub fn reset(&mut self) {
+        self.lens.fill(0);
+    }
+
+    /// The K and V caches as they are now (`[L, B, kv_heads, T, hp]` bf16).
+    pub fn caches(&self) -> (&HostArray, &HostArray) {
+        let n = self.inputs.len();
+        (&self.inputs[n - 2], &self.inputs[n - 1])
+    }
+
+    /// One megakernel run: `tokens[b]` is fed to sequence `b` at its next position; returns
+    /// every sequence's logits (`vocab` values).
+    pub fn step(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, DecodeError> {
+        if tokens.len() != self.batch {
+            return Err(DecodeError::Batch { got: tokens.len(), batch: self.batch });
+        }
+        for (seq, &t) in tokens.iter().enumerate() {
+            if u64::from(t) >= self.vocab {
+                return Err(DecodeError::TokenOutOfRange { id: t, vocab: self.vocab });
+            }
+            if self.lens[seq] as u64 >= self.capacity {
+                return Err(DecodeError::ContextFull { seq, pos: self.lens[seq], capacity: self.capacity });
+            }
+        }
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let pos: Vec<i32> = self.lens.iter().map(|&p| p as i32).collect();
+        self.inputs[0] = HostArray::from_i32(&[self.batch], &ids);
+        self.inputs[1] = HostArray::from_i32(&[self.batch], &pos);
+        let t = Instant::now();
+        let mut out = self.program.run_with(&self.inputs, &self.call)?;
+        self.elapsed += t.elapsed();
+        self.runs += 1;
+        let n = self.inputs.len();
+        self.inputs[n - 1] = out.pop().expect("v_cache_out");
+        self.inputs[n - 2] = out.pop().expect("k_cache_out");
+        let logits = out.pop().expect("logits").to_f32();
+        for l in &mut self.lens {
+            *l += 1;
+        }
+        let (cw, rows) = (self.chunk_cols, self.rows);
+        Ok((0..self.batch)
+            .map(|b| (0..self.vocab as usize).map(|v| logits[((v / cw) * rows + b) * cw + v % cw]).collect())
+            .collect())
+    }
+
+    /// Batch 1: the prompt (one run per token, positions `0..`), then `steps` greedy decode
+    /// steps; `steps[i].logits` chose `generated_ids[i]` (the `--logits-out` layout of
+    /// [`palladium_model::reference::Reference::generate`]). Starts from an empty cache.
+    pub fn generate(&mut self, prompt: &[u32], steps: usize) -> Result<Generation, DecodeError> {
+        if self.batch != 1 {
+            return Err(DecodeError::Batch { got: 1, batch: self.batch });
+        }
+        let (last, first) = prompt.split_last().ok_or(DecodeError::EmptyPrompt)?;
+        if let Some(&id) = prompt.iter().find(|&&t| u64::from(t) >= self.vocab) {
+            return Err(DecodeError::TokenOutOfRange { id, vocab: self.vocab });
+        }
+        let need = (prompt.len() + steps.saturating_sub(1)) as u64;
+        if need > self.capacity {
+            return Err(DecodeError::ContextFull { seq: 0, pos: need as usize - 1, capacity: self.capacity });
+        }
+        self.reset();
+        for &t in first {
+            self.step(&[t])?;
+        }
+        let mut logits = self.step(&[*last])?.remove(0);
+        let mut out = Generation { generated_ids: Vec::with_capacity(steps), steps: Vec::with_capacity(steps) };
+        for s in 0..steps {
+            let id = argmax(&logits) as u32;
+            out.generated_ids.push(id);
+            let next = if s + 1 < steps { Some(self.step(&[id])?.remove(0)) } else { None };
+            out.steps.push(StepLogits { logits: std::mem::take(&mut logits) });
+            if let Some(n) = next {
+                logits = n;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Largest `|megakernel - reference|` logit difference accepted at a step (see
+/// [`compare`]): 4 bf16 ulps at magnitude 2..4 (the tiny models' logits are O(1), |logit|
+/// <= ~4), the tolerance the model crate holds the reference to against transformers' bf16
+/// model.
+pub const LOGIT_TOLERANCE: f32 = 0.0625;
+/// A router margin of the f32 reference (gap between its `top_k`-th and next router logit)
+/// below this is a routing near tie: the megakernel's router logits differ from the f32
+/// model's by bf16 rounding of its activations and folded weights (~1e-2), so it may route
+/// differently there (see [`compare`]).
+pub const ROUTER_TIE: f32 = 0.03;
+
+/// How a step's logits were matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Matched {
+    /// Within [`LOGIT_TOLERANCE`] of the bf16 reference.
+    Bf16,
+    /// The bf16 and f32 references disagree by more than the tolerance (the bf16 model took
+    /// another discrete routing decision at a near tie of its bf16 router logits), and the
+    /// megakernel is within the tolerance of the f32 reference.
+    F32,
+    /// Neither, downstream of a routing near tie of the f32 reference (margin below
+    /// [`ROUTER_TIE`] at a token fed so far): the megakernel took its own routing decision.
+    RoutingTie,
+    /// Not explained: a failure.
+    None,
+}
+
+/// One generated step compared with the references, teacher-forced on the megakernel's ids.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepCheck {
+    /// The megakernel's id and the references' argmax.
+    pub id: u32,
+    pub bf16_id: u32,
+    pub f32_id: u32,
+    /// `ref[argmax] - ref[id]` in the bf16 / f32 reference's logits (0 when equal).
+    pub gap_bf16: f32,
+    pub gap_f32: f32,
+    /// Max `|megakernel - bf16 reference|`, `|megakernel - f32 reference|`,
+    /// `|bf16 - f32 reference|` over the logits.
+    pub err_bf16: f32,
+    pub err_f32: f32,
+    pub err_bf16_f32: f32,
+    /// Smallest router margin of the f32 reference over every token fed so far.
+    pub f32_router_margin: f32,
+    pub matched: Matched,
+}
+
+impl StepCheck {
+    /// Ids: equal to the bf16 reference's argmax, or a logit near tie there (gap within
+    /// [`LOGIT_TOLERANCE`]); the same against the f32 reference where the logits matched
+    /// it; free after a routing near tie. Logits: matched ([`Matched`] not `None`).
+    pub fn passed(&self) -> bool {
+        let id_ok = match self.matched {
+            Matched::Bf16 => self.id == self.bf16_id || self.gap_bf16 <= LOGIT_TOLERANCE,
+            Matched::F32 => self.id == self.bf16_id || self.gap_bf16 <= LOGIT_TOLERANCE || self.id == self.f32_id || self.gap_f32 <= LOGIT_TOLERANCE,
+            Matched::RoutingTie => true,
+            Matched::None => false,
+        };
+        id_ok && self.matched != Matched::None
+    }
+}
+
+/// A whole generation compared with the references.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Comparison {
+    pub steps: Vec<StepCheck>,
+}
+
+impl Comparison {
+    pub fn passed(&self) -> bool {
+        self.steps.iter().all(StepCheck::passed)
+    }
+
+    /// Steps matched each way.
+    pub fn count(&self, m: Matched) -> usize {
+        self.steps.iter().filter(|s| s.matched == m).count()
+    }
+
+    /// Max `|megakernel - bf16 reference|` over the steps matched to it.
+    pub fn max_err_bf16(&self) -> f32 {
+        self.steps.iter().filter(|s| s.matched == Matched::Bf16).map(|s| s.err_bf16).fold(0.0, f32::max)
+    }
+
+    /// Max `|megakernel - f32 reference|` and `|bf16 - f32 reference|` over the steps matched
+    /// to the bf16 reference.
+    pub fn max_err_f32(&self) -> (f32, f32) {
+        let c = self.steps.iter().filter(|s| s.matched == Matched::Bf16);
+        c.fold((0f32, 0f32), |(a, b), s| (a.max(s.err_f32), b.max(s.err_bf16_f32)))
+    }
+
+    /// Steps where the id differs from the bf16 reference's argmax.
+    pub fn id_mismatches(&self) -> Vec<usize> {
+        self.steps.iter().enumerate().filter(|(_, s)| s.id != s.bf16_id).map(|(i, _)| i).collect()
+    }
+
+    /// One line: ids, how steps matched, errors.
+    pub fn summary(&self) -> String {
+        let mism = self.id_mismatches();
+        let ids = if mism.is_empty() {
+            "ids equal to the bf16 reference's".to_string()
+        } else {
+            format!(
+                "ids differ at {}",
+                mism.iter().map(|&i| { let s = &self.steps[i]; format!("step {i} (bf16 reference gap {:.4}, {:?})", s.gap_bf16, s.matched) }).collect::<Vec<_>>().join(", ")
+            )
+        };
+        let (f, bf) = self.max_err_f32();
+        format!(
+            "{ids}; logits of {}/{} steps within {LOGIT_TOLERANCE} of the bf16 reference (max |diff| {:.4}; ours vs f32 reference {:.4}, bf16 vs f32 reference {:.4}){}{}{}",
+            self.count(Matched::Bf16),
+            self.steps.len(),
+            self.max_err_bf16(),
+            f,
+            bf,
+            match self.count(Matched::F32) { 0 => String::new(), n => format!(", {n} matched to the f32 reference after a bf16 routing divergence") },
+            match self.count(Matched::RoutingTie) { 0 => String::new(), n => format!(", {n} after a routing near tie") },
+            if self.passed() { "" } else { " — FAILED" }
+        )
+    }
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| if (x - y).is_nan() { f32::INFINITY } else { (x - y).abs() }).fold(0.0, f32::max)
+}
+
+/// Compare a batch-1 `generation` (of `prompt`) with [`palladium_model::reference::Reference`]
+/// in [`Precision::Bf16`](palladium_model::reference::Precision) (transformers' bf16 model,
+/// the ground truth) and in `Precision::F32` (transformers' f32 model), both teacher-forced
+/// on the generation's ids, step by step ([`StepCheck::passed`], [`Matched`]).
+///
+/// Why two references: the megakernel rounds at other points than transformers' bf16 model
+/// (f32 residual stream and router logits, norm scales folded into bf16 weights), so its
+/// logits sit ~0.02-0.05 from the bf16 model's — as far as the exact f32 model's do: that is
+/// the bf16 model's own rounding noise, not an error of either. Where router logits are in a
+/// near tie the two round differently and may pick different experts, a discrete change
+/// that persists through the K/V cache. The tiny models' bf16 router logits tie often (one
+/// bf16 ulp apart), and then transformers' own bf16 and f32 models disagree by as much. A
+/// step is accepted against the f32 model only when the two references themselves disagree
+/// there, and matches neither only downstream of a near tie of the f32 model's router.
+pub fn compare(spec: &palladium_model::ModelSpec, weights: &palladium_model::weights::Weights, prompt: &[u32], generation: &Generation) -> Result<Comparison, String> {
+    use palladium_model::reference::{Precision, Reference};
+    let rb = Reference::new(spec, weights, Precision::Bf16).map_err(|e| e.to_string())?;
+    let rf = Reference::new(spec, weights, Precision::F32).map_err(|e| e.to_string())?;
+    let (mut cb, mut cf) = (rb.new_cache(), rf.new_cache());
+    let mut margin = f32::INFINITY;
+    let mut feed = |t: u32, margin: &mut f32| -> Result<(Vec<f32>, Vec<f32>), String> {
+        let lb = rb.step(&mut cb, t).map_err(|e| e.to_string())?;
+        let (lf, m) = rf.step_traced(&mut cf, t).map_err(|e| e.to_string())?;
+        *margin = margin.min(m);
+        Ok((lb, lf))
+    };
+    let mut last = None;
+    for &t in prompt {
+        last = Some(feed(t, &mut margin)?);
+    }
+    let gap = |l: &[f32], best: usize, id: u32| l[best] - l.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY);
+    let mut steps = Vec::new();
+    for (i, (step, &id)) in generation.steps.iter().zip(&generation.generated_ids).enumerate() {
+        let (lb, lf) = last.take().ok_or("empty prompt")?;
+        let (bi, fi) = (argmax(&lb), argmax(&lf));
+        let (err_bf16, err_f32, err_bf16_f32) = (max_diff(&step.logits, &lb), max_diff(&step.logits, &lf), max_diff(&lb, &lf));
+        let matched = if err_bf16 <= LOGIT_TOLERANCE {
+            Matched::Bf16
+        } else if err_bf16_f32 > LOGIT_TOLERANCE && err_f32 <= LOGIT_TOLERANCE {
+            Matched::F32
+        } else if margin < ROUTER_TIE {
+            Matched::RoutingTie
+        } else {
+            Matched::None
+        };
+        steps.push(StepCheck {
+            id,
+            bf16_id: bi as u32,
+            f32_id: fi as u32,
+            gap_bf16: gap(&lb, bi, id),
+            gap_f32: gap(&lf, fi, id),
+            err_bf16,
+            err_f32,
+            err_bf16_f32,
+            f32_router_margin: margin,
+            matched,
+        });
+        if i + 1 < generation.steps.len() {
+            last = Some(feed(id, &mut margin)?);
+        }
+    }
+    Ok(Comparison { steps })
+}

@@ -1,0 +1,224 @@
+//! The host-side weight packer: [`palladium_model::weights::Weights`] (Hugging Face names,
+//! `[out, in]` linear weights) → the megakernel's input arrays in operand order, exactly as
+//! the crate docs' operand interface and [`crate::plan::Operand::source`] describe them.
+//!
+//! - `embed` `[ceil(V/16), 16, H]`: the embedding reshaped, zero rows past `V`.
+//! - `w_dense` `[L, n, H, cw]`: per layer the `[H, n*cw]` dense-stream matrix `D_l` cut
+//!   into `n` column chunks. Its segments and the chunk pieces come from the plan
+//!   ([`crate::plan::Plan::segments`], [`crate::plan::Plan::chunks`]): q/k/v heads
+//!   transposed with `input_layernorm` folded (`D[i, head*hp + c] = W[head*hd + c, i] *
+//!   g[i]`), `o_proj` as is with each head's columns padded to `hp`, the router transposed
+//!   with `post_attention_layernorm` folded and padded to `experts_pad` columns.
+//! - `w_lm` `[ceil(V/cw), H, cw]`: `lm_head^T` (the embedding when tied) with `model.norm`
+//!   folded.
+//! - `w_gate_up` `[L, E, C, H, 2*block]`, `w_down` `[L, E, C, block, H]`: each expert cut
+//!   into `C` chunks of `block` intermediate columns (gate^T | up^T with
+//!   `post_attention_layernorm` folded; `down^T` rows).
+//! - `head_norms` `f32[L, 8, hp]` (Qwen3): row 0 `q_norm`, row 1 `k_norm`.
+//! - `k_cache`, `v_cache` `bf16[L, B, kv_heads, T, hp]`: zeros ([`Packed::empty_caches`]).
+//!
+//! Rounding: every weight is first rounded to bf16 (as transformers' bf16 model loads
+//! it), a folded norm scale is multiplied in f32 (the product of two bf16 values is exact
+//! in f32) and the product is rounded to bf16 once.
+
+use crate::plan::Plan;
+use palladium_interpret::HostArray;
+use palladium_model::ModelSpec;
+use palladium_model::weights::{FfnNames, ModelNames, Tensor, Weights, WeightsError, round_bf16};
+
+/// Why weights could not be packed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PackError {
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+    #[error("weights: {0}")]
+    Layout(String),
+}
+
+/// The megakernel's weight inputs (operand order, after the two scalar-prefetch arrays and
+/// before the caches), with their names.
+#[derive(Debug, Clone)]
+pub struct Packed {
+    pub names: Vec<&'static str>,
+    pub arrays: Vec<HostArray>,
+    /// Shape of each KV cache `[L, B, kv_heads, T, hp]`.
+    pub cache_shape: Vec<usize>,
+}
+
+impl Packed {
+    /// Two zero caches (K, V), as a fresh sequence starts.
+    pub fn empty_caches(&self) -> (HostArray, HostArray) {
+        let n: usize = self.cache_shape.iter().product();
+        let z = vec![half_zero(); n];
+        (HostArray::from_bf16(&self.cache_shape, &z), HostArray::from_bf16(&self.cache_shape, &z))
+    }
+}
+
+fn half_zero() -> half::bf16 {
+    half::bf16::ZERO
+}
+
+fn get<'w>(w: &'w Weights, name: &str, shape: &[usize]) -> Result<&'w Tensor, PackError> {
+    let t = w.get(name).ok_or_else(|| WeightsError::Missing { path: "weights".into(), name: name.into(), expected: shape.to_vec() })?;
+    if t.shape != shape {
+        return Err(WeightsError::Shape { path: "weights".into(), name: name.into(), expected: shape.to_vec(), found: t.shape.clone() }.into());
+    }
+    Ok(t)
+}
+
+fn bf(x: f32) -> f32 {
+    round_bf16(x)
+}
+
+/// Pack `weights` (of the model `spec`) for the megakernel of `plan`.
+pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, PackError> {
+    if weights.family() != spec.family {
+        return Err(PackError::Layout(format!("weights of a {} model for a {} config", weights.family().model_type(), spec.family.model_type())));
+    }
+    let d = &plan.dims;
+    let us = |x: u64| x as usize;
+    let (h, hd, hp, heads, kvh) = (us(d.hidden), us(d.head_dim), us(d.head_pad), us(d.heads), us(d.kv_heads));
+    let (vocab, experts, epad) = (us(d.vocab), us(d.experts), us(d.experts_pad));
+    let (l, n, cw) = (plan.layers, us(plan.per_layer()), us(plan.chunk_cols));
+    let (eb, ec, inter) = (us(plan.expert_block), us(plan.expert_chunks), us(d.intermediate));
+    let names = ModelNames::new(spec)?;
+    let shape_of = |name: &str| plan.operands.iter().find(|o| o.name == name).map(|o| o.shape.iter().map(|&x| x as usize).collect::<Vec<_>>()).unwrap_or_default();
+
+    let mut out_names = Vec::new();
+    let mut arrays = Vec::new();
+
+    // embed [ceil(V/16), 16, H]
+    let emb = get(weights, &names.embed, &[vocab, h])?;
+    let es = shape_of("embed");
+    let mut e = vec![0f32; es.iter().product()];
+    for (dst, &src) in e.iter_mut().zip(&emb.data) {
+        *dst = bf(src);
+    }
+    out_names.push("embed");
+    arrays.push(HostArray::bf16_from_f32(&es, &e));
+
+    // w_dense [L, n, H, cw]
+    let ds = shape_of("w_dense");
+    let mut wd = vec![0f32; ds.iter().product()];
+    for (li, ln) in names.layers.iter().take(l).enumerate() {
+        let g1 = get(weights, &ln.input_norm, &[h])?;
+        let g2 = get(weights, &ln.post_norm, &[h])?;
+        let q = get(weights, &ln.q, &[heads * hd, h])?;
+        let k = get(weights, &ln.k, &[kvh * hd, h])?;
+        let v = get(weights, &ln.v, &[kvh * hd, h])?;
+        let o = get(weights, &ln.o, &[h, heads * hd])?;
+        let FfnNames::Moe { router, .. } = &ln.ffn else {
+            return Err(PackError::Layout(format!("layer {li} is not an MoE layer")));
+        };
+        let r = get(weights, router, &[experts, h])?;
+        // Value of column `s` of segment `seg`, row (hidden index) `i`.
+        let value = |seg: &str, s: usize, i: usize| -> f32 {
+            match seg {
+                "qkv" => {
+                    let (head, c) = (s / hp, s % hp);
+                    if c >= hd {
+                        return 0.0;
+                    }
+                    let (w, row) = if head < heads {
+                        (q, head * hd + c)
+                    } else if head < heads + kvh {
+                        (k, (head - heads) * hd + c)
+                    } else {
+                        (v, (head - heads - kvh) * hd + c)
+                    };
+                    bf(w.data[row * h + i]) * bf(g1.data[i])
+                }
+                "o" => {
+                    let (head, c) = (s / hp, s % hp);
+                    if c >= hd { 0.0 } else { bf(o.data[i * heads * hd + head * hd + c]) }
+                }
+                "router" => {
+                    if s >= experts { 0.0 } else { bf(r.data[s * h + i]) * bf(g2.data[i]) }
+                }
+                other => unreachable!("segment {other}"),
+            }
+        };
+        for (ci, pieces) in plan.chunks.iter().enumerate() {
+            let base = (li * n + ci) * h * cw;
+            for p in pieces {
+                let seg = plan.segments[p.segment].name;
+                for j in 0..us(p.cols) {
+                    let s = us(p.seg_col) + j;
+                    let col = us(p.chunk_col) + j;
+                    for i in 0..h {
+                        wd[base + i * cw + col] = value(seg, s, i);
+                    }
+                }
+            }
+        }
+        debug_assert!(plan.segments.iter().any(|s| s.name == "router" && us(s.cols) == epad));
+    }
+    out_names.push("w_dense");
+    arrays.push(HostArray::bf16_from_f32(&ds, &wd));
+
+    // w_lm [ceil(V/cw), H, cw]
+    let head = get(weights, &names.lm_head, &[vocab, h])?;
+    let gf = get(weights, &names.final_norm, &[h])?;
+    let ls = shape_of("w_lm");
+    let mut wl = vec![0f32; ls.iter().product()];
+    for t in 0..vocab {
+        let (c, j) = (t / cw, t % cw);
+        for i in 0..h {
+            wl[(c * h + i) * cw + j] = bf(head.data[t * h + i]) * bf(gf.data[i]);
+        }
+    }
+    out_names.push("w_lm");
+    arrays.push(HostArray::bf16_from_f32(&ls, &wl));
+
+    // w_gate_up [L, E, C, H, 2*eb], w_down [L, E, C, eb, H]
+    let gus = shape_of("w_gate_up");
+    let dns = shape_of("w_down");
+    let mut gu = vec![0f32; gus.iter().product()];
+    let mut dn = vec![0f32; dns.iter().product()];
+    for (li, ln) in names.layers.iter().take(l).enumerate() {
+        let g2 = get(weights, &ln.post_norm, &[h])?;
+        let FfnNames::Moe { experts: ex, .. } = &ln.ffn else {
+            return Err(PackError::Layout(format!("layer {li} is not an MoE layer")));
+        };
+        for (ei, m) in ex.iter().enumerate() {
+            let gate = get(weights, &m.gate, &[inter, h])?;
+            let up = get(weights, &m.up, &[inter, h])?;
+            let down = get(weights, &m.down, &[h, inter])?;
+            for c in 0..ec {
+                let gbase = ((li * experts + ei) * ec + c) * h * 2 * eb;
+                let dbase = ((li * experts + ei) * ec + c) * eb * h;
+                for i in 0..h {
+                    let g = bf(g2.data[i]);
+                    for j in 0..eb {
+                        let row = c * eb + j;
+                        gu[gbase + i * 2 * eb + j] = bf(gate.data[row * h + i]) * g;
+                        gu[gbase + i * 2 * eb + eb + j] = bf(up.data[row * h + i]) * g;
+                        dn[dbase + j * h + i] = bf(down.data[i * inter + row]);
+                    }
+                }
+            }
+        }
+    }
+    out_names.push("w_gate_up");
+    arrays.push(HostArray::bf16_from_f32(&gus, &gu));
+    out_names.push("w_down");
+    arrays.push(HostArray::bf16_from_f32(&dns, &dn));
+
+    // head_norms f32[L, 8, hp]
+    if d.qk_norm {
+        let hs = shape_of("head_norms");
+        let mut hn = vec![0f32; hs.iter().product()];
+        for (li, ln) in names.layers.iter().take(l).enumerate() {
+            for (row, name) in [ln.q_norm.as_ref(), ln.k_norm.as_ref()].into_iter().enumerate() {
+                let name = name.ok_or_else(|| PackError::Layout(format!("layer {li}: no q/k norm names")))?;
+                let t = get(weights, name, &[hd])?;
+                for c in 0..hd {
+                    hn[(li * 8 + row) * hp + c] = bf(t.data[c]);
+                }
+            }
+        }
+        out_names.push("head_norms");
+        arrays.push(HostArray::from_f32(&hs, &hn));
+    }
+    Ok(Packed { names: out_names, arrays, cache_shape: shape_of("k_cache") })
+}
