@@ -557,7 +557,12 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val) {
     let fetch = |pair: Val, c: Val, slot: Val| {
         let e = hd.ids.load(pair);
         let gu = async_copy(hd.w_gate_up.at((layer, e, c)), hd.gu_buf.at(slot), hd.ex_sems.at((0, slot)));
-        let dn = async_copy(hd.w_down.at((layer, e, c)), hd.dn_buf.at(slot), hd.ex_sems.at((1, slot)));
+        // Both chunks of an item signal the slot's one semaphore (waited together, both
+        // before use). A second semaphore row, `ex_sems[(1, slot)]`, is equally correct but
+        // makes libtpu 0.0.42.1's v6e static profiler abort the whole process ("Unsupported
+        // DMA direction: 0 on GL/GLP") on the wait for `down`: it cannot match that wait
+        // (a dynamic slot in row 1) to its issue, so the megakernel would have no estimate.
+        let dn = async_copy(hd.w_down.at((layer, e, c)), hd.dn_buf.at(slot), hd.ex_sems.at((0, slot)));
         (gu, dn)
     };
     let total = pairs * ec;
