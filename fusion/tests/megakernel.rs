@@ -43,6 +43,21 @@ fn tiny_megakernels_build_verify_and_lower_on_every_chip() {
     }
 }
 
+/// The tiny Qwen3-MoE megakernel itself, in our IR (verified first) and as the Mosaic module
+/// libtpu gets, so any change to what the fusion pass emits is reviewed.
+#[test]
+fn tiny_megakernel_snapshots() {
+    let plan = Plan::new(&spec("tiny-qwen3-moe"), &options(Chip::V6e, 1, 256, None)).unwrap();
+    let k = emit(&plan).unwrap_or_else(|e| panic!("{e}"));
+    palladium_dsl::ir::verify(&k, palladium_dsl::ir::VerifyOptions { chip: Some(Chip::V6e) }).unwrap_or_else(|e| panic!("{e}"));
+    let ir = palladium_dsl::ir::print_kernel(&k, Default::default());
+    let again = palladium_dsl::ir::print_kernel(&emit(&plan).unwrap(), Default::default());
+    assert_eq!(ir, again, "emission is deterministic");
+    snapshot("tiny-qwen3-moe_megakernel_ir", &ir);
+    let lowered = lower(&k, &LowerOptions { chip: Chip::V6e }).unwrap_or_else(|e| panic!("{e}"));
+    snapshot("tiny-qwen3-moe_megakernel_mosaic", &lowered.module);
+}
+
 #[test]
 fn models_that_do_not_fit_are_refused_with_the_numbers() {
     let s = spec("qwen3-30b-a3b");
