@@ -315,6 +315,40 @@ impl Comparison {
     }
 }
 
+/// The rule of [`compare`] for one step: `logits` (the megakernel's, which chose `id`)
+/// against the bf16 reference's `bf16` and the f32 reference's `f32` logits at the same
+/// position (both after the same tokens), with `f32_router_margin` the smallest router margin
+/// of the f32 reference over every token fed so far. Tolerance [`LOGIT_TOLERANCE`]; held to
+/// the f32 logits only where the two references disagree by more than it; exempt only after a
+/// routing near tie ([`ROUTER_TIE`]). Also used against transformers' own logits
+/// (`fusion/tests/hf_conformance.rs`).
+pub fn check_step(logits: &[f32], id: u32, bf16: &[f32], f32: &[f32], f32_router_margin: f32) -> StepCheck {
+    let gap = |l: &[f32], best: usize| l[best] - l.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY);
+    let (bi, fi) = (argmax(bf16), argmax(f32));
+    let (err_bf16, err_f32, err_bf16_f32) = (max_diff(logits, bf16), max_diff(logits, f32), max_diff(bf16, f32));
+    let matched = if err_bf16 <= LOGIT_TOLERANCE {
+        Matched::Bf16
+    } else if err_bf16_f32 > LOGIT_TOLERANCE && err_f32 <= LOGIT_TOLERANCE {
+        Matched::F32
+    } else if f32_router_margin < ROUTER_TIE {
+        Matched::RoutingTie
+    } else {
+        Matched::None
+    };
+    StepCheck {
+        id,
+        bf16_id: bi as u32,
+        f32_id: fi as u32,
+        gap_bf16: gap(bf16, bi),
+        gap_f32: gap(f32, fi),
+        err_bf16,
+        err_f32,
+        err_bf16_f32,
+        f32_router_margin,
+        matched,
+    }
+}
+
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| if (x - y).is_nan() { f32::INFINITY } else { (x - y).abs() }).fold(0.0, f32::max)
 }
@@ -349,33 +383,10 @@ pub fn compare(spec: &palladium_model::ModelSpec, weights: &palladium_model::wei
     for &t in prompt {
         last = Some(feed(t, &mut margin)?);
     }
-    let gap = |l: &[f32], best: usize, id: u32| l[best] - l.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY);
     let mut steps = Vec::new();
     for (i, (step, &id)) in generation.steps.iter().zip(&generation.generated_ids).enumerate() {
         let (lb, lf) = last.take().ok_or("empty prompt")?;
-        let (bi, fi) = (argmax(&lb), argmax(&lf));
-        let (err_bf16, err_f32, err_bf16_f32) = (max_diff(&step.logits, &lb), max_diff(&step.logits, &lf), max_diff(&lb, &lf));
-        let matched = if err_bf16 <= LOGIT_TOLERANCE {
-            Matched::Bf16
-        } else if err_bf16_f32 > LOGIT_TOLERANCE && err_f32 <= LOGIT_TOLERANCE {
-            Matched::F32
-        } else if margin < ROUTER_TIE {
-            Matched::RoutingTie
-        } else {
-            Matched::None
-        };
-        steps.push(StepCheck {
-            id,
-            bf16_id: bi as u32,
-            f32_id: fi as u32,
-            gap_bf16: gap(&lb, bi, id),
-            gap_f32: gap(&lf, fi, id),
-            err_bf16,
-            err_f32,
-            err_bf16_f32,
-            f32_router_margin: margin,
-            matched,
-        });
+        steps.push(check_step(&step.logits, id, &lb, &lf, margin));
         if i + 1 < generation.steps.len() {
             last = Some(feed(id, &mut margin)?);
         }

@@ -22,87 +22,20 @@
 //!
 //! Without torch/transformers in the venv these tests fail, naming the setup script.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod hf_oracle;
 
+use std::path::Path;
+
+use hf_oracle::{repo_root, run_oracle};
 use palladium_model::ModelSpec;
-use palladium_model::reference::{Generation, Precision, Reference};
+use palladium_model::reference::{Precision, Reference};
 use palladium_model::weights::Weights;
 
 const F32_TOL: f32 = 1e-4;
 const BF16_TOL: f32 = 0.0625;
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn venv_python() -> PathBuf {
-    let venv = std::env::var_os("PALLADIUM_TPU_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
-                .join(".cache/palladium/venv-tpu")
-        });
-    let py = venv.join("bin/python");
-    let ok = Command::new(&py)
-        .args(["-c", "import torch, transformers"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        ok,
-        "{} cannot import torch and transformers: run scripts/setup.sh (it installs the pinned \
-         versions into the oracle venv, $PALLADIUM_TPU_VENV or ~/.cache/palladium/venv-tpu)",
-        py.display()
-    );
-    py
-}
-
-struct Oracle {
-    dir: PathBuf,
-    f32: Generation,
-    bf16: Generation,
-}
-
-fn run_oracle(config: &str, seed: u64, prompt: &[u32], steps: usize) -> Oracle {
-    let py = venv_python();
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "hf-{}-{seed}-{}",
-        Path::new(config).file_stem().unwrap().to_string_lossy(),
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    let prompt_s: Vec<String> = prompt.iter().map(u32::to_string).collect();
-    let out = Command::new(&py)
-        .arg(repo_root().join("model/tests/hf_reference.py"))
-        .arg("--config")
-        .arg(repo_root().join(config))
-        .args(["--seed", &seed.to_string()])
-        .args(["--prompt-ids", &prompt_s.join(",")])
-        .args(["--steps", &steps.to_string()])
-        .arg("--out-dir")
-        .arg(&dir)
-        .output()
-        .expect("run hf_reference.py");
-    assert!(
-        out.status.success(),
-        "hf_reference.py failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let read = |f: &str| -> Generation {
-        serde_json::from_str(&std::fs::read_to_string(dir.join(f)).unwrap()).unwrap()
-    };
-    Oracle {
-        f32: read("hf_float32.json"),
-        bf16: read("hf_bfloat16.json"),
-        dir,
-    }
-}
-
 fn check(config: &str, seed: u64, prompt: &[u32], steps: usize) {
-    let oracle = run_oracle(config, seed, prompt, steps);
+    let oracle = run_oracle(config, seed, prompt, steps, false);
     let spec = ModelSpec::from_path(oracle.dir.join("config.json")).unwrap();
     if let Ok(src) = ModelSpec::from_path(repo_root().join(config)) {
         assert_eq!(
@@ -168,7 +101,7 @@ fn check(config: &str, seed: u64, prompt: &[u32], steps: usize) {
             );
         }
     }
-    let _ = std::fs::remove_dir_all(&oracle.dir);
+    oracle.remove();
 }
 
 #[test]

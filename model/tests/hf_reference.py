@@ -11,7 +11,10 @@ float32 and in bfloat16 (eager attention), and runs prompt + greedy decode in ea
         {"generated_ids": [...], "steps": [{"logits": [...]}, ...], "dtype": ..., ...}
 
 `steps[i].logits` chose `generated_ids[i]`: step 0 follows the prompt (fed as one block),
-step i follows feeding generated_ids[i-1] through the KV cache.
+step i follows feeding generated_ids[i-1] through the KV cache. With --f32-on-bf16-ids it also
+writes OUT_DIR/hf_float32_on_bfloat16_ids.json: the float32 model teacher-forced on the
+bfloat16 model's ids (step i follows feeding bfloat16's generated_ids[i-1]; `fed_ids` lists
+them), so that both precisions' logits are along the same sequence.
 
 Run with the oracle venv's python (scripts/setup.sh installs torch and transformers there):
     $PALLADIUM_TPU_VENV/bin/python model/tests/hf_reference.py \
@@ -51,7 +54,9 @@ def reinit(model, seed):
                 raise SystemExit(f"hf_reference.py: no init rule for parameter {name} {tuple(p.shape)}")
 
 
-def greedy(model, prompt, steps):
+def greedy(model, prompt, steps, forced=None):
+    """Prompt + `steps` greedy steps; with `forced`, step i+1 is fed forced[i] instead of the
+    argmax (teacher forcing; generated_ids are still the model's own argmaxes)."""
     ids, logits_out = [], []
     with torch.no_grad():
         out = model(input_ids=torch.tensor([prompt]), use_cache=True)
@@ -61,6 +66,8 @@ def greedy(model, prompt, steps):
             ids.append(tok)
             logits_out.append({"logits": logits.float().tolist()})
             if s + 1 < steps:
+                if forced is not None:
+                    tok = forced[s]
                 out = model(input_ids=torch.tensor([[tok]]), past_key_values=past, use_cache=True)
                 past, logits = out.past_key_values, out.logits[0, -1]
     return ids, logits_out
@@ -73,6 +80,12 @@ def main():
     ap.add_argument("--prompt-ids", required=True)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--out-dir", required=True)
+    ap.add_argument(
+        "--f32-on-bf16-ids",
+        action="store_true",
+        help="also write hf_float32_on_bfloat16_ids.json: the float32 model teacher-forced on "
+        "the bfloat16 model's generated ids (its logits along the bf16 sequence)",
+    )
     args = ap.parse_args()
     prompt = [int(t) for t in args.prompt_ids.split(",")]
 
@@ -111,6 +124,26 @@ def main():
         with open(os.path.join(args.out_dir, f"hf_{tag}.json"), "w") as f:
             json.dump(result, f)
         print(f"hf_reference.py: {model_type} {tag}: generated {ids}", file=sys.stderr)
+        if tag == "bfloat16":
+            bf16_ids = ids
+
+    if args.f32_on_bf16_ids:
+        m = AutoModelForCausalLM.from_pretrained(args.out_dir, torch_dtype=torch.float32, attn_implementation="eager")
+        m.eval()
+        ids, steps = greedy(m, prompt, args.steps, forced=bf16_ids)
+        result = {
+            "generated_ids": ids,
+            "fed_ids": bf16_ids,
+            "steps": steps,
+            "dtype": "float32",
+            "prompt_ids": prompt,
+            "seed": args.seed,
+            "model_type": model_type,
+            "transformers_version": transformers.__version__,
+            "torch_version": torch.__version__,
+        }
+        with open(os.path.join(args.out_dir, "hf_float32_on_bfloat16_ids.json"), "w") as f:
+            json.dump(result, f)
 
 
 if __name__ == "__main__":

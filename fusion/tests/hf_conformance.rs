@@ -1,0 +1,129 @@
+//! Conformance of the decode megakernel (interpret mode) with Hugging Face transformers' own
+//! forward pass of a tiny checkpoint — directly, not through the plain-Rust reference.
+//!
+//! `model/tests/hf_reference.py` (shared with `model/tests/hf_conformance.rs`, run with the
+//! oracle venv's python; `scripts/setup.sh` installs the pinned torch and transformers)
+//! builds the tiny fixture model with transformers, random-initialises it with a seed, saves a
+//! bf16 safetensors checkpoint + config.json, and runs prompt + greedy decode in bfloat16 and
+//! float32; with `--f32-on-bf16-ids` it also runs the float32 model teacher-forced on the
+//! bfloat16 model's ids, so that both precisions' logits lie along one sequence. We load the
+//! checkpoint with [`Weights::load`], pack it into the megakernel ([`Decoder`], one
+//! interpreter run per token) and feed the prompt and then transformers' bf16 generated ids
+//! (teacher forcing: every step's logits are compared, even after a near-tie flip), and check
+//! each step with [`check_step`], the rule of [`palladium_fusion::decode::compare`]:
+//!
+//! - logits within [`LOGIT_TOLERANCE`] = 0.0625 (4 bf16 ulps at |logit| 2..4) of transformers'
+//!   bf16 logits — the tolerance the model crate holds the reference to against the same
+//!   model;
+//! - where transformers' own bf16 and f32 logits disagree by more than that (the bf16 model
+//!   routed differently at a near tie of its bf16 router logits), within the tolerance of
+//!   transformers' f32 logits instead;
+//! - exempt only downstream of a routing near tie (router margin below [`ROUTER_TIE`] at a
+//!   token fed so far) of the f32 model. Transformers does not expose router margins, so they
+//!   come from the plain-Rust f32 reference teacher-forced on the same ids, which is first
+//!   checked to match transformers' f32 logits within 1e-4 at every step (the model crate's
+//!   f32 tolerance), i.e. to be the same computation;
+//! - the megakernel's argmax equals transformers' bf16 id, or is within the tolerance of it
+//!   in transformers' logits (a near tie).
+//!
+//! Measured numbers are printed (`cargo test --test hf_conformance -- --nocapture`). Without
+//! torch/transformers in the venv these tests fail, naming the setup script.
+
+#[path = "../../model/tests/hf_oracle/mod.rs"]
+mod hf_oracle;
+
+use hf_oracle::run_oracle;
+use palladium_dsl::spec::Chip;
+use palladium_fusion::decode::{Comparison, Decoder, LOGIT_TOLERANCE, Matched, ROUTER_TIE, check_step};
+use palladium_fusion::{emit::emit, pack::pack, plan::{Plan, PlanOptions}};
+use palladium_lowering::{LowerOptions, lower};
+use palladium_model::ModelSpec;
+use palladium_model::reference::{Precision, Reference, argmax};
+use palladium_model::weights::Weights;
+
+/// The model crate's tolerance of the plain-Rust f32 reference against transformers' f32.
+const F32_REFERENCE_TOL: f32 = 1e-4;
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| if (x - y).is_nan() { f32::INFINITY } else { (x - y).abs() }).fold(0.0, f32::max)
+}
+
+fn check(config: &str, seed: u64, prompt: &[u32], steps: usize) {
+    let oracle = run_oracle(config, seed, prompt, steps, true);
+    let spec = ModelSpec::from_path(oracle.dir.join("config.json")).unwrap();
+    let weights = Weights::load(&spec, oracle.dir.join("model.safetensors")).unwrap();
+    assert!(weights.is_bf16_valued());
+    let (hf, hf_f32) = (&oracle.bf16, oracle.f32_on_bf16.as_ref().unwrap());
+    assert_eq!(hf.steps.len(), steps);
+    assert_eq!(hf_f32.steps.len(), steps);
+
+    let context = (prompt.len() + steps) as u64;
+    let plan = Plan::new(&spec, &PlanOptions { chip: Chip::V6e, batch: 1, context, layers: None, check_hbm: true }).unwrap();
+    let lowered = lower(&emit(&plan).unwrap(), &LowerOptions { chip: Chip::V6e }).unwrap();
+    let packed = pack(&spec, &plan, &weights).unwrap();
+    let mut dec = Decoder::new(&plan, &lowered.body, &lowered.call_json, packed).unwrap();
+
+    // Router margins of the f32 model, along the same ids.
+    let rf = Reference::new(&spec, &weights, Precision::F32).unwrap();
+    let mut cache = rf.new_cache();
+    let mut margin = f32::INFINITY;
+    let mut feed = |dec: &mut Decoder, t: u32, margin: &mut f32| -> (Vec<f32>, Vec<f32>) {
+        let ours = dec.step(&[t]).unwrap().remove(0);
+        let (lf, m) = rf.step_traced(&mut cache, t).unwrap();
+        *margin = margin.min(m);
+        (ours, lf)
+    };
+    let mut last = None;
+    for &t in prompt {
+        last = Some(feed(&mut dec, t, &mut margin));
+    }
+    let mut checks = Vec::new();
+    let mut ref_err = 0f32;
+    for i in 0..steps {
+        let (ours, lf) = last.take().unwrap();
+        let e = max_diff(&lf, &hf_f32.steps[i].logits);
+        assert!(e <= F32_REFERENCE_TOL, "{config} step {i}: the f32 reference is {e} from transformers' f32 logits: its router margins are not transformers'");
+        ref_err = ref_err.max(e);
+        let id = argmax(&ours) as u32;
+        checks.push(check_step(&ours, id, &hf.steps[i].logits, &hf_f32.steps[i].logits, margin));
+        if i + 1 < steps {
+            last = Some(feed(&mut dec, hf.generated_ids[i], &mut margin));
+        }
+    }
+    let c = Comparison { steps: checks };
+    let free = dec.generate(prompt, steps).unwrap();
+    let worst_any = c.steps.iter().map(|s| s.err_bf16).fold(0f32, f32::max);
+    let worst_f32 = c.steps.iter().filter(|s| s.matched == Matched::F32).map(|s| s.err_f32).fold(0f32, f32::max);
+    let hf_bf16_f32 = c.steps.iter().map(|s| s.err_bf16_f32).fold(0f32, f32::max);
+    println!(
+        "{config} seed {seed}: transformers bf16 ids {:?}, f32 ids on them {:?}; megakernel free-running ids {:?}\n  teacher-forced: {}\n  \
+         max |megakernel - hf bf16| over all steps {worst_any:.4}; over f32-held steps |megakernel - hf f32| {}; \
+         max |hf bf16 - hf f32| {hf_bf16_f32:.4}; f32 reference vs hf f32 {ref_err:.2e}; min f32 router margin {:.4} (tie below {ROUTER_TIE})",
+        hf.generated_ids,
+        hf_f32.generated_ids,
+        free.generated_ids,
+        c.summary(),
+        if c.count(Matched::F32) == 0 { "(none)".to_string() } else { format!("{worst_f32:.4}") },
+        c.steps.last().map_or(f32::INFINITY, |s| s.f32_router_margin),
+    );
+    assert!(c.passed(), "{config} seed {seed}: {}\n{:#?}", c.summary(), c.steps);
+    // Free-running, the megakernel's ids equal transformers' bf16 ids up to a near tie (HF's
+    // logits of the two ids within the tolerance); the runs are compared no further after it.
+    if let Some(i) = free.generated_ids.iter().zip(&hf.generated_ids).position(|(a, b)| a != b) {
+        let l = &hf.steps[i].logits;
+        let margin = l[hf.generated_ids[i] as usize] - l[free.generated_ids[i] as usize];
+        assert!(margin <= LOGIT_TOLERANCE, "{config} seed {seed}: free-running ids differ at step {i} (not a near tie: margin {margin})");
+    }
+    oracle.remove();
+}
+
+#[test]
+fn qwen3_moe_megakernel_matches_transformers() {
+    check("fixtures/models/tiny-qwen3-moe.json", 7, &[1, 17, 300, 42, 5], 10);
+}
+
+#[test]
+fn mixtral_megakernel_matches_transformers() {
+    check("fixtures/models/tiny-mixtral.json", 11, &[3, 99, 250, 7], 10);
+}
+
