@@ -422,32 +422,7 @@ impl Reference {
 
     /// Prompt (fed token by token through the cache) then `steps` greedy decode steps.
     pub fn generate(&self, prompt: &[u32], steps: usize) -> Result<Generation, ForwardError> {
-        let (last, first) = prompt.split_last().ok_or(ForwardError::EmptyPrompt)?;
-        let mut cache = self.new_cache();
-        for &t in first {
-            self.step(&mut cache, t)?;
-        }
-        let mut logits = self.step(&mut cache, *last)?;
-        let mut out = Generation {
-            generated_ids: Vec::with_capacity(steps),
-            steps: Vec::with_capacity(steps),
-        };
-        for s in 0..steps {
-            let id = argmax(&logits) as u32;
-            out.generated_ids.push(id);
-            let next = if s + 1 < steps {
-                Some(self.step(&mut cache, id)?)
-            } else {
-                None
-            };
-            out.steps.push(StepLogits {
-                logits: std::mem::take(&mut logits),
-            });
-            if let Some(n) = next {
-                logits = n;
-            }
-        }
-        Ok(out)
+        self.decode(prompt, steps, |_, greedy| greedy)
     }
 
     /// Teacher forcing: the prompt, then `forced` fed one by one whatever the logits say.
@@ -455,31 +430,25 @@ impl Reference {
     /// `generated_ids[i]` is their argmax, the token greedy decoding would have picked. Used to
     /// compare logits with another implementation at every step without one near-tie flip
     /// sending the two runs down different token paths.
-    pub fn teacher_force(
-        &self,
-        prompt: &[u32],
-        forced: &[u32],
-    ) -> Result<Generation, ForwardError> {
+    pub fn teacher_force(&self, prompt: &[u32], forced: &[u32]) -> Result<Generation, ForwardError> {
+        self.decode(prompt, forced.len(), |s, _| forced[s])
+    }
+
+    /// The prompt, then `steps` steps: each records the logits and their argmax, then feeds
+    /// `feed(step, argmax)` (the argmax itself for greedy decoding).
+    fn decode(&self, prompt: &[u32], steps: usize, feed: impl Fn(usize, u32) -> u32) -> Result<Generation, ForwardError> {
         let (last, first) = prompt.split_last().ok_or(ForwardError::EmptyPrompt)?;
         let mut cache = self.new_cache();
         for &t in first {
             self.step(&mut cache, t)?;
         }
         let mut logits = self.step(&mut cache, *last)?;
-        let mut out = Generation {
-            generated_ids: Vec::with_capacity(forced.len()),
-            steps: Vec::with_capacity(forced.len()),
-        };
-        for (s, &id) in forced.iter().enumerate() {
-            out.generated_ids.push(argmax(&logits) as u32);
-            let next = if s + 1 < forced.len() {
-                Some(self.step(&mut cache, id)?)
-            } else {
-                None
-            };
-            out.steps.push(StepLogits {
-                logits: std::mem::take(&mut logits),
-            });
+        let mut out = Generation { generated_ids: Vec::with_capacity(steps), steps: Vec::with_capacity(steps) };
+        for s in 0..steps {
+            let greedy = argmax(&logits) as u32;
+            out.generated_ids.push(greedy);
+            let next = if s + 1 < steps { Some(self.step(&mut cache, feed(s, greedy))?) } else { None };
+            out.steps.push(StepLogits { logits: std::mem::take(&mut logits) });
             if let Some(n) = next {
                 logits = n;
             }
