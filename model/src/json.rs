@@ -168,24 +168,21 @@ impl<'a> Obj<'a> {
     }
 
     pub(crate) fn opt_u64_list(&self, key: &str) -> Result<Option<Vec<u64>>, ConfigError> {
-        let Some(items) = self.opt_array(key)? else {
-            return Ok(None);
-        };
-        items
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                v.as_u64().ok_or_else(|| ConfigError::Type {
-                    field: format!("{}[{i}]", self.path(key)),
-                    expected: "a non-negative integer",
-                    found: describe(v),
-                })
-            })
-            .collect::<Result<_, _>>()
-            .map(Some)
+        self.opt_list(key, "a non-negative integer", Value::as_u64)
     }
 
     pub(crate) fn opt_str_list(&self, key: &str) -> Result<Option<Vec<&'a str>>, ConfigError> {
+        self.opt_list(key, "a string", Value::as_str)
+    }
+
+    /// An optional array whose every item converts with `item`; a bad item is named by its
+    /// index (`field[i]`).
+    fn opt_list<T>(
+        &self,
+        key: &str,
+        expected: &'static str,
+        item: impl Fn(&'a Value) -> Option<T>,
+    ) -> Result<Option<Vec<T>>, ConfigError> {
         let Some(items) = self.opt_array(key)? else {
             return Ok(None);
         };
@@ -193,11 +190,7 @@ impl<'a> Obj<'a> {
             .iter()
             .enumerate()
             .map(|(i, v)| {
-                v.as_str().ok_or_else(|| ConfigError::Type {
-                    field: format!("{}[{i}]", self.path(key)),
-                    expected: "a string",
-                    found: describe(v),
-                })
+                item(v).ok_or_else(|| ConfigError::Type { field: format!("{}[{i}]", self.path(key)), expected, found: describe(v) })
             })
             .collect::<Result<_, _>>()
             .map(Some)
