@@ -351,6 +351,18 @@ fn concat(ts: &[Tile], dim: usize) -> Result<Val> {
     Ok(Val::Tile(Tile::new(first.dt, shape, data)))
 }
 
+/// Fold `src` (row-major over `shape`) into `out` at the positions `strides` map it to.
+fn accumulate<T: Copy>(shape: &[usize], strides: &[isize], out: &mut [T], src: &[T], f: fn(T, T) -> T) {
+    let mut i = 0usize;
+    walk_rows(shape, strides, 0, |o, len, s| {
+        for j in 0..len {
+            let p = (o + j as isize * s) as usize;
+            out[p] = f(out[p], src[i]);
+            i += 1;
+        }
+    });
+}
+
 fn reduce(kind: RKind, dt: DType, a: &Tile, acc: &Val, dims: &[usize]) -> Result<Val> {
     let rank = a.shape.len();
     if dims.iter().any(|&d| d >= rank) {
@@ -392,14 +404,7 @@ fn reduce(kind: RKind, dt: DType, a: &Tile, acc: &Val, dims: &[usize]) -> Result
                 RKind::MinNumF => f32::min,
                 k => bail!(Malformed, "float reduction {k:?}"),
             };
-            let mut i = 0usize;
-            walk_rows(&a.shape, &strides, 0, |o, len, s| {
-                for j in 0..len {
-                    let p = (o + j as isize * s) as usize;
-                    out[p] = f(out[p], src[i]);
-                    i += 1;
-                }
-            });
+            accumulate(&a.shape, &strides, &mut out, &src, f);
             if dt != DType::F32 {
                 out.iter_mut().for_each(|x| *x = round_f(dt, *x));
             }
@@ -418,14 +423,7 @@ fn reduce(kind: RKind, dt: DType, a: &Tile, acc: &Val, dims: &[usize]) -> Result
                 RKind::Xor => |x, y| x ^ y,
                 k => bail!(Malformed, "integer reduction {k:?}"),
             };
-            let mut i = 0usize;
-            walk_rows(&a.shape, &strides, 0, |o, len, s| {
-                for j in 0..len {
-                    let p = (o + j as isize * s) as usize;
-                    out[p] = f(out[p], src[i]);
-                    i += 1;
-                }
-            });
+            accumulate(&a.shape, &strides, &mut out, &src, f);
             Data::I(out)
         }
         _ => bail!(Mismatch, "reduction of mixed element kinds"),
