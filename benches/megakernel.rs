@@ -38,7 +38,7 @@
 use palladium_autotune::{Job, Oracle};
 use palladium_dsl::spec::Chip;
 use palladium_fusion::emit::emit;
-use palladium_fusion::plan::{Plan, PlanError, PlanOptions};
+use palladium_fusion::plan::{KvTiles, Plan, PlanError, PlanOptions};
 use palladium_lowering::{LowerOptions, lower};
 use palladium_model::{FfnKind, ModelSpec};
 use serde::Serialize;
@@ -56,7 +56,7 @@ fn target_dir() -> PathBuf {
 }
 
 fn options(chip: Chip, batch: u64, layers: Option<usize>) -> PlanOptions {
-    PlanOptions { chip, batch, context: CONTEXT, layers, check_hbm: true }
+    PlanOptions { layers, kv_tiles: KvTiles::All, ..PlanOptions::new(chip, batch, CONTEXT) }
 }
 
 fn options_ctx(chip: Chip, batch: u64, context: u64, layers: Option<usize>) -> PlanOptions {

@@ -59,6 +59,11 @@ enum Command {
         /// Use only the first N decoder layers.
         #[arg(long)]
         layers: Option<usize>,
+        /// Read every KV-cache tile (masked past the position) with a static trip count:
+        /// the cost of a full-context step, priceable by libtpu's static estimate, which
+        /// ignores loops with run-time trip counts. Same results.
+        #[arg(long)]
+        all_kv_tiles: bool,
         #[arg(long)]
         out: PathBuf,
         /// Print the report as JSON.
@@ -158,9 +163,11 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::Megakernel { config, chip, batch, context, layers, out, json } => {
+        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, out, json } => {
+            use palladium_fusion::plan::{KvTiles, PlanOptions};
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
-            let options = palladium_fusion::plan::PlanOptions { chip, batch, context, layers, check_hbm: true };
+            let kv_tiles = if all_kv_tiles { KvTiles::All } else { KvTiles::UpToPosition };
+            let options = PlanOptions { layers, kv_tiles, ..PlanOptions::new(chip, batch, context) };
             let plan = palladium_fusion::plan::Plan::new(&spec, &options).map_err(|e| format!("megakernel refused: {e}"))?;
             let kernel = palladium_fusion::emit::emit(&plan).map_err(|e| format!("cannot build the megakernel:\n{e}"))?;
             let lowered = lower(&kernel, &LowerOptions { chip }).map_err(|e| format!("cannot lower the megakernel for {chip}:\n{e}"))?;

@@ -100,7 +100,7 @@ pub fn run(o: &RunOptions) -> Result<RunOutput, String> {
         WeightSource::Checkpoint(p) => Weights::load(&spec, p).map_err(|e| format!("cannot load the weights: {e}"))?,
         WeightSource::Random(seed) => Weights::random(&spec, *seed).map_err(|e| format!("cannot build random weights: {e}"))?,
     };
-    let plan = Plan::new(&spec, &PlanOptions { chip: o.chip, batch: 1, context, layers: None, check_hbm: true }).map_err(|e| format!("megakernel refused: {e}"))?;
+    let plan = Plan::new(&spec, &PlanOptions::new(o.chip, 1, context)).map_err(|e| format!("megakernel refused: {e}"))?;
     let kernel = palladium_fusion::emit::emit(&plan).map_err(|e| format!("cannot build the megakernel:\n{e}"))?;
     let lowered = lower(&kernel, &LowerOptions { chip: o.chip }).map_err(|e| format!("cannot lower the megakernel for {}:\n{e}", o.chip))?;
     let packed = pack(&spec, &plan, &weights).map_err(|e| format!("cannot pack the weights: {e}"))?;

@@ -15,7 +15,7 @@
 //!    top-k to SMEM, the expert stream (fetch by id right after routing), residual;
 //! 3. final norm (folded) + `lm_head` chunks → f32 logits.
 
-use crate::plan::Plan;
+use crate::plan::{KvTiles, Plan};
 use palladium_dsl::__private::{CmpPred, KernelBuilder, OperandRole, cmp, for_range, if_else, range};
 use palladium_dsl::ir::{MemorySpace, SemKind};
 use palladium_dsl::prelude::*;
@@ -36,7 +36,7 @@ fn le(a: Val, b: impl IntoVal) -> Val {
     cmp(CmpPred::Le, a, b)
 }
 
-use palladium_dsl::trace::IntoVal;
+use palladium_dsl::trace::{Carry, IntoVal, TracedRange};
 
 /// `(base + k) mod n` for `0 <= base < n`, `k` static, without a division.
 fn ring_add(base: Val, k: u64, n: u64) -> Val {
@@ -56,8 +56,7 @@ struct H {
     tokens: Ref,
     positions: Ref,
     embed: Ref,
-    w_dense: Ref,
-    w_lm: Ref,
+    stream: Ref,
     w_gate_up: Ref,
     w_down: Ref,
     head_norms: Option<Ref>,
@@ -115,7 +114,7 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     let dims_of = |name: &str| plan.operands.iter().find(|o| o.name == name).map(|o| o.shape.clone()).unwrap_or_default();
     op(&mut kb, "tokens", OperandRole::Prefetch, DType::I32, &[b], MemorySpace::Smem);
     op(&mut kb, "positions", OperandRole::Prefetch, DType::I32, &[b], MemorySpace::Smem);
-    for name in ["embed", "w_dense", "w_lm", "w_gate_up", "w_down"] {
+    for name in ["embed", "w_stream", "w_gate_up", "w_down"] {
         op(&mut kb, name, OperandRole::Input, DType::Bf16, &dims_of(name), MemorySpace::Any);
     }
     if d.qk_norm {
@@ -168,7 +167,7 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     };
     let tokens = r(next());
     let positions = r(next());
-    let (embed, w_dense, w_lm, w_gate_up, w_down) = (r(next()), r(next()), r(next()), r(next()), r(next()));
+    let (embed, stream, w_gate_up, w_down) = (r(next()), r(next()), r(next()), r(next()));
     let head_norms = if d.qk_norm { Some(r(next())) } else { None };
     let (_k_in, _v_in) = (r(next()), r(next()));
     let (logits, k_cache, v_cache) = (r(next()), r(next()), r(next()));
@@ -176,8 +175,7 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         tokens,
         positions,
         embed,
-        w_dense,
-        w_lm,
+        stream,
         w_gate_up,
         w_down,
         head_norms,
@@ -214,39 +212,39 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         wts: r(next()),
     };
     body(plan, hd, n, l);
-    let _ = (nq, cw);
     sealed.finish()
 }
 
-/// The dense chunk `item` (global index) as a copy into its bank; `layer` is the traced
-/// layer when the item is a layer chunk.
-fn dense_copy(p: &Plan, hd: H, src: Ref, bank: Val) -> Dma {
-    let _ = p;
-    async_copy(src, hd.ring.at(bank), hd.ring_sems.at(bank))
+/// Dense-stream chunk `item` (layer-major, then `lm_head`) into ring bank `bank`.
+fn dense_copy(hd: H, item: Val, bank: Val) -> Dma {
+    async_copy(hd.stream.at(item), hd.ring.at(bank), hd.ring_sems.at(bank))
 }
 
-/// Issue global dense item `layer * n + k + ahead` (static `k + ahead`, traced `layer`)
-/// into bank `bank`: a chunk of this or a later layer, or of `lm_head`, or nothing past
-/// the end.
+/// Issue dense chunk `layer * n + k_ahead` (static `k_ahead`, traced `layer`) into bank
+/// `bank`. Unconditional unless a ring deeper than `lm_head` could run past the stream's
+/// end from this chunk (only tiny models): then guarded.
 fn issue_ahead(p: &Plan, hd: H, layer: Val, k_ahead: u64, bank: Val) {
     let n = p.per_layer();
-    let l = p.layers as u64;
-    let off = k_ahead / n;
-    let kk = k_ahead % n;
-    if off == 0 {
-        dense_copy(p, hd, hd.w_dense.at((layer, kk)), bank).start();
-        return;
+    let total = p.layers as u64 * n + p.lm_chunks;
+    let item = layer * n as i32 + k_ahead as i32;
+    if k_ahead < n + p.lm_chunks {
+        dense_copy(hd, item, bank).start();
+    } else {
+        if_else(lt(item, total as i32), || dense_copy(hd, item, bank).start(), || ());
     }
-    let tl = layer + off as i32;
-    if_else(
-        lt(tl, l as i32),
-        || dense_copy(p, hd, hd.w_dense.at((tl, kk)), bank).start(),
-        || {
-            // lm item (tl - L) * n + kk, if it exists.
-            let c = (tl - l as i32) * n as i32 + kk as i32;
-            if_else(lt(c, p.lm_chunks as i32), || dense_copy(p, hd, hd.w_lm.at(c), bank).start(), || ());
-        },
-    );
+}
+
+/// A software pipeline whose DMAs run `ahead` items ahead of their use (the caller issued
+/// the first `ahead`): the main loop over `main` issues item `i + ahead`, then consumes
+/// item `i`; the drain loop over `drain` (the last `ahead` items) only consumes. Every
+/// issue is unconditional: no `scf.if` per item, and libtpu's static estimator (which
+/// barely prices DMAs started under an `scf.if`) sees the whole stream.
+fn pipeline<C: Carry>(main: TracedRange, drain: TracedRange, ahead: u64, init: C, issue: impl Fn(Val, &C), consume: impl Fn(Val, C, bool) -> C) -> C {
+    let carry = for_range(main, init, |i: Val, c: C| {
+        issue(i + ahead as i32, &c);
+        consume(i, c, false)
+    });
+    for_range(drain, carry, |i: Val, c: C| consume(i, c, true))
 }
 
 fn body(p: &Plan, hd: H, n: u64, l: u64) {
@@ -261,12 +259,7 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
         async_copy(hd.embed.at(t / 16), hd.emb.at(bi), hd.emb_sems.at(bi)).start();
     }
     for g in 0..depth.min(l * n + p.lm_chunks) {
-        let bank = scalar((g % banks) as i32);
-        if g < l * n {
-            dense_copy(p, hd, hd.w_dense.at((g / n, g % n)), bank).start();
-        } else {
-            dense_copy(p, hd, hd.w_lm.at(g - l * n), bank).start();
-        }
+        dense_copy(hd, scalar(g as i32), scalar((g % banks) as i32)).start();
     }
     // RoPE (neox, rotate halves): cos/sin of pos * inv_freq[j mod hd/2], and the signed
     // permutation R with rotate(x) = x @ R, restricted to the first head_dim lanes.
@@ -314,21 +307,27 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
     let xf = rms_unit(hd.x.load(..), h, d.eps).cast(bf16);
     let first_bank = ((l * n) % banks) as i32;
     let lm = p.lm_chunks;
-    let _ = for_range(range(0, scalar(lm as i32)), scalar(first_bank), |c: Val, bank: Val| {
-        // Issue lm item c + depth (all layer items were issued before).
-        let ahead = c + depth as i32;
-        let ab = ring_add(bank, depth, banks);
-        if_else(lt(ahead, lm as i32), || dense_copy(p, hd, hd.w_lm.at(ahead), ab).start(), || ());
-        dense_copy(p, hd, hd.w_lm.at(c), bank).wait();
-        hd.logits.store(c, dot(xf, hd.ring.load(bank)));
-        ring_add(bank, 1, banks)
-    });
+    // The layer loop issued lm chunks 0..depth; chunks depth.. are issued here, depth ahead.
+    let split = lm.saturating_sub(depth) as i32;
+    let lm_item = |c: Val| c + (l * n) as i32;
+    let _ = pipeline(
+        range(0, scalar(split)),
+        range(scalar(split), scalar(lm as i32)),
+        depth,
+        scalar(first_bank),
+        |ahead: Val, bank: &Val| dense_copy(hd, lm_item(ahead), ring_add(*bank, depth, banks)).start(),
+        |c: Val, bank: Val, _| {
+            dense_copy(hd, lm_item(c), bank).wait();
+            hd.logits.store(c, dot(xf, hd.ring.load(bank)));
+            ring_add(bank, 1, banks)
+        },
+    );
 }
 
 /// One decoder layer (traced `layer`; `base` = bank of its first dense chunk).
 fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
     let d = &p.dims;
-    let (h, hp, rows) = (d.hidden, d.head_pad, d.rows);
+    let h = d.hidden;
     let n = p.per_layer();
     let banks = p.banks;
     if let Some(norms) = hd.head_norms {
@@ -340,7 +339,7 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
     for k in 0..n {
         issue_ahead(p, hd, layer, k + p.depth, ring_add(base, k + p.depth, banks));
         let bank = ring_add(base, k, banks);
-        dense_copy(p, hd, hd.w_dense.at((layer, k)), bank).wait();
+        dense_copy(hd, layer * n as i32 + k as i32, bank).wait();
         for piece in &p.chunks[k as usize] {
             let cols = piece.chunk_col..piece.chunk_col + piece.cols;
             let seg_cols = piece.seg_col..piece.seg_col + piece.cols;
@@ -367,7 +366,6 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
             }
         }
     }
-    let _ = (hp, rows);
     let xn2 = xn2.expect("the router segment is last");
     route(p, hd);
     experts(p, hd, layer, xn2);
@@ -415,88 +413,109 @@ fn attention(p: &Plan, hd: H, layer: Val) {
             let pos = hd.positions.load(bi);
             let knew = select(eq(row_b, bi), hd.ks.load(g), 0.0).sum_keepdims(0);
             let vnew = select(eq(row_b, bi), hd.vs.load(g), 0.0).sum_keepdims(0);
-            let ntiles = pos / bkv as i32 + 1;
-            let t0 = match d.window {
-                Some(w) => {
-                    let first = pos - (w as i32 - 1);
-                    select(lt(first, 0), 0, first) / bkv as i32
+            let bkv_i = bkv as i32;
+            // The tile holding the new position: the last one read, or any one of all.
+            let last = pos / bkv_i;
+            let (t0, ntiles) = match p.kv_tiles {
+                KvTiles::UpToPosition => {
+                    let t0 = match d.window {
+                        Some(w) => {
+                            let first = pos - (w as i32 - 1);
+                            select(lt(first, 0), 0, first) / bkv_i
+                        }
+                        None => scalar(0),
+                    };
+                    (t0, last + 1)
                 }
-                None => scalar(0),
+                KvTiles::All => (scalar(0), scalar((d.positions / bkv) as i32)),
             };
             let fetch = |t: Val, slot: Val| {
-                let start = (t * bkv as i32).multiple_of(bkv as u32);
+                let start = (t * bkv_i).multiple_of(bkv as u32);
                 let k = async_copy(hd.k_cache.at((layer, bi, g, ds(start, bkv), ..)), hd.kbuf.at(slot), hd.kv_sems.at((0, slot)));
                 let v = async_copy(hd.v_cache.at((layer, bi, g, ds(start, bkv), ..)), hd.vbuf.at(slot), hd.kv_sems.at((1, slot)));
                 (k, v)
             };
+            // The new K/V row's 16-row group, written back in place from the tile's slot.
+            let write_back = |slot: Val| {
+                let rrow = pos - last * bkv_i;
+                let g16 = ((rrow / 16) * 16).multiple_of(16);
+                let at = (last * bkv_i + g16).multiple_of(16);
+                let k = async_copy(hd.kbuf.at((slot, ds(g16, 16), ..)), hd.k_cache.at((layer, bi, g, ds(at, 16), ..)), hd.kv_wsems.at(0));
+                let v = async_copy(hd.vbuf.at((slot, ds(g16, 16), ..)), hd.v_cache.at((layer, bi, g, ds(at, 16), ..)), hd.kv_wsems.at(1));
+                (k, v)
+            };
+            // Runs `f` on the tile holding the new position: statically the drain's one tile
+            // when the loop stops there, else under a run-time test.
+            let on_last_tile = |t: Val, draining: bool, f: &dyn Fn()| match p.kv_tiles {
+                KvTiles::UpToPosition if draining => f(),
+                KvTiles::UpToPosition => {}
+                KvTiles::All => if_else(eq(t, last), f, || ()),
+            };
             let (k0, v0) = fetch(t0, scalar(0));
             k0.start();
             v0.start();
-            let m0 = full([qrows, 1], f64::NEG_INFINITY, f32);
+            // A finite running max: a tile wholly masked before the first valid one (all
+            // tiles read, sliding window) keeps it, with `exp(m - m_new) = 1`, not NaN.
+            let m0 = full([qrows, 1], -1e30, f32);
             let l0 = zeros([qrows, 1], f32);
             let a0 = zeros([qrows, hp], f32);
             let tile_rows = iota([bkv, hp], 0);
-            let (_, l_, acc, _) = for_range(range(t0, ntiles), (m0, l0, a0, scalar(0)), |t: Val, (m, l_, acc, slot): (Val, Val, Val, Val)| {
-                if_else(
-                    lt(t + 1, ntiles),
-                    || {
-                        let (kn, vn) = fetch(t + 1, 1 - slot);
-                        kn.start();
-                        vn.start();
-                    },
-                    || (),
-                );
-                let (kc, vc) = fetch(t, slot);
-                kc.wait();
-                vc.wait();
-                // The tile holding the new position: insert the new K/V row and write its
-                // 16-row group back to the cache (in place).
-                if_else(
-                    eq(t, ntiles - 1),
-                    || {
-                        let rrow = pos - t * bkv as i32;
+            let (_, l_, acc, _) = pipeline(
+                range(t0, ntiles - 1),
+                range(ntiles - 1, ntiles),
+                1,
+                (m0, l0, a0, scalar(0)),
+                |next: Val, &(_, _, _, slot): &(Val, Val, Val, Val)| {
+                    let (kn, vn) = fetch(next, 1 - slot);
+                    kn.start();
+                    vn.start();
+                },
+                |t: Val, (m, l_, acc, slot): (Val, Val, Val, Val), draining: bool| {
+                    let (kc, vc) = fetch(t, slot);
+                    kc.wait();
+                    vc.wait();
+                    // Insert the new K/V row into its tile and write its group back.
+                    on_last_tile(t, draining, &|| {
+                        let rrow = pos - t * bkv_i;
                         let kt = select(eq(tile_rows, rrow), knew, hd.kbuf.load(slot).cast(f32));
                         let vt = select(eq(tile_rows, rrow), vnew, hd.vbuf.load(slot).cast(f32));
                         hd.kbuf.store(slot, kt.cast(bf16));
                         hd.vbuf.store(slot, vt.cast(bf16));
-                        let g16 = ((rrow / 16) * 16).multiple_of(16);
-                        let at = (t * bkv as i32 + g16).multiple_of(16);
-                        async_copy(hd.kbuf.at((slot, ds(g16, 16), ..)), hd.k_cache.at((layer, bi, g, ds(at, 16), ..)), hd.kv_wsems.at(0)).start();
-                        async_copy(hd.vbuf.at((slot, ds(g16, 16), ..)), hd.v_cache.at((layer, bi, g, ds(at, 16), ..)), hd.kv_wsems.at(1)).start();
-                    },
-                    || (),
-                );
-                let s = dot_t(qg, if qrows.is_multiple_of(16) { hd.kbuf.load(slot) } else { hd.kbuf.load(slot).cast(f32) });
-                let col = iota([qrows, bkv], 1) + t * bkv as i32;
-                let mut valid = le(col, pos);
-                if let Some(w) = d.window {
-                    valid = valid & lt(pos - w as i32, col);
-                }
-                let s = select(valid, s, f64::NEG_INFINITY);
-                let m_new = m.max(s.max_keepdims(1));
-                let corr = (m - m_new).exp();
-                let pr = (s - m_new).exp();
-                let l_new = l_ * corr + pr.sum_keepdims(1);
-                // Rows past `pos` (or before the window) hold whatever the cache held (zeros
-                // from a fresh cache, or stale/uninitialised data): their probabilities are 0,
-                // but 0 * NaN is NaN, so they are zeroed before the PV product.
-                let vrow = iota([bkv, hp], 0) + t * bkv as i32;
-                let mut vvalid = le(vrow, pos);
-                if let Some(w) = d.window {
-                    vvalid = vvalid & lt(pos - w as i32, vrow);
-                }
-                let vt = select(vvalid, hd.vbuf.load(slot).cast(f32), 0.0);
-                let vt = if qrows.is_multiple_of(16) { vt.cast(bf16) } else { vt };
-                let pv = if qrows.is_multiple_of(16) { dot(pr.cast(bf16), vt) } else { dot(pr, vt) };
-                (m_new, l_new, acc * corr + pv, 1 - slot)
-            });
-            // Wait for the in-place writes (the tile slot is reused next).
-            let last = pos / bkv as i32;
-            let g16 = (((pos - last * bkv as i32) / 16) * 16).multiple_of(16);
-            let at = (last * bkv as i32 + g16).multiple_of(16);
-            let slot_last = (last - t0) % 2;
-            async_copy(hd.kbuf.at((slot_last, ds(g16, 16), ..)), hd.k_cache.at((layer, bi, g, ds(at, 16), ..)), hd.kv_wsems.at(0)).wait();
-            async_copy(hd.vbuf.at((slot_last, ds(g16, 16), ..)), hd.v_cache.at((layer, bi, g, ds(at, 16), ..)), hd.kv_wsems.at(1)).wait();
+                        let (kw, vw) = write_back(slot);
+                        kw.start();
+                        vw.start();
+                    });
+                    let s = dot_t(qg, if qrows.is_multiple_of(16) { hd.kbuf.load(slot) } else { hd.kbuf.load(slot).cast(f32) });
+                    let col = iota([qrows, bkv], 1) + t * bkv_i;
+                    let mut valid = le(col, pos);
+                    if let Some(w) = d.window {
+                        valid = valid & lt(pos - w as i32, col);
+                    }
+                    let s = select(valid, s, f64::NEG_INFINITY);
+                    let m_new = m.max(s.max_keepdims(1));
+                    let corr = (m - m_new).exp();
+                    let pr = (s - m_new).exp();
+                    let l_new = l_ * corr + pr.sum_keepdims(1);
+                    // Rows past `pos` (or before the window) hold whatever the cache held (zeros
+                    // from a fresh cache, or stale/uninitialised data): their probabilities are 0,
+                    // but 0 * NaN is NaN, so they are zeroed before the PV product.
+                    let vrow = iota([bkv, hp], 0) + t * bkv_i;
+                    let mut vvalid = le(vrow, pos);
+                    if let Some(w) = d.window {
+                        vvalid = vvalid & lt(pos - w as i32, vrow);
+                    }
+                    let vt = select(vvalid, hd.vbuf.load(slot).cast(f32), 0.0);
+                    let vt = if qrows.is_multiple_of(16) { vt.cast(bf16) } else { vt };
+                    let pv = if qrows.is_multiple_of(16) { dot(pr.cast(bf16), vt) } else { dot(pr, vt) };
+                    // The write-back reads this slot: it lands before the slot is refilled.
+                    on_last_tile(t, draining, &|| {
+                        let (kw, vw) = write_back(slot);
+                        kw.wait();
+                        vw.wait();
+                    });
+                    (m_new, l_new, acc * corr + pv, 1 - slot)
+                },
+            );
             // Keep this sequence's rows of every query head.
             let out = acc / l_;
             let mine = eq(iota([qrows, hp], 0) % qr as i32, bi);
@@ -546,14 +565,18 @@ fn route(p: &Plan, hd: H) {
     }
 }
 
-/// The expert stream: for each (sequence, slot, chunk) the `gate_up` and `down` chunks of
-/// expert `ids[b * k + j]`, fetched by id right after routing into a ring of `slots`
-/// slots, `slots - 1` ahead; all rows are multiplied and masked to the item's sequence.
+/// The expert stream: for each (sequence, slot, chunk) item, the `gate_up` and `down`
+/// chunks of expert `ids[b * k + j]`, fetched by id right after routing into a ring of
+/// `slots` slots, `slots - 1` items ahead; all rows are multiplied and masked to the item's
+/// sequence. One flat pipelined loop over the items: the (pair, chunk, sequence) cursor is
+/// carried and advanced by compares, not divided out of the item index (libtpu's v6e
+/// estimator fails on the scalar division by a chunk count that is not a power of two).
 fn experts(p: &Plan, hd: H, layer: Val, xn2: Val) {
     let d = &p.dims;
-    let (rows, k, h) = (d.rows, d.top_k, d.hidden);
+    let (rows, k) = (d.rows, d.top_k);
     let (eb, ec, slots) = (p.expert_block, p.expert_chunks, p.expert_slots);
-    let pairs = d.batch * k;
+    let total = d.batch * k * ec;
+    let ahead = (slots - 1).min(total);
     let fetch = |pair: Val, c: Val, slot: Val| {
         let e = hd.ids.load(pair);
         let gu = async_copy(hd.w_gate_up.at((layer, e, c)), hd.gu_buf.at(slot), hd.ex_sems.at((0, slot)));
@@ -565,48 +588,47 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val) {
         let dn = async_copy(hd.w_down.at((layer, e, c)), hd.dn_buf.at(slot), hd.ex_sems.at((0, slot)));
         (gu, dn)
     };
-    let total = pairs * ec;
-    let ahead = (slots - 1).min(total);
     for it in 0..ahead {
         let (gu, dn) = fetch(scalar((it / ec) as i32), scalar((it % ec) as i32), scalar(it as i32));
         gu.start();
         dn.start();
     }
-    // The issue cursor: item (ip, ic) into slot `is`.
-    let ip0 = scalar((ahead / ec) as i32);
-    let ic0 = scalar((ahead % ec) as i32);
-    let is0 = scalar((ahead % slots) as i32);
+    let next = |pair: Val, c: Val| {
+        let c1 = c + 1;
+        let wrap = eq(c1, ec as i32);
+        (select(wrap, pair + 1, pair), select(wrap, 0, c1))
+    };
     hd.acc.store(.., 0.0);
     let row_ids = iota([rows, 1], 0);
-    let _ = for_range(range(0, scalar(d.batch as i32)), (scalar(0), ip0, ic0, is0), |bi: Val, carry: (Val, Val, Val, Val)| {
-        for_range(range(0, scalar(k as i32)), carry, |j: Val, carry: (Val, Val, Val, Val)| {
-            let pair = bi * k as i32 + j;
-            let coef = select(eq(row_ids, bi), hd.wts.load(pair), 0.0);
-            for_range(range(0, scalar(ec as i32)), carry, |c: Val, (slot, ip, ic, is): (Val, Val, Val, Val)| {
-                if_else(
-                    lt(ip, pairs as i32),
-                    || {
-                        let (gu, dn) = fetch(ip, ic, is);
-                        gu.start();
-                        dn.start();
-                    },
-                    || (),
-                );
-                let ic1 = ic + 1;
-                let wrap = eq(ic1, ec as i32);
-                let (ip, ic) = (select(wrap, ip + 1, ip), select(wrap, 0, ic1));
-                let is = ring_add(is, 1, slots);
-                let (gu, dn) = fetch(pair, c, slot);
-                gu.wait();
-                dn.wait();
-                let gate = dot(xn2, hd.gu_buf.load((slot, .., 0..eb)));
-                let up = dot(xn2, hd.gu_buf.load((slot, .., eb..2 * eb)));
-                let act = (gate.silu() * up).cast(bf16);
-                hd.acc.store(.., hd.acc.load(..) + dot(act, hd.dn_buf.load(slot)) * coef);
-                (ring_add(slot, 1, slots), ip, ic, is)
-            })
-        })
-    });
-    let _ = h;
+    let split = (total - ahead) as i32;
+    let zero = scalar(0);
+    let _ = pipeline(
+        range(0, scalar(split)),
+        range(scalar(split), scalar(total as i32)),
+        ahead,
+        (zero, zero, zero, zero),
+        |_, &(slot, pair, c, _)| {
+            let (mut ip, mut ic) = (pair, c);
+            for _ in 0..ahead {
+                (ip, ic) = next(ip, ic);
+            }
+            let (gu, dn) = fetch(ip, ic, ring_add(slot, ahead, slots));
+            gu.start();
+            dn.start();
+        },
+        |_, (slot, pair, c, seq): (Val, Val, Val, Val), _| {
+            let (gu, dn) = fetch(pair, c, slot);
+            gu.wait();
+            dn.wait();
+            let gate = dot(xn2, hd.gu_buf.load((slot, .., 0..eb)));
+            let up = dot(xn2, hd.gu_buf.load((slot, .., eb..2 * eb)));
+            let act = (gate.silu() * up).cast(bf16);
+            let coef = select(eq(row_ids, seq), hd.wts.load(pair), 0.0);
+            hd.acc.store(.., hd.acc.load(..) + dot(act, hd.dn_buf.load(slot)) * coef);
+            let (pair, c) = next(pair, c);
+            let seq = select(eq(pair, (seq + 1) * k as i32), seq + 1, seq);
+            (ring_add(slot, 1, slots), pair, c, seq)
+        },
+    );
     hd.x.store(.., hd.x.load(..) + hd.acc.load(..));
 }

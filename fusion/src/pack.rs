@@ -3,14 +3,13 @@
 //! the crate docs' operand interface and [`crate::plan::Operand::source`] describe them.
 //!
 //! - `embed` `[ceil(V/16), 16, H]`: the embedding reshaped, zero rows past `V`.
-//! - `w_dense` `[L, n, H, cw]`: per layer the `[H, n*cw]` dense-stream matrix `D_l` cut
-//!   into `n` column chunks. Its segments and the chunk pieces come from the plan
+//! - `w_stream` `[L*n + ceil(V/cw), H, cw]`: per layer the `[H, n*cw]` dense-stream matrix
+//!   `D_l` cut into `n` column chunks, then `lm_head`'s chunks. Its segments and the chunk pieces come from the plan
 //!   ([`crate::plan::Plan::segments`], [`crate::plan::Plan::chunks`]): q/k/v heads
 //!   transposed with `input_layernorm` folded (`D[i, head*hp + c] = W[head*hd + c, i] *
 //!   g[i]`), `o_proj` as is with each head's columns padded to `hp`, the router transposed
 //!   with `post_attention_layernorm` folded and padded to `experts_pad` columns.
-//! - `w_lm` `[ceil(V/cw), H, cw]`: `lm_head^T` (the embedding when tied) with `model.norm`
-//!   folded.
+//!   `lm_head^T` (the embedding when tied) has `model.norm` folded.
 //! - `w_gate_up` `[L, E, C, H, 2*block]`, `w_down` `[L, E, C, block, H]`: each expert cut
 //!   into `C` chunks of `block` intermediate columns (gate^T | up^T with
 //!   `post_attention_layernorm` folded; `down^T` rows).
@@ -97,9 +96,9 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
     out_names.push("embed");
     arrays.push(HostArray::bf16_from_f32(&es, &e));
 
-    // w_dense [L, n, H, cw]
-    let ds = shape_of("w_dense");
-    let mut wd = vec![0f32; ds.iter().product()];
+    // w_stream [L*n + lm, H, cw]: the layers' chunks, then lm_head's.
+    let ss = shape_of("w_stream");
+    let mut ws = vec![0f32; ss.iter().product()];
     for (li, ln) in names.layers.iter().take(l).enumerate() {
         let g1 = get(weights, &ln.input_norm, &[h])?;
         let g2 = get(weights, &ln.post_norm, &[h])?;
@@ -146,29 +145,24 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
                     let s = us(p.seg_col) + j;
                     let col = us(p.chunk_col) + j;
                     for i in 0..h {
-                        wd[base + i * cw + col] = value(seg, s, i);
+                        ws[base + i * cw + col] = value(seg, s, i);
                     }
                 }
             }
         }
         debug_assert!(plan.segments.iter().any(|s| s.name == "router" && us(s.cols) == epad));
     }
-    out_names.push("w_dense");
-    arrays.push(HostArray::bf16_from_f32(&ds, &wd));
-
-    // w_lm [ceil(V/cw), H, cw]
     let head = get(weights, &names.lm_head, &[vocab, h])?;
     let gf = get(weights, &names.final_norm, &[h])?;
-    let ls = shape_of("w_lm");
-    let mut wl = vec![0f32; ls.iter().product()];
+    let lm_base = l * n * h * cw;
     for t in 0..vocab {
         let (c, j) = (t / cw, t % cw);
         for i in 0..h {
-            wl[(c * h + i) * cw + j] = bf(head.data[t * h + i]) * bf(gf.data[i]);
+            ws[lm_base + (c * h + i) * cw + j] = bf(head.data[t * h + i]) * bf(gf.data[i]);
         }
     }
-    out_names.push("w_lm");
-    arrays.push(HostArray::bf16_from_f32(&ls, &wl));
+    out_names.push("w_stream");
+    arrays.push(HostArray::bf16_from_f32(&ss, &ws));
 
     // w_gate_up [L, E, C, H, 2*eb], w_down [L, E, C, eb, H]
     let gus = shape_of("w_gate_up");

@@ -4,11 +4,13 @@
 //!   [`crate::rewrite`]; the plan requires (and the report shows) that q/k/v became one
 //!   projection, gate/up one, and that every RMS-norm scale feeding a matmul was folded into
 //!   its weight rows.
-//! - **Stacking and host layout** ([`Layout`]): per-layer weights are stacked along a
-//!   leading layer axis; the q/k/v, `o_proj` and router weights of a layer form one *dense
-//!   stream* of `[hidden, chunk_cols]` chunks, `lm_head` continues that stream with chunks of
-//!   the same shape, and expert weights are stacked `[layer, expert, chunk, ..]` so each DMA
-//!   chunk is contiguous in HBM. The exact operand interface is documented in the crate docs.
+//! - **Stacking and host layout**: per-layer weights are stacked along a leading layer
+//!   axis; the q/k/v, `o_proj` and router weights of a layer form the layer's part of one
+//!   *dense stream* array of `[hidden, chunk_cols]` chunks, and `lm_head` continues that
+//!   array with chunks of the same shape: one array, so every prefetch (across layers and
+//!   into `lm_head`) is one unconditional DMA from a computed chunk index. Expert weights
+//!   are stacked `[layer, expert, chunk, ..]` so each DMA chunk is contiguous in HBM. The
+//!   exact operand interface is documented in the crate docs.
 //! - **The dense ring**: `banks` VMEM banks of one chunk each; chunk `g` of the global dense
 //!   sequence (layer-major, then `lm_head`) lands in bank `g mod banks`, and is issued
 //!   `depth = banks - 1` chunks ahead of its use, across op and layer boundaries (so while
@@ -70,6 +72,27 @@ pub struct PlanOptions {
     /// Refuse models whose operands exceed the chip's HBM (off only to time emission of
     /// models that need more than one chip).
     pub check_hbm: bool,
+    pub kv_tiles: KvTiles,
+}
+
+impl PlanOptions {
+    /// All layers, HBM checked, KV read up to each position.
+    pub fn new(chip: Chip, batch: u64, context: u64) -> PlanOptions {
+        PlanOptions { chip, batch, context, layers: None, check_hbm: true, kv_tiles: KvTiles::UpToPosition }
+    }
+}
+
+/// Which KV-cache tiles a step reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum KvTiles {
+    /// The tiles up to each sequence's position (a run-time trip count): what a step needs.
+    #[default]
+    UpToPosition,
+    /// Every tile of the cache, masked past the position (a static trip count): the same
+    /// results at the cost of a full-context step, for libtpu's static estimator, which
+    /// prices no loop with a run-time trip count (as `decode_attention`'s
+    /// `bench_full_context`).
+    All,
 }
 
 /// Why a model cannot be planned.
@@ -182,6 +205,7 @@ pub struct Plan {
     pub expert_slots: u64,
     pub expert_slot_bytes: u64,
     pub block_kv: u64,
+    pub kv_tiles: KvTiles,
     pub operands: Vec<Operand>,
     pub vmem: Vec<(String, u64)>,
     pub vmem_total: u64,
@@ -430,34 +454,28 @@ impl Plan {
                 source: format!("model.embed_tokens.weight [{}, {h}] reshaped to [V/16, 16, H] (rows padded with zeros to {vp16})", spec.vocab_size),
             },
             Operand {
-                name: "w_dense",
+                name: "w_stream",
                 role: "input",
                 dtype: "bf16",
-                shape: vec![l, per_layer, h, chunk_cols],
+                shape: vec![l * per_layer + lm_chunks, h, chunk_cols],
                 space: "any",
-                bytes: 2 * l * per_layer * h * chunk_cols,
+                bytes: 2 * (l * per_layer + lm_chunks) * h * chunk_cols,
                 source: format!(
-                    "per layer l, the [H={h}, {}] matrix D_l (then split into {per_layer} column chunks of {chunk_cols}: w_dense[l, c] = D_l[:, c*{chunk_cols}..]): \
+                    "the dense stream, {per_layer} chunks per layer then {lm_chunks} lm_head chunks. Layer l: the [H={h}, {}] matrix D_l split into column chunks of {chunk_cols} (w_stream[l*{per_layer} + c] = D_l[:, c*{chunk_cols}..]): \
                      cols [0, {nqkv}) = q|k|v heads, head j of q at cols j*{hp}.. = (q_proj.weight[j*{hd}..(j+1)*{hd}, :])^T * input_layernorm.weight[:, None] (k heads from col {}, v heads from col {}, same form; cols {hd}..{hp} of each head zero); \
                      cols [{nqkv}, {}) = o_proj.weight [H, heads*{hd}] with each head's {hd} columns padded to {hp} (not transposed); \
-                     cols [{}, {}) = (gate.weight [E={e}, H])^T * post_attention_layernorm.weight[:, None], zero-padded to {} columns; the rest zero",
+                     cols [{}, {}) = (gate.weight [E={e}, H])^T * post_attention_layernorm.weight[:, None], zero-padded to {} columns; the rest zero. \
+                     lm_head: w_stream[{} + c, i, j] = {head_weight}[c*{chunk_cols} + j, i] * model.norm.weight[i] (zero for vocab >= {})",
                     per_layer * chunk_cols,
                     a.num_heads * hp,
                     (a.num_heads + kvh) * hp,
                     nqkv + nq,
                     nqkv + nq,
                     nqkv + nq + e,
-                    dims.experts_pad
+                    dims.experts_pad,
+                    l * per_layer,
+                    spec.vocab_size
                 ),
-            },
-            Operand {
-                name: "w_lm",
-                role: "input",
-                dtype: "bf16",
-                shape: vec![lm_chunks, h, chunk_cols],
-                space: "any",
-                bytes: 2 * lm_chunks * h * chunk_cols,
-                source: format!("w_lm[c, i, j] = {head_weight}[c*{chunk_cols} + j, i] * model.norm.weight[i] (zero for vocab >= {})", spec.vocab_size),
             },
             Operand {
                 name: "w_gate_up",
@@ -573,7 +591,11 @@ impl Plan {
         let experts = l * batch * moe.top_k * 2 * 3 * h * i;
         let span = window.map_or(options.context, |w| w.min(options.context));
         let tiles = span.div_ceil(block_kv) + u64::from(window.is_some());
-        let kv_read = l * batch * kvh * 2 * tiles.min(positions / block_kv) * block_kv * hp * 2;
+        let tiles = match options.kv_tiles {
+            KvTiles::UpToPosition => tiles.min(positions / block_kv),
+            KvTiles::All => positions / block_kv,
+        };
+        let kv_read = l * batch * kvh * 2 * tiles * block_kv * hp * 2;
         let kv_write = l * batch * kvh * 2 * 16 * hp * 2;
         let embedding = batch * 16 * h * 2;
         let head_norms = if dims.qk_norm { l * 8 * hp * 4 } else { 0 };
@@ -607,6 +629,7 @@ impl Plan {
             expert_slots,
             expert_slot_bytes,
             block_kv,
+            kv_tiles: options.kv_tiles,
             operands,
             vmem,
             vmem_total,

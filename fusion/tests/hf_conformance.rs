@@ -58,7 +58,7 @@ fn check(config: &str, seed: u64, prompt: &[u32], steps: usize) {
     assert_eq!(hf_f32.steps.len(), steps);
 
     let context = (prompt.len() + steps) as u64;
-    let plan = Plan::new(&spec, &PlanOptions { chip: Chip::V6e, batch: 1, context, layers: None, check_hbm: true }).unwrap();
+    let plan = Plan::new(&spec, &PlanOptions::new(Chip::V6e, 1, context)).unwrap();
     let lowered = lower(&emit(&plan).unwrap(), &LowerOptions { chip: Chip::V6e }).unwrap();
     let packed = pack(&spec, &plan, &weights).unwrap();
     let mut dec = Decoder::new(&plan, &lowered.body, &lowered.call_json, packed).unwrap();

@@ -10,7 +10,7 @@ pub fn spec(name: &str) -> ModelSpec {
 }
 
 pub fn options(chip: Chip, batch: u64, context: u64, layers: Option<usize>) -> PlanOptions {
-    PlanOptions { chip, batch, context, layers, check_hbm: true }
+    PlanOptions { layers, ..PlanOptions::new(chip, batch, context) }
 }
 
 fn snapshot(name: &str, text: &str) {

@@ -22,7 +22,7 @@ fn spec(name: &str) -> ModelSpec {
 }
 
 fn decoder(s: &ModelSpec, batch: u64, context: u64, w: &Weights) -> Decoder {
-    let plan = Plan::new(s, &PlanOptions { chip: Chip::V6e, batch, context, layers: None, check_hbm: true }).unwrap();
+    let plan = Plan::new(s, &PlanOptions::new(Chip::V6e, batch, context)).unwrap();
     let l = lower(&emit(&plan).unwrap(), &LowerOptions { chip: Chip::V6e }).unwrap();
     Decoder::new(&plan, &l.body, &l.call_json, pack(s, &plan, w).unwrap()).unwrap()
 }

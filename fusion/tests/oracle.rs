@@ -27,7 +27,7 @@ fn oracle_python() -> PathBuf {
 /// Emit `name` and write its three files into `dir`; returns the file stem.
 fn write(dir: &Path, name: &str, chip: Chip, batch: u64, context: u64, layers: Option<usize>) -> String {
     let spec = ModelSpec::from_path(root().join(format!("fixtures/models/{name}.json"))).unwrap();
-    let plan = Plan::new(&spec, &PlanOptions { chip, batch, context, layers, check_hbm: true }).unwrap();
+    let plan = Plan::new(&spec, &PlanOptions { layers, ..PlanOptions::new(chip, batch, context) }).unwrap();
     let l = lower(&emit(&plan).unwrap(), &LowerOptions { chip }).unwrap();
     let stem = format!("{name}-{chip}");
     std::fs::write(dir.join(format!("{stem}.mlir")), &l.module).unwrap();
