@@ -64,6 +64,11 @@ enum Command {
         /// ignores loops with run-time trip counts. Same results.
         #[arg(long)]
         all_kv_tiles: bool,
+        /// One chunk in flight per weight stream (2 dense banks, 2 expert slots), as a
+        /// double-buffered pipeline: libtpu's static estimate gives every concurrent DMA
+        /// its own bandwidth, so only this variant compares with its HBM floor. Same results.
+        #[arg(long)]
+        single_prefetch: bool,
         #[arg(long)]
         out: PathBuf,
         /// Print the report as JSON.
@@ -163,11 +168,12 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, out, json } => {
-            use palladium_fusion::plan::{KvTiles, PlanOptions};
+        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json } => {
+            use palladium_fusion::plan::{KvTiles, PlanOptions, Prefetch};
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
             let kv_tiles = if all_kv_tiles { KvTiles::All } else { KvTiles::UpToPosition };
-            let options = PlanOptions { layers, kv_tiles, ..PlanOptions::new(chip, batch, context) };
+            let prefetch = if single_prefetch { Prefetch::Single } else { Prefetch::Deep };
+            let options = PlanOptions { layers, kv_tiles, prefetch, ..PlanOptions::new(chip, batch, context) };
             let plan = palladium_fusion::plan::Plan::new(&spec, &options).map_err(|e| format!("megakernel refused: {e}"))?;
             let kernel = palladium_fusion::emit::emit(&plan).map_err(|e| format!("cannot build the megakernel:\n{e}"))?;
             let lowered = lower(&kernel, &LowerOptions { chip }).map_err(|e| format!("cannot lower the megakernel for {chip}:\n{e}"))?;

@@ -57,16 +57,14 @@ struct H {
     positions: Ref,
     embed: Ref,
     stream: Ref,
-    w_gate_up: Ref,
-    w_down: Ref,
+    w_experts: Ref,
     head_norms: Option<Ref>,
     logits: Ref,
     k_cache: Ref,
     v_cache: Ref,
     ring: Ref,
     ring_sems: SemRef,
-    gu_buf: Ref,
-    dn_buf: Ref,
+    ex_buf: Ref,
     ex_sems: SemRef,
     kbuf: Ref,
     vbuf: Ref,
@@ -114,7 +112,7 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     let dims_of = |name: &str| plan.operands.iter().find(|o| o.name == name).map(|o| o.shape.clone()).unwrap_or_default();
     op(&mut kb, "tokens", OperandRole::Prefetch, DType::I32, &[b], MemorySpace::Smem);
     op(&mut kb, "positions", OperandRole::Prefetch, DType::I32, &[b], MemorySpace::Smem);
-    for name in ["embed", "w_stream", "w_gate_up", "w_down"] {
+    for name in ["embed", "w_stream", "w_experts"] {
         op(&mut kb, name, OperandRole::Input, DType::Bf16, &dims_of(name), MemorySpace::Any);
     }
     if d.qk_norm {
@@ -130,9 +128,8 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     let vm = MemorySpace::Vmem;
     kb.scratch_buffer("ring", vm, DType::Bf16, &[plan.banks, h, cw]);
     kb.scratch_semaphores("ring_sems", SemKind::Dma, &[plan.banks]);
-    kb.scratch_buffer("gate_up_buf", vm, DType::Bf16, &[plan.expert_slots, h, 2 * eb]);
-    kb.scratch_buffer("down_buf", vm, DType::Bf16, &[plan.expert_slots, eb, h]);
-    kb.scratch_semaphores("expert_sems", SemKind::Dma, &[2, plan.expert_slots]);
+    kb.scratch_buffer("expert_buf", vm, DType::Bf16, &[plan.expert_slots, h, 3 * eb]);
+    kb.scratch_semaphores("expert_sems", SemKind::Dma, &[plan.expert_slots]);
     kb.scratch_buffer("k_tiles", vm, DType::Bf16, &[2, plan.block_kv, hp]);
     kb.scratch_buffer("v_tiles", vm, DType::Bf16, &[2, plan.block_kv, hp]);
     kb.scratch_semaphores("kv_sems", SemKind::Dma, &[2, 2]);
@@ -167,7 +164,7 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     };
     let tokens = r(next());
     let positions = r(next());
-    let (embed, stream, w_gate_up, w_down) = (r(next()), r(next()), r(next()), r(next()));
+    let (embed, stream, w_experts) = (r(next()), r(next()), r(next()));
     let head_norms = if d.qk_norm { Some(r(next())) } else { None };
     let (_k_in, _v_in) = (r(next()), r(next()));
     let (logits, k_cache, v_cache) = (r(next()), r(next()), r(next()));
@@ -176,16 +173,14 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         positions,
         embed,
         stream,
-        w_gate_up,
-        w_down,
+        w_experts,
         head_norms,
         logits,
         k_cache,
         v_cache,
         ring: r(next()),
         ring_sems: s(next()),
-        gu_buf: r(next()),
-        dn_buf: r(next()),
+        ex_buf: r(next()),
         ex_sems: s(next()),
         kbuf: r(next()),
         vbuf: r(next()),
@@ -565,8 +560,8 @@ fn route(p: &Plan, hd: H) {
     }
 }
 
-/// The expert stream: for each (sequence, slot, chunk) item, the `gate_up` and `down`
-/// chunks of expert `ids[b * k + j]`, fetched by id right after routing into a ring of
+/// The expert stream: for each (sequence, slot, chunk) item, the chunk (gate | up | down
+/// columns, one DMA) of expert `ids[b * k + j]`, fetched by id right after routing into a ring of
 /// `slots` slots, `slots - 1` items ahead; all rows are multiplied and masked to the item's
 /// sequence. One flat pipelined loop over the items: the (pair, chunk, sequence) cursor is
 /// carried and advanced by compares, not divided out of the item index (libtpu's v6e
@@ -577,21 +572,9 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val) {
     let (eb, ec, slots) = (p.expert_block, p.expert_chunks, p.expert_slots);
     let total = d.batch * k * ec;
     let ahead = (slots - 1).min(total);
-    let fetch = |pair: Val, c: Val, slot: Val| {
-        let e = hd.ids.load(pair);
-        let gu = async_copy(hd.w_gate_up.at((layer, e, c)), hd.gu_buf.at(slot), hd.ex_sems.at((0, slot)));
-        // Both chunks of an item signal the slot's one semaphore (waited together, both
-        // before use). A second semaphore row, `ex_sems[(1, slot)]`, is equally correct but
-        // makes libtpu 0.0.42.1's v6e static profiler abort the whole process ("Unsupported
-        // DMA direction: 0 on GL/GLP") on the wait for `down`: it cannot match that wait
-        // (a dynamic slot in row 1) to its issue, so the megakernel would have no estimate.
-        let dn = async_copy(hd.w_down.at((layer, e, c)), hd.dn_buf.at(slot), hd.ex_sems.at((0, slot)));
-        (gu, dn)
-    };
+    let fetch = |pair: Val, c: Val, slot: Val| async_copy(hd.w_experts.at((layer, hd.ids.load(pair), c)), hd.ex_buf.at(slot), hd.ex_sems.at(slot));
     for it in 0..ahead {
-        let (gu, dn) = fetch(scalar((it / ec) as i32), scalar((it % ec) as i32), scalar(it as i32));
-        gu.start();
-        dn.start();
+        fetch(scalar((it / ec) as i32), scalar((it % ec) as i32), scalar(it as i32)).start();
     }
     let next = |pair: Val, c: Val| {
         let c1 = c + 1;
@@ -612,19 +595,16 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val) {
             for _ in 0..ahead {
                 (ip, ic) = next(ip, ic);
             }
-            let (gu, dn) = fetch(ip, ic, ring_add(slot, ahead, slots));
-            gu.start();
-            dn.start();
+            fetch(ip, ic, ring_add(slot, ahead, slots)).start();
         },
         |_, (slot, pair, c, seq): (Val, Val, Val, Val), _| {
-            let (gu, dn) = fetch(pair, c, slot);
-            gu.wait();
-            dn.wait();
-            let gate = dot(xn2, hd.gu_buf.load((slot, .., 0..eb)));
-            let up = dot(xn2, hd.gu_buf.load((slot, .., eb..2 * eb)));
+            fetch(pair, c, slot).wait();
+            let gate = dot(xn2, hd.ex_buf.load((slot, .., 0..eb)));
+            let up = dot(xn2, hd.ex_buf.load((slot, .., eb..2 * eb)));
             let act = (gate.silu() * up).cast(bf16);
             let coef = select(eq(row_ids, seq), hd.wts.load(pair), 0.0);
-            hd.acc.store(.., hd.acc.load(..) + dot(act, hd.dn_buf.load(slot)) * coef);
+            let down = dot_t(act, hd.ex_buf.load((slot, .., 2 * eb..3 * eb)));
+            hd.acc.store(.., hd.acc.load(..) + down * coef);
             let (pair, c) = next(pair, c);
             let seq = select(eq(pair, (seq + 1) * k as i32), seq + 1, seq);
             (ring_add(slot, 1, slots), pair, c, seq)

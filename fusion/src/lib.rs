@@ -25,9 +25,8 @@
 //! | 1 | `positions` | `i32[B]` | SMEM (scalar prefetch) | position of the new token |
 //! | 2 | `embed` | `bf16[ceil(V/16), 16, H]` | HBM | `embed_tokens.weight` reshaped, zero rows past `V` |
 //! | 3 | `w_stream` | `bf16[L*n + ceil(V/cw), H, cw]` | HBM | the dense stream: per layer `[q|k|v heads (transposed, input_layernorm folded) | o_proj.weight (heads padded to hp) | router^T (post_attention_layernorm folded, padded to 128)]` in `n` chunks of `cw` columns, then `lm_head^T` with the final norm folded in chunks of `cw` columns |
-//! | 4 | `w_gate_up` | `bf16[L, E, C, H, 2*block]` | HBM | chunk `c` of expert `e`: `[gate^T cols | up^T cols]`, post-attention norm folded |
-//! | 5 | `w_down` | `bf16[L, E, C, block, H]` | HBM | `down_proj.weight^T` rows of chunk `c` |
-//! | 6 | `head_norms` (Qwen3 only) | `f32[L, 8, hp]` | HBM | row 0 `q_norm`, row 1 `k_norm` |
+//! | 4 | `w_experts` | `bf16[L, E, C, H, 3*block]` | HBM | chunk `c` of expert `e`, one DMA: `[gate^T cols | up^T cols` (post-attention norm folded) `| down_proj.weight cols]` |
+//! | 5 | `head_norms` (Qwen3 only) | `f32[L, 8, hp]` | HBM | row 0 `q_norm`, row 1 `k_norm` |
 //! | | `k_cache`, `v_cache` | `bf16[L, B, kv_heads, T, hp]` | HBM | K (normed, roped) / V; aliased to outputs |
 //! | out 0 | `logits` | `f32[ceil(V/cw), rows, cw]` | VMEM | logit of sequence b, token v at `[v / cw, b, v % cw]` |
 //! | out 1, 2 | `k_cache_out`, `v_cache_out` | as the inputs | HBM | the caches, new position written in place |

@@ -10,9 +10,9 @@
 //!   g[i]`), `o_proj` as is with each head's columns padded to `hp`, the router transposed
 //!   with `post_attention_layernorm` folded and padded to `experts_pad` columns.
 //!   `lm_head^T` (the embedding when tied) has `model.norm` folded.
-//! - `w_gate_up` `[L, E, C, H, 2*block]`, `w_down` `[L, E, C, block, H]`: each expert cut
-//!   into `C` chunks of `block` intermediate columns (gate^T | up^T with
-//!   `post_attention_layernorm` folded; `down^T` rows).
+//! - `w_experts` `[L, E, C, H, 3*block]`: each expert cut into `C` chunks of `block`
+//!   intermediate columns, a chunk `[gate^T | up^T | down]` (gate and up with
+//!   `post_attention_layernorm` folded), so one DMA fetches it.
 //! - `head_norms` `f32[L, 8, hp]` (Qwen3): row 0 `q_norm`, row 1 `k_norm`.
 //! - `k_cache`, `v_cache` `bf16[L, B, kv_heads, T, hp]`: zeros ([`Packed::empty_caches`]).
 //!
@@ -164,11 +164,9 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
     out_names.push("w_stream");
     arrays.push(HostArray::bf16_from_f32(&ss, &ws));
 
-    // w_gate_up [L, E, C, H, 2*eb], w_down [L, E, C, eb, H]
-    let gus = shape_of("w_gate_up");
-    let dns = shape_of("w_down");
-    let mut gu = vec![0f32; gus.iter().product()];
-    let mut dn = vec![0f32; dns.iter().product()];
+    // w_experts [L, E, C, H, 3*eb]: gate | up (norm folded) | down columns
+    let xs = shape_of("w_experts");
+    let mut wx = vec![0f32; xs.iter().product()];
     for (li, ln) in names.layers.iter().take(l).enumerate() {
         let g2 = get(weights, &ln.post_norm, &[h])?;
         let FfnNames::Moe { experts: ex, .. } = &ln.ffn else {
@@ -179,24 +177,22 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
             let up = get(weights, &m.up, &[inter, h])?;
             let down = get(weights, &m.down, &[h, inter])?;
             for c in 0..ec {
-                let gbase = ((li * experts + ei) * ec + c) * h * 2 * eb;
-                let dbase = ((li * experts + ei) * ec + c) * eb * h;
+                let base = ((li * experts + ei) * ec + c) * h * 3 * eb;
                 for i in 0..h {
                     let g = bf(g2.data[i]);
+                    let row = &mut wx[base + i * 3 * eb..base + (i + 1) * 3 * eb];
                     for j in 0..eb {
-                        let row = c * eb + j;
-                        gu[gbase + i * 2 * eb + j] = bf(gate.data[row * h + i]) * g;
-                        gu[gbase + i * 2 * eb + eb + j] = bf(up.data[row * h + i]) * g;
-                        dn[dbase + j * h + i] = bf(down.data[i * inter + row]);
+                        let col = c * eb + j;
+                        row[j] = bf(gate.data[col * h + i]) * g;
+                        row[eb + j] = bf(up.data[col * h + i]) * g;
+                        row[2 * eb + j] = bf(down.data[i * inter + col]);
                     }
                 }
             }
         }
     }
-    out_names.push("w_gate_up");
-    arrays.push(HostArray::bf16_from_f32(&gus, &gu));
-    out_names.push("w_down");
-    arrays.push(HostArray::bf16_from_f32(&dns, &dn));
+    out_names.push("w_experts");
+    arrays.push(HostArray::bf16_from_f32(&xs, &wx));
 
     // head_norms f32[L, 8, hp]
     if d.qk_norm {

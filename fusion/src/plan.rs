@@ -16,8 +16,9 @@
 //!   `depth = banks - 1` chunks ahead of its use, across op and layer boundaries (so while
 //!   attention and the experts run, the next `depth` chunks — o-proj, router, next layer's
 //!   q/k/v, finally `lm_head` — are in flight).
-//! - **The expert ring**: `slots` slots of one expert chunk (`gate_up` `[hidden, 2 *
-//!   block]` + `down` `[block, hidden]`), issued `slots - 1` ahead, right after routing.
+//! - **The expert ring**: `slots` slots of one expert chunk (`[hidden, 3 * block]`: the
+//!   chunk's gate and up columns and its down-projection columns, one DMA), issued
+//!   `slots - 1` ahead, right after routing.
 //! - **KV**: tiles of `block_kv` positions, two slots per K and V.
 //! - **Budgets**: the VMEM plan (every scratch buffer, plus headroom for vector temporaries
 //!   and compiler spills) must fit the chip's VMEM per core, and every operand the chip's
@@ -73,13 +74,30 @@ pub struct PlanOptions {
     /// models that need more than one chip).
     pub check_hbm: bool,
     pub kv_tiles: KvTiles,
+    pub prefetch: Prefetch,
 }
 
 impl PlanOptions {
     /// All layers, HBM checked, KV read up to each position.
     pub fn new(chip: Chip, batch: u64, context: u64) -> PlanOptions {
-        PlanOptions { chip, batch, context, layers: None, check_hbm: true, kv_tiles: KvTiles::UpToPosition }
+        PlanOptions { chip, batch, context, layers: None, check_hbm: true, kv_tiles: KvTiles::UpToPosition, prefetch: Prefetch::Deep }
     }
+}
+
+/// How far the weight streams run ahead of their use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum Prefetch {
+    /// A dense ring of ~24 MiB (v5e/v6e; 16 MiB on 64 MiB-VMEM chips) of ~4 MiB banks
+    /// (`banks - 1` chunks in flight, across op and layer boundaries) and an expert ring
+    /// of 3 slots (2 in flight): what a step runs.
+    #[default]
+    Deep,
+    /// One chunk in flight per stream (2 banks, 2 expert slots), as a double-buffered
+    /// Pallas pipeline: a cost variant for libtpu's static estimator, which gives
+    /// concurrent DMAs each their own bandwidth (the same bytes estimate 727k cycles with
+    /// 2 banks, 517k with 3, 338k with 6: Qwen3-30B-A3B, 1 layer, v6e), where the HBM
+    /// floor it is compared with streams one DMA at a time. Same results.
+    Single,
 }
 
 /// Which KV-cache tiles a step reads.
@@ -206,6 +224,7 @@ pub struct Plan {
     pub expert_slot_bytes: u64,
     pub block_kv: u64,
     pub kv_tiles: KvTiles,
+    pub prefetch: Prefetch,
     pub operands: Vec<Operand>,
     pub vmem: Vec<(String, u64)>,
     pub vmem_total: u64,
@@ -400,8 +419,9 @@ impl Plan {
             Segment { name: "router", col: nqkv + nq, cols: dims.experts_pad, weights: router.weights.clone(), folded_scale: router.folded_scale.clone() },
         ];
         let width = nqkv + nq + dims.experts_pad;
-        // ~2 MiB banks, 128..=512 columns.
-        let chunk_cols = ((2 * MIB / (2 * h)) / 128 * 128).clamp(128, 512);
+        // ~4 MiB chunks, 128..=1024 columns: a DMA's fixed cost is amortised (libtpu's v6e
+        // estimate, Qwen3-30B-A3B, one chunk in flight: 2 MiB 0.71 of the floor, 4 MiB 0.78).
+        let chunk_cols = ((4 * MIB / (2 * h)) / 128 * 128).clamp(128, 1024);
         let per_layer = width.div_ceil(chunk_cols);
         let mut chunks: Vec<Vec<Piece>> = vec![Vec::new(); per_layer as usize];
         for (si, s) in segments.iter().enumerate() {
@@ -418,7 +438,10 @@ impl Plan {
         let vmem_capacity = chip.vmem_bytes();
         let ring_target = if vmem_capacity >= 128 * MIB { 24 * MIB } else { 16 * MIB };
         let total_items = layers as u64 * per_layer + lm_chunks;
-        let banks = (ring_target / bank_bytes).clamp(2, 12).min(total_items.max(2));
+        let banks = match options.prefetch {
+            Prefetch::Deep => (ring_target / bank_bytes).clamp(2, 12).min(total_items.max(2)),
+            Prefetch::Single => 2,
+        };
         let depth = banks - 1;
 
         // --- experts --------------------------------------------------------------------
@@ -430,7 +453,10 @@ impl Plan {
             }
         }
         let expert_chunks = i / expert_block;
-        let expert_slots = 3;
+        let expert_slots = match options.prefetch {
+            Prefetch::Deep => 3,
+            Prefetch::Single => 2,
+        };
         let expert_slot_bytes = 3 * h * expert_block * 2;
 
         // --- operands -------------------------------------------------------------------
@@ -478,24 +504,18 @@ impl Plan {
                 ),
             },
             Operand {
-                name: "w_gate_up",
+                name: "w_experts",
                 role: "input",
                 dtype: "bf16",
-                shape: vec![l, e, expert_chunks, h, 2 * expert_block],
+                shape: vec![l, e, expert_chunks, h, 3 * expert_block],
                 space: "any",
-                bytes: 2 * l * e * i * h * 2,
+                bytes: 2 * l * e * i * h * 3,
                 source: format!(
-                    "w_gate_up[l, e, c, i, j] = {p}.experts.{{e}}.{gn}.weight[c*{expert_block} + j, i] for j < {expert_block}, {un}.weight[c*{expert_block} + j - {expert_block}, i] above; times post_attention_layernorm.weight[i]"
+                    "chunk c of expert e of layer l, one DMA: w_experts[l, e, c, i, j] = {p}.experts.{{e}}.{gn}.weight[c*{expert_block} + j, i] * post_attention_layernorm.weight[i] for j < {expert_block}, \
+                     {un}.weight[c*{expert_block} + j - {expert_block}, i] * post_attention_layernorm.weight[i] for j < {}, {dn}.weight[i, c*{expert_block} + j - {}] above",
+                    2 * expert_block,
+                    2 * expert_block
                 ),
-            },
-            Operand {
-                name: "w_down",
-                role: "input",
-                dtype: "bf16",
-                shape: vec![l, e, expert_chunks, expert_block, h],
-                space: "any",
-                bytes: 2 * l * e * i * h,
-                source: format!("w_down[l, e, c, r, i] = {p}.experts.{{e}}.{dn}.weight[i, c*{expert_block} + r]"),
             },
         ];
         if dims.qk_norm {
@@ -555,7 +575,7 @@ impl Plan {
             ("logits (output)".into(), lm_chunks * pad(rows, chunk_cols, 4)),
         ];
         let scores = pad(a.group_size() * q_rows, block_kv, 4);
-        let temporaries = 4 * scores + 4 * pad(rows, 2 * expert_block, 4) + 4 * pad(rows, h.max(chunk_cols), 4);
+        let temporaries = 4 * scores + 4 * pad(rows, 3 * expert_block, 4) + 4 * pad(rows, h.max(chunk_cols), 4);
         vmem.push(("vector temporaries (estimate)".into(), temporaries));
         vmem.push(("compiler spill headroom".into(), 4 * MIB));
         let vmem_total: u64 = vmem.iter().map(|v| v.1).sum();
@@ -630,6 +650,7 @@ impl Plan {
             expert_slot_bytes,
             block_kv,
             kv_tiles: options.kv_tiles,
+            prefetch: options.prefetch,
             operands,
             vmem,
             vmem_total,

@@ -1,6 +1,6 @@
 //! The megakernel report: text for people, JSON (the [`Plan`] itself, serialized) for tools.
 
-use crate::plan::Plan;
+use crate::plan::{KvTiles, Plan, Prefetch};
 use std::fmt::Write;
 
 fn mib(b: u64) -> String {
@@ -32,9 +32,16 @@ pub fn text(p: &Plan) -> String {
     let _ = writeln!(s, "DMA schedule:");
     let _ = writeln!(s, "  dense ring: {} banks x {} ([{}, {}] bf16), prefetch depth {} chunks across op and layer boundaries", p.banks, mib(p.bank_bytes), d.hidden, p.chunk_cols, p.depth);
     let _ = writeln!(s, "  dense chunks per layer: {} ({}), then {} lm_head chunks", p.per_layer(), p.segments.iter().map(|g| format!("{} cols {}..{}", g.name, g.col, g.col + g.cols)).collect::<Vec<_>>().join(", "), p.lm_chunks);
-    let _ = writeln!(s, "  experts: fetched by id after routing, {} slots x {} (gate_up [{}, {}] + down [{}, {}]), {} chunks per expert, {} ahead", p.expert_slots, mib(p.expert_slot_bytes), d.hidden, 2 * p.expert_block, p.expert_block, d.hidden, p.expert_chunks, p.expert_slots - 1);
-    let _ = writeln!(s, "  kv: tiles of {} positions double-buffered per (kv head, sequence); new K/V written in place (16-row group)", p.block_kv);
+    let _ = writeln!(s, "  experts: fetched by id after routing, {} slots x {} (gate | up | down [{}, 3 x {}], one DMA), {} chunks per expert, {} ahead", p.expert_slots, mib(p.expert_slot_bytes), d.hidden, p.expert_block, p.expert_chunks, p.expert_slots - 1);
+    let kv_loop = match p.kv_tiles {
+        KvTiles::UpToPosition => "up to each position",
+        KvTiles::All => "all of them, masked past the position (cost variant)",
+    };
+    let _ = writeln!(s, "  kv: tiles of {} positions double-buffered per (kv head, sequence), read {kv_loop}; new K/V written in place (16-row group)", p.block_kv);
     let _ = writeln!(s, "  DMAs per step: {}", t.dmas);
+    if p.prefetch == Prefetch::Single {
+        let _ = writeln!(s, "  prefetch: one chunk in flight per stream (cost variant)");
+    }
     let _ = writeln!(s, "VMEM plan ({} of {} per core, limit {}):", mib(p.vmem_total), mib(p.vmem_capacity), mib(p.vmem_limit));
     for (n, b) in &p.vmem {
         let _ = writeln!(s, "  {n}: {}", mib(*b));

@@ -10,23 +10,23 @@
 //! rows past each sequence's position may hold anything, NaN included
 //! (`stale_cache_rows_do_not_leak`): scores there are masked and V rows zeroed.
 use palladium_dsl::spec::Chip;
-use palladium_fusion::{emit::emit, plan::{KvTiles, Plan, PlanOptions}};
+use palladium_fusion::{emit::emit, plan::{KvTiles, Plan, PlanOptions, Prefetch}};
 use palladium_interpret::{CallSpec, DType, HostArray, Module};
 use palladium_lowering::{LowerOptions, lower};
 use palladium_model::ModelSpec;
 
 fn run(name: &str, batch: u64, context: u64, positions: &[i32]) {
-    step(name, batch, context, positions, false, KvTiles::UpToPosition);
+    step(name, batch, context, positions, false, KvTiles::UpToPosition, Prefetch::Deep);
 }
 
 fn run_with_stale(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool) {
-    step(name, batch, context, positions, stale, KvTiles::UpToPosition);
+    step(name, batch, context, positions, stale, KvTiles::UpToPosition, Prefetch::Deep);
 }
 
 /// One step's logits; `stale`: every cache row past its sequence's position is NaN.
-fn step(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool, kv_tiles: KvTiles) -> Vec<f32> {
+fn step(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool, kv_tiles: KvTiles, prefetch: Prefetch) -> Vec<f32> {
     let spec = ModelSpec::from_path(format!("{}/../fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR"))).unwrap();
-    let plan = Plan::new(&spec, &PlanOptions { kv_tiles, ..PlanOptions::new(Chip::V6e, batch, context) }).unwrap();
+    let plan = Plan::new(&spec, &PlanOptions { kv_tiles, prefetch, ..PlanOptions::new(Chip::V6e, batch, context) }).unwrap();
     let l = lower(&emit(&plan).unwrap(), &LowerOptions { chip: Chip::V6e }).unwrap();
     let call = CallSpec::from_json(&l.call_json).unwrap();
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
@@ -114,13 +114,16 @@ fn stale_cache_rows_do_not_leak() {
     run_with_stale("tiny-mixtral", 2, 300, &[5, 290], true);
 }
 
-/// The cost variant that reads every KV tile (static trip count, masked past the position)
-/// computes the same step, bit for bit, stale NaN rows past the positions included.
+/// The cost variants (every KV tile read with a static trip count, masked past the
+/// position; one chunk in flight per weight stream) compute the same step, bit for bit,
+/// stale NaN rows past the positions included.
 #[test]
-fn reading_all_kv_tiles_gives_the_same_step() {
+fn cost_variants_give_the_same_step() {
     for (name, batch, context, positions) in [("tiny-qwen3-moe", 1, 2048, &[37][..]), ("tiny-mixtral", 2, 1024, &[5, 600][..])] {
-        let needed = step(name, batch, context, positions, true, KvTiles::UpToPosition);
-        let all = step(name, batch, context, positions, true, KvTiles::All);
-        assert!(needed.iter().zip(&all).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: logits differ");
+        let needed = step(name, batch, context, positions, true, KvTiles::UpToPosition, Prefetch::Deep);
+        for (kv, prefetch) in [(KvTiles::All, Prefetch::Deep), (KvTiles::UpToPosition, Prefetch::Single), (KvTiles::All, Prefetch::Single)] {
+            let variant = step(name, batch, context, positions, true, kv, prefetch);
+            assert!(needed.iter().zip(&variant).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} {kv:?} {prefetch:?}: logits differ");
+        }
     }
 }
