@@ -98,8 +98,7 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     let (h, hp, b, rows) = (d.hidden, d.head_pad, d.batch, d.rows);
     let n = plan.per_layer();
     let cw = plan.chunk_cols;
-    let (kvh, group, qr) = (d.kv_heads, d.group, d.q_rows);
-    let qbuf_rows = group * qr + rows - qr;
+    let kvh = d.kv_heads;
     let nqkv = (d.heads + 2 * kvh) * hp;
     let nq = d.heads * hp;
     let eb = plan.expert_block;
@@ -142,8 +141,8 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     kb.scratch_buffer("expert_acc", vm, DType::F32, &[rows, h]);
     kb.scratch_buffer("o_acc", vm, DType::F32, &[rows, h]);
     kb.scratch_buffer("qkv", vm, DType::F32, &[rows, nqkv]);
-    kb.scratch_buffer("q_heads", vm, DType::F32, &[kvh, qbuf_rows, hp]);
-    kb.scratch_buffer("attn_heads", vm, DType::F32, &[kvh, qbuf_rows, hp]);
+    kb.scratch_buffer("q_heads", vm, DType::F32, &[kvh, d.head_buf_rows, hp]);
+    kb.scratch_buffer("attn_heads", vm, DType::F32, &[kvh, d.head_buf_rows, hp]);
     kb.scratch_buffer("k_new", vm, DType::F32, &[kvh, rows, hp]);
     kb.scratch_buffer("v_new", vm, DType::F32, &[kvh, rows, hp]);
     kb.scratch_buffer("attn", vm, DType::F32, &[rows, nq]);
@@ -399,11 +398,10 @@ fn attention(p: &Plan, hd: H, layer: Val) {
         hd.vs.store(g, hd.qkv.load((.., (d.heads + kvh + g) * hp..(d.heads + kvh + g + 1) * hp)));
     }
     let bkv = p.block_kv;
-    let qrows = group * qr;
+    let qrows = d.attn_rows;
     let row_b = iota([rows, hp], 0);
     for_range(range(0, scalar(kvh as i32)), (), |g: Val, ()| {
-        let qg = hd.qs.load((g, 0..qrows, ..));
-        let qg = if qrows.is_multiple_of(16) { qg.cast(bf16) } else { qg };
+        let qg = hd.qs.load((g, 0..qrows, ..)).cast(bf16);
         for_range(range(0, scalar(d.batch as i32)), (), |bi: Val, ()| {
             let pos = hd.positions.load(bi);
             let knew = select(eq(row_b, bi), hd.ks.load(g), 0.0).sum_keepdims(0);
@@ -480,7 +478,7 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                         kw.start();
                         vw.start();
                     });
-                    let s = dot_t(qg, if qrows.is_multiple_of(16) { hd.kbuf.load(slot) } else { hd.kbuf.load(slot).cast(f32) });
+                    let s = dot_t(qg, hd.kbuf.load(slot));
                     let col = iota([qrows, bkv], 1) + t * bkv_i;
                     let mut valid = le(col, pos);
                     if let Some(w) = d.window {
@@ -499,9 +497,8 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                     if let Some(w) = d.window {
                         vvalid = vvalid & lt(pos - w as i32, vrow);
                     }
-                    let vt = select(vvalid, hd.vbuf.load(slot).cast(f32), 0.0);
-                    let vt = if qrows.is_multiple_of(16) { vt.cast(bf16) } else { vt };
-                    let pv = if qrows.is_multiple_of(16) { dot(pr.cast(bf16), vt) } else { dot(pr, vt) };
+                    let vt = select(vvalid, hd.vbuf.load(slot).cast(f32), 0.0).cast(bf16);
+                    let pv = dot(pr.cast(bf16), vt);
                     // The write-back reads this slot: it lands before the slot is refilled.
                     on_last_tile(t, draining, &|| {
                         let (kw, vw) = write_back(slot);

@@ -147,8 +147,15 @@ pub struct Dims {
     pub batch: u64,
     /// Rows of every activation matrix: `batch` rounded up to 16 (a bf16 tile).
     pub rows: u64,
-    /// Row stride of a query head inside a kv group: `batch` rounded up to a power of two >= 8.
+    /// Row stride of a query head inside a kv group: `batch` rounded up to a power of two
+    /// (1 at batch 1: a group's query heads are its attention's rows, not 8x padded).
     pub q_rows: u64,
+    /// Rows of one kv group's attention: `group * q_rows` rounded up to 16, so scores and
+    /// probabilities are bf16 MXU operands.
+    pub attn_rows: u64,
+    /// Rows of the per-group query and output buffers: every head's `rows`-row store at its
+    /// stride fits, and so do `attn_rows`.
+    pub head_buf_rows: u64,
     pub eps: f64,
     pub rope_theta: f64,
     pub scale: f64,
@@ -379,7 +386,9 @@ impl Plan {
         let hp = round_up(a.head_dim, 128);
         let batch = options.batch;
         let rows = round_up(batch, 16);
-        let q_rows = batch.max(8).next_power_of_two();
+        let q_rows = batch.next_power_of_two();
+        let attn_rows = round_up(a.group_size() * q_rows, 16);
+        let head_buf_rows = (a.group_size() * q_rows + rows - q_rows).max(attn_rows);
         let block_kv = options.context.next_power_of_two().clamp(16, 512);
         let positions = round_up(options.context, block_kv);
         let window = match spec.layers[0].attention {
@@ -401,6 +410,8 @@ impl Plan {
             batch,
             rows,
             q_rows,
+            attn_rows,
+            head_buf_rows,
             eps: spec.norm.eps,
             rope_theta: a.rope.theta,
             scale: a.scale,
@@ -560,7 +571,6 @@ impl Plan {
             let sub = if bytes == 2 { 16 } else { 8 };
             round_up(r, sub) * round_up(c, 128) * bytes
         };
-        let qr = a.group_size() * q_rows + rows - q_rows;
         let mut vmem: Vec<(String, u64)> = vec![
             ("dense ring".into(), banks * bank_bytes),
             ("expert ring".into(), expert_slots * expert_slot_bytes),
@@ -568,13 +578,13 @@ impl Plan {
             ("embedding rows".into(), batch * pad(16, h, 2)),
             ("residual + expert acc + o acc".into(), 3 * pad(rows, h, 4)),
             ("qkv".into(), pad(rows, nqkv, 4)),
-            ("q / attention out / k / v heads".into(), 2 * kvh * pad(qr, hp, 4) + 2 * kvh * pad(rows, hp, 4)),
+            ("q / attention out / k / v heads".into(), 2 * kvh * pad(head_buf_rows, hp, 4) + 2 * kvh * pad(rows, hp, 4)),
             ("attention rows".into(), pad(rows, nq, 4)),
             ("router logits".into(), pad(rows, dims.experts_pad, 4)),
             ("rope tables".into(), 2 * pad(rows, hp, 4) + pad(hp, hp, 2) + pad(8, hp, 4)),
             ("logits (output)".into(), lm_chunks * pad(rows, chunk_cols, 4)),
         ];
-        let scores = pad(a.group_size() * q_rows, block_kv, 4);
+        let scores = pad(attn_rows, block_kv, 4);
         let temporaries = 4 * scores + 4 * pad(rows, 3 * expert_block, 4) + 4 * pad(rows, h.max(chunk_cols), 4);
         vmem.push(("vector temporaries (estimate)".into(), temporaries));
         vmem.push(("compiler spill headroom".into(), 4 * MIB));
