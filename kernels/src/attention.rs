@@ -1,9 +1,9 @@
 //! Decode attention over a KV cache in HBM (grouped-query attention).
 //!
 //! One grid step per (sequence, kv head): the `group` query heads that share the kv head
-//! attend to the sequence's first `lens[b]` cached positions (scalar prefetch). K and V
-//! tiles of `block_kv` positions are streamed from HBM by manual DMAs into a two-slot
-//! VMEM ring: tile t+1 is in flight while tile t is used. Softmax is computed online
+//! attend to the sequence's first `lens[b]` cached positions (scalar prefetch; `lens[b] >=
+//! 1`). K and V tiles of `block_kv` positions are streamed from HBM by manual DMAs into a
+//! two-slot VMEM ring: tile t+1 is in flight while tile t is used. Softmax is computed online
 //! (running max `m`, normaliser `l`, accumulator `acc`, all f32), so the context length is
 //! bounded by HBM, not VMEM.
 //!
@@ -51,22 +51,21 @@ pub fn decode_attention(
     };
     let scale = 1.0 / (head_dim as f64).sqrt();
     let qv = q[(0, 0, .., ..)];
-    if tiles > 0 {
-        let (k0, v0) = fetch(scalar(0), scalar(0));
-        k0.start();
-        v0.start();
-    }
+    let (k0, v0) = fetch(scalar(0), scalar(0));
+    k0.start();
+    v0.start();
     let mut m = full([group, 1], f64::NEG_INFINITY, f32);
     let mut l = zeros([group, 1], f32);
     let mut acc = zeros([group, head_dim], f32);
-    // One KV tile: prefetch the next, wait for this one, fold it into (m, l, acc).
-    let tile = |t: Val, m: Val, l: Val, acc: Val| -> (Val, Val, Val) {
-        let slot = t % 2;
-        if t + 1 < tiles {
-            let (k_next, v_next) = fetch(t + 1, 1 - slot);
-            k_next.start();
-            v_next.start();
-        }
+    // Prefetch tile t + 1 (unconditionally: the loop over all tiles but the last does it,
+    // as libtpu's v6e profiler cannot price, and aborts on, a DMA issued under an `if`).
+    let prefetch = |t: Val, slot: Val| {
+        let (k_next, v_next) = fetch(t + 1, 1 - slot);
+        k_next.start();
+        v_next.start();
+    };
+    // One KV tile in ring slot `slot`: wait for it, fold it into (m, l, acc).
+    let tile = |t: Val, slot: Val, m: Val, l: Val, acc: Val| -> (Val, Val, Val) {
         let (k_now, v_now) = fetch(t, slot);
         k_now.wait();
         v_now.wait();
@@ -82,12 +81,24 @@ pub fn decode_attention(
     };
     if bench_full_context && unroll_kv {
         for t in 0..n_tiles {
-            (m, l, acc) = tile(scalar(t as i32), m, l, acc);
+            let slot = scalar((t % 2) as i32);
+            if t + 1 < n_tiles {
+                prefetch(scalar(t as i32), slot);
+            }
+            (m, l, acc) = tile(scalar(t as i32), slot, m, l, acc);
         }
     } else {
-        for t in 0..tiles {
-            (m, l, acc) = tile(t, m, l, acc);
+        // The slot is carried, not `t % 2`: with a slot computed from the induction
+        // variable, libtpu 0.0.42.1's v6e profiler aborts ("Unsupported DMA direction: 0 on
+        // GL/GLP") on loops of 3+ tiles.
+        let last = tiles - 1;
+        let mut slot = scalar(0);
+        for t in 0..last {
+            prefetch(t, slot);
+            (m, l, acc) = tile(t, slot, m, l, acc);
+            slot = 1 - slot;
         }
+        (m, l, acc) = tile(last, slot, m, l, acc);
     }
     o[(0, 0, .., ..)] = (acc / l).cast(bf16);
 }

@@ -22,7 +22,7 @@
 //!   ids| (ids[p], 0, c)`) lets the Pallas pipeline issue the same DMAs and skips a refetch
 //!   when consecutive steps hit the same block, but it cannot be fused into a larger
 //!   kernel, so the manual version is the default (and only) one here.
-//! - No grid, traced loops over tokens, slots and chunks (the ring slot is carried): `x`
+//! - No grid, one traced loop over the items (cursor and ring slot carried): `x`
 //!   (`[tokens, hidden]`, a few KiB) stays in VMEM and every item multiplies *all* tokens
 //!   (the MXU streams at least 8 rows anyway; here 16, see the libtpu note in the body),
 //!   then masks the result to the item's token with a per-row coefficient (`weight` on row
@@ -86,37 +86,42 @@ pub fn expert_ffn(
     x_pad[0..tokens] = x[..].cast(f32);
     let xv = x_pad[..].cast(bf16);
     let row_ids = iota([rows, 1], 0);
-    // Nested loops rather than one loop over items with `/` and `%`: no scalar division by
-    // a non-power-of-two (libtpu's static profiler cannot model its multiply-high).
+    // One flat loop over the items with a carried (pair, chunk, token) cursor advanced by
+    // compares: no scalar division by a non-power-of-two chunk count (libtpu's static
+    // profiler cannot model its multiply-high). Every item but the last prefetches its
+    // successor unconditionally (libtpu's v6e profiler barely prices, or aborts on, a DMA
+    // issued under an `if`); the last item is peeled.
+    let next = |pair: Val, c: Val| {
+        let wrap = c + 1 == chunks;
+        (select(wrap, pair + 1, pair), select(wrap, 0, c + 1))
+    };
+    let consume = |pair: Val, c: Val, t: Val, slot: Val| {
+        let (g, u, d) = fetch(pair, c, slot);
+        g.wait();
+        u.wait();
+        d.wait();
+        let coef = select(row_ids == t, weights[(t, pair - t * top_k as i32)], 0.0);
+        let gate = dot(xv, gate_buf[slot]);
+        let up = dot(xv, up_buf[slot]);
+        let h = (gate.silu() * up).cast(bf16);
+        acc[..] += dot(h, down_buf[slot]) * coef;
+    };
+    let mut pair = scalar(0);
+    let mut c = scalar(0);
+    let mut t = scalar(0);
     let mut slot = scalar(0);
-    for t in 0..scalar(tokens as i32) {
-        for j in 0..scalar(top_k as i32) {
-            let pair = t * top_k as i32 + j;
-            let coef = select(row_ids == t, weights[(t, j)], 0.0);
-            for c in 0..scalar(chunks) {
-                let mut next_pair = pair;
-                let mut next_chunk = c + 1;
-                if next_chunk == chunks {
-                    next_pair = pair + 1;
-                    next_chunk = scalar(0);
-                }
-                if next_pair < pairs {
-                    let (g, u, d) = fetch(next_pair, next_chunk, 1 - slot);
-                    g.start();
-                    u.start();
-                    d.start();
-                }
-                let (g, u, d) = fetch(pair, c, slot);
-                g.wait();
-                u.wait();
-                d.wait();
-                let gate = dot(xv, gate_buf[slot]);
-                let up = dot(xv, up_buf[slot]);
-                let h = (gate.silu() * up).cast(bf16);
-                acc[..] += dot(h, down_buf[slot]) * coef;
-                slot = 1 - slot;
-            }
-        }
+    for _item in 0..scalar(pairs * chunks - 1) {
+        let (next_pair, next_chunk) = next(pair, c);
+        let (g, u, d) = fetch(next_pair, next_chunk, 1 - slot);
+        g.start();
+        u.start();
+        d.start();
+        consume(pair, c, t, slot);
+        t = select(next_pair == (t + 1) * top_k as i32, t + 1, t);
+        pair = next_pair;
+        c = next_chunk;
+        slot = 1 - slot;
     }
+    consume(pair, c, t, slot);
     o[..] = acc[0..tokens].cast(bf16);
 }
