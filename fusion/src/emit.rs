@@ -141,8 +141,9 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     kb.scratch_buffer("expert_acc", vm, DType::F32, &[rows, h]);
     kb.scratch_buffer("o_acc", vm, DType::F32, &[rows, h]);
     kb.scratch_buffer("qkv", vm, DType::F32, &[rows, nqkv]);
-    kb.scratch_buffer("q_heads", vm, DType::F32, &[kvh, d.head_buf_rows, hp]);
-    kb.scratch_buffer("attn_heads", vm, DType::F32, &[kvh, d.head_buf_rows, hp]);
+    // Per kv group, its query heads (then outputs) stacked: head j's rows at j * rows.
+    kb.scratch_buffer("q_heads", vm, DType::F32, &[kvh, d.group * rows, hp]);
+    kb.scratch_buffer("attn_heads", vm, DType::F32, &[kvh, d.group * rows, hp]);
     kb.scratch_buffer("k_new", vm, DType::F32, &[kvh, rows, hp]);
     kb.scratch_buffer("v_new", vm, DType::F32, &[kvh, rows, hp]);
     kb.scratch_buffer("attn", vm, DType::F32, &[rows, nq]);
@@ -370,7 +371,7 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
 /// are reassembled into `attn` `[rows, heads * head_pad]`.
 fn attention(p: &Plan, hd: H, layer: Val) {
     let d = &p.dims;
-    let (hp, rows, qr, group, kvh) = (d.head_pad, d.rows, d.q_rows, d.group, d.kv_heads);
+    let (hp, rows, group, kvh) = (d.head_pad, d.rows, d.group, d.kv_heads);
     if let Some(norms) = hd.head_norms {
         async_copy(norms.at(layer), hd.hn, hd.hn_sem.at(0)).wait();
     }
@@ -390,7 +391,7 @@ fn attention(p: &Plan, hd: H, layer: Val) {
     for head in 0..d.heads {
         let (g, j) = (head / group, head % group);
         let v = prep(head * hp, qk_rows(0), d.scale);
-        hd.qs.store((g, j * qr..j * qr + rows, ..), v);
+        hd.qs.store((g, j * rows..(j + 1) * rows, ..), v);
     }
     for g in 0..kvh {
         let v = prep((d.heads + g) * hp, qk_rows(1), 1.0);
@@ -400,9 +401,17 @@ fn attention(p: &Plan, hd: H, layer: Val) {
     let bkv = p.block_kv;
     let qrows = d.attn_rows;
     let row_b = iota([rows, hp], 0);
+    let arow = iota([qrows, hp], 0);
     for_range(range(0, scalar(kvh as i32)), (), |g: Val, ()| {
-        let qg = hd.qs.load((g, 0..qrows, ..)).cast(bf16);
         for_range(range(0, scalar(d.batch as i32)), (), |bi: Val, ()| {
+            // Sequence `bi`'s query rows of the group's heads (row j = head j): attention
+            // runs on `group` rows (rounded up to 16) whatever the batch.
+            let mut qg = zeros([qrows, hp], f32);
+            for j in 0..group {
+                let row = select(eq(row_b, bi), hd.qs.load((g, j * rows..(j + 1) * rows, ..)), 0.0).sum_keepdims(0);
+                qg = select(eq(arow, j as i32), row, qg);
+            }
+            let qg = qg.cast(bf16);
             let pos = hd.positions.load(bi);
             let knew = select(eq(row_b, bi), hd.ks.load(g), 0.0).sum_keepdims(0);
             let vnew = select(eq(row_b, bi), hd.vs.load(g), 0.0).sum_keepdims(0);
@@ -508,15 +517,18 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                     (m_new, l_new, acc * corr + pv, 1 - slot)
                 },
             );
-            // Keep this sequence's rows of every query head.
+            // Head j's output row for sequence `bi` back to row `bi` of its stacked block.
             let out = acc / l_;
-            let mine = eq(iota([qrows, hp], 0) % qr as i32, bi);
-            hd.os.store((g, 0..qrows, ..), select(mine, out, hd.os.load((g, 0..qrows, ..))));
+            for j in 0..group {
+                let row = select(eq(arow, j as i32), out, 0.0).sum_keepdims(0);
+                let block = || (g, j * rows..(j + 1) * rows, ..);
+                hd.os.store(block(), select(eq(row_b, bi), row, hd.os.load(block())));
+            }
         });
     });
     for head in 0..d.heads {
         let (g, j) = (head / group, head % group);
-        hd.attn.store((.., head * hp..(head + 1) * hp), hd.os.load((g, j * qr..j * qr + rows, ..)));
+        hd.attn.store((.., head * hp..(head + 1) * hp), hd.os.load((g, j * rows..(j + 1) * rows, ..)));
     }
 }
 

@@ -147,15 +147,9 @@ pub struct Dims {
     pub batch: u64,
     /// Rows of every activation matrix: `batch` rounded up to 16 (a bf16 tile).
     pub rows: u64,
-    /// Row stride of a query head inside a kv group: `batch` rounded up to a power of two
-    /// (1 at batch 1: a group's query heads are its attention's rows, not 8x padded).
-    pub q_rows: u64,
-    /// Rows of one kv group's attention: `group * q_rows` rounded up to 16, so scores and
-    /// probabilities are bf16 MXU operands.
+    /// Rows of one (kv group, sequence) attention: the group's query heads, rounded up to
+    /// 16 so scores and probabilities are bf16 MXU operands, whatever the batch.
     pub attn_rows: u64,
-    /// Rows of the per-group query and output buffers: every head's `rows`-row store at its
-    /// stride fits, and so do `attn_rows`.
-    pub head_buf_rows: u64,
     pub eps: f64,
     pub rope_theta: f64,
     pub scale: f64,
@@ -386,9 +380,7 @@ impl Plan {
         let hp = round_up(a.head_dim, 128);
         let batch = options.batch;
         let rows = round_up(batch, 16);
-        let q_rows = batch.next_power_of_two();
-        let attn_rows = round_up(a.group_size() * q_rows, 16);
-        let head_buf_rows = (a.group_size() * q_rows + rows - q_rows).max(attn_rows);
+        let attn_rows = round_up(a.group_size(), 16);
         let block_kv = options.context.next_power_of_two().clamp(16, 512);
         let positions = round_up(options.context, block_kv);
         let window = match spec.layers[0].attention {
@@ -409,9 +401,7 @@ impl Plan {
             vocab: spec.vocab_size,
             batch,
             rows,
-            q_rows,
             attn_rows,
-            head_buf_rows,
             eps: spec.norm.eps,
             rope_theta: a.rope.theta,
             scale: a.scale,
@@ -578,7 +568,7 @@ impl Plan {
             ("embedding rows".into(), batch * pad(16, h, 2)),
             ("residual + expert acc + o acc".into(), 3 * pad(rows, h, 4)),
             ("qkv".into(), pad(rows, nqkv, 4)),
-            ("q / attention out / k / v heads".into(), 2 * kvh * pad(head_buf_rows, hp, 4) + 2 * kvh * pad(rows, hp, 4)),
+            ("q / attention out / k / v heads".into(), 2 * kvh * pad(a.group_size() * rows, hp, 4) + 2 * kvh * pad(rows, hp, 4)),
             ("attention rows".into(), pad(rows, nq, 4)),
             ("router logits".into(), pad(rows, dims.experts_pad, 4)),
             ("rope tables".into(), 2 * pad(rows, hp, 4) + pad(hp, hp, 2) + pad(8, hp, 4)),

@@ -1,10 +1,11 @@
 //! libtpu (`shared/tpu-oracle/oracle.py`, deviceless) accepts the megakernels: the tiny
 //! Qwen3-MoE and Mixtral ones on v5e, v6e and v7x (module and serialized body), Qwen3-30B-A3B
-//! at batch 1, context 4096 on v7x, and its 22-layer truncation on v6e (31 GiB of HBM).
+//! at batch 1, context 4096 on v7x, and its 22-layer truncation on v6e (31 GiB of HBM);
+//! the tiny Qwen3-MoE's cost variant (all KV tiles, one chunk in flight) on v6e.
 //! Cycle profiles are off (`ORACLE_CYCLES=0`): libtpu 0.0.42.1's static profiler aborts on
 //! most of these modules (manual DMAs from HBM), which would lose the whole batch.
 use palladium_dsl::spec::Chip;
-use palladium_fusion::{emit::emit, plan::{Plan, PlanOptions}};
+use palladium_fusion::{emit::emit, plan::{KvTiles, Plan, PlanOptions, Prefetch}};
 use palladium_lowering::{LowerOptions, lower};
 use palladium_model::ModelSpec;
 use serde_json::Value as Json;
@@ -26,10 +27,16 @@ fn oracle_python() -> PathBuf {
 
 /// Emit `name` and write its three files into `dir`; returns the file stem.
 fn write(dir: &Path, name: &str, chip: Chip, batch: u64, context: u64, layers: Option<usize>) -> String {
+    write_variant(dir, name, PlanOptions { layers, ..PlanOptions::new(chip, batch, context) })
+}
+
+/// As [`write`], for any plan options (the cost variants).
+fn write_variant(dir: &Path, name: &str, options: PlanOptions) -> String {
+    let chip = options.chip;
     let spec = ModelSpec::from_path(root().join(format!("fixtures/models/{name}.json"))).unwrap();
-    let plan = Plan::new(&spec, &PlanOptions { layers, ..PlanOptions::new(chip, batch, context) }).unwrap();
+    let plan = Plan::new(&spec, &options).unwrap();
     let l = lower(&emit(&plan).unwrap(), &LowerOptions { chip }).unwrap();
-    let stem = format!("{name}-{chip}");
+    let stem = format!("{name}-{chip}-{:?}-{:?}", options.kv_tiles, options.prefetch);
     std::fs::write(dir.join(format!("{stem}.mlir")), &l.module).unwrap();
     std::fs::write(dir.join(format!("{stem}.body.mlir")), &l.body).unwrap();
     std::fs::write(dir.join(format!("{stem}.call.json")), &l.call_json).unwrap();
@@ -76,7 +83,11 @@ fn libtpu_accepts_the_megakernels() {
         all.extend(jobs(&write(&dir, "tiny-mixtral", chip, 2, 300, None)));
         match chip {
             Chip::V7x => all.extend(jobs(&write(&dir, "qwen3-30b-a3b", chip, 1, 4096, None))),
-            Chip::V6e => all.extend(jobs(&write(&dir, "qwen3-30b-a3b", chip, 1, 4096, Some(22)))),
+            Chip::V6e => {
+                all.extend(jobs(&write(&dir, "qwen3-30b-a3b", chip, 1, 4096, Some(22))));
+                let cost = PlanOptions { kv_tiles: KvTiles::All, prefetch: Prefetch::Single, ..PlanOptions::new(chip, 2, 1024) };
+                all.extend(jobs(&write_variant(&dir, "tiny-qwen3-moe", cost)));
+            }
             _ => {}
         }
         batch(&dir, chip.name(), &all);
