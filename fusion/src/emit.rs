@@ -488,25 +488,31 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                         vw.start();
                     });
                     let s = dot_t(qg, hd.kbuf.load(slot));
-                    let col = iota([qrows, bkv], 1) + t * bkv_i;
-                    let mut valid = le(col, pos);
-                    if let Some(w) = d.window {
-                        valid = valid & lt(pos - w as i32, col);
-                    }
-                    let s = select(valid, s, f64::NEG_INFINITY);
+                    // Positions past `pos` (or before the window) are masked: scores to -inf, and
+                    // V rows to zero, as they hold whatever the cache held (zeros from a fresh
+                    // cache, or stale/uninitialised data) and 0 * NaN is NaN. Only a tile that
+                    // holds such positions pays for it: the last one read. Reading all tiles,
+                    // every tile pays (a run-time choice per tile costs more in libtpu's
+                    // estimate than the masking: the cost variant stays an upper bound).
+                    let masked = || {
+                        let col = iota([qrows, bkv], 1) + t * bkv_i;
+                        let vrow = iota([bkv, hp], 0) + t * bkv_i;
+                        let (mut valid, mut vvalid) = (le(col, pos), le(vrow, pos));
+                        if let Some(w) = d.window {
+                            valid = valid & lt(pos - w as i32, col);
+                            vvalid = vvalid & lt(pos - w as i32, vrow);
+                        }
+                        (select(valid, s, f64::NEG_INFINITY), select(vvalid, hd.vbuf.load(slot).cast(f32), 0.0).cast(bf16))
+                    };
+                    let whole = || (s, hd.vbuf.load(slot));
+                    let (s, vt) = match (p.kv_tiles, d.window) {
+                        (KvTiles::UpToPosition, None) if !draining => whole(),
+                        _ => masked(),
+                    };
                     let m_new = m.max(s.max_keepdims(1));
                     let corr = (m - m_new).exp();
                     let pr = (s - m_new).exp();
                     let l_new = l_ * corr + pr.sum_keepdims(1);
-                    // Rows past `pos` (or before the window) hold whatever the cache held (zeros
-                    // from a fresh cache, or stale/uninitialised data): their probabilities are 0,
-                    // but 0 * NaN is NaN, so they are zeroed before the PV product.
-                    let vrow = iota([bkv, hp], 0) + t * bkv_i;
-                    let mut vvalid = le(vrow, pos);
-                    if let Some(w) = d.window {
-                        vvalid = vvalid & lt(pos - w as i32, vrow);
-                    }
-                    let vt = select(vvalid, hd.vbuf.load(slot).cast(f32), 0.0).cast(bf16);
                     let pv = dot(pr.cast(bf16), vt);
                     // The write-back reads this slot: it lands before the slot is refilled.
                     on_last_tile(t, draining, &|| {
