@@ -15,8 +15,9 @@
 //!    sweeps `block_kv` on the `bench_full_context` variant (every sequence at
 //!    `max_context`, static loop bounds, which libtpu does count) for `head_dim` 128 and 64,
 //!    contexts 1k..32k, GQA groups 4 and 8: `ratio = floor / ours`, the floor being the
-//!    K + V + q + o bytes. v5e, not v6e: the v6e profiler aborts on this kernel's manual
-//!    DMAs from HBM with static bounds (`Unsupported DMA direction: 0 on GL/GLP`); on v5e
+//!    K + V + q + o bytes. v5e (the v6e profiler aborted on this kernel with static bounds,
+//!    `Unsupported DMA direction: 0 on GL/GLP`, while its ring slot was `t % 2`; now
+//!    carried, v6e profiles it too at `head_dim` 128 and the sweep stays on v5e); on v5e
 //!    `head_dim` 64 aborts the profiler (`Unsupported DMA direction: 10 on VL/VLP`), so those
 //!    rows say so (`head_dim` 64 compiles on v5e, v6e and v7x).
 //!
