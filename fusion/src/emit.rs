@@ -14,6 +14,11 @@
 //!    pieces, then residual + norm and the router piece; after the last chunk: softmax
 //!    top-k to SMEM, the expert stream (fetch by id right after routing), residual;
 //! 3. final norm (folded) + `lm_head` chunks → f32 logits.
+//!
+//! Every weight and KV-tile read is issued unconditionally, from a software pipeline
+//! (`pipeline`) or, across layers and into `lm_head`, from a computed index into the one
+//! dense-stream array (guarded only where a ring deeper than `lm_head` could run past its
+//! end, on tiny models): libtpu's static estimator barely prices a DMA under an `scf.if`.
 
 use crate::plan::{KvTiles, Plan};
 use palladium_dsl::__private::{CmpPred, KernelBuilder, OperandRole, cmp, for_range, if_else, range};
