@@ -75,3 +75,40 @@ fn the_vmem_budget_is_checked_for_the_chosen_chip() {
     assert!(err.contains("VMEM budget exceeded: 25165824 bytes needed"), "{err}");
     assert!(err.contains("limit 16777216 bytes on v5e"), "{err}");
 }
+
+fn model(name: &str) -> String {
+    format!("{}/fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn megakernel_writes_its_files_and_reports_the_plan() {
+    let dir = scratch("megakernel_ok");
+    let (ok, out, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", "512", "--out", dir.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    for file in ["megakernel.mlir", "megakernel.body.mlir", "megakernel.call.json"] {
+        assert!(dir.join(file).is_file(), "{file} missing");
+    }
+    assert!(out.contains("layers: 4 of 4"), "{out}");
+    assert!(out.contains("read up to each position"), "{out}");
+    assert!(!out.contains("cost variant"), "{out}");
+    // The cost variants say so, in text and JSON.
+    let (ok, out, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", "512", "--all-kv-tiles", "--single-prefetch", "--out", dir.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("all of them, masked past the position (cost variant)"), "{out}");
+    assert!(out.contains("one chunk in flight per stream (cost variant)"), "{out}");
+    let (ok, out, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--all-kv-tiles", "--single-prefetch", "--json", "--out", dir.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).expect("--json prints JSON");
+    assert_eq!(json["kv_tiles"], "All", "{json}");
+    assert_eq!(json["prefetch"], "Single", "{json}");
+    assert_eq!(json["banks"], 2, "{json}");
+}
+
+#[test]
+fn a_megakernel_too_large_for_the_chip_is_refused_with_the_numbers() {
+    let dir = scratch("megakernel_refused");
+    let (ok, _, err) = palladium(&["megakernel", &model("qwen3-30b-a3b"), "--chip", "v5e", "--out", dir.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("does not fit v5e HBM") && err.contains("try --layers N"), "{err}");
+    assert!(!dir.exists(), "nothing written");
+}
