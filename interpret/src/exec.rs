@@ -404,7 +404,7 @@ fn reduce(kind: RKind, dt: DType, a: &Tile, acc: &Val, dims: &[usize]) -> Result
                 RKind::MinNumF => f32::min,
                 k => bail!(Malformed, "float reduction {k:?}"),
             };
-            accumulate(&a.shape, &strides, &mut out, &src, f);
+            accumulate(&a.shape, &strides, &mut out, src, f);
             if dt != DType::F32 {
                 out.iter_mut().for_each(|x| *x = round_f(dt, *x));
             }
@@ -423,7 +423,7 @@ fn reduce(kind: RKind, dt: DType, a: &Tile, acc: &Val, dims: &[usize]) -> Result
                 RKind::Xor => |x, y| x ^ y,
                 k => bail!(Malformed, "integer reduction {k:?}"),
             };
-            accumulate(&a.shape, &strides, &mut out, &src, f);
+            accumulate(&a.shape, &strides, &mut out, src, f);
             Data::I(out)
         }
         _ => bail!(Mismatch, "reduction of mixed element kinds"),

@@ -7,8 +7,11 @@
 use palladium_dsl::prelude::*;
 use palladium_dsl::{BuildErrors, Kernel};
 
+/// Builds one coverage kernel.
+pub type Build = fn() -> Result<Kernel, BuildErrors>;
+
 /// Every coverage kernel by name, for suites that treat them alike.
-pub const ALL: &[(&str, fn() -> Result<Kernel, BuildErrors>)] = &[
+pub const ALL: &[(&str, Build)] = &[
     ("loops", loops),
     ("misc", misc),
     ("masked_store", masked_store),

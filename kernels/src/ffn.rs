@@ -17,7 +17,7 @@
 //!   `gather_rows` and `decode_attention`: item `i + 1` is in flight while item `i`
 //!   computes, across (token, slot) boundaries too, so the weight stream never drains.
 //!   This is the form a fused decode megakernel wants (it owns the DMA queue and can keep
-//!   streaming the next layer's weights). The BlockSpec alternative (`grid = (tokens *
+//!   streaming the next layer's weights). The `BlockSpec` alternative (`grid = (tokens *
 //!   top_k, ffn / block_ffn)`, `w_gate` block `[None, hidden, block_ffn]` with `map = |p, c,
 //!   ids| (ids[p], 0, c)`) lets the Pallas pipeline issue the same DMAs and skips a refetch
 //!   when consecutive steps hit the same block, but it cannot be fused into a larger
@@ -57,8 +57,8 @@ pub fn expert_ffn(
     #[scratch(vmem, bf16[2, hidden, block_ffn])] gate_buf: Ref,
     #[scratch(vmem, bf16[2, hidden, block_ffn])] up_buf: Ref,
     #[scratch(vmem, bf16[2, block_ffn, hidden])] down_buf: Ref,
-    #[scratch(vmem, f32[(tokens + 15) / 16 * 16, hidden])] x_pad: Ref,
-    #[scratch(vmem, f32[(tokens + 15) / 16 * 16, hidden])] acc: Ref,
+    #[scratch(vmem, f32[tokens.div_ceil(16) * 16, hidden])] x_pad: Ref,
+    #[scratch(vmem, f32[tokens.div_ceil(16) * 16, hidden])] acc: Ref,
     #[scratch(dma_sem[3, 2])] sems: SemRef,
 ) {
     let chunks = (ffn / block_ffn) as i32;
@@ -80,7 +80,7 @@ pub fn expert_ffn(
     // crashes on v5e for bf16 matmuls whose lhs has 8 rows ("Expected vector-bf16packed"
     // in vmatmul; JAX Pallas's own bf16[8, 256] x bf16[256, 128] dot aborts the same way).
     // The padding rows of `x` are zero and their results are dropped at the end.
-    let rows = (tokens + 15) / 16 * 16;
+    let rows = tokens.div_ceil(16) * 16;
     acc[..] = 0.0;
     x_pad[..] = 0.0;
     x_pad[0..tokens] = x[..].cast(f32);

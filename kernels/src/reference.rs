@@ -225,7 +225,7 @@ pub fn rmsnorm_matmul(x: &[f32], norm_w: &[f32], w: &[f32], rows: usize, hidden:
 pub fn rope(x: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, head_dim: usize, interleaved: bool) -> Vec<f32> {
     let d = head_dim;
     assert_eq!((x.len(), cos.len(), sin.len()), (tokens * heads * d, tokens * d, tokens * d));
-    assert!(d % 2 == 0, "head_dim must be even");
+    assert!(d.is_multiple_of(2), "head_dim must be even");
     let width = heads * d;
     let mut o = vec![0.0f32; x.len()];
     for t in 0..tokens {
