@@ -30,6 +30,9 @@ pub enum ErrorKind {
     Undefined,
     /// Shapes/types disagree at run time (e.g. a DMA between different shapes).
     Mismatch,
+    /// Points of `parallel` grid dimensions share writable state (two write the same output
+    /// block, or one writes an input): on hardware their order is undefined.
+    ParallelRace,
 }
 
 /// Where an error happened: the op and its source line.

@@ -3,7 +3,8 @@
 use crate::error::{ErrorKind, InterpError, Result, bail};
 use crate::memory::{Memory, join};
 use crate::prepare::{CBlock, Func, Instr, Kind, Precision, Program, RKind, Slot, Term};
-use crate::value::{self, DType, Data, Shape, Tile, Val, gather, permute, round_f, scatter, strides_of, walk_rows};
+use crate::gemm::{Products, gemm_f32};
+use crate::value::{self, DType, Data, Shape, Tile, Val, gather, permute, round_slice, scatter, strides_of, walk_rows};
 use smallvec::SmallVec;
 use std::sync::Arc;
 
@@ -405,9 +406,7 @@ fn reduce(kind: RKind, dt: DType, a: &Tile, acc: &Val, dims: &[usize]) -> Result
                 k => bail!(Malformed, "float reduction {k:?}"),
             };
             accumulate(&a.shape, &strides, &mut out, src, f);
-            if dt != DType::F32 {
-                out.iter_mut().for_each(|x| *x = round_f(dt, *x));
-            }
+            round_slice(dt, &mut out);
             Data::F(out)
         }
         (Data::I(mut out), Data::I(src)) => {
@@ -472,15 +471,18 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
             let round = precision == Precision::Bf16 || (precision == Precision::Default && (lhs.dt == DType::F32 || rhs.dt == DType::F32));
             let (a2, b2);
             let (a, b) = if round {
-                a2 = a.iter().map(|x| round_f(DType::Bf16, *x)).collect::<Vec<_>>();
-                b2 = b.iter().map(|x| round_f(DType::Bf16, *x)).collect::<Vec<_>>();
+                (a2, b2) = (rounded_bf16(a), rounded_bf16(b));
                 (&a2[..], &b2[..])
             } else {
                 (&a[..], &b[..])
             };
+            // Products of bf16/f16 values are exact in f32 (8 + 8 or up to 11 + 11 significand
+            // bits, at most 24).
+            let short = |dt: DType| round || matches!(dt, DType::Bf16 | DType::F16);
+            let products = if short(lhs.dt) && short(rhs.dt) { Products::Exact } else { Products::Rounded };
             let mut c = vec![0f32; nb * m * n];
             for bi in 0..nb {
-                gemm_f32(&a[bi * m * k..(bi + 1) * m * k], &b[bi * k * n..(bi + 1) * k * n], &mut c[bi * m * n..(bi + 1) * m * n], m, k, n);
+                gemm_f32(&a[bi * m * k..(bi + 1) * m * k], &b[bi * k * n..(bi + 1) * k * n], &mut c[bi * m * n..(bi + 1) * m * n], m, k, n, products);
             }
             Data::F(c)
         }
@@ -508,36 +510,23 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
     if r.shape != *shape || acc.shape != *shape {
         bail!(Mismatch, "matmul result [{}] / accumulator [{}] do not match the result type [{}]", join(&r.shape), join(&acc.shape), join(shape));
     }
-    let data = match (&*r.data, &*acc.data) {
-        (Data::F(p), Data::F(q)) => Data::F(p.iter().zip(q).map(|(x, y)| round_f(out, x + y)).collect()),
-        (Data::I(p), Data::I(q)) => Data::I(p.iter().zip(q).map(|(x, y)| x.wrapping_add(*y)).collect()),
+    let mut data = Arc::try_unwrap(r.data).unwrap_or_else(|d| (*d).clone());
+    match (&mut data, &*acc.data) {
+        (Data::F(p), Data::F(q)) => {
+            p.iter_mut().zip(q).for_each(|(x, y)| *x += y);
+            round_slice(out, p);
+        }
+        (Data::I(p), Data::I(q)) => p.iter_mut().zip(q).for_each(|(x, y)| *x = x.wrapping_add(*y)),
         _ => bail!(Mismatch, "matmul accumulator of a different element kind"),
-    };
+    }
     Ok(Val::Tile(Tile::new(out, shape.clone(), data)))
 }
 
-/// `c += a · b` for row-major `a: m×k`, `b: k×n`, `c: m×n`, blocked so the inner loop
-/// vectorizes.
-fn gemm_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
-    const KB: usize = 256;
-    const MB: usize = 32;
-    for k0 in (0..k).step_by(KB) {
-        let k1 = (k0 + KB).min(k);
-        for i0 in (0..m).step_by(MB) {
-            let i1 = (i0 + MB).min(m);
-            for i in i0..i1 {
-                let crow = &mut c[i * n..(i + 1) * n];
-                let arow = &a[i * k..(i + 1) * k];
-                for kk in k0..k1 {
-                    let x = arow[kk];
-                    let brow = &b[kk * n..(kk + 1) * n];
-                    for (cj, bj) in crow.iter_mut().zip(brow) {
-                        *cj += x * bj;
-                    }
-                }
-            }
-        }
-    }
+/// `xs` rounded to bf16.
+fn rounded_bf16(xs: &[f32]) -> Vec<f32> {
+    let mut v = xs.to_vec();
+    round_slice(DType::Bf16, &mut v);
+    v
 }
 
 #[allow(dead_code)]

@@ -11,10 +11,13 @@ use crate::host::{CallSpec, HostArray};
 use crate::memory::{Memory, Space, View, join};
 use crate::prepare::{Program, memref_info};
 use crate::value::{DType, Data, Val};
+use rayon::prelude::*;
 use smallvec::SmallVec;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// How one input/output operand reaches the kernel.
+#[derive(Clone)]
 struct Operand {
     /// The full array (HBM).
     hbm: usize,
@@ -149,7 +152,7 @@ impl Program {
                     if src.shape != shape || src.dtype != dt {
                         bail!(BadInput, "{label} aliases operand {a} of a different type");
                     }
-                    m.mem.bufs[id].data = src.to_data();
+                    m.mem.bufs[id].data = Arc::new(src.to_data());
                 }
                 id
             };
@@ -178,40 +181,48 @@ impl Program {
             scratch.push(id);
         }
 
-        let args_for = |m: &Machine<'_>, pt: &[i64], ops: &[Operand]| -> Vec<Val> {
-            let mut a: Vec<Val> = pt.iter().map(|&x| Val::Int(x)).collect();
-            a.extend(prefetch.iter().cloned());
-            for o in ops {
-                let buf = o.window.as_ref().map(|w| w.0).unwrap_or(o.hbm);
-                a.push(Val::Ref(Arc::new(m.mem.whole(buf))));
-            }
-            for &s in &scratch {
-                a.push(Val::Ref(Arc::new(m.mem.whole(s))));
-            }
-            a
-        };
+        let prefetch = &prefetch[..];
+        let outer = self.parallel.iter().take_while(|&&p| p).count();
+        let all_outputs_windowed = ops.iter().all(|o| !o.is_output || o.window.is_some());
+        if outer > 0 && all_outputs_windowed && self.grid[..outer].iter().product::<i64>() > 1 {
+            self.walk_parallel(&mut m, &ops, outer, prefetch, &scratch)?;
+        } else {
+            let single = [Vec::new()];
+            let points: Box<dyn Iterator<Item = Vec<i64>>> = if g == 0 { Box::new(single.into_iter()) } else { Box::new(grid_points(&self.grid)) };
+            self.walk(&mut m, &mut ops, points, prefetch, &scratch, None)?;
+        }
+        ops.iter()
+            .filter(|o| o.is_output)
+            .map(|o| {
+                let b = &m.mem.bufs[o.hbm];
+                HostArray::from_data(b.dt, &b.shape, &b.data)
+            })
+            .collect()
+    }
 
-        let single = [Vec::new()];
-        let points: Box<dyn Iterator<Item = Vec<i64>>> = if g == 0 { Box::new(single.into_iter()) } else { Box::new(grid_points(&self.grid)) };
+    /// Run the grid `points` in order, then write back the outputs still resident and check
+    /// that every DMA was waited on and every scratch semaphore is back at zero. Write-backs
+    /// go into the arrays, or into `record` (a task of a parallel grid).
+    fn walk(&self, m: &mut Machine<'_>, ops: &mut [Operand], points: impl Iterator<Item = Vec<i64>>, prefetch: &[Val], scratch: &[usize], mut record: Option<&mut Vec<WriteBack>>) -> Result<()> {
         for pt in points {
             m.point = pt.clone();
             // Block indices for this step.
             let mut idx: Vec<Option<Vec<i64>>> = Vec::new();
-            for o in &ops {
+            for o in ops.iter() {
                 idx.push(match (&o.window, o.transform) {
-                    (Some(_), Some(f)) => Some(self.transform(&mut m, f, &pt, &prefetch)?),
+                    (Some(_), Some(f)) => Some(self.transform(m, f, &pt, prefetch)?),
                     (Some((_, w)), None) => Some(vec![0; w.len()]),
                     _ => None,
                 });
             }
-            for (o, new) in ops.iter_mut().zip(&idx) {
+            for (j, (o, new)) in ops.iter_mut().zip(&idx).enumerate() {
                 let Some(new) = new else { continue };
                 if o.prev.as_ref() == Some(new) {
                     continue;
                 }
                 if o.is_output {
                     if let Some(old) = o.prev.take() {
-                        window_copy(&mut m.mem, o, &old, false).map_err(|e| with_point(e, &pt))?;
+                        write_back(&mut m.mem, j, o, &old, record.as_deref_mut()).map_err(|e| with_point(e, &pt))?;
                     }
                     if let Some((w, _)) = o.window {
                         m.mem.check_access(&m.mem.whole(w), true, "fresh output window").map_err(|e| with_point(e, &pt))?;
@@ -223,32 +234,103 @@ impl Program {
                 }
                 o.prev = Some(new.clone());
             }
-            let args = args_for(&m, &pt, &ops);
+            let mut args: Vec<Val> = pt.iter().map(|&x| Val::Int(x)).collect();
+            args.extend(prefetch.iter().cloned());
+            for o in ops.iter() {
+                let buf = o.window.as_ref().map(|w| w.0).unwrap_or(o.hbm);
+                args.push(Val::Ref(Arc::new(m.mem.whole(buf))));
+            }
+            for &s in scratch {
+                args.push(Val::Ref(Arc::new(m.mem.whole(s))));
+            }
             m.call(&self.kernel, args).map_err(|e| with_point(e, &pt))?;
         }
-        m.point.clear();
-        for o in ops.iter_mut() {
+        let last = std::mem::take(&mut m.point);
+        for (j, o) in ops.iter_mut().enumerate() {
             if o.is_output
                 && let Some(old) = o.prev.take()
             {
-                window_copy(&mut m.mem, o, &old, false)?;
+                write_back(&mut m.mem, j, o, &old, record.as_deref_mut())?;
             }
         }
         // Everything in flight must have been waited on; semaphores must be back at zero.
+        let at = if record.is_some() { format!("the end of parallel grid point ({})", join(&last)) } else { "the end of the kernel".to_string() };
         if let Some(d) = m.mem.dmas.first() {
-            bail!(Leak, "DMA {} → {} (started by {}) is still in flight when the kernel ends; it was never waited on", m.mem.describe(&d.src), m.mem.describe(&d.dst), d.started);
+            bail!(Leak, "DMA {} → {} (started by {}) is still in flight at {at}; it was never waited on", m.mem.describe(&d.src), m.mem.describe(&d.dst), d.started);
         }
-        for &s in &scratch {
-            m.mem.check_released(s, "the end of the kernel")?;
+        for &s in scratch {
+            m.mem.check_released(s, &at)?;
         }
-        ops.iter()
-            .filter(|o| o.is_output)
-            .map(|o| {
-                let b = &m.mem.bufs[o.hbm];
-                HostArray::from_data(b.dt, &b.shape, &b.data)
-            })
-            .collect()
+        Ok(())
     }
+
+    /// The grid with `outer` leading `parallel` dims: each point of those dims runs its
+    /// sub-grid (the remaining dims, in order) as one rayon task on its own copy of the
+    /// windows and scratch (fresh poison, as on another core), reading the shared input
+    /// arrays. Output blocks are recorded and written back in grid order afterwards, so the
+    /// result does not depend on the thread count; two points writing the same output block,
+    /// or a point writing an input, is reported as a [`ErrorKind::ParallelRace`].
+    fn walk_parallel(&self, m: &mut Machine<'_>, ops: &[Operand], outer: usize, prefetch: &[Val], scratch: &[usize]) -> Result<()> {
+        let heads: Vec<Vec<i64>> = grid_points(&self.grid[..outer]).collect();
+        let base = &m.mem;
+        let tasks: Vec<Result<Vec<WriteBack>>> = heads
+            .par_iter()
+            .map(|head| {
+                let mut tm = Machine { prog: self, mem: base.clone(), point: Vec::new() };
+                let mut tops = ops.to_vec();
+                let points = grid_points(&self.grid[outer..]).map(|tail| head.iter().chain(&tail).copied().collect());
+                let mut record = Vec::new();
+                self.walk(&mut tm, &mut tops, points, prefetch, scratch, Some(&mut record))?;
+                for o in ops.iter().filter(|o| !o.is_output) {
+                    if !Arc::ptr_eq(&tm.mem.bufs[o.hbm].data, &base.bufs[o.hbm].data) {
+                        return Err(with_point(
+                            InterpError::new(ErrorKind::ParallelRace, format!("writes {}, which every point of the parallel grid dimensions reads; mark the dimensions `arbitrary` or write an output", o.label)),
+                            head,
+                        ));
+                    }
+                }
+                Ok(record)
+            })
+            .collect();
+        let mut owner: HashMap<(usize, Vec<i64>), &[i64]> = HashMap::new();
+        for (head, task) in heads.iter().zip(tasks) {
+            for wb in task? {
+                let o = &ops[wb.operand];
+                if let Some(first) = owner.insert((wb.operand, wb.block.clone()), head)
+                    && first != head.as_slice()
+                {
+                    return Err(with_point(
+                        InterpError::new(
+                            ErrorKind::ParallelRace,
+                            format!("writes block ({}) of {}, which grid point ({}) also writes, along `parallel` grid dimensions: the result would depend on which runs last; mark the dimension `arbitrary`", join(&wb.block), o.label, join(first)),
+                        ),
+                        head,
+                    ));
+                }
+                let (w, _) = o.window.as_ref().expect("outputs of a parallel grid are windowed");
+                m.mem.bufs[*w].data = wb.window;
+                window_copy(&mut m.mem, o, &wb.block, false)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An output block a task of a parallel grid finished: the window's contents.
+struct WriteBack {
+    operand: usize,
+    block: Vec<i64>,
+    window: Arc<Data>,
+}
+
+/// Write output window `o` back as `block`: into the array, or (`record`) into the list.
+fn write_back(mem: &mut Memory, operand: usize, o: &Operand, block: &[i64], record: Option<&mut Vec<WriteBack>>) -> Result<()> {
+    let Some(r) = record else { return window_copy(mem, o, block, false) };
+    let Some((w, _)) = &o.window else { return Ok(()) };
+    block_in_bounds(mem, o, block)?;
+    mem.check_access(&mem.whole(*w), false, &format!("write-back of {} block ({}) from", o.label, join(block)))?;
+    r.push(WriteBack { operand, block: block.to_vec(), window: mem.bufs[*w].data.clone() });
+    Ok(())
 }
 
 fn load_host(mem: &mut Memory, host: &HostArray, dt: DType, space: Space, name: String) -> Result<usize> {
@@ -258,7 +340,7 @@ fn load_host(mem: &mut Memory, host: &HostArray, dt: DType, space: Space, name: 
     }
     let id = mem.alloc(dt, &host.shape, space, name);
     let d = host.to_data();
-    match (&mut mem.bufs[id].data, d) {
+    match (Arc::make_mut(&mut mem.bufs[id].data), d) {
         (Data::F(a), Data::F(b)) => *a = b,
         (Data::I(a), Data::I(b)) => *a = b,
         _ => bail!(BadInput, "element kind mismatch"),

@@ -1,7 +1,7 @@
 //! Host arrays: what goes into and comes out of [`crate::Program::run`].
 
 use crate::error::{Result, bail};
-use crate::value::{DType, Data, round_f};
+use crate::value::{DType, Data, round_bf16};
 use half::{bf16, f16};
 
 /// A dense row-major array on the host: element type, shape and little-endian bytes.
@@ -130,7 +130,7 @@ impl HostArray {
     pub(crate) fn from_data(dtype: DType, shape: &[usize], d: &Data) -> Result<Self> {
         let bytes: Vec<u8> = match (dtype, d) {
             (DType::F32, Data::F(v)) => bytemuck::cast_slice(v).to_vec(),
-            (DType::Bf16, Data::F(v)) => bytemuck::cast_slice(&v.iter().map(|&x| bf16::from_f32(round_f(DType::Bf16, x))).collect::<Vec<_>>()).to_vec(),
+            (DType::Bf16, Data::F(v)) => v.iter().flat_map(|&x| ((round_bf16(x).to_bits() >> 16) as u16).to_le_bytes()).collect(),
             (DType::F16, Data::F(v)) => bytemuck::cast_slice(&v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>()).to_vec(),
             (DType::I32, Data::I(v)) => bytemuck::cast_slice(v).to_vec(),
             (DType::I16, Data::I(v)) => bytemuck::cast_slice(&v.iter().map(|&x| x as i16).collect::<Vec<_>>()).to_vec(),

@@ -27,6 +27,7 @@
 
 mod error;
 mod exec;
+mod gemm;
 mod grid;
 mod host;
 mod memory;

@@ -4,8 +4,9 @@
 //! must not be overwritten until a wait on its semaphore retires it.
 
 use crate::error::{ErrorKind, InterpError, Result, bail};
-use crate::value::{DType, Data, Shape, Tile, gather, scatter, strides_of};
+use crate::value::{DType, Data, Shape, Tile, copy_strided, gather, scatter, strides_of};
 use smallvec::SmallVec;
+use std::sync::Arc;
 
 /// Where a buffer lives.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -30,12 +31,14 @@ impl Space {
     }
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Buffer {
     pub dt: DType,
     pub shape: Shape,
     pub strides: Shape,
-    pub data: Data,
+    /// Shared copy-on-write, so the tasks of a parallel grid start from the same arrays
+    /// without copying them.
+    pub data: Arc<Data>,
     #[allow(dead_code)]
     pub space: Space,
     pub name: String,
@@ -77,7 +80,7 @@ pub(crate) struct Dma {
     pub started: String,
 }
 
-#[derive(Default, Debug)]
+#[derive(Clone, Default, Debug)]
 pub(crate) struct Memory {
     pub bufs: Vec<Buffer>,
     pub dmas: Vec<Dma>,
@@ -89,7 +92,7 @@ impl Memory {
         let n: usize = shape.iter().product();
         // Fresh memory is poison: NaN for floats, i32::MIN for ints, 0 for semaphores.
         let data = if dt.is_sem() { Data::I(vec![0; n]) } else { Data::filled(dt, n, f32::NAN, i32::MIN) };
-        self.bufs.push(Buffer { dt, shape: shape.into(), strides: strides_of(shape), data, space, name, alive: true });
+        self.bufs.push(Buffer { dt, shape: shape.into(), strides: strides_of(shape), data: Arc::new(data), space, name, alive: true });
         let id = self.bufs.len() - 1;
         if let Some(s) = self.scopes.last_mut() {
             s.push(id);
@@ -217,7 +220,7 @@ impl Memory {
         let (off, strides, _) = self.layout(&region);
         let lead = strides.len() - vshape.len();
         let strides = &strides[lead..];
-        let data = match &b.data {
+        let data = match &*b.data {
             Data::F(d) => Data::F(gather(d, off, strides, vshape)),
             Data::I(d) => Data::I(gather(d, off, strides, vshape)),
         };
@@ -236,7 +239,7 @@ impl Memory {
         if b.dt != t.dt {
             bail!(Mismatch, "storing a {} vector into {} of {}", t.dt, b.name, b.dt);
         }
-        match (&mut b.data, &*t.data) {
+        match (Arc::make_mut(&mut b.data), &*t.data) {
             (Data::F(d), Data::F(s)) => scatter(d, off, &strides, &t.shape, s, m, add),
             (Data::I(d), Data::I(s)) => scatter(d, off, &strides, &t.shape, s, m, add),
             _ => bail!(Mismatch, "store of mismatched element kind"),
@@ -249,7 +252,7 @@ impl Memory {
         let b = self.live(v)?;
         self.check_access(&region, false, "read of")?;
         let (off, _, _) = self.layout(&region);
-        Ok(match &b.data {
+        Ok(match &*b.data {
             Data::F(d) => crate::value::Val::Float(f64::from(d[off as usize])),
             Data::I(d) => crate::value::Val::Int(i64::from(d[off as usize])),
         })
@@ -261,7 +264,7 @@ impl Memory {
         self.check_access(&region, true, "write of")?;
         let (off, _, _) = self.layout(&region);
         let b = &mut self.bufs[v.buf];
-        match (&mut b.data, x) {
+        match (Arc::make_mut(&mut b.data), x) {
             (Data::F(d), crate::value::Val::Float(f)) => d[off as usize] = *f as f32,
             (Data::I(d), crate::value::Val::Int(i)) => d[off as usize] = *i as i32,
             _ => bail!(Mismatch, "scalar store of {} into {}", x.kind(), b.dt),
@@ -276,13 +279,19 @@ impl Memory {
         if shape != dshape {
             bail!(Mismatch, "copy between shapes [{}] and [{}]", join(&shape), join(&dshape));
         }
-        let tmp = match &self.bufs[src.buf].data {
-            Data::F(d) => Data::F(gather(d, so, &ss, &shape)),
-            Data::I(d) => Data::I(gather(d, so, &ss, &shape)),
+        // Within one buffer the regions may overlap: go through a copy of the source.
+        let from = if src.buf == dst.buf {
+            Arc::new(match &*self.bufs[src.buf].data {
+                Data::F(d) => Data::F(gather(d, so, &ss, &shape)),
+                Data::I(d) => Data::I(gather(d, so, &ss, &shape)),
+            })
+        } else {
+            self.bufs[src.buf].data.clone()
         };
-        match (&mut self.bufs[dst.buf].data, tmp) {
-            (Data::F(d), Data::F(s)) => scatter(d, doff, &ds, &shape, &s, None, false),
-            (Data::I(d), Data::I(s)) => scatter(d, doff, &ds, &shape, &s, None, false),
+        let (so, ss): (isize, SmallVec<[isize; 4]>) = if src.buf == dst.buf { (0, strides_of(&shape).iter().map(|&x| x as isize).collect()) } else { (so, ss) };
+        match (Arc::make_mut(&mut self.bufs[dst.buf].data), &*from) {
+            (Data::F(d), Data::F(s)) => copy_strided(d, doff, &ds, s, so, &ss, &shape),
+            (Data::I(d), Data::I(s)) => copy_strided(d, doff, &ds, s, so, &ss, &shape),
             _ => bail!(Mismatch, "copy between different element kinds"),
         }
         Ok(())
@@ -290,7 +299,7 @@ impl Memory {
 
     pub fn fill_poison(&mut self, buf: usize) {
         let b = &mut self.bufs[buf];
-        match &mut b.data {
+        match Arc::make_mut(&mut b.data) {
             Data::F(d) => d.iter_mut().for_each(|x| *x = f32::NAN),
             Data::I(d) => d.iter_mut().for_each(|x| *x = i32::MIN),
         }
@@ -312,14 +321,14 @@ impl Memory {
     }
 
     pub fn sem_value(&self, s: (usize, usize)) -> i64 {
-        match &self.bufs[s.0].data {
+        match &*self.bufs[s.0].data {
             Data::I(d) => i64::from(d[s.1]),
             Data::F(_) => 0,
         }
     }
 
     fn sem_add(&mut self, s: (usize, usize), k: i64) {
-        if let Data::I(d) = &mut self.bufs[s.0].data {
+        if let Data::I(d) = Arc::make_mut(&mut self.bufs[s.0].data) {
             d[s.1] = (i64::from(d[s.1]) + k) as i32;
         }
     }
@@ -427,7 +436,7 @@ impl Memory {
         for id in ids {
             let b = &mut self.bufs[id];
             b.alive = false;
-            b.data = Data::I(Vec::new());
+            b.data = Arc::new(Data::I(Vec::new()));
         }
         Ok(())
     }
@@ -441,7 +450,7 @@ impl Memory {
         }
         let b = &self.bufs[id];
         if b.dt.is_sem()
-            && let Data::I(v) = &b.data
+            && let Data::I(v) = &*b.data
             && let Some(k) = v.iter().position(|&x| x != 0)
         {
             bail!(Leak, "semaphore {} has value {} at {when}; semaphores must be zero when released (unbalanced signal/wait)", self.sem_name((id, k)), v[k]);

@@ -123,6 +123,8 @@ pub struct Program {
     pub(crate) funcs: Vec<Func>,
     pub(crate) sites: Vec<OpSite>,
     pub(crate) grid: Vec<i64>,
+    /// Per grid dim: `parallel` (points may run concurrently) or `arbitrary` (in order).
+    pub(crate) parallel: Vec<bool>,
     pub(crate) scalar_prefetch: usize,
     pub(crate) scratch: usize,
     /// `None` for a kernel without a grid (every operand passed whole).
@@ -734,6 +736,18 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
     if grid.iter().any(|&g| g < 0) {
         bail!(Unsupported, "dynamic grid dimensions (iteration_bounds {grid:?})");
     }
+    let parallel = match attr("dimension_semantics") {
+        None => vec![false; grid.len()],
+        Some(Attr::Array(xs)) if xs.len() == grid.len() => xs
+            .iter()
+            .map(|x| match x.dialect("tpu.dimension_semantics") {
+                Some("parallel" | "core_parallel") => Ok(true),
+                Some("arbitrary") => Ok(false),
+                _ => bail!(Unsupported, "dimension_semantics entry {x} (expected #tpu.dimension_semantics<parallel> or <arbitrary>)"),
+            })
+            .collect::<Result<_>>()?,
+        Some(other) => bail!(Malformed, "dimension_semantics {other} for a grid of {} dims", grid.len()),
+    };
     let scalar_prefetch = attr("scalar_prefetch").and_then(Attr::as_int).unwrap_or(0) as usize;
     let scratch = attr("scratch_operands").and_then(Attr::as_int).unwrap_or(0) as usize;
     let mut funcs = Vec::new();
@@ -791,7 +805,7 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
             bail!(Unsupported, "@{}: argument {k} has unsupported type {t}", kernel.name);
         }
     }
-    Ok(Program { kernel, funcs, sites: cx.sites, grid, scalar_prefetch, scratch, windows })
+    Ok(Program { kernel, funcs, sites: cx.sites, grid, parallel, scalar_prefetch, scratch, windows })
 }
 
 #[allow(dead_code)]

@@ -113,9 +113,28 @@ impl std::fmt::Display for DType {
 #[inline]
 pub(crate) fn round_f(dt: DType, x: f32) -> f32 {
     match dt {
-        DType::Bf16 => bf16::from_f32(x).to_f32(),
+        DType::Bf16 => round_bf16(x),
         DType::F16 => f16::from_f32(x).to_f32(),
         _ => x,
+    }
+}
+
+/// `bf16::from_f32(x).to_f32()` (round to nearest even; NaN stays a quiet NaN) without
+/// branches, so loops over tiles vectorize.
+#[inline]
+pub(crate) fn round_bf16(x: f32) -> f32 {
+    let b = x.to_bits();
+    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000;
+    let quiet_nan = (b | 0x0040_0000) & 0xffff_0000;
+    f32::from_bits(if x.is_nan() { quiet_nan } else { rounded })
+}
+
+/// [`round_f`] over a whole slice (one dispatch on `dt`, a vectorizable loop).
+pub(crate) fn round_slice(dt: DType, xs: &mut [f32]) {
+    match dt {
+        DType::Bf16 => xs.iter_mut().for_each(|x| *x = round_bf16(*x)),
+        DType::F16 => xs.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32()),
+        _ => {}
     }
 }
 
@@ -301,14 +320,65 @@ pub(crate) fn gather<T: Copy>(src: &[T], off: isize, strides: &[isize], shape: &
 pub(crate) fn scatter<T: Copy + std::ops::Add<Output = T>>(dst: &mut [T], off: isize, strides: &[isize], shape: &[usize], vals: &[T], mask: Option<&[i32]>, add: bool) {
     let mut k = 0usize;
     walk_rows(shape, strides, off, |o, len, s| {
-        for j in 0..len {
-            let p = (o + j as isize * s) as usize;
-            if mask.is_none_or(|m| m[k] != 0) {
-                dst[p] = if add { dst[p] + vals[k] } else { vals[k] };
+        let src = &vals[k..k + len];
+        if s == 1 && mask.is_none() {
+            let d = &mut dst[o as usize..o as usize + len];
+            if add {
+                d.iter_mut().zip(src).for_each(|(x, y)| *x = *x + *y);
+            } else {
+                d.copy_from_slice(src);
             }
-            k += 1;
+        } else {
+            for (j, &v) in src.iter().enumerate() {
+                let p = (o + j as isize * s) as usize;
+                if mask.is_none_or(|m| m[k + j] != 0) {
+                    dst[p] = if add { dst[p] + v } else { v };
+                }
+            }
         }
+        k += len;
     });
+}
+
+/// Copy `shape` elements from `src` (strided from `soff`) to `dst` (strided from `doff`),
+/// row by row, without an intermediate buffer.
+pub(crate) fn copy_strided<T: Copy>(dst: &mut [T], doff: isize, dstrides: &[isize], src: &[T], soff: isize, sstrides: &[isize], shape: &[usize]) {
+    let n = shape.len();
+    if n == 0 {
+        dst[doff as usize] = src[soff as usize];
+        return;
+    }
+    if shape.contains(&0) {
+        return;
+    }
+    let (inner, ds, ss) = (shape[n - 1], dstrides[n - 1], sstrides[n - 1]);
+    let mut idx: SmallVec<[usize; 6]> = SmallVec::from_elem(0, n - 1);
+    let (mut d, mut s) = (doff, soff);
+    loop {
+        if ds == 1 && ss == 1 {
+            dst[d as usize..d as usize + inner].copy_from_slice(&src[s as usize..s as usize + inner]);
+        } else {
+            for j in 0..inner as isize {
+                dst[(d + j * ds) as usize] = src[(s + j * ss) as usize];
+            }
+        }
+        let mut k = n - 1;
+        loop {
+            if k == 0 {
+                return;
+            }
+            k -= 1;
+            idx[k] += 1;
+            d += dstrides[k];
+            s += sstrides[k];
+            if idx[k] < shape[k] {
+                break;
+            }
+            d -= dstrides[k] * shape[k] as isize;
+            s -= sstrides[k] * shape[k] as isize;
+            idx[k] = 0;
+        }
+    }
 }
 
 /// Row-major strides of `shape`.
@@ -431,9 +501,7 @@ pub(crate) fn binary(op: Bin, dt: DType, a: &Val, b: &Val) -> Result<Val> {
                         Bin::DivF => p.iter().zip(q).map(|(a, b)| a / b).collect(),
                         _ => p.iter().zip(q).map(|(a, b)| fbin(op, *a, *b)).collect(),
                     };
-                    if dt != DType::F32 {
-                        out.iter_mut().for_each(|v| *v = round_f(dt, *v));
-                    }
+                    round_slice(dt, &mut out);
                     Data::F(out)
                 }
                 (Data::I(p), Data::I(q)) => {
@@ -681,7 +749,9 @@ pub(crate) fn cast(op: Cast, from: DType, to: DType, a: &Val) -> Result<Val> {
                         if to == DType::F32 || (to == from && matches!(op, Cast::ExtF | Cast::TruncF)) {
                             Data::F(p.clone())
                         } else {
-                            Data::F(p.iter().map(|x| round_f(to, *x)).collect())
+                            let mut out = p.clone();
+                            round_slice(to, &mut out);
+                            Data::F(out)
                         }
                     } else {
                         let mut out = Vec::with_capacity(n);
@@ -726,4 +796,20 @@ pub(crate) fn cast(op: Cast, from: DType, to: DType, a: &Val) -> Result<Val> {
 #[allow(dead_code)]
 pub(crate) fn need_float(dt: DType) -> Result<()> {
     if dt.is_float() { Ok(()) } else { Err(InterpError::new(ErrorKind::Malformed, format!("expected a float type, got {dt}"))) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn branch_free_bf16_rounding_matches_half() {
+        // Every 997th bit pattern, plus the edges (ties, overflow to inf, NaNs, zeros).
+        let edges = [0u32, 0x8000_0000, 0x3f80_8000, 0x3f81_8000, 0x3f80_8001, 0x7f7f_ffff, 0xff7f_ffff, 0x7f80_0000, 0x7f80_0001, 0xffc0_0000, 0x0000_0001, 0x0080_8000];
+        for b in (0..=u32::MAX).step_by(997).chain(edges) {
+            let x = f32::from_bits(b);
+            let (want, got) = (bf16::from_f32(x).to_f32(), round_bf16(x));
+            assert_eq!(want.to_bits(), got.to_bits(), "bits {b:#010x}");
+        }
+    }
 }
