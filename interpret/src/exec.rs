@@ -126,9 +126,15 @@ impl<'p> Machine<'p> {
                 Val::Tile(permute(t, perm))
             }
             Kind::Iota { shape, dim } => {
-                let st = strides_of(shape);
-                let n: usize = shape.iter().product();
-                let data = (0..n).map(|k| ((k / st[*dim]) % shape[*dim]) as i32).collect();
+                // Runs of `inner` equal values counting 0..shape[dim], repeated.
+                let inner: usize = shape[*dim + 1..].iter().product();
+                let outer: usize = shape[..*dim].iter().product();
+                let mut data = Vec::with_capacity(outer * shape[*dim] * inner);
+                for _ in 0..outer {
+                    for i in 0..shape[*dim] {
+                        data.extend(std::iter::repeat_n(i as i32, inner));
+                    }
+                }
                 Val::Tile(Tile::new(DType::I32, shape.clone(), Data::I(data)))
             }
             Kind::Concat { xs, dim } => {

@@ -53,53 +53,49 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, 
     let panels = n.div_ceil(NR);
     let work = m * k * n;
     if work < PARALLEL_MIN_WORK || panels == 1 || rayon::current_num_threads() == 1 {
-        panel_range(a, b, c, m, k, n, 0..panels, products);
+        panel_range(a, b, n, c, n, m, k, n, products);
         return;
     }
     // Split the columns of `c` into disjoint chunks of whole panels. The rows of one chunk
     // are not contiguous in `c`, so each task writes its own buffer, copied in afterwards.
     let chunk = panels.div_ceil(rayon::current_num_threads() * 4).max(1);
-    let parts: Vec<(usize, Vec<f32>)> = (0..panels)
+    let parts: Vec<(usize, usize, Vec<f32>)> = (0..panels)
         .step_by(chunk)
         .collect::<Vec<_>>()
         .into_par_iter()
         .map(|p0| {
-            let p1 = (p0 + chunk).min(panels);
-            let (j0, j1) = (p0 * NR, (p1 * NR).min(n));
+            let (j0, j1) = (p0 * NR, ((p0 + chunk) * NR).min(n));
             let w = j1 - j0;
-            let mut part = vec![0f32; m * w];
+            let mut part = Vec::with_capacity(m * w);
             for i in 0..m {
-                part[i * w..(i + 1) * w].copy_from_slice(&c[i * n + j0..i * n + j1]);
+                part.extend_from_slice(&c[i * n + j0..i * n + j1]);
             }
-            let bs: Vec<f32> = (0..k).flat_map(|kk| b[kk * n + j0..kk * n + j1].iter().copied()).collect();
-            panel_range(a, &bs, &mut part, m, k, w, 0..p1 - p0, products);
-            (j0, part)
+            panel_range(a, &b[j0..], n, &mut part, w, m, k, w, products);
+            (j0, w, part)
         })
         .collect();
-    for (j0, part) in parts {
-        let w = part.len() / m;
+    for (j0, w, part) in parts {
         for i in 0..m {
             c[i * n + j0..i * n + j0 + w].copy_from_slice(&part[i * w..(i + 1) * w]);
         }
     }
 }
 
-/// `c += a · b` for the column panels `panels` of `c`, on this thread.
+/// `c += a · b` on this thread, for `n` columns: `b` rows are `ldb` apart, `c` rows `ldc`.
 #[allow(clippy::too_many_arguments)]
-fn panel_range(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize, panels: std::ops::Range<usize>, products: Products) {
+fn panel_range(a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], ldc: usize, m: usize, k: usize, n: usize, products: Products) {
     PANEL.with_borrow_mut(|packed| {
-        for p in panels {
-            let j0 = p * NR;
+        for j0 in (0..n).step_by(NR) {
             let w = NR.min(n - j0);
             // A full panel used by few rows is read in place; otherwise packed (contiguous,
             // and zero-padded to NR columns).
-            let (panel, ldb): (&[f32], usize) = if w == NR && m <= PACK_MIN_ROWS {
-                (&b[j0..], n)
+            let (panel, ld): (&[f32], usize) = if w == NR && m <= PACK_MIN_ROWS {
+                (&b[j0..], ldb)
             } else {
                 packed.clear();
                 packed.resize(k * NR, 0.0);
                 for kk in 0..k {
-                    packed[kk * NR..kk * NR + w].copy_from_slice(&b[kk * n + j0..kk * n + j0 + w]);
+                    packed[kk * NR..kk * NR + w].copy_from_slice(&b[kk * ldb + j0..kk * ldb + j0 + w]);
                 }
                 (&packed[..], NR)
             };
@@ -107,11 +103,11 @@ fn panel_range(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize
                 let rows = MR.min(m - i0);
                 let mut tile = [[0f32; NR]; MR];
                 for (r, t) in tile.iter_mut().enumerate().take(rows) {
-                    t[..w].copy_from_slice(&c[(i0 + r) * n + j0..(i0 + r) * n + j0 + w]);
+                    t[..w].copy_from_slice(&c[(i0 + r) * ldc + j0..(i0 + r) * ldc + j0 + w]);
                 }
-                micro(&a[i0 * k..], k, panel, ldb, &mut tile, rows, products);
+                micro(&a[i0 * k..], k, panel, ld, &mut tile, rows, products);
                 for (r, t) in tile.iter().enumerate().take(rows) {
-                    c[(i0 + r) * n + j0..(i0 + r) * n + j0 + w].copy_from_slice(&t[..w]);
+                    c[(i0 + r) * ldc + j0..(i0 + r) * ldc + j0 + w].copy_from_slice(&t[..w]);
                 }
             }
         }

@@ -191,13 +191,16 @@ impl Program {
             let points: Box<dyn Iterator<Item = Vec<i64>>> = if g == 0 { Box::new(single.into_iter()) } else { Box::new(grid_points(&self.grid)) };
             self.walk(&mut m, &mut ops, points, prefetch, &scratch, None)?;
         }
-        ops.iter()
+        let outputs = ops
+            .iter()
             .filter(|o| o.is_output)
             .map(|o| {
                 let b = &m.mem.bufs[o.hbm];
                 HostArray::from_data(b.dt, &b.shape, &b.data)
             })
-            .collect()
+            .collect();
+        m.mem.recycle();
+        outputs
     }
 
     /// Run the grid `points` in order, then write back the outputs still resident and check
@@ -281,13 +284,13 @@ impl Program {
                 let points = grid_points(&self.grid[outer..]).map(|tail| head.iter().chain(&tail).copied().collect());
                 let mut record = Vec::new();
                 self.walk(&mut tm, &mut tops, points, prefetch, scratch, Some(&mut record))?;
-                for o in ops.iter().filter(|o| !o.is_output) {
-                    if !Arc::ptr_eq(&tm.mem.bufs[o.hbm].data, &base.bufs[o.hbm].data) {
-                        return Err(with_point(
-                            InterpError::new(ErrorKind::ParallelRace, format!("writes {}, which every point of the parallel grid dimensions reads; mark the dimensions `arbitrary` or write an output", o.label)),
-                            head,
-                        ));
-                    }
+                let wrote_input = ops.iter().find(|o| !o.is_output && !Arc::ptr_eq(&tm.mem.bufs[o.hbm].data, &base.bufs[o.hbm].data));
+                tm.mem.recycle();
+                if let Some(o) = wrote_input {
+                    return Err(with_point(
+                        InterpError::new(ErrorKind::ParallelRace, format!("writes {}, which every point of the parallel grid dimensions reads; mark the dimensions `arbitrary` or write an output", o.label)),
+                        head,
+                    ));
                 }
                 Ok(record)
             })
@@ -338,14 +341,7 @@ fn load_host(mem: &mut Memory, host: &HostArray, dt: DType, space: Space, name: 
     if host.dtype != dt {
         bail!(BadInput, "{name}: got a {} array, the kernel expects {dt}", host.dtype);
     }
-    let id = mem.alloc(dt, &host.shape, space, name);
-    let d = host.to_data();
-    match (Arc::make_mut(&mut mem.bufs[id].data), d) {
-        (Data::F(a), Data::F(b)) => *a = b,
-        (Data::I(a), Data::I(b)) => *a = b,
-        _ => bail!(BadInput, "element kind mismatch"),
-    }
-    Ok(id)
+    Ok(mem.adopt(dt, &host.shape, space, name, host.to_data()))
 }
 
 /// At least one element of the block must be inside the array (Pallas's rule for partial

@@ -33,6 +33,7 @@ mod host;
 mod memory;
 pub mod parse;
 mod prepare;
+mod recycle;
 mod value;
 
 pub use error::{ErrorKind, InterpError, OpSite};

@@ -92,12 +92,27 @@ impl Memory {
         let n: usize = shape.iter().product();
         // Fresh memory is poison: NaN for floats, i32::MIN for ints, 0 for semaphores.
         let data = if dt.is_sem() { Data::I(vec![0; n]) } else { Data::filled(dt, n, f32::NAN, i32::MIN) };
+        self.adopt(dt, shape, space, name, data)
+    }
+
+    /// A new buffer holding `data` (`shape.product()` elements of `dt`).
+    pub fn adopt(&mut self, dt: DType, shape: &[usize], space: Space, name: String, data: Data) -> usize {
+        debug_assert_eq!(data.len(), shape.iter().product::<usize>());
         self.bufs.push(Buffer { dt, shape: shape.into(), strides: strides_of(shape), data: Arc::new(data), space, name, alive: true });
         let id = self.bufs.len() - 1;
         if let Some(s) = self.scopes.last_mut() {
             s.push(id);
         }
         id
+    }
+
+    /// The run is over: keep the large vectors no one else holds for the next run.
+    pub fn recycle(self) {
+        for b in self.bufs {
+            if let Ok(d) = Arc::try_unwrap(b.data) {
+                crate::recycle::give(d);
+            }
+        }
     }
 
     pub fn whole(&self, buf: usize) -> View {

@@ -6,6 +6,7 @@
 use crate::error::{ErrorKind, InterpError, Result, bail};
 use crate::parse::{FloatKind, Type};
 use half::{bf16, f16};
+use rayon::prelude::*;
 use smallvec::SmallVec;
 use std::sync::Arc;
 
@@ -172,7 +173,15 @@ impl Data {
         }
     }
     pub fn filled(dt: DType, n: usize, f: f32, i: i32) -> Data {
-        if dt.is_float() { Data::F(vec![f; n]) } else { Data::I(vec![i; n]) }
+        if dt.is_float() {
+            let mut v = crate::recycle::f32s(n);
+            v.resize(n, f);
+            Data::F(v)
+        } else {
+            let mut v = crate::recycle::i32s(n);
+            v.resize(n, i);
+            Data::I(v)
+        }
     }
 }
 
@@ -297,9 +306,30 @@ pub(crate) fn walk_rows(shape: &[usize], strides: &[isize], off: isize, mut f: i
     }
 }
 
+/// Copies of at least this many contiguous elements are split across the rayon pool.
+const PARALLEL_COPY_MIN: usize = 1 << 18;
+
+/// Whether `shape` laid out with `strides` is one contiguous run (row-major, no gaps).
+fn contiguous(shape: &[usize], strides: &[isize]) -> bool {
+    let mut want = 1isize;
+    for d in (0..shape.len()).rev() {
+        if shape[d] != 1 && strides[d] != want {
+            return false;
+        }
+        want *= shape[d] as isize;
+    }
+    true
+}
+
 /// Gather `shape` elements from `src` (strided) into a new contiguous vector.
-pub(crate) fn gather<T: Copy>(src: &[T], off: isize, strides: &[isize], shape: &[usize]) -> Vec<T> {
-    let mut out = Vec::with_capacity(shape.iter().product());
+pub(crate) fn gather<T: Copy + Send + Sync>(src: &[T], off: isize, strides: &[isize], shape: &[usize]) -> Vec<T> {
+    let n: usize = shape.iter().product();
+    if n >= PARALLEL_COPY_MIN && contiguous(shape, strides) {
+        let mut out = Vec::with_capacity(n);
+        out.par_extend(src[off as usize..off as usize + n].par_iter().copied());
+        return out;
+    }
+    let mut out = Vec::with_capacity(n);
     walk_rows(shape, strides, off, |o, len, s| {
         let o = o as usize;
         if s == 1 {
@@ -342,7 +372,13 @@ pub(crate) fn scatter<T: Copy + std::ops::Add<Output = T>>(dst: &mut [T], off: i
 
 /// Copy `shape` elements from `src` (strided from `soff`) to `dst` (strided from `doff`),
 /// row by row, without an intermediate buffer.
-pub(crate) fn copy_strided<T: Copy>(dst: &mut [T], doff: isize, dstrides: &[isize], src: &[T], soff: isize, sstrides: &[isize], shape: &[usize]) {
+pub(crate) fn copy_strided<T: Copy + Send + Sync>(dst: &mut [T], doff: isize, dstrides: &[isize], src: &[T], soff: isize, sstrides: &[isize], shape: &[usize]) {
+    let total: usize = shape.iter().product();
+    if total >= PARALLEL_COPY_MIN && contiguous(shape, dstrides) && contiguous(shape, sstrides) {
+        let (d, s) = (&mut dst[doff as usize..doff as usize + total], &src[soff as usize..soff as usize + total]);
+        d.par_chunks_mut(PARALLEL_COPY_MIN / 4).zip(s.par_chunks(PARALLEL_COPY_MIN / 4)).for_each(|(d, s)| d.copy_from_slice(s));
+        return;
+    }
     let n = shape.len();
     if n == 0 {
         dst[doff as usize] = src[soff as usize];
@@ -394,14 +430,44 @@ pub(crate) fn strides_of(shape: &[usize]) -> Shape {
 
 /// Permute a tile: result dim `d` is input dim `perm[d]`.
 pub(crate) fn permute(t: &Tile, perm: &[usize]) -> Tile {
-    let st = strides_of(&t.shape);
     let shape: Shape = perm.iter().map(|&p| t.shape[p]).collect();
+    let n = perm.len();
+    if n >= 2 && perm[n - 2] == n - 1 && perm[n - 1] == n - 2 && (0..n - 2).all(|d| perm[d] == d) {
+        let (r, c) = (t.shape[n - 2], t.shape[n - 1]);
+        let data = match &*t.data {
+            Data::F(v) => Data::F(transpose_last2(v, r, c)),
+            Data::I(v) => Data::I(transpose_last2(v, r, c)),
+        };
+        return Tile::new(t.dt, shape, data);
+    }
+    let st = strides_of(&t.shape);
     let strides: SmallVec<[isize; 4]> = perm.iter().map(|&p| st[p] as isize).collect();
     let data = match &*t.data {
         Data::F(v) => Data::F(gather(v, 0, &strides, &shape)),
         Data::I(v) => Data::I(gather(v, 0, &strides, &shape)),
     };
     Tile::new(t.dt, shape, data)
+}
+
+/// Swap the last two dims of `src` (a stack of `r×c` matrices), in cache-sized blocks.
+fn transpose_last2<T: Copy + Default>(src: &[T], r: usize, c: usize) -> Vec<T> {
+    const B: usize = 16;
+    let mut out = vec![T::default(); src.len()];
+    if r == 0 || c == 0 {
+        return out;
+    }
+    for (s, o) in src.chunks_exact(r * c).zip(out.chunks_exact_mut(r * c)) {
+        for i0 in (0..r).step_by(B) {
+            for j0 in (0..c).step_by(B) {
+                for i in i0..(i0 + B).min(r) {
+                    for j in j0..(j0 + B).min(c) {
+                        o[j * r + i] = s[i * c + j];
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 // --- elementwise ops --------------------------------------------------------------------------
@@ -505,9 +571,16 @@ pub(crate) fn binary(op: Bin, dt: DType, a: &Val, b: &Val) -> Result<Val> {
                     Data::F(out)
                 }
                 (Data::I(p), Data::I(q)) => {
+                    // Bitwise ops, min and max of sign-extended values stay sign-extended.
                     let out = match op {
                         Bin::AddI if dt == DType::I32 => p.iter().zip(q).map(|(a, b)| a.wrapping_add(*b)).collect(),
+                        Bin::SubI if dt == DType::I32 => p.iter().zip(q).map(|(a, b)| a.wrapping_sub(*b)).collect(),
                         Bin::MulI if dt == DType::I32 => p.iter().zip(q).map(|(a, b)| a.wrapping_mul(*b)).collect(),
+                        Bin::AndI => p.iter().zip(q).map(|(a, b)| a & b).collect(),
+                        Bin::OrI => p.iter().zip(q).map(|(a, b)| a | b).collect(),
+                        Bin::XorI => p.iter().zip(q).map(|(a, b)| a ^ b).collect(),
+                        Bin::MaxSI if dt != DType::Bool => p.iter().zip(q).map(|(a, b)| *a.max(b)).collect(),
+                        Bin::MinSI if dt != DType::Bool => p.iter().zip(q).map(|(a, b)| *a.min(b)).collect(),
                         _ => p.iter().zip(q).map(|(a, b)| ibin(op, dt, i64::from(*a), i64::from(*b)).map(|r| r as i32)).collect::<Result<Vec<_>>>()?,
                     };
                     Data::I(out)
@@ -646,6 +719,18 @@ pub(crate) fn compare(float: bool, pred: i64, dt: DType, a: &Val, b: &Val) -> Re
             }
             let out: Vec<i32> = match (&*x.data, &*y.data) {
                 (Data::F(p), Data::F(q)) => p.iter().zip(q).map(|(a, b)| i32::from(cmpf(pred, *a, *b))).collect(),
+                // Signed predicates on sign-extended values need no widening.
+                (Data::I(p), Data::I(q)) if pred <= 5 => {
+                    let f: fn(&i32, &i32) -> bool = match pred {
+                        0 => |a, b| a == b,
+                        1 => |a, b| a != b,
+                        2 => |a, b| a < b,
+                        3 => |a, b| a <= b,
+                        4 => |a, b| a > b,
+                        _ => |a, b| a >= b,
+                    };
+                    p.iter().zip(q).map(|(a, b)| i32::from(f(a, b))).collect()
+                }
                 (Data::I(p), Data::I(q)) => p.iter().zip(q).map(|(a, b)| i32::from(cmpi(pred, dt, i64::from(*a), i64::from(*b)))).collect(),
                 _ => bail!(Mismatch, "operands of different element kinds"),
             };
