@@ -19,7 +19,10 @@
 //!   after every op that produces it).
 //! - `memory.rs`: buffers, memref views, the DMA/semaphore model and race detection.
 //! - `exec.rs`: the instruction loop, matmul, reductions, shape ops.
-//! - `grid.rs`: the grid walk, `transform_N` block indices, window copy-in/write-back.
+//! - `gemm.rs`: the tile matmul kernel (fixed k-order accumulation, AVX-512 when present).
+//! - `grid.rs`: the grid walk (points of leading `parallel` dims on the rayon pool),
+//!   `transform_N` block indices, window copy-in/write-back.
+//! - `recycle.rs`: large vectors kept from run to run (no page faults per run).
 //! - `host.rs`: [`HostArray`] and [`CallSpec`].
 
 // Errors carry the op site and grid point by value; they are cold.
