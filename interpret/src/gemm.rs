@@ -52,7 +52,8 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, 
     }
     let panels = n.div_ceil(NR);
     let work = m * k * n;
-    if work < PARALLEL_MIN_WORK || panels == 1 || rayon::current_num_threads() == 1 {
+    // Inside a task of a parallel grid the pool is already busy: split no further.
+    if work < PARALLEL_MIN_WORK || panels == 1 || rayon::current_num_threads() == 1 || rayon::current_thread_index().is_some() {
         panel_range(a, b, n, c, n, m, k, n, products);
         return;
     }
@@ -117,7 +118,7 @@ fn panel_range(a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], ldc: usize, m: u
 /// `tile[r] += a[r] · panel` for the first `rows` rows (`a` rows are `k` long; panel rows
 /// are `ldb` apart and at least [`NR`] long).
 fn micro(a: &[f32], k: usize, panel: &[f32], ldb: usize, tile: &mut [[f32; NR]; MR], rows: usize, products: Products) {
-    assert!(rows >= 1 && rows <= MR && a.len() >= rows * k && (k == 0 || panel.len() >= (k - 1) * ldb + NR));
+    assert!((1..=MR).contains(&rows) && a.len() >= rows * k && (k == 0 || panel.len() >= (k - 1) * ldb + NR));
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has AVX-512F (checked above); the lengths were checked above.

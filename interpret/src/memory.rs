@@ -314,9 +314,11 @@ impl Memory {
 
     pub fn fill_poison(&mut self, buf: usize) {
         let b = &mut self.bufs[buf];
-        match Arc::make_mut(&mut b.data) {
-            Data::F(d) => d.iter_mut().for_each(|x| *x = f32::NAN),
-            Data::I(d) => d.iter_mut().for_each(|x| *x = i32::MIN),
+        match Arc::get_mut(&mut b.data) {
+            Some(Data::F(d)) => d.iter_mut().for_each(|x| *x = f32::NAN),
+            Some(Data::I(d)) => d.iter_mut().for_each(|x| *x = i32::MIN),
+            // Shared (a recorded write-back, a parallel task's copy): new storage, no copy.
+            None => b.data = Arc::new(Data::filled(b.dt, b.data.len(), f32::NAN, i32::MIN)),
         }
     }
 

@@ -309,6 +309,12 @@ pub(crate) fn walk_rows(shape: &[usize], strides: &[isize], off: isize, mut f: i
 /// Copies of at least this many contiguous elements are split across the rayon pool.
 const PARALLEL_COPY_MIN: usize = 1 << 18;
 
+/// Whether a large copy should be split across the pool: not from inside a task of a
+/// parallel grid, whose pool is already busy.
+pub(crate) fn split_copy(n: usize) -> bool {
+    n >= PARALLEL_COPY_MIN && rayon::current_thread_index().is_none()
+}
+
 /// Whether `shape` laid out with `strides` is one contiguous run (row-major, no gaps).
 fn contiguous(shape: &[usize], strides: &[isize]) -> bool {
     let mut want = 1isize;
@@ -324,7 +330,7 @@ fn contiguous(shape: &[usize], strides: &[isize]) -> bool {
 /// Gather `shape` elements from `src` (strided) into a new contiguous vector.
 pub(crate) fn gather<T: Copy + Send + Sync>(src: &[T], off: isize, strides: &[isize], shape: &[usize]) -> Vec<T> {
     let n: usize = shape.iter().product();
-    if n >= PARALLEL_COPY_MIN && contiguous(shape, strides) {
+    if split_copy(n) && contiguous(shape, strides) {
         let mut out = Vec::with_capacity(n);
         out.par_extend(src[off as usize..off as usize + n].par_iter().copied());
         return out;
@@ -374,7 +380,7 @@ pub(crate) fn scatter<T: Copy + std::ops::Add<Output = T>>(dst: &mut [T], off: i
 /// row by row, without an intermediate buffer.
 pub(crate) fn copy_strided<T: Copy + Send + Sync>(dst: &mut [T], doff: isize, dstrides: &[isize], src: &[T], soff: isize, sstrides: &[isize], shape: &[usize]) {
     let total: usize = shape.iter().product();
-    if total >= PARALLEL_COPY_MIN && contiguous(shape, dstrides) && contiguous(shape, sstrides) {
+    if split_copy(total) && contiguous(shape, dstrides) && contiguous(shape, sstrides) {
         let (d, s) = (&mut dst[doff as usize..doff as usize + total], &src[soff as usize..soff as usize + total]);
         d.par_chunks_mut(PARALLEL_COPY_MIN / 4).zip(s.par_chunks(PARALLEL_COPY_MIN / 4)).for_each(|(d, s)| d.copy_from_slice(s));
         return;
