@@ -2,4 +2,5 @@
 //! benches.
 
 pub mod check;
+pub mod output;
 pub mod run;

@@ -2,11 +2,12 @@
 
 use clap::{Parser, Subcommand};
 use palladium_dsl::ir::{PrintOptions, VerifyOptions, print_kernel, verify};
-use palladium::check::{CheckOptions, check};
+use palladium::check::{CheckOptions, check, max_host_memory};
+use palladium::output::{check_writable, write_all};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::{KernelError, REGISTRY, parse_setting};
 use palladium_lowering::{LowerOptions, lower};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -131,6 +132,11 @@ enum Command {
         /// integers exact).
         #[arg(long)]
         tolerance: Option<f32>,
+        /// Refuse kernels whose inputs, outputs, reference and interpreter buffers need more
+        /// host memory than this: bytes, or with a K, M, G or T suffix (powers of 1024).
+        /// Default: $PALLADIUM_MAX_HOST_MEMORY, else 4G.
+        #[arg(long, value_name = "BYTES")]
+        max_host_memory: Option<String>,
     },
 }
 
@@ -155,13 +161,13 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Command::Emit { kernel, chip, set, out } => {
+            palladium_kernels::entry(&kernel).map_err(|e| e.to_string())?;
+            let names = [format!("{kernel}.mlir"), format!("{kernel}.body.mlir"), format!("{kernel}.call.json")];
+            check_writable(&out, &names)?;
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
             let lowered = lower(&k, &LowerOptions { chip }).map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
-            let files = [
-                (format!("{kernel}.mlir"), lowered.module),
-                (format!("{kernel}.body.mlir"), lowered.body),
-                (format!("{kernel}.call.json"), lowered.call_json),
-            ];
+            let [module, body, call] = names;
+            let files = [(module, lowered.module), (body, lowered.body), (call, lowered.call_json)];
             write_all(&out, &files)?;
             for (name, _) in &files {
                 println!("{}", out.join(name).display());
@@ -170,6 +176,8 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json } => {
             use palladium_fusion::plan::{KvTiles, PlanOptions, Prefetch};
+            let names = ["megakernel.mlir", "megakernel.body.mlir", "megakernel.call.json"];
+            check_writable(&out, &names)?;
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
             let kv_tiles = if all_kv_tiles { KvTiles::All } else { KvTiles::UpToPosition };
             let prefetch = if single_prefetch { Prefetch::Single } else { Prefetch::Deep };
@@ -177,11 +185,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let plan = palladium_fusion::plan::Plan::new(&spec, &options).map_err(|e| format!("megakernel refused: {e}"))?;
             let kernel = palladium_fusion::emit::emit(&plan).map_err(|e| format!("cannot build the megakernel:\n{e}"))?;
             let lowered = lower(&kernel, &LowerOptions { chip }).map_err(|e| format!("cannot lower the megakernel for {chip}:\n{e}"))?;
-            write_all(&out, &[
-                ("megakernel.mlir".to_string(), lowered.module),
-                ("megakernel.body.mlir".to_string(), lowered.body),
-                ("megakernel.call.json".to_string(), lowered.call_json),
-            ])?;
+            write_all(&out, &[(names[0], lowered.module), (names[1], lowered.body), (names[2], lowered.call_json)])?;
             if json { println!("{}", palladium_fusion::report::json(&plan)) } else { print!("{}", palladium_fusion::report::text(&plan)) }
             Ok(())
         }
@@ -221,36 +225,14 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::Interpret { kernel, set, chip, seed, tolerance } => {
+        Command::Interpret { kernel, set, chip, seed, tolerance, max_host_memory: limit } => {
             let settings = set.iter().map(|s| parse_setting(s)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
-            let report = check(&kernel, &settings, &CheckOptions { chip, seed, tolerance }).map_err(|e| e.to_string())?;
+            let max_host_memory = max_host_memory(limit.as_deref())?;
+            let report = check(&kernel, &settings, &CheckOptions { chip, seed, tolerance, max_host_memory }).map_err(|e| e.to_string())?;
             println!("{report}");
             if report.passed() { Ok(()) } else { Err(format!("`{kernel}` does not match its reference")) }
         }
     }
-}
-
-/// Write every file or none: each goes to a temporary name first and is renamed into
-/// place only once all of them are written.
-fn write_all(dir: &Path, files: &[(String, String)]) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let mut staged = Vec::new();
-    for (name, text) in files {
-        let tmp = dir.join(format!(".{name}.partial"));
-        if let Err(e) = std::fs::write(&tmp, text) {
-            for t in &staged {
-                let _ = std::fs::remove_file(t);
-            }
-            let _ = std::fs::remove_file(&tmp);
-            return Err(format!("cannot write {}: {e}", tmp.display()));
-        }
-        staged.push(tmp);
-    }
-    for (tmp, (name, _)) in staged.iter().zip(files) {
-        let dest = dir.join(name);
-        std::fs::rename(tmp, &dest).map_err(|e| format!("cannot write {}: {e}", dest.display()))?;
-    }
-    Ok(())
 }
 
 fn main() -> ExitCode {

@@ -42,7 +42,9 @@ fn emit_writes_module_body_and_call_spec() {
 #[test]
 fn a_tpu_rule_violation_is_refused_before_anything_is_written() {
     let dir = scratch("emit_bad");
-    let (ok, _, err) = palladium(&["emit", "matmul", "--chip", "v6e", "--set", "bm=100", "--set", "bn=100", "--out", dir.to_str().unwrap()]);
+    // 100 tiles 1000 (so the blocks tile the arrays) but breaks the TPU's (16, 128) tile.
+    let sets = ["--set", "m=1000", "--set", "n=1000", "--set", "bm=100", "--set", "bn=100"];
+    let (ok, _, err) = palladium(&[&["emit", "matmul", "--chip", "v6e", "--out", dir.to_str().unwrap()][..], &sets[..]].concat());
     assert!(!ok);
     assert!(err.contains("operand x"), "{err}");
     assert!(err.contains("TPU block rule: the second-minor block dim (100) must be a multiple of 16 (native bf16 tile (16,128))"), "{err}");

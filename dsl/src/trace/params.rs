@@ -109,28 +109,54 @@ pub fn rem(a: impl IntoSize, b: impl IntoSize) -> Size {
     lift(a, b, i128::checked_rem)
 }
 
-/// Comparisons in `requires`: an overflowed value is larger than every value.
-fn ordered(a: impl IntoSize, b: impl IntoSize) -> std::cmp::Ordering {
-    let key = |s: Size| s.value().map_or((1, 0), |v| (0, v));
-    key(a.into_size()).cmp(&key(b.into_size()))
+/// What `requires` may compare: sizes (an overflowed one is larger than every other),
+/// floats, and dtypes or bools (for equality).
+pub trait Relate<B> {
+    fn relate(self, other: B) -> Option<std::cmp::Ordering>;
 }
-pub fn lt(a: impl IntoSize, b: impl IntoSize) -> bool {
-    ordered(a, b).is_lt()
+
+impl<A: IntoSize, B: IntoSize> Relate<B> for A {
+    fn relate(self, other: B) -> Option<std::cmp::Ordering> {
+        let key = |s: Size| s.value().map_or((1, 0), |v| (0, v));
+        Some(key(self.into_size()).cmp(&key(other.into_size())))
+    }
 }
-pub fn le(a: impl IntoSize, b: impl IntoSize) -> bool {
-    ordered(a, b).is_le()
+
+impl Relate<DType> for DType {
+    fn relate(self, other: DType) -> Option<std::cmp::Ordering> {
+        (self == other).then_some(std::cmp::Ordering::Equal)
+    }
 }
-pub fn gt(a: impl IntoSize, b: impl IntoSize) -> bool {
-    ordered(a, b).is_gt()
+
+impl Relate<f64> for f64 {
+    fn relate(self, other: f64) -> Option<std::cmp::Ordering> {
+        self.partial_cmp(&other)
+    }
 }
-pub fn ge(a: impl IntoSize, b: impl IntoSize) -> bool {
-    ordered(a, b).is_ge()
+
+impl Relate<bool> for bool {
+    fn relate(self, other: bool) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(&other))
+    }
 }
-pub fn eq(a: impl IntoSize, b: impl IntoSize) -> bool {
-    ordered(a, b).is_eq()
+
+pub fn lt<A: Relate<B>, B>(a: A, b: B) -> bool {
+    a.relate(b).is_some_and(|o| o.is_lt())
 }
-pub fn ne(a: impl IntoSize, b: impl IntoSize) -> bool {
-    ordered(a, b).is_ne()
+pub fn le<A: Relate<B>, B>(a: A, b: B) -> bool {
+    a.relate(b).is_some_and(|o| o.is_le())
+}
+pub fn gt<A: Relate<B>, B>(a: A, b: B) -> bool {
+    a.relate(b).is_some_and(|o| o.is_gt())
+}
+pub fn ge<A: Relate<B>, B>(a: A, b: B) -> bool {
+    a.relate(b).is_some_and(|o| o.is_ge())
+}
+pub fn eq<A: Relate<B>, B>(a: A, b: B) -> bool {
+    a.relate(b).is_some_and(|o| o.is_eq())
+}
+pub fn ne<A: Relate<B>, B>(a: A, b: B) -> bool {
+    !eq(a, b)
 }
 
 /// A named value for an error message: `bk = 1536`, or just `16` for a literal.
@@ -248,5 +274,6 @@ mod tests {
         assert!(gt(mul(u64::MAX, u64::MAX), i64::MAX));
         assert!(le(mul(2, 3), 6));
         assert!(!eq(mul(u64::MAX, u64::MAX), 0));
+        assert!(eq(DType::F32, DType::F32) && ne(DType::F32, DType::Bf16) && !lt(DType::F32, DType::Bf16));
     }
 }
