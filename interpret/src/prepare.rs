@@ -140,10 +140,25 @@ impl Program {
     }
 }
 
+/// The most elements of a vector, or of an on-chip buffer (VMEM, SMEM, semaphores), the
+/// interpreter materializes: 2^26 (256 MiB as f32), twice the largest VMEM. Only a
+/// malformed body has larger ones; they are refused instead of allocated.
+pub(crate) const MAX_ON_CHIP_ELEMENTS: usize = 1 << 26;
+
+/// The element count of a shape (`None`: a negative dim or an overflow).
+fn elements(shape: &[i64]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))
+}
+
 /// Shape and element type of a scalar or vector type.
 pub(crate) fn shape_dt(t: &Type) -> Option<(Shape, DType)> {
     match t {
-        Type::Vector { shape, elem } => Some((shape.iter().map(|&d| d as usize).collect(), DType::from_type(elem)?)),
+        Type::Vector { shape, elem } => {
+            if elements(shape)? > MAX_ON_CHIP_ELEMENTS {
+                return None;
+            }
+            Some((shape.iter().map(|&d| d as usize).collect(), DType::from_type(elem)?))
+        }
         t => Some((Shape::new(), DType::from_type(t)?)),
     }
 }
@@ -152,10 +167,12 @@ pub(crate) fn shape_dt(t: &Type) -> Option<(Shape, DType)> {
 pub(crate) fn memref_info(t: &Type) -> Option<(Shape, DType, Space)> {
     match t {
         Type::MemRef { shape, elem, .. } => {
-            if shape.iter().any(|&d| d < 0) {
+            let n = elements(shape)?;
+            let space = Space::parse(t.memory_space());
+            if space != Space::Hbm && n > MAX_ON_CHIP_ELEMENTS {
                 return None;
             }
-            Some((shape.iter().map(|&d| d as usize).collect(), DType::from_type(elem)?, Space::parse(t.memory_space())))
+            Some((shape.iter().map(|&d| d as usize).collect(), DType::from_type(elem)?, space))
         }
         _ => None,
     }
@@ -577,7 +594,8 @@ fn check_dot(d: &DotDims, ls: &[usize], rs: &[usize], out: &[usize]) -> Result<(
 /// `operandSegmentSizes`, or `default` with the last variable segment absorbing the rest.
 fn segments(op: &Operation, default: &[i64]) -> Result<Vec<i64>> {
     if let Some(s) = op.attr("operandSegmentSizes").and_then(Attr::as_i64_list) {
-        if s.iter().sum::<i64>() as usize != op.operands.len() {
+        let total = s.iter().try_fold(0usize, |t, &n| t.checked_add(usize::try_from(n).ok()?));
+        if total != Some(op.operands.len()) {
             bail!(Malformed, "operandSegmentSizes {s:?} does not add up to {} operands", op.operands.len());
         }
         return Ok(s);
