@@ -752,8 +752,12 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
     if grid.iter().any(|&g| g < 0) {
         bail!(Unsupported, "dynamic grid dimensions (iteration_bounds {grid:?})");
     }
-    let scalar_prefetch = attr("scalar_prefetch").and_then(Attr::as_int).unwrap_or(0) as usize;
-    let scratch = attr("scratch_operands").and_then(Attr::as_int).unwrap_or(0) as usize;
+    let count = |n: &str| -> Result<usize> {
+        let v = attr(n).and_then(Attr::as_int).unwrap_or(0);
+        usize::try_from(v).map_err(|_| InterpError::new(ErrorKind::Malformed, format!("{n} = {v}")))
+    };
+    let scalar_prefetch = count("scalar_prefetch")?;
+    let scratch = count("scratch_operands")?;
     let mut funcs = Vec::new();
     let mut by_name = HashMap::new();
     for op in &funcs_ast {
@@ -782,7 +786,10 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
                 if get("window_kind").is_some() {
                     bail!(Unsupported, "element windows (window_kind)");
                 }
-                let bounds = get("window_bounds").and_then(Attr::as_i64_list).map(|v| v.into_iter().map(|x| x as usize).collect());
+                let bounds = match get("window_bounds").and_then(Attr::as_i64_list) {
+                    Some(v) => Some(v.into_iter().map(|x| usize::try_from(x).map_err(|_| InterpError::new(ErrorKind::Malformed, format!("window_bounds {x}")))).collect::<Result<Vec<_>>>()?),
+                    None => None,
+                };
                 out.push(WindowParam { transform, bounds });
             }
             Some(out)
@@ -795,6 +802,10 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
     let g = grid.len();
     let nargs = kernel.arg_types.len();
     let nwin = windows.as_ref().map(Vec::len);
+    let fixed = g.checked_add(scalar_prefetch).and_then(|n| n.checked_add(scratch)).filter(|&n| n <= nargs);
+    if fixed.is_none() {
+        bail!(Malformed, "@{}: {nargs} arguments, fewer than grid {g} + scalar_prefetch {scalar_prefetch} + scratch {scratch}", kernel.name);
+    }
     if let Some(n) = nwin
         && g + scalar_prefetch + n + scratch != nargs
     {
