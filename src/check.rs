@@ -17,7 +17,7 @@
 //! computed from the kernel's call spec and refused above [`CheckOptions::max_host_memory`]
 //! (default 4 GiB; `--max-host-memory` or `PALLADIUM_MAX_HOST_MEMORY` raise it).
 
-use palladium_dsl::ir::{padded_vmem_bytes, Kernel};
+use palladium_dsl::ir::{Kernel, check_hbm, padded_vmem_bytes};
 use palladium_dsl::spec::{Chip, OperandRole, ScratchSpec};
 use palladium_interpret::{CallSpec, DType, HostArray, InterpError, Module, ParseError, Program};
 use palladium_kernels::{HostData, KernelEntry, KernelError, Values};
@@ -162,6 +162,8 @@ pub enum CheckError {
         human(need.total()), human(need.inputs), human(need.outputs), human(need.buffers), human(*limit)
     )]
     HostMemory { kernel: String, need: HostMemory, limit: u64 },
+    #[error("cannot run `{kernel}`: {message}")]
+    Refused { kernel: String, message: String },
     #[error("tolerance {0} must be finite and non-negative")]
     Tolerance(f32),
 }
@@ -278,6 +280,7 @@ pub fn check(name: &str, settings: &[(String, String)], options: &CheckOptions) 
     let t = Instant::now();
     let entry = palladium_kernels::entry(name)?;
     let kernel = (entry.build)(settings)?;
+    check_hbm(&kernel, options.chip).map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
     let need = HostMemory::of(&kernel);
     if need.total() > options.max_host_memory {
         return Err(CheckError::HostMemory { kernel: name.to_string(), need, limit: options.max_host_memory });
@@ -285,7 +288,7 @@ pub fn check(name: &str, settings: &[(String, String)], options: &CheckOptions) 
     let (program, spec) = lower_and_prepare(name, &kernel, options.chip)?;
     let prepare_time = t.elapsed();
     let inputs = (entry.inputs)(settings, options.seed)?;
-    let host: Vec<HostArray> = inputs.iter().map(to_host_array).collect::<Result<_, _>>().map_err(|message| CheckError::Mismatch { kernel: name.to_string(), message })?;
+    let host: Vec<HostArray> = inputs.iter().map(to_host_array).collect::<Result<_, _>>().map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
     let t = Instant::now();
     // With the call spec: aliased outputs start as copies of their inputs (in-place kernels
     // such as `kv_cache_update` write only part of them), output shapes as the call has them.

@@ -1,7 +1,7 @@
 //! `palladium`: the command-line front end.
 
 use clap::{Parser, Subcommand};
-use palladium_dsl::ir::{PrintOptions, VerifyOptions, print_kernel, verify};
+use palladium_dsl::ir::{PrintOptions, VerifyOptions, check_hbm, print_kernel, verify};
 use palladium::check::{CheckOptions, check, max_host_memory};
 use palladium::output::{check_writable, write_all};
 use palladium_dsl::spec::Chip;
@@ -157,6 +157,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Ir { kernel, set, chip, locations } => {
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
             verify(&k, VerifyOptions { chip: Some(chip) }).map_err(|e| format!("kernel `{kernel}` does not verify on {chip}:\n{e}"))?;
+            check_hbm(&k, chip)?;
             print!("{}", print_kernel(&k, PrintOptions { locations }));
             Ok(())
         }
@@ -165,6 +166,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let names = [format!("{kernel}.mlir"), format!("{kernel}.body.mlir"), format!("{kernel}.call.json")];
             check_writable(&out, &names)?;
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
+            check_hbm(&k, chip)?;
             let lowered = lower(&k, &LowerOptions { chip }).map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
             let [module, body, call] = names;
             let files = [(module, lowered.module), (body, lowered.body), (call, lowered.call_json)];

@@ -162,8 +162,10 @@ fn blocks_that_do_not_tile_and_broken_relations_are_refused_and_nothing_is_writt
         ("expert_ffn", "block_ffn=500", "block_ffn = 500 does not divide ffn = 768"),
         ("grouped_matmul", "groups=0", "parameter groups = 0"),
         ("matmul", "m=1099511627776", "parameter m = 1099511627776"),
+        ("matmul", "m=1048576 --set k=16384", "the operands of `matmul` need 34.03 GiB (36540776448 bytes: x 32.00 GiB, o 2.00 GiB, y 0.03 GiB), more than the 32.00 GiB of HBM per device on v6e"),
     ] {
-        refused(&["emit", kernel, "--chip", "v6e", "--set", set, "--out", out], want);
+        let sets: Vec<&str> = set.split(' ').collect();
+        refused(&[&["emit", kernel, "--chip", "v6e", "--set"][..], &sets[..], &["--out", out][..]].concat(), want);
         assert!(!dir.exists(), "{kernel} {set}: nothing is written");
     }
 }

@@ -8,7 +8,7 @@
 //! `PROPTEST_CASES=2000 PROPTEST_RNG_SEED=7 cargo test --test fuzz_kernels`.
 
 use palladium::check::{CheckOptions, HostMemory, check};
-use palladium_dsl::ir::{VerifyOptions, verify};
+use palladium_dsl::ir::{VerifyOptions, check_hbm, verify};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::REGISTRY;
 use palladium_lowering::{LowerOptions, lower};
@@ -78,7 +78,7 @@ fn every_kernel_survives_random_parameters() {
         let result = runner.run(&settings((entry.defaults)()), |settings| {
             let Ok(kernel) = (entry.build)(&settings) else { return Ok(()) };
             built.set(built.get() + 1);
-            if verify(&kernel, VerifyOptions { chip: Some(chip) }).is_err() {
+            if verify(&kernel, VerifyOptions { chip: Some(chip) }).is_err() || check_hbm(&kernel, chip).is_err() {
                 return Ok(());
             }
             lower(&kernel, &LowerOptions { chip }).map_err(|e| TestCaseError::fail(format!("{} {settings:?} verifies but does not lower: {e}", entry.name)))?;

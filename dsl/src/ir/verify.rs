@@ -4,11 +4,15 @@
 //! Besides typing (shared with the builder through [`super::infer`]) and SSA scoping it
 //! enforces the TPU rules libtpu would otherwise report much later: block shapes must tile
 //! the hardware's native (sublane, lane) tiles, index maps must return one i32 per array
-//! dim, and everything resident in VMEM must fit the chip's budget. Sizes: grid extents
-//! are i32 (program ids), the operands must fit the chip's HBM together, and where index
-//! maps are affine in the grid indices (no scalar prefetch), every block they reach is
-//! inside its array and every element of every output is written
-//! ([`super::coverage`]).
+//! dim, and everything resident in VMEM must fit the chip's budget. Grid extents are i32
+//! (program ids), and where index maps are affine in the grid indices (no scalar
+//! prefetch), every block they reach is inside its array and every element of every output
+//! is written ([`super::coverage`]).
+//!
+//! Whether the operands fit a chip's HBM is a property of the call, not of the kernel:
+//! [`check_hbm`], which the CLI runs for `ir`, `emit` and `interpret` (the megakernel
+//! planner has its own, per layer; lowering does not check, so a kernel larger than any
+//! chip can still be emitted to time its compilation).
 
 use super::coverage;
 use super::infer::{result_types, yield_types};
@@ -86,7 +90,6 @@ pub fn verify(kernel: &Kernel, options: VerifyOptions) -> Result<(), VerifierErr
         }
     }
     v.vmem_budget(options.chip);
-    v.hbm_budget(options.chip);
     for e in coverage::check(kernel) {
         v.call_error(e.what, e.message);
     }
@@ -323,36 +326,29 @@ impl Verifier<'_> {
                 );
             }
     }
+}
 
-    /// All operands live in HBM at once (an aliased output is its input's buffer).
-    fn hbm_budget(&mut self, chip: Option<Chip>) {
-        let k = self.k;
-        let aliased_outputs: Vec<usize> = k.call.aliases.iter().map(|&(_, o)| o).collect();
-        let mut total = 0u64;
-        let mut lines = Vec::new();
-        for (i, o) in k.call.operands_of(OperandRole::Output).enumerate() {
-            if aliased_outputs.contains(&i) {
-                continue;
-            }
-            lines.push((o.name.as_str(), array_bytes(o.dtype, &o.shape)));
-        }
-        for o in k.call.operands.iter().filter(|o| o.role != OperandRole::Output) {
-            lines.push((o.name.as_str(), array_bytes(o.dtype, &o.shape)));
-        }
-        for (_, b) in &lines {
-            total = total.saturating_add(*b);
-        }
-        // Without a chip, against the largest HBM of any: what fits no TPU is refused.
-        let (limit, on) = match chip {
-            Some(c) => (c.hbm_bytes(), format!("per device on {c}")),
-            None => (Chip::ALL.iter().map(|c| c.hbm_bytes()).max().unwrap_or(0), "on any TPU".to_string()),
-        };
-        if total > limit {
-            lines.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
-            let detail: Vec<String> = lines.iter().take(4).map(|(n, b)| format!("{n} {}", gib(*b))).collect();
-            self.call_error("hbm", format!("the operands need {} ({total} bytes: {}), more than the {} of HBM {on}", gib(total), detail.join(", "), gib(limit)));
+/// All operands of a call live in the chip's HBM at once (an aliased output is its input's
+/// buffer): `Err` with the numbers when they do not fit.
+pub fn check_hbm(k: &Kernel, chip: Chip) -> Result<(), String> {
+    let aliased_outputs: Vec<usize> = k.call.aliases.iter().map(|&(_, o)| o).collect();
+    let mut lines: Vec<(&str, u64)> = Vec::new();
+    for (i, o) in k.call.operands_of(OperandRole::Output).enumerate() {
+        if !aliased_outputs.contains(&i) {
+            lines.push((&o.name, array_bytes(o.dtype, &o.shape)));
         }
     }
+    for o in k.call.operands.iter().filter(|o| o.role != OperandRole::Output) {
+        lines.push((&o.name, array_bytes(o.dtype, &o.shape)));
+    }
+    let total = lines.iter().fold(0u64, |t, (_, b)| t.saturating_add(*b));
+    let limit = chip.hbm_bytes();
+    if total <= limit {
+        return Ok(());
+    }
+    lines.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
+    let detail: Vec<String> = lines.iter().take(4).map(|(n, b)| format!("{n} {}", gib(*b))).collect();
+    Err(format!("the operands of `{}` need {} ({total} bytes: {}), more than the {} of HBM per device on {chip}", k.name, gib(total), detail.join(", "), gib(limit)))
 }
 
 fn gib(bytes: u64) -> String {
