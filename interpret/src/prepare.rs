@@ -752,6 +752,9 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
     if grid.iter().any(|&g| g < 0) {
         bail!(Unsupported, "dynamic grid dimensions (iteration_bounds {grid:?})");
     }
+    if grid.iter().try_fold(1i64, |n, &g| n.checked_mul(g)).is_none() {
+        bail!(Malformed, "iteration_bounds {grid:?}: the grid has more than 2^63 steps");
+    }
     let count = |n: &str| -> Result<usize> {
         let v = attr(n).and_then(Attr::as_int).unwrap_or(0);
         usize::try_from(v).map_err(|_| InterpError::new(ErrorKind::Malformed, format!("{n} = {v}")))
