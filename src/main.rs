@@ -134,7 +134,7 @@ enum Command {
         tolerance: Option<f32>,
         /// Refuse kernels whose inputs, outputs, reference and interpreter buffers need more
         /// host memory than this: bytes, or with a K, M, G or T suffix (powers of 1024).
-        /// Default: $PALLADIUM_MAX_HOST_MEMORY, else 4G.
+        /// Default: `$PALLADIUM_MAX_HOST_MEMORY`, else 4G.
         #[arg(long, value_name = "BYTES")]
         max_host_memory: Option<String>,
     },
