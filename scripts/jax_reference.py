@@ -11,7 +11,8 @@ libtpu compiles for a chip's topology and estimates cycles statically.
                                  call spec, and libtpu's code size and estimated cycles
   compile-time BODY CALL.json --chip C [--repeat N]
                                  wall time of a compile + cycle estimate of a Palladium body
-                                 through JAX: the first (libtpu starting) and the steady ones
+                                 through JAX (palladium_jax.load, aliased operands donated):
+                                 the first (libtpu starting) and the steady ones
 
 Each prints one JSON object with `ok` (and `error` on failure); exit status 0 iff ok.
 """
@@ -180,7 +181,8 @@ def cmd_compile_time(a):
         # A fresh function each time: JAX caches traces and compiles per function object.
         fresh = lambda *xs: kernel(*xs)  # noqa: E731
         t = time.perf_counter()
-        _, report = deviceless.compile(deviceless.lower(fresh, kernel.inputs, a.chip), a.chip)
+        lowered = deviceless.lower(fresh, kernel.inputs, a.chip, donate_argnums=kernel.donate_argnums)
+        _, report = deviceless.compile(lowered, a.chip)
         times.append(time.perf_counter() - t)
         if not report["ops"]:
             raise RuntimeError("libtpu dumped no static profile for a compile (did it compile at all?)")
