@@ -6,9 +6,12 @@ libtpu compiles for a chip's topology and estimates cycles statically.
   serialize MODULE.mlir          the serialized (stable_mosaic, current version) text JAX would
                                  embed in a tpu_custom_call for this Mosaic module, parsed and
                                  verified with JAX's registered tpu dialect: {"body": ...}
-  pallas matmul|gemv --chip C    JAX Pallas's own reference kernel: its Mosaic module as Pallas
+  pallas matmul|gemv --chip C [--no-estimate]
+                                 JAX Pallas's own reference kernel: its Mosaic module as Pallas
                                  prints it (debug=True, canonicalized), the body it embeds, its
-                                 call spec, and libtpu's code size and estimated cycles
+                                 call spec, and libtpu's code size and estimated cycles (null
+                                 with --no-estimate: libtpu 0.0.42.1's static profiler aborts
+                                 the process on these kernels for v7x and v4)
   compile-time BODY CALL.json --chip C [--repeat N]
                                  wall time of a compile + cycle estimate of a Palladium body
                                  through JAX (palladium_jax.load, aliased operands donated):
@@ -28,7 +31,7 @@ _STARTED = time.perf_counter()
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
 from palladium_jax import deviceless  # noqa: E402
-from palladium_jax.kernel import KernelFiles, PalladiumKernel  # noqa: E402
+from palladium_jax.kernel import KernelFiles, PalladiumKernel, type_name  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -142,11 +145,6 @@ def embedded_call(lowered):
         return str(ir.Module.parse(body)), config
 
 
-def type_name(t):
-    names = {jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float32): "f32"}
-    return f"{names[jnp.dtype(t.dtype)]}[{','.join(map(str, t.shape))}]"
-
-
 def cmd_serialize(a):
     return {"ok": True, "body": serialized_text(Path(a.module).read_text())}
 
@@ -204,13 +202,14 @@ def main():
     r = sub.add_parser("pallas")
     r.add_argument("name", choices=["matmul", "gemv"])
     r.add_argument("--chip", default="v6e", choices=sorted(deviceless.TOPOLOGIES))
+    r.add_argument("--no-estimate", action="store_true", help="compile without libtpu's static profile")
     c = sub.add_parser("compile-time")
     c.add_argument("body")
     c.add_argument("call_spec")
     c.add_argument("--chip", default="v6e", choices=sorted(deviceless.TOPOLOGIES))
     c.add_argument("--repeat", type=int, default=5, help="steady compiles after the first")
     a = p.parse_args()
-    if a.cmd != "serialize":
+    if a.cmd == "compile-time" or (a.cmd == "pallas" and not a.no_estimate):
         deviceless.enable_cycle_estimates()  # before libtpu starts
     try:
         result = {"serialize": cmd_serialize, "pallas": cmd_pallas, "compile-time": cmd_compile_time}[a.cmd](a)

@@ -61,7 +61,8 @@ def _parse_type(text, where: str) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(dims, DTYPES[m.group(1)])
 
 
-def _type_name(t) -> str:
+def type_name(t) -> str:
+    """`bf16[1024,2048]`: the call spec's spelling of an array type."""
     name = next((n for n, d in DTYPES.items() if jnp.dtype(d) == jnp.dtype(t.dtype)), str(t.dtype))
     return f"{name}[{','.join(map(str, t.shape))}]"
 
@@ -131,8 +132,8 @@ class PalladiumKernel:
             if o in aliases.values() or i in aliases:
                 raise PalladiumKernelError(f"{where}: input_output_aliases uses input {i} or output {o} twice")
             if self.inputs[i] != self.outputs[o]:
-                raise PalladiumKernelError(f"{where}: input {i} ({_type_name(self.inputs[i])}) aliases "
-                                           f"output {o} ({_type_name(self.outputs[o])}): types differ")
+                raise PalladiumKernelError(f"{where}: input {i} ({type_name(self.inputs[i])}) aliases "
+                                           f"output {o} ({type_name(self.outputs[o])}): types differ")
             aliases[i] = o
         return aliases
 
@@ -157,22 +158,22 @@ class PalladiumKernel:
         if len(operands) != len(self.inputs):
             raise PalladiumKernelError(
                 f"{self.name} takes {len(self.inputs)} operands "
-                f"({', '.join(map(_type_name, self.inputs))}), got {len(operands)}")
+                f"({', '.join(map(type_name, self.inputs))}), got {len(operands)}")
         for i, (x, want) in enumerate(zip(operands, self.inputs)):
             shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
             if shape is None or dtype is None:
                 raise PalladiumKernelError(f"{self.name}: operand {i} must be an array of "
-                                           f"{_type_name(want)}, got {type(x).__name__}")
+                                           f"{type_name(want)}, got {type(x).__name__}")
             if tuple(shape) != want.shape or jnp.dtype(dtype) != jnp.dtype(want.dtype):
                 got = jax.ShapeDtypeStruct(tuple(shape), dtype)
-                raise PalladiumKernelError(f"{self.name}: operand {i} must be {_type_name(want)}, "
-                                           f"got {_type_name(got)}")
+                raise PalladiumKernelError(f"{self.name}: operand {i} must be {type_name(want)}, "
+                                           f"got {type_name(got)}")
         results = self._call(*operands)
         return tuple(results) if len(self.outputs) > 1 else results
 
     def __repr__(self):
-        ins = ", ".join(map(_type_name, self.inputs))
-        outs = ", ".join(map(_type_name, self.outputs))
+        ins = ", ".join(map(type_name, self.inputs))
+        outs = ", ".join(map(type_name, self.outputs))
         return f"PalladiumKernel({self.name}: ({ins}) -> ({outs}), aliases {self.input_output_aliases})"
 
 
