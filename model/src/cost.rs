@@ -156,12 +156,13 @@ pub struct DecodeTraffic {
 impl DecodeTraffic {
     /// All weight bytes read.
     pub fn weights(&self) -> f64 {
-        (self.dense_weights + self.lm_head + self.embedding_rows) as f64 + self.expert_weights
+        // In f64: each count may have saturated at `u64::MAX`.
+        self.dense_weights as f64 + self.lm_head as f64 + self.embedding_rows as f64 + self.expert_weights
     }
 
     /// Everything the step moves to or from HBM (activations, a few KiB, are left out).
     pub fn total(&self) -> f64 {
-        self.weights() + (self.kv_read + self.kv_write) as f64
+        self.weights() + self.kv_read as f64 + self.kv_write as f64
     }
 }
 

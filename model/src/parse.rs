@@ -26,13 +26,21 @@ impl ModelSpec {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
-        Self::from_json_str(&text)
+        Self::from_json_str(&text).map_err(|e| ConfigError::InFile {
+            path: path.display().to_string(),
+            error: Box::new(e),
+        })
     }
 
     /// Parses and validates the text of a `config.json`.
     pub fn from_json_str(text: &str) -> Result<Self, ConfigError> {
+        if text.trim().is_empty() {
+            return Err(ConfigError::Json {
+                message: "the file is empty (expected a Hugging Face config.json object)".into(),
+            });
+        }
         let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::Json {
-            message: e.to_string(),
+            message: format!("not JSON: {e}"),
         })?;
         Self::from_json(&value)
     }
@@ -40,7 +48,7 @@ impl ModelSpec {
     /// Validates an already-parsed `config.json`.
     pub fn from_json(value: &Value) -> Result<Self, ConfigError> {
         let map = value.as_object().ok_or_else(|| ConfigError::Json {
-            message: format!("top level is {}", describe(value)),
+            message: format!("not a JSON object: the top level is {}", describe(value)),
         })?;
         Parser {
             obj: Obj::new(map, ""),
