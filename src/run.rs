@@ -263,7 +263,9 @@ impl Progress {
         }
         if self.last_line.is_none_or(|t| now - t >= Self::LINE_EVERY) || (done == total && self.last_line.is_some()) {
             self.last_line = Some(now);
-            eprintln!("run: {done}/{total} tokens through the megakernel ({:.0}%), {:.1} s", 100.0 * done as f64 / total.max(1) as f64, (now - self.start).as_secs_f64());
+            let elapsed = (now - self.start).as_secs_f64();
+            let left = elapsed / done.max(1) as f64 * (total - done) as f64;
+            eprintln!("run: {done}/{total} tokens through the megakernel ({:.0}%), {elapsed:.1} s, ~{left:.0} s left at this rate", 100.0 * done as f64 / total.max(1) as f64);
         }
     }
 

@@ -218,11 +218,12 @@ fn finite(logits: &[f32], what: impl FnOnce() -> String) -> Result<(), DecodeErr
     }
 }
 
-/// A router margin of the f32 reference (gap between its `top_k`-th and next router logit)
-/// below this is a routing near tie: the megakernel's router logits differ from the f32
-/// model's by bf16 rounding of its activations and folded weights (~1e-2), so it may route
-/// differently there (see [`compare`]).
-pub const ROUTER_TIE: f32 = 0.03;
+/// A router margin of the f32 reference (gap between its `top_k`-th and next router logit,
+/// relative to the layer's largest `|router logit|`) below this is a routing near tie: the
+/// megakernel's router logits differ from the f32 model's by bf16 rounding of its
+/// activations and folded weights, so it may route differently there (see [`compare`]). The
+/// logits tolerance's own ratio: two router logits within it are interchangeable.
+pub const ROUTER_TIE: f32 = LOGITS_RELATIVE_TOLERANCE;
 
 /// How a step's logits were matched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
