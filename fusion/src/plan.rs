@@ -329,7 +329,7 @@ impl Plan {
         // max_position_embeddings at 2^24).
         if options.context > spec.max_position_embeddings {
             return Err(PlanError::Invalid(format!(
-                "--context {} is past the model's max_position_embeddings {} (config.json): RoPE and the model are defined up to that many positions",
+                "--context {} is past the model's max_position_embeddings {}: RoPE and the model are defined up to that many positions",
                 options.context, spec.max_position_embeddings
             )));
         }
