@@ -137,9 +137,9 @@ pub fn run(o: &RunOptions, progress: impl FnMut(usize, usize)) -> Result<RunOutp
     let memory = host_memory(&spec, &plan, o);
     crate::host_memory::check(
         &format!(
-            "interpret mode runs small models on the CPU: this {} model ({:.3}B parameters, KV cache of {} positions)",
+            "interpret mode runs small models on the CPU: this {} model ({:.1}M parameters, KV cache of {} positions)",
             spec.family.model_type(),
-            spec.params().total() as f64 / 1e9,
+            spec.params().total() as f64 / 1e6,
             plan.dims.positions
         ),
         memory.total(),
