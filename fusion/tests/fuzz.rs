@@ -67,3 +67,22 @@ proptest! {
         }
     }
 }
+
+/// Every size at the parser's cap at once, the longest context the config allows, the largest
+/// batch: every byte count past 2^64 is refused as such (none wraps), with or without the HBM
+/// check.
+#[test]
+fn every_size_at_its_cap_is_refused_without_wrapping() {
+    let mut v = fixture("tiny-qwen3-moe.json");
+    v["num_hidden_layers"] = serde_json::json!(1u64 << 16);
+    for k in ["hidden_size", "vocab_size", "max_position_embeddings", "num_attention_heads", "num_key_value_heads", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "intermediate_size"] {
+        v[k] = serde_json::json!(1u64 << 24);
+    }
+    v["head_dim"] = serde_json::json!(256);
+    let spec = ModelSpec::from_json(&v).unwrap();
+    for check_hbm in [true, false] {
+        let options = PlanOptions { check_hbm, ..PlanOptions::new(Chip::V7x, 16, 1 << 24) };
+        let err = Plan::new(&spec, &options).unwrap_err().to_string();
+        assert!(err.contains("does not fit any chip") && err.contains("more than 2^64 bytes"), "{err}");
+    }
+}

@@ -58,6 +58,10 @@ impl ModelSpec {
     }
 }
 
+/// Upper bound on `num_hidden_layers`: the spec holds one [`LayerSpec`] per layer, so the
+/// general size cap (2^24) would let a config allocate gigabytes; real models have ~100.
+const MAX_LAYERS: u64 = 1 << 16;
+
 struct Parser<'a> {
     obj: Obj<'a>,
     defaulted: IndexMap<&'static str, String>,
@@ -102,6 +106,13 @@ impl<'a> Parser<'a> {
 
         let hidden_size = o.req_pos("hidden_size")?;
         let num_layers = o.req_pos("num_hidden_layers")?;
+        if num_layers > MAX_LAYERS {
+            return Err(ConfigError::invalid(
+                "num_hidden_layers",
+                num_layers,
+                format!("larger than {MAX_LAYERS}, the most Palladium accepts for a layer count (every layer is described separately)"),
+            ));
+        }
         let vocab_size = o.req_pos("vocab_size")?;
         let max_position_embeddings = o.req_pos("max_position_embeddings")?;
         let attention = self.attention(family, hidden_size)?;

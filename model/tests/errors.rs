@@ -95,6 +95,12 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
         ),
         (
             Q,
+            vec![set("num_hidden_layers", json!(1u64 << 17))],
+            "num_hidden_layers",
+            "larger than 65536, the most Palladium accepts for a layer count",
+        ),
+        (
+            Q,
             vec![set("num_hidden_layers", json!(0))],
             "num_hidden_layers",
             "must be at least 1",

@@ -45,6 +45,21 @@ proptest! {
     }
 }
 
+/// Every size at the parser's cap (2^24; 2^16 layers) at once: the cost model and the
+/// report saturate, never wrap or panic.
+#[test]
+fn every_size_at_its_cap_at_once() {
+    let mut v = common::fixture_json("tiny-qwen3-moe.json");
+    v["num_hidden_layers"] = json!(1u64 << 16);
+    for k in ["hidden_size", "vocab_size", "max_position_embeddings", "num_attention_heads", "num_key_value_heads", "head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "intermediate_size"] {
+        v[k] = json!(1u64 << 24);
+    }
+    let spec = ModelSpec::from_json(&v).unwrap();
+    let t = spec.decode_traffic(u64::MAX, u64::MAX, u64::MAX);
+    assert!(t.total().is_finite() && t.total() > 0.0);
+    assert!(spec.report().contains("KV cache"));
+}
+
 /// A small model, so that every case reads a whole checkpoint quickly.
 fn small_spec() -> ModelSpec {
     let mut v = common::fixture_json("tiny-qwen3-moe.json");
