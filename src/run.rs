@@ -191,7 +191,7 @@ pub struct OutputFile {
 
 impl OutputFile {
     /// Checks `dest` can be written (its folder exists, it is not a folder) by creating the
-    /// temporary sibling `.NAME.partial`.
+    /// temporary sibling `.NAME.PID.partial`.
     pub fn create(flag: &str, dest: &Path) -> Result<Self, String> {
         let bad = |why: String| format!("{flag} {}: {why}", dest.display());
         if dest.is_dir() {
@@ -202,7 +202,8 @@ impl OutputFile {
         if !folder.is_dir() {
             return Err(bad(format!("the folder {} does not exist", folder.display())));
         }
-        let tmp = folder.join(format!(".{name}.partial"));
+        // The process id keeps two runs writing the same file from sharing a temporary.
+        let tmp = folder.join(format!(".{name}.{}.partial", std::process::id()));
         let file = std::fs::File::create(&tmp).map_err(|e| bad(format!("cannot write here: {e}")))?;
         Ok(Self { dest: dest.to_path_buf(), tmp, file: Some(file) })
     }
