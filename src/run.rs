@@ -257,17 +257,26 @@ impl Progress {
             bar.set_position(done as u64);
             return;
         }
-        // Quiet for short runs; then a line every few seconds and one at the end.
-        let now = Instant::now();
-        if now - self.start < Self::QUIET_FOR {
-            return;
+        if let Some(line) = self.line(done, total, Instant::now()) {
+            eprintln!("{line}");
         }
-        if self.last_line.is_none_or(|t| now - t >= Self::LINE_EVERY) || (done == total && self.last_line.is_some()) {
-            self.last_line = Some(now);
-            let elapsed = (now - self.start).as_secs_f64();
-            let left = elapsed / done.max(1) as f64 * (total - done) as f64;
-            eprintln!("run: {done}/{total} tokens through the megakernel ({:.0}%), {elapsed:.1} s, ~{left:.0} s left at this rate", 100.0 * done as f64 / total.max(1) as f64);
+    }
+
+    /// The line to print after run `done` of `total` at `now`, if one is due: none for the
+    /// first seconds (a short run prints only its summary), then one every few seconds, and
+    /// one at the end once any was printed.
+    fn line(&mut self, done: usize, total: usize, now: Instant) -> Option<String> {
+        if now.saturating_duration_since(self.start) < Self::QUIET_FOR {
+            return None;
         }
+        let due = self.last_line.is_none_or(|t| now.saturating_duration_since(t) >= Self::LINE_EVERY);
+        if !(due || (done == total && self.last_line.is_some())) {
+            return None;
+        }
+        self.last_line = Some(now);
+        let elapsed = now.saturating_duration_since(self.start).as_secs_f64();
+        let left = elapsed / done.max(1) as f64 * total.saturating_sub(done) as f64;
+        Some(format!("run: {done}/{total} tokens through the megakernel ({:.0}%), {elapsed:.1} s, ~{left:.0} s left at this rate", 100.0 * done as f64 / total.max(1) as f64))
     }
 
     /// Removes the bar (before the summary is printed).
@@ -281,5 +290,25 @@ impl Progress {
 impl Default for Progress {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_lines_start_within_seconds_and_repeat() {
+        let mut p = Progress { bar: None, start: Instant::now(), last_line: None };
+        let at = |s: f64| p.start + Duration::from_secs_f64(s);
+        let (t1, t2, t3, t4, t5) = (at(1.0), at(2.5), at(4.0), at(7.6), at(8.0));
+        assert_eq!(p.line(1, 4000, t1), None, "quiet at first");
+        assert_eq!(p.line(5, 4000, t2).as_deref(), Some("run: 5/4000 tokens through the megakernel (0%), 2.5 s, ~1998 s left at this rate"));
+        assert_eq!(p.line(8, 4000, t3), None, "not again before 5 s");
+        assert!(p.line(12, 4000, t4).is_some_and(|l| l.starts_with("run: 12/4000")));
+        assert!(p.line(4000, 4000, t5).is_some_and(|l| l.starts_with("run: 4000/4000 tokens through the megakernel (100%)")), "the end");
+        let mut short = Progress { bar: None, start: Instant::now(), last_line: None };
+        let end = short.start + Duration::from_secs(1);
+        assert_eq!(short.line(12, 12, end), None, "a short run prints nothing");
     }
 }
