@@ -2,4 +2,5 @@
 //! benches.
 
 pub mod check;
+pub mod host_memory;
 pub mod run;

@@ -112,3 +112,34 @@ fn a_megakernel_too_large_for_the_chip_is_refused_with_the_numbers() {
     assert!(err.contains("does not fit v5e HBM") && err.contains("try --layers N"), "{err}");
     assert!(!dir.exists(), "nothing written");
 }
+
+/// Byte counts never wrap: a context of 2^52 positions is refused (past the model's
+/// `max_position_embeddings`, and the planner's arithmetic is checked) and nothing is written.
+#[test]
+fn a_megakernel_with_an_absurd_context_is_refused_cleanly() {
+    let dir = scratch("megakernel_context");
+    for context in ["4503599627370496", "18446744073709551615", "4097"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_palladium")).args(["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", context, "--out", dir.to_str().unwrap()]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(&format!("--context {context} is past the model's max_position_embeddings 4096")), "{err}");
+        assert!(!dir.exists(), "nothing written");
+    }
+}
+
+/// The output folder is checked before planning: a folder where a file must go is refused and
+/// nothing is written.
+#[test]
+fn a_megakernel_output_folder_that_cannot_take_the_files_is_refused_first() {
+    let dir = scratch("megakernel_blocked");
+    std::fs::create_dir_all(dir.join("megakernel.call.json/keep")).unwrap();
+    let (ok, _, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", "512", "--out", dir.to_str().unwrap()]);
+    assert!(!ok && err.contains("megakernel.call.json is a folder"), "{err}");
+    let mut left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    left.sort();
+    assert_eq!(left, vec!["megakernel.call.json"], "nothing written");
+    let file = scratch("megakernel_file");
+    std::fs::write(&file, "x").unwrap();
+    let (ok, _, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--out", file.join("sub").to_str().unwrap()]);
+    assert!(!ok && err.contains("is not a folder"), "{err}");
+}
