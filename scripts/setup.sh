@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh Debian 12 machine: LLVM/MLIR 22 (for melior), protoc,
 # and the TPU oracle's Python venv (jax[tpu]==0.10.2 with libtpu), plus torch and transformers in
-# that venv for the model conformance test (model/tests/hf_conformance.rs). Safe to run again.
+# that venv for the model conformance test (model/tests/hf_conformance.rs), and this checkout's
+# JAX interop package (python/palladium_jax, by a .pth file). Safe to run again.
 set -euo pipefail
 
 LLVM_PACKAGES=(llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev libpolly-22-dev
@@ -38,5 +39,12 @@ assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__
 assert transformers.__version__ == '$TRANSFORMERS_VERSION', transformers.__version__" 2>/dev/null; then
   echo "setup: installing torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION into $VENV (~3 GB download)"
   "$VENV/bin/pip" install -q --no-cache-dir "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION"
+fi
+# The JAX interop package (python/palladium_jax) of this checkout, importable from the venv.
+REPO_PYTHON="$(cd "$(dirname "$0")/../python" && pwd)"
+SITE_PACKAGES="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+if [ "$(cat "$SITE_PACKAGES/palladium_jax.pth" 2>/dev/null)" != "$REPO_PYTHON" ]; then
+  echo "setup: palladium_jax ($REPO_PYTHON) -> $VENV"
+  echo "$REPO_PYTHON" > "$SITE_PACKAGES/palladium_jax.pth"
 fi
 echo "setup: ok (oracle venv: $VENV)"

@@ -15,7 +15,7 @@
 //!
 //! Before any array is allocated, the host memory the check needs ([`HostMemory`]) is
 //! computed from the kernel's call spec and refused above [`CheckOptions::max_host_memory`]
-//! (default 4 GiB; `--max-host-memory` or `PALLADIUM_MAX_HOST_MEMORY` raise it).
+//! (the CLI's limit: [`crate::host_memory`]).
 
 use palladium_dsl::ir::{Kernel, check_hbm, padded_vmem_bytes};
 use palladium_dsl::spec::{Chip, OperandRole, ScratchSpec};
@@ -37,40 +37,6 @@ pub fn default_tolerance(dtype: palladium_dsl::DType) -> f32 {
     }
 }
 
-/// The default of [`CheckOptions::max_host_memory`]: 4 GiB.
-pub const DEFAULT_MAX_HOST_MEMORY: u64 = 4 << 30;
-
-/// The environment variable that sets [`CheckOptions::max_host_memory`] for the CLI.
-pub const MAX_HOST_MEMORY_ENV: &str = "PALLADIUM_MAX_HOST_MEMORY";
-
-/// A byte count as the CLI takes it: `1073741824`, or with a binary suffix `512M`, `8G`,
-/// `1T` (also `KiB`, `MiB`, ...).
-pub fn parse_bytes(text: &str) -> Option<u64> {
-    let t = text.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (n, unit) = t.split_at(digits);
-    let shift = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KIB" => 10,
-        "M" | "MIB" => 20,
-        "G" | "GIB" => 30,
-        "T" | "TIB" => 40,
-        _ => return None,
-    };
-    n.parse::<u64>().ok()?.checked_mul(1 << shift)
-}
-
-/// The host-memory limit of `palladium interpret`: `flag` (`--max-host-memory`), else
-/// [`MAX_HOST_MEMORY_ENV`], else [`DEFAULT_MAX_HOST_MEMORY`].
-pub fn max_host_memory(flag: Option<&str>) -> Result<u64, String> {
-    let (text, source) = match (flag, std::env::var(MAX_HOST_MEMORY_ENV)) {
-        (Some(f), _) => (f.to_string(), "--max-host-memory".to_string()),
-        (None, Ok(v)) => (v, MAX_HOST_MEMORY_ENV.to_string()),
-        (None, Err(_)) => return Ok(DEFAULT_MAX_HOST_MEMORY),
-    };
-    parse_bytes(&text).ok_or_else(|| format!("{source}: cannot read `{text}` as a byte count (write e.g. 8589934592, 8G or 512M)"))
-}
-
 /// What to check a kernel with.
 #[derive(Clone, Debug)]
 pub struct CheckOptions {
@@ -78,13 +44,14 @@ pub struct CheckOptions {
     pub seed: u64,
     /// Overrides [`default_tolerance`] for every output; finite and non-negative.
     pub tolerance: Option<f32>,
-    /// Refuse kernels whose [`HostMemory`] total is larger (bytes).
+    /// Refuse kernels whose [`HostMemory`] total is larger (bytes; the CLI reads
+    /// [`crate::host_memory::limit`]).
     pub max_host_memory: u64,
 }
 
 impl Default for CheckOptions {
     fn default() -> Self {
-        CheckOptions { chip: Chip::V6e, seed: 0, tolerance: None, max_host_memory: DEFAULT_MAX_HOST_MEMORY }
+        CheckOptions { chip: Chip::V6e, seed: 0, tolerance: None, max_host_memory: crate::host_memory::DEFAULT_LIMIT }
     }
 }
 
@@ -134,15 +101,6 @@ impl HostMemory {
     }
 }
 
-/// `15.35 GiB`, `3.00 MiB`, `512 bytes`.
-fn human(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64),
-        b if b >= 1 << 20 => format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64),
-        b => format!("{b} bytes"),
-    }
-}
-
 /// Why a kernel could not be checked (a failed comparison is not an error: see
 /// [`Report::passed`]).
 #[derive(Debug, thiserror::Error)]
@@ -157,11 +115,6 @@ pub enum CheckError {
     Interp { kernel: String, error: Box<InterpError> },
     #[error("`{kernel}`: {message}")]
     Mismatch { kernel: String, message: String },
-    #[error(
-        "interpreting `{kernel}` needs about {} of host memory (inputs {}, outputs and reference {}, windows and scratch {}), more than the limit of {}; raise it with --max-host-memory or {MAX_HOST_MEMORY_ENV} (bytes, or 8G, 512M, ...)",
-        human(need.total()), human(need.inputs), human(need.outputs), human(need.buffers), human(*limit)
-    )]
-    HostMemory { kernel: String, need: HostMemory, limit: u64 },
     #[error("cannot run `{kernel}`: {message}")]
     Refused { kernel: String, message: String },
     #[error("tolerance {0} must be finite and non-negative")]
@@ -282,9 +235,8 @@ pub fn check(name: &str, settings: &[(String, String)], options: &CheckOptions) 
     let kernel = (entry.build)(settings)?;
     check_hbm(&kernel, options.chip).map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
     let need = HostMemory::of(&kernel);
-    if need.total() > options.max_host_memory {
-        return Err(CheckError::HostMemory { kernel: name.to_string(), need, limit: options.max_host_memory });
-    }
+    let parts = [("inputs", need.inputs), ("outputs and reference", need.outputs), ("windows and scratch", need.buffers)];
+    crate::host_memory::check_within(options.max_host_memory, "interpret mode", need.total(), &parts).map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
     let (program, spec) = lower_and_prepare(name, &kernel, options.chip)?;
     let prepare_time = t.elapsed();
     let inputs = (entry.inputs)(settings, options.seed)?;

@@ -2,5 +2,6 @@
 //! benches.
 
 pub mod check;
+pub mod host_memory;
 pub mod output;
 pub mod run;

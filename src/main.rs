@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use palladium_dsl::ir::{PrintOptions, VerifyOptions, check_hbm, print_kernel, verify};
-use palladium::check::{CheckOptions, check, max_host_memory};
+use palladium::check::{CheckOptions, check};
 use palladium::output::{check_writable, write_all};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::{KernelError, REGISTRY, parse_setting};
@@ -91,9 +91,9 @@ enum Command {
         /// Seeded random weights instead of a checkpoint.
         #[arg(long)]
         random_weights: bool,
-        /// Seed of --random-weights.
-        #[arg(long, default_value_t = 0, requires = "random_weights")]
-        seed: u64,
+        /// Seed of --random-weights (default 0).
+        #[arg(long, requires = "random_weights", conflicts_with = "weights")]
+        seed: Option<u64>,
         /// Prompt token ids: 1,2,3.
         #[arg(long, value_name = "IDS", required = true)]
         prompt_ids: String,
@@ -111,9 +111,13 @@ enum Command {
         #[arg(long)]
         context: Option<u64>,
         /// Also run the plain-Rust bf16 reference teacher-forced on the generated ids and
-        /// print how far the logits are from it.
+        /// print how far the logits are from it; fails unless they match (README, Numerics).
         #[arg(long)]
         check: bool,
+        /// Relative logits tolerance of --check: max |ours - reference| <= R * max |reference|
+        /// per step (default 2^-6 = 0.015625, the project's logits tolerance).
+        #[arg(long, value_name = "R", requires = "check", value_parser = palladium_model::tolerance::parse_relative_tolerance)]
+        tolerance: Option<f32>,
     },
     /// Run a library kernel's serialized Mosaic body in the CPU interpreter on seeded random
     /// inputs and compare every output with the kernel's plain-Rust reference: prints max
@@ -132,11 +136,6 @@ enum Command {
         /// integers exact).
         #[arg(long)]
         tolerance: Option<f32>,
-        /// Refuse kernels whose inputs, outputs, reference and interpreter buffers need more
-        /// host memory than this: bytes, or with a K, M, G or T suffix (powers of 1024).
-        /// Default: `$PALLADIUM_MAX_HOST_MEMORY`, else 4G.
-        #[arg(long, value_name = "BYTES")]
-        max_host_memory: Option<String>,
     },
 }
 
@@ -177,29 +176,37 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json } => {
-            use palladium_fusion::plan::{KvTiles, PlanOptions, Prefetch};
+            use palladium_fusion::plan::{KvTiles, PlanError, PlanOptions, Prefetch};
             let names = ["megakernel.mlir", "megakernel.body.mlir", "megakernel.call.json"];
             check_writable(&out, &names)?;
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
             let kv_tiles = if all_kv_tiles { KvTiles::All } else { KvTiles::UpToPosition };
             let prefetch = if single_prefetch { Prefetch::Single } else { Prefetch::Deep };
             let options = PlanOptions { layers, kv_tiles, prefetch, ..PlanOptions::new(chip, batch, context) };
-            let plan = palladium_fusion::plan::Plan::new(&spec, &options).map_err(|e| format!("megakernel refused: {e}"))?;
+            let plan = palladium_fusion::plan::Plan::new(&spec, &options).map_err(|e| match e {
+                PlanError::Hbm { .. } => format!("megakernel refused: {e}; try --layers N"),
+                e => format!("megakernel refused: {e}"),
+            })?;
             let kernel = palladium_fusion::emit::emit(&plan).map_err(|e| format!("cannot build the megakernel:\n{e}"))?;
             let lowered = lower(&kernel, &LowerOptions { chip }).map_err(|e| format!("cannot lower the megakernel for {chip}:\n{e}"))?;
             write_all(&out, &[(names[0], lowered.module), (names[1], lowered.body), (names[2], lowered.call_json)])?;
             if json { println!("{}", palladium_fusion::report::json(&plan)) } else { print!("{}", palladium_fusion::report::text(&plan)) }
             Ok(())
         }
-        Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check } => {
-            use palladium::run::{RunOptions, WeightSource};
+        Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check, tolerance } => {
+            use palladium::run::{OutputFile, Progress, RunOptions, WeightSource};
             let source = match (weights, random_weights) {
                 (Some(p), false) => WeightSource::Checkpoint(p),
-                (None, true) => WeightSource::Random(seed),
+                (None, true) => WeightSource::Random(seed.unwrap_or(0)),
                 _ => return Err("give exactly one of --weights DIR and --random-weights".into()),
             };
-            let options = RunOptions { config, weights: source, prompt: palladium::run::parse_ids(&prompt_ids)?, steps, chip, context };
-            let out = palladium::run::run(&options)?;
+            let options = RunOptions { config, weights: source, prompt: palladium::run::parse_ids(&prompt_ids)?, steps, chip, context, check };
+            // A bad --logits-out fails here, before any work.
+            let logits_file = logits_out.as_deref().map(|p| OutputFile::create("--logits-out", p)).transpose()?;
+            let mut progress = Progress::new();
+            let out = palladium::run::run(&options, |done, total| progress.update(done, total));
+            progress.finish();
+            let out = out?;
             let g = &out.generation;
             eprintln!(
                 "{} ({} layers), megakernel for {chip} (batch 1, KV cache {} positions, body {} KiB): {} runs ({} prompt tokens, {} generated tokens fed back) interpreted in {:.2} s (parse + prepare {:.1} ms)",
@@ -213,13 +220,14 @@ fn run(cli: Cli) -> Result<(), String> {
                 out.interpret.as_secs_f64(),
                 out.prepare.as_secs_f64() * 1e3
             );
-            if let Some(path) = &logits_out {
-                let json = serde_json::to_string(g).map_err(|e| e.to_string())?;
-                std::fs::write(path, json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            }
             println!("{}", g.generated_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
+            if let Some(file) = logits_file {
+                let json = serde_json::to_string(g).map_err(|e| e.to_string())?;
+                file.commit(json.as_bytes())?;
+            }
             if check {
-                let c = palladium::run::check_reference(&options, &out)?;
+                let relative = tolerance.unwrap_or(palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE);
+                let c = palladium::run::check_reference(&options, &out, relative)?;
                 println!("reference (teacher-forced on these ids): {}", c.summary());
                 if !c.passed() {
                     return Err("the megakernel does not match the reference".into());
@@ -227,9 +235,9 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::Interpret { kernel, set, chip, seed, tolerance, max_host_memory: limit } => {
+        Command::Interpret { kernel, set, chip, seed, tolerance } => {
             let settings = set.iter().map(|s| parse_setting(s)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
-            let max_host_memory = max_host_memory(limit.as_deref())?;
+            let max_host_memory = palladium::host_memory::limit()?;
             let report = check(&kernel, &settings, &CheckOptions { chip, seed, tolerance, max_host_memory }).map_err(|e| e.to_string())?;
             println!("{report}");
             if report.passed() { Ok(()) } else { Err(format!("`{kernel}` does not match its reference")) }

@@ -13,7 +13,7 @@ pub fn check_writable<N: AsRef<str>>(dir: &Path, names: &[N]) -> Result<(), Stri
     loop {
         match std::fs::metadata(ancestor) {
             Ok(m) if m.is_dir() => break,
-            Ok(_) => return Err(format!("cannot write into {}: {} is not a directory", dir.display(), ancestor.display())),
+            Ok(_) => return Err(format!("cannot write into {}: {} is not a folder", dir.display(), ancestor.display())),
             Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => match ancestor.parent() {
                 Some(p) if !p.as_os_str().is_empty() => ancestor = p,
                 _ => break, // a relative path: its first component is created in the working directory
@@ -31,7 +31,7 @@ pub fn check_writable<N: AsRef<str>>(dir: &Path, names: &[N]) -> Result<(), Stri
         }
         let path = dir.join(name);
         if path.is_dir() {
-            return Err(format!("cannot write {}: it is a directory", path.display()));
+            return Err(format!("{} is a folder, cannot write the file {name} there", path.display()));
         }
     }
     Ok(())
@@ -85,7 +85,7 @@ impl Transaction<'_> {
             let (tmp, dest) = (self.staged.remove(0), self.dir.join(name));
             if dest.is_dir() {
                 self.staged.insert(0, tmp);
-                return Err(format!("cannot write {}: it is a directory", dest.display()));
+                return Err(format!("{} is a folder, cannot write the file {name} there", dest.display()));
             }
             let backup = if dest.exists() {
                 let b = sibling(self.dir, name, "orig");
@@ -162,13 +162,13 @@ mod tests {
         let d = scratch("dir_in_the_way");
         std::fs::create_dir_all(d.join("b.txt/keep")).unwrap();
         let err = check_writable(&d, &["a.txt", "b.txt"]).unwrap_err();
-        assert!(err.contains("b.txt: it is a directory"), "{err}");
+        assert!(err.contains("b.txt is a folder"), "{err}");
         assert!(write_all(&d, &[("a.txt", "1"), ("b.txt", "2")]).is_err());
         assert_eq!(listing(&d), ["b.txt"]);
         let file = d.join("b.txt/keep/f");
         std::fs::write(&file, "").unwrap();
         let err = check_writable(&file.join("sub"), &["a.txt"]).unwrap_err();
-        assert!(err.contains("is not a directory"), "{err}");
+        assert!(err.contains("is not a folder"), "{err}");
         assert!(check_writable(&d, &["../x"]).unwrap_err().contains("not a plain file name"));
         assert!(check_writable(&d, &["a", "a"]).unwrap_err().contains("named twice"));
     }
@@ -185,7 +185,7 @@ mod tests {
         std::fs::create_dir(d.join("b.txt")).unwrap();
         let err = txn.run(&[("a.txt", "new a"), ("b.txt", "new b")]).unwrap_err();
         txn.roll_back();
-        assert!(err.contains("b.txt: it is a directory"), "{err}");
+        assert!(err.contains("b.txt is a folder"), "{err}");
         assert_eq!(listing(&d), ["a.txt", "b.txt"]);
         assert_eq!(std::fs::read_to_string(d.join("a.txt")).unwrap(), "old a");
     }

@@ -117,7 +117,7 @@ fn a_megakernel_too_large_for_the_chip_is_refused_with_the_numbers() {
 
 /// Exit code, stdout, stderr, with extra environment variables.
 fn palladium_env(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_palladium")).args(args).envs(env.iter().copied()).env_remove("RUST_BACKTRACE").output().expect("runs");
+    let out = Command::new(env!("CARGO_BIN_EXE_palladium")).args(args).env_remove("PALLADIUM_MAX_HOST_MEMORY").env_remove("RUST_BACKTRACE").envs(env.iter().copied()).output().expect("runs");
     (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -176,16 +176,17 @@ fn interpret_refuses_bad_parameters_and_oversized_runs_before_allocating() {
     refused(&["interpret", "rmsnorm", "--set", "eps=inf", "--seed", "1"], "parameter eps = inf: must be finite");
     refused(&["interpret", "matmul", "--set", "m=1099511627776", "--seed", "0"], "parameter m = 1099511627776");
     // 2 GiB of bf16 input, within v6e's HBM, is 15 GiB of host memory to check.
-    let err = refused(&["interpret", "matmul", "--set", "m=65536", "--set", "k=16384"], "interpreting `matmul` needs about 15.35 GiB of host memory");
-    assert!(err.contains("more than the limit of 4.00 GiB; raise it with --max-host-memory or PALLADIUM_MAX_HOST_MEMORY"), "{err}");
-    // The limit from the environment, and the flag over it.
-    let (code, _, err) = palladium_env(&["interpret", "rmsnorm"], &[("PALLADIUM_MAX_HOST_MEMORY", "1M")]);
+    let err = refused(&["interpret", "matmul", "--set", "m=65536", "--set", "k=16384"], "cannot run `matmul`: interpret mode needs 16478109696 bytes (15.35 GiB: inputs 14.22 GiB + outputs and reference 1.12 GiB + windows and scratch 0.00 GiB) of host memory, over the limit of 8589934592 bytes (8.00 GiB)");
+    assert!(err.contains("raise it with PALLADIUM_MAX_HOST_MEMORY="), "{err}");
+    // The limit from the environment.
+    let (code, _, err) = palladium_env(&["interpret", "rmsnorm"], &[("PALLADIUM_MAX_HOST_MEMORY", "1MiB")]);
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("more than the limit of 1.00 MiB"), "{err}");
-    let (code, out, err) = palladium_env(&["interpret", "rmsnorm", "--max-host-memory", "64M"], &[("PALLADIUM_MAX_HOST_MEMORY", "1M")]);
+    assert!(err.contains("over the limit of 1048576 bytes"), "{err}");
+    let (code, out, err) = palladium_env(&["interpret", "rmsnorm"], &[("PALLADIUM_MAX_HOST_MEMORY", "64MiB")]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.ends_with("PASS\n"), "{out}");
-    refused(&["interpret", "rmsnorm", "--max-host-memory", "lots"], "--max-host-memory: cannot read `lots` as a byte count");
+    let (code, _, err) = palladium_env(&["interpret", "rmsnorm"], &[("PALLADIUM_MAX_HOST_MEMORY", "lots")]);
+    assert!(code == Some(1) && err.contains("PALLADIUM_MAX_HOST_MEMORY=\"lots\""), "{err}");
     refused(&["interpret", "rmsnorm", "--tolerance=-1"], "tolerance -1 must be finite and non-negative");
     refused(&["interpret", "rmsnorm", "--tolerance", "NaN"], "tolerance NaN must be finite and non-negative");
 }
@@ -195,12 +196,43 @@ fn emit_writes_nothing_when_an_output_path_is_taken_by_a_directory() {
     let dir = scratch("emit_dir_in_the_way");
     std::fs::create_dir_all(dir.join("matmul.call.json/keep")).unwrap();
     let out = dir.to_str().unwrap();
-    refused(&["emit", "matmul", "--chip", "v6e", "--out", out], "matmul.call.json: it is a directory");
+    refused(&["emit", "matmul", "--chip", "v6e", "--out", out], "matmul.call.json is a folder");
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, ["matmul.call.json"], "nothing written, nothing removed");
     assert!(dir.join("matmul.call.json/keep").is_dir());
     // A file where the output directory should be.
     let file = dir.join("file");
     std::fs::write(&file, "").unwrap();
-    refused(&["emit", "matmul", "--chip", "v6e", "--out", file.join("sub").to_str().unwrap()], "is not a directory");
+    refused(&["emit", "matmul", "--chip", "v6e", "--out", file.join("sub").to_str().unwrap()], "is not a folder");
+}
+
+/// Byte counts never wrap: a context of 2^52 positions is refused (past the model's
+/// `max_position_embeddings`, and the planner's arithmetic is checked) and nothing is written.
+#[test]
+fn a_megakernel_with_an_absurd_context_is_refused_cleanly() {
+    let dir = scratch("megakernel_context");
+    for context in ["4503599627370496", "18446744073709551615", "4097"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_palladium")).args(["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", context, "--out", dir.to_str().unwrap()]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(&format!("--context {context} is past the model's max_position_embeddings 4096")), "{err}");
+        assert!(!dir.exists(), "nothing written");
+    }
+}
+
+/// The output folder is checked before planning: a folder where a file must go is refused and
+/// nothing is written.
+#[test]
+fn a_megakernel_output_folder_that_cannot_take_the_files_is_refused_first() {
+    let dir = scratch("megakernel_blocked");
+    std::fs::create_dir_all(dir.join("megakernel.call.json/keep")).unwrap();
+    let (ok, _, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", "512", "--out", dir.to_str().unwrap()]);
+    assert!(!ok && err.contains("megakernel.call.json is a folder"), "{err}");
+    let mut left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    left.sort();
+    assert_eq!(left, vec!["megakernel.call.json"], "nothing written");
+    let file = scratch("megakernel_file");
+    std::fs::write(&file, "x").unwrap();
+    let (ok, _, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--out", file.join("sub").to_str().unwrap()]);
+    assert!(!ok && err.contains("is not a folder"), "{err}");
 }
