@@ -161,3 +161,12 @@ fn mutated_bodies_never_panic_the_parser_or_prepare() {
         }
     }
 }
+
+/// Found by the fuzzer (a result count mutated to 2^32 allocated 4 G result names): a
+/// result group larger than the op's type could list is a parse error.
+#[test]
+fn a_result_group_count_never_sizes_an_allocation() {
+    let text = "module {\n  %0:4294967296 = \"arith.constant\"() {value = 0 : i32} : () -> i32\n}\n";
+    let err = Module::parse(text).unwrap_err().to_string();
+    assert!(err.contains("result group `%0:4294967296` has more results than the op's type can list"), "{err}");
+}
