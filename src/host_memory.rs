@@ -1,5 +1,5 @@
 //! The host-memory limit of the CPU-side commands (`palladium run`, which interprets a whole
-//! model): what a command will allocate is computed before anything is allocated and refused
+//! model, and `palladium interpret`): what a command will allocate is computed before anything is allocated and refused
 //! above the limit, with the numbers and how to raise it, instead of aborting mid-way.
 //!
 //! The limit is `PALLADIUM_MAX_HOST_MEMORY` (bytes, or a number with a `KiB`, `MiB`, `GiB` or
@@ -48,7 +48,11 @@ pub fn parse(s: &str) -> Result<u64, String> {
 /// Ok when `need` bytes (made of `parts`: name and bytes) are within [`limit`]; otherwise an
 /// error stating what, how much, the limit and how to raise it.
 pub fn check(what: &str, need: u64, parts: &[(&str, u64)]) -> Result<(), String> {
-    let limit = limit()?;
+    check_within(limit()?, what, need, parts)
+}
+
+/// [`check`] against a given limit (a caller that read [`limit`] once, up front).
+pub fn check_within(limit: u64, what: &str, need: u64, parts: &[(&str, u64)]) -> Result<(), String> {
     if need <= limit {
         return Ok(());
     }

@@ -3,4 +3,5 @@
 
 pub mod check;
 pub mod host_memory;
+pub mod output;
 pub mod run;

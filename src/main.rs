@@ -1,12 +1,13 @@
 //! `palladium`: the command-line front end.
 
 use clap::{Parser, Subcommand};
-use palladium_dsl::ir::{PrintOptions, VerifyOptions, print_kernel, verify};
+use palladium_dsl::ir::{PrintOptions, VerifyOptions, check_hbm, print_kernel, verify};
 use palladium::check::{CheckOptions, check};
+use palladium::output::{check_writable, write_all};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::{KernelError, REGISTRY, parse_setting};
 use palladium_lowering::{LowerOptions, lower};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -34,7 +35,7 @@ enum Command {
         locations: bool,
     },
     /// Lower a library kernel to Mosaic MLIR: writes DIR/KERNEL.mlir (the module),
-    /// DIR/KERNEL.body.mlir (the serialized tpu_custom_call body) and DIR/KERNEL.call.json.
+    /// DIR/KERNEL.body.mlir (the serialized `tpu_custom_call` body) and DIR/KERNEL.call.json.
     Emit {
         kernel: String,
         #[arg(long)]
@@ -155,17 +156,19 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Ir { kernel, set, chip, locations } => {
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
             verify(&k, VerifyOptions { chip: Some(chip) }).map_err(|e| format!("kernel `{kernel}` does not verify on {chip}:\n{e}"))?;
+            check_hbm(&k, chip)?;
             print!("{}", print_kernel(&k, PrintOptions { locations }));
             Ok(())
         }
         Command::Emit { kernel, chip, set, out } => {
+            palladium_kernels::entry(&kernel).map_err(|e| e.to_string())?;
+            let names = [format!("{kernel}.mlir"), format!("{kernel}.body.mlir"), format!("{kernel}.call.json")];
+            check_writable(&out, &names)?;
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
+            check_hbm(&k, chip)?;
             let lowered = lower(&k, &LowerOptions { chip }).map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
-            let files = [
-                (format!("{kernel}.mlir"), lowered.module),
-                (format!("{kernel}.body.mlir"), lowered.body),
-                (format!("{kernel}.call.json"), lowered.call_json),
-            ];
+            let [module, body, call] = names;
+            let files = [(module, lowered.module), (body, lowered.body), (call, lowered.call_json)];
             write_all(&out, &files)?;
             for (name, _) in &files {
                 println!("{}", out.join(name).display());
@@ -175,7 +178,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json } => {
             use palladium_fusion::plan::{KvTiles, PlanError, PlanOptions, Prefetch};
             let names = ["megakernel.mlir", "megakernel.body.mlir", "megakernel.call.json"];
-            check_out_dir(&out, &names)?;
+            check_writable(&out, &names)?;
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
             let kv_tiles = if all_kv_tiles { KvTiles::All } else { KvTiles::UpToPosition };
             let prefetch = if single_prefetch { Prefetch::Single } else { Prefetch::Deep };
@@ -186,11 +189,7 @@ fn run(cli: Cli) -> Result<(), String> {
             })?;
             let kernel = palladium_fusion::emit::emit(&plan).map_err(|e| format!("cannot build the megakernel:\n{e}"))?;
             let lowered = lower(&kernel, &LowerOptions { chip }).map_err(|e| format!("cannot lower the megakernel for {chip}:\n{e}"))?;
-            write_all(&out, &[
-                (names[0].to_string(), lowered.module),
-                (names[1].to_string(), lowered.body),
-                (names[2].to_string(), lowered.call_json),
-            ])?;
+            write_all(&out, &[(names[0], lowered.module), (names[1], lowered.body), (names[2], lowered.call_json)])?;
             if json { println!("{}", palladium_fusion::report::json(&plan)) } else { print!("{}", palladium_fusion::report::text(&plan)) }
             Ok(())
         }
@@ -238,47 +237,12 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Command::Interpret { kernel, set, chip, seed, tolerance } => {
             let settings = set.iter().map(|s| parse_setting(s)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
-            let report = check(&kernel, &settings, &CheckOptions { chip, seed, tolerance }).map_err(|e| e.to_string())?;
+            let max_host_memory = palladium::host_memory::limit()?;
+            let report = check(&kernel, &settings, &CheckOptions { chip, seed, tolerance, max_host_memory }).map_err(|e| e.to_string())?;
             println!("{report}");
             if report.passed() { Ok(()) } else { Err(format!("`{kernel}` does not match its reference")) }
         }
     }
-}
-
-/// Write every file or none: each goes to a temporary name first and is renamed into
-/// place only once all of them are written.
-fn write_all(dir: &Path, files: &[(String, String)]) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let mut staged = Vec::new();
-    for (name, text) in files {
-        let tmp = dir.join(format!(".{name}.partial"));
-        if let Err(e) = std::fs::write(&tmp, text) {
-            for t in &staged {
-                let _ = std::fs::remove_file(t);
-            }
-            let _ = std::fs::remove_file(&tmp);
-            return Err(format!("cannot write {}: {e}", tmp.display()));
-        }
-        staged.push(tmp);
-    }
-    for (tmp, (name, _)) in staged.iter().zip(files) {
-        let dest = dir.join(name);
-        std::fs::rename(tmp, &dest).map_err(|e| format!("cannot write {}: {e}", dest.display()))?;
-    }
-    Ok(())
-}
-
-/// Refuses an output folder that cannot take `names` before any work: `dir` must be a folder
-/// or creatable (its nearest existing ancestor a folder), and no `dir/NAME` a folder.
-fn check_out_dir(dir: &Path, names: &[&str]) -> Result<(), String> {
-    let ancestor = dir.ancestors().find(|a| a.exists() || a.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    if !ancestor.as_os_str().is_empty() && !ancestor.is_dir() {
-        return Err(format!("--out {}: {} is not a folder", dir.display(), ancestor.display()));
-    }
-    if let Some(name) = names.iter().find(|n| dir.join(n).is_dir()) {
-        return Err(format!("--out {}: {} is a folder, cannot write the file {name} there", dir.display(), dir.join(name).display()));
-    }
-    Ok(())
 }
 
 fn main() -> ExitCode {

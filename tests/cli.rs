@@ -42,7 +42,9 @@ fn emit_writes_module_body_and_call_spec() {
 #[test]
 fn a_tpu_rule_violation_is_refused_before_anything_is_written() {
     let dir = scratch("emit_bad");
-    let (ok, _, err) = palladium(&["emit", "matmul", "--chip", "v6e", "--set", "bm=100", "--set", "bn=100", "--out", dir.to_str().unwrap()]);
+    // 100 tiles 1000 (so the blocks tile the arrays) but breaks the TPU's (16, 128) tile.
+    let sets = ["--set", "m=1000", "--set", "n=1000", "--set", "bm=100", "--set", "bn=100"];
+    let (ok, _, err) = palladium(&[&["emit", "matmul", "--chip", "v6e", "--out", dir.to_str().unwrap()][..], &sets[..]].concat());
     assert!(!ok);
     assert!(err.contains("operand x"), "{err}");
     assert!(err.contains("TPU block rule: the second-minor block dim (100) must be a multiple of 16 (native bf16 tile (16,128))"), "{err}");
@@ -111,6 +113,97 @@ fn a_megakernel_too_large_for_the_chip_is_refused_with_the_numbers() {
     assert!(!ok);
     assert!(err.contains("does not fit v5e HBM") && err.contains("try --layers N"), "{err}");
     assert!(!dir.exists(), "nothing written");
+}
+
+/// Exit code, stdout, stderr, with extra environment variables.
+fn palladium_env(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_palladium")).args(args).env_remove("PALLADIUM_MAX_HOST_MEMORY").env_remove("RUST_BACKTRACE").envs(env.iter().copied()).output().expect("runs");
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn refused(args: &[&str], want: &str) -> String {
+    let (code, out, err) = palladium_env(args, &[]);
+    assert_eq!(code, Some(1), "{args:?}: {err}");
+    assert!(err.contains(want), "{args:?}: {err}");
+    assert!(!err.contains("panicked") && !out.contains("PASS"), "{args:?}: {out}{err}");
+    err
+}
+
+#[test]
+fn bad_kernel_parameters_are_refused_naming_the_parameter_and_the_rule() {
+    let size_rule = "sizes and counts must be between 1 and 2147483647 (TPU index arithmetic is i32)";
+    for (kernel, set) in [
+        ("matmul", "bm=0"),
+        ("rmsnorm", "block_rows=0"),
+        ("gemv", "block_n=0"),
+        ("decode_attention", "block_kv=0"),
+        ("rope", "heads_per_block=0"),
+        ("expert_ffn", "block_ffn=0"),
+        ("grouped_matmul", "groups=0"),
+        ("gather_rows", "table_rows=2147483648"),
+        ("matmul", "m=1099511627776"),
+    ] {
+        let (name, value) = set.split_once('=').unwrap();
+        refused(&["ir", kernel, "--set", set], &format!("parameter {name} = {value}: {size_rule}"));
+    }
+    refused(&["ir", "rmsnorm", "--set", "eps=nan"], "parameter eps = NaN: must be finite");
+    refused(&["ir", "rmsnorm", "--set", "eps=-1"], "requires eps >= 0.0, but eps = -1");
+    refused(&["ir", "matmul", "--set", "out_dtype=i4"], "requires out_dtype == bf16 || out_dtype == f32, but out_dtype = i4");
+}
+
+#[test]
+fn blocks_that_do_not_tile_and_broken_relations_are_refused_and_nothing_is_written() {
+    let dir = scratch("emit_untiled");
+    let out = dir.to_str().unwrap();
+    for (kernel, set, want) in [
+        ("matmul", "bk=1536", "block dim 1 of `x`: bk = 1536 does not divide k = 2048"),
+        ("matmul", "bm=384", "block dim 0 of `o`: bm = 384 does not divide m = 1024"),
+        ("moe_router", "top_k=200", "requires top_k <= experts, but top_k = 200, experts = 128"),
+        ("expert_ffn", "block_ffn=500", "block_ffn = 500 does not divide ffn = 768"),
+        ("grouped_matmul", "groups=0", "parameter groups = 0"),
+        ("matmul", "m=1099511627776", "parameter m = 1099511627776"),
+        ("matmul", "m=1048576 --set k=16384", "the operands of `matmul` need 34.03 GiB (36540776448 bytes: x 32.00 GiB, o 2.00 GiB, y 0.03 GiB), more than the 32.00 GiB of HBM per device on v6e"),
+    ] {
+        let sets: Vec<&str> = set.split(' ').collect();
+        refused(&[&["emit", kernel, "--chip", "v6e", "--set"][..], &sets[..], &["--out", out][..]].concat(), want);
+        assert!(!dir.exists(), "{kernel} {set}: nothing is written");
+    }
+}
+
+#[test]
+fn interpret_refuses_bad_parameters_and_oversized_runs_before_allocating() {
+    refused(&["interpret", "grouped_matmul", "--set", "groups=0", "--seed", "0"], "parameter groups = 0");
+    refused(&["interpret", "rmsnorm", "--set", "eps=inf", "--seed", "1"], "parameter eps = inf: must be finite");
+    refused(&["interpret", "matmul", "--set", "m=1099511627776", "--seed", "0"], "parameter m = 1099511627776");
+    // 2 GiB of bf16 input, within v6e's HBM, is 15 GiB of host memory to check.
+    let err = refused(&["interpret", "matmul", "--set", "m=65536", "--set", "k=16384"], "cannot run `matmul`: interpret mode needs 16478109696 bytes (15.35 GiB: inputs 14.22 GiB + outputs and reference 1.12 GiB + windows and scratch 0.00 GiB) of host memory, over the limit of 8589934592 bytes (8.00 GiB)");
+    assert!(err.contains("raise it with PALLADIUM_MAX_HOST_MEMORY="), "{err}");
+    // The limit from the environment.
+    let (code, _, err) = palladium_env(&["interpret", "rmsnorm"], &[("PALLADIUM_MAX_HOST_MEMORY", "1MiB")]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("over the limit of 1048576 bytes"), "{err}");
+    let (code, out, err) = palladium_env(&["interpret", "rmsnorm"], &[("PALLADIUM_MAX_HOST_MEMORY", "64MiB")]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.ends_with("PASS\n"), "{out}");
+    let (code, _, err) = palladium_env(&["interpret", "rmsnorm"], &[("PALLADIUM_MAX_HOST_MEMORY", "lots")]);
+    assert!(code == Some(1) && err.contains("PALLADIUM_MAX_HOST_MEMORY=\"lots\""), "{err}");
+    refused(&["interpret", "rmsnorm", "--tolerance=-1"], "tolerance -1 must be finite and non-negative");
+    refused(&["interpret", "rmsnorm", "--tolerance", "NaN"], "tolerance NaN must be finite and non-negative");
+}
+
+#[test]
+fn emit_writes_nothing_when_an_output_path_is_taken_by_a_directory() {
+    let dir = scratch("emit_dir_in_the_way");
+    std::fs::create_dir_all(dir.join("matmul.call.json/keep")).unwrap();
+    let out = dir.to_str().unwrap();
+    refused(&["emit", "matmul", "--chip", "v6e", "--out", out], "matmul.call.json is a folder");
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, ["matmul.call.json"], "nothing written, nothing removed");
+    assert!(dir.join("matmul.call.json/keep").is_dir());
+    // A file where the output directory should be.
+    let file = dir.join("file");
+    std::fs::write(&file, "").unwrap();
+    refused(&["emit", "matmul", "--chip", "v6e", "--out", file.join("sub").to_str().unwrap()], "is not a folder");
 }
 
 /// Byte counts never wrap: a context of 2^52 positions is refused (past the model's

@@ -33,21 +33,9 @@ use serde::Serialize;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-/// HBM per device (what one `TensorCore`'s kernel can address): v7x exposes each core as a
-/// device with 96 GiB.
-pub fn hbm_bytes(chip: Chip) -> u64 {
-    match chip {
-        Chip::V4 => 32 * GIB,
-        Chip::V5e => 16 * GIB,
-        Chip::V5p => 95 * GIB,
-        Chip::V6e => 32 * GIB,
-        Chip::V7x => 96 * GIB,
-    }
-}
-
 /// HBM left to the megakernel's operands: 1 GiB stays with the runtime and XLA.
 pub fn hbm_usable_bytes(chip: Chip) -> u64 {
-    hbm_bytes(chip) - GIB
+    chip.hbm_bytes() - GIB
 }
 
 /// HBM bandwidth per core, bytes/s (JAX `tpu_info`; v7x: 7.4e12 per chip, two cores).

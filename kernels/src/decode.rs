@@ -31,9 +31,11 @@ use palladium_dsl::prelude::*;
 /// to a MiB, and at least 16 MiB.
 pub fn vmem_limit_bytes(batch: usize, block_k: usize, block_n: usize) -> usize {
     const MIB: usize = 1 << 20;
-    let windows = batch.next_multiple_of(16) * block_k * 2 + block_k * block_n * 2 + batch.next_multiple_of(8) * block_n * 4;
-    let need = 2 * windows;
-    (need + MIB).next_multiple_of(MIB).max(16 * MIB)
+    // Saturating: absurd blocks give a limit the verifier refuses, never a wrapped one.
+    let bytes = |rows: usize, cols: usize, elem: usize| rows.saturating_mul(cols).saturating_mul(elem);
+    let windows = bytes(batch.next_multiple_of(16), block_k, 2).saturating_add(bytes(block_k, block_n, 2)).saturating_add(bytes(batch.next_multiple_of(8), block_n, 4));
+    let need = windows.saturating_mul(2).saturating_add(MIB);
+    need.checked_next_multiple_of(MIB).unwrap_or(need).max(16 * MIB)
 }
 
 #[kernel(
