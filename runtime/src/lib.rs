@@ -1,0 +1,24 @@
+//! libtpu in-process through PJRT (`pjrt-sys`'s bindings of the PJRT C API 0.54 headers,
+//! and the `pjrt` crate's safe wrapper for execution; libtpu 0.0.42.1 speaks 0.112 and
+//! accepts older callers, but for the memory stats' struct, see `ffi.rs`).
+//!
+//! - [`libtpu`]: find libtpu (`PALLADIUM_LIBTPU`, or the wheel in the TPU venv) and the
+//!   deviceless topology of each chip.
+//! - [`stablehlo`]: a lowered kernel (serialized Mosaic body + [`CallSpec`]) as the
+//!   StableHLO `tpu_custom_call` program JAX would build for it.
+//! - [`worker`]: [`Compiler`] compiles programs deviceless in worker processes, in
+//!   parallel, with libtpu's static cycle estimate; a libtpu abort rejects one program.
+//! - [`compile`]: what a worker does for one program (memory stats, serialized executable,
+//!   the estimate read from libtpu's profile dump).
+//! - [`plugin`]: loading a PJRT plugin in this process.
+
+pub mod compile;
+mod ffi;
+pub mod libtpu;
+pub mod plugin;
+pub mod stablehlo;
+pub mod worker;
+
+pub use compile::{Compiled, HbmStats, OpCycles};
+pub use stablehlo::{ArrayType, CallSpec, wrap};
+pub use worker::{CompileError, Compiler, Estimate, Job};
