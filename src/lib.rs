@@ -2,4 +2,5 @@
 //! benches.
 
 pub mod check;
+pub mod compile;
 pub mod run;

@@ -44,6 +44,23 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Compile a library kernel with libtpu, deviceless (PJRT; no TPU needed): prints the
+    /// code size, VMEM limit, HBM from the compiled memory stats and libtpu's static cycle
+    /// estimate (none, with the reason, where libtpu gives none). --out DIR also writes
+    /// emit's three files, DIR/KERNEL.stablehlo.mlir and the serialized executable
+    /// DIR/KERNEL.executable, all or none.
+    Compile {
+        kernel: String,
+        #[arg(long)]
+        chip: Chip,
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Plan and emit the decode megakernel of a Hugging Face MoE model (config.json): one
     /// grid-less kernel for a whole decode step. Writes DIR/megakernel.mlir, .body.mlir and
     /// .call.json and prints the report (layers, bytes streamed per step, VMEM plan, DMA
@@ -74,6 +91,11 @@ enum Command {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        /// Also compile it with libtpu (as `palladium compile`): writes
+        /// megakernel.stablehlo.mlir and megakernel.executable too, and the report (its JSON:
+        /// a `compile` object) gains code size, memory and the estimate.
+        #[arg(long)]
+        compile: bool,
     },
     /// Prompt + greedy decode of a Hugging Face MoE model (config.json) through its decode
     /// megakernel in interpret mode: the megakernel is emitted, verified and lowered, its
@@ -157,18 +179,33 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Emit { kernel, chip, set, out } => {
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
             let lowered = lower(&k, &LowerOptions { chip }).map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
-            let files = [
-                (format!("{kernel}.mlir"), lowered.module),
-                (format!("{kernel}.body.mlir"), lowered.body),
-                (format!("{kernel}.call.json"), lowered.call_json),
-            ];
+            let files = emitted_files(&kernel, lowered);
             write_all(&out, &files)?;
             for (name, _) in &files {
                 println!("{}", out.join(name).display());
             }
             Ok(())
         }
-        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json } => {
+        Command::Compile { kernel, chip, set, out, json } => {
+            let k = build(&kernel, &set).map_err(|e| e.to_string())?;
+            let lowered = lower(&k, &LowerOptions { chip }).map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
+            let report = match palladium::compile::compile(&lowered, chip) {
+                Ok(r) => r,
+                Err(e) if json => {
+                    println!("{}", serde_json::json!({"ok": false, "kernel": kernel, "chip": chip.name(), "error": e}));
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(out) = &out {
+                let mut files = emitted_files(&kernel, lowered);
+                files.extend(report.files(&kernel));
+                write_all(out, &files)?;
+            }
+            if json { println!("{}", report.json()) } else { print!("{}", report.text()) }
+            Ok(())
+        }
+        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json, compile } => {
             use palladium_fusion::plan::{KvTiles, PlanOptions, Prefetch};
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
             let kv_tiles = if all_kv_tiles { KvTiles::All } else { KvTiles::UpToPosition };
@@ -177,12 +214,24 @@ fn run(cli: Cli) -> Result<(), String> {
             let plan = palladium_fusion::plan::Plan::new(&spec, &options).map_err(|e| format!("megakernel refused: {e}"))?;
             let kernel = palladium_fusion::emit::emit(&plan).map_err(|e| format!("cannot build the megakernel:\n{e}"))?;
             let lowered = lower(&kernel, &LowerOptions { chip }).map_err(|e| format!("cannot lower the megakernel for {chip}:\n{e}"))?;
-            write_all(&out, &[
-                ("megakernel.mlir".to_string(), lowered.module),
-                ("megakernel.body.mlir".to_string(), lowered.body),
-                ("megakernel.call.json".to_string(), lowered.call_json),
-            ])?;
-            if json { println!("{}", palladium_fusion::report::json(&plan)) } else { print!("{}", palladium_fusion::report::text(&plan)) }
+            let compiled = if compile { Some(palladium::compile::compile(&lowered, chip)?) } else { None };
+            let mut files = emitted_files("megakernel", lowered);
+            if let Some(c) = &compiled {
+                files.extend(c.files("megakernel"));
+            }
+            write_all(&out, &files)?;
+            if json {
+                let mut report: serde_json::Value = serde_json::from_str(&palladium_fusion::report::json(&plan)).map_err(|e| e.to_string())?;
+                if let (Some(c), Some(obj)) = (&compiled, report.as_object_mut()) {
+                    obj.insert("compile".into(), c.json());
+                }
+                println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+            } else {
+                print!("{}", palladium_fusion::report::text(&plan));
+                if let Some(c) = &compiled {
+                    print!("{}", c.text());
+                }
+            }
             Ok(())
         }
         Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check } => {
@@ -230,9 +279,18 @@ fn run(cli: Cli) -> Result<(), String> {
     }
 }
 
+/// What `emit` writes for `name`: the module, the serialized body, the call spec.
+fn emitted_files(name: &str, lowered: palladium_lowering::Lowered) -> Vec<(String, Vec<u8>)> {
+    vec![
+        (format!("{name}.mlir"), lowered.module.into_bytes()),
+        (format!("{name}.body.mlir"), lowered.body.into_bytes()),
+        (format!("{name}.call.json"), lowered.call_json.into_bytes()),
+    ]
+}
+
 /// Write every file or none: each goes to a temporary name first and is renamed into
 /// place only once all of them are written.
-fn write_all(dir: &Path, files: &[(String, String)]) -> Result<(), String> {
+fn write_all(dir: &Path, files: &[(String, impl AsRef<[u8]>)]) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let mut staged = Vec::new();
     for (name, text) in files {
