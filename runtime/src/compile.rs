@@ -100,7 +100,7 @@ impl<'p> Session<'p> {
                 if ops.is_empty() {
                     (None, Some("libtpu wrote no static profile for this program".to_string()), ops)
                 } else if total == 0 {
-                    (None, Some("libtpu's static profile prices the program at 0 cycles (its estimator gives remote DMAs no cost)".to_string()), ops)
+                    (None, Some("libtpu's static profile prices the program at 0 cycles, which is no estimate (it does so, e.g., for kernels with remote DMAs)".to_string()), ops)
                 } else {
                     (Some(total), None, ops)
                 }
