@@ -23,6 +23,7 @@
 //!   vector-bf16packed, got vector-int16 … vmatmul.bf16"): `gemv` at its default batch of 8,
 //!   and JAX's own gemv identically;
 //! - v7x: most kernels (an `LloOpcodeIsScalarBranch` check), so v7x compiles without it.
+//!
 //! So estimates are required where they are known to work: on v5e for every kernel but
 //! [`V5E_PROFILE_ABORTS`], on v6e for every kernel without manual DMAs.
 //!
