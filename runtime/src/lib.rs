@@ -1,6 +1,6 @@
-//! libtpu in-process through PJRT (`pjrt-sys`'s bindings of the PJRT C API 0.54 headers,
-//! and the `pjrt` crate's safe wrapper for execution; libtpu 0.0.42.1 speaks 0.112 and
-//! accepts older callers, but for the memory stats' struct, see `ffi.rs`).
+//! libtpu in-process through PJRT: `pjrt-sys`'s bindings of the PJRT C API 0.54 header,
+//! called from `ffi.rs` (libtpu 0.0.42.1 speaks 0.112 and accepts older callers, except for
+//! the few argument structs `ffi.rs` extends), and the `pjrt` crate's `CompileOptionsProto`.
 //!
 //! - [`libtpu`]: find libtpu (`PALLADIUM_LIBTPU`, or the wheel in the TPU venv) and the
 //!   deviceless topology of each chip.
@@ -10,12 +10,13 @@
 //!   parallel, with libtpu's static cycle estimate; a libtpu abort rejects one program.
 //! - [`compile`]: what a worker does for one program (memory stats, serialized executable,
 //!   the estimate read from libtpu's profile dump).
-//! - [`plugin`]: loading a PJRT plugin in this process.
+//! - [`exec`]: a PJRT client: compile for it, buffers, execute (several outputs, donated
+//!   aliases), results back; libtpu's where a TPU is attached, XLA's CPU plugin in tests.
 
 pub mod compile;
+pub mod exec;
 mod ffi;
 pub mod libtpu;
-pub mod plugin;
 pub mod stablehlo;
 pub mod worker;
 

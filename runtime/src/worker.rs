@@ -76,7 +76,7 @@ fn serve(libtpu: &Path) -> i32 {
                 Err(e) => Answer { result: Err(e.clone()), executable: None },
                 Ok(s) => {
                     let compiled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.compile(&req.program, &req.topology, req.serialize, profile.as_deref())))
-                        .unwrap_or_else(|panic| Err(format!("the compile panicked: {}", crate::plugin::panic_text(&*panic))));
+                        .unwrap_or_else(|panic| Err(format!("the compile panicked: {}", panic_text(&*panic))));
                     let mut compiled = compiled;
                     let executable = compiled.as_mut().ok().and_then(|c| c.executable.take()).map(|b| base64::engine::general_purpose::STANDARD.encode(b));
                     Answer { result: compiled, executable }
@@ -89,6 +89,11 @@ fn serve(libtpu: &Path) -> i32 {
         }
     }
     0
+}
+
+/// The text of a caught panic.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "(panic without a message)".into())
 }
 
 /// One compile: a StableHLO program for one chip.
