@@ -14,6 +14,10 @@ JAX_SPEC="jax[tpu]==0.10.2"
 # 5 GB installed, about a minute here. CPU inference works without a GPU.
 TORCH_VERSION="2.6.0"
 TRANSFORMERS_VERSION="4.57.1"
+# XLA's CPU PJRT plugin (pjrt_c_api_cpu_plugin.so, PJRT C API 0.115) for the runtime crate's
+# execution tests (runtime/tests/exec.rs). --no-deps: it only pins jax<=0.11.2, which the venv
+# already satisfies.
+CPU_PLUGIN_SPEC="lammps-jax-pjrt-cpu==0.11.2"
 
 need_apt=()
 for p in "${LLVM_PACKAGES[@]}"; do
@@ -38,5 +42,9 @@ assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__
 assert transformers.__version__ == '$TRANSFORMERS_VERSION', transformers.__version__" 2>/dev/null; then
   echo "setup: installing torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION into $VENV (~3 GB download)"
   "$VENV/bin/pip" install -q --no-cache-dir "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION"
+fi
+if ! "$VENV/bin/python" -c "import importlib.metadata as m; assert m.version('lammps-jax-pjrt-cpu') == '0.11.2'" 2>/dev/null; then
+  echo "setup: installing $CPU_PLUGIN_SPEC (XLA's CPU PJRT plugin) into $VENV"
+  "$VENV/bin/pip" install -q --no-deps "$CPU_PLUGIN_SPEC"
 fi
 echo "setup: ok (oracle venv: $VENV)"
