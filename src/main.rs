@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use palladium_dsl::ir::{PrintOptions, VerifyOptions, print_kernel, verify};
-use palladium::check::{CheckOptions, check};
+use palladium::check::{Backend, CheckOptions, check, check_on};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::{KernelError, REGISTRY, parse_setting};
 use palladium_lowering::{LowerOptions, lower};
@@ -135,6 +135,24 @@ enum Command {
         /// print how far the logits are from it.
         #[arg(long)]
         check: bool,
+        /// Where the megakernel runs: `interpret` (the CPU interpreter) or `tpu` (libtpu's
+        /// PJRT client; refused where no TPU is attached).
+        #[arg(long, default_value = "interpret", value_parser = parse_backend)]
+        backend: Backend,
+    },
+    /// The device counterpart of `interpret`: run a library kernel on an attached TPU
+    /// (libtpu's PJRT client) on seeded random inputs and compare every output with its
+    /// reference. Refused, with libtpu's reason, where no TPU is attached.
+    Exec {
+        kernel: String,
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+        #[arg(long, default_value = "v6e")]
+        chip: Chip,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long)]
+        tolerance: Option<f32>,
     },
     /// Run a library kernel's serialized Mosaic body in the CPU interpreter on seeded random
     /// inputs and compare every output with the kernel's plain-Rust reference: prints max
@@ -234,7 +252,7 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check } => {
+        Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check, backend } => {
             use palladium::run::{RunOptions, WeightSource};
             let source = match (weights, random_weights) {
                 (Some(p), false) => WeightSource::Checkpoint(p),
@@ -242,7 +260,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 _ => return Err("give exactly one of --weights DIR and --random-weights".into()),
             };
             let options = RunOptions { config, weights: source, prompt: palladium::run::parse_ids(&prompt_ids)?, steps, chip, context };
-            let out = palladium::run::run(&options)?;
+            let out = palladium::run::run_on(&options, backend)?;
             let g = &out.generation;
             eprintln!(
                 "{} ({} layers), megakernel for {chip} (batch 1, KV cache {} positions, body {} KiB): {} runs ({} prompt tokens, {} generated tokens fed back) interpreted in {:.2} s (parse + prepare {:.1} ms)",
@@ -269,6 +287,12 @@ fn run(cli: Cli) -> Result<(), String> {
                 }
             }
             Ok(())
+        }
+        Command::Exec { kernel, set, chip, seed, tolerance } => {
+            let settings = set.iter().map(|s| parse_setting(s)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+            let report = check_on(&kernel, &settings, &CheckOptions { chip, seed, tolerance }, Backend::Tpu).map_err(|e| e.to_string())?;
+            println!("{report}");
+            if report.passed() { Ok(()) } else { Err(format!("`{kernel}` does not match its reference on the TPU")) }
         }
         Command::Interpret { kernel, set, chip, seed, tolerance } => {
             let settings = set.iter().map(|s| parse_setting(s)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
@@ -311,8 +335,39 @@ fn write_all(dir: &Path, files: &[(String, impl AsRef<[u8]>)]) -> Result<(), Str
     Ok(())
 }
 
+fn parse_backend(s: &str) -> Result<Backend, String> {
+    match s {
+        "interpret" => Ok(Backend::Interpret),
+        "tpu" => Ok(Backend::Tpu),
+        _ => Err(format!("unknown backend `{s}` (known: interpret, tpu)")),
+    }
+}
+
+/// libtpu reads its environment once, at load: a command that loads it in this process
+/// (`exec`, `run --backend tpu`) runs again as a child with it set, unless it is set.
+fn rerun_with_libtpu_environment(cli: &Cli) -> Option<ExitCode> {
+    let loads_libtpu = matches!(cli.command, Command::Exec { .. } | Command::Run { backend: Backend::Tpu, .. });
+    let env = palladium_runtime::libtpu::LIBTPU_ENVIRONMENT;
+    if !loads_libtpu || env.iter().all(|(k, v)| std::env::var(k).as_deref() == Ok(*v)) {
+        return None;
+    }
+    let status = std::env::current_exe().and_then(|exe| std::process::Command::new(exe).args(std::env::args_os().skip(1)).envs(env).status());
+    Some(match status {
+        Ok(s) if s.success() => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: cannot run palladium again with libtpu's environment: {e}");
+            ExitCode::FAILURE
+        }
+    })
+}
+
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    if let Some(code) = rerun_with_libtpu_environment(&cli) {
+        return code;
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

@@ -162,3 +162,17 @@ fn megakernel_compile_adds_the_compile_object() {
     assert!(c["estimated_cycles"].as_u64().is_some_and(|n| n > 0) || c["estimate_note"].is_string(), "{c}");
     assert!(dir.join("megakernel.executable").is_file() && dir.join("megakernel.stablehlo.mlir").is_file());
 }
+
+#[test]
+fn exec_and_run_on_tpu_say_when_no_tpu_is_attached() {
+    // This machine has no TPU: libtpu's PJRT_Client_Create fails, and both commands say so
+    // (run before loading any weights).
+    let (ok, _, err) = palladium(&["exec", "matmul", "--seed", "3"]);
+    assert!(!ok);
+    assert!(err.contains("`matmul` on the device: no TPU attached") && err.contains("PJRT_Client_Create failed"), "{err}");
+    let (ok, _, err) = palladium(&["run", &model("tiny-qwen3-moe"), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--backend", "tpu"]);
+    assert!(!ok);
+    assert!(err.contains("--backend tpu: no TPU attached"), "{err}");
+    let (ok, _, err) = palladium(&["run", &model("tiny-qwen3-moe"), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--backend", "gpu"]);
+    assert!(!ok && err.contains("unknown backend `gpu` (known: interpret, tpu)"), "{err}");
+}

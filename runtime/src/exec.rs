@@ -90,7 +90,7 @@ fn buffer_type(d: DType) -> sys::PJRT_Buffer_Type {
 
 /// A PJRT client of one plugin.
 pub struct Device {
-    client: Client,
+    client: Rc<Client>,
 }
 
 impl Device {
@@ -98,7 +98,7 @@ impl Device {
     pub fn open(path: &Path) -> Result<Device, String> {
         let plugin = Rc::new(ffi::Plugin::load(path)?);
         let client = Client::create(plugin).map_err(|e| format!("PJRT_Client_Create failed for {}: {e}", path.display()))?;
-        Ok(Device { client })
+        Ok(Device { client: Rc::new(client) })
     }
 
     /// libtpu's client: only where a TPU is attached. libtpu must see its environment
@@ -120,21 +120,21 @@ impl Device {
 
     /// Compile a StableHLO program whose parameters and results are `inputs` and `outputs`
     /// (checked against the arrays at each run).
-    pub fn compile(&self, program: &str, inputs: &[ArrayType], outputs: &[ArrayType]) -> Result<Loaded<'_>, String> {
+    pub fn compile(&self, program: &str, inputs: &[ArrayType], outputs: &[ArrayType]) -> Result<Loaded, String> {
         let options = pjrt::CompileOptions::new().encode();
         let exe = self.client.compile(program.as_bytes(), &options).map_err(|e| format!("the device rejected the program: {e}"))?;
         let n = exe.num_outputs()?;
         if n != outputs.len() {
             return Err(format!("the program has {n} results, not {}", outputs.len()));
         }
-        Ok(Loaded { exe, client: &self.client, inputs: inputs.to_vec(), outputs: outputs.to_vec() })
+        Ok(Loaded { exe, client: self.client.clone(), inputs: inputs.to_vec(), outputs: outputs.to_vec() })
     }
 }
 
-/// A program compiled for a device.
-pub struct Loaded<'d> {
-    exe: LoadedExecutable<'d>,
-    client: &'d Client,
+/// A program compiled for a device (the device's client kept alive with it).
+pub struct Loaded {
+    exe: LoadedExecutable,
+    client: Rc<Client>,
     inputs: Vec<ArrayType>,
     outputs: Vec<ArrayType>,
 }
@@ -147,7 +147,7 @@ pub struct Run {
     pub donated: Vec<bool>,
 }
 
-impl Loaded<'_> {
+impl Loaded {
     /// Run once: `inputs` (checked against the program's parameters) to device buffers,
     /// execute, every output back to the host. Inputs the program aliases to outputs are
     /// donated to them.

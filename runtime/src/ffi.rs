@@ -300,7 +300,7 @@ impl Client {
     }
 
     /// `PJRT_Client_Compile` of an MLIR program (one replica, one partition).
-    pub fn compile(&self, program: &[u8], options: &[u8]) -> Result<LoadedExecutable<'_>, String> {
+    pub fn compile(self: &std::rc::Rc<Self>, program: &[u8], options: &[u8]) -> Result<LoadedExecutable, String> {
         let format = b"mlir";
         let mut prog = sys::PJRT_Program::new();
         prog.code = program.as_ptr() as *mut _;
@@ -313,7 +313,7 @@ impl Client {
         args.compile_options = options.as_ptr() as *const _;
         args.compile_options_size = options.len();
         call!(self.plugin, PJRT_Client_Compile, &mut args);
-        Ok(LoadedExecutable { client: self, ptr: args.executable })
+        Ok(LoadedExecutable { client: self.clone(), ptr: args.executable })
     }
 
     /// A device buffer holding a copy of `data` (row-major) on the first device.
@@ -364,12 +364,12 @@ impl Drop for Client {
     }
 }
 
-pub struct LoadedExecutable<'c> {
-    client: &'c Client,
+pub struct LoadedExecutable {
+    client: std::rc::Rc<Client>,
     ptr: *mut sys::PJRT_LoadedExecutable,
 }
 
-impl<'c> LoadedExecutable<'c> {
+impl LoadedExecutable {
     /// `PJRT_Executable_NumOutputs` of the compiled program.
     pub fn num_outputs(&self) -> Result<usize, String> {
         let plugin = &self.client.plugin;
@@ -385,7 +385,7 @@ impl<'c> LoadedExecutable<'c> {
 
     /// Execute on the first device. Every input is donatable: those the program aliases to
     /// outputs are donated (and deleted).
-    pub fn execute(&self, inputs: &[&Buffer<'c>]) -> Result<Vec<Buffer<'c>>, String> {
+    pub fn execute<'c>(&'c self, inputs: &[&Buffer<'c>]) -> Result<Vec<Buffer<'c>>, String> {
         let n = self.num_outputs()?;
         let mut options = ExecuteOptions { base: sys::PJRT_ExecuteOptions::new(), appended: [0; 5] };
         options.base.struct_size = std::mem::size_of::<ExecuteOptions>();
@@ -403,13 +403,13 @@ impl<'c> LoadedExecutable<'c> {
         args.output_lists = out_lists.as_ptr();
         args.device_complete_events = events.as_mut_ptr();
         call!(self.client.plugin, PJRT_LoadedExecutable_Execute, &mut args);
-        let outputs: Vec<Buffer<'c>> = outs.into_iter().map(|ptr| Buffer { client: self.client, ptr }).collect();
+        let outputs: Vec<Buffer<'c>> = outs.into_iter().map(|ptr| Buffer { client: &self.client, ptr }).collect();
         self.client.wait(events[0])?;
         Ok(outputs)
     }
 }
 
-impl Drop for LoadedExecutable<'_> {
+impl Drop for LoadedExecutable {
     fn drop(&mut self) {
         let mut args = sys::PJRT_LoadedExecutable_Destroy_Args::new();
         args.executable = self.ptr;
