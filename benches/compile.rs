@@ -8,8 +8,8 @@
 //!    - JAX: the same body and call spec through JAX 0.10.2 (`scripts/jax_reference.py
 //!      compile-time`: `palladium_jax.load`, `jit(...).lower(...).compile()` on the
 //!      topology): `cold` = the whole Python process (interpreter, JAX import, libtpu
-//!      start, first compile), `warm` = its median steady compile.
-//!    Both must agree on the cycles (46041).
+//!      start, first compile), `warm` = its median steady compile;
+//!    - both must agree on the cycles (46041).
 //! 2. The autotune sweep of `benches/autotune.rs` on v6e (36 matmul block candidates,
 //!    libtpu runner: parallel workers, one per core): wall time.
 //!

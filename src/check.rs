@@ -183,7 +183,7 @@ pub fn check(name: &str, settings: &[(String, String)], options: &CheckOptions) 
 pub fn check_on(name: &str, settings: &[(String, String)], options: &CheckOptions, backend: Backend) -> Result<Report, CheckError> {
     let t = Instant::now();
     let entry = palladium_kernels::entry(name)?;
-    let (kernel, run): (palladium_dsl::Kernel, Box<dyn Fn(&[HostArray]) -> Result<Vec<HostArray>, CheckError>>) = match backend {
+    let (kernel, run): (palladium_dsl::Kernel, BodyRun) = match backend {
         Backend::Interpret => {
             let (_, kernel, program, spec) = prepare(name, settings, options.chip)?;
             // With the call spec: aliased outputs start as copies of their inputs (in-place
@@ -230,11 +230,12 @@ pub fn check_on(name: &str, settings: &[(String, String)], options: &CheckOption
     Ok(Report { kernel: name.to_string(), params, chip: options.chip, seed: options.seed, grid, outputs, prepare_time, run_time, reference_time })
 }
 
-/// The kernel lowered, wrapped in its `tpu_custom_call` program and compiled by libtpu's
-/// client on the attached TPU: a function from inputs to outputs.
-type DeviceRun = Box<dyn Fn(&[HostArray]) -> Result<Vec<HostArray>, CheckError>>;
+/// One run of a kernel's body: its inputs to its outputs.
+type BodyRun = Box<dyn Fn(&[HostArray]) -> Result<Vec<HostArray>, CheckError>>;
 
-fn on_tpu(name: &str, kernel: &palladium_dsl::Kernel, chip: Chip) -> Result<DeviceRun, CheckError> {
+/// The kernel lowered, wrapped in its `tpu_custom_call` program and compiled by libtpu's
+/// client on the attached TPU.
+fn on_tpu(name: &str, kernel: &palladium_dsl::Kernel, chip: Chip) -> Result<BodyRun, CheckError> {
     use palladium_runtime::exec::{Device, HostArray as DeviceArray};
     let device_error = |message: String| CheckError::Device { kernel: name.to_string(), message };
     let lowered = lower(kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower { kernel: name.to_string(), chip, message: e.to_string() })?;
