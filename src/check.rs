@@ -183,7 +183,7 @@ pub fn check(name: &str, settings: &[(String, String)], options: &CheckOptions) 
 pub fn check_on(name: &str, settings: &[(String, String)], options: &CheckOptions, backend: Backend) -> Result<Report, CheckError> {
     let t = Instant::now();
     let entry = palladium_kernels::entry(name)?;
-    let (kernel, run): (palladium_dsl::Kernel, BodyRun) = match backend {
+    let (kernel, run): (palladium_dsl::Kernel, BodyRun<'_>) = match backend {
         Backend::Interpret => {
             let (_, kernel, program, spec) = prepare(name, settings, options.chip)?;
             // With the call spec: aliased outputs start as copies of their inputs (in-place
@@ -231,11 +231,11 @@ pub fn check_on(name: &str, settings: &[(String, String)], options: &CheckOption
 }
 
 /// One run of a kernel's body: its inputs to its outputs.
-type BodyRun = Box<dyn Fn(&[HostArray]) -> Result<Vec<HostArray>, CheckError>>;
+type BodyRun<'a> = Box<dyn Fn(&[HostArray]) -> Result<Vec<HostArray>, CheckError> + 'a>;
 
 /// The kernel lowered, wrapped in its `tpu_custom_call` program and compiled by libtpu's
 /// client on the attached TPU.
-fn on_tpu(name: &str, kernel: &palladium_dsl::Kernel, chip: Chip) -> Result<BodyRun, CheckError> {
+fn on_tpu(name: &str, kernel: &palladium_dsl::Kernel, chip: Chip) -> Result<BodyRun<'static>, CheckError> {
     use palladium_runtime::exec::{Device, HostArray as DeviceArray};
     let device_error = |message: String| CheckError::Device { kernel: name.to_string(), message };
     let lowered = lower(kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower { kernel: name.to_string(), chip, message: e.to_string() })?;
