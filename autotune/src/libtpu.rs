@@ -54,6 +54,11 @@ impl Libtpu {
         self
     }
 
+    /// The most compile workers that run at once.
+    pub fn workers(&self) -> usize {
+        self.compiler.workers()
+    }
+
     /// The StableHLO program libtpu compiles for `kernel` on `chip`.
     pub fn program(&self, kernel: &Kernel, chip: Chip) -> Result<String, RunnerError> {
         let lowered = lower(kernel, &LowerOptions { chip }).map_err(|e| RunnerError(format!("lowering: {e}")))?;

@@ -45,6 +45,8 @@ pub struct Compiled {
     pub estimate_note: Option<String>,
     /// Per HLO op (the kernel's custom call, plus any copy XLA adds).
     pub ops: Vec<OpCycles>,
+    /// Wall time of `PJRT_Compile` and the estimate in the worker (seconds).
+    pub compile_seconds: f64,
     /// `PJRT_Executable_Serialize`, where asked for.
     #[serde(skip)]
     pub executable: Option<Vec<u8>>,
@@ -59,6 +61,7 @@ impl std::fmt::Debug for Compiled {
             .field("estimated_cycles", &self.estimated_cycles)
             .field("estimate_note", &self.estimate_note)
             .field("ops", &self.ops)
+            .field("compile_seconds", &self.compile_seconds)
             .field("executable_bytes", &self.executable.as_ref().map(Vec::len))
             .finish()
     }
@@ -87,6 +90,7 @@ impl<'p> Session<'p> {
         if let Some(dir) = profile_dir {
             read_profile(dir)?;
         }
+        let started = std::time::Instant::now();
         // One replica, one partition (a single-device program).
         let options = pjrt::CompileOptions::new().encode();
         let exe = self.plugin.compile(program.as_bytes(), topo, &options)?;
@@ -118,6 +122,7 @@ impl<'p> Session<'p> {
             estimated_cycles,
             estimate_note,
             ops,
+            compile_seconds: started.elapsed().as_secs_f64(),
             executable,
         })
     }

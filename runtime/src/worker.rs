@@ -159,6 +159,11 @@ impl Compiler {
         self.estimate
     }
 
+    /// The most workers that run at once.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
     /// Compile one job.
     pub fn compile(&self, job: &Job) -> Result<Compiled, CompileError> {
         self.compile_all(std::slice::from_ref(job)).pop().expect("one result per job")
