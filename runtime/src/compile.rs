@@ -92,7 +92,7 @@ impl<'p> Session<'p> {
         }
         let started = std::time::Instant::now();
         // One replica, one partition (a single-device program).
-        let options = pjrt::CompileOptions::new().encode();
+        let options = crate::ffi::single_device_options();
         let exe = self.plugin.compile(program.as_bytes(), topo, &options)?;
         let stats = exe.memory_stats()?;
         let executable = if serialize { Some(exe.serialize()?) } else { None };

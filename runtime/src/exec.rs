@@ -7,10 +7,8 @@
 //! XLA's CPU PJRT plugin (`lammps-jax-pjrt-cpu`, installed into the TPU venv by
 //! `scripts/setup.sh`; [`cpu_plugin`]) with plain StableHLO programs.
 //!
-//! The calls are this crate's own (`ffi.rs`): the `pjrt` crate's client, host buffers and
-//! execute options use the 0.54 structs, which current plugins (CPU 0.115, libtpu 0.112)
-//! refuse for `PJRT_Client_Create` and `PJRT_ExecuteOptions`, and it has no bf16 host
-//! buffers.
+//! The calls are this crate's own (`ffi.rs`), with the argument structs current plugins
+//! (CPU 0.115, libtpu 0.112) require for `PJRT_Client_Create` and `PJRT_ExecuteOptions`.
 
 use crate::ffi::{self, Client, LoadedExecutable};
 use crate::libtpu::{self, LIBTPU_ENVIRONMENT};
@@ -121,7 +119,7 @@ impl Device {
     /// Compile a StableHLO program whose parameters and results are `inputs` and `outputs`
     /// (checked against the arrays at each run).
     pub fn compile(&self, program: &str, inputs: &[ArrayType], outputs: &[ArrayType]) -> Result<Loaded, String> {
-        let options = pjrt::CompileOptions::new().encode();
+        let options = crate::ffi::single_device_options();
         let exe = self.client.compile(program.as_bytes(), &options).map_err(|e| format!("the device rejected the program: {e}"))?;
         let n = exe.num_outputs()?;
         if n != outputs.len() {

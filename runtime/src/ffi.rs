@@ -1,10 +1,11 @@
 //! The raw PJRT calls of a deviceless compile, over `pjrt-sys`'s bindings.
 //!
-//! The `pjrt` crate covers the execution path, but its compile path cannot serve here: it
-//! hides the executable's pointer and sends `PJRT_Executable_GetCompiledMemoryStats` the
-//! 0.54 struct (104 bytes), which libtpu 0.0.42.1 (API 0.112: `peak_memory_in_bytes`
-//! appended) refuses. So this module calls the C API itself: plugin load and initialize,
-//! topology, compile, memory stats (the 0.112 struct), code size, serialize, errors.
+//! Current plugins refuse the 0.54 size of a few argument structs (libtpu 0.0.42.1, API
+//! 0.112: `PJRT_Executable_GetCompiledMemoryStats`, `PJRT_Client_Create`,
+//! `PJRT_ExecuteOptions`; XLA's CPU plugin, 0.115, the same): those are declared here with
+//! the fields appended since (zero = their defaults). Calls: plugin load and initialize,
+//! topology, deviceless compile, memory stats, serialize; client, compile, buffers,
+//! execute, events; errors.
 //! Every `unsafe` block is a call through libtpu's function table with an argument struct
 //! built here, or a read of memory libtpu returned for the length it gave.
 #![allow(unsafe_code)]
@@ -12,6 +13,15 @@
 use pjrt_sys as sys;
 use std::path::Path;
 use std::ptr;
+
+/// A serialized `CompileOptionsProto` for one replica and one partition (a single-device
+/// program); an empty one fails ("Number of replicas (0) must be at least 1").
+pub fn single_device_options() -> Vec<u8> {
+    use prost::Message;
+    use sys::protos::xla::{CompileOptionsProto, ExecutableBuildOptionsProto};
+    let build = ExecutableBuildOptionsProto { device_ordinal: -1, num_replicas: 1, num_partitions: 1, ..Default::default() };
+    CompileOptionsProto { executable_build_options: Some(build), ..Default::default() }.encode_to_vec()
+}
 
 /// A loaded and initialized PJRT plugin: its function table, and the library kept open.
 pub struct Plugin {

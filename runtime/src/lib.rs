@@ -1,6 +1,9 @@
 //! libtpu in-process through PJRT: `pjrt-sys`'s bindings of the PJRT C API 0.54 header,
 //! called from `ffi.rs` (libtpu 0.0.42.1 speaks 0.112 and accepts older callers, except for
-//! the few argument structs `ffi.rs` extends), and the `pjrt` crate's `CompileOptionsProto`.
+//! the few argument structs `ffi.rs` extends). (The `pjrt` crate, a safe wrapper over the
+//! same bindings, is not used: it sends the 0.54 structs that current plugins refuse for
+//! `PJRT_Client_Create`, `PJRT_ExecuteOptions` and the compiled memory stats, hides the raw
+//! handles needed to work around that, and has no bf16 host buffers.)
 //!
 //! - [`libtpu`]: find libtpu (`PALLADIUM_LIBTPU`, or the wheel in the TPU venv) and the
 //!   deviceless topology of each chip.
