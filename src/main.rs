@@ -34,7 +34,7 @@ enum Command {
         locations: bool,
     },
     /// Lower a library kernel to Mosaic MLIR: writes DIR/KERNEL.mlir (the module),
-    /// DIR/KERNEL.body.mlir (the serialized tpu_custom_call body) and DIR/KERNEL.call.json.
+    /// DIR/KERNEL.body.mlir (the serialized `tpu_custom_call` body) and DIR/KERNEL.call.json.
     Emit {
         kernel: String,
         #[arg(long)]
