@@ -149,7 +149,8 @@ impl Compiler {
         Ok(Compiler { libtpu, estimate, workers })
     }
 
-    /// At most `n` workers at once (each holds its own libtpu: about 1 GB of RAM).
+    /// At most `n` workers at once (each holds its own libtpu: about 300 MB of RAM for a
+    /// library kernel, more for a megakernel).
     pub fn with_workers(mut self, n: usize) -> Compiler {
         self.workers = n.max(1);
         self
