@@ -15,6 +15,10 @@ JAX_SPEC="jax[tpu]==0.10.2"
 # 5 GB installed, about a minute here. CPU inference works without a GPU.
 TORCH_VERSION="2.6.0"
 TRANSFORMERS_VERSION="4.57.1"
+# XLA's CPU PJRT plugin (pjrt_c_api_cpu_plugin.so, PJRT C API 0.115) for the runtime crate's
+# execution tests (runtime/tests/exec.rs). --no-deps: it only pins jax<=0.11.2, which the venv
+# already satisfies.
+CPU_PLUGIN_SPEC="lammps-jax-pjrt-cpu==0.11.2"
 
 need_apt=()
 for p in "${LLVM_PACKAGES[@]}"; do
@@ -46,5 +50,9 @@ SITE_PACKAGES="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_pa
 if [ "$(cat "$SITE_PACKAGES/palladium_jax.pth" 2>/dev/null)" != "$REPO_PYTHON" ]; then
   echo "setup: palladium_jax ($REPO_PYTHON) -> $VENV"
   echo "$REPO_PYTHON" > "$SITE_PACKAGES/palladium_jax.pth"
+fi
+if ! "$VENV/bin/python" -c "import importlib.metadata as m; assert m.version('lammps-jax-pjrt-cpu') == '0.11.2'" 2>/dev/null; then
+  echo "setup: installing $CPU_PLUGIN_SPEC (XLA's CPU PJRT plugin) into $VENV"
+  "$VENV/bin/pip" install -q --no-deps "$CPU_PLUGIN_SPEC"
 fi
 echo "setup: ok (oracle venv: $VENV)"

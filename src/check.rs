@@ -119,6 +119,17 @@ pub enum CheckError {
     Refused { kernel: String, message: String },
     #[error("tolerance {0} must be finite and non-negative")]
     Tolerance(f32),
+    #[error("`{kernel}` on the device: {message}")]
+    Device { kernel: String, message: String },
+}
+
+/// Where the kernel runs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The serialized body in the CPU interpreter.
+    Interpret,
+    /// libtpu's PJRT client on an attached TPU (`palladium exec`).
+    Tpu,
 }
 
 /// One output compared with its reference.
@@ -227,6 +238,12 @@ fn lower_and_prepare(name: &str, kernel: &Kernel, chip: Chip) -> Result<(Program
 
 /// Check one library kernel in interpret mode.
 pub fn check(name: &str, settings: &[(String, String)], options: &CheckOptions) -> Result<Report, CheckError> {
+    check_on(name, settings, options, Backend::Interpret)
+}
+
+/// Check one library kernel on `backend`: the same seeded inputs and reference comparison
+/// whether the body runs in the interpreter or on a TPU.
+pub fn check_on(name: &str, settings: &[(String, String)], options: &CheckOptions, backend: Backend) -> Result<Report, CheckError> {
     if let Some(t) = options.tolerance.filter(|t| !t.is_finite() || *t < 0.0) {
         return Err(CheckError::Tolerance(t));
     }
@@ -237,14 +254,21 @@ pub fn check(name: &str, settings: &[(String, String)], options: &CheckOptions) 
     let need = HostMemory::of(&kernel);
     let parts = [("inputs", need.inputs), ("outputs and reference", need.outputs), ("windows and scratch", need.buffers)];
     crate::host_memory::check_within(options.max_host_memory, "interpret mode", need.total(), &parts).map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
-    let (program, spec) = lower_and_prepare(name, &kernel, options.chip)?;
+    let run: BodyRun<'_> = match backend {
+        Backend::Interpret => {
+            let (program, spec) = lower_and_prepare(name, &kernel, options.chip)?;
+            // With the call spec: aliased outputs start as copies of their inputs (in-place
+            // kernels such as `kv_cache_update` write only part of them), output shapes as
+            // the call has them.
+            Box::new(move |host: &[HostArray]| program.run_with(host, &spec).map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) }))
+        }
+        Backend::Tpu => on_tpu(name, &kernel, options.chip)?,
+    };
     let prepare_time = t.elapsed();
     let inputs = (entry.inputs)(settings, options.seed)?;
     let host: Vec<HostArray> = inputs.iter().map(to_host_array).collect::<Result<_, _>>().map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
     let t = Instant::now();
-    // With the call spec: aliased outputs start as copies of their inputs (in-place kernels
-    // such as `kv_cache_update` write only part of them), output shapes as the call has them.
-    let got = program.run_with(&host, &spec).map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) })?;
+    let got = run(&host)?;
     let run_time = t.elapsed();
     let t = Instant::now();
     let want = (entry.reference)(settings, &inputs)?;
@@ -252,12 +276,12 @@ pub fn check(name: &str, settings: &[(String, String)], options: &CheckOptions) 
     let specs: Vec<_> = kernel.call.operands_of(OperandRole::Output).collect();
     let mismatch = |message: String| CheckError::Mismatch { kernel: name.to_string(), message };
     if got.len() != want.len() || got.len() != specs.len() {
-        return Err(mismatch(format!("the kernel has {} outputs, the interpreter returned {}, the reference {}", specs.len(), got.len(), want.len())));
+        return Err(mismatch(format!("the kernel has {} outputs, the run returned {}, the reference {}", specs.len(), got.len(), want.len())));
     }
     let mut outputs = Vec::new();
     for ((g, w), spec) in got.iter().zip(&want).zip(&specs) {
         if g.shape != w.shape || g.dtype.to_string() != w.dtype.to_string() {
-            return Err(mismatch(format!("output {}: the interpreter returned {}{:?}, the reference {}", spec.name, g.dtype, g.shape, w.type_string())));
+            return Err(mismatch(format!("output {}: the run returned {}{:?}, the reference {}", spec.name, g.dtype, g.shape, w.type_string())));
         }
         let (max_abs, max_rel, worst) = errors(&g.to_f32(), &w.to_f32());
         outputs.push(OutputCheck { name: spec.name.clone(), ty: w.type_string(), max_abs, max_rel, worst, tolerance: options.tolerance.unwrap_or_else(|| default_tolerance(w.dtype)) });
@@ -268,5 +292,37 @@ pub fn check(name: &str, settings: &[(String, String)], options: &CheckOptions) 
             p.1.clone_from(v);
         }
     }
-    Ok(Report { kernel: name.to_string(), params, chip: options.chip, seed: options.seed, grid: program.grid().to_vec(), outputs, prepare_time, run_time, reference_time })
+    let grid = kernel.call.grid.iter().map(|g| g.extent as i64).collect();
+    Ok(Report { kernel: name.to_string(), params, chip: options.chip, seed: options.seed, grid, outputs, prepare_time, run_time, reference_time })
+}
+
+/// One run of a kernel's body: its inputs to its outputs.
+type BodyRun<'a> = Box<dyn Fn(&[HostArray]) -> Result<Vec<HostArray>, CheckError> + 'a>;
+
+/// The kernel lowered, wrapped in its `tpu_custom_call` program and compiled by libtpu's
+/// client on the attached TPU.
+fn on_tpu(name: &str, kernel: &palladium_dsl::Kernel, chip: Chip) -> Result<BodyRun<'static>, CheckError> {
+    use palladium_runtime::exec::{Device, HostArray as DeviceArray};
+    let device_error = |message: String| CheckError::Device { kernel: name.to_string(), message };
+    let lowered = lower(kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower { kernel: name.to_string(), chip, message: e.to_string() })?;
+    let spec = palladium_runtime::CallSpec::from_json(&lowered.call_json).map_err(device_error)?;
+    let program = palladium_runtime::wrap(&lowered.body, &spec).map_err(device_error)?;
+    let device = Device::tpu().map_err(device_error)?;
+    let loaded = device.compile(&program, &spec.inputs, &spec.outputs).map_err(device_error)?;
+    let name = name.to_string();
+    Ok(Box::new(move |host: &[HostArray]| {
+        let device_error = |message: String| CheckError::Device { kernel: name.clone(), message };
+        let inputs = host
+            .iter()
+            .zip(&spec.inputs)
+            .map(|(h, ty)| DeviceArray::new(ty.clone(), h.bytes.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(device_error)?;
+        let run = loaded.run(&inputs).map_err(device_error)?;
+        Ok(run
+            .outputs
+            .into_iter()
+            .map(|o| HostArray { dtype: DType::parse(o.ty.dtype.name()).expect("every kernel dtype is an interpreter dtype"), shape: o.ty.dims.iter().map(|&d| d as usize).collect(), bytes: o.bytes })
+            .collect())
+    }))
 }

@@ -4,4 +4,5 @@
 pub mod check;
 pub mod host_memory;
 pub mod output;
+pub mod compile;
 pub mod run;

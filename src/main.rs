@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use palladium_dsl::ir::{PrintOptions, VerifyOptions, check_hbm, print_kernel, verify};
-use palladium::check::{CheckOptions, check};
+use palladium::check::{Backend, CheckOptions, check, check_on};
 use palladium::output::{check_writable, write_all};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::{KernelError, REGISTRY, parse_setting};
@@ -45,6 +45,23 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Compile a library kernel with libtpu, deviceless (PJRT; no TPU needed): prints the
+    /// code size, VMEM limit, HBM from the compiled memory stats and libtpu's static cycle
+    /// estimate (none, with the reason, where libtpu gives none). --out DIR also writes
+    /// emit's three files, DIR/KERNEL.stablehlo.mlir and the serialized executable
+    /// DIR/KERNEL.executable, all or none.
+    Compile {
+        kernel: String,
+        #[arg(long)]
+        chip: Chip,
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Plan and emit the decode megakernel of a Hugging Face MoE model (config.json): one
     /// grid-less kernel for a whole decode step. Writes DIR/megakernel.mlir, .body.mlir and
     /// .call.json and prints the report (layers, bytes streamed per step, VMEM plan, DMA
@@ -75,6 +92,11 @@ enum Command {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        /// Also compile it with libtpu (as `palladium compile`): writes
+        /// megakernel.stablehlo.mlir and megakernel.executable too, and the report (its JSON:
+        /// a `compile` object) gains code size, memory and the estimate.
+        #[arg(long)]
+        compile: bool,
     },
     /// Prompt + greedy decode of a Hugging Face MoE model (config.json) through its decode
     /// megakernel in interpret mode: the megakernel is emitted, verified and lowered, its
@@ -117,6 +139,24 @@ enum Command {
         /// Relative logits tolerance of --check: max |ours - reference| <= R * max |reference|
         /// per step (default 2^-6 = 0.015625, the project's logits tolerance).
         #[arg(long, value_name = "R", requires = "check", value_parser = palladium_model::tolerance::parse_relative_tolerance)]
+        tolerance: Option<f32>,
+        /// Where the megakernel runs: `interpret` (the CPU interpreter) or `tpu` (libtpu's
+        /// PJRT client; refused where no TPU is attached).
+        #[arg(long, default_value = "interpret", value_parser = parse_backend)]
+        backend: Backend,
+    },
+    /// The device counterpart of `interpret`: run a library kernel on an attached TPU
+    /// (libtpu's PJRT client) on seeded random inputs and compare every output with its
+    /// reference. Refused, with libtpu's reason, where no TPU is attached.
+    Exec {
+        kernel: String,
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+        #[arg(long, default_value = "v6e")]
+        chip: Chip,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long)]
         tolerance: Option<f32>,
     },
     /// Run a library kernel's serialized Mosaic body in the CPU interpreter on seeded random
@@ -162,22 +202,44 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Command::Emit { kernel, chip, set, out } => {
             palladium_kernels::entry(&kernel).map_err(|e| e.to_string())?;
-            let names = [format!("{kernel}.mlir"), format!("{kernel}.body.mlir"), format!("{kernel}.call.json")];
-            check_writable(&out, &names)?;
+            check_writable(&out, &compiled_names(&kernel)[..3])?;
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
             check_hbm(&k, chip)?;
             let lowered = lower(&k, &LowerOptions { chip }).map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
-            let [module, body, call] = names;
-            let files = [(module, lowered.module), (body, lowered.body), (call, lowered.call_json)];
+            let files = emitted_files(&kernel, lowered);
             write_all(&out, &files)?;
             for (name, _) in &files {
                 println!("{}", out.join(name).display());
             }
             Ok(())
         }
-        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json } => {
+        Command::Compile { kernel, chip, set, out, json } => {
+            palladium_kernels::entry(&kernel).map_err(|e| e.to_string())?;
+            if let Some(out) = &out {
+                check_writable(out, &compiled_names(&kernel))?;
+            }
+            let k = build(&kernel, &set).map_err(|e| e.to_string())?;
+            check_hbm(&k, chip)?;
+            let lowered = lower(&k, &LowerOptions { chip }).map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
+            let report = match palladium::compile::compile(&lowered, chip) {
+                Ok(r) => r,
+                Err(e) if json => {
+                    println!("{}", serde_json::json!({"ok": false, "kernel": kernel, "chip": chip.name(), "error": e}));
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(out) = &out {
+                let mut files = emitted_files(&kernel, lowered);
+                files.extend(report.files(&kernel));
+                write_all(out, &files)?;
+            }
+            if json { println!("{}", report.json()) } else { print!("{}", report.text()) }
+            Ok(())
+        }
+        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json, compile } => {
             use palladium_fusion::plan::{KvTiles, PlanError, PlanOptions, Prefetch};
-            let names = ["megakernel.mlir", "megakernel.body.mlir", "megakernel.call.json"];
+            let names = if compile { compiled_names("megakernel").to_vec() } else { compiled_names("megakernel")[..3].to_vec() };
             check_writable(&out, &names)?;
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
             let kv_tiles = if all_kv_tiles { KvTiles::All } else { KvTiles::UpToPosition };
@@ -189,11 +251,27 @@ fn run(cli: Cli) -> Result<(), String> {
             })?;
             let kernel = palladium_fusion::emit::emit(&plan).map_err(|e| format!("cannot build the megakernel:\n{e}"))?;
             let lowered = lower(&kernel, &LowerOptions { chip }).map_err(|e| format!("cannot lower the megakernel for {chip}:\n{e}"))?;
-            write_all(&out, &[(names[0], lowered.module), (names[1], lowered.body), (names[2], lowered.call_json)])?;
-            if json { println!("{}", palladium_fusion::report::json(&plan)) } else { print!("{}", palladium_fusion::report::text(&plan)) }
+            let compiled = if compile { Some(palladium::compile::compile(&lowered, chip)?) } else { None };
+            let mut files = emitted_files("megakernel", lowered);
+            if let Some(c) = &compiled {
+                files.extend(c.files("megakernel"));
+            }
+            write_all(&out, &files)?;
+            if json {
+                let mut report: serde_json::Value = serde_json::from_str(&palladium_fusion::report::json(&plan)).map_err(|e| e.to_string())?;
+                if let (Some(c), Some(obj)) = (&compiled, report.as_object_mut()) {
+                    obj.insert("compile".into(), c.json());
+                }
+                println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+            } else {
+                print!("{}", palladium_fusion::report::text(&plan));
+                if let Some(c) = &compiled {
+                    print!("{}", c.text());
+                }
+            }
             Ok(())
         }
-        Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check, tolerance } => {
+        Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check, tolerance, backend } => {
             use palladium::run::{OutputFile, Progress, RunOptions, WeightSource};
             let source = match (weights, random_weights) {
                 (Some(p), false) => WeightSource::Checkpoint(p),
@@ -204,7 +282,7 @@ fn run(cli: Cli) -> Result<(), String> {
             // A bad --logits-out fails here, before any work.
             let logits_file = logits_out.as_deref().map(|p| OutputFile::create("--logits-out", p)).transpose()?;
             let mut progress = Progress::new();
-            let out = palladium::run::run(&options, |done, total| progress.update(done, total));
+            let out = palladium::run::run(&options, backend, |done, total| progress.update(done, total));
             progress.finish();
             let out = out?;
             let g = &out.generation;
@@ -235,6 +313,13 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
+        Command::Exec { kernel, set, chip, seed, tolerance } => {
+            let settings = set.iter().map(|s| parse_setting(s)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+            let max_host_memory = palladium::host_memory::limit()?;
+            let report = check_on(&kernel, &settings, &CheckOptions { chip, seed, tolerance, max_host_memory }, Backend::Tpu).map_err(|e| e.to_string())?;
+            println!("{report}");
+            if report.passed() { Ok(()) } else { Err(format!("`{kernel}` does not match its reference on the TPU")) }
+        }
         Command::Interpret { kernel, set, chip, seed, tolerance } => {
             let settings = set.iter().map(|s| parse_setting(s)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
             let max_host_memory = palladium::host_memory::limit()?;
@@ -245,8 +330,54 @@ fn run(cli: Cli) -> Result<(), String> {
     }
 }
 
+/// The names `emit` writes for `name` (the module, the serialized body, the call spec), then
+/// what `compile --out` adds (the StableHLO program, the serialized executable).
+fn compiled_names(name: &str) -> [String; 5] {
+    ["mlir", "body.mlir", "call.json", "stablehlo.mlir", "executable"].map(|ext| format!("{name}.{ext}"))
+}
+
+/// What `emit` writes for `name`: the module, the serialized body, the call spec.
+fn emitted_files(name: &str, lowered: palladium_lowering::Lowered) -> Vec<(String, Vec<u8>)> {
+    vec![
+        (format!("{name}.mlir"), lowered.module.into_bytes()),
+        (format!("{name}.body.mlir"), lowered.body.into_bytes()),
+        (format!("{name}.call.json"), lowered.call_json.into_bytes()),
+    ]
+}
+
+fn parse_backend(s: &str) -> Result<Backend, String> {
+    match s {
+        "interpret" => Ok(Backend::Interpret),
+        "tpu" => Ok(Backend::Tpu),
+        _ => Err(format!("unknown backend `{s}` (known: interpret, tpu)")),
+    }
+}
+
+/// libtpu reads its environment once, at load: a command that loads it in this process
+/// (`exec`, `run --backend tpu`) runs again as a child with it set, unless it is set.
+fn rerun_with_libtpu_environment(cli: &Cli) -> Option<ExitCode> {
+    let loads_libtpu = matches!(cli.command, Command::Exec { .. } | Command::Run { backend: Backend::Tpu, .. });
+    let env = palladium_runtime::libtpu::LIBTPU_ENVIRONMENT;
+    if !loads_libtpu || env.iter().all(|(k, v)| std::env::var(k).as_deref() == Ok(*v)) {
+        return None;
+    }
+    let status = std::env::current_exe().and_then(|exe| std::process::Command::new(exe).args(std::env::args_os().skip(1)).envs(env).status());
+    Some(match status {
+        Ok(s) if s.success() => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: cannot run palladium again with libtpu's environment: {e}");
+            ExitCode::FAILURE
+        }
+    })
+}
+
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    if let Some(code) = rerun_with_libtpu_environment(&cli) {
+        return code;
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

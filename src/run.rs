@@ -9,6 +9,7 @@
 //! ([`palladium_fusion::decode::Decoder`]): the prompt at positions `0..`, then `steps`
 //! greedy steps, the KV caches carried between runs through the kernel's aliases.
 
+use crate::check::Backend;
 use palladium_dsl::spec::Chip;
 use palladium_fusion::decode::Decoder;
 use palladium_fusion::pack::pack;
@@ -108,10 +109,16 @@ pub fn host_memory(spec: &ModelSpec, plan: &Plan, o: &RunOptions) -> HostMemory 
     }
 }
 
-/// Run prompt + greedy decode through the megakernel in interpret mode; `progress(runs
-/// done, runs in all)` after every megakernel run. The host memory the run needs is checked
-/// against the limit ([`crate::host_memory`]) before any weight is built or read.
-pub fn run(o: &RunOptions, progress: impl FnMut(usize, usize)) -> Result<RunOutput, String> {
+/// Run prompt + greedy decode through the megakernel on `backend` (the interpreter, or an
+/// attached TPU through libtpu's PJRT client, refused up front where there is none);
+/// `progress(runs done, runs in all)` after every megakernel run. The host memory the run
+/// needs is checked against the limit ([`crate::host_memory`]) before any weight is built
+/// or read.
+pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize)) -> Result<RunOutput, String> {
+    let device = match backend {
+        Backend::Interpret => None,
+        Backend::Tpu => Some(palladium_runtime::exec::Device::tpu().map_err(|e| format!("--backend tpu: {e}"))?),
+    };
     let spec = ModelSpec::from_path(&o.config).map_err(|e| format!("cannot read the model config: {e}"))?;
     if o.prompt.is_empty() {
         return Err("the prompt is empty (--prompt-ids)".into());
@@ -157,7 +164,11 @@ pub fn run(o: &RunOptions, progress: impl FnMut(usize, usize)) -> Result<RunOutp
     let lowered = lower(&kernel, &LowerOptions { chip: o.chip }).map_err(|e| format!("cannot lower the megakernel for {}:\n{e}", o.chip))?;
     let packed = pack(&spec, &plan, &weights).map_err(|e| format!("cannot pack the weights: {e}"))?;
     let t = Instant::now();
-    let mut decoder = Decoder::new(&plan, &lowered.body, &lowered.call_json, packed).map_err(|e| e.to_string())?;
+    let mut decoder = match device {
+        None => Decoder::new(&plan, &lowered.body, &lowered.call_json, packed),
+        Some(device) => Decoder::with_engine(&plan, &lowered.call_json, packed, tpu_engine(&device, &lowered).map_err(|e| format!("--backend tpu: {e}"))?),
+    }
+    .map_err(|e| e.to_string())?;
     let prepare = t.elapsed();
     let generation = decoder.generate_with(&o.prompt, o.steps, progress).map_err(|e| format!("megakernel run failed: {e}"))?;
     Ok(RunOutput {
@@ -170,6 +181,27 @@ pub fn run(o: &RunOptions, progress: impl FnMut(usize, usize)) -> Result<RunOutp
         prepare,
         body_bytes: lowered.body.len(),
     })
+}
+
+/// The megakernel compiled by libtpu's client: each run moves the call's inputs to the TPU,
+/// executes (the KV caches donated to their outputs) and brings the outputs back.
+fn tpu_engine(device: &palladium_runtime::exec::Device, lowered: &palladium_lowering::Lowered) -> Result<palladium_fusion::decode::Engine, String> {
+    use palladium_fusion::decode::DecodeError;
+    use palladium_runtime::exec::HostArray as DeviceArray;
+    let spec = palladium_runtime::CallSpec::from_json(&lowered.call_json)?;
+    let program = palladium_runtime::wrap(&lowered.body, &spec)?;
+    let loaded = device.compile(&program, &spec.inputs, &spec.outputs)?;
+    Ok(Box::new(move |inputs, _call| {
+        let arrays = inputs.iter().zip(&spec.inputs).map(|(h, ty)| DeviceArray::new(ty.clone(), h.bytes.clone())).collect::<Result<Vec<_>, _>>().map_err(DecodeError::Device)?;
+        let run = loaded.run(&arrays).map_err(DecodeError::Device)?;
+        run.outputs
+            .into_iter()
+            .map(|o| {
+                let dtype = palladium_interpret::DType::parse(o.ty.dtype.name()).ok_or_else(|| DecodeError::Device(format!("no host arrays of {}", o.ty.dtype)))?;
+                Ok(palladium_interpret::HostArray { dtype, shape: o.ty.dims.iter().map(|&d| d as usize).collect(), bytes: o.bytes })
+            })
+            .collect()
+    }))
 }
 
 /// The megakernel's generation compared with the references, teacher-forced on its ids

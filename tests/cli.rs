@@ -236,3 +236,67 @@ fn a_megakernel_output_folder_that_cannot_take_the_files_is_refused_first() {
     let (ok, _, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--out", file.join("sub").to_str().unwrap()]);
     assert!(!ok && err.contains("is not a folder"), "{err}");
 }
+
+#[test]
+fn compile_reports_libtpus_cycles_and_writes_all_five_files() {
+    let (ok, out, err) = palladium(&["compile", "matmul", "--chip", "v6e", "--json"]);
+    assert!(ok, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).expect("--json prints one JSON object");
+    assert_eq!(json["ok"], true, "{json}");
+    assert_eq!(json["chip"], "v6e", "{json}");
+    // What JAX Pallas's own matmul of the same shape and blocks gets.
+    assert_eq!(json["estimated_cycles"], 46041, "{json}");
+    assert!(json["code_size_bytes"].as_u64().is_some_and(|n| n > 0), "{json}");
+    assert_eq!(json["hbm"]["argument_bytes"], (1024 * 2048 + 2048 * 1024) * 2, "{json}");
+    assert_eq!(json["vmem_limit_bytes"], 32 << 20, "{json}");
+
+    // gather_rows's DMAs abort v6e's estimator: compiled all the same, no estimate, and why.
+    let dir = scratch("compile_out");
+    let (ok, out, err) = palladium(&["compile", "gather_rows", "--chip", "v6e", "--out", dir.to_str().unwrap(), "--json"]);
+    assert!(ok, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["estimated_cycles"], serde_json::Value::Null, "{json}");
+    assert!(json["estimate_note"].as_str().is_some_and(|n| n.contains("Unsupported DMA direction")), "{json}");
+    for file in ["gather_rows.mlir", "gather_rows.body.mlir", "gather_rows.call.json", "gather_rows.stablehlo.mlir", "gather_rows.executable"] {
+        assert!(std::fs::metadata(dir.join(file)).is_ok_and(|m| m.len() > 0), "{file} missing or empty");
+    }
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 5, "no temporary files left");
+    let program = std::fs::read_to_string(dir.join("gather_rows.stablehlo.mlir")).unwrap();
+    assert!(program.contains("stablehlo.custom_call @tpu_custom_call"), "{program}");
+}
+
+#[test]
+fn compile_refuses_what_does_not_verify_and_writes_nothing() {
+    let dir = scratch("compile_refused");
+    let (ok, _, err) = palladium(&["compile", "matmul", "--chip", "v5e", "--set", "bm=1024", "--set", "bn=1024", "--set", "bk=2048", "--out", dir.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("VMEM budget exceeded"), "{err}");
+    assert!(!dir.exists(), "nothing written");
+}
+
+#[test]
+fn megakernel_compile_adds_the_compile_object() {
+    let dir = scratch("megakernel_compile");
+    let (ok, out, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", "512", "--all-kv-tiles", "--single-prefetch", "--json", "--compile", "--out", dir.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).expect("--json prints JSON");
+    let c = &json["compile"];
+    assert_eq!(c["ok"], true, "{c}");
+    assert!(c["code_size_bytes"].as_u64().is_some_and(|n| n > 0), "{c}");
+    assert!(c["estimated_cycles"].as_u64().is_some_and(|n| n > 0) || c["estimate_note"].is_string(), "{c}");
+    assert!(dir.join("megakernel.executable").is_file() && dir.join("megakernel.stablehlo.mlir").is_file());
+}
+
+#[test]
+fn exec_and_run_on_tpu_say_when_no_tpu_is_attached() {
+    // This machine has no TPU: libtpu's PJRT_Client_Create fails, and both commands say so
+    // (run before loading any weights).
+    let (ok, _, err) = palladium(&["exec", "matmul", "--seed", "3"]);
+    assert!(!ok);
+    assert!(err.contains("`matmul` on the device: no TPU attached") && err.contains("PJRT_Client_Create failed"), "{err}");
+    let (ok, _, err) = palladium(&["run", &model("tiny-qwen3-moe"), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--backend", "tpu"]);
+    assert!(!ok);
+    assert!(err.contains("--backend tpu: no TPU attached"), "{err}");
+    let (ok, _, err) = palladium(&["run", &model("tiny-qwen3-moe"), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--backend", "gpu"]);
+    assert!(!ok && err.contains("unknown backend `gpu` (known: interpret, tpu)"), "{err}");
+}

@@ -6,7 +6,7 @@
 
 use crate::pack::Packed;
 use crate::plan::Plan;
-use palladium_interpret::{CallSpec, HostArray, InterpError, Module, ParseError, Program};
+use palladium_interpret::{CallSpec, HostArray, InterpError, Module, ParseError};
 use palladium_model::reference::{Generation, StepLogits, argmax};
 use palladium_model::tolerance::{LOGITS_RELATIVE_TOLERANCE, LogitsDiff};
 use std::time::{Duration, Instant};
@@ -30,6 +30,8 @@ pub enum DecodeError {
     EmptyPrompt,
     #[error("{at}: the logits are not finite (token {token}: {value}); the weights or the kernel produce NaN or infinity")]
     NonFinite { at: String, token: usize, value: f32 },
+    #[error("the device: {0}")]
+    Device(String),
 }
 
 impl From<InterpError> for DecodeError {
@@ -38,9 +40,14 @@ impl From<InterpError> for DecodeError {
     }
 }
 
-/// A megakernel ready to run decode steps on the CPU, with its KV caches.
+/// What runs the megakernel once: its call's inputs to its outputs (the interpreter, or a
+/// device).
+pub type Engine = Box<dyn FnMut(&[HostArray], &CallSpec) -> Result<Vec<HostArray>, DecodeError>>;
+
+/// A megakernel ready to run decode steps (on the CPU, or on the engine it was given), with
+/// its KV caches.
 pub struct Decoder {
-    program: Program,
+    engine: Engine,
     call: CallSpec,
     /// Scalar prefetch (tokens, positions), weights, K cache, V cache: the call's inputs.
     inputs: Vec<HostArray>,
@@ -51,7 +58,7 @@ pub struct Decoder {
     capacity: u64,
     /// Next position of every sequence.
     lens: Vec<usize>,
-    /// Time spent in the interpreter.
+    /// Time spent in the runs (the interpreter or the device).
     pub elapsed: Duration,
     pub runs: usize,
 }
@@ -66,6 +73,11 @@ impl Decoder {
     /// `body` and `call_json`: the lowered megakernel of `plan`; `packed`: its weights.
     pub fn new(plan: &Plan, body: &str, call_json: &str, packed: Packed) -> Result<Self, DecodeError> {
         let program = Module::parse(body)?.prepare()?;
+        Decoder::with_engine(plan, call_json, packed, Box::new(move |inputs, call| Ok(program.run_with(inputs, call)?)))
+    }
+
+    /// [`Decoder::new`] with another engine for the runs (e.g. a TPU).
+    pub fn with_engine(plan: &Plan, call_json: &str, packed: Packed, engine: Engine) -> Result<Self, DecodeError> {
         let call = CallSpec::from_json(call_json)?;
         let (k, v) = packed.empty_caches();
         let b = plan.dims.batch as usize;
@@ -89,7 +101,7 @@ impl Decoder {
             }
         }
         Ok(Decoder {
-            program,
+            engine,
             call,
             inputs,
             vocab: plan.dims.vocab,
@@ -147,7 +159,7 @@ impl Decoder {
         self.inputs[0] = HostArray::from_i32(&[self.batch], &ids);
         self.inputs[1] = HostArray::from_i32(&[self.batch], &pos);
         let t = Instant::now();
-        let mut out = self.program.run_with(&self.inputs, &self.call)?;
+        let mut out = (self.engine)(&self.inputs, &self.call)?;
         self.elapsed += t.elapsed();
         self.runs += 1;
         let n = self.inputs.len();

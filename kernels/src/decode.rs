@@ -13,7 +13,7 @@
 //!   when `k` is split: it stays resident across the (last, `arbitrary`) `k` axis and is
 //!   written back once, when its column index changes. No scratch is needed.
 //! - Large weight blocks amortise the per-step overhead (~0.35 µs) against each block's
-//!   DMA. The default problem mirrors `oracle.py pallas gemv` (8x4096 @ 4096x14336, whose
+//!   DMA. The default problem mirrors `scripts/jax_reference.py pallas gemv` (8x4096 @ 4096x14336, whose
 //!   4096 x 1024 blocks take 16 MiB double-buffered under a 100 MiB limit). Library
 //!   defaults must verify on every chip, v4's 16 MiB of VMEM included, so the default block
 //!   is 4096 x 896 (7 MiB; 14.3 MiB double-buffered): libtpu's v6e estimate is 99109
