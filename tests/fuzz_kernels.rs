@@ -18,7 +18,7 @@ use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner, contextu
 
 /// Interpret only kernels this small (host bytes, see [`HostMemory`]) with this few grid
 /// steps, so a case takes well under a second.
-const INTERPRET_BYTES: u64 = 24 << 20;
+const INTERPRET_BYTES: u64 = 48 << 20;
 const INTERPRET_STEPS: u64 = 4096;
 
 fn config(cases: u32) -> Config {
