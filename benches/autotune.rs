@@ -6,13 +6,14 @@
 //! measurement: it ranks candidates by modelled HBM traffic, MXU work and grid-step count.
 //! The full reports are also written as JSON to `target/tmp/autotune-matmul-<chip>.json`.
 //!
-//! `PALLADIUM_AUTOTUNE_RUNNER=oracle` also costs the v6e sweep with the libtpu runner
-//! ([`Oracle`]: libtpu 0.0.42.1's static cycle estimates, deviceless, one process), prints
+//! `PALLADIUM_AUTOTUNE_RUNNER=libtpu` also costs the v6e sweep with the libtpu runner
+//! ([`Libtpu`]: libtpu 0.0.42.1's static cycle estimates, deviceless, through PJRT in
+//! parallel worker processes), prints
 //! its table and compares the two rankings: Spearman rank correlation over the candidates
 //! both costed, top-1 agreement, and where each runner's best lands in the other's ranking.
 //! (v7x is skipped there: libtpu reports no cycles on v7x.)
 
-use palladium_autotune::{ChipModel, CompileOnly, Oracle, SearchReport, SearchSpace, search};
+use palladium_autotune::{ChipModel, CompileOnly, Libtpu, SearchReport, SearchSpace, search};
 use palladium_dsl::spec::Chip;
 use std::time::{Duration, Instant};
 
@@ -85,18 +86,17 @@ fn main() {
             println!("(could not write {}: {e})", path.display());
         }
 
-        if chip == Chip::V6e && std::env::var("PALLADIUM_AUTOTUNE_RUNNER").as_deref() == Ok("oracle") {
-            let mut oracle = Oracle::new(env!("CARGO_TARGET_TMPDIR")).unwrap_or_else(|e| panic!("PALLADIUM_AUTOTUNE_RUNNER=oracle: {e}"));
+        if chip == Chip::V6e && std::env::var("PALLADIUM_AUTOTUNE_RUNNER").as_deref() == Ok("libtpu") {
+            let mut libtpu = Libtpu::new().unwrap_or_else(|e| panic!("PALLADIUM_AUTOTUNE_RUNNER=libtpu: {e}"));
             let t0 = Instant::now();
-            let measured = search(&space, chip, &mut oracle).unwrap_or_else(|e| panic!("{e}"));
+            let measured = search(&space, chip, &mut libtpu).unwrap_or_else(|e| panic!("{e}"));
             println!(
-                "== the same sweep on {chip}, libtpu runner (static LLO estimates, deviceless; {} oracle process(es), {:.1} s) ==",
-                oracle.processes,
+                "== the same sweep on {chip}, libtpu runner (static LLO estimates, deviceless, parallel PJRT workers; {:.1} s) ==",
                 t0.elapsed().as_secs_f64()
             );
             print!("{}", measured.table());
             compare_rankings(&report, &measured);
-            let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("autotune-matmul-{chip}-oracle.json"));
+            let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("autotune-matmul-{chip}-libtpu.json"));
             if let Err(e) = std::fs::write(&path, measured.to_json()) {
                 println!("(could not write {}: {e})", path.display());
             }

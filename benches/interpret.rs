@@ -44,7 +44,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn ours(c: &Case, runs: usize) -> Timing {
     let settings: Vec<(String, String)> = [("m", c.m), ("k", c.k), ("n", c.n), ("bm", c.bm), ("bk", c.bk), ("bn", c.bn)].iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
     let entry = palladium_kernels::entry("matmul").unwrap_or_else(|e| panic!("{e}"));
-    let inputs: Vec<_> = (entry.inputs)(&settings, 0).unwrap().iter().map(to_host_array).collect();
+    let inputs: Vec<_> = (entry.inputs)(&settings, 0).unwrap().iter().map(|d| to_host_array(d).unwrap()).collect();
     let t = Instant::now();
     let (_, _, program, _) = prepare("matmul", &settings, Chip::V6e).unwrap_or_else(|e| panic!("{e}"));
     std::hint::black_box(program.run(&inputs).unwrap_or_else(|e| panic!("{e}")));

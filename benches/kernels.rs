@@ -1,13 +1,13 @@
 //! `cargo bench --bench kernels`: Palladium's kernels against references, by libtpu's
-//! static cycle estimates (deviceless, through the TPU oracle; libtpu 0.0.42.1). Every
+//! static cycle estimates (deviceless, through PJRT (`palladium-runtime`); libtpu 0.0.42.1). Every
 //! number here is libtpu's scheduler estimate of the compiled kernel, not a device
 //! measurement; ratios are of numbers measured in the same run, on one chip.
 //!
 //! 1. v6e: our `matmul` and `gemv` against JAX Pallas's reference kernels of the same
-//!    shapes and blocks (`oracle.py pallas matmul|gemv`, compiled with our call spec):
+//!    shapes and blocks (`scripts/jax_reference.py pallas matmul|gemv`, compiled by JAX):
 //!    `ratio = ours / JAX` (at most 1.0 = as fast or faster).
 //! 2. v6e: `gemv` block sweep (`block_n` x `block_k`) with the libtpu runner on a few decode
-//!    shapes; `ratio = floor / ours`, where the floor is `oracle.py floor`'s cycles for
+//!    shapes; `ratio = floor / ours`, where the floor is the plain HBM stream's cycles for
 //!    the bytes the GEMV must move (1.0 = at the HBM floor).
 //! 3. v5e: `decode_attention`. Its KV loop runs `ceil(lens[b] / block_kv)` times, a count
 //!    read from scalar prefetch at run time, which no static estimate can know: the bench
@@ -24,7 +24,10 @@
 //! The table is also written as JSON to `target/kernels-bench.json`.
 //! `cargo test --benches` (no `--bench` flag) runs part 1 only.
 
-use palladium_autotune::{Form, Job, Oracle, Runner, SearchReport, SearchSpace, search};
+#[path = "common/jax.rs"]
+mod jax;
+
+use palladium_autotune::{Libtpu, Runner, SearchReport, SearchSpace, search};
 use palladium_dsl::spec::Chip;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -58,15 +61,15 @@ fn target_dir() -> PathBuf {
 
 fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
-    let mut oracle = Oracle::new(env!("CARGO_TARGET_TMPDIR")).unwrap_or_else(|e| {
+    let mut libtpu = Libtpu::new().unwrap_or_else(|e| {
         eprintln!("kernels bench: {e}");
         std::process::exit(2)
     });
     let mut rows = Vec::new();
-    jax_references(&mut oracle, &mut rows);
+    jax_references(&libtpu, &mut rows);
     if benching {
-        gemv_sweep(&mut oracle, &mut rows);
-        decode_attention(&mut oracle, &mut rows);
+        gemv_sweep(&mut libtpu, &mut rows);
+        decode_attention(&mut libtpu, &mut rows);
     }
 
     println!("\n== summary (libtpu 0.0.42.1 static estimates, deviceless; ratio: JAX rows ours/JAX (<= 1.0 is at least as fast), floor rows floor/ours (1.0 = at the HBM floor)) ==");
@@ -76,7 +79,6 @@ fn main() {
         Ok(()) => println!("table written to {}", path.display()),
         Err(e) => println!("(could not write {}: {e})", path.display()),
     }
-    println!("oracle processes started: {}", oracle.processes);
 }
 
 fn print_table(rows: &[Row]) {
@@ -99,30 +101,24 @@ fn print_table(rows: &[Row]) {
     }
 }
 
-/// Part 1: our kernels and JAX's, same shapes and blocks, one libtpu batch on v6e.
-fn jax_references(oracle: &mut Oracle, rows: &mut Vec<Row>) {
+/// Part 1: our kernels and JAX's, same shapes and blocks, on v6e.
+fn jax_references(libtpu: &Libtpu, rows: &mut Vec<Row>) {
     let chip = Chip::V6e;
-    println!("== 1. ours vs JAX Pallas reference kernels on {chip} (same shapes and blocks; oracle.py pallas) ==");
-    let dir = oracle.fresh_dir("jax").expect("scratch dir");
-    let o = oracle.clone().with_form(Form::Module);
-    // oracle.py's references have fixed shapes: matmul 1024x2048x1024 (256x512x256), gemv
+    println!("== 1. ours vs JAX Pallas reference kernels on {chip} (same shapes and blocks; scripts/jax_reference.py pallas) ==");
+    // The references have fixed shapes: matmul 1024x2048x1024 (256x512x256), gemv
     // 8x4096 @ 4096x14336 (block 4096x1024).
     let matmul = build("matmul", &[("m", 1024), ("k", 2048), ("n", 1024), ("bm", 256), ("bk", 512), ("bn", 256)]);
     let gemv = build("gemv", &[("batch", 8), ("k", 4096), ("n", 14336), ("block_n", 1024), ("block_k", 4096)]);
-    let mut jobs = vec![o.write_kernel(&dir, "matmul", &matmul, chip).expect("lower matmul"), o.write_kernel(&dir, "gemv", &gemv, chip).expect("lower gemv")];
-    for name in ["matmul", "gemv"] {
-        let text = oracle.pallas_module(name, chip).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(dir.join(format!("jax_{name}.mlir")), text).expect("write");
-        jobs.push(Job { form: Form::Module, path: format!("jax_{name}.mlir"), spec: format!("{name}.json") });
-    }
-    let res = oracle.batch(&dir, &jobs, chip).unwrap_or_else(|e| panic!("{e}"));
-    let cyc = |i: usize| res[i].as_ref().ok().and_then(|j| j["estimated_cycles"].as_u64());
+    let ours = libtpu.cycles(&[&matmul, &gemv], chip);
     for (i, name, shape, blocks) in [(0, "matmul", "1024x2048x1024 bf16", "bm=256 bk=512 bn=256"), (1, "gemv", "8x4096 @ 4096x14336 bf16", "block_k=4096 block_n=1024")] {
-        let (ours, jax) = (cyc(i), cyc(i + 2));
-        let note = match (&res[i], &res[i + 2]) {
-            (Err(e), _) | (_, Err(e)) => e.clone(),
+        let theirs = jax::jax_reference(&["pallas", name, "--chip", chip.name()]);
+        let jax = theirs.as_ref().ok().and_then(|j| j["estimated_cycles"].as_u64());
+        let note = match (&ours[i], &theirs) {
+            (Err(e), _) => e.to_string(),
+            (_, Err(e)) => e.clone(),
             _ => String::new(),
         };
+        let ours = ours[i].as_ref().ok().copied();
         rows.push(Row {
             kernel: name.into(),
             shape: shape.into(),
@@ -138,10 +134,10 @@ fn jax_references(oracle: &mut Oracle, rows: &mut Vec<Row>) {
     print_table(&rows[rows.len() - 2..]);
 }
 
-/// `oracle.py floor` cycles for `bytes`: the oracle streams whole 4 MiB blocks, so its
-/// cycles are scaled linearly to `bytes` (the note says by how much).
-fn floor_cycles(oracle: &mut Oracle, chip: Chip, bytes: u64) -> Result<(u64, String), String> {
-    let (cycles, streamed) = oracle.floor(chip, bytes).map_err(|e| e.to_string())?;
+/// The plain HBM stream's cycles for `bytes` ([`Libtpu::floor`]): it streams whole 4 MiB
+/// blocks, so its cycles are scaled linearly to `bytes` (the note says by how much).
+fn floor_cycles(libtpu: &Libtpu, chip: Chip, bytes: u64) -> Result<(u64, String), String> {
+    let (cycles, streamed) = libtpu.floor(chip, bytes).map_err(|e| e.to_string())?;
     let scaled = (cycles as f64 * bytes as f64 / streamed as f64).round() as u64;
     let note = if streamed == bytes { String::new() } else { format!("floor {cycles} cyc for {streamed} B, scaled to {bytes} B") };
     Ok((scaled, note))
@@ -152,7 +148,7 @@ fn best(report: &SearchReport) -> Option<(String, u64)> {
 }
 
 /// Part 2: GEMV block sweep on v6e, against the HBM floor of its bytes.
-fn gemv_sweep(oracle: &mut Oracle, rows: &mut Vec<Row>) {
+fn gemv_sweep(libtpu: &mut Libtpu, rows: &mut Vec<Row>) {
     let chip = Chip::V6e;
     // (batch, k, n): Llama-3-8B-like decode projections (up/gate 4096->14336, down
     // 14336->4096, qkv-ish 4096->6144), batch 8 and 32.
@@ -162,10 +158,10 @@ fn gemv_sweep(oracle: &mut Oracle, rows: &mut Vec<Row>) {
         let block_k: Vec<usize> = [k, k / 2, k / 4].into_iter().filter(|b| k % b == 0).collect();
         let space = SearchSpace::new("gemv").fixed("batch", batch).fixed("k", k).fixed("n", n).param("block_k", block_k).param("block_n", block_n);
         println!("\n== 2. gemv {batch}x{k} @ {k}x{n} on {chip}: {} candidates, libtpu runner ==", space.len());
-        let report = search(&space, chip, oracle).unwrap_or_else(|e| panic!("{e}"));
+        let report = search(&space, chip, libtpu).unwrap_or_else(|e| panic!("{e}"));
         print!("{}", report.table());
         let bytes = (2 * (batch * k + k * n) + 4 * batch * n) as u64;
-        let floor = floor_cycles(oracle, chip, bytes);
+        let floor = floor_cycles(libtpu, chip, bytes);
         let default = report
             .results
             .iter()
@@ -190,7 +186,7 @@ fn gemv_sweep(oracle: &mut Oracle, rows: &mut Vec<Row>) {
 }
 
 /// Part 3: decode attention on v5e (see the module docs for why v5e and what is checked).
-fn decode_attention(oracle: &mut Oracle, rows: &mut Vec<Row>) {
+fn decode_attention(libtpu: &mut Libtpu, rows: &mut Vec<Row>) {
     let chip = Chip::V5e;
     println!("\n== 3. decode_attention on {chip}: what does libtpu's static estimate count of the KV loop? ==");
     // Probe: batch 2, kv_heads 4, group 8, head_dim 128; the KV bytes grow with max_context,
@@ -201,7 +197,7 @@ fn decode_attention(oracle: &mut Oracle, rows: &mut Vec<Row>) {
         .map(|&(ctx, bkv)| build("decode_attention", &[("batch", 2), ("kv_heads", 4), ("group", 8), ("head_dim", 128), ("max_context", ctx), ("block_kv", bkv)]))
         .collect();
     let refs: Vec<&palladium_dsl::Kernel> = kernels.iter().collect();
-    let costs = oracle.run_batch(&refs, chip);
+    let costs = libtpu.run_batch(&refs, chip);
     println!("{:>11} {:>8} {:>12} {:>10}", "max_context", "block_kv", "KV bytes", "cycles");
     let mut by_ctx = Vec::new();
     let mut by_block = Vec::new();
@@ -263,14 +259,14 @@ fn decode_attention(oracle: &mut Oracle, rows: &mut Vec<Row>) {
             .fixed("bench_full_context", true)
             .param("block_kv", [128, 256, 512, 1024, 2048].into_iter().filter(|b| *b <= ctx));
         println!("\n== 3. decode_attention (full context, static loop bounds) batch {batch}, kv_heads {kv_heads}, group {group}, head_dim {head_dim}, max_context {ctx} on {chip} ==");
-        let report = search(&space, chip, oracle).unwrap_or_else(|e| panic!("{e}"));
+        let report = search(&space, chip, libtpu).unwrap_or_else(|e| panic!("{e}"));
         print!("{}", report.table());
         let kv_bytes = 2 * batch * kv_heads * ctx * head_dim * 2;
         let qo_bytes = 2 * batch * kv_heads * group * head_dim * 2;
         let bytes = (kv_bytes + qo_bytes) as u64;
         let shape = format!("b{batch} kvh{kv_heads} g{group} d{head_dim} ctx{ctx} ({:.1} MB)", bytes as f64 / 1e6);
         if let Some((blocks, cycles)) = best(&report) {
-            let (reference, ratio, note) = match floor_cycles(oracle, chip, bytes) {
+            let (reference, ratio, note) = match floor_cycles(libtpu, chip, bytes) {
                 Ok((f, note)) => (Some(f), Some(f as f64 / cycles as f64), format!("bench_full_context (lens = max_context); best found{}{note}", if note.is_empty() { "" } else { "; " })),
                 Err(e) => (None, None, format!("floor failed: {e}")),
             };

@@ -1,5 +1,5 @@
 //! `cargo bench --bench megakernel`: the decode megakernel by libtpu's static cycle
-//! estimates (deviceless, through the TPU oracle; libtpu 0.0.42.1), and its emission time.
+//! estimates (deviceless, through PJRT (`palladium-runtime`); libtpu 0.0.42.1), and its emission time.
 //! Every cycle count is libtpu's scheduler estimate of the compiled kernel, not a device
 //! measurement; ratios are of numbers measured in the same run, on one chip (v6e).
 //!
@@ -9,8 +9,8 @@
 //!    `fusion/tests/interpret.rs`): `deep` (what a step runs: a ~24 MiB dense ring and 2
 //!    expert chunks in flight) and `single` (one chunk in flight per stream, as a
 //!    double-buffered Pallas pipeline):
-//!    - `floor / mk`: `oracle.py floor --chip v6e --bytes <the step's HBM bytes from the
-//!      plan>` over the megakernel's cycles (goal >= 0.85; 1.0 = at the HBM floor);
+//!    - `floor / mk`: the plain HBM stream's cycles (`Libtpu::floor` on v6e) for the step's
+//!      HBM bytes from the plan, over the megakernel's cycles (goal >= 0.85; 1.0 = at the HBM floor);
 //!    - `mk / unfused`: the megakernel's cycles over the sum of the unfused library
 //!      kernels' cycles for the same step (`palladium_kernels::build` at the model's shapes:
 //!      per layer rmsnorm, q/k/v gemv, rope, `kv_cache_update`, `decode_attention`, o gemv,
@@ -31,7 +31,7 @@
 //!   megakernel issues every weight DMA unconditionally (software-pipelined loops).
 //! - It gives concurrent DMAs each their own bandwidth (Qwen3-30B-A3B, 1 layer: the same
 //!   bytes estimate 727k cycles with 2 dense banks, 517k with 3, 338k with 6), while
-//!   `oracle.py floor` is a double-buffered stream (one block ahead). So the `deep`
+//!   the floor is a double-buffered stream (one block ahead). So the `deep`
 //!   variant can be estimated *below* the floor (ratio above 1.0, an artefact), and the
 //!   `single` variant, whose streams have the floor's own shape, is the comparable
 //!   number: a lower bound on the deep kernel's efficiency, since it also exposes every
@@ -44,7 +44,7 @@
 //!
 //! The table is also written as JSON to `target/megakernel-bench.json`.
 
-use palladium_autotune::{Job, Oracle};
+use palladium_autotune::Libtpu;
 use palladium_dsl::spec::Chip;
 use palladium_fusion::emit::emit;
 use palladium_fusion::plan::{KvTiles, Plan, PlanError, PlanOptions, Prefetch};
@@ -162,14 +162,14 @@ fn unfused_kernels(s: &ModelSpec, layers: usize, batch: u64, context: u64) -> Ve
 }
 
 /// Sum of the unfused kernels' cycles, or why there is none; prints each kernel.
-fn unfused_sum(oracle: &mut Oracle, s: &ModelSpec, layers: usize, batch: u64, context: u64) -> Result<(u64, Vec<String>), String> {
+fn unfused_sum(libtpu: &Libtpu, s: &ModelSpec, layers: usize, batch: u64, context: u64) -> Result<(u64, Vec<String>), String> {
     let ks = unfused_kernels(s, layers, batch, context);
     let mut built = Vec::new();
     for (label, _, name, settings) in &ks {
         built.push(palladium_kernels::build(name, settings).map_err(|e| format!("{label}: cannot build {name} {settings:?}: {e}"))?);
     }
     let refs: Vec<&palladium_dsl::Kernel> = built.iter().collect();
-    let costs = cycles(oracle, "unfused", &refs, CHIP);
+    let costs = cycles(libtpu, &refs, CHIP);
     let mut total = 0u64;
     let mut missing = Vec::new();
     for ((label, times, name, _), c) in ks.iter().zip(costs) {
@@ -189,46 +189,32 @@ fn unfused_sum(oracle: &mut Oracle, s: &ModelSpec, layers: usize, batch: u64, co
     if missing.len() == ks.len() { Err("no estimate for any unfused kernel".into()) } else { Ok((total, missing)) }
 }
 
-fn floor_cycles(oracle: &mut Oracle, chip: Chip, bytes: u64) -> Result<u64, String> {
-    let (cycles, streamed) = oracle.floor(chip, bytes).map_err(|e| e.to_string())?;
+fn floor_cycles(libtpu: &Libtpu, chip: Chip, bytes: u64) -> Result<u64, String> {
+    let (cycles, streamed) = libtpu.floor(chip, bytes).map_err(|e| e.to_string())?;
     Ok((cycles as f64 * bytes as f64 / streamed as f64).round() as u64)
 }
 
-/// libtpu's cycles for `kernels`, compiled in one batch (aborts cost a fresh process and
-/// reject only the kernel they died on), each with its call spec's `input_output_aliases`
-/// dropped: a cost-only variant, the kernels are unchanged. With the KV caches aliased to
-/// the outputs, libtpu 0.0.42.1's v6e profiler aborts the process ("Unsupported DMA
+/// libtpu's cycles for `kernels` (compiled in parallel workers; an abort rejects only the
+/// kernel it happened on), each with its call spec's `input_output_aliases` dropped
+/// ([`Libtpu::without_aliases`]): a cost-only variant, the kernels are unchanged. With the KV
+/// caches aliased to the outputs, libtpu 0.0.42.1's v6e profiler aborts ("Unsupported DMA
 /// direction: 0 on GL/GLP") on the megakernel once the aliased caches reach 256 KiB
 /// (context > 256 on the tiny model), even with every KV DMA deleted from the module, and
 /// on `kv_cache_update` at the tiny model's shapes; without the aliases both profile.
-fn cycles(oracle: &mut Oracle, label: &str, kernels: &[&palladium_dsl::Kernel], chip: Chip) -> Vec<Result<u64, String>> {
-    let dir = oracle.fresh_dir(label).expect("scratch dir");
-    let mut jobs: Vec<Job> = Vec::new();
-    for (i, k) in kernels.iter().enumerate() {
-        let job = oracle.write_kernel(&dir, &format!("k{i}"), k, chip).unwrap_or_else(|e| panic!("{e}"));
-        let spec_path = dir.join(&job.spec);
-        let mut call: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&spec_path).expect("call spec")).expect("call spec JSON");
-        call["input_output_aliases"] = serde_json::json!([]);
-        std::fs::write(&spec_path, call.to_string()).expect("call spec");
-        jobs.push(job);
-    }
-    let answers = oracle.batch(&dir, &jobs, chip).unwrap_or_else(|e| panic!("{e}"));
-    answers
-        .into_iter()
-        .map(|a| a.and_then(|j| j["estimated_cycles"].as_u64().ok_or_else(|| format!("compiled, no estimated cycles: {j}"))))
-        .collect()
+fn cycles(libtpu: &Libtpu, kernels: &[&palladium_dsl::Kernel], chip: Chip) -> Vec<Result<u64, String>> {
+    libtpu.cycles(kernels, chip).into_iter().map(|c| c.map_err(|e| e.to_string())).collect()
 }
 
-/// The megakernels of `plans`: cycles or libtpu's reason. One oracle process per
-/// megakernel: libtpu's estimator walks the traced loops' static trip counts, so a
+/// The megakernels of `plans`: cycles or libtpu's reason. One worker process per
+/// megakernel, one at a time: libtpu's estimator walks the traced loops' static trip counts, so a
 /// full-size one takes up to ~100 s and ~15 GB (Qwen3-30B-A3B, 23 layers, batch 8), and a
 /// process does not give that memory back between compiles.
-fn megakernel_cycles(oracle: &mut Oracle, plans: &[(String, Plan)], chip: Chip) -> Vec<Result<u64, String>> {
+fn megakernel_cycles(libtpu: &Libtpu, plans: &[(String, Plan)], chip: Chip) -> Vec<Result<u64, String>> {
     plans
         .iter()
         .map(|(label, p)| {
             let k = emit(p).unwrap_or_else(|e| panic!("emit {label}: {e}"));
-            cycles(oracle, "megakernel", &[&k], chip).pop().expect("one answer")
+            cycles(libtpu, &[&k], chip).pop().expect("one answer")
         })
         .collect()
 }
@@ -258,10 +244,11 @@ fn main() {
     if !benching {
         return;
     }
-    let mut oracle = Oracle::new(env!("CARGO_TARGET_TMPDIR")).unwrap_or_else(|e| {
+    let libtpu = Libtpu::new().unwrap_or_else(|e| {
         eprintln!("{e}");
         std::process::exit(1)
     });
+    let libtpu = libtpu.without_aliases();
 
     // 2. Layer scaling first: it says whether the ratios below mean anything.
     let s30 = spec("qwen3-30b-a3b");
@@ -274,7 +261,7 @@ fn main() {
     for n in [1usize, 2, 4] {
         scaling.push((format!("qwen3-30b-a3b ctx {CONTEXT}, {n} layers"), plan_fitting(&s30, CHIP, 1, CONTEXT, Some(n))));
     }
-    let sc = megakernel_cycles(&mut oracle, &scaling, CHIP);
+    let sc = megakernel_cycles(&libtpu, &scaling, CHIP);
     for ((label, p), c) in scaling.iter().zip(&sc) {
         println!("  {label}: {} B per step, {}", p.traffic.total, c.as_ref().map_or_else(|e| format!("no estimate: {e}"), |c| format!("{c} cycles")));
     }
@@ -292,14 +279,14 @@ fn main() {
         plans.push((format!("{n} deep"), p.clone()));
         plans.push((format!("{n} single"), single(s, p)));
     }
-    let mut mk = megakernel_cycles(&mut oracle, &plans, CHIP).into_iter();
+    let mut mk = megakernel_cycles(&libtpu, &plans, CHIP).into_iter();
     let mut rows = Vec::new();
     for (name, s, p) in &cases {
         let (deep, single) = (mk.next().expect("deep"), mk.next().expect("single"));
         println!("\n== {name}, {} layers, batch {}, context {}, {CHIP}: unfused kernels ==", p.layers, p.dims.batch, p.context);
         let bytes = p.traffic.total;
-        let floor = floor_cycles(&mut oracle, CHIP, bytes);
-        let unfused = unfused_sum(&mut oracle, s, p.layers, p.dims.batch, p.context);
+        let floor = floor_cycles(&libtpu, CHIP, bytes);
+        let unfused = unfused_sum(&libtpu, s, p.layers, p.dims.batch, p.context);
         let mut notes = Vec::new();
         for (what, r) in [("deep", &deep), ("single", &single)] {
             if let Err(e) = r {
@@ -362,7 +349,6 @@ fn main() {
         println!("  {} L{} b{} ctx {}: {}", row.model, row.layers, row.batch, row.context, row.note);
     }
     println!("emission of qwen3-235b-a22b (94 layers): median {median:.3} s (goal < 0.5 s)");
-    println!("oracle processes started: {}", oracle.processes);
     let json = serde_json::json!({"rows": rows, "emission_seconds": times, "emission_median_seconds": median,
         "layer_scaling": scaling.iter().zip(&sc).map(|((l, p), c)| serde_json::json!({"layers": p.layers, "label": l, "bytes": p.traffic.total, "cycles": c.as_ref().ok()})).collect::<Vec<_>>()});
     let path = target_dir().join("megakernel-bench.json");

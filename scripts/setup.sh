@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh Debian 12 machine: LLVM/MLIR 22 (for melior), protoc,
 # and the TPU oracle's Python venv (jax[tpu]==0.10.2 with libtpu), plus torch and transformers in
-# that venv for the model conformance test (model/tests/hf_conformance.rs). Safe to run again.
+# that venv for the model conformance test (model/tests/hf_conformance.rs), and this checkout's
+# JAX interop package (python/palladium_jax, by a .pth file). Safe to run again.
 set -euo pipefail
 
 LLVM_PACKAGES=(llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev libpolly-22-dev
@@ -14,6 +15,10 @@ JAX_SPEC="jax[tpu]==0.10.2"
 # 5 GB installed, about a minute here. CPU inference works without a GPU.
 TORCH_VERSION="2.6.0"
 TRANSFORMERS_VERSION="4.57.1"
+# XLA's CPU PJRT plugin (pjrt_c_api_cpu_plugin.so, PJRT C API 0.115) for the runtime crate's
+# execution tests (runtime/tests/exec.rs). --no-deps: it only pins jax<=0.11.2, which the venv
+# already satisfies.
+CPU_PLUGIN_SPEC="lammps-jax-pjrt-cpu==0.11.2"
 
 need_apt=()
 for p in "${LLVM_PACKAGES[@]}"; do
@@ -38,5 +43,16 @@ assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__
 assert transformers.__version__ == '$TRANSFORMERS_VERSION', transformers.__version__" 2>/dev/null; then
   echo "setup: installing torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION into $VENV (~3 GB download)"
   "$VENV/bin/pip" install -q --no-cache-dir "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION"
+fi
+# The JAX interop package (python/palladium_jax) of this checkout, importable from the venv.
+REPO_PYTHON="$(cd "$(dirname "$0")/../python" && pwd)"
+SITE_PACKAGES="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+if [ "$(cat "$SITE_PACKAGES/palladium_jax.pth" 2>/dev/null)" != "$REPO_PYTHON" ]; then
+  echo "setup: palladium_jax ($REPO_PYTHON) -> $VENV"
+  echo "$REPO_PYTHON" > "$SITE_PACKAGES/palladium_jax.pth"
+fi
+if ! "$VENV/bin/python" -c "import importlib.metadata as m; assert m.version('lammps-jax-pjrt-cpu') == '0.11.2'" 2>/dev/null; then
+  echo "setup: installing $CPU_PLUGIN_SPEC (XLA's CPU PJRT plugin) into $VENV"
+  "$VENV/bin/pip" install -q --no-deps "$CPU_PLUGIN_SPEC"
 fi
 echo "setup: ok (oracle venv: $VENV)"

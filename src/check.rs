@@ -12,8 +12,13 @@
 //!   1.3e-2; with this one, 7.6e-3.)
 //!
 //! A NaN or infinity in the output where the reference is finite is an infinite error.
+//!
+//! Before any array is allocated, the host memory the check needs ([`HostMemory`]) is
+//! computed from the kernel's call spec and refused above [`CheckOptions::max_host_memory`]
+//! (the CLI's limit: [`crate::host_memory`]).
 
-use palladium_dsl::spec::{Chip, OperandRole};
+use palladium_dsl::ir::{Kernel, check_hbm, padded_vmem_bytes};
+use palladium_dsl::spec::{Chip, OperandRole, ScratchSpec};
 use palladium_interpret::{CallSpec, DType, HostArray, InterpError, Module, ParseError, Program};
 use palladium_kernels::{HostData, KernelEntry, KernelError, Values};
 use palladium_lowering::{LowerOptions, lower};
@@ -37,13 +42,62 @@ pub fn default_tolerance(dtype: palladium_dsl::DType) -> f32 {
 pub struct CheckOptions {
     pub chip: Chip,
     pub seed: u64,
-    /// Overrides [`default_tolerance`] for every output.
+    /// Overrides [`default_tolerance`] for every output; finite and non-negative.
     pub tolerance: Option<f32>,
+    /// Refuse kernels whose [`HostMemory`] total is larger (bytes; the CLI reads
+    /// [`crate::host_memory::limit`]).
+    pub max_host_memory: u64,
 }
 
 impl Default for CheckOptions {
     fn default() -> Self {
-        CheckOptions { chip: Chip::V6e, seed: 0, tolerance: None }
+        CheckOptions { chip: Chip::V6e, seed: 0, tolerance: None, max_host_memory: crate::host_memory::DEFAULT_LIMIT }
+    }
+}
+
+/// The host memory checking a kernel needs, in bytes (saturating), estimated from its call
+/// spec before anything is allocated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostMemory {
+    /// Per input element: the generated values (f32 or i32), the interpreter's host array
+    /// (the dtype's bytes), its copy in interpreter memory (4 bytes) and room for the
+    /// reference's working copy (4 bytes).
+    pub inputs: u64,
+    /// Per output element: the interpreter's memory and result (4 bytes + the dtype's), the
+    /// reference output (4) and the two f32 arrays compared (8).
+    pub outputs: u64,
+    /// Windows (double-buffered) and scratch, 4 bytes per element in the interpreter.
+    pub buffers: u64,
+}
+
+impl HostMemory {
+    pub fn of(kernel: &Kernel) -> HostMemory {
+        let elems = |s: &palladium_dsl::ir::Shape| s.dims().iter().fold(1u64, |n, &d| n.saturating_mul(d));
+        let bytes = |dtype: palladium_dsl::DType| u64::from(dtype.memory_bits()).div_ceil(8);
+        let (mut inputs, mut outputs, mut buffers) = (0u64, 0u64, 0u64);
+        for o in &kernel.call.operands {
+            let n = elems(&o.shape);
+            if o.role == OperandRole::Output {
+                outputs = outputs.saturating_add(n.saturating_mul(16 + bytes(o.dtype)));
+            } else {
+                inputs = inputs.saturating_add(n.saturating_mul(12 + bytes(o.dtype)));
+            }
+            if o.block.is_some() {
+                buffers = buffers.saturating_add(elems(&o.window_shape()).saturating_mul(8));
+            }
+        }
+        for s in &kernel.call.scratch {
+            if let ScratchSpec::Buffer { dtype, shape, .. } = s {
+                // Padded like VMEM, then 4 bytes per element as the interpreter holds it.
+                let padded = padded_vmem_bytes(*dtype, shape) / bytes(*dtype).max(1);
+                buffers = buffers.saturating_add(padded.saturating_mul(4));
+            }
+        }
+        HostMemory { inputs, outputs, buffers }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.inputs.saturating_add(self.outputs).saturating_add(self.buffers)
     }
 }
 
@@ -61,6 +115,21 @@ pub enum CheckError {
     Interp { kernel: String, error: Box<InterpError> },
     #[error("`{kernel}`: {message}")]
     Mismatch { kernel: String, message: String },
+    #[error("cannot run `{kernel}`: {message}")]
+    Refused { kernel: String, message: String },
+    #[error("tolerance {0} must be finite and non-negative")]
+    Tolerance(f32),
+    #[error("`{kernel}` on the device: {message}")]
+    Device { kernel: String, message: String },
+}
+
+/// Where the kernel runs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The serialized body in the CPU interpreter.
+    Interpret,
+    /// libtpu's PJRT client on an attached TPU (`palladium exec`).
+    Tpu,
 }
 
 /// One output compared with its reference.
@@ -124,13 +193,13 @@ impl fmt::Display for Report {
 }
 
 /// A [`HostData`] as an interpreter array (bf16 values are already bf16, so exact).
-pub fn to_host_array(d: &HostData) -> HostArray {
-    let dtype = DType::parse(&d.dtype.to_string()).unwrap_or_else(|| panic!("the interpreter has no host arrays of {}", d.dtype));
+pub fn to_host_array(d: &HostData) -> Result<HostArray, String> {
+    let dtype = DType::parse(&d.dtype.to_string()).ok_or_else(|| format!("the interpreter has no host arrays of {}", d.dtype))?;
     match &d.values {
         Values::F32(v) => HostArray::from_f32_values(dtype, &d.shape, v),
         Values::I32(v) => HostArray::from_i32_values(dtype, &d.shape, v),
     }
-    .unwrap_or_else(|e| panic!("{e}"))
+    .map_err(|e| e.to_string())
 }
 
 /// `(max abs error, max relative error, worst element)` of `got` against `want`; see the
@@ -155,24 +224,51 @@ pub fn errors(got: &[f32], want: &[f32]) -> (f32, f32, Option<(usize, f32, f32)>
 pub fn prepare(name: &str, settings: &[(String, String)], chip: Chip) -> Result<(&'static KernelEntry, palladium_dsl::Kernel, Program, CallSpec), CheckError> {
     let entry = palladium_kernels::entry(name)?;
     let kernel = (entry.build)(settings)?;
-    let lowered = lower(&kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower { kernel: name.to_string(), chip, message: e.to_string() })?;
+    let (program, spec) = lower_and_prepare(name, &kernel, chip)?;
+    Ok((entry, kernel, program, spec))
+}
+
+fn lower_and_prepare(name: &str, kernel: &Kernel, chip: Chip) -> Result<(Program, CallSpec), CheckError> {
+    let lowered = lower(kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower { kernel: name.to_string(), chip, message: e.to_string() })?;
     let module = Module::parse(&lowered.body).map_err(|error| CheckError::Parse { kernel: name.to_string(), error })?;
     let program = module.prepare().map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) })?;
     let spec = CallSpec::from_json(&lowered.call_json).map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) })?;
-    Ok((entry, kernel, program, spec))
+    Ok((program, spec))
 }
 
 /// Check one library kernel in interpret mode.
 pub fn check(name: &str, settings: &[(String, String)], options: &CheckOptions) -> Result<Report, CheckError> {
+    check_on(name, settings, options, Backend::Interpret)
+}
+
+/// Check one library kernel on `backend`: the same seeded inputs and reference comparison
+/// whether the body runs in the interpreter or on a TPU.
+pub fn check_on(name: &str, settings: &[(String, String)], options: &CheckOptions, backend: Backend) -> Result<Report, CheckError> {
+    if let Some(t) = options.tolerance.filter(|t| !t.is_finite() || *t < 0.0) {
+        return Err(CheckError::Tolerance(t));
+    }
     let t = Instant::now();
-    let (entry, kernel, program, spec) = prepare(name, settings, options.chip)?;
+    let entry = palladium_kernels::entry(name)?;
+    let kernel = (entry.build)(settings)?;
+    check_hbm(&kernel, options.chip).map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
+    let need = HostMemory::of(&kernel);
+    let parts = [("inputs", need.inputs), ("outputs and reference", need.outputs), ("windows and scratch", need.buffers)];
+    crate::host_memory::check_within(options.max_host_memory, "interpret mode", need.total(), &parts).map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
+    let run: BodyRun<'_> = match backend {
+        Backend::Interpret => {
+            let (program, spec) = lower_and_prepare(name, &kernel, options.chip)?;
+            // With the call spec: aliased outputs start as copies of their inputs (in-place
+            // kernels such as `kv_cache_update` write only part of them), output shapes as
+            // the call has them.
+            Box::new(move |host: &[HostArray]| program.run_with(host, &spec).map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) }))
+        }
+        Backend::Tpu => on_tpu(name, &kernel, options.chip)?,
+    };
     let prepare_time = t.elapsed();
     let inputs = (entry.inputs)(settings, options.seed)?;
-    let host: Vec<HostArray> = inputs.iter().map(to_host_array).collect();
+    let host: Vec<HostArray> = inputs.iter().map(to_host_array).collect::<Result<_, _>>().map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
     let t = Instant::now();
-    // With the call spec: aliased outputs start as copies of their inputs (in-place kernels
-    // such as `kv_cache_update` write only part of them), output shapes as the call has them.
-    let got = program.run_with(&host, &spec).map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) })?;
+    let got = run(&host)?;
     let run_time = t.elapsed();
     let t = Instant::now();
     let want = (entry.reference)(settings, &inputs)?;
@@ -180,12 +276,12 @@ pub fn check(name: &str, settings: &[(String, String)], options: &CheckOptions) 
     let specs: Vec<_> = kernel.call.operands_of(OperandRole::Output).collect();
     let mismatch = |message: String| CheckError::Mismatch { kernel: name.to_string(), message };
     if got.len() != want.len() || got.len() != specs.len() {
-        return Err(mismatch(format!("the kernel has {} outputs, the interpreter returned {}, the reference {}", specs.len(), got.len(), want.len())));
+        return Err(mismatch(format!("the kernel has {} outputs, the run returned {}, the reference {}", specs.len(), got.len(), want.len())));
     }
     let mut outputs = Vec::new();
     for ((g, w), spec) in got.iter().zip(&want).zip(&specs) {
         if g.shape != w.shape || g.dtype.to_string() != w.dtype.to_string() {
-            return Err(mismatch(format!("output {}: the interpreter returned {}{:?}, the reference {}", spec.name, g.dtype, g.shape, w.type_string())));
+            return Err(mismatch(format!("output {}: the run returned {}{:?}, the reference {}", spec.name, g.dtype, g.shape, w.type_string())));
         }
         let (max_abs, max_rel, worst) = errors(&g.to_f32(), &w.to_f32());
         outputs.push(OutputCheck { name: spec.name.clone(), ty: w.type_string(), max_abs, max_rel, worst, tolerance: options.tolerance.unwrap_or_else(|| default_tolerance(w.dtype)) });
@@ -196,5 +292,37 @@ pub fn check(name: &str, settings: &[(String, String)], options: &CheckOptions) 
             p.1.clone_from(v);
         }
     }
-    Ok(Report { kernel: name.to_string(), params, chip: options.chip, seed: options.seed, grid: program.grid().to_vec(), outputs, prepare_time, run_time, reference_time })
+    let grid = kernel.call.grid.iter().map(|g| g.extent as i64).collect();
+    Ok(Report { kernel: name.to_string(), params, chip: options.chip, seed: options.seed, grid, outputs, prepare_time, run_time, reference_time })
+}
+
+/// One run of a kernel's body: its inputs to its outputs.
+type BodyRun<'a> = Box<dyn Fn(&[HostArray]) -> Result<Vec<HostArray>, CheckError> + 'a>;
+
+/// The kernel lowered, wrapped in its `tpu_custom_call` program and compiled by libtpu's
+/// client on the attached TPU.
+fn on_tpu(name: &str, kernel: &palladium_dsl::Kernel, chip: Chip) -> Result<BodyRun<'static>, CheckError> {
+    use palladium_runtime::exec::{Device, HostArray as DeviceArray};
+    let device_error = |message: String| CheckError::Device { kernel: name.to_string(), message };
+    let lowered = lower(kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower { kernel: name.to_string(), chip, message: e.to_string() })?;
+    let spec = palladium_runtime::CallSpec::from_json(&lowered.call_json).map_err(device_error)?;
+    let program = palladium_runtime::wrap(&lowered.body, &spec).map_err(device_error)?;
+    let device = Device::tpu().map_err(device_error)?;
+    let loaded = device.compile(&program, &spec.inputs, &spec.outputs).map_err(device_error)?;
+    let name = name.to_string();
+    Ok(Box::new(move |host: &[HostArray]| {
+        let device_error = |message: String| CheckError::Device { kernel: name.clone(), message };
+        let inputs = host
+            .iter()
+            .zip(&spec.inputs)
+            .map(|(h, ty)| DeviceArray::new(ty.clone(), h.bytes.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(device_error)?;
+        let run = loaded.run(&inputs).map_err(device_error)?;
+        Ok(run
+            .outputs
+            .into_iter()
+            .map(|o| HostArray { dtype: DType::parse(o.ty.dtype.name()).expect("every kernel dtype is an interpreter dtype"), shape: o.ty.dims.iter().map(|&d| d as usize).collect(), bytes: o.bytes })
+            .collect())
+    }))
 }

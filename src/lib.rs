@@ -2,4 +2,7 @@
 //! benches.
 
 pub mod check;
+pub mod host_memory;
+pub mod output;
+pub mod compile;
 pub mod run;

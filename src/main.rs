@@ -1,12 +1,13 @@
 //! `palladium`: the command-line front end.
 
 use clap::{Parser, Subcommand};
-use palladium_dsl::ir::{PrintOptions, VerifyOptions, print_kernel, verify};
-use palladium::check::{CheckOptions, check};
+use palladium_dsl::ir::{PrintOptions, VerifyOptions, check_hbm, print_kernel, verify};
+use palladium::check::{Backend, CheckOptions, check, check_on};
+use palladium::output::{check_writable, write_all};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::{KernelError, REGISTRY, parse_setting};
 use palladium_lowering::{LowerOptions, lower};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -34,7 +35,7 @@ enum Command {
         locations: bool,
     },
     /// Lower a library kernel to Mosaic MLIR: writes DIR/KERNEL.mlir (the module),
-    /// DIR/KERNEL.body.mlir (the serialized tpu_custom_call body) and DIR/KERNEL.call.json.
+    /// DIR/KERNEL.body.mlir (the serialized `tpu_custom_call` body) and DIR/KERNEL.call.json.
     Emit {
         kernel: String,
         #[arg(long)]
@@ -43,6 +44,23 @@ enum Command {
         set: Vec<String>,
         #[arg(long)]
         out: PathBuf,
+    },
+    /// Compile a library kernel with libtpu, deviceless (PJRT; no TPU needed): prints the
+    /// code size, VMEM limit, HBM from the compiled memory stats and libtpu's static cycle
+    /// estimate (none, with the reason, where libtpu gives none). --out DIR also writes
+    /// emit's three files, DIR/KERNEL.stablehlo.mlir and the serialized executable
+    /// DIR/KERNEL.executable, all or none.
+    Compile {
+        kernel: String,
+        #[arg(long)]
+        chip: Chip,
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// Plan and emit the decode megakernel of a Hugging Face MoE model (config.json): one
     /// grid-less kernel for a whole decode step. Writes DIR/megakernel.mlir, .body.mlir and
@@ -74,6 +92,11 @@ enum Command {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        /// Also compile it with libtpu (as `palladium compile`): writes
+        /// megakernel.stablehlo.mlir and megakernel.executable too, and the report (its JSON:
+        /// a `compile` object) gains code size, memory and the estimate.
+        #[arg(long)]
+        compile: bool,
     },
     /// Prompt + greedy decode of a Hugging Face MoE model (config.json) through its decode
     /// megakernel in interpret mode: the megakernel is emitted, verified and lowered, its
@@ -90,9 +113,9 @@ enum Command {
         /// Seeded random weights instead of a checkpoint.
         #[arg(long)]
         random_weights: bool,
-        /// Seed of --random-weights.
-        #[arg(long, default_value_t = 0, requires = "random_weights")]
-        seed: u64,
+        /// Seed of --random-weights (default 0).
+        #[arg(long, requires = "random_weights", conflicts_with = "weights")]
+        seed: Option<u64>,
         /// Prompt token ids: 1,2,3.
         #[arg(long, value_name = "IDS", required = true)]
         prompt_ids: String,
@@ -110,9 +133,31 @@ enum Command {
         #[arg(long)]
         context: Option<u64>,
         /// Also run the plain-Rust bf16 reference teacher-forced on the generated ids and
-        /// print how far the logits are from it.
+        /// print how far the logits are from it; fails unless they match (README, Numerics).
         #[arg(long)]
         check: bool,
+        /// Relative logits tolerance of --check: max |ours - reference| <= R * max |reference|
+        /// per step (default 2^-6 = 0.015625, the project's logits tolerance).
+        #[arg(long, value_name = "R", requires = "check", value_parser = palladium_model::tolerance::parse_relative_tolerance)]
+        tolerance: Option<f32>,
+        /// Where the megakernel runs: `interpret` (the CPU interpreter) or `tpu` (libtpu's
+        /// PJRT client; refused where no TPU is attached).
+        #[arg(long, default_value = "interpret", value_parser = parse_backend)]
+        backend: Backend,
+    },
+    /// The device counterpart of `interpret`: run a library kernel on an attached TPU
+    /// (libtpu's PJRT client) on seeded random inputs and compare every output with its
+    /// reference. Refused, with libtpu's reason, where no TPU is attached.
+    Exec {
+        kernel: String,
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+        #[arg(long, default_value = "v6e")]
+        chip: Chip,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long)]
+        tolerance: Option<f32>,
     },
     /// Run a library kernel's serialized Mosaic body in the CPU interpreter on seeded random
     /// inputs and compare every output with the kernel's plain-Rust reference: prints max
@@ -151,49 +196,95 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Ir { kernel, set, chip, locations } => {
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
             verify(&k, VerifyOptions { chip: Some(chip) }).map_err(|e| format!("kernel `{kernel}` does not verify on {chip}:\n{e}"))?;
+            check_hbm(&k, chip)?;
             print!("{}", print_kernel(&k, PrintOptions { locations }));
             Ok(())
         }
         Command::Emit { kernel, chip, set, out } => {
+            palladium_kernels::entry(&kernel).map_err(|e| e.to_string())?;
+            check_writable(&out, &compiled_names(&kernel)[..3])?;
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
+            check_hbm(&k, chip)?;
             let lowered = lower(&k, &LowerOptions { chip }).map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
-            let files = [
-                (format!("{kernel}.mlir"), lowered.module),
-                (format!("{kernel}.body.mlir"), lowered.body),
-                (format!("{kernel}.call.json"), lowered.call_json),
-            ];
+            let files = emitted_files(&kernel, lowered);
             write_all(&out, &files)?;
             for (name, _) in &files {
                 println!("{}", out.join(name).display());
             }
             Ok(())
         }
-        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json } => {
-            use palladium_fusion::plan::{KvTiles, PlanOptions, Prefetch};
+        Command::Compile { kernel, chip, set, out, json } => {
+            palladium_kernels::entry(&kernel).map_err(|e| e.to_string())?;
+            if let Some(out) = &out {
+                check_writable(out, &compiled_names(&kernel))?;
+            }
+            let k = build(&kernel, &set).map_err(|e| e.to_string())?;
+            check_hbm(&k, chip)?;
+            let lowered = lower(&k, &LowerOptions { chip }).map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
+            let report = match palladium::compile::compile(&lowered, chip) {
+                Ok(r) => r,
+                Err(e) if json => {
+                    println!("{}", serde_json::json!({"ok": false, "kernel": kernel, "chip": chip.name(), "error": e}));
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(out) = &out {
+                let mut files = emitted_files(&kernel, lowered);
+                files.extend(report.files(&kernel));
+                write_all(out, &files)?;
+            }
+            if json { println!("{}", report.json()) } else { print!("{}", report.text()) }
+            Ok(())
+        }
+        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json, compile } => {
+            use palladium_fusion::plan::{KvTiles, PlanError, PlanOptions, Prefetch};
+            let names = if compile { compiled_names("megakernel").to_vec() } else { compiled_names("megakernel")[..3].to_vec() };
+            check_writable(&out, &names)?;
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
             let kv_tiles = if all_kv_tiles { KvTiles::All } else { KvTiles::UpToPosition };
             let prefetch = if single_prefetch { Prefetch::Single } else { Prefetch::Deep };
             let options = PlanOptions { layers, kv_tiles, prefetch, ..PlanOptions::new(chip, batch, context) };
-            let plan = palladium_fusion::plan::Plan::new(&spec, &options).map_err(|e| format!("megakernel refused: {e}"))?;
+            let plan = palladium_fusion::plan::Plan::new(&spec, &options).map_err(|e| match e {
+                PlanError::Hbm { .. } => format!("megakernel refused: {e}; try --layers N"),
+                e => format!("megakernel refused: {e}"),
+            })?;
             let kernel = palladium_fusion::emit::emit(&plan).map_err(|e| format!("cannot build the megakernel:\n{e}"))?;
             let lowered = lower(&kernel, &LowerOptions { chip }).map_err(|e| format!("cannot lower the megakernel for {chip}:\n{e}"))?;
-            write_all(&out, &[
-                ("megakernel.mlir".to_string(), lowered.module),
-                ("megakernel.body.mlir".to_string(), lowered.body),
-                ("megakernel.call.json".to_string(), lowered.call_json),
-            ])?;
-            if json { println!("{}", palladium_fusion::report::json(&plan)) } else { print!("{}", palladium_fusion::report::text(&plan)) }
+            let compiled = if compile { Some(palladium::compile::compile(&lowered, chip)?) } else { None };
+            let mut files = emitted_files("megakernel", lowered);
+            if let Some(c) = &compiled {
+                files.extend(c.files("megakernel"));
+            }
+            write_all(&out, &files)?;
+            if json {
+                let mut report: serde_json::Value = serde_json::from_str(&palladium_fusion::report::json(&plan)).map_err(|e| e.to_string())?;
+                if let (Some(c), Some(obj)) = (&compiled, report.as_object_mut()) {
+                    obj.insert("compile".into(), c.json());
+                }
+                println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+            } else {
+                print!("{}", palladium_fusion::report::text(&plan));
+                if let Some(c) = &compiled {
+                    print!("{}", c.text());
+                }
+            }
             Ok(())
         }
-        Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check } => {
-            use palladium::run::{RunOptions, WeightSource};
+        Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check, tolerance, backend } => {
+            use palladium::run::{OutputFile, Progress, RunOptions, WeightSource};
             let source = match (weights, random_weights) {
                 (Some(p), false) => WeightSource::Checkpoint(p),
-                (None, true) => WeightSource::Random(seed),
+                (None, true) => WeightSource::Random(seed.unwrap_or(0)),
                 _ => return Err("give exactly one of --weights DIR and --random-weights".into()),
             };
-            let options = RunOptions { config, weights: source, prompt: palladium::run::parse_ids(&prompt_ids)?, steps, chip, context };
-            let out = palladium::run::run(&options)?;
+            let options = RunOptions { config, weights: source, prompt: palladium::run::parse_ids(&prompt_ids)?, steps, chip, context, check };
+            // A bad --logits-out fails here, before any work.
+            let logits_file = logits_out.as_deref().map(|p| OutputFile::create("--logits-out", p)).transpose()?;
+            let mut progress = Progress::new();
+            let out = palladium::run::run(&options, backend, |done, total| progress.update(done, total));
+            progress.finish();
+            let out = out?;
             let g = &out.generation;
             eprintln!(
                 "{} ({} layers), megakernel for {chip} (batch 1, KV cache {} positions, body {} KiB): {} runs ({} prompt tokens, {} generated tokens fed back) interpreted in {:.2} s (parse + prepare {:.1} ms)",
@@ -207,13 +298,14 @@ fn run(cli: Cli) -> Result<(), String> {
                 out.interpret.as_secs_f64(),
                 out.prepare.as_secs_f64() * 1e3
             );
-            if let Some(path) = &logits_out {
-                let json = serde_json::to_string(g).map_err(|e| e.to_string())?;
-                std::fs::write(path, json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            }
             println!("{}", g.generated_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
+            if let Some(file) = logits_file {
+                let json = serde_json::to_string(g).map_err(|e| e.to_string())?;
+                file.commit(json.as_bytes())?;
+            }
             if check {
-                let c = palladium::run::check_reference(&options, &out)?;
+                let relative = tolerance.unwrap_or(palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE);
+                let c = palladium::run::check_reference(&options, &out, relative)?;
                 println!("reference (teacher-forced on these ids): {}", c.summary());
                 if !c.passed() {
                     return Err("the megakernel does not match the reference".into());
@@ -221,40 +313,71 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
+        Command::Exec { kernel, set, chip, seed, tolerance } => {
+            let settings = set.iter().map(|s| parse_setting(s)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+            let max_host_memory = palladium::host_memory::limit()?;
+            let report = check_on(&kernel, &settings, &CheckOptions { chip, seed, tolerance, max_host_memory }, Backend::Tpu).map_err(|e| e.to_string())?;
+            println!("{report}");
+            if report.passed() { Ok(()) } else { Err(format!("`{kernel}` does not match its reference on the TPU")) }
+        }
         Command::Interpret { kernel, set, chip, seed, tolerance } => {
             let settings = set.iter().map(|s| parse_setting(s)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
-            let report = check(&kernel, &settings, &CheckOptions { chip, seed, tolerance }).map_err(|e| e.to_string())?;
+            let max_host_memory = palladium::host_memory::limit()?;
+            let report = check(&kernel, &settings, &CheckOptions { chip, seed, tolerance, max_host_memory }).map_err(|e| e.to_string())?;
             println!("{report}");
             if report.passed() { Ok(()) } else { Err(format!("`{kernel}` does not match its reference")) }
         }
     }
 }
 
-/// Write every file or none: each goes to a temporary name first and is renamed into
-/// place only once all of them are written.
-fn write_all(dir: &Path, files: &[(String, String)]) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let mut staged = Vec::new();
-    for (name, text) in files {
-        let tmp = dir.join(format!(".{name}.partial"));
-        if let Err(e) = std::fs::write(&tmp, text) {
-            for t in &staged {
-                let _ = std::fs::remove_file(t);
-            }
-            let _ = std::fs::remove_file(&tmp);
-            return Err(format!("cannot write {}: {e}", tmp.display()));
+/// The names `emit` writes for `name` (the module, the serialized body, the call spec), then
+/// what `compile --out` adds (the StableHLO program, the serialized executable).
+fn compiled_names(name: &str) -> [String; 5] {
+    ["mlir", "body.mlir", "call.json", "stablehlo.mlir", "executable"].map(|ext| format!("{name}.{ext}"))
+}
+
+/// What `emit` writes for `name`: the module, the serialized body, the call spec.
+fn emitted_files(name: &str, lowered: palladium_lowering::Lowered) -> Vec<(String, Vec<u8>)> {
+    vec![
+        (format!("{name}.mlir"), lowered.module.into_bytes()),
+        (format!("{name}.body.mlir"), lowered.body.into_bytes()),
+        (format!("{name}.call.json"), lowered.call_json.into_bytes()),
+    ]
+}
+
+fn parse_backend(s: &str) -> Result<Backend, String> {
+    match s {
+        "interpret" => Ok(Backend::Interpret),
+        "tpu" => Ok(Backend::Tpu),
+        _ => Err(format!("unknown backend `{s}` (known: interpret, tpu)")),
+    }
+}
+
+/// libtpu reads its environment once, at load: a command that loads it in this process
+/// (`exec`, `run --backend tpu`) runs again as a child with it set, unless it is set.
+fn rerun_with_libtpu_environment(cli: &Cli) -> Option<ExitCode> {
+    let loads_libtpu = matches!(cli.command, Command::Exec { .. } | Command::Run { backend: Backend::Tpu, .. });
+    let env = palladium_runtime::libtpu::LIBTPU_ENVIRONMENT;
+    if !loads_libtpu || env.iter().all(|(k, v)| std::env::var(k).as_deref() == Ok(*v)) {
+        return None;
+    }
+    let status = std::env::current_exe().and_then(|exe| std::process::Command::new(exe).args(std::env::args_os().skip(1)).envs(env).status());
+    Some(match status {
+        Ok(s) if s.success() => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: cannot run palladium again with libtpu's environment: {e}");
+            ExitCode::FAILURE
         }
-        staged.push(tmp);
-    }
-    for (tmp, (name, _)) in staged.iter().zip(files) {
-        let dest = dir.join(name);
-        std::fs::rename(tmp, &dest).map_err(|e| format!("cannot write {}: {e}", dest.display()))?;
-    }
-    Ok(())
+    })
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    if let Some(code) = rerun_with_libtpu_environment(&cli) {
+        return code;
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

@@ -9,6 +9,7 @@
 //! ([`palladium_fusion::decode::Decoder`]): the prompt at positions `0..`, then `steps`
 //! greedy steps, the KV caches carried between runs through the kernel's aliases.
 
+use crate::check::Backend;
 use palladium_dsl::spec::Chip;
 use palladium_fusion::decode::Decoder;
 use palladium_fusion::pack::pack;
@@ -17,12 +18,8 @@ use palladium_lowering::{LowerOptions, lower};
 use palladium_model::ModelSpec;
 use palladium_model::reference::Generation;
 use palladium_model::weights::Weights;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-/// The largest model `run` accepts: the weights are held as f32 (`Weights`), packed bf16, and
-/// widened again by the interpreter on every run.
-pub const MAX_PARAMS: u64 = 64 << 20;
 
 /// Where the weights come from.
 #[derive(Clone, Debug)]
@@ -43,6 +40,8 @@ pub struct RunOptions {
     pub chip: Chip,
     /// KV-cache positions to plan for (default: prompt + steps).
     pub context: Option<u64>,
+    /// Whether the reference will be run too (`--check`): counted in the host memory.
+    pub check: bool,
 }
 
 /// The result of a run.
@@ -67,8 +66,59 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>, String> {
     }
 }
 
-/// Run prompt + greedy decode through the megakernel in interpret mode.
-pub fn run(o: &RunOptions) -> Result<RunOutput, String> {
+/// Host memory a run holds at its peak, by part, in bytes (see [`host_memory`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostMemory {
+    /// The checkpoint's files, read whole (`--weights`; bounded by 4 bytes per parameter).
+    pub checkpoint: u64,
+    /// [`Weights`]: 4 bytes (f32) per parameter.
+    pub weights: u64,
+    /// The packed bf16 operands, KV caches included ([`Plan::hbm_total`]), plus the f32
+    /// staging of the largest one while packing.
+    pub operands: u64,
+    /// One interpreter run: every input widened to f32 (twice its bf16 bytes) and the two
+    /// returned KV caches.
+    pub interpreter: u64,
+    /// `--check`: the bf16 and f32 references' weights (f32 each).
+    pub reference: u64,
+}
+
+impl HostMemory {
+    pub fn total(&self) -> u64 {
+        [self.checkpoint, self.weights, self.operands, self.interpreter, self.reference].iter().fold(0u64, |a, &b| a.saturating_add(b))
+    }
+
+    fn parts(&self) -> [(&'static str, u64); 5] {
+        [("checkpoint files", self.checkpoint), ("weights (f32)", self.weights), ("packed operands and KV caches", self.operands), ("interpreter buffers", self.interpreter), ("--check references", self.reference)]
+    }
+}
+
+/// What a run of `spec` through `plan` holds in host memory (everything saturating: a
+/// saturated count is refused like any other over the limit).
+pub fn host_memory(spec: &ModelSpec, plan: &Plan, o: &RunOptions) -> HostMemory {
+    let params = spec.params().total();
+    let f32_params = params.saturating_mul(4);
+    let largest = plan.operands.iter().map(|op| op.bytes).max().unwrap_or(0);
+    let kv: u64 = plan.operands.iter().filter(|op| op.name == "k_cache" || op.name == "v_cache").map(|op| op.bytes).sum();
+    HostMemory {
+        checkpoint: if matches!(o.weights, WeightSource::Checkpoint(_)) { f32_params } else { 0 },
+        weights: f32_params,
+        operands: plan.hbm_total.saturating_add(largest.saturating_mul(2)),
+        interpreter: plan.hbm_total.saturating_mul(2).saturating_add(kv),
+        reference: if o.check { f32_params.saturating_mul(2) } else { 0 },
+    }
+}
+
+/// Run prompt + greedy decode through the megakernel on `backend` (the interpreter, or an
+/// attached TPU through libtpu's PJRT client, refused up front where there is none);
+/// `progress(runs done, runs in all)` after every megakernel run. The host memory the run
+/// needs is checked against the limit ([`crate::host_memory`]) before any weight is built
+/// or read.
+pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize)) -> Result<RunOutput, String> {
+    let device = match backend {
+        Backend::Interpret => None,
+        Backend::Tpu => Some(palladium_runtime::exec::Device::tpu().map_err(|e| format!("--backend tpu: {e}"))?),
+    };
     let spec = ModelSpec::from_path(&o.config).map_err(|e| format!("cannot read the model config: {e}"))?;
     if o.prompt.is_empty() {
         return Err("the prompt is empty (--prompt-ids)".into());
@@ -79,7 +129,7 @@ pub fn run(o: &RunOptions) -> Result<RunOutput, String> {
     if let Some((i, &id)) = o.prompt.iter().enumerate().find(|(_, t)| u64::from(**t) >= spec.vocab_size) {
         return Err(format!("--prompt-ids: token {i} is {id}, out of range for this model (vocab_size {}: ids 0..={})", spec.vocab_size, spec.vocab_size - 1));
     }
-    let need = (o.prompt.len() + o.steps - 1) as u64;
+    let need = (o.prompt.len() as u64).saturating_add(o.steps as u64 - 1);
     if need > spec.max_position_embeddings {
         return Err(format!("prompt ({}) + steps ({}) need {need} positions, past max_position_embeddings {}", o.prompt.len(), o.steps, spec.max_position_embeddings));
     }
@@ -87,27 +137,40 @@ pub fn run(o: &RunOptions) -> Result<RunOutput, String> {
     if context < need {
         return Err(format!("--context {context} is too small for prompt ({}) + steps ({}): {need} positions", o.prompt.len(), o.steps));
     }
-    let params = spec.params().total();
-    if params > MAX_PARAMS {
-        return Err(format!(
-            "interpret mode runs small models on the CPU: this {} model has {:.2}B parameters (limit {}M, the weights are held in host memory several times over); emit its megakernel with `palladium megakernel` instead",
+    // Planned without the HBM check first: what the run holds in host memory is the first
+    // question (interpret mode), the chip's HBM the second.
+    let unchecked = PlanOptions { check_hbm: false, ..PlanOptions::new(o.chip, 1, context) };
+    let plan = Plan::new(&spec, &unchecked).map_err(|e| format!("megakernel refused: {e}"))?;
+    let memory = host_memory(&spec, &plan, o);
+    crate::host_memory::check(
+        &format!(
+            "interpret mode runs small models on the CPU: this {} model ({:.1}M parameters, KV cache of {} positions)",
             spec.family.model_type(),
-            params as f64 / 1e9,
-            MAX_PARAMS >> 20
-        ));
+            spec.params().total() as f64 / 1e6,
+            plan.dims.positions
+        ),
+        memory.total(),
+        &memory.parts(),
+    )
+    .map_err(|e| format!("{e}; or emit its megakernel with `palladium megakernel`"))?;
+    if plan.hbm_total > plan.hbm_capacity {
+        return Err(Plan::new(&spec, &PlanOptions::new(o.chip, 1, context)).err().map_or_else(|| "megakernel refused".into(), |e| format!("megakernel refused: {e}")));
     }
     let weights = match &o.weights {
         WeightSource::Checkpoint(p) => Weights::load(&spec, p).map_err(|e| format!("cannot load the weights: {e}"))?,
         WeightSource::Random(seed) => Weights::random(&spec, *seed).map_err(|e| format!("cannot build random weights: {e}"))?,
     };
-    let plan = Plan::new(&spec, &PlanOptions::new(o.chip, 1, context)).map_err(|e| format!("megakernel refused: {e}"))?;
     let kernel = palladium_fusion::emit::emit(&plan).map_err(|e| format!("cannot build the megakernel:\n{e}"))?;
     let lowered = lower(&kernel, &LowerOptions { chip: o.chip }).map_err(|e| format!("cannot lower the megakernel for {}:\n{e}", o.chip))?;
     let packed = pack(&spec, &plan, &weights).map_err(|e| format!("cannot pack the weights: {e}"))?;
     let t = Instant::now();
-    let mut decoder = Decoder::new(&plan, &lowered.body, &lowered.call_json, packed).map_err(|e| e.to_string())?;
+    let mut decoder = match device {
+        None => Decoder::new(&plan, &lowered.body, &lowered.call_json, packed),
+        Some(device) => Decoder::with_engine(&plan, &lowered.call_json, packed, tpu_engine(&device, &lowered).map_err(|e| format!("--backend tpu: {e}"))?),
+    }
+    .map_err(|e| e.to_string())?;
     let prepare = t.elapsed();
-    let generation = decoder.generate(&o.prompt, o.steps).map_err(|e| format!("megakernel run failed: {e}"))?;
+    let generation = decoder.generate_with(&o.prompt, o.steps, progress).map_err(|e| format!("megakernel run failed: {e}"))?;
     Ok(RunOutput {
         spec,
         weights,
@@ -120,8 +183,164 @@ pub fn run(o: &RunOptions) -> Result<RunOutput, String> {
     })
 }
 
+/// The megakernel compiled by libtpu's client: each run moves the call's inputs to the TPU,
+/// executes (the KV caches donated to their outputs) and brings the outputs back.
+fn tpu_engine(device: &palladium_runtime::exec::Device, lowered: &palladium_lowering::Lowered) -> Result<palladium_fusion::decode::Engine, String> {
+    use palladium_fusion::decode::DecodeError;
+    use palladium_runtime::exec::HostArray as DeviceArray;
+    let spec = palladium_runtime::CallSpec::from_json(&lowered.call_json)?;
+    let program = palladium_runtime::wrap(&lowered.body, &spec)?;
+    let loaded = device.compile(&program, &spec.inputs, &spec.outputs)?;
+    Ok(Box::new(move |inputs, _call| {
+        let arrays = inputs.iter().zip(&spec.inputs).map(|(h, ty)| DeviceArray::new(ty.clone(), h.bytes.clone())).collect::<Result<Vec<_>, _>>().map_err(DecodeError::Device)?;
+        let run = loaded.run(&arrays).map_err(DecodeError::Device)?;
+        run.outputs
+            .into_iter()
+            .map(|o| {
+                let dtype = palladium_interpret::DType::parse(o.ty.dtype.name()).ok_or_else(|| DecodeError::Device(format!("no host arrays of {}", o.ty.dtype)))?;
+                Ok(palladium_interpret::HostArray { dtype, shape: o.ty.dims.iter().map(|&d| d as usize).collect(), bytes: o.bytes })
+            })
+            .collect()
+    }))
+}
+
 /// The megakernel's generation compared with the references, teacher-forced on its ids
-/// ([`palladium_fusion::decode::compare`]: the tolerance and near-tie rules).
-pub fn check_reference(o: &RunOptions, out: &RunOutput) -> Result<palladium_fusion::decode::Comparison, String> {
-    palladium_fusion::decode::compare(&out.spec, &out.weights, &o.prompt, &out.generation)
+/// ([`palladium_fusion::decode::compare_with`]: the tolerance and near-tie rules) under the
+/// relative logits tolerance `relative` ([`palladium_model::tolerance`]).
+pub fn check_reference(o: &RunOptions, out: &RunOutput, relative: f32) -> Result<palladium_fusion::decode::Comparison, String> {
+    palladium_fusion::decode::compare_with(&out.spec, &out.weights, &o.prompt, &out.generation, relative)
+}
+
+/// A file written all or nothing: created as a temporary sibling when the run starts (so a
+/// bad path fails before any work), renamed over the destination by [`Self::commit`],
+/// removed if dropped uncommitted.
+#[derive(Debug)]
+pub struct OutputFile {
+    dest: PathBuf,
+    tmp: PathBuf,
+    file: Option<std::fs::File>,
+}
+
+impl OutputFile {
+    /// Checks `dest` can be written (its folder exists, it is not a folder) by creating the
+    /// temporary sibling `.NAME.PID.partial`.
+    pub fn create(flag: &str, dest: &Path) -> Result<Self, String> {
+        let bad = |why: String| format!("{flag} {}: {why}", dest.display());
+        if dest.is_dir() {
+            return Err(bad("is a directory".into()));
+        }
+        let name = dest.file_name().ok_or_else(|| bad("not a file name".into()))?.to_string_lossy();
+        let folder = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        if !folder.is_dir() {
+            return Err(bad(format!("the folder {} does not exist", folder.display())));
+        }
+        // The process id keeps two runs writing the same file from sharing a temporary.
+        let tmp = folder.join(format!(".{name}.{}.partial", std::process::id()));
+        let file = std::fs::File::create(&tmp).map_err(|e| bad(format!("cannot write here: {e}")))?;
+        Ok(Self { dest: dest.to_path_buf(), tmp, file: Some(file) })
+    }
+
+    /// Writes `bytes` and renames the file into place.
+    pub fn commit(mut self, bytes: &[u8]) -> Result<(), String> {
+        use std::io::Write;
+        let mut file = self.file.take().expect("committed once");
+        file.write_all(bytes).and_then(|()| file.sync_all()).and_then(|()| std::fs::rename(&self.tmp, &self.dest)).map_err(|e| format!("cannot write {}: {e}", self.dest.display()))
+    }
+}
+
+impl Drop for OutputFile {
+    fn drop(&mut self) {
+        // Uncommitted, or the commit failed: leave nothing behind (after a commit the
+        // temporary name is gone already).
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+/// Shows that a long run is alive: a progress bar on a terminal, otherwise a line on stderr
+/// every few seconds.
+#[derive(Debug)]
+pub struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    start: Instant,
+    last_line: Option<Instant>,
+}
+
+impl Progress {
+    /// Lines at most this often when stderr is not a terminal.
+    const LINE_EVERY: Duration = Duration::from_secs(5);
+    /// No line before this: a short run prints only its summary.
+    const QUIET_FOR: Duration = Duration::from_secs(2);
+
+    pub fn new() -> Self {
+        use std::io::IsTerminal;
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new(0);
+            bar.set_style(indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} tokens, {elapsed} elapsed, ETA {eta}").expect("a valid template").progress_chars("=> "));
+            bar.set_message("interpreting the megakernel");
+            bar
+        });
+        Self { bar, start: Instant::now(), last_line: None }
+    }
+
+    /// After run `done` of `total`.
+    pub fn update(&mut self, done: usize, total: usize) {
+        if let Some(bar) = &self.bar {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+            return;
+        }
+        if let Some(line) = self.line(done, total, Instant::now()) {
+            eprintln!("{line}");
+        }
+    }
+
+    /// The line to print after run `done` of `total` at `now`, if one is due: none for the
+    /// first seconds (a short run prints only its summary), then one every few seconds, and
+    /// one at the end once any was printed.
+    fn line(&mut self, done: usize, total: usize, now: Instant) -> Option<String> {
+        if now.saturating_duration_since(self.start) < Self::QUIET_FOR {
+            return None;
+        }
+        let due = self.last_line.is_none_or(|t| now.saturating_duration_since(t) >= Self::LINE_EVERY);
+        if !(due || (done == total && self.last_line.is_some())) {
+            return None;
+        }
+        self.last_line = Some(now);
+        let elapsed = now.saturating_duration_since(self.start).as_secs_f64();
+        let left = elapsed / done.max(1) as f64 * total.saturating_sub(done) as f64;
+        Some(format!("run: {done}/{total} tokens through the megakernel ({:.0}%), {elapsed:.1} s, ~{left:.0} s left at this rate", 100.0 * done as f64 / total.max(1) as f64))
+    }
+
+    /// Removes the bar (before the summary is printed).
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_lines_start_within_seconds_and_repeat() {
+        let mut p = Progress { bar: None, start: Instant::now(), last_line: None };
+        let at = |s: f64| p.start + Duration::from_secs_f64(s);
+        let (t1, t2, t3, t4, t5) = (at(1.0), at(2.5), at(4.0), at(7.6), at(8.0));
+        assert_eq!(p.line(1, 4000, t1), None, "quiet at first");
+        assert_eq!(p.line(5, 4000, t2).as_deref(), Some("run: 5/4000 tokens through the megakernel (0%), 2.5 s, ~1998 s left at this rate"));
+        assert_eq!(p.line(8, 4000, t3), None, "not again before 5 s");
+        assert!(p.line(12, 4000, t4).is_some_and(|l| l.starts_with("run: 12/4000")));
+        assert!(p.line(4000, 4000, t5).is_some_and(|l| l.starts_with("run: 4000/4000 tokens through the megakernel (100%)")), "the end");
+        let mut short = Progress { bar: None, start: Instant::now(), last_line: None };
+        let end = short.start + Duration::from_secs(1);
+        assert_eq!(short.line(12, 12, end), None, "a short run prints nothing");
+    }
 }

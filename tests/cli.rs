@@ -42,7 +42,9 @@ fn emit_writes_module_body_and_call_spec() {
 #[test]
 fn a_tpu_rule_violation_is_refused_before_anything_is_written() {
     let dir = scratch("emit_bad");
-    let (ok, _, err) = palladium(&["emit", "matmul", "--chip", "v6e", "--set", "bm=100", "--set", "bn=100", "--out", dir.to_str().unwrap()]);
+    // 100 tiles 1000 (so the blocks tile the arrays) but breaks the TPU's (16, 128) tile.
+    let sets = ["--set", "m=1000", "--set", "n=1000", "--set", "bm=100", "--set", "bn=100"];
+    let (ok, _, err) = palladium(&[&["emit", "matmul", "--chip", "v6e", "--out", dir.to_str().unwrap()][..], &sets[..]].concat());
     assert!(!ok);
     assert!(err.contains("operand x"), "{err}");
     assert!(err.contains("TPU block rule: the second-minor block dim (100) must be a multiple of 16 (native bf16 tile (16,128))"), "{err}");
@@ -111,4 +113,190 @@ fn a_megakernel_too_large_for_the_chip_is_refused_with_the_numbers() {
     assert!(!ok);
     assert!(err.contains("does not fit v5e HBM") && err.contains("try --layers N"), "{err}");
     assert!(!dir.exists(), "nothing written");
+}
+
+/// Exit code, stdout, stderr, with extra environment variables.
+fn palladium_env(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_palladium")).args(args).env_remove("PALLADIUM_MAX_HOST_MEMORY").env_remove("RUST_BACKTRACE").envs(env.iter().copied()).output().expect("runs");
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn refused(args: &[&str], want: &str) -> String {
+    let (code, out, err) = palladium_env(args, &[]);
+    assert_eq!(code, Some(1), "{args:?}: {err}");
+    assert!(err.contains(want), "{args:?}: {err}");
+    assert!(!err.contains("panicked") && !out.contains("PASS"), "{args:?}: {out}{err}");
+    err
+}
+
+#[test]
+fn bad_kernel_parameters_are_refused_naming_the_parameter_and_the_rule() {
+    let size_rule = "sizes and counts must be between 1 and 2147483647 (TPU index arithmetic is i32)";
+    for (kernel, set) in [
+        ("matmul", "bm=0"),
+        ("rmsnorm", "block_rows=0"),
+        ("gemv", "block_n=0"),
+        ("decode_attention", "block_kv=0"),
+        ("rope", "heads_per_block=0"),
+        ("expert_ffn", "block_ffn=0"),
+        ("grouped_matmul", "groups=0"),
+        ("gather_rows", "table_rows=2147483648"),
+        ("matmul", "m=1099511627776"),
+    ] {
+        let (name, value) = set.split_once('=').unwrap();
+        refused(&["ir", kernel, "--set", set], &format!("parameter {name} = {value}: {size_rule}"));
+    }
+    refused(&["ir", "rmsnorm", "--set", "eps=nan"], "parameter eps = NaN: must be finite");
+    refused(&["ir", "rmsnorm", "--set", "eps=-1"], "requires eps >= 0.0, but eps = -1");
+    refused(&["ir", "matmul", "--set", "out_dtype=i4"], "requires out_dtype == bf16 || out_dtype == f32, but out_dtype = i4");
+}
+
+#[test]
+fn blocks_that_do_not_tile_and_broken_relations_are_refused_and_nothing_is_written() {
+    let dir = scratch("emit_untiled");
+    let out = dir.to_str().unwrap();
+    for (kernel, set, want) in [
+        ("matmul", "bk=1536", "block dim 1 of `x`: bk = 1536 does not divide k = 2048"),
+        ("matmul", "bm=384", "block dim 0 of `o`: bm = 384 does not divide m = 1024"),
+        ("moe_router", "top_k=200", "requires top_k <= experts, but top_k = 200, experts = 128"),
+        ("expert_ffn", "block_ffn=500", "block_ffn = 500 does not divide ffn = 768"),
+        ("grouped_matmul", "groups=0", "parameter groups = 0"),
+        ("matmul", "m=1099511627776", "parameter m = 1099511627776"),
+        ("matmul", "m=1048576 --set k=16384", "the operands of `matmul` need 34.03 GiB (36540776448 bytes: x 32.00 GiB, o 2.00 GiB, y 0.03 GiB), more than the 32.00 GiB of HBM per device on v6e"),
+    ] {
+        let sets: Vec<&str> = set.split(' ').collect();
+        refused(&[&["emit", kernel, "--chip", "v6e", "--set"][..], &sets[..], &["--out", out][..]].concat(), want);
+        assert!(!dir.exists(), "{kernel} {set}: nothing is written");
+    }
+}
+
+#[test]
+fn interpret_refuses_bad_parameters_and_oversized_runs_before_allocating() {
+    refused(&["interpret", "grouped_matmul", "--set", "groups=0", "--seed", "0"], "parameter groups = 0");
+    refused(&["interpret", "rmsnorm", "--set", "eps=inf", "--seed", "1"], "parameter eps = inf: must be finite");
+    refused(&["interpret", "matmul", "--set", "m=1099511627776", "--seed", "0"], "parameter m = 1099511627776");
+    // 2 GiB of bf16 input, within v6e's HBM, is 15 GiB of host memory to check.
+    let err = refused(&["interpret", "matmul", "--set", "m=65536", "--set", "k=16384"], "cannot run `matmul`: interpret mode needs 16478109696 bytes (15.35 GiB: inputs 14.22 GiB + outputs and reference 1.12 GiB + windows and scratch 0.00 GiB) of host memory, over the limit of 8589934592 bytes (8.00 GiB)");
+    assert!(err.contains("raise it with PALLADIUM_MAX_HOST_MEMORY="), "{err}");
+    // The limit from the environment.
+    let (code, _, err) = palladium_env(&["interpret", "rmsnorm"], &[("PALLADIUM_MAX_HOST_MEMORY", "1MiB")]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("over the limit of 1048576 bytes"), "{err}");
+    let (code, out, err) = palladium_env(&["interpret", "rmsnorm"], &[("PALLADIUM_MAX_HOST_MEMORY", "64MiB")]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.ends_with("PASS\n"), "{out}");
+    let (code, _, err) = palladium_env(&["interpret", "rmsnorm"], &[("PALLADIUM_MAX_HOST_MEMORY", "lots")]);
+    assert!(code == Some(1) && err.contains("PALLADIUM_MAX_HOST_MEMORY=\"lots\""), "{err}");
+    refused(&["interpret", "rmsnorm", "--tolerance=-1"], "tolerance -1 must be finite and non-negative");
+    refused(&["interpret", "rmsnorm", "--tolerance", "NaN"], "tolerance NaN must be finite and non-negative");
+}
+
+#[test]
+fn emit_writes_nothing_when_an_output_path_is_taken_by_a_directory() {
+    let dir = scratch("emit_dir_in_the_way");
+    std::fs::create_dir_all(dir.join("matmul.call.json/keep")).unwrap();
+    let out = dir.to_str().unwrap();
+    refused(&["emit", "matmul", "--chip", "v6e", "--out", out], "matmul.call.json is a folder");
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, ["matmul.call.json"], "nothing written, nothing removed");
+    assert!(dir.join("matmul.call.json/keep").is_dir());
+    // A file where the output directory should be.
+    let file = dir.join("file");
+    std::fs::write(&file, "").unwrap();
+    refused(&["emit", "matmul", "--chip", "v6e", "--out", file.join("sub").to_str().unwrap()], "is not a folder");
+}
+
+/// Byte counts never wrap: a context of 2^52 positions is refused (past the model's
+/// `max_position_embeddings`, and the planner's arithmetic is checked) and nothing is written.
+#[test]
+fn a_megakernel_with_an_absurd_context_is_refused_cleanly() {
+    let dir = scratch("megakernel_context");
+    for context in ["4503599627370496", "18446744073709551615", "4097"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_palladium")).args(["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", context, "--out", dir.to_str().unwrap()]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(&format!("--context {context} is past the model's max_position_embeddings 4096")), "{err}");
+        assert!(!dir.exists(), "nothing written");
+    }
+}
+
+/// The output folder is checked before planning: a folder where a file must go is refused and
+/// nothing is written.
+#[test]
+fn a_megakernel_output_folder_that_cannot_take_the_files_is_refused_first() {
+    let dir = scratch("megakernel_blocked");
+    std::fs::create_dir_all(dir.join("megakernel.call.json/keep")).unwrap();
+    let (ok, _, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", "512", "--out", dir.to_str().unwrap()]);
+    assert!(!ok && err.contains("megakernel.call.json is a folder"), "{err}");
+    let mut left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    left.sort();
+    assert_eq!(left, vec!["megakernel.call.json"], "nothing written");
+    let file = scratch("megakernel_file");
+    std::fs::write(&file, "x").unwrap();
+    let (ok, _, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--out", file.join("sub").to_str().unwrap()]);
+    assert!(!ok && err.contains("is not a folder"), "{err}");
+}
+
+#[test]
+fn compile_reports_libtpus_cycles_and_writes_all_five_files() {
+    let (ok, out, err) = palladium(&["compile", "matmul", "--chip", "v6e", "--json"]);
+    assert!(ok, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).expect("--json prints one JSON object");
+    assert_eq!(json["ok"], true, "{json}");
+    assert_eq!(json["chip"], "v6e", "{json}");
+    // What JAX Pallas's own matmul of the same shape and blocks gets.
+    assert_eq!(json["estimated_cycles"], 46041, "{json}");
+    assert!(json["code_size_bytes"].as_u64().is_some_and(|n| n > 0), "{json}");
+    assert_eq!(json["hbm"]["argument_bytes"], (1024 * 2048 + 2048 * 1024) * 2, "{json}");
+    assert_eq!(json["vmem_limit_bytes"], 32 << 20, "{json}");
+
+    // gather_rows's DMAs abort v6e's estimator: compiled all the same, no estimate, and why.
+    let dir = scratch("compile_out");
+    let (ok, out, err) = palladium(&["compile", "gather_rows", "--chip", "v6e", "--out", dir.to_str().unwrap(), "--json"]);
+    assert!(ok, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["estimated_cycles"], serde_json::Value::Null, "{json}");
+    assert!(json["estimate_note"].as_str().is_some_and(|n| n.contains("Unsupported DMA direction")), "{json}");
+    for file in ["gather_rows.mlir", "gather_rows.body.mlir", "gather_rows.call.json", "gather_rows.stablehlo.mlir", "gather_rows.executable"] {
+        assert!(std::fs::metadata(dir.join(file)).is_ok_and(|m| m.len() > 0), "{file} missing or empty");
+    }
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 5, "no temporary files left");
+    let program = std::fs::read_to_string(dir.join("gather_rows.stablehlo.mlir")).unwrap();
+    assert!(program.contains("stablehlo.custom_call @tpu_custom_call"), "{program}");
+}
+
+#[test]
+fn compile_refuses_what_does_not_verify_and_writes_nothing() {
+    let dir = scratch("compile_refused");
+    let (ok, _, err) = palladium(&["compile", "matmul", "--chip", "v5e", "--set", "bm=1024", "--set", "bn=1024", "--set", "bk=2048", "--out", dir.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("VMEM budget exceeded"), "{err}");
+    assert!(!dir.exists(), "nothing written");
+}
+
+#[test]
+fn megakernel_compile_adds_the_compile_object() {
+    let dir = scratch("megakernel_compile");
+    let (ok, out, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", "512", "--all-kv-tiles", "--single-prefetch", "--json", "--compile", "--out", dir.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).expect("--json prints JSON");
+    let c = &json["compile"];
+    assert_eq!(c["ok"], true, "{c}");
+    assert!(c["code_size_bytes"].as_u64().is_some_and(|n| n > 0), "{c}");
+    assert!(c["estimated_cycles"].as_u64().is_some_and(|n| n > 0) || c["estimate_note"].is_string(), "{c}");
+    assert!(dir.join("megakernel.executable").is_file() && dir.join("megakernel.stablehlo.mlir").is_file());
+}
+
+#[test]
+fn exec_and_run_on_tpu_say_when_no_tpu_is_attached() {
+    // This machine has no TPU: libtpu's PJRT_Client_Create fails, and both commands say so
+    // (run before loading any weights).
+    let (ok, _, err) = palladium(&["exec", "matmul", "--seed", "3"]);
+    assert!(!ok);
+    assert!(err.contains("`matmul` on the device: no TPU attached") && err.contains("PJRT_Client_Create failed"), "{err}");
+    let (ok, _, err) = palladium(&["run", &model("tiny-qwen3-moe"), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--backend", "tpu"]);
+    assert!(!ok);
+    assert!(err.contains("--backend tpu: no TPU attached"), "{err}");
+    let (ok, _, err) = palladium(&["run", &model("tiny-qwen3-moe"), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--backend", "gpu"]);
+    assert!(!ok && err.contains("unknown backend `gpu` (known: interpret, tpu)"), "{err}");
 }

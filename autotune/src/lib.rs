@@ -9,9 +9,9 @@
 //!    ([`palladium_dsl::ir::verify`] with the chip's VMEM budget); failures are kept as
 //!    rejections with their reason;
 //! 3. a [`Runner`] costs the survivors. [`CompileOnly`] uses the static pipeline traffic
-//!    model ([`traffic`]) and a roofline *model* of the chip ([`model`]); [`Oracle`]
-//!    lowers each candidate and takes libtpu's estimated cycles (deviceless, through the
-//!    TPU oracle, one process for the whole batch);
+//!    model ([`traffic`]) and a roofline *model* of the chip ([`model`]); [`Libtpu`]
+//!    lowers each candidate and takes libtpu's estimated cycles (deviceless, through PJRT
+//!    in parallel worker processes);
 //! 4. [`SearchReport::ranking`] orders them by cost, ties by enumeration order.
 //!
 //! ```no_run
@@ -22,14 +22,15 @@
 //! println!("{}", report.table());
 //! ```
 
+pub mod floor;
+pub mod libtpu;
 pub mod model;
-pub mod oracle;
 pub mod runner;
 pub mod search;
 pub mod traffic;
 
 pub use model::{ChipModel, ModelEstimate};
-pub use oracle::{Form, Job, JobResult, Oracle};
+pub use libtpu::Libtpu;
 pub use runner::{CompileOnly, CostKind, CostRecord, Runner, RunnerError};
 pub use search::{Candidate, CandidateResult, Outcome, SearchError, SearchReport, SearchSpace, Stage, search};
 pub use traffic::{OperandTraffic, Prefetch, Traffic, TrafficError, analyze};

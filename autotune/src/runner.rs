@@ -2,8 +2,8 @@
 //!
 //! The search only needs a cost per candidate and does not care where it comes from, so the
 //! trait is deliberately small: [`CompileOnly`] prices a kernel with the static traffic model
-//! and the roofline model ([`crate::model`]); a runner that lowers the kernel and reads
-//! libtpu's cycle counts through the TPU oracle implements the same trait and returns
+//! and the roofline model ([`crate::model`]); [`crate::Libtpu`], which lowers the kernel and
+//! reads libtpu's cycle counts through PJRT, implements the same trait and returns
 //! [`CostKind::Measured`] records (keeping the model's traffic alongside if it likes).
 
 use crate::model::{ChipModel, ModelEstimate};
@@ -49,7 +49,7 @@ pub trait Runner {
 
     /// Cost many kernels at once, one result per kernel in order. The search calls this
     /// with every verified candidate; the default runs [`Runner::run`] on each in turn.
-    /// Runners with a costly start (the libtpu oracle) override it to share one start.
+    /// Runners with a costly start (libtpu) override it to share starts and compile in parallel.
     fn run_batch(&mut self, kernels: &[&Kernel], chip: Chip) -> Vec<Result<CostRecord, RunnerError>> {
         kernels.iter().map(|k| self.run(k, chip)).collect()
     }

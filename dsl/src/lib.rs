@@ -47,13 +47,8 @@ pub mod __private {
         range, while_loop,
     };
     pub use crate::trace::builder_handles::{Handle, Sealed};
+    pub use crate::trace::params::{self as size, Checks, Size};
     pub use crate::Kernel;
-
-    /// A shape, block or cost number written in a kernel attribute, from any integer type.
-    /// A negative value becomes 0, which the verifier then reports at the operand.
-    pub fn dim<T: TryInto<u64>>(x: T) -> u64 {
-        x.try_into().unwrap_or(0)
-    }
 
     /// `a <pred> b`, traced when either side is.
     #[track_caller]

@@ -176,6 +176,20 @@ impl Chip {
         }
     }
 
+    /// HBM one kernel can address: the memory of one JAX device (Google Cloud TPU system
+    /// architecture pages: v4 32 GiB, v5e 16 GiB, v5p 95 GiB, v6e 32 GiB per chip; v7x has
+    /// 192 GiB per chip and exposes each of its two `TensorCores` as a device with 96 GiB).
+    /// Every operand of a call must be resident in it at once.
+    pub fn hbm_bytes(self) -> u64 {
+        const GIB: u64 = 1 << 30;
+        match self {
+            Chip::V4 | Chip::V6e => 32 * GIB,
+            Chip::V5e => 16 * GIB,
+            Chip::V5p => 95 * GIB,
+            Chip::V7x => 96 * GIB,
+        }
+    }
+
     /// SMEM per `TensorCore`.
     pub fn smem_bytes(self) -> u64 {
         1 << 20

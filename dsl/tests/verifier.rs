@@ -1,6 +1,6 @@
 //! Trace-time and verifier errors: every mistake is reported, with the rule it breaks and
 //! where it was made.
-use palladium_dsl::ir::{VerifyOptions, verify};
+use palladium_dsl::ir::{VerifyOptions, check_hbm, verify};
 use palladium_dsl::prelude::*;
 use palladium_dsl::spec::Chip;
 
@@ -91,4 +91,99 @@ fn memory_rules() {
     assert!(text.contains("any refs can only be accessed by DMA"), "{text}");
     assert!(text.contains("masked stores need 32-bit data, got bf16"), "{text}");
     assert!(text.contains("semaphore must be a sem, got dma_sem"), "{text}");
+}
+
+/// Blocks tile their arrays, but the grid is too short: rows 24.. are never written.
+#[kernel(grid = (rows / 256,), semantics = (parallel,))]
+fn short_grid(
+    #[default(1000)] rows: usize,
+    #[input(f32[rows, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
+    #[output(f32[rows, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
+) {
+    o[..] = x[..];
+}
+
+#[test]
+fn outputs_the_grid_does_not_cover_are_named_with_the_range() {
+    let text = short_grid(1000).unwrap_err().to_string();
+    assert!(text.contains("output o at "), "{text}");
+    assert!(text.contains(": elements 24..1000 of dim 0 (size 1000) are never written: the grid (3) reaches blocks 0..3 of its 125 blocks of 8"), "{text}");
+    assert!(!text.contains("output x"), "inputs need not be read whole: {text}");
+}
+
+/// Every other block (`2 * i`), and a constant block on the second dim.
+#[kernel(grid = (4,))]
+fn strided_map(
+    #[input(f32[64, 256], block = [8, 128], map = |i| (2 * i, 0))] x: Ref,
+    #[output(f32[64, 256], block = [8, 128], map = |i| (2 * i, 0))] o: Ref,
+) {
+    o[..] = x[..];
+}
+
+#[test]
+fn strided_and_constant_maps_leave_gaps() {
+    let text = strided_map().unwrap_err().to_string();
+    assert!(text.contains(": elements 8..16 of dim 0 (size 64) are never written: the grid (4) reaches blocks 0, 2, ..., 6 of its 8 blocks of 8"), "{text}");
+    assert!(text.contains(": elements 128..256 of dim 1 (size 256) are never written: the grid (4) reaches only block 0 of its 2 blocks of 128"), "{text}");
+}
+
+/// The index map runs past the end of the array.
+#[kernel(grid = (4,))]
+fn past_the_end(
+    #[input(f32[32, 128], block = [8, 128], map = |i| (i + 1, 0))] x: Ref,
+    #[output(f32[32, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
+) {
+    o[..] = x[..];
+}
+
+#[test]
+fn blocks_past_the_end_of_an_array_are_refused() {
+    let text = past_the_end().unwrap_err().to_string();
+    assert!(text.contains("index map of x at "), "{text}");
+    assert!(text.contains(": reaches block 4 along dim 0, outside the array's 4 blocks of 8 (dim 32 of [32,128])"), "{text}");
+}
+
+/// Parameters are checked before tracing: sizes, `requires`, block tiling, in stages.
+#[kernel(grid = (m / bm,), semantics = (parallel,), requires = [top <= m, m % 16 == 0])]
+fn checked_params(
+    #[default(1024)] m: usize,
+    #[default(256)] bm: usize,
+    #[default(4)] top: usize,
+    #[default(1.0)] eps: f64,
+    #[input(f32[m, 128], block = [bm, 128], map = |i| (i, 0))] x: Ref,
+    #[output(f32[m, 128], block = [bm, 128], map = |i| (i, 0))] o: Ref,
+) {
+    o[..] = x[..] * eps;
+}
+
+#[test]
+fn parameters_are_checked_before_tracing() {
+    let err = |r: Result<palladium_dsl::Kernel, palladium_dsl::BuildErrors>| r.unwrap_err().to_string();
+    let text = err(checked_params(1024, 0, 4, f64::NAN));
+    assert!(text.contains("parameter bm = 0: sizes and counts must be between 1 and 2147483647"), "{text}");
+    assert!(text.contains("parameter eps = NaN: must be finite"), "{text}");
+    let text = err(checked_params(1 << 40, 256, 4, 1.0));
+    assert!(text.contains("parameter m = 1099511627776: sizes and counts must be between 1 and 2147483647 (TPU index arithmetic is i32)"), "{text}");
+    let text = err(checked_params(1000, 8, 2000, 1.0));
+    assert!(text.contains("requires top <= m, but top = 2000, m = 1000"), "{text}");
+    assert!(text.contains("16 does not divide m = 1000"), "{text}");
+    let text = err(checked_params(1024, 384, 4, 1.0));
+    assert_eq!(text, "error: block dim 0 of `x`: bm = 384 does not divide m = 1024\nerror: block dim 0 of `o`: bm = 384 does not divide m = 1024");
+    assert!(checked_params(1024, 256, 4, 1.0).is_ok());
+}
+
+#[kernel(grid = (1,))]
+fn sixty_gib(
+    #[input(bf16[1 << 15, 1 << 20], space = any)] x: Ref,
+    #[output(f32[8, 128], block = [8, 128], map = |i| (0, 0))] o: Ref,
+) {
+    o[..] = 0.0;
+}
+
+#[test]
+fn operands_must_fit_the_chips_hbm() {
+    let k = sixty_gib().unwrap();
+    assert!(check_hbm(&k, Chip::V7x).is_ok());
+    let err = check_hbm(&k, Chip::V6e).unwrap_err();
+    assert_eq!(err, "the operands of `sixty_gib` need 64.00 GiB (68719480832 bytes: x 64.00 GiB, o 0.00 GiB), more than the 32.00 GiB of HBM per device on v6e");
 }

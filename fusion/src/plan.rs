@@ -33,21 +33,9 @@ use serde::Serialize;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-/// HBM per device (what one `TensorCore`'s kernel can address): v7x exposes each core as a
-/// device with 96 GiB.
-pub fn hbm_bytes(chip: Chip) -> u64 {
-    match chip {
-        Chip::V4 => 32 * GIB,
-        Chip::V5e => 16 * GIB,
-        Chip::V5p => 95 * GIB,
-        Chip::V6e => 32 * GIB,
-        Chip::V7x => 96 * GIB,
-    }
-}
-
 /// HBM left to the megakernel's operands: 1 GiB stays with the runtime and XLA.
 pub fn hbm_usable_bytes(chip: Chip) -> u64 {
-    hbm_bytes(chip) - GIB
+    chip.hbm_bytes() - GIB
 }
 
 /// HBM bandwidth per core, bytes/s (JAX `tpu_info`; v7x: 7.4e12 per chip, two cores).
@@ -120,12 +108,26 @@ pub enum PlanError {
     Unsupported(String),
     #[error("invalid option: {0}")]
     Invalid(String),
-    #[error("does not fit {chip} HBM: the operands need {need} bytes ({need_gib:.2} GiB: {detail}), {chip} has {have} bytes ({have_gib:.2} GiB) usable per device; try --layers N (at most {max_layers} layers fit)")]
+    #[error("does not fit {chip} HBM: the operands need {need} bytes ({need_gib:.2} GiB: {detail}), {chip} has {have} bytes ({have_gib:.2} GiB) usable per device (at most {max_layers} of the model's layers fit)")]
     Hbm { chip: Chip, need: u64, need_gib: f64, have: u64, have_gib: f64, detail: String, max_layers: u64 },
     #[error("does not fit {chip} VMEM: the plan needs {need} bytes ({need_mib:.2} MiB: {detail}), {chip} has {have} bytes ({have_mib} MiB) per core")]
     Vmem { chip: Chip, need: u64, need_mib: f64, have: u64, have_mib: u64, detail: String },
     #[error("the rewrites did not {0}")]
     Rewrite(String),
+    /// A byte count past `u64`: no chip holds it, and nothing is allocated for it.
+    #[error("does not fit any chip: {what} would take more than 2^64 bytes")]
+    TooLarge { what: String },
+}
+
+/// `factors` multiplied, or [`PlanError::TooLarge`] naming `what` when the product passes
+/// `u64` (config sizes are at most 2^24 each, so products of several can).
+fn product(what: &str, factors: &[u64]) -> Result<u64, PlanError> {
+    factors.iter().try_fold(1u64, |acc, &f| acc.checked_mul(f)).ok_or_else(|| PlanError::TooLarge { what: what.to_string() })
+}
+
+/// A checked sum, as [`product`].
+fn total(what: &str, terms: &[u64]) -> Result<u64, PlanError> {
+    terms.iter().try_fold(0u64, |acc, &t| acc.checked_add(t)).ok_or_else(|| PlanError::TooLarge { what: what.to_string() })
 }
 
 /// Model dimensions as the kernel uses them (padded where the TPU tiling needs it).
@@ -286,7 +288,8 @@ pub fn layer_weight_bytes(spec: &ModelSpec) -> Vec<(String, u64)> {
             Experts { gate, up, down } => {
                 if let FfnKind::Moe(m) = &spec.layers[0].ffn {
                     for w in [gate, up, down] {
-                        out.push((w.clone(), 2 * h * m.intermediate * m.top_k));
+                        // Saturating: a cost for the rewrites, where any huge value ranks the same.
+                        out.push((w.clone(), (2 * h * m.intermediate).saturating_mul(m.top_k)));
                     }
                 }
             }
@@ -309,6 +312,14 @@ impl Plan {
         }
         if options.context == 0 {
             return Err(PlanError::Invalid("--context 0".into()));
+        }
+        // Also keeps positions within the kernel's i32 position operand (the config caps
+        // max_position_embeddings at 2^24).
+        if options.context > spec.max_position_embeddings {
+            return Err(PlanError::Invalid(format!(
+                "--context {} is past the model's max_position_embeddings {}: RoPE and the model are defined up to that many positions",
+                options.context, spec.max_position_embeddings
+            )));
         }
         let layers = options.layers.unwrap_or(spec.layers.len());
         if layers == 0 || layers > spec.layers.len() {
@@ -427,16 +438,6 @@ impl Plan {
         // estimate, Qwen3-30B-A3B, one chunk in flight: 2 MiB 0.71 of the floor, 4 MiB 0.78).
         let chunk_cols = ((4 * MIB / (2 * h)) / 128 * 128).clamp(128, 1024);
         let per_layer = width.div_ceil(chunk_cols);
-        let mut chunks: Vec<Vec<Piece>> = vec![Vec::new(); per_layer as usize];
-        for (si, s) in segments.iter().enumerate() {
-            let mut c = s.col;
-            while c < s.col + s.cols {
-                let chunk = c / chunk_cols;
-                let end = ((chunk + 1) * chunk_cols).min(s.col + s.cols);
-                chunks[chunk as usize].push(Piece { segment: si, seg_col: c - s.col, chunk_col: c - chunk * chunk_cols, cols: end - c });
-                c = end;
-            }
-        }
         let lm_chunks = round_up(spec.vocab_size, chunk_cols) / chunk_cols;
         let bank_bytes = 2 * h * chunk_cols;
         let vmem_capacity = chip.vmem_bytes();
@@ -493,7 +494,7 @@ impl Plan {
                 dtype: "bf16",
                 shape: vec![l * per_layer + lm_chunks, h, chunk_cols],
                 space: "any",
-                bytes: 2 * (l * per_layer + lm_chunks) * h * chunk_cols,
+                bytes: product("the dense weight stream (w_stream)", &[2, l * per_layer + lm_chunks, h, chunk_cols])?,
                 source: format!(
                     "the dense stream, {per_layer} chunks per layer then {lm_chunks} lm_head chunks. Layer l: the [H={h}, {}] matrix D_l split into column chunks of {chunk_cols} (w_stream[l*{per_layer} + c] = D_l[:, c*{chunk_cols}..]): \
                      cols [0, {nqkv}) = q|k|v heads, head j of q at cols j*{hp}.. = (q_proj.weight[j*{hd}..(j+1)*{hd}, :])^T * input_layernorm.weight[:, None] (k heads from col {}, v heads from col {}, same form; cols {hd}..{hp} of each head zero); \
@@ -517,7 +518,7 @@ impl Plan {
                 dtype: "bf16",
                 shape: vec![l, e, expert_chunks, h, 3 * expert_block],
                 space: "any",
-                bytes: 2 * l * e * i * h * 3,
+                bytes: product("the expert weights (w_experts)", &[2, l, e, i, h, 3])?,
                 source: format!(
                     "chunk c of expert e of layer l, one DMA: w_experts[l, e, c, i, j] = {p}.experts.{{e}}.{gn}.weight[c*{expert_block} + j, i] * post_attention_layernorm.weight[i] for j < {expert_block}, \
                      {un}.weight[c*{expert_block} + j - {expert_block}, i] * post_attention_layernorm.weight[i] for j < {}, {dn}.weight[i, c*{expert_block} + j - {}] above",
@@ -538,7 +539,7 @@ impl Plan {
             });
         }
         let kv_shape = vec![l, batch, kvh, positions, hp];
-        let kv_bytes = 2 * l * batch * kvh * positions * hp;
+        let kv_bytes = product(&format!("each KV cache ([{l}, {batch}, {kvh}, {positions}, {hp}] bf16)"), &[2, l, batch, kvh, positions, hp])?;
         for (n, what) in [("k_cache", "K"), ("v_cache", "V")] {
             operands.push(Operand {
                 name: n,
@@ -593,12 +594,17 @@ impl Plan {
         let vmem_limit = round_up(vmem_total, MIB).min(vmem_capacity);
 
         // --- HBM ------------------------------------------------------------------------
-        let hbm_total: u64 = operands.iter().filter(|o| o.space == "any" && !o.name.ends_with("_out")).map(|o| o.bytes).sum::<u64>()
-            + operands.iter().filter(|o| o.name == "logits").map(|o| o.bytes).sum::<u64>();
+        let in_hbm: Vec<u64> = operands.iter().filter(|o| (o.space == "any" && !o.name.ends_with("_out")) || o.name == "logits").map(|o| o.bytes).collect();
+        let hbm_total = total("the operands together", &in_hbm)?;
         let hbm_capacity = hbm_usable_bytes(chip);
         if options.check_hbm && hbm_total > hbm_capacity {
-            let per_layer_bytes = 2 * per_layer * h * chunk_cols + 2 * e * i * h * 3 + 2 * kv_bytes / l + if dims.qk_norm { 4 * 8 * hp } else { 0 };
-            let fixed = hbm_total - l * per_layer_bytes;
+            // Saturating: only the suggestion is computed here, and a saturated layer size
+            // suggests 0 layers.
+            let per_layer_bytes = (2 * per_layer * h * chunk_cols)
+                .saturating_add(2u64.saturating_mul(e).saturating_mul(i).saturating_mul(h).saturating_mul(3))
+                .saturating_add(2 * (kv_bytes / l))
+                .saturating_add(if dims.qk_norm { 4 * 8 * hp } else { 0 });
+            let fixed = hbm_total.saturating_sub(l.saturating_mul(per_layer_bytes));
             let max_layers = hbm_capacity.saturating_sub(fixed) / per_layer_bytes;
             let big: Vec<String> = operands.iter().filter(|o| o.bytes > GIB / 16 && !o.name.ends_with("_out")).map(|o| format!("{} {}", o.name, o.bytes)).collect();
             return Err(PlanError::Hbm {
@@ -612,26 +618,39 @@ impl Plan {
             });
         }
 
+        // --- chunk pieces (after the HBM check: `per_layer` is bounded by then) ----------
+        let mut chunks: Vec<Vec<Piece>> = vec![Vec::new(); per_layer as usize];
+        for (si, s) in segments.iter().enumerate() {
+            let mut c = s.col;
+            while c < s.col + s.cols {
+                let chunk = c / chunk_cols;
+                let end = ((chunk + 1) * chunk_cols).min(s.col + s.cols);
+                chunks[chunk as usize].push(Piece { segment: si, seg_col: c - s.col, chunk_col: c - chunk * chunk_cols, cols: end - c });
+                c = end;
+            }
+        }
+
         // --- traffic --------------------------------------------------------------------
-        let dense = 2 * l * per_layer * h * chunk_cols;
+        let dense = product("the dense stream per step", &[2, l, per_layer, h, chunk_cols])?;
         let lm_head = 2 * lm_chunks * h * chunk_cols;
-        let experts = l * batch * moe.top_k * 2 * 3 * h * i;
+        let experts = product("the expert weights read per step", &[l, batch, moe.top_k, 2, 3, h, i])?;
         let span = window.map_or(options.context, |w| w.min(options.context));
         let tiles = span.div_ceil(block_kv) + u64::from(window.is_some());
         let tiles = match options.kv_tiles {
             KvTiles::UpToPosition => tiles.min(positions / block_kv),
             KvTiles::All => positions / block_kv,
         };
-        let kv_read = l * batch * kvh * 2 * tiles * block_kv * hp * 2;
-        let kv_write = l * batch * kvh * 2 * 16 * hp * 2;
+        let kv_read = product("the KV cache read per step", &[l, batch, kvh, 2, tiles, block_kv, hp, 2])?;
+        let kv_write = product("the KV cache written per step", &[l, batch, kvh, 2, 16, hp, 2])?;
         let embedding = batch * 16 * h * 2;
         let head_norms = if dims.qk_norm { l * 8 * hp * 4 } else { 0 };
-        let total = dense + lm_head + experts + kv_read + kv_write + embedding + head_norms;
+        let step_total = total("the bytes moved per step", &[dense, lm_head, experts, kv_read, kv_write, embedding, head_norms])?;
         let mut truncated = spec.clone();
         truncated.layers.truncate(layers);
         let model_total = truncated.decode_traffic(batch, options.context, 2).total();
-        let dmas = l * (per_layer + 1 + batch * moe.top_k * expert_chunks * 2 + batch * kvh * 2 * (tiles + 1)) + lm_chunks + batch;
-        let traffic = Traffic { dense, lm_head, experts, kv_read, kv_write, embedding, head_norms, total, model_total, floor_seconds: total as f64 / hbm_bandwidth(chip), dmas };
+        let dmas_per_layer = total("the DMAs per step", &[per_layer, 1, product("the DMAs per step", &[batch, moe.top_k, expert_chunks, 2])?, product("the DMAs per step", &[batch, kvh, 2, tiles + 1])?])?;
+        let dmas = total("the DMAs per step", &[product("the DMAs per step", &[l, dmas_per_layer])?, lm_chunks, batch])?;
+        let traffic = Traffic { dense, lm_head, experts, kv_read, kv_write, embedding, head_norms, total: step_total, model_total, floor_seconds: step_total as f64 / hbm_bandwidth(chip), dmas };
 
         Ok(Plan {
             model: format!("{} ({} layers of {})", spec.family.model_type(), spec.layers.len(), kind.describe()),

@@ -325,7 +325,9 @@ fn weight_of(expr: &RecExpr<LayerLang>, id: Id, scale: Option<String>, out: &mut
 /// each weight name (without `w:`) to its bytes, in graph order.
 pub fn rewrite(expr: &str, weights: &[(String, u64)]) -> Rewritten {
     let start: RecExpr<LayerLang> = expr.parse().expect("the layer graph prints a valid expression");
-    let analysis = WeightInfo { weights: weights.iter().enumerate().map(|(i, (n, b))| (Symbol::from(format!("w:{n}")), (i, *b))).collect() };
+    // Costs are sums of a few dozen weight sizes: capped at 2^48 bytes (far above any real
+    // weight) they cannot overflow, and sizes that large rank the same anyway.
+    let analysis = WeightInfo { weights: weights.iter().enumerate().map(|(i, (n, b))| (Symbol::from(format!("w:{n}")), (i, (*b).min(1 << 48)))).collect() };
     let runner = Runner::<LayerLang, WeightInfo>::new(analysis).with_iter_limit(30).with_node_limit(10_000).with_time_limit(std::time::Duration::from_secs(30)).with_scheduler(egg::SimpleScheduler).with_expr(&start).run(&rules());
     let stop = match runner.stop_reason.as_ref() {
         Some(StopReason::Saturated) => "Saturated".to_string(),

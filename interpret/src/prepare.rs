@@ -142,10 +142,25 @@ impl Program {
     }
 }
 
+/// The most elements of a vector, or of an on-chip buffer (VMEM, SMEM, semaphores), the
+/// interpreter materializes: 2^26 (256 MiB as f32), twice the largest VMEM. Only a
+/// malformed body has larger ones; they are refused instead of allocated.
+pub(crate) const MAX_ON_CHIP_ELEMENTS: usize = 1 << 26;
+
+/// The element count of a shape (`None`: a negative dim or an overflow).
+fn elements(shape: &[i64]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))
+}
+
 /// Shape and element type of a scalar or vector type.
 pub(crate) fn shape_dt(t: &Type) -> Option<(Shape, DType)> {
     match t {
-        Type::Vector { shape, elem } => Some((shape.iter().map(|&d| d as usize).collect(), DType::from_type(elem)?)),
+        Type::Vector { shape, elem } => {
+            if elements(shape)? > MAX_ON_CHIP_ELEMENTS {
+                return None;
+            }
+            Some((shape.iter().map(|&d| d as usize).collect(), DType::from_type(elem)?))
+        }
         t => Some((Shape::new(), DType::from_type(t)?)),
     }
 }
@@ -154,10 +169,12 @@ pub(crate) fn shape_dt(t: &Type) -> Option<(Shape, DType)> {
 pub(crate) fn memref_info(t: &Type) -> Option<(Shape, DType, Space)> {
     match t {
         Type::MemRef { shape, elem, .. } => {
-            if shape.iter().any(|&d| d < 0) {
+            let n = elements(shape)?;
+            let space = Space::parse(t.memory_space());
+            if space != Space::Hbm && n > MAX_ON_CHIP_ELEMENTS {
                 return None;
             }
-            Some((shape.iter().map(|&d| d as usize).collect(), DType::from_type(elem)?, Space::parse(t.memory_space())))
+            Some((shape.iter().map(|&d| d as usize).collect(), DType::from_type(elem)?, space))
         }
         _ => None,
     }
@@ -579,7 +596,8 @@ fn check_dot(d: &DotDims, ls: &[usize], rs: &[usize], out: &[usize]) -> Result<(
 /// `operandSegmentSizes`, or `default` with the last variable segment absorbing the rest.
 fn segments(op: &Operation, default: &[i64]) -> Result<Vec<i64>> {
     if let Some(s) = op.attr("operandSegmentSizes").and_then(Attr::as_i64_list) {
-        if s.iter().sum::<i64>() as usize != op.operands.len() {
+        let total = s.iter().try_fold(0usize, |t, &n| t.checked_add(usize::try_from(n).ok()?));
+        if total != Some(op.operands.len()) {
             bail!(Malformed, "operandSegmentSizes {s:?} does not add up to {} operands", op.operands.len());
         }
         return Ok(s);
@@ -736,6 +754,9 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
     if grid.iter().any(|&g| g < 0) {
         bail!(Unsupported, "dynamic grid dimensions (iteration_bounds {grid:?})");
     }
+    if grid.iter().try_fold(1i64, |n, &g| n.checked_mul(g)).is_none() {
+        bail!(Malformed, "iteration_bounds {grid:?}: the grid has more than 2^63 steps");
+    }
     let parallel = match attr("dimension_semantics") {
         None => vec![false; grid.len()],
         Some(Attr::Array(xs)) if xs.len() == grid.len() => xs
@@ -748,8 +769,12 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
             .collect::<Result<_>>()?,
         Some(other) => bail!(Malformed, "dimension_semantics {other} for a grid of {} dims", grid.len()),
     };
-    let scalar_prefetch = attr("scalar_prefetch").and_then(Attr::as_int).unwrap_or(0) as usize;
-    let scratch = attr("scratch_operands").and_then(Attr::as_int).unwrap_or(0) as usize;
+    let count = |n: &str| -> Result<usize> {
+        let v = attr(n).and_then(Attr::as_int).unwrap_or(0);
+        usize::try_from(v).map_err(|_| InterpError::new(ErrorKind::Malformed, format!("{n} = {v}")))
+    };
+    let scalar_prefetch = count("scalar_prefetch")?;
+    let scratch = count("scratch_operands")?;
     let mut funcs = Vec::new();
     let mut by_name = HashMap::new();
     for op in &funcs_ast {
@@ -778,7 +803,10 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
                 if get("window_kind").is_some() {
                     bail!(Unsupported, "element windows (window_kind)");
                 }
-                let bounds = get("window_bounds").and_then(Attr::as_i64_list).map(|v| v.into_iter().map(|x| x as usize).collect());
+                let bounds = match get("window_bounds").and_then(Attr::as_i64_list) {
+                    Some(v) => Some(v.into_iter().map(|x| usize::try_from(x).map_err(|_| InterpError::new(ErrorKind::Malformed, format!("window_bounds {x}")))).collect::<Result<Vec<_>>>()?),
+                    None => None,
+                };
                 out.push(WindowParam { transform, bounds });
             }
             Some(out)
@@ -791,6 +819,10 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
     let g = grid.len();
     let nargs = kernel.arg_types.len();
     let nwin = windows.as_ref().map(Vec::len);
+    let fixed = g.checked_add(scalar_prefetch).and_then(|n| n.checked_add(scratch)).filter(|&n| n <= nargs);
+    if fixed.is_none() {
+        bail!(Malformed, "@{}: {nargs} arguments, fewer than grid {g} + scalar_prefetch {scalar_prefetch} + scratch {scratch}", kernel.name);
+    }
     if let Some(n) = nwin
         && g + scalar_prefetch + n + scratch != nargs
     {

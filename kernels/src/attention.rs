@@ -15,7 +15,13 @@
 
 use palladium_dsl::prelude::*;
 
-#[kernel(grid = (batch, kv_heads), semantics = (parallel, arbitrary))]
+// Whole KV tiles (a partial last tile would DMA past `max_context`); `unroll_kv` is a variant
+// of `bench_full_context` and unrolls one tile body per tile at trace time.
+#[kernel(
+    grid = (batch, kv_heads),
+    semantics = (parallel, arbitrary),
+    requires = [max_context % block_kv == 0, !unroll_kv || bench_full_context, !unroll_kv || max_context / block_kv <= 256]
+)]
 pub fn decode_attention(
     #[default(2)] batch: usize,
     #[default(4)] kv_heads: usize,

@@ -13,7 +13,7 @@
 //!   when `k` is split: it stays resident across the (last, `arbitrary`) `k` axis and is
 //!   written back once, when its column index changes. No scratch is needed.
 //! - Large weight blocks amortise the per-step overhead (~0.35 µs) against each block's
-//!   DMA. The default problem mirrors `oracle.py pallas gemv` (8x4096 @ 4096x14336, whose
+//!   DMA. The default problem mirrors `scripts/jax_reference.py pallas gemv` (8x4096 @ 4096x14336, whose
 //!   4096 x 1024 blocks take 16 MiB double-buffered under a 100 MiB limit). Library
 //!   defaults must verify on every chip, v4's 16 MiB of VMEM included, so the default block
 //!   is 4096 x 896 (7 MiB; 14.3 MiB double-buffered): libtpu's v6e estimate is 99109
@@ -31,9 +31,11 @@ use palladium_dsl::prelude::*;
 /// to a MiB, and at least 16 MiB.
 pub fn vmem_limit_bytes(batch: usize, block_k: usize, block_n: usize) -> usize {
     const MIB: usize = 1 << 20;
-    let windows = batch.next_multiple_of(16) * block_k * 2 + block_k * block_n * 2 + batch.next_multiple_of(8) * block_n * 4;
-    let need = 2 * windows;
-    (need + MIB).next_multiple_of(MIB).max(16 * MIB)
+    // Saturating: absurd blocks give a limit the verifier refuses, never a wrapped one.
+    let bytes = |rows: usize, cols: usize, elem: usize| rows.saturating_mul(cols).saturating_mul(elem);
+    let windows = bytes(batch.next_multiple_of(16), block_k, 2).saturating_add(bytes(block_k, block_n, 2)).saturating_add(bytes(batch.next_multiple_of(8), block_n, 4));
+    let need = windows.saturating_mul(2).saturating_add(MIB);
+    need.checked_next_multiple_of(MIB).unwrap_or(need).max(16 * MIB)
 }
 
 #[kernel(

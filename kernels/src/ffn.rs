@@ -39,7 +39,9 @@
 
 use palladium_dsl::prelude::*;
 
-#[kernel]
+// Whole chunks per expert (a partial last chunk would DMA past `ffn`); the work-item loop
+// bound, `tokens * top_k * (ffn / block_ffn)`, is an i32.
+#[kernel(requires = [top_k <= experts, ffn % block_ffn == 0, tokens * top_k * (ffn / block_ffn) <= 2147483647])]
 pub fn expert_ffn(
     #[default(8)] tokens: usize,
     #[default(2048)] hidden: usize,

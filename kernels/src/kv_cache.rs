@@ -19,7 +19,14 @@
 
 use palladium_dsl::prelude::*;
 
-#[kernel(grid = (batch,), semantics = (parallel,), aliases = [(k_cache, k_out), (v_cache, v_out)])]
+// Whole aligned blocks (the block holding the last position must not reach past
+// `max_context`); the per-head merge is unrolled at trace time.
+#[kernel(
+    grid = (batch,),
+    semantics = (parallel,),
+    aliases = [(k_cache, k_out), (v_cache, v_out)],
+    requires = [max_context % block_rows == 0, kv_heads <= 256]
+)]
 pub fn kv_cache_update(
     #[default(2)] batch: usize,
     #[default(4)] kv_heads: usize,

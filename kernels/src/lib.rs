@@ -52,7 +52,7 @@ pub enum KernelError {
     BadSetting(String),
     #[error(transparent)]
     Param(#[from] ParamError),
-    #[error("kernel `{kernel}` does not trace:\n{errors}")]
+    #[error("kernel `{kernel}` cannot be built:\n{errors}")]
     Build { kernel: String, errors: BuildErrors },
     #[error("kernel `{0}` has no reference (add a `cases` module and name it in its `entry!`)")]
     NoReference(String),

@@ -4,7 +4,7 @@
 
 use palladium_dsl::prelude::*;
 
-#[kernel(grid = (m / bm, n / bn, k / bk), semantics = (parallel, parallel, arbitrary))]
+#[kernel(grid = (m / bm, n / bn, k / bk), semantics = (parallel, parallel, arbitrary), requires = [out_dtype == bf16 || out_dtype == f32])]
 pub fn matmul(
     #[default(1024)] m: usize,
     #[default(2048)] k: usize,

@@ -2,7 +2,7 @@
 
 use palladium_dsl::prelude::*;
 
-#[kernel(grid = (rows / block_rows,), semantics = (parallel,))]
+#[kernel(grid = (rows / block_rows,), semantics = (parallel,), requires = [eps >= 0.0])]
 pub fn rmsnorm(
     #[default(256)] rows: usize,
     #[default(2048)] hidden: usize,

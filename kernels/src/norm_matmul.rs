@@ -25,7 +25,7 @@
 
 use palladium_dsl::prelude::*;
 
-#[kernel(grid = (rows / block_rows, n / block_n), semantics = (parallel, arbitrary))]
+#[kernel(grid = (rows / block_rows, n / block_n), semantics = (parallel, arbitrary), requires = [eps >= 0.0])]
 pub fn rmsnorm_matmul(
     #[default(256)] rows: usize,
     #[default(4096)] hidden: usize,

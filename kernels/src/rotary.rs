@@ -33,7 +33,13 @@
 
 use palladium_dsl::prelude::*;
 
-#[kernel(grid = (tokens / block_t, heads / heads_per_block), semantics = (parallel, parallel))]
+// Heads are lane-aligned column slices (head_dim a multiple of 128); the per-head loop is
+// unrolled at trace time.
+#[kernel(
+    grid = (tokens / block_t, heads / heads_per_block),
+    semantics = (parallel, parallel),
+    requires = [head_dim % 128 == 0, heads_per_block <= 256]
+)]
 pub fn rope(
     #[default(1024)] tokens: usize,
     #[default(32)] heads: usize,

@@ -27,7 +27,8 @@
 
 use palladium_dsl::prelude::*;
 
-#[kernel]
+// The top-k rounds are unrolled at trace time, hence the bound on `top_k`.
+#[kernel(requires = [top_k <= experts, top_k <= 256])]
 pub fn moe_router(
     #[default(8)] tokens: usize,
     #[default(2048)] hidden: usize,

@@ -30,6 +30,9 @@ fn settings_override_defaults_and_bad_settings_are_named() {
     assert!(err.contains("cannot parse `big` as usize"), "{err}");
     let err = palladium_kernels::build("matmull", &[]).unwrap_err().to_string();
     assert!(err.contains("unknown kernel `matmull`"), "{err}");
-    let err = palladium_kernels::build("matmul", &[("bm".into(), "100".into())]).unwrap_err().to_string();
+    // 100 tiles m = 1000 but is no multiple of bf16's 16 sublanes.
+    let err = palladium_kernels::build("matmul", &[("m".into(), "1000".into()), ("bm".into(), "100".into())]).unwrap_err().to_string();
     assert!(err.contains("TPU block rule"), "{err}");
+    let err = palladium_kernels::build("matmul", &[("bm".into(), "100".into())]).unwrap_err().to_string();
+    assert!(err.contains("block dim 0 of `x`: bm = 100 does not divide m = 1024"), "{err}");
 }

@@ -20,8 +20,8 @@
 //! dialect), so no downgrade rule has to be re-implemented (and possibly got wrong). JAX's
 //! forward-compatible export uses 11 (jax 0.10.2) or 13 (HEAD) to serve *older* runtimes;
 //! supporting those would need the v14→13 downgrade (dropping the `subcore_id` segment) and,
-//! for 11, the v13→12 one (dropping `transpose_lhs_hint`). The oracle test compares this
-//! output with `oracle.py serialize` (which also writes 15) on the same module.
+//! for 11, the v13→12 one (dropping `transpose_lhs_hint`). `lowering/tests/libtpu.rs` compares this
+//! output with `scripts/jax_reference.py serialize` (which also writes 15) on the same module.
 
 use crate::context::MlirContext;
 use crate::error::LowerError;

@@ -7,7 +7,7 @@
 //! attributes the registered op (jaxlib 0.10.2, serde version 15) has in generic form,
 //! including defaulted ones (`add = false`, `transpose_lhs = false`, `priority = 0 : i32`,
 //! `strict_ordering = false`) and `operandSegmentSizes` for `AttrSizedOperandSegments` ops.
-//! They were read off `oracle.py serialize` of JAX's own modules.
+//! They were read off JAX's serialization (`scripts/jax_reference.py serialize`) of its own modules.
 
 use crate::build::{bool_attr, int_attr, op, parse_attr, parse_type};
 use crate::error::RuleResult;

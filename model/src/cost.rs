@@ -156,12 +156,13 @@ pub struct DecodeTraffic {
 impl DecodeTraffic {
     /// All weight bytes read.
     pub fn weights(&self) -> f64 {
-        (self.dense_weights + self.lm_head + self.embedding_rows) as f64 + self.expert_weights
+        // In f64: each count may have saturated at `u64::MAX`.
+        self.dense_weights as f64 + self.lm_head as f64 + self.embedding_rows as f64 + self.expert_weights
     }
 
     /// Everything the step moves to or from HBM (activations, a few KiB, are left out).
     pub fn total(&self) -> f64 {
-        self.weights() + (self.kv_read + self.kv_write) as f64
+        self.weights() + self.kv_read as f64 + self.kv_write as f64
     }
 }
 
@@ -243,21 +244,29 @@ impl ModelSpec {
             (u128::from(self.hidden_size) * bytes, 0.0, 0u128, 0u128);
         for layer in &self.layers {
             let p = self.layer_params(layer);
-            dense += u128::from(sum(&[
-                p.attention,
-                p.norms,
-                p.router,
-                p.shared_expert,
-                p.dense_mlp,
-            ])) * bytes;
+            dense = dense.saturating_add(
+                u128::from(sum(&[
+                    p.attention,
+                    p.norms,
+                    p.router,
+                    p.shared_expert,
+                    p.dense_mlp,
+                ]))
+                .saturating_mul(bytes),
+            );
             if let FfnKind::Moe(m) = &layer.ffn
                 && m.num_experts > 0
             {
                 let one_expert = (p.experts_total / m.num_experts) as f64 * bytes_per_elem as f64;
                 experts += expected_distinct_experts(m.num_experts, m.top_k, batch) * one_expert;
             }
-            kv_read += u128::from(batch) * u128::from(layer.attention.span(context)) * kv_per_pos;
-            kv_write += u128::from(batch) * kv_per_pos;
+            // Saturating: batch and context are the caller's, unbounded.
+            kv_read = kv_read.saturating_add(
+                u128::from(batch)
+                    .saturating_mul(u128::from(layer.attention.span(context)))
+                    .saturating_mul(kv_per_pos),
+            );
+            kv_write = kv_write.saturating_add(u128::from(batch).saturating_mul(kv_per_pos));
         }
         let row = u128::from(self.hidden_size) * bytes;
         DecodeTraffic {

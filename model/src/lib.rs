@@ -17,6 +17,8 @@
 //! - [`report`]: a human-readable summary ([`ModelSpec::report`]).
 //! - [`weights`]: [`weights::Weights`], the tensors under their Hugging Face names, seeded
 //!   random init and safetensors reading/writing.
+//! - [`tolerance`]: THE logits tolerance (`max |got - ref| <= 2^-6 * max |ref|`) every
+//!   comparison of logits cites.
 //! - [`reference`]: [`reference::Reference`], a plain-Rust forward pass (f32, or rounding to
 //!   bf16 where transformers' bf16 model does) with a KV cache and greedy
 //!   [`reference::Reference::generate`]; checked against transformers in
@@ -29,6 +31,7 @@ mod parse;
 pub mod reference;
 pub mod report;
 pub mod spec;
+pub mod tolerance;
 pub mod weights;
 
 pub use cost::{DecodeTraffic, LayerParams, ModelParams, expected_distinct_experts};

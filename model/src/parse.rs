@@ -26,13 +26,21 @@ impl ModelSpec {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
-        Self::from_json_str(&text)
+        Self::from_json_str(&text).map_err(|e| ConfigError::InFile {
+            path: path.display().to_string(),
+            error: Box::new(e),
+        })
     }
 
     /// Parses and validates the text of a `config.json`.
     pub fn from_json_str(text: &str) -> Result<Self, ConfigError> {
+        if text.trim().is_empty() {
+            return Err(ConfigError::Json {
+                message: "the file is empty (expected a Hugging Face config.json object)".into(),
+            });
+        }
         let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::Json {
-            message: e.to_string(),
+            message: format!("not JSON: {e}"),
         })?;
         Self::from_json(&value)
     }
@@ -40,7 +48,7 @@ impl ModelSpec {
     /// Validates an already-parsed `config.json`.
     pub fn from_json(value: &Value) -> Result<Self, ConfigError> {
         let map = value.as_object().ok_or_else(|| ConfigError::Json {
-            message: format!("top level is {}", describe(value)),
+            message: format!("not a JSON object: the top level is {}", describe(value)),
         })?;
         Parser {
             obj: Obj::new(map, ""),
@@ -49,6 +57,10 @@ impl ModelSpec {
         .model()
     }
 }
+
+/// Upper bound on `num_hidden_layers`: the spec holds one [`LayerSpec`] per layer, so the
+/// general size cap (2^24) would let a config allocate gigabytes; real models have ~100.
+const MAX_LAYERS: u64 = 1 << 16;
 
 struct Parser<'a> {
     obj: Obj<'a>,
@@ -94,6 +106,13 @@ impl<'a> Parser<'a> {
 
         let hidden_size = o.req_pos("hidden_size")?;
         let num_layers = o.req_pos("num_hidden_layers")?;
+        if num_layers > MAX_LAYERS {
+            return Err(ConfigError::invalid(
+                "num_hidden_layers",
+                num_layers,
+                format!("larger than {MAX_LAYERS}, the most Palladium accepts for a layer count (every layer is described separately)"),
+            ));
+        }
         let vocab_size = o.req_pos("vocab_size")?;
         let max_position_embeddings = o.req_pos("max_position_embeddings")?;
         let attention = self.attention(family, hidden_size)?;

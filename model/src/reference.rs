@@ -382,8 +382,10 @@ impl Reference {
     }
 
     /// [`Self::step`], also returning the step's smallest *router margin*: over the MoE
-    /// layers, the gap between the `top_k`-th and the `(top_k + 1)`-th largest router logit
-    /// (infinite without MoE layers). A small margin is a routing near tie: another
+    /// layers, the gap between the `top_k`-th and the `(top_k + 1)`-th largest router logit,
+    /// relative to the largest `|router logit|` of that layer (the scale the rounding
+    /// differences of another implementation are relative to; infinite without MoE layers).
+    /// A small margin is a routing near tie: another
     /// implementation whose router logits differ by rounding may pick a different expert
     /// there, a discrete change that no logit tolerance covers (and that persists through the
     /// K/V written at this position).
@@ -573,7 +575,9 @@ impl Reference {
                 let mut order: Vec<usize> = (0..p.len()).collect();
                 order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
                 if let (Some(&kth), Some(&next)) = (order.get(*top_k - 1), order.get(*top_k)) {
-                    *margin = margin.min(logits[kth] - logits[next]);
+                    let scale = crate::tolerance::max_abs(&logits);
+                    let gap = logits[kth] - logits[next];
+                    *margin = margin.min(if scale > 0.0 { gap / scale } else { 0.0 });
                 }
                 let mut chosen: Vec<(usize, f32)> =
                     order[..*top_k].iter().map(|&i| (i, p[i])).collect();

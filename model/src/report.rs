@@ -207,7 +207,7 @@ impl ModelSpec {
         writeln!(
             s,
             "KV cache (bf16): {kv} B per token per layer, {} B per token",
-            kv * self.layers.len() as u64
+            kv.saturating_mul(self.layers.len() as u64)
         )?;
         let context = REPORT_CONTEXT.min(self.max_position_embeddings);
         writeln!(

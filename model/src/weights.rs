@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
 use indexmap::IndexMap;
-use safetensors::{Dtype as StDtype, SafeTensors, tensor::TensorView};
+use safetensors::{Dtype as StDtype, tensor::TensorView};
 use thiserror::Error;
 
 use crate::spec::{Family, FfnKind, LmHead, ModelSpec, QkNorm};
@@ -73,6 +73,21 @@ pub enum WeightsError {
         name: String,
         family: &'static str,
     },
+    #[error("{path}: tensor \"{name}\": {message}")]
+    Header {
+        path: String,
+        name: String,
+        message: String,
+    },
+    #[error(
+        "{path}: tensor \"{name}\": non-finite value {value} at index {index:?}: a checkpoint must hold finite weights"
+    )]
+    NonFinite {
+        path: String,
+        name: String,
+        index: Vec<usize>,
+        value: f32,
+    },
     #[error("{path}: tensor \"{name}\" appears in more than one file")]
     Duplicate { path: String, name: String },
     #[error("unsupported model feature for weights: {what}")]
@@ -87,6 +102,8 @@ impl WeightsError {
             | Self::Shape { name, .. }
             | Self::Dtype { name, .. }
             | Self::Unexpected { name, .. }
+            | Self::Header { name, .. }
+            | Self::NonFinite { name, .. }
             | Self::Duplicate { name, .. } => Some(name),
             _ => None,
         }
@@ -503,6 +520,9 @@ impl Weights {
     }
 
     /// [`Weights::load`] on bytes already in memory: one `(label, bytes)` pair per file.
+    /// Every size in a header is checked against the file (errors name the tensor), and
+    /// every value must be finite ([`WeightsError::NonFinite`] names the tensor and the first
+    /// bad index).
     pub fn from_safetensors(
         spec: &ModelSpec,
         files: &[(&Path, &[u8])],
@@ -513,11 +533,8 @@ impl Weights {
         let mut found: HashMap<String, (PathBuf, Tensor)> = HashMap::new();
         for (path, bytes) in files {
             let disp = path.display().to_string();
-            let st = SafeTensors::deserialize(bytes).map_err(|e| WeightsError::Format {
-                path: disp.clone(),
-                message: e.to_string(),
-            })?;
-            for (name, view) in st.tensors() {
+            for entry in read_header(&disp, bytes)? {
+                let name = entry.name;
                 let Some(ts) = expected.get(name.as_str()) else {
                     let tied_head = spec.lm_head == LmHead::Tied && name == LM_HEAD;
                     if tied_head || name.ends_with("rotary_emb.inv_freq") {
@@ -529,19 +546,27 @@ impl Weights {
                         family: spec.family.model_type(),
                     });
                 };
-                if view.shape() != ts.shape.as_slice() {
+                if entry.shape != ts.shape {
                     return Err(WeightsError::Shape {
                         path: disp,
                         name,
                         expected: ts.shape.clone(),
-                        found: view.shape().to_vec(),
+                        found: entry.shape,
                     });
                 }
-                let data = decode(&view).ok_or_else(|| WeightsError::Dtype {
+                let data = decode(&entry.dtype, entry.data).ok_or_else(|| WeightsError::Dtype {
                     path: disp.clone(),
                     name: name.clone(),
-                    dtype: format!("{:?}", view.dtype()),
+                    dtype: entry.dtype.to_string(),
                 })?;
+                if let Some(i) = data.iter().position(|x| !x.is_finite()) {
+                    return Err(WeightsError::NonFinite {
+                        path: disp,
+                        name,
+                        index: unravel(i, &ts.shape),
+                        value: data[i],
+                    });
+                }
                 let t = Tensor {
                     shape: ts.shape.clone(),
                     data,
@@ -637,23 +662,152 @@ impl Weights {
     }
 }
 
-fn decode(view: &TensorView<'_>) -> Option<Vec<f32>> {
-    let d = view.data();
-    Some(match view.dtype() {
-        StDtype::BF16 => d
+/// One tensor of a safetensors file: its header entry, with its data checked to lie in the
+/// file and to hold exactly `shape` elements of `dtype`.
+struct Entry<'a> {
+    name: String,
+    dtype: String,
+    shape: Vec<usize>,
+    data: &'a [u8],
+}
+
+/// Bytes per element of a safetensors dtype (`None`: not one the format defines).
+fn dtype_size(dtype: &str) -> Option<u64> {
+    Some(match dtype {
+        "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" | "F8_E8M0" => 1,
+        "U16" | "I16" | "F16" | "BF16" => 2,
+        "U32" | "I32" | "F32" => 4,
+        "U64" | "I64" | "F64" => 8,
+        _ => return None,
+    })
+}
+
+/// The header of a safetensors file (`u64` little-endian header length, a JSON object of
+/// `name: {dtype, shape, data_offsets}`, then the data), every entry checked against the
+/// bytes: a size that does not add up names its tensor.
+fn read_header<'a>(path: &str, bytes: &'a [u8]) -> Result<Vec<Entry<'a>>, WeightsError> {
+    let format = |message: String| WeightsError::Format { path: path.to_string(), message };
+    if bytes.is_empty() {
+        return Err(format("the file is empty".into()));
+    }
+    let Some((len, rest)) = bytes.split_first_chunk::<8>() else {
+        return Err(format(format!("{} bytes: too short for the 8-byte header length", bytes.len())));
+    };
+    let header_len = u64::from_le_bytes(*len);
+    if header_len > rest.len() as u64 {
+        return Err(format(format!(
+            "the header length {header_len} is past the end of the file ({} bytes after the length): truncated or not safetensors",
+            rest.len()
+        )));
+    }
+    let (header, data) = rest.split_at(header_len as usize);
+    let header: serde_json::Value = serde_json::from_slice(header)
+        .map_err(|e| format(format!("the header is not JSON: {e}")))?;
+    let map = header
+        .as_object()
+        .ok_or_else(|| format("the header is not a JSON object".into()))?;
+    let mut entries = Vec::with_capacity(map.len());
+    for (name, v) in map {
+        if name == "__metadata__" {
+            continue;
+        }
+        let bad = |message: String| WeightsError::Header { path: path.to_string(), name: name.clone(), message };
+        let dtype = v
+            .get("dtype")
+            .and_then(|d| d.as_str())
+            .ok_or_else(|| bad("no \"dtype\" string".into()))?;
+        let shape = v
+            .get("shape")
+            .and_then(|s| s.as_array())
+            .ok_or_else(|| bad("no \"shape\" array".into()))?
+            .iter()
+            .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| bad("\"shape\" is not a list of non-negative integers".into()))?;
+        let offsets = v
+            .get("data_offsets")
+            .and_then(|o| o.as_array())
+            .and_then(|o| match o.as_slice() {
+                [a, b] => Some((a.as_u64()?, b.as_u64()?)),
+                _ => None,
+            })
+            .ok_or_else(|| bad("\"data_offsets\" is not [begin, end]".into()))?;
+        let (begin, end) = offsets;
+        if begin > end || end > data.len() as u64 {
+            return Err(bad(format!(
+                "data_offsets [{begin}, {end}] are outside the file's {} data bytes (truncated?)",
+                data.len()
+            )));
+        }
+        let elements = shape
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+            .ok_or_else(|| bad(format!("shape {shape:?} has more than 2^64 elements")))?;
+        if let Some(size) = dtype_size(dtype) {
+            let need = elements.checked_mul(size);
+            if need != Some(end - begin) {
+                return Err(bad(format!(
+                    "shape {shape:?} of {dtype} needs {} bytes, data_offsets [{begin}, {end}] hold {}",
+                    need.map_or_else(|| "more than 2^64".into(), |n| n.to_string()),
+                    end - begin
+                )));
+            }
+        }
+        entries.push(Entry {
+            name: name.clone(),
+            dtype: dtype.to_string(),
+            shape,
+            data: &data[begin as usize..end as usize],
+        });
+    }
+    // Tensors may not share bytes.
+    let mut spans: Vec<(usize, usize, &str)> = entries
+        .iter()
+        .map(|e| {
+            let begin = e.data.as_ptr() as usize - data.as_ptr() as usize;
+            (begin, begin + e.data.len(), e.name.as_str())
+        })
+        .collect();
+    spans.sort();
+    if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
+        return Err(WeightsError::Header {
+            path: path.to_string(),
+            name: w[1].2.to_string(),
+            message: format!("its data overlaps tensor \"{}\"'s", w[0].2),
+        });
+    }
+    Ok(entries)
+}
+
+/// The values of a tensor's bytes (`None` for a dtype other than BF16, F16, F32).
+fn decode(dtype: &str, d: &[u8]) -> Option<Vec<f32>> {
+    Some(match dtype {
+        "BF16" => d
             .chunks_exact(2)
             .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
-        StDtype::F16 => d
+        "F16" => d
             .chunks_exact(2)
             .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
-        StDtype::F32 => d
+        "F32" => d
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),
         _ => return None,
     })
+}
+
+/// The multi-index of row-major element `i` of `shape`.
+fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; shape.len()];
+    for (slot, &d) in index.iter_mut().zip(shape).rev() {
+        if d > 0 {
+            *slot = i % d;
+            i /= d;
+        }
+    }
+    index
 }
 
 /// The safetensors files of a checkpoint path (see [`Weights::load`]).
@@ -679,11 +833,25 @@ fn checkpoint_files(path: &Path) -> Result<Vec<PathBuf>, WeightsError> {
                 path: index.display().to_string(),
                 message: "no \"weight_map\" object".into(),
             })?;
-        let mut files: Vec<PathBuf> = map
-            .values()
-            .filter_map(|f| f.as_str())
-            .map(|f| path.join(f))
-            .collect();
+        let mut files = Vec::with_capacity(map.len());
+        for (tensor, f) in map {
+            let bad = |why: &str| WeightsError::Format {
+                path: index.display().to_string(),
+                message: format!("weight_map[\"{tensor}\"] = {f}: {why}"),
+            };
+            let f = f.as_str().ok_or_else(|| bad("not a file name"))?;
+            // A shard is a file inside the checkpoint folder: no absolute path, no `..`
+            // (checked before anything is opened).
+            let relative = Path::new(f);
+            if f.is_empty()
+                || !relative
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)))
+            {
+                return Err(bad("a shard must be a file inside the checkpoint folder"));
+            }
+            files.push(path.join(relative));
+        }
         files.sort();
         files.dedup();
         return Ok(files);

@@ -95,6 +95,12 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
         ),
         (
             Q,
+            vec![set("num_hidden_layers", json!(1u64 << 17))],
+            "num_hidden_layers",
+            "larger than 65536, the most Palladium accepts for a layer count",
+        ),
+        (
+            Q,
             vec![set("num_hidden_layers", json!(0))],
             "num_hidden_layers",
             "must be at least 1",
@@ -544,6 +550,30 @@ fn malformed_json_and_files() {
         ModelSpec::from_path("/nonexistent/config.json"),
         Err(ConfigError::Io { .. })
     ));
+    let e = ModelSpec::from_json_str(" \n").unwrap_err();
+    assert!(e.to_string().contains("the file is empty"), "{e}");
+}
+
+/// A file's errors start with the user's path, not `config.json`.
+#[test]
+fn errors_in_a_file_name_the_file() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("config-errors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut v = common::fixture_json("tiny-qwen3-moe.json");
+    v["hidden_act"] = json!("gelu");
+    let path = dir.join("my-model.json");
+    std::fs::write(&path, v.to_string()).unwrap();
+    let e = ModelSpec::from_path(&path).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(r#"{}: field "hidden_act": unsupported value "gelu" (supported: silu)"#, path.display())
+    );
+    assert_eq!(e.field(), Some("hidden_act"));
+    std::fs::write(&path, "").unwrap();
+    let e = ModelSpec::from_path(&path).unwrap_err();
+    assert_eq!(e.to_string(), format!("{}: the file is empty (expected a Hugging Face config.json object)", path.display()));
+    assert!(matches!(e.inner(), ConfigError::Json { .. }));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Any field of a real config replaced by a value of any other JSON type, or removed, gives

@@ -345,3 +345,107 @@ fn failed_save_leaves_nothing_behind() {
     assert_eq!(Weights::load(&s, &p).unwrap(), w);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// The bytes of a safetensors file whose header is `header` (a JSON object) and data `data`.
+fn raw_safetensors(header: &serde_json::Value, data: &[u8]) -> Vec<u8> {
+    let h = header.to_string();
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(h.as_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+#[test]
+fn non_finite_weights_are_refused_naming_the_tensor_and_the_first_bad_index() {
+    let s = qwen();
+    let d = tmp("nonfinite");
+    let p = d.join("model.safetensors");
+    for (victim, index, value) in [
+        ("model.layers.1.self_attn.q_proj.weight", 3 * 256 + 7, f32::NAN),
+        ("model.layers.0.mlp.experts.4.gate_proj.weight", 0, f32::INFINITY),
+        ("model.embed_tokens.weight", 511 * 256 + 255, f32::NEG_INFINITY),
+        ("lm_head.weight", 1000, f32::NAN),
+        ("model.norm.weight", 9, f32::INFINITY),
+    ] {
+        let mut w = Weights::random(&s, 8).unwrap();
+        w.get_mut(victim).unwrap()[index] = value;
+        w.get_mut(victim).unwrap()[index + 1..].iter_mut().take(3).for_each(|x| *x = f32::NAN);
+        for dtype in [SaveDtype::BFloat16, SaveDtype::Float32] {
+            w.save(&p, dtype).unwrap();
+            let e = Weights::load(&s, &p).unwrap_err();
+            assert!(matches!(e, WeightsError::NonFinite { .. }), "{e}");
+            assert_eq!(e.tensor(), Some(victim));
+            let shape = &w.get(victim).unwrap().shape;
+            let want = if shape.len() == 2 { format!("[{}, {}]", index / shape[1], index % shape[1]) } else { format!("[{index}]") };
+            assert!(e.to_string().contains(&format!("at index {want}")), "{e}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn header_sizes_that_do_not_add_up_name_the_tensor() {
+    let s = qwen();
+    let name = "model.norm.weight";
+    let entry = |shape: serde_json::Value, offsets: serde_json::Value| {
+        serde_json::json!({ name: {"dtype": "F32", "shape": shape, "data_offsets": offsets} })
+    };
+    let cases = [
+        (entry(serde_json::json!([256]), serde_json::json!([0, 1000])), vec![0u8; 1024], "needs 1024 bytes, data_offsets [0, 1000] hold 1000"),
+        (entry(serde_json::json!([256]), serde_json::json!([0, 1024])), vec![0u8; 100], "outside the file's 100 data bytes"),
+        (entry(serde_json::json!([256]), serde_json::json!([8, 4])), vec![0u8; 1024], "outside"),
+        (entry(serde_json::json!([u64::MAX, 4]), serde_json::json!([0, 16])), vec![0u8; 16], "more than 2^64"),
+        (entry(serde_json::json!([-1]), serde_json::json!([0, 4])), vec![0u8; 4], "\"shape\""),
+        (entry(serde_json::json!([256]), serde_json::json!("x")), vec![0u8; 4], "\"data_offsets\""),
+        (serde_json::json!({ name: {"shape": [256], "data_offsets": [0, 1024]} }), vec![0u8; 1024], "\"dtype\""),
+    ];
+    for (header, data, want) in cases {
+        let bytes = raw_safetensors(&header, &data);
+        let e = Weights::from_safetensors(&s, &[(Path::new("m.safetensors"), &bytes)]).unwrap_err();
+        assert!(matches!(e, WeightsError::Header { .. }), "{header}: {e}");
+        assert_eq!(e.tensor(), Some(name), "{header}: {e}");
+        assert!(e.to_string().contains(want) && e.to_string().contains("m.safetensors"), "{header}: {e}");
+    }
+    // Two tensors sharing bytes.
+    let header = serde_json::json!({
+        "model.norm.weight": {"dtype": "F32", "shape": [256], "data_offsets": [0, 1024]},
+        "lm_head.weight": {"dtype": "BF16", "shape": [2], "data_offsets": [1020, 1024]},
+    });
+    let bytes = raw_safetensors(&header, &[0u8; 1024]);
+    let e = Weights::from_safetensors(&s, &[(Path::new("m"), &bytes)]).unwrap_err();
+    assert!(e.to_string().contains("overlaps"), "{e}");
+}
+
+#[test]
+fn truncated_and_empty_files_say_so() {
+    let s = qwen();
+    let bytes = Weights::random(&s, 9).unwrap().to_safetensors_bytes(SaveDtype::BFloat16).unwrap();
+    let p = Path::new("m.safetensors");
+    let e = Weights::from_safetensors(&s, &[(p, &[])]).unwrap_err();
+    assert!(e.to_string().contains("the file is empty"), "{e}");
+    let e = Weights::from_safetensors(&s, &[(p, &bytes[..5])]).unwrap_err();
+    assert!(e.to_string().contains("too short"), "{e}");
+    let e = Weights::from_safetensors(&s, &[(p, &bytes[..100])]).unwrap_err();
+    assert!(e.to_string().contains("past the end of the file"), "{e}");
+    // Cut inside the data: the tensor whose bytes are missing is named.
+    let e = Weights::from_safetensors(&s, &[(p, &bytes[..bytes.len() - 10])]).unwrap_err();
+    assert!(matches!(e, WeightsError::Header { .. }) && e.to_string().contains("truncated"), "{e}");
+}
+
+#[test]
+fn shard_paths_stay_inside_the_checkpoint_folder() {
+    let s = qwen();
+    let d = tmp("escape");
+    for shard in ["../../etc/passwd", "/etc/passwd", "sub/../../x.safetensors", ""] {
+        let index = serde_json::json!({"weight_map": {"model.norm.weight": shard}});
+        std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
+        let e = Weights::load(&s, &d).unwrap_err();
+        assert!(matches!(e, WeightsError::Format { .. }), "{shard}: {e}");
+        assert!(e.to_string().contains("inside the checkpoint folder") && e.to_string().contains("model.norm.weight"), "{shard}: {e}");
+    }
+    let index = serde_json::json!({"weight_map": {"model.norm.weight": 3}});
+    std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let e = Weights::load(&s, &d).unwrap_err();
+    assert!(e.to_string().contains("not a file name"), "{e}");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -103,9 +103,116 @@ fn space_tokens(id: Option<&Ident>, default: &str, errors: &mut Errors) -> Token
     }
 }
 
-fn dims_tokens(dims: &[Expr]) -> TokenStream {
-    let ds = dims.iter().map(|d| quote_spanned!(d.span()=> ::palladium_dsl::__private::dim(#d)));
+/// A size expression of an attribute with its arithmetic checked (see
+/// `palladium_dsl::trace::params`): `a op b` for `+ - * / %` becomes `size::op(a, b)`,
+/// through parentheses; anything else (a name, a literal, a call) is an operand as is.
+/// With `relations`, comparisons, `&&`, `||` and `!` are rewritten too (for `requires`).
+fn checked(e: &Expr, relations: bool) -> TokenStream {
+    use syn::BinOp as B;
+    match e {
+        // In arithmetic the calls group; a relation keeps the user's parentheses.
+        Expr::Paren(p) if relations => {
+            let x = checked(&p.expr, true);
+            quote_spanned!(p.span()=> (#x))
+        }
+        Expr::Paren(p) => checked(&p.expr, false),
+        Expr::Binary(b) => {
+            let f = match b.op {
+                B::Add(_) => "add",
+                B::Sub(_) => "sub",
+                B::Mul(_) => "mul",
+                B::Div(_) => "div",
+                B::Rem(_) => "rem",
+                B::Lt(_) if relations => "lt",
+                B::Le(_) if relations => "le",
+                B::Gt(_) if relations => "gt",
+                B::Ge(_) if relations => "ge",
+                B::Eq(_) if relations => "eq",
+                B::Ne(_) if relations => "ne",
+                B::And(_) | B::Or(_) if relations => {
+                    let (l, r, op) = (checked(&b.left, true), checked(&b.right, true), &b.op);
+                    return quote_spanned!(b.span()=> #l #op #r);
+                }
+                _ => return quote!(#e),
+            };
+            let (l, r) = (checked(&b.left, false), checked(&b.right, false));
+            let f = Ident::new(f, b.op.span());
+            quote_spanned!(b.span()=> ::palladium_dsl::__private::size::#f(#l, #r))
+        }
+        Expr::Unary(u) if relations && matches!(u.op, syn::UnOp::Not(_)) => {
+            let x = checked(&u.expr, true);
+            quote_spanned!(u.span()=> !#x)
+        }
+        _ => quote!(#e),
+    }
+}
+
+/// An expression as the user wrote it, for error messages (`tokens.div_ceil(16) * 16`).
+fn expr_text(e: &Expr) -> String {
+    let raw = quote!(#e).to_string();
+    let chars: Vec<char> = raw.chars().collect();
+    let mut out = String::new();
+    for (i, &c) in chars.iter().enumerate() {
+        if c == ' ' {
+            let prev = out.chars().last().unwrap_or(' ');
+            let next = chars.get(i + 1).copied().unwrap_or(' ');
+            let glued = matches!(next, '.' | ',' | ')' | ']') || matches!(prev, '.' | '(' | '[' | '!') || (next == '(' && (prev.is_alphanumeric() || prev == '_'));
+            if glued {
+                continue;
+            }
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `checks.size(expr, what, text)`: one checked size as a `u64`.
+fn size_tokens(e: &Expr, what: &str) -> TokenStream {
+    let value = checked(e, false);
+    let text = expr_text(e);
+    quote_spanned!(e.span()=> __pd_c.size(#value, #what, #text))
+}
+
+fn dims_tokens(dims: &[Expr], owner: &str) -> TokenStream {
+    let ds = dims.iter().enumerate().map(|(i, d)| size_tokens(d, &format!("dim {i} of `{owner}`")));
     quote!(&[#(#ds),*])
+}
+
+/// The parameters an expression mentions, in order of first mention.
+fn mentioned<'a>(e: &Expr, params: &'a [Param]) -> Vec<&'a Ident> {
+    struct Names(Vec<Ident>);
+    impl<'ast> syn::visit::Visit<'ast> for Names {
+        fn visit_ident(&mut self, i: &'ast Ident) {
+            if !self.0.contains(i) {
+                self.0.push(i.clone());
+            }
+        }
+    }
+    let mut names = Names(Vec::new());
+    syn::visit::visit_expr(&mut names, e);
+    names.0.iter().filter_map(|n| params.iter().find(|p| p.ident == *n).map(|p| &p.ident)).collect()
+}
+
+/// One `requires` relation: `a % b == 0` reads "b = .. does not divide a = ..", anything
+/// else "requires <relation>, but <the parameters it mentions>".
+fn require_tokens(e: &Expr, params: &[Param]) -> TokenStream {
+    if let Expr::Binary(eq) = e
+        && matches!(eq.op, syn::BinOp::Eq(_))
+        && let Expr::Binary(rem) = &*eq.left
+        && matches!(rem.op, syn::BinOp::Rem(_))
+        && matches!(&*eq.right, Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(z), .. }) if z.base10_digits() == "0")
+    {
+        let (a, b) = (checked(&rem.left, false), checked(&rem.right, false));
+        let (at, bt) = (expr_text(&rem.left), expr_text(&rem.right));
+        return quote_spanned!(e.span()=> __pd_c.divides("", (::palladium_dsl::__private::size::IntoSize::into_size(#b), #bt), (::palladium_dsl::__private::size::IntoSize::into_size(#a), #at)););
+    }
+    let holds = checked(e, true);
+    let text = expr_text(e);
+    let values = mentioned(e, params).into_iter().map(|id| {
+        let name = id.to_string();
+        quote!((#name, &#id as &dyn ::core::fmt::Display))
+    });
+    quote_spanned!(e.span()=> __pd_c.require(#holds, #text, &[#(#values),*]);)
 }
 
 fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
@@ -168,6 +275,7 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
 
     // Declarations.
     let mut decls = Vec::new();
+    let mut tiling = Vec::new();
     let mut bindings = Vec::new();
     for (i, (ident, kind, ty)) in refs.iter().enumerate() {
         let name_str = ident.to_string();
@@ -177,14 +285,25 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
                 let dtype = dtype_tokens(&args.array.dtype, &params, &mut errors);
                 let default_space = if *role == "Prefetch" { "smem" } else { "vmem" };
                 let space = space_tokens(args.space.as_ref(), default_space, &mut errors);
-                let shape = dims_tokens(&args.array.dims);
+                let shape = dims_tokens(&args.array.dims, &name_str);
                 let block = match &args.block {
                     Some((dims, span)) => {
                         if dims.len() != args.array.dims.len() {
                             errors.at(*span, format!("block rank {} differs from the array rank {}", dims.len(), args.array.dims.len()));
                         }
-                        let ds = dims.iter().map(|d| match d {
-                            BlockDimArg::Blocked(e) => quote_spanned!(e.span()=> ::palladium_dsl::__private::BlockDim::Blocked(::palladium_dsl::__private::dim(#e))),
+                        for (d, (b, a)) in dims.iter().zip(&args.array.dims).enumerate() {
+                            if let BlockDimArg::Blocked(b) = b {
+                                let what = format!("block dim {d} of `{name_str}`");
+                                let (bv, av) = (checked(b, false), checked(a, false));
+                                let (bt, at) = (expr_text(b), expr_text(a));
+                                tiling.push(quote_spanned!(b.span()=> __pd_c.divides(#what, (::palladium_dsl::__private::size::IntoSize::into_size(#bv), #bt), (::palladium_dsl::__private::size::IntoSize::into_size(#av), #at));));
+                            }
+                        }
+                        let ds = dims.iter().enumerate().map(|(d, b)| match b {
+                            BlockDimArg::Blocked(e) => {
+                                let size = size_tokens(e, &format!("block dim {d} of `{name_str}`"));
+                                quote_spanned!(e.span()=> ::palladium_dsl::__private::BlockDim::Blocked(#size))
+                            }
                             BlockDimArg::Squeezed => quote!(::palladium_dsl::__private::BlockDim::Squeezed),
                         });
                         quote!(::core::option::Option::Some(::std::vec![#(#ds),*]))
@@ -208,13 +327,13 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
             RefKind::Scratch(ScratchArgs::Buffer { space, array }) => {
                 let space = space_tokens(Some(space), "vmem", &mut errors);
                 let dtype = dtype_tokens(&array.dtype, &params, &mut errors);
-                let shape = dims_tokens(&array.dims);
+                let shape = dims_tokens(&array.dims, &name_str);
                 decls.push(quote_spanned!(ident.span()=> __pd_b.scratch_buffer(#name_str, #space, #dtype, #shape);));
                 bindings.push(quote_spanned!(ty.span()=> let #ident: #ty = __pd_sealed.handles[#i].clone().into_ref();));
             }
             RefKind::Scratch(ScratchArgs::Semaphores { kind, dims }) => {
                 let k = if kind == "dma_sem" { quote!(Dma) } else { quote!(Regular) };
-                let shape = dims_tokens(dims);
+                let shape = dims_tokens(dims, &name_str);
                 decls.push(quote_spanned!(ident.span()=> __pd_b.scratch_semaphores(#name_str, ::palladium_dsl::__private::SemKind::#k, #shape);));
                 bindings.push(quote_spanned!(ty.span()=> let #ident: #ty = __pd_sealed.handles[#i].clone().into_sem();));
             }
@@ -223,17 +342,21 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
     let grid = kargs.grid.iter().enumerate().map(|(i, e)| {
         let parallel = kargs.semantics.get(i).is_some_and(|s| s == "parallel");
         let sem = Ident::new(if parallel { "Parallel" } else { "Arbitrary" }, e.span());
-        quote_spanned!(e.span()=> __pd_b.grid_dim(#e, ::palladium_dsl::__private::Semantics::#sem);)
+        let extent = size_tokens(e, &format!("grid dim {i}"));
+        quote_spanned!(e.span()=> __pd_b.grid_dim(#extent, ::palladium_dsl::__private::Semantics::#sem);)
     });
-    let vmem = kargs.vmem_limit.iter().map(|e| quote_spanned!(e.span()=> __pd_b.vmem_limit_bytes(#e);));
+    let vmem = kargs.vmem_limit.iter().map(|e| {
+        let bytes = size_tokens(e, "vmem_limit");
+        quote_spanned!(e.span()=> __pd_b.vmem_limit_bytes(#bytes);)
+    });
     let aliases = kargs.aliases.iter().map(|(i, o)| {
         let (i, o) = (i.to_string(), o.to_string());
         quote!(__pd_b.alias(#i, #o);)
     });
     let cost = match &kargs.cost {
         Some(c) if c.len() == 3 => {
-            let (f, t, b) = (&c[0], &c[1], &c[2]);
-            quote!(__pd_b.cost_estimate(::palladium_dsl::__private::dim(#f), ::palladium_dsl::__private::dim(#t), ::palladium_dsl::__private::dim(#b));)
+            let (f, t, b) = (size_tokens(&c[0], "cost flops"), size_tokens(&c[1], "cost transcendentals"), size_tokens(&c[2], "cost bytes_accessed"));
+            quote!(__pd_b.cost_estimate(#f, #t, #b);)
         }
         Some(c) => {
             errors.at(c.first().map(|e| e.span()).unwrap_or_else(Span::call_site), "cost = (flops, transcendentals, bytes_accessed)");
@@ -247,6 +370,12 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
     BodyRewriter { errors: &mut errors }.visit_block_mut(&mut body);
     errors.into_result()?;
 
+    let param_checks = params.iter().map(|p| {
+        let (id, name) = (&p.ident, p.ident.to_string());
+        quote_spanned!(p.ty.span()=> __pd_c.param(#name, &#id);)
+    });
+    let requires: Vec<TokenStream> = kargs.requires.iter().map(|e| require_tokens(e, &params)).collect();
+    let requires_stage = if requires.is_empty() { quote!() } else { quote!(#(#requires)* __pd_c.stage()?;) };
     let sig_params = params.iter().map(|p| {
         let (id, ty) = (&p.ident, &p.ty);
         quote!(#id: #ty)
@@ -260,12 +389,21 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
         #vis fn #name(#(#sig_params),*) -> ::core::result::Result<::palladium_dsl::Kernel, ::palladium_dsl::BuildErrors> {
             #[allow(unused_imports)]
             use ::palladium_dsl::__private::{IndexRef as _, IndexStd as _};
+            // Checked before anything is traced, in stages: parameters, `requires`, block
+            // tiling, then every size the attributes compute.
+            let mut __pd_c = ::palladium_dsl::__private::Checks::new();
+            #(#param_checks)*
+            __pd_c.stage()?;
+            #requires_stage
+            #(#tiling)*
+            __pd_c.stage()?;
             let mut __pd_b = ::palladium_dsl::__private::KernelBuilder::new(#name_str);
             #(#grid)*
             #(#decls)*
             #(#aliases)*
             #(#vmem)*
             #cost
+            __pd_c.stage()?;
             let __pd_sealed = __pd_b.seal()?;
             #(#bindings)*
             #body

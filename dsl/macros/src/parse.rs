@@ -25,7 +25,7 @@ impl Errors {
     }
 }
 
-/// `#[kernel(grid = (..), semantics = (..), vmem_limit = e, aliases = [(x, o)], cost = (f, t, b))]`
+/// `#[kernel(grid = (..), semantics = (..), vmem_limit = e, aliases = [(x, o)], cost = (f, t, b), requires = [..])]`
 pub struct KernelArgs {
     pub grid: Vec<Expr>,
     pub grid_span: Span,
@@ -34,6 +34,9 @@ pub struct KernelArgs {
     pub vmem_limit: Option<Expr>,
     pub aliases: Vec<(Ident, Ident)>,
     pub cost: Option<Vec<Expr>>,
+    /// `requires = [top_k <= experts, ffn % block_ffn == 0]`: relations between parameters,
+    /// checked before anything is traced.
+    pub requires: Vec<Expr>,
 }
 
 fn tuple_elems(e: &Expr) -> Vec<Expr> {
@@ -53,6 +56,7 @@ pub fn parse_kernel_args(tokens: TokenStream, errors: &mut Errors) -> KernelArgs
         vmem_limit: None,
         aliases: Vec::new(),
         cost: None,
+        requires: Vec::new(),
     };
     let parsed = match syn::parse::Parser::parse2(Punctuated::<syn::MetaNameValue, Token![,]>::parse_terminated, tokens) {
         Ok(p) => p,
@@ -85,6 +89,10 @@ pub fn parse_kernel_args(tokens: TokenStream, errors: &mut Errors) -> KernelArgs
             }
             "vmem_limit" => args.vmem_limit = Some(nv.value.clone()),
             "cost" => args.cost = Some(tuple_elems(&nv.value)),
+            "requires" => match &nv.value {
+                Expr::Array(a) => args.requires = a.elems.iter().cloned().collect(),
+                other => errors.at(other.span(), "requires = [relation, ...], e.g. requires = [top_k <= experts]"),
+            },
             "aliases" => match &nv.value {
                 Expr::Array(a) => {
                     for e in &a.elems {
@@ -98,7 +106,7 @@ pub fn parse_kernel_args(tokens: TokenStream, errors: &mut Errors) -> KernelArgs
                 }
                 other => errors.at(other.span(), "aliases = [(input_name, output_name), ...]"),
             },
-            _ => errors.at(nv.path.span(), format!("unknown kernel argument `{key}`: expected grid, semantics, vmem_limit, aliases or cost")),
+            _ => errors.at(nv.path.span(), format!("unknown kernel argument `{key}`: expected grid, semantics, vmem_limit, aliases, cost or requires")),
         }
     }
     if !args.grid.is_empty() && args.semantics.is_empty() {

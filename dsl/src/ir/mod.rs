@@ -5,6 +5,7 @@
 //! traces into it, the verifier checks it, the printer writes it deterministically, and the
 //! lowering translates it to Mosaic MLIR (an output format only).
 
+mod coverage;
 mod entities;
 pub mod infer;
 mod kernel;
@@ -18,4 +19,4 @@ pub use kernel::{BlockData, BufData, BufOrigin, Kernel, OpNode, SemData, SrcLoc,
 pub use op::{BinaryOp, CmpPred, DotDims, Index, Literal, Offset, OpData, Precision, ReduceOp, Remote, UnaryOp};
 pub use print::{PrintOptions, print_kernel};
 pub use types::{DType, MemorySpace, RefType, SemKind, Shape, Type};
-pub use verify::{ErrorSite, VerifierError, VerifierErrors, VerifyOptions, block_tiling_rule, padded_vmem_bytes, verify};
+pub use verify::{ErrorSite, VerifierError, VerifierErrors, VerifyOptions, array_bytes, block_tiling_rule, check_hbm, padded_vmem_bytes, verify};

@@ -4,8 +4,17 @@
 //! Besides typing (shared with the builder through [`super::infer`]) and SSA scoping it
 //! enforces the TPU rules libtpu would otherwise report much later: block shapes must tile
 //! the hardware's native (sublane, lane) tiles, index maps must return one i32 per array
-//! dim, and everything resident in VMEM must fit the chip's budget.
+//! dim, and everything resident in VMEM must fit the chip's budget. Grid extents are i32
+//! (program ids), and where index maps are affine in the grid indices (no scalar
+//! prefetch), every block they reach is inside its array and every element of every output
+//! is written ([`super::coverage`]).
+//!
+//! Whether the operands fit a chip's HBM is a property of the call, not of the kernel:
+//! [`check_hbm`], which the CLI runs for `ir`, `emit` and `interpret` (the megakernel
+//! planner has its own, per layer; lowering does not check, so a kernel larger than any
+//! chip can still be emitted to time its compilation).
 
+use super::coverage;
 use super::infer::{result_types, yield_types};
 use super::{Block, BufOrigin, DType, Kernel, MemorySpace, Op, OpData, SrcLoc, Type, Value};
 use crate::spec::{BlockDim, Chip, OperandRole, OperandSpec, ScratchSpec};
@@ -81,6 +90,9 @@ pub fn verify(kernel: &Kernel, options: VerifyOptions) -> Result<(), VerifierErr
         }
     }
     v.vmem_budget(options.chip);
+    for e in coverage::check(kernel) {
+        v.call_error(e.what, e.message);
+    }
     if v.errors.is_empty() { Ok(()) } else { Err(VerifierErrors(v.errors)) }
 }
 
@@ -105,6 +117,8 @@ impl Verifier<'_> {
         for (i, g) in c.grid.iter().enumerate() {
             if g.extent == 0 {
                 self.call_error(format!("grid dim {i}"), "grid extents must be at least 1");
+            } else if g.extent > i32::MAX as u64 {
+                self.call_error(format!("grid dim {i}"), format!("grid extent {} exceeds {} (program ids are i32)", g.extent, i32::MAX));
             }
         }
         for o in &c.operands {
@@ -287,16 +301,16 @@ impl Verifier<'_> {
             }
             // Windowed blocks are double-buffered by the grid pipeline.
             let buffers = if gridded && o.block.is_some() { 2 } else { 1 };
-            let bytes = buffers * padded_vmem_bytes(o.dtype, &o.window_shape());
-            lines.push(format!("{} {}x{}", o.name, buffers, bytes / buffers));
-            total += bytes;
+            let bytes = padded_vmem_bytes(o.dtype, &o.window_shape());
+            lines.push(format!("{} {}x{}", o.name, buffers, bytes));
+            total = total.saturating_add(bytes.saturating_mul(buffers));
         }
         for b in k.bufs.values() {
             let scratch_or_scoped = matches!(b.origin, BufOrigin::Scratch(_) | BufOrigin::Scoped(_));
             if scratch_or_scoped && b.ty.space == MemorySpace::Vmem {
                 let bytes = padded_vmem_bytes(b.ty.dtype, &b.ty.shape);
                 lines.push(format!("{} {bytes}", b.name));
-                total += bytes;
+                total = total.saturating_add(bytes);
             }
         }
         let limit = k.call.vmem_limit_bytes.or(chip.map(Chip::default_scoped_vmem_bytes));
@@ -314,16 +328,51 @@ impl Verifier<'_> {
     }
 }
 
-/// Bytes a VMEM buffer really occupies: the two minor dims are padded to the native tile.
+/// All operands of a call live in the chip's HBM at once (an aliased output is its input's
+/// buffer): `Err` with the numbers when they do not fit.
+pub fn check_hbm(k: &Kernel, chip: Chip) -> Result<(), String> {
+    let aliased_outputs: Vec<usize> = k.call.aliases.iter().map(|&(_, o)| o).collect();
+    let mut lines: Vec<(&str, u64)> = Vec::new();
+    for (i, o) in k.call.operands_of(OperandRole::Output).enumerate() {
+        if !aliased_outputs.contains(&i) {
+            lines.push((&o.name, array_bytes(o.dtype, &o.shape)));
+        }
+    }
+    for o in k.call.operands.iter().filter(|o| o.role != OperandRole::Output) {
+        lines.push((&o.name, array_bytes(o.dtype, &o.shape)));
+    }
+    let total = lines.iter().fold(0u64, |t, (_, b)| t.saturating_add(*b));
+    let limit = chip.hbm_bytes();
+    if total <= limit {
+        return Ok(());
+    }
+    lines.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
+    let detail: Vec<String> = lines.iter().take(4).map(|(n, b)| format!("{n} {}", gib(*b))).collect();
+    Err(format!("the operands of `{}` need {} ({total} bytes: {}), more than the {} of HBM per device on {chip}", k.name, gib(total), detail.join(", "), gib(limit)))
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// Bytes of a dense array in HBM (saturating: an absurd shape is simply too big).
+pub fn array_bytes(dtype: DType, shape: &super::Shape) -> u64 {
+    let elems = shape.dims().iter().fold(1u64, |n, &d| n.saturating_mul(d));
+    elems.saturating_mul(u64::from(dtype.memory_bits())).div_ceil(8)
+}
+
+/// Bytes a VMEM buffer really occupies: the two minor dims are padded to the native tile
+/// (saturating, like [`array_bytes`]).
 pub fn padded_vmem_bytes(dtype: DType, shape: &super::Shape) -> u64 {
     let (sub, lane) = dtype.native_tile();
     let d = shape.dims();
+    let up = |x: u64, m: u64| x.checked_next_multiple_of(m).unwrap_or(u64::MAX);
     let padded: u64 = match d.len() {
         0 => 1,
-        1 => d[0].next_multiple_of(sub * lane),
-        n => d[..n - 2].iter().product::<u64>() * d[n - 2].next_multiple_of(sub) * d[n - 1].next_multiple_of(lane),
+        1 => up(d[0], sub * lane),
+        n => d[..n - 2].iter().fold(1u64, |p, &x| p.saturating_mul(x)).saturating_mul(up(d[n - 2], sub)).saturating_mul(up(d[n - 1], lane)),
     };
-    (padded * u64::from(dtype.memory_bits())).div_ceil(8)
+    padded.saturating_mul(u64::from(dtype.memory_bits())).div_ceil(8)
 }
 
 /// The TPU block-shape rule (Pallas's `_check_block_mappings`, tightened to the native tile

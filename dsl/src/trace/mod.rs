@@ -12,6 +12,7 @@
 
 mod builder;
 mod control;
+pub mod params;
 mod refs;
 mod val;
 

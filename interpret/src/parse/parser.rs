@@ -805,7 +805,14 @@ impl<'a> Parser<'a> {
                     while self.peek().is_some_and(|c| c.is_ascii_digit()) {
                         self.bump();
                     }
-                    let k: usize = std::str::from_utf8(&self.s[start..self.i]).unwrap_or("1").parse().unwrap_or(1);
+                    // Each result needs a type in the op's signature, so a count past the
+                    // rest of the text is malformed (and must not size an allocation).
+                    let text = std::str::from_utf8(&self.s[start..self.i]).unwrap_or("");
+                    let k = text.parse::<usize>().ok().filter(|&k| k <= self.s.len() - self.i).ok_or_else(|| ParseError {
+                        line: pos.line,
+                        col: pos.col,
+                        message: format!("result group `%{n}:{text}` has more results than the op's type can list"),
+                    })?;
                     for j in 0..k {
                         results.push(format!("{n}#{j}"));
                     }

@@ -1,5 +1,5 @@
 //! Test helpers: the kernels under test (the library's, plus `#[kernel]`s for the ops the
-//! library does not use) and the TPU oracle.
+//! library does not use), and JAX's side of the comparisons (`scripts/jax_reference.py`).
 #![allow(dead_code)]
 
 use palladium_dsl::Kernel;
@@ -39,44 +39,30 @@ pub fn extra_kernels() -> Vec<(String, Kernel)> {
     all
 }
 
-// --- the oracle ---------------------------------------------------------------------------------
+// --- JAX's side of the comparisons -------------------------------------------------------------
 
-/// `../shared/tpu-oracle/oracle.py` relative to the repository root.
-pub fn oracle_script() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tpu-oracle/oracle.py");
-    assert!(p.is_file(), "the TPU oracle is missing: expected {} (a checkout of shared/ beside the repository)", p.display());
-    p
-}
-
-/// The oracle's Python: `$PALLADIUM_TPU_VENV/bin/python`, default `~/.cache/palladium/venv-tpu`.
-pub fn oracle_python() -> PathBuf {
-    let venv = std::env::var_os("PALLADIUM_TPU_VENV").map(PathBuf::from).unwrap_or_else(|| {
-        let home = std::env::var_os("HOME").expect("HOME is not set");
-        Path::new(&home).join(".cache/palladium/venv-tpu")
-    });
+/// The TPU venv's Python: `$PALLADIUM_TPU_VENV/bin/python`, default `~/.cache/palladium/venv-tpu`
+/// (made by `scripts/setup.sh`).
+pub fn venv_python() -> PathBuf {
+    let venv = palladium_runtime::libtpu::venv().unwrap_or_else(|e| panic!("{e}"));
     let py = venv.join("bin/python");
-    assert!(py.is_file(), "the TPU oracle venv is missing: expected {} (set PALLADIUM_TPU_VENV)", py.display());
+    assert!(py.is_file(), "the TPU venv is missing: expected {} (run scripts/setup.sh, or set PALLADIUM_TPU_VENV)", py.display());
     py
 }
 
-/// Run `oracle.py ARGS…` in `dir`; returns (success, stdout).
-pub fn oracle(dir: &Path, args: &[&str]) -> (bool, String) {
-    oracle_with_env(dir, args, &[])
-}
-
-/// [`oracle`] with extra environment variables (e.g. `ORACLE_CYCLES=0`).
-pub fn oracle_with_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
-    // Deviceless compiles need no TPU, so libtpu's single-process lock only gets in the way
-    // when another oracle (another test binary, a developer's shell) runs at the same time.
-    let out = Command::new(oracle_python())
-        .arg(oracle_script())
-        .args(args)
-        .env("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-        .envs(env.iter().copied())
-        .current_dir(dir)
-        .output()
-        .expect("cannot run the oracle");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+/// `scripts/jax_reference.py ARGS…` (JAX's own serializer and Pallas kernels) in `dir`: its
+/// JSON answer, which must say `ok`.
+pub fn jax_reference(dir: &Path, args: &[&str]) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/jax_reference.py");
+    let out = Command::new(venv_python()).arg(&script).args(args).current_dir(dir).output().expect("cannot run scripts/jax_reference.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json: serde_json::Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("jax_reference.py {args:?} printed no JSON:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(json["ok"], true, "jax_reference.py {args:?}: {}", json["error"]);
+    json
 }
 
 /// A fresh scratch directory under the target dir.

@@ -1,0 +1,47 @@
+//! libtpu (through PJRT, `palladium-runtime`, deviceless) accepts the megakernels: the tiny
+//! Qwen3-MoE and Mixtral ones on v5e, v6e and v7x, Qwen3-30B-A3B at batch 1, context 4096 on
+//! v7x, and its 22-layer truncation on v6e (31 GiB of HBM); the tiny Qwen3-MoE's cost variant
+//! (all KV tiles, one chunk in flight) on v6e. No estimate: libtpu 0.0.42.1's static
+//! profiler aborts on most of these programs (manual DMAs from HBM); `benches/megakernel.rs`
+//! takes the estimates where it gives them.
+use palladium_dsl::spec::Chip;
+use palladium_fusion::{emit::emit, plan::{KvTiles, Plan, PlanOptions, Prefetch}};
+use palladium_lowering::{LowerOptions, lower};
+use palladium_model::ModelSpec;
+use palladium_runtime::{CallSpec, Compiler, Estimate, Job, wrap};
+use std::path::Path;
+
+/// The program of the megakernel of `name` planned with `options`.
+fn job(name: &str, options: PlanOptions) -> (String, Job) {
+    let chip = options.chip;
+    let spec = ModelSpec::from_path(Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/models/{name}.json"))).unwrap();
+    let plan = Plan::new(&spec, &options).unwrap();
+    let l = lower(&emit(&plan).unwrap(), &LowerOptions { chip }).unwrap();
+    let program = wrap(&l.body, &CallSpec::from_json(&l.call_json).unwrap()).unwrap();
+    (format!("{name} on {chip} ({:?}, {:?}, {} layers)", options.kv_tiles, options.prefetch, options.layers.unwrap_or(spec.layers.len())), Job { program, chip, serialize: false })
+}
+
+fn plain(chip: Chip, batch: u64, context: u64, layers: Option<usize>) -> PlanOptions {
+    PlanOptions { layers, ..PlanOptions::new(chip, batch, context) }
+}
+
+#[test]
+fn libtpu_accepts_the_megakernels() {
+    let mut jobs = Vec::new();
+    for chip in [Chip::V5e, Chip::V6e, Chip::V7x] {
+        jobs.push(job("tiny-qwen3-moe", plain(chip, 1, 256, None)));
+        jobs.push(job("tiny-mixtral", plain(chip, 2, 300, None)));
+    }
+    jobs.push(job("qwen3-30b-a3b", plain(Chip::V7x, 1, 4096, None)));
+    jobs.push(job("qwen3-30b-a3b", plain(Chip::V6e, 1, 4096, Some(22))));
+    jobs.push(job("tiny-qwen3-moe", PlanOptions { kv_tiles: KvTiles::All, prefetch: Prefetch::Single, ..PlanOptions::new(Chip::V6e, 2, 1024) }));
+    // One worker: the 30B programs are large, and libtpu's RAM per compile with them.
+    let compiler = Compiler::new(Estimate::No).unwrap_or_else(|e| panic!("{e}")).with_workers(1);
+    let t = std::time::Instant::now();
+    let results = compiler.compile_all(&jobs.iter().map(|(_, j)| j.clone()).collect::<Vec<_>>());
+    println!("{} megakernels compiled in {:.1} s", jobs.len(), t.elapsed().as_secs_f64());
+    for ((label, _), r) in jobs.iter().zip(&results) {
+        let c = r.as_ref().unwrap_or_else(|e| panic!("{label}: {e}"));
+        assert!(c.code_size_bytes > 0 && c.hbm.argument_bytes > 0, "{label}: {c:?}");
+    }
+}

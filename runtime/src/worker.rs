@@ -1,0 +1,350 @@
+//! Compile workers: every libtpu compile runs in a child process, so that libtpu aborting
+//! (its static estimator does, on some kernels) rejects that one kernel with libtpu's own
+//! fatal message and never kills the caller; and so that many kernels compile at once,
+//! one worker per core.
+//!
+//! A worker is the *current executable* started again with [`WORKER_ENV`] set: a pre-main
+//! hook ([`ctor`]) in this crate sees the variable and turns the process into a worker
+//! before `main` (or the test harness, or a bench) runs. So any binary that links this crate
+//! can compile — the `palladium` CLI, the test binaries of every crate, the benches — with
+//! no separate worker binary to build, find or keep in sync (cargo builds a library's
+//! binaries only for its own package, so a `palladium-tpu-worker` binary would not exist
+//! for another crate's tests). The hook is an env-var check when the variable is absent.
+//!
+//! Protocol: one JSON request per line on the worker's stdin, one answer line per request
+//! on its stdout, prefixed with [`ANSWER_PREFIX`] (libtpu may print to stdout too). The
+//! worker's stderr goes to a file; when the worker dies mid-request, the request is rejected
+//! with the fatal line libtpu logged there (glog's `F…] message`), and the next request
+//! starts a fresh worker. A worker loads libtpu once and compiles many programs.
+//!
+//! The static estimate is a libtpu flag read once at load (`LIBTPU_INIT_ARGS`), so a
+//! [`Compiler`] that estimates starts its workers with it and a profile directory each.
+
+use crate::compile::{Compiled, Session};
+use crate::libtpu::{self, LIBTPU_ENVIRONMENT};
+use base64::Engine;
+use palladium_dsl::spec::Chip;
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Set to the path of libtpu, this makes the process a compile worker (see the module docs).
+pub const WORKER_ENV: &str = "PALLADIUM_RUNTIME_WORKER";
+/// The directory libtpu dumps its static profile into (set with the estimate flag).
+const PROFILE_ENV: &str = "PALLADIUM_RUNTIME_PROFILE_DIR";
+/// Overrides the number of parallel workers (default: the available cores).
+pub const WORKERS_ENV: &str = "PALLADIUM_COMPILE_WORKERS";
+/// Marks the worker's answer lines on stdout.
+const ANSWER_PREFIX: &str = "PALLADIUM-WORKER ";
+
+#[ctor::ctor]
+fn worker_hook() {
+    if let Some(libtpu) = std::env::var_os(WORKER_ENV) {
+        std::process::exit(serve(Path::new(&libtpu)));
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Request {
+    program: String,
+    topology: String,
+    serialize: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Answer {
+    result: Result<Compiled, String>,
+    /// Base64 of the serialized executable, where asked for.
+    executable: Option<String>,
+}
+
+/// The worker's loop: load libtpu, then answer requests until stdin closes.
+fn serve(libtpu: &Path) -> i32 {
+    let plugin = crate::ffi::Plugin::load(libtpu);
+    let mut session = plugin.as_ref().map(Session::new).map_err(Clone::clone);
+    let profile = std::env::var_os(PROFILE_ENV).map(PathBuf::from);
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout();
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { return 1 };
+        let answer = match serde_json::from_str::<Request>(&line) {
+            Err(e) => Answer { result: Err(format!("bad worker request: {e}")), executable: None },
+            Ok(req) => match &mut session {
+                Err(e) => Answer { result: Err(e.clone()), executable: None },
+                Ok(s) => {
+                    let compiled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.compile(&req.program, &req.topology, req.serialize, profile.as_deref())))
+                        .unwrap_or_else(|panic| Err(format!("the compile panicked: {}", panic_text(&*panic))));
+                    let mut compiled = compiled;
+                    let executable = compiled.as_mut().ok().and_then(|c| c.executable.take()).map(|b| base64::engine::general_purpose::STANDARD.encode(b));
+                    Answer { result: compiled, executable }
+                }
+            },
+        };
+        let text = serde_json::to_string(&answer).unwrap_or_else(|e| format!("{{\"result\":{{\"Err\":\"cannot encode the answer: {e}\"}},\"executable\":null}}"));
+        if writeln!(stdout, "{ANSWER_PREFIX}{text}").and_then(|()| stdout.flush()).is_err() {
+            return 1;
+        }
+    }
+    0
+}
+
+/// The text of a caught panic.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "(panic without a message)".into())
+}
+
+/// One compile: a StableHLO program for one chip.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub program: String,
+    pub chip: Chip,
+    /// Also return the serialized executable.
+    pub serialize: bool,
+}
+
+/// Why a compile gave no result.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CompileError {
+    /// libtpu cannot be found or a worker cannot start.
+    #[error("{0}")]
+    Setup(String),
+    /// libtpu rejected the program: its message.
+    #[error("libtpu: {0}")]
+    Rejected(String),
+    /// libtpu aborted the worker while compiling (or estimating) this program: its fatal
+    /// message.
+    #[error("libtpu aborted while compiling it: {0}")]
+    Aborted(String),
+}
+
+/// Whether libtpu's static cycle estimate is taken.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Estimate {
+    Yes,
+    No,
+}
+
+/// Compiles jobs in parallel worker processes.
+#[derive(Clone, Debug)]
+pub struct Compiler {
+    libtpu: PathBuf,
+    estimate: Estimate,
+    workers: usize,
+}
+
+static WORKER_SEQ: AtomicUsize = AtomicUsize::new(0);
+
+impl Compiler {
+    /// Locate libtpu ([`libtpu::locate`]); the error says where it looked.
+    pub fn new(estimate: Estimate) -> Result<Compiler, CompileError> {
+        let libtpu = libtpu::locate().map_err(CompileError::Setup)?;
+        let workers = std::env::var(WORKERS_ENV)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        Ok(Compiler { libtpu, estimate, workers })
+    }
+
+    /// At most `n` workers at once (each holds its own libtpu: about 300 MB of RAM for a
+    /// library kernel, more for a megakernel).
+    pub fn with_workers(mut self, n: usize) -> Compiler {
+        self.workers = n.max(1);
+        self
+    }
+
+    pub fn estimate(&self) -> Estimate {
+        self.estimate
+    }
+
+    /// The most workers that run at once.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// Compile one job.
+    pub fn compile(&self, job: &Job) -> Result<Compiled, CompileError> {
+        self.compile_all(std::slice::from_ref(job)).pop().expect("one result per job")
+    }
+
+    /// Compile every job, in parallel workers; one result per job, in order. An abort
+    /// rejects the job it happened on; the others go on in fresh workers.
+    pub fn compile_all(&self, jobs: &[Job]) -> Vec<Result<Compiled, CompileError>> {
+        let next = AtomicUsize::new(0);
+        let results: Mutex<Vec<Option<Result<Compiled, CompileError>>>> = Mutex::new(vec![None; jobs.len()]);
+        let threads = self.workers.min(jobs.len());
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| {
+                    let mut worker: Option<Worker> = None;
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(job) = jobs.get(i) else { break };
+                        let r = self.run(&mut worker, job);
+                        results.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(r);
+                    }
+                });
+            }
+        });
+        results.into_inner().unwrap_or_else(|p| p.into_inner()).into_iter().map(|r| r.expect("every job ran")).collect()
+    }
+
+    /// [`Compiler::compile_all`] with the estimate; a job whose compile aborts is compiled
+    /// again without it, and its `estimate_note` carries libtpu's fatal message. Where the
+    /// compile without the estimate also aborts, that is the job's error.
+    pub fn compile_all_estimated(&self, jobs: &[Job]) -> Vec<Result<Compiled, CompileError>> {
+        let estimating = Compiler { estimate: Estimate::Yes, ..self.clone() };
+        let mut results = estimating.compile_all(jobs);
+        let aborted: Vec<usize> = results.iter().enumerate().filter(|(_, r)| matches!(r, Err(CompileError::Aborted(_)))).map(|(i, _)| i).collect();
+        if aborted.is_empty() {
+            return results;
+        }
+        let plain = Compiler { estimate: Estimate::No, ..self.clone() };
+        let again = plain.compile_all(&aborted.iter().map(|&i| jobs[i].clone()).collect::<Vec<_>>());
+        for (i, r) in aborted.into_iter().zip(again) {
+            let Err(CompileError::Aborted(why)) = &results[i] else { unreachable!("only aborted jobs are retried") };
+            let why = why.clone();
+            results[i] = r.map(|mut c| {
+                c.estimate_note = Some(format!("libtpu's static estimator aborted on this program: {why}"));
+                c
+            });
+        }
+        results
+    }
+
+    fn run(&self, worker: &mut Option<Worker>, job: &Job) -> Result<Compiled, CompileError> {
+        if worker.is_none() {
+            *worker = Some(Worker::spawn(&self.libtpu, self.estimate)?);
+        }
+        let w = worker.as_mut().expect("spawned above");
+        let request = Request { program: job.program.clone(), topology: libtpu::topology(job.chip).to_string(), serialize: job.serialize };
+        match w.ask(&request) {
+            Ok(answer) => {
+                let mut compiled = answer.result.map_err(CompileError::Rejected)?;
+                if let Some(b64) = answer.executable {
+                    compiled.executable = Some(base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| CompileError::Setup(format!("bad executable from the worker: {e}")))?);
+                }
+                Ok(compiled)
+            }
+            Err(died) => {
+                *worker = None;
+                Err(died)
+            }
+        }
+    }
+}
+
+/// A running worker process (parent side).
+struct Worker {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    dir: PathBuf,
+}
+
+impl Worker {
+    fn spawn(libtpu: &Path, estimate: Estimate) -> Result<Worker, CompileError> {
+        // Referencing the hook keeps its object file (and so its `.init_array` entry) in
+        // every binary that can spawn workers, however the linker prunes the rlib.
+        std::hint::black_box(worker_hook as extern "C" fn());
+        let setup = |what: &str, e: std::io::Error| CompileError::Setup(format!("cannot start a compile worker: {what}: {e}"));
+        let exe = std::env::current_exe().map_err(|e| setup("no current executable", e))?;
+        let n = WORKER_SEQ.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("palladium-worker-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("profile")).map_err(|e| setup(&format!("cannot create {}", dir.display()), e))?;
+        let stderr = std::fs::File::create(dir.join("stderr.log")).map_err(|e| setup("cannot create its stderr log", e))?;
+        let mut cmd = Command::new(&exe);
+        cmd.env(WORKER_ENV, libtpu).envs(LIBTPU_ENVIRONMENT).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(stderr);
+        if estimate == Estimate::Yes {
+            let profile = dir.join("profile");
+            let args = std::env::var("LIBTPU_INIT_ARGS").unwrap_or_default();
+            cmd.env("LIBTPU_INIT_ARGS", format!("{args} --xla_jf_dump_static_llo_profile_to={}", profile.display())).env(PROFILE_ENV, &profile);
+        }
+        let mut child = cmd.spawn().map_err(|e| setup(&exe.display().to_string(), e))?;
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        Ok(Worker { child, stdin, stdout, dir })
+    }
+
+    /// Send one request and read its answer; `Err` when the worker died on it.
+    fn ask(&mut self, request: &Request) -> Result<Answer, CompileError> {
+        let log = self.dir.join("stderr.log");
+        let offset = std::fs::metadata(&log).map_or(0, |m| m.len());
+        let line = serde_json::to_string(request).map_err(|e| CompileError::Setup(format!("cannot encode a worker request: {e}")))?;
+        let sent = self.stdin.as_mut().map(|s| writeln!(s, "{line}").and_then(|()| s.flush()));
+        if matches!(sent, Some(Ok(()))) {
+            let mut text = String::new();
+            loop {
+                text.clear();
+                match self.stdout.read_line(&mut text) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        if let Some(json) = text.trim_end().strip_prefix(ANSWER_PREFIX) {
+                            return serde_json::from_str(json).map_err(|e| CompileError::Setup(format!("bad answer from the compile worker: {e}")));
+                        }
+                    }
+                }
+            }
+        }
+        // The worker died: say how, with libtpu's last words.
+        self.stdin = None;
+        let status = self.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| format!("unknown status ({e})"));
+        let mut said = String::new();
+        if let Ok(mut f) = std::fs::File::open(&log) {
+            let _ = f.seek(SeekFrom::Start(offset));
+            let _ = f.read_to_string(&mut said);
+        }
+        let why = fatal_line(&said).unwrap_or_else(|| last_lines(&said, 3));
+        Err(CompileError::Aborted(format!("{why} (worker {status})")))
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Closing stdin ends the worker's loop.
+        self.stdin = None;
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The message of glog's fatal line (`F1130 01:02:41.87 5570 file.cc:1585] message`), which
+/// says why libtpu aborted.
+pub fn fatal_line(stderr: &str) -> Option<String> {
+    let line = stderr.lines().find(|l| l.starts_with('F') && l.as_bytes().get(1).is_some_and(u8::is_ascii_digit) && l.contains("] "))?;
+    Some(line.split_once("] ").map_or(line, |(_, m)| m).trim().to_string())
+}
+
+/// The last `n` non-empty lines of `text`, joined by " | " (at most 600 characters).
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let s = lines[lines.len().saturating_sub(n)..].join(" | ");
+    if s.is_empty() {
+        return "(no output)".into();
+    }
+    let count = s.chars().count();
+    if count > 600 { format!("…{}", s.chars().skip(count - 600).collect::<String>()) } else { s }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fatal_line_says_why() {
+        let err = "W0000 warning\nF1130 01:02:41.870801    5570 llo_dumper.cc:1585] Static LLO profiling failed: Unsupported DMA direction.\n*** SIGABRT";
+        assert_eq!(fatal_line(err).as_deref(), Some("Static LLO profiling failed: Unsupported DMA direction."));
+        assert_eq!(fatal_line("Failed to find host bounds\n"), None);
+    }
+
+    #[test]
+    fn last_lines_keeps_the_tail() {
+        assert_eq!(last_lines("a\n\nb\nc\n", 2), "b | c");
+        assert_eq!(last_lines("", 2), "(no output)");
+        assert!(last_lines(&"x".repeat(700), 1).chars().count() <= 602);
+    }
+}

@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""JAX's side of Palladium's comparisons with JAX (run with the venv scripts/setup.sh makes,
+`$PALLADIUM_TPU_VENV/bin/python`, default ~/.cache/palladium/venv-tpu). No TPU needed:
+libtpu compiles for a chip's topology and estimates cycles statically.
+
+  serialize MODULE.mlir          the serialized (stable_mosaic, current version) text JAX would
+                                 embed in a tpu_custom_call for this Mosaic module, parsed and
+                                 verified with JAX's registered tpu dialect: {"body": ...}
+  pallas matmul|gemv --chip C [--no-estimate]
+                                 JAX Pallas's own reference kernel: its Mosaic module as Pallas
+                                 prints it (debug=True, canonicalized), the body it embeds, its
+                                 call spec, and libtpu's code size and estimated cycles (null
+                                 with --no-estimate: libtpu 0.0.42.1's static profiler aborts
+                                 the process on these kernels for v7x and v4)
+  compile-time BODY CALL.json --chip C [--repeat N]
+                                 wall time of a compile + cycle estimate of a Palladium body
+                                 through JAX (palladium_jax.load, aliased operands donated):
+                                 the first (libtpu starting) and the steady ones
+
+Each prints one JSON object with `ok` (and `error` on failure); exit status 0 iff ok.
+"""
+import argparse
+import base64
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+_STARTED = time.perf_counter()
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+from palladium_jax import deviceless  # noqa: E402
+from palladium_jax.kernel import KernelFiles, PalladiumKernel, type_name  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+# The reference kernels' problems (shapes, blocks): the same as the Palladium kernels they are
+# compared with (lowering/tests/oracle.rs, benches/kernels.rs).
+MATMUL = dict(m=1024, k=2048, n=1024, bm=256, bk=512, bn=256)
+GEMV = dict(batch=8, k=4096, n=14336, bn=1024)
+
+
+def matmul(x, y, bm, bk, bn, *, interpret=False, debug=False):
+    """The Pallas tiled matmul: bf16 in, an f32 VMEM accumulator over the k blocks."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def body(x_ref, y_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+        acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+    m, k = x.shape
+    n = y.shape[1]
+    return pl.pallas_call(
+        body, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        grid=(m // bm, n // bn, k // bk),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+        interpret=interpret, debug=debug)(x, y)
+
+
+def gemv(x, w, bn, *, debug=False):
+    """Decode GEMV: the whole k in one block, the weight streamed in column blocks."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def body(x_ref, w_ref, o_ref):
+        o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+    batch, k = x.shape
+    n = w.shape[1]
+    return pl.pallas_call(
+        body, out_shape=jax.ShapeDtypeStruct((batch, n), jnp.float32),
+        grid=(n // bn,),
+        in_specs=[pl.BlockSpec((batch, k), lambda j: (0, 0)), pl.BlockSpec((k, bn), lambda j: (0, j))],
+        out_specs=pl.BlockSpec((batch, bn), lambda j: (0, j)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",), vmem_limit_bytes=100 * 2**20),
+        debug=debug)(x, w)
+
+
+def reference(name):
+    """(function of the operands taking debug=, operand types) of a reference kernel."""
+    bf16 = jnp.bfloat16
+    if name == "matmul":
+        p = MATMUL
+        return (lambda x, y, debug=False: matmul(x, y, p["bm"], p["bk"], p["bn"], debug=debug),
+                [jax.ShapeDtypeStruct((p["m"], p["k"]), bf16), jax.ShapeDtypeStruct((p["k"], p["n"]), bf16)])
+    if name == "gemv":
+        p = GEMV
+        return (lambda x, w, debug=False: gemv(x, w, p["bn"], debug=debug),
+                [jax.ShapeDtypeStruct((p["batch"], p["k"]), bf16), jax.ShapeDtypeStruct((p["k"], p["n"]), bf16)])
+    raise ValueError(f"unknown reference kernel {name!r}; known: matmul, gemv")
+
+
+def mosaic_context():
+    """An MLIR context with JAX's registered tpu dialect."""
+    from jax._src.interpreters import mlir as jmlir
+    from jax.experimental.mosaic.dialects import tpu
+    ctx = jmlir.make_ir_context()
+    tpu.register_dialect(ctx)
+    return ctx
+
+
+def serialized_text(module_text):
+    """Parse + verify a Mosaic module with the tpu dialect, then serialize it as JAX does
+    (`mosaic-serde`, current version: libtpu 0.0.42.1 reads it without a downgrade)."""
+    from jax._src.lib.mlir import ir, passmanager
+    ctx = mosaic_context()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.parse(module_text)
+        if not module.operation.verify():
+            raise ValueError("the module does not verify")
+        ctx.allow_unregistered_dialects = True
+        passmanager.PassManager.parse("builtin.module(mosaic-serde{serialize=true})").run(module.operation)
+        return str(module)
+
+
+def embedded_call(lowered):
+    """The tpu_custom_call of a lowered JAX function: (its Mosaic body as text, its backend
+    config without the body)."""
+    from jax._src.lib.mlir import ir
+    bodies = []
+
+    def visit(op):
+        if op.name == "stablehlo.custom_call" and ir.StringAttr(op.attributes["call_target_name"]).value == "tpu_custom_call":
+            config = json.loads(ir.StringAttr(op.attributes["backend_config"]).value)
+            bodies.append((base64.b64decode(config["custom_call_config"].pop("body")), config))
+        return ir.WalkResult.ADVANCE
+    lowered.compiler_ir("stablehlo").operation.walk(visit)
+    if len(bodies) != 1:
+        raise ValueError(f"expected one tpu_custom_call, found {len(bodies)}")
+    ctx = mosaic_context()
+    ctx.allow_unregistered_dialects = True  # the serialized form's `stable_mosaic` version marker
+    body, config = bodies[0]
+    with ctx, ir.Location.unknown():
+        return str(ir.Module.parse(body)), config
+
+
+def cmd_serialize(a):
+    return {"ok": True, "body": serialized_text(Path(a.module).read_text())}
+
+
+def cmd_pallas(a):
+    import contextlib
+    import io
+    import re
+    fn, args = reference(a.name)
+    # Pallas prints the (canonicalized) Mosaic module of a pallas_call lowered with debug=True.
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        deviceless.lower(lambda *xs: fn(*xs, debug=True), args, a.chip)
+    m = re.search(r"^module .*?^}\s*$", printed.getvalue(), re.S | re.M)
+    if not m:
+        raise ValueError(f"Pallas printed no Mosaic module:\n{printed.getvalue()[:2000]}")
+    # The kernel as Pallas ships it (no debug canonicalization) for the body and the estimate.
+    lowered = deviceless.lower(fn, args, a.chip)
+    _, report = deviceless.compile(lowered, a.chip)
+    body, config = embedded_call(lowered)
+    vmem_limit = [c["size"] for c in config.get("scoped_memory_configs", []) if c["memory_space"] == 1]
+    return {"ok": True, "kernel": a.name, "module": m.group(0).rstrip() + "\n", "body": body,
+            "inputs": [type_name(t) for t in args], "outputs": [type_name(jax.eval_shape(fn, *args))],
+            "vmem_limit_bytes": vmem_limit[0] if vmem_limit else None, **report}
+
+
+def cmd_compile_time(a):
+    imported_s = time.perf_counter() - _STARTED
+    kernel = PalladiumKernel(KernelFiles(body=Path(a.body), call_spec=Path(a.call_spec)))
+    times, reports = [], []
+    for _ in range(1 + a.repeat):
+        # A fresh function each time: JAX caches traces and compiles per function object.
+        fresh = lambda *xs: kernel(*xs)  # noqa: E731
+        t = time.perf_counter()
+        lowered = deviceless.lower(fresh, kernel.inputs, a.chip, donate_argnums=kernel.donate_argnums)
+        _, report = deviceless.compile(lowered, a.chip)
+        times.append(time.perf_counter() - t)
+        if not report["ops"]:
+            raise RuntimeError("libtpu dumped no static profile for a compile (did it compile at all?)")
+        reports.append(report)
+    cycles = {r["estimated_cycles"] for r in reports}
+    if len(cycles) != 1:
+        raise RuntimeError(f"the estimate changed between identical compiles: {sorted(cycles)}")
+    return {"ok": True, "kernel": kernel.name, "chip": a.chip, "import_s": imported_s, "first_s": times[0],
+            "steady_s": statistics.median(times[1:]) if a.repeat else None, "runs_s": times[1:],
+            "code_size_bytes": reports[0]["code_size_bytes"], "estimated_cycles": cycles.pop(),
+            "jax": jax.__version__}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serialize")
+    s.add_argument("module")
+    r = sub.add_parser("pallas")
+    r.add_argument("name", choices=["matmul", "gemv"])
+    r.add_argument("--chip", default="v6e", choices=sorted(deviceless.TOPOLOGIES))
+    r.add_argument("--no-estimate", action="store_true", help="compile without libtpu's static profile")
+    c = sub.add_parser("compile-time")
+    c.add_argument("body")
+    c.add_argument("call_spec")
+    c.add_argument("--chip", default="v6e", choices=sorted(deviceless.TOPOLOGIES))
+    c.add_argument("--repeat", type=int, default=5, help="steady compiles after the first")
+    a = p.parse_args()
+    if a.cmd == "compile-time" or (a.cmd == "pallas" and not a.no_estimate):
+        deviceless.enable_cycle_estimates()  # before libtpu starts
+    try:
+        result = {"serialize": cmd_serialize, "pallas": cmd_pallas, "compile-time": cmd_compile_time}[a.cmd](a)
+    except Exception as e:  # the toolchain's own words, as JSON
+        result = {"ok": False, "error": f"{type(e).__name__}: {e}"[:4000]}
+    print(json.dumps(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

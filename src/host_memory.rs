@@ -1,0 +1,82 @@
+//! The host-memory limit of the CPU-side commands (`palladium run`, which interprets a whole
+//! model, and `palladium interpret`): what a command will allocate is computed before anything is allocated and refused
+//! above the limit, with the numbers and how to raise it, instead of aborting mid-way.
+//!
+//! The limit is `PALLADIUM_MAX_HOST_MEMORY` (bytes, or a number with a `KiB`, `MiB`, `GiB` or
+//! `TiB` suffix: `PALLADIUM_MAX_HOST_MEMORY=48GiB`), [`DEFAULT_LIMIT`] when unset.
+
+/// The environment variable that sets the limit.
+pub const ENV: &str = "PALLADIUM_MAX_HOST_MEMORY";
+
+/// 8 GiB: a laptop's worth, far above the tiny models interpret mode is for.
+pub const DEFAULT_LIMIT: u64 = 8 << 30;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The limit in bytes: `PALLADIUM_MAX_HOST_MEMORY`, or [`DEFAULT_LIMIT`].
+pub fn limit() -> Result<u64, String> {
+    match std::env::var(ENV) {
+        Ok(v) => parse(&v).map_err(|e| format!("{ENV}={v:?}: {e}")),
+        Err(std::env::VarError::NotPresent) => Ok(DEFAULT_LIMIT),
+        Err(e) => Err(format!("{ENV}: {e}")),
+    }
+}
+
+/// `"1073741824"`, `"1GiB"`, `"1.5 GiB"`, `"512MiB"`.
+pub fn parse(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => (s[..i].trim(), &s[i..]),
+        None => (s, ""),
+    };
+    let scale: u64 = match unit {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        _ => return Err(format!("unknown unit {unit:?} (write bytes, or KiB, MiB, GiB, TiB)")),
+    };
+    let x: f64 = number.parse().map_err(|_| format!("{number:?} is not a number"))?;
+    let bytes = x * scale as f64;
+    if !(bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64) {
+        return Err("must be a positive size".into());
+    }
+    Ok(bytes as u64)
+}
+
+/// Ok when `need` bytes (made of `parts`: name and bytes) are within [`limit`]; otherwise an
+/// error stating what, how much, the limit and how to raise it.
+pub fn check(what: &str, need: u64, parts: &[(&str, u64)]) -> Result<(), String> {
+    check_within(limit()?, what, need, parts)
+}
+
+/// [`check`] against a given limit (a caller that read [`limit`] once, up front).
+pub fn check_within(limit: u64, what: &str, need: u64, parts: &[(&str, u64)]) -> Result<(), String> {
+    if need <= limit {
+        return Ok(());
+    }
+    let parts: Vec<String> = parts.iter().filter(|p| p.1 > 0).map(|(n, b)| format!("{n} {:.2} GiB", *b as f64 / GIB)).collect();
+    Err(format!(
+        "{what} needs {need} bytes ({:.2} GiB: {}) of host memory, over the limit of {limit} bytes ({:.2} GiB); raise it with {ENV}=<bytes or e.g. 64GiB> if this machine has the memory",
+        need as f64 / GIB,
+        parts.join(" + "),
+        limit as f64 / GIB
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_and_without_units() {
+        assert_eq!(parse("1073741824"), Ok(1 << 30));
+        assert_eq!(parse("1GiB"), Ok(1 << 30));
+        assert_eq!(parse("1.5 GiB"), Ok(3 << 29));
+        assert_eq!(parse("512MiB"), Ok(1 << 29));
+        for bad in ["", "GiB", "-1", "0", "1GB", "nan", "1e30 TiB"] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+}
