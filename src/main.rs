@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use palladium_dsl::ir::{PrintOptions, VerifyOptions, check_hbm, print_kernel, verify};
-use palladium::check::{Backend, CheckOptions, check, check_on};
+use palladium::check::{Backend, CheckOptions, check_on};
 use palladium::output::{check_writable, write_all};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::{KernelError, REGISTRY, parse_setting};
@@ -149,34 +149,35 @@ enum Command {
     /// (libtpu's PJRT client) on seeded random inputs and compare every output with its
     /// reference. Refused, with libtpu's reason, where no TPU is attached.
     Exec {
-        kernel: String,
-        #[arg(long = "set", value_name = "NAME=VALUE")]
-        set: Vec<String>,
-        #[arg(long, default_value = "v6e")]
-        chip: Chip,
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        #[arg(long)]
-        tolerance: Option<f32>,
+        #[command(flatten)]
+        check: CheckArgs,
     },
     /// Run a library kernel's serialized Mosaic body in the CPU interpreter on seeded random
     /// inputs and compare every output with the kernel's plain-Rust reference: prints max
     /// abs error and max relative error (max |got - want| / max |want|) per output;
     /// exits non-zero if any output is out of tolerance or the interpreter reports an error.
     Interpret {
-        kernel: String,
-        #[arg(long = "set", value_name = "NAME=VALUE")]
-        set: Vec<String>,
-        #[arg(long, default_value = "v6e")]
-        chip: Chip,
-        /// Seed of the random inputs.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Relative tolerance for every output (default: bf16 1e-2, f16 1e-3, f32 1e-5,
-        /// integers exact).
-        #[arg(long)]
-        tolerance: Option<f32>,
+        #[command(flatten)]
+        check: CheckArgs,
     },
+}
+
+/// What `interpret` and `exec` check: a library kernel at its settings on seeded inputs.
+#[derive(clap::Args)]
+struct CheckArgs {
+    kernel: String,
+    /// Override a compile-time parameter: NAME=VALUE (repeatable).
+    #[arg(long = "set", value_name = "NAME=VALUE")]
+    set: Vec<String>,
+    #[arg(long, default_value = "v6e")]
+    chip: Chip,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Relative tolerance for every output (default: bf16 1e-2, f16 1e-3, f32 1e-5,
+    /// integers exact).
+    #[arg(long)]
+    tolerance: Option<f32>,
 }
 
 fn build(kernel: &str, set: &[String]) -> Result<palladium_dsl::Kernel, KernelError> {
@@ -313,21 +314,20 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::Exec { kernel, set, chip, seed, tolerance } => {
-            let settings = set.iter().map(|s| parse_setting(s)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
-            let max_host_memory = palladium::host_memory::limit()?;
-            let report = check_on(&kernel, &settings, &CheckOptions { chip, seed, tolerance, max_host_memory }, Backend::Tpu).map_err(|e| e.to_string())?;
-            println!("{report}");
-            if report.passed() { Ok(()) } else { Err(format!("`{kernel}` does not match its reference on the TPU")) }
-        }
-        Command::Interpret { kernel, set, chip, seed, tolerance } => {
-            let settings = set.iter().map(|s| parse_setting(s)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
-            let max_host_memory = palladium::host_memory::limit()?;
-            let report = check(&kernel, &settings, &CheckOptions { chip, seed, tolerance, max_host_memory }).map_err(|e| e.to_string())?;
-            println!("{report}");
-            if report.passed() { Ok(()) } else { Err(format!("`{kernel}` does not match its reference")) }
-        }
+        Command::Exec { check } => check_kernel(check, Backend::Tpu),
+        Command::Interpret { check } => check_kernel(check, Backend::Interpret),
     }
+}
+
+/// `interpret` / `exec`: the kernel's outputs on `backend` against its reference.
+fn check_kernel(args: CheckArgs, backend: Backend) -> Result<(), String> {
+    let CheckArgs { kernel, set, chip, seed, tolerance } = args;
+    let settings = set.iter().map(|s| parse_setting(s)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+    let max_host_memory = palladium::host_memory::limit()?;
+    let report = check_on(&kernel, &settings, &CheckOptions { chip, seed, tolerance, max_host_memory }, backend).map_err(|e| e.to_string())?;
+    println!("{report}");
+    let on = if backend == Backend::Tpu { " on the TPU" } else { "" };
+    if report.passed() { Ok(()) } else { Err(format!("`{kernel}` does not match its reference{on}")) }
 }
 
 /// The names `emit` writes for `name` (the module, the serialized body, the call spec), then
