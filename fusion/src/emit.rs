@@ -16,12 +16,12 @@
 //! 3. final norm (folded) + `lm_head` chunks → f32 logits.
 //!
 //! Every weight and KV-tile read is issued unconditionally, from a software pipeline
-//! (`pipeline`) or, across layers and into `lm_head`, from a computed index into the one
+//! ([`pipeline`]) or, across layers and into `lm_head`, from a computed index into the one
 //! dense-stream array (guarded only where a ring deeper than `lm_head` could run past its
 //! end, on tiny models): libtpu's static estimator barely prices a DMA under an `scf.if`.
 
 use crate::plan::{KvTiles, Plan};
-use palladium_dsl::build::{Carry, KernelBuilder, MemorySpace, OperandRole, SemKind, TracedRange, eq, for_range, ge, if_else, le, lt, range};
+use palladium_dsl::build::{KernelBuilder, MemorySpace, OperandRole, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, range};
 use palladium_dsl::prelude::*;
 use palladium_dsl::{BuildErrors, Kernel};
 use palladium_kernels::body::{OnlineSoftmax, rms_unit, rope_apply, rope_rotation, router_scores, swiglu, top_k};
@@ -211,19 +211,6 @@ fn issue_ahead(p: &Plan, hd: H, layer: Val, k_ahead: u64, bank: Val) {
     } else {
         if_else(lt(item, total as i32), || dense_copy(hd, item, bank).start(), || ());
     }
-}
-
-/// A software pipeline whose DMAs run `ahead` items ahead of their use (the caller issued
-/// the first `ahead`): the main loop over `main` issues item `i + ahead`, then consumes
-/// item `i`; the drain loop over `drain` (the last `ahead` items) only consumes. Every
-/// issue is unconditional: no `scf.if` per item, and libtpu's static estimator (which
-/// barely prices DMAs started under an `scf.if`) sees the whole stream.
-fn pipeline<C: Carry>(main: TracedRange, drain: TracedRange, ahead: u64, init: C, issue: impl Fn(Val, &C), consume: impl Fn(Val, C, bool) -> C) -> C {
-    let carry = for_range(main, init, |i: Val, c: C| {
-        issue(i + ahead as i32, &c);
-        consume(i, c, false)
-    });
-    for_range(drain, carry, |i: Val, c: C| consume(i, c, true))
 }
 
 fn body(p: &Plan, hd: H, n: u64, l: u64) {
