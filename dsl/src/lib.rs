@@ -37,6 +37,35 @@ pub mod prelude {
     pub const bool_: DType = DType::Bool;
 }
 
+/// The builder API for code that assembles kernels or kernel bodies without `#[kernel]`:
+/// the library's composable bodies (functions over refs
+/// and values) and generated kernels such as the decode megakernel. Comparisons are plain
+/// functions here because Rust's `<` must return `bool`; `#[kernel]` rewrites the operators
+/// into the same calls.
+pub mod build {
+    pub use crate::ir::{CmpPred, MemorySpace, SemKind};
+    pub use crate::spec::OperandRole;
+    pub use crate::trace::{Carry, Compare, IntoVal, KernelBuilder, ParamError, TracedRange, for_range, if_else, pipeline, range, while_loop};
+
+    macro_rules! comparisons {
+        ($($name:ident => $pred:ident, $doc:literal;)*) => {$(
+            #[doc = $doc]
+            #[track_caller]
+            pub fn $name<A: Compare<B>, B>(a: A, b: B) -> A::Output {
+                a.compare(CmpPred::$pred, b)
+            }
+        )*};
+    }
+    comparisons! {
+        eq => Eq, "`a == b`, traced when either side is.";
+        ne => Ne, "`a != b`, traced when either side is.";
+        lt => Lt, "`a < b`, traced when either side is.";
+        le => Le, "`a <= b`, traced when either side is.";
+        gt => Gt, "`a > b`, traced when either side is.";
+        ge => Ge, "`a >= b`, traced when either side is.";
+    }
+}
+
 /// Paths the `#[kernel]` macro expands to. Not a public API.
 #[doc(hidden)]
 pub mod __private {

@@ -16,43 +16,22 @@
 //! 3. final norm (folded) + `lm_head` chunks → f32 logits.
 //!
 //! Every weight and KV-tile read is issued unconditionally, from a software pipeline
-//! (`pipeline`) or, across layers and into `lm_head`, from a computed index into the one
+//! ([`pipeline`]) or, across layers and into `lm_head`, from a computed index into the one
 //! dense-stream array (guarded only where a ring deeper than `lm_head` could run past its
 //! end, on tiny models): libtpu's static estimator barely prices a DMA under an `scf.if`.
 
 use crate::plan::{KvTiles, Plan};
-use palladium_dsl::__private::{CmpPred, KernelBuilder, OperandRole, cmp, for_range, if_else, range};
-use palladium_dsl::ir::{MemorySpace, SemKind};
+use palladium_dsl::build::{KernelBuilder, MemorySpace, OperandRole, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, range};
 use palladium_dsl::prelude::*;
 use palladium_dsl::{BuildErrors, Kernel};
+use palladium_kernels::body::{OnlineSoftmax, rms_unit, rope_apply, rope_rotation, router_scores, swiglu, top_k};
 
 type NoMap = Option<Box<dyn FnOnce(&[Val], &[Ref]) -> i32>>;
-
-fn lt(a: Val, b: impl IntoVal) -> Val {
-    cmp(CmpPred::Lt, a, b)
-}
-fn eq(a: Val, b: impl IntoVal) -> Val {
-    cmp(CmpPred::Eq, a, b)
-}
-fn ge(a: Val, b: impl IntoVal) -> Val {
-    cmp(CmpPred::Ge, a, b)
-}
-fn le(a: Val, b: impl IntoVal) -> Val {
-    cmp(CmpPred::Le, a, b)
-}
-
-use palladium_dsl::trace::{Carry, IntoVal, TracedRange};
 
 /// `(base + k) mod n` for `0 <= base < n`, `k` static, without a division.
 fn ring_add(base: Val, k: u64, n: u64) -> Val {
     let t = base + (k % n) as i32;
     select(ge(t, n as i32), t - n as i32, t)
-}
-
-/// `x * rsqrt(mean(x^2) + eps)` over the last dim of `n` true elements (f32).
-fn rms_unit(x: Val, n: u64, eps: f64) -> Val {
-    let ms = (x * x).sum_keepdims(1) / n as f64;
-    x * (ms + eps).rsqrt()
 }
 
 /// All the handles of the kernel.
@@ -234,19 +213,6 @@ fn issue_ahead(p: &Plan, hd: H, layer: Val, k_ahead: u64, bank: Val) {
     }
 }
 
-/// A software pipeline whose DMAs run `ahead` items ahead of their use (the caller issued
-/// the first `ahead`): the main loop over `main` issues item `i + ahead`, then consumes
-/// item `i`; the drain loop over `drain` (the last `ahead` items) only consumes. Every
-/// issue is unconditional: no `scf.if` per item, and libtpu's static estimator (which
-/// barely prices DMAs started under an `scf.if`) sees the whole stream.
-fn pipeline<C: Carry>(main: TracedRange, drain: TracedRange, ahead: u64, init: C, issue: impl Fn(Val, &C), consume: impl Fn(Val, C, bool) -> C) -> C {
-    let carry = for_range(main, init, |i: Val, c: C| {
-        issue(i + ahead as i32, &c);
-        consume(i, c, false)
-    });
-    for_range(drain, carry, |i: Val, c: C| consume(i, c, true))
-}
-
 fn body(p: &Plan, hd: H, n: u64, l: u64) {
     let d = &p.dims;
     let (h, hp, b, rows) = (d.hidden, d.head_pad, d.batch, d.rows);
@@ -275,12 +241,7 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
     let angle = pos * inv_freq;
     hd.cos.store(.., angle.cos());
     hd.sin.store(.., angle.sin());
-    let rr = iota([hp, hp], 0);
-    let cc = iota([hp, hp], 1);
-    let negated = lt(cc, half) & eq(rr, cc + half);
-    let kept = ge(cc, half) & lt(cc, 2 * half) & eq(rr, cc - half);
-    let one = full([hp, hp], 1.0, f32);
-    hd.rot.store(.., select(negated, -one, select(kept, one, 0.0)).cast(bf16));
+    hd.rot.store(.., rope_rotation(hp, d.head_dim, false));
     hd.qs.store(.., 0.0);
     hd.os.store(.., 0.0);
     // Embedding rows: row (token % 16) of the fetched 16-row group.
@@ -389,8 +350,7 @@ fn attention(p: &Plan, hd: H, layer: Val) {
             let w = hd.hn.load((rw..rw + 1, ..));
             v = (rms_unit(v, d.head_dim, d.eps) * w).cast(bf16).cast(f32);
         }
-        let rotated = dot(v.cast(bf16), rot);
-        (v * cos + rotated * sin) * scale
+        rope_apply(v, rot, cos, sin) * scale
     };
     let qk_rows = |r: u64| if d.qk_norm { Some(r) } else { None };
     for head in 0..d.heads {
@@ -467,7 +427,7 @@ fn attention(p: &Plan, hd: H, layer: Val) {
             let l0 = zeros([qrows, 1], f32);
             let a0 = zeros([qrows, hp], f32);
             let tile_rows = iota([bkv, hp], 0);
-            let (_, l_, acc, _) = pipeline(
+            let (m, l, acc, _) = pipeline(
                 range(t0, ntiles - 1),
                 range(ntiles - 1, ntiles),
                 1,
@@ -514,22 +474,18 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                         (KvTiles::UpToPosition, None) if !draining => whole(),
                         _ => masked(),
                     };
-                    let m_new = m.max(s.max_keepdims(1));
-                    let corr = (m - m_new).exp();
-                    let pr = (s - m_new).exp();
-                    let l_new = l_ * corr + pr.sum_keepdims(1);
-                    let pv = dot(pr.cast(bf16), vt);
+                    let folded = OnlineSoftmax { m, l: l_, acc }.fold(s, vt);
                     // The write-back reads this slot: it lands before the slot is refilled.
                     on_last_tile(t, draining, &|| {
                         let (kw, vw) = write_back(slot);
                         kw.wait();
                         vw.wait();
                     });
-                    (m_new, l_new, acc * corr + pv, 1 - slot)
+                    (folded.m, folded.l, folded.acc, 1 - slot)
                 },
             );
             // Head j's output row for sequence `bi` back to row `bi` of its stacked block.
-            let out = acc / l_;
+            let out = OnlineSoftmax { m, l, acc }.output();
             for j in 0..group {
                 let row = select(eq(arow, j as i32), out, 0.0).sum_keepdims(0);
                 let block = || (g, j * rows..(j + 1) * rows, ..);
@@ -547,29 +503,10 @@ fn attention(p: &Plan, hd: H, layer: Val) {
 /// weights of the real rows to SMEM.
 fn route(p: &Plan, hd: H) {
     let d = &p.dims;
-    let (rows, ep, k) = (d.rows, d.experts_pad, d.top_k);
-    let col = iota([rows, ep], 1);
-    let logits = select(lt(col, d.experts as i32), hd.rl.load(..), f64::NEG_INFINITY);
-    let e = (logits - logits.max_keepdims(1)).exp();
-    let scores = e / e.sum_keepdims(1);
+    let (rows, k) = (d.rows, d.top_k);
+    let scores = router_scores(hd.rl.load(..), d.experts, false);
+    let (top_ids, top_w) = top_k(scores, d.experts, k, d.renormalize);
     let slot_iota = iota([rows, k], 1);
-    let mut remaining = select(lt(col, d.experts as i32), scores, -1.0);
-    let mut top_ids = zeros([rows, k], i32);
-    let mut top_w = zeros([rows, k], f32);
-    for j in 0..k {
-        let best = remaining.max_keepdims(1);
-        // Padded experts hold -1 and never win; a NaN row (no exact match) would give
-        // `ep`, so the id is clamped to a real expert: the expert fetch stays in bounds
-        // whatever the scores (the NaN still reaches the logits).
-        let best_id = select(eq(remaining, best), col, ep as i32).min_keepdims(1);
-        let best_id = select(lt(best_id, d.experts as i32), best_id, d.experts as i32 - 1);
-        top_ids = select(eq(slot_iota, j as i32), best_id, top_ids);
-        top_w = select(eq(slot_iota, j as i32), best, top_w);
-        remaining = select(eq(col, best_id), -1.0, remaining);
-    }
-    if d.renormalize {
-        top_w = top_w / top_w.sum_keepdims(1);
-    }
     let row_iota = iota([rows, k], 0);
     for bi in 0..d.batch {
         for j in 0..k {
@@ -621,7 +558,7 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val) {
             fetch(pair, c, slot).wait();
             let gate = dot(xn2, hd.ex_buf.load((slot, .., 0..eb)));
             let up = dot(xn2, hd.ex_buf.load((slot, .., eb..2 * eb)));
-            let act = (gate.silu() * up).cast(bf16);
+            let act = swiglu(gate, up);
             let coef = select(eq(row_ids, seq), hd.wts.load(pair), 0.0);
             let down = dot_t(act, hd.ex_buf.load((slot, .., 2 * eb..3 * eb)));
             hd.acc.store(.., hd.acc.load(..) + down * coef);

@@ -13,6 +13,7 @@
 //! bounds it counts none of it); `unroll_kv` (with `bench_full_context`) unrolls the loop
 //! in Rust, one copy of the tile body per KV tile.
 
+use crate::body::OnlineSoftmax;
 use palladium_dsl::prelude::*;
 
 // Whole KV tiles (a partial last tile would DMA past `max_context`); `unroll_kv` is a variant
@@ -78,12 +79,8 @@ pub fn decode_attention(
         let s = dot_t(qv, k_buf[slot]) * scale;
         let pos = iota([group, block_kv], 1) + t * block_kv as i32;
         let s = select(pos < len, s, f64::NEG_INFINITY);
-        let m_new = m.max(s.max_keepdims(1));
-        let correction = (m - m_new).exp();
-        let p = (s - m_new).exp();
-        let l = l * correction + p.sum_keepdims(1);
-        let acc = acc * correction + dot(p.cast(bf16), v_buf[slot]);
-        (m_new, l, acc)
+        let folded = OnlineSoftmax { m, l, acc }.fold(s, v_buf[slot]);
+        (folded.m, folded.l, folded.acc)
     };
     if bench_full_context && unroll_kv {
         for t in 0..n_tiles {
@@ -106,5 +103,5 @@ pub fn decode_attention(
         }
         (m, l, acc) = tile(last, slot, m, l, acc);
     }
-    o[(0, 0, .., ..)] = (acc / l).cast(bf16);
+    o[(0, 0, .., ..)] = OnlineSoftmax { m, l, acc }.output().cast(bf16);
 }

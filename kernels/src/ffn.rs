@@ -37,6 +37,7 @@
 //! to bf16 before the down projection; the weighted combine in f32; one final bf16
 //! rounding. See `moe_reference::expert_ffn`.
 
+use crate::body::swiglu;
 use palladium_dsl::prelude::*;
 
 // Whole chunks per expert (a partial last chunk would DMA past `ffn`); the work-item loop
@@ -105,7 +106,7 @@ pub fn expert_ffn(
         let coef = select(row_ids == t, weights[(t, pair - t * top_k as i32)], 0.0);
         let gate = dot(xv, gate_buf[slot]);
         let up = dot(xv, up_buf[slot]);
-        let h = (gate.silu() * up).cast(bf16);
+        let h = swiglu(gate, up);
         acc[..] += dot(h, down_buf[slot]) * coef;
     };
     let mut pair = scalar(0);

@@ -9,6 +9,7 @@
 //! registry test fails for it.
 
 mod attention;
+pub mod body;
 pub mod cases;
 pub mod coverage;
 mod decode;
@@ -41,7 +42,7 @@ pub use residual::{residual_add, residual_add_inplace};
 pub use rotary::rope;
 pub use router::moe_router;
 
-use palladium_dsl::{BuildErrors, Kernel, __private::ParamError};
+use palladium_dsl::{BuildErrors, Kernel, build::ParamError};
 
 /// Why a kernel could not be built by name.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,6 @@
 //! RMSNorm over the hidden dim: `x / sqrt(mean(x^2) + eps) * w`, computed in f32.
 
+use crate::body::rms_unit;
 use palladium_dsl::prelude::*;
 
 #[kernel(grid = (rows / block_rows,), semantics = (parallel,), requires = [eps >= 0.0])]
@@ -12,8 +13,6 @@ pub fn rmsnorm(
     #[input(bf16[1, hidden], block = [1, hidden], map = |_i| (0, 0))] weight: Ref,
     #[output(bf16[rows, hidden], block = [block_rows, hidden], map = |i| (i, 0))] o: Ref,
 ) {
-    let xf = x[..].cast(f32);
-    let mean_square = (xf * xf).sum_keepdims(1) / hidden as f64;
-    let normed = xf * (mean_square + eps).rsqrt();
+    let normed = rms_unit(x[..].cast(f32), hidden as u64, eps);
     o[..] = (normed * weight[..].cast(f32)).cast(bf16);
 }

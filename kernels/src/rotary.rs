@@ -31,6 +31,7 @@
 //! styles are the same code with a different `R`. The extra `2 d` MXU flops per element are
 //! far below what the MXU sustains per HBM byte, so the kernel stays HBM-bound.
 
+use crate::body::{rope_apply, rope_rotation};
 use palladium_dsl::prelude::*;
 
 // Heads are lane-aligned column slices (head_dim a multiple of 128); the per-head loop is
@@ -53,23 +54,11 @@ pub fn rope(
     #[output(bf16[tokens, heads * head_dim], block = [block_t, heads_per_block * head_dim], map = |i, h| (i, h))] o: Ref,
 ) {
     let d = head_dim;
-    let half = (d / 2) as i32;
-    // R[r, c] = the coefficient of x[r] in rotate(x)[c].
-    let r = iota([d, d], 0);
-    let c = iota([d, d], 1);
-    let (negated, kept) = if interleaved {
-        ((c % 2 == 0) & (r == c + 1), (c % 2 == 1) & (r == c - 1))
-    } else {
-        ((c < half) & (r == c + half), (c >= half) & (r == c - half))
-    };
-    let one = full([d, d], 1.0, f32);
-    let rotation = select(negated, -one, select(kept, one, 0.0)).cast(bf16);
+    let rotation = rope_rotation(d as u64, d as u64, interleaved);
     let cos_t = cos[..];
     let sin_t = sin[..];
     for h in 0..heads_per_block {
         let cols = h * d..(h + 1) * d;
-        let xh = x[(.., cols.clone())];
-        let rotated = dot(xh, rotation);
-        o[(.., cols)] = (xh.cast(f32) * cos_t + rotated * sin_t).cast(bf16);
+        o[(.., cols.clone())] = rope_apply(x[(.., cols)], rotation, cos_t, sin_t).cast(bf16);
     }
 }

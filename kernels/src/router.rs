@@ -11,7 +11,7 @@
 //!   token for 128 experts), so each top-k round is a handful of vector ops for the batch.
 //! - Top-k without a sort: `k` rounds of (row max → argmax as the *lowest* index holding the
 //!   max, via `select(s == max, iota, experts)` and a min-reduction → mask that expert with
-//!   -inf). Ties therefore go to the lower expert id, as `jax.lax.top_k` does; weights come
+//!   -1, below any score). Ties therefore go to the lower expert id, as `jax.lax.top_k` does; weights come
 //!   out in descending order.
 //! - The selected ids/weights are accumulated as small `[tokens, k]` vectors (a column per
 //!   round), then written to SMEM outputs element by element: SMEM stores are scalar-only,
@@ -25,6 +25,7 @@
 //! Numerics: the f32 logits are the exact products of the bf16 inputs accumulated in f32
 //! (an f32 matmul at default precision, see the note in the body); the softmax is the max-subtracted one, in f32. See `moe_reference::moe_router`.
 
+use crate::body;
 use palladium_dsl::prelude::*;
 
 // The top-k rounds are unrolled at trace time, hence the bound on `top_k`.
@@ -46,27 +47,9 @@ pub fn moe_router(
     // lhs has 8 rows ("Expected vector-bf16packed" in vmatmul; JAX Pallas's own
     // `jnp.dot(x_ref[...], w_ref[...])` on bf16[8, 256] x bf16[256, 128] aborts the same way).
     let logits = dot(x[..].cast(f32), w_router[..].cast(f32));
-    let scores = if sigmoid {
-        logits.sigmoid()
-    } else {
-        let e = (logits - logits.max_keepdims(1)).exp();
-        e / e.sum_keepdims(1)
-    };
-    let expert_iota = iota([tokens, experts], 1);
+    let scores = body::router_scores(logits, experts as u64, sigmoid);
+    let (top_ids, top_w) = body::top_k(scores, experts as u64, top_k as u64, renormalize);
     let slot_iota = iota([tokens, top_k], 1);
-    let mut remaining = scores;
-    let mut top_ids = zeros([tokens, top_k], i32);
-    let mut top_w = zeros([tokens, top_k], f32);
-    for j in 0..top_k {
-        let best = remaining.max_keepdims(1);
-        let best_id = select(remaining == best, expert_iota, experts as i32).min_keepdims(1);
-        top_ids = select(slot_iota == j as i32, best_id, top_ids);
-        top_w = select(slot_iota == j as i32, best, top_w);
-        remaining = select(expert_iota == best_id, f64::NEG_INFINITY, remaining);
-    }
-    if renormalize {
-        top_w = top_w / top_w.sum_keepdims(1);
-    }
     // SMEM stores are scalar: pull each element out with a masked reduction, in a traced
     // loop over the (token, slot) pairs so the IR stays small.
     let token_iota = iota([tokens, top_k], 0);

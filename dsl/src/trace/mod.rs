@@ -13,6 +13,7 @@
 mod builder;
 mod control;
 pub mod params;
+mod pipeline;
 mod refs;
 mod val;
 
@@ -22,6 +23,7 @@ pub mod builder_handles {
     pub use super::builder::{Handle, Sealed, Slot};
 }
 pub use control::{Carry, Cond, LoopRange, Scope, StaticRange, TracedRange, for_range, if_else, range, run_scoped, while_loop};
+pub use pipeline::pipeline;
 pub use refs::{Dma, Ds, IndexElem, IntoIndex, IntoOffset, Ref, SemRef, async_copy, ds};
 pub use val::{Compare, Dims, IntoVal, Val, dot, dot_general, dot_t, full, iota, num_programs, program_id, scalar, select, zeros};
 
