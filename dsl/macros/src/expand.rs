@@ -319,7 +319,9 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
                         quote!(::core::option::Option::<::std::boxed::Box<dyn ::core::ops::FnOnce(&[::palladium_dsl::__private::Val], &[::palladium_dsl::__private::Ref]) -> (u32,)>>::None)
                     }
                 };
-                decls.push(quote_spanned! {ident.span()=>
+                // Spanned at the attribute: the declaration's location (for call-spec errors)
+                // is the operand's `bf16[m, k]`, not the `#[kernel]` line.
+                decls.push(quote_spanned! {args.array.span=>
                     __pd_b.operand(#name_str, ::palladium_dsl::__private::OperandRole::#role_id, #dtype, #shape, #space, #block, #map);
                 });
                 bindings.push(quote_spanned!(ty.span()=> let #ident: #ty = __pd_sealed.handles[#i].clone().into_ref();));

@@ -199,7 +199,7 @@ impl<'a> KernelBuilder<'a> {
     ) -> Slot {
         let loc = SrcLoc::caller();
         let index = self.operands.len();
-        self.operands.push(OperandSpec { name: name.to_string(), role, dtype, shape: Shape::new(shape.to_vec()), space, block, index_map: None });
+        self.operands.push(OperandSpec { name: name.to_string(), role, dtype, shape: Shape::new(shape.to_vec()), space, block, index_map: None, loc: Some(loc) });
         self.index_maps.push(index_map.map(|f| -> (IndexMapFn<'a>, SrcLoc) { (Box::new(move |g: &[Val], p: &[Ref]| f(g, p).indices(loc)), loc) }));
         let slot = Slot::Operand(index);
         self.slots.push(slot);
