@@ -128,3 +128,19 @@ fn a_literal_bound_takes_the_other_bounds_type() {
     let text = print_kernel(&k, PrintOptions::default());
     assert_eq!(text.matches(" for ").count(), 2, "two traced loops, one unrolled:\n{text}");
 }
+
+#[kernel]
+fn rust_value_in_traced_if(#[output(i32[1], space = smem)] o: Ref) {
+    let mut k = 0;
+    if o[0] > 0 {
+        k = 1;
+    }
+    o[0] = k;
+}
+
+#[test]
+fn a_rust_value_assigned_in_a_traced_if_is_reported_once() {
+    let errors = rust_value_in_traced_if().unwrap_err();
+    assert_eq!(errors.0.len(), 1, "{errors}");
+    assert!(errors.0[0].message.starts_with("a Rust value cannot change inside a traced if"), "{errors}");
+}

@@ -214,3 +214,22 @@ fn call_spec_errors_point_at_the_operand_declaration() {
     let arity = short_index_map().unwrap_err().to_string();
     assert!(arity.contains(&format!("index map of x{}returns (i32), expected one i32 block index per array dim (2 dims)", at(194))), "{arity}");
 }
+
+/// A trace error (the add) and a call-spec error (o's tiling) in one kernel.
+#[kernel(grid = (4,))]
+fn errors_of_two_stages(
+    #[input(f32[32, 256], block = [8, 256], map = |i| (i, 0))] x: Ref,
+    #[output(f32[16, 128], block = [4, 128], map = |i| (i, 0))] o: Ref,
+) {
+    let bad = x[..] + zeros([8, 128], f32);
+    o[..] = bad;
+}
+
+#[test]
+fn a_trace_error_does_not_hide_the_verifiers() {
+    let errors = errors_of_two_stages().unwrap_err();
+    let text = errors.to_string();
+    assert!(text.contains("add: operand types differ: f32[8,256] vs f32[8,128]"), "{text}");
+    assert!(text.contains("operand o at") && text.contains("TPU block rule"), "{text}");
+    assert_eq!(errors.0.len(), 2, "nothing repeated about the poisoned store: {text}");
+}

@@ -107,8 +107,13 @@ impl Tracer {
         *self.blocks.last().expect("a block is always being traced")
     }
 
+    /// Record an error; the same message at the same location is reported once (both
+    /// branches of a traced `if`, every iteration of an unrolled loop).
     pub(crate) fn error(&mut self, loc: SrcLoc, message: impl Into<String>) {
-        self.errors.push(BuildError { loc: Some(loc), message: message.into() });
+        let error = BuildError { loc: Some(loc), message: message.into() };
+        if !self.errors.contains(&error) {
+            self.errors.push(error);
+        }
     }
 
     /// Append `data` to the current block with results typed by the typing rules. If an
