@@ -91,23 +91,8 @@ fn normalize(text: &str) -> String {
 /// line, locations included, except a location JAX's parser made up for an elided terminator.
 fn assert_same_body(name: &str, ours: &str, theirs: &str) {
     let (ours, theirs) = (normalize(ours), normalize(theirs));
-    // Every ` loc(...)` / ` loc[...]` of a line removed.
-    let strip = |l: &str| {
-        let mut out = String::new();
-        let mut rest = l;
-        while let Some(at) = rest.find(" loc(").into_iter().chain(rest.find(" loc[")).min() {
-            out.push_str(&rest[..at]);
-            let mut depth = 0;
-            let end = rest[at + 4..].char_indices().find(|&(_, c)| {
-                depth += match c { '(' | '[' => 1, ')' | ']' => -1, _ => 0 };
-                depth == 0
-            });
-            rest = end.map_or("", |(i, _)| &rest[at + 5 + i..]);
-        }
-        out + rest
-    };
     let equal = ours.lines().count() == theirs.lines().count()
-        && ours.lines().zip(theirs.lines()).all(|(a, b)| if b.contains("loc[\"-\":") || b.contains("loc(\"-\":") { strip(a) == strip(b) } else { a == b });
+        && ours.lines().zip(theirs.lines()).all(|(a, b)| if b.contains("loc[\"-\":") || b.contains("loc(\"-\":") { without_locations(a) == without_locations(b) } else { a == b });
     assert!(equal, "{name}: body differs from JAX's serialization\nours:\n{ours}\ntheirs:\n{theirs}");
     assert!(ours.contains(" loc[\""), "{name}: the body carries no source locations");
 }
