@@ -387,7 +387,7 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
     let name_str = name.to_string();
     Ok(quote! {
         #(#attrs)*
-        #[allow(non_snake_case, unused_variables, unused_mut, unused_assignments, clippy::too_many_arguments, clippy::let_unit_value, clippy::unused_unit)]
+        #[allow(non_snake_case, unused_variables, unused_mut, unused_assignments, clippy::too_many_arguments, clippy::let_unit_value, clippy::unused_unit, clippy::unnecessary_operation)]
         #vis fn #name(#(#sig_params),*) -> ::core::result::Result<::palladium_dsl::Kernel, ::palladium_dsl::BuildErrors> {
             #[allow(unused_imports)]
             use ::palladium_dsl::__private::{IndexRef as _, IndexStd as _};

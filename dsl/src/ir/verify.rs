@@ -445,6 +445,7 @@ mod tests {
             space: MemorySpace::Vmem,
             block: None,
             index_map: None,
+            loc: None,
         });
         let ty = super::super::RefType { space: MemorySpace::Vmem, dtype: DType::F32, shape: Shape::new([8, 128]) };
         let o = k.add_block_param(k.entry, Type::Ref(ty.clone()));
