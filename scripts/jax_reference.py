@@ -112,7 +112,8 @@ def mosaic_context():
 
 def serialized_text(module_text):
     """Parse + verify a Mosaic module with the tpu dialect, then serialize it as JAX does
-    (`mosaic-serde`, current version: libtpu 0.0.42.1 reads it without a downgrade)."""
+    (`mosaic-serde`, current version: libtpu 0.0.42.1 reads it without a downgrade), printed
+    with its source locations (`loc(...)`: JAX's serialized bytecode keeps them too)."""
     from jax._src.lib.mlir import ir, passmanager
     ctx = mosaic_context()
     with ctx, ir.Location.unknown():
@@ -121,7 +122,7 @@ def serialized_text(module_text):
             raise ValueError("the module does not verify")
         ctx.allow_unregistered_dialects = True
         passmanager.PassManager.parse("builtin.module(mosaic-serde{serialize=true})").run(module.operation)
-        return str(module)
+        return module.operation.get_asm(enable_debug_info=True)
 
 
 def embedded_call(lowered):

@@ -32,7 +32,10 @@ fn emit_writes_module_body_and_call_spec() {
     assert!(module.contains("window_bounds = array<i64: 128, 512>"), "{module}");
     assert!(module.contains("iteration_bounds = array<i64: 8, 4, 4>"), "{module}");
     let body = std::fs::read_to_string(dir.join("matmul.body.mlir")).unwrap();
-    assert!(body.starts_with("module attributes {stable_mosaic.version = 15 : i64}"), "{body}");
+    // After the alias of the module's own location, which ops carry as `loc(..)`.
+    let first = body.lines().find(|l| !l.starts_with("#loc")).unwrap_or("");
+    assert!(first.starts_with("module attributes {stable_mosaic.version = 15 : i64}"), "{body}");
+    assert!(body.contains("loc(\"kernels/src/linalg.rs\":"), "{body}");
     assert!(body.contains("\"stable_mosaic.tpu.matmul\""), "{body}");
     let spec = std::fs::read_to_string(dir.join("matmul.call.json")).unwrap();
     assert!(spec.contains(r#""inputs":["bf16[1024,2048]","bf16[2048,1024]"],"outputs":["bf16[1024,1024]"]"#), "{spec}");

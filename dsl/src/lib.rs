@@ -73,7 +73,7 @@ pub mod __private {
     pub use crate::spec::{BlockDim, OperandRole, Semantics};
     pub use crate::trace::{
         BuildErrors, Carry, Compare, Cond, IndexElem, IntoIndex, IntoVal, KernelBuilder, ParamError, Ref, SemRef, Val, for_range, if_else,
-        range, while_loop,
+        range, range_from_literal, range_to_literal, while_loop,
     };
     pub use crate::trace::builder_handles::{Handle, Sealed};
     pub use crate::trace::params::{self as size, Checks, Size};

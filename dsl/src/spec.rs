@@ -5,7 +5,7 @@
 //! and a cost estimate. Index maps are traced into the kernel's IR as blocks, so they live in
 //! [`Kernel`](crate::ir::Kernel), not here.
 
-use crate::ir::{Block, DType, MemorySpace, SemKind, Shape};
+use crate::ir::{Block, DType, MemorySpace, SemKind, Shape, SrcLoc};
 use std::fmt;
 
 /// How the grid may iterate a dimension (`dimension_semantics`).
@@ -84,6 +84,9 @@ pub struct OperandSpec {
     /// The traced index map: a block whose parameters are the grid indices and the
     /// prefetch refs, ending in a `yield` of one i32 block index per array dim.
     pub index_map: Option<Block>,
+    /// Where it is declared (its `#[input(..)]`/`#[output(..)]`/`#[prefetch(..)]` attribute):
+    /// call-spec errors about it point there.
+    pub loc: Option<SrcLoc>,
 }
 
 impl OperandSpec {

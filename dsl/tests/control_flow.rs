@@ -106,3 +106,41 @@ fn names_assigned_in_nested_regions_are_carried_by_the_enclosing_ones() {
     assert!(!text.contains("init()"), "a loop carries nothing:\n{text}");
     assert!(text.contains(" = if "), "{text}");
 }
+
+#[kernel]
+fn literal_bounds(#[default(2)] unrolled: usize, #[output(f32[8], space = smem)] o: Ref) {
+    // An unsuffixed literal bound takes the other bound's type: traced against `scalar(..)`
+    // (a method call on `i` needs its type known), unrolled against a `usize`.
+    for i in 0..scalar(4) {
+        o[i] = i.cast(f32);
+    }
+    for j in scalar(4)..8 {
+        o[j] = j.cast(f32);
+    }
+    for _ in 0..unrolled {
+        o[0] = o[0] + 1.0;
+    }
+}
+
+#[test]
+fn a_literal_bound_takes_the_other_bounds_type() {
+    let k = literal_bounds(2).unwrap();
+    let text = print_kernel(&k, PrintOptions::default());
+    assert_eq!(text.matches(" for ").count(), 2, "two traced loops, one unrolled:\n{text}");
+}
+
+#[kernel]
+fn rust_value_in_traced_if(#[output(i32[1], space = smem)] o: Ref) {
+    let mut k = 0;
+    if o[0] > 0 {
+        k = 1;
+    }
+    o[0] = k;
+}
+
+#[test]
+fn a_rust_value_assigned_in_a_traced_if_is_reported_once() {
+    let errors = rust_value_in_traced_if().unwrap_err();
+    assert_eq!(errors.0.len(), 1, "{errors}");
+    assert!(errors.0[0].message.starts_with("a Rust value cannot change inside a traced if"), "{errors}");
+}

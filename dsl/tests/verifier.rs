@@ -187,3 +187,49 @@ fn operands_must_fit_the_chips_hbm() {
     let err = check_hbm(&k, Chip::V6e).unwrap_err();
     assert_eq!(err, "the operands of `sixty_gib` need 64.00 GiB (68719480832 bytes: x 64.00 GiB, o 0.00 GiB), more than the 32.00 GiB of HBM per device on v6e");
 }
+
+/// The index map returns one block index for a 2-d array.
+#[kernel(grid = (4,))]
+fn short_index_map(
+    #[input(f32[32, 128], block = [8, 128], map = |i| (i,))] x: Ref,
+    #[output(f32[32, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
+) {
+    o[..] = x[..];
+}
+
+#[test]
+fn call_spec_errors_point_at_the_operand_declaration() {
+    // Each at the operand's array type in its attribute (`bf16[..]` after `#[input(`), not at
+    // the `#[kernel]` line.
+    // `#[output(` is a column longer.
+    let at = |line: u32| format!(" at {}:{line}:13: ", file!());
+    let at_output = |line: u32| format!(" at {}:{line}:14: ", file!());
+    let tiling = unaligned_bf16_block().unwrap_err().to_string();
+    assert!(tiling.contains(&format!("operand x{}TPU block rule", at(32))), "{tiling}");
+    assert!(tiling.contains(&format!("operand o{}TPU block rule", at_output(33))), "{tiling}");
+    assert!(tiling.contains(&format!("output o{}elements 100..400", at_output(33))), "{tiling}");
+    // The budget at its largest VMEM user (here a tie: the first).
+    let budget = too_big().unwrap_err().to_string();
+    assert!(budget.contains(&format!("vmem{}VMEM budget exceeded", at(48))), "{budget}");
+    let arity = short_index_map().unwrap_err().to_string();
+    assert!(arity.contains(&format!("index map of x{}returns (i32), expected one i32 block index per array dim (2 dims)", at(194))), "{arity}");
+}
+
+/// A trace error (the add) and a call-spec error (o's tiling) in one kernel.
+#[kernel(grid = (4,))]
+fn errors_of_two_stages(
+    #[input(f32[32, 256], block = [8, 256], map = |i| (i, 0))] x: Ref,
+    #[output(f32[16, 128], block = [4, 128], map = |i| (i, 0))] o: Ref,
+) {
+    let bad = x[..] + zeros([8, 128], f32);
+    o[..] = bad;
+}
+
+#[test]
+fn a_trace_error_does_not_hide_the_verifiers() {
+    let errors = errors_of_two_stages().unwrap_err();
+    let text = errors.to_string();
+    assert!(text.contains("add: operand types differ: f32[8,256] vs f32[8,128]"), "{text}");
+    assert!(text.contains("operand o at") && text.contains("TPU block rule"), "{text}");
+    assert_eq!(errors.0.len(), 2, "nothing repeated about the poisoned store: {text}");
+}

@@ -1,5 +1,5 @@
-//! Interpreter errors: what went wrong, at which op (name, line:column, source text) and at
-//! which grid point.
+//! Interpreter errors: what went wrong, at which op (name, the kernel source line its
+//! `loc(...)` names, body line:column and text) and at which grid point.
 
 use crate::parse::Pos;
 use std::fmt;
@@ -40,8 +40,11 @@ pub enum ErrorKind {
 pub struct OpSite {
     /// The op name without the `stable_mosaic.` prefix, e.g. `tpu.wait_dma2`.
     pub name: String,
+    /// Its line:column in the body text.
     pub pos: Pos,
-    /// The op's (first) source line, trimmed.
+    /// The kernel source line that wrote it (`kernels/src/foo.rs:12:5`), from its `loc(...)`.
+    pub src: Option<String>,
+    /// The op's (first) body line, trimmed.
     pub text: String,
     /// The function it is in (`gather_rows`, `transform_1`, …).
     pub func: String,
@@ -67,7 +70,10 @@ impl fmt::Display for InterpError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:?}: ", self.kind)?;
         if let Some(s) = &self.site {
-            write!(f, "`{}` at line {} in @{}", s.name, s.pos, s.func)?;
+            match &s.src {
+                Some(src) => write!(f, "`{}` at {src} (body line {}) in @{}", s.name, s.pos, s.func)?,
+                None => write!(f, "`{}` at line {} in @{}", s.name, s.pos, s.func)?,
+            }
         }
         if let Some(g) = &self.grid_point {
             let g: Vec<String> = g.iter().map(|x| x.to_string()).collect();

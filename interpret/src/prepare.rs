@@ -193,10 +193,10 @@ fn err_at(kind: ErrorKind, site: &OpSite, msg: String) -> InterpError {
 }
 
 impl<'a> Cx<'a> {
-    fn site(&mut self, name: &str, pos: Pos) -> u32 {
+    fn site(&mut self, name: &str, pos: Pos, src: Option<&str>) -> u32 {
         let text = self.lines.get(pos.line.saturating_sub(1) as usize).map(|l| l.trim()).unwrap_or("");
         let text = if text.len() > 240 { format!("{}…", &text[..text.char_indices().take_while(|(i, _)| *i < 240).last().map(|(i, c)| i + c.len_utf8()).unwrap_or(0)]) } else { text.to_string() };
-        self.sites.push(OpSite { name: name.to_string(), pos, text, func: self.func.clone() });
+        self.sites.push(OpSite { name: name.to_string(), pos, src: src.map(str::to_string), text, func: self.func.clone() });
         (self.sites.len() - 1) as u32
     }
 
@@ -260,7 +260,7 @@ impl<'a> Cx<'a> {
     }
 
     fn op(&mut self, op: &Operation) -> Result<Instr> {
-        let site = self.site(&op.name, op.pos);
+        let site = self.site(&op.name, op.pos, op.src.as_deref());
         let s = self.sites[site as usize].clone();
         let kind = self.kind(op).map_err(|mut e| {
             if e.site.is_none() {

@@ -17,6 +17,15 @@ fn gather() -> (String, [HostArray; 2]) {
     (body, [HostArray::from_i32(&[8], &ids), HostArray::bf16_from_f32(&[64, 16, 256], &table)])
 }
 
+/// `kernels/src/gather.rs:LINE:` of the one line of the gather kernel's source containing
+/// `needle`: errors name the Rust line that traced the faulty op (from the body's `loc(...)`).
+fn gather_line(needle: &str) -> String {
+    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/src/gather.rs")).unwrap();
+    let lines: Vec<usize> = source.lines().enumerate().filter(|(_, l)| l.contains(needle)).map(|(i, _)| i + 1).collect();
+    assert_eq!(lines.len(), 1, "`{needle}` must name one line of gather.rs");
+    format!("at kernels/src/gather.rs:{}:", lines[0])
+}
+
 #[test]
 fn missing_dma_wait_is_a_race() {
     let (body, inputs) = gather();
@@ -26,6 +35,7 @@ fn missing_dma_wait_is_a_race() {
     assert!(text.contains("grid point (0)"), "{text}");
     assert!(text.contains("scratch0[0, 0..16, 0..256]"), "{text}");
     assert!(text.contains("tpu.enqueue_dma"), "names the DMA: {text}");
+    assert!(text.contains(&gather_line("buf[slot]")), "names the Rust line of the load: {text}");
 }
 
 #[test]
@@ -38,6 +48,7 @@ fn wait_nobody_signals_is_a_deadlock() {
     assert!(text.contains("tpu.wait_dma2"), "{text}");
     assert!(text.contains("scratch1[0]"), "names the semaphore: {text}");
     assert!(text.contains("grid point (0)"), "{text}");
+    assert!(text.contains(&gather_line("fetch(step, slot).wait()")), "names the Rust line of the wait: {text}");
 }
 
 #[test]
@@ -57,6 +68,7 @@ fn out_of_bounds_slice() {
     let bad = edit(&body, "{value = 2 : i32}", "{value = 3 : i32}");
     let text = expect_err(run(&bad, &inputs), ErrorKind::OutOfBounds);
     assert!(text.contains("tpu.memref_slice"), "{text}");
+    assert!(text.contains(&gather_line("let fetch")), "names the Rust line of the slice: {text}");
 }
 
 #[test]

@@ -7,6 +7,7 @@
 //! - [`Lowered::canonical`]: the same after MLIR's `canonicalize` + `cse`, which is what
 //!   Pallas prints with `debug=True`,
 //! - [`Lowered::body`]: the serialized `stable_mosaic` text for the `tpu_custom_call` body,
+//!   (`module` and `body` carry each op's Rust source line as `loc("kernels/src/foo.rs":L:C)`),
 //! - [`Lowered::call_json`]: the oracle's call spec.
 //!
 //! Map of the crate:
@@ -35,7 +36,10 @@ pub use serialize::VERSION as SERIALIZATION_VERSION;
 
 use context::MlirContext;
 use melior::{
-    ir::{Module, operation::OperationLike},
+    ir::{
+        Module,
+        operation::{OperationLike, OperationPrintingFlags},
+    },
     pass::{PassManager, transform},
 };
 use palladium_dsl::ir::{Kernel, VerifyOptions, verify};
@@ -75,7 +79,7 @@ pub fn lower(kernel: &Kernel, options: &LowerOptions) -> Result<Lowered, LowerEr
             return Err(blame(&mc, kernel, &emitted, diagnostics));
         }
     }
-    let text = module.as_operation().to_string();
+    let text = with_locations(&kernel.name, &module.as_operation())?;
     let body = serialize::serialize(&mc, &kernel.name, &module)?;
 
     let pm = PassManager::new(ctx);
@@ -92,6 +96,17 @@ pub fn lower(kernel: &Kernel, options: &LowerOptions) -> Result<Lowered, LowerEr
     }
     let canonical = module.as_operation().to_string();
     Ok(Lowered { module: text, canonical, body, call_json: call_spec::call_json(kernel) })
+}
+
+/// `op` printed with its source locations (`loc("kernels/src/foo.rs":12:5)`, as Pallas's
+/// modules carry Python lines), so that the interpreter's and libtpu's errors name the Rust line.
+pub(crate) fn with_locations<'c: 'a, 'a>(kernel: &str, op: &impl OperationLike<'c, 'a>) -> Result<String, LowerError> {
+    op.to_string_with_flags(OperationPrintingFlags::new().enable_debug_info(true, false)).map_err(|e| LowerError::Module {
+        kernel: kernel.to_string(),
+        loc: None,
+        message: format!("printing the module: {e}"),
+        diagnostics: Vec::new(),
+    })
 }
 
 /// Turn a failed module verification into an error about the kernel op whose MLIR failed:

@@ -26,7 +26,6 @@
 use crate::context::MlirContext;
 use crate::error::LowerError;
 use melior::{
-    Context,
     ir::{
         Block, BlockLike, BlockRef, Identifier, Location, Module, Region, RegionLike, Type, Value, ValueLike,
         attribute::IntegerAttribute,
@@ -45,7 +44,6 @@ fn key<'c>(v: &impl ValueLike<'c>) -> usize {
 }
 
 struct Cloner<'c, 'o> {
-    ctx: &'c Context,
     map: HashMap<usize, Value<'c, 'o>>,
 }
 
@@ -82,7 +80,7 @@ impl<'c, 'o> Cloner<'c, 'o> {
                 let mut b = r.first_block();
                 while let Some(sb) = b {
                     let args: Vec<(Type<'c>, Location<'c>)> =
-                        (0..sb.argument_count()).filter_map(|i| sb.argument(i).ok()).map(|a| (a.r#type(), Location::unknown(self.ctx))).collect();
+                        (0..sb.argument_count()).filter_map(|i| sb.argument(i).ok()).map(|a| (a.r#type(), a.location())).collect();
                     region.append_block(Block::new(&args));
                     b = sb.next_in_region();
                 }
@@ -117,15 +115,15 @@ impl<'c, 'o> Cloner<'c, 'o> {
 /// The serialized text of `module` (already verified).
 pub(crate) fn serialize(mc: &MlirContext, kernel: &str, module: &Module<'_>) -> Result<String, LowerError> {
     let ctx = &mc.ctx;
-    let mut out = Module::new(Location::unknown(ctx));
+    let mut out = Module::new(module.as_operation().location());
     out.as_operation_mut()
         .set_attribute("stable_mosaic.version", IntegerAttribute::new(IntegerType::new(ctx, 64).into(), VERSION).into());
     {
-        let mut cloner = Cloner { ctx, map: HashMap::new() };
+        let mut cloner = Cloner { map: HashMap::new() };
         cloner.block(kernel, module.body(), out.body())?;
     }
     if let Err(diagnostics) = mc.verify(&out.as_operation()) {
         return Err(LowerError::Module { kernel: kernel.to_string(), loc: None, message: "the serialized module does not verify".into(), diagnostics });
     }
-    Ok(out.as_operation().to_string())
+    crate::with_locations(kernel, &out.as_operation())
 }

@@ -41,3 +41,23 @@ fn matmul_compiles_with_jax_pallas_cycles_and_an_abort_rejects_one_kernel() {
     assert!(gather.estimate_note.as_deref().is_some_and(|n| n.contains("aborted") && n.contains("DMA")), "{gather:?}");
     assert!(gather.code_size_bytes > 0);
 }
+
+#[test]
+fn libtpu_errors_name_the_rust_line() {
+    // A planted fault libtpu refuses: the scale multiply of gather_rows made an integer add
+    // of float vectors. The body carries each op's Rust line as `loc(..)`,
+    // so libtpu's error names it.
+    let k = palladium_kernels::build("gather_rows", &[]).unwrap();
+    let l = lower(&k, &LowerOptions { chip: Chip::V5e }).unwrap();
+    let planted = l.body.replacen("\"stable_mosaic.arith.mulf\"", "\"stable_mosaic.arith.addi\"", 1);
+    assert_ne!(planted, l.body);
+    let bad = Job { program: wrap(&planted, &CallSpec::from_json(&l.call_json).unwrap()).unwrap(), chip: Chip::V5e, serialize: false };
+    let compiler = Compiler::new(Estimate::No).unwrap_or_else(|e| panic!("{e}"));
+    let result = compiler.compile_all(&[bad]).remove(0);
+    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/src/gather.rs")).unwrap();
+    let line = source.lines().position(|l| !l.trim_start().starts_with("//") && l.contains("* scale")).expect("the scale line") + 1;
+    match result {
+        Err(CompileError::Rejected(why)) => assert!(why.contains(&format!("loc(\"kernels/src/gather.rs\":{line}:")), "{why}"),
+        other => panic!("expected libtpu to reject the planted addi, got {other:?}"),
+    }
+}

@@ -222,10 +222,17 @@ impl BodyRewriter<'_> {
         let span = f.for_token.span();
         let pat: &Pat = &f.pat;
         let body = &f.body;
+        // One unsuffixed integer literal bound takes the other bound's type (`0..scalar(5)`).
+        let unsuffixed = |e: &Expr| matches!(e, Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) if i.suffix().is_empty());
+        let range = match (unsuffixed(lo), unsuffixed(hi)) {
+            (true, false) => Ident::new("range_from_literal", span),
+            (false, true) => Ident::new("range_to_literal", span),
+            _ => Ident::new("range", span),
+        };
         Some(parse_quote_spanned! {span=>
             {
                 let __pd_r = ::palladium_dsl::__private::for_range(
-                    ::palladium_dsl::__private::range(#lo, #hi),
+                    ::palladium_dsl::__private::#range(#lo, #hi),
                     (#(#vars,)*),
                     |#pat, __pd_c| { #[allow(unused_mut, unused_variables)] let (#(mut #vars,)*) = __pd_c; #body; (#(#vars,)*) },
                 );

@@ -319,7 +319,9 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
                         quote!(::core::option::Option::<::std::boxed::Box<dyn ::core::ops::FnOnce(&[::palladium_dsl::__private::Val], &[::palladium_dsl::__private::Ref]) -> (u32,)>>::None)
                     }
                 };
-                decls.push(quote_spanned! {ident.span()=>
+                // Spanned at the attribute: the declaration's location (for call-spec errors)
+                // is the operand's `bf16[m, k]`, not the `#[kernel]` line.
+                decls.push(quote_spanned! {args.array.span=>
                     __pd_b.operand(#name_str, ::palladium_dsl::__private::OperandRole::#role_id, #dtype, #shape, #space, #block, #map);
                 });
                 bindings.push(quote_spanned!(ty.span()=> let #ident: #ty = __pd_sealed.handles[#i].clone().into_ref();));
@@ -385,7 +387,7 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
     let name_str = name.to_string();
     Ok(quote! {
         #(#attrs)*
-        #[allow(non_snake_case, unused_variables, unused_mut, unused_assignments, clippy::too_many_arguments, clippy::let_unit_value, clippy::unused_unit)]
+        #[allow(non_snake_case, unused_variables, unused_mut, unused_assignments, clippy::too_many_arguments, clippy::let_unit_value, clippy::unused_unit, clippy::unnecessary_operation)]
         #vis fn #name(#(#sig_params),*) -> ::core::result::Result<::palladium_dsl::Kernel, ::palladium_dsl::BuildErrors> {
             #[allow(unused_imports)]
             use ::palladium_dsl::__private::{IndexRef as _, IndexStd as _};

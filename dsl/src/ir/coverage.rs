@@ -11,12 +11,14 @@
 //!   at most one grid index and no grid index feeds two results (the common
 //!   `|i, j, _k| (i, j)`); other maps, and maps reading scalar prefetch, are not judged.
 
-use super::{BinaryOp, Block, Kernel, Literal, OpData, Value, ValueDef};
+use super::{BinaryOp, Block, Kernel, Literal, OpData, SrcLoc, Value, ValueDef};
 use crate::spec::{BlockDim, OperandRole, OperandSpec};
 
 /// One problem, for the verifier to report.
 pub(super) struct CoverageError {
     pub what: String,
+    /// The declaration of the operand it is about.
+    pub loc: Option<SrcLoc>,
     pub message: String,
 }
 
@@ -162,6 +164,7 @@ fn bounds(o: &OperandSpec, block: &[BlockDim], forms: &[Affine], grid: &[u64], e
             let bad = if lo < 0 { lo } else { hi };
             errors.push(CoverageError {
                 what: format!("index map of {}", o.name),
+                loc: o.loc,
                 message: format!("reaches block {bad} along dim {d}, outside the array's {n} blocks of {} (dim {} of {})", block[d], o.shape.dims()[d], o.shape),
             });
         }
@@ -187,6 +190,7 @@ fn coverage(o: &OperandSpec, block: &[BlockDim], forms: &[Affine], grid: &[u64],
             let (e0, e1) = (b0 * b, (b1 * b).min(size));
             errors.push(CoverageError {
                 what: format!("output {}", o.name),
+                loc: o.loc,
                 message: format!(
                     "elements {e0}..{e1} of dim {d} (size {size}) are never written: the grid ({}) reaches {} of its {n} blocks of {b}",
                     grid.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),

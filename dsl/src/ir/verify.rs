@@ -91,7 +91,7 @@ pub fn verify(kernel: &Kernel, options: VerifyOptions) -> Result<(), VerifierErr
     }
     v.vmem_budget(options.chip);
     for e in coverage::check(kernel) {
-        v.call_error(e.what, e.message);
+        v.errors.push(VerifierError { site: ErrorSite::Call(e.what), op_text: None, loc: e.loc.or(kernel.loc), message: e.message });
     }
     if v.errors.is_empty() { Ok(()) } else { Err(VerifierErrors(v.errors)) }
 }
@@ -105,6 +105,11 @@ struct Verifier<'a> {
 impl Verifier<'_> {
     fn call_error(&mut self, what: impl Into<String>, message: impl Into<String>) {
         self.errors.push(VerifierError { site: ErrorSite::Call(what.into()), op_text: None, loc: self.k.loc, message: message.into() });
+    }
+
+    /// A call-spec error about operand `o`, at its declaration.
+    fn operand_error(&mut self, o: &OperandSpec, what: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(VerifierError { site: ErrorSite::Call(what.into()), op_text: None, loc: o.loc.or(self.k.loc), message: message.into() });
     }
 
     fn op_error(&mut self, op: Op, message: impl Into<String>) {
@@ -144,37 +149,37 @@ impl Verifier<'_> {
     fn operand(&mut self, o: &OperandSpec) {
         let what = format!("operand {}", o.name);
         if o.role == OperandRole::Prefetch && (o.dtype != DType::I32 || o.space != MemorySpace::Smem) {
-            self.call_error(&what, format!("scalar prefetch must be an i32 array in SMEM, got {}{} in {}", o.dtype, o.shape, o.space));
+            self.operand_error(o, &what, format!("scalar prefetch must be an i32 array in SMEM, got {}{} in {}", o.dtype, o.shape, o.space));
         }
         if o.space == MemorySpace::Semaphore {
-            self.call_error(&what, "arrays cannot live in semaphore memory");
+            self.operand_error(o, &what, "arrays cannot live in semaphore memory");
         }
         let Some(block) = &o.block else {
             if o.is_windowed() && !self.k.call.grid.is_empty() && o.index_map.is_none() {
-                self.call_error(&what, "a windowed operand of a gridded kernel needs a block shape and an index map");
+                self.operand_error(o, &what, "a windowed operand of a gridded kernel needs a block shape and an index map");
             }
             return;
         };
         if o.space.is_hbm_like() {
-            self.call_error(&what, format!("{} operands are not windowed: drop the block shape and copy from them with DMAs", o.space));
+            self.operand_error(o, &what, format!("{} operands are not windowed: drop the block shape and copy from them with DMAs", o.space));
             return;
         }
         if block.len() != o.shape.rank() {
-            self.call_error(&what, format!("block rank {} differs from array rank {} ({})", block.len(), o.shape.rank(), o.shape));
+            self.operand_error(o, &what, format!("block rank {} differs from array rank {} ({})", block.len(), o.shape.rank(), o.shape));
             return;
         }
         if o.index_map.is_none() {
-            self.call_error(&what, "a block shape needs an index map");
+            self.operand_error(o, &what, "a block shape needs an index map");
         }
         for (d, (b, &n)) in block.iter().zip(o.shape.dims()).enumerate() {
             if let BlockDim::Blocked(b) = *b
                 && (b == 0 || b > n) {
-                    self.call_error(&what, format!("block dim {d} is {b}, the array dim is {n}"));
+                    self.operand_error(o, &what, format!("block dim {d} is {b}, the array dim is {n}"));
                 }
         }
         if o.space == MemorySpace::Vmem
             && let Err(m) = block_tiling_rule(o.dtype, block, &o.shape) {
-                self.call_error(&what, m);
+                self.operand_error(o, &what, m);
             }
     }
 
@@ -277,7 +282,7 @@ impl Verifier<'_> {
         }
         let got: Vec<Type> = k.blocks[map].params.iter().map(|&p| k.ty(p).clone()).collect();
         if got != want {
-            self.call_error(&what, format!("takes {} parameters, expected the {} grid indices and {} prefetch refs", got.len(), k.call.grid.len(), want.len() - k.call.grid.len()));
+            self.operand_error(o, &what, format!("takes {} parameters, expected the {} grid indices and {} prefetch refs", got.len(), k.call.grid.len(), want.len() - k.call.grid.len()));
         }
         // Index maps may not touch the kernel body's values.
         let saved = std::mem::take(&mut self.visible);
@@ -286,7 +291,7 @@ impl Verifier<'_> {
         if let Ok(ys) = yield_types(k, map)
             && (ys.len() != o.shape.rank() || ys.iter().any(|t| *t != Type::Scalar(DType::I32))) {
                 let shown: Vec<String> = ys.iter().map(|t| t.to_string()).collect();
-                self.call_error(&what, format!("returns ({}), expected one i32 block index per array dim ({} dims)", shown.join(", "), o.shape.rank()));
+                self.operand_error(o, &what, format!("returns ({}), expected one i32 block index per array dim ({} dims)", shown.join(", "), o.shape.rank()));
             }
     }
 
@@ -295,6 +300,8 @@ impl Verifier<'_> {
         let gridded = !k.call.grid.is_empty();
         let mut lines = Vec::new();
         let mut total = 0u64;
+        // The operand taking the most VMEM: an exceeded budget is reported at its declaration.
+        let mut largest: Option<(u64, &OperandSpec)> = None;
         for o in &k.call.operands {
             if o.space != MemorySpace::Vmem {
                 continue;
@@ -303,7 +310,11 @@ impl Verifier<'_> {
             let buffers = if gridded && o.block.is_some() { 2 } else { 1 };
             let bytes = padded_vmem_bytes(o.dtype, &o.window_shape());
             lines.push(format!("{} {}x{}", o.name, buffers, bytes));
-            total = total.saturating_add(bytes.saturating_mul(buffers));
+            let taken = bytes.saturating_mul(buffers);
+            total = total.saturating_add(taken);
+            if largest.is_none_or(|(most, _)| taken > most) {
+                largest = Some((taken, o));
+            }
         }
         for b in k.bufs.values() {
             let scratch_or_scoped = matches!(b.origin, BufOrigin::Scratch(_) | BufOrigin::Scoped(_));
@@ -320,10 +331,11 @@ impl Verifier<'_> {
             }
         if let Some(limit) = limit
             && total > limit {
-                self.call_error(
-                    "vmem",
-                    format!("VMEM budget exceeded: {total} bytes needed ({}), limit {limit} bytes{}", lines.join(" + "), chip.map(|c| format!(" on {c}")).unwrap_or_default()),
-                );
+                let message = format!("VMEM budget exceeded: {total} bytes needed ({}), limit {limit} bytes{}", lines.join(" + "), chip.map(|c| format!(" on {c}")).unwrap_or_default());
+                match largest {
+                    Some((_, o)) => self.operand_error(o, "vmem", message),
+                    None => self.call_error("vmem", message),
+                }
             }
     }
 }
@@ -433,6 +445,7 @@ mod tests {
             space: MemorySpace::Vmem,
             block: None,
             index_map: None,
+            loc: None,
         });
         let ty = super::super::RefType { space: MemorySpace::Vmem, dtype: DType::F32, shape: Shape::new([8, 128]) };
         let o = k.add_block_param(k.entry, Type::Ref(ty.clone()));

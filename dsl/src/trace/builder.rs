@@ -8,7 +8,7 @@
 use super::refs::{Ref, SemRef};
 use super::val::{Val, constant};
 use super::{BuildError, BuildErrors, Tracer, in_block, install, uninstall, with};
-use crate::ir::{BufOrigin, DType, Kernel, Literal, MemorySpace, OpData, RefType, SemKind, Shape, SrcLoc, Type, Value, VerifyOptions};
+use crate::ir::{BufOrigin, DType, ErrorSite, Kernel, Literal, MemorySpace, OpData, RefType, SemKind, Shape, SrcLoc, Type, Value, VerifyOptions};
 use crate::spec::{BlockDim, CostEstimate, GridDim, OperandRole, OperandSpec, ScratchSpec, Semantics};
 use cranelift_entity::SecondaryMap;
 use smallvec::SmallVec;
@@ -199,7 +199,7 @@ impl<'a> KernelBuilder<'a> {
     ) -> Slot {
         let loc = SrcLoc::caller();
         let index = self.operands.len();
-        self.operands.push(OperandSpec { name: name.to_string(), role, dtype, shape: Shape::new(shape.to_vec()), space, block, index_map: None });
+        self.operands.push(OperandSpec { name: name.to_string(), role, dtype, shape: Shape::new(shape.to_vec()), space, block, index_map: None, loc: Some(loc) });
         self.index_maps.push(index_map.map(|f| -> (IndexMapFn<'a>, SrcLoc) { (Box::new(move |g: &[Val], p: &[Ref]| f(g, p).indices(loc)), loc) }));
         let slot = Slot::Operand(index);
         self.slots.push(slot);
@@ -327,14 +327,23 @@ impl Sealed {
         let Some(tracer) = tracer else {
             return Err(BuildErrors(vec![BuildError { loc: None, message: "kernel trace was lost".into() }]));
         };
-        if !tracer.errors.is_empty() {
-            return Err(BuildErrors(tracer.errors));
-        }
         let kernel = tracer.kernel;
-        crate::ir::verify(&kernel, VerifyOptions::default()).map_err(|errs| {
-            BuildErrors(errs.0.into_iter().map(|e| BuildError { loc: e.loc, message: e.to_string() }).collect())
-        })?;
-        Ok(kernel)
+        let mut errors = tracer.errors;
+        let traced_cleanly = errors.is_empty();
+        if let Err(found) = crate::ir::verify(&kernel, VerifyOptions::default()) {
+            // After a trace error, the verifier's findings are reported too (all at once), but
+            // not those about ops the error poisoned or about region ops (whose yields a
+            // poisoned carry may have cut short): they would repeat the trace error.
+            let independent = |e: &crate::ir::VerifierError| match e.site {
+                ErrorSite::Call(_) => true,
+                ErrorSite::Op(op) => {
+                    let node = &kernel.ops[op];
+                    node.data.blocks().is_empty() && !node.data.operands().iter().chain(&node.results).any(|&v| tracer.poisoned[v])
+                }
+            };
+            errors.extend(found.0.into_iter().filter(|e| traced_cleanly || independent(e)).map(|e| BuildError { loc: e.loc, message: e.to_string() }));
+        }
+        if errors.is_empty() { Ok(kernel) } else { Err(BuildErrors(errors)) }
     }
 }
 

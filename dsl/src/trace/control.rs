@@ -243,6 +243,52 @@ pub fn range<L: MakeRange<U>, U>(lower: L, upper: U) -> L::Range {
     lower.make(upper, SrcLoc::caller())
 }
 
+/// The other bound of a range with one unsuffixed integer literal bound (`0..n`): the literal
+/// takes its type from this one, as in plain Rust, so `0..scalar(5)` is a traced loop (the
+/// literal an `i32`) and `0..n` with `n: usize` an unrolled one, without `0i32..`.
+pub trait LiteralBound: Sized {
+    /// The literal's type: the bound's own, `i32` for a traced bound.
+    type Literal;
+    type Range: LoopRange;
+    fn with_literal_lower(self, lower: Self::Literal, loc: SrcLoc) -> Self::Range;
+    fn with_literal_upper(self, upper: Self::Literal, loc: SrcLoc) -> Self::Range;
+}
+
+macro_rules! literal_bound {
+    ($($t:ty),*) => {$(
+        impl LiteralBound for $t {
+            type Literal = $t;
+            type Range = StaticRange<$t>;
+            fn with_literal_lower(self, lower: $t, _: SrcLoc) -> StaticRange<$t> { StaticRange(lower..self) }
+            fn with_literal_upper(self, upper: $t, _: SrcLoc) -> StaticRange<$t> { StaticRange(self..upper) }
+        }
+    )*};
+}
+literal_bound!(i32, i64, u32, u64, usize);
+
+impl LiteralBound for Val {
+    type Literal = i32;
+    type Range = TracedRange;
+    fn with_literal_lower(self, lower: i32, loc: SrcLoc) -> TracedRange {
+        TracedRange { lower: constant(Literal::Int(i64::from(lower)), Type::Scalar(DType::I32), loc), upper: self }
+    }
+    fn with_literal_upper(self, upper: i32, loc: SrcLoc) -> TracedRange {
+        TracedRange { lower: self, upper: constant(Literal::Int(i64::from(upper)), Type::Scalar(DType::I32), loc) }
+    }
+}
+
+/// `LITERAL..upper` as a loop range (see [`LiteralBound`]).
+#[track_caller]
+pub fn range_from_literal<U: LiteralBound>(lower: U::Literal, upper: U) -> U::Range {
+    upper.with_literal_lower(lower, SrcLoc::caller())
+}
+
+/// `lower..LITERAL` as a loop range (see [`LiteralBound`]).
+#[track_caller]
+pub fn range_to_literal<L: LiteralBound>(lower: L, upper: L::Literal) -> L::Range {
+    lower.with_literal_upper(upper, SrcLoc::caller())
+}
+
 /// `for iv in range { body }` with carried values.
 #[track_caller]
 pub fn for_range<R: LoopRange, C: Carry>(range: R, init: C, body: impl FnMut(R::Iv, C) -> C) -> C {

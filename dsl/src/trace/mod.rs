@@ -22,7 +22,7 @@ pub mod builder_handles {
     //! Handles handed out by a sealed [`super::KernelBuilder`].
     pub use super::builder::{Handle, Sealed, Slot};
 }
-pub use control::{Carry, Cond, LoopRange, Scope, StaticRange, TracedRange, for_range, if_else, range, run_scoped, while_loop};
+pub use control::{Carry, Cond, LoopRange, Scope, StaticRange, TracedRange, for_range, if_else, range, range_from_literal, range_to_literal, run_scoped, while_loop};
 pub use pipeline::pipeline;
 pub use refs::{Dma, Ds, IndexElem, IntoIndex, IntoOffset, Ref, SemRef, async_copy, ds};
 pub use val::{Compare, Dims, IntoVal, Val, dot, dot_general, dot_t, full, iota, num_programs, program_id, scalar, select, zeros};
@@ -109,8 +109,13 @@ impl Tracer {
         *self.blocks.last().expect("a block is always being traced")
     }
 
+    /// Record an error; the same message at the same location is reported once (both
+    /// branches of a traced `if`, every iteration of an unrolled loop).
     pub(crate) fn error(&mut self, loc: SrcLoc, message: impl Into<String>) {
-        self.errors.push(BuildError { loc: Some(loc), message: message.into() });
+        let error = BuildError { loc: Some(loc), message: message.into() };
+        if !self.errors.contains(&error) {
+            self.errors.push(error);
+        }
     }
 
     /// Append `data` to the current block with results typed by the typing rules. If an

@@ -259,6 +259,9 @@ pub struct Region {
 pub struct Operation {
     pub name: String,
     pub pos: Pos,
+    /// The source location its `loc(...)` names, `file:line:col` (for Palladium's bodies
+    /// the Rust line that traced the op, e.g. `kernels/src/gather.rs:27:5`).
+    pub src: Option<String>,
     /// Result value names (`%12:2` expands to `%12#0`, `%12#1`).
     pub results: Vec<String>,
     pub result_types: Vec<Type>,

@@ -66,4 +66,24 @@ module attributes {stable_mosaic.version = 11 : i64} {
         assert_eq!(t.memory_space(), Some("semaphore_mem"));
         assert_eq!(t.to_string(), "memref<2x?x!tpu.dma_semaphore, #tpu.memory_space<semaphore_mem>>");
     }
+
+    #[test]
+    fn locations_resolve_through_aliases() {
+        // MLIR prints location aliases after the module; names and call sites wrap files.
+        let text = r#"module {
+  %c1 = "stable_mosaic.arith.constant"() {value = 1 : i32} : () -> i32 loc(#loc1)
+  %c2 = "stable_mosaic.arith.constant"() {value = 2 : i32} : () -> i32 loc("kernels/src/a.rs":7:13)
+  %c3 = "stable_mosaic.arith.constant"() {value = 3 : i32} : () -> i32 loc(#loc3)
+  %c4 = "stable_mosaic.arith.constant"() {value = 4 : i32} : () -> i32 loc(unknown)
+  %c5 = "stable_mosaic.arith.constant"() {value = 5 : i32} : () -> i32
+} loc(#loc)
+#loc = loc(unknown)
+#loc1 = loc("kernels/src/a.rs":3:5)
+#loc2 = loc("k.py":12:4)
+#loc3 = loc("add"(#loc2))
+"#;
+        let m = parse_module(text).unwrap_or_else(|e| panic!("{e}"));
+        let src: Vec<Option<&str>> = m.ops.iter().map(|o| o.src.as_deref()).collect();
+        assert_eq!(src, [Some("kernels/src/a.rs:3:5"), Some("kernels/src/a.rs:7:13"), Some("k.py:12:4"), None, None]);
+    }
 }

@@ -2,6 +2,7 @@
 //! serialized (`stable_mosaic`) Mosaic body.
 
 use super::ast::*;
+use std::collections::HashMap;
 use std::fmt;
 
 /// A syntax error at a line and column of the input.
@@ -239,27 +240,54 @@ impl<'a> Parser<'a> {
         }
     }
 
-    /// Skip a trailing `loc(...)`.
-    fn skip_loc(&mut self) -> R<()> {
+    /// A trailing `loc(...)`, if any: its text between the parentheses, unresolved.
+    fn loc(&mut self) -> R<Option<String>> {
         self.ws();
-        if self.rest_starts("loc(") {
-            self.eat("loc(");
-            let mut depth = 1;
-            while depth > 0 {
-                match self.peek() {
-                    None => return self.err("unterminated loc(…)"),
-                    Some(b'"') => {
-                        self.string_lit()?;
-                        continue;
-                    }
-                    Some(b'(') => depth += 1,
-                    Some(b')') => depth -= 1,
-                    _ => {}
+        if !self.rest_starts("loc(") {
+            return Ok(None);
+        }
+        self.eat("loc(");
+        let start = self.i;
+        let mut depth = 1;
+        while depth > 0 {
+            match self.peek() {
+                None => return self.err("unterminated loc(…)"),
+                Some(b'"') => {
+                    self.string_lit()?;
+                    continue;
                 }
-                self.bump();
+                Some(b'(') => depth += 1,
+                Some(b')') => depth -= 1,
+                _ => {}
+            }
+            self.bump();
+        }
+        Ok(Some(String::from_utf8_lossy(&self.s[start..self.i - 1]).into_owned()))
+    }
+
+    /// Top-level lines starting with `#`: location aliases (`#loc3 = loc(...)`) are kept in
+    /// `aliases`, other attribute aliases (`#map = …`) skipped.
+    fn top_level_aliases(&mut self, aliases: &mut HashMap<String, String>) -> R<()> {
+        loop {
+            self.ws();
+            if self.peek() != Some(b'#') {
+                return Ok(());
+            }
+            let line_start = (self.i, self.line, self.col);
+            self.bump();
+            let name = self.suffix_id()?;
+            self.ws();
+            if self.eat("=") && let Some(text) = self.loc()? {
+                aliases.insert(name, text);
+                continue;
+            }
+            (self.i, self.line, self.col) = line_start;
+            while let Some(c) = self.bump() {
+                if c == b'\n' {
+                    break;
+                }
             }
         }
-        Ok(())
     }
 
     // --- numbers ----------------------------------------------------------------------------
@@ -684,20 +712,10 @@ impl<'a> Parser<'a> {
     // --- operations -------------------------------------------------------------------------
 
     pub fn parse_module(&mut self) -> R<ModuleAst> {
-        // Top-level attribute aliases (`#loc = loc(…)`, `#map = …`) are skipped.
+        // Top-level aliases: before the module (`#map = …`) and, for locations, after it.
+        let mut aliases = HashMap::new();
         let mut attrs = Vec::new();
-        loop {
-            self.ws();
-            if self.peek() == Some(b'#') {
-                while let Some(c) = self.bump() {
-                    if c == b'\n' {
-                        break;
-                    }
-                }
-                continue;
-            }
-            break;
-        }
+        self.top_level_aliases(&mut aliases)?;
         let ops = if self.eat("module") {
             self.ws();
             if self.peek() == Some(b'@') {
@@ -708,7 +726,7 @@ impl<'a> Parser<'a> {
                 attrs = self.attr_dict()?;
             }
             let region = self.region()?;
-            self.skip_loc()?;
+            self.loc()?;
             let mut blocks = region.blocks;
             if blocks.len() != 1 {
                 return self.err("the module must have exactly one block");
@@ -726,23 +744,13 @@ impl<'a> Parser<'a> {
             }
             ops
         };
-        self.ws();
-        loop {
-            self.ws();
-            if self.peek() == Some(b'#') {
-                while let Some(c) = self.bump() {
-                    if c == b'\n' {
-                        break;
-                    }
-                }
-                continue;
-            }
-            break;
-        }
+        self.top_level_aliases(&mut aliases)?;
         if self.peek().is_some() {
             let f = self.found();
             return self.err(format!("unexpected text after the module: {f}"));
         }
+        let mut ops = ops;
+        resolve_locations(&mut ops, &aliases);
         Ok(ModuleAst { attrs, ops, serialized: self.serialized.unwrap_or(false) })
     }
 
@@ -774,7 +782,7 @@ impl<'a> Parser<'a> {
                             let n = self.value_name()?;
                             self.expect(":")?;
                             let t = self.parse_type()?;
-                            self.skip_loc()?;
+                            self.loc()?;
                             cur.args.push((n, t));
                             if self.eat(")") {
                                 break;
@@ -886,15 +894,57 @@ impl<'a> Parser<'a> {
         let Type::Function { inputs, results: rtys } = fty else {
             return Err(ParseError { line: pos.line, col: pos.col, message: format!("`{name}`: expected a function type after `:`") });
         };
-        self.skip_loc()?;
+        let src = self.loc()?;
         if inputs.len() != operands.len() {
             return Err(ParseError { line: pos.line, col: pos.col, message: format!("`{name}` has {} operands but its type lists {}", operands.len(), inputs.len()) });
         }
         if rtys.len() != results.len() {
             return Err(ParseError { line: pos.line, col: pos.col, message: format!("`{name}` defines {} results but its type lists {}", results.len(), rtys.len()) });
         }
-        Ok(Operation { name, pos, results, result_types: rtys, operands, operand_types: inputs, attrs, regions })
+        Ok(Operation { name, pos, src, results, result_types: rtys, operands, operand_types: inputs, attrs, regions })
     }
+}
+
+/// Replace each op's raw `loc(...)` text by the `file:line:col` it names (through aliases,
+/// names and call sites: the first file location found), or `None`.
+fn resolve_locations(ops: &mut [Operation], aliases: &HashMap<String, String>) {
+    for op in ops {
+        op.src = op.src.as_deref().and_then(|raw| file_line_col(raw, aliases, 0));
+        for r in &mut op.regions {
+            for b in &mut r.blocks {
+                resolve_locations(&mut b.ops, aliases);
+            }
+        }
+    }
+}
+
+/// The first `"file":line:col` in a location's text, following `#alias` references (at most a
+/// few deep: an alias cycle is malformed input, not a reason to loop).
+fn file_line_col(text: &str, aliases: &HashMap<String, String>, depth: u32) -> Option<String> {
+    let mut rest = text;
+    while let Some(q) = rest.find(['"', '#']) {
+        let after = &rest[q + 1..];
+        if rest.as_bytes()[q] == b'#' {
+            let end = after.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.' || c == '$' || c == '-')).unwrap_or(after.len());
+            if depth < 8
+                && let Some(found) = aliases.get(&after[..end]).and_then(|t| file_line_col(t, aliases, depth + 1))
+            {
+                return Some(found);
+            }
+            rest = &after[end..];
+            continue;
+        }
+        let close = after.find('"')?;
+        let (file, tail) = (&after[..close], &after[close + 1..]);
+        let digits = |t: &str| t.strip_prefix(':').map(|t| t.split(|c: char| !c.is_ascii_digit()).next().unwrap_or("").to_string()).filter(|d| !d.is_empty());
+        if let Some(line) = digits(tail)
+            && let Some(col) = digits(&tail[1 + line.len()..])
+        {
+            return Some(format!("{file}:{line}:{col}"));
+        }
+        rest = tail;
+    }
+    None
 }
 
 fn scalar_attr(n: DenseElem, ty: Type) -> Attr {

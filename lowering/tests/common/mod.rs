@@ -72,3 +72,28 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     std::fs::create_dir_all(&d).expect("cannot create a scratch dir");
     d
 }
+
+/// `text` without its source locations: every ` loc(...)` (and ` loc[...]`, a resolved alias
+/// in `libtpu.rs`) removed, and the `#loc… = loc(…)` alias lines dropped.
+pub fn without_locations(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines().filter(|l| !(l.starts_with("#loc") && l.contains(" = loc("))) {
+        let mut rest = line;
+        while let Some(at) = rest.find(" loc(").into_iter().chain(rest.find(" loc[")).min() {
+            out.push_str(&rest[..at]);
+            let mut depth = 0;
+            let end = rest[at + 4..].char_indices().find(|&(_, c)| {
+                depth += match c {
+                    '(' | '[' => 1,
+                    ')' | ']' => -1,
+                    _ => 0,
+                };
+                depth == 0
+            });
+            rest = end.map_or("", |(i, _)| &rest[at + 5 + i..]);
+        }
+        out.push_str(rest);
+        out.push('\n');
+    }
+    out
+}
