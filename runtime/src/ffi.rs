@@ -40,6 +40,24 @@ macro_rules! call {
     }};
 }
 
+/// `Drop` for a handle that owns `self.ptr`: its PJRT `*_Destroy` call. A failed destroy
+/// is ignored: a destructor has no one to report it to.
+macro_rules! destroy_on_drop {
+    ($ty:ty, |$s:ident| $plugin:expr, $args:ident . $field:ident, $f:ident) => {
+        impl Drop for $ty {
+            fn drop(&mut self) {
+                let $s = &*self;
+                let mut args = sys::$args::new();
+                args.$field = $s.ptr;
+                let _ = (|| {
+                    call!($plugin, $f, &mut args);
+                    Ok::<(), String>(())
+                })();
+            }
+        }
+    };
+}
+
 impl Plugin {
     /// `dlopen` the plugin, `GetPjrtApi`, `PJRT_Plugin_Initialize`.
     pub fn load(path: &Path) -> Result<Plugin, String> {
@@ -163,17 +181,7 @@ pub struct Topology<'p> {
     ptr: *mut sys::PJRT_TopologyDescription,
 }
 
-impl Drop for Topology<'_> {
-    fn drop(&mut self) {
-        let mut args = sys::PJRT_TopologyDescription_Destroy_Args::new();
-        args.topology = self.ptr;
-        let mut destroy = || -> Result<(), String> {
-            call!(self.plugin, PJRT_TopologyDescription_Destroy, &mut args);
-            Ok(())
-        };
-        let _ = destroy();
-    }
-}
+destroy_on_drop!(Topology<'_>, |s| s.plugin, PJRT_TopologyDescription_Destroy_Args.topology, PJRT_TopologyDescription_Destroy);
 
 /// `PJRT_Executable_GetCompiledMemoryStats_Args` as of PJRT C API 0.112: the 0.54 struct
 /// plus `peak_memory_in_bytes` (libtpu rejects the shorter one).
@@ -256,17 +264,7 @@ impl Executable<'_> {
     }
 }
 
-impl Drop for Executable<'_> {
-    fn drop(&mut self) {
-        let mut args = sys::PJRT_Executable_Destroy_Args::new();
-        args.executable = self.ptr;
-        let mut destroy = || -> Result<(), String> {
-            call!(self.plugin, PJRT_Executable_Destroy, &mut args);
-            Ok(())
-        };
-        let _ = destroy();
-    }
-}
+destroy_on_drop!(Executable<'_>, |s| s.plugin, PJRT_Executable_Destroy_Args.executable, PJRT_Executable_Destroy);
 
 // --- execution --------------------------------------------------------------------------------
 
@@ -363,16 +361,7 @@ impl Client {
     }
 }
 
-impl Drop for Client {
-    fn drop(&mut self) {
-        let mut args = sys::PJRT_Client_Destroy_Args::new();
-        args.client = self.ptr;
-        let _ = (|| {
-            call!(self.plugin, PJRT_Client_Destroy, &mut args);
-            Ok::<(), String>(())
-        })();
-    }
-}
+destroy_on_drop!(Client, |s| s.plugin, PJRT_Client_Destroy_Args.client, PJRT_Client_Destroy);
 
 pub struct LoadedExecutable {
     client: std::rc::Rc<Client>,
@@ -419,16 +408,7 @@ impl LoadedExecutable {
     }
 }
 
-impl Drop for LoadedExecutable {
-    fn drop(&mut self) {
-        let mut args = sys::PJRT_LoadedExecutable_Destroy_Args::new();
-        args.executable = self.ptr;
-        let _ = (|| {
-            call!(self.client.plugin, PJRT_LoadedExecutable_Destroy, &mut args);
-            Ok::<(), String>(())
-        })();
-    }
-}
+destroy_on_drop!(LoadedExecutable, |s| s.client.plugin, PJRT_LoadedExecutable_Destroy_Args.executable, PJRT_LoadedExecutable_Destroy);
 
 pub struct Buffer<'c> {
     client: &'c Client,
@@ -460,13 +440,4 @@ impl Buffer<'_> {
     }
 }
 
-impl Drop for Buffer<'_> {
-    fn drop(&mut self) {
-        let mut args = sys::PJRT_Buffer_Destroy_Args::new();
-        args.buffer = self.ptr;
-        let _ = (|| {
-            call!(self.client.plugin, PJRT_Buffer_Destroy, &mut args);
-            Ok::<(), String>(())
-        })();
-    }
-}
+destroy_on_drop!(Buffer<'_>, |s| s.client.plugin, PJRT_Buffer_Destroy_Args.buffer, PJRT_Buffer_Destroy);
