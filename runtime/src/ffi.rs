@@ -58,6 +58,17 @@ macro_rules! destroy_on_drop {
     };
 }
 
+/// A `PJRT_Program` of MLIR text or bytecode; it borrows `program`'s bytes.
+fn mlir_program(program: &[u8]) -> sys::PJRT_Program {
+    const FORMAT: &[u8] = b"mlir";
+    let mut prog = sys::PJRT_Program::new();
+    prog.code = program.as_ptr() as *mut _;
+    prog.code_size = program.len();
+    prog.format = FORMAT.as_ptr() as *const _;
+    prog.format_size = FORMAT.len();
+    prog
+}
+
 impl Plugin {
     /// `dlopen` the plugin, `GetPjrtApi`, `PJRT_Plugin_Initialize`.
     pub fn load(path: &Path) -> Result<Plugin, String> {
@@ -144,12 +155,7 @@ impl Plugin {
 
     /// `PJRT_Compile` of an MLIR program for `topology`, without a client.
     pub fn compile(&self, program: &[u8], topology: &Topology<'_>, options: &[u8]) -> Result<Executable<'_>, String> {
-        let format = b"mlir";
-        let mut prog = sys::PJRT_Program::new();
-        prog.code = program.as_ptr() as *mut _;
-        prog.code_size = program.len();
-        prog.format = format.as_ptr() as *const _;
-        prog.format_size = format.len();
+        let prog = mlir_program(program);
         let mut args = sys::PJRT_Compile_Args::new();
         args.topology = topology.ptr;
         args.program = &prog;
@@ -309,12 +315,7 @@ impl Client {
 
     /// `PJRT_Client_Compile` of an MLIR program (one replica, one partition).
     pub fn compile(self: &std::rc::Rc<Self>, program: &[u8], options: &[u8]) -> Result<LoadedExecutable, String> {
-        let format = b"mlir";
-        let mut prog = sys::PJRT_Program::new();
-        prog.code = program.as_ptr() as *mut _;
-        prog.code_size = program.len();
-        prog.format = format.as_ptr() as *const _;
-        prog.format_size = format.len();
+        let prog = mlir_program(program);
         let mut args = sys::PJRT_Client_Compile_Args::new();
         args.client = self.ptr;
         args.program = &prog;
