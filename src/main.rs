@@ -273,7 +273,8 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check, tolerance, backend } => {
-            use palladium::run::{OutputFile, Progress, RunOptions, WeightSource};
+            use palladium::output::OutputFile;
+            use palladium::run::{Progress, RunOptions, WeightSource};
             let source = match (weights, random_weights) {
                 (Some(p), false) => WeightSource::Checkpoint(p),
                 (None, true) => WeightSource::Random(seed.unwrap_or(0)),

@@ -1,4 +1,5 @@
-//! Output files, all or nothing: [`check_writable`] before any work starts (so a bad
+//! Output files, all or nothing ([`OutputFile`] for one file opened before a run, such as
+//! `--logits-out`): [`check_writable`] before any work starts (so a bad
 //! `--out` costs nothing), then [`write_all`], which stages every file to a temporary
 //! sibling, renames them into place at the end, and on any failure removes what it staged,
 //! puts back every file it had already replaced and removes the directories it created.
@@ -126,6 +127,51 @@ impl Transaction<'_> {
         for d in self.created.iter().rev() {
             let _ = std::fs::remove_dir(d);
         }
+    }
+}
+
+/// A file written all or nothing: created as a temporary sibling when the run starts (so a
+/// bad path fails before any work), renamed over the destination by [`Self::commit`],
+/// removed if dropped uncommitted.
+#[derive(Debug)]
+pub struct OutputFile {
+    dest: PathBuf,
+    tmp: PathBuf,
+    file: Option<std::fs::File>,
+}
+
+impl OutputFile {
+    /// Checks `dest` can be written (its folder exists, it is not a folder) by creating the
+    /// temporary sibling `.NAME.PID.partial`.
+    pub fn create(flag: &str, dest: &Path) -> Result<Self, String> {
+        let bad = |why: String| format!("{flag} {}: {why}", dest.display());
+        if dest.is_dir() {
+            return Err(bad("is a directory".into()));
+        }
+        let name = dest.file_name().ok_or_else(|| bad("not a file name".into()))?.to_string_lossy();
+        let folder = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        if !folder.is_dir() {
+            return Err(bad(format!("the folder {} does not exist", folder.display())));
+        }
+        // The process id keeps two runs writing the same file from sharing a temporary.
+        let tmp = folder.join(format!(".{name}.{}.partial", std::process::id()));
+        let file = std::fs::File::create(&tmp).map_err(|e| bad(format!("cannot write here: {e}")))?;
+        Ok(Self { dest: dest.to_path_buf(), tmp, file: Some(file) })
+    }
+
+    /// Writes `bytes` and renames the file into place.
+    pub fn commit(mut self, bytes: &[u8]) -> Result<(), String> {
+        use std::io::Write;
+        let mut file = self.file.take().expect("committed once");
+        file.write_all(bytes).and_then(|()| file.sync_all()).and_then(|()| std::fs::rename(&self.tmp, &self.dest)).map_err(|e| format!("cannot write {}: {e}", self.dest.display()))
+    }
+}
+
+impl Drop for OutputFile {
+    fn drop(&mut self) {
+        // Uncommitted, or the commit failed: leave nothing behind (after a commit the
+        // temporary name is gone already).
+        let _ = std::fs::remove_file(&self.tmp);
     }
 }
 

@@ -18,7 +18,7 @@ use palladium_lowering::{LowerOptions, lower};
 use palladium_model::ModelSpec;
 use palladium_model::reference::Generation;
 use palladium_model::weights::Weights;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Where the weights come from.
@@ -209,51 +209,6 @@ fn tpu_engine(device: &palladium_runtime::exec::Device, lowered: &palladium_lowe
 /// relative logits tolerance `relative` ([`palladium_model::tolerance`]).
 pub fn check_reference(o: &RunOptions, out: &RunOutput, relative: f32) -> Result<palladium_fusion::decode::Comparison, String> {
     palladium_fusion::decode::compare_with(&out.spec, &out.weights, &o.prompt, &out.generation, relative)
-}
-
-/// A file written all or nothing: created as a temporary sibling when the run starts (so a
-/// bad path fails before any work), renamed over the destination by [`Self::commit`],
-/// removed if dropped uncommitted.
-#[derive(Debug)]
-pub struct OutputFile {
-    dest: PathBuf,
-    tmp: PathBuf,
-    file: Option<std::fs::File>,
-}
-
-impl OutputFile {
-    /// Checks `dest` can be written (its folder exists, it is not a folder) by creating the
-    /// temporary sibling `.NAME.PID.partial`.
-    pub fn create(flag: &str, dest: &Path) -> Result<Self, String> {
-        let bad = |why: String| format!("{flag} {}: {why}", dest.display());
-        if dest.is_dir() {
-            return Err(bad("is a directory".into()));
-        }
-        let name = dest.file_name().ok_or_else(|| bad("not a file name".into()))?.to_string_lossy();
-        let folder = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        if !folder.is_dir() {
-            return Err(bad(format!("the folder {} does not exist", folder.display())));
-        }
-        // The process id keeps two runs writing the same file from sharing a temporary.
-        let tmp = folder.join(format!(".{name}.{}.partial", std::process::id()));
-        let file = std::fs::File::create(&tmp).map_err(|e| bad(format!("cannot write here: {e}")))?;
-        Ok(Self { dest: dest.to_path_buf(), tmp, file: Some(file) })
-    }
-
-    /// Writes `bytes` and renames the file into place.
-    pub fn commit(mut self, bytes: &[u8]) -> Result<(), String> {
-        use std::io::Write;
-        let mut file = self.file.take().expect("committed once");
-        file.write_all(bytes).and_then(|()| file.sync_all()).and_then(|()| std::fs::rename(&self.tmp, &self.dest)).map_err(|e| format!("cannot write {}: {e}", self.dest.display()))
-    }
-}
-
-impl Drop for OutputFile {
-    fn drop(&mut self) {
-        // Uncommitted, or the commit failed: leave nothing behind (after a commit the
-        // temporary name is gone already).
-        let _ = std::fs::remove_file(&self.tmp);
-    }
 }
 
 /// Shows that a long run is alive: a progress bar on a terminal, otherwise a line on stderr
