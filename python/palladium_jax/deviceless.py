@@ -10,9 +10,11 @@ project README), so callers that must survive that run compiles in a child proce
 """
 from __future__ import annotations
 
+import atexit
 import glob
 import os
 import re
+import shutil
 import tempfile
 
 # Palladium's chip names (`palladium emit --chip`) and the topology compiled for: the smallest
@@ -37,6 +39,8 @@ def enable_cycle_estimates() -> str:
     configure_libtpu()
     if _profile_dir is None:
         _profile_dir = tempfile.mkdtemp(prefix="palladium-llo-profile-")
+        # The process owns the directory: remove it (and any profile not yet read) at exit.
+        atexit.register(shutil.rmtree, _profile_dir, ignore_errors=True)
         os.environ["LIBTPU_INIT_ARGS"] = (os.environ.get("LIBTPU_INIT_ARGS", "")
                                           + f" --xla_jf_dump_static_llo_profile_to={_profile_dir}").strip()
     return _profile_dir
