@@ -179,10 +179,32 @@ impl Drop for OutputFile {
 mod tests {
     use super::*;
 
-    fn scratch(name: &str) -> PathBuf {
+    /// A fresh folder under the system temp dir, removed when the test ends (pass or fail).
+    struct Scratch(PathBuf);
+
+    impl std::ops::Deref for Scratch {
+        type Target = PathBuf;
+        fn deref(&self) -> &PathBuf {
+            &self.0
+        }
+    }
+
+    impl AsRef<Path> for Scratch {
+        fn as_ref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn scratch(name: &str) -> Scratch {
         let d = std::env::temp_dir().join(format!("palladium-output-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
-        d
+        Scratch(d)
     }
 
     fn listing(dir: &Path) -> Vec<String> {
@@ -193,7 +215,8 @@ mod tests {
 
     #[test]
     fn writes_every_file_and_creates_the_directory() {
-        let d = scratch("ok").join("a/b");
+        let scratch = scratch("ok");
+        let d = scratch.join("a/b");
         write_all(&d, &[("x.txt", "one"), ("y.txt", "two")]).unwrap();
         assert_eq!(listing(&d), ["x.txt", "y.txt"]);
         assert_eq!(std::fs::read_to_string(d.join("y.txt")).unwrap(), "two");
