@@ -28,6 +28,7 @@ pub mod cost;
 mod error;
 mod json;
 mod parse;
+pub mod quant;
 pub mod reference;
 pub mod report;
 pub mod spec;
@@ -38,6 +39,6 @@ pub use cost::{DecodeTraffic, LayerParams, ModelParams, expected_distinct_expert
 pub use error::ConfigError;
 pub use spec::{
     Activation, AttentionKind, AttentionSpec, Dtype, Family, FfnKind, LayerSpec, LmHead, MlpSpec,
-    ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, RopeScaling, RopeSpec, RopeStyle,
+    ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, Quantization, RopeScaling, RopeSpec, RopeStyle,
     RouterScoring, Routing, SharedExpert, TopKWeights,
 };

@@ -14,8 +14,8 @@ use crate::error::ConfigError;
 use crate::json::{Obj, describe};
 use crate::spec::{
     Activation, AttentionKind, AttentionSpec, Dtype, Family, FfnKind, LayerSpec, LmHead, MlpSpec,
-    ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, RopeScaling, RopeSpec, RopeStyle,
-    RouterScoring, Routing, TopKWeights,
+    ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, Quantization, RopeScaling, RopeSpec,
+    RopeStyle, RouterScoring, Routing, TopKWeights,
 };
 
 impl ModelSpec {
@@ -124,6 +124,7 @@ impl<'a> Parser<'a> {
         let tied = self.or_default("tie_word_embeddings", tied, false);
 
         let dtype = self.dtype()?;
+        let quantization = self.quantization()?;
         self.reject_foreign_fields(family)?;
         let layers = match family {
             Family::Qwen3Moe => self.qwen3_moe_layers(num_layers)?,
@@ -147,6 +148,7 @@ impl<'a> Parser<'a> {
             },
             lm_head: if tied { LmHead::Tied } else { LmHead::Untied },
             layers,
+            quantization,
             defaulted: self.defaulted,
         })
     }
@@ -345,6 +347,89 @@ impl<'a> Parser<'a> {
             (Some(d), _) | (None, Some(d)) => Ok(Some(d)),
             (None, None) => Ok(None),
         }
+    }
+
+    /// `quantization_config`: only transformers' block-scaled FP8 (`quant_method: "fp8"`,
+    /// e4m3, dynamic activations, 128x128 blocks); any other method, value or key is refused
+    /// by name rather than read as unquantized weights.
+    fn quantization(&mut self) -> Result<Option<Quantization>, ConfigError> {
+        let Some(q) = self.obj.opt_obj("quantization_config")? else {
+            return Ok(None);
+        };
+        let q = Obj::new(q, "quantization_config.");
+        const KEYS: &[&str] = &[
+            "quant_method",
+            "weight_block_size",
+            "modules_to_not_convert",
+            "activation_scheme",
+            "fmt",
+        ];
+        if let Some(key) = q.keys().find(|k| !KEYS.contains(k)) {
+            return Err(ConfigError::unsupported(
+                q.path(key),
+                q.get(key).map_or_else(|| "null".into(), describe),
+                format!("absent (the fp8 quantization_config keys are {})", KEYS.join(", ")),
+            ));
+        }
+        let method = q.opt_str("quant_method")?.ok_or_else(|| ConfigError::Missing {
+            field: q.path("quant_method"),
+            hint: " (supported: \"fp8\")".into(),
+        })?;
+        if method != "fp8" {
+            return Err(ConfigError::unsupported(
+                q.path("quant_method"),
+                format!("{method:?}"),
+                "\"fp8\" (block-scaled float8_e4m3fn, transformers' FineGrainedFP8Config)",
+            ));
+        }
+        if let Some(fmt) = q.opt_str("fmt")?
+            && fmt != "e4m3"
+        {
+            return Err(ConfigError::unsupported(q.path("fmt"), format!("{fmt:?}"), "\"e4m3\""));
+        }
+        let scheme = q.opt_str("activation_scheme")?;
+        let scheme = self.or_default("quantization_config.activation_scheme", scheme, "dynamic");
+        if !scheme.eq_ignore_ascii_case("dynamic") {
+            return Err(ConfigError::unsupported(
+                q.path("activation_scheme"),
+                format!("{scheme:?}"),
+                "\"dynamic\" (no activation scales in the checkpoint)",
+            ));
+        }
+        let block = match q.opt_u64_list("weight_block_size")? {
+            Some(b) => b,
+            None => {
+                self.defaulted
+                    .insert("quantization_config.weight_block_size", "[128, 128]".into());
+                vec![128, 128]
+            }
+        };
+        if block != [128, 128] {
+            return Err(ConfigError::unsupported(
+                q.path("weight_block_size"),
+                format!("{block:?}"),
+                "[128, 128] (the block of every Hugging Face FP8 checkpoint)",
+            ));
+        }
+        let not_converted = match q.opt_str_list("modules_to_not_convert")? {
+            Some(list) => list,
+            None => {
+                self.defaulted
+                    .insert("quantization_config.modules_to_not_convert", "[\"lm_head\"]".into());
+                vec!["lm_head"]
+            }
+        };
+        if let Some(i) = not_converted.iter().position(|m| m.is_empty()) {
+            return Err(ConfigError::invalid(
+                format!("{}[{i}]", q.path("modules_to_not_convert")),
+                "\"\"",
+                "an empty module name would match every module",
+            ));
+        }
+        Ok(Some(Quantization::Fp8Block {
+            weight_block_size: [128, 128],
+            modules_to_not_convert: not_converted.into_iter().map(String::from).collect(),
+        }))
     }
 
     /// `num_experts` (Qwen3 4.x) or `num_local_experts` (Mixtral, and the 5.x attribute map

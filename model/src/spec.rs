@@ -98,9 +98,61 @@ pub struct ModelSpec {
     pub lm_head: LmHead,
     /// One entry per decoder layer, in order; `layers[i].index == i`.
     pub layers: Vec<LayerSpec>,
+    /// `quantization_config`: how the checkpoint's weights are stored when they are not in
+    /// [`ModelSpec::dtype`] (read by [`crate::quant::QuantizedWeights::load`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<Quantization>,
     /// Optional fields that were absent from the config and took the family's Hugging Face
     /// default, with the value used: field name → value.
     pub defaulted: IndexMap<&'static str, String>,
+}
+
+/// A checkpoint's `quantization_config`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum Quantization {
+    /// `quant_method: "fp8"` (transformers' `FineGrainedFP8Config`, the layout of Qwen3-*-FP8
+    /// and DeepSeek-V3): every `nn.Linear` weight no entry of `modules_to_not_convert` names is
+    /// stored as `float8_e4m3fn [out, in]` with `weight_scale_inv [ceil(out/b0), ceil(in/b1)]`
+    /// (`weight_block_size = [b0, b1]`); `W = Wq * scale` over each tile. Activations are not
+    /// quantized here (weight-only, W8A16: `activation_scheme: "dynamic"` quantizes them per
+    /// token on GPUs; on TPU they stay bf16).
+    Fp8Block {
+        /// `weight_block_size`: `[out, in]` extent of the tile one scale covers.
+        weight_block_size: [u64; 2],
+        /// `modules_to_not_convert` (default `["lm_head"]`, transformers' default): module
+        /// names matched as substrings of a weight's module path, as transformers matches them.
+        modules_to_not_convert: Vec<String>,
+    },
+}
+
+impl Quantization {
+    /// A one-line description for messages and reports.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Fp8Block {
+                weight_block_size: [bo, bi],
+                modules_to_not_convert,
+            } => format!(
+                "quant_method \"fp8\": float8_e4m3fn weights with {bo}x{bi} block scales, {} module name(s) not converted",
+                modules_to_not_convert.len()
+            ),
+        }
+    }
+
+    /// Whether the linear weight `tensor` (`<module>.weight`) is stored quantized.
+    pub fn converts(&self, tensor: &str) -> bool {
+        match self {
+            Self::Fp8Block {
+                modules_to_not_convert,
+                ..
+            } => {
+                let module = tensor.strip_suffix(".weight").unwrap_or(tensor);
+                !modules_to_not_convert
+                    .iter()
+                    .any(|m| module.contains(m.as_str()))
+            }
+        }
+    }
 }
 
 /// Attention settings common to all layers (the per-layer part is [`AttentionKind`]).

@@ -463,6 +463,11 @@ impl Weights {
         })
     }
 
+    /// Weights from tensors already checked against the model's layout (dequantized ones).
+    pub(crate) fn from_tensors(family: Family, tensors: IndexMap<String, Tensor>) -> Self {
+        Self { family, tensors }
+    }
+
     pub fn family(&self) -> Family {
         self.family
     }
@@ -506,12 +511,7 @@ impl Weights {
     /// except `lm_head.weight` of a tied model and `rotary_emb.inv_freq` buffers, which are
     /// ignored.
     pub fn load(spec: &ModelSpec, path: impl AsRef<Path>) -> Result<Self, WeightsError> {
-        let path = path.as_ref();
-        let files = checkpoint_files(path)?;
-        let mut buffers = Vec::with_capacity(files.len());
-        for f in &files {
-            buffers.push((f.clone(), std::fs::read(f).map_err(|e| io_err(f, e))?));
-        }
+        let buffers = read_checkpoint(path.as_ref())?;
         let refs: Vec<(&Path, &[u8])> = buffers
             .iter()
             .map(|(p, b)| (p.as_path(), b.as_slice()))
@@ -527,6 +527,16 @@ impl Weights {
         spec: &ModelSpec,
         files: &[(&Path, &[u8])],
     ) -> Result<Self, WeightsError> {
+        if let Some(q) = &spec.quantization {
+            return Err(WeightsError::Unsupported {
+                what: format!(
+                    "a quantized checkpoint (config.json's quantization_config: {}): \
+                     palladium_model::quant::QuantizedWeights reads it; the kernels do not take \
+                     quantized weights yet",
+                    q.describe()
+                ),
+            });
+        }
         let layout = tensor_layout(spec)?;
         let expected: HashMap<&str, &TensorSpec> =
             layout.iter().map(|t| (t.name.as_str(), t)).collect();
@@ -664,11 +674,11 @@ impl Weights {
 
 /// One tensor of a safetensors file: its header entry, with its data checked to lie in the
 /// file and to hold exactly `shape` elements of `dtype`.
-struct Entry<'a> {
-    name: String,
-    dtype: String,
-    shape: Vec<usize>,
-    data: &'a [u8],
+pub(crate) struct Entry<'a> {
+    pub(crate) name: String,
+    pub(crate) dtype: String,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) data: &'a [u8],
 }
 
 /// Bytes per element of a safetensors dtype (`None`: not one the format defines).
@@ -685,7 +695,7 @@ fn dtype_size(dtype: &str) -> Option<u64> {
 /// The header of a safetensors file (`u64` little-endian header length, a JSON object of
 /// `name: {dtype, shape, data_offsets}`, then the data), every entry checked against the
 /// bytes: a size that does not add up names its tensor.
-fn read_header<'a>(path: &str, bytes: &'a [u8]) -> Result<Vec<Entry<'a>>, WeightsError> {
+pub(crate) fn read_header<'a>(path: &str, bytes: &'a [u8]) -> Result<Vec<Entry<'a>>, WeightsError> {
     let format = |message: String| WeightsError::Format { path: path.to_string(), message };
     if bytes.is_empty() {
         return Err(format("the file is empty".into()));
@@ -780,7 +790,7 @@ fn read_header<'a>(path: &str, bytes: &'a [u8]) -> Result<Vec<Entry<'a>>, Weight
 }
 
 /// The values of a tensor's bytes (`None` for a dtype other than BF16, F16, F32).
-fn decode(dtype: &str, d: &[u8]) -> Option<Vec<f32>> {
+pub(crate) fn decode(dtype: &str, d: &[u8]) -> Option<Vec<f32>> {
     Some(match dtype {
         "BF16" => d
             .chunks_exact(2)
@@ -799,7 +809,7 @@ fn decode(dtype: &str, d: &[u8]) -> Option<Vec<f32>> {
 }
 
 /// The multi-index of row-major element `i` of `shape`.
-fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
+pub(crate) fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
     let mut index = vec![0; shape.len()];
     for (slot, &d) in index.iter_mut().zip(shape).rev() {
         if d > 0 {
@@ -808,6 +818,17 @@ fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
         }
     }
     index
+}
+
+/// The bytes of every safetensors file of a checkpoint path ([`checkpoint_files`]).
+pub(crate) fn read_checkpoint(path: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, WeightsError> {
+    checkpoint_files(path)?
+        .into_iter()
+        .map(|f| {
+            let bytes = std::fs::read(&f).map_err(|e| io_err(&f, e))?;
+            Ok((f, bytes))
+        })
+        .collect()
 }
 
 /// The safetensors files of a checkpoint path (see [`Weights::load`]).
