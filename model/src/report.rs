@@ -96,6 +96,9 @@ impl ModelSpec {
             self.max_position_embeddings,
             self.dtype.map_or("unspecified (float32)", |d| d.name())
         )?;
+        if let Some(q) = &self.quantization {
+            writeln!(s, "  quantized checkpoint: {}", q.describe())?;
+        }
         writeln!(
             s,
             "attention: {} q heads / {} kv heads (group {}), head_dim {}, scale {}",
