@@ -17,6 +17,8 @@
 //! - [`report`]: a human-readable summary ([`ModelSpec::report`]).
 //! - [`weights`]: [`weights::Weights`], the tensors under their Hugging Face names, seeded
 //!   random init and safetensors reading/writing.
+//! - [`quant`]: int8 / fp8 (128x128 blocks) / int4 weights, their packing, quantization at
+//!   load and Hugging Face block-scaled FP8 checkpoints ([`quant::QuantizedWeights`]).
 //! - [`tolerance`]: THE logits tolerance (`max |got - ref| <= 2^-6 * max |ref|`) every
 //!   comparison of logits cites.
 //! - [`reference`]: [`reference::Reference`], a plain-Rust forward pass (f32, or rounding to

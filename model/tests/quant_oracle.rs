@@ -1,5 +1,5 @@
 //! `palladium_model::quant` against independent implementations: `quant_reference.py` (run
-//! with the oracle venv's python) computes the conversions with ml_dtypes, the int4 packing
+//! with the oracle venv's python) computes the conversions with `ml_dtypes`, the int4 packing
 //! with XLA (`bitcast_convert_type`), fp8 block quantization with torch, and writes a tiny
 //! block-scaled FP8 checkpoint with torch plus torch's dequantization of it. Everything is
 //! compared bit for bit: both sides do the same IEEE f32 operations in the same order.
@@ -26,7 +26,8 @@ use safetensors::SafeTensors;
 fn oracle() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("quant-oracle-{}", std::process::id()));
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("quant-oracle-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let out = Command::new(venv_python())
             .arg(repo_root().join("model/tests/quant_reference.py"))
@@ -36,7 +37,11 @@ fn oracle() -> &'static Path {
             .arg(&dir)
             .output()
             .expect("run quant_reference.py");
-        assert!(out.status.success(), "quant_reference.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "quant_reference.py failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         dir
     })
 }
@@ -45,15 +50,24 @@ fn oracle() -> &'static Path {
 fn read(file: &str) -> std::collections::HashMap<String, (Vec<usize>, Vec<u8>)> {
     let bytes = std::fs::read(oracle().join(file)).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    st.tensors().into_iter().map(|(n, v)| (n, (v.shape().to_vec(), v.data().to_vec()))).collect()
+    st.tensors()
+        .into_iter()
+        .map(|(n, v)| (n, (v.shape().to_vec(), v.data().to_vec())))
+        .collect()
 }
 
 fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 fn tensor((shape, bytes): &(Vec<usize>, Vec<u8>)) -> Tensor {
-    Tensor { shape: shape.clone(), data: f32s(bytes) }
+    Tensor {
+        shape: shape.clone(),
+        data: f32s(bytes),
+    }
 }
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
@@ -66,7 +80,11 @@ fn e4m3fn_conversions_match_ml_dtypes() {
     let decoded = f32s(&t["e4m3fn_decoded"].1);
     for (b, want) in decoded.iter().enumerate() {
         let got = e4m3fn_to_f32(b as u8);
-        assert_eq!(got.to_bits(), want.to_bits(), "byte {b:#04x}: ours {got}, ml_dtypes {want}");
+        assert_eq!(
+            got.to_bits(),
+            want.to_bits(),
+            "byte {b:#04x}: ours {got}, ml_dtypes {want}"
+        );
     }
     let sweep = f32s(&t["sweep"].1);
     let (plain, sat) = (&t["sweep_e4m3fn"].1, &t["sweep_e4m3fn_sat"].1);
@@ -74,11 +92,25 @@ fn e4m3fn_conversions_match_ml_dtypes() {
     for (i, &x) in sweep.iter().enumerate() {
         let (a, b) = (f32_to_e4m3fn(x), f32_to_e4m3fn_saturating(x));
         if a != plain[i] || b != sat[i] {
-            mismatches.push(format!("{x:e} ({:#010x}): ours {a:#04x}/{b:#04x}, ml_dtypes {:#04x}/{:#04x}", x.to_bits(), plain[i], sat[i]));
+            mismatches.push(format!(
+                "{x:e} ({:#010x}): ours {a:#04x}/{b:#04x}, ml_dtypes {:#04x}/{:#04x}",
+                x.to_bits(),
+                plain[i],
+                sat[i]
+            ));
         }
     }
-    assert!(mismatches.is_empty(), "{} of {} inputs differ:\n{}", mismatches.len(), sweep.len(), mismatches.join("\n"));
-    eprintln!("float8_e4m3fn: 256 bytes decoded and {} f32 inputs rounded exactly as ml_dtypes", sweep.len());
+    assert!(
+        mismatches.is_empty(),
+        "{} of {} inputs differ:\n{}",
+        mismatches.len(),
+        sweep.len(),
+        mismatches.join("\n")
+    );
+    eprintln!(
+        "float8_e4m3fn: 256 bytes decoded and {} f32 inputs rounded exactly as ml_dtypes",
+        sweep.len()
+    );
 }
 
 /// Our quantization of `prefix_w` to `format` against the script's codes and scales.
@@ -88,11 +120,23 @@ fn check_quantized(prefix: &str, format: QuantFormat) {
     let q = QuantizedTensor::quantize(prefix, &w, format).unwrap();
     let (scale_shape, scale_bytes) = &t[&format!("{prefix}_scale")];
     assert_eq!(&q.scales.shape, scale_shape, "{prefix} scales shape");
-    assert!(same_bits(&q.scales.values, &f32s(scale_bytes)), "{prefix} scales differ");
+    assert!(
+        same_bits(&q.scales.values, &f32s(scale_bytes)),
+        "{prefix} scales differ"
+    );
     let (code_shape, codes) = &t[&format!("{prefix}_q")];
-    assert_eq!(code_shape, &[w.shape[0], format.row_bytes(w.shape[1])], "{prefix} packed shape");
+    assert_eq!(
+        code_shape,
+        &[w.shape[0], format.row_bytes(w.shape[1])],
+        "{prefix} packed shape"
+    );
     let differ = q.data.iter().zip(codes).filter(|(a, b)| a != b).count();
-    assert_eq!(differ, 0, "{prefix}: {differ} of {} code bytes differ", codes.len());
+    assert_eq!(
+        differ,
+        0,
+        "{prefix}: {differ} of {} code bytes differ",
+        codes.len()
+    );
 }
 
 #[test]
@@ -128,9 +172,16 @@ fn torch_fp8_checkpoint_loads_and_dequantizes_as_torch_does() {
         let want = tensor(&expected[name]);
         let got = dequantized.get(name).unwrap();
         assert_eq!(got.shape, want.shape, "{name}");
-        assert!(same_bits(&got.data, &want.data), "{name}: dequantized values differ from torch's");
+        assert!(
+            same_bits(&got.data, &want.data),
+            "{name}: dequantized values differ from torch's"
+        );
         // What torch converted is exactly what we hold quantized.
-        assert_eq!(matches!(stored, StoredTensor::Quantized(_)), source.contains_key(name), "{name}");
+        assert_eq!(
+            matches!(stored, StoredTensor::Quantized(_)),
+            source.contains_key(name),
+            "{name}"
+        );
         if let StoredTensor::Quantized(q) = stored {
             quantized += 1;
             bf16_scales += usize::from(q.scales.dtype == ScaleDtype::Bf16);
@@ -138,16 +189,30 @@ fn torch_fp8_checkpoint_loads_and_dequantizes_as_torch_does() {
             let ours = QuantizedTensor::quantize(name, &tensor(&source[name]), q.format).unwrap();
             assert_eq!(ours.data, q.data, "{name}: codes differ from torch's");
             let torch_scales = f32s(&source[&format!("{name}_scale_inv")].1);
-            assert!(same_bits(&ours.scales.values, &torch_scales), "{name}: scales differ from torch's");
+            assert!(
+                same_bits(&ours.scales.values, &torch_scales),
+                "{name}: scales differ from torch's"
+            );
         }
     }
     // Layer 0: q/k/v/o + 4 experts x 3; layer 1 (dense): q/k/v/o + 3. Not lm_head, not the router.
     assert_eq!(quantized, 4 + 12 + 4 + 3);
-    assert!(bf16_scales > 0 && bf16_scales < quantized, "both scale dtypes are exercised");
-    assert!(matches!(loaded.get("model.layers.0.mlp.gate.weight"), Some(StoredTensor::Plain(_))));
-    assert!(matches!(loaded.get("lm_head.weight"), Some(StoredTensor::Plain(_))));
+    assert!(
+        bf16_scales > 0 && bf16_scales < quantized,
+        "both scale dtypes are exercised"
+    );
+    assert!(matches!(
+        loaded.get("model.layers.0.mlp.gate.weight"),
+        Some(StoredTensor::Plain(_))
+    ));
+    assert!(matches!(
+        loaded.get("lm_head.weight"),
+        Some(StoredTensor::Plain(_))
+    ));
     match loaded.get("model.layers.0.self_attn.o_proj.weight") {
-        Some(StoredTensor::Quantized(q)) => assert_eq!(q.scales.shape, [2, 2], "[160, 256] in 128x128 tiles"),
+        Some(StoredTensor::Quantized(q)) => {
+            assert_eq!(q.scales.shape, [2, 2], "[160, 256] in 128x128 tiles")
+        }
         other => panic!("o_proj: {other:?}"),
     }
 }

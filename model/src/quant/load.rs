@@ -4,9 +4,14 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::{QuantError, QuantizedTensor, QuantizedWeights, ScaleDtype, Scales, StoredTensor, WeightsDtype};
+use super::{
+    QuantError, QuantizedTensor, QuantizedWeights, ScaleDtype, Scales, StoredTensor, WeightsDtype,
+};
 use crate::spec::{LmHead, ModelSpec};
-use crate::weights::{LM_HEAD, Tensor, TensorSpec, Weights, WeightsError, decode, read_checkpoint, read_header, tensor_layout, unravel};
+use crate::weights::{
+    LM_HEAD, Tensor, TensorSpec, Weights, WeightsError, decode, read_checkpoint, read_header,
+    tensor_layout, unravel,
+};
 
 /// The suffix an FP8 checkpoint adds to a converted weight's name for its block scales
 /// (`<module>.weight` → `<module>.weight_scale_inv`; it holds `scale`, not `1 / scale`, despite
@@ -25,7 +30,11 @@ impl QuantizedWeights {
     /// it is stored as ([`WeightsDtype::of_checkpoint`]). An FP8 block-scaled checkpoint (the
     /// config's `quantization_config`) is read as it is stored and only as fp8; an unquantized
     /// one is read by [`Weights::load`] and quantized ([`QuantizedWeights::quantize`]).
-    pub fn load(spec: &ModelSpec, path: impl AsRef<Path>, dtype: Option<WeightsDtype>) -> Result<Self, QuantError> {
+    pub fn load(
+        spec: &ModelSpec,
+        path: impl AsRef<Path>,
+        dtype: Option<WeightsDtype>,
+    ) -> Result<Self, QuantError> {
         let stored = WeightsDtype::of_checkpoint(spec);
         let dtype = dtype.unwrap_or(stored);
         if stored == WeightsDtype::Bf16 {
@@ -43,7 +52,10 @@ impl QuantizedWeights {
             });
         }
         let buffers = read_checkpoint(path.as_ref())?;
-        let refs: Vec<(&Path, &[u8])> = buffers.iter().map(|(p, b)| (p.as_path(), b.as_slice())).collect();
+        let refs: Vec<(&Path, &[u8])> = buffers
+            .iter()
+            .map(|(p, b)| (p.as_path(), b.as_slice()))
+            .collect();
         Self::from_fp8_safetensors(spec, &refs)
     }
 
@@ -53,15 +65,23 @@ impl QuantizedWeights {
     /// scale per tile (finite, not negative), the others in BF16, F16 or F32; a NaN code, a
     /// quantized tensor the config keeps unquantized (or the reverse), and a scale without its
     /// weight are errors naming the tensor.
-    pub fn from_fp8_safetensors(spec: &ModelSpec, files: &[(&Path, &[u8])]) -> Result<Self, QuantError> {
+    pub fn from_fp8_safetensors(
+        spec: &ModelSpec,
+        files: &[(&Path, &[u8])],
+    ) -> Result<Self, QuantError> {
         let formats = WeightsDtype::Fp8.format_of(spec)?;
         let layout = tensor_layout(spec)?;
-        let expected: HashMap<&str, &TensorSpec> = layout.iter().map(|t| (t.name.as_str(), t)).collect();
+        let expected: HashMap<&str, &TensorSpec> =
+            layout.iter().map(|t| (t.name.as_str(), t)).collect();
         let mut found: HashMap<String, Found> = HashMap::new();
         for (path, bytes) in files {
             let disp = path.display().to_string();
             for entry in read_header(&disp, bytes)? {
-                let header = |message: String| WeightsError::Header { path: disp.clone(), name: entry.name.clone(), message };
+                let header = |message: String| WeightsError::Header {
+                    path: disp.clone(),
+                    name: entry.name.clone(),
+                    message,
+                };
                 let shape_error = |expected: Vec<usize>| WeightsError::Shape {
                     path: disp.clone(),
                     name: entry.name.clone(),
@@ -74,7 +94,10 @@ impl QuantizedWeights {
                     index: unravel(i, &entry.shape),
                     value,
                 };
-                let scaled = entry.name.strip_suffix(SCALE_SUFFIX).filter(|w| expected.contains_key(w));
+                let scaled = entry
+                    .name
+                    .strip_suffix(SCALE_SUFFIX)
+                    .filter(|w| expected.contains_key(w));
                 let tensor = if let Some(weight) = scaled {
                     let Some(&format) = formats.get(weight) else {
                         return Err(header(format!(
@@ -90,16 +113,30 @@ impl QuantizedWeights {
                     let dtype = match entry.dtype.as_str() {
                         "F32" => ScaleDtype::F32,
                         "BF16" => ScaleDtype::Bf16,
-                        other => return Err(header(format!("scales stored as {other}; supported: F32, BF16")).into()),
+                        other => {
+                            return Err(header(format!(
+                                "scales stored as {other}; supported: F32, BF16"
+                            ))
+                            .into());
+                        }
                     };
                     let values = decode(&entry.dtype, entry.data).expect("F32 and BF16 decode");
                     if let Some(i) = values.iter().position(|x| !x.is_finite()) {
                         return Err(non_finite(i, values[i]).into());
                     }
                     if let Some(i) = values.iter().position(|&x| x < 0.0) {
-                        return Err(header(format!("negative scale {} at index {:?}", values[i], unravel(i, &shape))).into());
+                        return Err(header(format!(
+                            "negative scale {} at index {:?}",
+                            values[i],
+                            unravel(i, &shape)
+                        ))
+                        .into());
                     }
-                    Found::Scales(Scales { shape, dtype, values })
+                    Found::Scales(Scales {
+                        shape,
+                        dtype,
+                        values,
+                    })
                 } else if let Some(ts) = expected.get(entry.name.as_str()) {
                     if entry.shape != ts.shape {
                         return Err(shape_error(ts.shape.clone()).into());
@@ -125,15 +162,19 @@ impl QuantizedWeights {
                             .into());
                         }
                         (false, dtype) => {
-                            let data = decode(dtype, entry.data).ok_or_else(|| WeightsError::Dtype {
-                                path: disp.clone(),
-                                name: entry.name.clone(),
-                                dtype: dtype.to_string(),
-                            })?;
+                            let data =
+                                decode(dtype, entry.data).ok_or_else(|| WeightsError::Dtype {
+                                    path: disp.clone(),
+                                    name: entry.name.clone(),
+                                    dtype: dtype.to_string(),
+                                })?;
                             if let Some(i) = data.iter().position(|x| !x.is_finite()) {
                                 return Err(non_finite(i, data[i]).into());
                             }
-                            Found::Plain(Tensor { shape: ts.shape.clone(), data })
+                            Found::Plain(Tensor {
+                                shape: ts.shape.clone(),
+                                data,
+                            })
                         }
                     }
                 } else {
@@ -141,10 +182,19 @@ impl QuantizedWeights {
                     if tied_head || entry.name.ends_with("rotary_emb.inv_freq") {
                         continue;
                     }
-                    return Err(WeightsError::Unexpected { path: disp, name: entry.name, family: spec.family.model_type() }.into());
+                    return Err(WeightsError::Unexpected {
+                        path: disp,
+                        name: entry.name,
+                        family: spec.family.model_type(),
+                    }
+                    .into());
                 };
                 if found.insert(entry.name.clone(), tensor).is_some() {
-                    return Err(WeightsError::Duplicate { path: disp, name: entry.name }.into());
+                    return Err(WeightsError::Duplicate {
+                        path: disp,
+                        name: entry.name,
+                    }
+                    .into());
                 }
             }
         }
@@ -156,7 +206,11 @@ impl QuantizedWeights {
                 .map_or_else(|| "checkpoint".into(), |d| d.display().to_string()),
         };
         let mut take = |name: &str, shape: &[usize]| {
-            found.remove(name).ok_or_else(|| WeightsError::Missing { path: where_.clone(), name: name.into(), expected: shape.to_vec() })
+            found.remove(name).ok_or_else(|| WeightsError::Missing {
+                path: where_.clone(),
+                name: name.into(),
+                expected: shape.to_vec(),
+            })
         };
         let mut tensors = indexmap::IndexMap::with_capacity(layout.len());
         for ts in &layout {
@@ -164,12 +218,20 @@ impl QuantizedWeights {
                 Some(&format) => {
                     let shape = [ts.shape[0], ts.shape[1]];
                     let scale_name = format!("{}{SCALE_SUFFIX}", ts.name);
-                    let (Found::Codes(data), Found::Scales(scales)) =
-                        (take(&ts.name, &ts.shape)?, take(&scale_name, &format.scales_shape(shape))?)
-                    else {
-                        unreachable!("a converted weight is read as codes, its scale name as scales");
+                    let (Found::Codes(data), Found::Scales(scales)) = (
+                        take(&ts.name, &ts.shape)?,
+                        take(&scale_name, &format.scales_shape(shape))?,
+                    ) else {
+                        unreachable!(
+                            "a converted weight is read as codes, its scale name as scales"
+                        );
                     };
-                    StoredTensor::Quantized(QuantizedTensor { shape, format, data, scales })
+                    StoredTensor::Quantized(QuantizedTensor {
+                        shape,
+                        format,
+                        data,
+                        scales,
+                    })
                 }
                 None => {
                     let Found::Plain(t) = take(&ts.name, &ts.shape)? else {
@@ -180,6 +242,10 @@ impl QuantizedWeights {
             };
             tensors.insert(ts.name.clone(), stored);
         }
-        Ok(Self { family: spec.family, dtype: WeightsDtype::Fp8, tensors })
+        Ok(Self {
+            family: spec.family,
+            dtype: WeightsDtype::Fp8,
+            tensors,
+        })
     }
 }

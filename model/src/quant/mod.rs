@@ -35,8 +35,10 @@ use thiserror::Error;
 
 use crate::spec::{Family, ModelSpec, Quantization};
 use crate::weights::{FfnNames, ModelNames, Tensor, Weights, WeightsError};
+use convert::{
+    E4M3FN_MAX, INT4_MAX, INT4_MIN, e4m3fn_to_f32, f32_to_e4m3fn_saturating, round_clamp,
+};
 pub use convert::{pack_int4, unpack_int4};
-use convert::{E4M3FN_MAX, INT4_MAX, INT4_MIN, e4m3fn_to_f32, f32_to_e4m3fn_saturating, round_clamp};
 
 /// The tile of [`QuantFormat::Fp8Block`] (`weight_block_size`), `[out, in]`.
 pub const FP8_BLOCK: [usize; 2] = [128, 128];
@@ -152,7 +154,10 @@ impl QuantizedTensor {
     /// Quantizes the weight `name` (for messages) to `format` (see the module table).
     pub fn quantize(name: &str, w: &Tensor, format: QuantFormat) -> Result<Self, QuantError> {
         let &[out, inp] = w.shape.as_slice() else {
-            return Err(QuantError::NotMatrix { name: name.into(), shape: w.shape.clone() });
+            return Err(QuantError::NotMatrix {
+                name: name.into(),
+                shape: w.shape.clone(),
+            });
         };
         if let Some(i) = w.data.iter().position(|x| !x.is_finite()) {
             return Err(QuantError::NonFinite {
@@ -167,15 +172,24 @@ impl QuantizedTensor {
             let g = format.scale_index(i / inp, i % inp, inp);
             amax[g] = amax[g].max(x.abs());
         }
-        let scales: Vec<f32> =
-            amax.iter().map(|&m| (m / format.code_max()).max(f32::MIN_POSITIVE)).collect();
-        let code = |i: usize| -> f32 { w.data[i] / scales[format.scale_index(i / inp, i % inp, inp)] };
+        let scales: Vec<f32> = amax
+            .iter()
+            .map(|&m| (m / format.code_max()).max(f32::MIN_POSITIVE))
+            .collect();
+        let code =
+            |i: usize| -> f32 { w.data[i] / scales[format.scale_index(i / inp, i % inp, inp)] };
         let data = match format {
-            QuantFormat::Int8PerChannel => (0..w.data.len()).map(|i| round_clamp(code(i), i8::MIN, i8::MAX) as u8).collect(),
-            QuantFormat::Fp8Block { .. } => (0..w.data.len()).map(|i| f32_to_e4m3fn_saturating(code(i))).collect(),
+            QuantFormat::Int8PerChannel => (0..w.data.len())
+                .map(|i| round_clamp(code(i), i8::MIN, i8::MAX) as u8)
+                .collect(),
+            QuantFormat::Fp8Block { .. } => (0..w.data.len())
+                .map(|i| f32_to_e4m3fn_saturating(code(i)))
+                .collect(),
             QuantFormat::Int4Group { .. } => (0..out)
                 .flat_map(|r| {
-                    let row: Vec<i8> = (r * inp..(r + 1) * inp).map(|i| round_clamp(code(i), INT4_MIN, INT4_MAX)).collect();
+                    let row: Vec<i8> = (r * inp..(r + 1) * inp)
+                        .map(|i| round_clamp(code(i), INT4_MIN, INT4_MAX))
+                        .collect();
                     pack_int4(&row)
                 })
                 .collect(),
@@ -184,7 +198,11 @@ impl QuantizedTensor {
             shape: [out, inp],
             format,
             data,
-            scales: Scales { shape: scales_shape, dtype: ScaleDtype::F32, values: scales },
+            scales: Scales {
+                shape: scales_shape,
+                dtype: ScaleDtype::F32,
+                values: scales,
+            },
         })
     }
 
@@ -210,7 +228,10 @@ impl QuantizedTensor {
             .flat_map(|r| (0..inp).map(move |c| (r, c)))
             .map(|(r, c)| self.code(r, c) * self.scale(r, c))
             .collect();
-        Tensor { shape: vec![out, inp], data }
+        Tensor {
+            shape: vec![out, inp],
+            data,
+        }
     }
 
     /// Bytes on the device: packed codes plus scales in their dtype.
@@ -273,7 +294,10 @@ impl WeightsDtype {
     /// a tensor not listed stays as loaded. With [`WeightsDtype::Fp8`] the converted set is
     /// the config's `quantization_config` if it has one, else transformers' rule with
     /// `modules_to_not_convert = ["lm_head", <every router>]`.
-    pub fn format_of(self, spec: &ModelSpec) -> Result<IndexMap<String, QuantFormat>, WeightsError> {
+    pub fn format_of(
+        self,
+        spec: &ModelSpec,
+    ) -> Result<IndexMap<String, QuantFormat>, WeightsError> {
         let names = ModelNames::new(spec)?;
         let mut out = IndexMap::new();
         let int8 = QuantFormat::Int8PerChannel;
@@ -282,7 +306,9 @@ impl WeightsDtype {
             .layers
             .iter()
             .filter_map(|l| match &l.ffn {
-                FfnNames::Moe { router, .. } => Some(router.trim_end_matches(".weight").to_string()),
+                FfnNames::Moe { router, .. } => {
+                    Some(router.trim_end_matches(".weight").to_string())
+                }
                 FfnNames::Dense(_) => None,
             })
             .collect();
@@ -290,7 +316,9 @@ impl WeightsDtype {
             Some(q) => q.clone(),
             None => Quantization::Fp8Block {
                 weight_block_size: [FP8_BLOCK[0] as u64, FP8_BLOCK[1] as u64],
-                modules_to_not_convert: std::iter::once("lm_head".to_string()).chain(routers).collect(),
+                modules_to_not_convert: std::iter::once("lm_head".to_string())
+                    .chain(routers)
+                    .collect(),
             },
         };
         let (dense, expert) = match self {
@@ -309,19 +337,26 @@ impl WeightsDtype {
                 add(n, dense);
             }
             match &layer.ffn {
-                FfnNames::Dense(m) => [&m.gate, &m.up, &m.down].into_iter().for_each(|n| add(n, dense)),
-                FfnNames::Moe { router, experts, .. } => {
+                FfnNames::Dense(m) => [&m.gate, &m.up, &m.down]
+                    .into_iter()
+                    .for_each(|n| add(n, dense)),
+                FfnNames::Moe {
+                    router, experts, ..
+                } => {
                     if self == Self::Fp8 {
                         add(router, fp8);
                     }
                     for m in experts {
-                        [&m.gate, &m.up, &m.down].into_iter().for_each(|n| add(n, expert));
+                        [&m.gate, &m.up, &m.down]
+                            .into_iter()
+                            .for_each(|n| add(n, expert));
                     }
                 }
             }
         }
         // A tied head is the embedding, which stays as loaded.
-        if names.lm_head != names.embed && (self != Self::Fp8 || fp8_rule.converts(&names.lm_head)) {
+        if names.lm_head != names.embed && (self != Self::Fp8 || fp8_rule.converts(&names.lm_head))
+        {
             out.insert(names.lm_head.clone(), dense);
         }
         Ok(out)
@@ -346,7 +381,11 @@ pub struct QuantizedWeights {
 
 impl QuantizedWeights {
     /// Quantizes loaded (or random) weights to `dtype` ([`WeightsDtype::format_of`]).
-    pub fn quantize(spec: &ModelSpec, weights: &Weights, dtype: WeightsDtype) -> Result<Self, QuantError> {
+    pub fn quantize(
+        spec: &ModelSpec,
+        weights: &Weights,
+        dtype: WeightsDtype,
+    ) -> Result<Self, QuantError> {
         let formats = dtype.format_of(spec)?;
         let tensors = weights
             .iter()
@@ -358,7 +397,11 @@ impl QuantizedWeights {
                 Ok((name.to_string(), stored))
             })
             .collect::<Result<_, QuantError>>()?;
-        Ok(Self { family: weights.family(), dtype, tensors })
+        Ok(Self {
+            family: weights.family(),
+            dtype,
+            tensors,
+        })
     }
 
     pub fn dtype(&self) -> WeightsDtype {
