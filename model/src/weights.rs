@@ -530,9 +530,8 @@ impl Weights {
         if let Some(q) = &spec.quantization {
             return Err(WeightsError::Unsupported {
                 what: format!(
-                    "a quantized checkpoint (config.json's quantization_config: {}): \
-                     palladium_model::quant::QuantizedWeights reads it; the kernels do not take \
-                     quantized weights yet",
+                    "a quantized checkpoint (config.json's quantization_config: {}): not yet \
+                     supported by the kernels (palladium_model::quant::QuantizedWeights reads it)",
                     q.describe()
                 ),
             });
