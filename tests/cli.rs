@@ -303,3 +303,13 @@ fn exec_and_run_on_tpu_say_when_no_tpu_is_attached() {
     let (ok, _, err) = palladium(&["run", &model("tiny-qwen3-moe"), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--backend", "gpu"]);
     assert!(!ok && err.contains("unknown backend `gpu` (known: interpret, tpu)"), "{err}");
 }
+
+#[test]
+fn run_refuses_quantized_weights_dtypes_until_the_kernels_take_them() {
+    for dtype in ["int8", "fp8", "int4"] {
+        let (ok, _, err) = palladium(&["run", &model("tiny-qwen3-moe"), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--weights-dtype", dtype]);
+        assert!(!ok && err.contains(&format!("--weights-dtype {dtype}: not yet supported by the kernels")), "{err}");
+    }
+    let (ok, _, err) = palladium(&["run", &model("tiny-qwen3-moe"), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--weights-dtype", "int3"]);
+    assert!(!ok && err.contains("unknown weights dtype `int3` (known: bf16, int8, fp8, int4)"), "{err}");
+}
