@@ -22,17 +22,26 @@ use palladium_model::quant::{
 use palladium_model::weights::{Tensor, Weights, WeightsError};
 use safetensors::SafeTensors;
 
-/// The script's output folder, written once per test binary.
+/// The script's output folder, written once per test binary; the folders of earlier runs
+/// are removed first (several tests read this one, so none can remove it when it ends).
 fn oracle() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("quant-oracle-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        for old in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
+            if old
+                .file_name()
+                .to_string_lossy()
+                .starts_with("quant-oracle-")
+            {
+                let _ = std::fs::remove_dir_all(old.path());
+            }
+        }
+        let dir = tmp.join(format!("quant-oracle-{}", std::process::id()));
         let out = Command::new(venv_python())
             .arg(repo_root().join("model/tests/quant_reference.py"))
-            .arg("--config")
-            .arg(repo_root().join("fixtures/models/tiny-qwen3-moe.json"))
+            .arg("--fixtures")
+            .arg(repo_root().join("fixtures/models"))
             .arg("--out-dir")
             .arg(&dir)
             .output()
@@ -154,59 +163,71 @@ fn fp8_blocks_match_torch() {
     check_quantized("fp8", QuantFormat::Fp8Block { block: FP8_BLOCK });
 }
 
-fn checkpoint_spec() -> ModelSpec {
-    ModelSpec::from_path(oracle().join("fp8-checkpoint/config.json")).unwrap()
+fn checkpoint_spec(name: &str) -> ModelSpec {
+    ModelSpec::from_path(oracle().join(name).join("config.json")).unwrap()
 }
 
-#[test]
-fn torch_fp8_checkpoint_loads_and_dequantizes_as_torch_does() {
-    let spec = checkpoint_spec();
-    let loaded = QuantizedWeights::load(&spec, oracle().join("fp8-checkpoint"), None).unwrap();
+/// Loads the torch-written checkpoint `name` and checks it against torch: every tensor
+/// dequantizes to torch's values bit for bit, exactly the tensors torch converted are
+/// quantized, and our quantization of torch's source weights gives torch's codes and scales.
+/// Returns the checkpoint and how many of its tensors are quantized.
+fn check_torch_checkpoint(name: &str) -> (QuantizedWeights, usize) {
+    let spec = checkpoint_spec(name);
+    let loaded = QuantizedWeights::load(&spec, oracle().join(name), None).unwrap();
     assert_eq!(loaded.dtype(), WeightsDtype::Fp8);
-    let expected = read("fp8-checkpoint-dequantized.safetensors");
-    let source = read("fp8-source.safetensors");
+    let expected = read(&format!("{name}-dequantized.safetensors"));
+    let source = read(&format!("{name}-source.safetensors"));
     let dequantized = loaded.dequantize();
     assert_eq!(dequantized.len(), expected.len());
     let (mut quantized, mut bf16_scales) = (0, 0);
-    for (name, stored) in loaded.iter() {
-        let want = tensor(&expected[name]);
-        let got = dequantized.get(name).unwrap();
-        assert_eq!(got.shape, want.shape, "{name}");
+    for (tensor_name, stored) in loaded.iter() {
+        let want = tensor(&expected[tensor_name]);
+        let got = dequantized.get(tensor_name).unwrap();
+        assert_eq!(got.shape, want.shape, "{tensor_name}");
         assert!(
             same_bits(&got.data, &want.data),
-            "{name}: dequantized values differ from torch's"
+            "{tensor_name}: dequantized values differ from torch's"
         );
-        // What torch converted is exactly what we hold quantized.
         assert_eq!(
             matches!(stored, StoredTensor::Quantized(_)),
-            source.contains_key(name),
-            "{name}"
+            source.contains_key(tensor_name),
+            "{tensor_name}"
         );
         if let StoredTensor::Quantized(q) = stored {
             quantized += 1;
             bf16_scales += usize::from(q.scales.dtype == ScaleDtype::Bf16);
-            // Our quantization of torch's source weights gives torch's codes and scales.
-            let ours = QuantizedTensor::quantize(name, &tensor(&source[name]), q.format).unwrap();
-            assert_eq!(ours.data, q.data, "{name}: codes differ from torch's");
-            let torch_scales = f32s(&source[&format!("{name}_scale_inv")].1);
+            let ours =
+                QuantizedTensor::quantize(tensor_name, &tensor(&source[tensor_name]), q.format)
+                    .unwrap();
+            assert_eq!(
+                ours.data, q.data,
+                "{tensor_name}: codes differ from torch's"
+            );
+            let torch_scales = f32s(&source[&format!("{tensor_name}_scale_inv")].1);
             assert!(
                 same_bits(&ours.scales.values, &torch_scales),
-                "{name}: scales differ from torch's"
+                "{tensor_name}: scales differ from torch's"
             );
         }
     }
-    // Layer 0: q/k/v/o + 4 experts x 3; layer 1 (dense): q/k/v/o + 3. Not lm_head, not the router.
-    assert_eq!(quantized, 4 + 12 + 4 + 3);
     assert!(
         bf16_scales > 0 && bf16_scales < quantized,
-        "both scale dtypes are exercised"
+        "{name}: both scale dtypes are exercised"
     );
     assert!(matches!(
-        loaded.get("model.layers.0.mlp.gate.weight"),
+        loaded.get("lm_head.weight"),
         Some(StoredTensor::Plain(_))
     ));
+    (loaded, quantized)
+}
+
+#[test]
+fn torch_fp8_qwen3_checkpoint_loads_and_dequantizes_as_torch_does() {
+    let (loaded, quantized) = check_torch_checkpoint("qwen3-fp8");
+    // Layer 0: q/k/v/o + 4 experts x 3; layer 1 (dense): q/k/v/o + 3. Not lm_head, not the router.
+    assert_eq!(quantized, 4 + 12 + 4 + 3);
     assert!(matches!(
-        loaded.get("lm_head.weight"),
+        loaded.get("model.layers.0.mlp.gate.weight"),
         Some(StoredTensor::Plain(_))
     ));
     match loaded.get("model.layers.0.self_attn.o_proj.weight") {
@@ -218,9 +239,20 @@ fn torch_fp8_checkpoint_loads_and_dequantizes_as_torch_does() {
 }
 
 #[test]
+fn torch_fp8_mixtral_checkpoint_loads_and_dequantizes_as_torch_does() {
+    let (loaded, quantized) = check_torch_checkpoint("mixtral-fp8");
+    // One layer: q/k/v/o + 3 experts x (w1, w2, w3); not the router.
+    assert_eq!(quantized, 4 + 9);
+    assert!(matches!(
+        loaded.get("model.layers.0.block_sparse_moe.gate.weight"),
+        Some(StoredTensor::Plain(_))
+    ));
+}
+
+#[test]
 fn fp8_checkpoint_refuses_other_dtypes_and_the_unquantized_loader() {
-    let spec = checkpoint_spec();
-    let dir = oracle().join("fp8-checkpoint");
+    let spec = checkpoint_spec("qwen3-fp8");
+    let dir = oracle().join("qwen3-fp8");
     let err = QuantizedWeights::load(&spec, &dir, Some(WeightsDtype::Int8)).unwrap_err();
     assert!(err.to_string().contains("already quantized"), "{err}");
     let err = Weights::load(&spec, &dir).unwrap_err();

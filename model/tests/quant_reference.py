@@ -15,18 +15,20 @@ Writes into --out-dir:
         int4_w/_q/_scale             int4 groups of 128 of a [5, 300] weight (numpy, ml_dtypes.int4),
                                      packed by XLA: bitcast_convert_type([.., 2] int4 -> uint8)
         fp8_w/_q/_scale              fp8 128x128 blocks of a [200, 300] weight (torch)
-    fp8-checkpoint/config.json, model.safetensors
+    qwen3-fp8/config.json, model.safetensors
         a 2-layer Qwen3-MoE (one MoE, one dense layer, dims not multiples of 128) built by
         transformers, every nn.Linear that transformers' FP8 rule converts stored as
         torch.float8_e4m3fn + weight_scale_inv (F32, or BF16 for every other tensor)
-    fp8-checkpoint-dequantized.safetensors
+    qwen3-fp8-dequantized.safetensors
         torch's dequantization of every tensor (F32): codes.float() * scale per 128x128 tile
-    fp8-source.safetensors
+    qwen3-fp8-source.safetensors
         the bf16-valued weights before quantization (F32), and their F32 scales
+    mixtral-fp8/..., mixtral-fp8-dequantized.safetensors, mixtral-fp8-source.safetensors
+        the same for a 1-layer Mixtral (router `block_sparse_moe.gate` not converted)
 
 Run with the oracle venv's python (scripts/setup.sh installs torch, transformers and jax):
-    $PALLADIUM_TPU_VENV/bin/python model/tests/quant_reference.py --config \
-        fixtures/models/tiny-qwen3-moe.json --out-dir /tmp/quant
+    $PALLADIUM_TPU_VENV/bin/python model/tests/quant_reference.py --fixtures fixtures/models \
+        --out-dir /tmp/quant
 """
 
 import argparse
@@ -130,17 +132,14 @@ def conversions(out_dir):
     save_numpy(t, os.path.join(out_dir, "conversions.safetensors"))
 
 
-def fp8_checkpoint(config_path, out_dir):
+def fp8_checkpoint(config_path, name, overrides, not_converted, out_dir):
     with open(config_path) as f:
         cfg = json.load(f)
-    # Two layers (layer 1 dense), four experts, dims that are not multiples of 128.
-    cfg.update(num_hidden_layers=2, num_experts=4, hidden_size=160, moe_intermediate_size=96,
-               intermediate_size=200, vocab_size=300, mlp_only_layers=[1])
-    not_converted = ["lm_head", "model.layers.0.mlp.gate", "model.layers.0.input_layernorm"]
+    cfg.update(overrides)
     cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
                                   "weight_block_size": [BLOCK, BLOCK],
                                   "modules_to_not_convert": not_converted}
-    ckpt = os.path.join(out_dir, "fp8-checkpoint")
+    ckpt = os.path.join(out_dir, name)
     os.makedirs(ckpt, exist_ok=True)
     with open(os.path.join(ckpt, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
@@ -159,35 +158,43 @@ def fp8_checkpoint(config_path, out_dir):
         and not any(key in path for key in not_converted)
     }
     stored, dequantized, source = {}, {}, {}
-    for i, (name, p) in enumerate(sorted(model.state_dict().items())):
+    for i, (tensor, p) in enumerate(sorted(model.state_dict().items())):
         w = p.detach().float()
-        if name in converted:
+        if tensor in converted:
             q, scale = fp8_quantize(w)
             if i % 2:
                 scale_stored = scale.to(torch.bfloat16)
             else:
                 scale_stored = scale
-            stored[name] = q.contiguous()
-            stored[name + "_scale_inv"] = scale_stored.contiguous()
-            dequantized[name] = fp8_dequantize(q, scale_stored)
-            source[name] = w.contiguous()
-            source[name + "_scale_inv"] = scale.contiguous()
+            stored[tensor] = q.contiguous()
+            stored[tensor + "_scale_inv"] = scale_stored.contiguous()
+            dequantized[tensor] = fp8_dequantize(q, scale_stored)
+            source[tensor] = w.contiguous()
+            source[tensor + "_scale_inv"] = scale.contiguous()
         else:
-            stored[name] = p.detach().contiguous()
-            dequantized[name] = w.contiguous()
+            stored[tensor] = p.detach().contiguous()
+            dequantized[tensor] = w.contiguous()
     save_torch(stored, os.path.join(ckpt, "model.safetensors"), metadata={"format": "pt"})
-    save_torch(dequantized, os.path.join(out_dir, "fp8-checkpoint-dequantized.safetensors"))
-    save_torch(source, os.path.join(out_dir, "fp8-source.safetensors"))
+    save_torch(dequantized, os.path.join(out_dir, f"{name}-dequantized.safetensors"))
+    save_torch(source, os.path.join(out_dir, f"{name}-source.safetensors"))
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", required=True)
+    ap.add_argument("--fixtures", required=True, help="fixtures/models")
     ap.add_argument("--out-dir", required=True)
     args = ap.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
     conversions(args.out_dir)
-    fp8_checkpoint(args.config, args.out_dir)
+    # Dims that are not multiples of 128 (partial tiles).
+    fp8_checkpoint(os.path.join(args.fixtures, "tiny-qwen3-moe.json"), "qwen3-fp8",
+                   dict(num_hidden_layers=2, num_experts=4, hidden_size=160, moe_intermediate_size=96,
+                        intermediate_size=200, vocab_size=300, mlp_only_layers=[1]),
+                   ["lm_head", "model.layers.0.mlp.gate", "model.layers.0.input_layernorm"], args.out_dir)
+    fp8_checkpoint(os.path.join(args.fixtures, "tiny-mixtral.json"), "mixtral-fp8",
+                   dict(num_hidden_layers=1, num_local_experts=3, hidden_size=160, intermediate_size=96,
+                        vocab_size=300),
+                   ["lm_head", "block_sparse_moe.gate"], args.out_dir)
 
 
 if __name__ == "__main__":
