@@ -279,7 +279,7 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check, tolerance, backend, weights_dtype } => {
             if weights_dtype != WeightsDtype::Bf16 {
-                return Err(format!("--weights-dtype {}: not yet supported by the kernels (the megakernel takes bf16 weights)", weights_dtype.name()).into());
+                return Err(format!("--weights-dtype {}: not yet supported by the kernels (the megakernel takes bf16 weights)", weights_dtype.name()));
             }
             use palladium::output::OutputFile;
             use palladium::run::{Progress, RunOptions, WeightSource};
