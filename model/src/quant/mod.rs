@@ -252,7 +252,7 @@ pub enum WeightsDtype {
     /// Every linear weight of the layers and `lm_head` int8 per channel.
     Int8,
     /// fp8 128x128 blocks on the tensors Hugging Face's FP8 checkpoints convert: every linear
-    /// weight of the layers (not `lm_head`).
+    /// weight of the layers but the routers (not `lm_head`).
     Fp8,
     /// Experts int4 in groups of 128; the other linear weights of the layers and `lm_head` int8.
     Int4,
