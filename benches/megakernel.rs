@@ -87,7 +87,7 @@ fn plan_fitting(s: &ModelSpec, chip: Chip, batch: u64, context: u64, layers: Opt
         Err(PlanError::Hbm { max_layers, .. }) => Plan::new(s, &options_ctx(chip, batch, context, Some(max_layers as usize))).unwrap_or_else(|e| panic!("{e}")),
         Err(e) => panic!("{e}"),
     };
-    let kv_out = |p: &Plan| p.operands.iter().filter(|o| o.name.ends_with("_cache_out")).map(|o| o.bytes).sum::<u64>();
+    let kv_out = |p: &Plan| p.layout.operands.iter().filter(|o| o.kind.aliased_input().is_some()).map(|o| o.bytes).sum::<u64>();
     while p.layers > 1 && p.hbm_total + kv_out(&p) > p.hbm_capacity {
         p = Plan::new(s, &options_ctx(chip, batch, context, Some(p.layers - 1))).unwrap_or_else(|e| panic!("{e}"));
     }

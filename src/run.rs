@@ -13,6 +13,7 @@ use crate::check::Backend;
 use palladium_dsl::spec::Chip;
 use palladium_fusion::decode::Decoder;
 use palladium_fusion::pack::pack;
+use palladium_fusion::layout::OperandKind;
 use palladium_fusion::plan::{Plan, PlanOptions};
 use palladium_lowering::{LowerOptions, lower};
 use palladium_model::ModelSpec;
@@ -98,8 +99,9 @@ impl HostMemory {
 pub fn host_memory(spec: &ModelSpec, plan: &Plan, o: &RunOptions) -> HostMemory {
     let params = spec.params().total();
     let f32_params = params.saturating_mul(4);
-    let largest = plan.operands.iter().map(|op| op.bytes).max().unwrap_or(0);
-    let kv: u64 = plan.operands.iter().filter(|op| op.name == "k_cache" || op.name == "v_cache").map(|op| op.bytes).sum();
+    let operands = &plan.layout.operands;
+    let largest = operands.iter().map(|op| op.bytes).max().unwrap_or(0);
+    let kv: u64 = operands.iter().filter(|op| matches!(op.kind, OperandKind::KCache | OperandKind::VCache)).map(|op| op.bytes).sum();
     HostMemory {
         checkpoint: if matches!(o.weights, WeightSource::Checkpoint(_)) { f32_params } else { 0 },
         weights: f32_params,

@@ -90,7 +90,7 @@ impl Decoder {
         }
         for (i, (a, (dt, shape))) in inputs.iter().zip(&call.inputs).enumerate() {
             if a.dtype != *dt || &a.shape != shape {
-                let name = if i >= 2 && i - 2 < packed.names.len() { packed.names[i - 2] } else { "operand" };
+                let name = if i >= 2 && i - 2 < packed.operands.len() { packed.operands[i - 2].name() } else { "operand" };
                 return Err(DecodeError::Interface(format!("input {i} ({name}): {}{:?}, the kernel takes {dt}{shape:?}", a.dtype, a.shape)));
             }
         }
@@ -106,7 +106,7 @@ impl Decoder {
             inputs,
             vocab: plan.dims.vocab,
             batch: b,
-            chunk_cols: plan.chunk_cols as usize,
+            chunk_cols: plan.layout.chunk_cols as usize,
             rows: plan.dims.rows as usize,
             capacity: plan.dims.positions,
             lens: vec![0; b],

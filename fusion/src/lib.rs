@@ -32,7 +32,7 @@
 //! | out 1, 2 | `k_cache_out`, `v_cache_out` | as the inputs | HBM | the caches, new position written in place |
 //!
 //! The exact per-element mapping from Hugging Face tensor names (transposes, folding,
-//! padding) is in [`plan::Operand::source`], printed by the report for every operand.
+//! padding) is in [`report::operand_source`], printed by the report for every operand.
 //! Numerics differ from Hugging Face in two documented ways: the residual stream stays f32,
 //! and norm scales are folded into bf16 weights (one rounding of `w * g` instead of rounding
 //! the scaled activations).
@@ -40,6 +40,7 @@
 pub mod decode;
 pub mod emit;
 pub mod graph;
+pub mod layout;
 pub mod pack;
 pub mod plan;
 pub mod report;
