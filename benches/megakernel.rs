@@ -47,8 +47,8 @@
 use palladium_autotune::Libtpu;
 use palladium_dsl::spec::Chip;
 use palladium_fusion::emit::emit;
+use palladium_fusion::megakernel::Megakernel;
 use palladium_fusion::plan::{KvTiles, Plan, PlanError, PlanOptions, Prefetch};
-use palladium_lowering::{LowerOptions, lower};
 use palladium_model::{FfnKind, ModelSpec};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -224,12 +224,10 @@ fn emission_time() -> (f64, Vec<f64>) {
     let mut times = Vec::new();
     for _ in 0..7 {
         let t = std::time::Instant::now();
-        let plan = Plan::new(&s, &PlanOptions { check_hbm: false, ..options(Chip::V7x, 1, None) }).unwrap();
-        let k = emit(&plan).unwrap();
-        let l = lower(&k, &LowerOptions { chip: Chip::V7x }).unwrap();
+        let mk = Megakernel::build(&s, &PlanOptions { check_hbm: false, ..options(Chip::V7x, 1, None) }).unwrap();
         times.push(t.elapsed().as_secs_f64());
-        assert_eq!(plan.layers, 94);
-        assert!(l.body.contains("stable_mosaic.version"));
+        assert_eq!(mk.plan.layers, 94);
+        assert!(mk.lowered.body.contains("stable_mosaic.version"));
     }
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);

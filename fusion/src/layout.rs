@@ -113,7 +113,8 @@ fn serialize_role<S: Serializer>(role: &OperandRole, s: S) -> Result<S::Ok, S::E
     s.serialize_str(role_name(*role))
 }
 
-fn display<S: Serializer, T: std::fmt::Display>(value: &T, s: S) -> Result<S::Ok, S::Error> {
+/// Serializes a value as its `Display` text (`bf16`, `any`, `v6e`), as the report writes it.
+pub(crate) fn display<S: Serializer, T: std::fmt::Display>(value: &T, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(value)
 }
 

@@ -169,7 +169,8 @@ pub struct Dims {
 #[derive(Clone, Debug, Serialize)]
 pub struct Plan {
     pub model: String,
-    pub chip: String,
+    #[serde(serialize_with = "crate::layout::display")]
+    pub chip: Chip,
     pub layers: usize,
     pub model_layers: usize,
     pub layer_kind: String,
@@ -289,6 +290,14 @@ struct Extracted {
     experts: [FusedWeight; 2],
 }
 
+/// The VMEM plan ([`vmem_budget`]): the parts, their total, the limit the kernel is
+/// compiled with.
+struct VmemBudget {
+    parts: Vec<(String, u64)>,
+    total: u64,
+    limit: u64,
+}
+
 /// The dense-ring and expert-ring schedule ([`prefetch_schedule`]).
 struct Rings {
     banks: u64,
@@ -308,12 +317,12 @@ impl Plan {
         let extracted = rewrites(spec, &dims)?;
         let layout = stream_layout(spec, options, layers, &dims, &extracted)?;
         let rings = prefetch_schedule(options, layers, &dims, &layout);
-        let (vmem, vmem_total, vmem_limit) = vmem_budget(options.chip, &dims, &layout, &rings, block_kv)?;
+        let vmem = vmem_budget(options.chip, &dims, &layout, &rings, block_kv)?;
         let (hbm_total, hbm_capacity) = hbm_fit(options, layers, &dims, &layout)?;
         let traffic = traffic(spec, options, layers, &dims, &layout, block_kv)?;
         Ok(Plan {
             model: format!("{} ({} layers of {})", spec.family.model_type(), spec.layers.len(), kind.describe()),
-            chip: options.chip.name().to_string(),
+            chip: options.chip,
             layers,
             model_layers: spec.layers.len(),
             layer_kind: kind.describe(),
@@ -331,9 +340,9 @@ impl Plan {
             block_kv,
             kv_tiles: options.kv_tiles,
             prefetch: options.prefetch,
-            vmem,
-            vmem_total,
-            vmem_limit,
+            vmem: vmem.parts,
+            vmem_total: vmem.total,
+            vmem_limit: vmem.limit,
             vmem_capacity: options.chip.vmem_bytes(),
             hbm_total,
             hbm_capacity,
@@ -511,7 +520,7 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
     let vmem_capacity = options.chip.vmem_bytes();
     let mut expert_block = 128;
     for b in (128..=i).step_by(128) {
-        if i % b == 0 && expert_slots * 3 * h * b * 2 <= vmem_capacity / 4 {
+        if i.is_multiple_of(b) && expert_slots * 3 * h * b * 2 <= vmem_capacity / 4 {
             expert_block = b;
         }
     }
@@ -578,7 +587,7 @@ fn prefetch_schedule(options: &PlanOptions, layers: usize, dims: &Dims, layout: 
 /// The VMEM plan (every scratch buffer, plus headroom for vector temporaries and compiler
 /// spills), refused past the chip's VMEM per core: the parts, their total and the limit
 /// the kernel is compiled with.
-fn vmem_budget(chip: Chip, dims: &Dims, layout: &StreamLayout, rings: &Rings, block_kv: u64) -> Result<(Vec<(String, u64)>, u64, u64), PlanError> {
+fn vmem_budget(chip: Chip, dims: &Dims, layout: &StreamLayout, rings: &Rings, block_kv: u64) -> Result<VmemBudget, PlanError> {
     let (h, hp, rows, kvh) = (dims.hidden, dims.head_pad, dims.rows, dims.kv_heads);
     let width = |kind| layout.segment(kind).map_or(0, |s| s.cols);
     let (nqkv, nq) = (width(SegmentKind::Qkv), width(SegmentKind::OProj));
@@ -610,7 +619,7 @@ fn vmem_budget(chip: Chip, dims: &Dims, layout: &StreamLayout, rings: &Rings, bl
         let detail = vmem.iter().map(|(n, b)| format!("{n} {b}")).collect::<Vec<_>>().join(" + ");
         return Err(PlanError::Vmem { chip, need: vmem_total, need_mib: vmem_total as f64 / MIB as f64, have: vmem_capacity, have_mib: vmem_capacity / MIB, detail });
     }
-    Ok((vmem, vmem_total, round_up(vmem_total, MIB).min(vmem_capacity)))
+    Ok(VmemBudget { limit: round_up(vmem_total, MIB).min(vmem_capacity), parts: vmem, total: vmem_total })
 }
 
 /// The operands' HBM arrays together, and the chip's usable HBM per device; refused past

@@ -1,11 +1,11 @@
 //! The host-side weight packer: [`palladium_model::weights::Weights`] (Hugging Face names,
 //! `[out, in]` linear weights) → the megakernel's input arrays in operand order, exactly as
-//! the crate docs' operand interface and [`crate::report::operand_source`] describe them.
+//! `palladium_fusion`'s operand interface and [`palladium_fusion::report::operand_source`] describe them.
 //!
 //! - `embed` `[ceil(V/16), 16, H]`: the embedding reshaped, zero rows past `V`.
 //! - `w_stream` `[L*n + ceil(V/cw), H, cw]`: per layer the `[H, n*cw]` dense-stream matrix
-//!   `D_l` cut into `n` column chunks, then `lm_head`'s chunks. Its segments and the chunk pieces come from the plan
-//!   ([`crate::layout::StreamLayout::segments`], [`crate::layout::StreamLayout::pieces`]): q/k/v heads
+//!   `D_l` cut into `n` column chunks, then `lm_head`'s chunks. Its segments and the chunk pieces come from the layout
+//!   ([`palladium_fusion::layout::StreamLayout::segments`], [`palladium_fusion::layout::StreamLayout::pieces`]): q/k/v heads
 //!   transposed with `input_layernorm` folded (`D[i, head*hp + c] = W[head*hd + c, i] *
 //!   g[i]`), `o_proj` as is with each head's columns padded to `hp`, the router transposed
 //!   with `post_attention_layernorm` folded and padded to `experts_pad` columns.
@@ -20,8 +20,8 @@
 //! it), a folded norm scale is multiplied in f32 (the product of two bf16 values is exact
 //! in f32) and the product is rounded to bf16 once.
 
-use crate::layout::{OperandKind, SegmentKind};
-use crate::plan::Plan;
+use palladium_fusion::layout::{OperandKind, SegmentKind};
+use palladium_fusion::plan::Plan;
 use palladium_interpret::HostArray;
 use palladium_model::ModelSpec;
 use palladium_model::weights::{FfnNames, ModelNames, Tensor, Weights, WeightsError, round_bf16};
