@@ -6,7 +6,7 @@
 //! 1. For the tiny Qwen3-MoE (all 4 layers) and Qwen3-30B-A3B truncated to the layers that
 //!    fit v6e's HBM (the planner's own `max_layers`), batch 1, 4 and 8, context 4096, the
 //!    megakernel in two prefetch variants (same kernel otherwise, same results: tested in
-//!    `fusion/tests/interpret.rs`): `deep` (what a step runs: a ~24 MiB dense ring and 2
+//!    `decode/tests/interpret.rs`): `deep` (what a step runs: a ~24 MiB dense ring and 2
 //!    expert chunks in flight) and `single` (one chunk in flight per stream, as a
 //!    double-buffered Pallas pipeline):
 //!    - `floor / mk`: the plain HBM stream's cycles (`Libtpu::floor` on v6e) for the step's

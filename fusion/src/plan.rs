@@ -1,16 +1,19 @@
 //! The streaming plan: everything about the megakernel that is decided before tracing.
 //!
 //! - **Rewrites**: the per-layer graph and the final norm + `lm_head` are rewritten with
-//!   [`crate::rewrite`]; the plan requires (and the report shows) that q/k/v became one
-//!   projection, gate/up one, and that every RMS-norm scale feeding a matmul was folded into
-//!   its weight rows.
+//!   [`crate::rewrite`], and the extraction is read, typed ([`crate::graph::WeightKind`]):
+//!   each matmul it keeps is one segment of the dense stream (the q/k/v projection fused
+//!   with `input_layernorm` folded, `o_proj`, the router with `post_attention_layernorm`
+//!   folded), the experts' gate/up fused with the norm folded, `lm_head` with the final norm
+//!   folded; any other form is refused (the report shows the extraction).
 //! - **Stacking and host layout**: per-layer weights are stacked along a leading layer
 //!   axis; the q/k/v, `o_proj` and router weights of a layer form the layer's part of one
 //!   *dense stream* array of `[hidden, chunk_cols]` chunks, and `lm_head` continues that
 //!   array with chunks of the same shape: one array, so every prefetch (across layers and
 //!   into `lm_head`) is one unconditional DMA from a computed chunk index. Expert weights
 //!   are stacked `[layer, expert, chunk, ..]` so each DMA chunk is contiguous in HBM. The
-//!   exact operand interface is documented in the crate docs.
+//!   exact operand interface is documented in the crate docs; the plan's
+//!   [`crate::layout::StreamLayout`] holds it, typed.
 //! - **The dense ring**: `banks` VMEM banks of one chunk each; chunk `g` of the global dense
 //!   sequence (layer-major, then `lm_head`) lands in bank `g mod banks`, and is issued
 //!   `depth = banks - 1` chunks ahead of its use, across op and layer boundaries (so while

@@ -15,6 +15,14 @@
 //! Legality lives in [`WeightInfo`] (the e-class analysis): a weight class knows its leaf
 //! weights and bytes, `merge` asserts equal bytes, and fusion only applies to disjoint
 //! weight sets in their graph order.
+//!
+//! The extraction's result is what the plan builds from, not a check beside it: the
+//! matmuls it keeps ([`Rewritten::matmuls`], typed [`FusedWeight`]s in dataflow order)
+//! become the dense stream's segments, its experts' weights the expert chunks' layout
+//! (`crate::plan`). Egg stays (rather than a plain pattern check) because which fusions
+//! to take is a cost question the DAG-aware extraction answers for any layer graph (a fused
+//! matmul pays only when every view of it is used), and a new fusable form (a dense MLP's
+//! gate/up, several tokens' projections) is one more rule, not one more matcher.
 
 use crate::graph::{Weight, WeightKind};
 use egg::{Analysis, DidMerge, EGraph, Id, Language, MultiPattern, RecExpr, Rewrite, Runner, SearchMatches, StopReason, Symbol, define_language, rewrite as rw};

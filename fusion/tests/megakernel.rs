@@ -90,3 +90,31 @@ fn qwen3_235b_emission_time() {
     assert_eq!(mk.plan.layers, 94);
     assert!(secs < 10.0, "{secs}");
 }
+
+/// The layout's chunk pieces tile each layer's dense stream: every column of every segment
+/// lands in exactly one chunk column, in order, and the segments come in the schedule's
+/// order with the widths the emitter's buffers have.
+#[test]
+fn layout_pieces_tile_the_dense_stream() {
+    use palladium_fusion::layout::SegmentKind;
+    for (name, chip) in [("tiny-qwen3-moe", Chip::V6e), ("tiny-mixtral", Chip::V5e), ("qwen3-30b-a3b", Chip::V7x)] {
+        let plan = Plan::new(&spec(name), &options(chip, 1, 256, Some(1))).unwrap();
+        let (layout, d) = (&plan.layout, &plan.dims);
+        let kinds: Vec<SegmentKind> = layout.segments.iter().map(|s| s.kind).collect();
+        assert_eq!(kinds, SegmentKind::SCHEDULE, "{name}");
+        let widths: Vec<u64> = layout.segments.iter().map(|s| s.cols).collect();
+        assert_eq!(widths, vec![(d.heads + 2 * d.kv_heads) * d.head_pad, d.heads * d.head_pad, d.experts_pad], "{name}");
+        let mut next = 0;
+        for chunk in 0..layout.per_layer {
+            for p in layout.pieces(chunk) {
+                let s = layout.segment(p.segment).unwrap();
+                assert_eq!(s.col + p.seg_col, next, "{name} chunk {chunk}: {p:?}");
+                assert_eq!(chunk * layout.chunk_cols + p.chunk_col, next, "{name} chunk {chunk}: {p:?}");
+                assert!(p.cols > 0 && p.chunk_col + p.cols <= layout.chunk_cols && p.seg_col + p.cols <= s.cols, "{name}: {p:?}");
+                next += p.cols;
+            }
+        }
+        assert_eq!(next, widths.iter().sum::<u64>(), "{name}");
+        assert!(layout.per_layer * layout.chunk_cols - next < layout.chunk_cols, "{name}: a chunk of padding only");
+    }
+}
