@@ -71,6 +71,8 @@ pub enum OpKind {
     Attention,
     /// `a + b`.
     Residual,
+    /// `silu(a) * b` (a dense MLP's activation).
+    SiluMul,
     /// Softmax over router logits, top-k (renormalised or raw): expert ids and weights.
     TopK { k: u64 },
     /// Routed experts: `sum_k w_k * down_e(silu(gate_e(x)) * up_e(x))`, experts by id.
@@ -174,7 +176,7 @@ impl LayerGraph {
             FfnKind::Dense { .. } => {
                 let gt = node(&mut g, "gate_proj", OpKind::Linear { weight: w(WeightKind::MlpGate, "mlp.gate_proj.weight") }, &[n2]);
                 let up = node(&mut g, "up_proj", OpKind::Linear { weight: w(WeightKind::MlpUp, "mlp.up_proj.weight") }, &[n2]);
-                let act = node(&mut g, "silu_mul", OpKind::Residual, &[gt, up]);
+                let act = node(&mut g, "silu_mul", OpKind::SiluMul, &[gt, up]);
                 node(&mut g, "down_proj", OpKind::Linear { weight: w(WeightKind::MlpDown, "mlp.down_proj.weight") }, &[act])
             }
         };
@@ -208,7 +210,7 @@ impl LayerGraph {
                 OpKind::HeadNorm { weight } => format!("(headnorm {} {})", ins[0], w(weight)),
                 OpKind::Rope => format!("(rope {})", ins[0]),
                 OpKind::Attention => format!("(attn {} {} {})", ins[0], ins[1], ins[2]),
-                OpKind::Residual if op.name == "silu_mul" => format!("(silu_mul {} {})", ins[0], ins[1]),
+                OpKind::SiluMul => format!("(silu_mul {} {})", ins[0], ins[1]),
                 OpKind::Residual => format!("(add {} {})", ins[0], ins[1]),
                 OpKind::TopK { k } => format!("(topk {} {k})", ins[0]),
                 OpKind::Experts { gate, up, down } => format!("(experts {} {} {} {} {})", ins[0], ins[1], w(gate), w(up), w(down)),
