@@ -6,6 +6,7 @@
 //! prompt one token per run at positions `0..`; greedy decode then feeds back the argmax.
 
 use crate::pack::Packed;
+use palladium_fusion::layout::{OperandKind, StreamLayout};
 use palladium_fusion::megakernel::Megakernel;
 use palladium_interpret::{CallSpec, HostArray, InterpError, Module, ParseError};
 use palladium_model::reference::{Generation, StepLogits, argmax};
@@ -44,13 +45,43 @@ impl From<InterpError> for DecodeError {
 /// device).
 pub type Engine = Box<dyn FnMut(&[HostArray], &CallSpec) -> Result<Vec<HostArray>, DecodeError>>;
 
+/// Where the arrays a step feeds and reads sit in the call: input positions (prefetch
+/// counted) and output positions, from the megakernel's layout.
+#[derive(Clone, Copy, Debug)]
+struct Slots {
+    tokens: usize,
+    positions: usize,
+    k_in: usize,
+    v_in: usize,
+    logits: usize,
+    k_out: usize,
+    v_out: usize,
+}
+
+impl Slots {
+    fn of(layout: &StreamLayout) -> Result<Slots, DecodeError> {
+        let input = |kind: OperandKind| layout.inputs().position(|o| o.kind == kind).ok_or_else(|| DecodeError::Interface(format!("the megakernel has no input {}", kind.name())));
+        let output = |kind: OperandKind| layout.outputs().position(|o| o.kind == kind).ok_or_else(|| DecodeError::Interface(format!("the megakernel has no output {}", kind.name())));
+        Ok(Slots {
+            tokens: input(OperandKind::Tokens)?,
+            positions: input(OperandKind::Positions)?,
+            k_in: input(OperandKind::KCache)?,
+            v_in: input(OperandKind::VCache)?,
+            logits: output(OperandKind::Logits)?,
+            k_out: output(OperandKind::KCacheOut)?,
+            v_out: output(OperandKind::VCacheOut)?,
+        })
+    }
+}
+
 /// A megakernel ready to run decode steps (on the CPU, or on the engine it was given), with
 /// its KV caches.
 pub struct Decoder {
     engine: Engine,
     call: CallSpec,
-    /// Scalar prefetch (tokens, positions), weights, K cache, V cache: the call's inputs.
+    /// The call's inputs (scalar prefetch, weights, caches), in the layout's order.
     inputs: Vec<HostArray>,
+    slots: Slots,
     vocab: u64,
     batch: usize,
     chunk_cols: usize,
@@ -79,24 +110,31 @@ impl Decoder {
     /// [`Decoder::new`] with another engine for the runs (e.g. a TPU).
     pub fn with_engine(mk: &Megakernel, packed: Packed, engine: Engine) -> Result<Self, DecodeError> {
         let plan = &mk.plan;
+        let layout = mk.layout();
         let call = CallSpec::from_json(&mk.lowered.call_json)?;
+        let slots = Slots::of(layout)?;
         let (k, v) = packed.empty_caches();
         let b = plan.dims.batch as usize;
-        let mut inputs = vec![HostArray::from_i32(&[b], &vec![0; b]), HostArray::from_i32(&[b], &vec![0; b])];
-        inputs.extend(packed.arrays);
-        inputs.push(k);
-        inputs.push(v);
+        // Every input array by the operand it fills, taken in the layout's order.
+        let mut arrays: Vec<(OperandKind, HostArray)> = packed.operands.into_iter().zip(packed.arrays).collect();
+        arrays.extend([(OperandKind::KCache, k), (OperandKind::VCache, v)]);
+        let mut take = |kind: OperandKind| match kind {
+            OperandKind::Tokens | OperandKind::Positions => Ok(HostArray::from_i32(&[b], &vec![0; b])),
+            kind => arrays.iter().position(|(k, _)| *k == kind).map(|i| arrays.remove(i).1).ok_or_else(|| DecodeError::Interface(format!("no array for the megakernel's input {}", kind.name()))),
+        };
+        let inputs = layout.inputs().map(|o| take(o.kind)).collect::<Result<Vec<_>, _>>()?;
+        if let Some((kind, _)) = arrays.first() {
+            return Err(DecodeError::Interface(format!("a packed {} array the megakernel does not take", kind.name())));
+        }
         if inputs.len() != call.inputs.len() {
             return Err(DecodeError::Interface(format!("{} arrays for {} call inputs", inputs.len(), call.inputs.len())));
         }
-        for (i, (a, (dt, shape))) in inputs.iter().zip(&call.inputs).enumerate() {
+        for ((i, (a, (dt, shape))), o) in inputs.iter().zip(&call.inputs).enumerate().zip(layout.inputs()) {
             if a.dtype != *dt || &a.shape != shape {
-                let name = if i >= 2 && i - 2 < packed.operands.len() { packed.operands[i - 2].name() } else { "operand" };
-                return Err(DecodeError::Interface(format!("input {i} ({name}): {}{:?}, the kernel takes {dt}{shape:?}", a.dtype, a.shape)));
+                return Err(DecodeError::Interface(format!("input {i} ({}): {}{:?}, the kernel takes {dt}{shape:?}", o.kind.name(), a.dtype, a.shape)));
             }
         }
-        let n = inputs.len();
-        for (cache, out) in [(n - 2, 1), (n - 1, 2)] {
+        for (cache, out) in [(slots.k_in, slots.k_out), (slots.v_in, slots.v_out)] {
             if !call.aliases.contains(&(cache, out)) {
                 return Err(DecodeError::Interface(format!("input {cache} is not aliased to output {out}")));
             }
@@ -105,6 +143,7 @@ impl Decoder {
             engine,
             call,
             inputs,
+            slots,
             vocab: plan.dims.vocab,
             batch: b,
             chunk_cols: plan.layout.chunk_cols as usize,
@@ -137,8 +176,7 @@ impl Decoder {
 
     /// The K and V caches as they are now (`[L, B, kv_heads, T, hp]` bf16).
     pub fn caches(&self) -> (&HostArray, &HostArray) {
-        let n = self.inputs.len();
-        (&self.inputs[n - 2], &self.inputs[n - 1])
+        (&self.inputs[self.slots.k_in], &self.inputs[self.slots.v_in])
     }
 
     /// One megakernel run: `tokens[b]` is fed to sequence `b` at its next position; returns
@@ -157,16 +195,26 @@ impl Decoder {
         }
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let pos: Vec<i32> = self.lens.iter().map(|&p| p as i32).collect();
-        self.inputs[0] = HostArray::from_i32(&[self.batch], &ids);
-        self.inputs[1] = HostArray::from_i32(&[self.batch], &pos);
+        let s = self.slots;
+        self.inputs[s.tokens] = HostArray::from_i32(&[self.batch], &ids);
+        self.inputs[s.positions] = HostArray::from_i32(&[self.batch], &pos);
         let t = Instant::now();
-        let mut out = (self.engine)(&self.inputs, &self.call)?;
+        let out = (self.engine)(&self.inputs, &self.call)?;
         self.elapsed += t.elapsed();
         self.runs += 1;
-        let n = self.inputs.len();
-        self.inputs[n - 1] = out.pop().expect("v_cache_out");
-        self.inputs[n - 2] = out.pop().expect("k_cache_out");
-        let logits = out.pop().expect("logits").to_f32();
+        if out.len() != self.call.outputs.len() {
+            return Err(DecodeError::Interface(format!("the run returned {} arrays for {} call outputs", out.len(), self.call.outputs.len())));
+        }
+        let mut logits = Vec::new();
+        for (i, array) in out.into_iter().enumerate() {
+            if i == s.logits {
+                logits = array.to_f32();
+            } else if i == s.k_out {
+                self.inputs[s.k_in] = array;
+            } else if i == s.v_out {
+                self.inputs[s.v_in] = array;
+            }
+        }
         for l in &mut self.lens {
             *l += 1;
         }

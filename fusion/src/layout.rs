@@ -172,9 +172,19 @@ impl StreamLayout {
         self.operands.iter().find(|o| o.kind == kind)
     }
 
-    /// Its position in the call.
+    /// Its position in the call (the kernel's operands: prefetch, inputs, outputs).
     pub fn index(&self, kind: OperandKind) -> Option<usize> {
         self.operands.iter().position(|o| o.kind == kind)
+    }
+
+    /// The call's input arrays (scalar prefetch, then inputs), in order.
+    pub fn inputs(&self) -> impl Iterator<Item = &Operand> {
+        self.operands.iter().filter(|o| o.role != OperandRole::Output)
+    }
+
+    /// The call's results, in order.
+    pub fn outputs(&self) -> impl Iterator<Item = &Operand> {
+        self.operands.iter().filter(|o| o.role == OperandRole::Output)
     }
 
     /// The segment of kind `kind`.
