@@ -6,7 +6,7 @@
 //! 1. For the tiny Qwen3-MoE (all 4 layers) and Qwen3-30B-A3B truncated to the layers that
 //!    fit v6e's HBM (the planner's own `max_layers`), batch 1, 4 and 8, context 4096, the
 //!    megakernel in two prefetch variants (same kernel otherwise, same results: tested in
-//!    `fusion/tests/interpret.rs`): `deep` (what a step runs: a ~24 MiB dense ring and 2
+//!    `decode/tests/interpret.rs`): `deep` (what a step runs: a ~24 MiB dense ring and 2
 //!    expert chunks in flight) and `single` (one chunk in flight per stream, as a
 //!    double-buffered Pallas pipeline):
 //!    - `floor / mk`: the plain HBM stream's cycles (`Libtpu::floor` on v6e) for the step's
@@ -47,8 +47,8 @@
 use palladium_autotune::Libtpu;
 use palladium_dsl::spec::Chip;
 use palladium_fusion::emit::emit;
+use palladium_fusion::megakernel::Megakernel;
 use palladium_fusion::plan::{KvTiles, Plan, PlanError, PlanOptions, Prefetch};
-use palladium_lowering::{LowerOptions, lower};
 use palladium_model::{FfnKind, ModelSpec};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -87,7 +87,7 @@ fn plan_fitting(s: &ModelSpec, chip: Chip, batch: u64, context: u64, layers: Opt
         Err(PlanError::Hbm { max_layers, .. }) => Plan::new(s, &options_ctx(chip, batch, context, Some(max_layers as usize))).unwrap_or_else(|e| panic!("{e}")),
         Err(e) => panic!("{e}"),
     };
-    let kv_out = |p: &Plan| p.operands.iter().filter(|o| o.name.ends_with("_cache_out")).map(|o| o.bytes).sum::<u64>();
+    let kv_out = |p: &Plan| p.layout.operands.iter().filter(|o| o.kind.aliased_input().is_some()).map(|o| o.bytes).sum::<u64>();
     while p.layers > 1 && p.hbm_total + kv_out(&p) > p.hbm_capacity {
         p = Plan::new(s, &options_ctx(chip, batch, context, Some(p.layers - 1))).unwrap_or_else(|e| panic!("{e}"));
     }
@@ -224,12 +224,10 @@ fn emission_time() -> (f64, Vec<f64>) {
     let mut times = Vec::new();
     for _ in 0..7 {
         let t = std::time::Instant::now();
-        let plan = Plan::new(&s, &PlanOptions { check_hbm: false, ..options(Chip::V7x, 1, None) }).unwrap();
-        let k = emit(&plan).unwrap();
-        let l = lower(&k, &LowerOptions { chip: Chip::V7x }).unwrap();
+        let mk = Megakernel::build(&s, &PlanOptions { check_hbm: false, ..options(Chip::V7x, 1, None) }).unwrap();
         times.push(t.elapsed().as_secs_f64());
-        assert_eq!(plan.layers, 94);
-        assert!(l.body.contains("stable_mosaic.version"));
+        assert_eq!(mk.plan.layers, 94);
+        assert!(mk.lowered.body.contains("stable_mosaic.version"));
     }
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);

@@ -244,6 +244,7 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json, compile } => {
+            use palladium_fusion::megakernel::{Megakernel, MegakernelError};
             use palladium_fusion::plan::{KvTiles, PlanError, PlanOptions, Prefetch};
             let names = if compile { compiled_names("megakernel").to_vec() } else { compiled_names("megakernel")[..3].to_vec() };
             check_writable(&out, &names)?;
@@ -251,12 +252,10 @@ fn run(cli: Cli) -> Result<(), String> {
             let kv_tiles = if all_kv_tiles { KvTiles::All } else { KvTiles::UpToPosition };
             let prefetch = if single_prefetch { Prefetch::Single } else { Prefetch::Deep };
             let options = PlanOptions { layers, kv_tiles, prefetch, ..PlanOptions::new(chip, batch, context) };
-            let plan = palladium_fusion::plan::Plan::new(&spec, &options).map_err(|e| match e {
-                PlanError::Hbm { .. } => format!("megakernel refused: {e}; try --layers N"),
-                e => format!("megakernel refused: {e}"),
+            let Megakernel { plan, lowered, .. } = Megakernel::build(&spec, &options).map_err(|e| match e {
+                MegakernelError::Plan(PlanError::Hbm { .. }) => format!("{e}; try --layers N"),
+                e => e.to_string(),
             })?;
-            let kernel = palladium_fusion::emit::emit(&plan).map_err(|e| format!("cannot build the megakernel:\n{e}"))?;
-            let lowered = lower(&kernel, &LowerOptions { chip }).map_err(|e| format!("cannot lower the megakernel for {chip}:\n{e}"))?;
             let compiled = if compile { Some(palladium::compile::compile(&lowered, chip)?) } else { None };
             let mut files = emitted_files("megakernel", lowered);
             if let Some(c) = &compiled {

@@ -2,19 +2,21 @@
 //! megakernel in interpret mode.
 //!
 //! The config is planned for batch 1 and a KV cache covering the prompt and the decode
-//! steps, the megakernel is emitted, verified and lowered for the chip, its serialized body
-//! is prepared once in [`palladium_interpret`], and the weights (a safetensors checkpoint
-//! with the family's Hugging Face tensor names, or seeded random ones) are packed into its
-//! operands ([`palladium_fusion::pack`]). Every token is one megakernel run
-//! ([`palladium_fusion::decode::Decoder`]): the prompt at positions `0..`, then `steps`
+//! steps, the megakernel is emitted, verified and lowered for the chip
+//! ([`palladium_fusion::megakernel::Megakernel`]), its serialized body is prepared once in
+//! [`palladium_interpret`], and the weights (a safetensors checkpoint with the family's
+//! Hugging Face tensor names, or seeded random ones) are packed into its operands
+//! ([`palladium_decode::pack`]). Every token is one megakernel run
+//! ([`palladium_decode::Decoder`]): the prompt at positions `0..`, then `steps`
 //! greedy steps, the KV caches carried between runs through the kernel's aliases.
 
 use crate::check::Backend;
 use palladium_dsl::spec::Chip;
-use palladium_fusion::decode::Decoder;
-use palladium_fusion::pack::pack;
+use palladium_decode::Decoder;
+use palladium_decode::pack::pack;
+use palladium_fusion::layout::OperandKind;
+use palladium_fusion::megakernel::Megakernel;
 use palladium_fusion::plan::{Plan, PlanOptions};
-use palladium_lowering::{LowerOptions, lower};
 use palladium_model::ModelSpec;
 use palladium_model::reference::Generation;
 use palladium_model::weights::Weights;
@@ -98,8 +100,9 @@ impl HostMemory {
 pub fn host_memory(spec: &ModelSpec, plan: &Plan, o: &RunOptions) -> HostMemory {
     let params = spec.params().total();
     let f32_params = params.saturating_mul(4);
-    let largest = plan.operands.iter().map(|op| op.bytes).max().unwrap_or(0);
-    let kv: u64 = plan.operands.iter().filter(|op| op.name == "k_cache" || op.name == "v_cache").map(|op| op.bytes).sum();
+    let operands = &plan.layout.operands;
+    let largest = operands.iter().map(|op| op.bytes).max().unwrap_or(0);
+    let kv: u64 = operands.iter().filter(|op| matches!(op.kind, OperandKind::KCache | OperandKind::VCache)).map(|op| op.bytes).sum();
     HostMemory {
         checkpoint: if matches!(o.weights, WeightSource::Checkpoint(_)) { f32_params } else { 0 },
         weights: f32_params,
@@ -160,13 +163,12 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
         WeightSource::Checkpoint(p) => Weights::load(&spec, p).map_err(|e| format!("cannot load the weights: {e}"))?,
         WeightSource::Random(seed) => Weights::random(&spec, *seed).map_err(|e| format!("cannot build random weights: {e}"))?,
     };
-    let kernel = palladium_fusion::emit::emit(&plan).map_err(|e| format!("cannot build the megakernel:\n{e}"))?;
-    let lowered = lower(&kernel, &LowerOptions { chip: o.chip }).map_err(|e| format!("cannot lower the megakernel for {}:\n{e}", o.chip))?;
-    let packed = pack(&spec, &plan, &weights).map_err(|e| format!("cannot pack the weights: {e}"))?;
+    let mk = Megakernel::from_plan(plan).map_err(|e| e.to_string())?;
+    let packed = pack(&spec, &mk.plan, &weights).map_err(|e| format!("cannot pack the weights: {e}"))?;
     let t = Instant::now();
     let mut decoder = match device {
-        None => Decoder::new(&plan, &lowered.body, &lowered.call_json, packed),
-        Some(device) => Decoder::with_engine(&plan, &lowered.call_json, packed, tpu_engine(&device, &lowered).map_err(|e| format!("--backend tpu: {e}"))?),
+        None => Decoder::new(&mk, packed),
+        Some(device) => Decoder::with_engine(&mk, packed, tpu_engine(&device, &mk.lowered).map_err(|e| format!("--backend tpu: {e}"))?),
     }
     .map_err(|e| e.to_string())?;
     let prepare = t.elapsed();
@@ -175,18 +177,18 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
         spec,
         weights,
         generation,
-        plan_context: plan.dims.positions,
+        plan_context: mk.plan.dims.positions,
         runs: decoder.runs,
         interpret: decoder.elapsed,
         prepare,
-        body_bytes: lowered.body.len(),
+        body_bytes: mk.lowered.body.len(),
     })
 }
 
 /// The megakernel compiled by libtpu's client: each run moves the call's inputs to the TPU,
 /// executes (the KV caches donated to their outputs) and brings the outputs back.
-fn tpu_engine(device: &palladium_runtime::exec::Device, lowered: &palladium_lowering::Lowered) -> Result<palladium_fusion::decode::Engine, String> {
-    use palladium_fusion::decode::DecodeError;
+fn tpu_engine(device: &palladium_runtime::exec::Device, lowered: &palladium_lowering::Lowered) -> Result<palladium_decode::Engine, String> {
+    use palladium_decode::DecodeError;
     use palladium_runtime::exec::HostArray as DeviceArray;
     let spec = palladium_runtime::CallSpec::from_json(&lowered.call_json)?;
     let program = palladium_runtime::wrap(&lowered.body, &spec)?;
@@ -205,10 +207,10 @@ fn tpu_engine(device: &palladium_runtime::exec::Device, lowered: &palladium_lowe
 }
 
 /// The megakernel's generation compared with the references, teacher-forced on its ids
-/// ([`palladium_fusion::decode::compare_with`]: the tolerance and near-tie rules) under the
+/// ([`palladium_decode::compare_with`]: the tolerance and near-tie rules) under the
 /// relative logits tolerance `relative` ([`palladium_model::tolerance`]).
-pub fn check_reference(o: &RunOptions, out: &RunOutput, relative: f32) -> Result<palladium_fusion::decode::Comparison, String> {
-    palladium_fusion::decode::compare_with(&out.spec, &out.weights, &o.prompt, &out.generation, relative)
+pub fn check_reference(o: &RunOptions, out: &RunOutput, relative: f32) -> Result<palladium_decode::Comparison, String> {
+    palladium_decode::compare_with(&out.spec, &out.weights, &o.prompt, &out.generation, relative)
 }
 
 /// Shows that a long run is alive: a progress bar on a terminal, otherwise a line on stderr

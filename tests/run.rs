@@ -2,7 +2,7 @@
 //! mode, from a safetensors checkpoint written by `Weights::save` (bf16, and f32 with values
 //! that are not bf16: the packer rounds them as transformers' bf16 model loads them) and
 //! from random weights; the `--logits-out` JSON compared with the reference
-//! (`palladium_fusion::decode::compare`); clear errors for bad input.
+//! (`palladium_decode::compare`); clear errors for bad input.
 use palladium_model::ModelSpec;
 use palladium_model::reference::Generation;
 use palladium_model::weights::{SaveDtype, Weights};
@@ -68,7 +68,7 @@ fn run_checkpoint(model: &str, seed: u64, dtype: SaveDtype, perturb: bool) {
     let printed: Vec<u32> = out.trim().split(',').map(|x| x.parse().unwrap()).collect();
     assert_eq!(printed, g.generated_ids, "{out}");
     let loaded = Weights::load(&spec, dir.join("model.safetensors")).unwrap();
-    let c = palladium_fusion::decode::compare(&spec, &loaded, &prompt, &g).unwrap();
+    let c = palladium_decode::compare(&spec, &loaded, &prompt, &g).unwrap();
     println!("{model} seed {seed} {dtype:?}{}: {:?}\n  {}", if perturb { " (not bf16-valued)" } else { "" }, g.generated_ids, c.summary());
     assert!(c.passed(), "{}", c.summary());
     if dtype == SaveDtype::BFloat16 && !perturb {

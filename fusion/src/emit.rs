@@ -20,8 +20,8 @@
 //! dense-stream array (guarded only where a ring deeper than `lm_head` could run past its
 //! end, on tiny models): libtpu's static estimator barely prices a DMA under an `scf.if`.
 
-use crate::plan::{KvTiles, Plan};
-use palladium_dsl::build::{KernelBuilder, MemorySpace, OperandRole, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, range};
+use crate::{layout::{OperandKind, SegmentKind::{OProj, Qkv, Router}}, plan::{KvTiles, Plan}};
+use palladium_dsl::build::{KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, range};
 use palladium_dsl::prelude::*;
 use palladium_dsl::{BuildErrors, Kernel};
 use palladium_kernels::body::{OnlineSoftmax, rms_unit, rope_apply, rope_rotation, router_scores, swiglu, top_k};
@@ -80,34 +80,34 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     let d = &plan.dims;
     let l = plan.layers as u64;
     let (h, hp, b, rows) = (d.hidden, d.head_pad, d.batch, d.rows);
-    let n = plan.per_layer();
-    let cw = plan.chunk_cols;
+    let n = plan.layout.per_layer;
+    let cw = plan.layout.chunk_cols;
     let kvh = d.kv_heads;
     let nqkv = (d.heads + 2 * kvh) * hp;
     let nq = d.heads * hp;
-    let eb = plan.expert_block;
+    let eb = plan.layout.expert_block;
     let mut kb = KernelBuilder::new("megakernel");
     kb.vmem_limit_bytes(plan.vmem_limit);
     kb.cost_estimate(2 * (plan.traffic.dense + plan.traffic.lm_head + plan.traffic.experts) / 2 * b, 0, plan.traffic.total);
-    let op = |kb: &mut KernelBuilder<'_>, name: &str, role: OperandRole, dtype: DType, shape: &[u64], space: MemorySpace| {
-        kb.operand(name, role, dtype, shape, space, None, None as NoMap);
-    };
-    let dims_of = |name: &str| plan.operands.iter().find(|o| o.name == name).map(|o| o.shape.clone()).unwrap_or_default();
-    op(&mut kb, "tokens", OperandRole::Prefetch, DType::I32, &[b], MemorySpace::Smem);
-    op(&mut kb, "positions", OperandRole::Prefetch, DType::I32, &[b], MemorySpace::Smem);
-    for name in ["embed", "w_stream", "w_experts"] {
-        op(&mut kb, name, OperandRole::Input, DType::Bf16, &dims_of(name), MemorySpace::Any);
+    // The operands in call order (Pallas's: scalar prefetch, inputs, outputs), each as the
+    // plan's layout gives it: name, role, dtype, full shape, memory space. No block specs:
+    // the kernel is grid-less, every operand is whole (those in HBM reached by DMA only).
+    for o in &plan.layout.operands {
+        let (name, shape) = (o.kind.name(), &o.shape);
+        kb.operand(name, o.role, o.dtype, shape, o.space, None, None as NoMap);
     }
-    if d.qk_norm {
-        op(&mut kb, "head_norms", OperandRole::Input, DType::F32, &dims_of("head_norms"), MemorySpace::Any);
+    // An aliased output (a KV cache) is its input updated in place: the caller passes one
+    // buffer for both, and the step writes only the new position's rows. (The emitted
+    // module lists the aliases in the layout's order of the outputs.)
+    for o in &plan.layout.operands {
+        let Some(input) = o.kind.aliased_input() else {
+            continue;
+        };
+        kb.alias(input.name(), o.kind.name());
     }
-    op(&mut kb, "k_cache", OperandRole::Input, DType::Bf16, &dims_of("k_cache"), MemorySpace::Any);
-    op(&mut kb, "v_cache", OperandRole::Input, DType::Bf16, &dims_of("v_cache"), MemorySpace::Any);
-    op(&mut kb, "logits", OperandRole::Output, DType::F32, &dims_of("logits"), MemorySpace::Vmem);
-    op(&mut kb, "k_cache_out", OperandRole::Output, DType::Bf16, &dims_of("k_cache"), MemorySpace::Any);
-    op(&mut kb, "v_cache_out", OperandRole::Output, DType::Bf16, &dims_of("v_cache"), MemorySpace::Any);
-    kb.alias("k_cache", "k_cache_out");
-    kb.alias("v_cache", "v_cache_out");
+    // Scratch: the rings, the KV tiles, the activations, the expert ids and weights, sized
+    // by the plan's rings and dims; declared in the order the handles are taken below (so
+    // the two lists change together).
     let vm = MemorySpace::Vmem;
     kb.scratch_buffer("ring", vm, DType::Bf16, &[plan.banks, h, cw]);
     kb.scratch_semaphores("ring_sems", SemKind::Dma, &[plan.banks]);
@@ -141,27 +141,27 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     let hs = &sealed.handles;
     let r = |i: usize| hs[i].clone().into_ref();
     let s = |i: usize| hs[i].clone().into_sem();
-    let mut i = 0usize;
+    // The operands' handles come first, in the layout's order; the scratch handles follow
+    // (the layout has every operand but `head_norms`, which only Qwen3 has).
+    let operand = |kind: OperandKind| plan.layout.index(kind).map(r);
+    let must = |kind: OperandKind| {
+        operand(kind).unwrap_or_else(|| panic!("the plan's layout has no {} operand", kind.name()))
+    };
+    let mut i = plan.layout.operands.len();
     let mut next = || {
         i += 1;
         i - 1
     };
-    let tokens = r(next());
-    let positions = r(next());
-    let (embed, stream, w_experts) = (r(next()), r(next()), r(next()));
-    let head_norms = if d.qk_norm { Some(r(next())) } else { None };
-    let (_k_in, _v_in) = (r(next()), r(next()));
-    let (logits, k_cache, v_cache) = (r(next()), r(next()), r(next()));
     let hd = H {
-        tokens,
-        positions,
-        embed,
-        stream,
-        w_experts,
-        head_norms,
-        logits,
-        k_cache,
-        v_cache,
+        tokens: must(OperandKind::Tokens),
+        positions: must(OperandKind::Positions),
+        embed: must(OperandKind::Embed),
+        stream: must(OperandKind::WStream),
+        w_experts: must(OperandKind::WExperts),
+        head_norms: operand(OperandKind::HeadNorms),
+        logits: must(OperandKind::Logits),
+        k_cache: must(OperandKind::KCacheOut),
+        v_cache: must(OperandKind::VCacheOut),
         ring: r(next()),
         ring_sems: s(next()),
         ex_buf: r(next()),
@@ -203,10 +203,10 @@ fn dense_copy(hd: H, item: Val, bank: Val) -> Dma {
 /// `bank`. Unconditional unless a ring deeper than `lm_head` could run past the stream's
 /// end from this chunk (only tiny models): then guarded.
 fn issue_ahead(p: &Plan, hd: H, layer: Val, k_ahead: u64, bank: Val) {
-    let n = p.per_layer();
-    let total = p.layers as u64 * n + p.lm_chunks;
+    let n = p.layout.per_layer;
+    let total = p.layers as u64 * n + p.layout.lm_chunks;
     let item = layer * n as i32 + k_ahead as i32;
-    if k_ahead < n + p.lm_chunks {
+    if k_ahead < n + p.layout.lm_chunks {
         dense_copy(hd, item, bank).start();
     } else {
         if_else(lt(item, total as i32), || dense_copy(hd, item, bank).start(), || ());
@@ -224,7 +224,7 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
         let t = hd.tokens.load(bi);
         async_copy(hd.embed.at(t / 16), hd.emb.at(bi), hd.emb_sems.at(bi)).start();
     }
-    for g in 0..depth.min(l * n + p.lm_chunks) {
+    for g in 0..depth.min(l * n + p.layout.lm_chunks) {
         dense_copy(hd, scalar(g as i32), scalar((g % banks) as i32)).start();
     }
     // RoPE (neox, rotate halves): cos/sin of pos * inv_freq[j mod hd/2], and the signed
@@ -267,7 +267,7 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
     // --- final norm (folded) + lm_head -------------------------------------------------
     let xf = rms_unit(hd.x.load(..), h, d.eps).cast(bf16);
     let first_bank = ((l * n) % banks) as i32;
-    let lm = p.lm_chunks;
+    let lm = p.layout.lm_chunks;
     // The layer loop issued lm chunks 0..depth; chunks depth.. are issued here, depth ahead.
     let split = lm.saturating_sub(depth) as i32;
     let lm_item = |c: Val| c + (l * n) as i32;
@@ -289,7 +289,7 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
 fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
     let d = &p.dims;
     let h = d.hidden;
-    let n = p.per_layer();
+    let n = p.layout.per_layer;
     let banks = p.banks;
     if let Some(norms) = hd.head_norms {
         async_copy(norms.at(layer), hd.hn, hd.hn_sem.at(0)).start();
@@ -301,13 +301,13 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
         issue_ahead(p, hd, layer, k + p.depth, ring_add(base, k + p.depth, banks));
         let bank = ring_add(base, k, banks);
         dense_copy(hd, layer * n as i32 + k as i32, bank).wait();
-        for piece in &p.chunks[k as usize] {
+        for piece in &p.layout.pieces(k) {
             let cols = piece.chunk_col..piece.chunk_col + piece.cols;
             let seg_cols = piece.seg_col..piece.seg_col + piece.cols;
             let w = hd.ring.load((bank, .., cols));
-            match p.segments[piece.segment].name {
-                "qkv" => hd.qkv.store((.., seg_cols), dot(xn1, w)),
-                "o" => {
+            match piece.segment {
+                Qkv => { hd.qkv.store((.., seg_cols), dot(xn1, w)) }
+                OProj => {
                     if !o_started {
                         attention(p, hd, layer);
                         o_started = true;
@@ -316,7 +316,7 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
                     let a = hd.attn.load((.., seg_cols)).cast(bf16);
                     hd.oacc.store(.., hd.oacc.load(..) + dot_t(a, w));
                 }
-                _ => {
+                Router => {
                     let xn = *xn2.get_or_insert_with(|| {
                         let x = hd.x.load(..) + hd.oacc.load(..);
                         hd.x.store(.., x);
@@ -526,7 +526,7 @@ fn route(p: &Plan, hd: H) {
 fn experts(p: &Plan, hd: H, layer: Val, xn2: Val) {
     let d = &p.dims;
     let (rows, k) = (d.rows, d.top_k);
-    let (eb, ec, slots) = (p.expert_block, p.expert_chunks, p.expert_slots);
+    let (eb, ec, slots) = (p.layout.expert_block, p.layout.expert_chunks, p.expert_slots);
     let total = d.batch * k * ec;
     let ahead = (slots - 1).min(total);
     let fetch = |pair: Val, c: Val, slot: Val| async_copy(hd.w_experts.at((layer, hd.ids.load(pair), c)), hd.ex_buf.at(slot), hd.ex_sems.at(slot));

@@ -14,27 +14,69 @@ use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::EdgeRef;
 use serde::Serialize;
 
+/// What a weight is to the model, whatever its Hugging Face name: the rewrites, the plan
+/// and the packer match on kinds, never on names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum WeightKind {
+    InputNorm,
+    QProj,
+    KProj,
+    VProj,
+    QNorm,
+    KNorm,
+    OProj,
+    PostAttentionNorm,
+    /// The MoE router (`gate.weight`).
+    Router,
+    ExpertGate,
+    ExpertUp,
+    ExpertDown,
+    /// A dense MLP's projections.
+    MlpGate,
+    MlpUp,
+    MlpDown,
+    /// `model.norm.weight`, before `lm_head`.
+    FinalNorm,
+    /// `lm_head.weight`, or the embedding when tied.
+    LmHead,
+}
+
+/// A Hugging Face weight (name relative to the layer for per-layer weights) and its kind.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Weight {
+    pub kind: WeightKind,
+    pub name: String,
+}
+
+impl Weight {
+    pub fn new(kind: WeightKind, name: impl Into<String>) -> Weight {
+        Weight { kind, name: name.into() }
+    }
+}
+
 /// One layer-level op.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub enum OpKind {
     /// The layer input (the residual stream).
     Input,
     /// `rmsnorm(x) * weight` over the hidden dim.
-    RmsNorm { weight: String },
+    RmsNorm { weight: Weight },
     /// `x @ weight^T` for a Hugging Face `[out, in]` linear weight.
-    Linear { weight: String },
+    Linear { weight: Weight },
     /// Per-head RMS norm of q or k (Qwen3).
-    HeadNorm { weight: String },
+    HeadNorm { weight: Weight },
     /// Rotary embedding at the token's position.
     Rope,
     /// Write the new K and V into the cache (in place) and attend over the cache.
     Attention,
     /// `a + b`.
     Residual,
+    /// `silu(a) * b` (a dense MLP's activation).
+    SiluMul,
     /// Softmax over router logits, top-k (renormalised or raw): expert ids and weights.
     TopK { k: u64 },
     /// Routed experts: `sum_k w_k * down_e(silu(gate_e(x)) * up_e(x))`, experts by id.
-    Experts { gate: String, up: String, down: String },
+    Experts { gate: Weight, up: Weight, down: Weight },
 }
 
 /// An op of the graph.
@@ -100,23 +142,24 @@ impl LayerGraph {
             n
         };
         let x = node(&mut g, "x", OpKind::Input, &[]);
-        let n1 = node(&mut g, "input_layernorm", OpKind::RmsNorm { weight: "input_layernorm.weight".into() }, &[x]);
-        let q = node(&mut g, "q_proj", OpKind::Linear { weight: "self_attn.q_proj.weight".into() }, &[n1]);
-        let k = node(&mut g, "k_proj", OpKind::Linear { weight: "self_attn.k_proj.weight".into() }, &[n1]);
-        let v = node(&mut g, "v_proj", OpKind::Linear { weight: "self_attn.v_proj.weight".into() }, &[n1]);
+        let w = |kind: WeightKind, name: &str| Weight::new(kind, name);
+        let n1 = node(&mut g, "input_layernorm", OpKind::RmsNorm { weight: w(WeightKind::InputNorm, "input_layernorm.weight") }, &[x]);
+        let q = node(&mut g, "q_proj", OpKind::Linear { weight: w(WeightKind::QProj, "self_attn.q_proj.weight") }, &[n1]);
+        let k = node(&mut g, "k_proj", OpKind::Linear { weight: w(WeightKind::KProj, "self_attn.k_proj.weight") }, &[n1]);
+        let v = node(&mut g, "v_proj", OpKind::Linear { weight: w(WeightKind::VProj, "self_attn.v_proj.weight") }, &[n1]);
         let (q, k) = match spec.attention.qk_norm {
             QkNorm::PerHeadRms { .. } => (
-                node(&mut g, "q_norm", OpKind::HeadNorm { weight: "self_attn.q_norm.weight".into() }, &[q]),
-                node(&mut g, "k_norm", OpKind::HeadNorm { weight: "self_attn.k_norm.weight".into() }, &[k]),
+                node(&mut g, "q_norm", OpKind::HeadNorm { weight: w(WeightKind::QNorm, "self_attn.q_norm.weight") }, &[q]),
+                node(&mut g, "k_norm", OpKind::HeadNorm { weight: w(WeightKind::KNorm, "self_attn.k_norm.weight") }, &[k]),
             ),
             QkNorm::None => (q, k),
         };
         let qr = node(&mut g, "q_rope", OpKind::Rope, &[q]);
         let kr = node(&mut g, "k_rope", OpKind::Rope, &[k]);
         let attn = node(&mut g, "attn", OpKind::Attention, &[qr, kr, v]);
-        let o = node(&mut g, "o_proj", OpKind::Linear { weight: "self_attn.o_proj.weight".into() }, &[attn]);
+        let o = node(&mut g, "o_proj", OpKind::Linear { weight: w(WeightKind::OProj, "self_attn.o_proj.weight") }, &[attn]);
         let h = node(&mut g, "attn_residual", OpKind::Residual, &[x, o]);
-        let n2 = node(&mut g, "post_attention_layernorm", OpKind::RmsNorm { weight: "post_attention_layernorm.weight".into() }, &[h]);
+        let n2 = node(&mut g, "post_attention_layernorm", OpKind::RmsNorm { weight: w(WeightKind::PostAttentionNorm, "post_attention_layernorm.weight") }, &[h]);
         let ffn = match &layer.ffn {
             FfnKind::Moe(m) => {
                 let (gate_w, prefix, names) = if mixtral {
@@ -124,16 +167,17 @@ impl LayerGraph {
                 } else {
                     ("mlp.gate.weight", "mlp.experts.{e}", ["gate_proj", "up_proj", "down_proj"])
                 };
-                let logits = node(&mut g, "router", OpKind::Linear { weight: gate_w.into() }, &[n2]);
+                let logits = node(&mut g, "router", OpKind::Linear { weight: w(WeightKind::Router, gate_w) }, &[n2]);
                 let topk = node(&mut g, "topk", OpKind::TopK { k: m.top_k }, &[logits]);
-                let w = |n: &str| format!("{prefix}.{n}.weight");
-                node(&mut g, "experts", OpKind::Experts { gate: w(names[0]), up: w(names[1]), down: w(names[2]) }, &[n2, topk])
+                let ew = |kind: WeightKind, n: &str| Weight::new(kind, format!("{prefix}.{n}.weight"));
+                let experts = OpKind::Experts { gate: ew(WeightKind::ExpertGate, names[0]), up: ew(WeightKind::ExpertUp, names[1]), down: ew(WeightKind::ExpertDown, names[2]) };
+                node(&mut g, "experts", experts, &[n2, topk])
             }
             FfnKind::Dense { .. } => {
-                let gt = node(&mut g, "gate_proj", OpKind::Linear { weight: "mlp.gate_proj.weight".into() }, &[n2]);
-                let up = node(&mut g, "up_proj", OpKind::Linear { weight: "mlp.up_proj.weight".into() }, &[n2]);
-                let act = node(&mut g, "silu_mul", OpKind::Residual, &[gt, up]);
-                node(&mut g, "down_proj", OpKind::Linear { weight: "mlp.down_proj.weight".into() }, &[act])
+                let gt = node(&mut g, "gate_proj", OpKind::Linear { weight: w(WeightKind::MlpGate, "mlp.gate_proj.weight") }, &[n2]);
+                let up = node(&mut g, "up_proj", OpKind::Linear { weight: w(WeightKind::MlpUp, "mlp.up_proj.weight") }, &[n2]);
+                let act = node(&mut g, "silu_mul", OpKind::SiluMul, &[gt, up]);
+                node(&mut g, "down_proj", OpKind::Linear { weight: w(WeightKind::MlpDown, "mlp.down_proj.weight") }, &[act])
             }
         };
         let out = node(&mut g, "ffn_residual", OpKind::Residual, &[h, ffn]);
@@ -158,7 +202,7 @@ impl LayerGraph {
         fn go(g: &LayerGraph, n: NodeIndex) -> String {
             let op = &g.graph[n];
             let ins: Vec<String> = g.inputs(n).into_iter().map(|i| go(g, i)).collect();
-            let w = |s: &str| format!("w:{s}");
+            let w = |s: &Weight| format!("w:{}", s.name);
             match &op.kind {
                 OpKind::Input => "x".to_string(),
                 OpKind::RmsNorm { weight } => format!("(rmsnorm {} {})", ins[0], w(weight)),
@@ -166,7 +210,7 @@ impl LayerGraph {
                 OpKind::HeadNorm { weight } => format!("(headnorm {} {})", ins[0], w(weight)),
                 OpKind::Rope => format!("(rope {})", ins[0]),
                 OpKind::Attention => format!("(attn {} {} {})", ins[0], ins[1], ins[2]),
-                OpKind::Residual if op.name == "silu_mul" => format!("(silu_mul {} {})", ins[0], ins[1]),
+                OpKind::SiluMul => format!("(silu_mul {} {})", ins[0], ins[1]),
                 OpKind::Residual => format!("(add {} {})", ins[0], ins[1]),
                 OpKind::TopK { k } => format!("(topk {} {k})", ins[0]),
                 OpKind::Experts { gate, up, down } => format!("(experts {} {} {} {} {})", ins[0], ins[1], w(gate), w(up), w(down)),

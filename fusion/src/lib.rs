@@ -7,16 +7,20 @@
 //!   [`palladium_model::ModelSpec`];
 //! - [`rewrite`]: egg rewrites inside a layer (RMS-norm scales folded into weights, q/k/v
 //!   fused into one projection, gate/up fused), DAG-aware extraction, `Saturated` asserted;
-//! - [`plan`]: the streaming plan — stacked weights and their host-side layout, DMA chunks,
-//!   the ring of VMEM banks and prefetch depth, expert and KV streams, VMEM budget per chip,
-//!   HBM fit (refusals carry the numbers);
+//!   the extraction decides the dense stream's segments;
+//! - [`plan`]: the streaming plan, in named stages — dims, the rewrites read into segments,
+//!   the weights' layout ([`layout::StreamLayout`]: operands, segments, chunks, typed), the
+//!   prefetch schedule (dense ring banks and depth, expert ring), VMEM budget per chip, HBM
+//!   fit (refusals carry the numbers), traffic;
 //! - [`emit`]: the one [`palladium_dsl::Kernel`], traced with the DSL's `KernelBuilder`;
+//! - [`megakernel`]: [`megakernel::Megakernel::build`], plan + emit + lowering, the compiled
+//!   megakernel (running it is `palladium-decode`'s);
 //! - [`report`]: the text and JSON report (`palladium megakernel ... [--json]`).
 //!
 //! # Operand interface
 //!
 //! Order (Pallas operand order; `L` layers, `B` batch, `H` hidden, `hp` = `head_dim`
-//! rounded up to 128, `E` experts, `I` expert intermediate, `cw` = [`plan::Plan::chunk_cols`],
+//! rounded up to 128, `E` experts, `I` expert intermediate, `cw` = [`layout::StreamLayout::chunk_cols`],
 //! `n` = dense chunks per layer, `C` = `I / expert_block`, `T` = cache positions):
 //!
 //! | # | name | type | space | content |
@@ -32,15 +36,15 @@
 //! | out 1, 2 | `k_cache_out`, `v_cache_out` | as the inputs | HBM | the caches, new position written in place |
 //!
 //! The exact per-element mapping from Hugging Face tensor names (transposes, folding,
-//! padding) is in [`plan::Operand::source`], printed by the report for every operand.
+//! padding) is in [`report::operand_source`], printed by the report for every operand.
 //! Numerics differ from Hugging Face in two documented ways: the residual stream stays f32,
 //! and norm scales are folded into bf16 weights (one rounding of `w * g` instead of rounding
 //! the scaled activations).
 
-pub mod decode;
 pub mod emit;
 pub mod graph;
-pub mod pack;
+pub mod layout;
+pub mod megakernel;
 pub mod plan;
 pub mod report;
 pub mod rewrite;

@@ -1,5 +1,8 @@
-//! The megakernel report: text for people, JSON (the [`Plan`] itself, serialized) for tools.
+//! The megakernel report: text for people, JSON (the [`Plan`] itself, serialized, with
+//! each operand's [`operand_source`]) for tools.
 
+use crate::graph::Weight;
+use crate::layout::{Operand, OperandKind, SegmentKind, role_name};
 use crate::plan::{KvTiles, Plan, Prefetch};
 use std::fmt::Write;
 
@@ -14,6 +17,7 @@ fn gb(b: f64) -> String {
 /// The human-readable report.
 pub fn text(p: &Plan) -> String {
     let d = &p.dims;
+    let layout = &p.layout;
     let mut s = String::new();
     let _ = writeln!(s, "megakernel: {} on {}", p.model, p.chip);
     let _ = writeln!(s, "  layers: {} of {} ({}), batch {}, context {} (cache {} positions, tiles of {})", p.layers, p.model_layers, p.layer_kind, d.batch, p.context, d.positions, p.block_kv);
@@ -21,8 +25,7 @@ pub fn text(p: &Plan) -> String {
     for (what, r) in [("layer", &p.layer_rewrite), ("head", &p.head_rewrite)] {
         let _ = writeln!(s, "  {what}: {} after {} iterations, {} e-nodes, cost {} -> {}", r.stop, r.iterations, r.egraph_nodes, r.cost_before, r.cost_after);
         for m in r.matmuls.iter().chain(&r.experts) {
-            let fold = m.folded_scale.as_ref().map(|f| format!(" (folded {f})")).unwrap_or_default();
-            let _ = writeln!(s, "    matmul [{}]{fold}", m.weights.join(" | "));
+            let _ = writeln!(s, "    matmul {}", m.describe());
         }
     }
     let t = &p.traffic;
@@ -30,9 +33,9 @@ pub fn text(p: &Plan) -> String {
     let _ = writeln!(s, "kv bytes per step: read {}, written {}", gb(t.kv_read as f64), gb(t.kv_write as f64));
     let _ = writeln!(s, "total HBM bytes per step: {} (model count {}); floor at {}: {:.1} us", gb(t.total as f64), gb(t.model_total), p.chip, t.floor_seconds * 1e6);
     let _ = writeln!(s, "DMA schedule:");
-    let _ = writeln!(s, "  dense ring: {} banks x {} ([{}, {}] bf16), prefetch depth {} chunks across op and layer boundaries", p.banks, mib(p.bank_bytes), d.hidden, p.chunk_cols, p.depth);
-    let _ = writeln!(s, "  dense chunks per layer: {} ({}), then {} lm_head chunks", p.per_layer(), p.segments.iter().map(|g| format!("{} cols {}..{}", g.name, g.col, g.col + g.cols)).collect::<Vec<_>>().join(", "), p.lm_chunks);
-    let _ = writeln!(s, "  experts: fetched by id after routing, {} slots x {} (gate | up | down [{}, 3 x {}], one DMA), {} chunks per expert, {} ahead", p.expert_slots, mib(p.expert_slot_bytes), d.hidden, p.expert_block, p.expert_chunks, p.expert_slots - 1);
+    let _ = writeln!(s, "  dense ring: {} banks x {} ([{}, {}] bf16), prefetch depth {} chunks across op and layer boundaries", p.banks, mib(p.bank_bytes), d.hidden, layout.chunk_cols, p.depth);
+    let _ = writeln!(s, "  dense chunks per layer: {} ({}), then {} lm_head chunks", layout.per_layer, layout.segments.iter().map(|g| format!("{} cols {}..{}", g.kind.name(), g.col, g.col + g.cols)).collect::<Vec<_>>().join(", "), layout.lm_chunks);
+    let _ = writeln!(s, "  experts: fetched by id after routing, {} slots x {} (gate | up | down [{}, 3 x {}], one DMA), {} chunks per expert, {} ahead", p.expert_slots, mib(p.expert_slot_bytes), d.hidden, layout.expert_block, layout.expert_chunks, p.expert_slots - 1);
     let kv_loop = match p.kv_tiles {
         KvTiles::UpToPosition => "up to each position",
         KvTiles::All => "all of them, masked past the position (cost variant)",
@@ -48,13 +51,80 @@ pub fn text(p: &Plan) -> String {
     }
     let _ = writeln!(s, "HBM: {:.2} GiB of {:.2} GiB usable", p.hbm_total as f64 / (1u64 << 30) as f64, p.hbm_capacity as f64 / (1u64 << 30) as f64);
     let _ = writeln!(s, "operands:");
-    for o in &p.operands {
-        let _ = writeln!(s, "  {} {} {}{:?} ({}): {}", o.role, o.name, o.dtype, o.shape, o.space, o.source);
+    for o in &layout.operands {
+        let _ = writeln!(s, "  {} {} {}{:?} ({}): {}", role_name(o.role), o.kind.name(), o.dtype, o.shape, o.space, operand_source(p, o));
     }
     s
 }
 
-/// The plan as JSON.
+/// How Hugging Face tensors map into operand `o` of `p`'s layout, element by element
+/// (transposes, folded norms, padding).
+pub fn operand_source(p: &Plan, o: &Operand) -> String {
+    let d = &p.dims;
+    let layout = &p.layout;
+    let (h, hd, hp, cw) = (d.hidden, d.head_dim, d.head_pad, layout.chunk_cols);
+    match o.kind {
+        OperandKind::Tokens => "token id of each sequence".into(),
+        OperandKind::Positions => format!("position of each sequence's new token (0-based, < {}); K/V are written there and attention covers positions 0..=pos", d.positions),
+        OperandKind::Embed => format!("model.embed_tokens.weight [{}, {h}] reshaped to [V/16, 16, H] (rows padded with zeros to {})", d.vocab, o.shape[0] * 16),
+        OperandKind::WStream => {
+            let n = layout.per_layer;
+            let col = |kind| layout.segment(kind).map_or((0, 0), |g| (g.col, g.col + g.cols));
+            let ((_, qkv_end), (o_start, o_end), (r_start, _)) = (col(SegmentKind::Qkv), col(SegmentKind::OProj), col(SegmentKind::Router));
+            let head_weight = layout.lm_head.weights.first().map_or("", |w| w.name.as_str());
+            format!(
+                "the dense stream, {n} chunks per layer then {} lm_head chunks. Layer l: the [H={h}, {}] matrix D_l split into column chunks of {cw} (w_stream[l*{n} + c] = D_l[:, c*{cw}..]): \
+                 cols [0, {qkv_end}) = q|k|v heads, head j of q at cols j*{hp}.. = (q_proj.weight[j*{hd}..(j+1)*{hd}, :])^T * input_layernorm.weight[:, None] (k heads from col {}, v heads from col {}, same form; cols {hd}..{hp} of each head zero); \
+                 cols [{o_start}, {o_end}) = o_proj.weight [H, heads*{hd}] with each head's {hd} columns padded to {hp} (not transposed); \
+                 cols [{r_start}, {}) = (gate.weight [E={}, H])^T * post_attention_layernorm.weight[:, None], zero-padded to {} columns; the rest zero. \
+                 lm_head: w_stream[{} + c, i, j] = {head_weight}[c*{cw} + j, i] * model.norm.weight[i] (zero for vocab >= {})",
+                layout.lm_chunks,
+                n * cw,
+                d.heads * hp,
+                (d.heads + d.kv_heads) * hp,
+                r_start + d.experts,
+                d.experts,
+                d.experts_pad,
+                p.layers as u64 * n,
+                d.vocab
+            )
+        }
+        OperandKind::WExperts => {
+            let eb = layout.expert_block;
+            let [gate_up, down] = &layout.experts;
+            // Past the first weight, the names relative to the expert (`up_proj.weight`).
+            let short = |w: &Weight| w.name.split_once(".experts.{e}.").map_or(w.name.clone(), |(_, n)| n.to_string());
+            let (gate, up) = (gate_up.weights.first(), gate_up.weights.get(1));
+            format!(
+                "chunk c of expert e of layer l, one DMA: w_experts[l, e, c, i, j] = model.layers.{{l}}.{}[c*{eb} + j, i] * post_attention_layernorm.weight[i] for j < {eb}, \
+                 {}[c*{eb} + j - {eb}, i] * post_attention_layernorm.weight[i] for j < {}, {}[i, c*{eb} + j - {}] above",
+                gate.map_or(String::new(), |w| w.name.clone()),
+                up.map_or(String::new(), short),
+                2 * eb,
+                down.weights.first().map_or(String::new(), short),
+                2 * eb
+            )
+        }
+        OperandKind::HeadNorms => format!("head_norms[l, 0, :{hd}] = self_attn.q_norm.weight, [l, 1, :{hd}] = self_attn.k_norm.weight; the rest zero"),
+        OperandKind::KCache | OperandKind::VCache => {
+            let what = if o.kind == OperandKind::KCache { "K" } else { "V" };
+            let out = layout.operands.iter().find(|x| x.kind.aliased_input() == Some(o.kind)).map_or("", |x| x.kind.name());
+            format!("{what} of layer l, sequence b, kv head g at position t: [l, b, g, t, :{hd}] (after k_norm and RoPE for K; cols {hd}.. zero); aliased to the output {out} (updated in place)")
+        }
+        OperandKind::Logits => format!("logits of sequence b for token v at [v / {cw}, b, v % {cw}] (rows >= batch and v >= vocab are padding)"),
+        OperandKind::KCacheOut | OperandKind::VCacheOut => "aliases the input of the same name (KV written in place)".into(),
+    }
+}
+
+/// The plan as JSON, each operand with its `source` ([`operand_source`]).
 pub fn json(p: &Plan) -> String {
-    serde_json::to_string_pretty(p).unwrap_or_default()
+    let mut value = serde_json::to_value(p).unwrap_or_default();
+    if let Some(operands) = value.get_mut("operands").and_then(|v| v.as_array_mut()) {
+        for (json, o) in operands.iter_mut().zip(&p.layout.operands) {
+            if let Some(obj) = json.as_object_mut() {
+                obj.insert("source".into(), operand_source(p, o).into());
+            }
+        }
+    }
+    serde_json::to_string_pretty(&value).unwrap_or_default()
 }

@@ -15,7 +15,16 @@
 //! Legality lives in [`WeightInfo`] (the e-class analysis): a weight class knows its leaf
 //! weights and bytes, `merge` asserts equal bytes, and fusion only applies to disjoint
 //! weight sets in their graph order.
+//!
+//! The extraction's result is what the plan builds from, not a check beside it: the
+//! matmuls it keeps ([`Rewritten::matmuls`], typed [`FusedWeight`]s in dataflow order)
+//! become the dense stream's segments, its experts' weights the expert chunks' layout
+//! (`crate::plan`). Egg stays (rather than a plain pattern check) because which fusions
+//! to take is a cost question the DAG-aware extraction answers for any layer graph (a fused
+//! matmul pays only when every view of it is used), and a new fusable form (a dense MLP's
+//! gate/up, several tokens' projections) is one more rule, not one more matcher.
 
+use crate::graph::{Weight, WeightKind};
 use egg::{Analysis, DidMerge, EGraph, Id, Language, MultiPattern, RecExpr, Rewrite, Runner, SearchMatches, StopReason, Symbol, define_language, rewrite as rw};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -269,12 +278,30 @@ fn extract_dag(egraph: &EGraph<LayerLang, WeightInfo>, root: Id) -> (u64, RecExp
     (cost, expr)
 }
 
-/// A matmul of the rewritten layer: the weights it reads (Hugging Face names, concatenated
-/// in this order along the output dim) and the norm scale folded into them, if any.
+/// A matmul of the rewritten layer: the weights it reads (concatenated in this order along
+/// the output dim) and the norm scale folded into them, if any.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct FusedWeight {
-    pub weights: Vec<String>,
-    pub folded_scale: Option<String>,
+    pub weights: Vec<Weight>,
+    pub folded_scale: Option<Weight>,
+}
+
+impl FusedWeight {
+    /// The kinds of its weights, in column order.
+    pub fn kinds(&self) -> Vec<WeightKind> {
+        self.weights.iter().map(|w| w.kind).collect()
+    }
+
+    /// The kind of the folded norm scale.
+    pub fn folded_kind(&self) -> Option<WeightKind> {
+        self.folded_scale.as_ref().map(|w| w.kind)
+    }
+
+    /// `[a | b] (folded s)`, as the report prints it.
+    pub fn describe(&self) -> String {
+        let fold = self.folded_scale.as_ref().map(|f| format!(" (folded {})", f.name)).unwrap_or_default();
+        format!("[{}]{fold}", self.weights.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join(" | "))
+    }
 }
 
 /// The outcome of rewriting one expression.
@@ -289,7 +316,7 @@ pub struct Rewritten {
     /// DAG cost before and after (HBM-byte equivalents).
     pub cost_before: u64,
     pub cost_after: u64,
-    /// Every matmul, in expression order.
+    /// Every matmul, in expression order (children before parents: dataflow order).
     pub matmuls: Vec<FusedWeight>,
     /// The experts' weights: `[gate_up, down]` when gate/up fused, else `[gate, up, down]`.
     pub experts: Vec<FusedWeight>,
@@ -301,33 +328,41 @@ impl Rewritten {
     }
 }
 
-fn weight_of(expr: &RecExpr<LayerLang>, id: Id, scale: Option<String>, out: &mut FusedWeight) {
+/// The weights under `id` (a symbol, `fold` or `cat` of them) into `out`, in column order;
+/// symbols are looked up in `table` (every weight of the expression is in it).
+fn weight_of(expr: &RecExpr<LayerLang>, id: Id, scale: Option<Weight>, table: &HashMap<Symbol, Weight>, out: &mut FusedWeight) {
     match &expr[id] {
         LayerLang::Fold([s, w]) => {
-            let s = expr[*s].to_string();
-            weight_of(expr, *w, Some(s.trim_start_matches("w:").to_string()), out)
+            let s = match &expr[*s] {
+                LayerLang::Symbol(s) => table.get(s).cloned(),
+                _ => None,
+            };
+            weight_of(expr, *w, s, table, out)
         }
         LayerLang::Cat([a, b]) => {
-            weight_of(expr, *a, scale.clone(), out);
-            weight_of(expr, *b, scale, out);
+            weight_of(expr, *a, scale.clone(), table, out);
+            weight_of(expr, *b, scale, table, out);
         }
         LayerLang::Symbol(s) => {
-            out.weights.push(s.as_str().trim_start_matches("w:").to_string());
+            out.weights.extend(table.get(s).cloned());
             if out.folded_scale.is_none() {
                 out.folded_scale = scale;
             }
         }
-        other => out.weights.push(other.to_string()),
+        // Not a weight: no kind, so the plan's typed checks refuse the matmul.
+        _ => {}
     }
 }
 
-/// Rewrite `expr` (from [`crate::graph::LayerGraph::to_expr`]) with [`rules`]; `weights` maps
-/// each weight name (without `w:`) to its bytes, in graph order.
-pub fn rewrite(expr: &str, weights: &[(String, u64)]) -> Rewritten {
+/// Rewrite `expr` (from [`crate::graph::LayerGraph::to_expr`]) with [`rules`]; `weights`: every
+/// weight of the expression (`w:NAME`) with its bytes, in graph order.
+pub fn rewrite(expr: &str, weights: &[(Weight, u64)]) -> Rewritten {
     let start: RecExpr<LayerLang> = expr.parse().expect("the layer graph prints a valid expression");
     // Costs are sums of a few dozen weight sizes: capped at 2^48 bytes (far above any real
     // weight) they cannot overflow, and sizes that large rank the same anyway.
-    let analysis = WeightInfo { weights: weights.iter().enumerate().map(|(i, (n, b))| (Symbol::from(format!("w:{n}")), (i, (*b).min(1 << 48)))).collect() };
+    let symbol = |w: &Weight| Symbol::from(format!("w:{}", w.name));
+    let analysis = WeightInfo { weights: weights.iter().enumerate().map(|(i, (w, b))| (symbol(w), (i, (*b).min(1 << 48)))).collect() };
+    let table: HashMap<Symbol, Weight> = weights.iter().map(|(w, _)| (symbol(w), w.clone())).collect();
     let runner = Runner::<LayerLang, WeightInfo>::new(analysis).with_iter_limit(30).with_node_limit(10_000).with_time_limit(std::time::Duration::from_secs(30)).with_scheduler(egg::SimpleScheduler).with_expr(&start).run(&rules());
     let stop = match runner.stop_reason.as_ref() {
         Some(StopReason::Saturated) => "Saturated".to_string(),
@@ -347,18 +382,18 @@ pub fn rewrite(expr: &str, weights: &[(String, u64)]) -> Rewritten {
         match node {
             LayerLang::Matmul([_, w]) => {
                 let mut f = FusedWeight { weights: Vec::new(), folded_scale: None };
-                weight_of(&best, *w, None, &mut f);
+                weight_of(&best, *w, None, &table, &mut f);
                 matmuls.push(f);
             }
             LayerLang::ExpertsGu([_, _, gu, d]) | LayerLang::Experts([_, _, gu, _, d]) => {
                 for w in [gu, d] {
                     let mut f = FusedWeight { weights: Vec::new(), folded_scale: None };
-                    weight_of(&best, *w, None, &mut f);
+                    weight_of(&best, *w, None, &table, &mut f);
                     experts.push(f);
                 }
                 if let LayerLang::Experts([_, _, _, u, _]) = node {
                     let mut f = FusedWeight { weights: Vec::new(), folded_scale: None };
-                    weight_of(&best, *u, None, &mut f);
+                    weight_of(&best, *u, None, &table, &mut f);
                     experts.insert(1, f);
                 }
             }

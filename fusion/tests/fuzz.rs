@@ -12,6 +12,8 @@ mod config_fuzz;
 
 use config_fuzz::{config, mutate, mutations};
 use palladium_dsl::spec::Chip;
+use palladium_dsl::build::MemorySpace;
+use palladium_fusion::layout::OperandKind;
 use palladium_fusion::plan::{KvTiles, Plan, PlanOptions, Prefetch};
 use palladium_model::ModelSpec;
 use proptest::prelude::*;
@@ -61,7 +63,7 @@ proptest! {
                 if check_hbm {
                     prop_assert!(plan.hbm_total <= plan.hbm_capacity);
                 }
-                let sum = plan.operands.iter().filter(|o| (o.space == "any" && !o.name.ends_with("_out")) || o.name == "logits").map(|o| u128::from(o.bytes)).sum::<u128>();
+                let sum = plan.layout.operands.iter().filter(|o| (o.space == MemorySpace::Any && o.kind.aliased_input().is_none()) || o.kind == OperandKind::Logits).map(|o| u128::from(o.bytes)).sum::<u128>();
                 prop_assert_eq!(sum, u128::from(plan.hbm_total));
             }
         }

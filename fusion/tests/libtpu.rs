@@ -5,8 +5,7 @@
 //! profiler aborts on most of these programs (manual DMAs from HBM); `benches/megakernel.rs`
 //! takes the estimates where it gives them.
 use palladium_dsl::spec::Chip;
-use palladium_fusion::{emit::emit, plan::{KvTiles, Plan, PlanOptions, Prefetch}};
-use palladium_lowering::{LowerOptions, lower};
+use palladium_fusion::{megakernel::Megakernel, plan::{KvTiles, PlanOptions, Prefetch}};
 use palladium_model::ModelSpec;
 use palladium_runtime::{CallSpec, Compiler, Estimate, Job, wrap};
 use std::path::Path;
@@ -15,8 +14,7 @@ use std::path::Path;
 fn job(name: &str, options: PlanOptions) -> (String, Job) {
     let chip = options.chip;
     let spec = ModelSpec::from_path(Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/models/{name}.json"))).unwrap();
-    let plan = Plan::new(&spec, &options).unwrap();
-    let l = lower(&emit(&plan).unwrap(), &LowerOptions { chip }).unwrap();
+    let l = Megakernel::build(&spec, &options).unwrap().lowered;
     let program = wrap(&l.body, &CallSpec::from_json(&l.call_json).unwrap()).unwrap();
     (format!("{name} on {chip} ({:?}, {:?}, {} layers)", options.kv_tiles, options.prefetch, options.layers.unwrap_or(spec.layers.len())), Job { program, chip, serialize: false })
 }

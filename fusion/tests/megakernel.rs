@@ -1,8 +1,8 @@
 //! Plans and reports (snapshots), refusals, emission, lowering and emission time.
 use palladium_dsl::spec::Chip;
+use palladium_fusion::megakernel::Megakernel;
 use palladium_fusion::plan::{Plan, PlanError, PlanOptions};
 use palladium_fusion::{emit::emit, report};
-use palladium_lowering::{LowerOptions, lower};
 use palladium_model::ModelSpec;
 
 pub fn spec(name: &str) -> ModelSpec {
@@ -34,9 +34,7 @@ fn tiny_plans_and_reports() {
 fn tiny_megakernels_build_verify_and_lower_on_every_chip() {
     for name in ["tiny-qwen3-moe", "tiny-mixtral"] {
         for chip in [Chip::V5e, Chip::V6e, Chip::V7x] {
-            let plan = Plan::new(&spec(name), &options(chip, 1, 256, None)).unwrap();
-            let k = emit(&plan).unwrap_or_else(|e| panic!("{name} {chip}: {e}"));
-            let l = lower(&k, &LowerOptions { chip }).unwrap_or_else(|e| panic!("{name} {chip}: {e}"));
+            let l = Megakernel::build(&spec(name), &options(chip, 1, 256, None)).unwrap_or_else(|e| panic!("{name} {chip}: {e}")).lowered;
             assert!(l.body.contains("stable_mosaic.version"));
             assert!(l.call_json.contains("\"input_output_aliases\""));
         }
@@ -47,15 +45,13 @@ fn tiny_megakernels_build_verify_and_lower_on_every_chip() {
 /// libtpu gets, so any change to what the fusion pass emits is reviewed.
 #[test]
 fn tiny_megakernel_snapshots() {
-    let plan = Plan::new(&spec("tiny-qwen3-moe"), &options(Chip::V6e, 1, 256, None)).unwrap();
-    let k = emit(&plan).unwrap_or_else(|e| panic!("{e}"));
-    palladium_dsl::ir::verify(&k, palladium_dsl::ir::VerifyOptions { chip: Some(Chip::V6e) }).unwrap_or_else(|e| panic!("{e}"));
-    let ir = palladium_dsl::ir::print_kernel(&k, Default::default());
-    let again = palladium_dsl::ir::print_kernel(&emit(&plan).unwrap(), Default::default());
+    let mk = Megakernel::build(&spec("tiny-qwen3-moe"), &options(Chip::V6e, 1, 256, None)).unwrap_or_else(|e| panic!("{e}"));
+    palladium_dsl::ir::verify(&mk.kernel, palladium_dsl::ir::VerifyOptions { chip: Some(Chip::V6e) }).unwrap_or_else(|e| panic!("{e}"));
+    let ir = palladium_dsl::ir::print_kernel(&mk.kernel, Default::default());
+    let again = palladium_dsl::ir::print_kernel(&emit(&mk.plan).unwrap(), Default::default());
     assert_eq!(ir, again, "emission is deterministic");
     snapshot("tiny-qwen3-moe_megakernel_ir", &ir);
-    let lowered = lower(&k, &LowerOptions { chip: Chip::V6e }).unwrap_or_else(|e| panic!("{e}"));
-    snapshot("tiny-qwen3-moe_megakernel_mosaic", &lowered.module);
+    snapshot("tiny-qwen3-moe_megakernel_mosaic", &mk.lowered.module);
 }
 
 #[test]
@@ -88,11 +84,37 @@ fn models_that_do_not_fit_are_refused_with_the_numbers() {
 fn qwen3_235b_emission_time() {
     let s = ModelSpec::from_path(format!("{}/../fixtures/models/qwen3-235b-a22b.json", env!("CARGO_MANIFEST_DIR"))).unwrap();
     let t = std::time::Instant::now();
-    let plan = Plan::new(&s, &PlanOptions { check_hbm: false, ..options(Chip::V7x, 1, 4096, None) }).unwrap();
-    let k = emit(&plan).unwrap();
-    let l = lower(&k, &LowerOptions { chip: Chip::V7x }).unwrap();
+    let mk = Megakernel::build(&s, &PlanOptions { check_hbm: false, ..options(Chip::V7x, 1, 4096, None) }).unwrap();
     let secs = t.elapsed().as_secs_f64();
-    println!("qwen3-235b-a22b (94 layers) emission: {secs:.3} s, body {} bytes", l.body.len());
-    assert_eq!(plan.layers, 94);
+    println!("qwen3-235b-a22b (94 layers) emission: {secs:.3} s, body {} bytes", mk.lowered.body.len());
+    assert_eq!(mk.plan.layers, 94);
     assert!(secs < 10.0, "{secs}");
+}
+
+/// The layout's chunk pieces tile each layer's dense stream: every column of every segment
+/// lands in exactly one chunk column, in order, and the segments come in the schedule's
+/// order with the widths the emitter's buffers have.
+#[test]
+fn layout_pieces_tile_the_dense_stream() {
+    use palladium_fusion::layout::SegmentKind;
+    for (name, chip) in [("tiny-qwen3-moe", Chip::V6e), ("tiny-mixtral", Chip::V5e), ("qwen3-30b-a3b", Chip::V7x)] {
+        let plan = Plan::new(&spec(name), &options(chip, 1, 256, Some(1))).unwrap();
+        let (layout, d) = (&plan.layout, &plan.dims);
+        let kinds: Vec<SegmentKind> = layout.segments.iter().map(|s| s.kind).collect();
+        assert_eq!(kinds, SegmentKind::SCHEDULE, "{name}");
+        let widths: Vec<u64> = layout.segments.iter().map(|s| s.cols).collect();
+        assert_eq!(widths, vec![(d.heads + 2 * d.kv_heads) * d.head_pad, d.heads * d.head_pad, d.experts_pad], "{name}");
+        let mut next = 0;
+        for chunk in 0..layout.per_layer {
+            for p in layout.pieces(chunk) {
+                let s = layout.segment(p.segment).unwrap();
+                assert_eq!(s.col + p.seg_col, next, "{name} chunk {chunk}: {p:?}");
+                assert_eq!(chunk * layout.chunk_cols + p.chunk_col, next, "{name} chunk {chunk}: {p:?}");
+                assert!(p.cols > 0 && p.chunk_col + p.cols <= layout.chunk_cols && p.seg_col + p.cols <= s.cols, "{name}: {p:?}");
+                next += p.cols;
+            }
+        }
+        assert_eq!(next, widths.iter().sum::<u64>(), "{name}");
+        assert!(layout.per_layer * layout.chunk_cols - next < layout.chunk_cols, "{name}: a chunk of padding only");
+    }
 }

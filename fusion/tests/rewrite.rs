@@ -1,5 +1,5 @@
 //! The per-layer graph and its egg rewrites.
-use palladium_fusion::graph::LayerGraph;
+use palladium_fusion::graph::{LayerGraph, WeightKind};
 use palladium_fusion::plan::layer_weight_bytes;
 use palladium_fusion::rewrite::rewrite;
 use palladium_model::ModelSpec;
@@ -17,7 +17,7 @@ fn qwen3_and_mixtral_layers_fuse_qkv_and_gate_up_and_fold_norms() {
         assert_eq!(r.stop, "Saturated", "{name}");
         assert!(r.iterations < 30 && r.egraph_nodes < 10_000, "{name}: {r:?}");
         assert!(r.cost_after < r.cost_before, "{name}");
-        let w: Vec<(Vec<&str>, Option<&str>)> = r.matmuls.iter().map(|m| (m.weights.iter().map(|s| s.as_str()).collect(), m.folded_scale.as_deref())).collect();
+        let w: Vec<(Vec<&str>, Option<&str>)> = r.matmuls.iter().map(|m| (m.weights.iter().map(|w| w.name.as_str()).collect(), m.folded_scale.as_ref().map(|w| w.name.as_str()))).collect();
         assert_eq!(
             w,
             vec![
@@ -29,7 +29,20 @@ fn qwen3_and_mixtral_layers_fuse_qkv_and_gate_up_and_fold_norms() {
         );
         assert_eq!(r.experts.len(), 2, "{name}: gate/up fused");
         assert_eq!(r.experts[0].weights.len(), 2);
-        assert_eq!(r.experts[0].folded_scale.as_deref(), Some("post_attention_layernorm.weight"));
+        assert_eq!(r.experts[0].folded_scale.as_ref().map(|w| w.name.as_str()), Some("post_attention_layernorm.weight"));
+        // The kinds the plan reads the extraction by.
+        let kinds: Vec<(Vec<WeightKind>, Option<WeightKind>)> = r.matmuls.iter().chain(&r.experts).map(|m| (m.kinds(), m.folded_kind())).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (vec![WeightKind::QProj, WeightKind::KProj, WeightKind::VProj], Some(WeightKind::InputNorm)),
+                (vec![WeightKind::OProj], None),
+                (vec![WeightKind::Router], Some(WeightKind::PostAttentionNorm)),
+                (vec![WeightKind::ExpertGate, WeightKind::ExpertUp], Some(WeightKind::PostAttentionNorm)),
+                (vec![WeightKind::ExpertDown], None),
+            ],
+            "{name}"
+        );
     }
 }
 

@@ -1,5 +1,5 @@
 //! THE logits tolerance of the project: every comparison of logits (`palladium run --check`,
-//! `palladium_fusion::decode::compare`, the numerics and conformance tests, and whatever later
+//! `palladium_decode::compare`, the numerics and conformance tests, and whatever later
 //! work adds: several devices, quantized weights, multi-token steps) cites this module instead
 //! of a number of its own.
 //!

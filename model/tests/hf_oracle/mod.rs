@@ -1,6 +1,6 @@
 //! Running `model/tests/hf_reference.py` (transformers' own forward pass of a tiny
 //! checkpoint) from a test: shared by `model/tests/hf_conformance.rs` (the plain-Rust
-//! reference) and `fusion/tests/hf_conformance.rs` (the megakernel), which includes this file
+//! reference) and `decode/tests/hf_conformance.rs` (the megakernel), which includes this file
 //! by path. Paths are relative to `CARGO_MANIFEST_DIR`'s parent (both crates sit one level
 //! under the repository root).
 

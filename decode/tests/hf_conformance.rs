@@ -10,7 +10,7 @@
 //! checkpoint with [`Weights::load`], pack it into the megakernel ([`Decoder`], one
 //! interpreter run per token) and feed the prompt and then transformers' bf16 generated ids
 //! (teacher forcing: every step's logits are compared, even after a near-tie flip), and check
-//! each step with [`check_step`], the rule of [`palladium_fusion::decode::compare`]:
+//! each step with [`check_step`], the rule of [`palladium_decode::compare`]:
 //!
 //! - logits within the project's logits tolerance ([`palladium_model::tolerance`]: 2^-6 of
 //!   the step's max |logit|, 0.0625 at the tiny models' |logit| ~4) of transformers' bf16
@@ -34,9 +34,8 @@ mod hf_oracle;
 
 use hf_oracle::run_oracle;
 use palladium_dsl::spec::Chip;
-use palladium_fusion::decode::{Comparison, Decoder, Matched, ROUTER_TIE, check_step};
-use palladium_fusion::{emit::emit, pack::pack, plan::{Plan, PlanOptions}};
-use palladium_lowering::{LowerOptions, lower};
+use palladium_decode::{Comparison, Decoder, Matched, ROUTER_TIE, check_step, pack::pack};
+use palladium_fusion::{megakernel::Megakernel, plan::PlanOptions};
 use palladium_model::ModelSpec;
 use palladium_model::reference::{Precision, Reference, argmax};
 use palladium_model::tolerance::{LOGITS_RELATIVE_TOLERANCE, logits_tolerance};
@@ -59,10 +58,9 @@ fn check(config: &str, seed: u64, prompt: &[u32], steps: usize) {
     assert_eq!(hf_f32.steps.len(), steps);
 
     let context = (prompt.len() + steps) as u64;
-    let plan = Plan::new(&spec, &PlanOptions::new(Chip::V6e, 1, context)).unwrap();
-    let lowered = lower(&emit(&plan).unwrap(), &LowerOptions { chip: Chip::V6e }).unwrap();
-    let packed = pack(&spec, &plan, &weights).unwrap();
-    let mut dec = Decoder::new(&plan, &lowered.body, &lowered.call_json, packed).unwrap();
+    let mk = Megakernel::build(&spec, &PlanOptions::new(Chip::V6e, 1, context)).unwrap();
+    let packed = pack(&spec, &mk.plan, &weights).unwrap();
+    let mut dec = Decoder::new(&mk, packed).unwrap();
 
     // Router margins of the f32 model, along the same ids.
     let rf = Reference::new(&spec, &weights, Precision::F32).unwrap();

@@ -4,15 +4,14 @@
 //! greedy decode steps, every step a run of the serialized megakernel body with the KV
 //! caches carried between runs; and Mixtral at batch 2 (two sequences in one run).
 //!
-//! The comparison and its tolerance are [`palladium_fusion::decode::compare`]: teacher-forced
+//! The comparison and its tolerance are [`palladium_decode::compare`]: teacher-forced
 //! on the megakernel's ids, logits within the project's logits tolerance
 //! ([`palladium_model::tolerance`]: 2^-6 of the step's max |logit|) of transformers' bf16 model, ids equal except at near ties; where the bf16 model's routing
 //! diverges at a near tie of its bf16 router logits, the f32 model is the witness. Printed
 //! per run (`cargo test --test numerics -- --nocapture`).
 use palladium_dsl::spec::Chip;
-use palladium_fusion::decode::{Decoder, Matched, compare};
-use palladium_fusion::{emit::emit, pack::pack, plan::{Plan, PlanOptions}};
-use palladium_lowering::{LowerOptions, lower};
+use palladium_decode::{Decoder, Matched, compare, pack::pack};
+use palladium_fusion::{megakernel::Megakernel, plan::PlanOptions};
 use palladium_model::ModelSpec;
 use palladium_model::reference::{Generation, StepLogits, argmax};
 use palladium_model::weights::Weights;
@@ -22,9 +21,8 @@ fn spec(name: &str) -> ModelSpec {
 }
 
 fn decoder(s: &ModelSpec, batch: u64, context: u64, w: &Weights) -> Decoder {
-    let plan = Plan::new(s, &PlanOptions::new(Chip::V6e, batch, context)).unwrap();
-    let l = lower(&emit(&plan).unwrap(), &LowerOptions { chip: Chip::V6e }).unwrap();
-    Decoder::new(&plan, &l.body, &l.call_json, pack(s, &plan, w).unwrap()).unwrap()
+    let mk = Megakernel::build(s, &PlanOptions::new(Chip::V6e, batch, context)).unwrap();
+    Decoder::new(&mk, pack(s, &mk.plan, w).unwrap()).unwrap()
 }
 
 fn prompt(seed: u64, salt: u64) -> Vec<u32> {

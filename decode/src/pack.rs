@@ -1,11 +1,11 @@
 //! The host-side weight packer: [`palladium_model::weights::Weights`] (Hugging Face names,
 //! `[out, in]` linear weights) → the megakernel's input arrays in operand order, exactly as
-//! the crate docs' operand interface and [`crate::plan::Operand::source`] describe them.
+//! `palladium_fusion`'s operand interface and [`palladium_fusion::report::operand_source`] describe them.
 //!
 //! - `embed` `[ceil(V/16), 16, H]`: the embedding reshaped, zero rows past `V`.
 //! - `w_stream` `[L*n + ceil(V/cw), H, cw]`: per layer the `[H, n*cw]` dense-stream matrix
-//!   `D_l` cut into `n` column chunks, then `lm_head`'s chunks. Its segments and the chunk pieces come from the plan
-//!   ([`crate::plan::Plan::segments`], [`crate::plan::Plan::chunks`]): q/k/v heads
+//!   `D_l` cut into `n` column chunks, then `lm_head`'s chunks. Its segments and the chunk pieces come from the layout
+//!   ([`palladium_fusion::layout::StreamLayout::segments`], [`palladium_fusion::layout::StreamLayout::pieces`]): q/k/v heads
 //!   transposed with `input_layernorm` folded (`D[i, head*hp + c] = W[head*hd + c, i] *
 //!   g[i]`), `o_proj` as is with each head's columns padded to `hp`, the router transposed
 //!   with `post_attention_layernorm` folded and padded to `experts_pad` columns.
@@ -20,7 +20,8 @@
 //! it), a folded norm scale is multiplied in f32 (the product of two bf16 values is exact
 //! in f32) and the product is rounded to bf16 once.
 
-use crate::plan::Plan;
+use palladium_fusion::layout::{OperandKind, SegmentKind};
+use palladium_fusion::plan::Plan;
 use palladium_interpret::HostArray;
 use palladium_model::ModelSpec;
 use palladium_model::weights::{FfnNames, ModelNames, Tensor, Weights, WeightsError, round_bf16};
@@ -35,10 +36,10 @@ pub enum PackError {
 }
 
 /// The megakernel's weight inputs (operand order, after the two scalar-prefetch arrays and
-/// before the caches), with their names.
+/// before the caches), with the operand each fills.
 #[derive(Debug, Clone)]
 pub struct Packed {
-    pub names: Vec<&'static str>,
+    pub operands: Vec<OperandKind>,
     pub arrays: Vec<HostArray>,
     /// Shape of each KV cache `[L, B, kv_heads, T, hp]`.
     pub cache_shape: Vec<usize>,
@@ -78,26 +79,27 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
     let us = |x: u64| x as usize;
     let (h, hd, hp, heads, kvh) = (us(d.hidden), us(d.head_dim), us(d.head_pad), us(d.heads), us(d.kv_heads));
     let (vocab, experts, epad) = (us(d.vocab), us(d.experts), us(d.experts_pad));
-    let (l, n, cw) = (plan.layers, us(plan.per_layer()), us(plan.chunk_cols));
-    let (eb, ec, inter) = (us(plan.expert_block), us(plan.expert_chunks), us(d.intermediate));
+    let layout = &plan.layout;
+    let (l, n, cw) = (plan.layers, us(layout.per_layer), us(layout.chunk_cols));
+    let (eb, ec, inter) = (us(layout.expert_block), us(layout.expert_chunks), us(d.intermediate));
     let names = ModelNames::new(spec)?;
-    let shape_of = |name: &str| plan.operands.iter().find(|o| o.name == name).map(|o| o.shape.iter().map(|&x| x as usize).collect::<Vec<_>>()).unwrap_or_default();
+    let shape_of = |kind: OperandKind| layout.operand(kind).map(|o| o.shape.iter().map(|&x| x as usize).collect::<Vec<_>>()).unwrap_or_default();
 
     let mut out_names = Vec::new();
     let mut arrays = Vec::new();
 
     // embed [ceil(V/16), 16, H]
     let emb = get(weights, &names.embed, &[vocab, h])?;
-    let es = shape_of("embed");
+    let es = shape_of(OperandKind::Embed);
     let mut e = vec![0f32; es.iter().product()];
     for (dst, &src) in e.iter_mut().zip(&emb.data) {
         *dst = bf(src);
     }
-    out_names.push("embed");
+    out_names.push(OperandKind::Embed);
     arrays.push(HostArray::bf16_from_f32(&es, &e));
 
     // w_stream [L*n + lm, H, cw]: the layers' chunks, then lm_head's.
-    let ss = shape_of("w_stream");
+    let ss = shape_of(OperandKind::WStream);
     let mut ws = vec![0f32; ss.iter().product()];
     for (li, ln) in names.layers.iter().take(l).enumerate() {
         let g1 = get(weights, &ln.input_norm, &[h])?;
@@ -111,9 +113,9 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
         };
         let r = get(weights, router, &[experts, h])?;
         // Value of column `s` of segment `seg`, row (hidden index) `i`.
-        let value = |seg: &str, s: usize, i: usize| -> f32 {
+        let value = |seg: SegmentKind, s: usize, i: usize| -> f32 {
             match seg {
-                "qkv" => {
+                SegmentKind::Qkv => {
                     let (head, c) = (s / hp, s % hp);
                     if c >= hd {
                         return 0.0;
@@ -127,20 +129,19 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
                     };
                     bf(w.data[row * h + i]) * bf(g1.data[i])
                 }
-                "o" => {
+                SegmentKind::OProj => {
                     let (head, c) = (s / hp, s % hp);
                     if c >= hd { 0.0 } else { bf(o.data[i * heads * hd + head * hd + c]) }
                 }
-                "router" => {
+                SegmentKind::Router => {
                     if s >= experts { 0.0 } else { bf(r.data[s * h + i]) * bf(g2.data[i]) }
                 }
-                other => unreachable!("segment {other}"),
             }
         };
-        for (ci, pieces) in plan.chunks.iter().enumerate() {
+        for ci in 0..n {
             let base = (li * n + ci) * h * cw;
-            for p in pieces {
-                let seg = plan.segments[p.segment].name;
+            for p in layout.pieces(ci as u64) {
+                let seg = p.segment;
                 for j in 0..us(p.cols) {
                     let s = us(p.seg_col) + j;
                     let col = us(p.chunk_col) + j;
@@ -150,7 +151,7 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
                 }
             }
         }
-        debug_assert!(plan.segments.iter().any(|s| s.name == "router" && us(s.cols) == epad));
+        debug_assert!(layout.segment(SegmentKind::Router).is_some_and(|s| us(s.cols) == epad));
     }
     let head = get(weights, &names.lm_head, &[vocab, h])?;
     let gf = get(weights, &names.final_norm, &[h])?;
@@ -161,11 +162,11 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
             ws[lm_base + (c * h + i) * cw + j] = bf(head.data[t * h + i]) * bf(gf.data[i]);
         }
     }
-    out_names.push("w_stream");
+    out_names.push(OperandKind::WStream);
     arrays.push(HostArray::bf16_from_f32(&ss, &ws));
 
     // w_experts [L, E, C, H, 3*eb]: gate | up (norm folded) | down columns
-    let xs = shape_of("w_experts");
+    let xs = shape_of(OperandKind::WExperts);
     let mut wx = vec![0f32; xs.iter().product()];
     for (li, ln) in names.layers.iter().take(l).enumerate() {
         let g2 = get(weights, &ln.post_norm, &[h])?;
@@ -191,12 +192,12 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
             }
         }
     }
-    out_names.push("w_experts");
+    out_names.push(OperandKind::WExperts);
     arrays.push(HostArray::bf16_from_f32(&xs, &wx));
 
     // head_norms f32[L, 8, hp]
     if d.qk_norm {
-        let hs = shape_of("head_norms");
+        let hs = shape_of(OperandKind::HeadNorms);
         let mut hn = vec![0f32; hs.iter().product()];
         for (li, ln) in names.layers.iter().take(l).enumerate() {
             for (row, name) in [ln.q_norm.as_ref(), ln.k_norm.as_ref()].into_iter().enumerate() {
@@ -207,8 +208,8 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
                 }
             }
         }
-        out_names.push("head_norms");
+        out_names.push(OperandKind::HeadNorms);
         arrays.push(HostArray::from_f32(&hs, &hn));
     }
-    Ok(Packed { names: out_names, arrays, cache_shape: shape_of("k_cache") })
+    Ok(Packed { operands: out_names, arrays, cache_shape: shape_of(OperandKind::KCache) })
 }

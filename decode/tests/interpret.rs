@@ -10,9 +10,8 @@
 //! rows past each sequence's position may hold anything, NaN included
 //! (`stale_cache_rows_do_not_leak`): scores there are masked and V rows zeroed.
 use palladium_dsl::spec::Chip;
-use palladium_fusion::{emit::emit, plan::{KvTiles, Plan, PlanOptions, Prefetch}};
+use palladium_fusion::{megakernel::Megakernel, plan::{KvTiles, PlanOptions, Prefetch}};
 use palladium_interpret::{CallSpec, DType, HostArray, Module};
-use palladium_lowering::{LowerOptions, lower};
 use palladium_model::ModelSpec;
 
 fn run(name: &str, batch: u64, context: u64, positions: &[i32]) {
@@ -26,8 +25,7 @@ fn run_with_stale(name: &str, batch: u64, context: u64, positions: &[i32], stale
 /// One step's logits; `stale`: every cache row past its sequence's position is NaN.
 fn step(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool, kv_tiles: KvTiles, prefetch: Prefetch) -> Vec<f32> {
     let spec = ModelSpec::from_path(format!("{}/../fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR"))).unwrap();
-    let plan = Plan::new(&spec, &PlanOptions { kv_tiles, prefetch, ..PlanOptions::new(Chip::V6e, batch, context) }).unwrap();
-    let l = lower(&emit(&plan).unwrap(), &LowerOptions { chip: Chip::V6e }).unwrap();
+    let l = Megakernel::build(&spec, &PlanOptions { kv_tiles, prefetch, ..PlanOptions::new(Chip::V6e, batch, context) }).unwrap().lowered;
     let call = CallSpec::from_json(&l.call_json).unwrap();
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
     let mut next = move || {

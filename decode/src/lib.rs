@@ -1,0 +1,17 @@
+//! The run layer of the decode megakernel: what runs a [`palladium_fusion::megakernel::Megakernel`]
+//! the compiler built, apart from the compiler (`palladium-fusion` does not depend on the
+//! interpreter).
+//!
+//! - [`pack`]: Hugging Face weights → the megakernel's input arrays, as its
+//!   [`palladium_fusion::layout::StreamLayout`] describes them;
+//! - [`decoder`]: decode steps, one megakernel run each, in the interpreter or on a device
+//!   ([`Engine`]), the KV caches carried between runs through the call's aliases;
+//! - [`comparison`]: a generation against the plain-Rust bf16 and f32 references, under the
+//!   project's logits tolerance and its near-tie rules.
+
+pub mod comparison;
+pub mod decoder;
+pub mod pack;
+
+pub use comparison::{Comparison, Matched, ROUTER_TIE, StepCheck, check_step, compare, compare_with};
+pub use decoder::{DecodeError, Decoder, Engine};

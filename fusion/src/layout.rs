@@ -1,0 +1,208 @@
+//! The stream layout: the megakernel's operands and where every weight sits in them, typed.
+//! The plan decides it ([`crate::plan::Plan::layout`]); the emitter declares its operands
+//! from it and reads its dense stream by [`SegmentKind`], the weight packer fills the arrays
+//! it describes, and the report renders its operand prose from it. Nothing is looked up by
+//! name.
+
+use crate::rewrite::FusedWeight;
+use palladium_dsl::DType;
+use palladium_dsl::build::{MemorySpace, OperandRole};
+use serde::{Serialize, Serializer};
+
+/// A segment of a layer's dense stream: the columns of one extracted matmul.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum SegmentKind {
+    /// q, k and v fused, `input_layernorm` folded: every head padded to `head_pad` columns.
+    Qkv,
+    /// `o_proj`, each head's input rows padded to `head_pad`, not transposed.
+    OProj,
+    /// The router, `post_attention_layernorm` folded, padded to `experts_pad` columns.
+    Router,
+}
+
+impl SegmentKind {
+    /// The order the emitter's schedule consumes the segments in (the layer's dataflow:
+    /// attention between q/k/v and `o_proj`, routing after the attention residual).
+    pub const SCHEDULE: [SegmentKind; 3] = [SegmentKind::Qkv, SegmentKind::OProj, SegmentKind::Router];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SegmentKind::Qkv => "qkv",
+            SegmentKind::OProj => "o",
+            SegmentKind::Router => "router",
+        }
+    }
+}
+
+/// One fused weight in a column range of each layer's dense stream.
+#[derive(Clone, Debug, Serialize)]
+pub struct Segment {
+    pub kind: SegmentKind,
+    /// First column in the per-layer stream, and width (both multiples of 128).
+    pub col: u64,
+    pub cols: u64,
+    /// The Hugging Face weights (per layer) and the folded norm scale, as extracted.
+    pub weight: FusedWeight,
+}
+
+/// A piece of a chunk: columns `[chunk_col, chunk_col + cols)` of the chunk are columns
+/// `[seg_col, seg_col + cols)` of the segment `segment`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Piece {
+    pub segment: SegmentKind,
+    pub seg_col: u64,
+    pub chunk_col: u64,
+    pub cols: u64,
+}
+
+/// What an operand of the megakernel holds (the crate docs' operand interface).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OperandKind {
+    Tokens,
+    Positions,
+    Embed,
+    WStream,
+    WExperts,
+    HeadNorms,
+    KCache,
+    VCache,
+    Logits,
+    KCacheOut,
+    VCacheOut,
+}
+
+impl OperandKind {
+    /// The operand's name in the kernel's call spec.
+    pub fn name(self) -> &'static str {
+        match self {
+            OperandKind::Tokens => "tokens",
+            OperandKind::Positions => "positions",
+            OperandKind::Embed => "embed",
+            OperandKind::WStream => "w_stream",
+            OperandKind::WExperts => "w_experts",
+            OperandKind::HeadNorms => "head_norms",
+            OperandKind::KCache => "k_cache",
+            OperandKind::VCache => "v_cache",
+            OperandKind::Logits => "logits",
+            OperandKind::KCacheOut => "k_cache_out",
+            OperandKind::VCacheOut => "v_cache_out",
+        }
+    }
+
+    /// The input an output is aliased to (updated in place).
+    pub fn aliased_input(self) -> Option<OperandKind> {
+        match self {
+            OperandKind::KCacheOut => Some(OperandKind::KCache),
+            OperandKind::VCacheOut => Some(OperandKind::VCache),
+            _ => None,
+        }
+    }
+}
+
+/// `prefetch`, `input` or `output`, as the report and the JSON write it.
+pub fn role_name(role: OperandRole) -> &'static str {
+    match role {
+        OperandRole::Prefetch => "prefetch",
+        OperandRole::Input => "input",
+        OperandRole::Output => "output",
+    }
+}
+
+fn serialize_role<S: Serializer>(role: &OperandRole, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(role_name(*role))
+}
+
+/// Serializes a value as its `Display` text (`bf16`, `any`, `v6e`), as the report writes it.
+pub(crate) fn display<S: Serializer, T: std::fmt::Display>(value: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(value)
+}
+
+/// One stacked operand of the megakernel.
+#[derive(Clone, Debug, Serialize)]
+pub struct Operand {
+    #[serde(rename = "name")]
+    pub kind: OperandKind,
+    #[serde(serialize_with = "serialize_role")]
+    pub role: OperandRole,
+    #[serde(serialize_with = "display")]
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    #[serde(serialize_with = "display")]
+    pub space: MemorySpace,
+    pub bytes: u64,
+}
+
+impl Operand {
+    /// Whether the call holds an array of its own for it in HBM: the inputs in HBM and the
+    /// outputs not aliased to an input (the scalar-prefetch arrays are a few bytes of SMEM).
+    pub fn own_hbm_array(&self) -> bool {
+        match self.role {
+            OperandRole::Prefetch => false,
+            OperandRole::Input => self.space.is_hbm_like(),
+            OperandRole::Output => self.kind.aliased_input().is_none(),
+        }
+    }
+}
+
+/// The megakernel's operands and the layout of its weight streams.
+#[derive(Clone, Debug, Serialize)]
+pub struct StreamLayout {
+    /// Columns of one dense chunk (a ring bank holds `[hidden, chunk_cols]` bf16).
+    pub chunk_cols: u64,
+    /// Dense chunks per layer (the segments' columns, rounded up to chunks).
+    pub per_layer: u64,
+    /// The segments of each layer's dense stream, in [`SegmentKind::SCHEDULE`] order.
+    pub segments: Vec<Segment>,
+    /// `lm_head` (final norm folded): the dense stream's last `lm_chunks` chunks.
+    pub lm_head: FusedWeight,
+    pub lm_chunks: u64,
+    /// The experts' weights as extracted: `[gate | up (norm folded), down]`.
+    pub experts: [FusedWeight; 2],
+    /// Expert chunk width (intermediate columns) and chunks per expert.
+    pub expert_block: u64,
+    pub expert_chunks: u64,
+    /// In call order (Pallas's: scalar prefetch, inputs, outputs).
+    pub operands: Vec<Operand>,
+}
+
+impl StreamLayout {
+    /// The operand of kind `kind`, if the model has it (`head_norms` is Qwen3's only).
+    pub fn operand(&self, kind: OperandKind) -> Option<&Operand> {
+        self.operands.iter().find(|o| o.kind == kind)
+    }
+
+    /// Its position in the call (the kernel's operands: prefetch, inputs, outputs).
+    pub fn index(&self, kind: OperandKind) -> Option<usize> {
+        self.operands.iter().position(|o| o.kind == kind)
+    }
+
+    /// The call's input arrays (scalar prefetch, then inputs), in order.
+    pub fn inputs(&self) -> impl Iterator<Item = &Operand> {
+        self.operands.iter().filter(|o| o.role != OperandRole::Output)
+    }
+
+    /// The call's results, in order.
+    pub fn outputs(&self) -> impl Iterator<Item = &Operand> {
+        self.operands.iter().filter(|o| o.role == OperandRole::Output)
+    }
+
+    /// The segment of kind `kind`.
+    pub fn segment(&self, kind: SegmentKind) -> Option<&Segment> {
+        self.segments.iter().find(|s| s.kind == kind)
+    }
+
+    /// The pieces of dense chunk `chunk` (`< per_layer`) of every layer, in column order.
+    pub fn pieces(&self, chunk: u64) -> Vec<Piece> {
+        let (start, end) = (chunk * self.chunk_cols, (chunk + 1) * self.chunk_cols);
+        self.segments
+            .iter()
+            .filter(|s| s.col < end && start < s.col + s.cols)
+            .map(|s| {
+                let from = s.col.max(start);
+                let to = (s.col + s.cols).min(end);
+                Piece { segment: s.kind, seg_col: from - s.col, chunk_col: from - start, cols: to - from }
+            })
+            .collect()
+    }
+}
