@@ -33,20 +33,10 @@ use serde::Serialize;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-/// HBM left to the megakernel's operands: 1 GiB stays with the runtime and XLA.
+/// HBM left to the megakernel's operands: the device's, less 1 GiB that stays with the
+/// runtime and XLA.
 pub fn hbm_usable_bytes(chip: Chip) -> u64 {
-    chip.hbm_bytes() - GIB
-}
-
-/// HBM bandwidth per core, bytes/s (JAX `tpu_info`; v7x: 7.4e12 per chip, two cores).
-pub fn hbm_bandwidth(chip: Chip) -> f64 {
-    match chip {
-        Chip::V4 => 1.2e12 / 2.0,
-        Chip::V5e => 8.2e11,
-        Chip::V5p => 2.765e12 / 2.0,
-        Chip::V6e => 1.638e12,
-        Chip::V7x => 3.7e12,
-    }
+    chip.target().hbm_bytes_per_device() - GIB
 }
 
 /// What to plan for.
@@ -253,7 +243,8 @@ pub struct Traffic {
     pub total: u64,
     /// The model's own count for the same step (`ModelSpec::decode_traffic`, unpadded).
     pub model_total: f64,
-    /// Seconds at the chip's HBM bandwidth.
+    /// Seconds at one TensorCore's HBM bandwidth: the megakernel is grid-less, so it runs
+    /// on one TensorCore even where a device has two (v4, v5p megacore).
     pub floor_seconds: f64,
     /// DMAs issued per step.
     pub dmas: u64,
@@ -440,7 +431,7 @@ impl Plan {
         let per_layer = width.div_ceil(chunk_cols);
         let lm_chunks = round_up(spec.vocab_size, chunk_cols) / chunk_cols;
         let bank_bytes = 2 * h * chunk_cols;
-        let vmem_capacity = chip.vmem_bytes();
+        let vmem_capacity = chip.target().vmem_bytes;
         let ring_target = if vmem_capacity >= 128 * MIB { 24 * MIB } else { 16 * MIB };
         let total_items = layers as u64 * per_layer + lm_chunks;
         let banks = match options.prefetch {
@@ -650,7 +641,7 @@ impl Plan {
         let model_total = truncated.decode_traffic(batch, options.context, 2).total();
         let dmas_per_layer = total("the DMAs per step", &[per_layer, 1, product("the DMAs per step", &[batch, moe.top_k, expert_chunks, 2])?, product("the DMAs per step", &[batch, kvh, 2, tiles + 1])?])?;
         let dmas = total("the DMAs per step", &[product("the DMAs per step", &[l, dmas_per_layer])?, lm_chunks, batch])?;
-        let traffic = Traffic { dense, lm_head, experts, kv_read, kv_write, embedding, head_norms, total: step_total, model_total, floor_seconds: step_total as f64 / hbm_bandwidth(chip), dmas };
+        let traffic = Traffic { dense, lm_head, experts, kv_read, kv_write, embedding, head_norms, total: step_total, model_total, floor_seconds: step_total as f64 / chip.target().hbm_bandwidth_per_tensorcore(), dmas };
 
         Ok(Plan {
             model: format!("{} ({} layers of {})", spec.family.model_type(), spec.layers.len(), kind.describe()),
