@@ -19,8 +19,9 @@
 
 use palladium_dsl::ir::{Kernel, check_hbm, padded_vmem_bytes};
 use palladium_dsl::spec::{Chip, OperandRole, ScratchSpec};
-use palladium_interpret::{CallSpec, DType, HostArray, InterpError, Module, ParseError, Program};
-use palladium_kernels::{HostData, KernelEntry, KernelError, Values};
+use palladium_array::HostArray;
+use palladium_interpret::{CallSpec, InterpError, Module, ParseError, Program};
+use palladium_kernels::{KernelEntry, KernelError};
 use palladium_lowering::{LowerOptions, lower};
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -59,9 +60,9 @@ impl Default for CheckOptions {
 /// spec before anything is allocated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostMemory {
-    /// Per input element: the generated values (f32 or i32), the interpreter's host array
-    /// (the dtype's bytes), its copy in interpreter memory (4 bytes) and room for the
-    /// reference's working copy (4 bytes).
+    /// Per input element: the generated values (f32 or i32, before they become the host
+    /// array), the host array (the dtype's bytes), its copy in interpreter memory (4 bytes)
+    /// and the reference's f32 or i32 copy (4 bytes).
     pub inputs: u64,
     /// Per output element: the interpreter's memory and result (4 bytes + the dtype's), the
     /// reference output (4) and the two f32 arrays compared (8).
@@ -192,16 +193,6 @@ impl fmt::Display for Report {
     }
 }
 
-/// A [`HostData`] as an interpreter array (bf16 values are already bf16, so exact).
-pub fn to_host_array(d: &HostData) -> Result<HostArray, String> {
-    let dtype = DType::parse(&d.dtype.to_string()).ok_or_else(|| format!("the interpreter has no host arrays of {}", d.dtype))?;
-    match &d.values {
-        Values::F32(v) => HostArray::from_f32_values(dtype, &d.shape, v),
-        Values::I32(v) => HostArray::from_i32_values(dtype, &d.shape, v),
-    }
-    .map_err(|e| e.to_string())
-}
-
 /// `(max abs error, max relative error, worst element)` of `got` against `want`; see the
 /// module docs for the definitions.
 pub fn errors(got: &[f32], want: &[f32]) -> (f32, f32, Option<(usize, f32, f32)>) {
@@ -266,9 +257,8 @@ pub fn check_on(name: &str, settings: &[(String, String)], options: &CheckOption
     };
     let prepare_time = t.elapsed();
     let inputs = (entry.inputs)(settings, options.seed)?;
-    let host: Vec<HostArray> = inputs.iter().map(to_host_array).collect::<Result<_, _>>().map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
     let t = Instant::now();
-    let got = run(&host)?;
+    let got = run(&inputs)?;
     let run_time = t.elapsed();
     let t = Instant::now();
     let want = (entry.reference)(settings, &inputs)?;
@@ -280,7 +270,7 @@ pub fn check_on(name: &str, settings: &[(String, String)], options: &CheckOption
     }
     let mut outputs = Vec::new();
     for ((g, w), spec) in got.iter().zip(&want).zip(&specs) {
-        if g.shape != w.shape || g.dtype.to_string() != w.dtype.to_string() {
+        if g.shape != w.shape || g.dtype != w.dtype {
             return Err(mismatch(format!("output {}: the run returned {}{:?}, the reference {}", spec.name, g.dtype, g.shape, w.type_string())));
         }
         let (max_abs, max_rel, worst) = errors(&g.to_f32(), &w.to_f32());
@@ -302,7 +292,7 @@ type BodyRun<'a> = Box<dyn Fn(&[HostArray]) -> Result<Vec<HostArray>, CheckError
 /// The kernel lowered, wrapped in its `tpu_custom_call` program and compiled by libtpu's
 /// client on the attached TPU.
 fn on_tpu(name: &str, kernel: &palladium_dsl::Kernel, chip: Chip) -> Result<BodyRun<'static>, CheckError> {
-    use palladium_runtime::exec::{Device, HostArray as DeviceArray};
+    use palladium_runtime::exec::Device;
     let device_error = |message: String| CheckError::Device { kernel: name.to_string(), message };
     let lowered = lower(kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower { kernel: name.to_string(), chip, message: e.to_string() })?;
     let spec = palladium_runtime::CallSpec::from_json(&lowered.call_json).map_err(device_error)?;
@@ -310,19 +300,5 @@ fn on_tpu(name: &str, kernel: &palladium_dsl::Kernel, chip: Chip) -> Result<Body
     let device = Device::tpu().map_err(device_error)?;
     let loaded = device.compile(&program, &spec.inputs, &spec.outputs).map_err(device_error)?;
     let name = name.to_string();
-    Ok(Box::new(move |host: &[HostArray]| {
-        let device_error = |message: String| CheckError::Device { kernel: name.clone(), message };
-        let inputs = host
-            .iter()
-            .zip(&spec.inputs)
-            .map(|(h, ty)| DeviceArray::new(ty.clone(), h.bytes.clone()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(device_error)?;
-        let run = loaded.run(&inputs).map_err(device_error)?;
-        Ok(run
-            .outputs
-            .into_iter()
-            .map(|o| HostArray { dtype: DType::parse(o.ty.dtype.name()).expect("every kernel dtype is an interpreter dtype"), shape: o.ty.dims.iter().map(|&d| d as usize).collect(), bytes: o.bytes })
-            .collect())
-    }))
+    Ok(Box::new(move |host: &[HostArray]| loaded.run(host).map(|run| run.outputs).map_err(|message| CheckError::Device { kernel: name.clone(), message })))
 }

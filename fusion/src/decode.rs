@@ -6,7 +6,8 @@
 
 use crate::pack::Packed;
 use crate::plan::Plan;
-use palladium_interpret::{CallSpec, HostArray, InterpError, Module, ParseError};
+use palladium_array::HostArray;
+use palladium_interpret::{CallSpec, InterpError, Module, ParseError};
 use palladium_model::reference::{Generation, StepLogits, argmax};
 use palladium_model::tolerance::{LOGITS_RELATIVE_TOLERANCE, LogitsDiff};
 use std::time::{Duration, Instant};

@@ -21,9 +21,9 @@
 //! in f32) and the product is rounded to bf16 once.
 
 use crate::plan::Plan;
-use palladium_interpret::HostArray;
 use palladium_model::ModelSpec;
-use palladium_model::weights::{FfnNames, ModelNames, Tensor, Weights, WeightsError, round_bf16};
+use palladium_array::{HostArray, round_bf16};
+use palladium_model::weights::{FfnNames, ModelNames, Tensor, Weights, WeightsError};
 
 /// Why weights could not be packed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -31,7 +31,7 @@ mod parse;
 pub mod reference;
 pub mod report;
 pub mod spec;
-pub mod tolerance;
+pub use palladium_array::tolerance;
 pub mod weights;
 
 pub use cost::{DecodeTraffic, LayerParams, ModelParams, expected_distinct_experts};
