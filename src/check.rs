@@ -2,16 +2,9 @@
 //! body in [`palladium_interpret`] on seeded random inputs, and compare every output with
 //! the kernel's plain-Rust reference (`palladium_kernels::reference`).
 //!
-//! Errors are measured per output:
-//! - max abs error: `max_i |got_i - want_i|`;
-//! - max relative error: `max_i |got_i - want_i| / max_j |want_j|`, the error relative to
-//!   the output's scale. (Element-wise relative errors are meaningless near zero, where
-//!   values come from cancellation: decode attention's bf16 softmax weights, for one, give
-//!   absolute errors proportional to the typical output, not to each element. With an
-//!   element-wise metric floored at the output's RMS, its worst case over 36 seeded runs was
-//!   1.3e-2; with this one, 7.6e-3.)
-//!
-//! A NaN or infinity in the output where the reference is finite is an infinite error.
+//! Errors are measured per output, relative to the output's scale, under a tolerance per
+//! dtype: [`palladium_array::tolerance::output_errors`] and
+//! [`palladium_array::tolerance::output_tolerance`].
 //!
 //! Before any array is allocated, the host memory the check needs ([`HostMemory`]) is
 //! computed from the kernel's call spec and refused above [`CheckOptions::max_host_memory`]
@@ -20,30 +13,19 @@
 use palladium_dsl::ir::{Kernel, check_hbm, padded_vmem_bytes};
 use palladium_dsl::spec::{Chip, OperandRole, ScratchSpec};
 use palladium_array::HostArray;
+use palladium_array::tolerance::{output_errors, output_tolerance};
 use palladium_interpret::{CallSpec, InterpError, Module, ParseError, Program};
 use palladium_kernels::{KernelEntry, KernelError};
 use palladium_lowering::{LowerOptions, lower};
 use std::fmt;
 use std::time::{Duration, Instant};
 
-/// The default relative tolerance for an output dtype: bf16 1e-2 (its epsilon is 2^-8),
-/// f16 1e-3, f32 1e-5, integers exact.
-pub fn default_tolerance(dtype: palladium_dsl::DType) -> f32 {
-    use palladium_dsl::DType as D;
-    match dtype {
-        D::Bf16 | D::F8E4M3 | D::F8E5M2 => 1e-2,
-        D::F16 => 1e-3,
-        D::F32 => 1e-5,
-        D::I32 | D::I16 | D::I8 | D::I4 | D::Bool => 0.0,
-    }
-}
-
 /// What to check a kernel with.
 #[derive(Clone, Debug)]
 pub struct CheckOptions {
     pub chip: Chip,
     pub seed: u64,
-    /// Overrides [`default_tolerance`] for every output; finite and non-negative.
+    /// Overrides [`output_tolerance`] for every output; finite and non-negative.
     pub tolerance: Option<f32>,
     /// Refuse kernels whose [`HostMemory`] total is larger (bytes; the CLI reads
     /// [`crate::host_memory::limit`]).
@@ -193,22 +175,6 @@ impl fmt::Display for Report {
     }
 }
 
-/// `(max abs error, max relative error, worst element)` of `got` against `want`; see the
-/// module docs for the definitions.
-pub fn errors(got: &[f32], want: &[f32]) -> (f32, f32, Option<(usize, f32, f32)>) {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f32, |m, w| m.max(w.abs())).max(f32::MIN_POSITIVE);
-    let (mut max_abs, mut worst) = (0f32, None);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let abs = if g == w { 0.0 } else if g.is_finite() { (g - w).abs() } else { f32::INFINITY };
-        if abs > max_abs || worst.is_none() {
-            max_abs = max_abs.max(abs);
-            worst = Some((i, g, w));
-        }
-    }
-    (max_abs, max_abs / scale, worst)
-}
-
 /// Build, lower and prepare a library kernel: `(entry, kernel, program, call spec)`. The
 /// call spec (the lowered call JSON: full output shapes and input/output aliases) is what
 /// [`Program::run_with`] needs to start an aliased output as a copy of its input.
@@ -273,8 +239,8 @@ pub fn check_on(name: &str, settings: &[(String, String)], options: &CheckOption
         if g.shape != w.shape || g.dtype != w.dtype {
             return Err(mismatch(format!("output {}: the run returned {}{:?}, the reference {}", spec.name, g.dtype, g.shape, w.type_string())));
         }
-        let (max_abs, max_rel, worst) = errors(&g.to_f32(), &w.to_f32());
-        outputs.push(OutputCheck { name: spec.name.clone(), ty: w.type_string(), max_abs, max_rel, worst, tolerance: options.tolerance.unwrap_or_else(|| default_tolerance(w.dtype)) });
+        let (max_abs, max_rel, worst) = output_errors(&g.to_f32(), &w.to_f32());
+        outputs.push(OutputCheck { name: spec.name.clone(), ty: w.type_string(), max_abs, max_rel, worst, tolerance: options.tolerance.unwrap_or_else(|| output_tolerance(w.dtype)) });
     }
     let mut params: Vec<(String, String)> = (entry.defaults)().into_iter().map(|(n, v)| (n.to_string(), v)).collect();
     for (n, v) in settings {
