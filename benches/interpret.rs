@@ -14,7 +14,7 @@
 //! seed 0, a 5-token prompt, 8 steps: 12 megakernel runs); tokens per second = runs / time
 //! spent in the interpreter (the prepare is timed apart), the best of N.
 
-use palladium::check::prepare;
+use palladium::check::{Backend, prepare};
 use palladium::run::{RunOptions, WeightSource, run};
 use palladium_dsl::spec::Chip;
 use std::path::{Path, PathBuf};
@@ -97,11 +97,12 @@ fn megakernel(config: &str, tries: usize) -> Result<(usize, f64), String> {
         steps: 8,
         chip: Chip::V6e,
         context: None,
+        check: false,
     };
     let mut best = 0f64;
     let mut runs = 0;
     for _ in 0..tries {
-        let out = run(&o)?;
+        let out = run(&o, Backend::Interpret, |_, _| {})?;
         runs = out.runs;
         best = best.max(out.runs as f64 / out.interpret.as_secs_f64());
     }

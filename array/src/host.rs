@@ -39,12 +39,12 @@ impl HostArray {
         HostArray { dtype, shape: shape.to_vec(), bytes: bytemuck::cast_slice(data).to_vec() }
     }
 
-    pub fn from_f32(shape: &[usize], data: impl AsRef<[f32]>) -> Self {
-        Self::of(DType::F32, shape, data.as_ref())
+    pub fn from_f32(shape: &[usize], data: &[f32]) -> Self {
+        Self::of(DType::F32, shape, data)
     }
 
-    pub fn from_i32(shape: &[usize], data: impl AsRef<[i32]>) -> Self {
-        Self::of(DType::I32, shape, data.as_ref())
+    pub fn from_i32(shape: &[usize], data: &[i32]) -> Self {
+        Self::of(DType::I32, shape, data)
     }
 
     pub fn from_bf16(shape: &[usize], data: &[bf16]) -> Self {
@@ -60,8 +60,8 @@ impl HostArray {
     }
 
     /// f32 values rounded to bf16 (nearest even; exact for values that already are bf16).
-    pub fn bf16_from_f32(shape: &[usize], data: impl AsRef<[f32]>) -> Self {
-        Self::of(DType::Bf16, shape, &data.as_ref().iter().map(|&x| f32_to_bf16(x)).collect::<Vec<u16>>())
+    pub fn bf16_from_f32(shape: &[usize], data: &[f32]) -> Self {
+        Self::of(DType::Bf16, shape, &data.iter().map(|&x| f32_to_bf16(x)).collect::<Vec<u16>>())
     }
 
     /// Float values converted to the float `dtype` (bf16/f16 rounded to nearest even).
@@ -172,7 +172,7 @@ mod tests {
 
     #[test]
     fn values_round_trip_through_every_integer_and_bf16() {
-        let a = HostArray::bf16_from_f32(&[2, 2], [1.0, 1.0 + 1.0 / 256.0, -3.5, 1e-3]);
+        let a = HostArray::bf16_from_f32(&[2, 2], &[1.0, 1.0 + 1.0 / 256.0, -3.5, 1e-3]);
         assert_eq!(a.to_f32(), vec![1.0, 1.0, -3.5, crate::round_bf16(1e-3)]);
         assert_eq!(a.bytes.len(), 8);
         let ints = HostArray::from_i32_values(DType::I8, &[3], &[-1, 127, 300]).unwrap();

@@ -18,7 +18,7 @@
 //! bandwidth by the physical TensorCores). Where both give a figure, the Cloud page wins: it
 //! is the product specification, while `tpu_info` rounds to three digits and disagrees with
 //! it on v5p (2.46e12 B/s against the page's 2765 GB/s). `tpu_info` fills in what the pages
-//! do not publish (VMEM, SMEM, MXU counts, TPU7x's HBM bandwidth). The three tables this
+//! do not publish (VMEM, SMEM, MXU counts, `TPU7x`'s HBM bandwidth). The three tables this
 //! replaces did not disagree on a figure so much as on its unit: the autotuner's v4/v5p
 //! bandwidths (1200, 2765 GB/s) were per chip = per megacore device, the planner's (600,
 //! 1382.5 GB/s) per TensorCore; both are derived here from the one per-chip figure.
@@ -148,7 +148,7 @@ const V5E: Target = Target {
     ici: Ici { links_per_chip: 4, bandwidth_per_chip: Some(400.0 * GB) },
 };
 
-/// v5p. Cloud page: 2 TensorCores per chip, four MXUs each; 95 GiB HBM2e at 2765 GB/s (the
+/// v5p. Cloud page: 2 TensorCores per chip, four MXUs each; 95 GiB `HBM2e` at 2765 GB/s (the
 /// page wins over `tpu_info`'s 2.46e12); 459 TFLOP/s bf16; ICI 1200 GB/s bidirectional per
 /// chip, 3D torus (six links). VMEM 64 MiB, SMEM 1 MiB, MXU 128 wide (`tpu_info`).
 /// Megacore: one device per chip. Clock 1.75 GHz: 229.5e12 per TensorCore / (4 · 128² · 2).
@@ -192,7 +192,7 @@ const V6E: Target = Target {
     ici: Ici { links_per_chip: 4, bandwidth_per_chip: Some(800.0 * GB) },
 };
 
-/// TPU7x (Ironwood). Cloud page: 2 TensorCores (and 4 SparseCores) per chip, each
+/// `TPU7x` (Ironwood). Cloud page: 2 TensorCores (and 4 `SparseCores`) per chip, each
 /// TensorCore its own device; 192 GiB HBM (96 GiB per device; `tpu_info`: 206e9 / 2);
 /// 2307 TFLOP/s bf16. HBM bandwidth 7.40e12 B/s per chip from `tpu_info` (the page's cell
 /// could not be read; press coverage of the launch quotes 7.2 to 7.4 TB/s). VMEM 64 MiB,

@@ -11,7 +11,8 @@
 //! (`stale_cache_rows_do_not_leak`): scores there are masked and V rows zeroed.
 use palladium_dsl::spec::Chip;
 use palladium_fusion::{emit::emit, plan::{KvTiles, Plan, PlanOptions, Prefetch}};
-use palladium_interpret::{CallSpec, DType, HostArray, Module};
+use palladium_array::{DType, HostArray};
+use palladium_interpret::{CallSpec, Module};
 use palladium_lowering::{LowerOptions, lower};
 use palladium_model::ModelSpec;
 

@@ -18,14 +18,14 @@ pub mod matmul {
 
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        vec![HostArray::bf16_from_f32(&[p.m, p.k], rng.bf16s(p.m * p.k)), HostArray::bf16_from_f32(&[p.k, p.n], rng.bf16s(p.k * p.n))]
+        vec![HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k)), HostArray::bf16_from_f32(&[p.k, p.n], &rng.bf16s(p.k * p.n))]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let shape = [p.m, p.n];
         match p.out_dtype {
-            DType::F32 => vec![HostArray::from_f32(&shape, r::matmul_f32(&x[0].to_f32(), &x[1].to_f32(), p.m, p.k, p.n))],
-            _ => vec![HostArray::bf16_from_f32(&shape, r::matmul(&x[0].to_f32(), &x[1].to_f32(), p.m, p.k, p.n))],
+            DType::F32 => vec![HostArray::from_f32(&shape, &r::matmul_f32(&x[0].to_f32(), &x[1].to_f32(), p.m, p.k, p.n))],
+            _ => vec![HostArray::bf16_from_f32(&shape, &r::matmul(&x[0].to_f32(), &x[1].to_f32(), p.m, p.k, p.n))],
         }
     }
 }
@@ -36,11 +36,11 @@ pub mod rmsnorm {
 
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        vec![HostArray::bf16_from_f32(&[p.rows, p.hidden], rng.bf16s(p.rows * p.hidden)), HostArray::bf16_from_f32(&[1, p.hidden], rng.bf16s(p.hidden))]
+        vec![HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(p.rows * p.hidden)), HostArray::bf16_from_f32(&[1, p.hidden], &rng.bf16s(p.hidden))]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        vec![HostArray::bf16_from_f32(&[p.rows, p.hidden], r::rmsnorm(&x[0].to_f32(), &x[1].to_f32(), p.rows, p.hidden, p.eps as f32))]
+        vec![HostArray::bf16_from_f32(&[p.rows, p.hidden], &r::rmsnorm(&x[0].to_f32(), &x[1].to_f32(), p.rows, p.hidden, p.eps as f32))]
     }
 }
 
@@ -54,11 +54,11 @@ pub mod gather_rows {
         let mut rng = Rng::new(seed);
         let perm = rng.permutation(p.table_rows);
         let ids: Vec<i32> = (0..p.n).map(|i| perm[i % p.table_rows.max(1)]).collect();
-        vec![HostArray::from_i32(&[p.n], ids), HostArray::bf16_from_f32(&[p.table_rows, p.r, p.d], rng.bf16s(p.table_rows * p.r * p.d))]
+        vec![HostArray::from_i32(&[p.n], &ids), HostArray::bf16_from_f32(&[p.table_rows, p.r, p.d], &rng.bf16s(p.table_rows * p.r * p.d))]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        vec![HostArray::bf16_from_f32(&[p.n, p.r, p.d], r::gather_rows(&x[0].to_i32(), &x[1].to_f32(), p.r, p.d, p.scale as f32))]
+        vec![HostArray::bf16_from_f32(&[p.n, p.r, p.d], &r::gather_rows(&x[0].to_i32(), &x[1].to_f32(), p.r, p.d, p.scale as f32))]
     }
 }
 
@@ -82,17 +82,17 @@ pub mod decode_attention {
         let kv = [p.batch, p.kv_heads, p.max_context, p.head_dim];
         let (nq, nkv) = (q.iter().product(), kv.iter().product());
         vec![
-            HostArray::from_i32(&[p.batch], lens),
-            HostArray::bf16_from_f32(&q, rng.bf16s(nq)),
-            HostArray::bf16_from_f32(&kv, rng.bf16s(nkv)),
-            HostArray::bf16_from_f32(&kv, rng.bf16s(nkv)),
+            HostArray::from_i32(&[p.batch], &lens),
+            HostArray::bf16_from_f32(&q, &rng.bf16s(nq)),
+            HostArray::bf16_from_f32(&kv, &rng.bf16s(nkv)),
+            HostArray::bf16_from_f32(&kv, &rng.bf16s(nkv)),
         ]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let s = r::AttentionShape { batch: p.batch, kv_heads: p.kv_heads, group: p.group, head_dim: p.head_dim, max_context: p.max_context };
         let o = r::decode_attention(&x[0].to_i32(), &x[1].to_f32(), &x[2].to_f32(), &x[3].to_f32(), s);
-        vec![HostArray::bf16_from_f32(&[p.batch, p.kv_heads, p.group, p.head_dim], o)]
+        vec![HostArray::bf16_from_f32(&[p.batch, p.kv_heads, p.group, p.head_dim], &o)]
     }
 }
 
@@ -113,18 +113,18 @@ pub mod kv_cache_update {
         let cache = [p.batch, p.kv_heads, p.max_context, p.head_dim];
         let (nn, nc) = (new.iter().product(), cache.iter().product());
         vec![
-            HostArray::from_i32(&[p.batch], positions),
-            HostArray::bf16_from_f32(&new, rng.bf16s(nn)),
-            HostArray::bf16_from_f32(&new, rng.bf16s(nn)),
-            HostArray::bf16_from_f32(&cache, rng.bf16s(nc)),
-            HostArray::bf16_from_f32(&cache, rng.bf16s(nc)),
+            HostArray::from_i32(&[p.batch], &positions),
+            HostArray::bf16_from_f32(&new, &rng.bf16s(nn)),
+            HostArray::bf16_from_f32(&new, &rng.bf16s(nn)),
+            HostArray::bf16_from_f32(&cache, &rng.bf16s(nc)),
+            HostArray::bf16_from_f32(&cache, &rng.bf16s(nc)),
         ]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let cache = [p.batch, p.kv_heads, p.max_context, p.head_dim];
         let update = |new: &HostArray, old: &HostArray| r::kv_cache_update(&x[0].to_i32(), &new.to_f32(), &old.to_f32(), p.kv_heads, p.max_context, p.head_dim);
-        vec![HostArray::bf16_from_f32(&cache, update(&x[1], &x[3])), HostArray::bf16_from_f32(&cache, update(&x[2], &x[4]))]
+        vec![HostArray::bf16_from_f32(&cache, &update(&x[1], &x[3])), HostArray::bf16_from_f32(&cache, &update(&x[2], &x[4]))]
     }
 }
 
@@ -153,12 +153,12 @@ pub mod moe_router {
         let mut rng = Rng::new(seed);
         let x = rng.bf16s(p.tokens * p.hidden);
         let w = scaled_bf16s(&mut rng, p.hidden * p.experts, fan_in_scale(p.hidden));
-        vec![HostArray::bf16_from_f32(&[p.tokens, p.hidden], x), HostArray::bf16_from_f32(&[p.hidden, p.experts], w)]
+        vec![HostArray::bf16_from_f32(&[p.tokens, p.hidden], &x), HostArray::bf16_from_f32(&[p.hidden, p.experts], &w)]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let (ids, weights) = moe::moe_router(&x[0].to_f32(), &x[1].to_f32(), p.tokens, p.hidden, p.experts, p.top_k, p.sigmoid, p.renormalize);
-        vec![HostArray::from_i32(&[p.tokens, p.top_k], ids), HostArray::from_f32(&[p.tokens, p.top_k], weights)]
+        vec![HostArray::from_i32(&[p.tokens, p.top_k], &ids), HostArray::from_f32(&[p.tokens, p.top_k], &weights)]
     }
 }
 
@@ -183,18 +183,18 @@ pub mod expert_ffn {
         }
         let (e, h, f) = (p.experts, p.hidden, p.ffn);
         vec![
-            HostArray::from_i32(&[p.tokens * p.top_k], ids),
-            HostArray::from_f32(&[p.tokens, p.top_k], weights),
-            HostArray::bf16_from_f32(&[p.tokens, h], rng.bf16s(p.tokens * h)),
-            HostArray::bf16_from_f32(&[e, h, f], scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h))),
-            HostArray::bf16_from_f32(&[e, h, f], scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h))),
-            HostArray::bf16_from_f32(&[e, f, h], scaled_bf16s(&mut rng, e * f * h, fan_in_scale(f))),
+            HostArray::from_i32(&[p.tokens * p.top_k], &ids),
+            HostArray::from_f32(&[p.tokens, p.top_k], &weights),
+            HostArray::bf16_from_f32(&[p.tokens, h], &rng.bf16s(p.tokens * h)),
+            HostArray::bf16_from_f32(&[e, h, f], &scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h))),
+            HostArray::bf16_from_f32(&[e, h, f], &scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h))),
+            HostArray::bf16_from_f32(&[e, f, h], &scaled_bf16s(&mut rng, e * f * h, fan_in_scale(f))),
         ]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let o = moe::expert_ffn(&x[2].to_f32(), &x[0].to_i32(), &x[1].to_f32(), &x[3].to_f32(), &x[4].to_f32(), &x[5].to_f32(), p.tokens, p.hidden, p.top_k, p.ffn);
-        vec![HostArray::bf16_from_f32(&[p.tokens, p.hidden], o)]
+        vec![HostArray::bf16_from_f32(&[p.tokens, p.hidden], &o)]
     }
 }
 
@@ -220,18 +220,18 @@ pub mod grouped_matmul {
         let (offsets, gids, tids, num) = moe::group_metadata(&sizes, p.m, p.block_m);
         let visits = gids.len();
         vec![
-            HostArray::from_i32(&[p.groups + 1], offsets),
-            HostArray::from_i32(&[visits], gids),
-            HostArray::from_i32(&[visits], tids),
-            HostArray::from_i32(&[1], vec![num]),
-            HostArray::bf16_from_f32(&[p.m, p.k], rng.bf16s(p.m * p.k)),
+            HostArray::from_i32(&[p.groups + 1], &offsets),
+            HostArray::from_i32(&[visits], &gids),
+            HostArray::from_i32(&[visits], &tids),
+            HostArray::from_i32(&[1], &[num]),
+            HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k)),
             // `f32s` rounded by `HostArray::bf16` is `bf16s`, rounded once (1.6 GB at defaults).
-            HostArray::bf16_from_f32(&[p.groups, p.k, p.n], rng.f32s(p.groups * p.k * p.n)),
+            HostArray::bf16_from_f32(&[p.groups, p.k, p.n], &rng.f32s(p.groups * p.k * p.n)),
         ]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        vec![HostArray::bf16_from_f32(&[p.m, p.n], moe::grouped_matmul(&x[4].to_f32(), &x[5].to_f32(), &x[0].to_i32(), p.m, p.k, p.n))]
+        vec![HostArray::bf16_from_f32(&[p.m, p.n], &moe::grouped_matmul(&x[4].to_f32(), &x[5].to_f32(), &x[0].to_i32(), p.m, p.k, p.n))]
     }
 }
 
@@ -241,11 +241,11 @@ pub mod gemv {
 
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        vec![HostArray::bf16_from_f32(&[p.batch, p.k], rng.bf16s(p.batch * p.k)), HostArray::bf16_from_f32(&[p.k, p.n], rng.bf16s(p.k * p.n))]
+        vec![HostArray::bf16_from_f32(&[p.batch, p.k], &rng.bf16s(p.batch * p.k)), HostArray::bf16_from_f32(&[p.k, p.n], &rng.bf16s(p.k * p.n))]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        vec![HostArray::from_f32(&[p.batch, p.n], r::gemv(&x[0].to_f32(), &x[1].to_f32(), p.batch, p.k, p.n))]
+        vec![HostArray::from_f32(&[p.batch, p.n], &r::gemv(&x[0].to_f32(), &x[1].to_f32(), p.batch, p.k, p.n))]
     }
 }
 
@@ -259,11 +259,11 @@ macro_rules! residual_cases {
             pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
                 let mut rng = Rng::new(seed);
                 let n = p.rows * p.hidden;
-                vec![HostArray::bf16_from_f32(&[p.rows, p.hidden], rng.bf16s(n)), HostArray::bf16_from_f32(&[p.rows, p.hidden], rng.bf16s(n))]
+                vec![HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(n)), HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(n))]
             }
 
             pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-                vec![HostArray::bf16_from_f32(&[p.rows, p.hidden], r::residual_add(&x[0].to_f32(), &x[1].to_f32()))]
+                vec![HostArray::bf16_from_f32(&[p.rows, p.hidden], &r::residual_add(&x[0].to_f32(), &x[1].to_f32()))]
             }
         }
     };
@@ -278,15 +278,15 @@ pub mod rmsnorm_matmul {
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
         vec![
-            HostArray::bf16_from_f32(&[p.rows, p.hidden], rng.bf16s(p.rows * p.hidden)),
-            HostArray::bf16_from_f32(&[1, p.hidden], rng.bf16s(p.hidden)),
-            HostArray::bf16_from_f32(&[p.hidden, p.n], scaled_bf16s(&mut rng, p.hidden * p.n, fan_in_scale(p.hidden))),
+            HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(p.rows * p.hidden)),
+            HostArray::bf16_from_f32(&[1, p.hidden], &rng.bf16s(p.hidden)),
+            HostArray::bf16_from_f32(&[p.hidden, p.n], &scaled_bf16s(&mut rng, p.hidden * p.n, fan_in_scale(p.hidden))),
         ]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let o = r::rmsnorm_matmul(&x[0].to_f32(), &x[1].to_f32(), &x[2].to_f32(), p.rows, p.hidden, p.n, p.eps as f32);
-        vec![HostArray::bf16_from_f32(&[p.rows, p.n], o)]
+        vec![HostArray::bf16_from_f32(&[p.rows, p.n], &o)]
     }
 }
 
@@ -311,11 +311,11 @@ pub mod rope {
                 sin.push(angle.sin() as f32);
             }
         }
-        vec![HostArray::bf16_from_f32(&[p.tokens, p.heads * d], x), HostArray::from_f32(&[p.tokens, d], cos), HostArray::from_f32(&[p.tokens, d], sin)]
+        vec![HostArray::bf16_from_f32(&[p.tokens, p.heads * d], &x), HostArray::from_f32(&[p.tokens, d], &cos), HostArray::from_f32(&[p.tokens, d], &sin)]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let o = r::rope(&x[0].to_f32(), &x[1].to_f32(), &x[2].to_f32(), p.tokens, p.heads, p.head_dim, p.interleaved);
-        vec![HostArray::bf16_from_f32(&[p.tokens, p.heads * p.head_dim], o)]
+        vec![HostArray::bf16_from_f32(&[p.tokens, p.heads * p.head_dim], &o)]
     }
 }
