@@ -14,7 +14,7 @@
 //! seed 0, a 5-token prompt, 8 steps: 12 megakernel runs); tokens per second = runs / time
 //! spent in the interpreter (the prepare is timed apart), the best of N.
 
-use palladium::check::{prepare, to_host_array};
+use palladium::check::{Backend, prepare};
 use palladium::run::{RunOptions, WeightSource, run};
 use palladium_dsl::spec::Chip;
 use std::path::{Path, PathBuf};
@@ -44,7 +44,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn ours(c: &Case, runs: usize) -> Timing {
     let settings: Vec<(String, String)> = [("m", c.m), ("k", c.k), ("n", c.n), ("bm", c.bm), ("bk", c.bk), ("bn", c.bn)].iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
     let entry = palladium_kernels::entry("matmul").unwrap_or_else(|e| panic!("{e}"));
-    let inputs: Vec<_> = (entry.inputs)(&settings, 0).unwrap().iter().map(|d| to_host_array(d).unwrap()).collect();
+    let inputs = (entry.inputs)(&settings, 0).unwrap_or_else(|e| panic!("{e}"));
     let t = Instant::now();
     let (_, _, program, _) = prepare("matmul", &settings, Chip::V6e).unwrap_or_else(|e| panic!("{e}"));
     std::hint::black_box(program.run(&inputs).unwrap_or_else(|e| panic!("{e}")));
@@ -97,11 +97,12 @@ fn megakernel(config: &str, tries: usize) -> Result<(usize, f64), String> {
         steps: 8,
         chip: Chip::V6e,
         context: None,
+        check: false,
     };
     let mut best = 0f64;
     let mut runs = 0;
     for _ in 0..tries {
-        let out = run(&o)?;
+        let out = run(&o, Backend::Interpret, |_, _| {})?;
         runs = out.runs;
         best = best.max(out.runs as f64 / out.interpret.as_secs_f64());
     }

@@ -2,16 +2,9 @@
 //! body in [`palladium_interpret`] on seeded random inputs, and compare every output with
 //! the kernel's plain-Rust reference (`palladium_kernels::reference`).
 //!
-//! Errors are measured per output:
-//! - max abs error: `max_i |got_i - want_i|`;
-//! - max relative error: `max_i |got_i - want_i| / max_j |want_j|`, the error relative to
-//!   the output's scale. (Element-wise relative errors are meaningless near zero, where
-//!   values come from cancellation: decode attention's bf16 softmax weights, for one, give
-//!   absolute errors proportional to the typical output, not to each element. With an
-//!   element-wise metric floored at the output's RMS, its worst case over 36 seeded runs was
-//!   1.3e-2; with this one, 7.6e-3.)
-//!
-//! A NaN or infinity in the output where the reference is finite is an infinite error.
+//! Errors are measured per output, relative to the output's scale, under a tolerance per
+//! dtype: [`palladium_array::tolerance::output_errors`] and
+//! [`palladium_array::tolerance::output_tolerance`].
 //!
 //! Before any array is allocated, the host memory the check needs ([`HostMemory`]) is
 //! computed from the kernel's call spec and refused above [`CheckOptions::max_host_memory`]
@@ -19,30 +12,20 @@
 
 use palladium_dsl::ir::{Kernel, check_hbm, padded_vmem_bytes};
 use palladium_dsl::spec::{Chip, OperandRole, ScratchSpec};
-use palladium_interpret::{CallSpec, DType, HostArray, InterpError, Module, ParseError, Program};
-use palladium_kernels::{HostData, KernelEntry, KernelError, Values};
+use palladium_array::HostArray;
+use palladium_array::tolerance::{output_errors, output_tolerance};
+use palladium_interpret::{CallSpec, InterpError, Module, ParseError, Program};
+use palladium_kernels::{KernelEntry, KernelError};
 use palladium_lowering::{LowerOptions, lower};
 use std::fmt;
 use std::time::{Duration, Instant};
-
-/// The default relative tolerance for an output dtype: bf16 1e-2 (its epsilon is 2^-8),
-/// f16 1e-3, f32 1e-5, integers exact.
-pub fn default_tolerance(dtype: palladium_dsl::DType) -> f32 {
-    use palladium_dsl::DType as D;
-    match dtype {
-        D::Bf16 | D::F8E4M3 | D::F8E5M2 => 1e-2,
-        D::F16 => 1e-3,
-        D::F32 => 1e-5,
-        D::I32 | D::I16 | D::I8 | D::I4 | D::Bool => 0.0,
-    }
-}
 
 /// What to check a kernel with.
 #[derive(Clone, Debug)]
 pub struct CheckOptions {
     pub chip: Chip,
     pub seed: u64,
-    /// Overrides [`default_tolerance`] for every output; finite and non-negative.
+    /// Overrides [`output_tolerance`] for every output; finite and non-negative.
     pub tolerance: Option<f32>,
     /// Refuse kernels whose [`HostMemory`] total is larger (bytes; the CLI reads
     /// [`crate::host_memory::limit`]).
@@ -59,9 +42,9 @@ impl Default for CheckOptions {
 /// spec before anything is allocated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostMemory {
-    /// Per input element: the generated values (f32 or i32), the interpreter's host array
-    /// (the dtype's bytes), its copy in interpreter memory (4 bytes) and room for the
-    /// reference's working copy (4 bytes).
+    /// Per input element: the generated values (f32 or i32, before they become the host
+    /// array), the host array (the dtype's bytes), its copy in interpreter memory (4 bytes)
+    /// and the reference's f32 or i32 copy (4 bytes).
     pub inputs: u64,
     /// Per output element: the interpreter's memory and result (4 bytes + the dtype's), the
     /// reference output (4) and the two f32 arrays compared (8).
@@ -192,32 +175,6 @@ impl fmt::Display for Report {
     }
 }
 
-/// A [`HostData`] as an interpreter array (bf16 values are already bf16, so exact).
-pub fn to_host_array(d: &HostData) -> Result<HostArray, String> {
-    let dtype = DType::parse(&d.dtype.to_string()).ok_or_else(|| format!("the interpreter has no host arrays of {}", d.dtype))?;
-    match &d.values {
-        Values::F32(v) => HostArray::from_f32_values(dtype, &d.shape, v),
-        Values::I32(v) => HostArray::from_i32_values(dtype, &d.shape, v),
-    }
-    .map_err(|e| e.to_string())
-}
-
-/// `(max abs error, max relative error, worst element)` of `got` against `want`; see the
-/// module docs for the definitions.
-pub fn errors(got: &[f32], want: &[f32]) -> (f32, f32, Option<(usize, f32, f32)>) {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f32, |m, w| m.max(w.abs())).max(f32::MIN_POSITIVE);
-    let (mut max_abs, mut worst) = (0f32, None);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let abs = if g == w { 0.0 } else if g.is_finite() { (g - w).abs() } else { f32::INFINITY };
-        if abs > max_abs || worst.is_none() {
-            max_abs = max_abs.max(abs);
-            worst = Some((i, g, w));
-        }
-    }
-    (max_abs, max_abs / scale, worst)
-}
-
 /// Build, lower and prepare a library kernel: `(entry, kernel, program, call spec)`. The
 /// call spec (the lowered call JSON: full output shapes and input/output aliases) is what
 /// [`Program::run_with`] needs to start an aliased output as a copy of its input.
@@ -266,9 +223,8 @@ pub fn check_on(name: &str, settings: &[(String, String)], options: &CheckOption
     };
     let prepare_time = t.elapsed();
     let inputs = (entry.inputs)(settings, options.seed)?;
-    let host: Vec<HostArray> = inputs.iter().map(to_host_array).collect::<Result<_, _>>().map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
     let t = Instant::now();
-    let got = run(&host)?;
+    let got = run(&inputs)?;
     let run_time = t.elapsed();
     let t = Instant::now();
     let want = (entry.reference)(settings, &inputs)?;
@@ -280,11 +236,11 @@ pub fn check_on(name: &str, settings: &[(String, String)], options: &CheckOption
     }
     let mut outputs = Vec::new();
     for ((g, w), spec) in got.iter().zip(&want).zip(&specs) {
-        if g.shape != w.shape || g.dtype.to_string() != w.dtype.to_string() {
+        if g.shape != w.shape || g.dtype != w.dtype {
             return Err(mismatch(format!("output {}: the run returned {}{:?}, the reference {}", spec.name, g.dtype, g.shape, w.type_string())));
         }
-        let (max_abs, max_rel, worst) = errors(&g.to_f32(), &w.to_f32());
-        outputs.push(OutputCheck { name: spec.name.clone(), ty: w.type_string(), max_abs, max_rel, worst, tolerance: options.tolerance.unwrap_or_else(|| default_tolerance(w.dtype)) });
+        let (max_abs, max_rel, worst) = output_errors(&g.to_f32(), &w.to_f32());
+        outputs.push(OutputCheck { name: spec.name.clone(), ty: w.type_string(), max_abs, max_rel, worst, tolerance: options.tolerance.unwrap_or_else(|| output_tolerance(w.dtype)) });
     }
     let mut params: Vec<(String, String)> = (entry.defaults)().into_iter().map(|(n, v)| (n.to_string(), v)).collect();
     for (n, v) in settings {
@@ -302,7 +258,7 @@ type BodyRun<'a> = Box<dyn Fn(&[HostArray]) -> Result<Vec<HostArray>, CheckError
 /// The kernel lowered, wrapped in its `tpu_custom_call` program and compiled by libtpu's
 /// client on the attached TPU.
 fn on_tpu(name: &str, kernel: &palladium_dsl::Kernel, chip: Chip) -> Result<BodyRun<'static>, CheckError> {
-    use palladium_runtime::exec::{Device, HostArray as DeviceArray};
+    use palladium_runtime::exec::Device;
     let device_error = |message: String| CheckError::Device { kernel: name.to_string(), message };
     let lowered = lower(kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower { kernel: name.to_string(), chip, message: e.to_string() })?;
     let spec = palladium_runtime::CallSpec::from_json(&lowered.call_json).map_err(device_error)?;
@@ -310,19 +266,5 @@ fn on_tpu(name: &str, kernel: &palladium_dsl::Kernel, chip: Chip) -> Result<Body
     let device = Device::tpu().map_err(device_error)?;
     let loaded = device.compile(&program, &spec.inputs, &spec.outputs).map_err(device_error)?;
     let name = name.to_string();
-    Ok(Box::new(move |host: &[HostArray]| {
-        let device_error = |message: String| CheckError::Device { kernel: name.clone(), message };
-        let inputs = host
-            .iter()
-            .zip(&spec.inputs)
-            .map(|(h, ty)| DeviceArray::new(ty.clone(), h.bytes.clone()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(device_error)?;
-        let run = loaded.run(&inputs).map_err(device_error)?;
-        Ok(run
-            .outputs
-            .into_iter()
-            .map(|o| HostArray { dtype: DType::parse(o.ty.dtype.name()).expect("every kernel dtype is an interpreter dtype"), shape: o.ty.dims.iter().map(|&d| d as usize).collect(), bytes: o.bytes })
-            .collect())
-    }))
+    Ok(Box::new(move |host: &[HostArray]| loaded.run(host).map(|run| run.outputs).map_err(|message| CheckError::Device { kernel: name.clone(), message })))
 }

@@ -29,7 +29,7 @@ pub fn compile(lowered: &Lowered, chip: Chip) -> Result<CompileReport, String> {
     let job = Job { program: stablehlo.clone(), chip, serialize: true };
     let compiled = compiler.compile_all_estimated(std::slice::from_ref(&job)).pop().expect("one result per job");
     let compiled = compiled.map_err(|e| format!("cannot compile `{}` for {chip}: {e}", spec.name))?;
-    let vmem_limit_bytes = spec.vmem_limit_bytes.unwrap_or_else(|| chip.default_scoped_vmem_bytes());
+    let vmem_limit_bytes = spec.vmem_limit_bytes.unwrap_or_else(|| chip.target().default_scoped_vmem_bytes);
     Ok(CompileReport { kernel: spec.name, chip, stablehlo, vmem_limit_bytes, compiled })
 }
 

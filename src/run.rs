@@ -189,21 +189,10 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
 /// executes (the KV caches donated to their outputs) and brings the outputs back.
 fn tpu_engine(device: &palladium_runtime::exec::Device, lowered: &palladium_lowering::Lowered) -> Result<palladium_decode::Engine, String> {
     use palladium_decode::DecodeError;
-    use palladium_runtime::exec::HostArray as DeviceArray;
     let spec = palladium_runtime::CallSpec::from_json(&lowered.call_json)?;
     let program = palladium_runtime::wrap(&lowered.body, &spec)?;
     let loaded = device.compile(&program, &spec.inputs, &spec.outputs)?;
-    Ok(Box::new(move |inputs, _call| {
-        let arrays = inputs.iter().zip(&spec.inputs).map(|(h, ty)| DeviceArray::new(ty.clone(), h.bytes.clone())).collect::<Result<Vec<_>, _>>().map_err(DecodeError::Device)?;
-        let run = loaded.run(&arrays).map_err(DecodeError::Device)?;
-        run.outputs
-            .into_iter()
-            .map(|o| {
-                let dtype = palladium_interpret::DType::parse(o.ty.dtype.name()).ok_or_else(|| DecodeError::Device(format!("no host arrays of {}", o.ty.dtype)))?;
-                Ok(palladium_interpret::HostArray { dtype, shape: o.ty.dims.iter().map(|&d| d as usize).collect(), bytes: o.bytes })
-            })
-            .collect()
-    }))
+    Ok(Box::new(move |inputs, _call| Ok(loaded.run(inputs).map_err(DecodeError::Device)?.outputs)))
 }
 
 /// The megakernel's generation compared with the references, teacher-forced on its ids

@@ -1,6 +1,7 @@
 //! The roofline cost model that ranks candidates from their [`Traffic`]: a *model*, not a
-//! measurement. All per-chip constants live in [`ChipModel::of`], each an assumption taken
-//! from published numbers (cited there) so they can be checked and replaced.
+//! measurement. Its per-chip figures come from the one target table
+//! ([`palladium_dsl::target`], sources cited there), taken per device: a library kernel's
+//! parallel grid dimensions use every TensorCore of its device.
 //!
 //! ```text
 //! modeled_cycles = max(hbm_bytes / hbm_bytes_per_cycle, mxu_flops / mxu_flops_per_cycle)
@@ -11,7 +12,8 @@
 //! block `s`, so a well-pipelined kernel costs roughly its larger side (HBM or MXU), and every
 //! grid step pays a fixed pipeline cost (DMA issue, semaphore waits, loop bookkeeping). It
 //! ignores the exposed prologue/epilogue DMAs, VPU/EUP work, MXU shape efficiency (a block
-//! narrower than the MXU wastes it), non-bf16 MXU rates and megacore/two-core splitting.
+//! narrower than the MXU wastes it), non-bf16 MXU rates and how evenly a grid splits across
+//! the two TensorCores of a megacore device.
 //!
 //! Ranking within one chip does not depend on the assumed clock: every term scales with it.
 
@@ -19,7 +21,7 @@ use crate::traffic::Traffic;
 use palladium_dsl::spec::Chip;
 use serde::Serialize;
 
-/// Per-TensorCore throughput constants of one chip, as used by the model.
+/// One device's throughput figures, as the model uses them.
 #[derive(Copy, Clone, Debug, PartialEq, Serialize)]
 pub struct ChipModel {
     pub chip: &'static str,
@@ -38,27 +40,16 @@ pub struct ChipModel {
 pub const PER_STEP_OVERHEAD_S: f64 = 0.35e-6;
 
 impl ChipModel {
-    /// The constants for `chip`. Sources (Google Cloud TPU system-architecture pages, per
-    /// chip; a chip whose tensor cores are separate JAX devices is split per core):
-    ///
-    /// | chip | bf16 peak | HBM BW | clock | notes |
-    /// |---|---|---|---|---|
-    /// | v4  | 275 TFLOP/s  | 1200 GB/s | 1.05 GHz | megacore: both TCs are one device; not split |
-    /// | v5e | 197 TFLOP/s  | 819 GB/s  | 1.5 GHz  | clock = 197e12 / (4 MXU × 128² × 2), derived |
-    /// | v5p | 459 TFLOP/s  | 2765 GB/s | 1.75 GHz | megacore; clock derived as for v5e (2 TCs) |
-    /// | v6e | 918 TFLOP/s  | 1640 GB/s | 1.75 GHz | clock = 918e12 / (4 MXU × 256² × 2), derived |
-    /// | v7x | 2307 TFLOP/s | 7380 GB/s | 2.0 GHz  | per chip; 2 TCs are 2 devices, so halved; clock assumed (unpublished) |
+    /// The figures for `chip`: one device's HBM bandwidth and bf16 peak, at the chip's clock.
     pub fn of(chip: Chip) -> ChipModel {
-        const G: f64 = 1e9;
-        const T: f64 = 1e12;
-        let (hbm, flops, clock) = match chip {
-            Chip::V4 => (1200.0 * G, 275.0 * T, 1.05 * G),
-            Chip::V5e => (819.0 * G, 197.0 * T, 1.5 * G),
-            Chip::V5p => (2765.0 * G, 459.0 * T, 1.75 * G),
-            Chip::V6e => (1640.0 * G, 918.0 * T, 1.75 * G),
-            Chip::V7x => (7380.0 * G / 2.0, 2307.0 * T / 2.0, 2.0 * G),
-        };
-        ChipModel { chip: chip.name(), hbm_bytes_per_s: hbm, mxu_bf16_flops_per_s: flops, clock_hz: clock, per_step_overhead_s: PER_STEP_OVERHEAD_S }
+        let t = chip.target();
+        ChipModel {
+            chip: chip.name(),
+            hbm_bytes_per_s: t.hbm_bandwidth_per_device(),
+            mxu_bf16_flops_per_s: t.bf16_flops_per_device(),
+            clock_hz: t.clock_hz,
+            per_step_overhead_s: PER_STEP_OVERHEAD_S,
+        }
     }
 
     pub fn hbm_bytes_per_cycle(&self) -> f64 {

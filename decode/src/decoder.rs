@@ -8,7 +8,8 @@
 use crate::pack::Packed;
 use palladium_fusion::layout::{OperandKind, StreamLayout};
 use palladium_fusion::megakernel::Megakernel;
-use palladium_interpret::{CallSpec, HostArray, InterpError, Module, ParseError};
+use palladium_array::HostArray;
+use palladium_interpret::{CallSpec, InterpError, Module, ParseError};
 use palladium_model::reference::{Generation, StepLogits, argmax};
 use std::time::{Duration, Instant};
 

@@ -22,9 +22,9 @@
 
 use palladium_fusion::layout::{OperandKind, SegmentKind};
 use palladium_fusion::plan::Plan;
-use palladium_interpret::HostArray;
+use palladium_array::{HostArray, round_bf16};
 use palladium_model::ModelSpec;
-use palladium_model::weights::{FfnNames, ModelNames, Tensor, Weights, WeightsError, round_bf16};
+use palladium_model::weights::{FfnNames, ModelNames, Tensor, Weights, WeightsError};
 
 /// Why weights could not be packed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -11,7 +11,8 @@
 //! (`stale_cache_rows_do_not_leak`): scores there are masked and V rows zeroed.
 use palladium_dsl::spec::Chip;
 use palladium_fusion::{megakernel::Megakernel, plan::{KvTiles, PlanOptions, Prefetch}};
-use palladium_interpret::{CallSpec, DType, HostArray, Module};
+use palladium_array::{DType, HostArray};
+use palladium_interpret::{CallSpec, Module};
 use palladium_model::ModelSpec;
 
 fn run(name: &str, batch: u64, context: u64, positions: &[i32]) {

@@ -6,6 +6,7 @@
 
 pub mod ir;
 pub mod spec;
+pub mod target;
 pub mod trace;
 
 pub use ir::{DType, Kernel};

@@ -146,7 +146,7 @@ impl CallSpec {
     }
 }
 
-/// TPU generations Palladium targets, with the per-TensorCore facts the compiler needs.
+/// TPU generations Palladium targets; their hardware figures are [`Chip::target`].
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Chip {
     V4,
@@ -166,45 +166,6 @@ impl Chip {
             Chip::V5p => "v5p",
             Chip::V6e => "v6e",
             Chip::V7x => "v7x",
-        }
-    }
-
-    /// VMEM per `TensorCore` (JAX's `tpu_info` table).
-    pub fn vmem_bytes(self) -> u64 {
-        const MIB: u64 = 1 << 20;
-        match self {
-            Chip::V4 => 16 * MIB,
-            Chip::V5e | Chip::V6e => 128 * MIB,
-            Chip::V5p | Chip::V7x => 64 * MIB,
-        }
-    }
-
-    /// HBM one kernel can address: the memory of one JAX device (Google Cloud TPU system
-    /// architecture pages: v4 32 GiB, v5e 16 GiB, v5p 95 GiB, v6e 32 GiB per chip; v7x has
-    /// 192 GiB per chip and exposes each of its two `TensorCores` as a device with 96 GiB).
-    /// Every operand of a call must be resident in it at once.
-    pub fn hbm_bytes(self) -> u64 {
-        const GIB: u64 = 1 << 30;
-        match self {
-            Chip::V4 | Chip::V6e => 32 * GIB,
-            Chip::V5e => 16 * GIB,
-            Chip::V5p => 95 * GIB,
-            Chip::V7x => 96 * GIB,
-        }
-    }
-
-    /// SMEM per `TensorCore`.
-    pub fn smem_bytes(self) -> u64 {
-        1 << 20
-    }
-
-    /// The scoped-VMEM limit libtpu applies when a kernel sets no `vmem_limit_bytes`
-    /// (reported as 16 MiB on v4/v5e and 32 MiB on v6e and later).
-    pub fn default_scoped_vmem_bytes(self) -> u64 {
-        const MIB: u64 = 1 << 20;
-        match self {
-            Chip::V4 | Chip::V5e | Chip::V5p => 16 * MIB,
-            Chip::V6e | Chip::V7x => 32 * MIB,
         }
     }
 }

@@ -39,20 +39,10 @@ use serde::Serialize;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-/// HBM left to the megakernel's operands: 1 GiB stays with the runtime and XLA.
+/// HBM left to the megakernel's operands: the device's, less 1 GiB that stays with the
+/// runtime and XLA.
 pub fn hbm_usable_bytes(chip: Chip) -> u64 {
-    chip.hbm_bytes() - GIB
-}
-
-/// HBM bandwidth per core, bytes/s (JAX `tpu_info`; v7x: 7.4e12 per chip, two cores).
-pub fn hbm_bandwidth(chip: Chip) -> f64 {
-    match chip {
-        Chip::V4 => 1.2e12 / 2.0,
-        Chip::V5e => 8.2e11,
-        Chip::V5p => 2.765e12 / 2.0,
-        Chip::V6e => 1.638e12,
-        Chip::V7x => 3.7e12,
-    }
+    chip.target().hbm_bytes_per_device() - GIB
 }
 
 /// What to plan for.
@@ -220,7 +210,8 @@ pub struct Traffic {
     pub total: u64,
     /// The model's own count for the same step (`ModelSpec::decode_traffic`, unpadded).
     pub model_total: f64,
-    /// Seconds at the chip's HBM bandwidth.
+    /// Seconds at one TensorCore's HBM bandwidth: the megakernel is grid-less, so it runs
+    /// on one TensorCore even where a device has two (v4, v5p megacore).
     pub floor_seconds: f64,
     /// DMAs issued per step.
     pub dmas: u64,
@@ -346,7 +337,7 @@ impl Plan {
             vmem: vmem.parts,
             vmem_total: vmem.total,
             vmem_limit: vmem.limit,
-            vmem_capacity: options.chip.vmem_bytes(),
+            vmem_capacity: options.chip.target().vmem_bytes,
             hbm_total,
             hbm_capacity,
             traffic,
@@ -520,7 +511,7 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
     // layers, whole 9 MiB experts 2.27M).
     let i = dims.intermediate;
     let expert_slots = options.prefetch.expert_slots();
-    let vmem_capacity = options.chip.vmem_bytes();
+    let vmem_capacity = options.chip.target().vmem_bytes;
     let mut expert_block = 128;
     for b in (128..=i).step_by(128) {
         if i.is_multiple_of(b) && expert_slots * 3 * h * b * 2 <= vmem_capacity / 4 {
@@ -578,7 +569,7 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
 /// banks; single: 2) and the expert ring.
 fn prefetch_schedule(options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLayout) -> Rings {
     let bank_bytes = 2 * dims.hidden * layout.chunk_cols;
-    let ring_target = if options.chip.vmem_bytes() >= 128 * MIB { 24 * MIB } else { 16 * MIB };
+    let ring_target = if options.chip.target().vmem_bytes >= 128 * MIB { 24 * MIB } else { 16 * MIB };
     let total_items = layers as u64 * layout.per_layer + layout.lm_chunks;
     let banks = match options.prefetch {
         Prefetch::Deep => (ring_target / bank_bytes).clamp(2, 12).min(total_items.max(2)),
@@ -617,7 +608,7 @@ fn vmem_budget(chip: Chip, dims: &Dims, layout: &StreamLayout, rings: &Rings, bl
     vmem.push(("vector temporaries (estimate)".into(), temporaries));
     vmem.push(("compiler spill headroom".into(), 4 * MIB));
     let vmem_total: u64 = vmem.iter().map(|v| v.1).sum();
-    let vmem_capacity = chip.vmem_bytes();
+    let vmem_capacity = chip.target().vmem_bytes;
     if vmem_total > vmem_capacity {
         let detail = vmem.iter().map(|(n, b)| format!("{n} {b}")).collect::<Vec<_>>().join(" + ");
         return Err(PlanError::Vmem { chip, need: vmem_total, need_mib: vmem_total as f64 / MIB as f64, have: vmem_capacity, have_mib: vmem_capacity / MIB, detail });
@@ -681,5 +672,5 @@ fn traffic(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &Dims, 
     let model_total = truncated.decode_traffic(batch, options.context, 2).total();
     let dmas_per_layer = total("the DMAs per step", &[per_layer, 1, product("the DMAs per step", &[batch, dims.top_k, layout.expert_chunks, 2])?, product("the DMAs per step", &[batch, kvh, 2, tiles + 1])?])?;
     let dmas = total("the DMAs per step", &[product("the DMAs per step", &[l, dmas_per_layer])?, lm_chunks, batch])?;
-    Ok(Traffic { dense, lm_head, experts, kv_read, kv_write, embedding, head_norms, total: step_total, model_total, floor_seconds: step_total as f64 / hbm_bandwidth(options.chip), dmas })
+    Ok(Traffic { dense, lm_head, experts, kv_read, kv_write, embedding, head_norms, total: step_total, model_total, floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(), dmas })
 }

@@ -7,7 +7,8 @@
 
 #![allow(clippy::result_large_err)]
 
-use palladium_interpret::{CallSpec, DType, HostArray, Module};
+use palladium_array::DType;
+use palladium_interpret::{CallSpec, HostArray, Module};
 use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -7,7 +7,8 @@
 
 use crate::error::{ErrorKind, InterpError, Result, bail};
 use crate::exec::Machine;
-use crate::host::{CallSpec, HostArray};
+use crate::host::{CallSpec, from_data, interpreter_dtype, to_data};
+use palladium_array::HostArray;
 use crate::memory::{Memory, Space, View, join};
 use crate::prepare::{Program, memref_info};
 use crate::value::{DType, Data, Val};
@@ -127,7 +128,7 @@ impl Program {
                 let o = j - n_in;
                 let shape: Vec<usize> = match (spec, transform) {
                     (Some(s), _) => {
-                        if s.outputs[o].0 != dt {
+                        if interpreter_dtype(s.outputs[o].0) != Some(dt) {
                             bail!(BadInput, "{label}: call spec says {}, the kernel writes {dt}", s.outputs[o].0);
                         }
                         s.outputs[o].1.clone()
@@ -149,10 +150,10 @@ impl Program {
                     && let Some(&(a, _)) = s.aliases.iter().find(|(_, oo)| *oo == o)
                 {
                     let Some(src) = inputs.get(a) else { bail!(BadInput, "alias of operand {a}, which does not exist") };
-                    if src.shape != shape || src.dtype != dt {
+                    if src.shape != shape || interpreter_dtype(src.dtype) != Some(dt) {
                         bail!(BadInput, "{label} aliases operand {a} of a different type");
                     }
-                    m.mem.bufs[id].data = Arc::new(src.to_data());
+                    m.mem.bufs[id].data = Arc::new(to_data(src));
                 }
                 id
             };
@@ -196,7 +197,7 @@ impl Program {
             .filter(|o| o.is_output)
             .map(|o| {
                 let b = &m.mem.bufs[o.hbm];
-                HostArray::from_data(b.dt, &b.shape, &b.data)
+                from_data(b.dt, &b.shape, &b.data)
             })
             .collect();
         m.mem.recycle();
@@ -337,11 +338,13 @@ fn write_back(mem: &mut Memory, operand: usize, o: &Operand, block: &[i64], reco
 }
 
 fn load_host(mem: &mut Memory, host: &HostArray, dt: DType, space: Space, name: String) -> Result<usize> {
-    host.validate(&name)?;
-    if host.dtype != dt {
+    if let Err(e) = host.validate() {
+        bail!(BadInput, "{name}: {e}");
+    }
+    if interpreter_dtype(host.dtype) != Some(dt) {
         bail!(BadInput, "{name}: got a {} array, the kernel expects {dt}", host.dtype);
     }
-    Ok(mem.adopt(dt, &host.shape, space, name, host.to_data()))
+    Ok(mem.adopt(dt, &host.shape, space, name, to_data(host)))
 }
 
 /// At least one element of the block must be inside the array (Pallas's rule for partial

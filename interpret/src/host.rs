@@ -1,183 +1,85 @@
-//! Host arrays: what goes into and comes out of [`crate::Program::run`].
+//! Host arrays ([`HostArray`], the project's one) in and out of the interpreter's values, and
+//! the call spec of a run.
 
 use crate::error::{Result, bail};
-use crate::value::{DType, Data, round_bf16};
-use half::{bf16, f16};
+use crate::value::{DType, Data};
+use half::f16;
+use palladium_array::{DType as Element, HostArray, f32_to_bf16};
 use rayon::prelude::*;
 
-/// A dense row-major array on the host: element type, shape and little-endian bytes.
-#[derive(Clone, PartialEq)]
-pub struct HostArray {
-    pub dtype: DType,
-    pub shape: Vec<usize>,
-    pub bytes: Vec<u8>,
+/// The interpreter's element type for a host array's (`None` for the ones it does not run:
+/// 8-bit floats, int4).
+pub(crate) fn interpreter_dtype(d: Element) -> Option<DType> {
+    Some(match d {
+        Element::Bf16 => DType::Bf16,
+        Element::F16 => DType::F16,
+        Element::F32 => DType::F32,
+        Element::I32 => DType::I32,
+        Element::I16 => DType::I16,
+        Element::I8 => DType::I8,
+        Element::Bool => DType::Bool,
+        Element::F8E4M3 | Element::F8E5M2 | Element::I4 => return None,
+    })
 }
 
-impl std::fmt::Debug for HostArray {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let v = self.to_f32();
-        let head: Vec<String> = v.iter().take(8).map(|x| format!("{x}")).collect();
-        write!(f, "HostArray({}{:?}: [{}{}])", self.dtype, self.shape, head.join(", "), if v.len() > 8 { ", …" } else { "" })
-    }
-}
-
-impl HostArray {
-    fn check(shape: &[usize], n: usize) {
-        assert_eq!(shape.iter().product::<usize>(), n, "HostArray: shape {shape:?} does not hold {n} elements");
-    }
-
-    pub fn from_f32(shape: &[usize], data: &[f32]) -> Self {
-        Self::check(shape, data.len());
-        HostArray { dtype: DType::F32, shape: shape.to_vec(), bytes: bytemuck::cast_slice(data).to_vec() }
-    }
-
-    pub fn from_i32(shape: &[usize], data: &[i32]) -> Self {
-        Self::check(shape, data.len());
-        HostArray { dtype: DType::I32, shape: shape.to_vec(), bytes: bytemuck::cast_slice(data).to_vec() }
-    }
-
-    pub fn from_bf16(shape: &[usize], data: &[bf16]) -> Self {
-        Self::check(shape, data.len());
-        HostArray { dtype: DType::Bf16, shape: shape.to_vec(), bytes: bytemuck::cast_slice(data).to_vec() }
-    }
-
-    pub fn from_f16(shape: &[usize], data: &[f16]) -> Self {
-        Self::check(shape, data.len());
-        HostArray { dtype: DType::F16, shape: shape.to_vec(), bytes: bytemuck::cast_slice(data).to_vec() }
-    }
-
-    pub fn from_i8(shape: &[usize], data: &[i8]) -> Self {
-        Self::check(shape, data.len());
-        HostArray { dtype: DType::I8, shape: shape.to_vec(), bytes: bytemuck::cast_slice(data).to_vec() }
-    }
-
-    /// Any host buffer viewed as bytes (`bytemuck`): `data` must hold exactly
-    /// `shape.product()` elements of `dtype` (e.g. `&[bf16]`, `&[u16]` or `&[u8]` for bf16).
-    pub fn from_pod<T: bytemuck::Pod>(dtype: DType, shape: &[usize], data: &[T]) -> Result<Self> {
-        let a = HostArray { dtype, shape: shape.to_vec(), bytes: bytemuck::cast_slice(data).to_vec() };
-        a.validate("host buffer")?;
-        Ok(a)
-    }
-
-    /// Float values converted to `dtype` (bf16/f16 rounded to nearest even, f32 as is).
-    pub fn from_f32_values(dtype: DType, shape: &[usize], data: &[f32]) -> Result<Self> {
-        Self::check(shape, data.len());
-        Self::from_data(dtype, shape, &Data::F(data.to_vec()))
-    }
-
-    /// Integer values converted to `dtype` (i32, i16, i8 or bool).
-    pub fn from_i32_values(dtype: DType, shape: &[usize], data: &[i32]) -> Result<Self> {
-        Self::check(shape, data.len());
-        Self::from_data(dtype, shape, &Data::I(data.to_vec()))
-    }
-
-    /// The bytes reinterpreted as `T` (`bytemuck`); `T` must have the element size.
-    pub fn to_pod<T: bytemuck::Pod>(&self) -> Vec<T> {
-        assert_eq!(std::mem::size_of::<T>(), self.dtype.size(), "HostArray::to_pod: element size of {}", self.dtype);
-        bytemuck::pod_collect_to_vec(&self.bytes)
-    }
-
-    /// f32 values rounded to bf16 (round to nearest even).
-    pub fn bf16_from_f32(shape: &[usize], data: &[f32]) -> Self {
-        let v: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
-        Self::from_bf16(shape, &v)
-    }
-
-    pub fn len(&self) -> usize {
-        self.shape.iter().product()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The elements as f32 (floats widened, integers converted).
-    pub fn to_f32(&self) -> Vec<f32> {
-        match self.to_data() {
-            Data::F(v) => v,
-            Data::I(v) => v.into_iter().map(|x| x as f32).collect(),
-        }
-    }
-
-    /// The elements as i32 (integer types only; floats are truncated).
-    pub fn to_i32(&self) -> Vec<i32> {
-        match self.to_data() {
-            Data::I(v) => v,
-            Data::F(v) => v.into_iter().map(|x| x as i32).collect(),
-        }
-    }
-
-    pub fn to_bf16(&self) -> Vec<bf16> {
-        match self.dtype {
-            DType::Bf16 => bytemuck::pod_collect_to_vec(&self.bytes),
-            _ => self.to_f32().into_iter().map(bf16::from_f32).collect(),
-        }
-    }
-
-    pub(crate) fn to_data(&self) -> Data {
-        let b = &self.bytes;
-        let floats = |size: usize, f: fn(&[u8]) -> f32| {
-            let mut v = crate::recycle::f32s(b.len() / size);
-            v.extend(b.chunks_exact(size).map(f));
+/// A host array's values as the interpreter holds them.
+pub(crate) fn to_data(a: &HostArray) -> Data {
+    let b = &a.bytes;
+    let floats = |size: usize, f: fn(&[u8]) -> f32| {
+        let mut v = crate::recycle::f32s(b.len() / size);
+        v.extend(b.chunks_exact(size).map(f));
+        Data::F(v)
+    };
+    let ints = |size: usize, f: fn(&[u8]) -> i32| {
+        let mut v = crate::recycle::i32s(b.len() / size);
+        v.extend(b.chunks_exact(size).map(f));
+        Data::I(v)
+    };
+    match a.dtype {
+        Element::F32 => floats(4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        // The hot case (every bf16 operand, every run): widen in parallel chunks, a
+        // vectorized shift each.
+        Element::Bf16 => {
+            let mut v = crate::recycle::f32s(b.len() / 2);
+            v.resize(b.len() / 2, 0.0);
+            v.par_chunks_mut(1 << 16).zip(b.par_chunks(2 << 16)).for_each(|(out, bytes)| {
+                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
+                }
+            });
             Data::F(v)
-        };
-        let ints = |size: usize, f: fn(&[u8]) -> i32| {
-            let mut v = crate::recycle::i32s(b.len() / size);
-            v.extend(b.chunks_exact(size).map(f));
-            Data::I(v)
-        };
-        match self.dtype {
-            DType::F32 => floats(4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            // The hot case (every bf16 operand, every run): widen in parallel chunks, a
-            // vectorized shift each.
-            DType::Bf16 => {
-                let mut v = crate::recycle::f32s(b.len() / 2);
-                v.resize(b.len() / 2, 0.0);
-                v.par_chunks_mut(1 << 16).zip(b.par_chunks(2 << 16)).for_each(|(out, bytes)| {
-                    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                        *o = f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
-                    }
-                });
-                Data::F(v)
-            }
-            DType::F16 => floats(2, |c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
-            DType::I32 => ints(4, |c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            DType::I16 => ints(2, |c| i32::from(i16::from_le_bytes([c[0], c[1]]))),
-            DType::I8 => ints(1, |c| i32::from(c[0] as i8)),
-            DType::Bool => ints(1, |c| i32::from(c[0] != 0)),
-            _ => Data::I(Vec::new()),
         }
+        Element::F16 => floats(2, |c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
+        Element::I32 => ints(4, |c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        Element::I16 => ints(2, |c| i32::from(i16::from_le_bytes([c[0], c[1]]))),
+        Element::I8 => ints(1, |c| i32::from(c[0] as i8)),
+        Element::Bool => ints(1, |c| i32::from(c[0] != 0)),
+        // Refused before: `interpreter_dtype` has no type for them.
+        Element::F8E4M3 | Element::F8E5M2 | Element::I4 => Data::I(Vec::new()),
     }
+}
 
-    pub(crate) fn from_data(dtype: DType, shape: &[usize], d: &Data) -> Result<Self> {
-        let bytes: Vec<u8> = match (dtype, d) {
-            (DType::F32, Data::F(v)) => bytemuck::cast_slice(v).to_vec(),
-            (DType::Bf16, Data::F(v)) => v.iter().flat_map(|&x| ((round_bf16(x).to_bits() >> 16) as u16).to_le_bytes()).collect(),
-            (DType::F16, Data::F(v)) => bytemuck::cast_slice(&v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>()).to_vec(),
-            (DType::I32, Data::I(v)) => bytemuck::cast_slice(v).to_vec(),
-            (DType::I16, Data::I(v)) => bytemuck::cast_slice(&v.iter().map(|&x| x as i16).collect::<Vec<_>>()).to_vec(),
-            (DType::I8, Data::I(v)) => v.iter().map(|&x| x as i8 as u8).collect(),
-            (DType::Bool, Data::I(v)) => v.iter().map(|&x| u8::from(x != 0)).collect(),
-            (d, _) => bail!(Unsupported, "cannot return an array of {d}"),
-        };
-        Ok(HostArray { dtype, shape: shape.to_vec(), bytes })
-    }
-
-    /// Check dtype and byte length.
-    pub(crate) fn validate(&self, what: &str) -> Result<()> {
-        if self.bytes.len() != self.len() * self.dtype.size() {
-            bail!(BadInput, "{what}: {} bytes for {} elements of {}", self.bytes.len(), self.len(), self.dtype);
-        }
-        Ok(())
-    }
+/// Interpreter values as a host array of `dtype`.
+pub(crate) fn from_data(dtype: DType, shape: &[usize], d: &Data) -> Result<HostArray> {
+    let (element, bytes): (Element, Vec<u8>) = match (dtype, d) {
+        (DType::F32, Data::F(v)) => (Element::F32, bytemuck::cast_slice(v).to_vec()),
+        (DType::Bf16, Data::F(v)) => (Element::Bf16, v.iter().flat_map(|&x| f32_to_bf16(x).to_le_bytes()).collect()),
+        (DType::F16, Data::F(v)) => (Element::F16, bytemuck::cast_slice(&v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>()).to_vec()),
+        (DType::I32, Data::I(v)) => (Element::I32, bytemuck::cast_slice(v).to_vec()),
+        (DType::I16, Data::I(v)) => (Element::I16, bytemuck::cast_slice(&v.iter().map(|&x| x as i16).collect::<Vec<_>>()).to_vec()),
+        (DType::I8, Data::I(v)) => (Element::I8, v.iter().map(|&x| x as i8 as u8).collect()),
+        (DType::Bool, Data::I(v)) => (Element::Bool, v.iter().map(|&x| u8::from(x != 0)).collect()),
+        (d, _) => bail!(Unsupported, "cannot return an array of {d}"),
+    };
+    Ok(HostArray { dtype: element, shape: shape.to_vec(), bytes })
 }
 
 /// The shapes and aliases of a call (the oracle's call-spec JSON).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CallSpec {
     /// Scalar-prefetch arrays then inputs.
-    pub inputs: Vec<(DType, Vec<usize>)>,
-    pub outputs: Vec<(DType, Vec<usize>)>,
+    pub inputs: Vec<(Element, Vec<usize>)>,
+    pub outputs: Vec<(Element, Vec<usize>)>,
     /// `(operand index counting prefetch arrays, output index)`: the output starts as a copy
     /// of that input.
     pub aliases: Vec<(usize, usize)>,
@@ -190,7 +92,7 @@ impl CallSpec {
             Ok(v) => v,
             Err(e) => bail!(BadInput, "call spec: {e}"),
         };
-        let arrays = |key: &str| -> Result<Vec<(DType, Vec<usize>)>> {
+        let arrays = |key: &str| -> Result<Vec<(Element, Vec<usize>)>> {
             let Some(xs) = v.get(key).and_then(|x| x.as_array()) else { bail!(BadInput, "call spec: missing `{key}`") };
             xs.iter().map(|x| parse_array_type(x.as_str().unwrap_or(""))).collect()
         };
@@ -209,9 +111,12 @@ impl CallSpec {
 }
 
 /// `bf16[8,128]` → (Bf16, [8, 128]).
-pub fn parse_array_type(s: &str) -> Result<(DType, Vec<usize>)> {
+pub fn parse_array_type(s: &str) -> Result<(Element, Vec<usize>)> {
     let Some((d, rest)) = s.split_once('[') else { bail!(BadInput, "bad array type `{s}`") };
-    let Some(dt) = DType::parse(d) else { bail!(BadInput, "unknown dtype `{d}` in `{s}`") };
+    let dt = match d.parse::<Element>() {
+        Ok(dt) => dt,
+        Err(e) => bail!(BadInput, "{e} in `{s}`"),
+    };
     let dims = rest.trim_end_matches(']');
     let shape = if dims.trim().is_empty() { Ok(Vec::new()) } else { dims.split(',').map(|x| x.trim().parse::<usize>()).collect::<Result<Vec<_>, _>>() };
     match shape {

@@ -23,7 +23,8 @@
 //! - `grid.rs`: the grid walk (points of leading `parallel` dims on the rayon pool),
 //!   `transform_N` block indices, window copy-in/write-back.
 //! - `recycle.rs`: large vectors kept from run to run (no page faults per run).
-//! - `host.rs`: [`HostArray`] and [`CallSpec`].
+//! - `host.rs`: host arrays ([`HostArray`], the project's one, from `palladium-array`) to and
+//!   from the interpreter's values, and [`CallSpec`].
 
 // Errors carry the op site and grid point by value; they are cold.
 #![allow(clippy::result_large_err)]
@@ -40,7 +41,8 @@ mod recycle;
 mod value;
 
 pub use error::{ErrorKind, InterpError, OpSite};
-pub use host::{CallSpec, HostArray, parse_array_type};
+pub use host::{CallSpec, parse_array_type};
+pub use palladium_array::HostArray;
 pub use memory::Space;
 pub use parse::ParseError;
 pub use prepare::Program;

@@ -88,20 +88,6 @@ impl DType {
             DType::Sem => "!tpu.semaphore",
         }
     }
-
-    /// Parse `bf16`, `f32`, `i32`, … (the call-spec spelling).
-    pub fn parse(s: &str) -> Option<DType> {
-        Some(match s {
-            "bool" | "i1" => DType::Bool,
-            "i8" | "int8" => DType::I8,
-            "i16" => DType::I16,
-            "i32" | "int32" => DType::I32,
-            "f16" => DType::F16,
-            "bf16" => DType::Bf16,
-            "f32" | "float32" => DType::F32,
-            _ => return None,
-        })
-    }
 }
 
 impl std::fmt::Display for DType {
@@ -120,15 +106,7 @@ pub(crate) fn round_f(dt: DType, x: f32) -> f32 {
     }
 }
 
-/// `bf16::from_f32(x).to_f32()` (round to nearest even; NaN stays a quiet NaN) without
-/// branches, so loops over tiles vectorize.
-#[inline]
-pub(crate) fn round_bf16(x: f32) -> f32 {
-    let b = x.to_bits();
-    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000;
-    let quiet_nan = (b | 0x0040_0000) & 0xffff_0000;
-    f32::from_bits(if x.is_nan() { quiet_nan } else { rounded })
-}
+pub(crate) use palladium_array::round_bf16;
 
 /// [`round_f`] over a whole slice (one dispatch on `dt`, a vectorizable loop).
 pub(crate) fn round_slice(dt: DType, xs: &mut [f32]) {

@@ -18,7 +18,7 @@ fn run_matmul(m: usize, k: usize, n: usize, bm: usize, bk: usize, bn: usize, see
     let out = program.run(&inputs).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].shape, vec![m, n]);
-    assert_eq!(out[0].dtype, palladium_interpret::DType::Bf16);
+    assert_eq!(out[0].dtype, palladium_array::DType::Bf16);
     let want = matmul_ref(&x, &y, m, k, n);
     assert_close(&out[0].to_f32(), &want, 1e-2, 1e-1, &format!("matmul {m}x{k}x{n} blocks {bm}x{bk}x{bn}"));
     // The call spec gives the same answer.

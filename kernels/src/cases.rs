@@ -2,13 +2,13 @@
 //! reference outputs for those inputs ([`crate::reference`] does the math).
 //!
 //! Each kernel has a module here with
-//! - `inputs(&Params, seed) -> Vec<HostData>`: scalar-prefetch arrays then inputs, in the
+//! - `inputs(&Params, seed) -> Vec<HostArray>`: scalar-prefetch arrays then inputs, in the
 //!   kernel's operand order, random (never all zero) and within the kernel's constraints;
-//! - `reference(&Params, &[HostData]) -> Vec<HostData>`: the outputs, in order.
+//! - `reference(&Params, &[HostArray]) -> Vec<HostArray>`: the outputs, in order.
 //!
 //! and `entry!(kernel, "...", cases::kernel)` in `lib.rs` hooks it into the registry.
 
-use crate::host::HostData;
+use palladium_array::HostArray;
 use crate::reference::{self as r, Rng};
 
 pub mod matmul {
@@ -16,16 +16,16 @@ pub mod matmul {
     use palladium_dsl::DType;
     use crate::matmul::Params;
 
-    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        vec![HostData::bf16(&[p.m, p.k], rng.bf16s(p.m * p.k)), HostData::bf16(&[p.k, p.n], rng.bf16s(p.k * p.n))]
+        vec![HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k)), HostArray::bf16_from_f32(&[p.k, p.n], &rng.bf16s(p.k * p.n))]
     }
 
-    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let shape = [p.m, p.n];
         match p.out_dtype {
-            DType::F32 => vec![HostData::f32(&shape, r::matmul_f32(x[0].f32s(), x[1].f32s(), p.m, p.k, p.n))],
-            _ => vec![HostData::bf16(&shape, r::matmul(x[0].f32s(), x[1].f32s(), p.m, p.k, p.n))],
+            DType::F32 => vec![HostArray::from_f32(&shape, &r::matmul_f32(&x[0].to_f32(), &x[1].to_f32(), p.m, p.k, p.n))],
+            _ => vec![HostArray::bf16_from_f32(&shape, &r::matmul(&x[0].to_f32(), &x[1].to_f32(), p.m, p.k, p.n))],
         }
     }
 }
@@ -34,13 +34,13 @@ pub mod rmsnorm {
     use super::*;
     use crate::rmsnorm::Params;
 
-    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        vec![HostData::bf16(&[p.rows, p.hidden], rng.bf16s(p.rows * p.hidden)), HostData::bf16(&[1, p.hidden], rng.bf16s(p.hidden))]
+        vec![HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(p.rows * p.hidden)), HostArray::bf16_from_f32(&[1, p.hidden], &rng.bf16s(p.hidden))]
     }
 
-    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
-        vec![HostData::bf16(&[p.rows, p.hidden], r::rmsnorm(x[0].f32s(), x[1].f32s(), p.rows, p.hidden, p.eps as f32))]
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        vec![HostArray::bf16_from_f32(&[p.rows, p.hidden], &r::rmsnorm(&x[0].to_f32(), &x[1].to_f32(), p.rows, p.hidden, p.eps as f32))]
     }
 }
 
@@ -50,15 +50,15 @@ pub mod gather_rows {
 
     /// `ids`: distinct while `n <= table_rows` (a prefix of a permutation), then repeating
     /// that permutation; all in range.
-    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
         let perm = rng.permutation(p.table_rows);
         let ids: Vec<i32> = (0..p.n).map(|i| perm[i % p.table_rows.max(1)]).collect();
-        vec![HostData::i32(&[p.n], ids), HostData::bf16(&[p.table_rows, p.r, p.d], rng.bf16s(p.table_rows * p.r * p.d))]
+        vec![HostArray::from_i32(&[p.n], &ids), HostArray::bf16_from_f32(&[p.table_rows, p.r, p.d], &rng.bf16s(p.table_rows * p.r * p.d))]
     }
 
-    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
-        vec![HostData::bf16(&[p.n, p.r, p.d], r::gather_rows(x[0].i32s(), x[1].f32s(), p.r, p.d, p.scale as f32))]
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        vec![HostArray::bf16_from_f32(&[p.n, p.r, p.d], &r::gather_rows(&x[0].to_i32(), &x[1].to_f32(), p.r, p.d, p.scale as f32))]
     }
 }
 
@@ -68,7 +68,7 @@ pub mod decode_attention {
 
     /// `lens` in `1..=max_context`, not all multiples of `block_kv` (a partial last tile is
     /// always exercised when `block_kv > 1`); all `max_context` with `bench_full_context`.
-    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
         let mut lens: Vec<i32> = (0..p.batch).map(|_| rng.range(1, p.max_context as i64) as i32).collect();
         let bkv = p.block_kv as i32;
@@ -82,17 +82,17 @@ pub mod decode_attention {
         let kv = [p.batch, p.kv_heads, p.max_context, p.head_dim];
         let (nq, nkv) = (q.iter().product(), kv.iter().product());
         vec![
-            HostData::i32(&[p.batch], lens),
-            HostData::bf16(&q, rng.bf16s(nq)),
-            HostData::bf16(&kv, rng.bf16s(nkv)),
-            HostData::bf16(&kv, rng.bf16s(nkv)),
+            HostArray::from_i32(&[p.batch], &lens),
+            HostArray::bf16_from_f32(&q, &rng.bf16s(nq)),
+            HostArray::bf16_from_f32(&kv, &rng.bf16s(nkv)),
+            HostArray::bf16_from_f32(&kv, &rng.bf16s(nkv)),
         ]
     }
 
-    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let s = r::AttentionShape { batch: p.batch, kv_heads: p.kv_heads, group: p.group, head_dim: p.head_dim, max_context: p.max_context };
-        let o = r::decode_attention(x[0].i32s(), x[1].f32s(), x[2].f32s(), x[3].f32s(), s);
-        vec![HostData::bf16(&[p.batch, p.kv_heads, p.group, p.head_dim], o)]
+        let o = r::decode_attention(&x[0].to_i32(), &x[1].to_f32(), &x[2].to_f32(), &x[3].to_f32(), s);
+        vec![HostArray::bf16_from_f32(&[p.batch, p.kv_heads, p.group, p.head_dim], &o)]
     }
 }
 
@@ -103,7 +103,7 @@ pub mod kv_cache_update {
     /// Positions in `0..max_context`, arbitrary (not tile-aligned; the first sequence's is
     /// odd whenever `max_context > 1`, so a row inside a (16, 128) bf16 tile is always
     /// written); random caches, so a wrong or missing row and any clobbered neighbour show.
-    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
         let mut positions: Vec<i32> = (0..p.batch).map(|_| rng.range(0, p.max_context as i64 - 1) as i32).collect();
         if p.max_context > 1 && positions[0] % 2 == 0 {
@@ -113,22 +113,22 @@ pub mod kv_cache_update {
         let cache = [p.batch, p.kv_heads, p.max_context, p.head_dim];
         let (nn, nc) = (new.iter().product(), cache.iter().product());
         vec![
-            HostData::i32(&[p.batch], positions),
-            HostData::bf16(&new, rng.bf16s(nn)),
-            HostData::bf16(&new, rng.bf16s(nn)),
-            HostData::bf16(&cache, rng.bf16s(nc)),
-            HostData::bf16(&cache, rng.bf16s(nc)),
+            HostArray::from_i32(&[p.batch], &positions),
+            HostArray::bf16_from_f32(&new, &rng.bf16s(nn)),
+            HostArray::bf16_from_f32(&new, &rng.bf16s(nn)),
+            HostArray::bf16_from_f32(&cache, &rng.bf16s(nc)),
+            HostArray::bf16_from_f32(&cache, &rng.bf16s(nc)),
         ]
     }
 
-    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let cache = [p.batch, p.kv_heads, p.max_context, p.head_dim];
-        let update = |new: &HostData, old: &HostData| r::kv_cache_update(x[0].i32s(), new.f32s(), old.f32s(), p.kv_heads, p.max_context, p.head_dim);
-        vec![HostData::bf16(&cache, update(&x[1], &x[3])), HostData::bf16(&cache, update(&x[2], &x[4]))]
+        let update = |new: &HostArray, old: &HostArray| r::kv_cache_update(&x[0].to_i32(), &new.to_f32(), &old.to_f32(), p.kv_heads, p.max_context, p.head_dim);
+        vec![HostArray::bf16_from_f32(&cache, &update(&x[1], &x[3])), HostArray::bf16_from_f32(&cache, &update(&x[2], &x[4]))]
     }
 }
 
-/// `n` values in `[-scale, scale)` for a bf16 operand, unrounded: `HostData::bf16` rounds
+/// `n` values in `[-scale, scale)` for a bf16 operand, unrounded: `HostArray::bf16` rounds
 /// them (once; rounding is a large part of generating the MoE kernels' GiB-sized weights at
 /// their defaults). Never zero.
 fn scaled_bf16s(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
@@ -149,16 +149,16 @@ pub mod moe_router {
     /// not one-hot (with unscaled inputs the logits' spread is ~15 and every slot past the
     /// first weighs ~0): the selected weights then all matter, and near-ties stay far
     /// apart compared with f32 accumulation-order differences (ids must match exactly).
-    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
         let x = rng.bf16s(p.tokens * p.hidden);
         let w = scaled_bf16s(&mut rng, p.hidden * p.experts, fan_in_scale(p.hidden));
-        vec![HostData::bf16(&[p.tokens, p.hidden], x), HostData::bf16(&[p.hidden, p.experts], w)]
+        vec![HostArray::bf16_from_f32(&[p.tokens, p.hidden], &x), HostArray::bf16_from_f32(&[p.hidden, p.experts], &w)]
     }
 
-    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
-        let (ids, weights) = moe::moe_router(x[0].f32s(), x[1].f32s(), p.tokens, p.hidden, p.experts, p.top_k, p.sigmoid, p.renormalize);
-        vec![HostData::i32(&[p.tokens, p.top_k], ids), HostData::f32(&[p.tokens, p.top_k], weights)]
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        let (ids, weights) = moe::moe_router(&x[0].to_f32(), &x[1].to_f32(), p.tokens, p.hidden, p.experts, p.top_k, p.sigmoid, p.renormalize);
+        vec![HostArray::from_i32(&[p.tokens, p.top_k], &ids), HostArray::from_f32(&[p.tokens, p.top_k], &weights)]
     }
 }
 
@@ -170,7 +170,7 @@ pub mod expert_ffn {
     /// Router-shaped routing: per token `top_k` distinct expert ids (a prefix of a random
     /// permutation of the experts) and positive weights summing to 1. Weights scaled by
     /// `1 / sqrt(fan_in)` (`hidden` for gate/up, `ffn` for down) so activations stay `O(1)`.
-    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         assert!(p.top_k <= p.experts, "expert_ffn cases: top_k {} > experts {}", p.top_k, p.experts);
         let mut rng = Rng::new(seed);
         let mut ids = Vec::with_capacity(p.tokens * p.top_k);
@@ -183,18 +183,18 @@ pub mod expert_ffn {
         }
         let (e, h, f) = (p.experts, p.hidden, p.ffn);
         vec![
-            HostData::i32(&[p.tokens * p.top_k], ids),
-            HostData::f32(&[p.tokens, p.top_k], weights),
-            HostData::bf16(&[p.tokens, h], rng.bf16s(p.tokens * h)),
-            HostData::bf16(&[e, h, f], scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h))),
-            HostData::bf16(&[e, h, f], scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h))),
-            HostData::bf16(&[e, f, h], scaled_bf16s(&mut rng, e * f * h, fan_in_scale(f))),
+            HostArray::from_i32(&[p.tokens * p.top_k], &ids),
+            HostArray::from_f32(&[p.tokens, p.top_k], &weights),
+            HostArray::bf16_from_f32(&[p.tokens, h], &rng.bf16s(p.tokens * h)),
+            HostArray::bf16_from_f32(&[e, h, f], &scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h))),
+            HostArray::bf16_from_f32(&[e, h, f], &scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h))),
+            HostArray::bf16_from_f32(&[e, f, h], &scaled_bf16s(&mut rng, e * f * h, fan_in_scale(f))),
         ]
     }
 
-    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
-        let o = moe::expert_ffn(x[2].f32s(), x[0].i32s(), x[1].f32s(), x[3].f32s(), x[4].f32s(), x[5].f32s(), p.tokens, p.hidden, p.top_k, p.ffn);
-        vec![HostData::bf16(&[p.tokens, p.hidden], o)]
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        let o = moe::expert_ffn(&x[2].to_f32(), &x[0].to_i32(), &x[1].to_f32(), &x[3].to_f32(), &x[4].to_f32(), &x[5].to_f32(), p.tokens, p.hidden, p.top_k, p.ffn);
+        vec![HostArray::bf16_from_f32(&[p.tokens, p.hidden], &o)]
     }
 }
 
@@ -208,7 +208,7 @@ pub mod grouped_matmul {
     /// `0..=m`, sorted, so tiles straddle groups; with 3 or more groups, group 1 is forced
     /// empty so the metadata's skipping of empty groups is always exercised. The metadata
     /// comes from [`moe::group_metadata`].
-    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
         let mut cuts: Vec<usize> = (1..p.groups).map(|_| rng.range(0, p.m as i64) as usize).collect();
         cuts.sort_unstable();
@@ -220,18 +220,18 @@ pub mod grouped_matmul {
         let (offsets, gids, tids, num) = moe::group_metadata(&sizes, p.m, p.block_m);
         let visits = gids.len();
         vec![
-            HostData::i32(&[p.groups + 1], offsets),
-            HostData::i32(&[visits], gids),
-            HostData::i32(&[visits], tids),
-            HostData::i32(&[1], vec![num]),
-            HostData::bf16(&[p.m, p.k], rng.bf16s(p.m * p.k)),
-            // `f32s` rounded by `HostData::bf16` is `bf16s`, rounded once (1.6 GB at defaults).
-            HostData::bf16(&[p.groups, p.k, p.n], rng.f32s(p.groups * p.k * p.n)),
+            HostArray::from_i32(&[p.groups + 1], &offsets),
+            HostArray::from_i32(&[visits], &gids),
+            HostArray::from_i32(&[visits], &tids),
+            HostArray::from_i32(&[1], &[num]),
+            HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k)),
+            // `f32s` rounded by `HostArray::bf16` is `bf16s`, rounded once (1.6 GB at defaults).
+            HostArray::bf16_from_f32(&[p.groups, p.k, p.n], &rng.f32s(p.groups * p.k * p.n)),
         ]
     }
 
-    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
-        vec![HostData::bf16(&[p.m, p.n], moe::grouped_matmul(x[4].f32s(), x[5].f32s(), x[0].i32s(), p.m, p.k, p.n))]
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        vec![HostArray::bf16_from_f32(&[p.m, p.n], &moe::grouped_matmul(&x[4].to_f32(), &x[5].to_f32(), &x[0].to_i32(), p.m, p.k, p.n))]
     }
 }
 
@@ -239,13 +239,13 @@ pub mod gemv {
     use super::*;
     use crate::gemv::Params;
 
-    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        vec![HostData::bf16(&[p.batch, p.k], rng.bf16s(p.batch * p.k)), HostData::bf16(&[p.k, p.n], rng.bf16s(p.k * p.n))]
+        vec![HostArray::bf16_from_f32(&[p.batch, p.k], &rng.bf16s(p.batch * p.k)), HostArray::bf16_from_f32(&[p.k, p.n], &rng.bf16s(p.k * p.n))]
     }
 
-    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
-        vec![HostData::f32(&[p.batch, p.n], r::gemv(x[0].f32s(), x[1].f32s(), p.batch, p.k, p.n))]
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        vec![HostArray::from_f32(&[p.batch, p.n], &r::gemv(&x[0].to_f32(), &x[1].to_f32(), p.batch, p.k, p.n))]
     }
 }
 
@@ -256,14 +256,14 @@ macro_rules! residual_cases {
             use super::*;
             use crate::$name::Params;
 
-            pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+            pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
                 let mut rng = Rng::new(seed);
                 let n = p.rows * p.hidden;
-                vec![HostData::bf16(&[p.rows, p.hidden], rng.bf16s(n)), HostData::bf16(&[p.rows, p.hidden], rng.bf16s(n))]
+                vec![HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(n)), HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(n))]
             }
 
-            pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
-                vec![HostData::bf16(&[p.rows, p.hidden], r::residual_add(x[0].f32s(), x[1].f32s()))]
+            pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+                vec![HostArray::bf16_from_f32(&[p.rows, p.hidden], &r::residual_add(&x[0].to_f32(), &x[1].to_f32()))]
             }
         }
     };
@@ -275,18 +275,18 @@ pub mod rmsnorm_matmul {
     use super::*;
     use crate::rmsnorm_matmul::Params;
 
-    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
         vec![
-            HostData::bf16(&[p.rows, p.hidden], rng.bf16s(p.rows * p.hidden)),
-            HostData::bf16(&[1, p.hidden], rng.bf16s(p.hidden)),
-            HostData::bf16(&[p.hidden, p.n], scaled_bf16s(&mut rng, p.hidden * p.n, fan_in_scale(p.hidden))),
+            HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(p.rows * p.hidden)),
+            HostArray::bf16_from_f32(&[1, p.hidden], &rng.bf16s(p.hidden)),
+            HostArray::bf16_from_f32(&[p.hidden, p.n], &scaled_bf16s(&mut rng, p.hidden * p.n, fan_in_scale(p.hidden))),
         ]
     }
 
-    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
-        let o = r::rmsnorm_matmul(x[0].f32s(), x[1].f32s(), x[2].f32s(), p.rows, p.hidden, p.n, p.eps as f32);
-        vec![HostData::bf16(&[p.rows, p.n], o)]
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        let o = r::rmsnorm_matmul(&x[0].to_f32(), &x[1].to_f32(), &x[2].to_f32(), p.rows, p.hidden, p.n, p.eps as f32);
+        vec![HostArray::bf16_from_f32(&[p.rows, p.n], &o)]
     }
 }
 
@@ -297,7 +297,7 @@ pub mod rope {
     /// Real rotary tables: a random position per token, `inv_freq[i] = 10000^(-2i/d)`,
     /// expanded to the full head dim in the style's order (neox `j % (d/2)`, interleaved
     /// `j / 2`), as the kernel's doc specifies.
-    pub fn inputs(p: &Params, seed: u64) -> Vec<HostData> {
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
         let d = p.head_dim;
         let x = rng.bf16s(p.tokens * p.heads * d);
@@ -311,11 +311,11 @@ pub mod rope {
                 sin.push(angle.sin() as f32);
             }
         }
-        vec![HostData::bf16(&[p.tokens, p.heads * d], x), HostData::f32(&[p.tokens, d], cos), HostData::f32(&[p.tokens, d], sin)]
+        vec![HostArray::bf16_from_f32(&[p.tokens, p.heads * d], &x), HostArray::from_f32(&[p.tokens, d], &cos), HostArray::from_f32(&[p.tokens, d], &sin)]
     }
 
-    pub fn reference(p: &Params, x: &[HostData]) -> Vec<HostData> {
-        let o = r::rope(x[0].f32s(), x[1].f32s(), x[2].f32s(), p.tokens, p.heads, p.head_dim, p.interleaved);
-        vec![HostData::bf16(&[p.tokens, p.heads * p.head_dim], o)]
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        let o = r::rope(&x[0].to_f32(), &x[1].to_f32(), &x[2].to_f32(), p.tokens, p.heads, p.head_dim, p.interleaved);
+        vec![HostArray::bf16_from_f32(&[p.tokens, p.heads * p.head_dim], &o)]
     }
 }

@@ -16,7 +16,6 @@ mod decode;
 mod ffn;
 mod gather;
 mod gmm;
-mod host;
 mod kv_cache;
 mod linalg;
 pub mod moe_reference;
@@ -27,7 +26,7 @@ mod residual;
 mod rotary;
 mod router;
 
-pub use host::{HostData, Values};
+pub use palladium_array::HostArray;
 
 pub use attention::decode_attention;
 pub use decode::gemv;
@@ -63,10 +62,10 @@ pub enum KernelError {
 pub type BuildFn = fn(&[(String, String)]) -> Result<Kernel, KernelError>;
 
 /// Random inputs for `NAME=VALUE` settings and a seed: scalar-prefetch arrays, then inputs.
-pub type InputsFn = fn(&[(String, String)], u64) -> Result<Vec<HostData>, KernelError>;
+pub type InputsFn = fn(&[(String, String)], u64) -> Result<Vec<HostArray>, KernelError>;
 
 /// The expected outputs for `NAME=VALUE` settings and inputs (as [`InputsFn`] orders them).
-pub type ReferenceFn = fn(&[(String, String)], &[HostData]) -> Result<Vec<HostData>, KernelError>;
+pub type ReferenceFn = fn(&[(String, String)], &[HostArray]) -> Result<Vec<HostArray>, KernelError>;
 
 /// A library kernel: its name, a one-line description, its parameters, a builder, and
 /// (for checking it) an input generator and a reference.

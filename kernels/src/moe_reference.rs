@@ -2,35 +2,15 @@
 //! `grouped_matmul`), for interpret-mode tests to compare against.
 //!
 //! Conventions: arrays are row-major `f32` slices. Inputs that are bf16 in the kernel are
-//! given as their exact f32 values (convert with [`bf16_to_f32`]); outputs the kernel
-//! stores as bf16 are rounded with [`round_bf16`] (round to nearest, ties to even), and
+//! given as their exact f32 values (convert with [`palladium_array::bf16_to_f32`]); outputs the
+//! kernel stores as bf16 are rounded with [`round_bf16`] (round to nearest, ties to even), and
 //! intermediates the kernel rounds to bf16 (the SwiGLU activation before the down
 //! projection) are rounded at the same place. Matmuls accumulate in f32 in index order;
 //! the MXU accumulates in f32 in another order, so compare with a tolerance of a few f32
 //! ulps of the accumulated magnitude (plus one bf16 ulp where the output is bf16).
 
 use crate::reference::matmul_f32;
-
-/// The f32 value of a bf16 bit pattern.
-pub fn bf16_to_f32(bits: u16) -> f32 {
-    f32::from_bits(u32::from(bits) << 16)
-}
-
-/// The bf16 bit pattern nearest to `x` (ties to even; NaN stays NaN).
-pub fn f32_to_bf16(x: f32) -> u16 {
-    let b = x.to_bits();
-    if x.is_nan() {
-        return ((b >> 16) | 0x40) as u16;
-    }
-    let round = 0x7fff + ((b >> 16) & 1);
-    (b.wrapping_add(round) >> 16) as u16
-}
-
-/// `x` rounded to the nearest bf16, as an f32.
-pub fn round_bf16(x: f32) -> f32 {
-    bf16_to_f32(f32_to_bf16(x))
-}
-
+use palladium_array::round_bf16;
 
 fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
@@ -169,15 +149,6 @@ pub fn grouped_matmul(lhs: &[f32], rhs: &[f32], group_offsets: &[i32], m: usize,
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bf16_rounding() {
-        assert_eq!(round_bf16(1.0), 1.0);
-        // 1 + 2^-8 is halfway between bf16 1.0 and 1 + 2^-7: ties to even (1.0).
-        assert_eq!(round_bf16(1.0 + 1.0 / 256.0), 1.0);
-        assert_eq!(round_bf16(1.0 + 3.0 / 256.0), 1.0 + 2.0 / 128.0);
-        assert_eq!(bf16_to_f32(0x3f80), 1.0);
-    }
 
     #[test]
     fn router_by_hand() {

@@ -14,12 +14,7 @@
 //!   softmax weights fed to the MXU in decode attention) are *not* mirrored: they are the
 //!   kernel's business and show up as a small relative error.
 
-use half::bf16;
-
-/// Round an f32 to the nearest bf16 (ties to even), returned as f32.
-pub fn round_bf16(x: f32) -> f32 {
-    bf16::from_f32(x).to_f32()
-}
+use palladium_array::round_bf16;
 
 /// `SplitMix64`: small, seeded, deterministic; the same seed gives the same inputs on
 /// every machine.
@@ -249,18 +244,6 @@ pub fn rope(x: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, he
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn round_bf16_is_nearest_even() {
-        assert_eq!(round_bf16(1.0), 1.0);
-        // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0).
-        assert_eq!(round_bf16(1.0 + 1.0 / 256.0), 1.0);
-        // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: ties to even (1 + 2^-6).
-        assert_eq!(round_bf16(1.0 + 3.0 / 256.0), 1.0 + 1.0 / 64.0);
-        assert_eq!(round_bf16(1.0 + 1.0 / 200.0), 1.0 + 1.0 / 128.0);
-        assert_eq!(round_bf16(-3.0), -3.0);
-        assert!(round_bf16(f32::NAN).is_nan());
-    }
 
     #[test]
     fn gemv_by_hand() {

@@ -2,17 +2,14 @@
 //! both agree with the kernel's own call spec (operand order, dtypes, shapes).
 
 use palladium_dsl::spec::OperandRole;
-use palladium_kernels::{HostData, REGISTRY, Values};
+use palladium_kernels::{HostArray, REGISTRY};
 
 fn types(kernel: &palladium_dsl::Kernel, roles: &[OperandRole]) -> Vec<String> {
     kernel.call.operands.iter().filter(|o| roles.contains(&o.role)).map(|o| format!("{}[{}]", o.dtype, o.shape.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","))).collect()
 }
 
-fn all_zero(d: &HostData) -> bool {
-    match &d.values {
-        Values::F32(v) => v.iter().all(|&x| x == 0.0),
-        Values::I32(v) => v.iter().all(|&x| x == 0),
-    }
+fn all_zero(d: &HostArray) -> bool {
+    d.to_f32().iter().all(|&x| x == 0.0)
 }
 
 #[test]
@@ -27,7 +24,7 @@ fn every_kernel_has_inputs_and_a_reference_matching_its_call_spec() {
                 continue;
             }
         };
-        let got: Vec<String> = inputs.iter().map(HostData::type_string).collect();
+        let got: Vec<String> = inputs.iter().map(HostArray::type_string).collect();
         assert_eq!(got, types(&kernel, &[OperandRole::Prefetch, OperandRole::Input]), "{}: inputs must follow the operand order", e.name);
         for (i, x) in inputs.iter().enumerate() {
             assert!(!all_zero(x), "{}: input {i} is all zero", e.name);
@@ -41,7 +38,7 @@ fn every_kernel_has_inputs_and_a_reference_matching_its_call_spec() {
                 continue;
             }
         };
-        let got: Vec<String> = outputs.iter().map(HostData::type_string).collect();
+        let got: Vec<String> = outputs.iter().map(HostArray::type_string).collect();
         assert_eq!(got, types(&kernel, &[OperandRole::Output]), "{}: reference outputs must follow the kernel's outputs", e.name);
         assert!(outputs.iter().all(|o| !all_zero(o)), "{}: reference output is all zero", e.name);
     }
@@ -65,7 +62,7 @@ fn attention_lengths_are_in_range_and_not_all_whole_tiles() {
     for seed in 0..50 {
         let set = [("batch".to_string(), "1".to_string()), ("max_context".into(), "1024".into()), ("block_kv".into(), "512".into())];
         let x = (e.inputs)(&set, seed).unwrap();
-        let lens = x[0].i32s();
+        let lens = x[0].to_i32();
         assert!(lens.iter().all(|&l| (1..=1024).contains(&l)), "{lens:?}");
         assert!(lens.iter().any(|&l| l % 512 != 0), "{lens:?}");
     }
@@ -75,7 +72,7 @@ fn attention_lengths_are_in_range_and_not_all_whole_tiles() {
 fn gather_ids_are_in_range_and_distinct() {
     let e = palladium_kernels::entry("gather_rows").unwrap();
     let x = (e.inputs)(&[], 3).unwrap();
-    let mut ids = x[0].i32s().to_vec();
+    let mut ids = x[0].to_i32();
     assert!(ids.iter().all(|&i| (0..64).contains(&i)));
     ids.sort_unstable();
     ids.dedup();

@@ -34,7 +34,7 @@ pub mod quant;
 pub mod reference;
 pub mod report;
 pub mod spec;
-pub mod tolerance;
+pub use palladium_array::tolerance;
 pub mod weights;
 
 pub use cost::{DecodeTraffic, LayerParams, ModelParams, expected_distinct_experts};

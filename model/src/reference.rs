@@ -49,7 +49,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::spec::{AttentionKind, FfnKind, ModelSpec, NormKind, QkNorm, TopKWeights};
-use crate::weights::{FfnNames, MlpNames, ModelNames, Tensor, Weights, WeightsError, round_bf16};
+use crate::weights::{FfnNames, MlpNames, ModelNames, Tensor, Weights, WeightsError};
+use palladium_array::round_bf16;
 
 /// Where activations are rounded (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

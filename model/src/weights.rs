@@ -32,7 +32,8 @@ use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use half::{bf16, f16};
+use half::f16;
+use palladium_array::{bf16_to_f32, f32_to_bf16, round_bf16};
 use indexmap::IndexMap;
 use safetensors::{Dtype as StDtype, tensor::TensorView};
 use thiserror::Error;
@@ -376,12 +377,6 @@ impl Tensor {
     }
 }
 
-/// `x` rounded to the nearest bf16 (ties to even), back as `f32`.
-#[inline]
-pub fn round_bf16(x: f32) -> f32 {
-    bf16::from_f32(x).to_f32()
-}
-
 /// Element type of a written safetensors file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SaveDtype {
@@ -622,7 +617,7 @@ impl Weights {
                     SaveDtype::BFloat16 => t
                         .data
                         .iter()
-                        .flat_map(|&x| bf16::from_f32(x).to_le_bytes())
+                        .flat_map(|&x| f32_to_bf16(x).to_le_bytes())
                         .collect(),
                     SaveDtype::Float32 => t.data.iter().flat_map(|&x| x.to_le_bytes()).collect(),
                 };
@@ -793,7 +788,7 @@ pub(crate) fn decode(dtype: &str, d: &[u8]) -> Option<Vec<f32>> {
     Some(match dtype {
         "BF16" => d
             .chunks_exact(2)
-            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))
             .collect(),
         "F16" => d
             .chunks_exact(2)

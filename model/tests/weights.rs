@@ -4,7 +4,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use palladium_model::ModelSpec;
-use palladium_model::weights::{SaveDtype, Weights, WeightsError, round_bf16, tensor_layout};
+use palladium_array::round_bf16;
+use palladium_model::weights::{SaveDtype, Weights, WeightsError, tensor_layout};
 use safetensors::{Dtype, tensor::TensorView};
 
 fn spec(name: &str) -> ModelSpec {

@@ -14,6 +14,7 @@ use crate::ffi::{self, Client, LoadedExecutable};
 use crate::libtpu::{self, LIBTPU_ENVIRONMENT};
 use crate::stablehlo::ArrayType;
 use palladium_dsl::DType;
+pub use palladium_array::HostArray;
 use pjrt_sys as sys;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -42,32 +43,6 @@ pub fn cpu_plugin() -> Result<PathBuf, String> {
             lib.display()
         )
     })
-}
-
-/// An array on the host: its type and its bytes (row-major, little-endian).
-#[derive(Clone, Debug, PartialEq)]
-pub struct HostArray {
-    pub ty: ArrayType,
-    pub bytes: Vec<u8>,
-}
-
-impl HostArray {
-    pub fn new(ty: ArrayType, bytes: Vec<u8>) -> Result<HostArray, String> {
-        let want = ty.elements() * u64::from(ty.dtype.memory_bits()) / 8;
-        if bytes.len() as u64 != want {
-            return Err(format!("{ty} holds {want} bytes, not {}", bytes.len()));
-        }
-        Ok(HostArray { ty, bytes })
-    }
-
-    pub fn from_f32(dims: &[u64], values: &[f32]) -> HostArray {
-        let ty = ArrayType { dtype: DType::F32, dims: dims.to_vec() };
-        HostArray { ty, bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect() }
-    }
-
-    pub fn to_f32(&self) -> Option<Vec<f32>> {
-        (self.ty.dtype == DType::F32).then(|| self.bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
-    }
 }
 
 /// PJRT's element type for `d`.
@@ -155,11 +130,12 @@ impl Loaded {
         }
         let mut buffers = Vec::with_capacity(inputs.len());
         for (i, (a, want)) in inputs.iter().zip(&self.inputs).enumerate() {
-            if a.ty != *want {
-                return Err(format!("input {i} is {}, the program takes {want}", a.ty));
+            let dims: Vec<i64> = a.shape.iter().map(|&d| d as i64).collect();
+            if a.dtype != want.dtype || !dims.iter().copied().eq(want.dims.iter().map(|&d| d as i64)) {
+                return Err(format!("input {i} is {}, the program takes {want}", a.type_string()));
             }
-            let dims: Vec<i64> = a.ty.dims.iter().map(|&d| d as i64).collect();
-            buffers.push(self.client.buffer(&a.bytes, buffer_type(a.ty.dtype), &dims).map_err(|e| format!("input {i} to the device: {e}"))?);
+            a.validate().map_err(|e| format!("input {i}: {e}"))?;
+            buffers.push(self.client.buffer(&a.bytes, buffer_type(a.dtype), &dims).map_err(|e| format!("input {i} to the device: {e}"))?);
         }
         let outs = self.exe.execute(&buffers.iter().collect::<Vec<_>>()).map_err(|e| format!("execution failed: {e}"))?;
         let donated = buffers.iter().map(|b| b.is_deleted()).collect::<Result<Vec<_>, _>>()?;
@@ -167,7 +143,10 @@ impl Loaded {
             .iter()
             .zip(&self.outputs)
             .enumerate()
-            .map(|(o, (b, ty))| HostArray::new(ty.clone(), b.to_host().map_err(|e| format!("output {o} to the host: {e}"))?))
+            .map(|(o, (b, ty))| {
+                let shape: Vec<usize> = ty.dims.iter().map(|&d| d as usize).collect();
+                HostArray::new(ty.dtype, &shape, b.to_host().map_err(|e| format!("output {o} to the host: {e}"))?)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Run { outputs, donated })
     }

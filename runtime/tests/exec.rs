@@ -2,8 +2,9 @@
 //! CPU PJRT plugin (`lammps-jax-pjrt-cpu`, installed into the TPU venv by setup) with plain
 //! StableHLO programs. A TPU runs the same code with libtpu's client.
 
-use palladium_runtime::exec::{Device, HostArray, cpu_plugin};
+use palladium_array::{DType, HostArray};
 use palladium_runtime::ArrayType;
+use palladium_runtime::exec::{Device, cpu_plugin};
 
 fn cpu() -> Device {
     Device::open(&cpu_plugin().unwrap_or_else(|e| panic!("{e}"))).unwrap_or_else(|e| panic!("{e}"))
@@ -30,10 +31,10 @@ fn several_outputs_come_back() {
     let run = loaded.run(&[a.clone(), b.clone()]).unwrap();
     assert_eq!(run.donated, [false, false], "nothing aliased, nothing donated");
     let out = run.outputs;
-    assert_eq!(out[0].to_f32().unwrap(), [11., 22., 33., 44., 55., 66.]);
-    assert_eq!(out[1].to_f32().unwrap(), [10., 40., 90., 160., 250., 360.]);
+    assert_eq!(out[0].to_f32(), [11., 22., 33., 44., 55., 66.]);
+    assert_eq!(out[1].to_f32(), [10., 40., 90., 160., 250., 360.]);
     // Runs again with fresh buffers: nothing was consumed on the host.
-    assert_eq!(loaded.run(&[a, b]).unwrap().outputs[0].to_f32().unwrap()[0], 11.);
+    assert_eq!(loaded.run(&[a, b]).unwrap().outputs[0].to_f32()[0], 11.);
 }
 
 #[test]
@@ -51,9 +52,9 @@ fn an_aliased_input_is_donated_to_its_output() {
     let loaded = d.compile(program, &[ty("f32[4,2]"), ty("f32[1,2]"), ty("i32[]")], &[ty("f32[4,2]")]).unwrap();
     let cache = HostArray::from_f32(&[4, 2], &[0.; 8]);
     let row = HostArray::from_f32(&[1, 2], &[7., 8.]);
-    let pos = HostArray::new(ty("i32[]"), 2i32.to_le_bytes().to_vec()).unwrap();
+    let pos = HostArray::new(DType::I32, &[], 2i32.to_le_bytes().to_vec()).unwrap();
     let run = loaded.run(&[cache, row, pos]).unwrap();
-    assert_eq!(run.outputs[0].to_f32().unwrap(), [0., 0., 0., 0., 7., 8., 0., 0.]);
+    assert_eq!(run.outputs[0].to_f32(), [0., 0., 0., 0., 7., 8., 0., 0.]);
     assert_eq!(run.donated, [true, false, false], "the cache is donated to the output, the rest is not");
 }
 
@@ -71,10 +72,10 @@ fn bf16_buffers_round_trip() {
     let loaded = d.compile(program, &[ty("bf16[4]"), ty("f32[4]")], &[ty("bf16[4]"), ty("f32[4]")]).unwrap();
     // bf16 1.5, -2, 0.25, 3 (upper halves of their f32 bits).
     let a: Vec<u8> = [1.5f32, -2., 0.25, 3.].iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes()).collect();
-    let out = loaded.run(&[HostArray::new(ty("bf16[4]"), a).unwrap(), HostArray::from_f32(&[4], &[1., 1., 1., 1.])]).unwrap().outputs;
+    let out = loaded.run(&[HostArray::new(DType::Bf16, &[4], a).unwrap(), HostArray::from_f32(&[4], &[1., 1., 1., 1.])]).unwrap().outputs;
     let doubled: Vec<f32> = out[0].bytes.chunks_exact(2).map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16)).collect();
     assert_eq!(doubled, [3., -4., 0.5, 6.]);
-    assert_eq!(out[1].to_f32().unwrap(), [2.5, -1., 1.25, 4.]);
+    assert_eq!(out[1].to_f32(), [2.5, -1., 1.25, 4.]);
 }
 
 #[test]
@@ -91,7 +92,7 @@ fn errors_say_what_is_wrong() {
     assert_eq!(loaded.run(&[]).unwrap_err(), "the program takes 1 inputs, not 0");
     let e = loaded.run(&[HostArray::from_f32(&[3], &[1., 2., 3.])]).unwrap_err();
     assert_eq!(e, "input 0 is f32[3], the program takes f32[2]");
-    assert!(HostArray::new(ty("f32[2]"), vec![0; 7]).unwrap_err().contains("f32[2] holds 8 bytes, not 7"));
+    assert!(HostArray::new(DType::F32, &[2], vec![0; 7]).unwrap_err().contains("f32[2] holds 8 bytes, not 7"));
     let e = Device::open(std::path::Path::new("/nonexistent/plugin.so")).err().unwrap();
     assert!(e.contains("/nonexistent/plugin.so"), "{e}");
 }

@@ -324,10 +324,10 @@ impl Verifier<'_> {
                 total = total.saturating_add(bytes);
             }
         }
-        let limit = k.call.vmem_limit_bytes.or(chip.map(Chip::default_scoped_vmem_bytes));
+        let limit = k.call.vmem_limit_bytes.or(chip.map(|c| c.target().default_scoped_vmem_bytes));
         if let (Some(limit), Some(chip)) = (k.call.vmem_limit_bytes, chip)
-            && limit > chip.vmem_bytes() {
-                self.call_error("vmem_limit", format!("vmem_limit_bytes {limit} exceeds the {} MiB of VMEM per TensorCore on {chip}", chip.vmem_bytes() >> 20));
+            && limit > chip.target().vmem_bytes {
+                self.call_error("vmem_limit", format!("vmem_limit_bytes {limit} exceeds the {} MiB of VMEM per TensorCore on {chip}", chip.target().vmem_bytes >> 20));
             }
         if let Some(limit) = limit
             && total > limit {
@@ -354,7 +354,7 @@ pub fn check_hbm(k: &Kernel, chip: Chip) -> Result<(), String> {
         lines.push((&o.name, array_bytes(o.dtype, &o.shape)));
     }
     let total = lines.iter().fold(0u64, |t, (_, b)| t.saturating_add(*b));
-    let limit = chip.hbm_bytes();
+    let limit = chip.target().hbm_bytes_per_device();
     if total <= limit {
         return Ok(());
     }

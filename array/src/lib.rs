@@ -1,0 +1,14 @@
+//! The base every Palladium crate may depend on, and which depends on none of them: the
+//! element [`DType`], THE host array ([`HostArray`]), THE bf16 rounding ([`round_bf16`],
+//! [`f32_to_bf16`]) and THE logits tolerance ([`tolerance`]). One definition of each, so the
+//! kernel library's references, the interpreter, the runtime and the model reference agree
+//! bit for bit; a base crate because the interpreter does not depend on the DSL.
+
+mod bf16;
+mod dtype;
+mod host;
+pub mod tolerance;
+
+pub use bf16::{bf16_to_f32, f32_to_bf16, round_bf16};
+pub use dtype::DType;
+pub use host::HostArray;
