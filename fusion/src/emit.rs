@@ -21,7 +21,7 @@
 //! end, on tiny models): libtpu's static estimator barely prices a DMA under an `scf.if`.
 
 use crate::plan::{KvTiles, Plan};
-use palladium_dsl::build::{KernelBuilder, MemorySpace, OperandRole, SemKind, eq, for_range, ge, if_else, lt, pipeline, range};
+use palladium_dsl::build::{Drain, KernelBuilder, MemorySpace, OperandRole, SemKind, eq, for_range, ge, if_else, lt, pipeline, range};
 use palladium_dsl::prelude::*;
 use palladium_dsl::{BuildErrors, Kernel};
 use palladium_kernels::body::{
@@ -269,7 +269,7 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
     let lm_item = |c: Val| c + (l * n) as i32;
     let _ = pipeline(
         range(0, scalar(split)),
-        range(scalar(split), scalar(lm as i32)),
+        Drain::Loop(range(scalar(split), scalar(lm as i32))),
         depth,
         scalar(first_bank),
         |ahead: Val, bank: &Val| dense_copy(hd, lm_item(ahead), ring_add(*bank, depth, banks)).start(),
@@ -421,7 +421,7 @@ fn attention(p: &Plan, hd: H, layer: Val) {
             v0.start();
             let (state, _) = pipeline(
                 range(t0, ntiles - 1),
-                range(ntiles - 1, ntiles),
+                Drain::Loop(range(ntiles - 1, ntiles)),
                 1,
                 (OnlineSoftmax::start(qrows, hp), scalar(0)),
                 |next: Val, &(_, slot): &(OnlineSoftmax, Val)| {
@@ -512,7 +512,7 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val) {
     let zero = scalar(0);
     let _ = pipeline(
         range(0, scalar(split)),
-        range(scalar(split), scalar(total as i32)),
+        Drain::Loop(range(scalar(split), scalar(total as i32))),
         ahead,
         (zero, zero, zero, zero),
         |_, &(slot, pair, c, _)| {

@@ -15,7 +15,7 @@
 //! in Rust, one copy of the tile body per KV tile.
 
 use crate::body::{KvMask, OnlineSoftmax};
-use palladium_dsl::build::{pipeline, range};
+use palladium_dsl::build::{Drain, pipeline, range};
 use palladium_dsl::prelude::*;
 
 // Whole KV tiles (a partial last tile would DMA past `max_context`); `unroll_kv` is a variant
@@ -99,7 +99,7 @@ pub fn decode_attention(
         let last = tiles - 1;
         let (state, _) = pipeline(
             range(scalar(0), last),
-            range(last, tiles),
+            Drain::Peeled { start: last, count: 1 },
             1,
             (init, scalar(0)),
             |next: Val, &(_, slot): &(OnlineSoftmax, Val)| prefetch(next, slot),

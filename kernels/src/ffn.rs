@@ -38,7 +38,7 @@
 //! rounding. See `moe_reference::expert_ffn`.
 
 use crate::body::{ExpertItem, RowSelect, WeightLayout, routed, swiglu_chunk};
-use palladium_dsl::build::{pipeline, range};
+use palladium_dsl::build::{Drain, pipeline, range};
 use palladium_dsl::prelude::*;
 
 // Whole chunks per expert (a partial last chunk would DMA past `ffn`); the work-item loop
@@ -97,7 +97,7 @@ pub fn expert_ffn(
     let last = scalar(pairs * chunks - 1);
     let _ = pipeline(
         range(zero, last),
-        range(last, scalar(pairs * chunks)),
+        Drain::Peeled { start: last, count: 1 },
         1,
         (zero, zero, zero, zero),
         |_, &(pair, chunk, _, slot): &(Val, Val, Val, Val)| {
