@@ -1,7 +1,9 @@
 //! The megakernel: ONE grid-less [`Kernel`] traced with the DSL's [`KernelBuilder`] from a
-//! [`Plan`]. The building blocks are plain Rust functions over DSL handles (`Val`, `Ref`,
-//! `SemRef`); the layer loop, the attention tile loops and the expert loops are traced
-//! (`scf.for`), so the module's size does not grow with the number of layers.
+//! [`Plan`]. This file is the schedule: operands, ring slots, streams and the order of the
+//! phases; each phase's math is a body of `palladium_kernels::body`, the library kernels'
+//! own (norms, projections, RoPE, KV insert, attention tiles, routing, expert chunks). The
+//! layer loop, the attention tile loops and the expert loops are traced (`scf.for`), so the
+//! module's size does not grow with the number of layers.
 //!
 //! Step structure (one call = one decode step for `batch` sequences):
 //! 1. prologue: embedding rows fetched by token id (scalar prefetch), the first `depth`
