@@ -46,7 +46,7 @@ pub mod prelude {
 pub mod build {
     pub use crate::ir::{CmpPred, MemorySpace, SemKind};
     pub use crate::spec::OperandRole;
-    pub use crate::trace::{Carry, Compare, IntoVal, KernelBuilder, ParamError, TracedRange, for_range, if_else, pipeline, range, while_loop};
+    pub use crate::trace::{Carry, Compare, Drain, IntoVal, KernelBuilder, ParamError, TracedRange, for_range, if_else, pipeline, range, while_loop};
 
     macro_rules! comparisons {
         ($($name:ident => $pred:ident, $doc:literal;)*) => {$(

@@ -26,3 +26,36 @@ fn hand_traced_matmul_prints_and_verifies() {
     assert!(text.contains("dot"), "{text}");
     println!("{text}");
 }
+
+/// A stream's drain as a traced loop is one more `for` around one copy of `consume`; peeled,
+/// it is `count` straight-line copies, each told it is draining. The items and the carry
+/// are the same either way.
+#[test]
+fn pipeline_drain_is_a_loop_or_peeled() {
+    use palladium_dsl::build::{Drain, pipeline};
+    use std::cell::Cell;
+    let trace = |peeled: bool| {
+        let mut b = KernelBuilder::new("stream");
+        b.operand("o", OperandRole::Output, DType::F32, &[8, 128], MemorySpace::Vmem, None, None::<Box<dyn FnOnce(&[Val], &[Ref]) -> i32>>);
+        let sealed = b.seal().unwrap();
+        let o = sealed.handles[0].clone().into_ref();
+        let (issued, drained) = (Cell::new(0), Cell::new(0));
+        let drain = if peeled { Drain::Peeled { start: scalar(5), count: 2 } } else { Drain::Loop(range(scalar(5), scalar(7))) };
+        let sum = pipeline(
+            range(scalar(0), scalar(5)),
+            drain,
+            2,
+            zeros([8, 128], DType::F32),
+            |_, _| issued.set(issued.get() + 1),
+            |i, acc, draining| {
+                drained.set(drained.get() + usize::from(draining));
+                acc + i.cast(DType::F32)
+            },
+        );
+        o.store(.., sum);
+        let text = print_kernel(&sealed.finish().unwrap(), PrintOptions::default());
+        (text.lines().filter(|l| l.contains(" for ") || l.trim_start().starts_with("for ")).count(), issued.get(), drained.get())
+    };
+    assert_eq!(trace(false), (2, 1, 1), "main loop and drain loop, each body traced once");
+    assert_eq!(trace(true), (1, 1, 2), "main loop, then the two drain items unrolled");
+}

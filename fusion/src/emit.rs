@@ -1,7 +1,9 @@
 //! The megakernel: ONE grid-less [`Kernel`] traced with the DSL's [`KernelBuilder`] from a
-//! [`Plan`]. The building blocks are plain Rust functions over DSL handles (`Val`, `Ref`,
-//! `SemRef`); the layer loop, the attention tile loops and the expert loops are traced
-//! (`scf.for`), so the module's size does not grow with the number of layers.
+//! [`Plan`]. This file is the schedule: operands, ring slots, streams and the order of the
+//! phases; each phase's math is a body of `palladium_kernels::body`, the library kernels'
+//! own (norms, projections, RoPE, KV insert, attention tiles, routing, expert chunks). The
+//! layer loop, the attention tile loops and the expert loops are traced (`scf.for`), so the
+//! module's size does not grow with the number of layers.
 //!
 //! Step structure (one call = one decode step for `batch` sequences):
 //! 1. prologue: embedding rows fetched by token id (scalar prefetch), the first `depth`
@@ -21,10 +23,13 @@
 //! end, on tiny models): libtpu's static estimator barely prices a DMA under an `scf.if`.
 
 use crate::{layout::{OperandKind, SegmentKind::{OProj, Qkv, Router}}, plan::{KvTiles, Plan}};
-use palladium_dsl::build::{KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, range};
+use palladium_dsl::build::{Drain, KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, lt, pipeline, range};
 use palladium_dsl::prelude::*;
 use palladium_dsl::{BuildErrors, Kernel};
-use palladium_kernels::body::{OnlineSoftmax, rms_unit, rope_apply, rope_rotation, router_scores, swiglu, top_k};
+use palladium_kernels::body::{
+    ExpertItem, KvMask, NewRow, OnlineSoftmax, RowSelect, Routing, WeightLayout, embedding_row, project, residual_add, rms_norm, rope_apply, rope_rotation,
+    rope_tables, routed, swiglu_chunk,
+};
 
 type NoMap = Option<Box<dyn FnOnce(&[Val], &[Ref]) -> i32>>;
 
@@ -227,32 +232,25 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
     for g in 0..depth.min(l * n + p.layout.lm_chunks) {
         dense_copy(hd, scalar(g as i32), scalar((g % banks) as i32)).start();
     }
-    // RoPE (neox, rotate halves): cos/sin of pos * inv_freq[j mod hd/2], and the signed
-    // permutation R with rotate(x) = x @ R, restricted to the first head_dim lanes.
-    let half = (d.head_dim / 2) as i32;
-    let j = iota([1, hp], 1);
-    let jj = select(ge(j, half), j - half, j);
-    let inv_freq = (jj.cast(f32) * (-2.0 * d.rope_theta.ln() / d.head_dim as f64)).exp();
-    let row_i = iota([rows, 1], 0);
+    // RoPE tables (neox, rotate halves) for the sequences' positions, one row each, and
+    // the rotation restricted to the first head_dim lanes of a padded head.
+    let row_i = RowSelect::new(rows, 1);
     let mut pos = zeros([rows, 1], f32);
     for bi in 0..b {
-        pos = select(eq(row_i, bi as i32), hd.positions.load(bi).cast(f32), pos);
+        pos = row_i.put(pos, bi as i32, hd.positions.load(bi).cast(f32));
     }
-    let angle = pos * inv_freq;
-    hd.cos.store(.., angle.cos());
-    hd.sin.store(.., angle.sin());
+    let (cos, sin) = rope_tables(pos, hp, d.head_dim, d.rope_theta);
+    hd.cos.store(.., cos);
+    hd.sin.store(.., sin);
     hd.rot.store(.., rope_rotation(hp, d.head_dim, false));
     hd.qs.store(.., 0.0);
     hd.os.store(.., 0.0);
-    // Embedding rows: row (token % 16) of the fetched 16-row group.
+    // Embedding rows, each from its fetched 16-row group, to row `bi` of the residual stream.
     let mut x = zeros([rows, h], f32);
-    let sub = iota([16, h], 0);
     for bi in 0..b {
         let t = hd.tokens.load(bi);
         async_copy(hd.embed.at(t / 16), hd.emb.at(bi), hd.emb_sems.at(bi)).wait();
-        let grp = hd.emb.load(bi).cast(f32);
-        let row = select(eq(sub, t % 16), grp, 0.0).sum_keepdims(0);
-        x = select(eq(row_i, bi as i32), row, x);
+        x = row_i.put(x, bi as i32, embedding_row(hd.emb.load(bi), t));
     }
     hd.x.store(.., x);
 
@@ -265,7 +263,7 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
     });
 
     // --- final norm (folded) + lm_head -------------------------------------------------
-    let xf = rms_unit(hd.x.load(..), h, d.eps).cast(bf16);
+    let xf = rms_norm(hd.x.load(..), None, h, d.eps);
     let first_bank = ((l * n) % banks) as i32;
     let lm = p.layout.lm_chunks;
     // The layer loop issued lm chunks 0..depth; chunks depth.. are issued here, depth ahead.
@@ -273,13 +271,13 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
     let lm_item = |c: Val| c + (l * n) as i32;
     let _ = pipeline(
         range(0, scalar(split)),
-        range(scalar(split), scalar(lm as i32)),
+        Drain::Loop(range(scalar(split), scalar(lm as i32))),
         depth,
         scalar(first_bank),
         |ahead: Val, bank: &Val| dense_copy(hd, lm_item(ahead), ring_add(*bank, depth, banks)).start(),
         |c: Val, bank: Val, _| {
             dense_copy(hd, lm_item(c), bank).wait();
-            hd.logits.store(c, dot(xf, hd.ring.load(bank)));
+            hd.logits.store(c, project(xf, hd.ring.load(bank), WeightLayout::InOut));
             ring_add(bank, 1, banks)
         },
     );
@@ -294,7 +292,7 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
     if let Some(norms) = hd.head_norms {
         async_copy(norms.at(layer), hd.hn, hd.hn_sem.at(0)).start();
     }
-    let xn1 = rms_unit(hd.x.load(..), h, d.eps).cast(bf16);
+    let xn1 = rms_norm(hd.x.load(..), None, h, d.eps);
     let mut xn2: Option<Val> = None;
     let mut o_started = false;
     for k in 0..n {
@@ -306,7 +304,7 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
             let seg_cols = piece.seg_col..piece.seg_col + piece.cols;
             let w = hd.ring.load((bank, .., cols));
             match piece.segment {
-                Qkv => { hd.qkv.store((.., seg_cols), dot(xn1, w)) }
+                Qkv => { hd.qkv.store((.., seg_cols), project(xn1, w, WeightLayout::InOut)) }
                 OProj => {
                     if !o_started {
                         attention(p, hd, layer);
@@ -314,15 +312,15 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
                         hd.oacc.store(.., 0.0);
                     }
                     let a = hd.attn.load((.., seg_cols)).cast(bf16);
-                    hd.oacc.store(.., hd.oacc.load(..) + dot_t(a, w));
+                    hd.oacc.store(.., hd.oacc.load(..) + project(a, w, WeightLayout::OutIn));
                 }
                 Router => {
                     let xn = *xn2.get_or_insert_with(|| {
-                        let x = hd.x.load(..) + hd.oacc.load(..);
+                        let x = residual_add(hd.x.load(..), hd.oacc.load(..));
                         hd.x.store(.., x);
-                        rms_unit(x, h, d.eps).cast(bf16)
+                        rms_norm(x, None, h, d.eps)
                     });
-                    hd.rl.store((.., seg_cols), dot(xn, w));
+                    hd.rl.store((.., seg_cols), project(xn, w, WeightLayout::InOut));
                 }
             }
         }
@@ -344,12 +342,14 @@ fn attention(p: &Plan, hd: H, layer: Val) {
     let cos = hd.cos.load(..);
     let sin = hd.sin.load(..);
     let rot = hd.rot.load(..);
+    // A head's q or k columns: per-head RMSNorm (Qwen3's q_norm/k_norm, rounded to bf16 as
+    // Hugging Face does), RoPE, and for q the softmax scale folded in.
     let prep = |col: u64, norm_row: Option<u64>, scale: f64| {
-        let mut v = hd.qkv.load((.., col..col + hp));
-        if let Some(rw) = norm_row {
-            let w = hd.hn.load((rw..rw + 1, ..));
-            v = (rms_unit(v, d.head_dim, d.eps) * w).cast(bf16).cast(f32);
-        }
+        let v = hd.qkv.load((.., col..col + hp));
+        let v = match norm_row {
+            Some(rw) => rms_norm(v, Some(hd.hn.load((rw..rw + 1, ..))), d.head_dim, d.eps),
+            None => v,
+        };
         rope_apply(v, rot, cos, sin) * scale
     };
     let qk_rows = |r: u64| if d.qk_norm { Some(r) } else { None };
@@ -365,21 +365,21 @@ fn attention(p: &Plan, hd: H, layer: Val) {
     }
     let bkv = p.block_kv;
     let qrows = d.attn_rows;
-    let row_b = iota([rows, hp], 0);
-    let arow = iota([qrows, hp], 0);
+    // A sequence's row of the batch-stacked head buffers; a head's row of the attention rows.
+    let row_b = RowSelect::new(rows, hp);
+    let arow = RowSelect::new(qrows, hp);
     for_range(range(0, scalar(kvh as i32)), (), |g: Val, ()| {
         for_range(range(0, scalar(d.batch as i32)), (), |bi: Val, ()| {
             // Sequence `bi`'s query rows of the group's heads (row j = head j): attention
             // runs on `group` rows (rounded up to 16) whatever the batch.
             let mut qg = zeros([qrows, hp], f32);
             for j in 0..group {
-                let row = select(eq(row_b, bi), hd.qs.load((g, j * rows..(j + 1) * rows, ..)), 0.0).sum_keepdims(0);
-                qg = select(eq(arow, j as i32), row, qg);
+                qg = arow.put(qg, j as i32, row_b.take(hd.qs.load((g, j * rows..(j + 1) * rows, ..)), bi));
             }
             let qg = qg.cast(bf16);
             let pos = hd.positions.load(bi);
-            let knew = select(eq(row_b, bi), hd.ks.load(g), 0.0).sum_keepdims(0);
-            let vnew = select(eq(row_b, bi), hd.vs.load(g), 0.0).sum_keepdims(0);
+            let knew = row_b.take(hd.ks.load(g), bi);
+            let vnew = row_b.take(hd.vs.load(g), bi);
             let bkv_i = bkv as i32;
             // The tile holding the new position: the last one read, or any one of all.
             let last = pos / bkv_i;
@@ -421,75 +421,53 @@ fn attention(p: &Plan, hd: H, layer: Val) {
             let (k0, v0) = fetch(t0, scalar(0));
             k0.start();
             v0.start();
-            // A finite running max: a tile wholly masked before the first valid one (all
-            // tiles read, sliding window) keeps it, with `exp(m - m_new) = 1`, not NaN.
-            let m0 = full([qrows, 1], -1e30, f32);
-            let l0 = zeros([qrows, 1], f32);
-            let a0 = zeros([qrows, hp], f32);
-            let tile_rows = iota([bkv, hp], 0);
-            let (m, l, acc, _) = pipeline(
+            let (state, _) = pipeline(
                 range(t0, ntiles - 1),
-                range(ntiles - 1, ntiles),
+                Drain::Loop(range(ntiles - 1, ntiles)),
                 1,
-                (m0, l0, a0, scalar(0)),
-                |next: Val, &(_, _, _, slot): &(Val, Val, Val, Val)| {
+                (OnlineSoftmax::start(qrows, hp), scalar(0)),
+                |next: Val, &(_, slot): &(OnlineSoftmax, Val)| {
                     let (kn, vn) = fetch(next, 1 - slot);
                     kn.start();
                     vn.start();
                 },
-                |t: Val, (m, l_, acc, slot): (Val, Val, Val, Val), draining: bool| {
+                |t: Val, (state, slot): (OnlineSoftmax, Val), draining: bool| {
                     let (kc, vc) = fetch(t, slot);
                     kc.wait();
                     vc.wait();
                     // Insert the new K/V row into its tile and write its group back.
                     on_last_tile(t, draining, &|| {
-                        let rrow = pos - t * bkv_i;
-                        let kt = select(eq(tile_rows, rrow), knew, hd.kbuf.load(slot).cast(f32));
-                        let vt = select(eq(tile_rows, rrow), vnew, hd.vbuf.load(slot).cast(f32));
-                        hd.kbuf.store(slot, kt.cast(bf16));
-                        hd.vbuf.store(slot, vt.cast(bf16));
+                        let new_row = NewRow::at(bkv, hp, pos - t * bkv_i);
+                        hd.kbuf.store(slot, new_row.insert(hd.kbuf.load(slot), knew));
+                        hd.vbuf.store(slot, new_row.insert(hd.vbuf.load(slot), vnew));
                         let (kw, vw) = write_back(slot);
                         kw.start();
                         vw.start();
                     });
-                    let s = dot_t(qg, hd.kbuf.load(slot));
-                    // Positions past `pos` (or before the window) are masked: scores to -inf, and
-                    // V rows to zero, as they hold whatever the cache held (zeros from a fresh
-                    // cache, or stale/uninitialised data) and 0 * NaN is NaN. Only a tile that
-                    // holds such positions pays for it: the last one read. Reading all tiles,
-                    // every tile pays (a run-time choice per tile costs more in libtpu's
-                    // estimate than the masking: the cost variant stays an upper bound).
-                    let masked = || {
-                        let col = iota([qrows, bkv], 1) + t * bkv_i;
-                        let vrow = iota([bkv, hp], 0) + t * bkv_i;
-                        let (mut valid, mut vvalid) = (le(col, pos), le(vrow, pos));
-                        if let Some(w) = d.window {
-                            valid = valid & lt(pos - w as i32, col);
-                            vvalid = vvalid & lt(pos - w as i32, vrow);
-                        }
-                        (select(valid, s, f64::NEG_INFINITY), select(vvalid, hd.vbuf.load(slot).cast(f32), 0.0).cast(bf16))
+                    // Positions past `pos` (or before the window) are masked, V rows included
+                    // (the cache holds whatever it held there). Only a tile that holds such
+                    // positions pays for it: the last one read. Reading all tiles, every tile
+                    // pays (a run-time choice per tile costs more in libtpu's estimate than
+                    // the masking: the cost variant stays an upper bound).
+                    let mask = match (p.kv_tiles, d.window) {
+                        (KvTiles::UpToPosition, None) if !draining => None,
+                        _ => Some(KvMask { start: t * bkv_i, last: pos, window: d.window, zero_values: true }),
                     };
-                    let whole = || (s, hd.vbuf.load(slot));
-                    let (s, vt) = match (p.kv_tiles, d.window) {
-                        (KvTiles::UpToPosition, None) if !draining => whole(),
-                        _ => masked(),
-                    };
-                    let folded = OnlineSoftmax { m, l: l_, acc }.fold(s, vt);
+                    let state = state.attend(qg, hd.kbuf.load(slot), hd.vbuf.load(slot), None, mask);
                     // The write-back reads this slot: it lands before the slot is refilled.
                     on_last_tile(t, draining, &|| {
                         let (kw, vw) = write_back(slot);
                         kw.wait();
                         vw.wait();
                     });
-                    (folded.m, folded.l, folded.acc, 1 - slot)
+                    (state, 1 - slot)
                 },
             );
             // Head j's output row for sequence `bi` back to row `bi` of its stacked block.
-            let out = OnlineSoftmax { m, l, acc }.output();
+            let out = state.output();
             for j in 0..group {
-                let row = select(eq(arow, j as i32), out, 0.0).sum_keepdims(0);
                 let block = || (g, j * rows..(j + 1) * rows, ..);
-                hd.os.store(block(), select(eq(row_b, bi), row, hd.os.load(block())));
+                hd.os.store(block(), row_b.put(hd.os.load(block()), bi, arow.take(out, j as i32)));
             }
         });
     });
@@ -503,16 +481,13 @@ fn attention(p: &Plan, hd: H, layer: Val) {
 /// weights of the real rows to SMEM.
 fn route(p: &Plan, hd: H) {
     let d = &p.dims;
-    let (rows, k) = (d.rows, d.top_k);
-    let scores = router_scores(hd.rl.load(..), d.experts, false);
-    let (top_ids, top_w) = top_k(scores, d.experts, k, d.renormalize);
-    let slot_iota = iota([rows, k], 1);
-    let row_iota = iota([rows, k], 0);
+    let k = d.top_k;
+    let routing = Routing::new(hd.rl.load(..), d.experts, k, false, d.renormalize);
     for bi in 0..d.batch {
         for j in 0..k {
-            let here = eq(row_iota, bi as i32) & eq(slot_iota, j as i32);
-            hd.ids.store(bi * k + j, select(here, top_ids, -1).max_all());
-            hd.wts.store(bi * k + j, select(here, top_w, f64::NEG_INFINITY).max_all());
+            let (id, weight) = routing.entry(bi as i32, j as i32);
+            hd.ids.store(bi * k + j, id);
+            hd.wts.store(bi * k + j, weight);
         }
     }
 }
@@ -533,39 +508,30 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val) {
     for it in 0..ahead {
         fetch(scalar((it / ec) as i32), scalar((it % ec) as i32), scalar(it as i32)).start();
     }
-    let next = |pair: Val, c: Val| {
-        let c1 = c + 1;
-        let wrap = eq(c1, ec as i32);
-        (select(wrap, pair + 1, pair), select(wrap, 0, c1))
-    };
     hd.acc.store(.., 0.0);
-    let row_ids = iota([rows, 1], 0);
+    let row_ids = RowSelect::new(rows, 1);
     let split = (total - ahead) as i32;
     let zero = scalar(0);
     let _ = pipeline(
         range(0, scalar(split)),
-        range(scalar(split), scalar(total as i32)),
+        Drain::Loop(range(scalar(split), scalar(total as i32))),
         ahead,
         (zero, zero, zero, zero),
         |_, &(slot, pair, c, _)| {
-            let (mut ip, mut ic) = (pair, c);
+            let mut item = ExpertItem { pair, chunk: c };
             for _ in 0..ahead {
-                (ip, ic) = next(ip, ic);
+                item = item.next(ec);
             }
-            fetch(ip, ic, ring_add(slot, ahead, slots)).start();
+            fetch(item.pair, item.chunk, ring_add(slot, ahead, slots)).start();
         },
         |_, (slot, pair, c, seq): (Val, Val, Val, Val), _| {
             fetch(pair, c, slot).wait();
-            let gate = dot(xn2, hd.ex_buf.load((slot, .., 0..eb)));
-            let up = dot(xn2, hd.ex_buf.load((slot, .., eb..2 * eb)));
-            let act = swiglu(gate, up);
-            let coef = select(eq(row_ids, seq), hd.wts.load(pair), 0.0);
-            let down = dot_t(act, hd.ex_buf.load((slot, .., 2 * eb..3 * eb)));
-            hd.acc.store(.., hd.acc.load(..) + down * coef);
-            let (pair, c) = next(pair, c);
-            let seq = select(eq(pair, (seq + 1) * k as i32), seq + 1, seq);
-            (ring_add(slot, 1, slots), pair, c, seq)
+            let columns = |part: u64| hd.ex_buf.load((slot, .., part * eb..(part + 1) * eb));
+            let chunk = swiglu_chunk(xn2, columns(0), columns(1), columns(2), WeightLayout::OutIn);
+            hd.acc.store(.., hd.acc.load(..) + routed(chunk, row_ids, seq, hd.wts.load(pair)));
+            let next = ExpertItem { pair, chunk: c }.next(ec);
+            (ring_add(slot, 1, slots), next.pair, next.chunk, next.row_from(seq, k))
         },
     );
-    hd.x.store(.., hd.x.load(..) + hd.acc.load(..));
+    hd.x.store(.., residual_add(hd.x.load(..), hd.acc.load(..)));
 }

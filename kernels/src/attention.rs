@@ -3,9 +3,10 @@
 //! One grid step per (sequence, kv head): the `group` query heads that share the kv head
 //! attend to the sequence's first `lens[b]` cached positions (scalar prefetch; `lens[b] >=
 //! 1`). K and V tiles of `block_kv` positions are streamed from HBM by manual DMAs into a
-//! two-slot VMEM ring: tile t+1 is in flight while tile t is used. Softmax is computed online
-//! (running max `m`, normaliser `l`, accumulator `acc`, all f32), so the context length is
-//! bounded by HBM, not VMEM.
+//! two-slot VMEM ring by the DSL's `pipeline` (tile t+1 is in flight while tile t is used),
+//! each tile attended to by the body [`crate::body::OnlineSoftmax::attend`] (the megakernel's
+//! too). Softmax is computed online (running max `m`, normaliser `l`, accumulator `acc`, all
+//! f32), so the context length is bounded by HBM, not VMEM.
 //!
 //! Benchmark variants (compile-time, default off): `bench_full_context` ignores `lens` and
 //! attends to all `max_context` positions with *static* loop bounds (`tiles` is a
@@ -13,7 +14,8 @@
 //! bounds it counts none of it); `unroll_kv` (with `bench_full_context`) unrolls the loop
 //! in Rust, one copy of the tile body per KV tile.
 
-use crate::body::OnlineSoftmax;
+use crate::body::{KvMask, OnlineSoftmax};
+use palladium_dsl::build::{Drain, pipeline, range};
 use palladium_dsl::prelude::*;
 
 // Whole KV tiles (a partial last tile would DMA past `max_context`); `unroll_kv` is a variant
@@ -58,50 +60,52 @@ pub fn decode_attention(
     };
     let scale = 1.0 / (head_dim as f64).sqrt();
     let qv = q[(0, 0, .., ..)];
+    // Positions from `len` on are masked out of the scores; their V rows are not zeroed (the
+    // caller's cache holds finite data there, stale or zero: a NaN would reach the output).
+    let last_position = len - 1;
     let (k0, v0) = fetch(scalar(0), scalar(0));
     k0.start();
     v0.start();
-    let mut m = full([group, 1], f64::NEG_INFINITY, f32);
-    let mut l = zeros([group, 1], f32);
-    let mut acc = zeros([group, head_dim], f32);
-    // Prefetch tile t + 1 (unconditionally: the loop over all tiles but the last does it,
-    // as libtpu's v6e profiler cannot price, and aborts on, a DMA issued under an `if`).
-    let prefetch = |t: Val, slot: Val| {
-        let (k_next, v_next) = fetch(t + 1, 1 - slot);
+    // Tile t + 1 into the other slot (unconditionally: libtpu's v6e profiler cannot price,
+    // and aborts on, a DMA issued under an `if`).
+    let prefetch = |next: Val, slot: Val| {
+        let (k_next, v_next) = fetch(next, 1 - slot);
         k_next.start();
         v_next.start();
     };
-    // One KV tile in ring slot `slot`: wait for it, fold it into (m, l, acc).
-    let tile = |t: Val, slot: Val, m: Val, l: Val, acc: Val| -> (Val, Val, Val) {
+    // One KV tile in ring slot `slot`: wait for it, attend to it.
+    let tile = |t: Val, slot: Val, state: OnlineSoftmax| -> OnlineSoftmax {
         let (k_now, v_now) = fetch(t, slot);
         k_now.wait();
         v_now.wait();
-        let s = dot_t(qv, k_buf[slot]) * scale;
-        let pos = iota([group, block_kv], 1) + t * block_kv as i32;
-        let s = select(pos < len, s, f64::NEG_INFINITY);
-        let folded = OnlineSoftmax { m, l, acc }.fold(s, v_buf[slot]);
-        (folded.m, folded.l, folded.acc)
+        let mask = KvMask { start: t * block_kv as i32, last: last_position, window: None, zero_values: false };
+        state.attend(qv, k_buf[slot], v_buf[slot], Some(scale), Some(mask))
     };
-    if bench_full_context && unroll_kv {
+    let init = OnlineSoftmax::start(group as u64, head_dim as u64);
+    let state = if bench_full_context && unroll_kv {
+        let mut state = init;
         for t in 0..n_tiles {
             let slot = scalar((t % 2) as i32);
             if t + 1 < n_tiles {
-                prefetch(scalar(t as i32), slot);
+                prefetch(scalar(t as i32 + 1), slot);
             }
-            (m, l, acc) = tile(scalar(t as i32), slot, m, l, acc);
+            state = tile(scalar(t as i32), slot, state);
         }
+        state
     } else {
         // The slot is carried, not `t % 2`: with a slot computed from the induction
         // variable, libtpu 0.0.42.1's v6e profiler aborts ("Unsupported DMA direction: 0 on
         // GL/GLP") on loops of 3+ tiles.
         let last = tiles - 1;
-        let mut slot = scalar(0);
-        for t in 0..last {
-            prefetch(t, slot);
-            (m, l, acc) = tile(t, slot, m, l, acc);
-            slot = 1 - slot;
-        }
-        (m, l, acc) = tile(last, slot, m, l, acc);
-    }
-    o[(0, 0, .., ..)] = OnlineSoftmax { m, l, acc }.output().cast(bf16);
+        let (state, _) = pipeline(
+            range(scalar(0), last),
+            Drain::Peeled { start: last, count: 1 },
+            1,
+            (init, scalar(0)),
+            |next: Val, &(_, slot): &(OnlineSoftmax, Val)| prefetch(next, slot),
+            |t: Val, (state, slot): (OnlineSoftmax, Val), _| (tile(t, slot, state), 1 - slot),
+        );
+        state
+    };
+    o[(0, 0, .., ..)] = state.output().cast(bf16);
 }

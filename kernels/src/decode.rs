@@ -24,6 +24,7 @@
 //!   windows plus 1 MiB of headroom, at least the 16 MiB every chip grants by default, so
 //!   bigger blocks raise it instead of failing the default scoped budget.
 
+use crate::body::{WeightLayout, project};
 use palladium_dsl::prelude::*;
 
 /// The VMEM limit for `gemv`'s blocks: the double-buffered `x`, `w` and `o` windows (`x`'s
@@ -54,7 +55,7 @@ pub fn gemv(
     #[input(bf16[k, n], block = [block_k, block_n], map = |j, kk| (kk, j))] w: Ref,
     #[output(f32[batch, n], block = [batch, block_n], map = |j, _kk| (0, j))] o: Ref,
 ) {
-    let partial = dot(x[..], w[..]);
+    let partial = project(x[..], w[..], WeightLayout::InOut);
     if block_k == k {
         // One k step: the plain Pallas body.
         o[..] = partial;

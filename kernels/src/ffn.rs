@@ -37,7 +37,8 @@
 //! to bf16 before the down projection; the weighted combine in f32; one final bf16
 //! rounding. See `moe_reference::expert_ffn`.
 
-use crate::body::swiglu;
+use crate::body::{ExpertItem, RowSelect, WeightLayout, routed, swiglu_chunk};
+use palladium_dsl::build::{Drain, pipeline, range};
 use palladium_dsl::prelude::*;
 
 // Whole chunks per expert (a partial last chunk would DMA past `ffn`); the work-item loop
@@ -88,43 +89,34 @@ pub fn expert_ffn(
     x_pad[..] = 0.0;
     x_pad[0..tokens] = x[..].cast(f32);
     let xv = x_pad[..].cast(bf16);
-    let row_ids = iota([rows, 1], 0);
-    // One flat loop over the items with a carried (pair, chunk, token) cursor advanced by
-    // compares: no scalar division by a non-power-of-two chunk count (libtpu's static
-    // profiler cannot model its multiply-high). Every item but the last prefetches its
-    // successor unconditionally (libtpu's v6e profiler barely prices, or aborts on, a DMA
-    // issued under an `if`); the last item is peeled.
-    let next = |pair: Val, c: Val| {
-        let wrap = c + 1 == chunks;
-        (select(wrap, pair + 1, pair), select(wrap, 0, c + 1))
-    };
-    let consume = |pair: Val, c: Val, t: Val, slot: Val| {
-        let (g, u, d) = fetch(pair, c, slot);
-        g.wait();
-        u.wait();
-        d.wait();
-        let coef = select(row_ids == t, weights[(t, pair - t * top_k as i32)], 0.0);
-        let gate = dot(xv, gate_buf[slot]);
-        let up = dot(xv, up_buf[slot]);
-        let h = swiglu(gate, up);
-        acc[..] += dot(h, down_buf[slot]) * coef;
-    };
-    let mut pair = scalar(0);
-    let mut c = scalar(0);
-    let mut t = scalar(0);
-    let mut slot = scalar(0);
-    for _item in 0..scalar(pairs * chunks - 1) {
-        let (next_pair, next_chunk) = next(pair, c);
-        let (g, u, d) = fetch(next_pair, next_chunk, 1 - slot);
-        g.start();
-        u.start();
-        d.start();
-        consume(pair, c, t, slot);
-        t = select(next_pair == (t + 1) * top_k as i32, t + 1, t);
-        pair = next_pair;
-        c = next_chunk;
-        slot = 1 - slot;
-    }
-    consume(pair, c, t, slot);
+    let row_ids = RowSelect::new(rows as u64, 1);
+    // One flat pipelined loop over the items, the (pair, chunk, token) cursor and the ring
+    // slot carried: every item but the last issues its successor unconditionally (libtpu's
+    // v6e profiler barely prices, or aborts on, a DMA issued under an `if`).
+    let zero = scalar(0);
+    let last = scalar(pairs * chunks - 1);
+    let _ = pipeline(
+        range(zero, last),
+        Drain::Peeled { start: last, count: 1 },
+        1,
+        (zero, zero, zero, zero),
+        |_, &(pair, chunk, _, slot): &(Val, Val, Val, Val)| {
+            let next = ExpertItem { pair, chunk }.next(chunks as u64);
+            let (g, u, d) = fetch(next.pair, next.chunk, 1 - slot);
+            g.start();
+            u.start();
+            d.start();
+        },
+        |_, (pair, chunk, t, slot): (Val, Val, Val, Val), _| {
+            let (g, u, d) = fetch(pair, chunk, slot);
+            g.wait();
+            u.wait();
+            d.wait();
+            let chunk_out = swiglu_chunk(xv, gate_buf[slot], up_buf[slot], down_buf[slot], WeightLayout::InOut);
+            acc[..] += routed(chunk_out, row_ids, t, weights[(t, pair - t * top_k as i32)]);
+            let next = ExpertItem { pair, chunk }.next(chunks as u64);
+            (next.pair, next.chunk, next.row_from(t, top_k as u64), 1 - slot)
+        },
+    );
     o[..] = acc[0..tokens].cast(bf16);
 }

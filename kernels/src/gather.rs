@@ -1,6 +1,14 @@
 //! Row-block gather by scalar-prefetched ids: `out[i] = table[ids[i]] * scale`, with the
 //! table in HBM and the blocks streamed by manual, double-buffered DMAs (the pattern of
 //! paged attention and of fetching MoE experts by id).
+//!
+//! One item per grid step, its output block written back by the grid's `BlockSpec`
+//! pipeline: the stream's ring runs across grid steps (step `i` prefetches item `i + 1`), so
+//! dsl's `pipeline`, a traced loop inside one invocation (what `decode_attention` and
+//! `expert_ffn` stream with), does not apply without giving up the grid, and with it the
+//! output's block pipeline (the whole output would sit in VMEM, or need a second, write
+//! stream). Its first fetch and prefetches are under `if`s, and its slot is `step % 2`:
+//! libtpu's v6e estimator aborts on this kernel (`palladium compile` reports why).
 
 use palladium_dsl::prelude::*;
 

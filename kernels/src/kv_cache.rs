@@ -17,6 +17,7 @@
 //! Aliasing is sound: every step writes rows no other step touches (positions of
 //! different sequences are in different `b` slices), and nothing is read from the caches.
 
+use crate::body::NewRow;
 use palladium_dsl::prelude::*;
 
 // Whole aligned blocks (the block holding the last position must not reach past
@@ -56,12 +57,10 @@ pub fn kv_cache_update(
     k_read.wait();
     v_read.wait();
     // Row `pos - start` of each head's block becomes the new token's row.
-    let hit = iota([block_rows, head_dim], 0) == pos - start;
+    let new_row = NewRow::at(block_rows as u64, head_dim as u64, pos - start);
     for h in 0..kv_heads {
-        let k_row = k_new[(0, h..h + 1, ..)].broadcast_to([block_rows, head_dim]);
-        k_buf[(h, .., ..)] = select(hit, k_row, k_buf[(h, .., ..)]);
-        let v_row = v_new[(0, h..h + 1, ..)].broadcast_to([block_rows, head_dim]);
-        v_buf[(h, .., ..)] = select(hit, v_row, v_buf[(h, .., ..)]);
+        k_buf[(h, .., ..)] = new_row.insert(k_buf[(h, .., ..)], k_new[(0, h..h + 1, ..)]);
+        v_buf[(h, .., ..)] = new_row.insert(v_buf[(h, .., ..)], v_new[(0, h..h + 1, ..)]);
     }
     let k_write = async_copy(k_buf.at(..), k_out.at(rows), sems.at(0));
     let v_write = async_copy(v_buf.at(..), v_out.at(rows), sems.at(1));

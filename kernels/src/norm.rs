@@ -1,6 +1,6 @@
 //! RMSNorm over the hidden dim: `x / sqrt(mean(x^2) + eps) * w`, computed in f32.
 
-use crate::body::rms_unit;
+use crate::body::rms_norm;
 use palladium_dsl::prelude::*;
 
 #[kernel(grid = (rows / block_rows,), semantics = (parallel,), requires = [eps >= 0.0])]
@@ -13,6 +13,5 @@ pub fn rmsnorm(
     #[input(bf16[1, hidden], block = [1, hidden], map = |_i| (0, 0))] weight: Ref,
     #[output(bf16[rows, hidden], block = [block_rows, hidden], map = |i| (i, 0))] o: Ref,
 ) {
-    let normed = rms_unit(x[..].cast(f32), hidden as u64, eps);
-    o[..] = (normed * weight[..].cast(f32)).cast(bf16);
+    o[..] = rms_norm(x[..], Some(weight[..]), hidden as u64, eps);
 }

@@ -23,7 +23,7 @@
 //! and refuses. All of `rows` in one row block streams the weight once (`block_rows = 128`
 //! streams it twice: 124085 vs 89673 estimated cycles on v5e).
 
-use crate::body::rms_unit;
+use crate::body::{WeightLayout, project, rms_norm};
 use palladium_dsl::prelude::*;
 
 #[kernel(grid = (rows / block_rows, n / block_n), semantics = (parallel, arbitrary), requires = [eps >= 0.0])]
@@ -41,8 +41,7 @@ pub fn rmsnorm_matmul(
     #[scratch(vmem, bf16[block_rows, hidden])] normed: Ref,
 ) {
     if program_id(1) == 0 {
-        let scaled = rms_unit(x[..].cast(f32), hidden as u64, eps) * norm_w[..].cast(f32);
-        normed[..] = scaled.cast(bf16);
+        normed[..] = rms_norm(x[..], Some(norm_w[..]), hidden as u64, eps);
     }
-    o[..] = dot(normed[..], w[..]).cast(bf16);
+    o[..] = project(normed[..], w[..], WeightLayout::InOut).cast(bf16);
 }

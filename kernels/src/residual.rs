@@ -13,12 +13,12 @@
 //! because every grid step reads its residual block before writing the same block, and no
 //! step touches another's block.
 
+use crate::body::residual_add as add;
 use palladium_dsl::prelude::*;
 
 /// `o = x + residual` over one block, f32 math.
 fn add_block(x: Ref, residual: Ref, o: Ref) {
-    let sum = x.load(..).cast(f32) + residual.load(..).cast(f32);
-    o.store(.., sum.cast(bf16));
+    o.store(.., add(x.load(..), residual.load(..)).cast(bf16));
 }
 
 #[kernel(grid = (rows / block_rows,), semantics = (parallel,))]

@@ -25,7 +25,7 @@
 //! Numerics: the f32 logits are the exact products of the bf16 inputs accumulated in f32
 //! (an f32 matmul at default precision, see the note in the body); the softmax is the max-subtracted one, in f32. See `moe_reference::moe_router`.
 
-use crate::body;
+use crate::body::{Routing, WeightLayout, project};
 use palladium_dsl::prelude::*;
 
 // The top-k rounds are unrolled at trace time, hence the bound on `top_k`.
@@ -46,18 +46,15 @@ pub fn moe_router(
     // bf16 x bf16 -> f32 product, but libtpu 0.0.42.1 crashes on v5e for a bf16 matmul whose
     // lhs has 8 rows ("Expected vector-bf16packed" in vmatmul; JAX Pallas's own
     // `jnp.dot(x_ref[...], w_ref[...])` on bf16[8, 256] x bf16[256, 128] aborts the same way).
-    let logits = dot(x[..].cast(f32), w_router[..].cast(f32));
-    let scores = body::router_scores(logits, experts as u64, sigmoid);
-    let (top_ids, top_w) = body::top_k(scores, experts as u64, top_k as u64, renormalize);
-    let slot_iota = iota([tokens, top_k], 1);
-    // SMEM stores are scalar: pull each element out with a masked reduction, in a traced
-    // loop over the (token, slot) pairs so the IR stays small.
-    let token_iota = iota([tokens, top_k], 0);
+    let logits = project(x[..].cast(f32), w_router[..].cast(f32), WeightLayout::InOut);
+    let routing = Routing::new(logits, experts as u64, top_k as u64, sigmoid, renormalize);
+    // SMEM stores are scalar: one entry at a time, in a traced loop over the (token, slot)
+    // pairs so the IR stays small.
     for t in 0..scalar(tokens as i32) {
         for j in 0..scalar(top_k as i32) {
-            let here = (token_iota == t) & (slot_iota == j);
-            ids[(t, j)] = select(here, top_ids, -1).max_all();
-            weights[(t, j)] = select(here, top_w, f64::NEG_INFINITY).max_all();
+            let (id, weight) = routing.entry(t, j);
+            ids[(t, j)] = id;
+            weights[(t, j)] = weight;
         }
     }
 }

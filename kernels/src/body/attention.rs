@@ -1,0 +1,106 @@
+//! Attention over KV tiles: one tile's scores, mask and online-softmax fold.
+
+use palladium_dsl::build::{Carry, le, lt};
+use palladium_dsl::ir::Value;
+use palladium_dsl::prelude::*;
+
+/// The running state of attention's online softmax over KV tiles: row max `m`, row sum `l`
+/// and the unnormalised output `acc` (all f32; the output is `acc / l`).
+#[derive(Clone, Copy)]
+pub struct OnlineSoftmax {
+    pub m: Val,
+    pub l: Val,
+    pub acc: Val,
+}
+
+/// Carried through traced loops over the tiles as its three values.
+impl Carry for OnlineSoftmax {
+    fn values(&self, out: &mut Vec<Option<Value>>) {
+        (self.m, self.l, self.acc).values(out);
+    }
+
+    fn rebuild(&self, it: &mut dyn Iterator<Item = Value>) -> Self {
+        let (m, l, acc) = (self.m, self.l, self.acc).rebuild(it);
+        OnlineSoftmax { m, l, acc }
+    }
+}
+
+/// Which positions of a KV tile the query rows attend to: cache positions `start..start +
+/// tile` against the causal limit `last` (inclusive) and an optional sliding window.
+#[derive(Clone, Copy)]
+pub struct KvMask {
+    /// The cache position of the tile's first row.
+    pub start: Val,
+    /// The last position attended to: the query's own.
+    pub last: Val,
+    /// Only the `window` positions up to `last` (Mistral's `sliding_window`).
+    pub window: Option<u64>,
+    /// Also zero the V rows of masked positions. Their probabilities are zero, but a cache
+    /// past `last` holds whatever it held (stale or uninitialised data) and `0 * NaN` is
+    /// NaN; a caller whose masked rows are known finite skips it.
+    pub zero_values: bool,
+}
+
+impl KvMask {
+    /// `scores` (`[rows, tile]`) with masked positions at -inf, and `v` (`[tile, d]`, bf16)
+    /// with their rows zeroed if asked.
+    fn apply(self, scores: Val, v: Val) -> (Val, Val) {
+        let (rows, tile) = (scores.shape().0[0], scores.shape().0[1]);
+        let width = v.shape().0[1];
+        let first = self.window.map(|w| self.last - w as i32);
+        let attended = |position: Val| {
+            let causal = le(position, self.last);
+            match first {
+                Some(before) => causal & lt(before, position),
+                None => causal,
+            }
+        };
+        let scores = select(attended(iota([rows, tile], 1) + self.start), scores, f64::NEG_INFINITY);
+        if !self.zero_values {
+            return (scores, v);
+        }
+        let v = select(attended(iota([tile, width], 0) + self.start), v.cast(f32), 0.0).cast(bf16);
+        (scores, v)
+    }
+}
+
+impl OnlineSoftmax {
+    /// The state before the first tile, for `rows` query rows of width `width`. The running
+    /// max starts finite: a tile wholly masked before the first attended one (a sliding
+    /// window, or every tile read) keeps it, with `exp(m - m_new) = 1`, not NaN.
+    pub fn start(rows: u64, width: u64) -> OnlineSoftmax {
+        OnlineSoftmax { m: full([rows, 1], -1e30, f32), l: zeros([rows, 1], f32), acc: zeros([rows, width], f32) }
+    }
+
+    /// Attend to one KV tile: the scores `q @ k.T` (`q` `[rows, d]`, `k` and `v` `[tile, d]`,
+    /// bf16), times `scale` unless the caller folded it into `q`, masked by `mask` (none
+    /// where every position of the tile is attended), folded in.
+    pub fn attend(self, q: Val, k: Val, v: Val, scale: Option<f64>, mask: Option<KvMask>) -> OnlineSoftmax {
+        let scores = dot_t(q, k);
+        let scores = match scale {
+            Some(c) => scores * c,
+            None => scores,
+        };
+        let (scores, v) = match mask {
+            Some(mask) => mask.apply(scores, v),
+            None => (scores, v),
+        };
+        self.fold(scores, v)
+    }
+
+    /// Fold one tile in: `scores` `[rows, tile]` (already scaled and masked with -inf) and
+    /// the tile's values `v` `[tile, d]` (bf16). The probabilities go to the MXU in bf16.
+    fn fold(self, scores: Val, v: Val) -> OnlineSoftmax {
+        let m = self.m.max(scores.max_keepdims(1));
+        let correction = (self.m - m).exp();
+        let p = (scores - m).exp();
+        let l = self.l * correction + p.sum_keepdims(1);
+        let acc = self.acc * correction + dot(p.cast(bf16), v);
+        OnlineSoftmax { m, l, acc }
+    }
+
+    /// The attention output, `acc / l` (f32).
+    pub fn output(self) -> Val {
+        self.acc / self.l
+    }
+}

@@ -1,0 +1,38 @@
+//! The library's math as composable bodies: functions over traced values (loaded from VMEM
+//! refs by the caller), with no grid, no block specs and no DMAs. A `#[kernel]` entry of this
+//! crate wraps one with its grid and `BlockSpecs` (or its own DMA pipeline); the decode
+//! megakernel (`palladium-fusion`'s `emit.rs`) calls the same functions on its ring slots, so
+//! each phase has one implementation and a fix to the math reaches both. One module per
+//! phase:
+//!
+//! | module | phase | library kernels |
+//! |---|---|---|
+//! | [`embed`] | token embedding rows | (megakernel only) |
+//! | [`norm`] | RMSNorm as the next projection's operand; the residual add | `rmsnorm`, `rmsnorm_matmul`, `residual_add(_inplace)` |
+//! | [`gemv`] | a projection through one weight block (q/k/v, o, router, lm_head) | `gemv`, `rmsnorm_matmul`, `moe_router`, `expert_ffn` |
+//! | [`rope`] | RoPE tables, rotation and application | `rope` |
+//! | [`kv`] | the KV-cache update inside a VMEM tile | `kv_cache_update` |
+//! | [`attention`] | one KV tile of attention (scores, mask, online-softmax fold) | `decode_attention` |
+//! | [`router`] | router scores, top-k, the routing table's entries | `moe_router` |
+//! | [`ffn`] | one SwiGLU expert chunk; the expert stream's cursor | `expert_ffn` |
+//! | [`rows`] | row moves on loaded vectors (a batch's rows on the MXU's sublanes) | (megakernel only) |
+
+pub mod attention;
+pub mod embed;
+pub mod ffn;
+pub mod gemv;
+pub mod kv;
+pub mod norm;
+pub mod rope;
+pub mod router;
+pub mod rows;
+
+pub use attention::{KvMask, OnlineSoftmax};
+pub use embed::embedding_row;
+pub use ffn::{ExpertItem, routed, swiglu, swiglu_chunk};
+pub use gemv::{WeightLayout, project};
+pub use kv::NewRow;
+pub use norm::{residual_add, rms_norm, rms_unit};
+pub use rope::{rope_apply, rope_rotation, rope_tables};
+pub use router::{Routing, router_scores, top_k};
+pub use rows::RowSelect;

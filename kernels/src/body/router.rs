@@ -1,0 +1,78 @@
+//! The MoE router: scores, top-k and the routing table's entries.
+
+use palladium_dsl::build::{IntoVal, eq, lt};
+use palladium_dsl::prelude::*;
+
+/// The router's scores from its f32 logits `[rows, width]`, the first `experts` columns real
+/// (columns past them, padding, score zero): softmax over the experts (max-subtracted), or an
+/// elementwise sigmoid (DeepSeek-V3 style).
+pub fn router_scores(logits: Val, experts: u64, sigmoid: bool) -> Val {
+    let dims = logits.shape().0;
+    let (rows, width) = (dims[0], dims[1]);
+    let logits = if width > experts { select(lt(iota([rows, width], 1), experts as i32), logits, f64::NEG_INFINITY) } else { logits };
+    if sigmoid {
+        logits.sigmoid()
+    } else {
+        let e = (logits - logits.max_keepdims(1)).exp();
+        e / e.sum_keepdims(1)
+    }
+}
+
+/// Top-`k` of the router's `scores` (`[rows, width]`, non-negative, the first `experts`
+/// columns real) without a sort: `k` rounds of (row max, the lowest column holding it, mask
+/// that column), so ties go to the lower id as in `jax.lax.top_k` and the weights come out
+/// in descending order; optionally renormalised to sum to one. Returns `(ids, weights)`,
+/// `[rows, k]` i32 and f32. A NaN row matches no maximum: its ids are clamped to the last
+/// real expert, so a fetch by id stays in bounds whatever the scores (the NaN weights still
+/// reach the output).
+pub fn top_k(scores: Val, experts: u64, k: u64, renormalize: bool) -> (Val, Val) {
+    let dims = scores.shape().0;
+    let (rows, width) = (dims[0], dims[1]);
+    let col = iota([rows, width], 1);
+    let slot = iota([rows, k], 1);
+    // Scores are >= 0: -1 marks a padded or already chosen expert.
+    let mut remaining = if width > experts { select(lt(col, experts as i32), scores, -1.0) } else { scores };
+    let mut ids = zeros([rows, k], i32);
+    let mut weights = zeros([rows, k], f32);
+    for j in 0..k {
+        let best = remaining.max_keepdims(1);
+        let best_id = select(eq(remaining, best), col, width as i32).min_keepdims(1);
+        let best_id = select(lt(best_id, experts as i32), best_id, experts as i32 - 1);
+        ids = select(eq(slot, j as i32), best_id, ids);
+        weights = select(eq(slot, j as i32), best, weights);
+        remaining = select(eq(col, best_id), -1.0, remaining);
+    }
+    if renormalize {
+        weights = weights / weights.sum_keepdims(1);
+    }
+    (ids, weights)
+}
+
+/// The routing of a batch: each row's top-k expert ids and weights (`[rows, k]` vectors),
+/// read out entry by entry into SMEM, where the expert stream fetches by id.
+#[derive(Clone, Copy)]
+pub struct Routing {
+    pub ids: Val,
+    pub weights: Val,
+    rows: Val,
+    slots: Val,
+}
+
+impl Routing {
+    /// Route the router's f32 logits `[rows, width]` (the first `experts` columns real):
+    /// [`router_scores`], then [`top_k`].
+    pub fn new(logits: Val, experts: u64, k: u64, sigmoid: bool, renormalize: bool) -> Routing {
+        let rows = logits.shape().0[0];
+        let scores = router_scores(logits, experts, sigmoid);
+        let (ids, weights) = top_k(scores, experts, k, renormalize);
+        Routing { ids, weights, rows: iota([rows, k], 0), slots: iota([rows, k], 1) }
+    }
+
+    /// `(id, weight)` of row `row`'s `slot`-th choice, as scalars: SMEM stores are scalar,
+    /// so each element is pulled out of the vectors with a masked `max_all` (a
+    /// `vector.multi_reduction` to a scalar).
+    pub fn entry(&self, row: impl IntoVal, slot: impl IntoVal) -> (Val, Val) {
+        let here = eq(self.rows, row) & eq(self.slots, slot);
+        (select(here, self.ids, -1).max_all(), select(here, self.weights, f64::NEG_INFINITY).max_all())
+    }
+}
