@@ -141,6 +141,8 @@ impl<'p> Machine<'p> {
                 let ts = xs.iter().map(|s| fr[*s as usize].tile().cloned()).collect::<Result<Vec<_>>>()?;
                 concat(&ts, *dim)?
             }
+            Kind::Rotate { a, shift, dim } => rotate(v(a).tile()?, v(shift).int()?, *dim)?,
+            Kind::ReduceIndex { a, dim, max } => reduce_index(v(a).tile()?, *dim, *max)?,
             Kind::Slice { base, offs, sizes } => {
                 let view = v(base).view()?.clone();
                 let offs = ints(offs, fr)?;
@@ -356,6 +358,55 @@ fn concat(ts: &[Tile], dim: usize) -> Result<Val> {
         at += t.shape[dim];
     }
     Ok(Val::Tile(Tile::new(first.dt, shape, data)))
+}
+
+/// `tpu.dynamic_rotate` (`jnp.roll`): element `i` along `dim` moves to `(i + shift) mod n`,
+/// i.e. the last `shift` elements wrap to the front.
+fn rotate(t: &Tile, shift: i64, dim: usize) -> Result<Val> {
+    let n = t.shape[dim];
+    let s = shift.rem_euclid(n as i64) as usize;
+    if s == 0 {
+        return Ok(Val::Tile(t.clone()));
+    }
+    let part = |from: usize, len: usize| -> Result<Tile> {
+        let mut offsets = vec![0; t.shape.len()];
+        offsets[dim] = from;
+        let mut sizes = t.shape.to_vec();
+        sizes[dim] = len;
+        extract_ss(t, &offsets, &sizes, &[]).and_then(|v| v.tile().cloned())
+    };
+    concat(&[part(n - s, s)?, part(0, n - s)?], dim)
+}
+
+/// `tpu.reduce_index`: the i32 index of the max (min) along `dim`, the first on ties; a NaN
+/// counts as the extreme (as `jnp.argmax`).
+fn reduce_index(t: &Tile, dim: usize, max: bool) -> Result<Val> {
+    let Data::F(x) = &*t.data else { bail!(Mismatch, "tpu.reduce_index of an integer vector") };
+    let n = t.shape[dim];
+    let inner: usize = t.shape[dim + 1..].iter().product();
+    let outer: usize = t.shape[..dim].iter().product();
+    let mut out = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |k: usize| x[(o * n + k) * inner + i];
+            let mut best = 0;
+            for k in 1..n {
+                let (b, c) = (at(best), at(k));
+                if b.is_nan() {
+                    break;
+                }
+                if c.is_nan() || (max && c > b) || (!max && c < b) {
+                    best = k;
+                }
+            }
+            out.push(best as i32);
+        }
+    }
+    let shape: Shape = t.shape.iter().enumerate().filter(|&(d, _)| d != dim).map(|(_, &s)| s).collect();
+    if shape.is_empty() {
+        return Ok(Val::Int(out[0].into()));
+    }
+    Ok(Val::Tile(Tile::new(DType::I32, shape, Data::I(out))))
 }
 
 /// Fold `src` (row-major over `shape`) into `out` at the positions `strides` map it to.

@@ -58,6 +58,8 @@ pub(crate) enum Kind {
     Transpose { a: Slot, perm: Vec<usize> },
     Iota { shape: Shape, dim: usize },
     Concat { xs: Vec<Slot>, dim: usize },
+    Rotate { a: Slot, shift: Slot, dim: usize },
+    ReduceIndex { a: Slot, dim: usize, max: bool },
     Slice { base: Slot, offs: Vec<Slot>, sizes: Shape },
     Squeeze { base: Slot, shape: Shape },
     Dma { src: Slot, dst: Slot, sem: Slot },
@@ -462,6 +464,35 @@ impl<'a> Cx<'a> {
             "tpu.concatenate" => {
                 let Some(dim) = op.attr("dimension").and_then(Attr::as_int) else { bail!(Malformed, "missing dimension") };
                 Kind::Concat { xs: o.clone(), dim: dim as usize }
+            }
+            "tpu.dynamic_rotate" => {
+                arity(2)?;
+                let (shape, _) = opnd_sd(0)?;
+                let dim = op.attr("dimension").and_then(Attr::as_int).unwrap_or(-1);
+                if op.attr("stride").is_some() {
+                    bail!(Unsupported, "tpu.dynamic_rotate with a stride");
+                }
+                match usize::try_from(dim) {
+                    Ok(d) if d < shape.len() => Kind::Rotate { a: o[0], shift: o[1], dim: d },
+                    _ => bail!(Malformed, "tpu.dynamic_rotate dimension {dim} for a rank-{} vector", shape.len()),
+                }
+            }
+            "tpu.reduce_index" => {
+                arity(1)?;
+                let (shape, dt) = opnd_sd(0)?;
+                let axis = op.attr("axis").and_then(Attr::as_int).unwrap_or(-1);
+                let max = match op.attr("kind").and_then(|a| a.dialect("tpu.reduction_kind")) {
+                    Some("arg_max") => true,
+                    Some("arg_min") => false,
+                    k => bail!(Unsupported, "tpu.reduce_index kind {k:?}"),
+                };
+                if !dt.is_float() {
+                    bail!(Unsupported, "tpu.reduce_index of {}", dt.name());
+                }
+                match usize::try_from(axis) {
+                    Ok(d) if d < shape.len() => Kind::ReduceIndex { a: o[0], dim: d, max },
+                    _ => bail!(Malformed, "tpu.reduce_index axis {axis} for a rank-{} vector", shape.len()),
+                }
             }
             "tpu.memref_slice" => {
                 let seg = segments(op, &[1, (o.len() as i64 - 1).max(0), 0])?;

@@ -18,7 +18,7 @@ use melior::{
         attribute::{ArrayAttribute, DenseI32ArrayAttribute, DenseI64ArrayAttribute},
     },
 };
-use palladium_dsl::ir::{DotDims, MemorySpace, Precision, SemKind};
+use palladium_dsl::ir::{ArgReduceOp, DotDims, MemorySpace, Precision, SemKind};
 use palladium_dsl::spec::Semantics;
 
 /// The discardable attribute that marks the `TensorCore` kernel function.
@@ -140,6 +140,33 @@ pub(crate) fn iota<'c>(ctx: &'c Context, loc: Location<'c>, result: Type<'c>, di
 pub(crate) fn transpose<'c>(ctx: &'c Context, loc: Location<'c>, x: Value<'c, '_>, perm: &[u32], result: Type<'c>) -> RuleResult<Operation<'c>> {
     let perm: Vec<i64> = perm.iter().map(|&p| i64::from(p)).collect();
     op(ctx, "tpu.transpose", loc, &[x], &[result], &[("permutation", DenseI64ArrayAttribute::new(ctx, &perm).into())], vec![])
+}
+
+/// `tpu.concatenate %xs in dim` (`jnp.concatenate`).
+pub(crate) fn concatenate<'c>(ctx: &'c Context, loc: Location<'c>, xs: &[Value<'c, '_>], dimension: u32, result: Type<'c>) -> RuleResult<Operation<'c>> {
+    op(ctx, "tpu.concatenate", loc, xs, &[result], &[("dimension", int_attr(ctx, 32, i64::from(dimension)))], vec![])
+}
+
+/// `tpu.dynamic_rotate %x by %shift dim d` (`pltpu.roll`; `dimension : si32`, no stride).
+pub(crate) fn dynamic_rotate<'c>(ctx: &'c Context, loc: Location<'c>, x: Value<'c, '_>, shift: Value<'c, '_>, dimension: u32, result: Type<'c>) -> RuleResult<Operation<'c>> {
+    op(ctx, "tpu.dynamic_rotate", loc, &[x, shift], &[result], &[("dimension", parse_attr(ctx, &format!("{dimension} : si32"))?)], vec![])
+}
+
+/// `tpu.reciprocal %x {approx, full_range = true}` (`pl.reciprocal`).
+pub(crate) fn reciprocal<'c>(ctx: &'c Context, loc: Location<'c>, x: Value<'c, '_>, approx: bool, result: Type<'c>) -> RuleResult<Operation<'c>> {
+    op(ctx, "tpu.reciprocal", loc, &[x], &[result], &[("approx", bool_attr(ctx, approx)), ("full_range", bool_attr(ctx, true))], vec![])
+}
+
+/// `tpu.reduce_index %x {axis, kind = #tpu.reduction_kind<arg_max|arg_min>}` (`jnp.argmax`).
+pub(crate) fn reduce_index<'c>(ctx: &'c Context, loc: Location<'c>, x: Value<'c, '_>, axis: u32, kind: ArgReduceOp, result: Type<'c>) -> RuleResult<Operation<'c>> {
+    let kind = match kind {
+        ArgReduceOp::ArgMax => "arg_max",
+        ArgReduceOp::ArgMin => "arg_min",
+    };
+    op(ctx, "tpu.reduce_index", loc, &[x], &[result], &[
+        ("axis", int_attr(ctx, 32, i64::from(axis))),
+        ("kind", parse_attr(ctx, &format!("#tpu.reduction_kind<{kind}>"))?),
+    ], vec![])
 }
 
 /// `tpu.assume_multiple %x, multiple : i32`.

@@ -25,7 +25,7 @@ pub mod builder_handles {
 pub use control::{Carry, Cond, LoopRange, Scope, StaticRange, TracedRange, for_range, if_else, range, range_from_literal, range_to_literal, run_scoped, while_loop};
 pub use pipeline::pipeline;
 pub use refs::{Dma, Ds, IndexElem, IntoIndex, IntoOffset, Ref, SemRef, async_copy, ds};
-pub use val::{Compare, Dims, IntoVal, Val, dot, dot_general, dot_t, full, iota, num_programs, program_id, scalar, select, zeros};
+pub use val::{Axis, Compare, Dims, DotSpec, IntoVal, Val, concatenate, dot, dot_general, dot_t, full, iota, num_programs, program_id, scalar, select, zeros};
 
 use crate::ir::{Block, Kernel, OpData, SrcLoc, Type, Value};
 use cranelift_entity::SecondaryMap;
@@ -141,6 +141,21 @@ impl Tracer {
             self.poisoned[r] = poison;
         }
         results
+    }
+
+    /// Record an error found before any op could be built (a bad axis, a bad slice) and
+    /// return a poisoned stand-in of type `ty`, so later uses report nothing more.
+    pub(crate) fn fail(&mut self, loc: SrcLoc, message: impl Into<String>, ty: Type) -> Value {
+        self.error(loc, message);
+        let value = match ty.dtype() {
+            Some(crate::ir::DType::Bool) => crate::ir::Literal::Bool(false),
+            _ => crate::ir::Literal::Int(0),
+        };
+        let block = self.current_block();
+        let op = self.kernel.append_op(block, OpData::Constant { value, ty: ty.clone() }, vec![ty], Some(loc));
+        let r = self.kernel.ops[op].results[0];
+        self.poisoned[r] = true;
+        r
     }
 
     /// Like [`Tracer::emit`] for single-result ops.

@@ -8,7 +8,7 @@
 //! |---|---|
 //! | `constant.rs` | `Constant`, `ProgramId`, `NumPrograms`, `Iota` |
 //! | `elementwise.rs` | `Unary`, `Binary`, `Compare`, `Select`, `Cast` |
-//! | `shape.rs` | `Broadcast`, `Reshape`, `Transpose`, `Reduce` |
+//! | `shape.rs` | `Broadcast`, `Reshape`, `Transpose`, `Reduce`, `ArgReduce`, `Slice`, `Concat`, `Roll` |
 //! | `matmul.rs` | `Dot` |
 //! | `memory.rs` | `Load`, `Store`, `RefSlice`, `AssumeMultiple`, `Alloc` |
 //! | `dma.rs` | `DmaStart`, `DmaWait`, `SemSignal`, `SemWait`, `SemRead`, `SemAlloc` |
@@ -85,6 +85,10 @@ pub(crate) fn lower_op(cx: &mut LowerCx<'_, '_>, op: Op) -> Result<(), LowerErro
         OpData::Reshape { x, shape } => shape::reshape(cx, op, *x, shape),
         OpData::Transpose { x, perm } => shape::transpose(cx, op, *x, perm),
         OpData::Reduce { op: r, x, axes } => shape::reduce(cx, op, *r, *x, axes),
+        OpData::ArgReduce { op: r, x, axis } => shape::arg_reduce(cx, op, *r, *x, *axis),
+        OpData::Slice { x, start, size } => shape::slice(cx, op, *x, start, size),
+        OpData::Concat { xs, axis } => shape::concat(cx, op, xs, *axis),
+        OpData::Roll { x, shift, axis } => shape::roll(cx, op, *x, *shift, *axis),
         OpData::Dot { lhs, rhs, dims, precision, out } => matmul::dot(cx, op, *lhs, *rhs, dims, *precision, *out),
         OpData::AssumeMultiple { x, multiple } => memory::assume_multiple(cx, op, *x, *multiple),
         OpData::Load { src, index } => memory::load(cx, op, *src, index),
