@@ -582,7 +582,7 @@ pub(crate) fn broadcast_shape(shapes: &[Shape]) -> Option<Shape> {
 
 /// A dim of a value: an integer, negative counting from the last (numpy's `axis=-1`).
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not an axis: this reduces along an axis, as jnp's `x.max(axis=1)`",
+    message = "`{Self}` is not an axis: `max`, `min`, `sum`, `mean` and `argmax` reduce along an axis (jnp's `x.max(axis=1)`)",
     label = "expected an integer axis",
     note = "for the elementwise maximum or minimum of two values, use `x.maximum(y)` / `x.minimum(y)` (jnp.maximum / jnp.minimum)"
 )]
