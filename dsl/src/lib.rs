@@ -19,7 +19,7 @@ pub mod prelude {
     pub use crate::kernel;
     pub use crate::trace::{
         Dims, Dma, Ref, Scope, SemRef, Val, async_copy, concatenate, dot, dot_general, dot_t, ds, full, iota, num_programs, program_id,
-        run_scoped, scalar, select, zeros,
+        run_scoped, scalar, select, switch, zeros,
     };
     pub use crate::spec::Chip;
 
@@ -45,7 +45,7 @@ pub mod prelude {
 pub mod build {
     pub use crate::ir::{CmpPred, MemorySpace, SemKind};
     pub use crate::spec::OperandRole;
-    pub use crate::trace::{Carry, Compare, IntoVal, KernelBuilder, ParamError, TracedRange, for_range, if_else, pipeline, range, while_loop};
+    pub use crate::trace::{Carry, Compare, IntoVal, KernelBuilder, ParamError, TracedRange, for_range, if_else, pipeline, range, switch, while_loop};
 
     macro_rules! comparisons {
         ($($name:ident => $pred:ident, $doc:literal;)*) => {$(

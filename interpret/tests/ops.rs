@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use palladium_kernels::coverage::{array_ops, casts, dynamic_dma, int8_dot, loops, masked_store, misc, semaphores, softmax_t, transpose};
+use palladium_kernels::coverage::{array_ops, switch_branches, casts, dynamic_dma, int8_dot, loops, masked_store, misc, semaphores, softmax_t, transpose};
 use half::bf16;
 use palladium_dsl::prelude::*;
 use palladium_interpret::{ErrorKind, HostArray};
@@ -71,6 +71,24 @@ fn array_ops_match_a_plain_reference() {
     assert_close(&out[0].to_f32(), &want_o, 1e-5, 1.0, "array_ops o");
     let wrong = out[1].to_i32().iter().zip(&want_idx).filter(|(g, w)| g != w).count();
     assert_eq!(wrong, 0, "argmax * 1000 + argmin: {wrong} elements differ");
+}
+
+/// `switch` picks the branch of each grid step's index, clamped into range as `lax.switch`.
+#[test]
+fn switch_runs_the_indexed_branch() {
+    let body = body_of(&switch_branches().unwrap());
+    assert_eq!(body.matches("scf.if").count(), 2, "three branches are two nested scf.ifs");
+    let x = Rng::new(28).f32s(16 * 128);
+    let branch = |b: i32, v: f32| match b.clamp(0, 2) {
+        0 => v * 2.0,
+        1 => v + 1.0,
+        _ => v.max(0.0),
+    };
+    for which in [[0, 1], [2, 7], [-3, 1]] {
+        let out = run(&body, &[HostArray::from_i32(&[2], &which), HostArray::from_f32(&[16, 128], &x)]).unwrap_or_else(|e| panic!("{e}"));
+        let want: Vec<f32> = (0..16 * 128).map(|k| branch(which[k / (8 * 128)], x[k])).collect();
+        assert_eq!(out[0].to_f32(), want, "indices {which:?}");
+    }
 }
 
 #[test]

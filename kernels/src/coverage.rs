@@ -22,6 +22,7 @@ pub const ALL: &[(&str, Build)] = &[
     ("softmax_t", softmax_t),
     ("int8_dot", int8_dot),
     ("array_ops", array_ops),
+    ("switch_branches", switch_branches),
 ];
 
 /// Traced control flow: an `scf.for` over `0..program_id(0)` carrying a vector and an i32,
@@ -190,4 +191,16 @@ pub fn array_ops(
     let r = (p * p + 1.0).reciprocal(true);
     o[..] = swapped + rolled + stats + spread + concatenate(&[r, r.minimum(0.5)], 1);
     idx[..] = v.argmax(1).reshape([8, 1]) * 1000 + left.argmin(0);
+}
+
+/// A three-way `switch` on a scalar-prefetched index per grid step (clamped into range;
+/// nested `scf.if`s, as Pallas lowers `lax.switch`).
+#[kernel(grid = (2,), semantics = (parallel,))]
+pub fn switch_branches(
+    #[prefetch(i32[2])] which: Ref,
+    #[input(f32[16, 128], block = [8, 128], map = |i, _w| (i, 0))] x: Ref,
+    #[output(f32[16, 128], block = [8, 128], map = |i, _w| (i, 0))] o: Ref,
+) {
+    let v = x[..];
+    o[..] = switch(which[program_id(0)], [&|| v * 2.0, &|| v + 1.0, &|| v.maximum(0.0)]);
 }
