@@ -18,7 +18,7 @@ pub mod prelude {
     pub use crate::ir::{DType, DotDims, Precision};
     pub use crate::kernel;
     pub use crate::trace::{
-        Dims, Dma, Ref, Scope, SemRef, Val, async_copy, concatenate, dot, dot_general, dot_t, ds, full, iota, num_programs, program_id,
+        Dims, Dma, Ref, Scope, SemRef, Val, async_copy, concatenate, debug_print, dot, dot_general, dot_t, ds, full, iota, num_programs, program_id,
         run_scoped, scalar, select, switch, zeros,
     };
     pub use crate::spec::Chip;

@@ -248,6 +248,7 @@ fn array_op_mistakes(
     let e = concatenate(&[v, v[(.., 0..64)]], 0);
     let f = h[..].argmax(1);
     let g = v[(.., 64..256)];
+    debug_print("{} of {}", &[program_id(0)]);
     o[..] = v;
 }
 
@@ -263,6 +264,7 @@ fn array_op_mistakes_are_reported_at_their_lines() {
         "concat: cannot concatenate f32[8,128] and f32[8,64] along axis 0",
         "argmax: argmax takes an f32 vector (as tpu.reduce_index), got bf16[16,128]",
         "slice: range 64..256 is out of bounds along dim 1 (extent 128)",
+        "debug_print: the format \"{} of {}\" has 2 `{}` placeholders for 1 values",
     ];
     assert_eq!(errors.0.len(), want.len(), "{text}");
     for (e, w) in errors.0.iter().zip(want) {

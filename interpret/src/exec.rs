@@ -141,6 +141,11 @@ impl<'p> Machine<'p> {
                 let ts = xs.iter().map(|s| fr[*s as usize].tile().cloned()).collect::<Result<Vec<_>>>()?;
                 concat(&ts, *dim)?
             }
+            Kind::Log { tag, formatted, args } => {
+                let values = ints(args, fr)?;
+                println!("{}", log_line(tag, *formatted, &values));
+                Val::Undef
+            }
             Kind::Rotate { a, shift, dim } => rotate(v(a).tile()?, v(shift).int()?, *dim)?,
             Kind::ReduceIndex { a, dim, max } => reduce_index(v(a).tile()?, *dim, *max)?,
             Kind::Slice { base, offs, sizes } => {
@@ -358,6 +363,27 @@ fn concat(ts: &[Tile], dim: usize) -> Result<Val> {
         at += t.shape[dim];
     }
     Ok(Val::Tile(Tile::new(first.dt, shape, data)))
+}
+
+/// A `tpu.log` line: `$k` in a formatted tag is scalar `k`; an unformatted tag is printed
+/// followed by its values.
+fn log_line(tag: &str, formatted: bool, values: &[i64]) -> String {
+    if !formatted {
+        return values.iter().fold(tag.to_string(), |s, v| format!("{s} {v}"));
+    }
+    let mut out = String::new();
+    let mut rest = tag;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let digits = rest[at + 1..].bytes().take_while(u8::is_ascii_digit).count();
+        match rest[at + 1..at + 1 + digits].parse::<usize>().ok().and_then(|k| values.get(k)) {
+            Some(v) => out.push_str(&v.to_string()),
+            None => out.push_str(&rest[at..at + 1 + digits]),
+        }
+        rest = &rest[at + 1 + digits..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `tpu.dynamic_rotate` (`jnp.roll`): element `i` along `dim` moves to `(i + shift) mod n`,
@@ -589,4 +615,17 @@ fn rounded_bf16(xs: &[f32]) -> Vec<f32> {
 #[allow(dead_code)]
 pub(crate) fn internal(m: &str) -> InterpError {
     InterpError::new(ErrorKind::Malformed, m.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_line;
+
+    #[test]
+    fn log_lines_fill_placeholders_in_order() {
+        assert_eq!(log_line("step $0 of $1: $0", true, &[3, 8]), "step 3 of 8: 3");
+        assert_eq!(log_line("cost $5", true, &[1]), "cost $5");
+        assert_eq!(log_line("done", false, &[]), "done");
+        assert_eq!(log_line("values", false, &[4, -2]), "values 4 -2");
+    }
 }

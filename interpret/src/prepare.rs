@@ -59,6 +59,8 @@ pub(crate) enum Kind {
     Iota { shape: Shape, dim: usize },
     Concat { xs: Vec<Slot>, dim: usize },
     Rotate { a: Slot, shift: Slot, dim: usize },
+    /// `tpu.log`: print `tag` (its `$k` replaced by scalar `k` when formatted).
+    Log { tag: String, formatted: bool, args: Vec<Slot> },
     ReduceIndex { a: Slot, dim: usize, max: bool },
     Slice { base: Slot, offs: Vec<Slot>, sizes: Shape },
     Squeeze { base: Slot, shape: Shape },
@@ -465,6 +467,14 @@ impl<'a> Cx<'a> {
                 let Some(dim) = op.attr("dimension").and_then(Attr::as_int) else { bail!(Malformed, "missing dimension") };
                 Kind::Concat { xs: o.clone(), dim: dim as usize }
             }
+            "tpu.log" => {
+                let tag = match op.attr("tag") {
+                    Some(Attr::String(s)) => s.clone(),
+                    _ => bail!(Malformed, "tpu.log without a tag"),
+                };
+                let formatted = op.attr("formatted").and_then(Attr::as_bool).unwrap_or(false);
+                Kind::Log { tag, formatted, args: o.clone() }
+            }
             "tpu.dynamic_rotate" => {
                 arity(2)?;
                 let (shape, _) = opnd_sd(0)?;
@@ -574,7 +584,7 @@ impl<'a> Cx<'a> {
                 Kind::IterationBound { dim }
             }
             "tpu.device_id" | "tpu.core_id" => Kind::Const(Val::Int(0)),
-            "tpu.trace_start" | "tpu.trace_stop" | "tpu.delay" | "tpu.log" | "tpu.log_buffer" | "tpu.trace_value" => Kind::Nop,
+            "tpu.trace_start" | "tpu.trace_stop" | "tpu.delay" | "tpu.log_buffer" | "tpu.trace_value" => Kind::Nop,
             "scf.if" => {
                 arity(1)?;
                 let then = self.region_block(op, 0, Some(0))?;

@@ -73,11 +73,13 @@ fn array_ops_match_a_plain_reference() {
     assert_eq!(wrong, 0, "argmax * 1000 + argmin: {wrong} elements differ");
 }
 
-/// `switch` picks the branch of each grid step's index, clamped into range as `lax.switch`.
+/// `switch` picks the branch of each grid step's index, clamped into range as `lax.switch`
+/// (the kernel's `debug_print` runs too: it prints a line per step).
 #[test]
 fn switch_runs_the_indexed_branch() {
     let body = body_of(&switch_branches().unwrap());
     assert_eq!(body.matches("scf.if").count(), 2, "three branches are two nested scf.ifs");
+    assert!(body.contains(r#"{formatted = true, tag = "step $0 takes branch $1"}"#), "debug_print is a tpu.log:\n{body}");
     let x = Rng::new(28).f32s(16 * 128);
     let branch = |b: i32, v: f32| match b.clamp(0, 2) {
         0 => v * 2.0,

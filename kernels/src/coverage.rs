@@ -194,7 +194,7 @@ pub fn array_ops(
 }
 
 /// A three-way `switch` on a scalar-prefetched index per grid step (clamped into range;
-/// nested `scf.if`s, as Pallas lowers `lax.switch`).
+/// nested `scf.if`s, as Pallas lowers `lax.switch`), and a `debug_print` of the index.
 #[kernel(grid = (2,), semantics = (parallel,))]
 pub fn switch_branches(
     #[prefetch(i32[2])] which: Ref,
@@ -202,5 +202,7 @@ pub fn switch_branches(
     #[output(f32[16, 128], block = [8, 128], map = |i, _w| (i, 0))] o: Ref,
 ) {
     let v = x[..];
-    o[..] = switch(which[program_id(0)], [&|| v * 2.0, &|| v + 1.0, &|| v.maximum(0.0)]);
+    let index = which[program_id(0)];
+    debug_print("step {} takes branch {}", &[program_id(0), index]);
+    o[..] = switch(index, [&|| v * 2.0, &|| v + 1.0, &|| v.maximum(0.0)]);
 }

@@ -15,7 +15,7 @@ use melior::{
     Context,
     ir::{
         Attribute, Location, Operation, Region, Type, Value,
-        attribute::{ArrayAttribute, DenseI32ArrayAttribute, DenseI64ArrayAttribute},
+        attribute::{ArrayAttribute, DenseI32ArrayAttribute, DenseI64ArrayAttribute, StringAttribute},
     },
 };
 use palladium_dsl::ir::{ArgReduceOp, DotDims, MemorySpace, Precision, SemKind};
@@ -259,6 +259,13 @@ pub(crate) fn sem_read<'c>(ctx: &'c Context, loc: Location<'c>, sem: Value<'c, '
 /// `tpu.sem_alloc : memref<…!tpu.(dma_)semaphore, #tpu.memory_space<semaphore_mem>>`.
 pub(crate) fn sem_alloc<'c>(ctx: &'c Context, loc: Location<'c>, result: Type<'c>) -> RuleResult<Operation<'c>> {
     op(ctx, "tpu.sem_alloc", loc, &[], &[result], &[], vec![])
+}
+
+// --- debugging ------------------------------------------------------------------------------
+
+/// `tpu.log %args {formatted, tag}` (`pl.debug_print`; `$k` placeholders when formatted).
+pub(crate) fn log<'c>(ctx: &'c Context, loc: Location<'c>, args: &[Value<'c, '_>], tag: &str, formatted: bool) -> RuleResult<Operation<'c>> {
+    op(ctx, "tpu.log", loc, args, &[], &[("formatted", bool_attr(ctx, formatted)), ("tag", StringAttribute::new(ctx, tag).into())], vec![])
 }
 
 // --- scopes ---------------------------------------------------------------------------------

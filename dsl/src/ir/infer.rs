@@ -364,6 +364,16 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
             sem_scalar(k, *sem, None, "semaphore")?;
             smallvec![Type::Scalar(DType::I32)]
         }
+        OpData::DebugPrint { format, args } => {
+            let placeholders = format.matches("{}").count();
+            if placeholders != args.len() {
+                return Err(format!("the format {format:?} has {placeholders} `{{}}` placeholders for {} values", args.len()));
+            }
+            for (i, &a) in args.iter().enumerate() {
+                scalar_i32(k, a, &format!("debug_print value {i} (TPU logs print i32 scalars)"))?;
+            }
+            SmallVec::new()
+        }
         OpData::If { cond, then_block, else_block } => {
             if *k.ty(*cond) != Type::Scalar(DType::Bool) {
                 return Err(format!("if condition must be a bool scalar, got {}", k.ty(*cond)));

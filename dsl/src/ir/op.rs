@@ -278,6 +278,10 @@ pub enum OpData {
     SemWait { sem: Value, amount: Value },
     SemRead { sem: Value },
 
+    // --- debugging ---------------------------------------------------------------------------
+    /// `pl.debug_print(format, *args)`: `{}` placeholders take the i32 scalars in order.
+    DebugPrint { format: String, args: Vec<Value> },
+
     // --- structured control flow and scopes -------------------------------------------------
     /// `pl.when` / `lax.cond`: both blocks yield the op's results.
     If { cond: Value, then_block: Block, else_block: Block },
@@ -327,6 +331,7 @@ impl OpData {
             OpData::SemSignal { .. } => "sem_signal".into(),
             OpData::SemWait { .. } => "sem_wait".into(),
             OpData::SemRead { .. } => "sem_read".into(),
+            OpData::DebugPrint { .. } => "debug_print".into(),
             OpData::If { .. } => "if".into(),
             OpData::For { .. } => "for".into(),
             OpData::While { .. } => "while".into(),
@@ -364,7 +369,7 @@ impl OpData {
             | OpData::ArgReduce { x, .. }
             | OpData::Slice { x, .. }
             | OpData::AssumeMultiple { x, .. } => out.push(*x),
-            OpData::Concat { xs, .. } => out.extend(xs.iter().copied()),
+            OpData::Concat { xs, .. } | OpData::DebugPrint { args: xs, .. } => out.extend(xs.iter().copied()),
             OpData::Roll { x, shift, .. } => out.extend([*x, *shift]),
             OpData::Binary { lhs, rhs, .. } | OpData::Compare { lhs, rhs, .. } => {
                 out.extend([*lhs, *rhs]);
@@ -430,6 +435,7 @@ impl OpData {
                 | OpData::DmaWait { .. }
                 | OpData::SemSignal { .. }
                 | OpData::SemWait { .. }
+                | OpData::DebugPrint { .. }
                 | OpData::If { .. }
                 | OpData::For { .. }
                 | OpData::While { .. }

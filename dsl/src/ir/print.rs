@@ -167,6 +167,7 @@ impl Printer<'_> {
             }
             OpData::SemWait { sem, amount } => format!(" {sem}, {amount}"),
             OpData::SemRead { sem } => format!(" {sem}"),
+            OpData::DebugPrint { format, args } => format!(" {format:?}({})", Self::vals(args)),
             OpData::If { cond, .. } => format!(" {cond}"),
             OpData::For { lower, upper, step, init, .. } => {
                 format!(" {lower}..{upper} step {step} init({})", Self::vals(init))

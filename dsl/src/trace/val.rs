@@ -501,6 +501,15 @@ pub fn concatenate(xs: &[Val], axis: impl Axis) -> Val {
     Val(with(|t| t.emit1(OpData::Concat { xs: xs.iter().map(|x| x.0).collect(), axis }, loc, fallback)))
 }
 
+/// `pl.debug_print(format, *args)`: at run time, `format` with each `{}` replaced by the
+/// next i32 scalar of `args` (`tpu.log`; the interpreter prints it to stdout).
+#[track_caller]
+pub fn debug_print(format: &str, args: &[Val]) {
+    let loc = SrcLoc::caller();
+    let args = args.iter().map(|a| a.0).collect();
+    with(|t| t.emit(OpData::DebugPrint { format: format.to_string(), args }, loc, &[]));
+}
+
 /// `jnp.where(cond, a, b)`.
 #[track_caller]
 pub fn select(cond: Val, on_true: impl IntoVal, on_false: impl IntoVal) -> Val {

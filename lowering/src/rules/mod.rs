@@ -12,6 +12,7 @@
 //! | `matmul.rs` | `Dot` |
 //! | `memory.rs` | `Load`, `Store`, `RefSlice`, `AssumeMultiple`, `Alloc` |
 //! | `dma.rs` | `DmaStart`, `DmaWait`, `SemSignal`, `SemWait`, `SemRead`, `SemAlloc` |
+//! | `debug.rs` | `DebugPrint` |
 //! | `control.rs` | `If`, `For`, `While`, `RunScoped`, `Yield` |
 //!
 //! Rules are pure: they append ops at the cursor of [`LowerCx`] and record the MLIR value of
@@ -19,6 +20,7 @@
 
 mod constant;
 mod control;
+mod debug;
 mod dma;
 mod elementwise;
 mod matmul;
@@ -101,6 +103,7 @@ pub(crate) fn lower_op(cx: &mut LowerCx<'_, '_>, op: Op) -> Result<(), LowerErro
         OpData::SemWait { sem, amount } => dma::sem_wait(cx, *sem, *amount),
         OpData::SemRead { sem } => dma::sem_read(cx, op, *sem),
         OpData::SemAlloc { sem } => dma::sem_alloc(cx, op, *sem),
+        OpData::DebugPrint { format, args } => debug::debug_print(cx, format, args),
         OpData::If { cond, then_block, else_block } => control::r#if(cx, op, *cond, *then_block, *else_block),
         OpData::For { lower, upper, step, init, body } => control::r#for(cx, op, *lower, *upper, *step, init, *body),
         OpData::While { init, cond, body } => control::r#while(cx, op, init, *cond, *body),
