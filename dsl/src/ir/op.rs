@@ -444,3 +444,31 @@ impl OpData {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::DotDims;
+
+    fn dims(lc: &[u32], rc: &[u32], lb: &[u32], rb: &[u32]) -> DotDims {
+        DotDims { lhs_contract: lc.to_vec(), rhs_contract: rc.to_vec(), lhs_batch: lb.to_vec(), rhs_batch: rb.to_vec() }
+    }
+
+    #[test]
+    fn contraction_specs_give_the_dimension_numbers() {
+        assert_eq!(DotDims::parse("mk,kn->mn", 2, 2), Ok(DotDims::matmul()));
+        assert_eq!(DotDims::parse("mk,nk->mn", 2, 2), Ok(DotDims::matmul_transposed_rhs()));
+        assert_eq!(DotDims::parse("bqd,bkd->bqk", 3, 3), Ok(dims(&[2], &[2], &[0], &[0])));
+        assert_eq!(DotDims::parse(" km , kn -> mn ", 2, 2), Ok(dims(&[0], &[0], &[], &[])));
+    }
+
+    #[test]
+    fn bad_contraction_specs_say_why() {
+        let err = |spec: &str, l: usize, r: usize| DotDims::parse(spec, l, r).unwrap_err();
+        assert!(err("mk,kn", 2, 2).contains("expected `lhs,rhs->result`"));
+        assert!(err("mk,kn->nm", 2, 2).contains("the result must be `mn`"));
+        assert!(err("mk,kn->mn", 3, 2).contains("the lhs names 2 dims, it has rank 3"));
+        assert!(err("mkk,kn->mn", 3, 2).contains("`k` appears twice in the lhs"));
+        assert!(err("mk,kn->m", 2, 2).contains("rhs dim `n` is neither contracted nor in the result"));
+        assert!(err("m1,kn->mn", 2, 2).contains("`1` in the lhs is not a dim letter"));
+    }
+}
