@@ -6,7 +6,7 @@ libtpu compiles for a chip's topology and estimates cycles statically.
   serialize MODULE.mlir          the serialized (stable_mosaic, current version) text JAX would
                                  embed in a tpu_custom_call for this Mosaic module, parsed and
                                  verified with JAX's registered tpu dialect: {"body": ...}
-  pallas matmul|gemv --chip C [--no-estimate]
+  pallas matmul|gemv|array_ops --chip C [--no-estimate]
                                  JAX Pallas's own reference kernel: its Mosaic module as Pallas
                                  prints it (debug=True, canonicalized), the body it embeds, its
                                  call spec, and libtpu's code size and estimated cycles (null
@@ -87,6 +87,36 @@ def gemv(x, w, bn, *, debug=False):
         debug=debug)(x, w)
 
 
+def array_ops(shift, x, w, *, debug=False):
+    """Palladium's `array_ops` coverage kernel written in Pallas, line for line: value slices,
+    concatenate, pltpu.roll by a static and a scalar-prefetched shift, repeat, mean, max/min
+    over an axis, maximum/minimum, an NT dot_general, the approximate reciprocal, argmax/argmin."""
+    from jax import lax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def body(shift_ref, x_ref, w_ref, o_ref, idx_ref):
+        v = x_ref[...]
+        left = v[:, 0:128]
+        swapped = jnp.concatenate([v[:, 128:256], left], axis=1)
+        rolled = pltpu.roll(v, 3, 1) + pltpu.roll(v, shift_ref[0], 0)
+        stats = v[:, 0:1] + jnp.mean(v, axis=1, keepdims=True) + jnp.max(v, axis=-1, keepdims=True) - jnp.min(v, axis=1).reshape(8, 1)
+        spread = jnp.maximum(jnp.repeat(left[:, 0:64], 4, axis=1), 0.0)
+        p = lax.dot_general(left, w_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        r = pl.reciprocal(p * p + 1.0, approx=True)
+        o_ref[...] = swapped + rolled + stats + spread + jnp.concatenate([r, jnp.minimum(r, 0.5)], axis=1)
+        idx_ref[...] = jnp.argmax(v, axis=1).reshape(8, 1) * 1000 + jnp.argmin(left, axis=0)
+    rows = x.shape[0]
+    return pl.pallas_call(
+        body, out_shape=[jax.ShapeDtypeStruct((rows, 256), jnp.float32), jax.ShapeDtypeStruct((rows, 128), jnp.int32)],
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(rows // 8,),
+            in_specs=[pl.BlockSpec((8, 256), lambda i, s: (i, 0)), pl.BlockSpec((128, 128), lambda i, s: (0, 0))],
+            out_specs=[pl.BlockSpec((8, 256), lambda i, s: (i, 0)), pl.BlockSpec((8, 128), lambda i, s: (i, 0))]),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        debug=debug)(shift, x, w)
+
+
 def reference(name):
     """(function of the operands taking debug=, operand types) of a reference kernel."""
     bf16 = jnp.bfloat16
@@ -98,7 +128,10 @@ def reference(name):
         p = GEMV
         return (lambda x, w, debug=False: gemv(x, w, p["bn"], debug=debug),
                 [jax.ShapeDtypeStruct((p["batch"], p["k"]), bf16), jax.ShapeDtypeStruct((p["k"], p["n"]), bf16)])
-    raise ValueError(f"unknown reference kernel {name!r}; known: matmul, gemv")
+    if name == "array_ops":
+        return (array_ops, [jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((16, 256), jnp.float32),
+                            jax.ShapeDtypeStruct((128, 128), jnp.float32)])
+    raise ValueError(f"unknown reference kernel {name!r}; known: matmul, gemv, array_ops")
 
 
 def mosaic_context():
@@ -168,7 +201,7 @@ def cmd_pallas(a):
     body, config = embedded_call(lowered)
     vmem_limit = [c["size"] for c in config.get("scoped_memory_configs", []) if c["memory_space"] == 1]
     return {"ok": True, "kernel": a.name, "module": m.group(0).rstrip() + "\n", "body": body,
-            "inputs": [type_name(t) for t in args], "outputs": [type_name(jax.eval_shape(fn, *args))],
+            "inputs": [type_name(t) for t in args], "outputs": [type_name(t) for t in jax.tree.leaves(jax.eval_shape(fn, *args))],
             "vmem_limit_bytes": vmem_limit[0] if vmem_limit else None, **report}
 
 
@@ -201,7 +234,7 @@ def main():
     s = sub.add_parser("serialize")
     s.add_argument("module")
     r = sub.add_parser("pallas")
-    r.add_argument("name", choices=["matmul", "gemv"])
+    r.add_argument("name", choices=["matmul", "gemv", "array_ops"])
     r.add_argument("--chip", default="v6e", choices=sorted(deviceless.TOPOLOGIES))
     r.add_argument("--no-estimate", action="store_true", help="compile without libtpu's static profile")
     c = sub.add_parser("compile-time")

@@ -19,8 +19,8 @@ pub mod prelude {
     pub use crate::ir::{DType, DotDims, Precision};
     pub use crate::kernel;
     pub use crate::trace::{
-        Dims, Dma, Ref, Scope, SemRef, Val, async_copy, dot, dot_general, dot_t, ds, full, iota, num_programs, program_id, run_scoped, scalar,
-        select, zeros,
+        Dims, Dma, Ref, Scope, SemRef, Val, async_copy, concatenate, debug_print, dot, dot_general, dot_t, ds, full, iota, num_programs, program_id,
+        run_scoped, scalar, select, switch, zeros,
     };
     pub use crate::spec::Chip;
 
@@ -46,7 +46,7 @@ pub mod prelude {
 pub mod build {
     pub use crate::ir::{CmpPred, MemorySpace, SemKind};
     pub use crate::spec::OperandRole;
-    pub use crate::trace::{Carry, Compare, Drain, IntoVal, KernelBuilder, ParamError, TracedRange, for_range, if_else, pipeline, range, while_loop};
+    pub use crate::trace::{Carry, Compare, Drain, IntoVal, KernelBuilder, ParamError, TracedRange, for_range, if_else, pipeline, range, switch, while_loop};
 
     macro_rules! comparisons {
         ($($name:ident => $pred:ident, $doc:literal;)*) => {$(
@@ -86,8 +86,8 @@ pub mod __private {
         a.compare(pred, b)
     }
 
-    /// `ref[idx]` in a kernel body is `(&ref).__pd_index(idx)`: a load for refs (this
-    /// trait) and plain indexing for anything else ([`IndexStd`]), picked by autoref
+    /// `ref[idx]` in a kernel body is `(&ref).__pd_index(idx)`: a load for refs, a static
+    /// slice for values (this trait) and plain indexing for anything else ([`IndexStd`]), picked by autoref
     /// method resolution since the macro cannot see types.
     pub trait IndexRef {
         fn __pd_index<I: IntoIndex>(&self, idx: I) -> Val;
@@ -97,6 +97,13 @@ pub mod __private {
         #[track_caller]
         fn __pd_index<I: IntoIndex>(&self, idx: I) -> Val {
             self.load(idx)
+        }
+    }
+
+    impl IndexRef for Val {
+        #[track_caller]
+        fn __pd_index<I: IntoIndex>(&self, idx: I) -> Val {
+            self.slice(idx)
         }
     }
 

@@ -30,7 +30,7 @@ fn loops(
     if steps > n && program_id(0) != 0 {
         acc = -acc;
     } else {
-        acc = acc.max(0.0);
+        acc = acc.maximum(0.0);
     }
     count[0] = n;
     o[..] = acc;

@@ -233,3 +233,43 @@ fn a_trace_error_does_not_hide_the_verifiers() {
     assert!(text.contains("operand o at") && text.contains("TPU block rule"), "{text}");
     assert_eq!(errors.0.len(), 2, "nothing repeated about the poisoned store: {text}");
 }
+
+#[kernel(grid = (4,))]
+fn array_op_mistakes(
+    #[input(f32[32, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
+    #[input(bf16[64, 128], block = [16, 128], map = |i| (i, 0))] h: Ref,
+    #[output(f32[32, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
+) {
+    let v = x[..];
+    let a = v.sum(2);
+    let b = v[(program_id(0), ..)];
+    let c = v.roll(-1, 1);
+    let d = dot_general(v, v, "mk,nk->nm", f32, Precision::Default);
+    let e = concatenate(&[v, v[(.., 0..64)]], 0);
+    let f = h[..].argmax(1);
+    let g = v[(.., 64..256)];
+    debug_print("{} of {}", &[program_id(0)]);
+    o[..] = v;
+}
+
+#[test]
+fn array_op_mistakes_are_reported_at_their_lines() {
+    let errors = array_op_mistakes().unwrap_err();
+    let text = errors.to_string();
+    let want = [
+        "axis 2 is out of range for a value of shape [8,128]",
+        "slice: the start along dim 0 must be a static non-negative integer",
+        "roll: a static shift must be non-negative, got -1 (as pltpu.roll)",
+        "dot_general: contraction spec `mk,nk->nm`: the result must be `mn`",
+        "concat: cannot concatenate f32[8,128] and f32[8,64] along axis 0",
+        "argmax: argmax takes an f32 vector (as tpu.reduce_index), got bf16[16,128]",
+        "slice: range 64..256 is out of bounds along dim 1 (extent 128)",
+        "debug_print: the format \"{} of {}\" has 2 `{}` placeholders for 1 values",
+    ];
+    assert_eq!(errors.0.len(), want.len(), "{text}");
+    for (e, w) in errors.0.iter().zip(want) {
+        assert!(e.message.starts_with(w), "expected `{w}…`, got `{}`\n{text}", e.message);
+    }
+    let lines: Vec<u32> = errors.0.iter().map(|e| e.loc.expect("located").line).collect();
+    assert!(lines.windows(2).all(|w| w[1] == w[0] + 1), "one error per line, in order: {lines:?}\n{text}");
+}

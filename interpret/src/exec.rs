@@ -141,6 +141,13 @@ impl<'p> Machine<'p> {
                 let ts = xs.iter().map(|s| fr[*s as usize].tile().cloned()).collect::<Result<Vec<_>>>()?;
                 concat(&ts, *dim)?
             }
+            Kind::Log { tag, formatted, args } => {
+                let values = ints(args, fr)?;
+                println!("{}", log_line(tag, *formatted, &values));
+                Val::Undef
+            }
+            Kind::Rotate { a, shift, dim } => rotate(v(a).tile()?, v(shift).int()?, *dim)?,
+            Kind::ReduceIndex { a, dim, max } => reduce_index(v(a).tile()?, *dim, *max)?,
             Kind::Slice { base, offs, sizes } => {
                 let view = v(base).view()?.clone();
                 let offs = ints(offs, fr)?;
@@ -358,6 +365,76 @@ fn concat(ts: &[Tile], dim: usize) -> Result<Val> {
     Ok(Val::Tile(Tile::new(first.dt, shape, data)))
 }
 
+/// A `tpu.log` line: `$k` in a formatted tag is scalar `k`; an unformatted tag is printed
+/// followed by its values.
+fn log_line(tag: &str, formatted: bool, values: &[i64]) -> String {
+    if !formatted {
+        return values.iter().fold(tag.to_string(), |s, v| format!("{s} {v}"));
+    }
+    let mut out = String::new();
+    let mut rest = tag;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let digits = rest[at + 1..].bytes().take_while(u8::is_ascii_digit).count();
+        match rest[at + 1..at + 1 + digits].parse::<usize>().ok().and_then(|k| values.get(k)) {
+            Some(v) => out.push_str(&v.to_string()),
+            None => out.push_str(&rest[at..at + 1 + digits]),
+        }
+        rest = &rest[at + 1 + digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `tpu.dynamic_rotate` (`jnp.roll`): element `i` along `dim` moves to `(i + shift) mod n`,
+/// i.e. the last `shift` elements wrap to the front.
+fn rotate(t: &Tile, shift: i64, dim: usize) -> Result<Val> {
+    let n = t.shape[dim];
+    let s = shift.rem_euclid(n as i64) as usize;
+    if s == 0 {
+        return Ok(Val::Tile(t.clone()));
+    }
+    let part = |from: usize, len: usize| -> Result<Tile> {
+        let mut offsets = vec![0; t.shape.len()];
+        offsets[dim] = from;
+        let mut sizes = t.shape.to_vec();
+        sizes[dim] = len;
+        extract_ss(t, &offsets, &sizes, &[]).and_then(|v| v.tile().cloned())
+    };
+    concat(&[part(n - s, s)?, part(0, n - s)?], dim)
+}
+
+/// `tpu.reduce_index`: the i32 index of the max (min) along `dim`, the first on ties; a NaN
+/// counts as the extreme (as `jnp.argmax`).
+fn reduce_index(t: &Tile, dim: usize, max: bool) -> Result<Val> {
+    let Data::F(x) = &*t.data else { bail!(Mismatch, "tpu.reduce_index of an integer vector") };
+    let n = t.shape[dim];
+    let inner: usize = t.shape[dim + 1..].iter().product();
+    let outer: usize = t.shape[..dim].iter().product();
+    let mut out = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |k: usize| x[(o * n + k) * inner + i];
+            let mut best = 0;
+            for k in 1..n {
+                let (b, c) = (at(best), at(k));
+                if b.is_nan() {
+                    break;
+                }
+                if c.is_nan() || (max && c > b) || (!max && c < b) {
+                    best = k;
+                }
+            }
+            out.push(best as i32);
+        }
+    }
+    let shape: Shape = t.shape.iter().enumerate().filter(|&(d, _)| d != dim).map(|(_, &s)| s).collect();
+    if shape.is_empty() {
+        return Ok(Val::Int(out[0].into()));
+    }
+    Ok(Val::Tile(Tile::new(DType::I32, shape, Data::I(out))))
+}
+
 /// Fold `src` (row-major over `shape`) into `out` at the positions `strides` map it to.
 fn accumulate<T: Copy>(shape: &[usize], strides: &[isize], out: &mut [T], src: &[T], f: fn(T, T) -> T) {
     let mut i = 0usize;
@@ -538,4 +615,17 @@ fn rounded_bf16(xs: &[f32]) -> Vec<f32> {
 #[allow(dead_code)]
 pub(crate) fn internal(m: &str) -> InterpError {
     InterpError::new(ErrorKind::Malformed, m.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_line;
+
+    #[test]
+    fn log_lines_fill_placeholders_in_order() {
+        assert_eq!(log_line("step $0 of $1: $0", true, &[3, 8]), "step 3 of 8: 3");
+        assert_eq!(log_line("cost $5", true, &[1]), "cost $5");
+        assert_eq!(log_line("done", false, &[]), "done");
+        assert_eq!(log_line("values", false, &[4, -2]), "values 4 -2");
+    }
 }

@@ -58,6 +58,10 @@ pub(crate) enum Kind {
     Transpose { a: Slot, perm: Vec<usize> },
     Iota { shape: Shape, dim: usize },
     Concat { xs: Vec<Slot>, dim: usize },
+    Rotate { a: Slot, shift: Slot, dim: usize },
+    /// `tpu.log`: print `tag` (its `$k` replaced by scalar `k` when formatted).
+    Log { tag: String, formatted: bool, args: Vec<Slot> },
+    ReduceIndex { a: Slot, dim: usize, max: bool },
     Slice { base: Slot, offs: Vec<Slot>, sizes: Shape },
     Squeeze { base: Slot, shape: Shape },
     Dma { src: Slot, dst: Slot, sem: Slot },
@@ -463,6 +467,43 @@ impl<'a> Cx<'a> {
                 let Some(dim) = op.attr("dimension").and_then(Attr::as_int) else { bail!(Malformed, "missing dimension") };
                 Kind::Concat { xs: o.clone(), dim: dim as usize }
             }
+            "tpu.log" => {
+                let tag = match op.attr("tag") {
+                    Some(Attr::String(s)) => s.clone(),
+                    _ => bail!(Malformed, "tpu.log without a tag"),
+                };
+                let formatted = op.attr("formatted").and_then(Attr::as_bool).unwrap_or(false);
+                Kind::Log { tag, formatted, args: o.clone() }
+            }
+            "tpu.dynamic_rotate" => {
+                arity(2)?;
+                let (shape, _) = opnd_sd(0)?;
+                let dim = op.attr("dimension").and_then(Attr::as_int).unwrap_or(-1);
+                if op.attr("stride").is_some() {
+                    bail!(Unsupported, "tpu.dynamic_rotate with a stride");
+                }
+                match usize::try_from(dim) {
+                    Ok(d) if d < shape.len() => Kind::Rotate { a: o[0], shift: o[1], dim: d },
+                    _ => bail!(Malformed, "tpu.dynamic_rotate dimension {dim} for a rank-{} vector", shape.len()),
+                }
+            }
+            "tpu.reduce_index" => {
+                arity(1)?;
+                let (shape, dt) = opnd_sd(0)?;
+                let axis = op.attr("axis").and_then(Attr::as_int).unwrap_or(-1);
+                let max = match op.attr("kind").and_then(|a| a.dialect("tpu.reduction_kind")) {
+                    Some("arg_max") => true,
+                    Some("arg_min") => false,
+                    k => bail!(Unsupported, "tpu.reduce_index kind {k:?}"),
+                };
+                if !dt.is_float() {
+                    bail!(Unsupported, "tpu.reduce_index of {}", dt.name());
+                }
+                match usize::try_from(axis) {
+                    Ok(d) if d < shape.len() => Kind::ReduceIndex { a: o[0], dim: d, max },
+                    _ => bail!(Malformed, "tpu.reduce_index axis {axis} for a rank-{} vector", shape.len()),
+                }
+            }
             "tpu.memref_slice" => {
                 let seg = segments(op, &[1, (o.len() as i64 - 1).max(0), 0])?;
                 let parts = split(&o, &seg, name)?;
@@ -543,7 +584,7 @@ impl<'a> Cx<'a> {
                 Kind::IterationBound { dim }
             }
             "tpu.device_id" | "tpu.core_id" => Kind::Const(Val::Int(0)),
-            "tpu.trace_start" | "tpu.trace_stop" | "tpu.delay" | "tpu.log" | "tpu.log_buffer" | "tpu.trace_value" => Kind::Nop,
+            "tpu.trace_start" | "tpu.trace_stop" | "tpu.delay" | "tpu.log_buffer" | "tpu.trace_value" => Kind::Nop,
             "scf.if" => {
                 arity(1)?;
                 let then = self.region_block(op, 0, Some(0))?;

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use palladium_kernels::coverage::{casts, dynamic_dma, int8_dot, loops, masked_store, misc, semaphores, softmax_t, transpose};
+use palladium_kernels::coverage::{array_ops, switch_branches, casts, dynamic_dma, int8_dot, loops, masked_store, misc, semaphores, softmax_t, transpose};
 use half::bf16;
 use palladium_dsl::prelude::*;
 use palladium_interpret::{ErrorKind, HostArray};
@@ -29,6 +29,69 @@ fn for_while_if() {
     assert_eq!(out[0].to_f32(), want);
 }
 
+
+/// `array_ops` against a plain reference: slices, concatenate, both rolls (`jnp.roll`
+/// direction), repeat, mean, max/min over axes, maximum/minimum, the NT contraction spec,
+/// the reciprocal, argmax/argmin.
+#[test]
+fn array_ops_match_a_plain_reference() {
+    let body = body_of(&array_ops().unwrap());
+    for op in ["vector.extract_strided_slice", "tpu.concatenate", "tpu.dynamic_rotate", "tpu.reduce_index", "tpu.reciprocal"] {
+        assert!(body.contains(op), "the body has no {op}");
+    }
+    let mut rng = Rng::new(27);
+    let (x, w) = (rng.bf16s(16 * 256), rng.bf16s(128 * 128));
+    let shift = 5;
+    let inputs = [HostArray::from_i32(&[1], &[shift]), HostArray::from_f32(&[16, 256], &x), HostArray::from_f32(&[128, 128], &w)];
+    let out = run(&body, &inputs).unwrap_or_else(|e| panic!("{e}"));
+    let (mut want_o, mut want_idx) = (vec![0f32; 16 * 256], vec![0i32; 16 * 128]);
+    for b in 0..2 {
+        let v = |r: usize, c: usize| x[(b * 8 + r) * 256 + c];
+        let argmin0: Vec<i32> = (0..128).map(|c| (0..8).fold(0, |best, r| if v(r, c) < v(best, c) { r } else { best }) as i32).collect();
+        for r in 0..8 {
+            let row: Vec<f32> = (0..256).map(|c| v(r, c)).collect();
+            let (max, min) = (row.iter().copied().fold(f32::MIN, f32::max), row.iter().copied().fold(f32::MAX, f32::min));
+            let mean = row.iter().sum::<f32>() / 256.0;
+            // The first index on ties (bf16 inputs tie), as jnp.argmax.
+            let argmax = (0..256).fold(0, |best, c| if row[c] > row[best] { c } else { best }) as i32;
+            let p: Vec<f32> = (0..128).map(|n| (0..128).map(|k| v(r, k) * w[n * 128 + k]).sum()).collect();
+            for c in 0..256 {
+                let swapped = v(r, (c + 128) % 256);
+                let rolled = v(r, (c + 256 - 3) % 256) + v((r + 8 - shift as usize % 8) % 8, c);
+                let spread = v(r, (c % 256) / 4).max(0.0);
+                let rec = 1.0 / (p[c % 128] * p[c % 128] + 1.0);
+                let tail = if c < 128 { rec } else { rec.min(0.5) };
+                want_o[(b * 8 + r) * 256 + c] = swapped + rolled + (v(r, 0) + mean + max - min) + spread + tail;
+            }
+            for c in 0..128 {
+                want_idx[(b * 8 + r) * 128 + c] = argmax * 1000 + argmin0[c];
+            }
+        }
+    }
+    assert_close(&out[0].to_f32(), &want_o, 1e-5, 1.0, "array_ops o");
+    let wrong = out[1].to_i32().iter().zip(&want_idx).filter(|(g, w)| g != w).count();
+    assert_eq!(wrong, 0, "argmax * 1000 + argmin: {wrong} elements differ");
+}
+
+/// `switch` picks the branch of each grid step's index, clamped into range as `lax.switch`
+/// (the kernel's `debug_print` runs too: it prints a line per step).
+#[test]
+fn switch_runs_the_indexed_branch() {
+    let body = body_of(&switch_branches().unwrap());
+    assert_eq!(body.matches("scf.if").count(), 2, "three branches are two nested scf.ifs");
+    assert!(body.contains(r#"{formatted = true, tag = "step $0 takes branch $1"}"#), "debug_print is a tpu.log:\n{body}");
+    let x = Rng::new(28).f32s(16 * 128);
+    let branch = |b: i32, v: f32| match b.clamp(0, 2) {
+        0 => v * 2.0,
+        1 => v + 1.0,
+        _ => v.max(0.0),
+    };
+    for which in [[0, 1], [2, 7], [-3, 1]] {
+        let out = run(&body, &[HostArray::from_i32(&[2], &which), HostArray::from_f32(&[16, 128], &x)]).unwrap_or_else(|e| panic!("{e}"));
+        let want: Vec<f32> = (0..16 * 128).map(|k| branch(which[k / (8 * 128)], x[k])).collect();
+        assert_eq!(out[0].to_f32(), want, "indices {which:?}");
+    }
+}
 
 #[test]
 fn masked_stores() {

@@ -1,7 +1,7 @@
 //! Op-coverage kernels: small kernels that exist to exercise the parts of the op vocabulary
 //! no library kernel uses (traced control flow, masked stores, transposes, casts, SMEM
-//! scalars, scoped DMAs and semaphores, NT and int8 matmuls). They are not in the registry:
-//! the lowering tests snapshot them and compile them with libtpu, and the interpreter tests
+//! scalars, scoped DMAs and semaphores, NT and int8 matmuls, the array ops on values). They
+//! are not in the registry: the lowering tests snapshot them and compile them with libtpu, and the interpreter tests
 //! run them against hand-written expectations and plant faults in their bodies.
 
 use palladium_dsl::prelude::*;
@@ -21,6 +21,8 @@ pub const ALL: &[(&str, Build)] = &[
     ("casts", casts),
     ("softmax_t", softmax_t),
     ("int8_dot", int8_dot),
+    ("array_ops", array_ops),
+    ("switch_branches", switch_branches),
 ];
 
 /// Traced control flow: an `scf.for` over `0..program_id(0)` carrying a vector and an i32,
@@ -165,4 +167,42 @@ pub fn int8_dot(
     #[output(i32[64, 128], block = [32, 128], map = |i| (i, 0))] o: Ref,
 ) {
     o[..] = dot_general(a[..], b[..], DotDims::matmul(), i32, Precision::Default);
+}
+
+/// The array ops on values: static slicing, `concatenate`, `roll` by a static and by a
+/// traced (scalar-prefetched) shift, `repeat`, `mean`, `max`/`min` over an axis (a negative
+/// one too), elementwise `maximum`/`minimum`, `argmax`/`argmin`, the approximate reciprocal
+/// and a `dot_general` contraction spec (an NT matmul).
+#[kernel(grid = (2,), semantics = (parallel,))]
+pub fn array_ops(
+    #[prefetch(i32[1])] shift: Ref,
+    #[input(f32[16, 256], block = [8, 256], map = |i, _s| (i, 0))] x: Ref,
+    #[input(f32[128, 128], block = [128, 128], map = |_i, _s| (0, 0))] w: Ref,
+    #[output(f32[16, 256], block = [8, 256], map = |i, _s| (i, 0))] o: Ref,
+    #[output(i32[16, 128], block = [8, 128], map = |i, _s| (i, 0))] idx: Ref,
+) {
+    let v = x[..];
+    let left = v[(.., 0..128)];
+    let swapped = concatenate(&[v[(.., 128..256)], left], 1);
+    let rolled = v.roll(3, 1) + v.roll(shift[0], 0);
+    let stats = v[(.., 0..1)] + v.mean_keepdims(1) + v.max_keepdims(-1) - v.min(1).reshape([8, 1]);
+    let spread = left[(.., 0..64)].repeat(4, 1).maximum(0.0);
+    let p = dot_general(left, w[..], "mk,nk->mn", f32, Precision::Default);
+    let r = (p * p + 1.0).reciprocal(true);
+    o[..] = swapped + rolled + stats + spread + concatenate(&[r, r.minimum(0.5)], 1);
+    idx[..] = v.argmax(1).reshape([8, 1]) * 1000 + left.argmin(0);
+}
+
+/// A three-way `switch` on a scalar-prefetched index per grid step (clamped into range;
+/// nested `scf.if`s, as Pallas lowers `lax.switch`), and a `debug_print` of the index.
+#[kernel(grid = (2,), semantics = (parallel,))]
+pub fn switch_branches(
+    #[prefetch(i32[2])] which: Ref,
+    #[input(f32[16, 128], block = [8, 128], map = |i, _w| (i, 0))] x: Ref,
+    #[output(f32[16, 128], block = [8, 128], map = |i, _w| (i, 0))] o: Ref,
+) {
+    let v = x[..];
+    let index = which[program_id(0)];
+    debug_print("step {} takes branch {}", &[program_id(0), index]);
+    o[..] = switch(index, [&|| v * 2.0, &|| v + 1.0, &|| v.maximum(0.0)]);
 }

@@ -15,10 +15,10 @@ use melior::{
     Context,
     ir::{
         Attribute, Location, Operation, Region, Type, Value,
-        attribute::{ArrayAttribute, DenseI32ArrayAttribute, DenseI64ArrayAttribute},
+        attribute::{ArrayAttribute, DenseI32ArrayAttribute, DenseI64ArrayAttribute, StringAttribute},
     },
 };
-use palladium_dsl::ir::{DotDims, MemorySpace, Precision, SemKind};
+use palladium_dsl::ir::{ArgReduceOp, DotDims, MemorySpace, Precision, SemKind};
 use palladium_dsl::spec::Semantics;
 
 /// The discardable attribute that marks the `TensorCore` kernel function.
@@ -142,6 +142,33 @@ pub(crate) fn transpose<'c>(ctx: &'c Context, loc: Location<'c>, x: Value<'c, '_
     op(ctx, "tpu.transpose", loc, &[x], &[result], &[("permutation", DenseI64ArrayAttribute::new(ctx, &perm).into())], vec![])
 }
 
+/// `tpu.concatenate %xs in dim` (`jnp.concatenate`).
+pub(crate) fn concatenate<'c>(ctx: &'c Context, loc: Location<'c>, xs: &[Value<'c, '_>], dimension: u32, result: Type<'c>) -> RuleResult<Operation<'c>> {
+    op(ctx, "tpu.concatenate", loc, xs, &[result], &[("dimension", int_attr(ctx, 32, i64::from(dimension)))], vec![])
+}
+
+/// `tpu.dynamic_rotate %x by %shift dim d` (`pltpu.roll`; `dimension : si32`, no stride).
+pub(crate) fn dynamic_rotate<'c>(ctx: &'c Context, loc: Location<'c>, x: Value<'c, '_>, shift: Value<'c, '_>, dimension: u32, result: Type<'c>) -> RuleResult<Operation<'c>> {
+    op(ctx, "tpu.dynamic_rotate", loc, &[x, shift], &[result], &[("dimension", parse_attr(ctx, &format!("{dimension} : si32"))?)], vec![])
+}
+
+/// `tpu.reciprocal %x {approx, full_range = true}` (`pl.reciprocal`).
+pub(crate) fn reciprocal<'c>(ctx: &'c Context, loc: Location<'c>, x: Value<'c, '_>, approx: bool, result: Type<'c>) -> RuleResult<Operation<'c>> {
+    op(ctx, "tpu.reciprocal", loc, &[x], &[result], &[("approx", bool_attr(ctx, approx)), ("full_range", bool_attr(ctx, true))], vec![])
+}
+
+/// `tpu.reduce_index %x {axis, kind = #tpu.reduction_kind<arg_max|arg_min>}` (`jnp.argmax`).
+pub(crate) fn reduce_index<'c>(ctx: &'c Context, loc: Location<'c>, x: Value<'c, '_>, axis: u32, kind: ArgReduceOp, result: Type<'c>) -> RuleResult<Operation<'c>> {
+    let kind = match kind {
+        ArgReduceOp::ArgMax => "arg_max",
+        ArgReduceOp::ArgMin => "arg_min",
+    };
+    op(ctx, "tpu.reduce_index", loc, &[x], &[result], &[
+        ("axis", int_attr(ctx, 32, i64::from(axis))),
+        ("kind", parse_attr(ctx, &format!("#tpu.reduction_kind<{kind}>"))?),
+    ], vec![])
+}
+
 /// `tpu.assume_multiple %x, multiple : i32`.
 pub(crate) fn assume_multiple<'c>(ctx: &'c Context, loc: Location<'c>, x: Value<'c, '_>, multiple: u32, result: Type<'c>) -> RuleResult<Operation<'c>> {
     op(ctx, "tpu.assume_multiple", loc, &[x], &[result], &[("multiple", int_attr(ctx, 32, i64::from(multiple)))], vec![])
@@ -232,6 +259,13 @@ pub(crate) fn sem_read<'c>(ctx: &'c Context, loc: Location<'c>, sem: Value<'c, '
 /// `tpu.sem_alloc : memref<…!tpu.(dma_)semaphore, #tpu.memory_space<semaphore_mem>>`.
 pub(crate) fn sem_alloc<'c>(ctx: &'c Context, loc: Location<'c>, result: Type<'c>) -> RuleResult<Operation<'c>> {
     op(ctx, "tpu.sem_alloc", loc, &[], &[result], &[], vec![])
+}
+
+// --- debugging ------------------------------------------------------------------------------
+
+/// `tpu.log %args {formatted, tag}` (`pl.debug_print`; `$k` placeholders when formatted).
+pub(crate) fn log<'c>(ctx: &'c Context, loc: Location<'c>, args: &[Value<'c, '_>], tag: &str, formatted: bool) -> RuleResult<Operation<'c>> {
+    op(ctx, "tpu.log", loc, args, &[], &[("formatted", bool_attr(ctx, formatted)), ("tag", StringAttribute::new(ctx, tag).into())], vec![])
 }
 
 // --- scopes ---------------------------------------------------------------------------------

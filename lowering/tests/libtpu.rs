@@ -13,6 +13,9 @@
 //!   made locations up from the text position (`"-":L:C`: terminators and loop block
 //!   arguments that the pretty module does not print with theirs).
 //!
+//! The `array_ops` coverage kernel must use the Mosaic ops of the same kernel written in
+//! Pallas (`jax_reference.py pallas array_ops`) and be within 1% of its cycles on v6e.
+//!
 //! The library's tiled matmul (1024x2048x1024, blocks 256x512x256) is also diffed against
 //! the module JAX Pallas prints for its own (`jax_reference.py pallas matmul`: func
 //! signatures/attributes and op sequence) and must be within 2% of its cycles on v6e; the
@@ -119,6 +122,16 @@ fn kernels_compile_with_libtpu_and_match_jax() {
     assert_eq!(seq, op_sequence(jax_module), "matmul op sequence differs from JAX's");
     assert_eq!(signature(&ours), signature(jax_module), "matmul signature/attributes differ from JAX's");
     let jax_gemv = jax_reference(&dir, &["pallas", "gemv", "--chip", "v6e"]);
+    // The array ops: Palladium's `array_ops` and the same kernel in Pallas (`pallas array_ops`)
+    // use the same Mosaic ops (roll, concatenate, slices, argmax, reciprocal, ...).
+    let jax_array_ops = jax_reference(&dir, &["pallas", "array_ops", "--chip", "v6e"]);
+    let array_ops = &kernels.iter().find(|(n, _)| n == "array_ops").expect("the coverage kernels have array_ops").1;
+    let tpu_ops = |module: &str| {
+        let mut ops: Vec<String> = op_sequence(module).into_iter().filter(|o| o.starts_with("tpu.") || o.starts_with("vector.extract_strided")).collect();
+        ops.sort();
+        ops
+    };
+    assert_eq!(tpu_ops(&array_ops.canonical), tpu_ops(jax_array_ops["module"].as_str().unwrap()), "array_ops: not the Mosaic ops Pallas uses");
     let gemv_jax_blocks = palladium_kernels::build("gemv", &[("block_n".into(), "1024".into())]).unwrap_or_else(|e| panic!("{e}"));
     let gemv_jax_blocks = lowered(&gemv_jax_blocks);
 
@@ -171,6 +184,10 @@ fn kernels_compile_with_libtpu_and_match_jax() {
     let gemv_jax = jax_gemv["estimated_cycles"].as_u64().expect("JAX's gemv cycles");
     eprintln!("v6e gemv (blocks 4096x1024): ours {gemv_ours} cycles, JAX {gemv_jax} cycles");
     assert!((ours as f64 - theirs as f64).abs() <= 0.02 * theirs as f64, "matmul: {ours} cycles vs JAX's {theirs} (> 2% apart)");
+    let ours = table.iter().find(|(n, chip, _)| *n == "array_ops" && *chip == Chip::V6e).unwrap().2.estimated_cycles.expect("array_ops v6e cycles");
+    let theirs = jax_array_ops["estimated_cycles"].as_u64().expect("JAX's array_ops cycles");
+    eprintln!("v6e array_ops: ours {ours} cycles, JAX {theirs} cycles");
+    assert!((ours as f64 - theirs as f64).abs() <= 0.01 * theirs as f64, "array_ops: {ours} cycles vs JAX's {theirs} (> 1% apart)");
     assert!((gemv_ours as f64 - gemv_jax as f64).abs() <= 0.02 * gemv_jax as f64, "gemv: {gemv_ours} cycles vs JAX's {gemv_jax} (> 2% apart)");
 }
 

@@ -98,6 +98,9 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
             if *op == UnaryOp::Not && d.is_float() {
                 return Err(format!("not needs an integer or bool operand, got {d}"));
             }
+            if matches!(op, UnaryOp::Reciprocal | UnaryOp::ReciprocalApprox) && (d != DType::F32 || s.rank() == 0) {
+                return Err(format!("{op} takes an f32 vector (as tpu.reciprocal), got {}", k.ty(*x)));
+            }
             smallvec![Type::array(s, d)]
         }
         OpData::Binary { op, lhs, rhs } => {
@@ -184,6 +187,55 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
             }
             let dims: Vec<u64> = s.dims().iter().zip(&keep).filter(|(_, k)| **k).map(|(d, _)| *d).collect();
             smallvec![Type::array(Shape(dims), d)]
+        }
+        OpData::ArgReduce { op, x, axis } => {
+            let (s, d) = array_of(k, *x, "operand")?;
+            if d != DType::F32 || s.rank() == 0 {
+                return Err(format!("{op} takes an f32 vector (as tpu.reduce_index), got {}", k.ty(*x)));
+            }
+            if *axis as usize >= s.rank() {
+                return Err(format!("axis {axis} is out of range for {s}"));
+            }
+            let mut dims = s.dims().to_vec();
+            dims.remove(*axis as usize);
+            smallvec![Type::array(Shape(dims), DType::I32)]
+        }
+        OpData::Slice { x, start, size } => {
+            let (s, d) = array_of(k, *x, "operand")?;
+            if s.rank() == 0 || start.len() != s.rank() || size.len() != s.rank() {
+                return Err(format!("a slice of {} needs one range per dim", k.ty(*x)));
+            }
+            for (dim, ((&lo, &n), &extent)) in start.iter().zip(size).zip(s.dims()).enumerate() {
+                if n == 0 || lo.checked_add(n).is_none_or(|hi| hi > extent) {
+                    return Err(format!("range {lo}..{} is out of bounds along dim {dim} (extent {extent})", lo.saturating_add(n)));
+                }
+            }
+            smallvec![Type::Vector(Shape(size.clone()), d)]
+        }
+        OpData::Concat { xs, axis } => {
+            let Some(&first) = xs.first() else { return Err("concatenate needs at least one value".into()) };
+            let (s0, d0) = array_of(k, first, "operand")?;
+            if *axis as usize >= s0.rank() {
+                return Err(format!("axis {axis} is out of range for {s0}"));
+            }
+            let mut dims = s0.dims().to_vec();
+            for &x in &xs[1..] {
+                let (s, d) = array_of(k, x, "operand")?;
+                let others_agree = s.rank() == s0.rank() && s.dims().iter().zip(s0.dims()).enumerate().all(|(i, (a, b))| i == *axis as usize || a == b);
+                if d != d0 || !others_agree {
+                    return Err(format!("cannot concatenate {} and {} along axis {axis}", k.ty(first), k.ty(x)));
+                }
+                dims[*axis as usize] += s.dims()[*axis as usize];
+            }
+            smallvec![Type::Vector(Shape(dims), d0)]
+        }
+        OpData::Roll { x, shift, axis } => {
+            let (s, d) = array_of(k, *x, "operand")?;
+            scalar_i32(k, *shift, "roll shift")?;
+            if *axis as usize >= s.rank() {
+                return Err(format!("axis {axis} is out of range for {}", k.ty(*x)));
+            }
+            smallvec![Type::Vector(s, d)]
         }
         OpData::Dot { lhs, rhs, dims, out, .. } => {
             let (ls, ld) = array_of(k, *lhs, "lhs")?;
@@ -311,6 +363,16 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
         OpData::SemRead { sem } => {
             sem_scalar(k, *sem, None, "semaphore")?;
             smallvec![Type::Scalar(DType::I32)]
+        }
+        OpData::DebugPrint { format, args } => {
+            let placeholders = format.matches("{}").count();
+            if placeholders != args.len() {
+                return Err(format!("the format {format:?} has {placeholders} `{{}}` placeholders for {} values", args.len()));
+            }
+            for (i, &a) in args.iter().enumerate() {
+                scalar_i32(k, a, &format!("debug_print value {i} (TPU logs print i32 scalars)"))?;
+            }
+            SmallVec::new()
         }
         OpData::If { cond, then_block, else_block } => {
             if *k.ty(*cond) != Type::Scalar(DType::Bool) {

@@ -97,6 +97,10 @@ op_enum!(
         Logistic => "logistic",
         /// Bitwise (ints) or logical (bool) not.
         Not => "not",
+        /// `1 / x` on the EUP (`pl.reciprocal(x, approx=False)`; f32 only).
+        Reciprocal => "reciprocal",
+        /// The EUP's approximate `1 / x` (`pl.reciprocal(x, approx=True)`; f32 only).
+        ReciprocalApprox => "reciprocal_approx",
     }
 );
 
@@ -120,6 +124,12 @@ op_enum!(
 );
 
 op_enum!(
+    /// Reductions to the index of the extreme element (`jnp.argmax` / `jnp.argmin`; the
+    /// first such index on ties).
+    ArgReduceOp { ArgMax => "argmax", ArgMin => "argmin" }
+);
+
+op_enum!(
     /// MXU precision for f32 operands (`None` in Pallas = the default, bf16 passes).
     Precision { Default => "default", Bf16x3 => "bf16x3", Fp32 => "fp32" }
 );
@@ -139,6 +149,62 @@ impl DotDims {
     pub fn matmul() -> DotDims {
         DotDims { lhs_contract: vec![1], rhs_contract: vec![0], lhs_batch: vec![], rhs_batch: vec![] }
     }
+    /// Dimension numbers from an einsum-style spec, `"mk,kn->mn"`, for operands of the given
+    /// ranks. A letter in both operands and the result is a batch dim, in both operands only
+    /// a contracted dim; the result must list batch dims, then lhs free dims, then rhs free
+    /// dims, each in operand order (what `tpu.matmul` produces; transpose after otherwise).
+    pub fn parse(spec: &str, lhs_rank: usize, rhs_rank: usize) -> Result<DotDims, String> {
+        let bad = |why: String| format!("contraction spec `{spec}`: {why}");
+        let (operands, result) = spec.split_once("->").ok_or_else(|| bad("expected `lhs,rhs->result`, e.g. `mk,kn->mn`".into()))?;
+        let (lhs, rhs) = operands.split_once(',').ok_or_else(|| bad("expected two operands separated by `,`".into()))?;
+        let letters = |s: &str, what: &str, rank: Option<usize>| -> Result<Vec<char>, String> {
+            let l: Vec<char> = s.trim().chars().collect();
+            if let Some(c) = l.iter().find(|c| !c.is_ascii_alphabetic()) {
+                return Err(bad(format!("`{c}` in the {what} is not a dim letter")));
+            }
+            if let Some((i, c)) = l.iter().enumerate().find(|(i, c)| l[..*i].contains(c)) {
+                return Err(bad(format!("`{c}` appears twice in the {what} (at {i})")));
+            }
+            match rank {
+                Some(r) if r != l.len() => Err(bad(format!("the {what} names {} dims, it has rank {r}", l.len()))),
+                _ => Ok(l),
+            }
+        };
+        let (l, r, o) = (letters(lhs, "lhs", Some(lhs_rank))?, letters(rhs, "rhs", Some(rhs_rank))?, letters(result, "result", None)?);
+        let pos = |s: &[char], c: char| s.iter().position(|&x| x == c).map(|p| p as u32);
+        let mut dims = DotDims { lhs_contract: vec![], rhs_contract: vec![], lhs_batch: vec![], rhs_batch: vec![] };
+        let mut expected = Vec::new();
+        for &c in &l {
+            match (pos(&r, c), o.contains(&c)) {
+                (Some(rp), true) => {
+                    dims.lhs_batch.push(pos(&l, c).unwrap_or(0));
+                    dims.rhs_batch.push(rp);
+                    expected.push(c);
+                }
+                (Some(rp), false) => {
+                    dims.lhs_contract.push(pos(&l, c).unwrap_or(0));
+                    dims.rhs_contract.push(rp);
+                }
+                (None, true) => {}
+                (None, false) => return Err(bad(format!("lhs dim `{c}` is neither contracted nor in the result (sum it first)"))),
+            }
+        }
+        expected.extend(l.iter().filter(|c| !r.contains(c)));
+        for &c in &r {
+            if !l.contains(&c) {
+                if !o.contains(&c) {
+                    return Err(bad(format!("rhs dim `{c}` is neither contracted nor in the result (sum it first)")));
+                }
+                expected.push(c);
+            }
+        }
+        if o != expected {
+            let want: String = expected.iter().collect();
+            return Err(bad(format!("the result must be `{want}` (batch dims, then lhs free, then rhs free dims, as tpu.matmul orders them); transpose the result after")));
+        }
+        Ok(dims)
+    }
+
     /// `lhs @ rhs.T` for 2-D operands (contract both minor dims).
     pub fn matmul_transposed_rhs() -> DotDims {
         DotDims { lhs_contract: vec![1], rhs_contract: vec![1], lhs_batch: vec![], rhs_batch: vec![] }
@@ -181,6 +247,15 @@ pub enum OpData {
     Transpose { x: Value, perm: Vec<u32> },
     /// Reduce `axes` away (the result drops them).
     Reduce { op: ReduceOp, x: Value, axes: Vec<u32> },
+    /// The i32 index of the max/min along `axis` (dropped from the result).
+    ArgReduce { op: ArgReduceOp, x: Value, axis: u32 },
+    /// A static window of a vector (`x[a:b, c:d]`, `lax.slice`): unit strides, rank kept.
+    Slice { x: Value, start: Vec<u64>, size: Vec<u64> },
+    /// Vectors joined along `axis` (`jnp.concatenate`); all other dims agree.
+    Concat { xs: Vec<Value>, axis: u32 },
+    /// Rotate along `axis` by the i32 `shift` toward higher indices (`pltpu.roll`, as
+    /// `jnp.roll`: element `i` moves to `(i + shift) mod n`).
+    Roll { x: Value, shift: Value, axis: u32 },
     /// Matrix multiply on the MXU with a 32-bit accumulator (the result dtype).
     Dot { lhs: Value, rhs: Value, dims: DotDims, precision: Precision, out: DType },
     /// Promise that an i32 is a multiple of `multiple` (lets tile-alignment checks pass).
@@ -202,6 +277,10 @@ pub enum OpData {
     SemSignal { sem: Value, amount: Value, device_id: Option<Value> },
     SemWait { sem: Value, amount: Value },
     SemRead { sem: Value },
+
+    // --- debugging ---------------------------------------------------------------------------
+    /// `pl.debug_print(format, *args)`: `{}` placeholders take the i32 scalars in order.
+    DebugPrint { format: String, args: Vec<Value> },
 
     // --- structured control flow and scopes -------------------------------------------------
     /// `pl.when` / `lax.cond`: both blocks yield the op's results.
@@ -238,6 +317,10 @@ impl OpData {
             OpData::Reshape { .. } => "reshape".into(),
             OpData::Transpose { .. } => "transpose".into(),
             OpData::Reduce { op, .. } => format!("reduce.{op}"),
+            OpData::ArgReduce { op, .. } => op.name().into(),
+            OpData::Slice { .. } => "slice".into(),
+            OpData::Concat { .. } => "concat".into(),
+            OpData::Roll { .. } => "roll".into(),
             OpData::Dot { .. } => "dot".into(),
             OpData::AssumeMultiple { .. } => "assume_multiple".into(),
             OpData::Load { .. } => "load".into(),
@@ -248,6 +331,7 @@ impl OpData {
             OpData::SemSignal { .. } => "sem_signal".into(),
             OpData::SemWait { .. } => "sem_wait".into(),
             OpData::SemRead { .. } => "sem_read".into(),
+            OpData::DebugPrint { .. } => "debug_print".into(),
             OpData::If { .. } => "if".into(),
             OpData::For { .. } => "for".into(),
             OpData::While { .. } => "while".into(),
@@ -282,7 +366,11 @@ impl OpData {
             | OpData::Reshape { x, .. }
             | OpData::Transpose { x, .. }
             | OpData::Reduce { x, .. }
+            | OpData::ArgReduce { x, .. }
+            | OpData::Slice { x, .. }
             | OpData::AssumeMultiple { x, .. } => out.push(*x),
+            OpData::Concat { xs, .. } | OpData::DebugPrint { args: xs, .. } => out.extend(xs.iter().copied()),
+            OpData::Roll { x, shift, .. } => out.extend([*x, *shift]),
             OpData::Binary { lhs, rhs, .. } | OpData::Compare { lhs, rhs, .. } => {
                 out.extend([*lhs, *rhs]);
             }
@@ -347,11 +435,40 @@ impl OpData {
                 | OpData::DmaWait { .. }
                 | OpData::SemSignal { .. }
                 | OpData::SemWait { .. }
+                | OpData::DebugPrint { .. }
                 | OpData::If { .. }
                 | OpData::For { .. }
                 | OpData::While { .. }
                 | OpData::RunScoped { .. }
                 | OpData::Yield { .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DotDims;
+
+    fn dims(lc: &[u32], rc: &[u32], lb: &[u32], rb: &[u32]) -> DotDims {
+        DotDims { lhs_contract: lc.to_vec(), rhs_contract: rc.to_vec(), lhs_batch: lb.to_vec(), rhs_batch: rb.to_vec() }
+    }
+
+    #[test]
+    fn contraction_specs_give_the_dimension_numbers() {
+        assert_eq!(DotDims::parse("mk,kn->mn", 2, 2), Ok(DotDims::matmul()));
+        assert_eq!(DotDims::parse("mk,nk->mn", 2, 2), Ok(DotDims::matmul_transposed_rhs()));
+        assert_eq!(DotDims::parse("bqd,bkd->bqk", 3, 3), Ok(dims(&[2], &[2], &[0], &[0])));
+        assert_eq!(DotDims::parse(" km , kn -> mn ", 2, 2), Ok(dims(&[0], &[0], &[], &[])));
+    }
+
+    #[test]
+    fn bad_contraction_specs_say_why() {
+        let err = |spec: &str, l: usize, r: usize| DotDims::parse(spec, l, r).unwrap_err();
+        assert!(err("mk,kn", 2, 2).contains("expected `lhs,rhs->result`"));
+        assert!(err("mk,kn->nm", 2, 2).contains("the result must be `mn`"));
+        assert!(err("mk,kn->mn", 3, 2).contains("the lhs names 2 dims, it has rank 3"));
+        assert!(err("mkk,kn->mn", 3, 2).contains("`k` appears twice in the lhs"));
+        assert!(err("mk,kn->m", 2, 2).contains("rhs dim `n` is neither contracted nor in the result"));
+        assert!(err("m1,kn->mn", 2, 2).contains("`1` in the lhs is not a dim letter"));
     }
 }

@@ -123,6 +123,10 @@ impl Printer<'_> {
             OpData::Select { cond, on_true, on_false } => format!(" {cond}, {on_true}, {on_false}"),
             OpData::Transpose { x, perm } => format!(" {x} perm={perm:?}"),
             OpData::Reduce { x, axes, .. } => format!(" {x} axes={axes:?}"),
+            OpData::ArgReduce { x, axis, .. } => format!(" {x} axis={axis}"),
+            OpData::Slice { x, start, size } => format!(" {x} start={start:?} size={size:?}"),
+            OpData::Concat { xs, axis } => format!(" {} axis={axis}", Self::vals(xs)),
+            OpData::Roll { x, shift, axis } => format!(" {x} by {shift} axis={axis}"),
             OpData::Dot { lhs, rhs, dims, precision, .. } => format!(
                 " {lhs}, {rhs} contract={:?}x{:?} batch={:?}x{:?} precision={precision}",
                 dims.lhs_contract, dims.rhs_contract, dims.lhs_batch, dims.rhs_batch
@@ -163,6 +167,7 @@ impl Printer<'_> {
             }
             OpData::SemWait { sem, amount } => format!(" {sem}, {amount}"),
             OpData::SemRead { sem } => format!(" {sem}"),
+            OpData::DebugPrint { format, args } => format!(" {format:?}({})", Self::vals(args)),
             OpData::If { cond, .. } => format!(" {cond}"),
             OpData::For { lower, upper, step, init, .. } => {
                 format!(" {lower}..{upper} step {step} init({})", Self::vals(init))

@@ -275,7 +275,7 @@ impl<'a> KernelBuilder<'a> {
         };
         // Aliases were recorded by position among inputs/outputs, which sorting preserves.
         kernel.call.aliases = self.aliases.clone();
-        let tracer = Tracer { kernel, blocks: vec![entry], errors: std::mem::take(&mut self.errors), poisoned: SecondaryMap::new() };
+        let tracer = Tracer { kernel, blocks: vec![entry], errors: std::mem::take(&mut self.errors), poisoned: SecondaryMap::new(), ill_typed: SecondaryMap::new() };
         if !install(tracer) {
             return Err(BuildErrors(vec![BuildError { loc: Some(self.loc), message: "a kernel cannot be traced while another is being traced".into() }]));
         }
@@ -338,7 +338,9 @@ impl Sealed {
                 ErrorSite::Call(_) => true,
                 ErrorSite::Op(op) => {
                     let node = &kernel.ops[op];
-                    node.data.blocks().is_empty() && !node.data.operands().iter().chain(&node.results).any(|&v| tracer.poisoned[v])
+                    node.data.blocks().is_empty()
+                        && !tracer.ill_typed[op]
+                        && !node.data.operands().iter().chain(&node.results).any(|&v| tracer.poisoned[v])
                 }
             };
             errors.extend(found.0.into_iter().filter(|e| traced_cleanly || independent(e)).map(|e| BuildError { loc: e.loc, message: e.to_string() }));

@@ -6,9 +6,9 @@
 //! values ([`Carry`]) and become the op's results.
 
 use super::refs::{Ref, SemRef};
-use super::val::{Dims, Val, constant};
+use super::val::{Dims, IntoVal, Val, constant};
 use super::{in_block, with};
-use crate::ir::{BufOrigin, DType, Literal, MemorySpace, OpData, SemKind, Shape, SrcLoc, Type, Value};
+use crate::ir::{BinaryOp, BufOrigin, CmpPred, DType, Literal, MemorySpace, OpData, SemKind, Shape, SrcLoc, Type, Value};
 use cranelift_entity::packed_option::ReservedValue;
 use smallvec::SmallVec;
 
@@ -122,7 +122,55 @@ impl Cond for Val {
 /// `if cond { then } else { else }`: `scf.if` for a traced condition.
 #[track_caller]
 pub fn if_else<C: Cond, R: Carry>(cond: C, then_branch: impl FnOnce() -> R, else_branch: impl FnOnce() -> R) -> R {
+    if_else_at(cond, then_branch, else_branch, SrcLoc::caller())
+}
+
+/// `lax.switch(index, branches)`: run `branches[index]`, the index clamped into range, and
+/// hand back its result (every branch returns the same kind of carry). As Pallas lowers
+/// it, a traced index becomes nested `scf.if`s (`index != 0` runs the rest with `index - 1`,
+/// else branch 0); a Rust index picks its branch while tracing.
+/// `switch(i, [&|| x * 2.0, &|| x * 3.0, &|| x * 4.0])`.
+#[track_caller]
+pub fn switch<R: Carry, const N: usize>(index: impl IntoVal, branches: [&dyn Fn() -> R; N]) -> R {
+    const { assert!(N > 0, "switch needs at least one branch") };
     let loc = SrcLoc::caller();
+    let last = N - 1;
+    let i32_ty = Type::Scalar(DType::I32);
+    let int = |v: i64| constant(Literal::Int(v), i32_ty.clone(), loc).0;
+    let Some(index) = index.as_val() else {
+        let i = index.into_val_shaped(DType::I32, &Shape::default());
+        let known = with(|t| t.kernel.def_op(i.0).map(|op| t.kernel.ops[op].data.clone()));
+        let pick = match known {
+            Some(OpData::Constant { value: Literal::Int(n), .. }) => n.clamp(0, last as i64) as usize,
+            _ => 0,
+        };
+        return branches[pick]();
+    };
+    let binary = |op: BinaryOp, a: Value, b: Value| with(|t| t.emit1(OpData::Binary { op, lhs: a, rhs: b }, loc, i32_ty.clone()));
+    let clamped = binary(BinaryOp::Min, binary(BinaryOp::Max, index.0, int(0)), int(last as i64));
+    switch_from(clamped, &branches, loc)
+}
+
+/// Branch 0 when `index == 0`, else the remaining branches with `index - 1`.
+fn switch_from<R: Carry>(index: Value, branches: &[&dyn Fn() -> R], loc: SrcLoc) -> R {
+    let [first, rest @ ..] = branches else { unreachable!("switch has at least one branch") };
+    if rest.is_empty() {
+        return first();
+    }
+    let zero = constant(Literal::Int(0), Type::Scalar(DType::I32), loc).0;
+    let nonzero = with(|t| t.emit1(OpData::Compare { pred: CmpPred::Ne, lhs: index, rhs: zero }, loc, Type::Scalar(DType::Bool)));
+    let rest_branches = || {
+        if let [only] = rest {
+            return only();
+        }
+        let one = constant(Literal::Int(1), Type::Scalar(DType::I32), loc).0;
+        let next = with(|t| t.emit1(OpData::Binary { op: BinaryOp::Sub, lhs: index, rhs: one }, loc, Type::Scalar(DType::I32)));
+        switch_from(next, rest, loc)
+    };
+    if_else_at(Val(nonzero), rest_branches, first, loc)
+}
+
+fn if_else_at<C: Cond, R: Carry>(cond: C, then_branch: impl FnOnce() -> R, else_branch: impl FnOnce() -> R, loc: SrcLoc) -> R {
     if let Some(known) = cond.known() {
         return if known { then_branch() } else { else_branch() };
     }

@@ -22,10 +22,10 @@ pub mod builder_handles {
     //! Handles handed out by a sealed [`super::KernelBuilder`].
     pub use super::builder::{Handle, Sealed, Slot};
 }
-pub use control::{Carry, Cond, LoopRange, Scope, StaticRange, TracedRange, for_range, if_else, range, range_from_literal, range_to_literal, run_scoped, while_loop};
+pub use control::{Carry, Cond, LoopRange, Scope, StaticRange, TracedRange, for_range, if_else, range, range_from_literal, range_to_literal, run_scoped, switch, while_loop};
 pub use pipeline::{Drain, pipeline};
 pub use refs::{Dma, Ds, IndexElem, IntoIndex, IntoOffset, Ref, SemRef, async_copy, ds};
-pub use val::{Compare, Dims, IntoVal, Val, dot, dot_general, dot_t, full, iota, num_programs, program_id, scalar, select, zeros};
+pub use val::{Axis, Compare, Dims, DotSpec, IntoVal, Val, concatenate, debug_print, dot, dot_general, dot_t, full, iota, num_programs, program_id, scalar, select, zeros};
 
 use crate::ir::{Block, Kernel, OpData, SrcLoc, Type, Value};
 use cranelift_entity::SecondaryMap;
@@ -72,6 +72,9 @@ pub(crate) struct Tracer {
     pub(crate) blocks: Vec<Block>,
     pub(crate) errors: Vec<BuildError>,
     pub(crate) poisoned: SecondaryMap<Value, bool>,
+    /// Ops whose typing error was reported while tracing (the verifier's would repeat it,
+    /// also for ops without results, which poison nothing).
+    pub(crate) ill_typed: SecondaryMap<crate::ir::Op, bool>,
 }
 
 thread_local! {
@@ -123,24 +126,40 @@ impl Tracer {
     /// poisoned and typed `fallback`.
     pub(crate) fn emit(&mut self, data: OpData, loc: SrcLoc, fallback: &[Type]) -> smallvec::SmallVec<[Value; 1]> {
         let poisoned_in = data.operands().iter().any(|&v| self.poisoned[v]);
-        let (types, poison) = if poisoned_in {
-            (fallback.to_vec(), true)
+        let (types, poison, ill_typed) = if poisoned_in {
+            (fallback.to_vec(), true, false)
         } else {
             match crate::ir::infer::result_types(&self.kernel, &data) {
-                Ok(t) => (t.into_vec(), false),
+                Ok(t) => (t.into_vec(), false, false),
                 Err(m) => {
                     self.error(loc, format!("{}: {m}", data.mnemonic()));
-                    (fallback.to_vec(), true)
+                    (fallback.to_vec(), true, true)
                 }
             }
         };
         let block = self.current_block();
         let op = self.kernel.append_op(block, data, types, Some(loc));
+        self.ill_typed[op] = ill_typed;
         let results = self.kernel.ops[op].results.clone();
         for &r in &results {
             self.poisoned[r] = poison;
         }
         results
+    }
+
+    /// Record an error found before any op could be built (a bad axis, a bad slice) and
+    /// return a poisoned stand-in of type `ty`, so later uses report nothing more.
+    pub(crate) fn fail(&mut self, loc: SrcLoc, message: impl Into<String>, ty: Type) -> Value {
+        self.error(loc, message);
+        let value = match ty.dtype() {
+            Some(crate::ir::DType::Bool) => crate::ir::Literal::Bool(false),
+            _ => crate::ir::Literal::Int(0),
+        };
+        let block = self.current_block();
+        let op = self.kernel.append_op(block, OpData::Constant { value, ty: ty.clone() }, vec![ty], Some(loc));
+        let r = self.kernel.ops[op].results[0];
+        self.poisoned[r] = true;
+        r
     }
 
     /// Like [`Tracer::emit`] for single-result ops.

@@ -128,9 +128,9 @@ tuple_index!(A, B, C, D);
 tuple_index!(A, B, C, D, E);
 
 /// Resolve index items against a shape; an error names the offending dim.
-fn resolve(items: Vec<IndexItem>, shape: &Shape) -> Result<Vec<Index>, String> {
+pub(crate) fn resolve(items: Vec<IndexItem>, shape: &Shape) -> Result<Vec<Index>, String> {
     if items.len() > shape.rank() {
-        return Err(format!("{} indices for a ref of rank {} ({shape})", items.len(), shape.rank()));
+        return Err(format!("{} indices for rank {} ({shape})", items.len(), shape.rank()));
     }
     let mut out = Vec::with_capacity(shape.rank());
     for (d, &extent) in shape.dims().iter().enumerate() {

@@ -1,7 +1,8 @@
 //! [`Val`]: a traced scalar or vector, with numpy-style operators.
 
 use super::with;
-use crate::ir::{BinaryOp, CmpPred, DType, DotDims, Literal, OpData, Precision, ReduceOp, Shape, SrcLoc, Type, UnaryOp, Value};
+use super::refs::{IntoIndex, resolve};
+use crate::ir::{ArgReduceOp, BinaryOp, CmpPred, DType, DotDims, Index, Literal, Offset, OpData, Precision, ReduceOp, Shape, SrcLoc, Type, UnaryOp, Value};
 use std::ops;
 
 /// A static shape argument: `[8, 128]` of any integer type, a slice, a `Vec` or a [`Shape`],
@@ -138,13 +139,21 @@ impl Val {
         self * self.sigmoid()
     }
 
+    /// The elementwise maximum (`jnp.maximum`); `x.max(axis)` reduces.
     #[track_caller]
-    pub fn max(self, other: impl IntoVal) -> Val {
+    pub fn maximum(self, other: impl IntoVal) -> Val {
         binary(BinaryOp::Max, self, other.into_val_like(self))
     }
+    /// The elementwise minimum (`jnp.minimum`); `x.min(axis)` reduces.
     #[track_caller]
-    pub fn min(self, other: impl IntoVal) -> Val {
+    pub fn minimum(self, other: impl IntoVal) -> Val {
         binary(BinaryOp::Min, self, other.into_val_like(self))
+    }
+    /// `1 / x` on the EUP (`pl.reciprocal`): `approx = true` is its fast approximation
+    /// (as in Pallas's flash attention); f32 vectors only.
+    #[track_caller]
+    pub fn reciprocal(self, approx: bool) -> Val {
+        self.unary(if approx { UnaryOp::ReciprocalApprox } else { UnaryOp::Reciprocal })
     }
     #[track_caller]
     pub fn pow(self, other: impl IntoVal) -> Val {
@@ -212,13 +221,39 @@ impl Val {
         self.transpose(perm)
     }
 
+    /// `axis` as a dim of this value (negative counts from the last, as in numpy), or the
+    /// error at the caller's line.
     #[track_caller]
-    fn reduce(self, op: ReduceOp, axes: &[u32], keepdims: bool) -> Val {
+    fn dim(self, axis: impl Axis) -> Result<u32, String> {
+        let rank = self.shape().rank() as i64;
+        let a = axis.index();
+        let d = if a < 0 { a + rank } else { a };
+        if (0..rank).contains(&d) {
+            Ok(d as u32)
+        } else {
+            Err(format!("axis {a} is out of range for a value of shape {}", self.shape()))
+        }
+    }
+
+    /// A poisoned stand-in of `ty` after an error found before any op was built.
+    #[track_caller]
+    fn failed(message: String, ty: Type) -> Val {
+        let loc = SrcLoc::caller();
+        Val(with(|t| t.fail(loc, message, ty)))
+    }
+
+    #[track_caller]
+    fn reduce(self, op: ReduceOp, axis: Option<impl Axis>, keepdims: bool) -> Val {
+        let axes = match axis.map(|a| self.dim(a)).transpose() {
+            Ok(Some(a)) => vec![a],
+            Ok(None) => self.all_axes(),
+            Err(m) => return Val::failed(m, self.ty()),
+        };
         let loc = SrcLoc::caller();
         let shape = self.shape();
         let kept: Vec<u64> = shape.dims().iter().enumerate().filter(|(i, _)| !axes.contains(&(*i as u32))).map(|(_, d)| *d).collect();
         let fallback = Type::array(Shape(kept), self.dtype());
-        let r = Val(with(|t| t.emit1(OpData::Reduce { op, x: self.0, axes: axes.to_vec() }, loc, fallback)));
+        let r = Val(with(|t| t.emit1(OpData::Reduce { op, x: self.0, axes: axes.clone() }, loc, fallback)));
         if keepdims {
             let dims: Vec<u64> = shape.dims().iter().enumerate().map(|(i, d)| if axes.contains(&(i as u32)) { 1 } else { *d }).collect();
             return r.reshape(dims);
@@ -226,51 +261,165 @@ impl Val {
         r
     }
 
-    /// Sum over `axis`, dropping it.
+    /// Sum over `axis`, dropping it (`x.sum(axis)`).
     #[track_caller]
-    pub fn sum(self, axis: u32) -> Val {
-        self.reduce(ReduceOp::Sum, &[axis], false)
+    pub fn sum(self, axis: impl Axis) -> Val {
+        self.reduce(ReduceOp::Sum, Some(axis), false)
     }
     /// Sum over `axis`, keeping it as size 1 (ready to broadcast back).
     #[track_caller]
-    pub fn sum_keepdims(self, axis: u32) -> Val {
-        self.reduce(ReduceOp::Sum, &[axis], true)
+    pub fn sum_keepdims(self, axis: impl Axis) -> Val {
+        self.reduce(ReduceOp::Sum, Some(axis), true)
+    }
+    /// Max over `axis`, dropping it (`x.max(axis)`); [`Val::maximum`] is elementwise.
+    #[track_caller]
+    pub fn max(self, axis: impl Axis) -> Val {
+        self.reduce(ReduceOp::Max, Some(axis), false)
     }
     #[track_caller]
-    pub fn max_over(self, axis: u32) -> Val {
-        self.reduce(ReduceOp::Max, &[axis], false)
+    pub fn max_keepdims(self, axis: impl Axis) -> Val {
+        self.reduce(ReduceOp::Max, Some(axis), true)
+    }
+    /// Min over `axis`, dropping it (`x.min(axis)`); [`Val::minimum`] is elementwise.
+    #[track_caller]
+    pub fn min(self, axis: impl Axis) -> Val {
+        self.reduce(ReduceOp::Min, Some(axis), false)
     }
     #[track_caller]
-    pub fn max_keepdims(self, axis: u32) -> Val {
-        self.reduce(ReduceOp::Max, &[axis], true)
-    }
-    #[track_caller]
-    pub fn min_over(self, axis: u32) -> Val {
-        self.reduce(ReduceOp::Min, &[axis], false)
-    }
-    #[track_caller]
-    pub fn min_keepdims(self, axis: u32) -> Val {
-        self.reduce(ReduceOp::Min, &[axis], true)
+    pub fn min_keepdims(self, axis: impl Axis) -> Val {
+        self.reduce(ReduceOp::Min, Some(axis), true)
     }
     /// Sum over every axis to a scalar.
     #[track_caller]
     pub fn sum_all(self) -> Val {
-        self.reduce(ReduceOp::Sum, &self.all_axes(), false)
+        self.reduce(ReduceOp::Sum, None::<u32>, false)
     }
     /// Max over every axis to a scalar (with [`Val::min_all`], how a kernel pulls one
     /// element out of a vector: `select(mask, x, identity).max_all()`).
     #[track_caller]
     pub fn max_all(self) -> Val {
-        self.reduce(ReduceOp::Max, &self.all_axes(), false)
+        self.reduce(ReduceOp::Max, None::<u32>, false)
     }
     /// Min over every axis to a scalar.
     #[track_caller]
     pub fn min_all(self) -> Val {
-        self.reduce(ReduceOp::Min, &self.all_axes(), false)
+        self.reduce(ReduceOp::Min, None::<u32>, false)
+    }
+
+    /// Mean over `axis`, dropping it (`jnp.mean`: the sum divided by the dim's size).
+    #[track_caller]
+    pub fn mean(self, axis: impl Axis) -> Val {
+        self.mean_impl(axis, false)
+    }
+    #[track_caller]
+    pub fn mean_keepdims(self, axis: impl Axis) -> Val {
+        self.mean_impl(axis, true)
+    }
+    #[track_caller]
+    fn mean_impl(self, axis: impl Axis, keepdims: bool) -> Val {
+        let n = match self.dim(axis) {
+            Ok(d) => self.shape().dims()[d as usize],
+            Err(m) => return Val::failed(m, self.ty()),
+        };
+        // As jnp.mean, an integer operand averages in f32.
+        let x = if self.dtype().is_float() { self } else { self.cast(DType::F32) };
+        x.reduce(ReduceOp::Sum, Some(axis), keepdims) / n as f64
+    }
+
+    /// The i32 index of the max along `axis` (`jnp.argmax`; the first on ties), dropping it.
+    #[track_caller]
+    pub fn argmax(self, axis: impl Axis) -> Val {
+        self.arg_reduce(ArgReduceOp::ArgMax, axis)
+    }
+    /// The i32 index of the min along `axis` (`jnp.argmin`; the first on ties), dropping it.
+    #[track_caller]
+    pub fn argmin(self, axis: impl Axis) -> Val {
+        self.arg_reduce(ArgReduceOp::ArgMin, axis)
+    }
+    #[track_caller]
+    fn arg_reduce(self, op: ArgReduceOp, axis: impl Axis) -> Val {
+        let mut dims = self.shape().dims().to_vec();
+        let axis = match self.dim(axis) {
+            Ok(a) => a,
+            Err(m) => return Val::failed(m, Type::array(self.shape(), DType::I32)),
+        };
+        dims.remove(axis as usize);
+        let loc = SrcLoc::caller();
+        let fallback = Type::array(Shape(dims), DType::I32);
+        Val(with(|t| t.emit1(OpData::ArgReduce { op, x: self.0, axis }, loc, fallback)))
     }
 
     fn all_axes(self) -> Vec<u32> {
         (0..self.shape().rank() as u32).collect()
+    }
+
+    /// A static window of the value, `x[(.., 0..1)]` in a kernel body (`lax.slice`):
+    /// ranges keep their dim, integers drop it, missing trailing dims are taken whole.
+    #[track_caller]
+    pub fn slice(self, idx: impl IntoIndex) -> Val {
+        let shape = self.shape();
+        let index = match resolve(idx.items(), &shape) {
+            Ok(index) => index,
+            Err(m) => return Val::failed(format!("slice: {m}"), self.ty()),
+        };
+        let mut start = Vec::with_capacity(index.len());
+        let mut kept = Vec::new();
+        for (d, i) in index.iter().enumerate() {
+            match i.offset() {
+                Offset::Static(o) if o >= 0 => start.push(o as u64),
+                _ => return Val::failed(format!("slice: the start along dim {d} must be a static non-negative integer (value slices are static, as `lax.slice`; load from a ref for a dynamic window)"), self.ty()),
+            }
+            if let Index::Slice { size, .. } = i {
+                kept.push(*size);
+            }
+        }
+        let size: Vec<u64> = index.iter().map(Index::size).collect();
+        if start.iter().all(|&o| o == 0) && size == shape.dims() && kept.len() == size.len() {
+            return self;
+        }
+        let loc = SrcLoc::caller();
+        let fallback = Type::array(Shape(size.clone()), self.dtype());
+        let window = Val(with(|t| t.emit1(OpData::Slice { x: self.0, start, size }, loc, fallback)));
+        window.reshape(kept)
+    }
+
+    /// Rotate along `axis` by `shift` (a non-negative integer or a traced i32) toward higher
+    /// indices: `pltpu.roll`, the same result as `jnp.roll(x, shift, axis)`.
+    #[track_caller]
+    pub fn roll(self, shift: impl IntoVal, axis: impl Axis) -> Val {
+        let axis = match self.dim(axis) {
+            Ok(a) => a,
+            Err(m) => return Val::failed(format!("roll: {m}"), self.ty()),
+        };
+        let is_static = shift.as_val().is_none();
+        let shift = shift.into_val_shaped(DType::I32, &Shape::default());
+        let loc = SrcLoc::caller();
+        let literal = with(|t| t.kernel.def_op(shift.0).map(|op| t.kernel.ops[op].data.clone()));
+        if let (true, Some(OpData::Constant { value: Literal::Int(n), .. })) = (is_static, literal)
+            && n < 0
+        {
+            return Val::failed(format!("roll: a static shift must be non-negative, got {n} (as pltpu.roll)"), self.ty());
+        }
+        let fallback = self.ty();
+        Val(with(|t| t.emit1(OpData::Roll { x: self.0, shift: shift.0, axis }, loc, fallback)))
+    }
+
+    /// `jnp.repeat(x, repeats, axis)`: each element repeated `repeats` times in place along
+    /// `axis` (a size-1 axis broadcasts; as JAX, through a new minor dim and a reshape).
+    #[track_caller]
+    pub fn repeat(self, repeats: u64, axis: impl Axis) -> Val {
+        let axis = match self.dim(axis) {
+            Ok(a) => a as usize,
+            Err(m) => return Val::failed(format!("repeat: {m}"), self.ty()),
+        };
+        let dims = self.shape().dims().to_vec();
+        let mut split = dims.clone();
+        split.insert(axis + 1, 1);
+        let mut wide = dims.clone();
+        wide.insert(axis + 1, repeats);
+        let mut out = dims;
+        out[axis] *= repeats;
+        self.reshape(split).broadcast_to(wide).reshape(out)
     }
 
     /// Promise the value (an i32 offset) is a multiple of `multiple` (`pl.multiple_of`).
@@ -334,6 +483,33 @@ pub fn iota(dims: impl Dims, dim: u32) -> Val {
     Val(with(|t| t.emit1(OpData::Iota { shape, dim }, loc, fallback)))
 }
 
+/// `jnp.concatenate(xs, axis)`: vectors joined along `axis` (`tpu.concatenate`).
+#[track_caller]
+pub fn concatenate(xs: &[Val], axis: impl Axis) -> Val {
+    let loc = SrcLoc::caller();
+    let Some(&first) = xs.first() else {
+        return Val(with(|t| t.fail(loc, "concatenate needs at least one value", Type::Scalar(DType::F32))));
+    };
+    let axis = match first.dim(axis) {
+        Ok(a) => a,
+        Err(m) => return Val(with(|t| t.fail(loc, format!("concatenate: {m}"), first.ty()))),
+    };
+    if xs.len() == 1 {
+        return first;
+    }
+    let fallback = first.ty();
+    Val(with(|t| t.emit1(OpData::Concat { xs: xs.iter().map(|x| x.0).collect(), axis }, loc, fallback)))
+}
+
+/// `pl.debug_print(format, *args)`: at run time, `format` with each `{}` replaced by the
+/// next i32 scalar of `args` (`tpu.log`; the interpreter prints it to stdout).
+#[track_caller]
+pub fn debug_print(format: &str, args: &[Val]) {
+    let loc = SrcLoc::caller();
+    let args = args.iter().map(|a| a.0).collect();
+    with(|t| t.emit(OpData::DebugPrint { format: format.to_string(), args }, loc, &[]));
+}
+
 /// `jnp.where(cond, a, b)`.
 #[track_caller]
 pub fn select(cond: Val, on_true: impl IntoVal, on_false: impl IntoVal) -> Val {
@@ -365,12 +541,36 @@ pub fn dot_t(a: Val, b: Val) -> Val {
     dot_general(a, b, DotDims::matmul_transposed_rhs(), out, Precision::Default)
 }
 
-/// `lax.dot_general` with explicit dimension numbers and accumulator type.
+/// `lax.dot_general` with an accumulator type and dimension numbers: a readable spec,
+/// `"bqd,bkd->bqk"` (letters in both operands and the result are batch dims, in both
+/// operands only contracted; the result lists batch, then lhs free, then rhs free dims, the
+/// order `tpu.matmul` produces), or explicit [`DotDims`].
 #[track_caller]
-pub fn dot_general(a: Val, b: Val, dims: DotDims, out: DType, precision: Precision) -> Val {
+pub fn dot_general(a: Val, b: Val, dims: impl DotSpec, out: DType, precision: Precision) -> Val {
     let loc = SrcLoc::caller();
+    let dims = match dims.dot_dims(a.shape().rank(), b.shape().rank()) {
+        Ok(d) => d,
+        Err(m) => return Val(with(|t| t.fail(loc, format!("dot_general: {m}"), Type::Scalar(out)))),
+    };
     let fallback = Type::Scalar(out);
     Val(with(|t| t.emit1(OpData::Dot { lhs: a.0, rhs: b.0, dims, precision, out }, loc, fallback)))
+}
+
+/// How [`dot_general`] takes its dimension numbers: a spec string or [`DotDims`].
+pub trait DotSpec {
+    fn dot_dims(self, lhs_rank: usize, rhs_rank: usize) -> Result<DotDims, String>;
+}
+
+impl DotSpec for DotDims {
+    fn dot_dims(self, _: usize, _: usize) -> Result<DotDims, String> {
+        Ok(self)
+    }
+}
+
+impl DotSpec for &str {
+    fn dot_dims(self, lhs_rank: usize, rhs_rank: usize) -> Result<DotDims, String> {
+        DotDims::parse(self, lhs_rank, rhs_rank)
+    }
 }
 
 /// The numpy broadcast of several shapes, if they are compatible.
@@ -388,6 +588,25 @@ pub(crate) fn broadcast_shape(shapes: &[Shape]) -> Option<Shape> {
     }
     Some(Shape(out))
 }
+
+/// A dim of a value: an integer, negative counting from the last (numpy's `axis=-1`).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an axis: `max`, `min`, `sum`, `mean` and `argmax` reduce along an axis (jnp's `x.max(axis=1)`)",
+    label = "expected an integer axis",
+    note = "for the elementwise maximum or minimum of two values, use `x.maximum(y)` / `x.minimum(y)` (jnp.maximum / jnp.minimum)"
+)]
+pub trait Axis: Copy {
+    fn index(self) -> i64;
+}
+
+macro_rules! int_axis {
+    ($($t:ty),*) => {$(
+        impl Axis for $t {
+            fn index(self) -> i64 { self as i64 }
+        }
+    )*};
+}
+int_axis!(i32, i64, u32, u64, usize);
 
 /// Anything usable where a value is expected: a [`Val`] or a Rust number, which becomes a
 /// constant of the other operand's dtype (JAX's weak typing).

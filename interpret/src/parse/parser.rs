@@ -485,6 +485,11 @@ impl<'a> Parser<'a> {
             _ if id.len() > 1 && id.starts_with('i') && id[1..].bytes().all(|c| c.is_ascii_digit()) => {
                 Type::Int(id[1..].parse().unwrap_or(32))
             }
+            // `si32` / `ui32`: signed and unsigned attribute types (`tpu.dynamic_rotate`'s
+            // `dimension`); values are read the same as signless ones.
+            _ if id.len() > 2 && (id.starts_with("si") || id.starts_with("ui")) && id[2..].bytes().all(|c| c.is_ascii_digit()) => {
+                Type::Int(id[2..].parse().unwrap_or(32))
+            }
             _ => {
                 return Err(ParseError { line: pos.line, col: pos.col, message: format!("unknown type `{id}`") });
             }

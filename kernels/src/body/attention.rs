@@ -91,7 +91,7 @@ impl OnlineSoftmax {
     /// Fold one tile in: `scores` `[rows, tile]` (already scaled and masked with -inf) and
     /// the tile's values `v` `[tile, d]` (bf16). The probabilities go to the MXU in bf16.
     fn fold(self, scores: Val, v: Val) -> OnlineSoftmax {
-        let m = self.m.max(scores.max_keepdims(1));
+        let m = self.m.maximum(scores.max_keepdims(1));
         let correction = (self.m - m).exp();
         let p = (scores - m).exp();
         let l = self.l * correction + p.sum_keepdims(1);

@@ -2,7 +2,7 @@
 
 use super::LowerCx;
 use crate::error::{RuleResult, bail};
-use crate::{build, types};
+use crate::{build, tpu, types};
 use melior::ir::{Value, ValueLike};
 use palladium_dsl::ir::{BinaryOp, CmpPred, DType, Literal, Op, UnaryOp, Value as KValue};
 
@@ -145,6 +145,13 @@ pub(super) fn unary(cx: &mut LowerCx<'_, '_>, op: Op, u: UnaryOp, x: KValue) -> 
         // `jnp.round` rounds half to even (`lax.round_p` with ROUND_TO_NEAREST_EVEN).
         UnaryOp::Round => cx.arith1(math("math.roundeven")?, xv)?,
         UnaryOp::Erf => cx.arith1(math("math.erf")?, xv)?,
+        UnaryOp::Reciprocal | UnaryOp::ReciprocalApprox => {
+            if dtype != DType::F32 || shape.is_empty() {
+                bail!("{u} takes an f32 vector, got {dtype}");
+            }
+            let approx = u == UnaryOp::ReciprocalApprox;
+            cx.emit1(tpu::reciprocal(cx.ctx, cx.loc, xv, approx, xv.r#type()))?
+        }
         UnaryOp::Logistic => {
             // 1 / (1 + exp(-x)), as Pallas's `_logistic_lowering_rule`.
             math("logistic")?;

@@ -8,10 +8,11 @@
 //! |---|---|
 //! | `constant.rs` | `Constant`, `ProgramId`, `NumPrograms`, `Iota` |
 //! | `elementwise.rs` | `Unary`, `Binary`, `Compare`, `Select`, `Cast` |
-//! | `shape.rs` | `Broadcast`, `Reshape`, `Transpose`, `Reduce` |
+//! | `shape.rs` | `Broadcast`, `Reshape`, `Transpose`, `Reduce`, `ArgReduce`, `Slice`, `Concat`, `Roll` |
 //! | `matmul.rs` | `Dot` |
 //! | `memory.rs` | `Load`, `Store`, `RefSlice`, `AssumeMultiple`, `Alloc` |
 //! | `dma.rs` | `DmaStart`, `DmaWait`, `SemSignal`, `SemWait`, `SemRead`, `SemAlloc` |
+//! | `debug.rs` | `DebugPrint` |
 //! | `control.rs` | `If`, `For`, `While`, `RunScoped`, `Yield` |
 //!
 //! Rules are pure: they append ops at the cursor of [`LowerCx`] and record the MLIR value of
@@ -19,6 +20,7 @@
 
 mod constant;
 mod control;
+mod debug;
 mod dma;
 mod elementwise;
 mod matmul;
@@ -85,6 +87,10 @@ pub(crate) fn lower_op(cx: &mut LowerCx<'_, '_>, op: Op) -> Result<(), LowerErro
         OpData::Reshape { x, shape } => shape::reshape(cx, op, *x, shape),
         OpData::Transpose { x, perm } => shape::transpose(cx, op, *x, perm),
         OpData::Reduce { op: r, x, axes } => shape::reduce(cx, op, *r, *x, axes),
+        OpData::ArgReduce { op: r, x, axis } => shape::arg_reduce(cx, op, *r, *x, *axis),
+        OpData::Slice { x, start, size } => shape::slice(cx, op, *x, start, size),
+        OpData::Concat { xs, axis } => shape::concat(cx, op, xs, *axis),
+        OpData::Roll { x, shift, axis } => shape::roll(cx, op, *x, *shift, *axis),
         OpData::Dot { lhs, rhs, dims, precision, out } => matmul::dot(cx, op, *lhs, *rhs, dims, *precision, *out),
         OpData::AssumeMultiple { x, multiple } => memory::assume_multiple(cx, op, *x, *multiple),
         OpData::Load { src, index } => memory::load(cx, op, *src, index),
@@ -97,6 +103,7 @@ pub(crate) fn lower_op(cx: &mut LowerCx<'_, '_>, op: Op) -> Result<(), LowerErro
         OpData::SemWait { sem, amount } => dma::sem_wait(cx, *sem, *amount),
         OpData::SemRead { sem } => dma::sem_read(cx, op, *sem),
         OpData::SemAlloc { sem } => dma::sem_alloc(cx, op, *sem),
+        OpData::DebugPrint { format, args } => debug::debug_print(cx, format, args),
         OpData::If { cond, then_block, else_block } => control::r#if(cx, op, *cond, *then_block, *else_block),
         OpData::For { lower, upper, step, init, body } => control::r#for(cx, op, *lower, *upper, *step, init, *body),
         OpData::While { init, cond, body } => control::r#while(cx, op, init, *cond, *body),

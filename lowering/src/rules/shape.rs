@@ -1,10 +1,11 @@
-//! Broadcasts, reshapes, transposes and reductions (pallas-mosaic.md §4.4–§4.5).
+//! Broadcasts, reshapes, transposes, reductions, slices, concatenation and rotation
+//! (pallas-mosaic.md §4.4–§4.5).
 
 use super::LowerCx;
 use crate::error::{RuleResult, bail};
 use crate::{build, tpu, types};
-use melior::ir::attribute::DenseI64ArrayAttribute;
-use palladium_dsl::ir::{DType, Literal, Op, ReduceOp, Shape, Value as KValue};
+use melior::ir::{Attribute, attribute::{ArrayAttribute, DenseI64ArrayAttribute}};
+use palladium_dsl::ir::{ArgReduceOp, DType, Literal, Op, ReduceOp, Shape, Value as KValue};
 
 /// Scalar → `vector.broadcast`; vector → `vector.shape_cast` adding leading 1s (numpy's
 /// trailing alignment), then `vector.broadcast` if any dim stretches.
@@ -98,5 +99,43 @@ pub(super) fn reduce(cx: &mut LowerCx<'_, '_>, op: Op, r: ReduceOp, x: KValue, a
         v = cx.shape_cast(v, &out, &ones, dtype)?;
         v = extract_scalar(cx, v, ones.len(), dtype)?;
     }
+    cx.set_result(op, 0, v)
+}
+
+/// `tpu.reduce_index` (Pallas's argmax/argmin rule; its result drops `axis`).
+pub(super) fn arg_reduce(cx: &mut LowerCx<'_, '_>, op: Op, r: ArgReduceOp, x: KValue, axis: u32) -> RuleResult<()> {
+    let xv = cx.v(x)?;
+    let ty = cx.mlir_ty(cx.k.ops[op].results[0])?;
+    let v = cx.emit1(tpu::reduce_index(cx.ctx, cx.loc, xv, axis, r, ty))?;
+    cx.set_result(op, 0, v)
+}
+
+/// `vector.extract_strided_slice {offsets, sizes, strides = 1}` (Pallas's `lax.slice` rule).
+pub(super) fn slice(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, start: &[u64], size: &[u64]) -> RuleResult<()> {
+    let xv = cx.v(x)?;
+    let ty = cx.mlir_ty(cx.k.ops[op].results[0])?;
+    let list = |v: &[i64]| -> Attribute<'_> {
+        let items: Vec<Attribute<'_>> = v.iter().map(|&n| build::int_attr(cx.ctx, 64, n)).collect();
+        ArrayAttribute::new(cx.ctx, &items).into()
+    };
+    let to_i64 = |v: &[u64]| v.iter().map(|&n| n as i64).collect::<Vec<_>>();
+    let attrs = [("offsets", list(&to_i64(start))), ("sizes", list(&to_i64(size))), ("strides", list(&vec![1; size.len()]))];
+    let v = cx.generic1("vector.extract_strided_slice", &[xv], ty, &attrs)?;
+    cx.set_result(op, 0, v)
+}
+
+/// `tpu.concatenate` (Pallas's `lax.concatenate` rule).
+pub(super) fn concat(cx: &mut LowerCx<'_, '_>, op: Op, xs: &[KValue], axis: u32) -> RuleResult<()> {
+    let vs = xs.iter().map(|&x| cx.v(x)).collect::<RuleResult<Vec<_>>>()?;
+    let ty = cx.mlir_ty(cx.k.ops[op].results[0])?;
+    let v = cx.emit1(tpu::concatenate(cx.ctx, cx.loc, &vs, axis, ty))?;
+    cx.set_result(op, 0, v)
+}
+
+/// `tpu.dynamic_rotate` by an i32 value, static shifts included (Pallas's `roll` rule).
+pub(super) fn roll(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, shift: KValue, axis: u32) -> RuleResult<()> {
+    let (xv, sv) = (cx.v(x)?, cx.v(shift)?);
+    let ty = cx.mlir_ty(cx.k.ops[op].results[0])?;
+    let v = cx.emit1(tpu::dynamic_rotate(cx.ctx, cx.loc, xv, sv, axis, ty))?;
     cx.set_result(op, 0, v)
 }
