@@ -14,7 +14,7 @@
 //! seed 0, a 5-token prompt, 8 steps: 12 megakernel runs); tokens per second = runs / time
 //! spent in the interpreter (the prepare is timed apart), the best of N.
 
-use palladium::check::{prepare, to_host_array};
+use palladium::check::{Backend, prepare, to_host_array};
 use palladium::run::{RunOptions, WeightSource, run};
 use palladium_dsl::spec::Chip;
 use std::path::{Path, PathBuf};
@@ -97,11 +97,12 @@ fn megakernel(config: &str, tries: usize) -> Result<(usize, f64), String> {
         steps: 8,
         chip: Chip::V6e,
         context: None,
+        check: false,
     };
     let mut best = 0f64;
     let mut runs = 0;
     for _ in 0..tries {
-        let out = run(&o)?;
+        let out = run(&o, Backend::Interpret, |_, _| {})?;
         runs = out.runs;
         best = best.max(out.runs as f64 / out.interpret.as_secs_f64());
     }
@@ -111,10 +112,13 @@ fn megakernel(config: &str, tries: usize) -> Result<(usize, f64), String> {
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` does not: then one run each.
     let benching = std::env::args().any(|a| a == "--bench");
+    // `cargo bench --bench interpret -- matmul` (or `megakernel`): only that part.
+    let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let wanted = |part: &str| filters.is_empty() || filters.iter().any(|f| part.contains(f.as_str()));
     let runs = if benching { 7 } else { 1 };
     println!("rayon pool: {} threads", rayon::current_num_threads());
     let cases = [Case { m: 1024, k: 2048, n: 1024, bm: 256, bk: 512, bn: 256 }, Case { m: 256, k: 512, n: 256, bm: 128, bk: 256, bn: 128 }];
-    for c in &cases {
+    for c in cases.iter().filter(|_| wanted("matmul")) {
         println!("== matmul {}x{}x{} bf16, blocks {}x{}x{}, grid ({}, {}, {}), median of {runs} ==", c.m, c.k, c.n, c.bm, c.bk, c.bn, c.m / c.bm, c.n / c.bn, c.k / c.bk);
         let us = ours(c, runs);
         println!("   palladium interpret (serialized body): steady {:>9.3} ms   first call (lower + parse + prepare + run) {:>9.3} ms", us.median * 1e3, us.first * 1e3);
@@ -125,6 +129,9 @@ fn main() {
             }
             Err(why) => println!("   {why}"),
         }
+    }
+    if !wanted("megakernel") {
+        return;
     }
     let tries = if benching { 3 } else { 1 };
     println!("== tiny decode megakernels (palladium run, random weights, 5-token prompt, 8 steps), best of {tries} ==");
