@@ -4,6 +4,7 @@ use crate::error::{Result, bail};
 use crate::value::{DType, Data, round_bf16};
 use half::{bf16, f16};
 use rayon::prelude::*;
+use std::sync::{Arc, Mutex};
 
 /// A dense row-major array on the host: element type, shape and little-endian bytes.
 #[derive(Clone, PartialEq)]
@@ -116,36 +117,41 @@ impl HostArray {
 
     pub(crate) fn to_data(&self) -> Data {
         let b = &self.bytes;
-        let floats = |size: usize, f: fn(&[u8]) -> f32| {
-            let mut v = crate::recycle::f32s(b.len() / size);
-            v.extend(b.chunks_exact(size).map(f));
-            Data::F(v)
-        };
-        let ints = |size: usize, f: fn(&[u8]) -> i32| {
-            let mut v = crate::recycle::i32s(b.len() / size);
-            v.extend(b.chunks_exact(size).map(f));
-            Data::I(v)
-        };
-        match self.dtype {
-            DType::F32 => floats(4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            // The hot case (every bf16 operand, every run): widen in parallel chunks, a
-            // vectorized shift each.
-            DType::Bf16 => {
-                let mut v = crate::recycle::f32s(b.len() / 2);
-                v.resize(b.len() / 2, 0.0);
-                v.par_chunks_mut(1 << 16).zip(b.par_chunks(2 << 16)).for_each(|(out, bytes)| {
-                    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                        *o = f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
+        let size = self.dtype.size();
+        match Widen::of(self.dtype) {
+            // The hot case (every bf16 operand): widen in parallel chunks, a vectorized shift
+            // each.
+            Widen::F(f) => {
+                let mut v = crate::recycle::f32s(b.len() / size);
+                v.resize(b.len() / size, 0.0);
+                v.par_chunks_mut(WIDEN_CHUNK).zip(b.par_chunks(WIDEN_CHUNK * size)).for_each(|(out, bytes)| {
+                    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(size)) {
+                        *o = f(c);
                     }
                 });
                 Data::F(v)
             }
-            DType::F16 => floats(2, |c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
-            DType::I32 => ints(4, |c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            DType::I16 => ints(2, |c| i32::from(i16::from_le_bytes([c[0], c[1]]))),
-            DType::I8 => ints(1, |c| i32::from(c[0] as i8)),
-            DType::Bool => ints(1, |c| i32::from(c[0] != 0)),
-            _ => Data::I(Vec::new()),
+            Widen::I(f) => {
+                let mut v = crate::recycle::i32s(b.len() / size);
+                v.extend(b.chunks_exact(size).map(f));
+                Data::I(v)
+            }
+            Widen::Nothing => Data::I(Vec::new()),
+        }
+    }
+
+    /// Whether [`HostArray::to_data`] would give exactly `data` (bit for bit): a read of
+    /// both, no allocation, stopped early at a difference.
+    fn widens_to(&self, data: &Data) -> bool {
+        let size = self.dtype.size();
+        let b = &self.bytes;
+        match (Widen::of(self.dtype), data) {
+            (Widen::F(f), Data::F(v)) => {
+                v.len() * size == b.len()
+                    && v.par_chunks(WIDEN_CHUNK).zip(b.par_chunks(WIDEN_CHUNK * size)).all(|(v, bytes)| v.iter().zip(bytes.chunks_exact(size)).fold(true, |same, (x, c)| same & (x.to_bits() == f(c).to_bits())))
+            }
+            (Widen::I(f), Data::I(v)) => v.len() * size == b.len() && v.iter().zip(b.chunks_exact(size)).all(|(x, c)| *x == f(c)),
+            _ => false,
         }
     }
 
@@ -169,6 +175,65 @@ impl HostArray {
             bail!(BadInput, "{what}: {} bytes for {} elements of {}", self.bytes.len(), self.len(), self.dtype);
         }
         Ok(())
+    }
+}
+
+/// The inputs of the last run, widened to the interpreter's storage (bf16/f16 as f32, small
+/// ints as i32), by position. A run whose input widens to the same values as last time
+/// (weights, from decode step to decode step; a benchmark's operands) shares the kept array
+/// instead of converting again: checking reads the bytes and the array but writes nothing,
+/// and stops at the first difference. The kernel writing into a shared array copies it
+/// first (copy-on-write).
+#[derive(Debug, Default)]
+pub(crate) struct WidenedInputs(Mutex<Vec<Option<Arc<Data>>>>);
+
+impl WidenedInputs {
+    /// `host` (input `position` of the call) as storage. The lock is never held across the
+    /// conversion (it runs on the rayon pool, which may run another call meanwhile).
+    pub fn get(&self, position: usize, host: &HostArray) -> Arc<Data> {
+        let last = self.kept().get(position).cloned().flatten();
+        if let Some(data) = last
+            && host.widens_to(&data)
+        {
+            return data;
+        }
+        let data = Arc::new(host.to_data());
+        let mut kept = self.kept();
+        if kept.len() <= position {
+            kept.resize(position + 1, None);
+        }
+        kept[position] = Some(data.clone());
+        data
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, Vec<Option<Arc<Data>>>> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Elements widened in one parallel chunk.
+const WIDEN_CHUNK: usize = 1 << 16;
+
+/// How one little-endian element of a host array becomes storage.
+enum Widen {
+    F(fn(&[u8]) -> f32),
+    I(fn(&[u8]) -> i32),
+    /// Types no host array holds.
+    Nothing,
+}
+
+impl Widen {
+    fn of(dtype: DType) -> Widen {
+        match dtype {
+            DType::F32 => Widen::F(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            DType::Bf16 => Widen::F(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16)),
+            DType::F16 => Widen::F(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
+            DType::I32 => Widen::I(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            DType::I16 => Widen::I(|c| i32::from(i16::from_le_bytes([c[0], c[1]]))),
+            DType::I8 => Widen::I(|c| i32::from(c[0] as i8)),
+            DType::Bool => Widen::I(|c| i32::from(c[0] != 0)),
+            _ => Widen::Nothing,
+        }
     }
 }
 
