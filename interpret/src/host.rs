@@ -6,6 +6,55 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
+/// Elements widened in one parallel chunk.
+const WIDEN_CHUNK: usize = 1 << 16;
+
+/// `floats` or `ints` with `f` bound to the conversion of one little-endian element of
+/// `dtype` to storage and `size` to its bytes (a closure and a constant per type, so the
+/// loops using them inline and vectorize), or `neither` for types no host array holds.
+macro_rules! with_widen {
+    ($dtype:expr, |$f:ident, $size:ident| floats => $floats:expr, ints => $ints:expr, neither => $neither:expr) => {
+        match $dtype {
+            DType::F32 => {
+                const $size: usize = 4;
+                let $f = |c: &[u8]| f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                $floats
+            }
+            DType::Bf16 => {
+                const $size: usize = 2;
+                let $f = |c: &[u8]| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
+                $floats
+            }
+            DType::F16 => {
+                const $size: usize = 2;
+                let $f = |c: &[u8]| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+                $floats
+            }
+            DType::I32 => {
+                const $size: usize = 4;
+                let $f = |c: &[u8]| i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                $ints
+            }
+            DType::I16 => {
+                const $size: usize = 2;
+                let $f = |c: &[u8]| i32::from(i16::from_le_bytes([c[0], c[1]]));
+                $ints
+            }
+            DType::I8 => {
+                const $size: usize = 1;
+                let $f = |c: &[u8]| i32::from(c[0] as i8);
+                $ints
+            }
+            DType::Bool => {
+                const $size: usize = 1;
+                let $f = |c: &[u8]| i32::from(c[0] != 0);
+                $ints
+            }
+            _ => $neither,
+        }
+    };
+}
+
 /// A dense row-major array on the host: element type, shape and little-endian bytes.
 #[derive(Clone, PartialEq)]
 pub struct HostArray {
@@ -117,42 +166,35 @@ impl HostArray {
 
     pub(crate) fn to_data(&self) -> Data {
         let b = &self.bytes;
-        let size = self.dtype.size();
-        match Widen::of(self.dtype) {
-            // The hot case (every bf16 operand): widen in parallel chunks, a vectorized shift
-            // each.
-            Widen::F(f) => {
-                let mut v = crate::recycle::f32s(b.len() / size);
-                v.resize(b.len() / size, 0.0);
-                v.par_chunks_mut(WIDEN_CHUNK).zip(b.par_chunks(WIDEN_CHUNK * size)).for_each(|(out, bytes)| {
-                    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(size)) {
-                        *o = f(c);
-                    }
-                });
-                Data::F(v)
-            }
-            Widen::I(f) => {
-                let mut v = crate::recycle::i32s(b.len() / size);
-                v.extend(b.chunks_exact(size).map(f));
-                Data::I(v)
-            }
-            Widen::Nothing => Data::I(Vec::new()),
-        }
+        with_widen!(self.dtype, |f, SIZE| floats => {
+            // The hot case (every bf16 operand): widen in parallel chunks, vectorized.
+            let mut v = crate::recycle::f32s(b.len() / SIZE);
+            v.resize(b.len() / SIZE, 0.0);
+            v.par_chunks_mut(WIDEN_CHUNK).zip(b.par_chunks(WIDEN_CHUNK * SIZE)).for_each(|(out, bytes)| {
+                out.iter_mut().zip(bytes.chunks_exact(SIZE)).for_each(|(o, c)| *o = f(c));
+            });
+            Data::F(v)
+        }, ints => {
+            let mut v = crate::recycle::i32s(b.len() / SIZE);
+            v.extend(b.chunks_exact(SIZE).map(f));
+            Data::I(v)
+        }, neither => Data::I(Vec::new()))
     }
 
     /// Whether [`HostArray::to_data`] would give exactly `data` (bit for bit): a read of
     /// both, no allocation, stopped early at a difference.
     fn widens_to(&self, data: &Data) -> bool {
-        let size = self.dtype.size();
         let b = &self.bytes;
-        match (Widen::of(self.dtype), data) {
-            (Widen::F(f), Data::F(v)) => {
-                v.len() * size == b.len()
-                    && v.par_chunks(WIDEN_CHUNK).zip(b.par_chunks(WIDEN_CHUNK * size)).all(|(v, bytes)| v.iter().zip(bytes.chunks_exact(size)).fold(true, |same, (x, c)| same & (x.to_bits() == f(c).to_bits())))
+        with_widen!(self.dtype, |f, SIZE| floats => match data {
+            Data::F(v) => {
+                v.len() * SIZE == b.len()
+                    && v.par_chunks(WIDEN_CHUNK).zip(b.par_chunks(WIDEN_CHUNK * SIZE)).all(|(v, bytes)| v.iter().zip(bytes.chunks_exact(SIZE)).fold(true, |same, (x, c)| same & (x.to_bits() == f(c).to_bits())))
             }
-            (Widen::I(f), Data::I(v)) => v.len() * size == b.len() && v.iter().zip(b.chunks_exact(size)).all(|(x, c)| *x == f(c)),
-            _ => false,
-        }
+            Data::I(_) => false,
+        }, ints => match data {
+            Data::I(v) => v.len() * SIZE == b.len() && v.iter().zip(b.chunks_exact(SIZE)).all(|(x, c)| *x == f(c)),
+            Data::F(_) => false,
+        }, neither => false)
     }
 
     pub(crate) fn from_data(dtype: DType, shape: &[usize], d: &Data) -> Result<Self> {
@@ -208,32 +250,6 @@ impl WidenedInputs {
 
     fn kept(&self) -> std::sync::MutexGuard<'_, Vec<Option<Arc<Data>>>> {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-/// Elements widened in one parallel chunk.
-const WIDEN_CHUNK: usize = 1 << 16;
-
-/// How one little-endian element of a host array becomes storage.
-enum Widen {
-    F(fn(&[u8]) -> f32),
-    I(fn(&[u8]) -> i32),
-    /// Types no host array holds.
-    Nothing,
-}
-
-impl Widen {
-    fn of(dtype: DType) -> Widen {
-        match dtype {
-            DType::F32 => Widen::F(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            DType::Bf16 => Widen::F(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16)),
-            DType::F16 => Widen::F(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
-            DType::I32 => Widen::I(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            DType::I16 => Widen::I(|c| i32::from(i16::from_le_bytes([c[0], c[1]]))),
-            DType::I8 => Widen::I(|c| i32::from(c[0] as i8)),
-            DType::Bool => Widen::I(|c| i32::from(c[0] != 0)),
-            _ => Widen::Nothing,
-        }
     }
 }
 
