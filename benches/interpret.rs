@@ -12,7 +12,11 @@
 //!
 //! Megakernels: `palladium run` of the tiny Qwen3-MoE and Mixtral fixtures (random weights,
 //! seed 0, a 5-token prompt, 8 steps: 12 megakernel runs); tokens per second = runs / time
-//! spent in the interpreter (the prepare is timed apart), the best of N.
+//! spent in the interpreter (the prepare is timed apart), the best of N. With
+//! `PALLADIUM_BEFORE_BIN=path/to/palladium` (a build of an older commit), the same run of
+//! that binary is timed alternately with ours, for before/after ratios from one run.
+//!
+//! `cargo bench --bench interpret -- matmul` (or `megakernel`) runs only that part.
 
 use palladium::check::{Backend, prepare};
 use palladium::run::{RunOptions, WeightSource, run};
@@ -88,34 +92,49 @@ fn jax(c: &Case, runs: usize) -> Result<Timing, String> {
     Ok(Timing { first: field(line, "compile_s")?, median: field(line, "median_s")? })
 }
 
-/// Tokens per second of `palladium run` on a tiny fixture: the best of `tries`.
-fn megakernel(config: &str, tries: usize) -> Result<(usize, f64), String> {
+const PROMPT: [u32; 5] = [1, 17, 300, 42, 5];
+const STEPS: usize = 8;
+
+/// Tokens per second of one `palladium run` of a tiny fixture in this process.
+fn megakernel(config: &str) -> Result<(usize, f64), String> {
     let o = RunOptions {
         config: Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/models").join(config),
         weights: WeightSource::Random(0),
-        prompt: vec![1, 17, 300, 42, 5],
-        steps: 8,
+        prompt: PROMPT.to_vec(),
+        steps: STEPS,
         chip: Chip::V6e,
         context: None,
         check: false,
     };
-    let mut best = 0f64;
-    let mut runs = 0;
-    for _ in 0..tries {
-        let out = run(&o, Backend::Interpret, |_, _| {})?;
-        runs = out.runs;
-        best = best.max(out.runs as f64 / out.interpret.as_secs_f64());
-    }
-    Ok((runs, best))
+    let out = run(&o, Backend::Interpret, |_, _| {})?;
+    Ok((out.runs, out.runs as f64 / out.interpret.as_secs_f64()))
+}
+
+/// Tokens per second of the same run by another `palladium` binary (`PALLADIUM_BEFORE_BIN`,
+/// e.g. a build of the commit before a change), from its summary line ("12 runs (…)
+/// interpreted in 0.51 s").
+fn megakernel_before(bin: &Path, config: &str) -> Result<f64, String> {
+    let prompt = PROMPT.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/models").join(config);
+    let out = Command::new(bin).arg("run").arg(&fixture).args(["--random-weights", "--seed", "0", "--prompt-ids", &prompt, "--steps", &STEPS.to_string()]).output().map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let line = text.lines().find(|l| l.contains(" interpreted in ")).ok_or_else(|| format!("{} printed no summary:\n{text}", bin.display()))?;
+    let runs: f64 = line.split(": ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok()).ok_or_else(|| format!("unexpected summary: {line}"))?;
+    let time = line.split(" interpreted in ").nth(1).and_then(|t| t.split(' ').next()).and_then(|x| x.parse::<f64>().ok()).ok_or_else(|| format!("unexpected summary: {line}"))?;
+    let seconds = if line.contains(&format!("interpreted in {time} ms")) { time / 1e3 } else { time };
+    Ok(runs / seconds)
 }
 
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` does not: then one run each.
     let benching = std::env::args().any(|a| a == "--bench");
+    // `cargo bench --bench interpret -- matmul` (or `megakernel`): only that part.
+    let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let wanted = |part: &str| filters.is_empty() || filters.iter().any(|f| part.contains(f.as_str()));
     let runs = if benching { 7 } else { 1 };
     println!("rayon pool: {} threads", rayon::current_num_threads());
     let cases = [Case { m: 1024, k: 2048, n: 1024, bm: 256, bk: 512, bn: 256 }, Case { m: 256, k: 512, n: 256, bm: 128, bk: 256, bn: 128 }];
-    for c in &cases {
+    for c in cases.iter().filter(|_| wanted("matmul")) {
         println!("== matmul {}x{}x{} bf16, blocks {}x{}x{}, grid ({}, {}, {}), median of {runs} ==", c.m, c.k, c.n, c.bm, c.bk, c.bn, c.m / c.bm, c.n / c.bn, c.k / c.bk);
         let us = ours(c, runs);
         println!("   palladium interpret (serialized body): steady {:>9.3} ms   first call (lower + parse + prepare + run) {:>9.3} ms", us.median * 1e3, us.first * 1e3);
@@ -127,12 +146,31 @@ fn main() {
             Err(why) => println!("   {why}"),
         }
     }
+    if !wanted("megakernel") {
+        return;
+    }
     let tries = if benching { 3 } else { 1 };
-    println!("== tiny decode megakernels (palladium run, random weights, 5-token prompt, 8 steps), best of {tries} ==");
+    let before = std::env::var_os("PALLADIUM_BEFORE_BIN").map(PathBuf::from);
+    println!("== tiny decode megakernels (palladium run, random weights, 5-token prompt, {STEPS} steps), best of {tries}{} ==", if before.is_some() { ", interleaved with PALLADIUM_BEFORE_BIN" } else { "" });
     for config in ["tiny-qwen3-moe.json", "tiny-mixtral.json"] {
-        match megakernel(config, tries) {
-            Ok((n, tps)) => println!("   {config:<22} {n} runs: {tps:>8.1} tokens/s ({:.2} ms per token)", 1e3 / tps),
-            Err(e) => println!("   {config}: {e}"),
+        let (mut runs, mut ours, mut theirs) = (0, 0f64, 0f64);
+        for _ in 0..tries {
+            match megakernel(config) {
+                Ok((n, tps)) => (runs, ours) = (n, ours.max(tps)),
+                Err(e) => println!("   {config}: {e}"),
+            }
+            if let Some(bin) = &before {
+                match megakernel_before(bin, config) {
+                    Ok(tps) => theirs = theirs.max(tps),
+                    Err(e) => println!("   {config}, before: {e}"),
+                }
+            }
+        }
+        if ours > 0.0 {
+            println!("   {config:<22} {runs} runs: {ours:>8.1} tokens/s ({:.2} ms per token)", 1e3 / ours);
+        }
+        if theirs > 0.0 {
+            println!("   {:<22} before: {theirs:>8.1} tokens/s ({:.2} ms per token); now / before {:.2}x", "", 1e3 / theirs, ours / theirs);
         }
     }
 }

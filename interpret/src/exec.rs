@@ -3,7 +3,7 @@
 use crate::error::{ErrorKind, InterpError, Result, bail};
 use crate::memory::{Memory, join};
 use crate::prepare::{CBlock, Func, Instr, Kind, Precision, Program, RKind, Slot, Term};
-use crate::gemm::{Products, gemm_f32};
+use crate::gemm::{BLayout, Products, gemm_f32};
 use crate::value::{self, DType, Data, Shape, Tile, Val, gather, permute, round_slice, scatter, strides_of, walk_rows};
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -529,7 +529,15 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
     let rperm: Vec<usize> = rb.iter().chain(&rc).chain(&rf).copied().collect();
     let ident = |p: &[usize]| p.iter().enumerate().all(|(i, &x)| i == x);
     let lt = if ident(&lperm) { lhs.clone() } else { permute(lhs, &lperm) };
-    let rt = if ident(&rperm) { rhs.clone() } else { permute(rhs, &rperm) };
+    // `[batch, N, K]` (free dims before contracted ones) is read as is: the kernel packs it.
+    let rhs_nk: Vec<usize> = rb.iter().chain(&rf).chain(&rc).copied().collect();
+    let (rt, layout) = if ident(&rperm) {
+        (rhs.clone(), BLayout::RowMajor)
+    } else if ident(&rhs_nk) {
+        (rhs.clone(), BLayout::Transposed)
+    } else {
+        (permute(rhs, &rperm), BLayout::RowMajor)
+    };
     let prod = |t: &Tile, ds: &[usize]| -> usize { ds.iter().map(|&x| t.shape[x]).product() };
     let (nb, m, k, n) = (prod(lhs, &lb), prod(lhs, &lf), prod(lhs, &lc), prod(rhs, &rf));
     let mut canon: Shape = lb.iter().map(|&x| lhs.shape[x]).collect();
@@ -565,19 +573,20 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
             let products = if short(lhs.dt) && short(rhs.dt) { Products::Exact } else { Products::Rounded };
             let mut c = vec![0f32; nb * m * n];
             for bi in 0..nb {
-                gemm_f32(&a[bi * m * k..(bi + 1) * m * k], &b[bi * k * n..(bi + 1) * k * n], &mut c[bi * m * n..(bi + 1) * m * n], m, k, n, products);
+                gemm_f32(&a[bi * m * k..(bi + 1) * m * k], &b[bi * k * n..(bi + 1) * k * n], layout, &mut c[bi * m * n..(bi + 1) * m * n], m, k, n, products);
             }
             Data::F(c)
         }
         (Data::I(a), Data::I(b)) => {
             let mut c = vec![0i32; nb * m * n];
+            let (rs, cs) = layout.strides(k, n);
             for bi in 0..nb {
                 let (a, b, c) = (&a[bi * m * k..], &b[bi * k * n..], &mut c[bi * m * n..]);
                 for i in 0..m {
                     for kk in 0..k {
                         let x = a[i * k + kk];
                         for j in 0..n {
-                            c[i * n + j] = c[i * n + j].wrapping_add(x.wrapping_mul(b[kk * n + j]));
+                            c[i * n + j] = c[i * n + j].wrapping_add(x.wrapping_mul(b[kk * rs + j * cs]));
                         }
                     }
                 }

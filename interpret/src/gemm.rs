@@ -1,4 +1,6 @@
-//! The tile matmul kernel: `c += a · b` for row-major f32 `a: m×k`, `b: k×n`, `c: m×n`.
+//! The tile matmul kernel: `c += a · b` for row-major f32 `a: m×k`, `c: m×n`, and `b: k×n`
+//! row-major or stored transposed (`n×k`, as attention's `q · kᵀ` has it: packed straight
+//! from that layout, no transpose of the operand first).
 //!
 //! Numerics are fixed, whatever the CPU, blocking or thread count: every output element is
 //! accumulated in k order, `c = c + a[i][0]·b[0][j]`, then `+ a[i][1]·b[1][j]`, …, rounded to
@@ -39,14 +41,35 @@ pub(crate) enum Products {
     Rounded,
 }
 
+/// How `b` is stored.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum BLayout {
+    /// `k×n`, row-major.
+    RowMajor,
+    /// `n×k`, row-major (`b` transposed).
+    Transposed,
+}
+
+impl BLayout {
+    /// Steps between `b[kk][j]` and `b[kk + 1][j]`, and between `b[kk][j]` and `b[kk][j + 1]`.
+    pub fn strides(self, k: usize, n: usize) -> (usize, usize) {
+        match self {
+            BLayout::RowMajor => (n, 1),
+            BLayout::Transposed => (1, k),
+        }
+    }
+}
+
 thread_local! {
     /// Packed panels of `b`, reused from product to product on each thread.
     static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `c += a · b` (see the module docs for the order of operations).
-pub(crate) fn gemm_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize, products: Products) {
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_f32(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: usize, k: usize, n: usize, products: Products) {
     assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "gemm_f32: buffers shorter than {m}x{k}x{n}");
+    let bs = layout.strides(k, n);
     if m == 0 || n == 0 {
         return;
     }
@@ -54,7 +77,7 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, 
     let work = m * k * n;
     // Inside a task of a parallel grid the pool is already busy: split no further.
     if work < PARALLEL_MIN_WORK || panels == 1 || rayon::current_num_threads() == 1 || rayon::current_thread_index().is_some() {
-        panel_range(a, b, n, c, n, m, k, n, products);
+        panel_range(a, b, bs, c, n, m, k, n, products);
         return;
     }
     // Split the columns of `c` into disjoint chunks of whole panels. The rows of one chunk
@@ -71,7 +94,7 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, 
             for i in 0..m {
                 part.extend_from_slice(&c[i * n + j0..i * n + j1]);
             }
-            panel_range(a, &b[j0..], n, &mut part, w, m, k, w, products);
+            panel_range(a, &b[j0 * bs.1..], bs, &mut part, w, m, k, w, products);
             (j0, w, part)
         })
         .collect();
@@ -82,21 +105,31 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, 
     }
 }
 
-/// `c += a · b` on this thread, for `n` columns: `b` rows are `ldb` apart, `c` rows `ldc`.
+/// `c += a · b` on this thread, for `n` columns: `b[kk][j]` is at `kk * bs.0 + j * bs.1`,
+/// `c` rows are `ldc` apart.
 #[allow(clippy::too_many_arguments)]
-fn panel_range(a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], ldc: usize, m: usize, k: usize, n: usize, products: Products) {
+fn panel_range(a: &[f32], b: &[f32], bs: (usize, usize), c: &mut [f32], ldc: usize, m: usize, k: usize, n: usize, products: Products) {
     PANEL.with_borrow_mut(|packed| {
         for j0 in (0..n).step_by(NR) {
             let w = NR.min(n - j0);
-            // A full panel used by few rows is read in place; otherwise packed (contiguous,
-            // and zero-padded to NR columns).
-            let (panel, ld): (&[f32], usize) = if w == NR && m <= PACK_MIN_ROWS {
-                (&b[j0..], ldb)
+            // A full row-major panel used by few rows is read in place; otherwise packed
+            // (contiguous, and zero-padded to NR columns).
+            let (panel, ld): (&[f32], usize) = if w == NR && m <= PACK_MIN_ROWS && bs.1 == 1 {
+                (&b[j0..], bs.0)
             } else {
                 packed.clear();
                 packed.resize(k * NR, 0.0);
-                for kk in 0..k {
-                    packed[kk * NR..kk * NR + w].copy_from_slice(&b[kk * ldb + j0..kk * ldb + j0 + w]);
+                if bs.1 == 1 {
+                    for kk in 0..k {
+                        packed[kk * NR..kk * NR + w].copy_from_slice(&b[kk * bs.0 + j0..kk * bs.0 + j0 + w]);
+                    }
+                } else {
+                    for jj in 0..w {
+                        let col = &b[(j0 + jj) * bs.1..];
+                        for kk in 0..k {
+                            packed[kk * NR + jj] = col[kk * bs.0];
+                        }
+                    }
                 }
                 (&packed[..], NR)
             };
@@ -244,9 +277,15 @@ mod tests {
                 for threads in [1, 2, 3] {
                     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
                     let mut got = c0.clone();
-                    pool.install(|| gemm_f32(&a, &b, &mut got, m, k, n, exact));
+                    pool.install(|| gemm_f32(&a, &b, BLayout::RowMajor, &mut got, m, k, n, exact));
                     let same = got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
                     assert!(same, "{m}x{k}x{n} {exact:?} on {threads} threads differs from the sequential order");
+                    // The same b stored transposed.
+                    let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+                    let mut got = c0.clone();
+                    pool.install(|| gemm_f32(&a, &bt, BLayout::Transposed, &mut got, m, k, n, exact));
+                    let same = got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "{m}x{k}x{n} {exact:?}, b transposed, on {threads} threads differs from the sequential order");
                 }
             }
         }

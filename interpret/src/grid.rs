@@ -8,10 +8,11 @@
 use crate::error::{ErrorKind, InterpError, Result, bail};
 use crate::exec::Machine;
 use crate::host::{CallSpec, from_data, interpreter_dtype, to_data};
-use palladium_array::HostArray;
-use crate::memory::{Memory, Space, View, join};
+use crate::memory::{Memory, Space, join};
 use crate::prepare::{Program, memref_info};
+use palladium_array::HostArray;
 use crate::value::{DType, Data, Val};
+use crate::view::View;
 use rayon::prelude::*;
 use smallvec::SmallVec;
 use std::collections::HashMap;
@@ -93,7 +94,7 @@ impl Program {
         for (i, host) in inputs.iter().take(p).enumerate() {
             let t = &k.arg_types[g + i];
             let Some((shape, dt, _)) = memref_info(t) else { bail!(Malformed, "scalar prefetch {i} has type {t}") };
-            let id = load_host(&mut m.mem, host, dt, Space::Smem, format!("scalar_prefetch{i}"))?;
+            let id = load_host(self, &mut m.mem, i, host, dt, Space::Smem, format!("scalar_prefetch{i}"))?;
             if host.shape != shape.as_slice() {
                 bail!(BadInput, "scalar prefetch {i}: shape {:?}, the kernel expects {t}", host.shape);
             }
@@ -116,7 +117,7 @@ impl Program {
             let label = if is_output { format!("output{}", j - n_in) } else { format!("input{j}") };
             let hbm = if !is_output {
                 let host = &inputs[p + j];
-                let id = load_host(&mut m.mem, host, dt, Space::Hbm, label.clone())?;
+                let id = load_host(self, &mut m.mem, p + j, host, dt, Space::Hbm, label.clone())?;
                 if transform.is_none() && host.shape != wshape.as_slice() {
                     bail!(BadInput, "{label}: shape {:?}, the kernel takes it whole as {t}", host.shape);
                 }
@@ -337,14 +338,16 @@ fn write_back(mem: &mut Memory, operand: usize, o: &Operand, block: &[i64], reco
     Ok(())
 }
 
-fn load_host(mem: &mut Memory, host: &HostArray, dt: DType, space: Space, name: String) -> Result<usize> {
+/// Input `position` of the call as a buffer (widened once for as long as its bytes stay the
+/// same: [`crate::host::WidenedInputs`]).
+fn load_host(prog: &Program, mem: &mut Memory, position: usize, host: &HostArray, dt: DType, space: Space, name: String) -> Result<usize> {
     if let Err(e) = host.validate() {
         bail!(BadInput, "{name}: {e}");
     }
     if interpreter_dtype(host.dtype) != Some(dt) {
         bail!(BadInput, "{name}: got a {} array, the kernel expects {dt}", host.dtype);
     }
-    Ok(mem.adopt(dt, &host.shape, space, name, to_data(host)))
+    Ok(mem.adopt(dt, &host.shape, space, name, prog.widened.get(position, host)))
 }
 
 /// At least one element of the block must be inside the array (Pallas's rule for partial

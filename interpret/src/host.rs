@@ -6,6 +6,56 @@ use crate::value::{DType, Data};
 use half::f16;
 use palladium_array::{DType as Element, HostArray, f32_to_bf16};
 use rayon::prelude::*;
+use std::sync::{Arc, Mutex};
+
+/// Elements widened in one parallel chunk.
+const WIDEN_CHUNK: usize = 1 << 16;
+
+/// `floats` or `ints` with `f` bound to the conversion of one little-endian element of
+/// `dtype` to storage and `size` to its bytes (a closure and a constant per type, so the
+/// loops using them inline and vectorize), or `neither` for types no host array holds.
+macro_rules! with_widen {
+    ($dtype:expr, |$f:ident, $size:ident| floats => $floats:expr, ints => $ints:expr, neither => $neither:expr) => {
+        match $dtype {
+            Element::F32 => {
+                const $size: usize = 4;
+                let $f = |c: &[u8]| f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                $floats
+            }
+            Element::Bf16 => {
+                const $size: usize = 2;
+                let $f = |c: &[u8]| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
+                $floats
+            }
+            Element::F16 => {
+                const $size: usize = 2;
+                let $f = |c: &[u8]| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+                $floats
+            }
+            Element::I32 => {
+                const $size: usize = 4;
+                let $f = |c: &[u8]| i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                $ints
+            }
+            Element::I16 => {
+                const $size: usize = 2;
+                let $f = |c: &[u8]| i32::from(i16::from_le_bytes([c[0], c[1]]));
+                $ints
+            }
+            Element::I8 => {
+                const $size: usize = 1;
+                let $f = |c: &[u8]| i32::from(c[0] as i8);
+                $ints
+            }
+            Element::Bool => {
+                const $size: usize = 1;
+                let $f = |c: &[u8]| i32::from(c[0] != 0);
+                $ints
+            }
+            _ => $neither,
+        }
+    };
+}
 
 /// The interpreter's element type for a host array's (`None` for the ones it does not run:
 /// 8-bit floats, int4).
@@ -25,38 +75,36 @@ pub(crate) fn interpreter_dtype(d: Element) -> Option<DType> {
 /// A host array's values as the interpreter holds them.
 pub(crate) fn to_data(a: &HostArray) -> Data {
     let b = &a.bytes;
-    let floats = |size: usize, f: fn(&[u8]) -> f32| {
-        let mut v = crate::recycle::f32s(b.len() / size);
-        v.extend(b.chunks_exact(size).map(f));
+    with_widen!(a.dtype, |f, SIZE| floats => {
+        // The hot case (every bf16 operand): widen in parallel chunks, vectorized.
+        let mut v = crate::recycle::f32s(b.len() / SIZE);
+        v.resize(b.len() / SIZE, 0.0);
+        v.par_chunks_mut(WIDEN_CHUNK).zip(b.par_chunks(WIDEN_CHUNK * SIZE)).for_each(|(out, bytes)| {
+            out.iter_mut().zip(bytes.chunks_exact(SIZE)).for_each(|(o, c)| *o = f(c));
+        });
         Data::F(v)
-    };
-    let ints = |size: usize, f: fn(&[u8]) -> i32| {
-        let mut v = crate::recycle::i32s(b.len() / size);
-        v.extend(b.chunks_exact(size).map(f));
+    }, ints => {
+        let mut v = crate::recycle::i32s(b.len() / SIZE);
+        v.extend(b.chunks_exact(SIZE).map(f));
         Data::I(v)
-    };
-    match a.dtype {
-        Element::F32 => floats(4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        // The hot case (every bf16 operand, every run): widen in parallel chunks, a
-        // vectorized shift each.
-        Element::Bf16 => {
-            let mut v = crate::recycle::f32s(b.len() / 2);
-            v.resize(b.len() / 2, 0.0);
-            v.par_chunks_mut(1 << 16).zip(b.par_chunks(2 << 16)).for_each(|(out, bytes)| {
-                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                    *o = f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
-                }
-            });
-            Data::F(v)
+    // Refused before: `interpreter_dtype` has no type for them.
+    }, neither => Data::I(Vec::new()))
+}
+
+/// Whether [`to_data`] would give exactly `data` (bit for bit): a read of both, no
+/// allocation, stopped early at a difference.
+fn widens_to(a: &HostArray, data: &Data) -> bool {
+    let b = &a.bytes;
+    with_widen!(a.dtype, |f, SIZE| floats => match data {
+        Data::F(v) => {
+            v.len() * SIZE == b.len()
+                && v.par_chunks(WIDEN_CHUNK).zip(b.par_chunks(WIDEN_CHUNK * SIZE)).all(|(v, bytes)| v.iter().zip(bytes.chunks_exact(SIZE)).fold(true, |same, (x, c)| same & (x.to_bits() == f(c).to_bits())))
         }
-        Element::F16 => floats(2, |c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
-        Element::I32 => ints(4, |c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        Element::I16 => ints(2, |c| i32::from(i16::from_le_bytes([c[0], c[1]]))),
-        Element::I8 => ints(1, |c| i32::from(c[0] as i8)),
-        Element::Bool => ints(1, |c| i32::from(c[0] != 0)),
-        // Refused before: `interpreter_dtype` has no type for them.
-        Element::F8E4M3 | Element::F8E5M2 | Element::I4 => Data::I(Vec::new()),
-    }
+        Data::I(_) => false,
+    }, ints => match data {
+        Data::I(v) => v.len() * SIZE == b.len() && v.iter().zip(b.chunks_exact(SIZE)).all(|(x, c)| *x == f(c)),
+        Data::F(_) => false,
+    }, neither => false)
 }
 
 /// Interpreter values as a host array of `dtype`.
@@ -72,6 +120,39 @@ pub(crate) fn from_data(dtype: DType, shape: &[usize], d: &Data) -> Result<HostA
         (d, _) => bail!(Unsupported, "cannot return an array of {d}"),
     };
     Ok(HostArray { dtype: element, shape: shape.to_vec(), bytes })
+}
+
+/// The inputs of the last run, widened to the interpreter's storage (bf16/f16 as f32, small
+/// ints as i32), by position. A run whose input widens to the same values as last time
+/// (weights, from decode step to decode step; a benchmark's operands) shares the kept array
+/// instead of converting again: checking reads the bytes and the array but writes nothing,
+/// and stops at the first difference. The kernel writing into a shared array copies it
+/// first (copy-on-write).
+#[derive(Debug, Default)]
+pub(crate) struct WidenedInputs(Mutex<Vec<Option<Arc<Data>>>>);
+
+impl WidenedInputs {
+    /// `host` (input `position` of the call) as storage. The lock is never held across the
+    /// conversion (it runs on the rayon pool, which may run another call meanwhile).
+    pub fn get(&self, position: usize, host: &HostArray) -> Arc<Data> {
+        let last = self.kept().get(position).cloned().flatten();
+        if let Some(data) = last
+            && widens_to(host, &data)
+        {
+            return data;
+        }
+        let data = Arc::new(to_data(host));
+        let mut kept = self.kept();
+        if kept.len() <= position {
+            kept.resize(position + 1, None);
+        }
+        kept[position] = Some(data.clone());
+        data
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, Vec<Option<Arc<Data>>>> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 /// The shapes and aliases of a call (the oracle's call-spec JSON).

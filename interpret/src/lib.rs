@@ -17,7 +17,9 @@
 //!   instruction per op, every attribute resolved).
 //! - `value.rs`: element types, tiles and the elementwise math (bf16 rounded to nearest even
 //!   after every op that produces it).
-//! - `memory.rs`: buffers, memref views, the DMA/semaphore model and race detection.
+//! - `view.rs`: memref views (a box of a buffer) and their overlap test.
+//! - `memory.rs`: buffers, resolving views against them, the DMA/semaphore model and race
+//!   detection.
 //! - `exec.rs`: the instruction loop, matmul, reductions, shape ops.
 //! - `gemm.rs`: the tile matmul kernel (fixed k-order accumulation, AVX-512 when present).
 //! - `grid.rs`: the grid walk (points of leading `parallel` dims on the rayon pool),
@@ -39,6 +41,7 @@ pub mod parse;
 mod prepare;
 mod recycle;
 mod value;
+mod view;
 
 pub use error::{ErrorKind, InterpError, OpSite};
 pub use host::{CallSpec, parse_array_type};

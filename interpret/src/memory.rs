@@ -4,7 +4,8 @@
 //! must not be overwritten until a wait on its semaphore retires it.
 
 use crate::error::{ErrorKind, InterpError, Result, bail};
-use crate::value::{DType, Data, Shape, Tile, copy_strided, gather, scatter, strides_of};
+use crate::value::{DType, Data, Shape, Tile, contiguous, copy_strided, gather, scatter, strides_of};
+use crate::view::View;
 use smallvec::SmallVec;
 use std::sync::Arc;
 
@@ -45,29 +46,6 @@ pub(crate) struct Buffer {
     pub alive: bool,
 }
 
-/// A box of a buffer: `start`/`size` in the buffer's own coordinates, and which of the
-/// buffer's dims are visible (the rest were squeezed away and have size 1).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct View {
-    pub buf: usize,
-    pub start: Shape,
-    pub size: Shape,
-    pub dims: SmallVec<[u8; 4]>,
-}
-
-impl View {
-    pub fn shape(&self) -> Shape {
-        self.dims.iter().map(|&d| self.size[d as usize]).collect()
-    }
-    pub fn elems(&self) -> usize {
-        self.size.iter().product()
-    }
-}
-
-fn overlaps(a: &View, b: &View) -> bool {
-    a.buf == b.buf && (0..a.start.len()).all(|d| a.start[d] < b.start[d] + b.size[d] && b.start[d] < a.start[d] + a.size[d])
-}
-
 /// A DMA in flight.
 #[derive(Clone, Debug)]
 pub(crate) struct Dma {
@@ -92,13 +70,13 @@ impl Memory {
         let n: usize = shape.iter().product();
         // Fresh memory is poison: NaN for floats, i32::MIN for ints, 0 for semaphores.
         let data = if dt.is_sem() { Data::I(vec![0; n]) } else { Data::filled(dt, n, f32::NAN, i32::MIN) };
-        self.adopt(dt, shape, space, name, data)
+        self.adopt(dt, shape, space, name, Arc::new(data))
     }
 
     /// A new buffer holding `data` (`shape.product()` elements of `dt`).
-    pub fn adopt(&mut self, dt: DType, shape: &[usize], space: Space, name: String, data: Data) -> usize {
+    pub fn adopt(&mut self, dt: DType, shape: &[usize], space: Space, name: String, data: Arc<Data>) -> usize {
         debug_assert_eq!(data.len(), shape.iter().product::<usize>());
-        self.bufs.push(Buffer { dt, shape: shape.into(), strides: strides_of(shape), data: Arc::new(data), space, name, alive: true });
+        self.bufs.push(Buffer { dt, shape: shape.into(), strides: strides_of(shape), data, space, name, alive: true });
         let id = self.bufs.len() - 1;
         if let Some(s) = self.scopes.last_mut() {
             s.push(id);
@@ -110,7 +88,7 @@ impl Memory {
     pub fn recycle(self) {
         for b in self.bufs {
             if let Ok(d) = Arc::try_unwrap(b.data) {
-                crate::recycle::give(d);
+                d.recycle();
             }
         }
     }
@@ -204,7 +182,7 @@ impl Memory {
     /// a DMA in flight, and a write must not overlap a DMA's source.
     pub fn check_access(&self, region: &View, write: bool, what: &str) -> Result<()> {
         for d in &self.dmas {
-            if overlaps(&d.dst, region) {
+            if d.dst.overlaps(region) {
                 bail!(
                     DmaRace,
                     "{what} {} overlaps {}, the destination of a DMA still in flight (started by {}); wait on its semaphore first",
@@ -213,7 +191,7 @@ impl Memory {
                     d.started
                 );
             }
-            if write && overlaps(&d.src, region) {
+            if write && d.src.overlaps(region) {
                 bail!(
                     DmaRace,
                     "{what} {} overwrites {}, the source of a DMA still in flight (started by {})",
@@ -235,6 +213,11 @@ impl Memory {
         let (off, strides, _) = self.layout(&region);
         let lead = strides.len() - vshape.len();
         let strides = &strides[lead..];
+        // A load of the whole buffer (a block's window, a scratch accumulator) shares its
+        // storage: a later store into the buffer copies it first (copy-on-write).
+        if off == 0 && region.elems() == b.data.len() && contiguous(vshape, strides) {
+            return Ok(Tile { dt, shape: vshape.into(), data: b.data.clone() });
+        }
         let data = match &*b.data {
             Data::F(d) => Data::F(gather(d, off, strides, vshape)),
             Data::I(d) => Data::I(gather(d, off, strides, vshape)),
@@ -253,6 +236,12 @@ impl Memory {
         let b = &mut self.bufs[v.buf];
         if b.dt != t.dt {
             bail!(Mismatch, "storing a {} vector into {} of {}", t.dt, b.name, b.dt);
+        }
+        // A plain store of the whole buffer takes the tile's storage (both are immutable
+        // until the next write, which copies).
+        if mask.is_none() && !add && off == 0 && t.len() == b.data.len() && contiguous(&t.shape, &strides) && std::mem::discriminant(&*b.data) == std::mem::discriminant(&*t.data) {
+            b.data = t.data.clone();
+            return Ok(());
         }
         match (Arc::make_mut(&mut b.data), &*t.data) {
             (Data::F(d), Data::F(s)) => scatter(d, off, &strides, &t.shape, s, m, add),
@@ -365,7 +354,7 @@ impl Memory {
             bail!(Mismatch, "DMA from {} to {}: shapes [{}] and [{}] differ", self.describe(src), self.describe(dst), join(&src.shape()), join(&dst.shape()));
         }
         for d in &self.dmas {
-            if overlaps(&d.dst, dst) {
+            if d.dst.overlaps(dst) {
                 bail!(
                     DoubleDma,
                     "DMA into {} started while another DMA into {} is still in flight (started by {}); wait for it before reusing the buffer",
@@ -374,10 +363,10 @@ impl Memory {
                     d.started
                 );
             }
-            if overlaps(&d.dst, src) {
+            if d.dst.overlaps(src) {
                 bail!(DmaRace, "DMA reads {}, the destination of a DMA still in flight (started by {})", self.describe(src), d.started);
             }
-            if overlaps(&d.src, dst) {
+            if d.src.overlaps(dst) {
                 bail!(DmaRace, "DMA writes {}, the source of a DMA still in flight (started by {})", self.describe(dst), d.started);
             }
         }

@@ -133,6 +133,7 @@ pub struct Program {
     pub(crate) scratch: usize,
     /// `None` for a kernel without a grid (every operand passed whole).
     pub(crate) windows: Option<Vec<WindowParam>>,
+    pub(crate) widened: crate::host::WidenedInputs,
 }
 
 impl Program {
@@ -878,7 +879,7 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
             bail!(Unsupported, "@{}: argument {k} has unsupported type {t}", kernel.name);
         }
     }
-    Ok(Program { kernel, funcs, sites: cx.sites, grid, parallel, scalar_prefetch, scratch, windows })
+    Ok(Program { kernel, funcs, sites: cx.sites, grid, parallel, scalar_prefetch, scratch, windows, widened: Default::default() })
 }
 
 #[allow(dead_code)]

@@ -5,7 +5,6 @@
 //! faults and zeroing before its first op. The vectors of a finished run are kept here (up to
 //! [`MAX_KEPT`] elements per thread) and handed to the next run's buffers.
 
-use crate::value::Data;
 use std::cell::RefCell;
 
 /// Smaller vectors are left to the allocator.
@@ -34,34 +33,37 @@ fn best_fit<T>(list: &mut Vec<Vec<T>>, n: usize) -> Option<Vec<T>> {
 
 /// An empty vector with room for `n` f32s.
 pub(crate) fn f32s(n: usize) -> Vec<f32> {
-    if n < MIN_ELEMS {
-        return Vec::with_capacity(n);
-    }
-    SPARE.with_borrow_mut(|s| {
-        let v = best_fit(&mut s.f, n);
-        s.kept -= v.as_ref().map_or(0, Vec::capacity);
-        v.unwrap_or_else(|| Vec::with_capacity(n))
-    })
+    take(n, |s| &mut s.f)
 }
 
 /// An empty vector with room for `n` i32s.
 pub(crate) fn i32s(n: usize) -> Vec<i32> {
+    take(n, |s| &mut s.i)
+}
+
+fn take<T>(n: usize, list: fn(&mut Spare) -> &mut Vec<Vec<T>>) -> Vec<T> {
     if n < MIN_ELEMS {
         return Vec::with_capacity(n);
     }
     SPARE.with_borrow_mut(|s| {
-        let v = best_fit(&mut s.i, n);
+        let v = best_fit(list(s), n);
         s.kept -= v.as_ref().map_or(0, Vec::capacity);
         v.unwrap_or_else(|| Vec::with_capacity(n))
     })
 }
 
-/// Keep `d`'s vector for a later run (if it is large and there is room).
-pub(crate) fn give(d: Data) {
-    let cap = match &d {
-        Data::F(v) => v.capacity(),
-        Data::I(v) => v.capacity(),
-    };
+/// Keep `v` for a later run (if it is large and there is room).
+pub(crate) fn keep_f32s(v: Vec<f32>) {
+    keep(v, |s| &mut s.f);
+}
+
+/// Keep `v` for a later run (if it is large and there is room).
+pub(crate) fn keep_i32s(v: Vec<i32>) {
+    keep(v, |s| &mut s.i);
+}
+
+fn keep<T>(v: Vec<T>, list: fn(&mut Spare) -> &mut Vec<Vec<T>>) {
+    let cap = v.capacity();
     if cap < MIN_ELEMS {
         return;
     }
@@ -70,9 +72,6 @@ pub(crate) fn give(d: Data) {
             return;
         }
         s.kept += cap;
-        match d {
-            Data::F(v) => s.f.push(v),
-            Data::I(v) => s.i.push(v),
-        }
+        list(s).push(v);
     });
 }

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use smallvec::SmallVec;
 use std::sync::Arc;
 
-pub(crate) type Shape = SmallVec<[usize; 4]>;
+pub(crate) use crate::view::Shape;
 
 /// An element type.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -150,6 +150,13 @@ impl Data {
             Data::I(v) => v.len(),
         }
     }
+    /// Keep the vector for a later run ([`crate::recycle`]).
+    pub fn recycle(self) {
+        match self {
+            Data::F(v) => crate::recycle::keep_f32s(v),
+            Data::I(v) => crate::recycle::keep_i32s(v),
+        }
+    }
     pub fn filled(dt: DType, n: usize, f: f32, i: i32) -> Data {
         if dt.is_float() {
             let mut v = crate::recycle::f32s(n);
@@ -214,7 +221,7 @@ pub(crate) enum Val {
     /// Floats (already rounded to their type).
     Float(f64),
     Tile(Tile),
-    Ref(Arc<crate::memory::View>),
+    Ref(Arc<crate::view::View>),
 }
 
 impl Val {
@@ -230,7 +237,7 @@ impl Val {
             other => bail!(Malformed, "expected a vector, got {}", other.kind()),
         }
     }
-    pub fn view(&self) -> Result<&Arc<crate::memory::View>> {
+    pub fn view(&self) -> Result<&Arc<crate::view::View>> {
         match self {
             Val::Ref(v) => Ok(v),
             other => bail!(Malformed, "expected a memref, got {}", other.kind()),
@@ -294,7 +301,7 @@ pub(crate) fn split_copy(n: usize) -> bool {
 }
 
 /// Whether `shape` laid out with `strides` is one contiguous run (row-major, no gaps).
-fn contiguous(shape: &[usize], strides: &[isize]) -> bool {
+pub(crate) fn contiguous(shape: &[usize], strides: &[isize]) -> bool {
     let mut want = 1isize;
     for d in (0..shape.len()).rev() {
         if shape[d] != 1 && strides[d] != want {

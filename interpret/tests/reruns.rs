@@ -1,0 +1,49 @@
+//! One prepared program run again and again (as `palladium run` does, one run per token):
+//! inputs are kept widened from run to run, so nothing a run does may leak into the next.
+
+use palladium_interpret::{HostArray, Module};
+
+/// Doubles rows 0..8 of its input in place (the input array itself, `any` memory space),
+/// then copies the whole input to the output.
+const DOUBLE_HEAD_IN_PLACE: &str = r#"module attributes {stable_mosaic.version = 15 : i64} {
+  "stable_mosaic.func.func"() ({
+  ^bb0(%arg0: memref<16x128xf32, #tpu.memory_space<any>>, %arg1: memref<16x128xf32, #tpu.memory_space<any>>):
+    %c0 = "stable_mosaic.arith.constant"() {value = 0 : index} : () -> index
+    %0 = "stable_mosaic.vector.load"(%arg0, %c0, %c0) : (memref<16x128xf32, #tpu.memory_space<any>>, index, index) -> vector<8x128xf32>
+    %1 = "stable_mosaic.arith.addf"(%0, %0) {fastmath = #arith.fastmath<none>} : (vector<8x128xf32>, vector<8x128xf32>) -> vector<8x128xf32>
+    "stable_mosaic.tpu.vector_store"(%1, %arg0, %c0, %c0) {add = false, operandSegmentSizes = array<i32: 1, 1, 2, 0>, strides = array<i32>} : (vector<8x128xf32>, memref<16x128xf32, #tpu.memory_space<any>>, index, index) -> ()
+    %2 = "stable_mosaic.vector.load"(%arg0, %c0, %c0) : (memref<16x128xf32, #tpu.memory_space<any>>, index, index) -> vector<16x128xf32>
+    "stable_mosaic.tpu.vector_store"(%2, %arg1, %c0, %c0) {add = false, operandSegmentSizes = array<i32: 1, 1, 2, 0>, strides = array<i32>} : (vector<16x128xf32>, memref<16x128xf32, #tpu.memory_space<any>>, index, index) -> ()
+    "stable_mosaic.func.return"() : () -> ()
+  }) {function_type = (memref<16x128xf32, #tpu.memory_space<any>>, memref<16x128xf32, #tpu.memory_space<any>>) -> (), sym_name = "double_head_in_place", tpu.core_type = #tpu.core_type<tc>} : () -> ()
+}
+"#;
+
+fn want(x: &[f32]) -> Vec<f32> {
+    x.iter().enumerate().map(|(k, v)| if k < 8 * 128 { v + v } else { *v }).collect()
+}
+
+#[test]
+fn a_kernel_writing_its_input_does_not_change_the_next_run() {
+    let program = Module::parse(DOUBLE_HEAD_IN_PLACE).unwrap().prepare().unwrap_or_else(|e| panic!("{e}"));
+    let x: Vec<f32> = (0..16 * 128).map(|k| k as f32 * 0.25 - 100.0).collect();
+    let input = HostArray::from_f32(&[16, 128], &x);
+    for run in 0..3 {
+        let out = program.run(std::slice::from_ref(&input)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(out[0].to_f32(), want(&x), "run {run}");
+    }
+}
+
+#[test]
+fn a_changed_input_is_read_afresh() {
+    let program = Module::parse(DOUBLE_HEAD_IN_PLACE).unwrap().prepare().unwrap_or_else(|e| panic!("{e}"));
+    let mut x: Vec<f32> = (0..16 * 128).map(|k| (k % 7) as f32).collect();
+    for changed in [0, 16 * 128 - 1, 8 * 128] {
+        x[changed] += 1.5;
+        let out = program.run(&[HostArray::from_f32(&[16, 128], &x)]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(out[0].to_f32(), want(&x), "after changing element {changed}");
+    }
+    // Same values, another type: a bf16 array of the same bytes is not the f32 one.
+    let err = program.run(&[HostArray::bf16_from_f32(&[16, 128], &x)]).unwrap_err();
+    assert!(err.to_string().contains("bf16"), "{err}");
+}
