@@ -7,3 +7,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export CI="${CI:-true}"
 cargo test --workspace --locked "$@"
+# The benches are not run here (timings belong to `cargo bench`), but they must build.
+cargo test --workspace --locked --benches --no-run
