@@ -507,11 +507,7 @@ impl Weights {
     /// ignored.
     pub fn load(spec: &ModelSpec, path: impl AsRef<Path>) -> Result<Self, WeightsError> {
         let buffers = read_checkpoint(path.as_ref())?;
-        let refs: Vec<(&Path, &[u8])> = buffers
-            .iter()
-            .map(|(p, b)| (p.as_path(), b.as_slice()))
-            .collect();
-        Self::from_safetensors(spec, &refs)
+        Self::from_safetensors(spec, &file_refs(&buffers))
     }
 
     /// [`Weights::load`] on bytes already in memory: one `(label, bytes)` pair per file.
@@ -815,6 +811,11 @@ pub(crate) fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
 }
 
 /// The bytes of every safetensors file of a checkpoint path ([`checkpoint_files`]).
+/// [`read_checkpoint`]'s files as the `(label, bytes)` pairs the `from_safetensors` readers take.
+pub(crate) fn file_refs(buffers: &[(PathBuf, Vec<u8>)]) -> Vec<(&Path, &[u8])> {
+    buffers.iter().map(|(p, b)| (p.as_path(), b.as_slice())).collect()
+}
+
 pub(crate) fn read_checkpoint(path: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, WeightsError> {
     checkpoint_files(path)?
         .into_iter()

@@ -9,7 +9,7 @@ use super::{
 };
 use crate::spec::{LmHead, ModelSpec};
 use crate::weights::{
-    LM_HEAD, Tensor, TensorSpec, Weights, WeightsError, decode, read_checkpoint, read_header,
+    LM_HEAD, Tensor, TensorSpec, Weights, WeightsError, decode, file_refs, read_checkpoint, read_header,
     tensor_layout, unravel,
 };
 
@@ -52,11 +52,7 @@ impl QuantizedWeights {
             });
         }
         let buffers = read_checkpoint(path.as_ref())?;
-        let refs: Vec<(&Path, &[u8])> = buffers
-            .iter()
-            .map(|(p, b)| (p.as_path(), b.as_slice()))
-            .collect();
-        Self::from_fp8_safetensors(spec, &refs)
+        Self::from_fp8_safetensors(spec, &file_refs(&buffers))
     }
 
     /// An FP8 block-scaled checkpoint from bytes in memory, one `(label, bytes)` pair per file.
