@@ -101,7 +101,7 @@ fn prefetch_kernel(div: i32, compare_in_map: bool) -> Kernel {
         Some(vec![BlockDim::Blocked(16), BlockDim::Blocked(128)]),
         Some(Box::new(move |g: &[Val], p: &[Ref]| {
             let id = p[0].load(g[0]);
-            let row = if compare_in_map { select(cmp(CmpPred::Lt, id, 2), id, 0) } else { (id / div).min(3) };
+            let row = if compare_in_map { select(cmp(CmpPred::Lt, id, 2), id, 0) } else { (id / div).minimum(3) };
             (row, 0)
         })),
     );
