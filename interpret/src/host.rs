@@ -13,7 +13,8 @@ const WIDEN_CHUNK: usize = 1 << 16;
 
 /// `floats` or `ints` with `f` bound to the conversion of one little-endian element of
 /// `dtype` to storage and `size` to its bytes (a closure and a constant per type, so the
-/// loops using them inline and vectorize), or `neither` for types no host array holds.
+/// loops using them inline and vectorize), or `neither` for the types the interpreter does
+/// not run (8-bit floats, int4: refused before, as `interpreter_dtype` has none for them).
 macro_rules! with_widen {
     ($dtype:expr, |$f:ident, $size:ident| floats => $floats:expr, ints => $ints:expr, neither => $neither:expr) => {
         match $dtype {
@@ -87,7 +88,6 @@ pub(crate) fn to_data(a: &HostArray) -> Data {
         let mut v = crate::recycle::i32s(b.len() / SIZE);
         v.extend(b.chunks_exact(SIZE).map(f));
         Data::I(v)
-    // Refused before: `interpreter_dtype` has no type for them.
     }, neither => Data::I(Vec::new()))
 }
 
