@@ -83,7 +83,9 @@ impl Device {
             return Err(format!("libtpu needs {} in the environment before it loads", missing.join(" ")));
         }
         let path = libtpu::locate()?;
-        Device::open(&path).map_err(|e| format!("no TPU attached (or usable) here: {e}"))
+        let unusable = |e: String| format!("no TPU attached (or usable) here: {e}");
+        crate::worker::probe_client(&path).map_err(|e| unusable(format!("PJRT_Client_Create failed for {}: {e}", path.display())))?;
+        Device::open(&path).map_err(unusable)
     }
 
     /// `PJRT_Client_PlatformName`: `cpu`, `tpu`.

@@ -33,6 +33,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Set to the path of libtpu, this makes the process a compile worker (see the module docs).
 pub const WORKER_ENV: &str = "PALLADIUM_RUNTIME_WORKER";
+/// Set to the path of a PJRT plugin, this makes the process a client probe: it creates the
+/// plugin's client, answers whether that worked, and exits ([`probe_client`]).
+const PROBE_ENV: &str = "PALLADIUM_RUNTIME_PROBE";
 /// The directory libtpu dumps its static profile into (set with the estimate flag).
 const PROFILE_ENV: &str = "PALLADIUM_RUNTIME_PROFILE_DIR";
 /// Overrides the number of parallel workers (default: the available cores).
@@ -44,6 +47,46 @@ const ANSWER_PREFIX: &str = "PALLADIUM-WORKER ";
 fn worker_hook() {
     if let Some(libtpu) = std::env::var_os(WORKER_ENV) {
         std::process::exit(serve(Path::new(&libtpu)));
+    }
+    if let Some(plugin) = std::env::var_os(PROBE_ENV) {
+        std::process::exit(answer_probe(Path::new(&plugin)));
+    }
+}
+
+/// The probe's side of [`probe_client`]: create the client, say whether that worked.
+fn answer_probe(plugin: &Path) -> i32 {
+    let created = crate::ffi::Plugin::load(plugin).and_then(|p| crate::ffi::Client::create(std::rc::Rc::new(p)).map(drop));
+    let text = serde_json::to_string(&created).unwrap_or_else(|e| format!("{{\"Err\":\"cannot encode the probe's answer: {e}\"}}"));
+    let mut stdout = std::io::stdout();
+    if writeln!(stdout, "{ANSWER_PREFIX}{text}").and_then(|()| stdout.flush()).is_err() {
+        return 1;
+    }
+    0
+}
+
+/// Create `plugin`'s PJRT client once in a child process (with libtpu's environment) and
+/// say whether that worked. libtpu aborts the whole process on some failures of
+/// `PJRT_Client_Create` instead of returning an error (seen once with another libtpu
+/// process compiling alongside), so a caller that wants the client in-process asks the
+/// probe first: an abort then becomes an error with libtpu's fatal message.
+pub fn probe_client(plugin: &Path) -> Result<(), String> {
+    std::hint::black_box(worker_hook as extern "C" fn());
+    let exe = std::env::current_exe().map_err(|e| format!("cannot start the client probe: no current executable: {e}"))?;
+    let out = Command::new(&exe)
+        .env(PROBE_ENV, plugin)
+        .env_remove(WORKER_ENV)
+        .envs(LIBTPU_ENVIRONMENT)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot start the client probe {}: {e}", exe.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match stdout.lines().find_map(|l| l.strip_prefix(ANSWER_PREFIX)) {
+        Some(json) => serde_json::from_str::<Result<(), String>>(json).map_err(|e| format!("bad answer from the client probe: {e}"))?,
+        None => {
+            let said = String::from_utf8_lossy(&out.stderr);
+            let why = fatal_line(&said).unwrap_or_else(|| last_lines(&said, 3));
+            Err(format!("the plugin aborted creating its client: {why} (probe {})", out.status))
+        }
     }
 }
 
@@ -339,6 +382,14 @@ mod tests {
         let err = "W0000 warning\nF1130 01:02:41.870801    5570 llo_dumper.cc:1585] Static LLO profiling failed: Unsupported DMA direction.\n*** SIGABRT";
         assert_eq!(fatal_line(err).as_deref(), Some("Static LLO profiling failed: Unsupported DMA direction."));
         assert_eq!(fatal_line("Failed to find host bounds\n"), None);
+    }
+
+    #[test]
+    fn the_client_probe_answers_from_its_own_process() {
+        // The probe is this test binary started again; a plugin that cannot load is its
+        // ordinary error, carried back over the answer line.
+        let err = probe_client(Path::new("/nonexistent/pjrt_plugin.so")).unwrap_err();
+        assert!(err.contains("/nonexistent/pjrt_plugin.so") && !err.contains("aborted"), "{err}");
     }
 
     #[test]
