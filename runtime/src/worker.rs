@@ -72,13 +72,17 @@ fn answer_probe(plugin: &Path) -> i32 {
 pub fn probe_client(plugin: &Path) -> Result<(), String> {
     std::hint::black_box(worker_hook as extern "C" fn());
     let exe = std::env::current_exe().map_err(|e| format!("cannot start the client probe: no current executable: {e}"))?;
+    let logs = std::env::temp_dir().join(format!("palladium-probe-{}-{}", std::process::id(), WORKER_SEQ.fetch_add(1, Ordering::Relaxed)));
+    std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
     let out = Command::new(&exe)
         .env(PROBE_ENV, plugin)
         .env_remove(WORKER_ENV)
         .envs(LIBTPU_ENVIRONMENT)
+        .env("LIBTPU_INIT_ARGS", format!("{} --log_dir={}", std::env::var("LIBTPU_INIT_ARGS").unwrap_or_default(), logs.display()))
         .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot start the client probe {}: {e}", exe.display()))?;
+        .output();
+    let _ = std::fs::remove_dir_all(&logs);
+    let out = out.map_err(|e| format!("cannot start the client probe {}: {e}", exe.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     match stdout.lines().find_map(|l| l.strip_prefix(ANSWER_PREFIX)) {
         Some(json) => serde_json::from_str::<Result<(), String>>(json).map_err(|e| format!("bad answer from the client probe: {e}"))?,
@@ -302,11 +306,15 @@ impl Worker {
         let stderr = std::fs::File::create(dir.join("stderr.log")).map_err(|e| setup("cannot create its stderr log", e))?;
         let mut cmd = Command::new(&exe);
         cmd.env(WORKER_ENV, libtpu).envs(LIBTPU_ENVIRONMENT).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(stderr);
+        // libtpu's own log files go to the worker's directory, removed with it: by default
+        // they land in /tmp/tpu_logs and stay, hundreds of MB for one rejected program.
+        let mut args = format!("{} --log_dir={}", std::env::var("LIBTPU_INIT_ARGS").unwrap_or_default(), dir.display());
         if estimate == Estimate::Yes {
             let profile = dir.join("profile");
-            let args = std::env::var("LIBTPU_INIT_ARGS").unwrap_or_default();
-            cmd.env("LIBTPU_INIT_ARGS", format!("{args} --xla_jf_dump_static_llo_profile_to={}", profile.display())).env(PROFILE_ENV, &profile);
+            args = format!("{args} --xla_jf_dump_static_llo_profile_to={}", profile.display());
+            cmd.env(PROFILE_ENV, &profile);
         }
+        cmd.env("LIBTPU_INIT_ARGS", args);
         let mut child = cmd.spawn().map_err(|e| setup(&exe.display().to_string(), e))?;
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
