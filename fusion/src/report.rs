@@ -21,6 +21,9 @@ pub fn text(p: &Plan) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "megakernel: {} on {}", p.model, p.chip);
     let _ = writeln!(s, "  layers: {} of {} ({}), batch {}, context {} (cache {} positions, tiles of {})", p.layers, p.model_layers, p.layer_kind, d.batch, p.context, d.positions, p.block_kv);
+    if d.tokens_per_seq > 1 {
+        let _ = writeln!(s, "  tokens per sequence: {} (positions p..p+{}, causal among them): {} token rows", d.tokens_per_seq, d.tokens_per_seq - 1, d.tokens);
+    }
     let _ = writeln!(s, "rewrites (egg, DAG-aware extraction):");
     for (what, r) in [("layer", &p.layer_rewrite), ("head", &p.head_rewrite)] {
         let _ = writeln!(s, "  {what}: {} after {} iterations, {} e-nodes, cost {} -> {}", r.stop, r.iterations, r.egraph_nodes, r.cost_before, r.cost_after);
@@ -64,8 +67,15 @@ pub fn operand_source(p: &Plan, o: &Operand) -> String {
     let layout = &p.layout;
     let (h, hd, hp, cw) = (d.hidden, d.head_dim, d.head_pad, layout.chunk_cols);
     match o.kind {
-        OperandKind::Tokens => "token id of each sequence".into(),
-        OperandKind::Positions => format!("position of each sequence's new token (0-based, < {}); K/V are written there and attention covers positions 0..=pos", d.positions),
+        OperandKind::Tokens if d.tokens_per_seq == 1 => "token id of each sequence".into(),
+        OperandKind::Tokens => format!("token id of row r = b * {k} + k: sequence b's k-th new token (k < {k}), at position positions[b] + k", k = d.tokens_per_seq),
+        OperandKind::Positions if d.tokens_per_seq == 1 => format!("position of each sequence's new token (0-based, < {}); K/V are written there and attention covers positions 0..=pos", d.positions),
+        OperandKind::Positions => format!(
+            "position p of each sequence's first new token (0-based, p + {} < {}); K/V are written at p..p+{}, and token k attends to positions 0..=p+k",
+            d.tokens_per_seq - 1,
+            d.positions,
+            d.tokens_per_seq - 1
+        ),
         OperandKind::Embed => format!("model.embed_tokens.weight [{}, {h}] reshaped to [V/16, 16, H] (rows padded with zeros to {})", d.vocab, o.shape[0] * 16),
         OperandKind::WStream => {
             let n = layout.per_layer;
@@ -111,7 +121,9 @@ pub fn operand_source(p: &Plan, o: &Operand) -> String {
             let out = layout.operands.iter().find(|x| x.kind.aliased_input() == Some(o.kind)).map_or("", |x| x.kind.name());
             format!("{what} of layer l, sequence b, kv head g at position t: [l, b, g, t, :{hd}] (after k_norm and RoPE for K; cols {hd}.. zero); aliased to the output {out} (updated in place)")
         }
-        OperandKind::Logits => format!("logits of sequence b for token v at [v / {cw}, b, v % {cw}] (rows >= batch and v >= vocab are padding)"),
+        OperandKind::Logits => format!("logits of token row r (sequence b's k-th new token: r = b * K + k, K = {}) for token v at [v / {cw}, r, v % {cw}] (rows >= batch * K and v >= vocab are padding)", d.tokens_per_seq),
+        OperandKind::NextIds => "greedy next id of token row r at [r, :] (every lane): the lowest id among the row's maximal logits (rows >= batch * K are padding)".into(),
+        OperandKind::MaxLogits => "maximum logit of token row r at [r, :] (every lane), NaN when any of the row's logits is not finite (so a bad step is caught without the full logits)".into(),
         OperandKind::KCacheOut | OperandKind::VCacheOut => "aliases the input of the same name (KV written in place)".into(),
     }
 }
