@@ -22,7 +22,7 @@
 //! dense-stream array (guarded only where a ring deeper than `lm_head` could run past its
 //! end, on tiny models): libtpu's static estimator barely prices a DMA under an `scf.if`.
 
-use crate::{layout::{OperandKind, SegmentKind::{OProj, Qkv, Router}}, plan::{KvTiles, Plan}};
+use crate::{layout::{OperandKind, SegmentKind::{OProj, Qkv, Router}}, plan::{KvTiles, Plan, written_groups}};
 use palladium_dsl::build::{Drain, KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, range};
 use palladium_dsl::prelude::*;
 use palladium_dsl::{BuildErrors, Kernel};
@@ -123,7 +123,7 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     kb.scratch_buffer("k_tiles", vm, DType::Bf16, &[2, plan.block_kv, hp]);
     kb.scratch_buffer("v_tiles", vm, DType::Bf16, &[2, plan.block_kv, hp]);
     kb.scratch_semaphores("kv_sems", SemKind::Dma, &[2, 2]);
-    kb.scratch_semaphores("kv_write_sems", SemKind::Dma, &[2 * new_row_groups(d.tokens_per_seq)]);
+    kb.scratch_semaphores("kv_write_sems", SemKind::Dma, &[2 * written_groups(d.tokens_per_seq, plan.block_kv)]);
     kb.scratch_buffer("emb_rows", vm, DType::Bf16, &[tokens, 16, h]);
     kb.scratch_semaphores("emb_sems", SemKind::Dma, &[tokens]);
     kb.scratch_buffer("head_norm_buf", vm, DType::F32, &[8, hp]);
@@ -201,12 +201,6 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     };
     body(plan, hd, n, l);
     sealed.finish()
-}
-
-/// The 16-row groups of a tile that a step's new K/V rows are written back in: one for one
-/// token, two for K > 1 (K <= 16 rows span at most two; they may be the same group).
-fn new_row_groups(tokens_per_seq: u64) -> u64 {
-    if tokens_per_seq == 1 { 1 } else { 2 }
 }
 
 /// Dense-stream chunk `item` (layer-major, then `lm_head`) into ring bank `bank`.
@@ -392,7 +386,7 @@ fn attention(p: &Plan, hd: H, layer: Val) {
     // `pos + k`: its offset from `pos` (static), for the mask's causality among the K.
     let queries = (kt > 1).then(|| {
         let row = iota([qrows, 1], 0);
-        let offsets = (1..kt).fold(zeros([qrows, 1], i32), |o, k| o + select(ge(row, (k * group) as i32), 1, 0));
+        let offsets = (1..kt).fold(zeros([qrows, 1], i32), |o, k| select(ge(row, (k * group) as i32), o + 1, o));
         (offsets, kt)
     });
     for_range(range(0, scalar(kvh as i32)), (), |g: Val, ()| {
@@ -437,21 +431,27 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                 (k, v)
             };
             // The 16-row groups of tile `t` holding new K/V rows, written back in place from
-            // the tile's slot: the one group of the new row; for K > 1 those of the first and
-            // last new rows inside the tile (the same group twice when they share it: the
-            // same bytes).
+            // the tile's slot: the one group of the new row; for K > 1 (K <= 16 rows span at
+            // most two groups) the group of the first new row in the tile and the next one
+            // (the previous one at the tile's end; then it holds no new row and rewrites the
+            // bytes read: two DMAs into one group at once would race).
             let write_back = |t: Val, slot: Val| {
                 let groups: Vec<Val> = if kt == 1 {
-                    vec![pos - last * bkv_i]
+                    let rrow = pos - last * bkv_i;
+                    vec![((rrow / 16) * 16).multiple_of(16)]
                 } else {
-                    let (lo, hi) = (pos - t * bkv_i, newest - t * bkv_i);
-                    vec![select(lt(lo, 0), 0, lo), select(lt(hi, bkv_i - 1), hi, bkv_i - 1)]
+                    let lo = pos - t * bkv_i;
+                    let first = ((select(lt(lo, 0), 0, lo) / 16) * 16).multiple_of(16);
+                    if written_groups(kt, bkv) == 1 {
+                        vec![first]
+                    } else {
+                        vec![first, select(lt(first + 16, bkv_i), first + 16, first - 16).multiple_of(16)]
+                    }
                 };
                 groups
                     .into_iter()
                     .enumerate()
-                    .map(|(i, rrow)| {
-                        let g16 = ((rrow / 16) * 16).multiple_of(16);
+                    .map(|(i, g16)| {
                         let tile_start = if kt == 1 { last * bkv_i } else { t * bkv_i };
                         let at = (tile_start + g16).multiple_of(16);
                         let sem = 2 * i as u64;

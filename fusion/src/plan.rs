@@ -682,11 +682,17 @@ fn hbm_fit(options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLay
     Ok((hbm_total, hbm_capacity))
 }
 
+/// The 16-row groups written back from a KV tile holding new rows: one for one token; for
+/// K > 1, two (K <= 16 rows span at most two groups), one where the tile is one group.
+pub fn written_groups(tokens_per_seq: u64, block_kv: u64) -> u64 {
+    if tokens_per_seq == 1 || block_kv == 16 { 1 } else { 2 }
+}
+
 /// The 16-row groups of new K/V rows a step writes back per (layer, sequence, kv head,
-/// cache), at most: one for one token; for K > 1, two per tile holding new rows (the K rows
-/// span at most two groups), and at most two tiles hold them.
-pub fn kv_write_groups(tokens_per_seq: u64) -> u64 {
-    if tokens_per_seq == 1 { 1 } else { 4 }
+/// cache), at most: [`written_groups`] for each tile holding new rows (one for one token;
+/// at most two for K > 1).
+pub fn kv_write_groups(tokens_per_seq: u64, block_kv: u64) -> u64 {
+    written_groups(tokens_per_seq, block_kv) * if tokens_per_seq == 1 { 1 } else { 2 }
 }
 
 /// The HBM bytes and DMAs of one decode step, by stream, and the time at the chip's HBM
@@ -705,14 +711,14 @@ fn traffic(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &Dims, 
         KvTiles::All => dims.positions / block_kv,
     };
     let kv_read = product("the KV cache read per step", &[l, batch, kvh, 2, tiles, block_kv, hp, 2])?;
-    let kv_write = product("the KV cache written per step", &[l, batch, kvh, 2, 16 * kv_write_groups(dims.tokens_per_seq), hp, 2])?;
+    let kv_write = product("the KV cache written per step", &[l, batch, kvh, 2, 16 * kv_write_groups(dims.tokens_per_seq, block_kv), hp, 2])?;
     let embedding = tokens * 16 * h * 2;
     let head_norms = if dims.qk_norm { l * 8 * hp * 4 } else { 0 };
     let step_total = total("the bytes moved per step", &[dense, lm_head, experts, kv_read, kv_write, embedding, head_norms])?;
     let mut truncated = spec.clone();
     truncated.layers.truncate(layers);
     let model_total = truncated.decode_traffic(batch, options.context, 2).total();
-    let dmas_per_layer = total("the DMAs per step", &[per_layer, 1, product("the DMAs per step", &[tokens, dims.top_k, layout.expert_chunks, 2])?, product("the DMAs per step", &[batch, kvh, 2, tiles + kv_write_groups(dims.tokens_per_seq)])?])?;
+    let dmas_per_layer = total("the DMAs per step", &[per_layer, 1, product("the DMAs per step", &[tokens, dims.top_k, layout.expert_chunks, 2])?, product("the DMAs per step", &[batch, kvh, 2, tiles + kv_write_groups(dims.tokens_per_seq, block_kv)])?])?;
     let dmas = total("the DMAs per step", &[product("the DMAs per step", &[l, dmas_per_layer])?, lm_chunks, tokens])?;
     Ok(Traffic { dense, lm_head, experts, kv_read, kv_write, embedding, head_norms, total: step_total, model_total, floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(), dmas })
 }
