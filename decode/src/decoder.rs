@@ -339,13 +339,16 @@ impl Decoder {
         // The token fed next (the cache holds every token before it).
         let mut pending = last;
         while out.generated_ids.len() < steps {
-            let drafts = drafter.draft(&context, out.generated_ids.len(), kt - 1);
+            // No draft past the last step: the run's greedy id after the last accepted
+            // draft is generated too.
+            let left = steps - out.generated_ids.len();
+            let drafts = drafter.draft(&context, out.generated_ids.len(), (kt - 1).min(left - 1));
             let mut fed = vec![pending];
             fed.extend(&drafts);
             fed.resize(kt, pending);
             let start = self.lens[0];
             let step = self.step(&fed)?;
-            let take = (accepted(&drafts, &step.ids) + 1).min(steps - out.generated_ids.len());
+            let take = accepted(&drafts, &step.ids) + 1;
             for k in 0..take {
                 step.finite(k, || format!("generated step {}", out.generated_ids.len()))?;
                 let id = step.ids[k];
