@@ -106,6 +106,11 @@ enum Command {
         /// greedy id and maximum logit).
         #[arg(long)]
         logits: bool,
+        /// Fetch the static worst case of min(E, batch x K x top_k) distinct experts per
+        /// layer (the extra ones at weight zero) instead of the run-time count of distinct
+        /// experts: priceable by libtpu's static estimate. Same results.
+        #[arg(long)]
+        worst_case_experts: bool,
     },
     /// Prompt + greedy decode of a Hugging Face MoE model (config.json) through its decode
     /// megakernel in interpret mode: the megakernel is emitted, verified and lowered, its
@@ -264,15 +269,16 @@ fn run(cli: Cli) -> Result<(), String> {
             if json { println!("{}", report.json()) } else { print!("{}", report.text()) }
             Ok(())
         }
-        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json, compile, tokens_per_seq, logits } => {
+        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json, compile, tokens_per_seq, logits, worst_case_experts } => {
             use palladium_fusion::megakernel::{Megakernel, MegakernelError};
-            use palladium_fusion::plan::{KvTiles, PlanError, PlanOptions, Prefetch};
+            use palladium_fusion::plan::{ExpertFetch, KvTiles, PlanError, PlanOptions, Prefetch};
             let names = if compile { compiled_names("megakernel").to_vec() } else { compiled_names("megakernel")[..3].to_vec() };
             check_writable(&out, &names)?;
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
             let kv_tiles = if all_kv_tiles { KvTiles::All } else { KvTiles::UpToPosition };
             let prefetch = if single_prefetch { Prefetch::Single } else { Prefetch::Deep };
-            let options = PlanOptions { layers, kv_tiles, prefetch, tokens_per_seq, logits, ..PlanOptions::new(chip, batch, context) };
+            let expert_fetch = if worst_case_experts { ExpertFetch::WorstCase } else { ExpertFetch::Distinct };
+            let options = PlanOptions { layers, kv_tiles, prefetch, tokens_per_seq, logits, expert_fetch, ..PlanOptions::new(chip, batch, context) };
             let Megakernel { plan, lowered, .. } = Megakernel::build(&spec, &options).map_err(|e| match e {
                 MegakernelError::Plan(PlanError::Hbm { .. }) => format!("{e}; try --layers N"),
                 e => e.to_string(),

@@ -10,26 +10,26 @@
 //! rows past each sequence's position may hold anything, NaN included
 //! (`stale_cache_rows_do_not_leak`): scores there are masked and V rows zeroed.
 use palladium_dsl::spec::Chip;
-use palladium_fusion::{megakernel::Megakernel, plan::{KvTiles, PlanOptions, Prefetch}};
+use palladium_fusion::{megakernel::Megakernel, plan::{ExpertFetch, KvTiles, PlanOptions, Prefetch}};
 use palladium_array::{DType, HostArray};
 use palladium_interpret::{CallSpec, Module};
 use palladium_model::ModelSpec;
 
 fn run(name: &str, batch: u64, context: u64, positions: &[i32]) {
-    step(name, batch, context, positions, false, KvTiles::UpToPosition, Prefetch::Deep, 1);
+    step(name, batch, context, positions, false, KvTiles::UpToPosition, Prefetch::Deep, 1, ExpertFetch::Distinct);
 }
 
 fn run_with_stale(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool) {
-    step(name, batch, context, positions, stale, KvTiles::UpToPosition, Prefetch::Deep, 1);
+    step(name, batch, context, positions, stale, KvTiles::UpToPosition, Prefetch::Deep, 1, ExpertFetch::Distinct);
 }
 
 /// One step's logits, `tokens_per_seq` new tokens per sequence at `positions[b]..`;
 /// `stale`: every cache row past its sequence's position is NaN. The kernel's greedy ids
 /// and maxima are checked against the logits it returns.
 #[allow(clippy::too_many_arguments)]
-fn step(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool, kv_tiles: KvTiles, prefetch: Prefetch, tokens_per_seq: u64) -> Vec<f32> {
+fn step(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool, kv_tiles: KvTiles, prefetch: Prefetch, tokens_per_seq: u64, expert_fetch: ExpertFetch) -> Vec<f32> {
     let spec = ModelSpec::from_path(format!("{}/../fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR"))).unwrap();
-    let mk = Megakernel::build(&spec, &PlanOptions { kv_tiles, prefetch, tokens_per_seq, ..PlanOptions::new(Chip::V6e, batch, context) }).unwrap();
+    let mk = Megakernel::build(&spec, &PlanOptions { kv_tiles, prefetch, tokens_per_seq, expert_fetch, ..PlanOptions::new(Chip::V6e, batch, context) }).unwrap();
     let (l, plan) = (mk.lowered, mk.plan);
     let call = CallSpec::from_json(&l.call_json).unwrap();
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
@@ -130,14 +130,15 @@ fn stale_cache_rows_do_not_leak() {
 }
 
 /// The cost variants (every KV tile read with a static trip count, masked past the
-/// position; one chunk in flight per weight stream) compute the same step, bit for bit,
+/// position; one chunk in flight per weight stream; the worst case of distinct experts)
+/// compute the same step, bit for bit,
 /// stale NaN rows past the positions included.
 #[test]
 fn cost_variants_give_the_same_step() {
     for (name, batch, context, positions) in [("tiny-qwen3-moe", 1, 2048, &[37][..]), ("tiny-mixtral", 2, 1024, &[5, 600][..])] {
-        let needed = step(name, batch, context, positions, true, KvTiles::UpToPosition, Prefetch::Deep, 1);
+        let needed = step(name, batch, context, positions, true, KvTiles::UpToPosition, Prefetch::Deep, 1, ExpertFetch::Distinct);
         for (kv, prefetch) in [(KvTiles::All, Prefetch::Deep), (KvTiles::UpToPosition, Prefetch::Single), (KvTiles::All, Prefetch::Single)] {
-            let variant = step(name, batch, context, positions, true, kv, prefetch, 1);
+            let variant = step(name, batch, context, positions, true, kv, prefetch, 1, ExpertFetch::WorstCase);
             assert!(needed.iter().zip(&variant).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} {kv:?} {prefetch:?}: logits differ");
         }
     }
@@ -150,8 +151,8 @@ fn cost_variants_give_the_same_step() {
 #[test]
 fn k_tokens_per_sequence_write_their_rows_and_match_the_cost_variant() {
     for (name, batch, context, positions) in [("tiny-qwen3-moe", 1, 256, &[37][..]), ("tiny-mixtral", 2, 2048, &[5, 1022][..])] {
-        let needed = step(name, batch, context, positions, true, KvTiles::UpToPosition, Prefetch::Deep, 4);
-        let variant = step(name, batch, context, positions, true, KvTiles::All, Prefetch::Single, 4);
+        let needed = step(name, batch, context, positions, true, KvTiles::UpToPosition, Prefetch::Deep, 4, ExpertFetch::Distinct);
+        let variant = step(name, batch, context, positions, true, KvTiles::All, Prefetch::Single, 4, ExpertFetch::WorstCase);
         assert!(needed.iter().zip(&variant).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: the cost variant's logits differ");
     }
 }

@@ -22,13 +22,13 @@
 //! dense-stream array (guarded only where a ring deeper than `lm_head` could run past its
 //! end, on tiny models): libtpu's static estimator barely prices a DMA under an `scf.if`.
 
-use crate::{layout::{OperandKind, SegmentKind::{OProj, Qkv, Router}}, plan::{KvTiles, Plan, written_groups}};
+use crate::{layout::{OperandKind, SegmentKind::{OProj, Qkv, Router}}, plan::{ExpertFetch, KvTiles, Plan, written_groups}};
 use palladium_dsl::build::{Drain, KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, range};
 use palladium_dsl::prelude::*;
 use palladium_dsl::{BuildErrors, Kernel};
 use palladium_kernels::body::{
     ExpertItem, Greedy, KvMask, NewRow, OnlineSoftmax, RowSelect, Routing, WeightLayout, embedding_row, project, residual_add, rms_norm, rope_apply, rope_rotation,
-    rope_tables, routed, swiglu_chunk,
+    rope_tables, swiglu_chunk,
 };
 
 type NoMap = Option<Box<dyn FnOnce(&[Val], &[Ref]) -> i32>>;
@@ -79,7 +79,6 @@ struct H {
     cos: Ref,
     sin: Ref,
     ids: Ref,
-    wts: Ref,
 }
 
 /// Build the megakernel of `plan`.
@@ -142,8 +141,7 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     kb.scratch_buffer("rope_rot", vm, DType::Bf16, &[hp, hp]);
     kb.scratch_buffer("rope_cos", vm, DType::F32, &[rows, hp]);
     kb.scratch_buffer("rope_sin", vm, DType::F32, &[rows, hp]);
-    kb.scratch_buffer("expert_ids", MemorySpace::Smem, DType::I32, &[tokens * d.top_k]);
-    kb.scratch_buffer("expert_weights", MemorySpace::Smem, DType::F32, &[tokens * d.top_k]);
+    kb.scratch_buffer("expert_ids", MemorySpace::Smem, DType::I32, &[plan.distinct_experts() + 1]);
     let sealed = kb.seal()?;
     let hs = &sealed.handles;
     let r = |i: usize| hs[i].clone().into_ref();
@@ -197,7 +195,6 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         cos: r(next()),
         sin: r(next()),
         ids: r(next()),
-        wts: r(next()),
     };
     body(plan, hd, n, l);
     sealed.finish()
@@ -339,8 +336,8 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
         }
     }
     let xn2 = xn2.expect("the router segment is last");
-    route(p, hd);
-    experts(p, hd, layer, xn2);
+    let (routing, distinct) = route(p, hd);
+    experts(p, hd, layer, xn2, routing, distinct);
 }
 
 /// Per-head q/k norm + RoPE into the head buffers, then attention for every (kv head,
@@ -543,60 +540,77 @@ fn attention(p: &Plan, hd: H, layer: Val) {
     }
 }
 
-/// Softmax over the experts, top-k (lowest id wins ties), optional renormalisation; ids and
-/// weights of the real rows to SMEM.
-fn route(p: &Plan, hd: H) {
+/// Softmax over the experts, top-k (lowest id wins ties), optional renormalisation; the
+/// distinct experts the real rows chose, in order of first choice (row-major, slot-minor),
+/// to SMEM: returns the routing and their count (each row's `top_k` choices are distinct, so
+/// at least `top_k`; at most [`Plan::distinct_experts`]). A choice that is not the first of
+/// its expert is stored to the trash entry past the list.
+fn route(p: &Plan, hd: H) -> (Routing, Val) {
     let d = &p.dims;
     let k = d.top_k;
+    let trash = p.distinct_experts() as i32;
     let routing = Routing::new(hd.rl.load(..), d.experts, k, false, d.renormalize);
+    let mut distinct = scalar(0);
     for r in 0..d.tokens {
         for j in 0..k {
-            let (id, weight) = routing.entry(r as i32, j as i32);
-            hd.ids.store(r * k + j, id);
-            hd.wts.store(r * k + j, weight);
+            let id = routing.id(r as i32, j as i32);
+            let first = routing.first_choice(r, j, id);
+            hd.ids.store(select(first, distinct, trash), id);
+            distinct = select(first, distinct + 1, distinct);
         }
     }
+    (routing, distinct)
 }
 
-/// The expert stream: for each (sequence, slot, chunk) item, the chunk (gate | up | down
-/// columns, one DMA) of expert `ids[b * k + j]`, fetched by id right after routing into a ring of
-/// `slots` slots, `slots - 1` items ahead; all rows are multiplied and masked to the item's
-/// sequence. One flat pipelined loop over the items: the (pair, chunk, sequence) cursor is
-/// carried and advanced by compares, not divided out of the item index (libtpu's v6e
-/// estimator fails on the scalar division by a chunk count that is not a power of two).
-fn experts(p: &Plan, hd: H, layer: Val, xn2: Val) {
+/// The expert stream: for each (distinct expert, chunk) item, the chunk (gate | up | down
+/// columns, one DMA) of the expert, fetched by id right after routing into a ring of `slots`
+/// slots, `slots - 1` items ahead: each expert any row chose is fetched once and applied to
+/// every row, times each row's weight for it (zero for rows that did not choose it). One
+/// flat pipelined loop over the items, `distinct * chunks` of them (a run-time count; the
+/// static worst case [`Plan::distinct_experts`] with [`ExpertFetch::WorstCase`], the
+/// entries past the distinct ones fetching the last one again at weight zero): the
+/// (expert, chunk) cursor is carried and advanced by compares, not divided out of the item
+/// index (libtpu's v6e estimator fails on the scalar division by a chunk count that is not
+/// a power of two).
+fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Val) {
     let d = &p.dims;
-    let (rows, k) = (d.rows, d.top_k);
     let (eb, ec, slots) = (p.layout.expert_block, p.layout.expert_chunks, p.expert_slots);
-    let total = d.tokens * k * ec;
-    let ahead = (slots - 1).min(total);
-    let fetch = |pair: Val, c: Val, slot: Val| async_copy(hd.w_experts.at((layer, hd.ids.load(pair), c)), hd.ex_buf.at(slot), hd.ex_sems.at(slot));
+    let worst_case = p.expert_fetch == ExpertFetch::WorstCase;
+    let total = match p.expert_fetch {
+        ExpertFetch::Distinct => distinct * ec as i32,
+        ExpertFetch::WorstCase => scalar((p.distinct_experts() * ec) as i32),
+    };
+    // Row 0 alone chose `top_k` distinct experts: that many items exist whatever the routing.
+    let ahead = (slots - 1).min(d.top_k * ec);
+    let entry = |e: Val| if worst_case { select(lt(e, distinct), e, distinct - 1) } else { e };
+    let fetch = |e: Val, c: Val, slot: Val| async_copy(hd.w_experts.at((layer, hd.ids.load(entry(e)), c)), hd.ex_buf.at(slot), hd.ex_sems.at(slot));
     for it in 0..ahead {
         fetch(scalar((it / ec) as i32), scalar((it % ec) as i32), scalar(it as i32)).start();
     }
     hd.acc.store(.., 0.0);
-    let row_ids = RowSelect::new(rows, 1);
-    let split = (total - ahead) as i32;
+    let split = total - ahead as i32;
     let zero = scalar(0);
     let _ = pipeline(
-        range(0, scalar(split)),
-        Drain::Loop(range(scalar(split), scalar(total as i32))),
+        range(0, split),
+        Drain::Loop(range(split, total)),
         ahead,
-        (zero, zero, zero, zero),
-        |_, &(slot, pair, c, _)| {
-            let mut item = ExpertItem { pair, chunk: c };
+        (zero, zero, zero),
+        |_, &(slot, e, c)| {
+            let mut item = ExpertItem { pair: e, chunk: c };
             for _ in 0..ahead {
                 item = item.next(ec);
             }
             fetch(item.pair, item.chunk, ring_add(slot, ahead, slots)).start();
         },
-        |_, (slot, pair, c, seq): (Val, Val, Val, Val), _| {
-            fetch(pair, c, slot).wait();
+        |_, (slot, e, c): (Val, Val, Val), _| {
+            fetch(e, c, slot).wait();
             let columns = |part: u64| hd.ex_buf.load((slot, .., part * eb..(part + 1) * eb));
             let chunk = swiglu_chunk(xn2, columns(0), columns(1), columns(2), WeightLayout::OutIn);
-            hd.acc.store(.., hd.acc.load(..) + routed(chunk, row_ids, seq, hd.wts.load(pair)));
-            let next = ExpertItem { pair, chunk: c }.next(ec);
-            (ring_add(slot, 1, slots), next.pair, next.chunk, next.row_from(seq, k))
+            let weights = routing.weights_for(hd.ids.load(entry(e)), d.tokens);
+            let weights = if worst_case { select(lt(e, distinct), weights, 0.0) } else { weights };
+            hd.acc.store(.., hd.acc.load(..) + chunk * weights);
+            let next = ExpertItem { pair: e, chunk: c }.next(ec);
+            (ring_add(slot, 1, slots), next.pair, next.chunk)
         },
     );
     hd.x.store(.., residual_add(hd.x.load(..), hd.acc.load(..)));

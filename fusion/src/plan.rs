@@ -65,13 +65,26 @@ pub struct PlanOptions {
     /// Also return the full f32 logits (`--logits`); the greedy ids and each row's
     /// maximum logit are always returned.
     pub logits: bool,
+    pub expert_fetch: ExpertFetch,
+}
+
+/// How many experts a step's expert stream fetches (each distinct expert once either way).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum ExpertFetch {
+    /// The distinct experts the step's rows chose (a run-time count): what a step needs.
+    #[default]
+    Distinct,
+    /// The static worst case, `min(experts, batch * K * top_k)` (`--worst-case-experts`):
+    /// the same results at the cost of the worst routing, for libtpu's static estimator,
+    /// which prices no loop with a run-time trip count.
+    WorstCase,
 }
 
 impl PlanOptions {
     /// All layers, HBM checked, KV read up to each position, one token per sequence, the
     /// full logits returned.
     pub fn new(chip: Chip, batch: u64, context: u64) -> PlanOptions {
-        PlanOptions { chip, batch, context, layers: None, check_hbm: true, kv_tiles: KvTiles::UpToPosition, prefetch: Prefetch::Deep, tokens_per_seq: 1, logits: true }
+        PlanOptions { chip, batch, context, layers: None, check_hbm: true, kv_tiles: KvTiles::UpToPosition, prefetch: Prefetch::Deep, tokens_per_seq: 1, logits: true, expert_fetch: ExpertFetch::Distinct }
     }
 }
 
@@ -203,6 +216,7 @@ pub struct Plan {
     pub block_kv: u64,
     pub kv_tiles: KvTiles,
     pub prefetch: Prefetch,
+    pub expert_fetch: ExpertFetch,
     pub vmem: Vec<(String, u64)>,
     pub vmem_total: u64,
     pub vmem_limit: u64,
@@ -218,8 +232,15 @@ pub struct Traffic {
     /// Dense chunks of all layers (q/k/v, o, router, including chunk padding).
     pub dense: u64,
     pub lm_head: u64,
-    /// `batch * tokens_per_seq * top_k` expert fetches per layer (no deduplication across rows).
+    /// The experts fetched per step at the static worst case, `min(E, batch * K * top_k)`
+    /// distinct experts per layer, each once: what the step is priced at.
     pub experts: u64,
+    /// Without deduplication: one fetch per (row, slot), `batch * K * top_k` per layer.
+    pub experts_without_dedupe: u64,
+    /// Under uniform routing (each row's `top_k` experts drawn uniformly, independently of
+    /// the other rows'): the expected distinct experts, `E * (1 - (1 - top_k / E)^rows)`
+    /// per layer, each once.
+    pub experts_uniform_routing: f64,
     pub kv_read: u64,
     pub kv_write: u64,
     pub embedding: u64,
@@ -319,6 +340,12 @@ struct Rings {
 }
 
 impl Plan {
+    /// The most distinct experts a step's rows choose, `min(experts, batch * K * top_k)`:
+    /// the expert stream's static worst case.
+    pub fn distinct_experts(&self) -> u64 {
+        self.dims.experts.min(self.dims.tokens * self.dims.top_k)
+    }
+
     /// Plan the megakernel of `spec` for `options`, in stages: the options and the model
     /// checked, dims, the rewrites (their extraction gives the dense stream's segments),
     /// the weights' layout, the prefetch schedule, the VMEM budget, the HBM fit, the traffic.
@@ -351,6 +378,7 @@ impl Plan {
             block_kv,
             kv_tiles: options.kv_tiles,
             prefetch: options.prefetch,
+            expert_fetch: options.expert_fetch,
             vmem: vmem.parts,
             vmem_total: vmem.total,
             vmem_limit: vmem.limit,
@@ -703,7 +731,12 @@ fn traffic(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &Dims, 
     let dense = product("the dense stream per step", &[2, l, per_layer, h, chunk_cols])?;
     let lm_head = 2 * lm_chunks * h * chunk_cols;
     let tokens = dims.tokens;
-    let experts = product("the expert weights read per step", &[l, tokens, dims.top_k, 2, 3, h, dims.intermediate])?;
+    let expert_bytes = product("one expert's weights", &[2, 3, h, dims.intermediate])?;
+    let experts_without_dedupe = product("the expert weights read per step", &[l, tokens, dims.top_k, expert_bytes])?;
+    let distinct = dims.experts.min(tokens * dims.top_k);
+    let experts = product("the expert weights read per step", &[l, distinct, expert_bytes])?;
+    let e = dims.experts as f64;
+    let experts_uniform_routing = l as f64 * e * (1.0 - (1.0 - dims.top_k as f64 / e).powf(tokens as f64)) * expert_bytes as f64;
     let span = dims.window.map_or(options.context, |w| w.min(options.context));
     let tiles = span.div_ceil(block_kv) + u64::from(dims.window.is_some());
     let tiles = match options.kv_tiles {
@@ -718,7 +751,7 @@ fn traffic(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &Dims, 
     let mut truncated = spec.clone();
     truncated.layers.truncate(layers);
     let model_total = truncated.decode_traffic(batch, options.context, 2).total();
-    let dmas_per_layer = total("the DMAs per step", &[per_layer, 1, product("the DMAs per step", &[tokens, dims.top_k, layout.expert_chunks, 2])?, product("the DMAs per step", &[batch, kvh, 2, tiles + kv_write_groups(dims.tokens_per_seq, block_kv)])?])?;
+    let dmas_per_layer = total("the DMAs per step", &[per_layer, 1, product("the DMAs per step", &[distinct, layout.expert_chunks, 2])?, product("the DMAs per step", &[batch, kvh, 2, tiles + kv_write_groups(dims.tokens_per_seq, block_kv)])?])?;
     let dmas = total("the DMAs per step", &[product("the DMAs per step", &[l, dmas_per_layer])?, lm_chunks, tokens])?;
-    Ok(Traffic { dense, lm_head, experts, kv_read, kv_write, embedding, head_norms, total: step_total, model_total, floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(), dmas })
+    Ok(Traffic { dense, lm_head, experts, experts_without_dedupe, experts_uniform_routing, kv_read, kv_write, embedding, head_norms, total: step_total, model_total, floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(), dmas })
 }

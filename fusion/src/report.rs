@@ -3,7 +3,7 @@
 
 use crate::graph::Weight;
 use crate::layout::{Operand, OperandKind, SegmentKind, role_name};
-use crate::plan::{KvTiles, Plan, Prefetch};
+use crate::plan::{ExpertFetch, KvTiles, Plan, Prefetch};
 use std::fmt::Write;
 
 fn mib(b: u64) -> String {
@@ -33,12 +33,25 @@ pub fn text(p: &Plan) -> String {
     }
     let t = &p.traffic;
     let _ = writeln!(s, "weight bytes streamed per step: {} (dense {}, experts {}, lm_head {}, embedding {}, head norms {})", gb((t.dense + t.experts + t.lm_head + t.embedding + t.head_norms) as f64), gb(t.dense as f64), gb(t.experts as f64), gb(t.lm_head as f64), gb(t.embedding as f64), gb(t.head_norms as f64));
+    let _ = writeln!(
+        s,
+        "expert bytes per step: {} at the static worst case of {} distinct experts per layer (min(E, batch x K x top_k), each fetched once), {} without dedupe ({} fetches per layer), {} expected under uniform routing",
+        gb(t.experts as f64),
+        p.distinct_experts(),
+        gb(t.experts_without_dedupe as f64),
+        d.tokens * d.top_k,
+        gb(t.experts_uniform_routing)
+    );
     let _ = writeln!(s, "kv bytes per step: read {}, written {}", gb(t.kv_read as f64), gb(t.kv_write as f64));
     let _ = writeln!(s, "total HBM bytes per step: {} (model count {}); floor at {}: {:.1} us", gb(t.total as f64), gb(t.model_total), p.chip, t.floor_seconds * 1e6);
     let _ = writeln!(s, "DMA schedule:");
     let _ = writeln!(s, "  dense ring: {} banks x {} ([{}, {}] bf16), prefetch depth {} chunks across op and layer boundaries", p.banks, mib(p.bank_bytes), d.hidden, layout.chunk_cols, p.depth);
     let _ = writeln!(s, "  dense chunks per layer: {} ({}), then {} lm_head chunks", layout.per_layer, layout.segments.iter().map(|g| format!("{} cols {}..{}", g.kind.name(), g.col, g.col + g.cols)).collect::<Vec<_>>().join(", "), layout.lm_chunks);
-    let _ = writeln!(s, "  experts: fetched by id after routing, {} slots x {} (gate | up | down [{}, 3 x {}], one DMA), {} chunks per expert, {} ahead", p.expert_slots, mib(p.expert_slot_bytes), d.hidden, layout.expert_block, layout.expert_chunks, p.expert_slots - 1);
+    let fetch = match p.expert_fetch {
+        ExpertFetch::Distinct => "the distinct experts (run-time count)",
+        ExpertFetch::WorstCase => "the static worst case of distinct experts (cost variant)",
+    };
+    let _ = writeln!(s, "  experts: {fetch}, each once, fetched by id after routing, {} slots x {} (gate | up | down [{}, 3 x {}], one DMA), {} chunks per expert, {} ahead", p.expert_slots, mib(p.expert_slot_bytes), d.hidden, layout.expert_block, layout.expert_chunks, p.expert_slots - 1);
     let kv_loop = match p.kv_tiles {
         KvTiles::UpToPosition => "up to each position",
         KvTiles::All => "all of them, masked past the position (cost variant)",
