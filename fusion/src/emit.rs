@@ -5,22 +5,28 @@
 //! layer loop, the attention tile loops and the expert loops are traced (`scf.for`), so the
 //! module's size does not grow with the number of layers.
 //!
-//! Step structure (one call = one decode step for `batch` sequences):
+//! Step structure (one call = one decode or verify step for `batch` sequences of `K` new
+//! tokens each: `batch * K` token rows, row `b * K + k` at position `positions[b] + k`):
 //! 1. prologue: embedding rows fetched by token id (scalar prefetch), the first `depth`
-//!    dense chunks issued, RoPE tables for the positions (scalar prefetch) computed;
+//!    dense chunks issued, RoPE tables for the rows' positions computed;
 //! 2. `for l in 0..layers` (traced; the dense-ring bank of the layer's first chunk is
 //!    carried): for each dense chunk `k` of the layer (static): issue chunk `l*n + k +
 //!    depth` (this layer, a later layer, or `lm_head`), wait chunk `k`, consume its pieces —
 //!    q/k/v columns, then (after the q/k/v pieces) per-head norm + RoPE and attention over
-//!    the KV cache in streamed tiles (new K/V inserted and written in place), o-proj
-//!    pieces, then residual + norm and the router piece; after the last chunk: softmax
-//!    top-k to SMEM, the expert stream (fetch by id right after routing), residual;
-//! 3. final norm (folded) + `lm_head` chunks → f32 logits.
+//!    the KV cache in streamed tiles (the K new K/V rows inserted and written in place,
+//!    each query row causal at its own position), o-proj pieces, then residual + norm and
+//!    the router piece; after the last chunk: softmax top-k, the distinct experts to SMEM,
+//!    the expert stream (each distinct expert fetched once by id right after routing,
+//!    applied to every row at its weight), residual;
+//! 3. final norm (folded) + `lm_head` chunks → the greedy id and maximum of every row
+//!    (and the f32 logits when the plan keeps them).
 //!
 //! Every weight and KV-tile read is issued unconditionally, from a software pipeline
 //! ([`pipeline`]) or, across layers and into `lm_head`, from a computed index into the one
 //! dense-stream array (guarded only where a ring deeper than `lm_head` could run past its
 //! end, on tiny models): libtpu's static estimator barely prices a DMA under an `scf.if`.
+//! (The K/V write-back of a tile that may hold new rows, K > 1, is under one: two 16-row
+//! groups.)
 
 use crate::{layout::{OperandKind, SegmentKind::{OProj, Qkv, Router}}, plan::{ExpertFetch, KvTiles, Plan, written_groups}};
 use palladium_dsl::build::{Drain, KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, range};
@@ -492,10 +498,15 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                     vc.wait();
                     // Insert the new K/V rows into their tile and write their groups back.
                     on_new_tile(t, draining, &|| {
-                        let new_rows: Vec<NewRow> = (0..kt).map(|k| NewRow::at(bkv, hp, if k == 0 { pos } else { pos + k as i32 } - t * bkv_i)).collect();
-                        let k_tile = new_rows.iter().zip(&new_kv).fold(hd.kbuf.load(slot), |tile, (row, &(knew, _))| row.insert(tile, knew));
+                        // One row mask at a time, for both tiles (K masks of a whole tile live
+                        // at once would not fit VMEM's scoped budget).
+                        let (mut k_tile, mut v_tile) = (hd.kbuf.load(slot), hd.vbuf.load(slot));
+                        for (k, &(knew, vnew)) in new_kv.iter().enumerate() {
+                            let row = NewRow::at(bkv, hp, if k == 0 { pos } else { pos + k as i32 } - t * bkv_i);
+                            k_tile = row.insert(k_tile, knew);
+                            v_tile = row.insert(v_tile, vnew);
+                        }
                         hd.kbuf.store(slot, k_tile);
-                        let v_tile = new_rows.iter().zip(&new_kv).fold(hd.vbuf.load(slot), |tile, (row, &(_, vnew))| row.insert(tile, vnew));
                         hd.vbuf.store(slot, v_tile);
                         for (kw, vw) in write_back(t, slot) {
                             kw.start();

@@ -666,7 +666,9 @@ fn vmem_budget(chip: Chip, dims: &Dims, layout: &StreamLayout, rings: &Rings, bl
         vmem.push(("logits (output)".into(), layout.lm_chunks * pad(rows, chunk_cols, 4)));
     }
     let scores = pad(dims.attn_rows, block_kv, 4);
-    let temporaries = 4 * scores + 4 * pad(rows, 3 * layout.expert_block, 4) + 4 * pad(rows, h.max(chunk_cols), 4);
+    // K > 1: the K new K/V rows are inserted into both tiles at once, a row mask at a time.
+    let inserts = if dims.tokens_per_seq > 1 { 4 * pad(block_kv, hp, 4) } else { 0 };
+    let temporaries = 4 * scores + 4 * pad(rows, 3 * layout.expert_block, 4) + 4 * pad(rows, h.max(chunk_cols), 4) + inserts;
     vmem.push(("vector temporaries (estimate)".into(), temporaries));
     vmem.push(("compiler spill headroom".into(), 4 * MIB));
     let vmem_total: u64 = vmem.iter().map(|v| v.1).sum();

@@ -56,7 +56,8 @@ pub fn text(p: &Plan) -> String {
         KvTiles::UpToPosition => "up to each position",
         KvTiles::All => "all of them, masked past the position (cost variant)",
     };
-    let _ = writeln!(s, "  kv: tiles of {} positions double-buffered per (kv head, sequence), read {kv_loop}; new K/V written in place (16-row group)", p.block_kv);
+    let written = if d.tokens_per_seq == 1 { "new K/V written in place (16-row group)".to_string() } else { format!("the {} new K/V rows written in place (16-row groups, two per tile holding them)", d.tokens_per_seq) };
+    let _ = writeln!(s, "  kv: tiles of {} positions double-buffered per (kv head, sequence), read {kv_loop}; {written}", p.block_kv);
     let _ = writeln!(s, "  DMAs per step: {}", t.dmas);
     if p.prefetch == Prefetch::Single {
         let _ = writeln!(s, "  prefetch: one chunk in flight per stream (cost variant)");
