@@ -23,7 +23,7 @@
 //!    megakernel, median of 7 (goal < 0.5 s in this release build).
 //! 4. Verify steps, alone with `cargo bench --bench megakernel -- tokens` (~10 min, a few
 //!    GB): Qwen3-30B-A3B, 8 layers, batch 1, context 4096, v6e, K = 1, 2, 4 and 8 tokens
-//!    per sequence, each step at its static worst case (every KV tile, min(E, K x top_k)
+//!    per sequence, each step at its static worst case (every KV tile, `min(E, K x top_k)`
 //!    distinct experts, one chunk in flight per stream: the variant comparable with the
 //!    floor): libtpu's cycles, the step's HBM bytes (dense once, the distinct experts
 //!    once, KV), the floor's cycles for those bytes and floor / mk (goal: K = 4 no more

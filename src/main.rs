@@ -106,7 +106,7 @@ enum Command {
         /// greedy id and maximum logit).
         #[arg(long)]
         logits: bool,
-        /// Fetch the static worst case of min(E, batch x K x top_k) distinct experts per
+        /// Fetch the static worst case of `min(E, batch x K x top_k)` distinct experts per
         /// layer (the extra ones at weight zero) instead of the run-time count of distinct
         /// experts: priceable by libtpu's static estimate. Same results.
         #[arg(long)]

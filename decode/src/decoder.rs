@@ -235,9 +235,9 @@ impl Decoder {
     }
 
     /// One megakernel run: `tokens[b * K + k]` is fed to sequence `b` at its next position
-    /// + `k`; every sequence advances by K positions ([`Self::rewind`] takes rejected ones
-    /// back). Returns each token row's greedy next id, maximum logit and (when the kernel
-    /// has them) logits.
+    /// plus `k`; every sequence advances by K positions ([`Self::rewind`] takes rejected
+    /// ones back). Returns each token row's greedy next id, maximum logit and (when the
+    /// kernel has them) logits.
     pub fn step(&mut self, tokens: &[u32]) -> Result<Step, DecodeError> {
         let kt = self.tokens_per_seq;
         if tokens.len() != self.batch * kt {

@@ -120,9 +120,9 @@ fn layout_pieces_tile_the_dense_stream() {
 }
 
 /// Expert dedupe in the step's traffic (Qwen3-30B-A3B, 128 experts, top-8, 8 layers): the
-/// step is priced at the static worst case of min(E, B x K x top_k) distinct experts per
+/// step is priced at the static worst case of `min(E, B x K x top_k)` distinct experts per
 /// layer, each fetched once; without dedupe every (row, slot) fetches one; under uniform
-/// routing the expected distinct count is E (1 - (1 - top_k / E)^rows). K tokens per
+/// routing the expected distinct count is `E (1 - (1 - top_k / E)^rows)`. K tokens per
 /// sequence multiply the rows.
 #[test]
 fn expert_bytes_with_and_without_dedupe() {
