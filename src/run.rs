@@ -184,6 +184,11 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
     if let Some((i, &id)) = o.prompt.iter().enumerate().find(|(_, t)| u64::from(**t) >= spec.vocab_size) {
         return Err(format!("--prompt-ids: token {i} is {id}, out of range for this model (vocab_size {}: ids 0..={})", spec.vocab_size, spec.vocab_size - 1));
     }
+    if let Drafts::Forced(ids) = &o.drafts
+        && let Some((i, &id)) = ids.iter().enumerate().find(|(_, t)| u64::from(**t) >= spec.vocab_size)
+    {
+        return Err(format!("--draft-ids: token {i} is {id}, out of range for this model (vocab_size {}: ids 0..={})", spec.vocab_size, spec.vocab_size - 1));
+    }
     let kt = o.tokens_per_seq;
     if kt == 0 || kt > palladium_fusion::plan::MAX_TOKENS_PER_SEQ {
         return Err(format!("--tokens-per-seq {kt} (supported: 1..={})", palladium_fusion::plan::MAX_TOKENS_PER_SEQ));

@@ -148,7 +148,7 @@ fn run_errors_are_clear() {
     let cfg = fixture("tiny-qwen3-moe");
     let cfg = cfg.to_str().unwrap();
     let dir = scratch("run-errors");
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["run", "no/such/config.json", "--random-weights", "--prompt-ids", "1", "--steps", "2"], "cannot read the model config"),
         (&["run", cfg, "--weights", "no/such/dir", "--prompt-ids", "1", "--steps", "2"], "cannot load the weights: no/such/dir"),
         (&["run", cfg, "--weights", dir.to_str().unwrap(), "--prompt-ids", "1", "--steps", "2"], "no *.safetensors file"),
@@ -159,6 +159,7 @@ fn run_errors_are_clear() {
         (&["run", cfg, "--random-weights", "--prompt-ids", "1", "--steps", "2", "--speculate", "ngram:0"], "expected ngram or ngram:N (N >= 1"),
         (&["run", cfg, "--random-weights", "--prompt-ids", "1", "--steps", "2", "--speculate", "ngram", "--tokens-per-seq", "17"], "--tokens-per-seq 17 (supported: 1..=16)"),
         (&["run", cfg, "--random-weights", "--prompt-ids", "1", "--steps", "2", "--draft-ids", "1,x"], "--draft-ids \"1,x\": expected comma-separated token ids"),
+        (&["run", cfg, "--random-weights", "--prompt-ids", "1", "--steps", "2", "--draft-ids", "1,600"], "--draft-ids: token 1 is 600, out of range for this model (vocab_size 512"),
     ];
     for (args, want) in cases {
         let (ok, _, err) = palladium(args);
