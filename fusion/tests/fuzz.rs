@@ -63,7 +63,7 @@ proptest! {
                 if check_hbm {
                     prop_assert!(plan.hbm_total <= plan.hbm_capacity);
                 }
-                let sum = plan.layout.operands.iter().filter(|o| (o.space == MemorySpace::Any && o.kind.aliased_input().is_none()) || o.kind == OperandKind::Logits).map(|o| u128::from(o.bytes)).sum::<u128>();
+                let sum = plan.layout.operands.iter().filter(|o| (o.space == MemorySpace::Any && o.kind.aliased_input().is_none()) || matches!(o.kind, OperandKind::Logits | OperandKind::NextIds | OperandKind::MaxLogits)).map(|o| u128::from(o.bytes)).sum::<u128>();
                 prop_assert_eq!(sum, u128::from(plan.hbm_total));
             }
         }
