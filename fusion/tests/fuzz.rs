@@ -37,6 +37,8 @@ proptest! {
         check_hbm in any::<bool>(),
         all_tiles in any::<bool>(),
         single in any::<bool>(),
+        tokens_per_seq in prop_oneof![0u64..20, Just(u64::MAX)],
+        logits in any::<bool>(),
     ) {
         let base = fixture(fixture_name);
         let v = match &edits { Some(e) => mutate(&base, e), None => base };
@@ -52,6 +54,8 @@ proptest! {
             check_hbm,
             kv_tiles: if all_tiles { KvTiles::All } else { KvTiles::UpToPosition },
             prefetch: if single { Prefetch::Single } else { Prefetch::Deep },
+            tokens_per_seq,
+            logits,
             ..PlanOptions::new(chip, batch, context)
         };
         match Plan::new(&spec, &options) {
