@@ -72,8 +72,10 @@ fn target_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target"))
 }
 
+/// Static trip counts, priceable by libtpu: every KV tile, and the worst case of distinct
+/// experts (`batch * top_k` here: as many fetches as one per (row, slot)).
 fn options(chip: Chip, batch: u64, layers: Option<usize>) -> PlanOptions {
-    PlanOptions { layers, kv_tiles: KvTiles::All, ..PlanOptions::new(chip, batch, CONTEXT) }
+    PlanOptions { layers, kv_tiles: KvTiles::All, expert_fetch: ExpertFetch::WorstCase, ..PlanOptions::new(chip, batch, CONTEXT) }
 }
 
 fn options_ctx(chip: Chip, batch: u64, context: u64, layers: Option<usize>) -> PlanOptions {
@@ -247,7 +249,7 @@ fn tokens_per_seq(libtpu: &Libtpu) {
     let s30 = spec("qwen3-30b-a3b");
     let layers = Some(8);
     let plan = |batch: u64, k: u64| {
-        let o = PlanOptions { tokens_per_seq: k, logits: false, prefetch: Prefetch::Single, expert_fetch: ExpertFetch::WorstCase, ..options(CHIP, batch, layers) };
+        let o = PlanOptions { tokens_per_seq: k, logits: false, prefetch: Prefetch::Single, ..options(CHIP, batch, layers) };
         Plan::new(&s30, &o).unwrap_or_else(|e| panic!("K {k}: {e}"))
     };
     let plans: Vec<(String, Plan)> = [1, 2, 4, 8].into_iter().map(|k| (format!("K {k}"), plan(1, k))).collect();
