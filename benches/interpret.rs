@@ -19,7 +19,7 @@
 //! `cargo bench --bench interpret -- matmul` (or `megakernel`) runs only that part.
 
 use palladium::check::{Backend, prepare};
-use palladium::run::{RunOptions, WeightSource, run};
+use palladium::run::{Drafts, RunOptions, WeightSource, run};
 use palladium_dsl::spec::Chip;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -105,6 +105,10 @@ fn megakernel(config: &str) -> Result<(usize, f64), String> {
         chip: Chip::V6e,
         context: None,
         check: false,
+        tokens_per_seq: 1,
+        drafts: Drafts::None,
+        // The full logits, as the binary before them returned.
+        logits: true,
     };
     let out = run(&o, Backend::Interpret, |_, _| {})?;
     Ok((out.runs, out.runs as f64 / out.interpret.as_secs_f64()))

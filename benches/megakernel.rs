@@ -21,6 +21,14 @@
 //!    the cycles must grow with the layers.
 //! 3. Emission time (plan + trace + verify + lower) of the 94-layer Qwen3-235B-A22B
 //!    megakernel, median of 7 (goal < 0.5 s in this release build).
+//! 4. Verify steps, alone with `cargo bench --bench megakernel -- tokens` (~10 min, a few
+//!    GB): Qwen3-30B-A3B, 8 layers, batch 1, context 4096, v6e, K = 1, 2, 4 and 8 tokens
+//!    per sequence, each step at its static worst case (every KV tile, `min(E, K x top_k)`
+//!    distinct experts, one chunk in flight per stream: the variant comparable with the
+//!    floor): libtpu's cycles, the step's HBM bytes (dense once, the distinct experts
+//!    once, KV), the floor's cycles for those bytes and floor / mk (goal: K = 4 no more
+//!    than 0.05 below K = 1); and the expert bytes per step at batch 8 with and without
+//!    dedupe (worst case and uniform routing).
 //!
 //! How to read libtpu 0.0.42.1's static estimate (found by probes on the lowered modules):
 //! - It prices no loop with a run-time trip count, so every KV loop here has a static one:
@@ -48,7 +56,7 @@ use palladium_autotune::Libtpu;
 use palladium_dsl::spec::Chip;
 use palladium_fusion::emit::emit;
 use palladium_fusion::megakernel::Megakernel;
-use palladium_fusion::plan::{KvTiles, Plan, PlanError, PlanOptions, Prefetch};
+use palladium_fusion::plan::{ExpertFetch, KvTiles, Plan, PlanError, PlanOptions, Prefetch};
 use palladium_model::{FfnKind, ModelSpec};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -64,8 +72,10 @@ fn target_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target"))
 }
 
+/// Static trip counts, priceable by libtpu: every KV tile, and the worst case of distinct
+/// experts (`batch * top_k` here: as many fetches as one per (row, slot)).
 fn options(chip: Chip, batch: u64, layers: Option<usize>) -> PlanOptions {
-    PlanOptions { layers, kv_tiles: KvTiles::All, ..PlanOptions::new(chip, batch, CONTEXT) }
+    PlanOptions { layers, kv_tiles: KvTiles::All, expert_fetch: ExpertFetch::WorstCase, ..PlanOptions::new(chip, batch, CONTEXT) }
 }
 
 fn options_ctx(chip: Chip, batch: u64, context: u64, layers: Option<usize>) -> PlanOptions {
@@ -234,8 +244,52 @@ fn emission_time() -> (f64, Vec<f64>) {
     (sorted[sorted.len() / 2], times)
 }
 
+/// Section 4: K tokens per sequence (verify steps) against the HBM floor, and expert dedupe.
+fn tokens_per_seq(libtpu: &Libtpu) {
+    let s30 = spec("qwen3-30b-a3b");
+    let layers = Some(8);
+    let plan = |batch: u64, k: u64| {
+        let o = PlanOptions { tokens_per_seq: k, logits: false, prefetch: Prefetch::Single, ..options(CHIP, batch, layers) };
+        Plan::new(&s30, &o).unwrap_or_else(|e| panic!("K {k}: {e}"))
+    };
+    let plans: Vec<(String, Plan)> = [1, 2, 4, 8].into_iter().map(|k| (format!("K {k}"), plan(1, k))).collect();
+    let mk = megakernel_cycles(libtpu, &plans, CHIP);
+    println!("\n== qwen3-30b-a3b, 8 layers, batch 1, context {CONTEXT}, {CHIP}: K tokens per sequence (every KV tile, worst-case distinct experts, one chunk in flight) ==");
+    println!("| K | distinct experts per layer | HBM bytes (dense, experts, kv) | floor cyc | mk cyc | floor/mk |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    let mut rows = Vec::new();
+    for ((label, p), c) in plans.iter().zip(&mk) {
+        let t = &p.traffic;
+        let floor = floor_cycles(libtpu, CHIP, t.total);
+        let ratio = match (&floor, c) {
+            (Ok(f), Ok(c)) => format!("{:.3}", *f as f64 / *c as f64),
+            _ => "-".into(),
+        };
+        let show = |r: &Result<u64, String>| r.as_ref().map_or_else(|e| format!("no estimate ({})", e.lines().next().unwrap_or("")), |v| v.to_string());
+        println!("| {} | {} | {} ({}, {}, {}) | {} | {} | {ratio} |", p.dims.tokens_per_seq, p.distinct_experts(), t.total, t.dense + t.lm_head, t.experts, t.kv_read + t.kv_write, show(&floor), show(c));
+        rows.push(serde_json::json!({"label": label, "tokens_per_seq": p.dims.tokens_per_seq, "bytes": t.total, "dense": t.dense + t.lm_head, "experts": t.experts, "kv": t.kv_read + t.kv_write, "floor": floor.ok(), "cycles": c.as_ref().ok()}));
+    }
+    println!("\n== expert bytes per step at batch 8 (qwen3-30b-a3b, 8 layers) ==");
+    for k in [1, 4] {
+        let t = plan(8, k).traffic;
+        println!("  K {k}: without dedupe {:.3} GB; with dedupe {:.3} GB at the worst case of min(E, 8 x K x top_k) distinct experts, {:.3} GB expected under uniform routing", t.experts_without_dedupe as f64 / 1e9, t.experts as f64 / 1e9, t.experts_uniform_routing / 1e9);
+    }
+    let path = target_dir().join("megakernel-tokens-bench.json");
+    if std::fs::write(&path, serde_json::to_string_pretty(&serde_json::json!({"rows": rows})).unwrap_or_default()).is_ok() {
+        println!("(also in {})", path.display());
+    }
+}
+
 fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
+    if benching && std::env::args().skip(1).any(|a| a == "tokens") {
+        let libtpu = Libtpu::new().unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(1)
+        });
+        tokens_per_seq(&libtpu.without_aliases());
+        return;
+    }
     let (median, times) = emission_time();
     println!("== emission (plan + trace + verify + lower) of qwen3-235b-a22b, 94 layers, v7x, batch 1, context {CONTEXT} ==");
     println!("median {median:.3} s over {} runs: {}", times.len(), times.iter().map(|t| format!("{t:.3}")).collect::<Vec<_>>().join(" "));

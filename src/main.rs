@@ -98,6 +98,19 @@ enum Command {
         /// a `compile` object) gains code size, memory and the estimate.
         #[arg(long)]
         compile: bool,
+        /// New tokens per sequence in one step (1..=16): positions p..p+K-1, causal among
+        /// themselves, as a speculative verify step scores K proposed tokens.
+        #[arg(long, value_name = "K", default_value_t = 1)]
+        tokens_per_seq: u64,
+        /// Also return the full f32 logits (the kernel always returns each token row's
+        /// greedy id and maximum logit).
+        #[arg(long)]
+        logits: bool,
+        /// Fetch the static worst case of `min(E, batch x K x top_k)` distinct experts per
+        /// layer (the extra ones at weight zero) instead of the run-time count of distinct
+        /// experts: priceable by libtpu's static estimate. Same results.
+        #[arg(long)]
+        worst_case_experts: bool,
     },
     /// Prompt + greedy decode of a Hugging Face MoE model (config.json) through its decode
     /// megakernel in interpret mode: the megakernel is emitted, verified and lowered, its
@@ -149,6 +162,19 @@ enum Command {
         /// (README, Quantized weights) are refused: not yet supported by the kernels.
         #[arg(long, value_name = "DTYPE", default_value = "bf16", value_parser = parse_weights_dtype)]
         weights_dtype: WeightsDtype,
+        /// Speculative decoding with prompt-lookup drafts: `ngram` or `ngram:N` (match the
+        /// last N tokens, default 3, earlier in the context and propose up to K - 1 of the
+        /// tokens that followed); each decode run verifies them (same ids as plain greedy).
+        #[arg(long, value_name = "ngram[:N]", value_parser = palladium::run::parse_speculate)]
+        speculate: Option<usize>,
+        /// Forced drafts instead of the n-gram lookup (for tests): a proposed continuation
+        /// of the prompt; each run drafts its next K - 1 ids past the ids generated so far.
+        #[arg(long, value_name = "IDS", conflicts_with = "speculate")]
+        draft_ids: Option<String>,
+        /// Tokens per sequence in one megakernel run, 1..=16 (default 4 with --speculate or
+        /// --draft-ids, else 1): the prompt is fed K tokens per run.
+        #[arg(long, value_name = "K")]
+        tokens_per_seq: Option<u64>,
     },
     /// The device counterpart of `interpret`: run a library kernel on an attached TPU
     /// (libtpu's PJRT client) on seeded random inputs and compare every output with its
@@ -243,15 +269,16 @@ fn run(cli: Cli) -> Result<(), String> {
             if json { println!("{}", report.json()) } else { print!("{}", report.text()) }
             Ok(())
         }
-        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json, compile } => {
+        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json, compile, tokens_per_seq, logits, worst_case_experts } => {
             use palladium_fusion::megakernel::{Megakernel, MegakernelError};
-            use palladium_fusion::plan::{KvTiles, PlanError, PlanOptions, Prefetch};
+            use palladium_fusion::plan::{ExpertFetch, KvTiles, PlanError, PlanOptions, Prefetch};
             let names = if compile { compiled_names("megakernel").to_vec() } else { compiled_names("megakernel")[..3].to_vec() };
             check_writable(&out, &names)?;
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
             let kv_tiles = if all_kv_tiles { KvTiles::All } else { KvTiles::UpToPosition };
             let prefetch = if single_prefetch { Prefetch::Single } else { Prefetch::Deep };
-            let options = PlanOptions { layers, kv_tiles, prefetch, ..PlanOptions::new(chip, batch, context) };
+            let expert_fetch = if worst_case_experts { ExpertFetch::WorstCase } else { ExpertFetch::Distinct };
+            let options = PlanOptions { layers, kv_tiles, prefetch, tokens_per_seq, logits, expert_fetch, ..PlanOptions::new(chip, batch, context) };
             let Megakernel { plan, lowered, .. } = Megakernel::build(&spec, &options).map_err(|e| match e {
                 MegakernelError::Plan(PlanError::Hbm { .. }) => format!("{e}; try --layers N"),
                 e => e.to_string(),
@@ -276,7 +303,7 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check, tolerance, backend, weights_dtype } => {
+        Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check, tolerance, backend, weights_dtype, speculate, draft_ids, tokens_per_seq } => {
             if weights_dtype != WeightsDtype::Bf16 {
                 return Err(format!("--weights-dtype {}: not yet supported by the kernels (the megakernel takes bf16 weights)", weights_dtype.name()));
             }
@@ -287,7 +314,15 @@ fn run(cli: Cli) -> Result<(), String> {
                 (None, true) => WeightSource::Random(seed.unwrap_or(0)),
                 _ => return Err("give exactly one of --weights DIR and --random-weights".into()),
             };
-            let options = RunOptions { config, weights: source, prompt: palladium::run::parse_ids(&prompt_ids)?, steps, chip, context, check };
+            use palladium::run::Drafts;
+            let drafts = match (speculate, draft_ids) {
+                (Some(n), _) => Drafts::Ngram(n),
+                (None, Some(ids)) => Drafts::Forced(palladium::run::parse_ids(&ids).map_err(|e| e.replace("--prompt-ids", "--draft-ids"))?),
+                (None, None) => Drafts::None,
+            };
+            let tokens_per_seq = tokens_per_seq.unwrap_or(if drafts == Drafts::None { 1 } else { 4 });
+            let logits = logits_out.is_some() || check;
+            let options = RunOptions { config, weights: source, prompt: palladium::run::parse_ids(&prompt_ids)?, steps, chip, context, check, tokens_per_seq, drafts, logits };
             // A bad --logits-out fails here, before any work.
             let logits_file = logits_out.as_deref().map(|p| OutputFile::create("--logits-out", p)).transpose()?;
             let mut progress = Progress::new();
@@ -307,6 +342,20 @@ fn run(cli: Cli) -> Result<(), String> {
                 out.interpret.as_secs_f64(),
                 out.prepare.as_secs_f64() * 1e3
             );
+            if options.drafts != Drafts::None {
+                let s = &out.speculation;
+                eprintln!(
+                    "speculation ({}, {} tokens per run): acceptance rate {:.3} ({} of {} drafted tokens), {:.2} tokens per decode run ({} runs for {} generated tokens)",
+                    options.drafts.describe(),
+                    options.tokens_per_seq,
+                    s.acceptance_rate(),
+                    s.accepted,
+                    s.drafted,
+                    s.tokens_per_run(),
+                    s.runs,
+                    g.generated_ids.len()
+                );
+            }
             println!("{}", g.generated_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
             if let Some(file) = logits_file {
                 let json = serde_json::to_string(g).map_err(|e| e.to_string())?;

@@ -8,11 +8,15 @@
 //! Hugging Face tensor names, or seeded random ones) are packed into its operands
 //! ([`palladium_decode::pack`]). Every token is one megakernel run
 //! ([`palladium_decode::Decoder`]): the prompt at positions `0..`, then `steps`
-//! greedy steps, the KV caches carried between runs through the kernel's aliases.
+//! greedy steps, the KV caches carried between runs through the kernel's aliases. With
+//! `--tokens-per-seq K` a run feeds K tokens (the prompt K at a time); with `--speculate`
+//! (or `--draft-ids`) each decode run verifies the last token and up to K - 1 drafts
+//! ([`palladium_decode::speculate`]): the same ids in fewer runs.
 
 use crate::check::Backend;
 use palladium_dsl::spec::Chip;
 use palladium_decode::Decoder;
+use palladium_decode::speculate::{Drafter, Forced, Ngram, NoDrafts, Speculation};
 use palladium_decode::pack::pack;
 use palladium_fusion::layout::OperandKind;
 use palladium_fusion::megakernel::Megakernel;
@@ -44,6 +48,52 @@ pub struct RunOptions {
     pub context: Option<u64>,
     /// Whether the reference will be run too (`--check`): counted in the host memory.
     pub check: bool,
+    /// Tokens per sequence in one run (`--tokens-per-seq`).
+    pub tokens_per_seq: u64,
+    /// Where decode runs get their drafts.
+    pub drafts: Drafts,
+    /// Whether the kernel returns the full logits (`--logits-out`, `--check`).
+    pub logits: bool,
+}
+
+/// Where a run's drafts come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Drafts {
+    /// None: one generated token per run.
+    None,
+    /// `--speculate ngram:N`: prompt lookup of the last N tokens.
+    Ngram(usize),
+    /// `--draft-ids`: a forced continuation.
+    Forced(Vec<u32>),
+}
+
+impl Drafts {
+    fn drafter(&self) -> Box<dyn Drafter> {
+        match self {
+            Drafts::None => Box::new(NoDrafts),
+            Drafts::Ngram(n) => Box::new(Ngram { n: *n }),
+            Drafts::Forced(ids) => Box::new(Forced { continuation: ids.clone() }),
+        }
+    }
+
+    /// As the summary names it.
+    pub fn describe(&self) -> String {
+        match self {
+            Drafts::None => "no drafts".into(),
+            Drafts::Ngram(n) => format!("ngram:{n}"),
+            Drafts::Forced(ids) => format!("--draft-ids ({} ids)", ids.len()),
+        }
+    }
+}
+
+/// Parse `--speculate`: `ngram` or `ngram:N` (N >= 1), to N.
+pub fn parse_speculate(s: &str) -> Result<usize, String> {
+    let bad = || format!("--speculate {s:?}: expected ngram or ngram:N (N >= 1, the suffix length looked up), e.g. ngram:3");
+    match s.split_once(':') {
+        None if s == "ngram" => Ok(Ngram::DEFAULT_N),
+        Some(("ngram", n)) => n.parse::<usize>().ok().filter(|&n| n >= 1).ok_or_else(bad),
+        _ => Err(bad()),
+    }
 }
 
 /// The result of a run.
@@ -52,6 +102,8 @@ pub struct RunOutput {
     pub spec: ModelSpec,
     pub weights: Weights,
     pub generation: Generation,
+    /// Drafting's record (runs, drafted and accepted tokens).
+    pub speculation: Speculation,
     pub plan_context: u64,
     pub runs: usize,
     pub interpret: Duration,
@@ -132,17 +184,29 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
     if let Some((i, &id)) = o.prompt.iter().enumerate().find(|(_, t)| u64::from(**t) >= spec.vocab_size) {
         return Err(format!("--prompt-ids: token {i} is {id}, out of range for this model (vocab_size {}: ids 0..={})", spec.vocab_size, spec.vocab_size - 1));
     }
-    let need = (o.prompt.len() as u64).saturating_add(o.steps as u64 - 1);
+    if let Drafts::Forced(ids) = &o.drafts
+        && let Some((i, &id)) = ids.iter().enumerate().find(|(_, t)| u64::from(**t) >= spec.vocab_size)
+    {
+        return Err(format!("--draft-ids: token {i} is {id}, out of range for this model (vocab_size {}: ids 0..={})", spec.vocab_size, spec.vocab_size - 1));
+    }
+    let kt = o.tokens_per_seq;
+    if kt == 0 || kt > palladium_fusion::plan::MAX_TOKENS_PER_SEQ {
+        return Err(format!("--tokens-per-seq {kt} (supported: 1..={})", palladium_fusion::plan::MAX_TOKENS_PER_SEQ));
+    }
+    // The last run feeds the token before the last generated one and writes K positions.
+    let need = (o.prompt.len() as u64).saturating_add(o.steps as u64 - 1).saturating_add(kt - 1);
+    let k_note = if kt > 1 { format!(" + K - 1 ({})", kt - 1) } else { String::new() };
     if need > spec.max_position_embeddings {
-        return Err(format!("prompt ({}) + steps ({}) need {need} positions, past max_position_embeddings {}", o.prompt.len(), o.steps, spec.max_position_embeddings));
+        return Err(format!("prompt ({}) + steps ({}){k_note} need {need} positions, past max_position_embeddings {}", o.prompt.len(), o.steps, spec.max_position_embeddings));
     }
     let context = o.context.unwrap_or(need);
     if context < need {
-        return Err(format!("--context {context} is too small for prompt ({}) + steps ({}): {need} positions", o.prompt.len(), o.steps));
+        return Err(format!("--context {context} is too small for prompt ({}) + steps ({}){k_note}: {need} positions", o.prompt.len(), o.steps));
     }
     // Planned without the HBM check first: what the run holds in host memory is the first
     // question (interpret mode), the chip's HBM the second.
-    let unchecked = PlanOptions { check_hbm: false, ..PlanOptions::new(o.chip, 1, context) };
+    let planned = PlanOptions { tokens_per_seq: kt, logits: o.logits, ..PlanOptions::new(o.chip, 1, context) };
+    let unchecked = PlanOptions { check_hbm: false, ..planned.clone() };
     let plan = Plan::new(&spec, &unchecked).map_err(|e| format!("megakernel refused: {e}"))?;
     let memory = host_memory(&spec, &plan, o);
     crate::host_memory::check(
@@ -157,7 +221,7 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
     )
     .map_err(|e| format!("{e}; or emit its megakernel with `palladium megakernel`"))?;
     if plan.hbm_total > plan.hbm_capacity {
-        return Err(Plan::new(&spec, &PlanOptions::new(o.chip, 1, context)).err().map_or_else(|| "megakernel refused".into(), |e| format!("megakernel refused: {e}")));
+        return Err(Plan::new(&spec, &planned).err().map_or_else(|| "megakernel refused".into(), |e| format!("megakernel refused: {e}")));
     }
     let weights = match &o.weights {
         WeightSource::Checkpoint(p) => Weights::load(&spec, p).map_err(|e| format!("cannot load the weights: {e}"))?,
@@ -172,11 +236,12 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
     }
     .map_err(|e| e.to_string())?;
     let prepare = t.elapsed();
-    let generation = decoder.generate_with(&o.prompt, o.steps, progress).map_err(|e| format!("megakernel run failed: {e}"))?;
+    let (generation, speculation) = decoder.generate_with(&o.prompt, o.steps, o.drafts.drafter().as_mut(), progress).map_err(|e| format!("megakernel run failed: {e}"))?;
     Ok(RunOutput {
         spec,
         weights,
         generation,
+        speculation,
         plan_context: mk.plan.dims.positions,
         runs: decoder.runs,
         interpret: decoder.elapsed,

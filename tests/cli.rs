@@ -109,6 +109,32 @@ fn megakernel_writes_its_files_and_reports_the_plan() {
     assert_eq!(json["banks"], 2, "{json}");
 }
 
+/// `--tokens-per-seq K`: the report says K and the token rows, the operands take B x K
+/// tokens; `--logits` adds the full logits to the greedy ids and maxima; K outside 1..=16 is
+/// refused naming the flag and the limit, nothing written.
+#[test]
+fn megakernel_tokens_per_seq_and_logits() {
+    let dir = scratch("megakernel_k");
+    let (ok, out, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--batch", "2", "--context", "512", "--tokens-per-seq", "4", "--json", "--out", dir.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).expect("--json prints JSON");
+    assert_eq!((json["dims"]["tokens_per_seq"].as_u64(), json["dims"]["tokens"].as_u64()), (Some(4), Some(8)), "{json}");
+    let operands: Vec<(String, serde_json::Value)> = json["operands"].as_array().unwrap().iter().map(|o| (o["name"].as_str().unwrap().to_string(), o["shape"].clone())).collect();
+    let names: Vec<&str> = operands.iter().map(|(k, _)| k.as_str()).collect();
+    assert!(names.contains(&"next_ids") && names.contains(&"max_logits") && !names.contains(&"logits"), "{names:?}");
+    assert_eq!(operands[0].1, serde_json::json!([8]), "tokens: B x K");
+    let (ok, out, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", "512", "--tokens-per-seq", "4", "--logits", "--out", dir.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("tokens per sequence: 4 (positions p..p+3, causal among them): 4 token rows"), "{out}");
+    assert!(out.contains("output logits f32["), "{out}");
+    for k in ["0", "17"] {
+        let fresh = scratch(&format!("megakernel_k{k}"));
+        let (ok, _, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--tokens-per-seq", k, "--out", fresh.to_str().unwrap()]);
+        assert!(!ok && err.contains(&format!("--tokens-per-seq {k} (supported: 1..=16)")), "{err}");
+        assert!(!fresh.exists(), "nothing written");
+    }
+}
+
 #[test]
 fn a_megakernel_too_large_for_the_chip_is_refused_with_the_numbers() {
     let dir = scratch("megakernel_refused");

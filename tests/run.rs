@@ -102,18 +102,64 @@ fn run_random_weights_prints_ids_and_checks() {
     assert!(err.contains("interpreted in"), "{err}");
 }
 
+/// `--speculate ngram[:N]` and `--draft-ids` give plain greedy decoding's ids (a bf16
+/// checkpoint as `Weights::save` writes it, prompts with and without repetition, both
+/// tiny models), print the acceptance rate and tokens per run, and with `--logits-out` and
+/// `--check` write logits within the tolerance of the plain run's; forced correct drafts
+/// are all accepted (4 tokens per decode run at K = 4).
+#[test]
+fn speculation_gives_the_ids_of_greedy_decoding() {
+    for (model, seed) in [("tiny-qwen3-moe", 21), ("tiny-mixtral", 22)] {
+        let config = fixture(model);
+        let config = config.to_str().unwrap();
+        let spec = ModelSpec::from_path(config).unwrap();
+        let dir = scratch(&format!("speculate-{model}"));
+        Weights::random(&spec, seed).unwrap().save(dir.join("model.safetensors"), SaveDtype::BFloat16).unwrap();
+        let weights = dir.to_str().unwrap();
+        for prompt in ["3,141,59,26,5", "9,4,9,4,9,4,9"] {
+            let base = ["run", config, "--weights", weights, "--prompt-ids", prompt, "--steps", "12"];
+            let plain_logits = dir.join("plain.json");
+            let (ok, plain, err) = palladium(&[&base[..], &["--logits-out", plain_logits.to_str().unwrap()]].concat());
+            assert!(ok, "{err}");
+            for extra in [&["--speculate", "ngram"][..], &["--speculate", "ngram:2", "--tokens-per-seq", "8"], &["--draft-ids", plain.trim()]] {
+                let (ok, out, err) = palladium(&[&base[..], extra].concat());
+                assert!(ok, "{extra:?}: {err}");
+                assert_eq!(out, plain, "{model} {prompt} {extra:?}: ids differ from greedy decoding");
+                assert!(err.contains("acceptance rate") && err.contains("tokens per decode run"), "{err}");
+                if extra[0] == "--draft-ids" {
+                    assert!(err.contains("acceptance rate 1.000") && err.contains("4.00 tokens per decode run"), "{err}");
+                }
+            }
+            let logits = dir.join("speculated.json");
+            let (ok, out, err) = palladium(&[&base[..], &["--speculate", "ngram", "--check", "--logits-out", logits.to_str().unwrap()]].concat());
+            assert!(ok, "{err}");
+            assert!(out.starts_with(&plain) && out.contains("steps within 2^-6"), "{out}");
+            let (a, b): (Generation, Generation) = (serde_json::from_str(&std::fs::read_to_string(&logits).unwrap()).unwrap(), serde_json::from_str(&std::fs::read_to_string(&plain_logits).unwrap()).unwrap());
+            assert_eq!(a.generated_ids, b.generated_ids);
+            for (x, y) in a.steps.iter().zip(&b.steps) {
+                assert!(palladium_model::tolerance::LogitsDiff::new(&x.logits, &y.logits).within(), "{model} {prompt}: speculated logits differ");
+            }
+        }
+    }
+}
+
 #[test]
 fn run_errors_are_clear() {
     let cfg = fixture("tiny-qwen3-moe");
     let cfg = cfg.to_str().unwrap();
     let dir = scratch("run-errors");
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["run", "no/such/config.json", "--random-weights", "--prompt-ids", "1", "--steps", "2"], "cannot read the model config"),
         (&["run", cfg, "--weights", "no/such/dir", "--prompt-ids", "1", "--steps", "2"], "cannot load the weights: no/such/dir"),
         (&["run", cfg, "--weights", dir.to_str().unwrap(), "--prompt-ids", "1", "--steps", "2"], "no *.safetensors file"),
         (&["run", cfg, "--random-weights", "--prompt-ids", "1,512", "--steps", "2"], "token 1 is 512, out of range for this model (vocab_size 512"),
         (&["run", cfg, "--random-weights", "--prompt-ids", "1,x", "--steps", "2"], "expected comma-separated token ids"),
         (&["run", cfg, "--random-weights", "--prompt-ids", "1", "--steps", "0"], "--steps must be at least 1"),
+        (&["run", cfg, "--random-weights", "--prompt-ids", "1", "--steps", "2", "--speculate", "bigram"], "expected ngram or ngram:N"),
+        (&["run", cfg, "--random-weights", "--prompt-ids", "1", "--steps", "2", "--speculate", "ngram:0"], "expected ngram or ngram:N (N >= 1"),
+        (&["run", cfg, "--random-weights", "--prompt-ids", "1", "--steps", "2", "--speculate", "ngram", "--tokens-per-seq", "17"], "--tokens-per-seq 17 (supported: 1..=16)"),
+        (&["run", cfg, "--random-weights", "--prompt-ids", "1", "--steps", "2", "--draft-ids", "1,x"], "--draft-ids \"1,x\": expected comma-separated token ids"),
+        (&["run", cfg, "--random-weights", "--prompt-ids", "1", "--steps", "2", "--draft-ids", "1,600"], "--draft-ids: token 1 is 600, out of range for this model (vocab_size 512"),
     ];
     for (args, want) in cases {
         let (ok, _, err) = palladium(args);

@@ -2,15 +2,20 @@
 //! serialized body in [`palladium_interpret`] (or on a device: [`Engine`]), with the packed
 //! weights ([`crate::pack`]),
 //! the token and position of every sequence as scalar prefetch, and the KV caches carried
-//! from one run to the next through the kernel's input/output aliases. Prefill feeds the
-//! prompt one token per run at positions `0..`; greedy decode then feeds back the argmax.
+//! from one run to the next through the kernel's input/output aliases. A run feeds K
+//! consecutive tokens per sequence (`--tokens-per-seq`, 1 by default) and returns the
+//! kernel's greedy ids (and the full logits when the kernel has them). Prefill feeds the
+//! prompt K tokens per run at positions `0..`; decoding then verifies the last token and
+//! up to K - 1 drafted ones per run ([`crate::speculate`]), plain greedy when nothing is
+//! drafted.
 
 use crate::pack::Packed;
+use crate::speculate::{Drafter, Speculation, accepted};
 use palladium_fusion::layout::{OperandKind, StreamLayout};
 use palladium_fusion::megakernel::Megakernel;
 use palladium_array::HostArray;
 use palladium_interpret::{CallSpec, InterpError, Module, ParseError};
-use palladium_model::reference::{Generation, StepLogits, argmax};
+use palladium_model::reference::{Generation, StepLogits};
 use std::time::{Duration, Instant};
 
 /// Why a decode step could not run.
@@ -26,12 +31,12 @@ pub enum DecodeError {
     TokenOutOfRange { id: u32, vocab: u64 },
     #[error("sequence {seq}: position {pos} is past the KV cache ({capacity} positions; plan a larger --context)")]
     ContextFull { seq: usize, pos: usize, capacity: u64 },
-    #[error("{got} tokens for a batch of {batch}")]
-    Batch { got: usize, batch: usize },
+    #[error("{got} tokens for a batch of {batch} x {tokens_per_seq} tokens per sequence")]
+    Batch { got: usize, batch: usize, tokens_per_seq: usize },
     #[error("the prompt is empty")]
     EmptyPrompt,
-    #[error("{at}: the logits are not finite (token {token}: {value}); the weights or the kernel produce NaN or infinity")]
-    NonFinite { at: String, token: usize, value: f32 },
+    #[error("{at}: the logits are not finite ({what}); the weights or the kernel produce NaN or infinity")]
+    NonFinite { at: String, what: String },
     #[error("the device: {0}")]
     Device(String),
 }
@@ -54,7 +59,9 @@ struct Slots {
     positions: usize,
     k_in: usize,
     v_in: usize,
-    logits: usize,
+    logits: Option<usize>,
+    next_ids: usize,
+    max_logits: usize,
     k_out: usize,
     v_out: usize,
 }
@@ -68,10 +75,36 @@ impl Slots {
             positions: input(OperandKind::Positions)?,
             k_in: input(OperandKind::KCache)?,
             v_in: input(OperandKind::VCache)?,
-            logits: output(OperandKind::Logits)?,
+            logits: output(OperandKind::Logits).ok(),
+            next_ids: output(OperandKind::NextIds)?,
+            max_logits: output(OperandKind::MaxLogits)?,
             k_out: output(OperandKind::KCacheOut)?,
             v_out: output(OperandKind::VCacheOut)?,
         })
+    }
+}
+
+/// What one run returns, per token row (row `b * K + k`: sequence `b`'s `k`-th token).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    /// The greedy next id after each row's token (the kernel's argmax: the lowest id among
+    /// equal maxima).
+    pub ids: Vec<u32>,
+    /// Each row's maximum logit, NaN when any of its logits is not finite.
+    pub max_logits: Vec<f32>,
+    /// Each row's logits (`vocab` values), when the kernel returns them (`--logits`).
+    pub logits: Option<Vec<Vec<f32>>>,
+}
+
+impl Step {
+    /// Row `row`'s logits all finite, or [`DecodeError::NonFinite`] naming `what` and the
+    /// first bad logit (or the row's maximum, without the full logits).
+    fn finite(&self, row: usize, what: impl FnOnce() -> String) -> Result<(), DecodeError> {
+        if let Some(logits) = &self.logits {
+            return finite(&logits[row], what);
+        }
+        let max = self.max_logits[row];
+        if max.is_finite() { Ok(()) } else { Err(DecodeError::NonFinite { at: what(), what: format!("the row's maximum is {max}") }) }
     }
 }
 
@@ -85,6 +118,7 @@ pub struct Decoder {
     slots: Slots,
     vocab: u64,
     batch: usize,
+    tokens_per_seq: usize,
     chunk_cols: usize,
     rows: usize,
     capacity: u64,
@@ -116,11 +150,13 @@ impl Decoder {
         let slots = Slots::of(layout)?;
         let (k, v) = packed.empty_caches();
         let b = plan.dims.batch as usize;
+        let tokens = plan.dims.tokens as usize;
         // Every input array by the operand it fills, taken in the layout's order.
         let mut arrays: Vec<(OperandKind, HostArray)> = packed.operands.into_iter().zip(packed.arrays).collect();
         arrays.extend([(OperandKind::KCache, k), (OperandKind::VCache, v)]);
         let mut take = |kind: OperandKind| match kind {
-            OperandKind::Tokens | OperandKind::Positions => Ok(HostArray::from_i32(&[b], &vec![0; b])),
+            OperandKind::Tokens => Ok(HostArray::from_i32(&[tokens], &vec![0; tokens])),
+            OperandKind::Positions => Ok(HostArray::from_i32(&[b], &vec![0; b])),
             kind => arrays.iter().position(|(k, _)| *k == kind).map(|i| arrays.remove(i).1).ok_or_else(|| DecodeError::Interface(format!("no array for the megakernel's input {}", kind.name()))),
         };
         let inputs = layout.inputs().map(|o| take(o.kind)).collect::<Result<Vec<_>, _>>()?;
@@ -147,6 +183,7 @@ impl Decoder {
             slots,
             vocab: plan.dims.vocab,
             batch: b,
+            tokens_per_seq: plan.dims.tokens_per_seq as usize,
             chunk_cols: plan.layout.chunk_cols as usize,
             rows: plan.dims.rows as usize,
             capacity: plan.dims.positions,
@@ -158,6 +195,16 @@ impl Decoder {
 
     pub fn batch(&self) -> usize {
         self.batch
+    }
+
+    /// Tokens per sequence in one run (K).
+    pub fn tokens_per_seq(&self) -> usize {
+        self.tokens_per_seq
+    }
+
+    /// Whether the runs return the full logits (the kernel was planned with them).
+    pub fn has_logits(&self) -> bool {
+        self.slots.logits.is_some()
     }
 
     /// Next position of sequence `seq` (tokens fed so far).
@@ -175,29 +222,39 @@ impl Decoder {
         self.lens.fill(0);
     }
 
+    /// Roll sequence `seq` back to its first `len` positions (never forward): the rows of
+    /// rejected draft tokens stay in the cache, past the position, where they are masked
+    /// and overwritten by the next run.
+    pub fn rewind(&mut self, seq: usize, len: usize) {
+        self.lens[seq] = self.lens[seq].min(len);
+    }
+
     /// The K and V caches as they are now (`[L, B, kv_heads, T, hp]` bf16).
     pub fn caches(&self) -> (&HostArray, &HostArray) {
         (&self.inputs[self.slots.k_in], &self.inputs[self.slots.v_in])
     }
 
-    /// One megakernel run: `tokens[b]` is fed to sequence `b` at its next position; returns
-    /// every sequence's logits (`vocab` values).
-    pub fn step(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, DecodeError> {
-        if tokens.len() != self.batch {
-            return Err(DecodeError::Batch { got: tokens.len(), batch: self.batch });
+    /// One megakernel run: `tokens[b * K + k]` is fed to sequence `b` at its next position
+    /// plus `k`; every sequence advances by K positions ([`Self::rewind`] takes rejected
+    /// ones back). Returns each token row's greedy next id, maximum logit and (when the
+    /// kernel has them) logits.
+    pub fn step(&mut self, tokens: &[u32]) -> Result<Step, DecodeError> {
+        let kt = self.tokens_per_seq;
+        if tokens.len() != self.batch * kt {
+            return Err(DecodeError::Batch { got: tokens.len(), batch: self.batch, tokens_per_seq: kt });
         }
-        for (seq, &t) in tokens.iter().enumerate() {
-            if u64::from(t) >= self.vocab {
-                return Err(DecodeError::TokenOutOfRange { id: t, vocab: self.vocab });
-            }
-            if self.lens[seq] as u64 >= self.capacity {
-                return Err(DecodeError::ContextFull { seq, pos: self.lens[seq], capacity: self.capacity });
+        if let Some(&t) = tokens.iter().find(|&&t| u64::from(t) >= self.vocab) {
+            return Err(DecodeError::TokenOutOfRange { id: t, vocab: self.vocab });
+        }
+        for (seq, &len) in self.lens.iter().enumerate() {
+            if (len + kt) as u64 > self.capacity {
+                return Err(DecodeError::ContextFull { seq, pos: len + kt - 1, capacity: self.capacity });
             }
         }
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let pos: Vec<i32> = self.lens.iter().map(|&p| p as i32).collect();
         let s = self.slots;
-        self.inputs[s.tokens] = HostArray::from_i32(&[self.batch], &ids);
+        self.inputs[s.tokens] = HostArray::from_i32(&[tokens.len()], &ids);
         self.inputs[s.positions] = HostArray::from_i32(&[self.batch], &pos);
         let t = Instant::now();
         let out = (self.engine)(&self.inputs, &self.call)?;
@@ -206,10 +263,14 @@ impl Decoder {
         if out.len() != self.call.outputs.len() {
             return Err(DecodeError::Interface(format!("the run returned {} arrays for {} call outputs", out.len(), self.call.outputs.len())));
         }
-        let mut logits = Vec::new();
+        let (mut logits, mut next_ids, mut max_logits) = (None, Vec::new(), Vec::new());
         for (i, array) in out.into_iter().enumerate() {
-            if i == s.logits {
-                logits = array.to_f32();
+            if Some(i) == s.logits {
+                logits = Some(array.to_f32());
+            } else if i == s.next_ids {
+                next_ids = array.to_i32();
+            } else if i == s.max_logits {
+                max_logits = array.to_f32();
             } else if i == s.k_out {
                 self.inputs[s.k_in] = array;
             } else if i == s.v_out {
@@ -217,58 +278,92 @@ impl Decoder {
             }
         }
         for l in &mut self.lens {
-            *l += 1;
+            *l += kt;
         }
-        let (cw, rows) = (self.chunk_cols, self.rows);
-        Ok((0..self.batch)
-            .map(|b| (0..self.vocab as usize).map(|v| logits[((v / cw) * rows + b) * cw + v % cw]).collect())
-            .collect())
+        let (cw, rows, rows_used) = (self.chunk_cols, self.rows, tokens.len());
+        // Row r's values sit at lane 0 of row r ([rows, 128]).
+        let ids = (0..rows_used).map(|r| next_ids[r * 128] as u32).collect();
+        let max_logits = (0..rows_used).map(|r| max_logits[r * 128]).collect();
+        let logits = logits.map(|logits| (0..rows_used).map(|r| (0..self.vocab as usize).map(|v| logits[((v / cw) * rows + r) * cw + v % cw]).collect()).collect());
+        Ok(Step { ids, max_logits, logits })
     }
 
-    /// Batch 1: the prompt (one run per token, positions `0..`), then `steps` greedy decode
-    /// steps; `steps[i].logits` chose `generated_ids[i]` (the `--logits-out` layout of
+    /// Batch 1: the prompt, then `steps` greedy decode steps; `steps[i].logits` (when the
+    /// kernel returns logits) chose `generated_ids[i]` (the `--logits-out` layout of
     /// [`palladium_model::reference::Reference::generate`]). Starts from an empty cache.
     pub fn generate(&mut self, prompt: &[u32], steps: usize) -> Result<Generation, DecodeError> {
-        self.generate_with(prompt, steps, |_, _| {})
+        self.generate_with(prompt, steps, &mut crate::speculate::NoDrafts, |_, _| {}).map(|(g, _)| g)
     }
 
-    /// [`Self::generate`], calling `progress(runs done, runs in all)` after every run (the
-    /// CLI's progress bar). Logits with a NaN or an infinity are an error naming the token
-    /// or step ([`DecodeError::NonFinite`]).
-    pub fn generate_with(&mut self, prompt: &[u32], steps: usize, mut progress: impl FnMut(usize, usize)) -> Result<Generation, DecodeError> {
+    /// [`Self::generate`] with drafts from `drafter` verified K tokens per run
+    /// (speculative decoding: the ids are greedy decoding's; only the number of runs
+    /// changes), calling `progress(tokens done, tokens in all)` after every run (the CLI's
+    /// progress bar). The prompt is fed K tokens per run (positions `0..`); each decode run
+    /// feeds the last token and up to K - 1 drafts, accepts the longest prefix of drafts
+    /// that agrees with the kernel's greedy ids, and rolls the cache back past it. Logits
+    /// with a NaN or an infinity are an error naming the token or step
+    /// ([`DecodeError::NonFinite`]).
+    pub fn generate_with(&mut self, prompt: &[u32], steps: usize, drafter: &mut dyn Drafter, mut progress: impl FnMut(usize, usize)) -> Result<(Generation, Speculation), DecodeError> {
         if self.batch != 1 {
-            return Err(DecodeError::Batch { got: 1, batch: self.batch });
+            return Err(DecodeError::Batch { got: 1, batch: self.batch, tokens_per_seq: self.tokens_per_seq });
         }
-        let (last, first) = prompt.split_last().ok_or(DecodeError::EmptyPrompt)?;
+        let kt = self.tokens_per_seq;
+        let (&last, first) = prompt.split_last().ok_or(DecodeError::EmptyPrompt)?;
         if let Some(&id) = prompt.iter().find(|&&t| u64::from(t) >= self.vocab) {
             return Err(DecodeError::TokenOutOfRange { id, vocab: self.vocab });
         }
-        let need = (prompt.len() + steps.saturating_sub(1)) as u64;
+        // The last run feeds the token before the last generated one, at position
+        // prompt + steps - 2, and writes K positions from there.
+        let need = (prompt.len() + steps.saturating_sub(1) + kt - 1) as u64;
         if need > self.capacity {
             return Err(DecodeError::ContextFull { seq: 0, pos: need as usize - 1, capacity: self.capacity });
         }
-        let runs = need as usize;
+        let total = prompt.len() + steps.saturating_sub(1);
         self.reset();
-        for (i, &t) in first.iter().enumerate() {
-            let logits = self.step(&[t])?.remove(0);
-            finite(&logits, || format!("prompt token {i} (id {t})"))?;
-            progress(i + 1, runs);
-        }
-        let mut logits = self.step(&[*last])?.remove(0);
-        progress(prompt.len(), runs);
-        let mut out = Generation { generated_ids: Vec::with_capacity(steps), steps: Vec::with_capacity(steps) };
-        for s in 0..steps {
-            finite(&logits, || format!("generated step {s}"))?;
-            let id = argmax(&logits) as u32;
-            out.generated_ids.push(id);
-            let next = if s + 1 < steps { Some(self.step(&[id])?.remove(0)) } else { None };
-            out.steps.push(StepLogits { logits: std::mem::take(&mut logits) });
-            if let Some(n) = next {
-                logits = n;
-                progress(prompt.len() + s + 1, runs);
+        // Prefill: all prompt tokens but the last, K per run (a short last run is padded
+        // with its last token; the padding's cache rows are rolled back).
+        for (c, chunk) in first.chunks(kt).enumerate() {
+            let mut fed = chunk.to_vec();
+            fed.resize(kt, chunk[chunk.len() - 1]);
+            let step = self.step(&fed)?;
+            for (k, &t) in chunk.iter().enumerate() {
+                let i = c * kt + k;
+                step.finite(k, || format!("prompt token {i} (id {t})"))?;
             }
+            self.rewind(0, c * kt + chunk.len());
+            progress(c * kt + chunk.len(), total);
         }
-        Ok(out)
+        let mut out = Generation { generated_ids: Vec::with_capacity(steps), steps: Vec::with_capacity(steps) };
+        let mut spec = Speculation::default();
+        let mut context = prompt.to_vec();
+        // The token fed next (the cache holds every token before it).
+        let mut pending = last;
+        while out.generated_ids.len() < steps {
+            // No draft past the last step: the run's greedy id after the last accepted
+            // draft is generated too.
+            let left = steps - out.generated_ids.len();
+            let drafts = drafter.draft(&context, out.generated_ids.len(), (kt - 1).min(left - 1));
+            let mut fed = vec![pending];
+            fed.extend(&drafts);
+            fed.resize(kt, pending);
+            let start = self.lens[0];
+            let step = self.step(&fed)?;
+            let take = accepted(&drafts, &step.ids) + 1;
+            for k in 0..take {
+                step.finite(k, || format!("generated step {}", out.generated_ids.len()))?;
+                let id = step.ids[k];
+                out.generated_ids.push(id);
+                context.push(id);
+                if let Some(logits) = &step.logits {
+                    out.steps.push(StepLogits { logits: logits[k].clone() });
+                }
+            }
+            spec.record(drafts.len(), take - 1);
+            pending = step.ids[take - 1];
+            self.rewind(0, start + take);
+            progress((start + take).min(total), total);
+        }
+        Ok((out, spec))
     }
 }
 
@@ -276,6 +371,6 @@ impl Decoder {
 fn finite(logits: &[f32], what: impl FnOnce() -> String) -> Result<(), DecodeError> {
     match logits.iter().position(|x| !x.is_finite()) {
         None => Ok(()),
-        Some(token) => Err(DecodeError::NonFinite { at: what(), token, value: logits[token] }),
+        Some(token) => Err(DecodeError::NonFinite { at: what(), what: format!("token {token}: {}", logits[token]) }),
     }
 }

@@ -67,7 +67,7 @@ fn check(config: &str, seed: u64, prompt: &[u32], steps: usize) {
     let mut cache = rf.new_cache();
     let mut margin = f32::INFINITY;
     let mut feed = |dec: &mut Decoder, t: u32, margin: &mut f32| -> (Vec<f32>, Vec<f32>) {
-        let ours = dec.step(&[t]).unwrap().remove(0);
+        let ours = dec.step(&[t]).unwrap().logits.unwrap().remove(0);
         let (lf, m) = rf.step_traced(&mut cache, t).unwrap();
         *margin = margin.min(m);
         (ours, lf)

@@ -10,23 +10,27 @@
 //! rows past each sequence's position may hold anything, NaN included
 //! (`stale_cache_rows_do_not_leak`): scores there are masked and V rows zeroed.
 use palladium_dsl::spec::Chip;
-use palladium_fusion::{megakernel::Megakernel, plan::{KvTiles, PlanOptions, Prefetch}};
+use palladium_fusion::{megakernel::Megakernel, plan::{ExpertFetch, KvTiles, PlanOptions, Prefetch}};
 use palladium_array::{DType, HostArray};
 use palladium_interpret::{CallSpec, Module};
 use palladium_model::ModelSpec;
 
 fn run(name: &str, batch: u64, context: u64, positions: &[i32]) {
-    step(name, batch, context, positions, false, KvTiles::UpToPosition, Prefetch::Deep);
+    step(name, batch, context, positions, false, KvTiles::UpToPosition, Prefetch::Deep, 1, ExpertFetch::Distinct);
 }
 
 fn run_with_stale(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool) {
-    step(name, batch, context, positions, stale, KvTiles::UpToPosition, Prefetch::Deep);
+    step(name, batch, context, positions, stale, KvTiles::UpToPosition, Prefetch::Deep, 1, ExpertFetch::Distinct);
 }
 
-/// One step's logits; `stale`: every cache row past its sequence's position is NaN.
-fn step(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool, kv_tiles: KvTiles, prefetch: Prefetch) -> Vec<f32> {
+/// One step's logits, `tokens_per_seq` new tokens per sequence at `positions[b]..`;
+/// `stale`: every cache row past its sequence's position is NaN. The kernel's greedy ids
+/// and maxima are checked against the logits it returns.
+#[allow(clippy::too_many_arguments)]
+fn step(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool, kv_tiles: KvTiles, prefetch: Prefetch, tokens_per_seq: u64, expert_fetch: ExpertFetch) -> Vec<f32> {
     let spec = ModelSpec::from_path(format!("{}/../fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR"))).unwrap();
-    let l = Megakernel::build(&spec, &PlanOptions { kv_tiles, prefetch, ..PlanOptions::new(Chip::V6e, batch, context) }).unwrap().lowered;
+    let mk = Megakernel::build(&spec, &PlanOptions { kv_tiles, prefetch, tokens_per_seq, expert_fetch, ..PlanOptions::new(Chip::V6e, batch, context) }).unwrap();
+    let (l, plan) = (mk.lowered, mk.plan);
     let call = CallSpec::from_json(&l.call_json).unwrap();
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
     let mut next = move || {
@@ -42,7 +46,7 @@ fn step(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool, kv
         .map(|(i, (dt, shape))| {
             let n: usize = shape.iter().product();
             match (i, dt) {
-                (0, _) => HostArray::from_i32(shape, &(0..n as i32).map(|k| 7 + 100 * k).collect::<Vec<_>>()),
+                (0, _) => HostArray::from_i32(shape, &(0..n as i32).map(|k| (7 + 100 * k) % 500).collect::<Vec<_>>()),
                 (1, _) => HostArray::from_i32(shape, positions),
                 (_, DType::Bf16) => HostArray::bf16_from_f32(shape, &(0..n).map(|_| next()).collect::<Vec<_>>()),
                 _ => HostArray::from_f32(shape, &(0..n).map(|_| 1.0 + next()).collect::<Vec<_>>()),
@@ -68,16 +72,28 @@ fn step(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool, kv
     let program = Module::parse(&l.body).unwrap().prepare().unwrap();
     let out = program.run_with(&inputs, &call).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(out[0].to_f32().iter().all(|v| v.is_finite()), "{name}: non-finite logits");
-    // KV: [layers, batch, kv_heads, positions, head_pad]; rows change only at `positions`.
+    // Outputs: logits, greedy ids, maxima, then the caches. Ids: the lowest id of the
+    // row's maximum, as the host's argmax.
+    let (logits, ids, maxima) = (out[0].to_f32(), out[1].to_i32(), out[2].to_f32());
+    let (cw, rows, vocab) = (plan.layout.chunk_cols as usize, plan.dims.rows as usize, plan.dims.vocab as usize);
+    for r in 0..plan.dims.tokens as usize {
+        let row: Vec<f32> = (0..vocab).map(|v| logits[((v / cw) * rows + r) * cw + v % cw]).collect();
+        assert_eq!(ids[r * 128] as usize, palladium_model::reference::argmax(&row), "{name}: row {r}'s greedy id");
+        assert_eq!(maxima[r * 128], row.iter().copied().fold(f32::NEG_INFINITY, f32::max), "{name}: row {r}'s maximum");
+    }
+    // KV: [layers, batch, kv_heads, positions, head_pad]; rows change only at the new
+    // positions `positions[b]..positions[b] + K`.
     let kv_in = inputs.len() - 2;
-    for (cache_in, cache_out) in [(kv_in, 1), (kv_in + 1, 2)] {
+    let kv_out = out.len() - 2;
+    let k = tokens_per_seq as usize;
+    for (cache_in, cache_out) in [(kv_in, kv_out), (kv_in + 1, kv_out + 1)] {
         let (before, after) = (inputs[cache_in].to_f32(), out[cache_out].to_f32());
         let s = &inputs[cache_in].shape;
         let (pos_n, hp) = (s[3], s[4]);
         for (row, (a, b)) in before.chunks(hp).zip(after.chunks(hp)).enumerate() {
             let p = row % pos_n;
             let seq = (row / pos_n / s[2]) % s[1];
-            if p == positions[seq] as usize {
+            if (positions[seq] as usize..positions[seq] as usize + k).contains(&p) {
                 assert_ne!(a, b, "{name}: row {row} (position {p}) not written");
             } else {
                 assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{name}: row {row} (position {p}) changed");
@@ -114,15 +130,29 @@ fn stale_cache_rows_do_not_leak() {
 }
 
 /// The cost variants (every KV tile read with a static trip count, masked past the
-/// position; one chunk in flight per weight stream) compute the same step, bit for bit,
+/// position; one chunk in flight per weight stream; the worst case of distinct experts)
+/// compute the same step, bit for bit,
 /// stale NaN rows past the positions included.
 #[test]
 fn cost_variants_give_the_same_step() {
     for (name, batch, context, positions) in [("tiny-qwen3-moe", 1, 2048, &[37][..]), ("tiny-mixtral", 2, 1024, &[5, 600][..])] {
-        let needed = step(name, batch, context, positions, true, KvTiles::UpToPosition, Prefetch::Deep);
+        let needed = step(name, batch, context, positions, true, KvTiles::UpToPosition, Prefetch::Deep, 1, ExpertFetch::Distinct);
         for (kv, prefetch) in [(KvTiles::All, Prefetch::Deep), (KvTiles::UpToPosition, Prefetch::Single), (KvTiles::All, Prefetch::Single)] {
-            let variant = step(name, batch, context, positions, true, kv, prefetch);
+            let variant = step(name, batch, context, positions, true, kv, prefetch, 1, ExpertFetch::WorstCase);
             assert!(needed.iter().zip(&variant).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} {kv:?} {prefetch:?}: logits differ");
         }
+    }
+}
+
+/// K = 4 new tokens per sequence: the K rows are written (crossing a 16-row group and a
+/// KV tile: positions 1022..1026 of tiles of 1024), nothing else changes, stale NaN rows
+/// past the positions (the K new ones included until written) never leak, and reading
+/// every tile gives the same step bit for bit.
+#[test]
+fn k_tokens_per_sequence_write_their_rows_and_match_the_cost_variant() {
+    for (name, batch, context, positions) in [("tiny-qwen3-moe", 1, 256, &[37][..]), ("tiny-mixtral", 2, 2048, &[5, 1022][..])] {
+        let needed = step(name, batch, context, positions, true, KvTiles::UpToPosition, Prefetch::Deep, 4, ExpertFetch::Distinct);
+        let variant = step(name, batch, context, positions, true, KvTiles::All, Prefetch::Single, 4, ExpertFetch::WorstCase);
+        assert!(needed.iter().zip(&variant).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: the cost variant's logits differ");
     }
 }

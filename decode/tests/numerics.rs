@@ -73,7 +73,7 @@ fn tiny_mixtral_batch_2_matches_the_reference() {
     let prompts = [prompt(4, 0), prompt(4, 1)];
     let mut logits = Vec::new();
     for (&a, &b) in prompts[0].iter().zip(&prompts[1]) {
-        logits = dec.step(&[a, b]).unwrap();
+        logits = dec.step(&[a, b]).unwrap().logits.unwrap();
     }
     let mut gens: Vec<Generation> = (0..2).map(|_| Generation { generated_ids: vec![], steps: vec![] }).collect();
     for step in 0..8 {
@@ -83,7 +83,7 @@ fn tiny_mixtral_batch_2_matches_the_reference() {
             g.steps.push(StepLogits { logits: l });
         }
         if step < 7 {
-            logits = dec.step(&ids).unwrap();
+            logits = dec.step(&ids).unwrap().logits.unwrap();
         }
     }
     assert_ne!(gens[0].generated_ids, gens[1].generated_ids);

@@ -5,30 +5,36 @@
 //! layer loop, the attention tile loops and the expert loops are traced (`scf.for`), so the
 //! module's size does not grow with the number of layers.
 //!
-//! Step structure (one call = one decode step for `batch` sequences):
+//! Step structure (one call = one decode or verify step for `batch` sequences of `K` new
+//! tokens each: `batch * K` token rows, row `b * K + k` at position `positions[b] + k`):
 //! 1. prologue: embedding rows fetched by token id (scalar prefetch), the first `depth`
-//!    dense chunks issued, RoPE tables for the positions (scalar prefetch) computed;
+//!    dense chunks issued, RoPE tables for the rows' positions computed;
 //! 2. `for l in 0..layers` (traced; the dense-ring bank of the layer's first chunk is
 //!    carried): for each dense chunk `k` of the layer (static): issue chunk `l*n + k +
 //!    depth` (this layer, a later layer, or `lm_head`), wait chunk `k`, consume its pieces —
 //!    q/k/v columns, then (after the q/k/v pieces) per-head norm + RoPE and attention over
-//!    the KV cache in streamed tiles (new K/V inserted and written in place), o-proj
-//!    pieces, then residual + norm and the router piece; after the last chunk: softmax
-//!    top-k to SMEM, the expert stream (fetch by id right after routing), residual;
-//! 3. final norm (folded) + `lm_head` chunks → f32 logits.
+//!    the KV cache in streamed tiles (the K new K/V rows inserted and written in place,
+//!    each query row causal at its own position), o-proj pieces, then residual + norm and
+//!    the router piece; after the last chunk: softmax top-k, the distinct experts to SMEM,
+//!    the expert stream (each distinct expert fetched once by id right after routing,
+//!    applied to every row at its weight), residual;
+//! 3. final norm (folded) + `lm_head` chunks → the greedy id and maximum of every row
+//!    (and the f32 logits when the plan keeps them).
 //!
 //! Every weight and KV-tile read is issued unconditionally, from a software pipeline
 //! ([`pipeline`]) or, across layers and into `lm_head`, from a computed index into the one
 //! dense-stream array (guarded only where a ring deeper than `lm_head` could run past its
 //! end, on tiny models): libtpu's static estimator barely prices a DMA under an `scf.if`.
+//! (The K/V write-back of a tile that may hold new rows, K > 1, is under one: two 16-row
+//! groups.)
 
-use crate::{layout::{OperandKind, SegmentKind::{OProj, Qkv, Router}}, plan::{KvTiles, Plan}};
-use palladium_dsl::build::{Drain, KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, lt, pipeline, range};
+use crate::{layout::{OperandKind, SegmentKind::{OProj, Qkv, Router}}, plan::{ExpertFetch, KvTiles, Plan, written_groups}};
+use palladium_dsl::build::{Drain, KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, range};
 use palladium_dsl::prelude::*;
 use palladium_dsl::{BuildErrors, Kernel};
 use palladium_kernels::body::{
-    ExpertItem, KvMask, NewRow, OnlineSoftmax, RowSelect, Routing, WeightLayout, embedding_row, project, residual_add, rms_norm, rope_apply, rope_rotation,
-    rope_tables, routed, swiglu_chunk,
+    ExpertItem, Greedy, KvMask, NewRow, OnlineSoftmax, RowSelect, Routing, WeightLayout, embedding_row, project, residual_add, rms_norm, rope_apply, rope_rotation,
+    rope_tables, swiglu_chunk,
 };
 
 type NoMap = Option<Box<dyn FnOnce(&[Val], &[Ref]) -> i32>>;
@@ -48,7 +54,9 @@ struct H {
     stream: Ref,
     w_experts: Ref,
     head_norms: Option<Ref>,
-    logits: Ref,
+    logits: Option<Ref>,
+    next_ids: Ref,
+    max_logits: Ref,
     k_cache: Ref,
     v_cache: Ref,
     ring: Ref,
@@ -77,14 +85,13 @@ struct H {
     cos: Ref,
     sin: Ref,
     ids: Ref,
-    wts: Ref,
 }
 
 /// Build the megakernel of `plan`.
 pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     let d = &plan.dims;
     let l = plan.layers as u64;
-    let (h, hp, b, rows) = (d.hidden, d.head_pad, d.batch, d.rows);
+    let (h, hp, rows, tokens) = (d.hidden, d.head_pad, d.rows, d.tokens);
     let n = plan.layout.per_layer;
     let cw = plan.layout.chunk_cols;
     let kvh = d.kv_heads;
@@ -93,7 +100,7 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     let eb = plan.layout.expert_block;
     let mut kb = KernelBuilder::new("megakernel");
     kb.vmem_limit_bytes(plan.vmem_limit);
-    kb.cost_estimate(2 * (plan.traffic.dense + plan.traffic.lm_head + plan.traffic.experts) / 2 * b, 0, plan.traffic.total);
+    kb.cost_estimate(2 * (plan.traffic.dense + plan.traffic.lm_head + plan.traffic.experts) / 2 * tokens, 0, plan.traffic.total);
     // The operands in call order (Pallas's: scalar prefetch, inputs, outputs), each as the
     // plan's layout gives it: name, role, dtype, full shape, memory space. No block specs:
     // the kernel is grid-less, every operand is whole (those in HBM reached by DMA only).
@@ -121,9 +128,9 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     kb.scratch_buffer("k_tiles", vm, DType::Bf16, &[2, plan.block_kv, hp]);
     kb.scratch_buffer("v_tiles", vm, DType::Bf16, &[2, plan.block_kv, hp]);
     kb.scratch_semaphores("kv_sems", SemKind::Dma, &[2, 2]);
-    kb.scratch_semaphores("kv_write_sems", SemKind::Dma, &[2]);
-    kb.scratch_buffer("emb_rows", vm, DType::Bf16, &[b, 16, h]);
-    kb.scratch_semaphores("emb_sems", SemKind::Dma, &[b]);
+    kb.scratch_semaphores("kv_write_sems", SemKind::Dma, &[2 * written_groups(d.tokens_per_seq, plan.block_kv)]);
+    kb.scratch_buffer("emb_rows", vm, DType::Bf16, &[tokens, 16, h]);
+    kb.scratch_semaphores("emb_sems", SemKind::Dma, &[tokens]);
     kb.scratch_buffer("head_norm_buf", vm, DType::F32, &[8, hp]);
     kb.scratch_semaphores("head_norm_sem", SemKind::Dma, &[1]);
     kb.scratch_buffer("x", vm, DType::F32, &[rows, h]);
@@ -140,8 +147,7 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     kb.scratch_buffer("rope_rot", vm, DType::Bf16, &[hp, hp]);
     kb.scratch_buffer("rope_cos", vm, DType::F32, &[rows, hp]);
     kb.scratch_buffer("rope_sin", vm, DType::F32, &[rows, hp]);
-    kb.scratch_buffer("expert_ids", MemorySpace::Smem, DType::I32, &[b * d.top_k]);
-    kb.scratch_buffer("expert_weights", MemorySpace::Smem, DType::F32, &[b * d.top_k]);
+    kb.scratch_buffer("expert_ids", MemorySpace::Smem, DType::I32, &[plan.distinct_experts() + 1]);
     let sealed = kb.seal()?;
     let hs = &sealed.handles;
     let r = |i: usize| hs[i].clone().into_ref();
@@ -164,7 +170,9 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         stream: must(OperandKind::WStream),
         w_experts: must(OperandKind::WExperts),
         head_norms: operand(OperandKind::HeadNorms),
-        logits: must(OperandKind::Logits),
+        logits: operand(OperandKind::Logits),
+        next_ids: must(OperandKind::NextIds),
+        max_logits: must(OperandKind::MaxLogits),
         k_cache: must(OperandKind::KCacheOut),
         v_cache: must(OperandKind::VCacheOut),
         ring: r(next()),
@@ -193,7 +201,6 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         cos: r(next()),
         sin: r(next()),
         ids: r(next()),
-        wts: r(next()),
     };
     body(plan, hd, n, l);
     sealed.finish()
@@ -220,24 +227,27 @@ fn issue_ahead(p: &Plan, hd: H, layer: Val, k_ahead: u64, bank: Val) {
 
 fn body(p: &Plan, hd: H, n: u64, l: u64) {
     let d = &p.dims;
-    let (h, hp, b, rows) = (d.hidden, d.head_pad, d.batch, d.rows);
+    let (h, hp, rows, tokens, kt) = (d.hidden, d.head_pad, d.rows, d.tokens, d.tokens_per_seq);
     let banks = p.banks;
     let depth = p.depth;
 
     // --- prologue: embeddings, first dense chunks, rope tables -------------------------
-    for bi in 0..b {
-        let t = hd.tokens.load(bi);
-        async_copy(hd.embed.at(t / 16), hd.emb.at(bi), hd.emb_sems.at(bi)).start();
+    // Token row r is sequence r / K's (r % K)-th new token, at its position + r % K.
+    for r in 0..tokens {
+        let t = hd.tokens.load(r);
+        async_copy(hd.embed.at(t / 16), hd.emb.at(r), hd.emb_sems.at(r)).start();
     }
     for g in 0..depth.min(l * n + p.layout.lm_chunks) {
         dense_copy(hd, scalar(g as i32), scalar((g % banks) as i32)).start();
     }
-    // RoPE tables (neox, rotate halves) for the sequences' positions, one row each, and
+    // RoPE tables (neox, rotate halves) for the token rows' positions, one row each, and
     // the rotation restricted to the first head_dim lanes of a padded head.
     let row_i = RowSelect::new(rows, 1);
     let mut pos = zeros([rows, 1], f32);
-    for bi in 0..b {
-        pos = row_i.put(pos, bi as i32, hd.positions.load(bi).cast(f32));
+    for r in 0..tokens {
+        let p = hd.positions.load(r / kt);
+        let p = if r % kt == 0 { p } else { p + (r % kt) as i32 };
+        pos = row_i.put(pos, r as i32, p.cast(f32));
     }
     let (cos, sin) = rope_tables(pos, hp, d.head_dim, d.rope_theta);
     hd.cos.store(.., cos);
@@ -247,10 +257,10 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
     hd.os.store(.., 0.0);
     // Embedding rows, each from its fetched 16-row group, to row `bi` of the residual stream.
     let mut x = zeros([rows, h], f32);
-    for bi in 0..b {
-        let t = hd.tokens.load(bi);
-        async_copy(hd.embed.at(t / 16), hd.emb.at(bi), hd.emb_sems.at(bi)).wait();
-        x = row_i.put(x, bi as i32, embedding_row(hd.emb.load(bi), t));
+    for r in 0..tokens {
+        let t = hd.tokens.load(r);
+        async_copy(hd.embed.at(t / 16), hd.emb.at(r), hd.emb_sems.at(r)).wait();
+        x = row_i.put(x, r as i32, embedding_row(hd.emb.load(r), t));
     }
     hd.x.store(.., x);
 
@@ -262,25 +272,31 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
         select(ge(nb, banks as i32), nb - banks as i32, nb)
     });
 
-    // --- final norm (folded) + lm_head -------------------------------------------------
+    // --- final norm (folded) + lm_head, greedy argmax ----------------------------------
     let xf = rms_norm(hd.x.load(..), None, h, d.eps);
+    let cw = p.layout.chunk_cols;
     let first_bank = ((l * n) % banks) as i32;
     let lm = p.layout.lm_chunks;
     // The layer loop issued lm chunks 0..depth; chunks depth.. are issued here, depth ahead.
     let split = lm.saturating_sub(depth) as i32;
     let lm_item = |c: Val| c + (l * n) as i32;
-    let _ = pipeline(
+    let (_, greedy) = pipeline(
         range(0, scalar(split)),
         Drain::Loop(range(scalar(split), scalar(lm as i32))),
         depth,
-        scalar(first_bank),
-        |ahead: Val, bank: &Val| dense_copy(hd, lm_item(ahead), ring_add(*bank, depth, banks)).start(),
-        |c: Val, bank: Val, _| {
+        (scalar(first_bank), Greedy::start(rows)),
+        |ahead: Val, &(bank, _): &(Val, Greedy)| dense_copy(hd, lm_item(ahead), ring_add(bank, depth, banks)).start(),
+        |c: Val, (bank, greedy): (Val, Greedy), _| {
             dense_copy(hd, lm_item(c), bank).wait();
-            hd.logits.store(c, project(xf, hd.ring.load(bank), WeightLayout::InOut));
-            ring_add(bank, 1, banks)
+            let logits = project(xf, hd.ring.load(bank), WeightLayout::InOut);
+            if let Some(out) = hd.logits {
+                out.store(c, logits);
+            }
+            (ring_add(bank, 1, banks), greedy.fold(logits, c * cw as i32, d.vocab))
         },
     );
+    hd.next_ids.store(.., greedy.id.broadcast_to([rows, 128]));
+    hd.max_logits.store(.., greedy.max.broadcast_to([rows, 128]));
 }
 
 /// One decoder layer (traced `layer`; `base` = bank of its first dense chunk).
@@ -326,8 +342,8 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
         }
     }
     let xn2 = xn2.expect("the router segment is last");
-    route(p, hd);
-    experts(p, hd, layer, xn2);
+    let (routing, distinct) = route(p, hd);
+    experts(p, hd, layer, xn2, routing, distinct);
 }
 
 /// Per-head q/k norm + RoPE into the head buffers, then attention for every (kv head,
@@ -365,24 +381,39 @@ fn attention(p: &Plan, hd: H, layer: Val) {
     }
     let bkv = p.block_kv;
     let qrows = d.attn_rows;
-    // A sequence's row of the batch-stacked head buffers; a head's row of the attention rows.
+    let kt = d.tokens_per_seq;
+    // A token row of the batch-stacked head buffers; a query row of one attention.
     let row_b = RowSelect::new(rows, hp);
     let arow = RowSelect::new(qrows, hp);
+    // Query row `k * group + j` is head j of the sequence's k-th new token, at position
+    // `pos + k`: its offset from `pos` (static), for the mask's causality among the K.
+    let queries = (kt > 1).then(|| {
+        let row = iota([qrows, 1], 0);
+        let offsets = (1..kt).fold(zeros([qrows, 1], i32), |o, k| select(ge(row, (k * group) as i32), o + 1, o));
+        (offsets, kt)
+    });
     for_range(range(0, scalar(kvh as i32)), (), |g: Val, ()| {
         for_range(range(0, scalar(d.batch as i32)), (), |bi: Val, ()| {
-            // Sequence `bi`'s query rows of the group's heads (row j = head j): attention
-            // runs on `group` rows (rounded up to 16) whatever the batch.
+            // The token row of sequence `bi`'s k-th new token (the sequence's own row for
+            // one token per sequence).
+            let token_row = |k: u64| if kt == 1 { bi } else { bi * kt as i32 + k as i32 };
+            // Sequence `bi`'s query rows of the group's heads: attention runs on `group * K`
+            // rows (rounded up to 16) whatever the batch.
             let mut qg = zeros([qrows, hp], f32);
-            for j in 0..group {
-                qg = arow.put(qg, j as i32, row_b.take(hd.qs.load((g, j * rows..(j + 1) * rows, ..)), bi));
+            for k in 0..kt {
+                for j in 0..group {
+                    let q = row_b.take(hd.qs.load((g, j * rows..(j + 1) * rows, ..)), token_row(k));
+                    qg = arow.put(qg, (k * group + j) as i32, q);
+                }
             }
             let qg = qg.cast(bf16);
             let pos = hd.positions.load(bi);
-            let knew = row_b.take(hd.ks.load(g), bi);
-            let vnew = row_b.take(hd.vs.load(g), bi);
+            // The newest position written and attended: the sequence's last new token's.
+            let newest = if kt == 1 { pos } else { pos + (kt - 1) as i32 };
+            let new_kv: Vec<(Val, Val)> = (0..kt).map(|k| (row_b.take(hd.ks.load(g), token_row(k)), row_b.take(hd.vs.load(g), token_row(k)))).collect();
             let bkv_i = bkv as i32;
-            // The tile holding the new position: the last one read, or any one of all.
-            let last = pos / bkv_i;
+            // The tile holding the newest position: the last one read, or any one of all.
+            let last = newest / bkv_i;
             let (t0, ntiles) = match p.kv_tiles {
                 KvTiles::UpToPosition => {
                     let t0 = match d.window {
@@ -402,21 +433,51 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                 let v = async_copy(hd.v_cache.at((layer, bi, g, ds(start, bkv), ..)), hd.vbuf.at(slot), hd.kv_sems.at((1, slot)));
                 (k, v)
             };
-            // The new K/V row's 16-row group, written back in place from the tile's slot.
-            let write_back = |slot: Val| {
-                let rrow = pos - last * bkv_i;
-                let g16 = ((rrow / 16) * 16).multiple_of(16);
-                let at = (last * bkv_i + g16).multiple_of(16);
-                let k = async_copy(hd.kbuf.at((slot, ds(g16, 16), ..)), hd.k_cache.at((layer, bi, g, ds(at, 16), ..)), hd.kv_wsems.at(0));
-                let v = async_copy(hd.vbuf.at((slot, ds(g16, 16), ..)), hd.v_cache.at((layer, bi, g, ds(at, 16), ..)), hd.kv_wsems.at(1));
-                (k, v)
+            // The 16-row groups of tile `t` holding new K/V rows, written back in place from
+            // the tile's slot: the one group of the new row; for K > 1 (K <= 16 rows span at
+            // most two groups) the group of the first new row in the tile and the next one
+            // (the previous one at the tile's end; then it holds no new row and rewrites the
+            // bytes read: two DMAs into one group at once would race).
+            let write_back = |t: Val, slot: Val| {
+                let groups: Vec<Val> = if kt == 1 {
+                    let rrow = pos - last * bkv_i;
+                    vec![((rrow / 16) * 16).multiple_of(16)]
+                } else {
+                    let lo = pos - t * bkv_i;
+                    let first = ((select(lt(lo, 0), 0, lo) / 16) * 16).multiple_of(16);
+                    if written_groups(kt, bkv) == 1 {
+                        vec![first]
+                    } else {
+                        vec![first, select(lt(first + 16, bkv_i), first + 16, first - 16).multiple_of(16)]
+                    }
+                };
+                groups
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, g16)| {
+                        let tile_start = if kt == 1 { last * bkv_i } else { t * bkv_i };
+                        let at = (tile_start + g16).multiple_of(16);
+                        let sem = 2 * i as u64;
+                        let k = async_copy(hd.kbuf.at((slot, ds(g16, 16), ..)), hd.k_cache.at((layer, bi, g, ds(at, 16), ..)), hd.kv_wsems.at(sem));
+                        let v = async_copy(hd.vbuf.at((slot, ds(g16, 16), ..)), hd.v_cache.at((layer, bi, g, ds(at, 16), ..)), hd.kv_wsems.at(sem + 1));
+                        (k, v)
+                    })
+                    .collect::<Vec<_>>()
             };
-            // Runs `f` on the tile holding the new position: statically the drain's one tile
-            // when the loop stops there, else under a run-time test.
-            let on_last_tile = |t: Val, draining: bool, f: &dyn Fn()| match p.kv_tiles {
+            // Runs `f` on the tiles holding new positions: statically the drain's one tile
+            // when the loop stops there (one token), else under a run-time test.
+            let holds_new = |t: Val| {
+                if kt == 1 {
+                    eq(t, last)
+                } else {
+                    let start = t * bkv_i;
+                    le(start, newest) & lt(pos, start + bkv_i)
+                }
+            };
+            let on_new_tile = |t: Val, draining: bool, f: &dyn Fn()| match p.kv_tiles {
                 KvTiles::UpToPosition if draining => f(),
-                KvTiles::UpToPosition => {}
-                KvTiles::All => if_else(eq(t, last), f, || ()),
+                KvTiles::UpToPosition if kt == 1 => {}
+                _ => if_else(holds_new(t), f, || ()),
             };
             let (k0, v0) = fetch(t0, scalar(0));
             k0.start();
@@ -435,39 +496,52 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                     let (kc, vc) = fetch(t, slot);
                     kc.wait();
                     vc.wait();
-                    // Insert the new K/V row into its tile and write its group back.
-                    on_last_tile(t, draining, &|| {
-                        let new_row = NewRow::at(bkv, hp, pos - t * bkv_i);
-                        hd.kbuf.store(slot, new_row.insert(hd.kbuf.load(slot), knew));
-                        hd.vbuf.store(slot, new_row.insert(hd.vbuf.load(slot), vnew));
-                        let (kw, vw) = write_back(slot);
-                        kw.start();
-                        vw.start();
+                    // Insert the new K/V rows into their tile and write their groups back.
+                    on_new_tile(t, draining, &|| {
+                        // One row mask at a time, for both tiles (K masks of a whole tile live
+                        // at once would not fit VMEM's scoped budget).
+                        let (mut k_tile, mut v_tile) = (hd.kbuf.load(slot), hd.vbuf.load(slot));
+                        for (k, &(knew, vnew)) in new_kv.iter().enumerate() {
+                            let row = NewRow::at(bkv, hp, if k == 0 { pos } else { pos + k as i32 } - t * bkv_i);
+                            k_tile = row.insert(k_tile, knew);
+                            v_tile = row.insert(v_tile, vnew);
+                        }
+                        hd.kbuf.store(slot, k_tile);
+                        hd.vbuf.store(slot, v_tile);
+                        for (kw, vw) in write_back(t, slot) {
+                            kw.start();
+                            vw.start();
+                        }
                     });
-                    // Positions past `pos` (or before the window) are masked, V rows included
-                    // (the cache holds whatever it held there). Only a tile that holds such
-                    // positions pays for it: the last one read. Reading all tiles, every tile
-                    // pays (a run-time choice per tile costs more in libtpu's estimate than
-                    // the masking: the cost variant stays an upper bound).
+                    // Positions past each query's (or before its window) are masked, V rows
+                    // included (the cache holds whatever it held there). With one token,
+                    // only a tile that holds such positions pays for it: the last one read;
+                    // with K, the last two may (the queries' own positions). Reading all
+                    // tiles, every tile pays (a run-time choice per tile costs more in
+                    // libtpu's estimate than the masking: the cost variant stays an upper
+                    // bound).
                     let mask = match (p.kv_tiles, d.window) {
-                        (KvTiles::UpToPosition, None) if !draining => None,
-                        _ => Some(KvMask { start: t * bkv_i, last: pos, window: d.window, zero_values: true }),
+                        (KvTiles::UpToPosition, None) if !draining && kt == 1 => None,
+                        _ => Some(KvMask { start: t * bkv_i, last: pos, queries, window: d.window, zero_values: true }),
                     };
                     let state = state.attend(qg, hd.kbuf.load(slot), hd.vbuf.load(slot), None, mask);
                     // The write-back reads this slot: it lands before the slot is refilled.
-                    on_last_tile(t, draining, &|| {
-                        let (kw, vw) = write_back(slot);
-                        kw.wait();
-                        vw.wait();
+                    on_new_tile(t, draining, &|| {
+                        for (kw, vw) in write_back(t, slot) {
+                            kw.wait();
+                            vw.wait();
+                        }
                     });
                     (state, 1 - slot)
                 },
             );
-            // Head j's output row for sequence `bi` back to row `bi` of its stacked block.
+            // Head j's output row for token k back to the token's row of its stacked block.
             let out = state.output();
-            for j in 0..group {
-                let block = || (g, j * rows..(j + 1) * rows, ..);
-                hd.os.store(block(), row_b.put(hd.os.load(block()), bi, arow.take(out, j as i32)));
+            for k in 0..kt {
+                for j in 0..group {
+                    let block = || (g, j * rows..(j + 1) * rows, ..);
+                    hd.os.store(block(), row_b.put(hd.os.load(block()), token_row(k), arow.take(out, (k * group + j) as i32)));
+                }
             }
         });
     });
@@ -477,60 +551,77 @@ fn attention(p: &Plan, hd: H, layer: Val) {
     }
 }
 
-/// Softmax over the experts, top-k (lowest id wins ties), optional renormalisation; ids and
-/// weights of the real rows to SMEM.
-fn route(p: &Plan, hd: H) {
+/// Softmax over the experts, top-k (lowest id wins ties), optional renormalisation; the
+/// distinct experts the real rows chose, in order of first choice (row-major, slot-minor),
+/// to SMEM: returns the routing and their count (each row's `top_k` choices are distinct, so
+/// at least `top_k`; at most [`Plan::distinct_experts`]). A choice that is not the first of
+/// its expert is stored to the trash entry past the list.
+fn route(p: &Plan, hd: H) -> (Routing, Val) {
     let d = &p.dims;
     let k = d.top_k;
+    let trash = p.distinct_experts() as i32;
     let routing = Routing::new(hd.rl.load(..), d.experts, k, false, d.renormalize);
-    for bi in 0..d.batch {
+    let mut distinct = scalar(0);
+    for r in 0..d.tokens {
         for j in 0..k {
-            let (id, weight) = routing.entry(bi as i32, j as i32);
-            hd.ids.store(bi * k + j, id);
-            hd.wts.store(bi * k + j, weight);
+            let id = routing.id(r as i32, j as i32);
+            let first = routing.first_choice(r, j, id);
+            hd.ids.store(select(first, distinct, trash), id);
+            distinct = select(first, distinct + 1, distinct);
         }
     }
+    (routing, distinct)
 }
 
-/// The expert stream: for each (sequence, slot, chunk) item, the chunk (gate | up | down
-/// columns, one DMA) of expert `ids[b * k + j]`, fetched by id right after routing into a ring of
-/// `slots` slots, `slots - 1` items ahead; all rows are multiplied and masked to the item's
-/// sequence. One flat pipelined loop over the items: the (pair, chunk, sequence) cursor is
-/// carried and advanced by compares, not divided out of the item index (libtpu's v6e
-/// estimator fails on the scalar division by a chunk count that is not a power of two).
-fn experts(p: &Plan, hd: H, layer: Val, xn2: Val) {
+/// The expert stream: for each (distinct expert, chunk) item, the chunk (gate | up | down
+/// columns, one DMA) of the expert, fetched by id right after routing into a ring of `slots`
+/// slots, `slots - 1` items ahead: each expert any row chose is fetched once and applied to
+/// every row, times each row's weight for it (zero for rows that did not choose it). One
+/// flat pipelined loop over the items, `distinct * chunks` of them (a run-time count; the
+/// static worst case [`Plan::distinct_experts`] with [`ExpertFetch::WorstCase`], the
+/// entries past the distinct ones fetching the last one again at weight zero): the
+/// (expert, chunk) cursor is carried and advanced by compares, not divided out of the item
+/// index (libtpu's v6e estimator fails on the scalar division by a chunk count that is not
+/// a power of two).
+fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Val) {
     let d = &p.dims;
-    let (rows, k) = (d.rows, d.top_k);
     let (eb, ec, slots) = (p.layout.expert_block, p.layout.expert_chunks, p.expert_slots);
-    let total = d.batch * k * ec;
-    let ahead = (slots - 1).min(total);
-    let fetch = |pair: Val, c: Val, slot: Val| async_copy(hd.w_experts.at((layer, hd.ids.load(pair), c)), hd.ex_buf.at(slot), hd.ex_sems.at(slot));
+    let worst_case = p.expert_fetch == ExpertFetch::WorstCase;
+    let total = match p.expert_fetch {
+        ExpertFetch::Distinct => distinct * ec as i32,
+        ExpertFetch::WorstCase => scalar((p.distinct_experts() * ec) as i32),
+    };
+    // Row 0 alone chose `top_k` distinct experts: that many items exist whatever the routing.
+    let ahead = (slots - 1).min(d.top_k * ec);
+    let entry = |e: Val| if worst_case { select(lt(e, distinct), e, distinct - 1) } else { e };
+    let fetch = |e: Val, c: Val, slot: Val| async_copy(hd.w_experts.at((layer, hd.ids.load(entry(e)), c)), hd.ex_buf.at(slot), hd.ex_sems.at(slot));
     for it in 0..ahead {
         fetch(scalar((it / ec) as i32), scalar((it % ec) as i32), scalar(it as i32)).start();
     }
     hd.acc.store(.., 0.0);
-    let row_ids = RowSelect::new(rows, 1);
-    let split = (total - ahead) as i32;
+    let split = total - ahead as i32;
     let zero = scalar(0);
     let _ = pipeline(
-        range(0, scalar(split)),
-        Drain::Loop(range(scalar(split), scalar(total as i32))),
+        range(0, split),
+        Drain::Loop(range(split, total)),
         ahead,
-        (zero, zero, zero, zero),
-        |_, &(slot, pair, c, _)| {
-            let mut item = ExpertItem { pair, chunk: c };
+        (zero, zero, zero),
+        |_, &(slot, e, c)| {
+            let mut item = ExpertItem { pair: e, chunk: c };
             for _ in 0..ahead {
                 item = item.next(ec);
             }
             fetch(item.pair, item.chunk, ring_add(slot, ahead, slots)).start();
         },
-        |_, (slot, pair, c, seq): (Val, Val, Val, Val), _| {
-            fetch(pair, c, slot).wait();
+        |_, (slot, e, c): (Val, Val, Val), _| {
+            fetch(e, c, slot).wait();
             let columns = |part: u64| hd.ex_buf.load((slot, .., part * eb..(part + 1) * eb));
             let chunk = swiglu_chunk(xn2, columns(0), columns(1), columns(2), WeightLayout::OutIn);
-            hd.acc.store(.., hd.acc.load(..) + routed(chunk, row_ids, seq, hd.wts.load(pair)));
-            let next = ExpertItem { pair, chunk: c }.next(ec);
-            (ring_add(slot, 1, slots), next.pair, next.chunk, next.row_from(seq, k))
+            let weights = routing.weights_for(hd.ids.load(entry(e)), d.tokens);
+            let weights = if worst_case { select(lt(e, distinct), weights, 0.0) } else { weights };
+            hd.acc.store(.., hd.acc.load(..) + chunk * weights);
+            let next = ExpertItem { pair: e, chunk: c }.next(ec);
+            (ring_add(slot, 1, slots), next.pair, next.chunk)
         },
     );
     hd.x.store(.., residual_add(hd.x.load(..), hd.acc.load(..)));

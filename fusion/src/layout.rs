@@ -68,6 +68,8 @@ pub enum OperandKind {
     KCache,
     VCache,
     Logits,
+    NextIds,
+    MaxLogits,
     KCacheOut,
     VCacheOut,
 }
@@ -85,6 +87,8 @@ impl OperandKind {
             OperandKind::KCache => "k_cache",
             OperandKind::VCache => "v_cache",
             OperandKind::Logits => "logits",
+            OperandKind::NextIds => "next_ids",
+            OperandKind::MaxLogits => "max_logits",
             OperandKind::KCacheOut => "k_cache_out",
             OperandKind::VCacheOut => "v_cache_out",
         }

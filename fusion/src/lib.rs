@@ -19,21 +19,25 @@
 //!
 //! # Operand interface
 //!
-//! Order (Pallas operand order; `L` layers, `B` batch, `H` hidden, `hp` = `head_dim`
+//! Order (Pallas operand order; `L` layers, `B` batch, `K` tokens per sequence
+//! (`--tokens-per-seq`, row `r = b * K + k` is sequence `b`'s `k`-th new token), `rows` =
+//! `B * K` rounded up to 16, `H` hidden, `hp` = `head_dim`
 //! rounded up to 128, `E` experts, `I` expert intermediate, `cw` = [`layout::StreamLayout::chunk_cols`],
 //! `n` = dense chunks per layer, `C` = `I / expert_block`, `T` = cache positions):
 //!
 //! | # | name | type | space | content |
 //! |---|---|---|---|---|
-//! | 0 | `tokens` | `i32[B]` | SMEM (scalar prefetch) | token id per sequence |
-//! | 1 | `positions` | `i32[B]` | SMEM (scalar prefetch) | position of the new token |
+//! | 0 | `tokens` | `i32[B*K]` | SMEM (scalar prefetch) | token id per token row |
+//! | 1 | `positions` | `i32[B]` | SMEM (scalar prefetch) | position `p` of the sequence's first new token (token `k` at `p + k`, attending to `0..=p+k`) |
 //! | 2 | `embed` | `bf16[ceil(V/16), 16, H]` | HBM | `embed_tokens.weight` reshaped, zero rows past `V` |
 //! | 3 | `w_stream` | `bf16[L*n + ceil(V/cw), H, cw]` | HBM | the dense stream: per layer `[q|k|v heads (transposed, input_layernorm folded) | o_proj.weight (heads padded to hp) | router^T (post_attention_layernorm folded, padded to 128)]` in `n` chunks of `cw` columns, then `lm_head^T` with the final norm folded in chunks of `cw` columns |
 //! | 4 | `w_experts` | `bf16[L, E, C, H, 3*block]` | HBM | chunk `c` of expert `e`, one DMA: `[gate^T cols | up^T cols` (post-attention norm folded) `| down_proj.weight cols]` |
 //! | 5 | `head_norms` (Qwen3 only) | `f32[L, 8, hp]` | HBM | row 0 `q_norm`, row 1 `k_norm` |
 //! | | `k_cache`, `v_cache` | `bf16[L, B, kv_heads, T, hp]` | HBM | K (normed, roped) / V; aliased to outputs |
-//! | out 0 | `logits` | `f32[ceil(V/cw), rows, cw]` | VMEM | logit of sequence b, token v at `[v / cw, b, v % cw]` |
-//! | out 1, 2 | `k_cache_out`, `v_cache_out` | as the inputs | HBM | the caches, new position written in place |
+//! | out | `logits` (only with `--logits`) | `f32[ceil(V/cw), rows, cw]` | VMEM | logit of token row r, token v at `[v / cw, r, v % cw]` |
+//! | out | `next_ids` | `i32[rows, 128]` | VMEM | greedy next id of token row r (lowest id among equal maxima), every lane of row r |
+//! | out | `max_logits` | `f32[rows, 128]` | VMEM | row r's maximum logit, NaN when any of its logits is not finite |
+//! | out | `k_cache_out`, `v_cache_out` | as the inputs | HBM | the caches, the K new positions written in place |
 //!
 //! The exact per-element mapping from Hugging Face tensor names (transposes, folding,
 //! padding) is in [`report::operand_source`], printed by the report for every operand.

@@ -59,14 +59,38 @@ pub struct PlanOptions {
     pub check_hbm: bool,
     pub kv_tiles: KvTiles,
     pub prefetch: Prefetch,
+    /// New tokens per sequence in one step (`--tokens-per-seq`, 1..=16): consecutive
+    /// positions `p..p+K-1`, causal among themselves (a speculative verify step).
+    pub tokens_per_seq: u64,
+    /// Also return the full f32 logits (`--logits`); the greedy ids and each row's
+    /// maximum logit are always returned.
+    pub logits: bool,
+    pub expert_fetch: ExpertFetch,
+}
+
+/// How many experts a step's expert stream fetches (each distinct expert once either way).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum ExpertFetch {
+    /// The distinct experts the step's rows chose (a run-time count): what a step needs.
+    #[default]
+    Distinct,
+    /// The static worst case, `min(experts, batch * K * top_k)` (`--worst-case-experts`):
+    /// the same results at the cost of the worst routing, for libtpu's static estimator,
+    /// which prices no loop with a run-time trip count.
+    WorstCase,
 }
 
 impl PlanOptions {
-    /// All layers, HBM checked, KV read up to each position.
+    /// All layers, HBM checked, KV read up to each position, one token per sequence, the
+    /// full logits returned.
     pub fn new(chip: Chip, batch: u64, context: u64) -> PlanOptions {
-        PlanOptions { chip, batch, context, layers: None, check_hbm: true, kv_tiles: KvTiles::UpToPosition, prefetch: Prefetch::Deep }
+        PlanOptions { chip, batch, context, layers: None, check_hbm: true, kv_tiles: KvTiles::UpToPosition, prefetch: Prefetch::Deep, tokens_per_seq: 1, logits: true, expert_fetch: ExpertFetch::Distinct }
     }
 }
+
+/// Most new tokens per sequence in one step: the K new K/V rows of a sequence then span at
+/// most two 16-row groups of at most two KV tiles (tiles hold at least 16 positions).
+pub const MAX_TOKENS_PER_SEQ: u64 = 16;
 
 /// How far the weight streams run ahead of their use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -143,10 +167,16 @@ pub struct Dims {
     pub intermediate: u64,
     pub vocab: u64,
     pub batch: u64,
-    /// Rows of every activation matrix: `batch` rounded up to 16 (a bf16 tile).
+    /// New tokens per sequence in one step (`K`).
+    pub tokens_per_seq: u64,
+    /// Token rows of the step, `batch * tokens_per_seq`: row `b * K + k` is sequence `b`'s
+    /// `k`-th new token.
+    pub tokens: u64,
+    /// Rows of every activation matrix: `tokens` rounded up to 16 (a bf16 tile).
     pub rows: u64,
-    /// Rows of one (kv group, sequence) attention: the group's query heads, rounded up to
-    /// 16 so scores and probabilities are bf16 MXU operands, whatever the batch.
+    /// Rows of one (kv group, sequence) attention: the group's query heads for each of the
+    /// sequence's K tokens (token-major: row `k * group + j`), rounded up to 16 so scores
+    /// and probabilities are bf16 MXU operands, whatever the batch.
     pub attn_rows: u64,
     pub eps: f64,
     pub rope_theta: f64,
@@ -186,6 +216,7 @@ pub struct Plan {
     pub block_kv: u64,
     pub kv_tiles: KvTiles,
     pub prefetch: Prefetch,
+    pub expert_fetch: ExpertFetch,
     pub vmem: Vec<(String, u64)>,
     pub vmem_total: u64,
     pub vmem_limit: u64,
@@ -201,8 +232,15 @@ pub struct Traffic {
     /// Dense chunks of all layers (q/k/v, o, router, including chunk padding).
     pub dense: u64,
     pub lm_head: u64,
-    /// `batch * top_k` expert fetches per layer (no deduplication across tokens).
+    /// The experts fetched per step at the static worst case, `min(E, batch * K * top_k)`
+    /// distinct experts per layer, each once: what the step is priced at.
     pub experts: u64,
+    /// Without deduplication: one fetch per (row, slot), `batch * K * top_k` per layer.
+    pub experts_without_dedupe: u64,
+    /// Under uniform routing (each row's `top_k` experts drawn uniformly, independently of
+    /// the other rows'): the expected distinct experts, `E * (1 - (1 - top_k / E)^rows)`
+    /// per layer, each once.
+    pub experts_uniform_routing: f64,
     pub kv_read: u64,
     pub kv_write: u64,
     pub embedding: u64,
@@ -302,6 +340,12 @@ struct Rings {
 }
 
 impl Plan {
+    /// The most distinct experts a step's rows choose, `min(experts, batch * K * top_k)`:
+    /// the expert stream's static worst case.
+    pub fn distinct_experts(&self) -> u64 {
+        self.dims.experts.min(self.dims.tokens * self.dims.top_k)
+    }
+
     /// Plan the megakernel of `spec` for `options`, in stages: the options and the model
     /// checked, dims, the rewrites (their extraction gives the dense stream's segments),
     /// the weights' layout, the prefetch schedule, the VMEM budget, the HBM fit, the traffic.
@@ -334,6 +378,7 @@ impl Plan {
             block_kv,
             kv_tiles: options.kv_tiles,
             prefetch: options.prefetch,
+            expert_fetch: options.expert_fetch,
             vmem: vmem.parts,
             vmem_total: vmem.total,
             vmem_limit: vmem.limit,
@@ -351,8 +396,14 @@ fn supported<'s>(spec: &'s ModelSpec, options: &PlanOptions) -> Result<(usize, L
     if options.batch == 0 || options.batch > 16 {
         return Err(PlanError::Invalid(format!("--batch {} (supported: 1..=16)", options.batch)));
     }
+    if options.tokens_per_seq == 0 || options.tokens_per_seq > MAX_TOKENS_PER_SEQ {
+        return Err(PlanError::Invalid(format!("--tokens-per-seq {} (supported: 1..={MAX_TOKENS_PER_SEQ})", options.tokens_per_seq)));
+    }
     if options.context == 0 {
         return Err(PlanError::Invalid("--context 0".into()));
+    }
+    if options.tokens_per_seq > options.context {
+        return Err(PlanError::Invalid(format!("--tokens-per-seq {} is more than --context {}: a step writes K consecutive cache positions", options.tokens_per_seq, options.context)));
     }
     // Also keeps positions within the kernel's i32 position operand (the config caps
     // max_position_embeddings at 2^24).
@@ -419,8 +470,10 @@ fn dims(spec: &ModelSpec, moe: &MoeSpec, options: &PlanOptions) -> (Dims, u64) {
         intermediate: moe.intermediate,
         vocab: spec.vocab_size,
         batch,
-        rows: round_up(batch, 16),
-        attn_rows: round_up(a.group_size(), 16),
+        tokens_per_seq: options.tokens_per_seq,
+        tokens: batch * options.tokens_per_seq,
+        rows: round_up(batch * options.tokens_per_seq, 16),
+        attn_rows: round_up(a.group_size() * options.tokens_per_seq, 16),
         eps: spec.norm.eps,
         rope_theta: a.rope.theta,
         scale: a.scale,
@@ -498,7 +551,7 @@ fn rewrites(spec: &ModelSpec, dims: &Dims) -> Result<Extracted, PlanError> {
 /// `lm_head` continuing it, the experts cut into chunks as large as a quarter of VMEM
 /// allows for the expert ring, the caches.
 fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &Dims, extracted: &Extracted) -> Result<StreamLayout, PlanError> {
-    let (h, hp, batch, positions) = (dims.hidden, dims.head_pad, dims.batch, dims.positions);
+    let (h, hp, batch, positions, tokens) = (dims.hidden, dims.head_pad, dims.batch, dims.positions, dims.tokens);
     let width: u64 = extracted.segments.iter().map(|s| s.cols).sum();
     // ~4 MiB chunks, 128..=1024 columns: a DMA's fixed cost is amortised (libtpu's v6e
     // estimate, Qwen3-30B-A3B, one chunk in flight: 2 MiB 0.71 of the floor, 4 MiB 0.78).
@@ -527,7 +580,7 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
     use OperandKind::*;
     use OperandRole::{Input, Output, Prefetch};
     let mut operands = vec![
-        operand(Tokens, Prefetch, DType::I32, vec![batch], MemorySpace::Smem, 4 * batch),
+        operand(Tokens, Prefetch, DType::I32, vec![tokens], MemorySpace::Smem, 4 * tokens),
         operand(Positions, Prefetch, DType::I32, vec![batch], MemorySpace::Smem, 4 * batch),
         operand(Embed, Input, DType::Bf16, vec![vp16 / 16, 16, h], MemorySpace::Any, 2 * vp16 * h),
         operand(
@@ -548,7 +601,13 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
     for kind in [KCache, VCache] {
         operands.push(operand(kind, Input, DType::Bf16, kv_shape.clone(), MemorySpace::Any, kv_bytes));
     }
-    operands.push(operand(Logits, Output, DType::F32, vec![lm_chunks, dims.rows, chunk_cols], MemorySpace::Vmem, 4 * lm_chunks * dims.rows * chunk_cols));
+    if options.logits {
+        operands.push(operand(Logits, Output, DType::F32, vec![lm_chunks, dims.rows, chunk_cols], MemorySpace::Vmem, 4 * lm_chunks * dims.rows * chunk_cols));
+    }
+    for kind in [NextIds, MaxLogits] {
+        let dtype = if kind == NextIds { DType::I32 } else { DType::F32 };
+        operands.push(operand(kind, Output, dtype, vec![dims.rows, 128], MemorySpace::Vmem, 4 * dims.rows * 128));
+    }
     for kind in [KCacheOut, VCacheOut] {
         operands.push(operand(kind, Output, DType::Bf16, kv_shape.clone(), MemorySpace::Any, kv_bytes));
     }
@@ -594,17 +653,22 @@ fn vmem_budget(chip: Chip, dims: &Dims, layout: &StreamLayout, rings: &Rings, bl
         ("dense ring".into(), rings.banks * rings.bank_bytes),
         ("expert ring".into(), rings.expert_slots * rings.expert_slot_bytes),
         ("kv tiles".into(), 4 * pad(block_kv, hp, 2)),
-        ("embedding rows".into(), dims.batch * pad(16, h, 2)),
+        ("embedding rows".into(), dims.tokens * pad(16, h, 2)),
         ("residual + expert acc + o acc".into(), 3 * pad(rows, h, 4)),
         ("qkv".into(), pad(rows, nqkv, 4)),
         ("q / attention out / k / v heads".into(), 2 * kvh * pad(dims.group * rows, hp, 4) + 2 * kvh * pad(rows, hp, 4)),
         ("attention rows".into(), pad(rows, nq, 4)),
         ("router logits".into(), pad(rows, dims.experts_pad, 4)),
         ("rope tables".into(), 2 * pad(rows, hp, 4) + pad(hp, hp, 2) + pad(8, hp, 4)),
-        ("logits (output)".into(), layout.lm_chunks * pad(rows, chunk_cols, 4)),
+        ("greedy ids + max logits (outputs)".into(), 2 * pad(rows, 128, 4)),
     ];
+    if layout.operand(OperandKind::Logits).is_some() {
+        vmem.push(("logits (output)".into(), layout.lm_chunks * pad(rows, chunk_cols, 4)));
+    }
     let scores = pad(dims.attn_rows, block_kv, 4);
-    let temporaries = 4 * scores + 4 * pad(rows, 3 * layout.expert_block, 4) + 4 * pad(rows, h.max(chunk_cols), 4);
+    // K > 1: the K new K/V rows are inserted into both tiles at once, a row mask at a time.
+    let inserts = if dims.tokens_per_seq > 1 { 4 * pad(block_kv, hp, 4) } else { 0 };
+    let temporaries = 4 * scores + 4 * pad(rows, 3 * layout.expert_block, 4) + 4 * pad(rows, h.max(chunk_cols), 4) + inserts;
     vmem.push(("vector temporaries (estimate)".into(), temporaries));
     vmem.push(("compiler spill headroom".into(), 4 * MIB));
     let vmem_total: u64 = vmem.iter().map(|v| v.1).sum();
@@ -648,6 +712,19 @@ fn hbm_fit(options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLay
     Ok((hbm_total, hbm_capacity))
 }
 
+/// The 16-row groups written back from a KV tile holding new rows: one for one token; for
+/// K > 1, two (K <= 16 rows span at most two groups), one where the tile is one group.
+pub fn written_groups(tokens_per_seq: u64, block_kv: u64) -> u64 {
+    if tokens_per_seq == 1 || block_kv == 16 { 1 } else { 2 }
+}
+
+/// The 16-row groups of new K/V rows a step writes back per (layer, sequence, kv head,
+/// cache), at most: [`written_groups`] for each tile holding new rows (one for one token;
+/// at most two for K > 1).
+pub fn kv_write_groups(tokens_per_seq: u64, block_kv: u64) -> u64 {
+    written_groups(tokens_per_seq, block_kv) * if tokens_per_seq == 1 { 1 } else { 2 }
+}
+
 /// The HBM bytes and DMAs of one decode step, by stream, and the time at the chip's HBM
 /// bandwidth.
 fn traffic(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLayout, block_kv: u64) -> Result<Traffic, PlanError> {
@@ -655,7 +732,13 @@ fn traffic(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &Dims, 
     let (per_layer, chunk_cols, lm_chunks) = (layout.per_layer, layout.chunk_cols, layout.lm_chunks);
     let dense = product("the dense stream per step", &[2, l, per_layer, h, chunk_cols])?;
     let lm_head = 2 * lm_chunks * h * chunk_cols;
-    let experts = product("the expert weights read per step", &[l, batch, dims.top_k, 2, 3, h, dims.intermediate])?;
+    let tokens = dims.tokens;
+    let expert_bytes = product("one expert's weights", &[2, 3, h, dims.intermediate])?;
+    let experts_without_dedupe = product("the expert weights read per step", &[l, tokens, dims.top_k, expert_bytes])?;
+    let distinct = dims.experts.min(tokens * dims.top_k);
+    let experts = product("the expert weights read per step", &[l, distinct, expert_bytes])?;
+    let e = dims.experts as f64;
+    let experts_uniform_routing = l as f64 * e * (1.0 - (1.0 - dims.top_k as f64 / e).powf(tokens as f64)) * expert_bytes as f64;
     let span = dims.window.map_or(options.context, |w| w.min(options.context));
     let tiles = span.div_ceil(block_kv) + u64::from(dims.window.is_some());
     let tiles = match options.kv_tiles {
@@ -663,14 +746,14 @@ fn traffic(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &Dims, 
         KvTiles::All => dims.positions / block_kv,
     };
     let kv_read = product("the KV cache read per step", &[l, batch, kvh, 2, tiles, block_kv, hp, 2])?;
-    let kv_write = product("the KV cache written per step", &[l, batch, kvh, 2, 16, hp, 2])?;
-    let embedding = batch * 16 * h * 2;
+    let kv_write = product("the KV cache written per step", &[l, batch, kvh, 2, 16 * kv_write_groups(dims.tokens_per_seq, block_kv), hp, 2])?;
+    let embedding = tokens * 16 * h * 2;
     let head_norms = if dims.qk_norm { l * 8 * hp * 4 } else { 0 };
     let step_total = total("the bytes moved per step", &[dense, lm_head, experts, kv_read, kv_write, embedding, head_norms])?;
     let mut truncated = spec.clone();
     truncated.layers.truncate(layers);
     let model_total = truncated.decode_traffic(batch, options.context, 2).total();
-    let dmas_per_layer = total("the DMAs per step", &[per_layer, 1, product("the DMAs per step", &[batch, dims.top_k, layout.expert_chunks, 2])?, product("the DMAs per step", &[batch, kvh, 2, tiles + 1])?])?;
-    let dmas = total("the DMAs per step", &[product("the DMAs per step", &[l, dmas_per_layer])?, lm_chunks, batch])?;
-    Ok(Traffic { dense, lm_head, experts, kv_read, kv_write, embedding, head_norms, total: step_total, model_total, floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(), dmas })
+    let dmas_per_layer = total("the DMAs per step", &[per_layer, 1, product("the DMAs per step", &[distinct, layout.expert_chunks, 2])?, product("the DMAs per step", &[batch, kvh, 2, tiles + kv_write_groups(dims.tokens_per_seq, block_kv)])?])?;
+    let dmas = total("the DMAs per step", &[product("the DMAs per step", &[l, dmas_per_layer])?, lm_chunks, tokens])?;
+    Ok(Traffic { dense, lm_head, experts, experts_without_dedupe, experts_uniform_routing, kv_read, kv_write, embedding, head_norms, total: step_total, model_total, floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(), dmas })
 }

@@ -3,7 +3,7 @@
 
 use crate::graph::Weight;
 use crate::layout::{Operand, OperandKind, SegmentKind, role_name};
-use crate::plan::{KvTiles, Plan, Prefetch};
+use crate::plan::{ExpertFetch, KvTiles, Plan, Prefetch};
 use std::fmt::Write;
 
 fn mib(b: u64) -> String {
@@ -21,6 +21,9 @@ pub fn text(p: &Plan) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "megakernel: {} on {}", p.model, p.chip);
     let _ = writeln!(s, "  layers: {} of {} ({}), batch {}, context {} (cache {} positions, tiles of {})", p.layers, p.model_layers, p.layer_kind, d.batch, p.context, d.positions, p.block_kv);
+    if d.tokens_per_seq > 1 {
+        let _ = writeln!(s, "  tokens per sequence: {} (positions p..p+{}, causal among them): {} token rows", d.tokens_per_seq, d.tokens_per_seq - 1, d.tokens);
+    }
     let _ = writeln!(s, "rewrites (egg, DAG-aware extraction):");
     for (what, r) in [("layer", &p.layer_rewrite), ("head", &p.head_rewrite)] {
         let _ = writeln!(s, "  {what}: {} after {} iterations, {} e-nodes, cost {} -> {}", r.stop, r.iterations, r.egraph_nodes, r.cost_before, r.cost_after);
@@ -30,17 +33,31 @@ pub fn text(p: &Plan) -> String {
     }
     let t = &p.traffic;
     let _ = writeln!(s, "weight bytes streamed per step: {} (dense {}, experts {}, lm_head {}, embedding {}, head norms {})", gb((t.dense + t.experts + t.lm_head + t.embedding + t.head_norms) as f64), gb(t.dense as f64), gb(t.experts as f64), gb(t.lm_head as f64), gb(t.embedding as f64), gb(t.head_norms as f64));
+    let _ = writeln!(
+        s,
+        "expert bytes per step: {} at the static worst case of {} distinct experts per layer (min(E, batch x K x top_k), each fetched once), {} without dedupe ({} fetches per layer), {} expected under uniform routing",
+        gb(t.experts as f64),
+        p.distinct_experts(),
+        gb(t.experts_without_dedupe as f64),
+        d.tokens * d.top_k,
+        gb(t.experts_uniform_routing)
+    );
     let _ = writeln!(s, "kv bytes per step: read {}, written {}", gb(t.kv_read as f64), gb(t.kv_write as f64));
     let _ = writeln!(s, "total HBM bytes per step: {} (model count {}); floor at {}: {:.1} us", gb(t.total as f64), gb(t.model_total), p.chip, t.floor_seconds * 1e6);
     let _ = writeln!(s, "DMA schedule:");
     let _ = writeln!(s, "  dense ring: {} banks x {} ([{}, {}] bf16), prefetch depth {} chunks across op and layer boundaries", p.banks, mib(p.bank_bytes), d.hidden, layout.chunk_cols, p.depth);
     let _ = writeln!(s, "  dense chunks per layer: {} ({}), then {} lm_head chunks", layout.per_layer, layout.segments.iter().map(|g| format!("{} cols {}..{}", g.kind.name(), g.col, g.col + g.cols)).collect::<Vec<_>>().join(", "), layout.lm_chunks);
-    let _ = writeln!(s, "  experts: fetched by id after routing, {} slots x {} (gate | up | down [{}, 3 x {}], one DMA), {} chunks per expert, {} ahead", p.expert_slots, mib(p.expert_slot_bytes), d.hidden, layout.expert_block, layout.expert_chunks, p.expert_slots - 1);
+    let fetch = match p.expert_fetch {
+        ExpertFetch::Distinct => "the distinct experts (run-time count)",
+        ExpertFetch::WorstCase => "the static worst case of distinct experts (cost variant)",
+    };
+    let _ = writeln!(s, "  experts: {fetch}, each once, fetched by id after routing, {} slots x {} (gate | up | down [{}, 3 x {}], one DMA), {} chunks per expert, {} ahead", p.expert_slots, mib(p.expert_slot_bytes), d.hidden, layout.expert_block, layout.expert_chunks, p.expert_slots - 1);
     let kv_loop = match p.kv_tiles {
         KvTiles::UpToPosition => "up to each position",
         KvTiles::All => "all of them, masked past the position (cost variant)",
     };
-    let _ = writeln!(s, "  kv: tiles of {} positions double-buffered per (kv head, sequence), read {kv_loop}; new K/V written in place (16-row group)", p.block_kv);
+    let written = if d.tokens_per_seq == 1 { "new K/V written in place (16-row group)".to_string() } else { format!("the {} new K/V rows written in place (16-row groups, two per tile holding them)", d.tokens_per_seq) };
+    let _ = writeln!(s, "  kv: tiles of {} positions double-buffered per (kv head, sequence), read {kv_loop}; {written}", p.block_kv);
     let _ = writeln!(s, "  DMAs per step: {}", t.dmas);
     if p.prefetch == Prefetch::Single {
         let _ = writeln!(s, "  prefetch: one chunk in flight per stream (cost variant)");
@@ -64,8 +81,15 @@ pub fn operand_source(p: &Plan, o: &Operand) -> String {
     let layout = &p.layout;
     let (h, hd, hp, cw) = (d.hidden, d.head_dim, d.head_pad, layout.chunk_cols);
     match o.kind {
-        OperandKind::Tokens => "token id of each sequence".into(),
-        OperandKind::Positions => format!("position of each sequence's new token (0-based, < {}); K/V are written there and attention covers positions 0..=pos", d.positions),
+        OperandKind::Tokens if d.tokens_per_seq == 1 => "token id of each sequence".into(),
+        OperandKind::Tokens => format!("token id of row r = b * {k} + k: sequence b's k-th new token (k < {k}), at position positions[b] + k", k = d.tokens_per_seq),
+        OperandKind::Positions if d.tokens_per_seq == 1 => format!("position of each sequence's new token (0-based, < {}); K/V are written there and attention covers positions 0..=pos", d.positions),
+        OperandKind::Positions => format!(
+            "position p of each sequence's first new token (0-based, p + {} < {}); K/V are written at p..p+{}, and token k attends to positions 0..=p+k",
+            d.tokens_per_seq - 1,
+            d.positions,
+            d.tokens_per_seq - 1
+        ),
         OperandKind::Embed => format!("model.embed_tokens.weight [{}, {h}] reshaped to [V/16, 16, H] (rows padded with zeros to {})", d.vocab, o.shape[0] * 16),
         OperandKind::WStream => {
             let n = layout.per_layer;
@@ -111,7 +135,9 @@ pub fn operand_source(p: &Plan, o: &Operand) -> String {
             let out = layout.operands.iter().find(|x| x.kind.aliased_input() == Some(o.kind)).map_or("", |x| x.kind.name());
             format!("{what} of layer l, sequence b, kv head g at position t: [l, b, g, t, :{hd}] (after k_norm and RoPE for K; cols {hd}.. zero); aliased to the output {out} (updated in place)")
         }
-        OperandKind::Logits => format!("logits of sequence b for token v at [v / {cw}, b, v % {cw}] (rows >= batch and v >= vocab are padding)"),
+        OperandKind::Logits => format!("logits of token row r (sequence b's k-th new token: r = b * K + k, K = {}) for token v at [v / {cw}, r, v % {cw}] (rows >= batch * K and v >= vocab are padding)", d.tokens_per_seq),
+        OperandKind::NextIds => "greedy next id of token row r at [r, :] (every lane): the lowest id among the row's maximal logits (rows >= batch * K are padding)".into(),
+        OperandKind::MaxLogits => "maximum logit of token row r at [r, :] (every lane), NaN when any of the row's logits is not finite (so a bad step is caught without the full logits)".into(),
         OperandKind::KCacheOut | OperandKind::VCacheOut => "aliases the input of the same name (KV written in place)".into(),
     }
 }

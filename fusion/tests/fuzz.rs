@@ -37,6 +37,8 @@ proptest! {
         check_hbm in any::<bool>(),
         all_tiles in any::<bool>(),
         single in any::<bool>(),
+        tokens_per_seq in prop_oneof![0u64..20, Just(u64::MAX)],
+        logits in any::<bool>(),
     ) {
         let base = fixture(fixture_name);
         let v = match &edits { Some(e) => mutate(&base, e), None => base };
@@ -52,6 +54,8 @@ proptest! {
             check_hbm,
             kv_tiles: if all_tiles { KvTiles::All } else { KvTiles::UpToPosition },
             prefetch: if single { Prefetch::Single } else { Prefetch::Deep },
+            tokens_per_seq,
+            logits,
             ..PlanOptions::new(chip, batch, context)
         };
         match Plan::new(&spec, &options) {
@@ -63,7 +67,7 @@ proptest! {
                 if check_hbm {
                     prop_assert!(plan.hbm_total <= plan.hbm_capacity);
                 }
-                let sum = plan.layout.operands.iter().filter(|o| (o.space == MemorySpace::Any && o.kind.aliased_input().is_none()) || o.kind == OperandKind::Logits).map(|o| u128::from(o.bytes)).sum::<u128>();
+                let sum = plan.layout.operands.iter().filter(|o| (o.space == MemorySpace::Any && o.kind.aliased_input().is_none()) || matches!(o.kind, OperandKind::Logits | OperandKind::NextIds | OperandKind::MaxLogits)).map(|o| u128::from(o.bytes)).sum::<u128>();
                 prop_assert_eq!(sum, u128::from(plan.hbm_total));
             }
         }

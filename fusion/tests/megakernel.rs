@@ -118,3 +118,35 @@ fn layout_pieces_tile_the_dense_stream() {
         assert!(layout.per_layer * layout.chunk_cols - next < layout.chunk_cols, "{name}: a chunk of padding only");
     }
 }
+
+/// Expert dedupe in the step's traffic (Qwen3-30B-A3B, 128 experts, top-8, 8 layers): the
+/// step is priced at the static worst case of `min(E, B x K x top_k)` distinct experts per
+/// layer, each fetched once; without dedupe every (row, slot) fetches one; under uniform
+/// routing the expected distinct count is `E (1 - (1 - top_k / E)^rows)`. K tokens per
+/// sequence multiply the rows.
+#[test]
+fn expert_bytes_with_and_without_dedupe() {
+    let s = spec("qwen3-30b-a3b");
+    let expert = 2 * 3 * s.hidden_size * 768;
+    for (batch, k, distinct, rows) in [(1, 1, 8, 1), (8, 1, 64, 8), (1, 4, 32, 4), (8, 4, 128, 32), (16, 2, 128, 32)] {
+        let plan = Plan::new(&s, &PlanOptions { tokens_per_seq: k, logits: false, ..options(Chip::V7x, batch, 4096, Some(8)) }).unwrap();
+        let t = &plan.traffic;
+        assert_eq!(plan.distinct_experts(), distinct, "batch {batch}, K {k}");
+        assert_eq!(t.experts, 8 * distinct * expert, "batch {batch}, K {k}");
+        assert_eq!(t.experts_without_dedupe, 8 * rows * 8 * expert, "batch {batch}, K {k}");
+        let uniform = 8.0 * 128.0 * (1.0 - (1.0 - 8.0 / 128.0f64).powi(rows as i32)) * expert as f64;
+        assert!((t.experts_uniform_routing - uniform).abs() < 1.0, "batch {batch}, K {k}: {}", t.experts_uniform_routing);
+        assert!(t.experts_uniform_routing <= t.experts as f64 + 1.0 && t.experts <= t.experts_without_dedupe);
+        println!("batch {batch}, K {k}: expert bytes per step {:.3} GB (worst case {distinct} distinct), {:.3} GB without dedupe, {:.3} GB under uniform routing", t.experts as f64 / 1e9, t.experts_without_dedupe as f64 / 1e9, t.experts_uniform_routing / 1e9);
+    }
+}
+
+/// `tokens_per_seq` out of 1..=16, or past the context, is refused naming the flag.
+#[test]
+fn tokens_per_seq_is_checked() {
+    let s = spec("tiny-qwen3-moe");
+    for (k, context, want) in [(0, 256, "--tokens-per-seq 0 (supported: 1..=16)"), (17, 256, "--tokens-per-seq 17 (supported: 1..=16)"), (8, 4, "--tokens-per-seq 8 is more than --context 4")] {
+        let err = Plan::new(&s, &PlanOptions { tokens_per_seq: k, ..options(Chip::V6e, 1, context, None) }).unwrap_err();
+        assert!(err.to_string().contains(want), "{err}");
+    }
+}

@@ -78,7 +78,7 @@ pub fn decode_attention(
         let (k_now, v_now) = fetch(t, slot);
         k_now.wait();
         v_now.wait();
-        let mask = KvMask { start: t * block_kv as i32, last: last_position, window: None, zero_values: false };
+        let mask = KvMask { start: t * block_kv as i32, last: last_position, queries: None, window: None, zero_values: false };
         state.attend(qv, k_buf[slot], v_buf[slot], Some(scale), Some(mask))
     };
     let init = OnlineSoftmax::start(group as u64, head_dim as u64);

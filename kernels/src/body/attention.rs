@@ -26,13 +26,18 @@ impl Carry for OnlineSoftmax {
 }
 
 /// Which positions of a KV tile the query rows attend to: cache positions `start..start +
-/// tile` against the causal limit `last` (inclusive) and an optional sliding window.
+/// tile` against each row's causal limit (inclusive) and an optional sliding window.
 #[derive(Clone, Copy)]
 pub struct KvMask {
     /// The cache position of the tile's first row.
     pub start: Val,
-    /// The last position attended to: the query's own.
+    /// The last position attended to: the (first) query's own.
     pub last: Val,
+    /// Rows holding `tokens` consecutive queries at `last..last + tokens` (a verify step):
+    /// each row's offset from `last` (`[rows, 1]` i32) and `tokens`. Each row is causal at
+    /// its own position, so the queries are causal among themselves. `None`: one query
+    /// position for every row.
+    pub queries: Option<(Val, u64)>,
     /// Only the `window` positions up to `last` (Mistral's `sliding_window`).
     pub window: Option<u64>,
     /// Also zero the V rows of masked positions. Their probabilities are zero, but a cache
@@ -47,19 +52,29 @@ impl KvMask {
     fn apply(self, scores: Val, v: Val) -> (Val, Val) {
         let (rows, tile) = (scores.shape().0[0], scores.shape().0[1]);
         let width = v.shape().0[1];
+        // Before the (first) query's window; a query at `last` attends `(before, last]`.
         let first = self.window.map(|w| self.last - w as i32);
-        let attended = |position: Val| {
-            let causal = le(position, self.last);
-            match first {
+        let attended = |position: Val, last: Val, before: Option<Val>| {
+            let causal = le(position, last);
+            match before {
                 Some(before) => causal & lt(before, position),
                 None => causal,
             }
         };
-        let scores = select(attended(iota([rows, tile], 1) + self.start), scores, f64::NEG_INFINITY);
+        // Each row's limits, and the newest position any row attends.
+        let (row_last, row_before, newest) = match self.queries {
+            Some((offsets, tokens)) => {
+                let row_last = self.last + offsets;
+                (row_last, self.window.map(|w| row_last - w as i32), self.last + (tokens as i32 - 1))
+            }
+            None => (self.last, first, self.last),
+        };
+        let scores = select(attended(iota([rows, tile], 1) + self.start, row_last, row_before), scores, f64::NEG_INFINITY);
         if !self.zero_values {
             return (scores, v);
         }
-        let v = select(attended(iota([tile, width], 0) + self.start), v.cast(f32), 0.0).cast(bf16);
+        // Zeroed: the V rows no query attends (the only ones that may hold stale data).
+        let v = select(attended(iota([tile, width], 0) + self.start, newest, first), v.cast(f32), 0.0).cast(bf16);
         (scores, v)
     }
 }

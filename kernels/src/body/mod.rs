@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | [`embed`] | token embedding rows | (megakernel only) |
 //! | [`norm`] | RMSNorm as the next projection's operand; the residual add | `rmsnorm`, `rmsnorm_matmul`, `residual_add(_inplace)` |
+//! | [`greedy`] | greedy argmax over `lm_head` chunks (lowest id among equal maxima) | (megakernel only) |
 //! | [`gemv`] | a projection through one weight block (q/k/v, o, router, lm_head) | `gemv`, `rmsnorm_matmul`, `moe_router`, `expert_ffn` |
 //! | [`rope`] | RoPE tables, rotation and application | `rope` |
 //! | [`kv`] | the KV-cache update inside a VMEM tile | `kv_cache_update` |
@@ -21,6 +22,7 @@ pub mod attention;
 pub mod embed;
 pub mod ffn;
 pub mod gemv;
+pub mod greedy;
 pub mod kv;
 pub mod norm;
 pub mod rope;
@@ -31,6 +33,7 @@ pub use attention::{KvMask, OnlineSoftmax};
 pub use embed::embedding_row;
 pub use ffn::{ExpertItem, routed, swiglu, swiglu_chunk};
 pub use gemv::{WeightLayout, project};
+pub use greedy::Greedy;
 pub use kv::NewRow;
 pub use norm::{residual_add, rms_norm, rms_unit};
 pub use rope::{rope_apply, rope_rotation, rope_tables};

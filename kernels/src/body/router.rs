@@ -72,7 +72,33 @@ impl Routing {
     /// so each element is pulled out of the vectors with a masked `max_all` (a
     /// `vector.multi_reduction` to a scalar).
     pub fn entry(&self, row: impl IntoVal, slot: impl IntoVal) -> (Val, Val) {
-        let here = eq(self.rows, row) & eq(self.slots, slot);
+        let here = self.here(row, slot);
         (select(here, self.ids, -1).max_all(), select(here, self.weights, f64::NEG_INFINITY).max_all())
+    }
+
+    /// The id alone of [`Self::entry`].
+    pub fn id(&self, row: impl IntoVal, slot: impl IntoVal) -> Val {
+        select(self.here(row, slot), self.ids, -1).max_all()
+    }
+
+    fn here(&self, row: impl IntoVal, slot: impl IntoVal) -> Val {
+        eq(self.rows, row) & eq(self.slots, slot)
+    }
+
+    /// Whether `id`, row `row`'s `slot`-th choice, is the batch's first choice of that
+    /// expert (choices ordered row-major, slot-minor): the expert stream fetches each
+    /// distinct expert once, at its first choice.
+    pub fn first_choice(&self, row: u64, slot: u64, id: Val) -> Val {
+        let k = self.ids.shape().0[1];
+        let earlier = lt(self.rows * k as i32 + self.slots, (row * k + slot) as i32) & eq(self.ids, id);
+        // Ids are >= 0: the max is -1 exactly when no earlier choice is `id`.
+        lt(select(earlier, self.ids, -1).max_all(), 0)
+    }
+
+    /// Each row's combine weight for `expert` (`[rows, 1]` f32): its routing weight where it
+    /// chose the expert, zero elsewhere and on the rows from `real` on (padding).
+    pub fn weights_for(&self, expert: Val, real: u64) -> Val {
+        let chosen = eq(self.ids, expert) & lt(self.rows, real as i32);
+        select(chosen, self.weights, 0.0).sum_keepdims(1)
     }
 }
