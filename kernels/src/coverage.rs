@@ -12,17 +12,17 @@ pub type Build = fn() -> Result<Kernel, BuildErrors>;
 
 /// Every coverage kernel by name, for suites that treat them alike.
 pub const ALL: &[(&str, Build)] = &[
-    ("loops", loops),
-    ("misc", misc),
-    ("masked_store", masked_store),
-    ("transpose", transpose),
-    ("semaphores", semaphores),
-    ("dynamic_dma", dynamic_dma),
-    ("casts", casts),
-    ("softmax_t", softmax_t),
-    ("int8_dot", int8_dot),
-    ("array_ops", array_ops),
-    ("switch_branches", switch_branches),
+    ("loops", || loops::build(&Default::default())),
+    ("misc", || misc::build(&Default::default())),
+    ("masked_store", || masked_store::build(&Default::default())),
+    ("transpose", || transpose::build(&Default::default())),
+    ("semaphores", || semaphores::build(&Default::default())),
+    ("dynamic_dma", || dynamic_dma::build(&Default::default())),
+    ("casts", || casts::build(&Default::default())),
+    ("softmax_t", || softmax_t::build(&Default::default())),
+    ("int8_dot", || int8_dot::build(&Default::default())),
+    ("array_ops", || array_ops::build(&Default::default())),
+    ("switch_branches", || switch_branches::build(&Default::default())),
 ];
 
 /// Traced control flow: an `scf.for` over `0..program_id(0)` carrying a vector and an i32,
@@ -34,7 +34,7 @@ pub fn loops(
 ) {
     let mut acc = x[..];
     let mut steps = scalar(0);
-    for i in 0..program_id(0) {
+    for i in fori(0, program_id(0)) {
         acc = acc + 1.0;
         steps = steps + i;
     }
@@ -62,7 +62,7 @@ pub fn misc(
     let lanes = iota([8, 128], 1);
     let kept = select(lanes < 100, v, 0.0);
     let mut acc = kept;
-    for _i in 0..scalar(4) {
+    for _i in fori(0, scalar(4)) {
         acc = acc + v;
     }
     s[0] = acc.sum_all();
