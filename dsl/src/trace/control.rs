@@ -330,10 +330,11 @@ pub fn fori(lower: impl LoopBound, upper: impl LoopBound) -> TracedRange {
     TracedRange { lower: lower.into_bound(loc), upper: upper.into_bound(loc) }
 }
 
-/// The bounds of [`unrolled`]: two Rust integers of one type (one generic impl, so an
-/// unsuffixed literal takes the other bound's type, as in a Rust range).
+/// The bounds of [`unrolled`]: two Rust integers of one type. One impl per type, not a
+/// generic `(T, T)`: an unsuffixed literal still takes the other bound's type (the one impl
+/// that can match), and a traced bound matches none, so the error is this trait's message.
 #[diagnostic::on_unimplemented(
-    message = "`unrolled(lower, upper)` repeats the body once per value at trace time, so its bounds must be Rust integers of one type, not `{Self}`",
+    message = "`unrolled(lower, upper)` repeats the body once per value at trace time: its bounds must be Rust integers of one type, not `{Self}`",
     label = "bounds not known at trace time",
     note = "a loop over a traced bound is `fori(lower, upper)`: one scf.for (lax.fori_loop)"
 )]
@@ -342,20 +343,15 @@ pub trait UnrolledBounds {
     fn range(self) -> std::ops::Range<Self::Index>;
 }
 
-/// Rust integer types a loop can unroll over.
-pub trait RustIndex: Copy {}
-impl RustIndex for i32 {}
-impl RustIndex for i64 {}
-impl RustIndex for u32 {}
-impl RustIndex for u64 {}
-impl RustIndex for usize {}
-
-impl<T: RustIndex> UnrolledBounds for (T, T) {
-    type Index = T;
-    fn range(self) -> std::ops::Range<T> {
-        self.0..self.1
-    }
+macro_rules! unrolled_bounds {
+    ($($t:ty),*) => {$(
+        impl UnrolledBounds for ($t, $t) {
+            type Index = $t;
+            fn range(self) -> std::ops::Range<$t> { self.0..self.1 }
+        }
+    )*};
 }
+unrolled_bounds!(i32, i64, u32, u64, usize);
 
 /// `for i in unrolled(lower, upper)` in a kernel body: the body traced once per value of
 /// the Rust range (a Python `for` in a Pallas kernel), `i` a Rust integer. See [`fori`].
