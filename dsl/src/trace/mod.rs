@@ -167,6 +167,35 @@ impl Tracer {
         self.emit(data, loc, &[fallback])[0]
     }
 
+    /// Drop `ref_slice` ops whose results nothing uses (until none is left: a chain of
+    /// `.at(..)` goes whole): the slices a DMA descriptor was built from, which `start` and
+    /// `wait` slice again where Pallas does (`refs.rs`, `sliced_here`).
+    pub(crate) fn drop_unused_slices(&mut self) {
+        use crate::ir::OpData;
+        loop {
+            let mut used: SecondaryMap<crate::ir::Value, bool> = SecondaryMap::new();
+            for block in self.kernel.blocks.values() {
+                for &op in &block.ops {
+                    for &v in self.kernel.ops[op].data.operands().iter() {
+                        used[v] = true;
+                    }
+                }
+            }
+            let ops = &self.kernel.ops;
+            let mut dropped = false;
+            for block in self.kernel.blocks.values_mut() {
+                block.ops.retain(|&op| {
+                    let dead = matches!(ops[op].data, OpData::RefSlice { .. }) && ops[op].results.iter().all(|&r| !used[r]);
+                    dropped |= dead;
+                    !dead
+                });
+            }
+            if !dropped {
+                return;
+            }
+        }
+    }
+
     /// Trace `f` into a fresh block with parameters of `param_types`.
     pub(crate) fn new_block(&mut self, param_types: &[Type]) -> (Block, Vec<Value>) {
         let b = self.kernel.new_block();
