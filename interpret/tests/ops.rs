@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use palladium_kernels::coverage::{array_ops, switch_branches, casts, dynamic_dma, int8_dot, loops, masked_store, misc, semaphores, softmax_t, transpose};
+use palladium_kernels::coverage::{array_ops, switch_branches, casts, dynamic_dma, int8_dot, loops, masked_store, misc, nested_pipeline, semaphores, softmax_t, transpose};
 use half::bf16;
 use palladium_dsl::prelude::*;
 use palladium_interpret::{ErrorKind, HostArray};
@@ -245,6 +245,33 @@ fn int8_matmul_accumulates_in_i32() {
         for j in 0..128 {
             let want: i32 = (0..128).map(|k| i32::from(a[i * 128 + k]) * i32::from(b[k * 128 + j])).sum();
             assert_eq!(got[i * 128 + j], want);
+        }
+    }
+}
+
+
+/// A `#[kernel]` body's nested pipeline (`pipeline`): every chunk streamed from HBM through
+/// the ring is added once, whatever the chunk count; a chunk consumed before its wait races.
+#[test]
+fn nested_pipeline_sums_every_streamed_chunk() {
+    for chunks in [2usize, 6] {
+        let (rows, cols) = (16, 128);
+        let body = body_of(&nested_pipeline::build(&nested_pipeline::Params { chunks, rows }).unwrap_or_else(|e| panic!("{e}")));
+        let x = Rng::new(31).f32s(2 * chunks * rows * cols);
+        let inputs = [HostArray::from_f32(&[2, chunks * rows, cols], &x)];
+        let out = run(&body, &inputs).unwrap_or_else(|e| panic!("{e}"));
+        let want: Vec<f32> = (0..2 * rows * cols)
+            .map(|k| {
+                let (b, rc) = (k / (rows * cols), k % (rows * cols));
+                (0..chunks).fold(0.0, |acc, c| acc + x[(b * chunks + c) * rows * cols + rc])
+            })
+            .collect();
+        assert_eq!(out[0].to_f32(), want, "chunks = {chunks}");
+        if chunks == 6 {
+            assert_eq!(body.matches("scf.for").count(), 1, "one traced main loop, the last chunk peeled");
+            assert_eq!(body.matches("tpu.wait_dma2").count(), 2, "one wait in the main loop, one in the peeled drain");
+            let bad: String = body.lines().filter(|l| !l.contains("tpu.wait_dma2")).collect::<Vec<_>>().join("\n");
+            expect_err(run(&bad, &inputs), ErrorKind::DmaRace);
         }
     }
 }

@@ -23,6 +23,7 @@ pub const ALL: &[(&str, Build)] = &[
     ("int8_dot", || int8_dot::build(&Default::default())),
     ("array_ops", || array_ops::build(&Default::default())),
     ("switch_branches", || switch_branches::build(&Default::default())),
+    ("nested_pipeline", || nested_pipeline::build(&Default::default())),
 ];
 
 /// Traced control flow: an `scf.for` over `0..program_id(0)` carrying a vector and an i32,
@@ -205,4 +206,28 @@ pub fn switch_branches(
     let index = which[program_id(0)];
     debug_print("step {} takes branch {}", &[program_id(0), index]);
     o[..] = switch(index, [&|| v * 2.0, &|| v + 1.0, &|| v.maximum(0.0)]);
+}
+
+/// A nested pipeline in a kernel body (Pallas's `pltpu.emit_pipeline`): the column sums of
+/// `chunks` row chunks streamed from HBM through a two-slot VMEM ring, chunk `i + 1` in
+/// flight while chunk `i` is added (`pipeline`, the one implementation the library's
+/// streams run on), the last chunk drained peeled.
+#[kernel(grid = (2,), semantics = (parallel,))]
+pub fn nested_pipeline(
+    #[default(6)] chunks: usize,
+    #[default(16)] rows: usize,
+    #[input(f32[2, chunks * rows, 128], space = any)] x: Ref,
+    #[output(f32[2, rows, 128], block = [None, rows, 128], map = |b| (b, 0, 0))] o: Ref,
+    #[scratch(vmem, f32[2, rows, 128])] ring: Ref,
+    #[scratch(dma_sem[2])] sems: SemRef,
+) {
+    let b = program_id(0);
+    let chunk = |i: Val| async_copy(x.at((b, ds(i * rows as i32, rows as u64), ..)), ring.at(i % 2), sems.at(i % 2));
+    chunk(scalar(0)).start();
+    let last = Drain::Peeled { start: scalar(chunks as i32 - 1), count: 1 };
+    let sum = pipeline(fori(0, chunks - 1), last, 1, zeros([rows as u64, 128], f32), |i, _| chunk(i).start(), |i, acc, _| {
+        chunk(i).wait();
+        acc + ring[(i % 2, .., ..)]
+    });
+    o[(0, .., ..)] = sum;
 }
