@@ -271,7 +271,15 @@ fn nested_pipeline_sums_every_streamed_chunk() {
             assert_eq!(body.matches("scf.for").count(), 1, "one traced main loop, the last chunk peeled");
             assert_eq!(body.matches("tpu.wait_dma2").count(), 2, "one wait in the main loop, one in the peeled drain");
             let bad: String = body.lines().filter(|l| !l.contains("tpu.wait_dma2")).collect::<Vec<_>>().join("\n");
-            expect_err(run(&bad, &inputs), ErrorKind::DmaRace);
+            let text = expect_err(run(&bad, &inputs), ErrorKind::DmaRace);
+            // Named by the Rust line that read the ring slot too early.
+            let source = include_str!("../../kernels/src/coverage.rs");
+            let (line, col) = source
+                .lines()
+                .enumerate()
+                .find_map(|(n, l)| l.find("acc + ring[").map(|c| (n + 1, c + "acc + ring".len() + 1)))
+                .expect("the consume line");
+            assert!(text.starts_with(&format!("DmaRace: `vector.load` at kernels/src/coverage.rs:{line}:{col} ")), "{text}");
         }
     }
 }
