@@ -222,12 +222,21 @@ pub fn nested_pipeline(
     #[scratch(dma_sem[2])] sems: SemRef,
 ) {
     let b = program_id(0);
-    let chunk = |i: Val| async_copy(x.at((b, ds(i * rows as i32, rows as u64), ..)), ring.at(i % 2), sems.at(i % 2));
-    chunk(scalar(0)).start();
+    let chunk = |i: Val, slot: Val| async_copy(x.at((b, ds(i * rows as i32, rows as u64), ..)), ring.at(slot), sems.at(slot));
+    chunk(scalar(0), scalar(0)).start();
     let last = Drain::Peeled { start: scalar(chunks as i32 - 1), count: 1 };
-    let sum = pipeline(fori(0, chunks - 1), last, 1, zeros([rows as u64, 128], f32), |i, _| chunk(i).start(), |i, acc, _| {
-        chunk(i).wait();
-        acc + ring[(i % 2, .., ..)]
-    });
+    // The ring slot is carried, as in the library's streams: with a slot computed from the
+    // induction variable (`i % 2`) libtpu's static profiler aborts.
+    let (sum, _) = pipeline(
+        fori(0, chunks - 1),
+        last,
+        1,
+        (zeros([rows as u64, 128], f32), scalar(0)),
+        |i, &(_, slot): &(Val, Val)| chunk(i, 1 - slot).start(),
+        |i, (acc, slot), _| {
+            chunk(i, slot).wait();
+            (acc + ring[(slot, .., ..)], 1 - slot)
+        },
+    );
     o[(0, .., ..)] = sum;
 }
