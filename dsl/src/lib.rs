@@ -19,8 +19,8 @@ pub mod prelude {
     pub use crate::ir::{DType, DotDims, Precision};
     pub use crate::kernel;
     pub use crate::trace::{
-        Dims, Dma, Ref, Scope, SemRef, Val, async_copy, concatenate, debug_print, dot, dot_general, dot_t, ds, full, iota, num_programs, program_id,
-        run_scoped, scalar, select, switch, zeros,
+        Dims, Dma, Drain, Ref, Scope, SemRef, Val, async_copy, concatenate, debug_print, dot, dot_general, dot_t, ds, fori, full, iota,
+        num_programs, pipeline, program_id, run_scoped, scalar, select, switch, unrolled, zeros,
     };
     pub use crate::spec::Chip;
 
@@ -74,7 +74,7 @@ pub mod __private {
     pub use crate::spec::{BlockDim, OperandRole, Semantics};
     pub use crate::trace::{
         BuildErrors, Carry, Compare, Cond, IndexElem, IntoIndex, IntoVal, KernelBuilder, ParamError, Ref, SemRef, Val, for_range, if_else,
-        range, range_from_literal, range_to_literal, while_loop,
+        while_loop,
     };
     pub use crate::trace::builder_handles::{Handle, Sealed};
     pub use crate::trace::params::{self as size, Checks, Size};

@@ -1,5 +1,6 @@
 //! The tracing builder used directly (what `#[kernel]` expands to).
 use palladium_dsl::__private::*;
+use palladium_dsl::build::range;
 use palladium_dsl::ir::{PrintOptions, print_kernel};
 use palladium_dsl::prelude::*;
 

@@ -1,23 +1,24 @@
 //! `if`, `for` and `while` in kernel bodies: traced into structured regions when their
-//! conditions are traced, plain Rust when they are not; assigned variables are carried.
+//! conditions are traced (a loop when it says `fori`), plain Rust when they are not (a loop
+//! when it says `unrolled`); assigned variables are carried.
 use palladium_dsl::ir::{PrintOptions, print_kernel};
 use palladium_dsl::prelude::*;
 
 #[kernel(grid = (4,), semantics = (arbitrary,))]
 fn loops(
-    #[default(3)] unrolled: usize,
+    #[default(3)] repeats: usize,
     #[input(f32[32, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
     #[output(f32[32, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
     #[scratch(smem, i32[1])] count: Ref,
 ) {
     let mut acc = x[..];
-    // Static bounds: unrolled while tracing (three multiplies, no loop op).
-    for _ in 0..unrolled {
+    // Unrolled while tracing (three multiplies, no loop op).
+    for _ in unrolled(0, repeats) {
         acc = acc * 2.0;
     }
-    // Traced bounds: an scf.for carrying `acc` and `steps`.
+    // An scf.for carrying `acc` and `steps`.
     let mut steps = scalar(0);
-    for i in 0..program_id(0) {
+    for i in fori(0, program_id(0)) {
         acc = acc + 1.0;
         steps = steps + i;
     }
@@ -38,7 +39,7 @@ fn loops(
 
 #[test]
 fn loops_trace_into_regions_with_carried_values() {
-    let k = loops(3).unwrap();
+    let k = loops::build(&loops::Params { repeats: 3 }).unwrap();
     let text = print_kernel(&k, PrintOptions::default());
     assert_eq!(text.matches(" = mul ").count(), 3, "static loop unrolled:\n{text}");
     assert!(text.contains(" = for "), "{text}");
@@ -70,7 +71,7 @@ fn scoped(
 
 #[test]
 fn run_scoped_allocates_and_yields() {
-    let k = scoped().unwrap();
+    let k = scoped::build(&Default::default()).unwrap();
     let text = print_kernel(&k, PrintOptions::default());
     assert!(text.contains(" = run_scoped : f32[8,128] {"), "{text}");
     assert!(text.contains("alloc scoped0 : ref<vmem, f32[8,128]>"), "{text}");
@@ -83,13 +84,13 @@ fn nested_carry(#[output(i32[1], space = smem)] o: Ref) {
     // `slot` is assigned only in the inner loop, `n` only inside an `if`: every enclosing
     // region must carry them too (a ring slot flipped per chunk, as in `expert_ffn`).
     let mut slot = scalar(0);
-    for _t in 0..scalar(2) {
-        for _c in 0..scalar(3) {
+    for _t in fori(0, 2) {
+        for _c in fori(0, 3) {
             slot = 1 - slot;
         }
     }
     let mut n = scalar(0);
-    for i in 0..scalar(4) {
+    for i in fori(0, 4) {
         if i > 1 {
             n = n + i;
         }
@@ -99,7 +100,7 @@ fn nested_carry(#[output(i32[1], space = smem)] o: Ref) {
 
 #[test]
 fn names_assigned_in_nested_regions_are_carried_by_the_enclosing_ones() {
-    let k = nested_carry().unwrap();
+    let k = nested_carry::build(&Default::default()).unwrap();
     let text = print_kernel(&k, PrintOptions::default());
     // All three loops and the `if` yield: the outer loop carries `slot` through the inner one.
     assert_eq!(text.matches(" = for ").count(), 3, "{text}");
@@ -108,25 +109,30 @@ fn names_assigned_in_nested_regions_are_carried_by_the_enclosing_ones() {
 }
 
 #[kernel]
-fn literal_bounds(#[default(2)] unrolled: usize, #[output(f32[8], space = smem)] o: Ref) {
-    // An unsuffixed literal bound takes the other bound's type: traced against `scalar(..)`
-    // (a method call on `i` needs its type known), unrolled against a `usize`.
-    for i in 0..scalar(4) {
+fn literal_bounds(#[default(2)] repeats: usize, #[output(f32[8], space = smem)] o: Ref) {
+    // `fori` traces whatever its bounds are (Rust literals become i32 constants; `i` is a
+    // traced i32, so a method call on it needs no annotation).
+    for i in fori(0, 4) {
         o[i] = i.cast(f32);
     }
-    for j in scalar(4)..8 {
+    for j in fori(scalar(4), 8) {
         o[j] = j.cast(f32);
     }
-    for _ in 0..unrolled {
-        o[0] = o[0] + 1.0;
+    // `unrolled` runs at trace time; an unsuffixed literal takes the other bound's type.
+    for k in unrolled(0, repeats) {
+        o[k] = o[k] + 1.0;
+    }
+    for k in unrolled(repeats, 4) {
+        o[k] = o[k] + 2.0;
     }
 }
 
 #[test]
-fn a_literal_bound_takes_the_other_bounds_type() {
-    let k = literal_bounds(2).unwrap();
+fn the_loop_form_not_the_bounds_says_traced_or_unrolled() {
+    let k = literal_bounds::build(&literal_bounds::Params { repeats: 2 }).unwrap();
     let text = print_kernel(&k, PrintOptions::default());
-    assert_eq!(text.matches(" for ").count(), 2, "two traced loops, one unrolled:\n{text}");
+    assert_eq!(text.matches(" for ").count(), 2, "two traced loops (Rust bounds and all), the others unrolled:\n{text}");
+    assert_eq!(text.matches(" = add ").count(), 4, "2 + 2 unrolled iterations:\n{text}");
 }
 
 #[kernel]
@@ -140,7 +146,7 @@ fn rust_value_in_traced_if(#[output(i32[1], space = smem)] o: Ref) {
 
 #[test]
 fn a_rust_value_assigned_in_a_traced_if_is_reported_once() {
-    let errors = rust_value_in_traced_if().unwrap_err();
+    let errors = rust_value_in_traced_if::build(&Default::default()).unwrap_err();
     assert_eq!(errors.0.len(), 1, "{errors}");
     assert!(errors.0[0].message.starts_with("a Rust value cannot change inside a traced if"), "{errors}");
 }

@@ -17,7 +17,7 @@ fn shape_mismatch(
 
 #[test]
 fn trace_errors_are_all_reported_at_their_lines() {
-    let errors = shape_mismatch().unwrap_err();
+    let errors = shape_mismatch::build(&Default::default()).unwrap_err();
     let text = errors.to_string();
     assert_eq!(errors.0.len(), 2, "{text}");
     assert_eq!(errors.0[0].message, "add: operand types differ: f32[8,256] vs f32[8,128]", "{text}");
@@ -37,7 +37,7 @@ fn unaligned_bf16_block(
 
 #[test]
 fn a_100x100_bf16_block_breaks_the_tiling_rule() {
-    let text = unaligned_bf16_block().unwrap_err().to_string();
+    let text = unaligned_bf16_block::build(&Default::default()).unwrap_err().to_string();
     assert!(text.contains("operand x") && text.contains("operand o"), "{text}");
     assert!(text.contains("TPU block rule: the last block dim (100) must be a multiple of 128 lanes"), "{text}");
     assert!(text.contains("second-minor block dim (100) must be a multiple of 16 (native bf16 tile (16,128))"), "{text}");
@@ -53,7 +53,7 @@ fn too_big(
 
 #[test]
 fn vmem_budget_is_checked_with_the_numbers() {
-    let text = too_big().unwrap_err().to_string();
+    let text = too_big::build(&Default::default()).unwrap_err().to_string();
     assert!(text.contains("VMEM budget exceeded: 8388608 bytes needed (x 2x2097152 + o 2x2097152), limit 1048576 bytes"), "{text}");
 }
 
@@ -68,7 +68,7 @@ fn fits_v6e_not_v7x(
 #[test]
 fn vmem_budget_depends_on_the_chip() {
     // 4 x 32 MiB of double-buffered blocks: over the default scoped limit everywhere.
-    let k = fits_v6e_not_v7x().unwrap();
+    let k = fits_v6e_not_v7x::build(&Default::default()).unwrap();
     let err = verify(&k, VerifyOptions { chip: Some(Chip::V7x) }).unwrap_err().to_string();
     assert!(err.contains("limit 33554432 bytes on v7x"), "{err}");
 }
@@ -87,7 +87,7 @@ fn bad_memory_use(
 
 #[test]
 fn memory_rules() {
-    let text = bad_memory_use().unwrap_err().to_string();
+    let text = bad_memory_use::build(&Default::default()).unwrap_err().to_string();
     assert!(text.contains("any refs can only be accessed by DMA"), "{text}");
     assert!(text.contains("masked stores need 32-bit data, got bf16"), "{text}");
     assert!(text.contains("semaphore must be a sem, got dma_sem"), "{text}");
@@ -105,7 +105,7 @@ fn short_grid(
 
 #[test]
 fn outputs_the_grid_does_not_cover_are_named_with_the_range() {
-    let text = short_grid(1000).unwrap_err().to_string();
+    let text = short_grid::build(&short_grid::Params { rows: 1000 }).unwrap_err().to_string();
     assert!(text.contains("output o at "), "{text}");
     assert!(text.contains(": elements 24..1000 of dim 0 (size 1000) are never written: the grid (3) reaches blocks 0..3 of its 125 blocks of 8"), "{text}");
     assert!(!text.contains("output x"), "inputs need not be read whole: {text}");
@@ -122,7 +122,7 @@ fn strided_map(
 
 #[test]
 fn strided_and_constant_maps_leave_gaps() {
-    let text = strided_map().unwrap_err().to_string();
+    let text = strided_map::build(&Default::default()).unwrap_err().to_string();
     assert!(text.contains(": elements 8..16 of dim 0 (size 64) are never written: the grid (4) reaches blocks 0, 2, ..., 6 of its 8 blocks of 8"), "{text}");
     assert!(text.contains(": elements 128..256 of dim 1 (size 256) are never written: the grid (4) reaches only block 0 of its 2 blocks of 128"), "{text}");
 }
@@ -138,7 +138,7 @@ fn past_the_end(
 
 #[test]
 fn blocks_past_the_end_of_an_array_are_refused() {
-    let text = past_the_end().unwrap_err().to_string();
+    let text = past_the_end::build(&Default::default()).unwrap_err().to_string();
     assert!(text.contains("index map of x at "), "{text}");
     assert!(text.contains(": reaches block 4 along dim 0, outside the array's 4 blocks of 8 (dim 32 of [32,128])"), "{text}");
 }
@@ -159,17 +159,17 @@ fn checked_params(
 #[test]
 fn parameters_are_checked_before_tracing() {
     let err = |r: Result<palladium_dsl::Kernel, palladium_dsl::BuildErrors>| r.unwrap_err().to_string();
-    let text = err(checked_params(1024, 0, 4, f64::NAN));
+    let text = err(checked_params::build(&checked_params::Params { m: 1024, bm: 0, top: 4, eps: f64::NAN }));
     assert!(text.contains("parameter bm = 0: sizes and counts must be between 1 and 2147483647"), "{text}");
     assert!(text.contains("parameter eps = NaN: must be finite"), "{text}");
-    let text = err(checked_params(1 << 40, 256, 4, 1.0));
+    let text = err(checked_params::build(&checked_params::Params { m: 1 << 40, bm: 256, top: 4, eps: 1.0 }));
     assert!(text.contains("parameter m = 1099511627776: sizes and counts must be between 1 and 2147483647 (TPU index arithmetic is i32)"), "{text}");
-    let text = err(checked_params(1000, 8, 2000, 1.0));
+    let text = err(checked_params::build(&checked_params::Params { m: 1000, bm: 8, top: 2000, eps: 1.0 }));
     assert!(text.contains("requires top <= m, but top = 2000, m = 1000"), "{text}");
     assert!(text.contains("16 does not divide m = 1000"), "{text}");
-    let text = err(checked_params(1024, 384, 4, 1.0));
+    let text = err(checked_params::build(&checked_params::Params { m: 1024, bm: 384, top: 4, eps: 1.0 }));
     assert_eq!(text, "error: block dim 0 of `x`: bm = 384 does not divide m = 1024\nerror: block dim 0 of `o`: bm = 384 does not divide m = 1024");
-    assert!(checked_params(1024, 256, 4, 1.0).is_ok());
+    assert!(checked_params::build(&checked_params::Params { m: 1024, bm: 256, top: 4, eps: 1.0 }).is_ok());
 }
 
 #[kernel(grid = (1,))]
@@ -182,7 +182,7 @@ fn sixty_gib(
 
 #[test]
 fn operands_must_fit_the_chips_hbm() {
-    let k = sixty_gib().unwrap();
+    let k = sixty_gib::build(&Default::default()).unwrap();
     assert!(check_hbm(&k, Chip::V7x).is_ok());
     let err = check_hbm(&k, Chip::V6e).unwrap_err();
     assert_eq!(err, "the operands of `sixty_gib` need 64.00 GiB (68719480832 bytes: x 64.00 GiB, o 0.00 GiB), more than the 32.00 GiB of HBM per device on v6e");
@@ -204,14 +204,14 @@ fn call_spec_errors_point_at_the_operand_declaration() {
     // `#[output(` is a column longer.
     let at = |line: u32| format!(" at {}:{line}:13: ", file!());
     let at_output = |line: u32| format!(" at {}:{line}:14: ", file!());
-    let tiling = unaligned_bf16_block().unwrap_err().to_string();
+    let tiling = unaligned_bf16_block::build(&Default::default()).unwrap_err().to_string();
     assert!(tiling.contains(&format!("operand x{}TPU block rule", at(32))), "{tiling}");
     assert!(tiling.contains(&format!("operand o{}TPU block rule", at_output(33))), "{tiling}");
     assert!(tiling.contains(&format!("output o{}elements 100..400", at_output(33))), "{tiling}");
     // The budget at its largest VMEM user (here a tie: the first).
-    let budget = too_big().unwrap_err().to_string();
+    let budget = too_big::build(&Default::default()).unwrap_err().to_string();
     assert!(budget.contains(&format!("vmem{}VMEM budget exceeded", at(48))), "{budget}");
-    let arity = short_index_map().unwrap_err().to_string();
+    let arity = short_index_map::build(&Default::default()).unwrap_err().to_string();
     assert!(arity.contains(&format!("index map of x{}returns (i32), expected one i32 block index per array dim (2 dims)", at(194))), "{arity}");
 }
 
@@ -227,7 +227,7 @@ fn errors_of_two_stages(
 
 #[test]
 fn a_trace_error_does_not_hide_the_verifiers() {
-    let errors = errors_of_two_stages().unwrap_err();
+    let errors = errors_of_two_stages::build(&Default::default()).unwrap_err();
     let text = errors.to_string();
     assert!(text.contains("add: operand types differ: f32[8,256] vs f32[8,128]"), "{text}");
     assert!(text.contains("operand o at") && text.contains("TPU block rule"), "{text}");
@@ -254,7 +254,7 @@ fn array_op_mistakes(
 
 #[test]
 fn array_op_mistakes_are_reported_at_their_lines() {
-    let errors = array_op_mistakes().unwrap_err();
+    let errors = array_op_mistakes::build(&Default::default()).unwrap_err();
     let text = errors.to_string();
     let want = [
         "axis 2 is out of range for a value of shape [8,128]",

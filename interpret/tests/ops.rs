@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use palladium_kernels::coverage::{array_ops, switch_branches, casts, dynamic_dma, int8_dot, loops, masked_store, misc, semaphores, softmax_t, transpose};
+use palladium_kernels::coverage::{array_ops, switch_branches, casts, dynamic_dma, int8_dot, loops, masked_store, misc, nested_pipeline, semaphores, softmax_t, transpose};
 use half::bf16;
 use palladium_dsl::prelude::*;
 use palladium_interpret::{ErrorKind, HostArray};
@@ -15,7 +15,7 @@ use palladium_interpret::{ErrorKind, HostArray};
 
 #[test]
 fn for_while_if() {
-    let body = body_of(&loops().unwrap());
+    let body = body_of(&loops::build(&Default::default()).unwrap());
     let x = Rng::new(21).f32s(32 * 128);
     let out = run(&body, &[HostArray::from_f32(&[32, 128], &x)]).unwrap_or_else(|e| panic!("{e}"));
     let want: Vec<f32> = (0..32 * 128)
@@ -35,7 +35,7 @@ fn for_while_if() {
 /// the reciprocal, argmax/argmin.
 #[test]
 fn array_ops_match_a_plain_reference() {
-    let body = body_of(&array_ops().unwrap());
+    let body = body_of(&array_ops::build(&Default::default()).unwrap());
     for op in ["vector.extract_strided_slice", "tpu.concatenate", "tpu.dynamic_rotate", "tpu.reduce_index", "tpu.reciprocal"] {
         assert!(body.contains(op), "the body has no {op}");
     }
@@ -77,7 +77,7 @@ fn array_ops_match_a_plain_reference() {
 /// (the kernel's `debug_print` runs too: it prints a line per step).
 #[test]
 fn switch_runs_the_indexed_branch() {
-    let body = body_of(&switch_branches().unwrap());
+    let body = body_of(&switch_branches::build(&Default::default()).unwrap());
     assert_eq!(body.matches("scf.if").count(), 2, "three branches are two nested scf.ifs");
     assert!(body.contains(r#"{formatted = true, tag = "step $0 takes branch $1"}"#), "debug_print is a tpu.log:\n{body}");
     let x = Rng::new(28).f32s(16 * 128);
@@ -95,7 +95,7 @@ fn switch_runs_the_indexed_branch() {
 
 #[test]
 fn masked_stores() {
-    let body = body_of(&masked_store().unwrap());
+    let body = body_of(&masked_store::build(&Default::default()).unwrap());
     let x = Rng::new(22).f32s(16 * 128);
     let out = run(&body, &[HostArray::from_f32(&[16, 128], &x)]).unwrap();
     let want: Vec<f32> = (0..16 * 128).map(|k| if k % 128 < 64 { x[k] * 2.0 } else { 0.0 }).collect();
@@ -105,7 +105,7 @@ fn masked_stores() {
 
 #[test]
 fn transposes() {
-    let body = body_of(&transpose().unwrap());
+    let body = body_of(&transpose::build(&Default::default()).unwrap());
     let x = Rng::new(23).f32s(256 * 128);
     let out = run(&body, &[HostArray::from_f32(&[256, 128], &x)]).unwrap();
     assert_eq!(out[0].shape, vec![128, 256]);
@@ -120,7 +120,7 @@ fn transposes() {
 
 #[test]
 fn casts_round_to_nearest_even() {
-    let body = body_of(&casts().unwrap());
+    let body = body_of(&casts::build(&Default::default()).unwrap());
     let mut rng = Rng::new(24);
     let mut x = rng.f32s(32 * 128);
     // Exact ties: 1 + 2^-8 rounds down to 1 (even), 1 + 3*2^-8 rounds up.
@@ -140,7 +140,7 @@ fn casts_round_to_nearest_even() {
 
 #[test]
 fn nt_matmul_and_softmax() {
-    let body = body_of(&softmax_t().unwrap());
+    let body = body_of(&softmax_t::build(&Default::default()).unwrap());
     assert!(body.contains("<[1], [1], [0], [0], [0, 0, 1, 0], [], []>"), "an NT matmul");
     let mut rng = Rng::new(25);
     let (x, w) = (rng.bf16s(16 * 128), rng.bf16s(128 * 128));
@@ -161,7 +161,7 @@ fn nt_matmul_and_softmax() {
 
 #[test]
 fn no_grid_smem_reduction_scoped_dma() {
-    let body = body_of(&misc().unwrap());
+    let body = body_of(&misc::build(&Default::default()).unwrap());
     let x = Rng::new(26).f32s(8 * 128);
     let out = run(&body, &[HostArray::from_f32(&[8, 128], &x)]).unwrap_or_else(|e| panic!("{e}"));
     let acc2: Vec<f32> = (0..8 * 128)
@@ -183,7 +183,7 @@ fn no_grid_smem_reduction_scoped_dma() {
 
 #[test]
 fn dynamic_offset_dma() {
-    let body = body_of(&dynamic_dma().unwrap());
+    let body = body_of(&dynamic_dma::build(&Default::default()).unwrap());
     let x = Rng::new(27).f32s(64 * 128);
     let out = run(&body, &[HostArray::from_f32(&[64, 128], &x)]).unwrap();
     assert_eq!(out[0].to_f32(), x.iter().map(|v| v * 3.0).collect::<Vec<_>>());
@@ -200,7 +200,7 @@ fn dynamic_offset_dma() {
 
 #[test]
 fn semaphore_signal_wait_read() {
-    let body = body_of(&semaphores().unwrap());
+    let body = body_of(&semaphores::build(&Default::default()).unwrap());
     let x = Rng::new(28).f32s(16 * 128);
     let inputs = [HostArray::from_f32(&[16, 128], &x)];
     let out = run(&body, &inputs).unwrap_or_else(|e| panic!("{e}"));
@@ -226,7 +226,7 @@ fn over_signal(
 
 #[test]
 fn unbalanced_semaphore_is_a_leak() {
-    let body = body_of(&over_signal().unwrap());
+    let body = body_of(&over_signal::build(&Default::default()).unwrap());
     let x = Rng::new(30).f32s(16 * 128);
     let text = expect_err(run(&body, &[HostArray::from_f32(&[16, 128], &x)]), ErrorKind::Leak);
     assert!(text.contains("tpu.region") && text.contains("has value 1"), "{text}");
@@ -235,7 +235,7 @@ fn unbalanced_semaphore_is_a_leak() {
 
 #[test]
 fn int8_matmul_accumulates_in_i32() {
-    let body = body_of(&int8_dot().unwrap_or_else(|e| panic!("{e}")));
+    let body = body_of(&int8_dot::build(&Default::default()).unwrap_or_else(|e| panic!("{e}")));
     let mut rng = Rng::new(29);
     let a: Vec<i8> = (0..64 * 128).map(|_| (rng.next_u64() % 255) as i8).collect();
     let b: Vec<i8> = (0..128 * 128).map(|_| (rng.next_u64() % 255) as i8).collect();
@@ -245,6 +245,41 @@ fn int8_matmul_accumulates_in_i32() {
         for j in 0..128 {
             let want: i32 = (0..128).map(|k| i32::from(a[i * 128 + k]) * i32::from(b[k * 128 + j])).sum();
             assert_eq!(got[i * 128 + j], want);
+        }
+    }
+}
+
+
+/// A `#[kernel]` body's nested pipeline (`pipeline`): every chunk streamed from HBM through
+/// the ring is added once, whatever the chunk count; a chunk consumed before its wait races.
+#[test]
+fn nested_pipeline_sums_every_streamed_chunk() {
+    for chunks in [2usize, 6] {
+        let (rows, cols) = (16, 128);
+        let body = body_of(&nested_pipeline::build(&nested_pipeline::Params { chunks, rows }).unwrap_or_else(|e| panic!("{e}")));
+        let x = Rng::new(31).f32s(2 * chunks * rows * cols);
+        let inputs = [HostArray::from_f32(&[2, chunks * rows, cols], &x)];
+        let out = run(&body, &inputs).unwrap_or_else(|e| panic!("{e}"));
+        let want: Vec<f32> = (0..2 * rows * cols)
+            .map(|k| {
+                let (b, rc) = (k / (rows * cols), k % (rows * cols));
+                (0..chunks).fold(0.0, |acc, c| acc + x[(b * chunks + c) * rows * cols + rc])
+            })
+            .collect();
+        assert_eq!(out[0].to_f32(), want, "chunks = {chunks}");
+        if chunks == 6 {
+            assert_eq!(body.matches("scf.for").count(), 1, "one traced main loop, the last chunk peeled");
+            assert_eq!(body.matches("tpu.wait_dma2").count(), 2, "one wait in the main loop, one in the peeled drain");
+            let bad: String = body.lines().filter(|l| !l.contains("tpu.wait_dma2")).collect::<Vec<_>>().join("\n");
+            let text = expect_err(run(&bad, &inputs), ErrorKind::DmaRace);
+            // Named by the Rust line that read the ring slot too early.
+            let source = include_str!("../../kernels/src/coverage.rs");
+            let (line, col) = source
+                .lines()
+                .enumerate()
+                .find_map(|(n, l)| l.find("acc + ring[").map(|c| (n + 1, c + "acc + ring".len() + 1)))
+                .expect("the consume line");
+            assert!(text.starts_with(&format!("DmaRace: `vector.load` at kernels/src/coverage.rs:{line}:{col} ")), "{text}");
         }
     }
 }

@@ -84,7 +84,7 @@ pub fn decode_attention(
     let init = OnlineSoftmax::start(group as u64, head_dim as u64);
     let state = if bench_full_context && unroll_kv {
         let mut state = init;
-        for t in 0..n_tiles {
+        for t in unrolled(0, n_tiles) {
             let slot = scalar((t % 2) as i32);
             if t + 1 < n_tiles {
                 prefetch(scalar(t as i32 + 1), slot);

@@ -12,17 +12,18 @@ pub type Build = fn() -> Result<Kernel, BuildErrors>;
 
 /// Every coverage kernel by name, for suites that treat them alike.
 pub const ALL: &[(&str, Build)] = &[
-    ("loops", loops),
-    ("misc", misc),
-    ("masked_store", masked_store),
-    ("transpose", transpose),
-    ("semaphores", semaphores),
-    ("dynamic_dma", dynamic_dma),
-    ("casts", casts),
-    ("softmax_t", softmax_t),
-    ("int8_dot", int8_dot),
-    ("array_ops", array_ops),
-    ("switch_branches", switch_branches),
+    ("loops", || loops::build(&Default::default())),
+    ("misc", || misc::build(&Default::default())),
+    ("masked_store", || masked_store::build(&Default::default())),
+    ("transpose", || transpose::build(&Default::default())),
+    ("semaphores", || semaphores::build(&Default::default())),
+    ("dynamic_dma", || dynamic_dma::build(&Default::default())),
+    ("casts", || casts::build(&Default::default())),
+    ("softmax_t", || softmax_t::build(&Default::default())),
+    ("int8_dot", || int8_dot::build(&Default::default())),
+    ("array_ops", || array_ops::build(&Default::default())),
+    ("switch_branches", || switch_branches::build(&Default::default())),
+    ("nested_pipeline", || nested_pipeline::build(&Default::default())),
 ];
 
 /// Traced control flow: an `scf.for` over `0..program_id(0)` carrying a vector and an i32,
@@ -34,7 +35,7 @@ pub fn loops(
 ) {
     let mut acc = x[..];
     let mut steps = scalar(0);
-    for i in 0..program_id(0) {
+    for i in fori(0, program_id(0)) {
         acc = acc + 1.0;
         steps = steps + i;
     }
@@ -62,7 +63,7 @@ pub fn misc(
     let lanes = iota([8, 128], 1);
     let kept = select(lanes < 100, v, 0.0);
     let mut acc = kept;
-    for _i in 0..scalar(4) {
+    for _i in fori(0, scalar(4)) {
         acc = acc + v;
     }
     s[0] = acc.sum_all();
@@ -205,4 +206,37 @@ pub fn switch_branches(
     let index = which[program_id(0)];
     debug_print("step {} takes branch {}", &[program_id(0), index]);
     o[..] = switch(index, [&|| v * 2.0, &|| v + 1.0, &|| v.maximum(0.0)]);
+}
+
+/// A nested pipeline in a kernel body (Pallas's `pltpu.emit_pipeline`): the column sums of
+/// `chunks` row chunks streamed from HBM through a two-slot VMEM ring, chunk `i + 1` in
+/// flight while chunk `i` is added (`pipeline`, the one implementation the library's
+/// streams run on), the last chunk drained peeled.
+#[kernel(grid = (2,), semantics = (parallel,))]
+pub fn nested_pipeline(
+    #[default(6)] chunks: usize,
+    #[default(16)] rows: usize,
+    #[input(f32[2, chunks * rows, 128], space = any)] x: Ref,
+    #[output(f32[2, rows, 128], block = [None, rows, 128], map = |b| (b, 0, 0))] o: Ref,
+    #[scratch(vmem, f32[2, rows, 128])] ring: Ref,
+    #[scratch(dma_sem[2])] sems: SemRef,
+) {
+    let b = program_id(0);
+    let chunk = |i: Val, slot: Val| async_copy(x.at((b, ds(i * rows as i32, rows as u64), ..)), ring.at(slot), sems.at(slot));
+    chunk(scalar(0), scalar(0)).start();
+    let last = Drain::Peeled { start: scalar(chunks as i32 - 1), count: 1 };
+    // The ring slot is carried, as in the library's streams: with a slot computed from the
+    // induction variable (`i % 2`) libtpu's static profiler aborts.
+    let (sum, _) = pipeline(
+        fori(0, chunks - 1),
+        last,
+        1,
+        (zeros([rows as u64, 128], f32), scalar(0)),
+        |i, &(_, slot): &(Val, Val)| chunk(i, 1 - slot).start(),
+        |i, (acc, slot), _| {
+            chunk(i, slot).wait();
+            (acc + ring[(slot, .., ..)], 1 - slot)
+        },
+    );
+    o[(0, .., ..)] = sum;
 }

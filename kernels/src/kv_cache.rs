@@ -58,7 +58,7 @@ pub fn kv_cache_update(
     v_read.wait();
     // Row `pos - start` of each head's block becomes the new token's row.
     let new_row = NewRow::at(block_rows as u64, head_dim as u64, pos - start);
-    for h in 0..kv_heads {
+    for h in unrolled(0, kv_heads) {
         k_buf[(h, .., ..)] = new_row.insert(k_buf[(h, .., ..)], k_new[(0, h..h + 1, ..)]);
         v_buf[(h, .., ..)] = new_row.insert(v_buf[(h, .., ..)], v_new[(0, h..h + 1, ..)]);
     }

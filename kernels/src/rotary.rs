@@ -57,7 +57,7 @@ pub fn rope(
     let rotation = rope_rotation(d as u64, d as u64, interleaved);
     let cos_t = cos[..];
     let sin_t = sin[..];
-    for h in 0..heads_per_block {
+    for h in unrolled(0, heads_per_block) {
         let cols = h * d..(h + 1) * d;
         o[(.., cols.clone())] = rope_apply(x[(.., cols)], rotation, cos_t, sin_t).cast(bf16);
     }

@@ -50,8 +50,8 @@ pub fn moe_router(
     let routing = Routing::new(logits, experts as u64, top_k as u64, sigmoid, renormalize);
     // SMEM stores are scalar: one entry at a time, in a traced loop over the (token, slot)
     // pairs so the IR stays small.
-    for t in 0..scalar(tokens as i32) {
-        for j in 0..scalar(top_k as i32) {
+    for t in fori(0, scalar(tokens as i32)) {
+        for j in fori(0, scalar(top_k as i32)) {
             let (id, weight) = routing.entry(t, j);
             ids[(t, j)] = id;
             weights[(t, j)] = weight;

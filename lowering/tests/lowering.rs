@@ -66,7 +66,7 @@ fn bad_constant(#[output(i32[8, 128], block = [8, 128], map = |i| (i, 0))] o: Re
 
 #[test]
 fn rule_errors_name_the_op_and_its_source_line() {
-    let err = lower(&bad_constant().unwrap(), &V6E).unwrap_err();
+    let err = lower(&bad_constant::build(&Default::default()).unwrap(), &V6E).unwrap_err();
     let text = err.to_string();
     assert!(matches!(err, LowerError::Op(_)), "{text}");
     assert!(text.contains("const"), "{text}");

@@ -3,9 +3,10 @@
 //! - `r[i]` → `(&r).__pd_index(i)` (a load for refs, plain indexing otherwise);
 //! - `r[i] = v` / `r[i] op= v` → `index_store(&r, i, v)` (read-modify-write for `op=`);
 //! - `a == b`, `<`, ... → `cmp(pred, a, b)`; `a && b` → `and(a, || b)`;
-//! - `if`, `for i in a..b`, `while` → `if_else`, `for_range`, `while_loop`: variables
+//! - `if`, `for i in fori(a, b)`, `while` → `if_else`, `for_range`, `while_loop`: variables
 //!   assigned inside and declared outside are carried through the region and assigned back.
 
+use crate::expand::expr_text;
 use crate::parse::Errors;
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
@@ -215,30 +216,49 @@ impl BodyRewriter<'_> {
         }
     }
 
+    /// `for i in fori(a, b)` → `for_range(fori(a, b), ..)`, one traced `scf.for`; a bare
+    /// `for i in a..b` is an error naming both forms (traced or unrolled would depend on the
+    /// bounds' types, invisibly); any other iterator, `unrolled(a, b)` included, is plain
+    /// Rust, run at trace time.
     fn rewrite_for(&mut self, f: &syn::ExprForLoop, vars: Vec<Ident>) -> Option<Expr> {
-        let Expr::Range(r) = &*f.expr else { return None };
-        let (Some(lo), Some(hi), syn::RangeLimits::HalfOpen(_)) = (&r.start, &r.end, &r.limits) else { return None };
-        self.reject_in(&f.body, "for loop");
-        let span = f.for_token.span();
-        let pat: &Pat = &f.pat;
-        let body = &f.body;
-        // One unsuffixed integer literal bound takes the other bound's type (`0..scalar(5)`).
-        let unsuffixed = |e: &Expr| matches!(e, Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) if i.suffix().is_empty());
-        let range = match (unsuffixed(lo), unsuffixed(hi)) {
-            (true, false) => Ident::new("range_from_literal", span),
-            (false, true) => Ident::new("range_to_literal", span),
-            _ => Ident::new("range", span),
-        };
-        Some(parse_quote_spanned! {span=>
-            {
-                let __pd_r = ::palladium_dsl::__private::for_range(
-                    ::palladium_dsl::__private::#range(#lo, #hi),
-                    (#(#vars,)*),
-                    |#pat, __pd_c| { #[allow(unused_mut, unused_variables)] let (#(mut #vars,)*) = __pd_c; #body; (#(#vars,)*) },
+        let mut iter = &*f.expr;
+        while let Expr::Paren(p) = iter {
+            iter = &p.expr;
+        }
+        match iter {
+            Expr::Range(r) => {
+                let (lo, hi) = (r.start.as_deref().map(expr_text), r.end.as_deref().map(expr_text));
+                let (lo, hi) = (lo.unwrap_or_else(|| "a".into()), hi.unwrap_or_else(|| "b".into()));
+                let closed = matches!(r.limits, syn::RangeLimits::Closed(_));
+                let text = format!("{lo}{}{hi}", if closed { "..=" } else { ".." });
+                let hi = if closed { format!("{hi} + 1") } else { hi };
+                self.errors.at(
+                    r.span(),
+                    format!(
+                        "say how `for .. in {text}` runs: `fori({lo}, {hi})` traces one scf.for (lax.fori_loop; bounds may be traced values), \
+                         `unrolled({lo}, {hi})` repeats the body at trace time (a Python `for`; bounds are Rust integers)"
+                    ),
                 );
-                (#(#vars,)*) = __pd_r;
+                None
             }
-        })
+            Expr::Call(c) if matches!(&*c.func, Expr::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "fori")) => {
+                self.reject_in(&f.body, "for loop");
+                let span = f.for_token.span();
+                let pat: &Pat = &f.pat;
+                let body = &f.body;
+                Some(parse_quote_spanned! {span=>
+                    {
+                        let __pd_r = ::palladium_dsl::__private::for_range(
+                            #iter,
+                            (#(#vars,)*),
+                            |#pat, __pd_c| { #[allow(unused_mut, unused_variables)] let (#(mut #vars,)*) = __pd_c; #body; (#(#vars,)*) },
+                        );
+                        (#(#vars,)*) = __pd_r;
+                    }
+                })
+            }
+            _ => None,
+        }
     }
 
     fn rewrite_while(&mut self, w: &syn::ExprWhile, vars: Vec<Ident>) -> Option<Expr> {

@@ -26,18 +26,10 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 fn fallback_item(func: &ItemFn) -> TokenStream {
-    let vis = &func.vis;
-    let name = &func.sig.ident;
-    let params = compile_time_params(func).into_iter().map(|p| {
-        let (id, ty) = (&p.ident, &p.ty);
-        quote!(#id: #ty)
-    });
-    quote! {
-        #[allow(unused_variables, dead_code)]
-        #vis fn #name(#(#params),*) -> ::core::result::Result<::palladium_dsl::Kernel, ::palladium_dsl::BuildErrors> {
-            ::core::result::Result::Err(::palladium_dsl::BuildErrors::default())
-        }
-    }
+    let build = quote! {
+        ::core::result::Result::Err(::palladium_dsl::BuildErrors::default())
+    };
+    params_module(&func.sig.ident, &func.vis, &[], &compile_time_params(func), build)
 }
 
 struct Param {
@@ -64,10 +56,18 @@ fn compile_time_params(func: &ItemFn) -> Vec<Param> {
             continue;
         }
         let Pat::Ident(pi) = &*pt.pat else { continue };
+        if is_ref_type(&pt.ty) {
+            // A ref without a spec: reported as such, not a parameter.
+            continue;
+        }
         let default = pt.attrs.iter().find(|a| a.path().is_ident("default")).and_then(|a| a.parse_args::<Expr>().ok());
         out.push(Param { ident: pi.ident.clone(), ty: (*pt.ty).clone(), default });
     }
     out
+}
+
+fn is_ref_type(ty: &Type) -> bool {
+    matches!(ty, Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "Ref" || s.ident == "SemRef"))
 }
 
 /// A dtype in `dtype[dims]`: a dtype name, or a compile-time parameter of type `DType`
@@ -148,7 +148,7 @@ fn checked(e: &Expr, relations: bool) -> TokenStream {
 }
 
 /// An expression as the user wrote it, for error messages (`tokens.div_ceil(16) * 16`).
-fn expr_text(e: &Expr) -> String {
+pub(crate) fn expr_text(e: &Expr) -> String {
     let raw = quote!(#e).to_string();
     let chars: Vec<char> = raw.chars().collect();
     let mut out = String::new();
@@ -240,12 +240,8 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
             continue;
         };
         let specs: Vec<&Attribute> = pt.attrs.iter().filter(|a| matches!(attr_kind(a), Some(k) if k != "default")).collect();
-        let ty_name = match &*pt.ty {
-            Type::Path(p) => p.path.segments.last().map(|s| s.ident.to_string()).unwrap_or_default(),
-            _ => String::new(),
-        };
         match specs.as_slice() {
-            [] if ty_name == "Ref" || ty_name == "SemRef" => errors.at(
+            [] if is_ref_type(&pt.ty) => errors.at(
                 pt.ty.span(),
                 format!("ref parameter `{}` needs a spec: #[input(..)], #[output(..)], #[prefetch(..)] or #[scratch(..)]", pi.ident),
             ),
@@ -378,41 +374,36 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
     });
     let requires: Vec<TokenStream> = kargs.requires.iter().map(|e| require_tokens(e, &params)).collect();
     let requires_stage = if requires.is_empty() { quote!() } else { quote!(#(#requires)* __pd_c.stage()?;) };
-    let sig_params = params.iter().map(|p| {
-        let (id, ty) = (&p.ident, &p.ty);
-        quote!(#id: #ty)
-    });
-    let params_mod = params_module(&name, &vis, &params);
+    let param_idents = params.iter().map(|p| &p.ident);
     let attrs = &func.attrs;
     let name_str = name.to_string();
-    Ok(quote! {
-        #(#attrs)*
-        #[allow(non_snake_case, unused_variables, unused_mut, unused_assignments, clippy::too_many_arguments, clippy::let_unit_value, clippy::unused_unit, clippy::unnecessary_operation)]
-        #vis fn #name(#(#sig_params),*) -> ::core::result::Result<::palladium_dsl::Kernel, ::palladium_dsl::BuildErrors> {
-            #[allow(unused_imports)]
-            use ::palladium_dsl::__private::{IndexRef as _, IndexStd as _};
-            // Checked before anything is traced, in stages: parameters, `requires`, block
-            // tiling, then every size the attributes compute.
-            let mut __pd_c = ::palladium_dsl::__private::Checks::new();
-            #(#param_checks)*
-            __pd_c.stage()?;
-            #requires_stage
-            #(#tiling)*
-            __pd_c.stage()?;
-            let mut __pd_b = ::palladium_dsl::__private::KernelBuilder::new(#name_str);
-            #(#grid)*
-            #(#decls)*
-            #(#aliases)*
-            #(#vmem)*
-            #cost
-            __pd_c.stage()?;
-            let __pd_sealed = __pd_b.seal()?;
-            #(#bindings)*
-            #body
-            __pd_sealed.finish()
-        }
-        #params_mod
-    })
+    // The body runs inside `build`, with every parameter bound from `Params` by name: no
+    // positional entry point exists, so swapped arguments cannot go unnoticed.
+    let build = quote! {
+        #[allow(unused_imports)]
+        use ::palladium_dsl::__private::{IndexRef as _, IndexStd as _};
+        let Params { #(#param_idents),* } = ::core::clone::Clone::clone(__pd_params);
+        // Checked before anything is traced, in stages: parameters, `requires`, block
+        // tiling, then every size the attributes compute.
+        let mut __pd_c = ::palladium_dsl::__private::Checks::new();
+        #(#param_checks)*
+        __pd_c.stage()?;
+        #requires_stage
+        #(#tiling)*
+        __pd_c.stage()?;
+        let mut __pd_b = ::palladium_dsl::__private::KernelBuilder::new(#name_str);
+        #(#grid)*
+        #(#decls)*
+        #(#aliases)*
+        #(#vmem)*
+        #cost
+        __pd_c.stage()?;
+        let __pd_sealed = __pd_b.seal()?;
+        #(#bindings)*
+        #body
+        __pd_sealed.finish()
+    };
+    Ok(params_module(&name, &vis, attrs, &params, build))
 }
 
 fn index_map(closure: &syn::ExprClosure, grid_rank: usize, prefetch: usize, errors: &mut Errors) -> TokenStream {
@@ -448,8 +439,10 @@ fn index_map(closure: &syn::ExprClosure, grid_rank: usize, prefetch: usize, erro
     }
 }
 
-/// `mod <kernel> { Params, build, PARAMS }`: set parameters by name (CLI `--set`).
-fn params_module(name: &Ident, vis: &syn::Visibility, params: &[Param]) -> TokenStream {
+/// `mod <kernel> { Params, build, NAME, PARAMS }`, the kernel's whole interface: built from
+/// named parameters (`matmul::build(&matmul::Params { bm: 128, ..Default::default() })`,
+/// CLI `--set bm=128`). `build_body` is the tracing code, run with `__pd_params: &Params`.
+fn params_module(name: &Ident, vis: &syn::Visibility, attrs: &[Attribute], params: &[Param], build_body: TokenStream) -> TokenStream {
     let fields = params.iter().map(|p| {
         let (id, ty) = (&p.ident, &p.ty);
         quote!(pub #id: #ty)
@@ -474,6 +467,7 @@ fn params_module(name: &Ident, vis: &syn::Visibility, params: &[Param]) -> Token
     let name_str = name.to_string();
     let mod_name = format_ident!("{}", name);
     quote! {
+        #(#attrs)*
         #[allow(non_snake_case, dead_code)]
         #vis mod #mod_name {
             #[allow(unused_imports)]
@@ -507,8 +501,9 @@ fn params_module(name: &Ident, vis: &syn::Visibility, params: &[Param]) -> Token
                 }
             }
             /// Trace the kernel with these parameters.
-            pub fn build(p: &Params) -> ::core::result::Result<::palladium_dsl::Kernel, ::palladium_dsl::BuildErrors> {
-                super::#name(#(::core::clone::Clone::clone(&p.#ids)),*)
+            #[allow(unused_variables, unused_mut, unused_assignments, clippy::let_unit_value, clippy::unused_unit, clippy::unnecessary_operation)]
+            pub fn build(__pd_params: &Params) -> ::core::result::Result<::palladium_dsl::Kernel, ::palladium_dsl::BuildErrors> {
+                #build_body
             }
         }
     }
@@ -535,7 +530,7 @@ mod tests {
                     #[output(f32[n, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
                 ) {
                     let mut acc = x[..];
-                    for _ in 0..scalar(3) {
+                    for _ in fori(0, 3) {
                         acc = acc * 2.0;
                     }
                     if program_id(0) > 0 && n > 8 {

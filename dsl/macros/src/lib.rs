@@ -14,9 +14,11 @@
 //!     if program_id(2) == num_programs(2) - 1 { o[..] = acc[..].cast(bf16); }
 //! }
 //! ```
-//! expands to `fn matmul(m, ...) -> Result<Kernel, BuildErrors>` (ref parameters become
-//! declarations; the body is traced) plus `mod matmul { struct Params; fn build(..) }` for
-//! tools that set parameters by name. All generated paths go through
+//! expands to `mod matmul { struct Params { m, .. }; fn build(&Params) -> Result<Kernel,
+//! BuildErrors>; NAME; PARAMS }`: compile-time parameters are set by name only (a Rust
+//! caller writes `matmul::build(&matmul::Params { bm: 128, ..Default::default() })`, a tool
+//! `Params::set("bm", "128")`); ref parameters become declarations and the body is traced
+//! inside `build`. All generated paths go through
 //! `::palladium_dsl::__private`. Every error found is reported, each at its own span.
 
 mod body;

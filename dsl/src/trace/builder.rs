@@ -327,6 +327,8 @@ impl Sealed {
         let Some(tracer) = tracer else {
             return Err(BuildErrors(vec![BuildError { loc: None, message: "kernel trace was lost".into() }]));
         };
+        let mut tracer = tracer;
+        tracer.drop_unused_slices();
         let kernel = tracer.kernel;
         let mut errors = tracer.errors;
         let traced_cleanly = errors.is_empty();

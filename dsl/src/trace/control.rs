@@ -249,8 +249,7 @@ impl LoopRange for TracedRange {
     }
 }
 
-/// Bounds pair → a static or traced range. The macro turns `for i in a..b` into
-/// `for_range(range(a, b), ...)`.
+/// Bounds pair → a static or traced range, for the builder API's `for_range(range(a, b), ..)`.
 pub trait MakeRange<Upper> {
     type Range: LoopRange;
     fn make(self, upper: Upper, loc: SrcLoc) -> Self::Range;
@@ -291,50 +290,76 @@ pub fn range<L: MakeRange<U>, U>(lower: L, upper: U) -> L::Range {
     lower.make(upper, SrcLoc::caller())
 }
 
-/// The other bound of a range with one unsuffixed integer literal bound (`0..n`): the literal
-/// takes its type from this one, as in plain Rust, so `0..scalar(5)` is a traced loop (the
-/// literal an `i32`) and `0..n` with `n: usize` an unrolled one, without `0i32..`.
-pub trait LiteralBound: Sized {
-    /// The literal's type: the bound's own, `i32` for a traced bound.
-    type Literal;
-    type Range: LoopRange;
-    fn with_literal_lower(self, lower: Self::Literal, loc: SrcLoc) -> Self::Range;
-    fn with_literal_upper(self, upper: Self::Literal, loc: SrcLoc) -> Self::Range;
+/// A bound of [`fori`]: a traced i32 scalar, or a Rust integer (an i32 constant).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot bound a traced loop: `fori(lower, upper)` takes traced i32 scalars or Rust integers",
+    label = "not a loop bound"
+)]
+pub trait LoopBound {
+    fn into_bound(self, loc: SrcLoc) -> Val;
 }
 
-macro_rules! literal_bound {
+impl LoopBound for Val {
+    fn into_bound(self, _: SrcLoc) -> Val {
+        self
+    }
+}
+
+macro_rules! loop_bound {
     ($($t:ty),*) => {$(
-        impl LiteralBound for $t {
-            type Literal = $t;
-            type Range = StaticRange<$t>;
-            fn with_literal_lower(self, lower: $t, _: SrcLoc) -> StaticRange<$t> { StaticRange(lower..self) }
-            fn with_literal_upper(self, upper: $t, _: SrcLoc) -> StaticRange<$t> { StaticRange(self..upper) }
+        impl LoopBound for $t {
+            fn into_bound(self, loc: SrcLoc) -> Val {
+                let value = i32::try_from(self).unwrap_or_else(|_| {
+                    with(|t| t.error(loc, format!("loop bound {self} does not fit the loop's i32 induction variable")));
+                    0
+                });
+                constant(Literal::Int(value.into()), Type::Scalar(DType::I32), loc)
+            }
         }
     )*};
 }
-literal_bound!(i32, i64, u32, u64, usize);
+loop_bound!(i32, i64, u32, u64, usize);
 
-impl LiteralBound for Val {
-    type Literal = i32;
-    type Range = TracedRange;
-    fn with_literal_lower(self, lower: i32, loc: SrcLoc) -> TracedRange {
-        TracedRange { lower: constant(Literal::Int(i64::from(lower)), Type::Scalar(DType::I32), loc), upper: self }
-    }
-    fn with_literal_upper(self, upper: i32, loc: SrcLoc) -> TracedRange {
-        TracedRange { lower: self, upper: constant(Literal::Int(i64::from(upper)), Type::Scalar(DType::I32), loc) }
-    }
+/// `for i in fori(lower, upper)` in a kernel body: ONE traced `scf.for` (Pallas's
+/// `lax.fori_loop`) whatever its bounds are, `i` a traced i32. Its counterpart is
+/// [`unrolled`]; a bare `for i in a..b` is rejected by `#[kernel]` because which of the two
+/// it meant would depend on the bounds' types.
+#[track_caller]
+pub fn fori(lower: impl LoopBound, upper: impl LoopBound) -> TracedRange {
+    let loc = SrcLoc::caller();
+    TracedRange { lower: lower.into_bound(loc), upper: upper.into_bound(loc) }
 }
 
-/// `LITERAL..upper` as a loop range (see [`LiteralBound`]).
-#[track_caller]
-pub fn range_from_literal<U: LiteralBound>(lower: U::Literal, upper: U) -> U::Range {
-    upper.with_literal_lower(lower, SrcLoc::caller())
+/// The bounds of [`unrolled`]: two Rust integers of one type. One impl per type, not a
+/// generic `(T, T)`: an unsuffixed literal still takes the other bound's type (the one impl
+/// that can match), and a traced bound matches none, so the error is this trait's message.
+#[diagnostic::on_unimplemented(
+    message = "`unrolled(lower, upper)` repeats the body once per value at trace time: its bounds must be Rust integers of one type, not `{Self}`",
+    label = "bounds not known at trace time",
+    note = "a loop over a traced bound is `fori(lower, upper)`: one scf.for (lax.fori_loop)"
+)]
+pub trait UnrolledBounds {
+    type Index;
+    fn range(self) -> std::ops::Range<Self::Index>;
 }
 
-/// `lower..LITERAL` as a loop range (see [`LiteralBound`]).
-#[track_caller]
-pub fn range_to_literal<L: LiteralBound>(lower: L, upper: L::Literal) -> L::Range {
-    lower.with_literal_upper(upper, SrcLoc::caller())
+macro_rules! unrolled_bounds {
+    ($($t:ty),*) => {$(
+        impl UnrolledBounds for ($t, $t) {
+            type Index = $t;
+            fn range(self) -> std::ops::Range<$t> { self.0..self.1 }
+        }
+    )*};
+}
+unrolled_bounds!(i32, i64, u32, u64, usize);
+
+/// `for i in unrolled(lower, upper)` in a kernel body: the body traced once per value of
+/// the Rust range (a Python `for` in a Pallas kernel), `i` a Rust integer. See [`fori`].
+pub fn unrolled<L, U>(lower: L, upper: U) -> std::ops::Range<<(L, U) as UnrolledBounds>::Index>
+where
+    (L, U): UnrolledBounds,
+{
+    (lower, upper).range()
 }
 
 /// `for iv in range { body }` with carried values.

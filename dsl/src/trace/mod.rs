@@ -22,7 +22,7 @@ pub mod builder_handles {
     //! Handles handed out by a sealed [`super::KernelBuilder`].
     pub use super::builder::{Handle, Sealed, Slot};
 }
-pub use control::{Carry, Cond, LoopRange, Scope, StaticRange, TracedRange, for_range, if_else, range, range_from_literal, range_to_literal, run_scoped, switch, while_loop};
+pub use control::{Carry, Cond, LoopBound, LoopRange, Scope, StaticRange, TracedRange, UnrolledBounds, for_range, fori, if_else, range, run_scoped, switch, unrolled, while_loop};
 pub use pipeline::{Drain, pipeline};
 pub use refs::{Dma, Ds, IndexElem, IntoIndex, IntoOffset, Ref, SemRef, async_copy, ds};
 pub use val::{Axis, Compare, Dims, DotSpec, IntoVal, Val, concatenate, debug_print, dot, dot_general, dot_t, full, iota, num_programs, program_id, scalar, select, zeros};
@@ -165,6 +165,35 @@ impl Tracer {
     /// Like [`Tracer::emit`] for single-result ops.
     pub(crate) fn emit1(&mut self, data: OpData, loc: SrcLoc, fallback: Type) -> Value {
         self.emit(data, loc, &[fallback])[0]
+    }
+
+    /// Drop `ref_slice` ops whose results nothing uses (until none is left: a chain of
+    /// `.at(..)` goes whole): the slices a DMA descriptor was built from, which `start` and
+    /// `wait` slice again where Pallas does (`refs.rs`, `sliced_here`).
+    pub(crate) fn drop_unused_slices(&mut self) {
+        use crate::ir::OpData;
+        loop {
+            let mut used: SecondaryMap<crate::ir::Value, bool> = SecondaryMap::new();
+            for block in self.kernel.blocks.values() {
+                for &op in &block.ops {
+                    for &v in self.kernel.ops[op].data.operands().iter() {
+                        used[v] = true;
+                    }
+                }
+            }
+            let ops = &self.kernel.ops;
+            let mut dropped = false;
+            for block in self.kernel.blocks.values_mut() {
+                block.ops.retain(|&op| {
+                    let dead = matches!(ops[op].data, OpData::RefSlice { .. }) && ops[op].results.iter().all(|&r| !used[r]);
+                    dropped |= dead;
+                    !dead
+                });
+            }
+            if !dropped {
+                return;
+            }
+        }
     }
 
     /// Trace `f` into a fresh block with parameters of `param_types`.

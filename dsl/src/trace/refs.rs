@@ -2,7 +2,7 @@
 
 use super::val::{IntoVal, Val};
 use super::with;
-use crate::ir::{DType, Index, Offset, OpData, Remote, Shape, SrcLoc, Type, Value};
+use crate::ir::{DType, Index, Offset, OpData, Remote, Shape, SrcLoc, Type, Value, ValueDef};
 
 /// A traced ref: a window of VMEM/SMEM, an HBM array or a sub-ref of one.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -169,6 +169,25 @@ fn slice_of(base: Value, index: Vec<Index>, loc: SrcLoc) -> Value {
     with(|t| t.emit1(OpData::RefSlice { base, index }, loc, fallback))
 }
 
+/// `v` sliced again at `loc` when it is a `ref.at(..)` (a chain of them: base first): as
+/// Pallas does, a DMA slices its refs where it starts and where it is waited for, not where
+/// it is described. The slices `.at(..)` made and nothing else uses are dropped when the
+/// trace finishes ([`super::Tracer::drop_unused_slices`]). A poisoned slice (its error
+/// reported already) is kept as is.
+fn sliced_here(v: Value, loc: SrcLoc) -> Value {
+    let slice = with(|t| match t.kernel.values[v].def {
+        ValueDef::Result(op, _) if !t.poisoned[v] => match &t.kernel.ops[op].data {
+            OpData::RefSlice { base, index } => Some((*base, index.clone())),
+            _ => None,
+        },
+        _ => None,
+    });
+    match slice {
+        Some((base, index)) => slice_of(sliced_here(base, loc), index, loc),
+        None => v,
+    }
+}
+
 impl Ref {
     pub fn value(self) -> Value {
         self.0
@@ -276,7 +295,8 @@ fn i32_val(x: impl IntoVal) -> Val {
     x.into_val_shaped(DType::I32, &Shape::default())
 }
 
-/// An async copy descriptor (`pltpu.make_async_copy`); `start` and `wait` emit the ops.
+/// An async copy descriptor (`pltpu.make_async_copy`); `start` and `wait` emit the ops,
+/// each slicing the refs it names (`.at(..)`) again where it is, as Pallas does.
 #[derive(Copy, Clone, Debug)]
 pub struct Dma {
     src: Ref,
@@ -304,10 +324,12 @@ impl Dma {
     #[track_caller]
     pub fn start(self) {
         let loc = SrcLoc::caller();
-        let remote = self.remote.map(|(d, s)| Remote { device_id: d.0, send_sem: s.0 });
-        with(|t| {
-            t.emit(OpData::DmaStart { src: self.src.0, dst: self.dst.0, sem: self.sem.0, remote, priority: self.priority }, loc, &[])
-        });
+        // Pallas's order: the last operand's slices first.
+        let remote = self.remote.map(|(d, s)| Remote { device_id: d.0, send_sem: sliced_here(s.0, loc) });
+        let sem = sliced_here(self.sem.0, loc);
+        let dst = sliced_here(self.dst.0, loc);
+        let src = sliced_here(self.src.0, loc);
+        with(|t| t.emit(OpData::DmaStart { src, dst, sem, remote, priority: self.priority }, loc, &[]));
     }
 
     /// Wait for the copy to arrive (for a remote copy: on the receiving side).
@@ -315,7 +337,10 @@ impl Dma {
     pub fn wait(self) {
         let loc = SrcLoc::caller();
         let device_id = self.remote.map(|(d, _)| d.0);
-        with(|t| t.emit(OpData::DmaWait { src: self.src.0, dst: self.dst.0, sem: self.sem.0, device_id }, loc, &[]));
+        let sem = sliced_here(self.sem.0, loc);
+        let dst = sliced_here(self.dst.0, loc);
+        let src = sliced_here(self.src.0, loc);
+        with(|t| t.emit(OpData::DmaWait { src, dst, sem, device_id }, loc, &[]));
     }
 
     /// For a remote copy: wait until the data has left (on the sending side).
@@ -326,6 +351,9 @@ impl Dma {
             with(|t| t.error(loc, "wait_send is for remote copies (use .remote(...))"));
             return;
         };
-        with(|t| t.emit(OpData::DmaWait { src: self.dst.0, dst: self.src.0, sem: send.0, device_id: None }, loc, &[]));
+        let sem = sliced_here(send.0, loc);
+        let dst = sliced_here(self.src.0, loc);
+        let src = sliced_here(self.dst.0, loc);
+        with(|t| t.emit(OpData::DmaWait { src, dst, sem, device_id: None }, loc, &[]));
     }
 }
