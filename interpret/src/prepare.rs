@@ -845,6 +845,13 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
                 if get("window_kind").is_some() {
                     bail!(Unsupported, "element windows (window_kind)");
                 }
+                // Here a window is copied in (or written back) at the step its block changes,
+                // so one buffer or two compute the same: only the mode's spelling is checked.
+                if let Some(mode) = get("pipeline_mode")
+                    && !matches!(mode.dialect("tpu.pipeline_mode"), Some("synchronous" | "double_buffered"))
+                {
+                    bail!(Unsupported, "pipeline_mode {mode} (expected #tpu.pipeline_mode<synchronous> or <double_buffered>)");
+                }
                 let bounds = match get("window_bounds").and_then(Attr::as_i64_list) {
                     Some(v) => Some(v.into_iter().map(|x| usize::try_from(x).map_err(|_| InterpError::new(ErrorKind::Malformed, format!("window_bounds {x}")))).collect::<Result<Vec<_>>>()?),
                     None => None,
