@@ -22,7 +22,7 @@ pub const ALL: &[(&str, Build)] = &[
     ("softmax_t", softmax_t),
     ("int8_dot", int8_dot),
     ("array_ops", array_ops),
-    ("switch_branches", switch_branches),
+    ("switch_branches", switch_branches), ("strided", strided),
 ];
 
 /// Traced control flow: an `scf.for` over `0..program_id(0)` carrying a vector and an i32,
@@ -205,4 +205,22 @@ pub fn switch_branches(
     let index = which[program_id(0)];
     debug_print("step {} takes branch {}", &[program_id(0), index]);
     o[..] = switch(index, [&|| v * 2.0, &|| v + 1.0, &|| v.maximum(0.0)]);
+}
+
+/// Strided `ds` on refs (`pl.ds(start, size, stride)`: `tpu.strided_load` /
+/// `tpu.strided_store`): a block's even and odd rows loaded with stride 2 and stored back
+/// swapped (the even ones at a traced start), plus one, and a 3-row stride into scratch.
+#[kernel(grid = (2,), semantics = (parallel,))]
+pub fn strided(
+    #[input(f32[32, 128], block = [16, 128], map = |i| (i, 0))] x: Ref,
+    #[output(f32[32, 128], block = [16, 128], map = |i| (i, 0))] o: Ref,
+    #[output(f32[16, 128], block = [8, 128], map = |i| (i, 0))] thirds: Ref,
+    #[scratch(vmem, f32[24, 128])] spread: Ref,
+) {
+    let even = x[(ds(0, 8).stride(2), ..)];
+    let odd = x[(ds(1, 8).stride(2), ..)];
+    o[(ds(0, 8).stride(2), ..)] = odd + 1.0;
+    o[(ds(program_id(0) - program_id(0) + 1, 8).stride(2), ..)] = even + 1.0;
+    spread[(ds(2, 8).stride(3), ..)] = x[(0..8, ..)];
+    thirds[..] = spread[(ds(2, 8).stride(3), ..)] * 2.0;
 }

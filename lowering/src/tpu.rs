@@ -118,6 +118,21 @@ pub(crate) fn vector_store<'c>(
     ], vec![])
 }
 
+/// `tpu.strided_load %base[%indices] {strides = array<i32: ..>}` (Pallas's load through a
+/// strided `pl.ds`): every `strides[d]`-th element from the indices.
+pub(crate) fn strided_load<'c>(ctx: &'c Context, loc: Location<'c>, base: Value<'c, '_>, indices: &[Value<'c, '_>], strides: &[i32], result: Type<'c>) -> RuleResult<Operation<'c>> {
+    let mut operands = vec![base];
+    operands.extend_from_slice(indices);
+    op(ctx, "tpu.strided_load", loc, &operands, &[result], &[("strides", DenseI32ArrayAttribute::new(ctx, strides).into())], vec![])
+}
+
+/// `tpu.strided_store %base[%indices], %value {strides = array<i32: ..>}` (no mask).
+pub(crate) fn strided_store<'c>(ctx: &'c Context, loc: Location<'c>, value: Value<'c, '_>, base: Value<'c, '_>, indices: &[Value<'c, '_>], strides: &[i32]) -> RuleResult<Operation<'c>> {
+    let mut operands = vec![value, base];
+    operands.extend_from_slice(indices);
+    op(ctx, "tpu.strided_store", loc, &operands, &[], &[("strides", DenseI32ArrayAttribute::new(ctx, strides).into())], vec![])
+}
+
 /// `tpu.matmul %lhs, %rhs, %acc {dimension_numbers, [precision], transpose_lhs_hint = false}`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul<'c>(
