@@ -1,5 +1,6 @@
 //! Strided `ds(start, size).stride(n)` (Pallas's `pl.ds(start, size, stride)`): loads and
-//! stores of VMEM refs take it; everything Mosaic cannot stride is refused at its line.
+//! stores of VMEM refs take it; everything Mosaic cannot stride is refused at its line, and
+//! so is a value slice at a traced start (Pallas has no `lax.dynamic_slice` lowering).
 use palladium_dsl::ir::{PrintOptions, print_kernel};
 use palladium_dsl::prelude::*;
 
@@ -28,7 +29,8 @@ fn strided_mistakes(
     o.store_masked((ds(0, 4).stride(2), ..), x[(0..4, ..)], iota([4, 128], 0) < 2);
     let rows = x[..].slice((ds(0, 8).stride(2), ..));
     let none = x[(ds(0, 8).stride(0), ..)];
-    o[..] = lanes[(0..8, ..)] + past_the_end + sub[..] + rows + none;
+    let dynamic = x[..].slice((ds(program_id(0), 8), ..));
+    o[..] = lanes[(0..8, ..)] + past_the_end + sub[..] + rows + none + dynamic;
 }
 
 #[test]
@@ -42,4 +44,5 @@ fn what_mosaic_cannot_stride_is_refused_at_its_line() {
     assert_eq!(line("a strided store cannot be masked"), first + 3, "{text}");
     assert_eq!(line("Pallas TPU has no lowering for strided value slices"), first + 4, "{text}");
     assert_eq!(line("ds stride 0 along dim 0"), first + 5, "{text}");
+    assert_eq!(line("Pallas TPU has no lowering for `lax.dynamic_slice`"), first + 6, "{text}");
 }

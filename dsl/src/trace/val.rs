@@ -370,7 +370,7 @@ impl Val {
             }
             match i.offset() {
                 Offset::Static(o) if o >= 0 => start.push(o as u64),
-                _ => return Val::failed(format!("slice: the start along dim {d} must be a static non-negative integer (value slices are static, as `lax.slice`; load from a ref for a dynamic window)"), self.ty()),
+                _ => return Val::failed(format!("slice: the start along dim {d} must be a static non-negative integer (value slices are static, as `lax.slice`: Pallas TPU has no lowering for `lax.dynamic_slice`; load a dynamic window from the ref with `ds(start, size)`)"), self.ty()),
             }
             if let Index::Slice { size, .. } = i {
                 kept.push(*size);
