@@ -1,4 +1,4 @@
-//! `pipeline_mode = Buffered(n)` on a BlockSpec operand (Pallas's
+//! `pipeline_mode = Buffered(n)` on a `BlockSpec` operand (Pallas's
 //! `BlockSpec(pipeline_mode=pl.Buffered(n))`): carried in the call spec, printed, counted n
 //! times in the VMEM budget, and refused at the operand's attribute where Mosaic has no mode.
 use palladium_dsl::ir::{PrintOptions, VerifyOptions, print_kernel, verify};
@@ -32,7 +32,7 @@ fn buffer_counts_reach_the_call_spec_and_the_printer() {
 #[test]
 fn counts_mosaic_has_no_mode_for_are_refused_at_the_attribute() {
     for n in [3, 8] {
-        let text = buffered::build(&buffered::Params { n, ..Default::default() }).unwrap_err().to_string();
+        let text = buffered::build(&buffered::Params { n }).unwrap_err().to_string();
         let at = format!("operand x at {}:11:13: pipeline_mode = Buffered({n}): Mosaic pipelines a window with 1 (synchronous) or 2 (double-buffered) buffers", file!());
         assert!(text.contains(&at), "{text}");
         assert!(!text.contains("operand y"), "{text}");
