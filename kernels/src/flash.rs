@@ -13,6 +13,10 @@
 //! to run) so the pipeline fetches nothing useless, and the diagonal blocks mask by iota.
 //! K and V are fetched with `pipeline_mode = Buffered(kv_buffers)` (1: synchronous copies,
 //! 2: double-buffered).
+//!
+//! Causal needs an even `block_q`: Pallas's diagonal test (`below_or_on_diag`, kept as is)
+//! skips a block whose first key sits exactly on its last query row, which with
+//! `block_k_major` a multiple of 128 happens only for odd `block_q`.
 
 use palladium_dsl::build::gt;
 use palladium_dsl::prelude::*;
@@ -31,8 +35,8 @@ fn below_or_on_diag(r: Val, r_blk: usize, c: Val, c_blk: usize) -> Val {
     gt((r + 1) * r_blk as i32 - 1, c * c_blk as i32)
 }
 
-/// `jnp.tile(x, (1, n / 128))` for `n >= 128` (as jnp does it: reshape, broadcast,
-/// reshape; nothing when `n == 128`), else the lane slice `x[:, :n]`.
+/// `jnp.tile(x, (1, n / 128))` for `n >= 128` (a reshape, a broadcast over the new dim and
+/// a reshape back, which fold away when `n == 128`), else the lane slice `x[:, :n]`.
 #[track_caller]
 fn tile_lanes(x: Val, n: usize) -> Val {
     let rows = x.shape().dims()[0];
@@ -47,7 +51,7 @@ fn tile_lanes(x: Val, n: usize) -> Val {
 #[kernel(
     grid = (batch, heads, seq_q / block_q, seq_k / block_k_major),
     semantics = (parallel, parallel, parallel, arbitrary),
-    requires = [block_k_major % block_k == 0, block_k % 128 == 0, head_dim < 128 || head_dim % 128 == 0]
+    requires = [block_k_major % block_k == 0, block_k % 128 == 0, head_dim < 128 || head_dim % 128 == 0, !causal || block_q % 2 == 0]
 )]
 pub fn flash_attention(
     #[default(2)] batch: usize,
