@@ -6,7 +6,7 @@ libtpu compiles for a chip's topology and estimates cycles statically.
   serialize MODULE.mlir          the serialized (stable_mosaic, current version) text JAX would
                                  embed in a tpu_custom_call for this Mosaic module, parsed and
                                  verified with JAX's registered tpu dialect: {"body": ...}
-  pallas matmul|gemv|array_ops --chip C [--no-estimate]
+  pallas matmul|gemv|array_ops|flash_attention[:k=v,...] --chip C [--no-estimate]
                                  JAX Pallas's own reference kernel: its Mosaic module as Pallas
                                  prints it (debug=True, canonicalized), the body it embeds, its
                                  call spec, and libtpu's code size and estimated cycles (null
@@ -40,6 +40,7 @@ import jax.numpy as jnp  # noqa: E402
 # compared with (lowering/tests/oracle.rs, benches/kernels.rs).
 MATMUL = dict(m=1024, k=2048, n=1024, bm=256, bk=512, bn=256)
 GEMV = dict(batch=8, k=4096, n=14336, bn=1024)
+FLASH = dict(batch=2, heads=2, seq_q=512, seq_k=512, head_dim=64, block_q=128, block_k_major=256, block_k=128, causal=True, kv_buffers=2)
 
 
 def matmul(x, y, bm, bk, bn, *, interpret=False, debug=False):
@@ -117,6 +118,81 @@ def array_ops(shift, x, w, *, debug=False):
         debug=debug)(shift, x, w)
 
 
+def flash_attention(q, k, v, block_q, block_k_major, block_k, causal, kv_buffers, *, debug=False):
+    """The forward flash attention of JAX's Pallas TPU ops (`jax/experimental/pallas/ops/tpu/
+    flash_attention.py`, `_flash_attention_kernel_single_batch` with block_b = 1, no bias or
+    segment ids), its K and V specs `pipeline_mode=pl.Buffered(kv_buffers)`: Palladium's
+    `flash_attention` line for line."""
+    import math
+    from jax import lax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    batch, heads, seq_q, head_dim = q.shape
+    seq_k = k.shape[2]
+    sm_scale = 1.0 / math.sqrt(head_dim)
+    mask_value = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+    def below_or_on_diag(r, r_blk, c, c_blk):
+        return ((r + 1) * r_blk - 1) > (c * c_blk)
+
+    def body(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+        q_idx, kv_idx = pl.program_id(2), pl.program_id(3)
+
+        @pl.when(kv_idx == 0)
+        def _():
+            m_ref[0, 0] = jnp.full((block_q, 128), -jnp.inf, jnp.float32)
+            l_ref[0, 0] = jnp.zeros((block_q, 128), jnp.float32)
+            acc_ref[0, 0] = jnp.zeros((block_q, head_dim), jnp.float32)
+
+        def tile_lanes(x, n):
+            return jnp.tile(x, (1, n // 128)) if n >= 128 else x[:, :n]
+
+        @pl.when(below_or_on_diag(q_idx, block_q, kv_idx, block_k_major) if causal else True)
+        def _():
+            for start_k in range(0, block_k_major, block_k):
+                m_prev = m_ref[0, 0]
+                l_prev = l_ref[0, 0]
+                q = q_ref[0, 0]
+                k = k_ref[0, 0, pl.ds(start_k, block_k), :]
+                s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+                s *= sm_scale
+                if causal:
+                    row_ids = lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0) + q_idx * block_q
+                    col_ids = lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1) + (kv_idx * block_k_major + start_k)
+                    s = s + jnp.where(col_ids <= row_ids, 0.0, mask_value)
+                m_curr = jnp.max(s, axis=1)[:, None]
+                m_next = jnp.maximum(m_prev, m_curr)
+                p = jnp.exp(s - tile_lanes(m_next, block_k))
+                alpha = jnp.exp(m_prev - m_next)
+                l_corr = alpha * l_prev
+                l_next = jnp.sum(p, axis=1)[:, None] + l_corr
+                l_ref[0, 0] = l_next
+                m_ref[0, 0] = m_next
+                l_next_inv_safe = jnp.where(l_next == 0.0, 1.0, 1.0 / l_next)
+                acc_ref[0, 0] *= tile_lanes(l_corr * l_next_inv_safe, head_dim)
+                v = v_ref[0, 0, pl.ds(start_k, block_k), :]
+                o_curr = lax.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+                acc_ref[0, 0] += o_curr * tile_lanes(l_next_inv_safe, head_dim)
+
+        @pl.when(kv_idx == seq_k // block_k_major - 1)
+        def _():
+            o_ref[0, 0] = acc_ref[0, 0].astype(o_ref.dtype)
+
+    def kv_map(b, h, i, j):
+        return (b, h, lax.select(below_or_on_diag(i, block_q, j, block_k_major), j, 0) if causal else j, 0)
+    kv_spec = pl.BlockSpec((1, 1, block_k_major, head_dim), kv_map, pipeline_mode=pl.Buffered(kv_buffers))
+    return pl.pallas_call(
+        body, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        grid=(batch, heads, seq_q // block_q, seq_k // block_k_major),
+        in_specs=[pl.BlockSpec((1, 1, block_q, head_dim), lambda b, h, i, j: (b, h, i, 0)), kv_spec, kv_spec],
+        out_specs=pl.BlockSpec((1, 1, block_q, head_dim), lambda b, h, i, j: (b, h, i, 0)),
+        scratch_shapes=[pltpu.VMEM((1, 1, block_q, 128), jnp.float32), pltpu.VMEM((1, 1, block_q, 128), jnp.float32),
+                        pltpu.VMEM((1, 1, block_q, head_dim), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
+        debug=debug)(q, k, v)
+
+
 def reference(name):
     """(function of the operands taking debug=, operand types) of a reference kernel."""
     bf16 = jnp.bfloat16
@@ -131,7 +207,19 @@ def reference(name):
     if name == "array_ops":
         return (array_ops, [jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((16, 256), jnp.float32),
                             jax.ShapeDtypeStruct((128, 128), jnp.float32)])
-    raise ValueError(f"unknown reference kernel {name!r}; known: matmul, gemv, array_ops")
+    if name.startswith("flash_attention"):
+        # `flash_attention[:k=v,...]`: FLASH with overrides (the Palladium kernel's --set names).
+        p = dict(FLASH)
+        for setting in filter(None, name.partition(":")[2].split(",")):
+            key, _, value = setting.partition("=")
+            if key not in p:
+                raise ValueError(f"flash_attention has no parameter {key!r}")
+            p[key] = value == "true" if isinstance(p[key], bool) else int(value)
+        fa = {n: p[n] for n in ("block_q", "block_k_major", "block_k", "causal", "kv_buffers")}
+        q = jax.ShapeDtypeStruct((p["batch"], p["heads"], p["seq_q"], p["head_dim"]), bf16)
+        kv = jax.ShapeDtypeStruct((p["batch"], p["heads"], p["seq_k"], p["head_dim"]), bf16)
+        return (lambda q_, k_, v_, debug=False: flash_attention(q_, k_, v_, **fa, debug=debug), [q, kv, kv])
+    raise ValueError(f"unknown reference kernel {name!r}; known: matmul, gemv, array_ops, flash_attention[:k=v,...]")
 
 
 def mosaic_context():
@@ -234,7 +322,7 @@ def main():
     s = sub.add_parser("serialize")
     s.add_argument("module")
     r = sub.add_parser("pallas")
-    r.add_argument("name", choices=["matmul", "gemv", "array_ops"])
+    r.add_argument("name", help="matmul, gemv, array_ops or flash_attention[:k=v,...] (e.g. flash_attention:causal=false)")
     r.add_argument("--chip", default="v6e", choices=sorted(deviceless.TOPOLOGIES))
     r.add_argument("--no-estimate", action="store_true", help="compile without libtpu's static profile")
     c = sub.add_parser("compile-time")

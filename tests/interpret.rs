@@ -24,6 +24,14 @@ fn shapes(kernel: &str) -> Option<Vec<Vec<(&'static str, &'static str)>>> {
             vec![("batch", "3"), ("kv_heads", "2"), ("group", "4"), ("max_context", "1024"), ("block_kv", "128")],
             vec![("batch", "2"), ("kv_heads", "1"), ("group", "16"), ("head_dim", "256"), ("max_context", "768"), ("block_kv", "256")],
         ],
+        // Causal (blocks above the diagonal skipped, diagonal ones masked) and not; single-
+        // and double-buffered K/V; a head_dim of 128 (no lane slice) with 2 key tiles per
+        // major block (m and l tiled over 256 lanes).
+        "flash_attention" => vec![
+            vec![],
+            vec![("causal", "false"), ("kv_buffers", "1")],
+            vec![("batch", "1"), ("seq_q", "256"), ("seq_k", "512"), ("head_dim", "128"), ("block_k", "256"), ("block_k_major", "512"), ("causal", "false")],
+        ],
         // Arbitrary (odd, untiled) positions; random caches, so unchanged rows are checked too
         // (the aliased outputs start as the input caches only through the call spec).
         "kv_cache_update" => vec![

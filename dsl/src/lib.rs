@@ -45,7 +45,7 @@ pub mod prelude {
 /// into the same calls.
 pub mod build {
     pub use crate::ir::{CmpPred, MemorySpace, SemKind};
-    pub use crate::spec::OperandRole;
+    pub use crate::spec::{OperandRole, PipelineMode};
     pub use crate::trace::{Carry, Compare, Drain, IntoVal, KernelBuilder, ParamError, TracedRange, for_range, if_else, pipeline, range, switch, while_loop};
 
     macro_rules! comparisons {
@@ -71,7 +71,7 @@ pub mod build {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::ir::{CmpPred, DType, MemorySpace, SemKind};
-    pub use crate::spec::{BlockDim, OperandRole, Semantics};
+    pub use crate::spec::{BlockDim, OperandRole, PipelineMode, Semantics};
     pub use crate::trace::{
         BuildErrors, Carry, Compare, Cond, IndexElem, IntoIndex, IntoVal, KernelBuilder, ParamError, Ref, SemRef, Val, for_range, if_else,
         while_loop,

@@ -87,6 +87,38 @@ pub struct OperandSpec {
     /// Where it is declared (its `#[input(..)]`/`#[output(..)]`/`#[prefetch(..)]` attribute):
     /// call-spec errors about it point there.
     pub loc: Option<SrcLoc>,
+    /// `pipeline_mode = Buffered(n)` (Pallas's `BlockSpec(pipeline_mode=pl.Buffered(n))`);
+    /// `None` leaves the buffering to Mosaic's default (double buffering, no attribute).
+    pub pipeline_mode: Option<PipelineMode>,
+}
+
+/// How the grid pipeline buffers a windowed operand. Pallas TPU (jax 0.10.2) lowers
+/// `Buffered(1)` to `#tpu.pipeline_mode<synchronous>` (one buffer: each block is copied in
+/// before, or out after, its step, with no overlap) and `Buffered(2)` to `<double_buffered>`;
+/// it refuses other counts, and so does our verifier.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PipelineMode {
+    Buffered(u64),
+}
+
+impl PipelineMode {
+    /// The buffer counts Mosaic has a pipeline mode for.
+    pub const SUPPORTED_BUFFERS: [u64; 2] = [1, 2];
+
+    /// How many VMEM buffers the window takes.
+    pub fn buffers(self) -> u64 {
+        match self {
+            PipelineMode::Buffered(n) => n,
+        }
+    }
+}
+
+impl fmt::Display for PipelineMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PipelineMode::Buffered(n) => write!(f, "Buffered({n})"),
+        }
+    }
 }
 
 impl OperandSpec {
@@ -101,6 +133,12 @@ impl OperandSpec {
     /// Whether the grid windows this operand (it gets a `transform_N` function).
     pub fn is_windowed(&self) -> bool {
         self.role != OperandRole::Prefetch && !self.space.is_hbm_like()
+    }
+
+    /// How many copies of the window the grid pipeline keeps in VMEM: the pipeline mode's
+    /// count, else two (Mosaic double-buffers windows by default).
+    pub fn window_buffers(&self) -> u64 {
+        self.pipeline_mode.map_or(2, PipelineMode::buffers)
     }
 }
 

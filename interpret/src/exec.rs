@@ -73,12 +73,12 @@ impl<'p> Machine<'p> {
                 let t = v(a).tile()?;
                 Val::Tile(Tile { dt: t.dt, shape: shape.clone(), data: t.data.clone() })
             }
-            Kind::VLoad { base, idx, shape, dt } => {
+            Kind::VLoad { base, idx, shape, dt, steps } => {
                 let view = v(base).view()?.clone();
                 let idx = ints(idx, fr)?;
-                Val::Tile(self.mem.load(&view, &idx, shape, *dt)?)
+                Val::Tile(self.mem.load(&view, &idx, shape, *dt, steps)?)
             }
-            Kind::VStore { val, base, idx, mask, add } => {
+            Kind::VStore { val, base, idx, mask, add, steps } => {
                 let view = v(base).view()?.clone();
                 let t = v(val).tile()?.clone();
                 let m = match mask {
@@ -91,7 +91,7 @@ impl<'p> Machine<'p> {
                     bail!(Mismatch, "mask shape [{}] differs from value shape [{}]", join(&m.shape), join(&t.shape));
                 }
                 let idx = ints(idx, fr)?;
-                self.mem.store(&view, &idx, &t, m.as_ref(), *add)?;
+                self.mem.store(&view, &idx, &t, m.as_ref(), *add, steps)?;
                 Val::Undef
             }
             Kind::MLoad { base, idx } => {

@@ -206,13 +206,29 @@ impl Memory {
 
     // --- loads and stores -------------------------------------------------------------------
 
-    pub fn load(&self, v: &View, idx: &[i64], vshape: &[usize], dt: DType) -> Result<Tile> {
-        let region = self.access(v, idx, vshape)?;
-        let b = self.live(v)?;
-        self.check_access(&region, false, "read of")?;
+    /// The elements of a `vshape` access taken `steps` apart per dim (empty: contiguous,
+    /// else one per vector dim): the region they span (checked for bounds and races as a
+    /// whole, gaps included) and their strides in memory.
+    fn stepped(&self, v: &View, idx: &[i64], vshape: &[usize], steps: &[usize]) -> Result<(View, isize, SmallVec<[isize; 4]>)> {
+        if !steps.is_empty() && steps.len() != vshape.len() {
+            bail!(Malformed, "{} strides for a rank-{} access", steps.len(), vshape.len());
+        }
+        let span: Vec<usize> = vshape.iter().enumerate().map(|(d, &n)| match steps.get(d) {
+            Some(&s) if n > 0 => (n - 1).saturating_mul(s).saturating_add(1),
+            _ => n,
+        }).collect();
+        let region = self.access(v, idx, &span)?;
         let (off, strides, _) = self.layout(&region);
         let lead = strides.len() - vshape.len();
-        let strides = &strides[lead..];
+        let strides = strides[lead..].iter().enumerate().map(|(d, &t)| t * steps.get(d).map_or(1, |&s| s as isize)).collect();
+        Ok((region, off, strides))
+    }
+
+    pub fn load(&self, v: &View, idx: &[i64], vshape: &[usize], dt: DType, steps: &[usize]) -> Result<Tile> {
+        let (region, off, strides) = self.stepped(v, idx, vshape, steps)?;
+        let b = self.live(v)?;
+        self.check_access(&region, false, "read of")?;
+        let strides = &strides[..];
         // A load of the whole buffer (a block's window, a scratch accumulator) shares its
         // storage: a later store into the buffer copies it first (copy-on-write).
         if off == 0 && region.elems() == b.data.len() && contiguous(vshape, strides) {
@@ -225,13 +241,10 @@ impl Memory {
         Ok(Tile::new(dt, vshape.into(), data))
     }
 
-    pub fn store(&mut self, v: &View, idx: &[i64], t: &Tile, mask: Option<&Tile>, add: bool) -> Result<()> {
-        let region = self.access(v, idx, &t.shape)?;
+    pub fn store(&mut self, v: &View, idx: &[i64], t: &Tile, mask: Option<&Tile>, add: bool, steps: &[usize]) -> Result<()> {
+        let (region, off, strides) = self.stepped(v, idx, &t.shape, steps)?;
         self.live(v)?;
         self.check_access(&region, true, "write of")?;
-        let (off, strides, _) = self.layout(&region);
-        let lead = strides.len() - t.shape.len();
-        let strides: SmallVec<[isize; 4]> = strides[lead..].into();
         let m = mask.map(|m| m.i());
         let b = &mut self.bufs[v.buf];
         if b.dt != t.dt {

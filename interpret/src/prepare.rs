@@ -47,8 +47,10 @@ pub(crate) enum Kind {
     Cast { op: Cast, from: DType, to: DType, a: Slot },
     Broadcast { a: Slot, dt: DType, shape: Shape },
     ShapeCast { a: Slot, shape: Shape },
-    VLoad { base: Slot, idx: Vec<Slot>, shape: Shape, dt: DType },
-    VStore { val: Slot, base: Slot, idx: Vec<Slot>, mask: Option<Slot>, add: bool },
+    /// `steps`: the element stride per dim of `tpu.strided_load` (empty: contiguous).
+    VLoad { base: Slot, idx: Vec<Slot>, shape: Shape, dt: DType, steps: Vec<usize> },
+    /// `steps` as in `VLoad` (`tpu.strided_store`).
+    VStore { val: Slot, base: Slot, idx: Vec<Slot>, mask: Option<Slot>, add: bool, steps: Vec<usize> },
     MLoad { base: Slot, idx: Vec<Slot> },
     MStore { val: Slot, base: Slot, idx: Vec<Slot> },
     Reduce { kind: RKind, dt: DType, a: Slot, acc: Slot, dims: Vec<usize> },
@@ -354,9 +356,19 @@ impl<'a> Cx<'a> {
             "vector.load" | "tpu.load" => {
                 arity(1)?;
                 let (shape, dt) = res_sd()?;
-                Kind::VLoad { base: o[0], idx: o[1..].to_vec(), shape, dt }
+                Kind::VLoad { base: o[0], idx: o[1..].to_vec(), shape, dt, steps: Vec::new() }
             }
-            "tpu.strided_load" | "tpu.strided_store" => bail!(Unsupported, "`{name}` is not implemented by the interpreter"),
+            "tpu.strided_load" => {
+                arity(1)?;
+                let (shape, dt) = res_sd()?;
+                let steps = positive_strides(op, o.len() - 1, name)?;
+                Kind::VLoad { base: o[0], idx: o[1..].to_vec(), shape, dt, steps }
+            }
+            "tpu.strided_store" => {
+                arity(2)?;
+                let steps = positive_strides(op, o.len() - 2, name)?;
+                Kind::VStore { val: o[0], base: o[1], idx: o[2..].to_vec(), mask: None, add: false, steps }
+            }
             "tpu.vector_store" => {
                 let seg = segments(op, &[1, 1, 0, 0])?;
                 let parts = split(&o, &seg, name)?;
@@ -367,11 +379,11 @@ impl<'a> Cx<'a> {
                     bail!(Unsupported, "tpu.vector_store with strides {st:?}");
                 }
                 let add = op.attr("add").and_then(Attr::as_bool).unwrap_or(false);
-                Kind::VStore { val: parts[0][0], base: parts[1][0], idx: parts[2].to_vec(), mask: parts[3].first().copied(), add }
+                Kind::VStore { val: parts[0][0], base: parts[1][0], idx: parts[2].to_vec(), mask: parts[3].first().copied(), add, steps: Vec::new() }
             }
             "vector.store" => {
                 arity(2)?;
-                Kind::VStore { val: o[0], base: o[1], idx: o[2..].to_vec(), mask: None, add: false }
+                Kind::VStore { val: o[0], base: o[1], idx: o[2..].to_vec(), mask: None, add: false, steps: Vec::new() }
             }
             "memref.load" => {
                 arity(1)?;
@@ -636,6 +648,15 @@ fn check_dot(d: &DotDims, ls: &[usize], rs: &[usize], out: &[usize]) -> Result<(
 }
 
 /// `operandSegmentSizes`, or `default` with the last variable segment absorbing the rest.
+/// The `strides` of a strided load or store: one positive stride per index.
+fn positive_strides(op: &Operation, rank: usize, name: &str) -> Result<Vec<usize>> {
+    let Some(st) = op.attr("strides").and_then(Attr::as_i64_list) else { bail!(Malformed, "{name} without strides") };
+    if st.len() != rank || st.iter().any(|&s| s < 1) {
+        bail!(Malformed, "{name} strides {st:?} for {rank} indices (one positive stride per index)");
+    }
+    Ok(st.into_iter().map(|s| s as usize).collect())
+}
+
 fn segments(op: &Operation, default: &[i64]) -> Result<Vec<i64>> {
     if let Some(s) = op.attr("operandSegmentSizes").and_then(Attr::as_i64_list) {
         let total = s.iter().try_fold(0usize, |t, &n| t.checked_add(usize::try_from(n).ok()?));
@@ -844,6 +865,13 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
                 };
                 if get("window_kind").is_some() {
                     bail!(Unsupported, "element windows (window_kind)");
+                }
+                // Here a window is copied in (or written back) at the step its block changes,
+                // so one buffer or two compute the same: only the mode's spelling is checked.
+                if let Some(mode) = get("pipeline_mode")
+                    && !matches!(mode.dialect("tpu.pipeline_mode"), Some("synchronous" | "double_buffered"))
+                {
+                    bail!(Unsupported, "pipeline_mode {mode} (expected #tpu.pipeline_mode<synchronous> or <double_buffered>)");
                 }
                 let bounds = match get("window_bounds").and_then(Attr::as_i64_list) {
                     Some(v) => Some(v.into_iter().map(|x| usize::try_from(x).map_err(|_| InterpError::new(ErrorKind::Malformed, format!("window_bounds {x}")))).collect::<Result<Vec<_>>>()?),

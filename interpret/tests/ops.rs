@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use palladium_kernels::coverage::{array_ops, switch_branches, casts, dynamic_dma, int8_dot, loops, masked_store, misc, nested_pipeline, semaphores, softmax_t, transpose};
+use palladium_kernels::coverage::{array_ops, switch_branches, casts, dynamic_dma, int8_dot, loops, masked_store, misc, nested_pipeline, semaphores, softmax_t, strided, transpose};
 use half::bf16;
 use palladium_dsl::prelude::*;
 use palladium_interpret::{ErrorKind, HostArray};
@@ -33,6 +33,22 @@ fn for_while_if() {
 /// `array_ops` against a plain reference: slices, concatenate, both rolls (`jnp.roll`
 /// direction), repeat, mean, max/min over axes, maximum/minimum, the NT contraction spec,
 /// the reciprocal, argmax/argmin.
+#[test]
+fn strided_loads_and_stores() {
+    let body = body_of(&strided::build(&Default::default()).unwrap());
+    for op in ["tpu.strided_load", "tpu.strided_store"] {
+        assert!(body.contains(op), "the body has no {op}");
+    }
+    let x = Rng::new(31).f32s(32 * 128);
+    let out = run(&body, &[HostArray::from_f32(&[32, 128], &x)]).unwrap_or_else(|e| panic!("{e}"));
+    // Rows swap pairwise (plus one); thirds: a block's first 8 rows, doubled, through rows
+    // 2, 5, .., 23 of the scratch.
+    let want_o: Vec<f32> = (0..32 * 128).map(|k| x[((k / 128) ^ 1) * 128 + k % 128] + 1.0).collect();
+    let want_thirds: Vec<f32> = (0..16 * 128).map(|k| x[(k / 1024) * 16 * 128 + k % 1024] * 2.0).collect();
+    assert_eq!(out[0].to_f32(), want_o);
+    assert_eq!(out[1].to_f32(), want_thirds);
+}
+
 #[test]
 fn array_ops_match_a_plain_reference() {
     let body = body_of(&array_ops::build(&Default::default()).unwrap());

@@ -128,6 +128,25 @@ pub mod kv_cache_update {
     }
 }
 
+pub mod flash_attention {
+    use super::*;
+    use crate::flash_attention::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        let mut rng = Rng::new(seed);
+        let q = [p.batch, p.heads, p.seq_q, p.head_dim];
+        let kv = [p.batch, p.heads, p.seq_k, p.head_dim];
+        let (nq, nkv) = (q.iter().product(), kv.iter().product());
+        vec![HostArray::bf16_from_f32(&q, &rng.bf16s(nq)), HostArray::bf16_from_f32(&kv, &rng.bf16s(nkv)), HostArray::bf16_from_f32(&kv, &rng.bf16s(nkv))]
+    }
+
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        let s = r::FlashShape { heads: p.batch * p.heads, seq_q: p.seq_q, seq_k: p.seq_k, head_dim: p.head_dim, causal: p.causal };
+        let o = r::flash_attention(&x[0].to_f32(), &x[1].to_f32(), &x[2].to_f32(), s);
+        vec![HostArray::bf16_from_f32(&[p.batch, p.heads, p.seq_q, p.head_dim], &o)]
+    }
+}
+
 /// `n` values in `[-scale, scale)` for a bf16 operand, unrounded: `HostArray::bf16` rounds
 /// them (once; rounding is a large part of generating the MoE kernels' GiB-sized weights at
 /// their defaults). Never zero.

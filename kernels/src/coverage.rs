@@ -24,6 +24,7 @@ pub const ALL: &[(&str, Build)] = &[
     ("array_ops", || array_ops::build(&Default::default())),
     ("switch_branches", || switch_branches::build(&Default::default())),
     ("nested_pipeline", || nested_pipeline::build(&Default::default())),
+    ("strided", || strided::build(&Default::default())),
 ];
 
 /// Traced control flow: an `scf.for` over `0..program_id(0)` carrying a vector and an i32,
@@ -239,4 +240,22 @@ pub fn nested_pipeline(
         },
     );
     o[(0, .., ..)] = sum;
+}
+
+/// Strided `ds` on refs (`pl.ds(start, size, stride)`: `tpu.strided_load` /
+/// `tpu.strided_store`): a block's even and odd rows loaded with stride 2 and stored back
+/// swapped (the even ones at a traced start), plus one, and a 3-row stride into scratch.
+#[kernel(grid = (2,), semantics = (parallel,))]
+pub fn strided(
+    #[input(f32[32, 128], block = [16, 128], map = |i| (i, 0))] x: Ref,
+    #[output(f32[32, 128], block = [16, 128], map = |i| (i, 0))] o: Ref,
+    #[output(f32[16, 128], block = [8, 128], map = |i| (i, 0))] thirds: Ref,
+    #[scratch(vmem, f32[24, 128])] spread: Ref,
+) {
+    let even = x[(ds(0, 8).stride(2), ..)];
+    let odd = x[(ds(1, 8).stride(2), ..)];
+    o[(ds(0, 8).stride(2), ..)] = odd + 1.0;
+    o[(ds(program_id(0) - program_id(0) + 1, 8).stride(2), ..)] = even + 1.0;
+    spread[(ds(2, 8).stride(3), ..)] = x[(0..8, ..)];
+    thirds[..] = spread[(ds(2, 8).stride(3), ..)] * 2.0;
 }

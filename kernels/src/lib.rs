@@ -14,6 +14,7 @@ pub mod cases;
 pub mod coverage;
 mod decode;
 mod ffn;
+mod flash;
 mod gather;
 mod gmm;
 mod kv_cache;
@@ -31,6 +32,7 @@ pub use palladium_array::HostArray;
 pub use attention::decode_attention;
 pub use decode::gemv;
 pub use ffn::expert_ffn;
+pub use flash::flash_attention;
 pub use gather::gather_rows;
 pub use gmm::grouped_matmul;
 pub use kv_cache::kv_cache_update;
@@ -136,6 +138,7 @@ pub static REGISTRY: &[KernelEntry] = &[
     entry!(residual_add, "residual add of two bf16 arrays in f32, row blocks", cases::residual_add),
     entry!(residual_add_inplace, "residual_add with the residual input aliased to the output (in-place update)", cases::residual_add_inplace),
     entry!(rmsnorm_matmul, "RMSNorm (f32) fused into the next bf16 projection; normalised rows cached in VMEM across column blocks", cases::rmsnorm_matmul),
+    entry!(flash_attention, "flash attention forward (Pallas's TPU kernel): online softmax over kv blocks in VMEM scratch, causal by iota, Buffered K/V specs", cases::flash_attention),
     entry!(rope, "rotary embedding on [tokens, heads*head_dim], neox or interleaved, rotation as an exact ±1 matmul", cases::rope),
 ];
 

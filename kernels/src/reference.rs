@@ -130,6 +130,45 @@ pub struct AttentionShape {
 ///
 /// `q`/`o`: `[batch, kv_heads, group, head_dim]`; `k`/`v`: `[batch, kv_heads, max_context,
 /// head_dim]`; positions at or past `lens[b]` are ignored.
+/// Shape of [`flash_attention`]: `heads` independent (batch x head) problems.
+#[derive(Copy, Clone, Debug)]
+pub struct FlashShape {
+    pub heads: usize,
+    pub seq_q: usize,
+    pub seq_k: usize,
+    pub head_dim: usize,
+    /// Query `i` sees keys `0..=i` only.
+    pub causal: bool,
+}
+
+/// Softmax attention `softmax(q k^T / sqrt(head_dim)) v` per head, in f32; output rounded
+/// to bf16. `q`: `[heads, seq_q, head_dim]`, `k`, `v`: `[heads, seq_k, head_dim]`.
+pub fn flash_attention(q: &[f32], k: &[f32], v: &[f32], s: FlashShape) -> Vec<f32> {
+    let FlashShape { heads, seq_q, seq_k, head_dim: hd, causal } = s;
+    assert_eq!(q.len(), heads * seq_q * hd, "q size");
+    assert_eq!((k.len(), v.len()), (heads * seq_k * hd, heads * seq_k * hd), "k/v sizes");
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut out = vec![0f32; q.len()];
+    for h in 0..heads {
+        let (kh, vh) = (&k[h * seq_k * hd..(h + 1) * seq_k * hd], &v[h * seq_k * hd..(h + 1) * seq_k * hd]);
+        for i in 0..seq_q {
+            let row = (h * seq_q + i) * hd;
+            let qr = &q[row..row + hd];
+            let visible = if causal { (i + 1).min(seq_k) } else { seq_k };
+            let scores: Vec<f32> = (0..visible).map(|j| qr.iter().zip(&kh[j * hd..(j + 1) * hd]).map(|(a, b)| a * b).sum::<f32>() * scale).collect();
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total: f32 = weights.iter().sum();
+            for (j, w) in weights.iter().enumerate() {
+                for (o, x) in out[row..row + hd].iter_mut().zip(&vh[j * hd..(j + 1) * hd]) {
+                    *o += w / total * x;
+                }
+            }
+        }
+    }
+    out.into_iter().map(round_bf16).collect()
+}
+
 pub fn decode_attention(lens: &[i32], q: &[f32], k: &[f32], v: &[f32], s: AttentionShape) -> Vec<f32> {
     let AttentionShape { batch, kv_heads, group, head_dim: hd, max_context: t } = s;
     assert_eq!(lens.len(), batch, "one length per sequence");

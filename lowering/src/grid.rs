@@ -105,10 +105,14 @@ fn kernel_func<'c, 'a>(cx: &mut LowerCx<'c, 'a>, module: &'a Module<'c>) -> Resu
         for (n, o) in block_mappings(k) {
             let entry: Vec<(Identifier<'c>, Attribute<'c>)> = if o.is_windowed() {
                 let bounds = o.window_shape().dims().iter().map(|&d| d as i64).collect::<Vec<_>>();
-                vec![
-                    (Identifier::new(ctx, "transform_indices"), FlatSymbolRefAttribute::new(ctx, &format!("transform_{n}")).into()),
-                    (Identifier::new(ctx, "window_bounds"), DenseI64ArrayAttribute::new(ctx, &bounds).into()),
-                ]
+                // Pallas's key order (the dictionary sorts them anyway).
+                let mut entry = Vec::new();
+                if let Some(mode) = o.pipeline_mode {
+                    entry.push((Identifier::new(ctx, "pipeline_mode"), tpu::pipeline_mode(ctx, mode)?));
+                }
+                entry.push((Identifier::new(ctx, "transform_indices"), FlatSymbolRefAttribute::new(ctx, &format!("transform_{n}")).into()));
+                entry.push((Identifier::new(ctx, "window_bounds"), DenseI64ArrayAttribute::new(ctx, &bounds).into()));
+                entry
             } else {
                 Vec::new() // HBM/ANY: not windowed, `{}`
             };

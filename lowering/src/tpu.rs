@@ -19,7 +19,7 @@ use melior::{
     },
 };
 use palladium_dsl::ir::{ArgReduceOp, DotDims, MemorySpace, Precision, SemKind};
-use palladium_dsl::spec::Semantics;
+use palladium_dsl::spec::{PipelineMode, Semantics};
 
 /// The discardable attribute that marks the `TensorCore` kernel function.
 pub(crate) const CORE_TYPE_ATTR: &str = "tpu.core_type";
@@ -46,6 +46,17 @@ pub(crate) fn dimension_semantics<'c>(ctx: &'c Context, dims: &[Semantics]) -> R
         .map(|s| parse_attr(ctx, &format!("#tpu.dimension_semantics<{}>", s.name())))
         .collect::<RuleResult<Vec<_>>>()?;
     Ok(ArrayAttribute::new(ctx, &attrs).into())
+}
+
+/// `#tpu.pipeline_mode<synchronous|double_buffered>` for `Buffered(1|2)`, as Pallas lowers
+/// `BlockSpec(pipeline_mode=pl.Buffered(n))` (it refuses other counts: Mosaic has no mode).
+pub(crate) fn pipeline_mode(ctx: &Context, mode: PipelineMode) -> RuleResult<Attribute<'_>> {
+    let name = match mode.buffers() {
+        1 => "synchronous",
+        2 => "double_buffered",
+        n => return Err(format!("pipeline_mode = {mode}: Mosaic has a pipeline mode for 1 or 2 buffers, not {n}").into()),
+    };
+    parse_attr(ctx, &format!("#tpu.pipeline_mode<{name}>"))
 }
 
 /// `#tpu.core_type<tc>`.
@@ -105,6 +116,21 @@ pub(crate) fn vector_store<'c>(
         ("operandSegmentSizes", DenseI32ArrayAttribute::new(ctx, &segments).into()),
         ("strides", DenseI32ArrayAttribute::new(ctx, &[]).into()),
     ], vec![])
+}
+
+/// `tpu.strided_load %base[%indices] {strides = array<i32: ..>}` (Pallas's load through a
+/// strided `pl.ds`): every `strides[d]`-th element from the indices.
+pub(crate) fn strided_load<'c>(ctx: &'c Context, loc: Location<'c>, base: Value<'c, '_>, indices: &[Value<'c, '_>], strides: &[i32], result: Type<'c>) -> RuleResult<Operation<'c>> {
+    let mut operands = vec![base];
+    operands.extend_from_slice(indices);
+    op(ctx, "tpu.strided_load", loc, &operands, &[result], &[("strides", DenseI32ArrayAttribute::new(ctx, strides).into())], vec![])
+}
+
+/// `tpu.strided_store %base[%indices], %value {strides = array<i32: ..>}` (no mask).
+pub(crate) fn strided_store<'c>(ctx: &'c Context, loc: Location<'c>, value: Value<'c, '_>, base: Value<'c, '_>, indices: &[Value<'c, '_>], strides: &[i32]) -> RuleResult<Operation<'c>> {
+    let mut operands = vec![value, base];
+    operands.extend_from_slice(indices);
+    op(ctx, "tpu.strided_store", loc, &operands, &[], &[("strides", DenseI32ArrayAttribute::new(ctx, strides).into())], vec![])
 }
 
 /// `tpu.matmul %lhs, %rhs, %acc {dimension_numbers, [precision], transpose_lhs_hint = false}`.

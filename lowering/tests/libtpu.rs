@@ -14,7 +14,9 @@
 //!   arguments that the pretty module does not print with theirs).
 //!
 //! The `array_ops` coverage kernel must use the Mosaic ops of the same kernel written in
-//! Pallas (`jax_reference.py pallas array_ops`) and be within 1% of its cycles on v6e.
+//! Pallas (`jax_reference.py pallas array_ops`) and be within 1% of its cycles on v6e; so
+//! must `flash_attention`, with double-buffered and with synchronous (`Buffered(1)`) K/V,
+//! against its Pallas twin (`pallas flash_attention`, `flash_attention:kv_buffers=1`).
 //!
 //! The library's tiled matmul (1024x2048x1024, blocks 256x512x256) is also diffed against
 //! the module JAX Pallas prints for its own (`jax_reference.py pallas matmul`: func
@@ -132,6 +134,23 @@ fn kernels_compile_with_libtpu_and_match_jax() {
         ops
     };
     assert_eq!(tpu_ops(&array_ops.canonical), tpu_ops(jax_array_ops["module"].as_str().unwrap()), "array_ops: not the Mosaic ops Pallas uses");
+    // Flash attention: the library's and its Pallas twin (`pallas flash_attention`, Pallas's
+    // TPU kernel line for line), with double-buffered (default) and synchronous K/V
+    // (`Buffered(1)`: our `flash_attention_sync_kv`).
+    let jax_flash: Vec<(&str, serde_json::Value)> = [("flash_attention", "flash_attention"), ("flash_attention_sync_kv", "flash_attention:kv_buffers=1")]
+        .into_iter()
+        .map(|(ours, theirs)| (ours, jax_reference(&dir, &["pallas", theirs, "--chip", "v6e"])))
+        .collect();
+    for (name, theirs) in &jax_flash {
+        let l = &kernels.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no kernel {name}")).1;
+        let module = theirs["module"].as_str().unwrap();
+        let mode = if *name == "flash_attention" { "double_buffered" } else { "synchronous" };
+        assert_eq!(module.matches(&format!("#tpu.pipeline_mode<{mode}>")).count(), 2, "{name}: Pallas's K/V specs are not {mode}");
+        assert_eq!(l.module.matches(&format!("#tpu.pipeline_mode<{mode}>")).count(), 2, "{name}: our K/V specs are not {mode}");
+        // As sets: our canonical module is also CSE'd (the unrolled tiles share iotas).
+        let set = |m: &str| tpu_ops(m).into_iter().collect::<std::collections::BTreeSet<_>>();
+        assert_eq!(set(&l.canonical), set(module), "{name}: not the Mosaic ops Pallas uses");
+    }
     let gemv_jax_blocks = palladium_kernels::build("gemv", &[("block_n".into(), "1024".into())]).unwrap_or_else(|e| panic!("{e}"));
     let gemv_jax_blocks = lowered(&gemv_jax_blocks);
 
@@ -189,6 +208,12 @@ fn kernels_compile_with_libtpu_and_match_jax() {
     eprintln!("v6e array_ops: ours {ours} cycles, JAX {theirs} cycles");
     assert!((ours as f64 - theirs as f64).abs() <= 0.01 * theirs as f64, "array_ops: {ours} cycles vs JAX's {theirs} (> 1% apart)");
     assert!((gemv_ours as f64 - gemv_jax as f64).abs() <= 0.02 * gemv_jax as f64, "gemv: {gemv_ours} cycles vs JAX's {gemv_jax} (> 2% apart)");
+    for (name, jax) in &jax_flash {
+        let ours = table.iter().find(|(n, chip, _)| n == name && *chip == Chip::V6e).unwrap().2.estimated_cycles.expect("flash_attention v6e cycles");
+        let theirs = jax["estimated_cycles"].as_u64().expect("JAX's flash_attention cycles");
+        eprintln!("v6e {name}: ours {ours} cycles, JAX {theirs} cycles");
+        assert!((ours as f64 - theirs as f64).abs() <= 0.01 * theirs as f64, "{name}: {ours} cycles vs JAX's {theirs} (> 1% apart)");
+    }
 }
 
 /// The op names in order, one per line (`arith.constant`s dropped: their order and

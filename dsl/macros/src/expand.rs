@@ -317,8 +317,15 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
                 };
                 // Spanned at the attribute: the declaration's location (for call-spec errors)
                 // is the operand's `bf16[m, k]`, not the `#[kernel]` line.
-                decls.push(quote_spanned! {args.array.span=>
-                    __pd_b.operand(#name_str, ::palladium_dsl::__private::OperandRole::#role_id, #dtype, #shape, #space, #block, #map);
+                let declare = quote_spanned! {args.array.span=>
+                    __pd_b.operand(#name_str, ::palladium_dsl::__private::OperandRole::#role_id, #dtype, #shape, #space, #block, #map)
+                };
+                decls.push(match &args.buffered {
+                    Some(n) => {
+                        let count = size_tokens(n, &format!("the buffer count of `{name_str}`"));
+                        quote_spanned!(n.span()=> { let __pd_slot = #declare; __pd_b.pipeline_mode(__pd_slot, ::palladium_dsl::__private::PipelineMode::Buffered(#count)); })
+                    }
+                    None => quote!(#declare;),
                 });
                 bindings.push(quote_spanned!(ty.span()=> let #ident: #ty = __pd_sealed.handles[#i].clone().into_ref();));
             }

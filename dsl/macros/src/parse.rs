@@ -164,12 +164,14 @@ pub struct OperandArgs {
     pub block: Option<(Vec<BlockDimArg>, Span)>,
     pub map: Option<ExprClosure>,
     pub space: Option<Ident>,
+    /// `pipeline_mode = Buffered(n)`: the buffer count `n`.
+    pub buffered: Option<Expr>,
 }
 
 impl Parse for OperandArgs {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let array: ArrayTy = input.parse()?;
-        let mut out = OperandArgs { array, block: None, map: None, space: None };
+        let mut out = OperandArgs { array, block: None, map: None, space: None, buffered: None };
         while input.peek(Token![,]) {
             input.parse::<Token![,]>()?;
             if input.is_empty() {
@@ -192,7 +194,20 @@ impl Parse for OperandArgs {
                 }
                 "map" => out.map = Some(input.parse()?),
                 "space" => out.space = Some(input.parse()?),
-                other => return Err(syn::Error::new(key.span(), format!("unknown operand argument `{other}`: expected block, map or space"))),
+                "pipeline_mode" => {
+                    let mode: Expr = input.parse()?;
+                    match &mode {
+                        Expr::Call(c) if matches!(&*c.func, Expr::Path(p) if p.path.is_ident("Buffered")) && c.args.len() == 1 => {
+                            out.buffered = c.args.first().cloned();
+                        }
+                        other => {
+                            return Err(syn::Error::new(other.span(), "unknown pipeline mode: expected `Buffered(n)` (Pallas's `pl.Buffered(n)`)"));
+                        }
+                    }
+                }
+                other => {
+                    return Err(syn::Error::new(key.span(), format!("unknown operand argument `{other}`: expected block, map, space or pipeline_mode")));
+                }
             }
         }
         Ok(out)

@@ -36,12 +36,15 @@ pub fn indexed_shape(k: &Kernel, shape: &Shape, index: &[Index]) -> Result<Shape
         if let Offset::Dynamic(v) = i.offset() {
             scalar_i32(k, v, &format!("index of dim {d}"))?;
         }
-        let size = i.size();
-        if size == 0 || size > extent {
-            return Err(format!("slice of size {size} along dim {d} of {shape}"));
+        if i.stride() != 1 && d + 1 == shape.rank() {
+            return Err(format!("a stride along the last (lane) dim of {shape}: Mosaic strides loads and stores along the leading dims only"));
+        }
+        let (size, span) = (i.size(), i.span());
+        if size == 0 || span > extent {
+            return Err(format!("slice of size {size}{} along dim {d} of {shape}", if i.stride() == 1 { String::new() } else { format!(" and stride {}", i.stride()) }));
         }
         if let Offset::Static(o) = i.offset()
-            && (o < 0 || o as u64 + size > extent) {
+            && (o < 0 || o as u64 + span > extent) {
                 return Err(format!("index {i} is out of bounds along dim {d} (extent {extent})"));
             }
         if let Index::Slice { size, .. } = i {
@@ -306,6 +309,9 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
                 return Err(format!("stored value is {}, the window is {want}", k.ty(*value)));
             }
             if let Some(m) = mask {
+                if super::is_strided(index) {
+                    return Err("a strided store cannot be masked (Mosaic's tpu.strided_store has no mask)".into());
+                }
                 if r.dtype.bits() != 32 {
                     return Err(format!("masked stores need 32-bit data, got {}", r.dtype));
                 }
@@ -314,6 +320,9 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
                 }
             }
             SmallVec::new()
+        }
+        OpData::RefSlice { index, .. } if super::is_strided(index) => {
+            return Err("a strided ds cannot make a sub-ref (`.at()`, DMAs): only loads and stores take strides, as in Pallas".into());
         }
         OpData::RefSlice { base, index } => match k.ty(*base) {
             Type::Ref(r) => {

@@ -42,11 +42,12 @@ impl fmt::Display for Offset {
 }
 
 /// How one ref dimension is indexed: a single position (the dim is dropped from the
-/// result) or a unit-stride slice of static size.
+/// result) or a slice of static size and static stride (`pl.ds(start, size, stride)`;
+/// strides other than 1 only in VMEM loads and stores, as in Pallas).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Index {
     Point(Offset),
-    Slice { start: Offset, size: u64 },
+    Slice { start: Offset, size: u64, stride: u64 },
 }
 
 impl Index {
@@ -61,13 +62,33 @@ impl Index {
             Index::Slice { size, .. } => size,
         }
     }
+    pub fn stride(&self) -> u64 {
+        match *self {
+            Index::Point(_) => 1,
+            Index::Slice { stride, .. } => stride,
+        }
+    }
+    /// How far along the dim the index reaches from its start: `(size - 1) * stride + 1`.
+    pub fn span(&self) -> u64 {
+        self.size().saturating_sub(1).saturating_mul(self.stride()).saturating_add(1)
+    }
+    /// A contiguous slice of `size` from `start`.
+    pub fn slice(start: Offset, size: u64) -> Index {
+        Index::Slice { start, size, stride: 1 }
+    }
+}
+
+/// Whether any dim of `index` is strided (a `tpu.strided_load` / `tpu.strided_store`).
+pub fn is_strided(index: &[Index]) -> bool {
+    index.iter().any(|i| i.stride() != 1)
 }
 
 impl fmt::Display for Index {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Index::Point(o) => write!(f, "{o}"),
-            Index::Slice { start, size } => write!(f, "{start}:+{size}"),
+            Index::Slice { start, size, stride: 1 } => write!(f, "{start}:+{size}"),
+            Index::Slice { start, size, stride } => write!(f, "{start}:+{size}:{stride}"),
         }
     }
 }

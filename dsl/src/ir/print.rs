@@ -50,6 +50,9 @@ impl Printer<'_> {
             if let Some(m) = o.index_map {
                 let _ = write!(self.out, " map {m}");
             }
+            if let Some(mode) = o.pipeline_mode {
+                let _ = write!(self.out, " pipeline_mode {mode}");
+            }
             self.out.push('\n');
         }
         for s in &c.scratch {

@@ -17,7 +17,7 @@
 use super::coverage;
 use super::infer::{result_types, yield_types};
 use super::{Block, BufOrigin, DType, Kernel, MemorySpace, Op, OpData, SrcLoc, Type, Value};
-use crate::spec::{BlockDim, Chip, OperandRole, OperandSpec, ScratchSpec};
+use crate::spec::{BlockDim, Chip, OperandRole, OperandSpec, PipelineMode, ScratchSpec};
 use cranelift_entity::SecondaryMap;
 use std::fmt;
 
@@ -153,6 +153,14 @@ impl Verifier<'_> {
         }
         if o.space == MemorySpace::Semaphore {
             self.operand_error(o, &what, "arrays cannot live in semaphore memory");
+        }
+        if let Some(mode) = o.pipeline_mode {
+            if !PipelineMode::SUPPORTED_BUFFERS.contains(&mode.buffers()) {
+                self.operand_error(o, &what, format!("pipeline_mode = {mode}: Mosaic pipelines a window with 1 (synchronous) or 2 (double-buffered) buffers"));
+            }
+            if !(o.is_windowed() && o.block.is_some() && !self.k.call.grid.is_empty()) {
+                self.operand_error(o, &what, format!("pipeline_mode = {mode} needs a windowed operand of a gridded kernel (a VMEM block with an index map)"));
+            }
         }
         let Some(block) = &o.block else {
             if o.is_windowed() && !self.k.call.grid.is_empty() && o.index_map.is_none() {
@@ -306,8 +314,8 @@ impl Verifier<'_> {
             if o.space != MemorySpace::Vmem {
                 continue;
             }
-            // Windowed blocks are double-buffered by the grid pipeline.
-            let buffers = if gridded && o.block.is_some() { 2 } else { 1 };
+            // Windowed blocks take the grid pipeline's buffers (two unless `Buffered(n)`).
+            let buffers = if gridded && o.block.is_some() { o.window_buffers() } else { 1 };
             let bytes = padded_vmem_bytes(o.dtype, &o.window_shape());
             lines.push(format!("{} {}x{}", o.name, buffers, bytes));
             let taken = bytes.saturating_mul(buffers);
@@ -446,6 +454,7 @@ mod tests {
             block: None,
             index_map: None,
             loc: None,
+            pipeline_mode: None,
         });
         let ty = super::super::RefType { space: MemorySpace::Vmem, dtype: DType::F32, shape: Shape::new([8, 128]) };
         let o = k.add_block_param(k.entry, Type::Ref(ty.clone()));

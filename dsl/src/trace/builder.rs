@@ -9,7 +9,7 @@ use super::refs::{Ref, SemRef};
 use super::val::{Val, constant};
 use super::{BuildError, BuildErrors, Tracer, in_block, install, uninstall, with};
 use crate::ir::{BufOrigin, DType, ErrorSite, Kernel, Literal, MemorySpace, OpData, RefType, SemKind, Shape, SrcLoc, Type, Value, VerifyOptions};
-use crate::spec::{BlockDim, CostEstimate, GridDim, OperandRole, OperandSpec, ScratchSpec, Semantics};
+use crate::spec::{BlockDim, CostEstimate, GridDim, OperandRole, OperandSpec, PipelineMode, ScratchSpec, Semantics};
 use cranelift_entity::SecondaryMap;
 use smallvec::SmallVec;
 
@@ -199,11 +199,22 @@ impl<'a> KernelBuilder<'a> {
     ) -> Slot {
         let loc = SrcLoc::caller();
         let index = self.operands.len();
-        self.operands.push(OperandSpec { name: name.to_string(), role, dtype, shape: Shape::new(shape.to_vec()), space, block, index_map: None, loc: Some(loc) });
+        self.operands.push(OperandSpec { name: name.to_string(), role, dtype, shape: Shape::new(shape.to_vec()), space, block, index_map: None, loc: Some(loc), pipeline_mode: None });
         self.index_maps.push(index_map.map(|f| -> (IndexMapFn<'a>, SrcLoc) { (Box::new(move |g: &[Val], p: &[Ref]| f(g, p).indices(loc)), loc) }));
         let slot = Slot::Operand(index);
         self.slots.push(slot);
         slot
+    }
+
+    /// `pipeline_mode = Buffered(n)` on a declared operand (the verifier checks that the
+    /// operand is windowed and that Mosaic has a mode for `n`).
+    #[track_caller]
+    pub fn pipeline_mode(&mut self, operand: Slot, mode: PipelineMode) -> &mut Self {
+        match operand {
+            Slot::Operand(i) => self.operands[i].pipeline_mode = Some(mode),
+            Slot::Scratch(_) => self.errors.push(BuildError { loc: Some(SrcLoc::caller()), message: format!("{mode}: scratch buffers are not pipelined") }),
+        }
+        self
     }
 
     pub fn scratch_buffer(&mut self, name: &str, space: MemorySpace, dtype: DType, shape: &[u64]) -> Slot {

@@ -12,16 +12,28 @@ pub struct Ref(pub(crate) Value);
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct SemRef(pub(crate) Value);
 
-/// `pl.ds(start, size)`: a slice of static `size` at a (possibly traced) `start`.
+/// `pl.ds(start, size)`: a slice of static `size` at a (possibly traced) `start`;
+/// `ds(start, size).stride(n)` is `pl.ds(start, size, n)`.
 #[derive(Copy, Clone, Debug)]
 pub struct Ds {
     start: Offset,
     size: u64,
+    stride: u64,
 }
 
 /// `pl.ds(start, size)`.
 pub fn ds(start: impl IntoOffset, size: u64) -> Ds {
-    Ds { start: start.offset(), size }
+    Ds { start: start.offset(), size, stride: 1 }
+}
+
+impl Ds {
+    /// Every `stride`-th element (`pl.ds(start, size, stride)`): `size` elements spanning
+    /// `(size - 1) * stride + 1`. Loads and stores of VMEM refs take it (Mosaic's
+    /// `tpu.strided_load` / `tpu.strided_store`); `.at()`, DMAs and value slices do not, as in
+    /// Pallas.
+    pub fn stride(self, stride: u64) -> Ds {
+        Ds { stride, ..self }
+    }
 }
 
 /// A slice start: a Rust integer or a traced i32.
@@ -42,7 +54,8 @@ pub enum IndexItem {
     Range(u64, u64),
     From(u64),
     Point(Offset),
-    Slice(Offset, u64),
+    /// start, size, stride
+    Slice(Offset, u64, u64),
 }
 
 /// Something that indexes one dimension: `..`, `a..b`, `a..`, an integer, a traced i32,
@@ -83,7 +96,7 @@ impl IndexElem for Val {
 }
 impl IndexElem for Ds {
     fn item(self) -> IndexItem {
-        IndexItem::Slice(self.start, self.size)
+        IndexItem::Slice(self.start, self.size, self.stride)
     }
 }
 macro_rules! int_index {
@@ -136,12 +149,13 @@ pub(crate) fn resolve(items: Vec<IndexItem>, shape: &Shape) -> Result<Vec<Index>
     for (d, &extent) in shape.dims().iter().enumerate() {
         let item = items.get(d).copied().unwrap_or(IndexItem::Full);
         out.push(match item {
-            IndexItem::Full => Index::Slice { start: Offset::Static(0), size: extent },
+            IndexItem::Full => Index::slice(Offset::Static(0), extent),
             IndexItem::Range(lo, hi) if lo >= hi => return Err(format!("empty range {lo}..{hi} along dim {d}")),
-            IndexItem::Range(lo, hi) => Index::Slice { start: Offset::Static(lo as i64), size: hi.saturating_sub(lo) },
-            IndexItem::From(lo) => Index::Slice { start: Offset::Static(lo as i64), size: extent.saturating_sub(lo) },
+            IndexItem::Range(lo, hi) => Index::slice(Offset::Static(lo as i64), hi.saturating_sub(lo)),
+            IndexItem::From(lo) => Index::slice(Offset::Static(lo as i64), extent.saturating_sub(lo)),
             IndexItem::Point(o) => Index::Point(o),
-            IndexItem::Slice(o, size) => Index::Slice { start: o, size },
+            IndexItem::Slice(_, _, 0) => return Err(format!("ds stride 0 along dim {d}: strides are at least 1")),
+            IndexItem::Slice(start, size, stride) => Index::Slice { start, size, stride },
         });
     }
     Ok(out)
@@ -160,7 +174,7 @@ fn index_for(v: Value, idx: impl IntoIndex, loc: SrcLoc) -> Vec<Index> {
     let shape = shape_of(v);
     resolve(idx.items(), &shape).unwrap_or_else(|m| {
         with(|t| t.error(loc, m));
-        shape.dims().iter().map(|&n| Index::Slice { start: Offset::Static(0), size: n }).collect()
+        shape.dims().iter().map(|&n| Index::slice(Offset::Static(0), n)).collect()
     })
 }
 

@@ -365,9 +365,12 @@ impl Val {
         let mut start = Vec::with_capacity(index.len());
         let mut kept = Vec::new();
         for (d, i) in index.iter().enumerate() {
+            if i.stride() != 1 {
+                return Val::failed(format!("slice: a strided slice along dim {d} (Pallas TPU has no lowering for strided value slices; load with a strided `ds` from the ref)"), self.ty());
+            }
             match i.offset() {
                 Offset::Static(o) if o >= 0 => start.push(o as u64),
-                _ => return Val::failed(format!("slice: the start along dim {d} must be a static non-negative integer (value slices are static, as `lax.slice`; load from a ref for a dynamic window)"), self.ty()),
+                _ => return Val::failed(format!("slice: the start along dim {d} must be a static non-negative integer (value slices are static, as `lax.slice`: Pallas TPU has no lowering for `lax.dynamic_slice`; load a dynamic window from the ref with `ds(start, size)`)"), self.ty()),
             }
             if let Index::Slice { size, .. } = i {
                 kept.push(*size);

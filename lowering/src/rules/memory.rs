@@ -4,7 +4,7 @@ use super::LowerCx;
 use crate::error::{RuleResult, bail};
 use crate::{tpu, types};
 use melior::ir::{Value, attribute::DenseI32ArrayAttribute};
-use palladium_dsl::ir::{Buf, DType, Index, MemorySpace, Op, Type as KType, Value as KValue};
+use palladium_dsl::ir::{Buf, DType, Index, MemorySpace, Op, Type as KType, Value as KValue, is_strided};
 
 /// Sizes of an indexed window with point-indexed dims kept as 1 (what Mosaic loads), and
 /// without them (what the kernel sees).
@@ -19,13 +19,23 @@ fn memory_dtype(d: DType) -> DType {
     if d == DType::Bool { DType::I32 } else { d }
 }
 
+/// The per-dim strides of a strided access (`None`: a contiguous one).
+fn strides(index: &[Index]) -> RuleResult<Option<Vec<i32>>> {
+    if !is_strided(index) {
+        return Ok(None);
+    }
+    let strides = index.iter().map(|i| i32::try_from(i.stride()).map_err(|_| format!("stride {} does not fit i32", i.stride()))).collect::<Result<_, _>>()?;
+    Ok(Some(strides))
+}
+
 impl<'c, 'a> LowerCx<'c, 'a> {
     fn indices(&mut self, index: &[Index]) -> RuleResult<Vec<Value<'c, 'a>>> {
         index.iter().map(|i| self.offset_index(i.offset())).collect()
     }
 }
 
-/// VMEM: `vector.load` (+ `vector.shape_cast` dropping point dims); SMEM: `memref.load`.
+/// VMEM: `vector.load`, or `tpu.strided_load` through a strided `ds` (+ `vector.shape_cast`
+/// dropping point dims); SMEM: `memref.load`.
 /// Bools are loaded as i32 and compared `!= 0`.
 pub(super) fn load(cx: &mut LowerCx<'_, '_>, op: Op, src: KValue, index: &[Index]) -> RuleResult<()> {
     let KType::Ref(r) = cx.ty(src) else { bail!("load from a non-ref {}", cx.ty(src)) };
@@ -38,7 +48,10 @@ pub(super) fn load(cx: &mut LowerCx<'_, '_>, op: Op, src: KValue, index: &[Index
     let mut v = match r.space {
         MemorySpace::Vmem => {
             let ty = types::array(cx.ctx, &full, md);
-            let v = cx.generic1("vector.load", &operands, ty, &[])?;
+            let v = match strides(index)? {
+                Some(strides) => cx.emit1(tpu::strided_load(cx.ctx, cx.loc, base, &operands[1..], &strides, ty))?,
+                None => cx.generic1("vector.load", &operands, ty, &[])?,
+            };
             cx.shape_cast(v, &full, &kept, md)?
         }
         MemorySpace::Smem => cx.generic1("memref.load", &operands, types::element(cx.ctx, md), &[])?,
@@ -50,7 +63,8 @@ pub(super) fn load(cx: &mut LowerCx<'_, '_>, op: Op, src: KValue, index: &[Index
     cx.set_result(op, 0, v)
 }
 
-/// VMEM: `tpu.vector_store {strides = array<i32>}` (optionally masked); SMEM: `memref.store`.
+/// VMEM: `tpu.vector_store {strides = array<i32>}` (optionally masked), or
+/// `tpu.strided_store` through a strided `ds`; SMEM: `memref.store`.
 pub(super) fn store(cx: &mut LowerCx<'_, '_>, dst: KValue, index: &[Index], value: KValue, mask: Option<KValue>) -> RuleResult<()> {
     let KType::Ref(r) = cx.ty(dst) else { bail!("store to a non-ref {}", cx.ty(dst)) };
     let base = cx.v(dst)?;
@@ -71,7 +85,11 @@ pub(super) fn store(cx: &mut LowerCx<'_, '_>, dst: KValue, index: &[Index], valu
                 }
                 None => None,
             };
-            let op = tpu::vector_store(cx.ctx, cx.loc, v, base, &idx, m)?;
+            let op = match (strides(index)?, m) {
+                (Some(strides), None) => tpu::strided_store(cx.ctx, cx.loc, v, base, &idx, &strides)?,
+                (Some(_), Some(_)) => bail!("a strided store cannot be masked"),
+                (None, m) => tpu::vector_store(cx.ctx, cx.loc, v, base, &idx, m)?,
+            };
             cx.emit(op);
         }
         MemorySpace::Smem => {

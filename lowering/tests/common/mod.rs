@@ -25,13 +25,14 @@ pub fn library_kernel(name: &str) -> Kernel {
 }
 
 /// The op-coverage kernels (`palladium_kernels::coverage`), plus library kernels at
-/// non-default settings that change the emitted types.
+/// non-default settings that change the emitted types or attributes (`Buffered(1)` K/V:
+/// `#tpu.pipeline_mode<synchronous>`).
 pub fn extra_kernels() -> Vec<(String, Kernel)> {
     let mut all: Vec<(String, Kernel)> = palladium_kernels::coverage::ALL
         .iter()
         .map(|(name, build)| (name.to_string(), build().unwrap_or_else(|e| panic!("coverage kernel {name}: {e}"))))
         .collect();
-    let settings = [("matmul_f32_out", "matmul", [("out_dtype", "f32")])];
+    let settings = [("matmul_f32_out", "matmul", [("out_dtype", "f32")]), ("flash_attention_sync_kv", "flash_attention", [("kv_buffers", "1")])];
     for (label, kernel, sets) in settings {
         let sets: Vec<(String, String)> = sets.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
         all.push((label.to_string(), palladium_kernels::build(kernel, &sets).unwrap_or_else(|e| panic!("{label}: {e}"))));
