@@ -19,8 +19,8 @@ pub mod prelude {
     pub use crate::ir::{DType, DotDims, Precision};
     pub use crate::kernel;
     pub use crate::trace::{
-        Dims, Dma, Ref, Scope, SemRef, Val, async_copy, concatenate, debug_print, dot, dot_general, dot_t, ds, full, iota, num_programs, program_id,
-        run_scoped, scalar, select, switch, zeros,
+        Dims, Dma, Ref, Scope, SemRef, Val, async_copy, axis_index, barrier_semaphore, concatenate, debug_print, device_id, dot, dot_general, dot_t, ds,
+        full, iota, num_programs, program_id, remote_copy, run_scoped, scalar, select, switch, zeros,
     };
     pub use crate::spec::Chip;
 
