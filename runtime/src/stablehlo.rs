@@ -7,8 +7,12 @@
 //!
 //! Aliased inputs are also donated (`tf.aliasing_output` on the argument), as a caller that
 //! passes the buffer in place does: otherwise XLA copies the input to honour the alias.
-//! Single device only: multi-device kernels (`sdy.manual_computation` over a mesh) come
-//! with the multi-device work.
+//! A multi-device kernel (a call spec with `devices`) runs on each of its devices as
+//! `jax.shard_map` runs a Pallas kernel over a 1-D mesh: the program's arrays stack the
+//! per-device operands along dim 0, sharded over the devices, and the custom call sits
+//! between `SPMDFullToShardShape` and `SPMDShardToFullShape` in manual sharding (XLA's
+//! form of a manual computation); the backend config gains `has_communication` and
+//! `collective_id` as JAX writes them.
 
 use base64::Engine;
 use palladium_dsl::DType;
@@ -102,6 +106,18 @@ pub struct CallSpec {
     #[serde(default)]
     pub input_output_aliases: Vec<[usize; 2]>,
     pub name: String,
+    /// Multi-device kernels: the number of devices (operand types are then per device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<u64>,
+    /// The mesh axes (name, size), as `palladium_lowering` writes them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh: Option<Vec<(String, u64)>>,
+    /// The body names another device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub has_communication: Option<bool>,
+    /// `CompilerParams(collective_id=..)`: the barrier semaphore's collective.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective_id: Option<u32>,
 }
 
 impl CallSpec {
@@ -115,6 +131,14 @@ impl CallSpec {
     fn check(&self) -> Result<(), String> {
         if self.outputs.is_empty() {
             return Err(format!("call spec of `{}`: no outputs", self.name));
+        }
+        if self.devices.unwrap_or(1) > 1 {
+            if !self.input_output_aliases.is_empty() {
+                return Err(format!("call spec of `{}`: aliases of a multi-device kernel are not supported yet", self.name));
+            }
+            if let Some(t) = self.inputs.iter().chain(&self.outputs).find(|t| t.dims.is_empty()) {
+                return Err(format!("call spec of `{}`: the scalar {t} cannot be split over devices (operands stack along dim 0)", self.name));
+            }
         }
         for &[i, o] in &self.input_output_aliases {
             let (Some(a), Some(b)) = (self.inputs.get(i), self.outputs.get(o)) else {
@@ -131,7 +155,14 @@ impl CallSpec {
 /// The `backend_config` JSON of the custom call, as JAX writes it.
 pub fn backend_config(body: &[u8], spec: &CallSpec) -> String {
     let body = base64::engine::general_purpose::STANDARD.encode(body);
-    let mut config = format!("{{\"custom_call_config\": {{\"body\": \"{body}\", \"serialization_format\": 1, \"needs_layout_passes\": true}}");
+    let mut config = format!("{{\"custom_call_config\": {{\"body\": \"{body}\"");
+    if spec.has_communication == Some(true) {
+        config.push_str(", \"has_communication\": true");
+    }
+    if let Some(id) = spec.collective_id {
+        config.push_str(&format!(", \"collective_id\": {id}"));
+    }
+    config.push_str(", \"serialization_format\": 1, \"needs_layout_passes\": true}");
     if let Some(limit) = spec.vmem_limit_bytes {
         config.push_str(&format!(", \"scoped_memory_configs\": [{{\"memory_space\":1, \"offset\": 0, \"size\": {limit}}}]"));
     }
@@ -193,14 +224,63 @@ pub fn wrap(body: &str, spec: &CallSpec) -> Result<String, String> {
         (format!("%0:{}", outs.len()), (0..outs.len()).map(|o| format!("%0#{o}")).collect::<Vec<_>>().join(", "))
     };
     let module_name: String = spec.name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    let call = |operands: &[String]| format!("stablehlo.custom_call @tpu_custom_call({}) {{{}}} : ({}) -> {result_types}", operands.join(", "), attrs.join(", "), ins.join(", "));
+    let devices = spec.devices.unwrap_or(1);
+    if devices == 1 {
+        return Ok(format!(
+            "module @{module_name} attributes {{mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32}} {{\n  func.func public @main({}) -> {result_types} {{\n    {lhs} = {}\n    return {returned} : {}\n  }}\n}}\n",
+            args.join(", "),
+            call(&operands),
+            outs.join(", "),
+        ));
+    }
+    // Each device's operands are one dim-0 slice of the program's arrays; the custom call runs
+    // in manual sharding between the full and the per-device shapes.
+    let global = |t: &ArrayType| {
+        let mut dims = t.dims.clone();
+        dims[0] *= devices;
+        ArrayType { dtype: t.dtype, dims }.tensor()
+    };
+    let tiled = |t: &ArrayType| {
+        let tiles: Vec<String> = std::iter::once(devices.to_string()).chain((1..t.dims.len()).map(|_| "1".to_string())).collect();
+        format!("mhlo.sharding = \"{{devices=[{}]<={devices}]}}\"", tiles.join(","))
+    };
+    let manual = "mhlo.sharding = \"{manual}\"";
+    let mut body_lines = Vec::new();
+    let mut shards = Vec::new();
+    for (i, t) in spec.inputs.iter().enumerate() {
+        let (g, l) = (global(t), t.tensor());
+        body_lines.push(format!("%full{i} = stablehlo.custom_call @Sharding(%arg{i}) {{{}}} : ({g}) -> {g}", tiled(t)));
+        body_lines.push(format!("%shard{i} = stablehlo.custom_call @SPMDFullToShardShape(%full{i}) {{{manual}}} : ({g}) -> {l}"));
+        shards.push(format!("%shard{i}"));
+    }
+    body_lines.push(format!("{lhs} = {}", call(&shards)));
+    let mut results = Vec::new();
+    for (o, t) in spec.outputs.iter().enumerate() {
+        let (g, l) = (global(t), t.tensor());
+        let value = if single { "%0".to_string() } else { format!("%0#{o}") };
+        body_lines.push(format!("%local{o} = stablehlo.custom_call @Sharding({value}) {{{manual}}} : ({l}) -> {l}"));
+        body_lines.push(format!("%result{o} = stablehlo.custom_call @SPMDShardToFullShape(%local{o}) {{{}}} : ({l}) -> {g}", tiled(t)));
+        results.push(format!("%result{o}"));
+    }
+    let params: Vec<String> = spec.inputs.iter().enumerate().map(|(i, t)| format!("%arg{i}: {} {{{}}}", global(t), tiled(t))).collect();
+    let result_decls: Vec<String> = spec.outputs.iter().map(|t| format!("{} {{{}}}", global(t), tiled(t))).collect();
+    let globals: Vec<String> = spec.outputs.iter().map(global).collect();
     Ok(format!(
-        "module @{module_name} attributes {{mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32}} {{\n  func.func public @main({}) -> {result_types} {{\n    {lhs} = stablehlo.custom_call @tpu_custom_call({}) {{{}}} : ({}) -> {result_types}\n    return {returned} : {}\n  }}\n}}\n",
-        args.join(", "),
-        operands.join(", "),
-        attrs.join(", "),
-        ins.join(", "),
-        outs.join(", "),
+        "module @{module_name} attributes {{mhlo.num_partitions = {devices} : i32, mhlo.num_replicas = 1 : i32}} {{\n  func.func public @main({}) -> ({}) {{\n    {}\n    return {} : {}\n  }}\n}}\n",
+        params.join(", "),
+        result_decls.join(", "),
+        body_lines.join("\n    "),
+        results.join(", "),
+        globals.join(", "),
     ))
+}
+
+/// The `mhlo.num_partitions` a program declares (1 where it declares none): the partitions
+/// it is compiled for.
+pub fn num_partitions(program: &str) -> i64 {
+    let Some(at) = program.find("mhlo.num_partitions = ") else { return 1 };
+    program[at + "mhlo.num_partitions = ".len()..].split(|c: char| !c.is_ascii_digit()).next().and_then(|n| n.parse().ok()).unwrap_or(1)
 }
 
 #[cfg(test)]
