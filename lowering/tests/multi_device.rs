@@ -1,6 +1,6 @@
-//! The library collectives compiled deviceless by libtpu on several devices: each body under
-//! its `SPMDFullToShardShape`/`SPMDShardToFullShape` program (`palladium_runtime::wrap` for
-//! a call spec with `devices`), for the devices of v6e:2x2 (4) and tpu7x:2x2x1 (8
+//! The library collectives compiled deviceless by libtpu on several devices: each body in
+//! an `sdy.manual_computation` over the devices (`palladium_runtime::wrap` for a call spec
+//! with `devices`, as JAX lowers a `shard_map`), for the devices of v6e:2x2 (4) and tpu7x:2x2x1 (8
 //! TensorCores). libtpu's static estimator prices remote DMAs at 0 cycles, so no figure is
 //! asserted.
 
@@ -32,9 +32,9 @@ fn collectives_compile_on_v6e_and_v7x_devices() {
             .map(move |(name, p)| (format!("{name} on {n} {chip} devices"), Job { program: p, chip, serialize: false }))
         })
         .collect();
-    assert!(jobs[0].1.program.contains("mhlo.num_partitions = 4 : i32") && jobs[0].1.program.contains("@SPMDFullToShardShape"));
+    assert!(jobs[0].1.program.contains("mhlo.num_partitions = 4 : i32") && jobs[0].1.program.contains("sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{\"x\"}, {}]>]"));
     assert!(jobs[0].1.program.contains("\\22has_communication\\22: true, \\22collective_id\\22: 0"));
-    let compiler = Compiler::new(Estimate::No).unwrap_or_else(|e| panic!("{e}"));
+    let compiler = Compiler::new(Estimate::No).unwrap_or_else(|e| panic!("{e}")).with_workers(1);
     let results = compiler.compile_all(&jobs.iter().map(|(_, j)| j.clone()).collect::<Vec<_>>());
     for ((what, _), r) in jobs.iter().zip(results) {
         let compiled = r.unwrap_or_else(|e| panic!("{what}: {e}"));

@@ -21,7 +21,8 @@ pub fn single_device_options() -> Vec<u8> {
 }
 
 /// A serialized `CompileOptionsProto` for one replica of `partitions` SPMD partitions on the
-/// topology's first `partitions` devices, as JAX compiles a `shard_map`ped program (one
+/// topology's first `partitions` devices with the Shardy partitioner, as JAX compiles a
+/// `shard_map`ped program (one
 /// partition: a single-device program).
 pub fn partitioned_options(partitions: i64) -> Vec<u8> {
     use prost::Message;
@@ -30,6 +31,8 @@ pub fn partitioned_options(partitions: i64) -> Vec<u8> {
     let mut build = ExecutableBuildOptionsProto { device_ordinal: -1, num_replicas: 1, num_partitions: partitions, ..Default::default() };
     if partitions > 1 {
         build.use_spmd_partitioning = true;
+        // The program is lowered for Shardy (`sdy.manual_computation`), as JAX lowers it.
+        build.use_shardy_partitioner = true;
         build.device_assignment = Some(DeviceAssignmentProto {
             replica_count: 1,
             computation_count: partitions as i32,

@@ -8,11 +8,10 @@
 //! Aliased inputs are also donated (`tf.aliasing_output` on the argument), as a caller that
 //! passes the buffer in place does: otherwise XLA copies the input to honour the alias.
 //! A multi-device kernel (a call spec with `devices`) runs on each of its devices as
-//! `jax.shard_map` runs a Pallas kernel over a 1-D mesh: the program's arrays stack the
-//! per-device operands along dim 0, sharded over the devices, and the custom call sits
-//! between `SPMDFullToShardShape` and `SPMDShardToFullShape` in manual sharding (XLA's
-//! form of a manual computation); the backend config gains `has_communication` and
-//! `collective_id` as JAX writes them.
+//! `jax.shard_map` runs a Pallas kernel over a 1-D mesh `x`: the program's arrays stack the
+//! per-device operands along dim 0, sharded over the devices, and the custom call runs in
+//! an `sdy.manual_computation` (JAX's Shardy lowering); the backend config gains
+//! `has_communication` and `collective_id` as JAX writes them.
 
 use base64::Engine;
 use palladium_dsl::DType;
@@ -234,44 +233,39 @@ pub fn wrap(body: &str, spec: &CallSpec) -> Result<String, String> {
             outs.join(", "),
         ));
     }
-    // Each device's operands are one dim-0 slice of the program's arrays; the custom call runs
-    // in manual sharding between the full and the per-device shapes.
+    // Each device's operands are one dim-0 slice of the program's arrays: the custom call runs
+    // in a Shardy manual computation over a 1-D mesh, as JAX lowers a `shard_map`.
     let global = |t: &ArrayType| {
         let mut dims = t.dims.clone();
         dims[0] *= devices;
         ArrayType { dtype: t.dtype, dims }.tensor()
     };
-    let tiled = |t: &ArrayType| {
-        let tiles: Vec<String> = std::iter::once(devices.to_string()).chain((1..t.dims.len()).map(|_| "1".to_string())).collect();
-        format!("mhlo.sharding = \"{{devices=[{}]<={devices}]}}\"", tiles.join(","))
+    let sharding = |t: &ArrayType| {
+        let dims: Vec<&str> = std::iter::once("{\"x\"}").chain((1..t.dims.len()).map(|_| "{}")).collect();
+        format!("<@mesh, [{}]>", dims.join(", "))
     };
-    let manual = "mhlo.sharding = \"{manual}\"";
-    let mut body_lines = Vec::new();
-    let mut shards = Vec::new();
-    for (i, t) in spec.inputs.iter().enumerate() {
-        let (g, l) = (global(t), t.tensor());
-        body_lines.push(format!("%full{i} = stablehlo.custom_call @Sharding(%arg{i}) {{{}}} : ({g}) -> {g}", tiled(t)));
-        body_lines.push(format!("%shard{i} = stablehlo.custom_call @SPMDFullToShardShape(%full{i}) {{{manual}}} : ({g}) -> {l}"));
-        shards.push(format!("%shard{i}"));
-    }
-    body_lines.push(format!("{lhs} = {}", call(&shards)));
-    let mut results = Vec::new();
-    for (o, t) in spec.outputs.iter().enumerate() {
-        let (g, l) = (global(t), t.tensor());
-        let value = if single { "%0".to_string() } else { format!("%0#{o}") };
-        body_lines.push(format!("%local{o} = stablehlo.custom_call @Sharding({value}) {{{manual}}} : ({l}) -> {l}"));
-        body_lines.push(format!("%result{o} = stablehlo.custom_call @SPMDShardToFullShape(%local{o}) {{{}}} : ({l}) -> {g}", tiled(t)));
-        results.push(format!("%result{o}"));
-    }
-    let params: Vec<String> = spec.inputs.iter().enumerate().map(|(i, t)| format!("%arg{i}: {} {{{}}}", global(t), tiled(t))).collect();
-    let result_decls: Vec<String> = spec.outputs.iter().map(|t| format!("{} {{{}}}", global(t), tiled(t))).collect();
+    let shardings = |ts: &[ArrayType]| ts.iter().map(sharding).collect::<Vec<_>>().join(", ");
+    let params: Vec<String> = spec.inputs.iter().enumerate().map(|(i, t)| format!("%arg{i}: {} {{sdy.sharding = #sdy.sharding{}}}", global(t), sharding(t))).collect();
+    let locals: Vec<String> = spec.inputs.iter().enumerate().map(|(i, t)| format!("%local{i}: {}", t.tensor())).collect();
+    let local_names: Vec<String> = (0..spec.inputs.len()).map(|i| format!("%local{i}")).collect();
     let globals: Vec<String> = spec.outputs.iter().map(global).collect();
+    let global_ins: Vec<String> = spec.inputs.iter().map(global).collect();
+    let global_results = if single { globals[0].clone() } else { format!("({})", globals.join(", ")) };
+    let (manual, results) = if single {
+        ("%0".to_string(), "%0".to_string())
+    } else {
+        (format!("%0:{}", outs.len()), (0..outs.len()).map(|o| format!("%0#{o}")).collect::<Vec<_>>().join(", "))
+    };
     Ok(format!(
-        "module @{module_name} attributes {{mhlo.num_partitions = {devices} : i32, mhlo.num_replicas = 1 : i32}} {{\n  func.func public @main({}) -> ({}) {{\n    {}\n    return {} : {}\n  }}\n}}\n",
+        "module @{module_name} attributes {{mhlo.num_partitions = {devices} : i32, mhlo.num_replicas = 1 : i32}} {{\n  sdy.mesh @mesh = <[\"x\"={devices}]>\n  func.func public @main({}) -> {global_results} {{\n    {manual} = sdy.manual_computation({}) in_shardings=[{}] out_shardings=[{}] manual_axes={{\"x\"}} ({}) {{\n      {lhs} = {}\n      sdy.return {returned} : {}\n    }} : ({}) -> {global_results}\n    return {results} : {}\n  }}\n}}\n",
         params.join(", "),
-        result_decls.join(", "),
-        body_lines.join("\n    "),
-        results.join(", "),
+        operands.join(", "),
+        shardings(&spec.inputs),
+        shardings(&spec.outputs),
+        locals.join(", "),
+        call(&local_names),
+        outs.join(", "),
+        global_ins.join(", "),
         globals.join(", "),
     ))
 }
