@@ -321,6 +321,21 @@ mod tests {
     }
 
     #[test]
+    fn several_devices_wrap_like_shard_map() {
+        let s = spec(r#"{"inputs":["bf16[16,128]"],"outputs":["bf16[64,128]"],"name":"all_gather","devices":4,"mesh":[["x",4]],"has_communication":true,"collective_id":0}"#);
+        let text = wrap("b", &s).unwrap();
+        assert!(text.contains("mhlo.num_partitions = 4 : i32") && text.contains("sdy.mesh @mesh = <[\"x\"=4]>"), "{text}");
+        assert!(text.contains("@main(%arg0: tensor<64x128xbf16> {sdy.sharding = #sdy.sharding<@mesh, [{\"x\"}, {}]>}) -> tensor<256x128xbf16>"), "{text}");
+        assert!(text.contains("manual_axes={\"x\"} (%local0: tensor<16x128xbf16>)"), "{text}");
+        assert!(text.contains("stablehlo.custom_call @tpu_custom_call(%local0)"), "{text}");
+        assert!(text.contains("\\22has_communication\\22: true, \\22collective_id\\22: 0, \\22serialization_format\\22: 1"), "{text}");
+        assert_eq!(num_partitions(&text), 4);
+        assert_eq!(num_partitions("module {}"), 1);
+        let e = CallSpec::from_json(r#"{"inputs":["f32[]"],"outputs":["f32[8]"],"name":"k","devices":2}"#).unwrap_err();
+        assert!(e.contains("the scalar f32[] cannot be split over devices"), "{e}");
+    }
+
+    #[test]
     fn bad_specs_say_what_is_wrong() {
         assert!(CallSpec::from_json(r#"{"inputs":[],"outputs":[],"name":"k"}"#).unwrap_err().contains("no outputs"));
         let e = CallSpec::from_json(r#"{"inputs":["f32[8]"],"outputs":["f32[4]"],"input_output_aliases":[[0,0]],"name":"k"}"#).unwrap_err();
