@@ -47,9 +47,9 @@ fn all_gather_stacks_every_shard() {
         let inputs: Vec<Vec<HostArray>> = xs.iter().map(|x| vec![HostArray::bf16_from_f32(&[16, 128], x)]).collect();
         let out = run_devices(&b, &inputs).unwrap_or_else(|e| panic!("n={n}: {e}"));
         let want: Vec<f32> = xs.concat();
-        for d in 0..n {
-            assert_eq!(out[d][0].shape, vec![n * 16, 128]);
-            assert_eq!(out[d][0].to_f32(), want, "all_gather n={n}: device {d}");
+        for (d, got) in out.iter().enumerate() {
+            assert_eq!(got[0].shape, vec![n * 16, 128]);
+            assert_eq!(got[0].to_f32(), want, "all_gather n={n}: device {d}");
         }
     }
 }

@@ -47,41 +47,62 @@ pub fn permute(
     copy.wait();
 }
 
-/// One direction's hops of an all-gather over `blocks` (`n` row blocks of `rows` in `buf`,
-/// this device's own at `me` already in place): at hop `s` the block that arrived last
-/// (`me - s`, or `me + s` the other way) moves on to the next device.
-fn gather_hops(buf: Ref, cols: (u64, u64), me: Val, n: usize, rows: u64, dir: i64, send: SemRef, recv: SemRef) {
-    for s in 0..n - 1 {
-        let block = ring(me, -dir * s as i64, n);
-        let slot = buf.at((ds(block * scalar(rows as i32), rows), ds(cols.0 as i32, cols.1)));
-        let copy = remote_copy(slot, slot, send.at(s as i32), recv.at(s as i32), ring(me, dir, n));
+/// One direction round the ring (`dir` = 1: to the right, -1: to the left) for this
+/// device (`me` of `n`), over row blocks of `rows`, with a send and a receive semaphore per
+/// hop (`n - 1` each).
+#[derive(Copy, Clone)]
+struct Hops {
+    me: Val,
+    n: usize,
+    rows: u64,
+    dir: i64,
+    send: SemRef,
+    recv: SemRef,
+}
+
+impl Hops {
+    /// The first row of block `block` (traced).
+    fn row_of(&self, block: Val) -> Val {
+        block * scalar(self.rows as i32)
+    }
+
+    /// Hop `s`'s copy of `from` here into `to` on the next device, started and waited on
+    /// (sent, and this device's incoming copy of the same hop arrived).
+    fn hop(&self, s: usize, from: Ref, to: Ref) {
+        let copy = remote_copy(from, to, self.send.at(s as i32), self.recv.at(s as i32), ring(self.me, self.dir, self.n));
         copy.start();
         copy.wait();
     }
-}
 
-/// One direction's hops of a ring reduce-scatter of `x` (`n` row blocks of `rows`) into
-/// `out` (this device's block of the sum), columns `cols`: at hop `s` the partial sum of
-/// block `me - 1 - s` moves on (bf16) and the receiver adds its own rows of that block.
-#[allow(clippy::too_many_arguments)]
-fn reduce_hops(x: Ref, out: Ref, stage: Ref, cols: (u64, u64), me: Val, n: usize, rows: u64, dir: i64, send: SemRef, recv: SemRef) {
-    let c = ds(cols.0 as i32, cols.1);
-    let rows_of = |block: Val| ds(block * scalar(rows as i32), rows);
-    // The partial this device starts: its own rows of the block `n - 1` hops ahead.
-    let first = ring(me, -dir, n);
-    stage.at((0, .., c)).store(.., x.at((rows_of(first), c)).load(..));
-    for s in 0..n - 1 {
-        let from = stage.at((s as i32, .., c));
-        let to = stage.at((s as i32 + 1, .., c));
-        let copy = remote_copy(from, to, send.at(s as i32), recv.at(s as i32), ring(me, dir, n));
-        copy.start();
-        copy.wait();
-        let block = ring(me, -dir * (s as i64 + 2), n);
-        let sum = to.load(..).cast(f32) + x.at((rows_of(block), c)).load(..).cast(f32);
-        if s + 1 < n - 1 {
-            to.store(.., sum.cast(bf16));
-        } else {
-            out.at((.., c)).store(.., sum.cast(bf16));
+    /// All-gather of the `n` row blocks of `buf` (this device's own at `me` already in
+    /// place), columns `cols`: at hop `s` the block that arrived last (`me - s`, or `me + s`
+    /// the other way) moves on.
+    fn gather(&self, buf: Ref, cols: (u64, u64)) {
+        for s in 0..self.n - 1 {
+            let block = ring(self.me, -self.dir * s as i64, self.n);
+            let slot = buf.at((ds(self.row_of(block), self.rows), ds(cols.0 as i32, cols.1)));
+            self.hop(s, slot, slot);
+        }
+    }
+
+    /// Reduce-scatter of `x` (`n` row blocks) into `out` (this device's block of the sum),
+    /// columns `cols`, through `stage` (one slot per hop): at hop `s` the partial sum of
+    /// block `me - dir (s + 1)` moves on (bf16) and the receiver adds its own rows of it.
+    fn reduce(&self, x: Ref, out: Ref, stage: Ref, cols: (u64, u64)) {
+        let c = ds(cols.0 as i32, cols.1);
+        // The partial this device starts: its own rows of the block `n - 1` hops ahead.
+        let first = ring(self.me, -self.dir, self.n);
+        stage.at((0, .., c)).store(.., x.at((ds(self.row_of(first), self.rows), c)).load(..));
+        for s in 0..self.n - 1 {
+            let (from, to) = (stage.at((s as i32, .., c)), stage.at((s as i32 + 1, .., c)));
+            self.hop(s, from, to);
+            let block = ring(self.me, -self.dir * (s as i64 + 2), self.n);
+            let sum = to.load(..).cast(f32) + x.at((ds(self.row_of(block), self.rows), c)).load(..).cast(f32);
+            if s + 1 < self.n - 1 {
+                to.store(.., sum.cast(bf16));
+            } else {
+                out.at((.., c)).store(.., sum.cast(bf16));
+            }
         }
     }
 }
@@ -108,7 +129,7 @@ pub fn all_gather(
     let me = axis_index("x");
     o.at((ds(me * scalar(rows as i32), rows as u64), ..))[..] = x[..];
     ring_barrier(me, n);
-    gather_hops(o, (0, cols as u64), me, n, rows as u64, 1, send, recv);
+    Hops { me, n, rows: rows as u64, dir: 1, send, recv }.gather(o, (0, cols as u64));
 }
 
 /// Reduce-scatter: device `i`'s `o` is block `i` (rows `i * rows ..`) of the sum over
@@ -126,7 +147,7 @@ pub fn reduce_scatter(
 ) {
     let me = axis_index("x");
     ring_barrier(me, n);
-    reduce_hops(x, o, stage, (0, cols as u64), me, n, rows as u64, 1, send, recv);
+    Hops { me, n, rows: rows as u64, dir: 1, send, recv }.reduce(x, o, stage, (0, cols as u64));
 }
 
 /// All-reduce: every device's `o` is the sum over devices of `x`, as a ring reduce-scatter
@@ -149,10 +170,10 @@ pub fn all_reduce(
     let mine = o.at((ds(me * scalar(rows as i32), rows as u64), ..));
     let halves = directions(cols as u64, bidirectional);
     for (k, &(dir, c)) in halves.iter().enumerate() {
-        reduce_hops(x, mine, stage, c, me, n, rows as u64, dir, send.at(k as i32), recv.at(k as i32));
+        Hops { me, n, rows: rows as u64, dir, send: send.at(k as i32), recv: recv.at(k as i32) }.reduce(x, mine, stage, c);
     }
     for (k, &(dir, c)) in halves.iter().enumerate() {
         let k = k as i32 + 2;
-        gather_hops(o, c, me, n, rows as u64, dir, send.at(k), recv.at(k));
+        Hops { me, n, rows: rows as u64, dir, send: send.at(k), recv: recv.at(k) }.gather(o, c);
     }
 }
