@@ -20,10 +20,10 @@ fn ring(me: Val, k: i64, n: usize) -> Val {
 
 /// Every device signals both ring neighbours on the barrier semaphore and waits for their
 /// two signals: after it, both neighbours run the kernel (their buffers exist).
-fn ring_barrier(me: Val, n: usize) {
+fn ring_barrier(left: Val, right: Val) {
     let barrier = barrier_semaphore();
-    barrier.signal_remote(1, ring(me, -1, n));
-    barrier.signal_remote(1, ring(me, 1, n));
+    barrier.signal_remote(1, left);
+    barrier.signal_remote(1, right);
     barrier.wait(2);
 }
 
@@ -40,9 +40,12 @@ pub fn permute(
     #[scratch(dma_sem)] send: SemRef,
     #[scratch(dma_sem)] recv: SemRef,
 ) {
+    // Pallas's ring permute, op for op: the neighbours once, the barrier, one remote copy.
     let me = axis_index("x");
-    ring_barrier(me, n);
-    let copy = remote_copy(x, o, send, recv, ring(me, shift as i64, n));
+    let (right, left) = (ring(me, 1, n), ring(me, -1, n));
+    ring_barrier(left, right);
+    let target = if shift == 1 { right } else { ring(me, shift as i64, n) };
+    let copy = remote_copy(x, o, send, recv, target);
     copy.start();
     copy.wait();
 }
@@ -128,7 +131,7 @@ pub fn all_gather(
 ) {
     let me = axis_index("x");
     o.at((ds(me * scalar(rows as i32), rows as u64), ..))[..] = x[..];
-    ring_barrier(me, n);
+    ring_barrier(ring(me, -1, n), ring(me, 1, n));
     Hops { me, n, rows: rows as u64, dir: 1, send, recv }.gather(o, (0, cols as u64));
 }
 
@@ -146,7 +149,7 @@ pub fn reduce_scatter(
     #[scratch(dma_sem[n - 1])] recv: SemRef,
 ) {
     let me = axis_index("x");
-    ring_barrier(me, n);
+    ring_barrier(ring(me, -1, n), ring(me, 1, n));
     Hops { me, n, rows: rows as u64, dir: 1, send, recv }.reduce(x, o, stage, (0, cols as u64));
 }
 
@@ -166,7 +169,7 @@ pub fn all_reduce(
     #[scratch(dma_sem[4, n - 1])] recv: SemRef,
 ) {
     let me = axis_index("x");
-    ring_barrier(me, n);
+    ring_barrier(ring(me, -1, n), ring(me, 1, n));
     let mine = o.at((ds(me * scalar(rows as i32), rows as u64), ..));
     let halves = directions(cols as u64, bidirectional);
     for (k, &(dir, c)) in halves.iter().enumerate() {

@@ -41,3 +41,43 @@ fn collectives_compile_on_v6e_and_v7x_devices() {
         assert!(compiled.code_size_bytes > 0, "{what}");
     }
 }
+
+/// The ops (constants and the function aside) of a module, in order, with the segment sizes of those that
+/// have them.
+fn ops(module: &str) -> Vec<String> {
+    module
+        .lines()
+        .filter_map(|l| {
+            let rest = l.trim_start().split_once(" = ").filter(|_| l.trim_start().starts_with('%')).map_or(l.trim_start(), |(_, r)| r);
+            let name: String = rest.trim_start_matches('"').chars().take_while(|c| c.is_alphanumeric() || *c == '.' || *c == '_').collect();
+            let segments = l.split_once("operandSegmentSizes = array<i32: ").map(|(_, r)| r.split('>').next().unwrap_or("").to_string());
+            (name.contains('.') && name != "arith.constant" && !name.starts_with("func.")).then(|| segments.map_or(name.clone(), |s| format!("{name} [{s}]")))
+        })
+        .collect()
+}
+
+#[test]
+fn permute_is_pallas_ring_permute_op_for_op() {
+    let k = palladium_kernels::permute(4, 1, 8, 128).unwrap_or_else(|e| panic!("{e}"));
+    let l = lower(&k, &LowerOptions { chip: Chip::V6e }).unwrap_or_else(|e| panic!("{e}"));
+    // What Pallas (jax 0.10.2) prints for the same ring permute under `jax.shard_map` over 4
+    // devices: `lax.axis_index`, the right and left neighbours, `get_barrier_semaphore`, a
+    // signal to each, `semaphore_wait(2)`, `make_async_remote_copy(..).start()/.wait()`.
+    let pallas = [
+        "tpu.device_id",
+        "arith.remsi",
+        "arith.addi",
+        "arith.remsi",
+        "arith.addi",
+        "arith.remsi",
+        "tpu.sem_barrier",
+        "tpu.sem_signal [1, 1, 1, 0, 0]",
+        "tpu.sem_signal [1, 1, 1, 0, 0]",
+        "tpu.sem_wait",
+        "tpu.enqueue_dma [1, 1, 1, 1, 1, 0, 0]",
+        "tpu.wait_dma2 [1, 1, 1, 1, 1]",
+        "tpu.wait_dma2 [1, 1, 1, 1, 0]",
+    ];
+    let ours = ops(&l.module);
+    assert_eq!(ours, pallas.iter().map(|s| s.to_string()).collect::<Vec<_>>(), "{}", l.module);
+}
