@@ -19,8 +19,8 @@ pub mod prelude {
     pub use crate::ir::{DType, DotDims, Precision};
     pub use crate::kernel;
     pub use crate::trace::{
-        Dims, Dma, Drain, Ref, Scope, SemRef, Val, async_copy, concatenate, debug_print, dot, dot_general, dot_t, ds, fori, full, iota,
-        num_programs, pipeline, program_id, run_scoped, scalar, select, switch, unrolled, zeros,
+        Dims, Dma, Drain, Ref, Scope, SemRef, Val, async_copy, axis_index, barrier_semaphore, concatenate, debug_print, device_id, dot, dot_general,
+        dot_t, ds, fori, full, iota, num_programs, pipeline, program_id, remote_copy, run_scoped, scalar, select, switch, unrolled, zeros,
     };
     pub use crate::spec::Chip;
 

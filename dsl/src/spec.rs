@@ -165,6 +165,42 @@ pub struct CostEstimate {
     pub bytes_accessed: u64,
 }
 
+/// One named axis of a device mesh (`jax.sharding.Mesh` axis name and size).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MeshAxis {
+    pub name: String,
+    pub size: u64,
+}
+
+/// The devices a multi-device kernel runs on (`jax.shard_map` over a `Mesh`): named axes,
+/// major to minor. A device's logical id is its row-major position in the mesh, what
+/// `tpu.device_id` returns and what remote DMAs and signals name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mesh {
+    pub axes: Vec<MeshAxis>,
+}
+
+impl Mesh {
+    /// The number of devices.
+    pub fn devices(&self) -> u64 {
+        self.axes.iter().map(|a| a.size).product()
+    }
+
+    /// The axis called `name`: its position, its size and the product of the sizes after it
+    /// (what the device id is divided by before reducing modulo the size).
+    pub fn axis(&self, name: &str) -> Option<(usize, u64, u64)> {
+        let i = self.axes.iter().position(|a| a.name == name)?;
+        Some((i, self.axes[i].size, self.axes[i + 1..].iter().map(|a| a.size).product()))
+    }
+}
+
+impl fmt::Display for Mesh {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let axes: Vec<String> = self.axes.iter().map(|a| format!("{}={}", a.name, a.size)).collect();
+        write!(f, "[{}]", axes.join(", "))
+    }
+}
+
 /// Everything `pallas_call` needs besides the body.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CallSpec {
@@ -176,11 +212,20 @@ pub struct CallSpec {
     pub aliases: Vec<(usize, usize)>,
     pub vmem_limit_bytes: Option<u64>,
     pub cost: Option<CostEstimate>,
+    /// The devices of a multi-device kernel (`None`: one device, no communication).
+    pub mesh: Option<Mesh>,
+    /// `CompilerParams(collective_id=..)`: names the barrier semaphore kernels share.
+    pub collective_id: Option<u32>,
 }
 
 impl CallSpec {
     pub fn operands_of(&self, role: OperandRole) -> impl Iterator<Item = &OperandSpec> {
         self.operands.iter().filter(move |o| o.role == role)
+    }
+
+    /// The number of devices the call runs on (1 without a mesh).
+    pub fn devices(&self) -> u64 {
+        self.mesh.as_ref().map_or(1, Mesh::devices)
     }
 }
 

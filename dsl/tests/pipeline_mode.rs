@@ -68,6 +68,6 @@ fn unwindowed(
 
 #[test]
 fn only_windowed_operands_are_pipelined() {
-    let text = unwindowed().unwrap_err().to_string();
+    let text = unwindowed::build(&Default::default()).unwrap_err().to_string();
     assert!(text.contains(&format!("operand x at {}:62:13: pipeline_mode = Buffered(1) needs a windowed operand of a gridded kernel (a VMEM block with an index map)", file!())), "{text}");
 }

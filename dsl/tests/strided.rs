@@ -14,7 +14,7 @@ fn every_other_row(
 
 #[test]
 fn a_strided_load_prints_its_stride() {
-    let text = print_kernel(&every_other_row().unwrap(), PrintOptions::default());
+    let text = print_kernel(&every_other_row::build(&Default::default()).unwrap(), PrintOptions::default());
     assert!(text.contains("load v1[1:+8:2, 0:+128]"), "{text}");
 }
 
@@ -35,7 +35,7 @@ fn strided_mistakes(
 
 #[test]
 fn what_mosaic_cannot_stride_is_refused_at_its_line() {
-    let errors = strided_mistakes().unwrap_err();
+    let errors = strided_mistakes::build(&Default::default()).unwrap_err();
     let text = errors.to_string();
     let line = |needle: &str| errors.0.iter().find(|e| e.message.contains(needle)).unwrap_or_else(|| panic!("no error about `{needle}`:\n{text}")).loc.expect("located").line;
     let first = line("a stride along the last (lane) dim of [16,128]: Mosaic strides loads and stores along the leading dims only");

@@ -1,6 +1,7 @@
 //! Running prepared functions: one `match` per instruction, whole tiles per op.
 
 use crate::error::{ErrorKind, InterpError, Result, bail};
+use crate::devices::{Delivery, Link};
 use crate::memory::{Memory, join};
 use crate::prepare::{CBlock, Func, Instr, Kind, Precision, Program, RKind, Slot, Term};
 use crate::gemm::{BLayout, Products, gemm_f32};
@@ -15,6 +16,8 @@ pub(crate) struct Machine<'p> {
     pub prog: &'p Program,
     pub mem: Memory,
     pub point: Vec<i64>,
+    /// The other devices of a multi-device run.
+    pub link: Option<Link>,
 }
 
 impl<'p> Machine<'p> {
@@ -50,6 +53,53 @@ impl<'p> Machine<'p> {
             Term::Yield(v) => v.iter().map(|s| fr[*s as usize].clone()).collect(),
             _ => Vec::new(),
         }
+    }
+
+    /// The fabric, for an op that needs other devices.
+    fn link(&self, what: &str) -> Result<Link> {
+        match &self.link {
+            Some(l) => Ok(l.clone()),
+            None => bail!(Unsupported, "{what} needs the devices of a mesh: run the kernel with Program::run_devices"),
+        }
+    }
+
+    /// Let the other devices run (after a remote start or signal, or in a wait: `blocked`),
+    /// then take in what they sent.
+    pub fn hand_over(&mut self, link: &Link, blocked: Option<String>) -> Result<()> {
+        let deliveries = link.fabric.hand_over(link.me, blocked, false)?;
+        self.receive(deliveries)
+    }
+
+    fn wait_for_others(&mut self, why: String) -> Result<()> {
+        let link = self.link("a wait on another device")?;
+        self.hand_over(&link, Some(why))
+    }
+
+    /// Apply other devices' remote copies and signals to this device's memory.
+    pub fn receive(&mut self, deliveries: Vec<Delivery>) -> Result<()> {
+        for d in deliveries {
+            let (buf, what) = match &d {
+                Delivery::Dma { dst, started, .. } => (dst.buf, format!("a remote DMA ({started})")),
+                Delivery::Signal { sem, from, .. } => (sem.0, format!("a remote signal ({from})")),
+            };
+            if buf >= self.mem.bufs.len() {
+                bail!(DmaRace, "{what} reached this device before it had allocated its target (it had not started the kernel): start with a barrier (signal every peer on the barrier semaphore, wait for their signals) before the first remote write");
+            }
+            match d {
+                Delivery::Dma { dst, data, sem, bytes, started } => self.mem.remote_receive(&dst, &data, sem, bytes, started)?,
+                Delivery::Signal { sem, amount, from } => self.mem.remote_signal(sem, amount, &from)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// As [`Machine::site_text`], naming the kernel source line where the body has one (for
+    /// what other devices report).
+    fn source_text(&self, ins: &Instr) -> String {
+        let s = &self.prog.sites[ins.site as usize];
+        let Some(src) = &s.src else { return self.site_text(ins) };
+        let g = if self.point.is_empty() { String::new() } else { format!(", grid point ({})", join(&self.point)) };
+        format!("`{}` at {src}{g}", s.name)
     }
 
     fn site_text(&self, ins: &Instr) -> String {
@@ -157,26 +207,57 @@ impl<'p> Machine<'p> {
                 let view = v(base).view()?.clone();
                 Val::Ref(Arc::new(self.mem.squeeze(&view, shape)?))
             }
-            Kind::Dma { src, dst, sem } => {
+            Kind::Dma { src, dst, sem, remote: None } => {
                 let (s, d, m) = (v(src).view()?.clone(), v(dst).view()?.clone(), v(sem).view()?.clone());
                 let started = self.site_text(ins);
                 self.mem.dma_start(&s, &d, &m, started)?;
                 Val::Undef
             }
-            Kind::DmaWait { sem, dst } => {
-                let (m, d) = (v(sem).view()?.clone(), v(dst).view()?.clone());
-                self.mem.dma_wait(&m, &d)?;
+            Kind::Dma { src, dst, sem, remote: Some((send, device)) } => {
+                let (s, d, m, send, to) = (v(src).view()?.clone(), v(dst).view()?.clone(), v(sem).view()?.clone(), v(send).view()?.clone(), v(device).int()?);
+                let link = self.link("a remote DMA")?;
+                let started = format!("{} on device {}", self.source_text(ins), link.me);
+                let recv = self.mem.sem(&m)?;
+                let (data, bytes) = self.mem.remote_send(&s, &d, &send, started.clone())?;
+                link.fabric.deliver(link.me, to, Delivery::Dma { dst: (*d).clone(), data, sem: recv, bytes, started })?;
+                self.hand_over(&link, None)?;
                 Val::Undef
             }
-            Kind::SemSignal { sem, amount } => {
+            Kind::DmaWait { sem, dst } => {
+                let (m, d) = (v(sem).view()?.clone(), v(dst).view()?.clone());
+                while !self.mem.dma_wait(&m, &d, self.link.is_some())? {
+                    let why = format!("at {} for {} bytes on DMA semaphore {}", self.source_text(ins), d.elems() * self.mem.bufs[d.buf].dt.size(), self.mem.sem_name(self.mem.sem(&m)?));
+                    self.wait_for_others(why)?;
+                }
+                Val::Undef
+            }
+            Kind::SemSignal { sem, amount, device: None } => {
                 let (m, a) = (v(sem).view()?.clone(), v(amount).int()?);
                 self.mem.sem_signal(&m, a)?;
                 Val::Undef
             }
+            Kind::SemSignal { sem, amount, device: Some(device) } => {
+                let (m, a, to) = (v(sem).view()?.clone(), v(amount).int()?, v(device).int()?);
+                let link = self.link("a remote semaphore signal")?;
+                let s = self.mem.sem(&m)?;
+                let from = format!("{} on device {}", self.source_text(ins), link.me);
+                link.fabric.deliver(link.me, to, Delivery::Signal { sem: s, amount: a, from })?;
+                self.hand_over(&link, None)?;
+                Val::Undef
+            }
             Kind::SemWait { sem, amount } => {
                 let (m, a) = (v(sem).view()?.clone(), v(amount).int()?);
-                self.mem.sem_wait(&m, a)?;
+                while !self.mem.sem_wait(&m, a, self.link.is_some())? {
+                    let s = self.mem.sem(&m)?;
+                    let why = format!("at {} for {a} on semaphore {} (value {})", self.source_text(ins), self.mem.sem_name(s), self.mem.sem_value(s));
+                    self.wait_for_others(why)?;
+                }
                 Val::Undef
+            }
+            Kind::DeviceId => Val::Int(self.link("tpu.device_id")?.me as i64),
+            Kind::BarrierSemaphore => {
+                let link = self.link("the barrier semaphore")?;
+                Val::Ref(Arc::new(self.mem.whole(link.barrier)))
             }
             Kind::SemRead { sem } => {
                 let m = v(sem).view()?.clone();

@@ -6,6 +6,7 @@
 //! consecutive steps.
 
 use crate::error::{ErrorKind, InterpError, Result, bail};
+use crate::devices::{Fabric, Link};
 use crate::exec::Machine;
 use crate::host::{CallSpec, from_data, interpreter_dtype, to_data};
 use crate::memory::{Memory, Space, join};
@@ -63,6 +64,67 @@ impl Program {
         self.run_impl(inputs, Some(spec))
     }
 
+    /// Run a multi-device kernel on `inputs.len()` virtual devices of a mesh (device `d`
+    /// gets `inputs[d]`, the call's per-device operands, and returns its outputs), as
+    /// `jax.shard_map` runs a Pallas kernel: see [`crate::devices`]. An error names the
+    /// device (the lowest one whose error is not a consequence of another's).
+    pub fn run_devices(&self, inputs: &[Vec<HostArray>], spec: Option<&CallSpec>) -> Result<Vec<Vec<HostArray>>> {
+        let n = inputs.len();
+        if n == 0 {
+            bail!(BadInput, "a multi-device run needs at least one device's inputs");
+        }
+        let fabric = Arc::new(Fabric::new(n));
+        let results: Vec<Result<Vec<HostArray>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = inputs
+                .iter()
+                .enumerate()
+                .map(|(me, ins)| {
+                    let fabric = fabric.clone();
+                    scope.spawn(move || {
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_device(ins, spec, &fabric, me)));
+                        // Finished, failed or panicked: the others no longer wait for this device.
+                        let _ = fabric.hand_over(me, None, true);
+                        r.unwrap_or_else(|_| Err(InterpError::new(ErrorKind::Malformed, "the interpreter panicked on this device (a bug: please report it)")))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(InterpError::new(ErrorKind::Malformed, "a device thread panicked (a bug: please report it)")))).collect()
+        });
+        // A device's own error first; deadlocks are the others' consequence.
+        let on_device = |d: usize, mut e: InterpError| {
+            e.message = format!("device {d} of {n}: {}", e.message);
+            e
+        };
+        let mut deadlock = None;
+        let mut outputs = Vec::new();
+        for (d, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(o) => outputs.push(o),
+                Err(e) if e.kind == ErrorKind::Deadlock => deadlock = deadlock.or(Some(on_device(d, e))),
+                Err(e) => return Err(on_device(d, e)),
+            }
+        }
+        if let Some(e) = deadlock {
+            return Err(e);
+        }
+        if let Some(late) = fabric.late_deliveries().first() {
+            bail!(DmaRace, "{late}");
+        }
+        Ok(outputs)
+    }
+
+    /// One device of [`Program::run_devices`]: its turn first, its barrier semaphore, then
+    /// the grid in order (a device's parallel grid runs on its own core, in order here).
+    fn run_device(&self, inputs: &[HostArray], spec: Option<&CallSpec>, fabric: &Arc<Fabric>, me: usize) -> Result<Vec<HostArray>> {
+        let first = fabric.wait_turn(me)?;
+        let mut mem = Memory::default();
+        let barrier = mem.alloc(DType::Sem, &[], Space::Semaphore, "barrier semaphore".into());
+        let link = Link { fabric: fabric.clone(), me, barrier };
+        let mut m = Machine { prog: self, mem, point: Vec::new(), link: Some(link) };
+        m.receive(first)?;
+        self.run_on(&mut m, inputs, spec)
+    }
+
     fn transform(&self, m: &mut Machine<'_>, f: usize, point: &[i64], prefetch: &[Val]) -> Result<Vec<i64>> {
         let func = &self.funcs[f];
         let mut args: Vec<Val> = point.iter().map(|&x| Val::Int(x)).collect();
@@ -72,6 +134,11 @@ impl Program {
     }
 
     fn run_impl(&self, inputs: &[HostArray], spec: Option<&CallSpec>) -> Result<Vec<HostArray>> {
+        let mut m = Machine { prog: self, mem: Memory::default(), point: Vec::new(), link: None };
+        self.run_on(&mut m, inputs, spec)
+    }
+
+    fn run_on(&self, m: &mut Machine<'_>, inputs: &[HostArray], spec: Option<&CallSpec>) -> Result<Vec<HostArray>> {
         let k = &self.kernel;
         let g = self.grid.len();
         let p = self.scalar_prefetch;
@@ -87,7 +154,6 @@ impl Program {
         {
             bail!(BadInput, "call spec has {} inputs / {} outputs, the kernel call has {} / {n_out}", s.inputs.len(), s.outputs.len(), inputs.len());
         }
-        let mut m = Machine { prog: self, mem: Memory::default(), point: Vec::new() };
 
         // Scalar prefetch: whole SMEM arrays.
         let mut prefetch = Vec::new();
@@ -138,7 +204,7 @@ impl Program {
                     (None, Some(f)) => {
                         let mut hi = vec![0i64; wshape.len()];
                         for pt in grid_points(&self.grid) {
-                            let idx = self.transform(&mut m, f, &pt, &prefetch)?;
+                            let idx = self.transform(m, f, &pt, &prefetch)?;
                             for (h, x) in hi.iter_mut().zip(&idx) {
                                 *h = (*h).max(*x);
                             }
@@ -186,12 +252,12 @@ impl Program {
         let prefetch = &prefetch[..];
         let outer = self.parallel.iter().take_while(|&&p| p).count();
         let all_outputs_windowed = ops.iter().all(|o| !o.is_output || o.window.is_some());
-        if outer > 0 && all_outputs_windowed && self.grid[..outer].iter().product::<i64>() > 1 {
-            self.walk_parallel(&mut m, &ops, outer, prefetch, &scratch)?;
+        if outer > 0 && all_outputs_windowed && m.link.is_none() && self.grid[..outer].iter().product::<i64>() > 1 {
+            self.walk_parallel(m, &ops, outer, prefetch, &scratch)?;
         } else {
             let single = [Vec::new()];
             let points: Box<dyn Iterator<Item = Vec<i64>>> = if g == 0 { Box::new(single.into_iter()) } else { Box::new(grid_points(&self.grid)) };
-            self.walk(&mut m, &mut ops, points, prefetch, &scratch, None)?;
+            self.walk(m, &mut ops, points, prefetch, &scratch, None)?;
         }
         let outputs = ops
             .iter()
@@ -201,7 +267,13 @@ impl Program {
                 from_data(b.dt, &b.shape, &b.data)
             })
             .collect();
-        m.mem.recycle();
+        if let Some(link) = &m.link {
+            let value = m.mem.sem_value((link.barrier, 0));
+            if value != 0 {
+                bail!(Leak, "the barrier semaphore is {value} at the end of the kernel: barrier signals and waits do not balance (each device must wait for as many signals as its peers send it)");
+            }
+        }
+        std::mem::take(&mut m.mem).recycle();
         outputs
     }
 
@@ -281,7 +353,7 @@ impl Program {
         let tasks: Vec<Result<Vec<WriteBack>>> = heads
             .par_iter()
             .map(|head| {
-                let mut tm = Machine { prog: self, mem: base.clone(), point: Vec::new() };
+                let mut tm = Machine { prog: self, mem: base.clone(), point: Vec::new(), link: None };
                 let mut tops = ops.to_vec();
                 let points = grid_points(&self.grid[outer..]).map(|tail| head.iter().chain(&tail).copied().collect());
                 let mut record = Vec::new();

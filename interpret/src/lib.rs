@@ -24,6 +24,8 @@
 //! - `gemm.rs`: the tile matmul kernel (fixed k-order accumulation, AVX-512 when present).
 //! - `grid.rs`: the grid walk (points of leading `parallel` dims on the rayon pool),
 //!   `transform_N` block indices, window copy-in/write-back.
+//! - `devices.rs`: N virtual devices of a mesh ([`Program::run_devices`]): turns, remote
+//!   copies and signals between them, deadlock detection.
 //! - `recycle.rs`: large vectors kept from run to run (no page faults per run).
 //! - `host.rs`: host arrays ([`HostArray`], the project's one, from `palladium-array`) to and
 //!   from the interpreter's values, and [`CallSpec`].
@@ -31,6 +33,7 @@
 // Errors carry the op site and grid point by value; they are cold.
 #![allow(clippy::result_large_err)]
 
+mod devices;
 mod error;
 mod exec;
 mod gemm;

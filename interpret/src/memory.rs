@@ -46,11 +46,24 @@ pub(crate) struct Buffer {
     pub alive: bool,
 }
 
+/// Which end of a copy a DMA in flight is, on this device.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum DmaEnd {
+    /// Both ends here.
+    Local,
+    /// A remote copy's sender: its source must stay unwritten until the send wait; its
+    /// destination is on another device.
+    Outgoing,
+    /// A remote copy's receiver: its destination (here `src` and `dst` both) is pending.
+    Incoming,
+}
+
 /// A DMA in flight.
 #[derive(Clone, Debug)]
 pub(crate) struct Dma {
     pub src: View,
     pub dst: View,
+    pub end: DmaEnd,
     /// The semaphore it signals: buffer and element.
     pub sem: (usize, usize),
     pub bytes: i64,
@@ -182,7 +195,7 @@ impl Memory {
     /// a DMA in flight, and a write must not overlap a DMA's source.
     pub fn check_access(&self, region: &View, write: bool, what: &str) -> Result<()> {
         for d in &self.dmas {
-            if d.dst.overlaps(region) {
+            if d.end != DmaEnd::Outgoing && d.dst.overlaps(region) {
                 bail!(
                     DmaRace,
                     "{what} {} overlaps {}, the destination of a DMA still in flight (started by {}); wait on its semaphore first",
@@ -366,7 +379,7 @@ impl Memory {
         if src.shape() != dst.shape() {
             bail!(Mismatch, "DMA from {} to {}: shapes [{}] and [{}] differ", self.describe(src), self.describe(dst), join(&src.shape()), join(&dst.shape()));
         }
-        for d in &self.dmas {
+        for d in self.dmas.iter().filter(|d| d.end != DmaEnd::Outgoing) {
             if d.dst.overlaps(dst) {
                 bail!(
                     DoubleDma,
@@ -386,19 +399,79 @@ impl Memory {
         self.check_access(src, false, "DMA source")?;
         self.copy(src, dst)?;
         let bytes = (dst.elems() * ddt.size()) as i64;
-        self.dmas.push(Dma { src: src.clone(), dst: dst.clone(), sem: s, bytes, started });
+        self.dmas.push(Dma { src: src.clone(), dst: dst.clone(), end: DmaEnd::Local, sem: s, bytes, started });
+        Ok(())
+    }
+
+    /// The sending end of a remote copy into `dst` on another device (checked against this
+    /// device's buffer of the same program position): the data leaves now, `send_sem`
+    /// counts it at the send wait, and `src` must stay unwritten until then. Returns the
+    /// data and its byte count.
+    pub fn remote_send(&mut self, src: &View, dst: &View, send_sem: &View, started: String) -> Result<(Arc<Data>, i64)> {
+        let s = self.sem(send_sem)?;
+        let (sdt, ddt) = (self.live(src)?.dt, self.bufs[dst.buf].dt);
+        if sdt != ddt || src.shape() != dst.shape() {
+            bail!(Mismatch, "remote DMA from {} ({sdt}[{}]) to {} ({ddt}[{}]): element types or shapes differ", self.describe(src), join(&src.shape()), self.describe(dst), join(&dst.shape()));
+        }
+        self.check_access(src, false, "remote DMA source")?;
+        let (off, strides, shape) = self.layout(src);
+        let data = match &*self.bufs[src.buf].data {
+            Data::F(d) => Data::F(gather(d, off, &strides, &shape)),
+            Data::I(d) => Data::I(gather(d, off, &strides, &shape)),
+        };
+        let bytes = (src.elems() * sdt.size()) as i64;
+        self.dmas.push(Dma { src: src.clone(), dst: src.clone(), end: DmaEnd::Outgoing, sem: s, bytes, started });
+        Ok((Arc::new(data), bytes))
+    }
+
+    /// The receiving end of a remote copy: `data` lands in `dst` (this device's buffer at the
+    /// sender's program position), which stays pending until a wait on `sem` retires it.
+    pub fn remote_receive(&mut self, dst: &View, data: &Data, sem: (usize, usize), bytes: i64, started: String) -> Result<()> {
+        let b = self.live(dst)?;
+        if !self.bufs[sem.0].alive || !self.bufs[sem.0].dt.is_sem() {
+            bail!(DmaRace, "a remote DMA ({started}) signals semaphore {}, which this device has not allocated (or has released)", self.bufs[sem.0].name);
+        }
+        let name = b.name.clone();
+        for d in self.dmas.iter().filter(|d| d.end != DmaEnd::Outgoing) {
+            if d.dst.overlaps(dst) {
+                bail!(DoubleDma, "a remote DMA ({started}) lands in {} while another DMA into {} is still in flight (started by {})", self.describe(dst), self.describe(&d.dst), d.started);
+            }
+        }
+        let (off, strides, shape) = self.layout(dst);
+        let from = strides_of(&shape).iter().map(|&x| x as isize).collect::<SmallVec<[isize; 4]>>();
+        match (Arc::make_mut(&mut self.bufs[dst.buf].data), data) {
+            (Data::F(d), Data::F(s)) => copy_strided(d, off, &strides, s, 0, &from, &shape),
+            (Data::I(d), Data::I(s)) => copy_strided(d, off, &strides, s, 0, &from, &shape),
+            _ => bail!(Mismatch, "a remote DMA ({started}) of another element kind lands in {name}"),
+        }
+        self.dmas.push(Dma { src: dst.clone(), dst: dst.clone(), end: DmaEnd::Incoming, sem, bytes, started });
+        Ok(())
+    }
+
+    /// Add `amount` to semaphore `s` (a signal from another device).
+    pub fn remote_signal(&mut self, s: (usize, usize), amount: i64, from: &str) -> Result<()> {
+        let b = &self.bufs[s.0];
+        if !b.alive || !b.dt.is_sem() {
+            bail!(DmaRace, "a remote signal ({from}) targets semaphore {}, which this device has not allocated (or has released)", b.name);
+        }
+        self.sem_add(s, amount);
         Ok(())
     }
 
     /// `tpu.wait_dma2`: wait until the semaphore has `size(dst)` bytes, retiring DMAs in
-    /// flight on it (the one into `dst` first, then in start order); then decrement.
-    pub fn dma_wait(&mut self, sem: &View, dst: &View) -> Result<()> {
+    /// flight on it (the one into `dst` first, then in start order); then decrement. With
+    /// `other_devices` (other devices may still send), a wait nothing here can satisfy returns
+    /// `Ok(false)` (blocked; retry after deliveries) instead of a deadlock.
+    pub fn dma_wait(&mut self, sem: &View, dst: &View, other_devices: bool) -> Result<bool> {
         let s = self.sem(sem)?;
         self.live(dst)?;
         let need = (dst.elems() * self.bufs[dst.buf].dt.size()) as i64;
         while self.sem_value(s) < need {
             let pick = self.dmas.iter().position(|d| d.sem == s && d.dst == *dst).or_else(|| self.dmas.iter().position(|d| d.sem == s));
             let Some(k) = pick else {
+                if other_devices {
+                    return Ok(false);
+                }
                 let others: Vec<String> = self.dmas.iter().map(|d| format!("{} → {} on {}", self.describe(&d.src), self.describe(&d.dst), self.sem_name(d.sem))).collect();
                 bail!(
                     Deadlock,
@@ -412,7 +485,7 @@ impl Memory {
             self.sem_add(s, d.bytes);
         }
         self.sem_add(s, -need);
-        Ok(())
+        Ok(true)
     }
 
     pub fn sem_signal(&mut self, sem: &View, amount: i64) -> Result<()> {
@@ -421,10 +494,14 @@ impl Memory {
         Ok(())
     }
 
-    pub fn sem_wait(&mut self, sem: &View, amount: i64) -> Result<()> {
+    /// `tpu.sem_wait`; `other_devices` as for [`Memory::dma_wait`].
+    pub fn sem_wait(&mut self, sem: &View, amount: i64, other_devices: bool) -> Result<bool> {
         let s = self.sem(sem)?;
         while self.sem_value(s) < amount {
             let Some(k) = self.dmas.iter().position(|d| d.sem == s) else {
+                if other_devices {
+                    return Ok(false);
+                }
                 bail!(
                     Deadlock,
                     "waits for {amount} on semaphore {} (value {}), but nothing can signal it any more (no DMA in flight on it, and this is the only core); on hardware this hangs",
@@ -436,7 +513,7 @@ impl Memory {
             self.sem_add(s, d.bytes);
         }
         self.sem_add(s, -amount);
-        Ok(())
+        Ok(true)
     }
 
     // --- scopes -----------------------------------------------------------------------------

@@ -66,9 +66,15 @@ pub(crate) enum Kind {
     ReduceIndex { a: Slot, dim: usize, max: bool },
     Slice { base: Slot, offs: Vec<Slot>, sizes: Shape },
     Squeeze { base: Slot, shape: Shape },
-    Dma { src: Slot, dst: Slot, sem: Slot },
+    /// `remote`: the send semaphore and the target device of a remote copy.
+    Dma { src: Slot, dst: Slot, sem: Slot, remote: Option<(Slot, Slot)> },
     DmaWait { sem: Slot, dst: Slot },
-    SemSignal { sem: Slot, amount: Slot },
+    /// `device`: the device whose semaphore a remote signal increments.
+    SemSignal { sem: Slot, amount: Slot, device: Option<Slot> },
+    /// `tpu.device_id`: this device's logical id in the mesh.
+    DeviceId,
+    /// `tpu.sem_barrier`: the collective's barrier semaphore.
+    BarrierSemaphore,
     SemWait { sem: Slot, amount: Slot },
     SemRead { sem: Slot },
     Alloca { dt: DType, shape: Shape, space: Space },
@@ -540,19 +546,23 @@ impl<'a> Cx<'a> {
                 let seg = segments(op, &[1, 0, 1, 1, 0, 0, 0][..names.len()])?;
                 let parts = split(&o, &seg, name)?;
                 let get = |n: &str| names.iter().position(|x| *x == n).and_then(|k| parts[k].first().copied());
-                if get("device_id").is_some() || get("core_id").is_some() || get("subcore_id").is_some() {
-                    bail!(Unsupported, "remote DMAs (device_id/core_id) need several devices; the interpreter runs one core");
+                if get("core_id").is_some() || get("subcore_id").is_some() {
+                    bail!(Unsupported, "DMAs to another core (core_id/subcore_id): the interpreter models devices of a mesh, one core each");
                 }
                 let (Some(src), Some(dst)) = (get("source"), get("target")) else { bail!(Malformed, "DMA without source/target") };
                 let Some(sem) = get("target_semaphore") else { bail!(Malformed, "tpu.enqueue_dma without a target_semaphore") };
-                Kind::Dma { src, dst, sem }
+                let remote = match (get("device_id"), get("source_semaphore")) {
+                    (Some(device), Some(send)) => Some((send, device)),
+                    (Some(_), None) => bail!(Malformed, "a remote tpu.enqueue_dma (device_id) without a source_semaphore"),
+                    (None, _) => None,
+                };
+                Kind::Dma { src, dst, sem, remote }
             }
             "tpu.wait_dma2" => {
+                // A remote copy's waits name a device (the receive) or device 0 core 0 (the
+                // send, as Pallas writes it); either way the wait is on the semaphore.
                 let seg = segments(op, &[1, 1, 1, 0, 0])?;
                 let parts = split(&o, &seg, name)?;
-                if parts.len() > 3 && parts[3..].iter().any(|p| !p.is_empty()) {
-                    bail!(Unsupported, "remote DMA waits (device_id/core_id) need several devices");
-                }
                 Kind::DmaWait { sem: parts[0][0], dst: parts[2][0] }
             }
             "tpu.wait_dma" => {
@@ -562,10 +572,10 @@ impl<'a> Cx<'a> {
             "tpu.sem_signal" => {
                 let seg = segments(op, &[1, 1, 0, 0, 0])?;
                 let parts = split(&o, &seg, name)?;
-                if parts.len() > 2 && parts[2..].iter().any(|p| !p.is_empty()) {
-                    bail!(Unsupported, "remote semaphore signals (device_id/core_id) need several devices");
+                if parts.len() > 3 && parts[3..].iter().any(|p| !p.is_empty()) {
+                    bail!(Unsupported, "semaphore signals to another core (core_id/subcore_id): the interpreter models devices of a mesh, one core each");
                 }
-                Kind::SemSignal { sem: parts[0][0], amount: parts[1][0] }
+                Kind::SemSignal { sem: parts[0][0], amount: parts[1][0], device: parts.get(2).and_then(|p| p.first().copied()) }
             }
             "tpu.sem_wait" => {
                 arity(2)?;
@@ -596,7 +606,9 @@ impl<'a> Cx<'a> {
                 let dim = op.attr("dim").and_then(Attr::as_int).unwrap_or(0) as usize;
                 Kind::IterationBound { dim }
             }
-            "tpu.device_id" | "tpu.core_id" => Kind::Const(Val::Int(0)),
+            "tpu.device_id" => Kind::DeviceId,
+            "tpu.sem_barrier" => Kind::BarrierSemaphore,
+            "tpu.core_id" => Kind::Const(Val::Int(0)),
             "tpu.trace_start" | "tpu.trace_stop" | "tpu.delay" | "tpu.log_buffer" | "tpu.trace_value" => Kind::Nop,
             "scf.if" => {
                 arity(1)?;

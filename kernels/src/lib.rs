@@ -11,6 +11,7 @@
 mod attention;
 pub mod body;
 pub mod cases;
+mod collectives;
 pub mod coverage;
 mod decode;
 mod ffn;
@@ -30,6 +31,7 @@ mod router;
 pub use palladium_array::HostArray;
 
 pub use attention::decode_attention;
+pub use collectives::{all_gather, all_reduce, permute, reduce_scatter};
 pub use decode::gemv;
 pub use ffn::expert_ffn;
 pub use flash::flash_attention;

@@ -244,19 +244,21 @@ pub(crate) fn enqueue_dma<'c>(
     ], vec![])
 }
 
-/// `tpu.wait_dma2 semaphore(%sem) src(%src) dst(%dst) [device_id(%d)]`.
-pub(crate) fn wait_dma2<'c>(
+/// `tpu.wait_dma2 semaphore(%sem) src(%src) dst(%dst) [device_id(%d) [core_id(%c)]]`.
+pub(crate) fn wait_dma2<'c, 'a>(
     ctx: &'c Context,
     loc: Location<'c>,
-    semaphore: Value<'c, '_>,
-    src: Value<'c, '_>,
-    dst: Value<'c, '_>,
-    device_id: Option<Value<'c, '_>>,
+    semaphore: Value<'c, 'a>,
+    src: Value<'c, 'a>,
+    dst: Value<'c, 'a>,
+    remote: Option<(Value<'c, 'a>, Option<Value<'c, 'a>>)>,
 ) -> RuleResult<Operation<'c>> {
     // Segments: semaphore, src, dst, device_id, core_id.
     let mut operands = vec![semaphore, src, dst];
+    let (device_id, core_id) = remote.map_or((None, None), |(d, c)| (Some(d), c));
     operands.extend(device_id);
-    let segments = [1, 1, 1, i32::from(device_id.is_some()), 0];
+    operands.extend(core_id);
+    let segments = [1, 1, 1, i32::from(device_id.is_some()), i32::from(core_id.is_some())];
     op(ctx, "tpu.wait_dma2", loc, &operands, &[], &[
         ("operandSegmentSizes", DenseI32ArrayAttribute::new(ctx, &segments).into()),
         ("strict_ordering", bool_attr(ctx, false)),
@@ -275,6 +277,16 @@ pub(crate) fn sem_signal<'c>(ctx: &'c Context, loc: Location<'c>, sem: Value<'c,
 /// `tpu.sem_wait %sem, %amount`.
 pub(crate) fn sem_wait<'c>(ctx: &'c Context, loc: Location<'c>, sem: Value<'c, '_>, amount: Value<'c, '_>) -> RuleResult<Operation<'c>> {
     op(ctx, "tpu.sem_wait", loc, &[sem, amount], &[], &[], vec![])
+}
+
+/// `tpu.device_id : i32` (this device's logical id in the mesh).
+pub(crate) fn device_id<'c>(ctx: &'c Context, loc: Location<'c>, i32_type: Type<'c>) -> RuleResult<Operation<'c>> {
+    op(ctx, "tpu.device_id", loc, &[], &[i32_type], &[], vec![])
+}
+
+/// `tpu.sem_barrier : memref<!tpu.semaphore, …>` (the collective's barrier semaphore).
+pub(crate) fn sem_barrier<'c>(ctx: &'c Context, loc: Location<'c>, result: Type<'c>) -> RuleResult<Operation<'c>> {
+    op(ctx, "tpu.sem_barrier", loc, &[], &[result], &[], vec![])
 }
 
 /// `tpu.sem_read %sem -> i32`.

@@ -91,8 +91,9 @@ impl<'p> Session<'p> {
             read_profile(dir)?;
         }
         let started = std::time::Instant::now();
-        // One replica, one partition (a single-device program).
-        let options = crate::ffi::single_device_options();
+        // One replica; as many partitions as the program says (`mhlo.num_partitions`, more
+        // than one for a multi-device kernel: `crate::stablehlo::wrap`).
+        let options = crate::ffi::partitioned_options(crate::stablehlo::num_partitions(program));
         let exe = self.plugin.compile(program.as_bytes(), topo, &options)?;
         let stats = exe.memory_stats()?;
         let executable = if serialize { Some(exe.serialize()?) } else { None };

@@ -17,9 +17,28 @@ use std::ptr;
 /// A serialized `CompileOptionsProto` for one replica and one partition (a single-device
 /// program); an empty one fails ("Number of replicas (0) must be at least 1").
 pub fn single_device_options() -> Vec<u8> {
+    partitioned_options(1)
+}
+
+/// A serialized `CompileOptionsProto` for one replica of `partitions` SPMD partitions on the
+/// topology's first `partitions` devices with the Shardy partitioner, as JAX compiles a
+/// `shard_map`ped program (one
+/// partition: a single-device program).
+pub fn partitioned_options(partitions: i64) -> Vec<u8> {
     use prost::Message;
-    use sys::protos::xla::{CompileOptionsProto, ExecutableBuildOptionsProto};
-    let build = ExecutableBuildOptionsProto { device_ordinal: -1, num_replicas: 1, num_partitions: 1, ..Default::default() };
+    use sys::protos::xla::device_assignment_proto::ComputationDevice;
+    use sys::protos::xla::{CompileOptionsProto, DeviceAssignmentProto, ExecutableBuildOptionsProto};
+    let mut build = ExecutableBuildOptionsProto { device_ordinal: -1, num_replicas: 1, num_partitions: partitions, ..Default::default() };
+    if partitions > 1 {
+        build.use_spmd_partitioning = true;
+        // The program is lowered for Shardy (`sdy.manual_computation`), as JAX lowers it.
+        build.use_shardy_partitioner = true;
+        build.device_assignment = Some(DeviceAssignmentProto {
+            replica_count: 1,
+            computation_count: partitions as i32,
+            computation_devices: (0..partitions).map(|d| ComputationDevice { replica_device_ids: vec![d] }).collect(),
+        });
+    }
     CompileOptionsProto { executable_build_options: Some(build), ..Default::default() }.encode_to_vec()
 }
 

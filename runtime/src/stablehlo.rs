@@ -7,8 +7,11 @@
 //!
 //! Aliased inputs are also donated (`tf.aliasing_output` on the argument), as a caller that
 //! passes the buffer in place does: otherwise XLA copies the input to honour the alias.
-//! Single device only: multi-device kernels (`sdy.manual_computation` over a mesh) come
-//! with the multi-device work.
+//! A multi-device kernel (a call spec with `devices`) runs on each of its devices as
+//! `jax.shard_map` runs a Pallas kernel over a 1-D mesh `x`: the program's arrays stack the
+//! per-device operands along dim 0, sharded over the devices, and the custom call runs in
+//! an `sdy.manual_computation` (JAX's Shardy lowering); the backend config gains
+//! `has_communication` and `collective_id` as JAX writes them.
 
 use base64::Engine;
 use palladium_dsl::DType;
@@ -102,6 +105,18 @@ pub struct CallSpec {
     #[serde(default)]
     pub input_output_aliases: Vec<[usize; 2]>,
     pub name: String,
+    /// Multi-device kernels: the number of devices (operand types are then per device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<u64>,
+    /// The mesh axes (name, size), as `palladium_lowering` writes them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh: Option<Vec<(String, u64)>>,
+    /// The body names another device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub has_communication: Option<bool>,
+    /// `CompilerParams(collective_id=..)`: the barrier semaphore's collective.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective_id: Option<u32>,
 }
 
 impl CallSpec {
@@ -115,6 +130,14 @@ impl CallSpec {
     fn check(&self) -> Result<(), String> {
         if self.outputs.is_empty() {
             return Err(format!("call spec of `{}`: no outputs", self.name));
+        }
+        if self.devices.unwrap_or(1) > 1 {
+            if !self.input_output_aliases.is_empty() {
+                return Err(format!("call spec of `{}`: aliases of a multi-device kernel are not supported yet", self.name));
+            }
+            if let Some(t) = self.inputs.iter().chain(&self.outputs).find(|t| t.dims.is_empty()) {
+                return Err(format!("call spec of `{}`: the scalar {t} cannot be split over devices (operands stack along dim 0)", self.name));
+            }
         }
         for &[i, o] in &self.input_output_aliases {
             let (Some(a), Some(b)) = (self.inputs.get(i), self.outputs.get(o)) else {
@@ -131,7 +154,14 @@ impl CallSpec {
 /// The `backend_config` JSON of the custom call, as JAX writes it.
 pub fn backend_config(body: &[u8], spec: &CallSpec) -> String {
     let body = base64::engine::general_purpose::STANDARD.encode(body);
-    let mut config = format!("{{\"custom_call_config\": {{\"body\": \"{body}\", \"serialization_format\": 1, \"needs_layout_passes\": true}}");
+    let mut config = format!("{{\"custom_call_config\": {{\"body\": \"{body}\"");
+    if spec.has_communication == Some(true) {
+        config.push_str(", \"has_communication\": true");
+    }
+    if let Some(id) = spec.collective_id {
+        config.push_str(&format!(", \"collective_id\": {id}"));
+    }
+    config.push_str(", \"serialization_format\": 1, \"needs_layout_passes\": true}");
     if let Some(limit) = spec.vmem_limit_bytes {
         config.push_str(&format!(", \"scoped_memory_configs\": [{{\"memory_space\":1, \"offset\": 0, \"size\": {limit}}}]"));
     }
@@ -193,14 +223,58 @@ pub fn wrap(body: &str, spec: &CallSpec) -> Result<String, String> {
         (format!("%0:{}", outs.len()), (0..outs.len()).map(|o| format!("%0#{o}")).collect::<Vec<_>>().join(", "))
     };
     let module_name: String = spec.name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    let call = |operands: &[String]| format!("stablehlo.custom_call @tpu_custom_call({}) {{{}}} : ({}) -> {result_types}", operands.join(", "), attrs.join(", "), ins.join(", "));
+    let devices = spec.devices.unwrap_or(1);
+    if devices == 1 {
+        return Ok(format!(
+            "module @{module_name} attributes {{mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32}} {{\n  func.func public @main({}) -> {result_types} {{\n    {lhs} = {}\n    return {returned} : {}\n  }}\n}}\n",
+            args.join(", "),
+            call(&operands),
+            outs.join(", "),
+        ));
+    }
+    // Each device's operands are one dim-0 slice of the program's arrays: the custom call runs
+    // in a Shardy manual computation over a 1-D mesh, as JAX lowers a `shard_map`.
+    let global = |t: &ArrayType| {
+        let mut dims = t.dims.clone();
+        dims[0] *= devices;
+        ArrayType { dtype: t.dtype, dims }.tensor()
+    };
+    let sharding = |t: &ArrayType| {
+        let dims: Vec<&str> = std::iter::once("{\"x\"}").chain((1..t.dims.len()).map(|_| "{}")).collect();
+        format!("<@mesh, [{}]>", dims.join(", "))
+    };
+    let shardings = |ts: &[ArrayType]| ts.iter().map(sharding).collect::<Vec<_>>().join(", ");
+    let params: Vec<String> = spec.inputs.iter().enumerate().map(|(i, t)| format!("%arg{i}: {} {{sdy.sharding = #sdy.sharding{}}}", global(t), sharding(t))).collect();
+    let locals: Vec<String> = spec.inputs.iter().enumerate().map(|(i, t)| format!("%local{i}: {}", t.tensor())).collect();
+    let local_names: Vec<String> = (0..spec.inputs.len()).map(|i| format!("%local{i}")).collect();
+    let globals: Vec<String> = spec.outputs.iter().map(global).collect();
+    let global_ins: Vec<String> = spec.inputs.iter().map(global).collect();
+    let global_results = if single { globals[0].clone() } else { format!("({})", globals.join(", ")) };
+    let (manual, results) = if single {
+        ("%0".to_string(), "%0".to_string())
+    } else {
+        (format!("%0:{}", outs.len()), (0..outs.len()).map(|o| format!("%0#{o}")).collect::<Vec<_>>().join(", "))
+    };
     Ok(format!(
-        "module @{module_name} attributes {{mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32}} {{\n  func.func public @main({}) -> {result_types} {{\n    {lhs} = stablehlo.custom_call @tpu_custom_call({}) {{{}}} : ({}) -> {result_types}\n    return {returned} : {}\n  }}\n}}\n",
-        args.join(", "),
+        "module @{module_name} attributes {{mhlo.num_partitions = {devices} : i32, mhlo.num_replicas = 1 : i32}} {{\n  sdy.mesh @mesh = <[\"x\"={devices}]>\n  func.func public @main({}) -> {global_results} {{\n    {manual} = sdy.manual_computation({}) in_shardings=[{}] out_shardings=[{}] manual_axes={{\"x\"}} ({}) {{\n      {lhs} = {}\n      sdy.return {returned} : {}\n    }} : ({}) -> {global_results}\n    return {results} : {}\n  }}\n}}\n",
+        params.join(", "),
         operands.join(", "),
-        attrs.join(", "),
-        ins.join(", "),
+        shardings(&spec.inputs),
+        shardings(&spec.outputs),
+        locals.join(", "),
+        call(&local_names),
         outs.join(", "),
+        global_ins.join(", "),
+        globals.join(", "),
     ))
+}
+
+/// The `mhlo.num_partitions` a program declares (1 where it declares none): the partitions
+/// it is compiled for.
+pub fn num_partitions(program: &str) -> i64 {
+    let Some(at) = program.find("mhlo.num_partitions = ") else { return 1 };
+    program[at + "mhlo.num_partitions = ".len()..].split(|c: char| !c.is_ascii_digit()).next().and_then(|n| n.parse().ok()).unwrap_or(1)
 }
 
 #[cfg(test)]
@@ -244,6 +318,21 @@ mod tests {
         assert!(text.contains("%0:2 = stablehlo.custom_call"), "{text}");
         assert!(text.contains("return %0#0, %0#1 : tensor<8x128xf32>, tensor<4xbf16>"), "{text}");
         assert!(text.contains("\\22scoped_memory_configs\\22: [{\\22memory_space\\22:1, \\22offset\\22: 0, \\22size\\22: 1048576}]"), "{text}");
+    }
+
+    #[test]
+    fn several_devices_wrap_like_shard_map() {
+        let s = spec(r#"{"inputs":["bf16[16,128]"],"outputs":["bf16[64,128]"],"name":"all_gather","devices":4,"mesh":[["x",4]],"has_communication":true,"collective_id":0}"#);
+        let text = wrap("b", &s).unwrap();
+        assert!(text.contains("mhlo.num_partitions = 4 : i32") && text.contains("sdy.mesh @mesh = <[\"x\"=4]>"), "{text}");
+        assert!(text.contains("@main(%arg0: tensor<64x128xbf16> {sdy.sharding = #sdy.sharding<@mesh, [{\"x\"}, {}]>}) -> tensor<256x128xbf16>"), "{text}");
+        assert!(text.contains("manual_axes={\"x\"} (%local0: tensor<16x128xbf16>)"), "{text}");
+        assert!(text.contains("stablehlo.custom_call @tpu_custom_call(%local0)"), "{text}");
+        assert!(text.contains("\\22has_communication\\22: true, \\22collective_id\\22: 0, \\22serialization_format\\22: 1"), "{text}");
+        assert_eq!(num_partitions(&text), 4);
+        assert_eq!(num_partitions("module {}"), 1);
+        let e = CallSpec::from_json(r#"{"inputs":["f32[]"],"outputs":["f32[8]"],"name":"k","devices":2}"#).unwrap_err();
+        assert!(e.contains("the scalar f32[] cannot be split over devices"), "{e}");
     }
 
     #[test]

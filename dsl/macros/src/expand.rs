@@ -354,6 +354,19 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
         let bytes = size_tokens(e, "vmem_limit");
         quote_spanned!(e.span()=> __pd_b.vmem_limit_bytes(#bytes);)
     });
+    let mesh = if kargs.mesh.is_empty() {
+        quote!()
+    } else {
+        let axes = kargs.mesh.iter().map(|(name, size)| {
+            let (name, size) = (name.to_string(), size_tokens(size, &format!("mesh axis {name}")));
+            quote!((#name, #size))
+        });
+        quote!(__pd_b.mesh(&[#(#axes),*]);)
+    };
+    let collective_id = kargs.collective_id.iter().map(|e| {
+        let id = size_tokens(e, "collective_id");
+        quote_spanned!(e.span()=> __pd_b.collective_id(#id as u32);)
+    });
     let aliases = kargs.aliases.iter().map(|(i, o)| {
         let (i, o) = (i.to_string(), o.to_string());
         quote!(__pd_b.alias(#i, #o);)
@@ -403,6 +416,8 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
         #(#decls)*
         #(#aliases)*
         #(#vmem)*
+        #mesh
+        #(#collective_id)*
         #cost
         __pd_c.stage()?;
         let __pd_sealed = __pd_b.seal()?;

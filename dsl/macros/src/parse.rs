@@ -25,7 +25,7 @@ impl Errors {
     }
 }
 
-/// `#[kernel(grid = (..), semantics = (..), vmem_limit = e, aliases = [(x, o)], cost = (f, t, b), requires = [..])]`
+/// `#[kernel(grid = (..), semantics = (..), vmem_limit = e, aliases = [(x, o)], cost = (f, t, b), requires = [..], mesh = [x = n], collective_id = 0)]`
 pub struct KernelArgs {
     pub grid: Vec<Expr>,
     pub grid_span: Span,
@@ -37,6 +37,10 @@ pub struct KernelArgs {
     /// `requires = [top_k <= experts, ffn % block_ffn == 0]`: relations between parameters,
     /// checked before anything is traced.
     pub requires: Vec<Expr>,
+    /// `mesh = [x = 4]` (or `[x = 2, y = n]`): the device mesh, axis names and sizes.
+    pub mesh: Vec<(Ident, Expr)>,
+    /// `collective_id = 0`: the barrier semaphore's collective.
+    pub collective_id: Option<Expr>,
 }
 
 fn tuple_elems(e: &Expr) -> Vec<Expr> {
@@ -57,6 +61,8 @@ pub fn parse_kernel_args(tokens: TokenStream, errors: &mut Errors) -> KernelArgs
         aliases: Vec::new(),
         cost: None,
         requires: Vec::new(),
+        mesh: Vec::new(),
+        collective_id: None,
     };
     let parsed = match syn::parse::Parser::parse2(Punctuated::<syn::MetaNameValue, Token![,]>::parse_terminated, tokens) {
         Ok(p) => p,
@@ -93,6 +99,21 @@ pub fn parse_kernel_args(tokens: TokenStream, errors: &mut Errors) -> KernelArgs
                 Expr::Array(a) => args.requires = a.elems.iter().cloned().collect(),
                 other => errors.at(other.span(), "requires = [relation, ...], e.g. requires = [top_k <= experts]"),
             },
+            "collective_id" => args.collective_id = Some(nv.value.clone()),
+            "mesh" => match &nv.value {
+                Expr::Array(a) => {
+                    for e in &a.elems {
+                        match e {
+                            Expr::Assign(asg) if matches!(&*asg.left, Expr::Path(p) if p.path.get_ident().is_some()) => {
+                                let Expr::Path(p) = &*asg.left else { unreachable!("matched above") };
+                                args.mesh.push((p.path.get_ident().cloned().expect("matched above"), (*asg.right).clone()));
+                            }
+                            other => errors.at(other.span(), "a mesh axis is `name = size`, e.g. mesh = [x = 4]"),
+                        }
+                    }
+                }
+                other => errors.at(other.span(), "mesh = [axis = size, ...], e.g. mesh = [x = 4]"),
+            },
             "aliases" => match &nv.value {
                 Expr::Array(a) => {
                     for e in &a.elems {
@@ -106,7 +127,7 @@ pub fn parse_kernel_args(tokens: TokenStream, errors: &mut Errors) -> KernelArgs
                 }
                 other => errors.at(other.span(), "aliases = [(input_name, output_name), ...]"),
             },
-            _ => errors.at(nv.path.span(), format!("unknown kernel argument `{key}`: expected grid, semantics, vmem_limit, aliases, cost or requires")),
+            _ => errors.at(nv.path.span(), format!("unknown kernel argument `{key}`: expected grid, semantics, vmem_limit, aliases, cost, requires, mesh or collective_id")),
         }
     }
     if !args.grid.is_empty() && args.semantics.is_empty() {

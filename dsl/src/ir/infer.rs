@@ -4,7 +4,7 @@
 //! an `Err` into a build error at the user's source line), and the verifier calls it to
 //! check that a kernel built by any other means (the fusion pass, tests) is well typed.
 
-use super::{DType, Index, Kernel, MemorySpace, OpData, Offset, SemKind, Shape, Type, UnaryOp, Value};
+use super::{DType, Index, Kernel, MemorySpace, OpData, Offset, SemKind, Shape, Type, UnaryOp, Value, WaitSide};
 use super::BinaryOp;
 use smallvec::{SmallVec, smallvec};
 
@@ -341,6 +341,7 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
                 return Err(format!("DMA priority must be 0 or 1, got {priority}"));
             }
             if let Some(r) = remote {
+                needs_mesh(k, "a remote DMA")?;
                 scalar_i32(k, r.device_id, "device id")?;
                 sem_scalar(k, r.send_sem, Some(SemKind::Dma), "send semaphore")?;
                 if *priority != 0 {
@@ -349,10 +350,13 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
             }
             SmallVec::new()
         }
-        OpData::DmaWait { src, dst, sem, device_id } => {
+        OpData::DmaWait { src, dst, sem, side } => {
             dma_operands(k, *src, *dst, *sem)?;
-            if let Some(d) = device_id {
-                scalar_i32(k, *d, "device id")?;
+            if let WaitSide::Recv { device_id } = side {
+                scalar_i32(k, *device_id, "device id")?;
+            }
+            if *side != WaitSide::Local {
+                needs_mesh(k, "a remote DMA wait")?;
             }
             SmallVec::new()
         }
@@ -360,6 +364,7 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
             sem_scalar(k, *sem, Some(SemKind::Regular), "semaphore")?;
             scalar_i32(k, *amount, "amount")?;
             if let Some(d) = device_id {
+                needs_mesh(k, "a remote semaphore signal")?;
                 scalar_i32(k, *d, "device id")?;
             }
             SmallVec::new()
@@ -372,6 +377,17 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
         OpData::SemRead { sem } => {
             sem_scalar(k, *sem, None, "semaphore")?;
             smallvec![Type::Scalar(DType::I32)]
+        }
+        OpData::DeviceId => {
+            needs_mesh(k, "device_id()")?;
+            smallvec![Type::Scalar(DType::I32)]
+        }
+        OpData::BarrierSemaphore => {
+            needs_mesh(k, "the barrier semaphore")?;
+            if k.call.collective_id.is_none() {
+                return Err("the barrier semaphore needs a collective id: #[kernel(collective_id = 0, ..)] (Pallas: CompilerParams(collective_id=0))".into());
+            }
+            smallvec![Type::Sem(SemKind::Regular, Shape::default())]
         }
         OpData::DebugPrint { format, args } => {
             let placeholders = format.matches("{}").count();
@@ -447,6 +463,14 @@ pub fn yield_types(k: &Kernel, block: super::Block) -> Result<Types, String> {
         Some(OpData::Yield { values }) => Ok(values.iter().map(|&v| k.ty(v).clone()).collect()),
         _ => Err(format!("region {block} does not end with a yield")),
     }
+}
+
+/// Device ids name devices of the call's mesh: without one there is nothing to name.
+fn needs_mesh(k: &Kernel, what: &str) -> Result<(), String> {
+    if k.call.mesh.is_none() {
+        return Err(format!("{what} needs the devices of a mesh: declare it, #[kernel(mesh = [x = 4], ..)] (Pallas: the kernel under jax.shard_map over a Mesh)"));
+    }
+    Ok(())
 }
 
 fn sem_scalar(k: &Kernel, v: Value, kind: Option<SemKind>, what: &str) -> Result<(), String> {

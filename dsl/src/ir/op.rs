@@ -240,6 +240,18 @@ pub struct Remote {
     pub send_sem: Value,
 }
 
+/// Which side of a copy a `DmaWait` waits on (Pallas's `wait`, `wait_send`, `wait_recv`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum WaitSide {
+    /// A local copy: its data has arrived.
+    Local,
+    /// A remote copy, on the sender: its data has left (the send semaphore counts it).
+    Send,
+    /// A remote copy, on the receiver: its data has arrived from the device that ran the
+    /// same descriptor's `start` (the descriptor's `device_id` is carried, as Pallas does).
+    Recv { device_id: Value },
+}
+
 /// One operation. Regions are blocks owned by the op.
 #[derive(Clone, Debug, PartialEq)]
 pub enum OpData {
@@ -250,6 +262,9 @@ pub enum OpData {
     ProgramId { axis: u32 },
     /// `pl.num_programs(axis)`: the grid extent along `axis` (i32).
     NumPrograms { axis: u32 },
+    /// The i32 logical id of this device in the call's mesh (`tpu.device_id`; Pallas's
+    /// `lax.axis_index` divides and reduces it per mesh axis).
+    DeviceId,
     /// `broadcasted_iota(i32, shape, dim)`.
     Iota { shape: Shape, dim: u32 },
 
@@ -293,11 +308,14 @@ pub enum OpData {
     // --- DMA and semaphores ----------------------------------------------------------------
     /// Start an async copy `src -> dst` signalling DMA semaphore `sem` on arrival.
     DmaStart { src: Value, dst: Value, sem: Value, remote: Option<Remote>, priority: u8 },
-    /// Wait until the copy `src -> dst` has arrived (`sem` counts its bytes).
-    DmaWait { src: Value, dst: Value, sem: Value, device_id: Option<Value> },
+    /// Wait until the copy `src -> dst` has arrived (or, `Send`, left; `sem` counts its bytes).
+    DmaWait { src: Value, dst: Value, sem: Value, side: WaitSide },
     SemSignal { sem: Value, amount: Value, device_id: Option<Value> },
     SemWait { sem: Value, amount: Value },
     SemRead { sem: Value },
+    /// The barrier semaphore of the call's collective (`pltpu.get_barrier_semaphore()`):
+    /// a regular semaphore shared by every kernel with the same `collective_id`.
+    BarrierSemaphore,
 
     // --- debugging ---------------------------------------------------------------------------
     /// `pl.debug_print(format, *args)`: `{}` placeholders take the i32 scalars in order.
@@ -328,6 +346,7 @@ impl OpData {
             OpData::Constant { .. } => "const".into(),
             OpData::ProgramId { .. } => "program_id".into(),
             OpData::NumPrograms { .. } => "num_programs".into(),
+            OpData::DeviceId => "device_id".into(),
             OpData::Iota { .. } => "iota".into(),
             OpData::Unary { op, .. } => op.name().into(),
             OpData::Binary { op, .. } => op.name().into(),
@@ -352,6 +371,7 @@ impl OpData {
             OpData::SemSignal { .. } => "sem_signal".into(),
             OpData::SemWait { .. } => "sem_wait".into(),
             OpData::SemRead { .. } => "sem_read".into(),
+            OpData::BarrierSemaphore => "barrier_semaphore".into(),
             OpData::DebugPrint { .. } => "debug_print".into(),
             OpData::If { .. } => "if".into(),
             OpData::For { .. } => "for".into(),
@@ -377,6 +397,8 @@ impl OpData {
             OpData::Constant { .. }
             | OpData::ProgramId { .. }
             | OpData::NumPrograms { .. }
+            | OpData::DeviceId
+            | OpData::BarrierSemaphore
             | OpData::Iota { .. }
             | OpData::Alloc { .. }
             | OpData::SemAlloc { .. }
@@ -416,9 +438,11 @@ impl OpData {
                     out.extend([r.device_id, r.send_sem]);
                 }
             }
-            OpData::DmaWait { src, dst, sem, device_id } => {
+            OpData::DmaWait { src, dst, sem, side } => {
                 out.extend([*src, *dst, *sem]);
-                out.extend(device_id.iter().copied());
+                if let WaitSide::Recv { device_id } = side {
+                    out.push(*device_id);
+                }
             }
             OpData::SemSignal { sem, amount, device_id } => {
                 out.extend([*sem, *amount]);

@@ -4,7 +4,7 @@
 //! always prints byte-identically; snapshot tests rely on that. Source locations are off by
 //! default so that editing a kernel file does not churn every snapshot.
 
-use super::{Block, BufOrigin, Index, Kernel, Op, OpData, Value};
+use super::{Block, BufOrigin, Index, Kernel, Op, OpData, Value, WaitSide};
 use crate::spec::{OperandRole, ScratchSpec};
 use std::fmt::Write;
 
@@ -66,6 +66,12 @@ impl Printer<'_> {
         for (i, o) in &c.aliases {
             let _ = writeln!(self.out, "  alias in{i} -> out{o}");
         }
+        if let Some(mesh) = &c.mesh {
+            let _ = writeln!(self.out, "  mesh {mesh}");
+        }
+        if let Some(id) = c.collective_id {
+            let _ = writeln!(self.out, "  collective_id {id}");
+        }
         if let Some(limit) = c.vmem_limit_bytes {
             let _ = writeln!(self.out, "  vmem_limit {limit}");
         }
@@ -115,6 +121,7 @@ impl Printer<'_> {
         let body = match &node.data {
             OpData::Constant { value, .. } => format!(" {value}"),
             OpData::ProgramId { axis } | OpData::NumPrograms { axis } => format!(" {axis}"),
+            OpData::DeviceId | OpData::BarrierSemaphore => String::new(),
             OpData::Iota { dim, .. } => format!(" dim={dim}"),
             OpData::Unary { x, .. }
             | OpData::Cast { x, .. }
@@ -154,10 +161,14 @@ impl Printer<'_> {
                 }
                 s
             }
-            OpData::DmaWait { src, dst, sem, device_id } => {
+            OpData::DmaWait { src, dst, sem, side } => {
                 let mut s = format!(" {src} -> {dst} sem {sem}");
-                if let Some(d) = device_id {
-                    let _ = write!(s, " device {d}");
+                match side {
+                    WaitSide::Local => {}
+                    WaitSide::Send => s.push_str(" send"),
+                    WaitSide::Recv { device_id } => {
+                        let _ = write!(s, " recv device {device_id}");
+                    }
                 }
                 s
             }

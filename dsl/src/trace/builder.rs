@@ -9,7 +9,7 @@ use super::refs::{Ref, SemRef};
 use super::val::{Val, constant};
 use super::{BuildError, BuildErrors, Tracer, in_block, install, uninstall, with};
 use crate::ir::{BufOrigin, DType, ErrorSite, Kernel, Literal, MemorySpace, OpData, RefType, SemKind, Shape, SrcLoc, Type, Value, VerifyOptions};
-use crate::spec::{BlockDim, CostEstimate, GridDim, OperandRole, OperandSpec, PipelineMode, ScratchSpec, Semantics};
+use crate::spec::{BlockDim, CostEstimate, GridDim, Mesh, MeshAxis, OperandRole, OperandSpec, PipelineMode, ScratchSpec, Semantics};
 use cranelift_entity::SecondaryMap;
 use smallvec::SmallVec;
 
@@ -119,6 +119,8 @@ pub struct KernelBuilder<'a> {
     aliases: Vec<(usize, usize)>,
     vmem_limit_bytes: Option<u64>,
     cost: Option<CostEstimate>,
+    mesh: Option<Mesh>,
+    collective_id: Option<u32>,
     errors: Vec<BuildError>,
 }
 
@@ -149,6 +151,8 @@ impl<'a> KernelBuilder<'a> {
             aliases: Vec::new(),
             vmem_limit_bytes: None,
             cost: None,
+            mesh: None,
+            collective_id: None,
             errors: Vec::new(),
         }
     }
@@ -164,6 +168,33 @@ impl<'a> KernelBuilder<'a> {
     #[track_caller]
     pub fn vmem_limit_bytes(&mut self, bytes: impl TryInto<u64>) -> &mut Self {
         self.vmem_limit_bytes = Some(to_u64(bytes, "vmem_limit_bytes", SrcLoc::caller(), &mut self.errors));
+        self
+    }
+
+    /// The device mesh the kernel runs on (axis name and size, major to minor): what
+    /// `jax.shard_map` gives a Pallas kernel; remote DMAs and signals name its devices.
+    #[track_caller]
+    pub fn mesh(&mut self, axes: &[(&str, u64)]) -> &mut Self {
+        let loc = SrcLoc::caller();
+        let mut bad = |message: String| self.errors.push(BuildError { loc: Some(loc), message });
+        if axes.is_empty() {
+            bad("a mesh needs at least one axis, e.g. mesh = [x = 4]".into());
+        }
+        for (i, (name, size)) in axes.iter().enumerate() {
+            if *size == 0 {
+                bad(format!("mesh axis `{name}` has size 0"));
+            }
+            if axes[..i].iter().any(|(n, _)| n == name) {
+                bad(format!("mesh axis `{name}` appears twice"));
+            }
+        }
+        self.mesh = Some(Mesh { axes: axes.iter().map(|(name, size)| MeshAxis { name: name.to_string(), size: *size }).collect() });
+        self
+    }
+
+    /// `CompilerParams(collective_id=..)`: the id of the barrier semaphore this kernel uses.
+    pub fn collective_id(&mut self, id: u32) -> &mut Self {
+        self.collective_id = Some(id);
         self
     }
 
@@ -283,6 +314,8 @@ impl<'a> KernelBuilder<'a> {
             aliases: Vec::new(),
             vmem_limit_bytes: self.vmem_limit_bytes,
             cost: self.cost.clone(),
+            mesh: self.mesh.clone(),
+            collective_id: self.collective_id,
         };
         // Aliases were recorded by position among inputs/outputs, which sorting preserves.
         kernel.call.aliases = self.aliases.clone();

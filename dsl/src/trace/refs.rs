@@ -2,7 +2,7 @@
 
 use super::val::{IntoVal, Val};
 use super::with;
-use crate::ir::{DType, Index, Offset, OpData, Remote, Shape, SrcLoc, Type, Value, ValueDef};
+use crate::ir::{BinaryOp, DType, Index, Literal, Offset, OpData, Remote, SemKind, Shape, SrcLoc, Type, Value, ValueDef, WaitSide};
 
 /// A traced ref: a window of VMEM/SMEM, an HBM array or a sub-ref of one.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -309,8 +309,9 @@ fn i32_val(x: impl IntoVal) -> Val {
     x.into_val_shaped(DType::I32, &Shape::default())
 }
 
-/// An async copy descriptor (`pltpu.make_async_copy`); `start` and `wait` emit the ops,
-/// each slicing the refs it names (`.at(..)`) again where it is, as Pallas does.
+/// An async copy descriptor (`pltpu.make_async_copy` / `make_async_remote_copy`); `start`
+/// and the waits emit the ops, each slicing the refs it names (`.at(..)`) again where it is,
+/// as Pallas does.
 #[derive(Copy, Clone, Debug)]
 pub struct Dma {
     src: Ref,
@@ -325,12 +326,16 @@ pub fn async_copy(src: Ref, dst: Ref, sem: SemRef) -> Dma {
     Dma { src, dst, sem, remote: None, priority: 0 }
 }
 
-impl Dma {
-    /// Copy to `dst` on another device; `send_sem` counts the bytes sent.
-    pub fn remote(self, device_id: Val, send_sem: SemRef) -> Dma {
-        Dma { remote: Some((device_id, send_sem)), ..self }
-    }
+/// `pltpu.make_async_remote_copy(src, dst, send_sem, recv_sem, device_id=(device,),
+/// device_id_type=MESH)`: copy `src` here into `dst` on mesh device `device` (the same ref
+/// there); `send_sem` here counts the bytes that left, `recv_sem` there the bytes that
+/// arrived.
+pub fn remote_copy(src: Ref, dst: Ref, send_sem: SemRef, recv_sem: SemRef, device: impl IntoVal) -> Dma {
+    let device = i32_val(device);
+    Dma { src, dst, sem: recv_sem, remote: Some((device, send_sem)), priority: 0 }
+}
 
+impl Dma {
     pub fn priority(self, priority: u8) -> Dma {
         Dma { priority, ..self }
     }
@@ -346,28 +351,85 @@ impl Dma {
         with(|t| t.emit(OpData::DmaStart { src, dst, sem, remote, priority: self.priority }, loc, &[]));
     }
 
-    /// Wait for the copy to arrive (for a remote copy: on the receiving side).
+    /// Wait for the copy to complete; for a remote copy, as Pallas, first for its data to
+    /// have left ([`Dma::wait_send`]), then for this device's incoming copy of the same
+    /// descriptor to have arrived ([`Dma::wait_recv`]).
     #[track_caller]
     pub fn wait(self) {
         let loc = SrcLoc::caller();
-        let device_id = self.remote.map(|(d, _)| d.0);
-        let sem = sliced_here(self.sem.0, loc);
-        let dst = sliced_here(self.dst.0, loc);
-        let src = sliced_here(self.src.0, loc);
-        with(|t| t.emit(OpData::DmaWait { src, dst, sem, device_id }, loc, &[]));
+        match self.remote {
+            None => self.emit_wait(self.src, self.dst, self.sem, WaitSide::Local, loc),
+            Some((device, send)) => {
+                self.emit_wait(self.dst, self.src, send, WaitSide::Send, loc);
+                self.emit_wait(self.src, self.dst, self.sem, WaitSide::Recv { device_id: device.0 }, loc);
+            }
+        }
     }
 
-    /// For a remote copy: wait until the data has left (on the sending side).
+    /// For a remote copy: wait until its data has left this device (the send semaphore).
     #[track_caller]
     pub fn wait_send(self) {
         let loc = SrcLoc::caller();
-        let Some((_, send)) = self.remote else {
-            with(|t| t.error(loc, "wait_send is for remote copies (use .remote(...))"));
-            return;
-        };
-        let sem = sliced_here(send.0, loc);
-        let dst = sliced_here(self.src.0, loc);
-        let src = sliced_here(self.dst.0, loc);
-        with(|t| t.emit(OpData::DmaWait { src, dst, sem, device_id: None }, loc, &[]));
+        match self.remote {
+            Some((_, send)) => self.emit_wait(self.dst, self.src, send, WaitSide::Send, loc),
+            None => with(|t| t.error(loc, "wait_send is for remote copies (remote_copy(..))")),
+        }
     }
+
+    /// For a remote copy: wait until the copy another device started into `dst` here (with
+    /// `recv_sem`) has arrived.
+    #[track_caller]
+    pub fn wait_recv(self) {
+        let loc = SrcLoc::caller();
+        match self.remote {
+            Some((device, _)) => self.emit_wait(self.src, self.dst, self.sem, WaitSide::Recv { device_id: device.0 }, loc),
+            None => with(|t| t.error(loc, "wait_recv is for remote copies (remote_copy(..)); a local copy waits with .wait()")),
+        }
+    }
+
+    fn emit_wait(self, src: Ref, dst: Ref, sem: SemRef, side: WaitSide, loc: SrcLoc) {
+        // Pallas's order: the semaphore's slices first, then the destination's, the source's.
+        let sem = sliced_here(sem.0, loc);
+        let dst = sliced_here(dst.0, loc);
+        let src = sliced_here(src.0, loc);
+        with(|t| t.emit(OpData::DmaWait { src, dst, sem, side }, loc, &[]));
+    }
+}
+
+/// This device's logical id in the kernel's mesh (row-major over its axes), i32: what
+/// remote copies and signals name.
+#[track_caller]
+pub fn device_id() -> Val {
+    let loc = SrcLoc::caller();
+    Val(with(|t| t.emit1(OpData::DeviceId, loc, Type::Scalar(DType::I32))))
+}
+
+/// `lax.axis_index(name)`: this device's position along mesh axis `name`, computed from
+/// [`device_id`] as Pallas does: `(device_id / (product of the later axes)) % size`.
+#[track_caller]
+pub fn axis_index(name: &str) -> Val {
+    let loc = SrcLoc::caller();
+    let axis = with(|t| t.kernel.call.mesh.as_ref().map(|m| (m.axis(name), m.to_string())));
+    let (size, minor) = match axis {
+        Some((Some((_, size, minor)), _)) => (size, minor),
+        Some((None, mesh)) => return Val(with(|t| t.fail(loc, format!("axis_index: the mesh {mesh} has no axis `{name}`"), Type::Scalar(DType::I32)))),
+        None => return Val(with(|t| t.fail(loc, format!("axis_index(\"{name}\") needs the devices of a mesh: declare it, #[kernel(mesh = [{name} = 4], ..)]"), Type::Scalar(DType::I32)))),
+    };
+    let id = Val(with(|t| t.emit1(OpData::DeviceId, loc, Type::Scalar(DType::I32))));
+    let major = if minor == 1 { id } else { binary_at(BinaryOp::Div, id, minor, loc) };
+    binary_at(BinaryOp::Rem, major, size, loc)
+}
+
+fn binary_at(op: BinaryOp, x: Val, c: u64, loc: SrcLoc) -> Val {
+    let c = crate::trace::val::constant(Literal::Int(c as i64), Type::Scalar(DType::I32), loc);
+    Val(with(|t| t.emit1(OpData::Binary { op, lhs: x.0, rhs: c.0 }, loc, Type::Scalar(DType::I32))))
+}
+
+/// `pltpu.get_barrier_semaphore()`: the semaphore every device of the collective
+/// (`collective_id`) shares, for a barrier before the first remote write (signal each
+/// peer, wait for as many signals).
+#[track_caller]
+pub fn barrier_semaphore() -> SemRef {
+    let loc = SrcLoc::caller();
+    SemRef(with(|t| t.emit1(OpData::BarrierSemaphore, loc, Type::Sem(SemKind::Regular, Shape::default()))))
 }

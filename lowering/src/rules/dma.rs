@@ -3,7 +3,7 @@
 use super::LowerCx;
 use crate::error::RuleResult;
 use crate::{tpu, types};
-use palladium_dsl::ir::{Op, Remote, Sem, Value as KValue};
+use palladium_dsl::ir::{Op, Remote, Sem, SemKind, Shape, Value as KValue, WaitSide};
 
 /// `tpu.enqueue_dma source(..) target(..) target_semaphore(..)`; remote copies add the send
 /// semaphore as `source_semaphore` and the `device_id`.
@@ -18,11 +18,19 @@ pub(super) fn start(cx: &mut LowerCx<'_, '_>, src: KValue, dst: KValue, sem: KVa
     Ok(())
 }
 
-/// `tpu.wait_dma2 semaphore(..) src(..) dst(..) [device_id(..)]`.
-pub(super) fn wait(cx: &mut LowerCx<'_, '_>, src: KValue, dst: KValue, sem: KValue, device_id: Option<KValue>) -> RuleResult<()> {
+/// `tpu.wait_dma2 semaphore(..) src(..) dst(..)`; a receive adds the copy's `device_id`, a
+/// send wait Pallas's placeholder `device_id(0) core_id(0)`.
+pub(super) fn wait(cx: &mut LowerCx<'_, '_>, src: KValue, dst: KValue, sem: KValue, side: WaitSide) -> RuleResult<()> {
     let (s, d, m) = (cx.v(src)?, cx.v(dst)?, cx.v(sem)?);
-    let dev = device_id.map(|v| cx.v(v)).transpose()?;
-    let op = tpu::wait_dma2(cx.ctx, cx.loc, m, s, d, dev)?;
+    let remote = match side {
+        WaitSide::Local => None,
+        WaitSide::Recv { device_id } => Some((cx.v(device_id)?, None)),
+        WaitSide::Send => {
+            let zero = cx.const_i32(0)?;
+            Some((zero, Some(zero)))
+        }
+    };
+    let op = tpu::wait_dma2(cx.ctx, cx.loc, m, s, d, remote)?;
     cx.emit(op);
     Ok(())
 }
@@ -40,6 +48,19 @@ pub(super) fn sem_wait(cx: &mut LowerCx<'_, '_>, sem: KValue, amount: KValue) ->
     let op = tpu::sem_wait(cx.ctx, cx.loc, s, a)?;
     cx.emit(op);
     Ok(())
+}
+
+/// `tpu.device_id : i32`.
+pub(super) fn device_id(cx: &mut LowerCx<'_, '_>, op: Op) -> RuleResult<()> {
+    let v = cx.emit1(tpu::device_id(cx.ctx, cx.loc, types::i32(cx.ctx)))?;
+    cx.set_result(op, 0, v)
+}
+
+/// `tpu.sem_barrier : memref<!tpu.semaphore, #tpu.memory_space<semaphore_mem>>`.
+pub(super) fn barrier_semaphore(cx: &mut LowerCx<'_, '_>, op: Op) -> RuleResult<()> {
+    let ty = types::sem_memref(cx.ctx, SemKind::Regular, &Shape::default())?;
+    let v = cx.emit1(tpu::sem_barrier(cx.ctx, cx.loc, ty))?;
+    cx.set_result(op, 0, v)
 }
 
 pub(super) fn sem_read(cx: &mut LowerCx<'_, '_>, op: Op, sem: KValue) -> RuleResult<()> {

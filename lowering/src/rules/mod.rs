@@ -11,7 +11,7 @@
 //! | `shape.rs` | `Broadcast`, `Reshape`, `Transpose`, `Reduce`, `ArgReduce`, `Slice`, `Concat`, `Roll` |
 //! | `matmul.rs` | `Dot` |
 //! | `memory.rs` | `Load`, `Store`, `RefSlice`, `AssumeMultiple`, `Alloc` |
-//! | `dma.rs` | `DmaStart`, `DmaWait`, `SemSignal`, `SemWait`, `SemRead`, `SemAlloc` |
+//! | `dma.rs` | `DmaStart`, `DmaWait`, `SemSignal`, `SemWait`, `SemRead`, `SemAlloc`, `DeviceId`, `BarrierSemaphore` |
 //! | `debug.rs` | `DebugPrint` |
 //! | `control.rs` | `If`, `For`, `While`, `RunScoped`, `Yield` |
 //!
@@ -77,6 +77,7 @@ pub(crate) fn lower_op(cx: &mut LowerCx<'_, '_>, op: Op) -> Result<(), LowerErro
         OpData::Constant { value, ty } => constant::constant(cx, op, *value, ty),
         OpData::ProgramId { axis } => constant::program_id(cx, op, *axis),
         OpData::NumPrograms { axis } => constant::num_programs(cx, op, *axis),
+        OpData::DeviceId => dma::device_id(cx, op),
         OpData::Iota { shape, dim } => constant::iota(cx, op, shape, *dim),
         OpData::Unary { op: u, x } => elementwise::unary(cx, op, *u, *x),
         OpData::Binary { op: b, lhs, rhs } => elementwise::binary(cx, op, *b, *lhs, *rhs),
@@ -98,10 +99,11 @@ pub(crate) fn lower_op(cx: &mut LowerCx<'_, '_>, op: Op) -> Result<(), LowerErro
         OpData::RefSlice { base, index } => memory::ref_slice(cx, op, *base, index),
         OpData::Alloc { buf } => memory::alloc(cx, op, *buf),
         OpData::DmaStart { src, dst, sem, remote, priority } => dma::start(cx, *src, *dst, *sem, *remote, *priority),
-        OpData::DmaWait { src, dst, sem, device_id } => dma::wait(cx, *src, *dst, *sem, *device_id),
+        OpData::DmaWait { src, dst, sem, side } => dma::wait(cx, *src, *dst, *sem, *side),
         OpData::SemSignal { sem, amount, device_id } => dma::signal(cx, *sem, *amount, *device_id),
         OpData::SemWait { sem, amount } => dma::sem_wait(cx, *sem, *amount),
         OpData::SemRead { sem } => dma::sem_read(cx, op, *sem),
+        OpData::BarrierSemaphore => dma::barrier_semaphore(cx, op),
         OpData::SemAlloc { sem } => dma::sem_alloc(cx, op, *sem),
         OpData::DebugPrint { format, args } => debug::debug_print(cx, format, args),
         OpData::If { cond, then_block, else_block } => control::r#if(cx, op, *cond, *then_block, *else_block),
