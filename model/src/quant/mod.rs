@@ -27,7 +27,8 @@
 //! Which weights each [`WeightsDtype`] converts is [`WeightsDtype::format_of`]; embeddings,
 //! norms, biases and the routers (`mlp.gate`, `block_sparse_moe.gate`) always stay as loaded.
 
-pub mod convert;
+/// The element conversions live in the base crate, shared with host arrays and the interpreter.
+pub use palladium_array::quant as convert;
 mod load;
 
 use indexmap::IndexMap;
