@@ -58,6 +58,23 @@ fn shapes(kernel: &str) -> Option<Vec<Vec<(&'static str, &'static str)>>> {
             vec![("batch", "1"), ("k", "1024"), ("n", "2048"), ("block_n", "512"), ("block_k", "256")],
             vec![("batch", "16"), ("k", "512"), ("n", "1536"), ("block_n", "768"), ("block_k", "512")],
         ],
+        // int8 per channel (the defaults), int4 groups of 128 with a k split, fp8 128-groups.
+        "gemv_quantized" => vec![
+            vec![],
+            vec![("batch", "1"), ("k", "2048"), ("n", "1024"), ("block_n", "512"), ("block_k", "1024"), ("wdtype", "i4"), ("group", "128")],
+            vec![("batch", "16"), ("k", "512"), ("n", "1536"), ("block_n", "768"), ("block_k", "512"), ("wdtype", "f8e4m3fn"), ("group", "128")],
+        ],
+        // int8 per channel across k steps (the group spans them), int4 and fp8 128-groups.
+        "matmul_quantized" => vec![
+            vec![("m", "256"), ("k", "1024"), ("n", "256"), ("bk", "256"), ("group", "1024")],
+            vec![("m", "64"), ("k", "2048"), ("n", "256"), ("bm", "32"), ("bk", "1024"), ("bn", "128"), ("wdtype", "i4"), ("group", "128")],
+            vec![("m", "32"), ("k", "384"), ("n", "384"), ("bm", "32"), ("bk", "384"), ("bn", "128"), ("wdtype", "f8e4m3fn"), ("group", "128")],
+        ],
+        "rmsnorm_matmul_quantized" => vec![
+            vec![],
+            vec![("rows", "64"), ("hidden", "512"), ("n", "512"), ("block_rows", "16"), ("block_n", "128"), ("wdtype", "i4"), ("group", "128")],
+            vec![("rows", "32"), ("hidden", "1024"), ("n", "768"), ("block_rows", "32"), ("block_n", "256"), ("wdtype", "f8e4m3fn"), ("group", "128")],
+        ],
         "residual_add" | "residual_add_inplace" => vec![
             vec![],
             vec![("rows", "64"), ("hidden", "256"), ("block_rows", "16")],

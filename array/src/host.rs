@@ -81,6 +81,8 @@ impl HostArray {
             DType::I32 => Ok(Self::from_i32(shape, data)),
             DType::I16 => Ok(Self::of(DType::I16, shape, &data.iter().map(|&x| x as i16).collect::<Vec<_>>())),
             DType::I8 => Ok(Self::of(DType::I8, shape, &data.iter().map(|&x| x as i8).collect::<Vec<_>>())),
+            // One element a byte, its low nibble (numpy's layout of `int4`).
+            DType::I4 => Ok(Self::of(DType::I4, shape, &data.iter().map(|&x| x as u8 & 0xF).collect::<Vec<_>>())),
             DType::Bool => Ok(Self::of(DType::Bool, shape, &data.iter().map(|&x| u8::from(x != 0)).collect::<Vec<_>>())),
             d => Err(format!("cannot make a {d} array from integer values")),
         }

@@ -319,3 +319,76 @@ pub mod rope {
         vec![HostArray::bf16_from_f32(&[p.tokens, p.heads * p.head_dim], &o)]
     }
 }
+
+/// A quantized weight's operands for the `*_quantized` kernels: random `wdtype` codes
+/// `[k, n]` over the format's whole range (i8 `-127..=127`, i4 `-8..=7`, every finite
+/// f8e4m3fn byte) and positive f32 scales `[k / group, n]` that keep a product over `k`
+/// inputs at `O(1)`.
+fn quantized_weight(rng: &mut Rng, wdtype: palladium_dsl::DType, k: usize, n: usize, group: usize) -> [HostArray; 2] {
+    use palladium_dsl::DType;
+    let (codes, code_max) = match wdtype {
+        DType::I8 => (HostArray::from_i32_values(DType::I8, &[k, n], &(0..k * n).map(|_| rng.range(-127, 127) as i32).collect::<Vec<_>>()), 127.0),
+        DType::I4 => (HostArray::from_i32_values(DType::I4, &[k, n], &(0..k * n).map(|_| rng.range(-8, 7) as i32).collect::<Vec<_>>()), 8.0),
+        _ => {
+            // 0x7F and 0xFF are e4m3fn's NaNs.
+            let bytes = (0..k * n).map(|_| [rng.range(0, 0x7E), rng.range(0x80, 0xFE)][rng.range(0, 1) as usize] as u8).collect();
+            (HostArray::new(DType::F8E4M3, &[k, n], bytes), 448.0)
+        }
+    };
+    let codes = codes.expect("codes of a quantized weight dtype");
+    let scales: Vec<f32> = (0..k / group * n).map(|_| (1.5 + rng.unit()) * fan_in_scale(k) / code_max).collect();
+    [codes, HostArray::from_f32(&[k / group, n], &scales)]
+}
+
+pub mod gemv_quantized {
+    use super::*;
+    use crate::gemv_quantized::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        let mut rng = Rng::new(seed);
+        let x = HostArray::bf16_from_f32(&[p.batch, p.k], &rng.bf16s(p.batch * p.k));
+        let [codes, scales] = quantized_weight(&mut rng, p.wdtype, p.k, p.n, p.group);
+        vec![x, codes, scales]
+    }
+
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        let w = r::dequantize(&x[1].to_f32(), &x[2].to_f32(), p.k, p.n, p.group);
+        vec![HostArray::from_f32(&[p.batch, p.n], &r::gemv(&x[0].to_f32(), &w, p.batch, p.k, p.n))]
+    }
+}
+
+pub mod matmul_quantized {
+    use super::*;
+    use crate::matmul_quantized::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        let mut rng = Rng::new(seed);
+        let x = HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k));
+        let [codes, scales] = quantized_weight(&mut rng, p.wdtype, p.k, p.n, p.group);
+        vec![x, codes, scales]
+    }
+
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        let w = r::dequantize(&x[1].to_f32(), &x[2].to_f32(), p.k, p.n, p.group);
+        vec![HostArray::bf16_from_f32(&[p.m, p.n], &r::matmul(&x[0].to_f32(), &w, p.m, p.k, p.n))]
+    }
+}
+
+pub mod rmsnorm_matmul_quantized {
+    use super::*;
+    use crate::rmsnorm_matmul_quantized::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        let mut rng = Rng::new(seed);
+        let x = HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(p.rows * p.hidden));
+        let norm_w = HostArray::bf16_from_f32(&[1, p.hidden], &rng.bf16s(p.hidden));
+        let [codes, scales] = quantized_weight(&mut rng, p.wdtype, p.hidden, p.n, p.group);
+        vec![x, norm_w, codes, scales]
+    }
+
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        let w = r::dequantize(&x[2].to_f32(), &x[3].to_f32(), p.hidden, p.n, p.group);
+        let o = r::rmsnorm_matmul(&x[0].to_f32(), &x[1].to_f32(), &w, p.rows, p.hidden, p.n, p.eps as f32);
+        vec![HostArray::bf16_from_f32(&[p.rows, p.n], &o)]
+    }
+}

@@ -21,6 +21,7 @@ mod linalg;
 pub mod moe_reference;
 mod norm;
 mod norm_matmul;
+mod quantized;
 pub mod reference;
 mod residual;
 mod rotary;
@@ -37,6 +38,7 @@ pub use kv_cache::kv_cache_update;
 pub use linalg::matmul;
 pub use norm::rmsnorm;
 pub use norm_matmul::rmsnorm_matmul;
+pub use quantized::{gemv_quantized, matmul_quantized, rmsnorm_matmul_quantized};
 pub use residual::{residual_add, residual_add_inplace};
 pub use rotary::rope;
 pub use router::moe_router;
@@ -136,6 +138,9 @@ pub static REGISTRY: &[KernelEntry] = &[
     entry!(residual_add, "residual add of two bf16 arrays in f32, row blocks", cases::residual_add),
     entry!(residual_add_inplace, "residual_add with the residual input aliased to the output (in-place update)", cases::residual_add_inplace),
     entry!(rmsnorm_matmul, "RMSNorm (f32) fused into the next bf16 projection; normalised rows cached in VMEM across column blocks", cases::rmsnorm_matmul),
+    entry!(gemv_quantized, "gemv with 8/4-bit weights (i8, i4, f8e4m3fn codes) and f32 scales per group of inputs per column, fed to the MXU as bf16 x code dots", cases::gemv_quantized),
+    entry!(matmul_quantized, "tiled matmul with 8/4-bit weights and f32 group scales applied to each group's partial product", cases::matmul_quantized),
+    entry!(rmsnorm_matmul_quantized, "rmsnorm_matmul with 8/4-bit weights and f32 group scales", cases::rmsnorm_matmul_quantized),
     entry!(rope, "rotary embedding on [tokens, heads*head_dim], neox or interleaved, rotation as an exact ±1 matmul", cases::rope),
 ];
 
