@@ -898,6 +898,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn quantized_element_types_convert_as_ml_dtypes() {
+        let tile = |dt: DType, data: Data| Val::Tile(Tile::new(dt, [data.len()].into_iter().collect(), data));
+        let floats = |v: &Val| match &*v.tile().unwrap().data {
+            Data::F(x) => x.clone(),
+            Data::I(_) => panic!("a float tile"),
+        };
+        // i4: held sign-extended; sitofp gives the value, trunci wraps to 4 bits.
+        let int4 = tile(DType::I4, Data::I(vec![-8, -1, 0, 7]));
+        assert_eq!(floats(&cast(Cast::SiToFp, DType::I4, DType::Bf16, &int4).unwrap()), vec![-8.0, -1.0, 0.0, 7.0]);
+        let wide = tile(DType::I32, Data::I(vec![8, 15, -9, 23]));
+        assert_eq!(cast(Cast::TruncI, DType::I32, DType::I4, &wide).unwrap().tile().unwrap().i(), &[-8, -1, 7, 7]);
+        // f8e4m3fn: truncf rounds to nearest even (17 ties to 16), past 464 is NaN; extf exact.
+        let x = tile(DType::F32, Data::F(vec![17.0, 448.0, 465.0, 2f32.powi(-9)]));
+        let f8 = cast(Cast::TruncF, DType::F32, DType::F8E4M3FN, &x).unwrap();
+        let back = floats(&cast(Cast::ExtF, DType::F8E4M3FN, DType::F32, &f8).unwrap());
+        assert_eq!((back[0], back[1], back[3]), (16.0, 448.0, 2f32.powi(-9)));
+        assert!(back[2].is_nan());
+    }
+
+    #[test]
     fn branch_free_bf16_rounding_matches_half() {
         // Every 997th bit pattern, plus the edges (ties, overflow to inf, NaNs, zeros).
         let edges = [0u32, 0x8000_0000, 0x3f80_8000, 0x3f81_8000, 0x3f80_8001, 0x7f7f_ffff, 0xff7f_ffff, 0x7f80_0000, 0x7f80_0001, 0xffc0_0000, 0x0000_0001, 0x0080_8000];
