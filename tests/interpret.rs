@@ -75,6 +75,12 @@ fn shapes(kernel: &str) -> Option<Vec<Vec<(&'static str, &'static str)>>> {
             vec![("rows", "64"), ("hidden", "512"), ("n", "512"), ("block_rows", "16"), ("block_n", "128"), ("wdtype", "i4"), ("group", "128")],
             vec![("rows", "32"), ("hidden", "1024"), ("n", "768"), ("block_rows", "32"), ("block_n", "256"), ("wdtype", "f8e4m3fn"), ("group", "128")],
         ],
+        // int4 experts (the defaults, 8 experts), fp8, int8 per channel (gate/up group = hidden).
+        "expert_ffn_quantized" => vec![
+            vec![("experts", "8")],
+            vec![("tokens", "3"), ("hidden", "512"), ("experts", "4"), ("top_k", "2"), ("ffn", "512"), ("block_ffn", "128"), ("wdtype", "f8e4m3fn")],
+            vec![("tokens", "16"), ("hidden", "256"), ("experts", "16"), ("top_k", "1"), ("ffn", "384"), ("block_ffn", "128"), ("wdtype", "i8"), ("group", "256"), ("down_group", "128")],
+        ],
         "residual_add" | "residual_add_inplace" => vec![
             vec![],
             vec![("rows", "64"), ("hidden", "256"), ("block_rows", "16")],

@@ -18,7 +18,7 @@
 //! `gemv` there. The scale multiplies each group's f32 partial product (a K-blocked loop for
 //! groups narrower than the block), so a group's scale never touches the codes.
 
-use crate::body::{GroupScales, WeightLayout, project_quantized, rms_norm};
+use crate::body::{GroupScales, QuantizedBlock, RowSelect, WeightLayout, project_quantized, rms_norm, routed, swiglu_chunk};
 use palladium_dsl::prelude::*;
 
 /// Rows of a `[block_k, ..]` weight block's scales block: `block_k / group`, or one when the
@@ -127,4 +127,71 @@ pub fn rmsnorm_matmul_quantized(
         normed[..] = rms_norm(x[..], Some(norm_w[..]), hidden as u64, eps);
     }
     o[..] = project_quantized(normed[..], w[..], GroupScales { values: scales[..], group: group as u64 }, WeightLayout::InOut).cast(bf16);
+}
+
+/// `expert_ffn` with quantized experts (the int4 experts: `wdtype=i4`, groups of 128
+/// inputs): for every token `t` and routed slot `j`,
+/// `o[t] += weights[t, j] * swiglu(x[t] @ gate[e], x[t] @ up[e]) @ down[e]`, `e = ids[t * top_k + j]`,
+/// on the dequantized weights. Unlike `expert_ffn`'s manual DMA ring, the chunks come through
+/// the Pallas pipeline (`grid = (tokens * top_k, ffn / block_ffn)`, blocks indexed by the
+/// scalar-prefetched id: the `BlockSpec` form `expert_ffn`'s docs describe), the scales as
+/// blocks beside their codes:
+/// - `gate`/`up` `[experts, hidden, ffn]` codes, scales `f32[experts, hidden / group, ffn]`;
+/// - `down` `[experts, ffn, hidden]` codes, scales chunk-major
+///   `f32[experts, ffn / block_ffn, block_ffn / down_group, hidden]` (each chunk's scale rows
+///   a whole block: the TPU block rule refuses 2-row slices of a `[ffn / 128, hidden]` grid).
+///   Per-channel scales are `down_group = block_ffn` with the channel's scale in every chunk.
+///
+/// The chunk is computed for all tokens (rows padded to 16, as `expert_ffn`) and kept on
+/// row `t` only, times its routing weight; the f32 accumulator is written once as bf16.
+#[kernel(
+    grid = (tokens * top_k, ffn / block_ffn),
+    semantics = (arbitrary, arbitrary),
+    requires = [top_k <= experts, ffn % block_ffn == 0, wdtype == i8 || wdtype == int4 || wdtype == float8_e4m3, group > 0, hidden % group == 0, down_group > 0, block_ffn % down_group == 0]
+)]
+pub fn expert_ffn_quantized(
+    #[default(8)] tokens: usize,
+    #[default(2048)] hidden: usize,
+    #[default(128)] experts: usize,
+    #[default(8)] top_k: usize,
+    #[default(768)] ffn: usize,
+    #[default(256)] block_ffn: usize,
+    #[default(int4)] wdtype: DType,
+    #[default(128)] group: usize,
+    #[default(128)] down_group: usize,
+    #[prefetch(i32[tokens * top_k])] ids: Ref,
+    #[input(f32[tokens, top_k], space = smem, block = [tokens, top_k], map = |_p, _c, _ids| (0, 0))] weights: Ref,
+    #[input(bf16[tokens, hidden], block = [tokens, hidden], map = |_p, _c, _ids| (0, 0))] x: Ref,
+    #[input(wdtype[experts, hidden, ffn], block = [None, hidden, block_ffn], map = |p, c, ids| (ids[p], 0, c))] w_gate: Ref,
+    #[input(wdtype[experts, hidden, ffn], block = [None, hidden, block_ffn], map = |p, c, ids| (ids[p], 0, c))] w_up: Ref,
+    #[input(wdtype[experts, ffn, hidden], block = [None, block_ffn, hidden], map = |p, c, ids| (ids[p], c, 0))] w_down: Ref,
+    #[input(f32[experts, hidden / group, ffn], block = [None, hidden / group, block_ffn], map = |p, c, ids| (ids[p], 0, c))] s_gate: Ref,
+    #[input(f32[experts, hidden / group, ffn], block = [None, hidden / group, block_ffn], map = |p, c, ids| (ids[p], 0, c))] s_up: Ref,
+    #[input(f32[experts, ffn / block_ffn, block_ffn / down_group, hidden], block = [None, None, block_ffn / down_group, hidden], map = |p, c, ids| (ids[p], c, 0, 0))] s_down: Ref,
+    #[output(bf16[tokens, hidden], block = [tokens, hidden], map = |_p, _c, _ids| (0, 0))] o: Ref,
+    #[scratch(vmem, f32[tokens.div_ceil(16) * 16, hidden])] x_pad: Ref,
+    #[scratch(vmem, f32[tokens.div_ceil(16) * 16, hidden])] acc: Ref,
+) {
+    let rows = tokens.div_ceil(16) * 16;
+    let (pair, chunk) = (program_id(0), program_id(1));
+    if pair == 0 {
+        if chunk == 0 {
+            acc[..] = 0.0;
+            x_pad[..] = 0.0;
+            x_pad[0..tokens] = x[..].cast(f32);
+        }
+    }
+    // The blocks keep the expert dim (and `s_down`'s chunk dim) as extent 1.
+    let block = |codes: Val, scales: Val, group: usize| QuantizedBlock { codes, scales: GroupScales { values: scales, group: group as u64 } };
+    let gate = block(w_gate[(0, .., ..)], s_gate[(0, .., ..)], group);
+    let up = block(w_up[(0, .., ..)], s_up[(0, .., ..)], group);
+    let down = block(w_down[(0, .., ..)], s_down[(0, 0, .., ..)], down_group);
+    let chunk_out = swiglu_chunk(x_pad[..].cast(bf16), gate, up, down, WeightLayout::InOut);
+    let t = pair / top_k as i32;
+    acc[..] += routed(chunk_out, RowSelect::new(rows as u64, 1), t, weights[(t, pair - t * top_k as i32)]);
+    if pair == num_programs(0) - 1 {
+        if chunk == num_programs(1) - 1 {
+            o[..] = acc[0..tokens].cast(bf16);
+        }
+    }
 }

@@ -61,3 +61,30 @@ pub fn project_quantized(x: Val, codes: Val, scales: GroupScales, layout: Weight
         .reduce(|sum, part| sum + part)
         .expect("a weight block has at least one group of inputs")
 }
+
+/// A weight block as a projection's operand: bf16 values ([`project`]) or 8/4-bit codes with
+/// their scales ([`QuantizedBlock`], [`project_quantized`]). Bodies that take weight blocks
+/// (`swiglu_chunk`) are generic over it, so one body serves both.
+pub trait WeightBlock: Copy {
+    /// `x @ self` (or `x @ self.T`) in f32.
+    fn project_from(self, x: Val, layout: WeightLayout) -> Val;
+}
+
+impl WeightBlock for Val {
+    fn project_from(self, x: Val, layout: WeightLayout) -> Val {
+        project(x, self, layout)
+    }
+}
+
+/// A quantized weight block: its codes (i8, i4 or f8e4m3fn) and [`GroupScales`].
+#[derive(Clone, Copy, Debug)]
+pub struct QuantizedBlock {
+    pub codes: Val,
+    pub scales: GroupScales,
+}
+
+impl WeightBlock for QuantizedBlock {
+    fn project_from(self, x: Val, layout: WeightLayout) -> Val {
+        project_quantized(x, self.codes, self.scales, layout)
+    }
+}

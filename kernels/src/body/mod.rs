@@ -30,7 +30,7 @@ pub mod rows;
 pub use attention::{KvMask, OnlineSoftmax};
 pub use embed::embedding_row;
 pub use ffn::{ExpertItem, routed, swiglu, swiglu_chunk};
-pub use gemv::{GroupScales, WeightLayout, project, project_quantized};
+pub use gemv::{GroupScales, QuantizedBlock, WeightBlock, WeightLayout, project, project_quantized};
 pub use kv::NewRow;
 pub use norm::{residual_add, rms_norm, rms_unit};
 pub use rope::{rope_apply, rope_rotation, rope_tables};
