@@ -342,8 +342,8 @@ fn quantized_weight(rng: &mut Rng, wdtype: palladium_dsl::DType, k: usize, n: us
         DType::I8 => (HostArray::from_i32_values(DType::I8, &[k, n], &(0..k * n).map(|_| rng.range(-127, 127) as i32).collect::<Vec<_>>()), 127.0),
         DType::I4 => (HostArray::from_i32_values(DType::I4, &[k, n], &(0..k * n).map(|_| rng.range(-8, 7) as i32).collect::<Vec<_>>()), 8.0),
         _ => {
-            // 0x7F and 0xFF are e4m3fn's NaNs.
-            let bytes = (0..k * n).map(|_| [rng.range(0, 0x7E), rng.range(0x80, 0xFE)][rng.range(0, 1) as usize] as u8).collect();
+            // The 254 finite bytes: 0x7F and 0xFF are e4m3fn's NaNs.
+            let bytes = (0..k * n).map(|_| rng.range(0, 0xFD) as u8).map(|b| if b >= 0x7F { b + 1 } else { b }).collect();
             (HostArray::new(DType::F8E4M3, &[k, n], bytes), 448.0)
         }
     };
