@@ -436,7 +436,7 @@ pub mod expert_ffn_quantized {
     }
 
     /// `expert_ffn`'s reference on the dequantized weights of the routed experts only (the
-    /// ids renumbered over them: the defaults' 128 experts would be GiBs of f32).
+    /// ids renumbered over them: the defaults' 128 experts would be several GiB of f32).
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let (h, f, bf) = (p.hidden, p.ffn, p.block_ffn);
         let ids = x[0].to_i32();

@@ -31,7 +31,9 @@ pub fn extra_kernels() -> Vec<(String, Kernel)> {
         .iter()
         .map(|(name, build)| (name.to_string(), build().unwrap_or_else(|e| panic!("coverage kernel {name}: {e}"))))
         .collect();
-    let settings: [(&str, &str, &[(&str, &str)]); 5] = [
+    /// A label, the library kernel and its `--set` settings.
+    type Variant = (&'static str, &'static str, &'static [(&'static str, &'static str)]);
+    let settings: [Variant; 5] = [
         ("matmul_f32_out", "matmul", &[("out_dtype", "f32")]),
         // The other weight formats (the quantized kernels default to int8 per channel).
         ("gemv_quantized_int4", "gemv_quantized", &[("wdtype", "i4"), ("group", "128")]),
