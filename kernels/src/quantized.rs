@@ -42,7 +42,7 @@ pub fn scale_span(block_k: usize, group: usize) -> usize {
     grid = (n / block_n, k / block_k),
     semantics = (parallel, arbitrary),
     vmem_limit = crate::decode::vmem_limit_bytes(batch, block_k, block_n),
-    requires = [wdtype == i8 || wdtype == int4 || wdtype == float8_e4m3, group > 0, k % group == 0, block_k % group == 0 || group % block_k == 0]
+    requires = [wdtype == i8 || wdtype == int4 || wdtype == float8_e4m3, k % group == 0, block_k % group == 0 || group % block_k == 0]
 )]
 pub fn gemv_quantized(
     #[default(8)] batch: usize,
@@ -74,7 +74,7 @@ pub fn gemv_quantized(
 #[kernel(
     grid = (m / bm, n / bn, k / bk),
     semantics = (parallel, parallel, arbitrary),
-    requires = [wdtype == i8 || wdtype == int4 || wdtype == float8_e4m3, group > 0, k % group == 0, bk % group == 0 || group % bk == 0]
+    requires = [wdtype == i8 || wdtype == int4 || wdtype == float8_e4m3, k % group == 0, bk % group == 0 || group % bk == 0]
 )]
 pub fn matmul_quantized(
     #[default(1024)] m: usize,
@@ -105,7 +105,7 @@ pub fn matmul_quantized(
 #[kernel(
     grid = (rows / block_rows, n / block_n),
     semantics = (parallel, arbitrary),
-    requires = [eps >= 0.0, wdtype == i8 || wdtype == int4 || wdtype == float8_e4m3, group > 0, hidden % group == 0]
+    requires = [eps >= 0.0, wdtype == i8 || wdtype == int4 || wdtype == float8_e4m3, hidden % group == 0]
 )]
 pub fn rmsnorm_matmul_quantized(
     #[default(256)] rows: usize,
@@ -147,7 +147,7 @@ pub fn rmsnorm_matmul_quantized(
 #[kernel(
     grid = (tokens * top_k, ffn / block_ffn),
     semantics = (arbitrary, arbitrary),
-    requires = [top_k <= experts, ffn % block_ffn == 0, wdtype == i8 || wdtype == int4 || wdtype == float8_e4m3, group > 0, hidden % group == 0, down_group > 0, block_ffn % down_group == 0]
+    requires = [top_k <= experts, ffn % block_ffn == 0, wdtype == i8 || wdtype == int4 || wdtype == float8_e4m3, hidden % group == 0, block_ffn % down_group == 0]
 )]
 pub fn expert_ffn_quantized(
     #[default(8)] tokens: usize,
