@@ -178,6 +178,8 @@ fn bad_kernel_parameters_are_refused_naming_the_parameter_and_the_rule() {
     refused(&["ir", "rmsnorm", "--set", "eps=nan"], "parameter eps = NaN: must be finite");
     refused(&["ir", "rmsnorm", "--set", "eps=-1"], "requires eps >= 0.0, but eps = -1");
     refused(&["ir", "matmul", "--set", "out_dtype=i4"], "requires out_dtype == bf16 || out_dtype == f32, but out_dtype = i4");
+    refused(&["ir", "gemv_quantized", "--set", "wdtype=bf16"], "requires wdtype == i8 || wdtype == int4 || wdtype == float8_e4m3, but wdtype = bf16");
+    refused(&["ir", "gemv_quantized", "--set", "group=100"], "group = 100 does not divide k = 4096");
 }
 
 #[test]

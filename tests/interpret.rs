@@ -66,6 +66,29 @@ fn shapes(kernel: &str) -> Option<Vec<Vec<(&'static str, &'static str)>>> {
             vec![("batch", "1"), ("k", "1024"), ("n", "2048"), ("block_n", "512"), ("block_k", "256")],
             vec![("batch", "16"), ("k", "512"), ("n", "1536"), ("block_n", "768"), ("block_k", "512")],
         ],
+        // int8 per channel (the defaults), int4 groups of 128 with a k split, fp8 128-groups.
+        "gemv_quantized" => vec![
+            vec![],
+            vec![("batch", "1"), ("k", "2048"), ("n", "1024"), ("block_n", "512"), ("block_k", "1024"), ("wdtype", "i4"), ("group", "128")],
+            vec![("batch", "16"), ("k", "512"), ("n", "1536"), ("block_n", "768"), ("block_k", "512"), ("wdtype", "f8e4m3fn"), ("group", "128")],
+        ],
+        // int8 per channel across k steps (the group spans them), int4 and fp8 128-groups.
+        "matmul_quantized" => vec![
+            vec![("m", "256"), ("k", "1024"), ("n", "256"), ("bk", "256"), ("group", "1024")],
+            vec![("m", "64"), ("k", "2048"), ("n", "256"), ("bm", "32"), ("bk", "1024"), ("bn", "128"), ("wdtype", "i4"), ("group", "128")],
+            vec![("m", "32"), ("k", "384"), ("n", "384"), ("bm", "32"), ("bk", "384"), ("bn", "128"), ("wdtype", "f8e4m3fn"), ("group", "128")],
+        ],
+        "rmsnorm_matmul_quantized" => vec![
+            vec![],
+            vec![("rows", "64"), ("hidden", "512"), ("n", "512"), ("block_rows", "16"), ("block_n", "128"), ("wdtype", "i4"), ("group", "128")],
+            vec![("rows", "32"), ("hidden", "1024"), ("n", "768"), ("block_rows", "32"), ("block_n", "256"), ("wdtype", "f8e4m3fn"), ("group", "128")],
+        ],
+        // int4 experts (the defaults, 8 experts), fp8, int8 per channel (gate/up group = hidden).
+        "expert_ffn_quantized" => vec![
+            vec![("experts", "8")],
+            vec![("tokens", "3"), ("hidden", "512"), ("experts", "4"), ("top_k", "2"), ("ffn", "512"), ("block_ffn", "128"), ("wdtype", "f8e4m3fn")],
+            vec![("tokens", "16"), ("hidden", "256"), ("experts", "16"), ("top_k", "1"), ("ffn", "384"), ("block_ffn", "128"), ("wdtype", "i8"), ("group", "256"), ("down_group", "128")],
+        ],
         "residual_add" | "residual_add_inplace" => vec![
             vec![],
             vec![("rows", "64"), ("hidden", "256"), ("block_rows", "16")],

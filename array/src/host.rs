@@ -4,6 +4,7 @@
 
 use crate::DType;
 use crate::bf16::{bf16_to_f32, f32_to_bf16};
+use crate::quant::e4m3fn_to_f32;
 use half::{bf16, f16};
 
 /// A dense row-major array on the host: element type, shape and little-endian bytes, one
@@ -80,6 +81,8 @@ impl HostArray {
             DType::I32 => Ok(Self::from_i32(shape, data)),
             DType::I16 => Ok(Self::of(DType::I16, shape, &data.iter().map(|&x| x as i16).collect::<Vec<_>>())),
             DType::I8 => Ok(Self::of(DType::I8, shape, &data.iter().map(|&x| x as i8).collect::<Vec<_>>())),
+            // One element a byte, its low nibble (numpy's layout of `int4`).
+            DType::I4 => Ok(Self::of(DType::I4, shape, &data.iter().map(|&x| x as u8 & 0xF).collect::<Vec<_>>())),
             DType::Bool => Ok(Self::of(DType::Bool, shape, &data.iter().map(|&x| u8::from(x != 0)).collect::<Vec<_>>())),
             d => Err(format!("cannot make a {d} array from integer values")),
         }
@@ -115,8 +118,8 @@ impl HostArray {
             DType::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
             DType::Bf16 => b.chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
             DType::F16 => b.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
-            DType::F8E4M3 => b.iter().map(|&x| f8_to_f32(x, 3, 7)).collect(),
-            DType::F8E5M2 => b.iter().map(|&x| f8_to_f32(x, 2, 15)).collect(),
+            DType::F8E4M3 => b.iter().map(|&x| e4m3fn_to_f32(x)).collect(),
+            DType::F8E5M2 => b.iter().map(|&x| e5m2_to_f32(x)).collect(),
             DType::I32 | DType::I16 | DType::I8 | DType::I4 | DType::Bool => self.to_i32().into_iter().map(|x| x as f32).collect(),
         }
     }
@@ -144,25 +147,18 @@ impl HostArray {
     }
 }
 
-/// An 8-bit float with `mantissa` bits and exponent `bias`: e5m2 is IEEE-like (infinities,
-/// NaNs at the top exponent); e4m3fn has no infinities and one NaN per sign (all ones).
-fn f8_to_f32(x: u8, mantissa: u32, bias: i32) -> f32 {
+/// An `f8E5M2` byte's value: IEEE-like (1 sign, 5 exponent bits with bias 15, 2 mantissa
+/// bits; infinities and NaNs at the top exponent). e4m3fn is [`e4m3fn_to_f32`], the quantized
+/// weights' conversion.
+fn e5m2_to_f32(x: u8) -> f32 {
     let sign = if x & 0x80 != 0 { -1.0 } else { 1.0 };
-    let top = (1i32 << (7 - mantissa)) - 1;
-    let e = i32::from(x & 0x7f) >> mantissa;
-    let m = f32::from(x & ((1u8 << mantissa) - 1));
-    let scale = f32::from(1u8 << mantissa);
-    match (mantissa, e) {
-        (2, e) if e == top => {
-            if m == 0.0 {
-                sign * f32::INFINITY
-            } else {
-                f32::NAN
-            }
-        }
-        (3, e) if e == top && m == 7.0 => f32::NAN,
-        (_, 0) => sign * m / scale * 2f32.powi(1 - bias),
-        _ => sign * (1.0 + m / scale) * 2f32.powi(e - bias),
+    let e = i32::from(x & 0x7f) >> 2;
+    let m = f32::from(x & 3);
+    match e {
+        31 if m == 0.0 => sign * f32::INFINITY,
+        31 => f32::NAN,
+        0 => sign * m / 4.0 * 2f32.powi(-14),
+        _ => sign * (1.0 + m / 4.0) * 2f32.powi(e - 15),
     }
 }
 

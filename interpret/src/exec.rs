@@ -638,7 +638,17 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
             None => bail!(Malformed, "output_dim_order names operand {opnd} dim {dim}, which is contracted"),
         }
     }
-    let prod_data = match (&*lt.data, &*rt.data) {
+    // A bf16 lhs against quantized integer weights (`bf16 x i8/i4`): the weights enter the
+    // MXU as their exact values, so the product is the float one on the widened weights.
+    let widened;
+    let rt_data = match (&*lt.data, &*rt.data) {
+        (Data::F(_), Data::I(b)) => {
+            widened = Data::F(b.iter().map(|&x| x as f32).collect());
+            &widened
+        }
+        _ => &*rt.data,
+    };
+    let prod_data = match (&*lt.data, rt_data) {
         (Data::F(a), Data::F(b)) => {
             let round = precision == Precision::Bf16 || (precision == Precision::Default && (lhs.dt == DType::F32 || rhs.dt == DType::F32));
             let (a2, b2);
@@ -649,8 +659,8 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
                 (&a[..], &b[..])
             };
             // Products of bf16/f16 values are exact in f32 (8 + 8 or up to 11 + 11 significand
-            // bits, at most 24).
-            let short = |dt: DType| round || matches!(dt, DType::Bf16 | DType::F16);
+            // bits, at most 24), and so are bf16 ones with i8, i4 or f8e4m3fn weights.
+            let short = |dt: DType| round || matches!(dt, DType::Bf16 | DType::F16 | DType::I8 | DType::I4 | DType::F8E4M3FN);
             let products = if short(lhs.dt) && short(rhs.dt) { Products::Exact } else { Products::Rounded };
             let mut c = vec![0f32; nb * m * n];
             for bi in 0..nb {

@@ -4,6 +4,7 @@
 use crate::error::{Result, bail};
 use crate::value::{DType, Data};
 use half::f16;
+use palladium_array::quant::{e4m3fn_to_f32, f32_to_e4m3fn};
 use palladium_array::{DType as Element, HostArray, f32_to_bf16};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
@@ -14,7 +15,7 @@ const WIDEN_CHUNK: usize = 1 << 16;
 /// `floats` or `ints` with `f` bound to the conversion of one little-endian element of
 /// `dtype` to storage and `size` to its bytes (a closure and a constant per type, so the
 /// loops using them inline and vectorize), or `neither` for the types the interpreter does
-/// not run (8-bit floats, int4: refused before, as `interpreter_dtype` has none for them).
+/// not run (e5m2: refused before, as `interpreter_dtype` has none for it).
 macro_rules! with_widen {
     ($dtype:expr, |$f:ident, $size:ident| floats => $floats:expr, ints => $ints:expr, neither => $neither:expr) => {
         match $dtype {
@@ -48,6 +49,16 @@ macro_rules! with_widen {
                 let $f = |c: &[u8]| i32::from(c[0] as i8);
                 $ints
             }
+            Element::I4 => {
+                const $size: usize = 1;
+                let $f = |c: &[u8]| i32::from(((c[0] as i8) << 4) >> 4);
+                $ints
+            }
+            Element::F8E4M3 => {
+                const $size: usize = 1;
+                let $f = |c: &[u8]| e4m3fn_to_f32(c[0]);
+                $floats
+            }
             Element::Bool => {
                 const $size: usize = 1;
                 let $f = |c: &[u8]| i32::from(c[0] != 0);
@@ -58,8 +69,8 @@ macro_rules! with_widen {
     };
 }
 
-/// The interpreter's element type for a host array's (`None` for the ones it does not run:
-/// 8-bit floats, int4).
+/// The interpreter's element type for a host array's (`None` for the one it does not run:
+/// `f8E5M2`).
 pub(crate) fn interpreter_dtype(d: Element) -> Option<DType> {
     Some(match d {
         Element::Bf16 => DType::Bf16,
@@ -68,8 +79,10 @@ pub(crate) fn interpreter_dtype(d: Element) -> Option<DType> {
         Element::I32 => DType::I32,
         Element::I16 => DType::I16,
         Element::I8 => DType::I8,
+        Element::I4 => DType::I4,
+        Element::F8E4M3 => DType::F8E4M3FN,
         Element::Bool => DType::Bool,
-        Element::F8E4M3 | Element::F8E5M2 | Element::I4 => return None,
+        Element::F8E5M2 => return None,
     })
 }
 
@@ -116,6 +129,9 @@ pub(crate) fn from_data(dtype: DType, shape: &[usize], d: &Data) -> Result<HostA
         (DType::I32, Data::I(v)) => (Element::I32, bytemuck::cast_slice(v).to_vec()),
         (DType::I16, Data::I(v)) => (Element::I16, bytemuck::cast_slice(&v.iter().map(|&x| x as i16).collect::<Vec<_>>()).to_vec()),
         (DType::I8, Data::I(v)) => (Element::I8, v.iter().map(|&x| x as i8 as u8).collect()),
+        // One element a byte (numpy's layout of `int4`): the low nibble, sign-extended.
+        (DType::I4, Data::I(v)) => (Element::I4, v.iter().map(|&x| x as i8 as u8 & 0xF).collect()),
+        (DType::F8E4M3FN, Data::F(v)) => (Element::F8E4M3, v.iter().map(|&x| f32_to_e4m3fn(x)).collect()),
         (DType::Bool, Data::I(v)) => (Element::Bool, v.iter().map(|&x| u8::from(x != 0)).collect()),
         (d, _) => bail!(Unsupported, "cannot return an array of {d}"),
     };

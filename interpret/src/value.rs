@@ -6,6 +6,7 @@
 use crate::error::{ErrorKind, InterpError, Result, bail};
 use crate::parse::{FloatKind, Type};
 use half::{bf16, f16};
+use palladium_array::quant::{e4m3fn_to_f32, f32_to_e4m3fn};
 use rayon::prelude::*;
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -16,11 +17,15 @@ pub(crate) use crate::view::Shape;
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     Bool,
+    /// Signed 4-bit integers (quantized weights), held sign-extended like every integer.
+    I4,
     I8,
     I16,
     I32,
     I64,
     Index,
+    /// `float8_e4m3fn` (quantized weights), held as its exact f32 value.
+    F8E4M3FN,
     F16,
     Bf16,
     F32,
@@ -33,11 +38,13 @@ impl DType {
     pub fn from_type(t: &Type) -> Option<DType> {
         Some(match t {
             Type::Int(1) => DType::Bool,
+            Type::Int(4) => DType::I4,
             Type::Int(8) => DType::I8,
             Type::Int(16) => DType::I16,
             Type::Int(32) => DType::I32,
             Type::Int(64) => DType::I64,
             Type::Index => DType::Index,
+            Type::Float(FloatKind::F8E4M3FN) => DType::F8E4M3FN,
             Type::Float(FloatKind::F16) => DType::F16,
             Type::Float(FloatKind::Bf16) => DType::Bf16,
             Type::Float(FloatKind::F32) => DType::F32,
@@ -49,7 +56,7 @@ impl DType {
     }
 
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F16 | DType::Bf16 | DType::F32 | DType::F64)
+        matches!(self, DType::F8E4M3FN | DType::F16 | DType::Bf16 | DType::F32 | DType::F64)
     }
 
     pub fn is_sem(self) -> bool {
@@ -60,7 +67,8 @@ impl DType {
     pub fn bits(self) -> u32 {
         match self {
             DType::Bool => 1,
-            DType::I8 => 8,
+            DType::I4 => 4,
+            DType::I8 | DType::F8E4M3FN => 8,
             DType::I16 | DType::F16 | DType::Bf16 => 16,
             DType::I32 | DType::F32 | DType::DmaSem | DType::Sem => 32,
             DType::I64 | DType::Index | DType::F64 => 64,
@@ -75,7 +83,9 @@ impl DType {
     pub fn name(self) -> &'static str {
         match self {
             DType::Bool => "i1",
+            DType::I4 => "i4",
             DType::I8 => "i8",
+            DType::F8E4M3FN => "f8E4M3FN",
             DType::I16 => "i16",
             DType::I32 => "i32",
             DType::I64 => "i64",
@@ -96,11 +106,13 @@ impl std::fmt::Display for DType {
     }
 }
 
-/// Round an f32 to the precision of `dt` (bf16/f16: round to nearest even).
+/// Round an f32 to the precision of `dt` (bf16/f16/f8e4m3fn: round to nearest even; e4m3fn
+/// as `ml_dtypes` converts, NaN past its largest value).
 #[inline]
 pub(crate) fn round_f(dt: DType, x: f32) -> f32 {
     match dt {
         DType::Bf16 => round_bf16(x),
+        DType::F8E4M3FN => round_e4m3fn(x),
         DType::F16 => f16::from_f32(x).to_f32(),
         _ => x,
     }
@@ -108,11 +120,17 @@ pub(crate) fn round_f(dt: DType, x: f32) -> f32 {
 
 pub(crate) use palladium_array::round_bf16;
 
+/// `x` rounded to `float8_e4m3fn` (the one conversion, `palladium_array::quant`).
+fn round_e4m3fn(x: f32) -> f32 {
+    e4m3fn_to_f32(f32_to_e4m3fn(x))
+}
+
 /// [`round_f`] over a whole slice (one dispatch on `dt`, a vectorizable loop).
 pub(crate) fn round_slice(dt: DType, xs: &mut [f32]) {
     match dt {
         DType::Bf16 => xs.iter_mut().for_each(|x| *x = round_bf16(*x)),
         DType::F16 => xs.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32()),
+        DType::F8E4M3FN => xs.iter_mut().for_each(|x| *x = round_e4m3fn(*x)),
         _ => {}
     }
 }
@@ -122,6 +140,7 @@ pub(crate) fn round_slice(dt: DType, xs: &mut [f32]) {
 pub(crate) fn wrap_i(dt: DType, x: i64) -> i64 {
     match dt {
         DType::Bool => x & 1,
+        DType::I4 => i64::from(((x as i8) << 4) >> 4),
         DType::I8 => i64::from(x as i8),
         DType::I16 => i64::from(x as i16),
         DType::I32 | DType::DmaSem | DType::Sem => i64::from(x as i32),
@@ -877,6 +896,26 @@ pub(crate) fn need_float(dt: DType) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantized_element_types_convert_as_ml_dtypes() {
+        let tile = |dt: DType, data: Data| Val::Tile(Tile::new(dt, [data.len()].into_iter().collect(), data));
+        let floats = |v: &Val| match &*v.tile().unwrap().data {
+            Data::F(x) => x.clone(),
+            Data::I(_) => panic!("a float tile"),
+        };
+        // i4: held sign-extended; sitofp gives the value, trunci wraps to 4 bits.
+        let int4 = tile(DType::I4, Data::I(vec![-8, -1, 0, 7]));
+        assert_eq!(floats(&cast(Cast::SiToFp, DType::I4, DType::Bf16, &int4).unwrap()), vec![-8.0, -1.0, 0.0, 7.0]);
+        let wide = tile(DType::I32, Data::I(vec![8, 15, -9, 23]));
+        assert_eq!(cast(Cast::TruncI, DType::I32, DType::I4, &wide).unwrap().tile().unwrap().i(), &[-8, -1, 7, 7]);
+        // f8e4m3fn: truncf rounds to nearest even (17 ties to 16), past 464 is NaN; extf exact.
+        let x = tile(DType::F32, Data::F(vec![17.0, 448.0, 465.0, 2f32.powi(-9)]));
+        let f8 = cast(Cast::TruncF, DType::F32, DType::F8E4M3FN, &x).unwrap();
+        let back = floats(&cast(Cast::ExtF, DType::F8E4M3FN, DType::F32, &f8).unwrap());
+        assert_eq!((back[0], back[1], back[3]), (16.0, 448.0, 2f32.powi(-9)));
+        assert!(back[2].is_nan());
+    }
 
     #[test]
     fn branch_free_bf16_rounding_matches_half() {

@@ -181,6 +181,26 @@ pub mod moe_router {
     }
 }
 
+/// The expert kernels' routing and activations: per token `top_k` distinct expert ids (a
+/// prefix of a random permutation of the experts; flattened `[tokens * top_k]`), positive
+/// weights summing to 1 (`[tokens, top_k]`), and bf16 activations `[tokens, hidden]`.
+fn routed_tokens(rng: &mut Rng, tokens: usize, hidden: usize, experts: usize, top_k: usize) -> [HostArray; 3] {
+    assert!(top_k <= experts, "expert cases: top_k {top_k} > experts {experts}");
+    let mut ids = Vec::with_capacity(tokens * top_k);
+    let mut weights = Vec::with_capacity(tokens * top_k);
+    for _ in 0..tokens {
+        ids.extend_from_slice(&rng.permutation(experts)[..top_k]);
+        let w: Vec<f32> = (0..top_k).map(|_| rng.unit().abs()).collect();
+        let total: f32 = w.iter().sum();
+        weights.extend(w.into_iter().map(|v| v / total));
+    }
+    [
+        HostArray::from_i32(&[tokens * top_k], &ids),
+        HostArray::from_f32(&[tokens, top_k], &weights),
+        HostArray::bf16_from_f32(&[tokens, hidden], &rng.bf16s(tokens * hidden)),
+    ]
+}
+
 pub mod expert_ffn {
     use super::*;
     use crate::expert_ffn::Params;
@@ -190,21 +210,13 @@ pub mod expert_ffn {
     /// permutation of the experts) and positive weights summing to 1. Weights scaled by
     /// `1 / sqrt(fan_in)` (`hidden` for gate/up, `ffn` for down) so activations stay `O(1)`.
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
-        assert!(p.top_k <= p.experts, "expert_ffn cases: top_k {} > experts {}", p.top_k, p.experts);
         let mut rng = Rng::new(seed);
-        let mut ids = Vec::with_capacity(p.tokens * p.top_k);
-        let mut weights = Vec::with_capacity(p.tokens * p.top_k);
-        for _ in 0..p.tokens {
-            ids.extend_from_slice(&rng.permutation(p.experts)[..p.top_k]);
-            let w: Vec<f32> = (0..p.top_k).map(|_| rng.unit().abs()).collect();
-            let total: f32 = w.iter().sum();
-            weights.extend(w.into_iter().map(|v| v / total));
-        }
+        let [ids, weights, x] = routed_tokens(&mut rng, p.tokens, p.hidden, p.experts, p.top_k);
         let (e, h, f) = (p.experts, p.hidden, p.ffn);
         vec![
-            HostArray::from_i32(&[p.tokens * p.top_k], &ids),
-            HostArray::from_f32(&[p.tokens, p.top_k], &weights),
-            HostArray::bf16_from_f32(&[p.tokens, h], &rng.bf16s(p.tokens * h)),
+            ids,
+            weights,
+            x,
             HostArray::bf16_from_f32(&[e, h, f], &scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h))),
             HostArray::bf16_from_f32(&[e, h, f], &scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h))),
             HostArray::bf16_from_f32(&[e, f, h], &scaled_bf16s(&mut rng, e * f * h, fan_in_scale(f))),
@@ -336,5 +348,146 @@ pub mod rope {
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let o = r::rope(&x[0].to_f32(), &x[1].to_f32(), &x[2].to_f32(), p.tokens, p.heads, p.head_dim, p.interleaved);
         vec![HostArray::bf16_from_f32(&[p.tokens, p.heads * p.head_dim], &o)]
+    }
+}
+
+/// A quantized weight's operands for the `*_quantized` kernels: random `wdtype` codes
+/// `[k, n]` over the format's whole range (i8 `-127..=127`, i4 `-8..=7`, every finite
+/// f8e4m3fn byte) and positive f32 scales `[k / group, n]` that keep a product over `k`
+/// inputs at `O(1)`.
+fn quantized_weight(rng: &mut Rng, wdtype: palladium_dsl::DType, k: usize, n: usize, group: usize) -> [HostArray; 2] {
+    use palladium_dsl::DType;
+    let (codes, code_max) = match wdtype {
+        DType::I8 => (HostArray::from_i32_values(DType::I8, &[k, n], &(0..k * n).map(|_| rng.range(-127, 127) as i32).collect::<Vec<_>>()), 127.0),
+        DType::I4 => (HostArray::from_i32_values(DType::I4, &[k, n], &(0..k * n).map(|_| rng.range(-8, 7) as i32).collect::<Vec<_>>()), 8.0),
+        _ => {
+            // The 254 finite bytes: 0x7F and 0xFF are e4m3fn's NaNs.
+            let bytes = (0..k * n).map(|_| rng.range(0, 0xFD) as u8).map(|b| if b >= 0x7F { b + 1 } else { b }).collect();
+            (HostArray::new(DType::F8E4M3, &[k, n], bytes), 448.0)
+        }
+    };
+    let codes = codes.expect("codes of a quantized weight dtype");
+    let scales: Vec<f32> = (0..k / group * n).map(|_| (1.5 + rng.unit()) * fan_in_scale(k) / code_max).collect();
+    [codes, HostArray::from_f32(&[k / group, n], &scales)]
+}
+
+pub mod gemv_quantized {
+    use super::*;
+    use crate::gemv_quantized::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        let mut rng = Rng::new(seed);
+        let x = HostArray::bf16_from_f32(&[p.batch, p.k], &rng.bf16s(p.batch * p.k));
+        let [codes, scales] = quantized_weight(&mut rng, p.wdtype, p.k, p.n, p.group);
+        vec![x, codes, scales]
+    }
+
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        let w = r::dequantize(&x[1].to_f32(), &x[2].to_f32(), p.k, p.n, p.group);
+        vec![HostArray::from_f32(&[p.batch, p.n], &r::gemv(&x[0].to_f32(), &w, p.batch, p.k, p.n))]
+    }
+}
+
+pub mod matmul_quantized {
+    use super::*;
+    use crate::matmul_quantized::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        let mut rng = Rng::new(seed);
+        let x = HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k));
+        let [codes, scales] = quantized_weight(&mut rng, p.wdtype, p.k, p.n, p.group);
+        vec![x, codes, scales]
+    }
+
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        let w = r::dequantize(&x[1].to_f32(), &x[2].to_f32(), p.k, p.n, p.group);
+        vec![HostArray::bf16_from_f32(&[p.m, p.n], &r::matmul(&x[0].to_f32(), &w, p.m, p.k, p.n))]
+    }
+}
+
+pub mod rmsnorm_matmul_quantized {
+    use super::*;
+    use crate::rmsnorm_matmul_quantized::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        let mut rng = Rng::new(seed);
+        let x = HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(p.rows * p.hidden));
+        let norm_w = HostArray::bf16_from_f32(&[1, p.hidden], &rng.bf16s(p.hidden));
+        let [codes, scales] = quantized_weight(&mut rng, p.wdtype, p.hidden, p.n, p.group);
+        vec![x, norm_w, codes, scales]
+    }
+
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        let w = r::dequantize(&x[2].to_f32(), &x[3].to_f32(), p.hidden, p.n, p.group);
+        let o = r::rmsnorm_matmul(&x[0].to_f32(), &x[1].to_f32(), &w, p.rows, p.hidden, p.n, p.eps as f32);
+        vec![HostArray::bf16_from_f32(&[p.rows, p.n], &o)]
+    }
+}
+
+pub mod expert_ffn_quantized {
+    use super::*;
+    use crate::expert_ffn_quantized::Params;
+    use crate::moe_reference as moe;
+
+    /// `parts` (same dtype) one after the other as one array of `shape`.
+    fn stacked(parts: &[HostArray], shape: &[usize]) -> HostArray {
+        HostArray::new(parts[0].dtype, shape, parts.iter().flat_map(|a| a.bytes.iter().copied()).collect()).expect("the parts fill the shape")
+    }
+
+    /// `expert_ffn`'s routing and activations; per expert, gate/up codes `[hidden, ffn]` with
+    /// scales `[hidden / group, ffn]`, and down codes cut into `ffn / block_ffn` chunks
+    /// `[block_ffn, hidden]`, each with its own `[block_ffn / down_group, hidden]` scales.
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        let mut rng = Rng::new(seed);
+        let [ids, weights, x] = routed_tokens(&mut rng, p.tokens, p.hidden, p.experts, p.top_k);
+        let (e, h, f, bf) = (p.experts, p.hidden, p.ffn, p.block_ffn);
+        let mut projection = |k: usize, n: usize, group: usize, blocks: usize| -> [HostArray; 2] {
+            let parts: Vec<[HostArray; 2]> = (0..e * blocks).map(|_| quantized_weight(&mut rng, p.wdtype, k, n, group)).collect();
+            let codes: Vec<HostArray> = parts.iter().map(|[c, _]| c.clone()).collect();
+            let scales: Vec<HostArray> = parts.iter().map(|[_, s]| s.clone()).collect();
+            [stacked(&codes, &[e, k * blocks, n]), stacked(&scales, &[e, blocks, k / group, n])]
+        };
+        let [gate, s_gate] = projection(h, f, p.group, 1);
+        let [up, s_up] = projection(h, f, p.group, 1);
+        let [down, s_down] = projection(bf, h, p.down_group, f / bf);
+        let flat = |a: HostArray, shape: &[usize]| HostArray { shape: shape.to_vec(), ..a };
+        vec![ids, weights, x, gate, up, down, flat(s_gate, &[e, h / p.group, f]), flat(s_up, &[e, h / p.group, f]), s_down]
+    }
+
+    /// `expert_ffn`'s reference on the dequantized weights of the routed experts only (the
+    /// ids renumbered over them: the defaults' 128 experts would be several GiB of f32).
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        let (h, f, bf) = (p.hidden, p.ffn, p.block_ffn);
+        let ids = x[0].to_i32();
+        let mut used: Vec<i32> = Vec::new();
+        let local: Vec<i32> = ids
+            .iter()
+            .map(|&e| match used.iter().position(|&u| u == e) {
+                Some(i) => i as i32,
+                None => {
+                    used.push(e);
+                    used.len() as i32 - 1
+                }
+            })
+            .collect();
+        // An expert's projection is `blocks` standalone quantized `[k, n]` matrices (one code
+        // byte per element) with `[k / group, n]` scales each.
+        let dequantized = |codes: &HostArray, scales: &HostArray, k: usize, n: usize, group: usize| -> Vec<f32> {
+            let blocks = codes.len() / (k * n * p.experts);
+            let per_block = (k * n, k / group * n);
+            used.iter()
+                .flat_map(|&e| (0..blocks).map(move |b| e as usize * blocks + b))
+                .flat_map(|b| {
+                    let codes = HostArray::new(codes.dtype, &[k, n], codes.bytes[b * per_block.0..(b + 1) * per_block.0].to_vec()).expect("one byte per code");
+                    let scales = HostArray::new(scales.dtype, &[k / group, n], scales.bytes[4 * b * per_block.1..4 * (b + 1) * per_block.1].to_vec()).expect("f32 scales");
+                    r::dequantize(&codes.to_f32(), &scales.to_f32(), k, n, group)
+                })
+                .collect()
+        };
+        let gate = dequantized(&x[3], &x[6], h, f, p.group);
+        let up = dequantized(&x[4], &x[7], h, f, p.group);
+        let down = dequantized(&x[5], &x[8], bf, h, p.down_group);
+        let o = moe::expert_ffn(&x[2].to_f32(), &local, &x[1].to_f32(), &gate, &up, &down, p.tokens, h, p.top_k, f);
+        vec![HostArray::bf16_from_f32(&[p.tokens, h], &o)]
     }
 }

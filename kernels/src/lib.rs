@@ -23,6 +23,7 @@ mod linalg;
 pub mod moe_reference;
 mod norm;
 mod norm_matmul;
+mod quantized;
 pub mod reference;
 mod residual;
 mod rotary;
@@ -41,6 +42,7 @@ pub use kv_cache::kv_cache_update;
 pub use linalg::matmul;
 pub use norm::rmsnorm;
 pub use norm_matmul::rmsnorm_matmul;
+pub use quantized::{expert_ffn_quantized, gemv_quantized, matmul_quantized, rmsnorm_matmul_quantized};
 pub use residual::{residual_add, residual_add_inplace};
 pub use rotary::rope;
 pub use router::moe_router;
@@ -141,6 +143,10 @@ pub static REGISTRY: &[KernelEntry] = &[
     entry!(residual_add_inplace, "residual_add with the residual input aliased to the output (in-place update)", cases::residual_add_inplace),
     entry!(rmsnorm_matmul, "RMSNorm (f32) fused into the next bf16 projection; normalised rows cached in VMEM across column blocks", cases::rmsnorm_matmul),
     entry!(flash_attention, "flash attention forward (Pallas's TPU kernel): online softmax over kv blocks in VMEM scratch, causal by iota, Buffered K/V specs", cases::flash_attention),
+    entry!(gemv_quantized, "gemv with 8/4-bit weights (i8, i4, f8e4m3fn codes) and f32 scales per group of inputs per column, fed to the MXU as bf16 x code dots", cases::gemv_quantized),
+    entry!(matmul_quantized, "tiled matmul with 8/4-bit weights and f32 group scales applied to each group's partial product", cases::matmul_quantized),
+    entry!(rmsnorm_matmul_quantized, "rmsnorm_matmul with 8/4-bit weights and f32 group scales", cases::rmsnorm_matmul_quantized),
+    entry!(expert_ffn_quantized, "expert_ffn with 8/4-bit experts (default int4, groups of 128) and their scales as pipeline blocks indexed by the routed ids", cases::expert_ffn_quantized),
     entry!(rope, "rotary embedding on [tokens, heads*head_dim], neox or interleaved, rotation as an exact ±1 matmul", cases::rope),
 ];
 

@@ -82,6 +82,14 @@ pub fn matmul_f32(x: &[f32], y: &[f32], m: usize, k: usize, n: usize) -> Vec<f32
     out
 }
 
+/// A quantized `[k, n]` weight as the quantized kernels take it, dequantized:
+/// `codes[kk, j] * scales[kk / group, j]` in f32 (`scales` `[k / group, n]`), the weight
+/// their references multiply by.
+pub fn dequantize(codes: &[f32], scales: &[f32], k: usize, n: usize, group: usize) -> Vec<f32> {
+    assert_eq!((codes.len(), scales.len()), (k * n, k / group * n), "quantized operand sizes");
+    (0..k * n).map(|i| codes[i] * scales[(i / n) / group * n + i % n]).collect()
+}
+
 /// `x[m, k] @ y[k, n]`: f32 accumulation, output rounded to bf16.
 pub fn matmul(x: &[f32], y: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     matmul_f32(x, y, m, k, n).into_iter().map(round_bf16).collect()

@@ -29,7 +29,9 @@
 //!   direction: 0 on GL/GLP");
 //! - v5e: a bf16 matmul whose LHS has 8 rows, half a packed bf16 tile ("Expected
 //!   vector-bf16packed, got vector-int16 … vmatmul.bf16"): `gemv` at its default batch of 8,
-//!   and JAX's own gemv identically;
+//!   and JAX's own gemv identically; `gemv_quantized` (bf16 x i8/i4/f8e4m3fn) likewise;
+//!   `expert_ffn_quantized` on an unpack of the 8-bit / 4-bit codes ("Expected vector-int16,
+//!   got vector-bf16packed … vunpack.c.l.b16");
 //! - v7x: most kernels (an `LloOpcodeIsScalarBranch` check), so v7x compiles without it.
 //!
 //! So estimates are required where they are known to work: on v5e for every kernel but
@@ -54,7 +56,7 @@ use palladium_lowering::{LowerOptions, Lowered, lower};
 use palladium_runtime::{CallSpec, Compiled, Compiler, Estimate, Job, wrap};
 
 /// Kernels whose static profile aborts libtpu on v5e (see the module docs).
-const V5E_PROFILE_ABORTS: &[&str] = &["gemv", "kv_cache_update"];
+const V5E_PROFILE_ABORTS: &[&str] = &["gemv", "kv_cache_update", "gemv_quantized", "gemv_quantized_int4", "gemv_quantized_fp8", "expert_ffn_quantized", "expert_ffn_quantized_fp8"];
 
 fn lowered(k: &palladium_dsl::Kernel) -> Lowered {
     lower(k, &LowerOptions { chip: Chip::V6e }).unwrap_or_else(|e| panic!("{}: {e}", k.name))

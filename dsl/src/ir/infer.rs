@@ -243,8 +243,11 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
         OpData::Dot { lhs, rhs, dims, out, .. } => {
             let (ls, ld) = array_of(k, *lhs, "lhs")?;
             let (rs, rd) = array_of(k, *rhs, "rhs")?;
-            if ld != rd {
-                return Err(format!("dot operands have different dtypes: {ld} vs {rd}"));
+            // bf16 activations against 8/4-bit weights: libtpu takes the mixed `tpu.matmul`
+            // directly on v6e and v7x (the weight converted on its way into the MXU).
+            let quantized_rhs = ld == DType::Bf16 && matches!(rd, DType::I8 | DType::I4 | DType::F8E4M3);
+            if ld != rd && !quantized_rhs {
+                return Err(format!("dot operands have different dtypes: {ld} vs {rd} (a bf16 lhs may meet an i8, i4 or f8e4m3fn rhs)"));
             }
             if out.bits() != 32 || out.is_float() != ld.is_float() {
                 return Err(format!("dot of {ld} must accumulate in a 32-bit {} type, not {out}", if ld.is_float() { "float" } else { "integer" }));

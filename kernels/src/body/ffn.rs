@@ -1,7 +1,7 @@
 //! The SwiGLU expert FFN: one chunk of an expert's intermediate dim, and the cursor of the
 //! expert stream that feeds the chunks.
 
-use super::gemv::{WeightLayout, project};
+use super::gemv::{WeightBlock, WeightLayout};
 use super::rows::RowSelect;
 use palladium_dsl::build::eq;
 use palladium_dsl::prelude::*;
@@ -14,11 +14,11 @@ pub fn swiglu(gate: Val, up: Val) -> Val {
 
 /// One chunk of a SwiGLU expert: `swiglu(x @ gate, x @ up) @ down`, f32 `[rows, hidden]`,
 /// for `x` `[rows, hidden]` bf16, `gate` and `up` `[hidden, chunk]` and `down` in `layout`
-/// (`[chunk, hidden]` in-out, `[hidden, chunk]` out-in). SwiGLU is separable along the
-/// intermediate dim, so the chunks of an expert just add up.
-pub fn swiglu_chunk(x: Val, gate: Val, up: Val, down: Val, layout: WeightLayout) -> Val {
-    let act = swiglu(project(x, gate, WeightLayout::InOut), project(x, up, WeightLayout::InOut));
-    project(act, down, layout)
+/// (`[chunk, hidden]` in-out, `[hidden, chunk]` out-in), bf16 or quantized ([`WeightBlock`]).
+/// SwiGLU is separable along the intermediate dim, so the chunks of an expert just add up.
+pub fn swiglu_chunk<W: WeightBlock>(x: Val, gate: W, up: W, down: W, layout: WeightLayout) -> Val {
+    let act = swiglu(gate.project_from(x, WeightLayout::InOut), up.project_from(x, WeightLayout::InOut));
+    down.project_from(act, layout)
 }
 
 /// A chunk's share of the combine: the chunk was computed for every row of the batch (the

@@ -10,7 +10,7 @@
 //! | [`embed`] | token embedding rows | (megakernel only) |
 //! | [`norm`] | RMSNorm as the next projection's operand; the residual add | `rmsnorm`, `rmsnorm_matmul`, `residual_add(_inplace)` |
 //! | [`greedy`] | greedy argmax over `lm_head` chunks (lowest id among equal maxima) | (megakernel only) |
-//! | [`gemv`] | a projection through one weight block (q/k/v, o, router, lm_head) | `gemv`, `rmsnorm_matmul`, `moe_router`, `expert_ffn` |
+//! | [`gemv`] | a projection through one weight block (q/k/v, o, router, lm_head), bf16 or quantized codes with group scales | `gemv`, `rmsnorm_matmul`, `moe_router`, `expert_ffn`, `*_quantized` |
 //! | [`rope`] | RoPE tables, rotation and application | `rope` |
 //! | [`kv`] | the KV-cache update inside a VMEM tile | `kv_cache_update` |
 //! | [`attention`] | one KV tile of attention (scores, mask, online-softmax fold) | `decode_attention` |
@@ -32,7 +32,7 @@ pub mod rows;
 pub use attention::{KvMask, OnlineSoftmax};
 pub use embed::embedding_row;
 pub use ffn::{ExpertItem, routed, swiglu, swiglu_chunk};
-pub use gemv::{WeightLayout, project};
+pub use gemv::{GroupScales, QuantizedBlock, WeightBlock, WeightLayout, project, project_quantized};
 pub use greedy::Greedy;
 pub use kv::NewRow;
 pub use norm::{residual_add, rms_norm, rms_unit};

@@ -32,7 +32,17 @@ pub fn extra_kernels() -> Vec<(String, Kernel)> {
         .iter()
         .map(|(name, build)| (name.to_string(), build().unwrap_or_else(|e| panic!("coverage kernel {name}: {e}"))))
         .collect();
-    let settings = [("matmul_f32_out", "matmul", [("out_dtype", "f32")]), ("flash_attention_sync_kv", "flash_attention", [("kv_buffers", "1")])];
+    /// A label, the library kernel and its `--set` settings.
+    type Variant = (&'static str, &'static str, &'static [(&'static str, &'static str)]);
+    let settings: [Variant; 6] = [
+        ("matmul_f32_out", "matmul", &[("out_dtype", "f32")]),
+        ("flash_attention_sync_kv", "flash_attention", &[("kv_buffers", "1")]),
+        // The other weight formats (the quantized kernels default to int8 per channel).
+        ("gemv_quantized_int4", "gemv_quantized", &[("wdtype", "i4"), ("group", "128")]),
+        ("gemv_quantized_fp8", "gemv_quantized", &[("wdtype", "f8e4m3fn"), ("group", "128")]),
+        ("matmul_quantized_int4", "matmul_quantized", &[("wdtype", "i4"), ("group", "128"), ("bk", "1024")]),
+        ("expert_ffn_quantized_fp8", "expert_ffn_quantized", &[("wdtype", "f8e4m3fn")]),
+    ];
     for (label, kernel, sets) in settings {
         let sets: Vec<(String, String)> = sets.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
         all.push((label.to_string(), palladium_kernels::build(kernel, &sets).unwrap_or_else(|e| panic!("{label}: {e}"))));

@@ -27,10 +27,12 @@
 //! Which weights each [`WeightsDtype`] converts is [`WeightsDtype::format_of`]; embeddings,
 //! norms, biases and the routers (`mlp.gate`, `block_sparse_moe.gate`) always stay as loaded.
 
-pub mod convert;
+/// The element conversions live in the base crate, shared with host arrays and the interpreter.
+pub use palladium_array::quant as convert;
 mod load;
 
 use indexmap::IndexMap;
+use palladium_array::{DType, HostArray};
 use thiserror::Error;
 
 use crate::spec::{Family, ModelSpec, Quantization};
@@ -132,6 +134,15 @@ pub struct QuantizedTensor {
     pub scales: Scales,
 }
 
+/// A quantized weight as the library's quantized kernels take it
+/// ([`QuantizedTensor::kernel_operands`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelOperands {
+    pub codes: HostArray,
+    pub scales: HostArray,
+    pub group: usize,
+}
+
 /// Why weights could not be quantized or loaded quantized.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum QuantError {
@@ -219,6 +230,35 @@ impl QuantizedTensor {
     /// The scale of element `(r, c)`.
     pub fn scale(&self, r: usize, c: usize) -> f32 {
         self.scales.values[self.format.scale_index(r, c, self.shape[1])]
+    }
+
+    /// The operands of the library's quantized kernels (`gemv_quantized` & co.) for this
+    /// weight used as `x @ W.T`: codes `[in, out]` (i8, f8e4m3fn, or i4 one value a byte) and
+    /// f32 scales `[in / group, out]` with their `group` (int8 per channel: `group = in`; fp8
+    /// tiles: each tile's scale repeated over its output columns). `Err` when `in` is not a
+    /// whole number of groups (the kernels have no partial group).
+    pub fn kernel_operands(&self) -> Result<KernelOperands, QuantError> {
+        let [out, inp] = self.shape;
+        let group = match self.format {
+            QuantFormat::Int8PerChannel => inp,
+            QuantFormat::Fp8Block { block: [_, bi] } => bi,
+            QuantFormat::Int4Group { group } => group,
+        };
+        if !inp.is_multiple_of(group) {
+            return Err(QuantError::Dtype { message: format!("a [{out}, {inp}] {} weight: {inp} inputs are not whole groups of {group}, which the kernels need", self.format.name()) });
+        }
+        let (dtype, code_byte): (DType, Box<dyn Fn(usize, usize) -> u8 + '_>) = match self.format {
+            QuantFormat::Int8PerChannel => (DType::I8, Box::new(|r, c| self.data[r * inp + c])),
+            QuantFormat::Fp8Block { .. } => (DType::F8E4M3, Box::new(|r, c| self.data[r * inp + c])),
+            QuantFormat::Int4Group { .. } => (DType::I4, Box::new(|r, c| unpack_int4(&self.data[r * inp.div_ceil(2)..], c) as u8 & 0xF)),
+        };
+        let codes = (0..inp).flat_map(|c| (0..out).map(move |r| (r, c))).map(|(r, c)| code_byte(r, c)).collect();
+        let scales: Vec<f32> = (0..inp / group).flat_map(|g| (0..out).map(move |r| (r, g))).map(|(r, g)| self.scale(r, g * group)).collect();
+        Ok(KernelOperands {
+            codes: HostArray::new(dtype, &[inp, out], codes).expect("one byte per code"),
+            scales: HostArray::from_f32(&[inp / group, out], &scales),
+            group,
+        })
     }
 
     /// The f32 weight these codes stand for: `code * scale` per element.

@@ -1,5 +1,7 @@
-//! Element conversions of the quantized formats, bit for bit as `ml_dtypes` defines them
-//! (`float8_e4m3fn`, `int4`); checked against `ml_dtypes` and XLA in `model/tests/quant_oracle.rs`.
+//! THE element conversions of the quantized formats, bit for bit as `ml_dtypes` defines them
+//! (`float8_e4m3fn`, `int4`): the model crate quantizes with them, host arrays and the
+//! interpreter decode with them; checked against `ml_dtypes` and XLA in
+//! `model/tests/quant_oracle.rs`.
 
 /// Largest finite `float8_e4m3fn` value (`0x7E` / `0xFE`).
 pub const E4M3FN_MAX: f32 = 448.0;
