@@ -568,9 +568,16 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
                 (&a[..], &b[..])
             };
             // Products of bf16/f16 values are exact in f32 (8 + 8 or up to 11 + 11 significand
-            // bits, at most 24).
-            let short = |dt: DType| round || matches!(dt, DType::Bf16 | DType::F16);
-            let products = if short(lhs.dt) && short(rhs.dt) { Products::Exact } else { Products::Rounded };
+            // bits, at most 24); bf16 pairs go through the pair rule (`gemm.rs`).
+            let bf16 = |dt: DType| round || dt == DType::Bf16;
+            let short = |dt: DType| bf16(dt) || dt == DType::F16;
+            let products = if bf16(lhs.dt) && bf16(rhs.dt) {
+                Products::Bf16Pairs
+            } else if short(lhs.dt) && short(rhs.dt) {
+                Products::Exact
+            } else {
+                Products::Rounded
+            };
             let mut c = vec![0f32; nb * m * n];
             for bi in 0..nb {
                 gemm_f32(&a[bi * m * k..(bi + 1) * m * k], &b[bi * k * n..(bi + 1) * k * n], layout, &mut c[bi * m * n..(bi + 1) * m * n], m, k, n, products);
