@@ -202,19 +202,18 @@ fn for_each_tile(c: &mut [f32], ldc: usize, m: usize, j0: usize, w: usize, mut k
 
 /// The bf16 bits of `x` (an f32 holding a bf16 value), a denormal flushed to a zero of its
 /// sign (the pair rule's inputs; `vdpbf16ps` flushes them itself, the portable kernel reads
-/// them flushed). A NaN stays a NaN whatever its payload.
+/// them flushed). A NaN stays a NaN whatever its payload. Branch-free, so packing loops
+/// vectorize.
+#[inline(always)]
 fn bf16_bits(x: f32) -> u32 {
     let u = x.to_bits();
-    if x.is_nan() {
-        (u >> 16) | 0x40
-    } else if u & 0x7f80_0000 == 0 {
-        (u >> 16) & 0x8000
-    } else {
-        u >> 16
-    }
+    let high = u >> 16;
+    let flushed = if u & 0x7f80_0000 == 0 { high & 0x8000 } else { high };
+    if u & 0x7fff_ffff > 0x7f80_0000 { high | 0x40 } else { flushed }
 }
 
 /// One pair of k as the kernels read it: `k0`'s bf16 bits low, `k1`'s high.
+#[inline(always)]
 fn pair_bits(k0: f32, k1: u32) -> u32 {
     bf16_bits(k0) | k1 << 16
 }
@@ -228,12 +227,14 @@ fn pack_lhs_pairs(a: &[f32], k: usize, out: &mut Vec<u32>) {
     if k == 0 {
         return;
     }
-    out.reserve(a.len() / k * k.div_ceil(2));
-    for row in a.chunks_exact(k) {
-        let mut pairs = row.chunks_exact(2);
-        out.extend(pairs.by_ref().map(|p| pair_bits(p[0], bf16_bits(p[1]))));
-        if let [last] = pairs.remainder() {
-            out.push(pair_bits(*last, 0));
+    let kp = k.div_ceil(2);
+    out.resize(a.len() / k * kp, 0);
+    for (row, packed) in a.chunks_exact(k).zip(out.chunks_exact_mut(kp)) {
+        for (x, p) in packed.iter_mut().zip(row.chunks_exact(2)) {
+            *x = pair_bits(p[0], bf16_bits(p[1]));
+        }
+        if k % 2 == 1 {
+            packed[kp - 1] = pair_bits(row[k - 1], 0);
         }
     }
 }
@@ -244,18 +245,26 @@ fn pack_panel_pairs(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usize
     let kp = k.div_ceil(2);
     out.clear();
     out.resize(kp * NR, 0);
-    let at = |kk: usize, j: usize| b[kk * bs.0 + j * bs.1];
-    let high = |kk: usize, j: usize| if kk + 1 < k { bf16_bits(at(kk + 1, j)) } else { NEG_ZERO };
     if bs.1 == 1 {
-        for (p, row) in out.chunks_exact_mut(NR).enumerate() {
-            for (jj, x) in row[..w].iter_mut().enumerate() {
-                *x = pair_bits(at(2 * p, j0 + jj), high(2 * p, j0 + jj));
+        let row = |kk: usize| &b[kk * bs.0 + j0..kk * bs.0 + j0 + w];
+        for (p, packed) in out.chunks_exact_mut(NR).enumerate() {
+            let even = row(2 * p);
+            if 2 * p + 1 < k {
+                for ((x, &lo), &hi) in packed.iter_mut().zip(even).zip(row(2 * p + 1)) {
+                    *x = pair_bits(lo, bf16_bits(hi));
+                }
+            } else {
+                for (x, &lo) in packed.iter_mut().zip(even) {
+                    *x = pair_bits(lo, NEG_ZERO);
+                }
             }
         }
     } else {
         for jj in 0..w {
+            let col = &b[(j0 + jj) * bs.1..];
             for p in 0..kp {
-                out[p * NR + jj] = pair_bits(at(2 * p, j0 + jj), high(2 * p, j0 + jj));
+                let high = if 2 * p + 1 < k { bf16_bits(col[(2 * p + 1) * bs.0]) } else { NEG_ZERO };
+                out[p * NR + jj] = pair_bits(col[2 * p * bs.0], high);
             }
         }
     }
