@@ -177,6 +177,11 @@ fn panel_range(lhs: Lhs, b: &[f32], bs: (usize, usize), c: &mut [f32], ldc: usiz
             let kp = k.div_ceil(2);
             for j0 in (0..n).step_by(NR) {
                 let w = NR.min(n - j0);
+                // A full row-major panel used by few rows (a decode step's matmuls) is read
+                // in place, paired in registers: packing it would cost more than the product.
+                if w == NR && m <= PACK_MIN_ROWS && bs.1 == 1 && in_place_pairs(a, kp, k, &b[j0..], bs.0, c, ldc, m, j0) {
+                    continue;
+                }
                 pack_panel_pairs(b, bs, k, j0, w, packed);
                 for_each_tile(c, ldc, m, j0, w, |i0, tile, rows| micro_pairs(&a[i0 * kp..], kp, packed, tile, rows));
             }
@@ -268,6 +273,35 @@ fn pack_panel_pairs(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usize
             }
         }
     }
+}
+
+/// Columns `j0..j0 + NR` of `c += a · b` under the pair rule with `b`'s rows (`k` of at
+/// least [`NR`] floats, `ldb` apart) read in place, where the CPU has AVX-512 BF16; false
+/// (nothing done) elsewhere. The same bits as packing: `b` holds bf16 values, so its high
+/// halves are its bf16 bits, and `vdpbf16ps` flushes denormals itself.
+#[allow(clippy::too_many_arguments)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn in_place_pairs(a: &[u32], kp: usize, k: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize, m: usize, j0: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bf16") {
+        assert!(a.len() >= m * kp && (k == 0 || b.len() >= (k - 1) * ldb + NR) && kp == k.div_ceil(2));
+        for_each_tile(c, ldc, m, j0, NR, |i0, tile, rows| {
+            // SAFETY: the CPU has AVX-512F and AVX-512 BF16 (checked above); the lengths were
+            // checked above.
+            unsafe {
+                if rows == MR {
+                    avx512::micro_pairs_in_place::<MR>(&a[i0 * kp..], kp, k, b, ldb, tile);
+                } else {
+                    for row in 0..rows {
+                        let t: &mut [[f32; NR]; 1] = (&mut tile[row..row + 1]).try_into().expect("one row");
+                        avx512::micro_pairs_in_place::<1>(&a[(i0 + row) * kp..], kp, k, b, ldb, t);
+                    }
+                }
+            }
+        });
+        return true;
+    }
+    false
 }
 
 /// `tile[r] += a[r] · panel` under the pair rule for the first `rows` rows (`a` rows are `kp`
@@ -428,6 +462,62 @@ mod avx512 {
                         lo[r] = _mm512_add_ps(lo[r], _mm512_mul_ps(x, b0));
                         hi[r] = _mm512_add_ps(hi[r], _mm512_mul_ps(x, b1));
                     }
+                }
+            }
+        }
+        for r in 0..R {
+            // SAFETY: as above.
+            unsafe {
+                _mm512_storeu_ps(tile[r].as_mut_ptr(), lo[r]);
+                _mm512_storeu_ps(tile[r].as_mut_ptr().add(16), hi[r]);
+            }
+        }
+    }
+
+    /// [`micro_pairs`] reading `b`'s f32 rows in place (`k` rows of at least [`NR`] floats,
+    /// `ldb` apart, holding bf16 values), paired in registers: each pair lane is the odd
+    /// row's high half over the even row's high half; an odd k's missing row is -0.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and AVX-512 BF16; `a` must hold `R` rows of `kp =
+    /// k.div_ceil(2)` pairs, `b` `k` rows as above.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn micro_pairs_in_place<const R: usize>(a: &[u32], kp: usize, k: usize, b: &[f32], ldb: usize, tile: &mut [[f32; NR]; R]) {
+        const { assert!(R <= MR) };
+        let (ap, bp) = (a.as_ptr(), b.as_ptr());
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            // SAFETY: each tile row holds NR = 32 floats.
+            unsafe {
+                lo[r] = _mm512_loadu_ps(tile[r].as_ptr());
+                hi[r] = _mm512_loadu_ps(tile[r].as_ptr().add(16));
+            }
+        }
+        let high_half = _mm512_set1_epi32(0xffff_0000_u32 as i32);
+        let pair = |even: __m512, odd: __m512| -> __m512bh {
+            let v = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(odd), high_half), _mm512_srli_epi32::<16>(_mm512_castps_si512(even)));
+            // SAFETY: both are 512 bits of plain data.
+            unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
+        };
+        let neg_zero = _mm512_set1_ps(-0.0);
+        for p in 0..kp {
+            // SAFETY: the caller guarantees k rows of NR floats, ldb apart, in `b` and R rows
+            // of kp in `a`.
+            unsafe {
+                let even = bp.add(2 * p * ldb);
+                let (odd0, odd1) = if 2 * p + 1 < k {
+                    let odd = bp.add((2 * p + 1) * ldb);
+                    (_mm512_loadu_ps(odd), _mm512_loadu_ps(odd.add(16)))
+                } else {
+                    (neg_zero, neg_zero)
+                };
+                let b0 = pair(_mm512_loadu_ps(even), odd0);
+                let b1 = pair(_mm512_loadu_ps(even.add(16)), odd1);
+                for r in 0..R {
+                    let x = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*ap.add(r * kp + p) as i32));
+                    lo[r] = _mm512_dpbf16_ps(lo[r], x, b0);
+                    hi[r] = _mm512_dpbf16_ps(hi[r], x, b1);
                 }
             }
         }
