@@ -659,9 +659,17 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
                 (&a[..], &b[..])
             };
             // Products of bf16/f16 values are exact in f32 (8 + 8 or up to 11 + 11 significand
-            // bits, at most 24), and so are bf16 ones with i8, i4 or f8e4m3fn weights.
-            let short = |dt: DType| round || matches!(dt, DType::Bf16 | DType::F16 | DType::I8 | DType::I4 | DType::F8E4M3FN);
-            let products = if short(lhs.dt) && short(rhs.dt) { Products::Exact } else { Products::Rounded };
+            // bits, at most 24); bf16 pairs go through the pair rule (`gemm.rs`);
+            // bf16 with i8, i4 or f8e4m3fn weights (exact code values) are exact products too.
+            let bf16 = |dt: DType| round || dt == DType::Bf16;
+            let short = |dt: DType| bf16(dt) || matches!(dt, DType::F16 | DType::I8 | DType::I4 | DType::F8E4M3FN);
+            let products = if bf16(lhs.dt) && bf16(rhs.dt) {
+                Products::Bf16Pairs
+            } else if short(lhs.dt) && short(rhs.dt) {
+                Products::Exact
+            } else {
+                Products::Rounded
+            };
             let mut c = vec![0f32; nb * m * n];
             for bi in 0..nb {
                 gemm_f32(&a[bi * m * k..(bi + 1) * m * k], &b[bi * k * n..(bi + 1) * k * n], layout, &mut c[bi * m * n..(bi + 1) * m * n], m, k, n, products);

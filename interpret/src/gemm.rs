@@ -2,40 +2,52 @@
 //! row-major or stored transposed (`n×k`, as attention's `q · kᵀ` has it: packed straight
 //! from that layout, no transpose of the operand first).
 //!
-//! Numerics are fixed, whatever the CPU, blocking or thread count: every output element is
-//! accumulated in k order, `c = c + a[i][0]·b[0][j]`, then `+ a[i][1]·b[1][j]`, …, rounded to
-//! f32 after every step. With [`Products::Exact`] (both operands hold bf16 or f16 values, so
-//! every product is exact in f32 unless it underflows below 2^-126) the step is one fused
-//! multiply-add, which then rounds exactly like multiply-then-add; with [`Products::Rounded`] (full f32 operands) it is a multiply and an
-//! add, each rounded.
+//! Numerics are fixed, whatever the CPU, blocking or thread count ([`Products`]):
+//! - Both operands hold bf16 values ([`Products::Bf16Pairs`]: every matmul of a bf16
+//!   kernel). Each output element takes its products in pairs of k, `(1, 0), (3, 2), …`:
+//!   `c = flush(c + a[1]·b[1])`, then `c = flush(c + a[0]·b[0])`, each step one fused
+//!   multiply-add (the product of two bf16 values is exact) rounded to f32 as if the exponent
+//!   were unbounded; `flush` turns a result below 2^-126 in magnitude into a zero of its sign,
+//!   and denormal inputs (operands and the incoming `c`) count as zeros of their sign. An odd
+//!   k pads the last pair with a product of -0, which changes nothing. This is exactly what
+//!   AVX-512 BF16's `vdpbf16ps` computes (Intel's pseudocode, checked against the CPU by the
+//!   tests), at twice the rate of f32 fused multiply-adds; TPUs flush denormals too.
+//! - f16 (or f16 and bf16) values ([`Products::Exact`]): k in order, `c = c + a[0]·b[0]`,
+//!   `+ a[1]·b[1]`, …, each step one fused multiply-add (the products are exact unless they
+//!   underflow below 2^-126), rounded to f32.
+//! - Full f32 operands ([`Products::Rounded`]): k in order, a multiply and an add, each
+//!   rounded.
 //!
 //! Speed: `b` is cut into panels of [`NR`] columns (packed and zero-padded when many rows
-//! reuse them or the last one is narrow), and an `MR×NR` block of
-//! `c` is kept in registers while k runs (AVX-512 when the CPU has it, chosen at run time;
-//! portable Rust otherwise). Large products are split by column panels across the rayon pool;
-//! each element is still computed by one thread, in the same order.
+//! reuse them, the last one is narrow or the pair rule needs bf16 pairs), and an `MR×NR`
+//! block of `c` is kept in registers while k runs (AVX-512, or AVX-512 BF16 for the pair
+//! rule, when the CPU has it, chosen at run time; portable Rust otherwise). Large products
+//! are split by column panels across the rayon pool; each element is still computed by one
+//! thread, in the same order.
 //!
-//! The only `unsafe` in the interpreter lives here: calling the AVX-512 kernel after
-//! `is_x86_feature_detected!` said the CPU has it, and its unaligned vector loads/stores
+//! The only `unsafe` in the interpreter lives here: calling the AVX-512 kernels after
+//! `is_x86_feature_detected!` said the CPU has them, and their unaligned vector loads/stores
 //! inside buffers whose lengths are checked first.
 #![allow(unsafe_code)]
 
 use rayon::prelude::*;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 /// Columns of one packed panel of `b` (two 16-lane vectors).
 const NR: usize = 32;
 /// Rows of `c` kept in registers at once.
 const MR: usize = 8;
-/// Up to this many rows of `a`, full panels of `b` are read in place rather than packed.
+/// Up to this many rows of `a`, full panels of f32 `b` are read in place rather than packed.
 const PACK_MIN_ROWS: usize = 2 * MR;
 /// Below this many multiply-adds a product runs on the calling thread.
 const PARALLEL_MIN_WORK: usize = 1 << 21;
 
-/// How products round (see the module docs).
+/// How products are taken and rounded (see the module docs).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Products {
-    /// Both operands hold bf16 values: products are exact, so multiply-add is fused.
+    /// Both operands hold bf16 values: k in pairs, as `vdpbf16ps` does.
+    Bf16Pairs,
+    /// Both operands hold bf16 or f16 values: products are exact, so multiply-add is fused.
     Exact,
     /// Full-precision f32 operands: multiply, round, add, round.
     Rounded,
@@ -61,8 +73,21 @@ impl BLayout {
 }
 
 thread_local! {
-    /// Packed panels of `b`, reused from product to product on each thread.
+    /// Packed f32 panels of `b`, reused from product to product on each thread.
     static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Packed bf16-pair panels of `b`, likewise.
+    static PAIR_PANEL: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+    /// `a` as bf16 pairs for the product this thread is running (taken while in use).
+    static LHS_PAIRS: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
+}
+
+/// `a` as the micro-kernels read it.
+#[derive(Copy, Clone)]
+enum Lhs<'a> {
+    /// f32 rows of `k`; whether each step is one fused multiply-add (see [`micro`]).
+    F32(&'a [f32], bool),
+    /// bf16 pairs ([`pair_bits`]), rows of `k.div_ceil(2)`.
+    Pairs(&'a [u32]),
 }
 
 /// `c += a · b` (see the module docs for the order of operations).
@@ -73,98 +98,312 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: 
     if m == 0 || n == 0 {
         return;
     }
+    let mut pairs = LHS_PAIRS.take();
+    let lhs = match products {
+        Products::Bf16Pairs => {
+            pack_lhs_pairs(&a[..m * k], k, &mut pairs);
+            Lhs::Pairs(&pairs)
+        }
+        Products::Exact => Lhs::F32(a, true),
+        Products::Rounded => Lhs::F32(a, false),
+    };
     let panels = n.div_ceil(NR);
     let work = m * k * n;
     // Inside a task of a parallel grid the pool is already busy: split no further.
     if work < PARALLEL_MIN_WORK || panels == 1 || rayon::current_num_threads() == 1 || rayon::current_thread_index().is_some() {
-        panel_range(a, b, bs, c, n, m, k, n, products);
-        return;
-    }
-    // Split the columns of `c` into disjoint chunks of whole panels. The rows of one chunk
-    // are not contiguous in `c`, so each task writes its own buffer, copied in afterwards.
-    let chunk = panels.div_ceil(rayon::current_num_threads() * 4).max(1);
-    let parts: Vec<(usize, usize, Vec<f32>)> = (0..panels)
-        .step_by(chunk)
-        .collect::<Vec<_>>()
-        .into_par_iter()
-        .map(|p0| {
-            let (j0, j1) = (p0 * NR, ((p0 + chunk) * NR).min(n));
-            let w = j1 - j0;
-            let mut part = Vec::with_capacity(m * w);
+        panel_range(lhs, b, bs, c, n, m, k, n);
+    } else {
+        // Split the columns of `c` into disjoint chunks of whole panels. The rows of one
+        // chunk are not contiguous in `c`, so each task writes its own buffer, copied in
+        // afterwards.
+        let chunk = panels.div_ceil(rayon::current_num_threads() * 4).max(1);
+        let parts: Vec<(usize, usize, Vec<f32>)> = (0..panels)
+            .step_by(chunk)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(|p0| {
+                let (j0, j1) = (p0 * NR, ((p0 + chunk) * NR).min(n));
+                let w = j1 - j0;
+                let mut part = Vec::with_capacity(m * w);
+                for i in 0..m {
+                    part.extend_from_slice(&c[i * n + j0..i * n + j1]);
+                }
+                panel_range(lhs, &b[j0 * bs.1..], bs, &mut part, w, m, k, w);
+                (j0, w, part)
+            })
+            .collect();
+        for (j0, w, part) in parts {
             for i in 0..m {
-                part.extend_from_slice(&c[i * n + j0..i * n + j1]);
+                c[i * n + j0..i * n + j0 + w].copy_from_slice(&part[i * w..(i + 1) * w]);
             }
-            panel_range(a, &b[j0 * bs.1..], bs, &mut part, w, m, k, w, products);
-            (j0, w, part)
-        })
-        .collect();
-    for (j0, w, part) in parts {
-        for i in 0..m {
-            c[i * n + j0..i * n + j0 + w].copy_from_slice(&part[i * w..(i + 1) * w]);
         }
     }
+    LHS_PAIRS.set(pairs);
 }
 
 /// `c += a · b` on this thread, for `n` columns: `b[kk][j]` is at `kk * bs.0 + j * bs.1`,
 /// `c` rows are `ldc` apart.
 #[allow(clippy::too_many_arguments)]
-fn panel_range(a: &[f32], b: &[f32], bs: (usize, usize), c: &mut [f32], ldc: usize, m: usize, k: usize, n: usize, products: Products) {
-    PANEL.with_borrow_mut(|packed| {
-        for j0 in (0..n).step_by(NR) {
-            let w = NR.min(n - j0);
-            // A full row-major panel used by few rows is read in place; otherwise packed
-            // (contiguous, and zero-padded to NR columns).
-            let (panel, ld): (&[f32], usize) = if w == NR && m <= PACK_MIN_ROWS && bs.1 == 1 {
-                (&b[j0..], bs.0)
-            } else {
-                packed.clear();
-                packed.resize(k * NR, 0.0);
-                if bs.1 == 1 {
-                    for kk in 0..k {
-                        packed[kk * NR..kk * NR + w].copy_from_slice(&b[kk * bs.0 + j0..kk * bs.0 + j0 + w]);
-                    }
+fn panel_range(lhs: Lhs, b: &[f32], bs: (usize, usize), c: &mut [f32], ldc: usize, m: usize, k: usize, n: usize) {
+    match lhs {
+        Lhs::F32(a, fused) => PANEL.with_borrow_mut(|packed| {
+            for j0 in (0..n).step_by(NR) {
+                let w = NR.min(n - j0);
+                // A full row-major panel used by few rows is read in place; otherwise packed
+                // (contiguous, and zero-padded to NR columns).
+                let (panel, ld): (&[f32], usize) = if w == NR && m <= PACK_MIN_ROWS && bs.1 == 1 {
+                    (&b[j0..], bs.0)
                 } else {
-                    for jj in 0..w {
-                        let col = &b[(j0 + jj) * bs.1..];
+                    packed.clear();
+                    packed.resize(k * NR, 0.0);
+                    if bs.1 == 1 {
                         for kk in 0..k {
-                            packed[kk * NR + jj] = col[kk * bs.0];
+                            packed[kk * NR..kk * NR + w].copy_from_slice(&b[kk * bs.0 + j0..kk * bs.0 + j0 + w]);
+                        }
+                    } else {
+                        for jj in 0..w {
+                            let col = &b[(j0 + jj) * bs.1..];
+                            for kk in 0..k {
+                                packed[kk * NR + jj] = col[kk * bs.0];
+                            }
                         }
                     }
+                    (&packed[..], NR)
+                };
+                for_each_tile(c, ldc, m, j0, w, |i0, tile, rows| micro(&a[i0 * k..], k, panel, ld, tile, rows, fused));
+            }
+        }),
+        Lhs::Pairs(a) => PAIR_PANEL.with_borrow_mut(|packed| {
+            let kp = k.div_ceil(2);
+            for j0 in (0..n).step_by(NR) {
+                let w = NR.min(n - j0);
+                // A full row-major panel used by few rows (a decode step's matmuls) is read
+                // in place, paired in registers: packing it would cost more than the product.
+                if w == NR && m <= PACK_MIN_ROWS && bs.1 == 1 && in_place_pairs(a, kp, k, &b[j0..], bs.0, c, ldc, m, j0) {
+                    continue;
                 }
-                (&packed[..], NR)
-            };
-            for i0 in (0..m).step_by(MR) {
-                let rows = MR.min(m - i0);
-                let mut tile = [[0f32; NR]; MR];
-                for (r, t) in tile.iter_mut().enumerate().take(rows) {
-                    t[..w].copy_from_slice(&c[(i0 + r) * ldc + j0..(i0 + r) * ldc + j0 + w]);
+                pack_panel_pairs(b, bs, k, j0, w, packed);
+                for_each_tile(c, ldc, m, j0, w, |i0, tile, rows| micro_pairs(&a[i0 * kp..], kp, packed, tile, rows));
+            }
+        }),
+    }
+}
+
+/// Runs `kernel(i0, tile, rows)` on each block of up to [`MR`] rows of `c`'s columns
+/// `j0..j0 + w` (rows `ldc` apart), copied into a register-sized tile and back.
+fn for_each_tile(c: &mut [f32], ldc: usize, m: usize, j0: usize, w: usize, mut kernel: impl FnMut(usize, &mut [[f32; NR]; MR], usize)) {
+    for i0 in (0..m).step_by(MR) {
+        let rows = MR.min(m - i0);
+        let mut tile = [[0f32; NR]; MR];
+        for (r, t) in tile.iter_mut().enumerate().take(rows) {
+            t[..w].copy_from_slice(&c[(i0 + r) * ldc + j0..(i0 + r) * ldc + j0 + w]);
+        }
+        kernel(i0, &mut tile, rows);
+        for (r, t) in tile.iter().enumerate().take(rows) {
+            c[(i0 + r) * ldc + j0..(i0 + r) * ldc + j0 + w].copy_from_slice(&t[..w]);
+        }
+    }
+}
+
+/// The bf16 bits of `x` (an f32 holding a bf16 value), a denormal flushed to a zero of its
+/// sign (the pair rule's inputs; `vdpbf16ps` flushes them itself, the portable kernel reads
+/// them flushed). A NaN stays a NaN whatever its payload. Branch-free, so packing loops
+/// vectorize.
+#[inline(always)]
+fn bf16_bits(x: f32) -> u32 {
+    let u = x.to_bits();
+    let high = u >> 16;
+    let flushed = if u & 0x7f80_0000 == 0 { high & 0x8000 } else { high };
+    if u & 0x7fff_ffff > 0x7f80_0000 { high | 0x40 } else { flushed }
+}
+
+/// One pair of k as the kernels read it: `k0`'s bf16 bits low, `k1`'s high.
+#[inline(always)]
+fn pair_bits(k0: f32, k1: u32) -> u32 {
+    bf16_bits(k0) | k1 << 16
+}
+
+/// bf16 -0: pads `b`'s last pair for an odd k (`a` pads with +0, so the product is -0).
+const NEG_ZERO: u32 = 0x8000;
+
+/// `a` (rows of `k`) as rows of `k.div_ceil(2)` bf16 pairs into `out`.
+fn pack_lhs_pairs(a: &[f32], k: usize, out: &mut Vec<u32>) {
+    out.clear();
+    if k == 0 {
+        return;
+    }
+    let kp = k.div_ceil(2);
+    out.resize(a.len() / k * kp, 0);
+    for (row, packed) in a.chunks_exact(k).zip(out.chunks_exact_mut(kp)) {
+        for (x, p) in packed.iter_mut().zip(row.chunks_exact(2)) {
+            *x = pair_bits(p[0], bf16_bits(p[1]));
+        }
+        if k % 2 == 1 {
+            packed[kp - 1] = pair_bits(row[k - 1], 0);
+        }
+    }
+}
+
+/// Columns `j0..j0 + w` of `b` (strides `bs`) as `k.div_ceil(2)` rows of [`NR`] bf16 pairs
+/// into `out` (columns past `w` zero).
+fn pack_panel_pairs(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usize, out: &mut Vec<u32>) {
+    let kp = k.div_ceil(2);
+    out.clear();
+    out.resize(kp * NR, 0);
+    if bs.1 == 1 {
+        let row = |kk: usize| &b[kk * bs.0 + j0..kk * bs.0 + j0 + w];
+        for (p, packed) in out.chunks_exact_mut(NR).enumerate() {
+            let even = row(2 * p);
+            if 2 * p + 1 < k {
+                for ((x, &lo), &hi) in packed.iter_mut().zip(even).zip(row(2 * p + 1)) {
+                    *x = pair_bits(lo, bf16_bits(hi));
                 }
-                micro(&a[i0 * k..], k, panel, ld, &mut tile, rows, products);
-                for (r, t) in tile.iter().enumerate().take(rows) {
-                    c[(i0 + r) * ldc + j0..(i0 + r) * ldc + j0 + w].copy_from_slice(&t[..w]);
+            } else {
+                for (x, &lo) in packed.iter_mut().zip(even) {
+                    *x = pair_bits(lo, NEG_ZERO);
                 }
             }
         }
-    });
+    } else {
+        for jj in 0..w {
+            let col = &b[(j0 + jj) * bs.1..];
+            for p in 0..kp {
+                let high = if 2 * p + 1 < k { bf16_bits(col[(2 * p + 1) * bs.0]) } else { NEG_ZERO };
+                out[p * NR + jj] = pair_bits(col[2 * p * bs.0], high);
+            }
+        }
+    }
 }
 
-/// `tile[r] += a[r] · panel` for the first `rows` rows (`a` rows are `k` long; panel rows
-/// are `ldb` apart and at least [`NR`] long).
-fn micro(a: &[f32], k: usize, panel: &[f32], ldb: usize, tile: &mut [[f32; NR]; MR], rows: usize, products: Products) {
+/// Columns `j0..j0 + NR` of `c += a · b` under the pair rule with `b`'s rows (`k` of at
+/// least [`NR`] floats, `ldb` apart) read in place, where the CPU has AVX-512 BF16; false
+/// (nothing done) elsewhere. The same bits as packing: `b` holds bf16 values, so its high
+/// halves are its bf16 bits, and `vdpbf16ps` flushes denormals itself.
+#[allow(clippy::too_many_arguments)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn in_place_pairs(a: &[u32], kp: usize, k: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize, m: usize, j0: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bf16") {
+        assert!(a.len() >= m * kp && (k == 0 || b.len() >= (k - 1) * ldb + NR) && kp == k.div_ceil(2));
+        for_each_tile(c, ldc, m, j0, NR, |i0, tile, rows| {
+            // SAFETY: the CPU has AVX-512F and AVX-512 BF16 (checked above); the lengths were
+            // checked above.
+            unsafe {
+                if rows == MR {
+                    avx512::micro_pairs_in_place::<MR>(&a[i0 * kp..], kp, k, b, ldb, tile);
+                } else {
+                    for row in 0..rows {
+                        let t: &mut [[f32; NR]; 1] = (&mut tile[row..row + 1]).try_into().expect("one row");
+                        avx512::micro_pairs_in_place::<1>(&a[(i0 + row) * kp..], kp, k, b, ldb, t);
+                    }
+                }
+            }
+        });
+        return true;
+    }
+    false
+}
+
+/// `tile[r] += a[r] · panel` under the pair rule for the first `rows` rows (`a` rows are `kp`
+/// pairs long, `panel` holds `kp` rows of [`NR`] pairs).
+fn micro_pairs(a: &[u32], kp: usize, panel: &[u32], tile: &mut [[f32; NR]; MR], rows: usize) {
+    assert!((1..=MR).contains(&rows) && a.len() >= rows * kp && panel.len() >= kp * NR);
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bf16") {
+        // SAFETY: the CPU has AVX-512F and AVX-512 BF16 (checked above); the lengths were
+        // checked above.
+        unsafe {
+            if rows == MR {
+                avx512::micro_pairs::<MR>(a, kp, panel, tile);
+            } else {
+                for row in 0..rows {
+                    let t: &mut [[f32; NR]; 1] = (&mut tile[row..row + 1]).try_into().expect("one row");
+                    avx512::micro_pairs::<1>(&a[row * kp..], kp, panel, t);
+                }
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        unsafe { portable_pairs_fma(a, kp, panel, tile, rows) };
+        return;
+    }
+    portable_pairs(a, kp, panel, tile, rows);
+}
+
+/// [`portable_pairs`] compiled for AVX2 + FMA (vectorized, hardware fused multiply-add).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn portable_pairs_fma(a: &[u32], kp: usize, panel: &[u32], tile: &mut [[f32; NR]; MR], rows: usize) {
+    portable_pairs(a, kp, panel, tile, rows);
+}
+
+/// The pair rule in plain Rust, step by step ([`pair_step`]); the same bits as `vdpbf16ps`.
+#[inline(always)]
+fn portable_pairs(a: &[u32], kp: usize, panel: &[u32], tile: &mut [[f32; NR]; MR], rows: usize) {
+    for (r, t) in tile.iter_mut().enumerate().take(rows) {
+        t.iter_mut().for_each(|c| *c = flush(*c));
+        for (p, &x) in a[r * kp..(r + 1) * kp].iter().enumerate() {
+            let (x0, x1) = halves(x);
+            for (c, &y) in t.iter_mut().zip(&panel[p * NR..(p + 1) * NR]) {
+                let (y0, y1) = halves(y);
+                *c = pair_step(pair_step(*c, x1, y1), x0, y0);
+            }
+        }
+    }
+}
+
+/// The low and high bf16 of a pair, as f32.
+#[inline(always)]
+fn halves(x: u32) -> (f32, f32) {
+    (f32::from_bits(x << 16), f32::from_bits(x & 0xffff_0000))
+}
+
+/// `x` below 2^-126 in magnitude becomes a zero of its sign.
+#[inline(always)]
+fn flush(x: f32) -> f32 {
+    if x.abs() < f32::MIN_POSITIVE { 0f32.copysign(x) } else { x }
+}
+
+/// One step of the pair rule: `c + x·y` (`x`, `y` bf16 values, nothing denormal), rounded
+/// as if the exponent were unbounded, results below 2^-126 flushed. The fused multiply-add
+/// rounds the same way except just below 2^-126, where it may round up to 2^-126 while the
+/// unbounded rounding gives the largest number below it (flushed): there the exact sum
+/// decides (in f64 it is exact or, when one term is negligible, on the right side of the
+/// boundary: the product has at most 16 significant bits and `c` is normal or zero).
+#[inline(always)]
+fn pair_step(c: f32, x: f32, y: f32) -> f32 {
+    let r = x.mul_add(y, c);
+    /// Unbounded rounding gives 2^-126 from here up: half an ulp (2^-151) below it.
+    const ROUNDS_UP_FROM: f64 = f32::MIN_POSITIVE as f64 * (1.0 - 1.0 / (1u64 << 25) as f64);
+    if r.abs() > f32::MIN_POSITIVE || r.is_nan() || (r.abs() == f32::MIN_POSITIVE && (f64::from(c) + f64::from(x) * f64::from(y)).abs() >= ROUNDS_UP_FROM) {
+        r
+    } else {
+        0f32.copysign(r)
+    }
+}
+
+/// `tile[r] += a[r] · panel` in k order for the first `rows` rows (`a` rows are `k` long;
+/// panel rows are `ldb` apart and at least [`NR`] long); `fused`: one rounding per step
+/// ([`Products::Exact`]), else two ([`Products::Rounded`]).
+fn micro(a: &[f32], k: usize, panel: &[f32], ldb: usize, tile: &mut [[f32; NR]; MR], rows: usize, fused: bool) {
     assert!((1..=MR).contains(&rows) && a.len() >= rows * k && (k == 0 || panel.len() >= (k - 1) * ldb + NR));
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has AVX-512F (checked above); the lengths were checked above.
         unsafe {
-            match (rows, products) {
-                (8, Products::Exact) => avx512::micro::<8, true>(a, k, panel, ldb, tile),
-                (8, Products::Rounded) => avx512::micro::<8, false>(a, k, panel, ldb, tile),
-                (r, p) => {
+            match (rows, fused) {
+                (MR, true) => avx512::micro::<MR, true>(a, k, panel, ldb, tile),
+                (MR, false) => avx512::micro::<MR, false>(a, k, panel, ldb, tile),
+                (r, fused) => {
                     for row in 0..r {
                         let t: &mut [[f32; NR]; 1] = (&mut tile[row..row + 1]).try_into().expect("one row");
-                        match p {
-                            Products::Exact => avx512::micro::<1, true>(&a[row * k..], k, panel, ldb, t),
-                            Products::Rounded => avx512::micro::<1, false>(&a[row * k..], k, panel, ldb, t),
+                        if fused {
+                            avx512::micro::<1, true>(&a[row * k..], k, panel, ldb, t);
+                        } else {
+                            avx512::micro::<1, false>(&a[row * k..], k, panel, ldb, t);
                         }
                     }
                 }
@@ -176,9 +415,10 @@ fn micro(a: &[f32], k: usize, panel: &[f32], ldb: usize, tile: &mut [[f32; NR]; 
         let ar = &a[r * k..(r + 1) * k];
         for (kk, &x) in ar.iter().enumerate() {
             let br = &panel[kk * ldb..kk * ldb + NR];
-            match products {
-                Products::Exact => t.iter_mut().zip(br).for_each(|(c, y)| *c = x.mul_add(*y, *c)),
-                Products::Rounded => t.iter_mut().zip(br).for_each(|(c, y)| *c += x * y),
+            if fused {
+                t.iter_mut().zip(br).for_each(|(c, y)| *c = x.mul_add(*y, *c));
+            } else {
+                t.iter_mut().zip(br).for_each(|(c, y)| *c += x * y);
             }
         }
     }
@@ -233,6 +473,107 @@ mod avx512 {
             }
         }
     }
+
+    /// [`micro_pairs`] reading `b`'s f32 rows in place (`k` rows of at least [`NR`] floats,
+    /// `ldb` apart, holding bf16 values), paired in registers: each pair lane is the odd
+    /// row's high half over the even row's high half; an odd k's missing row is -0.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and AVX-512 BF16; `a` must hold `R` rows of `kp =
+    /// k.div_ceil(2)` pairs, `b` `k` rows as above.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn micro_pairs_in_place<const R: usize>(a: &[u32], kp: usize, k: usize, b: &[f32], ldb: usize, tile: &mut [[f32; NR]; R]) {
+        const { assert!(R <= MR) };
+        let (ap, bp) = (a.as_ptr(), b.as_ptr());
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            // SAFETY: each tile row holds NR = 32 floats.
+            unsafe {
+                lo[r] = _mm512_loadu_ps(tile[r].as_ptr());
+                hi[r] = _mm512_loadu_ps(tile[r].as_ptr().add(16));
+            }
+        }
+        let high_half = _mm512_set1_epi32(0xffff_0000_u32 as i32);
+        let pair = |even: __m512, odd: __m512| -> __m512bh {
+            let v = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(odd), high_half), _mm512_srli_epi32::<16>(_mm512_castps_si512(even)));
+            // SAFETY: both are 512 bits of plain data.
+            unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
+        };
+        let neg_zero = _mm512_set1_ps(-0.0);
+        for p in 0..kp {
+            // SAFETY: the caller guarantees k rows of NR floats, ldb apart, in `b` and R rows
+            // of kp in `a`.
+            unsafe {
+                let even = bp.add(2 * p * ldb);
+                let (odd0, odd1) = if 2 * p + 1 < k {
+                    let odd = bp.add((2 * p + 1) * ldb);
+                    (_mm512_loadu_ps(odd), _mm512_loadu_ps(odd.add(16)))
+                } else {
+                    (neg_zero, neg_zero)
+                };
+                let b0 = pair(_mm512_loadu_ps(even), odd0);
+                let b1 = pair(_mm512_loadu_ps(even.add(16)), odd1);
+                for r in 0..R {
+                    let x = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*ap.add(r * kp + p) as i32));
+                    lo[r] = _mm512_dpbf16_ps(lo[r], x, b0);
+                    hi[r] = _mm512_dpbf16_ps(hi[r], x, b1);
+                }
+            }
+        }
+        for r in 0..R {
+            // SAFETY: as above.
+            unsafe {
+                _mm512_storeu_ps(tile[r].as_mut_ptr(), lo[r]);
+                _mm512_storeu_ps(tile[r].as_mut_ptr().add(16), hi[r]);
+            }
+        }
+    }
+
+    /// `tile[..R] += a[..R] · panel` under the pair rule: one `vdpbf16ps` per pair of k and
+    /// 16 columns, two accumulators per row held in registers.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and AVX-512 BF16; `a` must hold `R` rows of `kp` pairs,
+    /// `panel` `kp` rows of [`NR`] pairs.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn micro_pairs<const R: usize>(a: &[u32], kp: usize, panel: &[u32], tile: &mut [[f32; NR]; R]) {
+        const { assert!(R <= MR) };
+        let (ap, bp) = (a.as_ptr(), panel.as_ptr());
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            // SAFETY: each tile row holds NR = 32 floats.
+            unsafe {
+                lo[r] = _mm512_loadu_ps(tile[r].as_ptr());
+                hi[r] = _mm512_loadu_ps(tile[r].as_ptr().add(16));
+            }
+        }
+        let bf16 = |v: __m512i| -> __m512bh {
+            // SAFETY: both are 512 bits of plain data.
+            unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
+        };
+        for p in 0..kp {
+            // SAFETY: the caller guarantees kp rows of NR pairs in `panel` and R rows of kp
+            // in `a`.
+            unsafe {
+                let b0 = bf16(_mm512_loadu_si512(bp.add(p * NR).cast()));
+                let b1 = bf16(_mm512_loadu_si512(bp.add(p * NR + 16).cast()));
+                for r in 0..R {
+                    let x = bf16(_mm512_set1_epi32(*ap.add(r * kp + p) as i32));
+                    lo[r] = _mm512_dpbf16_ps(lo[r], x, b0);
+                    hi[r] = _mm512_dpbf16_ps(hi[r], x, b1);
+                }
+            }
+        }
+        for r in 0..R {
+            // SAFETY: as above.
+            unsafe {
+                _mm512_storeu_ps(tile[r].as_mut_ptr(), lo[r]);
+                _mm512_storeu_ps(tile[r].as_mut_ptr().add(16), hi[r]);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -253,6 +594,23 @@ mod tests {
         }
     }
 
+    /// The pair rule, element by element ([`pair_step`], inputs and `c` flushed first).
+    fn naive_pairs(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
+        let input = |x: f32| halves(bf16_bits(x)).0;
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = flush(c[i * n + j]);
+                for p in (0..k).step_by(2) {
+                    if p + 1 < k {
+                        s = pair_step(s, input(a[i * k + p + 1]), input(b[(p + 1) * n + j]));
+                    }
+                    s = pair_step(s, input(a[i * k + p]), input(b[p * n + j]));
+                }
+                c[i * n + j] = s;
+            }
+        }
+    }
+
     fn values(n: usize, seed: u32, bf16: bool) -> Vec<f32> {
         let mut x = seed.wrapping_mul(2_654_435_761).max(1);
         (0..n)
@@ -266,27 +624,134 @@ mod tests {
             .collect()
     }
 
+    fn same_bits(x: &[f32], y: &[f32]) -> bool {
+        x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()))
+    }
+
     #[test]
     fn bit_identical_to_the_sequential_order_at_every_shape_and_thread_count() {
         for &(m, k, n) in &[(1, 1, 1), (3, 7, 5), (8, 64, 32), (9, 33, 65), (17, 300, 100), (64, 512, 256), (1, 1024, 640)] {
-            for (exact, bf16) in [(Products::Exact, true), (Products::Rounded, false)] {
+            for (exact, bf16) in [(Products::Bf16Pairs, true), (Products::Exact, true), (Products::Rounded, false)] {
                 let (a, b) = (values(m * k, 1, bf16), values(k * n, 2, bf16));
                 let c0 = values(m * n, 3, false);
                 let mut want = c0.clone();
-                naive(&a, &b, &mut want, m, k, n);
+                if exact == Products::Bf16Pairs {
+                    naive_pairs(&a, &b, &mut want, m, k, n);
+                } else {
+                    naive(&a, &b, &mut want, m, k, n);
+                }
                 for threads in [1, 2, 3] {
                     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
                     let mut got = c0.clone();
                     pool.install(|| gemm_f32(&a, &b, BLayout::RowMajor, &mut got, m, k, n, exact));
-                    let same = got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
-                    assert!(same, "{m}x{k}x{n} {exact:?} on {threads} threads differs from the sequential order");
+                    assert!(same_bits(&got, &want), "{m}x{k}x{n} {exact:?} on {threads} threads differs from the sequential order");
                     // The same b stored transposed.
                     let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
                     let mut got = c0.clone();
                     pool.install(|| gemm_f32(&a, &bt, BLayout::Transposed, &mut got, m, k, n, exact));
-                    let same = got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
-                    assert!(same, "{m}x{k}x{n} {exact:?}, b transposed, on {threads} threads differs from the sequential order");
+                    assert!(same_bits(&got, &want), "{m}x{k}x{n} {exact:?}, b transposed, on {threads} threads differs from the sequential order");
                 }
+            }
+        }
+    }
+
+    /// One pair step through the dispatching kernel (the CPU's `vdpbf16ps` where it has it)
+    /// and through the portable one (also compiled for AVX2 + FMA where the CPU has them):
+    /// `c + a1·b1 + a0·b0`, as the pair rule orders it.
+    fn pair_both_ways(c: f32, a0: f32, a1: f32, b0: f32, b1: f32) -> (f32, f32) {
+        let a = [pair_bits(a0, bf16_bits(a1))];
+        let mut panel = vec![0u32; NR];
+        panel[0] = pair_bits(b0, bf16_bits(b1));
+        let run = |portable: bool| {
+            let mut tile = [[0f32; NR]; MR];
+            tile[0][0] = c;
+            if portable {
+                portable_pairs(&a, 1, &panel, &mut tile, 1);
+                #[cfg(target_arch = "x86_64")]
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    let mut fma = [[0f32; NR]; MR];
+                    fma[0][0] = c;
+                    // SAFETY: the CPU has AVX2 and FMA (checked above).
+                    unsafe { portable_pairs_fma(&a, 1, &panel, &mut fma, 1) };
+                    assert_eq!(fma[0][0].to_bits(), tile[0][0].to_bits(), "the portable kernel compiled for FMA differs");
+                }
+            } else {
+                micro_pairs(&a, 1, &panel, &mut tile, 1);
+            }
+            tile[0][0]
+        };
+        (run(false), run(true))
+    }
+
+    #[test]
+    fn the_pair_rule_at_its_edges() {
+        let p = |e: i32| 2f32.powi(e);
+        #[rustfmt::skip]
+        let cases: [(&str, [f32; 5], f32); 12] = [
+            // (what, [c, a0, a1, b0, b1], c + a1·b1 + a0·b0 under the rule)
+            ("the odd product first", [1.0, -p(24), p(24), 1.0, 1.0], 0.0),
+            ("the odd product first (swapped)", [1.0, p(24), -p(24), 1.0, 1.0], 1.0),
+            ("each step rounded", [1.0, p(-24), p(-24), 1.0, 1.0], 1.0),
+            ("ties to even", [1.0, 0.0, 1.5 * p(-24), 0.0, 1.0], 1.0 + p(-23)),
+            ("a denormal input is zero", [0.0, 0.0, f32::from_bits(0x0008_0000), 0.0, 1024.0], 0.0),
+            ("a denormal c is zero of its sign", [-p(-130), -0.0, -0.0, 1.0, 1.0], -0.0),
+            ("a denormal result is zero of its sign", [-p(-125), -0.0, 1.5 * p(-126), 1.0, 1.0], -0.0),
+            ("the product is exact (fused)", [p(-125), 0.0, p(-63), 0.0, p(-64)], 1.25 * p(-125)),
+            ("an overflowing product is exact (fused)", [-3e38, 0.0, p(64), 0.0, p(64)], (2f64.powi(128) - 3e38f64) as f32),
+            ("unbounded rounding, below 2^-126 by more than half an ulp: flushed", [p(-126), -0.0, -1.5 * p(-76), 1.0, p(-75)], 0.0),
+            ("unbounded rounding, below 2^-126 by a quarter ulp: 2^-126", [p(-126), -0.0, -p(-76), 1.0, p(-75)], p(-126)),
+            ("the largest float below 2^-126 with an unbounded exponent: flushed", [p(-126), -0.0, -p(-76), 1.0, p(-74)], 0.0),
+        ];
+        for (what, [c, a0, a1, b0, b1], want) in cases {
+            let (got, portable) = pair_both_ways(c, a0, a1, b0, b1);
+            assert_eq!(got.to_bits(), want.to_bits(), "{what}: kernel gives {got:e}, the rule {want:e}");
+            assert_eq!(portable.to_bits(), want.to_bits(), "{what}: portable kernel gives {portable:e}, the rule {want:e}");
+        }
+        let (got, portable) = pair_both_ways(1.0, f32::INFINITY, 0.0, 0.0, 1.0);
+        assert!(got.is_nan() && portable.is_nan(), "inf · 0 is NaN: {got}, {portable}");
+    }
+
+    /// bf16 values of every kind: normal, denormal, tiny (products near 2^-126), huge
+    /// (products overflow), signed zeros, infinities, NaN, and ties.
+    fn awkward_bf16(n: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(2_654_435_761).max(1);
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        (0..n)
+            .map(|_| {
+                let r = next();
+                let sign = if r & 1 == 0 { 1.0 } else { -1.0 };
+                let mant = 1.0 + ((r >> 1) & 0x7f) as f32 / 128.0;
+                let v = match (r >> 8) % 16 {
+                    0 => f32::from_bits((r >> 12) & 0x007f_0000) * sign,
+                    1..=3 => mant * 2f32.powi(-50 - ((r >> 12) % 30) as i32) * sign,
+                    4 => mant * 2f32.powi(60 + ((r >> 12) % 8) as i32) * sign,
+                    5 => 0.0 * sign,
+                    6 if (r >> 12) % 8 == 0 => f32::INFINITY * sign,
+                    7 if (r >> 12) % 8 == 0 => f32::NAN,
+                    _ => mant * 2f32.powi(((r >> 12) % 9) as i32 - 4) * sign,
+                };
+                half::bf16::from_f32(v).to_f32()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_kernel_and_the_portable_pair_rule_agree_on_awkward_values() {
+        for &(m, k, n) in &[(8, 64, 32), (9, 33, 65), (17, 300, 100)] {
+            for seed in 0..4 {
+                let (a, b) = (awkward_bf16(m * k, 10 + seed), awkward_bf16(k * n, 20 + seed));
+                let c0: Vec<f32> = awkward_bf16(m * n, 30 + seed);
+                let mut want = c0.clone();
+                naive_pairs(&a, &b, &mut want, m, k, n);
+                let mut got = c0.clone();
+                gemm_f32(&a, &b, BLayout::RowMajor, &mut got, m, k, n, Products::Bf16Pairs);
+                let differ = got.iter().zip(&want).position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()));
+                assert!(differ.is_none(), "{m}x{k}x{n} seed {seed}: element {differ:?} is {:e}, the portable rule gives {:e}", got[differ.unwrap()], want[differ.unwrap()]);
             }
         }
     }

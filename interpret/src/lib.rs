@@ -21,7 +21,8 @@
 //! - `memory.rs`: buffers, resolving views against them, the DMA/semaphore model and race
 //!   detection.
 //! - `exec.rs`: the instruction loop, matmul, reductions, shape ops.
-//! - `gemm.rs`: the tile matmul kernel (fixed k-order accumulation, AVX-512 when present).
+//! - `gemm.rs`: the tile matmul kernel (a fixed order of products: k in pairs for bf16, as
+//!   `vdpbf16ps` takes them, k in order otherwise; AVX-512 when present).
 //! - `grid.rs`: the grid walk (points of leading `parallel` dims on the rayon pool),
 //!   `transform_N` block indices, window copy-in/write-back.
 //! - `devices.rs`: N virtual devices of a mesh ([`Program::run_devices`]): turns, remote

@@ -319,7 +319,13 @@ impl Memory {
             self.bufs[src.buf].data.clone()
         };
         let (so, ss): (isize, SmallVec<[isize; 4]>) = if src.buf == dst.buf { (0, strides_of(&shape).iter().map(|&x| x as isize).collect()) } else { (so, ss) };
-        match (Arc::make_mut(&mut self.bufs[dst.buf].data), &*from) {
+        let d = &mut self.bufs[dst.buf];
+        // Overwriting all of a shared buffer (a window a parallel task inherited, a tile still
+        // holding it): new storage rather than a copy of what is about to be overwritten.
+        if Arc::strong_count(&d.data) > 1 && shape.iter().product::<usize>() == d.data.len() {
+            d.data = Arc::new(Data::filled(d.dt, d.data.len(), 0.0, 0));
+        }
+        match (Arc::make_mut(&mut d.data), &*from) {
             (Data::F(d), Data::F(s)) => copy_strided(d, doff, &ds, s, so, &ss, &shape),
             (Data::I(d), Data::I(s)) => copy_strided(d, doff, &ds, s, so, &ss, &shape),
             _ => bail!(Mismatch, "copy between different element kinds"),
