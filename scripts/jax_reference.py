@@ -6,7 +6,7 @@ libtpu compiles for a chip's topology and estimates cycles statically.
   serialize MODULE.mlir          the serialized (stable_mosaic, current version) text JAX would
                                  embed in a tpu_custom_call for this Mosaic module, parsed and
                                  verified with JAX's registered tpu dialect: {"body": ...}
-  pallas matmul|gemv|array_ops|flash_attention[:k=v,...] --chip C [--no-estimate]
+  pallas matmul|gemv|array_ops|element_windows|flash_attention[:k=v,...] --chip C [--no-estimate]
                                  JAX Pallas's own reference kernel: its Mosaic module as Pallas
                                  prints it (debug=True, canonicalized), the body it embeds, its
                                  call spec, and libtpu's code size and estimated cycles (null
@@ -193,6 +193,28 @@ def flash_attention(q, k, v, block_q, block_k_major, block_k, causal, kv_buffers
         debug=debug)(q, k, v)
 
 
+def element_windows(x, *, debug=False):
+    """Palladium's `element_windows` coverage kernel written in Pallas, line for line:
+    `pl.Element` blocks (element offsets from the index maps), the input padded 8 rows after."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def body(x_ref, o_ref):
+        here = x_ref[0:8, :]
+        o_ref[...] = here
+
+        @pl.when(pl.program_id(0) < pl.num_programs(0) - 1)
+        def _():
+            o_ref[...] = here + x_ref[8:16, :]
+    rows = x.shape[0]
+    return pl.pallas_call(
+        body, out_shape=jax.ShapeDtypeStruct((rows, 128), jnp.float32), grid=(rows // 8,),
+        in_specs=[pl.BlockSpec((pl.Element(16, (0, 8)), pl.Element(128)), lambda i: (i * 8, 0))],
+        out_specs=pl.BlockSpec((pl.Element(8), pl.Element(128)), lambda i: (i * 8, 0)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        debug=debug)(x)
+
+
 def reference(name):
     """(function of the operands taking debug=, operand types) of a reference kernel."""
     bf16 = jnp.bfloat16
@@ -207,6 +229,8 @@ def reference(name):
     if name == "array_ops":
         return (array_ops, [jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((16, 256), jnp.float32),
                             jax.ShapeDtypeStruct((128, 128), jnp.float32)])
+    if name == "element_windows":
+        return (element_windows, [jax.ShapeDtypeStruct((32, 128), jnp.float32)])
     if name.startswith("flash_attention"):
         # `flash_attention[:k=v,...]`: FLASH with overrides (the Palladium kernel's --set names).
         p = dict(FLASH)
@@ -219,7 +243,7 @@ def reference(name):
         q = jax.ShapeDtypeStruct((p["batch"], p["heads"], p["seq_q"], p["head_dim"]), bf16)
         kv = jax.ShapeDtypeStruct((p["batch"], p["heads"], p["seq_k"], p["head_dim"]), bf16)
         return (lambda q_, k_, v_, debug=False: flash_attention(q_, k_, v_, **fa, debug=debug), [q, kv, kv])
-    raise ValueError(f"unknown reference kernel {name!r}; known: matmul, gemv, array_ops, flash_attention[:k=v,...]")
+    raise ValueError(f"unknown reference kernel {name!r}; known: matmul, gemv, array_ops, element_windows, flash_attention[:k=v,...]")
 
 
 def mosaic_context():
@@ -322,7 +346,7 @@ def main():
     s = sub.add_parser("serialize")
     s.add_argument("module")
     r = sub.add_parser("pallas")
-    r.add_argument("name", help="matmul, gemv, array_ops or flash_attention[:k=v,...] (e.g. flash_attention:causal=false)")
+    r.add_argument("name", help="matmul, gemv, array_ops, element_windows or flash_attention[:k=v,...] (e.g. flash_attention:causal=false)")
     r.add_argument("--chip", default="v6e", choices=sorted(deviceless.TOPOLOGIES))
     r.add_argument("--no-estimate", action="store_true", help="compile without libtpu's static profile")
     c = sub.add_parser("compile-time")

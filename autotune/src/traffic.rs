@@ -270,8 +270,9 @@ fn advance(point: &mut [i64], extents: &[u64]) {
     }
 }
 
-/// HBM bytes of the block at block index `idx`: each dim's window clipped to the array (a
-/// partial edge block only moves its in-bounds part). Out-of-range indices are errors.
+/// HBM bytes of the block at block index `idx` (element offsets for element windows): each
+/// dim's window clipped to the array (a partial edge block, or an element window's padding,
+/// moves only its in-bounds part). Out-of-range indices are errors.
 fn block_bytes(o: &OperandSpec, idx: &[i64]) -> Result<u64, String> {
     let dims: Vec<BlockDim> = match &o.block {
         Some(b) => b.clone(),
@@ -282,6 +283,13 @@ fn block_bytes(o: &OperandSpec, idx: &[i64]) -> Result<u64, String> {
     }
     let mut elements = 1u64;
     for (d, ((&i, b), &n)) in idx.iter().zip(&dims).zip(o.shape.dims()).enumerate() {
+        if let BlockDim::Element { size, pad: (lo, hi) } = *b {
+            let Some(first) = u64::try_from(i).ok().filter(|&s| s + size <= n + lo + hi) else {
+                return Err(format!("element offset {i} in dim {d}: its window of {size} is outside the array (dim {n}, padded by {lo} and {hi})"));
+            };
+            elements *= (first + size).min(n + lo).saturating_sub(first.max(lo));
+            continue;
+        }
         let b = b.extent();
         let start = u64::try_from(i).ok().and_then(|i| i.checked_mul(b)).filter(|&s| s < n);
         let Some(start) = start else {

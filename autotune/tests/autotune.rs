@@ -260,3 +260,14 @@ fn other_runners_plug_in() {
     assert_eq!(report.best().unwrap().cost().unwrap().cycles, 4.0);
     assert!(report.table().contains("rej:runner"));
 }
+
+/// Element windows (`element_windows`: x's 16-row windows every 8 rows, padded 8 after) move
+/// only their rows inside the array: 3 full windows and one half in padding, and 4 output
+/// windows of 8 rows.
+#[test]
+fn element_windows_move_only_rows_inside_the_array() {
+    let k = palladium_kernels::coverage::element_windows::build(&Default::default()).unwrap();
+    let t = analyze(&k, &Prefetch::new()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(t.hbm_read_bytes, (3 * 16 + 8) * 128 * 4);
+    assert_eq!(t.hbm_write_bytes, 4 * 8 * 128 * 4);
+}

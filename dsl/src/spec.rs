@@ -33,20 +33,33 @@ pub struct GridDim {
     pub semantics: Semantics,
 }
 
-/// One dimension of a block: a blocked extent, or a squeezed (`None` / `pl.Squeezed()`) dim
-/// that the kernel sees without (the memref keeps it as size 1, as Pallas does).
+/// One dimension of a block: a blocked extent, a squeezed (`None` / `pl.Squeezed()`) dim
+/// that the kernel sees without (the memref keeps it as size 1, as Pallas does), or an
+/// element-indexed extent (`Element(n)` / `pl.Element(n, (lo, hi))`): the index map returns
+/// the window's first element (in the array padded by `lo` before and `hi` after) instead of
+/// a block index, so windows may overlap. As in Pallas (jax 0.10.2), an operand with one
+/// element dim has no blocked ones.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum BlockDim {
     Blocked(u64),
     Squeezed,
+    Element { size: u64, pad: (u64, u64) },
 }
 
 impl BlockDim {
     /// The extent in the window memref (squeezed dims are 1).
     pub fn extent(self) -> u64 {
         match self {
-            BlockDim::Blocked(n) => n,
+            BlockDim::Blocked(n) | BlockDim::Element { size: n, .. } => n,
             BlockDim::Squeezed => 1,
+        }
+    }
+
+    /// The padding `(before, after)` of an element dim; none for the others.
+    pub fn padding(self) -> (u64, u64) {
+        match self {
+            BlockDim::Element { pad, .. } => pad,
+            BlockDim::Blocked(_) | BlockDim::Squeezed => (0, 0),
         }
     }
 }
@@ -56,6 +69,8 @@ impl fmt::Display for BlockDim {
         match self {
             BlockDim::Blocked(n) => write!(f, "{n}"),
             BlockDim::Squeezed => f.write_str("squeezed"),
+            BlockDim::Element { size, pad: (0, 0) } => write!(f, "Element({size})"),
+            BlockDim::Element { size, pad: (lo, hi) } => write!(f, "Element({size}, ({lo}, {hi}))"),
         }
     }
 }
@@ -82,7 +97,8 @@ pub struct OperandSpec {
     /// grid-less kernels).
     pub block: Option<Vec<BlockDim>>,
     /// The traced index map: a block whose parameters are the grid indices and the
-    /// prefetch refs, ending in a `yield` of one i32 block index per array dim.
+    /// prefetch refs, ending in a `yield` of one i32 block index per array dim (an element offset for an
+    /// element-indexed block).
     pub index_map: Option<Block>,
     /// Where it is declared (its `#[input(..)]`/`#[output(..)]`/`#[prefetch(..)]` attribute):
     /// call-spec errors about it point there.
@@ -128,6 +144,12 @@ impl OperandSpec {
             Some(b) => Shape(b.iter().map(|d| d.extent()).collect()),
             None => self.shape.clone(),
         }
+    }
+
+    /// Whether the block is element-indexed (Pallas's `window_kind = #tpu.element_window`):
+    /// its index map returns element offsets.
+    pub fn has_element_window(&self) -> bool {
+        self.block.as_ref().is_some_and(|b| b.iter().any(|d| matches!(d, BlockDim::Element { .. })))
     }
 
     /// Whether the grid windows this operand (it gets a `transform_N` function).

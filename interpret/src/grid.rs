@@ -26,6 +26,9 @@ struct Operand {
     hbm: usize,
     /// The window buffer and its shape, for windowed operands.
     window: Option<(usize, Vec<usize>)>,
+    /// Element windows' per-dim `(before, after)` padding (the transform's results are
+    /// element offsets into the padded array).
+    element_pads: Option<Vec<(usize, usize)>>,
     transform: Option<usize>,
     is_output: bool,
     label: String,
@@ -133,6 +136,16 @@ impl Program {
         r.iter().map(Val::int).collect::<Result<Vec<_>>>().map_err(|e| with_point(e, point))
     }
 
+    /// `e` located at the last op of transform `f`: the kernel source line of the index map.
+    fn at_transform(&self, mut e: InterpError, f: usize) -> InterpError {
+        if e.site.is_none()
+            && let Some(ins) = self.funcs[f].body.instrs.last()
+        {
+            e.site = Some(self.sites[ins.site as usize].clone());
+        }
+        e
+    }
+
     fn run_impl(&self, inputs: &[HostArray], spec: Option<&CallSpec>) -> Result<Vec<HostArray>> {
         let mut m = Machine { prog: self, mem: Memory::default(), point: Vec::new(), link: None };
         self.run_on(&mut m, inputs, spec)
@@ -209,7 +222,10 @@ impl Program {
                                 *h = (*h).max(*x);
                             }
                         }
-                        hi.iter().zip(&wshape).map(|(h, w)| (*h as usize + 1) * w).collect()
+                        match wp.as_ref().and_then(|w| w.element_pads.as_ref()) {
+                            Some(pads) => hi.iter().zip(&wshape).zip(pads).map(|((h, w), (lo, _))| (*h as usize + w).saturating_sub(*lo)).collect(),
+                            None => hi.iter().zip(&wshape).map(|(h, w)| (*h as usize + 1) * w).collect(),
+                        }
                     }
                 };
                 let id = m.mem.alloc(dt, &shape, Space::Hbm, label.clone());
@@ -237,7 +253,8 @@ impl Program {
                 }
                 None
             };
-            ops.push(Operand { hbm, window, transform, is_output, label, prev: None });
+            let element_pads = wp.and_then(|w| w.element_pads);
+            ops.push(Operand { hbm, window, element_pads, transform, is_output, label, prev: None });
         }
 
         // Scratch (lives for the whole kernel).
@@ -287,7 +304,11 @@ impl Program {
             let mut idx: Vec<Option<Vec<i64>>> = Vec::new();
             for o in ops.iter() {
                 idx.push(match (&o.window, o.transform) {
-                    (Some(_), Some(f)) => Some(self.transform(m, f, &pt, prefetch)?),
+                    (Some(_), Some(f)) => {
+                        let at = self.transform(m, f, &pt, prefetch)?;
+                        block_in_bounds(&m.mem, o, &at).map_err(|e| with_point(self.at_transform(e, f), &pt))?;
+                        Some(at)
+                    }
                     (Some((_, w)), None) => Some(vec![0; w.len()]),
                     _ => None,
                 });
@@ -422,39 +443,60 @@ fn load_host(prog: &Program, mem: &mut Memory, position: usize, host: &HostArray
     Ok(mem.adopt(dt, &host.shape, space, name, prog.widened.get(position, host)))
 }
 
-/// At least one element of the block must be inside the array (Pallas's rule for partial
-/// blocks); negative block indices are always out of bounds.
-fn block_in_bounds(mem: &Memory, o: &Operand, block: &[i64]) -> Result<()> {
-    let Some((_, w)) = &o.window else { return Ok(()) };
+/// The window's first element along each dim in array coordinates (negative or past the end
+/// in an element window's padding), or an error if the block is out of bounds: a block index
+/// must be non-negative with at least one element inside the array (Pallas's rule for partial
+/// blocks); an element window must lie inside the padded array.
+fn window_start(mem: &Memory, o: &Operand, block: &[i64]) -> Result<Vec<i64>> {
+    let Some((_, w)) = &o.window else { return Ok(Vec::new()) };
     let shape = &mem.bufs[o.hbm].shape;
+    let mut start = Vec::with_capacity(w.len());
     for d in 0..w.len() {
-        let start = block[d] * w[d] as i64;
-        if block[d] < 0 || start >= shape[d] as i64 {
-            return Err(InterpError::new(
-                ErrorKind::OutOfBounds,
-                format!("block index ({}) of {} (window [{}]) is outside the array [{}]", join(block), o.label, join(w), join(shape)),
-            ));
+        let (n, size) = (shape[d] as i64, w[d] as i64);
+        let (s, inside) = match &o.element_pads {
+            Some(pads) => {
+                let (lo, hi) = (pads[d].0 as i64, pads[d].1 as i64);
+                (block[d] - lo, block[d] >= 0 && block[d] + size <= n + lo + hi)
+            }
+            None => (block[d] * size, block[d] >= 0 && block[d] * size < n),
+        };
+        if !inside {
+            let what = match &o.element_pads {
+                Some(pads) => format!("element window at ({}) of {} (window [{}], padding {pads:?})", join(block), o.label, join(w)),
+                None => format!("block index ({}) of {} (window [{}])", join(block), o.label, join(w)),
+            };
+            return Err(InterpError::new(ErrorKind::OutOfBounds, format!("{what} is outside the array [{}]", join(shape))));
         }
+        start.push(s);
     }
-    Ok(())
+    Ok(start)
+}
+
+fn block_in_bounds(mem: &Memory, o: &Operand, block: &[i64]) -> Result<()> {
+    window_start(mem, o, block).map(drop)
 }
 
 /// Copy a block between the array and the window: `into_window` (input copy-in, the part
 /// outside the array is poison) or back (output write-back, clipped to the array).
 fn window_copy(mem: &mut Memory, o: &Operand, block: &[i64], into_window: bool) -> Result<()> {
     let Some((w, wshape)) = &o.window else { return Ok(()) };
-    block_in_bounds(mem, o, block)?;
+    let first = window_start(mem, o, block)?;
     let shape = mem.bufs[o.hbm].shape.clone();
+    // The part of the window inside the array: from `start` in the array, `skip` in the window.
     let mut start: SmallVec<[usize; 4]> = SmallVec::new();
+    let mut skip: SmallVec<[usize; 4]> = SmallVec::new();
     let mut size: SmallVec<[usize; 4]> = SmallVec::new();
     for d in 0..wshape.len() {
-        let s = block[d] as usize * wshape[d];
-        start.push(s);
-        size.push(wshape[d].min(shape[d] - s));
+        let n = shape[d] as i64;
+        let lo = first[d].clamp(0, n);
+        let hi = (first[d] + wshape[d] as i64).min(n).max(lo);
+        start.push(lo as usize);
+        skip.push(if hi > lo { (lo - first[d]) as usize } else { 0 });
+        size.push((hi - lo) as usize);
     }
     let rank = wshape.len() as u8;
     let arr = View { buf: o.hbm, start, size: size.clone(), dims: (0..rank).collect() };
-    let win = View { buf: *w, start: SmallVec::from_elem(0, wshape.len()), size, dims: (0..rank).collect() };
+    let win = View { buf: *w, start: skip, size, dims: (0..rank).collect() };
     if into_window {
         mem.check_access(&mem.whole(*w), true, &format!("copy-in of {} block ({}) into", o.label, join(block)))?;
         if win.size.as_slice() != wshape.as_slice() {

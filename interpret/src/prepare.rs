@@ -126,6 +126,9 @@ pub(crate) struct WindowParam {
     /// Index into `Program::funcs` of its `transform_N`.
     pub transform: Option<usize>,
     pub bounds: Option<Vec<usize>>,
+    /// `window_kind = #tpu.element_window<[before..], [after..]>`: the transform returns
+    /// element offsets into the array padded by these, not block indices.
+    pub element_pads: Option<Vec<(usize, usize)>>,
 }
 
 /// A prepared kernel, ready to run any number of times.
@@ -875,9 +878,13 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
                     },
                     Some(other) => bail!(Unsupported, "transform_indices {other} (only symbol references are supported)"),
                 };
-                if get("window_kind").is_some() {
-                    bail!(Unsupported, "element windows (window_kind)");
-                }
+                let element_pads = match get("window_kind") {
+                    None => None,
+                    Some(kind) => match kind.dialect("tpu.element_window").and_then(element_window_pads) {
+                        Some(pads) => Some(pads),
+                        None => bail!(Unsupported, "window_kind {kind} (expected #tpu.element_window<[before..], [after..]>)"),
+                    },
+                };
                 // Here a window is copied in (or written back) at the step its block changes,
                 // so one buffer or two compute the same: only the mode's spelling is checked.
                 if let Some(mode) = get("pipeline_mode")
@@ -889,7 +896,12 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
                     Some(v) => Some(v.into_iter().map(|x| usize::try_from(x).map_err(|_| InterpError::new(ErrorKind::Malformed, format!("window_bounds {x}")))).collect::<Result<Vec<_>>>()?),
                     None => None,
                 };
-                out.push(WindowParam { transform, bounds });
+                if let (Some(p), Some(b)) = (&element_pads, &bounds)
+                    && p.len() != b.len()
+                {
+                    bail!(Malformed, "window_kind pads {} dims, window_bounds has {}", p.len(), b.len());
+                }
+                out.push(WindowParam { transform, bounds, element_pads });
             }
             Some(out)
         }
@@ -925,4 +937,15 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
 #[allow(dead_code)]
 pub(crate) fn site_err(kind: ErrorKind, site: &OpSite, msg: String) -> InterpError {
     err_at(kind, site, msg)
+}
+
+/// The per-dim `(before, after)` paddings of an `element_window` body `[0, 0], [8, 0]`.
+fn element_window_pads(body: &str) -> Option<Vec<(usize, usize)>> {
+    let list = |t: &str| -> Option<Vec<usize>> {
+        let inner = t.trim().strip_prefix('[')?.strip_suffix(']')?.trim();
+        if inner.is_empty() { Some(Vec::new()) } else { inner.split(',').map(|x| x.trim().parse().ok()).collect() }
+    };
+    let (before, after) = body.split_once("],")?;
+    let (before, after) = (list(&format!("{before}]"))?, list(after)?);
+    (before.len() == after.len()).then(|| before.into_iter().zip(after).collect())
 }

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use palladium_kernels::coverage::{array_ops, switch_branches, casts, dynamic_dma, int8_dot, loops, masked_store, misc, nested_pipeline, semaphores, softmax_t, strided, transpose};
+use palladium_kernels::coverage::{array_ops, switch_branches, casts, dynamic_dma, element_windows, int8_dot, loops, masked_store, misc, nested_pipeline, semaphores, softmax_t, strided, transpose};
 use half::bf16;
 use palladium_dsl::prelude::*;
 use palladium_interpret::{ErrorKind, HostArray};
@@ -298,4 +298,23 @@ fn nested_pipeline_sums_every_streamed_chunk() {
             assert!(text.starts_with(&format!("DmaRace: `vector.load` at kernels/src/coverage.rs:{line}:{col} ")), "{text}");
         }
     }
+}
+
+/// `element_windows`: overlapping element-offset windows (one padded after) against a plain
+/// reference; without its padding, the input's last window runs past the array, an error
+/// naming the operand and the kernel's source line.
+#[test]
+fn element_windows_overlap_and_pad() {
+    let body = body_of(&element_windows::build(&Default::default()).unwrap());
+    let x = Rng::new(41).f32s(32 * 128);
+    let out = run(&body, &[HostArray::from_f32(&[32, 128], &x)]).unwrap_or_else(|e| panic!("{e}"));
+    let want: Vec<f32> = (0..32 * 128).map(|k| if k >= 24 * 128 { x[k] } else { x[k] + x[k + 8 * 128] }).collect();
+    assert_eq!(out[0].to_f32(), want);
+
+    let unpadded = edit(&body, "#tpu.element_window<[0, 0], [8, 0]>", "#tpu.element_window<[0, 0], [0, 0]>");
+    let text = expect_err(run(&unpadded, &[HostArray::from_f32(&[32, 128], &x)]), ErrorKind::OutOfBounds);
+    assert!(text.contains("element window at (24, 0) of input0") && text.contains("grid point (3)"), "{text}");
+    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/src/coverage.rs")).unwrap();
+    let line = source.lines().position(|l| l.contains("Element(16, (0, 8))")).unwrap() + 1;
+    assert!(text.contains(&format!("kernels/src/coverage.rs:{line}:")), "names the Rust line of the index map: {text}");
 }

@@ -25,6 +25,7 @@ pub const ALL: &[(&str, Build)] = &[
     ("switch_branches", || switch_branches::build(&Default::default())),
     ("nested_pipeline", || nested_pipeline::build(&Default::default())),
     ("strided", || strided::build(&Default::default())),
+    ("element_windows", || element_windows::build(&Default::default())),
 ];
 
 /// Traced control flow: an `scf.for` over `0..program_id(0)` carrying a vector and an i32,
@@ -258,4 +259,20 @@ pub fn strided(
     o[(ds(program_id(0) - program_id(0) + 1, 8).stride(2), ..)] = even + 1.0;
     spread[(ds(2, 8).stride(3), ..)] = x[(0..8, ..)];
     thirds[..] = spread[(ds(2, 8).stride(3), ..)] * 2.0;
+}
+
+/// Element-indexed blocks (Pallas's `pl.Element`, `#tpu.element_window`): the index maps
+/// return row offsets, so windows overlap. Step `i` reads rows `8i .. 8i + 16` of `x` padded
+/// by 8 rows after (the last step's second half is padding, never used) and writes the 8
+/// rows at offset `8i`: each row plus the row 8 below it (nothing below the last 8).
+#[kernel(grid = (4,), semantics = (parallel,))]
+pub fn element_windows(
+    #[input(f32[32, 128], block = [Element(16, (0, 8)), Element(128)], map = |i| (i * 8, 0))] x: Ref,
+    #[output(f32[32, 128], block = [Element(8), Element(128)], map = |i| (i * 8, 0))] o: Ref,
+) {
+    let here = x[(0..8, ..)];
+    o[..] = here;
+    if program_id(0) < num_programs(0) - 1 {
+        o[..] = here + x[(8..16, ..)];
+    }
 }

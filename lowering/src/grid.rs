@@ -112,6 +112,9 @@ fn kernel_func<'c, 'a>(cx: &mut LowerCx<'c, 'a>, module: &'a Module<'c>) -> Resu
                 }
                 entry.push((Identifier::new(ctx, "transform_indices"), FlatSymbolRefAttribute::new(ctx, &format!("transform_{n}")).into()));
                 entry.push((Identifier::new(ctx, "window_bounds"), DenseI64ArrayAttribute::new(ctx, &bounds).into()));
+                if let Some(block) = o.block.as_deref().filter(|_| o.has_element_window()) {
+                    entry.push((Identifier::new(ctx, "window_kind"), tpu::element_window(ctx, block)?));
+                }
                 entry
             } else {
                 Vec::new() // HBM/ANY: not windowed, `{}`

@@ -19,7 +19,7 @@ use melior::{
     },
 };
 use palladium_dsl::ir::{ArgReduceOp, DotDims, MemorySpace, Precision, SemKind};
-use palladium_dsl::spec::{PipelineMode, Semantics};
+use palladium_dsl::spec::{BlockDim, PipelineMode, Semantics};
 
 /// The discardable attribute that marks the `TensorCore` kernel function.
 pub(crate) const CORE_TYPE_ATTR: &str = "tpu.core_type";
@@ -46,6 +46,13 @@ pub(crate) fn dimension_semantics<'c>(ctx: &'c Context, dims: &[Semantics]) -> R
         .map(|s| parse_attr(ctx, &format!("#tpu.dimension_semantics<{}>", s.name())))
         .collect::<RuleResult<Vec<_>>>()?;
     Ok(ArrayAttribute::new(ctx, &attrs).into())
+}
+
+/// `#tpu.element_window<[before..], [after..]>`, the `window_kind` Pallas gives an operand whose
+/// block dims are `pl.Element` (one padding per dim; squeezed dims pad by 0).
+pub(crate) fn element_window<'c>(ctx: &'c Context, block: &[BlockDim]) -> RuleResult<Attribute<'c>> {
+    let list = |side: fn((u64, u64)) -> u64| block.iter().map(|b| side(b.padding()).to_string()).collect::<Vec<_>>().join(", ");
+    parse_attr(ctx, &format!("#tpu.element_window<[{}], [{}]>", list(|p| p.0), list(|p| p.1)))
 }
 
 /// `#tpu.pipeline_mode<synchronous|double_buffered>` for `Buffered(1|2)`, as Pallas lowers

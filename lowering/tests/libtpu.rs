@@ -218,6 +218,32 @@ fn kernels_compile_with_libtpu_and_match_jax() {
     }
 }
 
+/// `element_windows` (`pl.Element` blocks, padded after) against its Pallas twin (`pallas
+/// element_windows`): the same signatures and `window_params` (`window_kind =
+/// #tpu.element_window<..>`), the same ops, and JAX's serialization of our body; libtpu
+/// compiles it on v5e, v6e and v7x. (The kernel is in `kernels_compile_with_libtpu_and_match_jax`
+/// too; this test checks the Pallas twin alone, in seconds.)
+#[test]
+fn element_windows_match_pallas_and_compile() {
+    let dir = scratch_dir("libtpu_element_windows");
+    let k = palladium_kernels::coverage::element_windows::build(&Default::default()).unwrap_or_else(|e| panic!("{e}"));
+    let l = lowered(&k);
+    std::fs::write(dir.join("element_windows.mlir"), &l.module).unwrap();
+    let serialized = jax_reference(&dir, &["serialize", "element_windows.mlir"]);
+    assert_same_body("element_windows", &l.body, serialized["body"].as_str().unwrap());
+    let theirs = jax_reference(&dir, &["pallas", "element_windows", "--chip", "v6e"]);
+    let module = theirs["module"].as_str().unwrap();
+    let ours = l.canonical.replace("@element_windows(", "@body(");
+    assert!(module.contains("#tpu.element_window<[0, 0], [8, 0]>"), "Pallas's twin is not element-windowed:\n{module}");
+    assert_eq!(signature(&ours), signature(module), "element_windows: signature/window_params differ from Pallas's");
+    assert_eq!(op_sequence(&ours), op_sequence(module), "element_windows: op sequence differs from Pallas's");
+    let jobs: Vec<Job> = [Chip::V5e, Chip::V6e, Chip::V7x].into_iter().map(|chip| Job { program: program(&l), chip, serialize: false }).collect();
+    for (chip, c) in [Chip::V5e, Chip::V6e, Chip::V7x].iter().zip(Compiler::new(Estimate::No).unwrap().compile_all(&jobs)) {
+        let c = c.unwrap_or_else(|e| panic!("element_windows on {chip}: {e}"));
+        assert!(c.code_size_bytes > 0, "element_windows on {chip}: {c:?}");
+    }
+}
+
 /// The op names in order, one per line (`arith.constant`s dropped: their order and
 /// count are canonicalization details).
 fn op_sequence(module: &str) -> Vec<String> {

@@ -301,6 +301,15 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
                                 quote_spanned!(e.span()=> ::palladium_dsl::__private::BlockDim::Blocked(#size))
                             }
                             BlockDimArg::Squeezed => quote!(::palladium_dsl::__private::BlockDim::Squeezed),
+                            BlockDimArg::Element { size, pad } => {
+                                let what = format!("element block dim {d} of `{name_str}`");
+                                let n = size_tokens(size, &what);
+                                let (lo, hi) = match pad.as_deref() {
+                                    Some((lo, hi)) => (size_tokens(lo, &format!("padding before {what}")), size_tokens(hi, &format!("padding after {what}"))),
+                                    None => (quote!(0u64), quote!(0u64)),
+                                };
+                                quote_spanned!(size.span()=> ::palladium_dsl::__private::BlockDim::Element { size: #n, pad: (#lo, #hi) })
+                            }
                         });
                         quote!(::core::option::Option::Some(::std::vec![#(#ds),*]))
                     }

@@ -173,10 +173,27 @@ pub const DTYPES: &[(&str, &str)] = &[
 
 pub const SPACES: &[(&str, &str)] = &[("vmem", "Vmem"), ("smem", "Smem"), ("hbm", "Hbm"), ("any", "Any")];
 
-/// A block dim: an expression, or `None` for a squeezed dim.
+/// A block dim: an expression, `None` for a squeezed dim, or `Element(n)` /
+/// `Element(n, (lo, hi))` (Pallas's `pl.Element`) for an element-indexed one.
 pub enum BlockDimArg {
     Blocked(Expr),
     Squeezed,
+    Element { size: Expr, pad: Option<Box<(Expr, Expr)>> },
+}
+
+/// `Element(n)` or `Element(n, (lo, hi))`; `None` when `e` is not a call of `Element`.
+fn element_dim(e: &Expr) -> Option<syn::Result<BlockDimArg>> {
+    let Expr::Call(c) = e else { return None };
+    if !matches!(&*c.func, Expr::Path(p) if p.path.is_ident("Element")) {
+        return None;
+    }
+    let usage = "expected `Element(n)` or `Element(n, (pad_before, pad_after))` (Pallas's `pl.Element`)";
+    let args: Vec<&Expr> = c.args.iter().collect();
+    Some(match args.as_slice() {
+        [size] => Ok(BlockDimArg::Element { size: (*size).clone(), pad: None }),
+        [size, Expr::Tuple(t)] if t.elems.len() == 2 => Ok(BlockDimArg::Element { size: (*size).clone(), pad: Some(Box::new((t.elems[0].clone(), t.elems[1].clone()))) }),
+        _ => Err(syn::Error::new(e.span(), usage)),
+    })
 }
 
 /// `#[input(T[dims], block = [..], map = |..| .., space = vmem)]` and friends.
@@ -207,10 +224,22 @@ impl Parse for OperandArgs {
                         .elems
                         .iter()
                         .map(|d| match d {
-                            Expr::Path(p) if p.path.is_ident("None") => BlockDimArg::Squeezed,
-                            other => BlockDimArg::Blocked(other.clone()),
+                            Expr::Path(p) if p.path.is_ident("None") => Ok(BlockDimArg::Squeezed),
+                            other => element_dim(other).unwrap_or_else(|| Ok(BlockDimArg::Blocked(other.clone()))),
                         })
-                        .collect();
+                        .collect::<syn::Result<Vec<_>>>()?;
+                    // Pallas (jax 0.10.2) refuses a block mixing element and blocked dims.
+                    let element = dims.iter().any(|d| matches!(d, BlockDimArg::Element { .. }));
+                    if let Some(BlockDimArg::Blocked(b)) = dims.iter().find(|d| matches!(d, BlockDimArg::Blocked(_))).filter(|_| element) {
+                        return Err(syn::Error::new(b.span(), "a block with an `Element` dim cannot have blocked dims (Pallas refuses the mix): write `Element(n)` (or `None` to squeeze)"));
+                    }
+                    for d in &dims {
+                        if let BlockDimArg::Element { size: size @ Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(n), .. }), .. } = d
+                            && n.base10_digits() == "0"
+                        {
+                            return Err(syn::Error::new(size.span(), "an `Element` dim of size 0: a window needs at least one element"));
+                        }
+                    }
                     out.block = Some((dims, e.span()));
                 }
                 "map" => out.map = Some(input.parse()?),

@@ -144,9 +144,18 @@ pub(super) fn check(k: &Kernel) -> Vec<CoverageError> {
         if forms.len() != o.shape.rank() {
             continue;
         }
-        bounds(o, block, &forms, &grid, &mut errors);
-        if is_output && !aliased_output {
-            coverage(o, block, &forms, &grid, &mut errors);
+        let element = o.has_element_window();
+        if element {
+            element_bounds(o, block, &forms, &grid, &mut errors);
+        } else {
+            bounds(o, block, &forms, &grid, &mut errors);
+        }
+        if is_output && !aliased_output && product_of_dims(&forms, &grid) {
+            if element {
+                element_coverage(o, block, &forms, &grid, &mut errors);
+            } else {
+                coverage(o, block, &forms, &grid, &mut errors);
+            }
         }
     }
     errors
@@ -171,17 +180,78 @@ fn bounds(o: &OperandSpec, block: &[BlockDim], forms: &[Affine], grid: &[u64], e
     }
 }
 
-fn coverage(o: &OperandSpec, block: &[BlockDim], forms: &[Affine], grid: &[u64], errors: &mut Vec<CoverageError>) {
-    // A product of per-dim sets: each result on at most one grid dim, each grid dim once.
+/// Whether the reached set is a product of per-dim sets: each result on at most one grid
+/// dim, each grid dim once (only then is coverage judged).
+fn product_of_dims(forms: &[Affine], grid: &[u64]) -> bool {
     let mut used = vec![false; grid.len()];
     for f in forms {
         let deps: Vec<usize> = (0..grid.len()).filter(|&j| f.coef[j] != 0).collect();
         match deps.as_slice() {
             [] => {}
             [j] if !used[*j] => used[*j] = true,
-            _ => return,
+            _ => return false,
         }
     }
+    true
+}
+
+/// Element windows: the index map's results are offsets into the array padded by each
+/// dim's `(before, after)`, and the whole window must lie inside that padded array.
+fn element_bounds(o: &OperandSpec, block: &[BlockDim], forms: &[Affine], grid: &[u64], errors: &mut Vec<CoverageError>) {
+    for (d, f) in forms.iter().enumerate() {
+        let (size, (lo, hi)) = (block[d].extent() as i64, block[d].padding());
+        let padded = (o.shape.dims()[d] + lo + hi) as i64;
+        let Some((first, last)) = f.range(grid) else { continue };
+        if first < 0 || last + size > padded {
+            let bad = if first < 0 { first } else { last };
+            errors.push(CoverageError {
+                what: format!("index map of {}", o.name),
+                loc: o.loc,
+                message: format!(
+                    "reaches element offset {bad} along dim {d}: its window of {size} ends at {}, outside the array's {padded} elements (dim {} of {}{})",
+                    bad + size,
+                    o.shape.dims()[d],
+                    o.shape,
+                    if lo + hi > 0 { format!(", padded by {lo} and {hi}") } else { String::new() }
+                ),
+            });
+        }
+    }
+}
+
+/// The coverage rule of an output with element windows: along each dim, the union of the
+/// windows `offset..offset + size` the grid reaches (overlaps allowed) must be the whole dim.
+fn element_coverage(o: &OperandSpec, block: &[BlockDim], forms: &[Affine], grid: &[u64], errors: &mut Vec<CoverageError>) {
+    for (d, f) in forms.iter().enumerate() {
+        let (n, size) = (o.shape.dims()[d] as i64, block[d].extent() as i64);
+        let Some((first, last)) = f.range(grid) else { continue };
+        // Offsets step by |a| from `first` to `last`: a gap opens before the first window,
+        // between two windows further apart than their size, or after the last one.
+        let step = f.coef.iter().find(|&&a| a != 0).map_or(0, |a| a.abs());
+        let gap = if first > 0 {
+            Some((0, first.min(n)))
+        } else if step > size && first + size < n {
+            Some((first + size, (first + step).min(n)))
+        } else if last + size < n {
+            Some((last + size, n))
+        } else {
+            None
+        };
+        if let Some((e0, e1)) = gap {
+            errors.push(CoverageError {
+                what: format!("output {}", o.name),
+                loc: o.loc,
+                message: format!(
+                    "elements {e0}..{e1} of dim {d} (size {n}) are never written: the grid ({}) places its windows of {size} at element {}",
+                    grid.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
+                    reached_text(f, grid, ("offset", "offsets"))
+                ),
+            });
+        }
+    }
+}
+
+fn coverage(o: &OperandSpec, block: &[BlockDim], forms: &[Affine], grid: &[u64], errors: &mut Vec<CoverageError>) {
     for (d, f) in forms.iter().enumerate() {
         let n = blocks_along(o, block, d);
         if let Some((b0, b1)) = first_gap(f, grid, n) {
@@ -194,26 +264,26 @@ fn coverage(o: &OperandSpec, block: &[BlockDim], forms: &[Affine], grid: &[u64],
                 message: format!(
                     "elements {e0}..{e1} of dim {d} (size {size}) are never written: the grid ({}) reaches {} of its {n} blocks of {b}",
                     grid.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
-                    reached_text(f, grid)
+                    reached_text(f, grid, ("block", "blocks"))
                 ),
             });
         }
     }
 }
 
-/// `blocks 0..3`, `only block 0`, `blocks 0, 2, ..., 6` for an error message.
-fn reached_text(f: &Affine, grid: &[u64]) -> String {
+/// `blocks 0..3`, `only block 0`, `blocks 0, 2, ..., 6` (or `offsets ..`) for an error message.
+fn reached_text(f: &Affine, grid: &[u64], (one, many): (&str, &str)) -> String {
     match f.coef.iter().position(|&a| a != 0) {
-        None => format!("only block {}", f.c),
+        None => format!("only {one} {}", f.c),
         Some(j) => match (f.coef[j], f.range(grid)) {
-            (1 | -1, Some((lo, hi))) => format!("blocks {lo}..{}", hi + 1),
+            (1 | -1, Some((lo, hi))) => format!("{many} {lo}..{}", hi + 1),
             (a, _) => {
                 let at = |t: i64| f.c + a * t;
                 let e = grid[j] as i64;
                 if e <= 3 {
-                    format!("blocks {}", (0..e).map(|t| at(t).to_string()).collect::<Vec<_>>().join(", "))
+                    format!("{many} {}", (0..e).map(|t| at(t).to_string()).collect::<Vec<_>>().join(", "))
                 } else {
-                    format!("blocks {}, {}, ..., {}", at(0), at(1), at(e - 1))
+                    format!("{many} {}, {}, ..., {}", at(0), at(1), at(e - 1))
                 }
             }
         },

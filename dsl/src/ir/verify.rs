@@ -180,10 +180,22 @@ impl Verifier<'_> {
             self.operand_error(o, &what, "a block shape needs an index map");
         }
         for (d, (b, &n)) in block.iter().zip(o.shape.dims()).enumerate() {
-            if let BlockDim::Blocked(b) = *b
-                && (b == 0 || b > n) {
-                    self.operand_error(o, &what, format!("block dim {d} is {b}, the array dim is {n}"));
+            match *b {
+                BlockDim::Blocked(b) if b == 0 || b > n => self.operand_error(o, &what, format!("block dim {d} is {b}, the array dim is {n}")),
+                BlockDim::Element { size, pad: (lo, hi) } if size == 0 || size > n + lo + hi => {
+                    self.operand_error(o, &what, format!("element block dim {d} is {size}, the array dim is {n} (padded by {lo} and {hi})"));
                 }
+                BlockDim::Element { pad: (lo, _), .. } if lo > 0 => {
+                    self.operand_error(o, &what, format!("element block dim {d} is padded by {lo} before: libtpu (0.0.42.1) refuses it (\"Low padding not supported yet\"); pad after only"));
+                }
+                BlockDim::Element { pad, .. } if pad != (0, 0) && o.role == OperandRole::Output => {
+                    self.operand_error(o, &what, format!("element block dim {d} of an output is padded {pad:?}: padding only applies to inputs (an output window writes array elements)"));
+                }
+                _ => {}
+            }
+        }
+        if o.has_element_window() && block.iter().any(|b| matches!(b, BlockDim::Blocked(_))) {
+            self.operand_error(o, &what, "a block with an `Element` dim cannot have blocked dims (Pallas refuses the mix)");
         }
         if o.space == MemorySpace::Vmem
             && let Err(m) = block_tiling_rule(o.dtype, block, &o.shape) {
