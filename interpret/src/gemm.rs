@@ -429,15 +429,10 @@ mod avx512 {
     use super::{MR, NR};
     use std::arch::x86_64::*;
 
-    /// `tile[..R] += a[..R] · panel`, two 16-lane accumulators per row held in registers.
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512F; `a` must hold `R` rows of `k`, `panel` `k` rows of [`NR`]
-    /// floats, `ldb` apart.
+    /// The accumulator registers of `R` tile rows: each row's two 16-lane halves.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn micro<const R: usize, const FUSED: bool>(a: &[f32], k: usize, panel: &[f32], ldb: usize, tile: &mut [[f32; NR]; R]) {
-        const { assert!(R <= MR) };
-        let (ap, bp) = (a.as_ptr(), panel.as_ptr());
+    #[inline]
+    fn load_tile<const R: usize>(tile: &[[f32; NR]; R]) -> ([__m512; R], [__m512; R]) {
         let mut lo = [_mm512_setzero_ps(); R];
         let mut hi = [_mm512_setzero_ps(); R];
         for r in 0..R {
@@ -447,6 +442,32 @@ mod avx512 {
                 hi[r] = _mm512_loadu_ps(tile[r].as_ptr().add(16));
             }
         }
+        (lo, hi)
+    }
+
+    /// Back to the tile: the inverse of [`load_tile`].
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn store_tile<const R: usize>(tile: &mut [[f32; NR]; R], lo: &[__m512; R], hi: &[__m512; R]) {
+        for r in 0..R {
+            // SAFETY: each tile row holds NR = 32 floats.
+            unsafe {
+                _mm512_storeu_ps(tile[r].as_mut_ptr(), lo[r]);
+                _mm512_storeu_ps(tile[r].as_mut_ptr().add(16), hi[r]);
+            }
+        }
+    }
+
+    /// `tile[..R] += a[..R] · panel`, two 16-lane accumulators per row held in registers.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F; `a` must hold `R` rows of `k`, `panel` `k` rows of [`NR`]
+    /// floats, `ldb` apart.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn micro<const R: usize, const FUSED: bool>(a: &[f32], k: usize, panel: &[f32], ldb: usize, tile: &mut [[f32; NR]; R]) {
+        const { assert!(R <= MR) };
+        let (ap, bp) = (a.as_ptr(), panel.as_ptr());
+        let (mut lo, mut hi) = load_tile(tile);
         for kk in 0..k {
             // SAFETY: the caller guarantees k rows of NR floats, ldb apart, in `panel` and R
             // rows of k in `a`.
@@ -465,13 +486,7 @@ mod avx512 {
                 }
             }
         }
-        for r in 0..R {
-            // SAFETY: as above.
-            unsafe {
-                _mm512_storeu_ps(tile[r].as_mut_ptr(), lo[r]);
-                _mm512_storeu_ps(tile[r].as_mut_ptr().add(16), hi[r]);
-            }
-        }
+        store_tile(tile, &lo, &hi);
     }
 
     /// [`micro_pairs`] reading `b`'s f32 rows in place (`k` rows of at least [`NR`] floats,
@@ -485,15 +500,7 @@ mod avx512 {
     pub(super) unsafe fn micro_pairs_in_place<const R: usize>(a: &[u32], kp: usize, k: usize, b: &[f32], ldb: usize, tile: &mut [[f32; NR]; R]) {
         const { assert!(R <= MR) };
         let (ap, bp) = (a.as_ptr(), b.as_ptr());
-        let mut lo = [_mm512_setzero_ps(); R];
-        let mut hi = [_mm512_setzero_ps(); R];
-        for r in 0..R {
-            // SAFETY: each tile row holds NR = 32 floats.
-            unsafe {
-                lo[r] = _mm512_loadu_ps(tile[r].as_ptr());
-                hi[r] = _mm512_loadu_ps(tile[r].as_ptr().add(16));
-            }
-        }
+        let (mut lo, mut hi) = load_tile(tile);
         let high_half = _mm512_set1_epi32(0xffff_0000_u32 as i32);
         let pair = |even: __m512, odd: __m512| -> __m512bh {
             let v = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(odd), high_half), _mm512_srli_epi32::<16>(_mm512_castps_si512(even)));
@@ -521,13 +528,7 @@ mod avx512 {
                 }
             }
         }
-        for r in 0..R {
-            // SAFETY: as above.
-            unsafe {
-                _mm512_storeu_ps(tile[r].as_mut_ptr(), lo[r]);
-                _mm512_storeu_ps(tile[r].as_mut_ptr().add(16), hi[r]);
-            }
-        }
+        store_tile(tile, &lo, &hi);
     }
 
     /// `tile[..R] += a[..R] · panel` under the pair rule: one `vdpbf16ps` per pair of k and
@@ -540,15 +541,7 @@ mod avx512 {
     pub(super) unsafe fn micro_pairs<const R: usize>(a: &[u32], kp: usize, panel: &[u32], tile: &mut [[f32; NR]; R]) {
         const { assert!(R <= MR) };
         let (ap, bp) = (a.as_ptr(), panel.as_ptr());
-        let mut lo = [_mm512_setzero_ps(); R];
-        let mut hi = [_mm512_setzero_ps(); R];
-        for r in 0..R {
-            // SAFETY: each tile row holds NR = 32 floats.
-            unsafe {
-                lo[r] = _mm512_loadu_ps(tile[r].as_ptr());
-                hi[r] = _mm512_loadu_ps(tile[r].as_ptr().add(16));
-            }
-        }
+        let (mut lo, mut hi) = load_tile(tile);
         let bf16 = |v: __m512i| -> __m512bh {
             // SAFETY: both are 512 bits of plain data.
             unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
@@ -566,13 +559,7 @@ mod avx512 {
                 }
             }
         }
-        for r in 0..R {
-            // SAFETY: as above.
-            unsafe {
-                _mm512_storeu_ps(tile[r].as_mut_ptr(), lo[r]);
-                _mm512_storeu_ps(tile[r].as_mut_ptr().add(16), hi[r]);
-            }
-        }
+        store_tile(tile, &lo, &hi);
     }
 }
 
