@@ -239,23 +239,30 @@ impl Compiler {
         results.into_inner().unwrap_or_else(|p| p.into_inner()).into_iter().map(|r| r.expect("every job ran")).collect()
     }
 
-    /// [`Compiler::compile_all`] with the estimate; a job whose compile aborts is compiled
-    /// again without it, and its `estimate_note` carries libtpu's fatal message. Where the
-    /// compile without the estimate also aborts, that is the job's error.
+    /// [`Compiler::compile_all`] with the estimate; a job whose compile aborts, or is
+    /// refused, with the estimate on is compiled again without it, and its `estimate_note`
+    /// says why there is no estimate. libtpu's static profiler changes what is compiled: it
+    /// aborts on some programs, and it places VMEM temporaries differently (the deep-ring
+    /// megakernel on v7x: "Used 74 MiB of 64 MiB vmem" with it, accepted without it). Whether
+    /// libtpu accepts a program is the plain compile's answer; where that also fails, it is
+    /// the job's error.
     pub fn compile_all_estimated(&self, jobs: &[Job]) -> Vec<Result<Compiled, CompileError>> {
         let estimating = Compiler { estimate: Estimate::Yes, ..self.clone() };
         let mut results = estimating.compile_all(jobs);
-        let aborted: Vec<usize> = results.iter().enumerate().filter(|(_, r)| matches!(r, Err(CompileError::Aborted(_)))).map(|(i, _)| i).collect();
-        if aborted.is_empty() {
+        let failed: Vec<usize> = results.iter().enumerate().filter(|(_, r)| matches!(r, Err(CompileError::Aborted(_) | CompileError::Rejected(_)))).map(|(i, _)| i).collect();
+        if failed.is_empty() {
             return results;
         }
         let plain = Compiler { estimate: Estimate::No, ..self.clone() };
-        let again = plain.compile_all(&aborted.iter().map(|&i| jobs[i].clone()).collect::<Vec<_>>());
-        for (i, r) in aborted.into_iter().zip(again) {
-            let Err(CompileError::Aborted(why)) = &results[i] else { unreachable!("only aborted jobs are retried") };
-            let why = why.clone();
+        let again = plain.compile_all(&failed.iter().map(|&i| jobs[i].clone()).collect::<Vec<_>>());
+        for (i, r) in failed.into_iter().zip(again) {
+            let note = match &results[i] {
+                Err(CompileError::Aborted(why)) => format!("libtpu's static estimator aborted on this program: {why}"),
+                Err(e) => format!("libtpu refuses this program with its static estimator on, and accepts it without ({})", e.to_string().lines().next().unwrap_or_default()),
+                Ok(_) => continue,
+            };
             results[i] = r.map(|mut c| {
-                c.estimate_note = Some(format!("libtpu's static estimator aborted on this program: {why}"));
+                c.estimate_note = Some(note);
                 c
             });
         }
