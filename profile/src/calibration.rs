@@ -1,0 +1,174 @@
+//! The model's coefficients per chip, fitted to libtpu's static estimates of small isolated
+//! kernels ([`CALIBRATION_KERNELS`]) and committed as `profile/calibration.json`.
+//!
+//! Why a committed table and not a lazy fit: libtpu is optional at run time (a user may have
+//! no TPU venv), the fit takes a minute of compiles, and a table in the repository is
+//! reviewable. `profile/tests/calibration.rs` recompiles the calibration kernels, checks that
+//! libtpu still gives the recorded estimates and that [`fit`] of them gives the recorded
+//! coefficients; `PALLADIUM_UPDATE_CALIBRATION=1` rewrites the file instead.
+//!
+//! Which figures are fitted and which are assumed is part of the table (`fitted`): libtpu's
+//! estimator prices the HBM stream, the grid-step overhead, the DMA latency and the MXU
+//! well enough to isolate each with one kernel; the VPU, EUP, cross-lane and load/store
+//! rates are assumed (one vreg per cycle per op; two for transcendentals), since every
+//! library kernel hides them under its DMAs and libtpu's estimate of them cannot be isolated
+//! from the DMA cost.
+
+use crate::{Inputs, ProfileError, simulate};
+use indexmap::IndexMap;
+use palladium_dsl::Kernel;
+use palladium_dsl::spec::Chip;
+use serde::{Deserialize, Serialize};
+
+/// The coefficients of one chip, in libtpu's cycles.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Coefficients {
+    /// HBM bytes per cycle of one device, shared fairly by every DMA in flight.
+    pub hbm_bytes_per_cycle: f64,
+    /// Cycles from a DMA's start to its first byte moving.
+    pub dma_latency_cycles: f64,
+    /// Fixed cost of one grid step of the Pallas pipeline (semaphore waits, issue, loop).
+    pub grid_step_cycles: f64,
+    /// MXU cycles to load one `s x s` weight tile (`s` the MXU size): a `dot` of
+    /// `m x k @ k x n` makes `k/s * n/s` passes (in 128-wide steps), each costing
+    /// `max(mxu_weight_cycles, ceil8(m) * mxu_row_cycles)` (the next tile loads while rows
+    /// stream), spread over the MXUs. Weight loads bound a GEMV (few rows), rows a matmul.
+    pub mxu_weight_cycles: f64,
+    /// MXU cycles per LHS row of one pass.
+    pub mxu_row_cycles: f64,
+    /// VPU cycles per result vreg of an elementwise op (also iota, broadcast, select, cast).
+    pub vpu_cycles_per_vreg: f64,
+    /// EUP cycles per result vreg of a transcendental (exp, log, tanh, rsqrt, divide...).
+    pub eup_cycles_per_vreg: f64,
+    /// Cross-lane (XLU) cycles per input vreg of a reduction, transpose or roll.
+    pub xlu_cycles_per_vreg: f64,
+    /// Load/store slot cycles per vreg moved between VMEM and registers.
+    pub ldst_cycles_per_vreg: f64,
+    /// Scalar-unit cycles per scalar op (address arithmetic, loop bookkeeping, DMA issue).
+    pub scalar_cycles: f64,
+    /// Bytes per cycle of a DMA between on-chip memories (VMEM/SMEM), assumed.
+    pub local_dma_bytes_per_cycle: f64,
+}
+
+/// One chip's entry: the coefficients, which of them were fitted, and the libtpu
+/// estimates they were fitted to (cycles by calibration kernel name).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChipCalibration {
+    pub coefficients: Coefficients,
+    pub fitted: Vec<String>,
+    pub libtpu_cycles: IndexMap<String, u64>,
+}
+
+/// The committed table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// The libtpu the estimates come from.
+    pub libtpu: String,
+    pub chips: IndexMap<String, ChipCalibration>,
+}
+
+/// The committed table, `profile/calibration.json`.
+pub const CALIBRATION_JSON: &str = include_str!("../calibration.json");
+
+impl Calibration {
+    pub fn committed() -> Calibration {
+        serde_json::from_str(CALIBRATION_JSON).expect("profile/calibration.json parses (checked by its test)")
+    }
+
+    /// The coefficients for `chip`, or which chips are calibrated.
+    pub fn chip(&self, chip: Chip) -> Result<&Coefficients, ProfileError> {
+        self.chips.get(chip.name()).map(|c| &c.coefficients).ok_or_else(|| {
+            ProfileError::NotCalibrated { chip: chip.name().into(), calibrated: self.chips.keys().cloned().collect::<Vec<_>>().join(", ") }
+        })
+    }
+}
+
+/// A calibration kernel: its name in the table, what it isolates, and its settings.
+#[derive(Copy, Clone, Debug)]
+pub struct CalibrationKernel {
+    pub name: &'static str,
+    /// The library kernel (`hbm_stream` is the autotuner's floor kernel).
+    pub kernel: &'static str,
+    pub settings: &'static [(&'static str, &'static str)],
+}
+
+/// The kernels [`fit`] reads, in fit order: two plain streams of 4 MiB blocks give the HBM
+/// rate (their difference) and the DMA latency (what is left of the smaller one); a stream of
+/// 256 KiB blocks (256 steps) the grid-step cost; a matmul whose blocks make it MXU-bound
+/// (1024 rows per pass) the MXU's row rate, and an 8-row GEMV its weight-load cost (the two
+/// fitted in turn until they settle).
+pub const CALIBRATION_KERNELS: [CalibrationKernel; 5] = [
+    CalibrationKernel { name: "stream_32mib", kernel: "hbm_stream", settings: &[("rows", "16384")] },
+    CalibrationKernel { name: "stream_64mib", kernel: "hbm_stream", settings: &[("rows", "32768")] },
+    CalibrationKernel { name: "stream_64mib_small_blocks", kernel: "hbm_stream", settings: &[("rows", "32768"), ("block_rows", "128")] },
+    CalibrationKernel { name: "matmul_mxu_bound", kernel: "matmul", settings: &[("m", "2048"), ("k", "4096"), ("n", "2048"), ("bm", "1024"), ("bk", "1024"), ("bn", "1024")] },
+    CalibrationKernel { name: "gemv_weight_bound", kernel: "gemv", settings: &[("batch", "8"), ("k", "4096"), ("n", "4096"), ("block_k", "4096"), ("block_n", "512")] },
+];
+
+/// The assumed coefficients every fit starts from (see the module doc).
+fn assumed() -> Coefficients {
+    Coefficients {
+        hbm_bytes_per_cycle: 1.0,
+        dma_latency_cycles: 0.0,
+        grid_step_cycles: 0.0,
+        mxu_weight_cycles: 0.0,
+        mxu_row_cycles: 1.0,
+        vpu_cycles_per_vreg: 1.0,
+        eup_cycles_per_vreg: 2.0,
+        xlu_cycles_per_vreg: 1.0,
+        ldst_cycles_per_vreg: 1.0,
+        scalar_cycles: 1.0,
+        local_dma_bytes_per_cycle: 512.0,
+    }
+}
+
+/// Fit `chip`'s coefficients to libtpu's estimates of the calibration kernels (`kernels[i]`
+/// is [`CALIBRATION_KERNELS`]`[i]` built, `cycles[i]` its estimate). Each fitted coefficient
+/// is found by bisection so that the model reproduces its kernel's estimate, the ones
+/// before it already fixed.
+pub fn fit(chip: Chip, kernels: &[Kernel], cycles: &[u64]) -> Result<ChipCalibration, ProfileError> {
+    assert_eq!((kernels.len(), cycles.len()), (CALIBRATION_KERNELS.len(), CALIBRATION_KERNELS.len()), "one kernel and one estimate per calibration kernel");
+    let bytes = |k: &Kernel| -> f64 { k.call.operands.iter().filter(|o| o.role == palladium_dsl::spec::OperandRole::Input).map(|o| (o.shape.num_elements() * u64::from(o.dtype.memory_bits())) as f64 / 8.0).sum() };
+    let mut c = assumed();
+    // The HBM rate: the 32 MiB more of the second stream cost only bandwidth.
+    c.hbm_bytes_per_cycle = (bytes(&kernels[1]) - bytes(&kernels[0])) / (cycles[1] as f64 - cycles[0] as f64);
+    let model = |c: &Coefficients, k: &Kernel| -> Result<f64, ProfileError> { Ok(simulate(k, chip, c, &Inputs::default())?.cycles) };
+    c.dma_latency_cycles = bisect(0.0, 20_000.0, cycles[0] as f64, |x| model(&Coefficients { dma_latency_cycles: x, ..c.clone() }, &kernels[0]))?;
+    c.grid_step_cycles = bisect(0.0, 20_000.0, cycles[2] as f64, |x| model(&Coefficients { grid_step_cycles: x, ..c.clone() }, &kernels[2]))?;
+    for _ in 0..8 {
+        c.mxu_row_cycles = bisect(0.0, 64.0, cycles[3] as f64, |x| model(&Coefficients { mxu_row_cycles: x, ..c.clone() }, &kernels[3]))?;
+        c.mxu_weight_cycles = bisect(0.0, 8192.0, cycles[4] as f64, |x| model(&Coefficients { mxu_weight_cycles: x, ..c.clone() }, &kernels[4]))?;
+    }
+    let round = |x: f64| (x * 1e4).round() / 1e4;
+    c.hbm_bytes_per_cycle = round(c.hbm_bytes_per_cycle);
+    c.dma_latency_cycles = round(c.dma_latency_cycles);
+    c.grid_step_cycles = round(c.grid_step_cycles);
+    c.mxu_row_cycles = round(c.mxu_row_cycles);
+    c.mxu_weight_cycles = round(c.mxu_weight_cycles);
+    Ok(ChipCalibration {
+        coefficients: c,
+        fitted: ["hbm_bytes_per_cycle", "dma_latency_cycles", "grid_step_cycles", "mxu_row_cycles", "mxu_weight_cycles"].map(String::from).to_vec(),
+        libtpu_cycles: CALIBRATION_KERNELS.iter().zip(cycles).map(|(k, &c)| (k.name.to_string(), c)).collect(),
+    })
+}
+
+/// The `x` in `lo..hi` where the increasing `f(x)` reaches `target` (to 1e-4 relative), or
+/// an error saying the target is out of the model's reach.
+fn bisect(mut lo: f64, mut hi: f64, target: f64, f: impl Fn(f64) -> Result<f64, ProfileError>) -> Result<f64, ProfileError> {
+    let (flo, fhi) = (f(lo)?, f(hi)?);
+    if !(flo <= target && target <= fhi) {
+        return Err(ProfileError::Calibration(format!("libtpu's {target} cycles are outside the model's range {flo:.0}..{fhi:.0} for this coefficient")));
+    }
+    for _ in 0..60 {
+        let mid = 0.5 * (lo + hi);
+        if f(mid)? < target {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+        if hi - lo <= 1e-4 * hi.max(1e-9) {
+            break;
+        }
+    }
+    Ok(0.5 * (lo + hi))
+}

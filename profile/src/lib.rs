@@ -1,0 +1,755 @@
+//! `palladium profile`: a discrete-event timeline model of an emitted kernel, run on the core
+//! IR as the program would execute.
+//!
+//! - **Control flow** is evaluated: the grid point by point (Pallas's pipeline: each
+//!   windowed input's next block fetched during the current step when its block index
+//!   changes, outputs written back when theirs does), `for` loops with their real trip
+//!   counts, `if`s on known conditions. Integer scalars are evaluated where their inputs are
+//!   known: constants, grid indices, the scalar-prefetch arrays the caller gives
+//!   ([`Inputs::prefetch`], e.g. the megakernel's positions) and SMEM written with known
+//!   values. A loop bound that depends on anything else (data) is an error naming the loop;
+//!   an `if` on such a condition is assumed taken, and the summary lists each assumption.
+//! - **DMAs** are transfers on the DMA engines ([`dma`]): every HBM transfer in flight shares
+//!   the device's HBM bandwidth fairly; a DMA semaphore counts the bytes of its completed
+//!   transfers, and a wait stalls the core until its bytes have arrived. A stall is a
+//!   bubble, attributed to the transfer that ended it.
+//! - **Compute** is costed op by op ([`cost`]) with coefficients fitted to libtpu's
+//!   estimates ([`calibration`]). Between two synchronisation points (a DMA start or wait,
+//!   a loop iteration) the units work in parallel, as a VLIW bundle schedule packs them: the
+//!   stretch takes its busiest unit's cycles.
+//!
+//! Remote copies and signals (multi-device kernels) are refused: one device is modeled.
+
+pub mod calibration;
+pub mod cost;
+pub mod dma;
+pub mod report;
+
+use calibration::Coefficients;
+use cost::{Unit, op_cost};
+use dma::{Engine, Resource};
+use indexmap::IndexMap;
+use palladium_dsl::ir::{Block, Index, Kernel, Literal, Offset, Op, OpData, Type, Value, WaitSide};
+use palladium_dsl::spec::{Chip, OperandRole, PipelineMode};
+use std::collections::HashMap;
+
+/// Why a kernel could not be profiled.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("no calibration for {chip} (calibrated: {calibrated}); add it with `PALLADIUM_UPDATE_CALIBRATION=1 cargo test -p palladium-profile --test calibration` (needs libtpu)")]
+    NotCalibrated { chip: String, calibrated: String },
+    #[error("calibration: {0}")]
+    Calibration(String),
+    #[error("cannot profile `{kernel}` at {at}: {why}")]
+    Unsupported { kernel: String, at: String, why: String },
+    #[error("scalar prefetch `{name}`: {why}")]
+    Prefetch { name: String, why: String },
+}
+
+/// What the program reads at run time that the model needs.
+#[derive(Clone, Debug, Default)]
+pub struct Inputs {
+    /// Contents of scalar-prefetch operands by name (row-major); one not given is unknown.
+    pub prefetch: IndexMap<String, Vec<i64>>,
+}
+
+/// Busy time of the core on one stretch of compute between two synchronisation points.
+#[derive(Clone, Debug)]
+pub struct ComputeSpan {
+    pub start: f64,
+    pub end: f64,
+    /// Cycles per unit ([`Unit::ALL`] order).
+    pub units: [f64; 6],
+    /// Where the first op of the stretch was traced.
+    pub loc: String,
+    pub context: String,
+}
+
+impl ComputeSpan {
+    /// The unit with the most cycles.
+    pub fn dominant(&self) -> Unit {
+        let i = (0..6).max_by(|&a, &b| self.units[a].total_cmp(&self.units[b])).unwrap_or(0);
+        Unit::ALL[i]
+    }
+}
+
+/// One transfer.
+#[derive(Clone, Debug)]
+pub struct DmaEvent {
+    pub src: String,
+    pub dst: String,
+    pub bytes: u64,
+    pub resource: Resource,
+    pub issued: f64,
+    pub done: f64,
+    /// Where it was started (`pipeline` for the grid's own block copies).
+    pub loc: String,
+    pub context: String,
+}
+
+/// A stall of the core on a DMA: a bubble.
+#[derive(Clone, Debug)]
+pub struct Wait {
+    pub start: f64,
+    pub end: f64,
+    /// The transfer whose completion ended it (index into [`Timeline::dmas`]).
+    pub dma: usize,
+    pub loc: String,
+    pub context: String,
+}
+
+/// One iteration of the outermost loop of the body (or one grid step): the SVG's sections.
+#[derive(Clone, Debug)]
+pub struct Section {
+    pub start: f64,
+    pub end: f64,
+    pub label: String,
+}
+
+/// The modeled execution of one kernel call.
+#[derive(Clone, Debug)]
+pub struct Timeline {
+    pub kernel: String,
+    pub chip: Chip,
+    pub clock_hz: f64,
+    pub hbm_bytes_per_cycle: f64,
+    /// The call's cycles: until the last output DMA lands.
+    pub cycles: f64,
+    pub compute: Vec<ComputeSpan>,
+    pub dmas: Vec<DmaEvent>,
+    pub waits: Vec<Wait>,
+    pub sections: Vec<Section>,
+    /// Each assumption the model made, with how often.
+    pub assumptions: IndexMap<String, u64>,
+}
+
+impl Timeline {
+    pub fn hbm_bytes(&self) -> u64 {
+        self.dmas.iter().filter(|d| d.resource == Resource::Hbm).map(|d| d.bytes).sum()
+    }
+
+    /// HBM bytes / (calibrated bandwidth x step time): 1.0 is the stream never pausing.
+    pub fn hbm_efficiency(&self) -> f64 {
+        self.hbm_bytes() as f64 / self.hbm_bytes_per_cycle / self.cycles
+    }
+
+    pub fn micros(&self, cycles: f64) -> f64 {
+        cycles / self.clock_hz * 1e6
+    }
+}
+
+/// Profile one call of `kernel` on `chip` with the coefficients `c`.
+pub fn simulate(kernel: &Kernel, chip: Chip, c: &Coefficients, inputs: &Inputs) -> Result<Timeline, ProfileError> {
+    let mut w = Walker::new(kernel, chip, c);
+    w.bind_prefetch(inputs)?;
+    w.run_grid()?;
+    let cycles = w.now.max(w.engine.drain());
+    for (ev, &id) in w.dmas.iter_mut().zip(&w.dma_ids) {
+        ev.done = w.engine.transfers[id].done.unwrap_or(cycles);
+    }
+    Ok(Timeline {
+        kernel: kernel.name.clone(),
+        chip,
+        clock_hz: chip.target().clock_hz,
+        hbm_bytes_per_cycle: c.hbm_bytes_per_cycle,
+        cycles,
+        compute: w.compute,
+        dmas: w.dmas,
+        waits: w.waits,
+        sections: w.sections,
+        assumptions: w.assumptions,
+    })
+}
+
+/// A ref value resolved to the buffer (or semaphore array) it names and the offsets into
+/// it; `live` maps the ref's own dims to the root's.
+struct RefLoc {
+    root: Value,
+    offsets: Vec<Option<i64>>,
+    live: Vec<usize>,
+}
+
+#[derive(Default)]
+struct SemState {
+    /// Bytes (DMA semaphores) or signals (regular ones) available.
+    count: f64,
+    /// Transfers that will signal it.
+    pending: Vec<usize>,
+}
+
+struct Walker<'k> {
+    k: &'k Kernel,
+    c: &'k Coefficients,
+    target: &'static palladium_dsl::target::Target,
+    now: f64,
+    ints: HashMap<Value, i64>,
+    grid_idx: Vec<i64>,
+    prefetch: HashMap<Value, Vec<i64>>,
+    smem: HashMap<(Value, i64), i64>,
+    sems: HashMap<(Value, i64), SemState>,
+    names: HashMap<Value, String>,
+    engine: Engine,
+    /// Enclosing traced loops: (loop, induction variable).
+    loops: Vec<(Op, i64)>,
+    open: Option<ComputeSpan>,
+    compute: Vec<ComputeSpan>,
+    dmas: Vec<DmaEvent>,
+    dma_ids: Vec<usize>,
+    /// Transfer id -> index in `dmas`.
+    event_of: HashMap<usize, usize>,
+    waits: Vec<Wait>,
+    sections: Vec<Section>,
+    assumptions: IndexMap<String, u64>,
+    /// Index maps are evaluated without taking core time.
+    silent: bool,
+}
+
+fn short_loc(k: &Kernel, op: Op) -> String {
+    match k.ops[op].loc {
+        Some(l) => format!("{}:{}", l.file.rsplit('/').next().unwrap_or(l.file), l.line),
+        None => op.to_string(),
+    }
+}
+
+impl<'k> Walker<'k> {
+    fn new(k: &'k Kernel, chip: Chip, c: &'k Coefficients) -> Walker<'k> {
+        let mut names = HashMap::new();
+        for (_, b) in k.bufs.iter() {
+            names.insert(b.value, b.name.clone());
+        }
+        for (_, s) in k.sems.iter() {
+            names.insert(s.value, s.name.clone());
+        }
+        Walker {
+            k,
+            c,
+            target: chip.target(),
+            now: 0.0,
+            ints: HashMap::new(),
+            grid_idx: vec![0; k.call.grid.len()],
+            prefetch: HashMap::new(),
+            smem: HashMap::new(),
+            sems: HashMap::new(),
+            names,
+            engine: Engine::new(c.hbm_bytes_per_cycle, c.local_dma_bytes_per_cycle, c.dma_latency_cycles),
+            loops: Vec::new(),
+            open: None,
+            compute: Vec::new(),
+            dmas: Vec::new(),
+            dma_ids: Vec::new(),
+            event_of: HashMap::new(),
+            waits: Vec::new(),
+            sections: Vec::new(),
+            assumptions: IndexMap::new(),
+            silent: false,
+        }
+    }
+
+    fn unsupported(&self, op: Option<Op>, why: impl Into<String>) -> ProfileError {
+        let at = match op {
+            Some(op) => match self.k.ops[op].loc {
+                Some(l) => format!("{} ({l})", self.k.ops[op].data.mnemonic()),
+                None => format!("{} ({op})", self.k.ops[op].data.mnemonic()),
+            },
+            None => "the call".into(),
+        };
+        ProfileError::Unsupported { kernel: self.k.name.clone(), at, why: why.into() }
+    }
+
+    fn context(&self) -> String {
+        self.loops.iter().map(|&(op, i)| format!("{}={i}", short_loc(self.k, op))).collect::<Vec<_>>().join(" ")
+    }
+
+    fn bind_prefetch(&mut self, inputs: &Inputs) -> Result<(), ProfileError> {
+        let params = &self.k.blocks[self.k.entry].params;
+        let first = self.k.call.grid.len();
+        for (name, _) in &inputs.prefetch {
+            if !self.k.call.operands.iter().any(|o| o.role == OperandRole::Prefetch && &o.name == name) {
+                return Err(ProfileError::Prefetch { name: name.clone(), why: format!("`{}` has no scalar-prefetch operand of that name", self.k.name) });
+            }
+        }
+        for (i, o) in self.k.call.operands.iter().enumerate() {
+            if o.role != OperandRole::Prefetch {
+                continue;
+            }
+            if let Some(values) = inputs.prefetch.get(&o.name) {
+                let want = o.shape.num_elements() as usize;
+                if values.len() != want {
+                    return Err(ProfileError::Prefetch { name: o.name.clone(), why: format!("{} values given, the operand has {want}", values.len()) });
+                }
+                self.prefetch.insert(params[first + i], values.clone());
+                // Index maps see the prefetch refs as their own parameters.
+                for (_, spec) in self.k.call.operands.iter().enumerate() {
+                    if let Some(map) = spec.index_map {
+                        let prefetch_params = &self.k.blocks[map].params[first..];
+                        let pos = self.k.call.operands.iter().take(i).filter(|x| x.role == OperandRole::Prefetch).count();
+                        if let Some(&p) = prefetch_params.get(pos) {
+                            self.prefetch.insert(p, values.clone());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // --- time ---------------------------------------------------------------------------
+
+    fn spend(&mut self, op: Option<Op>, unit: Unit, cycles: f64) {
+        if self.silent || cycles <= 0.0 {
+            return;
+        }
+        if self.open.is_none() {
+            let loc = op.map_or_else(|| "pipeline".to_string(), |op| short_loc(self.k, op));
+            self.open = Some(ComputeSpan { start: self.now, end: self.now, units: [0.0; 6], loc, context: self.context() });
+        }
+        let span = self.open.as_mut().expect("opened above");
+        span.units[Unit::ALL.iter().position(|&u| u == unit).unwrap_or(0)] += cycles;
+        // The units issue in parallel (VLIW bundles): a stretch takes its busiest unit's time.
+        span.end = span.start + span.units.iter().copied().fold(0.0, f64::max);
+        self.now = span.end;
+    }
+
+    fn flush(&mut self) {
+        if let Some(s) = self.open.take() {
+            self.compute.push(s);
+        }
+    }
+
+    fn issue(&mut self, resource: Resource, bytes: u64, src: String, dst: String, loc: String) -> usize {
+        self.flush();
+        let id = self.engine.issue(self.now, resource, bytes as f64);
+        self.event_of.insert(id, self.dmas.len());
+        self.dmas.push(DmaEvent { src, dst, bytes, resource, issued: self.now, done: f64::NAN, loc, context: self.context() });
+        self.dma_ids.push(id);
+        id
+    }
+
+    /// Stall until transfer `id` is done; a stall is recorded as a wait.
+    fn wait_for(&mut self, ids: &[usize], loc: String) -> Option<usize> {
+        self.flush();
+        let (id, t) = self.engine.until_any(ids)?;
+        if t > self.now {
+            self.waits.push(Wait { start: self.now, end: t, dma: self.event_of[&id], loc, context: self.context() });
+            self.now = t;
+        }
+        Some(id)
+    }
+
+    // --- scalars and refs ----------------------------------------------------------------
+
+    fn int(&self, v: Value) -> Option<i64> {
+        self.ints.get(&v).copied()
+    }
+
+    fn set(&mut self, v: Value, x: Option<i64>) {
+        match x {
+            Some(x) => self.ints.insert(v, x),
+            None => self.ints.remove(&v),
+        };
+    }
+
+    fn locate(&self, v: Value) -> RefLoc {
+        if let Some(op) = self.k.def_op(v)
+            && let OpData::RefSlice { base, index } = &self.k.ops[op].data
+        {
+            return self.index_into(*base, index);
+        }
+        let rank = match self.k.ty(v) {
+            Type::Ref(r) => r.shape.rank(),
+            Type::Sem(_, s) => s.rank(),
+            _ => 0,
+        };
+        RefLoc { root: v, offsets: vec![Some(0); rank], live: (0..rank).collect() }
+    }
+
+    fn index_into(&self, base: Value, index: &[Index]) -> RefLoc {
+        let mut loc = self.locate(base);
+        let mut live = Vec::new();
+        for (d, idx) in index.iter().enumerate() {
+            let Some(&rd) = loc.live.get(d) else { continue };
+            let off = match idx.offset() {
+                Offset::Static(s) => Some(s),
+                Offset::Dynamic(v) => self.int(v),
+            };
+            loc.offsets[rd] = loc.offsets[rd].zip(off).map(|(a, b)| a + b);
+            if matches!(idx, Index::Slice { .. }) {
+                live.push(rd);
+            }
+        }
+        live.extend(loc.live.iter().skip(index.len()));
+        loc.live = live;
+        loc
+    }
+
+    /// Row-major element index of `loc` in its root, if every offset is known.
+    fn flat(&self, loc: &RefLoc) -> Option<i64> {
+        let dims: Vec<u64> = match self.k.ty(loc.root) {
+            Type::Ref(r) => r.shape.dims().to_vec(),
+            Type::Sem(_, s) => s.dims().to_vec(),
+            _ => vec![],
+        };
+        let mut flat = 0i64;
+        for (d, o) in dims.iter().zip(&loc.offsets) {
+            flat = flat * *d as i64 + (*o)?;
+        }
+        Some(flat)
+    }
+
+    fn sem_key(&self, op: Op, sem: Value) -> Result<(Value, i64), ProfileError> {
+        let loc = self.locate(sem);
+        let flat = self.flat(&loc).ok_or_else(|| self.unsupported(Some(op), "the semaphore's index depends on run-time data"))?;
+        Ok((loc.root, flat))
+    }
+
+    fn name(&self, v: Value) -> String {
+        let root = self.locate(v).root;
+        self.names.get(&root).cloned().unwrap_or_else(|| root.to_string())
+    }
+
+    fn ref_bytes(&self, v: Value) -> u64 {
+        match self.k.ty(v) {
+            Type::Ref(r) => r.bytes(),
+            _ => 0,
+        }
+    }
+
+    fn space_is_hbm(&self, v: Value) -> bool {
+        matches!(self.k.ty(v), Type::Ref(r) if r.space.is_hbm_like())
+    }
+
+    // --- the program ---------------------------------------------------------------------
+
+    fn run_grid(&mut self) -> Result<(), ProfileError> {
+        let k = self.k;
+        let extents: Vec<u64> = k.call.grid.iter().map(|g| g.extent).collect();
+        let steps: u64 = extents.iter().product();
+        let point = |mut s: u64| -> Vec<i64> {
+            let mut p = vec![0; extents.len()];
+            for d in (0..extents.len()).rev() {
+                p[d] = (s % extents[d]) as i64;
+                s /= extents[d];
+            }
+            p
+        };
+        struct Window {
+            operand: usize,
+            role: OperandRole,
+            bytes: u64,
+            synchronous: bool,
+        }
+        let windows: Vec<Window> = k
+            .call
+            .operands
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.is_windowed())
+            .map(|(i, o)| Window {
+                operand: i,
+                role: o.role,
+                bytes: (o.window_shape().num_elements() * u64::from(o.dtype.memory_bits())).div_ceil(8),
+                synchronous: o.pipeline_mode == Some(PipelineMode::Buffered(1)),
+            })
+            .collect();
+        let block_index = |w: &mut Self, s: u64, operand: usize| -> Result<Option<Vec<Option<i64>>>, ProfileError> {
+            let Some(map) = k.call.operands[operand].index_map else { return Ok(Some(vec![])) };
+            let p = point(s);
+            for (param, x) in k.blocks[map].params.iter().zip(&p) {
+                w.ints.insert(*param, *x);
+            }
+            w.silent = true;
+            let idx = w.run_block(map);
+            w.silent = false;
+            let idx = idx?;
+            Ok(if idx.iter().all(Option::is_some) { Some(idx) } else { None })
+        };
+        let changes = |w: &mut Self, s: u64, operand: usize| -> Result<bool, ProfileError> {
+            // An index that depends on unknown data counts as a change (the copy is made).
+            let (a, b) = (block_index(w, s, operand)?, block_index(w, s + 1, operand)?);
+            Ok(a.is_none() || a != b)
+        };
+        let pipeline = "pipeline".to_string();
+        let mut fetch: Vec<Option<usize>> = vec![None; windows.len()];
+        let mut writeback: Vec<Option<usize>> = vec![None; windows.len()];
+        for (i, win) in windows.iter().enumerate() {
+            if win.role == OperandRole::Input {
+                fetch[i] = Some(self.issue(Resource::Hbm, win.bytes, k.call.operands[win.operand].name.clone(), "window".into(), pipeline.clone()));
+            }
+        }
+        let params = k.blocks[k.entry].params.clone();
+        for s in 0..steps {
+            let start = self.now;
+            self.grid_idx = point(s);
+            for (d, &x) in self.grid_idx.clone().iter().enumerate() {
+                self.ints.insert(params[d], x);
+            }
+            self.spend(None, Unit::Scalar, self.c.grid_step_cycles);
+            for i in 0..windows.len() {
+                if let Some(id) = fetch[i].take() {
+                    self.wait_for(&[id], pipeline.clone());
+                }
+            }
+            let last = s + 1 == steps;
+            for (i, win) in windows.iter().enumerate() {
+                if win.role == OperandRole::Input && !win.synchronous && !last && changes(self, s, win.operand)? {
+                    fetch[i] = Some(self.issue(Resource::Hbm, win.bytes, k.call.operands[win.operand].name.clone(), "window".into(), pipeline.clone()));
+                }
+            }
+            self.run_block(k.entry)?;
+            for (i, win) in windows.iter().enumerate() {
+                if win.role == OperandRole::Input && win.synchronous && !last && changes(self, s, win.operand)? {
+                    fetch[i] = Some(self.issue(Resource::Hbm, win.bytes, k.call.operands[win.operand].name.clone(), "window".into(), pipeline.clone()));
+                }
+                if win.role == OperandRole::Output && (last || changes(self, s, win.operand)?) {
+                    if let Some(id) = writeback[i].take() {
+                        self.wait_for(&[id], pipeline.clone());
+                    }
+                    writeback[i] = Some(self.issue(Resource::Hbm, win.bytes, "window".into(), k.call.operands[win.operand].name.clone(), pipeline.clone()));
+                }
+            }
+            self.flush();
+            if steps > 1 {
+                self.sections.push(Section { start, end: self.now, label: format!("step {s}") });
+            }
+        }
+        for id in writeback.into_iter().flatten() {
+            self.wait_for(&[id], pipeline.clone());
+        }
+        self.flush();
+        Ok(())
+    }
+
+    /// Run `b`'s ops; the values its `yield` hands back.
+    fn run_block(&mut self, b: Block) -> Result<Vec<Option<i64>>, ProfileError> {
+        for &op in &self.k.blocks[b].ops {
+            if let OpData::Yield { values } = &self.k.ops[op].data {
+                return Ok(values.iter().map(|&v| self.int(v)).collect());
+            }
+            self.op(op)?;
+        }
+        Ok(vec![])
+    }
+
+    fn bind_results(&mut self, op: Op, values: &[Option<i64>]) {
+        for (i, &r) in self.k.ops[op].results.clone().iter().enumerate() {
+            self.set(r, values.get(i).copied().flatten());
+        }
+    }
+
+    fn op(&mut self, op: Op) -> Result<(), ProfileError> {
+        let k = self.k;
+        if let Some((unit, cycles)) = op_cost(k, op, self.c, self.target) {
+            self.spend(Some(op), unit, cycles);
+        }
+        let result = k.ops[op].results.first().copied();
+        let scalar_result = result.is_some_and(|r| matches!(k.ty(r), Type::Scalar(_)));
+        use palladium_dsl::ir::{BinaryOp as B, CmpPred as P, UnaryOp as U};
+        match &k.ops[op].data {
+            OpData::Constant { value, ty: Type::Scalar(_) } => {
+                let x = match value {
+                    Literal::Int(i) => Some(*i),
+                    Literal::Bool(b) => Some(i64::from(*b)),
+                    Literal::Float(_) => None,
+                };
+                self.set(k.result(op), x);
+            }
+            OpData::ProgramId { axis } => self.set(k.result(op), self.grid_idx.get(*axis as usize).copied()),
+            OpData::NumPrograms { axis } => self.set(k.result(op), k.call.grid.get(*axis as usize).map(|g| g.extent as i64)),
+            OpData::Binary { op: bop, lhs, rhs } if scalar_result => {
+                let x = self.int(*lhs).zip(self.int(*rhs)).and_then(|(a, b)| match bop {
+                    B::Add => a.checked_add(b),
+                    B::Sub => a.checked_sub(b),
+                    B::Mul => a.checked_mul(b),
+                    B::Div => a.checked_div(b),
+                    B::Rem => a.checked_rem(b),
+                    B::Max => Some(a.max(b)),
+                    B::Min => Some(a.min(b)),
+                    B::And => Some(a & b),
+                    B::Or => Some(a | b),
+                    B::Xor => Some(a ^ b),
+                    B::Shl => u32::try_from(b).ok().and_then(|b| a.checked_shl(b)),
+                    B::Shr => u32::try_from(b).ok().and_then(|b| a.checked_shr(b)),
+                    B::Pow => None,
+                });
+                self.set(k.result(op), x);
+            }
+            OpData::Compare { pred, lhs, rhs } if scalar_result => {
+                let x = self.int(*lhs).zip(self.int(*rhs)).map(|(a, b)| {
+                    i64::from(match pred {
+                        P::Eq => a == b,
+                        P::Ne => a != b,
+                        P::Lt => a < b,
+                        P::Le => a <= b,
+                        P::Gt => a > b,
+                        P::Ge => a >= b,
+                    })
+                });
+                self.set(k.result(op), x);
+            }
+            OpData::Select { cond, on_true, on_false } if scalar_result => {
+                let x = self.int(*cond).and_then(|c| if c != 0 { self.int(*on_true) } else { self.int(*on_false) });
+                self.set(k.result(op), x);
+            }
+            OpData::Unary { op: uop, x } if scalar_result => {
+                let is_bool = matches!(k.ty(*x), Type::Scalar(palladium_dsl::ir::DType::Bool));
+                let v = self.int(*x).and_then(|a| match uop {
+                    U::Neg => a.checked_neg(),
+                    U::Abs => a.checked_abs(),
+                    U::Not if is_bool => Some(1 - a),
+                    U::Not => Some(!a),
+                    _ => None,
+                });
+                self.set(k.result(op), v);
+            }
+            OpData::Cast { x, to } if scalar_result => {
+                let v = if to.is_float() { None } else { self.int(*x) };
+                self.set(k.result(op), v);
+            }
+            OpData::AssumeMultiple { x, .. } => self.set(k.result(op), self.int(*x)),
+            OpData::Reshape { x, .. } if scalar_result => self.set(k.result(op), self.int(*x)),
+            OpData::Load { src, index } if scalar_result => {
+                let loc = self.index_into(*src, index);
+                let x = self.flat(&loc).and_then(|f| match self.prefetch.get(&loc.root) {
+                    Some(values) => values.get(f as usize).copied(),
+                    None => self.smem.get(&(loc.root, f)).copied(),
+                });
+                self.set(k.result(op), x);
+            }
+            OpData::Store { dst, index, value, .. } if matches!(k.ty(*value), Type::Scalar(_)) => {
+                let loc = self.index_into(*dst, index);
+                if let Some(f) = self.flat(&loc) {
+                    match self.int(*value) {
+                        Some(x) => self.smem.insert((loc.root, f), x),
+                        None => self.smem.remove(&(loc.root, f)),
+                    };
+                }
+            }
+            OpData::DmaStart { src, dst, sem, remote, .. } => {
+                if remote.is_some() {
+                    return Err(self.unsupported(Some(op), "remote copies: the profile models one device"));
+                }
+                let resource = if self.space_is_hbm(*src) || self.space_is_hbm(*dst) { Resource::Hbm } else { Resource::Local };
+                let key = self.sem_key(op, *sem)?;
+                let id = self.issue(resource, self.ref_bytes(*src), self.name(*src), self.name(*dst), short_loc(k, op));
+                self.sems.entry(key).or_default().pending.push(id);
+            }
+            OpData::DmaWait { dst, sem, side, .. } => {
+                if *side != WaitSide::Local {
+                    return Err(self.unsupported(Some(op), "remote waits: the profile models one device"));
+                }
+                let key = self.sem_key(op, *sem)?;
+                let need = self.ref_bytes(*dst) as f64;
+                self.flush();
+                self.engine.advance_to(self.now);
+                loop {
+                    let st = self.sems.entry(key).or_default();
+                    let transfers = &self.engine.transfers;
+                    let (done, pending): (Vec<usize>, Vec<usize>) = st.pending.iter().partition(|&&i| transfers[i].done.is_some());
+                    st.count += done.iter().map(|&i| transfers[i].bytes).sum::<f64>();
+                    st.pending = pending;
+                    if st.count >= need - 0.5 {
+                        st.count -= need;
+                        break;
+                    }
+                    let pending = st.pending.clone();
+                    if pending.is_empty() {
+                        let name = self.name(*sem);
+                        return Err(self.unsupported(Some(op), format!("waits for {need} bytes on semaphore `{name}` with no DMA in flight on it (the program would hang)")));
+                    }
+                    self.wait_for(&pending, short_loc(k, op));
+                }
+            }
+            OpData::SemSignal { sem, amount, device_id } => {
+                if device_id.is_some() {
+                    return Err(self.unsupported(Some(op), "remote signals: the profile models one device"));
+                }
+                let key = self.sem_key(op, *sem)?;
+                let n = self.int(*amount).ok_or_else(|| self.unsupported(Some(op), "the signal amount depends on run-time data"))?;
+                self.sems.entry(key).or_default().count += n as f64;
+            }
+            OpData::SemWait { sem, amount } => {
+                let key = self.sem_key(op, *sem)?;
+                let n = self.int(*amount).ok_or_else(|| self.unsupported(Some(op), "the wait amount depends on run-time data"))? as f64;
+                let st = self.sems.entry(key).or_default();
+                if st.count < n {
+                    return Err(self.unsupported(Some(op), "waits on a semaphore nothing signals (the program would hang)"));
+                }
+                st.count -= n;
+            }
+            OpData::If { cond, then_block, else_block } => {
+                let taken = match self.int(*cond) {
+                    Some(c) => c != 0,
+                    None => {
+                        *self.assumptions.entry(format!("`if` at {} on run-time data: assumed taken", short_loc(k, op))).or_default() += 1;
+                        true
+                    }
+                };
+                let values = self.run_block(if taken { *then_block } else { *else_block })?;
+                self.bind_results(op, &values);
+            }
+            OpData::For { lower, upper, step, init, body } => {
+                let bound = |v: Value, what: &str| self.int(v).ok_or_else(|| self.unsupported(Some(op), format!("the loop's {what} depends on run-time data; give it (e.g. the scalar-prefetch values) or use a static-bound variant")));
+                let (lo, hi, st) = (bound(*lower, "lower bound")?, bound(*upper, "upper bound")?, bound(*step, "step")?);
+                if st <= 0 {
+                    return Err(self.unsupported(Some(op), format!("loop step {st}")));
+                }
+                let params = k.blocks[*body].params.clone();
+                let mut carried: Vec<Option<i64>> = init.iter().map(|&v| self.int(v)).collect();
+                let outermost = self.loops.is_empty() && k.call.grid.iter().map(|g| g.extent).product::<u64>() <= 1;
+                let mut i = lo;
+                while i < hi {
+                    let start = self.now;
+                    self.set(params[0], Some(i));
+                    for (p, x) in params[1..].iter().zip(&carried) {
+                        self.set(*p, *x);
+                    }
+                    self.loops.push((op, i));
+                    let r = self.run_block(*body);
+                    self.loops.pop();
+                    carried = r?;
+                    self.spend(Some(op), Unit::Scalar, self.c.scalar_cycles);
+                    if outermost && !self.silent {
+                        self.flush();
+                        self.sections.push(Section { start, end: self.now, label: format!("{} i={i}", short_loc(k, op)) });
+                    }
+                    i += st;
+                }
+                self.bind_results(op, &carried);
+            }
+            OpData::While { init, cond, body } => {
+                let mut carried: Vec<Option<i64>> = init.iter().map(|&v| self.int(v)).collect();
+                loop {
+                    for (p, x) in k.blocks[*cond].params.clone().iter().zip(&carried) {
+                        self.set(*p, *x);
+                    }
+                    let c = self.run_block(*cond)?;
+                    match c.first().copied().flatten() {
+                        Some(0) => break,
+                        Some(_) => {}
+                        None => return Err(self.unsupported(Some(op), "the while loop's condition depends on run-time data")),
+                    }
+                    for (p, x) in k.blocks[*body].params.clone().iter().zip(&carried) {
+                        self.set(*p, *x);
+                    }
+                    carried = self.run_block(*body)?;
+                }
+                self.bind_results(op, &carried);
+            }
+            OpData::RunScoped { body } => {
+                let values = self.run_block(*body)?;
+                self.bind_results(op, &values);
+            }
+            OpData::Alloc { .. } | OpData::SemAlloc { .. } => {
+                let root = k.result(op);
+                self.sems.retain(|key, _| key.0 != root);
+                self.smem.retain(|key, _| key.0 != root);
+            }
+            _ => {
+                if let Some(r) = result {
+                    self.ints.remove(&r);
+                }
+            }
+        }
+        Ok(())
+    }
+}

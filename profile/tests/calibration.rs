@@ -1,0 +1,47 @@
+//! The committed calibration table (`profile/calibration.json`) is current: libtpu still
+//! gives the recorded estimates of the calibration kernels, and fitting them gives the
+//! recorded coefficients. `PALLADIUM_UPDATE_CALIBRATION=1` rewrites the table instead.
+
+use palladium_autotune::Libtpu;
+use palladium_autotune::floor::hbm_stream;
+use palladium_dsl::Kernel;
+use palladium_dsl::spec::Chip;
+use palladium_profile::calibration::{CALIBRATION_JSON, CALIBRATION_KERNELS, Calibration, CalibrationKernel, fit};
+
+/// The chips the table covers.
+const CHIPS: [Chip; 1] = [Chip::V6e];
+
+fn build(k: &CalibrationKernel) -> Kernel {
+    if k.kernel == "hbm_stream" {
+        let mut p = hbm_stream::Params::default();
+        for (n, v) in k.settings {
+            p.set(n, v).unwrap();
+        }
+        hbm_stream::build(&p).unwrap()
+    } else {
+        let settings: Vec<(String, String)> = k.settings.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+        palladium_kernels::build(k.kernel, &settings).unwrap()
+    }
+}
+
+#[test]
+fn the_calibration_table_is_current() {
+    let kernels: Vec<Kernel> = CALIBRATION_KERNELS.iter().map(build).collect();
+    let refs: Vec<&Kernel> = kernels.iter().collect();
+    let libtpu = Libtpu::new().unwrap_or_else(|e| panic!("{e}")).with_workers(1);
+    // The libtpu version is read as plain JSON: a stale table may not parse as a `Calibration`.
+    let committed: serde_json::Value = serde_json::from_str(CALIBRATION_JSON).unwrap();
+    let mut table = Calibration { libtpu: committed["libtpu"].as_str().unwrap().to_string(), chips: Default::default() };
+    for chip in CHIPS {
+        let cycles: Vec<u64> = libtpu.cycles(&refs, chip).into_iter().map(|c| c.unwrap_or_else(|e| panic!("{chip}: {e}"))).collect();
+        let fitted = fit(chip, &kernels, &cycles).unwrap_or_else(|e| panic!("{chip}: {e}"));
+        eprintln!("{chip}: {cycles:?} -> {:?}", fitted.coefficients);
+        table.chips.insert(chip.name().to_string(), fitted);
+    }
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/calibration.json");
+    if std::env::var_os("PALLADIUM_UPDATE_CALIBRATION").is_some() {
+        std::fs::write(path, serde_json::to_string_pretty(&table).unwrap() + "\n").unwrap();
+        return;
+    }
+    assert_eq!(table, Calibration::committed(), "profile/calibration.json is stale: rerun with PALLADIUM_UPDATE_CALIBRATION=1");
+}
