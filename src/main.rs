@@ -71,23 +71,8 @@ enum Command {
         config: PathBuf,
         #[arg(long)]
         chip: Chip,
-        #[arg(long, default_value_t = 1)]
-        batch: u64,
-        #[arg(long, default_value_t = 4096)]
-        context: u64,
-        /// Use only the first N decoder layers.
-        #[arg(long)]
-        layers: Option<usize>,
-        /// Read every KV-cache tile (masked past the position) with a static trip count:
-        /// the cost of a full-context step, priceable by libtpu's static estimate, which
-        /// ignores loops with run-time trip counts. Same results.
-        #[arg(long)]
-        all_kv_tiles: bool,
-        /// One chunk in flight per weight stream (2 dense banks, 2 expert slots), as a
-        /// double-buffered pipeline: libtpu's static estimate gives every concurrent DMA
-        /// its own bandwidth, so only this variant compares with its HBM floor. Same results.
-        #[arg(long)]
-        single_prefetch: bool,
+        #[command(flatten)]
+        plan: PlanArgs,
         #[arg(long)]
         out: PathBuf,
         /// Print the report as JSON.
@@ -98,19 +83,33 @@ enum Command {
         /// a `compile` object) gains code size, memory and the estimate.
         #[arg(long)]
         compile: bool,
-        /// New tokens per sequence in one step (1..=16): positions p..p+K-1, causal among
-        /// themselves, as a speculative verify step scores K proposed tokens.
-        #[arg(long, value_name = "K", default_value_t = 1)]
-        tokens_per_seq: u64,
-        /// Also return the full f32 logits (the kernel always returns each token row's
-        /// greedy id and maximum logit).
+    },
+    /// Model one call's timeline (README, Profile): DMAs sharing the HBM bandwidth, compute
+    /// costed per op with coefficients calibrated against libtpu's estimates, loops run with
+    /// their real trip counts. Writes DIR/trace.json (Chrome trace events: Perfetto),
+    /// DIR/timeline.svg and DIR/summary.json, all or none, and prints the summary (step time,
+    /// HBM efficiency, bubbles by cause, the three largest). Profiles a library kernel
+    /// (KERNEL [--set NAME=VALUE]...) or, with --megakernel CONFIG, the decode megakernel
+    /// (its options as for `megakernel`; experts at the plan's static worst case).
+    #[command(group(clap::ArgGroup::new("what").required(true).args(["kernel", "megakernel"])))]
+    Profile {
+        kernel: Option<String>,
+        /// Override a compile-time parameter of KERNEL: NAME=VALUE (repeatable).
+        #[arg(long = "set", value_name = "NAME=VALUE", requires = "kernel")]
+        set: Vec<String>,
+        /// Profile the decode megakernel of this Hugging Face config.json instead.
+        #[arg(long, value_name = "CONFIG", conflicts_with = "kernel")]
+        megakernel: Option<PathBuf>,
+        #[command(flatten)]
+        plan: PlanArgs,
+        /// The step's position per sequence (comma-separated, one per --batch); default: each
+        /// sequence at the end of the context (context - K).
+        #[arg(long, value_name = "P,...", requires = "megakernel")]
+        positions: Option<String>,
         #[arg(long)]
-        logits: bool,
-        /// Fetch the static worst case of `min(E, batch x K x top_k)` distinct experts per
-        /// layer (the extra ones at weight zero) instead of the run-time count of distinct
-        /// experts: priceable by libtpu's static estimate. Same results.
+        chip: Chip,
         #[arg(long)]
-        worst_case_experts: bool,
+        out: PathBuf,
     },
     /// Prompt + greedy decode of a Hugging Face MoE model (config.json) through its decode
     /// megakernel in interpret mode: the megakernel is emitted, verified and lowered, its
@@ -193,6 +192,73 @@ enum Command {
     },
 }
 
+/// The megakernel's plan options (`megakernel` and `profile --megakernel`).
+#[derive(clap::Args)]
+struct PlanArgs {
+    #[arg(long, default_value_t = 1)]
+    batch: u64,
+    #[arg(long, default_value_t = 4096)]
+    context: u64,
+    /// Use only the first N decoder layers.
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Read every KV-cache tile (masked past the position) with a static trip count:
+    /// the cost of a full-context step, priceable by libtpu's static estimate, which
+    /// ignores loops with run-time trip counts. Same results.
+    #[arg(long)]
+    all_kv_tiles: bool,
+    /// One chunk in flight per weight stream (2 dense banks, 2 expert slots), as a
+    /// double-buffered pipeline: libtpu's static estimate gives every concurrent DMA
+    /// its own bandwidth, so only this variant compares with its HBM floor. Same results.
+    #[arg(long)]
+    single_prefetch: bool,
+    /// New tokens per sequence in one step (1..=16): positions p..p+K-1, causal among
+    /// themselves, as a speculative verify step scores K proposed tokens.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    tokens_per_seq: u64,
+    /// Also return the full f32 logits (the kernel always returns each token row's
+    /// greedy id and maximum logit).
+    #[arg(long)]
+    logits: bool,
+    /// Fetch the static worst case of `min(E, batch x K x top_k)` distinct experts per
+    /// layer (the extra ones at weight zero) instead of the run-time count of distinct
+    /// experts: priceable by libtpu's static estimate. Same results.
+    #[arg(long)]
+    worst_case_experts: bool,
+}
+
+impl PlanArgs {
+    /// The first option given a value other than its default (for commands where the plan
+    /// options do not apply).
+    fn given(&self) -> Option<&'static str> {
+        [
+            (self.batch != 1, "--batch"),
+            (self.context != 4096, "--context"),
+            (self.layers.is_some(), "--layers"),
+            (self.all_kv_tiles, "--all-kv-tiles"),
+            (self.single_prefetch, "--single-prefetch"),
+            (self.tokens_per_seq != 1, "--tokens-per-seq"),
+            (self.logits, "--logits"),
+            (self.worst_case_experts, "--worst-case-experts"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
+
+    fn options(&self, chip: Chip) -> palladium_fusion::plan::PlanOptions {
+        use palladium_fusion::plan::{ExpertFetch, KvTiles, PlanOptions, Prefetch};
+        PlanOptions {
+            layers: self.layers,
+            kv_tiles: if self.all_kv_tiles { KvTiles::All } else { KvTiles::UpToPosition },
+            prefetch: if self.single_prefetch { Prefetch::Single } else { Prefetch::Deep },
+            tokens_per_seq: self.tokens_per_seq,
+            logits: self.logits,
+            expert_fetch: if self.worst_case_experts { ExpertFetch::WorstCase } else { ExpertFetch::Distinct },
+            ..PlanOptions::new(chip, self.batch, self.context)
+        }
+    }
+}
+
 /// What `interpret` and `exec` check: a library kernel at its settings on seeded inputs.
 #[derive(clap::Args)]
 struct CheckArgs {
@@ -269,16 +335,13 @@ fn run(cli: Cli) -> Result<(), String> {
             if json { println!("{}", report.json()) } else { print!("{}", report.text()) }
             Ok(())
         }
-        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json, compile, tokens_per_seq, logits, worst_case_experts } => {
+        Command::Megakernel { config, chip, plan, out, json, compile } => {
             use palladium_fusion::megakernel::{Megakernel, MegakernelError};
-            use palladium_fusion::plan::{ExpertFetch, KvTiles, PlanError, PlanOptions, Prefetch};
+            use palladium_fusion::plan::PlanError;
             let names = if compile { compiled_names("megakernel").to_vec() } else { compiled_names("megakernel")[..3].to_vec() };
             check_writable(&out, &names)?;
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
-            let kv_tiles = if all_kv_tiles { KvTiles::All } else { KvTiles::UpToPosition };
-            let prefetch = if single_prefetch { Prefetch::Single } else { Prefetch::Deep };
-            let expert_fetch = if worst_case_experts { ExpertFetch::WorstCase } else { ExpertFetch::Distinct };
-            let options = PlanOptions { layers, kv_tiles, prefetch, tokens_per_seq, logits, expert_fetch, ..PlanOptions::new(chip, batch, context) };
+            let options = plan.options(chip);
             let Megakernel { plan, lowered, .. } = Megakernel::build(&spec, &options).map_err(|e| match e {
                 MegakernelError::Plan(PlanError::Hbm { .. }) => format!("{e}; try --layers N"),
                 e => e.to_string(),
@@ -301,6 +364,60 @@ fn run(cli: Cli) -> Result<(), String> {
                     print!("{}", c.text());
                 }
             }
+            Ok(())
+        }
+        Command::Profile { kernel, set, megakernel, plan, positions, chip, out } => {
+            use palladium_profile::{Inputs, calibration::Calibration, report, simulate};
+            const FILES: [&str; 3] = ["trace.json", "timeline.svg", "summary.json"];
+            check_writable(&out, &FILES)?;
+            let calibration = Calibration::committed();
+            let coefficients = calibration.chip(chip).map_err(|e| e.to_string())?;
+            let mut inputs = Inputs::default();
+            let mut notes = Vec::new();
+            let kernel = match (kernel, megakernel) {
+                (Some(name), None) => {
+                    if let Some(flag) = plan.given() {
+                        return Err(format!("{flag} is a megakernel option: give --megakernel CONFIG, or drop it to profile `{name}`"));
+                    }
+                    palladium_kernels::entry(&name).map_err(|e| e.to_string())?;
+                    let k = build(&name, &set).map_err(|e| e.to_string())?;
+                    check_hbm(&k, chip)?;
+                    k
+                }
+                (None, Some(config)) => {
+                    use palladium_fusion::plan::{ExpertFetch, Plan};
+                    let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
+                    // The distinct experts of a step are data (routing): profile the plan's
+                    // static worst case, which fetches as many as any routing can.
+                    let options = palladium_fusion::plan::PlanOptions { expert_fetch: ExpertFetch::WorstCase, ..plan.options(chip) };
+                    let p = Plan::new(&spec, &options).map_err(|e| format!("megakernel refused: {e}"))?;
+                    notes.push(format!("routing: the static worst case of {} distinct experts per layer (min(E, batch x K x top_k)), each fetched once", p.distinct_experts()));
+                    let k = plan.tokens_per_seq;
+                    let at = match positions {
+                        Some(list) => list.split(',').map(|p| p.trim().parse::<i64>()).collect::<Result<Vec<_>, _>>().map_err(|_| format!("--positions {list:?}: expected comma-separated positions, e.g. 4095,17"))?,
+                        None => vec![plan.context as i64 - k as i64; plan.batch as usize],
+                    };
+                    if at.len() as u64 != plan.batch {
+                        return Err(format!("--positions: {} positions for --batch {}", at.len(), plan.batch));
+                    }
+                    if let Some(&bad) = at.iter().find(|&&p| p < 0 || p as u64 + k > plan.context) {
+                        return Err(format!("--positions: {bad} + {k} new tokens is past --context {}", plan.context));
+                    }
+                    notes.push(format!("positions: {at:?}"));
+                    inputs.prefetch.insert("positions".into(), at);
+                    palladium_fusion::emit::emit(&p).map_err(|e| format!("cannot build the megakernel:\n{e}"))?
+                }
+                _ => return Err("give exactly one of KERNEL and --megakernel CONFIG".into()),
+            };
+            let mut timeline = simulate(&kernel, chip, coefficients, &inputs).map_err(|e| e.to_string())?;
+            for n in notes {
+                timeline.assumptions.insert(n, 1);
+            }
+            let trace = serde_json::to_string(&report::trace_json(&timeline)).map_err(|e| e.to_string())?;
+            let summary = serde_json::to_string_pretty(&report::summary_json(&timeline)).map_err(|e| e.to_string())?;
+            let files = [(FILES[0], trace.into_bytes()), (FILES[1], report::svg(&timeline).into_bytes()), (FILES[2], summary.into_bytes())];
+            write_all(&out, &files)?;
+            print!("{}", report::summary_text(&timeline));
             Ok(())
         }
         Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check, tolerance, backend, weights_dtype, speculate, draft_ids, tokens_per_seq } => {

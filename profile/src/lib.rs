@@ -268,25 +268,19 @@ impl<'k> Walker<'k> {
                 return Err(ProfileError::Prefetch { name: name.clone(), why: format!("`{}` has no scalar-prefetch operand of that name", self.k.name) });
             }
         }
-        for (i, o) in self.k.call.operands.iter().enumerate() {
-            if o.role != OperandRole::Prefetch {
-                continue;
+        // Prefetch operands come first in the call, so operand i is entry parameter
+        // `grid + i` and parameter `grid + i` of every index map.
+        let maps: Vec<Block> = self.k.call.operands.iter().filter_map(|o| o.index_map).collect();
+        for (i, o) in self.k.call.operands.iter().enumerate().filter(|(_, o)| o.role == OperandRole::Prefetch) {
+            let Some(values) = inputs.prefetch.get(&o.name) else { continue };
+            let want = o.shape.num_elements() as usize;
+            if values.len() != want {
+                return Err(ProfileError::Prefetch { name: o.name.clone(), why: format!("{} values given, the operand has {want}", values.len()) });
             }
-            if let Some(values) = inputs.prefetch.get(&o.name) {
-                let want = o.shape.num_elements() as usize;
-                if values.len() != want {
-                    return Err(ProfileError::Prefetch { name: o.name.clone(), why: format!("{} values given, the operand has {want}", values.len()) });
-                }
-                self.prefetch.insert(params[first + i], values.clone());
-                // Index maps see the prefetch refs as their own parameters.
-                for (_, spec) in self.k.call.operands.iter().enumerate() {
-                    if let Some(map) = spec.index_map {
-                        let prefetch_params = &self.k.blocks[map].params[first..];
-                        let pos = self.k.call.operands.iter().take(i).filter(|x| x.role == OperandRole::Prefetch).count();
-                        if let Some(&p) = prefetch_params.get(pos) {
-                            self.prefetch.insert(p, values.clone());
-                        }
-                    }
+            self.prefetch.insert(params[first + i], values.clone());
+            for &map in &maps {
+                if let Some(&p) = self.k.blocks[map].params.get(first + i) {
+                    self.prefetch.insert(p, values.clone());
                 }
             }
         }
@@ -484,10 +478,8 @@ impl<'k> Walker<'k> {
                 self.ints.insert(params[d], x);
             }
             self.spend(None, Unit::Scalar, self.c.grid_step_cycles);
-            for i in 0..windows.len() {
-                if let Some(id) = fetch[i].take() {
-                    self.wait_for(&[id], pipeline.clone());
-                }
+            for id in fetch.iter_mut().filter_map(Option::take) {
+                self.wait_for(&[id], pipeline.clone());
             }
             let last = s + 1 == steps;
             for (i, win) in windows.iter().enumerate() {

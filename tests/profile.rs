@@ -1,0 +1,129 @@
+//! `palladium profile` end to end: the done condition of issue 18 (the Qwen3-30B-A3B
+//! megakernel's trace, SVG and summary), the trace's event format, the SVG's well-formedness,
+//! and refusals that write nothing.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn palladium(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_palladium")).args(args).output().expect("runs");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Chrome's trace-event format as Perfetto reads it: `traceEvents`, each event with `ph`;
+/// complete events (`X`) with a name, numeric `ts`/`dur` (>= 0) and integer `pid`/`tid`;
+/// metadata (`M`) naming processes and threads; no two complete events of one thread
+/// overlapping without nesting.
+fn check_trace(trace: &serde_json::Value) -> usize {
+    let events = trace["traceEvents"].as_array().expect("traceEvents is an array");
+    let mut by_thread: std::collections::BTreeMap<(u64, u64), Vec<(f64, f64)>> = Default::default();
+    for e in events {
+        let ph = e["ph"].as_str().expect("every event has ph");
+        let (pid, tid) = (e["pid"].as_u64().expect("integer pid"), e["tid"].as_u64().expect("integer tid"));
+        match ph {
+            "X" => {
+                assert!(e["name"].is_string(), "{e}");
+                let (ts, dur) = (e["ts"].as_f64().expect("numeric ts"), e["dur"].as_f64().expect("numeric dur"));
+                assert!(ts >= 0.0 && dur >= 0.0, "{e}");
+                by_thread.entry((pid, tid)).or_default().push((ts, ts + dur));
+            }
+            "M" => assert!(matches!(e["name"].as_str(), Some("process_name" | "thread_name")) && e["args"]["name"].is_string(), "{e}"),
+            other => panic!("unexpected phase {other}: {e}"),
+        }
+    }
+    for (thread, mut spans) in by_thread {
+        spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for w in spans.windows(2) {
+            assert!(w[1].0 >= w[0].1 - 1e-6 * w[0].1.max(1.0), "thread {thread:?}: {:?} overlaps {:?}", w[0], w[1]);
+        }
+    }
+    events.len()
+}
+
+/// Well-formed XML as far as this SVG goes: balanced tags, quoted attributes, escaped text.
+fn check_svg(svg: &str) {
+    let mut open: Vec<&str> = Vec::new();
+    let mut rest = svg;
+    while let Some(lt) = rest.find('<') {
+        let text = &rest[..lt];
+        assert!(!text.contains('>'), "stray > in {text:?}");
+        for (i, _) in text.match_indices('&') {
+            assert!(["&amp;", "&lt;", "&gt;", "&quot;"].iter().any(|e| text[i..].starts_with(e)), "unescaped & in {text:?}");
+        }
+        let gt = rest[lt..].find('>').expect("tag closed") + lt;
+        let tag = &rest[lt + 1..gt];
+        assert_eq!(tag.matches('"').count() % 2, 0, "unbalanced quotes in <{tag}>");
+        if let Some(name) = tag.strip_prefix('/') {
+            assert_eq!(open.pop(), Some(name.trim()), "</{name}> closes the wrong element");
+        } else if !tag.ends_with('/') {
+            open.push(tag.split_whitespace().next().expect("a tag name"));
+        }
+        rest = &rest[gt + 1..];
+    }
+    assert!(open.is_empty(), "unclosed: {open:?}");
+    assert!(svg.trim_start().starts_with("<svg"), "{}", &svg[..100.min(svg.len())]);
+}
+
+fn read(dir: &Path, name: &str) -> String {
+    std::fs::read_to_string(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+#[test]
+fn the_megakernel_profile_writes_a_trace_an_svg_and_names_the_three_largest_bubbles() {
+    let dir = scratch("profile_megakernel");
+    let out = dir.to_str().unwrap();
+    let (ok, stdout, err) = palladium(&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "8", "--batch", "1", "--context", "4096", "--out", out]);
+    assert!(ok, "{err}");
+    assert!(stdout.contains("efficiency"), "{stdout}");
+    let largest = stdout.split("largest bubbles:").nth(1).expect("the summary lists the largest bubbles");
+    for n in ["1. ", "2. ", "3. "] {
+        assert!(largest.contains(n), "{stdout}");
+    }
+    assert!(stdout.contains("routing: the static worst case of 8 distinct experts per layer"), "{stdout}");
+    let trace: serde_json::Value = serde_json::from_str(&read(&dir, "trace.json")).unwrap();
+    assert!(check_trace(&trace) > 1000);
+    check_svg(&read(&dir, "timeline.svg"));
+    let summary: serde_json::Value = serde_json::from_str(&read(&dir, "summary.json")).unwrap();
+    assert_eq!(summary["largest_bubbles"].as_array().map(Vec::len), Some(3), "{summary}");
+    let eff = summary["hbm_efficiency"].as_f64().unwrap();
+    assert!(eff > 0.3 && eff < 1.0, "{summary}");
+    // The plan's bytes per step, and the two VMEM outputs (next_ids, max_logits: [16, 128] of
+    // 4 bytes each) the call writes back.
+    assert_eq!(summary["hbm_bytes"].as_u64(), Some(1_631_944_704 + 2 * 16 * 128 * 4));
+}
+
+#[test]
+fn a_library_kernel_profile_has_one_grid_step_section_per_step() {
+    let dir = scratch("profile_gemv");
+    let (ok, stdout, err) = palladium(&["profile", "gemv", "--set", "block_n=1792", "--chip", "v6e", "--out", dir.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(stdout.contains("step time"), "{stdout}");
+    let trace: serde_json::Value = serde_json::from_str(&read(&dir, "trace.json")).unwrap();
+    check_trace(&trace);
+    let steps = trace["traceEvents"].as_array().unwrap().iter().filter(|e| e["name"].as_str().is_some_and(|n| n.starts_with("step "))).count();
+    assert_eq!(steps, 14336 / 1792);
+    check_svg(&read(&dir, "timeline.svg"));
+}
+
+#[test]
+fn profile_refusals_name_the_problem_and_write_nothing() {
+    let cases: [(&[&str], &str); 4] = [
+        (&["profile", "gemv", "--chip", "v5e"], "no calibration for v5e (calibrated: v6e)"),
+        (&["profile", "gemv", "--chip", "v6e", "--batch", "4"], "--batch is a megakernel option"),
+        (&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "1", "--positions", "1,2"], "--positions: 2 positions for --batch 1"),
+        (&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "1", "--positions", "4096"], "--positions: 4096 + 1 new tokens is past --context 4096"),
+    ];
+    for (i, (args, want)) in cases.iter().enumerate() {
+        let dir = scratch(&format!("profile_refused_{i}"));
+        let mut args = args.to_vec();
+        args.extend(["--out", dir.to_str().unwrap()]);
+        let (ok, _, err) = palladium(&args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(!dir.exists(), "{args:?} wrote {}", dir.display());
+    }
+}
