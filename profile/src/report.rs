@@ -122,7 +122,7 @@ pub fn summary_text(t: &Timeline) -> String {
     let _ = writeln!(s, "  HBM              {:.3} GB in {} DMAs; efficiency {:.3} (bytes / bandwidth / step time)", t.hbm_bytes() as f64 / 1e9, t.dmas.len(), t.hbm_efficiency());
     let b = busy(t);
     let units: Vec<String> = Unit::ALL.iter().zip(b).filter(|(_, c)| *c > 0.0).map(|(u, c)| format!("{} {:.0}", u.name(), c)).collect();
-    let _ = writeln!(s, "  compute busy     {:.0} cycles ({})", b.iter().sum::<f64>(), units.join(", "));
+    let _ = writeln!(s, "  core busy        {:.0} cycles; per unit (they overlap): {}", t.compute.iter().map(|c| c.end - c.start).sum::<f64>(), units.join(", "));
     let _ = writeln!(s, "  bubbles          {:.0} cycles ({:.1}% of the step) in {} waits", bubble_cycles, 100.0 * bubble_cycles / t.cycles, t.waits.len());
     let _ = writeln!(s, "bubbles by cause:");
     for (c, n, cy) in bubbles_by_cause(t).iter().take(12) {

@@ -53,8 +53,12 @@ fn the_megakernel_lies_between_libtpus_single_prefetch_and_deep_estimates() {
     let floor = f["floor_cycles"].as_f64().unwrap();
     let c = Calibration::committed();
     let c = c.chip(CHIP).unwrap();
-    let model_deep = simulate(&deep, CHIP, c, &Inputs::default()).unwrap();
-    let model_single = simulate(&single, CHIP, c, &Inputs::default()).unwrap();
+    // The step at the end of the context, as `palladium profile` models it by default.
+    let mut inputs = Inputs::default();
+    inputs.prefetch.insert("positions".into(), vec![4095]);
+    let model_deep = simulate(&deep, CHIP, c, &inputs).unwrap();
+    let model_single = simulate(&single, CHIP, c, &inputs).unwrap();
+    assert!(model_deep.assumptions.is_empty(), "{:?}", model_deep.assumptions);
     // HBM bytes the model moved: the plan's (the logits are not returned).
     assert!((model_deep.hbm_bytes() as f64 / bytes as f64 - 1.0).abs() < 0.01, "{} vs {bytes}", model_deep.hbm_bytes());
     let ratio = |cycles: f64| floor / cycles;
