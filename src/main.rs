@@ -97,6 +97,11 @@ enum Command {
         /// Override a compile-time parameter of KERNEL: NAME=VALUE (repeatable).
         #[arg(long = "set", value_name = "NAME=VALUE", requires = "kernel")]
         set: Vec<String>,
+        /// The contents of KERNEL's scalar-prefetch operand NAME, row-major (repeatable;
+        /// e.g. decode_attention's `lens=4096,4096`): loops bounded by them run their real
+        /// trip counts.
+        #[arg(long, value_name = "NAME=V,...", requires = "kernel")]
+        prefetch: Vec<String>,
         /// Profile the decode megakernel of this Hugging Face config.json instead.
         #[arg(long, value_name = "CONFIG", conflicts_with = "kernel")]
         megakernel: Option<PathBuf>,
@@ -366,7 +371,7 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::Profile { kernel, set, megakernel, plan, positions, chip, out } => {
+        Command::Profile { kernel, set, prefetch, megakernel, plan, positions, chip, out } => {
             use palladium_profile::{Inputs, calibration::Calibration, report, simulate};
             const FILES: [&str; 3] = ["trace.json", "timeline.svg", "summary.json"];
             check_writable(&out, &FILES)?;
@@ -382,6 +387,11 @@ fn run(cli: Cli) -> Result<(), String> {
                     palladium_kernels::entry(&name).map_err(|e| e.to_string())?;
                     let k = build(&name, &set).map_err(|e| e.to_string())?;
                     check_hbm(&k, chip)?;
+                    for p in &prefetch {
+                        let (array, values) = p.split_once('=').ok_or_else(|| format!("--prefetch {p:?}: expected NAME=V,... (e.g. lens=4096,4096)"))?;
+                        let values = values.split(',').map(|v| v.trim().parse::<i64>()).collect::<Result<Vec<_>, _>>().map_err(|_| format!("--prefetch {p:?}: the values must be comma-separated integers"))?;
+                        inputs.prefetch.insert(array.trim().to_string(), values);
+                    }
                     k
                 }
                 (None, Some(config)) => {

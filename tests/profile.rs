@@ -127,3 +127,27 @@ fn profile_refusals_name_the_problem_and_write_nothing() {
         assert!(!dir.exists(), "{args:?} wrote {}", dir.display());
     }
 }
+
+#[test]
+fn a_loop_bounded_by_scalar_prefetch_needs_its_values() {
+    // decode_attention's KV loop runs to `lens[b]` (scalar prefetch): refused at the loop
+    // without the values, run with its real trip counts with them.
+    let dir = scratch("profile_decode_attention");
+    let out = dir.to_str().unwrap();
+    let (ok, _, err) = palladium(&["profile", "decode_attention", "--chip", "v6e", "--out", out]);
+    assert!(!ok && err.contains("the loop's upper bound depends on run-time data") && err.contains("pipeline.rs"), "{err}");
+    assert!(!dir.exists());
+    let (ok, _, err) = palladium(&["profile", "decode_attention", "--chip", "v6e", "--prefetch", "lens=3", "--out", out]);
+    assert!(!ok && err.contains("scalar prefetch `lens`: 1 values given, the operand has 2"), "{err}");
+    let summary = |lens: &str| -> serde_json::Value {
+        let (ok, _, err) = palladium(&["profile", "decode_attention", "--chip", "v6e", "--prefetch", lens, "--out", out]);
+        assert!(ok, "{err}");
+        serde_json::from_str(&read(&dir, "summary.json")).unwrap()
+    };
+    let (short, long) = (summary("lens=512,512"), summary("lens=4096,4096"));
+    // K and V tiles of 512 positions: 8 times the bytes read for 8 times the context.
+    let kv = |s: &serde_json::Value| s["hbm_bytes"].as_u64().unwrap();
+    assert!(kv(&long) > 6 * kv(&short), "{} vs {}", kv(&long), kv(&short));
+    // Each grid step also pays its fixed cost and the first tile's wait, whatever the context.
+    assert!(long["cycles"].as_f64().unwrap() > 3.0 * short["cycles"].as_f64().unwrap());
+}
