@@ -98,7 +98,7 @@ enum Command {
         #[arg(long = "set", value_name = "NAME=VALUE", requires = "kernel")]
         set: Vec<String>,
         /// The contents of KERNEL's scalar-prefetch operand NAME, row-major (repeatable;
-        /// e.g. decode_attention's `lens=4096,4096`): loops bounded by them run their real
+        /// e.g. `decode_attention`'s `lens=4096,4096`): loops bounded by them run their real
         /// trip counts.
         #[arg(long, value_name = "NAME=V,...", requires = "kernel")]
         prefetch: Vec<String>,
