@@ -57,7 +57,8 @@ use palladium_dsl::spec::Chip;
 use palladium_fusion::emit::emit;
 use palladium_fusion::megakernel::Megakernel;
 use palladium_fusion::plan::{ExpertFetch, KvTiles, Plan, PlanError, PlanOptions, Prefetch};
-use palladium_model::{FfnKind, ModelSpec};
+use palladium_fusion::unfused::{UnfusedKernel, unfused_kernels};
+use palladium_model::ModelSpec;
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -126,63 +127,18 @@ struct Row {
     note: String,
 }
 
-fn set(s: &[(&str, u64)]) -> Vec<(String, String)> {
-    s.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect()
-}
-
-/// `settings` plus `bench_full_context=true`: static KV bounds, priceable by libtpu.
-fn full_context(mut settings: Vec<(String, String)>) -> Vec<(String, String)> {
-    settings.push(("bench_full_context".into(), "true".into()));
-    settings
-}
-
-/// The largest of a few GEMV column blocks dividing `n`.
-fn block_n(n: u64) -> u64 {
-    [1792, 1024, 896, 512, 256, 128].into_iter().find(|b| n.is_multiple_of(*b)).unwrap_or(128)
-}
-
-/// One unfused kernel of a step: (label, times per step, kernel name, settings).
-type Unfused = (String, u64, &'static str, Vec<(String, String)>);
-
-/// The unfused step's kernels.
-fn unfused_kernels(s: &ModelSpec, layers: usize, batch: u64, context: u64) -> Vec<Unfused> {
-    let a = &s.attention;
-    let h = s.hidden_size;
-    let (heads, kvh, hd) = (a.num_heads, a.num_kv_heads, a.head_dim);
-    let FfnKind::Moe(m) = &s.layers[0].ffn else { panic!("MoE only") };
-    let rows = batch.div_ceil(16) * 16;
-    let l = layers as u64;
-    let nqkv = (heads + 2 * kvh) * hd;
-    // The KV caches at the megakernel's padded head size (the same KV bytes; libtpu's v6e
-    // profiler also aborts on `decode_attention` at head_dim 64) and its KV tile size.
-    let hp = hd.div_ceil(128) * 128;
-    let vocab = s.vocab_size.div_ceil(1024) * 1024;
-    vec![
-        ("rmsnorm (x2 per layer, + final)".into(), 2 * l + 1, "rmsnorm", set(&[("rows", rows), ("hidden", h), ("block_rows", rows)])),
-        ("qkv gemv".into(), l, "gemv", set(&[("batch", batch), ("k", h), ("n", nqkv), ("block_k", h), ("block_n", block_n(nqkv))])),
-        ("rope (q and k heads)".into(), l, "rope", set(&[("tokens", batch), ("heads", heads + kvh), ("head_dim", hd), ("block_t", batch), ("heads_per_block", 8.min(heads + kvh))])),
-        ("kv_cache_update".into(), l, "kv_cache_update", set(&[("batch", batch), ("kv_heads", kvh), ("head_dim", hp), ("max_context", context)])),
-        ("decode_attention (full context)".into(), l, "decode_attention", full_context(set(&[("batch", batch), ("kv_heads", kvh), ("group", heads / kvh), ("head_dim", hp), ("max_context", context), ("block_kv", 1024.min(context))]))),
-        ("o gemv".into(), l, "gemv", set(&[("batch", batch), ("k", heads * hd), ("n", h), ("block_k", heads * hd), ("block_n", block_n(h))])),
-        ("residual_add (x2 per layer)".into(), 2 * l, "residual_add", set(&[("rows", rows), ("hidden", h), ("block_rows", rows)])),
-        ("moe_router".into(), l, "moe_router", set(&[("tokens", batch), ("hidden", h), ("experts", m.num_experts), ("top_k", m.top_k)])),
-        ("expert_ffn".into(), l, "expert_ffn", set(&[("tokens", batch), ("hidden", h), ("experts", m.num_experts), ("top_k", m.top_k), ("ffn", m.intermediate), ("block_ffn", 256.min(m.intermediate))])),
-        ("lm_head gemv (vocab padded to 1024)".into(), 1, "gemv", set(&[("batch", batch), ("k", h), ("n", vocab), ("block_k", h), ("block_n", 1024)])),
-    ]
-}
-
 /// Sum of the unfused kernels' cycles, or why there is none; prints each kernel.
 fn unfused_sum(libtpu: &Libtpu, s: &ModelSpec, layers: usize, batch: u64, context: u64) -> Result<(u64, Vec<String>), String> {
-    let ks = unfused_kernels(s, layers, batch, context);
+    let ks = unfused_kernels(s, layers, batch, context)?;
     let mut built = Vec::new();
-    for (label, _, name, settings) in &ks {
+    for UnfusedKernel { label, kernel: name, settings, .. } in &ks {
         built.push(palladium_kernels::build(name, settings).map_err(|e| format!("{label}: cannot build {name} {settings:?}: {e}"))?);
     }
     let refs: Vec<&palladium_dsl::Kernel> = built.iter().collect();
     let costs = cycles(libtpu, &refs, CHIP);
     let mut total = 0u64;
     let mut missing = Vec::new();
-    for ((label, times, name, _), c) in ks.iter().zip(costs) {
+    for (UnfusedKernel { label, times, kernel: name, .. }, c) in ks.iter().zip(costs) {
         match c {
             Ok(c) => {
                 println!("    {label:<38} {name:<18} {c:>10} cyc x {times}");

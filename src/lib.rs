@@ -4,5 +4,6 @@
 pub mod check;
 pub mod host_memory;
 pub mod output;
+pub mod profile;
 pub mod compile;
 pub mod run;

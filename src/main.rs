@@ -107,6 +107,11 @@ enum Command {
         megakernel: Option<PathBuf>,
         #[command(flatten)]
         plan: PlanArgs,
+        /// Also profile the same step split into library kernels (per layer rmsnorm, qkv
+        /// gemv, rope, KV update, attention, o gemv, residual adds, router, experts; `lm_head`),
+        /// each call plus a fixed cost, and print fused / unfused.
+        #[arg(long, requires = "megakernel")]
+        unfused: bool,
         /// The step's position per sequence (comma-separated, one per --batch); default: each
         /// sequence at the end of the context (context - K).
         #[arg(long, value_name = "P,...", requires = "megakernel")]
@@ -371,7 +376,7 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::Profile { kernel, set, prefetch, megakernel, plan, positions, chip, out } => {
+        Command::Profile { kernel, set, prefetch, megakernel, plan, unfused, positions, chip, out } => {
             use palladium_profile::{Inputs, calibration::Calibration, report, simulate};
             const FILES: [&str; 3] = ["trace.json", "timeline.svg", "summary.json"];
             check_writable(&out, &FILES)?;
@@ -379,6 +384,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let coefficients = calibration.chip(chip).map_err(|e| e.to_string())?;
             let mut inputs = Inputs::default();
             let mut notes = Vec::new();
+            let mut unfused_step = None;
             let kernel = match (kernel, megakernel) {
                 (Some(name), None) => {
                     if let Some(flag) = plan.given() {
@@ -414,6 +420,12 @@ fn run(cli: Cli) -> Result<(), String> {
                         return Err(format!("--positions: {bad} + {k} new tokens is past --context {}", plan.context));
                     }
                     notes.push(format!("positions: {at:?}"));
+                    if unfused {
+                        if k != 1 {
+                            return Err("--unfused: the unfused step is one token per sequence (drop --tokens-per-seq)".into());
+                        }
+                        unfused_step = Some(palladium::profile::UnfusedStep::new(&spec, p.layers, plan.batch, plan.context, chip, coefficients)?);
+                    }
                     inputs.prefetch.insert("positions".into(), at);
                     palladium_fusion::emit::emit(&p).map_err(|e| format!("cannot build the megakernel:\n{e}"))?
                 }
@@ -424,10 +436,17 @@ fn run(cli: Cli) -> Result<(), String> {
                 timeline.assumptions.insert(n, 1);
             }
             let trace = serde_json::to_string(&report::trace_json(&timeline)).map_err(|e| e.to_string())?;
-            let summary = serde_json::to_string_pretty(&report::summary_json(&timeline)).map_err(|e| e.to_string())?;
+            let mut summary = report::summary_json(&timeline);
+            if let (Some(u), Some(obj)) = (&unfused_step, summary.as_object_mut()) {
+                obj.insert("unfused".into(), u.json(timeline.cycles));
+            }
+            let summary = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
             let files = [(FILES[0], trace.into_bytes()), (FILES[1], report::svg(&timeline).into_bytes()), (FILES[2], summary.into_bytes())];
             write_all(&out, &files)?;
             print!("{}", report::summary_text(&timeline));
+            if let Some(u) = &unfused_step {
+                print!("{}", u.text(timeline.cycles));
+            }
             Ok(())
         }
         Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check, tolerance, backend, weights_dtype, speculate, draft_ids, tokens_per_seq } => {

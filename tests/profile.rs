@@ -151,3 +151,24 @@ fn a_loop_bounded_by_scalar_prefetch_needs_its_values() {
     // Each grid step also pays its fixed cost and the first tile's wait, whatever the context.
     assert!(long["cycles"].as_f64().unwrap() > 3.0 * short["cycles"].as_f64().unwrap());
 }
+
+#[test]
+fn unfused_compares_the_fused_step_with_its_library_kernels() {
+    let dir = scratch("profile_unfused");
+    let (ok, stdout, err) = palladium(&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "2", "--all-kv-tiles", "--unfused", "--out", dir.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(stdout.contains("unfused step (") && stdout.contains("fused / unfused"), "{stdout}");
+    let summary: serde_json::Value = serde_json::from_str(&read(&dir, "summary.json")).unwrap();
+    let u = &summary["unfused"];
+    // Per layer rmsnorm x2, qkv, rope, KV update, attention, o, residual x2, router, experts;
+    // then the final rmsnorm and lm_head: 11 L + 2 calls.
+    let calls: u64 = u["calls"].as_array().unwrap().iter().map(|c| c["times"].as_u64().unwrap()).sum();
+    assert_eq!(calls, 11 * 2 + 2, "{u}");
+    let per_call = u["call_cycles"].as_f64().unwrap();
+    let sum: f64 = u["calls"].as_array().unwrap().iter().map(|c| c["times"].as_f64().unwrap() * (c["cycles"].as_f64().unwrap() + per_call)).sum();
+    assert!((sum / u["cycles"].as_f64().unwrap() - 1.0).abs() < 1e-9, "{u}");
+    let ratio = u["fused_over_unfused"].as_f64().unwrap();
+    assert!((ratio - summary["cycles"].as_f64().unwrap() / sum).abs() < 1e-9, "{u}");
+    let (ok, _, err) = palladium(&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "2", "--tokens-per-seq", "2", "--unfused", "--out", scratch("profile_unfused_k2").to_str().unwrap()]);
+    assert!(!ok && err.contains("--unfused: the unfused step is one token per sequence"), "{err}");
+}

@@ -48,6 +48,10 @@ pub struct Coefficients {
     pub scalar_cycles: f64,
     /// Bytes per cycle of a DMA between on-chip memories (VMEM/SMEM), assumed.
     pub local_dma_bytes_per_cycle: f64,
+    /// The fixed cost of one kernel call when a step is split into library kernels: libtpu's
+    /// estimate of a minimal call (`residual_add` of one 16 x 128 block), taken as is. No
+    /// published figure for a `pallas_call`'s launch cost exists; this is a stand-in.
+    pub kernel_call_cycles: f64,
 }
 
 /// One chip's entry: the coefficients, which of them were fitted, and the libtpu
@@ -96,13 +100,15 @@ pub struct CalibrationKernel {
 /// rate (their difference) and the DMA latency (what is left of the smaller one); a stream of
 /// 256 KiB blocks (256 steps) the grid-step cost; a matmul whose blocks make it MXU-bound
 /// (1024 rows per pass) the MXU's row rate, and an 8-row GEMV its weight-load cost (the two
-/// fitted in turn until they settle).
-pub const CALIBRATION_KERNELS: [CalibrationKernel; 5] = [
+/// fitted in turn until they settle). The last, a minimal call, is not fitted: its estimate
+/// is the per-call cost of an unfused step.
+pub const CALIBRATION_KERNELS: [CalibrationKernel; 6] = [
     CalibrationKernel { name: "stream_32mib", kernel: "hbm_stream", settings: &[("rows", "16384")] },
     CalibrationKernel { name: "stream_64mib", kernel: "hbm_stream", settings: &[("rows", "32768")] },
     CalibrationKernel { name: "stream_64mib_small_blocks", kernel: "hbm_stream", settings: &[("rows", "32768"), ("block_rows", "128")] },
     CalibrationKernel { name: "matmul_mxu_bound", kernel: "matmul", settings: &[("m", "2048"), ("k", "4096"), ("n", "2048"), ("bm", "1024"), ("bk", "1024"), ("bn", "1024")] },
     CalibrationKernel { name: "gemv_weight_bound", kernel: "gemv", settings: &[("batch", "8"), ("k", "4096"), ("n", "4096"), ("block_k", "4096"), ("block_n", "512")] },
+    CalibrationKernel { name: "minimal_call", kernel: "residual_add", settings: &[("rows", "16"), ("hidden", "128"), ("block_rows", "16")] },
 ];
 
 /// The assumed coefficients every fit starts from (see the module doc).
@@ -119,6 +125,7 @@ fn assumed() -> Coefficients {
         ldst_cycles_per_vreg: 1.0,
         scalar_cycles: 1.0,
         local_dma_bytes_per_cycle: 512.0,
+        kernel_call_cycles: 0.0,
     }
 }
 
@@ -139,6 +146,7 @@ pub fn fit(chip: Chip, kernels: &[Kernel], cycles: &[u64]) -> Result<ChipCalibra
         c.mxu_row_cycles = bisect(0.0, 64.0, cycles[3] as f64, |x| model(&Coefficients { mxu_row_cycles: x, ..c.clone() }, &kernels[3]))?;
         c.mxu_weight_cycles = bisect(0.0, 8192.0, cycles[4] as f64, |x| model(&Coefficients { mxu_weight_cycles: x, ..c.clone() }, &kernels[4]))?;
     }
+    c.kernel_call_cycles = cycles[5] as f64;
     let round = |x: f64| (x * 1e4).round() / 1e4;
     c.hbm_bytes_per_cycle = round(c.hbm_bytes_per_cycle);
     c.dma_latency_cycles = round(c.dma_latency_cycles);
