@@ -52,3 +52,4 @@ pub mod megakernel;
 pub mod plan;
 pub mod report;
 pub mod rewrite;
+pub mod shard;
