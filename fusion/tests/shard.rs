@@ -128,3 +128,25 @@ fn sharded_plans_are_not_emitted_yet() {
     let e = palladium_fusion::megakernel::Megakernel::build(&spec("tiny-qwen3-moe"), &PlanOptions { devices: 2, ..PlanOptions::new(Chip::V6e, 1, 256) }).unwrap_err();
     assert!(e.to_string().contains("emitting the 2-device megakernel"), "{e}");
 }
+
+#[test]
+fn the_acceptance_models_plan_on_their_devices() {
+    // Qwen3-30B-A3B on 4 v6e chips: 4 KV heads, one per device, 8 query heads each.
+    let p = Plan::new(&spec("qwen3-30b-a3b"), &options(Chip::V6e, 1, 4)).unwrap();
+    let sh = p.sharding.as_ref().unwrap();
+    assert_eq!((p.layers, sh.heads.heads_per_device, sh.heads.kv_heads_per_device, sh.heads.kv_replicas), (48, 8, 1, 1));
+    assert!(p.hbm_total <= p.hbm_capacity && p.vmem_total <= p.vmem_capacity);
+    assert!(sh.link_model.contains("published"));
+    // Mixtral-8x7B on the 2 TensorCores of one v7x chip: 4 of the 8 KV heads each, the
+    // ring at the sibling-core figures.
+    let s = spec("mixtral-8x7b");
+    assert_eq!((s.layers.len(), s.hidden_size, s.attention.num_heads, s.attention.num_kv_heads, s.attention.head_dim, s.vocab_size), (32, 4096, 32, 8, 128, 32000));
+    let p = Plan::new(&s, &options(Chip::V7x, 1, 2)).unwrap();
+    let sh = p.sharding.as_ref().unwrap();
+    assert_eq!((sh.heads.heads_per_device, sh.heads.kv_heads_per_device, sh.vocab_per_device), (16, 4, 16000));
+    // Batch 1 chooses 2 experts: under EP both may be one device's, under TP each device
+    // streams half of both.
+    assert_eq!((sh.experts.split, sh.experts.intermediate_per_device), (ExpertSplit::Tp, 7168));
+    assert!(p.hbm_total <= p.hbm_capacity && p.vmem_total <= p.vmem_capacity);
+    assert!(sh.link_model.contains("sibling"));
+}
