@@ -111,6 +111,13 @@ enum Command {
         /// experts: priceable by libtpu's static estimate. Same results.
         #[arg(long)]
         worst_case_experts: bool,
+        /// Split the step over N devices (1, 2, 4, 8; a TensorCore on v7x, a chip on v6e):
+        /// attention by heads, experts EP or TP, lm_head by vocabulary, in-kernel
+        /// all-reduces. N > 1 is planned and reported (per-device HBM and VMEM, the
+        /// collectives' modelled time); its emission is not implemented yet, so nothing is
+        /// written and the command fails after the report.
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        devices: u64,
     },
     /// Prompt + greedy decode of a Hugging Face MoE model (config.json) through its decode
     /// megakernel in interpret mode: the megakernel is emitted, verified and lowered, its
@@ -269,7 +276,7 @@ fn run(cli: Cli) -> Result<(), String> {
             if json { println!("{}", report.json()) } else { print!("{}", report.text()) }
             Ok(())
         }
-        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json, compile, tokens_per_seq, logits, worst_case_experts } => {
+        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json, compile, tokens_per_seq, logits, worst_case_experts, devices } => {
             use palladium_fusion::megakernel::{Megakernel, MegakernelError};
             use palladium_fusion::plan::{ExpertFetch, KvTiles, PlanError, PlanOptions, Prefetch};
             let names = if compile { compiled_names("megakernel").to_vec() } else { compiled_names("megakernel")[..3].to_vec() };
@@ -278,7 +285,12 @@ fn run(cli: Cli) -> Result<(), String> {
             let kv_tiles = if all_kv_tiles { KvTiles::All } else { KvTiles::UpToPosition };
             let prefetch = if single_prefetch { Prefetch::Single } else { Prefetch::Deep };
             let expert_fetch = if worst_case_experts { ExpertFetch::WorstCase } else { ExpertFetch::Distinct };
-            let options = PlanOptions { layers, kv_tiles, prefetch, tokens_per_seq, logits, expert_fetch, ..PlanOptions::new(chip, batch, context) };
+            let options = PlanOptions { layers, kv_tiles, prefetch, tokens_per_seq, logits, expert_fetch, devices, ..PlanOptions::new(chip, batch, context) };
+            if devices > 1 {
+                let plan = palladium_fusion::plan::Plan::new(&spec, &options).map_err(|e| format!("megakernel refused: {e}"))?;
+                if json { println!("{}", palladium_fusion::report::json(&plan)) } else { print!("{}", palladium_fusion::report::text(&plan)) }
+                return Err(format!("the {devices}-device megakernel is planned (report above) but its emission is not implemented yet: nothing written to {}", out.display()));
+            }
             let Megakernel { plan, lowered, .. } = Megakernel::build(&spec, &options).map_err(|e| match e {
                 MegakernelError::Plan(PlanError::Hbm { .. }) => format!("{e}; try --layers N"),
                 e => e.to_string(),
