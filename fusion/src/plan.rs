@@ -149,7 +149,7 @@ pub enum PlanError {
 
 /// `factors` multiplied, or [`PlanError::TooLarge`] naming `what` when the product passes
 /// `u64` (config sizes are at most 2^24 each, so products of several can).
-fn product(what: &str, factors: &[u64]) -> Result<u64, PlanError> {
+pub(crate) fn product(what: &str, factors: &[u64]) -> Result<u64, PlanError> {
     factors.iter().try_fold(1u64, |acc, &f| acc.checked_mul(f)).ok_or_else(|| PlanError::TooLarge { what: what.to_string() })
 }
 

@@ -25,7 +25,7 @@
 //! `intermediate`, `experts_per_device`, `vocab` per device), so the plan's layout, VMEM,
 //! HBM and traffic are per device; [`Sharding`] keeps the global split and the collectives.
 
-use crate::plan::{Dims, PlanError, PlanOptions};
+use crate::plan::{Dims, PlanError, PlanOptions, product};
 use palladium_dsl::DType;
 use serde::Serialize;
 
@@ -122,14 +122,15 @@ fn split_heads(dims: &Dims, n: u64) -> Result<HeadSplit, String> {
 /// worst case of routing (`min(E, rows x top_k)` distinct experts, all on one device
 /// under EP at worst), among the splits whose expert weights fit `hbm` per device (where
 /// neither does, the one that stores less, for the refusal to be about the best).
-fn choose_experts(dims: &Dims, n: u64, layers: u64, hbm: u64) -> ExpertChoice {
+fn choose_experts(dims: &Dims, n: u64, layers: u64, hbm: u64) -> Result<ExpertChoice, PlanError> {
     let (h, e, i) = (dims.hidden, dims.experts, dims.intermediate);
     let chosen = dims.tokens * dims.top_k;
     let ep_experts = e.div_ceil(n);
     let tp_intermediate = round_up(i, 128 * n) / n;
-    let ep_step_bytes = layers * ep_experts.min(chosen) * 2 * 3 * h * i;
-    let tp_step_bytes = layers * e.min(chosen) * 2 * 3 * h * tp_intermediate;
-    let (ep_stored, tp_stored) = (layers * ep_experts * 2 * 3 * h * i, layers * e * 2 * 3 * h * tp_intermediate);
+    let ep_step_bytes = product("the expert weights read per step", &[layers, ep_experts.min(chosen), 2, 3, h, i])?;
+    let tp_step_bytes = product("the expert weights read per step", &[layers, e.min(chosen), 2, 3, h, tp_intermediate])?;
+    let ep_stored = product("a device's expert weights", &[layers, ep_experts, 2, 3, h, i])?;
+    let tp_stored = product("a device's expert weights", &[layers, e, 2, 3, h, tp_intermediate])?;
     let gb = |b: u64| format!("{:.3} GB", b as f64 / 1e9);
     let both = format!(
         "per device per step at the static worst case: EP {} (up to {} of the {} experts a step chooses on one device, whole), TP {} (every chosen expert's 1/{n}, intermediate {i} padded to {} per device); either way one all-reduce of the MoE output",
@@ -150,7 +151,7 @@ fn choose_experts(dims: &Dims, n: u64, layers: u64, hbm: u64) -> ExpertChoice {
         _ if tp_step_bytes < ep_step_bytes => (tp, "TP streams fewer bytes"),
         _ => (ep, "EP streams no more bytes and pads no expert"),
     };
-    ExpertChoice { reason: format!("{why}: {both}; {stored}"), ..choice }
+    Ok(ExpertChoice { reason: format!("{why}: {both}; {stored}"), ..choice })
 }
 
 /// The per-device dims of a step split over `options.devices` devices, and the split
@@ -161,7 +162,7 @@ pub fn split(dims: Dims, options: &PlanOptions, layers: usize) -> Result<(Dims, 
         return Ok((dims, None));
     }
     let heads = split_heads(&dims, n).map_err(|reason| PlanError::Split { devices: n, reason })?;
-    let experts = choose_experts(&dims, n, layers as u64, crate::plan::hbm_usable_bytes(options.chip));
+    let experts = choose_experts(&dims, n, layers as u64, crate::plan::hbm_usable_bytes(options.chip))?;
     let per_device = Dims {
         heads: heads.heads_per_device,
         kv_heads: heads.kv_heads_per_device,
