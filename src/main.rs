@@ -112,7 +112,7 @@ enum Command {
         #[arg(long)]
         worst_case_experts: bool,
         /// Split the step over N devices (1, 2, 4, 8; a TensorCore on v7x, a chip on v6e):
-        /// attention by heads, experts EP or TP, lm_head by vocabulary, in-kernel
+        /// attention by heads, experts EP or TP, `lm_head` by vocabulary, in-kernel
         /// all-reduces. N > 1 is planned and reported (per-device HBM and VMEM, the
         /// collectives' modelled time); its emission is not implemented yet, so nothing is
         /// written and the command fails after the report.

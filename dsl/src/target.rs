@@ -247,7 +247,7 @@ const V6E: Target = Target {
 /// could not be read; press coverage of the launch quotes 7.2 to 7.4 TB/s). VMEM 64 MiB,
 /// SMEM 1 MiB, two 256×256 MXUs per TensorCore (`tpu_info`). ICI: four links, 1.2 TB/s
 /// bidirectional per chip (Google's Ironwood announcement, "9.6 Tbps" aggregate); measured
-/// from a Pallas kernel on 4 TPU7x chips (a hand-written 816B-A42B MoE megakernel, TP 8:
+/// from a Pallas kernel on 4 `TPU7x` chips (a hand-written `816B-A42B` MoE megakernel, TP 8:
 /// the project's issue 15): sibling-core remote VMEM copy 101 GB/s at 256 KiB to 610 GB/s
 /// at 16 MiB, cross-chip ~45 GB/s per core per direction (134 GB/s over 3 links), four
 /// collectives per layer ~14 us at batch 1 (latency-bound, ~3.5 us each). Clock
