@@ -47,7 +47,8 @@ pub fn text(p: &Plan) -> String {
         gb(t.experts_uniform_routing)
     );
     let _ = writeln!(s, "kv bytes per step: read {}, written {}", gb(t.kv_read as f64), gb(t.kv_write as f64));
-    let _ = writeln!(s, "total HBM bytes per step: {} (model count {}); floor at {}: {:.1} us", gb(t.total as f64), gb(t.model_total), p.chip, t.floor_seconds * 1e6);
+    let model_count = if p.sharding.is_some() { "model count, all devices together" } else { "model count" };
+    let _ = writeln!(s, "total HBM bytes per step: {} ({model_count} {}); floor at {}: {:.1} us", gb(t.total as f64), gb(t.model_total), p.chip, t.floor_seconds * 1e6);
     let _ = writeln!(s, "DMA schedule:");
     let _ = writeln!(s, "  dense ring: {} banks x {} ([{}, {}] bf16), prefetch depth {} chunks across op and layer boundaries", p.banks, mib(p.bank_bytes), d.hidden, layout.chunk_cols, p.depth);
     let _ = writeln!(s, "  dense chunks per layer: {} ({}), then {} lm_head chunks", layout.per_layer, layout.segments.iter().map(|g| format!("{} cols {}..{}", g.kind.name(), g.col, g.col + g.cols)).collect::<Vec<_>>().join(", "), layout.lm_chunks);

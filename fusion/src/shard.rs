@@ -133,11 +133,12 @@ fn choose_experts(dims: &Dims, n: u64, layers: u64, hbm: u64) -> Result<ExpertCh
     let tp_stored = product("a device's expert weights", &[layers, e, 2, 3, h, tp_intermediate])?;
     let gb = |b: u64| format!("{:.3} GB", b as f64 / 1e9);
     let both = format!(
-        "per device per step at the static worst case: EP {} (up to {} of the {} experts a step chooses on one device, whole), TP {} (every chosen expert's 1/{n}, intermediate {i} padded to {} per device); either way one all-reduce of the MoE output",
+        "per device per step at the static worst case: EP {} (up to {} of the {} experts a step chooses on one device, whole), TP {} (every chosen expert's 1/{n}: intermediate {i} padded to {}, {} per device); either way one all-reduce of the MoE output",
         gb(ep_step_bytes),
         ep_experts.min(chosen),
         e.min(chosen),
         gb(tp_step_bytes),
+        tp_intermediate * n,
         tp_intermediate
     );
     let stored = format!("stored per device: EP {}, TP {} (padded), {} usable", gb(ep_stored), gb(tp_stored), gb(hbm));

@@ -68,6 +68,7 @@ fn experts_split_by_the_bytes_a_device_streams() {
     let e = &p.sharding.as_ref().unwrap().experts;
     assert_eq!((e.split, e.experts_per_device, e.intermediate_per_device), (ExpertSplit::Tp, 128, 256));
     assert!(e.tp_step_bytes < e.ep_step_bytes && e.reason.starts_with("TP"), "{}", e.reason);
+    assert!(e.reason.contains("intermediate 1536 padded to 2048, 256 per device"), "{}", e.reason);
     assert_eq!(p.dims.intermediate, 256);
     // Batch 16: 128 choices; EP's worst device streams its 16 whole experts, TP all 128
     // eighths (padded): EP.
