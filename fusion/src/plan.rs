@@ -132,8 +132,8 @@ pub enum PlanError {
     Unsupported(String),
     #[error("invalid option: {0}")]
     Invalid(String),
-    #[error("does not fit {chip} HBM: the operands need {need} bytes ({need_gib:.2} GiB: {detail}), {chip} has {have} bytes ({have_gib:.2} GiB) usable per device (at most {max_layers} of the model's layers fit)")]
-    Hbm { chip: Chip, need: u64, need_gib: f64, have: u64, have_gib: f64, detail: String, max_layers: u64 },
+    #[error("does not fit {chip} HBM: the operands need {need} bytes ({need_gib:.2} GiB: {detail}), {chip} has {have} bytes ({have_gib:.2} GiB) usable per device (at most {max_layers} of the model's layers fit{split})")]
+    Hbm { chip: Chip, need: u64, need_gib: f64, have: u64, have_gib: f64, detail: String, max_layers: u64, split: String },
     #[error("does not fit {chip} VMEM: the plan needs {need} bytes ({need_mib:.2} MiB: {detail}), {chip} has {have} bytes ({have_mib} MiB) per core")]
     Vmem { chip: Chip, need: u64, need_mib: f64, have: u64, have_mib: u64, detail: String },
     #[error("cannot split the model over {devices} devices: {reason}")]
@@ -368,9 +368,24 @@ impl Plan {
         if !shard::DEVICE_COUNTS.contains(&options.devices) {
             return Err(PlanError::Invalid(format!("--devices {} (supported: {})", options.devices, shard::DEVICE_COUNTS.map(|n| n.to_string()).join(", "))));
         }
-        let plan = Plan::for_devices(spec, options)?;
+        let plan = match Plan::for_devices(spec, options) {
+            // One device: say how many would hold the whole model.
+            Err(PlanError::Hbm { chip, need, need_gib, have, have_gib, detail, max_layers, .. }) => {
+                let split = fewest_devices(spec, options).map_or_else(String::new, |n| format!("; {n}"));
+                return Err(PlanError::Hbm { chip, need, need_gib, have, have_gib, detail, max_layers, split });
+            }
+            plan => plan?,
+        };
         if options.devices > 1 && options.check_hbm && plan.hbm_total > plan.hbm_capacity {
-            return Err(devices_needed(spec, options, &plan));
+            return Err(PlanError::Devices {
+                devices: options.devices,
+                chip: options.chip,
+                need: plan.hbm_total,
+                need_gib: plan.hbm_total as f64 / GIB as f64,
+                have: plan.hbm_capacity,
+                have_gib: plan.hbm_capacity as f64 / GIB as f64,
+                needed: fewest_devices(spec, options).unwrap_or_else(|| format!("no split over up to {} devices fits", options.devices << 6)),
+            });
         }
         Ok(plan)
     }
@@ -422,25 +437,14 @@ impl Plan {
     }
 }
 
-/// The refusal of a plan whose operands do not fit its devices' HBM, with the fewest
-/// devices that would hold them (searched up to 64).
-fn devices_needed(spec: &ModelSpec, options: &PlanOptions, plan: &Plan) -> PlanError {
-    let fits = |n: u64| Plan::for_devices(spec, &PlanOptions { devices: n, ..options.clone() }).is_ok_and(|p| p.hbm_total <= p.hbm_capacity);
+/// The fewest devices (more than `options.devices`, searched up to 64 times as many) whose
+/// split holds the planned layers, in words for a refusal; `None` where no split does (or
+/// none can be planned on the chip).
+fn fewest_devices(spec: &ModelSpec, options: &PlanOptions) -> Option<String> {
+    let fits = |n: u64| Plan::for_devices(spec, &PlanOptions { devices: n, check_hbm: false, ..options.clone() }).is_ok_and(|p| p.hbm_total <= p.hbm_capacity);
     let max = *shard::DEVICE_COUNTS.last().unwrap_or(&1);
-    let needed = match (1..=6).map(|k| options.devices << k).find(|&n| fits(n)) {
-        Some(n) if n <= max => format!("it needs at least {n} devices (--devices {n})"),
-        Some(n) => format!("it needs at least {n} devices, more than the {max} supported (try --layers)"),
-        None => format!("no split over up to {} devices fits", options.devices << 6),
-    };
-    PlanError::Devices {
-        devices: options.devices,
-        chip: options.chip,
-        need: plan.hbm_total,
-        need_gib: plan.hbm_total as f64 / GIB as f64,
-        have: plan.hbm_capacity,
-        have_gib: plan.hbm_capacity as f64 / GIB as f64,
-        needed,
-    }
+    let n = (1..=6).map(|k| options.devices << k).find(|&n| fits(n))?;
+    Some(if n <= max { format!("it needs at least {n} devices (--devices {n})") } else { format!("it needs at least {n} devices, more than the {max} supported (try --layers)") })
 }
 
 /// The options in range and a model the megakernel supports: the layers planned, their
@@ -765,6 +769,7 @@ fn hbm_fit(options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLay
             have_gib: hbm_capacity as f64 / GIB as f64,
             detail: big.join(" + "),
             max_layers,
+            split: String::new(),
         });
     }
     Ok((hbm_total, hbm_capacity))

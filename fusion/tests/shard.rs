@@ -84,6 +84,11 @@ fn experts_split_by_the_bytes_a_device_streams() {
 #[test]
 fn refusals_name_the_reason() {
     let s = spec("qwen3-235b-a22b");
+    // One device: at most 19 layers fit, and the refusal says how many devices hold all 94.
+    match Plan::new(&s, &options(Chip::V7x, 1, 1)) {
+        Err(e @ PlanError::Hbm { max_layers: 19, .. }) => assert!(e.to_string().contains("(at most 19 of the model's layers fit; it needs at least 8 devices (--devices 8))"), "{e}"),
+        other => panic!("{other:?}"),
+    }
     match Plan::new(&s, &options(Chip::V7x, 1, 4)) {
         Err(e @ PlanError::Devices { .. }) => assert!(e.to_string().contains("needs at least 8 devices (--devices 8)"), "{e}"),
         other => panic!("{other:?}"),
