@@ -297,15 +297,15 @@ fn devices() {
         let sh = p.sharding.as_ref().expect("8 devices are a split");
         let (floor, coll) = (p.traffic.floor_seconds * 1e6, sh.collective_seconds * 1e6);
         println!(
-            "| {batch} | {:?} | {} | {floor:.1} | {} | {coll:.1} | {:.1} | {:.1} | {:.2} |",
-            sh.experts.split,
+            "| {batch} | {} | {} | {floor:.1} | {} | {coll:.1} | {:.1} | {:.1} | {:.2} |",
+            sh.experts.split.name(),
             p.traffic.total,
             sh.collective_bytes,
             floor + coll,
             p.vmem_total as f64 / (1u64 << 20) as f64,
             p.hbm_total as f64 / (1u64 << 30) as f64
         );
-        rows.push(serde_json::json!({"batch": batch, "experts": format!("{:?}", sh.experts.split), "hbm_bytes": p.traffic.total, "floor_seconds": p.traffic.floor_seconds, "collective_bytes": sh.collective_bytes, "collective_seconds": sh.collective_seconds, "vmem_bytes": p.vmem_total, "hbm_held_bytes": p.hbm_total, "link_model": sh.link_model}));
+        rows.push(serde_json::json!({"batch": batch, "experts": sh.experts.split.name(), "hbm_bytes": p.traffic.total, "floor_seconds": p.traffic.floor_seconds, "collective_bytes": sh.collective_bytes, "collective_seconds": sh.collective_seconds, "vmem_bytes": p.vmem_total, "hbm_held_bytes": p.hbm_total, "link_model": sh.link_model}));
     }
     let path = target_dir().join("megakernel-devices-bench.json");
     if std::fs::write(&path, serde_json::to_string_pretty(&serde_json::json!({"rows": rows})).unwrap_or_default()).is_ok() {

@@ -92,8 +92,8 @@ fn sharding(s: &mut String, p: &Plan, sh: &Sharding) {
     let _ = writeln!(s, "  router and norms replicated");
     let e = &sh.experts;
     let split = match e.split {
-        ExpertSplit::Ep => format!("EP, {} of the {} experts per device", e.experts_per_device, d.experts),
-        ExpertSplit::Tp => format!("TP, every expert's intermediate split {n} ways ({} columns per device)", e.intermediate_per_device),
+        ExpertSplit::Ep => format!("{}, {} of the {} experts per device", e.split.name(), e.experts_per_device, d.experts),
+        ExpertSplit::Tp => format!("{}, every expert's intermediate split {n} ways ({} columns per device)", e.split.name(), e.intermediate_per_device),
     };
     let _ = writeln!(s, "  experts: {split}. Why: {}", e.reason);
     let _ = writeln!(s, "  lm_head by vocabulary: {} of the {} ids per device (padded to {} chunks); the greedy (max logit, id) pairs all-gathered; with --logits each device returns its slice (concatenated by the call's output sharding, no ICI bytes)", sh.vocab_per_device, sh.vocab, p.layout.lm_chunks);

@@ -36,9 +36,20 @@ pub const DEVICE_COUNTS: [u64; 4] = [1, 2, 4, 8];
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum ExpertSplit {
     /// Expert parallel: whole experts, `E / N` per device.
+    #[serde(rename = "EP")]
     Ep,
     /// Tensor parallel: every expert's intermediate split `N` ways.
+    #[serde(rename = "TP")]
     Tp,
+}
+
+impl ExpertSplit {
+    pub fn name(self) -> &'static str {
+        match self {
+            ExpertSplit::Ep => "EP",
+            ExpertSplit::Tp => "TP",
+        }
+    }
 }
 
 /// The attention heads' split.

@@ -52,7 +52,7 @@ fn qwen3_235b_fits_eight_v7x_devices() {
         assert!(text.contains(needle), "{needle} not in\n{text}");
     }
     let json: serde_json::Value = serde_json::from_str(&report::json(&p)).unwrap();
-    assert_eq!(json["sharding"]["devices"], 8);
+    assert_eq!((json["sharding"]["devices"].as_u64(), json["sharding"]["experts"]["split"].as_str()), (Some(8), Some("TP")));
     // One device: no split, and the JSON report as before.
     assert!(one.sharding.is_none());
     let json: serde_json::Value = serde_json::from_str(&report::json(&one)).unwrap();
