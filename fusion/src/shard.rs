@@ -143,16 +143,16 @@ fn choose_experts(dims: &Dims, n: u64, layers: u64, hbm: u64) -> Result<ExpertCh
     let ep_stored = product("a device's expert weights", &[layers, ep_experts, 2, 3, h, i])?;
     let tp_stored = product("a device's expert weights", &[layers, e, 2, 3, h, tp_intermediate])?;
     let gb = |b: u64| format!("{:.3} GB", b as f64 / 1e9);
+    let padded = if tp_intermediate * n > i { format!(" padded to {}", tp_intermediate * n) } else { String::new() };
     let both = format!(
-        "per device per step at the static worst case: EP {} (up to {} of the {} experts a step chooses on one device, whole), TP {} (every chosen expert's 1/{n}: intermediate {i} padded to {}, {} per device); either way one all-reduce of the MoE output",
+        "per device per step at the static worst case: EP {} (up to {} of the {} experts a step chooses on one device, whole), TP {} (every chosen expert's 1/{n}: intermediate {i}{padded}, {} per device); either way one all-reduce of the MoE output",
         gb(ep_step_bytes),
         ep_experts.min(chosen),
         e.min(chosen),
         gb(tp_step_bytes),
-        tp_intermediate * n,
         tp_intermediate
     );
-    let stored = format!("stored per device: EP {}, TP {} (padded), {} usable", gb(ep_stored), gb(tp_stored), gb(hbm));
+    let stored = format!("stored per device: EP {}, TP {}, {} usable", gb(ep_stored), gb(tp_stored), gb(hbm));
     let tp = ExpertChoice { split: ExpertSplit::Tp, experts_per_device: e, intermediate_per_device: tp_intermediate, ep_step_bytes, tp_step_bytes, reason: String::new() };
     let ep = ExpertChoice { split: ExpertSplit::Ep, experts_per_device: ep_experts, intermediate_per_device: i, ep_step_bytes, tp_step_bytes, reason: String::new() };
     let (choice, why) = match (ep_stored <= hbm, tp_stored <= hbm) {

@@ -153,6 +153,7 @@ fn the_acceptance_models_plan_on_their_devices() {
     // Batch 1 chooses 2 experts: under EP both may be one device's, under TP each device
     // streams half of both.
     assert_eq!((sh.experts.split, sh.experts.intermediate_per_device), (ExpertSplit::Tp, 7168));
+    assert!(sh.experts.reason.contains("intermediate 14336, 7168 per device"), "{}", sh.experts.reason);
     assert!(p.hbm_total <= p.hbm_capacity && p.vmem_total <= p.vmem_capacity);
     assert!(sh.link_model.contains("sibling"));
 }
