@@ -29,6 +29,11 @@
 //!    once, KV), the floor's cycles for those bytes and floor / mk (goal: K = 4 no more
 //!    than 0.05 below K = 1); and the expert bytes per step at batch 8 with and without
 //!    dedupe (worst case and uniform routing).
+//! 5. Several devices, alone with `cargo bench --bench megakernel -- devices` (the plan
+//!    only: no compile, seconds): Qwen3-235B-A22B, all 94 layers, on 8 v7x devices, batch
+//!    1, 4 and 8, context 4096: per device the HBM bytes a step streams and their floor
+//!    time (one TensorCore's HBM bandwidth), and the collectives' bytes sent and their
+//!    MODELLED time (the target's measured link figures: libtpu prices remote DMAs at 0).
 //!
 //! How to read libtpu 0.0.42.1's static estimate (found by probes on the lowered modules):
 //! - It prices no loop with a run-time trip count, so every KV loop here has a static one:
@@ -236,8 +241,40 @@ fn tokens_per_seq(libtpu: &Libtpu) {
     }
 }
 
+/// Section 5: Qwen3-235B-A22B over 8 v7x devices, from the plan.
+fn devices() {
+    let s = spec("qwen3-235b-a22b");
+    println!("== qwen3-235b-a22b, 94 layers, 8 v7x devices, context {CONTEXT}: per device per step (plan only; collective time is a model) ==");
+    println!("| batch | experts | HBM bytes | HBM floor us | collective bytes sent | collectives us (model) | floor + collectives us | VMEM MiB | HBM GiB held |");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut rows = Vec::new();
+    for batch in [1, 4, 8] {
+        let p = Plan::new(&s, &PlanOptions { devices: 8, logits: false, ..PlanOptions::new(Chip::V7x, batch, CONTEXT) }).unwrap_or_else(|e| panic!("batch {batch}: {e}"));
+        let sh = p.sharding.as_ref().expect("8 devices are a split");
+        let (floor, coll) = (p.traffic.floor_seconds * 1e6, sh.collective_seconds * 1e6);
+        println!(
+            "| {batch} | {} | {} | {floor:.1} | {} | {coll:.1} | {:.1} | {:.1} | {:.2} |",
+            sh.experts.split.name(),
+            p.traffic.total,
+            sh.collective_bytes,
+            floor + coll,
+            p.vmem_total as f64 / (1u64 << 20) as f64,
+            p.hbm_total as f64 / (1u64 << 30) as f64
+        );
+        rows.push(serde_json::json!({"batch": batch, "experts": sh.experts.split.name(), "hbm_bytes": p.traffic.total, "floor_seconds": p.traffic.floor_seconds, "collective_bytes": sh.collective_bytes, "collective_seconds": sh.collective_seconds, "vmem_bytes": p.vmem_total, "hbm_held_bytes": p.hbm_total, "link_model": sh.link_model}));
+    }
+    let path = target_dir().join("megakernel-devices-bench.json");
+    if std::fs::write(&path, serde_json::to_string_pretty(&serde_json::json!({"rows": rows})).unwrap_or_default()).is_ok() {
+        println!("(also in {})", path.display());
+    }
+}
+
 fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
+    if benching && std::env::args().skip(1).any(|a| a == "devices") {
+        devices();
+        return;
+    }
     if benching && std::env::args().skip(1).any(|a| a == "tokens") {
         let libtpu = Libtpu::new().unwrap_or_else(|e| {
             eprintln!("{e}");

@@ -235,6 +235,13 @@ struct PlanArgs {
     /// experts: priceable by libtpu's static estimate. Same results.
     #[arg(long)]
     worst_case_experts: bool,
+    /// Split the step over N devices (1, 2, 4, 8; a TensorCore on v7x, a chip on v6e):
+    /// attention by heads, experts EP or TP, `lm_head` by vocabulary, in-kernel
+    /// all-reduces. N > 1 is planned and reported (per-device HBM and VMEM, the
+    /// collectives' modelled time); its emission is not implemented yet, so nothing is
+    /// written and the command fails after the report.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    devices: u64,
 }
 
 impl PlanArgs {
@@ -250,6 +257,7 @@ impl PlanArgs {
             (self.tokens_per_seq != 1, "--tokens-per-seq"),
             (self.logits, "--logits"),
             (self.worst_case_experts, "--worst-case-experts"),
+            (self.devices != 1, "--devices"),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))
@@ -264,6 +272,7 @@ impl PlanArgs {
             tokens_per_seq: self.tokens_per_seq,
             logits: self.logits,
             expert_fetch: if self.worst_case_experts { ExpertFetch::WorstCase } else { ExpertFetch::Distinct },
+            devices: self.devices,
             ..PlanOptions::new(chip, self.batch, self.context)
         }
     }
@@ -352,6 +361,12 @@ fn run(cli: Cli) -> Result<(), String> {
             check_writable(&out, &names)?;
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
             let options = plan.options(chip);
+            if options.devices > 1 {
+                let devices = options.devices;
+                let plan = palladium_fusion::plan::Plan::new(&spec, &options).map_err(|e| format!("megakernel refused: {e}"))?;
+                if json { println!("{}", palladium_fusion::report::json(&plan)) } else { print!("{}", palladium_fusion::report::text(&plan)) }
+                return Err(format!("the {devices}-device megakernel is planned (report above) but its emission is not implemented yet: nothing written to {}", out.display()));
+            }
             let Megakernel { plan, lowered, .. } = Megakernel::build(&spec, &options).map_err(|e| match e {
                 MegakernelError::Plan(PlanError::Hbm { .. }) => format!("{e}; try --layers N"),
                 e => e.to_string(),

@@ -46,6 +46,55 @@ pub struct Ici {
     pub links_per_chip: u32,
     /// Bidirectional ICI bandwidth per chip, bytes/s; `None` where Google publishes none.
     pub bandwidth_per_chip: Option<f64>,
+    /// Remote-copy bandwidths measured from inside a kernel, where someone has measured
+    /// them: they are far below the published peaks, so the link model prefers them.
+    pub measured: Option<MeasuredLinks>,
+}
+
+/// Remote DMA bandwidths measured from a Pallas kernel (`make_async_remote_copy`).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct MeasuredLinks {
+    /// Sibling TensorCore of the same chip, remote VMEM copy: (bytes, bytes/s) at a small
+    /// and at a large message (the bandwidth grows with the message in between).
+    pub sibling_small: (u64, f64),
+    pub sibling_large: (u64, f64),
+    /// To a core of another chip, per core, per direction, bytes/s.
+    pub cross_chip_per_core: f64,
+    /// Time of one in-kernel collective at decode sizes, where it is latency-bound, seconds.
+    pub collective_latency: f64,
+}
+
+/// Which links a ring of devices crosses, and what one hop of it is modelled at.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct RingHop {
+    /// Bytes/s one device sends in one direction over the ring's slowest hop.
+    pub bandwidth: f64,
+    /// Fixed time of one collective, seconds (0 where nothing was measured).
+    pub latency: f64,
+    /// Where the figures come from.
+    pub source: &'static str,
+}
+
+impl Ici {
+    /// The model of one hop of a ring over `devices` devices of a chip with
+    /// `devices_per_chip` devices, for messages of `message_bytes`: a ring inside one chip
+    /// runs at the sibling figure (log-interpolated between the measured sizes), a ring
+    /// across chips at the cross-chip figure (its slowest hop). Unmeasured chips get the
+    /// published per-chip figure over its links and two directions, and no latency. `None`
+    /// where nothing is published.
+    pub fn ring_hop(&self, devices: u32, devices_per_chip: u32, message_bytes: u64) -> Option<RingHop> {
+        if let Some(m) = self.measured {
+            if devices <= devices_per_chip {
+                let ((s0, b0), (s1, b1)) = (m.sibling_small, m.sibling_large);
+                let t = ((message_bytes.clamp(s0, s1) as f64).ln() - (s0 as f64).ln()) / ((s1 as f64).ln() - (s0 as f64).ln());
+                let bandwidth = (b0.ln() + t * (b1.ln() - b0.ln())).exp();
+                return Some(RingHop { bandwidth, latency: m.collective_latency, source: "measured sibling-core remote VMEM copy, interpolated by message size" });
+            }
+            return Some(RingHop { bandwidth: m.cross_chip_per_core, latency: m.collective_latency, source: "measured cross-chip remote copy per core and direction (the ring's slowest hop)" });
+        }
+        let per_chip = self.bandwidth_per_chip?;
+        Some(RingHop { bandwidth: per_chip / f64::from(self.links_per_chip) / 2.0, latency: 0.0, source: "published ICI peak per link and direction (not measured; no latency)" })
+    }
 }
 
 /// One TPU generation's figures. Per-chip figures are stored as published; see the module
@@ -127,7 +176,7 @@ const V4: Target = Target {
     mxu: Mxu { count: 4, size: 128 },
     bf16_flops_per_chip: 275.0 * TFLOPS,
     clock_hz: 1.05e9,
-    ici: Ici { links_per_chip: 6, bandwidth_per_chip: None },
+    ici: Ici { links_per_chip: 6, bandwidth_per_chip: None, measured: None },
 };
 
 /// v5e. Cloud page: 1 TensorCore per chip, four MXUs; 16 GiB HBM2 at 819 GB/s (`tpu_info`:
@@ -145,7 +194,7 @@ const V5E: Target = Target {
     mxu: Mxu { count: 4, size: 128 },
     bf16_flops_per_chip: 197.0 * TFLOPS,
     clock_hz: 1.5e9,
-    ici: Ici { links_per_chip: 4, bandwidth_per_chip: Some(400.0 * GB) },
+    ici: Ici { links_per_chip: 4, bandwidth_per_chip: Some(400.0 * GB), measured: None },
 };
 
 /// v5p. Cloud page: 2 TensorCores per chip, four MXUs each; 95 GiB `HBM2e` at 2765 GB/s (the
@@ -164,7 +213,7 @@ const V5P: Target = Target {
     mxu: Mxu { count: 4, size: 128 },
     bf16_flops_per_chip: 459.0 * TFLOPS,
     clock_hz: 1.75e9,
-    ici: Ici { links_per_chip: 6, bandwidth_per_chip: Some(1200.0 * GB) },
+    ici: Ici { links_per_chip: 6, bandwidth_per_chip: Some(1200.0 * GB), measured: None },
 };
 
 /// v6e (Trillium). Cloud page: 1 TensorCore per chip with two 256×256 MXUs (`tpu_info`
@@ -189,7 +238,7 @@ const V6E: Target = Target {
     mxu: Mxu { count: 2, size: 256 },
     bf16_flops_per_chip: 918.0 * TFLOPS,
     clock_hz: 1.75e9,
-    ici: Ici { links_per_chip: 4, bandwidth_per_chip: Some(800.0 * GB) },
+    ici: Ici { links_per_chip: 4, bandwidth_per_chip: Some(800.0 * GB), measured: None },
 };
 
 /// `TPU7x` (Ironwood). Cloud page: 2 TensorCores (and 4 `SparseCores`) per chip, each
@@ -197,7 +246,11 @@ const V6E: Target = Target {
 /// 2307 TFLOP/s bf16. HBM bandwidth 7.40e12 B/s per chip from `tpu_info` (the page's cell
 /// could not be read; press coverage of the launch quotes 7.2 to 7.4 TB/s). VMEM 64 MiB,
 /// SMEM 1 MiB, two 256×256 MXUs per TensorCore (`tpu_info`). ICI: four links, 1.2 TB/s
-/// bidirectional per chip (Google's Ironwood announcement, "9.6 Tbps" aggregate). Clock
+/// bidirectional per chip (Google's Ironwood announcement, "9.6 Tbps" aggregate); measured
+/// from a Pallas kernel on 4 `TPU7x` chips (a hand-written `816B-A42B` MoE megakernel, TP 8:
+/// the project's issue 15): sibling-core remote VMEM copy 101 GB/s at 256 KiB to 610 GB/s
+/// at 16 MiB, cross-chip ~45 GB/s per core per direction (134 GB/s over 3 links), four
+/// collectives per layer ~14 us at batch 1 (latency-bound, ~3.5 us each). Clock
 /// 2.0 GHz, assumed (unpublished; as on v6e, the peak over two MXUs would mean 4.4 GHz, over
 /// four 2.2 GHz).
 const V7X: Target = Target {
@@ -212,7 +265,11 @@ const V7X: Target = Target {
     mxu: Mxu { count: 2, size: 256 },
     bf16_flops_per_chip: 2307.0 * TFLOPS,
     clock_hz: 2.0e9,
-    ici: Ici { links_per_chip: 4, bandwidth_per_chip: Some(1200.0 * GB) },
+    ici: Ici {
+        links_per_chip: 4,
+        bandwidth_per_chip: Some(1200.0 * GB),
+        measured: Some(MeasuredLinks { sibling_small: (256 * 1024, 101.0 * GB), sibling_large: (16 * MIB, 610.0 * GB), cross_chip_per_core: 45.0 * GB, collective_latency: 3.5e-6 }),
+    },
 };
 
 impl Chip {
@@ -252,6 +309,25 @@ mod tests {
         assert_eq!(v7x.bf16_flops_per_device(), 1153.5e12);
         let v6e = Chip::V6e.target();
         assert_eq!((v6e.hbm_bytes_per_device(), v6e.bf16_flops_per_device()), (32 * GIB, 918e12));
+    }
+
+    #[test]
+    fn ring_hops_follow_the_measured_links() {
+        let v7x = Chip::V7x.target();
+        let hop = |devices, bytes| v7x.ici.ring_hop(devices, v7x.devices_per_chip(), bytes).expect("v7x is measured");
+        // Two devices of one chip: the sibling figures at their sizes, between them in between.
+        assert!((hop(2, 256 * 1024).bandwidth - 101e9).abs() < 1.0);
+        assert!((hop(2, 16 * MIB).bandwidth - 610e9).abs() < 1.0);
+        assert!((hop(2, 1024).bandwidth - 101e9).abs() < 1.0);
+        let mid = hop(2, 2 * MIB).bandwidth;
+        assert!(mid > 101e9 && mid < 610e9, "{mid}");
+        // Across chips the ring runs at its slowest hop, whatever the size.
+        assert_eq!(hop(8, 16 * MIB).bandwidth, 45e9);
+        // v6e has no measurement: the published 800 GB/s over 4 links and 2 directions.
+        let v6e = Chip::V6e.target();
+        let h = v6e.ici.ring_hop(4, 1, 1 << 20).expect("v6e publishes ICI");
+        assert_eq!((h.bandwidth, h.latency), (100e9, 0.0));
+        assert_eq!(Chip::V4.target().ici.ring_hop(2, 1, 1), None);
     }
 
     #[test]

@@ -12,6 +12,9 @@
 //!   the weights' layout ([`layout::StreamLayout`]: operands, segments, chunks, typed), the
 //!   prefetch schedule (dense ring banks and depth, expert ring), VMEM budget per chip, HBM
 //!   fit (refusals carry the numbers), traffic;
+//! - [`shard`]: the split over `--devices N` (attention by heads, experts EP or TP,
+//!   `lm_head` by vocabulary), the collectives priced from the target's link model; the
+//!   plan is then one device's (planned and reported; not emitted yet);
 //! - [`emit`]: the one [`palladium_dsl::Kernel`], traced with the DSL's `KernelBuilder`;
 //! - [`megakernel`]: [`megakernel::Megakernel::build`], plan + emit + lowering, the compiled
 //!   megakernel (running it is `palladium-decode`'s);
@@ -52,4 +55,5 @@ pub mod megakernel;
 pub mod plan;
 pub mod report;
 pub mod rewrite;
+pub mod shard;
 pub mod unfused;

@@ -30,6 +30,7 @@
 use crate::graph::{LayerGraph, LayerKind, Weight, WeightKind};
 use crate::layout::{Operand, OperandKind, Segment, SegmentKind, StreamLayout};
 use crate::rewrite::{FusedWeight, Rewritten, rewrite};
+use crate::shard::{self, Sharding};
 use palladium_dsl::DType;
 use palladium_dsl::build::{MemorySpace, OperandRole};
 use palladium_dsl::spec::Chip;
@@ -66,6 +67,9 @@ pub struct PlanOptions {
     /// maximum logit are always returned.
     pub logits: bool,
     pub expert_fetch: ExpertFetch,
+    /// Devices the step is split over (`--devices`, one of [`crate::shard::DEVICE_COUNTS`]):
+    /// the plan is then each device's ([`crate::shard`]).
+    pub devices: u64,
 }
 
 /// How many experts a step's expert stream fetches (each distinct expert once either way).
@@ -84,7 +88,7 @@ impl PlanOptions {
     /// All layers, HBM checked, KV read up to each position, one token per sequence, the
     /// full logits returned.
     pub fn new(chip: Chip, batch: u64, context: u64) -> PlanOptions {
-        PlanOptions { chip, batch, context, layers: None, check_hbm: true, kv_tiles: KvTiles::UpToPosition, prefetch: Prefetch::Deep, tokens_per_seq: 1, logits: true, expert_fetch: ExpertFetch::Distinct }
+        PlanOptions { chip, batch, context, layers: None, check_hbm: true, kv_tiles: KvTiles::UpToPosition, prefetch: Prefetch::Deep, tokens_per_seq: 1, logits: true, expert_fetch: ExpertFetch::Distinct, devices: 1 }
     }
 }
 
@@ -128,10 +132,14 @@ pub enum PlanError {
     Unsupported(String),
     #[error("invalid option: {0}")]
     Invalid(String),
-    #[error("does not fit {chip} HBM: the operands need {need} bytes ({need_gib:.2} GiB: {detail}), {chip} has {have} bytes ({have_gib:.2} GiB) usable per device (at most {max_layers} of the model's layers fit)")]
-    Hbm { chip: Chip, need: u64, need_gib: f64, have: u64, have_gib: f64, detail: String, max_layers: u64 },
+    #[error("does not fit {chip} HBM: the operands need {need} bytes ({need_gib:.2} GiB: {detail}), {chip} has {have} bytes ({have_gib:.2} GiB) usable per device (at most {max_layers} of the model's layers fit{split})")]
+    Hbm { chip: Chip, need: u64, need_gib: f64, have: u64, have_gib: f64, detail: String, max_layers: u64, split: String },
     #[error("does not fit {chip} VMEM: the plan needs {need} bytes ({need_mib:.2} MiB: {detail}), {chip} has {have} bytes ({have_mib} MiB) per core")]
     Vmem { chip: Chip, need: u64, need_mib: f64, have: u64, have_mib: u64, detail: String },
+    #[error("cannot split the model over {devices} devices: {reason}")]
+    Split { devices: u64, reason: String },
+    #[error("does not fit {devices} {chip} devices: the operands need {need} bytes ({need_gib:.2} GiB) per device, {chip} has {have} bytes ({have_gib:.2} GiB) usable per device; {needed}")]
+    Devices { devices: u64, chip: Chip, need: u64, need_gib: f64, have: u64, have_gib: f64, needed: String },
     #[error("the rewrites did not {0}")]
     Rewrite(String),
     /// A byte count past `u64`: no chip holds it, and nothing is allocated for it.
@@ -141,7 +149,7 @@ pub enum PlanError {
 
 /// `factors` multiplied, or [`PlanError::TooLarge`] naming `what` when the product passes
 /// `u64` (config sizes are at most 2^24 each, so products of several can).
-fn product(what: &str, factors: &[u64]) -> Result<u64, PlanError> {
+pub(crate) fn product(what: &str, factors: &[u64]) -> Result<u64, PlanError> {
     factors.iter().try_fold(1u64, |acc, &f| acc.checked_mul(f)).ok_or_else(|| PlanError::TooLarge { what: what.to_string() })
 }
 
@@ -161,6 +169,9 @@ pub struct Dims {
     pub head_pad: u64,
     pub group: u64,
     pub experts: u64,
+    /// The experts whose weights this device holds: all of them on one device and under
+    /// tensor-parallel experts, `experts / devices` (padded) under expert parallelism.
+    pub experts_per_device: u64,
     /// `experts` rounded up to 128 (the router's padded columns are masked to -inf).
     pub experts_pad: u64,
     pub top_k: u64,
@@ -224,6 +235,10 @@ pub struct Plan {
     pub hbm_total: u64,
     pub hbm_capacity: u64,
     pub traffic: Traffic,
+    /// The split over several devices (`--devices N > 1`); the fields above are then one
+    /// device's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sharding: Option<Sharding>,
 }
 
 /// HBM bytes one decode step moves, by stream.
@@ -343,21 +358,52 @@ impl Plan {
     /// The most distinct experts a step's rows choose, `min(experts, batch * K * top_k)`:
     /// the expert stream's static worst case.
     pub fn distinct_experts(&self) -> u64 {
-        self.dims.experts.min(self.dims.tokens * self.dims.top_k)
+        self.dims.experts_per_device.min(self.dims.tokens * self.dims.top_k)
     }
 
     /// Plan the megakernel of `spec` for `options`, in stages: the options and the model
     /// checked, dims, the rewrites (their extraction gives the dense stream's segments),
     /// the weights' layout, the prefetch schedule, the VMEM budget, the HBM fit, the traffic.
     pub fn new(spec: &ModelSpec, options: &PlanOptions) -> Result<Plan, PlanError> {
+        if !shard::DEVICE_COUNTS.contains(&options.devices) {
+            return Err(PlanError::Invalid(format!("--devices {} (supported: {})", options.devices, shard::DEVICE_COUNTS.map(|n| n.to_string()).join(", "))));
+        }
+        let plan = match Plan::for_devices(spec, options) {
+            // One device: say how many would hold the whole model.
+            Err(PlanError::Hbm { chip, need, need_gib, have, have_gib, detail, max_layers, .. }) => {
+                let split = fewest_devices(spec, options).map_or_else(String::new, |n| format!("; {n}"));
+                return Err(PlanError::Hbm { chip, need, need_gib, have, have_gib, detail, max_layers, split });
+            }
+            plan => plan?,
+        };
+        if options.devices > 1 && options.check_hbm && plan.hbm_total > plan.hbm_capacity {
+            return Err(PlanError::Devices {
+                devices: options.devices,
+                chip: options.chip,
+                need: plan.hbm_total,
+                need_gib: plan.hbm_total as f64 / GIB as f64,
+                have: plan.hbm_capacity,
+                have_gib: plan.hbm_capacity as f64 / GIB as f64,
+                needed: fewest_devices(spec, options).unwrap_or_else(|| format!("no split over up to {} devices fits", options.devices << 6)),
+            });
+        }
+        Ok(plan)
+    }
+
+    /// [`Plan::new`] for any power-of-two device count, HBM per device unchecked where
+    /// there are several (the caller refuses or searches).
+    fn for_devices(spec: &ModelSpec, options: &PlanOptions) -> Result<Plan, PlanError> {
         let (layers, kind, moe) = supported(spec, options)?;
         let (dims, block_kv) = dims(spec, moe, options);
+        let vocab = dims.vocab;
+        let (dims, split) = shard::split(dims, options, layers)?;
         let extracted = rewrites(spec, &dims)?;
         let layout = stream_layout(spec, options, layers, &dims, &extracted)?;
         let rings = prefetch_schedule(options, layers, &dims, &layout);
-        let vmem = vmem_budget(options.chip, &dims, &layout, &rings, block_kv)?;
-        let (hbm_total, hbm_capacity) = hbm_fit(options, layers, &dims, &layout)?;
+        let vmem = vmem_budget(options, &dims, &layout, &rings, block_kv)?;
+        let (hbm_total, hbm_capacity) = hbm_fit(&PlanOptions { check_hbm: options.check_hbm && options.devices == 1, ..options.clone() }, layers, &dims, &layout)?;
         let traffic = traffic(spec, options, layers, &dims, &layout, block_kv)?;
+        let sharding = split.map(|split| shard::sharding(options, layers, &dims, vocab, split)).transpose()?;
         Ok(Plan {
             model: format!("{} ({} layers of {})", spec.family.model_type(), spec.layers.len(), kind.describe()),
             chip: options.chip,
@@ -386,8 +432,19 @@ impl Plan {
             hbm_total,
             hbm_capacity,
             traffic,
+            sharding,
         })
     }
+}
+
+/// The fewest devices (more than `options.devices`, searched up to 64 times as many) whose
+/// split holds the planned layers, in words for a refusal; `None` where no split does (or
+/// none can be planned on the chip).
+fn fewest_devices(spec: &ModelSpec, options: &PlanOptions) -> Option<String> {
+    let fits = |n: u64| Plan::for_devices(spec, &PlanOptions { devices: n, check_hbm: false, ..options.clone() }).is_ok_and(|p| p.hbm_total <= p.hbm_capacity);
+    let max = *shard::DEVICE_COUNTS.last().unwrap_or(&1);
+    let n = (1..=6).map(|k| options.devices << k).find(|&n| fits(n))?;
+    Some(if n <= max { format!("it needs at least {n} devices (--devices {n})") } else { format!("it needs at least {n} devices, more than the {max} supported (try --layers)") })
 }
 
 /// The options in range and a model the megakernel supports: the layers planned, their
@@ -465,6 +522,7 @@ fn dims(spec: &ModelSpec, moe: &MoeSpec, options: &PlanOptions) -> (Dims, u64) {
         head_pad: round_up(a.head_dim, 128),
         group: a.group_size(),
         experts: moe.num_experts,
+        experts_per_device: moe.num_experts,
         experts_pad: round_up(moe.num_experts, 128),
         top_k: moe.top_k,
         intermediate: moe.intermediate,
@@ -557,7 +615,7 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
     // estimate, Qwen3-30B-A3B, one chunk in flight: 2 MiB 0.71 of the floor, 4 MiB 0.78).
     let chunk_cols = ((4 * MIB / (2 * h)) / 128 * 128).clamp(128, 1024);
     let per_layer = width.div_ceil(chunk_cols);
-    let lm_chunks = round_up(spec.vocab_size, chunk_cols) / chunk_cols;
+    let lm_chunks = round_up(dims.vocab, chunk_cols) / chunk_cols;
     // Expert chunks as large as an expert ring of a quarter of VMEM allows (the largest
     // multiple of 128 dividing the intermediate size): per-chunk cost is amortised
     // (libtpu's v6e estimate, Qwen3-30B-A3B at batch 8: 3 MiB chunks 2.40M cycles for 4
@@ -574,7 +632,7 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
     let expert_chunks = i / expert_block;
 
     let l = layers as u64;
-    let (e, kvh) = (dims.experts, dims.kv_heads);
+    let (e, kvh) = (dims.experts_per_device, dims.kv_heads);
     let vp16 = round_up(spec.vocab_size, 16);
     let operand = |kind, role, dtype, shape: Vec<u64>, space, bytes| Operand { kind, role, dtype, shape, space, bytes };
     use OperandKind::*;
@@ -640,7 +698,8 @@ fn prefetch_schedule(options: &PlanOptions, layers: usize, dims: &Dims, layout: 
 /// The VMEM plan (every scratch buffer, plus headroom for vector temporaries and compiler
 /// spills), refused past the chip's VMEM per core: the parts, their total and the limit
 /// the kernel is compiled with.
-fn vmem_budget(chip: Chip, dims: &Dims, layout: &StreamLayout, rings: &Rings, block_kv: u64) -> Result<VmemBudget, PlanError> {
+fn vmem_budget(options: &PlanOptions, dims: &Dims, layout: &StreamLayout, rings: &Rings, block_kv: u64) -> Result<VmemBudget, PlanError> {
+    let chip = options.chip;
     let (h, hp, rows, kvh) = (dims.hidden, dims.head_pad, dims.rows, dims.kv_heads);
     let width = |kind| layout.segment(kind).map_or(0, |s| s.cols);
     let (nqkv, nq) = (width(SegmentKind::Qkv), width(SegmentKind::OProj));
@@ -664,6 +723,9 @@ fn vmem_budget(chip: Chip, dims: &Dims, layout: &StreamLayout, rings: &Rings, bl
     ];
     if layout.operand(OperandKind::Logits).is_some() {
         vmem.push(("logits (output)".into(), layout.lm_chunks * pad(rows, chunk_cols, 4)));
+    }
+    if options.devices > 1 {
+        vmem.push(("collective buffers (bf16 send/receive chunks per ring direction, gathered (max, id) pairs)".into(), shard::collective_vmem(dims, options.devices)));
     }
     let scores = pad(dims.attn_rows, block_kv, 4);
     // K > 1: the K new K/V rows are inserted into both tiles at once, a row mask at a time.
@@ -693,7 +755,7 @@ fn hbm_fit(options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLay
         // Saturating: only the suggestion is computed here, and a saturated layer size
         // suggests 0 layers.
         let per_layer_bytes = (2 * layout.per_layer * h * layout.chunk_cols)
-            .saturating_add(2u64.saturating_mul(dims.experts).saturating_mul(dims.intermediate).saturating_mul(h).saturating_mul(3))
+            .saturating_add(2u64.saturating_mul(dims.experts_per_device).saturating_mul(dims.intermediate).saturating_mul(h).saturating_mul(3))
             .saturating_add(2 * (kv_bytes / l))
             .saturating_add(if dims.qk_norm { 4 * 8 * hp } else { 0 });
         let fixed = hbm_total.saturating_sub(l.saturating_mul(per_layer_bytes));
@@ -707,6 +769,7 @@ fn hbm_fit(options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLay
             have_gib: hbm_capacity as f64 / GIB as f64,
             detail: big.join(" + "),
             max_layers,
+            split: String::new(),
         });
     }
     Ok((hbm_total, hbm_capacity))
@@ -735,10 +798,12 @@ fn traffic(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &Dims, 
     let tokens = dims.tokens;
     let expert_bytes = product("one expert's weights", &[2, 3, h, dims.intermediate])?;
     let experts_without_dedupe = product("the expert weights read per step", &[l, tokens, dims.top_k, expert_bytes])?;
-    let distinct = dims.experts.min(tokens * dims.top_k);
+    let distinct = dims.experts_per_device.min(tokens * dims.top_k);
     let experts = product("the expert weights read per step", &[l, distinct, expert_bytes])?;
     let e = dims.experts as f64;
-    let experts_uniform_routing = l as f64 * e * (1.0 - (1.0 - dims.top_k as f64 / e).powf(tokens as f64)) * expert_bytes as f64;
+    // Each of this device's experts is chosen by some row with probability
+    // 1 - (1 - top_k / E)^rows.
+    let experts_uniform_routing = l as f64 * dims.experts_per_device as f64 * (1.0 - (1.0 - dims.top_k as f64 / e).powf(tokens as f64)) * expert_bytes as f64;
     let span = dims.window.map_or(options.context, |w| w.min(options.context));
     let tiles = span.div_ceil(block_kv) + u64::from(dims.window.is_some());
     let tiles = match options.kv_tiles {

@@ -4,6 +4,7 @@
 use crate::graph::Weight;
 use crate::layout::{Operand, OperandKind, SegmentKind, role_name};
 use crate::plan::{ExpertFetch, KvTiles, Plan, Prefetch};
+use crate::shard::{ExpertSplit, Sharding};
 use std::fmt::Write;
 
 fn mib(b: u64) -> String {
@@ -20,6 +21,9 @@ pub fn text(p: &Plan) -> String {
     let layout = &p.layout;
     let mut s = String::new();
     let _ = writeln!(s, "megakernel: {} on {}", p.model, p.chip);
+    if let Some(sh) = &p.sharding {
+        sharding(&mut s, p, sh);
+    }
     let _ = writeln!(s, "  layers: {} of {} ({}), batch {}, context {} (cache {} positions, tiles of {})", p.layers, p.model_layers, p.layer_kind, d.batch, p.context, d.positions, p.block_kv);
     if d.tokens_per_seq > 1 {
         let _ = writeln!(s, "  tokens per sequence: {} (positions p..p+{}, causal among them): {} token rows", d.tokens_per_seq, d.tokens_per_seq - 1, d.tokens);
@@ -43,7 +47,8 @@ pub fn text(p: &Plan) -> String {
         gb(t.experts_uniform_routing)
     );
     let _ = writeln!(s, "kv bytes per step: read {}, written {}", gb(t.kv_read as f64), gb(t.kv_write as f64));
-    let _ = writeln!(s, "total HBM bytes per step: {} (model count {}); floor at {}: {:.1} us", gb(t.total as f64), gb(t.model_total), p.chip, t.floor_seconds * 1e6);
+    let model_count = if p.sharding.is_some() { "model count, all devices together" } else { "model count" };
+    let _ = writeln!(s, "total HBM bytes per step: {} ({model_count} {}); floor at {}: {:.1} us", gb(t.total as f64), gb(t.model_total), p.chip, t.floor_seconds * 1e6);
     let _ = writeln!(s, "DMA schedule:");
     let _ = writeln!(s, "  dense ring: {} banks x {} ([{}, {}] bf16), prefetch depth {} chunks across op and layer boundaries", p.banks, mib(p.bank_bytes), d.hidden, layout.chunk_cols, p.depth);
     let _ = writeln!(s, "  dense chunks per layer: {} ({}), then {} lm_head chunks", layout.per_layer, layout.segments.iter().map(|g| format!("{} cols {}..{}", g.kind.name(), g.col, g.col + g.cols)).collect::<Vec<_>>().join(", "), layout.lm_chunks);
@@ -72,6 +77,32 @@ pub fn text(p: &Plan) -> String {
         let _ = writeln!(s, "  {} {} {}{:?} ({}): {}", role_name(o.role), o.kind.name(), o.dtype, o.shape, o.space, operand_source(p, o));
     }
     s
+}
+
+/// The split over several devices: what each device holds, the experts' choice and why,
+/// per-device HBM and VMEM, and the collectives with their modelled time.
+fn sharding(s: &mut String, p: &Plan, sh: &Sharding) {
+    let d = &p.dims;
+    let n = sh.devices;
+    let _ = writeln!(s, "split over {n} {} devices (one SPMD program each; the figures below the split are one device's):", p.chip);
+    let hs = &sh.heads;
+    let kv = if hs.kv_replicas > 1 { format!("each of the {} KV heads replicated on {} devices", hs.kv_heads, hs.kv_replicas) } else { format!("{} of the {} KV heads", hs.kv_heads_per_device, hs.kv_heads) };
+    let padded = if hs.heads_padded > hs.heads { format!(" (padded with zero weights to {})", hs.heads_padded) } else { String::new() };
+    let _ = writeln!(s, "  attention by heads: {} of the {} query heads{padded} per device, {kv}; o_proj by rows (the device's heads), summed by an all-reduce", hs.heads_per_device, hs.heads);
+    let _ = writeln!(s, "  router and norms replicated");
+    let e = &sh.experts;
+    let split = match e.split {
+        ExpertSplit::Ep => format!("{}, {} of the {} experts per device", e.split.name(), e.experts_per_device, d.experts),
+        ExpertSplit::Tp => format!("{}, every expert's intermediate split {n} ways ({} columns per device)", e.split.name(), e.intermediate_per_device),
+    };
+    let _ = writeln!(s, "  experts: {split}. Why: {}", e.reason);
+    let _ = writeln!(s, "  lm_head by vocabulary: {} of the {} ids per device (padded to {} chunks); the greedy (max logit, id) pairs all-gathered; with --logits each device returns its slice (concatenated by the call's output sharding, no ICI bytes)", sh.vocab_per_device, sh.vocab, p.layout.lm_chunks);
+    let _ = writeln!(s, "  per device: HBM {:.2} GiB of {:.2} GiB usable, {} streamed per step, floor {:.1} us; VMEM {}", p.hbm_total as f64 / (1u64 << 30) as f64, p.hbm_capacity as f64 / (1u64 << 30) as f64, gb(p.traffic.total as f64), p.traffic.floor_seconds * 1e6, mib(p.vmem_total));
+    let _ = writeln!(s, "  collectives per step (a MODEL from the link figures: {}; libtpu prices remote DMAs at 0):", sh.link_model);
+    for c in &sh.collectives {
+        let _ = writeln!(s, "    {} x{}: {}, {} wire, {} bytes each, {} sent per device, {:.1} us", c.name, c.count, c.kind, c.wire, c.message_bytes, gb(c.sent_bytes as f64), c.seconds * 1e6);
+    }
+    let _ = writeln!(s, "  collective bytes per step {} per device, modelled {:.1} us; floor + collectives {:.1} us per step", gb(sh.collective_bytes as f64), sh.collective_seconds * 1e6, (p.traffic.floor_seconds + sh.collective_seconds) * 1e6);
 }
 
 /// How Hugging Face tensors map into operand `o` of `p`'s layout, element by element

@@ -39,6 +39,7 @@ proptest! {
         single in any::<bool>(),
         tokens_per_seq in prop_oneof![0u64..20, Just(u64::MAX)],
         logits in any::<bool>(),
+        devices in prop::sample::select(&[1u64, 1, 2, 4, 8, 3][..]),
     ) {
         let base = fixture(fixture_name);
         let v = match &edits { Some(e) => mutate(&base, e), None => base };
@@ -56,6 +57,7 @@ proptest! {
             prefetch: if single { Prefetch::Single } else { Prefetch::Deep },
             tokens_per_seq,
             logits,
+            devices,
             ..PlanOptions::new(chip, batch, context)
         };
         match Plan::new(&spec, &options) {
@@ -69,6 +71,13 @@ proptest! {
                 }
                 let sum = plan.layout.operands.iter().filter(|o| (o.space == MemorySpace::Any && o.kind.aliased_input().is_none()) || matches!(o.kind, OperandKind::Logits | OperandKind::NextIds | OperandKind::MaxLogits)).map(|o| u128::from(o.bytes)).sum::<u128>();
                 prop_assert_eq!(sum, u128::from(plan.hbm_total));
+                // A split covers every head and id once, and its collectives are priced.
+                prop_assert_eq!(plan.sharding.is_some(), devices > 1);
+                if let Some(sh) = &plan.sharding {
+                    prop_assert_eq!(sh.heads.heads_per_device * devices, sh.heads.heads_padded);
+                    prop_assert!(sh.heads.heads_padded >= sh.heads.heads && sh.vocab_per_device * devices >= sh.vocab);
+                    prop_assert!(sh.collective_seconds.is_finite() && sh.collective_seconds > 0.0 && sh.collective_bytes > 0);
+                }
             }
         }
     }
@@ -86,8 +95,8 @@ fn every_size_at_its_cap_is_refused_without_wrapping() {
     }
     v["head_dim"] = serde_json::json!(256);
     let spec = ModelSpec::from_json(&v).unwrap();
-    for check_hbm in [true, false] {
-        let options = PlanOptions { check_hbm, ..PlanOptions::new(Chip::V7x, 16, 1 << 24) };
+    for (check_hbm, devices) in [(true, 1), (false, 1), (true, 8), (false, 8)] {
+        let options = PlanOptions { check_hbm, devices, ..PlanOptions::new(Chip::V7x, 16, 1 << 24) };
         let err = Plan::new(&spec, &options).unwrap_err().to_string();
         assert!(err.contains("does not fit any chip") && err.contains("more than 2^64 bytes"), "{err}");
     }

@@ -116,9 +116,9 @@ fn a_wait_no_device_satisfies_is_a_deadlock_naming_device_op_and_line() {
     let planted = edit(&b, "{value = 2 : i32}", "{value = 3 : i32}");
     let e = expect_devices_err(run_devices(&planted, &permute_inputs(4)), ErrorKind::Deadlock);
     assert!(e.contains("device 0 of 4"), "{e}");
-    assert!(e.contains("`tpu.sem_wait` at kernels/src/collectives.rs:"), "{e}");
+    assert!(e.contains("`tpu.sem_wait` at kernels/src/body/collective.rs:"), "{e}");
     for d in 0..4 {
-        assert!(e.contains(&format!("device {d} at `tpu.sem_wait` at kernels/src/collectives.rs:")), "device {d} missing: {e}");
+        assert!(e.contains(&format!("device {d} at `tpu.sem_wait` at kernels/src/body/collective.rs:")), "device {d} missing: {e}");
     }
     assert!(e.contains("for 3 on semaphore barrier semaphore (value 2)"), "{e}");
 }

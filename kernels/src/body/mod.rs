@@ -13,12 +13,14 @@
 //! | [`gemv`] | a projection through one weight block (q/k/v, o, router, lm_head), bf16 or quantized codes with group scales | `gemv`, `rmsnorm_matmul`, `moe_router`, `expert_ffn`, `*_quantized` |
 //! | [`rope`] | RoPE tables, rotation and application | `rope` |
 //! | [`kv`] | the KV-cache update inside a VMEM tile | `kv_cache_update` |
+//! | [`collective`] | ring hops over remote DMAs: barrier, reduce-scatter and all-gather of row blocks (bf16 wire) | `permute`, `all_gather`, `reduce_scatter`, `all_reduce` |
 //! | [`attention`] | one KV tile of attention (scores, mask, online-softmax fold) | `decode_attention` |
 //! | [`router`] | router scores, top-k, the routing table's entries | `moe_router` |
 //! | [`ffn`] | one SwiGLU expert chunk; the expert stream's cursor | `expert_ffn` |
 //! | [`rows`] | row moves on loaded vectors (a batch's rows on the MXU's sublanes) | (megakernel only) |
 
 pub mod attention;
+pub mod collective;
 pub mod embed;
 pub mod ffn;
 pub mod gemv;

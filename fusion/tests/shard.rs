@@ -1,0 +1,159 @@
+//! The sharding planner (`--devices N`): the split, the experts' choice, the per-device
+//! fit, the collectives' model, the refusals.
+use palladium_dsl::spec::Chip;
+use palladium_fusion::plan::{Plan, PlanError, PlanOptions};
+use palladium_fusion::report;
+use palladium_fusion::shard::ExpertSplit;
+use palladium_model::ModelSpec;
+
+fn fixture(name: &str) -> String {
+    format!("{}/../fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn spec(name: &str) -> ModelSpec {
+    ModelSpec::from_path(fixture(name)).unwrap()
+}
+
+fn options(chip: Chip, batch: u64, devices: u64) -> PlanOptions {
+    PlanOptions { devices, ..PlanOptions::new(chip, batch, 4096) }
+}
+
+#[test]
+fn qwen3_235b_fits_eight_v7x_devices() {
+    let s = spec("qwen3-235b-a22b");
+    let one = Plan::new(&s, &PlanOptions { check_hbm: false, ..options(Chip::V7x, 1, 1) }).unwrap();
+    let p = Plan::new(&s, &options(Chip::V7x, 1, 8)).unwrap();
+    let sh = p.sharding.as_ref().expect("8 devices are a split");
+    assert_eq!(p.layers, 94);
+    assert!(p.hbm_total <= p.hbm_capacity && p.vmem_total <= p.vmem_capacity);
+    // 64 query heads over 4 KV heads: each KV head on 2 devices, 8 query heads each.
+    assert_eq!((sh.heads.heads_per_device, sh.heads.kv_heads_per_device, sh.heads.kv_replicas, sh.heads.heads_padded), (8, 1, 2, 64));
+    assert_eq!((p.dims.heads, p.dims.kv_heads, p.dims.group), (8, 1, 8));
+    // lm_head by vocabulary: 151936 / 8 ids per device.
+    assert_eq!((sh.vocab, sh.vocab_per_device), (151936, 18992));
+    // Each device streams less than one device did, and holds at least an eighth.
+    assert!(p.traffic.total < one.traffic.total);
+    assert!(p.hbm_total * 8 >= one.hbm_total && p.hbm_total < one.hbm_total / 4);
+    // Two bf16 all-reduces of the [rows, H] activation per layer, one gather of the
+    // greedy pairs: 2 (N-1)/N of the message each.
+    let activation = p.dims.rows * p.dims.hidden * 2;
+    assert_eq!(sh.collectives.len(), 3);
+    for c in &sh.collectives[..2] {
+        assert_eq!((c.count, c.message_bytes, c.sent_bytes, c.wire.to_string().as_str()), (94, activation, 94 * 2 * 7 * activation / 8, "bf16"));
+    }
+    assert_eq!(sh.collectives[2].sent_bytes, 7 * p.dims.rows * 8);
+    // Across chips at the measured 45 GB/s per core and direction, plus the measured
+    // latency of each collective.
+    let per_all_reduce = 3.5e-6 + (2 * 7 * activation / 8) as f64 / (2.0 * 45e9);
+    assert!((sh.collectives[0].seconds - 94.0 * per_all_reduce).abs() < 1e-9, "{}", sh.collectives[0].seconds);
+    assert!(sh.link_model.contains("measured cross-chip"));
+    let text = report::text(&p);
+    for needle in ["split over 8 v7x devices", "experts: TP", "a MODEL", "all-reduce", "bf16 wire", "floor + collectives"] {
+        assert!(text.contains(needle), "{needle} not in\n{text}");
+    }
+    let json: serde_json::Value = serde_json::from_str(&report::json(&p)).unwrap();
+    assert_eq!((json["sharding"]["devices"].as_u64(), json["sharding"]["experts"]["split"].as_str()), (Some(8), Some("TP")));
+    // One device: no split, and the JSON report as before.
+    assert!(one.sharding.is_none());
+    let json: serde_json::Value = serde_json::from_str(&report::json(&one)).unwrap();
+    assert!(json.get("sharding").is_none());
+}
+
+#[test]
+fn experts_split_by_the_bytes_a_device_streams() {
+    let s = spec("qwen3-235b-a22b");
+    // Batch 1: the 8 chosen experts may all sit on one device under EP (8 whole experts),
+    // while TP streams 1/8 of each (intermediate 1536 padded to 2048): TP.
+    let p = Plan::new(&s, &options(Chip::V7x, 1, 8)).unwrap();
+    let e = &p.sharding.as_ref().unwrap().experts;
+    assert_eq!((e.split, e.experts_per_device, e.intermediate_per_device), (ExpertSplit::Tp, 128, 256));
+    assert!(e.tp_step_bytes < e.ep_step_bytes && e.reason.starts_with("TP"), "{}", e.reason);
+    assert!(e.reason.contains("intermediate 1536 padded to 2048, 256 per device"), "{}", e.reason);
+    assert_eq!(p.dims.intermediate, 256);
+    // Batch 16: 128 choices; EP's worst device streams its 16 whole experts, TP all 128
+    // eighths (padded): EP.
+    let p = Plan::new(&s, &options(Chip::V7x, 16, 8)).unwrap();
+    let e = &p.sharding.as_ref().unwrap().experts;
+    assert_eq!((e.split, e.experts_per_device, e.intermediate_per_device), (ExpertSplit::Ep, 16, 1536));
+    assert_eq!(p.dims.experts_per_device, 16);
+    assert_eq!(p.distinct_experts(), 16);
+    // The router stays whole on every device.
+    assert_eq!((p.dims.experts, p.dims.experts_pad), (128, 128));
+}
+
+#[test]
+fn refusals_name_the_reason() {
+    let s = spec("qwen3-235b-a22b");
+    // One device: at most 19 layers fit, and the refusal says how many devices hold all 94.
+    match Plan::new(&s, &options(Chip::V7x, 1, 1)) {
+        Err(e @ PlanError::Hbm { max_layers: 19, .. }) => assert!(e.to_string().contains("(at most 19 of the model's layers fit; it needs at least 8 devices (--devices 8))"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    match Plan::new(&s, &options(Chip::V7x, 1, 4)) {
+        Err(e @ PlanError::Devices { .. }) => assert!(e.to_string().contains("needs at least 8 devices (--devices 8)"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    match Plan::new(&s, &options(Chip::V6e, 1, 8)) {
+        Err(e @ PlanError::Devices { .. }) => assert!(e.to_string().contains("needs at least 16 devices, more than the 8 supported"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    match Plan::new(&s, &options(Chip::V7x, 1, 3)) {
+        Err(e @ PlanError::Invalid(_)) => assert!(e.to_string().contains("--devices 3 (supported: 1, 2, 4, 8)"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    // 6 KV heads neither split over 4 devices nor replicate onto them.
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("tiny-qwen3-moe")).unwrap()).unwrap();
+    v["num_attention_heads"] = 12.into();
+    v["num_key_value_heads"] = 6.into();
+    let odd = ModelSpec::from_json(&v).unwrap();
+    assert!(Plan::new(&odd, &options(Chip::V6e, 1, 2)).is_ok());
+    match Plan::new(&odd, &options(Chip::V6e, 1, 4)) {
+        Err(e @ PlanError::Split { .. }) => assert!(e.to_string().contains("the 6 KV heads"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn query_heads_pad_to_divide_the_devices() {
+    // 12 query heads over 4 KV heads on 8 devices: each KV head on 2 devices, its group of
+    // 3 padded to 4 with a zero-weight head.
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("tiny-qwen3-moe")).unwrap()).unwrap();
+    v["num_attention_heads"] = 12.into();
+    v["num_key_value_heads"] = 4.into();
+    let s = ModelSpec::from_json(&v).unwrap();
+    let p = Plan::new(&s, &options(Chip::V6e, 1, 8)).unwrap();
+    let h = &p.sharding.as_ref().unwrap().heads;
+    assert_eq!((h.heads_padded, h.heads_per_device, h.kv_heads_per_device, h.kv_replicas), (16, 2, 1, 2));
+    assert!(report::text(&p).contains("padded with zero weights to 16"));
+    // v6e is not measured: the published per-link figure, no latency.
+    assert!(p.sharding.unwrap().link_model.contains("published"));
+}
+
+#[test]
+fn sharded_plans_are_not_emitted_yet() {
+    let e = palladium_fusion::megakernel::Megakernel::build(&spec("tiny-qwen3-moe"), &PlanOptions { devices: 2, ..PlanOptions::new(Chip::V6e, 1, 256) }).unwrap_err();
+    assert!(e.to_string().contains("emitting the 2-device megakernel"), "{e}");
+}
+
+#[test]
+fn the_acceptance_models_plan_on_their_devices() {
+    // Qwen3-30B-A3B on 4 v6e chips: 4 KV heads, one per device, 8 query heads each.
+    let p = Plan::new(&spec("qwen3-30b-a3b"), &options(Chip::V6e, 1, 4)).unwrap();
+    let sh = p.sharding.as_ref().unwrap();
+    assert_eq!((p.layers, sh.heads.heads_per_device, sh.heads.kv_heads_per_device, sh.heads.kv_replicas), (48, 8, 1, 1));
+    assert!(p.hbm_total <= p.hbm_capacity && p.vmem_total <= p.vmem_capacity);
+    assert!(sh.link_model.contains("published"));
+    // Mixtral-8x7B on the 2 TensorCores of one v7x chip: 4 of the 8 KV heads each, the
+    // ring at the sibling-core figures.
+    let s = spec("mixtral-8x7b");
+    assert_eq!((s.layers.len(), s.hidden_size, s.attention.num_heads, s.attention.num_kv_heads, s.attention.head_dim, s.vocab_size), (32, 4096, 32, 8, 128, 32000));
+    let p = Plan::new(&s, &options(Chip::V7x, 1, 2)).unwrap();
+    let sh = p.sharding.as_ref().unwrap();
+    assert_eq!((sh.heads.heads_per_device, sh.heads.kv_heads_per_device, sh.vocab_per_device), (16, 4, 16000));
+    // Batch 1 chooses 2 experts: under EP both may be one device's, under TP each device
+    // streams half of both.
+    assert_eq!((sh.experts.split, sh.experts.intermediate_per_device), (ExpertSplit::Tp, 7168));
+    assert!(sh.experts.reason.contains("intermediate 14336, 7168 per device"), "{}", sh.experts.reason);
+    assert!(p.hbm_total <= p.hbm_capacity && p.vmem_total <= p.vmem_capacity);
+    assert!(sh.link_model.contains("sibling"));
+}
