@@ -111,6 +111,11 @@ enum Command {
         /// experts: priceable by libtpu's static estimate. Same results.
         #[arg(long)]
         worst_case_experts: bool,
+        /// The weights' dtype the operands take: `bf16`, `int8`, `fp8` or `int4` (README,
+        /// Quantized weights). Default: fp8 for a config with an FP8 `quantization_config`,
+        /// else bf16.
+        #[arg(long, value_name = "DTYPE", value_parser = parse_weights_dtype)]
+        weights_dtype: Option<WeightsDtype>,
     },
     /// Prompt + greedy decode of a Hugging Face MoE model (config.json) through its decode
     /// megakernel in interpret mode: the megakernel is emitted, verified and lowered, its
@@ -158,10 +163,11 @@ enum Command {
         /// PJRT client; refused where no TPU is attached).
         #[arg(long, default_value = "interpret", value_parser = parse_backend)]
         backend: Backend,
-        /// The weights' dtype: `bf16`, the checkpoint's own values. `int8`, `fp8` and `int4`
-        /// (README, Quantized weights) are refused: not yet supported by the kernels.
-        #[arg(long, value_name = "DTYPE", default_value = "bf16", value_parser = parse_weights_dtype)]
-        weights_dtype: WeightsDtype,
+        /// The weights' dtype: `bf16` (the checkpoint's own values), or quantized at load to
+        /// `int8`, `fp8` or `int4` (README, Quantized weights). Default: the checkpoint's own
+        /// (fp8 for a config with an FP8 `quantization_config`).
+        #[arg(long, value_name = "DTYPE", value_parser = parse_weights_dtype)]
+        weights_dtype: Option<WeightsDtype>,
         /// Speculative decoding with prompt-lookup drafts: `ngram` or `ngram:N` (match the
         /// last N tokens, default 3, earlier in the context and propose up to K - 1 of the
         /// tokens that followed); each decode run verifies them (same ids as plain greedy).
@@ -269,7 +275,7 @@ fn run(cli: Cli) -> Result<(), String> {
             if json { println!("{}", report.json()) } else { print!("{}", report.text()) }
             Ok(())
         }
-        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json, compile, tokens_per_seq, logits, worst_case_experts } => {
+        Command::Megakernel { config, chip, batch, context, layers, all_kv_tiles, single_prefetch, out, json, compile, tokens_per_seq, logits, worst_case_experts, weights_dtype } => {
             use palladium_fusion::megakernel::{Megakernel, MegakernelError};
             use palladium_fusion::plan::{ExpertFetch, KvTiles, PlanError, PlanOptions, Prefetch};
             let names = if compile { compiled_names("megakernel").to_vec() } else { compiled_names("megakernel")[..3].to_vec() };
@@ -278,7 +284,8 @@ fn run(cli: Cli) -> Result<(), String> {
             let kv_tiles = if all_kv_tiles { KvTiles::All } else { KvTiles::UpToPosition };
             let prefetch = if single_prefetch { Prefetch::Single } else { Prefetch::Deep };
             let expert_fetch = if worst_case_experts { ExpertFetch::WorstCase } else { ExpertFetch::Distinct };
-            let options = PlanOptions { layers, kv_tiles, prefetch, tokens_per_seq, logits, expert_fetch, ..PlanOptions::new(chip, batch, context) };
+            let weights = palladium_fusion::plan::weights_dtype(&spec, weights_dtype).map_err(|e| e.to_string())?;
+            let options = PlanOptions { layers, kv_tiles, prefetch, tokens_per_seq, logits, expert_fetch, weights, ..PlanOptions::new(chip, batch, context) };
             let Megakernel { plan, lowered, .. } = Megakernel::build(&spec, &options).map_err(|e| match e {
                 MegakernelError::Plan(PlanError::Hbm { .. }) => format!("{e}; try --layers N"),
                 e => e.to_string(),
@@ -304,9 +311,6 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check, tolerance, backend, weights_dtype, speculate, draft_ids, tokens_per_seq } => {
-            if weights_dtype != WeightsDtype::Bf16 {
-                return Err(format!("--weights-dtype {}: not yet supported by the kernels (the megakernel takes bf16 weights)", weights_dtype.name()));
-            }
             use palladium::output::OutputFile;
             use palladium::run::{Progress, RunOptions, WeightSource};
             let source = match (weights, random_weights) {
@@ -322,7 +326,7 @@ fn run(cli: Cli) -> Result<(), String> {
             };
             let tokens_per_seq = tokens_per_seq.unwrap_or(if drafts == Drafts::None { 1 } else { 4 });
             let logits = logits_out.is_some() || check;
-            let options = RunOptions { config, weights: source, prompt: palladium::run::parse_ids(&prompt_ids)?, steps, chip, context, check, tokens_per_seq, drafts, logits };
+            let options = RunOptions { config, weights: source, prompt: palladium::run::parse_ids(&prompt_ids)?, steps, chip, context, check, tokens_per_seq, drafts, logits, weights_dtype };
             // A bad --logits-out fails here, before any work.
             let logits_file = logits_out.as_deref().map(|p| OutputFile::create("--logits-out", p)).transpose()?;
             let mut progress = Progress::new();
@@ -364,7 +368,11 @@ fn run(cli: Cli) -> Result<(), String> {
             if check {
                 let relative = tolerance.unwrap_or(palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE);
                 let c = palladium::run::check_reference(&options, &out, relative)?;
-                println!("reference (teacher-forced on these ids): {}", c.summary());
+                let on = if out.weights_dtype == WeightsDtype::Bf16 { String::new() } else { format!(" on the dequantized {} weights", out.weights_dtype.name()) };
+                println!("reference{on} (teacher-forced on these ids): {}", c.summary());
+                if let Some((abs, rel)) = palladium::run::quantization_error(&options, &out)? {
+                    println!("quantization error against the bf16 model (reported, not checked): max |logits diff| {abs:.4e} ({rel:.4e} of its max |logit|)");
+                }
                 if !c.passed() {
                     return Err("the megakernel does not match the reference".into());
                 }
