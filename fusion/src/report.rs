@@ -51,8 +51,10 @@ pub fn text(p: &Plan) -> String {
     let _ = writeln!(s, "kv bytes per step: read {}, written {}", gb(t.kv_read as f64), gb(t.kv_write as f64));
     let _ = writeln!(s, "total HBM bytes per step: {} (model count {}); floor at {}: {:.1} us", gb(t.total as f64), gb(t.model_total), p.chip, t.floor_seconds * 1e6);
     let _ = writeln!(s, "DMA schedule:");
-    let _ = writeln!(s, "  dense ring: {} banks x {} ([{}, {}] bf16), prefetch depth {} chunks across op and layer boundaries", p.banks, mib(p.bank_bytes), d.hidden, layout.chunk_cols, p.depth);
-    let _ = writeln!(s, "  dense chunks per layer: {} ({}), then {} lm_head chunks", layout.per_layer, layout.segments.iter().map(|g| format!("{} cols {}..{}", g.kind.name(), g.col, g.col + g.cols)).collect::<Vec<_>>().join(", "), layout.lm_chunks);
+    let ring_dtype = layout.operand(OperandKind::WStream).map_or("bf16".to_string(), |o| o.dtype.to_string());
+    let _ = writeln!(s, "  dense ring: {} banks x {} ([{}, {}] {ring_dtype}), prefetch depth {} chunks across op and layer boundaries", p.banks, mib(p.bank_bytes), d.hidden, layout.chunk_cols, p.depth);
+    let lm_where = if layout.quant.is_some() { "lm_head in its own stream (2 banks, one chunk ahead)" } else { "lm_head chunks" };
+    let _ = writeln!(s, "  dense chunks per layer: {} ({}), then {} {lm_where}", layout.per_layer, layout.segments.iter().map(|g| format!("{} cols {}..{}", g.kind.name(), g.col, g.col + g.cols)).collect::<Vec<_>>().join(", "), layout.lm_chunks);
     let fetch = match p.expert_fetch {
         ExpertFetch::Distinct => "the distinct experts (run-time count)",
         ExpertFetch::WorstCase => "the static worst case of distinct experts (cost variant)",
