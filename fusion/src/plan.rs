@@ -883,6 +883,12 @@ fn traffic(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &Dims, 
     truncated.layers.truncate(layers);
     let model_total = truncated.decode_traffic(batch, options.context, 2).total();
     let dmas_per_layer = total("the DMAs per step", &[per_layer, 1, product("the DMAs per step", &[distinct, layout.expert_chunks, 2])?, product("the DMAs per step", &[batch, kvh, 2, tiles + kv_write_groups(dims.tokens_per_seq, block_kv)])?])?;
-    let dmas = total("the DMAs per step", &[product("the DMAs per step", &[l, dmas_per_layer])?, lm_chunks, tokens])?;
+    // A quantized plan adds per layer its scales, router and norm rows (4) and two scale
+    // DMAs per expert chunk; per step the final norm row and lm_head's scales.
+    let (quant_per_layer, quant_per_step) = match layout.quant {
+        Some(q) => (4 + 2 * distinct * layout.expert_chunks, 1 + if q.lm_head.is_some() { lm_chunks } else { 0 }),
+        None => (0, 0),
+    };
+    let dmas = total("the DMAs per step", &[product("the DMAs per step", &[l, dmas_per_layer + quant_per_layer])?, lm_chunks, tokens, quant_per_step])?;
     Ok(Traffic { by_dtype, dense, lm_head, experts, experts_without_dedupe, experts_uniform_routing, kv_read, kv_write, embedding, head_norms, total: step_total, model_total, floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(), dmas })
 }
