@@ -188,7 +188,7 @@ fn quantized_plans_stream_fewer_bytes_and_build_on_every_chip() {
     snapshot("tiny-qwen3-moe_int8_report", &report::text(&int8));
 }
 
-/// fp8 needs o_proj's 128x128 tiles whole in the padded head layout, and an FP8 checkpoint's
+/// fp8 needs `o_proj`'s 128x128 tiles whole in the padded head layout, and an FP8 checkpoint's
 /// config plans fp8 only.
 #[test]
 fn quantized_plans_refuse_what_they_cannot_lay_out() {
