@@ -752,6 +752,10 @@ fn vmem_budget(chip: Chip, dims: &Dims, layout: &StreamLayout, rings: &Rings, bl
         let lm_bank = q.lm_head.map_or(2 * h * chunk_cols, |f| f.code_bytes(h * chunk_cols));
         vmem.push(("lm_head ring + scales".into(), 2 * lm_bank + 2 * pad(rows_of(OperandKind::LmScales), chunk_cols, 4)));
         vmem.push(("expert scales".into(), rings.expert_slots * (pad(rows_of(OperandKind::ExpertScales), 2 * layout.expert_block, 4) + pad(rows_of(OperandKind::ExpertDownScales), h, 4))));
+        // The codes widened on their way into the MXU: libtpu's scoped VMEM refused an int4
+        // Qwen3-30B-A3B plan (v6e, 8 layers) without room for one expert chunk and one
+        // dense chunk in bf16.
+        vmem.push(("code widening (estimate)".into(), 2 * 3 * h * layout.expert_block + 2 * h * chunk_cols));
     }
     if layout.operand(OperandKind::Logits).is_some() {
         vmem.push(("logits (output)".into(), layout.lm_chunks * pad(rows, chunk_cols, 4)));
@@ -783,10 +787,19 @@ fn hbm_fit(options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLay
         let kv_bytes = layout.operand(OperandKind::KCache).map_or(0, |o| o.bytes);
         // Saturating: only the suggestion is computed here, and a saturated layer size
         // suggests 0 layers.
-        let per_layer_bytes = (2 * layout.per_layer * h * layout.chunk_cols)
-            .saturating_add(2u64.saturating_mul(dims.experts).saturating_mul(dims.intermediate).saturating_mul(h).saturating_mul(3))
-            .saturating_add(2 * (kv_bytes / l))
-            .saturating_add(if dims.qk_norm { 4 * 8 * hp } else { 0 });
+        let per_layer_bytes = match layout.quant {
+            None => (2 * layout.per_layer * h * layout.chunk_cols)
+                .saturating_add(2u64.saturating_mul(dims.experts).saturating_mul(dims.intermediate).saturating_mul(h).saturating_mul(3))
+                .saturating_add(2 * (kv_bytes / l))
+                .saturating_add(if dims.qk_norm { 4 * 8 * hp } else { 0 }),
+            // Every operand with a leading layer axis (a quantized w_stream has no lm_head
+            // chunks; `norms` has one more entry, the final norm).
+            Some(_) => {
+                use OperandKind::*;
+                let per_layer = [WStream, WExperts, HeadNorms, KCache, VCache, QkvScales, OScales, Router, ExpertScales, ExpertDownScales];
+                layout.operands.iter().filter(|o| per_layer.contains(&o.kind)).map(|o| o.bytes / l).fold(0u64, u64::saturating_add).saturating_add(layout.operand(Norms).map_or(0, |o| o.bytes / (l + 1)))
+            }
+        };
         let fixed = hbm_total.saturating_sub(l.saturating_mul(per_layer_bytes));
         let max_layers = hbm_capacity.saturating_sub(fixed) / per_layer_bytes;
         let big: Vec<String> = layout.operands.iter().filter(|o| o.bytes > GIB / 16 && o.kind.aliased_input().is_none()).map(|o| format!("{} {}", o.kind.name(), o.bytes)).collect();

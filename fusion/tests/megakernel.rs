@@ -184,6 +184,19 @@ fn quantized_plans_stream_fewer_bytes_and_build_on_every_chip() {
             }
         }
     }
+    // int8 fits all 48 layers on one v6e (bf16 fits 22); on v5e the HBM refusal suggests a
+    // number of layers that fits, and no more.
+    assert_eq!(Plan::new(&s, &PlanOptions { weights: WeightsDtype::Int8, ..options(Chip::V6e, 1, 4096, None) }).unwrap().layers, 48);
+    for weights in [WeightsDtype::Int8, WeightsDtype::Fp8] {
+        let o = |layers| PlanOptions { weights, ..options(Chip::V5e, 1, 4096, layers) };
+        match Plan::new(&s, &o(None)) {
+            Err(PlanError::Hbm { max_layers, .. }) => {
+                Plan::new(&s, &o(Some(max_layers as usize))).unwrap_or_else(|e| panic!("{}: {max_layers} layers: {e}", weights.name()));
+                assert!(matches!(Plan::new(&s, &o(Some(max_layers as usize + 1))), Err(PlanError::Hbm { .. })), "{}: {max_layers} + 1 layers fit", weights.name());
+            }
+            other => panic!("{}: expected an HBM refusal on v5e, got {:?}", weights.name(), other.map(|p| p.layers)),
+        }
+    }
     let int8 = Plan::new(&spec("tiny-qwen3-moe"), &PlanOptions { weights: WeightsDtype::Int8, ..options(Chip::V6e, 1, 256, None) }).unwrap();
     snapshot("tiny-qwen3-moe_int8_report", &report::text(&int8));
 }
