@@ -22,6 +22,12 @@
 //! - **The expert ring**: `slots` slots of one expert chunk (`[hidden, 3 * block]`: the
 //!   chunk's gate and up columns and its down-projection columns, one DMA), issued
 //!   `slots - 1` ahead, right after routing.
+//! - **Quantized weights** ([`PlanOptions::weights`], [`QuantLayout`]): the rings carry
+//!   codes (half or a quarter of the bytes per chunk, so twice the banks in the same ring
+//!   bytes), every scale is f32 in the bodies' `GroupScales` layout and travels with its
+//!   weights (an expert chunk's with the chunk, a layer's q/k/v and o scales, its bf16
+//!   router and norm rows once per layer), `lm_head` is its own stream (fp8 keeps it bf16,
+//!   so it cannot continue a code array), and no norm is folded.
 //! - **KV**: tiles of `block_kv` positions, two slots per K and V.
 //! - **Budgets**: the VMEM plan (every scratch buffer, plus headroom for vector temporaries
 //!   and compiler spills) must fit the chip's VMEM per core, and every operand the chip's
