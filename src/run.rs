@@ -145,15 +145,26 @@ pub struct HostMemory {
     pub interpreter: u64,
     /// `--check`: the bf16 and f32 references' weights (f32 each).
     pub reference: u64,
+    /// Quantized weights: the codes (at most a byte per parameter) and the dequantized f32
+    /// weights; with `--check` on weights quantized at load, the two more references of the
+    /// quantization error (f32 each).
+    pub quantized: u64,
 }
 
 impl HostMemory {
     pub fn total(&self) -> u64 {
-        [self.checkpoint, self.weights, self.operands, self.interpreter, self.reference].iter().fold(0u64, |a, &b| a.saturating_add(b))
+        [self.checkpoint, self.weights, self.operands, self.interpreter, self.reference, self.quantized].iter().fold(0u64, |a, &b| a.saturating_add(b))
     }
 
-    fn parts(&self) -> [(&'static str, u64); 5] {
-        [("checkpoint files", self.checkpoint), ("weights (f32)", self.weights), ("packed operands and KV caches", self.operands), ("interpreter buffers", self.interpreter), ("--check references", self.reference)]
+    fn parts(&self) -> [(&'static str, u64); 6] {
+        [
+            ("checkpoint files", self.checkpoint),
+            ("weights (f32)", self.weights),
+            ("packed operands and KV caches", self.operands),
+            ("interpreter buffers", self.interpreter),
+            ("--check references", self.reference),
+            ("quantized and dequantized weights", self.quantized),
+        ]
     }
 }
 
@@ -171,6 +182,10 @@ pub fn host_memory(spec: &ModelSpec, plan: &Plan, o: &RunOptions) -> HostMemory 
         operands: plan.hbm_total.saturating_add(largest.saturating_mul(2)),
         interpreter: plan.hbm_total.saturating_mul(2).saturating_add(kv),
         reference: if o.check { f32_params.saturating_mul(2) } else { 0 },
+        quantized: match plan.layout.quant {
+            None => 0,
+            Some(_) => params.saturating_add(f32_params).saturating_add(if o.check { f32_params.saturating_mul(2) } else { 0 }),
+        },
     }
 }
 
