@@ -109,6 +109,7 @@ fn megakernel(config: &str) -> Result<(usize, f64), String> {
         drafts: Drafts::None,
         // The full logits, as the binary before them returned.
         logits: true,
+        weights_dtype: None,
     };
     let out = run(&o, Backend::Interpret, |_, _| {})?;
     Ok((out.runs, out.runs as f64 / out.interpret.as_secs_f64()))

@@ -34,6 +34,12 @@
 //!    1, 4 and 8, context 4096: per device the HBM bytes a step streams and their floor
 //!    time (one TensorCore's HBM bandwidth), and the collectives' bytes sent and their
 //!    MODELLED time (the target's measured link figures: libtpu prices remote DMAs at 0).
+//! 6. Quantized weights, alone with `cargo bench --bench megakernel -- weights` (4
+//!    compiles of minutes each, a few GB): Qwen3-30B-A3B, 8 layers, batch 1, context 4096,
+//!    v6e, the same static worst case and one chunk in flight, bf16, int8, fp8 and int4
+//!    weights in the same run: the step's HBM bytes and their ratio to bf16's (expected
+//!    ~0.52 int8, ~0.72 fp8), libtpu's cycles and their ratio to bf16's, and floor / mk
+//!    (goal: no lower than bf16's).
 //!
 //! How to read libtpu 0.0.42.1's static estimate (found by probes on the lowered modules):
 //! - It prices no loop with a run-time trip count, so every KV loop here has a static one:
@@ -269,10 +275,58 @@ fn devices() {
     }
 }
 
+/// Section 6: bf16, int8, fp8 and int4 weights against the HBM floor, in one run.
+fn weights(libtpu: &Libtpu) {
+    use palladium_model::quant::WeightsDtype;
+    let s30 = spec("qwen3-30b-a3b");
+    let dtypes = [WeightsDtype::Bf16, WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4];
+    let plans: Vec<(String, Plan)> = dtypes
+        .iter()
+        .map(|&weights| {
+            let o = PlanOptions { logits: false, prefetch: Prefetch::Single, weights, ..options(CHIP, 1, Some(8)) };
+            (weights.name().to_string(), Plan::new(&s30, &o).unwrap_or_else(|e| panic!("{}: {e}", weights.name())))
+        })
+        .collect();
+    let mk = megakernel_cycles(libtpu, &plans, CHIP);
+    println!("\n== qwen3-30b-a3b, 8 layers, batch 1, context {CONTEXT}, {CHIP}: weights dtype (every KV tile, worst-case distinct experts, one chunk in flight) ==");
+    println!("| weights | HBM bytes per step | bytes / bf16 | by dtype | floor cyc | mk cyc | mk / bf16 | floor/mk |");
+    println!("|---|---:|---:|---|---:|---:|---:|---:|");
+    let (bf16_bytes, bf16_cycles) = (plans[0].1.traffic.total, mk[0].as_ref().ok().copied());
+    let mut rows = Vec::new();
+    for ((label, p), c) in plans.iter().zip(&mk) {
+        let t = &p.traffic;
+        let floor = floor_cycles(libtpu, CHIP, t.total);
+        let ratio = match (&floor, c) {
+            (Ok(f), Ok(c)) => format!("{:.3}", *f as f64 / *c as f64),
+            _ => "-".into(),
+        };
+        let vs_bf16 = match (c, bf16_cycles) {
+            (Ok(c), Some(b)) => format!("{:.3}", *c as f64 / b as f64),
+            _ => "-".into(),
+        };
+        let by_dtype = t.by_dtype.as_ref().map_or("bf16".into(), |parts| parts.iter().map(|(d, b)| format!("{d} {:.3} GB", *b as f64 / 1e9)).collect::<Vec<_>>().join(", "));
+        let show = |r: &Result<u64, String>| r.as_ref().map_or_else(|e| format!("no estimate ({})", e.lines().next().unwrap_or("")), |v| v.to_string());
+        println!("| {label} | {} | {:.3} | {by_dtype} | {} | {} | {vs_bf16} | {ratio} |", t.total, t.total as f64 / bf16_bytes as f64, show(&floor), show(c));
+        rows.push(serde_json::json!({"weights": label, "bytes": t.total, "bytes_by_dtype": t.by_dtype, "floor": floor.ok(), "cycles": c.as_ref().ok()}));
+    }
+    let path = target_dir().join("megakernel-weights-bench.json");
+    if std::fs::write(&path, serde_json::to_string_pretty(&serde_json::json!({"rows": rows})).unwrap_or_default()).is_ok() {
+        println!("(also in {})", path.display());
+    }
+}
+
 fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
     if benching && std::env::args().skip(1).any(|a| a == "devices") {
         devices();
+        return;
+    }
+    if benching && std::env::args().skip(1).any(|a| a == "weights") {
+        let libtpu = Libtpu::new().unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(1)
+        });
+        weights(&libtpu.without_aliases());
         return;
     }
     if benching && std::env::args().skip(1).any(|a| a == "tokens") {

@@ -167,10 +167,11 @@ enum Command {
         /// PJRT client; refused where no TPU is attached).
         #[arg(long, default_value = "interpret", value_parser = parse_backend)]
         backend: Backend,
-        /// The weights' dtype: `bf16`, the checkpoint's own values. `int8`, `fp8` and `int4`
-        /// (README, Quantized weights) are refused: not yet supported by the kernels.
-        #[arg(long, value_name = "DTYPE", default_value = "bf16", value_parser = parse_weights_dtype)]
-        weights_dtype: WeightsDtype,
+        /// The weights' dtype: `bf16` (the checkpoint's own values), or quantized at load to
+        /// `int8`, `fp8` or `int4` (README, Quantized weights). Default: the checkpoint's own
+        /// (fp8 for a config with an FP8 `quantization_config`).
+        #[arg(long, value_name = "DTYPE", value_parser = parse_weights_dtype)]
+        weights_dtype: Option<WeightsDtype>,
         /// Speculative decoding with prompt-lookup drafts: `ngram` or `ngram:N` (match the
         /// last N tokens, default 3, earlier in the context and propose up to K - 1 of the
         /// tokens that followed); each decode run verifies them (same ids as plain greedy).
@@ -242,6 +243,11 @@ struct PlanArgs {
     /// written and the command fails after the report.
     #[arg(long, value_name = "N", default_value_t = 1)]
     devices: u64,
+    /// The weights' dtype the operands take: `bf16`, `int8`, `fp8` or `int4` (README,
+    /// Quantized weights). Default: fp8 for a config with an FP8 `quantization_config`,
+    /// else bf16.
+    #[arg(long, value_name = "DTYPE", value_parser = parse_weights_dtype)]
+    weights_dtype: Option<WeightsDtype>,
 }
 
 impl PlanArgs {
@@ -258,14 +264,17 @@ impl PlanArgs {
             (self.logits, "--logits"),
             (self.worst_case_experts, "--worst-case-experts"),
             (self.devices != 1, "--devices"),
+            (self.weights_dtype.is_some(), "--weights-dtype"),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))
     }
 
-    fn options(&self, chip: Chip) -> palladium_fusion::plan::PlanOptions {
+    /// The plan options for `spec` (its checkpoint's dtype decides the weights when
+    /// `--weights-dtype` is not given).
+    fn options(&self, spec: &palladium_model::ModelSpec, chip: Chip) -> Result<palladium_fusion::plan::PlanOptions, String> {
         use palladium_fusion::plan::{ExpertFetch, KvTiles, PlanOptions, Prefetch};
-        PlanOptions {
+        Ok(PlanOptions {
             layers: self.layers,
             kv_tiles: if self.all_kv_tiles { KvTiles::All } else { KvTiles::UpToPosition },
             prefetch: if self.single_prefetch { Prefetch::Single } else { Prefetch::Deep },
@@ -273,8 +282,9 @@ impl PlanArgs {
             logits: self.logits,
             expert_fetch: if self.worst_case_experts { ExpertFetch::WorstCase } else { ExpertFetch::Distinct },
             devices: self.devices,
+            weights: palladium_fusion::plan::weights_dtype(spec, self.weights_dtype).map_err(|e| e.to_string())?,
             ..PlanOptions::new(chip, self.batch, self.context)
-        }
+        })
     }
 }
 
@@ -360,7 +370,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let names = if compile { compiled_names("megakernel").to_vec() } else { compiled_names("megakernel")[..3].to_vec() };
             check_writable(&out, &names)?;
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
-            let options = plan.options(chip);
+            let options = plan.options(&spec, chip)?;
             if options.devices > 1 {
                 let devices = options.devices;
                 let plan = palladium_fusion::plan::Plan::new(&spec, &options).map_err(|e| format!("megakernel refused: {e}"))?;
@@ -420,7 +430,7 @@ fn run(cli: Cli) -> Result<(), String> {
                     let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
                     // The distinct experts of a step are data (routing): profile the plan's
                     // static worst case, which fetches as many as any routing can.
-                    let options = palladium_fusion::plan::PlanOptions { expert_fetch: ExpertFetch::WorstCase, ..plan.options(chip) };
+                    let options = palladium_fusion::plan::PlanOptions { expert_fetch: ExpertFetch::WorstCase, ..plan.options(&spec, chip)? };
                     let p = Plan::new(&spec, &options).map_err(|e| format!("megakernel refused: {e}"))?;
                     notes.push(format!("routing: the static worst case of {} distinct experts per layer (min(E, batch x K x top_k)), each fetched once", p.distinct_experts()));
                     let k = plan.tokens_per_seq;
@@ -465,9 +475,6 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check, tolerance, backend, weights_dtype, speculate, draft_ids, tokens_per_seq } => {
-            if weights_dtype != WeightsDtype::Bf16 {
-                return Err(format!("--weights-dtype {}: not yet supported by the kernels (the megakernel takes bf16 weights)", weights_dtype.name()));
-            }
             use palladium::output::OutputFile;
             use palladium::run::{Progress, RunOptions, WeightSource};
             let source = match (weights, random_weights) {
@@ -483,7 +490,7 @@ fn run(cli: Cli) -> Result<(), String> {
             };
             let tokens_per_seq = tokens_per_seq.unwrap_or(if drafts == Drafts::None { 1 } else { 4 });
             let logits = logits_out.is_some() || check;
-            let options = RunOptions { config, weights: source, prompt: palladium::run::parse_ids(&prompt_ids)?, steps, chip, context, check, tokens_per_seq, drafts, logits };
+            let options = RunOptions { config, weights: source, prompt: palladium::run::parse_ids(&prompt_ids)?, steps, chip, context, check, tokens_per_seq, drafts, logits, weights_dtype };
             // A bad --logits-out fails here, before any work.
             let logits_file = logits_out.as_deref().map(|p| OutputFile::create("--logits-out", p)).transpose()?;
             let mut progress = Progress::new();
@@ -525,7 +532,11 @@ fn run(cli: Cli) -> Result<(), String> {
             if check {
                 let relative = tolerance.unwrap_or(palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE);
                 let c = palladium::run::check_reference(&options, &out, relative)?;
-                println!("reference (teacher-forced on these ids): {}", c.summary());
+                let on = if out.weights_dtype == WeightsDtype::Bf16 { String::new() } else { format!(" on the dequantized {} weights", out.weights_dtype.name()) };
+                println!("reference{on} (teacher-forced on these ids): {}", c.summary());
+                if let Some((abs, rel)) = palladium::run::quantization_error(&options, &out)? {
+                    println!("quantization error against the bf16 model (reported, not checked): max |logits diff| {abs:.4e} ({rel:.4e} of its max |logit|)");
+                }
                 if !c.passed() {
                     return Err("the megakernel does not match the reference".into());
                 }

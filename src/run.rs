@@ -17,12 +17,13 @@ use crate::check::Backend;
 use palladium_dsl::spec::Chip;
 use palladium_decode::Decoder;
 use palladium_decode::speculate::{Drafter, Forced, Ngram, NoDrafts, Speculation};
-use palladium_decode::pack::pack;
+use palladium_decode::pack::{pack, pack_quantized};
 use palladium_fusion::layout::OperandKind;
 use palladium_fusion::megakernel::Megakernel;
 use palladium_fusion::plan::{Plan, PlanOptions};
 use palladium_model::ModelSpec;
 use palladium_model::reference::Generation;
+use palladium_model::quant::{QuantizedWeights, WeightsDtype};
 use palladium_model::weights::Weights;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -54,6 +55,9 @@ pub struct RunOptions {
     pub drafts: Drafts,
     /// Whether the kernel returns the full logits (`--logits-out`, `--check`).
     pub logits: bool,
+    /// `--weights-dtype`; `None`: the checkpoint's own (fp8 for a config with an FP8
+    /// `quantization_config`, else bf16).
+    pub weights_dtype: Option<WeightsDtype>,
 }
 
 /// Where a run's drafts come from.
@@ -100,7 +104,13 @@ pub fn parse_speculate(s: &str) -> Result<usize, String> {
 #[derive(Debug)]
 pub struct RunOutput {
     pub spec: ModelSpec,
+    /// The weights the kernel computes with: as loaded, or the quantized ones dequantized
+    /// (what `--check`'s reference runs on).
     pub weights: Weights,
+    /// The weights dtype the megakernel ran with.
+    pub weights_dtype: WeightsDtype,
+    /// Quantized at load: the unquantized weights, for the quantization error.
+    pub unquantized: Option<Weights>,
     pub generation: Generation,
     /// Drafting's record (runs, drafted and accepted tokens).
     pub speculation: Speculation,
@@ -135,15 +145,26 @@ pub struct HostMemory {
     pub interpreter: u64,
     /// `--check`: the bf16 and f32 references' weights (f32 each).
     pub reference: u64,
+    /// Quantized weights: the codes (at most a byte per parameter) and the dequantized f32
+    /// weights; with `--check` on weights quantized at load, the two more references of the
+    /// quantization error (f32 each).
+    pub quantized: u64,
 }
 
 impl HostMemory {
     pub fn total(&self) -> u64 {
-        [self.checkpoint, self.weights, self.operands, self.interpreter, self.reference].iter().fold(0u64, |a, &b| a.saturating_add(b))
+        [self.checkpoint, self.weights, self.operands, self.interpreter, self.reference, self.quantized].iter().fold(0u64, |a, &b| a.saturating_add(b))
     }
 
-    fn parts(&self) -> [(&'static str, u64); 5] {
-        [("checkpoint files", self.checkpoint), ("weights (f32)", self.weights), ("packed operands and KV caches", self.operands), ("interpreter buffers", self.interpreter), ("--check references", self.reference)]
+    fn parts(&self) -> [(&'static str, u64); 6] {
+        [
+            ("checkpoint files", self.checkpoint),
+            ("weights (f32)", self.weights),
+            ("packed operands and KV caches", self.operands),
+            ("interpreter buffers", self.interpreter),
+            ("--check references", self.reference),
+            ("quantized and dequantized weights", self.quantized),
+        ]
     }
 }
 
@@ -161,6 +182,10 @@ pub fn host_memory(spec: &ModelSpec, plan: &Plan, o: &RunOptions) -> HostMemory 
         operands: plan.hbm_total.saturating_add(largest.saturating_mul(2)),
         interpreter: plan.hbm_total.saturating_mul(2).saturating_add(kv),
         reference: if o.check { f32_params.saturating_mul(2) } else { 0 },
+        quantized: match plan.layout.quant {
+            None => 0,
+            Some(_) => params.saturating_add(f32_params).saturating_add(if o.check { f32_params.saturating_mul(2) } else { 0 }),
+        },
     }
 }
 
@@ -205,7 +230,8 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
     }
     // Planned without the HBM check first: what the run holds in host memory is the first
     // question (interpret mode), the chip's HBM the second.
-    let planned = PlanOptions { tokens_per_seq: kt, logits: o.logits, ..PlanOptions::new(o.chip, 1, context) };
+    let weights_dtype = palladium_fusion::plan::weights_dtype(&spec, o.weights_dtype).map_err(|e| e.to_string())?;
+    let planned = PlanOptions { tokens_per_seq: kt, logits: o.logits, weights: weights_dtype, ..PlanOptions::new(o.chip, 1, context) };
     let unchecked = PlanOptions { check_hbm: false, ..planned.clone() };
     let plan = Plan::new(&spec, &unchecked).map_err(|e| format!("megakernel refused: {e}"))?;
     let memory = host_memory(&spec, &plan, o);
@@ -223,12 +249,32 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
     if plan.hbm_total > plan.hbm_capacity {
         return Err(Plan::new(&spec, &planned).err().map_or_else(|| "megakernel refused".into(), |e| format!("megakernel refused: {e}")));
     }
-    let weights = match &o.weights {
-        WeightSource::Checkpoint(p) => Weights::load(&spec, p).map_err(|e| format!("cannot load the weights: {e}"))?,
-        WeightSource::Random(seed) => Weights::random(&spec, *seed).map_err(|e| format!("cannot build random weights: {e}"))?,
-    };
     let mk = Megakernel::from_plan(plan).map_err(|e| e.to_string())?;
-    let packed = pack(&spec, &mk.plan, &weights).map_err(|e| format!("cannot pack the weights: {e}"))?;
+    let (weights, unquantized, packed) = if weights_dtype == WeightsDtype::Bf16 {
+        let weights = match &o.weights {
+            WeightSource::Checkpoint(p) => Weights::load(&spec, p).map_err(|e| format!("cannot load the weights: {e}"))?,
+            WeightSource::Random(seed) => Weights::random(&spec, *seed).map_err(|e| format!("cannot build random weights: {e}"))?,
+        };
+        let packed = pack(&spec, &mk.plan, &weights).map_err(|e| format!("cannot pack the weights: {e}"))?;
+        (weights, None, packed)
+    } else {
+        // Quantized at load (a bf16 checkpoint, or random weights), or an FP8 checkpoint as
+        // it is stored: the unquantized weights are kept for the quantization error.
+        let (quantized, unquantized) = match &o.weights {
+            WeightSource::Checkpoint(p) if WeightsDtype::of_checkpoint(&spec) == weights_dtype => {
+                (QuantizedWeights::load(&spec, p, Some(weights_dtype)).map_err(|e| format!("cannot load the weights: {e}"))?, None)
+            }
+            source => {
+                let weights = match source {
+                    WeightSource::Checkpoint(p) => Weights::load(&spec, p).map_err(|e| format!("cannot load the weights: {e}"))?,
+                    WeightSource::Random(seed) => Weights::random(&spec, *seed).map_err(|e| format!("cannot build random weights: {e}"))?,
+                };
+                (QuantizedWeights::quantize(&spec, &weights, weights_dtype).map_err(|e| format!("cannot quantize the weights to {}: {e}", weights_dtype.name()))?, Some(weights))
+            }
+        };
+        let packed = pack_quantized(&spec, &mk.plan, &quantized).map_err(|e| format!("cannot pack the weights: {e}"))?;
+        (quantized.dequantize(), unquantized, packed)
+    };
     let t = Instant::now();
     let mut decoder = match device {
         None => Decoder::new(&mk, packed),
@@ -240,6 +286,8 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
     Ok(RunOutput {
         spec,
         weights,
+        weights_dtype,
+        unquantized,
         generation,
         speculation,
         plan_context: mk.plan.dims.positions,
@@ -265,6 +313,19 @@ fn tpu_engine(device: &palladium_runtime::exec::Device, lowered: &palladium_lowe
 /// relative logits tolerance `relative` ([`palladium_model::tolerance`]).
 pub fn check_reference(o: &RunOptions, out: &RunOutput, relative: f32) -> Result<palladium_decode::Comparison, String> {
     palladium_decode::compare_with(&out.spec, &out.weights, &o.prompt, &out.generation, relative)
+}
+
+/// The quantization error of a run quantized at load: the megakernel's logits against the
+/// bf16 reference on the unquantized weights, teacher-forced on its ids: the largest
+/// `|ours - reference|` over the steps, absolute and relative to the reference's
+/// `max |logit|`. Reported, not checked (`None` when nothing was quantized at load).
+pub fn quantization_error(o: &RunOptions, out: &RunOutput) -> Result<Option<(f32, f32)>, String> {
+    let Some(unquantized) = &out.unquantized else {
+        return Ok(None);
+    };
+    let c = palladium_decode::compare_with(&out.spec, unquantized, &o.prompt, &out.generation, palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE)?;
+    let max = |f: fn(&palladium_decode::StepCheck) -> f32| c.steps.iter().map(f).fold(0.0, f32::max);
+    Ok(Some((max(|s| s.err_bf16), max(palladium_decode::StepCheck::rel_err_bf16))))
 }
 
 /// Shows that a long run is alive: a progress bar on a terminal, otherwise a line on stderr

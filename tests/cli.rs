@@ -354,11 +354,35 @@ fn exec_and_run_on_tpu_say_when_no_tpu_is_attached() {
 }
 
 #[test]
-fn run_refuses_quantized_weights_dtypes_until_the_kernels_take_them() {
+fn run_quantized_weights_dtypes_pass_the_check_and_report_the_quantization_error() {
     for dtype in ["int8", "fp8", "int4"] {
-        let (ok, _, err) = palladium(&["run", &model("tiny-qwen3-moe"), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--weights-dtype", dtype]);
-        assert!(!ok && err.contains(&format!("--weights-dtype {dtype}: not yet supported by the kernels")), "{err}");
+        let (ok, out, err) = palladium(&["run", &model("tiny-mixtral"), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--check", "--weights-dtype", dtype]);
+        assert!(ok, "{dtype}: {err}");
+        assert!(out.contains(&format!("reference on the dequantized {dtype} weights")), "{out}");
+        assert!(out.contains("quantization error against the bf16 model (reported, not checked): max |logits diff|"), "{out}");
     }
     let (ok, _, err) = palladium(&["run", &model("tiny-qwen3-moe"), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--weights-dtype", "int3"]);
     assert!(!ok && err.contains("unknown weights dtype `int3` (known: bf16, int8, fp8, int4)"), "{err}");
+}
+
+/// `megakernel --weights-dtype` sets the operand dtypes; a config with an FP8
+/// `quantization_config` plans fp8 by itself and refuses another dtype, naming the config.
+#[test]
+fn megakernel_weights_dtype_sets_the_operands() {
+    let dir = scratch("megakernel_weights_dtype");
+    let (ok, out, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--weights-dtype", "int4", "--out", dir.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("weights: int4 (dense q/k/v/o i8 per output channel, experts i4 groups of 128 inputs"), "{out}");
+    assert!(out.contains("input w_experts i4[4, 8, 1, 256, 384]") && out.contains("input expert_down_scales f32[4, 8, 1, 1, 256]"), "{out}");
+    let (ok, out, _) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--json", "--out", dir.to_str().unwrap()]);
+    assert!(ok && !out.contains("\"quant\""), "a bf16 plan has no quant layout: {out}");
+    let text = std::fs::read_to_string(model("tiny-qwen3-moe")).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json["quantization_config"] = serde_json::json!({"quant_method": "fp8", "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"]});
+    let config = dir.join("fp8.json");
+    std::fs::write(&config, json.to_string()).unwrap();
+    let (ok, out, err) = palladium(&["megakernel", config.to_str().unwrap(), "--chip", "v6e", "--out", dir.to_str().unwrap()]);
+    assert!(ok && out.contains("weights: fp8"), "{err}{out}");
+    let (ok, _, err) = palladium(&["megakernel", config.to_str().unwrap(), "--chip", "v6e", "--weights-dtype", "int8", "--out", dir.to_str().unwrap()]);
+    assert!(!ok && err.contains("--weights-dtype int8: the config's quantization_config stores the weights as fp8"), "{err}");
 }

@@ -19,11 +19,21 @@
 //! Rounding: every weight is first rounded to bf16 (as transformers' bf16 model loads
 //! it), a folded norm scale is multiplied in f32 (the product of two bf16 values is exact
 //! in f32) and the product is rounded to bf16 once.
+//!
+//! Quantized weights ([`pack_quantized`], a plan with a
+//! [`palladium_fusion::layout::QuantLayout`]): the codes and scales of
+//! [`palladium_model::quant::QuantizedWeights`] are shipped unchanged, laid out as the bf16
+//! arrays above but with NO norm folded (the kernel applies every RMSNorm weight from the
+//! `norms` operand): the quantized tensor is the checkpoint's own weight (quantized at load,
+//! or an FP8 checkpoint's as it ships), so the reference forward pass on
+//! [`palladium_model::quant::QuantizedWeights::dequantize`] computes what the kernel does.
 
-use palladium_fusion::layout::{OperandKind, SegmentKind};
+use palladium_fusion::layout::{CodeFormat, OperandKind, SegmentKind};
 use palladium_fusion::plan::Plan;
-use palladium_array::{HostArray, round_bf16};
+use palladium_array::quant::f32_to_e4m3fn_saturating;
+use palladium_array::{DType, HostArray, round_bf16};
 use palladium_model::ModelSpec;
+use palladium_model::quant::{INT4_GROUP, QuantFormat, QuantizedTensor, QuantizedWeights, StoredTensor, FP8_BLOCK};
 use palladium_model::weights::{FfnNames, ModelNames, Tensor, Weights, WeightsError};
 
 /// Why weights could not be packed.
@@ -88,15 +98,8 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
     let mut out_names = Vec::new();
     let mut arrays = Vec::new();
 
-    // embed [ceil(V/16), 16, H]
-    let emb = get(weights, &names.embed, &[vocab, h])?;
-    let es = shape_of(OperandKind::Embed);
-    let mut e = vec![0f32; es.iter().product()];
-    for (dst, &src) in e.iter_mut().zip(&emb.data) {
-        *dst = bf(src);
-    }
     out_names.push(OperandKind::Embed);
-    arrays.push(HostArray::bf16_from_f32(&es, &e));
+    arrays.push(pack_embed(get(weights, &names.embed, &[vocab, h])?, &shape_of(OperandKind::Embed)));
 
     // w_stream [L*n + lm, H, cw]: the layers' chunks, then lm_head's.
     let ss = shape_of(OperandKind::WStream);
@@ -195,21 +198,236 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
     out_names.push(OperandKind::WExperts);
     arrays.push(HostArray::bf16_from_f32(&xs, &wx));
 
-    // head_norms f32[L, 8, hp]
     if d.qk_norm {
-        let hs = shape_of(OperandKind::HeadNorms);
-        let mut hn = vec![0f32; hs.iter().product()];
-        for (li, ln) in names.layers.iter().take(l).enumerate() {
-            for (row, name) in [ln.q_norm.as_ref(), ln.k_norm.as_ref()].into_iter().enumerate() {
-                let name = name.ok_or_else(|| PackError::Layout(format!("layer {li}: no q/k norm names")))?;
-                let t = get(weights, name, &[hd])?;
-                for c in 0..hd {
-                    hn[(li * 8 + row) * hp + c] = bf(t.data[c]);
+        out_names.push(OperandKind::HeadNorms);
+        arrays.push(pack_head_norms(&names, l, hd, hp, &shape_of(OperandKind::HeadNorms), |name| get(weights, name, &[hd]))?);
+    }
+    Ok(Packed { operands: out_names, arrays, cache_shape: shape_of(OperandKind::KCache) })
+}
+
+/// `embed` `[ceil(V/16), 16, H]` bf16 from the embedding `[V, H]`.
+fn pack_embed(emb: &Tensor, shape: &[usize]) -> HostArray {
+    let mut e = vec![0f32; shape.iter().product()];
+    for (dst, &src) in e.iter_mut().zip(&emb.data) {
+        *dst = bf(src);
+    }
+    HostArray::bf16_from_f32(shape, &e)
+}
+
+/// `head_norms` f32 `[L, 8, hp]`: row 0 `q_norm`, row 1 `k_norm` of each layer.
+fn pack_head_norms<'w>(names: &ModelNames, layers: usize, hd: usize, hp: usize, shape: &[usize], get: impl Fn(&str) -> Result<&'w Tensor, PackError>) -> Result<HostArray, PackError> {
+    let mut hn = vec![0f32; shape.iter().product()];
+    for (li, ln) in names.layers.iter().take(layers).enumerate() {
+        for (row, name) in [ln.q_norm.as_ref(), ln.k_norm.as_ref()].into_iter().enumerate() {
+            let name = name.ok_or_else(|| PackError::Layout(format!("layer {li}: no q/k norm names")))?;
+            let t = get(name)?;
+            for c in 0..hd {
+                hn[(li * 8 + row) * hp + c] = bf(t.data[c]);
+            }
+        }
+    }
+    Ok(HostArray::from_f32(shape, &hn))
+}
+
+/// The [`QuantFormat`] a weight in kernel format `f` must be stored in.
+fn stored_format(f: CodeFormat) -> QuantFormat {
+    match (f.codes, f.group) {
+        (DType::F8E4M3, _) => QuantFormat::Fp8Block { block: FP8_BLOCK },
+        (DType::I4, _) => QuantFormat::Int4Group { group: INT4_GROUP },
+        _ => QuantFormat::Int8PerChannel,
+    }
+}
+
+/// A tensor kept as loaded (norms, router, embedding, a bf16 `lm_head`), of shape `shape`.
+fn plain<'w>(w: &'w QuantizedWeights, name: &str, shape: &[usize]) -> Result<&'w Tensor, PackError> {
+    match w.get(name) {
+        Some(StoredTensor::Plain(t)) if t.shape == shape => Ok(t),
+        Some(StoredTensor::Plain(t)) => Err(WeightsError::Shape { path: "weights".into(), name: name.into(), expected: shape.to_vec(), found: t.shape.clone() }.into()),
+        Some(StoredTensor::Quantized(q)) => Err(PackError::Layout(format!("tensor \"{name}\" is quantized ({}), the {} kernel takes it unquantized", q.format.name(), w.dtype().name()))),
+        None => Err(WeightsError::Missing { path: "weights".into(), name: name.into(), expected: shape.to_vec() }.into()),
+    }
+}
+
+/// A tensor quantized as `format` (`[out, in]` = `shape`).
+fn codes<'w>(w: &'w QuantizedWeights, name: &str, shape: [usize; 2], format: QuantFormat) -> Result<&'w QuantizedTensor, PackError> {
+    match w.get(name) {
+        Some(StoredTensor::Quantized(q)) if q.shape == shape && q.format == format => Ok(q),
+        Some(StoredTensor::Quantized(q)) => Err(PackError::Layout(format!("tensor \"{name}\": {} {:?}, the {} kernel takes {} {shape:?}", q.format.name(), q.shape, w.dtype().name(), format.name()))),
+        Some(StoredTensor::Plain(_)) => Err(PackError::Layout(format!("tensor \"{name}\" is not quantized, the {} kernel takes it as {}", w.dtype().name(), format.name()))),
+        None => Err(WeightsError::Missing { path: "weights".into(), name: name.into(), expected: shape.to_vec() }.into()),
+    }
+}
+
+/// Pack quantized `weights` for the megakernel of a quantized `plan` (see the module docs).
+pub fn pack_quantized(spec: &ModelSpec, plan: &Plan, weights: &QuantizedWeights) -> Result<Packed, PackError> {
+    let layout = &plan.layout;
+    let Some(q) = layout.quant else {
+        return Err(PackError::Layout("quantized weights for a bf16 megakernel (plan it with the weights' dtype)".into()));
+    };
+    if q.scheme != weights.dtype().name() {
+        return Err(PackError::Layout(format!("{} weights for a {} megakernel", weights.dtype().name(), q.scheme)));
+    }
+    let d = &plan.dims;
+    let us = |x: u64| x as usize;
+    let (h, hd, hp, heads, kvh) = (us(d.hidden), us(d.head_dim), us(d.head_pad), us(d.heads), us(d.kv_heads));
+    let (vocab, experts, epad, inter) = (us(d.vocab), us(d.experts), us(d.experts_pad), us(d.intermediate));
+    let (l, n, cw, eb, ec) = (plan.layers, us(layout.per_layer), us(layout.chunk_cols), us(layout.expert_block), us(layout.expert_chunks));
+    let names = ModelNames::new(spec)?;
+    let shape_of = |kind: OperandKind| layout.operand(kind).map(|o| o.shape.iter().map(|&x| x as usize).collect::<Vec<_>>()).unwrap_or_default();
+    let array = |kind: OperandKind, data: &[f32]| {
+        let o = layout.operand(kind).expect("a quantized plan's operand");
+        let shape = shape_of(kind);
+        let made = match o.dtype {
+            DType::I8 | DType::I4 => HostArray::from_i32_values(o.dtype, &shape, &data.iter().map(|&x| x as i32).collect::<Vec<_>>()),
+            DType::F8E4M3 => HostArray::new(o.dtype, &shape, data.iter().map(|&x| f32_to_e4m3fn_saturating(x)).collect()),
+            dtype => HostArray::from_f32_values(dtype, &shape, data),
+        };
+        made.map_err(|e| PackError::Layout(format!("{}: {e}", kind.name())))
+    };
+    let (dense_format, expert_format) = (stored_format(q.dense), stored_format(q.experts));
+    let (nq, nqkv) = (heads * hp, (heads + 2 * kvh) * hp);
+    let (qkv_group, o_group) = (us(q.dense.group_of(d.hidden)), us(q.dense.group_of(nq as u64)));
+    let (in_group, down_group) = (us(q.experts.group_of(d.hidden)), us(q.experts.group_of(d.intermediate)));
+    let mut out: Vec<(OperandKind, HostArray)> = vec![(OperandKind::Embed, pack_embed(plain(weights, &names.embed, &[vocab, h])?, &shape_of(OperandKind::Embed)))];
+
+    let (ss, qs, os, rs, ns) = (shape_of(OperandKind::WStream), shape_of(OperandKind::QkvScales), shape_of(OperandKind::OScales), shape_of(OperandKind::Router), shape_of(OperandKind::Norms));
+    let (mut ws, mut qsc, mut osc) = (vec![0f32; ss.iter().product()], vec![0f32; qs.iter().product()], vec![0f32; os.iter().product()]);
+    let (mut router, mut norms) = (vec![0f32; rs.iter().product()], vec![0f32; ns.iter().product()]);
+    let (qrows, orows) = (qs[1], os[1]);
+    for (li, ln) in names.layers.iter().take(l).enumerate() {
+        let FfnNames::Moe { router: router_name, .. } = &ln.ffn else {
+            return Err(PackError::Layout(format!("layer {li} is not an MoE layer")));
+        };
+        for (row, name) in [&ln.input_norm, &ln.post_norm].into_iter().enumerate() {
+            let g = plain(weights, name, &[h])?;
+            for i in 0..h {
+                norms[(li * 8 + row) * h + i] = bf(g.data[i]);
+            }
+        }
+        let r = plain(weights, router_name, &[experts, h])?;
+        for i in 0..h {
+            for e in 0..experts {
+                router[(li * h + i) * epad + e] = bf(r.data[e * h + i]);
+            }
+        }
+        let qw = codes(weights, &ln.q, [heads * hd, h], dense_format)?;
+        let kw = codes(weights, &ln.k, [kvh * hd, h], dense_format)?;
+        let vw = codes(weights, &ln.v, [kvh * hd, h], dense_format)?;
+        let ow = codes(weights, &ln.o, [h, heads * hd], dense_format)?;
+        // q/k/v column `s` (a padded head column): its weight and row, none in the padding.
+        let qkv_row = |s: usize| -> Option<(&QuantizedTensor, usize)> {
+            let (head, c) = (s / hp, s % hp);
+            (c < hd).then(|| if head < heads { (qw, head * hd + c) } else if head < heads + kvh { (kw, (head - heads) * hd + c) } else { (vw, (head - heads - kvh) * hd + c) })
+        };
+        // o_proj's padded input column `s`: its input, none in the padding.
+        let o_input = |s: usize| -> Option<usize> { (s % hp < hd).then(|| (s / hp) * hd + s % hp) };
+        for ci in 0..n {
+            let base = (li * n + ci) * h * cw;
+            for p in layout.pieces(ci as u64) {
+                for j in 0..us(p.cols) {
+                    let (s, col) = (us(p.seg_col) + j, us(p.chunk_col) + j);
+                    for i in 0..h {
+                        ws[base + i * cw + col] = match p.segment {
+                            SegmentKind::Qkv => qkv_row(s).map_or(0.0, |(w, row)| w.code(row, i)),
+                            SegmentKind::OProj => o_input(s).map_or(0.0, |c| ow.code(i, c)),
+                            SegmentKind::Router => return Err(PackError::Layout("a quantized dense stream has no router segment".into())),
+                        };
+                    }
                 }
             }
         }
-        out_names.push(OperandKind::HeadNorms);
-        arrays.push(HostArray::from_f32(&hs, &hn));
+        for g in 0..qrows {
+            for s in 0..nqkv {
+                qsc[(li * qrows + g) * nqkv + s] = qkv_row(s).map_or(0.0, |(w, row)| w.scale(row, g * qkv_group));
+            }
+        }
+        for g in 0..orows {
+            // A group of padded inputs lies in one of the checkpoint's groups (the plan checks
+            // head_dim for fp8): its first real input's scale.
+            let Some(c) = o_input(g * o_group) else { continue };
+            for i in 0..h {
+                osc[(li * orows + g) * h + i] = ow.scale(i, c);
+            }
+        }
     }
-    Ok(Packed { operands: out_names, arrays, cache_shape: shape_of(OperandKind::KCache) })
+    let gf = plain(weights, &names.final_norm, &[h])?;
+    for i in 0..h {
+        norms[l * 8 * h + i] = bf(gf.data[i]);
+    }
+    out.extend([(OperandKind::WStream, array(OperandKind::WStream, &ws)?), (OperandKind::QkvScales, array(OperandKind::QkvScales, &qsc)?), (OperandKind::OScales, array(OperandKind::OScales, &osc)?)]);
+    out.extend([(OperandKind::Router, array(OperandKind::Router, &router)?), (OperandKind::Norms, array(OperandKind::Norms, &norms)?)]);
+
+    // lm_head [lm, H, cw] (codes, or bf16) and its scales [lm, 1, cw].
+    let lms = shape_of(OperandKind::LmHead);
+    let mut lm = vec![0f32; lms.iter().product()];
+    match q.lm_head {
+        Some(f) => {
+            let head = codes(weights, &names.lm_head, [vocab, h], stored_format(f))?;
+            let mut sc = vec![0f32; shape_of(OperandKind::LmScales).iter().product()];
+            for t in 0..vocab {
+                let (c, j) = (t / cw, t % cw);
+                for i in 0..h {
+                    lm[(c * h + i) * cw + j] = head.code(t, i);
+                }
+                sc[c * cw + j] = head.scale(t, 0);
+            }
+            out.extend([(OperandKind::LmHead, array(OperandKind::LmHead, &lm)?), (OperandKind::LmScales, array(OperandKind::LmScales, &sc)?)]);
+        }
+        None => {
+            let head = plain(weights, &names.lm_head, &[vocab, h])?;
+            for t in 0..vocab {
+                let (c, j) = (t / cw, t % cw);
+                for i in 0..h {
+                    lm[(c * h + i) * cw + j] = bf(head.data[t * h + i]);
+                }
+            }
+            out.push((OperandKind::LmHead, array(OperandKind::LmHead, &lm)?));
+        }
+    }
+
+    // w_experts [L, E, C, H, 3*eb] codes; scales [L, E, C, in rows, 2*eb] and [L, E, C, down rows, H].
+    let (xs, xss, xds) = (shape_of(OperandKind::WExperts), shape_of(OperandKind::ExpertScales), shape_of(OperandKind::ExpertDownScales));
+    let (mut wx, mut xsc, mut xdsc) = (vec![0f32; xs.iter().product()], vec![0f32; xss.iter().product()], vec![0f32; xds.iter().product()]);
+    let (in_rows, down_rows) = (xss[3], xds[3]);
+    for (li, ln) in names.layers.iter().take(l).enumerate() {
+        let FfnNames::Moe { experts: ex, .. } = &ln.ffn else {
+            return Err(PackError::Layout(format!("layer {li} is not an MoE layer")));
+        };
+        for (ei, m) in ex.iter().enumerate() {
+            let gate = codes(weights, &m.gate, [inter, h], expert_format)?;
+            let up = codes(weights, &m.up, [inter, h], expert_format)?;
+            let down = codes(weights, &m.down, [h, inter], expert_format)?;
+            for c in 0..ec {
+                let item = (li * experts + ei) * ec + c;
+                for i in 0..h {
+                    let row = &mut wx[(item * h + i) * 3 * eb..(item * h + i + 1) * 3 * eb];
+                    for j in 0..eb {
+                        let col = c * eb + j;
+                        row[j] = gate.code(col, i);
+                        row[eb + j] = up.code(col, i);
+                        row[2 * eb + j] = down.code(i, col);
+                    }
+                }
+                for g in 0..in_rows {
+                    for j in 0..eb {
+                        let at = (item * in_rows + g) * 2 * eb;
+                        xsc[at + j] = gate.scale(c * eb + j, g * in_group);
+                        xsc[at + eb + j] = up.scale(c * eb + j, g * in_group);
+                    }
+                }
+                for g in 0..down_rows {
+                    for i in 0..h {
+                        xdsc[(item * down_rows + g) * h + i] = down.scale(i, c * eb + g * down_group);
+                    }
+                }
+            }
+        }
+    }
+    out.extend([(OperandKind::WExperts, array(OperandKind::WExperts, &wx)?), (OperandKind::ExpertScales, array(OperandKind::ExpertScales, &xsc)?), (OperandKind::ExpertDownScales, array(OperandKind::ExpertDownScales, &xdsc)?)]);
+    if d.qk_norm {
+        let hs = shape_of(OperandKind::HeadNorms);
+        out.push((OperandKind::HeadNorms, pack_head_norms(&names, l, hd, hp, &hs, |name| plain(weights, name, &[hd]))?));
+    }
+    let (operands, arrays) = out.into_iter().unzip();
+    Ok(Packed { operands, arrays, cache_shape: shape_of(OperandKind::KCache) })
 }

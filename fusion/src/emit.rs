@@ -28,13 +28,13 @@
 //! (The K/V write-back of a tile that may hold new rows, K > 1, is under one: two 16-row
 //! groups.)
 
-use crate::{layout::{OperandKind, SegmentKind::{OProj, Qkv, Router}}, plan::{ExpertFetch, KvTiles, Plan, written_groups}};
+use crate::{layout::{CodeFormat, OperandKind, SegmentKind::{OProj, Qkv, Router}}, plan::{ExpertFetch, KvTiles, Plan, written_groups}};
 use palladium_dsl::build::{Drain, KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, range};
 use palladium_dsl::prelude::*;
 use palladium_dsl::{BuildErrors, Kernel};
 use palladium_kernels::body::{
-    ExpertItem, Greedy, KvMask, NewRow, OnlineSoftmax, RowSelect, Routing, WeightLayout, embedding_row, project, residual_add, rms_norm, rope_apply, rope_rotation,
-    rope_tables, swiglu_chunk,
+    ExpertItem, GroupScales, Greedy, KvMask, NewRow, OnlineSoftmax, QuantizedBlock, RowSelect, Routing, WeightLayout, embedding_row, project, project_quantized, residual_add,
+    rms_norm, rope_apply, rope_rotation, rope_tables, swiglu_chunk,
 };
 
 type NoMap = Option<Box<dyn FnOnce(&[Val], &[Ref]) -> i32>>;
@@ -85,6 +85,34 @@ struct H {
     cos: Ref,
     sin: Ref,
     ids: Ref,
+    quant: Option<Q>,
+}
+
+/// The handles of a quantized plan's own operands and scratch ([`crate::layout::QuantLayout`]).
+#[derive(Clone, Copy)]
+struct Q {
+    qkv_scales: Ref,
+    o_scales: Ref,
+    router: Ref,
+    norms: Ref,
+    lm_head: Ref,
+    lm_scales: Option<Ref>,
+    expert_scales: Ref,
+    expert_down_scales: Ref,
+    /// One layer's q/k/v and o scales, router and norm rows (`layer_sems`: 0..4 in that order).
+    qkv_sc: Ref,
+    o_sc: Ref,
+    router_buf: Ref,
+    norm_buf: Ref,
+    layer_sems: SemRef,
+    /// `lm_head`'s two-bank ring and its scales (`lm_sems[0 | 1, bank]`).
+    lm_ring: Ref,
+    lm_sc: Ref,
+    lm_sems: SemRef,
+    /// The expert ring's scales (`ex_sc_sems[0 | 1, slot]`).
+    ex_sc: Ref,
+    ex_dsc: Ref,
+    ex_sc_sems: SemRef,
 }
 
 /// Build the megakernel of `plan`.
@@ -121,9 +149,12 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     // by the plan's rings and dims; declared in the order the handles are taken below (so
     // the two lists change together).
     let vm = MemorySpace::Vmem;
-    kb.scratch_buffer("ring", vm, DType::Bf16, &[plan.banks, h, cw]);
+    let quant = plan.layout.quant;
+    let dense_dtype = quant.map_or(DType::Bf16, |q| q.dense.codes);
+    let expert_dtype = quant.map_or(DType::Bf16, |q| q.experts.codes);
+    kb.scratch_buffer("ring", vm, dense_dtype, &[plan.banks, h, cw]);
     kb.scratch_semaphores("ring_sems", SemKind::Dma, &[plan.banks]);
-    kb.scratch_buffer("expert_buf", vm, DType::Bf16, &[plan.expert_slots, h, 3 * eb]);
+    kb.scratch_buffer("expert_buf", vm, expert_dtype, &[plan.expert_slots, h, 3 * eb]);
     kb.scratch_semaphores("expert_sems", SemKind::Dma, &[plan.expert_slots]);
     kb.scratch_buffer("k_tiles", vm, DType::Bf16, &[2, plan.block_kv, hp]);
     kb.scratch_buffer("v_tiles", vm, DType::Bf16, &[2, plan.block_kv, hp]);
@@ -148,6 +179,27 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     kb.scratch_buffer("rope_cos", vm, DType::F32, &[rows, hp]);
     kb.scratch_buffer("rope_sin", vm, DType::F32, &[rows, hp]);
     kb.scratch_buffer("expert_ids", MemorySpace::Smem, DType::I32, &[plan.distinct_experts() + 1]);
+    if let Some(q) = quant {
+        // One scratch buffer per quantized operand, shaped as one DMA of it.
+        let shape_of = |kind: OperandKind| plan.layout.operand(kind).map(|o| o.shape.clone()).unwrap_or_default();
+        let tail = |kind: OperandKind, keep: usize| {
+            let shape = shape_of(kind);
+            shape[shape.len() - keep..].to_vec()
+        };
+        kb.scratch_buffer("qkv_scales_buf", vm, DType::F32, &tail(OperandKind::QkvScales, 2));
+        kb.scratch_buffer("o_scales_buf", vm, DType::F32, &tail(OperandKind::OScales, 2));
+        kb.scratch_buffer("router_buf", vm, DType::Bf16, &tail(OperandKind::Router, 2));
+        kb.scratch_buffer("norm_buf", vm, DType::F32, &tail(OperandKind::Norms, 2));
+        kb.scratch_semaphores("layer_sems", SemKind::Dma, &[4]);
+        kb.scratch_buffer("lm_ring", vm, q.lm_head.map_or(DType::Bf16, |f| f.codes), &[2, h, cw]);
+        let lm_rows = if q.lm_head.is_some() { tail(OperandKind::LmScales, 2)[0] } else { 1 };
+        kb.scratch_buffer("lm_scales_buf", vm, DType::F32, &[2, lm_rows, cw]);
+        kb.scratch_semaphores("lm_sems", SemKind::Dma, &[2, 2]);
+        let with_slots = |kind| [vec![plan.expert_slots], tail(kind, 2)].concat();
+        kb.scratch_buffer("expert_scales_buf", vm, DType::F32, &with_slots(OperandKind::ExpertScales));
+        kb.scratch_buffer("expert_down_scales_buf", vm, DType::F32, &with_slots(OperandKind::ExpertDownScales));
+        kb.scratch_semaphores("expert_scale_sems", SemKind::Dma, &[2, plan.expert_slots]);
+    }
     let sealed = kb.seal()?;
     let hs = &sealed.handles;
     let r = |i: usize| hs[i].clone().into_ref();
@@ -201,6 +253,31 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         cos: r(next()),
         sin: r(next()),
         ids: r(next()),
+        quant: None,
+    };
+    let hd = H {
+        quant: quant.map(|_| Q {
+            qkv_scales: must(OperandKind::QkvScales),
+            o_scales: must(OperandKind::OScales),
+            router: must(OperandKind::Router),
+            norms: must(OperandKind::Norms),
+            lm_head: must(OperandKind::LmHead),
+            lm_scales: operand(OperandKind::LmScales),
+            expert_scales: must(OperandKind::ExpertScales),
+            expert_down_scales: must(OperandKind::ExpertDownScales),
+            qkv_sc: r(next()),
+            o_sc: r(next()),
+            router_buf: r(next()),
+            norm_buf: r(next()),
+            layer_sems: s(next()),
+            lm_ring: r(next()),
+            lm_sc: r(next()),
+            lm_sems: s(next()),
+            ex_sc: r(next()),
+            ex_dsc: r(next()),
+            ex_sc_sems: s(next()),
+        }),
+        ..hd
     };
     body(plan, hd, n, l);
     sealed.finish()
@@ -216,9 +293,9 @@ fn dense_copy(hd: H, item: Val, bank: Val) -> Dma {
 /// end from this chunk (only tiny models): then guarded.
 fn issue_ahead(p: &Plan, hd: H, layer: Val, k_ahead: u64, bank: Val) {
     let n = p.layout.per_layer;
-    let total = p.layers as u64 * n + p.layout.lm_chunks;
+    let total = p.layers as u64 * n + p.layout.stream_lm_chunks();
     let item = layer * n as i32 + k_ahead as i32;
-    if k_ahead < n + p.layout.lm_chunks {
+    if k_ahead < n + p.layout.stream_lm_chunks() {
         dense_copy(hd, item, bank).start();
     } else {
         if_else(lt(item, total as i32), || dense_copy(hd, item, bank).start(), || ());
@@ -237,8 +314,12 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
         let t = hd.tokens.load(r);
         async_copy(hd.embed.at(t / 16), hd.emb.at(r), hd.emb_sems.at(r)).start();
     }
-    for g in 0..depth.min(l * n + p.layout.lm_chunks) {
+    for g in 0..depth.min(l * n + p.layout.stream_lm_chunks()) {
         dense_copy(hd, scalar(g as i32), scalar((g % banks) as i32)).start();
+    }
+    // A quantized plan's lm_head stream: its first chunk lands during the layers.
+    if let Some(q) = hd.quant {
+        lm_copies(q, scalar(0), scalar(0)).into_iter().for_each(Dma::start);
     }
     // RoPE tables (neox, rotate halves) for the token rows' positions, one row each, and
     // the rotation restricted to the first head_dim lanes of a padded head.
@@ -273,6 +354,19 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
     });
 
     // --- final norm (folded) + lm_head, greedy argmax ----------------------------------
+    let greedy = match hd.quant {
+        Some(q) => lm_head_quantized(p, hd, q),
+        None => lm_head_stream(p, hd, n, l),
+    };
+    hd.next_ids.store(.., greedy.id.broadcast_to([rows, 128]));
+    hd.max_logits.store(.., greedy.max.broadcast_to([rows, 128]));
+}
+
+/// `lm_head` from the dense stream (bf16 plans): its chunks continue the layers' in the
+/// dense ring, the final norm folded into them.
+fn lm_head_stream(p: &Plan, hd: H, n: u64, l: u64) -> Greedy {
+    let d = &p.dims;
+    let (h, rows, banks, depth) = (d.hidden, d.rows, p.banks, p.depth);
     let xf = rms_norm(hd.x.load(..), None, h, d.eps);
     let cw = p.layout.chunk_cols;
     let first_bank = ((l * n) % banks) as i32;
@@ -295,8 +389,67 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
             (ring_add(bank, 1, banks), greedy.fold(logits, c * cw as i32, d.vocab))
         },
     );
-    hd.next_ids.store(.., greedy.id.broadcast_to([rows, 128]));
-    hd.max_logits.store(.., greedy.max.broadcast_to([rows, 128]));
+    greedy
+}
+
+/// A quantized plan's `lm_head` chunk `chunk` (codes, and scales where it is quantized)
+/// into bank `bank` of its own two-bank ring.
+fn lm_copies(q: Q, chunk: Val, bank: Val) -> Vec<Dma> {
+    let mut copies = vec![async_copy(q.lm_head.at(chunk), q.lm_ring.at(bank), q.lm_sems.at((0, bank)))];
+    if let Some(scales) = q.lm_scales {
+        copies.push(async_copy(scales.at(chunk), q.lm_sc.at(bank), q.lm_sems.at((1, bank))));
+    }
+    copies
+}
+
+/// Layer `layer`'s q/k/v scales, o scales, router and norm rows (a quantized plan's), in
+/// that order.
+fn layer_copies(q: Q, layer: Val) -> [Dma; 4] {
+    [
+        async_copy(q.qkv_scales.at(layer), q.qkv_sc, q.layer_sems.at(0)),
+        async_copy(q.o_scales.at(layer), q.o_sc, q.layer_sems.at(1)),
+        async_copy(q.router.at(layer), q.router_buf, q.layer_sems.at(2)),
+        async_copy(q.norms.at(layer), q.norm_buf, q.layer_sems.at(3)),
+    ]
+}
+
+/// `x @ w` for a block of `inputs` inputs of a weight of `weight_inputs`, in the dense
+/// format `f` with `scales` (rows for the block's groups), on the bodies' quantized product.
+fn quantized(x: Val, codes: Val, scales: Val, f: CodeFormat, weight_inputs: u64, layout: WeightLayout) -> Val {
+    project_quantized(x, codes, GroupScales { values: scales, group: f.group_of(weight_inputs) }, layout)
+}
+
+/// The final norm (applied, from `norms[layers]`) and `lm_head` from its own stream
+/// (quantized plans): two banks, chunk 0 issued in the prologue, one chunk ahead.
+fn lm_head_quantized(p: &Plan, hd: H, q: Q) -> Greedy {
+    let d = &p.dims;
+    let (h, rows, cw) = (d.hidden, d.rows, p.layout.chunk_cols);
+    let final_norm = async_copy(q.norms.at(scalar(p.layers as i32)), q.norm_buf, q.layer_sems.at(3));
+    final_norm.start();
+    final_norm.wait();
+    let xf = rms_norm(hd.x.load(..), Some(q.norm_buf.load((0..1, ..))), h, d.eps);
+    let lm = p.layout.lm_chunks as i32;
+    let format = p.layout.quant.and_then(|f| f.lm_head);
+    let (_, greedy) = pipeline(
+        range(0, scalar(lm - 1)),
+        Drain::Loop(range(scalar(lm - 1), scalar(lm))),
+        1,
+        (scalar(0), Greedy::start(rows)),
+        |ahead: Val, &(bank, _): &(Val, Greedy)| lm_copies(q, ahead, 1 - bank).into_iter().for_each(Dma::start),
+        |c: Val, (bank, greedy): (Val, Greedy), _| {
+            lm_copies(q, c, bank).into_iter().for_each(Dma::wait);
+            let w = q.lm_ring.load(bank);
+            let logits = match format {
+                Some(f) => quantized(xf, w, q.lm_sc.load(bank), f, h, WeightLayout::InOut),
+                None => project(xf, w, WeightLayout::InOut),
+            };
+            if let Some(out) = hd.logits {
+                out.store(c, logits);
+            }
+            (1 - bank, greedy.fold(logits, c * cw as i32, d.vocab))
+        },
+    );
+    greedy
 }
 
 /// One decoder layer (traced `layer`; `base` = bank of its first dense chunk).
@@ -308,7 +461,20 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
     if let Some(norms) = hd.head_norms {
         async_copy(norms.at(layer), hd.hn, hd.hn_sem.at(0)).start();
     }
-    let xn1 = rms_norm(hd.x.load(..), None, h, d.eps);
+    // A quantized plan applies input_layernorm (not folded) with the layer's norm rows.
+    let dense = p.layout.quant.map(|f| f.dense);
+    let norm_row = |row: u64| {
+        hd.quant.map(|q| {
+            if row == 0 {
+                layer_copies(q, layer).into_iter().for_each(Dma::start);
+                let [qkv_scales, _, _, norms] = layer_copies(q, layer);
+                norms.wait();
+                qkv_scales.wait();
+            }
+            q.norm_buf.load((row..row + 1, ..))
+        })
+    };
+    let xn1 = rms_norm(hd.x.load(..), norm_row(0), h, d.eps);
     let mut xn2: Option<Val> = None;
     let mut o_started = false;
     for k in 0..n {
@@ -320,15 +486,35 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
             let seg_cols = piece.seg_col..piece.seg_col + piece.cols;
             let w = hd.ring.load((bank, .., cols));
             match piece.segment {
-                Qkv => { hd.qkv.store((.., seg_cols), project(xn1, w, WeightLayout::InOut)) }
+                Qkv => {
+                    let y = match (hd.quant, dense) {
+                        (Some(q), Some(f)) => quantized(xn1, w, q.qkv_sc.load((.., seg_cols.clone())), f, h, WeightLayout::InOut),
+                        _ => project(xn1, w, WeightLayout::InOut),
+                    };
+                    hd.qkv.store((.., seg_cols), y)
+                }
                 OProj => {
                     if !o_started {
                         attention(p, hd, layer);
                         o_started = true;
                         hd.oacc.store(.., 0.0);
+                        if let Some(q) = hd.quant {
+                            layer_copies(q, layer)[1].wait();
+                        }
                     }
-                    let a = hd.attn.load((.., seg_cols)).cast(bf16);
-                    hd.oacc.store(.., hd.oacc.load(..) + project(a, w, WeightLayout::OutIn));
+                    let a = hd.attn.load((.., seg_cols.clone())).cast(bf16);
+                    let acc = hd.oacc.load(..);
+                    let y = match (hd.quant, dense) {
+                        (Some(q), Some(f)) => {
+                            // The scale rows of this piece's groups of o_proj's padded inputs.
+                            let nq = d.heads * d.head_pad;
+                            let g = f.group_of(nq);
+                            let rows = seg_cols.start / g..seg_cols.end.div_ceil(g);
+                            quantized(a, w, q.o_sc.load((rows, ..)), f, nq, WeightLayout::OutIn)
+                        }
+                        _ => project(a, w, WeightLayout::OutIn),
+                    };
+                    hd.oacc.store(.., acc + y);
                 }
                 Router => {
                     let xn = *xn2.get_or_insert_with(|| {
@@ -341,7 +527,17 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
             }
         }
     }
-    let xn2 = xn2.expect("the router segment is last");
+    // A quantized plan's router is its own bf16 operand, after post_attention_layernorm.
+    let xn2 = xn2.or_else(|| {
+        let q = hd.quant?;
+        let x = residual_add(hd.x.load(..), hd.oacc.load(..));
+        hd.x.store(.., x);
+        let xn = rms_norm(x, norm_row(1), h, d.eps);
+        layer_copies(q, layer)[2].wait();
+        hd.rl.store(.., project(xn, q.router_buf.load(..), WeightLayout::InOut));
+        Some(xn)
+    });
+    let xn2 = xn2.expect("the router segment is last (bf16) or the router is its own operand (quantized)");
     let (routing, distinct) = route(p, hd);
     experts(p, hd, layer, xn2, routing, distinct);
 }
@@ -594,9 +790,18 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
     // Row 0 alone chose `top_k` distinct experts: that many items exist whatever the routing.
     let ahead = (slots - 1).min(d.top_k * ec);
     let entry = |e: Val| if worst_case { select(lt(e, distinct), e, distinct - 1) } else { e };
-    let fetch = |e: Val, c: Val, slot: Val| async_copy(hd.w_experts.at((layer, hd.ids.load(entry(e)), c)), hd.ex_buf.at(slot), hd.ex_sems.at(slot));
+    // The chunk's codes, and a quantized plan's scales with them (same chunking).
+    let fetch = |e: Val, c: Val, slot: Val| {
+        let id = hd.ids.load(entry(e));
+        let mut copies = vec![async_copy(hd.w_experts.at((layer, id, c)), hd.ex_buf.at(slot), hd.ex_sems.at(slot))];
+        if let Some(q) = hd.quant {
+            copies.push(async_copy(q.expert_scales.at((layer, id, c)), q.ex_sc.at(slot), q.ex_sc_sems.at((0, slot))));
+            copies.push(async_copy(q.expert_down_scales.at((layer, id, c)), q.ex_dsc.at(slot), q.ex_sc_sems.at((1, slot))));
+        }
+        copies
+    };
     for it in 0..ahead {
-        fetch(scalar((it / ec) as i32), scalar((it % ec) as i32), scalar(it as i32)).start();
+        fetch(scalar((it / ec) as i32), scalar((it % ec) as i32), scalar(it as i32)).into_iter().for_each(Dma::start);
     }
     hd.acc.store(.., 0.0);
     let split = total - ahead as i32;
@@ -611,12 +816,21 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
             for _ in 0..ahead {
                 item = item.next(ec);
             }
-            fetch(item.pair, item.chunk, ring_add(slot, ahead, slots)).start();
+            fetch(item.pair, item.chunk, ring_add(slot, ahead, slots)).into_iter().for_each(Dma::start);
         },
         |_, (slot, e, c): (Val, Val, Val), _| {
-            fetch(e, c, slot).wait();
+            fetch(e, c, slot).into_iter().for_each(Dma::wait);
             let columns = |part: u64| hd.ex_buf.load((slot, .., part * eb..(part + 1) * eb));
-            let chunk = swiglu_chunk(xn2, columns(0), columns(1), columns(2), WeightLayout::OutIn);
+            let chunk = match (hd.quant, p.layout.quant) {
+                (Some(q), Some(f)) => {
+                    let f = f.experts;
+                    let block = |part: u64, values: Val, weight_inputs: u64| QuantizedBlock { codes: columns(part), scales: GroupScales { values, group: f.group_of(weight_inputs) } };
+                    let gate_up = |part: u64| q.ex_sc.load((slot, .., part * eb..(part + 1) * eb));
+                    let (h, i) = (d.hidden, d.intermediate);
+                    swiglu_chunk(xn2, block(0, gate_up(0), h), block(1, gate_up(1), h), block(2, q.ex_dsc.load(slot), i), WeightLayout::OutIn)
+                }
+                _ => swiglu_chunk(xn2, columns(0), columns(1), columns(2), WeightLayout::OutIn),
+            };
             let weights = routing.weights_for(hd.ids.load(entry(e)), d.tokens);
             let weights = if worst_case { select(lt(e, distinct), weights, 0.0) } else { weights };
             hd.acc.store(.., hd.acc.load(..) + chunk * weights);

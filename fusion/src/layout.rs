@@ -72,6 +72,17 @@ pub enum OperandKind {
     MaxLogits,
     KCacheOut,
     VCacheOut,
+    /// Quantized plans only ([`QuantLayout`]): the scales of the dense stream's q/k/v and
+    /// `o_proj` codes, the bf16 router, the RMSNorm weights (applied in the kernel, not
+    /// folded), `lm_head` (its own stream) and its scales, the experts' scales.
+    QkvScales,
+    OScales,
+    Router,
+    Norms,
+    LmHead,
+    LmScales,
+    ExpertScales,
+    ExpertDownScales,
 }
 
 impl OperandKind {
@@ -91,6 +102,14 @@ impl OperandKind {
             OperandKind::MaxLogits => "max_logits",
             OperandKind::KCacheOut => "k_cache_out",
             OperandKind::VCacheOut => "v_cache_out",
+            OperandKind::QkvScales => "qkv_scales",
+            OperandKind::OScales => "o_scales",
+            OperandKind::Router => "w_router",
+            OperandKind::Norms => "norms",
+            OperandKind::LmHead => "w_lm_head",
+            OperandKind::LmScales => "lm_scales",
+            OperandKind::ExpertScales => "expert_scales",
+            OperandKind::ExpertDownScales => "expert_down_scales",
         }
     }
 
@@ -149,6 +168,50 @@ impl Operand {
     }
 }
 
+/// How one group of quantized weights is stored in the kernel: its codes' dtype (`i8`,
+/// `f8E4M3FN`, `i4`) and the inputs one f32 scale covers ([`crate::plan`] docs: per output
+/// channel, or 128 consecutive inputs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct CodeFormat {
+    #[serde(serialize_with = "display")]
+    pub codes: DType,
+    /// `None`: one scale per output channel (the group is all of the weight's inputs).
+    pub group: Option<u64>,
+}
+
+impl CodeFormat {
+    /// Inputs per scale for a weight of `inputs` inputs.
+    pub fn group_of(self, inputs: u64) -> u64 {
+        self.group.map_or(inputs, |g| g.min(inputs))
+    }
+
+    /// Scale rows of a block of `inputs` inputs, of a weight of `weight_inputs` inputs.
+    pub fn scale_rows(self, inputs: u64, weight_inputs: u64) -> u64 {
+        inputs.div_ceil(self.group_of(weight_inputs))
+    }
+
+    /// Bytes of `elements` codes (i4: two a byte).
+    pub fn code_bytes(self, elements: u64) -> u64 {
+        (elements * u64::from(self.codes.bits())).div_ceil(8)
+    }
+}
+
+/// The quantized weights of a plan ([`crate::plan::PlanOptions::weights`] not bf16). Every
+/// RMSNorm weight is applied in the kernel (the `norms` operand) instead of being folded,
+/// so the codes are the checkpoint's own weights (an FP8 checkpoint's as they ship) and the
+/// reference on the dequantized weights computes what the kernel does. The dense stream
+/// holds the layers' q/k/v and `o_proj` codes only; the router (bf16 in every scheme) is
+/// its own operand fetched once per layer, `lm_head` its own stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct QuantLayout {
+    /// `int8`, `fp8` or `int4`.
+    pub scheme: &'static str,
+    pub dense: CodeFormat,
+    pub experts: CodeFormat,
+    /// `None`: `lm_head` stays bf16 (fp8, as Hugging Face's FP8 checkpoints keep it).
+    pub lm_head: Option<CodeFormat>,
+}
+
 /// The megakernel's operands and the layout of its weight streams.
 #[derive(Clone, Debug, Serialize)]
 pub struct StreamLayout {
@@ -158,7 +221,8 @@ pub struct StreamLayout {
     pub per_layer: u64,
     /// The segments of each layer's dense stream, in [`SegmentKind::SCHEDULE`] order.
     pub segments: Vec<Segment>,
-    /// `lm_head` (final norm folded): the dense stream's last `lm_chunks` chunks.
+    /// `lm_head` (final norm folded): the dense stream's last `lm_chunks` chunks (its own
+    /// stream of as many chunks, norm not folded, in a quantized plan).
     pub lm_head: FusedWeight,
     pub lm_chunks: u64,
     /// The experts' weights as extracted: `[gate | up (norm folded), down]`.
@@ -168,6 +232,9 @@ pub struct StreamLayout {
     pub expert_chunks: u64,
     /// In call order (Pallas's: scalar prefetch, inputs, outputs).
     pub operands: Vec<Operand>,
+    /// The quantized weights' formats; `None` for bf16 weights (norms folded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quant: Option<QuantLayout>,
 }
 
 impl StreamLayout {
@@ -189,6 +256,22 @@ impl StreamLayout {
     /// The call's results, in order.
     pub fn outputs(&self) -> impl Iterator<Item = &Operand> {
         self.operands.iter().filter(|o| o.role == OperandRole::Output)
+    }
+
+    /// Chunks of `lm_head` that continue the dense stream array: all of them with bf16
+    /// weights, none in a quantized plan (`lm_head` is then its own stream).
+    pub fn stream_lm_chunks(&self) -> u64 {
+        if self.quant.is_some() { 0 } else { self.lm_chunks }
+    }
+
+    /// Bytes of `elements` dense-stream weights (bf16, or the quantized codes).
+    pub fn dense_code_bytes(&self, elements: u64) -> u64 {
+        self.quant.map_or(2 * elements, |q| q.dense.code_bytes(elements))
+    }
+
+    /// Bytes of `elements` expert weights (bf16, or the quantized codes).
+    pub fn expert_code_bytes(&self, elements: u64) -> u64 {
+        self.quant.map_or(2 * elements, |q| q.experts.code_bytes(elements))
     }
 
     /// The segment of kind `kind`.

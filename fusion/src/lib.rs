@@ -42,6 +42,17 @@
 //! | out | `max_logits` | `f32[rows, 128]` | VMEM | row r's maximum logit, NaN when any of its logits is not finite |
 //! | out | `k_cache_out`, `v_cache_out` | as the inputs | HBM | the caches, the K new positions written in place |
 //!
+//! Quantized weights ([`plan::PlanOptions::weights`] int8, fp8 or int4;
+//! [`layout::QuantLayout`]) change the interface: `w_stream` holds the codes (`i8` or
+//! `f8E4M3FN`) of the q/k/v and o columns only, `[L*n, H, cw]`, with no norm folded;
+//! `w_experts` holds codes (`i8`, `f8E4M3FN` or `i4`); and after the inputs above (before
+//! the caches) come `qkv_scales f32[L, H/group, n_qkv]`, `o_scales f32[L, n_o/group, H]`,
+//! `w_router bf16[L, H, 128*ceil(E/128)]`, `norms f32[L+1, 8, H]` (input and post-attention
+//! norms per layer, the final norm at `L`), `w_lm_head` (`i8` or bf16 `[ceil(V/cw), H, cw]`),
+//! `lm_scales f32[ceil(V/cw), 1, cw]` (int8 `lm_head` only), `expert_scales f32[L, E, C,
+//! H/group, 2*block]` and `expert_down_scales f32[L, E, C, block/group, H]`. The kernel then
+//! applies every RMSNorm weight itself.
+//!
 //! The exact per-element mapping from Hugging Face tensor names (transposes, folding,
 //! padding) is in [`report::operand_source`], printed by the report for every operand.
 //! Numerics differ from Hugging Face in two documented ways: the residual stream stays f32,

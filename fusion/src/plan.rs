@@ -22,18 +22,26 @@
 //! - **The expert ring**: `slots` slots of one expert chunk (`[hidden, 3 * block]`: the
 //!   chunk's gate and up columns and its down-projection columns, one DMA), issued
 //!   `slots - 1` ahead, right after routing.
+//! - **Quantized weights** ([`PlanOptions::weights`], [`QuantLayout`]): the rings carry
+//!   codes (half or a quarter of the bytes per chunk, so twice the banks in the same ring
+//!   bytes), every scale is f32 in the bodies' `GroupScales` layout and travels with its
+//!   weights (an expert chunk's with the chunk, a layer's q/k/v and o scales, its bf16
+//!   router and norm rows once per layer), `lm_head` is its own stream (fp8 keeps it bf16,
+//!   so it cannot continue a code array), and no norm is folded.
 //! - **KV**: tiles of `block_kv` positions, two slots per K and V.
 //! - **Budgets**: the VMEM plan (every scratch buffer, plus headroom for vector temporaries
 //!   and compiler spills) must fit the chip's VMEM per core, and every operand the chip's
 //!   HBM per device; a model that does not fit is refused with the numbers.
 
 use crate::graph::{LayerGraph, LayerKind, Weight, WeightKind};
-use crate::layout::{Operand, OperandKind, Segment, SegmentKind, StreamLayout};
+use crate::layout::{CodeFormat, Operand, OperandKind, QuantLayout, Segment, SegmentKind, StreamLayout};
 use crate::rewrite::{FusedWeight, Rewritten, rewrite};
 use crate::shard::{self, Sharding};
 use palladium_dsl::DType;
 use palladium_dsl::build::{MemorySpace, OperandRole};
 use palladium_dsl::spec::Chip;
+use palladium_model::quant::WeightsDtype;
+use palladium_model::spec::Quantization;
 use palladium_model::{AttentionKind, FfnKind, LmHead, ModelSpec, MoeSpec, QkNorm, TopKWeights};
 use serde::Serialize;
 
@@ -70,6 +78,57 @@ pub struct PlanOptions {
     /// Devices the step is split over (`--devices`, one of [`crate::shard::DEVICE_COUNTS`]):
     /// the plan is then each device's ([`crate::shard`]).
     pub devices: u64,
+    /// The weights' dtype (`--weights-dtype`; [`weights_dtype`] resolves it against the
+    /// config): bf16, or one of issue 16's quantization schemes ([`QuantLayout`]).
+    pub weights: WeightsDtype,
+}
+
+/// The weights dtype of a plan: `requested` (`--weights-dtype`), else what the config's
+/// checkpoint stores (an FP8 `quantization_config` selects fp8 by itself). An FP8 checkpoint
+/// planned as another dtype is refused: its weights are fp8 as they ship.
+pub fn weights_dtype(spec: &ModelSpec, requested: Option<WeightsDtype>) -> Result<WeightsDtype, PlanError> {
+    let stored = WeightsDtype::of_checkpoint(spec);
+    match requested {
+        None => Ok(stored),
+        Some(w) if stored == WeightsDtype::Bf16 || w == stored => Ok(w),
+        Some(w) => Err(PlanError::Invalid(format!(
+            "--weights-dtype {}: the config's quantization_config stores the weights as {} (use --weights-dtype {} or leave it out)",
+            w.name(),
+            stored.name(),
+            stored.name()
+        ))),
+    }
+}
+
+/// The kernel formats of issue 16's schemes (`None` for bf16): int8 per output channel on
+/// every linear weight of the layers and `lm_head`; fp8 e4m3fn 128x128 tiles on q/k/v/o and
+/// the experts (`lm_head` bf16); int4 groups of 128 inputs on the experts, the rest int8.
+/// Routers stay bf16 in all three.
+fn quant_layout(spec: &ModelSpec, dims: &Dims, weights: WeightsDtype) -> Result<Option<QuantLayout>, PlanError> {
+    let int8 = CodeFormat { codes: DType::I8, group: None };
+    let fp8 = CodeFormat { codes: DType::F8E4M3, group: Some(128) };
+    let int4 = CodeFormat { codes: DType::I4, group: Some(128) };
+    let (dense, experts, lm_head) = match weights {
+        WeightsDtype::Bf16 => return Ok(None),
+        WeightsDtype::Int8 => (int8, int8, Some(int8)),
+        WeightsDtype::Fp8 => (fp8, fp8, None),
+        WeightsDtype::Int4 => (int8, int4, Some(int8)),
+    };
+    if weights == WeightsDtype::Fp8 {
+        if let Some(Quantization::Fp8Block { weight_block_size, .. }) = &spec.quantization
+            && *weight_block_size != [128, 128]
+        {
+            return Err(PlanError::Unsupported(format!("quantization_config.weight_block_size {weight_block_size:?} (the kernel's fp8 tiles are [128, 128])")));
+        }
+        // o_proj's inputs are padded per head to 128 lanes: a group of 128 padded inputs
+        // must lie in one 128-input tile of the checkpoint's.
+        if !(dims.head_dim.is_multiple_of(128) || 128 % dims.head_dim == 0) {
+            return Err(PlanError::Unsupported(format!("fp8 weights with head_dim {} (a multiple or divisor of 128 keeps o_proj's 128x128 tiles whole in the padded head layout)", dims.head_dim)));
+        }
+    }
+    // A tied head is the embedding, which every scheme keeps bf16.
+    let lm_head = if spec.lm_head == LmHead::Tied { None } else { lm_head };
+    Ok(Some(QuantLayout { scheme: weights.name(), dense, experts, lm_head }))
 }
 
 /// How many experts a step's expert stream fetches (each distinct expert once either way).
@@ -88,7 +147,7 @@ impl PlanOptions {
     /// All layers, HBM checked, KV read up to each position, one token per sequence, the
     /// full logits returned.
     pub fn new(chip: Chip, batch: u64, context: u64) -> PlanOptions {
-        PlanOptions { chip, batch, context, layers: None, check_hbm: true, kv_tiles: KvTiles::UpToPosition, prefetch: Prefetch::Deep, tokens_per_seq: 1, logits: true, expert_fetch: ExpertFetch::Distinct, devices: 1 }
+        PlanOptions { chip, batch, context, layers: None, check_hbm: true, kv_tiles: KvTiles::UpToPosition, prefetch: Prefetch::Deep, tokens_per_seq: 1, logits: true, expert_fetch: ExpertFetch::Distinct, devices: 1, weights: WeightsDtype::Bf16 }
     }
 }
 
@@ -244,6 +303,10 @@ pub struct Plan {
 /// HBM bytes one decode step moves, by stream.
 #[derive(Clone, Debug, Serialize)]
 pub struct Traffic {
+    /// A quantized plan's weight bytes per step by dtype (codes, the bf16 router and
+    /// `lm_head`, the f32 scales and norms), the experts at the static worst case.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by_dtype: Option<Vec<(String, u64)>>,
     /// Dense chunks of all layers (q/k/v, o, router, including chunk padding).
     pub dense: u64,
     pub lm_head: u64,
@@ -610,7 +673,10 @@ fn rewrites(spec: &ModelSpec, dims: &Dims) -> Result<Extracted, PlanError> {
 /// allows for the expert ring, the caches.
 fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &Dims, extracted: &Extracted) -> Result<StreamLayout, PlanError> {
     let (h, hp, batch, positions, tokens) = (dims.hidden, dims.head_pad, dims.batch, dims.positions, dims.tokens);
-    let width: u64 = extracted.segments.iter().map(|s| s.cols).sum();
+    let quant = quant_layout(spec, dims, options.weights)?;
+    // A quantized plan's router is its own bf16 operand: the dense stream is q/k/v and o.
+    let segments: Vec<Segment> = extracted.segments.iter().filter(|s| quant.is_none() || s.kind != SegmentKind::Router).cloned().collect();
+    let width: u64 = segments.iter().map(|s| s.cols).sum();
     // ~4 MiB chunks, 128..=1024 columns: a DMA's fixed cost is amortised (libtpu's v6e
     // estimate, Qwen3-30B-A3B, one chunk in flight: 2 MiB 0.71 of the floor, 4 MiB 0.78).
     let chunk_cols = ((4 * MIB / (2 * h)) / 128 * 128).clamp(128, 1024);
@@ -630,6 +696,10 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
         }
     }
     let expert_chunks = i / expert_block;
+    let stream_lm_chunks = if quant.is_some() { 0 } else { lm_chunks };
+    let dense_dtype = quant.map_or(DType::Bf16, |q| q.dense.codes);
+    let expert_dtype = quant.map_or(DType::Bf16, |q| q.experts.codes);
+    let bits = |dtype: DType| u64::from(dtype.bits());
 
     let l = layers as u64;
     let (e, kvh) = (dims.experts_per_device, dims.kv_heads);
@@ -644,15 +714,33 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
         operand(
             WStream,
             Input,
-            DType::Bf16,
-            vec![l * per_layer + lm_chunks, h, chunk_cols],
+            dense_dtype,
+            vec![l * per_layer + stream_lm_chunks, h, chunk_cols],
             MemorySpace::Any,
-            product("the dense weight stream (w_stream)", &[2, l * per_layer + lm_chunks, h, chunk_cols])?,
+            product("the dense weight stream (w_stream)", &[bits(dense_dtype), l * per_layer + stream_lm_chunks, h, chunk_cols])? / 8,
         ),
-        operand(WExperts, Input, DType::Bf16, vec![l, e, expert_chunks, h, 3 * expert_block], MemorySpace::Any, product("the expert weights (w_experts)", &[2, l, e, i, h, 3])?),
+        operand(WExperts, Input, expert_dtype, vec![l, e, expert_chunks, h, 3 * expert_block], MemorySpace::Any, product("the expert weights (w_experts)", &[bits(expert_dtype), l, e, i, h, 3])? / 8),
     ];
     if dims.qk_norm {
         operands.push(operand(HeadNorms, Input, DType::F32, vec![l, 8, hp], MemorySpace::Any, 4 * l * 8 * hp));
+    }
+    if let Some(q) = quant {
+        let (nqkv, nq) = (segments[0].cols, segments[1].cols);
+        let f32_operand = |kind, shape: Vec<u64>| {
+            let bytes = product(&format!("the {}", OperandKind::name(kind)), &shape).map(|n| 4 * n)?;
+            Ok::<_, PlanError>(operand(kind, Input, DType::F32, shape, MemorySpace::Any, bytes))
+        };
+        operands.push(f32_operand(QkvScales, vec![l, q.dense.scale_rows(h, h), nqkv])?);
+        operands.push(f32_operand(OScales, vec![l, q.dense.scale_rows(nq, nq), h])?);
+        operands.push(operand(Router, Input, DType::Bf16, vec![l, h, dims.experts_pad], MemorySpace::Any, 2 * l * h * dims.experts_pad));
+        operands.push(f32_operand(Norms, vec![l + 1, 8, h])?);
+        let lm_dtype = q.lm_head.map_or(DType::Bf16, |f| f.codes);
+        operands.push(operand(LmHead, Input, lm_dtype, vec![lm_chunks, h, chunk_cols], MemorySpace::Any, lm_chunks * h * chunk_cols * bits(lm_dtype) / 8));
+        if let Some(f) = q.lm_head {
+            operands.push(f32_operand(LmScales, vec![lm_chunks, f.scale_rows(h, h), chunk_cols])?);
+        }
+        operands.push(f32_operand(ExpertScales, vec![l, e, expert_chunks, q.experts.scale_rows(h, h), 2 * expert_block])?);
+        operands.push(f32_operand(ExpertDownScales, vec![l, e, expert_chunks, q.experts.scale_rows(expert_block, i), h])?);
     }
     let kv_shape = vec![l, batch, kvh, positions, hp];
     let kv_bytes = product(&format!("each KV cache ([{l}, {batch}, {kvh}, {positions}, {hp}] bf16)"), &[2, l, batch, kvh, positions, hp])?;
@@ -672,27 +760,28 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
     Ok(StreamLayout {
         chunk_cols,
         per_layer,
-        segments: extracted.segments.clone(),
+        segments,
         lm_head: extracted.lm_head.clone(),
         lm_chunks,
         experts: extracted.experts.clone(),
         expert_block,
         expert_chunks,
         operands,
+        quant,
     })
 }
 
 /// The dense ring (deep: ~24 MiB of banks on 128 MiB-VMEM chips, 16 MiB else, 2..=12
 /// banks; single: 2) and the expert ring.
 fn prefetch_schedule(options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLayout) -> Rings {
-    let bank_bytes = 2 * dims.hidden * layout.chunk_cols;
+    let bank_bytes = layout.dense_code_bytes(dims.hidden * layout.chunk_cols);
     let ring_target = if options.chip.target().vmem_bytes >= 128 * MIB { 24 * MIB } else { 16 * MIB };
-    let total_items = layers as u64 * layout.per_layer + layout.lm_chunks;
+    let total_items = layers as u64 * layout.per_layer + layout.stream_lm_chunks();
     let banks = match options.prefetch {
         Prefetch::Deep => (ring_target / bank_bytes).clamp(2, 12).min(total_items.max(2)),
         Prefetch::Single => 2,
     };
-    Rings { banks, bank_bytes, depth: banks - 1, expert_slots: options.prefetch.expert_slots(), expert_slot_bytes: 3 * dims.hidden * layout.expert_block * 2 }
+    Rings { banks, bank_bytes, depth: banks - 1, expert_slots: options.prefetch.expert_slots(), expert_slot_bytes: layout.expert_code_bytes(3 * dims.hidden * layout.expert_block) }
 }
 
 /// The VMEM plan (every scratch buffer, plus headroom for vector temporaries and compiler
@@ -721,6 +810,18 @@ fn vmem_budget(options: &PlanOptions, dims: &Dims, layout: &StreamLayout, rings:
         ("rope tables".into(), 2 * pad(rows, hp, 4) + pad(hp, hp, 2) + pad(8, hp, 4)),
         ("greedy ids + max logits (outputs)".into(), 2 * pad(rows, 128, 4)),
     ];
+    if let Some(q) = layout.quant {
+        let rows_of = |kind| layout.operand(kind).map_or(0, |o: &Operand| o.shape[o.shape.len() - 2]);
+        vmem.push(("qkv + o scales".into(), pad(rows_of(OperandKind::QkvScales), nqkv, 4) + pad(rows_of(OperandKind::OScales), h, 4)));
+        vmem.push(("router (bf16) + norms".into(), pad(h, dims.experts_pad, 2) + pad(8, h, 4)));
+        let lm_bank = q.lm_head.map_or(2 * h * chunk_cols, |f| f.code_bytes(h * chunk_cols));
+        vmem.push(("lm_head ring + scales".into(), 2 * lm_bank + 2 * pad(rows_of(OperandKind::LmScales), chunk_cols, 4)));
+        vmem.push(("expert scales".into(), rings.expert_slots * (pad(rows_of(OperandKind::ExpertScales), 2 * layout.expert_block, 4) + pad(rows_of(OperandKind::ExpertDownScales), h, 4))));
+        // The codes widened on their way into the MXU: libtpu's scoped VMEM refused an int4
+        // Qwen3-30B-A3B plan (v6e, 8 layers) without room for one expert chunk and one
+        // dense chunk in bf16.
+        vmem.push(("code widening (estimate)".into(), 2 * 3 * h * layout.expert_block + 2 * h * chunk_cols));
+    }
     if layout.operand(OperandKind::Logits).is_some() {
         vmem.push(("logits (output)".into(), layout.lm_chunks * pad(rows, chunk_cols, 4)));
     }
@@ -754,10 +855,19 @@ fn hbm_fit(options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLay
         let kv_bytes = layout.operand(OperandKind::KCache).map_or(0, |o| o.bytes);
         // Saturating: only the suggestion is computed here, and a saturated layer size
         // suggests 0 layers.
-        let per_layer_bytes = (2 * layout.per_layer * h * layout.chunk_cols)
-            .saturating_add(2u64.saturating_mul(dims.experts_per_device).saturating_mul(dims.intermediate).saturating_mul(h).saturating_mul(3))
-            .saturating_add(2 * (kv_bytes / l))
-            .saturating_add(if dims.qk_norm { 4 * 8 * hp } else { 0 });
+        let per_layer_bytes = match layout.quant {
+            None => (2 * layout.per_layer * h * layout.chunk_cols)
+                .saturating_add(2u64.saturating_mul(dims.experts_per_device).saturating_mul(dims.intermediate).saturating_mul(h).saturating_mul(3))
+                .saturating_add(2 * (kv_bytes / l))
+                .saturating_add(if dims.qk_norm { 4 * 8 * hp } else { 0 }),
+            // Every operand with a leading layer axis (a quantized w_stream has no lm_head
+            // chunks; `norms` has one more entry, the final norm).
+            Some(_) => {
+                use OperandKind::*;
+                let per_layer = [WStream, WExperts, HeadNorms, KCache, VCache, QkvScales, OScales, Router, ExpertScales, ExpertDownScales];
+                layout.operands.iter().filter(|o| per_layer.contains(&o.kind)).map(|o| o.bytes / l).fold(0u64, u64::saturating_add).saturating_add(layout.operand(Norms).map_or(0, |o| o.bytes / (l + 1)))
+            }
+        };
         let fixed = hbm_total.saturating_sub(l.saturating_mul(per_layer_bytes));
         let max_layers = hbm_capacity.saturating_sub(fixed) / per_layer_bytes;
         let big: Vec<String> = layout.operands.iter().filter(|o| o.bytes > GIB / 16 && o.kind.aliased_input().is_none()).map(|o| format!("{} {}", o.kind.name(), o.bytes)).collect();
@@ -773,6 +883,44 @@ fn hbm_fit(options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLay
         });
     }
     Ok((hbm_total, hbm_capacity))
+}
+
+/// Per-dtype weight bytes before the experts' count is known: `(dtype, bytes per expert
+/// fetched, bytes besides the experts)`.
+type DtypeParts = Vec<(String, u64, u64)>;
+
+/// The weight bytes of one step: the dense stream of all layers, `lm_head`, one expert
+/// (each with its scales; a quantized plan's dense part also holds the router and the norm
+/// weights, its `lm_head` part the final norm), and for a quantized plan the same bytes by
+/// dtype ([`DtypeParts`]).
+fn weight_traffic(layers: usize, dims: &Dims, layout: &StreamLayout) -> Result<(u64, u64, u64, Option<DtypeParts>), PlanError> {
+    let (l, h, chunk_cols) = (layers as u64, dims.hidden, layout.chunk_cols);
+    let Some(q) = layout.quant else {
+        let dense = product("the dense stream per step", &[2, l, layout.per_layer, h, chunk_cols])?;
+        let expert_bytes = product("one expert's weights", &[2, 3, h, dims.intermediate])?;
+        return Ok((dense, 2 * layout.lm_chunks * h * chunk_cols, expert_bytes, None));
+    };
+    let bytes_of = |kind| layout.operand(kind).map_or(0, |o: &Operand| o.bytes);
+    let dense_codes = bytes_of(OperandKind::WStream);
+    let layer_f32 = bytes_of(OperandKind::QkvScales) + bytes_of(OperandKind::OScales) + bytes_of(OperandKind::Norms);
+    let router = bytes_of(OperandKind::Router);
+    let lm_codes = bytes_of(OperandKind::LmHead);
+    let lm_f32 = bytes_of(OperandKind::LmScales);
+    let per_expert = |kind| bytes_of(kind) / (l * dims.experts);
+    let expert_codes = per_expert(OperandKind::WExperts);
+    let expert_f32 = per_expert(OperandKind::ExpertScales) + per_expert(OperandKind::ExpertDownScales);
+    let lm_dtype = q.lm_head.map_or(DType::Bf16, |f| f.codes);
+    let mut parts: DtypeParts = Vec::new();
+    for (dtype, per, fixed) in [(q.dense.codes, 0, dense_codes), (DType::Bf16, 0, router), (lm_dtype, 0, lm_codes), (q.experts.codes, expert_codes, 0), (DType::F32, expert_f32, layer_f32 + lm_f32)] {
+        let name = if dtype == DType::F32 { "f32 (scales, norms)".to_string() } else { dtype.to_string() };
+        match parts.iter_mut().find(|p| p.0 == name) {
+            Some(p) => (p.1, p.2) = (p.1 + per, p.2 + fixed),
+            None => parts.push((name, per, fixed)),
+        }
+    }
+    // The final norm's row travels with lm_head; every other entry of `norms` with its layer.
+    let final_norm = bytes_of(OperandKind::Norms) / (l + 1);
+    Ok((dense_codes + layer_f32 - final_norm + router, lm_codes + lm_f32 + final_norm, expert_codes + expert_f32, Some(parts)))
 }
 
 /// The 16-row groups written back from a KV tile holding new rows: one for one token; for
@@ -792,14 +940,14 @@ pub fn kv_write_groups(tokens_per_seq: u64, block_kv: u64) -> u64 {
 /// bandwidth.
 fn traffic(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLayout, block_kv: u64) -> Result<Traffic, PlanError> {
     let (l, h, hp, batch, kvh) = (layers as u64, dims.hidden, dims.head_pad, dims.batch, dims.kv_heads);
-    let (per_layer, chunk_cols, lm_chunks) = (layout.per_layer, layout.chunk_cols, layout.lm_chunks);
-    let dense = product("the dense stream per step", &[2, l, per_layer, h, chunk_cols])?;
-    let lm_head = 2 * lm_chunks * h * chunk_cols;
+    let (per_layer, lm_chunks) = (layout.per_layer, layout.lm_chunks);
+    let (dense, lm_head, expert_bytes, by_dtype) = weight_traffic(layers, dims, layout)?;
     let tokens = dims.tokens;
-    let expert_bytes = product("one expert's weights", &[2, 3, h, dims.intermediate])?;
     let experts_without_dedupe = product("the expert weights read per step", &[l, tokens, dims.top_k, expert_bytes])?;
     let distinct = dims.experts_per_device.min(tokens * dims.top_k);
     let experts = product("the expert weights read per step", &[l, distinct, expert_bytes])?;
+    // The experts' share of the per-dtype weight bytes, at the same worst case.
+    let by_dtype = by_dtype.map(|parts| parts.into_iter().map(|(dtype, per_expert, fixed)| (dtype, fixed + l * distinct * per_expert)).collect());
     let e = dims.experts as f64;
     // Each of this device's experts is chosen by some row with probability
     // 1 - (1 - top_k / E)^rows.
@@ -819,6 +967,12 @@ fn traffic(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &Dims, 
     truncated.layers.truncate(layers);
     let model_total = truncated.decode_traffic(batch, options.context, 2).total();
     let dmas_per_layer = total("the DMAs per step", &[per_layer, 1, product("the DMAs per step", &[distinct, layout.expert_chunks, 2])?, product("the DMAs per step", &[batch, kvh, 2, tiles + kv_write_groups(dims.tokens_per_seq, block_kv)])?])?;
-    let dmas = total("the DMAs per step", &[product("the DMAs per step", &[l, dmas_per_layer])?, lm_chunks, tokens])?;
-    Ok(Traffic { dense, lm_head, experts, experts_without_dedupe, experts_uniform_routing, kv_read, kv_write, embedding, head_norms, total: step_total, model_total, floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(), dmas })
+    // A quantized plan adds per layer its scales, router and norm rows (4) and two scale
+    // DMAs per expert chunk; per step the final norm row and lm_head's scales.
+    let (quant_per_layer, quant_per_step) = match layout.quant {
+        Some(q) => (4 + 2 * distinct * layout.expert_chunks, 1 + if q.lm_head.is_some() { lm_chunks } else { 0 }),
+        None => (0, 0),
+    };
+    let dmas = total("the DMAs per step", &[product("the DMAs per step", &[l, dmas_per_layer + quant_per_layer])?, lm_chunks, tokens, quant_per_step])?;
+    Ok(Traffic { by_dtype, dense, lm_head, experts, experts_without_dedupe, experts_uniform_routing, kv_read, kv_write, embedding, head_norms, total: step_total, model_total, floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(), dmas })
 }

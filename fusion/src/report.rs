@@ -46,12 +46,20 @@ pub fn text(p: &Plan) -> String {
         d.tokens * d.top_k,
         gb(t.experts_uniform_routing)
     );
+    if let (Some(q), Some(parts)) = (&layout.quant, &t.by_dtype) {
+        let lm = q.lm_head.map_or("bf16".to_string(), |f| format!("{} per channel", f.codes));
+        let group = |f: crate::layout::CodeFormat| f.group.map_or("per output channel".to_string(), |g| format!("groups of {g} inputs"));
+        let _ = writeln!(s, "weights: {} (dense q/k/v/o {} {}, experts {} {}, lm_head {lm}, router bf16; norms applied in the kernel, not folded)", q.scheme, q.dense.codes, group(q.dense), q.experts.codes, group(q.experts));
+        let _ = writeln!(s, "weight bytes per step by dtype: {}", parts.iter().map(|(d, b)| format!("{d} {}", gb(*b as f64))).collect::<Vec<_>>().join(", "));
+    }
     let _ = writeln!(s, "kv bytes per step: read {}, written {}", gb(t.kv_read as f64), gb(t.kv_write as f64));
     let model_count = if p.sharding.is_some() { "model count, all devices together" } else { "model count" };
     let _ = writeln!(s, "total HBM bytes per step: {} ({model_count} {}); floor at {}: {:.1} us", gb(t.total as f64), gb(t.model_total), p.chip, t.floor_seconds * 1e6);
     let _ = writeln!(s, "DMA schedule:");
-    let _ = writeln!(s, "  dense ring: {} banks x {} ([{}, {}] bf16), prefetch depth {} chunks across op and layer boundaries", p.banks, mib(p.bank_bytes), d.hidden, layout.chunk_cols, p.depth);
-    let _ = writeln!(s, "  dense chunks per layer: {} ({}), then {} lm_head chunks", layout.per_layer, layout.segments.iter().map(|g| format!("{} cols {}..{}", g.kind.name(), g.col, g.col + g.cols)).collect::<Vec<_>>().join(", "), layout.lm_chunks);
+    let ring_dtype = layout.operand(OperandKind::WStream).map_or("bf16".to_string(), |o| o.dtype.to_string());
+    let _ = writeln!(s, "  dense ring: {} banks x {} ([{}, {}] {ring_dtype}), prefetch depth {} chunks across op and layer boundaries", p.banks, mib(p.bank_bytes), d.hidden, layout.chunk_cols, p.depth);
+    let lm_where = if layout.quant.is_some() { "lm_head in its own stream (2 banks, one chunk ahead)" } else { "lm_head chunks" };
+    let _ = writeln!(s, "  dense chunks per layer: {} ({}), then {} {lm_where}", layout.per_layer, layout.segments.iter().map(|g| format!("{} cols {}..{}", g.kind.name(), g.col, g.col + g.cols)).collect::<Vec<_>>().join(", "), layout.lm_chunks);
     let fetch = match p.expert_fetch {
         ExpertFetch::Distinct => "the distinct experts (run-time count)",
         ExpertFetch::WorstCase => "the static worst case of distinct experts (cost variant)",
@@ -111,6 +119,11 @@ pub fn operand_source(p: &Plan, o: &Operand) -> String {
     let d = &p.dims;
     let layout = &p.layout;
     let (h, hd, hp, cw) = (d.hidden, d.head_dim, d.head_pad, layout.chunk_cols);
+    if let Some(q) = &layout.quant
+        && let Some(text) = quantized_source(p, q, o)
+    {
+        return text;
+    }
     match o.kind {
         OperandKind::Tokens if d.tokens_per_seq == 1 => "token id of each sequence".into(),
         OperandKind::Tokens => format!("token id of row r = b * {k} + k: sequence b's k-th new token (k < {k}), at position positions[b] + k", k = d.tokens_per_seq),
@@ -170,7 +183,38 @@ pub fn operand_source(p: &Plan, o: &Operand) -> String {
         OperandKind::NextIds => "greedy next id of token row r at [r, :] (every lane): the lowest id among the row's maximal logits (rows >= batch * K are padding)".into(),
         OperandKind::MaxLogits => "maximum logit of token row r at [r, :] (every lane), NaN when any of the row's logits is not finite (so a bad step is caught without the full logits)".into(),
         OperandKind::KCacheOut | OperandKind::VCacheOut => "aliases the input of the same name (KV written in place)".into(),
+        OperandKind::QkvScales | OperandKind::OScales | OperandKind::Router | OperandKind::Norms | OperandKind::LmHead | OperandKind::LmScales | OperandKind::ExpertScales | OperandKind::ExpertDownScales => {
+            unreachable!("{} is a quantized plan's operand", o.kind.name())
+        }
     }
+}
+
+/// The operands of a quantized plan that differ from the bf16 plan's: the codes are the
+/// checkpoint's weights (`W = code * scale`, [`palladium_model::quant`]), laid out as the bf16
+/// ones but with no norm folded, and the scales as the bodies' `GroupScales` take them.
+fn quantized_source(p: &Plan, q: &crate::layout::QuantLayout, o: &Operand) -> Option<String> {
+    let d = &p.dims;
+    let layout = &p.layout;
+    let (h, hd, hp, cw, eb) = (d.hidden, d.head_dim, d.head_pad, layout.chunk_cols, layout.expert_block);
+    let scales = "f32 scales; a weight's scale for output o and input i is at [i / group, o] (int8: group = all inputs, one row; fp8: each 128x128 tile's scale repeated over its 128 outputs; int4: per 128 inputs)";
+    Some(match o.kind {
+        OperandKind::WStream => format!(
+            "{} codes of the dense stream, {} chunks per layer: as the bf16 w_stream's q|k|v and o_proj columns (cols [0, {})), without input_layernorm folded; no router and no lm_head chunks",
+            q.dense.codes,
+            layout.per_layer,
+            layout.segments.iter().map(|g| g.col + g.cols).max().unwrap_or(0)
+        ),
+        OperandKind::WExperts => format!("{} codes: w_experts[l, e, c] = [gate^T | up^T | down] columns c*{eb}.. of expert e (the checkpoint's weights, post_attention_layernorm not folded)", q.experts.codes),
+        OperandKind::QkvScales => format!("{scales}: the q|k|v columns' scales by input group of H = {h}, columns as in w_stream (heads padded from {hd} to {hp}, padding 0)"),
+        OperandKind::OScales => format!("{scales}: o_proj's scales, rows by group of its padded inputs (each head's {hd} inputs padded to {hp}), columns the {h} outputs"),
+        OperandKind::Router => format!("the router (gate.weight [E={}, H])^T in bf16, zero-padded to {} columns; post_attention_layernorm not folded", d.experts, d.experts_pad),
+        OperandKind::Norms => format!("norms[l, 0] = input_layernorm.weight, norms[l, 1] = post_attention_layernorm.weight; norms[{}, 0] = model.norm.weight (applied in the kernel)", p.layers),
+        OperandKind::LmHead => format!("{} codes of lm_head^T in chunks of {cw} vocab columns: w_lm_head[c, i, j] = lm_head[c*{cw} + j, i] (zero for vocab >= {}; model.norm not folded)", q.lm_head.map_or("bf16".to_string(), |f| f.codes.to_string()), d.vocab),
+        OperandKind::LmScales => format!("{scales}: lm_head's per-channel scales, lm_scales[c, 0, j] for vocab id c*{cw} + j"),
+        OperandKind::ExpertScales => format!("{scales}: chunk c of expert e's gate (columns 0..{eb}) and up ({eb}..{}) scales", 2 * eb),
+        OperandKind::ExpertDownScales => format!("{scales}: chunk c of expert e's down_proj scales for its {eb} inputs, columns the {h} outputs"),
+        _ => return None,
+    })
 }
 
 /// The plan as JSON, each operand with its `source` ([`operand_source`]).

@@ -150,3 +150,74 @@ fn tokens_per_seq_is_checked() {
         assert!(err.to_string().contains(want), "{err}");
     }
 }
+
+/// Issue 16's schemes: the weight bytes of a step against bf16 in the same plan settings
+/// (Qwen3-30B-A3B, v6e, 8 layers, batch 1, context 4096, every KV tile, worst-case
+/// experts), the bytes by dtype adding up to the weight streams, the VMEM plan counting the
+/// scales, and the tiny models building, verifying and lowering on every chip.
+#[test]
+fn quantized_plans_stream_fewer_bytes_and_build_on_every_chip() {
+    use palladium_fusion::plan::{ExpertFetch, KvTiles};
+    use palladium_model::quant::WeightsDtype;
+    let s = spec("qwen3-30b-a3b");
+    let plan = |weights| Plan::new(&s, &PlanOptions { kv_tiles: KvTiles::All, expert_fetch: ExpertFetch::WorstCase, logits: false, weights, ..options(Chip::V6e, 1, 4096, Some(8)) }).unwrap();
+    let bf16 = plan(WeightsDtype::Bf16);
+    assert!(bf16.traffic.by_dtype.is_none() && bf16.layout.quant.is_none());
+    for (weights, low, high) in [(WeightsDtype::Int8, 0.50, 0.54), (WeightsDtype::Fp8, 0.70, 0.74), (WeightsDtype::Int4, 0.40, 0.45)] {
+        let p = plan(weights);
+        let t = &p.traffic;
+        let ratio = t.total as f64 / bf16.traffic.total as f64;
+        assert!((low..high).contains(&ratio), "{}: {ratio}", weights.name());
+        let by_dtype: u64 = t.by_dtype.as_ref().unwrap().iter().map(|(_, b)| b).sum();
+        assert_eq!(by_dtype, t.dense + t.lm_head + t.experts, "{}", weights.name());
+        assert!(p.vmem.iter().any(|(name, bytes)| name == "expert scales" && *bytes > 0));
+        let text = report::text(&p);
+        assert!(text.contains(&format!("weights: {}", weights.name())) && text.contains("weight bytes per step by dtype"), "{text}");
+        println!("{}: {:.3} GB per step, {ratio:.3}x bf16's {:.3} GB", weights.name(), t.total as f64 / 1e9, bf16.traffic.total as f64 / 1e9);
+    }
+    for name in ["tiny-qwen3-moe", "tiny-mixtral"] {
+        for weights in [WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4] {
+            for chip in [Chip::V5e, Chip::V6e, Chip::V7x] {
+                let mk = Megakernel::build(&spec(name), &PlanOptions { weights, ..options(chip, 1, 256, None) }).unwrap_or_else(|e| panic!("{name} {} {chip}: {e}", weights.name()));
+                palladium_dsl::ir::verify(&mk.kernel, palladium_dsl::ir::VerifyOptions { chip: Some(chip) }).unwrap_or_else(|e| panic!("{e}"));
+                assert!(mk.lowered.body.contains("stable_mosaic.version"));
+            }
+        }
+    }
+    // int8 fits all 48 layers on one v6e (bf16 fits 22); on v5e the HBM refusal suggests a
+    // number of layers that fits, and no more.
+    assert_eq!(Plan::new(&s, &PlanOptions { weights: WeightsDtype::Int8, ..options(Chip::V6e, 1, 4096, None) }).unwrap().layers, 48);
+    for weights in [WeightsDtype::Int8, WeightsDtype::Fp8] {
+        let o = |layers| PlanOptions { weights, ..options(Chip::V5e, 1, 4096, layers) };
+        match Plan::new(&s, &o(None)) {
+            Err(PlanError::Hbm { max_layers, .. }) => {
+                Plan::new(&s, &o(Some(max_layers as usize))).unwrap_or_else(|e| panic!("{}: {max_layers} layers: {e}", weights.name()));
+                assert!(matches!(Plan::new(&s, &o(Some(max_layers as usize + 1))), Err(PlanError::Hbm { .. })), "{}: {max_layers} + 1 layers fit", weights.name());
+            }
+            other => panic!("{}: expected an HBM refusal on v5e, got {:?}", weights.name(), other.map(|p| p.layers)),
+        }
+    }
+    let int8 = Plan::new(&spec("tiny-qwen3-moe"), &PlanOptions { weights: WeightsDtype::Int8, ..options(Chip::V6e, 1, 256, None) }).unwrap();
+    snapshot("tiny-qwen3-moe_int8_report", &report::text(&int8));
+}
+
+/// fp8 needs `o_proj`'s 128x128 tiles whole in the padded head layout, and an FP8 checkpoint's
+/// config plans fp8 only.
+#[test]
+fn quantized_plans_refuse_what_they_cannot_lay_out() {
+    use palladium_fusion::plan::weights_dtype;
+    use palladium_model::quant::WeightsDtype;
+    let text = std::fs::read_to_string(format!("{}/../fixtures/models/tiny-qwen3-moe.json", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json["head_dim"] = 96.into();
+    let s = ModelSpec::from_json(&json).unwrap();
+    let err = Plan::new(&s, &PlanOptions { weights: WeightsDtype::Fp8, ..options(Chip::V6e, 1, 256, None) }).unwrap_err();
+    assert!(err.to_string().contains("fp8 weights with head_dim 96"), "{err}");
+    Plan::new(&s, &PlanOptions { weights: WeightsDtype::Int8, ..options(Chip::V6e, 1, 256, None) }).unwrap();
+    json["quantization_config"] = serde_json::json!({"quant_method": "fp8", "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"]});
+    let fp8 = ModelSpec::from_json(&json).unwrap();
+    assert_eq!(weights_dtype(&fp8, None), Ok(WeightsDtype::Fp8));
+    assert_eq!(weights_dtype(&spec("tiny-qwen3-moe"), None), Ok(WeightsDtype::Bf16));
+    let err = weights_dtype(&fp8, Some(WeightsDtype::Int4)).unwrap_err();
+    assert!(err.to_string().contains("--weights-dtype int4: the config's quantization_config stores the weights as fp8"), "{err}");
+}

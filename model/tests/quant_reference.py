@@ -26,6 +26,11 @@ Writes into --out-dir:
     mixtral-fp8/..., mixtral-fp8-dequantized.safetensors, mixtral-fp8-source.safetensors
         the same for a 1-layer Mixtral (router `block_sparse_moe.gate` not converted)
 
+With --megakernel, only checkpoints the decode megakernel takes (`decode/tests/quantized.rs`):
+    qwen3-fp8-mk/, mixtral-fp8-mk/ (and their -dequantized/-source files)
+        the tiny Qwen3-MoE and Mixtral fixtures at 2 layers, dims as the fixtures (multiples
+        of 128), lm_head and the routers not converted
+
 Run with the oracle venv's python (scripts/setup.sh installs torch, transformers and jax):
     $PALLADIUM_TPU_VENV/bin/python model/tests/quant_reference.py --fixtures fixtures/models \
         --out-dir /tmp/quant
@@ -183,8 +188,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fixtures", required=True, help="fixtures/models")
     ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--megakernel", action="store_true", help="only the megakernel's checkpoints")
     args = ap.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
+    if args.megakernel:
+        fp8_checkpoint(os.path.join(args.fixtures, "tiny-qwen3-moe.json"), "qwen3-fp8-mk", dict(num_hidden_layers=2),
+                       ["lm_head", "model.layers.0.mlp.gate", "model.layers.1.mlp.gate"], args.out_dir)
+        fp8_checkpoint(os.path.join(args.fixtures, "tiny-mixtral.json"), "mixtral-fp8-mk", dict(num_hidden_layers=2),
+                       ["lm_head", "block_sparse_moe.gate"], args.out_dir)
+        return
     conversions(args.out_dir)
     # Dims that are not multiples of 128 (partial tiles).
     fp8_checkpoint(os.path.join(args.fixtures, "tiny-qwen3-moe.json"), "qwen3-fp8",
