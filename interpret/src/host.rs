@@ -90,12 +90,18 @@ pub(crate) fn interpreter_dtype(d: Element) -> Option<DType> {
 pub(crate) fn to_data(a: &HostArray) -> Data {
     let b = &a.bytes;
     with_widen!(a.dtype, |f, SIZE| floats => {
-        // The hot case (every bf16 operand): widen in parallel chunks, vectorized.
-        let mut v = crate::recycle::f32s(b.len() / SIZE);
-        v.resize(b.len() / SIZE, 0.0);
-        v.par_chunks_mut(WIDEN_CHUNK).zip(b.par_chunks(WIDEN_CHUNK * SIZE)).for_each(|(out, bytes)| {
-            out.iter_mut().zip(bytes.chunks_exact(SIZE)).for_each(|(o, c)| *o = f(c));
-        });
+        // The hot case (every bf16 operand): widen vectorized, in parallel chunks when large
+        // (a small one, e.g. a decode step's KV cache, is not worth waking the pool).
+        let n = b.len() / SIZE;
+        let mut v = crate::recycle::f32s(n);
+        if crate::value::split_copy(n) {
+            v.resize(n, 0.0);
+            v.par_chunks_mut(WIDEN_CHUNK).zip(b.par_chunks(WIDEN_CHUNK * SIZE)).for_each(|(out, bytes)| {
+                out.iter_mut().zip(bytes.chunks_exact(SIZE)).for_each(|(o, c)| *o = f(c));
+            });
+        } else {
+            v.extend(b.chunks_exact(SIZE).map(f));
+        }
         Data::F(v)
     }, ints => {
         let mut v = crate::recycle::i32s(b.len() / SIZE);
