@@ -90,34 +90,24 @@ pub(crate) fn interpreter_dtype(d: Element) -> Option<DType> {
 pub(crate) fn to_data(a: &HostArray) -> Data {
     let b = &a.bytes;
     with_widen!(a.dtype, |f, SIZE| floats => {
-        // The hot case (every bf16 operand): widen in parallel chunks, vectorized.
-        let mut v = crate::recycle::f32s(b.len() / SIZE);
-        v.resize(b.len() / SIZE, 0.0);
-        v.par_chunks_mut(WIDEN_CHUNK).zip(b.par_chunks(WIDEN_CHUNK * SIZE)).for_each(|(out, bytes)| {
-            out.iter_mut().zip(bytes.chunks_exact(SIZE)).for_each(|(o, c)| *o = f(c));
-        });
+        // The hot case (every bf16 operand): widen vectorized, in parallel chunks when large
+        // (a small one, e.g. a decode step's KV cache, is not worth waking the pool).
+        let n = b.len() / SIZE;
+        let mut v = crate::recycle::f32s(n);
+        if crate::value::split_copy(n) {
+            v.resize(n, 0.0);
+            v.par_chunks_mut(WIDEN_CHUNK).zip(b.par_chunks(WIDEN_CHUNK * SIZE)).for_each(|(out, bytes)| {
+                out.iter_mut().zip(bytes.chunks_exact(SIZE)).for_each(|(o, c)| *o = f(c));
+            });
+        } else {
+            v.extend(b.chunks_exact(SIZE).map(f));
+        }
         Data::F(v)
     }, ints => {
         let mut v = crate::recycle::i32s(b.len() / SIZE);
         v.extend(b.chunks_exact(SIZE).map(f));
         Data::I(v)
     }, neither => Data::I(Vec::new()))
-}
-
-/// Whether [`to_data`] would give exactly `data` (bit for bit): a read of both, no
-/// allocation, stopped early at a difference.
-fn widens_to(a: &HostArray, data: &Data) -> bool {
-    let b = &a.bytes;
-    with_widen!(a.dtype, |f, SIZE| floats => match data {
-        Data::F(v) => {
-            v.len() * SIZE == b.len()
-                && v.par_chunks(WIDEN_CHUNK).zip(b.par_chunks(WIDEN_CHUNK * SIZE)).all(|(v, bytes)| v.iter().zip(bytes.chunks_exact(SIZE)).fold(true, |same, (x, c)| same & (x.to_bits() == f(c).to_bits())))
-        }
-        Data::I(_) => false,
-    }, ints => match data {
-        Data::I(v) => v.len() * SIZE == b.len() && v.iter().zip(b.chunks_exact(SIZE)).all(|(x, c)| *x == f(c)),
-        Data::F(_) => false,
-    }, neither => false)
 }
 
 /// Interpreter values as a host array of `dtype`.
@@ -139,34 +129,46 @@ pub(crate) fn from_data(dtype: DType, shape: &[usize], d: &Data) -> Result<HostA
 }
 
 /// The inputs of the last run, widened to the interpreter's storage (bf16/f16 as f32, small
-/// ints as i32), by position. A run whose input widens to the same values as last time
-/// (weights, from decode step to decode step; a benchmark's operands) shares the kept array
-/// instead of converting again: checking reads the bytes and the array but writes nothing,
-/// and stops at the first difference. The kernel writing into a shared array copies it
-/// first (copy-on-write).
+/// ints as i32), by position, with the bytes they were widened from. A run whose input has
+/// the same bytes as last time (weights, from decode step to decode step; a benchmark's
+/// operands) shares the kept array instead of converting again. The check is one `memcmp`
+/// of the bytes (stopped at the first difference), a third of the memory traffic of
+/// widening again and comparing, on the calling thread. The kernel writing into a shared
+/// array copies it first (copy-on-write).
 #[derive(Debug, Default)]
-pub(crate) struct WidenedInputs(Mutex<Vec<Option<Arc<Data>>>>);
+pub(crate) struct WidenedInputs(Mutex<Vec<Option<Arc<Widened>>>>);
+
+/// An input's bytes and their widened values.
+#[derive(Debug)]
+struct Widened {
+    dtype: Element,
+    bytes: Vec<u8>,
+    data: Arc<Data>,
+}
 
 impl WidenedInputs {
     /// `host` (input `position` of the call) as storage. The lock is never held across the
-    /// conversion (it runs on the rayon pool, which may run another call meanwhile).
+    /// check or the conversion (the conversion runs on the rayon pool, which may run another
+    /// call meanwhile).
     pub fn get(&self, position: usize, host: &HostArray) -> Arc<Data> {
         let last = self.kept().get(position).cloned().flatten();
-        if let Some(data) = last
-            && widens_to(host, &data)
+        if let Some(w) = last
+            && w.dtype == host.dtype
+            && w.bytes == host.bytes
         {
-            return data;
+            return w.data.clone();
         }
         let data = Arc::new(to_data(host));
+        let widened = Arc::new(Widened { dtype: host.dtype, bytes: host.bytes.clone(), data: data.clone() });
         let mut kept = self.kept();
         if kept.len() <= position {
             kept.resize(position + 1, None);
         }
-        kept[position] = Some(data.clone());
+        kept[position] = Some(widened);
         data
     }
 
-    fn kept(&self) -> std::sync::MutexGuard<'_, Vec<Option<Arc<Data>>>> {
+    fn kept(&self) -> std::sync::MutexGuard<'_, Vec<Option<Arc<Widened>>>> {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
