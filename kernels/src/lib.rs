@@ -37,7 +37,7 @@ pub use decode::gemv;
 pub use ffn::expert_ffn;
 pub use flash::flash_attention;
 pub use gather::gather_rows;
-pub use gmm::grouped_matmul;
+pub use gmm::{grouped_matmul, grouped_matmul_quantized};
 pub use kv_cache::kv_cache_update;
 pub use linalg::matmul;
 pub use norm::rmsnorm;
@@ -147,6 +147,7 @@ pub static REGISTRY: &[KernelEntry] = &[
     entry!(matmul_quantized, "tiled matmul with 8/4-bit weights and f32 group scales applied to each group's partial product", cases::matmul_quantized),
     entry!(rmsnorm_matmul_quantized, "rmsnorm_matmul with 8/4-bit weights and f32 group scales", cases::rmsnorm_matmul_quantized),
     entry!(expert_ffn_quantized, "expert_ffn with 8/4-bit experts (default int4, groups of 128) and their scales as pipeline blocks indexed by the routed ids", cases::expert_ffn_quantized),
+    entry!(grouped_matmul_quantized, "grouped_matmul with 8/4-bit experts (default int4, groups of 128) and f32 group scales as blocks beside their codes", cases::grouped_matmul_quantized),
     entry!(rope, "rotary embedding on [tokens, heads*head_dim], neox or interleaved, rotation as an exact ±1 matmul", cases::rope),
 ];
 
