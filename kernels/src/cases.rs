@@ -524,3 +524,70 @@ pub mod expert_ffn_quantized {
         vec![HostArray::bf16_from_f32(&[p.tokens, h], &o)]
     }
 }
+
+/// The mesh collectives' cases: every input and output is the `n` devices' operands stacked
+/// on dim 0 (device order), as [`crate::KernelEntry`] documents for mesh kernels.
+pub mod permute {
+    use super::*;
+    use crate::permute::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        let mut rng = Rng::new(seed);
+        vec![HostArray::from_f32(&[p.n * p.rows, p.cols], &rng.f32s(p.n * p.rows * p.cols))]
+    }
+
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        vec![HostArray::from_f32(&[p.n * p.rows, p.cols], &r::ring_permute(&x[0].to_f32(), p.n, p.shift))]
+    }
+}
+
+pub mod all_gather {
+    use super::*;
+    use crate::all_gather::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        let mut rng = Rng::new(seed);
+        vec![HostArray::bf16_from_f32(&[p.n * p.rows, p.cols], &rng.bf16s(p.n * p.rows * p.cols))]
+    }
+
+    /// Every device's output is every device's operand, in device order.
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        vec![HostArray::stack_leading(&vec![x[0].clone(); p.n]).expect("copies of one array stack")]
+    }
+}
+
+pub mod reduce_scatter {
+    use super::*;
+    use crate::reduce_scatter::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        let mut rng = Rng::new(seed);
+        let len = p.n * p.n * p.rows * p.cols;
+        vec![HostArray::bf16_from_f32(&[p.n * p.n * p.rows, p.cols], &rng.bf16s(len))]
+    }
+
+    /// Device `i`'s output is row block `i` of the f32 sum over devices, so the stacked
+    /// outputs are the whole sum (rounded once to bf16; the kernel rounds each hop's partial,
+    /// which the bf16 tolerance covers).
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        vec![HostArray::bf16_from_f32(&[p.n * p.rows, p.cols], &r::device_sum(&x[0].to_f32(), p.n))]
+    }
+}
+
+pub mod all_reduce {
+    use super::*;
+    use crate::all_reduce::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        let mut rng = Rng::new(seed);
+        let len = p.n * p.n * p.rows * p.cols;
+        vec![HostArray::bf16_from_f32(&[p.n * p.n * p.rows, p.cols], &rng.bf16s(len))]
+    }
+
+    /// Every device's output is the f32 sum over devices (rounded once to bf16, as in
+    /// [`super::reduce_scatter`]).
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        let sum = HostArray::bf16_from_f32(&[p.n * p.rows, p.cols], &r::device_sum(&x[0].to_f32(), p.n));
+        vec![HostArray::stack_leading(&vec![sum; p.n]).expect("copies of one array stack")]
+    }
+}
