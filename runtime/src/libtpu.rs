@@ -46,7 +46,7 @@ const SLICES: &[(Chip, &str, u64)] = &[
 pub fn topology(chip: Chip, devices: u64) -> Result<&'static str, String> {
     let slices = || SLICES.iter().filter(|(c, _, _)| *c == chip);
     slices().find(|(_, _, n)| *n >= devices).map(|(_, name, _)| *name).ok_or_else(|| {
-        let (_, name, n) = slices().last().expect("every chip has a slice");
+        let (_, name, n) = slices().next_back().expect("every chip has a slice");
         format!("a program for {devices} devices does not fit a deviceless {chip} topology: the largest here is {name} with {n} devices")
     })
 }
