@@ -527,6 +527,21 @@ pub mod expert_ffn_quantized {
 
 /// The mesh collectives' cases: every input and output is the `n` devices' operands stacked
 /// on dim 0 (device order), as [`crate::KernelEntry`] documents for mesh kernels.
+///
+/// `devices` operands of `rows x cols` random bf16 values, stacked.
+fn device_operands(seed: u64, devices: usize, rows: usize, cols: usize) -> HostArray {
+    HostArray::bf16_from_f32(&[devices * rows, cols], &Rng::new(seed).bf16s(devices * rows * cols))
+}
+
+/// The f32 sum over `devices` devices of their stacked operands `x`, rounded once to bf16:
+/// each device's share of a reduce-scatter, the whole of an all-reduce (the kernels round
+/// each hop's partial, which the bf16 tolerance covers).
+fn device_sum(x: &HostArray, devices: usize) -> HostArray {
+    let mut shape = x.shape.clone();
+    shape[0] /= devices;
+    HostArray::bf16_from_f32(&shape, &r::device_sum(&x.to_f32(), devices))
+}
+
 pub mod permute {
     use super::*;
     use crate::permute::Params;
@@ -546,8 +561,7 @@ pub mod all_gather {
     use crate::all_gather::Params;
 
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
-        let mut rng = Rng::new(seed);
-        vec![HostArray::bf16_from_f32(&[p.n * p.rows, p.cols], &rng.bf16s(p.n * p.rows * p.cols))]
+        vec![device_operands(seed, p.n, p.rows, p.cols)]
     }
 
     /// Every device's output is every device's operand, in device order.
@@ -561,16 +575,13 @@ pub mod reduce_scatter {
     use crate::reduce_scatter::Params;
 
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
-        let mut rng = Rng::new(seed);
-        let len = p.n * p.n * p.rows * p.cols;
-        vec![HostArray::bf16_from_f32(&[p.n * p.n * p.rows, p.cols], &rng.bf16s(len))]
+        vec![device_operands(seed, p.n, p.n * p.rows, p.cols)]
     }
 
-    /// Device `i`'s output is row block `i` of the f32 sum over devices, so the stacked
-    /// outputs are the whole sum (rounded once to bf16; the kernel rounds each hop's partial,
-    /// which the bf16 tolerance covers).
+    /// Device `i`'s output is row block `i` of the sum over devices, so the stacked outputs
+    /// are the whole sum.
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        vec![HostArray::bf16_from_f32(&[p.n * p.rows, p.cols], &r::device_sum(&x[0].to_f32(), p.n))]
+        vec![device_sum(&x[0], p.n)]
     }
 }
 
@@ -579,15 +590,11 @@ pub mod all_reduce {
     use crate::all_reduce::Params;
 
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
-        let mut rng = Rng::new(seed);
-        let len = p.n * p.n * p.rows * p.cols;
-        vec![HostArray::bf16_from_f32(&[p.n * p.n * p.rows, p.cols], &rng.bf16s(len))]
+        vec![device_operands(seed, p.n, p.n * p.rows, p.cols)]
     }
 
-    /// Every device's output is the f32 sum over devices (rounded once to bf16, as in
-    /// [`super::reduce_scatter`]).
+    /// Every device's output is the sum over devices.
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        let sum = HostArray::bf16_from_f32(&[p.n * p.rows, p.cols], &r::device_sum(&x[0].to_f32(), p.n));
-        vec![HostArray::stack_leading(&vec![sum; p.n]).expect("copies of one array stack")]
+        vec![HostArray::stack_leading(&vec![device_sum(&x[0], p.n); p.n]).expect("copies of one array stack")]
     }
 }
