@@ -76,7 +76,9 @@ impl HostMemory {
                 buffers = buffers.saturating_add(padded.saturating_mul(4));
             }
         }
-        HostMemory { inputs, outputs, buffers }
+        // A mesh kernel's operands, windows and scratch are per device.
+        let devices = kernel.call.devices();
+        HostMemory { inputs: inputs.saturating_mul(devices), outputs: outputs.saturating_mul(devices), buffers: buffers.saturating_mul(devices) }
     }
 
     pub fn total(&self) -> u64 {
@@ -143,6 +145,8 @@ pub struct Report {
     pub chip: Chip,
     pub seed: u64,
     pub grid: Vec<i64>,
+    /// The virtual devices the body ran on (1 but for a mesh kernel).
+    pub devices: u64,
     pub outputs: Vec<OutputCheck>,
     /// Parse + prepare of the body.
     pub prepare_time: Duration,
@@ -161,7 +165,8 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let params: Vec<String> = self.params.iter().map(|(n, v)| format!("{n}={v}")).collect();
         let grid: Vec<String> = self.grid.iter().map(|g| g.to_string()).collect();
-        writeln!(f, "{} {} on {}, seed {}: grid ({}), body interpreted in {:.3} s (prepare {:.3} s), reference {:.3} s", self.kernel, params.join(" "), self.chip, self.seed, grid.join(", "), self.run_time.as_secs_f64(), self.prepare_time.as_secs_f64(), self.reference_time.as_secs_f64())?;
+        let devices = if self.devices > 1 { format!(" x {} devices", self.devices) } else { String::new() };
+        writeln!(f, "{} {} on {}{devices}, seed {}: grid ({}), body interpreted in {:.3} s (prepare {:.3} s), reference {:.3} s", self.kernel, params.join(" "), self.chip, self.seed, grid.join(", "), self.run_time.as_secs_f64(), self.prepare_time.as_secs_f64(), self.reference_time.as_secs_f64())?;
         for o in &self.outputs {
             write!(f, "  {:<8} {:<22} max abs err {:.3e}  max rel err {:.3e}  tolerance {:.0e}  {}", o.name, o.ty, o.max_abs, o.max_rel, o.tolerance, if o.passed() { "ok" } else { "FAIL" })?;
             if !o.passed()
@@ -217,7 +222,15 @@ pub fn check_on(name: &str, settings: &[(String, String)], options: &CheckOption
             // With the call spec: aliased outputs start as copies of their inputs (in-place
             // kernels such as `kv_cache_update` write only part of them), output shapes as
             // the call has them.
-            Box::new(move |host: &[HostArray]| program.run_with(host, &spec).map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) }))
+            let interp_error = move |error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) };
+            match kernel.call.devices() as usize {
+                1 => Box::new(move |host: &[HostArray]| program.run_with(host, &spec).map_err(interp_error)),
+                devices => Box::new(move |host: &[HostArray]| {
+                    let per_device = split_devices(host, devices).map_err(|message| CheckError::Mismatch { kernel: name.to_string(), message })?;
+                    let outputs = program.run_devices(&per_device, Some(&spec)).map_err(interp_error)?;
+                    stack_devices(&outputs).map_err(|message| CheckError::Mismatch { kernel: name.to_string(), message })
+                }),
+            }
         }
         Backend::Tpu => on_tpu(name, &kernel, options.chip)?,
     };
@@ -249,7 +262,26 @@ pub fn check_on(name: &str, settings: &[(String, String)], options: &CheckOption
         }
     }
     let grid = kernel.call.grid.iter().map(|g| g.extent as i64).collect();
-    Ok(Report { kernel: name.to_string(), params, chip: options.chip, seed: options.seed, grid, outputs, prepare_time, run_time, reference_time })
+    Ok(Report { kernel: name.to_string(), params, chip: options.chip, seed: options.seed, grid, devices: kernel.call.devices(), outputs, prepare_time, run_time, reference_time })
+}
+
+/// A mesh kernel's global inputs (each the devices' operands stacked on dim 0, as the
+/// registry's cases make them) as the devices' own: `devices` lists of operands.
+fn split_devices(host: &[HostArray], devices: usize) -> Result<Vec<Vec<HostArray>>, String> {
+    let mut per_device = vec![Vec::with_capacity(host.len()); devices];
+    for (i, array) in host.iter().enumerate() {
+        let parts = array.split_leading(devices).map_err(|e| format!("input {i}: {e}"))?;
+        for (d, part) in parts.into_iter().enumerate() {
+            per_device[d].push(part);
+        }
+    }
+    Ok(per_device)
+}
+
+/// The devices' outputs of a mesh kernel, each output stacked on dim 0 in device order.
+fn stack_devices(outputs: &[Vec<HostArray>]) -> Result<Vec<HostArray>, String> {
+    let count = outputs.first().map_or(0, Vec::len);
+    (0..count).map(|o| HostArray::stack_leading(&outputs.iter().map(|d| d[o].clone()).collect::<Vec<_>>()).map_err(|e| format!("output {o}: {e}"))).collect()
 }
 
 /// One run of a kernel's body: its inputs to its outputs.

@@ -318,6 +318,23 @@ fn compile_reports_libtpus_cycles_and_writes_all_five_files() {
 }
 
 #[test]
+fn compile_runs_a_collective_on_its_devices_and_claims_no_cycles() {
+    // 4 devices: the 4 chips of v6e:2x2; 8 need v6e:2x4; 32 fit no deviceless v7x slice.
+    let (ok, out, err) = palladium(&["compile", "all_reduce", "--chip", "v6e", "--json"]);
+    assert!(ok, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((json["devices"].as_u64(), json["topology"].as_str()), (Some(4), Some("v6e:2x2")), "{json}");
+    // libtpu prices the remote DMAs at 0 cycles: no figure, and the note says why.
+    assert_eq!(json["estimated_cycles"], serde_json::Value::Null, "{json}");
+    assert!(json["estimate_note"].as_str().is_some_and(|n| n.contains("prices remote DMAs at 0 cycles")), "{json}");
+    let (ok, out, err) = palladium(&["compile", "permute", "--chip", "v6e", "--set", "n=8"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("permute compiled by libtpu for v6e (deviceless, 8 devices of v6e:2x4)") && !out.contains("cycles (libtpu's static estimate)"), "{out}");
+    let (ok, _, err) = palladium(&["compile", "permute", "--chip", "v7x", "--set", "n=32"]);
+    assert!(!ok && err.contains("a program for 32 devices does not fit a deviceless v7x topology: the largest here is tpu7x:2x2x2 with 16 devices"), "{err}");
+}
+
+#[test]
 fn compile_refuses_what_does_not_verify_and_writes_nothing() {
     let dir = scratch("compile_refused");
     let (ok, _, err) = palladium(&["compile", "matmul", "--chip", "v5e", "--set", "bm=1024", "--set", "bn=1024", "--set", "bk=2048", "--out", dir.to_str().unwrap()]);

@@ -60,6 +60,18 @@ fn shapes(kernel: &str) -> Option<Vec<Vec<(&'static str, &'static str)>>> {
             // More groups than m tiles: many empty groups, most tiles straddle.
             vec![("m", "384"), ("k", "512"), ("n", "128"), ("groups", "16"), ("block_m", "128"), ("block_k", "256"), ("block_n", "128")],
         ],
+        // int4 128-groups with a k split (the defaults, 8 groups), int8 per channel across k
+        // steps (the group spans them), fp8 128-groups with many empty groups.
+        "grouped_matmul_quantized" => vec![
+            vec![("groups", "8")],
+            vec![("m", "256"), ("k", "512"), ("n", "256"), ("groups", "4"), ("block_m", "64"), ("block_k", "256"), ("block_n", "128"), ("wdtype", "i8"), ("group", "512")],
+            vec![("m", "384"), ("k", "1024"), ("n", "128"), ("groups", "16"), ("block_m", "128"), ("block_k", "1024"), ("block_n", "128"), ("wdtype", "f8e4m3fn"), ("group", "128")],
+        ],
+        // The collectives on 4 (the defaults), 2 and 8 virtual devices.
+        "permute" => vec![vec![], vec![("n", "2"), ("rows", "16"), ("cols", "256")], vec![("n", "8"), ("shift", "3")]],
+        "all_gather" => vec![vec![], vec![("n", "2"), ("rows", "32")], vec![("n", "8"), ("cols", "256")]],
+        "reduce_scatter" => vec![vec![], vec![("n", "2"), ("cols", "256")], vec![("n", "8"), ("rows", "32")]],
+        "all_reduce" => vec![vec![], vec![("n", "2"), ("bidirectional", "false")], vec![("n", "8"), ("cols", "512")]],
         "gemv" => vec![
             vec![],
             // k split: the output block accumulates across the k axis.

@@ -96,6 +96,38 @@ impl HostArray {
         self.len() == 0
     }
 
+    /// The array cut into `parts` equal slabs along dim 0: a multi-device call's global
+    /// operand (the devices' operands stacked on dim 0, as `jax.shard_map` with `P("x")` and
+    /// the runtime's programs take them) into the devices' own. `Err` when dim 0 does not
+    /// split evenly.
+    pub fn split_leading(&self, parts: usize) -> Result<Vec<HostArray>, String> {
+        let rows = self.shape.first().copied().unwrap_or(1);
+        if parts == 0 || rows % parts != 0 {
+            return Err(format!("{} does not split into {parts} equal parts along dim 0", self.type_string()));
+        }
+        let mut shape = self.shape.clone();
+        if let Some(d) = shape.first_mut() {
+            *d = rows / parts;
+        }
+        let chunk = self.bytes.len() / parts;
+        Ok((0..parts).map(|i| HostArray { dtype: self.dtype, shape: shape.clone(), bytes: self.bytes[i * chunk..(i + 1) * chunk].to_vec() }).collect())
+    }
+
+    /// [`HostArray::split_leading`]'s inverse: `parts` (one dtype and shape) stacked along
+    /// dim 0. `Err` naming the first part that differs.
+    pub fn stack_leading(parts: &[HostArray]) -> Result<HostArray, String> {
+        let first = parts.first().ok_or("nothing to stack")?;
+        if let Some((i, p)) = parts.iter().enumerate().find(|(_, p)| p.dtype != first.dtype || p.shape != first.shape) {
+            return Err(format!("cannot stack part {i} ({}) on part 0 ({})", p.type_string(), first.type_string()));
+        }
+        let mut shape = first.shape.clone();
+        match shape.first_mut() {
+            Some(d) => *d *= parts.len(),
+            None => shape.push(parts.len()),
+        }
+        HostArray::new(first.dtype, &shape, parts.iter().flat_map(|p| p.bytes.iter().copied()).collect())
+    }
+
     /// `bf16[8,128]`, as in call specs.
     pub fn type_string(&self) -> String {
         let dims: Vec<String> = self.shape.iter().map(|d| d.to_string()).collect();
@@ -165,6 +197,18 @@ fn e5m2_to_f32(x: u8) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_leading_and_stack_leading_are_inverse() {
+        let a = HostArray::from_i32(&[6, 2], &(0..12).collect::<Vec<_>>());
+        let parts = a.split_leading(3).unwrap();
+        assert_eq!(parts.iter().map(|p| p.to_i32()).collect::<Vec<_>>(), [vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9, 10, 11]]);
+        assert_eq!(parts[1].shape, [2, 2]);
+        assert_eq!(HostArray::stack_leading(&parts).unwrap(), a);
+        assert_eq!(a.split_leading(4).unwrap_err(), "i32[6,2] does not split into 4 equal parts along dim 0");
+        let err = HostArray::stack_leading(&[parts[0].clone(), HostArray::from_i32(&[1, 2], &[0, 1])]).unwrap_err();
+        assert_eq!(err, "cannot stack part 1 (i32[1,2]) on part 0 (i32[2,2])");
+    }
 
     #[test]
     fn values_round_trip_through_every_integer_and_bf16() {

@@ -229,40 +229,87 @@ pub mod expert_ffn {
     }
 }
 
+/// Grouped-matmul metadata for `m` rows in `groups` groups (scalar prefetch: offsets, visit
+/// groups, visit m tiles, visit count): random group sizes summing to exactly `m` (rows past
+/// the last offset are undefined in the kernel, so every row belongs to a group), from
+/// `groups - 1` uniform cut points in `0..=m`, sorted, so tiles straddle groups; with 3 or
+/// more groups, group 1 is forced empty so the metadata's skipping of empty groups is always
+/// exercised. The metadata comes from [`crate::moe_reference::group_metadata`].
+fn grouped_rows(rng: &mut Rng, m: usize, groups: usize, block_m: usize) -> [HostArray; 4] {
+    let mut cuts: Vec<usize> = (1..groups).map(|_| rng.range(0, m as i64) as usize).collect();
+    cuts.sort_unstable();
+    if cuts.len() >= 2 {
+        cuts[1] = cuts[0];
+    }
+    let bounds: Vec<usize> = std::iter::once(0).chain(cuts).chain(std::iter::once(m)).collect();
+    let sizes: Vec<usize> = bounds.windows(2).map(|w| w[1] - w[0]).collect();
+    let (offsets, gids, tids, num) = crate::moe_reference::group_metadata(&sizes, m, block_m);
+    let visits = gids.len();
+    [HostArray::from_i32(&[groups + 1], &offsets), HostArray::from_i32(&[visits], &gids), HostArray::from_i32(&[visits], &tids), HostArray::from_i32(&[1], &[num])]
+}
+
+/// `parts` (same dtype) one after the other as one array of `shape`.
+fn stacked(parts: &[HostArray], shape: &[usize]) -> HostArray {
+    HostArray::new(parts[0].dtype, shape, parts.iter().flat_map(|a| a.bytes.iter().copied()).collect()).expect("the parts fill the shape")
+}
+
+/// The f32 values of `count` standalone quantized `[k, n]` matrices stored one after the
+/// other in `codes` (one byte per code) with their `[k / group, n]` f32 scales in `scales`,
+/// dequantized (`code * scale`); `which` picks the matrices (by index) and their order.
+fn dequantized(codes: &HostArray, scales: &HostArray, (k, n, group): (usize, usize, usize), which: impl Iterator<Item = usize>) -> Vec<f32> {
+    let per = (k * n, k / group * n);
+    which
+        .flat_map(|b| {
+            let codes = HostArray::new(codes.dtype, &[k, n], codes.bytes[b * per.0..(b + 1) * per.0].to_vec()).expect("one byte per code");
+            let scales = HostArray::new(scales.dtype, &[k / group, n], scales.bytes[4 * b * per.1..4 * (b + 1) * per.1].to_vec()).expect("f32 scales");
+            r::dequantize(&codes.to_f32(), &scales.to_f32(), k, n, group)
+        })
+        .collect()
+}
+
 pub mod grouped_matmul {
     use super::*;
     use crate::grouped_matmul::Params;
     use crate::moe_reference as moe;
 
-    /// Random group sizes summing to exactly `m` (rows past the last offset are undefined in
-    /// the kernel, so every row belongs to a group): `groups - 1` uniform cut points in
-    /// `0..=m`, sorted, so tiles straddle groups; with 3 or more groups, group 1 is forced
-    /// empty so the metadata's skipping of empty groups is always exercised. The metadata
-    /// comes from [`moe::group_metadata`].
+    /// [`grouped_rows`]' metadata, bf16 rows and experts.
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        let mut cuts: Vec<usize> = (1..p.groups).map(|_| rng.range(0, p.m as i64) as usize).collect();
-        cuts.sort_unstable();
-        if cuts.len() >= 2 {
-            cuts[1] = cuts[0];
-        }
-        let bounds: Vec<usize> = std::iter::once(0).chain(cuts).chain(std::iter::once(p.m)).collect();
-        let sizes: Vec<usize> = bounds.windows(2).map(|w| w[1] - w[0]).collect();
-        let (offsets, gids, tids, num) = moe::group_metadata(&sizes, p.m, p.block_m);
-        let visits = gids.len();
-        vec![
-            HostArray::from_i32(&[p.groups + 1], &offsets),
-            HostArray::from_i32(&[visits], &gids),
-            HostArray::from_i32(&[visits], &tids),
-            HostArray::from_i32(&[1], &[num]),
-            HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k)),
-            // `f32s` rounded by `HostArray::bf16` is `bf16s`, rounded once (1.6 GB at defaults).
-            HostArray::bf16_from_f32(&[p.groups, p.k, p.n], &rng.f32s(p.groups * p.k * p.n)),
-        ]
+        let mut x = grouped_rows(&mut rng, p.m, p.groups, p.block_m).to_vec();
+        x.push(HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k)));
+        // `f32s` rounded by `HostArray::bf16` is `bf16s`, rounded once (1.6 GB at defaults).
+        x.push(HostArray::bf16_from_f32(&[p.groups, p.k, p.n], &rng.f32s(p.groups * p.k * p.n)));
+        x
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         vec![HostArray::bf16_from_f32(&[p.m, p.n], &moe::grouped_matmul(&x[4].to_f32(), &x[5].to_f32(), &x[0].to_i32(), p.m, p.k, p.n))]
+    }
+}
+
+pub mod grouped_matmul_quantized {
+    use super::*;
+    use crate::grouped_matmul_quantized::Params;
+    use crate::moe_reference as moe;
+
+    /// [`grouped_rows`]' metadata and bf16 rows; per expert, `wdtype` codes `[k, n]` and
+    /// their `[k / group, n]` scales ([`quantized_weight`]).
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        let mut rng = Rng::new(seed);
+        let mut x = grouped_rows(&mut rng, p.m, p.groups, p.block_m).to_vec();
+        x.push(HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k)));
+        let experts: Vec<[HostArray; 2]> = (0..p.groups).map(|_| quantized_weight(&mut rng, p.wdtype, p.k, p.n, p.group)).collect();
+        let (codes, scales): (Vec<HostArray>, Vec<HostArray>) = experts.into_iter().map(|[c, s]| (c, s)).unzip();
+        x.push(stacked(&codes, &[p.groups, p.k, p.n]));
+        x.push(stacked(&scales, &[p.groups, p.k / p.group, p.n]));
+        x
+    }
+
+    /// `grouped_matmul`'s reference on the dequantized experts (every group's, empty ones
+    /// included: the reference indexes experts by group).
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        let rhs = dequantized(&x[5], &x[6], (p.k, p.n, p.group), 0..p.groups);
+        vec![HostArray::bf16_from_f32(&[p.m, p.n], &moe::grouped_matmul(&x[4].to_f32(), &rhs, &x[0].to_i32(), p.m, p.k, p.n))]
     }
 }
 
@@ -429,11 +476,6 @@ pub mod expert_ffn_quantized {
     use crate::expert_ffn_quantized::Params;
     use crate::moe_reference as moe;
 
-    /// `parts` (same dtype) one after the other as one array of `shape`.
-    fn stacked(parts: &[HostArray], shape: &[usize]) -> HostArray {
-        HostArray::new(parts[0].dtype, shape, parts.iter().flat_map(|a| a.bytes.iter().copied()).collect()).expect("the parts fill the shape")
-    }
-
     /// `expert_ffn`'s routing and activations; per expert, gate/up codes `[hidden, ffn]` with
     /// scales `[hidden / group, ffn]`, and down codes cut into `ffn / block_ffn` chunks
     /// `[block_ffn, hidden]`, each with its own `[block_ffn / down_group, hidden]` scales.
@@ -470,24 +512,89 @@ pub mod expert_ffn_quantized {
                 }
             })
             .collect();
-        // An expert's projection is `blocks` standalone quantized `[k, n]` matrices (one code
-        // byte per element) with `[k / group, n]` scales each.
-        let dequantized = |codes: &HostArray, scales: &HostArray, k: usize, n: usize, group: usize| -> Vec<f32> {
+        // An expert's projection is `blocks` standalone quantized `[k, n]` matrices.
+        let routed = |codes: &HostArray, k: usize, n: usize| {
             let blocks = codes.len() / (k * n * p.experts);
-            let per_block = (k * n, k / group * n);
-            used.iter()
-                .flat_map(|&e| (0..blocks).map(move |b| e as usize * blocks + b))
-                .flat_map(|b| {
-                    let codes = HostArray::new(codes.dtype, &[k, n], codes.bytes[b * per_block.0..(b + 1) * per_block.0].to_vec()).expect("one byte per code");
-                    let scales = HostArray::new(scales.dtype, &[k / group, n], scales.bytes[4 * b * per_block.1..4 * (b + 1) * per_block.1].to_vec()).expect("f32 scales");
-                    r::dequantize(&codes.to_f32(), &scales.to_f32(), k, n, group)
-                })
-                .collect()
+            used.iter().flat_map(move |&e| (0..blocks).map(move |b| e as usize * blocks + b))
         };
-        let gate = dequantized(&x[3], &x[6], h, f, p.group);
-        let up = dequantized(&x[4], &x[7], h, f, p.group);
-        let down = dequantized(&x[5], &x[8], bf, h, p.down_group);
+        let gate = dequantized(&x[3], &x[6], (h, f, p.group), routed(&x[3], h, f));
+        let up = dequantized(&x[4], &x[7], (h, f, p.group), routed(&x[4], h, f));
+        let down = dequantized(&x[5], &x[8], (bf, h, p.down_group), routed(&x[5], bf, h));
         let o = moe::expert_ffn(&x[2].to_f32(), &local, &x[1].to_f32(), &gate, &up, &down, p.tokens, h, p.top_k, f);
         vec![HostArray::bf16_from_f32(&[p.tokens, h], &o)]
+    }
+}
+
+/// The mesh collectives' cases: every input and output is the `n` devices' operands stacked
+/// on dim 0 (device order), as [`crate::KernelEntry`] documents for mesh kernels.
+///
+/// `devices` operands of `rows x cols` random bf16 values, stacked.
+fn device_operands(seed: u64, devices: usize, rows: usize, cols: usize) -> HostArray {
+    HostArray::bf16_from_f32(&[devices * rows, cols], &Rng::new(seed).bf16s(devices * rows * cols))
+}
+
+/// The f32 sum over `devices` devices of their stacked operands `x`, rounded once to bf16:
+/// each device's share of a reduce-scatter, the whole of an all-reduce (the kernels round
+/// each hop's partial, which the bf16 tolerance covers).
+fn device_sum(x: &HostArray, devices: usize) -> HostArray {
+    let mut shape = x.shape.clone();
+    shape[0] /= devices;
+    HostArray::bf16_from_f32(&shape, &r::device_sum(&x.to_f32(), devices))
+}
+
+pub mod permute {
+    use super::*;
+    use crate::permute::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        let mut rng = Rng::new(seed);
+        vec![HostArray::from_f32(&[p.n * p.rows, p.cols], &rng.f32s(p.n * p.rows * p.cols))]
+    }
+
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        vec![HostArray::from_f32(&[p.n * p.rows, p.cols], &r::ring_permute(&x[0].to_f32(), p.n, p.shift))]
+    }
+}
+
+pub mod all_gather {
+    use super::*;
+    use crate::all_gather::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        vec![device_operands(seed, p.n, p.rows, p.cols)]
+    }
+
+    /// Every device's output is every device's operand, in device order.
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        vec![HostArray::stack_leading(&vec![x[0].clone(); p.n]).expect("copies of one array stack")]
+    }
+}
+
+pub mod reduce_scatter {
+    use super::*;
+    use crate::reduce_scatter::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        vec![device_operands(seed, p.n, p.n * p.rows, p.cols)]
+    }
+
+    /// Device `i`'s output is row block `i` of the sum over devices, so the stacked outputs
+    /// are the whole sum.
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        vec![device_sum(&x[0], p.n)]
+    }
+}
+
+pub mod all_reduce {
+    use super::*;
+    use crate::all_reduce::Params;
+
+    pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
+        vec![device_operands(seed, p.n, p.n * p.rows, p.cols)]
+    }
+
+    /// Every device's output is the sum over devices.
+    pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
+        vec![HostArray::stack_leading(&vec![device_sum(&x[0], p.n); p.n]).expect("copies of one array stack")]
     }
 }

@@ -24,7 +24,8 @@
 //!   windows plus 1 MiB of headroom, at least the 16 MiB every chip grants by default, so
 //!   bigger blocks raise it instead of failing the default scoped budget.
 
-use crate::body::{WeightLayout, project};
+use crate::body::{WeightBlock, WeightLayout};
+use palladium_dsl::build::{eq, if_else};
 use palladium_dsl::prelude::*;
 
 /// The VMEM limit for `gemv`'s blocks: the double-buffered `x`, `w` and `o` windows (`x`'s
@@ -55,15 +56,20 @@ pub fn gemv(
     #[input(bf16[k, n], block = [block_k, block_n], map = |j, kk| (kk, j))] w: Ref,
     #[output(f32[batch, n], block = [batch, block_n], map = |j, _kk| (0, j))] o: Ref,
 ) {
-    let partial = project(x[..], w[..], WeightLayout::InOut);
-    if block_k == k {
+    gemv_step(x, || w[..], o, k / block_k);
+}
+
+/// One grid step of `gemv` whatever the weight format (`gemv_quantized` is the same kernel
+/// over codes and scales): the column block's product with this k step's weight block
+/// (`weight` loads it), stored into the f32 output block at the first of the `k_steps` k
+/// steps and added to it after (the output block is the accumulator).
+pub(crate) fn gemv_step<W: WeightBlock>(x: Ref, weight: impl FnOnce() -> W, o: Ref, k_steps: usize) {
+    let x = x.load(..);
+    let partial = weight().project_from(x, WeightLayout::InOut);
+    if k_steps == 1 {
         // One k step: the plain Pallas body.
-        o[..] = partial;
+        o.store(.., partial);
     } else {
-        if program_id(1) == 0 {
-            o[..] = partial;
-        } else {
-            o[..] += partial;
-        }
+        if_else(eq(program_id(1), 0), || o.store(.., partial), || o.store(.., o.load(..) + partial));
     }
 }

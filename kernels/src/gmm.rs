@@ -31,7 +31,53 @@
 //! Numerics: bf16 x bf16 on the MXU, f32 accumulation over k, one bf16 rounding on the
 //! store. See `moe_reference::grouped_matmul`.
 
+use crate::body::{GroupScales, QuantizedBlock, WeightBlock, WeightLayout};
+use crate::quantized::{scale_rows, scale_span};
+use palladium_dsl::build::{eq, ge, if_else, lt};
 use palladium_dsl::prelude::*;
+
+/// The refs one grid step of a grouped matmul reads and writes, whatever its weight format.
+struct GroupedStep {
+    group_offsets: Ref,
+    group_ids: Ref,
+    m_tile_ids: Ref,
+    num_visits: Ref,
+    lhs: Ref,
+    o: Ref,
+    acc: Ref,
+    block_m: usize,
+    block_n: usize,
+}
+
+impl GroupedStep {
+    /// One (n tile, visit, k tile) step: a real visit adds `lhs @ weight` to the f32
+    /// accumulator (the weight block loaded by `weight`, bf16 or quantized codes with their
+    /// scales) and, at the last k step, merges the rows of its group into the output block.
+    fn run<W: WeightBlock>(&self, weight: impl FnOnce() -> W) {
+        let visit = program_id(1);
+        let kk = program_id(2);
+        if_else(
+            lt(visit, self.num_visits.load(0)),
+            || {
+                if_else(eq(kk, 0), || self.acc.store(.., 0.0), || ());
+                let sum = self.acc.load(..);
+                let x = self.lhs.load(..);
+                self.acc.store(.., sum + weight().project_from(x, WeightLayout::InOut));
+                if_else(eq(kk, num_programs(2) - 1), || self.merge(visit), || ());
+            },
+            || (),
+        );
+    }
+
+    /// The visit's group's rows of the accumulated tile into the output block (the other
+    /// rows keep what earlier visits of the tile wrote).
+    fn merge(&self, visit: Val) {
+        let group = self.group_ids.load(visit);
+        let row = iota([self.block_m as u64, self.block_n as u64], 0) + self.m_tile_ids.load(visit) * self.block_m as i32;
+        let mine = ge(row, self.group_offsets.load(group)) & lt(row, self.group_offsets.load(group + 1));
+        self.o.store(.., select(mine, self.acc.load(..), self.o.load(..).cast(f32)).cast(bf16));
+    }
+}
 
 #[kernel(
     grid = (n / block_n, m / block_m + groups - 1, k / block_k),
@@ -54,18 +100,46 @@ pub fn grouped_matmul(
     #[output(bf16[m, n], block = [block_m, block_n], map = |j, v, _kk, _off, _gid, tid, _nv| (tid[v], j))] o: Ref,
     #[scratch(vmem, f32[block_m, block_n])] acc: Ref,
 ) {
-    let visit = program_id(1);
-    let kk = program_id(2);
-    if visit < num_visits[0] {
-        if kk == 0 {
-            acc[..] = 0.0;
-        }
-        acc[..] += dot(lhs[..], rhs[(0, .., ..)]);
-        if kk == num_programs(2) - 1 {
-            let group = group_ids[visit];
-            let row = iota([block_m, block_n], 0) + m_tile_ids[visit] * block_m as i32;
-            let mine = (row >= group_offsets[group]) & (row < group_offsets[group + 1]);
-            o[..] = select(mine, acc[..], o[..].cast(f32)).cast(bf16);
-        }
-    }
+    let step = GroupedStep { group_offsets, group_ids, m_tile_ids, num_visits, lhs, o, acc, block_m, block_n };
+    step.run(|| rhs[(0, .., ..)]);
+}
+
+/// `grouped_matmul` with quantized expert weights (issue 16): `rhs` as 8- or 4-bit codes
+/// (`wdtype`: `i8`, `i4` or `f8e4m3fn`) `[groups, k, n]` plus f32 scales `[groups, k / group,
+/// n]`, one per `group` consecutive inputs of each output column of each expert (the
+/// `*_quantized` kernels' [`GroupScales`] layout, per expert). The defaults are the issue's
+/// int4 experts, groups of 128 along the input; int8 per channel is `wdtype=i8 group=K`, fp8
+/// 128 x 128 blocks `wdtype=f8e4m3fn group=128` with each block's scale repeated over its
+/// columns. The scales block `[scale_rows(block_k, group), block_n]` rides with its code
+/// block (the same group and k step), so with 128-groups a k split needs `block_k` a multiple
+/// of 1024 (the TPU block rule on the scales' second-minor dim): the default `block_k` is
+/// 1024. Each visit is `grouped_matmul`'s, the product `project_quantized`'s (bf16 x code dots
+/// on the MXU, each group's partial times its scales).
+#[kernel(
+    grid = (n / block_n, m / block_m + groups - 1, k / block_k),
+    semantics = (parallel, arbitrary, arbitrary),
+    requires = [wdtype == i8 || wdtype == int4 || wdtype == float8_e4m3, k % group == 0, block_k % group == 0 || group % block_k == 0]
+)]
+pub fn grouped_matmul_quantized(
+    #[default(512)] m: usize,
+    #[default(2048)] k: usize,
+    #[default(1536)] n: usize,
+    #[default(128)] groups: usize,
+    #[default(128)] block_m: usize,
+    #[default(1024)] block_k: usize,
+    #[default(512)] block_n: usize,
+    #[default(int4)] wdtype: DType,
+    #[default(128)] group: usize,
+    #[prefetch(i32[groups + 1])] group_offsets: Ref,
+    #[prefetch(i32[m / block_m + groups - 1])] group_ids: Ref,
+    #[prefetch(i32[m / block_m + groups - 1])] m_tile_ids: Ref,
+    #[prefetch(i32[1])] num_visits: Ref,
+    #[input(bf16[m, k], block = [block_m, block_k], map = |_j, v, kk, _off, _gid, tid, _nv| (tid[v], kk))] lhs: Ref,
+    #[input(wdtype[groups, k, n], block = [None, block_k, block_n], map = |j, v, kk, _off, gid, _tid, _nv| (gid[v], kk, j))] rhs: Ref,
+    #[input(f32[groups, k / group, n], block = [None, scale_rows(block_k, group), block_n], map = |j, v, kk, _off, gid, _tid, _nv| (gid[v], kk * block_k / scale_span(block_k, group), j))] scales: Ref,
+    #[output(bf16[m, n], block = [block_m, block_n], map = |j, v, _kk, _off, _gid, tid, _nv| (tid[v], j))] o: Ref,
+    #[scratch(vmem, f32[block_m, block_n])] acc: Ref,
+) {
+    let step = GroupedStep { group_offsets, group_ids, m_tile_ids, num_visits, lhs, o, acc, block_m, block_n };
+    step.run(|| QuantizedBlock { codes: rhs[(0, .., ..)], scales: GroupScales { values: scales[(0, .., ..)], group: group as u64 } });
 }

@@ -37,7 +37,7 @@ pub use decode::gemv;
 pub use ffn::expert_ffn;
 pub use flash::flash_attention;
 pub use gather::gather_rows;
-pub use gmm::grouped_matmul;
+pub use gmm::{grouped_matmul, grouped_matmul_quantized};
 pub use kv_cache::kv_cache_update;
 pub use linalg::matmul;
 pub use norm::rmsnorm;
@@ -75,6 +75,11 @@ pub type ReferenceFn = fn(&[(String, String)], &[HostArray]) -> Result<Vec<HostA
 
 /// A library kernel: its name, a one-line description, its parameters, a builder, and
 /// (for checking it) an input generator and a reference.
+///
+/// A mesh kernel (a call spec with a mesh, `CallSpec::devices() > 1`: the collectives) has
+/// inputs and outputs per device; here, as in the runtime's programs (`jax.shard_map` with
+/// `P("x")`), each is the devices' operands stacked on dim 0 in device order
+/// ([`HostArray::split_leading`] gives the devices' own).
 #[derive(Debug)]
 pub struct KernelEntry {
     pub name: &'static str,
@@ -147,7 +152,12 @@ pub static REGISTRY: &[KernelEntry] = &[
     entry!(matmul_quantized, "tiled matmul with 8/4-bit weights and f32 group scales applied to each group's partial product", cases::matmul_quantized),
     entry!(rmsnorm_matmul_quantized, "rmsnorm_matmul with 8/4-bit weights and f32 group scales", cases::rmsnorm_matmul_quantized),
     entry!(expert_ffn_quantized, "expert_ffn with 8/4-bit experts (default int4, groups of 128) and their scales as pipeline blocks indexed by the routed ids", cases::expert_ffn_quantized),
+    entry!(grouped_matmul_quantized, "grouped_matmul with 8/4-bit experts (default int4, groups of 128) and f32 group scales as blocks beside their codes", cases::grouped_matmul_quantized),
     entry!(rope, "rotary embedding on [tokens, heads*head_dim], neox or interleaved, rotation as an exact ±1 matmul", cases::rope),
+    entry!(permute, "ring permute over a 1-D device mesh (lax.ppermute): one remote DMA to device i + shift after a barrier with both ring neighbours", cases::permute),
+    entry!(all_gather, "ring all-gather over a 1-D device mesh: n - 1 remote-DMA hops, every device's x stacked in device order", cases::all_gather),
+    entry!(reduce_scatter, "ring reduce-scatter over a 1-D device mesh: f32 sums on the device, bf16 partials on the wire, device i gets row block i of the sum", cases::reduce_scatter),
+    entry!(all_reduce, "ring all-reduce over a 1-D device mesh (reduce-scatter then all-gather), optionally bidirectional (half the columns each way)", cases::all_reduce),
 ];
 
 pub fn names() -> Vec<&'static str> {

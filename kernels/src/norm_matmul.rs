@@ -23,7 +23,8 @@
 //! and refuses. All of `rows` in one row block streams the weight once (`block_rows = 128`
 //! streams it twice: 124085 vs 89673 estimated cycles on v5e).
 
-use crate::body::{WeightLayout, project, rms_norm};
+use crate::body::{WeightBlock, WeightLayout, rms_norm};
+use palladium_dsl::build::{eq, if_else};
 use palladium_dsl::prelude::*;
 
 #[kernel(grid = (rows / block_rows, n / block_n), semantics = (parallel, arbitrary), requires = [eps >= 0.0])]
@@ -40,8 +41,26 @@ pub fn rmsnorm_matmul(
     #[output(bf16[rows, n], block = [block_rows, block_n], map = |i, j| (i, j))] o: Ref,
     #[scratch(vmem, bf16[block_rows, hidden])] normed: Ref,
 ) {
-    if program_id(1) == 0 {
-        normed[..] = rms_norm(x[..], Some(norm_w[..]), hidden as u64, eps);
-    }
-    o[..] = project(normed[..], w[..], WeightLayout::InOut).cast(bf16);
+    rmsnorm_matmul_step(RmsNormed { x, norm_w, normed, hidden, eps }, || w[..], o);
+}
+
+/// The row block `rmsnorm_matmul` normalises once and projects at every column step: `x`'s
+/// block, the norm weight, the bf16 scratch `normed` it is cached in.
+pub(crate) struct RmsNormed {
+    pub x: Ref,
+    pub norm_w: Ref,
+    pub normed: Ref,
+    pub hidden: usize,
+    pub eps: f64,
+}
+
+/// One grid step of `rmsnorm_matmul` whatever the weight format (`rmsnorm_matmul_quantized`
+/// is the same kernel over codes and scales): the row block normalised into `normed` at the
+/// first column step, then its product with this column block's weight (`weight` loads it)
+/// stored as bf16.
+pub(crate) fn rmsnorm_matmul_step<W: WeightBlock>(rows: RmsNormed, weight: impl FnOnce() -> W, o: Ref) {
+    let RmsNormed { x, norm_w, normed, hidden, eps } = rows;
+    if_else(eq(program_id(1), 0), || normed.store(.., rms_norm(x.load(..), Some(norm_w.load(..)), hidden as u64, eps)), || ());
+    let normed = normed.load(..);
+    o.store(.., weight().project_from(normed, WeightLayout::InOut).cast(bf16));
 }

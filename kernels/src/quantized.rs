@@ -18,7 +18,9 @@
 //! `gemv` there. The scale multiplies each group's f32 partial product (a K-blocked loop for
 //! groups narrower than the block), so a group's scale never touches the codes.
 
-use crate::body::{GroupScales, QuantizedBlock, RowSelect, WeightLayout, project_quantized, rms_norm, routed, swiglu_chunk};
+use crate::body::{GroupScales, QuantizedBlock, RowSelect, WeightLayout, project_quantized, routed, swiglu_chunk};
+use crate::decode::gemv_step;
+use crate::norm_matmul::{RmsNormed, rmsnorm_matmul_step};
 use palladium_dsl::prelude::*;
 
 /// Rows of a `[block_k, ..]` weight block's scales block: `block_k / group`, or one when the
@@ -57,16 +59,7 @@ pub fn gemv_quantized(
     #[input(f32[k / group, n], block = [scale_rows(block_k, group), block_n], map = |j, kk| (kk * block_k / scale_span(block_k, group), j))] scales: Ref,
     #[output(f32[batch, n], block = [batch, block_n], map = |j, _kk| (0, j))] o: Ref,
 ) {
-    let partial = project_quantized(x[..], w[..], GroupScales { values: scales[..], group: group as u64 }, WeightLayout::InOut);
-    if block_k == k {
-        o[..] = partial;
-    } else {
-        if program_id(1) == 0 {
-            o[..] = partial;
-        } else {
-            o[..] += partial;
-        }
-    }
+    gemv_step(x, || QuantizedBlock { codes: w[..], scales: GroupScales { values: scales[..], group: group as u64 } }, o, k / block_k);
 }
 
 /// `matmul` (bf16 out) with a quantized `[k, n]` weight and its `[k / group, n]` scales:
@@ -123,10 +116,8 @@ pub fn rmsnorm_matmul_quantized(
     #[output(bf16[rows, n], block = [block_rows, block_n], map = |i, j| (i, j))] o: Ref,
     #[scratch(vmem, bf16[block_rows, hidden])] normed: Ref,
 ) {
-    if program_id(1) == 0 {
-        normed[..] = rms_norm(x[..], Some(norm_w[..]), hidden as u64, eps);
-    }
-    o[..] = project_quantized(normed[..], w[..], GroupScales { values: scales[..], group: group as u64 }, WeightLayout::InOut).cast(bf16);
+    let weight = || QuantizedBlock { codes: w[..], scales: GroupScales { values: scales[..], group: group as u64 } };
+    rmsnorm_matmul_step(RmsNormed { x, norm_w, normed, hidden, eps }, weight, o);
 }
 
 /// `expert_ffn` with quantized experts (the int4 experts: `wdtype=i4`, groups of 128

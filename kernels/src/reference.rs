@@ -90,6 +90,21 @@ pub fn dequantize(codes: &[f32], scales: &[f32], k: usize, n: usize, group: usiz
     (0..k * n).map(|i| codes[i] * scales[(i / n) / group * n + i % n]).collect()
 }
 
+/// A ring permute over `devices` devices: `x` is their operands stacked (device `d`'s the
+/// `d`-th of `devices` equal slabs) and device `d + shift`'s output is device `d`'s operand.
+pub fn ring_permute(x: &[f32], devices: usize, shift: usize) -> Vec<f32> {
+    let slab = x.len() / devices;
+    (0..devices).flat_map(|d| &x[(d + devices - shift % devices) % devices * slab..][..slab]).copied().collect()
+}
+
+/// The f32 sum over `devices` devices of their operands, stacked in `x` as in
+/// [`ring_permute`]: element `i` of the result sums element `i` of every slab, in device
+/// order.
+pub fn device_sum(x: &[f32], devices: usize) -> Vec<f32> {
+    let slab = x.len() / devices;
+    (0..slab).map(|i| (0..devices).map(|d| x[d * slab + i]).sum()).collect()
+}
+
 /// `x[m, k] @ y[k, n]`: f32 accumulation, output rounded to bf16.
 pub fn matmul(x: &[f32], y: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     matmul_f32(x, y, m, k, n).into_iter().map(round_bf16).collect()

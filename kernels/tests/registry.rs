@@ -4,8 +4,12 @@
 use palladium_dsl::spec::OperandRole;
 use palladium_kernels::{HostArray, REGISTRY};
 
+/// The host arrays of the operands in `roles`: a mesh kernel's are its devices' operands
+/// stacked on dim 0.
 fn types(kernel: &palladium_dsl::Kernel, roles: &[OperandRole]) -> Vec<String> {
-    kernel.call.operands.iter().filter(|o| roles.contains(&o.role)).map(|o| format!("{}[{}]", o.dtype, o.shape.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","))).collect()
+    let devices = kernel.call.devices();
+    let global = |d: usize, n: u64| if d == 0 { n * devices } else { n };
+    kernel.call.operands.iter().filter(|o| roles.contains(&o.role)).map(|o| format!("{}[{}]", o.dtype, o.shape.dims().iter().enumerate().map(|(d, &n)| global(d, n).to_string()).collect::<Vec<_>>().join(","))).collect()
 }
 
 fn all_zero(d: &HostArray) -> bool {
@@ -77,4 +81,15 @@ fn gather_ids_are_in_range_and_distinct() {
     ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len(), 8);
+}
+
+#[test]
+fn mesh_kernels_are_registered_with_their_devices() {
+    for name in ["permute", "all_gather", "reduce_scatter", "all_reduce"] {
+        let k = palladium_kernels::build(name, &[("n".into(), "8".into())]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(k.call.devices(), 8, "{name}");
+        let e = palladium_kernels::entry(name).unwrap();
+        let x = (e.inputs)(&[("n".into(), "8".into())], 1).unwrap();
+        assert_eq!(x[0].shape[0] % 8, 0, "{name}: inputs stack the 8 devices' operands");
+    }
 }

@@ -22,17 +22,33 @@ pub const VENV_ENV: &str = "PALLADIUM_TPU_VENV";
 pub const LIBTPU_ENVIRONMENT: [(&str, &str); 4] =
     [("TPU_SKIP_MDS_QUERY", "1"), ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"), ("TF_CPP_MIN_LOG_LEVEL", "3"), ("GLOG_minloglevel", "3")];
 
-/// The deviceless topology libtpu compiles `chip` for: the smallest slice of each generation
-/// (v6e:2x2 has 4 devices; tpu7x:2x2x1 has 8, one per TensorCore). A single-device kernel
-/// is compiled for one device of it.
-pub fn topology(chip: Chip) -> &'static str {
-    match chip {
-        Chip::V4 => "v4:2x2x1",
-        Chip::V5e => "v5e:2x2",
-        Chip::V5p => "v5p:2x2x1",
-        Chip::V6e => "v6e:2x2",
-        Chip::V7x => "tpu7x:2x2x1",
-    }
+/// The deviceless slices libtpu compiles for, smallest first per chip, with their device
+/// counts (a device as PJRT counts it: a chip on v4/v5e/v5p/v6e, megacore on v4 and v5p; a
+/// TensorCore on v7x, two a chip).
+const SLICES: &[(Chip, &str, u64)] = &[
+    (Chip::V4, "v4:2x2x1", 4),
+    (Chip::V4, "v4:2x2x2", 8),
+    (Chip::V5e, "v5e:2x2", 4),
+    (Chip::V5e, "v5e:2x4", 8),
+    (Chip::V5p, "v5p:2x2x1", 4),
+    (Chip::V5p, "v5p:2x2x2", 8),
+    (Chip::V6e, "v6e:2x2", 4),
+    (Chip::V6e, "v6e:2x4", 8),
+    (Chip::V7x, "tpu7x:2x2x1", 8),
+    (Chip::V7x, "tpu7x:2x2x2", 16),
+];
+
+/// The deviceless topology libtpu compiles a program of `devices` devices (its
+/// `mhlo.num_partitions`) for on `chip`: the smallest slice of the generation with at least
+/// that many (v6e:2x2 has 4 devices; tpu7x:2x2x1 has 8, one per TensorCore). A
+/// single-device kernel is compiled for one device of the smallest. `Err` naming the largest
+/// slice when none is big enough.
+pub fn topology(chip: Chip, devices: u64) -> Result<&'static str, String> {
+    let slices = || SLICES.iter().filter(|(c, _, _)| *c == chip);
+    slices().find(|(_, _, n)| *n >= devices).map(|(_, name, _)| *name).ok_or_else(|| {
+        let (_, name, n) = slices().next_back().expect("every chip has a slice");
+        format!("a program for {devices} devices does not fit a deviceless {chip} topology: the largest here is {name} with {n} devices")
+    })
 }
 
 /// The TPU venv: `$PALLADIUM_TPU_VENV`, else `~/.cache/palladium/venv-tpu`.
@@ -82,8 +98,14 @@ mod tests {
 
     #[test]
     fn every_chip_has_a_topology() {
-        let names: Vec<&str> = Chip::ALL.iter().map(|&c| topology(c)).collect();
+        let names: Vec<&str> = Chip::ALL.iter().map(|&c| topology(c, 1).unwrap()).collect();
         assert_eq!(names, ["v4:2x2x1", "v5e:2x2", "v5p:2x2x1", "v6e:2x2", "tpu7x:2x2x1"]);
+        assert_eq!(topology(Chip::V6e, 4), Ok("v6e:2x2"));
+        assert_eq!(topology(Chip::V6e, 8), Ok("v6e:2x4"));
+        assert_eq!(topology(Chip::V7x, 8), Ok("tpu7x:2x2x1"));
+        assert_eq!(topology(Chip::V7x, 16), Ok("tpu7x:2x2x2"));
+        let err = topology(Chip::V6e, 16).unwrap_err();
+        assert_eq!(err, "a program for 16 devices does not fit a deviceless v6e topology: the largest here is v6e:2x4 with 8 devices");
     }
 
     #[test]

@@ -161,6 +161,9 @@ pub enum CompileError {
     /// libtpu rejected the program: its message.
     #[error("libtpu: {0}")]
     Rejected(String),
+    /// No deviceless topology of the chip has the program's devices ([`libtpu::topology`]).
+    #[error("{0}")]
+    NoTopology(String),
     /// libtpu aborted the worker while compiling (or estimating) this program: its fatal
     /// message.
     #[error("libtpu aborted while compiling it: {0}")]
@@ -274,7 +277,8 @@ impl Compiler {
             *worker = Some(Worker::spawn(&self.libtpu, self.estimate)?);
         }
         let w = worker.as_mut().expect("spawned above");
-        let request = Request { program: job.program.clone(), topology: libtpu::topology(job.chip).to_string(), serialize: job.serialize };
+        let topology = libtpu::topology(job.chip, crate::stablehlo::num_partitions(&job.program).max(1) as u64).map_err(CompileError::NoTopology)?;
+        let request = Request { program: job.program.clone(), topology: topology.to_string(), serialize: job.serialize };
         match w.ask(&request) {
             Ok(answer) => {
                 let mut compiled = answer.result.map_err(CompileError::Rejected)?;

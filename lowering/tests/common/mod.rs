@@ -34,14 +34,15 @@ pub fn extra_kernels() -> Vec<(String, Kernel)> {
         .collect();
     /// A label, the library kernel and its `--set` settings.
     type Variant = (&'static str, &'static str, &'static [(&'static str, &'static str)]);
-    let settings: [Variant; 6] = [
+    let settings: [Variant; 7] = [
         ("matmul_f32_out", "matmul", &[("out_dtype", "f32")]),
         ("flash_attention_sync_kv", "flash_attention", &[("kv_buffers", "1")]),
-        // The other weight formats (the quantized kernels default to int8 per channel).
+        // The other weight formats (the quantized projections default to int8 per channel, the experts to int4).
         ("gemv_quantized_int4", "gemv_quantized", &[("wdtype", "i4"), ("group", "128")]),
         ("gemv_quantized_fp8", "gemv_quantized", &[("wdtype", "f8e4m3fn"), ("group", "128")]),
         ("matmul_quantized_int4", "matmul_quantized", &[("wdtype", "i4"), ("group", "128"), ("bk", "1024")]),
         ("expert_ffn_quantized_fp8", "expert_ffn_quantized", &[("wdtype", "f8e4m3fn")]),
+        ("grouped_matmul_quantized_int8", "grouped_matmul_quantized", &[("wdtype", "i8"), ("group", "2048")]),
     ];
     for (label, kernel, sets) in settings {
         let sets: Vec<(String, String)> = sets.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
