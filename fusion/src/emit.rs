@@ -28,6 +28,7 @@
 //! (The K/V write-back of a tile that may hold new rows, K > 1, is under one: two 16-row
 //! groups.)
 
+use crate::spmd::{self, Spmd};
 use crate::{layout::{OperandKind, SegmentKind::{OProj, Qkv, Router}}, plan::{ExpertFetch, KvTiles, Plan, written_groups}};
 use palladium_dsl::build::{Drain, KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, range};
 use palladium_dsl::prelude::*;
@@ -85,6 +86,8 @@ struct H {
     cos: Ref,
     sin: Ref,
     ids: Ref,
+    /// The collectives, on `N > 1` devices.
+    spmd: Option<Spmd>,
 }
 
 /// Build the megakernel of `plan`.
@@ -148,6 +151,7 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     kb.scratch_buffer("rope_cos", vm, DType::F32, &[rows, hp]);
     kb.scratch_buffer("rope_sin", vm, DType::F32, &[rows, hp]);
     kb.scratch_buffer("expert_ids", MemorySpace::Smem, DType::I32, &[plan.distinct_experts() + 1]);
+    spmd::declare(&mut kb, plan);
     let sealed = kb.seal()?;
     let hs = &sealed.handles;
     let r = |i: usize| hs[i].clone().into_ref();
@@ -163,7 +167,7 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         i += 1;
         i - 1
     };
-    let hd = H {
+    let mut hd = H {
         tokens: must(OperandKind::Tokens),
         positions: must(OperandKind::Positions),
         embed: must(OperandKind::Embed),
@@ -201,7 +205,13 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         cos: r(next()),
         sin: r(next()),
         ids: r(next()),
+        spmd: None,
     };
+    if plan.sharding.is_some() {
+        let refs = [(); 5].map(|_| r(next()));
+        let sems = [(); 2].map(|_| s(next()));
+        hd.spmd = Some(Spmd::start(plan, refs, sems));
+    }
     body(plan, hd, n, l);
     sealed.finish()
 }
@@ -292,9 +302,19 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
             if let Some(out) = hd.logits {
                 out.store(c, logits);
             }
-            (ring_add(bank, 1, banks), greedy.fold(logits, c * cw as i32, d.vocab))
+            let next_bank = ring_add(bank, 1, banks);
+            // On N devices, ids local to the device's vocabulary slice until gathered.
+            let greedy = match hd.spmd {
+                Some(spmd) => greedy.fold(logits, c * cw as i32, spmd.vocab_real()),
+                None => greedy.fold(logits, c * cw as i32, d.vocab as i32),
+            };
+            (next_bank, greedy)
         },
     );
+    let greedy = match hd.spmd {
+        Some(spmd) => spmd.gather_greedy(greedy),
+        None => greedy,
+    };
     hd.next_ids.store(.., greedy.id.broadcast_to([rows, 128]));
     hd.max_logits.store(.., greedy.max.broadcast_to([rows, 128]));
 }
@@ -332,6 +352,9 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
                 }
                 Router => {
                     let xn = *xn2.get_or_insert_with(|| {
+                        if let Some(spmd) = hd.spmd {
+                            spmd.all_reduce(hd.oacc);
+                        }
                         let x = residual_add(hd.x.load(..), hd.oacc.load(..));
                         hd.x.store(.., x);
                         rms_norm(x, None, h, d.eps)
@@ -555,19 +578,28 @@ fn attention(p: &Plan, hd: H, layer: Val) {
 /// distinct experts the real rows chose, in order of first choice (row-major, slot-minor),
 /// to SMEM: returns the routing and their count (each row's `top_k` choices are distinct, so
 /// at least `top_k`; at most [`Plan::distinct_experts`]). A choice that is not the first of
-/// its expert is stored to the trash entry past the list.
+/// its expert is stored to the trash entry past the list. Under EP only the device's own
+/// experts are listed, by local id (possibly none: entry 0 then holds local expert 0).
 fn route(p: &Plan, hd: H) -> (Routing, Val) {
     let d = &p.dims;
     let k = d.top_k;
     let trash = p.distinct_experts() as i32;
     let routing = Routing::new(hd.rl.load(..), d.experts, k, false, d.renormalize);
+    let own_first = hd.spmd.and_then(|spmd| spmd.expert_first());
+    if own_first.is_some() {
+        hd.ids.store(0, scalar(0));
+    }
     let mut distinct = scalar(0);
     for r in 0..d.tokens {
         for j in 0..k {
             let id = routing.id(r as i32, j as i32);
             let first = routing.first_choice(r, j, id);
-            hd.ids.store(select(first, distinct, trash), id);
-            distinct = select(first, distinct + 1, distinct);
+            let (listed, stored) = match own_first {
+                Some(lo) => (first & ge(id, lo) & lt(id, lo + d.experts_per_device as i32), id - lo),
+                None => (first, id),
+            };
+            hd.ids.store(select(listed, distinct, trash), stored);
+            distinct = select(listed, distinct + 1, distinct);
         }
     }
     (routing, distinct)
@@ -582,18 +614,25 @@ fn route(p: &Plan, hd: H) -> (Routing, Val) {
 /// entries past the distinct ones fetching the last one again at weight zero): the
 /// (expert, chunk) cursor is carried and advanced by compares, not divided out of the item
 /// index (libtpu's v6e estimator fails on the scalar division by a chunk count that is not
-/// a power of two).
+/// a power of two). Under EP a device may hold none of the chosen experts: its stream is
+/// the static worst case, entry 0 standing in (at weight zero) when the list is empty.
 fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Val) {
     let d = &p.dims;
     let (eb, ec, slots) = (p.layout.expert_block, p.layout.expert_chunks, p.expert_slots);
-    let worst_case = p.expert_fetch == ExpertFetch::WorstCase;
-    let total = match p.expert_fetch {
-        ExpertFetch::Distinct => distinct * ec as i32,
-        ExpertFetch::WorstCase => scalar((p.distinct_experts() * ec) as i32),
+    let own_first = hd.spmd.and_then(|spmd| spmd.expert_first());
+    let worst_case = p.expert_fetch == ExpertFetch::WorstCase || own_first.is_some();
+    let total = match worst_case {
+        false => distinct * ec as i32,
+        true => scalar((p.distinct_experts() * ec) as i32),
     };
-    // Row 0 alone chose `top_k` distinct experts: that many items exist whatever the routing.
-    let ahead = (slots - 1).min(d.top_k * ec);
-    let entry = |e: Val| if worst_case { select(lt(e, distinct), e, distinct - 1) } else { e };
+    // Row 0 alone chose `top_k` distinct experts: that many items exist whatever the
+    // routing (on one device, or under TP; under EP the static worst case's items do).
+    let ahead = (slots - 1).min(d.top_k.min(p.distinct_experts()) * ec);
+    let last = || match own_first {
+        Some(_) => select(ge(distinct, 1), distinct - 1, 0),
+        None => distinct - 1,
+    };
+    let entry = |e: Val| if worst_case { select(lt(e, distinct), e, last()) } else { e };
     let fetch = |e: Val, c: Val, slot: Val| async_copy(hd.w_experts.at((layer, hd.ids.load(entry(e)), c)), hd.ex_buf.at(slot), hd.ex_sems.at(slot));
     for it in 0..ahead {
         fetch(scalar((it / ec) as i32), scalar((it % ec) as i32), scalar(it as i32)).start();
@@ -617,12 +656,19 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
             fetch(e, c, slot).wait();
             let columns = |part: u64| hd.ex_buf.load((slot, .., part * eb..(part + 1) * eb));
             let chunk = swiglu_chunk(xn2, columns(0), columns(1), columns(2), WeightLayout::OutIn);
-            let weights = routing.weights_for(hd.ids.load(entry(e)), d.tokens);
+            let expert = match own_first {
+                Some(lo) => hd.ids.load(entry(e)) + lo,
+                None => hd.ids.load(entry(e)),
+            };
+            let weights = routing.weights_for(expert, d.tokens);
             let weights = if worst_case { select(lt(e, distinct), weights, 0.0) } else { weights };
             hd.acc.store(.., hd.acc.load(..) + chunk * weights);
             let next = ExpertItem { pair: e, chunk: c }.next(ec);
             (ring_add(slot, 1, slots), next.pair, next.chunk)
         },
     );
+    if let Some(spmd) = hd.spmd {
+        spmd.all_reduce(hd.acc);
+    }
     hd.x.store(.., residual_add(hd.x.load(..), hd.acc.load(..)));
 }

@@ -56,4 +56,5 @@ pub mod plan;
 pub mod report;
 pub mod rewrite;
 pub mod shard;
+pub mod spmd;
 pub mod unfused;
