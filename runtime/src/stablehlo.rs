@@ -131,10 +131,10 @@ impl CallSpec {
         if self.outputs.is_empty() {
             return Err(format!("call spec of `{}`: no outputs", self.name));
         }
-        if self.devices.unwrap_or(1) > 1 {
-            if let Some(t) = self.inputs.iter().chain(&self.outputs).find(|t| t.dims.is_empty()) {
-                return Err(format!("call spec of `{}`: the scalar {t} cannot be split over devices (operands stack along dim 0)", self.name));
-            }
+        if self.devices.unwrap_or(1) > 1
+            && let Some(t) = self.inputs.iter().chain(&self.outputs).find(|t| t.dims.is_empty())
+        {
+            return Err(format!("call spec of `{}`: the scalar {t} cannot be split over devices (operands stack along dim 0)", self.name));
         }
         for &[i, o] in &self.input_output_aliases {
             let (Some(a), Some(b)) = (self.inputs.get(i), self.outputs.get(o)) else {
