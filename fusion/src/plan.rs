@@ -725,7 +725,7 @@ fn vmem_budget(options: &PlanOptions, dims: &Dims, layout: &StreamLayout, rings:
         vmem.push(("logits (output)".into(), layout.lm_chunks * pad(rows, chunk_cols, 4)));
     }
     if options.devices > 1 {
-        vmem.push(("collective buffers (bf16 send/receive chunks per ring direction, gathered (max, id) pairs)".into(), shard::collective_vmem(dims, options.devices)));
+        vmem.push(("collective buffers (bf16 staged, reduced and stage blocks of the activation, gathered (max, id) pairs)".into(), shard::collective_vmem(dims, options.devices)));
     }
     let scores = pad(dims.attn_rows, block_kv, 4);
     // K > 1: the K new K/V rows are inserted into both tiles at once, a row mask at a time.
