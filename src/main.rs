@@ -238,9 +238,8 @@ struct PlanArgs {
     worst_case_experts: bool,
     /// Split the step over N devices (1, 2, 4, 8; a TensorCore on v7x, a chip on v6e):
     /// attention by heads, experts EP or TP, `lm_head` by vocabulary, in-kernel
-    /// all-reduces. N > 1 is planned and reported (per-device HBM and VMEM, the
-    /// collectives' modelled time); its emission is not implemented yet, so nothing is
-    /// written and the command fails after the report.
+    /// all-reduces. The report gives the split (per-device HBM and VMEM, the collectives'
+    /// modelled time); the emitted kernel is one SPMD program over a mesh of N devices.
     #[arg(long, value_name = "N", default_value_t = 1)]
     devices: u64,
     /// The weights' dtype the operands take: `bf16`, `int8`, `fp8` or `int4` (README,
@@ -371,12 +370,6 @@ fn run(cli: Cli) -> Result<(), String> {
             check_writable(&out, &names)?;
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
             let options = plan.options(&spec, chip)?;
-            if options.devices > 1 {
-                let devices = options.devices;
-                let plan = palladium_fusion::plan::Plan::new(&spec, &options).map_err(|e| format!("megakernel refused: {e}"))?;
-                if json { println!("{}", palladium_fusion::report::json(&plan)) } else { print!("{}", palladium_fusion::report::text(&plan)) }
-                return Err(format!("the {devices}-device megakernel is planned (report above) but its emission is not implemented yet: nothing written to {}", out.display()));
-            }
             let Megakernel { plan, lowered, .. } = Megakernel::build(&spec, &options).map_err(|e| match e {
                 MegakernelError::Plan(PlanError::Hbm { .. }) => format!("{e}; try --layers N"),
                 e => e.to_string(),

@@ -16,6 +16,12 @@
 //! - `head_norms` `f32[L, 8, hp]` (Qwen3): row 0 `q_norm`, row 1 `k_norm`.
 //! - `k_cache`, `v_cache` `bf16[L, B, kv_heads, T, hp]`: zeros ([`Packed::empty_caches`]).
 //!
+//! On `N` devices ([`pack_device`]) each device's arrays have the per-device shapes of the
+//! plan's layout and hold its share per [`palladium_fusion::shard`]: its query heads (and
+//! their `o_proj` rows; padded heads zero) and KV heads, its `lm_head` vocabulary slice
+//! (ids past `V` zero), its experts (EP; padded experts zero) or its slice of every
+//! expert's intermediate columns (TP; padding zero); the router, norms and embedding whole.
+//!
 //! Rounding: every weight is first rounded to bf16 (as transformers' bf16 model loads
 //! it), a folded norm scale is multiplied in f32 (the product of two bf16 values is exact
 //! in f32) and the product is rounded to bf16 once.
@@ -30,10 +36,12 @@
 
 use palladium_fusion::layout::{CodeFormat, OperandKind, SegmentKind};
 use palladium_fusion::plan::Plan;
+use palladium_fusion::shard::ExpertSplit;
 use palladium_array::quant::f32_to_e4m3fn_saturating;
 use palladium_array::{DType, HostArray, round_bf16};
 use palladium_model::ModelSpec;
 use palladium_model::quant::{INT4_GROUP, QuantFormat, QuantizedTensor, QuantizedWeights, StoredTensor, FP8_BLOCK};
+use palladium_model::spec::FfnKind;
 use palladium_model::weights::{FfnNames, ModelNames, Tensor, Weights, WeightsError};
 
 /// Why weights could not be packed.
@@ -80,18 +88,114 @@ fn bf(x: f32) -> f32 {
     round_bf16(x)
 }
 
-/// Pack `weights` (of the model `spec`) for the megakernel of `plan`.
+/// Which global head, expert column, expert and vocabulary id each of a device's local
+/// ones is (`None`: padding, zero weights); the identity on one device.
+struct DeviceShare {
+    me: usize,
+    /// Global counts: query heads, KV heads, query heads per KV head, experts'
+    /// intermediate, vocabulary.
+    heads: usize,
+    kv_heads: usize,
+    group: usize,
+    intermediate: usize,
+    vocab: usize,
+    experts: usize,
+    /// Per device.
+    heads_per_device: usize,
+    kv_heads_per_device: usize,
+    kv_replicas: usize,
+    experts_per_device: usize,
+    intermediate_per_device: usize,
+    vocab_per_device: usize,
+    expert_parallel: bool,
+}
+
+impl DeviceShare {
+    fn new(spec: &ModelSpec, plan: &Plan, device: u64) -> Result<DeviceShare, PackError> {
+        let d = &plan.dims;
+        let us = |x: u64| x as usize;
+        let global_heads = spec.attention.num_heads as usize;
+        let global_kv = spec.attention.num_kv_heads as usize;
+        let intermediate = match spec.layers.first().map(|layer| &layer.ffn) {
+            Some(FfnKind::Moe(moe)) => moe.intermediate as usize,
+            _ => return Err(PackError::Layout("the model's first layer is not an MoE layer".into())),
+        };
+        let one = DeviceShare {
+            me: 0,
+            heads: global_heads,
+            kv_heads: global_kv,
+            group: global_heads / global_kv,
+            intermediate,
+            vocab: spec.vocab_size as usize,
+            experts: us(d.experts),
+            heads_per_device: us(d.heads),
+            kv_heads_per_device: us(d.kv_heads),
+            kv_replicas: 1,
+            experts_per_device: us(d.experts_per_device),
+            intermediate_per_device: us(d.intermediate),
+            vocab_per_device: us(d.vocab),
+            expert_parallel: true,
+        };
+        match &plan.sharding {
+            None if device == 0 => Ok(one),
+            Some(sh) if device < sh.devices => Ok(DeviceShare { me: device as usize, kv_replicas: us(sh.heads.kv_replicas), expert_parallel: sh.experts.split == ExpertSplit::Ep, ..one }),
+            _ => Err(PackError::Layout(format!("device {device} is not one of the plan's {}", plan.sharding.as_ref().map_or(1, |sh| sh.devices)))),
+        }
+    }
+
+    /// The global query head of local head `local`: a device's heads are its KV heads'
+    /// groups (split), or its slice of its one KV head's padded group (replicated).
+    fn q_head(&self, local: usize) -> Option<usize> {
+        if self.kv_replicas == 1 {
+            return Some(self.me * self.heads_per_device + local);
+        }
+        let j = (self.me % self.kv_replicas) * self.heads_per_device + local;
+        (j < self.group).then(|| self.kv_head(0) * self.group + j)
+    }
+
+    fn kv_head(&self, local: usize) -> usize {
+        match self.kv_replicas {
+            1 => self.me * self.kv_heads_per_device + local,
+            r => self.me / r,
+        }
+    }
+
+    fn expert(&self, local: usize) -> Option<usize> {
+        let g = if self.expert_parallel { self.me * self.experts_per_device + local } else { local };
+        (g < self.experts).then_some(g)
+    }
+
+    fn expert_column(&self, local: usize) -> Option<usize> {
+        let g = if self.expert_parallel { local } else { self.me * self.intermediate_per_device + local };
+        (g < self.intermediate).then_some(g)
+    }
+
+    fn vocab_id(&self, local: usize) -> Option<usize> {
+        let g = self.me * self.vocab_per_device + local;
+        (local < self.vocab_per_device && g < self.vocab).then_some(g)
+    }
+}
+
+/// Pack `weights` (of the model `spec`) for the one-device megakernel of `plan`.
 pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, PackError> {
+    pack_device(spec, plan, weights, 0)
+}
+
+/// Pack `weights` for device `device` of the megakernel of `plan` (its share of a sharded
+/// plan; on one device, device 0 is [`pack`]).
+pub fn pack_device(spec: &ModelSpec, plan: &Plan, weights: &Weights, device: u64) -> Result<Packed, PackError> {
     if weights.family() != spec.family {
         return Err(PackError::Layout(format!("weights of a {} model for a {} config", weights.family().model_type(), spec.family.model_type())));
     }
+    let share = DeviceShare::new(spec, plan, device)?;
     let d = &plan.dims;
     let us = |x: u64| x as usize;
     let (h, hd, hp, heads, kvh) = (us(d.hidden), us(d.head_dim), us(d.head_pad), us(d.heads), us(d.kv_heads));
     let (vocab, experts, epad) = (us(d.vocab), us(d.experts), us(d.experts_pad));
+    let (global_heads, global_kv) = (share.heads, share.kv_heads);
     let layout = &plan.layout;
     let (l, n, cw) = (plan.layers, us(layout.per_layer), us(layout.chunk_cols));
-    let (eb, ec, inter) = (us(layout.expert_block), us(layout.expert_chunks), us(d.intermediate));
+    let (eb, ec, inter) = (us(layout.expert_block), us(layout.expert_chunks), share.intermediate);
     let names = ModelNames::new(spec)?;
     let shape_of = |kind: OperandKind| layout.operand(kind).map(|o| o.shape.iter().map(|&x| x as usize).collect::<Vec<_>>()).unwrap_or_default();
 
@@ -99,7 +203,7 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
     let mut arrays = Vec::new();
 
     out_names.push(OperandKind::Embed);
-    arrays.push(pack_embed(get(weights, &names.embed, &[vocab, h])?, &shape_of(OperandKind::Embed)));
+    arrays.push(pack_embed(get(weights, &names.embed, &[share.vocab, h])?, &shape_of(OperandKind::Embed)));
 
     // w_stream [L*n + lm, H, cw]: the layers' chunks, then lm_head's.
     let ss = shape_of(OperandKind::WStream);
@@ -107,10 +211,10 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
     for (li, ln) in names.layers.iter().take(l).enumerate() {
         let g1 = get(weights, &ln.input_norm, &[h])?;
         let g2 = get(weights, &ln.post_norm, &[h])?;
-        let q = get(weights, &ln.q, &[heads * hd, h])?;
-        let k = get(weights, &ln.k, &[kvh * hd, h])?;
-        let v = get(weights, &ln.v, &[kvh * hd, h])?;
-        let o = get(weights, &ln.o, &[h, heads * hd])?;
+        let q = get(weights, &ln.q, &[global_heads * hd, h])?;
+        let k = get(weights, &ln.k, &[global_kv * hd, h])?;
+        let v = get(weights, &ln.v, &[global_kv * hd, h])?;
+        let o = get(weights, &ln.o, &[h, global_heads * hd])?;
         let FfnNames::Moe { router, .. } = &ln.ffn else {
             return Err(PackError::Layout(format!("layer {li} is not an MoE layer")));
         };
@@ -124,17 +228,23 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
                         return 0.0;
                     }
                     let (w, row) = if head < heads {
-                        (q, head * hd + c)
+                        match share.q_head(head) {
+                            Some(g) => (q, g * hd + c),
+                            None => return 0.0,
+                        }
                     } else if head < heads + kvh {
-                        (k, (head - heads) * hd + c)
+                        (k, share.kv_head(head - heads) * hd + c)
                     } else {
-                        (v, (head - heads - kvh) * hd + c)
+                        (v, share.kv_head(head - heads - kvh) * hd + c)
                     };
                     bf(w.data[row * h + i]) * bf(g1.data[i])
                 }
                 SegmentKind::OProj => {
                     let (head, c) = (s / hp, s % hp);
-                    if c >= hd { 0.0 } else { bf(o.data[i * heads * hd + head * hd + c]) }
+                    match share.q_head(head) {
+                        Some(g) if c < hd => bf(o.data[i * global_heads * hd + g * hd + c]),
+                        _ => 0.0,
+                    }
                 }
                 SegmentKind::Router => {
                     if s >= experts { 0.0 } else { bf(r.data[s * h + i]) * bf(g2.data[i]) }
@@ -156,13 +266,16 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
         }
         debug_assert!(layout.segment(SegmentKind::Router).is_some_and(|s| us(s.cols) == epad));
     }
-    let head = get(weights, &names.lm_head, &[vocab, h])?;
+    let head = get(weights, &names.lm_head, &[share.vocab, h])?;
     let gf = get(weights, &names.final_norm, &[h])?;
     let lm_base = l * n * h * cw;
     for t in 0..vocab {
+        let Some(g) = share.vocab_id(t) else {
+            continue;
+        };
         let (c, j) = (t / cw, t % cw);
         for i in 0..h {
-            ws[lm_base + (c * h + i) * cw + j] = bf(head.data[t * h + i]) * bf(gf.data[i]);
+            ws[lm_base + (c * h + i) * cw + j] = bf(head.data[g * h + i]) * bf(gf.data[i]);
         }
     }
     out_names.push(OperandKind::WStream);
@@ -176,17 +289,22 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
         let FfnNames::Moe { experts: ex, .. } = &ln.ffn else {
             return Err(PackError::Layout(format!("layer {li} is not an MoE layer")));
         };
-        for (ei, m) in ex.iter().enumerate() {
+        for el in 0..share.experts_per_device {
+            let Some(m) = share.expert(el).map(|g| &ex[g]) else {
+                continue;
+            };
             let gate = get(weights, &m.gate, &[inter, h])?;
             let up = get(weights, &m.up, &[inter, h])?;
             let down = get(weights, &m.down, &[h, inter])?;
             for c in 0..ec {
-                let base = ((li * experts + ei) * ec + c) * h * 3 * eb;
+                let base = ((li * share.experts_per_device + el) * ec + c) * h * 3 * eb;
                 for i in 0..h {
                     let g = bf(g2.data[i]);
                     let row = &mut wx[base + i * 3 * eb..base + (i + 1) * 3 * eb];
                     for j in 0..eb {
-                        let col = c * eb + j;
+                        let Some(col) = share.expert_column(c * eb + j) else {
+                            continue;
+                        };
                         row[j] = bf(gate.data[col * h + i]) * g;
                         row[eb + j] = bf(up.data[col * h + i]) * g;
                         row[2 * eb + j] = bf(down.data[i * inter + col]);

@@ -28,6 +28,7 @@
 //! (The K/V write-back of a tile that may hold new rows, K > 1, is under one: two 16-row
 //! groups.)
 
+use crate::spmd::{self, Spmd};
 use crate::{layout::{CodeFormat, OperandKind, SegmentKind::{OProj, Qkv, Router}}, plan::{ExpertFetch, KvTiles, Plan, written_groups}};
 use palladium_dsl::build::{Drain, KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, range};
 use palladium_dsl::prelude::*;
@@ -86,6 +87,8 @@ struct H {
     sin: Ref,
     ids: Ref,
     quant: Option<Q>,
+    /// The collectives, on `N > 1` devices.
+    spmd: Option<Spmd>,
 }
 
 /// The handles of a quantized plan's own operands and scratch ([`crate::layout::QuantLayout`]).
@@ -200,6 +203,7 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         kb.scratch_buffer("expert_down_scales_buf", vm, DType::F32, &with_slots(OperandKind::ExpertDownScales));
         kb.scratch_semaphores("expert_scale_sems", SemKind::Dma, &[2, plan.expert_slots]);
     }
+    spmd::declare(&mut kb, plan);
     let sealed = kb.seal()?;
     let hs = &sealed.handles;
     let r = |i: usize| hs[i].clone().into_ref();
@@ -254,8 +258,9 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         sin: r(next()),
         ids: r(next()),
         quant: None,
+        spmd: None,
     };
-    let hd = H {
+    let mut hd = H {
         quant: quant.map(|_| Q {
             qkv_scales: must(OperandKind::QkvScales),
             o_scales: must(OperandKind::OScales),
@@ -279,6 +284,11 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         }),
         ..hd
     };
+    if plan.sharding.is_some() {
+        let refs = [(); 5].map(|_| r(next()));
+        let sems = [(); 2].map(|_| s(next()));
+        hd.spmd = Some(Spmd::start(plan, refs, sems));
+    }
     body(plan, hd, n, l);
     sealed.finish()
 }
@@ -358,6 +368,11 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
         Some(q) => lm_head_quantized(p, hd, q),
         None => lm_head_stream(p, hd, n, l),
     };
+    // On N devices each holds its vocabulary slice's best: gather them.
+    let greedy = match hd.spmd {
+        Some(spmd) => spmd.gather_greedy(greedy),
+        None => greedy,
+    };
     hd.next_ids.store(.., greedy.id.broadcast_to([rows, 128]));
     hd.max_logits.store(.., greedy.max.broadcast_to([rows, 128]));
 }
@@ -386,7 +401,13 @@ fn lm_head_stream(p: &Plan, hd: H, n: u64, l: u64) -> Greedy {
             if let Some(out) = hd.logits {
                 out.store(c, logits);
             }
-            (ring_add(bank, 1, banks), greedy.fold(logits, c * cw as i32, d.vocab))
+            let next_bank = ring_add(bank, 1, banks);
+            // On N devices, ids local to the device's vocabulary slice until gathered.
+            let greedy = match hd.spmd {
+                Some(spmd) => greedy.fold(logits, c * cw as i32, spmd.vocab_real()),
+                None => greedy.fold(logits, c * cw as i32, d.vocab as i32),
+            };
+            (next_bank, greedy)
         },
     );
     greedy
@@ -446,7 +467,7 @@ fn lm_head_quantized(p: &Plan, hd: H, q: Q) -> Greedy {
             if let Some(out) = hd.logits {
                 out.store(c, logits);
             }
-            (1 - bank, greedy.fold(logits, c * cw as i32, d.vocab))
+            (1 - bank, greedy.fold(logits, c * cw as i32, d.vocab as i32))
         },
     );
     greedy
@@ -518,6 +539,9 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
                 }
                 Router => {
                     let xn = *xn2.get_or_insert_with(|| {
+                        if let Some(spmd) = hd.spmd {
+                            spmd.all_reduce(hd.oacc);
+                        }
                         let x = residual_add(hd.x.load(..), hd.oacc.load(..));
                         hd.x.store(.., x);
                         rms_norm(x, None, h, d.eps)
@@ -751,19 +775,28 @@ fn attention(p: &Plan, hd: H, layer: Val) {
 /// distinct experts the real rows chose, in order of first choice (row-major, slot-minor),
 /// to SMEM: returns the routing and their count (each row's `top_k` choices are distinct, so
 /// at least `top_k`; at most [`Plan::distinct_experts`]). A choice that is not the first of
-/// its expert is stored to the trash entry past the list.
+/// its expert is stored to the trash entry past the list. Under EP only the device's own
+/// experts are listed, by local id (possibly none: entry 0 then holds local expert 0).
 fn route(p: &Plan, hd: H) -> (Routing, Val) {
     let d = &p.dims;
     let k = d.top_k;
     let trash = p.distinct_experts() as i32;
     let routing = Routing::new(hd.rl.load(..), d.experts, k, false, d.renormalize);
+    let own_first = hd.spmd.and_then(|spmd| spmd.expert_first());
+    if own_first.is_some() {
+        hd.ids.store(0, scalar(0));
+    }
     let mut distinct = scalar(0);
     for r in 0..d.tokens {
         for j in 0..k {
             let id = routing.id(r as i32, j as i32);
             let first = routing.first_choice(r, j, id);
-            hd.ids.store(select(first, distinct, trash), id);
-            distinct = select(first, distinct + 1, distinct);
+            let (listed, stored) = match own_first {
+                Some(lo) => (first & ge(id, lo) & lt(id, lo + d.experts_per_device as i32), id - lo),
+                None => (first, id),
+            };
+            hd.ids.store(select(listed, distinct, trash), stored);
+            distinct = select(listed, distinct + 1, distinct);
         }
     }
     (routing, distinct)
@@ -778,18 +811,25 @@ fn route(p: &Plan, hd: H) -> (Routing, Val) {
 /// entries past the distinct ones fetching the last one again at weight zero): the
 /// (expert, chunk) cursor is carried and advanced by compares, not divided out of the item
 /// index (libtpu's v6e estimator fails on the scalar division by a chunk count that is not
-/// a power of two).
+/// a power of two). Under EP a device may hold none of the chosen experts: its stream is
+/// the static worst case, entry 0 standing in (at weight zero) when the list is empty.
 fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Val) {
     let d = &p.dims;
     let (eb, ec, slots) = (p.layout.expert_block, p.layout.expert_chunks, p.expert_slots);
-    let worst_case = p.expert_fetch == ExpertFetch::WorstCase;
-    let total = match p.expert_fetch {
-        ExpertFetch::Distinct => distinct * ec as i32,
-        ExpertFetch::WorstCase => scalar((p.distinct_experts() * ec) as i32),
+    let own_first = hd.spmd.and_then(|spmd| spmd.expert_first());
+    let worst_case = p.expert_fetch == ExpertFetch::WorstCase || own_first.is_some();
+    let total = match worst_case {
+        false => distinct * ec as i32,
+        true => scalar((p.distinct_experts() * ec) as i32),
     };
-    // Row 0 alone chose `top_k` distinct experts: that many items exist whatever the routing.
-    let ahead = (slots - 1).min(d.top_k * ec);
-    let entry = |e: Val| if worst_case { select(lt(e, distinct), e, distinct - 1) } else { e };
+    // Row 0 alone chose `top_k` distinct experts: that many items exist whatever the
+    // routing (on one device, or under TP; under EP the static worst case's items do).
+    let ahead = (slots - 1).min(d.top_k.min(p.distinct_experts()) * ec);
+    let last = || match own_first {
+        Some(_) => select(ge(distinct, 1), distinct - 1, 0),
+        None => distinct - 1,
+    };
+    let entry = |e: Val| if worst_case { select(lt(e, distinct), e, last()) } else { e };
     // The chunk's codes, and a quantized plan's scales with them (same chunking).
     let fetch = |e: Val, c: Val, slot: Val| {
         let id = hd.ids.load(entry(e));
@@ -831,12 +871,19 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
                 }
                 _ => swiglu_chunk(xn2, columns(0), columns(1), columns(2), WeightLayout::OutIn),
             };
-            let weights = routing.weights_for(hd.ids.load(entry(e)), d.tokens);
+            let expert = match own_first {
+                Some(lo) => hd.ids.load(entry(e)) + lo,
+                None => hd.ids.load(entry(e)),
+            };
+            let weights = routing.weights_for(expert, d.tokens);
             let weights = if worst_case { select(lt(e, distinct), weights, 0.0) } else { weights };
             hd.acc.store(.., hd.acc.load(..) + chunk * weights);
             let next = ExpertItem { pair: e, chunk: c }.next(ec);
             (ring_add(slot, 1, slots), next.pair, next.chunk)
         },
     );
+    if let Some(spmd) = hd.spmd {
+        spmd.all_reduce(hd.acc);
+    }
     hd.x.store(.., residual_add(hd.x.load(..), hd.acc.load(..)));
 }

@@ -67,4 +67,5 @@ pub mod plan;
 pub mod report;
 pub mod rewrite;
 pub mod shard;
+pub mod spmd;
 pub mod unfused;

@@ -39,9 +39,6 @@ impl Megakernel {
     /// Emit and lower the megakernel of a plan already made (a caller that checks the plan
     /// first, as `palladium run` checks host memory, does not plan twice).
     pub fn from_plan(plan: Plan) -> Result<Megakernel, MegakernelError> {
-        if let Some(sharding) = &plan.sharding {
-            return Err(PlanError::Unsupported(format!("emitting the {}-device megakernel (its plan and report are made: `palladium megakernel --devices N` prints them)", sharding.devices)).into());
-        }
         let kernel = emit(&plan).map_err(MegakernelError::Emit)?;
         let chip = plan.chip;
         let lowered = lower(&kernel, &LowerOptions { chip }).map_err(|error| MegakernelError::Lower { chip, error })?;

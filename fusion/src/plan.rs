@@ -431,6 +431,9 @@ impl Plan {
         if !shard::DEVICE_COUNTS.contains(&options.devices) {
             return Err(PlanError::Invalid(format!("--devices {} (supported: {})", options.devices, shard::DEVICE_COUNTS.map(|n| n.to_string()).join(", "))));
         }
+        if options.devices > 1 && options.weights != WeightsDtype::Bf16 {
+            return Err(PlanError::Unsupported(format!("--weights-dtype {} on --devices {}: the sharded megakernel takes bf16 weights for now (the quantized streams are one device's)", options.weights.name(), options.devices)));
+        }
         let plan = match Plan::for_devices(spec, options) {
             // One device: say how many would hold the whole model.
             Err(PlanError::Hbm { chip, need, need_gib, have, have_gib, detail, max_layers, .. }) => {
@@ -826,7 +829,7 @@ fn vmem_budget(options: &PlanOptions, dims: &Dims, layout: &StreamLayout, rings:
         vmem.push(("logits (output)".into(), layout.lm_chunks * pad(rows, chunk_cols, 4)));
     }
     if options.devices > 1 {
-        vmem.push(("collective buffers (bf16 send/receive chunks per ring direction, gathered (max, id) pairs)".into(), shard::collective_vmem(dims, options.devices)));
+        vmem.push(("collective buffers (bf16 staged, reduced and stage blocks of the activation, gathered (max, id) pairs)".into(), shard::collective_vmem(dims, options.devices)));
     }
     let scores = pad(dims.attn_rows, block_kv, 4);
     // K > 1: the K new K/V rows are inserted into both tiles at once, a row mask at a time.

@@ -134,7 +134,8 @@ pub fn operand_source(p: &Plan, o: &Operand) -> String {
             d.positions,
             d.tokens_per_seq - 1
         ),
-        OperandKind::Embed => format!("model.embed_tokens.weight [{}, {h}] reshaped to [V/16, 16, H] (rows padded with zeros to {})", d.vocab, o.shape[0] * 16),
+        // Whole on every device: the vocabulary is the model's, not a device's slice.
+        OperandKind::Embed => format!("model.embed_tokens.weight [{}, {h}] reshaped to [V/16, 16, H] (rows padded with zeros to {})", p.sharding.as_ref().map_or(d.vocab, |sh| sh.vocab), o.shape[0] * 16),
         OperandKind::WStream => {
             let n = layout.per_layer;
             let col = |kind| layout.segment(kind).map_or((0, 0), |g| (g.col, g.col + g.cols));

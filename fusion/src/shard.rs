@@ -221,8 +221,9 @@ pub fn sharding(options: &PlanOptions, layers: usize, dims: &Dims, vocab: u64, (
     Ok(Sharding { devices: n, heads, experts, vocab, vocab_per_device: dims.vocab, collectives, collective_bytes, collective_seconds, link_model })
 }
 
-/// VMEM a device adds for the collectives: send and receive chunks of the bf16 activation
-/// for each ring direction, and the gathered `(max, id)` pairs.
+/// VMEM a device adds for the collectives, as `crate::spmd` declares it: the staged and
+/// the reduced bf16 activation (`N` blocks of `[r16, hidden / N]` each), the reduce's
+/// stage (`N` more blocks), and the gathered `(max, id)` pairs (`[N * r8, 128]` f32 and i32).
 pub fn collective_vmem(dims: &Dims, devices: u64) -> u64 {
-    4 * round_up(dims.rows, 16) * dims.hidden * 2 / devices.max(1) + 2 * devices * round_up(dims.rows, 8) * 128 * 4
+    3 * round_up(dims.rows, 16) * dims.hidden * 2 + 2 * devices * round_up(dims.rows, 8) * 128 * 4
 }

@@ -129,10 +129,27 @@ fn query_heads_pad_to_divide_the_devices() {
     assert!(p.sharding.unwrap().link_model.contains("published"));
 }
 
+/// The N-device megakernel: one SPMD program over the mesh, with the barrier, the remote
+/// hops and the call's communication flags (what `jax.shard_map` gives a Pallas kernel).
 #[test]
-fn sharded_plans_are_not_emitted_yet() {
-    let e = palladium_fusion::megakernel::Megakernel::build(&spec("tiny-qwen3-moe"), &PlanOptions { devices: 2, ..PlanOptions::new(Chip::V6e, 1, 256) }).unwrap_err();
-    assert!(e.to_string().contains("emitting the 2-device megakernel"), "{e}");
+fn sharded_plans_emit_one_spmd_program_with_in_kernel_collectives() {
+    use palladium_fusion::megakernel::Megakernel;
+    for (model, chip, batch, devices, split) in [
+        ("tiny-qwen3-moe", Chip::V6e, 1, 2, ExpertSplit::Ep),
+        ("tiny-qwen3-moe", Chip::V6e, 4, 4, ExpertSplit::Ep),
+        ("qwen3-235b-a22b", Chip::V7x, 1, 8, ExpertSplit::Tp),
+    ] {
+        let what = format!("{model} on {devices} {chip} devices");
+        let m = Megakernel::build(&spec(model), &PlanOptions { devices, ..PlanOptions::new(chip, batch, 256) }).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(m.plan.sharding.as_ref().unwrap().experts.split, split, "{what}");
+        let body = &m.lowered.module;
+        for op in ["tpu.device_id", "tpu.sem_barrier", "tpu.sem_signal", "tpu.enqueue_dma", "tpu.wait_dma2"] {
+            assert!(body.contains(op), "{what}: no {op}");
+        }
+        // One barrier per step: its two signals and one wait, outside the layer loop.
+        assert_eq!(body.matches("tpu.sem_barrier").count(), 1, "{what}");
+        assert!(m.lowered.call_json.contains("\"has_communication\":true") && m.lowered.call_json.contains("\"collective_id\":0"), "{what}: {}", m.lowered.call_json);
+    }
 }
 
 #[test]

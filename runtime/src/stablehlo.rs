@@ -131,13 +131,10 @@ impl CallSpec {
         if self.outputs.is_empty() {
             return Err(format!("call spec of `{}`: no outputs", self.name));
         }
-        if self.devices.unwrap_or(1) > 1 {
-            if !self.input_output_aliases.is_empty() {
-                return Err(format!("call spec of `{}`: aliases of a multi-device kernel are not supported yet", self.name));
-            }
-            if let Some(t) = self.inputs.iter().chain(&self.outputs).find(|t| t.dims.is_empty()) {
-                return Err(format!("call spec of `{}`: the scalar {t} cannot be split over devices (operands stack along dim 0)", self.name));
-            }
+        if self.devices.unwrap_or(1) > 1
+            && let Some(t) = self.inputs.iter().chain(&self.outputs).find(|t| t.dims.is_empty())
+        {
+            return Err(format!("call spec of `{}`: the scalar {t} cannot be split over devices (operands stack along dim 0)", self.name));
         }
         for &[i, o] in &self.input_output_aliases {
             let (Some(a), Some(b)) = (self.inputs.get(i), self.outputs.get(o)) else {
@@ -245,7 +242,17 @@ pub fn wrap(body: &str, spec: &CallSpec) -> Result<String, String> {
         format!("<@mesh, [{}]>", dims.join(", "))
     };
     let shardings = |ts: &[ArrayType]| ts.iter().map(sharding).collect::<Vec<_>>().join(", ");
-    let params: Vec<String> = spec.inputs.iter().enumerate().map(|(i, t)| format!("%arg{i}: {} {{sdy.sharding = #sdy.sharding{}}}", global(t), sharding(t))).collect();
+    // An aliased input is donated to its output, as `jax.jit(donate_argnums=..)` marks it;
+    // each device's custom call aliases its own slices.
+    let params: Vec<String> = spec
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let donated = spec.input_output_aliases.iter().find(|a| a[0] == i).map(|&[_, o]| format!(", tf.aliasing_output = {o} : i32")).unwrap_or_default();
+            format!("%arg{i}: {} {{sdy.sharding = #sdy.sharding{}{donated}}}", global(t), sharding(t))
+        })
+        .collect();
     let locals: Vec<String> = spec.inputs.iter().enumerate().map(|(i, t)| format!("%local{i}: {}", t.tensor())).collect();
     let local_names: Vec<String> = (0..spec.inputs.len()).map(|i| format!("%local{i}")).collect();
     let globals: Vec<String> = spec.outputs.iter().map(global).collect();
@@ -331,6 +338,11 @@ mod tests {
         assert!(text.contains("\\22has_communication\\22: true, \\22collective_id\\22: 0, \\22serialization_format\\22: 1"), "{text}");
         assert_eq!(num_partitions(&text), 4);
         assert_eq!(num_partitions("module {}"), 1);
+        // A cache updated in place: donated at the program's boundary, aliased in the call.
+        let s = spec(r#"{"inputs":["i32[8]","bf16[16,128]"],"outputs":["f32[8,128]","bf16[16,128]"],"input_output_aliases":[[1,1]],"name":"k","devices":2,"mesh":[["x",2]],"has_communication":true,"collective_id":0}"#);
+        let text = wrap("b", &s).unwrap();
+        assert!(text.contains("%arg1: tensor<32x128xbf16> {sdy.sharding = #sdy.sharding<@mesh, [{\"x\"}, {}]>, tf.aliasing_output = 1 : i32}"), "{text}");
+        assert!(text.contains("output_operand_aliases = [#stablehlo.output_operand_alias<output_tuple_indices = [1], operand_index = 1, operand_tuple_indices = []>]"), "{text}");
         let e = CallSpec::from_json(r#"{"inputs":["f32[]"],"outputs":["f32[8]"],"name":"k","devices":2}"#).unwrap_err();
         assert!(e.contains("the scalar f32[] cannot be split over devices"), "{e}");
     }

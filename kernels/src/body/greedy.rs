@@ -1,7 +1,7 @@
 //! Greedy decoding's argmax, in the kernel: a running (maximum, id) per row over the
 //! `lm_head` logits chunk by chunk, so only the ids and the maxima leave the chip.
 
-use palladium_dsl::build::{Carry, eq, gt, lt};
+use palladium_dsl::build::{Carry, IntoVal, eq, gt, lt};
 use palladium_dsl::ir::Value;
 use palladium_dsl::prelude::*;
 
@@ -34,14 +34,14 @@ impl Greedy {
 
     /// Fold in the logits `chunk` (`[rows, cols]` f32) of vocabulary ids `first..first +
     /// cols` (`first` traced), of which only ids below `vocab` are real (the rest,
-    /// padding, never win). Chunks come in increasing id order: a later chunk wins only
+    /// padding, never win; `vocab` is traced where it differs between devices). Chunks come in increasing id order: a later chunk wins only
     /// with a strictly larger maximum, so ties keep the lowest id. A non-finite logit
     /// makes the row's maximum NaN (`x * 0` is NaN exactly for NaN and infinities, and
     /// their sum is added), whatever the comparisons do with NaN.
-    pub fn fold(self, chunk: Val, first: Val, vocab: u64) -> Greedy {
+    pub fn fold(self, chunk: Val, first: Val, vocab: impl IntoVal) -> Greedy {
         let (rows, cols) = (chunk.shape().0[0], chunk.shape().0[1]);
         let id = iota([rows, cols], 1) + first;
-        let real = lt(id, vocab as i32);
+        let real = lt(id, vocab);
         let logits = select(real, chunk, f64::NEG_INFINITY);
         let best = logits.max_keepdims(1);
         let best_id = select(eq(logits, best) & real, id, i32::MAX).min_keepdims(1);
