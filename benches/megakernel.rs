@@ -59,7 +59,8 @@
 //!   the KV caches aliased to the outputs once they reach 256 KiB (even with every KV DMA
 //!   deleted), and on `kv_cache_update` at the tiny model's shapes: every kernel here is
 //!   compiled with its call spec's `input_output_aliases` dropped (a cost-only call spec;
-//!   the kernels are unchanged).
+//!   the kernels are unchanged). It also aborts on an explicit DMA of 3, 6 or 12 f32 rows
+//!   (fp8/int4 `expert_down_scales` before their rows were padded to 8).
 //!
 //! The table is also written as JSON to `target/megakernel-bench.json`.
 

@@ -506,7 +506,8 @@ pub fn pack_quantized(spec: &ModelSpec, plan: &Plan, weights: &QuantizedWeights)
     // w_experts [L, E, C, H, 3*eb] codes; scales [L, E, C, in rows, 2*eb] and [L, E, C, down rows, H].
     let (xs, xss, xds) = (shape_of(OperandKind::WExperts), shape_of(OperandKind::ExpertScales), shape_of(OperandKind::ExpertDownScales));
     let (mut wx, mut xsc, mut xdsc) = (vec![0f32; xs.iter().product()], vec![0f32; xss.iter().product()], vec![0f32; xds.iter().product()]);
-    let (in_rows, down_rows) = (xss[3], xds[3]);
+    // The down scales' operand rows are padded for the DMA (`CodeFormat::dma_scale_rows`).
+    let (in_rows, down_rows, down_stride) = (xss[3], us(q.experts.scale_rows(layout.expert_block, d.intermediate)), xds[3]);
     for (li, ln) in names.layers.iter().take(l).enumerate() {
         let FfnNames::Moe { experts: ex, .. } = &ln.ffn else {
             return Err(PackError::Layout(format!("layer {li} is not an MoE layer")));
@@ -535,7 +536,7 @@ pub fn pack_quantized(spec: &ModelSpec, plan: &Plan, weights: &QuantizedWeights)
                 }
                 for g in 0..down_rows {
                     for i in 0..h {
-                        xdsc[(item * down_rows + g) * h + i] = down.scale(i, c * eb + g * down_group);
+                        xdsc[(item * down_stride + g) * h + i] = down.scale(i, c * eb + g * down_group);
                     }
                 }
             }

@@ -867,7 +867,7 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
                     let block = |part: u64, values: Val, weight_inputs: u64| QuantizedBlock { codes: columns(part), scales: GroupScales { values, group: f.group_of(weight_inputs) } };
                     let gate_up = |part: u64| q.ex_sc.load((slot, .., part * eb..(part + 1) * eb));
                     let (h, i) = (d.hidden, d.intermediate);
-                    swiglu_chunk(xn2, block(0, gate_up(0), h), block(1, gate_up(1), h), block(2, q.ex_dsc.load(slot), i), WeightLayout::OutIn)
+                    swiglu_chunk(xn2, block(0, gate_up(0), h), block(1, gate_up(1), h), block(2, q.ex_dsc.load((slot, 0..f.scale_rows(eb, i), ..)), i), WeightLayout::OutIn)
                 }
                 _ => swiglu_chunk(xn2, columns(0), columns(1), columns(2), WeightLayout::OutIn),
             };

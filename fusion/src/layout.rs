@@ -190,6 +190,14 @@ impl CodeFormat {
         inputs.div_ceil(self.group_of(weight_inputs))
     }
 
+    /// Rows a block of `scale_rows` f32 scale rows takes in an operand copied by an explicit
+    /// DMA: libtpu's v6e static profiler aborts ("Unsupported DMA direction: 0 on GL/GLP") on
+    /// a copy of 3, 6 or 12 f32 rows and prices 1, 2, 4, 8 and 16, so the rows are padded to a
+    /// power of two below 8, else to a multiple of 8 (the padding rows are never read).
+    pub fn dma_scale_rows(scale_rows: u64) -> u64 {
+        if scale_rows < 8 { scale_rows.next_power_of_two() } else { scale_rows.next_multiple_of(8) }
+    }
+
     /// Bytes of `elements` codes (i4: two a byte).
     pub fn code_bytes(self, elements: u64) -> u64 {
         (elements * u64::from(self.codes.bits())).div_ceil(8)

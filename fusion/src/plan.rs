@@ -743,7 +743,7 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
             operands.push(f32_operand(LmScales, vec![lm_chunks, f.scale_rows(h, h), chunk_cols])?);
         }
         operands.push(f32_operand(ExpertScales, vec![l, e, expert_chunks, q.experts.scale_rows(h, h), 2 * expert_block])?);
-        operands.push(f32_operand(ExpertDownScales, vec![l, e, expert_chunks, q.experts.scale_rows(expert_block, i), h])?);
+        operands.push(f32_operand(ExpertDownScales, vec![l, e, expert_chunks, CodeFormat::dma_scale_rows(q.experts.scale_rows(expert_block, i)), h])?);
     }
     let kv_shape = vec![l, batch, kvh, positions, hp];
     let kv_bytes = product(&format!("each KV cache ([{l}, {batch}, {kvh}, {positions}, {hp}] bf16)"), &[2, l, batch, kvh, positions, hp])?;
