@@ -69,6 +69,10 @@ pub struct Calibration {
     /// The libtpu the estimates come from.
     pub libtpu: String,
     pub chips: IndexMap<String, ChipCalibration>,
+    /// Chips this libtpu's estimator cannot calibrate, and why (recorded by hand from the
+    /// failed fits, so that `palladium profile` can say so instead of suggesting a refit).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub not_calibrated: IndexMap<String, String>,
 }
 
 /// The committed table, `profile/calibration.json`.
@@ -79,10 +83,15 @@ impl Calibration {
         serde_json::from_str(CALIBRATION_JSON).expect("profile/calibration.json parses (checked by its test)")
     }
 
-    /// The coefficients for `chip`, or which chips are calibrated.
+    /// The coefficients for `chip`, or which chips are calibrated and why `chip` is not.
     pub fn chip(&self, chip: Chip) -> Result<&Coefficients, ProfileError> {
-        self.chips.get(chip.name()).map(|c| &c.coefficients).ok_or_else(|| {
-            ProfileError::NotCalibrated { chip: chip.name().into(), calibrated: self.chips.keys().cloned().collect::<Vec<_>>().join(", ") }
+        self.chips.get(chip.name()).map(|c| &c.coefficients).ok_or_else(|| ProfileError::NotCalibrated {
+            chip: chip.name().into(),
+            calibrated: self.chips.keys().cloned().collect::<Vec<_>>().join(", "),
+            remedy: match self.not_calibrated.get(chip.name()) {
+                Some(why) => format!("libtpu {} cannot calibrate it: {why}", self.libtpu),
+                None => "add it with `PALLADIUM_UPDATE_CALIBRATION=1 cargo test -p palladium-profile --test calibration` (needs libtpu)".into(),
+            },
         })
     }
 }

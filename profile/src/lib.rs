@@ -36,8 +36,8 @@ use std::collections::HashMap;
 /// Why a kernel could not be profiled.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
-    #[error("no calibration for {chip} (calibrated: {calibrated}); add it with `PALLADIUM_UPDATE_CALIBRATION=1 cargo test -p palladium-profile --test calibration` (needs libtpu)")]
-    NotCalibrated { chip: String, calibrated: String },
+    #[error("no calibration for {chip} (calibrated: {calibrated}); {remedy}")]
+    NotCalibrated { chip: String, calibrated: String, remedy: String },
     #[error("calibration: {0}")]
     Calibration(String),
     #[error("cannot profile `{kernel}` at {at}: {why}")]

@@ -31,7 +31,9 @@ fn the_calibration_table_is_current() {
     let libtpu = Libtpu::new().unwrap_or_else(|e| panic!("{e}")).with_workers(1);
     // The libtpu version is read as plain JSON: a stale table may not parse as a `Calibration`.
     let committed: serde_json::Value = serde_json::from_str(CALIBRATION_JSON).unwrap();
-    let mut table = Calibration { libtpu: committed["libtpu"].as_str().unwrap().to_string(), chips: Default::default() };
+    // The chips libtpu cannot calibrate are recorded by hand: there is no fit to check them by.
+    let not_calibrated = serde_json::from_value(committed["not_calibrated"].clone()).unwrap_or_default();
+    let mut table = Calibration { libtpu: committed["libtpu"].as_str().unwrap().to_string(), chips: Default::default(), not_calibrated };
     for chip in CHIPS {
         let cycles: Vec<u64> = libtpu.cycles(&refs, chip).into_iter().map(|c| c.unwrap_or_else(|e| panic!("{chip}: {e}"))).collect();
         let fitted = fit(chip, &kernels, &cycles).unwrap_or_else(|e| panic!("{chip}: {e}"));

@@ -58,3 +58,9 @@ fn a_wait_with_no_dma_in_flight_is_refused_at_its_line() {
     let msg = err.to_string();
     assert!(msg.contains("engine.rs:") && msg.contains("with no DMA in flight") && msg.contains("sems"), "{msg}");
 }
+
+#[test]
+fn a_chip_libtpu_cannot_calibrate_is_refused_with_the_reason() {
+    let err = Calibration::committed().chip(palladium_dsl::spec::Chip::V7x).unwrap_err().to_string();
+    assert!(err.contains("no calibration for v7x (calibrated: v6e)") && err.contains("cannot calibrate it") && err.contains("LloOpcodeIsScalarBranch"), "{err}");
+}
