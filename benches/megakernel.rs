@@ -320,6 +320,17 @@ fn weights(libtpu: &Libtpu) {
     }
 }
 
+/// libtpu with the KV aliases dropped from the call spec (see the module docs), or exit
+/// with its error.
+fn libtpu_without_aliases() -> Libtpu {
+    Libtpu::new()
+        .unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(1)
+        })
+        .without_aliases()
+}
+
 fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
     if benching && std::env::args().skip(1).any(|a| a == "devices") {
@@ -327,19 +338,11 @@ fn main() {
         return;
     }
     if benching && std::env::args().skip(1).any(|a| a == "weights") {
-        let libtpu = Libtpu::new().unwrap_or_else(|e| {
-            eprintln!("{e}");
-            std::process::exit(1)
-        });
-        weights(&libtpu.without_aliases());
+        weights(&libtpu_without_aliases());
         return;
     }
     if benching && std::env::args().skip(1).any(|a| a == "tokens") {
-        let libtpu = Libtpu::new().unwrap_or_else(|e| {
-            eprintln!("{e}");
-            std::process::exit(1)
-        });
-        tokens_per_seq(&libtpu.without_aliases());
+        tokens_per_seq(&libtpu_without_aliases());
         return;
     }
     let (median, times) = emission_time(1);
@@ -348,11 +351,7 @@ fn main() {
     if !benching {
         return;
     }
-    let libtpu = Libtpu::new().unwrap_or_else(|e| {
-        eprintln!("{e}");
-        std::process::exit(1)
-    });
-    let libtpu = libtpu.without_aliases();
+    let libtpu = libtpu_without_aliases();
 
     // 2. Layer scaling first: it says whether the ratios below mean anything.
     let s30 = spec("qwen3-30b-a3b");

@@ -1,17 +1,8 @@
 //! The `palladium` binary end to end.
-use std::path::PathBuf;
 use std::process::Command;
 
-fn palladium(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_palladium")).args(args).output().expect("runs");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
+mod common;
+use common::{palladium, scratch};
 
 #[test]
 fn kernels_lists_every_library_kernel_with_its_parameters() {

@@ -1,19 +1,10 @@
 //! `palladium profile` end to end: the done condition of issue 18 (the Qwen3-30B-A3B
 //! megakernel's trace, SVG and summary), the trace's event format, the SVG's well-formedness,
 //! and refusals that write nothing.
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-fn palladium(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_palladium")).args(args).output().expect("runs");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
+mod common;
+use common::{palladium, scratch};
 
 /// Chrome's trace-event format as Perfetto reads it: `traceEvents`, each event with `ph`;
 /// complete events (`X`) with a name, numeric `ts`/`dur` (>= 0) and integer `pid`/`tid`;

@@ -34,6 +34,12 @@ fn libtpu_accepts_the_megakernels() {
     jobs.push(job("qwen3-30b-a3b", plain(Chip::V6e, 1, 4096, Some(22))));
     jobs.push(job("tiny-qwen3-moe", PlanOptions { kv_tiles: KvTiles::All, prefetch: Prefetch::Single, ..PlanOptions::new(Chip::V6e, 2, 1024) }));
     // One worker: the 30B programs are large, and libtpu's RAM per compile with them.
+    assert_accepted(&jobs);
+}
+
+/// Compile `jobs` one at a time (each takes GBs) without the static estimate, and require
+/// libtpu to accept every one.
+fn assert_accepted(jobs: &[(String, Job)]) {
     let compiler = Compiler::new(Estimate::No).unwrap_or_else(|e| panic!("{e}")).with_workers(1);
     let t = std::time::Instant::now();
     let results = compiler.compile_all(&jobs.iter().map(|(_, j)| j.clone()).collect::<Vec<_>>());
@@ -54,12 +60,7 @@ fn libtpu_accepts_the_verify_megakernels_on_v7x() {
         .into_iter()
         .map(|(k, prefetch)| job("qwen3-30b-a3b", PlanOptions { tokens_per_seq: k, logits: false, prefetch, ..plain(Chip::V7x, 1, 4096, Some(8)) }))
         .collect();
-    let compiler = Compiler::new(Estimate::No).unwrap_or_else(|e| panic!("{e}")).with_workers(1);
-    let results = compiler.compile_all(&jobs.iter().map(|(_, j)| j.clone()).collect::<Vec<_>>());
-    for ((label, _), r) in jobs.iter().zip(&results) {
-        let c = r.as_ref().unwrap_or_else(|e| panic!("{label}: {e}"));
-        assert!(c.code_size_bytes > 0 && c.hbm.argument_bytes > 0, "{label}: {c:?}");
-    }
+    assert_accepted(&jobs);
 }
 
 /// Quantized weights (issue 16): Qwen3-30B-A3B's int8, fp8 and int4-expert megakernels (8
@@ -76,12 +77,7 @@ fn libtpu_accepts_the_quantized_megakernels() {
             jobs.push(job("qwen3-30b-a3b", PlanOptions { weights, ..plain(chip, 1, 4096, Some(8)) }));
         }
     }
-    let compiler = Compiler::new(Estimate::No).unwrap_or_else(|e| panic!("{e}")).with_workers(1);
-    let results = compiler.compile_all(&jobs.iter().map(|(_, j)| j.clone()).collect::<Vec<_>>());
-    for ((label, _), r) in jobs.iter().zip(&results) {
-        let c = r.as_ref().unwrap_or_else(|e| panic!("{label}: {e}"));
-        assert!(c.code_size_bytes > 0 && c.hbm.argument_bytes > 0, "{label}: {c:?}");
-    }
+    assert_accepted(&jobs);
 }
 
 /// Issue 15's acceptance: the N-device SPMD megakernels, each wrapped in an
@@ -100,10 +96,5 @@ fn libtpu_accepts_the_multi_device_megakernels() {
     for (label, j) in &jobs {
         assert!(j.program.contains("sdy.manual_computation") && j.program.contains("has_communication\\22: true"), "{label}");
     }
-    let compiler = Compiler::new(Estimate::No).unwrap_or_else(|e| panic!("{e}")).with_workers(1);
-    let results = compiler.compile_all(&jobs.iter().map(|(_, j)| j.clone()).collect::<Vec<_>>());
-    for ((label, _), r) in jobs.iter().zip(&results) {
-        let c = r.as_ref().unwrap_or_else(|e| panic!("{label}: {e}"));
-        assert!(c.code_size_bytes > 0 && c.hbm.argument_bytes > 0, "{label}: {c:?}");
-    }
+    assert_accepted(&jobs);
 }
