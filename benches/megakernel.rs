@@ -230,12 +230,7 @@ fn tokens_per_seq(libtpu: &Libtpu) {
     let mut rows = Vec::new();
     for ((label, p), c) in plans.iter().zip(&mk) {
         let t = &p.traffic;
-        let floor = floor_cycles(libtpu, CHIP, t.total);
-        let ratio = match (&floor, c) {
-            (Ok(f), Ok(c)) => format!("{:.3}", *f as f64 / *c as f64),
-            _ => "-".into(),
-        };
-        let show = |r: &Result<u64, String>| r.as_ref().map_or_else(|e| format!("no estimate ({})", e.lines().next().unwrap_or("")), |v| v.to_string());
+        let (floor, ratio) = floor_and_fraction(libtpu, t.total, c);
         println!("| {} | {} | {} ({}, {}, {}) | {} | {} | {ratio} |", p.dims.tokens_per_seq, p.distinct_experts(), t.total, t.dense + t.lm_head, t.experts, t.kv_read + t.kv_write, show(&floor), show(c));
         rows.push(serde_json::json!({"label": label, "tokens_per_seq": p.dims.tokens_per_seq, "bytes": t.total, "dense": t.dense + t.lm_head, "experts": t.experts, "kv": t.kv_read + t.kv_write, "floor": floor.ok(), "cycles": c.as_ref().ok()}));
     }
@@ -300,17 +295,12 @@ fn weights(libtpu: &Libtpu) {
     let mut rows = Vec::new();
     for ((label, p), c) in plans.iter().zip(&mk) {
         let t = &p.traffic;
-        let floor = floor_cycles(libtpu, CHIP, t.total);
-        let ratio = match (&floor, c) {
-            (Ok(f), Ok(c)) => format!("{:.3}", *f as f64 / *c as f64),
-            _ => "-".into(),
-        };
+        let (floor, ratio) = floor_and_fraction(libtpu, t.total, c);
         let vs_bf16 = match (c, bf16_cycles) {
             (Ok(c), Some(b)) => format!("{:.3}", *c as f64 / b as f64),
             _ => "-".into(),
         };
         let by_dtype = t.by_dtype.as_ref().map_or("bf16".into(), |parts| parts.iter().map(|(d, b)| format!("{d} {:.3} GB", *b as f64 / 1e9)).collect::<Vec<_>>().join(", "));
-        let show = |r: &Result<u64, String>| r.as_ref().map_or_else(|e| format!("no estimate ({})", e.lines().next().unwrap_or("")), |v| v.to_string());
         println!("| {label} | {} | {:.3} | {by_dtype} | {} | {} | {vs_bf16} | {ratio} |", t.total, t.total as f64 / bf16_bytes as f64, show(&floor), show(c));
         rows.push(serde_json::json!({"weights": label, "bytes": t.total, "bytes_by_dtype": t.by_dtype, "floor": floor.ok(), "cycles": c.as_ref().ok()}));
     }
@@ -318,6 +308,22 @@ fn weights(libtpu: &Libtpu) {
     if std::fs::write(&path, serde_json::to_string_pretty(&serde_json::json!({"rows": rows})).unwrap_or_default()).is_ok() {
         println!("(also in {})", path.display());
     }
+}
+
+/// libtpu's floor cycles for `bytes` (at [`CHIP`]) and floor / `mk` as text ("-" where either
+/// has no estimate).
+fn floor_and_fraction(libtpu: &Libtpu, bytes: u64, mk: &Result<u64, String>) -> (Result<u64, String>, String) {
+    let floor = floor_cycles(libtpu, CHIP, bytes);
+    let ratio = match (&floor, mk) {
+        (Ok(f), Ok(c)) => format!("{:.3}", *f as f64 / *c as f64),
+        _ => "-".into(),
+    };
+    (floor, ratio)
+}
+
+/// A cycle count, or why libtpu gave none (its error's first line).
+fn show(r: &Result<u64, String>) -> String {
+    r.as_ref().map_or_else(|e| format!("no estimate ({})", e.lines().next().unwrap_or("")), |v| v.to_string())
 }
 
 /// libtpu with the KV aliases dropped from the call spec (see the module docs), or exit
