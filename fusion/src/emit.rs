@@ -329,7 +329,9 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
     }
     // A quantized plan's lm_head stream: its first chunk lands during the layers.
     if let Some(q) = hd.quant {
-        lm_copies(q, scalar(0), scalar(0)).into_iter().for_each(Dma::start);
+        for dma in lm_copies(q, scalar(0), scalar(0)) {
+            dma.start();
+        }
     }
     // RoPE tables (neox, rotate halves) for the token rows' positions, one row each, and
     // the rotation restricted to the first head_dim lanes of a padded head.
@@ -456,9 +458,15 @@ fn lm_head_quantized(p: &Plan, hd: H, q: Q) -> Greedy {
         Drain::Loop(range(scalar(lm - 1), scalar(lm))),
         1,
         (scalar(0), Greedy::start(rows)),
-        |ahead: Val, &(bank, _): &(Val, Greedy)| lm_copies(q, ahead, 1 - bank).into_iter().for_each(Dma::start),
+        |ahead: Val, &(bank, _): &(Val, Greedy)| {
+            for dma in lm_copies(q, ahead, 1 - bank) {
+                dma.start();
+            }
+        },
         |c: Val, (bank, greedy): (Val, Greedy), _| {
-            lm_copies(q, c, bank).into_iter().for_each(Dma::wait);
+            for dma in lm_copies(q, c, bank) {
+                dma.wait();
+            }
             let w = q.lm_ring.load(bank);
             let logits = match format {
                 Some(f) => quantized(xf, w, q.lm_sc.load(bank), f, h, WeightLayout::InOut),
@@ -487,7 +495,9 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
     let norm_row = |row: u64| {
         hd.quant.map(|q| {
             if row == 0 {
-                layer_copies(q, layer).into_iter().for_each(Dma::start);
+                for dma in layer_copies(q, layer) {
+                    dma.start();
+                }
                 let [qkv_scales, _, _, norms] = layer_copies(q, layer);
                 norms.wait();
                 qkv_scales.wait();
@@ -841,7 +851,9 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
         copies
     };
     for it in 0..ahead {
-        fetch(scalar((it / ec) as i32), scalar((it % ec) as i32), scalar(it as i32)).into_iter().for_each(Dma::start);
+        for dma in fetch(scalar((it / ec) as i32), scalar((it % ec) as i32), scalar(it as i32)) {
+            dma.start();
+        }
     }
     hd.acc.store(.., 0.0);
     let split = total - ahead as i32;
@@ -856,10 +868,14 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
             for _ in 0..ahead {
                 item = item.next(ec);
             }
-            fetch(item.pair, item.chunk, ring_add(slot, ahead, slots)).into_iter().for_each(Dma::start);
+            for dma in fetch(item.pair, item.chunk, ring_add(slot, ahead, slots)) {
+                dma.start();
+            }
         },
         |_, (slot, e, c): (Val, Val, Val), _| {
-            fetch(e, c, slot).into_iter().for_each(Dma::wait);
+            for dma in fetch(e, c, slot) {
+                dma.wait();
+            }
             let columns = |part: u64| hd.ex_buf.load((slot, .., part * eb..(part + 1) * eb));
             let chunk = match (hd.quant, p.layout.quant) {
                 (Some(q), Some(f)) => {
