@@ -163,3 +163,25 @@ fn unfused_compares_the_fused_step_with_its_library_kernels() {
     let (ok, _, err) = palladium(&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "2", "--tokens-per-seq", "2", "--unfused", "--out", scratch("profile_unfused_k2").to_str().unwrap()]);
     assert!(!ok && err.contains("--unfused: the unfused step is one token per sequence"), "{err}");
 }
+
+#[test]
+fn a_multi_device_profile_names_its_collectives_and_the_planners_figure() {
+    // The megakernel on 4 devices: device 0's timeline, the collectives apart, the planner's
+    // modelled collective time beside the timeline's.
+    let dir = scratch("profile_devices");
+    let out = dir.to_str().unwrap();
+    let (ok, stdout, err) = palladium(&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "2", "--devices", "4", "--context", "1024", "--out", out]);
+    assert!(ok, "{err}");
+    for want in ["collectives ", "sent over ICI (device 0 of 4, SPMD symmetry", "libtpu prices remote DMAs at 0 cycles", "planner ", "on collectives", "collective: allreduce_"] {
+        assert!(stdout.contains(want), "{want}: {stdout}");
+    }
+    let summary: serde_json::Value = serde_json::from_str(&read(&dir, "summary.json")).unwrap();
+    assert_eq!(summary["devices"]["devices"], 4);
+    let (ours, planner) = (summary["devices"]["collective_cycles"].as_f64().unwrap(), summary["devices"]["planner_collective_cycles"].as_f64().unwrap());
+    assert!(ours > planner && planner > 0.0, "{ours} vs {planner}");
+    check_trace(&serde_json::from_str(&read(&dir, "trace.json")).unwrap());
+    // A library collective: its mesh from its settings.
+    let dir = scratch("profile_all_reduce");
+    let (ok, stdout, err) = palladium(&["profile", "all_reduce", "--set", "n=4", "--chip", "v6e", "--out", dir.to_str().unwrap()]);
+    assert!(ok && stdout.contains("device 0 of 4"), "{err}{stdout}");
+}
