@@ -459,6 +459,10 @@ fn run(cli: Cli) -> Result<(), String> {
             if let Some(links) = &mut timeline.links {
                 links.planner_collective_cycles = planner_collectives.map(|secs| secs * timeline.clock_hz);
             }
+            // Coefficients the chip's estimator could not isolate are labelled as derived.
+            for (name, how) in calibration.chips.get(chip.name()).map(|c| &c.derived).into_iter().flatten() {
+                timeline.assumptions.insert(format!("calibration: {name} derived, not fitted to {chip}: {how}"), 1);
+            }
             for n in notes {
                 timeline.assumptions.insert(n, 1);
             }
