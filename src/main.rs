@@ -90,7 +90,10 @@ enum Command {
     /// DIR/timeline.svg and DIR/summary.json, all or none, and prints the summary (step time,
     /// HBM efficiency, bubbles by cause, the three largest). Profiles a library kernel
     /// (KERNEL [--set NAME=VALUE]...) or, with --megakernel CONFIG, the decode megakernel
-    /// (its options as for `megakernel`; experts at the plan's static worst case).
+    /// (its options as for `megakernel`; experts at the plan's static worst case). A kernel
+    /// on several devices (a library collective's `--set n=N`, the megakernel's `--devices
+    /// N`) is profiled as device 0 of the SPMD program: remote copies on the ICI links
+    /// (a model: libtpu prices them at 0 cycles), collective time and bubbles named apart.
     #[command(group(clap::ArgGroup::new("what").required(true).args(["kernel", "megakernel"])))]
     Profile {
         kernel: Option<String>,
@@ -403,6 +406,8 @@ fn run(cli: Cli) -> Result<(), String> {
             let mut inputs = Inputs::default();
             let mut notes = Vec::new();
             let mut unfused_step = None;
+            // The planner's modelled collective time per step (seconds), beside the timeline's.
+            let mut planner_collectives = None;
             let kernel = match (kernel, megakernel) {
                 (Some(name), None) => {
                     if let Some(flag) = plan.given() {
@@ -445,11 +450,19 @@ fn run(cli: Cli) -> Result<(), String> {
                         unfused_step = Some(palladium::profile::UnfusedStep::new(&spec, p.layers, plan.batch, plan.context, chip, coefficients)?);
                     }
                     inputs.prefetch.insert("positions".into(), at);
+                    planner_collectives = p.sharding.as_ref().map(|s| s.collective_seconds);
                     palladium_fusion::emit::emit(&p).map_err(|e| format!("cannot build the megakernel:\n{e}"))?
                 }
                 _ => return Err("give exactly one of KERNEL and --megakernel CONFIG".into()),
             };
             let mut timeline = simulate(&kernel, chip, coefficients, &inputs).map_err(|e| e.to_string())?;
+            if let Some(links) = &mut timeline.links {
+                links.planner_collective_cycles = planner_collectives.map(|secs| secs * timeline.clock_hz);
+            }
+            // Coefficients the chip's estimator could not isolate are labelled as derived.
+            for (name, how) in calibration.chips.get(chip.name()).map(|c| &c.derived).into_iter().flatten() {
+                timeline.assumptions.insert(format!("calibration: {name} derived, not fitted to {chip}: {how}"), 1);
+            }
             for n in notes {
                 timeline.assumptions.insert(n, 1);
             }

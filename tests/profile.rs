@@ -104,7 +104,7 @@ fn a_library_kernel_profile_has_one_grid_step_section_per_step() {
 #[test]
 fn profile_refusals_name_the_problem_and_write_nothing() {
     let cases: [(&[&str], &str); 4] = [
-        (&["profile", "gemv", "--chip", "v5e"], "no calibration for v5e (calibrated: v6e)"),
+        (&["profile", "gemv", "--chip", "v5e"], "no calibration for v5e (calibrated: v6e, v7x)"),
         (&["profile", "gemv", "--chip", "v6e", "--batch", "4"], "--batch is a megakernel option"),
         (&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "1", "--positions", "1,2"], "--positions: 2 positions for --batch 1"),
         (&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "1", "--positions", "4096"], "--positions: 4096 + 1 new tokens is past --context 4096"),
@@ -162,4 +162,38 @@ fn unfused_compares_the_fused_step_with_its_library_kernels() {
     assert!((ratio - summary["cycles"].as_f64().unwrap() / sum).abs() < 1e-9, "{u}");
     let (ok, _, err) = palladium(&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "2", "--tokens-per-seq", "2", "--unfused", "--out", scratch("profile_unfused_k2").to_str().unwrap()]);
     assert!(!ok && err.contains("--unfused: the unfused step is one token per sequence"), "{err}");
+}
+
+#[test]
+fn a_multi_device_profile_names_its_collectives_and_the_planners_figure() {
+    // The megakernel on 4 devices: device 0's timeline, the collectives apart, the planner's
+    // modelled collective time beside the timeline's.
+    let dir = scratch("profile_devices");
+    let out = dir.to_str().unwrap();
+    let (ok, stdout, err) = palladium(&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "2", "--devices", "4", "--context", "1024", "--out", out]);
+    assert!(ok, "{err}");
+    for want in ["collectives ", "sent over ICI (device 0 of 4, SPMD symmetry", "libtpu prices remote DMAs at 0 cycles", "planner ", "on collectives", "collective: allreduce_"] {
+        assert!(stdout.contains(want), "{want}: {stdout}");
+    }
+    let summary: serde_json::Value = serde_json::from_str(&read(&dir, "summary.json")).unwrap();
+    assert_eq!(summary["devices"]["devices"], 4);
+    let (ours, planner) = (summary["devices"]["collective_cycles"].as_f64().unwrap(), summary["devices"]["planner_collective_cycles"].as_f64().unwrap());
+    assert!(ours > planner && planner > 0.0, "{ours} vs {planner}");
+    check_trace(&serde_json::from_str(&read(&dir, "trace.json")).unwrap());
+    // A library collective: its mesh from its settings.
+    let dir = scratch("profile_all_reduce");
+    let (ok, stdout, err) = palladium(&["profile", "all_reduce", "--set", "n=4", "--chip", "v6e", "--out", dir.to_str().unwrap()]);
+    assert!(ok && stdout.contains("device 0 of 4"), "{err}{stdout}");
+}
+
+#[test]
+fn v7x_profiles_with_its_derived_coefficients_labelled() {
+    // Qwen3-235B-A22B on 8 v7x devices (2 layers): calibrated for v7x, the DMA latency
+    // derived from v6e's fit and said so; the measured cross-chip links price the hops.
+    let dir = scratch("profile_v7x_devices");
+    let (ok, stdout, err) = palladium(&["profile", "--megakernel", "fixtures/models/qwen3-235b-a22b.json", "--chip", "v7x", "--devices", "8", "--layers", "2", "--out", dir.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    for want in ["calibration: dma_latency_cycles derived, not fitted to v7x", "device 0 of 8", "measured cross-chip remote copy", "hop latency 500 cycles"] {
+        assert!(stdout.contains(want), "{want}: {stdout}");
+    }
 }

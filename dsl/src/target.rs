@@ -71,9 +71,22 @@ pub struct RingHop {
     pub bandwidth: f64,
     /// Fixed time of one collective, seconds (0 where nothing was measured).
     pub latency: f64,
+    /// Fixed time of one hop (a remote copy's or signal's first byte after its start),
+    /// seconds: the measured collective latency over [`ANCHOR_ALL_REDUCE_HOPS`]. The
+    /// measurement gives a time per collective, not per hop; a timeline of hops needs the
+    /// latter (`palladium profile`), the planner the former.
+    pub hop_latency: f64,
     /// Where the figures come from.
     pub source: &'static str,
 }
+
+/// The hops one after another of the measured collective ([`MeasuredLinks::collective_latency`],
+/// an all-reduce over 8 devices), taken as this project's bidirectional ring all-reduce
+/// does it: 7 reduce-scatter hops, then 7 all-gather hops. An assumption: the measurement
+/// names no hop count (its kernel sends to `rank ^ offset`; a butterfly's 3 + 3 hops would
+/// make each hop 2.3 times slower). With it, an 8-device ring all-reduce's hops add up to
+/// the measured collective latency.
+pub const ANCHOR_ALL_REDUCE_HOPS: u32 = 14;
 
 impl Ici {
     /// The model of one hop of a ring over `devices` devices of a chip with
@@ -84,16 +97,17 @@ impl Ici {
     /// where nothing is published.
     pub fn ring_hop(&self, devices: u32, devices_per_chip: u32, message_bytes: u64) -> Option<RingHop> {
         if let Some(m) = self.measured {
+            let hop_latency = m.collective_latency / f64::from(ANCHOR_ALL_REDUCE_HOPS);
             if devices <= devices_per_chip {
                 let ((s0, b0), (s1, b1)) = (m.sibling_small, m.sibling_large);
                 let t = ((message_bytes.clamp(s0, s1) as f64).ln() - (s0 as f64).ln()) / ((s1 as f64).ln() - (s0 as f64).ln());
                 let bandwidth = (b0.ln() + t * (b1.ln() - b0.ln())).exp();
-                return Some(RingHop { bandwidth, latency: m.collective_latency, source: "measured sibling-core remote VMEM copy, interpolated by message size" });
+                return Some(RingHop { bandwidth, latency: m.collective_latency, hop_latency, source: "measured sibling-core remote VMEM copy, interpolated by message size" });
             }
-            return Some(RingHop { bandwidth: m.cross_chip_per_core, latency: m.collective_latency, source: "measured cross-chip remote copy per core and direction (the ring's slowest hop)" });
+            return Some(RingHop { bandwidth: m.cross_chip_per_core, latency: m.collective_latency, hop_latency, source: "measured cross-chip remote copy per core and direction (the ring's slowest hop)" });
         }
         let per_chip = self.bandwidth_per_chip?;
-        Some(RingHop { bandwidth: per_chip / f64::from(self.links_per_chip) / 2.0, latency: 0.0, source: "published ICI peak per link and direction (not measured; no latency)" })
+        Some(RingHop { bandwidth: per_chip / f64::from(self.links_per_chip) / 2.0, latency: 0.0, hop_latency: 0.0, source: "published ICI peak per link and direction (not measured; no latency)" })
     }
 }
 
@@ -323,10 +337,13 @@ mod tests {
         assert!(mid > 101e9 && mid < 610e9, "{mid}");
         // Across chips the ring runs at its slowest hop, whatever the size.
         assert_eq!(hop(8, 16 * MIB).bandwidth, 45e9);
+        // The measured latency is per collective: an 8-device ring all-reduce's 14 hops add
+        // up to it.
+        assert!((hop(8, 1).hop_latency * f64::from(ANCHOR_ALL_REDUCE_HOPS) - 3.5e-6).abs() < 1e-15);
         // v6e has no measurement: the published 800 GB/s over 4 links and 2 directions.
         let v6e = Chip::V6e.target();
         let h = v6e.ici.ring_hop(4, 1, 1 << 20).expect("v6e publishes ICI");
-        assert_eq!((h.bandwidth, h.latency), (100e9, 0.0));
+        assert_eq!((h.bandwidth, h.latency, h.hop_latency), (100e9, 0.0, 0.0));
         assert_eq!(Chip::V4.target().ici.ring_hop(2, 1, 1), None);
     }
 

@@ -18,7 +18,17 @@
 //!   a loop iteration) the units work in parallel, as a VLIW bundle schedule packs them: the
 //!   stretch takes its busiest unit's cycles.
 //!
-//! Remote copies and signals (multi-device kernels) are refused: one device is modeled.
+//! - **Several devices** (a kernel with a mesh: the library collectives, the megakernel
+//!   with `--devices N`): device 0 is profiled, and by SPMD symmetry it stands for every
+//!   device: each runs the same schedule, so the incoming copy of a hop lands when this
+//!   device's own outgoing copy of it does, and a remote signal arrives here when this
+//!   device's own signal lands there. A remote copy occupies one direction of the ICI link
+//!   to its target (a port: one to each ring neighbour; with two devices both lead to the
+//!   other one, and a copy takes the less busy), shared fairly by the copies on it, at the
+//!   target table's hop figures ([`palladium_dsl::target::Ici::ring_hop`]: every hop at the
+//!   ring's slowest link, since a ring advances at its slowest hop) plus the hop latency
+//!   before the first byte. It does not take HBM bandwidth: every emitted collective copies
+//!   VMEM to VMEM, and a remote copy that touches HBM is listed as an assumption.
 
 pub mod calibration;
 pub mod cost;
@@ -29,7 +39,7 @@ use calibration::Coefficients;
 use cost::{Unit, op_cost};
 use dma::{Engine, Resource};
 use indexmap::IndexMap;
-use palladium_dsl::ir::{Block, Index, Kernel, Literal, Offset, Op, OpData, Type, Value, WaitSide};
+use palladium_dsl::ir::{Block, Index, Kernel, Literal, Offset, Op, OpData, Type, Value};
 use palladium_dsl::spec::{Chip, OperandRole, PipelineMode};
 use std::collections::HashMap;
 
@@ -87,6 +97,13 @@ pub struct DmaEvent {
     pub context: String,
 }
 
+impl DmaEvent {
+    /// A remote copy or signal (on an ICI link): part of a collective.
+    pub fn is_remote(&self) -> bool {
+        matches!(self.resource, Resource::Link(_))
+    }
+}
+
 /// A stall of the core on a DMA: a bubble.
 #[derive(Clone, Debug)]
 pub struct Wait {
@@ -106,11 +123,27 @@ pub struct Section {
     pub label: String,
 }
 
+/// The ICI link model of a multi-device profile.
+#[derive(Clone, Debug)]
+pub struct Links {
+    /// Devices in the call's mesh.
+    pub devices: u64,
+    /// Cycles from a remote copy's or signal's start to its first byte (or arrival).
+    pub hop_latency_cycles: f64,
+    /// Where the figures come from ([`palladium_dsl::target::RingHop::source`]).
+    pub source: &'static str,
+    /// The planner's modelled collective cycles per step, where the caller has a plan (the
+    /// megakernel; `fusion/src/shard.rs`), for the summary to set beside the timeline's.
+    pub planner_collective_cycles: Option<f64>,
+}
+
 /// The modeled execution of one kernel call.
 #[derive(Clone, Debug)]
 pub struct Timeline {
     pub kernel: String,
     pub chip: Chip,
+    /// The link model where the kernel runs on several devices (device 0 profiled).
+    pub links: Option<Links>,
     pub clock_hz: f64,
     pub hbm_bytes_per_cycle: f64,
     /// The call's cycles: until the last output DMA lands.
@@ -133,6 +166,36 @@ impl Timeline {
         self.hbm_bytes() as f64 / self.hbm_bytes_per_cycle / self.cycles
     }
 
+    /// The HBM stream's own time: bytes / calibrated bandwidth.
+    pub fn hbm_stream_cycles(&self) -> f64 {
+        self.hbm_bytes() as f64 / self.hbm_bytes_per_cycle
+    }
+
+    /// Bytes this device sends over ICI links.
+    pub fn ici_bytes(&self) -> u64 {
+        self.dmas.iter().filter(|d| d.is_remote()).map(|d| d.bytes).sum()
+    }
+
+    /// Collective time: the cycles during which a remote copy or signal of this device is
+    /// in flight (the union of their intervals from start to arrival, latency included).
+    pub fn collective_cycles(&self) -> f64 {
+        self.remote_cycles(|_| true)
+    }
+
+    /// As [`Timeline::collective_cycles`], over the remote transfers `keep` selects.
+    pub fn remote_cycles(&self, keep: impl Fn(&DmaEvent) -> bool) -> f64 {
+        let mut spans: Vec<(f64, f64)> = self.dmas.iter().filter(|d| d.is_remote() && keep(d)).map(|d| (d.issued, d.done)).collect();
+        spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (mut total, mut end) = (0.0, f64::NEG_INFINITY);
+        for (a, b) in spans {
+            if b > end {
+                total += b - a.max(end);
+                end = b;
+            }
+        }
+        total
+    }
+
     pub fn micros(&self, cycles: f64) -> f64 {
         cycles / self.clock_hz * 1e6
     }
@@ -141,6 +204,16 @@ impl Timeline {
 /// Profile one call of `kernel` on `chip` with the coefficients `c`.
 pub fn simulate(kernel: &Kernel, chip: Chip, c: &Coefficients, inputs: &Inputs) -> Result<Timeline, ProfileError> {
     let mut w = Walker::new(kernel, chip, c);
+    let links = w.links.as_ref().map(|l| Links { devices: l.0, hop_latency_cycles: l.1.hop_latency * w.target.clock_hz, source: l.1.source, planner_collective_cycles: None });
+    if let Some(l) = &links {
+        w.assumptions.insert(
+            format!(
+                "SPMD symmetry: device 0 of {} profiled; every device runs the same schedule, so an incoming copy or signal lands when this device's own outgoing one does (every hop at the ring's slowest link)",
+                l.devices
+            ),
+            1,
+        );
+    }
     w.bind_prefetch(inputs)?;
     w.run_grid()?;
     let cycles = w.now.max(w.engine.drain());
@@ -150,6 +223,7 @@ pub fn simulate(kernel: &Kernel, chip: Chip, c: &Coefficients, inputs: &Inputs) 
     Ok(Timeline {
         kernel: kernel.name.clone(),
         chip,
+        links,
         clock_hz: chip.target().clock_hz,
         hbm_bytes_per_cycle: c.hbm_bytes_per_cycle,
         cycles,
@@ -173,8 +247,8 @@ struct RefLoc {
 struct SemState {
     /// Bytes (DMA semaphores) or signals (regular ones) available.
     count: f64,
-    /// Transfers that will signal it.
-    pending: Vec<usize>,
+    /// Transfers that will signal it, and what each adds (bytes or signals).
+    pending: Vec<(usize, f64)>,
 }
 
 struct Walker<'k> {
@@ -202,6 +276,9 @@ struct Walker<'k> {
     assumptions: IndexMap<String, u64>,
     /// Index maps are evaluated without taking core time.
     silent: bool,
+    /// The mesh's devices and the link figures of a hop, on several devices (this device
+    /// is 0).
+    links: Option<(u64, palladium_dsl::target::RingHop)>,
 }
 
 fn short_loc(k: &Kernel, op: Op) -> String {
@@ -220,10 +297,13 @@ impl<'k> Walker<'k> {
         for (_, s) in k.sems.iter() {
             names.insert(s.value, s.name.clone());
         }
+        let target = chip.target();
+        let devices = k.call.devices();
+        let links = (devices > 1).then(|| target.ici.ring_hop(devices as u32, target.devices_per_chip(), 0).map(|hop| (devices, hop))).flatten();
         Walker {
             k,
             c,
-            target: chip.target(),
+            target,
             now: 0.0,
             ints: HashMap::new(),
             grid_idx: vec![0; k.call.grid.len()],
@@ -242,6 +322,7 @@ impl<'k> Walker<'k> {
             sections: Vec::new(),
             assumptions: IndexMap::new(),
             silent: false,
+            links,
         }
     }
 
@@ -313,10 +394,69 @@ impl<'k> Walker<'k> {
     fn issue(&mut self, resource: Resource, bytes: u64, src: String, dst: String, loc: String) -> usize {
         self.flush();
         let id = self.engine.issue(self.now, resource, bytes as f64);
+        self.record(id, resource, bytes, src, dst, loc);
+        id
+    }
+
+    fn record(&mut self, id: usize, resource: Resource, bytes: u64, src: String, dst: String, loc: String) {
         self.event_of.insert(id, self.dmas.len());
         self.dmas.push(DmaEvent { src, dst, bytes, resource, issued: self.now, done: f64::NAN, loc, context: self.context() });
         self.dma_ids.push(id);
-        id
+    }
+
+    /// Issue a remote copy (`bytes`) or signal (0 bytes) from this device (0) to device
+    /// `to` on the port that leads there (see the crate doc): the less busy of the two when
+    /// both ring neighbours are `to` (two devices), a route of its own for a device that is
+    /// no neighbour. A copy to this device itself is an on-chip copy.
+    fn issue_remote(&mut self, op: Op, to: i64, bytes: u64, src: String, dst: String) -> Result<usize, ProfileError> {
+        let loc = short_loc(self.k, op);
+        let n = self.k.call.devices() as i64;
+        if !(0..n).contains(&to) {
+            return Err(self.unsupported(Some(op), format!("targets device {to}; the mesh has {n}")));
+        }
+        if to == 0 {
+            return Ok(self.issue(Resource::Local, bytes, src, dst, loc));
+        }
+        let Some((devices, _)) = self.links else {
+            return Err(self.unsupported(Some(op), format!("{} publishes no ICI link figure: its remote copies cannot be priced", self.target.chip)));
+        };
+        let (right, left) = (1 % n, n - 1);
+        let port = match (to == right, to == left) {
+            (true, true) => u32::from(self.engine.in_flight(Resource::Link(1)) < self.engine.in_flight(Resource::Link(0))),
+            (true, false) => 0,
+            (false, true) => 1,
+            _ => 2 + to as u32,
+        };
+        let hop = self.target.ici.ring_hop(devices as u32, self.target.devices_per_chip(), bytes).expect("priced when the walker was made");
+        self.flush();
+        let clock = self.target.clock_hz;
+        let id = self.engine.issue_at_rate(self.now, Resource::Link(port), bytes as f64, hop.bandwidth / clock, hop.hop_latency * clock);
+        self.record(id, Resource::Link(port), bytes, src, dst, loc);
+        Ok(id)
+    }
+
+    /// Take `need` (bytes or signals) from semaphore `key`, stalling until transfers on it
+    /// have brought them; a wait nothing in flight will satisfy is an error.
+    fn acquire(&mut self, op: Op, key: (Value, i64), need: f64, sem: Value, what: &str) -> Result<(), ProfileError> {
+        self.flush();
+        self.engine.advance_to(self.now);
+        loop {
+            let st = self.sems.entry(key).or_default();
+            let transfers = &self.engine.transfers;
+            let (done, pending): (Vec<_>, Vec<_>) = st.pending.iter().copied().partition(|&(i, _)| transfers[i].done.is_some());
+            st.count += done.iter().map(|&(_, n)| n).sum::<f64>();
+            st.pending = pending;
+            if st.count >= need - 0.5 {
+                st.count -= need;
+                return Ok(());
+            }
+            let ids: Vec<usize> = st.pending.iter().map(|&(i, _)| i).collect();
+            if ids.is_empty() {
+                let name = self.name(sem);
+                return Err(self.unsupported(Some(op), format!("waits for {need} {what} on semaphore `{name}` with no {} in flight on it (the program would hang)", if what == "bytes" { "DMA" } else { "signal" })));
+            }
+            self.wait_for(&ids, short_loc(self.k, op));
+        }
     }
 
     /// Stall until transfer `id` is done; a stall is recorded as a wait.
@@ -616,58 +756,52 @@ impl<'k> Walker<'k> {
                     };
                 }
             }
-            OpData::DmaStart { src, dst, sem, remote, .. } => {
-                if remote.is_some() {
-                    return Err(self.unsupported(Some(op), "remote copies: the profile models one device"));
-                }
+            OpData::DmaStart { src, dst, sem, remote: None, .. } => {
                 let resource = if self.space_is_hbm(*src) || self.space_is_hbm(*dst) { Resource::Hbm } else { Resource::Local };
                 let key = self.sem_key(op, *sem)?;
-                let id = self.issue(resource, self.ref_bytes(*src), self.name(*src), self.name(*dst), short_loc(k, op));
-                self.sems.entry(key).or_default().pending.push(id);
+                let bytes = self.ref_bytes(*src);
+                let id = self.issue(resource, bytes, self.name(*src), self.name(*dst), short_loc(k, op));
+                self.sems.entry(key).or_default().pending.push((id, bytes as f64));
             }
-            OpData::DmaWait { dst, sem, side, .. } => {
-                if *side != WaitSide::Local {
-                    return Err(self.unsupported(Some(op), "remote waits: the profile models one device"));
+            OpData::DmaStart { src, dst, sem, remote: Some(remote), .. } => {
+                let to = self.int(remote.device_id).ok_or_else(|| self.unsupported(Some(op), "the target device depends on run-time data"))?;
+                if self.space_is_hbm(*src) || self.space_is_hbm(*dst) {
+                    *self.assumptions.entry(format!("remote copy at {} touches HBM: its bytes are charged to the ICI link only, not to the HBM bandwidth", short_loc(k, op))).or_default() += 1;
                 }
+                // By symmetry the copy this device receives (on `sem`) lands when its own
+                // outgoing copy has left (on the send semaphore): one transfer signals both.
+                let (recv, send) = (self.sem_key(op, *sem)?, self.sem_key(op, remote.send_sem)?);
+                let bytes = self.ref_bytes(*src);
+                let id = self.issue_remote(op, to, bytes, self.name(*src), format!("{} on device {to}", self.name(*dst)))?;
+                for key in [send, recv] {
+                    self.sems.entry(key).or_default().pending.push((id, bytes as f64));
+                }
+            }
+            OpData::DmaWait { dst, sem, .. } => {
+                // Local, send and receive sides alike: `sem` counts the copy's bytes.
                 let key = self.sem_key(op, *sem)?;
-                let need = self.ref_bytes(*dst) as f64;
-                self.flush();
-                self.engine.advance_to(self.now);
-                loop {
-                    let st = self.sems.entry(key).or_default();
-                    let transfers = &self.engine.transfers;
-                    let (done, pending): (Vec<usize>, Vec<usize>) = st.pending.iter().partition(|&&i| transfers[i].done.is_some());
-                    st.count += done.iter().map(|&i| transfers[i].bytes).sum::<f64>();
-                    st.pending = pending;
-                    if st.count >= need - 0.5 {
-                        st.count -= need;
-                        break;
-                    }
-                    let pending = st.pending.clone();
-                    if pending.is_empty() {
-                        let name = self.name(*sem);
-                        return Err(self.unsupported(Some(op), format!("waits for {need} bytes on semaphore `{name}` with no DMA in flight on it (the program would hang)")));
-                    }
-                    self.wait_for(&pending, short_loc(k, op));
-                }
+                self.acquire(op, key, self.ref_bytes(*dst) as f64, *sem, "bytes")?;
             }
             OpData::SemSignal { sem, amount, device_id } => {
-                if device_id.is_some() {
-                    return Err(self.unsupported(Some(op), "remote signals: the profile models one device"));
-                }
                 let key = self.sem_key(op, *sem)?;
-                let n = self.int(*amount).ok_or_else(|| self.unsupported(Some(op), "the signal amount depends on run-time data"))?;
-                self.sems.entry(key).or_default().count += n as f64;
+                let n = self.int(*amount).ok_or_else(|| self.unsupported(Some(op), "the signal amount depends on run-time data"))? as f64;
+                match device_id {
+                    None => self.sems.entry(key).or_default().count += n,
+                    Some(d) => {
+                        // By symmetry this device receives the same signal when its own lands.
+                        let to = self.int(*d).ok_or_else(|| self.unsupported(Some(op), "the signalled device depends on run-time data"))?;
+                        let id = self.issue_remote(op, to, 0, format!("signal {}", self.name(*sem)), format!("{} on device {to}", self.name(*sem)))?;
+                        self.sems.entry(key).or_default().pending.push((id, n));
+                    }
+                }
             }
             OpData::SemWait { sem, amount } => {
                 let key = self.sem_key(op, *sem)?;
                 let n = self.int(*amount).ok_or_else(|| self.unsupported(Some(op), "the wait amount depends on run-time data"))? as f64;
-                let st = self.sems.entry(key).or_default();
-                if st.count < n {
-                    return Err(self.unsupported(Some(op), "waits on a semaphore nothing signals (the program would hang)"));
-                }
-                st.count -= n;
+                self.acquire(op, key, n, *sem, "signals")?;
             }
+            // Device 0 of the mesh is profiled (see the crate doc).
+            OpData::DeviceId => self.set(k.result(op), Some(0)),
             OpData::If { cond, then_block, else_block } => {
                 let taken = match self.int(*cond) {
                     Some(c) => c != 0,

@@ -47,7 +47,7 @@ pub fn trace_json(t: &Timeline) -> Json {
             }
         };
         lanes[lane] = d.done;
-        events.push(json!({"ph": "X", "name": format!("{} -> {}", d.src, d.dst), "cat": match d.resource { Resource::Hbm => "hbm", Resource::Local => "local" },
+        events.push(json!({"ph": "X", "name": format!("{} -> {}", d.src, d.dst), "cat": match d.resource { Resource::Hbm => "hbm", Resource::Local => "local", Resource::Link(_) => "ici" },
             "pid": DMA_PID, "tid": lane + 1, "ts": us(d.issued), "dur": us(d.done - d.issued), "args": {"bytes": d.bytes, "at": d.loc, "context": d.context}}));
     }
     for i in 0..lanes.len() {
@@ -61,12 +61,14 @@ fn cause(t: &Timeline, w: &Wait) -> String {
     format!("{} -> {} ({} bytes, started at {}{})", d.src, d.dst, d.bytes, d.loc, if d.context.is_empty() { String::new() } else { format!(" in {}", d.context) })
 }
 
-/// Bubbles grouped by the transfer that ended them (source -> destination) and the wait.
+/// Bubbles grouped by the transfer that ended them (source -> destination) and the wait;
+/// those a remote copy or signal ended are named collective bubbles.
 fn bubbles_by_cause(t: &Timeline) -> Vec<(String, u64, f64)> {
     let mut by: IndexMap<String, (u64, f64)> = IndexMap::new();
     for w in &t.waits {
         let d = &t.dmas[w.dma];
-        let e = by.entry(format!("{} -> {} (wait at {})", d.src, d.dst, w.loc)).or_default();
+        let kind = if d.is_remote() { "collective: " } else { "" };
+        let e = by.entry(format!("{kind}{} -> {} (wait at {})", d.src, d.dst, w.loc)).or_default();
         e.0 += 1;
         e.1 += w.end - w.start;
     }
@@ -82,6 +84,15 @@ fn largest_bubbles(t: &Timeline, n: usize) -> Vec<&Wait> {
     w
 }
 
+/// Bubble cycles ended by local transfers (HBM, on-chip) and by remote ones (collectives).
+fn bubble_split(t: &Timeline) -> (f64, f64) {
+    let (mut local, mut remote) = (0.0, 0.0);
+    for w in &t.waits {
+        *(if t.dmas[w.dma].is_remote() { &mut remote } else { &mut local }) += w.end - w.start;
+    }
+    (local, remote)
+}
+
 fn busy(t: &Timeline) -> [f64; 6] {
     let mut u = [0.0; 6];
     for s in &t.compute {
@@ -95,9 +106,15 @@ fn busy(t: &Timeline) -> [f64; 6] {
 /// The summary as JSON (`summary.json`).
 pub fn summary_json(t: &Timeline) -> Json {
     let bubble_cycles: f64 = t.waits.iter().map(|w| w.end - w.start).sum();
+    let (local_bubbles, collective_bubbles) = bubble_split(t);
+    let links = t.links.as_ref().map(|l| {
+        json!({"devices": l.devices, "profiled_device": 0, "hop_latency_cycles": l.hop_latency_cycles, "source": l.source, "ici_bytes_sent": t.ici_bytes(), "collective_cycles": t.collective_cycles(), "planner_collective_cycles": l.planner_collective_cycles,
+            "note": "a model: libtpu's static estimate prices remote DMAs at 0 cycles"})
+    });
     json!({
         "kernel": t.kernel,
         "chip": t.chip.name(),
+        "devices": links,
         "cycles": t.cycles,
         "microseconds": t.micros(t.cycles),
         "clock_hz": t.clock_hz,
@@ -106,7 +123,10 @@ pub fn summary_json(t: &Timeline) -> Json {
         "hbm_efficiency": t.hbm_efficiency(),
         "dmas": t.dmas.len(),
         "busy_cycles": Unit::ALL.iter().zip(busy(t)).map(|(u, c)| (u.name().to_string(), json!(c))).collect::<serde_json::Map<_, _>>(),
+        "hbm_stream_cycles": t.hbm_stream_cycles(),
         "bubble_cycles": bubble_cycles,
+        "bubble_cycles_hbm_and_local": local_bubbles,
+        "bubble_cycles_collective": collective_bubbles,
         "bubbles_by_cause": bubbles_by_cause(t).iter().map(|(c, n, cy)| json!({"cause": c, "count": n, "cycles": cy})).collect::<Vec<_>>(),
         "largest_bubbles": largest_bubbles(t, 3).iter().map(|w| json!({"start_cycle": w.start, "cycles": w.end - w.start, "cause": cause(t, w), "wait_at": w.loc, "context": w.context})).collect::<Vec<_>>(),
         "assumptions": t.assumptions.iter().map(|(a, n)| json!({"assumption": a, "times": n})).collect::<Vec<_>>(),
@@ -123,7 +143,23 @@ pub fn summary_text(t: &Timeline) -> String {
     let b = busy(t);
     let units: Vec<String> = Unit::ALL.iter().zip(b).filter(|(_, c)| *c > 0.0).map(|(u, c)| format!("{} {:.0}", u.name(), c)).collect();
     let _ = writeln!(s, "  core busy        {:.0} cycles; per unit (they overlap): {}", t.compute.iter().map(|c| c.end - c.start).sum::<f64>(), units.join(", "));
-    let _ = writeln!(s, "  bubbles          {:.0} cycles ({:.1}% of the step) in {} waits", bubble_cycles, 100.0 * bubble_cycles / t.cycles, t.waits.len());
+    let _ = writeln!(s, "  HBM stream       {:.0} cycles (bytes / bandwidth: the step's floor)", t.hbm_stream_cycles());
+    if let Some(l) = &t.links {
+        let _ = writeln!(
+            s,
+            "  collectives      {:.0} cycles with a remote copy or signal in flight; {:.3} MB sent over ICI (device 0 of {}, SPMD symmetry; links: {}, hop latency {:.0} cycles; a model: libtpu prices remote DMAs at 0 cycles)",
+            t.collective_cycles(),
+            t.ici_bytes() as f64 / 1e6,
+            l.devices,
+            l.source,
+            l.hop_latency_cycles
+        );
+        if let Some(p) = l.planner_collective_cycles {
+            let _ = writeln!(s, "  planner          {p:.0} cycles of collectives per step modelled by the planner (both ring directions at once, unpadded rows, one latency per collective); the timeline's {:.0} / the planner's = {:.2}", t.collective_cycles(), t.collective_cycles() / p);
+        }
+    }
+    let (local, collective) = bubble_split(t);
+    let _ = writeln!(s, "  bubbles          {:.0} cycles ({:.1}% of the step) in {} waits: {:.0} on HBM or on-chip copies, {:.0} on collectives", bubble_cycles, 100.0 * bubble_cycles / t.cycles, t.waits.len(), local, collective);
     let _ = writeln!(s, "bubbles by cause:");
     for (c, n, cy) in bubbles_by_cause(t).iter().take(12) {
         let _ = writeln!(s, "  {cy:>12.0} cycles {n:>6} waits  {c}");
@@ -174,9 +210,10 @@ const PALETTE: [&str; 8] = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2
 pub fn svg(t: &Timeline) -> String {
     let width = 1600.0;
     let scale = width / t.cycles.max(1.0);
-    let mut sources: IndexMap<&str, Vec<(f64, f64, &str)>> = IndexMap::new();
+    let mut sources: IndexMap<String, Vec<(f64, f64, &str)>> = IndexMap::new();
     for d in &t.dmas {
-        sources.entry(if d.src == "window" { d.dst.as_str() } else { d.src.as_str() }).or_default().push((d.issued, d.done, ""));
+        let name = if d.is_remote() { format!("ICI {}", d.src) } else if d.src == "window" { d.dst.clone() } else { d.src.clone() };
+        sources.entry(name).or_default().push((d.issued, d.done, ""));
     }
     let colors: Vec<&str> = (0..sources.len()).map(|i| PALETTE[i % PALETTE.len()]).collect();
     let rows = sources.len() + 3;
