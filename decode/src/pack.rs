@@ -181,6 +181,12 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
     pack_device(spec, plan, weights, 0)
 }
 
+/// Every device's share of `weights` for the megakernel of `plan`, in device order (one
+/// [`Packed`], [`pack`]'s, when the plan is not split): what [`crate::Decoder::new`] takes.
+pub fn pack_devices(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Vec<Packed>, PackError> {
+    (0..plan.sharding.as_ref().map_or(1, |sh| sh.devices)).map(|me| pack_device(spec, plan, weights, me)).collect()
+}
+
 /// Pack `weights` for device `device` of the megakernel of `plan` (its share of a sharded
 /// plan; on one device, device 0 is [`pack`]).
 pub fn pack_device(spec: &ModelSpec, plan: &Plan, weights: &Weights, device: u64) -> Result<Packed, PackError> {

@@ -195,7 +195,7 @@ pub enum PlanError {
     Hbm { chip: Chip, need: u64, need_gib: f64, have: u64, have_gib: f64, detail: String, max_layers: u64, split: String },
     #[error("does not fit {chip} VMEM: the plan needs {need} bytes ({need_mib:.2} MiB: {detail}), {chip} has {have} bytes ({have_mib} MiB) per core")]
     Vmem { chip: Chip, need: u64, need_mib: f64, have: u64, have_mib: u64, detail: String },
-    #[error("cannot split the model over {devices} devices: {reason}")]
+    #[error("cannot split the model over {devices} devices (--devices {devices}): {reason}")]
     Split { devices: u64, reason: String },
     #[error("does not fit {devices} {chip} devices: the operands need {need} bytes ({need_gib:.2} GiB) per device, {chip} has {have} bytes ({have_gib:.2} GiB) usable per device; {needed}")]
     Devices { devices: u64, chip: Chip, need: u64, need_gib: f64, have: u64, have_gib: f64, needed: String },
