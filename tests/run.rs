@@ -359,7 +359,7 @@ fn devices_refusals_name_the_flag_and_the_reason() {
     let cfg = fixture("tiny-qwen3-moe");
     let cfg = cfg.to_str().unwrap();
     let dir = scratch("run-devices-refused");
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(cfg).unwrap()).unwrap();
     v["num_attention_heads"] = 6.into();
     v["num_key_value_heads"] = 3.into();
     let three = dir.join("three-kv-heads.json");

@@ -143,8 +143,7 @@ fn a_batch_on_two_devices_matches_one_device() {
     let w = Weights::random(&s, 5).unwrap();
     let (mut one, mut two) = (decoder(&s, &w, 1, 2, 1), decoder(&s, &w, 2, 2, 1));
     let tokens = [[3, 141, 59, 26, 5, 9], [7, 7, 300, 2, 45, 11]];
-    for t in 0..tokens[0].len() {
-        let fed = [tokens[0][t], tokens[1][t]];
+    for (t, fed) in tokens[0].iter().zip(tokens[1]).map(|(&a, b)| [a, b]).enumerate() {
         let (a, b) = (one.step(&fed).unwrap(), two.step(&fed).unwrap());
         let (la, lb) = (a.logits.unwrap(), b.logits.unwrap());
         for seq in 0..2 {

@@ -183,8 +183,8 @@ fn the_acceptance_models_plan_on_their_devices() {
 
 /// A split plan's operand prose is one device's share: the model's heads, experts, expert
 /// columns and vocabulary ids of a device's local ones in terms of its index `me`, and
-/// per-device sizes (the one-device wording, "o_proj.weight [H, heads*64]" or an
-/// lm_head row `c*1024 + j`, would describe the whole model).
+/// per-device sizes (the one-device wording, `o_proj.weight [H, heads*64]` or an
+/// `lm_head` row `c*1024 + j`, would describe the whole model).
 #[test]
 fn the_operand_prose_of_a_split_plan_is_one_devices_share() {
     let s = spec("tiny-qwen3-moe");
