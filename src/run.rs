@@ -19,7 +19,7 @@ use crate::check::Backend;
 use palladium_dsl::spec::Chip;
 use palladium_decode::Decoder;
 use palladium_decode::speculate::{Drafter, Forced, Ngram, NoDrafts, Speculation};
-use palladium_decode::pack::{pack_devices, pack_quantized};
+use palladium_decode::pack::{pack_devices, pack_quantized_devices};
 use palladium_fusion::layout::OperandKind;
 use palladium_fusion::megakernel::Megakernel;
 use palladium_fusion::plan::{Plan, PlanOptions};
@@ -286,8 +286,7 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
                 (QuantizedWeights::quantize(&spec, &weights, weights_dtype).map_err(|e| format!("cannot quantize the weights to {}: {e}", weights_dtype.name()))?, Some(weights))
             }
         };
-        // One device: the planner refuses quantized weights on several.
-        let packed = vec![pack_quantized(&spec, &mk.plan, &quantized).map_err(|e| format!("cannot pack the weights: {e}"))?];
+        let packed = pack_quantized_devices(&spec, &mk.plan, &quantized).map_err(|e| format!("cannot pack the weights: {e}"))?;
         (quantized.dequantize(), unquantized, packed)
     };
     let t = Instant::now();

@@ -353,7 +353,7 @@ fn devices_give_the_ids_of_one_device_and_pass_the_check() {
 }
 
 /// `--devices` refusals name the flag and the reason: an unsupported count, KV heads that
-/// do not split over the devices, the TPU backend (one device's program), quantized weights.
+/// do not split over the devices, the TPU backend (one device's program).
 #[test]
 fn devices_refusals_name_the_flag_and_the_reason() {
     let cfg = fixture("tiny-qwen3-moe");
@@ -365,18 +365,31 @@ fn devices_refusals_name_the_flag_and_the_reason() {
     let three = dir.join("three-kv-heads.json");
     std::fs::write(&three, v.to_string()).unwrap();
     let run = ["run", cfg, "--random-weights", "--prompt-ids", "1,2", "--steps", "2"];
-    let cases: [(Vec<&str>, &str); 4] = [
+    let cases: [(Vec<&str>, &str); 3] = [
         ([&run[..], &["--devices", "3"]].concat(), "--devices 3 (supported: 1, 2, 4, 8)"),
         (
             vec!["run", three.to_str().unwrap(), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--devices", "2"],
             "cannot split the model over 2 devices (--devices 2): the 3 KV heads neither split evenly over 2 devices nor replicate evenly onto them",
         ),
         ([&run[..], &["--devices", "2", "--backend", "tpu"]].concat(), "--devices 2 with --backend tpu: the TPU engine runs the one-device megakernel"),
-        ([&run[..], &["--devices", "2", "--weights-dtype", "int8"]].concat(), "--weights-dtype int8 on --devices 2: the sharded megakernel takes bf16 weights"),
     ];
     for (args, want) in cases {
         let (code, out, err) = palladium_code(&args, &[]);
         assert!(code == 1 && err.contains(want), "{args:?}: {err}");
         assert!(out.is_empty(), "{args:?}: nothing printed: {out}");
     }
+}
+
+/// Quantized at load, on 2 devices: `--check` (the reference on the dequantized weights)
+/// passes and the ids are one device's.
+#[test]
+fn quantized_weights_run_on_two_devices() {
+    let cfg = fixture("tiny-qwen3-moe");
+    let base = ["run", cfg.to_str().unwrap(), "--random-weights", "--seed", "2", "--prompt-ids", "1,17,300,42,5", "--steps", "6", "--check", "--weights-dtype", "int8"];
+    let (ok, one, err) = palladium(&base);
+    assert!(ok, "{one}{err}");
+    let (ok, two, err) = palladium(&[&base[..], &["--devices", "2"]].concat());
+    assert!(ok, "{two}{err}");
+    assert_eq!(two.lines().next(), one.lines().next(), "{two}");
+    assert!(two.contains("reference on the dequantized int8 weights (teacher-forced on these ids): ids equal"), "{two}");
 }

@@ -12,7 +12,7 @@
 //! tokens per run with drafts and the rollback of rejected ones work on N devices as on
 //! one.
 use palladium_array::tolerance::{LogitsDiff, logits_tolerance};
-use palladium_decode::pack::pack_devices;
+use palladium_decode::pack::{pack_devices, pack_quantized_devices};
 use palladium_decode::speculate::{Forced, NoDrafts};
 use palladium_decode::{DecodeError, Decoder, Matched, compare};
 use palladium_dsl::spec::Chip;
@@ -21,6 +21,7 @@ use palladium_fusion::shard::ExpertSplit;
 use palladium_fusion::{megakernel::Megakernel, plan::PlanOptions};
 use palladium_interpret::Module;
 use palladium_model::ModelSpec;
+use palladium_model::quant::{QuantizedWeights, WeightsDtype};
 use palladium_model::reference::{Generation, StepLogits};
 use palladium_model::weights::Weights;
 
@@ -213,4 +214,47 @@ fn devices_that_disagree_are_an_error_naming_them() {
     let one = pack_devices(&s, &megakernel(&s, 1, 1, 1).plan, &w).unwrap();
     let e = Decoder::new(&mk, one).unwrap_err().to_string();
     assert_eq!(e, "the call spec does not match the packed weights: the weights are packed for 1 device(s), the megakernel runs on 2");
+}
+
+/// Quantized weights on several devices: int8 (per output channel), fp8 (128 x 128 blocks)
+/// and int4 experts (groups of 128 inputs), experts EP on 2 devices and TP (512
+/// intermediate columns, half each: `down_proj`'s inputs split at a group boundary) on 2
+/// and 4; each device's codes with their scales. Every run passes the check against the
+/// reference on the dequantized weights and gives the one-device quantized kernel's ids
+/// and logits (within the tolerance) up to a routing near tie of either.
+#[test]
+fn quantized_weights_on_several_devices_match_the_reference() {
+    let path = format!("{}/../fixtures/models/tiny-qwen3-moe.json", env!("CARGO_MANIFEST_DIR"));
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["moe_intermediate_size"] = 512.into();
+    let wide = ModelSpec::from_json(&v).unwrap();
+    let prompt = [3, 17, 300, 42, 5];
+    for (name, s, devices, split) in [("tiny-qwen3-moe", spec("tiny-qwen3-moe"), 2, ExpertSplit::Ep), ("tiny-qwen3-moe (intermediate 512)", wide.clone(), 2, ExpertSplit::Tp), ("tiny-qwen3-moe (intermediate 512)", wide, 4, ExpertSplit::Tp)] {
+        let w = Weights::random(&s, 3).unwrap();
+        for dtype in [WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4] {
+            let q = QuantizedWeights::quantize(&s, &w, dtype).unwrap();
+            let generate = |n: u64| {
+                let mk = Megakernel::build(&s, &PlanOptions { devices: n, weights: dtype, ..PlanOptions::new(Chip::V6e, 1, 16) }).unwrap_or_else(|e| panic!("{name} {} on {n}: {e}", dtype.name()));
+                assert_eq!(mk.plan.sharding.as_ref().map(|sh| sh.experts.split), (n > 1).then_some(split));
+                Decoder::new(&mk, pack_quantized_devices(&s, &mk.plan, &q).unwrap()).unwrap().generate(&prompt, 6).unwrap()
+            };
+            let (one, many) = (generate(1), generate(devices));
+            let what = format!("{name} {} on {devices} devices", dtype.name());
+            let check = palladium_decode::compare_with(&s, &q.dequantize(), &prompt, &many, palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE).unwrap();
+            println!("{what}: {:?}; {}", many.generated_ids, check.summary());
+
+            assert!(check.passed(), "{what}: {}", check.summary());
+            let c1 = palladium_decode::compare_with(&s, &q.dequantize(), &prompt, &one, palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE).unwrap();
+            println!("  one device: {:?}; {}", one.generated_ids, c1.summary());
+            // The one-device run's ids and logits (within the tolerance) up to the first step
+            // where either run took a routing decision at a near tie.
+            for (k, ((a, b), (s1, sn))) in one.steps.iter().zip(&many.steps).zip(c1.steps.iter().zip(&check.steps)).enumerate() {
+                if s1.matched != Matched::Bf16 || sn.matched != Matched::Bf16 {
+                    break;
+                }
+                let diff = LogitsDiff::new(&b.logits, &a.logits);
+                assert!(diff.within() && one.generated_ids[k] == many.generated_ids[k], "{what}, step {k}: id {} / {}, logits off by {}", many.generated_ids[k], one.generated_ids[k], diff.max_abs_diff);
+            }
+        }
+    }
 }

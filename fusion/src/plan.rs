@@ -431,9 +431,6 @@ impl Plan {
         if !shard::DEVICE_COUNTS.contains(&options.devices) {
             return Err(PlanError::Invalid(format!("--devices {} (supported: {})", options.devices, shard::DEVICE_COUNTS.map(|n| n.to_string()).join(", "))));
         }
-        if options.devices > 1 && options.weights != WeightsDtype::Bf16 {
-            return Err(PlanError::Unsupported(format!("--weights-dtype {} on --devices {}: the sharded megakernel takes bf16 weights for now (the quantized streams are one device's)", options.weights.name(), options.devices)));
-        }
         let plan = match Plan::for_devices(spec, options) {
             // One device: say how many would hold the whole model.
             Err(PlanError::Hbm { chip, need, need_gib, have, have_gib, detail, max_layers, .. }) => {
