@@ -218,8 +218,8 @@ fn devices_that_disagree_are_an_error_naming_them() {
 
 /// Quantized weights on several devices: int8 (per output channel), fp8 (128 x 128 blocks)
 /// and int4 experts (groups of 128 inputs), experts EP on 2 devices and TP (512
-/// intermediate columns, half each: `down_proj`'s inputs split at a group boundary) on 2
-/// and 4; each device's codes with their scales. Every run passes the check against the
+/// intermediate columns: `down_proj`'s inputs split at group boundaries) on 2 and 4; each
+/// device's codes with their scales. Every run passes the check against the
 /// reference on the dequantized weights and gives the one-device quantized kernel's ids
 /// and logits (within the tolerance) up to a routing near tie of either.
 #[test]
@@ -229,9 +229,17 @@ fn quantized_weights_on_several_devices_match_the_reference() {
     v["moe_intermediate_size"] = 512.into();
     let wide = ModelSpec::from_json(&v).unwrap();
     let prompt = [3, 17, 300, 42, 5];
-    for (name, s, devices, split) in [("tiny-qwen3-moe", spec("tiny-qwen3-moe"), 2, ExpertSplit::Ep), ("tiny-qwen3-moe (intermediate 512)", wide.clone(), 2, ExpertSplit::Tp), ("tiny-qwen3-moe (intermediate 512)", wide, 4, ExpertSplit::Tp)] {
+    // Every format on EP (heads split: o_proj's inputs); on TP the formats whose groups
+    // split down_proj's inputs: fp8 blocks on 2 devices (256 columns each), int4 groups on 4
+    // (128 each, one group).
+    let cases = [
+        ("tiny-qwen3-moe", spec("tiny-qwen3-moe"), 2, ExpertSplit::Ep, &[WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4][..]),
+        ("tiny-qwen3-moe (intermediate 512)", wide.clone(), 2, ExpertSplit::Tp, &[WeightsDtype::Fp8]),
+        ("tiny-qwen3-moe (intermediate 512)", wide, 4, ExpertSplit::Tp, &[WeightsDtype::Int4]),
+    ];
+    for (name, s, devices, split, dtypes) in cases {
         let w = Weights::random(&s, 3).unwrap();
-        for dtype in [WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4] {
+        for &dtype in dtypes {
             let q = QuantizedWeights::quantize(&s, &w, dtype).unwrap();
             let generate = |n: u64| {
                 let mk = Megakernel::build(&s, &PlanOptions { devices: n, weights: dtype, ..PlanOptions::new(Chip::V6e, 1, 16) }).unwrap_or_else(|e| panic!("{name} {} on {n}: {e}", dtype.name()));
