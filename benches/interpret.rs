@@ -110,6 +110,7 @@ fn megakernel(config: &str) -> Result<(usize, f64), String> {
         // The full logits, as the binary before them returned.
         logits: true,
         weights_dtype: None,
+        devices: 1,
     };
     let out = run(&o, Backend::Interpret, |_, _| {})?;
     Ok((out.runs, out.runs as f64 / out.interpret.as_secs_f64()))

@@ -188,6 +188,12 @@ enum Command {
         /// --draft-ids, else 1): the prompt is fed K tokens per run.
         #[arg(long, value_name = "K")]
         tokens_per_seq: Option<u64>,
+        /// Split the megakernel over N devices (1, 2, 4, 8; as `megakernel --devices`) and
+        /// run it on N virtual devices in the interpreter (each its share of the weights and
+        /// its own KV caches); the ids and logits are the one-device run's up to the logits
+        /// tolerance.
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        devices: u64,
     },
     /// The device counterpart of `interpret`: run a library kernel on an attached TPU
     /// (libtpu's PJRT client) on seeded random inputs and compare every output with its
@@ -480,7 +486,7 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check, tolerance, backend, weights_dtype, speculate, draft_ids, tokens_per_seq } => {
+        Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check, tolerance, backend, weights_dtype, speculate, draft_ids, tokens_per_seq, devices } => {
             use palladium::output::OutputFile;
             use palladium::run::{Progress, RunOptions, WeightSource};
             let source = match (weights, random_weights) {
@@ -496,7 +502,7 @@ fn run(cli: Cli) -> Result<(), String> {
             };
             let tokens_per_seq = tokens_per_seq.unwrap_or(if drafts == Drafts::None { 1 } else { 4 });
             let logits = logits_out.is_some() || check;
-            let options = RunOptions { config, weights: source, prompt: palladium::run::parse_ids(&prompt_ids)?, steps, chip, context, check, tokens_per_seq, drafts, logits, weights_dtype };
+            let options = RunOptions { config, weights: source, prompt: palladium::run::parse_ids(&prompt_ids)?, steps, chip, context, check, tokens_per_seq, drafts, logits, weights_dtype, devices };
             // A bad --logits-out fails here, before any work.
             let logits_file = logits_out.as_deref().map(|p| OutputFile::create("--logits-out", p)).transpose()?;
             let mut progress = Progress::new();
@@ -504,8 +510,9 @@ fn run(cli: Cli) -> Result<(), String> {
             progress.finish();
             let out = out?;
             let g = &out.generation;
+            let on = if devices > 1 { format!(" on {devices} devices") } else { String::new() };
             eprintln!(
-                "{} ({} layers), megakernel for {chip} (batch 1, KV cache {} positions, body {} KiB): {} runs ({} prompt tokens, {} generated tokens fed back) interpreted in {:.2} s (parse + prepare {:.1} ms)",
+                "{} ({} layers), megakernel for {chip}{on} (batch 1, KV cache {} positions, body {} KiB): {} runs ({} prompt tokens, {} generated tokens fed back) interpreted in {:.2} s (parse + prepare {:.1} ms)",
                 out.spec.family.model_type(),
                 out.spec.layers.len(),
                 out.plan_context,

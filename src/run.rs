@@ -11,13 +11,15 @@
 //! greedy steps, the KV caches carried between runs through the kernel's aliases. With
 //! `--tokens-per-seq K` a run feeds K tokens (the prompt K at a time); with `--speculate`
 //! (or `--draft-ids`) each decode run verifies the last token and up to K - 1 drafts
-//! ([`palladium_decode::speculate`]): the same ids in fewer runs.
+//! ([`palladium_decode::speculate`]): the same ids in fewer runs. With `--devices N` the
+//! megakernel is planned split over N devices and every run runs its SPMD body on N
+//! virtual devices at once, each with its share of the weights and its own KV caches.
 
 use crate::check::Backend;
 use palladium_dsl::spec::Chip;
 use palladium_decode::Decoder;
 use palladium_decode::speculate::{Drafter, Forced, Ngram, NoDrafts, Speculation};
-use palladium_decode::pack::{pack, pack_quantized};
+use palladium_decode::pack::{pack_devices, pack_quantized_devices};
 use palladium_fusion::layout::OperandKind;
 use palladium_fusion::megakernel::Megakernel;
 use palladium_fusion::plan::{Plan, PlanOptions};
@@ -58,6 +60,9 @@ pub struct RunOptions {
     /// `--weights-dtype`; `None`: the checkpoint's own (fp8 for a config with an FP8
     /// `quantization_config`, else bf16).
     pub weights_dtype: Option<WeightsDtype>,
+    /// `--devices`: the devices the megakernel is split over (1, 2, 4, 8), interpreted as
+    /// that many virtual devices.
+    pub devices: u64,
 }
 
 /// Where a run's drafts come from.
@@ -137,11 +142,11 @@ pub struct HostMemory {
     pub checkpoint: u64,
     /// [`Weights`]: 4 bytes (f32) per parameter.
     pub weights: u64,
-    /// The packed bf16 operands, KV caches included ([`Plan::hbm_total`]), plus the f32
-    /// staging of the largest one while packing.
+    /// The packed bf16 operands, KV caches included ([`Plan::hbm_total`], one device's, times
+    /// the devices), plus the f32 staging of the largest one while packing.
     pub operands: u64,
-    /// One interpreter run: every input widened to f32 (twice its bf16 bytes) and the two
-    /// returned KV caches.
+    /// One interpreter run: every device's inputs widened to f32 (twice their bf16 bytes)
+    /// and its two returned KV caches.
     pub interpreter: u64,
     /// `--check`: the bf16 and f32 references' weights (f32 each).
     pub reference: u64,
@@ -169,8 +174,10 @@ impl HostMemory {
 }
 
 /// What a run of `spec` through `plan` holds in host memory (everything saturating: a
-/// saturated count is refused like any other over the limit).
+/// saturated count is refused like any other over the limit); a split plan's operands and
+/// interpreter buffers are one device's, held once per device.
 pub fn host_memory(spec: &ModelSpec, plan: &Plan, o: &RunOptions) -> HostMemory {
+    let devices = plan.sharding.as_ref().map_or(1, |sh| sh.devices);
     let params = spec.params().total();
     let f32_params = params.saturating_mul(4);
     let operands = &plan.layout.operands;
@@ -179,8 +186,8 @@ pub fn host_memory(spec: &ModelSpec, plan: &Plan, o: &RunOptions) -> HostMemory 
     HostMemory {
         checkpoint: if matches!(o.weights, WeightSource::Checkpoint(_)) { f32_params } else { 0 },
         weights: f32_params,
-        operands: plan.hbm_total.saturating_add(largest.saturating_mul(2)),
-        interpreter: plan.hbm_total.saturating_mul(2).saturating_add(kv),
+        operands: plan.hbm_total.saturating_mul(devices).saturating_add(largest.saturating_mul(2)),
+        interpreter: plan.hbm_total.saturating_mul(2).saturating_add(kv).saturating_mul(devices),
         reference: if o.check { f32_params.saturating_mul(2) } else { 0 },
         quantized: match plan.layout.quant {
             None => 0,
@@ -190,11 +197,18 @@ pub fn host_memory(spec: &ModelSpec, plan: &Plan, o: &RunOptions) -> HostMemory 
 }
 
 /// Run prompt + greedy decode through the megakernel on `backend` (the interpreter, or an
-/// attached TPU through libtpu's PJRT client, refused up front where there is none);
+/// attached TPU through libtpu's PJRT client, refused up front where there is none, and
+/// for `--devices` above 1: its engine runs one device's program);
 /// `progress(runs done, runs in all)` after every megakernel run. The host memory the run
 /// needs is checked against the limit ([`crate::host_memory`]) before any weight is built
 /// or read.
 pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize)) -> Result<RunOutput, String> {
+    if backend == Backend::Tpu && o.devices > 1 {
+        return Err(format!(
+            "--devices {} with --backend tpu: the TPU engine runs the one-device megakernel on one attached device (no multi-device execution on PJRT yet); run the {}-device megakernel in the interpreter (--backend interpret), or emit it with `palladium megakernel --devices {}`",
+            o.devices, o.devices, o.devices
+        ));
+    }
     let device = match backend {
         Backend::Interpret => None,
         Backend::Tpu => Some(palladium_runtime::exec::Device::tpu().map_err(|e| format!("--backend tpu: {e}"))?),
@@ -231,7 +245,7 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
     // Planned without the HBM check first: what the run holds in host memory is the first
     // question (interpret mode), the chip's HBM the second.
     let weights_dtype = palladium_fusion::plan::weights_dtype(&spec, o.weights_dtype).map_err(|e| e.to_string())?;
-    let planned = PlanOptions { tokens_per_seq: kt, logits: o.logits, weights: weights_dtype, ..PlanOptions::new(o.chip, 1, context) };
+    let planned = PlanOptions { tokens_per_seq: kt, logits: o.logits, weights: weights_dtype, devices: o.devices, ..PlanOptions::new(o.chip, 1, context) };
     let unchecked = PlanOptions { check_hbm: false, ..planned.clone() };
     let plan = Plan::new(&spec, &unchecked).map_err(|e| format!("megakernel refused: {e}"))?;
     let memory = host_memory(&spec, &plan, o);
@@ -255,7 +269,7 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
             WeightSource::Checkpoint(p) => Weights::load(&spec, p).map_err(|e| format!("cannot load the weights: {e}"))?,
             WeightSource::Random(seed) => Weights::random(&spec, *seed).map_err(|e| format!("cannot build random weights: {e}"))?,
         };
-        let packed = pack(&spec, &mk.plan, &weights).map_err(|e| format!("cannot pack the weights: {e}"))?;
+        let packed = pack_devices(&spec, &mk.plan, &weights).map_err(|e| format!("cannot pack the weights: {e}"))?;
         (weights, None, packed)
     } else {
         // Quantized at load (a bf16 checkpoint, or random weights), or an FP8 checkpoint as
@@ -272,7 +286,7 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
                 (QuantizedWeights::quantize(&spec, &weights, weights_dtype).map_err(|e| format!("cannot quantize the weights to {}: {e}", weights_dtype.name()))?, Some(weights))
             }
         };
-        let packed = pack_quantized(&spec, &mk.plan, &quantized).map_err(|e| format!("cannot pack the weights: {e}"))?;
+        let packed = pack_quantized_devices(&spec, &mk.plan, &quantized).map_err(|e| format!("cannot pack the weights: {e}"))?;
         (quantized.dequantize(), unquantized, packed)
     };
     let t = Instant::now();
@@ -305,7 +319,10 @@ fn tpu_engine(device: &palladium_runtime::exec::Device, lowered: &palladium_lowe
     let spec = palladium_runtime::CallSpec::from_json(&lowered.call_json)?;
     let program = palladium_runtime::wrap(&lowered.body, &spec)?;
     let loaded = device.compile(&program, &spec.inputs, &spec.outputs)?;
-    Ok(Box::new(move |inputs, _call| Ok(loaded.run(inputs).map_err(DecodeError::Device)?.outputs)))
+    Ok(Box::new(move |inputs, _call| match inputs {
+        [one] => Ok(vec![loaded.run(one).map_err(DecodeError::Device)?.outputs]),
+        devices => Err(DecodeError::Device(format!("the TPU engine runs one device's program, not {}", devices.len()))),
+    }))
 }
 
 /// The megakernel's generation compared with the references, teacher-forced on its ids

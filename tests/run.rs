@@ -302,3 +302,94 @@ fn tied_embedding_logits_are_held_to_the_relative_tolerance() {
     assert!(ok, "{out}{err}");
     assert!(out.contains("6/6 steps within 2^-6 x max |logit| of the bf16 reference"), "{out}");
 }
+
+/// `--devices N`: the megakernel split over N devices and run on N virtual devices passes
+/// `--check` and prints the ids of `--devices 1` (tiny Qwen3-MoE on 2, tiny Mixtral on 4),
+/// its `--logits-out` within the logits tolerance of one device's; speculation on 2
+/// devices gives the same ids.
+#[test]
+fn devices_give_the_ids_of_one_device_and_pass_the_check() {
+    // Seeds at which no routing decision is a near tie (at qwen3's seed 0 one is, and the
+    // 2-device run takes it the other way: same ids, logits off the bf16 reference).
+    for (model, n, seed) in [("tiny-qwen3-moe", "2", "2"), ("tiny-mixtral", "4", "0")] {
+        let config = fixture(model);
+        let dir = scratch(&format!("run-devices-{model}"));
+        let (one_json, many_json) = (dir.join("one.json"), dir.join("many.json"));
+        let base = ["run", config.to_str().unwrap(), "--random-weights", "--seed", seed, "--prompt-ids", "1,17,300,42,5", "--steps", "8", "--check"];
+        let (ok, one, err) = palladium(&[&base[..], &["--logits-out", one_json.to_str().unwrap()]].concat());
+        assert!(ok, "{model}, one device: {one}{err}");
+        let (ok, many, err) = palladium(&[&base[..], &["--devices", n, "--logits-out", many_json.to_str().unwrap()]].concat());
+        assert!(ok, "{model}, {n} devices: {many}{err}");
+        assert!(err.contains(&format!("megakernel for v6e on {n} devices")), "{err}");
+        let ids = |out: &str| out.lines().next().unwrap().to_string();
+        assert_eq!(ids(&many), ids(&one), "{model}: {n} devices' ids");
+        assert!(many.lines().nth(1).unwrap().starts_with("reference (teacher-forced on these ids): ids equal to the bf16 reference's"), "{many}");
+        // The logits within the tolerance of one device's up to the first step where either
+        // run took a routing decision at a near tie (the references say which: the bf16
+        // partials on the wire move the router's input by a bf16 rounding).
+        let read = |p: &Path| serde_json::from_str::<Generation>(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let (g1, gn) = (read(&one_json), read(&many_json));
+        assert_eq!(gn.steps.len(), 8);
+        let spec = ModelSpec::from_path(&config).unwrap();
+        let w = Weights::random(&spec, seed.parse().unwrap()).unwrap();
+        let checks = [&g1, &gn].map(|g| palladium_decode::compare(&spec, &w, &[1, 17, 300, 42, 5], g).unwrap());
+        let mut compared = 0;
+        for (i, (a, b)) in gn.steps.iter().zip(&g1.steps).enumerate() {
+            if checks.iter().any(|c| c.steps[i].matched != palladium_decode::Matched::Bf16) {
+                break;
+            }
+            let diff = palladium_model::tolerance::LogitsDiff::new(&a.logits, &b.logits);
+            assert!(diff.within(), "{model}, {n} devices, step {i}: logits off by {} (tolerance {})", diff.max_abs_diff, diff.tolerance);
+            compared += 1;
+        }
+        println!("{model} on {n} devices: ids {}; logits of {compared}/8 steps compared with one device's, all within the tolerance", ids(&many));
+        if n == "2" {
+            let (ok, speculated, err) = palladium(&[&base[..], &["--devices", n, "--speculate", "ngram"]].concat());
+            assert!(ok, "{err}");
+            assert_eq!(ids(&speculated), ids(&one), "{model}: speculation on {n} devices");
+            assert!(err.contains("speculation (ngram:3, 4 tokens per run)"), "{err}");
+        }
+    }
+}
+
+/// `--devices` refusals name the flag and the reason: an unsupported count, KV heads that
+/// do not split over the devices, the TPU backend (one device's program).
+#[test]
+fn devices_refusals_name_the_flag_and_the_reason() {
+    let cfg = fixture("tiny-qwen3-moe");
+    let cfg = cfg.to_str().unwrap();
+    let dir = scratch("run-devices-refused");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(cfg).unwrap()).unwrap();
+    v["num_attention_heads"] = 6.into();
+    v["num_key_value_heads"] = 3.into();
+    let three = dir.join("three-kv-heads.json");
+    std::fs::write(&three, v.to_string()).unwrap();
+    let run = ["run", cfg, "--random-weights", "--prompt-ids", "1,2", "--steps", "2"];
+    let cases: [(Vec<&str>, &str); 3] = [
+        ([&run[..], &["--devices", "3"]].concat(), "--devices 3 (supported: 1, 2, 4, 8)"),
+        (
+            vec!["run", three.to_str().unwrap(), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--devices", "2"],
+            "cannot split the model over 2 devices (--devices 2): the 3 KV heads neither split evenly over 2 devices nor replicate evenly onto them",
+        ),
+        ([&run[..], &["--devices", "2", "--backend", "tpu"]].concat(), "--devices 2 with --backend tpu: the TPU engine runs the one-device megakernel"),
+    ];
+    for (args, want) in cases {
+        let (code, out, err) = palladium_code(&args, &[]);
+        assert!(code == 1 && err.contains(want), "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: nothing printed: {out}");
+    }
+}
+
+/// Quantized at load, on 2 devices: `--check` (the reference on the dequantized weights)
+/// passes and the ids are one device's.
+#[test]
+fn quantized_weights_run_on_two_devices() {
+    let cfg = fixture("tiny-qwen3-moe");
+    let base = ["run", cfg.to_str().unwrap(), "--random-weights", "--seed", "2", "--prompt-ids", "1,17,300,42,5", "--steps", "6", "--check", "--weights-dtype", "int8"];
+    let (ok, one, err) = palladium(&base);
+    assert!(ok, "{one}{err}");
+    let (ok, two, err) = palladium(&[&base[..], &["--devices", "2"]].concat());
+    assert!(ok, "{two}{err}");
+    assert_eq!(two.lines().next(), one.lines().next(), "{two}");
+    assert!(two.contains("reference on the dequantized int8 weights (teacher-forced on these ids): ids equal"), "{two}");
+}

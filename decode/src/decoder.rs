@@ -2,7 +2,12 @@
 //! serialized body in [`palladium_interpret`] (or on a device: [`Engine`]), with the packed
 //! weights ([`crate::pack`]),
 //! the token and position of every sequence as scalar prefetch, and the KV caches carried
-//! from one run to the next through the kernel's input/output aliases. A run feeds K
+//! from one run to the next through the kernel's input/output aliases. A megakernel split
+//! over N devices (`--devices N`) runs on N virtual devices at once
+//! (`Program::run_devices`), each with its own share of the weights
+//! ([`crate::pack::pack_devices`]) and its own KV caches, fed the same tokens; every device
+//! must return the same greedy ids and maxima (their all-gathered pairs), and the logits
+//! are the devices' vocabulary slices put back in vocabulary order. A run feeds K
 //! consecutive tokens per sequence (`--tokens-per-seq`, 1 by default) and returns the
 //! kernel's greedy ids (and the full logits when the kernel has them). Prefill feeds the
 //! prompt K tokens per run at positions `0..`; decoding then verifies the last token and
@@ -39,6 +44,8 @@ pub enum DecodeError {
     NonFinite { at: String, what: String },
     #[error("the device: {0}")]
     Device(String),
+    #[error("megakernel run {run}: device {device} of {devices} gives token row {row} the greedy id {id} (max logit {max}), device 0 gives {id0} ({max0}); the all-gathered greedy pairs must agree on every device")]
+    DevicesDisagree { run: usize, devices: usize, device: usize, row: usize, id: i32, max: f32, id0: i32, max0: f32 },
 }
 
 impl From<InterpError> for DecodeError {
@@ -47,9 +54,9 @@ impl From<InterpError> for DecodeError {
     }
 }
 
-/// What runs the megakernel once: its call's inputs to its outputs (the interpreter, or a
-/// device).
-pub type Engine = Box<dyn FnMut(&[HostArray], &CallSpec) -> Result<Vec<HostArray>, DecodeError>>;
+/// What runs the megakernel once on every device of its mesh (one on one device): each
+/// device's call inputs to its outputs (the interpreter, or a device).
+pub type Engine = Box<dyn FnMut(&[Vec<HostArray>], &CallSpec) -> Result<Vec<Vec<HostArray>>, DecodeError>>;
 
 /// Where the arrays a step feeds and reads sit in the call: input positions (prefetch
 /// counted) and output positions, from the megakernel's layout.
@@ -113,10 +120,13 @@ impl Step {
 pub struct Decoder {
     engine: Engine,
     call: CallSpec,
-    /// The call's inputs (scalar prefetch, weights, caches), in the layout's order.
-    inputs: Vec<HostArray>,
+    /// Each device's call inputs (scalar prefetch, weights, caches), in the layout's order.
+    inputs: Vec<Vec<HostArray>>,
     slots: Slots,
+    /// The model's vocabulary, and the ids of it each device's `lm_head` slice holds
+    /// (device `d` ids `d * vocab_per_device..`; the whole vocabulary on one device).
     vocab: u64,
+    vocab_per_device: usize,
     batch: usize,
     tokens_per_seq: usize,
     chunk_cols: usize,
@@ -131,57 +141,49 @@ pub struct Decoder {
 
 impl std::fmt::Debug for Decoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Decoder").field("batch", &self.batch).field("lens", &self.lens).finish_non_exhaustive()
+        f.debug_struct("Decoder").field("devices", &self.inputs.len()).field("batch", &self.batch).field("lens", &self.lens).finish_non_exhaustive()
     }
 }
 
 impl Decoder {
-    /// The megakernel `mk` run in the interpreter; `packed`: its weights.
-    pub fn new(mk: &Megakernel, packed: Packed) -> Result<Self, DecodeError> {
+    /// The megakernel `mk` run in the interpreter; `packed`: each device's weights (one
+    /// [`Packed`] on one device; [`crate::pack::pack_devices`]), run on that many virtual
+    /// devices.
+    pub fn new(mk: &Megakernel, packed: Vec<Packed>) -> Result<Self, DecodeError> {
         let program = Module::parse(&mk.lowered.body)?.prepare()?;
-        Decoder::with_engine(mk, packed, Box::new(move |inputs, call| Ok(program.run_with(inputs, call)?)))
+        Decoder::with_engine(
+            mk,
+            packed,
+            Box::new(move |inputs, call| match inputs {
+                [one] => Ok(vec![program.run_with(one, call)?]),
+                devices => Ok(program.run_devices(devices, Some(call))?),
+            }),
+        )
     }
 
     /// [`Decoder::new`] with another engine for the runs (e.g. a TPU).
-    pub fn with_engine(mk: &Megakernel, packed: Packed, engine: Engine) -> Result<Self, DecodeError> {
+    pub fn with_engine(mk: &Megakernel, packed: Vec<Packed>, engine: Engine) -> Result<Self, DecodeError> {
         let plan = &mk.plan;
-        let layout = mk.layout();
+        let devices = plan.sharding.as_ref().map_or(1, |sh| sh.devices) as usize;
+        if packed.len() != devices {
+            return Err(DecodeError::Interface(format!("the weights are packed for {} device(s), the megakernel runs on {devices}", packed.len())));
+        }
         let call = CallSpec::from_json(&mk.lowered.call_json)?;
-        let slots = Slots::of(layout)?;
-        let (k, v) = packed.empty_caches();
-        let b = plan.dims.batch as usize;
-        let tokens = plan.dims.tokens as usize;
-        // Every input array by the operand it fills, taken in the layout's order.
-        let mut arrays: Vec<(OperandKind, HostArray)> = packed.operands.into_iter().zip(packed.arrays).collect();
-        arrays.extend([(OperandKind::KCache, k), (OperandKind::VCache, v)]);
-        let mut take = |kind: OperandKind| match kind {
-            OperandKind::Tokens => Ok(HostArray::from_i32(&[tokens], &vec![0; tokens])),
-            OperandKind::Positions => Ok(HostArray::from_i32(&[b], &vec![0; b])),
-            kind => arrays.iter().position(|(k, _)| *k == kind).map(|i| arrays.remove(i).1).ok_or_else(|| DecodeError::Interface(format!("no array for the megakernel's input {}", kind.name()))),
-        };
-        let inputs = layout.inputs().map(|o| take(o.kind)).collect::<Result<Vec<_>, _>>()?;
-        if let Some((kind, _)) = arrays.first() {
-            return Err(DecodeError::Interface(format!("a packed {} array the megakernel does not take", kind.name())));
-        }
-        if inputs.len() != call.inputs.len() {
-            return Err(DecodeError::Interface(format!("{} arrays for {} call inputs", inputs.len(), call.inputs.len())));
-        }
-        for ((i, (a, (dt, shape))), o) in inputs.iter().zip(&call.inputs).enumerate().zip(layout.inputs()) {
-            if a.dtype != *dt || &a.shape != shape {
-                return Err(DecodeError::Interface(format!("input {i} ({}): {}{:?}, the kernel takes {dt}{shape:?}", o.kind.name(), a.dtype, a.shape)));
-            }
-        }
+        let slots = Slots::of(mk.layout())?;
+        let inputs = packed.into_iter().map(|p| device_inputs(mk, &call, p)).collect::<Result<Vec<_>, _>>()?;
         for (cache, out) in [(slots.k_in, slots.k_out), (slots.v_in, slots.v_out)] {
             if !call.aliases.contains(&(cache, out)) {
                 return Err(DecodeError::Interface(format!("input {cache} is not aliased to output {out}")));
             }
         }
+        let b = plan.dims.batch as usize;
         Ok(Decoder {
             engine,
             call,
             inputs,
             slots,
-            vocab: plan.dims.vocab,
+            vocab: plan.sharding.as_ref().map_or(plan.dims.vocab, |sh| sh.vocab),
+            vocab_per_device: plan.dims.vocab as usize,
             batch: b,
             tokens_per_seq: plan.dims.tokens_per_seq as usize,
             chunk_cols: plan.layout.chunk_cols as usize,
@@ -195,6 +197,11 @@ impl Decoder {
 
     pub fn batch(&self) -> usize {
         self.batch
+    }
+
+    /// The devices each run runs on (1: the one-device megakernel).
+    pub fn devices(&self) -> usize {
+        self.inputs.len()
     }
 
     /// Tokens per sequence in one run (K).
@@ -229,9 +236,10 @@ impl Decoder {
         self.lens[seq] = self.lens[seq].min(len);
     }
 
-    /// The K and V caches as they are now (`[L, B, kv_heads, T, hp]` bf16).
-    pub fn caches(&self) -> (&HostArray, &HostArray) {
-        (&self.inputs[self.slots.k_in], &self.inputs[self.slots.v_in])
+    /// Device `device`'s K and V caches as they are now (`[L, B, kv_heads, T, hp]` bf16: its
+    /// KV heads).
+    pub fn caches(&self, device: usize) -> (&HostArray, &HostArray) {
+        (&self.inputs[device][self.slots.k_in], &self.inputs[device][self.slots.v_in])
     }
 
     /// One megakernel run: `tokens[b * K + k]` is fed to sequence `b` at its next position
@@ -254,37 +262,69 @@ impl Decoder {
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let pos: Vec<i32> = self.lens.iter().map(|&p| p as i32).collect();
         let s = self.slots;
-        self.inputs[s.tokens] = HostArray::from_i32(&[tokens.len()], &ids);
-        self.inputs[s.positions] = HostArray::from_i32(&[self.batch], &pos);
+        for inputs in &mut self.inputs {
+            inputs[s.tokens] = HostArray::from_i32(&[tokens.len()], &ids);
+            inputs[s.positions] = HostArray::from_i32(&[self.batch], &pos);
+        }
         let t = Instant::now();
         let out = (self.engine)(&self.inputs, &self.call)?;
         self.elapsed += t.elapsed();
         self.runs += 1;
-        if out.len() != self.call.outputs.len() {
-            return Err(DecodeError::Interface(format!("the run returned {} arrays for {} call outputs", out.len(), self.call.outputs.len())));
+        if out.len() != self.inputs.len() {
+            return Err(DecodeError::Interface(format!("the run returned outputs of {} devices for {}", out.len(), self.inputs.len())));
         }
-        let (mut logits, mut next_ids, mut max_logits) = (None, Vec::new(), Vec::new());
-        for (i, array) in out.into_iter().enumerate() {
-            if Some(i) == s.logits {
-                logits = Some(array.to_f32());
-            } else if i == s.next_ids {
-                next_ids = array.to_i32();
-            } else if i == s.max_logits {
-                max_logits = array.to_f32();
-            } else if i == s.k_out {
-                self.inputs[s.k_in] = array;
-            } else if i == s.v_out {
-                self.inputs[s.v_in] = array;
+        // Each device's logits slice, greedy ids and maxima; its caches carried over.
+        let mut gathered = Vec::with_capacity(out.len());
+        for (inputs, out) in self.inputs.iter_mut().zip(out) {
+            if out.len() != self.call.outputs.len() {
+                return Err(DecodeError::Interface(format!("the run returned {} arrays for {} call outputs", out.len(), self.call.outputs.len())));
             }
+            let (mut logits, mut next_ids, mut max_logits) = (None, Vec::new(), Vec::new());
+            for (i, array) in out.into_iter().enumerate() {
+                if Some(i) == s.logits {
+                    logits = Some(array.to_f32());
+                } else if i == s.next_ids {
+                    next_ids = array.to_i32();
+                } else if i == s.max_logits {
+                    max_logits = array.to_f32();
+                } else if i == s.k_out {
+                    inputs[s.k_in] = array;
+                } else if i == s.v_out {
+                    inputs[s.v_in] = array;
+                }
+            }
+            gathered.push((logits, next_ids, max_logits));
         }
         for l in &mut self.lens {
             *l += kt;
         }
         let (cw, rows, rows_used) = (self.chunk_cols, self.rows, tokens.len());
-        // Row r's values sit at lane 0 of row r ([rows, 128]).
-        let ids = (0..rows_used).map(|r| next_ids[r * 128] as u32).collect();
-        let max_logits = (0..rows_used).map(|r| max_logits[r * 128]).collect();
-        let logits = logits.map(|logits| (0..rows_used).map(|r| (0..self.vocab as usize).map(|v| logits[((v / cw) * rows + r) * cw + v % cw]).collect()).collect());
+        // Row r's values sit at lane 0 of row r ([rows, 128]), the same on every device.
+        let (_, ids0, max0) = &gathered[0];
+        for (device, (_, ids, max)) in gathered.iter().enumerate().skip(1) {
+            let same = |r: usize| ids[r * 128] == ids0[r * 128] && (max[r * 128].to_bits() == max0[r * 128].to_bits() || (max[r * 128].is_nan() && max0[r * 128].is_nan()));
+            if let Some(row) = (0..rows_used).find(|&r| !same(r)) {
+                let at = row * 128;
+                return Err(DecodeError::DevicesDisagree { run: self.runs, devices: gathered.len(), device, row, id: ids[at], max: max[at], id0: ids0[at], max0: max0[at] });
+            }
+        }
+        let ids = (0..rows_used).map(|r| ids0[r * 128] as u32).collect();
+        let max_logits = (0..rows_used).map(|r| max0[r * 128]).collect();
+        // Id v is device v / slice's local id v % slice, at [v' / cw, r, v' % cw] of its logits.
+        let slices: Option<Vec<Vec<f32>>> = gathered.into_iter().map(|(logits, _, _)| logits).collect();
+        let slice = self.vocab_per_device;
+        let logits = slices.map(|slices| {
+            (0..rows_used)
+                .map(|r| {
+                    (0..self.vocab as usize)
+                        .map(|v| {
+                            let (device, local) = (v / slice, v % slice);
+                            slices[device][((local / cw) * rows + r) * cw + local % cw]
+                        })
+                        .collect()
+                })
+                .collect()
+        });
         Ok(Step { ids, max_logits, logits })
     }
 
@@ -365,6 +405,35 @@ impl Decoder {
         }
         Ok((out, spec))
     }
+}
+
+/// One device's call inputs in the layout's order: the scalar prefetch (zeros until a run
+/// sets them), its packed weights and its two empty KV caches, checked against the call.
+fn device_inputs(mk: &Megakernel, call: &CallSpec, packed: Packed) -> Result<Vec<HostArray>, DecodeError> {
+    let (layout, dims) = (mk.layout(), &mk.plan.dims);
+    let (b, tokens) = (dims.batch as usize, dims.tokens as usize);
+    let (k, v) = packed.empty_caches();
+    // Every input array by the operand it fills, taken in the layout's order.
+    let mut arrays: Vec<(OperandKind, HostArray)> = packed.operands.into_iter().zip(packed.arrays).collect();
+    arrays.extend([(OperandKind::KCache, k), (OperandKind::VCache, v)]);
+    let mut take = |kind: OperandKind| match kind {
+        OperandKind::Tokens => Ok(HostArray::from_i32(&[tokens], &vec![0; tokens])),
+        OperandKind::Positions => Ok(HostArray::from_i32(&[b], &vec![0; b])),
+        kind => arrays.iter().position(|(k, _)| *k == kind).map(|i| arrays.remove(i).1).ok_or_else(|| DecodeError::Interface(format!("no array for the megakernel's input {}", kind.name()))),
+    };
+    let inputs = layout.inputs().map(|o| take(o.kind)).collect::<Result<Vec<_>, _>>()?;
+    if let Some((kind, _)) = arrays.first() {
+        return Err(DecodeError::Interface(format!("a packed {} array the megakernel does not take", kind.name())));
+    }
+    if inputs.len() != call.inputs.len() {
+        return Err(DecodeError::Interface(format!("{} arrays for {} call inputs", inputs.len(), call.inputs.len())));
+    }
+    for ((i, (a, (dt, shape))), o) in inputs.iter().zip(&call.inputs).enumerate().zip(layout.inputs()) {
+        if a.dtype != *dt || &a.shape != shape {
+            return Err(DecodeError::Interface(format!("input {i} ({}): {}{:?}, the kernel takes {dt}{shape:?}", o.kind.name(), a.dtype, a.shape)));
+        }
+    }
+    Ok(inputs)
 }
 
 /// `logits` all finite, or [`DecodeError::NonFinite`] naming `what` and the first bad one.

@@ -181,6 +181,12 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
     pack_device(spec, plan, weights, 0)
 }
 
+/// Every device's share of `weights` for the megakernel of `plan`, in device order (one
+/// [`Packed`], [`pack`]'s, when the plan is not split): what [`crate::Decoder::new`] takes.
+pub fn pack_devices(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Vec<Packed>, PackError> {
+    (0..plan.sharding.as_ref().map_or(1, |sh| sh.devices)).map(|me| pack_device(spec, plan, weights, me)).collect()
+}
+
 /// Pack `weights` for device `device` of the megakernel of `plan` (its share of a sharded
 /// plan; on one device, device 0 is [`pack`]).
 pub fn pack_device(spec: &ModelSpec, plan: &Plan, weights: &Weights, device: u64) -> Result<Packed, PackError> {
@@ -376,8 +382,25 @@ fn codes<'w>(w: &'w QuantizedWeights, name: &str, shape: [usize; 2], format: Qua
     }
 }
 
-/// Pack quantized `weights` for the megakernel of a quantized `plan` (see the module docs).
+/// Pack quantized `weights` for the one-device megakernel of a quantized `plan` (see the
+/// module docs).
 pub fn pack_quantized(spec: &ModelSpec, plan: &Plan, weights: &QuantizedWeights) -> Result<Packed, PackError> {
+    pack_quantized_device(spec, plan, weights, 0)
+}
+
+/// [`pack_devices`] for quantized `weights`: every device's share, in device order.
+pub fn pack_quantized_devices(spec: &ModelSpec, plan: &Plan, weights: &QuantizedWeights) -> Result<Vec<Packed>, PackError> {
+    (0..plan.sharding.as_ref().map_or(1, |sh| sh.devices)).map(|me| pack_quantized_device(spec, plan, weights, me)).collect()
+}
+
+/// Pack quantized `weights` for device `device` of the megakernel of a quantized `plan`: its
+/// share as [`pack_device`]'s, each code with its own scale. Scales are looked up by the
+/// model's row and column of each local one, so a split keeps every code's scale: q/k/v,
+/// `lm_head` and TP's gate/up split output channels; `o_proj` (by heads) and TP's
+/// `down_proj` split inputs, and a group of the kernel's inputs (one padded head; 128 of a
+/// device's intermediate columns, which TP pads to a multiple of 128) lies in one of the
+/// checkpoint's groups.
+pub fn pack_quantized_device(spec: &ModelSpec, plan: &Plan, weights: &QuantizedWeights, device: u64) -> Result<Packed, PackError> {
     let layout = &plan.layout;
     let Some(q) = layout.quant else {
         return Err(PackError::Layout("quantized weights for a bf16 megakernel (plan it with the weights' dtype)".into()));
@@ -385,10 +408,13 @@ pub fn pack_quantized(spec: &ModelSpec, plan: &Plan, weights: &QuantizedWeights)
     if q.scheme != weights.dtype().name() {
         return Err(PackError::Layout(format!("{} weights for a {} megakernel", weights.dtype().name(), q.scheme)));
     }
+    let share = DeviceShare::new(spec, plan, device)?;
     let d = &plan.dims;
     let us = |x: u64| x as usize;
     let (h, hd, hp, heads, kvh) = (us(d.hidden), us(d.head_dim), us(d.head_pad), us(d.heads), us(d.kv_heads));
-    let (vocab, experts, epad, inter) = (us(d.vocab), us(d.experts), us(d.experts_pad), us(d.intermediate));
+    let (vocab, experts, epad) = (us(d.vocab), us(d.experts), us(d.experts_pad));
+    // The model's sizes (the dims are one device's).
+    let (global_heads, global_kv, global_vocab, inter) = (share.heads, share.kv_heads, share.vocab, share.intermediate);
     let (l, n, cw, eb, ec) = (plan.layers, us(layout.per_layer), us(layout.chunk_cols), us(layout.expert_block), us(layout.expert_chunks));
     let names = ModelNames::new(spec)?;
     let shape_of = |kind: OperandKind| layout.operand(kind).map(|o| o.shape.iter().map(|&x| x as usize).collect::<Vec<_>>()).unwrap_or_default();
@@ -406,7 +432,7 @@ pub fn pack_quantized(spec: &ModelSpec, plan: &Plan, weights: &QuantizedWeights)
     let (nq, nqkv) = (heads * hp, (heads + 2 * kvh) * hp);
     let (qkv_group, o_group) = (us(q.dense.group_of(d.hidden)), us(q.dense.group_of(nq as u64)));
     let (in_group, down_group) = (us(q.experts.group_of(d.hidden)), us(q.experts.group_of(d.intermediate)));
-    let mut out: Vec<(OperandKind, HostArray)> = vec![(OperandKind::Embed, pack_embed(plain(weights, &names.embed, &[vocab, h])?, &shape_of(OperandKind::Embed)))];
+    let mut out: Vec<(OperandKind, HostArray)> = vec![(OperandKind::Embed, pack_embed(plain(weights, &names.embed, &[global_vocab, h])?, &shape_of(OperandKind::Embed)))];
 
     let (ss, qs, os, rs, ns) = (shape_of(OperandKind::WStream), shape_of(OperandKind::QkvScales), shape_of(OperandKind::OScales), shape_of(OperandKind::Router), shape_of(OperandKind::Norms));
     let (mut ws, mut qsc, mut osc) = (vec![0f32; ss.iter().product()], vec![0f32; qs.iter().product()], vec![0f32; os.iter().product()]);
@@ -428,17 +454,27 @@ pub fn pack_quantized(spec: &ModelSpec, plan: &Plan, weights: &QuantizedWeights)
                 router[(li * h + i) * epad + e] = bf(r.data[e * h + i]);
             }
         }
-        let qw = codes(weights, &ln.q, [heads * hd, h], dense_format)?;
-        let kw = codes(weights, &ln.k, [kvh * hd, h], dense_format)?;
-        let vw = codes(weights, &ln.v, [kvh * hd, h], dense_format)?;
-        let ow = codes(weights, &ln.o, [h, heads * hd], dense_format)?;
-        // q/k/v column `s` (a padded head column): its weight and row, none in the padding.
+        let qw = codes(weights, &ln.q, [global_heads * hd, h], dense_format)?;
+        let kw = codes(weights, &ln.k, [global_kv * hd, h], dense_format)?;
+        let vw = codes(weights, &ln.v, [global_kv * hd, h], dense_format)?;
+        let ow = codes(weights, &ln.o, [h, global_heads * hd], dense_format)?;
+        // q/k/v column `s` (a padded head column of the device's heads): its weight and the
+        // model's row, none in the padding (columns, or zero-weight heads).
         let qkv_row = |s: usize| -> Option<(&QuantizedTensor, usize)> {
             let (head, c) = (s / hp, s % hp);
-            (c < hd).then(|| if head < heads { (qw, head * hd + c) } else if head < heads + kvh { (kw, (head - heads) * hd + c) } else { (vw, (head - heads - kvh) * hd + c) })
+            if c >= hd {
+                return None;
+            }
+            if head < heads {
+                share.q_head(head).map(|g| (qw, g * hd + c))
+            } else if head < heads + kvh {
+                Some((kw, share.kv_head(head - heads) * hd + c))
+            } else {
+                Some((vw, share.kv_head(head - heads - kvh) * hd + c))
+            }
         };
-        // o_proj's padded input column `s`: its input, none in the padding.
-        let o_input = |s: usize| -> Option<usize> { (s % hp < hd).then(|| (s / hp) * hd + s % hp) };
+        // o_proj's padded input column `s`: the model's input, none in the padding.
+        let o_input = |s: usize| -> Option<usize> { if s % hp < hd { share.q_head(s / hp).map(|g| g * hd + s % hp) } else { None } };
         for ci in 0..n {
             let base = (li * n + ci) * h * cw;
             for p in layout.pieces(ci as u64) {
@@ -480,23 +516,25 @@ pub fn pack_quantized(spec: &ModelSpec, plan: &Plan, weights: &QuantizedWeights)
     let mut lm = vec![0f32; lms.iter().product()];
     match q.lm_head {
         Some(f) => {
-            let head = codes(weights, &names.lm_head, [vocab, h], stored_format(f))?;
+            let head = codes(weights, &names.lm_head, [global_vocab, h], stored_format(f))?;
             let mut sc = vec![0f32; shape_of(OperandKind::LmScales).iter().product()];
             for t in 0..vocab {
+                let Some(g) = share.vocab_id(t) else { continue };
                 let (c, j) = (t / cw, t % cw);
                 for i in 0..h {
-                    lm[(c * h + i) * cw + j] = head.code(t, i);
+                    lm[(c * h + i) * cw + j] = head.code(g, i);
                 }
-                sc[c * cw + j] = head.scale(t, 0);
+                sc[c * cw + j] = head.scale(g, 0);
             }
             out.extend([(OperandKind::LmHead, array(OperandKind::LmHead, &lm)?), (OperandKind::LmScales, array(OperandKind::LmScales, &sc)?)]);
         }
         None => {
-            let head = plain(weights, &names.lm_head, &[vocab, h])?;
+            let head = plain(weights, &names.lm_head, &[global_vocab, h])?;
             for t in 0..vocab {
+                let Some(g) = share.vocab_id(t) else { continue };
                 let (c, j) = (t / cw, t % cw);
                 for i in 0..h {
-                    lm[(c * h + i) * cw + j] = bf(head.data[t * h + i]);
+                    lm[(c * h + i) * cw + j] = bf(head.data[g * h + i]);
                 }
             }
             out.push((OperandKind::LmHead, array(OperandKind::LmHead, &lm)?));
@@ -512,16 +550,19 @@ pub fn pack_quantized(spec: &ModelSpec, plan: &Plan, weights: &QuantizedWeights)
         let FfnNames::Moe { experts: ex, .. } = &ln.ffn else {
             return Err(PackError::Layout(format!("layer {li} is not an MoE layer")));
         };
-        for (ei, m) in ex.iter().enumerate() {
+        for el in 0..share.experts_per_device {
+            // Padding experts (EP) stay zero, codes and scales.
+            let Some(m) = share.expert(el).map(|g| &ex[g]) else { continue };
             let gate = codes(weights, &m.gate, [inter, h], expert_format)?;
             let up = codes(weights, &m.up, [inter, h], expert_format)?;
             let down = codes(weights, &m.down, [h, inter], expert_format)?;
             for c in 0..ec {
-                let item = (li * experts + ei) * ec + c;
+                let item = (li * share.experts_per_device + el) * ec + c;
                 for i in 0..h {
                     let row = &mut wx[(item * h + i) * 3 * eb..(item * h + i + 1) * 3 * eb];
                     for j in 0..eb {
-                        let col = c * eb + j;
+                        // The model's intermediate column (TP: the device's slice; padding zero).
+                        let Some(col) = share.expert_column(c * eb + j) else { continue };
                         row[j] = gate.code(col, i);
                         row[eb + j] = up.code(col, i);
                         row[2 * eb + j] = down.code(i, col);
@@ -529,14 +570,16 @@ pub fn pack_quantized(spec: &ModelSpec, plan: &Plan, weights: &QuantizedWeights)
                 }
                 for g in 0..in_rows {
                     for j in 0..eb {
+                        let Some(col) = share.expert_column(c * eb + j) else { continue };
                         let at = (item * in_rows + g) * 2 * eb;
-                        xsc[at + j] = gate.scale(c * eb + j, g * in_group);
-                        xsc[at + eb + j] = up.scale(c * eb + j, g * in_group);
+                        xsc[at + j] = gate.scale(col, g * in_group);
+                        xsc[at + eb + j] = up.scale(col, g * in_group);
                     }
                 }
                 for g in 0..down_rows {
+                    let Some(col) = share.expert_column(c * eb + g * down_group) else { continue };
                     for i in 0..h {
-                        xdsc[(item * down_stride + g) * h + i] = down.scale(i, c * eb + g * down_group);
+                        xdsc[(item * down_stride + g) * h + i] = down.scale(i, col);
                     }
                 }
             }

@@ -1,80 +1,62 @@
-//! The N-device megakernel in the interpreter: each device's share of random weights
-//! ([`pack_device`]), the serialized SPMD body run on N virtual devices at once
-//! (`Program::run_devices`: remote DMAs and signals between them, deadlocks and races
-//! reported), the KV caches carried between steps. Every device returns the same greedy
-//! ids and maxima, its logits' (each device's vocabulary slice, concatenated); the run
-//! passes the project's check against the references ([`compare`], as `--check`); and the
-//! logits are within the project's logits tolerance of the one-device kernel's and the ids
-//! equal (except at a near tie of the one-device logits) wherever neither run took a
-//! routing decision at a near tie (the all-reduces sum in a different order and send bf16
-//! partials, which can flip such a decision).
-use palladium_array::HostArray;
+//! The N-device megakernel in the interpreter, through the [`Decoder`] `palladium run
+//! --devices N` runs: each device's share of random weights ([`pack_devices`]), the
+//! serialized SPMD body run on N virtual devices at once (`Program::run_devices`: remote
+//! DMAs and signals between them, deadlocks and races reported), each device's KV caches
+//! carried between steps. Every device returns the same greedy ids and maxima (the decoder
+//! refuses a run where they differ, naming the devices), its logits' vocabulary slices put
+//! back in order; the run passes the project's check against the references ([`compare`],
+//! as `--check`); and the logits are within the project's logits tolerance of the
+//! one-device kernel's and the ids equal (except at a near tie of the one-device logits)
+//! wherever neither run took a routing decision at a near tie (the all-reduces sum in a
+//! different order and send bf16 partials, which can flip such a decision). Batches, K
+//! tokens per run with drafts and the rollback of rejected ones work on N devices as on
+//! one.
 use palladium_array::tolerance::{LogitsDiff, logits_tolerance};
-use palladium_decode::pack::pack_device;
-use palladium_decode::{Matched, compare};
-use palladium_model::reference::{Generation, StepLogits};
+use palladium_decode::pack::{pack_devices, pack_quantized_devices};
+use palladium_decode::speculate::{Forced, NoDrafts};
+use palladium_decode::{DecodeError, Decoder, Matched, compare};
 use palladium_dsl::spec::Chip;
 use palladium_fusion::layout::OperandKind;
 use palladium_fusion::shard::ExpertSplit;
 use palladium_fusion::{megakernel::Megakernel, plan::PlanOptions};
-use palladium_interpret::{CallSpec, Module};
+use palladium_interpret::Module;
 use palladium_model::ModelSpec;
+use palladium_model::quant::{QuantizedWeights, WeightsDtype};
+use palladium_model::reference::{Generation, StepLogits};
 use palladium_model::weights::Weights;
 
 fn spec(name: &str) -> ModelSpec {
     ModelSpec::from_path(format!("{}/../fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR"))).unwrap()
 }
 
-/// One step's results, device 0's (checked equal on every device): the logits (global
+/// The megakernel of `s` on `devices` devices (batch `batch`, K tokens per run, the full
+/// logits).
+fn megakernel(s: &ModelSpec, devices: u64, batch: u64, tokens_per_seq: u64) -> Megakernel {
+    Megakernel::build(s, &PlanOptions { devices, logits: true, tokens_per_seq, ..PlanOptions::new(Chip::V6e, batch, 16) }).unwrap_or_else(|e| panic!("{devices} devices: {e}"))
+}
+
+/// One step's results (every device's agree: the decoder checks): the logits (global
 /// vocabulary order), greedy id and maximum of the one sequence.
 struct Step {
     logits: Vec<f32>,
-    id: i32,
+    id: u32,
     max: f32,
 }
 
 /// Greedy decoding of `prompt` then `generate` more tokens on `devices` devices, whose
-/// plan splits the experts as `split`.
+/// plan splits the experts as `split`: every prompt token's step too.
 fn decode(s: &ModelSpec, w: &Weights, devices: u64, prompt: &[u32], generate: usize, split: Option<ExpertSplit>) -> Vec<Step> {
-    let mk = Megakernel::build(s, &PlanOptions { devices, logits: true, ..PlanOptions::new(Chip::V6e, 1, 16) }).unwrap_or_else(|e| panic!("{devices} devices: {e}"));
+    let mk = megakernel(s, devices, 1, 1);
     assert_eq!(mk.plan.sharding.as_ref().map(|sh| sh.experts.split), split, "{devices} devices");
-    let (plan, call) = (&mk.plan, CallSpec::from_json(&mk.lowered.call_json).unwrap());
-    let program = Module::parse(&mk.lowered.body).unwrap().prepare().unwrap();
-    let packed: Vec<_> = (0..devices).map(|me| pack_device(s, plan, w, me).unwrap()).collect();
-    let mut caches: Vec<(HostArray, HostArray)> = packed.iter().map(|p| p.empty_caches()).collect();
-    let (cw, rows, vocab_slice) = (plan.layout.chunk_cols as usize, plan.dims.rows as usize, plan.dims.vocab as usize);
-    let vocab = s.vocab_size as usize;
+    let mut decoder = Decoder::new(&mk, pack_devices(s, &mk.plan, w).unwrap()).unwrap();
+    assert_eq!(decoder.devices() as u64, devices);
     let mut token = prompt[0];
     let mut steps = Vec::new();
     for pos in 0..prompt.len() + generate {
-        let inputs: Vec<Vec<HostArray>> = (0..devices as usize)
-            .map(|me| {
-                plan.layout
-                    .inputs()
-                    .map(|o| match o.kind {
-                        OperandKind::Tokens => HostArray::from_i32(&[1], &[token as i32]),
-                        OperandKind::Positions => HostArray::from_i32(&[1], &[pos as i32]),
-                        OperandKind::KCache => caches[me].0.clone(),
-                        OperandKind::VCache => caches[me].1.clone(),
-                        kind => packed[me].arrays[packed[me].operands.iter().position(|&k| k == kind).unwrap()].clone(),
-                    })
-                    .collect()
-            })
-            .collect();
-        let outs = if devices == 1 { vec![program.run_with(&inputs[0], &call).unwrap()] } else { program.run_devices(&inputs, Some(&call)).unwrap_or_else(|e| panic!("{devices} devices, step {pos}: {e}")) };
-        let at = |kind| plan.layout.outputs().position(|o| o.kind == kind).unwrap();
-        let (ids, maxes) = (at(OperandKind::NextIds), at(OperandKind::MaxLogits));
-        let mut logits = Vec::new();
-        for (me, out) in outs.iter().enumerate() {
-            assert_eq!(out[ids].to_i32()[0], outs[0][ids].to_i32()[0], "{devices} devices, step {pos}: device {me}'s id");
-            assert_eq!(out[maxes].to_f32()[0].to_bits(), outs[0][maxes].to_f32()[0].to_bits(), "{devices} devices, step {pos}: device {me}'s maximum");
-            let slice = out[at(OperandKind::Logits)].to_f32();
-            logits.extend((0..vocab_slice).map(|v| slice[((v / cw) * rows) * cw + v % cw]));
-            caches[me] = (out[at(OperandKind::KCacheOut)].clone(), out[at(OperandKind::VCacheOut)].clone());
-        }
-        logits.truncate(vocab);
-        let step = Step { logits, id: outs[0][ids].to_i32()[0], max: outs[0][maxes].to_f32()[0] };
-        token = if pos + 1 < prompt.len() { prompt[pos + 1] } else { step.id as u32 };
+        let mut step = decoder.step(&[token]).unwrap_or_else(|e| panic!("{devices} devices, step {pos}: {e}"));
+        let step = Step { logits: step.logits.take().expect("planned with the logits").remove(0), id: step.ids[0], max: step.max_logits[0] };
+        assert_eq!(step.logits.len(), s.vocab_size as usize);
+        token = if pos + 1 < prompt.len() { prompt[pos + 1] } else { step.id };
         steps.push(step);
     }
     steps
@@ -84,7 +66,7 @@ fn decode(s: &ModelSpec, w: &Weights, devices: u64, prompt: &[u32], generate: us
 /// [`compare`] checks, teacher-forced on its ids).
 fn generation(steps: &[Step], prompt: usize) -> Generation {
     let steps = &steps[prompt - 1..];
-    Generation { generated_ids: steps.iter().map(|s| s.id as u32).collect(), steps: steps.iter().map(|s| StepLogits { logits: s.logits.clone() }).collect() }
+    Generation { generated_ids: steps.iter().map(|s| s.id).collect(), steps: steps.iter().map(|s| StepLogits { logits: s.logits.clone() }).collect() }
 }
 
 fn same_tokens_on_devices(name: &str, s: &ModelSpec, seeds: &[u64], devices: &[u64], split: ExpertSplit) {
@@ -146,4 +128,141 @@ fn tiny_qwen3_moe_with_tensor_parallel_experts_gives_the_same_tokens() {
     let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     v["moe_intermediate_size"] = 512.into();
     same_tokens_on_devices("tiny-qwen3-moe (intermediate 512)", &ModelSpec::from_json(&v).unwrap(), &[0, 2, 4], &[2, 4], ExpertSplit::Tp);
+}
+
+/// The decoder of `s` on `devices` devices with `w`'s shares.
+fn decoder(s: &ModelSpec, w: &Weights, devices: u64, batch: u64, tokens_per_seq: u64) -> Decoder {
+    let mk = megakernel(s, devices, batch, tokens_per_seq);
+    Decoder::new(&mk, pack_devices(s, &mk.plan, w).unwrap()).unwrap()
+}
+
+/// Two sequences in one run on 2 devices (teacher-forced): every row's logits within the
+/// tolerance of the one-device kernel's, its id equal except at a near tie.
+#[test]
+fn a_batch_on_two_devices_matches_one_device() {
+    let s = spec("tiny-mixtral");
+    let w = Weights::random(&s, 5).unwrap();
+    let (mut one, mut two) = (decoder(&s, &w, 1, 2, 1), decoder(&s, &w, 2, 2, 1));
+    let tokens = [[3, 141, 59, 26, 5, 9], [7, 7, 300, 2, 45, 11]];
+    for (t, fed) in tokens[0].iter().zip(tokens[1]).map(|(&a, b)| [a, b]).enumerate() {
+        let (a, b) = (one.step(&fed).unwrap(), two.step(&fed).unwrap());
+        let (la, lb) = (a.logits.unwrap(), b.logits.unwrap());
+        for seq in 0..2 {
+            let what = format!("token {t}, sequence {seq}");
+            let diff = LogitsDiff::new(&lb[seq], &la[seq]);
+            assert!(diff.within(), "{what}: logits off by {} (tolerance {})", diff.max_abs_diff, diff.tolerance);
+            let near_tie = (la[seq][a.ids[seq] as usize] - la[seq][b.ids[seq] as usize]).abs() <= logits_tolerance(&la[seq]);
+            assert!(a.ids[seq] == b.ids[seq] || near_tie, "{what}: id {} where one device chose {}", b.ids[seq], a.ids[seq]);
+        }
+    }
+    assert_eq!((one.len(1), two.len(1)), (6, 6));
+}
+
+/// Verify runs of K = 4 tokens on 2 devices, with drafts all accepted and all rejected
+/// (each run's rejected rows rolled back): plain greedy decoding's ids on 2 devices.
+#[test]
+fn speculation_on_two_devices_gives_greedy_ids() {
+    let s = spec("tiny-qwen3-moe");
+    let w = Weights::random(&s, 0).unwrap();
+    let prompt = [1, 17, 300, 42, 5];
+    let greedy = decoder(&s, &w, 2, 1, 1).generate(&prompt, 8).unwrap();
+    let wrong: Vec<u32> = greedy.generated_ids.iter().map(|&t| (t + 1) % s.vocab_size as u32).collect();
+    for (what, continuation, accepted) in [("forced greedy", greedy.generated_ids.clone(), 6), ("forced wrong", wrong, 0)] {
+        let mut four = decoder(&s, &w, 2, 1, 4);
+        let (g, sp) = four.generate_with(&prompt, 8, &mut Forced { continuation }, |_, _| {}).unwrap();
+        assert_eq!(g.generated_ids, greedy.generated_ids, "{what}");
+        assert_eq!(sp.accepted, accepted, "{what}: {sp:?}");
+        for (i, (a, b)) in g.steps.iter().zip(&greedy.steps).enumerate() {
+            let diff = LogitsDiff::new(&a.logits, &b.logits);
+            assert!(diff.within(), "{what}, step {i}: logits off by {} (tolerance {})", diff.max_abs_diff, diff.tolerance);
+        }
+    }
+    // The same ids from the kernel's gathered argmax alone (no logits returned).
+    let mk = Megakernel::build(&s, &PlanOptions { devices: 2, logits: false, ..PlanOptions::new(Chip::V6e, 1, 16) }).unwrap();
+    let mut ids_only = Decoder::new(&mk, pack_devices(&s, &mk.plan, &w).unwrap()).unwrap();
+    let (g, _) = ids_only.generate_with(&prompt, 8, &mut NoDrafts, |_, _| {}).unwrap();
+    assert_eq!(g.generated_ids, greedy.generated_ids, "ids only");
+}
+
+/// A device whose greedy pair differs from device 0's (here: device 1's id bumped after
+/// the run) stops the decode with an error naming both devices, the run and the row.
+#[test]
+fn devices_that_disagree_are_an_error_naming_them() {
+    let s = spec("tiny-qwen3-moe");
+    let w = Weights::random(&s, 0).unwrap();
+    let mk = megakernel(&s, 2, 1, 1);
+    let program = Module::parse(&mk.lowered.body).unwrap().prepare().unwrap();
+    let ids = mk.plan.layout.outputs().position(|o| o.kind == OperandKind::NextIds).unwrap();
+    let mut runs = 0;
+    let engine: palladium_decode::Engine = Box::new(move |inputs, call| {
+        let mut out = program.run_devices(inputs, Some(call))?;
+        runs += 1;
+        if runs == 2 {
+            let (shape, bumped) = (out[1][ids].shape.clone(), out[1][ids].to_i32().iter().map(|&id| id + 1).collect::<Vec<_>>());
+            out[1][ids] = palladium_array::HostArray::from_i32(&shape, &bumped);
+        }
+        Ok(out)
+    });
+    let mut decoder = Decoder::with_engine(&mk, pack_devices(&s, &mk.plan, &w).unwrap(), engine).unwrap();
+    decoder.step(&[3]).unwrap();
+    let e = decoder.step(&[17]).unwrap_err();
+    assert!(matches!(e, DecodeError::DevicesDisagree { run: 2, devices: 2, device: 1, row: 0, .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(text.starts_with("megakernel run 2: device 1 of 2 gives token row 0 the greedy id"), "{text}");
+    assert!(text.contains("device 0 gives"), "{text}");
+    // Weights packed for another device count are refused before any run.
+    let one = pack_devices(&s, &megakernel(&s, 1, 1, 1).plan, &w).unwrap();
+    let e = Decoder::new(&mk, one).unwrap_err().to_string();
+    assert_eq!(e, "the call spec does not match the packed weights: the weights are packed for 1 device(s), the megakernel runs on 2");
+}
+
+/// Quantized weights on several devices: int8 (per output channel), fp8 (128 x 128 blocks)
+/// and int4 experts (groups of 128 inputs), experts EP on 2 devices and TP (512
+/// intermediate columns: `down_proj`'s inputs split at group boundaries) on 2 and 4; each
+/// device's codes with their scales. Every run passes the check against the
+/// reference on the dequantized weights and gives the one-device quantized kernel's ids
+/// and logits (within the tolerance) up to a routing near tie of either.
+#[test]
+fn quantized_weights_on_several_devices_match_the_reference() {
+    let path = format!("{}/../fixtures/models/tiny-qwen3-moe.json", env!("CARGO_MANIFEST_DIR"));
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["moe_intermediate_size"] = 512.into();
+    let wide = ModelSpec::from_json(&v).unwrap();
+    let prompt = [3, 17, 300, 42, 5];
+    // Every format on EP (heads split: o_proj's inputs); on TP the formats whose groups
+    // split down_proj's inputs: fp8 blocks on 2 devices (256 columns each), int4 groups on 4
+    // (128 each, one group).
+    let cases = [
+        ("tiny-qwen3-moe", spec("tiny-qwen3-moe"), 2, ExpertSplit::Ep, &[WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4][..]),
+        ("tiny-qwen3-moe (intermediate 512)", wide.clone(), 2, ExpertSplit::Tp, &[WeightsDtype::Fp8]),
+        ("tiny-qwen3-moe (intermediate 512)", wide, 4, ExpertSplit::Tp, &[WeightsDtype::Int4]),
+    ];
+    for (name, s, devices, split, dtypes) in cases {
+        let w = Weights::random(&s, 3).unwrap();
+        for &dtype in dtypes {
+            let q = QuantizedWeights::quantize(&s, &w, dtype).unwrap();
+            let generate = |n: u64| {
+                let mk = Megakernel::build(&s, &PlanOptions { devices: n, weights: dtype, ..PlanOptions::new(Chip::V6e, 1, 16) }).unwrap_or_else(|e| panic!("{name} {} on {n}: {e}", dtype.name()));
+                assert_eq!(mk.plan.sharding.as_ref().map(|sh| sh.experts.split), (n > 1).then_some(split));
+                Decoder::new(&mk, pack_quantized_devices(&s, &mk.plan, &q).unwrap()).unwrap().generate(&prompt, 6).unwrap()
+            };
+            let (one, many) = (generate(1), generate(devices));
+            let what = format!("{name} {} on {devices} devices", dtype.name());
+            let check = palladium_decode::compare_with(&s, &q.dequantize(), &prompt, &many, palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE).unwrap();
+            println!("{what}: {:?}; {}", many.generated_ids, check.summary());
+
+            assert!(check.passed(), "{what}: {}", check.summary());
+            let c1 = palladium_decode::compare_with(&s, &q.dequantize(), &prompt, &one, palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE).unwrap();
+            println!("  one device: {:?}; {}", one.generated_ids, c1.summary());
+            // The one-device run's ids and logits (within the tolerance) up to the first step
+            // where either run took a routing decision at a near tie.
+            for (k, ((a, b), (s1, sn))) in one.steps.iter().zip(&many.steps).zip(c1.steps.iter().zip(&check.steps)).enumerate() {
+                if s1.matched != Matched::Bf16 || sn.matched != Matched::Bf16 {
+                    break;
+                }
+                let diff = LogitsDiff::new(&b.logits, &a.logits);
+                assert!(diff.within() && one.generated_ids[k] == many.generated_ids[k], "{what}, step {k}: id {} / {}, logits off by {}", many.generated_ids[k], one.generated_ids[k], diff.max_abs_diff);
+            }
+        }
+    }
 }

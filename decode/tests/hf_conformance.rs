@@ -60,7 +60,7 @@ fn check(config: &str, seed: u64, prompt: &[u32], steps: usize) {
     let context = (prompt.len() + steps) as u64;
     let mk = Megakernel::build(&spec, &PlanOptions::new(Chip::V6e, 1, context)).unwrap();
     let packed = pack(&spec, &mk.plan, &weights).unwrap();
-    let mut dec = Decoder::new(&mk, packed).unwrap();
+    let mut dec = Decoder::new(&mk, vec![packed]).unwrap();
 
     // Router margins of the f32 model, along the same ids.
     let rf = Reference::new(&spec, &weights, Precision::F32).unwrap();

@@ -22,7 +22,7 @@ fn spec(name: &str) -> ModelSpec {
 
 fn decoder(s: &ModelSpec, batch: u64, context: u64, w: &Weights) -> Decoder {
     let mk = Megakernel::build(s, &PlanOptions::new(Chip::V6e, batch, context)).unwrap();
-    Decoder::new(&mk, pack(s, &mk.plan, w).unwrap()).unwrap()
+    Decoder::new(&mk, vec![pack(s, &mk.plan, w).unwrap()]).unwrap()
 }
 
 fn prompt(seed: u64, salt: u64) -> Vec<u32> {

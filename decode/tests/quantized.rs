@@ -35,7 +35,7 @@ fn megakernel(spec: &ModelSpec, weights: WeightsDtype) -> Megakernel {
 /// compared with the references on its dequantized weights.
 fn run_and_compare(spec: &ModelSpec, quantized: &QuantizedWeights, steps: usize) -> Comparison {
     let mk = megakernel(spec, quantized.dtype());
-    let mut decoder = Decoder::new(&mk, pack_quantized(spec, &mk.plan, quantized).unwrap()).unwrap();
+    let mut decoder = Decoder::new(&mk, vec![pack_quantized(spec, &mk.plan, quantized).unwrap()]).unwrap();
     let generation = decoder.generate(&PROMPT, steps).unwrap();
     compare_with(spec, &quantized.dequantize(), &PROMPT, &generation, LOGITS_RELATIVE_TOLERANCE).unwrap()
 }

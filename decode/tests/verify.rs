@@ -26,7 +26,7 @@ fn windowed_mixtral(window: u64) -> ModelSpec {
 
 fn decoder(s: &ModelSpec, batch: u64, tokens_per_seq: u64, context: u64, w: &Weights, logits: bool) -> Decoder {
     let mk = Megakernel::build(s, &PlanOptions { tokens_per_seq, logits, ..PlanOptions::new(Chip::V6e, batch, context) }).unwrap();
-    Decoder::new(&mk, pack(s, &mk.plan, w).unwrap()).unwrap()
+    Decoder::new(&mk, vec![pack(s, &mk.plan, w).unwrap()]).unwrap()
 }
 
 /// `got`'s row matches `want`'s: logits within the tolerance, the same greedy id unless

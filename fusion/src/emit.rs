@@ -385,7 +385,6 @@ fn lm_head_stream(p: &Plan, hd: H, n: u64, l: u64) -> Greedy {
     let d = &p.dims;
     let (h, rows, banks, depth) = (d.hidden, d.rows, p.banks, p.depth);
     let xf = rms_norm(hd.x.load(..), None, h, d.eps);
-    let cw = p.layout.chunk_cols;
     let first_bank = ((l * n) % banks) as i32;
     let lm = p.layout.lm_chunks;
     // The layer loop issued lm chunks 0..depth; chunks depth.. are issued here, depth ahead.
@@ -403,16 +402,32 @@ fn lm_head_stream(p: &Plan, hd: H, n: u64, l: u64) -> Greedy {
             if let Some(out) = hd.logits {
                 out.store(c, logits);
             }
-            let next_bank = ring_add(bank, 1, banks);
-            // On N devices, ids local to the device's vocabulary slice until gathered.
-            let greedy = match hd.spmd {
-                Some(spmd) => greedy.fold(logits, c * cw as i32, spmd.vocab_real()),
-                None => greedy.fold(logits, c * cw as i32, d.vocab as i32),
-            };
-            (next_bank, greedy)
+            (ring_add(bank, 1, banks), fold_greedy(p, hd, greedy, logits, c))
         },
     );
     greedy
+}
+
+/// `greedy` folded over `lm_head` chunk `c`'s `logits` (either stream's). On N devices the
+/// ids are local to the device's vocabulary slice (until gathered), its padding past the
+/// model's vocabulary masked.
+fn fold_greedy(p: &Plan, hd: H, greedy: Greedy, logits: Val, c: Val) -> Greedy {
+    let first = c * p.layout.chunk_cols as i32;
+    match hd.spmd {
+        Some(spmd) => greedy.fold(logits, first, spmd.vocab_real()),
+        None => greedy.fold(logits, first, p.dims.vocab as i32),
+    }
+}
+
+/// The attention output added to the residual stream (after its all-reduce on N devices),
+/// stored and returned.
+fn attention_residual(hd: H) -> Val {
+    if let Some(spmd) = hd.spmd {
+        spmd.all_reduce(hd.oacc);
+    }
+    let x = residual_add(hd.x.load(..), hd.oacc.load(..));
+    hd.x.store(.., x);
+    x
 }
 
 /// A quantized plan's `lm_head` chunk `chunk` (codes, and scales where it is quantized)
@@ -446,7 +461,7 @@ fn quantized(x: Val, codes: Val, scales: Val, f: CodeFormat, weight_inputs: u64,
 /// (quantized plans): two banks, chunk 0 issued in the prologue, one chunk ahead.
 fn lm_head_quantized(p: &Plan, hd: H, q: Q) -> Greedy {
     let d = &p.dims;
-    let (h, rows, cw) = (d.hidden, d.rows, p.layout.chunk_cols);
+    let (h, rows) = (d.hidden, d.rows);
     let final_norm = async_copy(q.norms.at(scalar(p.layers as i32)), q.norm_buf, q.layer_sems.at(3));
     final_norm.start();
     final_norm.wait();
@@ -475,7 +490,7 @@ fn lm_head_quantized(p: &Plan, hd: H, q: Q) -> Greedy {
             if let Some(out) = hd.logits {
                 out.store(c, logits);
             }
-            (1 - bank, greedy.fold(logits, c * cw as i32, d.vocab as i32))
+            (1 - bank, fold_greedy(p, hd, greedy, logits, c))
         },
     );
     greedy
@@ -548,14 +563,7 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
                     hd.oacc.store(.., acc + y);
                 }
                 Router => {
-                    let xn = *xn2.get_or_insert_with(|| {
-                        if let Some(spmd) = hd.spmd {
-                            spmd.all_reduce(hd.oacc);
-                        }
-                        let x = residual_add(hd.x.load(..), hd.oacc.load(..));
-                        hd.x.store(.., x);
-                        rms_norm(x, None, h, d.eps)
-                    });
+                    let xn = *xn2.get_or_insert_with(|| rms_norm(attention_residual(hd), None, h, d.eps));
                     hd.rl.store((.., seg_cols), project(xn, w, WeightLayout::InOut));
                 }
             }
@@ -564,9 +572,7 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
     // A quantized plan's router is its own bf16 operand, after post_attention_layernorm.
     let xn2 = xn2.or_else(|| {
         let q = hd.quant?;
-        let x = residual_add(hd.x.load(..), hd.oacc.load(..));
-        hd.x.store(.., x);
-        let xn = rms_norm(x, norm_row(1), h, d.eps);
+        let xn = rms_norm(attention_residual(hd), norm_row(1), h, d.eps);
         layer_copies(q, layer)[2].wait();
         hd.rl.store(.., project(xn, q.router_buf.load(..), WeightLayout::InOut));
         Some(xn)

@@ -195,7 +195,7 @@ pub enum PlanError {
     Hbm { chip: Chip, need: u64, need_gib: f64, have: u64, have_gib: f64, detail: String, max_layers: u64, split: String },
     #[error("does not fit {chip} VMEM: the plan needs {need} bytes ({need_mib:.2} MiB: {detail}), {chip} has {have} bytes ({have_mib} MiB) per core")]
     Vmem { chip: Chip, need: u64, need_mib: f64, have: u64, have_mib: u64, detail: String },
-    #[error("cannot split the model over {devices} devices: {reason}")]
+    #[error("cannot split the model over {devices} devices (--devices {devices}): {reason}")]
     Split { devices: u64, reason: String },
     #[error("does not fit {devices} {chip} devices: the operands need {need} bytes ({need_gib:.2} GiB) per device, {chip} has {have} bytes ({have_gib:.2} GiB) usable per device; {needed}")]
     Devices { devices: u64, chip: Chip, need: u64, need_gib: f64, have: u64, have_gib: f64, needed: String },
@@ -430,9 +430,6 @@ impl Plan {
     pub fn new(spec: &ModelSpec, options: &PlanOptions) -> Result<Plan, PlanError> {
         if !shard::DEVICE_COUNTS.contains(&options.devices) {
             return Err(PlanError::Invalid(format!("--devices {} (supported: {})", options.devices, shard::DEVICE_COUNTS.map(|n| n.to_string()).join(", "))));
-        }
-        if options.devices > 1 && options.weights != WeightsDtype::Bf16 {
-            return Err(PlanError::Unsupported(format!("--weights-dtype {} on --devices {}: the sharded megakernel takes bf16 weights for now (the quantized streams are one device's)", options.weights.name(), options.devices)));
         }
         let plan = match Plan::for_devices(spec, options) {
             // One device: say how many would hold the whole model.

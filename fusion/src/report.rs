@@ -113,17 +113,88 @@ fn sharding(s: &mut String, p: &Plan, sh: &Sharding) {
     let _ = writeln!(s, "  collective bytes per step {} per device, modelled {:.1} us; floor + collectives {:.1} us per step", gb(sh.collective_bytes as f64), sh.collective_seconds * 1e6, (p.traffic.floor_seconds + sh.collective_seconds) * 1e6);
 }
 
+/// Which of the model's heads, experts, expert columns and vocabulary ids a device's local
+/// ones are, as the operand prose names them, in terms of the device's index `me` (the
+/// operands are one device's, every device's shaped alike); `None` on one device.
+struct DeviceIndex {
+    /// The model's query head of local head `j`, KV head of local KV head `j`.
+    q_head: String,
+    kv_head: String,
+    /// The model's expert of local expert `e` (EP; "" under TP: the same expert).
+    expert: String,
+    /// The model's intermediate column of local column `x` as `{column}x` ("" under EP).
+    column: String,
+    /// The model's vocabulary id of the device's first id.
+    vocab_start: String,
+    /// What the device holds, opening a per-device operand's prose.
+    device: String,
+}
+
+impl DeviceIndex {
+    fn of(p: &Plan) -> Option<DeviceIndex> {
+        let d = &p.dims;
+        let sh = p.sharding.as_ref()?;
+        let (n, hs) = (sh.devices, &sh.heads);
+        let (q_head, kv_head, heads) = if hs.kv_replicas > 1 {
+            let r = hs.kv_replicas;
+            let pad = if hs.heads_padded > hs.heads { format!(", padded with zero-weight heads to {}", hs.heads_padded / hs.kv_heads) } else { String::new() };
+            (
+                format!("(me / {r})*{} + (me % {r})*{} + j", hs.heads / hs.kv_heads, hs.heads_per_device),
+                format!("me / {r}"),
+                format!("{} of the {} query heads, a {r}-way split of its KV head's query group{pad}; each of the {} KV heads replicated on {r} devices", hs.heads_per_device, hs.heads, hs.kv_heads),
+            )
+        } else {
+            (format!("me*{} + j", hs.heads_per_device), format!("me*{} + j", hs.kv_heads_per_device), format!("{} of the {} query heads and {} of the {} KV heads", hs.heads_per_device, hs.heads, hs.kv_heads_per_device, hs.kv_heads))
+        };
+        let e = &sh.experts;
+        let (expert, column, experts) = match e.split {
+            ExpertSplit::Ep => (format!("me*{} + e", e.experts_per_device), String::new(), format!("experts EP, {} of the {} experts", e.experts_per_device, d.experts)),
+            ExpertSplit::Tp => (String::new(), format!("me*{} + ", e.intermediate_per_device), format!("experts TP, {} of each expert's intermediate columns", e.intermediate_per_device)),
+        };
+        Some(DeviceIndex {
+            q_head,
+            kv_head,
+            expert,
+            column,
+            vocab_start: format!("me*{}", sh.vocab_per_device),
+            device: format!("device me's share (of {n}: {heads}; {experts}; {} of the {} vocabulary ids; the model's indices past its sizes are zero padding): ", sh.vocab_per_device, sh.vocab),
+        })
+    }
+}
+
 /// How Hugging Face tensors map into operand `o` of `p`'s layout, element by element
-/// (transposes, folded norms, padding).
+/// (transposes, folded norms, padding); on several devices, device `me`'s share.
 pub fn operand_source(p: &Plan, o: &Operand) -> String {
-    let d = &p.dims;
-    let layout = &p.layout;
-    let (h, hd, hp, cw) = (d.hidden, d.head_dim, d.head_pad, layout.chunk_cols);
-    if let Some(q) = &layout.quant
+    if let Some(q) = &p.layout.quant
         && let Some(text) = quantized_source(p, q, o)
     {
         return text;
     }
+    let ix = DeviceIndex::of(p);
+    let text = bf16_source(p, o, ix.as_ref());
+    match ix {
+        Some(ix) if matches!(o.kind, OperandKind::WStream | OperandKind::WExperts | OperandKind::KCache | OperandKind::VCache | OperandKind::Logits) => format!("{}{text}", ix.device),
+        _ => text,
+    }
+}
+
+/// [`operand_source`] of a bf16 plan; on several devices (`ix`), local indices mapped to
+/// the model's.
+fn bf16_source(p: &Plan, o: &Operand, ix: Option<&DeviceIndex>) -> String {
+    let d = &p.dims;
+    let layout = &p.layout;
+    let (h, hd, hp, cw) = (d.hidden, d.head_dim, d.head_pad, layout.chunk_cols);
+    // The model's vocabulary size (`d.vocab` is a device's slice on several).
+    let vocab = p.sharding.as_ref().map_or(d.vocab, |sh| sh.vocab);
+    let q_rows = ix.map_or(format!("j*{hd}..(j+1)*{hd}, :]"), |ix| format!("g*{hd}..(g+1)*{hd}, :] for the model's head g = {}", ix.q_head));
+    let o_cols = ix.map_or(format!("o_proj.weight [H, heads*{hd}]"), |ix| format!("o_proj.weight[:, g*{hd}..(g+1)*{hd}] for local head j (of {}), g = {}", d.heads, ix.q_head));
+    let kv_form = ix.map_or("same form".to_string(), |ix| format!("same form, the model's KV head {} for local KV head j", ix.kv_head));
+    let lm_row = ix.map_or(format!("[c*{cw} + j, i]"), |ix| format!("[{} + c*{cw} + j, i]", ix.vocab_start));
+    let (expert, column) = match ix {
+        Some(ix) if !ix.expert.is_empty() => (format!(" (the model's expert {})", ix.expert), ix.column.clone()),
+        Some(ix) => (String::new(), ix.column.clone()),
+        None => (String::new(), String::new()),
+    };
     match o.kind {
         OperandKind::Tokens if d.tokens_per_seq == 1 => "token id of each sequence".into(),
         OperandKind::Tokens => format!("token id of row r = b * {k} + k: sequence b's k-th new token (k < {k}), at position positions[b] + k", k = d.tokens_per_seq),
@@ -143,10 +214,10 @@ pub fn operand_source(p: &Plan, o: &Operand) -> String {
             let head_weight = layout.lm_head.weights.first().map_or("", |w| w.name.as_str());
             format!(
                 "the dense stream, {n} chunks per layer then {} lm_head chunks. Layer l: the [H={h}, {}] matrix D_l split into column chunks of {cw} (w_stream[l*{n} + c] = D_l[:, c*{cw}..]): \
-                 cols [0, {qkv_end}) = q|k|v heads, head j of q at cols j*{hp}.. = (q_proj.weight[j*{hd}..(j+1)*{hd}, :])^T * input_layernorm.weight[:, None] (k heads from col {}, v heads from col {}, same form; cols {hd}..{hp} of each head zero); \
-                 cols [{o_start}, {o_end}) = o_proj.weight [H, heads*{hd}] with each head's {hd} columns padded to {hp} (not transposed); \
+                 cols [0, {qkv_end}) = q|k|v heads, head j of q at cols j*{hp}.. = (q_proj.weight[{q_rows})^T * input_layernorm.weight[:, None] (k heads from col {}, v heads from col {}, {kv_form}; cols {hd}..{hp} of each head zero); \
+                 cols [{o_start}, {o_end}) = {o_cols} with each head's {hd} columns padded to {hp} (not transposed); \
                  cols [{r_start}, {}) = (gate.weight [E={}, H])^T * post_attention_layernorm.weight[:, None], zero-padded to {} columns; the rest zero. \
-                 lm_head: w_stream[{} + c, i, j] = {head_weight}[c*{cw} + j, i] * model.norm.weight[i] (zero for vocab >= {})",
+                 lm_head: w_stream[{} + c, i, j] = {head_weight}{lm_row} * model.norm.weight[i] (zero for vocab >= {})",
                 layout.lm_chunks,
                 n * cw,
                 d.heads * hp,
@@ -155,7 +226,7 @@ pub fn operand_source(p: &Plan, o: &Operand) -> String {
                 d.experts,
                 d.experts_pad,
                 p.layers as u64 * n,
-                d.vocab
+                vocab
             )
         }
         OperandKind::WExperts => {
@@ -165,8 +236,8 @@ pub fn operand_source(p: &Plan, o: &Operand) -> String {
             let short = |w: &Weight| w.name.split_once(".experts.{e}.").map_or(w.name.clone(), |(_, n)| n.to_string());
             let (gate, up) = (gate_up.weights.first(), gate_up.weights.get(1));
             format!(
-                "chunk c of expert e of layer l, one DMA: w_experts[l, e, c, i, j] = model.layers.{{l}}.{}[c*{eb} + j, i] * post_attention_layernorm.weight[i] for j < {eb}, \
-                 {}[c*{eb} + j - {eb}, i] * post_attention_layernorm.weight[i] for j < {}, {}[i, c*{eb} + j - {}] above",
+                "chunk c of expert e{expert} of layer l, one DMA: w_experts[l, e, c, i, j] = model.layers.{{l}}.{}[{column}c*{eb} + j, i] * post_attention_layernorm.weight[i] for j < {eb}, \
+                 {}[{column}c*{eb} + j - {eb}, i] * post_attention_layernorm.weight[i] for j < {}, {}[i, {column}c*{eb} + j - {}] above",
                 gate.map_or(String::new(), |w| w.name.clone()),
                 up.map_or(String::new(), short),
                 2 * eb,
@@ -178,9 +249,13 @@ pub fn operand_source(p: &Plan, o: &Operand) -> String {
         OperandKind::KCache | OperandKind::VCache => {
             let what = if o.kind == OperandKind::KCache { "K" } else { "V" };
             let out = layout.operands.iter().find(|x| x.kind.aliased_input() == Some(o.kind)).map_or("", |x| x.kind.name());
-            format!("{what} of layer l, sequence b, kv head g at position t: [l, b, g, t, :{hd}] (after k_norm and RoPE for K; cols {hd}.. zero); aliased to the output {out} (updated in place)")
+            let head = ix.map_or(String::new(), |ix| format!(" (the model's KV head {})", ix.kv_head.replace('j', "g")));
+            format!("{what} of layer l, sequence b, kv head g{head} at position t: [l, b, g, t, :{hd}] (after k_norm and RoPE for K; cols {hd}.. zero); aliased to the output {out} (updated in place)")
         }
-        OperandKind::Logits => format!("logits of token row r (sequence b's k-th new token: r = b * K + k, K = {}) for token v at [v / {cw}, r, v % {cw}] (rows >= batch * K and v >= vocab are padding)", d.tokens_per_seq),
+        OperandKind::Logits => {
+            let (token, slice) = ix.map_or((String::new(), "vocab".to_string()), |ix| (format!(" (the model's token {} + v; the devices' slices concatenated give the vocabulary)", ix.vocab_start), d.vocab.to_string()));
+            format!("logits of token row r (sequence b's k-th new token: r = b * K + k, K = {}) for token v{token} at [v / {cw}, r, v % {cw}] (rows >= batch * K and v >= {slice} are padding)", d.tokens_per_seq)
+        }
         OperandKind::NextIds => "greedy next id of token row r at [r, :] (every lane): the lowest id among the row's maximal logits (rows >= batch * K are padding)".into(),
         OperandKind::MaxLogits => "maximum logit of token row r at [r, :] (every lane), NaN when any of the row's logits is not finite (so a bad step is caught without the full logits)".into(),
         OperandKind::KCacheOut | OperandKind::VCacheOut => "aliases the input of the same name (KV written in place)".into(),

@@ -111,12 +111,10 @@ fn refusals_name_the_reason() {
         Err(e @ PlanError::Split { .. }) => assert!(e.to_string().contains("the 6 KV heads"), "{e}"),
         other => panic!("{other:?}"),
     }
-    // Quantized streams are one device's.
+    // Quantized weights split like bf16 ones (their scales follow each code).
     let int8 = PlanOptions { weights: palladium_model::quant::WeightsDtype::Int8, ..options(Chip::V6e, 1, 2) };
-    match Plan::new(&spec("tiny-qwen3-moe"), &int8) {
-        Err(e @ PlanError::Unsupported(_)) => assert!(e.to_string().contains("--weights-dtype int8 on --devices 2"), "{e}"),
-        other => panic!("{other:?}"),
-    }
+    let p = Plan::new(&spec("tiny-qwen3-moe"), &int8).unwrap();
+    assert!(p.layout.quant.is_some() && p.sharding.as_ref().is_some_and(|sh| sh.devices == 2));
 }
 
 #[test]
@@ -179,4 +177,37 @@ fn the_acceptance_models_plan_on_their_devices() {
     assert!(sh.experts.reason.contains("intermediate 14336, 7168 per device"), "{}", sh.experts.reason);
     assert!(p.hbm_total <= p.hbm_capacity && p.vmem_total <= p.vmem_capacity);
     assert!(sh.link_model.contains("sibling"));
+}
+
+/// A split plan's operand prose is one device's share: the model's heads, experts, expert
+/// columns and vocabulary ids of a device's local ones in terms of its index `me`, and
+/// per-device sizes (the one-device wording, `o_proj.weight [H, heads*64]` or an
+/// `lm_head` row `c*1024 + j`, would describe the whole model).
+#[test]
+fn the_operand_prose_of_a_split_plan_is_one_devices_share() {
+    let s = spec("tiny-qwen3-moe");
+    // 4 devices: each of the 2 KV heads on 2 devices, one query head each; experts EP.
+    let p = Plan::new(&s, &PlanOptions { devices: 4, logits: true, ..PlanOptions::new(Chip::V6e, 1, 64) }).unwrap();
+    let text = report::text(&p);
+    // An operand's line: "  input w_stream bf16[..] (any): ...".
+    let operand = |name: &str| text.lines().find(|l| l.trim_start().split(' ').nth(1) == Some(name)).unwrap_or_else(|| panic!("{name} in\n{text}")).to_string();
+    let stream = operand("w_stream");
+    for needle in [
+        "device me's share (of 4: 1 of the 4 query heads, a 2-way split of its KV head's query group; each of the 2 KV heads replicated on 2 devices; experts EP, 2 of the 8 experts; 128 of the 512 vocabulary ids",
+        "(q_proj.weight[g*64..(g+1)*64, :] for the model's head g = (me / 2)*2 + (me % 2)*1 + j)^T",
+        "same form, the model's KV head me / 2 for local KV head j",
+        "o_proj.weight[:, g*64..(g+1)*64] for local head j (of 1), g = (me / 2)*2 + (me % 2)*1 + j",
+        "lm_head.weight[me*128 + c*1024 + j, i] * model.norm.weight[i] (zero for vocab >= 512)",
+    ] {
+        assert!(stream.contains(needle), "{needle} not in\n{stream}");
+    }
+    assert!(!stream.contains("heads*64") && !stream.contains("[c*1024 + j, i]"), "{stream}");
+    assert!(operand("w_experts").contains("chunk c of expert e (the model's expert me*2 + e) of layer l"), "{}", operand("w_experts"));
+    assert!(operand("k_cache").contains("kv head g (the model's KV head me / 2)"), "{}", operand("k_cache"));
+    assert!(operand("logits").contains("for token v (the model's token me*128 + v; the devices' slices concatenated give the vocabulary)") && operand("logits").contains("v >= 128 are padding"), "{}", operand("logits"));
+    // Experts TP (Qwen3-235B-A22B on 8 v7x devices): the model's columns of a device's slice.
+    let p = Plan::new(&spec("qwen3-235b-a22b"), &options(Chip::V7x, 1, 8)).unwrap();
+    let experts = report::operand_source(&p, p.layout.operand(palladium_fusion::layout::OperandKind::WExperts).unwrap());
+    assert!(experts.contains("experts TP, 256 of each expert's intermediate columns") && experts.contains("gate_proj.weight[me*256 + c*128 + j, i]"), "{experts}");
+    assert!(!experts.contains("the model's expert"), "{experts}");
 }
