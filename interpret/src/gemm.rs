@@ -327,7 +327,8 @@ fn fma_pairs(a: &[u32], kp: usize, b: &[f32], bs: (usize, usize), k: usize, j0: 
     }
     assert!(a.len() >= m * kp && kp == k.div_ceil(2));
     HALF_PANEL.with_borrow_mut(|panel| {
-        pack_panel_halves(b, bs, k, j0, w, panel);
+        // SAFETY: the CPU has AVX2 (checked above).
+        unsafe { pack_panel_halves(b, bs, k, j0, w, panel) };
         let mut packed_pairs = false;
         for_each_tile(c, ldc, m, j0, w, |i0, tile, rows| {
             let saved = *tile;
@@ -364,20 +365,25 @@ fn fma_pairs(a: &[u32], kp: usize, b: &[f32], bs: (usize, usize), k: usize, j0: 
 /// into `out`: for each pair of k its odd row, then its even row (the pair rule's order),
 /// each value as the rule reads it (a denormal is a zero of its sign); columns past `w`
 /// zero, an odd k's missing row -0.
+/// Compiled for AVX2 (its only caller checked the CPU has it), so the row loops vectorize.
 #[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
 fn pack_panel_halves(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usize, out: &mut Vec<f32>) {
     let kp = k.div_ceil(2);
     out.clear();
     out.resize(2 * kp * NR, 0.0);
     let input = |x: f32| f32::from_bits(bf16_bits(x) << 16);
-    for (kk, row) in (0..2 * kp).map(|r| (2 * (r / 2) + 1 - r % 2, r)) {
-        let dst = &mut out[row * NR..row * NR + w];
-        if kk >= k {
-            dst.fill(-0.0);
-        } else if bs.1 == 1 {
-            dst.iter_mut().zip(&b[kk * bs.0 + j0..kk * bs.0 + j0 + w]).for_each(|(o, &x)| *o = input(x));
-        } else {
-            dst.iter_mut().enumerate().for_each(|(jj, o)| *o = input(b[kk * bs.0 + (j0 + jj) * bs.1]));
+    for (p, rows) in out.chunks_exact_mut(2 * NR).enumerate() {
+        let (odd, even) = rows.split_at_mut(NR);
+        for (kk, dst) in [(2 * p + 1, odd), (2 * p, even)] {
+            let dst = &mut dst[..w];
+            if kk >= k {
+                dst.fill(-0.0);
+            } else if bs.1 == 1 {
+                dst.iter_mut().zip(&b[kk * bs.0 + j0..kk * bs.0 + j0 + w]).for_each(|(o, &x)| *o = input(x));
+            } else {
+                dst.iter_mut().enumerate().for_each(|(jj, o)| *o = input(b[kk * bs.0 + (j0 + jj) * bs.1]));
+            }
         }
     }
 }
