@@ -100,6 +100,9 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: 
     if m == 0 || n == 0 {
         return;
     }
+    if products == Products::Bf16Pairs && zero_rows_apart(a, b, c, m, k, n, |a, c, rows| gemm_f32(a, b, layout, c, rows, k, n, products)) {
+        return;
+    }
     let mut pairs = LHS_PAIRS.take();
     let lhs = match products {
         Products::Bf16Pairs => {
@@ -141,6 +144,36 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: 
         }
     }
     LHS_PAIRS.set(pairs);
+}
+
+/// The pair rule's rows of `a` that are all zeros (a decode step's padding rows: 15 of a
+/// megakernel's 16): with every `b` finite each of their steps adds a zero product to `c`,
+/// which leaves a flushed `c` as it is, unless it is -0 (then the products' signs decide).
+/// So where some zero row's `c` is finite and not -0 once flushed, such rows get the
+/// flushed `c` and the other rows are multiplied as a smaller product by `rest(a, c,
+/// rows)` (each row of `c` depends only on its row of `a`: the same bits). Returns whether
+/// it did so (false: nothing done).
+fn zero_rows_apart(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize, rest: impl FnOnce(&[f32], &mut [f32], usize)) -> bool {
+    let zero = |i: usize| a[i * k..(i + 1) * k].iter().all(|&x| bf16_bits(x) & 0x7fff == 0);
+    let kept = |i: usize| c[i * n..(i + 1) * n].iter().all(|&x| x.is_finite() && !(flush(x) == 0.0 && x.is_sign_negative()));
+    let apart: Vec<bool> = (0..m).map(|i| zero(i) && kept(i)).collect();
+    // In chunks without an early exit inside, so the check vectorizes.
+    if !apart.contains(&true) || !b[..k * n].chunks(256).all(|ch| ch.iter().fold(true, |all, x| all & x.is_finite())) {
+        return false;
+    }
+    let others: Vec<usize> = (0..m).filter(|&i| !apart[i]).collect();
+    for i in (0..m).filter(|&i| apart[i]) {
+        c[i * n..(i + 1) * n].iter_mut().for_each(|x| *x = flush(*x));
+    }
+    if !others.is_empty() {
+        let a2: Vec<f32> = others.iter().flat_map(|&i| &a[i * k..(i + 1) * k]).copied().collect();
+        let mut c2: Vec<f32> = others.iter().flat_map(|&i| &c[i * n..(i + 1) * n]).copied().collect();
+        rest(&a2, &mut c2, others.len());
+        for (&i, row) in others.iter().zip(c2.chunks_exact(n)) {
+            c[i * n..(i + 1) * n].copy_from_slice(row);
+        }
+    }
+    true
 }
 
 /// `c += a · b` on this thread, for `n` columns: `b[kk][j]` is at `kk * bs.0 + j * bs.1`,
@@ -325,10 +358,15 @@ fn fma_pairs(a: &[u32], kp: usize, b: &[f32], bs: (usize, usize), k: usize, j0: 
     if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) || std::is_x86_feature_detected!("avx512bf16") {
         return false;
     }
-    assert!(a.len() >= m * kp && kp == k.div_ceil(2));
+    assert!(a.len() >= m * kp && kp == k.div_ceil(2) && (k == 0 || b.len() >= (k - 1) * bs.0 + (j0 + w - 1) * bs.1 + 1));
+    // A full row-major panel used by one or two rows (a decode step's, its padding rows
+    // apart) is read in place: packing it would cost more than the product.
+    let in_place = w == NR && bs.1 == 1 && m <= 2;
     HALF_PANEL.with_borrow_mut(|panel| {
-        // SAFETY: the CPU has AVX2 (checked above).
-        unsafe { pack_panel_halves(b, bs, k, j0, w, panel) };
+        if !in_place {
+            // SAFETY: the CPU has AVX2 (checked above).
+            unsafe { pack_panel_halves(b, bs, k, j0, w, panel) };
+        }
         let mut packed_pairs = false;
         for_each_tile(c, ldc, m, j0, w, |i0, tile, rows| {
             let saved = *tile;
@@ -336,8 +374,10 @@ fn fma_pairs(a: &[u32], kp: usize, b: &[f32], bs: (usize, usize), k: usize, j0: 
             let mut exact = true;
             for r in (0..rows).step_by(2) {
                 let a = &a[(i0 + r) * kp..];
+                let panel = if in_place { avx2::Panel::InPlace { b: &b[j0..], ldb: bs.0, k } } else { avx2::Panel::Packed(panel) };
                 // SAFETY: the CPU has AVX2 and FMA (checked above); `a` holds the tile's rows
-                // of `kp` pairs (asserted above), `panel` `2 * kp` rows of NR floats.
+                // of `kp` pairs and `b` the panel's k rows of NR columns (asserted above), a
+                // packed panel `2 * kp` rows of NR floats.
                 exact &= unsafe {
                     if r + 1 < rows {
                         let t: &mut [[f32; NR]; 2] = (&mut tile[r..r + 2]).try_into().expect("two rows");
@@ -652,19 +692,28 @@ mod avx2 {
     use super::NR;
     use std::arch::x86_64::*;
 
-    /// `tile[..R] += a[..R] · panel` under the pair rule, one fused multiply-add per step:
-    /// `panel` holds `2 * kp` rows of [`NR`] f32s (each pair's odd row, then its even row,
-    /// inputs flushed), `a` `R` rows of `kp` pairs, the tile is flushed already. Returns
-    /// whether every step's result is the rule's: false when one came non-zero and at most
-    /// 2^-126 in magnitude (the tile is then to be computed again).
+    /// Where [`micro_pairs`] reads `b`.
+    #[derive(Copy, Clone)]
+    pub(super) enum Panel<'a> {
+        /// `2 * kp` rows of [`NR`] f32s: each pair's odd row, then its even row, inputs
+        /// flushed (`pack_panel_halves`).
+        Packed(&'a [f32]),
+        /// `b`'s own `k` rows (at least [`NR`] floats, `ldb` apart, holding bf16 values),
+        /// flushed in registers as the rule reads them; an odd k's missing row is -0.
+        InPlace { b: &'a [f32], ldb: usize, k: usize },
+    }
+
+    /// `tile[..R] += a[..R] · panel` under the pair rule, one fused multiply-add per step
+    /// (`a`: `R` rows of `kp` pairs; the tile is flushed already). Returns whether every
+    /// step's result is the rule's: false when one came non-zero and at most 2^-126 in
+    /// magnitude (the tile is then to be computed again).
     ///
     /// # Safety
-    /// The CPU must have AVX2 and FMA; `a` must hold `R` rows of `kp`, `panel` `2 * kp`
-    /// rows of [`NR`] floats.
+    /// The CPU must have AVX2 and FMA; `a` must hold `R` rows of `kp` pairs, the panel what
+    /// [`Panel`] says for `kp` pairs.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn micro_pairs<const R: usize>(a: &[u32], kp: usize, panel: &[f32], tile: &mut [[f32; NR]; R]) -> bool {
-        debug_assert!(a.len() >= (R - 1) * kp + kp && panel.len() >= 2 * kp * NR);
-        let (ap, bp) = (a.as_ptr(), panel.as_ptr());
+    pub(super) unsafe fn micro_pairs<const R: usize>(a: &[u32], kp: usize, panel: Panel, tile: &mut [[f32; NR]; R]) -> bool {
+        let ap = a.as_ptr();
         let mut acc = [[_mm256_setzero_ps(); 4]; R];
         for r in 0..R {
             for j in 0..4 {
@@ -677,13 +726,35 @@ mod avx2 {
         let magnitude = _mm256_set1_epi32(0x7fff_ffff);
         let one = _mm256_set1_epi32(1);
         let mut low = [_mm256_set1_epi32(-1); 2];
+        // In place: a value's bf16 bits (the high half), a denormal a zero of its sign.
+        let exponent = _mm256_set1_epi32(0x7f80_0000);
+        let high = _mm256_set1_epi32(0xffff_0000_u32 as i32);
+        let drop_if_denormal = _mm256_set1_epi32(0x7fff_0000);
+        let input = |y: __m256| -> __m256 {
+            let y = _mm256_castps_si256(y);
+            let denormal = _mm256_cmpeq_epi32(_mm256_and_si256(y, exponent), _mm256_setzero_si256());
+            _mm256_castsi256_ps(_mm256_and_si256(y, _mm256_andnot_si256(_mm256_and_si256(denormal, drop_if_denormal), high)))
+        };
         for p in 0..kp {
             for half in 0..2 {
-                // SAFETY: the caller guarantees 2 * kp rows of NR floats in `panel` and R rows
-                // of kp pairs in `a`.
+                // SAFETY: the caller guarantees what `Panel` says for kp pairs and R rows of
+                // kp pairs in `a`.
                 unsafe {
-                    let row = bp.add((2 * p + half) * NR);
-                    let b = [_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8)), _mm256_loadu_ps(row.add(16)), _mm256_loadu_ps(row.add(24))];
+                    let b = match panel {
+                        Panel::Packed(panel) => {
+                            let row = panel.as_ptr().add((2 * p + half) * NR);
+                            [_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8)), _mm256_loadu_ps(row.add(16)), _mm256_loadu_ps(row.add(24))]
+                        }
+                        Panel::InPlace { b, ldb, k } => {
+                            let kk = 2 * p + 1 - half;
+                            if kk < k {
+                                let row = b.as_ptr().add(kk * ldb);
+                                [input(_mm256_loadu_ps(row)), input(_mm256_loadu_ps(row.add(8))), input(_mm256_loadu_ps(row.add(16))), input(_mm256_loadu_ps(row.add(24)))]
+                            } else {
+                                [_mm256_set1_ps(-0.0); 4]
+                            }
+                        }
+                    };
                     for r in 0..R {
                         let x = *ap.add(r * kp + p);
                         let x = _mm256_set1_ps(f32::from_bits(if half == 0 { x & 0xffff_0000 } else { x << 16 }));
@@ -877,9 +948,49 @@ mod tests {
             .collect()
     }
 
+    /// Rows of zeros (a decode step's padding rows, taken apart): signed zeros and
+    /// denormals in `a`, `c` of every sign and kind, `b` with and without infinities and
+    /// NaN, odd and even k.
+    #[test]
+    fn zero_rows_give_the_pair_rule_bits() {
+        let tiny = f32::from_bits(0x0001_0000);
+        for &(m, k, n) in &[(16, 64, 40), (5, 33, 9), (3, 1, 3)] {
+            for seed in 0..4u32 {
+                let mut a = values(m * k, 40 + seed, true);
+                for i in (0..m).filter(|i| i % 4 != 1) {
+                    for (kk, x) in a[i * k..(i + 1) * k].iter_mut().enumerate() {
+                        *x = [0.0, -0.0, tiny, -tiny][(kk + i) % if i % 4 == 0 { 1 } else { 4 }];
+                    }
+                }
+                let mut b = values(k * n, 50 + seed, true);
+                if seed >= 2 {
+                    b[(seed as usize * 7) % (k * n)] = if seed == 2 { f32::INFINITY } else { f32::NAN };
+                }
+                if seed == 1 {
+                    b.iter_mut().for_each(|x| *x = -x.abs());
+                }
+                let specials = [0.0, -0.0, tiny, -tiny, 1.5, -2.0, f32::MIN_POSITIVE, f32::INFINITY];
+                let c0: Vec<f32> = (0..m * n)
+                    .map(|e| match e / n % 3 {
+                        2 => specials[e % specials.len()],
+                        1 => [0.0, tiny, 1.5, -f32::MIN_POSITIVE][e % 4],
+                        _ => [0.0, -0.0, 3.0][(e / n + seed as usize) % 3],
+                    })
+                    .collect();
+                let mut want = c0.clone();
+                naive_pairs(&a, &b, &mut want, m, k, n);
+                let mut got = c0.clone();
+                gemm_f32(&a, &b, BLayout::RowMajor, &mut got, m, k, n, Products::Bf16Pairs);
+                let differ = got.iter().zip(&want).position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()));
+                assert!(differ.is_none(), "{m}x{k}x{n} seed {seed}: element {differ:?} is {:e}, the pair rule gives {:e}", got[differ.unwrap()], want[differ.unwrap()]);
+            }
+        }
+    }
+
     #[test]
     fn the_kernel_and_the_portable_pair_rule_agree_on_awkward_values() {
-        for &(m, k, n) in &[(8, 64, 32), (9, 33, 65), (17, 300, 100)] {
+        // One and two rows read `b` in place where the CPU has AVX2 without AVX-512 BF16.
+        for &(m, k, n) in &[(8, 64, 32), (9, 33, 65), (17, 300, 100), (1, 33, 96), (2, 64, 64)] {
             for seed in 0..4 {
                 let (a, b) = (awkward_bf16(m * k, 10 + seed), awkward_bf16(k * n, 20 + seed));
                 let c0: Vec<f32> = awkward_bf16(m * n, 30 + seed);
