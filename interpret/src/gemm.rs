@@ -21,13 +21,15 @@
 //! Speed: `b` is cut into panels of [`NR`] columns (packed and zero-padded when many rows
 //! reuse them, the last one is narrow or the pair rule needs bf16 pairs), and an `MR×NR`
 //! block of `c` is kept in registers while k runs (AVX-512, or AVX-512 BF16 for the pair
-//! rule, when the CPU has it, chosen at run time; portable Rust otherwise). Large products
-//! are split by column panels across the rayon pool; each element is still computed by one
-//! thread, in the same order.
+//! rule, when the CPU has it, chosen at run time; the pair rule on AVX2 + FMA without
+//! AVX-512 BF16: [`fma_pairs`]; portable Rust otherwise). Under the pair rule, rows of `a`
+//! that are all zeros (a decode step's padding rows) are set apart ([`zero_rows_apart`]).
+//! Large products are split by column panels across the rayon pool; each element is still
+//! computed by one thread, in the same order.
 //!
-//! The only `unsafe` in the interpreter lives here: calling the AVX-512 kernels after
-//! `is_x86_feature_detected!` said the CPU has them, and their unaligned vector loads/stores
-//! inside buffers whose lengths are checked first.
+//! The only `unsafe` in the interpreter lives here: calling the AVX-512 and AVX2 kernels
+//! after `is_x86_feature_detected!` said the CPU has them, and their unaligned vector
+//! loads/stores inside buffers whose lengths are checked first.
 #![allow(unsafe_code)]
 
 use rayon::prelude::*;
@@ -346,12 +348,12 @@ fn in_place_pairs(a: &[u32], kp: usize, k: usize, b: &[f32], ldb: usize, c: &mut
 /// Columns `j0..j0 + w` of `c += a · b` under the pair rule where the CPU has AVX2 and FMA
 /// but not AVX-512 BF16 (false, nothing done, elsewhere): `b`'s panel packed as f32 rows in
 /// the rule's order (each pair's odd row, then its even row, inputs flushed as
-/// [`bf16_bits`] reads them), one hardware fused multiply-add per step. A step's fused
-/// result is the rule's unless it is non-zero and at most 2^-126 in magnitude (flushed, or
-/// the boundary the exact sum decides: [`pair_step`]); the kernel tracks whether any step of
-/// a tile came there, and such a tile (rare: sums that small) is computed again by
-/// [`portable_pairs`] from its saved contents. So the bits are always the rule's, at about
-/// four times the speed of the portable kernel.
+/// [`bf16_bits`] reads them; for one or two rows read in place, flushed in registers), one
+/// hardware fused multiply-add per step. A step's fused result is the rule's unless it is
+/// non-zero and at most 2^-126 in magnitude (flushed, or the boundary the exact sum
+/// decides: [`pair_step`]); the kernel tracks whether any step of a tile came there, and
+/// such a tile (rare: sums that small) is computed again by [`portable_pairs`] from its
+/// saved contents. So the bits are always the rule's.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn fma_pairs(a: &[u32], kp: usize, b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usize, c: &mut [f32], ldc: usize, m: usize, pairs: &mut Vec<u32>) -> bool {
