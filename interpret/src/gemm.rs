@@ -360,7 +360,7 @@ fn fma_pairs(a: &[u32], kp: usize, b: &[f32], bs: (usize, usize), k: usize, j0: 
     if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) || std::is_x86_feature_detected!("avx512bf16") {
         return false;
     }
-    assert!(a.len() >= m * kp && kp == k.div_ceil(2) && (k == 0 || b.len() >= (k - 1) * bs.0 + (j0 + w - 1) * bs.1 + 1));
+    assert!(a.len() >= m * kp && kp == k.div_ceil(2) && (k == 0 || b.len() > (k - 1) * bs.0 + (j0 + w - 1) * bs.1));
     // A full row-major panel used by one or two rows (a decode step's, its padding rows
     // apart) is read in place: packing it would cost more than the product.
     let in_place = w == NR && bs.1 == 1 && m <= 2;
@@ -717,10 +717,10 @@ mod avx2 {
     pub(super) unsafe fn micro_pairs<const R: usize>(a: &[u32], kp: usize, panel: Panel, tile: &mut [[f32; NR]; R]) -> bool {
         let ap = a.as_ptr();
         let mut acc = [[_mm256_setzero_ps(); 4]; R];
-        for r in 0..R {
-            for j in 0..4 {
+        for (row, t) in acc.iter_mut().zip(tile.iter()) {
+            for (j, v) in row.iter_mut().enumerate() {
                 // SAFETY: each tile row holds NR = 32 floats.
-                acc[r][j] = unsafe { _mm256_loadu_ps(tile[r].as_ptr().add(8 * j)) };
+                *v = unsafe { _mm256_loadu_ps(t.as_ptr().add(8 * j)) };
             }
         }
         // The smallest `|bits| - 1` (unsigned) of every step's result: below 2^23 exactly
@@ -757,22 +757,22 @@ mod avx2 {
                             }
                         }
                     };
-                    for r in 0..R {
+                    for (r, row) in acc.iter_mut().enumerate() {
                         let x = *ap.add(r * kp + p);
                         let x = _mm256_set1_ps(f32::from_bits(if half == 0 { x & 0xffff_0000 } else { x << 16 }));
-                        for j in 0..4 {
-                            acc[r][j] = _mm256_fmadd_ps(x, b[j], acc[r][j]);
-                            let bits = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(acc[r][j]), magnitude), one);
+                        for (j, (v, y)) in row.iter_mut().zip(b).enumerate() {
+                            *v = _mm256_fmadd_ps(x, y, *v);
+                            let bits = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(*v), magnitude), one);
                             low[j / 2] = _mm256_min_epu32(low[j / 2], bits);
                         }
                     }
                 }
             }
         }
-        for r in 0..R {
-            for j in 0..4 {
+        for (row, t) in acc.iter().zip(tile.iter_mut()) {
+            for (j, v) in row.iter().enumerate() {
                 // SAFETY: each tile row holds NR = 32 floats.
-                unsafe { _mm256_storeu_ps(tile[r].as_mut_ptr().add(8 * j), acc[r][j]) };
+                unsafe { _mm256_storeu_ps(t.as_mut_ptr().add(8 * j), *v) };
             }
         }
         let low = _mm256_min_epu32(low[0], low[1]);
