@@ -383,10 +383,10 @@ fn fma_pairs(a: &[u32], kp: usize, b: &[f32], bs: (usize, usize), k: usize, j0: 
                 exact &= unsafe {
                     if r + 1 < rows {
                         let t: &mut [[f32; NR]; 2] = (&mut tile[r..r + 2]).try_into().expect("two rows");
-                        avx2::micro_pairs::<2>(a, kp, panel, t)
+                        if in_place { avx2::micro_pairs::<2, true>(a, kp, panel, t) } else { avx2::micro_pairs::<2, false>(a, kp, panel, t) }
                     } else {
                         let t: &mut [[f32; NR]; 1] = (&mut tile[r..r + 1]).try_into().expect("one row");
-                        avx2::micro_pairs::<1>(a, kp, panel, t)
+                        if in_place { avx2::micro_pairs::<1, true>(a, kp, panel, t) } else { avx2::micro_pairs::<1, false>(a, kp, panel, t) }
                     }
                 };
             }
@@ -712,9 +712,10 @@ mod avx2 {
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA; `a` must hold `R` rows of `kp` pairs, the panel what
-    /// [`Panel`] says for `kp` pairs.
+    /// [`Panel`] says for `kp` pairs; `IN_PLACE` says which panel it is.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn micro_pairs<const R: usize>(a: &[u32], kp: usize, panel: Panel, tile: &mut [[f32; NR]; R]) -> bool {
+    pub(super) unsafe fn micro_pairs<const R: usize, const IN_PLACE: bool>(a: &[u32], kp: usize, panel: Panel, tile: &mut [[f32; NR]; R]) -> bool {
+        debug_assert_eq!(IN_PLACE, matches!(panel, Panel::InPlace { .. }));
         let ap = a.as_ptr();
         let mut acc = [[_mm256_setzero_ps(); 4]; R];
         for (row, t) in acc.iter_mut().zip(tile.iter()) {
@@ -723,10 +724,9 @@ mod avx2 {
                 *v = unsafe { _mm256_loadu_ps(t.as_ptr().add(8 * j)) };
             }
         }
-        // The smallest `|bits| - 1` (unsigned) of every step's result: below 2^23 exactly
-        // when one was non-zero and at most 2^-126 (a zero wraps to the largest).
-        let magnitude = _mm256_set1_epi32(0x7fff_ffff);
-        let one = _mm256_set1_epi32(1);
+        // The smallest `2 |bits| - 1` (unsigned; the doubling drops the sign) of every step's
+        // result: below 2^24 exactly when one was non-zero and at most 2^-126 (a zero wraps
+        // to the largest). No constant held in a register: the accumulators need them all.
         let mut low = [_mm256_set1_epi32(-1); 2];
         // In place: a value's bf16 bits (the high half), a denormal a zero of its sign.
         let exponent = _mm256_set1_epi32(0x7f80_0000);
@@ -742,7 +742,10 @@ mod avx2 {
                 // SAFETY: the caller guarantees what `Panel` says for kp pairs and R rows of
                 // kp pairs in `a`.
                 unsafe {
+                    // Each instance reads one kind of panel (`IN_PLACE`), so the packed one
+                    // holds no constants of the other in registers.
                     let b = match panel {
+                        Panel::Packed(_) | Panel::InPlace { .. } if IN_PLACE != matches!(panel, Panel::InPlace { .. }) => [_mm256_setzero_ps(); 4],
                         Panel::Packed(panel) => {
                             let row = panel.as_ptr().add((2 * p + half) * NR);
                             [_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8)), _mm256_loadu_ps(row.add(16)), _mm256_loadu_ps(row.add(24))]
@@ -762,7 +765,7 @@ mod avx2 {
                         let x = _mm256_set1_ps(f32::from_bits(if half == 0 { x & 0xffff_0000 } else { x << 16 }));
                         for (j, (v, y)) in row.iter_mut().zip(b).enumerate() {
                             *v = _mm256_fmadd_ps(x, y, *v);
-                            let bits = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(*v), magnitude), one);
+                            let bits = _mm256_add_epi32(_mm256_slli_epi32::<1>(_mm256_castps_si256(*v)), _mm256_set1_epi32(-1));
                             low[j / 2] = _mm256_min_epu32(low[j / 2], bits);
                         }
                     }
@@ -776,7 +779,7 @@ mod avx2 {
             }
         }
         let low = _mm256_min_epu32(low[0], low[1]);
-        let below = _mm256_cmpeq_epi32(_mm256_min_epu32(low, _mm256_set1_epi32(0x7f_ffff)), low);
+        let below = _mm256_cmpeq_epi32(_mm256_min_epu32(low, _mm256_set1_epi32(0xff_ffff)), low);
         _mm256_movemask_epi8(below) == 0
     }
 }
