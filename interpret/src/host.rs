@@ -131,10 +131,10 @@ pub(crate) fn from_data(dtype: DType, shape: &[usize], d: &Data) -> Result<HostA
 /// The inputs of the last run, widened to the interpreter's storage (bf16/f16 as f32, small
 /// ints as i32), by position, with the bytes they were widened from. A run whose input has
 /// the same bytes as last time (weights, from decode step to decode step; a benchmark's
-/// operands) shares the kept array instead of converting again. The check is one `memcmp`
-/// of the bytes (stopped at the first difference), a third of the memory traffic of
-/// widening again and comparing, on the calling thread. The kernel writing into a shared
-/// array copies it first (copy-on-write).
+/// operands) shares the kept array instead of converting again. The check is a `memcmp` of
+/// the bytes (stopped at the first difference), a third of the memory traffic of widening
+/// again and comparing, split in chunks across the rayon pool when large (the weights). The
+/// kernel writing into a shared array copies it first (copy-on-write).
 #[derive(Debug, Default)]
 pub(crate) struct WidenedInputs(Mutex<Vec<Option<Arc<Widened>>>>);
 
@@ -154,7 +154,7 @@ impl WidenedInputs {
         let last = self.kept().get(position).cloned().flatten();
         if let Some(w) = last
             && w.dtype == host.dtype
-            && w.bytes == host.bytes
+            && same_bytes(&w.bytes, &host.bytes)
         {
             return w.data.clone();
         }
@@ -171,6 +171,22 @@ impl WidenedInputs {
     fn kept(&self) -> std::sync::MutexGuard<'_, Vec<Option<Arc<Widened>>>> {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// Bytes compared in one parallel chunk.
+const COMPARE_CHUNK: usize = 1 << 20;
+
+/// `a == b`; large arrays (the weights) compared in chunks across the rayon pool, every
+/// byte still compared (the answer is the same whatever the thread count).
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    // Not from inside a task of a parallel grid, whose pool is already busy.
+    if a.len() < 4 * COMPARE_CHUNK || rayon::current_thread_index().is_some() {
+        return a == b;
+    }
+    a.par_chunks(COMPARE_CHUNK).zip(b.par_chunks(COMPARE_CHUNK)).all(|(x, y)| x == y)
 }
 
 /// The shapes and aliases of a call (the oracle's call-spec JSON).

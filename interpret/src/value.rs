@@ -836,18 +836,17 @@ pub(crate) fn cast(op: Cast, from: DType, to: DType, a: &Val) -> Result<Val> {
     Ok(match a {
         Val::Float(x) => one(cast_scalar_f(op, from, to, *x as f32)?),
         Val::Int(x) => one(cast_scalar_i(op, from, to, *x)?),
+        // A float cast that keeps every value (to f32, or to its own type) shares the
+        // storage, as a shape cast does.
+        Val::Tile(t) if to.is_float() && matches!(&*t.data, Data::F(_)) && (to == DType::F32 || (to == from && matches!(op, Cast::ExtF | Cast::TruncF))) => Val::Tile(Tile { dt: to, shape: t.shape.clone(), data: t.data.clone() }),
         Val::Tile(t) => {
             let n = t.len();
             let data = match &*t.data {
                 Data::F(p) => {
                     if to.is_float() {
-                        if to == DType::F32 || (to == from && matches!(op, Cast::ExtF | Cast::TruncF)) {
-                            Data::F(p.clone())
-                        } else {
-                            let mut out = p.clone();
-                            round_slice(to, &mut out);
-                            Data::F(out)
-                        }
+                        let mut out = p.clone();
+                        round_slice(to, &mut out);
+                        Data::F(out)
                     } else {
                         let mut out = Vec::with_capacity(n);
                         for x in p {
