@@ -48,7 +48,7 @@ pub struct GroupScales {
 /// 1792-column blocks, static estimates): the mixed bf16 x i8 `tpu.matmul` costs what an
 /// explicit `sitofp` of the tile does (59859 cycles, the conversion a VPU pass over every
 /// weight: 0.71 of the HBM floor), an i8 x i8 -> i32 `tpu.matmul` 50844 whether it carries 8
-/// or 32 rows. So integer codes meet the activations' [`Digits`] (3 x the rows, one integer
+/// or 32 rows. So integer codes against at most 8 rows meet the activations' [`Digits`] (3 x the rows, one integer
 /// product: 52035 with the split and recombination, 0.82 of the floor; `x @ w.T` 60701
 /// against the mixed form's 77776). i4 codes are widened to i8 first (`arith.extsi`: Mosaic
 /// has no i8 x i4 product, "Mix int/int - NYI"), still cheaper than the mixed bf16 x i4 form
@@ -58,7 +58,9 @@ pub fn project_quantized(x: Val, codes: Val, scales: GroupScales, layout: Weight
     let inputs = x.shape().dims()[1];
     let group = scales.group.min(inputs);
     let groups = inputs / group;
-    let integer = matches!(codes.dtype(), DType::I8 | DType::I4);
+    // Digits triple the rows: free for a decode step's few rows (the MXU's weight latching
+    // bounds it), 1.8x dearer than the mixed form for `grouped_matmul_quantized`'s 512 rows.
+    let integer = matches!(codes.dtype(), DType::I8 | DType::I4) && x.shape().dims()[0] <= Digits::MAX_ROWS;
     let codes = if integer { codes.cast(DType::I8) } else { codes };
     let digits = integer.then(|| Digits::of(x));
     (0..groups)
@@ -97,6 +99,8 @@ struct Digits {
 
 impl Digits {
     const COUNT: u64 = 3;
+    /// The most activation rows split into digits (3 x 8 = 24 rows cost what 8 do).
+    const MAX_ROWS: u64 = 8;
     /// The radix between digits: 2^7, so the rounding remainder (at most 1/2) times it stays
     /// within int8.
     const RADIX: f64 = 128.0;
