@@ -677,9 +677,23 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
     // A quantized plan's router is its own bf16 operand: the dense stream is q/k/v and o.
     let segments: Vec<Segment> = extracted.segments.iter().filter(|s| quant.is_none() || s.kind != SegmentKind::Router).cloned().collect();
     let width: u64 = segments.iter().map(|s| s.cols).sum();
-    // ~4 MiB chunks, 128..=1024 columns: a DMA's fixed cost is amortised (libtpu's v6e
-    // estimate, Qwen3-30B-A3B, one chunk in flight: 2 MiB 0.71 of the floor, 4 MiB 0.78).
-    let chunk_cols = ((4 * MIB / (2 * h)) / 128 * 128).clamp(128, 1024);
+    // ~4 MiB chunks: a DMA's fixed cost is amortised (libtpu's v6e estimate, Qwen3-30B-A3B,
+    // one chunk in flight: 2 MiB 0.71 of the floor, 4 MiB 0.78). bf16: 128..=1024 columns.
+    // Codes: chunks of up to 4.5 MiB, the most columns (at most 2304) that divide the layer's
+    // columns, so no chunk is padding. Qwen3-30B-A3B int8 (v6e, 8 layers, the bench's
+    // setting): 9 chunks of 1024 columns (2 MiB) 1026236 cycles, 6 of 1536 988590, 4 of 2304
+    // 934993, 2 of 4608 (9 MiB) 941365. `lm_head`'s own two-bank stream takes the same
+    // columns, so its banks are held within a sixth of VMEM (fp8's bf16 `lm_head` on v7x:
+    // 1152 columns; 2304 left its VMEM plan 6 MiB over).
+    let chunk_cols = match quant {
+        None => ((4 * MIB / (2 * h)) / 128 * 128).clamp(128, 1024),
+        Some(q) => {
+            let lm_column = q.lm_head.map_or(2 * h, |f| f.code_bytes(h));
+            let lm_most = options.chip.target().vmem_bytes / 6 / (2 * lm_column);
+            let most = (9 * MIB / 2 / q.dense.code_bytes(h)).min(lm_most).clamp(128, 2304) / 128;
+            (1..=most).rev().map(|u| u * 128).find(|c| width.is_multiple_of(*c)).unwrap_or(128)
+        }
+    };
     let per_layer = width.div_ceil(chunk_cols);
     let lm_chunks = round_up(dims.vocab, chunk_cols) / chunk_cols;
     // Expert chunks as large as an expert ring of a quarter of VMEM allows (the largest

@@ -678,14 +678,22 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
         }
         (Data::I(a), Data::I(b)) => {
             let mut c = vec![0i32; nb * m * n];
-            let (rs, cs) = layout.strides(k, n);
             for bi in 0..nb {
                 let (a, b, c) = (&a[bi * m * k..], &b[bi * k * n..], &mut c[bi * m * n..]);
                 for i in 0..m {
-                    for kk in 0..k {
-                        let x = a[i * k + kk];
-                        for j in 0..n {
-                            c[i * n + j] = c[i * n + j].wrapping_add(x.wrapping_mul(b[kk * rs + j * cs]));
+                    let (a, c) = (&a[i * k..(i + 1) * k], &mut c[i * n..(i + 1) * n]);
+                    // Both orders walk `b` contiguously (the quantized megakernel's `x @ w.T`
+                    // products are transposed); wrapping sums are order-independent.
+                    match layout {
+                        BLayout::RowMajor => {
+                            for (kk, &x) in a.iter().enumerate() {
+                                c.iter_mut().zip(&b[kk * n..(kk + 1) * n]).for_each(|(c, &y)| *c = c.wrapping_add(x.wrapping_mul(y)));
+                            }
+                        }
+                        BLayout::Transposed => {
+                            for (j, c) in c.iter_mut().enumerate() {
+                                *c = a.iter().zip(&b[j * k..(j + 1) * k]).fold(0i32, |s, (&x, &y)| s.wrapping_add(x.wrapping_mul(y)));
+                            }
                         }
                     }
                 }
