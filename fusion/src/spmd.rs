@@ -23,7 +23,7 @@ use crate::shard::ExpertSplit;
 use palladium_dsl::build::{KernelBuilder, MemorySpace, SemKind, eq, gt};
 use palladium_dsl::prelude::*;
 use palladium_kernels::body::Greedy;
-use palladium_kernels::body::collective::{Hops, directions, ring, ring_barrier};
+use palladium_kernels::body::collective::{Hops, Way, directions, ring, ring_barrier};
 
 /// The mesh axis the megakernel's devices lie on.
 const AXIS: &str = "x";
@@ -115,14 +115,9 @@ impl Spmd {
             self.staged.store((j * r16..j * r16 + rows, ..), partial.load((.., j * cb..(j + 1) * cb)).cast(bf16));
         }
         let mine = self.reduced.at((ds(self.me * r16 as i32, r16), ..));
-        let halves = directions(cb, cb.is_multiple_of(256));
-        let hops = |k: usize, dir: i64| Hops { me: self.me, n: self.n, rows: r16, dir, send: self.send.at(k as i32), recv: self.recv.at(k as i32) };
-        for (k, &(dir, c)) in halves.iter().enumerate() {
-            hops(k, dir).reduce(self.staged, mine, self.stage, c);
-        }
-        for (k, &(dir, c)) in halves.iter().enumerate() {
-            hops(k + 2, dir).gather(self.reduced, c);
-        }
+        let hops = |first| Hops { me: self.me, n: self.n, rows: r16, ways: directions(cb, cb.is_multiple_of(256), self.send, self.recv, first) };
+        hops(0).reduce(self.staged, mine, self.stage);
+        hops(2).gather(self.reduced);
         for j in 0..n {
             partial.store((.., j * cb..(j + 1) * cb), self.reduced.load((j * r16..j * r16 + rows, ..)).cast(f32));
         }
@@ -136,7 +131,8 @@ impl Spmd {
         block(self.maxes).store((0..rows, ..), local.max.broadcast_to([rows, 128]));
         block(self.ids).store((0..rows, ..), (local.id + self.vocab_first).broadcast_to([rows, 128]));
         for (k, buf) in [self.maxes, self.ids].into_iter().enumerate() {
-            Hops { me: self.me, n: self.n, rows: r8, dir: 1, send: self.send.at(k as i32), recv: self.recv.at(k as i32) }.gather(buf, (0, 128));
+            let way = Way { dir: 1, cols: (0, 128), send: self.send.at(k as i32), recv: self.recv.at(k as i32) };
+            Hops { me: self.me, n: self.n, rows: r8, ways: vec![way] }.gather(buf);
         }
         let column = |buf: Ref, j: u64| buf.load((j * r8..j * r8 + rows, 0..1));
         let mut best = Greedy { max: column(self.maxes, 0), id: column(self.ids, 0) };

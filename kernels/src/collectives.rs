@@ -10,7 +10,7 @@
 //! it is read. Sums are f32 on the device and bf16 on the wire (each hop's partial is
 //! rounded to bf16, as the hand-written megakernel sends it).
 
-use crate::body::collective::{Hops, directions, ring, ring_barrier};
+use crate::body::collective::{Hops, Way, directions, ring, ring_barrier};
 use palladium_dsl::prelude::*;
 
 /// Permute: device `i`'s `x` lands in device `i + shift`'s `o` (`jax.lax.ppermute` round the
@@ -50,7 +50,7 @@ pub fn all_gather(
     let me = axis_index("x");
     o.at((ds(me * scalar(rows as i32), rows as u64), ..))[..] = x[..];
     ring_barrier(ring(me, -1, n), ring(me, 1, n));
-    Hops { me, n, rows: rows as u64, dir: 1, send, recv }.gather(o, (0, cols as u64));
+    Hops { me, n, rows: rows as u64, ways: vec![Way { dir: 1, cols: (0, cols as u64), send, recv }] }.gather(o);
 }
 
 /// Reduce-scatter: device `i`'s `o` is block `i` (rows `i * rows ..`) of the sum over
@@ -68,7 +68,7 @@ pub fn reduce_scatter(
 ) {
     let me = axis_index("x");
     ring_barrier(ring(me, -1, n), ring(me, 1, n));
-    Hops { me, n, rows: rows as u64, dir: 1, send, recv }.reduce(x, o, stage, (0, cols as u64));
+    Hops { me, n, rows: rows as u64, ways: vec![Way { dir: 1, cols: (0, cols as u64), send, recv }] }.reduce(x, o, stage);
 }
 
 /// All-reduce: every device's `o` is the sum over devices of `x`, as a ring reduce-scatter
@@ -89,12 +89,7 @@ pub fn all_reduce(
     let me = axis_index("x");
     ring_barrier(ring(me, -1, n), ring(me, 1, n));
     let mine = o.at((ds(me * scalar(rows as i32), rows as u64), ..));
-    let halves = directions(cols as u64, bidirectional);
-    for (k, &(dir, c)) in halves.iter().enumerate() {
-        Hops { me, n, rows: rows as u64, dir, send: send.at(k as i32), recv: recv.at(k as i32) }.reduce(x, mine, stage, c);
-    }
-    for (k, &(dir, c)) in halves.iter().enumerate() {
-        let k = k as i32 + 2;
-        Hops { me, n, rows: rows as u64, dir, send: send.at(k), recv: recv.at(k) }.gather(o, c);
-    }
+    let hops = |first| Hops { me, n, rows: rows as u64, ways: directions(cols as u64, bidirectional, send, recv, first) };
+    hops(0).reduce(x, mine, stage);
+    hops(2).gather(o);
 }

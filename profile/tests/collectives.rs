@@ -6,9 +6,9 @@
 //! collective.rs`): the barrier's two signals (one hop latency), then every hop started and
 //! waited on before the next, each `hop latency + bytes / bandwidth` at the target table's
 //! figures for its message ([`palladium_dsl::target::Ici::ring_hop`]). A bidirectional
-//! all-reduce runs its two directions one after the other (the reduce-scatter of one half
-//! of the columns round the ring one way, then the other half the other way, then the same
-//! for the all-gather): `4 (n - 1)` hops of half a block each.
+//! all-reduce runs its two directions at once (each hop starts both directions' copies,
+//! half the columns each, on the two ports, before waiting on either): `2 (n - 1)`
+//! sequential hops of two copies of half a block each.
 
 use palladium_dsl::Kernel;
 use palladium_dsl::spec::Chip;
@@ -44,21 +44,21 @@ fn profile(k: &Kernel, chip: Chip) -> Timeline {
 
 #[test]
 fn library_collectives_match_the_link_models_closed_form() {
-    // (chip, kernel, settings, sequential hops, bytes per hop)
-    type Case = (Chip, &'static str, Vec<(&'static str, &'static str)>, u64, u64);
+    // (chip, kernel, settings, sequential hops, copies per hop, bytes per copy)
+    type Case = (Chip, &'static str, Vec<(&'static str, &'static str)>, u64, u64, u64);
     let cases: Vec<Case> = vec![
         // 4 chips of v6e: the published 800 GB/s over 4 links and 2 directions, no latency.
-        (Chip::V6e, "all_reduce", vec![("n", "4"), ("rows", "64"), ("cols", "512")], 4 * 3, 64 * 256 * 2),
-        (Chip::V6e, "all_reduce", vec![("n", "4"), ("rows", "64"), ("cols", "512"), ("bidirectional", "false")], 2 * 3, 64 * 512 * 2),
-        (Chip::V6e, "all_gather", vec![("n", "8"), ("rows", "256"), ("cols", "1024")], 7, 256 * 1024 * 2),
+        (Chip::V6e, "all_reduce", vec![("n", "4"), ("rows", "64"), ("cols", "512")], 2 * 3, 2, 64 * 256 * 2),
+        (Chip::V6e, "all_reduce", vec![("n", "4"), ("rows", "64"), ("cols", "512"), ("bidirectional", "false")], 2 * 3, 1, 64 * 512 * 2),
+        (Chip::V6e, "all_gather", vec![("n", "8"), ("rows", "256"), ("cols", "1024")], 7, 1, 256 * 1024 * 2),
         // 4 TensorCores of 2 v7x chips: the measured cross-chip link and hop latency.
-        (Chip::V7x, "all_reduce", vec![("n", "4"), ("rows", "64"), ("cols", "512")], 4 * 3, 64 * 256 * 2),
-        (Chip::V7x, "reduce_scatter", vec![("n", "4"), ("rows", "128"), ("cols", "1024")], 3, 128 * 1024 * 2),
+        (Chip::V7x, "all_reduce", vec![("n", "4"), ("rows", "64"), ("cols", "512")], 2 * 3, 2, 64 * 256 * 2),
+        (Chip::V7x, "reduce_scatter", vec![("n", "4"), ("rows", "128"), ("cols", "1024")], 3, 1, 128 * 1024 * 2),
         // The two TensorCores of one v7x chip: the sibling figure at the message's size.
-        (Chip::V7x, "all_reduce", vec![("n", "2"), ("rows", "512"), ("cols", "2048")], 4, 512 * 1024 * 2),
-        (Chip::V7x, "permute", vec![("n", "2"), ("rows", "1024"), ("cols", "1024")], 1, 1024 * 1024 * 4),
+        (Chip::V7x, "all_reduce", vec![("n", "2"), ("rows", "512"), ("cols", "2048")], 2, 2, 512 * 1024 * 2),
+        (Chip::V7x, "permute", vec![("n", "2"), ("rows", "1024"), ("cols", "1024")], 1, 1, 1024 * 1024 * 4),
     ];
-    for (chip, name, settings, hops, bytes) in cases {
+    for (chip, name, settings, hops, copies, bytes) in cases {
         let k = kernel(name, &settings);
         let t = profile(&k, chip);
         let n: u32 = settings[0].1.parse().unwrap();
@@ -66,12 +66,14 @@ fn library_collectives_match_the_link_models_closed_form() {
         let got = t.collective_cycles();
         let remote: Vec<_> = t.dmas.iter().filter(|d| d.is_remote() && d.bytes > 0).collect();
         eprintln!("{chip} {name} {settings:?}: model {got:.0} cycles, closed form {want:.0} ({:.4}), step {:.0} cycles", got / want, t.cycles);
-        assert_eq!(remote.len() as u64, hops, "{name}: the hops");
+        assert_eq!(remote.len() as u64, hops * copies, "{name}: the copies");
         assert!(remote.iter().all(|d| d.bytes == bytes), "{name}: the bytes of a hop");
-        assert_eq!(t.ici_bytes(), hops * bytes);
+        assert_eq!(t.ici_bytes(), hops * copies * bytes);
         // Compute between hops (the reduce's adds) is not collective time; nothing else
-        // shares the links, so the model meets the closed form to rounding.
-        assert!((got / want - 1.0).abs() < 1e-3, "{chip} {name}: {got} vs {want}");
+        // shares the links, so the model meets the closed form to rounding, give or take the
+        // core's issue of a hop's second start after its first (a cycle or so per hop).
+        let slack = if copies == 1 { 1e-3 } else { 5e-3 };
+        assert!(got / want > 1.0 - 1e-3 && got / want < 1.0 + slack, "{chip} {name}: {got} vs {want}");
         // The core stalls on every hop (it waits right after the start): collective bubbles.
         assert!(t.waits.iter().filter(|w| t.dmas[w.dma].is_remote()).count() as u64 >= hops, "{name}");
         // The remote copies take no HBM bandwidth: HBM moves only the pipeline's windows.
@@ -110,12 +112,13 @@ fn megakernel(devices: u64, batch: u64, layers: usize) -> (Plan, Timeline) {
 }
 
 #[test]
-fn the_sharded_megakernel_profiles_and_its_all_reduces_cost_twice_the_planners_bandwidth_time() {
+fn the_sharded_megakernel_profiles_and_its_all_reduces_cost_the_planners_bandwidth_time() {
     // At 16 rows the staged blocks carry no padding rows, so the all-reduces send exactly
     // the planner's bytes. The planner prices a bidirectional ring's two directions as
-    // concurrent (`sent / (2 x bandwidth)`); the emitted program (`fusion/src/spmd.rs`, the
-    // library's hops) runs them one after the other, so on v6e (no hop latency) the
-    // all-reduces take twice the planner's time.
+    // concurrent (`sent / (2 x bandwidth)`), and the emitted program (`fusion/src/spmd.rs`,
+    // the library's hops) runs them so (each hop starts both before waiting on either), so
+    // on v6e (no hop latency) the all-reduces take the planner's time, plus the core's
+    // issue of each hop's second start.
     for devices in [2, 4] {
         let (plan, t) = megakernel(devices, 16, 2);
         let sharding = plan.sharding.as_ref().unwrap();
@@ -132,7 +135,7 @@ fn the_sharded_megakernel_profiles_and_its_all_reduces_cost_twice_the_planners_b
             t.cycles
         );
         assert_eq!(ours_bytes, all_reduce_bytes, "the emitted all-reduces send the planner's bytes");
-        assert!((ours / planner - 2.0).abs() < 0.02, "x{devices}: {ours} vs the planner's {planner}");
+        assert!(ours / planner >= 1.0 && ours / planner < 1.02, "x{devices}: {ours} vs the planner's {planner}");
         assert!(t.waits.iter().any(|w| t.dmas[w.dma].is_remote()));
         assert!(t.hbm_efficiency() > 0.0 && t.collective_cycles() < t.cycles);
     }
