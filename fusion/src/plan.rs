@@ -43,6 +43,7 @@ use palladium_dsl::spec::Chip;
 use palladium_model::quant::WeightsDtype;
 use palladium_model::spec::Quantization;
 use palladium_model::{AttentionKind, FfnKind, LmHead, ModelSpec, MoeSpec, QkNorm, TopKWeights};
+use palladium_kernels::body::{DIGIT_ROWS, widened_code_bytes};
 use serde::Serialize;
 
 const MIB: u64 = 1 << 20;
@@ -831,10 +832,16 @@ fn vmem_budget(options: &PlanOptions, dims: &Dims, layout: &StreamLayout, rings:
         let lm_bank = q.lm_head.map_or(2 * h * chunk_cols, |f| f.code_bytes(h * chunk_cols));
         vmem.push(("lm_head ring + scales".into(), 2 * lm_bank + 2 * pad(rows_of(OperandKind::LmScales), chunk_cols, 4)));
         vmem.push(("expert scales".into(), rings.expert_slots * (pad(rows_of(OperandKind::ExpertScales), 2 * layout.expert_block, 4) + pad(rows_of(OperandKind::ExpertDownScales), h, 4))));
-        // The codes widened on their way into the MXU: libtpu's scoped VMEM refused an int4
-        // Qwen3-30B-A3B plan (v6e, 8 layers) without room for one expert chunk and one
-        // dense chunk in bf16.
-        vmem.push(("code widening (estimate)".into(), 2 * 3 * h * layout.expert_block + 2 * h * chunk_cols));
+        // The codes widened on their way into the MXU, one expert chunk and one dense chunk
+        // (`widened_code_bytes`: i8 against the activations' digits needs no copy, i4 an i8
+        // one, the mixed product a bf16 one): libtpu's scoped VMEM refused an int4
+        // Qwen3-30B-A3B plan (v6e, 8 layers, mixed product) without room for them. The
+        // products take the token rows alone when they fit the digits (emit's `token_rows`).
+        let product_rows = if dims.tokens <= DIGIT_ROWS { rows.min(DIGIT_ROWS) } else { rows };
+        let widened = widened_code_bytes(q.experts.codes, product_rows) * 3 * h * layout.expert_block + widened_code_bytes(q.dense.codes, product_rows) * h * chunk_cols;
+        if widened > 0 {
+            vmem.push(("code widening (estimate)".into(), widened));
+        }
     }
     if layout.operand(OperandKind::Logits).is_some() {
         vmem.push(("logits (output)".into(), layout.lm_chunks * pad(rows, chunk_cols, 4)));

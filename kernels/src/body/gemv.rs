@@ -60,7 +60,7 @@ pub fn project_quantized(x: Val, codes: Val, scales: GroupScales, layout: Weight
     let groups = inputs / group;
     // Digits triple the rows: free for a decode step's few rows (the MXU's weight latching
     // bounds it), 1.8x dearer than the mixed form for `grouped_matmul_quantized`'s 512 rows.
-    let integer = matches!(codes.dtype(), DType::I8 | DType::I4) && x.shape().dims()[0] <= Digits::MAX_ROWS;
+    let integer = Digits::apply(codes.dtype(), x.shape().dims()[0]);
     let codes = if integer { codes.cast(DType::I8) } else { codes };
     let digits = integer.then(|| Digits::of(x));
     (0..groups)
@@ -78,6 +78,22 @@ pub fn project_quantized(x: Val, codes: Val, scales: GroupScales, layout: Weight
         })
         .reduce(|sum, part| sum + part)
         .expect("a weight block has at least one group of inputs")
+}
+
+/// The most activation rows a product with integer codes splits into int8 [`Digits`]; more
+/// rows meet the codes in the mixed bf16 x code product.
+pub const DIGIT_ROWS: u64 = 8;
+
+/// Bytes per code of the copy [`project_quantized`] makes of a weight block of `codes` on
+/// its way into the MXU against `rows` activation rows, for a VMEM plan: none for i8 codes
+/// meeting the [`Digits`] (the MXU takes them as they are), two otherwise: i4 widened to i8
+/// for the digits (libtpu's scoped VMEM refused Qwen3-30B-A3B's int4 megakernel on v6e,
+/// 8 layers, by 286 KiB with one byte per code counted: the widening holds more than the i8
+/// copy), and the codes meeting bf16 activations in the mixed product (f8, or more rows
+/// than the digits take), counted as a bf16 copy of the block (libtpu's scoped VMEM
+/// refused the int4 megakernel in the mixed form without room for it).
+pub fn widened_code_bytes(codes: DType, rows: u64) -> u64 {
+    if codes == DType::I8 && Digits::apply(codes, rows) { 0 } else { 2 }
 }
 
 /// Activations `x` `[rows, in]` as [`Digits::COUNT`] int8 digits per element, stacked as
@@ -100,10 +116,16 @@ struct Digits {
 impl Digits {
     const COUNT: u64 = 3;
     /// The most activation rows split into digits (3 x 8 = 24 rows cost what 8 do).
-    const MAX_ROWS: u64 = 8;
+    const MAX_ROWS: u64 = DIGIT_ROWS;
     /// The radix between digits: 2^7, so the rounding remainder (at most 1/2) times it stays
     /// within int8.
     const RADIX: f64 = 128.0;
+
+    /// Whether a product of `codes` against `rows` activation rows goes through the digits:
+    /// integer codes and at most [`Digits::MAX_ROWS`] rows.
+    fn apply(codes: DType, rows: u64) -> bool {
+        matches!(codes, DType::I8 | DType::I4) && rows <= Self::MAX_ROWS
+    }
 
     fn of(x: Val) -> Self {
         let rows = x.shape().dims()[0];
