@@ -47,3 +47,21 @@ fn a_changed_input_is_read_afresh() {
     let err = program.run(&[HostArray::bf16_from_f32(&[16, 128], &x)]).unwrap_err();
     assert!(err.to_string().contains("bf16"), "{err}");
 }
+
+#[test]
+fn an_array_changed_in_place_between_runs_is_read_afresh() {
+    // The program keeps a clone of the input's shared bytes and passes an input holding the
+    // same storage without comparing it; changing the caller's array copies the shared bytes
+    // first (`Arc::make_mut`), so the next run sees other storage and reads it again.
+    let program = Module::parse(DOUBLE_HEAD_IN_PLACE).unwrap().prepare().unwrap_or_else(|e| panic!("{e}"));
+    let mut x: Vec<f32> = (0..16 * 128).map(|k| (k % 5) as f32).collect();
+    let mut input = HostArray::from_f32(&[16, 128], &x);
+    let out = program.run(std::slice::from_ref(&input)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out[0].to_f32(), want(&x));
+    for changed in [3, 16 * 128 - 1] {
+        x[changed] = -2.0;
+        std::sync::Arc::make_mut(&mut input.bytes)[4 * changed..4 * changed + 4].copy_from_slice(&(-2f32).to_le_bytes());
+        let out = program.run(std::slice::from_ref(&input)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(out[0].to_f32(), want(&x), "after changing element {changed} in place");
+    }
+}
