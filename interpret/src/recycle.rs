@@ -23,12 +23,37 @@ thread_local! {
     static SPARE: RefCell<Spare> = RefCell::default();
 }
 
-/// The smallest kept vector that holds `n`, emptied.
-fn best_fit<T>(list: &mut Vec<Vec<T>>, n: usize) -> Option<Vec<T>> {
-    let k = (0..list.len()).filter(|&k| list[k].capacity() >= n).min_by_key(|&k| list[k].capacity())?;
-    let mut v = list.swap_remove(k);
-    v.clear();
-    Some(v)
+/// The smallest kept vector with room for `n` (as it was kept), if `n` is large enough to
+/// have been kept.
+fn kept<T>(n: usize, list: fn(&mut Spare) -> &mut Vec<Vec<T>>) -> Option<Vec<T>> {
+    if n < MIN_ELEMS {
+        return None;
+    }
+    SPARE.with_borrow_mut(|s| {
+        let l = list(s);
+        let k = (0..l.len()).filter(|&k| l[k].capacity() >= n).min_by_key(|&k| l[k].capacity())?;
+        let v = l.swap_remove(k);
+        s.kept -= v.capacity();
+        Some(v)
+    })
+}
+
+/// `n` f32s of unspecified (stale) values: a kept vector cut to length, nothing written
+/// where it was long enough (for [`crate::memory`]'s fresh buffers, poisoned where touched).
+pub(crate) fn stale_f32s(n: usize) -> Vec<f32> {
+    stale(n, |s| &mut s.f)
+}
+
+/// As [`stale_f32s`], for i32s.
+pub(crate) fn stale_i32s(n: usize) -> Vec<i32> {
+    stale(n, |s| &mut s.i)
+}
+
+fn stale<T: Copy + Default>(n: usize, list: fn(&mut Spare) -> &mut Vec<Vec<T>>) -> Vec<T> {
+    let mut v = kept(n, list).unwrap_or_default();
+    v.truncate(n);
+    v.resize(n, T::default());
+    v
 }
 
 /// An empty vector with room for `n` f32s.
@@ -42,14 +67,13 @@ pub(crate) fn i32s(n: usize) -> Vec<i32> {
 }
 
 fn take<T>(n: usize, list: fn(&mut Spare) -> &mut Vec<Vec<T>>) -> Vec<T> {
-    if n < MIN_ELEMS {
-        return Vec::with_capacity(n);
+    match kept(n, list) {
+        Some(mut v) => {
+            v.clear();
+            v
+        }
+        None => Vec::with_capacity(n),
     }
-    SPARE.with_borrow_mut(|s| {
-        let v = best_fit(list(s), n);
-        s.kept -= v.as_ref().map_or(0, Vec::capacity);
-        v.unwrap_or_else(|| Vec::with_capacity(n))
-    })
 }
 
 /// Keep `v` for a later run (if it is large and there is room).
