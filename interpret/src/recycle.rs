@@ -24,14 +24,16 @@ thread_local! {
 }
 
 /// The smallest kept vector with room for `n` (as it was kept), if `n` is large enough to
-/// have been kept.
+/// have been kept. Not one more than twice as large: a small request (a decode step's KV
+/// cache, kept widened from run to run) must not take the vector a large buffer (a weight
+/// ring) comes back for in the next run.
 fn kept<T>(n: usize, list: fn(&mut Spare) -> &mut Vec<Vec<T>>) -> Option<Vec<T>> {
     if n < MIN_ELEMS {
         return None;
     }
     SPARE.with_borrow_mut(|s| {
         let l = list(s);
-        let k = (0..l.len()).filter(|&k| l[k].capacity() >= n).min_by_key(|&k| l[k].capacity())?;
+        let k = (0..l.len()).filter(|&k| (n..=2 * n).contains(&l[k].capacity())).min_by_key(|&k| l[k].capacity())?;
         let v = l.swap_remove(k);
         s.kept -= v.capacity();
         Some(v)
