@@ -102,3 +102,20 @@ fn keep<T>(v: Vec<T>, list: fn(&mut Spare) -> &mut Vec<Vec<T>>) {
         list(s).push(v);
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_vector_goes_to_a_request_of_at_least_half_its_size() {
+        let big = 1 << 20;
+        keep_f32s(vec![1.5; big]);
+        // A small request does not take the large vector away from the large buffer.
+        assert!(f32s(MIN_ELEMS).capacity() < big);
+        let v = stale_f32s(big - 8);
+        assert_eq!((v.len(), v.capacity(), v[0]), (big - 8, big, 1.5), "the kept vector, cut to length, as it was");
+        // Nothing kept: zeroed storage.
+        assert!(stale_f32s(big).iter().all(|&x| x == 0.0));
+    }
+}
