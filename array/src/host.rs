@@ -6,14 +6,20 @@ use crate::DType;
 use crate::bf16::{bf16_to_f32, f32_to_bf16};
 use crate::quant::e4m3fn_to_f32;
 use half::{bf16, f16};
+use std::sync::Arc;
 
 /// A dense row-major array on the host: element type, shape and little-endian bytes, one
 /// [`DType::host_bytes`] per element.
+///
+/// The bytes are shared and immutable while shared (`Arc::make_mut` copies them): cloning an
+/// array is cheap, and a consumer that kept a clone knows an array with the same `Arc` holds
+/// the same bytes without comparing them (the interpreter's kept inputs: the weights, from
+/// decode step to decode step).
 #[derive(Clone, PartialEq)]
 pub struct HostArray {
     pub dtype: DType,
     pub shape: Vec<usize>,
-    pub bytes: Vec<u8>,
+    pub bytes: Arc<Vec<u8>>,
 }
 
 impl std::fmt::Debug for HostArray {
@@ -27,7 +33,7 @@ impl std::fmt::Debug for HostArray {
 impl HostArray {
     /// An array of `bytes`; `Err` naming the type when their length does not fit it.
     pub fn new(dtype: DType, shape: &[usize], bytes: Vec<u8>) -> Result<Self, String> {
-        let a = HostArray { dtype, shape: shape.to_vec(), bytes };
+        let a = HostArray { dtype, shape: shape.to_vec(), bytes: Arc::new(bytes) };
         a.validate()?;
         Ok(a)
     }
@@ -37,7 +43,7 @@ impl HostArray {
     fn of<T: bytemuck::Pod>(dtype: DType, shape: &[usize], data: &[T]) -> Self {
         let n = data.len();
         assert_eq!(shape.iter().product::<usize>(), n, "HostArray: shape {shape:?} does not hold {n} elements");
-        HostArray { dtype, shape: shape.to_vec(), bytes: bytemuck::cast_slice(data).to_vec() }
+        HostArray { dtype, shape: shape.to_vec(), bytes: Arc::new(bytemuck::cast_slice(data).to_vec()) }
     }
 
     pub fn from_f32(shape: &[usize], data: &[f32]) -> Self {
@@ -110,7 +116,7 @@ impl HostArray {
             *d = rows / parts;
         }
         let chunk = self.bytes.len() / parts;
-        Ok((0..parts).map(|i| HostArray { dtype: self.dtype, shape: shape.clone(), bytes: self.bytes[i * chunk..(i + 1) * chunk].to_vec() }).collect())
+        Ok((0..parts).map(|i| HostArray { dtype: self.dtype, shape: shape.clone(), bytes: Arc::new(self.bytes[i * chunk..(i + 1) * chunk].to_vec()) }).collect())
     }
 
     /// [`HostArray::split_leading`]'s inverse: `parts` (one dtype and shape) stacked along
@@ -173,7 +179,7 @@ impl HostArray {
     /// The elements as bf16 (other dtypes rounded to nearest even).
     pub fn to_bf16(&self) -> Vec<bf16> {
         match self.dtype {
-            DType::Bf16 => bytemuck::pod_collect_to_vec(&self.bytes),
+            DType::Bf16 => bytemuck::pod_collect_to_vec(&self.bytes[..]),
             _ => self.to_f32().into_iter().map(|x| bf16::from_bits(f32_to_bf16(x))).collect(),
         }
     }
@@ -218,7 +224,7 @@ mod tests {
         let ints = HostArray::from_i32_values(DType::I8, &[3], &[-1, 127, 300]).unwrap();
         assert_eq!(ints.to_i32(), vec![-1, 127, 44]);
         let bools = HostArray::from_i32_values(DType::Bool, &[3], &[0, 5, -1]).unwrap();
-        assert_eq!((bools.bytes.clone(), bools.to_f32()), (vec![0, 1, 1], vec![0.0, 1.0, 1.0]));
+        assert_eq!((bools.bytes.to_vec(), bools.to_f32()), (vec![0, 1, 1], vec![0.0, 1.0, 1.0]));
         let int4 = HostArray::new(DType::I4, &[2], vec![0x07, 0x0f]).unwrap();
         assert_eq!(int4.to_i32(), vec![7, -1]);
         assert!(HostArray::from_f32_values(DType::I32, &[1], &[1.0]).unwrap_err().contains("i32"));

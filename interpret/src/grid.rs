@@ -236,7 +236,7 @@ impl Program {
                     if src.shape != shape || interpreter_dtype(src.dtype) != Some(dt) {
                         bail!(BadInput, "{label} aliases operand {a} of a different type");
                     }
-                    m.mem.bufs[id].data = Arc::new(to_data(src));
+                    m.mem.replace(id, Arc::new(to_data(src)));
                 }
                 id
             };
@@ -280,8 +280,9 @@ impl Program {
             .iter()
             .filter(|o| o.is_output)
             .map(|o| {
+                let data = m.mem.settled(o.hbm).clone();
                 let b = &m.mem.bufs[o.hbm];
-                from_data(b.dt, &b.shape, &b.data)
+                from_data(b.dt, &b.shape, &data)
             })
             .collect();
         if let Some(link) = &m.link {
@@ -406,7 +407,7 @@ impl Program {
                     ));
                 }
                 let (w, _) = o.window.as_ref().expect("outputs of a parallel grid are windowed");
-                m.mem.bufs[*w].data = wb.window;
+                m.mem.replace(*w, wb.window);
                 window_copy(&mut m.mem, o, &wb.block, false)?;
             }
         }
@@ -427,7 +428,7 @@ fn write_back(mem: &mut Memory, operand: usize, o: &Operand, block: &[i64], reco
     let Some((w, _)) = &o.window else { return Ok(()) };
     block_in_bounds(mem, o, block)?;
     mem.check_access(&mem.whole(*w), false, &format!("write-back of {} block ({}) from", o.label, join(block)))?;
-    r.push(WriteBack { operand, block: block.to_vec(), window: mem.bufs[*w].data.clone() });
+    r.push(WriteBack { operand, block: block.to_vec(), window: mem.settled(*w).clone() });
     Ok(())
 }
 

@@ -44,7 +44,18 @@ pub(crate) struct Buffer {
     pub space: Space,
     pub name: String,
     pub alive: bool,
+    /// Fresh memory not written yet, per chunk along dim 0 (see [`Memory::settle`]): `true`
+    /// while chunk k still has to be filled with poison before anything reads it or writes
+    /// part of it. Empty when every chunk is settled.
+    unfilled: Vec<bool>,
+    /// How many of `unfilled` are `true`.
+    pending: usize,
 }
+
+/// Buffers of at least this many elements are poisoned lazily (smaller ones on allocation).
+const LAZY_POISON_MIN: usize = 1 << 15;
+/// At most this many chunks along dim 0 (a longer dim 0 is one chunk).
+const MAX_CHUNKS: usize = 1 << 12;
 
 /// Which end of a copy a DMA in flight is, on this device.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -79,17 +90,86 @@ pub(crate) struct Memory {
 }
 
 impl Memory {
+    /// A fresh buffer. Fresh memory is poison: NaN for floats, `i32::MIN` for ints (0 for
+    /// semaphores). Large buffers are poisoned lazily, chunk by chunk along dim 0 when first
+    /// touched ([`Memory::settle`]): a chunk a DMA or a store overwrites whole (a ring slot)
+    /// is never filled, and its storage comes recycled from an earlier run as it was.
     pub fn alloc(&mut self, dt: DType, shape: &[usize], space: Space, name: String) -> usize {
         let n: usize = shape.iter().product();
-        // Fresh memory is poison: NaN for floats, i32::MIN for ints, 0 for semaphores.
-        let data = if dt.is_sem() { Data::I(vec![0; n]) } else { Data::filled(dt, n, f32::NAN, i32::MIN) };
-        self.adopt(dt, shape, space, name, Arc::new(data))
+        if dt.is_sem() {
+            return self.adopt(dt, shape, space, name, Arc::new(Data::I(vec![0; n])));
+        }
+        if n < LAZY_POISON_MIN {
+            return self.adopt(dt, shape, space, name, Arc::new(Data::filled(dt, n, f32::NAN, i32::MIN)));
+        }
+        let id = self.adopt(dt, shape, space, name, Arc::new(Data::stale(dt, n)));
+        self.unfill(id);
+        id
+    }
+
+    /// Mark all of `buf` as fresh poison, to be filled where first touched.
+    fn unfill(&mut self, buf: usize) {
+        let b = &mut self.bufs[buf];
+        let chunks = match b.shape.first() {
+            Some(&d) if b.shape.len() > 1 && d <= MAX_CHUNKS => d,
+            _ => 1,
+        };
+        b.unfilled = vec![true; chunks];
+        b.pending = chunks;
+    }
+
+    /// Before `region` is read (`overwrite = false`) or written whole (`true`): fill the
+    /// fresh chunks it touches with poison, except, for a write, the chunks it covers whole.
+    /// So a kernel reading memory nothing wrote still sees the poison.
+    fn settle(&mut self, region: &View, overwrite: bool) {
+        let b = &mut self.bufs[region.buf];
+        if b.pending == 0 {
+            return;
+        }
+        let chunks = b.unfilled.len();
+        let per = b.data.len() / chunks;
+        let (lo, hi) = if chunks == 1 { (0, usize::from(region.elems() > 0)) } else { (region.start[0], region.start[0] + region.size[0]) };
+        // Whole chunks: the region spans every element of dims 1.. (all of the buffer when
+        // it is one chunk).
+        let whole = overwrite && (usize::from(chunks > 1)..b.shape.len()).all(|d| region.start[d] == 0 && region.size[d] == b.shape[d]);
+        for k in lo..hi {
+            if !b.unfilled[k] {
+                continue;
+            }
+            if !whole {
+                match Arc::make_mut(&mut b.data) {
+                    Data::F(d) => d[k * per..(k + 1) * per].fill(f32::NAN),
+                    Data::I(d) => d[k * per..(k + 1) * per].fill(i32::MIN),
+                }
+            }
+            b.unfilled[k] = false;
+            b.pending -= 1;
+        }
+        if b.pending == 0 {
+            b.unfilled = Vec::new();
+        }
+    }
+
+    /// All of `buf` settled (every fresh chunk filled): its storage as the kernel left it.
+    pub fn settled(&mut self, buf: usize) -> &Arc<Data> {
+        let whole = self.whole(buf);
+        self.settle(&whole, false);
+        &self.bufs[buf].data
+    }
+
+    /// Replace all of `buf`'s contents by `data` (its element count).
+    pub fn replace(&mut self, buf: usize, data: Arc<Data>) {
+        debug_assert_eq!(data.len(), self.bufs[buf].data.len());
+        let b = &mut self.bufs[buf];
+        b.data = data;
+        b.unfilled = Vec::new();
+        b.pending = 0;
     }
 
     /// A new buffer holding `data` (`shape.product()` elements of `dt`).
     pub fn adopt(&mut self, dt: DType, shape: &[usize], space: Space, name: String, data: Arc<Data>) -> usize {
         debug_assert_eq!(data.len(), shape.iter().product::<usize>());
-        self.bufs.push(Buffer { dt, shape: shape.into(), strides: strides_of(shape), data, space, name, alive: true });
+        self.bufs.push(Buffer { dt, shape: shape.into(), strides: strides_of(shape), data, space, name, alive: true, unfilled: Vec::new(), pending: 0 });
         let id = self.bufs.len() - 1;
         if let Some(s) = self.scopes.last_mut() {
             s.push(id);
@@ -237,10 +317,12 @@ impl Memory {
         Ok((region, off, strides))
     }
 
-    pub fn load(&self, v: &View, idx: &[i64], vshape: &[usize], dt: DType, steps: &[usize]) -> Result<Tile> {
+    pub fn load(&mut self, v: &View, idx: &[i64], vshape: &[usize], dt: DType, steps: &[usize]) -> Result<Tile> {
         let (region, off, strides) = self.stepped(v, idx, vshape, steps)?;
-        let b = self.live(v)?;
+        self.live(v)?;
         self.check_access(&region, false, "read of")?;
+        self.settle(&region, false);
+        let b = &self.bufs[v.buf];
         let strides = &strides[..];
         // A load of the whole buffer (a block's window, a scratch accumulator) shares its
         // storage: a later store into the buffer copies it first (copy-on-write).
@@ -258,6 +340,8 @@ impl Memory {
         let (region, off, strides) = self.stepped(v, idx, &t.shape, steps)?;
         self.live(v)?;
         self.check_access(&region, true, "write of")?;
+        // Strided stores skip the gaps of the region they span.
+        self.settle(&region, mask.is_none() && !add && steps.iter().all(|&s| s == 1));
         let m = mask.map(|m| m.i());
         let b = &mut self.bufs[v.buf];
         if b.dt != t.dt {
@@ -277,10 +361,12 @@ impl Memory {
         Ok(())
     }
 
-    pub fn load_scalar(&self, v: &View, idx: &[i64]) -> Result<crate::value::Val> {
+    pub fn load_scalar(&mut self, v: &View, idx: &[i64]) -> Result<crate::value::Val> {
         let region = self.access(v, idx, &[])?;
-        let b = self.live(v)?;
+        self.live(v)?;
         self.check_access(&region, false, "read of")?;
+        self.settle(&region, false);
+        let b = &self.bufs[v.buf];
         let (off, _, _) = self.layout(&region);
         Ok(match &*b.data {
             Data::F(d) => crate::value::Val::Float(f64::from(d[off as usize])),
@@ -292,6 +378,7 @@ impl Memory {
         let region = self.access(v, idx, &[])?;
         self.live(v)?;
         self.check_access(&region, true, "write of")?;
+        self.settle(&region, true);
         let (off, _, _) = self.layout(&region);
         let b = &mut self.bufs[v.buf];
         match (Arc::make_mut(&mut b.data), x) {
@@ -309,6 +396,8 @@ impl Memory {
         if shape != dshape {
             bail!(Mismatch, "copy between shapes [{}] and [{}]", join(&shape), join(&dshape));
         }
+        self.settle(src, false);
+        self.settle(dst, true);
         // Within one buffer the regions may overlap: go through a copy of the source.
         let from = if src.buf == dst.buf {
             Arc::new(match &*self.bufs[src.buf].data {
@@ -323,7 +412,7 @@ impl Memory {
         // Overwriting all of a shared buffer (a window a parallel task inherited, a tile still
         // holding it): new storage rather than a copy of what is about to be overwritten.
         if Arc::strong_count(&d.data) > 1 && shape.iter().product::<usize>() == d.data.len() {
-            d.data = Arc::new(Data::filled(d.dt, d.data.len(), 0.0, 0));
+            d.data = Arc::new(Data::stale(d.dt, d.data.len()));
         }
         match (Arc::make_mut(&mut d.data), &*from) {
             (Data::F(d), Data::F(s)) => copy_strided(d, doff, &ds, s, so, &ss, &shape),
@@ -335,6 +424,14 @@ impl Memory {
 
     pub fn fill_poison(&mut self, buf: usize) {
         let b = &mut self.bufs[buf];
+        if b.data.len() >= LAZY_POISON_MIN {
+            // Shared (a recorded write-back, a parallel task's copy): new storage, no copy.
+            if Arc::get_mut(&mut b.data).is_none() {
+                b.data = Arc::new(Data::stale(b.dt, b.data.len()));
+            }
+            self.unfill(buf);
+            return;
+        }
         match Arc::get_mut(&mut b.data) {
             Some(Data::F(d)) => d.iter_mut().for_each(|x| *x = f32::NAN),
             Some(Data::I(d)) => d.iter_mut().for_each(|x| *x = i32::MIN),
@@ -420,6 +517,7 @@ impl Memory {
             bail!(Mismatch, "remote DMA from {} ({sdt}[{}]) to {} ({ddt}[{}]): element types or shapes differ", self.describe(src), join(&src.shape()), self.describe(dst), join(&dst.shape()));
         }
         self.check_access(src, false, "remote DMA source")?;
+        self.settle(src, false);
         let (off, strides, shape) = self.layout(src);
         let data = match &*self.bufs[src.buf].data {
             Data::F(d) => Data::F(gather(d, off, &strides, &shape)),
@@ -443,6 +541,7 @@ impl Memory {
                 bail!(DoubleDma, "a remote DMA ({started}) lands in {} while another DMA into {} is still in flight (started by {})", self.describe(dst), self.describe(&d.dst), d.started);
             }
         }
+        self.settle(dst, true);
         let (off, strides, shape) = self.layout(dst);
         let from = strides_of(&shape).iter().map(|&x| x as isize).collect::<SmallVec<[isize; 4]>>();
         match (Arc::make_mut(&mut self.bufs[dst.buf].data), data) {

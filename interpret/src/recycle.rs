@@ -23,12 +23,40 @@ thread_local! {
     static SPARE: RefCell<Spare> = RefCell::default();
 }
 
-/// The smallest kept vector that holds `n`, emptied.
-fn best_fit<T>(list: &mut Vec<Vec<T>>, n: usize) -> Option<Vec<T>> {
-    let k = (0..list.len()).filter(|&k| list[k].capacity() >= n).min_by_key(|&k| list[k].capacity())?;
-    let mut v = list.swap_remove(k);
-    v.clear();
-    Some(v)
+/// The smallest kept vector with room for `n` (as it was kept), if `n` is large enough to
+/// have been kept. Not one more than twice as large: a small request (a decode step's KV
+/// cache, kept widened from run to run) must not take the vector a large buffer (a weight
+/// ring) comes back for in the next run.
+fn kept<T>(n: usize, list: fn(&mut Spare) -> &mut Vec<Vec<T>>) -> Option<Vec<T>> {
+    if n < MIN_ELEMS {
+        return None;
+    }
+    SPARE.with_borrow_mut(|s| {
+        let l = list(s);
+        let k = (0..l.len()).filter(|&k| (n..=2 * n).contains(&l[k].capacity())).min_by_key(|&k| l[k].capacity())?;
+        let v = l.swap_remove(k);
+        s.kept -= v.capacity();
+        Some(v)
+    })
+}
+
+/// `n` f32s of unspecified (stale) values: a kept vector cut to length, nothing written
+/// where it was long enough (for [`crate::memory`]'s fresh buffers, poisoned where touched).
+pub(crate) fn stale_f32s(n: usize) -> Vec<f32> {
+    stale(n, |s| &mut s.f)
+}
+
+/// As [`stale_f32s`], for i32s.
+pub(crate) fn stale_i32s(n: usize) -> Vec<i32> {
+    stale(n, |s| &mut s.i)
+}
+
+fn stale<T: Copy + Default>(n: usize, list: fn(&mut Spare) -> &mut Vec<Vec<T>>) -> Vec<T> {
+    // Nothing kept: zeroed pages from the allocator, not written here.
+    let Some(mut v) = kept(n, list) else { return vec![T::default(); n] };
+    v.truncate(n);
+    v.resize(n, T::default());
+    v
 }
 
 /// An empty vector with room for `n` f32s.
@@ -42,14 +70,13 @@ pub(crate) fn i32s(n: usize) -> Vec<i32> {
 }
 
 fn take<T>(n: usize, list: fn(&mut Spare) -> &mut Vec<Vec<T>>) -> Vec<T> {
-    if n < MIN_ELEMS {
-        return Vec::with_capacity(n);
+    match kept(n, list) {
+        Some(mut v) => {
+            v.clear();
+            v
+        }
+        None => Vec::with_capacity(n),
     }
-    SPARE.with_borrow_mut(|s| {
-        let v = best_fit(list(s), n);
-        s.kept -= v.as_ref().map_or(0, Vec::capacity);
-        v.unwrap_or_else(|| Vec::with_capacity(n))
-    })
 }
 
 /// Keep `v` for a later run (if it is large and there is room).
@@ -74,4 +101,21 @@ fn keep<T>(v: Vec<T>, list: fn(&mut Spare) -> &mut Vec<Vec<T>>) {
         s.kept += cap;
         list(s).push(v);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_vector_goes_to_a_request_of_at_least_half_its_size() {
+        let big = 1 << 20;
+        keep_f32s(vec![1.5; big]);
+        // A small request does not take the large vector away from the large buffer.
+        assert!(f32s(MIN_ELEMS).capacity() < big);
+        let v = stale_f32s(big - 8);
+        assert_eq!((v.len(), v.capacity(), v[0]), (big - 8, big, 1.5), "the kept vector, cut to length, as it was");
+        // Nothing kept: zeroed storage.
+        assert!(stale_f32s(big).iter().all(|&x| x == 0.0));
+    }
 }

@@ -176,6 +176,10 @@ impl Data {
             Data::I(v) => crate::recycle::keep_i32s(v),
         }
     }
+    /// `n` elements of unspecified values (recycled storage; see [`crate::memory`]).
+    pub fn stale(dt: DType, n: usize) -> Data {
+        if dt.is_float() { Data::F(crate::recycle::stale_f32s(n)) } else { Data::I(crate::recycle::stale_i32s(n)) }
+    }
     pub fn filled(dt: DType, n: usize, f: f32, i: i32) -> Data {
         if dt.is_float() {
             let mut v = crate::recycle::f32s(n);
