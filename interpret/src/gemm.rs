@@ -97,8 +97,8 @@ thread_local! {
 enum Lhs<'a> {
     /// f32 rows of `k`; whether each step is one fused multiply-add (see [`micro`]).
     F32(&'a [f32], bool),
-    /// bf16 pairs ([`pair_bits`]), rows of `k.div_ceil(2)`; and, for the AVX2 kernel
-    /// without checks, the same values as [`Halves`].
+    /// bf16 pairs ([`pair_bits`]), rows of `k.div_ceil(2)`; or, for the AVX2 kernels, the
+    /// same values as [`Halves`] (and no pairs).
     Pairs(&'a [u32], Option<Halves<'a>>),
 }
 
@@ -126,7 +126,6 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: 
     let (mut pairs, mut halves) = (LHS_PAIRS.take(), LHS_HALVES.take());
     let lhs = match products {
         Products::Bf16Pairs => {
-            pack_lhs_pairs(&a[..m * k], k, &mut pairs);
             // One or two rows (a decode step's) read `b` in place instead ([`fma_pairs`]).
             #[cfg(target_arch = "x86_64")]
             let unchecked = (m > 2 && avx2_pairs()).then(|| {
@@ -136,6 +135,10 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: 
             });
             #[cfg(not(target_arch = "x86_64"))]
             let unchecked = None;
+            // With halves, pairs are made from them only for a panel that needs the checks.
+            if unchecked.is_none() {
+                pack_lhs_pairs(&a[..m * k], k, &mut pairs);
+            }
             Lhs::Pairs(&pairs, unchecked)
         }
         Products::Exact => Lhs::F32(a, true),
@@ -391,7 +394,7 @@ fn fma_pairs(a: &[u32], halves: Option<Halves>, kp: usize, b: &[f32], bs: (usize
     if !avx2_pairs() {
         return false;
     }
-    assert!(a.len() >= m * kp && kp == k.div_ceil(2) && (k == 0 || b.len() > (k - 1) * bs.0 + (j0 + w - 1) * bs.1));
+    assert!(kp == k.div_ceil(2) && (k == 0 || b.len() > (k - 1) * bs.0 + (j0 + w - 1) * bs.1));
     // A full row-major panel used by one or two rows (a decode step's, its padding rows
     // apart) is read in place: packing it would cost more than the product.
     let in_place = w == NR && bs.1 == 1 && m <= 2;
@@ -405,6 +408,15 @@ fn fma_pairs(a: &[u32], halves: Option<Halves>, kp: usize, b: &[f32], bs: (usize
                 return;
             }
         }
+        let from_halves: Vec<u32>;
+        let a = match halves {
+            Some(h) => {
+                from_halves = pairs_of_halves(h.a, m, kp);
+                &from_halves[..]
+            }
+            None => a,
+        };
+        assert!(a.len() >= m * kp);
         let mut packed_pairs = false;
         for_each_tile(c, ldc, m, j0, w, |i0, tile, rows| {
             let saved = *tile;
@@ -514,6 +526,12 @@ fn pack_lhs_halves(a: &[f32], m: usize, k: usize, out: &mut Vec<f32>) -> u32 {
     min_exponent(&a[..m * k])
 }
 
+/// The first `m` rows of [`Halves`] (`kp` pairs each) as bf16 pairs ([`pack_lhs_pairs`]'s:
+/// the halves hold `rule_input` values, whose high halves are [`bf16_bits`]).
+fn pairs_of_halves(halves: &[f32], m: usize, kp: usize) -> Vec<u32> {
+    halves[..m * 2 * kp].chunks_exact(2).map(|h| h[0].to_bits() & 0xffff_0000 | h[1].to_bits() >> 16).collect()
+}
+
 /// Whether plain fused multiply-adds give the pair rule's bits for columns `j0..j0 + w` of
 /// `c` (`m` rows, `ldc` apart), with `a_exp` and `b_exp` the smallest [`exponent`]s of `a`
 /// and of the panel: no step can then come non-zero and below 2^-126 (where the rule
@@ -544,22 +562,27 @@ fn unchecked_exact(a_exp: u32, b_exp: u32, c: &[f32], ldc: usize, m: usize, j0: 
 #[allow(clippy::too_many_arguments)]
 fn unchecked_panel(a: &[f32], k2: usize, panel: &[f32], c: &mut [f32], ldc: usize, m: usize, j0: usize, w: usize) {
     const HALF: usize = NR / 2;
-    assert!(a.len() >= m.div_ceil(FR) * FR * k2 && panel.len() >= k2 * NR && w <= NR);
+    assert!(a.len() >= m.div_ceil(FR) * FR * k2 && panel.len() >= k2 * NR && w <= NR && c.len() >= (m - 1) * ldc + j0 + w);
     for h0 in (0..w).step_by(HALF) {
         let cw = HALF.min(w - h0);
         for i0 in (0..m).step_by(FR) {
             let rows = FR.min(m - i0);
-            let mut tile = [[0f32; HALF]; FR];
-            for (r, t) in tile.iter_mut().enumerate().take(rows) {
-                let row = &c[(i0 + r) * ldc + j0 + h0..(i0 + r) * ldc + j0 + h0 + cw];
-                t.iter_mut().zip(row).for_each(|(t, &x)| *t = flush(x));
+            let a = &a[i0 * k2..(i0 + FR) * k2];
+            // SAFETY (both calls): the CPU has AVX2 and FMA (the caller checked); `a` holds FR
+            // rows of k2 and `panel` k2 rows of NR, the half from `h0` at least HALF wide
+            // (asserted above); `c` FR rows of HALF, `ldc` apart.
+            if rows == FR && cw == HALF {
+                unsafe { avx2::micro_halves(a, k2, &panel[h0..], &mut c[i0 * ldc + j0 + h0..], ldc) };
+                continue;
             }
-            // SAFETY: the CPU has AVX2 and FMA (the caller checked); `a` holds FR rows of k2
-            // from row `i0` and `panel` k2 rows of NR, the half from `h0` at least HALF wide
-            // (asserted above).
-            unsafe { avx2::micro_halves(&a[i0 * k2..(i0 + FR) * k2], k2, &panel[h0..], &mut tile) };
-            for (r, t) in tile.iter().enumerate().take(rows) {
-                c[(i0 + r) * ldc + j0 + h0..(i0 + r) * ldc + j0 + h0 + cw].copy_from_slice(&t[..cw]);
+            // A block past `c`'s last rows or columns goes through a tile of its own.
+            let mut tile = [0f32; FR * HALF];
+            for r in 0..rows {
+                tile[r * HALF..r * HALF + cw].copy_from_slice(&c[(i0 + r) * ldc + j0 + h0..(i0 + r) * ldc + j0 + h0 + cw]);
+            }
+            unsafe { avx2::micro_halves(a, k2, &panel[h0..], &mut tile, HALF) };
+            for r in 0..rows {
+                c[(i0 + r) * ldc + j0 + h0..(i0 + r) * ldc + j0 + h0 + cw].copy_from_slice(&tile[r * HALF..r * HALF + cw]);
             }
         }
     }
@@ -829,22 +852,30 @@ mod avx2 {
     use super::{FR, NR};
     use std::arch::x86_64::*;
 
-    /// `tile += a · panel`, plain fused multiply-adds in step order (where
+    /// `c += a · panel` for [`FR`] rows of 16 columns of `c` (rows `ldc` apart, flushed
+    /// first as the rule reads them), plain fused multiply-adds in step order (where
     /// [`super::unchecked_exact`] says they give the pair rule's bits): `a` [`FR`] rows of
-    /// [`super::Halves`] (`k2` steps each), `panel` `k2` rows of 16 f32s, [`NR`] apart. Every accumulator stays in a register; `b` is loaded once per step and
+    /// [`super::Halves`] (`k2` steps each), `panel` `k2` rows of 16 f32s, [`NR`] apart.
+    /// Every accumulator stays in a register; `b` is loaded once per step and
     /// `a` broadcast from memory.
     ///
     /// # Safety
-    /// The CPU must have AVX2 and FMA; `a` must hold `k2 * FR` floats and `panel`
-    /// `(k2 - 1) * NR + 16`.
+    /// The CPU must have AVX2 and FMA; `a` must hold `k2 * FR` floats, `panel`
+    /// `(k2 - 1) * NR + 16` and `c` `(FR - 1) * ldc + 16`.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn micro_halves(a: &[f32], k2: usize, panel: &[f32], tile: &mut [[f32; 16]; FR]) {
-        debug_assert!(a.len() >= k2 * FR && (k2 == 0 || panel.len() >= (k2 - 1) * NR + 16));
-        let (ap, bp) = (a.as_ptr(), panel.as_ptr());
+    pub(super) unsafe fn micro_halves(a: &[f32], k2: usize, panel: &[f32], c: &mut [f32], ldc: usize) {
+        debug_assert!(a.len() >= k2 * FR && (k2 == 0 || panel.len() >= (k2 - 1) * NR + 16) && c.len() >= (FR - 1) * ldc + 16);
+        let (ap, bp, cp) = (a.as_ptr(), panel.as_ptr(), c.as_mut_ptr());
+        // Below 2^-126 in magnitude: a zero of its sign (NaN compares false and stays).
+        let flush = |x: __m256| {
+            let sign = _mm256_set1_ps(-0.0);
+            let small = _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_andnot_ps(sign, x), _mm256_set1_ps(f32::MIN_POSITIVE));
+            _mm256_blendv_ps(x, _mm256_and_ps(x, sign), small)
+        };
         let mut acc = [[_mm256_setzero_ps(); 2]; FR];
-        for (row, t) in acc.iter_mut().zip(tile.iter()) {
-            // SAFETY: each tile row holds 16 floats.
-            unsafe { *row = [_mm256_loadu_ps(t.as_ptr()), _mm256_loadu_ps(t.as_ptr().add(8))] };
+        for (r, row) in acc.iter_mut().enumerate() {
+            // SAFETY: the caller guarantees FR rows of 16 floats, ldc apart, in `c`.
+            unsafe { *row = [flush(_mm256_loadu_ps(cp.add(r * ldc))), flush(_mm256_loadu_ps(cp.add(r * ldc + 8)))] };
         }
         for kk in 0..k2 {
             // SAFETY: the caller guarantees k2 rows of the panel, NR apart, and k2 steps of FR
@@ -859,11 +890,11 @@ mod avx2 {
                 }
             }
         }
-        for (row, t) in acc.iter().zip(tile.iter_mut()) {
-            // SAFETY: each tile row holds 16 floats.
+        for (r, row) in acc.iter().enumerate() {
+            // SAFETY: as above.
             unsafe {
-                _mm256_storeu_ps(t.as_mut_ptr(), row[0]);
-                _mm256_storeu_ps(t.as_mut_ptr().add(8), row[1]);
+                _mm256_storeu_ps(cp.add(r * ldc), row[0]);
+                _mm256_storeu_ps(cp.add(r * ldc + 8), row[1]);
             }
         }
     }
