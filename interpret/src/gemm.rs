@@ -461,12 +461,13 @@ fn fma_pairs(a: &[u32], halves: Option<Halves>, kp: usize, b: &[f32], bs: (usize
 #[target_feature(enable = "avx2")]
 fn pack_panel_halves(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usize, out: &mut Vec<f32>) -> u32 {
     let kp = k.div_ceil(2);
-    out.clear();
+    // Every element is written below: no clearing of the buffer first.
     out.resize(2 * kp * NR, 0.0);
     for (p, rows) in out.chunks_exact_mut(2 * NR).enumerate() {
         let (odd, even) = rows.split_at_mut(NR);
         for (kk, dst) in [(2 * p + 1, odd), (2 * p, even)] {
-            let dst = &mut dst[..w];
+            let (dst, past) = dst.split_at_mut(w);
+            past.fill(0.0);
             if kk >= k {
                 dst.fill(-0.0);
             } else if bs.1 == 1 {
@@ -510,15 +511,18 @@ fn avx2_pairs() -> bool {
 #[target_feature(enable = "avx2")]
 fn pack_lhs_halves(a: &[f32], m: usize, k: usize, out: &mut Vec<f32>) -> u32 {
     let k2 = 2 * k.div_ceil(2);
-    out.clear();
+    // Every element is written below: no clearing of the buffer first.
     out.resize(m.div_ceil(FR) * FR * k2, 0.0);
-    for (row, steps) in a.chunks_exact(k).zip(out.chunks_exact_mut(k2)) {
-        // Each pair's odd element first; an odd k's missing one stays +0.
+    let (rows, padding) = out.split_at_mut(m * k2);
+    padding.fill(0.0);
+    for (row, steps) in a.chunks_exact(k).zip(rows.chunks_exact_mut(k2)) {
+        // Each pair's odd element first; an odd k's missing one is +0.
         for (pair, step) in row.chunks_exact(2).zip(steps.chunks_exact_mut(2)) {
             step[0] = rule_input(pair[1]);
             step[1] = rule_input(pair[0]);
         }
         if k % 2 == 1 {
+            steps[k - 1] = 0.0;
             steps[k] = rule_input(row[k - 1]);
         }
     }
