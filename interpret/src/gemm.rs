@@ -22,7 +22,9 @@
 //! reuse them, the last one is narrow or the pair rule needs bf16 pairs), and an `MR×NR`
 //! block of `c` is kept in registers while k runs (AVX-512, or AVX-512 BF16 for the pair
 //! rule, when the CPU has it, chosen at run time; the pair rule on AVX2 + FMA without
-//! AVX-512 BF16: [`fma_pairs`]; portable Rust otherwise). Under the pair rule, rows of `a`
+//! AVX-512 BF16: [`fma_pairs`], plain fused multiply-adds on a 6×16 block where the
+//! operands' and `c`'s exponents show no step can come near 2^-126 ([`unchecked_exact`]);
+//! portable Rust otherwise). Under the pair rule, rows of `a`
 //! that are all zeros (a decode step's padding rows) are set apart ([`zero_rows_apart`]).
 //! Large products are split by column panels across the rayon pool; each element is still
 //! computed by one thread, in the same order.
@@ -41,6 +43,9 @@ const NR: usize = 32;
 const MR: usize = 8;
 /// Up to this many rows of `a`, full panels of f32 `b` are read in place rather than packed.
 const PACK_MIN_ROWS: usize = 2 * MR;
+/// Rows of `c` the AVX2 kernel without checks ([`avx2::micro_halves`]) keeps in registers
+/// (two 8-lane vectors each: 12 accumulators, 2 for `b`, 1 for `a`, of AVX2's 16).
+const FR: usize = 6;
 /// Below this many multiply-adds a product runs on the calling thread.
 const PARALLEL_MIN_WORK: usize = 1 << 21;
 
@@ -83,6 +88,8 @@ thread_local! {
     static HALF_PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// `a` as bf16 pairs for the product this thread is running (taken while in use).
     static LHS_PAIRS: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
+    /// `a` as [`Halves`] for the product this thread is running (taken while in use).
+    static LHS_HALVES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// `a` as the micro-kernels read it.
@@ -90,8 +97,19 @@ thread_local! {
 enum Lhs<'a> {
     /// f32 rows of `k`; whether each step is one fused multiply-add (see [`micro`]).
     F32(&'a [f32], bool),
-    /// bf16 pairs ([`pair_bits`]), rows of `k.div_ceil(2)`.
-    Pairs(&'a [u32]),
+    /// bf16 pairs ([`pair_bits`]), rows of `k.div_ceil(2)`; or, for the AVX2 kernels, the
+    /// same values as [`Halves`] (and no pairs).
+    Pairs(&'a [u32], Option<Halves<'a>>),
+}
+
+/// `a` for [`avx2::micro_halves`]: rows of `2 * k.div_ceil(2)` f32s in the pair rule's
+/// order (`a[1]`, `a[0]`, `a[3]`, `a[2]`, …; an odd k's missing one +0), values as the
+/// rule reads them (a denormal is a zero of its sign); zero rows up to a multiple of [`FR`].
+#[derive(Copy, Clone)]
+struct Halves<'a> {
+    a: &'a [f32],
+    /// The smallest biased exponent of a non-zero value ([`exponent`]).
+    min_exp: u32,
 }
 
 /// `c += a · b` (see the module docs for the order of operations).
@@ -105,11 +123,23 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: 
     if products == Products::Bf16Pairs && zero_rows_apart(a, b, c, m, k, n, |a, c, rows| gemm_f32(a, b, layout, c, rows, k, n, products)) {
         return;
     }
-    let mut pairs = LHS_PAIRS.take();
+    let (mut pairs, mut halves) = (LHS_PAIRS.take(), LHS_HALVES.take());
     let lhs = match products {
         Products::Bf16Pairs => {
-            pack_lhs_pairs(&a[..m * k], k, &mut pairs);
-            Lhs::Pairs(&pairs)
+            // One or two rows (a decode step's) read `b` in place instead ([`fma_pairs`]).
+            #[cfg(target_arch = "x86_64")]
+            let unchecked = (m > 2 && avx2_pairs()).then(|| {
+                // SAFETY: the CPU has AVX2 (`avx2_pairs`).
+                let min_exp = unsafe { pack_lhs_halves(&a[..m * k], m, k, &mut halves) };
+                Halves { a: &halves, min_exp }
+            });
+            #[cfg(not(target_arch = "x86_64"))]
+            let unchecked = None;
+            // With halves, pairs are made from them only for a panel that needs the checks.
+            if unchecked.is_none() {
+                pack_lhs_pairs(&a[..m * k], k, &mut pairs);
+            }
+            Lhs::Pairs(&pairs, unchecked)
         }
         Products::Exact => Lhs::F32(a, true),
         Products::Rounded => Lhs::F32(a, false),
@@ -146,6 +176,7 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: 
         }
     }
     LHS_PAIRS.set(pairs);
+    LHS_HALVES.set(halves);
 }
 
 /// The pair rule's rows of `a` that are all zeros (a decode step's padding rows: 15 of a
@@ -210,7 +241,7 @@ fn panel_range(lhs: Lhs, b: &[f32], bs: (usize, usize), c: &mut [f32], ldc: usiz
                 for_each_tile(c, ldc, m, j0, w, |i0, tile, rows| micro(&a[i0 * k..], k, panel, ld, tile, rows, fused));
             }
         }),
-        Lhs::Pairs(a) => PAIR_PANEL.with_borrow_mut(|packed| {
+        Lhs::Pairs(a, halves) => PAIR_PANEL.with_borrow_mut(|packed| {
             let kp = k.div_ceil(2);
             for j0 in (0..n).step_by(NR) {
                 let w = NR.min(n - j0);
@@ -220,7 +251,7 @@ fn panel_range(lhs: Lhs, b: &[f32], bs: (usize, usize), c: &mut [f32], ldc: usiz
                     continue;
                 }
                 #[cfg(target_arch = "x86_64")]
-                if fma_pairs(a, kp, b, bs, k, j0, w, c, ldc, m, packed) {
+                if fma_pairs(a, halves, kp, b, bs, k, j0, w, c, ldc, m, packed) {
                     continue;
                 }
                 pack_panel_pairs(b, bs, k, j0, w, packed);
@@ -354,21 +385,38 @@ fn in_place_pairs(a: &[u32], kp: usize, k: usize, b: &[f32], ldb: usize, c: &mut
 /// decides: [`pair_step`]); the kernel tracks whether any step of a tile came there, and
 /// such a tile (rare: sums that small) is computed again by [`portable_pairs`] from its
 /// saved contents. So the bits are always the rule's.
+///
+/// Most panels need no check at all ([`unchecked_exact`]); given `a` as [`Halves`], those
+/// run on [`avx2::micro_halves`], plain fused multiply-adds.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-fn fma_pairs(a: &[u32], kp: usize, b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usize, c: &mut [f32], ldc: usize, m: usize, pairs: &mut Vec<u32>) -> bool {
-    if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) || std::is_x86_feature_detected!("avx512bf16") {
+fn fma_pairs(a: &[u32], halves: Option<Halves>, kp: usize, b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usize, c: &mut [f32], ldc: usize, m: usize, pairs: &mut Vec<u32>) -> bool {
+    if !avx2_pairs() {
         return false;
     }
-    assert!(a.len() >= m * kp && kp == k.div_ceil(2) && (k == 0 || b.len() > (k - 1) * bs.0 + (j0 + w - 1) * bs.1));
+    assert!(kp == k.div_ceil(2) && (k == 0 || b.len() > (k - 1) * bs.0 + (j0 + w - 1) * bs.1));
     // A full row-major panel used by one or two rows (a decode step's, its padding rows
     // apart) is read in place: packing it would cost more than the product.
     let in_place = w == NR && bs.1 == 1 && m <= 2;
     HALF_PANEL.with_borrow_mut(|panel| {
         if !in_place {
             // SAFETY: the CPU has AVX2 (checked above).
-            unsafe { pack_panel_halves(b, bs, k, j0, w, panel) };
+            let b_exp = unsafe { pack_panel_halves(b, bs, k, j0, w, panel) };
+            // SAFETY: the CPU has AVX2 (checked above).
+            if let Some(h) = halves.filter(|h| unsafe { unchecked_exact(h.min_exp, b_exp, c, ldc, m, j0, w) }) {
+                unchecked_panel(h.a, 2 * kp, panel, c, ldc, m, j0, w);
+                return;
+            }
         }
+        let from_halves: Vec<u32>;
+        let a = match halves {
+            Some(h) => {
+                from_halves = pairs_of_halves(h.a, m, kp);
+                &from_halves[..]
+            }
+            None => a,
+        };
+        assert!(a.len() >= m * kp);
         let mut packed_pairs = false;
         for_each_tile(c, ldc, m, j0, w, |i0, tile, rows| {
             let saved = *tile;
@@ -407,24 +455,138 @@ fn fma_pairs(a: &[u32], kp: usize, b: &[f32], bs: (usize, usize), k: usize, j0: 
 /// into `out`: for each pair of k its odd row, then its even row (the pair rule's order),
 /// each value as the rule reads it (a denormal is a zero of its sign); columns past `w`
 /// zero, an odd k's missing row -0.
-/// Compiled for AVX2 (its only caller checked the CPU has it), so the row loops vectorize.
+/// Returns the smallest [`exponent`] of the panel.
+/// Compiled for AVX2 (its callers checked the CPU has it), so the row loops vectorize.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn pack_panel_halves(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usize, out: &mut Vec<f32>) {
+fn pack_panel_halves(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usize, out: &mut Vec<f32>) -> u32 {
     let kp = k.div_ceil(2);
-    out.clear();
+    // Every element is written below: no clearing of the buffer first.
     out.resize(2 * kp * NR, 0.0);
-    let input = |x: f32| f32::from_bits(bf16_bits(x) << 16);
     for (p, rows) in out.chunks_exact_mut(2 * NR).enumerate() {
         let (odd, even) = rows.split_at_mut(NR);
         for (kk, dst) in [(2 * p + 1, odd), (2 * p, even)] {
-            let dst = &mut dst[..w];
+            let (dst, past) = dst.split_at_mut(w);
+            past.fill(0.0);
             if kk >= k {
                 dst.fill(-0.0);
             } else if bs.1 == 1 {
-                dst.iter_mut().zip(&b[kk * bs.0 + j0..kk * bs.0 + j0 + w]).for_each(|(o, &x)| *o = input(x));
+                dst.iter_mut().zip(&b[kk * bs.0 + j0..kk * bs.0 + j0 + w]).for_each(|(o, &x)| *o = rule_input(x));
             } else {
-                dst.iter_mut().enumerate().for_each(|(jj, o)| *o = input(b[kk * bs.0 + (j0 + jj) * bs.1]));
+                dst.iter_mut().enumerate().for_each(|(jj, o)| *o = rule_input(b[kk * bs.0 + (j0 + jj) * bs.1]));
+            }
+        }
+    }
+    min_exponent(out)
+}
+
+/// `x` (a bf16 value) as the pair rule reads it: a denormal is a zero of its sign.
+#[inline(always)]
+fn rule_input(x: f32) -> f32 {
+    f32::from_bits(bf16_bits(x) << 16)
+}
+
+/// The biased exponent of `x` less one; for a zero or a denormal (nothing the pair rule
+/// reads as non-zero), `u32::MAX`. Branch-free, so [`min_exponent`] vectorizes.
+#[inline(always)]
+fn exponent(x: f32) -> u32 {
+    ((x.to_bits() >> 23) & 0xff).wrapping_sub(1)
+}
+
+/// The smallest [`exponent`] of `xs`.
+#[inline(always)]
+fn min_exponent(xs: &[f32]) -> u32 {
+    xs.iter().fold(u32::MAX, |m, &x| m.min(exponent(x)))
+}
+
+/// Whether AVX2 + FMA run the pair rule here: the CPU has them and not AVX-512 BF16.
+#[cfg(target_arch = "x86_64")]
+fn avx2_pairs() -> bool {
+    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && !std::is_x86_feature_detected!("avx512bf16")
+}
+
+/// `a` (`m` rows of `k`) as [`Halves`] into `out`; returns the smallest [`exponent`].
+/// Compiled for AVX2 (its caller checked the CPU has it), so the loops vectorize.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn pack_lhs_halves(a: &[f32], m: usize, k: usize, out: &mut Vec<f32>) -> u32 {
+    let k2 = 2 * k.div_ceil(2);
+    // Every element is written below: no clearing of the buffer first.
+    out.resize(m.div_ceil(FR) * FR * k2, 0.0);
+    let (rows, padding) = out.split_at_mut(m * k2);
+    padding.fill(0.0);
+    for (row, steps) in a.chunks_exact(k).zip(rows.chunks_exact_mut(k2)) {
+        // Each pair's odd element first; an odd k's missing one is +0.
+        for (pair, step) in row.chunks_exact(2).zip(steps.chunks_exact_mut(2)) {
+            step[0] = rule_input(pair[1]);
+            step[1] = rule_input(pair[0]);
+        }
+        if k % 2 == 1 {
+            steps[k - 1] = 0.0;
+            steps[k] = rule_input(row[k - 1]);
+        }
+    }
+    // The exponents `rule_input` keeps (a denormal's zero is `u32::MAX` either way).
+    min_exponent(&a[..m * k])
+}
+
+/// The first `m` rows of [`Halves`] (`kp` pairs each) as bf16 pairs ([`pack_lhs_pairs`]'s:
+/// the halves hold `rule_input` values, whose high halves are [`bf16_bits`]).
+fn pairs_of_halves(halves: &[f32], m: usize, kp: usize) -> Vec<u32> {
+    halves[..m * 2 * kp].chunks_exact(2).map(|h| h[0].to_bits() & 0xffff_0000 | h[1].to_bits() >> 16).collect()
+}
+
+/// Whether plain fused multiply-adds give the pair rule's bits for columns `j0..j0 + w` of
+/// `c` (`m` rows, `ldc` apart), with `a_exp` and `b_exp` the smallest [`exponent`]s of `a`
+/// and of the panel: no step can then come non-zero and below 2^-126 (where the rule
+/// flushes, or rounds otherwise than the hardware).
+///
+/// Why: a normal bf16 value of biased exponent `e` is a multiple of 2^(e-134), so every
+/// product is a multiple of `Gp = 2^(ea + eb - 268)` (`ea`, `eb`: the smallest biased
+/// exponents); a normal f32 `c` of biased exponent `ec` (a denormal one the rule reads as
+/// zero) is a multiple of `Gc = 2^(ec - 150)`. Let `G` be the smaller power of two; if
+/// `G ≥ 2^-126`, every partial sum is a multiple of `G`: an exact sum of multiples of `G`
+/// is one, and rounding it to f32 either keeps it (representable) or rounds to a grid whose
+/// spacing is a power of two above `G`. So every non-zero partial sum is at least 2^-126 in
+/// magnitude: normal, where the hardware rounds as the rule does (infinities and NaN are
+/// the same either way).
+/// Compiled for AVX2 (its caller checked the CPU has it), so the scan of `c` vectorizes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn unchecked_exact(a_exp: u32, b_exp: u32, c: &[f32], ldc: usize, m: usize, j0: usize, w: usize) -> bool {
+    // `Gp ≥ 2^-126`: biased exponents summing to 142 at least ([`exponent`] is one less;
+    // `u32::MAX`: nothing non-zero, no product to fear). `Gc ≥ 2^-126`: 24 at least.
+    a_exp.saturating_add(b_exp) >= 140 && (0..m).all(|i| min_exponent(&c[i * ldc + j0..i * ldc + j0 + w]) >= 23)
+}
+
+/// Columns `j0..j0 + w` of `c += a · b` (`m` rows, `ldc` apart) by [`avx2::micro_halves`]:
+/// `a` as [`Halves`] of `k2` steps, `panel` `k2` rows of [`NR`] f32s as
+/// [`pack_panel_halves`] packs them; only where [`unchecked_exact`] said yes.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn unchecked_panel(a: &[f32], k2: usize, panel: &[f32], c: &mut [f32], ldc: usize, m: usize, j0: usize, w: usize) {
+    const HALF: usize = NR / 2;
+    assert!(a.len() >= m.div_ceil(FR) * FR * k2 && panel.len() >= k2 * NR && w <= NR && c.len() >= (m - 1) * ldc + j0 + w);
+    for h0 in (0..w).step_by(HALF) {
+        let cw = HALF.min(w - h0);
+        for i0 in (0..m).step_by(FR) {
+            let rows = FR.min(m - i0);
+            let a = &a[i0 * k2..(i0 + FR) * k2];
+            // SAFETY (both calls): the CPU has AVX2 and FMA (the caller checked); `a` holds FR
+            // rows of k2 and `panel` k2 rows of NR, the half from `h0` at least HALF wide
+            // (asserted above); `c` FR rows of HALF, `ldc` apart.
+            if rows == FR && cw == HALF {
+                unsafe { avx2::micro_halves(a, k2, &panel[h0..], &mut c[i0 * ldc + j0 + h0..], ldc) };
+                continue;
+            }
+            // A block past `c`'s last rows or columns goes through a tile of its own.
+            let mut tile = [0f32; FR * HALF];
+            for r in 0..rows {
+                tile[r * HALF..r * HALF + cw].copy_from_slice(&c[(i0 + r) * ldc + j0 + h0..(i0 + r) * ldc + j0 + h0 + cw]);
+            }
+            unsafe { avx2::micro_halves(a, k2, &panel[h0..], &mut tile, HALF) };
+            for r in 0..rows {
+                c[(i0 + r) * ldc + j0 + h0..(i0 + r) * ldc + j0 + h0 + cw].copy_from_slice(&tile[r * HALF..r * HALF + cw]);
             }
         }
     }
@@ -691,8 +853,55 @@ mod avx512 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::NR;
+    use super::{FR, NR};
     use std::arch::x86_64::*;
+
+    /// `c += a · panel` for [`FR`] rows of 16 columns of `c` (rows `ldc` apart, flushed
+    /// first as the rule reads them), plain fused multiply-adds in step order (where
+    /// [`super::unchecked_exact`] says they give the pair rule's bits): `a` [`FR`] rows of
+    /// [`super::Halves`] (`k2` steps each), `panel` `k2` rows of 16 f32s, [`NR`] apart.
+    /// Every accumulator stays in a register; `b` is loaded once per step and
+    /// `a` broadcast from memory.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; `a` must hold `k2 * FR` floats, `panel`
+    /// `(k2 - 1) * NR + 16` and `c` `(FR - 1) * ldc + 16`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn micro_halves(a: &[f32], k2: usize, panel: &[f32], c: &mut [f32], ldc: usize) {
+        debug_assert!(a.len() >= k2 * FR && (k2 == 0 || panel.len() >= (k2 - 1) * NR + 16) && c.len() >= (FR - 1) * ldc + 16);
+        let (ap, bp, cp) = (a.as_ptr(), panel.as_ptr(), c.as_mut_ptr());
+        // Below 2^-126 in magnitude: a zero of its sign (NaN compares false and stays).
+        let flush = |x: __m256| {
+            let sign = _mm256_set1_ps(-0.0);
+            let small = _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_andnot_ps(sign, x), _mm256_set1_ps(f32::MIN_POSITIVE));
+            _mm256_blendv_ps(x, _mm256_and_ps(x, sign), small)
+        };
+        let mut acc = [[_mm256_setzero_ps(); 2]; FR];
+        for (r, row) in acc.iter_mut().enumerate() {
+            // SAFETY: the caller guarantees FR rows of 16 floats, ldc apart, in `c`.
+            unsafe { *row = [flush(_mm256_loadu_ps(cp.add(r * ldc))), flush(_mm256_loadu_ps(cp.add(r * ldc + 8)))] };
+        }
+        for kk in 0..k2 {
+            // SAFETY: the caller guarantees k2 rows of the panel, NR apart, and k2 steps of FR
+            // in `a`.
+            unsafe {
+                let b0 = _mm256_loadu_ps(bp.add(kk * NR));
+                let b1 = _mm256_loadu_ps(bp.add(kk * NR + 8));
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let x = _mm256_broadcast_ss(&*ap.add(r * k2 + kk));
+                    row[0] = _mm256_fmadd_ps(x, b0, row[0]);
+                    row[1] = _mm256_fmadd_ps(x, b1, row[1]);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            // SAFETY: as above.
+            unsafe {
+                _mm256_storeu_ps(cp.add(r * ldc), row[0]);
+                _mm256_storeu_ps(cp.add(r * ldc + 8), row[1]);
+            }
+        }
+    }
 
     /// Where [`micro_pairs`] reads `b`.
     #[derive(Copy, Clone)]
@@ -813,6 +1022,24 @@ mod tests {
                         s = pair_step(s, input(a[i * k + p + 1]), input(b[(p + 1) * n + j]));
                     }
                     s = pair_step(s, input(a[i * k + p]), input(b[p * n + j]));
+                }
+                c[i * n + j] = s;
+            }
+        }
+    }
+
+    /// The pair rule's order with plain fused multiply-adds: no flush of a step's result
+    /// (inputs and the incoming `c` flushed as the rule reads them).
+    fn plain_fused_pairs(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
+        let input = |x: f32| halves(bf16_bits(x)).0;
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = flush(c[i * n + j]);
+                for p in (0..k).step_by(2) {
+                    if p + 1 < k {
+                        s = input(a[i * k + p + 1]).mul_add(input(b[(p + 1) * n + j]), s);
+                    }
+                    s = input(a[i * k + p]).mul_add(input(b[p * n + j]), s);
                 }
                 c[i * n + j] = s;
             }
@@ -1005,6 +1232,80 @@ mod tests {
                 gemm_f32(&a, &b, BLayout::RowMajor, &mut got, m, k, n, Products::Bf16Pairs);
                 let differ = got.iter().zip(&want).position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()));
                 assert!(differ.is_none(), "{m}x{k}x{n} seed {seed}: element {differ:?} is {:e}, the portable rule gives {:e}", got[differ.unwrap()], want[differ.unwrap()]);
+            }
+        }
+    }
+
+    /// The AVX2 kernel without per-step checks runs only where [`unchecked_exact`] says no
+    /// step can come non-zero and below 2^-126. Both sides of that condition against the
+    /// portable rule: typical values; products whose cancelling pairs leave small multiples
+    /// of 2^-126 (a and b at biased exponent 71: exactly at the bound, passes) or of 2^-128
+    /// (exponent 70: fails, and sums below 2^-126 that the rule flushes); `c` holding values
+    /// that fail (2^-110) or denormals (read as zeros: passes); b with infinities and NaN.
+    #[test]
+    fn products_with_and_without_the_per_step_check_give_the_rule_bits() {
+        // (what, a's and b's exponent, or none: typical values; c's kind; whether it passes)
+        let cases: [(&str, Option<i32>, u8, bool); 6] = [
+            ("typical values", None, 0, true),
+            ("cancelling products at the bound", Some(-56), 0, true),
+            ("cancelling products below the bound", Some(-57), 0, false),
+            ("a tiny c", None, 1, false),
+            ("a denormal c", None, 2, true),
+            ("infinities and NaN in b", None, 3, true),
+        ];
+        for &(m, k, n) in &[(6, 64, 32), (13, 33, 40), (32, 128, 64)] {
+            for (seed, &(what, exp, c_kind, passes)) in cases.iter().enumerate() {
+                let seed = seed as u32;
+                let (mut a, mut b) = (values(m * k, 60 + seed, true), values(k * n, 70 + seed, true));
+                if let Some(e) = exp {
+                    // a1·b1 + a0·b0 = 2^(2e-14) · ((128+u)(128+v) - (128+s)(128+t)): small
+                    // integers u, v, s, t make small multiples of 2^(2e-14), zero among them.
+                    let small = |i: usize, salt: usize| ((i * 7 + salt * 13 + seed as usize) % 5 % 3) as f32;
+                    let x = |q: f32| (1.0 + q / 128.0) * 2f32.powi(e);
+                    for i in 0..m {
+                        for kk in 0..k {
+                            a[i * k + kk] = x(small(i + kk, kk % 2));
+                        }
+                    }
+                    for kk in 0..k {
+                        for j in 0..n {
+                            b[kk * n + j] = if kk % 2 == 1 { x(small(j + kk, 2)) } else { -x(small(j * 3 + kk, 3)) };
+                        }
+                    }
+                }
+                let c0: Vec<f32> = match c_kind {
+                    0 => vec![0.0; m * n],
+                    1 => values(m * n, 90 + seed, false).iter().map(|x| x * 2f32.powi(-110)).collect(),
+                    2 => values(m * n, 90 + seed, false).iter().enumerate().map(|(e, x)| if e % 3 == 0 { f32::from_bits(0x0000_0101) } else { *x }).collect(),
+                    _ => {
+                        b[5] = f32::INFINITY;
+                        b[k * n / 2] = f32::NAN;
+                        values(m * n, 90 + seed, false)
+                    }
+                };
+                #[cfg(target_arch = "x86_64")]
+                if avx2_pairs() {
+                    // SAFETY: the CPU has AVX2 (`avx2_pairs`).
+                    let fast = unsafe { unchecked_exact(min_exponent(&a), min_exponent(&b), &c0, n, m, 0, n) };
+                    assert_eq!(fast, passes, "{what}: the condition");
+                }
+                let mut want = c0.clone();
+                naive_pairs(&a, &b, &mut want, m, k, n);
+                // The argument itself: where the condition holds, plain fused steps give the
+                // rule's bits; below the bound they may not (here they do not: sums below
+                // 2^-126 the rule flushes), so the check is needed there.
+                let mut plain = c0.clone();
+                plain_fused_pairs(&a, &b, &mut plain, m, k, n);
+                if passes || exp.is_some() {
+                    assert_eq!(same_bits(&plain, &want), passes, "{what}, {m}x{k}x{n}: plain fused steps against the rule");
+                }
+                let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+                for (layout, b) in [(BLayout::RowMajor, &b), (BLayout::Transposed, &bt)] {
+                    let mut got = c0.clone();
+                    gemm_f32(&a, b, layout, &mut got, m, k, n, Products::Bf16Pairs);
+                    let differ = got.iter().zip(&want).position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()));
+                    assert!(differ.is_none(), "{what}, {m}x{k}x{n} {layout:?}: element {differ:?} is {:e}, the pair rule gives {:e}", got[differ.unwrap()], want[differ.unwrap()]);
+                }
             }
         }
     }
