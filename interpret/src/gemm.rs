@@ -1013,33 +1013,26 @@ mod tests {
 
     /// The pair rule, element by element ([`pair_step`], inputs and `c` flushed first).
     fn naive_pairs(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
-        let input = |x: f32| halves(bf16_bits(x)).0;
-        for i in 0..m {
-            for j in 0..n {
-                let mut s = flush(c[i * n + j]);
-                for p in (0..k).step_by(2) {
-                    if p + 1 < k {
-                        s = pair_step(s, input(a[i * k + p + 1]), input(b[(p + 1) * n + j]));
-                    }
-                    s = pair_step(s, input(a[i * k + p]), input(b[p * n + j]));
-                }
-                c[i * n + j] = s;
-            }
-        }
+        steps_in_pair_order(a, b, c, m, k, n, pair_step);
     }
 
     /// The pair rule's order with plain fused multiply-adds: no flush of a step's result
     /// (inputs and the incoming `c` flushed as the rule reads them).
     fn plain_fused_pairs(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
+        steps_in_pair_order(a, b, c, m, k, n, |s, x, y| x.mul_add(y, s));
+    }
+
+    /// Each element's `step(c, a, b)` over k in the rule's pairs, inputs and `c` flushed.
+    fn steps_in_pair_order(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize, step: impl Fn(f32, f32, f32) -> f32) {
         let input = |x: f32| halves(bf16_bits(x)).0;
         for i in 0..m {
             for j in 0..n {
                 let mut s = flush(c[i * n + j]);
                 for p in (0..k).step_by(2) {
                     if p + 1 < k {
-                        s = input(a[i * k + p + 1]).mul_add(input(b[(p + 1) * n + j]), s);
+                        s = step(s, input(a[i * k + p + 1]), input(b[(p + 1) * n + j]));
                     }
-                    s = input(a[i * k + p]).mul_add(input(b[p * n + j]), s);
+                    s = step(s, input(a[i * k + p]), input(b[p * n + j]));
                 }
                 c[i * n + j] = s;
             }
