@@ -132,11 +132,14 @@ impl Transaction<'_> {
 
 /// A file written all or nothing: created as a temporary sibling when the run starts (so a
 /// bad path fails before any work), renamed over the destination by [`Self::commit`],
-/// removed if dropped uncommitted.
+/// removed if dropped uncommitted. A destination that exists and is neither a regular file
+/// nor a folder (`/dev/null`, a FIFO) is opened and written in place instead: renaming over
+/// it would replace the device with a regular file.
 #[derive(Debug)]
 pub struct OutputFile {
     dest: PathBuf,
-    tmp: PathBuf,
+    /// The temporary sibling; `None` when writing into a special file in place.
+    tmp: Option<PathBuf>,
     file: Option<std::fs::File>,
 }
 
@@ -148,6 +151,10 @@ impl OutputFile {
         if dest.is_dir() {
             return Err(bad("is a directory".into()));
         }
+        if std::fs::metadata(dest).is_ok_and(|m| !m.is_file()) {
+            let file = std::fs::OpenOptions::new().write(true).open(dest).map_err(|e| bad(format!("cannot write here: {e}")))?;
+            return Ok(Self { dest: dest.to_path_buf(), tmp: None, file: Some(file) });
+        }
         let name = dest.file_name().ok_or_else(|| bad("not a file name".into()))?.to_string_lossy();
         let folder = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         if !folder.is_dir() {
@@ -156,14 +163,18 @@ impl OutputFile {
         // The process id keeps two runs writing the same file from sharing a temporary.
         let tmp = folder.join(format!(".{name}.{}.partial", std::process::id()));
         let file = std::fs::File::create(&tmp).map_err(|e| bad(format!("cannot write here: {e}")))?;
-        Ok(Self { dest: dest.to_path_buf(), tmp, file: Some(file) })
+        Ok(Self { dest: dest.to_path_buf(), tmp: Some(tmp), file: Some(file) })
     }
 
     /// Writes `bytes` and renames the file into place.
     pub fn commit(mut self, bytes: &[u8]) -> Result<(), String> {
         use std::io::Write;
         let mut file = self.file.take().expect("committed once");
-        file.write_all(bytes).and_then(|()| file.sync_all()).and_then(|()| std::fs::rename(&self.tmp, &self.dest)).map_err(|e| format!("cannot write {}: {e}", self.dest.display()))
+        let written = match &self.tmp {
+            Some(tmp) => file.write_all(bytes).and_then(|()| file.sync_all()).and_then(|()| std::fs::rename(tmp, &self.dest)),
+            None => file.write_all(bytes),
+        };
+        written.map_err(|e| format!("cannot write {}: {e}", self.dest.display()))
     }
 }
 
@@ -171,7 +182,9 @@ impl Drop for OutputFile {
     fn drop(&mut self) {
         // Uncommitted, or the commit failed: leave nothing behind (after a commit the
         // temporary name is gone already).
-        let _ = std::fs::remove_file(&self.tmp);
+        if let Some(tmp) = &self.tmp {
+            let _ = std::fs::remove_file(tmp);
+        }
     }
 }
 
@@ -211,6 +224,16 @@ mod tests {
         let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn a_special_file_is_written_in_place_not_replaced() {
+        let dev_null = Path::new("/dev/null");
+        let before = std::fs::metadata(dev_null).expect("/dev/null").file_type();
+        OutputFile::create("--logits-out", dev_null).expect("opens").commit(b"logits").expect("writes");
+        let after = std::fs::metadata(dev_null).expect("/dev/null").file_type();
+        assert!(!after.is_file(), "/dev/null was replaced by a regular file");
+        assert_eq!(before.is_file(), after.is_file());
     }
 
     #[test]
