@@ -97,8 +97,8 @@ thread_local! {
 enum Lhs<'a> {
     /// f32 rows of `k`; whether each step is one fused multiply-add (see [`micro`]).
     F32(&'a [f32], bool),
-    /// bf16 pairs ([`pair_bits`]), rows of `k.div_ceil(2)`; or, for the AVX2 kernels, the
-    /// same values as [`Halves`] (and no pairs).
+    /// bf16 pairs ([`pair_bits`]), rows of `k.div_ceil(2)`; for the AVX2 kernels, also the
+    /// same values as [`Halves`] (then the pairs are empty, except for one or two rows).
     Pairs(&'a [u32], Option<Halves<'a>>),
 }
 
@@ -126,18 +126,22 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: 
     let (mut pairs, mut halves) = (LHS_PAIRS.take(), LHS_HALVES.take());
     let lhs = match products {
         Products::Bf16Pairs => {
-            // One or two rows (a decode step's) read `b` in place instead ([`fma_pairs`]).
             #[cfg(target_arch = "x86_64")]
-            let unchecked = (m > 2 && avx2_pairs()).then(|| {
+            let unchecked = avx2_pairs().then(|| {
                 // SAFETY: the CPU has AVX2 (`avx2_pairs`).
                 let min_exp = unsafe { pack_lhs_halves(&a[..m * k], m, k, &mut halves) };
                 Halves { a: &halves, min_exp }
             });
             #[cfg(not(target_arch = "x86_64"))]
             let unchecked = None;
-            // With halves, pairs are made from them only for a panel that needs the checks.
-            if unchecked.is_none() {
+            // With halves, pairs are made from them only for a panel that needs the checks;
+            // one or two rows (a decode step's) have both, as their full row-major panels
+            // are read in place by the checked kernel ([`fma_pairs`]).
+            if unchecked.is_none() || m <= 2 {
                 pack_lhs_pairs(&a[..m * k], k, &mut pairs);
+            } else {
+                // None: not an earlier product's.
+                pairs.clear();
             }
             Lhs::Pairs(&pairs, unchecked)
         }
@@ -410,11 +414,11 @@ fn fma_pairs(a: &[u32], halves: Option<Halves>, kp: usize, b: &[f32], bs: (usize
         }
         let from_halves: Vec<u32>;
         let a = match halves {
-            Some(h) => {
+            Some(h) if a.is_empty() => {
                 from_halves = pairs_of_halves(h.a, m, kp);
                 &from_halves[..]
             }
-            None => a,
+            _ => a,
         };
         assert!(a.len() >= m * kp);
         let mut packed_pairs = false;
@@ -463,6 +467,10 @@ fn pack_panel_halves(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usiz
     let kp = k.div_ceil(2);
     // Every element is written below: no clearing of the buffer first.
     out.resize(2 * kp * NR, 0.0);
+    if bs.0 == 1 && bs.1 != 1 {
+        transposed_halves(b, bs.1, k, j0, w, out);
+        return min_exponent(out);
+    }
     for (p, rows) in out.chunks_exact_mut(2 * NR).enumerate() {
         let (odd, even) = rows.split_at_mut(NR);
         for (kk, dst) in [(2 * p + 1, odd), (2 * p, even)] {
@@ -478,6 +486,74 @@ fn pack_panel_halves(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usiz
         }
     }
     min_exponent(out)
+}
+
+/// [`pack_panel_halves`] for `b` stored transposed (`b[kk][j]` at `kk + j * ldb`: each
+/// column's k values contiguous, as attention's `kᵀ` and `x @ w.T` weights have them): blocks
+/// of 8 columns by 8 k read as 8 vectors and transposed in registers, where a gather of one
+/// value per column (`ldb` apart) would cost several times the product of a decode step's
+/// one row. `out` holds `2 * k.div_ceil(2) * NR` floats. Pair `p`'s odd row `2p + 1` goes
+/// first, so `b`'s row `kk` lands in row `kk ^ 1` of the panel.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn transposed_halves(b: &[f32], ldb: usize, k: usize, j0: usize, w: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let kp = k.div_ceil(2);
+    assert!(out.len() == 2 * kp * NR && w <= NR && (w == 0 || k == 0 || b.len() >= (j0 + w - 1) * ldb + k));
+    // Columns past `w` are zero; an odd k's missing row is -0 (within `w`).
+    for row in out.chunks_exact_mut(NR) {
+        row[w..].fill(0.0);
+    }
+    if k % 2 == 1 {
+        out[(k ^ 1) * NR..(k ^ 1) * NR + w].fill(-0.0);
+    }
+    let (k8, w8) = (k / 8 * 8, w / 8 * 8);
+    for g in (0..w8).step_by(8) {
+        let col = |jj: usize| (j0 + g + jj) * ldb;
+        for kk0 in (0..k8).step_by(8) {
+            // SAFETY: columns `j0 + g .. j0 + g + 8` (within `w`) hold k values each from
+            // `col(jj)`, and `kk0 + 8 <= k` (asserted above); rows `(kk0 + c) ^ 1 < 2 * kp` of
+            // `out` hold NR floats and `g + 8 <= NR`.
+            unsafe {
+                let r: [__m256; 8] = std::array::from_fn(|jj| _mm256_loadu_ps(b.as_ptr().add(col(jj) + kk0)));
+                for (c, v) in transpose8(r).into_iter().enumerate() {
+                    _mm256_storeu_ps(out.as_mut_ptr().add(((kk0 + c) ^ 1) * NR + g), v);
+                }
+            }
+        }
+        for kk in k8..k {
+            for jj in 0..8 {
+                out[(kk ^ 1) * NR + g + jj] = b[col(jj) + kk];
+            }
+        }
+    }
+    for jj in w8..w {
+        for kk in 0..k {
+            out[(kk ^ 1) * NR + jj] = b[(j0 + jj) * ldb + kk];
+        }
+    }
+    // As the rule reads them (the padding is zeros already, and reads as itself).
+    out.iter_mut().for_each(|x| *x = rule_input(*x));
+}
+
+/// The 8x8 transpose of `r` (row `i`, lane `j` becomes row `j`, lane `i`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn transpose8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
+    use std::arch::x86_64::*;
+    // Pairs of rows interleaved, then pairs of pairs, then the 128-bit halves swapped.
+    let t: [__m256; 8] = std::array::from_fn(|i| if i % 2 == 0 { _mm256_unpacklo_ps(r[i], r[i + 1]) } else { _mm256_unpackhi_ps(r[i - 1], r[i]) });
+    let s = [
+        _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+        _mm256_shuffle_ps::<0xee>(t[0], t[2]),
+        _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+        _mm256_shuffle_ps::<0xee>(t[1], t[3]),
+        _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+        _mm256_shuffle_ps::<0xee>(t[4], t[6]),
+        _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+        _mm256_shuffle_ps::<0xee>(t[5], t[7]),
+    ];
+    std::array::from_fn(|i| if i < 4 { _mm256_permute2f128_ps::<0x20>(s[i], s[i + 4]) } else { _mm256_permute2f128_ps::<0x31>(s[i - 4], s[i]) })
 }
 
 /// `x` (a bf16 value) as the pair rule reads it: a denormal is a zero of its sign.
@@ -1215,16 +1291,20 @@ mod tests {
     #[test]
     fn the_kernel_and_the_portable_pair_rule_agree_on_awkward_values() {
         // One and two rows read `b` in place where the CPU has AVX2 without AVX-512 BF16.
-        for &(m, k, n) in &[(8, 64, 32), (9, 33, 65), (17, 300, 100), (1, 33, 96), (2, 64, 64)] {
+        for &(m, k, n) in &[(8, 64, 32), (9, 33, 65), (17, 300, 100), (1, 33, 96), (2, 64, 64), (1, 517, 40), (7, 16, 8)] {
             for seed in 0..4 {
                 let (a, b) = (awkward_bf16(m * k, 10 + seed), awkward_bf16(k * n, 20 + seed));
                 let c0: Vec<f32> = awkward_bf16(m * n, 30 + seed);
                 let mut want = c0.clone();
                 naive_pairs(&a, &b, &mut want, m, k, n);
-                let mut got = c0.clone();
-                gemm_f32(&a, &b, BLayout::RowMajor, &mut got, m, k, n, Products::Bf16Pairs);
-                let differ = got.iter().zip(&want).position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()));
-                assert!(differ.is_none(), "{m}x{k}x{n} seed {seed}: element {differ:?} is {:e}, the portable rule gives {:e}", got[differ.unwrap()], want[differ.unwrap()]);
+                // And `b` stored transposed (packed by 8x8 blocks transposed in registers).
+                let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+                for (layout, b) in [(BLayout::RowMajor, &b), (BLayout::Transposed, &bt)] {
+                    let mut got = c0.clone();
+                    gemm_f32(&a, b, layout, &mut got, m, k, n, Products::Bf16Pairs);
+                    let differ = got.iter().zip(&want).position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()));
+                    assert!(differ.is_none(), "{m}x{k}x{n} {layout:?} seed {seed}: element {differ:?} is {:e}, the portable rule gives {:e}", got[differ.unwrap()], want[differ.unwrap()]);
+                }
             }
         }
     }
@@ -1235,6 +1315,9 @@ mod tests {
     /// of 2^-126 (a and b at biased exponent 71: exactly at the bound, passes) or of 2^-128
     /// (exponent 70: fails, and sums below 2^-126 that the rule flushes); `c` holding values
     /// that fail (2^-110) or denormals (read as zeros: passes); b with infinities and NaN.
+    /// Decode shapes too: one or two rows, whose transposed `b` and narrow last panels are
+    /// packed (and run unchecked where the condition holds), full row-major panels read in
+    /// place by the checked kernel.
     #[test]
     fn products_with_and_without_the_per_step_check_give_the_rule_bits() {
         // (what, a's and b's exponent, or none: typical values; c's kind; whether it passes)
@@ -1246,7 +1329,7 @@ mod tests {
             ("a denormal c", None, 2, true),
             ("infinities and NaN in b", None, 3, true),
         ];
-        for &(m, k, n) in &[(6, 64, 32), (13, 33, 40), (32, 128, 64)] {
+        for &(m, k, n) in &[(6, 64, 32), (13, 33, 40), (32, 128, 64), (1, 64, 40), (2, 33, 64)] {
             for (seed, &(what, exp, c_kind, passes)) in cases.iter().enumerate() {
                 let seed = seed as u32;
                 let (mut a, mut b) = (values(m * k, 60 + seed, true), values(k * n, 70 + seed, true));
