@@ -191,13 +191,9 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: 
 /// rows)` (each row of `c` depends only on its row of `a`: the same bits). Returns whether
 /// it did so (false: nothing done).
 fn zero_rows_apart(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize, rest: impl FnOnce(&[f32], &mut [f32], usize)) -> bool {
-    let zero = |i: usize| a[i * k..(i + 1) * k].iter().all(|&x| bf16_bits(x) & 0x7fff == 0);
-    let kept = |i: usize| c[i * n..(i + 1) * n].iter().all(|&x| x.is_finite() && !(flush(x) == 0.0 && x.is_sign_negative()));
-    let apart: Vec<bool> = (0..m).map(|i| zero(i) && kept(i)).collect();
-    // In chunks without an early exit inside, so the check vectorizes.
-    if !apart.contains(&true) || !b[..k * n].chunks(256).all(|ch| ch.iter().fold(true, |all, x| all & x.is_finite())) {
+    let Some(apart) = rows_apart(a, b, c, m, k, n) else {
         return false;
-    }
+    };
     let others: Vec<usize> = (0..m).filter(|&i| !apart[i]).collect();
     for i in (0..m).filter(|&i| apart[i]) {
         c[i * n..(i + 1) * n].iter_mut().for_each(|x| *x = flush(*x));
@@ -211,6 +207,38 @@ fn zero_rows_apart(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: u
         }
     }
     true
+}
+
+/// Which rows [`zero_rows_apart`] sets apart (rows of `a` all zeros as the rule reads them,
+/// whose `c` is finite and not -0 once flushed), if any and every `b` is finite; else
+/// `None`. A decode step's products each scan all of `b` here, so the scans are
+/// branch-free, compiled for AVX2 where the CPU has it (no vector unsigned max or compare
+/// without it): they took as long as the one-row product itself.
+fn rows_apart(a: &[f32], b: &[f32], c: &[f32], m: usize, k: usize, n: usize) -> Option<Vec<bool>> {
+    #[inline(always)]
+    fn scan(a: &[f32], b: &[f32], c: &[f32], m: usize, k: usize, n: usize) -> Option<Vec<bool>> {
+        const EXP: u32 = 0x7f80_0000;
+        // `f` of every value's bits, or-ed: no early exit inside, so the loop vectorizes.
+        let any = |xs: &[f32], f: fn(u32) -> u32| xs.iter().fold(0u32, |acc, x| acc | f(x.to_bits())) != 0;
+        // Zero as the rule reads it: a zero or a denormal. Not kept: infinite or NaN, or
+        // -0 once flushed.
+        let zero = |i: usize| !any(&a[i * k..(i + 1) * k], |u| u & EXP);
+        let kept = |i: usize| !any(&c[i * n..(i + 1) * n], |u| u32::from(u & EXP == EXP || (u >> 31 == 1 && u & EXP == 0)));
+        let apart: Vec<bool> = (0..m).map(|i| zero(i) && kept(i)).collect();
+        let finite = || b[..k * n].chunks(1024).all(|ch| !any(ch, |u| u32::from(u & EXP == EXP)));
+        (apart.contains(&true) && finite()).then_some(apart)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn scan_avx2(a: &[f32], b: &[f32], c: &[f32], m: usize, k: usize, n: usize) -> Option<Vec<bool>> {
+        scan(a, b, c, m, k, n)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked above).
+        return unsafe { scan_avx2(a, b, c, m, k, n) };
+    }
+    scan(a, b, c, m, k, n)
 }
 
 /// `c += a · b` on this thread, for `n` columns: `b[kk][j]` is at `kk * bs.0 + j * bs.1`,
