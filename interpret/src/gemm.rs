@@ -19,7 +19,8 @@
 //!   rounded.
 //!
 //! Speed: `b` is cut into panels of [`NR`] columns (packed and zero-padded when many rows
-//! reuse them, the last one is narrow or the pair rule needs bf16 pairs), and an `MR×NR`
+//! reuse them, the last one is narrow, `b` is stored transposed (for the AVX2 pair rule: 8×8
+//! blocks transposed in registers) or the pair rule needs bf16 pairs), and an `MR×NR`
 //! block of `c` is kept in registers while k runs (AVX-512, or AVX-512 BF16 for the pair
 //! rule, when the CPU has it, chosen at run time; the pair rule on AVX2 + FMA without
 //! AVX-512 BF16: [`fma_pairs`], plain fused multiply-adds on a 6×16 block where the
@@ -97,8 +98,8 @@ thread_local! {
 enum Lhs<'a> {
     /// f32 rows of `k`; whether each step is one fused multiply-add (see [`micro`]).
     F32(&'a [f32], bool),
-    /// bf16 pairs ([`pair_bits`]), rows of `k.div_ceil(2)`; or, for the AVX2 kernels, the
-    /// same values as [`Halves`] (and no pairs).
+    /// bf16 pairs ([`pair_bits`]), rows of `k.div_ceil(2)`; for the AVX2 kernels, also the
+    /// same values as [`Halves`] (then the pairs are empty, except for one or two rows).
     Pairs(&'a [u32], Option<Halves<'a>>),
 }
 
@@ -110,34 +111,50 @@ struct Halves<'a> {
     a: &'a [f32],
     /// The smallest biased exponent of a non-zero value ([`exponent`]).
     min_exp: u32,
+    /// `b`'s smallest [`exponent`], where a scan of all of `b` found it with nothing
+    /// denormal, infinite or NaN (the padding rows' scan, [`rows_apart`]): then `b` read in
+    /// place is as the rule reads it without a flush, and [`unchecked_exact`] can tell.
+    b_exp: Option<u32>,
 }
 
 /// `c += a · b` (see the module docs for the order of operations).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_f32(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: usize, k: usize, n: usize, products: Products) {
     assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "gemm_f32: buffers shorter than {m}x{k}x{n}");
-    let bs = layout.strides(k, n);
     if m == 0 || n == 0 {
         return;
     }
-    if products == Products::Bf16Pairs && zero_rows_apart(a, b, c, m, k, n, |a, c, rows| gemm_f32(a, b, layout, c, rows, k, n, products)) {
+    if products == Products::Bf16Pairs && zero_rows_apart(a, b, c, m, k, n, |a, c, rows, b_exp| product(a, b, layout, c, rows, k, n, products, b_exp)) {
         return;
     }
+    product(a, b, layout, c, m, k, n, products, None);
+}
+
+/// [`gemm_f32`] past the padding rows, with `b`'s smallest exponent where a scan found it
+/// ([`Halves::b_exp`]).
+#[allow(clippy::too_many_arguments)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn product(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: usize, k: usize, n: usize, products: Products, b_exp: Option<u32>) {
+    let bs = layout.strides(k, n);
     let (mut pairs, mut halves) = (LHS_PAIRS.take(), LHS_HALVES.take());
     let lhs = match products {
         Products::Bf16Pairs => {
-            // One or two rows (a decode step's) read `b` in place instead ([`fma_pairs`]).
             #[cfg(target_arch = "x86_64")]
-            let unchecked = (m > 2 && avx2_pairs()).then(|| {
+            let unchecked = avx2_pairs().then(|| {
                 // SAFETY: the CPU has AVX2 (`avx2_pairs`).
                 let min_exp = unsafe { pack_lhs_halves(&a[..m * k], m, k, &mut halves) };
-                Halves { a: &halves, min_exp }
+                Halves { a: &halves, min_exp, b_exp }
             });
             #[cfg(not(target_arch = "x86_64"))]
             let unchecked = None;
-            // With halves, pairs are made from them only for a panel that needs the checks.
-            if unchecked.is_none() {
+            // With halves, pairs are made from them only for a panel that needs the checks;
+            // one or two rows (a decode step's) have both, as their full row-major panels
+            // are read in place by the checked kernel ([`fma_pairs`]).
+            if unchecked.is_none() || m <= 2 {
                 pack_lhs_pairs(&a[..m * k], k, &mut pairs);
+            } else {
+                // None: not an earlier product's.
+                pairs.clear();
             }
             Lhs::Pairs(&pairs, unchecked)
         }
@@ -184,16 +201,12 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: 
 /// which leaves a flushed `c` as it is, unless it is -0 (then the products' signs decide).
 /// So where some zero row's `c` is finite and not -0 once flushed, such rows get the
 /// flushed `c` and the other rows are multiplied as a smaller product by `rest(a, c,
-/// rows)` (each row of `c` depends only on its row of `a`: the same bits). Returns whether
-/// it did so (false: nothing done).
-fn zero_rows_apart(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize, rest: impl FnOnce(&[f32], &mut [f32], usize)) -> bool {
-    let zero = |i: usize| a[i * k..(i + 1) * k].iter().all(|&x| bf16_bits(x) & 0x7fff == 0);
-    let kept = |i: usize| c[i * n..(i + 1) * n].iter().all(|&x| x.is_finite() && !(flush(x) == 0.0 && x.is_sign_negative()));
-    let apart: Vec<bool> = (0..m).map(|i| zero(i) && kept(i)).collect();
-    // In chunks without an early exit inside, so the check vectorizes.
-    if !apart.contains(&true) || !b[..k * n].chunks(256).all(|ch| ch.iter().fold(true, |all, x| all & x.is_finite())) {
+/// rows, b_exp)` (each row of `c` depends only on its row of `a`: the same bits; `b_exp`:
+/// see [`Halves::b_exp`]). Returns whether it did so (false: nothing done).
+fn zero_rows_apart(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize, rest: impl FnOnce(&[f32], &mut [f32], usize, Option<u32>)) -> bool {
+    let Some((apart, b_exp)) = rows_apart(a, b, c, m, k, n) else {
         return false;
-    }
+    };
     let others: Vec<usize> = (0..m).filter(|&i| !apart[i]).collect();
     for i in (0..m).filter(|&i| apart[i]) {
         c[i * n..(i + 1) * n].iter_mut().for_each(|x| *x = flush(*x));
@@ -201,12 +214,68 @@ fn zero_rows_apart(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: u
     if !others.is_empty() {
         let a2: Vec<f32> = others.iter().flat_map(|&i| &a[i * k..(i + 1) * k]).copied().collect();
         let mut c2: Vec<f32> = others.iter().flat_map(|&i| &c[i * n..(i + 1) * n]).copied().collect();
-        rest(&a2, &mut c2, others.len());
+        rest(&a2, &mut c2, others.len(), b_exp);
         for (&i, row) in others.iter().zip(c2.chunks_exact(n)) {
             c[i * n..(i + 1) * n].copy_from_slice(row);
         }
     }
     true
+}
+
+/// What [`rows_apart`] finds: the rows set apart and `b`'s smallest exponent.
+type Apart = Option<(Vec<bool>, Option<u32>)>;
+
+/// Which rows [`zero_rows_apart`] sets apart (rows of `a` all zeros as the rule reads them,
+/// whose `c` is finite and not -0 once flushed), if any and every `b` is finite, with `b`'s
+/// smallest [`exponent`] where nothing in `b` is denormal ([`Halves::b_exp`]); else `None`.
+/// A decode step's products each scan all of `b` here, so the scans are branch-free,
+/// compiled for AVX2 where the CPU has it (no vector unsigned min, max or compare without
+/// it): they took as long as the one-row product itself.
+fn rows_apart(a: &[f32], b: &[f32], c: &[f32], m: usize, k: usize, n: usize) -> Apart {
+    #[inline(always)]
+    fn scan(a: &[f32], b: &[f32], c: &[f32], m: usize, k: usize, n: usize) -> Apart {
+        const EXP: u32 = 0x7f80_0000;
+        // `f` of every value's bits, or-ed: no early exit inside, so the loop vectorizes.
+        let any = |xs: &[f32], f: fn(u32) -> u32| xs.iter().fold(0u32, |acc, x| acc | f(x.to_bits())) != 0;
+        // Zero as the rule reads it: a zero or a denormal. Not kept: infinite or NaN, or
+        // -0 once flushed.
+        // (By chunks: a row of values, the usual case outside decode steps, stops at once.)
+        let zero = |i: usize| a[i * k..(i + 1) * k].chunks(64).all(|ch| !any(ch, |u| u & EXP));
+        let kept = |i: usize| !any(&c[i * n..(i + 1) * n], |u| u32::from(u & EXP == EXP || (u >> 31 == 1 && u & EXP == 0)));
+        let apart: Vec<bool> = (0..m).map(|i| zero(i) && kept(i)).collect();
+        if !apart.contains(&true) {
+            return None;
+        }
+        // By chunks of `b` (4 KiB, read again from the L1 cache by the second fold): the
+        // largest magnitude's bits (infinite or NaN from `EXP` up), and the smallest non-zero
+        // one's less one (a zero wraps to the largest): below 2^-126's bits it is denormal,
+        // else its exponent is the smallest.
+        let magnitude = |x: &f32| x.to_bits() & 0x7fff_ffff;
+        let mut least = u32::MAX;
+        for ch in b[..k * n].chunks(1024) {
+            if ch.iter().fold(0, |hi, x| hi.max(magnitude(x))) >= EXP {
+                return None;
+            }
+            least = least.min(ch.iter().fold(u32::MAX, |lo, x| lo.min(magnitude(x).wrapping_sub(1))));
+        }
+        let b_exp = match least {
+            u32::MAX => Some(u32::MAX),
+            l if l >= f32::MIN_POSITIVE.to_bits() - 1 => Some(((l + 1) >> 23) - 1),
+            _ => None,
+        };
+        Some((apart, b_exp))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn scan_avx2(a: &[f32], b: &[f32], c: &[f32], m: usize, k: usize, n: usize) -> Apart {
+        scan(a, b, c, m, k, n)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked above).
+        return unsafe { scan_avx2(a, b, c, m, k, n) };
+    }
+    scan(a, b, c, m, k, n)
 }
 
 /// `c += a · b` on this thread, for `n` columns: `b[kk][j]` is at `kk * bs.0 + j * bs.1`,
@@ -408,13 +477,17 @@ fn fma_pairs(a: &[u32], halves: Option<Halves>, kp: usize, b: &[f32], bs: (usize
                 return;
             }
         }
+        // One or two rows reading `b` in place: no per-step check where the padding rows'
+        // scan found `b`'s smallest exponent and it allows (`unchecked_exact`).
+        // SAFETY: the CPU has AVX2 (checked above).
+        let plain = in_place && halves.is_some_and(|h| h.b_exp.is_some_and(|b_exp| unsafe { unchecked_exact(h.min_exp, b_exp, c, ldc, m, j0, w) }));
         let from_halves: Vec<u32>;
         let a = match halves {
-            Some(h) => {
+            Some(h) if a.is_empty() => {
                 from_halves = pairs_of_halves(h.a, m, kp);
                 &from_halves[..]
             }
-            None => a,
+            _ => a,
         };
         assert!(a.len() >= m * kp);
         let mut packed_pairs = false;
@@ -431,10 +504,18 @@ fn fma_pairs(a: &[u32], halves: Option<Halves>, kp: usize, b: &[f32], bs: (usize
                 exact &= unsafe {
                     if r + 1 < rows {
                         let t: &mut [[f32; NR]; 2] = (&mut tile[r..r + 2]).try_into().expect("two rows");
-                        if in_place { avx2::micro_pairs::<2, true>(a, kp, panel, t) } else { avx2::micro_pairs::<2, false>(a, kp, panel, t) }
+                        match (in_place, plain) {
+                            (true, true) => avx2::micro_pairs::<2, true, false>(a, kp, panel, t),
+                            (true, false) => avx2::micro_pairs::<2, true, true>(a, kp, panel, t),
+                            _ => avx2::micro_pairs::<2, false, true>(a, kp, panel, t),
+                        }
                     } else {
                         let t: &mut [[f32; NR]; 1] = (&mut tile[r..r + 1]).try_into().expect("one row");
-                        if in_place { avx2::micro_pairs::<1, true>(a, kp, panel, t) } else { avx2::micro_pairs::<1, false>(a, kp, panel, t) }
+                        match (in_place, plain) {
+                            (true, true) => avx2::micro_pairs::<1, true, false>(a, kp, panel, t),
+                            (true, false) => avx2::micro_pairs::<1, true, true>(a, kp, panel, t),
+                            _ => avx2::micro_pairs::<1, false, true>(a, kp, panel, t),
+                        }
                     }
                 };
             }
@@ -463,6 +544,10 @@ fn pack_panel_halves(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usiz
     let kp = k.div_ceil(2);
     // Every element is written below: no clearing of the buffer first.
     out.resize(2 * kp * NR, 0.0);
+    if bs.0 == 1 && bs.1 != 1 {
+        transposed_halves(b, bs.1, k, j0, w, out);
+        return min_exponent(out);
+    }
     for (p, rows) in out.chunks_exact_mut(2 * NR).enumerate() {
         let (odd, even) = rows.split_at_mut(NR);
         for (kk, dst) in [(2 * p + 1, odd), (2 * p, even)] {
@@ -478,6 +563,74 @@ fn pack_panel_halves(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usiz
         }
     }
     min_exponent(out)
+}
+
+/// [`pack_panel_halves`] for `b` stored transposed (`b[kk][j]` at `kk + j * ldb`: each
+/// column's k values contiguous, as attention's `kᵀ` and `x @ w.T` weights have them): blocks
+/// of 8 columns by 8 k read as 8 vectors and transposed in registers, where a gather of one
+/// value per column (`ldb` apart) would cost several times the product of a decode step's
+/// one row. `out` holds `2 * k.div_ceil(2) * NR` floats. Pair `p`'s odd row `2p + 1` goes
+/// first, so `b`'s row `kk` lands in row `kk ^ 1` of the panel.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn transposed_halves(b: &[f32], ldb: usize, k: usize, j0: usize, w: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let kp = k.div_ceil(2);
+    assert!(out.len() == 2 * kp * NR && w <= NR && (w == 0 || k == 0 || b.len() >= (j0 + w - 1) * ldb + k));
+    // Columns past `w` are zero; an odd k's missing row is -0 (within `w`).
+    for row in out.chunks_exact_mut(NR) {
+        row[w..].fill(0.0);
+    }
+    if k % 2 == 1 {
+        out[(k ^ 1) * NR..(k ^ 1) * NR + w].fill(-0.0);
+    }
+    let (k8, w8) = (k / 8 * 8, w / 8 * 8);
+    for g in (0..w8).step_by(8) {
+        let col = |jj: usize| (j0 + g + jj) * ldb;
+        for kk0 in (0..k8).step_by(8) {
+            // SAFETY: columns `j0 + g .. j0 + g + 8` (within `w`) hold k values each from
+            // `col(jj)`, and `kk0 + 8 <= k` (asserted above); rows `(kk0 + c) ^ 1 < 2 * kp` of
+            // `out` hold NR floats and `g + 8 <= NR`.
+            unsafe {
+                let r: [__m256; 8] = std::array::from_fn(|jj| _mm256_loadu_ps(b.as_ptr().add(col(jj) + kk0)));
+                for (c, v) in transpose8(r).into_iter().enumerate() {
+                    _mm256_storeu_ps(out.as_mut_ptr().add(((kk0 + c) ^ 1) * NR + g), v);
+                }
+            }
+        }
+        for kk in k8..k {
+            for jj in 0..8 {
+                out[(kk ^ 1) * NR + g + jj] = b[col(jj) + kk];
+            }
+        }
+    }
+    for jj in w8..w {
+        for kk in 0..k {
+            out[(kk ^ 1) * NR + jj] = b[(j0 + jj) * ldb + kk];
+        }
+    }
+    // As the rule reads them (the padding is zeros already, and reads as itself).
+    out.iter_mut().for_each(|x| *x = rule_input(*x));
+}
+
+/// The 8x8 transpose of `r` (row `i`, lane `j` becomes row `j`, lane `i`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn transpose8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
+    use std::arch::x86_64::*;
+    // Pairs of rows interleaved, then pairs of pairs, then the 128-bit halves swapped.
+    let t: [__m256; 8] = std::array::from_fn(|i| if i % 2 == 0 { _mm256_unpacklo_ps(r[i], r[i + 1]) } else { _mm256_unpackhi_ps(r[i - 1], r[i]) });
+    let s = [
+        _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+        _mm256_shuffle_ps::<0xee>(t[0], t[2]),
+        _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+        _mm256_shuffle_ps::<0xee>(t[1], t[3]),
+        _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+        _mm256_shuffle_ps::<0xee>(t[4], t[6]),
+        _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+        _mm256_shuffle_ps::<0xee>(t[5], t[7]),
+    ];
+    std::array::from_fn(|i| if i < 4 { _mm256_permute2f128_ps::<0x20>(s[i], s[i + 4]) } else { _mm256_permute2f128_ps::<0x31>(s[i - 4], s[i]) })
 }
 
 /// `x` (a bf16 value) as the pair rule reads it: a denormal is a zero of its sign.
@@ -919,11 +1072,14 @@ mod avx2 {
     /// step's result is the rule's: false when one came non-zero and at most 2^-126 in
     /// magnitude (the tile is then to be computed again).
     ///
+    /// Without `CHECKED` (in place only, where [`super::unchecked_exact`] said so for a `b`
+    /// with nothing denormal, infinite or NaN): no check and no flush of `b`, true.
+    ///
     /// # Safety
     /// The CPU must have AVX2 and FMA; `a` must hold `R` rows of `kp` pairs, the panel what
     /// [`Panel`] says for `kp` pairs; `IN_PLACE` says which panel it is.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn micro_pairs<const R: usize, const IN_PLACE: bool>(a: &[u32], kp: usize, panel: Panel, tile: &mut [[f32; NR]; R]) -> bool {
+    pub(super) unsafe fn micro_pairs<const R: usize, const IN_PLACE: bool, const CHECKED: bool>(a: &[u32], kp: usize, panel: Panel, tile: &mut [[f32; NR]; R]) -> bool {
         debug_assert_eq!(IN_PLACE, matches!(panel, Panel::InPlace { .. }));
         let ap = a.as_ptr();
         let mut acc = [[_mm256_setzero_ps(); 4]; R];
@@ -963,6 +1119,7 @@ mod avx2 {
                             let kk = 2 * p + 1 - half;
                             if kk < k {
                                 let row = b.as_ptr().add(kk * ldb);
+                                let input = |y: __m256| if CHECKED { input(y) } else { _mm256_and_ps(y, _mm256_castsi256_ps(high)) };
                                 [input(_mm256_loadu_ps(row)), input(_mm256_loadu_ps(row.add(8))), input(_mm256_loadu_ps(row.add(16))), input(_mm256_loadu_ps(row.add(24)))]
                             } else {
                                 [_mm256_set1_ps(-0.0); 4]
@@ -974,8 +1131,10 @@ mod avx2 {
                         let x = _mm256_set1_ps(f32::from_bits(if half == 0 { x & 0xffff_0000 } else { x << 16 }));
                         for (j, (v, y)) in row.iter_mut().zip(b).enumerate() {
                             *v = _mm256_fmadd_ps(x, y, *v);
-                            let bits = _mm256_add_epi32(_mm256_slli_epi32::<1>(_mm256_castps_si256(*v)), _mm256_set1_epi32(-1));
-                            low[j / 2] = _mm256_min_epu32(low[j / 2], bits);
+                            if CHECKED {
+                                let bits = _mm256_add_epi32(_mm256_slli_epi32::<1>(_mm256_castps_si256(*v)), _mm256_set1_epi32(-1));
+                                low[j / 2] = _mm256_min_epu32(low[j / 2], bits);
+                            }
                         }
                     }
                 }
@@ -986,6 +1145,9 @@ mod avx2 {
                 // SAFETY: each tile row holds NR = 32 floats.
                 unsafe { _mm256_storeu_ps(t.as_mut_ptr().add(8 * j), *v) };
             }
+        }
+        if !CHECKED {
+            return true;
         }
         let low = _mm256_min_epu32(low[0], low[1]);
         let below = _mm256_cmpeq_epi32(_mm256_min_epu32(low, _mm256_set1_epi32(0xff_ffff)), low);
@@ -1215,17 +1377,48 @@ mod tests {
     #[test]
     fn the_kernel_and_the_portable_pair_rule_agree_on_awkward_values() {
         // One and two rows read `b` in place where the CPU has AVX2 without AVX-512 BF16.
-        for &(m, k, n) in &[(8, 64, 32), (9, 33, 65), (17, 300, 100), (1, 33, 96), (2, 64, 64)] {
+        for &(m, k, n) in &[(8, 64, 32), (9, 33, 65), (17, 300, 100), (1, 33, 96), (2, 64, 64), (1, 517, 40), (7, 16, 8)] {
             for seed in 0..4 {
                 let (a, b) = (awkward_bf16(m * k, 10 + seed), awkward_bf16(k * n, 20 + seed));
                 let c0: Vec<f32> = awkward_bf16(m * n, 30 + seed);
                 let mut want = c0.clone();
                 naive_pairs(&a, &b, &mut want, m, k, n);
-                let mut got = c0.clone();
-                gemm_f32(&a, &b, BLayout::RowMajor, &mut got, m, k, n, Products::Bf16Pairs);
-                let differ = got.iter().zip(&want).position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()));
-                assert!(differ.is_none(), "{m}x{k}x{n} seed {seed}: element {differ:?} is {:e}, the portable rule gives {:e}", got[differ.unwrap()], want[differ.unwrap()]);
+                // And `b` stored transposed (packed by 8x8 blocks transposed in registers).
+                let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+                for (layout, b) in [(BLayout::RowMajor, &b), (BLayout::Transposed, &bt)] {
+                    let mut got = c0.clone();
+                    gemm_f32(&a, b, layout, &mut got, m, k, n, Products::Bf16Pairs);
+                    let differ = got.iter().zip(&want).position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()));
+                    assert!(differ.is_none(), "{m}x{k}x{n} {layout:?} seed {seed}: element {differ:?} is {:e}, the portable rule gives {:e}", got[differ.unwrap()], want[differ.unwrap()]);
+                }
             }
+        }
+    }
+
+    /// The padding rows' scan of `b` ([`rows_apart`]): `b`'s smallest exponent where nothing
+    /// in it is denormal (f32 denormals too, at both ends of their range), nothing at all
+    /// with an infinity or NaN, across chunks.
+    #[test]
+    fn the_scan_of_b_finds_its_smallest_exponent_and_denormals() {
+        let bits = f32::from_bits;
+        // (what, b, what the scan finds: None when it stops, else `b`'s exponent if any)
+        type Found = Option<Option<u32>>;
+        let cases: [(&str, Vec<f32>, Found); 7] = [
+            ("zeros", vec![0.0, -0.0, 0.0], Some(Some(u32::MAX))),
+            ("normal values", vec![1.0, -0.5, 0.0, 3.0, -0.25], Some(Some(exponent(0.25)))),
+            ("2^-126", vec![1.0, -f32::MIN_POSITIVE], Some(Some(0))),
+            ("the largest denormal", vec![1.0, bits(0x007f_ffff)], Some(None)),
+            ("the smallest denormal", vec![1.0, -bits(1)], Some(None)),
+            ("an infinity", vec![1.0, f32::NEG_INFINITY], None),
+            ("a NaN past the first chunk", (0..3000).map(|i| if i == 2500 { f32::NAN } else { 1.0 }).collect(), None),
+        ];
+        for (what, b, want) in cases {
+            let k = b.len();
+            let got = rows_apart(&vec![0.0; k], &b, &[0.0], 1, k, 1).map(|(apart, b_exp)| {
+                assert_eq!(apart, [true], "{what}");
+                b_exp
+            });
+            assert_eq!(got, want, "{what}");
         }
     }
 
@@ -1234,19 +1427,26 @@ mod tests {
     /// portable rule: typical values; products whose cancelling pairs leave small multiples
     /// of 2^-126 (a and b at biased exponent 71: exactly at the bound, passes) or of 2^-128
     /// (exponent 70: fails, and sums below 2^-126 that the rule flushes); `c` holding values
-    /// that fail (2^-110) or denormals (read as zeros: passes); b with infinities and NaN.
+    /// that fail (2^-110) or denormals (read as zeros: passes); b with infinities and NaN, or
+    /// a column of denormals (read as zeros: a result of zero, where the hardware's steps
+    /// would leave a denormal).
+    /// Decode shapes too: one or two rows, whose transposed `b` and narrow last panels are
+    /// packed (and run unchecked where the condition holds), full row-major panels read in
+    /// place (checked, or not where the padding rows' scan of `b` lets the condition
+    /// decide).
     #[test]
     fn products_with_and_without_the_per_step_check_give_the_rule_bits() {
         // (what, a's and b's exponent, or none: typical values; c's kind; whether it passes)
-        let cases: [(&str, Option<i32>, u8, bool); 6] = [
+        let cases: [(&str, Option<i32>, u8, bool); 7] = [
             ("typical values", None, 0, true),
             ("cancelling products at the bound", Some(-56), 0, true),
             ("cancelling products below the bound", Some(-57), 0, false),
             ("a tiny c", None, 1, false),
             ("a denormal c", None, 2, true),
             ("infinities and NaN in b", None, 3, true),
+            ("a column of denormals in b (read as zeros)", None, 4, true),
         ];
-        for &(m, k, n) in &[(6, 64, 32), (13, 33, 40), (32, 128, 64)] {
+        for &(m, k, n) in &[(6, 64, 32), (13, 33, 40), (32, 128, 64), (1, 64, 40), (2, 33, 64)] {
             for (seed, &(what, exp, c_kind, passes)) in cases.iter().enumerate() {
                 let seed = seed as u32;
                 let (mut a, mut b) = (values(m * k, 60 + seed, true), values(k * n, 70 + seed, true));
@@ -1270,10 +1470,16 @@ mod tests {
                     0 => vec![0.0; m * n],
                     1 => values(m * n, 90 + seed, false).iter().map(|x| x * 2f32.powi(-110)).collect(),
                     2 => values(m * n, 90 + seed, false).iter().enumerate().map(|(e, x)| if e % 3 == 0 { f32::from_bits(0x0000_0101) } else { *x }).collect(),
-                    _ => {
+                    3 => {
                         b[5] = f32::INFINITY;
                         b[k * n / 2] = f32::NAN;
                         values(m * n, 90 + seed, false)
+                    }
+                    _ => {
+                        for kk in 0..k {
+                            b[kk * n] = f32::from_bits(0x0001_0000 | (kk as u32 % 2) << 31);
+                        }
+                        vec![0.0; m * n]
                     }
                 };
                 #[cfg(target_arch = "x86_64")]
@@ -1293,11 +1499,18 @@ mod tests {
                     assert_eq!(same_bits(&plain, &want), passes, "{what}, {m}x{k}x{n}: plain fused steps against the rule");
                 }
                 let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+                // And, for one or two rows, as a decode step has them: under 14 padding rows
+                // of zeros whose `c` is +0, whose scan of `b` lets full row-major panels read in
+                // place skip the checks where the condition holds.
+                let pad = if m <= 2 { 14 } else { 0 };
+                let (a, c0) = ([&a[..], &vec![0.0; pad * k]].concat(), [&c0[..], &vec![0.0; pad * n]].concat());
+                let mut want = c0.clone();
+                naive_pairs(&a, &b, &mut want, m + pad, k, n);
                 for (layout, b) in [(BLayout::RowMajor, &b), (BLayout::Transposed, &bt)] {
                     let mut got = c0.clone();
-                    gemm_f32(&a, b, layout, &mut got, m, k, n, Products::Bf16Pairs);
+                    gemm_f32(&a, b, layout, &mut got, m + pad, k, n, Products::Bf16Pairs);
                     let differ = got.iter().zip(&want).position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()));
-                    assert!(differ.is_none(), "{what}, {m}x{k}x{n} {layout:?}: element {differ:?} is {:e}, the pair rule gives {:e}", got[differ.unwrap()], want[differ.unwrap()]);
+                    assert!(differ.is_none(), "{what}, {m}x{k}x{n} (+{pad} zero rows) {layout:?}: element {differ:?} is {:e}, the pair rule gives {:e}", got[differ.unwrap()], want[differ.unwrap()]);
                 }
             }
         }
