@@ -516,15 +516,27 @@ fn reduce_index(t: &Tile, dim: usize, max: bool) -> Result<Val> {
     Ok(Val::Tile(Tile::new(DType::I32, shape, Data::I(out))))
 }
 
-/// Fold `src` (row-major over `shape`) into `out` at the positions `strides` map it to.
-fn accumulate<T: Copy>(shape: &[usize], strides: &[isize], out: &mut [T], src: &[T], f: fn(T, T) -> T) {
+/// Fold `src` (row-major over `shape`) into `out` at the positions `strides` map it to, in
+/// `src`'s order. Generic over `f` so each reduction is its own loop: a row reduced into one
+/// element (stride 0) is a plain fold, a row kept (stride 1) a zip the compiler vectorizes.
+fn accumulate<T: Copy>(shape: &[usize], strides: &[isize], out: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
     let mut i = 0usize;
     walk_rows(shape, strides, 0, |o, len, s| {
-        for j in 0..len {
-            let p = (o + j as isize * s) as usize;
-            out[p] = f(out[p], src[i]);
-            i += 1;
+        let row = &src[i..i + len];
+        match s {
+            0 => {
+                let p = o as usize;
+                out[p] = row.iter().fold(out[p], |a, &x| f(a, x));
+            }
+            1 => out[o as usize..o as usize + len].iter_mut().zip(row).for_each(|(a, &x)| *a = f(*a, x)),
+            _ => {
+                for (j, &x) in row.iter().enumerate() {
+                    let p = (o + j as isize * s) as usize;
+                    out[p] = f(out[p], x);
+                }
+            }
         }
+        i += len;
     });
 }
 
@@ -558,35 +570,39 @@ fn reduce(kind: RKind, dt: DType, a: &Tile, acc: &Val, dims: &[usize]) -> Result
         Val::Int(i) => Data::I(vec![*i as i32]),
         other => bail!(Mismatch, "reduction accumulator is {}", other.kind()),
     };
+    // Each reduction its own loop ([`accumulate`] is generic over it).
+    macro_rules! fold {
+        ($out:ident, $src:ident, $f:expr) => {
+            accumulate(&a.shape, &strides, &mut $out, $src, $f)
+        };
+    }
     let data = match (accv, &*a.data) {
         (Data::F(mut out), Data::F(src)) => {
-            let f: fn(f32, f32) -> f32 = match kind {
-                RKind::Add => |x, y| x + y,
-                RKind::Mul => |x, y| x * y,
-                RKind::MaxF => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) },
-                RKind::MinF => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) },
-                RKind::MaxNumF => f32::max,
-                RKind::MinNumF => f32::min,
+            match kind {
+                RKind::Add => fold!(out, src, |x, y| x + y),
+                RKind::Mul => fold!(out, src, |x, y| x * y),
+                RKind::MaxF => fold!(out, src, |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) }),
+                RKind::MinF => fold!(out, src, |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) }),
+                RKind::MaxNumF => fold!(out, src, f32::max),
+                RKind::MinNumF => fold!(out, src, f32::min),
                 k => bail!(Malformed, "float reduction {k:?}"),
-            };
-            accumulate(&a.shape, &strides, &mut out, src, f);
+            }
             round_slice(dt, &mut out);
             Data::F(out)
         }
         (Data::I(mut out), Data::I(src)) => {
-            let f: fn(i32, i32) -> i32 = match kind {
-                RKind::Add => i32::wrapping_add,
-                RKind::Mul => i32::wrapping_mul,
-                RKind::MaxSI => i32::max,
-                RKind::MinSI => i32::min,
-                RKind::MaxUI => |x, y| (x as u32).max(y as u32) as i32,
-                RKind::MinUI => |x, y| (x as u32).min(y as u32) as i32,
-                RKind::And => |x, y| x & y,
-                RKind::Or => |x, y| x | y,
-                RKind::Xor => |x, y| x ^ y,
+            match kind {
+                RKind::Add => fold!(out, src, i32::wrapping_add),
+                RKind::Mul => fold!(out, src, i32::wrapping_mul),
+                RKind::MaxSI => fold!(out, src, i32::max),
+                RKind::MinSI => fold!(out, src, i32::min),
+                RKind::MaxUI => fold!(out, src, |x, y| (x as u32).max(y as u32) as i32),
+                RKind::MinUI => fold!(out, src, |x, y| (x as u32).min(y as u32) as i32),
+                RKind::And => fold!(out, src, |x, y| x & y),
+                RKind::Or => fold!(out, src, |x, y| x | y),
+                RKind::Xor => fold!(out, src, |x, y| x ^ y),
                 k => bail!(Malformed, "integer reduction {k:?}"),
-            };
-            accumulate(&a.shape, &strides, &mut out, src, f);
+            }
             Data::I(out)
         }
         _ => bail!(Mismatch, "reduction of mixed element kinds"),
@@ -653,7 +669,7 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
             let round = precision == Precision::Bf16 || (precision == Precision::Default && (lhs.dt == DType::F32 || rhs.dt == DType::F32));
             let (a2, b2);
             let (a, b) = if round {
-                (a2, b2) = (rounded_bf16(a), rounded_bf16(b));
+                (a2, b2) = (value::rounded(DType::Bf16, a), value::rounded(DType::Bf16, b));
                 (&a2[..], &b2[..])
             } else {
                 (&a[..], &b[..])
@@ -721,13 +737,6 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
     Ok(Val::Tile(Tile::new(out, shape.clone(), data)))
 }
 
-/// `xs` rounded to bf16.
-fn rounded_bf16(xs: &[f32]) -> Vec<f32> {
-    let mut v = xs.to_vec();
-    round_slice(DType::Bf16, &mut v);
-    v
-}
-
 #[allow(dead_code)]
 pub(crate) fn internal(m: &str) -> InterpError {
     InterpError::new(ErrorKind::Malformed, m.to_string())
@@ -735,7 +744,42 @@ pub(crate) fn internal(m: &str) -> InterpError {
 
 #[cfg(test)]
 mod tests {
-    use super::log_line;
+    use super::{log_line, reduce};
+    use crate::prepare::RKind;
+    use crate::value::{DType, Data, Shape, Tile, Val};
+
+    #[test]
+    fn reductions_fold_each_output_in_the_order_of_the_source() {
+        // Values whose f32 sums depend on the order (1e8 + 1 - 1e8), and NaN for the max.
+        let shape: Shape = [3, 4, 5].into_iter().collect();
+        let src: Vec<f32> = (0..60).map(|i| match i % 7 { 0 => 1e8, 3 => -1e8, 5 if i == 40 => f32::NAN, k => k as f32 * 0.37 }).collect();
+        let t = Tile::new(DType::F32, shape.clone(), Data::F(src.clone()));
+        for dims in [vec![2], vec![0], vec![1], vec![0, 2], vec![0, 1, 2]] {
+            for (kind, f) in [(RKind::Add, (|a, b| a + b) as fn(f32, f32) -> f32), (RKind::MaxF, |a: f32, b: f32| if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) })] {
+                let kept: Vec<usize> = (0..3).filter(|d| !dims.contains(d)).collect();
+                let out_shape: Shape = kept.iter().map(|&d| shape[d]).collect();
+                let n: usize = out_shape.iter().product();
+                // Row-major over the source, each element folded into its output in turn.
+                let mut want = vec![0.5f32; n];
+                for (i, &x) in src.iter().enumerate() {
+                    let idx = [i / 20, i / 5 % 4, i % 5];
+                    let o = kept.iter().fold(0, |o, &d| o * shape[d] + idx[d]);
+                    want[o] = f(want[o], x);
+                }
+                let acc = if n == 1 && kept.is_empty() { Val::Float(0.5) } else { Val::Tile(Tile::new(DType::F32, out_shape, Data::F(vec![0.5; n]))) };
+                let got: Vec<f32> = match reduce(kind, DType::F32, &t, &acc, &dims).unwrap() {
+                    Val::Tile(r) => match &*r.data {
+                        Data::F(v) => v.clone(),
+                        Data::I(_) => panic!("floats"),
+                    },
+                    Val::Float(x) => vec![x as f32],
+                    other => panic!("{}", other.kind()),
+                };
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{kind:?} over {dims:?}");
+            }
+        }
+    }
 
     #[test]
     fn log_lines_fill_placeholders_in_order() {

@@ -50,6 +50,50 @@ pub(crate) struct Buffer {
     unfilled: Vec<bool>,
     /// How many of `unfilled` are `true`.
     pending: usize,
+    /// Chunks along dim 0 (as `unfilled`) whose contents are, for now, another buffer's
+    /// storage: a DMA of a whole chunk from a kept input lends it instead of copying (see
+    /// [`Memory::lend`]). Empty when no chunk is lent.
+    lent: Vec<Option<Lent>>,
+}
+
+/// A chunk's contents held in another buffer's storage: `per` elements from `off`.
+#[derive(Clone, Debug)]
+struct Lent {
+    data: Arc<Data>,
+    off: usize,
+}
+
+impl Buffer {
+    /// For a read of `region` (at `off` in this buffer) inside one lent chunk: the lender's
+    /// storage and the region's offset in it.
+    fn lent_at(&self, region: &View, off: isize) -> Option<(&Data, isize)> {
+        if self.lent.is_empty() {
+            return None;
+        }
+        let (lo, hi, _) = self.touched(region, false);
+        let l = self.lent.get(lo)?.as_ref().filter(|_| hi == lo + 1)?;
+        let per = self.data.len() / self.chunks();
+        Some((&*l.data, l.off as isize + off - (lo * per) as isize))
+    }
+
+    /// Chunks along dim 0 for lazy poison and lent contents: one per index of dim 0 (a ring
+    /// slot, a row of a window), or the whole buffer as one chunk.
+    fn chunks(&self) -> usize {
+        match self.shape.first() {
+            Some(&d) if self.shape.len() > 1 && d <= MAX_CHUNKS => d,
+            _ => 1,
+        }
+    }
+
+    /// The chunks `region` touches, and whether (for a write, `overwrite`) it covers each
+    /// of them whole: it spans every element of dims 1.. (all of the buffer when it is one
+    /// chunk).
+    fn touched(&self, region: &View, overwrite: bool) -> (usize, usize, bool) {
+        let chunks = self.chunks();
+        let (lo, hi) = if chunks == 1 { (0, usize::from(region.elems() > 0)) } else { (region.start[0], region.start[0] + region.size[0]) };
+        let whole = overwrite && (usize::from(chunks > 1)..self.shape.len()).all(|d| region.start[d] == 0 && region.size[d] == self.shape[d]);
+        (lo, hi, whole)
+    }
 }
 
 /// Buffers of at least this many elements are poisoned lazily (smaller ones on allocation).
@@ -110,28 +154,42 @@ impl Memory {
     /// Mark all of `buf` as fresh poison, to be filled where first touched.
     fn unfill(&mut self, buf: usize) {
         let b = &mut self.bufs[buf];
-        let chunks = match b.shape.first() {
-            Some(&d) if b.shape.len() > 1 && d <= MAX_CHUNKS => d,
-            _ => 1,
-        };
+        let chunks = b.chunks();
+        b.lent = Vec::new();
         b.unfilled = vec![true; chunks];
         b.pending = chunks;
     }
 
     /// Before `region` is read (`overwrite = false`) or written whole (`true`): fill the
     /// fresh chunks it touches with poison, except, for a write, the chunks it covers whole.
-    /// So a kernel reading memory nothing wrote still sees the poison.
+    /// So a kernel reading memory nothing wrote still sees the poison. Lent chunks it
+    /// touches get their contents copied in (what the DMA did not), or, overwritten whole,
+    /// are just given back.
     fn settle(&mut self, region: &View, overwrite: bool) {
         let b = &mut self.bufs[region.buf];
+        if b.pending == 0 && b.lent.is_empty() {
+            return;
+        }
+        let per = b.data.len() / b.chunks();
+        let (lo, hi, whole) = b.touched(region, overwrite);
+        if !b.lent.is_empty() {
+            for k in lo..hi {
+                let Some(l) = b.lent[k].take() else { continue };
+                if !whole {
+                    match (Arc::make_mut(&mut b.data), &*l.data) {
+                        (Data::F(d), Data::F(s)) => d[k * per..(k + 1) * per].copy_from_slice(&s[l.off..l.off + per]),
+                        (Data::I(d), Data::I(s)) => d[k * per..(k + 1) * per].copy_from_slice(&s[l.off..l.off + per]),
+                        _ => unreachable!("a chunk is lent by storage of its own element kind"),
+                    }
+                }
+            }
+            if b.lent.iter().all(Option::is_none) {
+                b.lent = Vec::new();
+            }
+        }
         if b.pending == 0 {
             return;
         }
-        let chunks = b.unfilled.len();
-        let per = b.data.len() / chunks;
-        let (lo, hi) = if chunks == 1 { (0, usize::from(region.elems() > 0)) } else { (region.start[0], region.start[0] + region.size[0]) };
-        // Whole chunks: the region spans every element of dims 1.. (all of the buffer when
-        // it is one chunk).
-        let whole = overwrite && (usize::from(chunks > 1)..b.shape.len()).all(|d| region.start[d] == 0 && region.size[d] == b.shape[d]);
         for k in lo..hi {
             if !b.unfilled[k] {
                 continue;
@@ -164,12 +222,13 @@ impl Memory {
         b.data = data;
         b.unfilled = Vec::new();
         b.pending = 0;
+        b.lent = Vec::new();
     }
 
     /// A new buffer holding `data` (`shape.product()` elements of `dt`).
     pub fn adopt(&mut self, dt: DType, shape: &[usize], space: Space, name: String, data: Arc<Data>) -> usize {
         debug_assert_eq!(data.len(), shape.iter().product::<usize>());
-        self.bufs.push(Buffer { dt, shape: shape.into(), strides: strides_of(shape), data, space, name, alive: true, unfilled: Vec::new(), pending: 0 });
+        self.bufs.push(Buffer { dt, shape: shape.into(), strides: strides_of(shape), data, space, name, alive: true, unfilled: Vec::new(), pending: 0, lent: Vec::new() });
         let id = self.bufs.len() - 1;
         if let Some(s) = self.scopes.last_mut() {
             s.push(id);
@@ -321,9 +380,17 @@ impl Memory {
         let (region, off, strides) = self.stepped(v, idx, vshape, steps)?;
         self.live(v)?;
         self.check_access(&region, false, "read of")?;
+        let strides = &strides[..];
+        // Inside one lent chunk: read the lender's storage (nothing copied in first).
+        if let Some((data, at)) = self.bufs[v.buf].lent_at(&region, off) {
+            let data = match data {
+                Data::F(d) => Data::F(gather(d, at, strides, vshape)),
+                Data::I(d) => Data::I(gather(d, at, strides, vshape)),
+            };
+            return Ok(Tile::new(dt, vshape.into(), data));
+        }
         self.settle(&region, false);
         let b = &self.bufs[v.buf];
-        let strides = &strides[..];
         // A load of the whole buffer (a block's window, a scratch accumulator) shares its
         // storage: a later store into the buffer copies it first (copy-on-write).
         if off == 0 && region.elems() == b.data.len() && contiguous(vshape, strides) {
@@ -396,6 +463,9 @@ impl Memory {
         if shape != dshape {
             bail!(Mismatch, "copy between shapes [{}] and [{}]", join(&shape), join(&dshape));
         }
+        if self.lend(src, dst) {
+            return Ok(());
+        }
         self.settle(src, false);
         self.settle(dst, true);
         // Within one buffer the regions may overlap: go through a copy of the source.
@@ -422,8 +492,41 @@ impl Memory {
         Ok(())
     }
 
+    /// A copy of a contiguous `src` into exactly one large chunk of `dst` (a DMA into a
+    /// weight ring's slot) from storage shared elsewhere (a kept input, or any array a tile
+    /// or another task also holds): the chunk borrows the source's storage instead (nothing
+    /// copied); reads inside the chunk read it there, anything else copies it in first
+    /// ([`Memory::settle`]). The borrowed storage cannot change: a write to the source makes
+    /// the source copy it first (`Arc::make_mut`), as it would have anyway while shared.
+    /// Returns whether it lent.
+    fn lend(&mut self, src: &View, dst: &View) -> bool {
+        if src.buf == dst.buf {
+            return false;
+        }
+        let (s, d) = (&self.bufs[src.buf], &self.bufs[dst.buf]);
+        let chunks = d.chunks();
+        if Arc::strong_count(&s.data) < 2 || s.pending > 0 || !s.lent.is_empty() || std::mem::discriminant(&*s.data) != std::mem::discriminant(&*d.data) || d.data.len() / chunks < LAZY_POISON_MIN {
+            return false;
+        }
+        let (lo, hi, whole) = d.touched(dst, true);
+        let (off, strides, shape) = self.layout(src);
+        if !whole || hi != lo + 1 || !contiguous(&shape, &strides) {
+            return false;
+        }
+        let data = s.data.clone();
+        // The chunk's fresh poison or earlier loan goes: it is overwritten whole.
+        self.settle(dst, true);
+        let d = &mut self.bufs[dst.buf];
+        if d.lent.is_empty() {
+            d.lent = vec![None; chunks];
+        }
+        d.lent[lo] = Some(Lent { data, off: off as usize });
+        true
+    }
+
     pub fn fill_poison(&mut self, buf: usize) {
         let b = &mut self.bufs[buf];
+        b.lent = Vec::new();
         if b.data.len() >= LAZY_POISON_MIN {
             // Shared (a recorded write-back, a parallel task's copy): new storage, no copy.
             if Arc::get_mut(&mut b.data).is_none() {
@@ -638,6 +741,7 @@ impl Memory {
             let b = &mut self.bufs[id];
             b.alive = false;
             b.data = Arc::new(Data::I(Vec::new()));
+            b.lent = Vec::new();
         }
         Ok(())
     }

@@ -135,6 +135,16 @@ pub(crate) fn round_slice(dt: DType, xs: &mut [f32]) {
     }
 }
 
+/// `xs` rounded to `dt` into a new vector (one pass: no copy rounded afterwards).
+pub(crate) fn rounded(dt: DType, xs: &[f32]) -> Vec<f32> {
+    match dt {
+        DType::Bf16 => xs.iter().map(|&x| round_bf16(x)).collect(),
+        DType::F16 => xs.iter().map(|&x| f16::from_f32(x).to_f32()).collect(),
+        DType::F8E4M3FN => xs.iter().map(|&x| round_e4m3fn(x)).collect(),
+        _ => xs.to_vec(),
+    }
+}
+
 /// Wrap an integer to the width of `dt` (sign-extended; `i1` as 0/1).
 #[inline]
 pub(crate) fn wrap_i(dt: DType, x: i64) -> i64 {
@@ -672,7 +682,21 @@ pub(crate) fn unary(op: Un, dt: DType, a: &Val) -> Result<Val> {
     Ok(match a {
         Val::Tile(t) => {
             let data = match &*t.data {
-                Data::F(p) => Data::F(p.iter().map(|x| round_f(dt, fun(op, *x))).collect()),
+                Data::F(p) => {
+                    // The common ops as their own loops (`fun`'s match is not taken out of
+                    // the loop), then one rounding pass.
+                    let mut out: Vec<f32> = match op {
+                        Un::NegF => p.iter().map(|&x| -x).collect(),
+                        Un::AbsF => p.iter().map(|&x| x.abs()).collect(),
+                        Un::Rsqrt => p.iter().map(|&x| 1.0 / x.sqrt()).collect(),
+                        Un::Sqrt => p.iter().map(|&x| x.sqrt()).collect(),
+                        Un::Reciprocal => p.iter().map(|&x| 1.0 / x).collect(),
+                        Un::Exp => p.iter().map(|&x| x.exp()).collect(),
+                        _ => p.iter().map(|&x| fun(op, x)).collect(),
+                    };
+                    round_slice(dt, &mut out);
+                    Data::F(out)
+                }
                 Data::I(p) => Data::I(p.iter().map(|x| iun(op, dt, i64::from(*x)) as i32).collect()),
             };
             Val::Tile(Tile::new(dt, t.shape.clone(), data))
@@ -725,6 +749,40 @@ fn cmpi(pred: i64, dt: DType, a: i64, b: i64) -> bool {
     }
 }
 
+/// `pred` as a constant: one loop per predicate, compiled without a branch on it per
+/// element (a comparison per element is all these loops do).
+macro_rules! by_pred {
+    ($pred:expr, $f:ident, $p:expr, $q:expr) => {
+        match $pred {
+            0 => $f::<0>($p, $q),
+            1 => $f::<1>($p, $q),
+            2 => $f::<2>($p, $q),
+            3 => $f::<3>($p, $q),
+            4 => $f::<4>($p, $q),
+            5 => $f::<5>($p, $q),
+            6 => $f::<6>($p, $q),
+            7 => $f::<7>($p, $q),
+            8 => $f::<8>($p, $q),
+            9 => $f::<9>($p, $q),
+            10 => $f::<10>($p, $q),
+            11 => $f::<11>($p, $q),
+            12 => $f::<12>($p, $q),
+            13 => $f::<13>($p, $q),
+            14 => $f::<14>($p, $q),
+            _ => $f::<15>($p, $q),
+        }
+    };
+}
+
+fn cmp_f<const P: i64>(p: &[f32], q: &[f32]) -> Vec<i32> {
+    p.iter().zip(q).map(|(a, b)| i32::from(cmpf(P, *a, *b))).collect()
+}
+
+/// Signed predicates (`P` at most 5) on i32s.
+fn cmp_si<const P: i64>(p: &[i32], q: &[i32]) -> Vec<i32> {
+    p.iter().zip(q).map(|(&a, &b)| i32::from(cmpi(P, DType::I32, i64::from(a), i64::from(b)))).collect()
+}
+
 pub(crate) fn compare(float: bool, pred: i64, dt: DType, a: &Val, b: &Val) -> Result<Val> {
     Ok(match (a, b) {
         (Val::Tile(x), Val::Tile(y)) => {
@@ -732,19 +790,9 @@ pub(crate) fn compare(float: bool, pred: i64, dt: DType, a: &Val, b: &Val) -> Re
                 bail!(Mismatch, "operand shapes differ: {:?} vs {:?}", x.shape, y.shape);
             }
             let out: Vec<i32> = match (&*x.data, &*y.data) {
-                (Data::F(p), Data::F(q)) => p.iter().zip(q).map(|(a, b)| i32::from(cmpf(pred, *a, *b))).collect(),
+                (Data::F(p), Data::F(q)) => by_pred!(pred, cmp_f, p, q),
                 // Signed predicates on sign-extended values need no widening.
-                (Data::I(p), Data::I(q)) if pred <= 5 => {
-                    let f: fn(&i32, &i32) -> bool = match pred {
-                        0 => |a, b| a == b,
-                        1 => |a, b| a != b,
-                        2 => |a, b| a < b,
-                        3 => |a, b| a <= b,
-                        4 => |a, b| a > b,
-                        _ => |a, b| a >= b,
-                    };
-                    p.iter().zip(q).map(|(a, b)| i32::from(f(a, b))).collect()
-                }
+                (Data::I(p), Data::I(q)) if pred <= 5 => by_pred!(pred, cmp_si, p, q),
                 (Data::I(p), Data::I(q)) => p.iter().zip(q).map(|(a, b)| i32::from(cmpi(pred, dt, i64::from(*a), i64::from(*b)))).collect(),
                 _ => bail!(Mismatch, "operands of different element kinds"),
             };
@@ -848,9 +896,7 @@ pub(crate) fn cast(op: Cast, from: DType, to: DType, a: &Val) -> Result<Val> {
             let data = match &*t.data {
                 Data::F(p) => {
                     if to.is_float() {
-                        let mut out = p.clone();
-                        round_slice(to, &mut out);
-                        Data::F(out)
+                        Data::F(rounded(to, p))
                     } else {
                         let mut out = Vec::with_capacity(n);
                         for x in p {
@@ -861,6 +907,15 @@ pub(crate) fn cast(op: Cast, from: DType, to: DType, a: &Val) -> Result<Val> {
                         }
                         Data::I(out)
                     }
+                }
+                // `i1` widened (a mask as 0/1 or 0/-1), `i32` to f32 or bf16: one loop each.
+                Data::I(p) if from == DType::Bool && matches!(op, Cast::ExtUI | Cast::ExtSI) && matches!(to, DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::Index) => {
+                    let neg = op == Cast::ExtSI;
+                    Data::I(p.iter().map(|&x| if neg { -i32::from(x != 0) } else { x & 1 }).collect())
+                }
+                Data::I(p) if from == DType::I32 && matches!(op, Cast::SiToFp) && matches!(to, DType::F32 | DType::Bf16) => {
+                    let bf = to == DType::Bf16;
+                    Data::F(p.iter().map(|&x| if bf { round_bf16(x as f32) } else { x as f32 }).collect())
                 }
                 Data::I(p) => {
                     if to.is_float() {
@@ -918,6 +973,42 @@ mod tests {
         let back = floats(&cast(Cast::ExtF, DType::F8E4M3FN, DType::F32, &f8).unwrap());
         assert_eq!((back[0], back[1], back[3]), (16.0, 448.0, 2f32.powi(-9)));
         assert!(back[2].is_nan());
+    }
+
+    #[test]
+    fn vector_compares_and_casts_give_what_the_scalar_ops_give() {
+        let tile = |dt: DType, data: Data| Val::Tile(Tile::new(dt, [data.len()].into_iter().collect(), data));
+        let fs = [f32::NAN, -f32::INFINITY, -1.5, -0.0, 0.0, 1.5, 2.0, f32::INFINITY];
+        let (fa, fb): (Vec<f32>, Vec<f32>) = fs.iter().flat_map(|&a| fs.iter().map(move |&b| (a, b))).unzip();
+        let is = [i32::MIN, -7, -1, 0, 1, 7, i32::MAX];
+        let (ia, ib): (Vec<i32>, Vec<i32>) = is.iter().flat_map(|&a| is.iter().map(move |&b| (a, b))).unzip();
+        let (x, y) = (tile(DType::F32, Data::F(fa.clone())), tile(DType::F32, Data::F(fb.clone())));
+        for pred in 0..16 {
+            let got = compare(true, pred, DType::F32, &x, &y).unwrap();
+            let want: Vec<i32> = fa.iter().zip(&fb).map(|(&a, &b)| compare(true, pred, DType::F32, &Val::Float(a.into()), &Val::Float(b.into())).unwrap().int().unwrap() as i32).collect();
+            assert_eq!(got.tile().unwrap().i(), want, "cmpf predicate {pred}");
+        }
+        let (x, y) = (tile(DType::I32, Data::I(ia.clone())), tile(DType::I32, Data::I(ib.clone())));
+        for pred in 0..10 {
+            let got = compare(false, pred, DType::I32, &x, &y).unwrap();
+            let want: Vec<i32> = ia.iter().zip(&ib).map(|(&a, &b)| compare(false, pred, DType::I32, &Val::Int(a.into()), &Val::Int(b.into())).unwrap().int().unwrap() as i32).collect();
+            assert_eq!(got.tile().unwrap().i(), want, "cmpi predicate {pred}");
+        }
+        // Widened masks and i32 to float: the one-loop paths against the scalar casts.
+        let mask = tile(DType::Bool, Data::I(vec![0, 1, 1, 0]));
+        for (op, to) in [(Cast::ExtUI, DType::I32), (Cast::ExtSI, DType::I32), (Cast::ExtSI, DType::I8)] {
+            let want: Vec<i32> = [0, 1, 1, 0].iter().map(|&b| cast(op, DType::Bool, to, &Val::Int(b)).unwrap().int().unwrap() as i32).collect();
+            assert_eq!(cast(op, DType::Bool, to, &mask).unwrap().tile().unwrap().i(), want, "{op:?} to {to}");
+        }
+        let ints = tile(DType::I32, Data::I(is.to_vec()));
+        for to in [DType::F32, DType::Bf16] {
+            let Data::F(got) = &*cast(Cast::SiToFp, DType::I32, to, &ints).unwrap().tile().unwrap().data.clone() else { panic!("floats") };
+            let want: Vec<u32> = is.iter().map(|&i| match cast(Cast::SiToFp, DType::I32, to, &Val::Int(i.into())).unwrap() {
+                Val::Float(f) => (f as f32).to_bits(),
+                _ => panic!("a float"),
+            }).collect();
+            assert_eq!(got.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), want, "sitofp to {to}");
+        }
     }
 
     #[test]
