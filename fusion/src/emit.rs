@@ -30,7 +30,7 @@
 
 use crate::spmd::{self, Spmd};
 use crate::{layout::{CodeFormat, OperandKind, SegmentKind::{OProj, Qkv, Router}}, plan::{ExpertFetch, KvTiles, Plan, written_groups}};
-use palladium_dsl::build::{Drain, KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, range};
+use palladium_dsl::build::{Drain, KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, pipeline_lagged, range};
 use palladium_dsl::prelude::*;
 use palladium_dsl::{BuildErrors, Kernel};
 use palladium_kernels::body::{
@@ -856,8 +856,9 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
         true => scalar((p.distinct_experts() * ec) as i32),
     };
     // Row 0 alone chose `top_k` distinct experts: that many items exist whatever the
-    // routing (on one device, or under TP; under EP the static worst case's items do).
-    let ahead = (slots - 1).min(d.top_k.min(p.distinct_experts()) * ec);
+    // routing (on one device, or under TP; under EP the static worst case's items do), and
+    // the lagged stream issues item `ahead` before its loop.
+    let ahead = (slots - 1).min(d.top_k.min(p.distinct_experts()) * ec - 1);
     let last = || match own_first {
         Some(_) => select(ge(distinct, 1), distinct - 1, 0),
         None => distinct - 1,
@@ -879,11 +880,9 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
         }
     }
     hd.acc.store(.., 0.0);
-    let split = total - ahead as i32;
     let zero = scalar(0);
-    let _ = pipeline(
-        range(0, split),
-        Drain::Loop(range(split, total)),
+    let _ = pipeline_lagged(
+        total,
         ahead,
         (zero, zero, zero),
         |_, &(slot, e, c)| {
@@ -895,10 +894,12 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
                 dma.start();
             }
         },
-        |_, (slot, e, c): (Val, Val, Val), _| {
+        |_, &(slot, e, c)| {
             for dma in fetch(e, c, slot) {
                 dma.wait();
             }
+        },
+        |_, (slot, e, c): (Val, Val, Val)| {
             let columns = |part: u64| hd.ex_buf.load((slot, .., part * eb..(part + 1) * eb));
             let chunk = match (hd.quant, p.layout.quant) {
                 (Some(q), Some(f)) => {

@@ -386,7 +386,7 @@ impl Prefetch {
     fn expert_slots(self) -> u64 {
         match self {
             Prefetch::Deep => 3,
-            Prefetch::Single => 2,
+            Prefetch::Single => 3,
         }
     }
 }
