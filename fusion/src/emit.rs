@@ -837,9 +837,11 @@ fn route(p: &Plan, hd: H) -> (Routing, Val) {
 
 /// The expert stream: for each (distinct expert, chunk) item, the chunk (gate | up | down
 /// columns, one DMA) of the expert, fetched by id right after routing into a ring of `slots`
-/// slots, `slots - 1` items ahead: each expert any row chose is fetched once and applied to
-/// every row, times each row's weight for it (zero for rows that did not choose it). One
-/// flat pipelined loop over the items, `distinct * chunks` of them (a run-time count; the
+/// slots, `slots - 1` items ahead, each item computed after the next one's wait
+/// ([`pipeline_lagged`]: `slots - 1` chunks in flight through every compute, never more at
+/// once): each expert any row chose is fetched once and applied to every row, times each
+/// row's weight for it (zero for rows that did not choose it). One flat pipelined loop
+/// over the items, `distinct * chunks` of them (a run-time count; the
 /// static worst case [`Plan::distinct_experts`] with [`ExpertFetch::WorstCase`], the
 /// entries past the distinct ones fetching the last one again at weight zero): the
 /// (expert, chunk) cursor is carried and advanced by compares, not divided out of the item
