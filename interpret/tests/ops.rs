@@ -342,7 +342,7 @@ fn lagged_pipeline_sums_every_streamed_chunk() {
             // One wait in the main loop, one in the drain loop (none with nothing ahead), one
             // before the loops.
             assert_eq!(body.matches("tpu.wait_dma2").count(), if ahead == 0 { 2 } else { 3 }, "ahead {ahead}");
-            let bad = edit(&body, &body.lines().find(|l| l.contains("tpu.wait_dma2")).expect("a wait").to_string(), "");
+            let bad = edit(&body, body.lines().find(|l| l.contains("tpu.wait_dma2")).expect("a wait"), "");
             expect_err(run(&bad, &inputs), ErrorKind::DmaRace);
         }
     }
