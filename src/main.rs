@@ -227,7 +227,7 @@ struct PlanArgs {
     /// ignores loops with run-time trip counts. Same results.
     #[arg(long)]
     all_kv_tiles: bool,
-    /// At most two DMAs of a weight stream in flight at once (2 dense banks; the expert
+    /// At most two chunks of a weight stream in flight at once (2 dense banks; the expert
     /// ring keeps 2 chunks in flight through each compute), as a double-buffered
     /// pipeline: libtpu's static estimate gives every concurrent DMA its own bandwidth,
     /// so only this variant compares with its HBM floor. Same results.

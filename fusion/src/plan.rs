@@ -165,7 +165,7 @@ pub enum Prefetch {
     /// (2 chunks in flight): what a step runs.
     #[default]
     Deep,
-    /// At most two DMAs of a stream in flight at once, as in a double-buffered Pallas
+    /// At most two chunks of a stream in flight at once, as in a double-buffered Pallas
     /// pipeline (the HBM floor's stream kernel, which issues the next block before waiting
     /// for the current one): 2 dense banks (one chunk ahead) and the expert ring (2 chunks
     /// in flight through each chunk's compute). A cost variant for libtpu's static
