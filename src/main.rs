@@ -227,9 +227,10 @@ struct PlanArgs {
     /// ignores loops with run-time trip counts. Same results.
     #[arg(long)]
     all_kv_tiles: bool,
-    /// One chunk in flight per weight stream (2 dense banks, 2 expert slots), as a
-    /// double-buffered pipeline: libtpu's static estimate gives every concurrent DMA
-    /// its own bandwidth, so only this variant compares with its HBM floor. Same results.
+    /// At most two chunks of a weight stream in flight at once (2 dense banks; the expert
+    /// ring keeps 2 chunks in flight through each compute), as a double-buffered
+    /// pipeline: libtpu's static estimate gives every concurrent DMA its own bandwidth,
+    /// so only this variant compares with its HBM floor. Same results.
     #[arg(long)]
     single_prefetch: bool,
     /// New tokens per sequence in one step (1..=16): positions p..p+K-1, causal among

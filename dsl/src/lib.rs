@@ -20,7 +20,7 @@ pub mod prelude {
     pub use crate::kernel;
     pub use crate::trace::{
         Dims, Dma, Drain, Ref, Scope, SemRef, Val, async_copy, axis_index, barrier_semaphore, concatenate, debug_print, device_id, dot, dot_general,
-        dot_t, ds, fori, full, iota, num_programs, pipeline, program_id, remote_copy, run_scoped, scalar, select, switch, unrolled, zeros,
+        dot_t, ds, fori, full, iota, num_programs, pipeline, pipeline_lagged, program_id, remote_copy, run_scoped, scalar, select, switch, unrolled, zeros,
     };
     pub use crate::spec::Chip;
 
@@ -46,7 +46,7 @@ pub mod prelude {
 pub mod build {
     pub use crate::ir::{CmpPred, MemorySpace, SemKind};
     pub use crate::spec::{OperandRole, PipelineMode};
-    pub use crate::trace::{Carry, Compare, Drain, IntoVal, KernelBuilder, ParamError, TracedRange, for_range, if_else, pipeline, range, switch, while_loop};
+    pub use crate::trace::{Carry, Compare, Drain, IntoVal, KernelBuilder, ParamError, TracedRange, for_range, if_else, pipeline, pipeline_lagged, range, switch, while_loop};
 
     macro_rules! comparisons {
         ($($name:ident => $pred:ident, $doc:literal;)*) => {$(

@@ -30,7 +30,7 @@
 
 use crate::spmd::{self, Spmd};
 use crate::{layout::{CodeFormat, OperandKind, SegmentKind::{OProj, Qkv, Router}}, plan::{ExpertFetch, KvTiles, Plan, written_groups}};
-use palladium_dsl::build::{Drain, KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, range};
+use palladium_dsl::build::{Drain, KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, pipeline_lagged, range};
 use palladium_dsl::prelude::*;
 use palladium_dsl::{BuildErrors, Kernel};
 use palladium_kernels::body::{
@@ -837,9 +837,11 @@ fn route(p: &Plan, hd: H) -> (Routing, Val) {
 
 /// The expert stream: for each (distinct expert, chunk) item, the chunk (gate | up | down
 /// columns, one DMA) of the expert, fetched by id right after routing into a ring of `slots`
-/// slots, `slots - 1` items ahead: each expert any row chose is fetched once and applied to
-/// every row, times each row's weight for it (zero for rows that did not choose it). One
-/// flat pipelined loop over the items, `distinct * chunks` of them (a run-time count; the
+/// slots, `slots - 1` items ahead, each item computed after the next one's wait
+/// ([`pipeline_lagged`]: `slots - 1` chunks in flight through every compute, never more at
+/// once): each expert any row chose is fetched once and applied to every row, times each
+/// row's weight for it (zero for rows that did not choose it). One flat pipelined loop
+/// over the items, `distinct * chunks` of them (a run-time count; the
 /// static worst case [`Plan::distinct_experts`] with [`ExpertFetch::WorstCase`], the
 /// entries past the distinct ones fetching the last one again at weight zero): the
 /// (expert, chunk) cursor is carried and advanced by compares, not divided out of the item
@@ -856,8 +858,9 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
         true => scalar((p.distinct_experts() * ec) as i32),
     };
     // Row 0 alone chose `top_k` distinct experts: that many items exist whatever the
-    // routing (on one device, or under TP; under EP the static worst case's items do).
-    let ahead = (slots - 1).min(d.top_k.min(p.distinct_experts()) * ec);
+    // routing (on one device, or under TP; under EP the static worst case's items do), and
+    // the lagged stream issues item `ahead` before its loop.
+    let ahead = (slots - 1).min(d.top_k.min(p.distinct_experts()) * ec - 1);
     let last = || match own_first {
         Some(_) => select(ge(distinct, 1), distinct - 1, 0),
         None => distinct - 1,
@@ -879,11 +882,9 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
         }
     }
     hd.acc.store(.., 0.0);
-    let split = total - ahead as i32;
     let zero = scalar(0);
-    let _ = pipeline(
-        range(0, split),
-        Drain::Loop(range(split, total)),
+    let _ = pipeline_lagged(
+        total,
         ahead,
         (zero, zero, zero),
         |_, &(slot, e, c)| {
@@ -895,10 +896,12 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
                 dma.start();
             }
         },
-        |_, (slot, e, c): (Val, Val, Val), _| {
+        |_, &(slot, e, c)| {
             for dma in fetch(e, c, slot) {
                 dma.wait();
             }
+        },
+        |_, (slot, e, c): (Val, Val, Val)| {
             let columns = |part: u64| hd.ex_buf.load((slot, .., part * eb..(part + 1) * eb));
             let chunk = match (hd.quant, p.layout.quant) {
                 (Some(q), Some(f)) => {

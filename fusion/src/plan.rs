@@ -21,7 +21,8 @@
 //!   q/k/v, finally `lm_head` — are in flight).
 //! - **The expert ring**: `slots` slots of one expert chunk (`[hidden, 3 * block]`: the
 //!   chunk's gate and up columns and its down-projection columns, one DMA), issued
-//!   `slots - 1` ahead, right after routing.
+//!   `slots - 1` ahead, right after routing, each chunk computed after the next one's wait
+//!   (so `slots - 1` stay in flight through the compute).
 //! - **Quantized weights** ([`PlanOptions::weights`], [`QuantLayout`]): the rings carry
 //!   codes (half or a quarter of the bytes per chunk, so twice the banks in the same ring
 //!   bytes), every scale is f32 in the bodies' `GroupScales` layout and travels with its
@@ -160,15 +161,17 @@ pub const MAX_TOKENS_PER_SEQ: u64 = 16;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub enum Prefetch {
     /// A dense ring of ~24 MiB (v5e/v6e; 16 MiB on 64 MiB-VMEM chips) of ~4 MiB banks
-    /// (`banks - 1` chunks in flight, across op and layer boundaries) and an expert ring
-    /// of 3 slots (2 in flight): what a step runs.
+    /// (`banks - 1` chunks in flight, across op and layer boundaries) and the expert ring
+    /// (2 chunks in flight): what a step runs.
     #[default]
     Deep,
-    /// One chunk in flight per stream (2 banks, 2 expert slots), as a double-buffered
-    /// Pallas pipeline: a cost variant for libtpu's static estimator, which gives
-    /// concurrent DMAs each their own bandwidth (the same bytes estimate 727k cycles with
-    /// 2 banks, 517k with 3, 338k with 6: Qwen3-30B-A3B, 1 layer, v6e), where the HBM
-    /// floor it is compared with streams one DMA at a time. Same results.
+    /// At most two chunks of a stream in flight at once, as in a double-buffered Pallas
+    /// pipeline (the HBM floor's stream kernel, which issues the next block before waiting
+    /// for the current one): 2 dense banks (one chunk ahead) and the expert ring (2 chunks
+    /// in flight through each chunk's compute). A cost variant for libtpu's static
+    /// estimator, which gives concurrent DMAs each their own bandwidth (the same bytes
+    /// estimate 727k cycles with 2 banks, 517k with 3, 338k with 6: Qwen3-30B-A3B, 1 layer,
+    /// v6e). Same results.
     Single,
 }
 
@@ -381,15 +384,10 @@ fn round_up(x: u64, m: u64) -> u64 {
     x.div_ceil(m) * m
 }
 
-impl Prefetch {
-    /// Expert ring slots (`slots - 1` chunks in flight).
-    fn expert_slots(self) -> u64 {
-        match self {
-            Prefetch::Deep => 3,
-            Prefetch::Single => 2,
-        }
-    }
-}
+/// Expert ring slots, with either prefetch: the lagged stream (`pipeline_lagged`) keeps
+/// `slots - 1` = 2 chunks in flight through each chunk's compute and never more at once,
+/// the most a double-buffered pipeline (the HBM floor's stream kernel) has.
+const EXPERT_SLOTS: u64 = 3;
 
 /// What the plan reads from the egg extractions ([`rewrites`]).
 struct Extracted {
@@ -702,7 +700,7 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
     // (libtpu's v6e estimate, Qwen3-30B-A3B at batch 8: 3 MiB chunks 2.40M cycles for 4
     // layers, whole 9 MiB experts 2.27M).
     let i = dims.intermediate;
-    let expert_slots = options.prefetch.expert_slots();
+    let expert_slots = EXPERT_SLOTS;
     let vmem_capacity = options.chip.target().vmem_bytes;
     let mut expert_block = 128;
     for b in (128..=i).step_by(128) {
@@ -796,7 +794,7 @@ fn prefetch_schedule(options: &PlanOptions, layers: usize, dims: &Dims, layout: 
         Prefetch::Deep => (ring_target / bank_bytes).clamp(2, 12).min(total_items.max(2)),
         Prefetch::Single => 2,
     };
-    Rings { banks, bank_bytes, depth: banks - 1, expert_slots: options.prefetch.expert_slots(), expert_slot_bytes: layout.expert_code_bytes(3 * dims.hidden * layout.expert_block) }
+    Rings { banks, bank_bytes, depth: banks - 1, expert_slots: EXPERT_SLOTS, expert_slot_bytes: layout.expert_code_bytes(3 * dims.hidden * layout.expert_block) }
 }
 
 /// The VMEM plan (every scratch buffer, plus headroom for vector temporaries and compiler

@@ -318,3 +318,32 @@ fn element_windows_overlap_and_pad() {
     let line = source.lines().position(|l| l.contains("Element(16, (0, 8))")).unwrap() + 1;
     assert!(text.contains(&format!("kernels/src/coverage.rs:{line}:")), "names the Rust line of the index map: {text}");
 }
+
+/// The lagged stream (`pipeline_lagged`): every chunk is added once, whatever the chunk
+/// count and the number in flight; a chunk added before its wait races.
+#[test]
+fn lagged_pipeline_sums_every_streamed_chunk() {
+    use palladium_kernels::coverage::lagged_pipeline;
+    let (rows, cols) = (16, 128);
+    for slots in [1usize, 2, 3] {
+        let ahead = slots - 1;
+        for chunks in slots.max(2)..=6 {
+            let body = body_of(&lagged_pipeline::build(&lagged_pipeline::Params { chunks, rows, slots }).unwrap_or_else(|e| panic!("{e}")));
+            let x = Rng::new(37).f32s(2 * chunks * rows * cols);
+            let inputs = [HostArray::from_f32(&[2, chunks * rows, cols], &x)];
+            let out = run(&body, &inputs).unwrap_or_else(|e| panic!("ahead {ahead}, chunks {chunks}: {e}"));
+            let want: Vec<f32> = (0..2 * rows * cols)
+                .map(|k| {
+                    let (b, rc) = (k / (rows * cols), k % (rows * cols));
+                    (0..chunks).fold(0.0, |acc, c| acc + x[(b * chunks + c) * rows * cols + rc])
+                })
+                .collect();
+            assert_eq!(out[0].to_f32(), want, "ahead {ahead}, chunks {chunks}");
+            // One wait in the main loop, one in the drain loop (none with nothing ahead), one
+            // before the loops.
+            assert_eq!(body.matches("tpu.wait_dma2").count(), if ahead == 0 { 2 } else { 3 }, "ahead {ahead}");
+            let bad = edit(&body, body.lines().find(|l| l.contains("tpu.wait_dma2")).expect("a wait"), "");
+            expect_err(run(&bad, &inputs), ErrorKind::DmaRace);
+        }
+    }
+}

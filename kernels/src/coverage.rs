@@ -276,3 +276,39 @@ pub fn element_windows(
         o[..] = here + x[(8..16, ..)];
     }
 }
+
+/// The same stream with its adds lagging the waits by one chunk (`pipeline_lagged`, as the
+/// megakernel's expert stream): `slots - 1` chunks stay in flight while a chunk is added
+/// (one slot: each chunk fetched, then added). Run by the interpreter's tests only (not in
+/// [`ALL`]).
+#[kernel(grid = (2,), semantics = (parallel,))]
+pub fn lagged_pipeline(
+    #[default(6)] chunks: usize,
+    #[default(16)] rows: usize,
+    #[default(3)] slots: usize,
+    #[input(f32[2, chunks * rows, 128], space = any)] x: Ref,
+    #[output(f32[2, rows, 128], block = [None, rows, 128], map = |b| (b, 0, 0))] o: Ref,
+    #[scratch(vmem, f32[slots, rows, 128])] ring: Ref,
+    #[scratch(dma_sem[slots])] sems: SemRef,
+) {
+    let b = program_id(0);
+    let ahead = slots - 1;
+    let chunk = |i: Val, slot: Val| async_copy(x.at((b, ds(i * rows as i32, rows as u64), ..)), ring.at(slot), sems.at(slot));
+    // `(slot + k) mod slots` for `0 <= slot, k < slots`, without a division.
+    let ring_add = |slot: Val, k: usize| {
+        let t = slot + k as i32;
+        select(palladium_dsl::build::ge(t, slots as i32), t - slots as i32, t)
+    };
+    for i in unrolled(0, ahead) {
+        chunk(scalar(i as i32), scalar(i as i32)).start();
+    }
+    let (sum, _) = pipeline_lagged(
+        scalar(chunks as i32),
+        ahead as u64,
+        (zeros([rows as u64, 128], f32), scalar(0)),
+        |i, &(_, slot): &(Val, Val)| chunk(i, ring_add(slot, ahead)).start(),
+        |i, &(_, slot): &(Val, Val)| chunk(i, slot).wait(),
+        |_, (acc, slot)| (acc + ring[(slot, .., ..)], ring_add(slot, 1)),
+    );
+    o[(0, .., ..)] = sum;
+}

@@ -23,7 +23,7 @@ pub mod builder_handles {
     pub use super::builder::{Handle, Sealed, Slot};
 }
 pub use control::{Carry, Cond, LoopBound, LoopRange, Scope, StaticRange, TracedRange, UnrolledBounds, for_range, fori, if_else, range, run_scoped, switch, unrolled, while_loop};
-pub use pipeline::{Drain, pipeline};
+pub use pipeline::{Drain, pipeline, pipeline_lagged};
 pub use refs::{Dma, Ds, IndexElem, IntoIndex, IntoOffset, Ref, SemRef, async_copy, axis_index, barrier_semaphore, device_id, ds, remote_copy};
 pub use val::{Axis, Compare, Dims, DotSpec, IntoVal, Val, concatenate, debug_print, dot, dot_general, dot_t, full, iota, num_programs, program_id, scalar, select, zeros};
 
