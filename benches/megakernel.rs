@@ -7,7 +7,7 @@
 //!    fit v6e's HBM (the planner's own `max_layers`), batch 1, 4 and 8, context 4096, the
 //!    megakernel in two prefetch variants (same kernel otherwise, same results: tested in
 //!    `decode/tests/interpret.rs`): `deep` (what a step runs: a ~24 MiB dense ring and 2
-//!    expert chunks in flight) and `single` (one chunk in flight per stream, as a
+//!    expert chunks in flight) and `single` (at most two chunks in flight per stream, as a
 //!    double-buffered Pallas pipeline):
 //!    - `floor / mk`: the plain HBM stream's cycles (`Libtpu::floor` on v6e) for the step's
 //!      HBM bytes from the plan, over the megakernel's cycles (goal >= 0.85; 1.0 = at the HBM floor);
@@ -24,7 +24,7 @@
 //! 4. Verify steps, alone with `cargo bench --bench megakernel -- tokens` (~10 min, a few
 //!    GB): Qwen3-30B-A3B, 8 layers, batch 1, context 4096, v6e, K = 1, 2, 4 and 8 tokens
 //!    per sequence, each step at its static worst case (every KV tile, `min(E, K x top_k)`
-//!    distinct experts, one chunk in flight per stream: the variant comparable with the
+//!    distinct experts, single prefetch: the variant comparable with the
 //!    floor): libtpu's cycles, the step's HBM bytes (dense once, the distinct experts
 //!    once, KV), the floor's cycles for those bytes and floor / mk (goal: K = 4 no more
 //!    than 0.05 below K = 1); and the expert bytes per step at batch 8 with and without
@@ -36,7 +36,7 @@
 //!    MODELLED time (the target's measured link figures: libtpu prices remote DMAs at 0).
 //! 6. Quantized weights, alone with `cargo bench --bench megakernel -- weights` (4
 //!    compiles of minutes each, a few GB): Qwen3-30B-A3B, 8 layers, batch 1, context 4096,
-//!    v6e, the same static worst case and one chunk in flight, bf16, int8, fp8 and int4
+//!    v6e, the same static worst case and single prefetch, bf16, int8, fp8 and int4
 //!    weights in the same run: the step's HBM bytes and their ratio to bf16's (expected
 //!    ~0.52 int8, ~0.72 fp8), libtpu's cycles and their ratio to bf16's, and floor / mk
 //!    (goal: no lower than bf16's).
@@ -95,7 +95,7 @@ fn options_ctx(chip: Chip, batch: u64, context: u64, layers: Option<usize>) -> P
     PlanOptions { context, ..options(chip, batch, layers) }
 }
 
-/// `plan` with one chunk in flight per weight stream (same layers).
+/// `plan` with at most two chunks in flight per weight stream (same layers).
 fn single(s: &ModelSpec, plan: &Plan) -> Plan {
     let o = PlanOptions { prefetch: Prefetch::Single, ..options_ctx(CHIP, plan.dims.batch, plan.context, Some(plan.layers)) };
     Plan::new(s, &o).unwrap_or_else(|e| panic!("{e}"))
@@ -126,7 +126,8 @@ struct Row {
     chip: String,
     bytes: u64,
     floor: Option<u64>,
-    /// The megakernel as it runs (`Prefetch::Deep`) and with one chunk in flight per stream.
+    /// The megakernel as it runs (`Prefetch::Deep`) and with at most two chunks in flight per
+    /// stream (`Prefetch::Single`).
     megakernel_deep: Option<u64>,
     megakernel_single: Option<u64>,
     /// floor / megakernel
@@ -224,7 +225,7 @@ fn tokens_per_seq(libtpu: &Libtpu) {
     };
     let plans: Vec<(String, Plan)> = [1, 2, 4, 8].into_iter().map(|k| (format!("K {k}"), plan(1, k))).collect();
     let mk = megakernel_cycles(libtpu, &plans, CHIP);
-    println!("\n== qwen3-30b-a3b, 8 layers, batch 1, context {CONTEXT}, {CHIP}: K tokens per sequence (every KV tile, worst-case distinct experts, one chunk in flight) ==");
+    println!("\n== qwen3-30b-a3b, 8 layers, batch 1, context {CONTEXT}, {CHIP}: K tokens per sequence (every KV tile, worst-case distinct experts, single prefetch) ==");
     println!("| K | distinct experts per layer | HBM bytes (dense, experts, kv) | floor cyc | mk cyc | floor/mk |");
     println!("|---:|---:|---:|---:|---:|---:|");
     let mut rows = Vec::new();
@@ -288,7 +289,7 @@ fn weights(libtpu: &Libtpu) {
         })
         .collect();
     let mk = megakernel_cycles(libtpu, &plans, CHIP);
-    println!("\n== qwen3-30b-a3b, 8 layers, batch 1, context {CONTEXT}, {CHIP}: weights dtype (every KV tile, worst-case distinct experts, one chunk in flight) ==");
+    println!("\n== qwen3-30b-a3b, 8 layers, batch 1, context {CONTEXT}, {CHIP}: weights dtype (every KV tile, worst-case distinct experts, single prefetch) ==");
     println!("| weights | HBM bytes per step | bytes / bf16 | by dtype | floor cyc | mk cyc | mk / bf16 | floor/mk |");
     println!("|---|---:|---:|---|---:|---:|---:|---:|");
     let (bf16_bytes, bf16_cycles) = (plans[0].1.traffic.total, mk[0].as_ref().ok().copied());
@@ -432,7 +433,7 @@ fn main() {
         });
     }
 
-    println!("\n== summary (libtpu 0.0.42.1 static estimates, deviceless, full-context steps; floor/mk: 1.0 = at the HBM floor, goal >= 0.85; mk/unfused: goal <= 0.5; deep = as run, single = one chunk in flight per stream, the variant comparable with the floor) ==");
+    println!("\n== summary (libtpu 0.0.42.1 static estimates, deviceless, full-context steps; floor/mk: 1.0 = at the HBM floor, goal >= 0.85; mk/unfused: goal <= 0.5; deep = as run, single = at most two chunks in flight per stream, the variant comparable with the floor) ==");
     println!("| model | layers | batch | bytes | floor cyc | mk cyc deep / single | floor/mk deep / single | unfused sum cyc | mk/unfused deep / single |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let o = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());

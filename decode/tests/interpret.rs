@@ -130,7 +130,7 @@ fn stale_cache_rows_do_not_leak() {
 }
 
 /// The cost variants (every KV tile read with a static trip count, masked past the
-/// position; one chunk in flight per weight stream; the worst case of distinct experts)
+/// position; at most two chunks in flight per weight stream; the worst case of distinct experts)
 /// compute the same step, bit for bit,
 /// stale NaN rows past the positions included.
 #[test]

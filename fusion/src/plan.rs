@@ -16,9 +16,10 @@
 //!   [`crate::layout::StreamLayout`] holds it, typed.
 //! - **The dense ring**: `banks` VMEM banks of one chunk each; chunk `g` of the global dense
 //!   sequence (layer-major, then `lm_head`) lands in bank `g mod banks`, and is issued
-//!   `depth = banks - 1` chunks ahead of its use, across op and layer boundaries (so while
-//!   attention and the experts run, the next `depth` chunks — o-proj, router, next layer's
-//!   q/k/v, finally `lm_head` — are in flight).
+//!   `depth = banks - 1` chunks ahead of its use, right after the wait for the chunk before
+//!   it, across op and layer boundaries (so while a chunk's pieces, attention and the
+//!   experts run, the next `depth` chunks — o-proj, router, next layer's q/k/v, finally
+//!   `lm_head` — are in flight).
 //! - **The expert ring**: `slots` slots of one expert chunk (`[hidden, 3 * block]`: the
 //!   chunk's gate and up columns and its down-projection columns, one DMA), issued
 //!   `slots - 1` ahead, right after routing, each chunk computed after the next one's wait
@@ -27,8 +28,8 @@
 //!   codes (half or a quarter of the bytes per chunk, so twice the banks in the same ring
 //!   bytes), every scale is f32 in the bodies' `GroupScales` layout and travels with its
 //!   weights (an expert chunk's with the chunk, a layer's q/k/v and o scales, its bf16
-//!   router and norm rows once per layer), `lm_head` is its own stream (fp8 keeps it bf16,
-//!   so it cannot continue a code array), and no norm is folded.
+//!   router and norm rows once per layer), `lm_head` is its own stream, two chunks ahead
+//!   (fp8 keeps it bf16, so it cannot continue a code array), and no norm is folded.
 //! - **KV**: tiles of `block_kv` positions, two slots per K and V.
 //! - **Budgets**: the VMEM plan (every scratch buffer, plus headroom for vector temporaries
 //!   and compiler spills) must fit the chip's VMEM per core, and every operand the chip's
@@ -167,7 +168,7 @@ pub enum Prefetch {
     Deep,
     /// At most two chunks of a stream in flight at once, as in a double-buffered Pallas
     /// pipeline (the HBM floor's stream kernel, which issues the next block before waiting
-    /// for the current one): 2 dense banks (one chunk ahead) and the expert ring (2 chunks
+    /// for the current one): 3 dense banks (two chunks ahead) and the expert ring (two chunks
     /// in flight through each chunk's compute). A cost variant for libtpu's static
     /// estimator, which gives concurrent DMAs each their own bandwidth (the same bytes
     /// estimate 727k cycles with 2 banks, 517k with 3, 338k with 6: Qwen3-30B-A3B, 1 layer,
@@ -384,10 +385,16 @@ fn round_up(x: u64, m: u64) -> u64 {
     x.div_ceil(m) * m
 }
 
-/// Expert ring slots, with either prefetch: the lagged stream (`pipeline_lagged`) keeps
-/// `slots - 1` = 2 chunks in flight through each chunk's compute and never more at once,
-/// the most a double-buffered pipeline (the HBM floor's stream kernel) has.
-const EXPERT_SLOTS: u64 = 3;
+/// Slots of a stream issued two chunks ahead of its use: the expert ring and a quantized
+/// plan's `lm_head` ring (with either prefetch), the dense ring with [`Prefetch::Single`].
+/// At most two chunks are in flight at once, as in a double-buffered pipeline (the HBM
+/// floor's stream kernel). The expert stream also lags its compute by a chunk
+/// (`pipeline_lagged`) so that both stay in flight through it; the dense and `lm_head`
+/// streams do not need to: libtpu's v6e estimate of the dense ring with the start held
+/// before the compute (a semaphore signal and wait after it) was within 0.2% (bf16
+/// Qwen3-30B-A3B, 8 layers: 1253779 cycles, 1253411 without), and of a lagged `lm_head`
+/// 5% higher.
+pub const TWO_AHEAD_SLOTS: u64 = 3;
 
 /// What the plan reads from the egg extractions ([`rewrites`]).
 struct Extracted {
@@ -681,14 +688,15 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
     // Codes: chunks of up to 4.5 MiB, the most columns (at most 2304) that divide the layer's
     // columns, so no chunk is padding. Qwen3-30B-A3B int8 (v6e, 8 layers, the bench's
     // setting): 9 chunks of 1024 columns (2 MiB) 1026236 cycles, 6 of 1536 988590, 4 of 2304
-    // 934993, 2 of 4608 (9 MiB) 941365. `lm_head`'s own two-bank stream takes the same
-    // columns, so its banks are held within a sixth of VMEM (fp8's bf16 `lm_head` on v7x:
-    // 1152 columns; 2304 left its VMEM plan 6 MiB over).
+    // 934993, 2 of 4608 (9 MiB) 941365. `lm_head`'s own stream takes the same columns, so
+    // its banks are held within a sixth of VMEM (fp8's bf16 `lm_head` on v7x, two banks of
+    // 2304 columns, left its VMEM plan 6 MiB over; on v6e its three banks give 1536
+    // columns, estimated within 0.4% of 2304: fp8, 8 layers, 918969 cycles against 915689).
     let chunk_cols = match quant {
         None => ((4 * MIB / (2 * h)) / 128 * 128).clamp(128, 1024),
         Some(q) => {
             let lm_column = q.lm_head.map_or(2 * h, |f| f.code_bytes(h));
-            let lm_most = options.chip.target().vmem_bytes / 6 / (2 * lm_column);
+            let lm_most = options.chip.target().vmem_bytes / 6 / (TWO_AHEAD_SLOTS * lm_column);
             let most = (9 * MIB / 2 / q.dense.code_bytes(h)).min(lm_most).clamp(128, 2304) / 128;
             (1..=most).rev().map(|u| u * 128).find(|c| width.is_multiple_of(*c)).unwrap_or(128)
         }
@@ -700,7 +708,7 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
     // (libtpu's v6e estimate, Qwen3-30B-A3B at batch 8: 3 MiB chunks 2.40M cycles for 4
     // layers, whole 9 MiB experts 2.27M).
     let i = dims.intermediate;
-    let expert_slots = EXPERT_SLOTS;
+    let expert_slots = TWO_AHEAD_SLOTS;
     let vmem_capacity = options.chip.target().vmem_bytes;
     let mut expert_block = 128;
     for b in (128..=i).step_by(128) {
@@ -785,16 +793,16 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
 }
 
 /// The dense ring (deep: ~24 MiB of banks on 128 MiB-VMEM chips, 16 MiB else, 2..=12
-/// banks; single: 2) and the expert ring.
+/// banks; single: 3, two chunks ahead as in the expert ring) and the expert ring.
 fn prefetch_schedule(options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLayout) -> Rings {
     let bank_bytes = layout.dense_code_bytes(dims.hidden * layout.chunk_cols);
     let ring_target = if options.chip.target().vmem_bytes >= 128 * MIB { 24 * MIB } else { 16 * MIB };
     let total_items = layers as u64 * layout.per_layer + layout.stream_lm_chunks();
     let banks = match options.prefetch {
         Prefetch::Deep => (ring_target / bank_bytes).clamp(2, 12).min(total_items.max(2)),
-        Prefetch::Single => 2,
+        Prefetch::Single => TWO_AHEAD_SLOTS,
     };
-    Rings { banks, bank_bytes, depth: banks - 1, expert_slots: EXPERT_SLOTS, expert_slot_bytes: layout.expert_code_bytes(3 * dims.hidden * layout.expert_block) }
+    Rings { banks, bank_bytes, depth: banks - 1, expert_slots: TWO_AHEAD_SLOTS, expert_slot_bytes: layout.expert_code_bytes(3 * dims.hidden * layout.expert_block) }
 }
 
 /// The VMEM plan (every scratch buffer, plus headroom for vector temporaries and compiler
@@ -828,7 +836,7 @@ fn vmem_budget(options: &PlanOptions, dims: &Dims, layout: &StreamLayout, rings:
         vmem.push(("qkv + o scales".into(), pad(rows_of(OperandKind::QkvScales), nqkv, 4) + pad(rows_of(OperandKind::OScales), h, 4)));
         vmem.push(("router (bf16) + norms".into(), pad(h, dims.experts_pad, 2) + pad(8, h, 4)));
         let lm_bank = q.lm_head.map_or(2 * h * chunk_cols, |f| f.code_bytes(h * chunk_cols));
-        vmem.push(("lm_head ring + scales".into(), 2 * lm_bank + 2 * pad(rows_of(OperandKind::LmScales), chunk_cols, 4)));
+        vmem.push(("lm_head ring + scales".into(), TWO_AHEAD_SLOTS * (lm_bank + pad(rows_of(OperandKind::LmScales), chunk_cols, 4))));
         vmem.push(("expert scales".into(), rings.expert_slots * (pad(rows_of(OperandKind::ExpertScales), 2 * layout.expert_block, 4) + pad(rows_of(OperandKind::ExpertDownScales), h, 4))));
         // The codes widened on their way into the MXU, one expert chunk and one dense chunk
         // (`widened_code_bytes`: i8 against the activations' digits needs no copy, i4 an i8

@@ -3,7 +3,7 @@
 
 use crate::graph::Weight;
 use crate::layout::{Operand, OperandKind, SegmentKind, role_name};
-use crate::plan::{ExpertFetch, KvTiles, Plan, Prefetch};
+use crate::plan::{ExpertFetch, KvTiles, TWO_AHEAD_SLOTS, Plan, Prefetch};
 use crate::shard::{ExpertSplit, Sharding};
 use std::fmt::Write;
 
@@ -58,7 +58,7 @@ pub fn text(p: &Plan) -> String {
     let _ = writeln!(s, "DMA schedule:");
     let ring_dtype = layout.operand(OperandKind::WStream).map_or("bf16".to_string(), |o| o.dtype.to_string());
     let _ = writeln!(s, "  dense ring: {} banks x {} ([{}, {}] {ring_dtype}), prefetch depth {} chunks across op and layer boundaries", p.banks, mib(p.bank_bytes), d.hidden, layout.chunk_cols, p.depth);
-    let lm_where = if layout.quant.is_some() { "lm_head in its own stream (2 banks, one chunk ahead)" } else { "lm_head chunks" };
+    let lm_where = if layout.quant.is_some() { format!("lm_head in its own stream ({TWO_AHEAD_SLOTS} banks, {} chunks ahead)", TWO_AHEAD_SLOTS - 1) } else { "lm_head chunks".into() };
     let _ = writeln!(s, "  dense chunks per layer: {} ({}), then {} {lm_where}", layout.per_layer, layout.segments.iter().map(|g| format!("{} cols {}..{}", g.kind.name(), g.col, g.col + g.cols)).collect::<Vec<_>>().join(", "), layout.lm_chunks);
     let fetch = match p.expert_fetch {
         ExpertFetch::Distinct => "the distinct experts (run-time count)",
@@ -73,7 +73,7 @@ pub fn text(p: &Plan) -> String {
     let _ = writeln!(s, "  kv: tiles of {} positions double-buffered per (kv head, sequence), read {kv_loop}; {written}", p.block_kv);
     let _ = writeln!(s, "  DMAs per step: {}", t.dmas);
     if p.prefetch == Prefetch::Single {
-        let _ = writeln!(s, "  prefetch: one chunk in flight per stream (cost variant)");
+        let _ = writeln!(s, "  prefetch: at most two chunks in flight per stream (cost variant)");
     }
     let _ = writeln!(s, "VMEM plan ({} of {} per core, limit {}):", mib(p.vmem_total), mib(p.vmem_capacity), mib(p.vmem_limit));
     for (n, b) in &p.vmem {

@@ -1,7 +1,7 @@
 //! libtpu (through PJRT, `palladium-runtime`, deviceless) accepts the megakernels: the tiny
 //! Qwen3-MoE and Mixtral ones on v5e, v6e and v7x, Qwen3-30B-A3B at batch 1, context 4096 on
 //! v7x, and its 22-layer truncation on v6e (31 GiB of HBM); the tiny Qwen3-MoE's cost variant
-//! (all KV tiles, one chunk in flight) on v6e. No estimate: libtpu 0.0.42.1's static
+//! (all KV tiles, single prefetch) on v6e. No estimate: libtpu 0.0.42.1's static
 //! profiler aborts on most of these programs (manual DMAs from HBM); `benches/megakernel.rs`
 //! takes the estimates where it gives them.
 use palladium_dsl::spec::Chip;
