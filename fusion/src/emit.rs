@@ -10,8 +10,8 @@
 //! 1. prologue: embedding rows fetched by token id (scalar prefetch), the first `depth`
 //!    dense chunks issued, RoPE tables for the rows' positions computed;
 //! 2. `for l in 0..layers` (traced; the dense-ring bank of the layer's first chunk is
-//!    carried): for each dense chunk `k` of the layer (static): wait chunk `k`, issue chunk
-//!    `l*n + k + depth` (this layer, a later layer, or `lm_head`), consume chunk `k`'s pieces —
+//!    carried): for each dense chunk `k` of the layer (static): issue chunk `l*n + k +
+//!    depth` (this layer, a later layer, or `lm_head`), wait chunk `k`, consume its pieces —
 //!    q/k/v columns, then (after the q/k/v pieces) per-head norm + RoPE and attention over
 //!    the KV cache in streamed tiles (the K new K/V rows inserted and written in place,
 //!    each query row causal at its own position), o-proj pieces, then residual + norm and
@@ -550,10 +550,9 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
     let mut xn2: Option<Val> = None;
     let mut o_started = false;
     for k in 0..n {
-        // Chunk k + depth goes to the bank chunk k - 1's compute freed.
+        issue_ahead(p, hd, layer, k + p.depth, ring_add(base, k + p.depth, banks));
         let bank = ring_add(base, k, banks);
         dense_copy(hd, layer * n as i32 + k as i32, bank).wait();
-        issue_ahead(p, hd, layer, k + p.depth, ring_add(base, k + p.depth, banks));
         for piece in &p.layout.pieces(k) {
             let cols = piece.chunk_col..piece.chunk_col + piece.cols;
             let seg_cols = piece.seg_col..piece.seg_col + piece.cols;

@@ -16,10 +16,9 @@
 //!   [`crate::layout::StreamLayout`] holds it, typed.
 //! - **The dense ring**: `banks` VMEM banks of one chunk each; chunk `g` of the global dense
 //!   sequence (layer-major, then `lm_head`) lands in bank `g mod banks`, and is issued
-//!   `depth = banks - 1` chunks ahead of its use, right after the wait for the chunk before
-//!   it, across op and layer boundaries (so while a chunk's pieces, attention and the
-//!   experts run, the next `depth` chunks — o-proj, router, next layer's q/k/v, finally
-//!   `lm_head` — are in flight).
+//!   `depth = banks - 1` chunks ahead of its use, across op and layer boundaries (so while
+//!   attention and the experts run, the next `depth` chunks — o-proj, router, next layer's
+//!   q/k/v, finally `lm_head` — are in flight).
 //! - **The expert ring**: `slots` slots of one expert chunk (`[hidden, 3 * block]`: the
 //!   chunk's gate and up columns and its down-projection columns, one DMA), issued
 //!   `slots - 1` ahead, right after routing, each chunk computed after the next one's wait
@@ -390,10 +389,10 @@ fn round_up(x: u64, m: u64) -> u64 {
 /// At most two chunks are in flight at once, as in a double-buffered pipeline (the HBM
 /// floor's stream kernel). The expert stream also lags its compute by a chunk
 /// (`pipeline_lagged`) so that both stay in flight through it; the dense and `lm_head`
-/// streams do not need to: libtpu's v6e estimate of the dense ring with the start held
-/// before the compute (a semaphore signal and wait after it) was within 0.2% (bf16
-/// Qwen3-30B-A3B, 8 layers: 1253779 cycles, 1253411 without), and of a lagged `lm_head`
-/// 5% higher.
+/// streams do not need to: libtpu's v6e estimate of the dense ring with the start written
+/// after the wait and held before the compute (a semaphore signal and wait after it) was
+/// no lower (bf16 Qwen3-30B-A3B, 8 layers: 1253779 cycles; 1253411 without the fence,
+/// 1245462 with the start before the wait, as here), and of a lagged `lm_head` 5% higher.
 pub const TWO_AHEAD_SLOTS: u64 = 3;
 
 /// What the plan reads from the egg extractions ([`rewrites`]).
