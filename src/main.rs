@@ -227,8 +227,8 @@ struct PlanArgs {
     /// ignores loops with run-time trip counts. Same results.
     #[arg(long)]
     all_kv_tiles: bool,
-    /// At most two chunks of a weight stream in flight at once (3 dense banks, two
-    /// chunks ahead; the expert ring keeps 2 in flight through each compute), as a double-buffered
+    /// At most two chunks of a weight stream in flight at once (3 dense banks, two chunks
+    /// ahead; the expert ring keeps 2 in flight through each compute), as a double-buffered
     /// pipeline: libtpu's static estimate gives every concurrent DMA its own bandwidth,
     /// so only this variant compares with its HBM floor. Same results.
     #[arg(long)]
