@@ -40,7 +40,8 @@ fn main() {
             c.clock_hz / 1e9,
             c.per_step_overhead_cycles()
         );
-        let report = search(&space, chip, &mut CompileOnly::new()).unwrap_or_else(|e| panic!("{e}"));
+        let report =
+            search(&space, chip, &mut CompileOnly::new()).unwrap_or_else(|e| panic!("{e}"));
         print!("{}", report.table());
         match report.best() {
             Some(best) => {
@@ -62,7 +63,8 @@ fn main() {
         println!("rejected: {} of {}", report.rejected().count(), report.results.len());
 
         // Time the sweep: repeat until ~1 s has passed (at most 200 sweeps) when benching.
-        let (budget, max_reps) = if benching { (Duration::from_secs(1), 200) } else { (Duration::ZERO, 1) };
+        let (budget, max_reps) =
+            if benching { (Duration::from_secs(1), 200) } else { (Duration::ZERO, 1) };
         let mut times = Vec::new();
         let start = Instant::now();
         while times.len() < max_reps && (times.is_empty() || start.elapsed() < budget) {
@@ -81,13 +83,17 @@ fn main() {
             space.len() as f64 / median.as_secs_f64()
         );
 
-        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("autotune-matmul-{chip}.json"));
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("autotune-matmul-{chip}.json"));
         if let Err(e) = std::fs::write(&path, report.to_json()) {
             println!("(could not write {}: {e})", path.display());
         }
 
-        if chip == Chip::V6e && std::env::var("PALLADIUM_AUTOTUNE_RUNNER").as_deref() == Ok("libtpu") {
-            let mut libtpu = Libtpu::new().unwrap_or_else(|e| panic!("PALLADIUM_AUTOTUNE_RUNNER=libtpu: {e}"));
+        if chip == Chip::V6e
+            && std::env::var("PALLADIUM_AUTOTUNE_RUNNER").as_deref() == Ok("libtpu")
+        {
+            let mut libtpu =
+                Libtpu::new().unwrap_or_else(|e| panic!("PALLADIUM_AUTOTUNE_RUNNER=libtpu: {e}"));
             let t0 = Instant::now();
             let measured = search(&space, chip, &mut libtpu).unwrap_or_else(|e| panic!("{e}"));
             println!(
@@ -96,7 +102,8 @@ fn main() {
             );
             print!("{}", measured.table());
             compare_rankings(&report, &measured);
-            let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("autotune-matmul-{chip}-libtpu.json"));
+            let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("autotune-matmul-{chip}-libtpu.json"));
             if let Err(e) = std::fs::write(&path, measured.to_json()) {
                 println!("(could not write {}: {e})", path.display());
             }
@@ -149,7 +156,9 @@ fn compare_rankings(model: &SearchReport, measured: &SearchReport) {
     }
     let (m, l): (Vec<f64>, Vec<f64>) = both.iter().map(|&(_, a, b)| (a, b)).unzip();
     let rho = spearman(&m, &l);
-    let best_of = |v: &[f64]| (0..v.len()).min_by(|&a, &b| v[a].total_cmp(&v[b]).then(a.cmp(&b))).expect("non-empty");
+    let best_of = |v: &[f64]| {
+        (0..v.len()).min_by(|&a, &b| v[a].total_cmp(&v[b]).then(a.cmp(&b))).expect("non-empty")
+    };
     let (bm, bl) = (best_of(&m), best_of(&l));
     let (rm, rl) = (ranks(&m), ranks(&l));
     let name = |i: usize| model.results[both[i].0].candidate.to_string();

@@ -36,7 +36,9 @@ fn main() {
     let job = Job { program: wrap(&lowered.body, &spec).unwrap(), chip: CHIP, serialize: false };
     let compiler = Compiler::new(Estimate::Yes).unwrap_or_else(|e| panic!("{e}")).with_workers(1);
 
-    println!("== 1. matmul 1024x2048x1024 bf16 (256x512x256) on {CHIP}: compile + libtpu's static estimate ==");
+    println!(
+        "== 1. matmul 1024x2048x1024 bf16 (256x512x256) on {CHIP}: compile + libtpu's static estimate =="
+    );
     // Untimed: brings libtpu (hundreds of MB) into the page cache, which JAX's process then
     // also finds there; a cold disk read would dominate whichever side came first.
     compiler.compile(&job).unwrap_or_else(|e| panic!("{e}"));
@@ -62,16 +64,35 @@ fn main() {
     std::fs::write(&body, &lowered.body).expect("write the body");
     std::fs::write(&call, &lowered.call_json).expect("write the call spec");
     let t = Instant::now();
-    let theirs = jax::jax_reference(&["compile-time", body.to_str().unwrap(), call.to_str().unwrap(), "--chip", CHIP.name(), "--repeat", &warm_runs.to_string()]);
+    let theirs = jax::jax_reference(&[
+        "compile-time",
+        body.to_str().unwrap(),
+        call.to_str().unwrap(),
+        "--chip",
+        CHIP.name(),
+        "--repeat",
+        &warm_runs.to_string(),
+    ]);
     let jax_cold = t.elapsed().as_secs_f64();
     println!("{:<36} {:>10} {:>10} {:>9}", "", "cold (s)", "warm (s)", "cycles");
     println!("{:<36} {:>10.3} {:>10.3} {:>9}", "ours (PJRT worker)", ours_cold, ours_warm, cycles);
     match theirs {
         Ok(j) => {
-            let jax_warm = j["steady_s"].as_f64().or_else(|| j["first_s"].as_f64()).unwrap_or(f64::NAN);
+            let jax_warm =
+                j["steady_s"].as_f64().or_else(|| j["first_s"].as_f64()).unwrap_or(f64::NAN);
             let jax_cycles = j["estimated_cycles"].as_u64();
-            println!("{:<36} {:>10.3} {:>10.3} {:>9}", format!("JAX {} (one Python process)", j["jax"].as_str().unwrap_or("?")), jax_cold, jax_warm, jax_cycles.map_or("-".into(), |c| c.to_string()));
-            println!("speed-up (JAX / ours): cold {:.1}x, warm {:.1}x", jax_cold / ours_cold, jax_warm / ours_warm);
+            println!(
+                "{:<36} {:>10.3} {:>10.3} {:>9}",
+                format!("JAX {} (one Python process)", j["jax"].as_str().unwrap_or("?")),
+                jax_cold,
+                jax_warm,
+                jax_cycles.map_or("-".into(), |c| c.to_string())
+            );
+            println!(
+                "speed-up (JAX / ours): cold {:.1}x, warm {:.1}x",
+                jax_cold / ours_cold,
+                jax_warm / ours_warm
+            );
             assert_eq!(jax_cycles, Some(cycles), "JAX and the runtime disagree on the cycles");
         }
         Err(e) => println!("JAX: {e}"),
@@ -89,6 +110,14 @@ fn main() {
     let t = Instant::now();
     let report = search(&space, CHIP, &mut libtpu).unwrap_or_else(|e| panic!("{e}"));
     let sweep = t.elapsed().as_secs_f64();
-    let best = report.best().and_then(|b| b.cost().map(|c| format!("{} at {:.0} cycles", b.candidate, c.cycles))).unwrap_or_else(|| "none".into());
-    println!("{} candidates ({} costed) in {sweep:.1} s with up to {} workers; best {best}", space.len(), report.results.iter().filter(|r| r.cost().is_some()).count(), libtpu.workers());
+    let best = report
+        .best()
+        .and_then(|b| b.cost().map(|c| format!("{} at {:.0} cycles", b.candidate, c.cycles)))
+        .unwrap_or_else(|| "none".into());
+    println!(
+        "{} candidates ({} costed) in {sweep:.1} s with up to {} workers; best {best}",
+        space.len(),
+        report.results.iter().filter(|r| r.cost().is_some()).count(),
+        libtpu.workers()
+    );
 }

@@ -46,23 +46,34 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn ours(c: &Case, runs: usize) -> Timing {
-    let settings: Vec<(String, String)> = [("m", c.m), ("k", c.k), ("n", c.n), ("bm", c.bm), ("bk", c.bk), ("bn", c.bn)].iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+    let settings: Vec<(String, String)> =
+        [("m", c.m), ("k", c.k), ("n", c.n), ("bm", c.bm), ("bk", c.bk), ("bn", c.bn)]
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
     let entry = palladium_kernels::entry("matmul").unwrap_or_else(|e| panic!("{e}"));
     let inputs = (entry.inputs)(&settings, 0).unwrap_or_else(|e| panic!("{e}"));
     let t = Instant::now();
-    let (_, _, program, _) = prepare("matmul", &settings, Chip::V6e).unwrap_or_else(|e| panic!("{e}"));
+    let (_, _, program, _) =
+        prepare("matmul", &settings, Chip::V6e).unwrap_or_else(|e| panic!("{e}"));
     std::hint::black_box(program.run(&inputs).unwrap_or_else(|e| panic!("{e}")));
     let first = t.elapsed().as_secs_f64();
-    let median = median((0..runs).map(|_| {
-        let t = Instant::now();
-        std::hint::black_box(program.run(&inputs).unwrap());
-        t.elapsed().as_secs_f64()
-    }).collect());
+    let median = median(
+        (0..runs)
+            .map(|_| {
+                let t = Instant::now();
+                std::hint::black_box(program.run(&inputs).unwrap());
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    );
     Timing { first, median }
 }
 
 fn venv_python() -> PathBuf {
-    let venv = std::env::var_os("PALLADIUM_TPU_VENV").map(PathBuf::from).unwrap_or_else(|| Path::new(&std::env::var_os("HOME").unwrap_or_default()).join(".cache/palladium/venv-tpu"));
+    let venv = std::env::var_os("PALLADIUM_TPU_VENV").map(PathBuf::from).unwrap_or_else(|| {
+        Path::new(&std::env::var_os("HOME").unwrap_or_default()).join(".cache/palladium/venv-tpu")
+    });
     venv.join("bin/python")
 }
 
@@ -70,19 +81,40 @@ fn venv_python() -> PathBuf {
 fn field(line: &str, key: &str) -> Result<f64, String> {
     let key = format!("\"{key}\": ");
     let start = line.find(&key).ok_or_else(|| format!("unexpected output: {line}"))? + key.len();
-    line[start..].split([',', '}']).next().and_then(|x| x.trim().parse().ok()).ok_or_else(|| format!("unexpected output: {line}"))
+    line[start..]
+        .split([',', '}'])
+        .next()
+        .and_then(|x| x.trim().parse().ok())
+        .ok_or_else(|| format!("unexpected output: {line}"))
 }
 
 /// JAX's timing, or why JAX was not timed.
 fn jax(c: &Case, runs: usize) -> Result<Timing, String> {
     let py = venv_python();
     if !py.is_file() {
-        return Err(format!("JAX side skipped: no oracle venv at {} (set PALLADIUM_TPU_VENV or run scripts/setup.sh)", py.display()));
+        return Err(format!(
+            "JAX side skipped: no oracle venv at {} (set PALLADIUM_TPU_VENV or run scripts/setup.sh)",
+            py.display()
+        ));
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/pallas_interpret.py");
     let arg = |n: &str, v: usize| [format!("--{n}"), v.to_string()];
-    let args: Vec<String> = [arg("m", c.m), arg("k", c.k), arg("n", c.n), arg("bm", c.bm), arg("bk", c.bk), arg("bn", c.bn), arg("runs", runs)].concat();
-    let out = Command::new(&py).arg(&script).args(&args).env("JAX_PLATFORMS", "cpu").output().map_err(|e| format!("cannot run {}: {e}", py.display()))?;
+    let args: Vec<String> = [
+        arg("m", c.m),
+        arg("k", c.k),
+        arg("n", c.n),
+        arg("bm", c.bm),
+        arg("bk", c.bk),
+        arg("bn", c.bn),
+        arg("runs", runs),
+    ]
+    .concat();
+    let out = Command::new(&py)
+        .arg(&script)
+        .args(&args)
+        .env("JAX_PLATFORMS", "cpu")
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", py.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         return Err(format!("JAX side failed:\n{stdout}{}", String::from_utf8_lossy(&out.stderr)));
@@ -122,12 +154,40 @@ fn megakernel(config: &str) -> Result<(usize, f64), String> {
 fn megakernel_before(bin: &Path, config: &str) -> Result<f64, String> {
     let prompt = PROMPT.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/models").join(config);
-    let out = Command::new(bin).arg("run").arg(&fixture).args(["--random-weights", "--seed", "0", "--prompt-ids", &prompt, "--steps", &STEPS.to_string()]).output().map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let line = text.lines().find(|l| l.contains(" interpreted in ")).ok_or_else(|| format!("{} printed no summary:\n{text}", bin.display()))?;
-    let runs: f64 = line.split(": ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok()).ok_or_else(|| format!("unexpected summary: {line}"))?;
-    let time = line.split(" interpreted in ").nth(1).and_then(|t| t.split(' ').next()).and_then(|x| x.parse::<f64>().ok()).ok_or_else(|| format!("unexpected summary: {line}"))?;
-    let seconds = if line.contains(&format!("interpreted in {time} ms")) { time / 1e3 } else { time };
+    let out = Command::new(bin)
+        .arg("run")
+        .arg(&fixture)
+        .args([
+            "--random-weights",
+            "--seed",
+            "0",
+            "--prompt-ids",
+            &prompt,
+            "--steps",
+            &STEPS.to_string(),
+        ])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let line = text
+        .lines()
+        .find(|l| l.contains(" interpreted in "))
+        .ok_or_else(|| format!("{} printed no summary:\n{text}", bin.display()))?;
+    let runs: f64 = line
+        .split(": ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("unexpected summary: {line}"))?;
+    let time = line
+        .split(" interpreted in ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|x| x.parse::<f64>().ok())
+        .ok_or_else(|| format!("unexpected summary: {line}"))?;
+    let seconds =
+        if line.contains(&format!("interpreted in {time} ms")) { time / 1e3 } else { time };
     Ok(runs / seconds)
 }
 
@@ -136,18 +196,45 @@ fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
     // `cargo bench --bench interpret -- matmul` (or `megakernel`): only that part.
     let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
-    let wanted = |part: &str| filters.is_empty() || filters.iter().any(|f| part.contains(f.as_str()));
+    let wanted =
+        |part: &str| filters.is_empty() || filters.iter().any(|f| part.contains(f.as_str()));
     let runs = if benching { 7 } else { 1 };
     println!("rayon pool: {} threads", rayon::current_num_threads());
-    let cases = [Case { m: 1024, k: 2048, n: 1024, bm: 256, bk: 512, bn: 256 }, Case { m: 256, k: 512, n: 256, bm: 128, bk: 256, bn: 128 }];
+    let cases = [
+        Case { m: 1024, k: 2048, n: 1024, bm: 256, bk: 512, bn: 256 },
+        Case { m: 256, k: 512, n: 256, bm: 128, bk: 256, bn: 128 },
+    ];
     for c in cases.iter().filter(|_| wanted("matmul")) {
-        println!("== matmul {}x{}x{} bf16, blocks {}x{}x{}, grid ({}, {}, {}), median of {runs} ==", c.m, c.k, c.n, c.bm, c.bk, c.bn, c.m / c.bm, c.n / c.bn, c.k / c.bk);
+        println!(
+            "== matmul {}x{}x{} bf16, blocks {}x{}x{}, grid ({}, {}, {}), median of {runs} ==",
+            c.m,
+            c.k,
+            c.n,
+            c.bm,
+            c.bk,
+            c.bn,
+            c.m / c.bm,
+            c.n / c.bn,
+            c.k / c.bk
+        );
         let us = ours(c, runs);
-        println!("   palladium interpret (serialized body): steady {:>9.3} ms   first call (lower + parse + prepare + run) {:>9.3} ms", us.median * 1e3, us.first * 1e3);
+        println!(
+            "   palladium interpret (serialized body): steady {:>9.3} ms   first call (lower + parse + prepare + run) {:>9.3} ms",
+            us.median * 1e3,
+            us.first * 1e3
+        );
         match jax(c, runs) {
             Ok(them) => {
-                println!("   JAX Pallas interpret=True (jit, cpu):   steady {:>9.3} ms   first call (trace + compile + run)        {:>9.3} ms", them.median * 1e3, them.first * 1e3);
-                println!("   JAX / ours: steady {:.2}x, first call {:.2}x", them.median / us.median, them.first / us.first);
+                println!(
+                    "   JAX Pallas interpret=True (jit, cpu):   steady {:>9.3} ms   first call (trace + compile + run)        {:>9.3} ms",
+                    them.median * 1e3,
+                    them.first * 1e3
+                );
+                println!(
+                    "   JAX / ours: steady {:.2}x, first call {:.2}x",
+                    them.median / us.median,
+                    them.first / us.first
+                );
             }
             Err(why) => println!("   {why}"),
         }
@@ -157,7 +244,10 @@ fn main() {
     }
     let tries = if benching { 3 } else { 1 };
     let before = std::env::var_os("PALLADIUM_BEFORE_BIN").map(PathBuf::from);
-    println!("== tiny decode megakernels (palladium run, random weights, 5-token prompt, {STEPS} steps), best of {tries}{} ==", if before.is_some() { ", interleaved with PALLADIUM_BEFORE_BIN" } else { "" });
+    println!(
+        "== tiny decode megakernels (palladium run, random weights, 5-token prompt, {STEPS} steps), best of {tries}{} ==",
+        if before.is_some() { ", interleaved with PALLADIUM_BEFORE_BIN" } else { "" }
+    );
     for config in ["tiny-qwen3-moe.json", "tiny-mixtral.json"] {
         let (mut runs, mut ours, mut theirs) = (0, 0f64, 0f64);
         for _ in 0..tries {
@@ -173,10 +263,18 @@ fn main() {
             }
         }
         if ours > 0.0 {
-            println!("   {config:<22} {runs} runs: {ours:>8.1} tokens/s ({:.2} ms per token)", 1e3 / ours);
+            println!(
+                "   {config:<22} {runs} runs: {ours:>8.1} tokens/s ({:.2} ms per token)",
+                1e3 / ours
+            );
         }
         if theirs > 0.0 {
-            println!("   {:<22} before: {theirs:>8.1} tokens/s ({:.2} ms per token); now / before {:.2}x", "", 1e3 / theirs, ours / theirs);
+            println!(
+                "   {:<22} before: {theirs:>8.1} tokens/s ({:.2} ms per token); now / before {:.2}x",
+                "",
+                1e3 / theirs,
+                ours / theirs
+            );
         }
     }
 }

@@ -56,7 +56,10 @@ fn build(name: &str, s: &[(&str, usize)]) -> palladium_dsl::Kernel {
 
 fn target_dir() -> PathBuf {
     // CARGO_TARGET_TMPDIR is <target>/tmp.
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target"))
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("target"))
 }
 
 fn main() {
@@ -72,7 +75,9 @@ fn main() {
         decode_attention(&mut libtpu, &mut rows);
     }
 
-    println!("\n== summary (libtpu 0.0.42.1 static estimates, deviceless; ratio: JAX rows ours/JAX (<= 1.0 is at least as fast), floor rows floor/ours (1.0 = at the HBM floor)) ==");
+    println!(
+        "\n== summary (libtpu 0.0.42.1 static estimates, deviceless; ratio: JAX rows ours/JAX (<= 1.0 is at least as fast), floor rows floor/ours (1.0 = at the HBM floor)) =="
+    );
     print_table(&rows);
     let path = target_dir().join("kernels-bench.json");
     match std::fs::write(&path, serde_json::to_string_pretty(&rows).expect("plain data")) {
@@ -82,7 +87,10 @@ fn main() {
 }
 
 fn print_table(rows: &[Row]) {
-    println!("{:<17} {:<34} {:<26} {:<4} {:>9} {:>11} {:<6} {:>6}  note", "kernel", "shape", "blocks", "chip", "ours", "reference", "ref", "ratio");
+    println!(
+        "{:<17} {:<34} {:<26} {:<4} {:>9} {:>11} {:<6} {:>6}  note",
+        "kernel", "shape", "blocks", "chip", "ours", "reference", "ref", "ratio"
+    );
     for r in rows {
         let c = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
         let ratio = r.ratio.map_or("n/a".to_string(), |x| format!("{x:.3}"));
@@ -104,13 +112,24 @@ fn print_table(rows: &[Row]) {
 /// Part 1: our kernels and JAX's, same shapes and blocks, on v6e.
 fn jax_references(libtpu: &Libtpu, rows: &mut Vec<Row>) {
     let chip = Chip::V6e;
-    println!("== 1. ours vs JAX Pallas reference kernels on {chip} (same shapes and blocks; scripts/jax_reference.py pallas) ==");
+    println!(
+        "== 1. ours vs JAX Pallas reference kernels on {chip} (same shapes and blocks; scripts/jax_reference.py pallas) =="
+    );
     // The references have fixed shapes: matmul 1024x2048x1024 (256x512x256), gemv
     // 8x4096 @ 4096x14336 (block 4096x1024).
-    let matmul = build("matmul", &[("m", 1024), ("k", 2048), ("n", 1024), ("bm", 256), ("bk", 512), ("bn", 256)]);
-    let gemv = build("gemv", &[("batch", 8), ("k", 4096), ("n", 14336), ("block_n", 1024), ("block_k", 4096)]);
+    let matmul = build(
+        "matmul",
+        &[("m", 1024), ("k", 2048), ("n", 1024), ("bm", 256), ("bk", 512), ("bn", 256)],
+    );
+    let gemv = build(
+        "gemv",
+        &[("batch", 8), ("k", 4096), ("n", 14336), ("block_n", 1024), ("block_k", 4096)],
+    );
     let ours = libtpu.cycles(&[&matmul, &gemv], chip);
-    for (i, name, shape, blocks) in [(0, "matmul", "1024x2048x1024 bf16", "bm=256 bk=512 bn=256"), (1, "gemv", "8x4096 @ 4096x14336 bf16", "block_k=4096 block_n=1024")] {
+    for (i, name, shape, blocks) in [
+        (0, "matmul", "1024x2048x1024 bf16", "bm=256 bk=512 bn=256"),
+        (1, "gemv", "8x4096 @ 4096x14336 bf16", "block_k=4096 block_n=1024"),
+    ] {
         let theirs = jax::jax_reference(&["pallas", name, "--chip", chip.name()]);
         let jax = theirs.as_ref().ok().and_then(|j| j["estimated_cycles"].as_u64());
         let note = match (&ours[i], &theirs) {
@@ -139,7 +158,11 @@ fn jax_references(libtpu: &Libtpu, rows: &mut Vec<Row>) {
 fn floor_cycles(libtpu: &Libtpu, chip: Chip, bytes: u64) -> Result<(u64, String), String> {
     let (cycles, streamed) = libtpu.floor(chip, bytes).map_err(|e| e.to_string())?;
     let scaled = (cycles as f64 * bytes as f64 / streamed as f64).round() as u64;
-    let note = if streamed == bytes { String::new() } else { format!("floor {cycles} cyc for {streamed} B, scaled to {bytes} B") };
+    let note = if streamed == bytes {
+        String::new()
+    } else {
+        format!("floor {cycles} cyc for {streamed} B, scaled to {bytes} B")
+    };
     Ok((scaled, note))
 }
 
@@ -152,12 +175,24 @@ fn gemv_sweep(libtpu: &mut Libtpu, rows: &mut Vec<Row>) {
     let chip = Chip::V6e;
     // (batch, k, n): Llama-3-8B-like decode projections (up/gate 4096->14336, down
     // 14336->4096, qkv-ish 4096->6144), batch 8 and 32.
-    let shapes = [(8usize, 4096usize, 14336usize), (8, 14336, 4096), (32, 4096, 14336), (8, 4096, 6144)];
+    let shapes =
+        [(8usize, 4096usize, 14336usize), (8, 14336, 4096), (32, 4096, 14336), (8, 4096, 6144)];
     for (batch, k, n) in shapes {
-        let block_n: Vec<usize> = [256, 512, 768, 896, 1024, 1536, 1792, 2048, 3584, 4096].into_iter().filter(|b| n % b == 0 && *b <= n).collect();
+        let block_n: Vec<usize> = [256, 512, 768, 896, 1024, 1536, 1792, 2048, 3584, 4096]
+            .into_iter()
+            .filter(|b| n % b == 0 && *b <= n)
+            .collect();
         let block_k: Vec<usize> = [k, k / 2, k / 4].into_iter().filter(|b| k % b == 0).collect();
-        let space = SearchSpace::new("gemv").fixed("batch", batch).fixed("k", k).fixed("n", n).param("block_k", block_k).param("block_n", block_n);
-        println!("\n== 2. gemv {batch}x{k} @ {k}x{n} on {chip}: {} candidates, libtpu runner ==", space.len());
+        let space = SearchSpace::new("gemv")
+            .fixed("batch", batch)
+            .fixed("k", k)
+            .fixed("n", n)
+            .param("block_k", block_k)
+            .param("block_n", block_n);
+        println!(
+            "\n== 2. gemv {batch}x{k} @ {k}x{n} on {chip}: {} candidates, libtpu runner ==",
+            space.len()
+        );
         let report = search(&space, chip, libtpu).unwrap_or_else(|e| panic!("{e}"));
         print!("{}", report.table());
         let bytes = (2 * (batch * k + k * n) + 4 * batch * n) as u64;
@@ -171,10 +206,24 @@ fn gemv_sweep(libtpu: &mut Libtpu, rows: &mut Vec<Row>) {
         let shape = format!("{batch}x{k} @ {k}x{n} bf16 ({:.1} MB)", bytes as f64 / 1e6);
         let mut push = |blocks: String, ours: Option<u64>, what: &str| {
             let (reference, ratio, note) = match &floor {
-                Ok((f, note)) => (Some(*f), ours.map(|o| *f as f64 / o as f64), format!("{what}{}{note}", if note.is_empty() { "" } else { "; " })),
+                Ok((f, note)) => (
+                    Some(*f),
+                    ours.map(|o| *f as f64 / o as f64),
+                    format!("{what}{}{note}", if note.is_empty() { "" } else { "; " }),
+                ),
                 Err(e) => (None, None, format!("{what}; floor failed: {e}")),
             };
-            rows.push(Row { kernel: "gemv".into(), shape: shape.clone(), blocks, chip: chip.name().into(), ours, reference, reference_kind: "floor".into(), ratio, note });
+            rows.push(Row {
+                kernel: "gemv".into(),
+                shape: shape.clone(),
+                blocks,
+                chip: chip.name().into(),
+                ours,
+                reference,
+                reference_kind: "floor".into(),
+                ratio,
+                note,
+            });
         };
         if let Some((blocks, cycles)) = best(&report) {
             push(blocks, Some(cycles), "best found");
@@ -188,13 +237,27 @@ fn gemv_sweep(libtpu: &mut Libtpu, rows: &mut Vec<Row>) {
 /// Part 3: decode attention on v5e (see the module docs for why v5e and what is checked).
 fn decode_attention(libtpu: &mut Libtpu, rows: &mut Vec<Row>) {
     let chip = Chip::V5e;
-    println!("\n== 3. decode_attention on {chip}: what does libtpu's static estimate count of the KV loop? ==");
+    println!(
+        "\n== 3. decode_attention on {chip}: what does libtpu's static estimate count of the KV loop? =="
+    );
     // Probe: batch 2, kv_heads 4, group 8, head_dim 128; the KV bytes grow with max_context,
     // the loop's per-tile work with block_kv.
     let probe: Vec<(usize, usize)> = vec![(1024, 512), (32768, 512), (4096, 128), (4096, 2048)];
     let kernels: Vec<palladium_dsl::Kernel> = probe
         .iter()
-        .map(|&(ctx, bkv)| build("decode_attention", &[("batch", 2), ("kv_heads", 4), ("group", 8), ("head_dim", 128), ("max_context", ctx), ("block_kv", bkv)]))
+        .map(|&(ctx, bkv)| {
+            build(
+                "decode_attention",
+                &[
+                    ("batch", 2),
+                    ("kv_heads", 4),
+                    ("group", 8),
+                    ("head_dim", 128),
+                    ("max_context", ctx),
+                    ("block_kv", bkv),
+                ],
+            )
+        })
         .collect();
     let refs: Vec<&palladium_dsl::Kernel> = kernels.iter().collect();
     let costs = libtpu.run_batch(&refs, chip);
@@ -223,13 +286,18 @@ fn decode_attention(libtpu: &mut Libtpu, rows: &mut Vec<Row>) {
         _ => None,
     };
     let meaningful = growth.is_some_and(|g| g > 2.0);
-    let block_spread = match (by_block.iter().map(|b| b.1).reduce(f64::min), by_block.iter().map(|b| b.1).reduce(f64::max)) {
+    let block_spread = match (
+        by_block.iter().map(|b| b.1).reduce(f64::min),
+        by_block.iter().map(|b| b.1).reduce(f64::max),
+    ) {
         (Some(lo), Some(hi)) if lo > 0.0 => Some(hi / lo),
         _ => None,
     };
     let verdict = match growth {
         None => "could not be measured (no cycles for the probe)".to_string(),
-        Some(g) if meaningful => format!("follows the context: {g:.2}x cycles for 32x the KV bytes"),
+        Some(g) if meaningful => {
+            format!("follows the context: {g:.2}x cycles for 32x the KV bytes")
+        }
         Some(g) => format!(
             "is NOT meaningful: {g:.2}x the cycles for 32x the max_context (1k -> 32k) and {} across block_kv 128..2048. \
              The KV loop's trip count is ceil(lens[b] / block_kv), a run-time value from scalar prefetch, and libtpu's \
@@ -246,8 +314,16 @@ fn decode_attention(libtpu: &mut Libtpu, rows: &mut Vec<Row>) {
     // the tile count, so it is not used). That gives a floor ratio: the bytes decode
     // attention must move (K and V of the whole context, plus q and o) at the HBM floor,
     // over our cycles, with the best block_kv.
-    let shapes: [(usize, usize, usize, usize); 8] =
-        [(128, 8, 1024, 4), (128, 8, 8192, 4), (128, 8, 32768, 4), (128, 4, 1024, 8), (128, 4, 8192, 8), (128, 4, 32768, 8), (64, 8, 8192, 4), (64, 4, 8192, 8)];
+    let shapes: [(usize, usize, usize, usize); 8] = [
+        (128, 8, 1024, 4),
+        (128, 8, 8192, 4),
+        (128, 8, 32768, 4),
+        (128, 4, 1024, 8),
+        (128, 4, 8192, 8),
+        (128, 4, 32768, 8),
+        (64, 8, 8192, 4),
+        (64, 4, 8192, 8),
+    ];
     for (head_dim, group, ctx, kv_heads) in shapes {
         let batch = 2;
         let space = SearchSpace::new("decode_attention")
@@ -258,25 +334,63 @@ fn decode_attention(libtpu: &mut Libtpu, rows: &mut Vec<Row>) {
             .fixed("max_context", ctx)
             .fixed("bench_full_context", true)
             .param("block_kv", [128, 256, 512, 1024, 2048].into_iter().filter(|b| *b <= ctx));
-        println!("\n== 3. decode_attention (full context, static loop bounds) batch {batch}, kv_heads {kv_heads}, group {group}, head_dim {head_dim}, max_context {ctx} on {chip} ==");
+        println!(
+            "\n== 3. decode_attention (full context, static loop bounds) batch {batch}, kv_heads {kv_heads}, group {group}, head_dim {head_dim}, max_context {ctx} on {chip} =="
+        );
         let report = search(&space, chip, libtpu).unwrap_or_else(|e| panic!("{e}"));
         print!("{}", report.table());
         let kv_bytes = 2 * batch * kv_heads * ctx * head_dim * 2;
         let qo_bytes = 2 * batch * kv_heads * group * head_dim * 2;
         let bytes = (kv_bytes + qo_bytes) as u64;
-        let shape = format!("b{batch} kvh{kv_heads} g{group} d{head_dim} ctx{ctx} ({:.1} MB)", bytes as f64 / 1e6);
+        let shape = format!(
+            "b{batch} kvh{kv_heads} g{group} d{head_dim} ctx{ctx} ({:.1} MB)",
+            bytes as f64 / 1e6
+        );
         if let Some((blocks, cycles)) = best(&report) {
             let (reference, ratio, note) = match floor_cycles(libtpu, chip, bytes) {
-                Ok((f, note)) => (Some(f), Some(f as f64 / cycles as f64), format!("bench_full_context (lens = max_context); best found{}{note}", if note.is_empty() { "" } else { "; " })),
+                Ok((f, note)) => (
+                    Some(f),
+                    Some(f as f64 / cycles as f64),
+                    format!(
+                        "bench_full_context (lens = max_context); best found{}{note}",
+                        if note.is_empty() { "" } else { "; " }
+                    ),
+                ),
                 Err(e) => (None, None, format!("floor failed: {e}")),
             };
-            rows.push(Row { kernel: "decode_attention".into(), shape: shape.clone(), blocks, chip: chip.name().into(), ours: Some(cycles), reference, reference_kind: "floor".into(), ratio, note });
+            rows.push(Row {
+                kernel: "decode_attention".into(),
+                shape: shape.clone(),
+                blocks,
+                chip: chip.name().into(),
+                ours: Some(cycles),
+                reference,
+                reference_kind: "floor".into(),
+                ratio,
+                note,
+            });
         } else if let Some(r) = report.rejected().next() {
             let reason = match &r.outcome {
-                palladium_autotune::Outcome::Rejected { reason, .. } => reason.lines().find(|l| !l.trim().is_empty()).unwrap_or("").chars().take(160).collect(),
+                palladium_autotune::Outcome::Rejected { reason, .. } => reason
+                    .lines()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("")
+                    .chars()
+                    .take(160)
+                    .collect(),
                 _ => String::new(),
             };
-            rows.push(Row { kernel: "decode_attention".into(), shape, blocks: "none costed".into(), chip: chip.name().into(), ours: None, reference: None, reference_kind: "floor".into(), ratio: None, note: reason });
+            rows.push(Row {
+                kernel: "decode_attention".into(),
+                shape,
+                blocks: "none costed".into(),
+                chip: chip.name().into(),
+                ours: None,
+                reference: None,
+                reference_kind: "floor".into(),
+                ratio: None,
+                note: reason,
+            });
         }
     }
 }

@@ -78,17 +78,26 @@ const CHIP: Chip = Chip::V6e;
 const CONTEXT: u64 = 4096;
 
 fn spec(name: &str) -> ModelSpec {
-    ModelSpec::from_path(format!("{}/fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR"))).unwrap_or_else(|e| panic!("{name}: {e}"))
+    ModelSpec::from_path(format!("{}/fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR")))
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 fn target_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target"))
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("target"))
 }
 
 /// Static trip counts, priceable by libtpu: every KV tile, and the worst case of distinct
 /// experts (`batch * top_k` here: as many fetches as one per (row, slot)).
 fn options(chip: Chip, batch: u64, layers: Option<usize>) -> PlanOptions {
-    PlanOptions { layers, kv_tiles: KvTiles::All, expert_fetch: ExpertFetch::WorstCase, ..PlanOptions::new(chip, batch, CONTEXT) }
+    PlanOptions {
+        layers,
+        kv_tiles: KvTiles::All,
+        expert_fetch: ExpertFetch::WorstCase,
+        ..PlanOptions::new(chip, batch, CONTEXT)
+    }
 }
 
 fn options_ctx(chip: Chip, batch: u64, context: u64, layers: Option<usize>) -> PlanOptions {
@@ -97,22 +106,42 @@ fn options_ctx(chip: Chip, batch: u64, context: u64, layers: Option<usize>) -> P
 
 /// `plan` with at most two chunks in flight per weight stream (same layers).
 fn single(s: &ModelSpec, plan: &Plan) -> Plan {
-    let o = PlanOptions { prefetch: Prefetch::Single, ..options_ctx(CHIP, plan.dims.batch, plan.context, Some(plan.layers)) };
+    let o = PlanOptions {
+        prefetch: Prefetch::Single,
+        ..options_ctx(CHIP, plan.dims.batch, plan.context, Some(plan.layers))
+    };
     Plan::new(s, &o).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The plan of `name` at `batch`, truncated to the layers that fit `chip` if needed.
 /// The cost variant (see [`cycles`]) has no aliases, so the KV outputs need HBM of their own
 /// too: layers are dropped until they fit as well.
-fn plan_fitting(s: &ModelSpec, chip: Chip, batch: u64, context: u64, layers: Option<usize>) -> Plan {
+fn plan_fitting(
+    s: &ModelSpec,
+    chip: Chip,
+    batch: u64,
+    context: u64,
+    layers: Option<usize>,
+) -> Plan {
     let mut p = match Plan::new(s, &options_ctx(chip, batch, context, layers)) {
         Ok(p) => p,
-        Err(PlanError::Hbm { max_layers, .. }) => Plan::new(s, &options_ctx(chip, batch, context, Some(max_layers as usize))).unwrap_or_else(|e| panic!("{e}")),
+        Err(PlanError::Hbm { max_layers, .. }) => {
+            Plan::new(s, &options_ctx(chip, batch, context, Some(max_layers as usize)))
+                .unwrap_or_else(|e| panic!("{e}"))
+        }
         Err(e) => panic!("{e}"),
     };
-    let kv_out = |p: &Plan| p.layout.operands.iter().filter(|o| o.kind.aliased_input().is_some()).map(|o| o.bytes).sum::<u64>();
+    let kv_out = |p: &Plan| {
+        p.layout
+            .operands
+            .iter()
+            .filter(|o| o.kind.aliased_input().is_some())
+            .map(|o| o.bytes)
+            .sum::<u64>()
+    };
     while p.layers > 1 && p.hbm_total + kv_out(&p) > p.hbm_capacity {
-        p = Plan::new(s, &options_ctx(chip, batch, context, Some(p.layers - 1))).unwrap_or_else(|e| panic!("{e}"));
+        p = Plan::new(s, &options_ctx(chip, batch, context, Some(p.layers - 1)))
+            .unwrap_or_else(|e| panic!("{e}"));
     }
     p
 }
@@ -141,11 +170,20 @@ struct Row {
 }
 
 /// Sum of the unfused kernels' cycles, or why there is none; prints each kernel.
-fn unfused_sum(libtpu: &Libtpu, s: &ModelSpec, layers: usize, batch: u64, context: u64) -> Result<(u64, Vec<String>), String> {
+fn unfused_sum(
+    libtpu: &Libtpu,
+    s: &ModelSpec,
+    layers: usize,
+    batch: u64,
+    context: u64,
+) -> Result<(u64, Vec<String>), String> {
     let ks = unfused_kernels(s, layers, batch, context)?;
     let mut built = Vec::new();
     for UnfusedKernel { label, kernel: name, settings, .. } in &ks {
-        built.push(palladium_kernels::build(name, settings).map_err(|e| format!("{label}: cannot build {name} {settings:?}: {e}"))?);
+        built.push(
+            palladium_kernels::build(name, settings)
+                .map_err(|e| format!("{label}: cannot build {name} {settings:?}: {e}"))?,
+        );
     }
     let refs: Vec<&palladium_dsl::Kernel> = built.iter().collect();
     let costs = cycles(libtpu, &refs, CHIP);
@@ -158,14 +196,21 @@ fn unfused_sum(libtpu: &Libtpu, s: &ModelSpec, layers: usize, batch: u64, contex
                 total += c * times;
             }
             Err(e) => {
-                println!("    {label:<38} {name:<18} no estimate: {}", e.lines().next().unwrap_or(""));
+                println!(
+                    "    {label:<38} {name:<18} no estimate: {}",
+                    e.lines().next().unwrap_or("")
+                );
                 missing.push(label.clone());
             }
         }
     }
     // A kernel libtpu cannot profile is left out of the sum (said in the note): the sum is
     // then a lower bound, and mk / unfused an upper bound.
-    if missing.len() == ks.len() { Err("no estimate for any unfused kernel".into()) } else { Ok((total, missing)) }
+    if missing.len() == ks.len() {
+        Err("no estimate for any unfused kernel".into())
+    } else {
+        Ok((total, missing))
+    }
 }
 
 fn floor_cycles(libtpu: &Libtpu, chip: Chip, bytes: u64) -> Result<u64, String> {
@@ -180,7 +225,11 @@ fn floor_cycles(libtpu: &Libtpu, chip: Chip, bytes: u64) -> Result<u64, String> 
 /// direction: 0 on GL/GLP") on the megakernel once the aliased caches reach 256 KiB
 /// (context > 256 on the tiny model), even with every KV DMA deleted from the module, and
 /// on `kv_cache_update` at the tiny model's shapes; without the aliases both profile.
-fn cycles(libtpu: &Libtpu, kernels: &[&palladium_dsl::Kernel], chip: Chip) -> Vec<Result<u64, String>> {
+fn cycles(
+    libtpu: &Libtpu,
+    kernels: &[&palladium_dsl::Kernel],
+    chip: Chip,
+) -> Vec<Result<u64, String>> {
     libtpu.cycles(kernels, chip).into_iter().map(|c| c.map_err(|e| e.to_string())).collect()
 }
 
@@ -188,7 +237,11 @@ fn cycles(libtpu: &Libtpu, kernels: &[&palladium_dsl::Kernel], chip: Chip) -> Ve
 /// megakernel, one at a time: libtpu's estimator walks the traced loops' static trip counts, so a
 /// full-size one takes up to ~100 s and ~15 GB (Qwen3-30B-A3B, 23 layers, batch 8), and a
 /// process does not give that memory back between compiles.
-fn megakernel_cycles(libtpu: &Libtpu, plans: &[(String, Plan)], chip: Chip) -> Vec<Result<u64, String>> {
+fn megakernel_cycles(
+    libtpu: &Libtpu,
+    plans: &[(String, Plan)],
+    chip: Chip,
+) -> Vec<Result<u64, String>> {
     plans
         .iter()
         .map(|(label, p)| {
@@ -205,7 +258,11 @@ fn emission_time(devices: u64) -> (f64, Vec<f64>) {
     let mut times = Vec::new();
     for _ in 0..7 {
         let t = std::time::Instant::now();
-        let mk = Megakernel::build(&s, &PlanOptions { check_hbm: devices > 1, devices, ..options(Chip::V7x, 1, None) }).unwrap();
+        let mk = Megakernel::build(
+            &s,
+            &PlanOptions { check_hbm: devices > 1, devices, ..options(Chip::V7x, 1, None) },
+        )
+        .unwrap();
         times.push(t.elapsed().as_secs_f64());
         assert_eq!(mk.plan.layers, 94);
         assert!(mk.lowered.body.contains("stable_mosaic.version"));
@@ -220,28 +277,58 @@ fn tokens_per_seq(libtpu: &Libtpu) {
     let s30 = spec("qwen3-30b-a3b");
     let layers = Some(8);
     let plan = |batch: u64, k: u64| {
-        let o = PlanOptions { tokens_per_seq: k, logits: false, prefetch: Prefetch::Single, ..options(CHIP, batch, layers) };
+        let o = PlanOptions {
+            tokens_per_seq: k,
+            logits: false,
+            prefetch: Prefetch::Single,
+            ..options(CHIP, batch, layers)
+        };
         Plan::new(&s30, &o).unwrap_or_else(|e| panic!("K {k}: {e}"))
     };
-    let plans: Vec<(String, Plan)> = [1, 2, 4, 8].into_iter().map(|k| (format!("K {k}"), plan(1, k))).collect();
+    let plans: Vec<(String, Plan)> =
+        [1, 2, 4, 8].into_iter().map(|k| (format!("K {k}"), plan(1, k))).collect();
     let mk = megakernel_cycles(libtpu, &plans, CHIP);
-    println!("\n== qwen3-30b-a3b, 8 layers, batch 1, context {CONTEXT}, {CHIP}: K tokens per sequence (every KV tile, worst-case distinct experts, single prefetch) ==");
-    println!("| K | distinct experts per layer | HBM bytes (dense, experts, kv) | floor cyc | mk cyc | floor/mk |");
+    println!(
+        "\n== qwen3-30b-a3b, 8 layers, batch 1, context {CONTEXT}, {CHIP}: K tokens per sequence (every KV tile, worst-case distinct experts, single prefetch) =="
+    );
+    println!(
+        "| K | distinct experts per layer | HBM bytes (dense, experts, kv) | floor cyc | mk cyc | floor/mk |"
+    );
     println!("|---:|---:|---:|---:|---:|---:|");
     let mut rows = Vec::new();
     for ((label, p), c) in plans.iter().zip(&mk) {
         let t = &p.traffic;
         let (floor, ratio) = floor_and_fraction(libtpu, t.total, c);
-        println!("| {} | {} | {} ({}, {}, {}) | {} | {} | {ratio} |", p.dims.tokens_per_seq, p.distinct_experts(), t.total, t.dense + t.lm_head, t.experts, t.kv_read + t.kv_write, show(&floor), show(c));
+        println!(
+            "| {} | {} | {} ({}, {}, {}) | {} | {} | {ratio} |",
+            p.dims.tokens_per_seq,
+            p.distinct_experts(),
+            t.total,
+            t.dense + t.lm_head,
+            t.experts,
+            t.kv_read + t.kv_write,
+            show(&floor),
+            show(c)
+        );
         rows.push(serde_json::json!({"label": label, "tokens_per_seq": p.dims.tokens_per_seq, "bytes": t.total, "dense": t.dense + t.lm_head, "experts": t.experts, "kv": t.kv_read + t.kv_write, "floor": floor.ok(), "cycles": c.as_ref().ok()}));
     }
     println!("\n== expert bytes per step at batch 8 (qwen3-30b-a3b, 8 layers) ==");
     for k in [1, 4] {
         let t = plan(8, k).traffic;
-        println!("  K {k}: without dedupe {:.3} GB; with dedupe {:.3} GB at the worst case of min(E, 8 x K x top_k) distinct experts, {:.3} GB expected under uniform routing", t.experts_without_dedupe as f64 / 1e9, t.experts as f64 / 1e9, t.experts_uniform_routing / 1e9);
+        println!(
+            "  K {k}: without dedupe {:.3} GB; with dedupe {:.3} GB at the worst case of min(E, 8 x K x top_k) distinct experts, {:.3} GB expected under uniform routing",
+            t.experts_without_dedupe as f64 / 1e9,
+            t.experts as f64 / 1e9,
+            t.experts_uniform_routing / 1e9
+        );
     }
     let path = target_dir().join("megakernel-tokens-bench.json");
-    if std::fs::write(&path, serde_json::to_string_pretty(&serde_json::json!({"rows": rows})).unwrap_or_default()).is_ok() {
+    if std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&serde_json::json!({"rows": rows})).unwrap_or_default(),
+    )
+    .is_ok()
+    {
         println!("(also in {})", path.display());
     }
 }
@@ -249,12 +336,24 @@ fn tokens_per_seq(libtpu: &Libtpu) {
 /// Section 5: Qwen3-235B-A22B over 8 v7x devices, from the plan.
 fn devices() {
     let s = spec("qwen3-235b-a22b");
-    println!("== qwen3-235b-a22b, 94 layers, 8 v7x devices, context {CONTEXT}: per device per step (plan only; collective time is a model) ==");
-    println!("| batch | experts | HBM bytes | HBM floor us | collective bytes sent | collectives us (model) | floor + collectives us | VMEM MiB | HBM GiB held |");
+    println!(
+        "== qwen3-235b-a22b, 94 layers, 8 v7x devices, context {CONTEXT}: per device per step (plan only; collective time is a model) =="
+    );
+    println!(
+        "| batch | experts | HBM bytes | HBM floor us | collective bytes sent | collectives us (model) | floor + collectives us | VMEM MiB | HBM GiB held |"
+    );
     println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut rows = Vec::new();
     for batch in [1, 4, 8] {
-        let p = Plan::new(&s, &PlanOptions { devices: 8, logits: false, ..PlanOptions::new(Chip::V7x, batch, CONTEXT) }).unwrap_or_else(|e| panic!("batch {batch}: {e}"));
+        let p = Plan::new(
+            &s,
+            &PlanOptions {
+                devices: 8,
+                logits: false,
+                ..PlanOptions::new(Chip::V7x, batch, CONTEXT)
+            },
+        )
+        .unwrap_or_else(|e| panic!("batch {batch}: {e}"));
         let sh = p.sharding.as_ref().expect("8 devices are a split");
         let (floor, coll) = (p.traffic.floor_seconds * 1e6, sh.collective_seconds * 1e6);
         println!(
@@ -269,9 +368,18 @@ fn devices() {
         rows.push(serde_json::json!({"batch": batch, "experts": sh.experts.split.name(), "hbm_bytes": p.traffic.total, "floor_seconds": p.traffic.floor_seconds, "collective_bytes": sh.collective_bytes, "collective_seconds": sh.collective_seconds, "vmem_bytes": p.vmem_total, "hbm_held_bytes": p.hbm_total, "link_model": sh.link_model}));
     }
     let (median, times) = emission_time(8);
-    println!("emission (plan + trace + verify + lower) of the 8-device program: median {median:.3} s over {} runs: {}", times.len(), times.iter().map(|t| format!("{t:.3}")).collect::<Vec<_>>().join(" "));
+    println!(
+        "emission (plan + trace + verify + lower) of the 8-device program: median {median:.3} s over {} runs: {}",
+        times.len(),
+        times.iter().map(|t| format!("{t:.3}")).collect::<Vec<_>>().join(" ")
+    );
     let path = target_dir().join("megakernel-devices-bench.json");
-    if std::fs::write(&path, serde_json::to_string_pretty(&serde_json::json!({"rows": rows})).unwrap_or_default()).is_ok() {
+    if std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&serde_json::json!({"rows": rows})).unwrap_or_default(),
+    )
+    .is_ok()
+    {
         println!("(also in {})", path.display());
     }
 }
@@ -284,13 +392,25 @@ fn weights(libtpu: &Libtpu) {
     let plans: Vec<(String, Plan)> = dtypes
         .iter()
         .map(|&weights| {
-            let o = PlanOptions { logits: false, prefetch: Prefetch::Single, weights, ..options(CHIP, 1, Some(8)) };
-            (weights.name().to_string(), Plan::new(&s30, &o).unwrap_or_else(|e| panic!("{}: {e}", weights.name())))
+            let o = PlanOptions {
+                logits: false,
+                prefetch: Prefetch::Single,
+                weights,
+                ..options(CHIP, 1, Some(8))
+            };
+            (
+                weights.name().to_string(),
+                Plan::new(&s30, &o).unwrap_or_else(|e| panic!("{}: {e}", weights.name())),
+            )
         })
         .collect();
     let mk = megakernel_cycles(libtpu, &plans, CHIP);
-    println!("\n== qwen3-30b-a3b, 8 layers, batch 1, context {CONTEXT}, {CHIP}: weights dtype (every KV tile, worst-case distinct experts, single prefetch) ==");
-    println!("| weights | HBM bytes per step | bytes / bf16 | by dtype | floor cyc | mk cyc | mk / bf16 | floor/mk |");
+    println!(
+        "\n== qwen3-30b-a3b, 8 layers, batch 1, context {CONTEXT}, {CHIP}: weights dtype (every KV tile, worst-case distinct experts, single prefetch) =="
+    );
+    println!(
+        "| weights | HBM bytes per step | bytes / bf16 | by dtype | floor cyc | mk cyc | mk / bf16 | floor/mk |"
+    );
     println!("|---|---:|---:|---|---:|---:|---:|---:|");
     let (bf16_bytes, bf16_cycles) = (plans[0].1.traffic.total, mk[0].as_ref().ok().copied());
     let mut rows = Vec::new();
@@ -301,19 +421,40 @@ fn weights(libtpu: &Libtpu) {
             (Ok(c), Some(b)) => format!("{:.3}", *c as f64 / b as f64),
             _ => "-".into(),
         };
-        let by_dtype = t.by_dtype.as_ref().map_or("bf16".into(), |parts| parts.iter().map(|(d, b)| format!("{d} {:.3} GB", *b as f64 / 1e9)).collect::<Vec<_>>().join(", "));
-        println!("| {label} | {} | {:.3} | {by_dtype} | {} | {} | {vs_bf16} | {ratio} |", t.total, t.total as f64 / bf16_bytes as f64, show(&floor), show(c));
+        let by_dtype = t.by_dtype.as_ref().map_or("bf16".into(), |parts| {
+            parts
+                .iter()
+                .map(|(d, b)| format!("{d} {:.3} GB", *b as f64 / 1e9))
+                .collect::<Vec<_>>()
+                .join(", ")
+        });
+        println!(
+            "| {label} | {} | {:.3} | {by_dtype} | {} | {} | {vs_bf16} | {ratio} |",
+            t.total,
+            t.total as f64 / bf16_bytes as f64,
+            show(&floor),
+            show(c)
+        );
         rows.push(serde_json::json!({"weights": label, "bytes": t.total, "bytes_by_dtype": t.by_dtype, "floor": floor.ok(), "cycles": c.as_ref().ok()}));
     }
     let path = target_dir().join("megakernel-weights-bench.json");
-    if std::fs::write(&path, serde_json::to_string_pretty(&serde_json::json!({"rows": rows})).unwrap_or_default()).is_ok() {
+    if std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&serde_json::json!({"rows": rows})).unwrap_or_default(),
+    )
+    .is_ok()
+    {
         println!("(also in {})", path.display());
     }
 }
 
 /// libtpu's floor cycles for `bytes` (at [`CHIP`]) and floor / `mk` as text ("-" where either
 /// has no estimate).
-fn floor_and_fraction(libtpu: &Libtpu, bytes: u64, mk: &Result<u64, String>) -> (Result<u64, String>, String) {
+fn floor_and_fraction(
+    libtpu: &Libtpu,
+    bytes: u64,
+    mk: &Result<u64, String>,
+) -> (Result<u64, String>, String) {
     let floor = floor_cycles(libtpu, CHIP, bytes);
     let ratio = match (&floor, mk) {
         (Ok(f), Ok(c)) => format!("{:.3}", *f as f64 / *c as f64),
@@ -324,7 +465,10 @@ fn floor_and_fraction(libtpu: &Libtpu, bytes: u64, mk: &Result<u64, String>) -> 
 
 /// A cycle count, or why libtpu gave none (its error's first line).
 fn show(r: &Result<u64, String>) -> String {
-    r.as_ref().map_or_else(|e| format!("no estimate ({})", e.lines().next().unwrap_or("")), |v| v.to_string())
+    r.as_ref().map_or_else(
+        |e| format!("no estimate ({})", e.lines().next().unwrap_or("")),
+        |v| v.to_string(),
+    )
 }
 
 /// libtpu with the KV aliases dropped from the call spec (see the module docs), or exit
@@ -353,8 +497,14 @@ fn main() {
         return;
     }
     let (median, times) = emission_time(1);
-    println!("== emission (plan + trace + verify + lower) of qwen3-235b-a22b, 94 layers, v7x, batch 1, context {CONTEXT} ==");
-    println!("median {median:.3} s over {} runs: {}", times.len(), times.iter().map(|t| format!("{t:.3}")).collect::<Vec<_>>().join(" "));
+    println!(
+        "== emission (plan + trace + verify + lower) of qwen3-235b-a22b, 94 layers, v7x, batch 1, context {CONTEXT} =="
+    );
+    println!(
+        "median {median:.3} s over {} runs: {}",
+        times.len(),
+        times.iter().map(|t| format!("{t:.3}")).collect::<Vec<_>>().join(" ")
+    );
     if !benching {
         return;
     }
@@ -366,20 +516,34 @@ fn main() {
     println!("\n== does libtpu's estimate count the traced layer loop? batch 1, {CHIP} ==");
     let mut scaling: Vec<(String, Plan)> = Vec::new();
     for n in [1usize, 2, 4] {
-        scaling.push((format!("tiny-qwen3-moe ctx 256, {n} layers"), plan_fitting(&tiny, CHIP, 1, 256, Some(n))));
+        scaling.push((
+            format!("tiny-qwen3-moe ctx 256, {n} layers"),
+            plan_fitting(&tiny, CHIP, 1, 256, Some(n)),
+        ));
     }
     for n in [1usize, 2, 4] {
-        scaling.push((format!("qwen3-30b-a3b ctx {CONTEXT}, {n} layers"), plan_fitting(&s30, CHIP, 1, CONTEXT, Some(n))));
+        scaling.push((
+            format!("qwen3-30b-a3b ctx {CONTEXT}, {n} layers"),
+            plan_fitting(&s30, CHIP, 1, CONTEXT, Some(n)),
+        ));
     }
     let sc = megakernel_cycles(&libtpu, &scaling, CHIP);
     for ((label, p), c) in scaling.iter().zip(&sc) {
-        println!("  {label}: {} B per step, {}", p.traffic.total, c.as_ref().map_or_else(|e| format!("no estimate: {e}"), |c| format!("{c} cycles")));
+        println!(
+            "  {label}: {} B per step, {}",
+            p.traffic.total,
+            c.as_ref().map_or_else(|e| format!("no estimate: {e}"), |c| format!("{c} cycles"))
+        );
     }
 
     // 1. The table.
     let mut cases: Vec<(String, &ModelSpec, Plan)> = Vec::new();
     for batch in [1, 4, 8] {
-        cases.push(("tiny-qwen3-moe".into(), &tiny, plan_fitting(&tiny, CHIP, batch, CONTEXT, None)));
+        cases.push((
+            "tiny-qwen3-moe".into(),
+            &tiny,
+            plan_fitting(&tiny, CHIP, batch, CONTEXT, None),
+        ));
     }
     for batch in [1, 4, 8] {
         cases.push(("qwen3-30b-a3b".into(), &s30, plan_fitting(&s30, CHIP, batch, CONTEXT, None)));
@@ -393,7 +557,10 @@ fn main() {
     let mut rows = Vec::new();
     for (name, s, p) in &cases {
         let (deep, single) = (mk.next().expect("deep"), mk.next().expect("single"));
-        println!("\n== {name}, {} layers, batch {}, context {}, {CHIP}: unfused kernels ==", p.layers, p.dims.batch, p.context);
+        println!(
+            "\n== {name}, {} layers, batch {}, context {}, {CHIP}: unfused kernels ==",
+            p.layers, p.dims.batch, p.context
+        );
         let bytes = p.traffic.total;
         let floor = floor_cycles(&libtpu, CHIP, bytes);
         let unfused = unfused_sum(&libtpu, s, p.layers, p.dims.batch, p.context);
@@ -408,7 +575,8 @@ fn main() {
         }
         match &unfused {
             Err(e) => notes.push(format!("unfused: {e}")),
-            Ok((_, missing)) if !missing.is_empty() => notes.push(format!("unfused sum without {} (libtpu aborts on it)", missing.join(", "))),
+            Ok((_, missing)) if !missing.is_empty() => notes
+                .push(format!("unfused sum without {} (libtpu aborts on it)", missing.join(", "))),
             Ok(_) => {}
         }
         let (deep, single, floor) = (deep.ok(), single.ok(), floor.ok());
@@ -433,8 +601,12 @@ fn main() {
         });
     }
 
-    println!("\n== summary (libtpu 0.0.42.1 static estimates, deviceless, full-context steps; floor/mk: 1.0 = at the HBM floor, goal >= 0.85; mk/unfused: goal <= 0.5; deep = as run, single = at most two chunks in flight per stream, the variant comparable with the floor) ==");
-    println!("| model | layers | batch | bytes | floor cyc | mk cyc deep / single | floor/mk deep / single | unfused sum cyc | mk/unfused deep / single |");
+    println!(
+        "\n== summary (libtpu 0.0.42.1 static estimates, deviceless, full-context steps; floor/mk: 1.0 = at the HBM floor, goal >= 0.85; mk/unfused: goal <= 0.5; deep = as run, single = at most two chunks in flight per stream, the variant comparable with the floor) =="
+    );
+    println!(
+        "| model | layers | batch | bytes | floor cyc | mk cyc deep / single | floor/mk deep / single | unfused sum cyc | mk/unfused deep / single |"
+    );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let o = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
     let r = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
@@ -456,7 +628,10 @@ fn main() {
         );
     }
     for row in rows.iter().filter(|r| !r.note.is_empty()) {
-        println!("  {} L{} b{} ctx {}: {}", row.model, row.layers, row.batch, row.context, row.note);
+        println!(
+            "  {} L{} b{} ctx {}: {}",
+            row.model, row.layers, row.batch, row.context, row.note
+        );
     }
     println!("emission of qwen3-235b-a22b (94 layers): median {median:.3} s (goal < 0.5 s)");
     let json = serde_json::json!({"rows": rows, "emission_seconds": times, "emission_median_seconds": median,

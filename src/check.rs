@@ -10,10 +10,10 @@
 //! computed from the kernel's call spec and refused above [`CheckOptions::max_host_memory`]
 //! (the CLI's limit: [`crate::host_memory`]).
 
-use palladium_dsl::ir::{Kernel, check_hbm, padded_vmem_bytes};
-use palladium_dsl::spec::{Chip, OperandRole, ScratchSpec};
 use palladium_array::HostArray;
 use palladium_array::tolerance::{output_errors, output_tolerance};
+use palladium_dsl::ir::{Kernel, check_hbm, padded_vmem_bytes};
+use palladium_dsl::spec::{Chip, OperandRole, ScratchSpec};
 use palladium_interpret::{CallSpec, InterpError, Module, ParseError, Program};
 use palladium_kernels::{KernelEntry, KernelError};
 use palladium_lowering::{LowerOptions, lower};
@@ -34,7 +34,12 @@ pub struct CheckOptions {
 
 impl Default for CheckOptions {
     fn default() -> Self {
-        CheckOptions { chip: Chip::V6e, seed: 0, tolerance: None, max_host_memory: crate::host_memory::DEFAULT_LIMIT }
+        CheckOptions {
+            chip: Chip::V6e,
+            seed: 0,
+            tolerance: None,
+            max_host_memory: crate::host_memory::DEFAULT_LIMIT,
+        }
     }
 }
 
@@ -55,7 +60,8 @@ pub struct HostMemory {
 
 impl HostMemory {
     pub fn of(kernel: &Kernel) -> HostMemory {
-        let elems = |s: &palladium_dsl::ir::Shape| s.dims().iter().fold(1u64, |n, &d| n.saturating_mul(d));
+        let elems =
+            |s: &palladium_dsl::ir::Shape| s.dims().iter().fold(1u64, |n, &d| n.saturating_mul(d));
         let bytes = |dtype: palladium_dsl::DType| u64::from(dtype.memory_bits()).div_ceil(8);
         let (mut inputs, mut outputs, mut buffers) = (0u64, 0u64, 0u64);
         for o in &kernel.call.operands {
@@ -78,7 +84,11 @@ impl HostMemory {
         }
         // A mesh kernel's operands, windows and scratch are per device.
         let devices = kernel.call.devices();
-        HostMemory { inputs: inputs.saturating_mul(devices), outputs: outputs.saturating_mul(devices), buffers: buffers.saturating_mul(devices) }
+        HostMemory {
+            inputs: inputs.saturating_mul(devices),
+            outputs: outputs.saturating_mul(devices),
+            buffers: buffers.saturating_mul(devices),
+        }
     }
 
     pub fn total(&self) -> u64 {
@@ -165,10 +175,31 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let params: Vec<String> = self.params.iter().map(|(n, v)| format!("{n}={v}")).collect();
         let grid: Vec<String> = self.grid.iter().map(|g| g.to_string()).collect();
-        let devices = if self.devices > 1 { format!(" x {} devices", self.devices) } else { String::new() };
-        writeln!(f, "{} {} on {}{devices}, seed {}: grid ({}), body interpreted in {:.3} s (prepare {:.3} s), reference {:.3} s", self.kernel, params.join(" "), self.chip, self.seed, grid.join(", "), self.run_time.as_secs_f64(), self.prepare_time.as_secs_f64(), self.reference_time.as_secs_f64())?;
+        let devices =
+            if self.devices > 1 { format!(" x {} devices", self.devices) } else { String::new() };
+        writeln!(
+            f,
+            "{} {} on {}{devices}, seed {}: grid ({}), body interpreted in {:.3} s (prepare {:.3} s), reference {:.3} s",
+            self.kernel,
+            params.join(" "),
+            self.chip,
+            self.seed,
+            grid.join(", "),
+            self.run_time.as_secs_f64(),
+            self.prepare_time.as_secs_f64(),
+            self.reference_time.as_secs_f64()
+        )?;
         for o in &self.outputs {
-            write!(f, "  {:<8} {:<22} max abs err {:.3e}  max rel err {:.3e}  tolerance {:.0e}  {}", o.name, o.ty, o.max_abs, o.max_rel, o.tolerance, if o.passed() { "ok" } else { "FAIL" })?;
+            write!(
+                f,
+                "  {:<8} {:<22} max abs err {:.3e}  max rel err {:.3e}  tolerance {:.0e}  {}",
+                o.name,
+                o.ty,
+                o.max_abs,
+                o.max_rel,
+                o.tolerance,
+                if o.passed() { "ok" } else { "FAIL" }
+            )?;
             if !o.passed()
                 && let Some((i, got, want)) = o.worst
             {
@@ -183,52 +214,99 @@ impl fmt::Display for Report {
 /// Build, lower and prepare a library kernel: `(entry, kernel, program, call spec)`. The
 /// call spec (the lowered call JSON: full output shapes and input/output aliases) is what
 /// [`Program::run_with`] needs to start an aliased output as a copy of its input.
-pub fn prepare(name: &str, settings: &[(String, String)], chip: Chip) -> Result<(&'static KernelEntry, palladium_dsl::Kernel, Program, CallSpec), CheckError> {
+pub fn prepare(
+    name: &str,
+    settings: &[(String, String)],
+    chip: Chip,
+) -> Result<(&'static KernelEntry, palladium_dsl::Kernel, Program, CallSpec), CheckError> {
     let entry = palladium_kernels::entry(name)?;
     let kernel = (entry.build)(settings)?;
     let (program, spec) = lower_and_prepare(name, &kernel, chip)?;
     Ok((entry, kernel, program, spec))
 }
 
-fn lower_and_prepare(name: &str, kernel: &Kernel, chip: Chip) -> Result<(Program, CallSpec), CheckError> {
-    let lowered = lower(kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower { kernel: name.to_string(), chip, message: e.to_string() })?;
-    let module = Module::parse(&lowered.body).map_err(|error| CheckError::Parse { kernel: name.to_string(), error })?;
-    let program = module.prepare().map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) })?;
-    let spec = CallSpec::from_json(&lowered.call_json).map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) })?;
+fn lower_and_prepare(
+    name: &str,
+    kernel: &Kernel,
+    chip: Chip,
+) -> Result<(Program, CallSpec), CheckError> {
+    let lowered = lower(kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower {
+        kernel: name.to_string(),
+        chip,
+        message: e.to_string(),
+    })?;
+    let module = Module::parse(&lowered.body)
+        .map_err(|error| CheckError::Parse { kernel: name.to_string(), error })?;
+    let program = module
+        .prepare()
+        .map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) })?;
+    let spec = CallSpec::from_json(&lowered.call_json)
+        .map_err(|error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) })?;
     Ok((program, spec))
 }
 
 /// Check one library kernel in interpret mode.
-pub fn check(name: &str, settings: &[(String, String)], options: &CheckOptions) -> Result<Report, CheckError> {
+pub fn check(
+    name: &str,
+    settings: &[(String, String)],
+    options: &CheckOptions,
+) -> Result<Report, CheckError> {
     check_on(name, settings, options, Backend::Interpret)
 }
 
 /// Check one library kernel on `backend`: the same seeded inputs and reference comparison
 /// whether the body runs in the interpreter or on a TPU.
-pub fn check_on(name: &str, settings: &[(String, String)], options: &CheckOptions, backend: Backend) -> Result<Report, CheckError> {
+pub fn check_on(
+    name: &str,
+    settings: &[(String, String)],
+    options: &CheckOptions,
+    backend: Backend,
+) -> Result<Report, CheckError> {
     if let Some(t) = options.tolerance.filter(|t| !t.is_finite() || *t < 0.0) {
         return Err(CheckError::Tolerance(t));
     }
     let t = Instant::now();
     let entry = palladium_kernels::entry(name)?;
     let kernel = (entry.build)(settings)?;
-    check_hbm(&kernel, options.chip).map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
+    check_hbm(&kernel, options.chip)
+        .map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
     let need = HostMemory::of(&kernel);
-    let parts = [("inputs", need.inputs), ("outputs and reference", need.outputs), ("windows and scratch", need.buffers)];
-    crate::host_memory::check_within(options.max_host_memory, "interpret mode", need.total(), &parts).map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
+    let parts = [
+        ("inputs", need.inputs),
+        ("outputs and reference", need.outputs),
+        ("windows and scratch", need.buffers),
+    ];
+    crate::host_memory::check_within(
+        options.max_host_memory,
+        "interpret mode",
+        need.total(),
+        &parts,
+    )
+    .map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
     let run: BodyRun<'_> = match backend {
         Backend::Interpret => {
             let (program, spec) = lower_and_prepare(name, &kernel, options.chip)?;
             // With the call spec: aliased outputs start as copies of their inputs (in-place
             // kernels such as `kv_cache_update` write only part of them), output shapes as
             // the call has them.
-            let interp_error = move |error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) };
+            let interp_error = move |error| CheckError::Interp {
+                kernel: name.to_string(),
+                error: Box::new(error),
+            };
             match kernel.call.devices() as usize {
-                1 => Box::new(move |host: &[HostArray]| program.run_with(host, &spec).map_err(interp_error)),
+                1 => Box::new(move |host: &[HostArray]| {
+                    program.run_with(host, &spec).map_err(interp_error)
+                }),
                 devices => Box::new(move |host: &[HostArray]| {
-                    let per_device = split_devices(host, devices).map_err(|message| CheckError::Mismatch { kernel: name.to_string(), message })?;
-                    let outputs = program.run_devices(&per_device, Some(&spec)).map_err(interp_error)?;
-                    stack_devices(&outputs).map_err(|message| CheckError::Mismatch { kernel: name.to_string(), message })
+                    let per_device = split_devices(host, devices).map_err(|message| {
+                        CheckError::Mismatch { kernel: name.to_string(), message }
+                    })?;
+                    let outputs =
+                        program.run_devices(&per_device, Some(&spec)).map_err(interp_error)?;
+                    stack_devices(&outputs).map_err(|message| CheckError::Mismatch {
+                        kernel: name.to_string(),
+                        message,
+                    })
                 }),
             }
         }
@@ -245,24 +323,54 @@ pub fn check_on(name: &str, settings: &[(String, String)], options: &CheckOption
     let specs: Vec<_> = kernel.call.operands_of(OperandRole::Output).collect();
     let mismatch = |message: String| CheckError::Mismatch { kernel: name.to_string(), message };
     if got.len() != want.len() || got.len() != specs.len() {
-        return Err(mismatch(format!("the kernel has {} outputs, the run returned {}, the reference {}", specs.len(), got.len(), want.len())));
+        return Err(mismatch(format!(
+            "the kernel has {} outputs, the run returned {}, the reference {}",
+            specs.len(),
+            got.len(),
+            want.len()
+        )));
     }
     let mut outputs = Vec::new();
     for ((g, w), spec) in got.iter().zip(&want).zip(&specs) {
         if g.shape != w.shape || g.dtype != w.dtype {
-            return Err(mismatch(format!("output {}: the run returned {}{:?}, the reference {}", spec.name, g.dtype, g.shape, w.type_string())));
+            return Err(mismatch(format!(
+                "output {}: the run returned {}{:?}, the reference {}",
+                spec.name,
+                g.dtype,
+                g.shape,
+                w.type_string()
+            )));
         }
         let (max_abs, max_rel, worst) = output_errors(&g.to_f32(), &w.to_f32());
-        outputs.push(OutputCheck { name: spec.name.clone(), ty: w.type_string(), max_abs, max_rel, worst, tolerance: options.tolerance.unwrap_or_else(|| output_tolerance(w.dtype)) });
+        outputs.push(OutputCheck {
+            name: spec.name.clone(),
+            ty: w.type_string(),
+            max_abs,
+            max_rel,
+            worst,
+            tolerance: options.tolerance.unwrap_or_else(|| output_tolerance(w.dtype)),
+        });
     }
-    let mut params: Vec<(String, String)> = (entry.defaults)().into_iter().map(|(n, v)| (n.to_string(), v)).collect();
+    let mut params: Vec<(String, String)> =
+        (entry.defaults)().into_iter().map(|(n, v)| (n.to_string(), v)).collect();
     for (n, v) in settings {
         if let Some(p) = params.iter_mut().find(|(pn, _)| pn == n) {
             p.1.clone_from(v);
         }
     }
     let grid = kernel.call.grid.iter().map(|g| g.extent as i64).collect();
-    Ok(Report { kernel: name.to_string(), params, chip: options.chip, seed: options.seed, grid, devices: kernel.call.devices(), outputs, prepare_time, run_time, reference_time })
+    Ok(Report {
+        kernel: name.to_string(),
+        params,
+        chip: options.chip,
+        seed: options.seed,
+        grid,
+        devices: kernel.call.devices(),
+        outputs,
+        prepare_time,
+        run_time,
+        reference_time,
+    })
 }
 
 /// A mesh kernel's global inputs (each the devices' operands stacked on dim 0, as the
@@ -281,7 +389,12 @@ fn split_devices(host: &[HostArray], devices: usize) -> Result<Vec<Vec<HostArray
 /// The devices' outputs of a mesh kernel, each output stacked on dim 0 in device order.
 fn stack_devices(outputs: &[Vec<HostArray>]) -> Result<Vec<HostArray>, String> {
     let count = outputs.first().map_or(0, Vec::len);
-    (0..count).map(|o| HostArray::stack_leading(&outputs.iter().map(|d| d[o].clone()).collect::<Vec<_>>()).map_err(|e| format!("output {o}: {e}"))).collect()
+    (0..count)
+        .map(|o| {
+            HostArray::stack_leading(&outputs.iter().map(|d| d[o].clone()).collect::<Vec<_>>())
+                .map_err(|e| format!("output {o}: {e}"))
+        })
+        .collect()
 }
 
 /// One run of a kernel's body: its inputs to its outputs.
@@ -289,14 +402,27 @@ type BodyRun<'a> = Box<dyn Fn(&[HostArray]) -> Result<Vec<HostArray>, CheckError
 
 /// The kernel lowered, wrapped in its `tpu_custom_call` program and compiled by libtpu's
 /// client on the attached TPU.
-fn on_tpu(name: &str, kernel: &palladium_dsl::Kernel, chip: Chip) -> Result<BodyRun<'static>, CheckError> {
+fn on_tpu(
+    name: &str,
+    kernel: &palladium_dsl::Kernel,
+    chip: Chip,
+) -> Result<BodyRun<'static>, CheckError> {
     use palladium_runtime::exec::Device;
     let device_error = |message: String| CheckError::Device { kernel: name.to_string(), message };
-    let lowered = lower(kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower { kernel: name.to_string(), chip, message: e.to_string() })?;
+    let lowered = lower(kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower {
+        kernel: name.to_string(),
+        chip,
+        message: e.to_string(),
+    })?;
     let spec = palladium_runtime::CallSpec::from_json(&lowered.call_json).map_err(device_error)?;
     let program = palladium_runtime::wrap(&lowered.body, &spec).map_err(device_error)?;
     let device = Device::tpu().map_err(device_error)?;
     let loaded = device.compile(&program, &spec.inputs, &spec.outputs).map_err(device_error)?;
     let name = name.to_string();
-    Ok(Box::new(move |host: &[HostArray]| loaded.run(host).map(|run| run.outputs).map_err(|message| CheckError::Device { kernel: name.clone(), message })))
+    Ok(Box::new(move |host: &[HostArray]| {
+        loaded
+            .run(host)
+            .map(|run| run.outputs)
+            .map_err(|message| CheckError::Device { kernel: name.clone(), message })
+    }))
 }

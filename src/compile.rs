@@ -31,24 +31,42 @@ pub fn compile(lowered: &Lowered, chip: Chip) -> Result<CompileReport, String> {
     let stablehlo = wrap(&lowered.body, &spec)?;
     let devices = spec.devices.unwrap_or(1);
     // Refused here, before a worker starts, when no slice of the chip has the devices.
-    let topology = palladium_runtime::libtpu::topology(chip, devices).map_err(|e| format!("cannot compile `{}` for {chip}: {e}", spec.name))?;
+    let topology = palladium_runtime::libtpu::topology(chip, devices)
+        .map_err(|e| format!("cannot compile `{}` for {chip}: {e}", spec.name))?;
     let compiler = Compiler::new(Estimate::Yes).map_err(|e| e.to_string())?.with_workers(1);
     let job = Job { program: stablehlo.clone(), chip, serialize: true };
-    let compiled = compiler.compile_all_estimated(std::slice::from_ref(&job)).pop().expect("one result per job");
-    let mut compiled = compiled.map_err(|e| format!("cannot compile `{}` for {chip}: {e}", spec.name))?;
+    let compiled = compiler
+        .compile_all_estimated(std::slice::from_ref(&job))
+        .pop()
+        .expect("one result per job");
+    let mut compiled =
+        compiled.map_err(|e| format!("cannot compile `{}` for {chip}: {e}", spec.name))?;
     if spec.has_communication == Some(true) {
         withhold_estimate(&mut compiled, devices);
     }
-    let vmem_limit_bytes = spec.vmem_limit_bytes.unwrap_or_else(|| chip.target().default_scoped_vmem_bytes);
-    Ok(CompileReport { kernel: spec.name, chip, stablehlo, vmem_limit_bytes, devices, topology, compiled })
+    let vmem_limit_bytes =
+        spec.vmem_limit_bytes.unwrap_or_else(|| chip.target().default_scoped_vmem_bytes);
+    Ok(CompileReport {
+        kernel: spec.name,
+        chip,
+        stablehlo,
+        vmem_limit_bytes,
+        devices,
+        topology,
+        compiled,
+    })
 }
 
 /// No cycle figure for a kernel that communicates: libtpu's static estimator prices remote
 /// DMAs and semaphore signals at 0 cycles, so what it reports (the copies around the custom
 /// call) says nothing about the kernel's own time. `estimate_note` says so.
 fn withhold_estimate(compiled: &mut Compiled, devices: u64) {
-    let priced = compiled.estimated_cycles.map_or(String::new(), |n| format!(" (it reports {n} cycles, the copies around the call)"));
-    compiled.estimate_note = Some(format!("not given for a kernel that communicates ({devices} devices): libtpu's static estimator prices remote DMAs at 0 cycles{priced}"));
+    let priced = compiled
+        .estimated_cycles
+        .map_or(String::new(), |n| format!(" (it reports {n} cycles, the copies around the call)"));
+    compiled.estimate_note = Some(format!(
+        "not given for a kernel that communicates ({devices} devices): libtpu's static estimator prices remote DMAs at 0 cycles{priced}"
+    ));
     compiled.estimated_cycles = None;
     compiled.ops.clear();
 }
@@ -80,10 +98,22 @@ impl CompileReport {
             (None, Some(why)) => format!("none: {why}"),
             (None, None) => "none".into(),
         };
-        let devices = if self.devices > 1 { format!(", {} devices of {}", self.devices, self.topology) } else { String::new() };
+        let devices = if self.devices > 1 {
+            format!(", {} devices of {}", self.devices, self.topology)
+        } else {
+            String::new()
+        };
         format!(
             "{} compiled by libtpu for {} (deviceless{devices})\n  code size        {} bytes\n  VMEM limit       {} bytes\n  HBM              arguments {} B, outputs {} B, aliased {} B, temporaries {} B, peak {} B\n  estimated cycles {estimate}\n",
-            self.kernel, self.chip, c.code_size_bytes, self.vmem_limit_bytes, c.hbm.argument_bytes, c.hbm.output_bytes, c.hbm.alias_bytes, c.hbm.temp_bytes, c.hbm.peak_bytes
+            self.kernel,
+            self.chip,
+            c.code_size_bytes,
+            self.vmem_limit_bytes,
+            c.hbm.argument_bytes,
+            c.hbm.output_bytes,
+            c.hbm.alias_bytes,
+            c.hbm.temp_bytes,
+            c.hbm.peak_bytes
         )
     }
 

@@ -52,11 +52,20 @@ pub fn check(what: &str, need: u64, parts: &[(&str, u64)]) -> Result<(), String>
 }
 
 /// [`check`] against a given limit (a caller that read [`limit`] once, up front).
-pub fn check_within(limit: u64, what: &str, need: u64, parts: &[(&str, u64)]) -> Result<(), String> {
+pub fn check_within(
+    limit: u64,
+    what: &str,
+    need: u64,
+    parts: &[(&str, u64)],
+) -> Result<(), String> {
     if need <= limit {
         return Ok(());
     }
-    let parts: Vec<String> = parts.iter().filter(|p| p.1 > 0).map(|(n, b)| format!("{n} {:.2} GiB", *b as f64 / GIB)).collect();
+    let parts: Vec<String> = parts
+        .iter()
+        .filter(|p| p.1 > 0)
+        .map(|(n, b)| format!("{n} {:.2} GiB", *b as f64 / GIB))
+        .collect();
     Err(format!(
         "{what} needs {need} bytes ({:.2} GiB: {}) of host memory, over the limit of {limit} bytes ({:.2} GiB); raise it with {ENV}=<bytes or e.g. 64GiB> if this machine has the memory",
         need as f64 / GIB,

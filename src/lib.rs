@@ -2,8 +2,8 @@
 //! benches.
 
 pub mod check;
+pub mod compile;
 pub mod host_memory;
 pub mod output;
 pub mod profile;
-pub mod compile;
 pub mod run;

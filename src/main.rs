@@ -1,9 +1,9 @@
 //! `palladium`: the command-line front end.
 
 use clap::{Parser, Subcommand};
-use palladium_dsl::ir::{PrintOptions, VerifyOptions, check_hbm, print_kernel, verify};
 use palladium::check::{Backend, CheckOptions, check_on};
 use palladium::output::{check_writable, write_all};
+use palladium_dsl::ir::{PrintOptions, VerifyOptions, check_hbm, print_kernel, verify};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::{KernelError, REGISTRY, parse_setting};
 use palladium_lowering::{LowerOptions, lower};
@@ -12,7 +12,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "palladium", version, about = "A Rust compiler for TPU kernels (Pallas-style DSL lowered to Mosaic MLIR)")]
+#[command(
+    name = "palladium",
+    version,
+    about = "A Rust compiler for TPU kernels (Pallas-style DSL lowered to Mosaic MLIR)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -281,7 +285,11 @@ impl PlanArgs {
 
     /// The plan options for `spec` (its checkpoint's dtype decides the weights when
     /// `--weights-dtype` is not given).
-    fn options(&self, spec: &palladium_model::ModelSpec, chip: Chip) -> Result<palladium_fusion::plan::PlanOptions, String> {
+    fn options(
+        &self,
+        spec: &palladium_model::ModelSpec,
+        chip: Chip,
+    ) -> Result<palladium_fusion::plan::PlanOptions, String> {
         use palladium_fusion::plan::{ExpertFetch, KvTiles, PlanOptions, Prefetch};
         Ok(PlanOptions {
             layers: self.layers,
@@ -289,9 +297,14 @@ impl PlanArgs {
             prefetch: if self.single_prefetch { Prefetch::Single } else { Prefetch::Deep },
             tokens_per_seq: self.tokens_per_seq,
             logits: self.logits,
-            expert_fetch: if self.worst_case_experts { ExpertFetch::WorstCase } else { ExpertFetch::Distinct },
+            expert_fetch: if self.worst_case_experts {
+                ExpertFetch::WorstCase
+            } else {
+                ExpertFetch::Distinct
+            },
             devices: self.devices,
-            weights: palladium_fusion::plan::weights_dtype(spec, self.weights_dtype).map_err(|e| e.to_string())?,
+            weights: palladium_fusion::plan::weights_dtype(spec, self.weights_dtype)
+                .map_err(|e| e.to_string())?,
             ..PlanOptions::new(chip, self.batch, self.context)
         })
     }
@@ -324,14 +337,22 @@ fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Kernels => {
             for e in REGISTRY {
-                let params: Vec<String> = (e.defaults)().iter().map(|(n, v)| format!("{n}={v}")).collect();
-                println!("{:<12} {}\n{:<12} params: {}", e.name, e.description, "", params.join(" "));
+                let params: Vec<String> =
+                    (e.defaults)().iter().map(|(n, v)| format!("{n}={v}")).collect();
+                println!(
+                    "{:<12} {}\n{:<12} params: {}",
+                    e.name,
+                    e.description,
+                    "",
+                    params.join(" ")
+                );
             }
             Ok(())
         }
         Command::Ir { kernel, set, chip, locations } => {
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
-            verify(&k, VerifyOptions { chip: Some(chip) }).map_err(|e| format!("kernel `{kernel}` does not verify on {chip}:\n{e}"))?;
+            verify(&k, VerifyOptions { chip: Some(chip) })
+                .map_err(|e| format!("kernel `{kernel}` does not verify on {chip}:\n{e}"))?;
             check_hbm(&k, chip)?;
             print!("{}", print_kernel(&k, PrintOptions { locations }));
             Ok(())
@@ -341,7 +362,8 @@ fn run(cli: Cli) -> Result<(), String> {
             check_writable(&out, &compiled_names(&kernel)[..3])?;
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
             check_hbm(&k, chip)?;
-            let lowered = lower(&k, &LowerOptions { chip }).map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
+            let lowered = lower(&k, &LowerOptions { chip })
+                .map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
             let files = emitted_files(&kernel, lowered);
             write_all(&out, &files)?;
             for (name, _) in &files {
@@ -356,11 +378,15 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
             check_hbm(&k, chip)?;
-            let lowered = lower(&k, &LowerOptions { chip }).map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
+            let lowered = lower(&k, &LowerOptions { chip })
+                .map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
             let report = match palladium::compile::compile(&lowered, chip) {
                 Ok(r) => r,
                 Err(e) if json => {
-                    println!("{}", serde_json::json!({"ok": false, "kernel": kernel, "chip": chip.name(), "error": e}));
+                    println!(
+                        "{}",
+                        serde_json::json!({"ok": false, "kernel": kernel, "chip": chip.name(), "error": e})
+                    );
                     return Err(e);
                 }
                 Err(e) => return Err(e),
@@ -370,28 +396,40 @@ fn run(cli: Cli) -> Result<(), String> {
                 files.extend(report.files(&kernel));
                 write_all(out, &files)?;
             }
-            if json { println!("{}", report.json()) } else { print!("{}", report.text()) }
+            if json {
+                println!("{}", report.json())
+            } else {
+                print!("{}", report.text())
+            }
             Ok(())
         }
         Command::Megakernel { config, chip, plan, out, json, compile } => {
             use palladium_fusion::megakernel::{Megakernel, MegakernelError};
             use palladium_fusion::plan::PlanError;
-            let names = if compile { compiled_names("megakernel").to_vec() } else { compiled_names("megakernel")[..3].to_vec() };
+            let names = if compile {
+                compiled_names("megakernel").to_vec()
+            } else {
+                compiled_names("megakernel")[..3].to_vec()
+            };
             check_writable(&out, &names)?;
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
             let options = plan.options(&spec, chip)?;
-            let Megakernel { plan, lowered, .. } = Megakernel::build(&spec, &options).map_err(|e| match e {
-                MegakernelError::Plan(PlanError::Hbm { .. }) => format!("{e}; try --layers N"),
-                e => e.to_string(),
-            })?;
-            let compiled = if compile { Some(palladium::compile::compile(&lowered, chip)?) } else { None };
+            let Megakernel { plan, lowered, .. } =
+                Megakernel::build(&spec, &options).map_err(|e| match e {
+                    MegakernelError::Plan(PlanError::Hbm { .. }) => format!("{e}; try --layers N"),
+                    e => e.to_string(),
+                })?;
+            let compiled =
+                if compile { Some(palladium::compile::compile(&lowered, chip)?) } else { None };
             let mut files = emitted_files("megakernel", lowered);
             if let Some(c) = &compiled {
                 files.extend(c.files("megakernel"));
             }
             write_all(&out, &files)?;
             if json {
-                let mut report: serde_json::Value = serde_json::from_str(&palladium_fusion::report::json(&plan)).map_err(|e| e.to_string())?;
+                let mut report: serde_json::Value =
+                    serde_json::from_str(&palladium_fusion::report::json(&plan))
+                        .map_err(|e| e.to_string())?;
                 if let (Some(c), Some(obj)) = (&compiled, report.as_object_mut()) {
                     obj.insert("compile".into(), c.json());
                 }
@@ -404,7 +442,17 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::Profile { kernel, set, prefetch, megakernel, plan, unfused, positions, chip, out } => {
+        Command::Profile {
+            kernel,
+            set,
+            prefetch,
+            megakernel,
+            plan,
+            unfused,
+            positions,
+            chip,
+            out,
+        } => {
             use palladium_profile::{Inputs, calibration::Calibration, report, simulate};
             const FILES: [&str; 3] = ["trace.json", "timeline.svg", "summary.json"];
             check_writable(&out, &FILES)?;
@@ -418,25 +466,42 @@ fn run(cli: Cli) -> Result<(), String> {
             let kernel = match (kernel, megakernel) {
                 (Some(name), None) => {
                     if let Some(flag) = plan.given() {
-                        return Err(format!("{flag} is a megakernel option: give --megakernel CONFIG, or drop it to profile `{name}`"));
+                        return Err(format!(
+                            "{flag} is a megakernel option: give --megakernel CONFIG, or drop it to profile `{name}`"
+                        ));
                     }
                     palladium_kernels::entry(&name).map_err(|e| e.to_string())?;
                     let k = build(&name, &set).map_err(|e| e.to_string())?;
                     check_hbm(&k, chip)?;
                     for p in &prefetch {
-                        let (array, values) = p.split_once('=').ok_or_else(|| format!("--prefetch {p:?}: expected NAME=V,... (e.g. lens=4096,4096)"))?;
-                        let values = values.split(',').map(|v| v.trim().parse::<i64>()).collect::<Result<Vec<_>, _>>().map_err(|_| format!("--prefetch {p:?}: the values must be comma-separated integers"))?;
+                        let (array, values) = p.split_once('=').ok_or_else(|| {
+                            format!("--prefetch {p:?}: expected NAME=V,... (e.g. lens=4096,4096)")
+                        })?;
+                        let values = values
+                            .split(',')
+                            .map(|v| v.trim().parse::<i64>())
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(|_| {
+                                format!(
+                                    "--prefetch {p:?}: the values must be comma-separated integers"
+                                )
+                            })?;
                         inputs.prefetch.insert(array.trim().to_string(), values);
                     }
                     k
                 }
                 (None, Some(config)) => {
                     use palladium_fusion::plan::{ExpertFetch, Plan};
-                    let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
+                    let spec = palladium_model::ModelSpec::from_path(&config)
+                        .map_err(|e| e.to_string())?;
                     // The distinct experts of a step are data (routing): profile the plan's
                     // static worst case, which fetches as many as any routing can.
-                    let options = palladium_fusion::plan::PlanOptions { expert_fetch: ExpertFetch::WorstCase, ..plan.options(&spec, chip)? };
-                    let p = Plan::new(&spec, &options).map_err(|e| format!("megakernel refused: {e}"))?;
+                    let options = palladium_fusion::plan::PlanOptions {
+                        expert_fetch: ExpertFetch::WorstCase,
+                        ..plan.options(&spec, chip)?
+                    };
+                    let p = Plan::new(&spec, &options)
+                        .map_err(|e| format!("megakernel refused: {e}"))?;
                     notes.push(format!("routing: the static worst case of {} distinct experts per layer (min(E, batch x K x top_k)), each fetched once", p.distinct_experts()));
                     let k = plan.tokens_per_seq;
                     let at = match positions {
@@ -444,42 +509,68 @@ fn run(cli: Cli) -> Result<(), String> {
                         None => vec![plan.context as i64 - k as i64; plan.batch as usize],
                     };
                     if at.len() as u64 != plan.batch {
-                        return Err(format!("--positions: {} positions for --batch {}", at.len(), plan.batch));
+                        return Err(format!(
+                            "--positions: {} positions for --batch {}",
+                            at.len(),
+                            plan.batch
+                        ));
                     }
                     if let Some(&bad) = at.iter().find(|&&p| p < 0 || p as u64 + k > plan.context) {
-                        return Err(format!("--positions: {bad} + {k} new tokens is past --context {}", plan.context));
+                        return Err(format!(
+                            "--positions: {bad} + {k} new tokens is past --context {}",
+                            plan.context
+                        ));
                     }
                     notes.push(format!("positions: {at:?}"));
                     if unfused {
                         if k != 1 {
                             return Err("--unfused: the unfused step is one token per sequence (drop --tokens-per-seq)".into());
                         }
-                        unfused_step = Some(palladium::profile::UnfusedStep::new(&spec, p.layers, plan.batch, plan.context, chip, coefficients)?);
+                        unfused_step = Some(palladium::profile::UnfusedStep::new(
+                            &spec,
+                            p.layers,
+                            plan.batch,
+                            plan.context,
+                            chip,
+                            coefficients,
+                        )?);
                     }
                     inputs.prefetch.insert("positions".into(), at);
                     planner_collectives = p.sharding.as_ref().map(|s| s.collective_seconds);
-                    palladium_fusion::emit::emit(&p).map_err(|e| format!("cannot build the megakernel:\n{e}"))?
+                    palladium_fusion::emit::emit(&p)
+                        .map_err(|e| format!("cannot build the megakernel:\n{e}"))?
                 }
                 _ => return Err("give exactly one of KERNEL and --megakernel CONFIG".into()),
             };
-            let mut timeline = simulate(&kernel, chip, coefficients, &inputs).map_err(|e| e.to_string())?;
+            let mut timeline =
+                simulate(&kernel, chip, coefficients, &inputs).map_err(|e| e.to_string())?;
             if let Some(links) = &mut timeline.links {
-                links.planner_collective_cycles = planner_collectives.map(|secs| secs * timeline.clock_hz);
+                links.planner_collective_cycles =
+                    planner_collectives.map(|secs| secs * timeline.clock_hz);
             }
             // Coefficients the chip's estimator could not isolate are labelled as derived.
-            for (name, how) in calibration.chips.get(chip.name()).map(|c| &c.derived).into_iter().flatten() {
-                timeline.assumptions.insert(format!("calibration: {name} derived, not fitted to {chip}: {how}"), 1);
+            for (name, how) in
+                calibration.chips.get(chip.name()).map(|c| &c.derived).into_iter().flatten()
+            {
+                timeline
+                    .assumptions
+                    .insert(format!("calibration: {name} derived, not fitted to {chip}: {how}"), 1);
             }
             for n in notes {
                 timeline.assumptions.insert(n, 1);
             }
-            let trace = serde_json::to_string(&report::trace_json(&timeline)).map_err(|e| e.to_string())?;
+            let trace =
+                serde_json::to_string(&report::trace_json(&timeline)).map_err(|e| e.to_string())?;
             let mut summary = report::summary_json(&timeline);
             if let (Some(u), Some(obj)) = (&unfused_step, summary.as_object_mut()) {
                 obj.insert("unfused".into(), u.json(timeline.cycles));
             }
             let summary = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
-            let files = [(FILES[0], trace.into_bytes()), (FILES[1], report::svg(&timeline).into_bytes()), (FILES[2], summary.into_bytes())];
+            let files = [
+                (FILES[0], trace.into_bytes()),
+                (FILES[1], report::svg(&timeline).into_bytes()),
+                (FILES[2], summary.into_bytes()),
+            ];
             write_all(&out, &files)?;
             print!("{}", report::summary_text(&timeline));
             if let Some(u) = &unfused_step {
@@ -487,7 +578,25 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::Run { config, weights, random_weights, seed, prompt_ids, steps, logits_out, chip, context, check, tolerance, backend, weights_dtype, speculate, draft_ids, tokens_per_seq, devices } => {
+        Command::Run {
+            config,
+            weights,
+            random_weights,
+            seed,
+            prompt_ids,
+            steps,
+            logits_out,
+            chip,
+            context,
+            check,
+            tolerance,
+            backend,
+            weights_dtype,
+            speculate,
+            draft_ids,
+            tokens_per_seq,
+            devices,
+        } => {
             use palladium::output::OutputFile;
             use palladium::run::{Progress, RunOptions, WeightSource};
             let source = match (weights, random_weights) {
@@ -498,16 +607,35 @@ fn run(cli: Cli) -> Result<(), String> {
             use palladium::run::Drafts;
             let drafts = match (speculate, draft_ids) {
                 (Some(n), _) => Drafts::Ngram(n),
-                (None, Some(ids)) => Drafts::Forced(palladium::run::parse_ids(&ids).map_err(|e| e.replace("--prompt-ids", "--draft-ids"))?),
+                (None, Some(ids)) => Drafts::Forced(
+                    palladium::run::parse_ids(&ids)
+                        .map_err(|e| e.replace("--prompt-ids", "--draft-ids"))?,
+                ),
                 (None, None) => Drafts::None,
             };
-            let tokens_per_seq = tokens_per_seq.unwrap_or(if drafts == Drafts::None { 1 } else { 4 });
+            let tokens_per_seq =
+                tokens_per_seq.unwrap_or(if drafts == Drafts::None { 1 } else { 4 });
             let logits = logits_out.is_some() || check;
-            let options = RunOptions { config, weights: source, prompt: palladium::run::parse_ids(&prompt_ids)?, steps, chip, context, check, tokens_per_seq, drafts, logits, weights_dtype, devices };
+            let options = RunOptions {
+                config,
+                weights: source,
+                prompt: palladium::run::parse_ids(&prompt_ids)?,
+                steps,
+                chip,
+                context,
+                check,
+                tokens_per_seq,
+                drafts,
+                logits,
+                weights_dtype,
+                devices,
+            };
             // A bad --logits-out fails here, before any work.
-            let logits_file = logits_out.as_deref().map(|p| OutputFile::create("--logits-out", p)).transpose()?;
+            let logits_file =
+                logits_out.as_deref().map(|p| OutputFile::create("--logits-out", p)).transpose()?;
             let mut progress = Progress::new();
-            let out = palladium::run::run(&options, backend, |done, total| progress.update(done, total));
+            let out =
+                palladium::run::run(&options, backend, |done, total| progress.update(done, total));
             progress.finish();
             let out = out?;
             let g = &out.generation;
@@ -538,18 +666,28 @@ fn run(cli: Cli) -> Result<(), String> {
                     g.generated_ids.len()
                 );
             }
-            println!("{}", g.generated_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
+            println!(
+                "{}",
+                g.generated_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+            );
             if let Some(file) = logits_file {
                 let json = serde_json::to_string(g).map_err(|e| e.to_string())?;
                 file.commit(json.as_bytes())?;
             }
             if check {
-                let relative = tolerance.unwrap_or(palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE);
+                let relative =
+                    tolerance.unwrap_or(palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE);
                 let c = palladium::run::check_reference(&options, &out, relative)?;
-                let on = if out.weights_dtype == WeightsDtype::Bf16 { String::new() } else { format!(" on the dequantized {} weights", out.weights_dtype.name()) };
+                let on = if out.weights_dtype == WeightsDtype::Bf16 {
+                    String::new()
+                } else {
+                    format!(" on the dequantized {} weights", out.weights_dtype.name())
+                };
                 println!("reference{on} (teacher-forced on these ids): {}", c.summary());
                 if let Some((abs, rel)) = palladium::run::quantization_error(&options, &out)? {
-                    println!("quantization error against the bf16 model (reported, not checked): max |logits diff| {abs:.4e} ({rel:.4e} of its max |logit|)");
+                    println!(
+                        "quantization error against the bf16 model (reported, not checked): max |logits diff| {abs:.4e} ({rel:.4e} of its max |logit|)"
+                    );
                 }
                 if !c.passed() {
                     return Err("the megakernel does not match the reference".into());
@@ -565,18 +703,33 @@ fn run(cli: Cli) -> Result<(), String> {
 /// `interpret` / `exec`: the kernel's outputs on `backend` against its reference.
 fn check_kernel(args: CheckArgs, backend: Backend) -> Result<(), String> {
     let CheckArgs { kernel, set, chip, seed, tolerance } = args;
-    let settings = set.iter().map(|s| parse_setting(s)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+    let settings = set
+        .iter()
+        .map(|s| parse_setting(s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
     let max_host_memory = palladium::host_memory::limit()?;
-    let report = check_on(&kernel, &settings, &CheckOptions { chip, seed, tolerance, max_host_memory }, backend).map_err(|e| e.to_string())?;
+    let report = check_on(
+        &kernel,
+        &settings,
+        &CheckOptions { chip, seed, tolerance, max_host_memory },
+        backend,
+    )
+    .map_err(|e| e.to_string())?;
     println!("{report}");
     let on = if backend == Backend::Tpu { " on the TPU" } else { "" };
-    if report.passed() { Ok(()) } else { Err(format!("`{kernel}` does not match its reference{on}")) }
+    if report.passed() {
+        Ok(())
+    } else {
+        Err(format!("`{kernel}` does not match its reference{on}"))
+    }
 }
 
 /// The names `emit` writes for `name` (the module, the serialized body, the call spec), then
 /// what `compile --out` adds (the StableHLO program, the serialized executable).
 fn compiled_names(name: &str) -> [String; 5] {
-    ["mlir", "body.mlir", "call.json", "stablehlo.mlir", "executable"].map(|ext| format!("{name}.{ext}"))
+    ["mlir", "body.mlir", "call.json", "stablehlo.mlir", "executable"]
+        .map(|ext| format!("{name}.{ext}"))
 }
 
 /// What `emit` writes for `name`: the module, the serialized body, the call spec.
@@ -597,18 +750,22 @@ fn parse_backend(s: &str) -> Result<Backend, String> {
 }
 
 fn parse_weights_dtype(s: &str) -> Result<WeightsDtype, String> {
-    WeightsDtype::parse(s).ok_or_else(|| format!("unknown weights dtype `{s}` (known: {})", WeightsDtype::NAMES))
+    WeightsDtype::parse(s)
+        .ok_or_else(|| format!("unknown weights dtype `{s}` (known: {})", WeightsDtype::NAMES))
 }
 
 /// libtpu reads its environment once, at load: a command that loads it in this process
 /// (`exec`, `run --backend tpu`) runs again as a child with it set, unless it is set.
 fn rerun_with_libtpu_environment(cli: &Cli) -> Option<ExitCode> {
-    let loads_libtpu = matches!(cli.command, Command::Exec { .. } | Command::Run { backend: Backend::Tpu, .. });
+    let loads_libtpu =
+        matches!(cli.command, Command::Exec { .. } | Command::Run { backend: Backend::Tpu, .. });
     let env = palladium_runtime::libtpu::LIBTPU_ENVIRONMENT;
     if !loads_libtpu || env.iter().all(|(k, v)| std::env::var(k).as_deref() == Ok(*v)) {
         return None;
     }
-    let status = std::env::current_exe().and_then(|exe| std::process::Command::new(exe).args(std::env::args_os().skip(1)).envs(env).status());
+    let status = std::env::current_exe().and_then(|exe| {
+        std::process::Command::new(exe).args(std::env::args_os().skip(1)).envs(env).status()
+    });
     Some(match status {
         Ok(s) if s.success() => ExitCode::SUCCESS,
         Ok(_) => ExitCode::FAILURE,

@@ -14,12 +14,31 @@ pub fn check_writable<N: AsRef<str>>(dir: &Path, names: &[N]) -> Result<(), Stri
     loop {
         match std::fs::metadata(ancestor) {
             Ok(m) if m.is_dir() => break,
-            Ok(_) => return Err(format!("cannot write into {}: {} is not a folder", dir.display(), ancestor.display())),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => match ancestor.parent() {
-                Some(p) if !p.as_os_str().is_empty() => ancestor = p,
-                _ => break, // a relative path: its first component is created in the working directory
-            },
-            Err(e) => return Err(format!("cannot write into {}: {}: {e}", dir.display(), ancestor.display())),
+            Ok(_) => {
+                return Err(format!(
+                    "cannot write into {}: {} is not a folder",
+                    dir.display(),
+                    ancestor.display()
+                ));
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                match ancestor.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => ancestor = p,
+                    _ => break, // a relative path: its first component is created in the working directory
+                }
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot write into {}: {}: {e}",
+                    dir.display(),
+                    ancestor.display()
+                ));
+            }
         }
     }
     for (i, name) in names.iter().enumerate() {
@@ -32,7 +51,10 @@ pub fn check_writable<N: AsRef<str>>(dir: &Path, names: &[N]) -> Result<(), Stri
         }
         let path = dir.join(name);
         if path.is_dir() {
-            return Err(format!("{} is a folder, cannot write the file {name} there", path.display()));
+            return Err(format!(
+                "{} is a folder, cannot write the file {name} there",
+                path.display()
+            ));
         }
     }
     Ok(())
@@ -40,7 +62,11 @@ pub fn check_writable<N: AsRef<str>>(dir: &Path, names: &[N]) -> Result<(), Stri
 
 /// The directories `create_dir_all(dir)` would create, outermost first.
 fn missing_dirs(dir: &Path) -> Vec<PathBuf> {
-    let mut missing: Vec<PathBuf> = dir.ancestors().take_while(|a| !a.as_os_str().is_empty() && !a.exists()).map(Path::to_path_buf).collect();
+    let mut missing: Vec<PathBuf> = dir
+        .ancestors()
+        .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+        .map(Path::to_path_buf)
+        .collect();
     missing.reverse();
     missing
 }
@@ -51,7 +77,10 @@ fn sibling(dir: &Path, name: &str, tag: &str) -> PathBuf {
 }
 
 /// Write every file `(name, bytes)` into `dir`, or none: see the module docs.
-pub fn write_all<N: AsRef<str>, B: AsRef<[u8]>>(dir: &Path, files: &[(N, B)]) -> Result<(), String> {
+pub fn write_all<N: AsRef<str>, B: AsRef<[u8]>>(
+    dir: &Path,
+    files: &[(N, B)],
+) -> Result<(), String> {
     let names: Vec<&str> = files.iter().map(|(n, _)| n.as_ref()).collect();
     check_writable(dir, &names)?;
     let created = missing_dirs(dir);
@@ -79,18 +108,23 @@ impl Transaction<'_> {
         for (name, bytes) in files {
             let tmp = sibling(self.dir, name.as_ref(), "partial");
             self.staged.push(tmp.clone());
-            std::fs::write(&tmp, bytes).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+            std::fs::write(&tmp, bytes)
+                .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
         }
         for (name, _) in files {
             let name = name.as_ref();
             let (tmp, dest) = (self.staged.remove(0), self.dir.join(name));
             if dest.is_dir() {
                 self.staged.insert(0, tmp);
-                return Err(format!("{} is a folder, cannot write the file {name} there", dest.display()));
+                return Err(format!(
+                    "{} is a folder, cannot write the file {name} there",
+                    dest.display()
+                ));
             }
             let backup = if dest.exists() {
                 let b = sibling(self.dir, name, "orig");
-                std::fs::rename(&dest, &b).map_err(|e| format!("cannot replace {}: {e}", dest.display()))?;
+                std::fs::rename(&dest, &b)
+                    .map_err(|e| format!("cannot replace {}: {e}", dest.display()))?;
                 Some(b)
             } else {
                 None
@@ -152,7 +186,10 @@ impl OutputFile {
             return Err(bad("is a directory".into()));
         }
         if std::fs::metadata(dest).is_ok_and(|m| !m.is_file()) {
-            let file = std::fs::OpenOptions::new().write(true).open(dest).map_err(|e| bad(format!("cannot write here: {e}")))?;
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(dest)
+                .map_err(|e| bad(format!("cannot write here: {e}")))?;
             return Ok(Self { dest: dest.to_path_buf(), tmp: None, file: Some(file) });
         }
         let name = dest.file_name().ok_or_else(|| bad("not a file name".into()))?.to_string_lossy();
@@ -162,7 +199,8 @@ impl OutputFile {
         }
         // The process id keeps two runs writing the same file from sharing a temporary.
         let tmp = folder.join(format!(".{name}.{}.partial", std::process::id()));
-        let file = std::fs::File::create(&tmp).map_err(|e| bad(format!("cannot write here: {e}")))?;
+        let file =
+            std::fs::File::create(&tmp).map_err(|e| bad(format!("cannot write here: {e}")))?;
         Ok(Self { dest: dest.to_path_buf(), tmp: Some(tmp), file: Some(file) })
     }
 
@@ -171,7 +209,10 @@ impl OutputFile {
         use std::io::Write;
         let mut file = self.file.take().expect("committed once");
         let written = match &self.tmp {
-            Some(tmp) => file.write_all(bytes).and_then(|()| file.sync_all()).and_then(|()| std::fs::rename(tmp, &self.dest)),
+            Some(tmp) => file
+                .write_all(bytes)
+                .and_then(|()| file.sync_all())
+                .and_then(|()| std::fs::rename(tmp, &self.dest)),
             None => file.write_all(bytes),
         };
         written.map_err(|e| format!("cannot write {}: {e}", self.dest.display()))
@@ -215,13 +256,17 @@ mod tests {
     }
 
     fn scratch(name: &str) -> Scratch {
-        let d = std::env::temp_dir().join(format!("palladium-output-{name}-{}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("palladium-output-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         Scratch(d)
     }
 
     fn listing(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         v.sort();
         v
     }
@@ -230,7 +275,10 @@ mod tests {
     fn a_special_file_is_written_in_place_not_replaced() {
         let dev_null = Path::new("/dev/null");
         let before = std::fs::metadata(dev_null).expect("/dev/null").file_type();
-        OutputFile::create("--logits-out", dev_null).expect("opens").commit(b"logits").expect("writes");
+        OutputFile::create("--logits-out", dev_null)
+            .expect("opens")
+            .commit(b"logits")
+            .expect("writes");
         let after = std::fs::metadata(dev_null).expect("/dev/null").file_type();
         assert!(!after.is_file(), "/dev/null was replaced by a regular file");
         assert_eq!(before.is_file(), after.is_file());

@@ -28,12 +28,26 @@ pub struct UnfusedStep {
 }
 
 impl UnfusedStep {
-    pub fn new(spec: &ModelSpec, layers: usize, batch: u64, context: u64, chip: Chip, c: &Coefficients) -> Result<UnfusedStep, String> {
+    pub fn new(
+        spec: &ModelSpec,
+        layers: usize,
+        batch: u64,
+        context: u64,
+        chip: Chip,
+        c: &Coefficients,
+    ) -> Result<UnfusedStep, String> {
         let mut calls = Vec::new();
         for k in palladium_fusion::unfused::unfused_kernels(spec, layers, batch, context)? {
-            let built = palladium_kernels::build(k.kernel, &k.settings).map_err(|e| format!("unfused {}: {e}", k.label))?;
-            let t = simulate(&built, chip, c, &Inputs::default()).map_err(|e| format!("unfused {}: {e}", k.label))?;
-            calls.push(UnfusedCall { label: k.label, kernel: k.kernel, times: k.times, cycles: t.cycles });
+            let built = palladium_kernels::build(k.kernel, &k.settings)
+                .map_err(|e| format!("unfused {}: {e}", k.label))?;
+            let t = simulate(&built, chip, c, &Inputs::default())
+                .map_err(|e| format!("unfused {}: {e}", k.label))?;
+            calls.push(UnfusedCall {
+                label: k.label,
+                kernel: k.kernel,
+                times: k.times,
+                cycles: t.cycles,
+            });
         }
         Ok(UnfusedStep { calls, call_cycles: c.kernel_call_cycles })
     }
@@ -49,11 +63,25 @@ impl UnfusedStep {
 
     pub fn text(&self, fused_cycles: f64) -> String {
         let mut s = String::new();
-        let _ = writeln!(s, "unfused step ({} calls of library kernels, each + {:.0} cycles: libtpu's estimate of a minimal call, as no published launch cost exists):", self.call_count(), self.call_cycles);
+        let _ = writeln!(
+            s,
+            "unfused step ({} calls of library kernels, each + {:.0} cycles: libtpu's estimate of a minimal call, as no published launch cost exists):",
+            self.call_count(),
+            self.call_cycles
+        );
         for c in &self.calls {
-            let _ = writeln!(s, "  {:<38} {:<18} {:>10.0} cycles x {}", c.label, c.kernel, c.cycles, c.times);
+            let _ = writeln!(
+                s,
+                "  {:<38} {:<18} {:>10.0} cycles x {}",
+                c.label, c.kernel, c.cycles, c.times
+            );
         }
-        let _ = writeln!(s, "  total {:.0} cycles; fused / unfused {:.3}", self.cycles(), fused_cycles / self.cycles());
+        let _ = writeln!(
+            s,
+            "  total {:.0} cycles; fused / unfused {:.3}",
+            self.cycles(),
+            fused_cycles / self.cycles()
+        );
         s
     }
 

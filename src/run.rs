@@ -16,16 +16,16 @@
 //! virtual devices at once, each with its share of the weights and its own KV caches.
 
 use crate::check::Backend;
-use palladium_dsl::spec::Chip;
 use palladium_decode::Decoder;
-use palladium_decode::speculate::{Drafter, Forced, Ngram, NoDrafts, Speculation};
 use palladium_decode::pack::{pack_devices, pack_quantized_devices};
+use palladium_decode::speculate::{Drafter, Forced, Ngram, NoDrafts, Speculation};
+use palladium_dsl::spec::Chip;
 use palladium_fusion::layout::OperandKind;
 use palladium_fusion::megakernel::Megakernel;
 use palladium_fusion::plan::{Plan, PlanOptions};
 use palladium_model::ModelSpec;
-use palladium_model::reference::Generation;
 use palladium_model::quant::{QuantizedWeights, WeightsDtype};
+use palladium_model::reference::Generation;
 use palladium_model::weights::Weights;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -97,7 +97,11 @@ impl Drafts {
 
 /// Parse `--speculate`: `ngram` or `ngram:N` (N >= 1), to N.
 pub fn parse_speculate(s: &str) -> Result<usize, String> {
-    let bad = || format!("--speculate {s:?}: expected ngram or ngram:N (N >= 1, the suffix length looked up), e.g. ngram:3");
+    let bad = || {
+        format!(
+            "--speculate {s:?}: expected ngram or ngram:N (N >= 1, the suffix length looked up), e.g. ngram:3"
+        )
+    };
     match s.split_once(':') {
         None if s == "ngram" => Ok(Ngram::DEFAULT_N),
         Some(("ngram", n)) => n.parse::<usize>().ok().filter(|&n| n >= 1).ok_or_else(bad),
@@ -131,7 +135,9 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>, String> {
     let ids: Result<Vec<u32>, _> = s.split(',').map(|x| x.trim().parse::<u32>()).collect();
     match ids {
         Ok(v) if !v.is_empty() => Ok(v),
-        _ => Err(format!("--prompt-ids {s:?}: expected comma-separated token ids (non-negative integers), e.g. 1,2,3")),
+        _ => Err(format!(
+            "--prompt-ids {s:?}: expected comma-separated token ids (non-negative integers), e.g. 1,2,3"
+        )),
     }
 }
 
@@ -158,7 +164,16 @@ pub struct HostMemory {
 
 impl HostMemory {
     pub fn total(&self) -> u64 {
-        [self.checkpoint, self.weights, self.operands, self.interpreter, self.reference, self.quantized].iter().fold(0u64, |a, &b| a.saturating_add(b))
+        [
+            self.checkpoint,
+            self.weights,
+            self.operands,
+            self.interpreter,
+            self.reference,
+            self.quantized,
+        ]
+        .iter()
+        .fold(0u64, |a, &b| a.saturating_add(b))
     }
 
     fn parts(&self) -> [(&'static str, u64); 6] {
@@ -182,7 +197,11 @@ pub fn host_memory(spec: &ModelSpec, plan: &Plan, o: &RunOptions) -> HostMemory 
     let f32_params = params.saturating_mul(4);
     let operands = &plan.layout.operands;
     let largest = operands.iter().map(|op| op.bytes).max().unwrap_or(0);
-    let kv: u64 = operands.iter().filter(|op| matches!(op.kind, OperandKind::KCache | OperandKind::VCache)).map(|op| op.bytes).sum();
+    let kv: u64 = operands
+        .iter()
+        .filter(|op| matches!(op.kind, OperandKind::KCache | OperandKind::VCache))
+        .map(|op| op.bytes)
+        .sum();
     HostMemory {
         checkpoint: if matches!(o.weights, WeightSource::Checkpoint(_)) { f32_params } else { 0 },
         weights: f32_params,
@@ -191,7 +210,11 @@ pub fn host_memory(spec: &ModelSpec, plan: &Plan, o: &RunOptions) -> HostMemory 
         reference: if o.check { f32_params.saturating_mul(2) } else { 0 },
         quantized: match plan.layout.quant {
             None => 0,
-            Some(_) => params.saturating_add(f32_params).saturating_add(if o.check { f32_params.saturating_mul(2) } else { 0 }),
+            Some(_) => params.saturating_add(f32_params).saturating_add(if o.check {
+                f32_params.saturating_mul(2)
+            } else {
+                0
+            }),
         },
     }
 }
@@ -202,7 +225,11 @@ pub fn host_memory(spec: &ModelSpec, plan: &Plan, o: &RunOptions) -> HostMemory 
 /// `progress(runs done, runs in all)` after every megakernel run. The host memory the run
 /// needs is checked against the limit ([`crate::host_memory`]) before any weight is built
 /// or read.
-pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize)) -> Result<RunOutput, String> {
+pub fn run(
+    o: &RunOptions,
+    backend: Backend,
+    progress: impl FnMut(usize, usize),
+) -> Result<RunOutput, String> {
     if backend == Backend::Tpu && o.devices > 1 {
         return Err(format!(
             "--devices {} with --backend tpu: the TPU engine runs the one-device megakernel on one attached device (no multi-device execution on PJRT yet); run the {}-device megakernel in the interpreter (--backend interpret), or emit it with `palladium megakernel --devices {}`",
@@ -211,41 +238,74 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
     }
     let device = match backend {
         Backend::Interpret => None,
-        Backend::Tpu => Some(palladium_runtime::exec::Device::tpu().map_err(|e| format!("--backend tpu: {e}"))?),
+        Backend::Tpu => Some(
+            palladium_runtime::exec::Device::tpu().map_err(|e| format!("--backend tpu: {e}"))?,
+        ),
     };
-    let spec = ModelSpec::from_path(&o.config).map_err(|e| format!("cannot read the model config: {e}"))?;
+    let spec = ModelSpec::from_path(&o.config)
+        .map_err(|e| format!("cannot read the model config: {e}"))?;
     if o.prompt.is_empty() {
         return Err("the prompt is empty (--prompt-ids)".into());
     }
     if o.steps == 0 {
         return Err("--steps must be at least 1".into());
     }
-    if let Some((i, &id)) = o.prompt.iter().enumerate().find(|(_, t)| u64::from(**t) >= spec.vocab_size) {
-        return Err(format!("--prompt-ids: token {i} is {id}, out of range for this model (vocab_size {}: ids 0..={})", spec.vocab_size, spec.vocab_size - 1));
+    if let Some((i, &id)) =
+        o.prompt.iter().enumerate().find(|(_, t)| u64::from(**t) >= spec.vocab_size)
+    {
+        return Err(format!(
+            "--prompt-ids: token {i} is {id}, out of range for this model (vocab_size {}: ids 0..={})",
+            spec.vocab_size,
+            spec.vocab_size - 1
+        ));
     }
     if let Drafts::Forced(ids) = &o.drafts
-        && let Some((i, &id)) = ids.iter().enumerate().find(|(_, t)| u64::from(**t) >= spec.vocab_size)
+        && let Some((i, &id)) =
+            ids.iter().enumerate().find(|(_, t)| u64::from(**t) >= spec.vocab_size)
     {
-        return Err(format!("--draft-ids: token {i} is {id}, out of range for this model (vocab_size {}: ids 0..={})", spec.vocab_size, spec.vocab_size - 1));
+        return Err(format!(
+            "--draft-ids: token {i} is {id}, out of range for this model (vocab_size {}: ids 0..={})",
+            spec.vocab_size,
+            spec.vocab_size - 1
+        ));
     }
     let kt = o.tokens_per_seq;
     if kt == 0 || kt > palladium_fusion::plan::MAX_TOKENS_PER_SEQ {
-        return Err(format!("--tokens-per-seq {kt} (supported: 1..={})", palladium_fusion::plan::MAX_TOKENS_PER_SEQ));
+        return Err(format!(
+            "--tokens-per-seq {kt} (supported: 1..={})",
+            palladium_fusion::plan::MAX_TOKENS_PER_SEQ
+        ));
     }
     // The last run feeds the token before the last generated one and writes K positions.
     let need = (o.prompt.len() as u64).saturating_add(o.steps as u64 - 1).saturating_add(kt - 1);
     let k_note = if kt > 1 { format!(" + K - 1 ({})", kt - 1) } else { String::new() };
     if need > spec.max_position_embeddings {
-        return Err(format!("prompt ({}) + steps ({}){k_note} need {need} positions, past max_position_embeddings {}", o.prompt.len(), o.steps, spec.max_position_embeddings));
+        return Err(format!(
+            "prompt ({}) + steps ({}){k_note} need {need} positions, past max_position_embeddings {}",
+            o.prompt.len(),
+            o.steps,
+            spec.max_position_embeddings
+        ));
     }
     let context = o.context.unwrap_or(need);
     if context < need {
-        return Err(format!("--context {context} is too small for prompt ({}) + steps ({}){k_note}: {need} positions", o.prompt.len(), o.steps));
+        return Err(format!(
+            "--context {context} is too small for prompt ({}) + steps ({}){k_note}: {need} positions",
+            o.prompt.len(),
+            o.steps
+        ));
     }
     // Planned without the HBM check first: what the run holds in host memory is the first
     // question (interpret mode), the chip's HBM the second.
-    let weights_dtype = palladium_fusion::plan::weights_dtype(&spec, o.weights_dtype).map_err(|e| e.to_string())?;
-    let planned = PlanOptions { tokens_per_seq: kt, logits: o.logits, weights: weights_dtype, devices: o.devices, ..PlanOptions::new(o.chip, 1, context) };
+    let weights_dtype =
+        palladium_fusion::plan::weights_dtype(&spec, o.weights_dtype).map_err(|e| e.to_string())?;
+    let planned = PlanOptions {
+        tokens_per_seq: kt,
+        logits: o.logits,
+        weights: weights_dtype,
+        devices: o.devices,
+        ..PlanOptions::new(o.chip, 1, context)
+    };
     let unchecked = PlanOptions { check_hbm: false, ..planned.clone() };
     let plan = Plan::new(&spec, &unchecked).map_err(|e| format!("megakernel refused: {e}"))?;
     let memory = host_memory(&spec, &plan, o);
@@ -261,42 +321,64 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
     )
     .map_err(|e| format!("{e}; or emit its megakernel with `palladium megakernel`"))?;
     if plan.hbm_total > plan.hbm_capacity {
-        return Err(Plan::new(&spec, &planned).err().map_or_else(|| "megakernel refused".into(), |e| format!("megakernel refused: {e}")));
+        return Err(Plan::new(&spec, &planned)
+            .err()
+            .map_or_else(|| "megakernel refused".into(), |e| format!("megakernel refused: {e}")));
     }
     let mk = Megakernel::from_plan(plan).map_err(|e| e.to_string())?;
     let (weights, unquantized, packed) = if weights_dtype == WeightsDtype::Bf16 {
         let weights = match &o.weights {
-            WeightSource::Checkpoint(p) => Weights::load(&spec, p).map_err(|e| format!("cannot load the weights: {e}"))?,
-            WeightSource::Random(seed) => Weights::random(&spec, *seed).map_err(|e| format!("cannot build random weights: {e}"))?,
+            WeightSource::Checkpoint(p) => {
+                Weights::load(&spec, p).map_err(|e| format!("cannot load the weights: {e}"))?
+            }
+            WeightSource::Random(seed) => Weights::random(&spec, *seed)
+                .map_err(|e| format!("cannot build random weights: {e}"))?,
         };
-        let packed = pack_devices(&spec, &mk.plan, &weights).map_err(|e| format!("cannot pack the weights: {e}"))?;
+        let packed = pack_devices(&spec, &mk.plan, &weights)
+            .map_err(|e| format!("cannot pack the weights: {e}"))?;
         (weights, None, packed)
     } else {
         // Quantized at load (a bf16 checkpoint, or random weights), or an FP8 checkpoint as
         // it is stored: the unquantized weights are kept for the quantization error.
         let (quantized, unquantized) = match &o.weights {
-            WeightSource::Checkpoint(p) if WeightsDtype::of_checkpoint(&spec) == weights_dtype => {
-                (QuantizedWeights::load(&spec, p, Some(weights_dtype)).map_err(|e| format!("cannot load the weights: {e}"))?, None)
-            }
+            WeightSource::Checkpoint(p) if WeightsDtype::of_checkpoint(&spec) == weights_dtype => (
+                QuantizedWeights::load(&spec, p, Some(weights_dtype))
+                    .map_err(|e| format!("cannot load the weights: {e}"))?,
+                None,
+            ),
             source => {
                 let weights = match source {
-                    WeightSource::Checkpoint(p) => Weights::load(&spec, p).map_err(|e| format!("cannot load the weights: {e}"))?,
-                    WeightSource::Random(seed) => Weights::random(&spec, *seed).map_err(|e| format!("cannot build random weights: {e}"))?,
+                    WeightSource::Checkpoint(p) => Weights::load(&spec, p)
+                        .map_err(|e| format!("cannot load the weights: {e}"))?,
+                    WeightSource::Random(seed) => Weights::random(&spec, *seed)
+                        .map_err(|e| format!("cannot build random weights: {e}"))?,
                 };
-                (QuantizedWeights::quantize(&spec, &weights, weights_dtype).map_err(|e| format!("cannot quantize the weights to {}: {e}", weights_dtype.name()))?, Some(weights))
+                (
+                    QuantizedWeights::quantize(&spec, &weights, weights_dtype).map_err(|e| {
+                        format!("cannot quantize the weights to {}: {e}", weights_dtype.name())
+                    })?,
+                    Some(weights),
+                )
             }
         };
-        let packed = pack_quantized_devices(&spec, &mk.plan, &quantized).map_err(|e| format!("cannot pack the weights: {e}"))?;
+        let packed = pack_quantized_devices(&spec, &mk.plan, &quantized)
+            .map_err(|e| format!("cannot pack the weights: {e}"))?;
         (quantized.dequantize(), unquantized, packed)
     };
     let t = Instant::now();
     let mut decoder = match device {
         None => Decoder::new(&mk, packed),
-        Some(device) => Decoder::with_engine(&mk, packed, tpu_engine(&device, &mk.lowered).map_err(|e| format!("--backend tpu: {e}"))?),
+        Some(device) => Decoder::with_engine(
+            &mk,
+            packed,
+            tpu_engine(&device, &mk.lowered).map_err(|e| format!("--backend tpu: {e}"))?,
+        ),
     }
     .map_err(|e| e.to_string())?;
     let prepare = t.elapsed();
-    let (generation, speculation) = decoder.generate_with(&o.prompt, o.steps, o.drafts.drafter().as_mut(), progress).map_err(|e| format!("megakernel run failed: {e}"))?;
+    let (generation, speculation) = decoder
+        .generate_with(&o.prompt, o.steps, o.drafts.drafter().as_mut(), progress)
+        .map_err(|e| format!("megakernel run failed: {e}"))?;
     Ok(RunOutput {
         spec,
         weights,
@@ -314,21 +396,31 @@ pub fn run(o: &RunOptions, backend: Backend, progress: impl FnMut(usize, usize))
 
 /// The megakernel compiled by libtpu's client: each run moves the call's inputs to the TPU,
 /// executes (the KV caches donated to their outputs) and brings the outputs back.
-fn tpu_engine(device: &palladium_runtime::exec::Device, lowered: &palladium_lowering::Lowered) -> Result<palladium_decode::Engine, String> {
+fn tpu_engine(
+    device: &palladium_runtime::exec::Device,
+    lowered: &palladium_lowering::Lowered,
+) -> Result<palladium_decode::Engine, String> {
     use palladium_decode::DecodeError;
     let spec = palladium_runtime::CallSpec::from_json(&lowered.call_json)?;
     let program = palladium_runtime::wrap(&lowered.body, &spec)?;
     let loaded = device.compile(&program, &spec.inputs, &spec.outputs)?;
     Ok(Box::new(move |inputs, _call| match inputs {
         [one] => Ok(vec![loaded.run(one).map_err(DecodeError::Device)?.outputs]),
-        devices => Err(DecodeError::Device(format!("the TPU engine runs one device's program, not {}", devices.len()))),
+        devices => Err(DecodeError::Device(format!(
+            "the TPU engine runs one device's program, not {}",
+            devices.len()
+        ))),
     }))
 }
 
 /// The megakernel's generation compared with the references, teacher-forced on its ids
 /// ([`palladium_decode::compare_with`]: the tolerance and near-tie rules) under the
 /// relative logits tolerance `relative` ([`palladium_model::tolerance`]).
-pub fn check_reference(o: &RunOptions, out: &RunOutput, relative: f32) -> Result<palladium_decode::Comparison, String> {
+pub fn check_reference(
+    o: &RunOptions,
+    out: &RunOutput,
+    relative: f32,
+) -> Result<palladium_decode::Comparison, String> {
     palladium_decode::compare_with(&out.spec, &out.weights, &o.prompt, &out.generation, relative)
 }
 
@@ -340,8 +432,15 @@ pub fn quantization_error(o: &RunOptions, out: &RunOutput) -> Result<Option<(f32
     let Some(unquantized) = &out.unquantized else {
         return Ok(None);
     };
-    let c = palladium_decode::compare_with(&out.spec, unquantized, &o.prompt, &out.generation, palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE)?;
-    let max = |f: fn(&palladium_decode::StepCheck) -> f32| c.steps.iter().map(f).fold(0.0, f32::max);
+    let c = palladium_decode::compare_with(
+        &out.spec,
+        unquantized,
+        &o.prompt,
+        &out.generation,
+        palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE,
+    )?;
+    let max =
+        |f: fn(&palladium_decode::StepCheck) -> f32| c.steps.iter().map(f).fold(0.0, f32::max);
     Ok(Some((max(|s| s.err_bf16), max(palladium_decode::StepCheck::rel_err_bf16))))
 }
 
@@ -364,7 +463,13 @@ impl Progress {
         use std::io::IsTerminal;
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = indicatif::ProgressBar::new(0);
-            bar.set_style(indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} tokens, {elapsed} elapsed, ETA {eta}").expect("a valid template").progress_chars("=> "));
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{msg} [{bar:40}] {pos}/{len} tokens, {elapsed} elapsed, ETA {eta}",
+                )
+                .expect("a valid template")
+                .progress_chars("=> "),
+            );
             bar.set_message("interpreting the megakernel");
             bar
         });
@@ -390,14 +495,18 @@ impl Progress {
         if now.saturating_duration_since(self.start) < Self::QUIET_FOR {
             return None;
         }
-        let due = self.last_line.is_none_or(|t| now.saturating_duration_since(t) >= Self::LINE_EVERY);
+        let due =
+            self.last_line.is_none_or(|t| now.saturating_duration_since(t) >= Self::LINE_EVERY);
         if !(due || (done == total && self.last_line.is_some())) {
             return None;
         }
         self.last_line = Some(now);
         let elapsed = now.saturating_duration_since(self.start).as_secs_f64();
         let left = elapsed / done.max(1) as f64 * total.saturating_sub(done) as f64;
-        Some(format!("run: {done}/{total} tokens through the megakernel ({:.0}%), {elapsed:.1} s, ~{left:.0} s left at this rate", 100.0 * done as f64 / total.max(1) as f64))
+        Some(format!(
+            "run: {done}/{total} tokens through the megakernel ({:.0}%), {elapsed:.1} s, ~{left:.0} s left at this rate",
+            100.0 * done as f64 / total.max(1) as f64
+        ))
     }
 
     /// Removes the bar (before the summary is printed).
@@ -424,10 +533,20 @@ mod tests {
         let at = |s: f64| p.start + Duration::from_secs_f64(s);
         let (t1, t2, t3, t4, t5) = (at(1.0), at(2.5), at(4.0), at(7.6), at(8.0));
         assert_eq!(p.line(1, 4000, t1), None, "quiet at first");
-        assert_eq!(p.line(5, 4000, t2).as_deref(), Some("run: 5/4000 tokens through the megakernel (0%), 2.5 s, ~1998 s left at this rate"));
+        assert_eq!(
+            p.line(5, 4000, t2).as_deref(),
+            Some(
+                "run: 5/4000 tokens through the megakernel (0%), 2.5 s, ~1998 s left at this rate"
+            )
+        );
         assert_eq!(p.line(8, 4000, t3), None, "not again before 5 s");
         assert!(p.line(12, 4000, t4).is_some_and(|l| l.starts_with("run: 12/4000")));
-        assert!(p.line(4000, 4000, t5).is_some_and(|l| l.starts_with("run: 4000/4000 tokens through the megakernel (100%)")), "the end");
+        assert!(
+            p.line(4000, 4000, t5).is_some_and(
+                |l| l.starts_with("run: 4000/4000 tokens through the megakernel (100%)")
+            ),
+            "the end"
+        );
         let mut short = Progress { bar: None, start: Instant::now(), last_line: None };
         let end = short.start + Duration::from_secs(1);
         assert_eq!(short.line(12, 12, end), None, "a short run prints nothing");

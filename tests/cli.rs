@@ -17,7 +17,16 @@ fn kernels_lists_every_library_kernel_with_its_parameters() {
 #[test]
 fn emit_writes_module_body_and_call_spec() {
     let dir = scratch("emit_ok");
-    let (ok, _, err) = palladium(&["emit", "matmul", "--chip", "v7x", "--set", "bm=128", "--out", dir.to_str().unwrap()]);
+    let (ok, _, err) = palladium(&[
+        "emit",
+        "matmul",
+        "--chip",
+        "v7x",
+        "--set",
+        "bm=128",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
     let module = std::fs::read_to_string(dir.join("matmul.mlir")).unwrap();
     assert!(module.contains("window_bounds = array<i64: 128, 512>"), "{module}");
@@ -29,7 +38,12 @@ fn emit_writes_module_body_and_call_spec() {
     assert!(body.contains("loc(\"kernels/src/linalg.rs\":"), "{body}");
     assert!(body.contains("\"stable_mosaic.tpu.matmul\""), "{body}");
     let spec = std::fs::read_to_string(dir.join("matmul.call.json")).unwrap();
-    assert!(spec.contains(r#""inputs":["bf16[1024,2048]","bf16[2048,1024]"],"outputs":["bf16[1024,1024]"]"#), "{spec}");
+    assert!(
+        spec.contains(
+            r#""inputs":["bf16[1024,2048]","bf16[2048,1024]"],"outputs":["bf16[1024,1024]"]"#
+        ),
+        "{spec}"
+    );
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 3, "no temporary files left");
 }
 
@@ -38,7 +52,10 @@ fn a_tpu_rule_violation_is_refused_before_anything_is_written() {
     let dir = scratch("emit_bad");
     // 100 tiles 1000 (so the blocks tile the arrays) but breaks the TPU's (16, 128) tile.
     let sets = ["--set", "m=1000", "--set", "n=1000", "--set", "bm=100", "--set", "bn=100"];
-    let (ok, _, err) = palladium(&[&["emit", "matmul", "--chip", "v6e", "--out", dir.to_str().unwrap()][..], &sets[..]].concat());
+    let (ok, _, err) = palladium(
+        &[&["emit", "matmul", "--chip", "v6e", "--out", dir.to_str().unwrap()][..], &sets[..]]
+            .concat(),
+    );
     assert!(!ok);
     assert!(err.contains("operand x"), "{err}");
     assert!(err.contains("TPU block rule: the second-minor block dim (100) must be a multiple of 16 (native bf16 tile (16,128))"), "{err}");
@@ -79,7 +96,16 @@ fn model(name: &str) -> String {
 #[test]
 fn megakernel_writes_its_files_and_reports_the_plan() {
     let dir = scratch("megakernel_ok");
-    let (ok, out, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", "512", "--out", dir.to_str().unwrap()]);
+    let (ok, out, err) = palladium(&[
+        "megakernel",
+        &model("tiny-qwen3-moe"),
+        "--chip",
+        "v6e",
+        "--context",
+        "512",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
     for file in ["megakernel.mlir", "megakernel.body.mlir", "megakernel.call.json"] {
         assert!(dir.join(file).is_file(), "{file} missing");
@@ -88,11 +114,32 @@ fn megakernel_writes_its_files_and_reports_the_plan() {
     assert!(out.contains("read up to each position"), "{out}");
     assert!(!out.contains("cost variant"), "{out}");
     // The cost variants say so, in text and JSON.
-    let (ok, out, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", "512", "--all-kv-tiles", "--single-prefetch", "--out", dir.to_str().unwrap()]);
+    let (ok, out, err) = palladium(&[
+        "megakernel",
+        &model("tiny-qwen3-moe"),
+        "--chip",
+        "v6e",
+        "--context",
+        "512",
+        "--all-kv-tiles",
+        "--single-prefetch",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
     assert!(out.contains("all of them, masked past the position (cost variant)"), "{out}");
     assert!(out.contains("at most two chunks in flight per stream (cost variant)"), "{out}");
-    let (ok, out, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--all-kv-tiles", "--single-prefetch", "--json", "--out", dir.to_str().unwrap()]);
+    let (ok, out, err) = palladium(&[
+        "megakernel",
+        &model("tiny-qwen3-moe"),
+        "--chip",
+        "v6e",
+        "--all-kv-tiles",
+        "--single-prefetch",
+        "--json",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
     let json: serde_json::Value = serde_json::from_str(&out).expect("--json prints JSON");
     assert_eq!(json["kv_tiles"], "All", "{json}");
@@ -107,20 +154,69 @@ fn megakernel_writes_its_files_and_reports_the_plan() {
 #[test]
 fn megakernel_devices_plans_and_reports_the_split() {
     let dir = scratch("megakernel_devices");
-    let (ok, out, err) = palladium(&["megakernel", &model("qwen3-235b-a22b"), "--chip", "v7x", "--devices", "8", "--out", dir.to_str().unwrap()]);
+    let (ok, out, err) = palladium(&[
+        "megakernel",
+        &model("qwen3-235b-a22b"),
+        "--chip",
+        "v7x",
+        "--devices",
+        "8",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
-    assert!(out.contains("split over 8 v7x devices") && out.contains("layers: 94 of 94") && out.contains("a MODEL"), "{out}");
-    let call = std::fs::read_to_string(dir.join("megakernel.call.json")).expect("the call spec is written");
-    assert!(call.contains("\"devices\":8") && call.contains("\"has_communication\":true"), "{call}");
+    assert!(
+        out.contains("split over 8 v7x devices")
+            && out.contains("layers: 94 of 94")
+            && out.contains("a MODEL"),
+        "{out}"
+    );
+    let call = std::fs::read_to_string(dir.join("megakernel.call.json"))
+        .expect("the call spec is written");
+    assert!(
+        call.contains("\"devices\":8") && call.contains("\"has_communication\":true"),
+        "{call}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
-    let (_, out, _) = palladium(&["megakernel", &model("qwen3-235b-a22b"), "--chip", "v7x", "--devices", "8", "--json", "--out", dir.to_str().unwrap()]);
+    let (_, out, _) = palladium(&[
+        "megakernel",
+        &model("qwen3-235b-a22b"),
+        "--chip",
+        "v7x",
+        "--devices",
+        "8",
+        "--json",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     let json: serde_json::Value = serde_json::from_str(&out).expect("--json prints JSON");
     assert_eq!(json["sharding"]["devices"], 8, "{json}");
     assert_eq!(json["sharding"]["collectives"].as_array().map(Vec::len), Some(3), "{json}");
     std::fs::remove_dir_all(&dir).unwrap();
-    let (ok, _, err) = palladium(&["megakernel", &model("qwen3-235b-a22b"), "--chip", "v7x", "--devices", "4", "--out", dir.to_str().unwrap()]);
-    assert!(!ok && err.contains("does not fit 4 v7x devices") && err.contains("--devices 8"), "{err}");
-    let (ok, _, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--devices", "3", "--out", dir.to_str().unwrap()]);
+    let (ok, _, err) = palladium(&[
+        "megakernel",
+        &model("qwen3-235b-a22b"),
+        "--chip",
+        "v7x",
+        "--devices",
+        "4",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("does not fit 4 v7x devices") && err.contains("--devices 8"),
+        "{err}"
+    );
+    let (ok, _, err) = palladium(&[
+        "megakernel",
+        &model("tiny-qwen3-moe"),
+        "--chip",
+        "v6e",
+        "--devices",
+        "3",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(!ok && err.contains("--devices 3 (supported: 1, 2, 4, 8)"), "{err}");
     assert!(!dir.exists(), "nothing written");
 }
@@ -131,21 +227,71 @@ fn megakernel_devices_plans_and_reports_the_split() {
 #[test]
 fn megakernel_tokens_per_seq_and_logits() {
     let dir = scratch("megakernel_k");
-    let (ok, out, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--batch", "2", "--context", "512", "--tokens-per-seq", "4", "--json", "--out", dir.to_str().unwrap()]);
+    let (ok, out, err) = palladium(&[
+        "megakernel",
+        &model("tiny-qwen3-moe"),
+        "--chip",
+        "v6e",
+        "--batch",
+        "2",
+        "--context",
+        "512",
+        "--tokens-per-seq",
+        "4",
+        "--json",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
     let json: serde_json::Value = serde_json::from_str(&out).expect("--json prints JSON");
-    assert_eq!((json["dims"]["tokens_per_seq"].as_u64(), json["dims"]["tokens"].as_u64()), (Some(4), Some(8)), "{json}");
-    let operands: Vec<(String, serde_json::Value)> = json["operands"].as_array().unwrap().iter().map(|o| (o["name"].as_str().unwrap().to_string(), o["shape"].clone())).collect();
+    assert_eq!(
+        (json["dims"]["tokens_per_seq"].as_u64(), json["dims"]["tokens"].as_u64()),
+        (Some(4), Some(8)),
+        "{json}"
+    );
+    let operands: Vec<(String, serde_json::Value)> = json["operands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| (o["name"].as_str().unwrap().to_string(), o["shape"].clone()))
+        .collect();
     let names: Vec<&str> = operands.iter().map(|(k, _)| k.as_str()).collect();
-    assert!(names.contains(&"next_ids") && names.contains(&"max_logits") && !names.contains(&"logits"), "{names:?}");
+    assert!(
+        names.contains(&"next_ids") && names.contains(&"max_logits") && !names.contains(&"logits"),
+        "{names:?}"
+    );
     assert_eq!(operands[0].1, serde_json::json!([8]), "tokens: B x K");
-    let (ok, out, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", "512", "--tokens-per-seq", "4", "--logits", "--out", dir.to_str().unwrap()]);
+    let (ok, out, err) = palladium(&[
+        "megakernel",
+        &model("tiny-qwen3-moe"),
+        "--chip",
+        "v6e",
+        "--context",
+        "512",
+        "--tokens-per-seq",
+        "4",
+        "--logits",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
-    assert!(out.contains("tokens per sequence: 4 (positions p..p+3, causal among them): 4 token rows"), "{out}");
+    assert!(
+        out.contains("tokens per sequence: 4 (positions p..p+3, causal among them): 4 token rows"),
+        "{out}"
+    );
     assert!(out.contains("output logits f32["), "{out}");
     for k in ["0", "17"] {
         let fresh = scratch(&format!("megakernel_k{k}"));
-        let (ok, _, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--tokens-per-seq", k, "--out", fresh.to_str().unwrap()]);
+        let (ok, _, err) = palladium(&[
+            "megakernel",
+            &model("tiny-qwen3-moe"),
+            "--chip",
+            "v6e",
+            "--tokens-per-seq",
+            k,
+            "--out",
+            fresh.to_str().unwrap(),
+        ]);
         assert!(!ok && err.contains(&format!("--tokens-per-seq {k} (supported: 1..=16)")), "{err}");
         assert!(!fresh.exists(), "nothing written");
     }
@@ -154,7 +300,14 @@ fn megakernel_tokens_per_seq_and_logits() {
 #[test]
 fn a_megakernel_too_large_for_the_chip_is_refused_with_the_numbers() {
     let dir = scratch("megakernel_refused");
-    let (ok, _, err) = palladium(&["megakernel", &model("qwen3-30b-a3b"), "--chip", "v5e", "--out", dir.to_str().unwrap()]);
+    let (ok, _, err) = palladium(&[
+        "megakernel",
+        &model("qwen3-30b-a3b"),
+        "--chip",
+        "v5e",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(!ok);
     assert!(err.contains("does not fit v5e HBM") && err.contains("try --layers N"), "{err}");
     assert!(!dir.exists(), "nothing written");
@@ -162,8 +315,18 @@ fn a_megakernel_too_large_for_the_chip_is_refused_with_the_numbers() {
 
 /// Exit code, stdout, stderr, with extra environment variables.
 fn palladium_env(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_palladium")).args(args).env_remove("PALLADIUM_MAX_HOST_MEMORY").env_remove("RUST_BACKTRACE").envs(env.iter().copied()).output().expect("runs");
-    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(env!("CARGO_BIN_EXE_palladium"))
+        .args(args)
+        .env_remove("PALLADIUM_MAX_HOST_MEMORY")
+        .env_remove("RUST_BACKTRACE")
+        .envs(env.iter().copied())
+        .output()
+        .expect("runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn refused(args: &[&str], want: &str) -> String {
@@ -176,7 +339,8 @@ fn refused(args: &[&str], want: &str) -> String {
 
 #[test]
 fn bad_kernel_parameters_are_refused_naming_the_parameter_and_the_rule() {
-    let size_rule = "sizes and counts must be between 1 and 2147483647 (TPU index arithmetic is i32)";
+    let size_rule =
+        "sizes and counts must be between 1 and 2147483647 (TPU index arithmetic is i32)";
     for (kernel, set) in [
         ("matmul", "bm=0"),
         ("rmsnorm", "block_rows=0"),
@@ -193,9 +357,18 @@ fn bad_kernel_parameters_are_refused_naming_the_parameter_and_the_rule() {
     }
     refused(&["ir", "rmsnorm", "--set", "eps=nan"], "parameter eps = NaN: must be finite");
     refused(&["ir", "rmsnorm", "--set", "eps=-1"], "requires eps >= 0.0, but eps = -1");
-    refused(&["ir", "matmul", "--set", "out_dtype=i4"], "requires out_dtype == bf16 || out_dtype == f32, but out_dtype = i4");
-    refused(&["ir", "gemv_quantized", "--set", "wdtype=bf16"], "requires wdtype == i8 || wdtype == int4 || wdtype == float8_e4m3, but wdtype = bf16");
-    refused(&["ir", "gemv_quantized", "--set", "group=100"], "group = 100 does not divide k = 4096");
+    refused(
+        &["ir", "matmul", "--set", "out_dtype=i4"],
+        "requires out_dtype == bf16 || out_dtype == f32, but out_dtype = i4",
+    );
+    refused(
+        &["ir", "gemv_quantized", "--set", "wdtype=bf16"],
+        "requires wdtype == i8 || wdtype == int4 || wdtype == float8_e4m3, but wdtype = bf16",
+    );
+    refused(
+        &["ir", "gemv_quantized", "--set", "group=100"],
+        "group = 100 does not divide k = 4096",
+    );
 }
 
 #[test]
@@ -209,33 +382,62 @@ fn blocks_that_do_not_tile_and_broken_relations_are_refused_and_nothing_is_writt
         ("expert_ffn", "block_ffn=500", "block_ffn = 500 does not divide ffn = 768"),
         ("grouped_matmul", "groups=0", "parameter groups = 0"),
         ("matmul", "m=1099511627776", "parameter m = 1099511627776"),
-        ("matmul", "m=1048576 --set k=16384", "the operands of `matmul` need 34.03 GiB (36540776448 bytes: x 32.00 GiB, o 2.00 GiB, y 0.03 GiB), more than the 32.00 GiB of HBM per device on v6e"),
+        (
+            "matmul",
+            "m=1048576 --set k=16384",
+            "the operands of `matmul` need 34.03 GiB (36540776448 bytes: x 32.00 GiB, o 2.00 GiB, y 0.03 GiB), more than the 32.00 GiB of HBM per device on v6e",
+        ),
     ] {
         let sets: Vec<&str> = set.split(' ').collect();
-        refused(&[&["emit", kernel, "--chip", "v6e", "--set"][..], &sets[..], &["--out", out][..]].concat(), want);
+        refused(
+            &[&["emit", kernel, "--chip", "v6e", "--set"][..], &sets[..], &["--out", out][..]]
+                .concat(),
+            want,
+        );
         assert!(!dir.exists(), "{kernel} {set}: nothing is written");
     }
 }
 
 #[test]
 fn interpret_refuses_bad_parameters_and_oversized_runs_before_allocating() {
-    refused(&["interpret", "grouped_matmul", "--set", "groups=0", "--seed", "0"], "parameter groups = 0");
-    refused(&["interpret", "rmsnorm", "--set", "eps=inf", "--seed", "1"], "parameter eps = inf: must be finite");
-    refused(&["interpret", "matmul", "--set", "m=1099511627776", "--seed", "0"], "parameter m = 1099511627776");
+    refused(
+        &["interpret", "grouped_matmul", "--set", "groups=0", "--seed", "0"],
+        "parameter groups = 0",
+    );
+    refused(
+        &["interpret", "rmsnorm", "--set", "eps=inf", "--seed", "1"],
+        "parameter eps = inf: must be finite",
+    );
+    refused(
+        &["interpret", "matmul", "--set", "m=1099511627776", "--seed", "0"],
+        "parameter m = 1099511627776",
+    );
     // 2 GiB of bf16 input, within v6e's HBM, is 15 GiB of host memory to check.
-    let err = refused(&["interpret", "matmul", "--set", "m=65536", "--set", "k=16384"], "cannot run `matmul`: interpret mode needs 16478109696 bytes (15.35 GiB: inputs 14.22 GiB + outputs and reference 1.12 GiB + windows and scratch 0.00 GiB) of host memory, over the limit of 8589934592 bytes (8.00 GiB)");
+    let err = refused(
+        &["interpret", "matmul", "--set", "m=65536", "--set", "k=16384"],
+        "cannot run `matmul`: interpret mode needs 16478109696 bytes (15.35 GiB: inputs 14.22 GiB + outputs and reference 1.12 GiB + windows and scratch 0.00 GiB) of host memory, over the limit of 8589934592 bytes (8.00 GiB)",
+    );
     assert!(err.contains("raise it with PALLADIUM_MAX_HOST_MEMORY="), "{err}");
     // The limit from the environment.
-    let (code, _, err) = palladium_env(&["interpret", "rmsnorm"], &[("PALLADIUM_MAX_HOST_MEMORY", "1MiB")]);
+    let (code, _, err) =
+        palladium_env(&["interpret", "rmsnorm"], &[("PALLADIUM_MAX_HOST_MEMORY", "1MiB")]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("over the limit of 1048576 bytes"), "{err}");
-    let (code, out, err) = palladium_env(&["interpret", "rmsnorm"], &[("PALLADIUM_MAX_HOST_MEMORY", "64MiB")]);
+    let (code, out, err) =
+        palladium_env(&["interpret", "rmsnorm"], &[("PALLADIUM_MAX_HOST_MEMORY", "64MiB")]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.ends_with("PASS\n"), "{out}");
-    let (code, _, err) = palladium_env(&["interpret", "rmsnorm"], &[("PALLADIUM_MAX_HOST_MEMORY", "lots")]);
+    let (code, _, err) =
+        palladium_env(&["interpret", "rmsnorm"], &[("PALLADIUM_MAX_HOST_MEMORY", "lots")]);
     assert!(code == Some(1) && err.contains("PALLADIUM_MAX_HOST_MEMORY=\"lots\""), "{err}");
-    refused(&["interpret", "rmsnorm", "--tolerance=-1"], "tolerance -1 must be finite and non-negative");
-    refused(&["interpret", "rmsnorm", "--tolerance", "NaN"], "tolerance NaN must be finite and non-negative");
+    refused(
+        &["interpret", "rmsnorm", "--tolerance=-1"],
+        "tolerance -1 must be finite and non-negative",
+    );
+    refused(
+        &["interpret", "rmsnorm", "--tolerance", "NaN"],
+        "tolerance NaN must be finite and non-negative",
+    );
 }
 
 #[test]
@@ -250,7 +452,10 @@ fn emit_writes_nothing_when_an_output_path_is_taken_by_a_directory() {
     // A file where the output directory should be.
     let file = dir.join("file");
     std::fs::write(&file, "").unwrap();
-    refused(&["emit", "matmul", "--chip", "v6e", "--out", file.join("sub").to_str().unwrap()], "is not a folder");
+    refused(
+        &["emit", "matmul", "--chip", "v6e", "--out", file.join("sub").to_str().unwrap()],
+        "is not a folder",
+    );
 }
 
 /// Byte counts never wrap: a context of 2^52 positions is refused (past the model's
@@ -259,10 +464,27 @@ fn emit_writes_nothing_when_an_output_path_is_taken_by_a_directory() {
 fn a_megakernel_with_an_absurd_context_is_refused_cleanly() {
     let dir = scratch("megakernel_context");
     for context in ["4503599627370496", "18446744073709551615", "4097"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_palladium")).args(["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", context, "--out", dir.to_str().unwrap()]).output().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_palladium"))
+            .args([
+                "megakernel",
+                &model("tiny-qwen3-moe"),
+                "--chip",
+                "v6e",
+                "--context",
+                context,
+                "--out",
+                dir.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{err}");
-        assert!(err.contains(&format!("--context {context} is past the model's max_position_embeddings 4096")), "{err}");
+        assert!(
+            err.contains(&format!(
+                "--context {context} is past the model's max_position_embeddings 4096"
+            )),
+            "{err}"
+        );
         assert!(!dir.exists(), "nothing written");
     }
 }
@@ -273,14 +495,31 @@ fn a_megakernel_with_an_absurd_context_is_refused_cleanly() {
 fn a_megakernel_output_folder_that_cannot_take_the_files_is_refused_first() {
     let dir = scratch("megakernel_blocked");
     std::fs::create_dir_all(dir.join("megakernel.call.json/keep")).unwrap();
-    let (ok, _, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", "512", "--out", dir.to_str().unwrap()]);
+    let (ok, _, err) = palladium(&[
+        "megakernel",
+        &model("tiny-qwen3-moe"),
+        "--chip",
+        "v6e",
+        "--context",
+        "512",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(!ok && err.contains("megakernel.call.json is a folder"), "{err}");
-    let mut left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let mut left: Vec<_> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     left.sort();
     assert_eq!(left, vec!["megakernel.call.json"], "nothing written");
     let file = scratch("megakernel_file");
     std::fs::write(&file, "x").unwrap();
-    let (ok, _, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--out", file.join("sub").to_str().unwrap()]);
+    let (ok, _, err) = palladium(&[
+        "megakernel",
+        &model("tiny-qwen3-moe"),
+        "--chip",
+        "v6e",
+        "--out",
+        file.join("sub").to_str().unwrap(),
+    ]);
     assert!(!ok && err.contains("is not a folder"), "{err}");
 }
 
@@ -288,7 +527,8 @@ fn a_megakernel_output_folder_that_cannot_take_the_files_is_refused_first() {
 fn compile_reports_libtpus_cycles_and_writes_all_five_files() {
     let (ok, out, err) = palladium(&["compile", "matmul", "--chip", "v6e", "--json"]);
     assert!(ok, "{err}");
-    let json: serde_json::Value = serde_json::from_str(&out).expect("--json prints one JSON object");
+    let json: serde_json::Value =
+        serde_json::from_str(&out).expect("--json prints one JSON object");
     assert_eq!(json["ok"], true, "{json}");
     assert_eq!(json["chip"], "v6e", "{json}");
     // What JAX Pallas's own matmul of the same shape and blocks gets.
@@ -299,13 +539,33 @@ fn compile_reports_libtpus_cycles_and_writes_all_five_files() {
 
     // gather_rows's DMAs abort v6e's estimator: compiled all the same, no estimate, and why.
     let dir = scratch("compile_out");
-    let (ok, out, err) = palladium(&["compile", "gather_rows", "--chip", "v6e", "--out", dir.to_str().unwrap(), "--json"]);
+    let (ok, out, err) = palladium(&[
+        "compile",
+        "gather_rows",
+        "--chip",
+        "v6e",
+        "--out",
+        dir.to_str().unwrap(),
+        "--json",
+    ]);
     assert!(ok, "{err}");
     let json: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(json["estimated_cycles"], serde_json::Value::Null, "{json}");
-    assert!(json["estimate_note"].as_str().is_some_and(|n| n.contains("Unsupported DMA direction")), "{json}");
-    for file in ["gather_rows.mlir", "gather_rows.body.mlir", "gather_rows.call.json", "gather_rows.stablehlo.mlir", "gather_rows.executable"] {
-        assert!(std::fs::metadata(dir.join(file)).is_ok_and(|m| m.len() > 0), "{file} missing or empty");
+    assert!(
+        json["estimate_note"].as_str().is_some_and(|n| n.contains("Unsupported DMA direction")),
+        "{json}"
+    );
+    for file in [
+        "gather_rows.mlir",
+        "gather_rows.body.mlir",
+        "gather_rows.call.json",
+        "gather_rows.stablehlo.mlir",
+        "gather_rows.executable",
+    ] {
+        assert!(
+            std::fs::metadata(dir.join(file)).is_ok_and(|m| m.len() > 0),
+            "{file} missing or empty"
+        );
     }
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 5, "no temporary files left");
     let program = std::fs::read_to_string(dir.join("gather_rows.stablehlo.mlir")).unwrap();
@@ -318,13 +578,26 @@ fn compile_runs_a_collective_on_its_devices_and_claims_no_cycles() {
     let (ok, out, err) = palladium(&["compile", "all_reduce", "--chip", "v6e", "--json"]);
     assert!(ok, "{err}");
     let json: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!((json["devices"].as_u64(), json["topology"].as_str()), (Some(4), Some("v6e:2x2")), "{json}");
+    assert_eq!(
+        (json["devices"].as_u64(), json["topology"].as_str()),
+        (Some(4), Some("v6e:2x2")),
+        "{json}"
+    );
     // libtpu prices the remote DMAs at 0 cycles: no figure, and the note says why.
     assert_eq!(json["estimated_cycles"], serde_json::Value::Null, "{json}");
-    assert!(json["estimate_note"].as_str().is_some_and(|n| n.contains("prices remote DMAs at 0 cycles")), "{json}");
+    assert!(
+        json["estimate_note"]
+            .as_str()
+            .is_some_and(|n| n.contains("prices remote DMAs at 0 cycles")),
+        "{json}"
+    );
     let (ok, out, err) = palladium(&["compile", "permute", "--chip", "v6e", "--set", "n=8"]);
     assert!(ok, "{err}");
-    assert!(out.contains("permute compiled by libtpu for v6e (deviceless, 8 devices of v6e:2x4)") && !out.contains("cycles (libtpu's static estimate)"), "{out}");
+    assert!(
+        out.contains("permute compiled by libtpu for v6e (deviceless, 8 devices of v6e:2x4)")
+            && !out.contains("cycles (libtpu's static estimate)"),
+        "{out}"
+    );
     let (ok, _, err) = palladium(&["compile", "permute", "--chip", "v7x", "--set", "n=32"]);
     assert!(!ok && err.contains("a program for 32 devices does not fit a deviceless v7x topology: the largest here is tpu7x:2x2x2 with 16 devices"), "{err}");
 }
@@ -332,7 +605,20 @@ fn compile_runs_a_collective_on_its_devices_and_claims_no_cycles() {
 #[test]
 fn compile_refuses_what_does_not_verify_and_writes_nothing() {
     let dir = scratch("compile_refused");
-    let (ok, _, err) = palladium(&["compile", "matmul", "--chip", "v5e", "--set", "bm=1024", "--set", "bn=1024", "--set", "bk=2048", "--out", dir.to_str().unwrap()]);
+    let (ok, _, err) = palladium(&[
+        "compile",
+        "matmul",
+        "--chip",
+        "v5e",
+        "--set",
+        "bm=1024",
+        "--set",
+        "bn=1024",
+        "--set",
+        "bk=2048",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(!ok);
     assert!(err.contains("VMEM budget exceeded"), "{err}");
     assert!(!dir.exists(), "nothing written");
@@ -341,14 +627,33 @@ fn compile_refuses_what_does_not_verify_and_writes_nothing() {
 #[test]
 fn megakernel_compile_adds_the_compile_object() {
     let dir = scratch("megakernel_compile");
-    let (ok, out, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--context", "512", "--all-kv-tiles", "--single-prefetch", "--json", "--compile", "--out", dir.to_str().unwrap()]);
+    let (ok, out, err) = palladium(&[
+        "megakernel",
+        &model("tiny-qwen3-moe"),
+        "--chip",
+        "v6e",
+        "--context",
+        "512",
+        "--all-kv-tiles",
+        "--single-prefetch",
+        "--json",
+        "--compile",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
     let json: serde_json::Value = serde_json::from_str(&out).expect("--json prints JSON");
     let c = &json["compile"];
     assert_eq!(c["ok"], true, "{c}");
     assert!(c["code_size_bytes"].as_u64().is_some_and(|n| n > 0), "{c}");
-    assert!(c["estimated_cycles"].as_u64().is_some_and(|n| n > 0) || c["estimate_note"].is_string(), "{c}");
-    assert!(dir.join("megakernel.executable").is_file() && dir.join("megakernel.stablehlo.mlir").is_file());
+    assert!(
+        c["estimated_cycles"].as_u64().is_some_and(|n| n > 0) || c["estimate_note"].is_string(),
+        "{c}"
+    );
+    assert!(
+        dir.join("megakernel.executable").is_file()
+            && dir.join("megakernel.stablehlo.mlir").is_file()
+    );
 }
 
 #[test]
@@ -357,24 +662,72 @@ fn exec_and_run_on_tpu_say_when_no_tpu_is_attached() {
     // (run before loading any weights).
     let (ok, _, err) = palladium(&["exec", "matmul", "--seed", "3"]);
     assert!(!ok);
-    assert!(err.contains("`matmul` on the device: no TPU attached") && err.contains("PJRT_Client_Create failed"), "{err}");
-    let (ok, _, err) = palladium(&["run", &model("tiny-qwen3-moe"), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--backend", "tpu"]);
+    assert!(
+        err.contains("`matmul` on the device: no TPU attached")
+            && err.contains("PJRT_Client_Create failed"),
+        "{err}"
+    );
+    let (ok, _, err) = palladium(&[
+        "run",
+        &model("tiny-qwen3-moe"),
+        "--random-weights",
+        "--prompt-ids",
+        "1,2",
+        "--steps",
+        "2",
+        "--backend",
+        "tpu",
+    ]);
     assert!(!ok);
     assert!(err.contains("--backend tpu: no TPU attached"), "{err}");
-    let (ok, _, err) = palladium(&["run", &model("tiny-qwen3-moe"), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--backend", "gpu"]);
+    let (ok, _, err) = palladium(&[
+        "run",
+        &model("tiny-qwen3-moe"),
+        "--random-weights",
+        "--prompt-ids",
+        "1,2",
+        "--steps",
+        "2",
+        "--backend",
+        "gpu",
+    ]);
     assert!(!ok && err.contains("unknown backend `gpu` (known: interpret, tpu)"), "{err}");
 }
 
 #[test]
 fn run_quantized_weights_dtypes_pass_the_check_and_report_the_quantization_error() {
     for dtype in ["int8", "fp8", "int4"] {
-        let (ok, out, err) = palladium(&["run", &model("tiny-mixtral"), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--check", "--weights-dtype", dtype]);
+        let (ok, out, err) = palladium(&[
+            "run",
+            &model("tiny-mixtral"),
+            "--random-weights",
+            "--prompt-ids",
+            "1,2",
+            "--steps",
+            "2",
+            "--check",
+            "--weights-dtype",
+            dtype,
+        ]);
         assert!(ok, "{dtype}: {err}");
         assert!(out.contains(&format!("reference on the dequantized {dtype} weights")), "{out}");
         assert!(out.contains("quantization error against the bf16 model (reported, not checked): max |logits diff|"), "{out}");
     }
-    let (ok, _, err) = palladium(&["run", &model("tiny-qwen3-moe"), "--random-weights", "--prompt-ids", "1,2", "--steps", "2", "--weights-dtype", "int3"]);
-    assert!(!ok && err.contains("unknown weights dtype `int3` (known: bf16, int8, fp8, int4)"), "{err}");
+    let (ok, _, err) = palladium(&[
+        "run",
+        &model("tiny-qwen3-moe"),
+        "--random-weights",
+        "--prompt-ids",
+        "1,2",
+        "--steps",
+        "2",
+        "--weights-dtype",
+        "int3",
+    ]);
+    assert!(
+        !ok && err.contains("unknown weights dtype `int3` (known: bf16, int8, fp8, int4)"),
+        "{err}"
+    );
 }
 
 /// `megakernel --weights-dtype` sets the operand dtypes; a config with an FP8
@@ -382,19 +735,66 @@ fn run_quantized_weights_dtypes_pass_the_check_and_report_the_quantization_error
 #[test]
 fn megakernel_weights_dtype_sets_the_operands() {
     let dir = scratch("megakernel_weights_dtype");
-    let (ok, out, err) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--weights-dtype", "int4", "--out", dir.to_str().unwrap()]);
+    let (ok, out, err) = palladium(&[
+        "megakernel",
+        &model("tiny-qwen3-moe"),
+        "--chip",
+        "v6e",
+        "--weights-dtype",
+        "int4",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
-    assert!(out.contains("weights: int4 (dense q/k/v/o i8 per output channel, experts i4 groups of 128 inputs"), "{out}");
-    assert!(out.contains("input w_experts i4[4, 8, 1, 256, 384]") && out.contains("input expert_down_scales f32[4, 8, 1, 1, 256]"), "{out}");
-    let (ok, out, _) = palladium(&["megakernel", &model("tiny-qwen3-moe"), "--chip", "v6e", "--json", "--out", dir.to_str().unwrap()]);
+    assert!(
+        out.contains(
+            "weights: int4 (dense q/k/v/o i8 per output channel, experts i4 groups of 128 inputs"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("input w_experts i4[4, 8, 1, 256, 384]")
+            && out.contains("input expert_down_scales f32[4, 8, 1, 1, 256]"),
+        "{out}"
+    );
+    let (ok, out, _) = palladium(&[
+        "megakernel",
+        &model("tiny-qwen3-moe"),
+        "--chip",
+        "v6e",
+        "--json",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(ok && !out.contains("\"quant\""), "a bf16 plan has no quant layout: {out}");
     let text = std::fs::read_to_string(model("tiny-qwen3-moe")).unwrap();
     let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
     json["quantization_config"] = serde_json::json!({"quant_method": "fp8", "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"]});
     let config = dir.join("fp8.json");
     std::fs::write(&config, json.to_string()).unwrap();
-    let (ok, out, err) = palladium(&["megakernel", config.to_str().unwrap(), "--chip", "v6e", "--out", dir.to_str().unwrap()]);
+    let (ok, out, err) = palladium(&[
+        "megakernel",
+        config.to_str().unwrap(),
+        "--chip",
+        "v6e",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(ok && out.contains("weights: fp8"), "{err}{out}");
-    let (ok, _, err) = palladium(&["megakernel", config.to_str().unwrap(), "--chip", "v6e", "--weights-dtype", "int8", "--out", dir.to_str().unwrap()]);
-    assert!(!ok && err.contains("--weights-dtype int8: the config's quantization_config stores the weights as fp8"), "{err}");
+    let (ok, _, err) = palladium(&[
+        "megakernel",
+        config.to_str().unwrap(),
+        "--chip",
+        "v6e",
+        "--weights-dtype",
+        "int8",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains(
+            "--weights-dtype int8: the config's quantization_config stores the weights as fp8"
+        ),
+        "{err}"
+    );
 }

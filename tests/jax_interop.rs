@@ -13,13 +13,23 @@ fn venv_python() -> PathBuf {
         Path::new(&home).join(".cache/palladium/venv-tpu")
     });
     let py = venv.join("bin/python");
-    assert!(py.is_file(), "the JAX venv is missing: expected {} (run scripts/setup.sh or set PALLADIUM_TPU_VENV)", py.display());
+    assert!(
+        py.is_file(),
+        "the JAX venv is missing: expected {} (run scripts/setup.sh or set PALLADIUM_TPU_VENV)",
+        py.display()
+    );
     py
 }
 
 fn palladium(args: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_palladium")).args(args).output().expect("runs palladium");
-    assert!(out.status.success(), "palladium {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_palladium")).args(args).output().expect("runs palladium");
+    assert!(
+        out.status.success(),
+        "palladium {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -32,11 +42,26 @@ fn emitted_kernels_compile_from_jax_deviceless_on_v6e() {
     }
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let config = repo.join("fixtures/models/tiny-qwen3-moe.json");
-    palladium(&["megakernel", config.to_str().expect("a UTF-8 path"), "--chip", "v6e", "--out", out]);
+    palladium(&[
+        "megakernel",
+        config.to_str().expect("a UTF-8 path"),
+        "--chip",
+        "v6e",
+        "--out",
+        out,
+    ]);
 
     let script = repo.join("python/tests/test_deviceless.py");
-    let result = Command::new(venv_python()).arg(&script).arg(&dir).output().expect("runs the venv's python");
-    let log = format!("{}{}", String::from_utf8_lossy(&result.stdout), String::from_utf8_lossy(&result.stderr));
+    let result = Command::new(venv_python())
+        .arg(&script)
+        .arg(&dir)
+        .output()
+        .expect("runs the venv's python");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&result.stdout),
+        String::from_utf8_lossy(&result.stderr)
+    );
     assert!(result.status.success(), "{} failed:\n{log}", script.display());
     eprintln!("{log}");
 }

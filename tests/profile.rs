@@ -15,22 +15,35 @@ fn check_trace(trace: &serde_json::Value) -> usize {
     let mut by_thread: std::collections::BTreeMap<(u64, u64), Vec<(f64, f64)>> = Default::default();
     for e in events {
         let ph = e["ph"].as_str().expect("every event has ph");
-        let (pid, tid) = (e["pid"].as_u64().expect("integer pid"), e["tid"].as_u64().expect("integer tid"));
+        let (pid, tid) =
+            (e["pid"].as_u64().expect("integer pid"), e["tid"].as_u64().expect("integer tid"));
         match ph {
             "X" => {
                 assert!(e["name"].is_string(), "{e}");
-                let (ts, dur) = (e["ts"].as_f64().expect("numeric ts"), e["dur"].as_f64().expect("numeric dur"));
+                let (ts, dur) = (
+                    e["ts"].as_f64().expect("numeric ts"),
+                    e["dur"].as_f64().expect("numeric dur"),
+                );
                 assert!(ts >= 0.0 && dur >= 0.0, "{e}");
                 by_thread.entry((pid, tid)).or_default().push((ts, ts + dur));
             }
-            "M" => assert!(matches!(e["name"].as_str(), Some("process_name" | "thread_name")) && e["args"]["name"].is_string(), "{e}"),
+            "M" => assert!(
+                matches!(e["name"].as_str(), Some("process_name" | "thread_name"))
+                    && e["args"]["name"].is_string(),
+                "{e}"
+            ),
             other => panic!("unexpected phase {other}: {e}"),
         }
     }
     for (thread, mut spans) in by_thread {
         spans.sort_by(|a, b| a.0.total_cmp(&b.0));
         for w in spans.windows(2) {
-            assert!(w[1].0 >= w[0].1 - 1e-6 * w[0].1.max(1.0), "thread {thread:?}: {:?} overlaps {:?}", w[0], w[1]);
+            assert!(
+                w[1].0 >= w[0].1 - 1e-6 * w[0].1.max(1.0),
+                "thread {thread:?}: {:?} overlaps {:?}",
+                w[0],
+                w[1]
+            );
         }
     }
     events.len()
@@ -44,7 +57,10 @@ fn check_svg(svg: &str) {
         let text = &rest[..lt];
         assert!(!text.contains('>'), "stray > in {text:?}");
         for (i, _) in text.match_indices('&') {
-            assert!(["&amp;", "&lt;", "&gt;", "&quot;"].iter().any(|e| text[i..].starts_with(e)), "unescaped & in {text:?}");
+            assert!(
+                ["&amp;", "&lt;", "&gt;", "&quot;"].iter().any(|e| text[i..].starts_with(e)),
+                "unescaped & in {text:?}"
+            );
         }
         let gt = rest[lt..].find('>').expect("tag closed") + lt;
         let tag = &rest[lt + 1..gt];
@@ -68,14 +84,32 @@ fn read(dir: &Path, name: &str) -> String {
 fn the_megakernel_profile_writes_a_trace_an_svg_and_names_the_three_largest_bubbles() {
     let dir = scratch("profile_megakernel");
     let out = dir.to_str().unwrap();
-    let (ok, stdout, err) = palladium(&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "8", "--batch", "1", "--context", "4096", "--out", out]);
+    let (ok, stdout, err) = palladium(&[
+        "profile",
+        "--megakernel",
+        "fixtures/models/qwen3-30b-a3b.json",
+        "--chip",
+        "v6e",
+        "--layers",
+        "8",
+        "--batch",
+        "1",
+        "--context",
+        "4096",
+        "--out",
+        out,
+    ]);
     assert!(ok, "{err}");
     assert!(stdout.contains("efficiency"), "{stdout}");
-    let largest = stdout.split("largest bubbles:").nth(1).expect("the summary lists the largest bubbles");
+    let largest =
+        stdout.split("largest bubbles:").nth(1).expect("the summary lists the largest bubbles");
     for n in ["1. ", "2. ", "3. "] {
         assert!(largest.contains(n), "{stdout}");
     }
-    assert!(stdout.contains("routing: the static worst case of 8 distinct experts per layer"), "{stdout}");
+    assert!(
+        stdout.contains("routing: the static worst case of 8 distinct experts per layer"),
+        "{stdout}"
+    );
     let trace: serde_json::Value = serde_json::from_str(&read(&dir, "trace.json")).unwrap();
     assert!(check_trace(&trace) > 1000);
     check_svg(&read(&dir, "timeline.svg"));
@@ -91,12 +125,26 @@ fn the_megakernel_profile_writes_a_trace_an_svg_and_names_the_three_largest_bubb
 #[test]
 fn a_library_kernel_profile_has_one_grid_step_section_per_step() {
     let dir = scratch("profile_gemv");
-    let (ok, stdout, err) = palladium(&["profile", "gemv", "--set", "block_n=1792", "--chip", "v6e", "--out", dir.to_str().unwrap()]);
+    let (ok, stdout, err) = palladium(&[
+        "profile",
+        "gemv",
+        "--set",
+        "block_n=1792",
+        "--chip",
+        "v6e",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
     assert!(stdout.contains("step time"), "{stdout}");
     let trace: serde_json::Value = serde_json::from_str(&read(&dir, "trace.json")).unwrap();
     check_trace(&trace);
-    let steps = trace["traceEvents"].as_array().unwrap().iter().filter(|e| e["name"].as_str().is_some_and(|n| n.starts_with("step "))).count();
+    let steps = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"].as_str().is_some_and(|n| n.starts_with("step ")))
+        .count();
     assert_eq!(steps, 14336 / 1792);
     check_svg(&read(&dir, "timeline.svg"));
 }
@@ -106,8 +154,34 @@ fn profile_refusals_name_the_problem_and_write_nothing() {
     let cases: [(&[&str], &str); 4] = [
         (&["profile", "gemv", "--chip", "v5e"], "no calibration for v5e (calibrated: v6e, v7x)"),
         (&["profile", "gemv", "--chip", "v6e", "--batch", "4"], "--batch is a megakernel option"),
-        (&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "1", "--positions", "1,2"], "--positions: 2 positions for --batch 1"),
-        (&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "1", "--positions", "4096"], "--positions: 4096 + 1 new tokens is past --context 4096"),
+        (
+            &[
+                "profile",
+                "--megakernel",
+                "fixtures/models/qwen3-30b-a3b.json",
+                "--chip",
+                "v6e",
+                "--layers",
+                "1",
+                "--positions",
+                "1,2",
+            ],
+            "--positions: 2 positions for --batch 1",
+        ),
+        (
+            &[
+                "profile",
+                "--megakernel",
+                "fixtures/models/qwen3-30b-a3b.json",
+                "--chip",
+                "v6e",
+                "--layers",
+                "1",
+                "--positions",
+                "4096",
+            ],
+            "--positions: 4096 + 1 new tokens is past --context 4096",
+        ),
     ];
     for (i, (args, want)) in cases.iter().enumerate() {
         let dir = scratch(&format!("profile_refused_{i}"));
@@ -126,12 +200,37 @@ fn a_loop_bounded_by_scalar_prefetch_needs_its_values() {
     let dir = scratch("profile_decode_attention");
     let out = dir.to_str().unwrap();
     let (ok, _, err) = palladium(&["profile", "decode_attention", "--chip", "v6e", "--out", out]);
-    assert!(!ok && err.contains("the loop's upper bound depends on run-time data") && err.contains("pipeline.rs"), "{err}");
+    assert!(
+        !ok && err.contains("the loop's upper bound depends on run-time data")
+            && err.contains("pipeline.rs"),
+        "{err}"
+    );
     assert!(!dir.exists());
-    let (ok, _, err) = palladium(&["profile", "decode_attention", "--chip", "v6e", "--prefetch", "lens=3", "--out", out]);
-    assert!(!ok && err.contains("scalar prefetch `lens`: 1 values given, the operand has 2"), "{err}");
+    let (ok, _, err) = palladium(&[
+        "profile",
+        "decode_attention",
+        "--chip",
+        "v6e",
+        "--prefetch",
+        "lens=3",
+        "--out",
+        out,
+    ]);
+    assert!(
+        !ok && err.contains("scalar prefetch `lens`: 1 values given, the operand has 2"),
+        "{err}"
+    );
     let summary = |lens: &str| -> serde_json::Value {
-        let (ok, _, err) = palladium(&["profile", "decode_attention", "--chip", "v6e", "--prefetch", lens, "--out", out]);
+        let (ok, _, err) = palladium(&[
+            "profile",
+            "decode_attention",
+            "--chip",
+            "v6e",
+            "--prefetch",
+            lens,
+            "--out",
+            out,
+        ]);
         assert!(ok, "{err}");
         serde_json::from_str(&read(&dir, "summary.json")).unwrap()
     };
@@ -146,21 +245,52 @@ fn a_loop_bounded_by_scalar_prefetch_needs_its_values() {
 #[test]
 fn unfused_compares_the_fused_step_with_its_library_kernels() {
     let dir = scratch("profile_unfused");
-    let (ok, stdout, err) = palladium(&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "2", "--all-kv-tiles", "--unfused", "--out", dir.to_str().unwrap()]);
+    let (ok, stdout, err) = palladium(&[
+        "profile",
+        "--megakernel",
+        "fixtures/models/qwen3-30b-a3b.json",
+        "--chip",
+        "v6e",
+        "--layers",
+        "2",
+        "--all-kv-tiles",
+        "--unfused",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
     assert!(stdout.contains("unfused step (") && stdout.contains("fused / unfused"), "{stdout}");
     let summary: serde_json::Value = serde_json::from_str(&read(&dir, "summary.json")).unwrap();
     let u = &summary["unfused"];
     // Per layer rmsnorm x2, qkv, rope, KV update, attention, o, residual x2, router, experts;
     // then the final rmsnorm and lm_head: 11 L + 2 calls.
-    let calls: u64 = u["calls"].as_array().unwrap().iter().map(|c| c["times"].as_u64().unwrap()).sum();
+    let calls: u64 =
+        u["calls"].as_array().unwrap().iter().map(|c| c["times"].as_u64().unwrap()).sum();
     assert_eq!(calls, 11 * 2 + 2, "{u}");
     let per_call = u["call_cycles"].as_f64().unwrap();
-    let sum: f64 = u["calls"].as_array().unwrap().iter().map(|c| c["times"].as_f64().unwrap() * (c["cycles"].as_f64().unwrap() + per_call)).sum();
+    let sum: f64 = u["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["times"].as_f64().unwrap() * (c["cycles"].as_f64().unwrap() + per_call))
+        .sum();
     assert!((sum / u["cycles"].as_f64().unwrap() - 1.0).abs() < 1e-9, "{u}");
     let ratio = u["fused_over_unfused"].as_f64().unwrap();
     assert!((ratio - summary["cycles"].as_f64().unwrap() / sum).abs() < 1e-9, "{u}");
-    let (ok, _, err) = palladium(&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "2", "--tokens-per-seq", "2", "--unfused", "--out", scratch("profile_unfused_k2").to_str().unwrap()]);
+    let (ok, _, err) = palladium(&[
+        "profile",
+        "--megakernel",
+        "fixtures/models/qwen3-30b-a3b.json",
+        "--chip",
+        "v6e",
+        "--layers",
+        "2",
+        "--tokens-per-seq",
+        "2",
+        "--unfused",
+        "--out",
+        scratch("profile_unfused_k2").to_str().unwrap(),
+    ]);
     assert!(!ok && err.contains("--unfused: the unfused step is one token per sequence"), "{err}");
 }
 
@@ -170,19 +300,52 @@ fn a_multi_device_profile_names_its_collectives_and_the_planners_figure() {
     // modelled collective time beside the timeline's.
     let dir = scratch("profile_devices");
     let out = dir.to_str().unwrap();
-    let (ok, stdout, err) = palladium(&["profile", "--megakernel", "fixtures/models/qwen3-30b-a3b.json", "--chip", "v6e", "--layers", "2", "--devices", "4", "--context", "1024", "--out", out]);
+    let (ok, stdout, err) = palladium(&[
+        "profile",
+        "--megakernel",
+        "fixtures/models/qwen3-30b-a3b.json",
+        "--chip",
+        "v6e",
+        "--layers",
+        "2",
+        "--devices",
+        "4",
+        "--context",
+        "1024",
+        "--out",
+        out,
+    ]);
     assert!(ok, "{err}");
-    for want in ["collectives ", "sent over ICI (device 0 of 4, SPMD symmetry", "libtpu prices remote DMAs at 0 cycles", "planner ", "on collectives", "collective: allreduce_"] {
+    for want in [
+        "collectives ",
+        "sent over ICI (device 0 of 4, SPMD symmetry",
+        "libtpu prices remote DMAs at 0 cycles",
+        "planner ",
+        "on collectives",
+        "collective: allreduce_",
+    ] {
         assert!(stdout.contains(want), "{want}: {stdout}");
     }
     let summary: serde_json::Value = serde_json::from_str(&read(&dir, "summary.json")).unwrap();
     assert_eq!(summary["devices"]["devices"], 4);
-    let (ours, planner) = (summary["devices"]["collective_cycles"].as_f64().unwrap(), summary["devices"]["planner_collective_cycles"].as_f64().unwrap());
+    let (ours, planner) = (
+        summary["devices"]["collective_cycles"].as_f64().unwrap(),
+        summary["devices"]["planner_collective_cycles"].as_f64().unwrap(),
+    );
     assert!(ours > planner && planner > 0.0, "{ours} vs {planner}");
     check_trace(&serde_json::from_str(&read(&dir, "trace.json")).unwrap());
     // A library collective: its mesh from its settings.
     let dir = scratch("profile_all_reduce");
-    let (ok, stdout, err) = palladium(&["profile", "all_reduce", "--set", "n=4", "--chip", "v6e", "--out", dir.to_str().unwrap()]);
+    let (ok, stdout, err) = palladium(&[
+        "profile",
+        "all_reduce",
+        "--set",
+        "n=4",
+        "--chip",
+        "v6e",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(ok && stdout.contains("device 0 of 4"), "{err}{stdout}");
 }
 
@@ -191,9 +354,26 @@ fn v7x_profiles_with_its_derived_coefficients_labelled() {
     // Qwen3-235B-A22B on 8 v7x devices (2 layers): calibrated for v7x, the DMA latency
     // derived from v6e's fit and said so; the measured cross-chip links price the hops.
     let dir = scratch("profile_v7x_devices");
-    let (ok, stdout, err) = palladium(&["profile", "--megakernel", "fixtures/models/qwen3-235b-a22b.json", "--chip", "v7x", "--devices", "8", "--layers", "2", "--out", dir.to_str().unwrap()]);
+    let (ok, stdout, err) = palladium(&[
+        "profile",
+        "--megakernel",
+        "fixtures/models/qwen3-235b-a22b.json",
+        "--chip",
+        "v7x",
+        "--devices",
+        "8",
+        "--layers",
+        "2",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
-    for want in ["calibration: dma_latency_cycles derived, not fitted to v7x", "device 0 of 8", "measured cross-chip remote copy", "hop latency 500 cycles"] {
+    for want in [
+        "calibration: dma_latency_cycles derived, not fitted to v7x",
+        "device 0 of 8",
+        "measured cross-chip remote copy",
+        "hop latency 500 cycles",
+    ] {
         assert!(stdout.contains(want), "{want}: {stdout}");
     }
 }

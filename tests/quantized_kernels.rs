@@ -13,9 +13,16 @@ use palladium_model::weights::Tensor;
 fn model_quantized_weights_run_through_gemv_quantized() {
     let (batch, out, inp) = (8, 256, 512);
     let mut rng = Rng::new(16);
-    let w = Tensor { shape: vec![out, inp], data: rng.bf16s(out * inp).into_iter().map(|v| v * 0.05).collect() };
+    let w = Tensor {
+        shape: vec![out, inp],
+        data: rng.bf16s(out * inp).into_iter().map(|v| v * 0.05).collect(),
+    };
     let x = rng.bf16s(batch * inp);
-    for format in [QuantFormat::Int8PerChannel, QuantFormat::Fp8Block { block: FP8_BLOCK }, QuantFormat::Int4Group { group: INT4_GROUP }] {
+    for format in [
+        QuantFormat::Int8PerChannel,
+        QuantFormat::Fp8Block { block: FP8_BLOCK },
+        QuantFormat::Int4Group { group: INT4_GROUP },
+    ] {
         let q = QuantizedTensor::quantize("w", &w, format).unwrap();
         let ops = q.kernel_operands().unwrap();
         let set = |n: &str, v: String| (n.to_string(), v);
@@ -28,11 +35,18 @@ fn model_quantized_weights_run_through_gemv_quantized() {
             set("wdtype", ops.codes.dtype.name().to_string()),
             set("group", ops.group.to_string()),
         ];
-        let (_, _, program, _) = prepare("gemv_quantized", &settings, Chip::V6e).unwrap_or_else(|e| panic!("{}: {e}", format.name()));
-        let got = program.run(&[HostArray::bf16_from_f32(&[batch, inp], &x), ops.codes, ops.scales]).unwrap()[0].to_f32();
+        let (_, _, program, _) = prepare("gemv_quantized", &settings, Chip::V6e)
+            .unwrap_or_else(|e| panic!("{}: {e}", format.name()));
+        let got = program
+            .run(&[HostArray::bf16_from_f32(&[batch, inp], &x), ops.codes, ops.scales])
+            .unwrap()[0]
+            .to_f32();
         // `x @ W.T` on the dequantized weight.
         let dq = q.dequantize();
-        let wt: Vec<f32> = (0..inp).flat_map(|c| (0..out).map(move |r| (r, c))).map(|(r, c)| dq.data[r * inp + c]).collect();
+        let wt: Vec<f32> = (0..inp)
+            .flat_map(|c| (0..out).map(move |r| (r, c)))
+            .map(|(r, c)| dq.data[r * inp + c])
+            .collect();
         let want = gemv(&x, &wt, batch, inp, out);
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         let err = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
@@ -43,7 +57,8 @@ fn model_quantized_weights_run_through_gemv_quantized() {
 #[test]
 fn a_partial_group_has_no_kernel_operands() {
     let w = Tensor { shape: vec![4, 200], data: vec![0.5; 800] };
-    let q = QuantizedTensor::quantize("w", &w, QuantFormat::Int4Group { group: INT4_GROUP }).unwrap();
+    let q =
+        QuantizedTensor::quantize("w", &w, QuantFormat::Int4Group { group: INT4_GROUP }).unwrap();
     let err = q.kernel_operands().unwrap_err().to_string();
     assert!(err.contains("200 inputs are not whole groups of 128"), "{err}");
 }
@@ -60,7 +75,9 @@ fn int8_digits_recombine_within_their_bound() {
     let (batch, k) = (8, 256);
     let mut rng = Rng::new(7);
     let mut x = rng.bf16s(batch * k);
-    let row = |x: &mut Vec<f32>, r: usize, f: &dyn Fn(usize, f32) -> f32| (0..k).for_each(|c| x[r * k + c] = f(c, x[r * k + c]));
+    let row = |x: &mut Vec<f32>, r: usize, f: &dyn Fn(usize, f32) -> f32| {
+        (0..k).for_each(|c| x[r * k + c] = f(c, x[r * k + c]))
+    };
     row(&mut x, 1, &|_, v| v * 2f32.powi(-60));
     row(&mut x, 2, &|_, v| v * 2f32.powi(60));
     row(&mut x, 3, &|c, v| if c == 5 { -4.0 } else { v });
@@ -71,9 +88,21 @@ fn int8_digits_recombine_within_their_bound() {
     let x: Vec<f32> = x.into_iter().map(palladium_array::round_bf16).collect();
     let codes: Vec<i8> = (0..k * k).map(|i| i8::from(i / k == i % k)).collect();
     let set = |n: &str, v: usize| (n.to_string(), v.to_string());
-    let settings = [set("batch", batch), set("k", k), set("n", k), set("block_n", k), set("block_k", k), ("wdtype".into(), "i8".into()), set("group", k)];
+    let settings = [
+        set("batch", batch),
+        set("k", k),
+        set("n", k),
+        set("block_n", k),
+        set("block_k", k),
+        ("wdtype".into(), "i8".into()),
+        set("group", k),
+    ];
     let (_, _, program, _) = prepare("gemv_quantized", &settings, Chip::V6e).unwrap();
-    let inputs = [HostArray::bf16_from_f32(&[batch, k], &x), HostArray::from_i8(&[k, k], &codes), HostArray::from_f32(&[1, k], &vec![1.0; k])];
+    let inputs = [
+        HostArray::bf16_from_f32(&[batch, k], &x),
+        HostArray::from_i8(&[k, k], &codes),
+        HostArray::from_f32(&[1, k], &vec![1.0; k]),
+    ];
     let got = program.run(&inputs).unwrap()[0].to_f32();
     for r in 0..batch {
         let xr = &x[r * k..(r + 1) * k];
@@ -81,7 +110,12 @@ fn int8_digits_recombine_within_their_bound() {
         let bound = amax * (2f32.powi(-15) / 127.0 + 2f32.powi(-21));
         for c in 0..k {
             let err = (got[r * k + c] - xr[c]).abs();
-            assert!(err <= bound, "row {r} col {c}: x {} recombined {} (error {err:e} > bound {bound:e})", xr[c], got[r * k + c]);
+            assert!(
+                err <= bound,
+                "row {r} col {c}: x {} recombined {} (error {err:e} > bound {bound:e})",
+                xr[c],
+                got[r * k + c]
+            );
         }
         if amax == 0.0 {
             assert!(got[r * k..(r + 1) * k].iter().all(|&v| v == 0.0), "a zero row gives zeros");

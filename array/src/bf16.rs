@@ -45,10 +45,24 @@ mod tests {
 
     #[test]
     fn it_agrees_with_half_bit_for_bit_nan_included() {
-        let specials = [f32::NAN, -f32::NAN, f32::from_bits(0x7f80_0001), f32::from_bits(0xffbf_ffff), f32::MAX, f32::MIN_POSITIVE / 3.0, -0.0];
-        let sweep = (0..1u32 << 20).map(|i| f32::from_bits(i.wrapping_mul(4099).wrapping_add(i << 12)));
+        let specials = [
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7f80_0001),
+            f32::from_bits(0xffbf_ffff),
+            f32::MAX,
+            f32::MIN_POSITIVE / 3.0,
+            -0.0,
+        ];
+        let sweep =
+            (0..1u32 << 20).map(|i| f32::from_bits(i.wrapping_mul(4099).wrapping_add(i << 12)));
         for x in specials.into_iter().chain(sweep) {
-            assert_eq!(f32_to_bf16(x), bf16::from_f32(x).to_bits(), "{x:e} ({:#010x})", x.to_bits());
+            assert_eq!(
+                f32_to_bf16(x),
+                bf16::from_f32(x).to_bits(),
+                "{x:e} ({:#010x})",
+                x.to_bits()
+            );
         }
     }
 }

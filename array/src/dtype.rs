@@ -4,7 +4,9 @@ use std::fmt;
 
 /// Element types a kernel can hold. Integers are signless (as in Mosaic); the op chooses
 /// signed or unsigned semantics.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum DType {
     Bf16,
     F16,

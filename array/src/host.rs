@@ -26,7 +26,13 @@ impl std::fmt::Debug for HostArray {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let v = self.to_f32();
         let head: Vec<String> = v.iter().take(8).map(|x| format!("{x}")).collect();
-        write!(f, "HostArray({}: [{}{}])", self.type_string(), head.join(", "), if v.len() > 8 { ", …" } else { "" })
+        write!(
+            f,
+            "HostArray({}: [{}{}])",
+            self.type_string(),
+            head.join(", "),
+            if v.len() > 8 { ", …" } else { "" }
+        )
     }
 }
 
@@ -42,8 +48,16 @@ impl HostArray {
     /// (the caller's invariant; a mismatch panics).
     fn of<T: bytemuck::Pod>(dtype: DType, shape: &[usize], data: &[T]) -> Self {
         let n = data.len();
-        assert_eq!(shape.iter().product::<usize>(), n, "HostArray: shape {shape:?} does not hold {n} elements");
-        HostArray { dtype, shape: shape.to_vec(), bytes: Arc::new(bytemuck::cast_slice(data).to_vec()) }
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            n,
+            "HostArray: shape {shape:?} does not hold {n} elements"
+        );
+        HostArray {
+            dtype,
+            shape: shape.to_vec(),
+            bytes: Arc::new(bytemuck::cast_slice(data).to_vec()),
+        }
     }
 
     pub fn from_f32(shape: &[usize], data: &[f32]) -> Self {
@@ -76,7 +90,11 @@ impl HostArray {
         match dtype {
             DType::F32 => Ok(Self::from_f32(shape, data)),
             DType::Bf16 => Ok(Self::bf16_from_f32(shape, data)),
-            DType::F16 => Ok(Self::of(DType::F16, shape, &data.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>())),
+            DType::F16 => Ok(Self::of(
+                DType::F16,
+                shape,
+                &data.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>(),
+            )),
             d => Err(format!("cannot make a {d} array from float values")),
         }
     }
@@ -85,11 +103,23 @@ impl HostArray {
     pub fn from_i32_values(dtype: DType, shape: &[usize], data: &[i32]) -> Result<Self, String> {
         match dtype {
             DType::I32 => Ok(Self::from_i32(shape, data)),
-            DType::I16 => Ok(Self::of(DType::I16, shape, &data.iter().map(|&x| x as i16).collect::<Vec<_>>())),
-            DType::I8 => Ok(Self::of(DType::I8, shape, &data.iter().map(|&x| x as i8).collect::<Vec<_>>())),
+            DType::I16 => {
+                Ok(Self::of(DType::I16, shape, &data.iter().map(|&x| x as i16).collect::<Vec<_>>()))
+            }
+            DType::I8 => {
+                Ok(Self::of(DType::I8, shape, &data.iter().map(|&x| x as i8).collect::<Vec<_>>()))
+            }
             // One element a byte, its low nibble (numpy's layout of `int4`).
-            DType::I4 => Ok(Self::of(DType::I4, shape, &data.iter().map(|&x| x as u8 & 0xF).collect::<Vec<_>>())),
-            DType::Bool => Ok(Self::of(DType::Bool, shape, &data.iter().map(|&x| u8::from(x != 0)).collect::<Vec<_>>())),
+            DType::I4 => Ok(Self::of(
+                DType::I4,
+                shape,
+                &data.iter().map(|&x| x as u8 & 0xF).collect::<Vec<_>>(),
+            )),
+            DType::Bool => Ok(Self::of(
+                DType::Bool,
+                shape,
+                &data.iter().map(|&x| u8::from(x != 0)).collect::<Vec<_>>(),
+            )),
             d => Err(format!("cannot make a {d} array from integer values")),
         }
     }
@@ -109,29 +139,48 @@ impl HostArray {
     pub fn split_leading(&self, parts: usize) -> Result<Vec<HostArray>, String> {
         let rows = self.shape.first().copied().unwrap_or(1);
         if parts == 0 || rows % parts != 0 {
-            return Err(format!("{} does not split into {parts} equal parts along dim 0", self.type_string()));
+            return Err(format!(
+                "{} does not split into {parts} equal parts along dim 0",
+                self.type_string()
+            ));
         }
         let mut shape = self.shape.clone();
         if let Some(d) = shape.first_mut() {
             *d = rows / parts;
         }
         let chunk = self.bytes.len() / parts;
-        Ok((0..parts).map(|i| HostArray { dtype: self.dtype, shape: shape.clone(), bytes: Arc::new(self.bytes[i * chunk..(i + 1) * chunk].to_vec()) }).collect())
+        Ok((0..parts)
+            .map(|i| HostArray {
+                dtype: self.dtype,
+                shape: shape.clone(),
+                bytes: Arc::new(self.bytes[i * chunk..(i + 1) * chunk].to_vec()),
+            })
+            .collect())
     }
 
     /// [`HostArray::split_leading`]'s inverse: `parts` (one dtype and shape) stacked along
     /// dim 0. `Err` naming the first part that differs.
     pub fn stack_leading(parts: &[HostArray]) -> Result<HostArray, String> {
         let first = parts.first().ok_or("nothing to stack")?;
-        if let Some((i, p)) = parts.iter().enumerate().find(|(_, p)| p.dtype != first.dtype || p.shape != first.shape) {
-            return Err(format!("cannot stack part {i} ({}) on part 0 ({})", p.type_string(), first.type_string()));
+        if let Some((i, p)) =
+            parts.iter().enumerate().find(|(_, p)| p.dtype != first.dtype || p.shape != first.shape)
+        {
+            return Err(format!(
+                "cannot stack part {i} ({}) on part 0 ({})",
+                p.type_string(),
+                first.type_string()
+            ));
         }
         let mut shape = first.shape.clone();
         match shape.first_mut() {
             Some(d) => *d *= parts.len(),
             None => shape.push(parts.len()),
         }
-        HostArray::new(first.dtype, &shape, parts.iter().flat_map(|p| p.bytes.iter().copied()).collect())
+        HostArray::new(
+            first.dtype,
+            &shape,
+            parts.iter().flat_map(|p| p.bytes.iter().copied()).collect(),
+        )
     }
 
     /// `bf16[8,128]`, as in call specs.
@@ -144,7 +193,11 @@ impl HostArray {
     pub fn validate(&self) -> Result<(), String> {
         let want = self.len() * self.dtype.host_bytes();
         if self.bytes.len() != want {
-            return Err(format!("{} holds {want} bytes, not {}", self.type_string(), self.bytes.len()));
+            return Err(format!(
+                "{} holds {want} bytes, not {}",
+                self.type_string(),
+                self.bytes.len()
+            ));
         }
         Ok(())
     }
@@ -153,12 +206,21 @@ impl HostArray {
     pub fn to_f32(&self) -> Vec<f32> {
         let b = &self.bytes;
         match self.dtype {
-            DType::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-            DType::Bf16 => b.chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
-            DType::F16 => b.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
+            DType::F32 => {
+                b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+            }
+            DType::Bf16 => {
+                b.chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect()
+            }
+            DType::F16 => b
+                .chunks_exact(2)
+                .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                .collect(),
             DType::F8E4M3 => b.iter().map(|&x| e4m3fn_to_f32(x)).collect(),
             DType::F8E5M2 => b.iter().map(|&x| e5m2_to_f32(x)).collect(),
-            DType::I32 | DType::I16 | DType::I8 | DType::I4 | DType::Bool => self.to_i32().into_iter().map(|x| x as f32).collect(),
+            DType::I32 | DType::I16 | DType::I8 | DType::I4 | DType::Bool => {
+                self.to_i32().into_iter().map(|x| x as f32).collect()
+            }
         }
     }
 
@@ -167,12 +229,18 @@ impl HostArray {
     pub fn to_i32(&self) -> Vec<i32> {
         let b = &self.bytes;
         match self.dtype {
-            DType::I32 => b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-            DType::I16 => b.chunks_exact(2).map(|c| i32::from(i16::from_le_bytes([c[0], c[1]]))).collect(),
+            DType::I32 => {
+                b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+            }
+            DType::I16 => {
+                b.chunks_exact(2).map(|c| i32::from(i16::from_le_bytes([c[0], c[1]]))).collect()
+            }
             DType::I8 => b.iter().map(|&x| i32::from(x as i8)).collect(),
             DType::I4 => b.iter().map(|&x| i32::from(((x << 4) as i8) >> 4)).collect(),
             DType::Bool => b.iter().map(|&x| i32::from(x != 0)).collect(),
-            DType::F32 | DType::Bf16 | DType::F16 | DType::F8E4M3 | DType::F8E5M2 => self.to_f32().into_iter().map(|x| x as i32).collect(),
+            DType::F32 | DType::Bf16 | DType::F16 | DType::F8E4M3 | DType::F8E5M2 => {
+                self.to_f32().into_iter().map(|x| x as i32).collect()
+            }
         }
     }
 
@@ -208,11 +276,19 @@ mod tests {
     fn split_leading_and_stack_leading_are_inverse() {
         let a = HostArray::from_i32(&[6, 2], &(0..12).collect::<Vec<_>>());
         let parts = a.split_leading(3).unwrap();
-        assert_eq!(parts.iter().map(|p| p.to_i32()).collect::<Vec<_>>(), [vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9, 10, 11]]);
+        assert_eq!(
+            parts.iter().map(|p| p.to_i32()).collect::<Vec<_>>(),
+            [vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9, 10, 11]]
+        );
         assert_eq!(parts[1].shape, [2, 2]);
         assert_eq!(HostArray::stack_leading(&parts).unwrap(), a);
-        assert_eq!(a.split_leading(4).unwrap_err(), "i32[6,2] does not split into 4 equal parts along dim 0");
-        let err = HostArray::stack_leading(&[parts[0].clone(), HostArray::from_i32(&[1, 2], &[0, 1])]).unwrap_err();
+        assert_eq!(
+            a.split_leading(4).unwrap_err(),
+            "i32[6,2] does not split into 4 equal parts along dim 0"
+        );
+        let err =
+            HostArray::stack_leading(&[parts[0].clone(), HostArray::from_i32(&[1, 2], &[0, 1])])
+                .unwrap_err();
         assert_eq!(err, "cannot stack part 1 (i32[1,2]) on part 0 (i32[2,2])");
     }
 
@@ -232,17 +308,22 @@ mod tests {
 
     #[test]
     fn a_wrong_byte_count_is_an_error_naming_the_type() {
-        assert_eq!(HostArray::new(DType::F32, &[2], vec![0; 7]).unwrap_err(), "f32[2] holds 8 bytes, not 7");
+        assert_eq!(
+            HostArray::new(DType::F32, &[2], vec![0; 7]).unwrap_err(),
+            "f32[2] holds 8 bytes, not 7"
+        );
     }
 
     #[test]
     fn eight_bit_floats_decode() {
         // e4m3fn: 0x38 = 1.0, 0x7e = 448 (its largest), 0x01 = 2^-9, 0xff = NaN.
-        let e4m3 = HostArray::new(DType::F8E4M3, &[4], vec![0x38, 0x7e, 0x01, 0xff]).unwrap().to_f32();
+        let e4m3 =
+            HostArray::new(DType::F8E4M3, &[4], vec![0x38, 0x7e, 0x01, 0xff]).unwrap().to_f32();
         assert_eq!(e4m3[..3], [1.0, 448.0, 2f32.powi(-9)]);
         assert!(e4m3[3].is_nan());
         // e5m2: 0x3c = 1.0, 0x7b = 57344 (its largest), 0x7c = inf, 0xc0 = -2.
-        let e5m2 = HostArray::new(DType::F8E5M2, &[4], vec![0x3c, 0x7b, 0x7c, 0xc0]).unwrap().to_f32();
+        let e5m2 =
+            HostArray::new(DType::F8E5M2, &[4], vec![0x3c, 0x7b, 0x7c, 0xc0]).unwrap().to_f32();
         assert_eq!(e5m2, vec![1.0, 57344.0, f32::INFINITY, -2.0]);
     }
 }

@@ -32,18 +32,10 @@ pub fn f32_to_e4m3fn(x: f32) -> u8 {
         return sign | 0x7F; // NaN, infinities, and magnitudes far past the largest value
     }
     // The spacing of e4m3fn values around `a`: 2^(e-3) in binade e, 2^-9 in the subnormals.
-    let binade = if a < 2f32.powi(-6) {
-        -6
-    } else {
-        ((a.to_bits() >> 23) as i32) - 127
-    };
+    let binade = if a < 2f32.powi(-6) { -6 } else { ((a.to_bits() >> 23) as i32) - 127 };
     // `a / 2^(binade-3)` is exact (a power-of-two division of a value in [0, 16)).
     let steps = (a * 2f32.powi(3 - binade)).round_ties_even() as i32;
-    let (binade, steps) = if steps == 16 {
-        (binade + 1, 8)
-    } else {
-        (binade, steps)
-    };
+    let (binade, steps) = if steps == 16 { (binade + 1, 8) } else { (binade, steps) };
     let byte = if steps < 8 {
         // Subnormal (binade -6 only) or zero.
         steps as u8
@@ -94,11 +86,7 @@ pub fn pack_int4(values: &[i8]) -> Vec<u8> {
 /// shift (an arithmetic right shift of the nibble moved to the top of an `i8`).
 pub fn unpack_int4(packed: &[u8], i: usize) -> i8 {
     let byte = packed[i / 2] as i8;
-    if i.is_multiple_of(2) {
-        (byte << 4) >> 4
-    } else {
-        byte >> 4
-    }
+    if i.is_multiple_of(2) { (byte << 4) >> 4 } else { byte >> 4 }
 }
 
 #[cfg(test)]
@@ -122,36 +110,16 @@ mod tests {
 
     #[test]
     fn e4m3fn_rounding_edges() {
-        assert_eq!(
-            f32_to_e4m3fn(464.0),
-            0x7E,
-            "a tie at the top rounds to even, 448"
-        );
+        assert_eq!(f32_to_e4m3fn(464.0), 0x7E, "a tie at the top rounds to even, 448");
         assert_eq!(f32_to_e4m3fn(464.0001), 0x7F, "past it: NaN");
         assert_eq!(f32_to_e4m3fn(-f32::INFINITY), 0xFF);
         assert_eq!(f32_to_e4m3fn_saturating(1e30), 0x7E);
         assert_eq!(f32_to_e4m3fn_saturating(-f32::INFINITY), 0xFE);
-        assert_eq!(
-            f32_to_e4m3fn(2f32.powi(-10)),
-            0x00,
-            "half the smallest subnormal ties to 0"
-        );
+        assert_eq!(f32_to_e4m3fn(2f32.powi(-10)), 0x00, "half the smallest subnormal ties to 0");
         assert_eq!(f32_to_e4m3fn(-2f32.powi(-10)), 0x80);
-        assert_eq!(
-            f32_to_e4m3fn(3.0 * 2f32.powi(-10)),
-            0x02,
-            "1.5 subnormal steps tie to 2"
-        );
-        assert_eq!(
-            f32_to_e4m3fn(15.5 * 2f32.powi(-10)),
-            0x08,
-            "rounds up into the normals"
-        );
-        assert_eq!(
-            f32_to_e4m3fn(17.0),
-            0x58,
-            "17 ties between 16 and 18: even mantissa 16"
-        );
+        assert_eq!(f32_to_e4m3fn(3.0 * 2f32.powi(-10)), 0x02, "1.5 subnormal steps tie to 2");
+        assert_eq!(f32_to_e4m3fn(15.5 * 2f32.powi(-10)), 0x08, "rounds up into the normals");
+        assert_eq!(f32_to_e4m3fn(17.0), 0x58, "17 ties between 16 and 18: even mantissa 16");
     }
 
     #[test]

@@ -55,7 +55,8 @@ impl LogitsDiff {
     /// --tolerance R`).
     pub fn with_relative(got: &[f32], want: &[f32], relative: f32) -> Self {
         let scale = max_abs(want);
-        let max_abs_diff = if got.len() == want.len() { max_abs_diff(got, want) } else { f32::INFINITY };
+        let max_abs_diff =
+            if got.len() == want.len() { max_abs_diff(got, want) } else { f32::INFINITY };
         Self { max_abs_diff, scale, tolerance: relative * scale }
     }
 
@@ -66,7 +67,13 @@ impl LogitsDiff {
 
     /// `max_abs_diff / scale`, to compare with the relative tolerance.
     pub fn relative(&self) -> f32 {
-        if self.scale > 0.0 { self.max_abs_diff / self.scale } else if self.max_abs_diff == 0.0 { 0.0 } else { f32::INFINITY }
+        if self.scale > 0.0 {
+            self.max_abs_diff / self.scale
+        } else if self.max_abs_diff == 0.0 {
+            0.0
+        } else {
+            f32::INFINITY
+        }
     }
 }
 
@@ -84,13 +91,20 @@ pub fn max_abs(xs: &[f32]) -> f32 {
 
 /// `max |a - b|` element-wise over the common length (a NaN difference is infinite).
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| if (x - y).is_nan() { f32::INFINITY } else { (x - y).abs() }).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| if (x - y).is_nan() { f32::INFINITY } else { (x - y).abs() })
+        .fold(0.0, f32::max)
 }
 
 /// Checks a user's relative tolerance (`--tolerance`): finite and positive.
 pub fn parse_relative_tolerance(s: &str) -> Result<f32, String> {
     let t: f32 = s.trim().parse().map_err(|_| format!("{s:?} is not a number"))?;
-    if t.is_finite() && t > 0.0 { Ok(t) } else { Err(format!("{s}: a tolerance must be a finite number > 0")) }
+    if t.is_finite() && t > 0.0 {
+        Ok(t)
+    } else {
+        Err(format!("{s}: a tolerance must be a finite number > 0"))
+    }
 }
 
 /// The default relative tolerance for a kernel output of `dtype`: bf16 1e-2 (its epsilon is
@@ -111,7 +125,13 @@ pub fn output_errors(got: &[f32], want: &[f32]) -> (f32, f32, Option<(usize, f32
     let scale = want.iter().fold(0f32, |m, w| m.max(w.abs())).max(f32::MIN_POSITIVE);
     let (mut max_abs, mut worst) = (0f32, None);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let abs = if g == w { 0.0 } else if g.is_finite() { (g - w).abs() } else { f32::INFINITY };
+        let abs = if g == w {
+            0.0
+        } else if g.is_finite() {
+            (g - w).abs()
+        } else {
+            f32::INFINITY
+        };
         if abs > max_abs || worst.is_none() {
             max_abs = max_abs.max(abs);
             worst = Some((i, g, w));

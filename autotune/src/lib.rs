@@ -29,8 +29,10 @@ pub mod runner;
 pub mod search;
 pub mod traffic;
 
-pub use model::{ChipModel, ModelEstimate};
 pub use libtpu::Libtpu;
+pub use model::{ChipModel, ModelEstimate};
 pub use runner::{CompileOnly, CostKind, CostRecord, Runner, RunnerError};
-pub use search::{Candidate, CandidateResult, Outcome, SearchError, SearchReport, SearchSpace, Stage, search};
+pub use search::{
+    Candidate, CandidateResult, Outcome, SearchError, SearchReport, SearchSpace, Stage, search,
+};
 pub use traffic::{OperandTraffic, Prefetch, Traffic, TrafficError, analyze};

@@ -17,7 +17,7 @@ use crate::traffic::{Prefetch, analyze};
 use palladium_dsl::Kernel;
 use palladium_dsl::spec::Chip;
 use palladium_lowering::{LowerOptions, lower};
-use palladium_runtime::{CallSpec, Compiled, CompileError, Compiler, Estimate, Job, wrap};
+use palladium_runtime::{CallSpec, CompileError, Compiled, Compiler, Estimate, Job, wrap};
 
 /// The libtpu runner.
 #[derive(Clone, Debug)]
@@ -61,7 +61,8 @@ impl Libtpu {
 
     /// The StableHLO program libtpu compiles for `kernel` on `chip`.
     pub fn program(&self, kernel: &Kernel, chip: Chip) -> Result<String, RunnerError> {
-        let lowered = lower(kernel, &LowerOptions { chip }).map_err(|e| RunnerError(format!("lowering: {e}")))?;
+        let lowered = lower(kernel, &LowerOptions { chip })
+            .map_err(|e| RunnerError(format!("lowering: {e}")))?;
         let mut spec = CallSpec::from_json(&lowered.call_json).map_err(RunnerError)?;
         if self.drop_aliases {
             spec.input_output_aliases.clear();
@@ -71,21 +72,32 @@ impl Libtpu {
 
     /// Compile every kernel for `chip` (in parallel); one result per kernel, in order.
     pub fn compile(&self, kernels: &[&Kernel], chip: Chip) -> Vec<Result<Compiled, RunnerError>> {
-        let programs: Vec<Result<String, RunnerError>> = kernels.iter().map(|k| self.program(k, chip)).collect();
-        let jobs: Vec<Job> = programs.iter().filter_map(|p| p.as_ref().ok()).map(|p| Job { program: p.clone(), chip, serialize: false }).collect();
+        let programs: Vec<Result<String, RunnerError>> =
+            kernels.iter().map(|k| self.program(k, chip)).collect();
+        let jobs: Vec<Job> = programs
+            .iter()
+            .filter_map(|p| p.as_ref().ok())
+            .map(|p| Job { program: p.clone(), chip, serialize: false })
+            .collect();
         let mut compiled = self.compiler.compile_all(&jobs).into_iter();
         programs
             .into_iter()
             .map(|p| {
                 p?;
-                compiled.next().expect("one result per job").map_err(|e| RunnerError(describe(e, chip)))
+                compiled
+                    .next()
+                    .expect("one result per job")
+                    .map_err(|e| RunnerError(describe(e, chip)))
             })
             .collect()
     }
 
     /// libtpu's estimated cycles of every kernel on `chip`, or why there are none.
     pub fn cycles(&self, kernels: &[&Kernel], chip: Chip) -> Vec<Result<u64, RunnerError>> {
-        self.compile(kernels, chip).into_iter().map(|c| c.and_then(|c| estimated(&c, chip))).collect()
+        self.compile(kernels, chip)
+            .into_iter()
+            .map(|c| c.and_then(|c| estimated(&c, chip)))
+            .collect()
     }
 
     /// Cycles of the plain HBM stream ([`crate::floor`]) of about `bytes` bytes: `(cycles,
@@ -105,7 +117,12 @@ fn describe(e: CompileError, chip: Chip) -> String {
 }
 
 fn estimated(c: &Compiled, chip: Chip) -> Result<u64, RunnerError> {
-    c.estimated_cycles.ok_or_else(|| RunnerError(format!("libtpu compiled it but gives no estimated cycles on {chip}: {}", c.estimate_note.as_deref().unwrap_or("no profile"))))
+    c.estimated_cycles.ok_or_else(|| {
+        RunnerError(format!(
+            "libtpu compiled it but gives no estimated cycles on {chip}: {}",
+            c.estimate_note.as_deref().unwrap_or("no profile")
+        ))
+    })
 }
 
 impl Runner for Libtpu {
@@ -117,12 +134,22 @@ impl Runner for Libtpu {
         self.run_batch(&[kernel], chip).pop().expect("one result per kernel")
     }
 
-    fn run_batch(&mut self, kernels: &[&Kernel], chip: Chip) -> Vec<Result<CostRecord, RunnerError>> {
+    fn run_batch(
+        &mut self,
+        kernels: &[&Kernel],
+        chip: Chip,
+    ) -> Vec<Result<CostRecord, RunnerError>> {
         self.cycles(kernels, chip)
             .into_iter()
             .zip(kernels)
             .map(|(cycles, k)| {
-                Ok(CostRecord { runner: self.name().to_string(), kind: CostKind::Measured, cycles: cycles? as f64, traffic: analyze(k, &self.prefetch).ok(), model: None })
+                Ok(CostRecord {
+                    runner: self.name().to_string(),
+                    kind: CostKind::Measured,
+                    cycles: cycles? as f64,
+                    traffic: analyze(k, &self.prefetch).ok(),
+                    model: None,
+                })
             })
             .collect()
     }

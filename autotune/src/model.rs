@@ -70,7 +70,13 @@ impl ChipModel {
         let mxu_cycles = t.mxu_flops as f64 / self.mxu_flops_per_cycle();
         let overhead_cycles = t.grid_steps as f64 * self.per_step_overhead_cycles();
         let cycles = hbm_cycles.max(mxu_cycles) + overhead_cycles;
-        ModelEstimate { hbm_cycles, mxu_cycles, overhead_cycles, cycles, bound: if hbm_cycles >= mxu_cycles { "hbm" } else { "mxu" } }
+        ModelEstimate {
+            hbm_cycles,
+            mxu_cycles,
+            overhead_cycles,
+            cycles,
+            bound: if hbm_cycles >= mxu_cycles { "hbm" } else { "mxu" },
+        }
     }
 }
 

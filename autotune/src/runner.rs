@@ -50,7 +50,11 @@ pub trait Runner {
     /// Cost many kernels at once, one result per kernel in order. The search calls this
     /// with every verified candidate; the default runs [`Runner::run`] on each in turn.
     /// Runners with a costly start (libtpu) override it to share starts and compile in parallel.
-    fn run_batch(&mut self, kernels: &[&Kernel], chip: Chip) -> Vec<Result<CostRecord, RunnerError>> {
+    fn run_batch(
+        &mut self,
+        kernels: &[&Kernel],
+        chip: Chip,
+    ) -> Vec<Result<CostRecord, RunnerError>> {
         kernels.iter().map(|k| self.run(k, chip)).collect()
     }
 }
@@ -79,8 +83,15 @@ impl Runner for CompileOnly {
     }
 
     fn run(&mut self, kernel: &Kernel, chip: Chip) -> Result<CostRecord, RunnerError> {
-        let traffic = analyze(kernel, &self.prefetch).map_err(|e| RunnerError(format!("traffic model: {e}")))?;
+        let traffic = analyze(kernel, &self.prefetch)
+            .map_err(|e| RunnerError(format!("traffic model: {e}")))?;
         let model = ChipModel::of(chip).estimate(&traffic);
-        Ok(CostRecord { runner: self.name().to_string(), kind: CostKind::Modeled, cycles: model.cycles, traffic: Some(traffic), model: Some(model) })
+        Ok(CostRecord {
+            runner: self.name().to_string(),
+            kind: CostKind::Modeled,
+            cycles: model.cycles,
+            traffic: Some(traffic),
+            model: Some(model),
+        })
     }
 }

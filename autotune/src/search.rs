@@ -37,14 +37,20 @@ impl SearchSpace {
     }
 
     /// Search `name` over `values` (re-adding a name replaces its values in place).
-    pub fn param<T: ToString>(mut self, name: impl Into<String>, values: impl IntoIterator<Item = T>) -> SearchSpace {
+    pub fn param<T: ToString>(
+        mut self,
+        name: impl Into<String>,
+        values: impl IntoIterator<Item = T>,
+    ) -> SearchSpace {
         self.params.insert(name.into(), values.into_iter().map(|v| v.to_string()).collect());
         self
     }
 
     /// Powers of two from `lo` to `hi` inclusive (`lo` rounded up to a power of two).
     pub fn pow2(lo: u64, hi: u64) -> Vec<u64> {
-        std::iter::successors(Some(lo.max(1).next_power_of_two()), |&v| v.checked_mul(2)).take_while(|&v| v <= hi).collect()
+        std::iter::successors(Some(lo.max(1).next_power_of_two()), |&v| v.checked_mul(2))
+            .take_while(|&v| v <= hi)
+            .collect()
     }
 
     /// Number of candidates.
@@ -76,11 +82,18 @@ impl SearchSpace {
     /// Check the kernel and every parameter name exist, so a typo fails once instead of
     /// rejecting every candidate.
     pub fn check(&self) -> Result<(), SearchError> {
-        let entry = REGISTRY.iter().find(|e| e.name == self.kernel).ok_or_else(|| SearchError::Kernel(KernelError::Unknown(self.kernel.clone())))?;
+        let entry = REGISTRY
+            .iter()
+            .find(|e| e.name == self.kernel)
+            .ok_or_else(|| SearchError::Kernel(KernelError::Unknown(self.kernel.clone())))?;
         let known: Vec<&str> = (entry.defaults)().iter().map(|(n, _)| *n).collect();
         for name in self.fixed.iter().map(|(n, _)| n).chain(self.params.keys()) {
             if !known.contains(&name.as_str()) {
-                return Err(SearchError::UnknownParam { kernel: self.kernel.clone(), name: name.clone(), known: known.join(", ") });
+                return Err(SearchError::UnknownParam {
+                    kernel: self.kernel.clone(),
+                    name: name.clone(),
+                    known: known.join(", "),
+                });
             }
         }
         if let Some((name, _)) = self.params.iter().find(|(_, v)| v.is_empty()) {
@@ -184,18 +197,27 @@ pub struct SearchReport {
 /// Build, verify and cost every candidate of `space` on `chip` with `runner`. Every
 /// candidate is built and verified first; the survivors go to [`Runner::run_batch`] in one
 /// call, in enumeration order.
-pub fn search(space: &SearchSpace, chip: Chip, runner: &mut dyn Runner) -> Result<SearchReport, SearchError> {
+pub fn search(
+    space: &SearchSpace,
+    chip: Chip,
+    runner: &mut dyn Runner,
+) -> Result<SearchReport, SearchError> {
     space.check()?;
     let candidates = space.candidates();
     let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(candidates.len());
     let mut verified = Vec::new();
     for candidate in &candidates {
-        let settings: Vec<(String, String)> = space.fixed.iter().chain(&candidate.settings).cloned().collect();
+        let settings: Vec<(String, String)> =
+            space.fixed.iter().chain(&candidate.settings).cloned().collect();
         let outcome = match palladium_kernels::build(&space.kernel, &settings) {
-            Err(KernelError::Build { errors, .. }) => Some(Outcome::Rejected { stage: Stage::Build, reason: errors.to_string() }),
+            Err(KernelError::Build { errors, .. }) => {
+                Some(Outcome::Rejected { stage: Stage::Build, reason: errors.to_string() })
+            }
             Err(e) => Some(Outcome::Rejected { stage: Stage::Build, reason: e.to_string() }),
             Ok(kernel) => match verify(&kernel, VerifyOptions { chip: Some(chip) }) {
-                Err(errors) => Some(Outcome::Rejected { stage: Stage::Verify, reason: errors.to_string() }),
+                Err(errors) => {
+                    Some(Outcome::Rejected { stage: Stage::Verify, reason: errors.to_string() })
+                }
                 Ok(()) => {
                     verified.push((candidate.index, kernel));
                     None
@@ -206,7 +228,14 @@ pub fn search(space: &SearchSpace, chip: Chip, runner: &mut dyn Runner) -> Resul
     }
     let kernels: Vec<&palladium_dsl::Kernel> = verified.iter().map(|(_, k)| k).collect();
     let costs = runner.run_batch(&kernels, chip);
-    assert_eq!(costs.len(), kernels.len(), "runner `{}` returned {} results for {} kernels", runner.name(), costs.len(), kernels.len());
+    assert_eq!(
+        costs.len(),
+        kernels.len(),
+        "runner `{}` returned {} results for {} kernels",
+        runner.name(),
+        costs.len(),
+        kernels.len()
+    );
     for ((index, _), cost) in verified.iter().zip(costs) {
         outcomes[*index] = Some(match cost {
             Ok(cost) => Outcome::Costed(cost),
@@ -216,18 +245,31 @@ pub fn search(space: &SearchSpace, chip: Chip, runner: &mut dyn Runner) -> Resul
     let results = candidates
         .into_iter()
         .zip(outcomes)
-        .map(|(candidate, outcome)| CandidateResult { candidate, outcome: outcome.expect("every candidate has an outcome") })
+        .map(|(candidate, outcome)| CandidateResult {
+            candidate,
+            outcome: outcome.expect("every candidate has an outcome"),
+        })
         .collect();
-    Ok(SearchReport { kernel: space.kernel.clone(), chip, runner: runner.name().to_string(), fixed: space.fixed.clone(), results })
+    Ok(SearchReport {
+        kernel: space.kernel.clone(),
+        chip,
+        runner: runner.name().to_string(),
+        fixed: space.fixed.clone(),
+        results,
+    })
 }
 
 impl SearchReport {
     /// Costed candidates, cheapest first; equal costs keep enumeration order, so the
     /// ranking is a pure function of the space and the runner's costs.
     pub fn ranking(&self) -> Vec<&CandidateResult> {
-        let mut costed: Vec<&CandidateResult> = self.results.iter().filter(|r| r.cost().is_some()).collect();
+        let mut costed: Vec<&CandidateResult> =
+            self.results.iter().filter(|r| r.cost().is_some()).collect();
         costed.sort_by(|a, b| {
-            let (ca, cb) = (a.cost().map_or(f64::INFINITY, |c| c.cycles), b.cost().map_or(f64::INFINITY, |c| c.cycles));
+            let (ca, cb) = (
+                a.cost().map_or(f64::INFINITY, |c| c.cycles),
+                b.cost().map_or(f64::INFINITY, |c| c.cycles),
+            );
             ca.total_cmp(&cb).then(a.candidate.index.cmp(&b.candidate.index))
         });
         costed
@@ -249,24 +291,46 @@ impl SearchReport {
     /// rejection stage and the first line of the reason), HBM traffic (MB = 1e6 bytes),
     /// grid steps, VMEM footprint (MiB) and modeled cycles.
     pub fn table(&self) -> String {
-        let rank: std::collections::HashMap<usize, usize> = self.ranking().iter().enumerate().map(|(r, c)| (c.candidate.index, r + 1)).collect();
-        let width = self.results.iter().map(|r| r.candidate.to_string().len()).max().unwrap_or(0).max(9);
+        let rank: std::collections::HashMap<usize, usize> =
+            self.ranking().iter().enumerate().map(|(r, c)| (c.candidate.index, r + 1)).collect();
+        let width =
+            self.results.iter().map(|r| r.candidate.to_string().len()).max().unwrap_or(0).max(9);
         let mut s = String::new();
-        let _ = writeln!(s, "{:<width$}  {:<10}  {:>9}  {:>6}  {:>8}  {:>12}  {:<5}", "candidate", "status", "HBM MB", "steps", "VMEM MiB", "cycles", "bound");
+        let _ = writeln!(
+            s,
+            "{:<width$}  {:<10}  {:>9}  {:>6}  {:>8}  {:>12}  {:<5}",
+            "candidate", "status", "HBM MB", "steps", "VMEM MiB", "cycles", "bound"
+        );
         for r in &self.results {
             let name = r.candidate.to_string();
             match &r.outcome {
                 Outcome::Costed(c) => {
                     let status = format!("ok #{}", rank[&r.candidate.index]);
-                    let (hbm, steps, vmem) = c.traffic.as_ref().map_or((String::from("-"), String::from("-"), String::from("-")), |t| {
-                        (format!("{:.2}", t.hbm_bytes() as f64 / 1e6), t.grid_steps.to_string(), format!("{:.2}", t.vmem_bytes as f64 / (1u64 << 20) as f64))
-                    });
+                    let (hbm, steps, vmem) = c.traffic.as_ref().map_or(
+                        (String::from("-"), String::from("-"), String::from("-")),
+                        |t| {
+                            (
+                                format!("{:.2}", t.hbm_bytes() as f64 / 1e6),
+                                t.grid_steps.to_string(),
+                                format!("{:.2}", t.vmem_bytes as f64 / (1u64 << 20) as f64),
+                            )
+                        },
+                    );
                     let bound = c.model.map_or("-", |m| m.bound);
-                    let _ = writeln!(s, "{name:<width$}  {status:<10}  {hbm:>9}  {steps:>6}  {vmem:>8}  {:>12.0}  {bound:<5}", c.cycles);
+                    let _ = writeln!(
+                        s,
+                        "{name:<width$}  {status:<10}  {hbm:>9}  {steps:>6}  {vmem:>8}  {:>12.0}  {bound:<5}",
+                        c.cycles
+                    );
                 }
                 Outcome::Rejected { stage, reason } => {
                     let first = reason.lines().next().unwrap_or("").trim();
-                    let _ = writeln!(s, "{name:<width$}  {:<10}  {}", format!("rej:{stage}"), short_reason(first));
+                    let _ = writeln!(
+                        s,
+                        "{name:<width$}  {:<10}  {}",
+                        format!("rej:{stage}"),
+                        short_reason(first)
+                    );
                 }
             }
         }

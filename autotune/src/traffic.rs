@@ -18,7 +18,10 @@
 
 use indexmap::IndexMap;
 use palladium_dsl::Kernel;
-use palladium_dsl::ir::{BinaryOp, Block, DType, Index, Literal, MemorySpace, Offset, OpData, Type, Value, padded_vmem_bytes};
+use palladium_dsl::ir::{
+    BinaryOp, Block, DType, Index, Literal, MemorySpace, Offset, OpData, Type, Value,
+    padded_vmem_bytes,
+};
 use palladium_dsl::spec::{BlockDim, OperandRole, OperandSpec};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -64,7 +67,10 @@ impl Prefetch {
         let len = o.shape.num_elements();
         match self.contents.get(&o.name) {
             Some(v) if v.len() as u64 == len => Ok(v.clone()),
-            Some(v) => Err(TrafficError::BadPrefetch { name: o.name.clone(), message: format!("{} values given, the array {} has {len}", v.len(), o.shape) }),
+            Some(v) => Err(TrafficError::BadPrefetch {
+                name: o.name.clone(),
+                message: format!("{} values given, the array {} has {len}", v.len(), o.shape),
+            }),
             None => {
                 let len = i64::try_from(len).unwrap_or(i64::MAX).max(1);
                 Ok((0..len).map(|i| (i % len) as i32).collect())
@@ -126,8 +132,10 @@ pub fn analyze(kernel: &Kernel, prefetch: &Prefetch) -> Result<Traffic, TrafficE
 
     // Scalar prefetch: copied to SMEM once, before the grid starts.
     let prefetch_ops: Vec<&OperandSpec> = call.operands_of(OperandRole::Prefetch).collect();
-    let tables: Vec<Vec<i32>> = prefetch_ops.iter().map(|o| prefetch.contents_for(o)).collect::<Result<_, _>>()?;
-    let prefetch_bytes: u64 = prefetch_ops.iter().map(|o| array_bytes(o.dtype, o.shape.num_elements())).sum();
+    let tables: Vec<Vec<i32>> =
+        prefetch_ops.iter().map(|o| prefetch.contents_for(o)).collect::<Result<_, _>>()?;
+    let prefetch_bytes: u64 =
+        prefetch_ops.iter().map(|o| array_bytes(o.dtype, o.shape.num_elements())).sum();
 
     // One tracker per windowed operand.
     let mut trackers = Vec::new();
@@ -158,12 +166,22 @@ pub fn analyze(kernel: &Kernel, prefetch: &Prefetch) -> Result<Traffic, TrafficE
         for t in &mut trackers {
             idx.clear();
             match &t.program {
-                Some(p) => p.eval(&point, &tables, &mut scratch, &mut idx).map_err(|message| TrafficError::Eval { operand: t.spec.name.clone(), point: point.clone(), message })?,
+                Some(p) => p.eval(&point, &tables, &mut scratch, &mut idx).map_err(|message| {
+                    TrafficError::Eval {
+                        operand: t.spec.name.clone(),
+                        point: point.clone(),
+                        message,
+                    }
+                })?,
                 None => idx.resize(t.spec.shape.rank(), 0),
             }
             let changed = t.prev.as_deref() != Some(idx.as_slice());
             if changed {
-                let bytes = block_bytes(t.spec, &idx).map_err(|message| TrafficError::Eval { operand: t.spec.name.clone(), point: point.clone(), message })?;
+                let bytes = block_bytes(t.spec, &idx).map_err(|message| TrafficError::Eval {
+                    operand: t.spec.name.clone(),
+                    point: point.clone(),
+                    message,
+                })?;
                 match t.spec.role {
                     // Inputs: fetch the new block.
                     OperandRole::Input => {
@@ -174,7 +192,8 @@ pub fn analyze(kernel: &Kernel, prefetch: &Prefetch) -> Result<Traffic, TrafficE
                     _ => {
                         if let Some(prev) = &t.prev {
                             t.dmas += 1;
-                            t.bytes += block_bytes(t.spec, prev).expect("checked when it was entered");
+                            t.bytes +=
+                                block_bytes(t.spec, prev).expect("checked when it was entered");
                         }
                     }
                 }
@@ -241,7 +260,10 @@ pub fn vmem_footprint(kernel: &Kernel) -> u64 {
     let scratch: u64 = kernel
         .bufs
         .values()
-        .filter(|b| matches!(b.origin, BufOrigin::Scratch(_) | BufOrigin::Scoped(_)) && b.ty.space == MemorySpace::Vmem)
+        .filter(|b| {
+            matches!(b.origin, BufOrigin::Scratch(_) | BufOrigin::Scoped(_))
+                && b.ty.space == MemorySpace::Vmem
+        })
         .map(|b| padded_vmem_bytes(b.ty.dtype, &b.ty.shape))
         .sum();
     operands + scratch
@@ -285,7 +307,9 @@ fn block_bytes(o: &OperandSpec, idx: &[i64]) -> Result<u64, String> {
     for (d, ((&i, b), &n)) in idx.iter().zip(&dims).zip(o.shape.dims()).enumerate() {
         if let BlockDim::Element { size, pad: (lo, hi) } = *b {
             let Some(first) = u64::try_from(i).ok().filter(|&s| s + size <= n + lo + hi) else {
-                return Err(format!("element offset {i} in dim {d}: its window of {size} is outside the array (dim {n}, padded by {lo} and {hi})"));
+                return Err(format!(
+                    "element offset {i} in dim {d}: its window of {size} is outside the array (dim {n}, padded by {lo} and {hi})"
+                ));
             };
             elements *= (first + size).min(n + lo).saturating_sub(first.max(lo));
             continue;
@@ -293,7 +317,9 @@ fn block_bytes(o: &OperandSpec, idx: &[i64]) -> Result<u64, String> {
         let b = b.extent();
         let start = u64::try_from(i).ok().and_then(|i| i.checked_mul(b)).filter(|&s| s < n);
         let Some(start) = start else {
-            return Err(format!("block index {i} in dim {d} is outside the array (dim {n}, block {b})"));
+            return Err(format!(
+                "block index {i} in dim {d} is outside the array (dim {n}, block {b})"
+            ));
         };
         elements *= b.min(n - start);
     }
@@ -315,7 +341,11 @@ enum Instr {
     Copy(Arg),
     Binary(BinaryOp, Arg, Arg),
     /// A scalar load from prefetch array `table` (row-major, `dims`).
-    Load { table: usize, offsets: Vec<Arg>, dims: Vec<u64> },
+    Load {
+        table: usize,
+        offsets: Vec<Arg>,
+        dims: Vec<u64>,
+    },
 }
 
 /// An index map compiled to straight-line code over `i32` slots: slots `0..rank` are the
@@ -341,16 +371,24 @@ impl MapProgram {
         let n_prefetch = k.call.operands_of(OperandRole::Prefetch).count();
         let params = &k.blocks[map].params;
         if params.len() != grid_rank + n_prefetch {
-            return Err(bad(format!("takes {} parameters, expected {grid_rank} grid indices and {n_prefetch} prefetch refs", params.len())));
+            return Err(bad(format!(
+                "takes {} parameters, expected {grid_rank} grid indices and {n_prefetch} prefetch refs",
+                params.len()
+            )));
         }
         let mut env: HashMap<Value, Bound> = HashMap::new();
         for (i, &p) in params.iter().enumerate() {
-            env.insert(p, if i < grid_rank { Bound::Scalar(i) } else { Bound::Prefetch(i - grid_rank) });
+            env.insert(
+                p,
+                if i < grid_rank { Bound::Scalar(i) } else { Bound::Prefetch(i - grid_rank) },
+            );
         }
         let scalar = |env: &HashMap<Value, Bound>, v: Value| -> Result<Arg, TrafficError> {
             match env.get(&v) {
                 Some(Bound::Scalar(s)) => Ok(Arg::Slot(*s)),
-                Some(Bound::Prefetch(_)) => Err(bad(format!("{v} is a prefetch ref used as a scalar"))),
+                Some(Bound::Prefetch(_)) => {
+                    Err(bad(format!("{v} is a prefetch ref used as a scalar")))
+                }
                 None => Err(bad(format!("{v} is not defined inside the index map"))),
             }
         };
@@ -363,27 +401,51 @@ impl MapProgram {
             }
             let instr = match &node.data {
                 OpData::Constant { value: Literal::Int(v), ty: Type::Scalar(DType::I32) } => {
-                    Instr::Const(i64::from(i32::try_from(*v).map_err(|_| bad(format!("constant {v} does not fit in i32")))?))
+                    Instr::Const(i64::from(
+                        i32::try_from(*v)
+                            .map_err(|_| bad(format!("constant {v} does not fit in i32")))?,
+                    ))
                 }
-                OpData::Constant { value, ty } => return Err(bad(format!("constant {value} of type {ty}: index maps compute in scalar i32"))),
+                OpData::Constant { value, ty } => {
+                    return Err(bad(format!(
+                        "constant {value} of type {ty}: index maps compute in scalar i32"
+                    )));
+                }
                 OpData::Binary { op: bop, lhs, rhs } => match bop {
-                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Rem | BinaryOp::Min | BinaryOp::Max => {
+                    BinaryOp::Add
+                    | BinaryOp::Sub
+                    | BinaryOp::Mul
+                    | BinaryOp::Div
+                    | BinaryOp::Rem
+                    | BinaryOp::Min
+                    | BinaryOp::Max => {
                         Instr::Binary(*bop, scalar(&env, *lhs)?, scalar(&env, *rhs)?)
                     }
-                    _ => return Err(TrafficError::UnsupportedOp { operand: o.name.clone(), op: node.data.mnemonic() }),
+                    _ => {
+                        return Err(TrafficError::UnsupportedOp {
+                            operand: o.name.clone(),
+                            op: node.data.mnemonic(),
+                        });
+                    }
                 },
                 // A promise about divisibility: the value itself is unchanged.
                 OpData::AssumeMultiple { x, .. } => Instr::Copy(scalar(&env, *x)?),
                 OpData::Load { src, index } => {
                     let Some(Bound::Prefetch(table)) = env.get(src).copied() else {
-                        return Err(bad(format!("load from {src}, which is not a scalar-prefetch ref")));
+                        return Err(bad(format!(
+                            "load from {src}, which is not a scalar-prefetch ref"
+                        )));
                     };
                     let dims = match k.ty(*src) {
                         Type::Ref(r) => r.shape.dims().to_vec(),
                         t => return Err(bad(format!("load from a {t}"))),
                     };
                     if index.len() != dims.len() {
-                        return Err(bad(format!("load with {} indices from a rank-{} ref", index.len(), dims.len())));
+                        return Err(bad(format!(
+                            "load with {} indices from a rank-{} ref",
+                            index.len(),
+                            dims.len()
+                        )));
                     }
                     let mut offsets = Vec::new();
                     for ix in index {
@@ -396,26 +458,47 @@ impl MapProgram {
                     Instr::Load { table, offsets, dims }
                 }
                 OpData::Yield { values } => {
-                    outputs = Some(values.iter().map(|&v| scalar(&env, v)).collect::<Result<Vec<_>, _>>()?);
+                    outputs = Some(
+                        values.iter().map(|&v| scalar(&env, v)).collect::<Result<Vec<_>, _>>()?,
+                    );
                     continue;
                 }
-                _ => return Err(TrafficError::UnsupportedOp { operand: o.name.clone(), op: node.data.mnemonic() }),
+                _ => {
+                    return Err(TrafficError::UnsupportedOp {
+                        operand: o.name.clone(),
+                        op: node.data.mnemonic(),
+                    });
+                }
             };
             let [result] = node.results.as_slice() else {
-                return Err(bad(format!("op {} has {} results", node.data.mnemonic(), node.results.len())));
+                return Err(bad(format!(
+                    "op {} has {} results",
+                    node.data.mnemonic(),
+                    node.results.len()
+                )));
             };
             env.insert(*result, Bound::Scalar(grid_rank + instrs.len()));
             instrs.push(instr);
         }
         let outputs = outputs.ok_or_else(|| bad("does not end with a yield".into()))?;
         if outputs.len() != o.shape.rank() {
-            return Err(bad(format!("yields {} block indices for a rank-{} array", outputs.len(), o.shape.rank())));
+            return Err(bad(format!(
+                "yields {} block indices for a rank-{} array",
+                outputs.len(),
+                o.shape.rank()
+            )));
         }
         Ok(MapProgram { grid_rank, instrs, outputs })
     }
 
     /// Evaluate at grid point `point`, appending the block indices to `out`.
-    fn eval(&self, point: &[i64], tables: &[Vec<i32>], slots: &mut Vec<i64>, out: &mut Vec<i64>) -> Result<(), String> {
+    fn eval(
+        &self,
+        point: &[i64],
+        tables: &[Vec<i32>],
+        slots: &mut Vec<i64>,
+        out: &mut Vec<i64>,
+    ) -> Result<(), String> {
         slots.clear();
         slots.extend_from_slice(&point[..self.grid_rank]);
         let get = |slots: &[i64], a: Arg| -> i32 {
@@ -435,7 +518,9 @@ impl MapProgram {
                         BinaryOp::Add => a.wrapping_add(b),
                         BinaryOp::Sub => a.wrapping_sub(b),
                         BinaryOp::Mul => a.wrapping_mul(b),
-                        BinaryOp::Div | BinaryOp::Rem if b == 0 => return Err(format!("{op} by zero")),
+                        BinaryOp::Div | BinaryOp::Rem if b == 0 => {
+                            return Err(format!("{op} by zero"));
+                        }
                         BinaryOp::Div => a.wrapping_div(b),
                         BinaryOp::Rem => a.wrapping_rem(b),
                         BinaryOp::Min => a.min(b),
@@ -448,7 +533,9 @@ impl MapProgram {
                     for (d, (&a, &n)) in offsets.iter().zip(dims).enumerate() {
                         let i = i64::from(get(slots, a));
                         if i < 0 || i as u64 >= n {
-                            return Err(format!("prefetch load index {i} out of bounds in dim {d} (size {n})"));
+                            return Err(format!(
+                                "prefetch load index {i} out of bounds in dim {d} (size {n})"
+                            ));
                         }
                         flat = flat * n as i64 + i;
                     }
@@ -467,40 +554,63 @@ impl MapProgram {
 /// Flops of the `dot`s one grid step runs in `block`, each weighted by `mult` (the trip count
 /// of enclosing constant-bound loops). A `dot` under `if` is counted as if always taken (an
 /// upper bound, noted); under a loop with non-constant bounds or a `while` it is an error.
-fn body_dot_flops(k: &Kernel, block: Block, mult: u64, notes: &mut Vec<String>) -> Result<u64, TrafficError> {
+fn body_dot_flops(
+    k: &Kernel,
+    block: Block,
+    mult: u64,
+    notes: &mut Vec<String>,
+) -> Result<u64, TrafficError> {
     let mut total = 0u64;
     for &op in &k.blocks[block].ops {
         let node = &k.ops[op];
         match &node.data {
             OpData::Dot { lhs, dims, .. } => {
-                let out = k.ty(node.results[0]).value_shape().map(|s| s.num_elements()).unwrap_or(1);
+                let out =
+                    k.ty(node.results[0]).value_shape().map(|s| s.num_elements()).unwrap_or(1);
                 let lhs_dims = k.ty(*lhs).value_shape().unwrap_or_default();
-                let contract: u64 = dims.lhs_contract.iter().map(|&d| lhs_dims.dims().get(d as usize).copied().unwrap_or(1)).product();
+                let contract: u64 = dims
+                    .lhs_contract
+                    .iter()
+                    .map(|&d| lhs_dims.dims().get(d as usize).copied().unwrap_or(1))
+                    .product();
                 total += 2 * out * contract * mult;
             }
             OpData::If { then_block, else_block, .. } => {
                 let t = body_dot_flops(k, *then_block, mult, notes)?;
                 let e = body_dot_flops(k, *else_block, mult, notes)?;
                 if t + e > 0 {
-                    notes.push(format!("{op}: dots under `if` counted as always taken (an upper bound)"));
+                    notes.push(format!(
+                        "{op}: dots under `if` counted as always taken (an upper bound)"
+                    ));
                 }
                 total += t + e;
             }
             OpData::For { lower, upper, step, body, .. } => {
                 let inner = body_dot_flops(k, *body, 1, notes)?;
                 if inner > 0 {
-                    let (Some(lo), Some(hi), Some(st)) = (const_int(k, *lower), const_int(k, *upper), const_int(k, *step)) else {
-                        return Err(TrafficError::Body(format!("{op}: a loop with dots has non-constant bounds; its trip count is unknown")));
+                    let (Some(lo), Some(hi), Some(st)) =
+                        (const_int(k, *lower), const_int(k, *upper), const_int(k, *step))
+                    else {
+                        return Err(TrafficError::Body(format!(
+                            "{op}: a loop with dots has non-constant bounds; its trip count is unknown"
+                        )));
                     };
                     if st <= 0 {
-                        return Err(TrafficError::Body(format!("{op}: loop step {st} is not positive")));
+                        return Err(TrafficError::Body(format!(
+                            "{op}: loop step {st} is not positive"
+                        )));
                     }
                     let trips = if hi > lo { (hi - lo + st - 1) / st } else { 0 } as u64;
                     total += inner * trips * mult;
                 }
             }
-            OpData::While { cond, body, .. } if body_dot_flops(k, *body, 1, notes)? + body_dot_flops(k, *cond, 1, notes)? > 0 => {
-                return Err(TrafficError::Body(format!("{op}: dots inside a while loop; its trip count is unknown")));
+            OpData::While { cond, body, .. }
+                if body_dot_flops(k, *body, 1, notes)? + body_dot_flops(k, *cond, 1, notes)?
+                    > 0 =>
+            {
+                return Err(TrafficError::Body(format!(
+                    "{op}: dots inside a while loop; its trip count is unknown"
+                )));
             }
             OpData::RunScoped { body } => total += body_dot_flops(k, *body, mult, notes)?,
             _ => {}

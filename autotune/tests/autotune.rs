@@ -1,6 +1,7 @@
 //! The traffic model against hand counts, the search's rejections, and determinism.
 use palladium_autotune::{
-    ChipModel, CompileOnly, CostKind, CostRecord, Outcome, Prefetch, Runner, RunnerError, SearchSpace, Stage, TrafficError, analyze, search,
+    ChipModel, CompileOnly, CostKind, CostRecord, Outcome, Prefetch, Runner, RunnerError,
+    SearchSpace, Stage, TrafficError, analyze, search,
 };
 use palladium_dsl::__private::*;
 use palladium_dsl::Kernel;
@@ -10,7 +11,8 @@ use palladium_dsl::spec::Chip;
 const MIB: u64 = 1 << 20;
 
 fn matmul(settings: &[(&str, u64)]) -> Kernel {
-    let s: Vec<(String, String)> = settings.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+    let s: Vec<(String, String)> =
+        settings.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
     palladium_kernels::build("matmul", &s).unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -34,7 +36,10 @@ fn default_matmul_traffic_matches_hand_counts() {
     assert_eq!(t.hbm_write_bytes, 2 * MIB);
     assert_eq!(t.prefetch_bytes, 0);
     // VMEM: x, y, o double-buffered + the f32 accumulator.
-    assert_eq!(t.vmem_bytes, 2 * 256 * 512 * 2 + 2 * 512 * 256 * 2 + 2 * 256 * 256 * 2 + 256 * 256 * 4);
+    assert_eq!(
+        t.vmem_bytes,
+        2 * 256 * 512 * 2 + 2 * 512 * 256 * 2 + 2 * 256 * 256 * 2 + 256 * 256 * 4
+    );
     // One 256x512 @ 512x256 dot per step.
     assert_eq!(t.mxu_flops_per_step, 2 * 256 * 256 * 512);
     assert_eq!(t.mxu_flops, 2 * 1024 * 2048 * 1024);
@@ -47,7 +52,8 @@ fn matmul_traffic_follows_the_reuse_formula_for_every_block_shape() {
     for bm in [128, 256, 512] {
         for bk in [256, 512, 1024, 2048] {
             for bn in [128, 256, 512] {
-                let t = analyze(&matmul(&[("bm", bm), ("bk", bk), ("bn", bn)]), &Prefetch::new()).unwrap();
+                let t = analyze(&matmul(&[("bm", bm), ("bk", bk), ("bn", bn)]), &Prefetch::new())
+                    .unwrap();
                 let what = format!("bm={bm} bk={bk} bn={bn}");
                 assert_eq!(t.grid_steps, (m / bm) * (n / bn) * (k / bk), "{what}");
                 // x re-read n/bn times, y re-read m/bm times, o written once; except that with
@@ -91,7 +97,15 @@ fn manual_dma_operands_are_noted_not_guessed() {
 fn prefetch_kernel(div: i32, compare_in_map: bool) -> Kernel {
     let mut b = KernelBuilder::new("pick");
     b.grid_dim(4u64, Semantics::Arbitrary);
-    b.operand::<(Val, i32)>("ids", OperandRole::Prefetch, DType::I32, &[4], MemorySpace::Smem, None, None);
+    b.operand::<(Val, i32)>(
+        "ids",
+        OperandRole::Prefetch,
+        DType::I32,
+        &[4],
+        MemorySpace::Smem,
+        None,
+        None,
+    );
     b.operand(
         "x",
         OperandRole::Input,
@@ -101,7 +115,11 @@ fn prefetch_kernel(div: i32, compare_in_map: bool) -> Kernel {
         Some(vec![BlockDim::Blocked(16), BlockDim::Blocked(128)]),
         Some(Box::new(move |g: &[Val], p: &[Ref]| {
             let id = p[0].load(g[0]);
-            let row = if compare_in_map { select(cmp(CmpPred::Lt, id, 2), id, 0) } else { (id / div).minimum(3) };
+            let row = if compare_in_map {
+                select(cmp(CmpPred::Lt, id, 2), id, 0)
+            } else {
+                (id / div).minimum(3)
+            };
             (row, 0)
         })),
     );
@@ -123,7 +141,9 @@ fn prefetch_kernel(div: i32, compare_in_map: bool) -> Kernel {
 #[test]
 fn index_maps_read_scalar_prefetch_contents() {
     let k = prefetch_kernel(1, false);
-    let x = |p: &Prefetch| analyze(&k, p).unwrap().operands.iter().find(|o| o.name == "x").unwrap().dmas;
+    let x = |p: &Prefetch| {
+        analyze(&k, p).unwrap().operands.iter().find(|o| o.name == "x").unwrap().dmas
+    };
     // Default contents ids[i] = i: a new block every step.
     assert_eq!(x(&Prefetch::new()), 4);
     // Repeated ids are not re-fetched; only changes between consecutive steps count.
@@ -138,7 +158,12 @@ fn index_maps_read_scalar_prefetch_contents() {
     assert!(err.to_string().contains("2 values given, the array [4] has 4"), "{err}");
     let err = analyze(&k, &Prefetch::new().with("ids", vec![0, -1, 0, 0])).unwrap_err();
     assert!(matches!(err, TrafficError::Eval { .. }), "{err}");
-    assert!(err.to_string().contains("index map of `x` at grid point [1]: block index -1 in dim 0 is outside the array"), "{err}");
+    assert!(
+        err.to_string().contains(
+            "index map of `x` at grid point [1]: block index -1 in dim 0 is outside the array"
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -165,34 +190,51 @@ fn search_rejects_untileable_blocks_and_vmem_overflow_on_v7x() {
     let report = search(&space, Chip::V7x, &mut CompileOnly::new()).unwrap();
     assert_eq!(report.results.len(), 12);
     let get = |bm: &str, bk: &str, bn: &str| {
-        let want = [("bm", bm), ("bk", bk), ("bn", bn)].map(|(a, b)| (a.to_string(), b.to_string())).to_vec();
+        let want = [("bm", bm), ("bk", bk), ("bn", bn)]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .to_vec();
         report.results.iter().find(|r| r.candidate.settings == want).unwrap()
     };
     for bk in ["512", "4096"] {
         for bn in ["256", "2048"] {
             match &get("8", bk, bn).outcome {
-                Outcome::Rejected { stage: Stage::Build, reason } => assert!(reason.contains("TPU block rule"), "{reason}"),
+                Outcome::Rejected { stage: Stage::Build, reason } => {
+                    assert!(reason.contains("TPU block rule"), "{reason}")
+                }
                 o => panic!("bm=8 must fail the tiling rule: {o:?}"),
             }
         }
     }
     match &get("2048", "4096", "2048").outcome {
         Outcome::Rejected { stage: Stage::Verify, reason } => {
-            assert!(reason.contains("VMEM budget exceeded") && reason.contains("on v7x"), "{reason}");
+            assert!(
+                reason.contains("VMEM budget exceeded") && reason.contains("on v7x"),
+                "{reason}"
+            );
         }
         o => panic!("oversize blocks must fail the VMEM budget: {o:?}"),
     }
     assert!(get("256", "512", "256").cost().is_some());
     let table = report.table();
     println!("{table}");
-    assert!(table.contains("rej:build") && table.contains("rej:verify") && table.contains("ok #1"), "{table}");
+    assert!(
+        table.contains("rej:build") && table.contains("rej:verify") && table.contains("ok #1"),
+        "{table}"
+    );
     // Every rejection keeps a reason; every survivor is costed.
-    assert!(report.rejected().all(|r| matches!(&r.outcome, Outcome::Rejected { reason, .. } if !reason.is_empty())));
+    assert!(
+        report
+            .rejected()
+            .all(|r| matches!(&r.outcome, Outcome::Rejected { reason, .. } if !reason.is_empty()))
+    );
     assert_eq!(report.ranking().len() + report.rejected().count(), 12);
 }
 
 fn sweep() -> SearchSpace {
-    SearchSpace::new("matmul").param("bm", [128, 256, 512]).param("bk", [256, 512, 1024, 2048]).param("bn", [128, 256, 512])
+    SearchSpace::new("matmul")
+        .param("bm", [128, 256, 512])
+        .param("bk", [256, 512, 1024, 2048])
+        .param("bn", [128, 256, 512])
 }
 
 #[test]
@@ -205,7 +247,9 @@ fn candidates_enumerate_in_a_fixed_order() {
     assert_eq!(c[35].to_string(), "bm=512 bk=2048 bn=512");
     assert!(c.iter().enumerate().all(|(i, c)| c.index == i));
     assert_eq!(SearchSpace::pow2(100, 1024), vec![128, 256, 512, 1024]);
-    let err = search(&SearchSpace::new("matmul").param("bq", [1]), Chip::V6e, &mut CompileOnly::new()).unwrap_err();
+    let err =
+        search(&SearchSpace::new("matmul").param("bq", [1]), Chip::V6e, &mut CompileOnly::new())
+            .unwrap_err();
     assert!(err.to_string().contains("no parameter `bq`"), "{err}");
 }
 
@@ -215,7 +259,9 @@ fn ranking_is_deterministic_and_follows_the_model() {
     let b = search(&sweep(), Chip::V6e, &mut CompileOnly::new()).unwrap();
     assert_eq!(a, b);
     assert_eq!(a.to_json(), b.to_json());
-    let names = |r: &palladium_autotune::SearchReport| r.ranking().iter().map(|c| c.candidate.to_string()).collect::<Vec<_>>();
+    let names = |r: &palladium_autotune::SearchReport| {
+        r.ranking().iter().map(|c| c.candidate.to_string()).collect::<Vec<_>>()
+    };
     assert_eq!(names(&a), names(&b));
     assert_eq!(a.ranking().len(), 36, "every block shape of the sweep fits");
     // Costs are non-decreasing down the ranking, ties in enumeration order.
@@ -230,7 +276,9 @@ fn ranking_is_deterministic_and_follows_the_model() {
     let best = a.best().unwrap().cost().unwrap();
     let m = ChipModel::of(Chip::V6e);
     let t = best.traffic.as_ref().unwrap();
-    let want = (t.hbm_bytes() as f64 / m.hbm_bytes_per_cycle()).max(t.mxu_flops as f64 / m.mxu_flops_per_cycle()) + t.grid_steps as f64 * m.per_step_overhead_cycles();
+    let want = (t.hbm_bytes() as f64 / m.hbm_bytes_per_cycle())
+        .max(t.mxu_flops as f64 / m.mxu_flops_per_cycle())
+        + t.grid_steps as f64 * m.per_step_overhead_cycles();
     assert_eq!(best.cycles, want);
     assert_eq!(best.kind, CostKind::Modeled);
 }
@@ -247,7 +295,13 @@ impl Runner for StepsRunner {
         if steps > 64 {
             return Err(RunnerError(format!("{steps} steps is too many")));
         }
-        Ok(CostRecord { runner: "steps".into(), kind: CostKind::Measured, cycles: steps as f64, traffic: None, model: None })
+        Ok(CostRecord {
+            runner: "steps".into(),
+            kind: CostKind::Measured,
+            cycles: steps as f64,
+            traffic: None,
+            model: None,
+        })
     }
 }
 
@@ -255,7 +309,11 @@ impl Runner for StepsRunner {
 fn other_runners_plug_in() {
     let report = search(&sweep(), Chip::V6e, &mut StepsRunner).unwrap();
     assert_eq!(report.runner, "steps");
-    assert!(report.rejected().all(|r| matches!(r.outcome, Outcome::Rejected { stage: Stage::Runner, .. })));
+    assert!(
+        report
+            .rejected()
+            .all(|r| matches!(r.outcome, Outcome::Rejected { stage: Stage::Runner, .. }))
+    );
     assert_eq!(report.rejected().count(), 36 - report.ranking().len());
     assert_eq!(report.best().unwrap().cost().unwrap().cycles, 4.0);
     assert!(report.table().contains("rej:runner"));

@@ -127,10 +127,20 @@ impl Comparison {
         } else {
             format!(
                 "ids differ at {}",
-                mism.iter().map(|&i| { let s = &self.steps[i]; format!("step {i} (bf16 reference gap {:.4}, {:?})", s.gap_bf16, s.matched) }).collect::<Vec<_>>().join(", ")
+                mism.iter()
+                    .map(|&i| {
+                        let s = &self.steps[i];
+                        format!("step {i} (bf16 reference gap {:.4}, {:?})", s.gap_bf16, s.matched)
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )
         };
-        let rule = if self.relative == LOGITS_RELATIVE_TOLERANCE { "2^-6".to_string() } else { format!("{}", self.relative) };
+        let rule = if self.relative == LOGITS_RELATIVE_TOLERANCE {
+            "2^-6".to_string()
+        } else {
+            format!("{}", self.relative)
+        };
         let (f, bf) = self.max_err_f32();
         let verdict = if self.passed() {
             ""
@@ -147,8 +157,14 @@ impl Comparison {
             self.max_rel_err_bf16(),
             f,
             bf,
-            match self.count(Matched::F32) { 0 => String::new(), n => format!(", {n} matched to the f32 reference after a bf16 routing divergence") },
-            match self.count(Matched::RoutingTie) { 0 => String::new(), n => format!(", {n} after a routing near tie") },
+            match self.count(Matched::F32) {
+                0 => String::new(),
+                n => format!(", {n} matched to the f32 reference after a bf16 routing divergence"),
+            },
+            match self.count(Matched::RoutingTie) {
+                0 => String::new(),
+                n => format!(", {n} after a routing near tie"),
+            },
         )
     }
 }
@@ -161,10 +177,22 @@ impl Comparison {
 /// to the f32 logits only where the two references disagree by more than it; exempt only
 /// after a routing near tie ([`ROUTER_TIE`]). Also used against transformers' own logits
 /// (`decode/tests/hf_conformance.rs`).
-pub fn check_step(logits: &[f32], id: u32, bf16: &[f32], f32: &[f32], f32_router_margin: f32, relative: f32) -> StepCheck {
-    let gap = |l: &[f32], best: usize| l[best] - l.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY);
+pub fn check_step(
+    logits: &[f32],
+    id: u32,
+    bf16: &[f32],
+    f32: &[f32],
+    f32_router_margin: f32,
+    relative: f32,
+) -> StepCheck {
+    let gap =
+        |l: &[f32], best: usize| l[best] - l.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY);
     let (bi, fi) = (argmax(bf16), argmax(f32));
-    let (ours_bf16, ours_f32, refs) = (LogitsDiff::with_relative(logits, bf16, relative), LogitsDiff::with_relative(logits, f32, relative), LogitsDiff::with_relative(f32, bf16, relative));
+    let (ours_bf16, ours_f32, refs) = (
+        LogitsDiff::with_relative(logits, bf16, relative),
+        LogitsDiff::with_relative(logits, f32, relative),
+        LogitsDiff::with_relative(f32, bf16, relative),
+    );
     let matched = if ours_bf16.within() {
         Matched::Bf16
     } else if !refs.within() && ours_f32.within() {
@@ -204,12 +232,23 @@ pub fn check_step(logits: &[f32], id: u32, bf16: &[f32], f32: &[f32], f32_router
 /// bf16 ulp apart), and then transformers' own bf16 and f32 models disagree by as much. A
 /// step is accepted against the f32 model only when the two references themselves disagree
 /// there, and matches neither only downstream of a near tie of the f32 model's router.
-pub fn compare(spec: &palladium_model::ModelSpec, weights: &palladium_model::weights::Weights, prompt: &[u32], generation: &Generation) -> Result<Comparison, String> {
+pub fn compare(
+    spec: &palladium_model::ModelSpec,
+    weights: &palladium_model::weights::Weights,
+    prompt: &[u32],
+    generation: &Generation,
+) -> Result<Comparison, String> {
     compare_with(spec, weights, prompt, generation, LOGITS_RELATIVE_TOLERANCE)
 }
 
 /// [`compare`] under a caller's relative tolerance (`palladium run --check --tolerance R`).
-pub fn compare_with(spec: &palladium_model::ModelSpec, weights: &palladium_model::weights::Weights, prompt: &[u32], generation: &Generation, relative: f32) -> Result<Comparison, String> {
+pub fn compare_with(
+    spec: &palladium_model::ModelSpec,
+    weights: &palladium_model::weights::Weights,
+    prompt: &[u32],
+    generation: &Generation,
+    relative: f32,
+) -> Result<Comparison, String> {
     use palladium_model::reference::{Precision, Reference};
     let rb = Reference::new(spec, weights, Precision::Bf16).map_err(|e| e.to_string())?;
     let rf = Reference::new(spec, weights, Precision::F32).map_err(|e| e.to_string())?;
@@ -259,10 +298,18 @@ mod tests {
     #[test]
     fn exemptions_never_pass_a_run_without_a_matched_step() {
         // Every step off by far more than the tolerance, all after a routing near tie.
-        let exempt = Comparison { steps: vec![step(5.0, 120.0, 0.0); 6], relative: LOGITS_RELATIVE_TOLERANCE };
+        let exempt = Comparison {
+            steps: vec![step(5.0, 120.0, 0.0); 6],
+            relative: LOGITS_RELATIVE_TOLERANCE,
+        };
         assert!(exempt.steps.iter().all(|s| s.matched == Matched::RoutingTie && s.passed()));
         assert!(!exempt.passed());
-        assert!(exempt.summary().contains("0/6 steps") && exempt.summary().contains("FAILED: no step within the tolerance"), "{}", exempt.summary());
+        assert!(
+            exempt.summary().contains("0/6 steps")
+                && exempt.summary().contains("FAILED: no step within the tolerance"),
+            "{}",
+            exempt.summary()
+        );
         // The summary's max |diff| covers every step, matched or not.
         assert!(exempt.summary().contains("max |diff| 5.0000"), "{}", exempt.summary());
         let mut mixed = exempt.clone();

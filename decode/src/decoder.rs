@@ -16,9 +16,9 @@
 
 use crate::pack::Packed;
 use crate::speculate::{Drafter, Speculation, accepted};
+use palladium_array::HostArray;
 use palladium_fusion::layout::{OperandKind, StreamLayout};
 use palladium_fusion::megakernel::Megakernel;
-use palladium_array::HostArray;
 use palladium_interpret::{CallSpec, InterpError, Module, ParseError};
 use palladium_model::reference::{Generation, StepLogits};
 use std::time::{Duration, Instant};
@@ -34,18 +34,33 @@ pub enum DecodeError {
     Interface(String),
     #[error("token id {id} is out of range (vocab_size {vocab})")]
     TokenOutOfRange { id: u32, vocab: u64 },
-    #[error("sequence {seq}: position {pos} is past the KV cache ({capacity} positions; plan a larger --context)")]
+    #[error(
+        "sequence {seq}: position {pos} is past the KV cache ({capacity} positions; plan a larger --context)"
+    )]
     ContextFull { seq: usize, pos: usize, capacity: u64 },
     #[error("{got} tokens for a batch of {batch} x {tokens_per_seq} tokens per sequence")]
     Batch { got: usize, batch: usize, tokens_per_seq: usize },
     #[error("the prompt is empty")]
     EmptyPrompt,
-    #[error("{at}: the logits are not finite ({what}); the weights or the kernel produce NaN or infinity")]
+    #[error(
+        "{at}: the logits are not finite ({what}); the weights or the kernel produce NaN or infinity"
+    )]
     NonFinite { at: String, what: String },
     #[error("the device: {0}")]
     Device(String),
-    #[error("megakernel run {run}: device {device} of {devices} gives token row {row} the greedy id {id} (max logit {max}), device 0 gives {id0} ({max0}); the all-gathered greedy pairs must agree on every device")]
-    DevicesDisagree { run: usize, devices: usize, device: usize, row: usize, id: i32, max: f32, id0: i32, max0: f32 },
+    #[error(
+        "megakernel run {run}: device {device} of {devices} gives token row {row} the greedy id {id} (max logit {max}), device 0 gives {id0} ({max0}); the all-gathered greedy pairs must agree on every device"
+    )]
+    DevicesDisagree {
+        run: usize,
+        devices: usize,
+        device: usize,
+        row: usize,
+        id: i32,
+        max: f32,
+        id0: i32,
+        max0: f32,
+    },
 }
 
 impl From<InterpError> for DecodeError {
@@ -56,7 +71,8 @@ impl From<InterpError> for DecodeError {
 
 /// What runs the megakernel once on every device of its mesh (one on one device): each
 /// device's call inputs to its outputs (the interpreter, or a device).
-pub type Engine = Box<dyn FnMut(&[Vec<HostArray>], &CallSpec) -> Result<Vec<Vec<HostArray>>, DecodeError>>;
+pub type Engine =
+    Box<dyn FnMut(&[Vec<HostArray>], &CallSpec) -> Result<Vec<Vec<HostArray>>, DecodeError>>;
 
 /// Where the arrays a step feeds and reads sit in the call: input positions (prefetch
 /// counted) and output positions, from the megakernel's layout.
@@ -75,8 +91,16 @@ struct Slots {
 
 impl Slots {
     fn of(layout: &StreamLayout) -> Result<Slots, DecodeError> {
-        let input = |kind: OperandKind| layout.inputs().position(|o| o.kind == kind).ok_or_else(|| DecodeError::Interface(format!("the megakernel has no input {}", kind.name())));
-        let output = |kind: OperandKind| layout.outputs().position(|o| o.kind == kind).ok_or_else(|| DecodeError::Interface(format!("the megakernel has no output {}", kind.name())));
+        let input = |kind: OperandKind| {
+            layout.inputs().position(|o| o.kind == kind).ok_or_else(|| {
+                DecodeError::Interface(format!("the megakernel has no input {}", kind.name()))
+            })
+        };
+        let output = |kind: OperandKind| {
+            layout.outputs().position(|o| o.kind == kind).ok_or_else(|| {
+                DecodeError::Interface(format!("the megakernel has no output {}", kind.name()))
+            })
+        };
         Ok(Slots {
             tokens: input(OperandKind::Tokens)?,
             positions: input(OperandKind::Positions)?,
@@ -111,7 +135,11 @@ impl Step {
             return finite(&logits[row], what);
         }
         let max = self.max_logits[row];
-        if max.is_finite() { Ok(()) } else { Err(DecodeError::NonFinite { at: what(), what: format!("the row's maximum is {max}") }) }
+        if max.is_finite() {
+            Ok(())
+        } else {
+            Err(DecodeError::NonFinite { at: what(), what: format!("the row's maximum is {max}") })
+        }
     }
 }
 
@@ -141,7 +169,11 @@ pub struct Decoder {
 
 impl std::fmt::Debug for Decoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Decoder").field("devices", &self.inputs.len()).field("batch", &self.batch).field("lens", &self.lens).finish_non_exhaustive()
+        f.debug_struct("Decoder")
+            .field("devices", &self.inputs.len())
+            .field("batch", &self.batch)
+            .field("lens", &self.lens)
+            .finish_non_exhaustive()
     }
 }
 
@@ -162,18 +194,30 @@ impl Decoder {
     }
 
     /// [`Decoder::new`] with another engine for the runs (e.g. a TPU).
-    pub fn with_engine(mk: &Megakernel, packed: Vec<Packed>, engine: Engine) -> Result<Self, DecodeError> {
+    pub fn with_engine(
+        mk: &Megakernel,
+        packed: Vec<Packed>,
+        engine: Engine,
+    ) -> Result<Self, DecodeError> {
         let plan = &mk.plan;
         let devices = plan.sharding.as_ref().map_or(1, |sh| sh.devices) as usize;
         if packed.len() != devices {
-            return Err(DecodeError::Interface(format!("the weights are packed for {} device(s), the megakernel runs on {devices}", packed.len())));
+            return Err(DecodeError::Interface(format!(
+                "the weights are packed for {} device(s), the megakernel runs on {devices}",
+                packed.len()
+            )));
         }
         let call = CallSpec::from_json(&mk.lowered.call_json)?;
         let slots = Slots::of(mk.layout())?;
-        let inputs = packed.into_iter().map(|p| device_inputs(mk, &call, p)).collect::<Result<Vec<_>, _>>()?;
+        let inputs = packed
+            .into_iter()
+            .map(|p| device_inputs(mk, &call, p))
+            .collect::<Result<Vec<_>, _>>()?;
         for (cache, out) in [(slots.k_in, slots.k_out), (slots.v_in, slots.v_out)] {
             if !call.aliases.contains(&(cache, out)) {
-                return Err(DecodeError::Interface(format!("input {cache} is not aliased to output {out}")));
+                return Err(DecodeError::Interface(format!(
+                    "input {cache} is not aliased to output {out}"
+                )));
             }
         }
         let b = plan.dims.batch as usize;
@@ -249,14 +293,22 @@ impl Decoder {
     pub fn step(&mut self, tokens: &[u32]) -> Result<Step, DecodeError> {
         let kt = self.tokens_per_seq;
         if tokens.len() != self.batch * kt {
-            return Err(DecodeError::Batch { got: tokens.len(), batch: self.batch, tokens_per_seq: kt });
+            return Err(DecodeError::Batch {
+                got: tokens.len(),
+                batch: self.batch,
+                tokens_per_seq: kt,
+            });
         }
         if let Some(&t) = tokens.iter().find(|&&t| u64::from(t) >= self.vocab) {
             return Err(DecodeError::TokenOutOfRange { id: t, vocab: self.vocab });
         }
         for (seq, &len) in self.lens.iter().enumerate() {
             if (len + kt) as u64 > self.capacity {
-                return Err(DecodeError::ContextFull { seq, pos: len + kt - 1, capacity: self.capacity });
+                return Err(DecodeError::ContextFull {
+                    seq,
+                    pos: len + kt - 1,
+                    capacity: self.capacity,
+                });
             }
         }
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
@@ -271,13 +323,21 @@ impl Decoder {
         self.elapsed += t.elapsed();
         self.runs += 1;
         if out.len() != self.inputs.len() {
-            return Err(DecodeError::Interface(format!("the run returned outputs of {} devices for {}", out.len(), self.inputs.len())));
+            return Err(DecodeError::Interface(format!(
+                "the run returned outputs of {} devices for {}",
+                out.len(),
+                self.inputs.len()
+            )));
         }
         // Each device's logits slice, greedy ids and maxima; its caches carried over.
         let mut gathered = Vec::with_capacity(out.len());
         for (inputs, out) in self.inputs.iter_mut().zip(out) {
             if out.len() != self.call.outputs.len() {
-                return Err(DecodeError::Interface(format!("the run returned {} arrays for {} call outputs", out.len(), self.call.outputs.len())));
+                return Err(DecodeError::Interface(format!(
+                    "the run returned {} arrays for {} call outputs",
+                    out.len(),
+                    self.call.outputs.len()
+                )));
             }
             let (mut logits, mut next_ids, mut max_logits) = (None, Vec::new(), Vec::new());
             for (i, array) in out.into_iter().enumerate() {
@@ -302,16 +362,30 @@ impl Decoder {
         // Row r's values sit at lane 0 of row r ([rows, 128]), the same on every device.
         let (_, ids0, max0) = &gathered[0];
         for (device, (_, ids, max)) in gathered.iter().enumerate().skip(1) {
-            let same = |r: usize| ids[r * 128] == ids0[r * 128] && (max[r * 128].to_bits() == max0[r * 128].to_bits() || (max[r * 128].is_nan() && max0[r * 128].is_nan()));
+            let same = |r: usize| {
+                ids[r * 128] == ids0[r * 128]
+                    && (max[r * 128].to_bits() == max0[r * 128].to_bits()
+                        || (max[r * 128].is_nan() && max0[r * 128].is_nan()))
+            };
             if let Some(row) = (0..rows_used).find(|&r| !same(r)) {
                 let at = row * 128;
-                return Err(DecodeError::DevicesDisagree { run: self.runs, devices: gathered.len(), device, row, id: ids[at], max: max[at], id0: ids0[at], max0: max0[at] });
+                return Err(DecodeError::DevicesDisagree {
+                    run: self.runs,
+                    devices: gathered.len(),
+                    device,
+                    row,
+                    id: ids[at],
+                    max: max[at],
+                    id0: ids0[at],
+                    max0: max0[at],
+                });
             }
         }
         let ids = (0..rows_used).map(|r| ids0[r * 128] as u32).collect();
         let max_logits = (0..rows_used).map(|r| max0[r * 128]).collect();
         // Id v is device v / slice's local id v % slice, at [v' / cw, r, v' % cw] of its logits.
-        let slices: Option<Vec<Vec<f32>>> = gathered.into_iter().map(|(logits, _, _)| logits).collect();
+        let slices: Option<Vec<Vec<f32>>> =
+            gathered.into_iter().map(|(logits, _, _)| logits).collect();
         let slice = self.vocab_per_device;
         let logits = slices.map(|slices| {
             (0..rows_used)
@@ -332,7 +406,8 @@ impl Decoder {
     /// kernel returns logits) chose `generated_ids[i]` (the `--logits-out` layout of
     /// [`palladium_model::reference::Reference::generate`]). Starts from an empty cache.
     pub fn generate(&mut self, prompt: &[u32], steps: usize) -> Result<Generation, DecodeError> {
-        self.generate_with(prompt, steps, &mut crate::speculate::NoDrafts, |_, _| {}).map(|(g, _)| g)
+        self.generate_with(prompt, steps, &mut crate::speculate::NoDrafts, |_, _| {})
+            .map(|(g, _)| g)
     }
 
     /// [`Self::generate`] with drafts from `drafter` verified K tokens per run
@@ -343,9 +418,19 @@ impl Decoder {
     /// that agrees with the kernel's greedy ids, and rolls the cache back past it. Logits
     /// with a NaN or an infinity are an error naming the token or step
     /// ([`DecodeError::NonFinite`]).
-    pub fn generate_with(&mut self, prompt: &[u32], steps: usize, drafter: &mut dyn Drafter, mut progress: impl FnMut(usize, usize)) -> Result<(Generation, Speculation), DecodeError> {
+    pub fn generate_with(
+        &mut self,
+        prompt: &[u32],
+        steps: usize,
+        drafter: &mut dyn Drafter,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<(Generation, Speculation), DecodeError> {
         if self.batch != 1 {
-            return Err(DecodeError::Batch { got: 1, batch: self.batch, tokens_per_seq: self.tokens_per_seq });
+            return Err(DecodeError::Batch {
+                got: 1,
+                batch: self.batch,
+                tokens_per_seq: self.tokens_per_seq,
+            });
         }
         let kt = self.tokens_per_seq;
         let (&last, first) = prompt.split_last().ok_or(DecodeError::EmptyPrompt)?;
@@ -356,7 +441,11 @@ impl Decoder {
         // prompt + steps - 2, and writes K positions from there.
         let need = (prompt.len() + steps.saturating_sub(1) + kt - 1) as u64;
         if need > self.capacity {
-            return Err(DecodeError::ContextFull { seq: 0, pos: need as usize - 1, capacity: self.capacity });
+            return Err(DecodeError::ContextFull {
+                seq: 0,
+                pos: need as usize - 1,
+                capacity: self.capacity,
+            });
         }
         let total = prompt.len() + steps.saturating_sub(1);
         self.reset();
@@ -373,7 +462,10 @@ impl Decoder {
             self.rewind(0, c * kt + chunk.len());
             progress(c * kt + chunk.len(), total);
         }
-        let mut out = Generation { generated_ids: Vec::with_capacity(steps), steps: Vec::with_capacity(steps) };
+        let mut out = Generation {
+            generated_ids: Vec::with_capacity(steps),
+            steps: Vec::with_capacity(steps),
+        };
         let mut spec = Speculation::default();
         let mut context = prompt.to_vec();
         // The token fed next (the cache holds every token before it).
@@ -409,28 +501,54 @@ impl Decoder {
 
 /// One device's call inputs in the layout's order: the scalar prefetch (zeros until a run
 /// sets them), its packed weights and its two empty KV caches, checked against the call.
-fn device_inputs(mk: &Megakernel, call: &CallSpec, packed: Packed) -> Result<Vec<HostArray>, DecodeError> {
+fn device_inputs(
+    mk: &Megakernel,
+    call: &CallSpec,
+    packed: Packed,
+) -> Result<Vec<HostArray>, DecodeError> {
     let (layout, dims) = (mk.layout(), &mk.plan.dims);
     let (b, tokens) = (dims.batch as usize, dims.tokens as usize);
     let (k, v) = packed.empty_caches();
     // Every input array by the operand it fills, taken in the layout's order.
-    let mut arrays: Vec<(OperandKind, HostArray)> = packed.operands.into_iter().zip(packed.arrays).collect();
+    let mut arrays: Vec<(OperandKind, HostArray)> =
+        packed.operands.into_iter().zip(packed.arrays).collect();
     arrays.extend([(OperandKind::KCache, k), (OperandKind::VCache, v)]);
     let mut take = |kind: OperandKind| match kind {
         OperandKind::Tokens => Ok(HostArray::from_i32(&[tokens], &vec![0; tokens])),
         OperandKind::Positions => Ok(HostArray::from_i32(&[b], &vec![0; b])),
-        kind => arrays.iter().position(|(k, _)| *k == kind).map(|i| arrays.remove(i).1).ok_or_else(|| DecodeError::Interface(format!("no array for the megakernel's input {}", kind.name()))),
+        kind => arrays.iter().position(|(k, _)| *k == kind).map(|i| arrays.remove(i).1).ok_or_else(
+            || {
+                DecodeError::Interface(format!(
+                    "no array for the megakernel's input {}",
+                    kind.name()
+                ))
+            },
+        ),
     };
     let inputs = layout.inputs().map(|o| take(o.kind)).collect::<Result<Vec<_>, _>>()?;
     if let Some((kind, _)) = arrays.first() {
-        return Err(DecodeError::Interface(format!("a packed {} array the megakernel does not take", kind.name())));
+        return Err(DecodeError::Interface(format!(
+            "a packed {} array the megakernel does not take",
+            kind.name()
+        )));
     }
     if inputs.len() != call.inputs.len() {
-        return Err(DecodeError::Interface(format!("{} arrays for {} call inputs", inputs.len(), call.inputs.len())));
+        return Err(DecodeError::Interface(format!(
+            "{} arrays for {} call inputs",
+            inputs.len(),
+            call.inputs.len()
+        )));
     }
-    for ((i, (a, (dt, shape))), o) in inputs.iter().zip(&call.inputs).enumerate().zip(layout.inputs()) {
+    for ((i, (a, (dt, shape))), o) in
+        inputs.iter().zip(&call.inputs).enumerate().zip(layout.inputs())
+    {
         if a.dtype != *dt || &a.shape != shape {
-            return Err(DecodeError::Interface(format!("input {i} ({}): {}{:?}, the kernel takes {dt}{shape:?}", o.kind.name(), a.dtype, a.shape)));
+            return Err(DecodeError::Interface(format!(
+                "input {i} ({}): {}{:?}, the kernel takes {dt}{shape:?}",
+                o.kind.name(),
+                a.dtype,
+                a.shape
+            )));
         }
     }
     Ok(inputs)
@@ -440,6 +558,9 @@ fn device_inputs(mk: &Megakernel, call: &CallSpec, packed: Packed) -> Result<Vec
 fn finite(logits: &[f32], what: impl FnOnce() -> String) -> Result<(), DecodeError> {
     match logits.iter().position(|x| !x.is_finite()) {
         None => Ok(()),
-        Some(token) => Err(DecodeError::NonFinite { at: what(), what: format!("token {token}: {}", logits[token]) }),
+        Some(token) => Err(DecodeError::NonFinite {
+            at: what(),
+            what: format!("token {token}: {}", logits[token]),
+        }),
     }
 }

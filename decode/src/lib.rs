@@ -16,5 +16,7 @@ pub mod decoder;
 pub mod pack;
 pub mod speculate;
 
-pub use comparison::{Comparison, Matched, ROUTER_TIE, StepCheck, check_step, compare, compare_with};
+pub use comparison::{
+    Comparison, Matched, ROUTER_TIE, StepCheck, check_step, compare, compare_with,
+};
 pub use decoder::{DecodeError, Decoder, Engine, Step};

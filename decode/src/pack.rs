@@ -34,13 +34,15 @@
 //! or an FP8 checkpoint's as it ships), so the reference forward pass on
 //! [`palladium_model::quant::QuantizedWeights::dequantize`] computes what the kernel does.
 
+use palladium_array::quant::f32_to_e4m3fn_saturating;
+use palladium_array::{DType, HostArray, round_bf16};
 use palladium_fusion::layout::{CodeFormat, OperandKind, SegmentKind};
 use palladium_fusion::plan::Plan;
 use palladium_fusion::shard::ExpertSplit;
-use palladium_array::quant::f32_to_e4m3fn_saturating;
-use palladium_array::{DType, HostArray, round_bf16};
 use palladium_model::ModelSpec;
-use palladium_model::quant::{INT4_GROUP, QuantFormat, QuantizedTensor, QuantizedWeights, StoredTensor, FP8_BLOCK};
+use palladium_model::quant::{
+    FP8_BLOCK, INT4_GROUP, QuantFormat, QuantizedTensor, QuantizedWeights, StoredTensor,
+};
 use palladium_model::spec::FfnKind;
 use palladium_model::weights::{FfnNames, ModelNames, Tensor, Weights, WeightsError};
 
@@ -77,9 +79,19 @@ fn half_zero() -> half::bf16 {
 }
 
 fn get<'w>(w: &'w Weights, name: &str, shape: &[usize]) -> Result<&'w Tensor, PackError> {
-    let t = w.get(name).ok_or_else(|| WeightsError::Missing { path: "weights".into(), name: name.into(), expected: shape.to_vec() })?;
+    let t = w.get(name).ok_or_else(|| WeightsError::Missing {
+        path: "weights".into(),
+        name: name.into(),
+        expected: shape.to_vec(),
+    })?;
     if t.shape != shape {
-        return Err(WeightsError::Shape { path: "weights".into(), name: name.into(), expected: shape.to_vec(), found: t.shape.clone() }.into());
+        return Err(WeightsError::Shape {
+            path: "weights".into(),
+            name: name.into(),
+            expected: shape.to_vec(),
+            found: t.shape.clone(),
+        }
+        .into());
     }
     Ok(t)
 }
@@ -118,7 +130,11 @@ impl DeviceShare {
         let global_kv = spec.attention.num_kv_heads as usize;
         let intermediate = match spec.layers.first().map(|layer| &layer.ffn) {
             Some(FfnKind::Moe(moe)) => moe.intermediate as usize,
-            _ => return Err(PackError::Layout("the model's first layer is not an MoE layer".into())),
+            _ => {
+                return Err(PackError::Layout(
+                    "the model's first layer is not an MoE layer".into(),
+                ));
+            }
         };
         let one = DeviceShare {
             me: 0,
@@ -138,8 +154,16 @@ impl DeviceShare {
         };
         match &plan.sharding {
             None if device == 0 => Ok(one),
-            Some(sh) if device < sh.devices => Ok(DeviceShare { me: device as usize, kv_replicas: us(sh.heads.kv_replicas), expert_parallel: sh.experts.split == ExpertSplit::Ep, ..one }),
-            _ => Err(PackError::Layout(format!("device {device} is not one of the plan's {}", plan.sharding.as_ref().map_or(1, |sh| sh.devices)))),
+            Some(sh) if device < sh.devices => Ok(DeviceShare {
+                me: device as usize,
+                kv_replicas: us(sh.heads.kv_replicas),
+                expert_parallel: sh.experts.split == ExpertSplit::Ep,
+                ..one
+            }),
+            _ => Err(PackError::Layout(format!(
+                "device {device} is not one of the plan's {}",
+                plan.sharding.as_ref().map_or(1, |sh| sh.devices)
+            ))),
         }
     }
 
@@ -161,12 +185,17 @@ impl DeviceShare {
     }
 
     fn expert(&self, local: usize) -> Option<usize> {
-        let g = if self.expert_parallel { self.me * self.experts_per_device + local } else { local };
+        let g =
+            if self.expert_parallel { self.me * self.experts_per_device + local } else { local };
         (g < self.experts).then_some(g)
     }
 
     fn expert_column(&self, local: usize) -> Option<usize> {
-        let g = if self.expert_parallel { local } else { self.me * self.intermediate_per_device + local };
+        let g = if self.expert_parallel {
+            local
+        } else {
+            self.me * self.intermediate_per_device + local
+        };
         (g < self.intermediate).then_some(g)
     }
 
@@ -183,33 +212,57 @@ pub fn pack(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Packed, 
 
 /// Every device's share of `weights` for the megakernel of `plan`, in device order (one
 /// [`Packed`], [`pack`]'s, when the plan is not split): what [`crate::Decoder::new`] takes.
-pub fn pack_devices(spec: &ModelSpec, plan: &Plan, weights: &Weights) -> Result<Vec<Packed>, PackError> {
-    (0..plan.sharding.as_ref().map_or(1, |sh| sh.devices)).map(|me| pack_device(spec, plan, weights, me)).collect()
+pub fn pack_devices(
+    spec: &ModelSpec,
+    plan: &Plan,
+    weights: &Weights,
+) -> Result<Vec<Packed>, PackError> {
+    (0..plan.sharding.as_ref().map_or(1, |sh| sh.devices))
+        .map(|me| pack_device(spec, plan, weights, me))
+        .collect()
 }
 
 /// Pack `weights` for device `device` of the megakernel of `plan` (its share of a sharded
 /// plan; on one device, device 0 is [`pack`]).
-pub fn pack_device(spec: &ModelSpec, plan: &Plan, weights: &Weights, device: u64) -> Result<Packed, PackError> {
+pub fn pack_device(
+    spec: &ModelSpec,
+    plan: &Plan,
+    weights: &Weights,
+    device: u64,
+) -> Result<Packed, PackError> {
     if weights.family() != spec.family {
-        return Err(PackError::Layout(format!("weights of a {} model for a {} config", weights.family().model_type(), spec.family.model_type())));
+        return Err(PackError::Layout(format!(
+            "weights of a {} model for a {} config",
+            weights.family().model_type(),
+            spec.family.model_type()
+        )));
     }
     let share = DeviceShare::new(spec, plan, device)?;
     let d = &plan.dims;
     let us = |x: u64| x as usize;
-    let (h, hd, hp, heads, kvh) = (us(d.hidden), us(d.head_dim), us(d.head_pad), us(d.heads), us(d.kv_heads));
+    let (h, hd, hp, heads, kvh) =
+        (us(d.hidden), us(d.head_dim), us(d.head_pad), us(d.heads), us(d.kv_heads));
     let (vocab, experts, epad) = (us(d.vocab), us(d.experts), us(d.experts_pad));
     let (global_heads, global_kv) = (share.heads, share.kv_heads);
     let layout = &plan.layout;
     let (l, n, cw) = (plan.layers, us(layout.per_layer), us(layout.chunk_cols));
     let (eb, ec, inter) = (us(layout.expert_block), us(layout.expert_chunks), share.intermediate);
     let names = ModelNames::new(spec)?;
-    let shape_of = |kind: OperandKind| layout.operand(kind).map(|o| o.shape.iter().map(|&x| x as usize).collect::<Vec<_>>()).unwrap_or_default();
+    let shape_of = |kind: OperandKind| {
+        layout
+            .operand(kind)
+            .map(|o| o.shape.iter().map(|&x| x as usize).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
 
     let mut out_names = Vec::new();
     let mut arrays = Vec::new();
 
     out_names.push(OperandKind::Embed);
-    arrays.push(pack_embed(get(weights, &names.embed, &[share.vocab, h])?, &shape_of(OperandKind::Embed)));
+    arrays.push(pack_embed(
+        get(weights, &names.embed, &[share.vocab, h])?,
+        &shape_of(OperandKind::Embed),
+    ));
 
     // w_stream [L*n + lm, H, cw]: the layers' chunks, then lm_head's.
     let ss = shape_of(OperandKind::WStream);
@@ -253,7 +306,11 @@ pub fn pack_device(spec: &ModelSpec, plan: &Plan, weights: &Weights, device: u64
                     }
                 }
                 SegmentKind::Router => {
-                    if s >= experts { 0.0 } else { bf(r.data[s * h + i]) * bf(g2.data[i]) }
+                    if s >= experts {
+                        0.0
+                    } else {
+                        bf(r.data[s * h + i]) * bf(g2.data[i])
+                    }
                 }
             }
         };
@@ -324,7 +381,14 @@ pub fn pack_device(spec: &ModelSpec, plan: &Plan, weights: &Weights, device: u64
 
     if d.qk_norm {
         out_names.push(OperandKind::HeadNorms);
-        arrays.push(pack_head_norms(&names, l, hd, hp, &shape_of(OperandKind::HeadNorms), |name| get(weights, name, &[hd]))?);
+        arrays.push(pack_head_norms(
+            &names,
+            l,
+            hd,
+            hp,
+            &shape_of(OperandKind::HeadNorms),
+            |name| get(weights, name, &[hd]),
+        )?);
     }
     Ok(Packed { operands: out_names, arrays, cache_shape: shape_of(OperandKind::KCache) })
 }
@@ -339,11 +403,19 @@ fn pack_embed(emb: &Tensor, shape: &[usize]) -> HostArray {
 }
 
 /// `head_norms` f32 `[L, 8, hp]`: row 0 `q_norm`, row 1 `k_norm` of each layer.
-fn pack_head_norms<'w>(names: &ModelNames, layers: usize, hd: usize, hp: usize, shape: &[usize], get: impl Fn(&str) -> Result<&'w Tensor, PackError>) -> Result<HostArray, PackError> {
+fn pack_head_norms<'w>(
+    names: &ModelNames,
+    layers: usize,
+    hd: usize,
+    hp: usize,
+    shape: &[usize],
+    get: impl Fn(&str) -> Result<&'w Tensor, PackError>,
+) -> Result<HostArray, PackError> {
     let mut hn = vec![0f32; shape.iter().product()];
     for (li, ln) in names.layers.iter().take(layers).enumerate() {
         for (row, name) in [ln.q_norm.as_ref(), ln.k_norm.as_ref()].into_iter().enumerate() {
-            let name = name.ok_or_else(|| PackError::Layout(format!("layer {li}: no q/k norm names")))?;
+            let name =
+                name.ok_or_else(|| PackError::Layout(format!("layer {li}: no q/k norm names")))?;
             let t = get(name)?;
             for c in 0..hd {
                 hn[(li * 8 + row) * hp + c] = bf(t.data[c]);
@@ -363,34 +435,83 @@ fn stored_format(f: CodeFormat) -> QuantFormat {
 }
 
 /// A tensor kept as loaded (norms, router, embedding, a bf16 `lm_head`), of shape `shape`.
-fn plain<'w>(w: &'w QuantizedWeights, name: &str, shape: &[usize]) -> Result<&'w Tensor, PackError> {
+fn plain<'w>(
+    w: &'w QuantizedWeights,
+    name: &str,
+    shape: &[usize],
+) -> Result<&'w Tensor, PackError> {
     match w.get(name) {
         Some(StoredTensor::Plain(t)) if t.shape == shape => Ok(t),
-        Some(StoredTensor::Plain(t)) => Err(WeightsError::Shape { path: "weights".into(), name: name.into(), expected: shape.to_vec(), found: t.shape.clone() }.into()),
-        Some(StoredTensor::Quantized(q)) => Err(PackError::Layout(format!("tensor \"{name}\" is quantized ({}), the {} kernel takes it unquantized", q.format.name(), w.dtype().name()))),
-        None => Err(WeightsError::Missing { path: "weights".into(), name: name.into(), expected: shape.to_vec() }.into()),
+        Some(StoredTensor::Plain(t)) => Err(WeightsError::Shape {
+            path: "weights".into(),
+            name: name.into(),
+            expected: shape.to_vec(),
+            found: t.shape.clone(),
+        }
+        .into()),
+        Some(StoredTensor::Quantized(q)) => Err(PackError::Layout(format!(
+            "tensor \"{name}\" is quantized ({}), the {} kernel takes it unquantized",
+            q.format.name(),
+            w.dtype().name()
+        ))),
+        None => Err(WeightsError::Missing {
+            path: "weights".into(),
+            name: name.into(),
+            expected: shape.to_vec(),
+        }
+        .into()),
     }
 }
 
 /// A tensor quantized as `format` (`[out, in]` = `shape`).
-fn codes<'w>(w: &'w QuantizedWeights, name: &str, shape: [usize; 2], format: QuantFormat) -> Result<&'w QuantizedTensor, PackError> {
+fn codes<'w>(
+    w: &'w QuantizedWeights,
+    name: &str,
+    shape: [usize; 2],
+    format: QuantFormat,
+) -> Result<&'w QuantizedTensor, PackError> {
     match w.get(name) {
         Some(StoredTensor::Quantized(q)) if q.shape == shape && q.format == format => Ok(q),
-        Some(StoredTensor::Quantized(q)) => Err(PackError::Layout(format!("tensor \"{name}\": {} {:?}, the {} kernel takes {} {shape:?}", q.format.name(), q.shape, w.dtype().name(), format.name()))),
-        Some(StoredTensor::Plain(_)) => Err(PackError::Layout(format!("tensor \"{name}\" is not quantized, the {} kernel takes it as {}", w.dtype().name(), format.name()))),
-        None => Err(WeightsError::Missing { path: "weights".into(), name: name.into(), expected: shape.to_vec() }.into()),
+        Some(StoredTensor::Quantized(q)) => Err(PackError::Layout(format!(
+            "tensor \"{name}\": {} {:?}, the {} kernel takes {} {shape:?}",
+            q.format.name(),
+            q.shape,
+            w.dtype().name(),
+            format.name()
+        ))),
+        Some(StoredTensor::Plain(_)) => Err(PackError::Layout(format!(
+            "tensor \"{name}\" is not quantized, the {} kernel takes it as {}",
+            w.dtype().name(),
+            format.name()
+        ))),
+        None => Err(WeightsError::Missing {
+            path: "weights".into(),
+            name: name.into(),
+            expected: shape.to_vec(),
+        }
+        .into()),
     }
 }
 
 /// Pack quantized `weights` for the one-device megakernel of a quantized `plan` (see the
 /// module docs).
-pub fn pack_quantized(spec: &ModelSpec, plan: &Plan, weights: &QuantizedWeights) -> Result<Packed, PackError> {
+pub fn pack_quantized(
+    spec: &ModelSpec,
+    plan: &Plan,
+    weights: &QuantizedWeights,
+) -> Result<Packed, PackError> {
     pack_quantized_device(spec, plan, weights, 0)
 }
 
 /// [`pack_devices`] for quantized `weights`: every device's share, in device order.
-pub fn pack_quantized_devices(spec: &ModelSpec, plan: &Plan, weights: &QuantizedWeights) -> Result<Vec<Packed>, PackError> {
-    (0..plan.sharding.as_ref().map_or(1, |sh| sh.devices)).map(|me| pack_quantized_device(spec, plan, weights, me)).collect()
+pub fn pack_quantized_devices(
+    spec: &ModelSpec,
+    plan: &Plan,
+    weights: &QuantizedWeights,
+) -> Result<Vec<Packed>, PackError> {
+    (0..plan.sharding.as_ref().map_or(1, |sh| sh.devices))
+        .map(|me| pack_quantized_device(spec, plan, weights, me))
+        .collect()
 }
 
 /// Pack quantized `weights` for device `device` of the megakernel of a quantized `plan`: its
@@ -400,30 +521,62 @@ pub fn pack_quantized_devices(spec: &ModelSpec, plan: &Plan, weights: &Quantized
 /// `down_proj` split inputs, and a group of the kernel's inputs (one padded head; 128 of a
 /// device's intermediate columns, which TP pads to a multiple of 128) lies in one of the
 /// checkpoint's groups.
-pub fn pack_quantized_device(spec: &ModelSpec, plan: &Plan, weights: &QuantizedWeights, device: u64) -> Result<Packed, PackError> {
+pub fn pack_quantized_device(
+    spec: &ModelSpec,
+    plan: &Plan,
+    weights: &QuantizedWeights,
+    device: u64,
+) -> Result<Packed, PackError> {
     let layout = &plan.layout;
     let Some(q) = layout.quant else {
-        return Err(PackError::Layout("quantized weights for a bf16 megakernel (plan it with the weights' dtype)".into()));
+        return Err(PackError::Layout(
+            "quantized weights for a bf16 megakernel (plan it with the weights' dtype)".into(),
+        ));
     };
     if q.scheme != weights.dtype().name() {
-        return Err(PackError::Layout(format!("{} weights for a {} megakernel", weights.dtype().name(), q.scheme)));
+        return Err(PackError::Layout(format!(
+            "{} weights for a {} megakernel",
+            weights.dtype().name(),
+            q.scheme
+        )));
     }
     let share = DeviceShare::new(spec, plan, device)?;
     let d = &plan.dims;
     let us = |x: u64| x as usize;
-    let (h, hd, hp, heads, kvh) = (us(d.hidden), us(d.head_dim), us(d.head_pad), us(d.heads), us(d.kv_heads));
+    let (h, hd, hp, heads, kvh) =
+        (us(d.hidden), us(d.head_dim), us(d.head_pad), us(d.heads), us(d.kv_heads));
     let (vocab, experts, epad) = (us(d.vocab), us(d.experts), us(d.experts_pad));
     // The model's sizes (the dims are one device's).
-    let (global_heads, global_kv, global_vocab, inter) = (share.heads, share.kv_heads, share.vocab, share.intermediate);
-    let (l, n, cw, eb, ec) = (plan.layers, us(layout.per_layer), us(layout.chunk_cols), us(layout.expert_block), us(layout.expert_chunks));
+    let (global_heads, global_kv, global_vocab, inter) =
+        (share.heads, share.kv_heads, share.vocab, share.intermediate);
+    let (l, n, cw, eb, ec) = (
+        plan.layers,
+        us(layout.per_layer),
+        us(layout.chunk_cols),
+        us(layout.expert_block),
+        us(layout.expert_chunks),
+    );
     let names = ModelNames::new(spec)?;
-    let shape_of = |kind: OperandKind| layout.operand(kind).map(|o| o.shape.iter().map(|&x| x as usize).collect::<Vec<_>>()).unwrap_or_default();
+    let shape_of = |kind: OperandKind| {
+        layout
+            .operand(kind)
+            .map(|o| o.shape.iter().map(|&x| x as usize).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
     let array = |kind: OperandKind, data: &[f32]| {
         let o = layout.operand(kind).expect("a quantized plan's operand");
         let shape = shape_of(kind);
         let made = match o.dtype {
-            DType::I8 | DType::I4 => HostArray::from_i32_values(o.dtype, &shape, &data.iter().map(|&x| x as i32).collect::<Vec<_>>()),
-            DType::F8E4M3 => HostArray::new(o.dtype, &shape, data.iter().map(|&x| f32_to_e4m3fn_saturating(x)).collect()),
+            DType::I8 | DType::I4 => HostArray::from_i32_values(
+                o.dtype,
+                &shape,
+                &data.iter().map(|&x| x as i32).collect::<Vec<_>>(),
+            ),
+            DType::F8E4M3 => HostArray::new(
+                o.dtype,
+                &shape,
+                data.iter().map(|&x| f32_to_e4m3fn_saturating(x)).collect(),
+            ),
             dtype => HostArray::from_f32_values(dtype, &shape, data),
         };
         made.map_err(|e| PackError::Layout(format!("{}: {e}", kind.name())))
@@ -431,12 +584,30 @@ pub fn pack_quantized_device(spec: &ModelSpec, plan: &Plan, weights: &QuantizedW
     let (dense_format, expert_format) = (stored_format(q.dense), stored_format(q.experts));
     let (nq, nqkv) = (heads * hp, (heads + 2 * kvh) * hp);
     let (qkv_group, o_group) = (us(q.dense.group_of(d.hidden)), us(q.dense.group_of(nq as u64)));
-    let (in_group, down_group) = (us(q.experts.group_of(d.hidden)), us(q.experts.group_of(d.intermediate)));
-    let mut out: Vec<(OperandKind, HostArray)> = vec![(OperandKind::Embed, pack_embed(plain(weights, &names.embed, &[global_vocab, h])?, &shape_of(OperandKind::Embed)))];
+    let (in_group, down_group) =
+        (us(q.experts.group_of(d.hidden)), us(q.experts.group_of(d.intermediate)));
+    let mut out: Vec<(OperandKind, HostArray)> = vec![(
+        OperandKind::Embed,
+        pack_embed(
+            plain(weights, &names.embed, &[global_vocab, h])?,
+            &shape_of(OperandKind::Embed),
+        ),
+    )];
 
-    let (ss, qs, os, rs, ns) = (shape_of(OperandKind::WStream), shape_of(OperandKind::QkvScales), shape_of(OperandKind::OScales), shape_of(OperandKind::Router), shape_of(OperandKind::Norms));
-    let (mut ws, mut qsc, mut osc) = (vec![0f32; ss.iter().product()], vec![0f32; qs.iter().product()], vec![0f32; os.iter().product()]);
-    let (mut router, mut norms) = (vec![0f32; rs.iter().product()], vec![0f32; ns.iter().product()]);
+    let (ss, qs, os, rs, ns) = (
+        shape_of(OperandKind::WStream),
+        shape_of(OperandKind::QkvScales),
+        shape_of(OperandKind::OScales),
+        shape_of(OperandKind::Router),
+        shape_of(OperandKind::Norms),
+    );
+    let (mut ws, mut qsc, mut osc) = (
+        vec![0f32; ss.iter().product()],
+        vec![0f32; qs.iter().product()],
+        vec![0f32; os.iter().product()],
+    );
+    let (mut router, mut norms) =
+        (vec![0f32; rs.iter().product()], vec![0f32; ns.iter().product()]);
     let (qrows, orows) = (qs[1], os[1]);
     for (li, ln) in names.layers.iter().take(l).enumerate() {
         let FfnNames::Moe { router: router_name, .. } = &ln.ffn else {
@@ -474,7 +645,9 @@ pub fn pack_quantized_device(spec: &ModelSpec, plan: &Plan, weights: &QuantizedW
             }
         };
         // o_proj's padded input column `s`: the model's input, none in the padding.
-        let o_input = |s: usize| -> Option<usize> { if s % hp < hd { share.q_head(s / hp).map(|g| g * hd + s % hp) } else { None } };
+        let o_input = |s: usize| -> Option<usize> {
+            if s % hp < hd { share.q_head(s / hp).map(|g| g * hd + s % hp) } else { None }
+        };
         for ci in 0..n {
             let base = (li * n + ci) * h * cw;
             for p in layout.pieces(ci as u64) {
@@ -484,7 +657,11 @@ pub fn pack_quantized_device(spec: &ModelSpec, plan: &Plan, weights: &QuantizedW
                         ws[base + i * cw + col] = match p.segment {
                             SegmentKind::Qkv => qkv_row(s).map_or(0.0, |(w, row)| w.code(row, i)),
                             SegmentKind::OProj => o_input(s).map_or(0.0, |c| ow.code(i, c)),
-                            SegmentKind::Router => return Err(PackError::Layout("a quantized dense stream has no router segment".into())),
+                            SegmentKind::Router => {
+                                return Err(PackError::Layout(
+                                    "a quantized dense stream has no router segment".into(),
+                                ));
+                            }
                         };
                     }
                 }
@@ -492,7 +669,8 @@ pub fn pack_quantized_device(spec: &ModelSpec, plan: &Plan, weights: &QuantizedW
         }
         for g in 0..qrows {
             for s in 0..nqkv {
-                qsc[(li * qrows + g) * nqkv + s] = qkv_row(s).map_or(0.0, |(w, row)| w.scale(row, g * qkv_group));
+                qsc[(li * qrows + g) * nqkv + s] =
+                    qkv_row(s).map_or(0.0, |(w, row)| w.scale(row, g * qkv_group));
             }
         }
         for g in 0..orows {
@@ -508,8 +686,15 @@ pub fn pack_quantized_device(spec: &ModelSpec, plan: &Plan, weights: &QuantizedW
     for i in 0..h {
         norms[l * 8 * h + i] = bf(gf.data[i]);
     }
-    out.extend([(OperandKind::WStream, array(OperandKind::WStream, &ws)?), (OperandKind::QkvScales, array(OperandKind::QkvScales, &qsc)?), (OperandKind::OScales, array(OperandKind::OScales, &osc)?)]);
-    out.extend([(OperandKind::Router, array(OperandKind::Router, &router)?), (OperandKind::Norms, array(OperandKind::Norms, &norms)?)]);
+    out.extend([
+        (OperandKind::WStream, array(OperandKind::WStream, &ws)?),
+        (OperandKind::QkvScales, array(OperandKind::QkvScales, &qsc)?),
+        (OperandKind::OScales, array(OperandKind::OScales, &osc)?),
+    ]);
+    out.extend([
+        (OperandKind::Router, array(OperandKind::Router, &router)?),
+        (OperandKind::Norms, array(OperandKind::Norms, &norms)?),
+    ]);
 
     // lm_head [lm, H, cw] (codes, or bf16) and its scales [lm, 1, cw].
     let lms = shape_of(OperandKind::LmHead);
@@ -526,7 +711,10 @@ pub fn pack_quantized_device(spec: &ModelSpec, plan: &Plan, weights: &QuantizedW
                 }
                 sc[c * cw + j] = head.scale(g, 0);
             }
-            out.extend([(OperandKind::LmHead, array(OperandKind::LmHead, &lm)?), (OperandKind::LmScales, array(OperandKind::LmScales, &sc)?)]);
+            out.extend([
+                (OperandKind::LmHead, array(OperandKind::LmHead, &lm)?),
+                (OperandKind::LmScales, array(OperandKind::LmScales, &sc)?),
+            ]);
         }
         None => {
             let head = plain(weights, &names.lm_head, &[global_vocab, h])?;
@@ -542,10 +730,19 @@ pub fn pack_quantized_device(spec: &ModelSpec, plan: &Plan, weights: &QuantizedW
     }
 
     // w_experts [L, E, C, H, 3*eb] codes; scales [L, E, C, in rows, 2*eb] and [L, E, C, down rows, H].
-    let (xs, xss, xds) = (shape_of(OperandKind::WExperts), shape_of(OperandKind::ExpertScales), shape_of(OperandKind::ExpertDownScales));
-    let (mut wx, mut xsc, mut xdsc) = (vec![0f32; xs.iter().product()], vec![0f32; xss.iter().product()], vec![0f32; xds.iter().product()]);
+    let (xs, xss, xds) = (
+        shape_of(OperandKind::WExperts),
+        shape_of(OperandKind::ExpertScales),
+        shape_of(OperandKind::ExpertDownScales),
+    );
+    let (mut wx, mut xsc, mut xdsc) = (
+        vec![0f32; xs.iter().product()],
+        vec![0f32; xss.iter().product()],
+        vec![0f32; xds.iter().product()],
+    );
     // The down scales' operand rows are padded for the DMA (`CodeFormat::dma_scale_rows`).
-    let (in_rows, down_rows, down_stride) = (xss[3], us(q.experts.scale_rows(layout.expert_block, d.intermediate)), xds[3]);
+    let (in_rows, down_rows, down_stride) =
+        (xss[3], us(q.experts.scale_rows(layout.expert_block, d.intermediate)), xds[3]);
     for (li, ln) in names.layers.iter().take(l).enumerate() {
         let FfnNames::Moe { experts: ex, .. } = &ln.ffn else {
             return Err(PackError::Layout(format!("layer {li} is not an MoE layer")));
@@ -585,10 +782,17 @@ pub fn pack_quantized_device(spec: &ModelSpec, plan: &Plan, weights: &QuantizedW
             }
         }
     }
-    out.extend([(OperandKind::WExperts, array(OperandKind::WExperts, &wx)?), (OperandKind::ExpertScales, array(OperandKind::ExpertScales, &xsc)?), (OperandKind::ExpertDownScales, array(OperandKind::ExpertDownScales, &xdsc)?)]);
+    out.extend([
+        (OperandKind::WExperts, array(OperandKind::WExperts, &wx)?),
+        (OperandKind::ExpertScales, array(OperandKind::ExpertScales, &xsc)?),
+        (OperandKind::ExpertDownScales, array(OperandKind::ExpertDownScales, &xdsc)?),
+    ]);
     if d.qk_norm {
         let hs = shape_of(OperandKind::HeadNorms);
-        out.push((OperandKind::HeadNorms, pack_head_norms(&names, l, hd, hp, &hs, |name| plain(weights, name, &[hd]))?));
+        out.push((
+            OperandKind::HeadNorms,
+            pack_head_norms(&names, l, hd, hp, &hs, |name| plain(weights, name, &[hd]))?,
+        ));
     }
     let (operands, arrays) = out.into_iter().unzip();
     Ok(Packed { operands, arrays, cache_shape: shape_of(OperandKind::KCache) })

@@ -38,7 +38,9 @@ impl Drafter for Ngram {
         for n in (1..=self.n.min(context.len().saturating_sub(1))).rev() {
             let suffix = &context[context.len() - n..];
             // Occurrences ending before the context's end, latest first.
-            if let Some(start) = (0..context.len() - n).rev().find(|&s| &context[s..s + n] == suffix) {
+            if let Some(start) =
+                (0..context.len() - n).rev().find(|&s| &context[s..s + n] == suffix)
+            {
                 let follow = &context[start + n..];
                 return follow[..follow.len().min(max)].to_vec();
             }

@@ -26,13 +26,23 @@ use palladium_model::reference::{Generation, StepLogits};
 use palladium_model::weights::Weights;
 
 fn spec(name: &str) -> ModelSpec {
-    ModelSpec::from_path(format!("{}/../fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    ModelSpec::from_path(format!("{}/../fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR")))
+        .unwrap()
 }
 
 /// The megakernel of `s` on `devices` devices (batch `batch`, K tokens per run, the full
 /// logits).
 fn megakernel(s: &ModelSpec, devices: u64, batch: u64, tokens_per_seq: u64) -> Megakernel {
-    Megakernel::build(s, &PlanOptions { devices, logits: true, tokens_per_seq, ..PlanOptions::new(Chip::V6e, batch, 16) }).unwrap_or_else(|e| panic!("{devices} devices: {e}"))
+    Megakernel::build(
+        s,
+        &PlanOptions {
+            devices,
+            logits: true,
+            tokens_per_seq,
+            ..PlanOptions::new(Chip::V6e, batch, 16)
+        },
+    )
+    .unwrap_or_else(|e| panic!("{devices} devices: {e}"))
 }
 
 /// One step's results (every device's agree: the decoder checks): the logits (global
@@ -45,7 +55,14 @@ struct Step {
 
 /// Greedy decoding of `prompt` then `generate` more tokens on `devices` devices, whose
 /// plan splits the experts as `split`: every prompt token's step too.
-fn decode(s: &ModelSpec, w: &Weights, devices: u64, prompt: &[u32], generate: usize, split: Option<ExpertSplit>) -> Vec<Step> {
+fn decode(
+    s: &ModelSpec,
+    w: &Weights,
+    devices: u64,
+    prompt: &[u32],
+    generate: usize,
+    split: Option<ExpertSplit>,
+) -> Vec<Step> {
     let mk = megakernel(s, devices, 1, 1);
     assert_eq!(mk.plan.sharding.as_ref().map(|sh| sh.experts.split), split, "{devices} devices");
     let mut decoder = Decoder::new(&mk, pack_devices(s, &mk.plan, w).unwrap()).unwrap();
@@ -53,8 +70,13 @@ fn decode(s: &ModelSpec, w: &Weights, devices: u64, prompt: &[u32], generate: us
     let mut token = prompt[0];
     let mut steps = Vec::new();
     for pos in 0..prompt.len() + generate {
-        let mut step = decoder.step(&[token]).unwrap_or_else(|e| panic!("{devices} devices, step {pos}: {e}"));
-        let step = Step { logits: step.logits.take().expect("planned with the logits").remove(0), id: step.ids[0], max: step.max_logits[0] };
+        let mut step =
+            decoder.step(&[token]).unwrap_or_else(|e| panic!("{devices} devices, step {pos}: {e}"));
+        let step = Step {
+            logits: step.logits.take().expect("planned with the logits").remove(0),
+            id: step.ids[0],
+            max: step.max_logits[0],
+        };
         assert_eq!(step.logits.len(), s.vocab_size as usize);
         token = if pos + 1 < prompt.len() { prompt[pos + 1] } else { step.id };
         steps.push(step);
@@ -66,10 +88,19 @@ fn decode(s: &ModelSpec, w: &Weights, devices: u64, prompt: &[u32], generate: us
 /// [`compare`] checks, teacher-forced on its ids).
 fn generation(steps: &[Step], prompt: usize) -> Generation {
     let steps = &steps[prompt - 1..];
-    Generation { generated_ids: steps.iter().map(|s| s.id).collect(), steps: steps.iter().map(|s| StepLogits { logits: s.logits.clone() }).collect() }
+    Generation {
+        generated_ids: steps.iter().map(|s| s.id).collect(),
+        steps: steps.iter().map(|s| StepLogits { logits: s.logits.clone() }).collect(),
+    }
 }
 
-fn same_tokens_on_devices(name: &str, s: &ModelSpec, seeds: &[u64], devices: &[u64], split: ExpertSplit) {
+fn same_tokens_on_devices(
+    name: &str,
+    s: &ModelSpec,
+    seeds: &[u64],
+    devices: &[u64],
+    split: ExpertSplit,
+) {
     for &seed in seeds {
         let w = Weights::random(s, seed).unwrap();
         let prompt = [3, 17 + seed as u32, 300, 42, 5];
@@ -80,23 +111,47 @@ fn same_tokens_on_devices(name: &str, s: &ModelSpec, seeds: &[u64], devices: &[u
             let many = decode(s, &w, n, &prompt, 6, Some(split));
             let check = compare(s, &w, &prompt, &generation(&many, prompt.len())).unwrap();
             println!("{name} seed {seed}, {n} devices: {}", check.summary());
-            assert!(check.passed(), "{name} seed {seed}, {n} devices: {}\n{:#?}", check.summary(), check.steps);
+            assert!(
+                check.passed(),
+                "{name} seed {seed}, {n} devices: {}\n{:#?}",
+                check.summary(),
+                check.steps
+            );
             for (k, (a, b)) in one.iter().zip(&many).enumerate().skip(prompt.len() - 1) {
                 let what = format!("{name} seed {seed}, {n} devices, step {k}");
                 // The greedy pair is the kernel's own logits' argmax and maximum.
                 let argmax = palladium_model::reference::argmax(&b.logits);
-                assert_eq!((b.id as usize, b.max), (argmax, b.logits[argmax]), "{what}: the gathered greedy pair");
+                assert_eq!(
+                    (b.id as usize, b.max),
+                    (argmax, b.logits[argmax]),
+                    "{what}: the gathered greedy pair"
+                );
                 let diff = LogitsDiff::new(&b.logits, &a.logits);
-                let (c1, cn) = (&one_check.steps[k + 1 - prompt.len()], &check.steps[k + 1 - prompt.len()]);
-                println!("{what}: id {} / {} on one device, max |diff| {:.5} (tolerance {:.5}), {:?} / {:?}", b.id, a.id, diff.max_abs_diff, diff.tolerance, cn.matched, c1.matched);
+                let (c1, cn) =
+                    (&one_check.steps[k + 1 - prompt.len()], &check.steps[k + 1 - prompt.len()]);
+                println!(
+                    "{what}: id {} / {} on one device, max |diff| {:.5} (tolerance {:.5}), {:?} / {:?}",
+                    b.id, a.id, diff.max_abs_diff, diff.tolerance, cn.matched, c1.matched
+                );
                 // Beyond the tolerance only where either run took a routing decision at a
                 // near tie (the references say which): the bf16 partials on the wire move
                 // the router's input by a bf16 rounding.
                 let routing_tie = c1.matched != Matched::Bf16 || cn.matched != Matched::Bf16;
-                assert!(diff.within() || routing_tie, "{what}: logits off by {} (tolerance {})", diff.max_abs_diff, diff.tolerance);
+                assert!(
+                    diff.within() || routing_tie,
+                    "{what}: logits off by {} (tolerance {})",
+                    diff.max_abs_diff,
+                    diff.tolerance
+                );
                 // Ids equal except at a near tie of the one-device logits, or a routing tie.
-                let near_tie = (a.logits[a.id as usize] - a.logits[b.id as usize]).abs() <= logits_tolerance(&a.logits);
-                assert!(a.id == b.id || near_tie || routing_tie, "{what}: id {} where one device chose {}", b.id, a.id);
+                let near_tie = (a.logits[a.id as usize] - a.logits[b.id as usize]).abs()
+                    <= logits_tolerance(&a.logits);
+                assert!(
+                    a.id == b.id || near_tie || routing_tie,
+                    "{what}: id {} where one device chose {}",
+                    b.id,
+                    a.id
+                );
                 // Downstream of a different id or routing decision the runs part ways.
                 if a.id != b.id || routing_tie {
                     break;
@@ -110,12 +165,24 @@ fn same_tokens_on_devices(name: &str, s: &ModelSpec, seeds: &[u64], devices: &[u
 /// 8 devices each of the 2 KV heads is on 4 devices, its 2 query heads padded to 4.
 #[test]
 fn tiny_qwen3_moe_gives_the_same_tokens_on_1_2_4_and_8_devices() {
-    same_tokens_on_devices("tiny-qwen3-moe", &spec("tiny-qwen3-moe"), &[0, 1], &[2, 4, 8], ExpertSplit::Ep);
+    same_tokens_on_devices(
+        "tiny-qwen3-moe",
+        &spec("tiny-qwen3-moe"),
+        &[0, 1],
+        &[2, 4, 8],
+        ExpertSplit::Ep,
+    );
 }
 
 #[test]
 fn tiny_mixtral_gives_the_same_tokens_on_1_2_and_4_devices() {
-    same_tokens_on_devices("tiny-mixtral", &spec("tiny-mixtral"), &[0, 1], &[2, 4], ExpertSplit::Ep);
+    same_tokens_on_devices(
+        "tiny-mixtral",
+        &spec("tiny-mixtral"),
+        &[0, 1],
+        &[2, 4],
+        ExpertSplit::Ep,
+    );
 }
 
 /// Experts split inside (TP): with 512 intermediate columns a device streams half of each
@@ -125,9 +192,16 @@ fn tiny_mixtral_gives_the_same_tokens_on_1_2_and_4_devices() {
 #[test]
 fn tiny_qwen3_moe_with_tensor_parallel_experts_gives_the_same_tokens() {
     let path = format!("{}/../fixtures/models/tiny-qwen3-moe.json", env!("CARGO_MANIFEST_DIR"));
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     v["moe_intermediate_size"] = 512.into();
-    same_tokens_on_devices("tiny-qwen3-moe (intermediate 512)", &ModelSpec::from_json(&v).unwrap(), &[0, 2, 4], &[2, 4], ExpertSplit::Tp);
+    same_tokens_on_devices(
+        "tiny-qwen3-moe (intermediate 512)",
+        &ModelSpec::from_json(&v).unwrap(),
+        &[0, 2, 4],
+        &[2, 4],
+        ExpertSplit::Tp,
+    );
 }
 
 /// The decoder of `s` on `devices` devices with `w`'s shares.
@@ -150,9 +224,20 @@ fn a_batch_on_two_devices_matches_one_device() {
         for seq in 0..2 {
             let what = format!("token {t}, sequence {seq}");
             let diff = LogitsDiff::new(&lb[seq], &la[seq]);
-            assert!(diff.within(), "{what}: logits off by {} (tolerance {})", diff.max_abs_diff, diff.tolerance);
-            let near_tie = (la[seq][a.ids[seq] as usize] - la[seq][b.ids[seq] as usize]).abs() <= logits_tolerance(&la[seq]);
-            assert!(a.ids[seq] == b.ids[seq] || near_tie, "{what}: id {} where one device chose {}", b.ids[seq], a.ids[seq]);
+            assert!(
+                diff.within(),
+                "{what}: logits off by {} (tolerance {})",
+                diff.max_abs_diff,
+                diff.tolerance
+            );
+            let near_tie = (la[seq][a.ids[seq] as usize] - la[seq][b.ids[seq] as usize]).abs()
+                <= logits_tolerance(&la[seq]);
+            assert!(
+                a.ids[seq] == b.ids[seq] || near_tie,
+                "{what}: id {} where one device chose {}",
+                b.ids[seq],
+                a.ids[seq]
+            );
         }
     }
     assert_eq!((one.len(1), two.len(1)), (6, 6));
@@ -166,19 +251,32 @@ fn speculation_on_two_devices_gives_greedy_ids() {
     let w = Weights::random(&s, 0).unwrap();
     let prompt = [1, 17, 300, 42, 5];
     let greedy = decoder(&s, &w, 2, 1, 1).generate(&prompt, 8).unwrap();
-    let wrong: Vec<u32> = greedy.generated_ids.iter().map(|&t| (t + 1) % s.vocab_size as u32).collect();
-    for (what, continuation, accepted) in [("forced greedy", greedy.generated_ids.clone(), 6), ("forced wrong", wrong, 0)] {
+    let wrong: Vec<u32> =
+        greedy.generated_ids.iter().map(|&t| (t + 1) % s.vocab_size as u32).collect();
+    for (what, continuation, accepted) in
+        [("forced greedy", greedy.generated_ids.clone(), 6), ("forced wrong", wrong, 0)]
+    {
         let mut four = decoder(&s, &w, 2, 1, 4);
-        let (g, sp) = four.generate_with(&prompt, 8, &mut Forced { continuation }, |_, _| {}).unwrap();
+        let (g, sp) =
+            four.generate_with(&prompt, 8, &mut Forced { continuation }, |_, _| {}).unwrap();
         assert_eq!(g.generated_ids, greedy.generated_ids, "{what}");
         assert_eq!(sp.accepted, accepted, "{what}: {sp:?}");
         for (i, (a, b)) in g.steps.iter().zip(&greedy.steps).enumerate() {
             let diff = LogitsDiff::new(&a.logits, &b.logits);
-            assert!(diff.within(), "{what}, step {i}: logits off by {} (tolerance {})", diff.max_abs_diff, diff.tolerance);
+            assert!(
+                diff.within(),
+                "{what}, step {i}: logits off by {} (tolerance {})",
+                diff.max_abs_diff,
+                diff.tolerance
+            );
         }
     }
     // The same ids from the kernel's gathered argmax alone (no logits returned).
-    let mk = Megakernel::build(&s, &PlanOptions { devices: 2, logits: false, ..PlanOptions::new(Chip::V6e, 1, 16) }).unwrap();
+    let mk = Megakernel::build(
+        &s,
+        &PlanOptions { devices: 2, logits: false, ..PlanOptions::new(Chip::V6e, 1, 16) },
+    )
+    .unwrap();
     let mut ids_only = Decoder::new(&mk, pack_devices(&s, &mk.plan, &w).unwrap()).unwrap();
     let (g, _) = ids_only.generate_with(&prompt, 8, &mut NoDrafts, |_, _| {}).unwrap();
     assert_eq!(g.generated_ids, greedy.generated_ids, "ids only");
@@ -198,22 +296,35 @@ fn devices_that_disagree_are_an_error_naming_them() {
         let mut out = program.run_devices(inputs, Some(call))?;
         runs += 1;
         if runs == 2 {
-            let (shape, bumped) = (out[1][ids].shape.clone(), out[1][ids].to_i32().iter().map(|&id| id + 1).collect::<Vec<_>>());
+            let (shape, bumped) = (
+                out[1][ids].shape.clone(),
+                out[1][ids].to_i32().iter().map(|&id| id + 1).collect::<Vec<_>>(),
+            );
             out[1][ids] = palladium_array::HostArray::from_i32(&shape, &bumped);
         }
         Ok(out)
     });
-    let mut decoder = Decoder::with_engine(&mk, pack_devices(&s, &mk.plan, &w).unwrap(), engine).unwrap();
+    let mut decoder =
+        Decoder::with_engine(&mk, pack_devices(&s, &mk.plan, &w).unwrap(), engine).unwrap();
     decoder.step(&[3]).unwrap();
     let e = decoder.step(&[17]).unwrap_err();
-    assert!(matches!(e, DecodeError::DevicesDisagree { run: 2, devices: 2, device: 1, row: 0, .. }), "{e:?}");
+    assert!(
+        matches!(e, DecodeError::DevicesDisagree { run: 2, devices: 2, device: 1, row: 0, .. }),
+        "{e:?}"
+    );
     let text = e.to_string();
-    assert!(text.starts_with("megakernel run 2: device 1 of 2 gives token row 0 the greedy id"), "{text}");
+    assert!(
+        text.starts_with("megakernel run 2: device 1 of 2 gives token row 0 the greedy id"),
+        "{text}"
+    );
     assert!(text.contains("device 0 gives"), "{text}");
     // Weights packed for another device count are refused before any run.
     let one = pack_devices(&s, &megakernel(&s, 1, 1, 1).plan, &w).unwrap();
     let e = Decoder::new(&mk, one).unwrap_err().to_string();
-    assert_eq!(e, "the call spec does not match the packed weights: the weights are packed for 1 device(s), the megakernel runs on 2");
+    assert_eq!(
+        e,
+        "the call spec does not match the packed weights: the weights are packed for 1 device(s), the megakernel runs on 2"
+    );
 }
 
 /// Quantized weights on several devices: int8 (per output channel), fp8 (128 x 128 blocks)
@@ -225,7 +336,8 @@ fn devices_that_disagree_are_an_error_naming_them() {
 #[test]
 fn quantized_weights_on_several_devices_match_the_reference() {
     let path = format!("{}/../fixtures/models/tiny-qwen3-moe.json", env!("CARGO_MANIFEST_DIR"));
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     v["moe_intermediate_size"] = 512.into();
     let wide = ModelSpec::from_json(&v).unwrap();
     let prompt = [3, 17, 300, 42, 5];
@@ -233,8 +345,20 @@ fn quantized_weights_on_several_devices_match_the_reference() {
     // split down_proj's inputs: fp8 blocks on 2 devices (256 columns each), int4 groups on 4
     // (128 each, one group).
     let cases = [
-        ("tiny-qwen3-moe", spec("tiny-qwen3-moe"), 2, ExpertSplit::Ep, &[WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4][..]),
-        ("tiny-qwen3-moe (intermediate 512)", wide.clone(), 2, ExpertSplit::Tp, &[WeightsDtype::Fp8]),
+        (
+            "tiny-qwen3-moe",
+            spec("tiny-qwen3-moe"),
+            2,
+            ExpertSplit::Ep,
+            &[WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4][..],
+        ),
+        (
+            "tiny-qwen3-moe (intermediate 512)",
+            wide.clone(),
+            2,
+            ExpertSplit::Tp,
+            &[WeightsDtype::Fp8],
+        ),
         ("tiny-qwen3-moe (intermediate 512)", wide, 4, ExpertSplit::Tp, &[WeightsDtype::Int4]),
     ];
     for (name, s, devices, split, dtypes) in cases {
@@ -242,26 +366,62 @@ fn quantized_weights_on_several_devices_match_the_reference() {
         for &dtype in dtypes {
             let q = QuantizedWeights::quantize(&s, &w, dtype).unwrap();
             let generate = |n: u64| {
-                let mk = Megakernel::build(&s, &PlanOptions { devices: n, weights: dtype, ..PlanOptions::new(Chip::V6e, 1, 16) }).unwrap_or_else(|e| panic!("{name} {} on {n}: {e}", dtype.name()));
-                assert_eq!(mk.plan.sharding.as_ref().map(|sh| sh.experts.split), (n > 1).then_some(split));
-                Decoder::new(&mk, pack_quantized_devices(&s, &mk.plan, &q).unwrap()).unwrap().generate(&prompt, 6).unwrap()
+                let mk = Megakernel::build(
+                    &s,
+                    &PlanOptions {
+                        devices: n,
+                        weights: dtype,
+                        ..PlanOptions::new(Chip::V6e, 1, 16)
+                    },
+                )
+                .unwrap_or_else(|e| panic!("{name} {} on {n}: {e}", dtype.name()));
+                assert_eq!(
+                    mk.plan.sharding.as_ref().map(|sh| sh.experts.split),
+                    (n > 1).then_some(split)
+                );
+                Decoder::new(&mk, pack_quantized_devices(&s, &mk.plan, &q).unwrap())
+                    .unwrap()
+                    .generate(&prompt, 6)
+                    .unwrap()
             };
             let (one, many) = (generate(1), generate(devices));
             let what = format!("{name} {} on {devices} devices", dtype.name());
-            let check = palladium_decode::compare_with(&s, &q.dequantize(), &prompt, &many, palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE).unwrap();
+            let check = palladium_decode::compare_with(
+                &s,
+                &q.dequantize(),
+                &prompt,
+                &many,
+                palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE,
+            )
+            .unwrap();
             println!("{what}: {:?}; {}", many.generated_ids, check.summary());
 
             assert!(check.passed(), "{what}: {}", check.summary());
-            let c1 = palladium_decode::compare_with(&s, &q.dequantize(), &prompt, &one, palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE).unwrap();
+            let c1 = palladium_decode::compare_with(
+                &s,
+                &q.dequantize(),
+                &prompt,
+                &one,
+                palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE,
+            )
+            .unwrap();
             println!("  one device: {:?}; {}", one.generated_ids, c1.summary());
             // The one-device run's ids and logits (within the tolerance) up to the first step
             // where either run took a routing decision at a near tie.
-            for (k, ((a, b), (s1, sn))) in one.steps.iter().zip(&many.steps).zip(c1.steps.iter().zip(&check.steps)).enumerate() {
+            for (k, ((a, b), (s1, sn))) in
+                one.steps.iter().zip(&many.steps).zip(c1.steps.iter().zip(&check.steps)).enumerate()
+            {
                 if s1.matched != Matched::Bf16 || sn.matched != Matched::Bf16 {
                     break;
                 }
                 let diff = LogitsDiff::new(&b.logits, &a.logits);
-                assert!(diff.within() && one.generated_ids[k] == many.generated_ids[k], "{what}, step {k}: id {} / {}, logits off by {}", many.generated_ids[k], one.generated_ids[k], diff.max_abs_diff);
+                assert!(
+                    diff.within() && one.generated_ids[k] == many.generated_ids[k],
+                    "{what}, step {k}: id {} / {}, logits off by {}",
+                    many.generated_ids[k],
+                    one.generated_ids[k],
+                    diff.max_abs_diff
+                );
             }
         }
     }

@@ -33,8 +33,8 @@
 mod hf_oracle;
 
 use hf_oracle::run_oracle;
-use palladium_dsl::spec::Chip;
 use palladium_decode::{Comparison, Decoder, Matched, ROUTER_TIE, check_step, pack::pack};
+use palladium_dsl::spec::Chip;
 use palladium_fusion::{megakernel::Megakernel, plan::PlanOptions};
 use palladium_model::ModelSpec;
 use palladium_model::reference::{Precision, Reference, argmax};
@@ -45,7 +45,10 @@ use palladium_model::weights::Weights;
 const F32_REFERENCE_TOL: f32 = 1e-4;
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| if (x - y).is_nan() { f32::INFINITY } else { (x - y).abs() }).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| if (x - y).is_nan() { f32::INFINITY } else { (x - y).abs() })
+        .fold(0.0, f32::max)
 }
 
 fn check(config: &str, seed: u64, prompt: &[u32], steps: usize) {
@@ -81,10 +84,20 @@ fn check(config: &str, seed: u64, prompt: &[u32], steps: usize) {
     for i in 0..steps {
         let (ours, lf) = last.take().unwrap();
         let e = max_diff(&lf, &hf_f32.steps[i].logits);
-        assert!(e <= F32_REFERENCE_TOL, "{config} step {i}: the f32 reference is {e} from transformers' f32 logits: its router margins are not transformers'");
+        assert!(
+            e <= F32_REFERENCE_TOL,
+            "{config} step {i}: the f32 reference is {e} from transformers' f32 logits: its router margins are not transformers'"
+        );
         ref_err = ref_err.max(e);
         let id = argmax(&ours) as u32;
-        checks.push(check_step(&ours, id, &hf.steps[i].logits, &hf_f32.steps[i].logits, margin, LOGITS_RELATIVE_TOLERANCE));
+        checks.push(check_step(
+            &ours,
+            id,
+            &hf.steps[i].logits,
+            &hf_f32.steps[i].logits,
+            margin,
+            LOGITS_RELATIVE_TOLERANCE,
+        ));
         if i + 1 < steps {
             last = Some(feed(&mut dec, hf.generated_ids[i], &mut margin));
         }
@@ -92,7 +105,12 @@ fn check(config: &str, seed: u64, prompt: &[u32], steps: usize) {
     let c = Comparison { steps: checks, relative: LOGITS_RELATIVE_TOLERANCE };
     let free = dec.generate(prompt, steps).unwrap();
     let worst_any = c.steps.iter().map(|s| s.err_bf16).fold(0f32, f32::max);
-    let worst_f32 = c.steps.iter().filter(|s| s.matched == Matched::F32).map(|s| s.err_f32).fold(0f32, f32::max);
+    let worst_f32 = c
+        .steps
+        .iter()
+        .filter(|s| s.matched == Matched::F32)
+        .map(|s| s.err_f32)
+        .fold(0f32, f32::max);
     let hf_bf16_f32 = c.steps.iter().map(|s| s.err_bf16_f32).fold(0f32, f32::max);
     println!(
         "{config} seed {seed}: transformers bf16 ids {:?}, f32 ids on them {:?}; megakernel free-running ids {:?}\n  teacher-forced: {}\n  \
@@ -111,7 +129,10 @@ fn check(config: &str, seed: u64, prompt: &[u32], steps: usize) {
     if let Some(i) = free.generated_ids.iter().zip(&hf.generated_ids).position(|(a, b)| a != b) {
         let l = &hf.steps[i].logits;
         let margin = l[hf.generated_ids[i] as usize] - l[free.generated_ids[i] as usize];
-        assert!(margin <= logits_tolerance(l), "{config} seed {seed}: free-running ids differ at step {i} (not a near tie: margin {margin})");
+        assert!(
+            margin <= logits_tolerance(l),
+            "{config} seed {seed}: free-running ids differ at step {i} (not a near tie: margin {margin})"
+        );
     }
     oracle.remove();
 }
@@ -125,4 +146,3 @@ fn qwen3_moe_megakernel_matches_transformers() {
 fn mixtral_megakernel_matches_transformers() {
     check("fixtures/models/tiny-mixtral.json", 11, &[3, 99, 250, 7], 10);
 }
-

@@ -9,27 +9,74 @@
 //! top-k used to pick the padded expert id 128, an out-of-bounds expert fetch.) The cache
 //! rows past each sequence's position may hold anything, NaN included
 //! (`stale_cache_rows_do_not_leak`): scores there are masked and V rows zeroed.
-use palladium_dsl::spec::Chip;
-use palladium_fusion::{megakernel::Megakernel, plan::{ExpertFetch, KvTiles, PlanOptions, Prefetch}};
 use palladium_array::{DType, HostArray};
+use palladium_dsl::spec::Chip;
+use palladium_fusion::{
+    megakernel::Megakernel,
+    plan::{ExpertFetch, KvTiles, PlanOptions, Prefetch},
+};
 use palladium_interpret::{CallSpec, Module};
 use palladium_model::ModelSpec;
 
 fn run(name: &str, batch: u64, context: u64, positions: &[i32]) {
-    step(name, batch, context, positions, false, KvTiles::UpToPosition, Prefetch::Deep, 1, ExpertFetch::Distinct);
+    step(
+        name,
+        batch,
+        context,
+        positions,
+        false,
+        KvTiles::UpToPosition,
+        Prefetch::Deep,
+        1,
+        ExpertFetch::Distinct,
+    );
 }
 
 fn run_with_stale(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool) {
-    step(name, batch, context, positions, stale, KvTiles::UpToPosition, Prefetch::Deep, 1, ExpertFetch::Distinct);
+    step(
+        name,
+        batch,
+        context,
+        positions,
+        stale,
+        KvTiles::UpToPosition,
+        Prefetch::Deep,
+        1,
+        ExpertFetch::Distinct,
+    );
 }
 
 /// One step's logits, `tokens_per_seq` new tokens per sequence at `positions[b]..`;
 /// `stale`: every cache row past its sequence's position is NaN. The kernel's greedy ids
 /// and maxima are checked against the logits it returns.
 #[allow(clippy::too_many_arguments)]
-fn step(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool, kv_tiles: KvTiles, prefetch: Prefetch, tokens_per_seq: u64, expert_fetch: ExpertFetch) -> Vec<f32> {
-    let spec = ModelSpec::from_path(format!("{}/../fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR"))).unwrap();
-    let mk = Megakernel::build(&spec, &PlanOptions { kv_tiles, prefetch, tokens_per_seq, expert_fetch, ..PlanOptions::new(Chip::V6e, batch, context) }).unwrap();
+fn step(
+    name: &str,
+    batch: u64,
+    context: u64,
+    positions: &[i32],
+    stale: bool,
+    kv_tiles: KvTiles,
+    prefetch: Prefetch,
+    tokens_per_seq: u64,
+    expert_fetch: ExpertFetch,
+) -> Vec<f32> {
+    let spec = ModelSpec::from_path(format!(
+        "{}/../fixtures/models/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let mk = Megakernel::build(
+        &spec,
+        &PlanOptions {
+            kv_tiles,
+            prefetch,
+            tokens_per_seq,
+            expert_fetch,
+            ..PlanOptions::new(Chip::V6e, batch, context)
+        },
+    )
+    .unwrap();
     let (l, plan) = (mk.lowered, mk.plan);
     let call = CallSpec::from_json(&l.call_json).unwrap();
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
@@ -46,9 +93,14 @@ fn step(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool, kv
         .map(|(i, (dt, shape))| {
             let n: usize = shape.iter().product();
             match (i, dt) {
-                (0, _) => HostArray::from_i32(shape, &(0..n as i32).map(|k| (7 + 100 * k) % 500).collect::<Vec<_>>()),
+                (0, _) => HostArray::from_i32(
+                    shape,
+                    &(0..n as i32).map(|k| (7 + 100 * k) % 500).collect::<Vec<_>>(),
+                ),
                 (1, _) => HostArray::from_i32(shape, positions),
-                (_, DType::Bf16) => HostArray::bf16_from_f32(shape, &(0..n).map(|_| next()).collect::<Vec<_>>()),
+                (_, DType::Bf16) => {
+                    HostArray::bf16_from_f32(shape, &(0..n).map(|_| next()).collect::<Vec<_>>())
+                }
                 _ => HostArray::from_f32(shape, &(0..n).map(|_| 1.0 + next()).collect::<Vec<_>>()),
             }
         })
@@ -75,11 +127,21 @@ fn step(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool, kv
     // Outputs: logits, greedy ids, maxima, then the caches. Ids: the lowest id of the
     // row's maximum, as the host's argmax.
     let (logits, ids, maxima) = (out[0].to_f32(), out[1].to_i32(), out[2].to_f32());
-    let (cw, rows, vocab) = (plan.layout.chunk_cols as usize, plan.dims.rows as usize, plan.dims.vocab as usize);
+    let (cw, rows, vocab) =
+        (plan.layout.chunk_cols as usize, plan.dims.rows as usize, plan.dims.vocab as usize);
     for r in 0..plan.dims.tokens as usize {
-        let row: Vec<f32> = (0..vocab).map(|v| logits[((v / cw) * rows + r) * cw + v % cw]).collect();
-        assert_eq!(ids[r * 128] as usize, palladium_model::reference::argmax(&row), "{name}: row {r}'s greedy id");
-        assert_eq!(maxima[r * 128], row.iter().copied().fold(f32::NEG_INFINITY, f32::max), "{name}: row {r}'s maximum");
+        let row: Vec<f32> =
+            (0..vocab).map(|v| logits[((v / cw) * rows + r) * cw + v % cw]).collect();
+        assert_eq!(
+            ids[r * 128] as usize,
+            palladium_model::reference::argmax(&row),
+            "{name}: row {r}'s greedy id"
+        );
+        assert_eq!(
+            maxima[r * 128],
+            row.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+            "{name}: row {r}'s maximum"
+        );
     }
     // KV: [layers, batch, kv_heads, positions, head_pad]; rows change only at the new
     // positions `positions[b]..positions[b] + K`.
@@ -96,7 +158,10 @@ fn step(name: &str, batch: u64, context: u64, positions: &[i32], stale: bool, kv
             if (positions[seq] as usize..positions[seq] as usize + k).contains(&p) {
                 assert_ne!(a, b, "{name}: row {row} (position {p}) not written");
             } else {
-                assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{name}: row {row} (position {p}) changed");
+                assert!(
+                    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{name}: row {row} (position {p}) changed"
+                );
             }
         }
     }
@@ -135,11 +200,40 @@ fn stale_cache_rows_do_not_leak() {
 /// stale NaN rows past the positions included.
 #[test]
 fn cost_variants_give_the_same_step() {
-    for (name, batch, context, positions) in [("tiny-qwen3-moe", 1, 2048, &[37][..]), ("tiny-mixtral", 2, 1024, &[5, 600][..])] {
-        let needed = step(name, batch, context, positions, true, KvTiles::UpToPosition, Prefetch::Deep, 1, ExpertFetch::Distinct);
-        for (kv, prefetch) in [(KvTiles::All, Prefetch::Deep), (KvTiles::UpToPosition, Prefetch::Single), (KvTiles::All, Prefetch::Single)] {
-            let variant = step(name, batch, context, positions, true, kv, prefetch, 1, ExpertFetch::WorstCase);
-            assert!(needed.iter().zip(&variant).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} {kv:?} {prefetch:?}: logits differ");
+    for (name, batch, context, positions) in
+        [("tiny-qwen3-moe", 1, 2048, &[37][..]), ("tiny-mixtral", 2, 1024, &[5, 600][..])]
+    {
+        let needed = step(
+            name,
+            batch,
+            context,
+            positions,
+            true,
+            KvTiles::UpToPosition,
+            Prefetch::Deep,
+            1,
+            ExpertFetch::Distinct,
+        );
+        for (kv, prefetch) in [
+            (KvTiles::All, Prefetch::Deep),
+            (KvTiles::UpToPosition, Prefetch::Single),
+            (KvTiles::All, Prefetch::Single),
+        ] {
+            let variant = step(
+                name,
+                batch,
+                context,
+                positions,
+                true,
+                kv,
+                prefetch,
+                1,
+                ExpertFetch::WorstCase,
+            );
+            assert!(
+                needed.iter().zip(&variant).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name} {kv:?} {prefetch:?}: logits differ"
+            );
         }
     }
 }
@@ -150,9 +244,34 @@ fn cost_variants_give_the_same_step() {
 /// every tile gives the same step bit for bit.
 #[test]
 fn k_tokens_per_sequence_write_their_rows_and_match_the_cost_variant() {
-    for (name, batch, context, positions) in [("tiny-qwen3-moe", 1, 256, &[37][..]), ("tiny-mixtral", 2, 2048, &[5, 1022][..])] {
-        let needed = step(name, batch, context, positions, true, KvTiles::UpToPosition, Prefetch::Deep, 4, ExpertFetch::Distinct);
-        let variant = step(name, batch, context, positions, true, KvTiles::All, Prefetch::Single, 4, ExpertFetch::WorstCase);
-        assert!(needed.iter().zip(&variant).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: the cost variant's logits differ");
+    for (name, batch, context, positions) in
+        [("tiny-qwen3-moe", 1, 256, &[37][..]), ("tiny-mixtral", 2, 2048, &[5, 1022][..])]
+    {
+        let needed = step(
+            name,
+            batch,
+            context,
+            positions,
+            true,
+            KvTiles::UpToPosition,
+            Prefetch::Deep,
+            4,
+            ExpertFetch::Distinct,
+        );
+        let variant = step(
+            name,
+            batch,
+            context,
+            positions,
+            true,
+            KvTiles::All,
+            Prefetch::Single,
+            4,
+            ExpertFetch::WorstCase,
+        );
+        assert!(
+            needed.iter().zip(&variant).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: the cost variant's logits differ"
+        );
     }
 }

@@ -9,15 +9,16 @@
 //! ([`palladium_model::tolerance`]: 2^-6 of the step's max |logit|) of transformers' bf16 model, ids equal except at near ties; where the bf16 model's routing
 //! diverges at a near tie of its bf16 router logits, the f32 model is the witness. Printed
 //! per run (`cargo test --test numerics -- --nocapture`).
-use palladium_dsl::spec::Chip;
 use palladium_decode::{Decoder, Matched, compare, pack::pack};
+use palladium_dsl::spec::Chip;
 use palladium_fusion::{megakernel::Megakernel, plan::PlanOptions};
 use palladium_model::ModelSpec;
 use palladium_model::reference::{Generation, StepLogits, argmax};
 use palladium_model::weights::Weights;
 
 fn spec(name: &str) -> ModelSpec {
-    ModelSpec::from_path(format!("{}/../fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    ModelSpec::from_path(format!("{}/../fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR")))
+        .unwrap()
 }
 
 fn decoder(s: &ModelSpec, batch: u64, context: u64, w: &Weights) -> Decoder {
@@ -31,7 +32,8 @@ fn prompt(seed: u64, salt: u64) -> Vec<u32> {
 
 fn sweep(name: &str) {
     let s = spec(name);
-    let (mut steps, mut bf16_steps, mut f32_steps, mut worst, mut worst_rel) = (0, 0, 0, 0f32, 0f32);
+    let (mut steps, mut bf16_steps, mut f32_steps, mut worst, mut worst_rel) =
+        (0, 0, 0, 0f32, 0f32);
     for seed in 0..7 {
         let w = Weights::random(&s, seed).unwrap();
         let mut dec = decoder(&s, 1, 16, &w);
@@ -44,13 +46,31 @@ fn sweep(name: &str) {
         steps += c.steps.len();
         bf16_steps += c.count(Matched::Bf16);
         f32_steps += c.count(Matched::F32);
-        worst = worst.max(c.steps.iter().filter(|s| s.matched == Matched::Bf16).map(|s| s.err_bf16).fold(0.0, f32::max));
-        worst_rel = worst_rel.max(c.steps.iter().filter(|s| s.matched == Matched::Bf16).map(|s| s.rel_err_bf16()).fold(0.0, f32::max));
+        worst = worst.max(
+            c.steps
+                .iter()
+                .filter(|s| s.matched == Matched::Bf16)
+                .map(|s| s.err_bf16)
+                .fold(0.0, f32::max),
+        );
+        worst_rel = worst_rel.max(
+            c.steps
+                .iter()
+                .filter(|s| s.matched == Matched::Bf16)
+                .map(|s| s.rel_err_bf16())
+                .fold(0.0, f32::max),
+        );
     }
-    println!("{name}: {bf16_steps}/{steps} steps within 2^-6 x max |logit| of the bf16 reference (max |diff| {worst:.4}, relative {worst_rel:.4}), {f32_steps} of the f32 reference after a bf16 routing divergence, {} after a routing near tie", steps - bf16_steps - f32_steps);
+    println!(
+        "{name}: {bf16_steps}/{steps} steps within 2^-6 x max |logit| of the bf16 reference (max |diff| {worst:.4}, relative {worst_rel:.4}), {f32_steps} of the f32 reference after a bf16 routing divergence, {} after a routing near tie",
+        steps - bf16_steps - f32_steps
+    );
     // The exemptions stay exceptions: at least 90% of the steps are held to a reference's
     // logits within the tolerance, at least half to the bf16 one.
-    assert!(10 * (bf16_steps + f32_steps) >= 9 * steps && 2 * bf16_steps >= steps, "{name}: {bf16_steps} + {f32_steps} of {steps} steps matched a reference");
+    assert!(
+        10 * (bf16_steps + f32_steps) >= 9 * steps && 2 * bf16_steps >= steps,
+        "{name}: {bf16_steps} + {f32_steps} of {steps} steps matched a reference"
+    );
 }
 
 #[test]
@@ -75,7 +95,8 @@ fn tiny_mixtral_batch_2_matches_the_reference() {
     for (&a, &b) in prompts[0].iter().zip(&prompts[1]) {
         logits = dec.step(&[a, b]).unwrap().logits.unwrap();
     }
-    let mut gens: Vec<Generation> = (0..2).map(|_| Generation { generated_ids: vec![], steps: vec![] }).collect();
+    let mut gens: Vec<Generation> =
+        (0..2).map(|_| Generation { generated_ids: vec![], steps: vec![] }).collect();
     for step in 0..8 {
         let ids: Vec<u32> = logits.iter().map(|l| argmax(l) as u32).collect();
         for (g, (id, l)) in gens.iter_mut().zip(ids.iter().zip(std::mem::take(&mut logits))) {

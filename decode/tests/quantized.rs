@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use hf_oracle::{repo_root, venv_python};
-use palladium_decode::pack::{pack_quantized, PackError};
+use palladium_decode::pack::{PackError, pack_quantized};
 use palladium_decode::{Comparison, Decoder, compare_with};
 use palladium_dsl::spec::Chip;
 use palladium_fusion::megakernel::Megakernel;
@@ -35,9 +35,11 @@ fn megakernel(spec: &ModelSpec, weights: WeightsDtype) -> Megakernel {
 /// compared with the references on its dequantized weights.
 fn run_and_compare(spec: &ModelSpec, quantized: &QuantizedWeights, steps: usize) -> Comparison {
     let mk = megakernel(spec, quantized.dtype());
-    let mut decoder = Decoder::new(&mk, vec![pack_quantized(spec, &mk.plan, quantized).unwrap()]).unwrap();
+    let mut decoder =
+        Decoder::new(&mk, vec![pack_quantized(spec, &mk.plan, quantized).unwrap()]).unwrap();
     let generation = decoder.generate(&PROMPT, steps).unwrap();
-    compare_with(spec, &quantized.dequantize(), &PROMPT, &generation, LOGITS_RELATIVE_TOLERANCE).unwrap()
+    compare_with(spec, &quantized.dequantize(), &PROMPT, &generation, LOGITS_RELATIVE_TOLERANCE)
+        .unwrap()
 }
 
 #[test]
@@ -68,7 +70,8 @@ fn weights_of_another_dtype_are_refused_when_packing() {
 
 /// `quant_reference.py --megakernel`'s checkpoints, written once per test binary.
 fn torch_checkpoints() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("fp8-megakernel-{}", std::process::id()));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("fp8-megakernel-{}", std::process::id()));
     let out = Command::new(venv_python())
         .arg(repo_root().join("model/tests/quant_reference.py"))
         .args(["--megakernel", "--fixtures"])
@@ -77,7 +80,11 @@ fn torch_checkpoints() -> PathBuf {
         .arg(&dir)
         .output()
         .expect("run quant_reference.py");
-    assert!(out.status.success(), "quant_reference.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "quant_reference.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     dir
 }
 
@@ -90,7 +97,11 @@ fn fp8_checkpoints_written_by_torch_run_and_match_the_reference() {
         // The config's quantization_config selects fp8 by itself, and refuses another dtype.
         assert_eq!(weights_dtype(&spec, None), Ok(WeightsDtype::Fp8));
         let err = weights_dtype(&spec, Some(WeightsDtype::Int8)).unwrap_err();
-        assert!(matches!(err, PlanError::Invalid(_)) && err.to_string().contains("stores the weights as fp8"), "{err}");
+        assert!(
+            matches!(err, PlanError::Invalid(_))
+                && err.to_string().contains("stores the weights as fp8"),
+            "{err}"
+        );
         let loaded = QuantizedWeights::load(&spec, &ckpt, None).unwrap();
         assert_eq!(loaded.dtype(), WeightsDtype::Fp8);
         let c = run_and_compare(&spec, &loaded, 4);

@@ -13,19 +13,35 @@ use palladium_model::tolerance::{LogitsDiff, logits_tolerance};
 use palladium_model::weights::Weights;
 
 fn spec(name: &str) -> ModelSpec {
-    ModelSpec::from_path(format!("{}/../fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    ModelSpec::from_path(format!("{}/../fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR")))
+        .unwrap()
 }
 
 /// The tiny Mixtral with a sliding window of `window` positions.
 fn windowed_mixtral(window: u64) -> ModelSpec {
-    let text = std::fs::read_to_string(format!("{}/../fixtures/models/tiny-mixtral.json", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let text = std::fs::read_to_string(format!(
+        "{}/../fixtures/models/tiny-mixtral.json",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
     let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
     json["sliding_window"] = window.into();
     ModelSpec::from_json(&json).unwrap()
 }
 
-fn decoder(s: &ModelSpec, batch: u64, tokens_per_seq: u64, context: u64, w: &Weights, logits: bool) -> Decoder {
-    let mk = Megakernel::build(s, &PlanOptions { tokens_per_seq, logits, ..PlanOptions::new(Chip::V6e, batch, context) }).unwrap();
+fn decoder(
+    s: &ModelSpec,
+    batch: u64,
+    tokens_per_seq: u64,
+    context: u64,
+    w: &Weights,
+    logits: bool,
+) -> Decoder {
+    let mk = Megakernel::build(
+        s,
+        &PlanOptions { tokens_per_seq, logits, ..PlanOptions::new(Chip::V6e, batch, context) },
+    )
+    .unwrap();
     Decoder::new(&mk, vec![pack(s, &mk.plan, w).unwrap()]).unwrap()
 }
 
@@ -33,10 +49,20 @@ fn decoder(s: &ModelSpec, batch: u64, tokens_per_seq: u64, context: u64, w: &Wei
 /// the two ids' logits are within the tolerance of each other (a near tie).
 fn same_row(what: &str, got: (&[f32], u32), want: (&[f32], u32)) {
     let diff = LogitsDiff::new(got.0, want.0);
-    assert!(diff.within(), "{what}: logits differ by {} (relative {})", diff.max_abs_diff, diff.relative());
+    assert!(
+        diff.within(),
+        "{what}: logits differ by {} (relative {})",
+        diff.max_abs_diff,
+        diff.relative()
+    );
     if got.1 != want.1 {
         let gap = (want.0[want.1 as usize] - want.0[got.1 as usize]).abs();
-        assert!(gap <= logits_tolerance(want.0), "{what}: greedy id {} vs {} (gap {gap})", got.1, want.1);
+        assert!(
+            gap <= logits_tolerance(want.0),
+            "{what}: greedy id {} vs {} (gap {gap})",
+            got.1,
+            want.1
+        );
     }
 }
 
@@ -45,7 +71,8 @@ fn same_row(what: &str, got: (&[f32], u32), want: (&[f32], u32)) {
 fn k_runs_match_one_token_runs(name: &str, s: &ModelSpec, tokens: &[Vec<u32>]) {
     let batch = tokens.len();
     let w = Weights::random(s, 3).unwrap();
-    let (mut one, mut four) = (decoder(s, batch as u64, 1, 32, &w, true), decoder(s, batch as u64, 4, 32, &w, true));
+    let (mut one, mut four) =
+        (decoder(s, batch as u64, 1, 32, &w, true), decoder(s, batch as u64, 4, 32, &w, true));
     let n = tokens[0].len();
     let mut singles = Vec::new();
     for i in 0..n {
@@ -56,15 +83,24 @@ fn k_runs_match_one_token_runs(name: &str, s: &ModelSpec, tokens: &[Vec<u32>]) {
     for start in (0..n).step_by(4) {
         let real = (n - start).min(4);
         // Row b * 4 + k: sequence b's token start + k (padding repeats the last).
-        let fed: Vec<u32> = tokens.iter().flat_map(|t| (0..4).map(move |k| t[start + k.min(real - 1)])).collect();
+        let fed: Vec<u32> =
+            tokens.iter().flat_map(|t| (0..4).map(move |k| t[start + k.min(real - 1)])).collect();
         let step = four.step(&fed).unwrap();
         let logits = step.logits.as_ref().unwrap();
         for b in 0..batch {
             for k in 0..real {
                 let single = &singles[start + k];
                 let what = format!("{name}: sequence {b}, token {}", start + k);
-                same_row(&what, (&logits[b * 4 + k], step.ids[b * 4 + k]), (&single.logits.as_ref().unwrap()[b], single.ids[b]));
-                assert_eq!(step.max_logits[b * 4 + k], logits[b * 4 + k].iter().copied().fold(f32::NEG_INFINITY, f32::max), "{what}: maximum");
+                same_row(
+                    &what,
+                    (&logits[b * 4 + k], step.ids[b * 4 + k]),
+                    (&single.logits.as_ref().unwrap()[b], single.ids[b]),
+                );
+                assert_eq!(
+                    step.max_logits[b * 4 + k],
+                    logits[b * 4 + k].iter().copied().fold(f32::NEG_INFINITY, f32::max),
+                    "{what}: maximum"
+                );
                 rows += 1;
             }
             four.rewind(b, start + real);
@@ -76,9 +112,17 @@ fn k_runs_match_one_token_runs(name: &str, s: &ModelSpec, tokens: &[Vec<u32>]) {
 #[test]
 fn k_token_runs_equal_one_token_runs() {
     let prompt: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % 512).collect();
-    k_runs_match_one_token_runs("tiny-qwen3-moe", &spec("tiny-qwen3-moe"), std::slice::from_ref(&prompt));
+    k_runs_match_one_token_runs(
+        "tiny-qwen3-moe",
+        &spec("tiny-qwen3-moe"),
+        std::slice::from_ref(&prompt),
+    );
     let other: Vec<u32> = (0..11).map(|i| (i * 53 + 100) % 512).collect();
-    k_runs_match_one_token_runs("tiny-mixtral, batch 2", &spec("tiny-mixtral"), &[prompt.clone(), other]);
+    k_runs_match_one_token_runs(
+        "tiny-mixtral, batch 2",
+        &spec("tiny-mixtral"),
+        &[prompt.clone(), other],
+    );
     // A window of 6 positions: within the K queries of one run, the first ones' windows
     // start earlier than the last ones'.
     k_runs_match_one_token_runs("tiny-mixtral, sliding window 6", &windowed_mixtral(6), &[prompt]);
@@ -106,21 +150,45 @@ fn speculation_matches_greedy(name: &str, prompt: &[u32], steps: usize) {
     for (what, mut drafter) in drafters {
         let mut dec = decoder(&s, 1, 4, context, &w, true);
         let (g, sp) = dec.generate_with(prompt, steps, drafter.as_mut(), |_, _| {}).unwrap();
-        println!("{name} {prompt:?} {what}: {:?}, acceptance {:.2} ({}/{}), {:.2} tokens per run", g.generated_ids, sp.acceptance_rate(), sp.accepted, sp.drafted, sp.tokens_per_run());
-        assert_eq!(g.generated_ids, greedy.generated_ids, "{name} {what}: ids differ from greedy decoding");
+        println!(
+            "{name} {prompt:?} {what}: {:?}, acceptance {:.2} ({}/{}), {:.2} tokens per run",
+            g.generated_ids,
+            sp.acceptance_rate(),
+            sp.accepted,
+            sp.drafted,
+            sp.tokens_per_run()
+        );
+        assert_eq!(
+            g.generated_ids, greedy.generated_ids,
+            "{name} {what}: ids differ from greedy decoding"
+        );
         assert_eq!(g.steps.len(), steps);
         for (i, (a, b)) in g.steps.iter().zip(&greedy.steps).enumerate() {
-            same_row(&format!("{name} {what}: step {i}"), (&a.logits, g.generated_ids[i]), (&b.logits, greedy.generated_ids[i]));
+            same_row(
+                &format!("{name} {what}: step {i}"),
+                (&a.logits, g.generated_ids[i]),
+                (&b.logits, greedy.generated_ids[i]),
+            );
         }
-        assert_eq!(sp.runs + sp.accepted, steps, "{name} {what}: every decode run generates 1 + its accepted drafts");
+        assert_eq!(
+            sp.runs + sp.accepted,
+            steps,
+            "{name} {what}: every decode run generates 1 + its accepted drafts"
+        );
         match what {
             "none" => assert_eq!(sp.drafted, 0),
             "forced greedy" => {
-                assert_eq!((sp.accepted, sp.drafted), (sp.drafted, steps - steps.div_ceil(4)), "{name}: all accepted");
+                assert_eq!(
+                    (sp.accepted, sp.drafted),
+                    (sp.drafted, steps - steps.div_ceil(4)),
+                    "{name}: all accepted"
+                );
                 assert_eq!(sp.runs, steps.div_ceil(4));
             }
             "forced wrong" => assert_eq!(sp.accepted, 0),
-            "forced partly" => assert!(sp.accepted > 0 && sp.accepted < sp.drafted, "{name}: {sp:?}"),
+            "forced partly" => {
+                assert!(sp.accepted > 0 && sp.accepted < sp.drafted, "{name}: {sp:?}")
+            }
             _ => {}
         }
     }

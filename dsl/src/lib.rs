@@ -18,11 +18,13 @@ pub mod prelude {
     #![allow(non_upper_case_globals)]
     pub use crate::ir::{DType, DotDims, Precision};
     pub use crate::kernel;
-    pub use crate::trace::{
-        Dims, Dma, Drain, Ref, Scope, SemRef, Val, async_copy, axis_index, barrier_semaphore, concatenate, debug_print, device_id, dot, dot_general,
-        dot_t, ds, fori, full, iota, num_programs, pipeline, pipeline_lagged, program_id, remote_copy, run_scoped, scalar, select, switch, unrolled, zeros,
-    };
     pub use crate::spec::Chip;
+    pub use crate::trace::{
+        Dims, Dma, Drain, Ref, Scope, SemRef, Val, async_copy, axis_index, barrier_semaphore,
+        concatenate, debug_print, device_id, dot, dot_general, dot_t, ds, fori, full, iota,
+        num_programs, pipeline, pipeline_lagged, program_id, remote_copy, run_scoped, scalar,
+        select, switch, unrolled, zeros,
+    };
 
     // Dtype names as values, so kernel code reads `x.cast(bf16)` as in JAX. They are
     // constants (value namespace only), so the primitive types `f32`/`i32` stay usable.
@@ -46,7 +48,10 @@ pub mod prelude {
 pub mod build {
     pub use crate::ir::{CmpPred, MemorySpace, SemKind};
     pub use crate::spec::{OperandRole, PipelineMode};
-    pub use crate::trace::{Carry, Compare, Drain, IntoVal, KernelBuilder, ParamError, TracedRange, for_range, if_else, pipeline, pipeline_lagged, range, switch, while_loop};
+    pub use crate::trace::{
+        Carry, Compare, Drain, IntoVal, KernelBuilder, ParamError, TracedRange, for_range, if_else,
+        pipeline, pipeline_lagged, range, switch, while_loop,
+    };
 
     macro_rules! comparisons {
         ($($name:ident => $pred:ident, $doc:literal;)*) => {$(
@@ -70,15 +75,15 @@ pub mod build {
 /// Paths the `#[kernel]` macro expands to. Not a public API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::Kernel;
     pub use crate::ir::{CmpPred, DType, MemorySpace, SemKind};
     pub use crate::spec::{BlockDim, OperandRole, PipelineMode, Semantics};
-    pub use crate::trace::{
-        BuildErrors, Carry, Compare, Cond, IndexElem, IntoIndex, IntoVal, KernelBuilder, ParamError, Ref, SemRef, Val, for_range, if_else,
-        while_loop,
-    };
     pub use crate::trace::builder_handles::{Handle, Sealed};
     pub use crate::trace::params::{self as size, Checks, Size};
-    pub use crate::Kernel;
+    pub use crate::trace::{
+        BuildErrors, Carry, Compare, Cond, IndexElem, IntoIndex, IntoVal, KernelBuilder,
+        ParamError, Ref, SemRef, Val, for_range, if_else, while_loop,
+    };
 
     /// `a <pred> b`, traced when either side is.
     #[track_caller]

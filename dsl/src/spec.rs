@@ -218,7 +218,8 @@ impl Mesh {
 
 impl fmt::Display for Mesh {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let axes: Vec<String> = self.axes.iter().map(|a| format!("{}={}", a.name, a.size)).collect();
+        let axes: Vec<String> =
+            self.axes.iter().map(|a| format!("{}={}", a.name, a.size)).collect();
         write!(f, "[{}]", axes.join(", "))
     }
 }

@@ -95,19 +95,40 @@ impl Ici {
     /// across chips at the cross-chip figure (its slowest hop). Unmeasured chips get the
     /// published per-chip figure over its links and two directions, and no latency. `None`
     /// where nothing is published.
-    pub fn ring_hop(&self, devices: u32, devices_per_chip: u32, message_bytes: u64) -> Option<RingHop> {
+    pub fn ring_hop(
+        &self,
+        devices: u32,
+        devices_per_chip: u32,
+        message_bytes: u64,
+    ) -> Option<RingHop> {
         if let Some(m) = self.measured {
             let hop_latency = m.collective_latency / f64::from(ANCHOR_ALL_REDUCE_HOPS);
             if devices <= devices_per_chip {
                 let ((s0, b0), (s1, b1)) = (m.sibling_small, m.sibling_large);
-                let t = ((message_bytes.clamp(s0, s1) as f64).ln() - (s0 as f64).ln()) / ((s1 as f64).ln() - (s0 as f64).ln());
+                let t = ((message_bytes.clamp(s0, s1) as f64).ln() - (s0 as f64).ln())
+                    / ((s1 as f64).ln() - (s0 as f64).ln());
                 let bandwidth = (b0.ln() + t * (b1.ln() - b0.ln())).exp();
-                return Some(RingHop { bandwidth, latency: m.collective_latency, hop_latency, source: "measured sibling-core remote VMEM copy, interpolated by message size" });
+                return Some(RingHop {
+                    bandwidth,
+                    latency: m.collective_latency,
+                    hop_latency,
+                    source: "measured sibling-core remote VMEM copy, interpolated by message size",
+                });
             }
-            return Some(RingHop { bandwidth: m.cross_chip_per_core, latency: m.collective_latency, hop_latency, source: "measured cross-chip remote copy per core and direction (the ring's slowest hop)" });
+            return Some(RingHop {
+                bandwidth: m.cross_chip_per_core,
+                latency: m.collective_latency,
+                hop_latency,
+                source: "measured cross-chip remote copy per core and direction (the ring's slowest hop)",
+            });
         }
         let per_chip = self.bandwidth_per_chip?;
-        Some(RingHop { bandwidth: per_chip / f64::from(self.links_per_chip) / 2.0, latency: 0.0, hop_latency: 0.0, source: "published ICI peak per link and direction (not measured; no latency)" })
+        Some(RingHop {
+            bandwidth: per_chip / f64::from(self.links_per_chip) / 2.0,
+            latency: 0.0,
+            hop_latency: 0.0,
+            source: "published ICI peak per link and direction (not measured; no latency)",
+        })
     }
 }
 
@@ -282,7 +303,12 @@ const V7X: Target = Target {
     ici: Ici {
         links_per_chip: 4,
         bandwidth_per_chip: Some(1200.0 * GB),
-        measured: Some(MeasuredLinks { sibling_small: (256 * 1024, 101.0 * GB), sibling_large: (16 * MIB, 610.0 * GB), cross_chip_per_core: 45.0 * GB, collective_latency: 3.5e-6 }),
+        measured: Some(MeasuredLinks {
+            sibling_small: (256 * 1024, 101.0 * GB),
+            sibling_large: (16 * MIB, 610.0 * GB),
+            cross_chip_per_core: 45.0 * GB,
+            collective_latency: 3.5e-6,
+        }),
     },
 };
 
@@ -315,7 +341,10 @@ mod tests {
         // Megacore: the device is the whole chip; v7x: one device per TensorCore.
         let v4 = Chip::V4.target();
         assert_eq!((v4.devices_per_chip(), v4.hbm_bytes_per_device()), (1, 32 * GIB));
-        assert_eq!((v4.hbm_bandwidth_per_device(), v4.hbm_bandwidth_per_tensorcore()), (1200e9, 600e9));
+        assert_eq!(
+            (v4.hbm_bandwidth_per_device(), v4.hbm_bandwidth_per_tensorcore()),
+            (1200e9, 600e9)
+        );
         assert_eq!(Chip::V5p.target().hbm_bandwidth_per_tensorcore(), 1382.5e9);
         let v7x = Chip::V7x.target();
         assert_eq!((v7x.devices_per_chip(), v7x.hbm_bytes_per_device()), (2, 96 * GIB));
@@ -328,7 +357,9 @@ mod tests {
     #[test]
     fn ring_hops_follow_the_measured_links() {
         let v7x = Chip::V7x.target();
-        let hop = |devices, bytes| v7x.ici.ring_hop(devices, v7x.devices_per_chip(), bytes).expect("v7x is measured");
+        let hop = |devices, bytes| {
+            v7x.ici.ring_hop(devices, v7x.devices_per_chip(), bytes).expect("v7x is measured")
+        };
         // Two devices of one chip: the sibling figures at their sizes, between them in between.
         assert!((hop(2, 256 * 1024).bandwidth - 101e9).abs() < 1.0);
         assert!((hop(2, 16 * MIB).bandwidth - 610e9).abs() < 1.0);
@@ -355,7 +386,11 @@ mod tests {
             let t = chip.target();
             let per_cycle = f64::from(t.mxu.count) * f64::from(t.mxu.size).powi(2) * 2.0;
             let clock = t.bf16_flops_per_tensorcore() / per_cycle;
-            assert!((clock / t.clock_hz - 1.0).abs() < 0.01, "{chip}: {clock} Hz derived, {} Hz in the table", t.clock_hz);
+            assert!(
+                (clock / t.clock_hz - 1.0).abs() < 0.01,
+                "{chip}: {clock} Hz derived, {} Hz in the table",
+                t.clock_hz
+            );
         }
     }
 }

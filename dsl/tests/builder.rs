@@ -8,20 +8,51 @@ use palladium_dsl::prelude::*;
 fn hand_traced_matmul_prints_and_verifies() {
     let (m, k, n, bm, bk, bn) = (1024u64, 2048u64, 1024u64, 256u64, 512u64, 256u64);
     let mut b = KernelBuilder::new("matmul");
-    b.grid_dim(m / bm, Semantics::Parallel).grid_dim(n / bn, Semantics::Parallel).grid_dim(k / bk, Semantics::Arbitrary);
-    b.operand("x", OperandRole::Input, DType::Bf16, &[m, k], MemorySpace::Vmem, Some(vec![BlockDim::Blocked(bm), BlockDim::Blocked(bk)]),
-        Some(Box::new(|g: &[Val], _: &[Ref]| (g[0], g[2]))));
-    b.operand("y", OperandRole::Input, DType::Bf16, &[k, n], MemorySpace::Vmem, Some(vec![BlockDim::Blocked(bk), BlockDim::Blocked(bn)]),
-        Some(Box::new(|g: &[Val], _: &[Ref]| (g[2], g[1]))));
-    b.operand("o", OperandRole::Output, DType::Bf16, &[m, n], MemorySpace::Vmem, Some(vec![BlockDim::Blocked(bm), BlockDim::Blocked(bn)]),
-        Some(Box::new(|g: &[Val], _: &[Ref]| (g[0], g[1]))));
+    b.grid_dim(m / bm, Semantics::Parallel)
+        .grid_dim(n / bn, Semantics::Parallel)
+        .grid_dim(k / bk, Semantics::Arbitrary);
+    b.operand(
+        "x",
+        OperandRole::Input,
+        DType::Bf16,
+        &[m, k],
+        MemorySpace::Vmem,
+        Some(vec![BlockDim::Blocked(bm), BlockDim::Blocked(bk)]),
+        Some(Box::new(|g: &[Val], _: &[Ref]| (g[0], g[2]))),
+    );
+    b.operand(
+        "y",
+        OperandRole::Input,
+        DType::Bf16,
+        &[k, n],
+        MemorySpace::Vmem,
+        Some(vec![BlockDim::Blocked(bk), BlockDim::Blocked(bn)]),
+        Some(Box::new(|g: &[Val], _: &[Ref]| (g[2], g[1]))),
+    );
+    b.operand(
+        "o",
+        OperandRole::Output,
+        DType::Bf16,
+        &[m, n],
+        MemorySpace::Vmem,
+        Some(vec![BlockDim::Blocked(bm), BlockDim::Blocked(bn)]),
+        Some(Box::new(|g: &[Val], _: &[Ref]| (g[0], g[1]))),
+    );
     b.scratch_buffer("acc", MemorySpace::Vmem, DType::F32, &[bm, bn]);
     let sealed = b.seal().unwrap();
     let h: Vec<Ref> = sealed.handles.iter().cloned().map(|h| h.into_ref()).collect();
     let (x, y, o, acc) = (h[0], h[1], h[2], h[3]);
-    if_else(cmp(CmpPred::Eq, program_id(2), 0), || acc.store(.., zeros([bm, bn], DType::F32)), || ());
+    if_else(
+        cmp(CmpPred::Eq, program_id(2), 0),
+        || acc.store(.., zeros([bm, bn], DType::F32)),
+        || (),
+    );
     acc.store(.., acc.load(..) + dot(x.load(..), y.load(..)));
-    if_else(cmp(CmpPred::Eq, program_id(2), num_programs(2) - 1), || o.store(.., acc.load(..).cast(DType::Bf16)), || ());
+    if_else(
+        cmp(CmpPred::Eq, program_id(2), num_programs(2) - 1),
+        || o.store(.., acc.load(..).cast(DType::Bf16)),
+        || (),
+    );
     let kernel = sealed.finish().unwrap();
     let text = print_kernel(&kernel, PrintOptions::default());
     assert!(text.contains("dot"), "{text}");
@@ -37,11 +68,23 @@ fn pipeline_drain_is_a_loop_or_peeled() {
     use std::cell::Cell;
     let trace = |peeled: bool| {
         let mut b = KernelBuilder::new("stream");
-        b.operand("o", OperandRole::Output, DType::F32, &[8, 128], MemorySpace::Vmem, None, None::<Box<dyn FnOnce(&[Val], &[Ref]) -> i32>>);
+        b.operand(
+            "o",
+            OperandRole::Output,
+            DType::F32,
+            &[8, 128],
+            MemorySpace::Vmem,
+            None,
+            None::<Box<dyn FnOnce(&[Val], &[Ref]) -> i32>>,
+        );
         let sealed = b.seal().unwrap();
         let o = sealed.handles[0].clone().into_ref();
         let (issued, drained) = (Cell::new(0), Cell::new(0));
-        let drain = if peeled { Drain::Peeled { start: scalar(5), count: 2 } } else { Drain::Loop(range(scalar(5), scalar(7))) };
+        let drain = if peeled {
+            Drain::Peeled { start: scalar(5), count: 2 }
+        } else {
+            Drain::Loop(range(scalar(5), scalar(7)))
+        };
         let sum = pipeline(
             range(scalar(0), scalar(5)),
             drain,
@@ -55,7 +98,13 @@ fn pipeline_drain_is_a_loop_or_peeled() {
         );
         o.store(.., sum);
         let text = print_kernel(&sealed.finish().unwrap(), PrintOptions::default());
-        (text.lines().filter(|l| l.contains(" for ") || l.trim_start().starts_with("for ")).count(), issued.get(), drained.get())
+        (
+            text.lines()
+                .filter(|l| l.contains(" for ") || l.trim_start().starts_with("for "))
+                .count(),
+            issued.get(),
+            drained.get(),
+        )
     };
     assert_eq!(trace(false), (2, 1, 1), "main loop and drain loop, each body traced once");
     assert_eq!(trace(true), (1, 1, 2), "main loop, then the two drain items unrolled");

@@ -45,7 +45,10 @@ fn loops_trace_into_regions_with_carried_values() {
     assert!(text.contains(" = for "), "{text}");
     assert!(text.contains(" = while init("), "{text}");
     assert!(text.contains("} do {"), "{text}");
-    let if_line = text.lines().find(|l| l.contains(" = if ")).unwrap_or_else(|| panic!("if with a result:\n{text}"));
+    let if_line = text
+        .lines()
+        .find(|l| l.contains(" = if "))
+        .unwrap_or_else(|| panic!("if with a result:\n{text}"));
     assert!(if_line.contains(": f32[8,128]"), "{if_line}");
     // The for loop yields both carried values; the store reads the if's result.
     let for_line = text.lines().find(|l| l.contains(" = for ")).unwrap();
@@ -131,7 +134,11 @@ fn literal_bounds(#[default(2)] repeats: usize, #[output(f32[8], space = smem)] 
 fn the_loop_form_not_the_bounds_says_traced_or_unrolled() {
     let k = literal_bounds::build(&literal_bounds::Params { repeats: 2 }).unwrap();
     let text = print_kernel(&k, PrintOptions::default());
-    assert_eq!(text.matches(" for ").count(), 2, "two traced loops (Rust bounds and all), the others unrolled:\n{text}");
+    assert_eq!(
+        text.matches(" for ").count(),
+        2,
+        "two traced loops (Rust bounds and all), the others unrolled:\n{text}"
+    );
     assert_eq!(text.matches(" = add ").count(), 4, "2 + 2 unrolled iterations:\n{text}");
 }
 
@@ -148,5 +155,8 @@ fn rust_value_in_traced_if(#[output(i32[1], space = smem)] o: Ref) {
 fn a_rust_value_assigned_in_a_traced_if_is_reported_once() {
     let errors = rust_value_in_traced_if::build(&Default::default()).unwrap_err();
     assert_eq!(errors.0.len(), 1, "{errors}");
-    assert!(errors.0[0].message.starts_with("a Rust value cannot change inside a traced if"), "{errors}");
+    assert!(
+        errors.0[0].message.starts_with("a Rust value cannot change inside a traced if"),
+        "{errors}"
+    );
 }

@@ -30,11 +30,18 @@ fn mesh_collective_id_and_remote_ops_print() {
     assert!(text.contains(" = barrier_semaphore : sem"), "{text}");
     // `wait` on a remote copy: the send wait (source and destination swapped, as Pallas),
     // then the receive naming the copy's device.
-    assert!(text.contains("dma_wait v1 -> v0 sem v2 send\n  dma_wait v0 -> v1 sem v3 recv device v"), "{text}");
+    assert!(
+        text.contains("dma_wait v1 -> v0 sem v2 send\n  dma_wait v0 -> v1 sem v3 recv device v"),
+        "{text}"
+    );
 }
 
 #[kernel]
-fn remote_without_mesh(#[input(f32[8, 128])] x: Ref, #[output(f32[8, 128])] o: Ref, #[scratch(dma_sem[2])] sems: SemRef) {
+fn remote_without_mesh(
+    #[input(f32[8, 128])] x: Ref,
+    #[output(f32[8, 128])] o: Ref,
+    #[scratch(dma_sem[2])] sems: SemRef,
+) {
     let copy = remote_copy(x, o, sems.at(0), sems.at(1), 1);
     copy.start();
     copy.wait();
@@ -44,13 +51,25 @@ fn remote_without_mesh(#[input(f32[8, 128])] x: Ref, #[output(f32[8, 128])] o: R
 fn a_remote_copy_needs_a_mesh() {
     let errors = remote_without_mesh::build(&Default::default()).unwrap_err();
     let text = errors.to_string();
-    assert!(text.contains("a remote DMA needs the devices of a mesh: declare it, #[kernel(mesh = [x = 4], ..)]"), "{text}");
+    assert!(
+        text.contains(
+            "a remote DMA needs the devices of a mesh: declare it, #[kernel(mesh = [x = 4], ..)]"
+        ),
+        "{text}"
+    );
     assert!(text.contains("a remote DMA wait needs the devices of a mesh"), "{text}");
-    assert!(errors.0.iter().all(|e| e.loc.is_some_and(|l| l.file.ends_with("tests/multi_device.rs"))), "{text}");
+    assert!(
+        errors.0.iter().all(|e| e.loc.is_some_and(|l| l.file.ends_with("tests/multi_device.rs"))),
+        "{text}"
+    );
 }
 
 #[kernel(mesh = [x = 4])]
-fn misused(#[input(f32[8, 128])] x: Ref, #[output(f32[8, 128])] o: Ref, #[scratch(dma_sem[2])] sems: SemRef) {
+fn misused(
+    #[input(f32[8, 128])] x: Ref,
+    #[output(f32[8, 128])] o: Ref,
+    #[scratch(dma_sem[2])] sems: SemRef,
+) {
     let barrier = barrier_semaphore();
     barrier.wait(1);
     let row = axis_index("z");
@@ -63,7 +82,12 @@ fn misused(#[input(f32[8, 128])] x: Ref, #[output(f32[8, 128])] o: Ref, #[scratc
 #[test]
 fn barrier_without_collective_id_unknown_axis_and_float_device_ids_are_errors() {
     let text = misused::build(&Default::default()).unwrap_err().to_string();
-    assert!(text.contains("the barrier semaphore needs a collective id: #[kernel(collective_id = 0, ..)]"), "{text}");
+    assert!(
+        text.contains(
+            "the barrier semaphore needs a collective id: #[kernel(collective_id = 0, ..)]"
+        ),
+        "{text}"
+    );
     assert!(text.contains("axis_index: the mesh [x=4] has no axis `z`"), "{text}");
     assert!(text.contains("dma_start: device id must be an i32 scalar, got f32"), "{text}");
     assert_eq!(text.lines().count(), 3, "{text}");

@@ -18,11 +18,18 @@ fn buffered(
 #[test]
 fn buffer_counts_reach_the_call_spec_and_the_printer() {
     let k = buffered::build(&buffered::Params::default()).unwrap();
-    let modes: Vec<Option<PipelineMode>> = k.call.operands.iter().map(|o| o.pipeline_mode).collect();
+    let modes: Vec<Option<PipelineMode>> =
+        k.call.operands.iter().map(|o| o.pipeline_mode).collect();
     assert_eq!(modes, [Some(PipelineMode::Buffered(1)), Some(PipelineMode::Buffered(2)), None]);
     let text = print_kernel(&k, PrintOptions::default());
-    assert!(text.contains("in x: f32[32,128] vmem block [8,128] map bb1 pipeline_mode Buffered(1)\n"), "{text}");
-    assert!(text.contains("in y: f32[32,128] vmem block [8,128] map bb2 pipeline_mode Buffered(2)\n"), "{text}");
+    assert!(
+        text.contains("in x: f32[32,128] vmem block [8,128] map bb1 pipeline_mode Buffered(1)\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("in y: f32[32,128] vmem block [8,128] map bb2 pipeline_mode Buffered(2)\n"),
+        "{text}"
+    );
     assert!(text.contains("out o: f32[32,128] vmem block [8,128] map bb3\n"), "{text}");
     for chip in Chip::ALL {
         verify(&k, VerifyOptions { chip: Some(chip) }).unwrap_or_else(|e| panic!("{chip}: {e}"));
@@ -33,7 +40,10 @@ fn buffer_counts_reach_the_call_spec_and_the_printer() {
 fn counts_mosaic_has_no_mode_for_are_refused_at_the_attribute() {
     for n in [3, 8] {
         let text = buffered::build(&buffered::Params { n }).unwrap_err().to_string();
-        let at = format!("operand x at {}:11:13: pipeline_mode = Buffered({n}): Mosaic pipelines a window with 1 (synchronous) or 2 (double-buffered) buffers", file!());
+        let at = format!(
+            "operand x at {}:11:13: pipeline_mode = Buffered({n}): Mosaic pipelines a window with 1 (synchronous) or 2 (double-buffered) buffers",
+            file!()
+        );
         assert!(text.contains(&at), "{text}");
         assert!(!text.contains("operand y"), "{text}");
     }
@@ -44,7 +54,8 @@ fn counts_mosaic_has_no_mode_for_are_refused_at_the_attribute() {
 #[kernel(grid = (2,), vmem_limit = 2 << 20)]
 fn single_buffered_budget(
     #[default(1)] n: usize,
-    #[input(f32[1024, 512], block = [512, 512], map = |i| (i, 0), pipeline_mode = Buffered(n))] x: Ref,
+    #[input(f32[1024, 512], block = [512, 512], map = |i| (i, 0), pipeline_mode = Buffered(n))]
+    x: Ref,
     #[output(f32[1024, 512], block = [512, 512], map = |i| (i, 0), pipeline_mode = Buffered(n))] o: Ref,
 ) {
     o[..] = x[..];
@@ -53,7 +64,9 @@ fn single_buffered_budget(
 #[test]
 fn the_vmem_budget_counts_the_buffers() {
     assert!(single_buffered_budget::build(&single_buffered_budget::Params { n: 1 }).is_ok());
-    let text = single_buffered_budget::build(&single_buffered_budget::Params { n: 2 }).unwrap_err().to_string();
+    let text = single_buffered_budget::build(&single_buffered_budget::Params { n: 2 })
+        .unwrap_err()
+        .to_string();
     assert!(text.contains("VMEM budget exceeded: 4194304 bytes needed (x 2x1048576 + o 2x1048576), limit 2097152 bytes"), "{text}");
 }
 

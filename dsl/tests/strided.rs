@@ -14,7 +14,10 @@ fn every_other_row(
 
 #[test]
 fn a_strided_load_prints_its_stride() {
-    let text = print_kernel(&every_other_row::build(&Default::default()).unwrap(), PrintOptions::default());
+    let text = print_kernel(
+        &every_other_row::build(&Default::default()).unwrap(),
+        PrintOptions::default(),
+    );
     assert!(text.contains("load v1[1:+8:2, 0:+128]"), "{text}");
 }
 
@@ -37,8 +40,19 @@ fn strided_mistakes(
 fn what_mosaic_cannot_stride_is_refused_at_its_line() {
     let errors = strided_mistakes::build(&Default::default()).unwrap_err();
     let text = errors.to_string();
-    let line = |needle: &str| errors.0.iter().find(|e| e.message.contains(needle)).unwrap_or_else(|| panic!("no error about `{needle}`:\n{text}")).loc.expect("located").line;
-    let first = line("a stride along the last (lane) dim of [16,128]: Mosaic strides loads and stores along the leading dims only");
+    let line = |needle: &str| {
+        errors
+            .0
+            .iter()
+            .find(|e| e.message.contains(needle))
+            .unwrap_or_else(|| panic!("no error about `{needle}`:\n{text}"))
+            .loc
+            .expect("located")
+            .line
+    };
+    let first = line(
+        "a stride along the last (lane) dim of [16,128]: Mosaic strides loads and stores along the leading dims only",
+    );
     assert_eq!(line("index 2:+8:2 is out of bounds along dim 0 (extent 16)"), first + 1, "{text}");
     assert_eq!(line("a strided ds cannot make a sub-ref"), first + 2, "{text}");
     assert_eq!(line("a strided store cannot be masked"), first + 3, "{text}");

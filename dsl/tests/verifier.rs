@@ -20,8 +20,16 @@ fn trace_errors_are_all_reported_at_their_lines() {
     let errors = shape_mismatch::build(&Default::default()).unwrap_err();
     let text = errors.to_string();
     assert_eq!(errors.0.len(), 2, "{text}");
-    assert_eq!(errors.0[0].message, "add: operand types differ: f32[8,256] vs f32[8,128]", "{text}");
-    assert!(errors.0[1].message.contains("dot contracts lhs dim 1 (256) with rhs dim 0 (8): sizes differ"), "{text}");
+    assert_eq!(
+        errors.0[0].message, "add: operand types differ: f32[8,256] vs f32[8,128]",
+        "{text}"
+    );
+    assert!(
+        errors.0[1]
+            .message
+            .contains("dot contracts lhs dim 1 (256) with rhs dim 0 (8): sizes differ"),
+        "{text}"
+    );
     let lines: Vec<u32> = errors.0.iter().map(|e| e.loc.expect("located").line).collect();
     assert_eq!(lines[1], lines[0] + 2, "errors point at the two offending lines: {text}");
     assert!(errors.0.iter().all(|e| e.loc.unwrap().file.ends_with("tests/verifier.rs")));
@@ -39,8 +47,16 @@ fn unaligned_bf16_block(
 fn a_100x100_bf16_block_breaks_the_tiling_rule() {
     let text = unaligned_bf16_block::build(&Default::default()).unwrap_err().to_string();
     assert!(text.contains("operand x") && text.contains("operand o"), "{text}");
-    assert!(text.contains("TPU block rule: the last block dim (100) must be a multiple of 128 lanes"), "{text}");
-    assert!(text.contains("second-minor block dim (100) must be a multiple of 16 (native bf16 tile (16,128))"), "{text}");
+    assert!(
+        text.contains("TPU block rule: the last block dim (100) must be a multiple of 128 lanes"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "second-minor block dim (100) must be a multiple of 16 (native bf16 tile (16,128))"
+        ),
+        "{text}"
+    );
 }
 
 #[kernel(grid = (2,), vmem_limit = 1 << 20)]
@@ -140,7 +156,12 @@ fn past_the_end(
 fn blocks_past_the_end_of_an_array_are_refused() {
     let text = past_the_end::build(&Default::default()).unwrap_err().to_string();
     assert!(text.contains("index map of x at "), "{text}");
-    assert!(text.contains(": reaches block 4 along dim 0, outside the array's 4 blocks of 8 (dim 32 of [32,128])"), "{text}");
+    assert!(
+        text.contains(
+            ": reaches block 4 along dim 0, outside the array's 4 blocks of 8 (dim 32 of [32,128])"
+        ),
+        "{text}"
+    );
 }
 
 /// Parameters are checked before tracing: sizes, `requires`, block tiling, in stages.
@@ -158,18 +179,40 @@ fn checked_params(
 
 #[test]
 fn parameters_are_checked_before_tracing() {
-    let err = |r: Result<palladium_dsl::Kernel, palladium_dsl::BuildErrors>| r.unwrap_err().to_string();
-    let text = err(checked_params::build(&checked_params::Params { m: 1024, bm: 0, top: 4, eps: f64::NAN }));
-    assert!(text.contains("parameter bm = 0: sizes and counts must be between 1 and 2147483647"), "{text}");
+    let err =
+        |r: Result<palladium_dsl::Kernel, palladium_dsl::BuildErrors>| r.unwrap_err().to_string();
+    let text = err(checked_params::build(&checked_params::Params {
+        m: 1024,
+        bm: 0,
+        top: 4,
+        eps: f64::NAN,
+    }));
+    assert!(
+        text.contains("parameter bm = 0: sizes and counts must be between 1 and 2147483647"),
+        "{text}"
+    );
     assert!(text.contains("parameter eps = NaN: must be finite"), "{text}");
-    let text = err(checked_params::build(&checked_params::Params { m: 1 << 40, bm: 256, top: 4, eps: 1.0 }));
+    let text = err(checked_params::build(&checked_params::Params {
+        m: 1 << 40,
+        bm: 256,
+        top: 4,
+        eps: 1.0,
+    }));
     assert!(text.contains("parameter m = 1099511627776: sizes and counts must be between 1 and 2147483647 (TPU index arithmetic is i32)"), "{text}");
-    let text = err(checked_params::build(&checked_params::Params { m: 1000, bm: 8, top: 2000, eps: 1.0 }));
+    let text =
+        err(checked_params::build(&checked_params::Params { m: 1000, bm: 8, top: 2000, eps: 1.0 }));
     assert!(text.contains("requires top <= m, but top = 2000, m = 1000"), "{text}");
     assert!(text.contains("16 does not divide m = 1000"), "{text}");
-    let text = err(checked_params::build(&checked_params::Params { m: 1024, bm: 384, top: 4, eps: 1.0 }));
-    assert_eq!(text, "error: block dim 0 of `x`: bm = 384 does not divide m = 1024\nerror: block dim 0 of `o`: bm = 384 does not divide m = 1024");
-    assert!(checked_params::build(&checked_params::Params { m: 1024, bm: 256, top: 4, eps: 1.0 }).is_ok());
+    let text =
+        err(checked_params::build(&checked_params::Params { m: 1024, bm: 384, top: 4, eps: 1.0 }));
+    assert_eq!(
+        text,
+        "error: block dim 0 of `x`: bm = 384 does not divide m = 1024\nerror: block dim 0 of `o`: bm = 384 does not divide m = 1024"
+    );
+    assert!(
+        checked_params::build(&checked_params::Params { m: 1024, bm: 256, top: 4, eps: 1.0 })
+            .is_ok()
+    );
 }
 
 #[kernel(grid = (1,))]
@@ -185,7 +228,10 @@ fn operands_must_fit_the_chips_hbm() {
     let k = sixty_gib::build(&Default::default()).unwrap();
     assert!(check_hbm(&k, Chip::V7x).is_ok());
     let err = check_hbm(&k, Chip::V6e).unwrap_err();
-    assert_eq!(err, "the operands of `sixty_gib` need 64.00 GiB (68719480832 bytes: x 64.00 GiB, o 0.00 GiB), more than the 32.00 GiB of HBM per device on v6e");
+    assert_eq!(
+        err,
+        "the operands of `sixty_gib` need 64.00 GiB (68719480832 bytes: x 64.00 GiB, o 0.00 GiB), more than the 32.00 GiB of HBM per device on v6e"
+    );
 }
 
 /// The index map returns one block index for a 2-d array.
@@ -212,7 +258,13 @@ fn call_spec_errors_point_at_the_operand_declaration() {
     let budget = too_big::build(&Default::default()).unwrap_err().to_string();
     assert!(budget.contains(&format!("vmem{}VMEM budget exceeded", at(48))), "{budget}");
     let arity = short_index_map::build(&Default::default()).unwrap_err().to_string();
-    assert!(arity.contains(&format!("index map of x{}returns (i32), expected one i32 block index per array dim (2 dims)", at(194))), "{arity}");
+    assert!(
+        arity.contains(&format!(
+            "index map of x{}returns (i32), expected one i32 block index per array dim (2 dims)",
+            at(194)
+        )),
+        "{arity}"
+    );
 }
 
 /// A trace error (the add) and a call-spec error (o's tiling) in one kernel.
@@ -271,5 +323,8 @@ fn array_op_mistakes_are_reported_at_their_lines() {
         assert!(e.message.starts_with(w), "expected `{w}…`, got `{}`\n{text}", e.message);
     }
     let lines: Vec<u32> = errors.0.iter().map(|e| e.loc.expect("located").line).collect();
-    assert!(lines.windows(2).all(|w| w[1] == w[0] + 1), "one error per line, in order: {lines:?}\n{text}");
+    assert!(
+        lines.windows(2).all(|w| w[1] == w[0] + 1),
+        "one error per line, in order: {lines:?}\n{text}"
+    );
 }

@@ -29,12 +29,22 @@
 //! groups.)
 
 use crate::spmd::{self, Spmd};
-use crate::{layout::{CodeFormat, OperandKind, SegmentKind::{OProj, Qkv, Router}}, plan::{ExpertFetch, KvTiles, TWO_AHEAD_SLOTS, Plan, written_groups}};
-use palladium_dsl::build::{Carry, Drain, KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, le, lt, pipeline, pipeline_lagged, range};
+use crate::{
+    layout::{
+        CodeFormat, OperandKind,
+        SegmentKind::{OProj, Qkv, Router},
+    },
+    plan::{ExpertFetch, KvTiles, Plan, TWO_AHEAD_SLOTS, written_groups},
+};
+use palladium_dsl::build::{
+    Carry, Drain, KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, le, lt,
+    pipeline, pipeline_lagged, range,
+};
 use palladium_dsl::prelude::*;
 use palladium_dsl::{BuildErrors, Kernel};
 use palladium_kernels::body::{
-    DIGIT_ROWS, ExpertItem, GroupScales, Greedy, KvMask, NewRow, OnlineSoftmax, QuantizedBlock, RowSelect, Routing, WeightLayout, embedding_row, project, project_quantized, residual_add,
+    DIGIT_ROWS, ExpertItem, Greedy, GroupScales, KvMask, NewRow, OnlineSoftmax, QuantizedBlock,
+    Routing, RowSelect, WeightLayout, embedding_row, project, project_quantized, residual_add,
     rms_norm, rope_apply, rope_rotation, rope_tables, swiglu_chunk,
 };
 
@@ -131,7 +141,11 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     let eb = plan.layout.expert_block;
     let mut kb = KernelBuilder::new("megakernel");
     kb.vmem_limit_bytes(plan.vmem_limit);
-    kb.cost_estimate(2 * (plan.traffic.dense + plan.traffic.lm_head + plan.traffic.experts) / 2 * tokens, 0, plan.traffic.total);
+    kb.cost_estimate(
+        2 * (plan.traffic.dense + plan.traffic.lm_head + plan.traffic.experts) / 2 * tokens,
+        0,
+        plan.traffic.total,
+    );
     // The operands in call order (Pallas's: scalar prefetch, inputs, outputs), each as the
     // plan's layout gives it: name, role, dtype, full shape, memory space. No block specs:
     // the kernel is grid-less, every operand is whole (those in HBM reached by DMA only).
@@ -162,7 +176,11 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     kb.scratch_buffer("k_tiles", vm, DType::Bf16, &[2, plan.block_kv, hp]);
     kb.scratch_buffer("v_tiles", vm, DType::Bf16, &[2, plan.block_kv, hp]);
     kb.scratch_semaphores("kv_sems", SemKind::Dma, &[2, 2]);
-    kb.scratch_semaphores("kv_write_sems", SemKind::Dma, &[2 * written_groups(d.tokens_per_seq, plan.block_kv)]);
+    kb.scratch_semaphores(
+        "kv_write_sems",
+        SemKind::Dma,
+        &[2 * written_groups(d.tokens_per_seq, plan.block_kv)],
+    );
     kb.scratch_buffer("emb_rows", vm, DType::Bf16, &[tokens, 16, h]);
     kb.scratch_semaphores("emb_sems", SemKind::Dma, &[tokens]);
     kb.scratch_buffer("head_norm_buf", vm, DType::F32, &[8, hp]);
@@ -184,7 +202,9 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     kb.scratch_buffer("expert_ids", MemorySpace::Smem, DType::I32, &[plan.distinct_experts() + 1]);
     if let Some(q) = quant {
         // One scratch buffer per quantized operand, shaped as one DMA of it.
-        let shape_of = |kind: OperandKind| plan.layout.operand(kind).map(|o| o.shape.clone()).unwrap_or_default();
+        let shape_of = |kind: OperandKind| {
+            plan.layout.operand(kind).map(|o| o.shape.clone()).unwrap_or_default()
+        };
         let tail = |kind: OperandKind, keep: usize| {
             let shape = shape_of(kind);
             shape[shape.len() - keep..].to_vec()
@@ -194,13 +214,28 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         kb.scratch_buffer("router_buf", vm, DType::Bf16, &tail(OperandKind::Router, 2));
         kb.scratch_buffer("norm_buf", vm, DType::F32, &tail(OperandKind::Norms, 2));
         kb.scratch_semaphores("layer_sems", SemKind::Dma, &[4]);
-        kb.scratch_buffer("lm_ring", vm, q.lm_head.map_or(DType::Bf16, |f| f.codes), &[TWO_AHEAD_SLOTS, h, cw]);
+        kb.scratch_buffer(
+            "lm_ring",
+            vm,
+            q.lm_head.map_or(DType::Bf16, |f| f.codes),
+            &[TWO_AHEAD_SLOTS, h, cw],
+        );
         let lm_rows = if q.lm_head.is_some() { tail(OperandKind::LmScales, 2)[0] } else { 1 };
         kb.scratch_buffer("lm_scales_buf", vm, DType::F32, &[TWO_AHEAD_SLOTS, lm_rows, cw]);
         kb.scratch_semaphores("lm_sems", SemKind::Dma, &[2, TWO_AHEAD_SLOTS]);
         let with_slots = |kind| [vec![plan.expert_slots], tail(kind, 2)].concat();
-        kb.scratch_buffer("expert_scales_buf", vm, DType::F32, &with_slots(OperandKind::ExpertScales));
-        kb.scratch_buffer("expert_down_scales_buf", vm, DType::F32, &with_slots(OperandKind::ExpertDownScales));
+        kb.scratch_buffer(
+            "expert_scales_buf",
+            vm,
+            DType::F32,
+            &with_slots(OperandKind::ExpertScales),
+        );
+        kb.scratch_buffer(
+            "expert_down_scales_buf",
+            vm,
+            DType::F32,
+            &with_slots(OperandKind::ExpertDownScales),
+        );
         kb.scratch_semaphores("expert_scale_sems", SemKind::Dma, &[2, plan.expert_slots]);
     }
     spmd::declare(&mut kb, plan);
@@ -394,7 +429,9 @@ fn lm_head_stream(p: &Plan, hd: H, n: u64, l: u64) -> Greedy {
         p.layout.lm_chunks,
         depth,
         (scalar(first_bank), Greedy::start(rows)),
-        |c: Val, &(bank, _): &(Val, Greedy)| dense_copy(hd, lm_item(c), ring_add(bank, depth, banks)).start(),
+        |c: Val, &(bank, _): &(Val, Greedy)| {
+            dense_copy(hd, lm_item(c), ring_add(bank, depth, banks)).start()
+        },
         |c: Val, (bank, greedy): (Val, Greedy)| {
             dense_copy(hd, lm_item(c), bank).wait();
             let logits = project(xf, hd.ring.load(bank), WeightLayout::InOut);
@@ -413,9 +450,22 @@ fn lm_head_stream(p: &Plan, hd: H, n: u64, l: u64) -> Greedy {
 /// uses it). Not [`pipeline_lagged`]: with compute this light against its DMAs, libtpu's
 /// v6e estimate of the lagged form was higher (bf16 Qwen3-30B-A3B, 8 layers, two ahead:
 /// 1318266 cycles against 1253779).
-fn lm_head_chunks<C: Carry>(chunks: u64, ahead: u64, init: C, issue: impl Fn(Val, &C), consume: impl Fn(Val, C) -> C) -> C {
+fn lm_head_chunks<C: Carry>(
+    chunks: u64,
+    ahead: u64,
+    init: C,
+    issue: impl Fn(Val, &C),
+    consume: impl Fn(Val, C) -> C,
+) -> C {
     let split = chunks.saturating_sub(ahead) as i32;
-    pipeline(range(0, scalar(split)), Drain::Loop(range(scalar(split), scalar(chunks as i32))), ahead, init, issue, |c: Val, carry: C, _| consume(c, carry))
+    pipeline(
+        range(0, scalar(split)),
+        Drain::Loop(range(scalar(split), scalar(chunks as i32))),
+        ahead,
+        init,
+        issue,
+        |c: Val, carry: C, _| consume(c, carry),
+    )
 }
 
 /// `greedy` folded over `lm_head` chunk `c`'s `logits` (either stream's). On N devices the
@@ -443,7 +493,8 @@ fn attention_residual(hd: H) -> Val {
 /// A quantized plan's `lm_head` chunk `chunk` (codes, and scales where it is quantized)
 /// into bank `bank` of its own ring.
 fn lm_copies(q: Q, chunk: Val, bank: Val) -> Vec<Dma> {
-    let mut copies = vec![async_copy(q.lm_head.at(chunk), q.lm_ring.at(bank), q.lm_sems.at((0, bank)))];
+    let mut copies =
+        vec![async_copy(q.lm_head.at(chunk), q.lm_ring.at(bank), q.lm_sems.at((0, bank)))];
     if let Some(scales) = q.lm_scales {
         copies.push(async_copy(scales.at(chunk), q.lm_sc.at(bank), q.lm_sems.at((1, bank))));
     }
@@ -464,8 +515,23 @@ fn layer_copies(q: Q, layer: Val) -> [Dma; 4] {
 /// `x @ w` for a block of `inputs` inputs of a weight of `weight_inputs`, in the dense
 /// format `f` with `scales` (rows for the block's groups), on the bodies' quantized product
 /// ([`token_rows`]).
-fn quantized(p: &Plan, x: Val, codes: Val, scales: Val, f: CodeFormat, weight_inputs: u64, layout: WeightLayout) -> Val {
-    token_rows(p, x, |x| project_quantized(x, codes, GroupScales { values: scales, group: f.group_of(weight_inputs) }, layout))
+fn quantized(
+    p: &Plan,
+    x: Val,
+    codes: Val,
+    scales: Val,
+    f: CodeFormat,
+    weight_inputs: u64,
+    layout: WeightLayout,
+) -> Val {
+    token_rows(p, x, |x| {
+        project_quantized(
+            x,
+            codes,
+            GroupScales { values: scales, group: f.group_of(weight_inputs) },
+            layout,
+        )
+    })
 }
 
 /// `product(x)` for a quantized product of the activations `x` (`[rows, ..]`): when the
@@ -489,7 +555,8 @@ fn token_rows(p: &Plan, x: Val, product: impl FnOnce(Val) -> Val) -> Val {
 fn lm_head_quantized(p: &Plan, hd: H, q: Q) -> Greedy {
     let d = &p.dims;
     let (h, rows) = (d.hidden, d.rows);
-    let final_norm = async_copy(q.norms.at(scalar(p.layers as i32)), q.norm_buf, q.layer_sems.at(3));
+    let final_norm =
+        async_copy(q.norms.at(scalar(p.layers as i32)), q.norm_buf, q.layer_sems.at(3));
     final_norm.start();
     final_norm.wait();
     let xf = rms_norm(hd.x.load(..), Some(q.norm_buf.load((0..1, ..))), h, d.eps);
@@ -560,7 +627,15 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
             match piece.segment {
                 Qkv => {
                     let y = match (hd.quant, dense) {
-                        (Some(q), Some(f)) => quantized(p, xn1, w, q.qkv_sc.load((.., seg_cols.clone())), f, h, WeightLayout::InOut),
+                        (Some(q), Some(f)) => quantized(
+                            p,
+                            xn1,
+                            w,
+                            q.qkv_sc.load((.., seg_cols.clone())),
+                            f,
+                            h,
+                            WeightLayout::InOut,
+                        ),
                         _ => project(xn1, w, WeightLayout::InOut),
                     };
                     hd.qkv.store((.., seg_cols), y)
@@ -589,7 +664,8 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
                     hd.oacc.store(.., acc + y);
                 }
                 Router => {
-                    let xn = *xn2.get_or_insert_with(|| rms_norm(attention_residual(hd), None, h, d.eps));
+                    let xn = *xn2
+                        .get_or_insert_with(|| rms_norm(attention_residual(hd), None, h, d.eps));
                     hd.rl.store((.., seg_cols), project(xn, w, WeightLayout::InOut));
                 }
             }
@@ -603,7 +679,8 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
         hd.rl.store(.., project(xn, q.router_buf.load(..), WeightLayout::InOut));
         Some(xn)
     });
-    let xn2 = xn2.expect("the router segment is last (bf16) or the router is its own operand (quantized)");
+    let xn2 = xn2
+        .expect("the router segment is last (bf16) or the router is its own operand (quantized)");
     let (routing, distinct) = route(p, hd);
     experts(p, hd, layer, xn2, routing, distinct);
 }
@@ -651,7 +728,8 @@ fn attention(p: &Plan, hd: H, layer: Val) {
     // `pos + k`: its offset from `pos` (static), for the mask's causality among the K.
     let queries = (kt > 1).then(|| {
         let row = iota([qrows, 1], 0);
-        let offsets = (1..kt).fold(zeros([qrows, 1], i32), |o, k| select(ge(row, (k * group) as i32), o + 1, o));
+        let offsets = (1..kt)
+            .fold(zeros([qrows, 1], i32), |o, k| select(ge(row, (k * group) as i32), o + 1, o));
         (offsets, kt)
     });
     for_range(range(0, scalar(kvh as i32)), (), |g: Val, ()| {
@@ -672,7 +750,14 @@ fn attention(p: &Plan, hd: H, layer: Val) {
             let pos = hd.positions.load(bi);
             // The newest position written and attended: the sequence's last new token's.
             let newest = if kt == 1 { pos } else { pos + (kt - 1) as i32 };
-            let new_kv: Vec<(Val, Val)> = (0..kt).map(|k| (row_b.take(hd.ks.load(g), token_row(k)), row_b.take(hd.vs.load(g), token_row(k)))).collect();
+            let new_kv: Vec<(Val, Val)> = (0..kt)
+                .map(|k| {
+                    (
+                        row_b.take(hd.ks.load(g), token_row(k)),
+                        row_b.take(hd.vs.load(g), token_row(k)),
+                    )
+                })
+                .collect();
             let bkv_i = bkv as i32;
             // The tile holding the newest position: the last one read, or any one of all.
             let last = newest / bkv_i;
@@ -691,8 +776,16 @@ fn attention(p: &Plan, hd: H, layer: Val) {
             };
             let fetch = |t: Val, slot: Val| {
                 let start = (t * bkv_i).multiple_of(bkv as u32);
-                let k = async_copy(hd.k_cache.at((layer, bi, g, ds(start, bkv), ..)), hd.kbuf.at(slot), hd.kv_sems.at((0, slot)));
-                let v = async_copy(hd.v_cache.at((layer, bi, g, ds(start, bkv), ..)), hd.vbuf.at(slot), hd.kv_sems.at((1, slot)));
+                let k = async_copy(
+                    hd.k_cache.at((layer, bi, g, ds(start, bkv), ..)),
+                    hd.kbuf.at(slot),
+                    hd.kv_sems.at((0, slot)),
+                );
+                let v = async_copy(
+                    hd.v_cache.at((layer, bi, g, ds(start, bkv), ..)),
+                    hd.vbuf.at(slot),
+                    hd.kv_sems.at((1, slot)),
+                );
                 (k, v)
             };
             // The 16-row groups of tile `t` holding new K/V rows, written back in place from
@@ -710,7 +803,10 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                     if written_groups(kt, bkv) == 1 {
                         vec![first]
                     } else {
-                        vec![first, select(lt(first + 16, bkv_i), first + 16, first - 16).multiple_of(16)]
+                        vec![
+                            first,
+                            select(lt(first + 16, bkv_i), first + 16, first - 16).multiple_of(16),
+                        ]
                     }
                 };
                 groups
@@ -720,8 +816,16 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                         let tile_start = if kt == 1 { last * bkv_i } else { t * bkv_i };
                         let at = (tile_start + g16).multiple_of(16);
                         let sem = 2 * i as u64;
-                        let k = async_copy(hd.kbuf.at((slot, ds(g16, 16), ..)), hd.k_cache.at((layer, bi, g, ds(at, 16), ..)), hd.kv_wsems.at(sem));
-                        let v = async_copy(hd.vbuf.at((slot, ds(g16, 16), ..)), hd.v_cache.at((layer, bi, g, ds(at, 16), ..)), hd.kv_wsems.at(sem + 1));
+                        let k = async_copy(
+                            hd.kbuf.at((slot, ds(g16, 16), ..)),
+                            hd.k_cache.at((layer, bi, g, ds(at, 16), ..)),
+                            hd.kv_wsems.at(sem),
+                        );
+                        let v = async_copy(
+                            hd.vbuf.at((slot, ds(g16, 16), ..)),
+                            hd.v_cache.at((layer, bi, g, ds(at, 16), ..)),
+                            hd.kv_wsems.at(sem + 1),
+                        );
                         (k, v)
                     })
                     .collect::<Vec<_>>()
@@ -764,7 +868,11 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                         // at once would not fit VMEM's scoped budget).
                         let (mut k_tile, mut v_tile) = (hd.kbuf.load(slot), hd.vbuf.load(slot));
                         for (k, &(knew, vnew)) in new_kv.iter().enumerate() {
-                            let row = NewRow::at(bkv, hp, if k == 0 { pos } else { pos + k as i32 } - t * bkv_i);
+                            let row = NewRow::at(
+                                bkv,
+                                hp,
+                                if k == 0 { pos } else { pos + k as i32 } - t * bkv_i,
+                            );
                             k_tile = row.insert(k_tile, knew);
                             v_tile = row.insert(v_tile, vnew);
                         }
@@ -784,9 +892,16 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                     // bound).
                     let mask = match (p.kv_tiles, d.window) {
                         (KvTiles::UpToPosition, None) if !draining && kt == 1 => None,
-                        _ => Some(KvMask { start: t * bkv_i, last: pos, queries, window: d.window, zero_values: true }),
+                        _ => Some(KvMask {
+                            start: t * bkv_i,
+                            last: pos,
+                            queries,
+                            window: d.window,
+                            zero_values: true,
+                        }),
                     };
-                    let state = state.attend(qg, hd.kbuf.load(slot), hd.vbuf.load(slot), None, mask);
+                    let state =
+                        state.attend(qg, hd.kbuf.load(slot), hd.vbuf.load(slot), None, mask);
                     // The write-back reads this slot: it lands before the slot is refilled.
                     on_new_tile(t, draining, &|| {
                         for (kw, vw) in write_back(t, slot) {
@@ -802,14 +917,22 @@ fn attention(p: &Plan, hd: H, layer: Val) {
             for k in 0..kt {
                 for j in 0..group {
                     let block = || (g, j * rows..(j + 1) * rows, ..);
-                    hd.os.store(block(), row_b.put(hd.os.load(block()), token_row(k), arow.take(out, (k * group + j) as i32)));
+                    hd.os.store(
+                        block(),
+                        row_b.put(
+                            hd.os.load(block()),
+                            token_row(k),
+                            arow.take(out, (k * group + j) as i32),
+                        ),
+                    );
                 }
             }
         });
     });
     for head in 0..d.heads {
         let (g, j) = (head / group, head % group);
-        hd.attn.store((.., head * hp..(head + 1) * hp), hd.os.load((g, j * rows..(j + 1) * rows, ..)));
+        hd.attn
+            .store((.., head * hp..(head + 1) * hp), hd.os.load((g, j * rows..(j + 1) * rows, ..)));
     }
 }
 
@@ -834,7 +957,9 @@ fn route(p: &Plan, hd: H) -> (Routing, Val) {
             let id = routing.id(r as i32, j as i32);
             let first = routing.first_choice(r, j, id);
             let (listed, stored) = match own_first {
-                Some(lo) => (first & ge(id, lo) & lt(id, lo + d.experts_per_device as i32), id - lo),
+                Some(lo) => {
+                    (first & ge(id, lo) & lt(id, lo + d.experts_per_device as i32), id - lo)
+                }
                 None => (first, id),
             };
             hd.ids.store(select(listed, distinct, trash), stored);
@@ -878,10 +1003,22 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
     // The chunk's codes, and a quantized plan's scales with them (same chunking).
     let fetch = |e: Val, c: Val, slot: Val| {
         let id = hd.ids.load(entry(e));
-        let mut copies = vec![async_copy(hd.w_experts.at((layer, id, c)), hd.ex_buf.at(slot), hd.ex_sems.at(slot))];
+        let mut copies = vec![async_copy(
+            hd.w_experts.at((layer, id, c)),
+            hd.ex_buf.at(slot),
+            hd.ex_sems.at(slot),
+        )];
         if let Some(q) = hd.quant {
-            copies.push(async_copy(q.expert_scales.at((layer, id, c)), q.ex_sc.at(slot), q.ex_sc_sems.at((0, slot))));
-            copies.push(async_copy(q.expert_down_scales.at((layer, id, c)), q.ex_dsc.at(slot), q.ex_sc_sems.at((1, slot))));
+            copies.push(async_copy(
+                q.expert_scales.at((layer, id, c)),
+                q.ex_sc.at(slot),
+                q.ex_sc_sems.at((0, slot)),
+            ));
+            copies.push(async_copy(
+                q.expert_down_scales.at((layer, id, c)),
+                q.ex_dsc.at(slot),
+                q.ex_sc_sems.at((1, slot)),
+            ));
         }
         copies
     };
@@ -915,10 +1052,21 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
             let chunk = match (hd.quant, p.layout.quant) {
                 (Some(q), Some(f)) => {
                     let f = f.experts;
-                    let block = |part: u64, values: Val, weight_inputs: u64| QuantizedBlock { codes: columns(part), scales: GroupScales { values, group: f.group_of(weight_inputs) } };
+                    let block = |part: u64, values: Val, weight_inputs: u64| QuantizedBlock {
+                        codes: columns(part),
+                        scales: GroupScales { values, group: f.group_of(weight_inputs) },
+                    };
                     let gate_up = |part: u64| q.ex_sc.load((slot, .., part * eb..(part + 1) * eb));
                     let (h, i) = (d.hidden, d.intermediate);
-                    token_rows(p, xn2, |x| swiglu_chunk(x, block(0, gate_up(0), h), block(1, gate_up(1), h), block(2, q.ex_dsc.load((slot, 0..f.scale_rows(eb, i), ..)), i), WeightLayout::OutIn))
+                    token_rows(p, xn2, |x| {
+                        swiglu_chunk(
+                            x,
+                            block(0, gate_up(0), h),
+                            block(1, gate_up(1), h),
+                            block(2, q.ex_dsc.load((slot, 0..f.scale_rows(eb, i), ..)), i),
+                            WeightLayout::OutIn,
+                        )
+                    })
                 }
                 _ => swiglu_chunk(xn2, columns(0), columns(1), columns(2), WeightLayout::OutIn),
             };

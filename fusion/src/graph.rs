@@ -109,8 +109,16 @@ pub struct LayerKind {
 impl LayerKind {
     pub fn of(layer: &palladium_model::LayerSpec) -> Self {
         match &layer.ffn {
-            FfnKind::Moe(m) => LayerKind { attention: layer.attention, moe: Some((m.num_experts, m.top_k, m.intermediate)), dense_intermediate: None },
-            FfnKind::Dense { intermediate } => LayerKind { attention: layer.attention, moe: None, dense_intermediate: Some(*intermediate) },
+            FfnKind::Moe(m) => LayerKind {
+                attention: layer.attention,
+                moe: Some((m.num_experts, m.top_k, m.intermediate)),
+                dense_intermediate: None,
+            },
+            FfnKind::Dense { intermediate } => LayerKind {
+                attention: layer.attention,
+                moe: None,
+                dense_intermediate: Some(*intermediate),
+            },
         }
     }
 
@@ -134,7 +142,10 @@ impl LayerGraph {
         let layer = &spec.layers[index];
         let mixtral = spec.family == palladium_model::Family::Mixtral;
         let mut g = StableDiGraph::new();
-        let node = |g: &mut StableDiGraph<OpNode, usize>, name: &str, kind: OpKind, inputs: &[NodeIndex]| {
+        let node = |g: &mut StableDiGraph<OpNode, usize>,
+                    name: &str,
+                    kind: OpKind,
+                    inputs: &[NodeIndex]| {
             let n = g.add_node(OpNode { name: name.to_string(), kind });
             for (i, &src) in inputs.iter().enumerate() {
                 g.add_edge(src, n, i);
@@ -143,41 +154,112 @@ impl LayerGraph {
         };
         let x = node(&mut g, "x", OpKind::Input, &[]);
         let w = |kind: WeightKind, name: &str| Weight::new(kind, name);
-        let n1 = node(&mut g, "input_layernorm", OpKind::RmsNorm { weight: w(WeightKind::InputNorm, "input_layernorm.weight") }, &[x]);
-        let q = node(&mut g, "q_proj", OpKind::Linear { weight: w(WeightKind::QProj, "self_attn.q_proj.weight") }, &[n1]);
-        let k = node(&mut g, "k_proj", OpKind::Linear { weight: w(WeightKind::KProj, "self_attn.k_proj.weight") }, &[n1]);
-        let v = node(&mut g, "v_proj", OpKind::Linear { weight: w(WeightKind::VProj, "self_attn.v_proj.weight") }, &[n1]);
+        let n1 = node(
+            &mut g,
+            "input_layernorm",
+            OpKind::RmsNorm { weight: w(WeightKind::InputNorm, "input_layernorm.weight") },
+            &[x],
+        );
+        let q = node(
+            &mut g,
+            "q_proj",
+            OpKind::Linear { weight: w(WeightKind::QProj, "self_attn.q_proj.weight") },
+            &[n1],
+        );
+        let k = node(
+            &mut g,
+            "k_proj",
+            OpKind::Linear { weight: w(WeightKind::KProj, "self_attn.k_proj.weight") },
+            &[n1],
+        );
+        let v = node(
+            &mut g,
+            "v_proj",
+            OpKind::Linear { weight: w(WeightKind::VProj, "self_attn.v_proj.weight") },
+            &[n1],
+        );
         let (q, k) = match spec.attention.qk_norm {
             QkNorm::PerHeadRms { .. } => (
-                node(&mut g, "q_norm", OpKind::HeadNorm { weight: w(WeightKind::QNorm, "self_attn.q_norm.weight") }, &[q]),
-                node(&mut g, "k_norm", OpKind::HeadNorm { weight: w(WeightKind::KNorm, "self_attn.k_norm.weight") }, &[k]),
+                node(
+                    &mut g,
+                    "q_norm",
+                    OpKind::HeadNorm { weight: w(WeightKind::QNorm, "self_attn.q_norm.weight") },
+                    &[q],
+                ),
+                node(
+                    &mut g,
+                    "k_norm",
+                    OpKind::HeadNorm { weight: w(WeightKind::KNorm, "self_attn.k_norm.weight") },
+                    &[k],
+                ),
             ),
             QkNorm::None => (q, k),
         };
         let qr = node(&mut g, "q_rope", OpKind::Rope, &[q]);
         let kr = node(&mut g, "k_rope", OpKind::Rope, &[k]);
         let attn = node(&mut g, "attn", OpKind::Attention, &[qr, kr, v]);
-        let o = node(&mut g, "o_proj", OpKind::Linear { weight: w(WeightKind::OProj, "self_attn.o_proj.weight") }, &[attn]);
+        let o = node(
+            &mut g,
+            "o_proj",
+            OpKind::Linear { weight: w(WeightKind::OProj, "self_attn.o_proj.weight") },
+            &[attn],
+        );
         let h = node(&mut g, "attn_residual", OpKind::Residual, &[x, o]);
-        let n2 = node(&mut g, "post_attention_layernorm", OpKind::RmsNorm { weight: w(WeightKind::PostAttentionNorm, "post_attention_layernorm.weight") }, &[h]);
+        let n2 = node(
+            &mut g,
+            "post_attention_layernorm",
+            OpKind::RmsNorm {
+                weight: w(WeightKind::PostAttentionNorm, "post_attention_layernorm.weight"),
+            },
+            &[h],
+        );
         let ffn = match &layer.ffn {
             FfnKind::Moe(m) => {
                 let (gate_w, prefix, names) = if mixtral {
-                    ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}", ["w1", "w3", "w2"])
+                    (
+                        "block_sparse_moe.gate.weight",
+                        "block_sparse_moe.experts.{e}",
+                        ["w1", "w3", "w2"],
+                    )
                 } else {
                     ("mlp.gate.weight", "mlp.experts.{e}", ["gate_proj", "up_proj", "down_proj"])
                 };
-                let logits = node(&mut g, "router", OpKind::Linear { weight: w(WeightKind::Router, gate_w) }, &[n2]);
+                let logits = node(
+                    &mut g,
+                    "router",
+                    OpKind::Linear { weight: w(WeightKind::Router, gate_w) },
+                    &[n2],
+                );
                 let topk = node(&mut g, "topk", OpKind::TopK { k: m.top_k }, &[logits]);
-                let ew = |kind: WeightKind, n: &str| Weight::new(kind, format!("{prefix}.{n}.weight"));
-                let experts = OpKind::Experts { gate: ew(WeightKind::ExpertGate, names[0]), up: ew(WeightKind::ExpertUp, names[1]), down: ew(WeightKind::ExpertDown, names[2]) };
+                let ew =
+                    |kind: WeightKind, n: &str| Weight::new(kind, format!("{prefix}.{n}.weight"));
+                let experts = OpKind::Experts {
+                    gate: ew(WeightKind::ExpertGate, names[0]),
+                    up: ew(WeightKind::ExpertUp, names[1]),
+                    down: ew(WeightKind::ExpertDown, names[2]),
+                };
                 node(&mut g, "experts", experts, &[n2, topk])
             }
             FfnKind::Dense { .. } => {
-                let gt = node(&mut g, "gate_proj", OpKind::Linear { weight: w(WeightKind::MlpGate, "mlp.gate_proj.weight") }, &[n2]);
-                let up = node(&mut g, "up_proj", OpKind::Linear { weight: w(WeightKind::MlpUp, "mlp.up_proj.weight") }, &[n2]);
+                let gt = node(
+                    &mut g,
+                    "gate_proj",
+                    OpKind::Linear { weight: w(WeightKind::MlpGate, "mlp.gate_proj.weight") },
+                    &[n2],
+                );
+                let up = node(
+                    &mut g,
+                    "up_proj",
+                    OpKind::Linear { weight: w(WeightKind::MlpUp, "mlp.up_proj.weight") },
+                    &[n2],
+                );
                 let act = node(&mut g, "silu_mul", OpKind::SiluMul, &[gt, up]);
-                node(&mut g, "down_proj", OpKind::Linear { weight: w(WeightKind::MlpDown, "mlp.down_proj.weight") }, &[act])
+                node(
+                    &mut g,
+                    "down_proj",
+                    OpKind::Linear { weight: w(WeightKind::MlpDown, "mlp.down_proj.weight") },
+                    &[act],
+                )
             }
         };
         let out = node(&mut g, "ffn_residual", OpKind::Residual, &[h, ffn]);
@@ -191,7 +273,11 @@ impl LayerGraph {
 
     /// The producers of `n`, in operand order.
     pub fn inputs(&self, n: NodeIndex) -> Vec<NodeIndex> {
-        let mut e: Vec<(usize, NodeIndex)> = self.graph.edges_directed(n, Direction::Incoming).map(|e| (*e.weight(), e.source())).collect();
+        let mut e: Vec<(usize, NodeIndex)> = self
+            .graph
+            .edges_directed(n, Direction::Incoming)
+            .map(|e| (*e.weight(), e.source()))
+            .collect();
         e.sort();
         e.into_iter().map(|(_, s)| s).collect()
     }
@@ -213,7 +299,9 @@ impl LayerGraph {
                 OpKind::SiluMul => format!("(silu_mul {} {})", ins[0], ins[1]),
                 OpKind::Residual => format!("(add {} {})", ins[0], ins[1]),
                 OpKind::TopK { k } => format!("(topk {} {k})", ins[0]),
-                OpKind::Experts { gate, up, down } => format!("(experts {} {} {} {} {})", ins[0], ins[1], w(gate), w(up), w(down)),
+                OpKind::Experts { gate, up, down } => {
+                    format!("(experts {} {} {} {} {})", ins[0], ins[1], w(gate), w(up), w(down))
+                }
             }
         }
         format!("(layer {})", go(self, self.output))
@@ -224,8 +312,13 @@ impl LayerGraph {
         self.topo_order()
             .into_iter()
             .map(|n| {
-                let ins: Vec<String> = self.inputs(n).into_iter().map(|i| self.graph[i].name.clone()).collect();
-                if ins.is_empty() { self.graph[n].name.clone() } else { format!("{} <- {}", self.graph[n].name, ins.join(", ")) }
+                let ins: Vec<String> =
+                    self.inputs(n).into_iter().map(|i| self.graph[i].name.clone()).collect();
+                if ins.is_empty() {
+                    self.graph[n].name.clone()
+                } else {
+                    format!("{} <- {}", self.graph[n].name, ins.join(", "))
+                }
             })
             .collect()
     }

@@ -23,7 +23,8 @@ pub enum SegmentKind {
 impl SegmentKind {
     /// The order the emitter's schedule consumes the segments in (the layer's dataflow:
     /// attention between q/k/v and `o_proj`, routing after the attention residual).
-    pub const SCHEDULE: [SegmentKind; 3] = [SegmentKind::Qkv, SegmentKind::OProj, SegmentKind::Router];
+    pub const SCHEDULE: [SegmentKind; 3] =
+        [SegmentKind::Qkv, SegmentKind::OProj, SegmentKind::Router];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -137,7 +138,10 @@ fn serialize_role<S: Serializer>(role: &OperandRole, s: S) -> Result<S::Ok, S::E
 }
 
 /// Serializes a value as its `Display` text (`bf16`, `any`, `v6e`), as the report writes it.
-pub(crate) fn display<S: Serializer, T: std::fmt::Display>(value: &T, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn display<S: Serializer, T: std::fmt::Display>(
+    value: &T,
+    s: S,
+) -> Result<S::Ok, S::Error> {
     s.collect_str(value)
 }
 
@@ -296,7 +300,12 @@ impl StreamLayout {
             .map(|s| {
                 let from = s.col.max(start);
                 let to = (s.col + s.cols).min(end);
-                Piece { segment: s.kind, seg_col: from - s.col, chunk_col: from - start, cols: to - from }
+                Piece {
+                    segment: s.kind,
+                    seg_col: from - s.col,
+                    chunk_col: from - start,
+                    cols: to - from,
+                }
             })
             .collect()
     }

@@ -41,7 +41,8 @@ impl Megakernel {
     pub fn from_plan(plan: Plan) -> Result<Megakernel, MegakernelError> {
         let kernel = emit(&plan).map_err(MegakernelError::Emit)?;
         let chip = plan.chip;
-        let lowered = lower(&kernel, &LowerOptions { chip }).map_err(|error| MegakernelError::Lower { chip, error })?;
+        let lowered = lower(&kernel, &LowerOptions { chip })
+            .map_err(|error| MegakernelError::Lower { chip, error })?;
         Ok(Megakernel { plan, kernel, lowered })
     }
 

@@ -35,16 +35,18 @@
 //!   HBM per device; a model that does not fit is refused with the numbers.
 
 use crate::graph::{LayerGraph, LayerKind, Weight, WeightKind};
-use crate::layout::{CodeFormat, Operand, OperandKind, QuantLayout, Segment, SegmentKind, StreamLayout};
+use crate::layout::{
+    CodeFormat, Operand, OperandKind, QuantLayout, Segment, SegmentKind, StreamLayout,
+};
 use crate::rewrite::{FusedWeight, Rewritten, rewrite};
 use crate::shard::{self, Sharding};
 use palladium_dsl::DType;
 use palladium_dsl::build::{MemorySpace, OperandRole};
 use palladium_dsl::spec::Chip;
+use palladium_kernels::body::{DIGIT_ROWS, widened_code_bytes};
 use palladium_model::quant::WeightsDtype;
 use palladium_model::spec::Quantization;
 use palladium_model::{AttentionKind, FfnKind, LmHead, ModelSpec, MoeSpec, QkNorm, TopKWeights};
-use palladium_kernels::body::{DIGIT_ROWS, widened_code_bytes};
 use serde::Serialize;
 
 const MIB: u64 = 1 << 20;
@@ -88,7 +90,10 @@ pub struct PlanOptions {
 /// The weights dtype of a plan: `requested` (`--weights-dtype`), else what the config's
 /// checkpoint stores (an FP8 `quantization_config` selects fp8 by itself). An FP8 checkpoint
 /// planned as another dtype is refused: its weights are fp8 as they ship.
-pub fn weights_dtype(spec: &ModelSpec, requested: Option<WeightsDtype>) -> Result<WeightsDtype, PlanError> {
+pub fn weights_dtype(
+    spec: &ModelSpec,
+    requested: Option<WeightsDtype>,
+) -> Result<WeightsDtype, PlanError> {
     let stored = WeightsDtype::of_checkpoint(spec);
     match requested {
         None => Ok(stored),
@@ -106,7 +111,11 @@ pub fn weights_dtype(spec: &ModelSpec, requested: Option<WeightsDtype>) -> Resul
 /// every linear weight of the layers and `lm_head`; fp8 e4m3fn 128x128 tiles on q/k/v/o and
 /// the experts (`lm_head` bf16); int4 groups of 128 inputs on the experts, the rest int8.
 /// Routers stay bf16 in all three.
-fn quant_layout(spec: &ModelSpec, dims: &Dims, weights: WeightsDtype) -> Result<Option<QuantLayout>, PlanError> {
+fn quant_layout(
+    spec: &ModelSpec,
+    dims: &Dims,
+    weights: WeightsDtype,
+) -> Result<Option<QuantLayout>, PlanError> {
     let int8 = CodeFormat { codes: DType::I8, group: None };
     let fp8 = CodeFormat { codes: DType::F8E4M3, group: Some(128) };
     let int4 = CodeFormat { codes: DType::I4, group: Some(128) };
@@ -120,12 +129,17 @@ fn quant_layout(spec: &ModelSpec, dims: &Dims, weights: WeightsDtype) -> Result<
         if let Some(Quantization::Fp8Block { weight_block_size, .. }) = &spec.quantization
             && *weight_block_size != [128, 128]
         {
-            return Err(PlanError::Unsupported(format!("quantization_config.weight_block_size {weight_block_size:?} (the kernel's fp8 tiles are [128, 128])")));
+            return Err(PlanError::Unsupported(format!(
+                "quantization_config.weight_block_size {weight_block_size:?} (the kernel's fp8 tiles are [128, 128])"
+            )));
         }
         // o_proj's inputs are padded per head to 128 lanes: a group of 128 padded inputs
         // must lie in one 128-input tile of the checkpoint's.
         if !(dims.head_dim.is_multiple_of(128) || 128 % dims.head_dim == 0) {
-            return Err(PlanError::Unsupported(format!("fp8 weights with head_dim {} (a multiple or divisor of 128 keeps o_proj's 128x128 tiles whole in the padded head layout)", dims.head_dim)));
+            return Err(PlanError::Unsupported(format!(
+                "fp8 weights with head_dim {} (a multiple or divisor of 128 keeps o_proj's 128x128 tiles whole in the padded head layout)",
+                dims.head_dim
+            )));
         }
     }
     // A tied head is the embedding, which every scheme keeps bf16.
@@ -149,7 +163,20 @@ impl PlanOptions {
     /// All layers, HBM checked, KV read up to each position, one token per sequence, the
     /// full logits returned.
     pub fn new(chip: Chip, batch: u64, context: u64) -> PlanOptions {
-        PlanOptions { chip, batch, context, layers: None, check_hbm: true, kv_tiles: KvTiles::UpToPosition, prefetch: Prefetch::Deep, tokens_per_seq: 1, logits: true, expert_fetch: ExpertFetch::Distinct, devices: 1, weights: WeightsDtype::Bf16 }
+        PlanOptions {
+            chip,
+            batch,
+            context,
+            layers: None,
+            check_hbm: true,
+            kv_tiles: KvTiles::UpToPosition,
+            prefetch: Prefetch::Deep,
+            tokens_per_seq: 1,
+            logits: true,
+            expert_fetch: ExpertFetch::Distinct,
+            devices: 1,
+            weights: WeightsDtype::Bf16,
+        }
     }
 }
 
@@ -195,14 +222,37 @@ pub enum PlanError {
     Unsupported(String),
     #[error("invalid option: {0}")]
     Invalid(String),
-    #[error("does not fit {chip} HBM: the operands need {need} bytes ({need_gib:.2} GiB: {detail}), {chip} has {have} bytes ({have_gib:.2} GiB) usable per device (at most {max_layers} of the model's layers fit{split})")]
-    Hbm { chip: Chip, need: u64, need_gib: f64, have: u64, have_gib: f64, detail: String, max_layers: u64, split: String },
-    #[error("does not fit {chip} VMEM: the plan needs {need} bytes ({need_mib:.2} MiB: {detail}), {chip} has {have} bytes ({have_mib} MiB) per core")]
+    #[error(
+        "does not fit {chip} HBM: the operands need {need} bytes ({need_gib:.2} GiB: {detail}), {chip} has {have} bytes ({have_gib:.2} GiB) usable per device (at most {max_layers} of the model's layers fit{split})"
+    )]
+    Hbm {
+        chip: Chip,
+        need: u64,
+        need_gib: f64,
+        have: u64,
+        have_gib: f64,
+        detail: String,
+        max_layers: u64,
+        split: String,
+    },
+    #[error(
+        "does not fit {chip} VMEM: the plan needs {need} bytes ({need_mib:.2} MiB: {detail}), {chip} has {have} bytes ({have_mib} MiB) per core"
+    )]
     Vmem { chip: Chip, need: u64, need_mib: f64, have: u64, have_mib: u64, detail: String },
     #[error("cannot split the model over {devices} devices (--devices {devices}): {reason}")]
     Split { devices: u64, reason: String },
-    #[error("does not fit {devices} {chip} devices: the operands need {need} bytes ({need_gib:.2} GiB) per device, {chip} has {have} bytes ({have_gib:.2} GiB) usable per device; {needed}")]
-    Devices { devices: u64, chip: Chip, need: u64, need_gib: f64, have: u64, have_gib: f64, needed: String },
+    #[error(
+        "does not fit {devices} {chip} devices: the operands need {need} bytes ({need_gib:.2} GiB) per device, {chip} has {have} bytes ({have_gib:.2} GiB) usable per device; {needed}"
+    )]
+    Devices {
+        devices: u64,
+        chip: Chip,
+        need: u64,
+        need_gib: f64,
+        have: u64,
+        have_gib: f64,
+        needed: String,
+    },
     #[error("the rewrites did not {0}")]
     Rewrite(String),
     /// A byte count past `u64`: no chip holds it, and nothing is allocated for it.
@@ -213,12 +263,18 @@ pub enum PlanError {
 /// `factors` multiplied, or [`PlanError::TooLarge`] naming `what` when the product passes
 /// `u64` (config sizes are at most 2^24 each, so products of several can).
 pub(crate) fn product(what: &str, factors: &[u64]) -> Result<u64, PlanError> {
-    factors.iter().try_fold(1u64, |acc, &f| acc.checked_mul(f)).ok_or_else(|| PlanError::TooLarge { what: what.to_string() })
+    factors
+        .iter()
+        .try_fold(1u64, |acc, &f| acc.checked_mul(f))
+        .ok_or_else(|| PlanError::TooLarge { what: what.to_string() })
 }
 
 /// A checked sum, as [`product`].
 fn total(what: &str, terms: &[u64]) -> Result<u64, PlanError> {
-    terms.iter().try_fold(0u64, |acc, &t| acc.checked_add(t)).ok_or_else(|| PlanError::TooLarge { what: what.to_string() })
+    terms
+        .iter()
+        .try_fold(0u64, |acc, &t| acc.checked_add(t))
+        .ok_or_else(|| PlanError::TooLarge { what: what.to_string() })
 }
 
 /// Model dimensions as the kernel uses them (padded where the TPU tiling needs it).
@@ -434,13 +490,36 @@ impl Plan {
     /// the weights' layout, the prefetch schedule, the VMEM budget, the HBM fit, the traffic.
     pub fn new(spec: &ModelSpec, options: &PlanOptions) -> Result<Plan, PlanError> {
         if !shard::DEVICE_COUNTS.contains(&options.devices) {
-            return Err(PlanError::Invalid(format!("--devices {} (supported: {})", options.devices, shard::DEVICE_COUNTS.map(|n| n.to_string()).join(", "))));
+            return Err(PlanError::Invalid(format!(
+                "--devices {} (supported: {})",
+                options.devices,
+                shard::DEVICE_COUNTS.map(|n| n.to_string()).join(", ")
+            )));
         }
         let plan = match Plan::for_devices(spec, options) {
             // One device: say how many would hold the whole model.
-            Err(PlanError::Hbm { chip, need, need_gib, have, have_gib, detail, max_layers, .. }) => {
-                let split = fewest_devices(spec, options).map_or_else(String::new, |n| format!("; {n}"));
-                return Err(PlanError::Hbm { chip, need, need_gib, have, have_gib, detail, max_layers, split });
+            Err(PlanError::Hbm {
+                chip,
+                need,
+                need_gib,
+                have,
+                have_gib,
+                detail,
+                max_layers,
+                ..
+            }) => {
+                let split =
+                    fewest_devices(spec, options).map_or_else(String::new, |n| format!("; {n}"));
+                return Err(PlanError::Hbm {
+                    chip,
+                    need,
+                    need_gib,
+                    have,
+                    have_gib,
+                    detail,
+                    max_layers,
+                    split,
+                });
             }
             plan => plan?,
         };
@@ -452,7 +531,9 @@ impl Plan {
                 need_gib: plan.hbm_total as f64 / GIB as f64,
                 have: plan.hbm_capacity,
                 have_gib: plan.hbm_capacity as f64 / GIB as f64,
-                needed: fewest_devices(spec, options).unwrap_or_else(|| format!("no split over up to {} devices fits", options.devices << 6)),
+                needed: fewest_devices(spec, options).unwrap_or_else(|| {
+                    format!("no split over up to {} devices fits", options.devices << 6)
+                }),
             });
         }
         Ok(plan)
@@ -469,11 +550,25 @@ impl Plan {
         let layout = stream_layout(spec, options, layers, &dims, &extracted)?;
         let rings = prefetch_schedule(options, layers, &dims, &layout);
         let vmem = vmem_budget(options, &dims, &layout, &rings, block_kv)?;
-        let (hbm_total, hbm_capacity) = hbm_fit(&PlanOptions { check_hbm: options.check_hbm && options.devices == 1, ..options.clone() }, layers, &dims, &layout)?;
+        let (hbm_total, hbm_capacity) = hbm_fit(
+            &PlanOptions {
+                check_hbm: options.check_hbm && options.devices == 1,
+                ..options.clone()
+            },
+            layers,
+            &dims,
+            &layout,
+        )?;
         let traffic = traffic(spec, options, layers, &dims, &layout, block_kv)?;
-        let sharding = split.map(|split| shard::sharding(options, layers, &dims, vocab, split)).transpose()?;
+        let sharding =
+            split.map(|split| shard::sharding(options, layers, &dims, vocab, split)).transpose()?;
         Ok(Plan {
-            model: format!("{} ({} layers of {})", spec.family.model_type(), spec.layers.len(), kind.describe()),
+            model: format!(
+                "{} ({} layers of {})",
+                spec.family.model_type(),
+                spec.layers.len(),
+                kind.describe()
+            ),
             chip: options.chip,
             layers,
             model_layers: spec.layers.len(),
@@ -509,26 +604,42 @@ impl Plan {
 /// split holds the planned layers, in words for a refusal; `None` where no split does (or
 /// none can be planned on the chip).
 fn fewest_devices(spec: &ModelSpec, options: &PlanOptions) -> Option<String> {
-    let fits = |n: u64| Plan::for_devices(spec, &PlanOptions { devices: n, check_hbm: false, ..options.clone() }).is_ok_and(|p| p.hbm_total <= p.hbm_capacity);
+    let fits = |n: u64| {
+        Plan::for_devices(spec, &PlanOptions { devices: n, check_hbm: false, ..options.clone() })
+            .is_ok_and(|p| p.hbm_total <= p.hbm_capacity)
+    };
     let max = *shard::DEVICE_COUNTS.last().unwrap_or(&1);
     let n = (1..=6).map(|k| options.devices << k).find(|&n| fits(n))?;
-    Some(if n <= max { format!("it needs at least {n} devices (--devices {n})") } else { format!("it needs at least {n} devices, more than the {max} supported (try --layers)") })
+    Some(if n <= max {
+        format!("it needs at least {n} devices (--devices {n})")
+    } else {
+        format!("it needs at least {n} devices, more than the {max} supported (try --layers)")
+    })
 }
 
 /// The options in range and a model the megakernel supports: the layers planned, their
 /// kind, and their MoE FFN.
-fn supported<'s>(spec: &'s ModelSpec, options: &PlanOptions) -> Result<(usize, LayerKind, &'s MoeSpec), PlanError> {
+fn supported<'s>(
+    spec: &'s ModelSpec,
+    options: &PlanOptions,
+) -> Result<(usize, LayerKind, &'s MoeSpec), PlanError> {
     if options.batch == 0 || options.batch > 16 {
         return Err(PlanError::Invalid(format!("--batch {} (supported: 1..=16)", options.batch)));
     }
     if options.tokens_per_seq == 0 || options.tokens_per_seq > MAX_TOKENS_PER_SEQ {
-        return Err(PlanError::Invalid(format!("--tokens-per-seq {} (supported: 1..={MAX_TOKENS_PER_SEQ})", options.tokens_per_seq)));
+        return Err(PlanError::Invalid(format!(
+            "--tokens-per-seq {} (supported: 1..={MAX_TOKENS_PER_SEQ})",
+            options.tokens_per_seq
+        )));
     }
     if options.context == 0 {
         return Err(PlanError::Invalid("--context 0".into()));
     }
     if options.tokens_per_seq > options.context {
-        return Err(PlanError::Invalid(format!("--tokens-per-seq {} is more than --context {}: a step writes K consecutive cache positions", options.tokens_per_seq, options.context)));
+        return Err(PlanError::Invalid(format!(
+            "--tokens-per-seq {} is more than --context {}: a step writes K consecutive cache positions",
+            options.tokens_per_seq, options.context
+        )));
     }
     // Also keeps positions within the kernel's i32 position operand (the config caps
     // max_position_embeddings at 2^24).
@@ -540,7 +651,10 @@ fn supported<'s>(spec: &'s ModelSpec, options: &PlanOptions) -> Result<(usize, L
     }
     let layers = options.layers.unwrap_or(spec.layers.len());
     if layers == 0 || layers > spec.layers.len() {
-        return Err(PlanError::Invalid(format!("--layers {layers} (the model has {})", spec.layers.len())));
+        return Err(PlanError::Invalid(format!(
+            "--layers {layers} (the model has {})",
+            spec.layers.len()
+        )));
     }
     let kind = LayerKind::of(&spec.layers[0]);
     if let Some(l) = spec.layers[..layers].iter().find(|l| LayerKind::of(l) != kind) {
@@ -552,7 +666,9 @@ fn supported<'s>(spec: &'s ModelSpec, options: &PlanOptions) -> Result<(usize, L
         )));
     }
     let FfnKind::Moe(moe) = &spec.layers[0].ffn else {
-        return Err(PlanError::Unsupported("dense-MLP layers (only MoE layers are emitted so far)".into()));
+        return Err(PlanError::Unsupported(
+            "dense-MLP layers (only MoE layers are emitted so far)".into(),
+        ));
     };
     if moe.shared.is_some() {
         return Err(PlanError::Unsupported("shared experts".into()));
@@ -569,7 +685,10 @@ fn supported<'s>(spec: &'s ModelSpec, options: &PlanOptions) -> Result<(usize, L
         return Err(PlanError::Unsupported(format!("hidden_size {h} (must be a multiple of 128)")));
     }
     if moe.intermediate % 128 != 0 {
-        return Err(PlanError::Unsupported(format!("expert intermediate size {} (must be a multiple of 128)", moe.intermediate)));
+        return Err(PlanError::Unsupported(format!(
+            "expert intermediate size {} (must be a multiple of 128)",
+            moe.intermediate
+        )));
     }
     Ok((layers, kind, moe))
 }
@@ -627,8 +746,14 @@ fn rewrites(spec: &ModelSpec, dims: &Dims) -> Result<Extracted, PlanError> {
         LmHead::Untied => "lm_head.weight",
         LmHead::Tied => "model.embed_tokens.weight",
     };
-    let (norm, lm_head) = (Weight::new(WeightKind::FinalNorm, "model.norm.weight"), Weight::new(WeightKind::LmHead, head_name));
-    let head = rewrite(&format!("(layer (matmul (rmsnorm x w:{}) w:{}))", norm.name, lm_head.name), &[(norm, 2 * h), (lm_head, 2 * h * spec.vocab_size)]);
+    let (norm, lm_head) = (
+        Weight::new(WeightKind::FinalNorm, "model.norm.weight"),
+        Weight::new(WeightKind::LmHead, head_name),
+    );
+    let head = rewrite(
+        &format!("(layer (matmul (rmsnorm x w:{}) w:{}))", norm.name, lm_head.name),
+        &[(norm, 2 * h), (lm_head, 2 * h * spec.vocab_size)],
+    );
     for r in [&layer, &head] {
         if !r.saturated() {
             return Err(PlanError::Rewrite(format!("saturate (stopped: {})", r.stop)));
@@ -638,9 +763,14 @@ fn rewrites(spec: &ModelSpec, dims: &Dims) -> Result<Extracted, PlanError> {
     let mut segments = Vec::new();
     for m in &layer.matmuls {
         let (kind, cols) = match (m.kinds().as_slice(), m.folded_kind()) {
-            ([WeightKind::QProj, WeightKind::KProj, WeightKind::VProj], Some(WeightKind::InputNorm)) => (SegmentKind::Qkv, (dims.heads + 2 * dims.kv_heads) * dims.head_pad),
+            (
+                [WeightKind::QProj, WeightKind::KProj, WeightKind::VProj],
+                Some(WeightKind::InputNorm),
+            ) => (SegmentKind::Qkv, (dims.heads + 2 * dims.kv_heads) * dims.head_pad),
             ([WeightKind::OProj], None) => (SegmentKind::OProj, dims.heads * dims.head_pad),
-            ([WeightKind::Router], Some(WeightKind::PostAttentionNorm)) => (SegmentKind::Router, dims.experts_pad),
+            ([WeightKind::Router], Some(WeightKind::PostAttentionNorm)) => {
+                (SegmentKind::Router, dims.experts_pad)
+            }
             _ => {
                 return Err(PlanError::Rewrite(format!(
                     "give the dense stream's matmuls (q/k/v fused with input_layernorm folded, o_proj, the router with post_attention_layernorm folded): the extraction chose matmul {}",
@@ -653,7 +783,10 @@ fn rewrites(spec: &ModelSpec, dims: &Dims) -> Result<Extracted, PlanError> {
     }
     if segments.iter().map(|s| s.kind).ne(SegmentKind::SCHEDULE) {
         let got: Vec<String> = layer.matmuls.iter().map(FusedWeight::describe).collect();
-        return Err(PlanError::Rewrite(format!("give the dense stream's matmuls once each in the layer's order q/k/v, o_proj, router (extracted: {})", got.join(", "))));
+        return Err(PlanError::Rewrite(format!(
+            "give the dense stream's matmuls once each in the layer's order q/k/v, o_proj, router (extracted: {})",
+            got.join(", ")
+        )));
     }
     let experts: [FusedWeight; 2] = match layer.experts.as_slice() {
         [gate_up, down]
@@ -664,10 +797,18 @@ fn rewrites(spec: &ModelSpec, dims: &Dims) -> Result<Extracted, PlanError> {
         {
             [gate_up.clone(), down.clone()]
         }
-        _ => return Err(PlanError::Rewrite("fuse the experts' gate/up with post_attention_layernorm folded".into())),
+        _ => {
+            return Err(PlanError::Rewrite(
+                "fuse the experts' gate/up with post_attention_layernorm folded".into(),
+            ));
+        }
     };
     let lm_head = match head.matmuls.as_slice() {
-        [m] if m.kinds() == [WeightKind::LmHead] && m.folded_kind() == Some(WeightKind::FinalNorm) => m.clone(),
+        [m] if m.kinds() == [WeightKind::LmHead]
+            && m.folded_kind() == Some(WeightKind::FinalNorm) =>
+        {
+            m.clone()
+        }
         _ => return Err(PlanError::Rewrite("fold the final norm into lm_head".into())),
     };
     Ok(Extracted { graph, layer, head, segments, lm_head, experts })
@@ -676,11 +817,23 @@ fn rewrites(spec: &ModelSpec, dims: &Dims) -> Result<Extracted, PlanError> {
 /// The weights' host layout and the operands: the dense stream cut into `~4 MiB` chunks,
 /// `lm_head` continuing it, the experts cut into chunks as large as a quarter of VMEM
 /// allows for the expert ring, the caches.
-fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &Dims, extracted: &Extracted) -> Result<StreamLayout, PlanError> {
-    let (h, hp, batch, positions, tokens) = (dims.hidden, dims.head_pad, dims.batch, dims.positions, dims.tokens);
+fn stream_layout(
+    spec: &ModelSpec,
+    options: &PlanOptions,
+    layers: usize,
+    dims: &Dims,
+    extracted: &Extracted,
+) -> Result<StreamLayout, PlanError> {
+    let (h, hp, batch, positions, tokens) =
+        (dims.hidden, dims.head_pad, dims.batch, dims.positions, dims.tokens);
     let quant = quant_layout(spec, dims, options.weights)?;
     // A quantized plan's router is its own bf16 operand: the dense stream is q/k/v and o.
-    let segments: Vec<Segment> = extracted.segments.iter().filter(|s| quant.is_none() || s.kind != SegmentKind::Router).cloned().collect();
+    let segments: Vec<Segment> = extracted
+        .segments
+        .iter()
+        .filter(|s| quant.is_none() || s.kind != SegmentKind::Router)
+        .cloned()
+        .collect();
     let width: u64 = segments.iter().map(|s| s.cols).sum();
     // ~4 MiB chunks: a DMA's fixed cost is amortised (libtpu's v6e estimate, Qwen3-30B-A3B,
     // one chunk in flight: 2 MiB 0.71 of the floor, 4 MiB 0.78). bf16: 128..=1024 columns.
@@ -724,7 +877,14 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
     let l = layers as u64;
     let (e, kvh) = (dims.experts_per_device, dims.kv_heads);
     let vp16 = round_up(spec.vocab_size, 16);
-    let operand = |kind, role, dtype, shape: Vec<u64>, space, bytes| Operand { kind, role, dtype, shape, space, bytes };
+    let operand = |kind, role, dtype, shape: Vec<u64>, space, bytes| Operand {
+        kind,
+        role,
+        dtype,
+        shape,
+        space,
+        bytes,
+    };
     use OperandKind::*;
     use OperandRole::{Input, Output, Prefetch};
     let mut operands = vec![
@@ -737,45 +897,120 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
             dense_dtype,
             vec![l * per_layer + stream_lm_chunks, h, chunk_cols],
             MemorySpace::Any,
-            product("the dense weight stream (w_stream)", &[bits(dense_dtype), l * per_layer + stream_lm_chunks, h, chunk_cols])? / 8,
+            product(
+                "the dense weight stream (w_stream)",
+                &[bits(dense_dtype), l * per_layer + stream_lm_chunks, h, chunk_cols],
+            )? / 8,
         ),
-        operand(WExperts, Input, expert_dtype, vec![l, e, expert_chunks, h, 3 * expert_block], MemorySpace::Any, product("the expert weights (w_experts)", &[bits(expert_dtype), l, e, i, h, 3])? / 8),
+        operand(
+            WExperts,
+            Input,
+            expert_dtype,
+            vec![l, e, expert_chunks, h, 3 * expert_block],
+            MemorySpace::Any,
+            product("the expert weights (w_experts)", &[bits(expert_dtype), l, e, i, h, 3])? / 8,
+        ),
     ];
     if dims.qk_norm {
-        operands.push(operand(HeadNorms, Input, DType::F32, vec![l, 8, hp], MemorySpace::Any, 4 * l * 8 * hp));
+        operands.push(operand(
+            HeadNorms,
+            Input,
+            DType::F32,
+            vec![l, 8, hp],
+            MemorySpace::Any,
+            4 * l * 8 * hp,
+        ));
     }
     if let Some(q) = quant {
         let (nqkv, nq) = (segments[0].cols, segments[1].cols);
         let f32_operand = |kind, shape: Vec<u64>| {
-            let bytes = product(&format!("the {}", OperandKind::name(kind)), &shape).map(|n| 4 * n)?;
+            let bytes =
+                product(&format!("the {}", OperandKind::name(kind)), &shape).map(|n| 4 * n)?;
             Ok::<_, PlanError>(operand(kind, Input, DType::F32, shape, MemorySpace::Any, bytes))
         };
         operands.push(f32_operand(QkvScales, vec![l, q.dense.scale_rows(h, h), nqkv])?);
         operands.push(f32_operand(OScales, vec![l, q.dense.scale_rows(nq, nq), h])?);
-        operands.push(operand(Router, Input, DType::Bf16, vec![l, h, dims.experts_pad], MemorySpace::Any, 2 * l * h * dims.experts_pad));
+        operands.push(operand(
+            Router,
+            Input,
+            DType::Bf16,
+            vec![l, h, dims.experts_pad],
+            MemorySpace::Any,
+            2 * l * h * dims.experts_pad,
+        ));
         operands.push(f32_operand(Norms, vec![l + 1, 8, h])?);
         let lm_dtype = q.lm_head.map_or(DType::Bf16, |f| f.codes);
-        operands.push(operand(LmHead, Input, lm_dtype, vec![lm_chunks, h, chunk_cols], MemorySpace::Any, lm_chunks * h * chunk_cols * bits(lm_dtype) / 8));
+        operands.push(operand(
+            LmHead,
+            Input,
+            lm_dtype,
+            vec![lm_chunks, h, chunk_cols],
+            MemorySpace::Any,
+            lm_chunks * h * chunk_cols * bits(lm_dtype) / 8,
+        ));
         if let Some(f) = q.lm_head {
             operands.push(f32_operand(LmScales, vec![lm_chunks, f.scale_rows(h, h), chunk_cols])?);
         }
-        operands.push(f32_operand(ExpertScales, vec![l, e, expert_chunks, q.experts.scale_rows(h, h), 2 * expert_block])?);
-        operands.push(f32_operand(ExpertDownScales, vec![l, e, expert_chunks, CodeFormat::dma_scale_rows(q.experts.scale_rows(expert_block, i)), h])?);
+        operands.push(f32_operand(
+            ExpertScales,
+            vec![l, e, expert_chunks, q.experts.scale_rows(h, h), 2 * expert_block],
+        )?);
+        operands.push(f32_operand(
+            ExpertDownScales,
+            vec![
+                l,
+                e,
+                expert_chunks,
+                CodeFormat::dma_scale_rows(q.experts.scale_rows(expert_block, i)),
+                h,
+            ],
+        )?);
     }
     let kv_shape = vec![l, batch, kvh, positions, hp];
-    let kv_bytes = product(&format!("each KV cache ([{l}, {batch}, {kvh}, {positions}, {hp}] bf16)"), &[2, l, batch, kvh, positions, hp])?;
+    let kv_bytes = product(
+        &format!("each KV cache ([{l}, {batch}, {kvh}, {positions}, {hp}] bf16)"),
+        &[2, l, batch, kvh, positions, hp],
+    )?;
     for kind in [KCache, VCache] {
-        operands.push(operand(kind, Input, DType::Bf16, kv_shape.clone(), MemorySpace::Any, kv_bytes));
+        operands.push(operand(
+            kind,
+            Input,
+            DType::Bf16,
+            kv_shape.clone(),
+            MemorySpace::Any,
+            kv_bytes,
+        ));
     }
     if options.logits {
-        operands.push(operand(Logits, Output, DType::F32, vec![lm_chunks, dims.rows, chunk_cols], MemorySpace::Vmem, 4 * lm_chunks * dims.rows * chunk_cols));
+        operands.push(operand(
+            Logits,
+            Output,
+            DType::F32,
+            vec![lm_chunks, dims.rows, chunk_cols],
+            MemorySpace::Vmem,
+            4 * lm_chunks * dims.rows * chunk_cols,
+        ));
     }
     for kind in [NextIds, MaxLogits] {
         let dtype = if kind == NextIds { DType::I32 } else { DType::F32 };
-        operands.push(operand(kind, Output, dtype, vec![dims.rows, 128], MemorySpace::Vmem, 4 * dims.rows * 128));
+        operands.push(operand(
+            kind,
+            Output,
+            dtype,
+            vec![dims.rows, 128],
+            MemorySpace::Vmem,
+            4 * dims.rows * 128,
+        ));
     }
     for kind in [KCacheOut, VCacheOut] {
-        operands.push(operand(kind, Output, DType::Bf16, kv_shape.clone(), MemorySpace::Any, kv_bytes));
+        operands.push(operand(
+            kind,
+            Output,
+            DType::Bf16,
+            kv_shape.clone(),
+            MemorySpace::Any,
+            kv_bytes,
+        ));
     }
     Ok(StreamLayout {
         chunk_cols,
@@ -793,21 +1028,39 @@ fn stream_layout(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &
 
 /// The dense ring (deep: ~24 MiB of banks on 128 MiB-VMEM chips, 16 MiB else, 2..=12
 /// banks; single: 3, two chunks ahead as in the expert ring) and the expert ring.
-fn prefetch_schedule(options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLayout) -> Rings {
+fn prefetch_schedule(
+    options: &PlanOptions,
+    layers: usize,
+    dims: &Dims,
+    layout: &StreamLayout,
+) -> Rings {
     let bank_bytes = layout.dense_code_bytes(dims.hidden * layout.chunk_cols);
-    let ring_target = if options.chip.target().vmem_bytes >= 128 * MIB { 24 * MIB } else { 16 * MIB };
+    let ring_target =
+        if options.chip.target().vmem_bytes >= 128 * MIB { 24 * MIB } else { 16 * MIB };
     let total_items = layers as u64 * layout.per_layer + layout.stream_lm_chunks();
     let banks = match options.prefetch {
         Prefetch::Deep => (ring_target / bank_bytes).clamp(2, 12).min(total_items.max(2)),
         Prefetch::Single => TWO_AHEAD_SLOTS,
     };
-    Rings { banks, bank_bytes, depth: banks - 1, expert_slots: TWO_AHEAD_SLOTS, expert_slot_bytes: layout.expert_code_bytes(3 * dims.hidden * layout.expert_block) }
+    Rings {
+        banks,
+        bank_bytes,
+        depth: banks - 1,
+        expert_slots: TWO_AHEAD_SLOTS,
+        expert_slot_bytes: layout.expert_code_bytes(3 * dims.hidden * layout.expert_block),
+    }
 }
 
 /// The VMEM plan (every scratch buffer, plus headroom for vector temporaries and compiler
 /// spills), refused past the chip's VMEM per core: the parts, their total and the limit
 /// the kernel is compiled with.
-fn vmem_budget(options: &PlanOptions, dims: &Dims, layout: &StreamLayout, rings: &Rings, block_kv: u64) -> Result<VmemBudget, PlanError> {
+fn vmem_budget(
+    options: &PlanOptions,
+    dims: &Dims,
+    layout: &StreamLayout,
+    rings: &Rings,
+    block_kv: u64,
+) -> Result<VmemBudget, PlanError> {
     let chip = options.chip;
     let (h, hp, rows, kvh) = (dims.hidden, dims.head_pad, dims.rows, dims.kv_heads);
     let width = |kind| layout.segment(kind).map_or(0, |s| s.cols);
@@ -824,26 +1077,44 @@ fn vmem_budget(options: &PlanOptions, dims: &Dims, layout: &StreamLayout, rings:
         ("embedding rows".into(), dims.tokens * pad(16, h, 2)),
         ("residual + expert acc + o acc".into(), 3 * pad(rows, h, 4)),
         ("qkv".into(), pad(rows, nqkv, 4)),
-        ("q / attention out / k / v heads".into(), 2 * kvh * pad(dims.group * rows, hp, 4) + 2 * kvh * pad(rows, hp, 4)),
+        (
+            "q / attention out / k / v heads".into(),
+            2 * kvh * pad(dims.group * rows, hp, 4) + 2 * kvh * pad(rows, hp, 4),
+        ),
         ("attention rows".into(), pad(rows, nq, 4)),
         ("router logits".into(), pad(rows, dims.experts_pad, 4)),
         ("rope tables".into(), 2 * pad(rows, hp, 4) + pad(hp, hp, 2) + pad(8, hp, 4)),
         ("greedy ids + max logits (outputs)".into(), 2 * pad(rows, 128, 4)),
     ];
     if let Some(q) = layout.quant {
-        let rows_of = |kind| layout.operand(kind).map_or(0, |o: &Operand| o.shape[o.shape.len() - 2]);
-        vmem.push(("qkv + o scales".into(), pad(rows_of(OperandKind::QkvScales), nqkv, 4) + pad(rows_of(OperandKind::OScales), h, 4)));
+        let rows_of =
+            |kind| layout.operand(kind).map_or(0, |o: &Operand| o.shape[o.shape.len() - 2]);
+        vmem.push((
+            "qkv + o scales".into(),
+            pad(rows_of(OperandKind::QkvScales), nqkv, 4)
+                + pad(rows_of(OperandKind::OScales), h, 4),
+        ));
         vmem.push(("router (bf16) + norms".into(), pad(h, dims.experts_pad, 2) + pad(8, h, 4)));
         let lm_bank = q.lm_head.map_or(2 * h * chunk_cols, |f| f.code_bytes(h * chunk_cols));
-        vmem.push(("lm_head ring + scales".into(), TWO_AHEAD_SLOTS * (lm_bank + pad(rows_of(OperandKind::LmScales), chunk_cols, 4))));
-        vmem.push(("expert scales".into(), rings.expert_slots * (pad(rows_of(OperandKind::ExpertScales), 2 * layout.expert_block, 4) + pad(rows_of(OperandKind::ExpertDownScales), h, 4))));
+        vmem.push((
+            "lm_head ring + scales".into(),
+            TWO_AHEAD_SLOTS * (lm_bank + pad(rows_of(OperandKind::LmScales), chunk_cols, 4)),
+        ));
+        vmem.push((
+            "expert scales".into(),
+            rings.expert_slots
+                * (pad(rows_of(OperandKind::ExpertScales), 2 * layout.expert_block, 4)
+                    + pad(rows_of(OperandKind::ExpertDownScales), h, 4)),
+        ));
         // The codes widened on their way into the MXU, one expert chunk and one dense chunk
         // (`widened_code_bytes`: i8 against the activations' digits needs no copy, i4 an i8
         // one, the mixed product a bf16 one): libtpu's scoped VMEM refused an int4
         // Qwen3-30B-A3B plan (v6e, 8 layers, mixed product) without room for them. The
         // products take the token rows alone when they fit the digits (emit's `token_rows`).
         let product_rows = if dims.tokens <= DIGIT_ROWS { rows.min(DIGIT_ROWS) } else { rows };
-        let widened = widened_code_bytes(q.experts.codes, product_rows) * 3 * h * layout.expert_block + widened_code_bytes(q.dense.codes, product_rows) * h * chunk_cols;
+        let widened =
+            widened_code_bytes(q.experts.codes, product_rows) * 3 * h * layout.expert_block
+                + widened_code_bytes(q.dense.codes, product_rows) * h * chunk_cols;
         if widened > 0 {
             vmem.push(("code widening (estimate)".into(), widened));
         }
@@ -857,23 +1128,43 @@ fn vmem_budget(options: &PlanOptions, dims: &Dims, layout: &StreamLayout, rings:
     let scores = pad(dims.attn_rows, block_kv, 4);
     // K > 1: the K new K/V rows are inserted into both tiles at once, a row mask at a time.
     let inserts = if dims.tokens_per_seq > 1 { 4 * pad(block_kv, hp, 4) } else { 0 };
-    let temporaries = 4 * scores + 4 * pad(rows, 3 * layout.expert_block, 4) + 4 * pad(rows, h.max(chunk_cols), 4) + inserts;
+    let temporaries = 4 * scores
+        + 4 * pad(rows, 3 * layout.expert_block, 4)
+        + 4 * pad(rows, h.max(chunk_cols), 4)
+        + inserts;
     vmem.push(("vector temporaries (estimate)".into(), temporaries));
     vmem.push(("compiler spill headroom".into(), 4 * MIB));
     let vmem_total: u64 = vmem.iter().map(|v| v.1).sum();
     let vmem_capacity = chip.target().vmem_bytes;
     if vmem_total > vmem_capacity {
         let detail = vmem.iter().map(|(n, b)| format!("{n} {b}")).collect::<Vec<_>>().join(" + ");
-        return Err(PlanError::Vmem { chip, need: vmem_total, need_mib: vmem_total as f64 / MIB as f64, have: vmem_capacity, have_mib: vmem_capacity / MIB, detail });
+        return Err(PlanError::Vmem {
+            chip,
+            need: vmem_total,
+            need_mib: vmem_total as f64 / MIB as f64,
+            have: vmem_capacity,
+            have_mib: vmem_capacity / MIB,
+            detail,
+        });
     }
-    Ok(VmemBudget { limit: round_up(vmem_total, MIB).min(vmem_capacity), parts: vmem, total: vmem_total })
+    Ok(VmemBudget {
+        limit: round_up(vmem_total, MIB).min(vmem_capacity),
+        parts: vmem,
+        total: vmem_total,
+    })
 }
 
 /// The operands' HBM arrays together, and the chip's usable HBM per device; refused past
 /// it (unless `check_hbm` is off) with the number of layers that would fit.
-fn hbm_fit(options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLayout) -> Result<(u64, u64), PlanError> {
+fn hbm_fit(
+    options: &PlanOptions,
+    layers: usize,
+    dims: &Dims,
+    layout: &StreamLayout,
+) -> Result<(u64, u64), PlanError> {
     let chip = options.chip;
-    let in_hbm: Vec<u64> = layout.operands.iter().filter(|o| o.own_hbm_array()).map(|o| o.bytes).collect();
+    let in_hbm: Vec<u64> =
+        layout.operands.iter().filter(|o| o.own_hbm_array()).map(|o| o.bytes).collect();
     let hbm_total = total("the operands together", &in_hbm)?;
     let hbm_capacity = hbm_usable_bytes(chip);
     if options.check_hbm && hbm_total > hbm_capacity {
@@ -883,20 +1174,47 @@ fn hbm_fit(options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLay
         // suggests 0 layers.
         let per_layer_bytes = match layout.quant {
             None => (2 * layout.per_layer * h * layout.chunk_cols)
-                .saturating_add(2u64.saturating_mul(dims.experts_per_device).saturating_mul(dims.intermediate).saturating_mul(h).saturating_mul(3))
+                .saturating_add(
+                    2u64.saturating_mul(dims.experts_per_device)
+                        .saturating_mul(dims.intermediate)
+                        .saturating_mul(h)
+                        .saturating_mul(3),
+                )
                 .saturating_add(2 * (kv_bytes / l))
                 .saturating_add(if dims.qk_norm { 4 * 8 * hp } else { 0 }),
             // Every operand with a leading layer axis (a quantized w_stream has no lm_head
             // chunks; `norms` has one more entry, the final norm).
             Some(_) => {
                 use OperandKind::*;
-                let per_layer = [WStream, WExperts, HeadNorms, KCache, VCache, QkvScales, OScales, Router, ExpertScales, ExpertDownScales];
-                layout.operands.iter().filter(|o| per_layer.contains(&o.kind)).map(|o| o.bytes / l).fold(0u64, u64::saturating_add).saturating_add(layout.operand(Norms).map_or(0, |o| o.bytes / (l + 1)))
+                let per_layer = [
+                    WStream,
+                    WExperts,
+                    HeadNorms,
+                    KCache,
+                    VCache,
+                    QkvScales,
+                    OScales,
+                    Router,
+                    ExpertScales,
+                    ExpertDownScales,
+                ];
+                layout
+                    .operands
+                    .iter()
+                    .filter(|o| per_layer.contains(&o.kind))
+                    .map(|o| o.bytes / l)
+                    .fold(0u64, u64::saturating_add)
+                    .saturating_add(layout.operand(Norms).map_or(0, |o| o.bytes / (l + 1)))
             }
         };
         let fixed = hbm_total.saturating_sub(l.saturating_mul(per_layer_bytes));
         let max_layers = hbm_capacity.saturating_sub(fixed) / per_layer_bytes;
-        let big: Vec<String> = layout.operands.iter().filter(|o| o.bytes > GIB / 16 && o.kind.aliased_input().is_none()).map(|o| format!("{} {}", o.kind.name(), o.bytes)).collect();
+        let big: Vec<String> = layout
+            .operands
+            .iter()
+            .filter(|o| o.bytes > GIB / 16 && o.kind.aliased_input().is_none())
+            .map(|o| format!("{} {}", o.kind.name(), o.bytes))
+            .collect();
         return Err(PlanError::Hbm {
             chip,
             need: hbm_total,
@@ -919,7 +1237,11 @@ type DtypeParts = Vec<(String, u64, u64)>;
 /// (each with its scales; a quantized plan's dense part also holds the router and the norm
 /// weights, its `lm_head` part the final norm), and for a quantized plan the same bytes by
 /// dtype ([`DtypeParts`]).
-fn weight_traffic(layers: usize, dims: &Dims, layout: &StreamLayout) -> Result<(u64, u64, u64, Option<DtypeParts>), PlanError> {
+fn weight_traffic(
+    layers: usize,
+    dims: &Dims,
+    layout: &StreamLayout,
+) -> Result<(u64, u64, u64, Option<DtypeParts>), PlanError> {
     let (l, h, chunk_cols) = (layers as u64, dims.hidden, layout.chunk_cols);
     let Some(q) = layout.quant else {
         let dense = product("the dense stream per step", &[2, l, layout.per_layer, h, chunk_cols])?;
@@ -928,17 +1250,27 @@ fn weight_traffic(layers: usize, dims: &Dims, layout: &StreamLayout) -> Result<(
     };
     let bytes_of = |kind| layout.operand(kind).map_or(0, |o: &Operand| o.bytes);
     let dense_codes = bytes_of(OperandKind::WStream);
-    let layer_f32 = bytes_of(OperandKind::QkvScales) + bytes_of(OperandKind::OScales) + bytes_of(OperandKind::Norms);
+    let layer_f32 = bytes_of(OperandKind::QkvScales)
+        + bytes_of(OperandKind::OScales)
+        + bytes_of(OperandKind::Norms);
     let router = bytes_of(OperandKind::Router);
     let lm_codes = bytes_of(OperandKind::LmHead);
     let lm_f32 = bytes_of(OperandKind::LmScales);
     let per_expert = |kind| bytes_of(kind) / (l * dims.experts);
     let expert_codes = per_expert(OperandKind::WExperts);
-    let expert_f32 = per_expert(OperandKind::ExpertScales) + per_expert(OperandKind::ExpertDownScales);
+    let expert_f32 =
+        per_expert(OperandKind::ExpertScales) + per_expert(OperandKind::ExpertDownScales);
     let lm_dtype = q.lm_head.map_or(DType::Bf16, |f| f.codes);
     let mut parts: DtypeParts = Vec::new();
-    for (dtype, per, fixed) in [(q.dense.codes, 0, dense_codes), (DType::Bf16, 0, router), (lm_dtype, 0, lm_codes), (q.experts.codes, expert_codes, 0), (DType::F32, expert_f32, layer_f32 + lm_f32)] {
-        let name = if dtype == DType::F32 { "f32 (scales, norms)".to_string() } else { dtype.to_string() };
+    for (dtype, per, fixed) in [
+        (q.dense.codes, 0, dense_codes),
+        (DType::Bf16, 0, router),
+        (lm_dtype, 0, lm_codes),
+        (q.experts.codes, expert_codes, 0),
+        (DType::F32, expert_f32, layer_f32 + lm_f32),
+    ] {
+        let name =
+            if dtype == DType::F32 { "f32 (scales, norms)".to_string() } else { dtype.to_string() };
         match parts.iter_mut().find(|p| p.0 == name) {
             Some(p) => (p.1, p.2) = (p.1 + per, p.2 + fixed),
             None => parts.push((name, per, fixed)),
@@ -946,7 +1278,12 @@ fn weight_traffic(layers: usize, dims: &Dims, layout: &StreamLayout) -> Result<(
     }
     // The final norm's row travels with lm_head; every other entry of `norms` with its layer.
     let final_norm = bytes_of(OperandKind::Norms) / (l + 1);
-    Ok((dense_codes + layer_f32 - final_norm + router, lm_codes + lm_f32 + final_norm, expert_codes + expert_f32, Some(parts)))
+    Ok((
+        dense_codes + layer_f32 - final_norm + router,
+        lm_codes + lm_f32 + final_norm,
+        expert_codes + expert_f32,
+        Some(parts),
+    ))
 }
 
 /// The 16-row groups written back from a KV tile holding new rows: one for one token; for
@@ -964,41 +1301,102 @@ pub fn kv_write_groups(tokens_per_seq: u64, block_kv: u64) -> u64 {
 
 /// The HBM bytes and DMAs of one decode step, by stream, and the time at the chip's HBM
 /// bandwidth.
-fn traffic(spec: &ModelSpec, options: &PlanOptions, layers: usize, dims: &Dims, layout: &StreamLayout, block_kv: u64) -> Result<Traffic, PlanError> {
-    let (l, h, hp, batch, kvh) = (layers as u64, dims.hidden, dims.head_pad, dims.batch, dims.kv_heads);
+fn traffic(
+    spec: &ModelSpec,
+    options: &PlanOptions,
+    layers: usize,
+    dims: &Dims,
+    layout: &StreamLayout,
+    block_kv: u64,
+) -> Result<Traffic, PlanError> {
+    let (l, h, hp, batch, kvh) =
+        (layers as u64, dims.hidden, dims.head_pad, dims.batch, dims.kv_heads);
     let (per_layer, lm_chunks) = (layout.per_layer, layout.lm_chunks);
     let (dense, lm_head, expert_bytes, by_dtype) = weight_traffic(layers, dims, layout)?;
     let tokens = dims.tokens;
-    let experts_without_dedupe = product("the expert weights read per step", &[l, tokens, dims.top_k, expert_bytes])?;
+    let experts_without_dedupe =
+        product("the expert weights read per step", &[l, tokens, dims.top_k, expert_bytes])?;
     let distinct = dims.experts_per_device.min(tokens * dims.top_k);
     let experts = product("the expert weights read per step", &[l, distinct, expert_bytes])?;
     // The experts' share of the per-dtype weight bytes, at the same worst case.
-    let by_dtype = by_dtype.map(|parts| parts.into_iter().map(|(dtype, per_expert, fixed)| (dtype, fixed + l * distinct * per_expert)).collect());
+    let by_dtype = by_dtype.map(|parts| {
+        parts
+            .into_iter()
+            .map(|(dtype, per_expert, fixed)| (dtype, fixed + l * distinct * per_expert))
+            .collect()
+    });
     let e = dims.experts as f64;
     // Each of this device's experts is chosen by some row with probability
     // 1 - (1 - top_k / E)^rows.
-    let experts_uniform_routing = l as f64 * dims.experts_per_device as f64 * (1.0 - (1.0 - dims.top_k as f64 / e).powf(tokens as f64)) * expert_bytes as f64;
+    let experts_uniform_routing = l as f64
+        * dims.experts_per_device as f64
+        * (1.0 - (1.0 - dims.top_k as f64 / e).powf(tokens as f64))
+        * expert_bytes as f64;
     let span = dims.window.map_or(options.context, |w| w.min(options.context));
     let tiles = span.div_ceil(block_kv) + u64::from(dims.window.is_some());
     let tiles = match options.kv_tiles {
         KvTiles::UpToPosition => tiles.min(dims.positions / block_kv),
         KvTiles::All => dims.positions / block_kv,
     };
-    let kv_read = product("the KV cache read per step", &[l, batch, kvh, 2, tiles, block_kv, hp, 2])?;
-    let kv_write = product("the KV cache written per step", &[l, batch, kvh, 2, 16 * kv_write_groups(dims.tokens_per_seq, block_kv), hp, 2])?;
+    let kv_read =
+        product("the KV cache read per step", &[l, batch, kvh, 2, tiles, block_kv, hp, 2])?;
+    let kv_write = product(
+        "the KV cache written per step",
+        &[l, batch, kvh, 2, 16 * kv_write_groups(dims.tokens_per_seq, block_kv), hp, 2],
+    )?;
     let embedding = tokens * 16 * h * 2;
     let head_norms = if dims.qk_norm { l * 8 * hp * 4 } else { 0 };
-    let step_total = total("the bytes moved per step", &[dense, lm_head, experts, kv_read, kv_write, embedding, head_norms])?;
+    let step_total = total(
+        "the bytes moved per step",
+        &[dense, lm_head, experts, kv_read, kv_write, embedding, head_norms],
+    )?;
     let mut truncated = spec.clone();
     truncated.layers.truncate(layers);
     let model_total = truncated.decode_traffic(batch, options.context, 2).total();
-    let dmas_per_layer = total("the DMAs per step", &[per_layer, 1, product("the DMAs per step", &[distinct, layout.expert_chunks, 2])?, product("the DMAs per step", &[batch, kvh, 2, tiles + kv_write_groups(dims.tokens_per_seq, block_kv)])?])?;
+    let dmas_per_layer = total(
+        "the DMAs per step",
+        &[
+            per_layer,
+            1,
+            product("the DMAs per step", &[distinct, layout.expert_chunks, 2])?,
+            product(
+                "the DMAs per step",
+                &[batch, kvh, 2, tiles + kv_write_groups(dims.tokens_per_seq, block_kv)],
+            )?,
+        ],
+    )?;
     // A quantized plan adds per layer its scales, router and norm rows (4) and two scale
     // DMAs per expert chunk; per step the final norm row and lm_head's scales.
     let (quant_per_layer, quant_per_step) = match layout.quant {
-        Some(q) => (4 + 2 * distinct * layout.expert_chunks, 1 + if q.lm_head.is_some() { lm_chunks } else { 0 }),
+        Some(q) => (
+            4 + 2 * distinct * layout.expert_chunks,
+            1 + if q.lm_head.is_some() { lm_chunks } else { 0 },
+        ),
         None => (0, 0),
     };
-    let dmas = total("the DMAs per step", &[product("the DMAs per step", &[l, dmas_per_layer + quant_per_layer])?, lm_chunks, tokens, quant_per_step])?;
-    Ok(Traffic { by_dtype, dense, lm_head, experts, experts_without_dedupe, experts_uniform_routing, kv_read, kv_write, embedding, head_norms, total: step_total, model_total, floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(), dmas })
+    let dmas = total(
+        "the DMAs per step",
+        &[
+            product("the DMAs per step", &[l, dmas_per_layer + quant_per_layer])?,
+            lm_chunks,
+            tokens,
+            quant_per_step,
+        ],
+    )?;
+    Ok(Traffic {
+        by_dtype,
+        dense,
+        lm_head,
+        experts,
+        experts_without_dedupe,
+        experts_uniform_routing,
+        kv_read,
+        kv_write,
+        embedding,
+        head_norms,
+        total: step_total,
+        model_total,
+        floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(),
+        dmas,
+    })
 }

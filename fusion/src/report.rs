@@ -3,7 +3,7 @@
 
 use crate::graph::Weight;
 use crate::layout::{Operand, OperandKind, SegmentKind, role_name};
-use crate::plan::{ExpertFetch, KvTiles, TWO_AHEAD_SLOTS, Plan, Prefetch};
+use crate::plan::{ExpertFetch, KvTiles, Plan, Prefetch, TWO_AHEAD_SLOTS};
 use crate::shard::{ExpertSplit, Sharding};
 use std::fmt::Write;
 
@@ -24,19 +24,42 @@ pub fn text(p: &Plan) -> String {
     if let Some(sh) = &p.sharding {
         sharding(&mut s, p, sh);
     }
-    let _ = writeln!(s, "  layers: {} of {} ({}), batch {}, context {} (cache {} positions, tiles of {})", p.layers, p.model_layers, p.layer_kind, d.batch, p.context, d.positions, p.block_kv);
+    let _ = writeln!(
+        s,
+        "  layers: {} of {} ({}), batch {}, context {} (cache {} positions, tiles of {})",
+        p.layers, p.model_layers, p.layer_kind, d.batch, p.context, d.positions, p.block_kv
+    );
     if d.tokens_per_seq > 1 {
-        let _ = writeln!(s, "  tokens per sequence: {} (positions p..p+{}, causal among them): {} token rows", d.tokens_per_seq, d.tokens_per_seq - 1, d.tokens);
+        let _ = writeln!(
+            s,
+            "  tokens per sequence: {} (positions p..p+{}, causal among them): {} token rows",
+            d.tokens_per_seq,
+            d.tokens_per_seq - 1,
+            d.tokens
+        );
     }
     let _ = writeln!(s, "rewrites (egg, DAG-aware extraction):");
     for (what, r) in [("layer", &p.layer_rewrite), ("head", &p.head_rewrite)] {
-        let _ = writeln!(s, "  {what}: {} after {} iterations, {} e-nodes, cost {} -> {}", r.stop, r.iterations, r.egraph_nodes, r.cost_before, r.cost_after);
+        let _ = writeln!(
+            s,
+            "  {what}: {} after {} iterations, {} e-nodes, cost {} -> {}",
+            r.stop, r.iterations, r.egraph_nodes, r.cost_before, r.cost_after
+        );
         for m in r.matmuls.iter().chain(&r.experts) {
             let _ = writeln!(s, "    matmul {}", m.describe());
         }
     }
     let t = &p.traffic;
-    let _ = writeln!(s, "weight bytes streamed per step: {} (dense {}, experts {}, lm_head {}, embedding {}, head norms {})", gb((t.dense + t.experts + t.lm_head + t.embedding + t.head_norms) as f64), gb(t.dense as f64), gb(t.experts as f64), gb(t.lm_head as f64), gb(t.embedding as f64), gb(t.head_norms as f64));
+    let _ = writeln!(
+        s,
+        "weight bytes streamed per step: {} (dense {}, experts {}, lm_head {}, embedding {}, head norms {})",
+        gb((t.dense + t.experts + t.lm_head + t.embedding + t.head_norms) as f64),
+        gb(t.dense as f64),
+        gb(t.experts as f64),
+        gb(t.lm_head as f64),
+        gb(t.embedding as f64),
+        gb(t.head_norms as f64)
+    );
     let _ = writeln!(
         s,
         "expert bytes per step: {} at the static worst case of {} distinct experts per layer (min(E, batch x K x top_k), each fetched once), {} without dedupe ({} fetches per layer), {} expected under uniform routing",
@@ -48,41 +71,139 @@ pub fn text(p: &Plan) -> String {
     );
     if let (Some(q), Some(parts)) = (&layout.quant, &t.by_dtype) {
         let lm = q.lm_head.map_or("bf16".to_string(), |f| format!("{} per channel", f.codes));
-        let group = |f: crate::layout::CodeFormat| f.group.map_or("per output channel".to_string(), |g| format!("groups of {g} inputs"));
-        let _ = writeln!(s, "weights: {} (dense q/k/v/o {} {}, experts {} {}, lm_head {lm}, router bf16; norms applied in the kernel, not folded)", q.scheme, q.dense.codes, group(q.dense), q.experts.codes, group(q.experts));
-        let _ = writeln!(s, "weight bytes per step by dtype: {}", parts.iter().map(|(d, b)| format!("{d} {}", gb(*b as f64))).collect::<Vec<_>>().join(", "));
+        let group = |f: crate::layout::CodeFormat| {
+            f.group.map_or("per output channel".to_string(), |g| format!("groups of {g} inputs"))
+        };
+        let _ = writeln!(
+            s,
+            "weights: {} (dense q/k/v/o {} {}, experts {} {}, lm_head {lm}, router bf16; norms applied in the kernel, not folded)",
+            q.scheme,
+            q.dense.codes,
+            group(q.dense),
+            q.experts.codes,
+            group(q.experts)
+        );
+        let _ = writeln!(
+            s,
+            "weight bytes per step by dtype: {}",
+            parts
+                .iter()
+                .map(|(d, b)| format!("{d} {}", gb(*b as f64)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
-    let _ = writeln!(s, "kv bytes per step: read {}, written {}", gb(t.kv_read as f64), gb(t.kv_write as f64));
-    let model_count = if p.sharding.is_some() { "model count, all devices together" } else { "model count" };
-    let _ = writeln!(s, "total HBM bytes per step: {} ({model_count} {}); floor at {}: {:.1} us", gb(t.total as f64), gb(t.model_total), p.chip, t.floor_seconds * 1e6);
+    let _ = writeln!(
+        s,
+        "kv bytes per step: read {}, written {}",
+        gb(t.kv_read as f64),
+        gb(t.kv_write as f64)
+    );
+    let model_count =
+        if p.sharding.is_some() { "model count, all devices together" } else { "model count" };
+    let _ = writeln!(
+        s,
+        "total HBM bytes per step: {} ({model_count} {}); floor at {}: {:.1} us",
+        gb(t.total as f64),
+        gb(t.model_total),
+        p.chip,
+        t.floor_seconds * 1e6
+    );
     let _ = writeln!(s, "DMA schedule:");
-    let ring_dtype = layout.operand(OperandKind::WStream).map_or("bf16".to_string(), |o| o.dtype.to_string());
-    let _ = writeln!(s, "  dense ring: {} banks x {} ([{}, {}] {ring_dtype}), prefetch depth {} chunks across op and layer boundaries", p.banks, mib(p.bank_bytes), d.hidden, layout.chunk_cols, p.depth);
-    let lm_where = if layout.quant.is_some() { format!("lm_head in its own stream ({TWO_AHEAD_SLOTS} banks, {} chunks ahead)", TWO_AHEAD_SLOTS - 1) } else { "lm_head chunks".into() };
-    let _ = writeln!(s, "  dense chunks per layer: {} ({}), then {} {lm_where}", layout.per_layer, layout.segments.iter().map(|g| format!("{} cols {}..{}", g.kind.name(), g.col, g.col + g.cols)).collect::<Vec<_>>().join(", "), layout.lm_chunks);
+    let ring_dtype =
+        layout.operand(OperandKind::WStream).map_or("bf16".to_string(), |o| o.dtype.to_string());
+    let _ = writeln!(
+        s,
+        "  dense ring: {} banks x {} ([{}, {}] {ring_dtype}), prefetch depth {} chunks across op and layer boundaries",
+        p.banks,
+        mib(p.bank_bytes),
+        d.hidden,
+        layout.chunk_cols,
+        p.depth
+    );
+    let lm_where = if layout.quant.is_some() {
+        format!(
+            "lm_head in its own stream ({TWO_AHEAD_SLOTS} banks, {} chunks ahead)",
+            TWO_AHEAD_SLOTS - 1
+        )
+    } else {
+        "lm_head chunks".into()
+    };
+    let _ = writeln!(
+        s,
+        "  dense chunks per layer: {} ({}), then {} {lm_where}",
+        layout.per_layer,
+        layout
+            .segments
+            .iter()
+            .map(|g| format!("{} cols {}..{}", g.kind.name(), g.col, g.col + g.cols))
+            .collect::<Vec<_>>()
+            .join(", "),
+        layout.lm_chunks
+    );
     let fetch = match p.expert_fetch {
         ExpertFetch::Distinct => "the distinct experts (run-time count)",
         ExpertFetch::WorstCase => "the static worst case of distinct experts (cost variant)",
     };
-    let _ = writeln!(s, "  experts: {fetch}, each once, fetched by id after routing, {} slots x {} (gate | up | down [{}, 3 x {}], one DMA), {} chunks per expert, {} ahead", p.expert_slots, mib(p.expert_slot_bytes), d.hidden, layout.expert_block, layout.expert_chunks, p.expert_slots - 1);
+    let _ = writeln!(
+        s,
+        "  experts: {fetch}, each once, fetched by id after routing, {} slots x {} (gate | up | down [{}, 3 x {}], one DMA), {} chunks per expert, {} ahead",
+        p.expert_slots,
+        mib(p.expert_slot_bytes),
+        d.hidden,
+        layout.expert_block,
+        layout.expert_chunks,
+        p.expert_slots - 1
+    );
     let kv_loop = match p.kv_tiles {
         KvTiles::UpToPosition => "up to each position",
         KvTiles::All => "all of them, masked past the position (cost variant)",
     };
-    let written = if d.tokens_per_seq == 1 { "new K/V written in place (16-row group)".to_string() } else { format!("the {} new K/V rows written in place (16-row groups, two per tile holding them)", d.tokens_per_seq) };
-    let _ = writeln!(s, "  kv: tiles of {} positions double-buffered per (kv head, sequence), read {kv_loop}; {written}", p.block_kv);
+    let written = if d.tokens_per_seq == 1 {
+        "new K/V written in place (16-row group)".to_string()
+    } else {
+        format!(
+            "the {} new K/V rows written in place (16-row groups, two per tile holding them)",
+            d.tokens_per_seq
+        )
+    };
+    let _ = writeln!(
+        s,
+        "  kv: tiles of {} positions double-buffered per (kv head, sequence), read {kv_loop}; {written}",
+        p.block_kv
+    );
     let _ = writeln!(s, "  DMAs per step: {}", t.dmas);
     if p.prefetch == Prefetch::Single {
         let _ = writeln!(s, "  prefetch: at most two chunks in flight per stream (cost variant)");
     }
-    let _ = writeln!(s, "VMEM plan ({} of {} per core, limit {}):", mib(p.vmem_total), mib(p.vmem_capacity), mib(p.vmem_limit));
+    let _ = writeln!(
+        s,
+        "VMEM plan ({} of {} per core, limit {}):",
+        mib(p.vmem_total),
+        mib(p.vmem_capacity),
+        mib(p.vmem_limit)
+    );
     for (n, b) in &p.vmem {
         let _ = writeln!(s, "  {n}: {}", mib(*b));
     }
-    let _ = writeln!(s, "HBM: {:.2} GiB of {:.2} GiB usable", p.hbm_total as f64 / (1u64 << 30) as f64, p.hbm_capacity as f64 / (1u64 << 30) as f64);
+    let _ = writeln!(
+        s,
+        "HBM: {:.2} GiB of {:.2} GiB usable",
+        p.hbm_total as f64 / (1u64 << 30) as f64,
+        p.hbm_capacity as f64 / (1u64 << 30) as f64
+    );
     let _ = writeln!(s, "operands:");
     for o in &layout.operands {
-        let _ = writeln!(s, "  {} {} {}{:?} ({}): {}", role_name(o.role), o.kind.name(), o.dtype, o.shape, o.space, operand_source(p, o));
+        let _ = writeln!(
+            s,
+            "  {} {} {}{:?} ({}): {}",
+            role_name(o.role),
+            o.kind.name(),
+            o.dtype,
+            o.shape,
+            o.space,
+            operand_source(p, o)
+        );
     }
     s
 }
@@ -92,25 +213,82 @@ pub fn text(p: &Plan) -> String {
 fn sharding(s: &mut String, p: &Plan, sh: &Sharding) {
     let d = &p.dims;
     let n = sh.devices;
-    let _ = writeln!(s, "split over {n} {} devices (one SPMD program each; the figures below the split are one device's):", p.chip);
+    let _ = writeln!(
+        s,
+        "split over {n} {} devices (one SPMD program each; the figures below the split are one device's):",
+        p.chip
+    );
     let hs = &sh.heads;
-    let kv = if hs.kv_replicas > 1 { format!("each of the {} KV heads replicated on {} devices", hs.kv_heads, hs.kv_replicas) } else { format!("{} of the {} KV heads", hs.kv_heads_per_device, hs.kv_heads) };
-    let padded = if hs.heads_padded > hs.heads { format!(" (padded with zero weights to {})", hs.heads_padded) } else { String::new() };
-    let _ = writeln!(s, "  attention by heads: {} of the {} query heads{padded} per device, {kv}; o_proj by rows (the device's heads), summed by an all-reduce", hs.heads_per_device, hs.heads);
+    let kv = if hs.kv_replicas > 1 {
+        format!("each of the {} KV heads replicated on {} devices", hs.kv_heads, hs.kv_replicas)
+    } else {
+        format!("{} of the {} KV heads", hs.kv_heads_per_device, hs.kv_heads)
+    };
+    let padded = if hs.heads_padded > hs.heads {
+        format!(" (padded with zero weights to {})", hs.heads_padded)
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        s,
+        "  attention by heads: {} of the {} query heads{padded} per device, {kv}; o_proj by rows (the device's heads), summed by an all-reduce",
+        hs.heads_per_device, hs.heads
+    );
     let _ = writeln!(s, "  router and norms replicated");
     let e = &sh.experts;
     let split = match e.split {
-        ExpertSplit::Ep => format!("{}, {} of the {} experts per device", e.split.name(), e.experts_per_device, d.experts),
-        ExpertSplit::Tp => format!("{}, every expert's intermediate split {n} ways ({} columns per device)", e.split.name(), e.intermediate_per_device),
+        ExpertSplit::Ep => format!(
+            "{}, {} of the {} experts per device",
+            e.split.name(),
+            e.experts_per_device,
+            d.experts
+        ),
+        ExpertSplit::Tp => format!(
+            "{}, every expert's intermediate split {n} ways ({} columns per device)",
+            e.split.name(),
+            e.intermediate_per_device
+        ),
     };
     let _ = writeln!(s, "  experts: {split}. Why: {}", e.reason);
-    let _ = writeln!(s, "  lm_head by vocabulary: {} of the {} ids per device (padded to {} chunks); the greedy (max logit, id) pairs all-gathered; with --logits each device returns its slice (concatenated by the call's output sharding, no ICI bytes)", sh.vocab_per_device, sh.vocab, p.layout.lm_chunks);
-    let _ = writeln!(s, "  per device: HBM {:.2} GiB of {:.2} GiB usable, {} streamed per step, floor {:.1} us; VMEM {}", p.hbm_total as f64 / (1u64 << 30) as f64, p.hbm_capacity as f64 / (1u64 << 30) as f64, gb(p.traffic.total as f64), p.traffic.floor_seconds * 1e6, mib(p.vmem_total));
-    let _ = writeln!(s, "  collectives per step (a MODEL from the link figures: {}; libtpu prices remote DMAs at 0):", sh.link_model);
+    let _ = writeln!(
+        s,
+        "  lm_head by vocabulary: {} of the {} ids per device (padded to {} chunks); the greedy (max logit, id) pairs all-gathered; with --logits each device returns its slice (concatenated by the call's output sharding, no ICI bytes)",
+        sh.vocab_per_device, sh.vocab, p.layout.lm_chunks
+    );
+    let _ = writeln!(
+        s,
+        "  per device: HBM {:.2} GiB of {:.2} GiB usable, {} streamed per step, floor {:.1} us; VMEM {}",
+        p.hbm_total as f64 / (1u64 << 30) as f64,
+        p.hbm_capacity as f64 / (1u64 << 30) as f64,
+        gb(p.traffic.total as f64),
+        p.traffic.floor_seconds * 1e6,
+        mib(p.vmem_total)
+    );
+    let _ = writeln!(
+        s,
+        "  collectives per step (a MODEL from the link figures: {}; libtpu prices remote DMAs at 0):",
+        sh.link_model
+    );
     for c in &sh.collectives {
-        let _ = writeln!(s, "    {} x{}: {}, {} wire, {} bytes each, {} sent per device, {:.1} us", c.name, c.count, c.kind, c.wire, c.message_bytes, gb(c.sent_bytes as f64), c.seconds * 1e6);
+        let _ = writeln!(
+            s,
+            "    {} x{}: {}, {} wire, {} bytes each, {} sent per device, {:.1} us",
+            c.name,
+            c.count,
+            c.kind,
+            c.wire,
+            c.message_bytes,
+            gb(c.sent_bytes as f64),
+            c.seconds * 1e6
+        );
     }
-    let _ = writeln!(s, "  collective bytes per step {} per device, modelled {:.1} us; floor + collectives {:.1} us per step", gb(sh.collective_bytes as f64), sh.collective_seconds * 1e6, (p.traffic.floor_seconds + sh.collective_seconds) * 1e6);
+    let _ = writeln!(
+        s,
+        "  collective bytes per step {} per device, modelled {:.1} us; floor + collectives {:.1} us per step",
+        gb(sh.collective_bytes as f64),
+        sh.collective_seconds * 1e6,
+        (p.traffic.floor_seconds + sh.collective_seconds) * 1e6
+    );
 }
 
 /// Which of the model's heads, experts, expert columns and vocabulary ids a device's local
@@ -137,19 +315,48 @@ impl DeviceIndex {
         let (n, hs) = (sh.devices, &sh.heads);
         let (q_head, kv_head, heads) = if hs.kv_replicas > 1 {
             let r = hs.kv_replicas;
-            let pad = if hs.heads_padded > hs.heads { format!(", padded with zero-weight heads to {}", hs.heads_padded / hs.kv_heads) } else { String::new() };
+            let pad = if hs.heads_padded > hs.heads {
+                format!(", padded with zero-weight heads to {}", hs.heads_padded / hs.kv_heads)
+            } else {
+                String::new()
+            };
             (
-                format!("(me / {r})*{} + (me % {r})*{} + j", hs.heads / hs.kv_heads, hs.heads_per_device),
+                format!(
+                    "(me / {r})*{} + (me % {r})*{} + j",
+                    hs.heads / hs.kv_heads,
+                    hs.heads_per_device
+                ),
                 format!("me / {r}"),
-                format!("{} of the {} query heads, a {r}-way split of its KV head's query group{pad}; each of the {} KV heads replicated on {r} devices", hs.heads_per_device, hs.heads, hs.kv_heads),
+                format!(
+                    "{} of the {} query heads, a {r}-way split of its KV head's query group{pad}; each of the {} KV heads replicated on {r} devices",
+                    hs.heads_per_device, hs.heads, hs.kv_heads
+                ),
             )
         } else {
-            (format!("me*{} + j", hs.heads_per_device), format!("me*{} + j", hs.kv_heads_per_device), format!("{} of the {} query heads and {} of the {} KV heads", hs.heads_per_device, hs.heads, hs.kv_heads_per_device, hs.kv_heads))
+            (
+                format!("me*{} + j", hs.heads_per_device),
+                format!("me*{} + j", hs.kv_heads_per_device),
+                format!(
+                    "{} of the {} query heads and {} of the {} KV heads",
+                    hs.heads_per_device, hs.heads, hs.kv_heads_per_device, hs.kv_heads
+                ),
+            )
         };
         let e = &sh.experts;
         let (expert, column, experts) = match e.split {
-            ExpertSplit::Ep => (format!("me*{} + e", e.experts_per_device), String::new(), format!("experts EP, {} of the {} experts", e.experts_per_device, d.experts)),
-            ExpertSplit::Tp => (String::new(), format!("me*{} + ", e.intermediate_per_device), format!("experts TP, {} of each expert's intermediate columns", e.intermediate_per_device)),
+            ExpertSplit::Ep => (
+                format!("me*{} + e", e.experts_per_device),
+                String::new(),
+                format!("experts EP, {} of the {} experts", e.experts_per_device, d.experts),
+            ),
+            ExpertSplit::Tp => (
+                String::new(),
+                format!("me*{} + ", e.intermediate_per_device),
+                format!(
+                    "experts TP, {} of each expert's intermediate columns",
+                    e.intermediate_per_device
+                ),
+            ),
         };
         Some(DeviceIndex {
             q_head,
@@ -157,7 +364,10 @@ impl DeviceIndex {
             expert,
             column,
             vocab_start: format!("me*{}", sh.vocab_per_device),
-            device: format!("device me's share (of {n}: {heads}; {experts}; {} of the {} vocabulary ids; the model's indices past its sizes are zero padding): ", sh.vocab_per_device, sh.vocab),
+            device: format!(
+                "device me's share (of {n}: {heads}; {experts}; {} of the {} vocabulary ids; the model's indices past its sizes are zero padding): ",
+                sh.vocab_per_device, sh.vocab
+            ),
         })
     }
 }
@@ -173,7 +383,18 @@ pub fn operand_source(p: &Plan, o: &Operand) -> String {
     let ix = DeviceIndex::of(p);
     let text = bf16_source(p, o, ix.as_ref());
     match ix {
-        Some(ix) if matches!(o.kind, OperandKind::WStream | OperandKind::WExperts | OperandKind::KCache | OperandKind::VCache | OperandKind::Logits) => format!("{}{text}", ix.device),
+        Some(ix)
+            if matches!(
+                o.kind,
+                OperandKind::WStream
+                    | OperandKind::WExperts
+                    | OperandKind::KCache
+                    | OperandKind::VCache
+                    | OperandKind::Logits
+            ) =>
+        {
+            format!("{}{text}", ix.device)
+        }
         _ => text,
     }
 }
@@ -186,12 +407,24 @@ fn bf16_source(p: &Plan, o: &Operand, ix: Option<&DeviceIndex>) -> String {
     let (h, hd, hp, cw) = (d.hidden, d.head_dim, d.head_pad, layout.chunk_cols);
     // The model's vocabulary size (`d.vocab` is a device's slice on several).
     let vocab = p.sharding.as_ref().map_or(d.vocab, |sh| sh.vocab);
-    let q_rows = ix.map_or(format!("j*{hd}..(j+1)*{hd}, :]"), |ix| format!("g*{hd}..(g+1)*{hd}, :] for the model's head g = {}", ix.q_head));
-    let o_cols = ix.map_or(format!("o_proj.weight [H, heads*{hd}]"), |ix| format!("o_proj.weight[:, g*{hd}..(g+1)*{hd}] for local head j (of {}), g = {}", d.heads, ix.q_head));
-    let kv_form = ix.map_or("same form".to_string(), |ix| format!("same form, the model's KV head {} for local KV head j", ix.kv_head));
-    let lm_row = ix.map_or(format!("[c*{cw} + j, i]"), |ix| format!("[{} + c*{cw} + j, i]", ix.vocab_start));
+    let q_rows = ix.map_or(format!("j*{hd}..(j+1)*{hd}, :]"), |ix| {
+        format!("g*{hd}..(g+1)*{hd}, :] for the model's head g = {}", ix.q_head)
+    });
+    let o_cols = ix.map_or(format!("o_proj.weight [H, heads*{hd}]"), |ix| {
+        format!(
+            "o_proj.weight[:, g*{hd}..(g+1)*{hd}] for local head j (of {}), g = {}",
+            d.heads, ix.q_head
+        )
+    });
+    let kv_form = ix.map_or("same form".to_string(), |ix| {
+        format!("same form, the model's KV head {} for local KV head j", ix.kv_head)
+    });
+    let lm_row =
+        ix.map_or(format!("[c*{cw} + j, i]"), |ix| format!("[{} + c*{cw} + j, i]", ix.vocab_start));
     let (expert, column) = match ix {
-        Some(ix) if !ix.expert.is_empty() => (format!(" (the model's expert {})", ix.expert), ix.column.clone()),
+        Some(ix) if !ix.expert.is_empty() => {
+            (format!(" (the model's expert {})", ix.expert), ix.column.clone())
+        }
         Some(ix) => (String::new(), ix.column.clone()),
         None => (String::new(), String::new()),
     };
@@ -271,7 +504,8 @@ fn bf16_source(p: &Plan, o: &Operand, ix: Option<&DeviceIndex>) -> String {
 fn quantized_source(p: &Plan, q: &crate::layout::QuantLayout, o: &Operand) -> Option<String> {
     let d = &p.dims;
     let layout = &p.layout;
-    let (h, hd, hp, cw, eb) = (d.hidden, d.head_dim, d.head_pad, layout.chunk_cols, layout.expert_block);
+    let (h, hd, hp, cw, eb) =
+        (d.hidden, d.head_dim, d.head_pad, layout.chunk_cols, layout.expert_block);
     let scales = "f32 scales; a weight's scale for output o and input i is at [i / group, o] (int8: group = all inputs, one row; fp8: each 128x128 tile's scale repeated over its 128 outputs; int4: per 128 inputs)";
     Some(match o.kind {
         OperandKind::WStream => format!(
@@ -280,15 +514,39 @@ fn quantized_source(p: &Plan, q: &crate::layout::QuantLayout, o: &Operand) -> Op
             layout.per_layer,
             layout.segments.iter().map(|g| g.col + g.cols).max().unwrap_or(0)
         ),
-        OperandKind::WExperts => format!("{} codes: w_experts[l, e, c] = [gate^T | up^T | down] columns c*{eb}.. of expert e (the checkpoint's weights, post_attention_layernorm not folded)", q.experts.codes),
-        OperandKind::QkvScales => format!("{scales}: the q|k|v columns' scales by input group of H = {h}, columns as in w_stream (heads padded from {hd} to {hp}, padding 0)"),
-        OperandKind::OScales => format!("{scales}: o_proj's scales, rows by group of its padded inputs (each head's {hd} inputs padded to {hp}), columns the {h} outputs"),
-        OperandKind::Router => format!("the router (gate.weight [E={}, H])^T in bf16, zero-padded to {} columns; post_attention_layernorm not folded", d.experts, d.experts_pad),
-        OperandKind::Norms => format!("norms[l, 0] = input_layernorm.weight, norms[l, 1] = post_attention_layernorm.weight; norms[{}, 0] = model.norm.weight (applied in the kernel)", p.layers),
-        OperandKind::LmHead => format!("{} codes of lm_head^T in chunks of {cw} vocab columns: w_lm_head[c, i, j] = lm_head[c*{cw} + j, i] (zero for vocab >= {}; model.norm not folded)", q.lm_head.map_or("bf16".to_string(), |f| f.codes.to_string()), d.vocab),
-        OperandKind::LmScales => format!("{scales}: lm_head's per-channel scales, lm_scales[c, 0, j] for vocab id c*{cw} + j"),
-        OperandKind::ExpertScales => format!("{scales}: chunk c of expert e's gate (columns 0..{eb}) and up ({eb}..{}) scales", 2 * eb),
-        OperandKind::ExpertDownScales => format!("{scales}: chunk c of expert e's down_proj scales for its {eb} inputs, columns the {h} outputs"),
+        OperandKind::WExperts => format!(
+            "{} codes: w_experts[l, e, c] = [gate^T | up^T | down] columns c*{eb}.. of expert e (the checkpoint's weights, post_attention_layernorm not folded)",
+            q.experts.codes
+        ),
+        OperandKind::QkvScales => format!(
+            "{scales}: the q|k|v columns' scales by input group of H = {h}, columns as in w_stream (heads padded from {hd} to {hp}, padding 0)"
+        ),
+        OperandKind::OScales => format!(
+            "{scales}: o_proj's scales, rows by group of its padded inputs (each head's {hd} inputs padded to {hp}), columns the {h} outputs"
+        ),
+        OperandKind::Router => format!(
+            "the router (gate.weight [E={}, H])^T in bf16, zero-padded to {} columns; post_attention_layernorm not folded",
+            d.experts, d.experts_pad
+        ),
+        OperandKind::Norms => format!(
+            "norms[l, 0] = input_layernorm.weight, norms[l, 1] = post_attention_layernorm.weight; norms[{}, 0] = model.norm.weight (applied in the kernel)",
+            p.layers
+        ),
+        OperandKind::LmHead => format!(
+            "{} codes of lm_head^T in chunks of {cw} vocab columns: w_lm_head[c, i, j] = lm_head[c*{cw} + j, i] (zero for vocab >= {}; model.norm not folded)",
+            q.lm_head.map_or("bf16".to_string(), |f| f.codes.to_string()),
+            d.vocab
+        ),
+        OperandKind::LmScales => format!(
+            "{scales}: lm_head's per-channel scales, lm_scales[c, 0, j] for vocab id c*{cw} + j"
+        ),
+        OperandKind::ExpertScales => format!(
+            "{scales}: chunk c of expert e's gate (columns 0..{eb}) and up ({eb}..{}) scales",
+            2 * eb
+        ),
+        OperandKind::ExpertDownScales => format!(
+            "{scales}: chunk c of expert e's down_proj scales for its {eb} inputs, columns the {h} outputs"
+        ),
         _ => return None,
     })
 }

@@ -25,7 +25,10 @@
 //! gate/up, several tokens' projections) is one more rule, not one more matcher.
 
 use crate::graph::{Weight, WeightKind};
-use egg::{Analysis, DidMerge, EGraph, Id, Language, MultiPattern, RecExpr, Rewrite, Runner, SearchMatches, StopReason, Symbol, define_language, rewrite as rw};
+use egg::{
+    Analysis, DidMerge, EGraph, Id, Language, MultiPattern, RecExpr, Rewrite, Runner,
+    SearchMatches, StopReason, Symbol, define_language, rewrite as rw,
+};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -74,10 +77,17 @@ impl Analysis<LayerLang> for WeightInfo {
     fn make(egraph: &mut EGraph<LayerLang, Self>, enode: &LayerLang, _id: Id) -> Self::Data {
         let d = |i: &Id| egraph[*i].data.clone();
         match enode {
-            LayerLang::Symbol(s) => egraph.analysis.weights.get(s).map(|&(order, bytes)| WInfo { leaves: [order].into(), bytes }),
+            LayerLang::Symbol(s) => egraph
+                .analysis
+                .weights
+                .get(s)
+                .map(|&(order, bytes)| WInfo { leaves: [order].into(), bytes }),
             LayerLang::Fold([_, w]) => d(w),
             LayerLang::Cat([a, b]) => match (d(a), d(b)) {
-                (Some(a), Some(b)) => Some(WInfo { leaves: a.leaves.union(&b.leaves).copied().collect(), bytes: a.bytes + b.bytes }),
+                (Some(a), Some(b)) => Some(WInfo {
+                    leaves: a.leaves.union(&b.leaves).copied().collect(),
+                    bytes: a.bytes + b.bytes,
+                }),
                 _ => None,
             },
             _ => None,
@@ -108,11 +118,23 @@ struct FuseProjections {
 }
 
 impl egg::Applier<LayerLang, WeightInfo> for FuseProjections {
-    fn apply_one(&self, _: &mut EGraph<LayerLang, WeightInfo>, _: Id, _: &egg::Subst, _: Option<&egg::PatternAst<LayerLang>>, _: Symbol) -> Vec<Id> {
+    fn apply_one(
+        &self,
+        _: &mut EGraph<LayerLang, WeightInfo>,
+        _: Id,
+        _: &egg::Subst,
+        _: Option<&egg::PatternAst<LayerLang>>,
+        _: Symbol,
+    ) -> Vec<Id> {
         Vec::new()
     }
 
-    fn apply_matches(&self, egraph: &mut EGraph<LayerLang, WeightInfo>, matches: &[SearchMatches<LayerLang>], rule: Symbol) -> Vec<Id> {
+    fn apply_matches(
+        &self,
+        egraph: &mut EGraph<LayerLang, WeightInfo>,
+        matches: &[SearchMatches<LayerLang>],
+        rule: Symbol,
+    ) -> Vec<Id> {
         let a: egg::Var = "?a".parse().expect("var");
         let b: egg::Var = "?b".parse().expect("var");
         let legal = |s: &egg::Subst| match (&egraph[s[a]].data, &egraph[s[b]].data) {
@@ -121,27 +143,44 @@ impl egg::Applier<LayerLang, WeightInfo> for FuseProjections {
         };
         let kept: Vec<SearchMatches<LayerLang>> = matches
             .iter()
-            .map(|m| SearchMatches { eclass: m.eclass, substs: m.substs.iter().filter(|s| legal(s)).cloned().collect(), ast: m.ast.clone() })
+            .map(|m| SearchMatches {
+                eclass: m.eclass,
+                substs: m.substs.iter().filter(|s| legal(s)).cloned().collect(),
+                ast: m.ast.clone(),
+            })
             .filter(|m| !m.substs.is_empty())
             .collect();
         // A multipattern reports every application as a change; report only real ones so
         // the runner can see saturation.
         let before = (egraph.total_number_of_nodes(), egraph.number_of_classes());
         let ids = self.applier.apply_matches(egraph, &kept, rule);
-        if (egraph.total_number_of_nodes(), egraph.number_of_classes()) == before { Vec::new() } else { ids }
+        if (egraph.total_number_of_nodes(), egraph.number_of_classes()) == before {
+            Vec::new()
+        } else {
+            ids
+        }
     }
 }
 
 /// The rules.
 pub fn rules() -> Vec<Rewrite<LayerLang, WeightInfo>> {
-    let fuse_searcher: MultiPattern<LayerLang> = "?p = (matmul ?x ?a), ?q = (matmul ?x ?b)".parse().expect("pattern");
-    let fuse_applier: MultiPattern<LayerLang> = "?p = (lo (matmul ?x (cat ?a ?b))), ?q = (hi (matmul ?x (cat ?a ?b)))".parse().expect("pattern");
+    let fuse_searcher: MultiPattern<LayerLang> =
+        "?p = (matmul ?x ?a), ?q = (matmul ?x ?b)".parse().expect("pattern");
+    let fuse_applier: MultiPattern<LayerLang> =
+        "?p = (lo (matmul ?x (cat ?a ?b))), ?q = (hi (matmul ?x (cat ?a ?b)))"
+            .parse()
+            .expect("pattern");
     vec![
         rw!("fold-norm-into-matmul"; "(matmul (rmsnorm ?x ?s) ?w)" => "(matmul (rms ?x) (fold ?s ?w))"),
         rw!("fold-norm-into-experts"; "(experts (rmsnorm ?x ?s) ?t ?g ?u ?d)" => "(experts (rms ?x) ?t (fold ?s ?g) (fold ?s ?u) ?d)"),
         rw!("fuse-gate-up"; "(experts ?x ?t ?g ?u ?d)" => "(experts_gu ?x ?t (cat ?g ?u) ?d)"),
         rw!("fold-over-cat"; "(cat (fold ?s ?a) (fold ?s ?b))" => "(fold ?s (cat ?a ?b))"),
-        Rewrite::new("fuse-shared-input-matmuls", fuse_searcher, FuseProjections { applier: fuse_applier }).expect("rule"),
+        Rewrite::new(
+            "fuse-shared-input-matmuls",
+            fuse_searcher,
+            FuseProjections { applier: fuse_applier },
+        )
+        .expect("rule"),
     ]
 }
 
@@ -155,20 +194,40 @@ fn node_cost(egraph: &EGraph<LayerLang, WeightInfo>, n: &LayerLang) -> u64 {
     match n {
         LayerLang::Matmul([_, w]) => OP + bytes(w),
         LayerLang::RmsNorm(_) => 2 * VPU,
-        LayerLang::Rms(_) | LayerLang::HeadNorm(_) | LayerLang::Rope(_) | LayerLang::Add(_) | LayerLang::SiluMul(_) | LayerLang::TopK(_) => VPU,
+        LayerLang::Rms(_)
+        | LayerLang::HeadNorm(_)
+        | LayerLang::Rope(_)
+        | LayerLang::Add(_)
+        | LayerLang::SiluMul(_)
+        | LayerLang::TopK(_) => VPU,
         LayerLang::Attn(_) => OP,
         LayerLang::Experts([_, _, g, u, d]) => 3 * OP + bytes(g) + bytes(u) + bytes(d),
         LayerLang::ExpertsGu([_, _, gu, d]) => 2 * OP + bytes(gu) + bytes(d),
-        LayerLang::Layer(_) | LayerLang::Fold(_) | LayerLang::Cat(_) | LayerLang::Lo(_) | LayerLang::Hi(_) | LayerLang::Symbol(_) => 0,
+        LayerLang::Layer(_)
+        | LayerLang::Fold(_)
+        | LayerLang::Cat(_)
+        | LayerLang::Lo(_)
+        | LayerLang::Hi(_)
+        | LayerLang::Symbol(_) => 0,
     }
 }
 
 /// DAG cost of a choice (one node per class): the sum of node costs over the classes
 /// reachable from `root`, each once; `None` if the choice has a cycle.
-fn dag_cost(eg: &EGraph<LayerLang, WeightInfo>, root: Id, choice: &HashMap<Id, usize>) -> Option<u64> {
+fn dag_cost(
+    eg: &EGraph<LayerLang, WeightInfo>,
+    root: Id,
+    choice: &HashMap<Id, usize>,
+) -> Option<u64> {
     let mut state: HashMap<Id, bool> = HashMap::new(); // false = on the stack, true = done
     let mut total = 0u64;
-    fn visit(eg: &EGraph<LayerLang, WeightInfo>, c: Id, choice: &HashMap<Id, usize>, state: &mut HashMap<Id, bool>, total: &mut u64) -> Option<()> {
+    fn visit(
+        eg: &EGraph<LayerLang, WeightInfo>,
+        c: Id,
+        choice: &HashMap<Id, usize>,
+        state: &mut HashMap<Id, bool>,
+        total: &mut u64,
+    ) -> Option<()> {
         let c = eg.find(c);
         match state.get(&c) {
             Some(true) => return Some(()),
@@ -264,12 +323,19 @@ fn extract_dag(egraph: &EGraph<LayerLang, WeightInfo>, root: Id) -> (u64, RecExp
     }
     let mut expr = RecExpr::default();
     let mut memo: HashMap<Id, Id> = HashMap::new();
-    fn build(c: Id, eg: &EGraph<LayerLang, WeightInfo>, choice: &HashMap<Id, usize>, expr: &mut RecExpr<LayerLang>, memo: &mut HashMap<Id, Id>) -> Id {
+    fn build(
+        c: Id,
+        eg: &EGraph<LayerLang, WeightInfo>,
+        choice: &HashMap<Id, usize>,
+        expr: &mut RecExpr<LayerLang>,
+        memo: &mut HashMap<Id, Id>,
+    ) -> Id {
         let c = eg.find(c);
         if let Some(&i) = memo.get(&c) {
             return i;
         }
-        let node = eg[c].nodes[choice[&c]].clone().map_children(|k| build(k, eg, choice, expr, memo));
+        let node =
+            eg[c].nodes[choice[&c]].clone().map_children(|k| build(k, eg, choice, expr, memo));
         let i = expr.add(node);
         memo.insert(c, i);
         i
@@ -299,8 +365,12 @@ impl FusedWeight {
 
     /// `[a | b] (folded s)`, as the report prints it.
     pub fn describe(&self) -> String {
-        let fold = self.folded_scale.as_ref().map(|f| format!(" (folded {})", f.name)).unwrap_or_default();
-        format!("[{}]{fold}", self.weights.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join(" | "))
+        let fold =
+            self.folded_scale.as_ref().map(|f| format!(" (folded {})", f.name)).unwrap_or_default();
+        format!(
+            "[{}]{fold}",
+            self.weights.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join(" | ")
+        )
     }
 }
 
@@ -330,7 +400,13 @@ impl Rewritten {
 
 /// The weights under `id` (a symbol, `fold` or `cat` of them) into `out`, in column order;
 /// symbols are looked up in `table` (every weight of the expression is in it).
-fn weight_of(expr: &RecExpr<LayerLang>, id: Id, scale: Option<Weight>, table: &HashMap<Symbol, Weight>, out: &mut FusedWeight) {
+fn weight_of(
+    expr: &RecExpr<LayerLang>,
+    id: Id,
+    scale: Option<Weight>,
+    table: &HashMap<Symbol, Weight>,
+    out: &mut FusedWeight,
+) {
     match &expr[id] {
         LayerLang::Fold([s, w]) => {
             let s = match &expr[*s] {
@@ -357,13 +433,27 @@ fn weight_of(expr: &RecExpr<LayerLang>, id: Id, scale: Option<Weight>, table: &H
 /// Rewrite `expr` (from [`crate::graph::LayerGraph::to_expr`]) with [`rules`]; `weights`: every
 /// weight of the expression (`w:NAME`) with its bytes, in graph order.
 pub fn rewrite(expr: &str, weights: &[(Weight, u64)]) -> Rewritten {
-    let start: RecExpr<LayerLang> = expr.parse().expect("the layer graph prints a valid expression");
+    let start: RecExpr<LayerLang> =
+        expr.parse().expect("the layer graph prints a valid expression");
     // Costs are sums of a few dozen weight sizes: capped at 2^48 bytes (far above any real
     // weight) they cannot overflow, and sizes that large rank the same anyway.
     let symbol = |w: &Weight| Symbol::from(format!("w:{}", w.name));
-    let analysis = WeightInfo { weights: weights.iter().enumerate().map(|(i, (w, b))| (symbol(w), (i, (*b).min(1 << 48)))).collect() };
-    let table: HashMap<Symbol, Weight> = weights.iter().map(|(w, _)| (symbol(w), w.clone())).collect();
-    let runner = Runner::<LayerLang, WeightInfo>::new(analysis).with_iter_limit(30).with_node_limit(10_000).with_time_limit(std::time::Duration::from_secs(30)).with_scheduler(egg::SimpleScheduler).with_expr(&start).run(&rules());
+    let analysis = WeightInfo {
+        weights: weights
+            .iter()
+            .enumerate()
+            .map(|(i, (w, b))| (symbol(w), (i, (*b).min(1 << 48))))
+            .collect(),
+    };
+    let table: HashMap<Symbol, Weight> =
+        weights.iter().map(|(w, _)| (symbol(w), w.clone())).collect();
+    let runner = Runner::<LayerLang, WeightInfo>::new(analysis)
+        .with_iter_limit(30)
+        .with_node_limit(10_000)
+        .with_time_limit(std::time::Duration::from_secs(30))
+        .with_scheduler(egg::SimpleScheduler)
+        .with_expr(&start)
+        .run(&rules());
     let stop = match runner.stop_reason.as_ref() {
         Some(StopReason::Saturated) => "Saturated".to_string(),
         Some(other) => format!("{other:?}"),
@@ -400,5 +490,14 @@ pub fn rewrite(expr: &str, weights: &[(Weight, u64)]) -> Rewritten {
             _ => {}
         }
     }
-    Rewritten { expr: best.pretty(100), stop, iterations: runner.iterations.len(), egraph_nodes: runner.egraph.total_number_of_nodes(), cost_before, cost_after, matmuls, experts }
+    Rewritten {
+        expr: best.pretty(100),
+        stop,
+        iterations: runner.iterations.len(),
+        egraph_nodes: runner.egraph.total_number_of_nodes(),
+        cost_before,
+        cost_after,
+        matmuls,
+        experts,
+    }
 }

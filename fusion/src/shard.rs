@@ -119,14 +119,30 @@ fn round_up(x: u64, m: u64) -> u64 {
 fn split_heads(dims: &Dims, n: u64) -> Result<HeadSplit, String> {
     let (heads, kv) = (dims.heads, dims.kv_heads);
     if kv.is_multiple_of(n) {
-        return Ok(HeadSplit { heads, heads_padded: heads, heads_per_device: heads / n, kv_heads: kv, kv_heads_per_device: kv / n, kv_replicas: 1 });
+        return Ok(HeadSplit {
+            heads,
+            heads_padded: heads,
+            heads_per_device: heads / n,
+            kv_heads: kv,
+            kv_heads_per_device: kv / n,
+            kv_replicas: 1,
+        });
     }
     if n.is_multiple_of(kv) {
         let replicas = n / kv;
         let group = round_up(dims.group, replicas);
-        return Ok(HeadSplit { heads, heads_padded: group * kv, heads_per_device: group / replicas, kv_heads: kv, kv_heads_per_device: 1, kv_replicas: replicas });
+        return Ok(HeadSplit {
+            heads,
+            heads_padded: group * kv,
+            heads_per_device: group / replicas,
+            kv_heads: kv,
+            kv_heads_per_device: 1,
+            kv_replicas: replicas,
+        });
     }
-    Err(format!("the {kv} KV heads neither split evenly over {n} devices nor replicate evenly onto them (each device's query heads must share its KV heads)"))
+    Err(format!(
+        "the {kv} KV heads neither split evenly over {n} devices nor replicate evenly onto them (each device's query heads must share its KV heads)"
+    ))
 }
 
 /// EP or TP for the experts, from the per-device expert bytes per step at the static
@@ -138,12 +154,20 @@ fn choose_experts(dims: &Dims, n: u64, layers: u64, hbm: u64) -> Result<ExpertCh
     let chosen = dims.tokens * dims.top_k;
     let ep_experts = e.div_ceil(n);
     let tp_intermediate = round_up(i, 128 * n) / n;
-    let ep_step_bytes = product("the expert weights read per step", &[layers, ep_experts.min(chosen), 2, 3, h, i])?;
-    let tp_step_bytes = product("the expert weights read per step", &[layers, e.min(chosen), 2, 3, h, tp_intermediate])?;
+    let ep_step_bytes =
+        product("the expert weights read per step", &[layers, ep_experts.min(chosen), 2, 3, h, i])?;
+    let tp_step_bytes = product(
+        "the expert weights read per step",
+        &[layers, e.min(chosen), 2, 3, h, tp_intermediate],
+    )?;
     let ep_stored = product("a device's expert weights", &[layers, ep_experts, 2, 3, h, i])?;
     let tp_stored = product("a device's expert weights", &[layers, e, 2, 3, h, tp_intermediate])?;
     let gb = |b: u64| format!("{:.3} GB", b as f64 / 1e9);
-    let padded = if tp_intermediate * n > i { format!(" padded to {}", tp_intermediate * n) } else { String::new() };
+    let padded = if tp_intermediate * n > i {
+        format!(" padded to {}", tp_intermediate * n)
+    } else {
+        String::new()
+    };
     let both = format!(
         "per device per step at the static worst case: EP {} (up to {} of the {} experts a step chooses on one device, whole), TP {} (every chosen expert's 1/{n}: intermediate {i}{padded}, {} per device); either way one all-reduce of the MoE output",
         gb(ep_step_bytes),
@@ -152,13 +176,34 @@ fn choose_experts(dims: &Dims, n: u64, layers: u64, hbm: u64) -> Result<ExpertCh
         gb(tp_step_bytes),
         tp_intermediate
     );
-    let stored = format!("stored per device: EP {}, TP {}, {} usable", gb(ep_stored), gb(tp_stored), gb(hbm));
-    let tp = ExpertChoice { split: ExpertSplit::Tp, experts_per_device: e, intermediate_per_device: tp_intermediate, ep_step_bytes, tp_step_bytes, reason: String::new() };
-    let ep = ExpertChoice { split: ExpertSplit::Ep, experts_per_device: ep_experts, intermediate_per_device: i, ep_step_bytes, tp_step_bytes, reason: String::new() };
+    let stored = format!(
+        "stored per device: EP {}, TP {}, {} usable",
+        gb(ep_stored),
+        gb(tp_stored),
+        gb(hbm)
+    );
+    let tp = ExpertChoice {
+        split: ExpertSplit::Tp,
+        experts_per_device: e,
+        intermediate_per_device: tp_intermediate,
+        ep_step_bytes,
+        tp_step_bytes,
+        reason: String::new(),
+    };
+    let ep = ExpertChoice {
+        split: ExpertSplit::Ep,
+        experts_per_device: ep_experts,
+        intermediate_per_device: i,
+        ep_step_bytes,
+        tp_step_bytes,
+        reason: String::new(),
+    };
     let (choice, why) = match (ep_stored <= hbm, tp_stored <= hbm) {
         (true, false) => (ep, "only EP's experts fit the device's HBM"),
         (false, true) => (tp, "only TP's experts fit the device's HBM"),
-        (false, false) if tp_stored < ep_stored => (tp, "neither split's experts fit the device's HBM; TP stores less"),
+        (false, false) if tp_stored < ep_stored => {
+            (tp, "neither split's experts fit the device's HBM; TP stores less")
+        }
         (false, false) => (ep, "neither split's experts fit the device's HBM; EP stores no more"),
         _ if tp_step_bytes < ep_step_bytes => (tp, "TP streams fewer bytes"),
         _ => (ep, "EP streams no more bytes and pads no expert"),
@@ -168,18 +213,26 @@ fn choose_experts(dims: &Dims, n: u64, layers: u64, hbm: u64) -> Result<ExpertCh
 
 /// The per-device dims of a step split over `options.devices` devices, and the split
 /// (`None` on one device, whose dims are returned unchanged).
-pub fn split(dims: Dims, options: &PlanOptions, layers: usize) -> Result<(Dims, Option<(HeadSplit, ExpertChoice)>), PlanError> {
+pub fn split(
+    dims: Dims,
+    options: &PlanOptions,
+    layers: usize,
+) -> Result<(Dims, Option<(HeadSplit, ExpertChoice)>), PlanError> {
     let n = options.devices;
     if n == 1 {
         return Ok((dims, None));
     }
     let heads = split_heads(&dims, n).map_err(|reason| PlanError::Split { devices: n, reason })?;
-    let experts = choose_experts(&dims, n, layers as u64, crate::plan::hbm_usable_bytes(options.chip))?;
+    let experts =
+        choose_experts(&dims, n, layers as u64, crate::plan::hbm_usable_bytes(options.chip))?;
     let per_device = Dims {
         heads: heads.heads_per_device,
         kv_heads: heads.kv_heads_per_device,
         group: heads.heads_per_device / heads.kv_heads_per_device,
-        attn_rows: round_up(heads.heads_per_device / heads.kv_heads_per_device * dims.tokens_per_seq, 16),
+        attn_rows: round_up(
+            heads.heads_per_device / heads.kv_heads_per_device * dims.tokens_per_seq,
+            16,
+        ),
         experts_per_device: experts.experts_per_device,
         intermediate: experts.intermediate_per_device,
         vocab: dims.vocab.div_ceil(n),
@@ -190,24 +243,53 @@ pub fn split(dims: Dims, options: &PlanOptions, layers: usize) -> Result<(Dims, 
 
 /// The collectives of a step on the per-device `dims` and their modelled time, from the
 /// chip's link model.
-pub fn sharding(options: &PlanOptions, layers: usize, dims: &Dims, vocab: u64, (heads, experts): (HeadSplit, ExpertChoice)) -> Result<Sharding, PlanError> {
+pub fn sharding(
+    options: &PlanOptions,
+    layers: usize,
+    dims: &Dims,
+    vocab: u64,
+    (heads, experts): (HeadSplit, ExpertChoice),
+) -> Result<Sharding, PlanError> {
     let n = options.devices;
     let target = options.chip.target();
     let (rows, h, l) = (dims.rows, dims.hidden, layers as u64);
     let hop = |message: u64| target.ici.ring_hop(n as u32, target.devices_per_chip(), message);
-    let link_model = hop(rows * h * 2).map(|r| r.source.to_string()).ok_or_else(|| PlanError::Split { devices: n, reason: format!("{} publishes no ICI bandwidth to price the collectives with", options.chip) })?;
+    let link_model =
+        hop(rows * h * 2).map(|r| r.source.to_string()).ok_or_else(|| PlanError::Split {
+            devices: n,
+            reason: format!(
+                "{} publishes no ICI bandwidth to price the collectives with",
+                options.chip
+            ),
+        })?;
     // A bidirectional ring: half of the data each way. An all-reduce of S bytes sends
     // 2 (N-1)/N S per device (reduce-scatter, then all-gather), an all-gather of a P-byte
     // piece (N-1) P; each collective also pays the link's fixed latency.
     let all_reduce = |name: &str, count: u64, message: u64| {
         let sent = 2 * (n - 1) * message / n;
         let r = hop(message / n).expect("priced above");
-        Collective { name: name.into(), kind: "all-reduce (reduce-scatter + all-gather, bidirectional ring)", count, wire: DType::Bf16, message_bytes: message, sent_bytes: count * sent, seconds: count as f64 * (r.latency + sent as f64 / (2.0 * r.bandwidth)) }
+        Collective {
+            name: name.into(),
+            kind: "all-reduce (reduce-scatter + all-gather, bidirectional ring)",
+            count,
+            wire: DType::Bf16,
+            message_bytes: message,
+            sent_bytes: count * sent,
+            seconds: count as f64 * (r.latency + sent as f64 / (2.0 * r.bandwidth)),
+        }
     };
     let all_gather = |name: &str, count: u64, piece: u64, wire| {
         let sent = (n - 1) * piece;
         let r = hop(piece).expect("priced above");
-        Collective { name: name.into(), kind: "all-gather (bidirectional ring)", count, wire, message_bytes: piece, sent_bytes: count * sent, seconds: count as f64 * (r.latency + sent as f64 / (2.0 * r.bandwidth)) }
+        Collective {
+            name: name.into(),
+            kind: "all-gather (bidirectional ring)",
+            count,
+            wire,
+            message_bytes: piece,
+            sent_bytes: count * sent,
+            seconds: count as f64 * (r.latency + sent as f64 / (2.0 * r.bandwidth)),
+        }
     };
     let activation = rows * h * 2;
     let collectives = vec![
@@ -218,7 +300,17 @@ pub fn sharding(options: &PlanOptions, layers: usize, dims: &Dims, vocab: u64, (
     ];
     let collective_bytes = collectives.iter().map(|c| c.sent_bytes).sum();
     let collective_seconds = collectives.iter().map(|c| c.seconds).sum();
-    Ok(Sharding { devices: n, heads, experts, vocab, vocab_per_device: dims.vocab, collectives, collective_bytes, collective_seconds, link_model })
+    Ok(Sharding {
+        devices: n,
+        heads,
+        experts,
+        vocab,
+        vocab_per_device: dims.vocab,
+        collectives,
+        collective_bytes,
+        collective_seconds,
+        link_model,
+    })
 }
 
 /// VMEM a device adds for the collectives, as `crate::spmd` declares it: the staged and

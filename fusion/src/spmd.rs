@@ -83,7 +83,11 @@ impl Spmd {
     /// the kernel's start: the device's position, the step's one barrier (both ring
     /// neighbours run the kernel before any hop), the staging buffer zeroed (its padding
     /// rows then carry zeros round the ring).
-    pub fn start(plan: &Plan, [staged, reduced, stage, maxes, ids]: [Ref; 5], [send, recv]: [SemRef; 2]) -> Spmd {
+    pub fn start(
+        plan: &Plan,
+        [staged, reduced, stage, maxes, ids]: [Ref; 5],
+        [send, recv]: [SemRef; 2],
+    ) -> Spmd {
         let sharding = plan.sharding.as_ref().expect("a sharded plan");
         let (n, d) = (sharding.devices as usize, &plan.dims);
         let me = axis_index(AXIS);
@@ -92,8 +96,26 @@ impl Spmd {
         let vocab_first = me * d.vocab as i32;
         let left = scalar(sharding.vocab as i32) - vocab_first;
         let vocab_real = select(gt(left, d.vocab as i32), d.vocab as i32, left);
-        let expert_first = (sharding.experts.split == ExpertSplit::Ep).then(|| me * d.experts_per_device as i32);
-        Spmd { me, n, rows: d.rows, hidden: d.hidden, r16: round_up(d.rows, 16), r8: round_up(d.rows, 8), staged, reduced, stage, maxes, ids, send, recv, vocab_first, vocab_real, expert_first }
+        let expert_first =
+            (sharding.experts.split == ExpertSplit::Ep).then(|| me * d.experts_per_device as i32);
+        Spmd {
+            me,
+            n,
+            rows: d.rows,
+            hidden: d.hidden,
+            r16: round_up(d.rows, 16),
+            r8: round_up(d.rows, 8),
+            staged,
+            reduced,
+            stage,
+            maxes,
+            ids,
+            send,
+            recv,
+            vocab_first,
+            vocab_real,
+            expert_first,
+        }
     }
 
     /// Under EP, the first global expert id this device holds.
@@ -112,14 +134,25 @@ impl Spmd {
         let (n, rows, r16) = (self.n as u64, self.rows, self.r16);
         let cb = self.hidden / n;
         for j in 0..n {
-            self.staged.store((j * r16..j * r16 + rows, ..), partial.load((.., j * cb..(j + 1) * cb)).cast(bf16));
+            self.staged.store(
+                (j * r16..j * r16 + rows, ..),
+                partial.load((.., j * cb..(j + 1) * cb)).cast(bf16),
+            );
         }
         let mine = self.reduced.at((ds(self.me * r16 as i32, r16), ..));
-        let hops = |first| Hops { me: self.me, n: self.n, rows: r16, ways: directions(cb, cb.is_multiple_of(256), self.send, self.recv, first) };
+        let hops = |first| Hops {
+            me: self.me,
+            n: self.n,
+            rows: r16,
+            ways: directions(cb, cb.is_multiple_of(256), self.send, self.recv, first),
+        };
         hops(0).reduce(self.staged, mine, self.stage);
         hops(2).gather(self.reduced);
         for j in 0..n {
-            partial.store((.., j * cb..(j + 1) * cb), self.reduced.load((j * r16..j * r16 + rows, ..)).cast(f32));
+            partial.store(
+                (.., j * cb..(j + 1) * cb),
+                self.reduced.load((j * r16..j * r16 + rows, ..)).cast(f32),
+            );
         }
     }
 
@@ -129,9 +162,15 @@ impl Spmd {
         let (rows, r8) = (self.rows, self.r8);
         let block = |buf: Ref| buf.at((ds(self.me * r8 as i32, r8), ..));
         block(self.maxes).store((0..rows, ..), local.max.broadcast_to([rows, 128]));
-        block(self.ids).store((0..rows, ..), (local.id + self.vocab_first).broadcast_to([rows, 128]));
+        block(self.ids)
+            .store((0..rows, ..), (local.id + self.vocab_first).broadcast_to([rows, 128]));
         for (k, buf) in [self.maxes, self.ids].into_iter().enumerate() {
-            let way = Way { dir: 1, cols: (0, 128), send: self.send.at(k as i32), recv: self.recv.at(k as i32) };
+            let way = Way {
+                dir: 1,
+                cols: (0, 128),
+                send: self.send.at(k as i32),
+                recv: self.recv.at(k as i32),
+            };
             Hops { me: self.me, n: self.n, rows: r8, ways: vec![way] }.gather(buf);
         }
         let column = |buf: Ref, j: u64| buf.load((j * r8..j * r8 + rows, 0..1));
@@ -141,7 +180,10 @@ impl Spmd {
             // A NaN maximum (a non-finite logit on that device) poisons the row, as in
             // `Greedy::fold`; a device with no real ids (maximum -inf) adds nothing.
             let poison = select(eq(max, f64::NEG_INFINITY), 0.0, max * 0.0);
-            best = Greedy { max: best.max.maximum(max) + poison, id: select(gt(max, best.max), id, best.id) };
+            best = Greedy {
+                max: best.max.maximum(max) + poison,
+                id: select(gt(max, best.max), id, best.id),
+            };
         }
         best
     }

@@ -38,11 +38,18 @@ pub struct UnfusedKernel {
 
 /// The library kernels a decode step of `s` (the first `layers` layers, `batch` sequences,
 /// `context` positions) calls when it is not fused.
-pub fn unfused_kernels(s: &ModelSpec, layers: usize, batch: u64, context: u64) -> Result<Vec<UnfusedKernel>, String> {
+pub fn unfused_kernels(
+    s: &ModelSpec,
+    layers: usize,
+    batch: u64,
+    context: u64,
+) -> Result<Vec<UnfusedKernel>, String> {
     let a = &s.attention;
     let h = s.hidden_size;
     let (heads, kvh, hd) = (a.num_heads, a.num_kv_heads, a.head_dim);
-    let Some(FfnKind::Moe(m)) = s.layers.first().map(|l| &l.ffn) else { return Err("the unfused step is defined for MoE models only".into()) };
+    let Some(FfnKind::Moe(m)) = s.layers.first().map(|l| &l.ffn) else {
+        return Err("the unfused step is defined for MoE models only".into());
+    };
     let rows = batch.div_ceil(16) * 16;
     let l = layers as u64;
     let nqkv = (heads + 2 * kvh) * hd;
@@ -50,17 +57,106 @@ pub fn unfused_kernels(s: &ModelSpec, layers: usize, batch: u64, context: u64) -
     // profiler also aborts on `decode_attention` at head_dim 64) and its KV tile size.
     let hp = hd.div_ceil(128) * 128;
     let vocab = s.vocab_size.div_ceil(1024) * 1024;
-    let k = |label: &str, times: u64, kernel: &'static str, settings: Vec<(String, String)>| UnfusedKernel { label: label.into(), times, kernel, settings };
+    let k = |label: &str, times: u64, kernel: &'static str, settings: Vec<(String, String)>| {
+        UnfusedKernel { label: label.into(), times, kernel, settings }
+    };
     Ok(vec![
-        k("rmsnorm (x2 per layer, + final)", 2 * l + 1, "rmsnorm", set(&[("rows", rows), ("hidden", h), ("block_rows", rows)])),
-        k("qkv gemv", l, "gemv", set(&[("batch", batch), ("k", h), ("n", nqkv), ("block_k", h), ("block_n", block_n(nqkv))])),
-        k("rope (q and k heads)", l, "rope", set(&[("tokens", batch), ("heads", heads + kvh), ("head_dim", hd), ("block_t", batch), ("heads_per_block", heads_per_block(heads + kvh))])),
-        k("kv_cache_update", l, "kv_cache_update", set(&[("batch", batch), ("kv_heads", kvh), ("head_dim", hp), ("max_context", context)])),
-        k("decode_attention (full context)", l, "decode_attention", full_context(set(&[("batch", batch), ("kv_heads", kvh), ("group", heads / kvh), ("head_dim", hp), ("max_context", context), ("block_kv", 1024.min(context))]))),
-        k("o gemv", l, "gemv", set(&[("batch", batch), ("k", heads * hd), ("n", h), ("block_k", heads * hd), ("block_n", block_n(h))])),
-        k("residual_add (x2 per layer)", 2 * l, "residual_add", set(&[("rows", rows), ("hidden", h), ("block_rows", rows)])),
-        k("moe_router", l, "moe_router", set(&[("tokens", batch), ("hidden", h), ("experts", m.num_experts), ("top_k", m.top_k)])),
-        k("expert_ffn", l, "expert_ffn", set(&[("tokens", batch), ("hidden", h), ("experts", m.num_experts), ("top_k", m.top_k), ("ffn", m.intermediate), ("block_ffn", 256.min(m.intermediate))])),
-        k("lm_head gemv (vocab padded to 1024)", 1, "gemv", set(&[("batch", batch), ("k", h), ("n", vocab), ("block_k", h), ("block_n", 1024)])),
+        k(
+            "rmsnorm (x2 per layer, + final)",
+            2 * l + 1,
+            "rmsnorm",
+            set(&[("rows", rows), ("hidden", h), ("block_rows", rows)]),
+        ),
+        k(
+            "qkv gemv",
+            l,
+            "gemv",
+            set(&[
+                ("batch", batch),
+                ("k", h),
+                ("n", nqkv),
+                ("block_k", h),
+                ("block_n", block_n(nqkv)),
+            ]),
+        ),
+        k(
+            "rope (q and k heads)",
+            l,
+            "rope",
+            set(&[
+                ("tokens", batch),
+                ("heads", heads + kvh),
+                ("head_dim", hd),
+                ("block_t", batch),
+                ("heads_per_block", heads_per_block(heads + kvh)),
+            ]),
+        ),
+        k(
+            "kv_cache_update",
+            l,
+            "kv_cache_update",
+            set(&[("batch", batch), ("kv_heads", kvh), ("head_dim", hp), ("max_context", context)]),
+        ),
+        k(
+            "decode_attention (full context)",
+            l,
+            "decode_attention",
+            full_context(set(&[
+                ("batch", batch),
+                ("kv_heads", kvh),
+                ("group", heads / kvh),
+                ("head_dim", hp),
+                ("max_context", context),
+                ("block_kv", 1024.min(context)),
+            ])),
+        ),
+        k(
+            "o gemv",
+            l,
+            "gemv",
+            set(&[
+                ("batch", batch),
+                ("k", heads * hd),
+                ("n", h),
+                ("block_k", heads * hd),
+                ("block_n", block_n(h)),
+            ]),
+        ),
+        k(
+            "residual_add (x2 per layer)",
+            2 * l,
+            "residual_add",
+            set(&[("rows", rows), ("hidden", h), ("block_rows", rows)]),
+        ),
+        k(
+            "moe_router",
+            l,
+            "moe_router",
+            set(&[
+                ("tokens", batch),
+                ("hidden", h),
+                ("experts", m.num_experts),
+                ("top_k", m.top_k),
+            ]),
+        ),
+        k(
+            "expert_ffn",
+            l,
+            "expert_ffn",
+            set(&[
+                ("tokens", batch),
+                ("hidden", h),
+                ("experts", m.num_experts),
+                ("top_k", m.top_k),
+                ("ffn", m.intermediate),
+                ("block_ffn", 256.min(m.intermediate)),
+            ]),
+        ),
+        k(
+            "lm_head gemv (vocab padded to 1024)",
+            1,
+            "gemv",
+            set(&[("batch", batch), ("k", h), ("n", vocab), ("block_k", h), ("block_n", 1024)]),
+        ),
     ])
 }

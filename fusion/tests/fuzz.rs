@@ -11,8 +11,8 @@
 mod config_fuzz;
 
 use config_fuzz::{config, mutate, mutations};
-use palladium_dsl::spec::Chip;
 use palladium_dsl::build::MemorySpace;
+use palladium_dsl::spec::Chip;
 use palladium_fusion::layout::OperandKind;
 use palladium_fusion::plan::{KvTiles, Plan, PlanOptions, Prefetch};
 use palladium_model::ModelSpec;
@@ -90,14 +90,28 @@ proptest! {
 fn every_size_at_its_cap_is_refused_without_wrapping() {
     let mut v = fixture("tiny-qwen3-moe.json");
     v["num_hidden_layers"] = serde_json::json!(1u64 << 16);
-    for k in ["hidden_size", "vocab_size", "max_position_embeddings", "num_attention_heads", "num_key_value_heads", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "intermediate_size"] {
+    for k in [
+        "hidden_size",
+        "vocab_size",
+        "max_position_embeddings",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "intermediate_size",
+    ] {
         v[k] = serde_json::json!(1u64 << 24);
     }
     v["head_dim"] = serde_json::json!(256);
     let spec = ModelSpec::from_json(&v).unwrap();
     for (check_hbm, devices) in [(true, 1), (false, 1), (true, 8), (false, 8)] {
-        let options = PlanOptions { check_hbm, devices, ..PlanOptions::new(Chip::V7x, 16, 1 << 24) };
+        let options =
+            PlanOptions { check_hbm, devices, ..PlanOptions::new(Chip::V7x, 16, 1 << 24) };
         let err = Plan::new(&spec, &options).unwrap_err().to_string();
-        assert!(err.contains("does not fit any chip") && err.contains("more than 2^64 bytes"), "{err}");
+        assert!(
+            err.contains("does not fit any chip") && err.contains("more than 2^64 bytes"),
+            "{err}"
+        );
     }
 }

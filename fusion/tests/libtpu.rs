@@ -5,7 +5,10 @@
 //! profiler aborts on most of these programs (manual DMAs from HBM); `benches/megakernel.rs`
 //! takes the estimates where it gives them.
 use palladium_dsl::spec::Chip;
-use palladium_fusion::{megakernel::Megakernel, plan::{KvTiles, PlanOptions, Prefetch}};
+use palladium_fusion::{
+    megakernel::Megakernel,
+    plan::{KvTiles, PlanOptions, Prefetch},
+};
 use palladium_model::ModelSpec;
 use palladium_runtime::{CallSpec, Compiler, Estimate, Job, wrap};
 use std::path::Path;
@@ -13,10 +16,23 @@ use std::path::Path;
 /// The program of the megakernel of `name` planned with `options`.
 fn job(name: &str, options: PlanOptions) -> (String, Job) {
     let chip = options.chip;
-    let spec = ModelSpec::from_path(Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/models/{name}.json"))).unwrap();
+    let spec = ModelSpec::from_path(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/models/{name}.json")),
+    )
+    .unwrap();
     let l = Megakernel::build(&spec, &options).unwrap().lowered;
     let program = wrap(&l.body, &CallSpec::from_json(&l.call_json).unwrap()).unwrap();
-    (format!("{name} on {chip} ({:?}, {:?}, {} layers, K {}, {} weights)", options.kv_tiles, options.prefetch, options.layers.unwrap_or(spec.layers.len()), options.tokens_per_seq, options.weights.name()), Job { program, chip, serialize: false })
+    (
+        format!(
+            "{name} on {chip} ({:?}, {:?}, {} layers, K {}, {} weights)",
+            options.kv_tiles,
+            options.prefetch,
+            options.layers.unwrap_or(spec.layers.len()),
+            options.tokens_per_seq,
+            options.weights.name()
+        ),
+        Job { program, chip, serialize: false },
+    )
 }
 
 fn plain(chip: Chip, batch: u64, context: u64, layers: Option<usize>) -> PlanOptions {
@@ -32,7 +48,14 @@ fn libtpu_accepts_the_megakernels() {
     }
     jobs.push(job("qwen3-30b-a3b", plain(Chip::V7x, 1, 4096, None)));
     jobs.push(job("qwen3-30b-a3b", plain(Chip::V6e, 1, 4096, Some(22))));
-    jobs.push(job("tiny-qwen3-moe", PlanOptions { kv_tiles: KvTiles::All, prefetch: Prefetch::Single, ..PlanOptions::new(Chip::V6e, 2, 1024) }));
+    jobs.push(job(
+        "tiny-qwen3-moe",
+        PlanOptions {
+            kv_tiles: KvTiles::All,
+            prefetch: Prefetch::Single,
+            ..PlanOptions::new(Chip::V6e, 2, 1024)
+        },
+    ));
     // One worker: the 30B programs are large, and libtpu's RAM per compile with them.
     assert_accepted(&jobs);
 }
@@ -56,10 +79,21 @@ fn assert_accepted(jobs: &[(String, Job)]) {
 /// deep-ring v7x programs are refused, "Used 74 MiB of 64 MiB vmem", at any K.)
 #[test]
 fn libtpu_accepts_the_verify_megakernels_on_v7x() {
-    let jobs: Vec<(String, Job)> = [(4, Prefetch::Deep), (8, Prefetch::Deep), (4, Prefetch::Single), (8, Prefetch::Single)]
-        .into_iter()
-        .map(|(k, prefetch)| job("qwen3-30b-a3b", PlanOptions { tokens_per_seq: k, logits: false, prefetch, ..plain(Chip::V7x, 1, 4096, Some(8)) }))
-        .collect();
+    let jobs: Vec<(String, Job)> =
+        [(4, Prefetch::Deep), (8, Prefetch::Deep), (4, Prefetch::Single), (8, Prefetch::Single)]
+            .into_iter()
+            .map(|(k, prefetch)| {
+                job(
+                    "qwen3-30b-a3b",
+                    PlanOptions {
+                        tokens_per_seq: k,
+                        logits: false,
+                        prefetch,
+                        ..plain(Chip::V7x, 1, 4096, Some(8))
+                    },
+                )
+            })
+            .collect();
     assert_accepted(&jobs);
 }
 
@@ -74,7 +108,10 @@ fn libtpu_accepts_the_quantized_megakernels() {
     for weights in [WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4] {
         jobs.push(job("tiny-qwen3-moe", PlanOptions { weights, ..plain(Chip::V5e, 1, 256, None) }));
         for chip in [Chip::V6e, Chip::V7x] {
-            jobs.push(job("qwen3-30b-a3b", PlanOptions { weights, ..plain(chip, 1, 4096, Some(8)) }));
+            jobs.push(job(
+                "qwen3-30b-a3b",
+                PlanOptions { weights, ..plain(chip, 1, 4096, Some(8)) },
+            ));
         }
     }
     assert_accepted(&jobs);
@@ -94,7 +131,11 @@ fn libtpu_accepts_the_multi_device_megakernels() {
         job("qwen3-235b-a22b", PlanOptions { devices: 8, ..plain(Chip::V7x, 1, 4096, None) }),
     ];
     for (label, j) in &jobs {
-        assert!(j.program.contains("sdy.manual_computation") && j.program.contains("has_communication\\22: true"), "{label}");
+        assert!(
+            j.program.contains("sdy.manual_computation")
+                && j.program.contains("has_communication\\22: true"),
+            "{label}"
+        );
     }
     assert_accepted(&jobs);
 }

@@ -6,7 +6,8 @@ use palladium_fusion::{emit::emit, report};
 use palladium_model::ModelSpec;
 
 pub fn spec(name: &str) -> ModelSpec {
-    ModelSpec::from_path(format!("{}/../fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    ModelSpec::from_path(format!("{}/../fixtures/models/{name}.json", env!("CARGO_MANIFEST_DIR")))
+        .unwrap()
 }
 
 pub fn options(chip: Chip, batch: u64, context: u64, layers: Option<usize>) -> PlanOptions {
@@ -34,7 +35,9 @@ fn tiny_plans_and_reports() {
 fn tiny_megakernels_build_verify_and_lower_on_every_chip() {
     for name in ["tiny-qwen3-moe", "tiny-mixtral"] {
         for chip in [Chip::V5e, Chip::V6e, Chip::V7x] {
-            let l = Megakernel::build(&spec(name), &options(chip, 1, 256, None)).unwrap_or_else(|e| panic!("{name} {chip}: {e}")).lowered;
+            let l = Megakernel::build(&spec(name), &options(chip, 1, 256, None))
+                .unwrap_or_else(|e| panic!("{name} {chip}: {e}"))
+                .lowered;
             assert!(l.body.contains("stable_mosaic.version"));
             assert!(l.call_json.contains("\"input_output_aliases\""));
         }
@@ -45,8 +48,13 @@ fn tiny_megakernels_build_verify_and_lower_on_every_chip() {
 /// libtpu gets, so any change to what the fusion pass emits is reviewed.
 #[test]
 fn tiny_megakernel_snapshots() {
-    let mk = Megakernel::build(&spec("tiny-qwen3-moe"), &options(Chip::V6e, 1, 256, None)).unwrap_or_else(|e| panic!("{e}"));
-    palladium_dsl::ir::verify(&mk.kernel, palladium_dsl::ir::VerifyOptions { chip: Some(Chip::V6e) }).unwrap_or_else(|e| panic!("{e}"));
+    let mk = Megakernel::build(&spec("tiny-qwen3-moe"), &options(Chip::V6e, 1, 256, None))
+        .unwrap_or_else(|e| panic!("{e}"));
+    palladium_dsl::ir::verify(
+        &mk.kernel,
+        palladium_dsl::ir::VerifyOptions { chip: Some(Chip::V6e) },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let ir = palladium_dsl::ir::print_kernel(&mk.kernel, Default::default());
     let again = palladium_dsl::ir::print_kernel(&emit(&mk.plan).unwrap(), Default::default());
     assert_eq!(ir, again, "emission is deterministic");
@@ -70,7 +78,10 @@ fn models_that_do_not_fit_are_refused_with_the_numbers() {
     match Plan::new(&s, &options(Chip::V4, 1, 4096, Some(1))) {
         Err(e @ PlanError::Vmem { need, have, .. }) => {
             let msg = e.to_string();
-            assert!(need > have && msg.contains(&need.to_string()) && msg.contains("dense ring"), "{msg}");
+            assert!(
+                need > have && msg.contains(&need.to_string()) && msg.contains("dense ring"),
+                "{msg}"
+            );
         }
         other => panic!("expected a VMEM refusal, got {other:?}"),
     }
@@ -82,11 +93,22 @@ fn models_that_do_not_fit_are_refused_with_the_numbers() {
 /// < 0.5 s in a release build; this debug-build bound is loose).
 #[test]
 fn qwen3_235b_emission_time() {
-    let s = ModelSpec::from_path(format!("{}/../fixtures/models/qwen3-235b-a22b.json", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let s = ModelSpec::from_path(format!(
+        "{}/../fixtures/models/qwen3-235b-a22b.json",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
     let t = std::time::Instant::now();
-    let mk = Megakernel::build(&s, &PlanOptions { check_hbm: false, ..options(Chip::V7x, 1, 4096, None) }).unwrap();
+    let mk = Megakernel::build(
+        &s,
+        &PlanOptions { check_hbm: false, ..options(Chip::V7x, 1, 4096, None) },
+    )
+    .unwrap();
     let secs = t.elapsed().as_secs_f64();
-    println!("qwen3-235b-a22b (94 layers) emission: {secs:.3} s, body {} bytes", mk.lowered.body.len());
+    println!(
+        "qwen3-235b-a22b (94 layers) emission: {secs:.3} s, body {} bytes",
+        mk.lowered.body.len()
+    );
     assert_eq!(mk.plan.layers, 94);
     assert!(secs < 10.0, "{secs}");
 }
@@ -97,25 +119,43 @@ fn qwen3_235b_emission_time() {
 #[test]
 fn layout_pieces_tile_the_dense_stream() {
     use palladium_fusion::layout::SegmentKind;
-    for (name, chip) in [("tiny-qwen3-moe", Chip::V6e), ("tiny-mixtral", Chip::V5e), ("qwen3-30b-a3b", Chip::V7x)] {
+    for (name, chip) in
+        [("tiny-qwen3-moe", Chip::V6e), ("tiny-mixtral", Chip::V5e), ("qwen3-30b-a3b", Chip::V7x)]
+    {
         let plan = Plan::new(&spec(name), &options(chip, 1, 256, Some(1))).unwrap();
         let (layout, d) = (&plan.layout, &plan.dims);
         let kinds: Vec<SegmentKind> = layout.segments.iter().map(|s| s.kind).collect();
         assert_eq!(kinds, SegmentKind::SCHEDULE, "{name}");
         let widths: Vec<u64> = layout.segments.iter().map(|s| s.cols).collect();
-        assert_eq!(widths, vec![(d.heads + 2 * d.kv_heads) * d.head_pad, d.heads * d.head_pad, d.experts_pad], "{name}");
+        assert_eq!(
+            widths,
+            vec![(d.heads + 2 * d.kv_heads) * d.head_pad, d.heads * d.head_pad, d.experts_pad],
+            "{name}"
+        );
         let mut next = 0;
         for chunk in 0..layout.per_layer {
             for p in layout.pieces(chunk) {
                 let s = layout.segment(p.segment).unwrap();
                 assert_eq!(s.col + p.seg_col, next, "{name} chunk {chunk}: {p:?}");
-                assert_eq!(chunk * layout.chunk_cols + p.chunk_col, next, "{name} chunk {chunk}: {p:?}");
-                assert!(p.cols > 0 && p.chunk_col + p.cols <= layout.chunk_cols && p.seg_col + p.cols <= s.cols, "{name}: {p:?}");
+                assert_eq!(
+                    chunk * layout.chunk_cols + p.chunk_col,
+                    next,
+                    "{name} chunk {chunk}: {p:?}"
+                );
+                assert!(
+                    p.cols > 0
+                        && p.chunk_col + p.cols <= layout.chunk_cols
+                        && p.seg_col + p.cols <= s.cols,
+                    "{name}: {p:?}"
+                );
                 next += p.cols;
             }
         }
         assert_eq!(next, widths.iter().sum::<u64>(), "{name}");
-        assert!(layout.per_layer * layout.chunk_cols - next < layout.chunk_cols, "{name}: a chunk of padding only");
+        assert!(
+            layout.per_layer * layout.chunk_cols - next < layout.chunk_cols,
+            "{name}: a chunk of padding only"
+        );
     }
 }
 
@@ -128,16 +168,39 @@ fn layout_pieces_tile_the_dense_stream() {
 fn expert_bytes_with_and_without_dedupe() {
     let s = spec("qwen3-30b-a3b");
     let expert = 2 * 3 * s.hidden_size * 768;
-    for (batch, k, distinct, rows) in [(1, 1, 8, 1), (8, 1, 64, 8), (1, 4, 32, 4), (8, 4, 128, 32), (16, 2, 128, 32)] {
-        let plan = Plan::new(&s, &PlanOptions { tokens_per_seq: k, logits: false, ..options(Chip::V7x, batch, 4096, Some(8)) }).unwrap();
+    for (batch, k, distinct, rows) in
+        [(1, 1, 8, 1), (8, 1, 64, 8), (1, 4, 32, 4), (8, 4, 128, 32), (16, 2, 128, 32)]
+    {
+        let plan = Plan::new(
+            &s,
+            &PlanOptions {
+                tokens_per_seq: k,
+                logits: false,
+                ..options(Chip::V7x, batch, 4096, Some(8))
+            },
+        )
+        .unwrap();
         let t = &plan.traffic;
         assert_eq!(plan.distinct_experts(), distinct, "batch {batch}, K {k}");
         assert_eq!(t.experts, 8 * distinct * expert, "batch {batch}, K {k}");
         assert_eq!(t.experts_without_dedupe, 8 * rows * 8 * expert, "batch {batch}, K {k}");
-        let uniform = 8.0 * 128.0 * (1.0 - (1.0 - 8.0 / 128.0f64).powi(rows as i32)) * expert as f64;
-        assert!((t.experts_uniform_routing - uniform).abs() < 1.0, "batch {batch}, K {k}: {}", t.experts_uniform_routing);
-        assert!(t.experts_uniform_routing <= t.experts as f64 + 1.0 && t.experts <= t.experts_without_dedupe);
-        println!("batch {batch}, K {k}: expert bytes per step {:.3} GB (worst case {distinct} distinct), {:.3} GB without dedupe, {:.3} GB under uniform routing", t.experts as f64 / 1e9, t.experts_without_dedupe as f64 / 1e9, t.experts_uniform_routing / 1e9);
+        let uniform =
+            8.0 * 128.0 * (1.0 - (1.0 - 8.0 / 128.0f64).powi(rows as i32)) * expert as f64;
+        assert!(
+            (t.experts_uniform_routing - uniform).abs() < 1.0,
+            "batch {batch}, K {k}: {}",
+            t.experts_uniform_routing
+        );
+        assert!(
+            t.experts_uniform_routing <= t.experts as f64 + 1.0
+                && t.experts <= t.experts_without_dedupe
+        );
+        println!(
+            "batch {batch}, K {k}: expert bytes per step {:.3} GB (worst case {distinct} distinct), {:.3} GB without dedupe, {:.3} GB under uniform routing",
+            t.experts as f64 / 1e9,
+            t.experts_without_dedupe as f64 / 1e9,
+            t.experts_uniform_routing / 1e9
+        );
     }
 }
 
@@ -145,8 +208,16 @@ fn expert_bytes_with_and_without_dedupe() {
 #[test]
 fn tokens_per_seq_is_checked() {
     let s = spec("tiny-qwen3-moe");
-    for (k, context, want) in [(0, 256, "--tokens-per-seq 0 (supported: 1..=16)"), (17, 256, "--tokens-per-seq 17 (supported: 1..=16)"), (8, 4, "--tokens-per-seq 8 is more than --context 4")] {
-        let err = Plan::new(&s, &PlanOptions { tokens_per_seq: k, ..options(Chip::V6e, 1, context, None) }).unwrap_err();
+    for (k, context, want) in [
+        (0, 256, "--tokens-per-seq 0 (supported: 1..=16)"),
+        (17, 256, "--tokens-per-seq 17 (supported: 1..=16)"),
+        (8, 4, "--tokens-per-seq 8 is more than --context 4"),
+    ] {
+        let err = Plan::new(
+            &s,
+            &PlanOptions { tokens_per_seq: k, ..options(Chip::V6e, 1, context, None) },
+        )
+        .unwrap_err();
         assert!(err.to_string().contains(want), "{err}");
     }
 }
@@ -160,10 +231,26 @@ fn quantized_plans_stream_fewer_bytes_and_build_on_every_chip() {
     use palladium_fusion::plan::{ExpertFetch, KvTiles};
     use palladium_model::quant::WeightsDtype;
     let s = spec("qwen3-30b-a3b");
-    let plan = |weights| Plan::new(&s, &PlanOptions { kv_tiles: KvTiles::All, expert_fetch: ExpertFetch::WorstCase, logits: false, weights, ..options(Chip::V6e, 1, 4096, Some(8)) }).unwrap();
+    let plan = |weights| {
+        Plan::new(
+            &s,
+            &PlanOptions {
+                kv_tiles: KvTiles::All,
+                expert_fetch: ExpertFetch::WorstCase,
+                logits: false,
+                weights,
+                ..options(Chip::V6e, 1, 4096, Some(8))
+            },
+        )
+        .unwrap()
+    };
     let bf16 = plan(WeightsDtype::Bf16);
     assert!(bf16.traffic.by_dtype.is_none() && bf16.layout.quant.is_none());
-    for (weights, low, high) in [(WeightsDtype::Int8, 0.50, 0.54), (WeightsDtype::Fp8, 0.70, 0.74), (WeightsDtype::Int4, 0.40, 0.45)] {
+    for (weights, low, high) in [
+        (WeightsDtype::Int8, 0.50, 0.54),
+        (WeightsDtype::Fp8, 0.70, 0.74),
+        (WeightsDtype::Int4, 0.40, 0.45),
+    ] {
         let p = plan(weights);
         let t = &p.traffic;
         let ratio = t.total as f64 / bf16.traffic.total as f64;
@@ -172,32 +259,73 @@ fn quantized_plans_stream_fewer_bytes_and_build_on_every_chip() {
         assert_eq!(by_dtype, t.dense + t.lm_head + t.experts, "{}", weights.name());
         assert!(p.vmem.iter().any(|(name, bytes)| name == "expert scales" && *bytes > 0));
         let text = report::text(&p);
-        assert!(text.contains(&format!("weights: {}", weights.name())) && text.contains("weight bytes per step by dtype"), "{text}");
-        println!("{}: {:.3} GB per step, {ratio:.3}x bf16's {:.3} GB", weights.name(), t.total as f64 / 1e9, bf16.traffic.total as f64 / 1e9);
+        assert!(
+            text.contains(&format!("weights: {}", weights.name()))
+                && text.contains("weight bytes per step by dtype"),
+            "{text}"
+        );
+        println!(
+            "{}: {:.3} GB per step, {ratio:.3}x bf16's {:.3} GB",
+            weights.name(),
+            t.total as f64 / 1e9,
+            bf16.traffic.total as f64 / 1e9
+        );
     }
     for name in ["tiny-qwen3-moe", "tiny-mixtral"] {
         for weights in [WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4] {
             for chip in [Chip::V5e, Chip::V6e, Chip::V7x] {
-                let mk = Megakernel::build(&spec(name), &PlanOptions { weights, ..options(chip, 1, 256, None) }).unwrap_or_else(|e| panic!("{name} {} {chip}: {e}", weights.name()));
-                palladium_dsl::ir::verify(&mk.kernel, palladium_dsl::ir::VerifyOptions { chip: Some(chip) }).unwrap_or_else(|e| panic!("{e}"));
+                let mk = Megakernel::build(
+                    &spec(name),
+                    &PlanOptions { weights, ..options(chip, 1, 256, None) },
+                )
+                .unwrap_or_else(|e| panic!("{name} {} {chip}: {e}", weights.name()));
+                palladium_dsl::ir::verify(
+                    &mk.kernel,
+                    palladium_dsl::ir::VerifyOptions { chip: Some(chip) },
+                )
+                .unwrap_or_else(|e| panic!("{e}"));
                 assert!(mk.lowered.body.contains("stable_mosaic.version"));
             }
         }
     }
     // int8 fits all 48 layers on one v6e (bf16 fits 22); on v5e the HBM refusal suggests a
     // number of layers that fits, and no more.
-    assert_eq!(Plan::new(&s, &PlanOptions { weights: WeightsDtype::Int8, ..options(Chip::V6e, 1, 4096, None) }).unwrap().layers, 48);
+    assert_eq!(
+        Plan::new(
+            &s,
+            &PlanOptions { weights: WeightsDtype::Int8, ..options(Chip::V6e, 1, 4096, None) }
+        )
+        .unwrap()
+        .layers,
+        48
+    );
     for weights in [WeightsDtype::Int8, WeightsDtype::Fp8] {
         let o = |layers| PlanOptions { weights, ..options(Chip::V5e, 1, 4096, layers) };
         match Plan::new(&s, &o(None)) {
             Err(PlanError::Hbm { max_layers, .. }) => {
-                Plan::new(&s, &o(Some(max_layers as usize))).unwrap_or_else(|e| panic!("{}: {max_layers} layers: {e}", weights.name()));
-                assert!(matches!(Plan::new(&s, &o(Some(max_layers as usize + 1))), Err(PlanError::Hbm { .. })), "{}: {max_layers} + 1 layers fit", weights.name());
+                Plan::new(&s, &o(Some(max_layers as usize)))
+                    .unwrap_or_else(|e| panic!("{}: {max_layers} layers: {e}", weights.name()));
+                assert!(
+                    matches!(
+                        Plan::new(&s, &o(Some(max_layers as usize + 1))),
+                        Err(PlanError::Hbm { .. })
+                    ),
+                    "{}: {max_layers} + 1 layers fit",
+                    weights.name()
+                );
             }
-            other => panic!("{}: expected an HBM refusal on v5e, got {:?}", weights.name(), other.map(|p| p.layers)),
+            other => panic!(
+                "{}: expected an HBM refusal on v5e, got {:?}",
+                weights.name(),
+                other.map(|p| p.layers)
+            ),
         }
     }
-    let int8 = Plan::new(&spec("tiny-qwen3-moe"), &PlanOptions { weights: WeightsDtype::Int8, ..options(Chip::V6e, 1, 256, None) }).unwrap();
+    let int8 = Plan::new(
+        &spec("tiny-qwen3-moe"),
+        &PlanOptions { weights: WeightsDtype::Int8, ..options(Chip::V6e, 1, 256, None) },
+    )
+    .unwrap();
     snapshot("tiny-qwen3-moe_int8_report", &report::text(&int8));
 }
 
@@ -207,17 +335,31 @@ fn quantized_plans_stream_fewer_bytes_and_build_on_every_chip() {
 fn quantized_plans_refuse_what_they_cannot_lay_out() {
     use palladium_fusion::plan::weights_dtype;
     use palladium_model::quant::WeightsDtype;
-    let text = std::fs::read_to_string(format!("{}/../fixtures/models/tiny-qwen3-moe.json", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let text = std::fs::read_to_string(format!(
+        "{}/../fixtures/models/tiny-qwen3-moe.json",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
     let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
     json["head_dim"] = 96.into();
     let s = ModelSpec::from_json(&json).unwrap();
-    let err = Plan::new(&s, &PlanOptions { weights: WeightsDtype::Fp8, ..options(Chip::V6e, 1, 256, None) }).unwrap_err();
+    let err = Plan::new(
+        &s,
+        &PlanOptions { weights: WeightsDtype::Fp8, ..options(Chip::V6e, 1, 256, None) },
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("fp8 weights with head_dim 96"), "{err}");
-    Plan::new(&s, &PlanOptions { weights: WeightsDtype::Int8, ..options(Chip::V6e, 1, 256, None) }).unwrap();
+    Plan::new(&s, &PlanOptions { weights: WeightsDtype::Int8, ..options(Chip::V6e, 1, 256, None) })
+        .unwrap();
     json["quantization_config"] = serde_json::json!({"quant_method": "fp8", "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"]});
     let fp8 = ModelSpec::from_json(&json).unwrap();
     assert_eq!(weights_dtype(&fp8, None), Ok(WeightsDtype::Fp8));
     assert_eq!(weights_dtype(&spec("tiny-qwen3-moe"), None), Ok(WeightsDtype::Bf16));
     let err = weights_dtype(&fp8, Some(WeightsDtype::Int4)).unwrap_err();
-    assert!(err.to_string().contains("--weights-dtype int4: the config's quantization_config stores the weights as fp8"), "{err}");
+    assert!(
+        err.to_string().contains(
+            "--weights-dtype int4: the config's quantization_config stores the weights as fp8"
+        ),
+        "{err}"
+    );
 }

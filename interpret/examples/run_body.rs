@@ -35,8 +35,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|(dt, shape)| {
             let n: usize = shape.iter().product();
             match dt {
-                DType::I32 => HostArray::from_i32(shape, &(0..n as i32).map(|k| k % 8).collect::<Vec<_>>()),
-                DType::Bf16 => HostArray::bf16_from_f32(shape, &(0..n).map(|_| next()).collect::<Vec<_>>()),
+                DType::I32 => {
+                    HostArray::from_i32(shape, &(0..n as i32).map(|k| k % 8).collect::<Vec<_>>())
+                }
+                DType::Bf16 => {
+                    HostArray::bf16_from_f32(shape, &(0..n).map(|_| next()).collect::<Vec<_>>())
+                }
                 _ => HostArray::from_f32(shape, &(0..n).map(|_| next()).collect::<Vec<_>>()),
             }
         })

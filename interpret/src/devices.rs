@@ -56,7 +56,13 @@ pub(crate) struct Fabric {
 
 impl Fabric {
     pub fn new(devices: usize) -> Fabric {
-        let state = State { turn: 0, status: vec![Status::Ready; devices], inbox: (0..devices).map(|_| Vec::new()).collect(), late: Vec::new(), deadlock: None };
+        let state = State {
+            turn: 0,
+            status: vec![Status::Ready; devices],
+            inbox: (0..devices).map(|_| Vec::new()).collect(),
+            late: Vec::new(),
+            deadlock: None,
+        };
         Fabric { devices, state: Mutex::new(state), turn_changed: Condvar::new() }
     }
 
@@ -82,7 +88,13 @@ impl Fabric {
     /// Send `delivery` from `me` to device `to` (checked to be in the mesh).
     pub fn deliver(&self, me: usize, to: i64, delivery: Delivery) -> Result<()> {
         if to < 0 || to as usize >= self.devices {
-            return Err(InterpError::new(ErrorKind::OutOfBounds, format!("device {me} names device {to}, outside the mesh of {} devices", self.devices)));
+            return Err(InterpError::new(
+                ErrorKind::OutOfBounds,
+                format!(
+                    "device {me} names device {to}, outside the mesh of {} devices",
+                    self.devices
+                ),
+            ));
         }
         let mut st = self.lock();
         let to = to as usize;
@@ -100,7 +112,12 @@ impl Fabric {
     /// Hand the turn on: `me` is ready to go on (`None`), blocked (`Some(why)`), and
     /// (`done`) finished. Returns when it is `me`'s turn again (not when done), with the
     /// deliveries to apply; a deadlock is an error for every blocked device.
-    pub fn hand_over(&self, me: usize, blocked: Option<String>, done: bool) -> Result<Vec<Delivery>> {
+    pub fn hand_over(
+        &self,
+        me: usize,
+        blocked: Option<String>,
+        done: bool,
+    ) -> Result<Vec<Delivery>> {
         {
             let mut st = self.lock();
             st.status[me] = match (done, blocked) {
@@ -122,7 +139,18 @@ impl Fabric {
                 // Already reported: devices leaving after it must not rewrite the report.
                 None if st.deadlock.is_some() => {}
                 None => {
-                    let waits: Vec<String> = st.status.iter().enumerate().filter_map(|(d, s)| if let Status::Blocked(w) = s { Some(format!("device {d} {w}")) } else { None }).collect();
+                    let waits: Vec<String> = st
+                        .status
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(d, s)| {
+                            if let Status::Blocked(w) = s {
+                                Some(format!("device {d} {w}"))
+                            } else {
+                                None
+                            }
+                        })
+                        .collect();
                     st.deadlock = Some(format!(
                         "every device still running waits for something no device will send any more (on hardware this hangs): {}",
                         waits.join("; ")

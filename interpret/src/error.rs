@@ -71,13 +71,20 @@ impl fmt::Display for InterpError {
         write!(f, "{:?}: ", self.kind)?;
         if let Some(s) = &self.site {
             match &s.src {
-                Some(src) => write!(f, "`{}` at {src} (body line {}) in @{}", s.name, s.pos, s.func)?,
+                Some(src) => {
+                    write!(f, "`{}` at {src} (body line {}) in @{}", s.name, s.pos, s.func)?
+                }
                 None => write!(f, "`{}` at line {} in @{}", s.name, s.pos, s.func)?,
             }
         }
         if let Some(g) = &self.grid_point {
             let g: Vec<String> = g.iter().map(|x| x.to_string()).collect();
-            write!(f, "{}grid point ({})", if self.site.is_some() { ", " } else { "" }, g.join(", "))?;
+            write!(
+                f,
+                "{}grid point ({})",
+                if self.site.is_some() { ", " } else { "" },
+                g.join(", ")
+            )?;
         }
         if self.site.is_some() || self.grid_point.is_some() {
             write!(f, ": ")?;

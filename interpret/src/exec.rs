@@ -1,11 +1,14 @@
 //! Running prepared functions: one `match` per instruction, whole tiles per op.
 
-use crate::error::{ErrorKind, InterpError, Result, bail};
 use crate::devices::{Delivery, Link};
+use crate::error::{ErrorKind, InterpError, Result, bail};
+use crate::gemm::{BLayout, Products, gemm_f32};
 use crate::memory::{Memory, join};
 use crate::prepare::{CBlock, Func, Instr, Kind, Precision, Program, RKind, Slot, Term};
-use crate::gemm::{BLayout, Products, gemm_f32};
-use crate::value::{self, DType, Data, Shape, Tile, Val, gather, permute, round_slice, scatter, strides_of, walk_rows};
+use crate::value::{
+    self, DType, Data, Shape, Tile, Val, gather, permute, round_slice, scatter, strides_of,
+    walk_rows,
+};
 use smallvec::SmallVec;
 use std::sync::Arc;
 
@@ -24,7 +27,13 @@ impl<'p> Machine<'p> {
     pub fn call(&mut self, f: &Func, args: Vec<Val>) -> Result<Vec<Val>> {
         let mut fr = vec![Val::Undef; f.nslots];
         if args.len() != f.body.args.len() {
-            bail!(Malformed, "@{} called with {} arguments, expects {}", f.name, args.len(), f.body.args.len());
+            bail!(
+                Malformed,
+                "@{} called with {} arguments, expects {}",
+                f.name,
+                args.len(),
+                f.body.args.len()
+            );
         }
         for (s, a) in f.body.args.iter().zip(args) {
             fr[*s as usize] = a;
@@ -59,7 +68,10 @@ impl<'p> Machine<'p> {
     fn link(&self, what: &str) -> Result<Link> {
         match &self.link {
             Some(l) => Ok(l.clone()),
-            None => bail!(Unsupported, "{what} needs the devices of a mesh: run the kernel with Program::run_devices"),
+            None => bail!(
+                Unsupported,
+                "{what} needs the devices of a mesh: run the kernel with Program::run_devices"
+            ),
         }
     }
 
@@ -79,15 +91,24 @@ impl<'p> Machine<'p> {
     pub fn receive(&mut self, deliveries: Vec<Delivery>) -> Result<()> {
         for d in deliveries {
             let (buf, what) = match &d {
-                Delivery::Dma { dst, started, .. } => (dst.buf, format!("a remote DMA ({started})")),
+                Delivery::Dma { dst, started, .. } => {
+                    (dst.buf, format!("a remote DMA ({started})"))
+                }
                 Delivery::Signal { sem, from, .. } => (sem.0, format!("a remote signal ({from})")),
             };
             if buf >= self.mem.bufs.len() {
-                bail!(DmaRace, "{what} reached this device before it had allocated its target (it had not started the kernel): start with a barrier (signal every peer on the barrier semaphore, wait for their signals) before the first remote write");
+                bail!(
+                    DmaRace,
+                    "{what} reached this device before it had allocated its target (it had not started the kernel): start with a barrier (signal every peer on the barrier semaphore, wait for their signals) before the first remote write"
+                );
             }
             match d {
-                Delivery::Dma { dst, data, sem, bytes, started } => self.mem.remote_receive(&dst, &data, sem, bytes, started)?,
-                Delivery::Signal { sem, amount, from } => self.mem.remote_signal(sem, amount, &from)?,
+                Delivery::Dma { dst, data, sem, bytes, started } => {
+                    self.mem.remote_receive(&dst, &data, sem, bytes, started)?
+                }
+                Delivery::Signal { sem, amount, from } => {
+                    self.mem.remote_signal(sem, amount, &from)?
+                }
             }
         }
         Ok(())
@@ -98,19 +119,29 @@ impl<'p> Machine<'p> {
     fn source_text(&self, ins: &Instr) -> String {
         let s = &self.prog.sites[ins.site as usize];
         let Some(src) = &s.src else { return self.site_text(ins) };
-        let g = if self.point.is_empty() { String::new() } else { format!(", grid point ({})", join(&self.point)) };
+        let g = if self.point.is_empty() {
+            String::new()
+        } else {
+            format!(", grid point ({})", join(&self.point))
+        };
         format!("`{}` at {src}{g}", s.name)
     }
 
     fn site_text(&self, ins: &Instr) -> String {
         let s = &self.prog.sites[ins.site as usize];
-        let g = if self.point.is_empty() { String::new() } else { format!(", grid point ({})", join(&self.point)) };
+        let g = if self.point.is_empty() {
+            String::new()
+        } else {
+            format!(", grid point ({})", join(&self.point))
+        };
         format!("`{}` at line {} in @{}{g}", s.name, s.pos, s.func)
     }
 
     fn instr(&mut self, ins: &Instr, fr: &mut [Val]) -> Result<()> {
         let v = |s: &Slot| -> &Val { &fr[*s as usize] };
-        let ints = |xs: &[Slot], fr: &[Val]| -> Result<Vec<i64>> { xs.iter().map(|s| fr[*s as usize].int()).collect() };
+        let ints = |xs: &[Slot], fr: &[Val]| -> Result<Vec<i64>> {
+            xs.iter().map(|s| fr[*s as usize].int()).collect()
+        };
         let out: Val = match &ins.kind {
             Kind::Const(c) => c.clone(),
             Kind::Bin { op, dt, a, b } => value::binary(*op, *dt, v(a), v(b))?,
@@ -138,7 +169,12 @@ impl<'p> Machine<'p> {
                 if let Some(m) = &m
                     && m.shape != t.shape
                 {
-                    bail!(Mismatch, "mask shape [{}] differs from value shape [{}]", join(&m.shape), join(&t.shape));
+                    bail!(
+                        Mismatch,
+                        "mask shape [{}] differs from value shape [{}]",
+                        join(&m.shape),
+                        join(&t.shape)
+                    );
                 }
                 let idx = ints(idx, fr)?;
                 self.mem.store(&view, &idx, &t, m.as_ref(), *add, steps)?;
@@ -156,7 +192,9 @@ impl<'p> Machine<'p> {
                 self.mem.store_scalar(&view, &idx, &x)?;
                 Val::Undef
             }
-            Kind::Reduce { kind, dt, a, acc, dims } => reduce(*kind, *dt, v(a).tile()?, v(acc), dims)?,
+            Kind::Reduce { kind, dt, a, acc, dims } => {
+                reduce(*kind, *dt, v(a).tile()?, v(acc), dims)?
+            }
             Kind::Extract { a, pos, dyn_pos } => {
                 let t = v(a).tile()?;
                 let mut dynv = ints(dyn_pos, fr)?.into_iter();
@@ -166,8 +204,18 @@ impl<'p> Machine<'p> {
                 }
                 extract(t, &p)?
             }
-            Kind::ExtractSS { a, offsets, sizes, strides } => extract_ss(v(a).tile()?, offsets, sizes, strides)?,
-            Kind::Matmul { lhs, rhs, acc, dims, precision, out, shape } => matmul(v(lhs).tile()?, v(rhs).tile()?, v(acc).tile()?, dims, *precision, *out, shape)?,
+            Kind::ExtractSS { a, offsets, sizes, strides } => {
+                extract_ss(v(a).tile()?, offsets, sizes, strides)?
+            }
+            Kind::Matmul { lhs, rhs, acc, dims, precision, out, shape } => matmul(
+                v(lhs).tile()?,
+                v(rhs).tile()?,
+                v(acc).tile()?,
+                dims,
+                *precision,
+                *out,
+                shape,
+            )?,
             Kind::Transpose { a, perm } => {
                 let t = v(a).tile()?;
                 if perm.len() != t.shape.len() {
@@ -188,7 +236,10 @@ impl<'p> Machine<'p> {
                 Val::Tile(Tile::new(DType::I32, shape.clone(), Data::I(data)))
             }
             Kind::Concat { xs, dim } => {
-                let ts = xs.iter().map(|s| fr[*s as usize].tile().cloned()).collect::<Result<Vec<_>>>()?;
+                let ts = xs
+                    .iter()
+                    .map(|s| fr[*s as usize].tile().cloned())
+                    .collect::<Result<Vec<_>>>()?;
                 concat(&ts, *dim)?
             }
             Kind::Log { tag, formatted, args } => {
@@ -208,25 +259,41 @@ impl<'p> Machine<'p> {
                 Val::Ref(Arc::new(self.mem.squeeze(&view, shape)?))
             }
             Kind::Dma { src, dst, sem, remote: None } => {
-                let (s, d, m) = (v(src).view()?.clone(), v(dst).view()?.clone(), v(sem).view()?.clone());
+                let (s, d, m) =
+                    (v(src).view()?.clone(), v(dst).view()?.clone(), v(sem).view()?.clone());
                 let started = self.site_text(ins);
                 self.mem.dma_start(&s, &d, &m, started)?;
                 Val::Undef
             }
             Kind::Dma { src, dst, sem, remote: Some((send, device)) } => {
-                let (s, d, m, send, to) = (v(src).view()?.clone(), v(dst).view()?.clone(), v(sem).view()?.clone(), v(send).view()?.clone(), v(device).int()?);
+                let (s, d, m, send, to) = (
+                    v(src).view()?.clone(),
+                    v(dst).view()?.clone(),
+                    v(sem).view()?.clone(),
+                    v(send).view()?.clone(),
+                    v(device).int()?,
+                );
                 let link = self.link("a remote DMA")?;
                 let started = format!("{} on device {}", self.source_text(ins), link.me);
                 let recv = self.mem.sem(&m)?;
                 let (data, bytes) = self.mem.remote_send(&s, &d, &send, started.clone())?;
-                link.fabric.deliver(link.me, to, Delivery::Dma { dst: (*d).clone(), data, sem: recv, bytes, started })?;
+                link.fabric.deliver(
+                    link.me,
+                    to,
+                    Delivery::Dma { dst: (*d).clone(), data, sem: recv, bytes, started },
+                )?;
                 self.hand_over(&link, None)?;
                 Val::Undef
             }
             Kind::DmaWait { sem, dst } => {
                 let (m, d) = (v(sem).view()?.clone(), v(dst).view()?.clone());
                 while !self.mem.dma_wait(&m, &d, self.link.is_some())? {
-                    let why = format!("at {} for {} bytes on DMA semaphore {}", self.source_text(ins), d.elems() * self.mem.bufs[d.buf].dt.size(), self.mem.sem_name(self.mem.sem(&m)?));
+                    let why = format!(
+                        "at {} for {} bytes on DMA semaphore {}",
+                        self.source_text(ins),
+                        d.elems() * self.mem.bufs[d.buf].dt.size(),
+                        self.mem.sem_name(self.mem.sem(&m)?)
+                    );
                     self.wait_for_others(why)?;
                 }
                 Val::Undef
@@ -249,7 +316,12 @@ impl<'p> Machine<'p> {
                 let (m, a) = (v(sem).view()?.clone(), v(amount).int()?);
                 while !self.mem.sem_wait(&m, a, self.link.is_some())? {
                     let s = self.mem.sem(&m)?;
-                    let why = format!("at {} for {a} on semaphore {} (value {})", self.source_text(ins), self.mem.sem_name(s), self.mem.sem_value(s));
+                    let why = format!(
+                        "at {} for {a} on semaphore {} (value {})",
+                        self.source_text(ins),
+                        self.mem.sem_name(s),
+                        self.mem.sem_value(s)
+                    );
                     self.wait_for_others(why)?;
                 }
                 Val::Undef
@@ -266,14 +338,18 @@ impl<'p> Machine<'p> {
             }
             Kind::Alloca { dt, shape, space } => {
                 let s = &self.prog.sites[ins.site as usize];
-                let name = format!("{}@{}", if dt.is_sem() { "sem_alloc" } else { "alloca" }, s.pos);
+                let name =
+                    format!("{}@{}", if dt.is_sem() { "sem_alloc" } else { "alloca" }, s.pos);
                 let id = self.mem.alloc(*dt, shape, *space, name);
                 Val::Ref(Arc::new(self.mem.whole(id)))
             }
             Kind::AssumeMultiple { a, m } => {
                 let x = v(a).int()?;
                 if *m != 0 && x % m != 0 {
-                    bail!(Misaligned, "tpu.assume_multiple claims {x} is a multiple of {m}; on hardware the alignment would be wrong");
+                    bail!(
+                        Misaligned,
+                        "tpu.assume_multiple claims {x} is a multiple of {m}; on hardware the alignment would be wrong"
+                    );
                 }
                 Val::Int(x)
             }
@@ -283,7 +359,9 @@ impl<'p> Machine<'p> {
                 }
                 Val::Undef
             }
-            Kind::IterationBound { dim } => Val::Int(self.prog.grid.get(*dim).copied().unwrap_or(1)),
+            Kind::IterationBound { dim } => {
+                Val::Int(self.prog.grid.get(*dim).copied().unwrap_or(1))
+            }
             Kind::Nop => Val::Undef,
             Kind::If { c, then, els } => {
                 let b = if v(c).int()? != 0 { then } else { els };
@@ -317,7 +395,9 @@ impl<'p> Machine<'p> {
                         fr[*a as usize] = c;
                     }
                     self.block(before, fr)?;
-                    let Term::Condition(c, args) = &before.term else { bail!(Malformed, "scf.while without scf.condition") };
+                    let Term::Condition(c, args) = &before.term else {
+                        bail!(Malformed, "scf.while without scf.condition")
+                    };
                     let vals: Vec<Val> = args.iter().map(|s| fr[*s as usize].clone()).collect();
                     if fr[*c as usize].int()? == 0 {
                         return set_results(ins, fr, vals);
@@ -329,7 +409,10 @@ impl<'p> Machine<'p> {
                     carried = Self::yielded(after, fr);
                     n += 1;
                     if n > MAX_WHILE_ITERATIONS {
-                        bail!(Deadlock, "scf.while did not terminate after {MAX_WHILE_ITERATIONS} iterations");
+                        bail!(
+                            Deadlock,
+                            "scf.while did not terminate after {MAX_WHILE_ITERATIONS} iterations"
+                        );
                     }
                 }
             }
@@ -365,7 +448,9 @@ fn broadcast(a: &Val, dt: DType, shape: &Shape) -> Result<Val> {
         Val::Tile(t) => {
             let pad = shape.len() - t.shape.len();
             let st = strides_of(&t.shape);
-            let strides: SmallVec<[isize; 4]> = (0..shape.len()).map(|d| if d < pad || t.shape[d - pad] == 1 { 0 } else { st[d - pad] as isize }).collect();
+            let strides: SmallVec<[isize; 4]> = (0..shape.len())
+                .map(|d| if d < pad || t.shape[d - pad] == 1 { 0 } else { st[d - pad] as isize })
+                .collect();
             let data = match &*t.data {
                 Data::F(v) => Data::F(gather(v, 0, &strides, shape)),
                 Data::I(v) => Data::I(gather(v, 0, &strides, shape)),
@@ -409,7 +494,11 @@ fn extract_ss(t: &Tile, offsets: &[usize], sizes: &[usize], strides: &[usize]) -
     for d in 0..offsets.len() {
         let step = strides.get(d).copied().unwrap_or(1);
         if offsets[d] + (sizes[d].max(1) - 1) * step >= t.shape[d] {
-            bail!(OutOfBounds, "extract_strided_slice offsets {offsets:?} sizes {sizes:?} out of bounds of [{}]", join(&t.shape));
+            bail!(
+                OutOfBounds,
+                "extract_strided_slice offsets {offsets:?} sizes {sizes:?} out of bounds of [{}]",
+                join(&t.shape)
+            );
         }
         off += (offsets[d] * st[d]) as isize;
         shape[d] = sizes[d];
@@ -509,7 +598,8 @@ fn reduce_index(t: &Tile, dim: usize, max: bool) -> Result<Val> {
             out.push(best as i32);
         }
     }
-    let shape: Shape = t.shape.iter().enumerate().filter(|&(d, _)| d != dim).map(|(_, &s)| s).collect();
+    let shape: Shape =
+        t.shape.iter().enumerate().filter(|&(d, _)| d != dim).map(|(_, &s)| s).collect();
     if shape.is_empty() {
         return Ok(Val::Int(out[0].into()));
     }
@@ -519,7 +609,13 @@ fn reduce_index(t: &Tile, dim: usize, max: bool) -> Result<Val> {
 /// Fold `src` (row-major over `shape`) into `out` at the positions `strides` map it to, in
 /// `src`'s order. Generic over `f` so each reduction is its own loop: a row reduced into one
 /// element (stride 0) is a plain fold, a row kept (stride 1) a zip the compiler vectorizes.
-fn accumulate<T: Copy>(shape: &[usize], strides: &[isize], out: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
+fn accumulate<T: Copy>(
+    shape: &[usize],
+    strides: &[isize],
+    out: &mut [T],
+    src: &[T],
+    f: impl Fn(T, T) -> T,
+) {
     let mut i = 0usize;
     walk_rows(shape, strides, 0, |o, len, s| {
         let row = &src[i..i + len];
@@ -528,7 +624,10 @@ fn accumulate<T: Copy>(shape: &[usize], strides: &[isize], out: &mut [T], src: &
                 let p = o as usize;
                 out[p] = row.iter().fold(out[p], |a, &x| f(a, x));
             }
-            1 => out[o as usize..o as usize + len].iter_mut().zip(row).for_each(|(a, &x)| *a = f(*a, x)),
+            1 => out[o as usize..o as usize + len]
+                .iter_mut()
+                .zip(row)
+                .for_each(|(a, &x)| *a = f(*a, x)),
             _ => {
                 for (j, &x) in row.iter().enumerate() {
                     let p = (o + j as isize * s) as usize;
@@ -562,7 +661,12 @@ fn reduce(kind: RKind, dt: DType, a: &Tile, acc: &Val, dims: &[usize]) -> Result
     let accv: Data = match acc {
         Val::Tile(t) => {
             if t.shape != out_shape {
-                bail!(Mismatch, "reduction accumulator shape [{}], expected [{}]", join(&t.shape), join(&out_shape));
+                bail!(
+                    Mismatch,
+                    "reduction accumulator shape [{}], expected [{}]",
+                    join(&t.shape),
+                    join(&out_shape)
+                );
             }
             (*t.data).clone()
         }
@@ -581,8 +685,16 @@ fn reduce(kind: RKind, dt: DType, a: &Tile, acc: &Val, dims: &[usize]) -> Result
             match kind {
                 RKind::Add => fold!(out, src, |x, y| x + y),
                 RKind::Mul => fold!(out, src, |x, y| x * y),
-                RKind::MaxF => fold!(out, src, |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) }),
-                RKind::MinF => fold!(out, src, |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) }),
+                RKind::MaxF => fold!(out, src, |x, y| if x.is_nan() || y.is_nan() {
+                    f32::NAN
+                } else {
+                    x.max(y)
+                }),
+                RKind::MinF => fold!(out, src, |x, y| if x.is_nan() || y.is_nan() {
+                    f32::NAN
+                } else {
+                    x.min(y)
+                }),
                 RKind::MaxNumF => fold!(out, src, f32::max),
                 RKind::MinNumF => fold!(out, src, f32::min),
                 k => bail!(Malformed, "float reduction {k:?}"),
@@ -616,10 +728,21 @@ fn reduce(kind: RKind, dt: DType, a: &Tile, acc: &Val, dims: &[usize]) -> Result
 /// `tpu.matmul`: `acc + lhs · rhs` with Mosaic dimension numbers. Operands are brought to
 /// `[batch, M, K]` and `[batch, K, N]`, multiplied with f32 (or i32) accumulation, and the
 /// result permuted to `output_dim_order`.
-fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precision: Precision, out: DType, shape: &Shape) -> Result<Val> {
+fn matmul(
+    lhs: &Tile,
+    rhs: &Tile,
+    acc: &Tile,
+    d: &crate::parse::DotDims,
+    precision: Precision,
+    out: DType,
+    shape: &Shape,
+) -> Result<Val> {
     let u = |v: &[i64]| -> Vec<usize> { v.iter().map(|&x| x as usize).collect() };
-    let (lb, lc, rb, rc) = (u(&d.lhs_batch), u(&d.lhs_contract), u(&d.rhs_batch), u(&d.rhs_contract));
-    let free = |rank: usize, c: &[usize], b: &[usize]| -> Vec<usize> { (0..rank).filter(|x| !c.contains(x) && !b.contains(x)).collect() };
+    let (lb, lc, rb, rc) =
+        (u(&d.lhs_batch), u(&d.lhs_contract), u(&d.rhs_batch), u(&d.rhs_contract));
+    let free = |rank: usize, c: &[usize], b: &[usize]| -> Vec<usize> {
+        (0..rank).filter(|x| !c.contains(x) && !b.contains(x)).collect()
+    };
     let lf = free(lhs.shape.len(), &lc, &lb);
     let rf = free(rhs.shape.len(), &rc, &rb);
     let lperm: Vec<usize> = lb.iter().chain(&lf).chain(&lc).copied().collect();
@@ -645,13 +768,20 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
     for pair in d.output_dim_order.chunks(2) {
         let (opnd, dim) = (pair[0], pair[1] as usize);
         let p = if opnd == 0 {
-            lb.iter().position(|&x| x == dim).or_else(|| lf.iter().position(|&x| x == dim).map(|p| lb.len() + p))
+            lb.iter()
+                .position(|&x| x == dim)
+                .or_else(|| lf.iter().position(|&x| x == dim).map(|p| lb.len() + p))
         } else {
-            rb.iter().position(|&x| x == dim).or_else(|| rf.iter().position(|&x| x == dim).map(|p| lb.len() + lf.len() + p))
+            rb.iter()
+                .position(|&x| x == dim)
+                .or_else(|| rf.iter().position(|&x| x == dim).map(|p| lb.len() + lf.len() + p))
         };
         match p {
             Some(p) => operm.push(p),
-            None => bail!(Malformed, "output_dim_order names operand {opnd} dim {dim}, which is contracted"),
+            None => bail!(
+                Malformed,
+                "output_dim_order names operand {opnd} dim {dim}, which is contracted"
+            ),
         }
     }
     // A bf16 lhs against quantized integer weights (`bf16 x i8/i4`): the weights enter the
@@ -666,7 +796,9 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
     };
     let prod_data = match (&*lt.data, rt_data) {
         (Data::F(a), Data::F(b)) => {
-            let round = precision == Precision::Bf16 || (precision == Precision::Default && (lhs.dt == DType::F32 || rhs.dt == DType::F32));
+            let round = precision == Precision::Bf16
+                || (precision == Precision::Default
+                    && (lhs.dt == DType::F32 || rhs.dt == DType::F32));
             let (a2, b2);
             let (a, b) = if round {
                 (a2, b2) = (value::rounded(DType::Bf16, a), value::rounded(DType::Bf16, b));
@@ -678,7 +810,9 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
             // bits, at most 24); bf16 pairs go through the pair rule (`gemm.rs`);
             // bf16 with i8, i4 or f8e4m3fn weights (exact code values) are exact products too.
             let bf16 = |dt: DType| round || dt == DType::Bf16;
-            let short = |dt: DType| bf16(dt) || matches!(dt, DType::F16 | DType::I8 | DType::I4 | DType::F8E4M3FN);
+            let short = |dt: DType| {
+                bf16(dt) || matches!(dt, DType::F16 | DType::I8 | DType::I4 | DType::F8E4M3FN)
+            };
             let products = if bf16(lhs.dt) && bf16(rhs.dt) {
                 Products::Bf16Pairs
             } else if short(lhs.dt) && short(rhs.dt) {
@@ -688,7 +822,16 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
             };
             let mut c = vec![0f32; nb * m * n];
             for bi in 0..nb {
-                gemm_f32(&a[bi * m * k..(bi + 1) * m * k], &b[bi * k * n..(bi + 1) * k * n], layout, &mut c[bi * m * n..(bi + 1) * m * n], m, k, n, products);
+                gemm_f32(
+                    &a[bi * m * k..(bi + 1) * m * k],
+                    &b[bi * k * n..(bi + 1) * k * n],
+                    layout,
+                    &mut c[bi * m * n..(bi + 1) * m * n],
+                    m,
+                    k,
+                    n,
+                    products,
+                );
             }
             Data::F(c)
         }
@@ -703,12 +846,17 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
                     match layout {
                         BLayout::RowMajor => {
                             for (kk, &x) in a.iter().enumerate() {
-                                c.iter_mut().zip(&b[kk * n..(kk + 1) * n]).for_each(|(c, &y)| *c = c.wrapping_add(x.wrapping_mul(y)));
+                                c.iter_mut()
+                                    .zip(&b[kk * n..(kk + 1) * n])
+                                    .for_each(|(c, &y)| *c = c.wrapping_add(x.wrapping_mul(y)));
                             }
                         }
                         BLayout::Transposed => {
                             for (j, c) in c.iter_mut().enumerate() {
-                                *c = a.iter().zip(&b[j * k..(j + 1) * k]).fold(0i32, |s, (&x, &y)| s.wrapping_add(x.wrapping_mul(y)));
+                                *c = a
+                                    .iter()
+                                    .zip(&b[j * k..(j + 1) * k])
+                                    .fold(0i32, |s, (&x, &y)| s.wrapping_add(x.wrapping_mul(y)));
                             }
                         }
                     }
@@ -723,7 +871,13 @@ fn matmul(lhs: &Tile, rhs: &Tile, acc: &Tile, d: &crate::parse::DotDims, precisi
         r = permute(&r, &operm);
     }
     if r.shape != *shape || acc.shape != *shape {
-        bail!(Mismatch, "matmul result [{}] / accumulator [{}] do not match the result type [{}]", join(&r.shape), join(&acc.shape), join(shape));
+        bail!(
+            Mismatch,
+            "matmul result [{}] / accumulator [{}] do not match the result type [{}]",
+            join(&r.shape),
+            join(&acc.shape),
+            join(shape)
+        );
     }
     let mut data = Arc::try_unwrap(r.data).unwrap_or_else(|d| (*d).clone());
     match (&mut data, &*acc.data) {
@@ -752,10 +906,23 @@ mod tests {
     fn reductions_fold_each_output_in_the_order_of_the_source() {
         // Values whose f32 sums depend on the order (1e8 + 1 - 1e8), and NaN for the max.
         let shape: Shape = [3, 4, 5].into_iter().collect();
-        let src: Vec<f32> = (0..60).map(|i| match i % 7 { 0 => 1e8, 3 => -1e8, 5 if i == 40 => f32::NAN, k => k as f32 * 0.37 }).collect();
+        let src: Vec<f32> = (0..60)
+            .map(|i| match i % 7 {
+                0 => 1e8,
+                3 => -1e8,
+                5 if i == 40 => f32::NAN,
+                k => k as f32 * 0.37,
+            })
+            .collect();
         let t = Tile::new(DType::F32, shape.clone(), Data::F(src.clone()));
         for dims in [vec![2], vec![0], vec![1], vec![0, 2], vec![0, 1, 2]] {
-            for (kind, f) in [(RKind::Add, (|a, b| a + b) as fn(f32, f32) -> f32), (RKind::MaxF, |a: f32, b: f32| if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) })] {
+            for (kind, f) in [
+                (RKind::Add, (|a, b| a + b) as fn(f32, f32) -> f32),
+                (
+                    RKind::MaxF,
+                    |a: f32, b: f32| if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) },
+                ),
+            ] {
                 let kept: Vec<usize> = (0..3).filter(|d| !dims.contains(d)).collect();
                 let out_shape: Shape = kept.iter().map(|&d| shape[d]).collect();
                 let n: usize = out_shape.iter().product();
@@ -766,7 +933,11 @@ mod tests {
                     let o = kept.iter().fold(0, |o, &d| o * shape[d] + idx[d]);
                     want[o] = f(want[o], x);
                 }
-                let acc = if n == 1 && kept.is_empty() { Val::Float(0.5) } else { Val::Tile(Tile::new(DType::F32, out_shape, Data::F(vec![0.5; n]))) };
+                let acc = if n == 1 && kept.is_empty() {
+                    Val::Float(0.5)
+                } else {
+                    Val::Tile(Tile::new(DType::F32, out_shape, Data::F(vec![0.5; n])))
+                };
                 let got: Vec<f32> = match reduce(kind, DType::F32, &t, &acc, &dims).unwrap() {
                     Val::Tile(r) => match &*r.data {
                         Data::F(v) => v.clone(),

@@ -119,12 +119,28 @@ struct Halves<'a> {
 
 /// `c += a · b` (see the module docs for the order of operations).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_f32(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: usize, k: usize, n: usize, products: Products) {
-    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "gemm_f32: buffers shorter than {m}x{k}x{n}");
+pub(crate) fn gemm_f32(
+    a: &[f32],
+    b: &[f32],
+    layout: BLayout,
+    c: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    products: Products,
+) {
+    assert!(
+        a.len() >= m * k && b.len() >= k * n && c.len() >= m * n,
+        "gemm_f32: buffers shorter than {m}x{k}x{n}"
+    );
     if m == 0 || n == 0 {
         return;
     }
-    if products == Products::Bf16Pairs && zero_rows_apart(a, b, c, m, k, n, |a, c, rows, b_exp| product(a, b, layout, c, rows, k, n, products, b_exp)) {
+    if products == Products::Bf16Pairs
+        && zero_rows_apart(a, b, c, m, k, n, |a, c, rows, b_exp| {
+            product(a, b, layout, c, rows, k, n, products, b_exp)
+        })
+    {
         return;
     }
     product(a, b, layout, c, m, k, n, products, None);
@@ -134,7 +150,17 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: 
 /// ([`Halves::b_exp`]).
 #[allow(clippy::too_many_arguments)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-fn product(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: usize, k: usize, n: usize, products: Products, b_exp: Option<u32>) {
+fn product(
+    a: &[f32],
+    b: &[f32],
+    layout: BLayout,
+    c: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    products: Products,
+    b_exp: Option<u32>,
+) {
     let bs = layout.strides(k, n);
     let (mut pairs, mut halves) = (LHS_PAIRS.take(), LHS_HALVES.take());
     let lhs = match products {
@@ -164,7 +190,11 @@ fn product(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: usize, k: us
     let panels = n.div_ceil(NR);
     let work = m * k * n;
     // Inside a task of a parallel grid the pool is already busy: split no further.
-    if work < PARALLEL_MIN_WORK || panels == 1 || rayon::current_num_threads() == 1 || rayon::current_thread_index().is_some() {
+    if work < PARALLEL_MIN_WORK
+        || panels == 1
+        || rayon::current_num_threads() == 1
+        || rayon::current_thread_index().is_some()
+    {
         panel_range(lhs, b, bs, c, n, m, k, n);
     } else {
         // Split the columns of `c` into disjoint chunks of whole panels. The rows of one
@@ -203,7 +233,15 @@ fn product(a: &[f32], b: &[f32], layout: BLayout, c: &mut [f32], m: usize, k: us
 /// flushed `c` and the other rows are multiplied as a smaller product by `rest(a, c,
 /// rows, b_exp)` (each row of `c` depends only on its row of `a`: the same bits; `b_exp`:
 /// see [`Halves::b_exp`]). Returns whether it did so (false: nothing done).
-fn zero_rows_apart(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize, rest: impl FnOnce(&[f32], &mut [f32], usize, Option<u32>)) -> bool {
+fn zero_rows_apart(
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    rest: impl FnOnce(&[f32], &mut [f32], usize, Option<u32>),
+) -> bool {
     let Some((apart, b_exp)) = rows_apart(a, b, c, m, k, n) else {
         return false;
     };
@@ -213,7 +251,8 @@ fn zero_rows_apart(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: u
     }
     if !others.is_empty() {
         let a2: Vec<f32> = others.iter().flat_map(|&i| &a[i * k..(i + 1) * k]).copied().collect();
-        let mut c2: Vec<f32> = others.iter().flat_map(|&i| &c[i * n..(i + 1) * n]).copied().collect();
+        let mut c2: Vec<f32> =
+            others.iter().flat_map(|&i| &c[i * n..(i + 1) * n]).copied().collect();
         rest(&a2, &mut c2, others.len(), b_exp);
         for (&i, row) in others.iter().zip(c2.chunks_exact(n)) {
             c[i * n..(i + 1) * n].copy_from_slice(row);
@@ -236,12 +275,18 @@ fn rows_apart(a: &[f32], b: &[f32], c: &[f32], m: usize, k: usize, n: usize) -> 
     fn scan(a: &[f32], b: &[f32], c: &[f32], m: usize, k: usize, n: usize) -> Apart {
         const EXP: u32 = 0x7f80_0000;
         // `f` of every value's bits, or-ed: no early exit inside, so the loop vectorizes.
-        let any = |xs: &[f32], f: fn(u32) -> u32| xs.iter().fold(0u32, |acc, x| acc | f(x.to_bits())) != 0;
+        let any = |xs: &[f32], f: fn(u32) -> u32| {
+            xs.iter().fold(0u32, |acc, x| acc | f(x.to_bits())) != 0
+        };
         // Zero as the rule reads it: a zero or a denormal. Not kept: infinite or NaN, or
         // -0 once flushed.
         // (By chunks: a row of values, the usual case outside decode steps, stops at once.)
         let zero = |i: usize| a[i * k..(i + 1) * k].chunks(64).all(|ch| !any(ch, |u| u & EXP));
-        let kept = |i: usize| !any(&c[i * n..(i + 1) * n], |u| u32::from(u & EXP == EXP || (u >> 31 == 1 && u & EXP == 0)));
+        let kept = |i: usize| {
+            !any(&c[i * n..(i + 1) * n], |u| {
+                u32::from(u & EXP == EXP || (u >> 31 == 1 && u & EXP == 0))
+            })
+        };
         let apart: Vec<bool> = (0..m).map(|i| zero(i) && kept(i)).collect();
         if !apart.contains(&true) {
             return None;
@@ -256,7 +301,8 @@ fn rows_apart(a: &[f32], b: &[f32], c: &[f32], m: usize, k: usize, n: usize) -> 
             if ch.iter().fold(0, |hi, x| hi.max(magnitude(x))) >= EXP {
                 return None;
             }
-            least = least.min(ch.iter().fold(u32::MAX, |lo, x| lo.min(magnitude(x).wrapping_sub(1))));
+            least =
+                least.min(ch.iter().fold(u32::MAX, |lo, x| lo.min(magnitude(x).wrapping_sub(1))));
         }
         let b_exp = match least {
             u32::MAX => Some(u32::MAX),
@@ -281,7 +327,16 @@ fn rows_apart(a: &[f32], b: &[f32], c: &[f32], m: usize, k: usize, n: usize) -> 
 /// `c += a · b` on this thread, for `n` columns: `b[kk][j]` is at `kk * bs.0 + j * bs.1`,
 /// `c` rows are `ldc` apart.
 #[allow(clippy::too_many_arguments)]
-fn panel_range(lhs: Lhs, b: &[f32], bs: (usize, usize), c: &mut [f32], ldc: usize, m: usize, k: usize, n: usize) {
+fn panel_range(
+    lhs: Lhs,
+    b: &[f32],
+    bs: (usize, usize),
+    c: &mut [f32],
+    ldc: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
     match lhs {
         Lhs::F32(a, fused) => PANEL.with_borrow_mut(|packed| {
             for j0 in (0..n).step_by(NR) {
@@ -295,7 +350,8 @@ fn panel_range(lhs: Lhs, b: &[f32], bs: (usize, usize), c: &mut [f32], ldc: usiz
                     packed.resize(k * NR, 0.0);
                     if bs.1 == 1 {
                         for kk in 0..k {
-                            packed[kk * NR..kk * NR + w].copy_from_slice(&b[kk * bs.0 + j0..kk * bs.0 + j0 + w]);
+                            packed[kk * NR..kk * NR + w]
+                                .copy_from_slice(&b[kk * bs.0 + j0..kk * bs.0 + j0 + w]);
                         }
                     } else {
                         for jj in 0..w {
@@ -307,7 +363,9 @@ fn panel_range(lhs: Lhs, b: &[f32], bs: (usize, usize), c: &mut [f32], ldc: usiz
                     }
                     (&packed[..], NR)
                 };
-                for_each_tile(c, ldc, m, j0, w, |i0, tile, rows| micro(&a[i0 * k..], k, panel, ld, tile, rows, fused));
+                for_each_tile(c, ldc, m, j0, w, |i0, tile, rows| {
+                    micro(&a[i0 * k..], k, panel, ld, tile, rows, fused)
+                });
             }
         }),
         Lhs::Pairs(a, halves) => PAIR_PANEL.with_borrow_mut(|packed| {
@@ -316,7 +374,11 @@ fn panel_range(lhs: Lhs, b: &[f32], bs: (usize, usize), c: &mut [f32], ldc: usiz
                 let w = NR.min(n - j0);
                 // A full row-major panel used by few rows (a decode step's matmuls) is read
                 // in place, paired in registers: packing it would cost more than the product.
-                if w == NR && m <= PACK_MIN_ROWS && bs.1 == 1 && in_place_pairs(a, kp, k, &b[j0..], bs.0, c, ldc, m, j0) {
+                if w == NR
+                    && m <= PACK_MIN_ROWS
+                    && bs.1 == 1
+                    && in_place_pairs(a, kp, k, &b[j0..], bs.0, c, ldc, m, j0)
+                {
                     continue;
                 }
                 #[cfg(target_arch = "x86_64")]
@@ -324,7 +386,9 @@ fn panel_range(lhs: Lhs, b: &[f32], bs: (usize, usize), c: &mut [f32], ldc: usiz
                     continue;
                 }
                 pack_panel_pairs(b, bs, k, j0, w, packed);
-                for_each_tile(c, ldc, m, j0, w, |i0, tile, rows| micro_pairs(&a[i0 * kp..], kp, packed, tile, rows));
+                for_each_tile(c, ldc, m, j0, w, |i0, tile, rows| {
+                    micro_pairs(&a[i0 * kp..], kp, packed, tile, rows)
+                });
             }
         }),
     }
@@ -332,7 +396,14 @@ fn panel_range(lhs: Lhs, b: &[f32], bs: (usize, usize), c: &mut [f32], ldc: usiz
 
 /// Runs `kernel(i0, tile, rows)` on each block of up to [`MR`] rows of `c`'s columns
 /// `j0..j0 + w` (rows `ldc` apart), copied into a register-sized tile and back.
-fn for_each_tile(c: &mut [f32], ldc: usize, m: usize, j0: usize, w: usize, mut kernel: impl FnMut(usize, &mut [[f32; NR]; MR], usize)) {
+fn for_each_tile(
+    c: &mut [f32],
+    ldc: usize,
+    m: usize,
+    j0: usize,
+    w: usize,
+    mut kernel: impl FnMut(usize, &mut [[f32; NR]; MR], usize),
+) {
     for i0 in (0..m).step_by(MR) {
         let rows = MR.min(m - i0);
         let mut tile = [[0f32; NR]; MR];
@@ -387,7 +458,14 @@ fn pack_lhs_pairs(a: &[f32], k: usize, out: &mut Vec<u32>) {
 
 /// Columns `j0..j0 + w` of `b` (strides `bs`) as `k.div_ceil(2)` rows of [`NR`] bf16 pairs
 /// into `out` (columns past `w` zero).
-fn pack_panel_pairs(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usize, out: &mut Vec<u32>) {
+fn pack_panel_pairs(
+    b: &[f32],
+    bs: (usize, usize),
+    k: usize,
+    j0: usize,
+    w: usize,
+    out: &mut Vec<u32>,
+) {
     let kp = k.div_ceil(2);
     out.clear();
     out.resize(kp * NR, 0);
@@ -409,7 +487,8 @@ fn pack_panel_pairs(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usize
         for jj in 0..w {
             let col = &b[(j0 + jj) * bs.1..];
             for p in 0..kp {
-                let high = if 2 * p + 1 < k { bf16_bits(col[(2 * p + 1) * bs.0]) } else { NEG_ZERO };
+                let high =
+                    if 2 * p + 1 < k { bf16_bits(col[(2 * p + 1) * bs.0]) } else { NEG_ZERO };
                 out[p * NR + jj] = pair_bits(col[2 * p * bs.0], high);
             }
         }
@@ -422,10 +501,22 @@ fn pack_panel_pairs(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usize
 /// halves are its bf16 bits, and `vdpbf16ps` flushes denormals itself.
 #[allow(clippy::too_many_arguments)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-fn in_place_pairs(a: &[u32], kp: usize, k: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize, m: usize, j0: usize) -> bool {
+fn in_place_pairs(
+    a: &[u32],
+    kp: usize,
+    k: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    m: usize,
+    j0: usize,
+) -> bool {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bf16") {
-        assert!(a.len() >= m * kp && (k == 0 || b.len() >= (k - 1) * ldb + NR) && kp == k.div_ceil(2));
+        assert!(
+            a.len() >= m * kp && (k == 0 || b.len() >= (k - 1) * ldb + NR) && kp == k.div_ceil(2)
+        );
         for_each_tile(c, ldc, m, j0, NR, |i0, tile, rows| {
             // SAFETY: the CPU has AVX-512F and AVX-512 BF16 (checked above); the lengths were
             // checked above.
@@ -434,7 +525,8 @@ fn in_place_pairs(a: &[u32], kp: usize, k: usize, b: &[f32], ldb: usize, c: &mut
                     avx512::micro_pairs_in_place::<MR>(&a[i0 * kp..], kp, k, b, ldb, tile);
                 } else {
                     for row in 0..rows {
-                        let t: &mut [[f32; NR]; 1] = (&mut tile[row..row + 1]).try_into().expect("one row");
+                        let t: &mut [[f32; NR]; 1] =
+                            (&mut tile[row..row + 1]).try_into().expect("one row");
                         avx512::micro_pairs_in_place::<1>(&a[(i0 + row) * kp..], kp, k, b, ldb, t);
                     }
                 }
@@ -459,7 +551,20 @@ fn in_place_pairs(a: &[u32], kp: usize, k: usize, b: &[f32], ldb: usize, c: &mut
 /// run on [`avx2::micro_halves`], plain fused multiply-adds.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-fn fma_pairs(a: &[u32], halves: Option<Halves>, kp: usize, b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usize, c: &mut [f32], ldc: usize, m: usize, pairs: &mut Vec<u32>) -> bool {
+fn fma_pairs(
+    a: &[u32],
+    halves: Option<Halves>,
+    kp: usize,
+    b: &[f32],
+    bs: (usize, usize),
+    k: usize,
+    j0: usize,
+    w: usize,
+    c: &mut [f32],
+    ldc: usize,
+    m: usize,
+    pairs: &mut Vec<u32>,
+) -> bool {
     if !avx2_pairs() {
         return false;
     }
@@ -472,7 +577,9 @@ fn fma_pairs(a: &[u32], halves: Option<Halves>, kp: usize, b: &[f32], bs: (usize
             // SAFETY: the CPU has AVX2 (checked above).
             let b_exp = unsafe { pack_panel_halves(b, bs, k, j0, w, panel) };
             // SAFETY: the CPU has AVX2 (checked above).
-            if let Some(h) = halves.filter(|h| unsafe { unchecked_exact(h.min_exp, b_exp, c, ldc, m, j0, w) }) {
+            if let Some(h) =
+                halves.filter(|h| unsafe { unchecked_exact(h.min_exp, b_exp, c, ldc, m, j0, w) })
+            {
                 unchecked_panel(h.a, 2 * kp, panel, c, ldc, m, j0, w);
                 return;
             }
@@ -480,7 +587,12 @@ fn fma_pairs(a: &[u32], halves: Option<Halves>, kp: usize, b: &[f32], bs: (usize
         // One or two rows reading `b` in place: no per-step check where the padding rows'
         // scan found `b`'s smallest exponent and it allows (`unchecked_exact`).
         // SAFETY: the CPU has AVX2 (checked above).
-        let plain = in_place && halves.is_some_and(|h| h.b_exp.is_some_and(|b_exp| unsafe { unchecked_exact(h.min_exp, b_exp, c, ldc, m, j0, w) }));
+        let plain = in_place
+            && halves.is_some_and(|h| {
+                h.b_exp.is_some_and(|b_exp| unsafe {
+                    unchecked_exact(h.min_exp, b_exp, c, ldc, m, j0, w)
+                })
+            });
         let from_halves: Vec<u32>;
         let a = match halves {
             Some(h) if a.is_empty() => {
@@ -497,20 +609,26 @@ fn fma_pairs(a: &[u32], halves: Option<Halves>, kp: usize, b: &[f32], bs: (usize
             let mut exact = true;
             for r in (0..rows).step_by(2) {
                 let a = &a[(i0 + r) * kp..];
-                let panel = if in_place { avx2::Panel::InPlace { b: &b[j0..], ldb: bs.0, k } } else { avx2::Panel::Packed(panel) };
+                let panel = if in_place {
+                    avx2::Panel::InPlace { b: &b[j0..], ldb: bs.0, k }
+                } else {
+                    avx2::Panel::Packed(panel)
+                };
                 // SAFETY: the CPU has AVX2 and FMA (checked above); `a` holds the tile's rows
                 // of `kp` pairs and `b` the panel's k rows of NR columns (asserted above), a
                 // packed panel `2 * kp` rows of NR floats.
                 exact &= unsafe {
                     if r + 1 < rows {
-                        let t: &mut [[f32; NR]; 2] = (&mut tile[r..r + 2]).try_into().expect("two rows");
+                        let t: &mut [[f32; NR]; 2] =
+                            (&mut tile[r..r + 2]).try_into().expect("two rows");
                         match (in_place, plain) {
                             (true, true) => avx2::micro_pairs::<2, true, false>(a, kp, panel, t),
                             (true, false) => avx2::micro_pairs::<2, true, true>(a, kp, panel, t),
                             _ => avx2::micro_pairs::<2, false, true>(a, kp, panel, t),
                         }
                     } else {
-                        let t: &mut [[f32; NR]; 1] = (&mut tile[r..r + 1]).try_into().expect("one row");
+                        let t: &mut [[f32; NR]; 1] =
+                            (&mut tile[r..r + 1]).try_into().expect("one row");
                         match (in_place, plain) {
                             (true, true) => avx2::micro_pairs::<1, true, false>(a, kp, panel, t),
                             (true, false) => avx2::micro_pairs::<1, true, true>(a, kp, panel, t),
@@ -540,7 +658,14 @@ fn fma_pairs(a: &[u32], halves: Option<Halves>, kp: usize, b: &[f32], bs: (usize
 /// Compiled for AVX2 (its callers checked the CPU has it), so the row loops vectorize.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn pack_panel_halves(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usize, out: &mut Vec<f32>) -> u32 {
+fn pack_panel_halves(
+    b: &[f32],
+    bs: (usize, usize),
+    k: usize,
+    j0: usize,
+    w: usize,
+    out: &mut Vec<f32>,
+) -> u32 {
     let kp = k.div_ceil(2);
     // Every element is written below: no clearing of the buffer first.
     out.resize(2 * kp * NR, 0.0);
@@ -556,9 +681,13 @@ fn pack_panel_halves(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usiz
             if kk >= k {
                 dst.fill(-0.0);
             } else if bs.1 == 1 {
-                dst.iter_mut().zip(&b[kk * bs.0 + j0..kk * bs.0 + j0 + w]).for_each(|(o, &x)| *o = rule_input(x));
+                dst.iter_mut()
+                    .zip(&b[kk * bs.0 + j0..kk * bs.0 + j0 + w])
+                    .for_each(|(o, &x)| *o = rule_input(x));
             } else {
-                dst.iter_mut().enumerate().for_each(|(jj, o)| *o = rule_input(b[kk * bs.0 + (j0 + jj) * bs.1]));
+                dst.iter_mut()
+                    .enumerate()
+                    .for_each(|(jj, o)| *o = rule_input(b[kk * bs.0 + (j0 + jj) * bs.1]));
             }
         }
     }
@@ -576,7 +705,11 @@ fn pack_panel_halves(b: &[f32], bs: (usize, usize), k: usize, j0: usize, w: usiz
 fn transposed_halves(b: &[f32], ldb: usize, k: usize, j0: usize, w: usize, out: &mut [f32]) {
     use std::arch::x86_64::*;
     let kp = k.div_ceil(2);
-    assert!(out.len() == 2 * kp * NR && w <= NR && (w == 0 || k == 0 || b.len() >= (j0 + w - 1) * ldb + k));
+    assert!(
+        out.len() == 2 * kp * NR
+            && w <= NR
+            && (w == 0 || k == 0 || b.len() >= (j0 + w - 1) * ldb + k)
+    );
     // Columns past `w` are zero; an odd k's missing row is -0 (within `w`).
     for row in out.chunks_exact_mut(NR) {
         row[w..].fill(0.0);
@@ -592,7 +725,8 @@ fn transposed_halves(b: &[f32], ldb: usize, k: usize, j0: usize, w: usize, out: 
             // `col(jj)`, and `kk0 + 8 <= k` (asserted above); rows `(kk0 + c) ^ 1 < 2 * kp` of
             // `out` hold NR floats and `g + 8 <= NR`.
             unsafe {
-                let r: [__m256; 8] = std::array::from_fn(|jj| _mm256_loadu_ps(b.as_ptr().add(col(jj) + kk0)));
+                let r: [__m256; 8] =
+                    std::array::from_fn(|jj| _mm256_loadu_ps(b.as_ptr().add(col(jj) + kk0)));
                 for (c, v) in transpose8(r).into_iter().enumerate() {
                     _mm256_storeu_ps(out.as_mut_ptr().add(((kk0 + c) ^ 1) * NR + g), v);
                 }
@@ -619,7 +753,13 @@ fn transposed_halves(b: &[f32], ldb: usize, k: usize, j0: usize, w: usize, out: 
 fn transpose8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
     use std::arch::x86_64::*;
     // Pairs of rows interleaved, then pairs of pairs, then the 128-bit halves swapped.
-    let t: [__m256; 8] = std::array::from_fn(|i| if i % 2 == 0 { _mm256_unpacklo_ps(r[i], r[i + 1]) } else { _mm256_unpackhi_ps(r[i - 1], r[i]) });
+    let t: [__m256; 8] = std::array::from_fn(|i| {
+        if i % 2 == 0 {
+            _mm256_unpacklo_ps(r[i], r[i + 1])
+        } else {
+            _mm256_unpackhi_ps(r[i - 1], r[i])
+        }
+    });
     let s = [
         _mm256_shuffle_ps::<0x44>(t[0], t[2]),
         _mm256_shuffle_ps::<0xee>(t[0], t[2]),
@@ -630,7 +770,13 @@ fn transpose8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 
         _mm256_shuffle_ps::<0x44>(t[5], t[7]),
         _mm256_shuffle_ps::<0xee>(t[5], t[7]),
     ];
-    std::array::from_fn(|i| if i < 4 { _mm256_permute2f128_ps::<0x20>(s[i], s[i + 4]) } else { _mm256_permute2f128_ps::<0x31>(s[i - 4], s[i]) })
+    std::array::from_fn(|i| {
+        if i < 4 {
+            _mm256_permute2f128_ps::<0x20>(s[i], s[i + 4])
+        } else {
+            _mm256_permute2f128_ps::<0x31>(s[i - 4], s[i])
+        }
+    })
 }
 
 /// `x` (a bf16 value) as the pair rule reads it: a denormal is a zero of its sign.
@@ -655,7 +801,9 @@ fn min_exponent(xs: &[f32]) -> u32 {
 /// Whether AVX2 + FMA run the pair rule here: the CPU has them and not AVX-512 BF16.
 #[cfg(target_arch = "x86_64")]
 fn avx2_pairs() -> bool {
-    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && !std::is_x86_feature_detected!("avx512bf16")
+    std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
+        && !std::is_x86_feature_detected!("avx512bf16")
 }
 
 /// `a` (`m` rows of `k`) as [`Halves`] into `out`; returns the smallest [`exponent`].
@@ -686,7 +834,10 @@ fn pack_lhs_halves(a: &[f32], m: usize, k: usize, out: &mut Vec<f32>) -> u32 {
 /// The first `m` rows of [`Halves`] (`kp` pairs each) as bf16 pairs ([`pack_lhs_pairs`]'s:
 /// the halves hold `rule_input` values, whose high halves are [`bf16_bits`]).
 fn pairs_of_halves(halves: &[f32], m: usize, kp: usize) -> Vec<u32> {
-    halves[..m * 2 * kp].chunks_exact(2).map(|h| h[0].to_bits() & 0xffff_0000 | h[1].to_bits() >> 16).collect()
+    halves[..m * 2 * kp]
+        .chunks_exact(2)
+        .map(|h| h[0].to_bits() & 0xffff_0000 | h[1].to_bits() >> 16)
+        .collect()
 }
 
 /// Whether plain fused multiply-adds give the pair rule's bits for columns `j0..j0 + w` of
@@ -706,10 +857,19 @@ fn pairs_of_halves(halves: &[f32], m: usize, kp: usize) -> Vec<u32> {
 /// Compiled for AVX2 (its caller checked the CPU has it), so the scan of `c` vectorizes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn unchecked_exact(a_exp: u32, b_exp: u32, c: &[f32], ldc: usize, m: usize, j0: usize, w: usize) -> bool {
+fn unchecked_exact(
+    a_exp: u32,
+    b_exp: u32,
+    c: &[f32],
+    ldc: usize,
+    m: usize,
+    j0: usize,
+    w: usize,
+) -> bool {
     // `Gp ≥ 2^-126`: biased exponents summing to 142 at least ([`exponent`] is one less;
     // `u32::MAX`: nothing non-zero, no product to fear). `Gc ≥ 2^-126`: 24 at least.
-    a_exp.saturating_add(b_exp) >= 140 && (0..m).all(|i| min_exponent(&c[i * ldc + j0..i * ldc + j0 + w]) >= 23)
+    a_exp.saturating_add(b_exp) >= 140
+        && (0..m).all(|i| min_exponent(&c[i * ldc + j0..i * ldc + j0 + w]) >= 23)
 }
 
 /// Columns `j0..j0 + w` of `c += a · b` (`m` rows, `ldc` apart) by [`avx2::micro_halves`]:
@@ -717,9 +877,23 @@ fn unchecked_exact(a_exp: u32, b_exp: u32, c: &[f32], ldc: usize, m: usize, j0: 
 /// [`pack_panel_halves`] packs them; only where [`unchecked_exact`] said yes.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-fn unchecked_panel(a: &[f32], k2: usize, panel: &[f32], c: &mut [f32], ldc: usize, m: usize, j0: usize, w: usize) {
+fn unchecked_panel(
+    a: &[f32],
+    k2: usize,
+    panel: &[f32],
+    c: &mut [f32],
+    ldc: usize,
+    m: usize,
+    j0: usize,
+    w: usize,
+) {
     const HALF: usize = NR / 2;
-    assert!(a.len() >= m.div_ceil(FR) * FR * k2 && panel.len() >= k2 * NR && w <= NR && c.len() >= (m - 1) * ldc + j0 + w);
+    assert!(
+        a.len() >= m.div_ceil(FR) * FR * k2
+            && panel.len() >= k2 * NR
+            && w <= NR
+            && c.len() >= (m - 1) * ldc + j0 + w
+    );
     for h0 in (0..w).step_by(HALF) {
         let cw = HALF.min(w - h0);
         for i0 in (0..m).step_by(FR) {
@@ -729,17 +903,21 @@ fn unchecked_panel(a: &[f32], k2: usize, panel: &[f32], c: &mut [f32], ldc: usiz
             // rows of k2 and `panel` k2 rows of NR, the half from `h0` at least HALF wide
             // (asserted above); `c` FR rows of HALF, `ldc` apart.
             if rows == FR && cw == HALF {
-                unsafe { avx2::micro_halves(a, k2, &panel[h0..], &mut c[i0 * ldc + j0 + h0..], ldc) };
+                unsafe {
+                    avx2::micro_halves(a, k2, &panel[h0..], &mut c[i0 * ldc + j0 + h0..], ldc)
+                };
                 continue;
             }
             // A block past `c`'s last rows or columns goes through a tile of its own.
             let mut tile = [0f32; FR * HALF];
             for r in 0..rows {
-                tile[r * HALF..r * HALF + cw].copy_from_slice(&c[(i0 + r) * ldc + j0 + h0..(i0 + r) * ldc + j0 + h0 + cw]);
+                tile[r * HALF..r * HALF + cw]
+                    .copy_from_slice(&c[(i0 + r) * ldc + j0 + h0..(i0 + r) * ldc + j0 + h0 + cw]);
             }
             unsafe { avx2::micro_halves(a, k2, &panel[h0..], &mut tile, HALF) };
             for r in 0..rows {
-                c[(i0 + r) * ldc + j0 + h0..(i0 + r) * ldc + j0 + h0 + cw].copy_from_slice(&tile[r * HALF..r * HALF + cw]);
+                c[(i0 + r) * ldc + j0 + h0..(i0 + r) * ldc + j0 + h0 + cw]
+                    .copy_from_slice(&tile[r * HALF..r * HALF + cw]);
             }
         }
     }
@@ -758,7 +936,8 @@ fn micro_pairs(a: &[u32], kp: usize, panel: &[u32], tile: &mut [[f32; NR]; MR], 
                 avx512::micro_pairs::<MR>(a, kp, panel, tile);
             } else {
                 for row in 0..rows {
-                    let t: &mut [[f32; NR]; 1] = (&mut tile[row..row + 1]).try_into().expect("one row");
+                    let t: &mut [[f32; NR]; 1] =
+                        (&mut tile[row..row + 1]).try_into().expect("one row");
                     avx512::micro_pairs::<1>(&a[row * kp..], kp, panel, t);
                 }
             }
@@ -777,7 +956,13 @@ fn micro_pairs(a: &[u32], kp: usize, panel: &[u32], tile: &mut [[f32; NR]; MR], 
 /// [`portable_pairs`] compiled for AVX2 + FMA (vectorized, hardware fused multiply-add).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn portable_pairs_fma(a: &[u32], kp: usize, panel: &[u32], tile: &mut [[f32; NR]; MR], rows: usize) {
+fn portable_pairs_fma(
+    a: &[u32],
+    kp: usize,
+    panel: &[u32],
+    tile: &mut [[f32; NR]; MR],
+    rows: usize,
+) {
     portable_pairs(a, kp, panel, tile, rows);
 }
 
@@ -819,7 +1004,11 @@ fn pair_step(c: f32, x: f32, y: f32) -> f32 {
     let r = x.mul_add(y, c);
     /// Unbounded rounding gives 2^-126 from here up: half an ulp (2^-151) below it.
     const ROUNDS_UP_FROM: f64 = f32::MIN_POSITIVE as f64 * (1.0 - 1.0 / (1u64 << 25) as f64);
-    if r.abs() > f32::MIN_POSITIVE || r.is_nan() || (r.abs() == f32::MIN_POSITIVE && (f64::from(c) + f64::from(x) * f64::from(y)).abs() >= ROUNDS_UP_FROM) {
+    if r.abs() > f32::MIN_POSITIVE
+        || r.is_nan()
+        || (r.abs() == f32::MIN_POSITIVE
+            && (f64::from(c) + f64::from(x) * f64::from(y)).abs() >= ROUNDS_UP_FROM)
+    {
         r
     } else {
         0f32.copysign(r)
@@ -829,8 +1018,20 @@ fn pair_step(c: f32, x: f32, y: f32) -> f32 {
 /// `tile[r] += a[r] · panel` in k order for the first `rows` rows (`a` rows are `k` long;
 /// panel rows are `ldb` apart and at least [`NR`] long); `fused`: one rounding per step
 /// ([`Products::Exact`]), else two ([`Products::Rounded`]).
-fn micro(a: &[f32], k: usize, panel: &[f32], ldb: usize, tile: &mut [[f32; NR]; MR], rows: usize, fused: bool) {
-    assert!((1..=MR).contains(&rows) && a.len() >= rows * k && (k == 0 || panel.len() >= (k - 1) * ldb + NR));
+fn micro(
+    a: &[f32],
+    k: usize,
+    panel: &[f32],
+    ldb: usize,
+    tile: &mut [[f32; NR]; MR],
+    rows: usize,
+    fused: bool,
+) {
+    assert!(
+        (1..=MR).contains(&rows)
+            && a.len() >= rows * k
+            && (k == 0 || panel.len() >= (k - 1) * ldb + NR)
+    );
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has AVX-512F (checked above); the lengths were checked above.
@@ -840,7 +1041,8 @@ fn micro(a: &[f32], k: usize, panel: &[f32], ldb: usize, tile: &mut [[f32; NR]; 
                 (MR, false) => avx512::micro::<MR, false>(a, k, panel, ldb, tile),
                 (r, fused) => {
                     for row in 0..r {
-                        let t: &mut [[f32; NR]; 1] = (&mut tile[row..row + 1]).try_into().expect("one row");
+                        let t: &mut [[f32; NR]; 1] =
+                            (&mut tile[row..row + 1]).try_into().expect("one row");
                         if fused {
                             avx512::micro::<1, true>(&a[row * k..], k, panel, ldb, t);
                         } else {
@@ -905,7 +1107,13 @@ mod avx512 {
     /// The CPU must have AVX-512F; `a` must hold `R` rows of `k`, `panel` `k` rows of [`NR`]
     /// floats, `ldb` apart.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn micro<const R: usize, const FUSED: bool>(a: &[f32], k: usize, panel: &[f32], ldb: usize, tile: &mut [[f32; NR]; R]) {
+    pub(super) unsafe fn micro<const R: usize, const FUSED: bool>(
+        a: &[f32],
+        k: usize,
+        panel: &[f32],
+        ldb: usize,
+        tile: &mut [[f32; NR]; R],
+    ) {
         const { assert!(R <= MR) };
         let (ap, bp) = (a.as_ptr(), panel.as_ptr());
         let (mut lo, mut hi) = load_tile(tile);
@@ -938,13 +1146,23 @@ mod avx512 {
     /// The CPU must have AVX-512F and AVX-512 BF16; `a` must hold `R` rows of `kp =
     /// k.div_ceil(2)` pairs, `b` `k` rows as above.
     #[target_feature(enable = "avx512f,avx512bf16")]
-    pub(super) unsafe fn micro_pairs_in_place<const R: usize>(a: &[u32], kp: usize, k: usize, b: &[f32], ldb: usize, tile: &mut [[f32; NR]; R]) {
+    pub(super) unsafe fn micro_pairs_in_place<const R: usize>(
+        a: &[u32],
+        kp: usize,
+        k: usize,
+        b: &[f32],
+        ldb: usize,
+        tile: &mut [[f32; NR]; R],
+    ) {
         const { assert!(R <= MR) };
         let (ap, bp) = (a.as_ptr(), b.as_ptr());
         let (mut lo, mut hi) = load_tile(tile);
         let high_half = _mm512_set1_epi32(0xffff_0000_u32 as i32);
         let pair = |even: __m512, odd: __m512| -> __m512bh {
-            let v = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(odd), high_half), _mm512_srli_epi32::<16>(_mm512_castps_si512(even)));
+            let v = _mm512_or_si512(
+                _mm512_and_si512(_mm512_castps_si512(odd), high_half),
+                _mm512_srli_epi32::<16>(_mm512_castps_si512(even)),
+            );
             // SAFETY: both are 512 bits of plain data.
             unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
         };
@@ -963,7 +1181,9 @@ mod avx512 {
                 let b0 = pair(_mm512_loadu_ps(even), odd0);
                 let b1 = pair(_mm512_loadu_ps(even.add(16)), odd1);
                 for r in 0..R {
-                    let x = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*ap.add(r * kp + p) as i32));
+                    let x = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(
+                        *ap.add(r * kp + p) as i32,
+                    ));
                     lo[r] = _mm512_dpbf16_ps(lo[r], x, b0);
                     hi[r] = _mm512_dpbf16_ps(hi[r], x, b1);
                 }
@@ -979,7 +1199,12 @@ mod avx512 {
     /// The CPU must have AVX-512F and AVX-512 BF16; `a` must hold `R` rows of `kp` pairs,
     /// `panel` `kp` rows of [`NR`] pairs.
     #[target_feature(enable = "avx512f,avx512bf16")]
-    pub(super) unsafe fn micro_pairs<const R: usize>(a: &[u32], kp: usize, panel: &[u32], tile: &mut [[f32; NR]; R]) {
+    pub(super) unsafe fn micro_pairs<const R: usize>(
+        a: &[u32],
+        kp: usize,
+        panel: &[u32],
+        tile: &mut [[f32; NR]; R],
+    ) {
         const { assert!(R <= MR) };
         let (ap, bp) = (a.as_ptr(), panel.as_ptr());
         let (mut lo, mut hi) = load_tile(tile);
@@ -1020,19 +1245,37 @@ mod avx2 {
     /// The CPU must have AVX2 and FMA; `a` must hold `k2 * FR` floats, `panel`
     /// `(k2 - 1) * NR + 16` and `c` `(FR - 1) * ldc + 16`.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn micro_halves(a: &[f32], k2: usize, panel: &[f32], c: &mut [f32], ldc: usize) {
-        debug_assert!(a.len() >= k2 * FR && (k2 == 0 || panel.len() >= (k2 - 1) * NR + 16) && c.len() >= (FR - 1) * ldc + 16);
+    pub(super) unsafe fn micro_halves(
+        a: &[f32],
+        k2: usize,
+        panel: &[f32],
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        debug_assert!(
+            a.len() >= k2 * FR
+                && (k2 == 0 || panel.len() >= (k2 - 1) * NR + 16)
+                && c.len() >= (FR - 1) * ldc + 16
+        );
         let (ap, bp, cp) = (a.as_ptr(), panel.as_ptr(), c.as_mut_ptr());
         // Below 2^-126 in magnitude: a zero of its sign (NaN compares false and stays).
         let flush = |x: __m256| {
             let sign = _mm256_set1_ps(-0.0);
-            let small = _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_andnot_ps(sign, x), _mm256_set1_ps(f32::MIN_POSITIVE));
+            let small = _mm256_cmp_ps::<_CMP_LT_OQ>(
+                _mm256_andnot_ps(sign, x),
+                _mm256_set1_ps(f32::MIN_POSITIVE),
+            );
             _mm256_blendv_ps(x, _mm256_and_ps(x, sign), small)
         };
         let mut acc = [[_mm256_setzero_ps(); 2]; FR];
         for (r, row) in acc.iter_mut().enumerate() {
             // SAFETY: the caller guarantees FR rows of 16 floats, ldc apart, in `c`.
-            unsafe { *row = [flush(_mm256_loadu_ps(cp.add(r * ldc))), flush(_mm256_loadu_ps(cp.add(r * ldc + 8)))] };
+            unsafe {
+                *row = [
+                    flush(_mm256_loadu_ps(cp.add(r * ldc))),
+                    flush(_mm256_loadu_ps(cp.add(r * ldc + 8))),
+                ]
+            };
         }
         for kk in 0..k2 {
             // SAFETY: the caller guarantees k2 rows of the panel, NR apart, and k2 steps of FR
@@ -1079,7 +1322,12 @@ mod avx2 {
     /// The CPU must have AVX2 and FMA; `a` must hold `R` rows of `kp` pairs, the panel what
     /// [`Panel`] says for `kp` pairs; `IN_PLACE` says which panel it is.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn micro_pairs<const R: usize, const IN_PLACE: bool, const CHECKED: bool>(a: &[u32], kp: usize, panel: Panel, tile: &mut [[f32; NR]; R]) -> bool {
+    pub(super) unsafe fn micro_pairs<const R: usize, const IN_PLACE: bool, const CHECKED: bool>(
+        a: &[u32],
+        kp: usize,
+        panel: Panel,
+        tile: &mut [[f32; NR]; R],
+    ) -> bool {
         debug_assert_eq!(IN_PLACE, matches!(panel, Panel::InPlace { .. }));
         let ap = a.as_ptr();
         let mut acc = [[_mm256_setzero_ps(); 4]; R];
@@ -1099,8 +1347,12 @@ mod avx2 {
         let drop_if_denormal = _mm256_set1_epi32(0x7fff_0000);
         let input = |y: __m256| -> __m256 {
             let y = _mm256_castps_si256(y);
-            let denormal = _mm256_cmpeq_epi32(_mm256_and_si256(y, exponent), _mm256_setzero_si256());
-            _mm256_castsi256_ps(_mm256_and_si256(y, _mm256_andnot_si256(_mm256_and_si256(denormal, drop_if_denormal), high)))
+            let denormal =
+                _mm256_cmpeq_epi32(_mm256_and_si256(y, exponent), _mm256_setzero_si256());
+            _mm256_castsi256_ps(_mm256_and_si256(
+                y,
+                _mm256_andnot_si256(_mm256_and_si256(denormal, drop_if_denormal), high),
+            ))
         };
         for p in 0..kp {
             for half in 0..2 {
@@ -1110,17 +1362,37 @@ mod avx2 {
                     // Each instance reads one kind of panel (`IN_PLACE`), so the packed one
                     // holds no constants of the other in registers.
                     let b = match panel {
-                        Panel::Packed(_) | Panel::InPlace { .. } if IN_PLACE != matches!(panel, Panel::InPlace { .. }) => [_mm256_setzero_ps(); 4],
+                        Panel::Packed(_) | Panel::InPlace { .. }
+                            if IN_PLACE != matches!(panel, Panel::InPlace { .. }) =>
+                        {
+                            [_mm256_setzero_ps(); 4]
+                        }
                         Panel::Packed(panel) => {
                             let row = panel.as_ptr().add((2 * p + half) * NR);
-                            [_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8)), _mm256_loadu_ps(row.add(16)), _mm256_loadu_ps(row.add(24))]
+                            [
+                                _mm256_loadu_ps(row),
+                                _mm256_loadu_ps(row.add(8)),
+                                _mm256_loadu_ps(row.add(16)),
+                                _mm256_loadu_ps(row.add(24)),
+                            ]
                         }
                         Panel::InPlace { b, ldb, k } => {
                             let kk = 2 * p + 1 - half;
                             if kk < k {
                                 let row = b.as_ptr().add(kk * ldb);
-                                let input = |y: __m256| if CHECKED { input(y) } else { _mm256_and_ps(y, _mm256_castsi256_ps(high)) };
-                                [input(_mm256_loadu_ps(row)), input(_mm256_loadu_ps(row.add(8))), input(_mm256_loadu_ps(row.add(16))), input(_mm256_loadu_ps(row.add(24)))]
+                                let input = |y: __m256| {
+                                    if CHECKED {
+                                        input(y)
+                                    } else {
+                                        _mm256_and_ps(y, _mm256_castsi256_ps(high))
+                                    }
+                                };
+                                [
+                                    input(_mm256_loadu_ps(row)),
+                                    input(_mm256_loadu_ps(row.add(8))),
+                                    input(_mm256_loadu_ps(row.add(16))),
+                                    input(_mm256_loadu_ps(row.add(24))),
+                                ]
                             } else {
                                 [_mm256_set1_ps(-0.0); 4]
                             }
@@ -1128,11 +1400,18 @@ mod avx2 {
                     };
                     for (r, row) in acc.iter_mut().enumerate() {
                         let x = *ap.add(r * kp + p);
-                        let x = _mm256_set1_ps(f32::from_bits(if half == 0 { x & 0xffff_0000 } else { x << 16 }));
+                        let x = _mm256_set1_ps(f32::from_bits(if half == 0 {
+                            x & 0xffff_0000
+                        } else {
+                            x << 16
+                        }));
                         for (j, (v, y)) in row.iter_mut().zip(b).enumerate() {
                             *v = _mm256_fmadd_ps(x, y, *v);
                             if CHECKED {
-                                let bits = _mm256_add_epi32(_mm256_slli_epi32::<1>(_mm256_castps_si256(*v)), _mm256_set1_epi32(-1));
+                                let bits = _mm256_add_epi32(
+                                    _mm256_slli_epi32::<1>(_mm256_castps_si256(*v)),
+                                    _mm256_set1_epi32(-1),
+                                );
                                 low[j / 2] = _mm256_min_epu32(low[j / 2], bits);
                             }
                         }
@@ -1185,7 +1464,15 @@ mod tests {
     }
 
     /// Each element's `step(c, a, b)` over k in the rule's pairs, inputs and `c` flushed.
-    fn steps_in_pair_order(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize, step: impl Fn(f32, f32, f32) -> f32) {
+    fn steps_in_pair_order(
+        a: &[f32],
+        b: &[f32],
+        c: &mut [f32],
+        m: usize,
+        k: usize,
+        n: usize,
+        step: impl Fn(f32, f32, f32) -> f32,
+    ) {
         let input = |x: f32| halves(bf16_bits(x)).0;
         for i in 0..m {
             for j in 0..n {
@@ -1215,13 +1502,26 @@ mod tests {
     }
 
     fn same_bits(x: &[f32], y: &[f32]) -> bool {
-        x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()))
+        x.len() == y.len()
+            && x.iter()
+                .zip(y)
+                .all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()))
     }
 
     #[test]
     fn bit_identical_to_the_sequential_order_at_every_shape_and_thread_count() {
-        for &(m, k, n) in &[(1, 1, 1), (3, 7, 5), (8, 64, 32), (9, 33, 65), (17, 300, 100), (64, 512, 256), (1, 1024, 640)] {
-            for (exact, bf16) in [(Products::Bf16Pairs, true), (Products::Exact, true), (Products::Rounded, false)] {
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (3, 7, 5),
+            (8, 64, 32),
+            (9, 33, 65),
+            (17, 300, 100),
+            (64, 512, 256),
+            (1, 1024, 640),
+        ] {
+            for (exact, bf16) in
+                [(Products::Bf16Pairs, true), (Products::Exact, true), (Products::Rounded, false)]
+            {
                 let (a, b) = (values(m * k, 1, bf16), values(k * n, 2, bf16));
                 let c0 = values(m * n, 3, false);
                 let mut want = c0.clone();
@@ -1231,15 +1531,24 @@ mod tests {
                     naive(&a, &b, &mut want, m, k, n);
                 }
                 for threads in [1, 2, 3] {
-                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                    let pool =
+                        rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
                     let mut got = c0.clone();
                     pool.install(|| gemm_f32(&a, &b, BLayout::RowMajor, &mut got, m, k, n, exact));
-                    assert!(same_bits(&got, &want), "{m}x{k}x{n} {exact:?} on {threads} threads differs from the sequential order");
+                    assert!(
+                        same_bits(&got, &want),
+                        "{m}x{k}x{n} {exact:?} on {threads} threads differs from the sequential order"
+                    );
                     // The same b stored transposed.
                     let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
                     let mut got = c0.clone();
-                    pool.install(|| gemm_f32(&a, &bt, BLayout::Transposed, &mut got, m, k, n, exact));
-                    assert!(same_bits(&got, &want), "{m}x{k}x{n} {exact:?}, b transposed, on {threads} threads differs from the sequential order");
+                    pool.install(|| {
+                        gemm_f32(&a, &bt, BLayout::Transposed, &mut got, m, k, n, exact)
+                    });
+                    assert!(
+                        same_bits(&got, &want),
+                        "{m}x{k}x{n} {exact:?}, b transposed, on {threads} threads differs from the sequential order"
+                    );
                 }
             }
         }
@@ -1263,7 +1572,11 @@ mod tests {
                     fma[0][0] = c;
                     // SAFETY: the CPU has AVX2 and FMA (checked above).
                     unsafe { portable_pairs_fma(&a, 1, &panel, &mut fma, 1) };
-                    assert_eq!(fma[0][0].to_bits(), tile[0][0].to_bits(), "the portable kernel compiled for FMA differs");
+                    assert_eq!(
+                        fma[0][0].to_bits(),
+                        tile[0][0].to_bits(),
+                        "the portable kernel compiled for FMA differs"
+                    );
                 }
             } else {
                 micro_pairs(&a, 1, &panel, &mut tile, 1);
@@ -1274,7 +1587,11 @@ mod tests {
         // And through `gemm_f32` (the AVX2 kernel where the CPU has AVX2 but not AVX-512 BF16).
         let mut c1 = [c];
         gemm_f32(&[a0, a1], &[b0, b1], BLayout::RowMajor, &mut c1, 1, 2, 1, Products::Bf16Pairs);
-        assert!(c1[0].to_bits() == got.to_bits() || c1[0].is_nan() && got.is_nan(), "gemm_f32 gives {:e}, the kernel {got:e}", c1[0]);
+        assert!(
+            c1[0].to_bits() == got.to_bits() || c1[0].is_nan() && got.is_nan(),
+            "gemm_f32 gives {:e}, the kernel {got:e}",
+            c1[0]
+        );
         (got, portable)
     }
 
@@ -1299,8 +1616,16 @@ mod tests {
         ];
         for (what, [c, a0, a1, b0, b1], want) in cases {
             let (got, portable) = pair_both_ways(c, a0, a1, b0, b1);
-            assert_eq!(got.to_bits(), want.to_bits(), "{what}: kernel gives {got:e}, the rule {want:e}");
-            assert_eq!(portable.to_bits(), want.to_bits(), "{what}: portable kernel gives {portable:e}, the rule {want:e}");
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "{what}: kernel gives {got:e}, the rule {want:e}"
+            );
+            assert_eq!(
+                portable.to_bits(),
+                want.to_bits(),
+                "{what}: portable kernel gives {portable:e}, the rule {want:e}"
+            );
         }
         let (got, portable) = pair_both_ways(1.0, f32::INFINITY, 0.0, 0.0, 1.0);
         assert!(got.is_nan() && portable.is_nan(), "inf · 0 is NaN: {got}, {portable}");
@@ -1351,12 +1676,14 @@ mod tests {
                 }
                 let mut b = values(k * n, 50 + seed, true);
                 if seed >= 2 {
-                    b[(seed as usize * 7) % (k * n)] = if seed == 2 { f32::INFINITY } else { f32::NAN };
+                    b[(seed as usize * 7) % (k * n)] =
+                        if seed == 2 { f32::INFINITY } else { f32::NAN };
                 }
                 if seed == 1 {
                     b.iter_mut().for_each(|x| *x = -x.abs());
                 }
-                let specials = [0.0, -0.0, tiny, -tiny, 1.5, -2.0, f32::MIN_POSITIVE, f32::INFINITY];
+                let specials =
+                    [0.0, -0.0, tiny, -tiny, 1.5, -2.0, f32::MIN_POSITIVE, f32::INFINITY];
                 let c0: Vec<f32> = (0..m * n)
                     .map(|e| match e / n % 3 {
                         2 => specials[e % specials.len()],
@@ -1368,8 +1695,16 @@ mod tests {
                 naive_pairs(&a, &b, &mut want, m, k, n);
                 let mut got = c0.clone();
                 gemm_f32(&a, &b, BLayout::RowMajor, &mut got, m, k, n, Products::Bf16Pairs);
-                let differ = got.iter().zip(&want).position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()));
-                assert!(differ.is_none(), "{m}x{k}x{n} seed {seed}: element {differ:?} is {:e}, the pair rule gives {:e}", got[differ.unwrap()], want[differ.unwrap()]);
+                let differ = got
+                    .iter()
+                    .zip(&want)
+                    .position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()));
+                assert!(
+                    differ.is_none(),
+                    "{m}x{k}x{n} seed {seed}: element {differ:?} is {:e}, the pair rule gives {:e}",
+                    got[differ.unwrap()],
+                    want[differ.unwrap()]
+                );
             }
         }
     }
@@ -1377,7 +1712,15 @@ mod tests {
     #[test]
     fn the_kernel_and_the_portable_pair_rule_agree_on_awkward_values() {
         // One and two rows read `b` in place where the CPU has AVX2 without AVX-512 BF16.
-        for &(m, k, n) in &[(8, 64, 32), (9, 33, 65), (17, 300, 100), (1, 33, 96), (2, 64, 64), (1, 517, 40), (7, 16, 8)] {
+        for &(m, k, n) in &[
+            (8, 64, 32),
+            (9, 33, 65),
+            (17, 300, 100),
+            (1, 33, 96),
+            (2, 64, 64),
+            (1, 517, 40),
+            (7, 16, 8),
+        ] {
             for seed in 0..4 {
                 let (a, b) = (awkward_bf16(m * k, 10 + seed), awkward_bf16(k * n, 20 + seed));
                 let c0: Vec<f32> = awkward_bf16(m * n, 30 + seed);
@@ -1388,8 +1731,15 @@ mod tests {
                 for (layout, b) in [(BLayout::RowMajor, &b), (BLayout::Transposed, &bt)] {
                     let mut got = c0.clone();
                     gemm_f32(&a, b, layout, &mut got, m, k, n, Products::Bf16Pairs);
-                    let differ = got.iter().zip(&want).position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()));
-                    assert!(differ.is_none(), "{m}x{k}x{n} {layout:?} seed {seed}: element {differ:?} is {:e}, the portable rule gives {:e}", got[differ.unwrap()], want[differ.unwrap()]);
+                    let differ = got.iter().zip(&want).position(|(x, y)| {
+                        x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan())
+                    });
+                    assert!(
+                        differ.is_none(),
+                        "{m}x{k}x{n} {layout:?} seed {seed}: element {differ:?} is {:e}, the portable rule gives {:e}",
+                        got[differ.unwrap()],
+                        want[differ.unwrap()]
+                    );
                 }
             }
         }
@@ -1410,7 +1760,11 @@ mod tests {
             ("the largest denormal", vec![1.0, bits(0x007f_ffff)], Some(None)),
             ("the smallest denormal", vec![1.0, -bits(1)], Some(None)),
             ("an infinity", vec![1.0, f32::NEG_INFINITY], None),
-            ("a NaN past the first chunk", (0..3000).map(|i| if i == 2500 { f32::NAN } else { 1.0 }).collect(), None),
+            (
+                "a NaN past the first chunk",
+                (0..3000).map(|i| if i == 2500 { f32::NAN } else { 1.0 }).collect(),
+                None,
+            ),
         ];
         for (what, b, want) in cases {
             let k = b.len();
@@ -1449,11 +1803,14 @@ mod tests {
         for &(m, k, n) in &[(6, 64, 32), (13, 33, 40), (32, 128, 64), (1, 64, 40), (2, 33, 64)] {
             for (seed, &(what, exp, c_kind, passes)) in cases.iter().enumerate() {
                 let seed = seed as u32;
-                let (mut a, mut b) = (values(m * k, 60 + seed, true), values(k * n, 70 + seed, true));
+                let (mut a, mut b) =
+                    (values(m * k, 60 + seed, true), values(k * n, 70 + seed, true));
                 if let Some(e) = exp {
                     // a1·b1 + a0·b0 = 2^(2e-14) · ((128+u)(128+v) - (128+s)(128+t)): small
                     // integers u, v, s, t make small multiples of 2^(2e-14), zero among them.
-                    let small = |i: usize, salt: usize| ((i * 7 + salt * 13 + seed as usize) % 5 % 3) as f32;
+                    let small = |i: usize, salt: usize| {
+                        ((i * 7 + salt * 13 + seed as usize) % 5 % 3) as f32
+                    };
                     let x = |q: f32| (1.0 + q / 128.0) * 2f32.powi(e);
                     for i in 0..m {
                         for kk in 0..k {
@@ -1462,14 +1819,25 @@ mod tests {
                     }
                     for kk in 0..k {
                         for j in 0..n {
-                            b[kk * n + j] = if kk % 2 == 1 { x(small(j + kk, 2)) } else { -x(small(j * 3 + kk, 3)) };
+                            b[kk * n + j] = if kk % 2 == 1 {
+                                x(small(j + kk, 2))
+                            } else {
+                                -x(small(j * 3 + kk, 3))
+                            };
                         }
                     }
                 }
                 let c0: Vec<f32> = match c_kind {
                     0 => vec![0.0; m * n],
-                    1 => values(m * n, 90 + seed, false).iter().map(|x| x * 2f32.powi(-110)).collect(),
-                    2 => values(m * n, 90 + seed, false).iter().enumerate().map(|(e, x)| if e % 3 == 0 { f32::from_bits(0x0000_0101) } else { *x }).collect(),
+                    1 => values(m * n, 90 + seed, false)
+                        .iter()
+                        .map(|x| x * 2f32.powi(-110))
+                        .collect(),
+                    2 => values(m * n, 90 + seed, false)
+                        .iter()
+                        .enumerate()
+                        .map(|(e, x)| if e % 3 == 0 { f32::from_bits(0x0000_0101) } else { *x })
+                        .collect(),
                     3 => {
                         b[5] = f32::INFINITY;
                         b[k * n / 2] = f32::NAN;
@@ -1485,7 +1853,9 @@ mod tests {
                 #[cfg(target_arch = "x86_64")]
                 if avx2_pairs() {
                     // SAFETY: the CPU has AVX2 (`avx2_pairs`).
-                    let fast = unsafe { unchecked_exact(min_exponent(&a), min_exponent(&b), &c0, n, m, 0, n) };
+                    let fast = unsafe {
+                        unchecked_exact(min_exponent(&a), min_exponent(&b), &c0, n, m, 0, n)
+                    };
                     assert_eq!(fast, passes, "{what}: the condition");
                 }
                 let mut want = c0.clone();
@@ -1496,21 +1866,35 @@ mod tests {
                 let mut plain = c0.clone();
                 plain_fused_pairs(&a, &b, &mut plain, m, k, n);
                 if passes || exp.is_some() {
-                    assert_eq!(same_bits(&plain, &want), passes, "{what}, {m}x{k}x{n}: plain fused steps against the rule");
+                    assert_eq!(
+                        same_bits(&plain, &want),
+                        passes,
+                        "{what}, {m}x{k}x{n}: plain fused steps against the rule"
+                    );
                 }
                 let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
                 // And, for one or two rows, as a decode step has them: under 14 padding rows
                 // of zeros whose `c` is +0, whose scan of `b` lets full row-major panels read in
                 // place skip the checks where the condition holds.
                 let pad = if m <= 2 { 14 } else { 0 };
-                let (a, c0) = ([&a[..], &vec![0.0; pad * k]].concat(), [&c0[..], &vec![0.0; pad * n]].concat());
+                let (a, c0) = (
+                    [&a[..], &vec![0.0; pad * k]].concat(),
+                    [&c0[..], &vec![0.0; pad * n]].concat(),
+                );
                 let mut want = c0.clone();
                 naive_pairs(&a, &b, &mut want, m + pad, k, n);
                 for (layout, b) in [(BLayout::RowMajor, &b), (BLayout::Transposed, &bt)] {
                     let mut got = c0.clone();
                     gemm_f32(&a, b, layout, &mut got, m + pad, k, n, Products::Bf16Pairs);
-                    let differ = got.iter().zip(&want).position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()));
-                    assert!(differ.is_none(), "{what}, {m}x{k}x{n} (+{pad} zero rows) {layout:?}: element {differ:?} is {:e}, the pair rule gives {:e}", got[differ.unwrap()], want[differ.unwrap()]);
+                    let differ = got.iter().zip(&want).position(|(x, y)| {
+                        x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan())
+                    });
+                    assert!(
+                        differ.is_none(),
+                        "{what}, {m}x{k}x{n} (+{pad} zero rows) {layout:?}: element {differ:?} is {:e}, the pair rule gives {:e}",
+                        got[differ.unwrap()],
+                        want[differ.unwrap()]
+                    );
                 }
             }
         }

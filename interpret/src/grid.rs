@@ -5,15 +5,15 @@
 //! about to change (and at the end), so a revisited output block stays resident across
 //! consecutive steps.
 
-use crate::error::{ErrorKind, InterpError, Result, bail};
 use crate::devices::{Fabric, Link};
+use crate::error::{ErrorKind, InterpError, Result, bail};
 use crate::exec::Machine;
 use crate::host::{CallSpec, from_data, interpreter_dtype, to_data};
 use crate::memory::{Memory, Space, join};
 use crate::prepare::{Program, memref_info};
-use palladium_array::HostArray;
 use crate::value::{DType, Data, Val};
 use crate::view::View;
+use palladium_array::HostArray;
 use rayon::prelude::*;
 use smallvec::SmallVec;
 use std::collections::HashMap;
@@ -71,7 +71,11 @@ impl Program {
     /// gets `inputs[d]`, the call's per-device operands, and returns its outputs), as
     /// `jax.shard_map` runs a Pallas kernel: see [`crate::devices`]. An error names the
     /// device (the lowest one whose error is not a consequence of another's).
-    pub fn run_devices(&self, inputs: &[Vec<HostArray>], spec: Option<&CallSpec>) -> Result<Vec<Vec<HostArray>>> {
+    pub fn run_devices(
+        &self,
+        inputs: &[Vec<HostArray>],
+        spec: Option<&CallSpec>,
+    ) -> Result<Vec<Vec<HostArray>>> {
         let n = inputs.len();
         if n == 0 {
             bail!(BadInput, "a multi-device run needs at least one device's inputs");
@@ -84,14 +88,31 @@ impl Program {
                 .map(|(me, ins)| {
                     let fabric = fabric.clone();
                     scope.spawn(move || {
-                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_device(ins, spec, &fabric, me)));
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            self.run_device(ins, spec, &fabric, me)
+                        }));
                         // Finished, failed or panicked: the others no longer wait for this device.
                         let _ = fabric.hand_over(me, None, true);
-                        r.unwrap_or_else(|_| Err(InterpError::new(ErrorKind::Malformed, "the interpreter panicked on this device (a bug: please report it)")))
+                        r.unwrap_or_else(|_| {
+                            Err(InterpError::new(
+                                ErrorKind::Malformed,
+                                "the interpreter panicked on this device (a bug: please report it)",
+                            ))
+                        })
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(InterpError::new(ErrorKind::Malformed, "a device thread panicked (a bug: please report it)")))).collect()
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(InterpError::new(
+                            ErrorKind::Malformed,
+                            "a device thread panicked (a bug: please report it)",
+                        ))
+                    })
+                })
+                .collect()
         });
         // A device's own error first; deadlocks are the others' consequence.
         let on_device = |d: usize, mut e: InterpError| {
@@ -103,7 +124,9 @@ impl Program {
         for (d, r) in results.into_iter().enumerate() {
             match r {
                 Ok(o) => outputs.push(o),
-                Err(e) if e.kind == ErrorKind::Deadlock => deadlock = deadlock.or(Some(on_device(d, e))),
+                Err(e) if e.kind == ErrorKind::Deadlock => {
+                    deadlock = deadlock.or(Some(on_device(d, e)))
+                }
                 Err(e) => return Err(on_device(d, e)),
             }
         }
@@ -118,7 +141,13 @@ impl Program {
 
     /// One device of [`Program::run_devices`]: its turn first, its barrier semaphore, then
     /// the grid in order (a device's parallel grid runs on its own core, in order here).
-    fn run_device(&self, inputs: &[HostArray], spec: Option<&CallSpec>, fabric: &Arc<Fabric>, me: usize) -> Result<Vec<HostArray>> {
+    fn run_device(
+        &self,
+        inputs: &[HostArray],
+        spec: Option<&CallSpec>,
+        fabric: &Arc<Fabric>,
+        me: usize,
+    ) -> Result<Vec<HostArray>> {
         let first = fabric.wait_turn(me)?;
         let mut mem = Memory::default();
         let barrier = mem.alloc(DType::Sem, &[], Space::Semaphore, "barrier semaphore".into());
@@ -128,7 +157,13 @@ impl Program {
         self.run_on(&mut m, inputs, spec)
     }
 
-    fn transform(&self, m: &mut Machine<'_>, f: usize, point: &[i64], prefetch: &[Val]) -> Result<Vec<i64>> {
+    fn transform(
+        &self,
+        m: &mut Machine<'_>,
+        f: usize,
+        point: &[i64],
+        prefetch: &[Val],
+    ) -> Result<Vec<i64>> {
         let func = &self.funcs[f];
         let mut args: Vec<Val> = point.iter().map(|&x| Val::Int(x)).collect();
         args.extend(prefetch.iter().cloned());
@@ -151,31 +186,63 @@ impl Program {
         self.run_on(&mut m, inputs, spec)
     }
 
-    fn run_on(&self, m: &mut Machine<'_>, inputs: &[HostArray], spec: Option<&CallSpec>) -> Result<Vec<HostArray>> {
+    fn run_on(
+        &self,
+        m: &mut Machine<'_>,
+        inputs: &[HostArray],
+        spec: Option<&CallSpec>,
+    ) -> Result<Vec<HostArray>> {
         let k = &self.kernel;
         let g = self.grid.len();
         let p = self.scalar_prefetch;
         let nargs = k.arg_types.len();
         let n_io = nargs - g - p - self.scratch;
         if inputs.len() < p || inputs.len() - p > n_io {
-            bail!(BadInput, "@{} takes {p} scalar-prefetch arrays and at most {} inputs ({} operands incl. outputs), got {} arrays", k.name, n_io, n_io, inputs.len());
+            bail!(
+                BadInput,
+                "@{} takes {p} scalar-prefetch arrays and at most {} inputs ({} operands incl. outputs), got {} arrays",
+                k.name,
+                n_io,
+                n_io,
+                inputs.len()
+            );
         }
         let n_in = inputs.len() - p;
         let n_out = n_io - n_in;
         if let Some(s) = spec
             && (s.outputs.len() != n_out || s.inputs.len() != inputs.len())
         {
-            bail!(BadInput, "call spec has {} inputs / {} outputs, the kernel call has {} / {n_out}", s.inputs.len(), s.outputs.len(), inputs.len());
+            bail!(
+                BadInput,
+                "call spec has {} inputs / {} outputs, the kernel call has {} / {n_out}",
+                s.inputs.len(),
+                s.outputs.len(),
+                inputs.len()
+            );
         }
 
         // Scalar prefetch: whole SMEM arrays.
         let mut prefetch = Vec::new();
         for (i, host) in inputs.iter().take(p).enumerate() {
             let t = &k.arg_types[g + i];
-            let Some((shape, dt, _)) = memref_info(t) else { bail!(Malformed, "scalar prefetch {i} has type {t}") };
-            let id = load_host(self, &mut m.mem, i, host, dt, Space::Smem, format!("scalar_prefetch{i}"))?;
+            let Some((shape, dt, _)) = memref_info(t) else {
+                bail!(Malformed, "scalar prefetch {i} has type {t}")
+            };
+            let id = load_host(
+                self,
+                &mut m.mem,
+                i,
+                host,
+                dt,
+                Space::Smem,
+                format!("scalar_prefetch{i}"),
+            )?;
             if host.shape != shape.as_slice() {
-                bail!(BadInput, "scalar prefetch {i}: shape {:?}, the kernel expects {t}", host.shape);
+                bail!(
+                    BadInput,
+                    "scalar prefetch {i}: shape {:?}, the kernel expects {t}",
+                    host.shape
+                );
             }
             prefetch.push(Val::Ref(Arc::new(m.mem.whole(id))));
         }
@@ -184,7 +251,9 @@ impl Program {
         let mut ops: Vec<Operand> = Vec::new();
         for j in 0..n_io {
             let t = &k.arg_types[g + p + j];
-            let Some((wshape, dt, space)) = memref_info(t) else { bail!(Malformed, "operand {j} has type {t}") };
+            let Some((wshape, dt, space)) = memref_info(t) else {
+                bail!(Malformed, "operand {j} has type {t}")
+            };
             let wp = self.windows.as_ref().map(|w| w[j].clone());
             let transform = wp.as_ref().and_then(|w| w.transform);
             if let Some(b) = wp.as_ref().and_then(|w| w.bounds.clone())
@@ -198,10 +267,19 @@ impl Program {
                 let host = &inputs[p + j];
                 let id = load_host(self, &mut m.mem, p + j, host, dt, Space::Hbm, label.clone())?;
                 if transform.is_none() && host.shape != wshape.as_slice() {
-                    bail!(BadInput, "{label}: shape {:?}, the kernel takes it whole as {t}", host.shape);
+                    bail!(
+                        BadInput,
+                        "{label}: shape {:?}, the kernel takes it whole as {t}",
+                        host.shape
+                    );
                 }
                 if transform.is_some() && host.shape.len() != wshape.len() {
-                    bail!(BadInput, "{label}: rank-{} array for a rank-{} window {t}", host.shape.len(), wshape.len());
+                    bail!(
+                        BadInput,
+                        "{label}: rank-{} array for a rank-{} window {t}",
+                        host.shape.len(),
+                        wshape.len()
+                    );
                 }
                 id
             } else {
@@ -209,7 +287,11 @@ impl Program {
                 let shape: Vec<usize> = match (spec, transform) {
                     (Some(s), _) => {
                         if interpreter_dtype(s.outputs[o].0) != Some(dt) {
-                            bail!(BadInput, "{label}: call spec says {}, the kernel writes {dt}", s.outputs[o].0);
+                            bail!(
+                                BadInput,
+                                "{label}: call spec says {}, the kernel writes {dt}",
+                                s.outputs[o].0
+                            );
                         }
                         s.outputs[o].1.clone()
                     }
@@ -223,8 +305,15 @@ impl Program {
                             }
                         }
                         match wp.as_ref().and_then(|w| w.element_pads.as_ref()) {
-                            Some(pads) => hi.iter().zip(&wshape).zip(pads).map(|((h, w), (lo, _))| (*h as usize + w).saturating_sub(*lo)).collect(),
-                            None => hi.iter().zip(&wshape).map(|(h, w)| (*h as usize + 1) * w).collect(),
+                            Some(pads) => hi
+                                .iter()
+                                .zip(&wshape)
+                                .zip(pads)
+                                .map(|((h, w), (lo, _))| (*h as usize + w).saturating_sub(*lo))
+                                .collect(),
+                            None => {
+                                hi.iter().zip(&wshape).map(|(h, w)| (*h as usize + 1) * w).collect()
+                            }
                         }
                     }
                 };
@@ -232,7 +321,9 @@ impl Program {
                 if let Some(s) = spec
                     && let Some(&(a, _)) = s.aliases.iter().find(|(_, oo)| *oo == o)
                 {
-                    let Some(src) = inputs.get(a) else { bail!(BadInput, "alias of operand {a}, which does not exist") };
+                    let Some(src) = inputs.get(a) else {
+                        bail!(BadInput, "alias of operand {a}, which does not exist")
+                    };
                     if src.shape != shape || interpreter_dtype(src.dtype) != Some(dt) {
                         bail!(BadInput, "{label} aliases operand {a} of a different type");
                     }
@@ -249,19 +340,33 @@ impl Program {
                 Some((wid, wshape.to_vec()))
             } else {
                 if m.mem.bufs[hbm].shape.as_slice() != wshape.as_slice() {
-                    bail!(BadInput, "{label}: array shape [{}] differs from the whole-array operand {t}", join(&m.mem.bufs[hbm].shape));
+                    bail!(
+                        BadInput,
+                        "{label}: array shape [{}] differs from the whole-array operand {t}",
+                        join(&m.mem.bufs[hbm].shape)
+                    );
                 }
                 None
             };
             let element_pads = wp.and_then(|w| w.element_pads);
-            ops.push(Operand { hbm, window, element_pads, transform, is_output, label, prev: None });
+            ops.push(Operand {
+                hbm,
+                window,
+                element_pads,
+                transform,
+                is_output,
+                label,
+                prev: None,
+            });
         }
 
         // Scratch (lives for the whole kernel).
         let mut scratch = Vec::new();
         for s in 0..self.scratch {
             let t = &k.arg_types[g + p + n_io + s];
-            let Some((shape, dt, space)) = memref_info(t) else { bail!(Malformed, "scratch {s} has type {t}") };
+            let Some((shape, dt, space)) = memref_info(t) else {
+                bail!(Malformed, "scratch {s} has type {t}")
+            };
             let id = m.mem.alloc(dt, &shape, space, format!("scratch{s}"));
             scratch.push(id);
         }
@@ -269,11 +374,19 @@ impl Program {
         let prefetch = &prefetch[..];
         let outer = self.parallel.iter().take_while(|&&p| p).count();
         let all_outputs_windowed = ops.iter().all(|o| !o.is_output || o.window.is_some());
-        if outer > 0 && all_outputs_windowed && m.link.is_none() && self.grid[..outer].iter().product::<i64>() > 1 {
+        if outer > 0
+            && all_outputs_windowed
+            && m.link.is_none()
+            && self.grid[..outer].iter().product::<i64>() > 1
+        {
             self.walk_parallel(m, &ops, outer, prefetch, &scratch)?;
         } else {
             let single = [Vec::new()];
-            let points: Box<dyn Iterator<Item = Vec<i64>>> = if g == 0 { Box::new(single.into_iter()) } else { Box::new(grid_points(&self.grid)) };
+            let points: Box<dyn Iterator<Item = Vec<i64>>> = if g == 0 {
+                Box::new(single.into_iter())
+            } else {
+                Box::new(grid_points(&self.grid))
+            };
             self.walk(m, &mut ops, points, prefetch, &scratch, None)?;
         }
         let outputs = ops
@@ -288,7 +401,10 @@ impl Program {
         if let Some(link) = &m.link {
             let value = m.mem.sem_value((link.barrier, 0));
             if value != 0 {
-                bail!(Leak, "the barrier semaphore is {value} at the end of the kernel: barrier signals and waits do not balance (each device must wait for as many signals as its peers send it)");
+                bail!(
+                    Leak,
+                    "the barrier semaphore is {value} at the end of the kernel: barrier signals and waits do not balance (each device must wait for as many signals as its peers send it)"
+                );
             }
         }
         std::mem::take(&mut m.mem).recycle();
@@ -298,7 +414,15 @@ impl Program {
     /// Run the grid `points` in order, then write back the outputs still resident and check
     /// that every DMA was waited on and every scratch semaphore is back at zero. Write-backs
     /// go into the arrays, or into `record` (a task of a parallel grid).
-    fn walk(&self, m: &mut Machine<'_>, ops: &mut [Operand], points: impl Iterator<Item = Vec<i64>>, prefetch: &[Val], scratch: &[usize], mut record: Option<&mut Vec<WriteBack>>) -> Result<()> {
+    fn walk(
+        &self,
+        m: &mut Machine<'_>,
+        ops: &mut [Operand],
+        points: impl Iterator<Item = Vec<i64>>,
+        prefetch: &[Val],
+        scratch: &[usize],
+        mut record: Option<&mut Vec<WriteBack>>,
+    ) -> Result<()> {
         for pt in points {
             m.point = pt.clone();
             // Block indices for this step.
@@ -307,7 +431,8 @@ impl Program {
                 idx.push(match (&o.window, o.transform) {
                     (Some(_), Some(f)) => {
                         let at = self.transform(m, f, &pt, prefetch)?;
-                        block_in_bounds(&m.mem, o, &at).map_err(|e| with_point(self.at_transform(e, f), &pt))?;
+                        block_in_bounds(&m.mem, o, &at)
+                            .map_err(|e| with_point(self.at_transform(e, f), &pt))?;
                         Some(at)
                     }
                     (Some((_, w)), None) => Some(vec![0; w.len()]),
@@ -321,10 +446,13 @@ impl Program {
                 }
                 if o.is_output {
                     if let Some(old) = o.prev.take() {
-                        write_back(&mut m.mem, j, o, &old, record.as_deref_mut()).map_err(|e| with_point(e, &pt))?;
+                        write_back(&mut m.mem, j, o, &old, record.as_deref_mut())
+                            .map_err(|e| with_point(e, &pt))?;
                     }
                     if let Some((w, _)) = o.window {
-                        m.mem.check_access(&m.mem.whole(w), true, "fresh output window").map_err(|e| with_point(e, &pt))?;
+                        m.mem
+                            .check_access(&m.mem.whole(w), true, "fresh output window")
+                            .map_err(|e| with_point(e, &pt))?;
                         m.mem.fill_poison(w);
                     }
                     block_in_bounds(&m.mem, o, new).map_err(|e| with_point(e, &pt))?;
@@ -353,9 +481,19 @@ impl Program {
             }
         }
         // Everything in flight must have been waited on; semaphores must be back at zero.
-        let at = if record.is_some() { format!("the end of parallel grid point ({})", join(&last)) } else { "the end of the kernel".to_string() };
+        let at = if record.is_some() {
+            format!("the end of parallel grid point ({})", join(&last))
+        } else {
+            "the end of the kernel".to_string()
+        };
         if let Some(d) = m.mem.dmas.first() {
-            bail!(Leak, "DMA {} → {} (started by {}) is still in flight at {at}; it was never waited on", m.mem.describe(&d.src), m.mem.describe(&d.dst), d.started);
+            bail!(
+                Leak,
+                "DMA {} → {} (started by {}) is still in flight at {at}; it was never waited on",
+                m.mem.describe(&d.src),
+                m.mem.describe(&d.dst),
+                d.started
+            );
         }
         for &s in scratch {
             m.mem.check_released(s, &at)?;
@@ -369,7 +507,14 @@ impl Program {
     /// arrays. Output blocks are recorded and written back in grid order afterwards, so the
     /// result does not depend on the thread count; two points writing the same output block,
     /// or a point writing an input, is reported as a [`ErrorKind::ParallelRace`].
-    fn walk_parallel(&self, m: &mut Machine<'_>, ops: &[Operand], outer: usize, prefetch: &[Val], scratch: &[usize]) -> Result<()> {
+    fn walk_parallel(
+        &self,
+        m: &mut Machine<'_>,
+        ops: &[Operand],
+        outer: usize,
+        prefetch: &[Val],
+        scratch: &[usize],
+    ) -> Result<()> {
         let heads: Vec<Vec<i64>> = grid_points(&self.grid[..outer]).collect();
         let base = &m.mem;
         let tasks: Vec<Result<Vec<WriteBack>>> = heads
@@ -401,7 +546,12 @@ impl Program {
                     return Err(with_point(
                         InterpError::new(
                             ErrorKind::ParallelRace,
-                            format!("writes block ({}) of {}, which grid point ({}) also writes, along `parallel` grid dimensions: the result would depend on which runs last; mark the dimension `arbitrary`", join(&wb.block), o.label, join(first)),
+                            format!(
+                                "writes block ({}) of {}, which grid point ({}) also writes, along `parallel` grid dimensions: the result would depend on which runs last; mark the dimension `arbitrary`",
+                                join(&wb.block),
+                                o.label,
+                                join(first)
+                            ),
                         ),
                         head,
                     ));
@@ -423,18 +573,36 @@ struct WriteBack {
 }
 
 /// Write output window `o` back as `block`: into the array, or (`record`) into the list.
-fn write_back(mem: &mut Memory, operand: usize, o: &Operand, block: &[i64], record: Option<&mut Vec<WriteBack>>) -> Result<()> {
+fn write_back(
+    mem: &mut Memory,
+    operand: usize,
+    o: &Operand,
+    block: &[i64],
+    record: Option<&mut Vec<WriteBack>>,
+) -> Result<()> {
     let Some(r) = record else { return window_copy(mem, o, block, false) };
     let Some((w, _)) = &o.window else { return Ok(()) };
     block_in_bounds(mem, o, block)?;
-    mem.check_access(&mem.whole(*w), false, &format!("write-back of {} block ({}) from", o.label, join(block)))?;
+    mem.check_access(
+        &mem.whole(*w),
+        false,
+        &format!("write-back of {} block ({}) from", o.label, join(block)),
+    )?;
     r.push(WriteBack { operand, block: block.to_vec(), window: mem.settled(*w).clone() });
     Ok(())
 }
 
 /// Input `position` of the call as a buffer (widened once for as long as its bytes stay the
 /// same: [`crate::host::WidenedInputs`]).
-fn load_host(prog: &Program, mem: &mut Memory, position: usize, host: &HostArray, dt: DType, space: Space, name: String) -> Result<usize> {
+fn load_host(
+    prog: &Program,
+    mem: &mut Memory,
+    position: usize,
+    host: &HostArray,
+    dt: DType,
+    space: Space,
+    name: String,
+) -> Result<usize> {
     if let Err(e) = host.validate() {
         bail!(BadInput, "{name}: {e}");
     }
@@ -463,10 +631,20 @@ fn window_start(mem: &Memory, o: &Operand, block: &[i64]) -> Result<Vec<i64>> {
         };
         if !inside {
             let what = match &o.element_pads {
-                Some(pads) => format!("element window at ({}) of {} (window [{}], padding {pads:?})", join(block), o.label, join(w)),
-                None => format!("block index ({}) of {} (window [{}])", join(block), o.label, join(w)),
+                Some(pads) => format!(
+                    "element window at ({}) of {} (window [{}], padding {pads:?})",
+                    join(block),
+                    o.label,
+                    join(w)
+                ),
+                None => {
+                    format!("block index ({}) of {} (window [{}])", join(block), o.label, join(w))
+                }
             };
-            return Err(InterpError::new(ErrorKind::OutOfBounds, format!("{what} is outside the array [{}]", join(shape))));
+            return Err(InterpError::new(
+                ErrorKind::OutOfBounds,
+                format!("{what} is outside the array [{}]", join(shape)),
+            ));
         }
         start.push(s);
     }
@@ -499,13 +677,21 @@ fn window_copy(mem: &mut Memory, o: &Operand, block: &[i64], into_window: bool) 
     let arr = View { buf: o.hbm, start, size: size.clone(), dims: (0..rank).collect() };
     let win = View { buf: *w, start: skip, size, dims: (0..rank).collect() };
     if into_window {
-        mem.check_access(&mem.whole(*w), true, &format!("copy-in of {} block ({}) into", o.label, join(block)))?;
+        mem.check_access(
+            &mem.whole(*w),
+            true,
+            &format!("copy-in of {} block ({}) into", o.label, join(block)),
+        )?;
         if win.size.as_slice() != wshape.as_slice() {
             mem.fill_poison(*w);
         }
         mem.copy(&arr, &win)
     } else {
-        mem.check_access(&win, false, &format!("write-back of {} block ({}) from", o.label, join(block)))?;
+        mem.check_access(
+            &win,
+            false,
+            &format!("write-back of {} block ({}) from", o.label, join(block)),
+        )?;
         mem.copy(&win, &arr)
     }
 }

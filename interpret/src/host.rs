@@ -26,7 +26,8 @@ macro_rules! with_widen {
             }
             Element::Bf16 => {
                 const $size: usize = 2;
-                let $f = |c: &[u8]| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
+                let $f =
+                    |c: &[u8]| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
                 $floats
             }
             Element::F16 => {
@@ -114,14 +115,24 @@ pub(crate) fn to_data(a: &HostArray) -> Data {
 pub(crate) fn from_data(dtype: DType, shape: &[usize], d: &Data) -> Result<HostArray> {
     let (element, bytes): (Element, Vec<u8>) = match (dtype, d) {
         (DType::F32, Data::F(v)) => (Element::F32, bytemuck::cast_slice(v).to_vec()),
-        (DType::Bf16, Data::F(v)) => (Element::Bf16, v.iter().flat_map(|&x| f32_to_bf16(x).to_le_bytes()).collect()),
-        (DType::F16, Data::F(v)) => (Element::F16, bytemuck::cast_slice(&v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>()).to_vec()),
+        (DType::Bf16, Data::F(v)) => {
+            (Element::Bf16, v.iter().flat_map(|&x| f32_to_bf16(x).to_le_bytes()).collect())
+        }
+        (DType::F16, Data::F(v)) => (
+            Element::F16,
+            bytemuck::cast_slice(&v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>()).to_vec(),
+        ),
         (DType::I32, Data::I(v)) => (Element::I32, bytemuck::cast_slice(v).to_vec()),
-        (DType::I16, Data::I(v)) => (Element::I16, bytemuck::cast_slice(&v.iter().map(|&x| x as i16).collect::<Vec<_>>()).to_vec()),
+        (DType::I16, Data::I(v)) => (
+            Element::I16,
+            bytemuck::cast_slice(&v.iter().map(|&x| x as i16).collect::<Vec<_>>()).to_vec(),
+        ),
         (DType::I8, Data::I(v)) => (Element::I8, v.iter().map(|&x| x as i8 as u8).collect()),
         // One element a byte (numpy's layout of `int4`): the low nibble, sign-extended.
         (DType::I4, Data::I(v)) => (Element::I4, v.iter().map(|&x| x as i8 as u8 & 0xF).collect()),
-        (DType::F8E4M3FN, Data::F(v)) => (Element::F8E4M3, v.iter().map(|&x| f32_to_e4m3fn(x)).collect()),
+        (DType::F8E4M3FN, Data::F(v)) => {
+            (Element::F8E4M3, v.iter().map(|&x| f32_to_e4m3fn(x)).collect())
+        }
         (DType::Bool, Data::I(v)) => (Element::Bool, v.iter().map(|&x| u8::from(x != 0)).collect()),
         (d, _) => bail!(Unsupported, "cannot return an array of {d}"),
     };
@@ -161,7 +172,8 @@ impl WidenedInputs {
             return w.data.clone();
         }
         let data = Arc::new(to_data(host));
-        let widened = Arc::new(Widened { dtype: host.dtype, bytes: host.bytes.clone(), data: data.clone() });
+        let widened =
+            Arc::new(Widened { dtype: host.dtype, bytes: host.bytes.clone(), data: data.clone() });
         let mut kept = self.kept();
         if kept.len() <= position {
             kept.resize(position + 1, None);
@@ -210,13 +222,18 @@ impl CallSpec {
             Err(e) => bail!(BadInput, "call spec: {e}"),
         };
         let arrays = |key: &str| -> Result<Vec<(Element, Vec<usize>)>> {
-            let Some(xs) = v.get(key).and_then(|x| x.as_array()) else { bail!(BadInput, "call spec: missing `{key}`") };
+            let Some(xs) = v.get(key).and_then(|x| x.as_array()) else {
+                bail!(BadInput, "call spec: missing `{key}`")
+            };
             xs.iter().map(|x| parse_array_type(x.as_str().unwrap_or(""))).collect()
         };
         let mut aliases = Vec::new();
         if let Some(xs) = v.get("input_output_aliases").and_then(|x| x.as_array()) {
             for a in xs {
-                let pair = a.as_array().map(|p| p.iter().filter_map(|x| x.as_u64()).collect::<Vec<_>>()).unwrap_or_default();
+                let pair = a
+                    .as_array()
+                    .map(|p| p.iter().filter_map(|x| x.as_u64()).collect::<Vec<_>>())
+                    .unwrap_or_default();
                 if pair.len() != 2 {
                     bail!(BadInput, "call spec: bad alias {a}");
                 }
@@ -235,7 +252,11 @@ pub fn parse_array_type(s: &str) -> Result<(Element, Vec<usize>)> {
         Err(e) => bail!(BadInput, "{e} in `{s}`"),
     };
     let dims = rest.trim_end_matches(']');
-    let shape = if dims.trim().is_empty() { Ok(Vec::new()) } else { dims.split(',').map(|x| x.trim().parse::<usize>()).collect::<Result<Vec<_>, _>>() };
+    let shape = if dims.trim().is_empty() {
+        Ok(Vec::new())
+    } else {
+        dims.split(',').map(|x| x.trim().parse::<usize>()).collect::<Result<Vec<_>, _>>()
+    };
     match shape {
         Ok(shape) => Ok((dt, shape)),
         Err(_) => bail!(BadInput, "bad dims in `{s}`"),

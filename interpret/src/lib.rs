@@ -49,8 +49,8 @@ mod view;
 
 pub use error::{ErrorKind, InterpError, OpSite};
 pub use host::{CallSpec, parse_array_type};
-pub use palladium_array::HostArray;
 pub use memory::Space;
+pub use palladium_array::HostArray;
 pub use parse::ParseError;
 pub use prepare::Program;
 pub use value::DType;
@@ -71,7 +71,11 @@ impl Module {
 
     /// The `stable_mosaic.version` attribute, if any.
     pub fn version(&self) -> Option<i64> {
-        self.ast.attrs.iter().find(|(k, _)| k == "stable_mosaic.version").and_then(|(_, v)| v.as_int())
+        self.ast
+            .attrs
+            .iter()
+            .find(|(k, _)| k == "stable_mosaic.version")
+            .and_then(|(_, v)| v.as_int())
     }
 
     /// Translate into an executable [`Program`].

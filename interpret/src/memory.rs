@@ -4,7 +4,9 @@
 //! must not be overwritten until a wait on its semaphore retires it.
 
 use crate::error::{ErrorKind, InterpError, Result, bail};
-use crate::value::{DType, Data, Shape, Tile, contiguous, copy_strided, gather, scatter, strides_of};
+use crate::value::{
+    DType, Data, Shape, Tile, contiguous, copy_strided, gather, scatter, strides_of,
+};
 use crate::view::View;
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -90,8 +92,14 @@ impl Buffer {
     /// chunk).
     fn touched(&self, region: &View, overwrite: bool) -> (usize, usize, bool) {
         let chunks = self.chunks();
-        let (lo, hi) = if chunks == 1 { (0, usize::from(region.elems() > 0)) } else { (region.start[0], region.start[0] + region.size[0]) };
-        let whole = overwrite && (usize::from(chunks > 1)..self.shape.len()).all(|d| region.start[d] == 0 && region.size[d] == self.shape[d]);
+        let (lo, hi) = if chunks == 1 {
+            (0, usize::from(region.elems() > 0))
+        } else {
+            (region.start[0], region.start[0] + region.size[0])
+        };
+        let whole = overwrite
+            && (usize::from(chunks > 1)..self.shape.len())
+                .all(|d| region.start[d] == 0 && region.size[d] == self.shape[d]);
         (lo, hi, whole)
     }
 }
@@ -144,7 +152,13 @@ impl Memory {
             return self.adopt(dt, shape, space, name, Arc::new(Data::I(vec![0; n])));
         }
         if n < LAZY_POISON_MIN {
-            return self.adopt(dt, shape, space, name, Arc::new(Data::filled(dt, n, f32::NAN, i32::MIN)));
+            return self.adopt(
+                dt,
+                shape,
+                space,
+                name,
+                Arc::new(Data::filled(dt, n, f32::NAN, i32::MIN)),
+            );
         }
         let id = self.adopt(dt, shape, space, name, Arc::new(Data::stale(dt, n)));
         self.unfill(id);
@@ -177,8 +191,12 @@ impl Memory {
                 let Some(l) = b.lent[k].take() else { continue };
                 if !whole {
                     match (Arc::make_mut(&mut b.data), &*l.data) {
-                        (Data::F(d), Data::F(s)) => d[k * per..(k + 1) * per].copy_from_slice(&s[l.off..l.off + per]),
-                        (Data::I(d), Data::I(s)) => d[k * per..(k + 1) * per].copy_from_slice(&s[l.off..l.off + per]),
+                        (Data::F(d), Data::F(s)) => {
+                            d[k * per..(k + 1) * per].copy_from_slice(&s[l.off..l.off + per])
+                        }
+                        (Data::I(d), Data::I(s)) => {
+                            d[k * per..(k + 1) * per].copy_from_slice(&s[l.off..l.off + per])
+                        }
                         _ => unreachable!("a chunk is lent by storage of its own element kind"),
                     }
                 }
@@ -226,9 +244,27 @@ impl Memory {
     }
 
     /// A new buffer holding `data` (`shape.product()` elements of `dt`).
-    pub fn adopt(&mut self, dt: DType, shape: &[usize], space: Space, name: String, data: Arc<Data>) -> usize {
+    pub fn adopt(
+        &mut self,
+        dt: DType,
+        shape: &[usize],
+        space: Space,
+        name: String,
+        data: Arc<Data>,
+    ) -> usize {
         debug_assert_eq!(data.len(), shape.iter().product::<usize>());
-        self.bufs.push(Buffer { dt, shape: shape.into(), strides: strides_of(shape), data, space, name, alive: true, unfilled: Vec::new(), pending: 0, lent: Vec::new() });
+        self.bufs.push(Buffer {
+            dt,
+            shape: shape.into(),
+            strides: strides_of(shape),
+            data,
+            space,
+            name,
+            alive: true,
+            unfilled: Vec::new(),
+            pending: 0,
+            lent: Vec::new(),
+        });
         let id = self.bufs.len() - 1;
         if let Some(s) = self.scopes.last_mut() {
             s.push(id);
@@ -247,7 +283,12 @@ impl Memory {
 
     pub fn whole(&self, buf: usize) -> View {
         let b = &self.bufs[buf];
-        View { buf, start: SmallVec::from_elem(0, b.shape.len()), size: b.shape.clone(), dims: (0..b.shape.len() as u8).collect() }
+        View {
+            buf,
+            start: SmallVec::from_elem(0, b.shape.len()),
+            size: b.shape.clone(),
+            dims: (0..b.shape.len() as u8).collect(),
+        }
     }
 
     fn live(&self, v: &View) -> Result<&Buffer> {
@@ -260,7 +301,15 @@ impl Memory {
 
     pub fn describe(&self, v: &View) -> String {
         let b = &self.bufs[v.buf];
-        let r: Vec<String> = (0..v.start.len()).map(|d| if v.size[d] == 1 { format!("{}", v.start[d]) } else { format!("{}..{}", v.start[d], v.start[d] + v.size[d]) }).collect();
+        let r: Vec<String> = (0..v.start.len())
+            .map(|d| {
+                if v.size[d] == 1 {
+                    format!("{}", v.start[d])
+                } else {
+                    format!("{}..{}", v.start[d], v.start[d] + v.size[d])
+                }
+            })
+            .collect();
         format!("{}[{}]", b.name, r.join(", "))
     }
 
@@ -269,13 +318,26 @@ impl Memory {
     pub fn slice(&self, v: &View, offsets: &[i64], sizes: &[usize]) -> Result<View> {
         self.live(v)?;
         if offsets.len() != v.dims.len() || sizes.len() != v.dims.len() {
-            bail!(Malformed, "slice of a rank-{} memref with {} offsets and {} sizes", v.dims.len(), offsets.len(), sizes.len());
+            bail!(
+                Malformed,
+                "slice of a rank-{} memref with {} offsets and {} sizes",
+                v.dims.len(),
+                offsets.len(),
+                sizes.len()
+            );
         }
         let mut out = v.clone();
         for (d, (&o, &s)) in offsets.iter().zip(sizes).enumerate() {
             let bd = v.dims[d] as usize;
             if o < 0 || o as usize + s > v.size[bd] {
-                bail!(OutOfBounds, "slice [{}] of size [{}] is out of bounds of {} (shape [{}])", join(offsets), join(sizes), self.describe(v), join(&v.shape()));
+                bail!(
+                    OutOfBounds,
+                    "slice [{}] of size [{}] is out of bounds of {} (shape [{}])",
+                    join(offsets),
+                    join(sizes),
+                    self.describe(v),
+                    join(&v.shape())
+                );
             }
             out.start[bd] += o as usize;
             out.size[bd] = s;
@@ -289,9 +351,18 @@ impl Memory {
         let mut non_unit = v.dims.iter().copied().filter(|&d| v.size[d as usize] != 1);
         let mut unit = v.dims.iter().copied().filter(|&d| v.size[d as usize] == 1);
         let mut dims = SmallVec::new();
-        let bad = || InterpError::new(ErrorKind::Malformed, format!("cannot squeeze [{}] to [{}]", join(&v.shape()), join(shape)));
+        let bad = || {
+            InterpError::new(
+                ErrorKind::Malformed,
+                format!("cannot squeeze [{}] to [{}]", join(&v.shape()), join(shape)),
+            )
+        };
         for &s in shape {
-            let d = if s == 1 { unit.next() } else { non_unit.next().filter(|&d| v.size[d as usize] == s) };
+            let d = if s == 1 {
+                unit.next()
+            } else {
+                non_unit.next().filter(|&d| v.size[d as usize] == s)
+            };
             dims.push(d.ok_or_else(bad)?);
         }
         if non_unit.next().is_some() {
@@ -305,7 +376,12 @@ impl Memory {
     pub fn access(&self, v: &View, idx: &[i64], vshape: &[usize]) -> Result<View> {
         let rank = v.dims.len();
         if idx.len() != rank || vshape.len() > rank {
-            bail!(Malformed, "access of a rank-{rank} memref with {} indices and a rank-{} value", idx.len(), vshape.len());
+            bail!(
+                Malformed,
+                "access of a rank-{rank} memref with {} indices and a rank-{} value",
+                idx.len(),
+                vshape.len()
+            );
         }
         let lead = rank - vshape.len();
         let mut out = v.clone();
@@ -313,7 +389,14 @@ impl Memory {
             let bd = v.dims[d] as usize;
             let ext = if d < lead { 1 } else { vshape[d - lead] };
             if idx[d] < 0 || idx[d] as usize + ext > v.size[bd] {
-                bail!(OutOfBounds, "access at [{}] of shape [{}] is out of bounds of {} (shape [{}])", join(idx), join(vshape), self.describe(v), join(&v.shape()));
+                bail!(
+                    OutOfBounds,
+                    "access at [{}] of shape [{}] is out of bounds of {} (shape [{}])",
+                    join(idx),
+                    join(vshape),
+                    self.describe(v),
+                    join(&v.shape())
+                );
             }
             out.start[bd] += idx[d] as usize;
             out.size[bd] = ext;
@@ -361,22 +444,43 @@ impl Memory {
     /// The elements of a `vshape` access taken `steps` apart per dim (empty: contiguous,
     /// else one per vector dim): the region they span (checked for bounds and races as a
     /// whole, gaps included) and their strides in memory.
-    fn stepped(&self, v: &View, idx: &[i64], vshape: &[usize], steps: &[usize]) -> Result<(View, isize, SmallVec<[isize; 4]>)> {
+    fn stepped(
+        &self,
+        v: &View,
+        idx: &[i64],
+        vshape: &[usize],
+        steps: &[usize],
+    ) -> Result<(View, isize, SmallVec<[isize; 4]>)> {
         if !steps.is_empty() && steps.len() != vshape.len() {
             bail!(Malformed, "{} strides for a rank-{} access", steps.len(), vshape.len());
         }
-        let span: Vec<usize> = vshape.iter().enumerate().map(|(d, &n)| match steps.get(d) {
-            Some(&s) if n > 0 => (n - 1).saturating_mul(s).saturating_add(1),
-            _ => n,
-        }).collect();
+        let span: Vec<usize> = vshape
+            .iter()
+            .enumerate()
+            .map(|(d, &n)| match steps.get(d) {
+                Some(&s) if n > 0 => (n - 1).saturating_mul(s).saturating_add(1),
+                _ => n,
+            })
+            .collect();
         let region = self.access(v, idx, &span)?;
         let (off, strides, _) = self.layout(&region);
         let lead = strides.len() - vshape.len();
-        let strides = strides[lead..].iter().enumerate().map(|(d, &t)| t * steps.get(d).map_or(1, |&s| s as isize)).collect();
+        let strides = strides[lead..]
+            .iter()
+            .enumerate()
+            .map(|(d, &t)| t * steps.get(d).map_or(1, |&s| s as isize))
+            .collect();
         Ok((region, off, strides))
     }
 
-    pub fn load(&mut self, v: &View, idx: &[i64], vshape: &[usize], dt: DType, steps: &[usize]) -> Result<Tile> {
+    pub fn load(
+        &mut self,
+        v: &View,
+        idx: &[i64],
+        vshape: &[usize],
+        dt: DType,
+        steps: &[usize],
+    ) -> Result<Tile> {
         let (region, off, strides) = self.stepped(v, idx, vshape, steps)?;
         self.live(v)?;
         self.check_access(&region, false, "read of")?;
@@ -403,7 +507,15 @@ impl Memory {
         Ok(Tile::new(dt, vshape.into(), data))
     }
 
-    pub fn store(&mut self, v: &View, idx: &[i64], t: &Tile, mask: Option<&Tile>, add: bool, steps: &[usize]) -> Result<()> {
+    pub fn store(
+        &mut self,
+        v: &View,
+        idx: &[i64],
+        t: &Tile,
+        mask: Option<&Tile>,
+        add: bool,
+        steps: &[usize],
+    ) -> Result<()> {
         let (region, off, strides) = self.stepped(v, idx, &t.shape, steps)?;
         self.live(v)?;
         self.check_access(&region, true, "write of")?;
@@ -416,7 +528,13 @@ impl Memory {
         }
         // A plain store of the whole buffer takes the tile's storage (both are immutable
         // until the next write, which copies).
-        if mask.is_none() && !add && off == 0 && t.len() == b.data.len() && contiguous(&t.shape, &strides) && std::mem::discriminant(&*b.data) == std::mem::discriminant(&*t.data) {
+        if mask.is_none()
+            && !add
+            && off == 0
+            && t.len() == b.data.len()
+            && contiguous(&t.shape, &strides)
+            && std::mem::discriminant(&*b.data) == std::mem::discriminant(&*t.data)
+        {
             b.data = t.data.clone();
             return Ok(());
         }
@@ -477,7 +595,11 @@ impl Memory {
         } else {
             self.bufs[src.buf].data.clone()
         };
-        let (so, ss): (isize, SmallVec<[isize; 4]>) = if src.buf == dst.buf { (0, strides_of(&shape).iter().map(|&x| x as isize).collect()) } else { (so, ss) };
+        let (so, ss): (isize, SmallVec<[isize; 4]>) = if src.buf == dst.buf {
+            (0, strides_of(&shape).iter().map(|&x| x as isize).collect())
+        } else {
+            (so, ss)
+        };
         let d = &mut self.bufs[dst.buf];
         // Overwriting all of a shared buffer (a window a parallel task inherited, a tile still
         // holding it): new storage rather than a copy of what is about to be overwritten.
@@ -505,7 +627,12 @@ impl Memory {
         }
         let (s, d) = (&self.bufs[src.buf], &self.bufs[dst.buf]);
         let chunks = d.chunks();
-        if Arc::strong_count(&s.data) < 2 || s.pending > 0 || !s.lent.is_empty() || std::mem::discriminant(&*s.data) != std::mem::discriminant(&*d.data) || d.data.len() / chunks < LAZY_POISON_MIN {
+        if Arc::strong_count(&s.data) < 2
+            || s.pending > 0
+            || !s.lent.is_empty()
+            || std::mem::discriminant(&*s.data) != std::mem::discriminant(&*d.data)
+            || d.data.len() / chunks < LAZY_POISON_MIN
+        {
             return false;
         }
         let (lo, hi, whole) = d.touched(dst, true);
@@ -552,7 +679,11 @@ impl Memory {
             bail!(Mismatch, "{} is not a semaphore", b.name);
         }
         if v.elems() != 1 || !v.dims.is_empty() && v.shape().iter().any(|&s| s != 1) {
-            bail!(Malformed, "semaphore operand {} must be a single semaphore (rank 0)", self.describe(v));
+            bail!(
+                Malformed,
+                "semaphore operand {} must be a single semaphore (rank 0)",
+                self.describe(v)
+            );
         }
         let (off, _, _) = self.layout(v);
         Ok((v.buf, off as usize))
@@ -580,10 +711,22 @@ impl Memory {
         let s = self.sem(sem)?;
         let (sdt, ddt) = (self.live(src)?.dt, self.live(dst)?.dt);
         if sdt != ddt {
-            bail!(Mismatch, "DMA from {} ({sdt}) to {} ({ddt}): element types differ", self.describe(src), self.describe(dst));
+            bail!(
+                Mismatch,
+                "DMA from {} ({sdt}) to {} ({ddt}): element types differ",
+                self.describe(src),
+                self.describe(dst)
+            );
         }
         if src.shape() != dst.shape() {
-            bail!(Mismatch, "DMA from {} to {}: shapes [{}] and [{}] differ", self.describe(src), self.describe(dst), join(&src.shape()), join(&dst.shape()));
+            bail!(
+                Mismatch,
+                "DMA from {} to {}: shapes [{}] and [{}] differ",
+                self.describe(src),
+                self.describe(dst),
+                join(&src.shape()),
+                join(&dst.shape())
+            );
         }
         for d in self.dmas.iter().filter(|d| d.end != DmaEnd::Outgoing) {
             if d.dst.overlaps(dst) {
@@ -596,16 +739,33 @@ impl Memory {
                 );
             }
             if d.dst.overlaps(src) {
-                bail!(DmaRace, "DMA reads {}, the destination of a DMA still in flight (started by {})", self.describe(src), d.started);
+                bail!(
+                    DmaRace,
+                    "DMA reads {}, the destination of a DMA still in flight (started by {})",
+                    self.describe(src),
+                    d.started
+                );
             }
             if d.src.overlaps(dst) {
-                bail!(DmaRace, "DMA writes {}, the source of a DMA still in flight (started by {})", self.describe(dst), d.started);
+                bail!(
+                    DmaRace,
+                    "DMA writes {}, the source of a DMA still in flight (started by {})",
+                    self.describe(dst),
+                    d.started
+                );
             }
         }
         self.check_access(src, false, "DMA source")?;
         self.copy(src, dst)?;
         let bytes = (dst.elems() * ddt.size()) as i64;
-        self.dmas.push(Dma { src: src.clone(), dst: dst.clone(), end: DmaEnd::Local, sem: s, bytes, started });
+        self.dmas.push(Dma {
+            src: src.clone(),
+            dst: dst.clone(),
+            end: DmaEnd::Local,
+            sem: s,
+            bytes,
+            started,
+        });
         Ok(())
     }
 
@@ -613,11 +773,24 @@ impl Memory {
     /// device's buffer of the same program position): the data leaves now, `send_sem`
     /// counts it at the send wait, and `src` must stay unwritten until then. Returns the
     /// data and its byte count.
-    pub fn remote_send(&mut self, src: &View, dst: &View, send_sem: &View, started: String) -> Result<(Arc<Data>, i64)> {
+    pub fn remote_send(
+        &mut self,
+        src: &View,
+        dst: &View,
+        send_sem: &View,
+        started: String,
+    ) -> Result<(Arc<Data>, i64)> {
         let s = self.sem(send_sem)?;
         let (sdt, ddt) = (self.live(src)?.dt, self.bufs[dst.buf].dt);
         if sdt != ddt || src.shape() != dst.shape() {
-            bail!(Mismatch, "remote DMA from {} ({sdt}[{}]) to {} ({ddt}[{}]): element types or shapes differ", self.describe(src), join(&src.shape()), self.describe(dst), join(&dst.shape()));
+            bail!(
+                Mismatch,
+                "remote DMA from {} ({sdt}[{}]) to {} ({ddt}[{}]): element types or shapes differ",
+                self.describe(src),
+                join(&src.shape()),
+                self.describe(dst),
+                join(&dst.shape())
+            );
         }
         self.check_access(src, false, "remote DMA source")?;
         self.settle(src, false);
@@ -627,21 +800,45 @@ impl Memory {
             Data::I(d) => Data::I(gather(d, off, &strides, &shape)),
         };
         let bytes = (src.elems() * sdt.size()) as i64;
-        self.dmas.push(Dma { src: src.clone(), dst: src.clone(), end: DmaEnd::Outgoing, sem: s, bytes, started });
+        self.dmas.push(Dma {
+            src: src.clone(),
+            dst: src.clone(),
+            end: DmaEnd::Outgoing,
+            sem: s,
+            bytes,
+            started,
+        });
         Ok((Arc::new(data), bytes))
     }
 
     /// The receiving end of a remote copy: `data` lands in `dst` (this device's buffer at the
     /// sender's program position), which stays pending until a wait on `sem` retires it.
-    pub fn remote_receive(&mut self, dst: &View, data: &Data, sem: (usize, usize), bytes: i64, started: String) -> Result<()> {
+    pub fn remote_receive(
+        &mut self,
+        dst: &View,
+        data: &Data,
+        sem: (usize, usize),
+        bytes: i64,
+        started: String,
+    ) -> Result<()> {
         let b = self.live(dst)?;
         if !self.bufs[sem.0].alive || !self.bufs[sem.0].dt.is_sem() {
-            bail!(DmaRace, "a remote DMA ({started}) signals semaphore {}, which this device has not allocated (or has released)", self.bufs[sem.0].name);
+            bail!(
+                DmaRace,
+                "a remote DMA ({started}) signals semaphore {}, which this device has not allocated (or has released)",
+                self.bufs[sem.0].name
+            );
         }
         let name = b.name.clone();
         for d in self.dmas.iter().filter(|d| d.end != DmaEnd::Outgoing) {
             if d.dst.overlaps(dst) {
-                bail!(DoubleDma, "a remote DMA ({started}) lands in {} while another DMA into {} is still in flight (started by {})", self.describe(dst), self.describe(&d.dst), d.started);
+                bail!(
+                    DoubleDma,
+                    "a remote DMA ({started}) lands in {} while another DMA into {} is still in flight (started by {})",
+                    self.describe(dst),
+                    self.describe(&d.dst),
+                    d.started
+                );
             }
         }
         self.settle(dst, true);
@@ -650,9 +847,18 @@ impl Memory {
         match (Arc::make_mut(&mut self.bufs[dst.buf].data), data) {
             (Data::F(d), Data::F(s)) => copy_strided(d, off, &strides, s, 0, &from, &shape),
             (Data::I(d), Data::I(s)) => copy_strided(d, off, &strides, s, 0, &from, &shape),
-            _ => bail!(Mismatch, "a remote DMA ({started}) of another element kind lands in {name}"),
+            _ => {
+                bail!(Mismatch, "a remote DMA ({started}) of another element kind lands in {name}")
+            }
         }
-        self.dmas.push(Dma { src: dst.clone(), dst: dst.clone(), end: DmaEnd::Incoming, sem, bytes, started });
+        self.dmas.push(Dma {
+            src: dst.clone(),
+            dst: dst.clone(),
+            end: DmaEnd::Incoming,
+            sem,
+            bytes,
+            started,
+        });
         Ok(())
     }
 
@@ -660,7 +866,11 @@ impl Memory {
     pub fn remote_signal(&mut self, s: (usize, usize), amount: i64, from: &str) -> Result<()> {
         let b = &self.bufs[s.0];
         if !b.alive || !b.dt.is_sem() {
-            bail!(DmaRace, "a remote signal ({from}) targets semaphore {}, which this device has not allocated (or has released)", b.name);
+            bail!(
+                DmaRace,
+                "a remote signal ({from}) targets semaphore {}, which this device has not allocated (or has released)",
+                b.name
+            );
         }
         self.sem_add(s, amount);
         Ok(())
@@ -675,18 +885,37 @@ impl Memory {
         self.live(dst)?;
         let need = (dst.elems() * self.bufs[dst.buf].dt.size()) as i64;
         while self.sem_value(s) < need {
-            let pick = self.dmas.iter().position(|d| d.sem == s && d.dst == *dst).or_else(|| self.dmas.iter().position(|d| d.sem == s));
+            let pick = self
+                .dmas
+                .iter()
+                .position(|d| d.sem == s && d.dst == *dst)
+                .or_else(|| self.dmas.iter().position(|d| d.sem == s));
             let Some(k) = pick else {
                 if other_devices {
                     return Ok(false);
                 }
-                let others: Vec<String> = self.dmas.iter().map(|d| format!("{} → {} on {}", self.describe(&d.src), self.describe(&d.dst), self.sem_name(d.sem))).collect();
+                let others: Vec<String> = self
+                    .dmas
+                    .iter()
+                    .map(|d| {
+                        format!(
+                            "{} → {} on {}",
+                            self.describe(&d.src),
+                            self.describe(&d.dst),
+                            self.sem_name(d.sem)
+                        )
+                    })
+                    .collect();
                 bail!(
                     Deadlock,
                     "waits for {need} bytes on DMA semaphore {} (value {}), but no DMA in flight signals it{}; on hardware this hangs",
                     self.sem_name(s),
                     self.sem_value(s),
-                    if others.is_empty() { String::new() } else { format!(" (in flight: {})", others.join("; ")) }
+                    if others.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (in flight: {})", others.join("; "))
+                    }
                 );
             };
             let d = self.dmas.remove(k);
@@ -750,7 +979,13 @@ impl Memory {
     pub fn check_released(&self, id: usize, when: &str) -> Result<()> {
         for d in &self.dmas {
             if d.dst.buf == id || d.src.buf == id || d.sem.0 == id {
-                bail!(Leak, "DMA {} → {} (started by {}) is still in flight at {when}; it was never waited on", self.describe(&d.src), self.describe(&d.dst), d.started);
+                bail!(
+                    Leak,
+                    "DMA {} → {} (started by {}) is still in flight at {when}; it was never waited on",
+                    self.describe(&d.src),
+                    self.describe(&d.dst),
+                    d.started
+                );
             }
         }
         let b = &self.bufs[id];
@@ -758,7 +993,12 @@ impl Memory {
             && let Data::I(v) = &*b.data
             && let Some(k) = v.iter().position(|&x| x != 0)
         {
-            bail!(Leak, "semaphore {} has value {} at {when}; semaphores must be zero when released (unbalanced signal/wait)", self.sem_name((id, k)), v[k]);
+            bail!(
+                Leak,
+                "semaphore {} has value {} at {when}; semaphores must be zero when released (unbalanced signal/wait)",
+                self.sem_name((id, k)),
+                v[k]
+            );
         }
         Ok(())
     }

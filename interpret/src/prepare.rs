@@ -40,51 +40,198 @@ pub(crate) enum Precision {
 #[derive(Debug)]
 pub(crate) enum Kind {
     Const(Val),
-    Bin { op: Bin, dt: DType, a: Slot, b: Slot },
-    Un { op: Un, dt: DType, a: Slot },
-    Cmp { float: bool, pred: i64, dt: DType, a: Slot, b: Slot },
-    Select { c: Slot, t: Slot, f: Slot },
-    Cast { op: Cast, from: DType, to: DType, a: Slot },
-    Broadcast { a: Slot, dt: DType, shape: Shape },
-    ShapeCast { a: Slot, shape: Shape },
+    Bin {
+        op: Bin,
+        dt: DType,
+        a: Slot,
+        b: Slot,
+    },
+    Un {
+        op: Un,
+        dt: DType,
+        a: Slot,
+    },
+    Cmp {
+        float: bool,
+        pred: i64,
+        dt: DType,
+        a: Slot,
+        b: Slot,
+    },
+    Select {
+        c: Slot,
+        t: Slot,
+        f: Slot,
+    },
+    Cast {
+        op: Cast,
+        from: DType,
+        to: DType,
+        a: Slot,
+    },
+    Broadcast {
+        a: Slot,
+        dt: DType,
+        shape: Shape,
+    },
+    ShapeCast {
+        a: Slot,
+        shape: Shape,
+    },
     /// `steps`: the element stride per dim of `tpu.strided_load` (empty: contiguous).
-    VLoad { base: Slot, idx: Vec<Slot>, shape: Shape, dt: DType, steps: Vec<usize> },
+    VLoad {
+        base: Slot,
+        idx: Vec<Slot>,
+        shape: Shape,
+        dt: DType,
+        steps: Vec<usize>,
+    },
     /// `steps` as in `VLoad` (`tpu.strided_store`).
-    VStore { val: Slot, base: Slot, idx: Vec<Slot>, mask: Option<Slot>, add: bool, steps: Vec<usize> },
-    MLoad { base: Slot, idx: Vec<Slot> },
-    MStore { val: Slot, base: Slot, idx: Vec<Slot> },
-    Reduce { kind: RKind, dt: DType, a: Slot, acc: Slot, dims: Vec<usize> },
-    Extract { a: Slot, pos: Vec<i64>, dyn_pos: Vec<Slot> },
-    ExtractSS { a: Slot, offsets: Vec<usize>, sizes: Vec<usize>, strides: Vec<usize> },
-    Matmul { lhs: Slot, rhs: Slot, acc: Slot, dims: DotDims, precision: Precision, out: DType, shape: Shape },
-    Transpose { a: Slot, perm: Vec<usize> },
-    Iota { shape: Shape, dim: usize },
-    Concat { xs: Vec<Slot>, dim: usize },
-    Rotate { a: Slot, shift: Slot, dim: usize },
+    VStore {
+        val: Slot,
+        base: Slot,
+        idx: Vec<Slot>,
+        mask: Option<Slot>,
+        add: bool,
+        steps: Vec<usize>,
+    },
+    MLoad {
+        base: Slot,
+        idx: Vec<Slot>,
+    },
+    MStore {
+        val: Slot,
+        base: Slot,
+        idx: Vec<Slot>,
+    },
+    Reduce {
+        kind: RKind,
+        dt: DType,
+        a: Slot,
+        acc: Slot,
+        dims: Vec<usize>,
+    },
+    Extract {
+        a: Slot,
+        pos: Vec<i64>,
+        dyn_pos: Vec<Slot>,
+    },
+    ExtractSS {
+        a: Slot,
+        offsets: Vec<usize>,
+        sizes: Vec<usize>,
+        strides: Vec<usize>,
+    },
+    Matmul {
+        lhs: Slot,
+        rhs: Slot,
+        acc: Slot,
+        dims: DotDims,
+        precision: Precision,
+        out: DType,
+        shape: Shape,
+    },
+    Transpose {
+        a: Slot,
+        perm: Vec<usize>,
+    },
+    Iota {
+        shape: Shape,
+        dim: usize,
+    },
+    Concat {
+        xs: Vec<Slot>,
+        dim: usize,
+    },
+    Rotate {
+        a: Slot,
+        shift: Slot,
+        dim: usize,
+    },
     /// `tpu.log`: print `tag` (its `$k` replaced by scalar `k` when formatted).
-    Log { tag: String, formatted: bool, args: Vec<Slot> },
-    ReduceIndex { a: Slot, dim: usize, max: bool },
-    Slice { base: Slot, offs: Vec<Slot>, sizes: Shape },
-    Squeeze { base: Slot, shape: Shape },
+    Log {
+        tag: String,
+        formatted: bool,
+        args: Vec<Slot>,
+    },
+    ReduceIndex {
+        a: Slot,
+        dim: usize,
+        max: bool,
+    },
+    Slice {
+        base: Slot,
+        offs: Vec<Slot>,
+        sizes: Shape,
+    },
+    Squeeze {
+        base: Slot,
+        shape: Shape,
+    },
     /// `remote`: the send semaphore and the target device of a remote copy.
-    Dma { src: Slot, dst: Slot, sem: Slot, remote: Option<(Slot, Slot)> },
-    DmaWait { sem: Slot, dst: Slot },
+    Dma {
+        src: Slot,
+        dst: Slot,
+        sem: Slot,
+        remote: Option<(Slot, Slot)>,
+    },
+    DmaWait {
+        sem: Slot,
+        dst: Slot,
+    },
     /// `device`: the device whose semaphore a remote signal increments.
-    SemSignal { sem: Slot, amount: Slot, device: Option<Slot> },
+    SemSignal {
+        sem: Slot,
+        amount: Slot,
+        device: Option<Slot>,
+    },
     /// `tpu.device_id`: this device's logical id in the mesh.
     DeviceId,
     /// `tpu.sem_barrier`: the collective's barrier semaphore.
     BarrierSemaphore,
-    SemWait { sem: Slot, amount: Slot },
-    SemRead { sem: Slot },
-    Alloca { dt: DType, shape: Shape, space: Space },
-    AssumeMultiple { a: Slot, m: i64 },
-    Assert { c: Slot, msg: String },
-    IterationBound { dim: usize },
-    If { c: Slot, then: CBlock, els: CBlock },
-    For { lb: Slot, ub: Slot, step: Slot, inits: Vec<Slot>, body: CBlock },
-    While { inits: Vec<Slot>, before: CBlock, after: CBlock },
-    Region { body: CBlock },
+    SemWait {
+        sem: Slot,
+        amount: Slot,
+    },
+    SemRead {
+        sem: Slot,
+    },
+    Alloca {
+        dt: DType,
+        shape: Shape,
+        space: Space,
+    },
+    AssumeMultiple {
+        a: Slot,
+        m: i64,
+    },
+    Assert {
+        c: Slot,
+        msg: String,
+    },
+    IterationBound {
+        dim: usize,
+    },
+    If {
+        c: Slot,
+        then: CBlock,
+        els: CBlock,
+    },
+    For {
+        lb: Slot,
+        ub: Slot,
+        step: Slot,
+        inits: Vec<Slot>,
+        body: CBlock,
+    },
+    While {
+        inits: Vec<Slot>,
+        before: CBlock,
+        after: CBlock,
+    },
+    Region {
+        body: CBlock,
+    },
     Nop,
 }
 
@@ -210,9 +357,28 @@ fn err_at(kind: ErrorKind, site: &OpSite, msg: String) -> InterpError {
 
 impl<'a> Cx<'a> {
     fn site(&mut self, name: &str, pos: Pos, src: Option<&str>) -> u32 {
-        let text = self.lines.get(pos.line.saturating_sub(1) as usize).map(|l| l.trim()).unwrap_or("");
-        let text = if text.len() > 240 { format!("{}…", &text[..text.char_indices().take_while(|(i, _)| *i < 240).last().map(|(i, c)| i + c.len_utf8()).unwrap_or(0)]) } else { text.to_string() };
-        self.sites.push(OpSite { name: name.to_string(), pos, src: src.map(str::to_string), text, func: self.func.clone() });
+        let text =
+            self.lines.get(pos.line.saturating_sub(1) as usize).map(|l| l.trim()).unwrap_or("");
+        let text = if text.len() > 240 {
+            format!(
+                "{}…",
+                &text[..text
+                    .char_indices()
+                    .take_while(|(i, _)| *i < 240)
+                    .last()
+                    .map(|(i, c)| i + c.len_utf8())
+                    .unwrap_or(0)]
+            )
+        } else {
+            text.to_string()
+        };
+        self.sites.push(OpSite {
+            name: name.to_string(),
+            pos,
+            src: src.map(str::to_string),
+            text,
+            func: self.func.clone(),
+        });
         (self.sites.len() - 1) as u32
     }
 
@@ -241,7 +407,12 @@ impl<'a> Cx<'a> {
         if let Some(n) = expect_args
             && n != args.len()
         {
-            bail!(Malformed, "block `{}` has {} arguments, expected {n}", b.label.as_deref().unwrap_or("entry"), args.len());
+            bail!(
+                Malformed,
+                "block `{}` has {} arguments, expected {n}",
+                b.label.as_deref().unwrap_or("entry"),
+                args.len()
+            );
         }
         let mut out = CBlock { args, instrs: Vec::new(), term: Term::None };
         for op in &b.ops {
@@ -263,16 +434,29 @@ impl<'a> Cx<'a> {
     }
 
     fn region_block(&mut self, op: &Operation, k: usize, args: Option<usize>) -> Result<CBlock> {
-        let Some(r) = op.regions.get(k) else { bail!(Malformed, "`{}` is missing region {k}", op.name) };
+        let Some(r) = op.regions.get(k) else {
+            bail!(Malformed, "`{}` is missing region {k}", op.name)
+        };
         match r.blocks.len() {
             0 => Ok(CBlock::default()),
             1 => self.block(&r.blocks[0], args),
-            _ => bail!(Unsupported, "`{}`: regions with several blocks (unstructured control flow) are not supported", op.name),
+            _ => bail!(
+                Unsupported,
+                "`{}`: regions with several blocks (unstructured control flow) are not supported",
+                op.name
+            ),
         }
     }
 
     fn operands(&self, op: &Operation) -> Result<Vec<Slot>> {
-        op.operands.iter().map(|n| self.lookup(n).ok_or_else(|| InterpError::new(ErrorKind::Malformed, format!("use of undefined value %{n}")))).collect()
+        op.operands
+            .iter()
+            .map(|n| {
+                self.lookup(n).ok_or_else(|| {
+                    InterpError::new(ErrorKind::Malformed, format!("use of undefined value %{n}"))
+                })
+            })
+            .collect()
     }
 
     fn op(&mut self, op: &Operation) -> Result<Instr> {
@@ -292,8 +476,28 @@ impl<'a> Cx<'a> {
         let o = self.operands(op)?;
         let name = op.name.as_str();
         let rt = op.result_types.first();
-        let res_sd = || rt.and_then(shape_dt).ok_or_else(|| InterpError::new(ErrorKind::Unsupported, format!("unsupported result type {}", rt.map(|t| t.to_string()).unwrap_or_default())));
-        let opnd_sd = |k: usize| op.operand_types.get(k).and_then(shape_dt).ok_or_else(|| InterpError::new(ErrorKind::Unsupported, format!("unsupported operand type {}", op.operand_types.get(k).map(|t| t.to_string()).unwrap_or_default())));
+        let res_sd = || {
+            rt.and_then(shape_dt).ok_or_else(|| {
+                InterpError::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "unsupported result type {}",
+                        rt.map(|t| t.to_string()).unwrap_or_default()
+                    ),
+                )
+            })
+        };
+        let opnd_sd = |k: usize| {
+            op.operand_types.get(k).and_then(shape_dt).ok_or_else(|| {
+                InterpError::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "unsupported operand type {}",
+                        op.operand_types.get(k).map(|t| t.to_string()).unwrap_or_default()
+                    ),
+                )
+            })
+        };
         let arity = |n: usize| -> Result<()> {
             if o.len() < n {
                 bail!(Malformed, "`{name}` needs {n} operands, has {}", o.len());
@@ -319,7 +523,9 @@ impl<'a> Cx<'a> {
         Ok(match name {
             "arith.constant" => {
                 let (shape, dt) = res_sd()?;
-                let Some(v) = op.attr("value") else { bail!(Malformed, "arith.constant without a value") };
+                let Some(v) = op.attr("value") else {
+                    bail!(Malformed, "arith.constant without a value")
+                };
                 Kind::Const(constant(v, dt, &shape)?)
             }
             "arith.cmpi" | "arith.cmpf" => {
@@ -348,7 +554,12 @@ impl<'a> Cx<'a> {
                 let pad = shape.len() - from.len();
                 for (k, &d) in from.iter().enumerate() {
                     if d != 1 && d != shape[pad + k] {
-                        bail!(Malformed, "cannot broadcast [{}] to [{}]", crate::memory::join(&from), crate::memory::join(&shape));
+                        bail!(
+                            Malformed,
+                            "cannot broadcast [{}] to [{}]",
+                            crate::memory::join(&from),
+                            crate::memory::join(&shape)
+                        );
                     }
                 }
                 Kind::Broadcast { a: o[0], dt, shape }
@@ -376,7 +587,14 @@ impl<'a> Cx<'a> {
             "tpu.strided_store" => {
                 arity(2)?;
                 let steps = positive_strides(op, o.len() - 2, name)?;
-                Kind::VStore { val: o[0], base: o[1], idx: o[2..].to_vec(), mask: None, add: false, steps }
+                Kind::VStore {
+                    val: o[0],
+                    base: o[1],
+                    idx: o[2..].to_vec(),
+                    mask: None,
+                    add: false,
+                    steps,
+                }
             }
             "tpu.vector_store" => {
                 let seg = segments(op, &[1, 1, 0, 0])?;
@@ -388,11 +606,25 @@ impl<'a> Cx<'a> {
                     bail!(Unsupported, "tpu.vector_store with strides {st:?}");
                 }
                 let add = op.attr("add").and_then(Attr::as_bool).unwrap_or(false);
-                Kind::VStore { val: parts[0][0], base: parts[1][0], idx: parts[2].to_vec(), mask: parts[3].first().copied(), add, steps: Vec::new() }
+                Kind::VStore {
+                    val: parts[0][0],
+                    base: parts[1][0],
+                    idx: parts[2].to_vec(),
+                    mask: parts[3].first().copied(),
+                    add,
+                    steps: Vec::new(),
+                }
             }
             "vector.store" => {
                 arity(2)?;
-                Kind::VStore { val: o[0], base: o[1], idx: o[2..].to_vec(), mask: None, add: false, steps: Vec::new() }
+                Kind::VStore {
+                    val: o[0],
+                    base: o[1],
+                    idx: o[2..].to_vec(),
+                    mask: None,
+                    add: false,
+                    steps: Vec::new(),
+                }
             }
             "memref.load" => {
                 arity(1)?;
@@ -421,20 +653,39 @@ impl<'a> Cx<'a> {
                     Some("xor") => RKind::Xor,
                     k => bail!(Unsupported, "reduction kind {k:?}"),
                 };
-                let Some(dims) = op.attr("reduction_dims").and_then(Attr::as_i64_list) else { bail!(Malformed, "missing reduction_dims") };
-                Kind::Reduce { kind, dt, a: o[0], acc: o[1], dims: dims.into_iter().map(|d| d as usize).collect() }
+                let Some(dims) = op.attr("reduction_dims").and_then(Attr::as_i64_list) else {
+                    bail!(Malformed, "missing reduction_dims")
+                };
+                Kind::Reduce {
+                    kind,
+                    dt,
+                    a: o[0],
+                    acc: o[1],
+                    dims: dims.into_iter().map(|d| d as usize).collect(),
+                }
             }
             "vector.extract" => {
                 arity(1)?;
-                let pos = op.attr("static_position").and_then(Attr::as_i64_list).unwrap_or_default();
+                let pos =
+                    op.attr("static_position").and_then(Attr::as_i64_list).unwrap_or_default();
                 Kind::Extract { a: o[0], pos, dyn_pos: o[1..].to_vec() }
             }
             "vector.extract_strided_slice" => {
                 arity(1)?;
                 let list = |k: &str| -> Result<Vec<usize>> {
-                    op.attr(k).and_then(Attr::as_i64_list).map(|v| v.into_iter().map(|x| x as usize).collect()).ok_or_else(|| InterpError::new(ErrorKind::Malformed, format!("missing {k}")))
+                    op.attr(k)
+                        .and_then(Attr::as_i64_list)
+                        .map(|v| v.into_iter().map(|x| x as usize).collect())
+                        .ok_or_else(|| {
+                            InterpError::new(ErrorKind::Malformed, format!("missing {k}"))
+                        })
                 };
-                Kind::ExtractSS { a: o[0], offsets: list("offsets")?, sizes: list("sizes")?, strides: list("strides")? }
+                Kind::ExtractSS {
+                    a: o[0],
+                    offsets: list("offsets")?,
+                    sizes: list("sizes")?,
+                    strides: list("strides")?,
+                }
             }
             "tpu.matmul" => {
                 arity(3)?;
@@ -447,7 +698,11 @@ impl<'a> Cx<'a> {
                     None => {
                         // Old form: transpose_lhs / transpose_rhs on 2-D operands.
                         if ls.len() != 2 || rs.len() != 2 {
-                            bail!(Unsupported, "tpu.matmul without dimension_numbers on rank-{} operands", ls.len());
+                            bail!(
+                                Unsupported,
+                                "tpu.matmul without dimension_numbers on rank-{} operands",
+                                ls.len()
+                            );
                         }
                         let tl = op.attr("transpose_lhs").and_then(Attr::as_bool).unwrap_or(false);
                         let tr = op.attr("transpose_rhs").and_then(Attr::as_bool).unwrap_or(false);
@@ -456,37 +711,55 @@ impl<'a> Cx<'a> {
                             rhs_contract: vec![if tr { 1 } else { 0 }],
                             lhs_noncontract: vec![if tl { 1 } else { 0 }],
                             rhs_noncontract: vec![if tr { 0 } else { 1 }],
-                            output_dim_order: vec![0, if tl { 1 } else { 0 }, 1, if tr { 0 } else { 1 }],
+                            output_dim_order: vec![
+                                0,
+                                if tl { 1 } else { 0 },
+                                1,
+                                if tr { 0 } else { 1 },
+                            ],
                             lhs_batch: vec![],
                             rhs_batch: vec![],
                         }
                     }
                 };
                 check_dot(&dims, &ls, &rs, &shape)?;
-                let precision = match op.attr("precision").and_then(|a| a.dialect("tpu.contract_precision")) {
-                    None => Precision::Default,
-                    Some("fp32") => Precision::Fp32,
-                    Some("bf16x3") => Precision::Bf16x3,
-                    Some("bf16") => Precision::Bf16,
-                    Some(p) => bail!(Unsupported, "contract precision {p}"),
-                };
+                let precision =
+                    match op.attr("precision").and_then(|a| a.dialect("tpu.contract_precision")) {
+                        None => Precision::Default,
+                        Some("fp32") => Precision::Fp32,
+                        Some("bf16x3") => Precision::Bf16x3,
+                        Some("bf16") => Precision::Bf16,
+                        Some(p) => bail!(Unsupported, "contract precision {p}"),
+                    };
                 Kind::Matmul { lhs: o[0], rhs: o[1], acc: o[2], dims, precision, out, shape }
             }
             "tpu.transpose" | "vector.transpose" => {
                 arity(1)?;
-                let Some(perm) = op.attr("permutation").and_then(Attr::as_i64_list) else { bail!(Malformed, "missing permutation") };
+                let Some(perm) = op.attr("permutation").and_then(Attr::as_i64_list) else {
+                    bail!(Malformed, "missing permutation")
+                };
                 Kind::Transpose { a: o[0], perm: perm.into_iter().map(|p| p as usize).collect() }
             }
             "tpu.iota" => {
                 let (shape, _) = res_sd()?;
-                let dims = op.attr("dimensions").and_then(Attr::as_i64_list).or_else(|| op.attr("dimension").and_then(Attr::as_int).map(|d| vec![d])).unwrap_or_default();
+                let dims = op
+                    .attr("dimensions")
+                    .and_then(Attr::as_i64_list)
+                    .or_else(|| op.attr("dimension").and_then(Attr::as_int).map(|d| vec![d]))
+                    .unwrap_or_default();
                 match dims.as_slice() {
                     [d] if (*d as usize) < shape.len() => Kind::Iota { shape, dim: *d as usize },
-                    _ => bail!(Unsupported, "tpu.iota with dimensions {dims:?} on shape [{}]", crate::memory::join(&shape)),
+                    _ => bail!(
+                        Unsupported,
+                        "tpu.iota with dimensions {dims:?} on shape [{}]",
+                        crate::memory::join(&shape)
+                    ),
                 }
             }
             "tpu.concatenate" => {
-                let Some(dim) = op.attr("dimension").and_then(Attr::as_int) else { bail!(Malformed, "missing dimension") };
+                let Some(dim) = op.attr("dimension").and_then(Attr::as_int) else {
+                    bail!(Malformed, "missing dimension")
+                };
                 Kind::Concat { xs: o.clone(), dim: dim as usize }
             }
             "tpu.log" => {
@@ -506,7 +779,11 @@ impl<'a> Cx<'a> {
                 }
                 match usize::try_from(dim) {
                     Ok(d) if d < shape.len() => Kind::Rotate { a: o[0], shift: o[1], dim: d },
-                    _ => bail!(Malformed, "tpu.dynamic_rotate dimension {dim} for a rank-{} vector", shape.len()),
+                    _ => bail!(
+                        Malformed,
+                        "tpu.dynamic_rotate dimension {dim} for a rank-{} vector",
+                        shape.len()
+                    ),
                 }
             }
             "tpu.reduce_index" => {
@@ -523,7 +800,11 @@ impl<'a> Cx<'a> {
                 }
                 match usize::try_from(axis) {
                     Ok(d) if d < shape.len() => Kind::ReduceIndex { a: o[0], dim: d, max },
-                    _ => bail!(Malformed, "tpu.reduce_index axis {axis} for a rank-{} vector", shape.len()),
+                    _ => bail!(
+                        Malformed,
+                        "tpu.reduce_index axis {axis} for a rank-{} vector",
+                        shape.len()
+                    ),
                 }
             }
             "tpu.memref_slice" => {
@@ -532,31 +813,66 @@ impl<'a> Cx<'a> {
                 if !parts[2].is_empty() {
                     bail!(Unsupported, "tpu.memref_slice with dynamic sizes");
                 }
-                let Some((sizes, _, _)) = rt.and_then(memref_info) else { bail!(Unsupported, "memref_slice result type") };
+                let Some((sizes, _, _)) = rt.and_then(memref_info) else {
+                    bail!(Unsupported, "memref_slice result type")
+                };
                 Kind::Slice { base: parts[0][0], offs: parts[1].to_vec(), sizes }
             }
             "tpu.memref_squeeze" => {
                 arity(1)?;
-                let Some((shape, _, _)) = rt.and_then(memref_info) else { bail!(Unsupported, "memref_squeeze result type") };
+                let Some((shape, _, _)) = rt.and_then(memref_info) else {
+                    bail!(Unsupported, "memref_squeeze result type")
+                };
                 Kind::Squeeze { base: o[0], shape }
             }
             "tpu.enqueue_dma" => {
-                let names: &[&str] = match op.attr("operandSegmentSizes").and_then(Attr::as_i64_list).map(|v| v.len()) {
-                    Some(7) | None => &["source", "source_semaphore", "target", "target_semaphore", "device_id", "core_id", "subcore_id"],
-                    Some(6) => &["source", "source_semaphore", "target", "target_semaphore", "device_id", "core_id"],
+                let names: &[&str] = match op
+                    .attr("operandSegmentSizes")
+                    .and_then(Attr::as_i64_list)
+                    .map(|v| v.len())
+                {
+                    Some(7) | None => &[
+                        "source",
+                        "source_semaphore",
+                        "target",
+                        "target_semaphore",
+                        "device_id",
+                        "core_id",
+                        "subcore_id",
+                    ],
+                    Some(6) => &[
+                        "source",
+                        "source_semaphore",
+                        "target",
+                        "target_semaphore",
+                        "device_id",
+                        "core_id",
+                    ],
                     Some(n) => bail!(Unsupported, "tpu.enqueue_dma with {n} operand segments"),
                 };
                 let seg = segments(op, &[1, 0, 1, 1, 0, 0, 0][..names.len()])?;
                 let parts = split(&o, &seg, name)?;
-                let get = |n: &str| names.iter().position(|x| *x == n).and_then(|k| parts[k].first().copied());
+                let get = |n: &str| {
+                    names.iter().position(|x| *x == n).and_then(|k| parts[k].first().copied())
+                };
                 if get("core_id").is_some() || get("subcore_id").is_some() {
-                    bail!(Unsupported, "DMAs to another core (core_id/subcore_id): the interpreter models devices of a mesh, one core each");
+                    bail!(
+                        Unsupported,
+                        "DMAs to another core (core_id/subcore_id): the interpreter models devices of a mesh, one core each"
+                    );
                 }
-                let (Some(src), Some(dst)) = (get("source"), get("target")) else { bail!(Malformed, "DMA without source/target") };
-                let Some(sem) = get("target_semaphore") else { bail!(Malformed, "tpu.enqueue_dma without a target_semaphore") };
+                let (Some(src), Some(dst)) = (get("source"), get("target")) else {
+                    bail!(Malformed, "DMA without source/target")
+                };
+                let Some(sem) = get("target_semaphore") else {
+                    bail!(Malformed, "tpu.enqueue_dma without a target_semaphore")
+                };
                 let remote = match (get("device_id"), get("source_semaphore")) {
                     (Some(device), Some(send)) => Some((send, device)),
-                    (Some(_), None) => bail!(Malformed, "a remote tpu.enqueue_dma (device_id) without a source_semaphore"),
+                    (Some(_), None) => bail!(
+                        Malformed,
+                        "a remote tpu.enqueue_dma (device_id) without a source_semaphore"
+                    ),
                     (None, _) => None,
                 };
                 Kind::Dma { src, dst, sem, remote }
@@ -576,9 +892,16 @@ impl<'a> Cx<'a> {
                 let seg = segments(op, &[1, 1, 0, 0, 0])?;
                 let parts = split(&o, &seg, name)?;
                 if parts.len() > 3 && parts[3..].iter().any(|p| !p.is_empty()) {
-                    bail!(Unsupported, "semaphore signals to another core (core_id/subcore_id): the interpreter models devices of a mesh, one core each");
+                    bail!(
+                        Unsupported,
+                        "semaphore signals to another core (core_id/subcore_id): the interpreter models devices of a mesh, one core each"
+                    );
                 }
-                Kind::SemSignal { sem: parts[0][0], amount: parts[1][0], device: parts.get(2).and_then(|p| p.first().copied()) }
+                Kind::SemSignal {
+                    sem: parts[0][0],
+                    amount: parts[1][0],
+                    device: parts.get(2).and_then(|p| p.first().copied()),
+                }
             }
             "tpu.sem_wait" => {
                 arity(2)?;
@@ -589,7 +912,13 @@ impl<'a> Cx<'a> {
                 Kind::SemRead { sem: o[0] }
             }
             "tpu.sem_alloc" | "memref.alloca" | "memref.alloc" => {
-                let Some((shape, dt, space)) = rt.and_then(memref_info) else { bail!(Unsupported, "allocation of {}", rt.map(|t| t.to_string()).unwrap_or_default()) };
+                let Some((shape, dt, space)) = rt.and_then(memref_info) else {
+                    bail!(
+                        Unsupported,
+                        "allocation of {}",
+                        rt.map(|t| t.to_string()).unwrap_or_default()
+                    )
+                };
                 Kind::Alloca { dt, shape, space }
             }
             "tpu.assume_multiple" => {
@@ -612,11 +941,16 @@ impl<'a> Cx<'a> {
             "tpu.device_id" => Kind::DeviceId,
             "tpu.sem_barrier" => Kind::BarrierSemaphore,
             "tpu.core_id" => Kind::Const(Val::Int(0)),
-            "tpu.trace_start" | "tpu.trace_stop" | "tpu.delay" | "tpu.log_buffer" | "tpu.trace_value" => Kind::Nop,
+            "tpu.trace_start" | "tpu.trace_stop" | "tpu.delay" | "tpu.log_buffer"
+            | "tpu.trace_value" => Kind::Nop,
             "scf.if" => {
                 arity(1)?;
                 let then = self.region_block(op, 0, Some(0))?;
-                let els = if op.regions.len() > 1 { self.region_block(op, 1, Some(0))? } else { CBlock::default() };
+                let els = if op.regions.len() > 1 {
+                    self.region_block(op, 1, Some(0))?
+                } else {
+                    CBlock::default()
+                };
                 Kind::If { c: o[0], then, els }
             }
             "scf.for" => {
@@ -639,24 +973,54 @@ impl<'a> Cx<'a> {
 
 fn check_dot(d: &DotDims, ls: &[usize], rs: &[usize], out: &[usize]) -> Result<()> {
     let ok = |xs: &[i64], r: usize| xs.iter().all(|&x| (x as usize) < r);
-    if !ok(&d.lhs_contract, ls.len()) || !ok(&d.lhs_noncontract, ls.len()) || !ok(&d.lhs_batch, ls.len()) || !ok(&d.rhs_contract, rs.len()) || !ok(&d.rhs_noncontract, rs.len()) || !ok(&d.rhs_batch, rs.len()) {
-        bail!(Malformed, "dimension numbers {d:?} out of range for operands [{}] and [{}]", crate::memory::join(ls), crate::memory::join(rs));
+    if !ok(&d.lhs_contract, ls.len())
+        || !ok(&d.lhs_noncontract, ls.len())
+        || !ok(&d.lhs_batch, ls.len())
+        || !ok(&d.rhs_contract, rs.len())
+        || !ok(&d.rhs_noncontract, rs.len())
+        || !ok(&d.rhs_batch, rs.len())
+    {
+        bail!(
+            Malformed,
+            "dimension numbers {d:?} out of range for operands [{}] and [{}]",
+            crate::memory::join(ls),
+            crate::memory::join(rs)
+        );
     }
     if d.lhs_contract.len() != d.rhs_contract.len() || d.lhs_batch.len() != d.rhs_batch.len() {
         bail!(Malformed, "dimension numbers {d:?}: contracting/batch lists differ in length");
     }
-    for (a, b) in d.lhs_contract.iter().zip(&d.rhs_contract).chain(d.lhs_batch.iter().zip(&d.rhs_batch)) {
+    for (a, b) in
+        d.lhs_contract.iter().zip(&d.rhs_contract).chain(d.lhs_batch.iter().zip(&d.rhs_batch))
+    {
         if ls[*a as usize] != rs[*b as usize] {
-            bail!(Mismatch, "contracted/batch dims differ: lhs dim {a} is {}, rhs dim {b} is {}", ls[*a as usize], rs[*b as usize]);
+            bail!(
+                Mismatch,
+                "contracted/batch dims differ: lhs dim {a} is {}, rhs dim {b} is {}",
+                ls[*a as usize],
+                rs[*b as usize]
+            );
         }
     }
     if d.output_dim_order.len() != 2 * out.len() {
-        bail!(Malformed, "output_dim_order {:?} does not match a rank-{} result", d.output_dim_order, out.len());
+        bail!(
+            Malformed,
+            "output_dim_order {:?} does not match a rank-{} result",
+            d.output_dim_order,
+            out.len()
+        );
     }
     for (k, pair) in d.output_dim_order.chunks(2).enumerate() {
         let n = if pair[0] == 0 { ls.get(pair[1] as usize) } else { rs.get(pair[1] as usize) };
         if n != Some(&out[k]) {
-            bail!(Mismatch, "result dim {k} is {} but output_dim_order names operand {} dim {} ({:?})", out[k], pair[0], pair[1], n);
+            bail!(
+                Mismatch,
+                "result dim {k} is {} but output_dim_order names operand {} dim {} ({:?})",
+                out[k],
+                pair[0],
+                pair[1],
+                n
+            );
         }
     }
     Ok(())
@@ -665,9 +1029,14 @@ fn check_dot(d: &DotDims, ls: &[usize], rs: &[usize], out: &[usize]) -> Result<(
 /// `operandSegmentSizes`, or `default` with the last variable segment absorbing the rest.
 /// The `strides` of a strided load or store: one positive stride per index.
 fn positive_strides(op: &Operation, rank: usize, name: &str) -> Result<Vec<usize>> {
-    let Some(st) = op.attr("strides").and_then(Attr::as_i64_list) else { bail!(Malformed, "{name} without strides") };
+    let Some(st) = op.attr("strides").and_then(Attr::as_i64_list) else {
+        bail!(Malformed, "{name} without strides")
+    };
     if st.len() != rank || st.iter().any(|&s| s < 1) {
-        bail!(Malformed, "{name} strides {st:?} for {rank} indices (one positive stride per index)");
+        bail!(
+            Malformed,
+            "{name} strides {st:?} for {rank} indices (one positive stride per index)"
+        );
     }
     Ok(st.into_iter().map(|s| s as usize).collect())
 }
@@ -676,7 +1045,11 @@ fn segments(op: &Operation, default: &[i64]) -> Result<Vec<i64>> {
     if let Some(s) = op.attr("operandSegmentSizes").and_then(Attr::as_i64_list) {
         let total = s.iter().try_fold(0usize, |t, &n| t.checked_add(usize::try_from(n).ok()?));
         if total != Some(op.operands.len()) {
-            bail!(Malformed, "operandSegmentSizes {s:?} does not add up to {} operands", op.operands.len());
+            bail!(
+                Malformed,
+                "operandSegmentSizes {s:?} does not add up to {} operands",
+                op.operands.len()
+            );
         }
         return Ok(s);
     }
@@ -733,9 +1106,13 @@ fn constant(v: &Attr, dt: DType, shape: &Shape) -> Result<Val> {
     let n: usize = shape.iter().product();
     let scalar = |a: &Attr| -> Result<Val> {
         Ok(match a {
-            Attr::Int { value, .. } if dt.is_float() => Val::Float(f64::from(round_f(dt, *value as f32))),
+            Attr::Int { value, .. } if dt.is_float() => {
+                Val::Float(f64::from(round_f(dt, *value as f32)))
+            }
             Attr::Int { value, .. } => Val::Int(wrap_i(dt, *value as i64)),
-            Attr::Float { value, .. } if dt.is_float() => Val::Float(f64::from(round_f(dt, *value as f32))),
+            Attr::Float { value, .. } if dt.is_float() => {
+                Val::Float(f64::from(round_f(dt, *value as f32)))
+            }
             Attr::Bool(b) => Val::Int(i64::from(*b)),
             other => bail!(Unsupported, "constant {other}"),
         })
@@ -749,7 +1126,11 @@ fn constant(v: &Attr, dt: DType, shape: &Shape) -> Result<Val> {
                 bail!(Malformed, "dense constant has {} elements for {n}", elems.len());
             }
             let get = |k: usize| elems[if *splat { 0 } else { k }];
-            if dt.is_float() { Data::F((0..n).map(|k| round_f(dt, elem_f(get(k), dt) as f32)).collect()) } else { Data::I((0..n).map(|k| wrap_i(dt, elem_i(get(k))) as i32).collect()) }
+            if dt.is_float() {
+                Data::F((0..n).map(|k| round_f(dt, elem_f(get(k), dt) as f32)).collect())
+            } else {
+                Data::I((0..n).map(|k| wrap_i(dt, elem_i(get(k))) as i32).collect())
+            }
         }
         Attr::DenseHex { bytes, .. } => {
             let w = dt.size();
@@ -767,16 +1148,26 @@ fn constant(v: &Attr, dt: DType, shape: &Shape) -> Result<Val> {
             };
             match dt {
                 DType::F32 => Data::F((0..n).map(|k| f32::from_bits(at(k) as u32)).collect()),
-                DType::Bf16 => Data::F((0..n).map(|k| half::bf16::from_bits(at(k) as u16).to_f32()).collect()),
-                DType::F16 => Data::F((0..n).map(|k| half::f16::from_bits(at(k) as u16).to_f32()).collect()),
+                DType::Bf16 => {
+                    Data::F((0..n).map(|k| half::bf16::from_bits(at(k) as u16).to_f32()).collect())
+                }
+                DType::F16 => {
+                    Data::F((0..n).map(|k| half::f16::from_bits(at(k) as u16).to_f32()).collect())
+                }
                 DType::Bool => Data::I((0..n).map(|k| i32::from(at(k) != 0)).collect()),
-                d if !d.is_float() => Data::I((0..n).map(|k| wrap_i(d, at(k) as i64) as i32).collect()),
+                d if !d.is_float() => {
+                    Data::I((0..n).map(|k| wrap_i(d, at(k) as i64) as i32).collect())
+                }
                 d => bail!(Unsupported, "dense hex constant of {d}"),
             }
         }
         other => {
             let s = scalar(other)?;
-            return Ok(if shape.is_empty() { s } else { Val::Tile(Tile::splat(dt, shape.clone(), &s)) });
+            return Ok(if shape.is_empty() {
+                s
+            } else {
+                Val::Tile(Tile::splat(dt, shape.clone(), &s))
+            });
         }
     };
     if shape.is_empty() {
@@ -798,20 +1189,40 @@ fn func_attrs(op: &Operation) -> Result<(String, Vec<Type>, Vec<Type>)> {
 }
 
 pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
-    let mut cx = Cx { lines: text.lines().collect(), sites: Vec::new(), func: String::new(), scopes: Vec::new(), next: 0 };
+    let mut cx = Cx {
+        lines: text.lines().collect(),
+        sites: Vec::new(),
+        func: String::new(),
+        scopes: Vec::new(),
+        next: 0,
+    };
     // Find the functions.
     let mut funcs_ast = Vec::new();
     for op in &m.ops {
         if op.name == "func.func" {
             funcs_ast.push(op);
         } else {
-            let e = InterpError::new(ErrorKind::Unsupported, format!("top-level op `{}` is not a func.func", op.name));
+            let e = InterpError::new(
+                ErrorKind::Unsupported,
+                format!("top-level op `{}` is not a func.func", op.name),
+            );
             return Err(e);
         }
     }
-    let is_kernel = |op: &&&Operation| op.attr("tpu.core_type").and_then(|a| a.dialect("tpu.core_type")) == Some("tc");
-    let kernel_ast = funcs_ast.iter().find(is_kernel).or_else(|| funcs_ast.iter().find(|op| matches!(op.attr("sym_name"), Some(Attr::String(s)) if s == "main")));
-    let Some(kernel_ast) = kernel_ast.copied() else { bail!(Malformed, "no kernel: no func.func has tpu.core_type = #tpu.core_type<tc> (and none is named main)") };
+    let is_kernel = |op: &&&Operation| {
+        op.attr("tpu.core_type").and_then(|a| a.dialect("tpu.core_type")) == Some("tc")
+    };
+    let kernel_ast = funcs_ast.iter().find(is_kernel).or_else(|| {
+        funcs_ast
+            .iter()
+            .find(|op| matches!(op.attr("sym_name"), Some(Attr::String(s)) if s == "main"))
+    });
+    let Some(kernel_ast) = kernel_ast.copied() else {
+        bail!(
+            Malformed,
+            "no kernel: no func.func has tpu.core_type = #tpu.core_type<tc> (and none is named main)"
+        )
+    };
 
     let compile = |cx: &mut Cx<'_>, op: &Operation| -> Result<Func> {
         let (name, ins, outs) = func_attrs(op)?;
@@ -868,7 +1279,9 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
         Some(Attr::Array(ws)) => {
             let mut out = Vec::new();
             for w in ws {
-                let Attr::Dict(kv) = w else { bail!(Malformed, "window_params entry {w} is not a dictionary") };
+                let Attr::Dict(kv) = w else {
+                    bail!(Malformed, "window_params entry {w} is not a dictionary")
+                };
                 let get = |k: &str| kv.iter().find(|(n, _)| n == k).map(|(_, v)| v);
                 let transform = match get("transform_indices") {
                     None => None,
@@ -876,30 +1289,60 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
                         Some(&i) => Some(i),
                         None => bail!(Malformed, "window_params names @{s}, which is not defined"),
                     },
-                    Some(other) => bail!(Unsupported, "transform_indices {other} (only symbol references are supported)"),
+                    Some(other) => bail!(
+                        Unsupported,
+                        "transform_indices {other} (only symbol references are supported)"
+                    ),
                 };
                 let element_pads = match get("window_kind") {
                     None => None,
-                    Some(kind) => match kind.dialect("tpu.element_window").and_then(element_window_pads) {
-                        Some(pads) => Some(pads),
-                        None => bail!(Unsupported, "window_kind {kind} (expected #tpu.element_window<[before..], [after..]>)"),
-                    },
+                    Some(kind) => {
+                        match kind.dialect("tpu.element_window").and_then(element_window_pads) {
+                            Some(pads) => Some(pads),
+                            None => bail!(
+                                Unsupported,
+                                "window_kind {kind} (expected #tpu.element_window<[before..], [after..]>)"
+                            ),
+                        }
+                    }
                 };
                 // Here a window is copied in (or written back) at the step its block changes,
                 // so one buffer or two compute the same: only the mode's spelling is checked.
                 if let Some(mode) = get("pipeline_mode")
-                    && !matches!(mode.dialect("tpu.pipeline_mode"), Some("synchronous" | "double_buffered"))
+                    && !matches!(
+                        mode.dialect("tpu.pipeline_mode"),
+                        Some("synchronous" | "double_buffered")
+                    )
                 {
-                    bail!(Unsupported, "pipeline_mode {mode} (expected #tpu.pipeline_mode<synchronous> or <double_buffered>)");
+                    bail!(
+                        Unsupported,
+                        "pipeline_mode {mode} (expected #tpu.pipeline_mode<synchronous> or <double_buffered>)"
+                    );
                 }
                 let bounds = match get("window_bounds").and_then(Attr::as_i64_list) {
-                    Some(v) => Some(v.into_iter().map(|x| usize::try_from(x).map_err(|_| InterpError::new(ErrorKind::Malformed, format!("window_bounds {x}")))).collect::<Result<Vec<_>>>()?),
+                    Some(v) => Some(
+                        v.into_iter()
+                            .map(|x| {
+                                usize::try_from(x).map_err(|_| {
+                                    InterpError::new(
+                                        ErrorKind::Malformed,
+                                        format!("window_bounds {x}"),
+                                    )
+                                })
+                            })
+                            .collect::<Result<Vec<_>>>()?,
+                    ),
                     None => None,
                 };
                 if let (Some(p), Some(b)) = (&element_pads, &bounds)
                     && p.len() != b.len()
                 {
-                    bail!(Malformed, "window_kind pads {} dims, window_bounds has {}", p.len(), b.len());
+                    bail!(
+                        Malformed,
+                        "window_kind pads {} dims, window_bounds has {}",
+                        p.len(),
+                        b.len()
+                    );
                 }
                 out.push(WindowParam { transform, bounds, element_pads });
             }
@@ -913,14 +1356,23 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
     let g = grid.len();
     let nargs = kernel.arg_types.len();
     let nwin = windows.as_ref().map(Vec::len);
-    let fixed = g.checked_add(scalar_prefetch).and_then(|n| n.checked_add(scratch)).filter(|&n| n <= nargs);
+    let fixed =
+        g.checked_add(scalar_prefetch).and_then(|n| n.checked_add(scratch)).filter(|&n| n <= nargs);
     if fixed.is_none() {
-        bail!(Malformed, "@{}: {nargs} arguments, fewer than grid {g} + scalar_prefetch {scalar_prefetch} + scratch {scratch}", kernel.name);
+        bail!(
+            Malformed,
+            "@{}: {nargs} arguments, fewer than grid {g} + scalar_prefetch {scalar_prefetch} + scratch {scratch}",
+            kernel.name
+        );
     }
     if let Some(n) = nwin
         && g + scalar_prefetch + n + scratch != nargs
     {
-        bail!(Malformed, "@{}: {nargs} arguments, but grid {g} + scalar_prefetch {scalar_prefetch} + window_params {n} + scratch {scratch}", kernel.name);
+        bail!(
+            Malformed,
+            "@{}: {nargs} arguments, but grid {g} + scalar_prefetch {scalar_prefetch} + window_params {n} + scratch {scratch}",
+            kernel.name
+        );
     }
     for (k, t) in kernel.arg_types.iter().enumerate() {
         if k < g {
@@ -931,7 +1383,17 @@ pub(crate) fn prepare(m: &ModuleAst, text: &str) -> Result<Program> {
             bail!(Unsupported, "@{}: argument {k} has unsupported type {t}", kernel.name);
         }
     }
-    Ok(Program { kernel, funcs, sites: cx.sites, grid, parallel, scalar_prefetch, scratch, windows, widened: Default::default() })
+    Ok(Program {
+        kernel,
+        funcs,
+        sites: cx.sites,
+        grid,
+        parallel,
+        scalar_prefetch,
+        scratch,
+        windows,
+        widened: Default::default(),
+    })
 }
 
 #[allow(dead_code)]
@@ -943,7 +1405,11 @@ pub(crate) fn site_err(kind: ErrorKind, site: &OpSite, msg: String) -> InterpErr
 fn element_window_pads(body: &str) -> Option<Vec<(usize, usize)>> {
     let list = |t: &str| -> Option<Vec<usize>> {
         let inner = t.trim().strip_prefix('[')?.strip_suffix(']')?.trim();
-        if inner.is_empty() { Some(Vec::new()) } else { inner.split(',').map(|x| x.trim().parse().ok()).collect() }
+        if inner.is_empty() {
+            Some(Vec::new())
+        } else {
+            inner.split(',').map(|x| x.trim().parse().ok()).collect()
+        }
     };
     let (before, after) = body.split_once("],")?;
     let (before, after) = (list(&format!("{before}]"))?, list(after)?);

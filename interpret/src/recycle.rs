@@ -33,7 +33,9 @@ fn kept<T>(n: usize, list: fn(&mut Spare) -> &mut Vec<Vec<T>>) -> Option<Vec<T>>
     }
     SPARE.with_borrow_mut(|s| {
         let l = list(s);
-        let k = (0..l.len()).filter(|&k| (n..=2 * n).contains(&l[k].capacity())).min_by_key(|&k| l[k].capacity())?;
+        let k = (0..l.len())
+            .filter(|&k| (n..=2 * n).contains(&l[k].capacity()))
+            .min_by_key(|&k| l[k].capacity())?;
         let v = l.swap_remove(k);
         s.kept -= v.capacity();
         Some(v)
@@ -114,7 +116,11 @@ mod tests {
         // A small request does not take the large vector away from the large buffer.
         assert!(f32s(MIN_ELEMS).capacity() < big);
         let v = stale_f32s(big - 8);
-        assert_eq!((v.len(), v.capacity(), v[0]), (big - 8, big, 1.5), "the kept vector, cut to length, as it was");
+        assert_eq!(
+            (v.len(), v.capacity(), v[0]),
+            (big - 8, big, 1.5),
+            "the kept vector, cut to length, as it was"
+        );
         // Nothing kept: zeroed storage.
         assert!(stale_f32s(big).iter().all(|&x| x == 0.0));
     }

@@ -188,7 +188,11 @@ impl Data {
     }
     /// `n` elements of unspecified values (recycled storage; see [`crate::memory`]).
     pub fn stale(dt: DType, n: usize) -> Data {
-        if dt.is_float() { Data::F(crate::recycle::stale_f32s(n)) } else { Data::I(crate::recycle::stale_i32s(n)) }
+        if dt.is_float() {
+            Data::F(crate::recycle::stale_f32s(n))
+        } else {
+            Data::I(crate::recycle::stale_i32s(n))
+        }
     }
     pub fn filled(dt: DType, n: usize, f: f32, i: i32) -> Data {
         if dt.is_float() {
@@ -292,7 +296,12 @@ impl Val {
 /// Call `f(offset, len, inner_stride)` for every innermost row of `shape` laid out with
 /// `strides` from `off` (row-major order). A rank-0 shape is one row of length 1.
 #[inline]
-pub(crate) fn walk_rows(shape: &[usize], strides: &[isize], off: isize, mut f: impl FnMut(isize, usize, isize)) {
+pub(crate) fn walk_rows(
+    shape: &[usize],
+    strides: &[isize],
+    off: isize,
+    mut f: impl FnMut(isize, usize, isize),
+) {
     let n = shape.len();
     if n == 0 {
         f(off, 1, 1);
@@ -346,7 +355,12 @@ pub(crate) fn contiguous(shape: &[usize], strides: &[isize]) -> bool {
 }
 
 /// Gather `shape` elements from `src` (strided) into a new contiguous vector.
-pub(crate) fn gather<T: Copy + Send + Sync>(src: &[T], off: isize, strides: &[isize], shape: &[usize]) -> Vec<T> {
+pub(crate) fn gather<T: Copy + Send + Sync>(
+    src: &[T],
+    off: isize,
+    strides: &[isize],
+    shape: &[usize],
+) -> Vec<T> {
     let n: usize = shape.iter().product();
     if split_copy(n) && contiguous(shape, strides) {
         let mut out = Vec::with_capacity(n);
@@ -371,7 +385,15 @@ pub(crate) fn gather<T: Copy + Send + Sync>(src: &[T], off: isize, strides: &[is
 
 /// Scatter contiguous `vals` into `dst` (strided), optionally only where `mask` is set, or
 /// adding (`add`).
-pub(crate) fn scatter<T: Copy + std::ops::Add<Output = T>>(dst: &mut [T], off: isize, strides: &[isize], shape: &[usize], vals: &[T], mask: Option<&[i32]>, add: bool) {
+pub(crate) fn scatter<T: Copy + std::ops::Add<Output = T>>(
+    dst: &mut [T],
+    off: isize,
+    strides: &[isize],
+    shape: &[usize],
+    vals: &[T],
+    mask: Option<&[i32]>,
+    add: bool,
+) {
     let mut k = 0usize;
     walk_rows(shape, strides, off, |o, len, s| {
         let src = &vals[k..k + len];
@@ -396,11 +418,24 @@ pub(crate) fn scatter<T: Copy + std::ops::Add<Output = T>>(dst: &mut [T], off: i
 
 /// Copy `shape` elements from `src` (strided from `soff`) to `dst` (strided from `doff`),
 /// row by row, without an intermediate buffer.
-pub(crate) fn copy_strided<T: Copy + Send + Sync>(dst: &mut [T], doff: isize, dstrides: &[isize], src: &[T], soff: isize, sstrides: &[isize], shape: &[usize]) {
+pub(crate) fn copy_strided<T: Copy + Send + Sync>(
+    dst: &mut [T],
+    doff: isize,
+    dstrides: &[isize],
+    src: &[T],
+    soff: isize,
+    sstrides: &[isize],
+    shape: &[usize],
+) {
     let total: usize = shape.iter().product();
     if split_copy(total) && contiguous(shape, dstrides) && contiguous(shape, sstrides) {
-        let (d, s) = (&mut dst[doff as usize..doff as usize + total], &src[soff as usize..soff as usize + total]);
-        d.par_chunks_mut(PARALLEL_COPY_MIN / 4).zip(s.par_chunks(PARALLEL_COPY_MIN / 4)).for_each(|(d, s)| d.copy_from_slice(s));
+        let (d, s) = (
+            &mut dst[doff as usize..doff as usize + total],
+            &src[soff as usize..soff as usize + total],
+        );
+        d.par_chunks_mut(PARALLEL_COPY_MIN / 4)
+            .zip(s.par_chunks(PARALLEL_COPY_MIN / 4))
+            .for_each(|(d, s)| d.copy_from_slice(s));
         return;
     }
     let n = shape.len();
@@ -416,7 +451,8 @@ pub(crate) fn copy_strided<T: Copy + Send + Sync>(dst: &mut [T], doff: isize, ds
     let (mut d, mut s) = (doff, soff);
     loop {
         if ds == 1 && ss == 1 {
-            dst[d as usize..d as usize + inner].copy_from_slice(&src[s as usize..s as usize + inner]);
+            dst[d as usize..d as usize + inner]
+                .copy_from_slice(&src[s as usize..s as usize + inner]);
         } else {
             for j in 0..inner as isize {
                 dst[(d + j * ds) as usize] = src[(s + j * ss) as usize];
@@ -498,23 +534,72 @@ fn transpose_last2<T: Copy + Default>(src: &[T], r: usize, c: usize) -> Vec<T> {
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Bin {
-    AddF, SubF, MulF, DivF, RemF, MaxF, MinF, MaxNumF, MinNumF, PowF, Atan2,
-    AddI, SubI, MulI, DivSI, DivUI, RemSI, RemUI, MaxSI, MinSI, MaxUI, MinUI, AndI, OrI, XorI, ShlI, ShrSI, ShrUI,
-    CeilDivSI, FloorDivSI,
+    AddF,
+    SubF,
+    MulF,
+    DivF,
+    RemF,
+    MaxF,
+    MinF,
+    MaxNumF,
+    MinNumF,
+    PowF,
+    Atan2,
+    AddI,
+    SubI,
+    MulI,
+    DivSI,
+    DivUI,
+    RemSI,
+    RemUI,
+    MaxSI,
+    MinSI,
+    MaxUI,
+    MinUI,
+    AndI,
+    OrI,
+    XorI,
+    ShlI,
+    ShrSI,
+    ShrUI,
+    CeilDivSI,
+    FloorDivSI,
 }
 
 impl Bin {
     pub fn from_name(n: &str) -> Option<Bin> {
         use Bin::*;
         Some(match n {
-            "arith.addf" => AddF, "arith.subf" => SubF, "arith.mulf" => MulF, "arith.divf" => DivF, "arith.remf" => RemF,
-            "arith.maximumf" => MaxF, "arith.minimumf" => MinF, "arith.maxnumf" => MaxNumF, "arith.minnumf" => MinNumF,
-            "math.powf" => PowF, "math.atan2" => Atan2,
-            "arith.addi" => AddI, "arith.subi" => SubI, "arith.muli" => MulI, "arith.divsi" => DivSI, "arith.divui" => DivUI,
-            "arith.remsi" => RemSI, "arith.remui" => RemUI, "arith.maxsi" => MaxSI, "arith.minsi" => MinSI,
-            "arith.maxui" => MaxUI, "arith.minui" => MinUI, "arith.andi" => AndI, "arith.ori" => OrI, "arith.xori" => XorI,
-            "arith.shli" => ShlI, "arith.shrsi" => ShrSI, "arith.shrui" => ShrUI,
-            "arith.ceildivsi" => CeilDivSI, "arith.floordivsi" => FloorDivSI,
+            "arith.addf" => AddF,
+            "arith.subf" => SubF,
+            "arith.mulf" => MulF,
+            "arith.divf" => DivF,
+            "arith.remf" => RemF,
+            "arith.maximumf" => MaxF,
+            "arith.minimumf" => MinF,
+            "arith.maxnumf" => MaxNumF,
+            "arith.minnumf" => MinNumF,
+            "math.powf" => PowF,
+            "math.atan2" => Atan2,
+            "arith.addi" => AddI,
+            "arith.subi" => SubI,
+            "arith.muli" => MulI,
+            "arith.divsi" => DivSI,
+            "arith.divui" => DivUI,
+            "arith.remsi" => RemSI,
+            "arith.remui" => RemUI,
+            "arith.maxsi" => MaxSI,
+            "arith.minsi" => MinSI,
+            "arith.maxui" => MaxUI,
+            "arith.minui" => MinUI,
+            "arith.andi" => AndI,
+            "arith.ori" => OrI,
+            "arith.xori" => XorI,
+            "arith.shli" => ShlI,
+            "arith.shrsi" => ShrSI,
+            "arith.shrui" => ShrUI,
+            "arith.ceildivsi" => CeilDivSI,
+            "arith.floordivsi" => FloorDivSI,
             _ => return None,
         })
     }
@@ -529,8 +614,24 @@ fn fbin(op: Bin, a: f32, b: f32) -> f32 {
         MulF => a * b,
         DivF => a / b,
         RemF => a % b,
-        MaxF => if a.is_nan() || b.is_nan() { f32::NAN } else if a == b { if a.is_sign_negative() { b } else { a } } else { a.max(b) },
-        MinF => if a.is_nan() || b.is_nan() { f32::NAN } else if a == b { if a.is_sign_negative() { a } else { b } } else { a.min(b) },
+        MaxF => {
+            if a.is_nan() || b.is_nan() {
+                f32::NAN
+            } else if a == b {
+                if a.is_sign_negative() { b } else { a }
+            } else {
+                a.max(b)
+            }
+        }
+        MinF => {
+            if a.is_nan() || b.is_nan() {
+                f32::NAN
+            } else if a == b {
+                if a.is_sign_negative() { a } else { b }
+            } else {
+                a.min(b)
+            }
+        }
         MaxNumF => a.max(b),
         MinNumF => a.min(b),
         PowF => a.powf(b),
@@ -547,7 +648,9 @@ fn ibin(op: Bin, dt: DType, a: i64, b: i64) -> Result<i64> {
         AddI => a.wrapping_add(b),
         SubI => a.wrapping_sub(b),
         MulI => a.wrapping_mul(b),
-        DivSI | RemSI | CeilDivSI | FloorDivSI | DivUI | RemUI if b == 0 => bail!(Undefined, "integer division by zero"),
+        DivSI | RemSI | CeilDivSI | FloorDivSI | DivUI | RemUI if b == 0 => {
+            bail!(Undefined, "integer division by zero")
+        }
         DivSI => a.wrapping_div(b),
         RemSI => a.wrapping_rem(b),
         CeilDivSI => {
@@ -567,9 +670,27 @@ fn ibin(op: Bin, dt: DType, a: i64, b: i64) -> Result<i64> {
         AndI => a & b,
         OrI => a | b,
         XorI => a ^ b,
-        ShlI => if ub >= bits { 0 } else { a.wrapping_shl(ub as u32) },
-        ShrSI => if ub >= bits { if a < 0 { -1 } else { 0 } } else { a >> ub },
-        ShrUI => if ub >= bits { 0 } else { (ua >> ub) as i64 },
+        ShlI => {
+            if ub >= bits {
+                0
+            } else {
+                a.wrapping_shl(ub as u32)
+            }
+        }
+        ShrSI => {
+            if ub >= bits {
+                if a < 0 { -1 } else { 0 }
+            } else {
+                a >> ub
+            }
+        }
+        ShrUI => {
+            if ub >= bits {
+                0
+            } else {
+                (ua >> ub) as i64
+            }
+        }
         _ => bail!(Malformed, "{op:?} is not an integer op"),
     };
     Ok(wrap_i(dt, r))
@@ -597,15 +718,31 @@ pub(crate) fn binary(op: Bin, dt: DType, a: &Val, b: &Val) -> Result<Val> {
                 (Data::I(p), Data::I(q)) => {
                     // Bitwise ops, min and max of sign-extended values stay sign-extended.
                     let out = match op {
-                        Bin::AddI if dt == DType::I32 => p.iter().zip(q).map(|(a, b)| a.wrapping_add(*b)).collect(),
-                        Bin::SubI if dt == DType::I32 => p.iter().zip(q).map(|(a, b)| a.wrapping_sub(*b)).collect(),
-                        Bin::MulI if dt == DType::I32 => p.iter().zip(q).map(|(a, b)| a.wrapping_mul(*b)).collect(),
+                        Bin::AddI if dt == DType::I32 => {
+                            p.iter().zip(q).map(|(a, b)| a.wrapping_add(*b)).collect()
+                        }
+                        Bin::SubI if dt == DType::I32 => {
+                            p.iter().zip(q).map(|(a, b)| a.wrapping_sub(*b)).collect()
+                        }
+                        Bin::MulI if dt == DType::I32 => {
+                            p.iter().zip(q).map(|(a, b)| a.wrapping_mul(*b)).collect()
+                        }
                         Bin::AndI => p.iter().zip(q).map(|(a, b)| a & b).collect(),
                         Bin::OrI => p.iter().zip(q).map(|(a, b)| a | b).collect(),
                         Bin::XorI => p.iter().zip(q).map(|(a, b)| a ^ b).collect(),
-                        Bin::MaxSI if dt != DType::Bool => p.iter().zip(q).map(|(a, b)| *a.max(b)).collect(),
-                        Bin::MinSI if dt != DType::Bool => p.iter().zip(q).map(|(a, b)| *a.min(b)).collect(),
-                        _ => p.iter().zip(q).map(|(a, b)| ibin(op, dt, i64::from(*a), i64::from(*b)).map(|r| r as i32)).collect::<Result<Vec<_>>>()?,
+                        Bin::MaxSI if dt != DType::Bool => {
+                            p.iter().zip(q).map(|(a, b)| *a.max(b)).collect()
+                        }
+                        Bin::MinSI if dt != DType::Bool => {
+                            p.iter().zip(q).map(|(a, b)| *a.min(b)).collect()
+                        }
+                        _ => p
+                            .iter()
+                            .zip(q)
+                            .map(|(a, b)| {
+                                ibin(op, dt, i64::from(*a), i64::from(*b)).map(|r| r as i32)
+                            })
+                            .collect::<Result<Vec<_>>>()?,
                     };
                     Data::I(out)
                 }
@@ -613,7 +750,9 @@ pub(crate) fn binary(op: Bin, dt: DType, a: &Val, b: &Val) -> Result<Val> {
             };
             Ok(Val::Tile(Tile::new(dt, x.shape.clone(), data)))
         }
-        (Val::Float(x), Val::Float(y)) => Ok(Val::Float(f64::from(round_f(dt, fbin(op, *x as f32, *y as f32))))),
+        (Val::Float(x), Val::Float(y)) => {
+            Ok(Val::Float(f64::from(round_f(dt, fbin(op, *x as f32, *y as f32)))))
+        }
         (Val::Int(x), Val::Int(y)) => Ok(Val::Int(ibin(op, dt, *x, *y)?)),
         _ => bail!(Mismatch, "operands are {} and {}", a.kind(), b.kind()),
     }
@@ -621,19 +760,58 @@ pub(crate) fn binary(op: Bin, dt: DType, a: &Val, b: &Val) -> Result<Val> {
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Un {
-    NegF, AbsF, AbsI, Exp, Exp2, Log, Log1p, Log2, Sqrt, Rsqrt, Tanh, Sin, Cos, Tan, Floor, Ceil, Round, RoundEven, Erf,
-    Ctlz, Ctpop, Reciprocal, Trunc,
+    NegF,
+    AbsF,
+    AbsI,
+    Exp,
+    Exp2,
+    Log,
+    Log1p,
+    Log2,
+    Sqrt,
+    Rsqrt,
+    Tanh,
+    Sin,
+    Cos,
+    Tan,
+    Floor,
+    Ceil,
+    Round,
+    RoundEven,
+    Erf,
+    Ctlz,
+    Ctpop,
+    Reciprocal,
+    Trunc,
 }
 
 impl Un {
     pub fn from_name(n: &str) -> Option<Un> {
         use Un::*;
         Some(match n {
-            "arith.negf" => NegF, "math.absf" => AbsF, "math.absi" => AbsI, "math.exp" => Exp, "math.exp2" => Exp2,
-            "math.log" => Log, "math.log1p" => Log1p, "math.log2" => Log2, "math.sqrt" => Sqrt, "math.rsqrt" => Rsqrt,
-            "math.tanh" => Tanh, "math.sin" => Sin, "math.cos" => Cos, "math.tan" => Tan, "math.floor" => Floor,
-            "math.ceil" => Ceil, "math.round" => Round, "math.roundeven" => RoundEven, "math.erf" => Erf,
-            "math.ctlz" => Ctlz, "math.ctpop" => Ctpop, "tpu.reciprocal" => Reciprocal, "math.trunc" => Trunc,
+            "arith.negf" => NegF,
+            "math.absf" => AbsF,
+            "math.absi" => AbsI,
+            "math.exp" => Exp,
+            "math.exp2" => Exp2,
+            "math.log" => Log,
+            "math.log1p" => Log1p,
+            "math.log2" => Log2,
+            "math.sqrt" => Sqrt,
+            "math.rsqrt" => Rsqrt,
+            "math.tanh" => Tanh,
+            "math.sin" => Sin,
+            "math.cos" => Cos,
+            "math.tan" => Tan,
+            "math.floor" => Floor,
+            "math.ceil" => Ceil,
+            "math.round" => Round,
+            "math.roundeven" => RoundEven,
+            "math.erf" => Erf,
+            "math.ctlz" => Ctlz,
+            "math.ctpop" => Ctpop,
+            "tpu.reciprocal" => Reciprocal,
+            "math.trunc" => Trunc,
             _ => return None,
         })
     }
@@ -670,12 +848,15 @@ fn fun(op: Un, x: f32) -> f32 {
 fn iun(op: Un, dt: DType, x: i64) -> i64 {
     let u = unsigned(dt, x);
     let bits = dt.bits();
-    wrap_i(dt, match op {
-        Un::AbsI => x.wrapping_abs(),
-        Un::Ctlz => i64::from(u.leading_zeros()) - (64 - i64::from(bits)),
-        Un::Ctpop => i64::from(u.count_ones()),
-        _ => x,
-    })
+    wrap_i(
+        dt,
+        match op {
+            Un::AbsI => x.wrapping_abs(),
+            Un::Ctlz => i64::from(u.leading_zeros()) - (64 - i64::from(bits)),
+            Un::Ctpop => i64::from(u.count_ones()),
+            _ => x,
+        },
+    )
 }
 
 pub(crate) fn unary(op: Un, dt: DType, a: &Val) -> Result<Val> {
@@ -697,7 +878,9 @@ pub(crate) fn unary(op: Un, dt: DType, a: &Val) -> Result<Val> {
                     round_slice(dt, &mut out);
                     Data::F(out)
                 }
-                Data::I(p) => Data::I(p.iter().map(|x| iun(op, dt, i64::from(*x)) as i32).collect()),
+                Data::I(p) => {
+                    Data::I(p.iter().map(|x| iun(op, dt, i64::from(*x)) as i32).collect())
+                }
             };
             Val::Tile(Tile::new(dt, t.shape.clone(), data))
         }
@@ -780,7 +963,10 @@ fn cmp_f<const P: i64>(p: &[f32], q: &[f32]) -> Vec<i32> {
 
 /// Signed predicates (`P` at most 5) on i32s.
 fn cmp_si<const P: i64>(p: &[i32], q: &[i32]) -> Vec<i32> {
-    p.iter().zip(q).map(|(&a, &b)| i32::from(cmpi(P, DType::I32, i64::from(a), i64::from(b)))).collect()
+    p.iter()
+        .zip(q)
+        .map(|(&a, &b)| i32::from(cmpi(P, DType::I32, i64::from(a), i64::from(b))))
+        .collect()
 }
 
 pub(crate) fn compare(float: bool, pred: i64, dt: DType, a: &Val, b: &Val) -> Result<Val> {
@@ -793,12 +979,18 @@ pub(crate) fn compare(float: bool, pred: i64, dt: DType, a: &Val, b: &Val) -> Re
                 (Data::F(p), Data::F(q)) => by_pred!(pred, cmp_f, p, q),
                 // Signed predicates on sign-extended values need no widening.
                 (Data::I(p), Data::I(q)) if pred <= 5 => by_pred!(pred, cmp_si, p, q),
-                (Data::I(p), Data::I(q)) => p.iter().zip(q).map(|(a, b)| i32::from(cmpi(pred, dt, i64::from(*a), i64::from(*b)))).collect(),
+                (Data::I(p), Data::I(q)) => p
+                    .iter()
+                    .zip(q)
+                    .map(|(a, b)| i32::from(cmpi(pred, dt, i64::from(*a), i64::from(*b))))
+                    .collect(),
                 _ => bail!(Mismatch, "operands of different element kinds"),
             };
             Val::Tile(Tile::new(DType::Bool, x.shape.clone(), Data::I(out)))
         }
-        (Val::Float(x), Val::Float(y)) if float => Val::Int(i64::from(cmpf(pred, *x as f32, *y as f32))),
+        (Val::Float(x), Val::Float(y)) if float => {
+            Val::Int(i64::from(cmpf(pred, *x as f32, *y as f32)))
+        }
         (Val::Int(x), Val::Int(y)) if !float => Val::Int(i64::from(cmpi(pred, dt, *x, *y))),
         _ => bail!(Mismatch, "cannot compare {} with {}", a.kind(), b.kind()),
     })
@@ -808,14 +1000,26 @@ pub(crate) fn select(c: &Val, t: &Val, f: &Val) -> Result<Val> {
     match c {
         Val::Int(c) => Ok(if *c != 0 { t.clone() } else { f.clone() }),
         Val::Tile(m) => {
-            let (Val::Tile(a), Val::Tile(b)) = (t, f) else { bail!(Mismatch, "a vector condition needs vector operands") };
+            let (Val::Tile(a), Val::Tile(b)) = (t, f) else {
+                bail!(Mismatch, "a vector condition needs vector operands")
+            };
             if a.shape != m.shape || b.shape != m.shape {
                 bail!(Mismatch, "select shapes differ");
             }
             let m = m.i();
             let data = match (&*a.data, &*b.data) {
-                (Data::F(p), Data::F(q)) => Data::F(m.iter().zip(p.iter().zip(q)).map(|(c, (x, y))| if *c != 0 { *x } else { *y }).collect()),
-                (Data::I(p), Data::I(q)) => Data::I(m.iter().zip(p.iter().zip(q)).map(|(c, (x, y))| if *c != 0 { *x } else { *y }).collect()),
+                (Data::F(p), Data::F(q)) => Data::F(
+                    m.iter()
+                        .zip(p.iter().zip(q))
+                        .map(|(c, (x, y))| if *c != 0 { *x } else { *y })
+                        .collect(),
+                ),
+                (Data::I(p), Data::I(q)) => Data::I(
+                    m.iter()
+                        .zip(p.iter().zip(q))
+                        .map(|(c, (x, y))| if *c != 0 { *x } else { *y })
+                        .collect(),
+                ),
                 _ => bail!(Mismatch, "select operands of different kinds"),
             };
             Ok(Val::Tile(Tile::new(a.dt, a.shape.clone(), data)))
@@ -827,16 +1031,35 @@ pub(crate) fn select(c: &Val, t: &Val, f: &Val) -> Result<Val> {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 #[allow(clippy::enum_variant_names)]
 pub(crate) enum Cast {
-    ExtF, TruncF, ExtSI, ExtUI, TruncI, FpToSI, FpToUI, SiToFp, UiToFp, IndexCast, IndexCastUI, Bitcast,
+    ExtF,
+    TruncF,
+    ExtSI,
+    ExtUI,
+    TruncI,
+    FpToSI,
+    FpToUI,
+    SiToFp,
+    UiToFp,
+    IndexCast,
+    IndexCastUI,
+    Bitcast,
 }
 
 impl Cast {
     pub fn from_name(n: &str) -> Option<Cast> {
         use Cast::*;
         Some(match n {
-            "arith.extf" => ExtF, "arith.truncf" => TruncF, "arith.extsi" => ExtSI, "arith.extui" => ExtUI,
-            "arith.trunci" => TruncI, "arith.fptosi" => FpToSI, "arith.fptoui" => FpToUI, "arith.sitofp" => SiToFp,
-            "arith.uitofp" => UiToFp, "arith.index_cast" => IndexCast, "arith.index_castui" => IndexCastUI,
+            "arith.extf" => ExtF,
+            "arith.truncf" => TruncF,
+            "arith.extsi" => ExtSI,
+            "arith.extui" => ExtUI,
+            "arith.trunci" => TruncI,
+            "arith.fptosi" => FpToSI,
+            "arith.fptoui" => FpToUI,
+            "arith.sitofp" => SiToFp,
+            "arith.uitofp" => UiToFp,
+            "arith.index_cast" => IndexCast,
+            "arith.index_castui" => IndexCastUI,
             "arith.bitcast" => Bitcast,
             _ => return None,
         })
@@ -848,19 +1071,24 @@ fn cast_scalar_f(op: Cast, from: DType, to: DType, x: f32) -> Result<Either> {
         Cast::ExtF | Cast::TruncF => Either::F(round_f(to, x)),
         Cast::FpToSI => Either::I(wrap_i(to, x as i64)),
         Cast::FpToUI => Either::I(wrap_i(to, if x <= 0.0 { 0 } else { x as u64 as i64 })),
-        Cast::Bitcast => Either::I(wrap_i(to, match from {
-            DType::F32 => i64::from(x.to_bits() as i32),
-            DType::Bf16 => i64::from(bf16::from_f32(x).to_bits() as i16),
-            DType::F16 => i64::from(f16::from_f32(x).to_bits() as i16),
-            _ => bail!(Unsupported, "bitcast from {from}"),
-        })),
+        Cast::Bitcast => Either::I(wrap_i(
+            to,
+            match from {
+                DType::F32 => i64::from(x.to_bits() as i32),
+                DType::Bf16 => i64::from(bf16::from_f32(x).to_bits() as i16),
+                DType::F16 => i64::from(f16::from_f32(x).to_bits() as i16),
+                _ => bail!(Unsupported, "bitcast from {from}"),
+            },
+        )),
         _ => bail!(Malformed, "{op:?} applied to a float"),
     })
 }
 
 fn cast_scalar_i(op: Cast, from: DType, to: DType, x: i64) -> Result<Either> {
     Ok(match op {
-        Cast::ExtSI | Cast::IndexCast => Either::I(wrap_i(to, if from == DType::Bool && x != 0 { -1 } else { x })),
+        Cast::ExtSI | Cast::IndexCast => {
+            Either::I(wrap_i(to, if from == DType::Bool && x != 0 { -1 } else { x }))
+        }
         Cast::ExtUI | Cast::IndexCastUI => Either::I(wrap_i(to, unsigned(from, x) as i64)),
         Cast::TruncI => Either::I(wrap_i(to, x)),
         Cast::SiToFp => Either::F(round_f(to, x as f32)),
@@ -890,7 +1118,14 @@ pub(crate) fn cast(op: Cast, from: DType, to: DType, a: &Val) -> Result<Val> {
         Val::Int(x) => one(cast_scalar_i(op, from, to, *x)?),
         // A float cast that keeps every value (to f32, or to its own type) shares the
         // storage, as a shape cast does.
-        Val::Tile(t) if to.is_float() && matches!(&*t.data, Data::F(_)) && (to == DType::F32 || (to == from && matches!(op, Cast::ExtF | Cast::TruncF))) => Val::Tile(Tile { dt: to, shape: t.shape.clone(), data: t.data.clone() }),
+        Val::Tile(t)
+            if to.is_float()
+                && matches!(&*t.data, Data::F(_))
+                && (to == DType::F32
+                    || (to == from && matches!(op, Cast::ExtF | Cast::TruncF))) =>
+        {
+            Val::Tile(Tile { dt: to, shape: t.shape.clone(), data: t.data.clone() })
+        }
         Val::Tile(t) => {
             let n = t.len();
             let data = match &*t.data {
@@ -909,13 +1144,30 @@ pub(crate) fn cast(op: Cast, from: DType, to: DType, a: &Val) -> Result<Val> {
                     }
                 }
                 // `i1` widened (a mask as 0/1 or 0/-1), `i32` to f32 or bf16: one loop each.
-                Data::I(p) if from == DType::Bool && matches!(op, Cast::ExtUI | Cast::ExtSI) && matches!(to, DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::Index) => {
+                Data::I(p)
+                    if from == DType::Bool
+                        && matches!(op, Cast::ExtUI | Cast::ExtSI)
+                        && matches!(
+                            to,
+                            DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::Index
+                        ) =>
+                {
                     let neg = op == Cast::ExtSI;
-                    Data::I(p.iter().map(|&x| if neg { -i32::from(x != 0) } else { x & 1 }).collect())
+                    Data::I(
+                        p.iter().map(|&x| if neg { -i32::from(x != 0) } else { x & 1 }).collect(),
+                    )
                 }
-                Data::I(p) if from == DType::I32 && matches!(op, Cast::SiToFp) && matches!(to, DType::F32 | DType::Bf16) => {
+                Data::I(p)
+                    if from == DType::I32
+                        && matches!(op, Cast::SiToFp)
+                        && matches!(to, DType::F32 | DType::Bf16) =>
+                {
                     let bf = to == DType::Bf16;
-                    Data::F(p.iter().map(|&x| if bf { round_bf16(x as f32) } else { x as f32 }).collect())
+                    Data::F(
+                        p.iter()
+                            .map(|&x| if bf { round_bf16(x as f32) } else { x as f32 })
+                            .collect(),
+                    )
                 }
                 Data::I(p) => {
                     if to.is_float() {
@@ -932,7 +1184,9 @@ pub(crate) fn cast(op: Cast, from: DType, to: DType, a: &Val) -> Result<Val> {
                         for x in p {
                             match cast_scalar_i(op, from, to, i64::from(*x))? {
                                 Either::I(i) => out.push(i as i32),
-                                Either::F(_) => bail!(Malformed, "int-to-int cast produced a float"),
+                                Either::F(_) => {
+                                    bail!(Malformed, "int-to-int cast produced a float")
+                                }
                             }
                         }
                         Data::I(out)
@@ -948,7 +1202,11 @@ pub(crate) fn cast(op: Cast, from: DType, to: DType, a: &Val) -> Result<Val> {
 /// Error helper for ops that require a float element type.
 #[allow(dead_code)]
 pub(crate) fn need_float(dt: DType) -> Result<()> {
-    if dt.is_float() { Ok(()) } else { Err(InterpError::new(ErrorKind::Malformed, format!("expected a float type, got {dt}"))) }
+    if dt.is_float() {
+        Ok(())
+    } else {
+        Err(InterpError::new(ErrorKind::Malformed, format!("expected a float type, got {dt}")))
+    }
 }
 
 #[cfg(test)]
@@ -957,16 +1215,24 @@ mod tests {
 
     #[test]
     fn quantized_element_types_convert_as_ml_dtypes() {
-        let tile = |dt: DType, data: Data| Val::Tile(Tile::new(dt, [data.len()].into_iter().collect(), data));
+        let tile = |dt: DType, data: Data| {
+            Val::Tile(Tile::new(dt, [data.len()].into_iter().collect(), data))
+        };
         let floats = |v: &Val| match &*v.tile().unwrap().data {
             Data::F(x) => x.clone(),
             Data::I(_) => panic!("a float tile"),
         };
         // i4: held sign-extended; sitofp gives the value, trunci wraps to 4 bits.
         let int4 = tile(DType::I4, Data::I(vec![-8, -1, 0, 7]));
-        assert_eq!(floats(&cast(Cast::SiToFp, DType::I4, DType::Bf16, &int4).unwrap()), vec![-8.0, -1.0, 0.0, 7.0]);
+        assert_eq!(
+            floats(&cast(Cast::SiToFp, DType::I4, DType::Bf16, &int4).unwrap()),
+            vec![-8.0, -1.0, 0.0, 7.0]
+        );
         let wide = tile(DType::I32, Data::I(vec![8, 15, -9, 23]));
-        assert_eq!(cast(Cast::TruncI, DType::I32, DType::I4, &wide).unwrap().tile().unwrap().i(), &[-8, -1, 7, 7]);
+        assert_eq!(
+            cast(Cast::TruncI, DType::I32, DType::I4, &wide).unwrap().tile().unwrap().i(),
+            &[-8, -1, 7, 7]
+        );
         // f8e4m3fn: truncf rounds to nearest even (17 ties to 16), past 464 is NaN; extf exact.
         let x = tile(DType::F32, Data::F(vec![17.0, 448.0, 465.0, 2f32.powi(-9)]));
         let f8 = cast(Cast::TruncF, DType::F32, DType::F8E4M3FN, &x).unwrap();
@@ -977,36 +1243,74 @@ mod tests {
 
     #[test]
     fn vector_compares_and_casts_give_what_the_scalar_ops_give() {
-        let tile = |dt: DType, data: Data| Val::Tile(Tile::new(dt, [data.len()].into_iter().collect(), data));
+        let tile = |dt: DType, data: Data| {
+            Val::Tile(Tile::new(dt, [data.len()].into_iter().collect(), data))
+        };
         let fs = [f32::NAN, -f32::INFINITY, -1.5, -0.0, 0.0, 1.5, 2.0, f32::INFINITY];
-        let (fa, fb): (Vec<f32>, Vec<f32>) = fs.iter().flat_map(|&a| fs.iter().map(move |&b| (a, b))).unzip();
+        let (fa, fb): (Vec<f32>, Vec<f32>) =
+            fs.iter().flat_map(|&a| fs.iter().map(move |&b| (a, b))).unzip();
         let is = [i32::MIN, -7, -1, 0, 1, 7, i32::MAX];
-        let (ia, ib): (Vec<i32>, Vec<i32>) = is.iter().flat_map(|&a| is.iter().map(move |&b| (a, b))).unzip();
+        let (ia, ib): (Vec<i32>, Vec<i32>) =
+            is.iter().flat_map(|&a| is.iter().map(move |&b| (a, b))).unzip();
         let (x, y) = (tile(DType::F32, Data::F(fa.clone())), tile(DType::F32, Data::F(fb.clone())));
         for pred in 0..16 {
             let got = compare(true, pred, DType::F32, &x, &y).unwrap();
-            let want: Vec<i32> = fa.iter().zip(&fb).map(|(&a, &b)| compare(true, pred, DType::F32, &Val::Float(a.into()), &Val::Float(b.into())).unwrap().int().unwrap() as i32).collect();
+            let want: Vec<i32> = fa
+                .iter()
+                .zip(&fb)
+                .map(|(&a, &b)| {
+                    compare(true, pred, DType::F32, &Val::Float(a.into()), &Val::Float(b.into()))
+                        .unwrap()
+                        .int()
+                        .unwrap() as i32
+                })
+                .collect();
             assert_eq!(got.tile().unwrap().i(), want, "cmpf predicate {pred}");
         }
         let (x, y) = (tile(DType::I32, Data::I(ia.clone())), tile(DType::I32, Data::I(ib.clone())));
         for pred in 0..10 {
             let got = compare(false, pred, DType::I32, &x, &y).unwrap();
-            let want: Vec<i32> = ia.iter().zip(&ib).map(|(&a, &b)| compare(false, pred, DType::I32, &Val::Int(a.into()), &Val::Int(b.into())).unwrap().int().unwrap() as i32).collect();
+            let want: Vec<i32> = ia
+                .iter()
+                .zip(&ib)
+                .map(|(&a, &b)| {
+                    compare(false, pred, DType::I32, &Val::Int(a.into()), &Val::Int(b.into()))
+                        .unwrap()
+                        .int()
+                        .unwrap() as i32
+                })
+                .collect();
             assert_eq!(got.tile().unwrap().i(), want, "cmpi predicate {pred}");
         }
         // Widened masks and i32 to float: the one-loop paths against the scalar casts.
         let mask = tile(DType::Bool, Data::I(vec![0, 1, 1, 0]));
-        for (op, to) in [(Cast::ExtUI, DType::I32), (Cast::ExtSI, DType::I32), (Cast::ExtSI, DType::I8)] {
-            let want: Vec<i32> = [0, 1, 1, 0].iter().map(|&b| cast(op, DType::Bool, to, &Val::Int(b)).unwrap().int().unwrap() as i32).collect();
-            assert_eq!(cast(op, DType::Bool, to, &mask).unwrap().tile().unwrap().i(), want, "{op:?} to {to}");
+        for (op, to) in
+            [(Cast::ExtUI, DType::I32), (Cast::ExtSI, DType::I32), (Cast::ExtSI, DType::I8)]
+        {
+            let want: Vec<i32> = [0, 1, 1, 0]
+                .iter()
+                .map(|&b| cast(op, DType::Bool, to, &Val::Int(b)).unwrap().int().unwrap() as i32)
+                .collect();
+            assert_eq!(
+                cast(op, DType::Bool, to, &mask).unwrap().tile().unwrap().i(),
+                want,
+                "{op:?} to {to}"
+            );
         }
         let ints = tile(DType::I32, Data::I(is.to_vec()));
         for to in [DType::F32, DType::Bf16] {
-            let Data::F(got) = &*cast(Cast::SiToFp, DType::I32, to, &ints).unwrap().tile().unwrap().data.clone() else { panic!("floats") };
-            let want: Vec<u32> = is.iter().map(|&i| match cast(Cast::SiToFp, DType::I32, to, &Val::Int(i.into())).unwrap() {
-                Val::Float(f) => (f as f32).to_bits(),
-                _ => panic!("a float"),
-            }).collect();
+            let Data::F(got) =
+                &*cast(Cast::SiToFp, DType::I32, to, &ints).unwrap().tile().unwrap().data.clone()
+            else {
+                panic!("floats")
+            };
+            let want: Vec<u32> = is
+                .iter()
+                .map(|&i| match cast(Cast::SiToFp, DType::I32, to, &Val::Int(i.into())).unwrap() {
+                    Val::Float(f) => (f as f32).to_bits(),
+                    _ => panic!("a float"),
+                })
+                .collect();
             assert_eq!(got.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), want, "sitofp to {to}");
         }
     }
@@ -1014,7 +1318,20 @@ mod tests {
     #[test]
     fn branch_free_bf16_rounding_matches_half() {
         // Every 997th bit pattern, plus the edges (ties, overflow to inf, NaNs, zeros).
-        let edges = [0u32, 0x8000_0000, 0x3f80_8000, 0x3f81_8000, 0x3f80_8001, 0x7f7f_ffff, 0xff7f_ffff, 0x7f80_0000, 0x7f80_0001, 0xffc0_0000, 0x0000_0001, 0x0080_8000];
+        let edges = [
+            0u32,
+            0x8000_0000,
+            0x3f80_8000,
+            0x3f81_8000,
+            0x3f80_8001,
+            0x7f7f_ffff,
+            0xff7f_ffff,
+            0x7f80_0000,
+            0x7f80_0001,
+            0xffc0_0000,
+            0x0000_0001,
+            0x0080_8000,
+        ];
         for b in (0..=u32::MAX).step_by(997).chain(edges) {
             let x = f32::from_bits(b);
             let (want, got) = (bf16::from_f32(x).to_f32(), round_bf16(x));

@@ -27,6 +27,10 @@ impl View {
 
     /// Whether the two boxes share an element.
     pub fn overlaps(&self, other: &View) -> bool {
-        self.buf == other.buf && (0..self.start.len()).all(|d| self.start[d] < other.start[d] + other.size[d] && other.start[d] < self.start[d] + self.size[d])
+        self.buf == other.buf
+            && (0..self.start.len()).all(|d| {
+                self.start[d] < other.start[d] + other.size[d]
+                    && other.start[d] < self.start[d] + self.size[d]
+            })
     }
 }

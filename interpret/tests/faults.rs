@@ -20,8 +20,15 @@ fn gather() -> (String, [HostArray; 2]) {
 /// `kernels/src/gather.rs:LINE:` of the one line of the gather kernel's source containing
 /// `needle`: errors name the Rust line that traced the faulty op (from the body's `loc(...)`).
 fn gather_line(needle: &str) -> String {
-    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/src/gather.rs")).unwrap();
-    let lines: Vec<usize> = source.lines().enumerate().filter(|(_, l)| l.contains(needle)).map(|(i, _)| i + 1).collect();
+    let source =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/src/gather.rs"))
+            .unwrap();
+    let lines: Vec<usize> = source
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.contains(needle))
+        .map(|(i, _)| i + 1)
+        .collect();
     assert_eq!(lines.len(), 1, "`{needle}` must name one line of gather.rs");
     format!("at kernels/src/gather.rs:{}:", lines[0])
 }
@@ -48,7 +55,10 @@ fn wait_nobody_signals_is_a_deadlock() {
     assert!(text.contains("tpu.wait_dma2"), "{text}");
     assert!(text.contains("scratch1[0]"), "names the semaphore: {text}");
     assert!(text.contains("grid point (0)"), "{text}");
-    assert!(text.contains(&gather_line("fetch(step, slot).wait()")), "names the Rust line of the wait: {text}");
+    assert!(
+        text.contains(&gather_line("fetch(step, slot).wait()")),
+        "names the Rust line of the wait: {text}"
+    );
 }
 
 #[test]
@@ -69,7 +79,10 @@ fn out_of_bounds_slice() {
     let text = expect_err(run(&bad, &inputs), ErrorKind::OutOfBounds);
     assert!(text.contains("tpu.memref_slice"), "{text}");
     // The copy slices its refs where it starts (as in Pallas), not where `fetch` describes it.
-    assert!(text.contains(&gather_line("fetch(step + 1, 1 - slot).start()")), "names the Rust line of the slice: {text}");
+    assert!(
+        text.contains(&gather_line("fetch(step + 1, 1 - slot).start()")),
+        "names the Rust line of the slice: {text}"
+    );
 }
 
 #[test]
@@ -83,10 +96,14 @@ fn out_of_bounds_id_from_scalar_prefetch() {
 }
 
 fn square_matmul() -> (String, Vec<f32>, Vec<f32>, [HostArray; 2]) {
-    let (body, _) = library_body("matmul", &[("m", "256"), ("k", "256"), ("n", "256"), ("bm", "128"), ("bk", "128"), ("bn", "128")]);
+    let (body, _) = library_body(
+        "matmul",
+        &[("m", "256"), ("k", "256"), ("n", "256"), ("bm", "128"), ("bk", "128"), ("bn", "128")],
+    );
     let mut rng = Rng::new(12);
     let (x, y) = (rng.bf16s(256 * 256), rng.bf16s(256 * 256));
-    let inputs = [HostArray::bf16_from_f32(&[256, 256], &x), HostArray::bf16_from_f32(&[256, 256], &y)];
+    let inputs =
+        [HostArray::bf16_from_f32(&[256, 256], &x), HostArray::bf16_from_f32(&[256, 256], &y)];
     (body, x, y, inputs)
 }
 
@@ -96,16 +113,27 @@ fn swapped_index_map_gives_a_wrong_answer() {
     let want = matmul_ref(&x, &y, 256, 256, 256);
     let good = run(&body, &inputs).unwrap();
     assert_close(&good[0].to_f32(), &want, 1e-2, 1e-1, "unmodified");
-    let bad = edit(&body, "\"stable_mosaic.func.return\"(%arg0, %arg2)", "\"stable_mosaic.func.return\"(%arg2, %arg0)");
+    let bad = edit(
+        &body,
+        "\"stable_mosaic.func.return\"(%arg0, %arg2)",
+        "\"stable_mosaic.func.return\"(%arg2, %arg0)",
+    );
     let out = run(&bad, &inputs).unwrap();
-    assert!(max_rel_err(&out[0].to_f32(), &want, 1e-1) > 0.5, "a swapped index map must change the result");
+    assert!(
+        max_rel_err(&out[0].to_f32(), &want, 1e-1) > 0.5,
+        "a swapped index map must change the result"
+    );
 }
 
 #[test]
 fn swapped_dimension_numbers_give_a_wrong_answer() {
     let (body, x, y, inputs) = square_matmul();
     let want = matmul_ref(&x, &y, 256, 256, 256);
-    let bad = edit(&body, "<[1], [0], [0], [1], [0, 0, 1, 1], [], []>", "<[0], [0], [1], [1], [0, 1, 1, 1], [], []>");
+    let bad = edit(
+        &body,
+        "<[1], [0], [0], [1], [0, 0, 1, 1], [], []>",
+        "<[0], [0], [1], [1], [0, 1, 1, 1], [], []>",
+    );
     let out = run(&bad, &inputs).unwrap();
     assert!(max_rel_err(&out[0].to_f32(), &want, 1e-1) > 0.5, "x^T y is not x y");
 }
@@ -113,10 +141,20 @@ fn swapped_dimension_numbers_give_a_wrong_answer() {
 #[test]
 fn block_index_out_of_bounds() {
     // Non-square: the swapped map indexes block (kk, i) of a 2x1-block array.
-    let (body, _) = library_body("matmul", &[("m", "64"), ("k", "256"), ("n", "128"), ("bm", "16"), ("bk", "128"), ("bn", "128")]);
+    let (body, _) = library_body(
+        "matmul",
+        &[("m", "64"), ("k", "256"), ("n", "128"), ("bm", "16"), ("bk", "128"), ("bn", "128")],
+    );
     let mut rng = Rng::new(13);
-    let inputs = [HostArray::bf16_from_f32(&[64, 256], &rng.bf16s(64 * 256)), HostArray::bf16_from_f32(&[256, 128], &rng.bf16s(256 * 128))];
-    let bad = edit(&body, "\"stable_mosaic.func.return\"(%arg0, %arg2)", "\"stable_mosaic.func.return\"(%arg2, %arg0)");
+    let inputs = [
+        HostArray::bf16_from_f32(&[64, 256], &rng.bf16s(64 * 256)),
+        HostArray::bf16_from_f32(&[256, 128], &rng.bf16s(256 * 128)),
+    ];
+    let bad = edit(
+        &body,
+        "\"stable_mosaic.func.return\"(%arg0, %arg2)",
+        "\"stable_mosaic.func.return\"(%arg2, %arg0)",
+    );
     let text = expect_err(run(&bad, &inputs), ErrorKind::OutOfBounds);
     assert!(text.contains("block index") && text.contains("input0"), "{text}");
 }

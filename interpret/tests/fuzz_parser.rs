@@ -17,9 +17,25 @@ use proptest::test_runner::{Config, RngSeed, TestRunner, contextualize_config};
 /// Small settings per kernel (its defaults where they are small already).
 fn small(kernel: &str) -> Vec<(String, String)> {
     let s: &[(&str, &str)] = match kernel {
-        "matmul" => &[("m", "256"), ("k", "256"), ("n", "256"), ("bm", "128"), ("bk", "128"), ("bn", "128")],
-        "expert_ffn" => &[("experts", "4"), ("hidden", "256"), ("ffn", "256"), ("block_ffn", "128"), ("top_k", "2")],
-        "grouped_matmul" => &[("m", "256"), ("k", "256"), ("n", "256"), ("groups", "4"), ("block_m", "128"), ("block_k", "128"), ("block_n", "128")],
+        "matmul" => {
+            &[("m", "256"), ("k", "256"), ("n", "256"), ("bm", "128"), ("bk", "128"), ("bn", "128")]
+        }
+        "expert_ffn" => &[
+            ("experts", "4"),
+            ("hidden", "256"),
+            ("ffn", "256"),
+            ("block_ffn", "128"),
+            ("top_k", "2"),
+        ],
+        "grouped_matmul" => &[
+            ("m", "256"),
+            ("k", "256"),
+            ("n", "256"),
+            ("groups", "4"),
+            ("block_m", "128"),
+            ("block_k", "128"),
+            ("block_n", "128"),
+        ],
         _ => &[],
     };
     s.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect()
@@ -30,7 +46,12 @@ fn bodies() -> Vec<(&'static str, String)> {
         .iter()
         .map(|e| {
             let k = (e.build)(&small(e.name)).unwrap_or_else(|err| panic!("{}: {err}", e.name));
-            (e.name, lower(&k, &LowerOptions { chip: Chip::V6e }).unwrap_or_else(|err| panic!("{}: {err}", e.name)).body)
+            (
+                e.name,
+                lower(&k, &LowerOptions { chip: Chip::V6e })
+                    .unwrap_or_else(|err| panic!("{}: {err}", e.name))
+                    .body,
+            )
         })
         .collect()
 }
@@ -38,14 +59,30 @@ fn bodies() -> Vec<(&'static str, String)> {
 #[derive(Clone, Debug)]
 enum Mutation {
     /// XOR a byte with a mask.
-    Flip { at: usize, mask: u8 },
-    Truncate { at: usize },
-    DeleteToken { at: usize },
-    DuplicateToken { at: usize },
+    Flip {
+        at: usize,
+        mask: u8,
+    },
+    Truncate {
+        at: usize,
+    },
+    DeleteToken {
+        at: usize,
+    },
+    DuplicateToken {
+        at: usize,
+    },
     /// Replace a token with a token of any body (possibly another kernel's).
-    ReplaceToken { at: usize, from: usize, with: usize },
+    ReplaceToken {
+        at: usize,
+        from: usize,
+        with: usize,
+    },
     /// Replace a number with a hostile one.
-    Number { at: usize, value: &'static str },
+    Number {
+        at: usize,
+        value: &'static str,
+    },
 }
 
 fn mutation() -> impl Strategy<Value = Mutation> {
@@ -55,8 +92,24 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         at.prop_map(|at| Mutation::Truncate { at }),
         at.prop_map(|at| Mutation::DeleteToken { at }),
         at.prop_map(|at| Mutation::DuplicateToken { at }),
-        (at, any::<usize>(), any::<usize>()).prop_map(|(at, from, with)| Mutation::ReplaceToken { at, from, with }),
-        (at, prop::sample::select(vec!["0", "-1", "4294967296", "9223372036854775807", "-9223372036854775808", "99999999999999999999", "1e400", "nan"]))
+        (at, any::<usize>(), any::<usize>()).prop_map(|(at, from, with)| Mutation::ReplaceToken {
+            at,
+            from,
+            with
+        }),
+        (
+            at,
+            prop::sample::select(vec![
+                "0",
+                "-1",
+                "4294967296",
+                "9223372036854775807",
+                "-9223372036854775808",
+                "99999999999999999999",
+                "1e400",
+                "nan"
+            ])
+        )
             .prop_map(|(at, value)| Mutation::Number { at, value }),
     ]
 }
@@ -143,8 +196,16 @@ fn mutated_bodies_never_panic_the_parser_or_prepare() {
     let all = bodies();
     for (name, body) in &all {
         // The unmutated body parses and prepares.
-        Module::parse(body).unwrap_or_else(|e| panic!("{name}: {e}")).prepare().unwrap_or_else(|e| panic!("{name}: {e}"));
-        let config = contextualize_config(Config { cases: 24, rng_seed: RngSeed::Fixed(0x5eed), failure_persistence: None, ..Config::default() });
+        Module::parse(body)
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .prepare()
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let config = contextualize_config(Config {
+            cases: 24,
+            rng_seed: RngSeed::Fixed(0x5eed),
+            failure_persistence: None,
+            ..Config::default()
+        });
         let mut runner = TestRunner::new(config);
         let result = runner.run(&mutation(), |m| {
             let mutated = apply(body, &m, &all);
@@ -166,7 +227,11 @@ fn mutated_bodies_never_panic_the_parser_or_prepare() {
 /// result group larger than the op's type could list is a parse error.
 #[test]
 fn a_result_group_count_never_sizes_an_allocation() {
-    let text = "module {\n  %0:4294967296 = \"arith.constant\"() {value = 0 : i32} : () -> i32\n}\n";
+    let text =
+        "module {\n  %0:4294967296 = \"arith.constant\"() {value = 0 : i32} : () -> i32\n}\n";
     let err = Module::parse(text).unwrap_err().to_string();
-    assert!(err.contains("result group `%0:4294967296` has more results than the op's type can list"), "{err}");
+    assert!(
+        err.contains("result group `%0:4294967296` has more results than the op's type can list"),
+        "{err}"
+    );
 }

@@ -10,7 +10,10 @@ use palladium_interpret::{CallSpec, HostArray, Module};
 
 fn run_matmul(m: usize, k: usize, n: usize, bm: usize, bk: usize, bn: usize, seed: u64) {
     let s = |v: usize| v.to_string();
-    let (body, call) = library_body("matmul", &[("m", &s(m)), ("k", &s(k)), ("n", &s(n)), ("bm", &s(bm)), ("bk", &s(bk)), ("bn", &s(bn))]);
+    let (body, call) = library_body(
+        "matmul",
+        &[("m", &s(m)), ("k", &s(k)), ("n", &s(n)), ("bm", &s(bm)), ("bk", &s(bk)), ("bn", &s(bn))],
+    );
     let mut rng = Rng::new(seed);
     let (x, y) = (rng.bf16s(m * k), rng.bf16s(k * n));
     let inputs = [HostArray::bf16_from_f32(&[m, k], &x), HostArray::bf16_from_f32(&[k, n], &y)];
@@ -20,7 +23,13 @@ fn run_matmul(m: usize, k: usize, n: usize, bm: usize, bk: usize, bn: usize, see
     assert_eq!(out[0].shape, vec![m, n]);
     assert_eq!(out[0].dtype, palladium_array::DType::Bf16);
     let want = matmul_ref(&x, &y, m, k, n);
-    assert_close(&out[0].to_f32(), &want, 1e-2, 1e-1, &format!("matmul {m}x{k}x{n} blocks {bm}x{bk}x{bn}"));
+    assert_close(
+        &out[0].to_f32(),
+        &want,
+        1e-2,
+        1e-1,
+        &format!("matmul {m}x{k}x{n} blocks {bm}x{bk}x{bn}"),
+    );
     // The call spec gives the same answer.
     let spec = CallSpec::from_json(&call).unwrap();
     assert_eq!(program.run_with(&inputs, &spec).unwrap(), out);
@@ -45,10 +54,20 @@ use palladium_kernels::reference::{gather_rows as gather_ref, rmsnorm as rmsnorm
 
 fn run_rmsnorm(rows: usize, hidden: usize, block_rows: usize, seed: u64) {
     let s = |v: usize| v.to_string();
-    let (body, _) = library_body("rmsnorm", &[("rows", &s(rows)), ("hidden", &s(hidden)), ("block_rows", &s(block_rows))]);
+    let (body, _) = library_body(
+        "rmsnorm",
+        &[("rows", &s(rows)), ("hidden", &s(hidden)), ("block_rows", &s(block_rows))],
+    );
     let mut rng = Rng::new(seed);
     let (x, w) = (rng.bf16s(rows * hidden), rng.bf16s(hidden));
-    let out = run(&body, &[HostArray::bf16_from_f32(&[rows, hidden], &x), HostArray::bf16_from_f32(&[1, hidden], &w)]).unwrap_or_else(|e| panic!("{e}"));
+    let out = run(
+        &body,
+        &[
+            HostArray::bf16_from_f32(&[rows, hidden], &x),
+            HostArray::bf16_from_f32(&[1, hidden], &w),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(out[0].shape, vec![rows, hidden]);
     assert_close(&out[0].to_f32(), &rmsnorm_ref(&x, &w, rows, hidden, 1e-6), 1e-2, 1e-2, "rmsnorm");
 }
@@ -63,18 +82,34 @@ fn rmsnorm_one_block() {
     run_rmsnorm(32, 512, 32, 5);
 }
 
-fn gather_inputs(n: usize, table_rows: usize, r: usize, d: usize, seed: u64) -> (Vec<i32>, Vec<f32>, [HostArray; 2]) {
+fn gather_inputs(
+    n: usize,
+    table_rows: usize,
+    r: usize,
+    d: usize,
+    seed: u64,
+) -> (Vec<i32>, Vec<f32>, [HostArray; 2]) {
     let mut rng = Rng::new(seed);
     let mut ids = rng.permutation(table_rows);
     ids.truncate(n);
     let table = rng.bf16s(table_rows * r * d);
-    let inputs = [HostArray::from_i32(&[n], &ids), HostArray::bf16_from_f32(&[table_rows, r, d], &table)];
+    let inputs =
+        [HostArray::from_i32(&[n], &ids), HostArray::bf16_from_f32(&[table_rows, r, d], &table)];
     (ids, table, inputs)
 }
 
 fn run_gather(n: usize, table_rows: usize, r: usize, d: usize, scale: f32, seed: u64) {
     let s = |v: usize| v.to_string();
-    let (body, _) = library_body("gather_rows", &[("n", &s(n)), ("table_rows", &s(table_rows)), ("r", &s(r)), ("d", &s(d)), ("scale", &scale.to_string())]);
+    let (body, _) = library_body(
+        "gather_rows",
+        &[
+            ("n", &s(n)),
+            ("table_rows", &s(table_rows)),
+            ("r", &s(r)),
+            ("d", &s(d)),
+            ("scale", &scale.to_string()),
+        ],
+    );
     let (ids, table, inputs) = gather_inputs(n, table_rows, r, d, seed);
     let out = run(&body, &inputs).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(out[0].shape, vec![n, r, d]);

@@ -25,7 +25,8 @@ fn want(x: &[f32]) -> Vec<f32> {
 
 #[test]
 fn a_kernel_writing_its_input_does_not_change_the_next_run() {
-    let program = Module::parse(DOUBLE_HEAD_IN_PLACE).unwrap().prepare().unwrap_or_else(|e| panic!("{e}"));
+    let program =
+        Module::parse(DOUBLE_HEAD_IN_PLACE).unwrap().prepare().unwrap_or_else(|e| panic!("{e}"));
     let x: Vec<f32> = (0..16 * 128).map(|k| k as f32 * 0.25 - 100.0).collect();
     let input = HostArray::from_f32(&[16, 128], &x);
     for run in 0..3 {
@@ -36,11 +37,13 @@ fn a_kernel_writing_its_input_does_not_change_the_next_run() {
 
 #[test]
 fn a_changed_input_is_read_afresh() {
-    let program = Module::parse(DOUBLE_HEAD_IN_PLACE).unwrap().prepare().unwrap_or_else(|e| panic!("{e}"));
+    let program =
+        Module::parse(DOUBLE_HEAD_IN_PLACE).unwrap().prepare().unwrap_or_else(|e| panic!("{e}"));
     let mut x: Vec<f32> = (0..16 * 128).map(|k| (k % 7) as f32).collect();
     for changed in [0, 16 * 128 - 1, 8 * 128] {
         x[changed] += 1.5;
-        let out = program.run(&[HostArray::from_f32(&[16, 128], &x)]).unwrap_or_else(|e| panic!("{e}"));
+        let out =
+            program.run(&[HostArray::from_f32(&[16, 128], &x)]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(out[0].to_f32(), want(&x), "after changing element {changed}");
     }
     // Same values, another type: a bf16 array of the same bytes is not the f32 one.
@@ -53,14 +56,16 @@ fn an_array_changed_in_place_between_runs_is_read_afresh() {
     // The program keeps a clone of the input's shared bytes and passes an input holding the
     // same storage without comparing it; changing the caller's array copies the shared bytes
     // first (`Arc::make_mut`), so the next run sees other storage and reads it again.
-    let program = Module::parse(DOUBLE_HEAD_IN_PLACE).unwrap().prepare().unwrap_or_else(|e| panic!("{e}"));
+    let program =
+        Module::parse(DOUBLE_HEAD_IN_PLACE).unwrap().prepare().unwrap_or_else(|e| panic!("{e}"));
     let mut x: Vec<f32> = (0..16 * 128).map(|k| (k % 5) as f32).collect();
     let mut input = HostArray::from_f32(&[16, 128], &x);
     let out = program.run(std::slice::from_ref(&input)).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(out[0].to_f32(), want(&x));
     for changed in [3, 16 * 128 - 1] {
         x[changed] = -2.0;
-        std::sync::Arc::make_mut(&mut input.bytes)[4 * changed..4 * changed + 4].copy_from_slice(&(-2f32).to_le_bytes());
+        std::sync::Arc::make_mut(&mut input.bytes)[4 * changed..4 * changed + 4]
+            .copy_from_slice(&(-2f32).to_le_bytes());
         let out = program.run(std::slice::from_ref(&input)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(out[0].to_f32(), want(&x), "after changing element {changed} in place");
     }
@@ -102,17 +107,30 @@ const PARTIAL_SCRATCH: &str = r#"module attributes {stable_mosaic.version = 15 :
 fn unwritten_scratch_reads_as_poison_run_after_run() {
     // Fresh scratch is poison where nothing wrote it, also in a chunk written in part, and
     // also when its storage is recycled from a run that wrote there.
-    let program = Module::parse(PARTIAL_SCRATCH).unwrap().prepare().unwrap_or_else(|e| panic!("{e}"));
+    let program =
+        Module::parse(PARTIAL_SCRATCH).unwrap().prepare().unwrap_or_else(|e| panic!("{e}"));
     for (run, flag) in [7.0f32, 0.0, 3.0, -1.0].into_iter().enumerate() {
-        let out = program.run(&[HostArray::from_f32(&[1, 128], &[flag; 128])]).unwrap_or_else(|e| panic!("{e}"))[0].to_f32();
+        let out = program
+            .run(&[HostArray::from_f32(&[1, 128], &[flag; 128])])
+            .unwrap_or_else(|e| panic!("{e}"))[0]
+            .to_f32();
         let rows: Vec<&[f32]> = out.chunks(8 * 128).collect();
         assert!(rows[0].iter().all(|x| x.is_nan()), "run {run}: scratch[0] was never written");
         if flag > 0.0 {
-            assert!(rows[1].iter().all(|&x| x == flag), "run {run}: scratch[1, 0..8] holds the flag row");
+            assert!(
+                rows[1].iter().all(|&x| x == flag),
+                "run {run}: scratch[1, 0..8] holds the flag row"
+            );
         } else {
-            assert!(rows[1].iter().all(|x| x.is_nan()), "run {run}: scratch[1, 0..8] not written this run");
+            assert!(
+                rows[1].iter().all(|x| x.is_nan()),
+                "run {run}: scratch[1, 0..8] not written this run"
+            );
         }
-        assert!(rows[2].iter().all(|x| x.is_nan()), "run {run}: scratch[1, 8..16] was never written");
+        assert!(
+            rows[2].iter().all(|x| x.is_nan()),
+            "run {run}: scratch[1, 8..16] was never written"
+        );
     }
 }
 
@@ -162,11 +180,22 @@ fn a_slot_a_dma_filled_from_a_kept_input_holds_the_values_of_the_copy() {
     let x: Vec<f32> = (0..2 * slot).map(|k| (k % 1000) as f32 * 0.5 - 7.0).collect();
     let input = HostArray::from_f32(&[2, 256, 128], &x);
     for run in 0..3 {
-        let out = program.run(std::slice::from_ref(&input)).unwrap_or_else(|e| panic!("{e}"))[0].to_f32();
-        assert_eq!(out[..slot], x[..slot], "run {run}: ring slot 0 holds input slot 0 as the DMA copied it");
-        let slot1: Vec<f32> = (0..slot).map(|k| if k < 8 * 128 { -1.0 } else { x[slot + k] }).collect();
-        assert_eq!(out[slot..2 * slot], slot1[..], "run {run}: ring slot 1 is input slot 1 with rows 0..8 stored over");
-        let changed: Vec<f32> = (0..slot).map(|k| if k < 8 * 128 { 2.0 * x[k] } else { x[k] }).collect();
+        let out =
+            program.run(std::slice::from_ref(&input)).unwrap_or_else(|e| panic!("{e}"))[0].to_f32();
+        assert_eq!(
+            out[..slot],
+            x[..slot],
+            "run {run}: ring slot 0 holds input slot 0 as the DMA copied it"
+        );
+        let slot1: Vec<f32> =
+            (0..slot).map(|k| if k < 8 * 128 { -1.0 } else { x[slot + k] }).collect();
+        assert_eq!(
+            out[slot..2 * slot],
+            slot1[..],
+            "run {run}: ring slot 1 is input slot 1 with rows 0..8 stored over"
+        );
+        let changed: Vec<f32> =
+            (0..slot).map(|k| if k < 8 * 128 { 2.0 * x[k] } else { x[k] }).collect();
         assert_eq!(out[2 * slot..], changed[..], "run {run}: the kernel's write to its input");
     }
 }

@@ -35,10 +35,12 @@ pub fn decode_attention(
     #[default(false)] bench_full_context: bool,
     #[default(false)] unroll_kv: bool,
     #[prefetch(i32[batch])] lens: Ref,
-    #[input(bf16[batch, kv_heads, group, head_dim], block = [None, None, group, head_dim], map = |b, h, _lens| (b, h, 0, 0))] q: Ref,
+    #[input(bf16[batch, kv_heads, group, head_dim], block = [None, None, group, head_dim], map = |b, h, _lens| (b, h, 0, 0))]
+    q: Ref,
     #[input(bf16[batch, kv_heads, max_context, head_dim], space = any)] k_cache: Ref,
     #[input(bf16[batch, kv_heads, max_context, head_dim], space = any)] v_cache: Ref,
-    #[output(bf16[batch, kv_heads, group, head_dim], block = [None, None, group, head_dim], map = |b, h, _lens| (b, h, 0, 0))] o: Ref,
+    #[output(bf16[batch, kv_heads, group, head_dim], block = [None, None, group, head_dim], map = |b, h, _lens| (b, h, 0, 0))]
+    o: Ref,
     #[scratch(vmem, bf16[2, block_kv, head_dim])] k_buf: Ref,
     #[scratch(vmem, bf16[2, block_kv, head_dim])] v_buf: Ref,
     #[scratch(dma_sem[2, 2])] sems: SemRef,
@@ -54,8 +56,16 @@ pub fn decode_attention(
     };
     let fetch = |tile: Val, slot: Val| {
         let start = (tile * block_kv as i32).multiple_of(block_kv as u32);
-        let k = async_copy(k_cache.at((b, h, ds(start, block_kv as u64), ..)), k_buf.at(slot), sems.at((0, slot)));
-        let v = async_copy(v_cache.at((b, h, ds(start, block_kv as u64), ..)), v_buf.at(slot), sems.at((1, slot)));
+        let k = async_copy(
+            k_cache.at((b, h, ds(start, block_kv as u64), ..)),
+            k_buf.at(slot),
+            sems.at((0, slot)),
+        );
+        let v = async_copy(
+            v_cache.at((b, h, ds(start, block_kv as u64), ..)),
+            v_buf.at(slot),
+            sems.at((1, slot)),
+        );
         (k, v)
     };
     let scale = 1.0 / (head_dim as f64).sqrt();
@@ -78,7 +88,13 @@ pub fn decode_attention(
         let (k_now, v_now) = fetch(t, slot);
         k_now.wait();
         v_now.wait();
-        let mask = KvMask { start: t * block_kv as i32, last: last_position, queries: None, window: None, zero_values: false };
+        let mask = KvMask {
+            start: t * block_kv as i32,
+            last: last_position,
+            queries: None,
+            window: None,
+            zero_values: false,
+        };
         state.attend(qv, k_buf[slot], v_buf[slot], Some(scale), Some(mask))
     };
     let init = OnlineSoftmax::start(group as u64, head_dim as u64);

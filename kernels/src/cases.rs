@@ -8,24 +8,33 @@
 //!
 //! and `entry!(kernel, "...", cases::kernel)` in `lib.rs` hooks it into the registry.
 
-use palladium_array::HostArray;
 use crate::reference::{self as r, Rng};
+use palladium_array::HostArray;
 
 pub mod matmul {
     use super::*;
-    use palladium_dsl::DType;
     use crate::matmul::Params;
+    use palladium_dsl::DType;
 
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        vec![HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k)), HostArray::bf16_from_f32(&[p.k, p.n], &rng.bf16s(p.k * p.n))]
+        vec![
+            HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k)),
+            HostArray::bf16_from_f32(&[p.k, p.n], &rng.bf16s(p.k * p.n)),
+        ]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let shape = [p.m, p.n];
         match p.out_dtype {
-            DType::F32 => vec![HostArray::from_f32(&shape, &r::matmul_f32(&x[0].to_f32(), &x[1].to_f32(), p.m, p.k, p.n))],
-            _ => vec![HostArray::bf16_from_f32(&shape, &r::matmul(&x[0].to_f32(), &x[1].to_f32(), p.m, p.k, p.n))],
+            DType::F32 => vec![HostArray::from_f32(
+                &shape,
+                &r::matmul_f32(&x[0].to_f32(), &x[1].to_f32(), p.m, p.k, p.n),
+            )],
+            _ => vec![HostArray::bf16_from_f32(
+                &shape,
+                &r::matmul(&x[0].to_f32(), &x[1].to_f32(), p.m, p.k, p.n),
+            )],
         }
     }
 }
@@ -36,11 +45,17 @@ pub mod rmsnorm {
 
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        vec![HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(p.rows * p.hidden)), HostArray::bf16_from_f32(&[1, p.hidden], &rng.bf16s(p.hidden))]
+        vec![
+            HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(p.rows * p.hidden)),
+            HostArray::bf16_from_f32(&[1, p.hidden], &rng.bf16s(p.hidden)),
+        ]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        vec![HostArray::bf16_from_f32(&[p.rows, p.hidden], &r::rmsnorm(&x[0].to_f32(), &x[1].to_f32(), p.rows, p.hidden, p.eps as f32))]
+        vec![HostArray::bf16_from_f32(
+            &[p.rows, p.hidden],
+            &r::rmsnorm(&x[0].to_f32(), &x[1].to_f32(), p.rows, p.hidden, p.eps as f32),
+        )]
     }
 }
 
@@ -54,11 +69,20 @@ pub mod gather_rows {
         let mut rng = Rng::new(seed);
         let perm = rng.permutation(p.table_rows);
         let ids: Vec<i32> = (0..p.n).map(|i| perm[i % p.table_rows.max(1)]).collect();
-        vec![HostArray::from_i32(&[p.n], &ids), HostArray::bf16_from_f32(&[p.table_rows, p.r, p.d], &rng.bf16s(p.table_rows * p.r * p.d))]
+        vec![
+            HostArray::from_i32(&[p.n], &ids),
+            HostArray::bf16_from_f32(
+                &[p.table_rows, p.r, p.d],
+                &rng.bf16s(p.table_rows * p.r * p.d),
+            ),
+        ]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        vec![HostArray::bf16_from_f32(&[p.n, p.r, p.d], &r::gather_rows(&x[0].to_i32(), &x[1].to_f32(), p.r, p.d, p.scale as f32))]
+        vec![HostArray::bf16_from_f32(
+            &[p.n, p.r, p.d],
+            &r::gather_rows(&x[0].to_i32(), &x[1].to_f32(), p.r, p.d, p.scale as f32),
+        )]
     }
 }
 
@@ -70,7 +94,8 @@ pub mod decode_attention {
     /// always exercised when `block_kv > 1`); all `max_context` with `bench_full_context`.
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        let mut lens: Vec<i32> = (0..p.batch).map(|_| rng.range(1, p.max_context as i64) as i32).collect();
+        let mut lens: Vec<i32> =
+            (0..p.batch).map(|_| rng.range(1, p.max_context as i64) as i32).collect();
         let bkv = p.block_kv as i32;
         if p.bench_full_context {
             // The benchmark variant attends to every position whatever `lens` says.
@@ -90,8 +115,15 @@ pub mod decode_attention {
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        let s = r::AttentionShape { batch: p.batch, kv_heads: p.kv_heads, group: p.group, head_dim: p.head_dim, max_context: p.max_context };
-        let o = r::decode_attention(&x[0].to_i32(), &x[1].to_f32(), &x[2].to_f32(), &x[3].to_f32(), s);
+        let s = r::AttentionShape {
+            batch: p.batch,
+            kv_heads: p.kv_heads,
+            group: p.group,
+            head_dim: p.head_dim,
+            max_context: p.max_context,
+        };
+        let o =
+            r::decode_attention(&x[0].to_i32(), &x[1].to_f32(), &x[2].to_f32(), &x[3].to_f32(), s);
         vec![HostArray::bf16_from_f32(&[p.batch, p.kv_heads, p.group, p.head_dim], &o)]
     }
 }
@@ -105,7 +137,8 @@ pub mod kv_cache_update {
     /// written); random caches, so a wrong or missing row and any clobbered neighbour show.
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        let mut positions: Vec<i32> = (0..p.batch).map(|_| rng.range(0, p.max_context as i64 - 1) as i32).collect();
+        let mut positions: Vec<i32> =
+            (0..p.batch).map(|_| rng.range(0, p.max_context as i64 - 1) as i32).collect();
         if p.max_context > 1 && positions[0] % 2 == 0 {
             positions[0] += if positions[0] + 1 < p.max_context as i32 { 1 } else { -1 };
         }
@@ -123,8 +156,20 @@ pub mod kv_cache_update {
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let cache = [p.batch, p.kv_heads, p.max_context, p.head_dim];
-        let update = |new: &HostArray, old: &HostArray| r::kv_cache_update(&x[0].to_i32(), &new.to_f32(), &old.to_f32(), p.kv_heads, p.max_context, p.head_dim);
-        vec![HostArray::bf16_from_f32(&cache, &update(&x[1], &x[3])), HostArray::bf16_from_f32(&cache, &update(&x[2], &x[4]))]
+        let update = |new: &HostArray, old: &HostArray| {
+            r::kv_cache_update(
+                &x[0].to_i32(),
+                &new.to_f32(),
+                &old.to_f32(),
+                p.kv_heads,
+                p.max_context,
+                p.head_dim,
+            )
+        };
+        vec![
+            HostArray::bf16_from_f32(&cache, &update(&x[1], &x[3])),
+            HostArray::bf16_from_f32(&cache, &update(&x[2], &x[4])),
+        ]
     }
 }
 
@@ -137,11 +182,21 @@ pub mod flash_attention {
         let q = [p.batch, p.heads, p.seq_q, p.head_dim];
         let kv = [p.batch, p.heads, p.seq_k, p.head_dim];
         let (nq, nkv) = (q.iter().product(), kv.iter().product());
-        vec![HostArray::bf16_from_f32(&q, &rng.bf16s(nq)), HostArray::bf16_from_f32(&kv, &rng.bf16s(nkv)), HostArray::bf16_from_f32(&kv, &rng.bf16s(nkv))]
+        vec![
+            HostArray::bf16_from_f32(&q, &rng.bf16s(nq)),
+            HostArray::bf16_from_f32(&kv, &rng.bf16s(nkv)),
+            HostArray::bf16_from_f32(&kv, &rng.bf16s(nkv)),
+        ]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        let s = r::FlashShape { heads: p.batch * p.heads, seq_q: p.seq_q, seq_k: p.seq_k, head_dim: p.head_dim, causal: p.causal };
+        let s = r::FlashShape {
+            heads: p.batch * p.heads,
+            seq_q: p.seq_q,
+            seq_k: p.seq_k,
+            head_dim: p.head_dim,
+            causal: p.causal,
+        };
         let o = r::flash_attention(&x[0].to_f32(), &x[1].to_f32(), &x[2].to_f32(), s);
         vec![HostArray::bf16_from_f32(&[p.batch, p.heads, p.seq_q, p.head_dim], &o)]
     }
@@ -172,19 +227,40 @@ pub mod moe_router {
         let mut rng = Rng::new(seed);
         let x = rng.bf16s(p.tokens * p.hidden);
         let w = scaled_bf16s(&mut rng, p.hidden * p.experts, fan_in_scale(p.hidden));
-        vec![HostArray::bf16_from_f32(&[p.tokens, p.hidden], &x), HostArray::bf16_from_f32(&[p.hidden, p.experts], &w)]
+        vec![
+            HostArray::bf16_from_f32(&[p.tokens, p.hidden], &x),
+            HostArray::bf16_from_f32(&[p.hidden, p.experts], &w),
+        ]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        let (ids, weights) = moe::moe_router(&x[0].to_f32(), &x[1].to_f32(), p.tokens, p.hidden, p.experts, p.top_k, p.sigmoid, p.renormalize);
-        vec![HostArray::from_i32(&[p.tokens, p.top_k], &ids), HostArray::from_f32(&[p.tokens, p.top_k], &weights)]
+        let (ids, weights) = moe::moe_router(
+            &x[0].to_f32(),
+            &x[1].to_f32(),
+            p.tokens,
+            p.hidden,
+            p.experts,
+            p.top_k,
+            p.sigmoid,
+            p.renormalize,
+        );
+        vec![
+            HostArray::from_i32(&[p.tokens, p.top_k], &ids),
+            HostArray::from_f32(&[p.tokens, p.top_k], &weights),
+        ]
     }
 }
 
 /// The expert kernels' routing and activations: per token `top_k` distinct expert ids (a
 /// prefix of a random permutation of the experts; flattened `[tokens * top_k]`), positive
 /// weights summing to 1 (`[tokens, top_k]`), and bf16 activations `[tokens, hidden]`.
-fn routed_tokens(rng: &mut Rng, tokens: usize, hidden: usize, experts: usize, top_k: usize) -> [HostArray; 3] {
+fn routed_tokens(
+    rng: &mut Rng,
+    tokens: usize,
+    hidden: usize,
+    experts: usize,
+    top_k: usize,
+) -> [HostArray; 3] {
     assert!(top_k <= experts, "expert cases: top_k {top_k} > experts {experts}");
     let mut ids = Vec::with_capacity(tokens * top_k);
     let mut weights = Vec::with_capacity(tokens * top_k);
@@ -217,14 +293,34 @@ pub mod expert_ffn {
             ids,
             weights,
             x,
-            HostArray::bf16_from_f32(&[e, h, f], &scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h))),
-            HostArray::bf16_from_f32(&[e, h, f], &scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h))),
-            HostArray::bf16_from_f32(&[e, f, h], &scaled_bf16s(&mut rng, e * f * h, fan_in_scale(f))),
+            HostArray::bf16_from_f32(
+                &[e, h, f],
+                &scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h)),
+            ),
+            HostArray::bf16_from_f32(
+                &[e, h, f],
+                &scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h)),
+            ),
+            HostArray::bf16_from_f32(
+                &[e, f, h],
+                &scaled_bf16s(&mut rng, e * f * h, fan_in_scale(f)),
+            ),
         ]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        let o = moe::expert_ffn(&x[2].to_f32(), &x[0].to_i32(), &x[1].to_f32(), &x[3].to_f32(), &x[4].to_f32(), &x[5].to_f32(), p.tokens, p.hidden, p.top_k, p.ffn);
+        let o = moe::expert_ffn(
+            &x[2].to_f32(),
+            &x[0].to_i32(),
+            &x[1].to_f32(),
+            &x[3].to_f32(),
+            &x[4].to_f32(),
+            &x[5].to_f32(),
+            p.tokens,
+            p.hidden,
+            p.top_k,
+            p.ffn,
+        );
         vec![HostArray::bf16_from_f32(&[p.tokens, p.hidden], &o)]
     }
 }
@@ -245,23 +341,48 @@ fn grouped_rows(rng: &mut Rng, m: usize, groups: usize, block_m: usize) -> [Host
     let sizes: Vec<usize> = bounds.windows(2).map(|w| w[1] - w[0]).collect();
     let (offsets, gids, tids, num) = crate::moe_reference::group_metadata(&sizes, m, block_m);
     let visits = gids.len();
-    [HostArray::from_i32(&[groups + 1], &offsets), HostArray::from_i32(&[visits], &gids), HostArray::from_i32(&[visits], &tids), HostArray::from_i32(&[1], &[num])]
+    [
+        HostArray::from_i32(&[groups + 1], &offsets),
+        HostArray::from_i32(&[visits], &gids),
+        HostArray::from_i32(&[visits], &tids),
+        HostArray::from_i32(&[1], &[num]),
+    ]
 }
 
 /// `parts` (same dtype) one after the other as one array of `shape`.
 fn stacked(parts: &[HostArray], shape: &[usize]) -> HostArray {
-    HostArray::new(parts[0].dtype, shape, parts.iter().flat_map(|a| a.bytes.iter().copied()).collect()).expect("the parts fill the shape")
+    HostArray::new(
+        parts[0].dtype,
+        shape,
+        parts.iter().flat_map(|a| a.bytes.iter().copied()).collect(),
+    )
+    .expect("the parts fill the shape")
 }
 
 /// The f32 values of `count` standalone quantized `[k, n]` matrices stored one after the
 /// other in `codes` (one byte per code) with their `[k / group, n]` f32 scales in `scales`,
 /// dequantized (`code * scale`); `which` picks the matrices (by index) and their order.
-fn dequantized(codes: &HostArray, scales: &HostArray, (k, n, group): (usize, usize, usize), which: impl Iterator<Item = usize>) -> Vec<f32> {
+fn dequantized(
+    codes: &HostArray,
+    scales: &HostArray,
+    (k, n, group): (usize, usize, usize),
+    which: impl Iterator<Item = usize>,
+) -> Vec<f32> {
     let per = (k * n, k / group * n);
     which
         .flat_map(|b| {
-            let codes = HostArray::new(codes.dtype, &[k, n], codes.bytes[b * per.0..(b + 1) * per.0].to_vec()).expect("one byte per code");
-            let scales = HostArray::new(scales.dtype, &[k / group, n], scales.bytes[4 * b * per.1..4 * (b + 1) * per.1].to_vec()).expect("f32 scales");
+            let codes = HostArray::new(
+                codes.dtype,
+                &[k, n],
+                codes.bytes[b * per.0..(b + 1) * per.0].to_vec(),
+            )
+            .expect("one byte per code");
+            let scales = HostArray::new(
+                scales.dtype,
+                &[k / group, n],
+                scales.bytes[4 * b * per.1..4 * (b + 1) * per.1].to_vec(),
+            )
+            .expect("f32 scales");
             r::dequantize(&codes.to_f32(), &scales.to_f32(), k, n, group)
         })
         .collect()
@@ -283,7 +404,10 @@ pub mod grouped_matmul {
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        vec![HostArray::bf16_from_f32(&[p.m, p.n], &moe::grouped_matmul(&x[4].to_f32(), &x[5].to_f32(), &x[0].to_i32(), p.m, p.k, p.n))]
+        vec![HostArray::bf16_from_f32(
+            &[p.m, p.n],
+            &moe::grouped_matmul(&x[4].to_f32(), &x[5].to_f32(), &x[0].to_i32(), p.m, p.k, p.n),
+        )]
     }
 }
 
@@ -298,8 +422,11 @@ pub mod grouped_matmul_quantized {
         let mut rng = Rng::new(seed);
         let mut x = grouped_rows(&mut rng, p.m, p.groups, p.block_m).to_vec();
         x.push(HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k)));
-        let experts: Vec<[HostArray; 2]> = (0..p.groups).map(|_| quantized_weight(&mut rng, p.wdtype, p.k, p.n, p.group)).collect();
-        let (codes, scales): (Vec<HostArray>, Vec<HostArray>) = experts.into_iter().map(|[c, s]| (c, s)).unzip();
+        let experts: Vec<[HostArray; 2]> = (0..p.groups)
+            .map(|_| quantized_weight(&mut rng, p.wdtype, p.k, p.n, p.group))
+            .collect();
+        let (codes, scales): (Vec<HostArray>, Vec<HostArray>) =
+            experts.into_iter().map(|[c, s]| (c, s)).unzip();
         x.push(stacked(&codes, &[p.groups, p.k, p.n]));
         x.push(stacked(&scales, &[p.groups, p.k / p.group, p.n]));
         x
@@ -309,7 +436,10 @@ pub mod grouped_matmul_quantized {
     /// included: the reference indexes experts by group).
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let rhs = dequantized(&x[5], &x[6], (p.k, p.n, p.group), 0..p.groups);
-        vec![HostArray::bf16_from_f32(&[p.m, p.n], &moe::grouped_matmul(&x[4].to_f32(), &rhs, &x[0].to_i32(), p.m, p.k, p.n))]
+        vec![HostArray::bf16_from_f32(
+            &[p.m, p.n],
+            &moe::grouped_matmul(&x[4].to_f32(), &rhs, &x[0].to_i32(), p.m, p.k, p.n),
+        )]
     }
 }
 
@@ -319,11 +449,17 @@ pub mod gemv {
 
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        vec![HostArray::bf16_from_f32(&[p.batch, p.k], &rng.bf16s(p.batch * p.k)), HostArray::bf16_from_f32(&[p.k, p.n], &rng.bf16s(p.k * p.n))]
+        vec![
+            HostArray::bf16_from_f32(&[p.batch, p.k], &rng.bf16s(p.batch * p.k)),
+            HostArray::bf16_from_f32(&[p.k, p.n], &rng.bf16s(p.k * p.n)),
+        ]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        vec![HostArray::from_f32(&[p.batch, p.n], &r::gemv(&x[0].to_f32(), &x[1].to_f32(), p.batch, p.k, p.n))]
+        vec![HostArray::from_f32(
+            &[p.batch, p.n],
+            &r::gemv(&x[0].to_f32(), &x[1].to_f32(), p.batch, p.k, p.n),
+        )]
     }
 }
 
@@ -337,11 +473,17 @@ macro_rules! residual_cases {
             pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
                 let mut rng = Rng::new(seed);
                 let n = p.rows * p.hidden;
-                vec![HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(n)), HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(n))]
+                vec![
+                    HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(n)),
+                    HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(n)),
+                ]
             }
 
             pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-                vec![HostArray::bf16_from_f32(&[p.rows, p.hidden], &r::residual_add(&x[0].to_f32(), &x[1].to_f32()))]
+                vec![HostArray::bf16_from_f32(
+                    &[p.rows, p.hidden],
+                    &r::residual_add(&x[0].to_f32(), &x[1].to_f32()),
+                )]
             }
         }
     };
@@ -358,12 +500,23 @@ pub mod rmsnorm_matmul {
         vec![
             HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(p.rows * p.hidden)),
             HostArray::bf16_from_f32(&[1, p.hidden], &rng.bf16s(p.hidden)),
-            HostArray::bf16_from_f32(&[p.hidden, p.n], &scaled_bf16s(&mut rng, p.hidden * p.n, fan_in_scale(p.hidden))),
+            HostArray::bf16_from_f32(
+                &[p.hidden, p.n],
+                &scaled_bf16s(&mut rng, p.hidden * p.n, fan_in_scale(p.hidden)),
+            ),
         ]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        let o = r::rmsnorm_matmul(&x[0].to_f32(), &x[1].to_f32(), &x[2].to_f32(), p.rows, p.hidden, p.n, p.eps as f32);
+        let o = r::rmsnorm_matmul(
+            &x[0].to_f32(),
+            &x[1].to_f32(),
+            &x[2].to_f32(),
+            p.rows,
+            p.hidden,
+            p.n,
+            p.eps as f32,
+        );
         vec![HostArray::bf16_from_f32(&[p.rows, p.n], &o)]
     }
 }
@@ -379,7 +532,8 @@ pub mod rope {
         let mut rng = Rng::new(seed);
         let d = p.head_dim;
         let x = rng.bf16s(p.tokens * p.heads * d);
-        let (mut cos, mut sin) = (Vec::with_capacity(p.tokens * d), Vec::with_capacity(p.tokens * d));
+        let (mut cos, mut sin) =
+            (Vec::with_capacity(p.tokens * d), Vec::with_capacity(p.tokens * d));
         for _ in 0..p.tokens {
             let pos = rng.range(0, 8191) as f64;
             for j in 0..d {
@@ -389,11 +543,23 @@ pub mod rope {
                 sin.push(angle.sin() as f32);
             }
         }
-        vec![HostArray::bf16_from_f32(&[p.tokens, p.heads * d], &x), HostArray::from_f32(&[p.tokens, d], &cos), HostArray::from_f32(&[p.tokens, d], &sin)]
+        vec![
+            HostArray::bf16_from_f32(&[p.tokens, p.heads * d], &x),
+            HostArray::from_f32(&[p.tokens, d], &cos),
+            HostArray::from_f32(&[p.tokens, d], &sin),
+        ]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        let o = r::rope(&x[0].to_f32(), &x[1].to_f32(), &x[2].to_f32(), p.tokens, p.heads, p.head_dim, p.interleaved);
+        let o = r::rope(
+            &x[0].to_f32(),
+            &x[1].to_f32(),
+            &x[2].to_f32(),
+            p.tokens,
+            p.heads,
+            p.head_dim,
+            p.interleaved,
+        );
         vec![HostArray::bf16_from_f32(&[p.tokens, p.heads * p.head_dim], &o)]
     }
 }
@@ -402,19 +568,43 @@ pub mod rope {
 /// `[k, n]` over the format's whole range (i8 `-127..=127`, i4 `-8..=7`, every finite
 /// f8e4m3fn byte) and positive f32 scales `[k / group, n]` that keep a product over `k`
 /// inputs at `O(1)`.
-fn quantized_weight(rng: &mut Rng, wdtype: palladium_dsl::DType, k: usize, n: usize, group: usize) -> [HostArray; 2] {
+fn quantized_weight(
+    rng: &mut Rng,
+    wdtype: palladium_dsl::DType,
+    k: usize,
+    n: usize,
+    group: usize,
+) -> [HostArray; 2] {
     use palladium_dsl::DType;
     let (codes, code_max) = match wdtype {
-        DType::I8 => (HostArray::from_i32_values(DType::I8, &[k, n], &(0..k * n).map(|_| rng.range(-127, 127) as i32).collect::<Vec<_>>()), 127.0),
-        DType::I4 => (HostArray::from_i32_values(DType::I4, &[k, n], &(0..k * n).map(|_| rng.range(-8, 7) as i32).collect::<Vec<_>>()), 8.0),
+        DType::I8 => (
+            HostArray::from_i32_values(
+                DType::I8,
+                &[k, n],
+                &(0..k * n).map(|_| rng.range(-127, 127) as i32).collect::<Vec<_>>(),
+            ),
+            127.0,
+        ),
+        DType::I4 => (
+            HostArray::from_i32_values(
+                DType::I4,
+                &[k, n],
+                &(0..k * n).map(|_| rng.range(-8, 7) as i32).collect::<Vec<_>>(),
+            ),
+            8.0,
+        ),
         _ => {
             // The 254 finite bytes: 0x7F and 0xFF are e4m3fn's NaNs.
-            let bytes = (0..k * n).map(|_| rng.range(0, 0xFD) as u8).map(|b| if b >= 0x7F { b + 1 } else { b }).collect();
+            let bytes = (0..k * n)
+                .map(|_| rng.range(0, 0xFD) as u8)
+                .map(|b| if b >= 0x7F { b + 1 } else { b })
+                .collect();
             (HostArray::new(DType::F8E4M3, &[k, n], bytes), 448.0)
         }
     };
     let codes = codes.expect("codes of a quantized weight dtype");
-    let scales: Vec<f32> = (0..k / group * n).map(|_| (1.5 + rng.unit()) * fan_in_scale(k) / code_max).collect();
+    let scales: Vec<f32> =
+        (0..k / group * n).map(|_| (1.5 + rng.unit()) * fan_in_scale(k) / code_max).collect();
     [codes, HostArray::from_f32(&[k / group, n], &scales)]
 }
 
@@ -466,7 +656,15 @@ pub mod rmsnorm_matmul_quantized {
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let w = r::dequantize(&x[2].to_f32(), &x[3].to_f32(), p.hidden, p.n, p.group);
-        let o = r::rmsnorm_matmul(&x[0].to_f32(), &x[1].to_f32(), &w, p.rows, p.hidden, p.n, p.eps as f32);
+        let o = r::rmsnorm_matmul(
+            &x[0].to_f32(),
+            &x[1].to_f32(),
+            &w,
+            p.rows,
+            p.hidden,
+            p.n,
+            p.eps as f32,
+        );
         vec![HostArray::bf16_from_f32(&[p.rows, p.n], &o)]
     }
 }
@@ -484,7 +682,9 @@ pub mod expert_ffn_quantized {
         let [ids, weights, x] = routed_tokens(&mut rng, p.tokens, p.hidden, p.experts, p.top_k);
         let (e, h, f, bf) = (p.experts, p.hidden, p.ffn, p.block_ffn);
         let mut projection = |k: usize, n: usize, group: usize, blocks: usize| -> [HostArray; 2] {
-            let parts: Vec<[HostArray; 2]> = (0..e * blocks).map(|_| quantized_weight(&mut rng, p.wdtype, k, n, group)).collect();
+            let parts: Vec<[HostArray; 2]> = (0..e * blocks)
+                .map(|_| quantized_weight(&mut rng, p.wdtype, k, n, group))
+                .collect();
             let codes: Vec<HostArray> = parts.iter().map(|[c, _]| c.clone()).collect();
             let scales: Vec<HostArray> = parts.iter().map(|[_, s]| s.clone()).collect();
             [stacked(&codes, &[e, k * blocks, n]), stacked(&scales, &[e, blocks, k / group, n])]
@@ -493,7 +693,17 @@ pub mod expert_ffn_quantized {
         let [up, s_up] = projection(h, f, p.group, 1);
         let [down, s_down] = projection(bf, h, p.down_group, f / bf);
         let flat = |a: HostArray, shape: &[usize]| HostArray { shape: shape.to_vec(), ..a };
-        vec![ids, weights, x, gate, up, down, flat(s_gate, &[e, h / p.group, f]), flat(s_up, &[e, h / p.group, f]), s_down]
+        vec![
+            ids,
+            weights,
+            x,
+            gate,
+            up,
+            down,
+            flat(s_gate, &[e, h / p.group, f]),
+            flat(s_up, &[e, h / p.group, f]),
+            s_down,
+        ]
     }
 
     /// `expert_ffn`'s reference on the dequantized weights of the routed experts only (the
@@ -520,7 +730,18 @@ pub mod expert_ffn_quantized {
         let gate = dequantized(&x[3], &x[6], (h, f, p.group), routed(&x[3], h, f));
         let up = dequantized(&x[4], &x[7], (h, f, p.group), routed(&x[4], h, f));
         let down = dequantized(&x[5], &x[8], (bf, h, p.down_group), routed(&x[5], bf, h));
-        let o = moe::expert_ffn(&x[2].to_f32(), &local, &x[1].to_f32(), &gate, &up, &down, p.tokens, h, p.top_k, f);
+        let o = moe::expert_ffn(
+            &x[2].to_f32(),
+            &local,
+            &x[1].to_f32(),
+            &gate,
+            &up,
+            &down,
+            p.tokens,
+            h,
+            p.top_k,
+            f,
+        );
         vec![HostArray::bf16_from_f32(&[p.tokens, h], &o)]
     }
 }
@@ -552,7 +773,10 @@ pub mod permute {
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        vec![HostArray::from_f32(&[p.n * p.rows, p.cols], &r::ring_permute(&x[0].to_f32(), p.n, p.shift))]
+        vec![HostArray::from_f32(
+            &[p.n * p.rows, p.cols],
+            &r::ring_permute(&x[0].to_f32(), p.n, p.shift),
+        )]
     }
 }
 
@@ -595,6 +819,9 @@ pub mod all_reduce {
 
     /// Every device's output is the sum over devices.
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        vec![HostArray::stack_leading(&vec![device_sum(&x[0], p.n); p.n]).expect("copies of one array stack")]
+        vec![
+            HostArray::stack_leading(&vec![device_sum(&x[0], p.n); p.n])
+                .expect("copies of one array stack"),
+        ]
     }
 }

@@ -50,7 +50,13 @@ pub fn all_gather(
     let me = axis_index("x");
     o.at((ds(me * scalar(rows as i32), rows as u64), ..))[..] = x[..];
     ring_barrier(ring(me, -1, n), ring(me, 1, n));
-    Hops { me, n, rows: rows as u64, ways: vec![Way { dir: 1, cols: (0, cols as u64), send, recv }] }.gather(o);
+    Hops {
+        me,
+        n,
+        rows: rows as u64,
+        ways: vec![Way { dir: 1, cols: (0, cols as u64), send, recv }],
+    }
+    .gather(o);
 }
 
 /// Reduce-scatter: device `i`'s `o` is block `i` (rows `i * rows ..`) of the sum over
@@ -68,7 +74,13 @@ pub fn reduce_scatter(
 ) {
     let me = axis_index("x");
     ring_barrier(ring(me, -1, n), ring(me, 1, n));
-    Hops { me, n, rows: rows as u64, ways: vec![Way { dir: 1, cols: (0, cols as u64), send, recv }] }.reduce(x, o, stage);
+    Hops {
+        me,
+        n,
+        rows: rows as u64,
+        ways: vec![Way { dir: 1, cols: (0, cols as u64), send, recv }],
+    }
+    .reduce(x, o, stage);
 }
 
 /// All-reduce: every device's `o` is the sum over devices of `x`, as a ring reduce-scatter
@@ -89,7 +101,12 @@ pub fn all_reduce(
     let me = axis_index("x");
     ring_barrier(ring(me, -1, n), ring(me, 1, n));
     let mine = o.at((ds(me * scalar(rows as i32), rows as u64), ..));
-    let hops = |first| Hops { me, n, rows: rows as u64, ways: directions(cols as u64, bidirectional, send, recv, first) };
+    let hops = |first| Hops {
+        me,
+        n,
+        rows: rows as u64,
+        ways: directions(cols as u64, bidirectional, send, recv, first),
+    };
     hops(0).reduce(x, mine, stage);
     hops(2).gather(o);
 }

@@ -224,7 +224,9 @@ pub fn nested_pipeline(
     #[scratch(dma_sem[2])] sems: SemRef,
 ) {
     let b = program_id(0);
-    let chunk = |i: Val, slot: Val| async_copy(x.at((b, ds(i * rows as i32, rows as u64), ..)), ring.at(slot), sems.at(slot));
+    let chunk = |i: Val, slot: Val| {
+        async_copy(x.at((b, ds(i * rows as i32, rows as u64), ..)), ring.at(slot), sems.at(slot))
+    };
     chunk(scalar(0), scalar(0)).start();
     let last = Drain::Peeled { start: scalar(chunks as i32 - 1), count: 1 };
     // The ring slot is carried, as in the library's streams: with a slot computed from the
@@ -267,7 +269,8 @@ pub fn strided(
 /// rows at offset `8i`: each row plus the row 8 below it (nothing below the last 8).
 #[kernel(grid = (4,), semantics = (parallel,))]
 pub fn element_windows(
-    #[input(f32[32, 128], block = [Element(16, (0, 8)), Element(128)], map = |i| (i * 8, 0))] x: Ref,
+    #[input(f32[32, 128], block = [Element(16, (0, 8)), Element(128)], map = |i| (i * 8, 0))]
+    x: Ref,
     #[output(f32[32, 128], block = [Element(8), Element(128)], map = |i| (i * 8, 0))] o: Ref,
 ) {
     let here = x[(0..8, ..)];
@@ -293,7 +296,9 @@ pub fn lagged_pipeline(
 ) {
     let b = program_id(0);
     let ahead = slots - 1;
-    let chunk = |i: Val, slot: Val| async_copy(x.at((b, ds(i * rows as i32, rows as u64), ..)), ring.at(slot), sems.at(slot));
+    let chunk = |i: Val, slot: Val| {
+        async_copy(x.at((b, ds(i * rows as i32, rows as u64), ..)), ring.at(slot), sems.at(slot))
+    };
     // `(slot + k) mod slots` for `0 <= slot, k < slots`, without a division.
     let ring_add = |slot: Val, k: usize| {
         let t = slot + k as i32;

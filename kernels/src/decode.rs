@@ -34,8 +34,11 @@ use palladium_dsl::prelude::*;
 pub fn vmem_limit_bytes(batch: usize, block_k: usize, block_n: usize) -> usize {
     const MIB: usize = 1 << 20;
     // Saturating: absurd blocks give a limit the verifier refuses, never a wrapped one.
-    let bytes = |rows: usize, cols: usize, elem: usize| rows.saturating_mul(cols).saturating_mul(elem);
-    let windows = bytes(batch.next_multiple_of(16), block_k, 2).saturating_add(bytes(block_k, block_n, 2)).saturating_add(bytes(batch.next_multiple_of(8), block_n, 4));
+    let bytes =
+        |rows: usize, cols: usize, elem: usize| rows.saturating_mul(cols).saturating_mul(elem);
+    let windows = bytes(batch.next_multiple_of(16), block_k, 2)
+        .saturating_add(bytes(block_k, block_n, 2))
+        .saturating_add(bytes(batch.next_multiple_of(8), block_n, 4));
     let need = windows.saturating_mul(2).saturating_add(MIB);
     need.checked_next_multiple_of(MIB).unwrap_or(need).max(16 * MIB)
 }
@@ -63,13 +66,22 @@ pub fn gemv(
 /// over codes and scales): the column block's product with this k step's weight block
 /// (`weight` loads it), stored into the f32 output block at the first of the `k_steps` k
 /// steps and added to it after (the output block is the accumulator).
-pub(crate) fn gemv_step<W: WeightBlock>(x: Ref, weight: impl FnOnce() -> W, o: Ref, k_steps: usize) {
+pub(crate) fn gemv_step<W: WeightBlock>(
+    x: Ref,
+    weight: impl FnOnce() -> W,
+    o: Ref,
+    k_steps: usize,
+) {
     let x = x.load(..);
     let partial = weight().project_from(x, WeightLayout::InOut);
     if k_steps == 1 {
         // One k step: the plain Pallas body.
         o.store(.., partial);
     } else {
-        if_else(eq(program_id(1), 0), || o.store(.., partial), || o.store(.., o.load(..) + partial));
+        if_else(
+            eq(program_id(1), 0),
+            || o.store(.., partial),
+            || o.store(.., o.load(..) + partial),
+        );
     }
 }

@@ -71,9 +71,21 @@ pub fn expert_ffn(
     let fetch = |pair: Val, chunk: Val, slot: Val| {
         let e = ids[pair];
         let col = (chunk * block_ffn as i32).multiple_of(block_ffn as u32);
-        let g = async_copy(w_gate.at((e, .., ds(col, block_ffn as u64))), gate_buf.at(slot), sems.at((0, slot)));
-        let u = async_copy(w_up.at((e, .., ds(col, block_ffn as u64))), up_buf.at(slot), sems.at((1, slot)));
-        let d = async_copy(w_down.at((e, ds(col, block_ffn as u64), ..)), down_buf.at(slot), sems.at((2, slot)));
+        let g = async_copy(
+            w_gate.at((e, .., ds(col, block_ffn as u64))),
+            gate_buf.at(slot),
+            sems.at((0, slot)),
+        );
+        let u = async_copy(
+            w_up.at((e, .., ds(col, block_ffn as u64))),
+            up_buf.at(slot),
+            sems.at((1, slot)),
+        );
+        let d = async_copy(
+            w_down.at((e, ds(col, block_ffn as u64), ..)),
+            down_buf.at(slot),
+            sems.at((2, slot)),
+        );
         (g, u, d)
     };
     let (g0, u0, d0) = fetch(scalar(0), scalar(0), scalar(0));
@@ -112,7 +124,8 @@ pub fn expert_ffn(
             g.wait();
             u.wait();
             d.wait();
-            let chunk_out = swiglu_chunk(xv, gate_buf[slot], up_buf[slot], down_buf[slot], WeightLayout::InOut);
+            let chunk_out =
+                swiglu_chunk(xv, gate_buf[slot], up_buf[slot], down_buf[slot], WeightLayout::InOut);
             acc[..] += routed(chunk_out, row_ids, t, weights[(t, pair - t * top_k as i32)]);
             let next = ExpertItem { pair, chunk }.next(chunks as u64);
             (next.pair, next.chunk, next.row_from(t, top_k as u64), 1 - slot)

@@ -64,14 +64,18 @@ pub fn flash_attention(
     #[default(128)] block_k: usize,
     #[default(true)] causal: bool,
     #[default(2)] kv_buffers: usize,
-    #[input(bf16[batch, heads, seq_q, head_dim], block = [1, 1, block_q, head_dim], map = |b, h, i, _j| (b, h, i, 0))] q: Ref,
+    #[input(bf16[batch, heads, seq_q, head_dim], block = [1, 1, block_q, head_dim], map = |b, h, i, _j| (b, h, i, 0))]
+    q: Ref,
     #[input(bf16[batch, heads, seq_k, head_dim], block = [1, 1, block_k_major, head_dim],
         map = |b, h, i, j| (b, h, if causal { select(below_or_on_diag(i, block_q, j, block_k_major), j, 0) } else { j }, 0),
-        pipeline_mode = Buffered(kv_buffers))] k: Ref,
+        pipeline_mode = Buffered(kv_buffers))]
+    k: Ref,
     #[input(bf16[batch, heads, seq_k, head_dim], block = [1, 1, block_k_major, head_dim],
         map = |b, h, i, j| (b, h, if causal { select(below_or_on_diag(i, block_q, j, block_k_major), j, 0) } else { j }, 0),
-        pipeline_mode = Buffered(kv_buffers))] v: Ref,
-    #[output(bf16[batch, heads, seq_q, head_dim], block = [1, 1, block_q, head_dim], map = |b, h, i, _j| (b, h, i, 0))] o: Ref,
+        pipeline_mode = Buffered(kv_buffers))]
+    v: Ref,
+    #[output(bf16[batch, heads, seq_q, head_dim], block = [1, 1, block_q, head_dim], map = |b, h, i, _j| (b, h, i, 0))]
+    o: Ref,
     #[scratch(vmem, f32[1, 1, block_q, 128])] m_ref: Ref,
     #[scratch(vmem, f32[1, 1, block_q, 128])] l_ref: Ref,
     #[scratch(vmem, f32[1, 1, block_q, head_dim])] acc_ref: Ref,
@@ -96,7 +100,8 @@ pub fn flash_attention(
             s = s * sm_scale;
             if causal {
                 let row_ids = iota([block_q, block_k], 0) + q_idx * block_q as i32;
-                let col_ids = iota([block_q, block_k], 1) + (kv_idx * block_k_major as i32 + start_k as i32);
+                let col_ids =
+                    iota([block_q, block_k], 1) + (kv_idx * block_k_major as i32 + start_k as i32);
                 s = s + select(col_ids <= row_ids, zeros([block_q, block_k], f32), MASK_VALUE);
             }
             let m_curr = s.max(1).reshape([block_q, 1]);
@@ -107,7 +112,8 @@ pub fn flash_attention(
             let l_next = p.sum(1).reshape([block_q, 1]) + l_corr;
             l_ref[(0, 0, .., ..)] = l_next;
             m_ref[(0, 0, .., ..)] = m_next;
-            let l_next_inv_safe = select(l_next == 0.0, full([block_q, LANES], 1.0, f32), 1.0 / l_next);
+            let l_next_inv_safe =
+                select(l_next == 0.0, full([block_q, LANES], 1.0, f32), 1.0 / l_next);
             acc_ref[(0, 0, .., ..)] *= tile_lanes(l_corr * l_next_inv_safe, head_dim);
             let vv = v[(0, 0, ds(start_k as i32, block_k as u64), ..)];
             let o_curr = dot(p.cast(bf16), vv);

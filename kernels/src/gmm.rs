@@ -73,8 +73,10 @@ impl GroupedStep {
     /// rows keep what earlier visits of the tile wrote).
     fn merge(&self, visit: Val) {
         let group = self.group_ids.load(visit);
-        let row = iota([self.block_m as u64, self.block_n as u64], 0) + self.m_tile_ids.load(visit) * self.block_m as i32;
-        let mine = ge(row, self.group_offsets.load(group)) & lt(row, self.group_offsets.load(group + 1));
+        let row = iota([self.block_m as u64, self.block_n as u64], 0)
+            + self.m_tile_ids.load(visit) * self.block_m as i32;
+        let mine =
+            ge(row, self.group_offsets.load(group)) & lt(row, self.group_offsets.load(group + 1));
         self.o.store(.., select(mine, self.acc.load(..), self.o.load(..).cast(f32)).cast(bf16));
     }
 }
@@ -95,12 +97,25 @@ pub fn grouped_matmul(
     #[prefetch(i32[m / block_m + groups - 1])] group_ids: Ref,
     #[prefetch(i32[m / block_m + groups - 1])] m_tile_ids: Ref,
     #[prefetch(i32[1])] num_visits: Ref,
-    #[input(bf16[m, k], block = [block_m, block_k], map = |_j, v, kk, _off, _gid, tid, _nv| (tid[v], kk))] lhs: Ref,
-    #[input(bf16[groups, k, n], block = [None, block_k, block_n], map = |j, v, kk, _off, gid, _tid, _nv| (gid[v], kk, j))] rhs: Ref,
-    #[output(bf16[m, n], block = [block_m, block_n], map = |j, v, _kk, _off, _gid, tid, _nv| (tid[v], j))] o: Ref,
+    #[input(bf16[m, k], block = [block_m, block_k], map = |_j, v, kk, _off, _gid, tid, _nv| (tid[v], kk))]
+    lhs: Ref,
+    #[input(bf16[groups, k, n], block = [None, block_k, block_n], map = |j, v, kk, _off, gid, _tid, _nv| (gid[v], kk, j))]
+    rhs: Ref,
+    #[output(bf16[m, n], block = [block_m, block_n], map = |j, v, _kk, _off, _gid, tid, _nv| (tid[v], j))]
+    o: Ref,
     #[scratch(vmem, f32[block_m, block_n])] acc: Ref,
 ) {
-    let step = GroupedStep { group_offsets, group_ids, m_tile_ids, num_visits, lhs, o, acc, block_m, block_n };
+    let step = GroupedStep {
+        group_offsets,
+        group_ids,
+        m_tile_ids,
+        num_visits,
+        lhs,
+        o,
+        acc,
+        block_m,
+        block_n,
+    };
     step.run(|| rhs[(0, .., ..)]);
 }
 
@@ -134,12 +149,29 @@ pub fn grouped_matmul_quantized(
     #[prefetch(i32[m / block_m + groups - 1])] group_ids: Ref,
     #[prefetch(i32[m / block_m + groups - 1])] m_tile_ids: Ref,
     #[prefetch(i32[1])] num_visits: Ref,
-    #[input(bf16[m, k], block = [block_m, block_k], map = |_j, v, kk, _off, _gid, tid, _nv| (tid[v], kk))] lhs: Ref,
-    #[input(wdtype[groups, k, n], block = [None, block_k, block_n], map = |j, v, kk, _off, gid, _tid, _nv| (gid[v], kk, j))] rhs: Ref,
-    #[input(f32[groups, k / group, n], block = [None, scale_rows(block_k, group), block_n], map = |j, v, kk, _off, gid, _tid, _nv| (gid[v], kk * block_k / scale_span(block_k, group), j))] scales: Ref,
-    #[output(bf16[m, n], block = [block_m, block_n], map = |j, v, _kk, _off, _gid, tid, _nv| (tid[v], j))] o: Ref,
+    #[input(bf16[m, k], block = [block_m, block_k], map = |_j, v, kk, _off, _gid, tid, _nv| (tid[v], kk))]
+    lhs: Ref,
+    #[input(wdtype[groups, k, n], block = [None, block_k, block_n], map = |j, v, kk, _off, gid, _tid, _nv| (gid[v], kk, j))]
+    rhs: Ref,
+    #[input(f32[groups, k / group, n], block = [None, scale_rows(block_k, group), block_n], map = |j, v, kk, _off, gid, _tid, _nv| (gid[v], kk * block_k / scale_span(block_k, group), j))]
+    scales: Ref,
+    #[output(bf16[m, n], block = [block_m, block_n], map = |j, v, _kk, _off, _gid, tid, _nv| (tid[v], j))]
+    o: Ref,
     #[scratch(vmem, f32[block_m, block_n])] acc: Ref,
 ) {
-    let step = GroupedStep { group_offsets, group_ids, m_tile_ids, num_visits, lhs, o, acc, block_m, block_n };
-    step.run(|| QuantizedBlock { codes: rhs[(0, .., ..)], scales: GroupScales { values: scales[(0, .., ..)], group: group as u64 } });
+    let step = GroupedStep {
+        group_offsets,
+        group_ids,
+        m_tile_ids,
+        num_visits,
+        lhs,
+        o,
+        acc,
+        block_m,
+        block_n,
+    };
+    step.run(|| QuantizedBlock {
+        codes: rhs[(0, .., ..)],
+        scales: GroupScales { values: scales[(0, .., ..)], group: group as u64 },
+    });
 }

@@ -35,8 +35,10 @@ pub fn kv_cache_update(
     #[default(4096)] max_context: usize,
     #[default(16)] block_rows: usize,
     #[prefetch(i32[batch])] positions: Ref,
-    #[input(bf16[batch, kv_heads, head_dim], block = [None, kv_heads, head_dim], map = |b, _pos| (b, 0, 0))] k_new: Ref,
-    #[input(bf16[batch, kv_heads, head_dim], block = [None, kv_heads, head_dim], map = |b, _pos| (b, 0, 0))] v_new: Ref,
+    #[input(bf16[batch, kv_heads, head_dim], block = [None, kv_heads, head_dim], map = |b, _pos| (b, 0, 0))]
+    k_new: Ref,
+    #[input(bf16[batch, kv_heads, head_dim], block = [None, kv_heads, head_dim], map = |b, _pos| (b, 0, 0))]
+    v_new: Ref,
     #[input(bf16[batch, kv_heads, max_context, head_dim], space = any)] k_cache: Ref,
     #[input(bf16[batch, kv_heads, max_context, head_dim], space = any)] v_cache: Ref,
     #[output(bf16[batch, kv_heads, max_context, head_dim], space = any)] k_out: Ref,

@@ -42,7 +42,9 @@ pub use kv_cache::kv_cache_update;
 pub use linalg::matmul;
 pub use norm::rmsnorm;
 pub use norm_matmul::rmsnorm_matmul;
-pub use quantized::{expert_ffn_quantized, gemv_quantized, matmul_quantized, rmsnorm_matmul_quantized};
+pub use quantized::{
+    expert_ffn_quantized, gemv_quantized, matmul_quantized, rmsnorm_matmul_quantized,
+};
 pub use residual::{residual_add, residual_add_inplace};
 pub use rotary::rope;
 pub use router::moe_router;
@@ -135,29 +137,113 @@ macro_rules! entry {
 
 /// Every kernel in the library.
 pub static REGISTRY: &[KernelEntry] = &[
-    entry!(matmul, "tiled bf16 matmul with an f32 VMEM accumulator (Pallas's reference matmul)", cases::matmul),
+    entry!(
+        matmul,
+        "tiled bf16 matmul with an f32 VMEM accumulator (Pallas's reference matmul)",
+        cases::matmul
+    ),
     entry!(rmsnorm, "RMSNorm over the hidden dim, f32 math, bf16 in/out", cases::rmsnorm),
-    entry!(gather_rows, "gather row blocks from HBM by scalar-prefetched ids with double-buffered DMAs", cases::gather_rows),
-    entry!(decode_attention, "GQA decode attention over an HBM KV cache: per-sequence lengths, double-buffered KV tiles, online softmax", cases::decode_attention),
-    entry!(kv_cache_update, "in-place KV cache update: the new token's K/V rows DMA'd (HBM to HBM) into the aliased caches at per-sequence positions from scalar prefetch", cases::kv_cache_update),
-    entry!(moe_router, "MoE router: x @ w_router logits, softmax/sigmoid scores, top-k (optionally renormalised) ids and weights to SMEM", cases::moe_router),
-    entry!(expert_ffn, "MoE decode expert FFN: SwiGLU experts fetched by routed id with double-buffered manual DMAs, weighted f32 combine", cases::expert_ffn),
-    entry!(grouped_matmul, "megablox-style grouped matmul: expert-sorted rows, group metadata in scalar prefetch, masked merge of straddling tiles", cases::grouped_matmul),
-    entry!(gemv, "decode GEMV: small bf16 batch against a large bf16 weight streamed in column blocks, f32 out", cases::gemv),
+    entry!(
+        gather_rows,
+        "gather row blocks from HBM by scalar-prefetched ids with double-buffered DMAs",
+        cases::gather_rows
+    ),
+    entry!(
+        decode_attention,
+        "GQA decode attention over an HBM KV cache: per-sequence lengths, double-buffered KV tiles, online softmax",
+        cases::decode_attention
+    ),
+    entry!(
+        kv_cache_update,
+        "in-place KV cache update: the new token's K/V rows DMA'd (HBM to HBM) into the aliased caches at per-sequence positions from scalar prefetch",
+        cases::kv_cache_update
+    ),
+    entry!(
+        moe_router,
+        "MoE router: x @ w_router logits, softmax/sigmoid scores, top-k (optionally renormalised) ids and weights to SMEM",
+        cases::moe_router
+    ),
+    entry!(
+        expert_ffn,
+        "MoE decode expert FFN: SwiGLU experts fetched by routed id with double-buffered manual DMAs, weighted f32 combine",
+        cases::expert_ffn
+    ),
+    entry!(
+        grouped_matmul,
+        "megablox-style grouped matmul: expert-sorted rows, group metadata in scalar prefetch, masked merge of straddling tiles",
+        cases::grouped_matmul
+    ),
+    entry!(
+        gemv,
+        "decode GEMV: small bf16 batch against a large bf16 weight streamed in column blocks, f32 out",
+        cases::gemv
+    ),
     entry!(residual_add, "residual add of two bf16 arrays in f32, row blocks", cases::residual_add),
-    entry!(residual_add_inplace, "residual_add with the residual input aliased to the output (in-place update)", cases::residual_add_inplace),
-    entry!(rmsnorm_matmul, "RMSNorm (f32) fused into the next bf16 projection; normalised rows cached in VMEM across column blocks", cases::rmsnorm_matmul),
-    entry!(flash_attention, "flash attention forward (Pallas's TPU kernel): online softmax over kv blocks in VMEM scratch, causal by iota, Buffered K/V specs", cases::flash_attention),
-    entry!(gemv_quantized, "gemv with 8/4-bit weights (i8, i4, f8e4m3fn codes) and f32 scales per group of inputs per column, fed to the MXU as bf16 x code dots", cases::gemv_quantized),
-    entry!(matmul_quantized, "tiled matmul with 8/4-bit weights and f32 group scales applied to each group's partial product", cases::matmul_quantized),
-    entry!(rmsnorm_matmul_quantized, "rmsnorm_matmul with 8/4-bit weights and f32 group scales", cases::rmsnorm_matmul_quantized),
-    entry!(expert_ffn_quantized, "expert_ffn with 8/4-bit experts (default int4, groups of 128) and their scales as pipeline blocks indexed by the routed ids", cases::expert_ffn_quantized),
-    entry!(grouped_matmul_quantized, "grouped_matmul with 8/4-bit experts (default int4, groups of 128) and f32 group scales as blocks beside their codes", cases::grouped_matmul_quantized),
-    entry!(rope, "rotary embedding on [tokens, heads*head_dim], neox or interleaved, rotation as an exact ±1 matmul", cases::rope),
-    entry!(permute, "ring permute over a 1-D device mesh (lax.ppermute): one remote DMA to device i + shift after a barrier with both ring neighbours", cases::permute),
-    entry!(all_gather, "ring all-gather over a 1-D device mesh: n - 1 remote-DMA hops, every device's x stacked in device order", cases::all_gather),
-    entry!(reduce_scatter, "ring reduce-scatter over a 1-D device mesh: f32 sums on the device, bf16 partials on the wire, device i gets row block i of the sum", cases::reduce_scatter),
-    entry!(all_reduce, "ring all-reduce over a 1-D device mesh (reduce-scatter then all-gather), optionally bidirectional (half the columns each way)", cases::all_reduce),
+    entry!(
+        residual_add_inplace,
+        "residual_add with the residual input aliased to the output (in-place update)",
+        cases::residual_add_inplace
+    ),
+    entry!(
+        rmsnorm_matmul,
+        "RMSNorm (f32) fused into the next bf16 projection; normalised rows cached in VMEM across column blocks",
+        cases::rmsnorm_matmul
+    ),
+    entry!(
+        flash_attention,
+        "flash attention forward (Pallas's TPU kernel): online softmax over kv blocks in VMEM scratch, causal by iota, Buffered K/V specs",
+        cases::flash_attention
+    ),
+    entry!(
+        gemv_quantized,
+        "gemv with 8/4-bit weights (i8, i4, f8e4m3fn codes) and f32 scales per group of inputs per column, fed to the MXU as bf16 x code dots",
+        cases::gemv_quantized
+    ),
+    entry!(
+        matmul_quantized,
+        "tiled matmul with 8/4-bit weights and f32 group scales applied to each group's partial product",
+        cases::matmul_quantized
+    ),
+    entry!(
+        rmsnorm_matmul_quantized,
+        "rmsnorm_matmul with 8/4-bit weights and f32 group scales",
+        cases::rmsnorm_matmul_quantized
+    ),
+    entry!(
+        expert_ffn_quantized,
+        "expert_ffn with 8/4-bit experts (default int4, groups of 128) and their scales as pipeline blocks indexed by the routed ids",
+        cases::expert_ffn_quantized
+    ),
+    entry!(
+        grouped_matmul_quantized,
+        "grouped_matmul with 8/4-bit experts (default int4, groups of 128) and f32 group scales as blocks beside their codes",
+        cases::grouped_matmul_quantized
+    ),
+    entry!(
+        rope,
+        "rotary embedding on [tokens, heads*head_dim], neox or interleaved, rotation as an exact ±1 matmul",
+        cases::rope
+    ),
+    entry!(
+        permute,
+        "ring permute over a 1-D device mesh (lax.ppermute): one remote DMA to device i + shift after a barrier with both ring neighbours",
+        cases::permute
+    ),
+    entry!(
+        all_gather,
+        "ring all-gather over a 1-D device mesh: n - 1 remote-DMA hops, every device's x stacked in device order",
+        cases::all_gather
+    ),
+    entry!(
+        reduce_scatter,
+        "ring reduce-scatter over a 1-D device mesh: f32 sums on the device, bf16 partials on the wire, device i gets row block i of the sum",
+        cases::reduce_scatter
+    ),
+    entry!(
+        all_reduce,
+        "ring all-reduce over a 1-D device mesh (reduce-scatter then all-gather), optionally bidirectional (half the columns each way)",
+        cases::all_reduce
+    ),
 ];
 
 pub fn names() -> Vec<&'static str> {
@@ -166,7 +252,10 @@ pub fn names() -> Vec<&'static str> {
 
 /// Build a library kernel by name with `NAME=VALUE` settings.
 pub fn build(name: &str, settings: &[(String, String)]) -> Result<Kernel, KernelError> {
-    let entry = REGISTRY.iter().find(|e| e.name == name).ok_or_else(|| KernelError::Unknown(name.to_string()))?;
+    let entry = REGISTRY
+        .iter()
+        .find(|e| e.name == name)
+        .ok_or_else(|| KernelError::Unknown(name.to_string()))?;
     (entry.build)(settings)
 }
 

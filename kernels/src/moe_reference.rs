@@ -87,10 +87,14 @@ pub fn expert_ffn(
         let xt = &x[t * hidden..(t + 1) * hidden];
         for j in 0..top_k {
             let e = ids[t * top_k + j] as usize;
-            let gate = matmul_f32(xt, &w_gate[e * hidden * ffn..(e + 1) * hidden * ffn], 1, hidden, ffn);
-            let up = matmul_f32(xt, &w_up[e * hidden * ffn..(e + 1) * hidden * ffn], 1, hidden, ffn);
-            let h: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| round_bf16(silu(g) * u)).collect();
-            let y = matmul_f32(&h, &w_down[e * ffn * hidden..(e + 1) * ffn * hidden], 1, ffn, hidden);
+            let gate =
+                matmul_f32(xt, &w_gate[e * hidden * ffn..(e + 1) * hidden * ffn], 1, hidden, ffn);
+            let up =
+                matmul_f32(xt, &w_up[e * hidden * ffn..(e + 1) * hidden * ffn], 1, hidden, ffn);
+            let h: Vec<f32> =
+                gate.iter().zip(&up).map(|(&g, &u)| round_bf16(silu(g) * u)).collect();
+            let y =
+                matmul_f32(&h, &w_down[e * ffn * hidden..(e + 1) * ffn * hidden], 1, ffn, hidden);
             let w = weights[t * top_k + j];
             for (o, v) in out[t * hidden..(t + 1) * hidden].iter_mut().zip(y) {
                 *o += w * v;
@@ -104,7 +108,11 @@ pub fn expert_ffn(
 /// `m` rows in tiles of `block_m`: `(group_offsets[groups + 1], group_ids[visits],
 /// m_tile_ids[visits], num_visits)`, the visit arrays padded to `m / block_m + groups - 1`
 /// by repeating the last real visit. Empty groups get no visit.
-pub fn group_metadata(group_sizes: &[usize], m: usize, block_m: usize) -> (Vec<i32>, Vec<i32>, Vec<i32>, i32) {
+pub fn group_metadata(
+    group_sizes: &[usize],
+    m: usize,
+    block_m: usize,
+) -> (Vec<i32>, Vec<i32>, Vec<i32>, i32) {
     let mut offsets = vec![0i32];
     for &s in group_sizes {
         offsets.push(offsets.last().copied().unwrap_or(0) + s as i32);
@@ -131,7 +139,14 @@ pub fn group_metadata(group_sizes: &[usize], m: usize, block_m: usize) -> (Vec<i
 /// `grouped_matmul`: `lhs[m, k]` (rows sorted by group), `rhs[groups, k, n]`,
 /// `group_offsets[groups + 1]` → `out[m, n]` (bf16-rounded). Rows at or past the last
 /// offset are undefined in the kernel and 0 here.
-pub fn grouped_matmul(lhs: &[f32], rhs: &[f32], group_offsets: &[i32], m: usize, k: usize, n: usize) -> Vec<f32> {
+pub fn grouped_matmul(
+    lhs: &[f32],
+    rhs: &[f32],
+    group_offsets: &[i32],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Vec<f32> {
     let mut out = vec![0.0f32; m * n];
     for (g, w) in group_offsets.windows(2).enumerate() {
         let (lo, hi) = (w[0] as usize, w[1] as usize);
@@ -175,7 +190,18 @@ mod tests {
     fn expert_ffn_by_hand() {
         // 1 token, hidden 1, ffn 1, 2 experts, top-2; x = 2.
         // Expert 0: gate 1, up 3, down 0.5 → silu(2) * 6 * 0.5; expert 1: gate 0 → 0.
-        let out = expert_ffn(&[2.0], &[0, 1], &[0.75, 0.25], &[1.0, 0.0], &[3.0, 1.0], &[0.5, 4.0], 1, 1, 2, 1);
+        let out = expert_ffn(
+            &[2.0],
+            &[0, 1],
+            &[0.75, 0.25],
+            &[1.0, 0.0],
+            &[3.0, 1.0],
+            &[0.5, 4.0],
+            1,
+            1,
+            2,
+            1,
+        );
         let silu2 = 2.0 / (1.0 + (-2.0f32).exp());
         let want = round_bf16(0.75 * round_bf16(silu2 * 6.0) * 0.5);
         assert_eq!(out, vec![want]);

@@ -58,9 +58,17 @@ pub(crate) struct RmsNormed {
 /// is the same kernel over codes and scales): the row block normalised into `normed` at the
 /// first column step, then its product with this column block's weight (`weight` loads it)
 /// stored as bf16.
-pub(crate) fn rmsnorm_matmul_step<W: WeightBlock>(rows: RmsNormed, weight: impl FnOnce() -> W, o: Ref) {
+pub(crate) fn rmsnorm_matmul_step<W: WeightBlock>(
+    rows: RmsNormed,
+    weight: impl FnOnce() -> W,
+    o: Ref,
+) {
     let RmsNormed { x, norm_w, normed, hidden, eps } = rows;
-    if_else(eq(program_id(1), 0), || normed.store(.., rms_norm(x.load(..), Some(norm_w.load(..)), hidden as u64, eps)), || ());
+    if_else(
+        eq(program_id(1), 0),
+        || normed.store(.., rms_norm(x.load(..), Some(norm_w.load(..)), hidden as u64, eps)),
+        || (),
+    );
     let normed = normed.load(..);
     o.store(.., weight().project_from(normed, WeightLayout::InOut).cast(bf16));
 }

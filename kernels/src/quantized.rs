@@ -18,7 +18,9 @@
 //! `gemv` there. The scale multiplies each group's f32 partial product (a K-blocked loop for
 //! groups narrower than the block), so a group's scale never touches the codes.
 
-use crate::body::{GroupScales, QuantizedBlock, RowSelect, WeightLayout, project_quantized, routed, swiglu_chunk};
+use crate::body::{
+    GroupScales, QuantizedBlock, RowSelect, WeightLayout, project_quantized, routed, swiglu_chunk,
+};
 use crate::decode::gemv_step;
 use crate::norm_matmul::{RmsNormed, rmsnorm_matmul_step};
 use palladium_dsl::prelude::*;
@@ -56,10 +58,19 @@ pub fn gemv_quantized(
     #[default(4096)] group: usize,
     #[input(bf16[batch, k], block = [batch, block_k], map = |_j, kk| (0, kk))] x: Ref,
     #[input(wdtype[k, n], block = [block_k, block_n], map = |j, kk| (kk, j))] w: Ref,
-    #[input(f32[k / group, n], block = [scale_rows(block_k, group), block_n], map = |j, kk| (kk * block_k / scale_span(block_k, group), j))] scales: Ref,
+    #[input(f32[k / group, n], block = [scale_rows(block_k, group), block_n], map = |j, kk| (kk * block_k / scale_span(block_k, group), j))]
+    scales: Ref,
     #[output(f32[batch, n], block = [batch, block_n], map = |j, _kk| (0, j))] o: Ref,
 ) {
-    gemv_step(x, || QuantizedBlock { codes: w[..], scales: GroupScales { values: scales[..], group: group as u64 } }, o, k / block_k);
+    gemv_step(
+        x,
+        || QuantizedBlock {
+            codes: w[..],
+            scales: GroupScales { values: scales[..], group: group as u64 },
+        },
+        o,
+        k / block_k,
+    );
 }
 
 /// `matmul` (bf16 out) with a quantized `[k, n]` weight and its `[k / group, n]` scales:
@@ -80,14 +91,20 @@ pub fn matmul_quantized(
     #[default(2048)] group: usize,
     #[input(bf16[m, k], block = [bm, bk], map = |i, _j, kk| (i, kk))] x: Ref,
     #[input(wdtype[k, n], block = [bk, bn], map = |_i, j, kk| (kk, j))] y: Ref,
-    #[input(f32[k / group, n], block = [scale_rows(bk, group), bn], map = |_i, j, kk| (kk * bk / scale_span(bk, group), j))] scales: Ref,
+    #[input(f32[k / group, n], block = [scale_rows(bk, group), bn], map = |_i, j, kk| (kk * bk / scale_span(bk, group), j))]
+    scales: Ref,
     #[output(bf16[m, n], block = [bm, bn], map = |i, j, _kk| (i, j))] o: Ref,
     #[scratch(vmem, f32[bm, bn])] acc: Ref,
 ) {
     if program_id(2) == 0 {
         acc[..] = 0.0;
     }
-    acc[..] += project_quantized(x[..], y[..], GroupScales { values: scales[..], group: group as u64 }, WeightLayout::InOut);
+    acc[..] += project_quantized(
+        x[..],
+        y[..],
+        GroupScales { values: scales[..], group: group as u64 },
+        WeightLayout::InOut,
+    );
     if program_id(2) == num_programs(2) - 1 {
         o[..] = acc[..].cast(bf16);
     }
@@ -112,11 +129,15 @@ pub fn rmsnorm_matmul_quantized(
     #[input(bf16[rows, hidden], block = [block_rows, hidden], map = |i, _j| (i, 0))] x: Ref,
     #[input(bf16[1, hidden], block = [1, hidden], map = |_i, _j| (0, 0))] norm_w: Ref,
     #[input(wdtype[hidden, n], block = [hidden, block_n], map = |_i, j| (0, j))] w: Ref,
-    #[input(f32[hidden / group, n], block = [hidden / group, block_n], map = |_i, j| (0, j))] scales: Ref,
+    #[input(f32[hidden / group, n], block = [hidden / group, block_n], map = |_i, j| (0, j))]
+    scales: Ref,
     #[output(bf16[rows, n], block = [block_rows, block_n], map = |i, j| (i, j))] o: Ref,
     #[scratch(vmem, bf16[block_rows, hidden])] normed: Ref,
 ) {
-    let weight = || QuantizedBlock { codes: w[..], scales: GroupScales { values: scales[..], group: group as u64 } };
+    let weight = || QuantizedBlock {
+        codes: w[..],
+        scales: GroupScales { values: scales[..], group: group as u64 },
+    };
     rmsnorm_matmul_step(RmsNormed { x, norm_w, normed, hidden, eps }, weight, o);
 }
 
@@ -151,14 +172,21 @@ pub fn expert_ffn_quantized(
     #[default(128)] group: usize,
     #[default(128)] down_group: usize,
     #[prefetch(i32[tokens * top_k])] ids: Ref,
-    #[input(f32[tokens, top_k], space = smem, block = [tokens, top_k], map = |_p, _c, _ids| (0, 0))] weights: Ref,
+    #[input(f32[tokens, top_k], space = smem, block = [tokens, top_k], map = |_p, _c, _ids| (0, 0))]
+    weights: Ref,
     #[input(bf16[tokens, hidden], block = [tokens, hidden], map = |_p, _c, _ids| (0, 0))] x: Ref,
-    #[input(wdtype[experts, hidden, ffn], block = [None, hidden, block_ffn], map = |p, c, ids| (ids[p], 0, c))] w_gate: Ref,
-    #[input(wdtype[experts, hidden, ffn], block = [None, hidden, block_ffn], map = |p, c, ids| (ids[p], 0, c))] w_up: Ref,
-    #[input(wdtype[experts, ffn, hidden], block = [None, block_ffn, hidden], map = |p, c, ids| (ids[p], c, 0))] w_down: Ref,
-    #[input(f32[experts, hidden / group, ffn], block = [None, hidden / group, block_ffn], map = |p, c, ids| (ids[p], 0, c))] s_gate: Ref,
-    #[input(f32[experts, hidden / group, ffn], block = [None, hidden / group, block_ffn], map = |p, c, ids| (ids[p], 0, c))] s_up: Ref,
-    #[input(f32[experts, ffn / block_ffn, block_ffn / down_group, hidden], block = [None, None, block_ffn / down_group, hidden], map = |p, c, ids| (ids[p], c, 0, 0))] s_down: Ref,
+    #[input(wdtype[experts, hidden, ffn], block = [None, hidden, block_ffn], map = |p, c, ids| (ids[p], 0, c))]
+    w_gate: Ref,
+    #[input(wdtype[experts, hidden, ffn], block = [None, hidden, block_ffn], map = |p, c, ids| (ids[p], 0, c))]
+    w_up: Ref,
+    #[input(wdtype[experts, ffn, hidden], block = [None, block_ffn, hidden], map = |p, c, ids| (ids[p], c, 0))]
+    w_down: Ref,
+    #[input(f32[experts, hidden / group, ffn], block = [None, hidden / group, block_ffn], map = |p, c, ids| (ids[p], 0, c))]
+    s_gate: Ref,
+    #[input(f32[experts, hidden / group, ffn], block = [None, hidden / group, block_ffn], map = |p, c, ids| (ids[p], 0, c))]
+    s_up: Ref,
+    #[input(f32[experts, ffn / block_ffn, block_ffn / down_group, hidden], block = [None, None, block_ffn / down_group, hidden], map = |p, c, ids| (ids[p], c, 0, 0))]
+    s_down: Ref,
     #[output(bf16[tokens, hidden], block = [tokens, hidden], map = |_p, _c, _ids| (0, 0))] o: Ref,
     #[scratch(vmem, f32[tokens.div_ceil(16) * 16, hidden])] x_pad: Ref,
     #[scratch(vmem, f32[tokens.div_ceil(16) * 16, hidden])] acc: Ref,
@@ -173,13 +201,17 @@ pub fn expert_ffn_quantized(
         }
     }
     // The blocks keep the expert dim (and `s_down`'s chunk dim) as extent 1.
-    let block = |codes: Val, scales: Val, group: usize| QuantizedBlock { codes, scales: GroupScales { values: scales, group: group as u64 } };
+    let block = |codes: Val, scales: Val, group: usize| QuantizedBlock {
+        codes,
+        scales: GroupScales { values: scales, group: group as u64 },
+    };
     let gate = block(w_gate[(0, .., ..)], s_gate[(0, .., ..)], group);
     let up = block(w_up[(0, .., ..)], s_up[(0, .., ..)], group);
     let down = block(w_down[(0, .., ..)], s_down[(0, 0, .., ..)], down_group);
     let chunk_out = swiglu_chunk(x_pad[..].cast(bf16), gate, up, down, WeightLayout::InOut);
     let t = pair / top_k as i32;
-    acc[..] += routed(chunk_out, RowSelect::new(rows as u64, 1), t, weights[(t, pair - t * top_k as i32)]);
+    acc[..] +=
+        routed(chunk_out, RowSelect::new(rows as u64, 1), t, weights[(t, pair - t * top_k as i32)]);
     if pair == num_programs(0) - 1 {
         if chunk == num_programs(1) - 1 {
             o[..] = acc[0..tokens].cast(bf16);

@@ -94,7 +94,10 @@ pub fn dequantize(codes: &[f32], scales: &[f32], k: usize, n: usize, group: usiz
 /// `d`-th of `devices` equal slabs) and device `d + shift`'s output is device `d`'s operand.
 pub fn ring_permute(x: &[f32], devices: usize, shift: usize) -> Vec<f32> {
     let slab = x.len() / devices;
-    (0..devices).flat_map(|d| &x[(d + devices - shift % devices) % devices * slab..][..slab]).copied().collect()
+    (0..devices)
+        .flat_map(|d| &x[(d + devices - shift % devices) % devices * slab..][..slab])
+        .copied()
+        .collect()
 }
 
 /// The f32 sum over `devices` devices of their operands, stacked in `x` as in
@@ -173,12 +176,18 @@ pub fn flash_attention(q: &[f32], k: &[f32], v: &[f32], s: FlashShape) -> Vec<f3
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; q.len()];
     for h in 0..heads {
-        let (kh, vh) = (&k[h * seq_k * hd..(h + 1) * seq_k * hd], &v[h * seq_k * hd..(h + 1) * seq_k * hd]);
+        let (kh, vh) =
+            (&k[h * seq_k * hd..(h + 1) * seq_k * hd], &v[h * seq_k * hd..(h + 1) * seq_k * hd]);
         for i in 0..seq_q {
             let row = (h * seq_q + i) * hd;
             let qr = &q[row..row + hd];
             let visible = if causal { (i + 1).min(seq_k) } else { seq_k };
-            let scores: Vec<f32> = (0..visible).map(|j| qr.iter().zip(&kh[j * hd..(j + 1) * hd]).map(|(a, b)| a * b).sum::<f32>() * scale).collect();
+            let scores: Vec<f32> = (0..visible)
+                .map(|j| {
+                    qr.iter().zip(&kh[j * hd..(j + 1) * hd]).map(|(a, b)| a * b).sum::<f32>()
+                        * scale
+                })
+                .collect();
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
             let total: f32 = weights.iter().sum();
@@ -192,11 +201,21 @@ pub fn flash_attention(q: &[f32], k: &[f32], v: &[f32], s: FlashShape) -> Vec<f3
     out.into_iter().map(round_bf16).collect()
 }
 
-pub fn decode_attention(lens: &[i32], q: &[f32], k: &[f32], v: &[f32], s: AttentionShape) -> Vec<f32> {
+pub fn decode_attention(
+    lens: &[i32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: AttentionShape,
+) -> Vec<f32> {
     let AttentionShape { batch, kv_heads, group, head_dim: hd, max_context: t } = s;
     assert_eq!(lens.len(), batch, "one length per sequence");
     assert_eq!(q.len(), batch * kv_heads * group * hd, "q size");
-    assert_eq!((k.len(), v.len()), (batch * kv_heads * t * hd, batch * kv_heads * t * hd), "cache sizes");
+    assert_eq!(
+        (k.len(), v.len()),
+        (batch * kv_heads * t * hd, batch * kv_heads * t * hd),
+        "cache sizes"
+    );
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; q.len()];
     let mut scores = Vec::with_capacity(t);
@@ -208,7 +227,13 @@ pub fn decode_attention(lens: &[i32], q: &[f32], k: &[f32], v: &[f32], s: Attent
                 let row = ((b * kv_heads + h) * group + g) * hd;
                 let qr = &q[row..row + hd];
                 scores.clear();
-                scores.extend((0..len).map(|p| qr.iter().zip(&k[cache + p * hd..cache + (p + 1) * hd]).map(|(a, b)| a * b).sum::<f32>() * scale));
+                scores.extend((0..len).map(|p| {
+                    qr.iter()
+                        .zip(&k[cache + p * hd..cache + (p + 1) * hd])
+                        .map(|(a, b)| a * b)
+                        .sum::<f32>()
+                        * scale
+                }));
                 let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
                 let total: f32 = weights.iter().sum();
@@ -227,7 +252,14 @@ pub fn decode_attention(lens: &[i32], q: &[f32], k: &[f32], v: &[f32], s: Attent
 /// `kv_cache_update`: the caches (`[batch, kv_heads, max_context, head_dim]`) with row
 /// `positions[b]` of every `(b, h)` replaced by the new token's `new[b, h, :]`
 /// (`[batch, kv_heads, head_dim]`); every other row unchanged. Returns the updated cache.
-pub fn kv_cache_update(positions: &[i32], new: &[f32], cache: &[f32], kv_heads: usize, max_context: usize, head_dim: usize) -> Vec<f32> {
+pub fn kv_cache_update(
+    positions: &[i32],
+    new: &[f32],
+    cache: &[f32],
+    kv_heads: usize,
+    max_context: usize,
+    head_dim: usize,
+) -> Vec<f32> {
     let batch = positions.len();
     assert_eq!(new.len(), batch * kv_heads * head_dim, "new token size");
     assert_eq!(cache.len(), batch * kv_heads * max_context * head_dim, "cache size");
@@ -261,7 +293,15 @@ pub fn residual_add(x: &[f32], residual: &[f32]) -> Vec<f32> {
 /// hidden]`, `norm_w[hidden]`, `w[hidden, n]`: f32 norm, one bf16 rounding of the
 /// normalised activations (the MXU operand), f32 accumulation, one bf16 rounding of the
 /// output.
-pub fn rmsnorm_matmul(x: &[f32], norm_w: &[f32], w: &[f32], rows: usize, hidden: usize, n: usize, eps: f32) -> Vec<f32> {
+pub fn rmsnorm_matmul(
+    x: &[f32],
+    norm_w: &[f32],
+    w: &[f32],
+    rows: usize,
+    hidden: usize,
+    n: usize,
+    eps: f32,
+) -> Vec<f32> {
     assert_eq!((x.len(), norm_w.len(), w.len()), (rows * hidden, hidden, hidden * n));
     let mut normed = vec![0.0f32; rows * hidden];
     for r in 0..rows {
@@ -279,7 +319,15 @@ pub fn rmsnorm_matmul(x: &[f32], norm_w: &[f32], w: &[f32], rows: usize, hidden:
 /// (expanded to the full head dim in the style's order), `bf16(x * cos + rotate(x) * sin)`
 /// per head, in f32. `rotate` is exact (a signed permutation): neox
 /// `concat(-x[d/2:], x[:d/2])`; interleaved `(-x[2i+1], x[2i])` at `(2i, 2i+1)`.
-pub fn rope(x: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, head_dim: usize, interleaved: bool) -> Vec<f32> {
+pub fn rope(
+    x: &[f32],
+    cos: &[f32],
+    sin: &[f32],
+    tokens: usize,
+    heads: usize,
+    head_dim: usize,
+    interleaved: bool,
+) -> Vec<f32> {
     let d = head_dim;
     assert_eq!((x.len(), cos.len(), sin.len()), (tokens * heads * d, tokens * d, tokens * d));
     assert!(d.is_multiple_of(2), "head_dim must be even");
@@ -296,7 +344,8 @@ pub fn rope(x: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, he
                 } else {
                     head[j - d / 2]
                 };
-                o[t * width + h * d + j] = round_bf16(head[j] * cos[t * d + j] + rotated * sin[t * d + j]);
+                o[t * width + h * d + j] =
+                    round_bf16(head[j] * cos[t * d + j] + rotated * sin[t * d + j]);
             }
         }
     }
@@ -326,7 +375,8 @@ mod tests {
         // normalised = [3, 4] / 3.5355 = [0.8485, 1.1314]; norm_w = [1, 2] gives
         // [0.8485, 2.2627], rounded to bf16 [0.84765625, 2.265625]; w = identity then
         // [1, 1] column: out = [0.84765625, 2.265625, 3.11328125 -> bf16 3.109375].
-        let o = rmsnorm_matmul(&[3.0, 4.0], &[1.0, 2.0], &[1.0, 0.0, 1.0, 0.0, 1.0, 1.0], 1, 2, 3, 0.0);
+        let o =
+            rmsnorm_matmul(&[3.0, 4.0], &[1.0, 2.0], &[1.0, 0.0, 1.0, 0.0, 1.0, 1.0], 1, 2, 3, 0.0);
         assert_eq!(o, vec![0.84765625, 2.265625, 3.109375]);
     }
 

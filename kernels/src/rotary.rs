@@ -48,10 +48,12 @@ pub fn rope(
     #[default(256)] block_t: usize,
     #[default(8)] heads_per_block: usize,
     #[default(false)] interleaved: bool,
-    #[input(bf16[tokens, heads * head_dim], block = [block_t, heads_per_block * head_dim], map = |i, h| (i, h))] x: Ref,
+    #[input(bf16[tokens, heads * head_dim], block = [block_t, heads_per_block * head_dim], map = |i, h| (i, h))]
+    x: Ref,
     #[input(f32[tokens, head_dim], block = [block_t, head_dim], map = |i, _h| (i, 0))] cos: Ref,
     #[input(f32[tokens, head_dim], block = [block_t, head_dim], map = |i, _h| (i, 0))] sin: Ref,
-    #[output(bf16[tokens, heads * head_dim], block = [block_t, heads_per_block * head_dim], map = |i, h| (i, h))] o: Ref,
+    #[output(bf16[tokens, heads * head_dim], block = [block_t, heads_per_block * head_dim], map = |i, h| (i, h))]
+    o: Ref,
 ) {
     let d = head_dim;
     let rotation = rope_rotation(d as u64, d as u64, interleaved);

@@ -13,7 +13,11 @@ fn library_kernels_print_verified_ir() {
             }
         }
         let text = print_kernel(&kernel, PrintOptions::default());
-        assert_eq!(text, print_kernel(&(entry.build)(&[]).unwrap(), PrintOptions::default()), "printing is deterministic");
+        assert_eq!(
+            text,
+            print_kernel(&(entry.build)(&[]).unwrap(), PrintOptions::default()),
+            "printing is deterministic"
+        );
         insta::with_settings!({ snapshot_path => "../../snapshots/ir", prepend_module_to_snapshot => false, omit_expression => true }, {
             insta::assert_snapshot!(entry.name, text);
         });
@@ -24,15 +28,28 @@ fn library_kernels_print_verified_ir() {
 fn settings_override_defaults_and_bad_settings_are_named() {
     let k = palladium_kernels::build("matmul", &[("bm".into(), "128".into())]).unwrap();
     assert_eq!(k.call.grid[0].extent, 8);
-    let err = palladium_kernels::build("matmul", &[("bq".into(), "128".into())]).unwrap_err().to_string();
-    assert!(err.contains("kernel `matmul` has no parameter `bq` (parameters: m, k, n, bm, bk, bn, out_dtype)"), "{err}");
-    let err = palladium_kernels::build("matmul", &[("bm".into(), "big".into())]).unwrap_err().to_string();
+    let err =
+        palladium_kernels::build("matmul", &[("bq".into(), "128".into())]).unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "kernel `matmul` has no parameter `bq` (parameters: m, k, n, bm, bk, bn, out_dtype)"
+        ),
+        "{err}"
+    );
+    let err =
+        palladium_kernels::build("matmul", &[("bm".into(), "big".into())]).unwrap_err().to_string();
     assert!(err.contains("cannot parse `big` as usize"), "{err}");
     let err = palladium_kernels::build("matmull", &[]).unwrap_err().to_string();
     assert!(err.contains("unknown kernel `matmull`"), "{err}");
     // 100 tiles m = 1000 but is no multiple of bf16's 16 sublanes.
-    let err = palladium_kernels::build("matmul", &[("m".into(), "1000".into()), ("bm".into(), "100".into())]).unwrap_err().to_string();
+    let err = palladium_kernels::build(
+        "matmul",
+        &[("m".into(), "1000".into()), ("bm".into(), "100".into())],
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("TPU block rule"), "{err}");
-    let err = palladium_kernels::build("matmul", &[("bm".into(), "100".into())]).unwrap_err().to_string();
+    let err =
+        palladium_kernels::build("matmul", &[("bm".into(), "100".into())]).unwrap_err().to_string();
     assert!(err.contains("block dim 0 of `x`: bm = 100 does not divide m = 1024"), "{err}");
 }

@@ -9,7 +9,25 @@ use palladium_kernels::{HostArray, REGISTRY};
 fn types(kernel: &palladium_dsl::Kernel, roles: &[OperandRole]) -> Vec<String> {
     let devices = kernel.call.devices();
     let global = |d: usize, n: u64| if d == 0 { n * devices } else { n };
-    kernel.call.operands.iter().filter(|o| roles.contains(&o.role)).map(|o| format!("{}[{}]", o.dtype, o.shape.dims().iter().enumerate().map(|(d, &n)| global(d, n).to_string()).collect::<Vec<_>>().join(","))).collect()
+    kernel
+        .call
+        .operands
+        .iter()
+        .filter(|o| roles.contains(&o.role))
+        .map(|o| {
+            format!(
+                "{}[{}]",
+                o.dtype,
+                o.shape
+                    .dims()
+                    .iter()
+                    .enumerate()
+                    .map(|(d, &n)| global(d, n).to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        })
+        .collect()
 }
 
 fn all_zero(d: &HostArray) -> bool {
@@ -29,7 +47,12 @@ fn every_kernel_has_inputs_and_a_reference_matching_its_call_spec() {
             }
         };
         let got: Vec<String> = inputs.iter().map(HostArray::type_string).collect();
-        assert_eq!(got, types(&kernel, &[OperandRole::Prefetch, OperandRole::Input]), "{}: inputs must follow the operand order", e.name);
+        assert_eq!(
+            got,
+            types(&kernel, &[OperandRole::Prefetch, OperandRole::Input]),
+            "{}: inputs must follow the operand order",
+            e.name
+        );
         for (i, x) in inputs.iter().enumerate() {
             assert!(!all_zero(x), "{}: input {i} is all zero", e.name);
         }
@@ -43,16 +66,26 @@ fn every_kernel_has_inputs_and_a_reference_matching_its_call_spec() {
             }
         };
         let got: Vec<String> = outputs.iter().map(HostArray::type_string).collect();
-        assert_eq!(got, types(&kernel, &[OperandRole::Output]), "{}: reference outputs must follow the kernel's outputs", e.name);
+        assert_eq!(
+            got,
+            types(&kernel, &[OperandRole::Output]),
+            "{}: reference outputs must follow the kernel's outputs",
+            e.name
+        );
         assert!(outputs.iter().all(|o| !all_zero(o)), "{}: reference output is all zero", e.name);
     }
-    assert!(missing.is_empty(), "kernels without a reference (every REGISTRY kernel needs `cases::NAME` in its entry!):\n  {}", missing.join("\n  "));
+    assert!(
+        missing.is_empty(),
+        "kernels without a reference (every REGISTRY kernel needs `cases::NAME` in its entry!):\n  {}",
+        missing.join("\n  ")
+    );
 }
 
 #[test]
 fn settings_reach_inputs_and_reference() {
     let e = palladium_kernels::entry("matmul").unwrap();
-    let set = [("m".to_string(), "32".to_string()), ("k".into(), "64".into()), ("n".into(), "16".into())];
+    let set =
+        [("m".to_string(), "32".to_string()), ("k".into(), "64".into()), ("n".into(), "16".into())];
     let x = (e.inputs)(&set, 7).unwrap();
     assert_eq!(x[0].shape, [32, 64]);
     assert_eq!((e.reference)(&set, &x).unwrap()[0].shape, [32, 16]);
@@ -64,7 +97,11 @@ fn settings_reach_inputs_and_reference() {
 fn attention_lengths_are_in_range_and_not_all_whole_tiles() {
     let e = palladium_kernels::entry("decode_attention").unwrap();
     for seed in 0..50 {
-        let set = [("batch".to_string(), "1".to_string()), ("max_context".into(), "1024".into()), ("block_kv".into(), "512".into())];
+        let set = [
+            ("batch".to_string(), "1".to_string()),
+            ("max_context".into(), "1024".into()),
+            ("block_kv".into(), "512".into()),
+        ];
         let x = (e.inputs)(&set, seed).unwrap();
         let lens = x[0].to_i32();
         assert!(lens.iter().all(|&l| (1..=1024).contains(&l)), "{lens:?}");
@@ -86,7 +123,8 @@ fn gather_ids_are_in_range_and_distinct() {
 #[test]
 fn mesh_kernels_are_registered_with_their_devices() {
     for name in ["permute", "all_gather", "reduce_scatter", "all_reduce"] {
-        let k = palladium_kernels::build(name, &[("n".into(), "8".into())]).unwrap_or_else(|e| panic!("{e}"));
+        let k = palladium_kernels::build(name, &[("n".into(), "8".into())])
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(k.call.devices(), 8, "{name}");
         let e = palladium_kernels::entry(name).unwrap();
         let x = (e.inputs)(&[("n".into(), "8".into())], 1).unwrap();

@@ -23,7 +23,8 @@ pub(crate) fn op<'c>(
     attrs: &[(&str, Attribute<'c>)],
     regions: Vec<Region<'c>>,
 ) -> RuleResult<Operation<'c>> {
-    let attrs: Vec<(Identifier<'c>, Attribute<'c>)> = attrs.iter().map(|(n, a)| (Identifier::new(ctx, n), *a)).collect();
+    let attrs: Vec<(Identifier<'c>, Attribute<'c>)> =
+        attrs.iter().map(|(n, a)| (Identifier::new(ctx, n), *a)).collect();
     OperationBuilder::new(name, loc)
         .add_operands(operands)
         .add_results(results)
@@ -35,11 +36,13 @@ pub(crate) fn op<'c>(
 
 /// Parse an attribute from its textual form (used for dialect attributes such as `#tpu.…`).
 pub(crate) fn parse_attr<'c>(ctx: &'c Context, text: &str) -> RuleResult<Attribute<'c>> {
-    Attribute::parse(ctx, text).ok_or_else(|| RuleError::Msg(format!("MLIR cannot parse the attribute `{text}`")))
+    Attribute::parse(ctx, text)
+        .ok_or_else(|| RuleError::Msg(format!("MLIR cannot parse the attribute `{text}`")))
 }
 
 pub(crate) fn parse_type<'c>(ctx: &'c Context, text: &str) -> RuleResult<Type<'c>> {
-    Type::parse(ctx, text).ok_or_else(|| RuleError::Msg(format!("MLIR cannot parse the type `{text}`")))
+    Type::parse(ctx, text)
+        .ok_or_else(|| RuleError::Msg(format!("MLIR cannot parse the type `{text}`")))
 }
 
 pub(crate) fn int_attr<'c>(ctx: &'c Context, bits: u32, v: i64) -> Attribute<'c> {

@@ -47,7 +47,12 @@ pub(crate) fn call_json(k: &Kernel) -> String {
     let c = &k.call;
     let prefetch = c.operands_of(OperandRole::Prefetch).count();
     let spec = CallJson {
-        inputs: c.operands.iter().filter(|o| o.role != OperandRole::Output).map(array_type).collect(),
+        inputs: c
+            .operands
+            .iter()
+            .filter(|o| o.role != OperandRole::Output)
+            .map(array_type)
+            .collect(),
         outputs: c.operands_of(OperandRole::Output).map(array_type).collect(),
         vmem_limit_bytes: c.vmem_limit_bytes,
         input_output_aliases: c.aliases.iter().map(|&(i, o)| [i + prefetch, o]).collect(),

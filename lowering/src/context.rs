@@ -58,7 +58,11 @@ impl MlirContext {
             Ok(())
         } else {
             let d = self.take_diagnostics();
-            Err(if d.is_empty() { vec!["MLIR verification failed without a diagnostic".into()] } else { d })
+            Err(if d.is_empty() {
+                vec!["MLIR verification failed without a diagnostic".into()]
+            } else {
+                d
+            })
         }
     }
 }

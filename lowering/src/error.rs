@@ -38,7 +38,15 @@ pub struct OpError {
 
 impl fmt::Display for OpError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({}){}: {}{}", self.op, self.op_text, fmt_loc(&self.loc), self.message, fmt_diags(&self.diagnostics))
+        write!(
+            f,
+            "{} ({}){}: {}{}",
+            self.op,
+            self.op_text,
+            fmt_loc(&self.loc),
+            self.message,
+            fmt_diags(&self.diagnostics)
+        )
     }
 }
 

@@ -11,8 +11,12 @@ use crate::{tpu, types};
 use melior::{
     Context,
     ir::{
-        Attribute, Block, BlockLike, Identifier, Location, Module, OperationRef, Region, RegionLike, Type,
-        attribute::{ArrayAttribute, DenseI64ArrayAttribute, DictionaryAttribute, FlatSymbolRefAttribute, StringAttribute, TypeAttribute},
+        Attribute, Block, BlockLike, Identifier, Location, Module, OperationRef, Region,
+        RegionLike, Type,
+        attribute::{
+            ArrayAttribute, DenseI64ArrayAttribute, DictionaryAttribute, FlatSymbolRefAttribute,
+            StringAttribute, TypeAttribute,
+        },
         operation::OperationLike,
         r#type::FunctionType,
     },
@@ -26,7 +30,12 @@ pub(crate) type Emitted<'c, 'a> = Vec<(Op, OperationRef<'c, 'a>)>;
 fn module_error(k: &Kernel, e: RuleError) -> LowerError {
     match e {
         RuleError::Nested(e) => e,
-        RuleError::Msg(message) => LowerError::Module { kernel: k.name.clone(), loc: k.loc, message, diagnostics: Vec::new() },
+        RuleError::Msg(message) => LowerError::Module {
+            kernel: k.name.clone(),
+            loc: k.loc,
+            message,
+            diagnostics: Vec::new(),
+        },
     }
 }
 
@@ -37,7 +46,11 @@ pub(crate) fn block_mappings(k: &Kernel) -> impl Iterator<Item = (usize, &Operan
 }
 
 /// Build the kernel function and its transform functions into `module`.
-pub(crate) fn build<'c, 'a>(ctx: &'c Context, k: &'a Kernel, module: &'a Module<'c>) -> Result<Emitted<'c, 'a>, LowerError> {
+pub(crate) fn build<'c, 'a>(
+    ctx: &'c Context,
+    k: &'a Kernel,
+    module: &'a Module<'c>,
+) -> Result<Emitted<'c, 'a>, LowerError> {
     let loc = location(ctx, k.loc);
     let mut cx = LowerCx::new(ctx, k, module.body(), loc);
     kernel_func(&mut cx, module).map_err(|e| module_error(k, e))?;
@@ -47,7 +60,10 @@ pub(crate) fn build<'c, 'a>(ctx: &'c Context, k: &'a Kernel, module: &'a Module<
                 continue;
             }
             let Some(map) = o.index_map else {
-                return Err(module_error(k, RuleError::Msg(format!("operand {} is windowed but has no index map", o.name))));
+                return Err(module_error(
+                    k,
+                    RuleError::Msg(format!("operand {} is windowed but has no index map", o.name)),
+                ));
             };
             transform_func(&mut cx, module, n, o, map).map_err(|e| module_error(k, e))?;
         }
@@ -76,10 +92,21 @@ fn func<'c, 'a>(
     region.append_block(Block::new(&args));
     let mut all = vec![
         ("sym_name", StringAttribute::new(ctx, name).into()),
-        ("function_type", TypeAttribute::new(FunctionType::new(ctx, inputs, results).into()).into()),
+        (
+            "function_type",
+            TypeAttribute::new(FunctionType::new(ctx, inputs, results).into()).into(),
+        ),
     ];
     all.extend_from_slice(attrs);
-    let f = module.body().append_operation(build::op(ctx, "func.func", loc, &[], &[], &all, vec![region])?);
+    let f = module.body().append_operation(build::op(
+        ctx,
+        "func.func",
+        loc,
+        &[],
+        &[],
+        &all,
+        vec![region],
+    )?);
     match f.region(0)?.first_block() {
         Some(b) => Ok(b),
         None => Err(RuleError::Msg("internal: func without a body".into())),
@@ -91,9 +118,15 @@ fn kernel_func<'c, 'a>(cx: &mut LowerCx<'c, 'a>, module: &'a Module<'c>) -> Resu
     let call = &k.call;
     let gridded = !call.grid.is_empty();
     let semantics: Vec<_> = call.grid.iter().map(|g| g.semantics).collect();
-    let mut attrs: Vec<(&str, Attribute<'c>)> = vec![("dimension_semantics", tpu::dimension_semantics(ctx, &semantics)?)];
+    let mut attrs: Vec<(&str, Attribute<'c>)> =
+        vec![("dimension_semantics", tpu::dimension_semantics(ctx, &semantics)?)];
     if gridded {
-        let bounds = call.grid.iter().map(|g| i64::try_from(g.extent)).collect::<Result<Vec<_>, _>>().map_err(|e| format!("grid extent: {e}"))?;
+        let bounds = call
+            .grid
+            .iter()
+            .map(|g| i64::try_from(g.extent))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("grid extent: {e}"))?;
         attrs.push(("iteration_bounds", DenseI64ArrayAttribute::new(ctx, &bounds).into()));
     }
     let prefetch = call.operands_of(OperandRole::Prefetch).count();
@@ -108,12 +141,24 @@ fn kernel_func<'c, 'a>(cx: &mut LowerCx<'c, 'a>, module: &'a Module<'c>) -> Resu
                 // Pallas's key order (the dictionary sorts them anyway).
                 let mut entry = Vec::new();
                 if let Some(mode) = o.pipeline_mode {
-                    entry.push((Identifier::new(ctx, "pipeline_mode"), tpu::pipeline_mode(ctx, mode)?));
+                    entry.push((
+                        Identifier::new(ctx, "pipeline_mode"),
+                        tpu::pipeline_mode(ctx, mode)?,
+                    ));
                 }
-                entry.push((Identifier::new(ctx, "transform_indices"), FlatSymbolRefAttribute::new(ctx, &format!("transform_{n}")).into()));
-                entry.push((Identifier::new(ctx, "window_bounds"), DenseI64ArrayAttribute::new(ctx, &bounds).into()));
+                entry.push((
+                    Identifier::new(ctx, "transform_indices"),
+                    FlatSymbolRefAttribute::new(ctx, &format!("transform_{n}")).into(),
+                ));
+                entry.push((
+                    Identifier::new(ctx, "window_bounds"),
+                    DenseI64ArrayAttribute::new(ctx, &bounds).into(),
+                ));
                 if let Some(block) = o.block.as_deref().filter(|_| o.has_element_window()) {
-                    entry.push((Identifier::new(ctx, "window_kind"), tpu::element_window(ctx, block)?));
+                    entry.push((
+                        Identifier::new(ctx, "window_kind"),
+                        tpu::element_window(ctx, block)?,
+                    ));
                 }
                 entry
             } else {
@@ -126,20 +171,30 @@ fn kernel_func<'c, 'a>(cx: &mut LowerCx<'c, 'a>, module: &'a Module<'c>) -> Resu
     let inputs = arg_types(cx, k.entry)?;
     let loc = cx.loc;
     let entry = func(cx, module, &k.name, &inputs, &[], &attrs, loc)?;
-    cx.grid_args = (0..call.grid.len()).map(|i| entry.argument(i).map(Into::into)).collect::<Result<_, _>>()?;
+    cx.grid_args = (0..call.grid.len())
+        .map(|i| entry.argument(i).map(Into::into))
+        .collect::<Result<_, _>>()?;
     cx.lower_block(k.entry, entry)?;
     let ret = build::op(ctx, "func.return", loc, &[], &[], &[], vec![])?;
     entry.append_operation(ret);
     Ok(())
 }
 
-fn transform_func<'c, 'a>(cx: &mut LowerCx<'c, 'a>, module: &'a Module<'c>, n: usize, o: &OperandSpec, map: KBlock) -> Result<(), RuleError> {
+fn transform_func<'c, 'a>(
+    cx: &mut LowerCx<'c, 'a>,
+    module: &'a Module<'c>,
+    n: usize,
+    o: &OperandSpec,
+    map: KBlock,
+) -> Result<(), RuleError> {
     let (ctx, k) = (cx.ctx, cx.k);
     let inputs = arg_types(cx, map)?;
     let results = vec![types::i32(ctx); o.shape.rank()];
     let loc = cx.loc;
     let entry = func(cx, module, &format!("transform_{n}"), &inputs, &results, &[], loc)?;
-    cx.grid_args = (0..k.call.grid.len()).map(|i| entry.argument(i).map(Into::into)).collect::<Result<_, _>>()?;
+    cx.grid_args = (0..k.call.grid.len())
+        .map(|i| entry.argument(i).map(Into::into))
+        .collect::<Result<_, _>>()?;
     cx.lower_block(map, entry)?;
     // The block's `yield` became `func.return`; make sure the map did end with one.
     if entry.terminator().is_none() {

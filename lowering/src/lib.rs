@@ -100,27 +100,47 @@ pub fn lower(kernel: &Kernel, options: &LowerOptions) -> Result<Lowered, LowerEr
 
 /// `op` printed with its source locations (`loc("kernels/src/foo.rs":12:5)`, as Pallas's
 /// modules carry Python lines), so that the interpreter's and libtpu's errors name the Rust line.
-pub(crate) fn with_locations<'c: 'a, 'a>(kernel: &str, op: &impl OperationLike<'c, 'a>) -> Result<String, LowerError> {
-    op.to_string_with_flags(OperationPrintingFlags::new().enable_debug_info(true, false)).map_err(|e| LowerError::Module {
-        kernel: kernel.to_string(),
-        loc: None,
-        message: format!("printing the module: {e}"),
-        diagnostics: Vec::new(),
-    })
+pub(crate) fn with_locations<'c: 'a, 'a>(
+    kernel: &str,
+    op: &impl OperationLike<'c, 'a>,
+) -> Result<String, LowerError> {
+    op.to_string_with_flags(OperationPrintingFlags::new().enable_debug_info(true, false)).map_err(
+        |e| LowerError::Module {
+            kernel: kernel.to_string(),
+            loc: None,
+            message: format!("printing the module: {e}"),
+            diagnostics: Vec::new(),
+        },
+    )
 }
 
 /// Turn a failed module verification into an error about the kernel op whose MLIR failed:
 /// ops without regions first (their failure is their own), then region ops.
-fn blame(mc: &MlirContext, k: &Kernel, emitted: &grid::Emitted<'_, '_>, module_diags: Vec<String>) -> LowerError {
+fn blame(
+    mc: &MlirContext,
+    k: &Kernel,
+    emitted: &grid::Emitted<'_, '_>,
+    module_diags: Vec<String>,
+) -> LowerError {
     for with_regions in [false, true] {
         for (op, mop) in emitted {
             if (mop.region_count() > 0) != with_regions {
                 continue;
             }
             if let Err(diags) = mc.verify(mop) {
-                return rules::op_error(k, *op, "the MLIR this op lowers to does not verify".into(), diags);
+                return rules::op_error(
+                    k,
+                    *op,
+                    "the MLIR this op lowers to does not verify".into(),
+                    diags,
+                );
             }
         }
     }
-    LowerError::Module { kernel: k.name.clone(), loc: k.loc, message: "the Mosaic module does not verify".into(), diagnostics: module_diags }
+    LowerError::Module {
+        kernel: k.name.clone(),
+        loc: k.loc,
+        message: "the Mosaic module does not verify".into(),
+        diagnostics: module_diags,
+    }
 }

@@ -25,13 +25,12 @@
 
 use crate::context::MlirContext;
 use crate::error::LowerError;
-use melior::{
-    ir::{
-        Block, BlockLike, BlockRef, Identifier, Location, Module, Region, RegionLike, Type, Value, ValueLike,
-        attribute::IntegerAttribute,
-        operation::{OperationBuilder, OperationLike, OperationMutLike},
-        r#type::IntegerType,
-    },
+use melior::ir::{
+    Block, BlockLike, BlockRef, Identifier, Location, Module, Region, RegionLike, Type, Value,
+    ValueLike,
+    attribute::IntegerAttribute,
+    operation::{OperationBuilder, OperationLike, OperationMutLike},
+    r#type::IntegerType,
 };
 use std::collections::HashMap;
 
@@ -53,11 +52,19 @@ fn err(kernel: &str, message: String) -> LowerError {
 
 impl<'c, 'o> Cloner<'c, 'o> {
     fn value(&self, kernel: &str, v: Value<'c, '_>) -> Result<Value<'c, 'o>, LowerError> {
-        self.map.get(&key(&v)).copied().ok_or_else(|| err(kernel, "serialize: operand used before its definition".into()))
+        self.map
+            .get(&key(&v))
+            .copied()
+            .ok_or_else(|| err(kernel, "serialize: operand used before its definition".into()))
     }
 
     /// Clone the ops of `src` into `dst` (whose arguments mirror `src`'s), renaming them.
-    fn block(&mut self, kernel: &str, src: BlockRef<'c, '_>, dst: BlockRef<'c, 'o>) -> Result<(), LowerError> {
+    fn block(
+        &mut self,
+        kernel: &str,
+        src: BlockRef<'c, '_>,
+        dst: BlockRef<'c, 'o>,
+    ) -> Result<(), LowerError> {
         for i in 0..src.argument_count() {
             let (a, b) = (src.argument(i), dst.argument(i));
             match (a, b) {
@@ -70,8 +77,12 @@ impl<'c, 'o> Cloner<'c, 'o> {
         let mut next = src.first_operation();
         while let Some(op) = next {
             let name = op.name();
-            let name = name.as_string_ref().as_str().map_err(|e| err(kernel, format!("serialize: op name: {e}")))?;
-            let operands = op.operands().map(|v| self.value(kernel, v)).collect::<Result<Vec<_>, _>>()?;
+            let name = name
+                .as_string_ref()
+                .as_str()
+                .map_err(|e| err(kernel, format!("serialize: op name: {e}")))?;
+            let operands =
+                op.operands().map(|v| self.value(kernel, v)).collect::<Result<Vec<_>, _>>()?;
             let results: Vec<Type<'c>> = op.results().map(|r| r.r#type()).collect();
             let attrs: Vec<(Identifier<'c>, melior::ir::Attribute<'c>)> = op.attributes().collect();
             let mut regions = Vec::new();
@@ -79,8 +90,10 @@ impl<'c, 'o> Cloner<'c, 'o> {
                 let region = Region::new();
                 let mut b = r.first_block();
                 while let Some(sb) = b {
-                    let args: Vec<(Type<'c>, Location<'c>)> =
-                        (0..sb.argument_count()).filter_map(|i| sb.argument(i).ok()).map(|a| (a.r#type(), a.location())).collect();
+                    let args: Vec<(Type<'c>, Location<'c>)> = (0..sb.argument_count())
+                        .filter_map(|i| sb.argument(i).ok())
+                        .map(|a| (a.r#type(), a.location()))
+                        .collect();
                     region.append_block(Block::new(&args));
                     b = sb.next_in_region();
                 }
@@ -92,7 +105,9 @@ impl<'c, 'o> Cloner<'c, 'o> {
                 .add_attributes(&attrs)
                 .add_regions_vec(regions)
                 .build()
-                .map_err(|e| err(kernel, format!("serialize: cannot build stable_mosaic.{name}: {e}")))?;
+                .map_err(|e| {
+                    err(kernel, format!("serialize: cannot build stable_mosaic.{name}: {e}"))
+                })?;
             let new = dst.append_operation(new);
             for (i, r) in op.results().enumerate() {
                 let n = new.result(i).map_err(|e| err(kernel, format!("serialize: {e}")))?;
@@ -113,17 +128,28 @@ impl<'c, 'o> Cloner<'c, 'o> {
 }
 
 /// The serialized text of `module` (already verified).
-pub(crate) fn serialize(mc: &MlirContext, kernel: &str, module: &Module<'_>) -> Result<String, LowerError> {
+pub(crate) fn serialize(
+    mc: &MlirContext,
+    kernel: &str,
+    module: &Module<'_>,
+) -> Result<String, LowerError> {
     let ctx = &mc.ctx;
     let mut out = Module::new(module.as_operation().location());
-    out.as_operation_mut()
-        .set_attribute("stable_mosaic.version", IntegerAttribute::new(IntegerType::new(ctx, 64).into(), VERSION).into());
+    out.as_operation_mut().set_attribute(
+        "stable_mosaic.version",
+        IntegerAttribute::new(IntegerType::new(ctx, 64).into(), VERSION).into(),
+    );
     {
         let mut cloner = Cloner { map: HashMap::new() };
         cloner.block(kernel, module.body(), out.body())?;
     }
     if let Err(diagnostics) = mc.verify(&out.as_operation()) {
-        return Err(LowerError::Module { kernel: kernel.to_string(), loc: None, message: "the serialized module does not verify".into(), diagnostics });
+        return Err(LowerError::Module {
+            kernel: kernel.to_string(),
+            loc: None,
+            message: "the serialized module does not verify".into(),
+            diagnostics,
+        });
     }
     crate::with_locations(kernel, &out.as_operation())
 }

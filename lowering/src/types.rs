@@ -44,15 +44,29 @@ pub(crate) fn array<'c>(ctx: &'c Context, shape: &[u64], dtype: DType) -> Type<'
 }
 
 fn dims(shape: &[u64]) -> RuleResult<Vec<i64>> {
-    shape.iter().map(|&d| i64::try_from(d).map_err(|_| format!("dimension {d} is too large").into())).collect()
+    shape
+        .iter()
+        .map(|&d| i64::try_from(d).map_err(|_| format!("dimension {d} is too large").into()))
+        .collect()
 }
 
 /// `memref<shape x dtype, #tpu.memory_space<space>>`.
-pub(crate) fn memref<'c>(ctx: &'c Context, space: MemorySpace, dtype: DType, shape: &[u64]) -> RuleResult<Type<'c>> {
+pub(crate) fn memref<'c>(
+    ctx: &'c Context,
+    space: MemorySpace,
+    dtype: DType,
+    shape: &[u64],
+) -> RuleResult<Type<'c>> {
     if space == MemorySpace::Semaphore {
         bail!("data refs cannot live in semaphore memory");
     }
-    Ok(MemRefType::new(memory_element(ctx, dtype), &dims(shape)?, None, Some(tpu::memory_space(ctx, space)?)).into())
+    Ok(MemRefType::new(
+        memory_element(ctx, dtype),
+        &dims(shape)?,
+        None,
+        Some(tpu::memory_space(ctx, space)?),
+    )
+    .into())
 }
 
 pub(crate) fn ref_type<'c>(ctx: &'c Context, r: &RefType) -> RuleResult<Type<'c>> {
@@ -60,9 +74,19 @@ pub(crate) fn ref_type<'c>(ctx: &'c Context, r: &RefType) -> RuleResult<Type<'c>
 }
 
 /// `memref<[shape x] !tpu.(dma_)semaphore, #tpu.memory_space<semaphore_mem>>`.
-pub(crate) fn sem_memref<'c>(ctx: &'c Context, kind: SemKind, shape: &Shape) -> RuleResult<Type<'c>> {
+pub(crate) fn sem_memref<'c>(
+    ctx: &'c Context,
+    kind: SemKind,
+    shape: &Shape,
+) -> RuleResult<Type<'c>> {
     let elem = tpu::semaphore_type(ctx, kind)?;
-    Ok(MemRefType::new(elem, &dims(shape.dims())?, None, Some(tpu::memory_space(ctx, MemorySpace::Semaphore)?)).into())
+    Ok(MemRefType::new(
+        elem,
+        &dims(shape.dims())?,
+        None,
+        Some(tpu::memory_space(ctx, MemorySpace::Semaphore)?),
+    )
+    .into())
 }
 
 /// The MLIR type of any kernel value.

@@ -58,7 +58,15 @@ use palladium_lowering::{LowerOptions, Lowered, lower};
 use palladium_runtime::{CallSpec, Compiled, Compiler, Estimate, Job, wrap};
 
 /// Kernels whose static profile aborts libtpu on v5e (see the module docs).
-const V5E_PROFILE_ABORTS: &[&str] = &["gemv", "kv_cache_update", "gemv_quantized", "gemv_quantized_int4", "gemv_quantized_fp8", "expert_ffn_quantized", "expert_ffn_quantized_fp8"];
+const V5E_PROFILE_ABORTS: &[&str] = &[
+    "gemv",
+    "kv_cache_update",
+    "gemv_quantized",
+    "gemv_quantized_int4",
+    "gemv_quantized_fp8",
+    "expert_ffn_quantized",
+    "expert_ffn_quantized_fp8",
+];
 
 fn lowered(k: &palladium_dsl::Kernel) -> Lowered {
     lower(k, &LowerOptions { chip: Chip::V6e }).unwrap_or_else(|e| panic!("{}: {e}", k.name))
@@ -71,8 +79,11 @@ fn program(l: &Lowered) -> String {
 /// Replace SSA names (`%arg3`, `%c0_i32_1`, `%12`) by `%_`, drop blank lines and the
 /// location alias table, and write each `loc(#locN)` as the location it names.
 fn normalize(text: &str) -> String {
-    let aliases: std::collections::HashMap<&str, &str> =
-        text.lines().filter_map(|l| l.strip_prefix('#')?.split_once(" = loc(")).map(|(name, rest)| (name, rest.strip_suffix(')').unwrap_or(rest))).collect();
+    let aliases: std::collections::HashMap<&str, &str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix('#')?.split_once(" = loc("))
+        .map(|(name, rest)| (name, rest.strip_suffix(')').unwrap_or(rest)))
+        .collect();
     let mut out = String::new();
     for line in text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')) {
         let mut line = line.to_string();
@@ -101,15 +112,25 @@ fn normalize(text: &str) -> String {
 fn assert_same_body(name: &str, ours: &str, theirs: &str) {
     let (ours, theirs) = (normalize(ours), normalize(theirs));
     let equal = ours.lines().count() == theirs.lines().count()
-        && ours.lines().zip(theirs.lines()).all(|(a, b)| if b.contains("loc[\"-\":") || b.contains("loc(\"-\":") { without_locations(a) == without_locations(b) } else { a == b });
-    assert!(equal, "{name}: body differs from JAX's serialization\nours:\n{ours}\ntheirs:\n{theirs}");
+        && ours.lines().zip(theirs.lines()).all(|(a, b)| {
+            if b.contains("loc[\"-\":") || b.contains("loc(\"-\":") {
+                without_locations(a) == without_locations(b)
+            } else {
+                a == b
+            }
+        });
+    assert!(
+        equal,
+        "{name}: body differs from JAX's serialization\nours:\n{ours}\ntheirs:\n{theirs}"
+    );
     assert!(ours.contains(" loc[\""), "{name}: the body carries no source locations");
 }
 
 #[test]
 fn kernels_compile_with_libtpu_and_match_jax() {
     let dir = scratch_dir("libtpu");
-    let kernels: Vec<(String, Lowered)> = all_kernels().into_iter().map(|(name, k)| (name, lowered(&k))).collect();
+    let kernels: Vec<(String, Lowered)> =
+        all_kernels().into_iter().map(|(name, k)| (name, lowered(&k))).collect();
 
     // Our serializer agrees with jaxlib's mosaic-serde on the same module.
     for (name, l) in &kernels {
@@ -124,46 +145,89 @@ fn kernels_compile_with_libtpu_and_match_jax() {
     let ours = matmul.canonical.replace("@matmul(", "@body(");
     let jax_module = jax["module"].as_str().unwrap();
     let seq = op_sequence(&ours);
-    assert!(seq.iter().any(|o| o == "tpu.matmul") && seq.len() > 10, "suspicious op sequence {seq:?}");
+    assert!(
+        seq.iter().any(|o| o == "tpu.matmul") && seq.len() > 10,
+        "suspicious op sequence {seq:?}"
+    );
     assert_eq!(seq, op_sequence(jax_module), "matmul op sequence differs from JAX's");
-    assert_eq!(signature(&ours), signature(jax_module), "matmul signature/attributes differ from JAX's");
+    assert_eq!(
+        signature(&ours),
+        signature(jax_module),
+        "matmul signature/attributes differ from JAX's"
+    );
     let jax_gemv = jax_reference(&dir, &["pallas", "gemv", "--chip", "v6e"]);
     // The array ops: Palladium's `array_ops` and the same kernel in Pallas (`pallas array_ops`)
     // use the same Mosaic ops (roll, concatenate, slices, argmax, reciprocal, ...).
     let jax_array_ops = jax_reference(&dir, &["pallas", "array_ops", "--chip", "v6e"]);
-    let array_ops = &kernels.iter().find(|(n, _)| n == "array_ops").expect("the coverage kernels have array_ops").1;
+    let array_ops = &kernels
+        .iter()
+        .find(|(n, _)| n == "array_ops")
+        .expect("the coverage kernels have array_ops")
+        .1;
     let tpu_ops = |module: &str| {
-        let mut ops: Vec<String> = op_sequence(module).into_iter().filter(|o| o.starts_with("tpu.") || o.starts_with("vector.extract_strided")).collect();
+        let mut ops: Vec<String> = op_sequence(module)
+            .into_iter()
+            .filter(|o| o.starts_with("tpu.") || o.starts_with("vector.extract_strided"))
+            .collect();
         ops.sort();
         ops
     };
-    assert_eq!(tpu_ops(&array_ops.canonical), tpu_ops(jax_array_ops["module"].as_str().unwrap()), "array_ops: not the Mosaic ops Pallas uses");
+    assert_eq!(
+        tpu_ops(&array_ops.canonical),
+        tpu_ops(jax_array_ops["module"].as_str().unwrap()),
+        "array_ops: not the Mosaic ops Pallas uses"
+    );
     // Flash attention: the library's and its Pallas twin (`pallas flash_attention`, Pallas's
     // TPU kernel line for line), with double-buffered (default) and synchronous K/V
     // (`Buffered(1)`: our `flash_attention_sync_kv`).
-    let jax_flash: Vec<(&str, serde_json::Value)> = [("flash_attention", "flash_attention"), ("flash_attention_sync_kv", "flash_attention:kv_buffers=1")]
-        .into_iter()
-        .map(|(ours, theirs)| (ours, jax_reference(&dir, &["pallas", theirs, "--chip", "v6e"])))
-        .collect();
+    let jax_flash: Vec<(&str, serde_json::Value)> = [
+        ("flash_attention", "flash_attention"),
+        ("flash_attention_sync_kv", "flash_attention:kv_buffers=1"),
+    ]
+    .into_iter()
+    .map(|(ours, theirs)| (ours, jax_reference(&dir, &["pallas", theirs, "--chip", "v6e"])))
+    .collect();
     for (name, theirs) in &jax_flash {
-        let l = &kernels.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no kernel {name}")).1;
+        let l = &kernels
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no kernel {name}"))
+            .1;
         let module = theirs["module"].as_str().unwrap();
         let mode = if *name == "flash_attention" { "double_buffered" } else { "synchronous" };
-        assert_eq!(module.matches(&format!("#tpu.pipeline_mode<{mode}>")).count(), 2, "{name}: Pallas's K/V specs are not {mode}");
-        assert_eq!(l.module.matches(&format!("#tpu.pipeline_mode<{mode}>")).count(), 2, "{name}: our K/V specs are not {mode}");
+        assert_eq!(
+            module.matches(&format!("#tpu.pipeline_mode<{mode}>")).count(),
+            2,
+            "{name}: Pallas's K/V specs are not {mode}"
+        );
+        assert_eq!(
+            l.module.matches(&format!("#tpu.pipeline_mode<{mode}>")).count(),
+            2,
+            "{name}: our K/V specs are not {mode}"
+        );
         // As sets: our canonical module is also CSE'd (the unrolled tiles share iotas).
         let set = |m: &str| tpu_ops(m).into_iter().collect::<std::collections::BTreeSet<_>>();
         assert_eq!(set(&l.canonical), set(module), "{name}: not the Mosaic ops Pallas uses");
     }
-    let gemv_jax_blocks = palladium_kernels::build("gemv", &[("block_n".into(), "1024".into())]).unwrap_or_else(|e| panic!("{e}"));
+    let gemv_jax_blocks = palladium_kernels::build("gemv", &[("block_n".into(), "1024".into())])
+        .unwrap_or_else(|e| panic!("{e}"));
     let gemv_jax_blocks = lowered(&gemv_jax_blocks);
 
     // Every kernel on every chip, in parallel workers; the estimate on v5e and v6e (where
     // an abort costs a recompile without it), none on v7x (it aborts there for most kernels).
-    let program_jobs = |chip: Chip| kernels.iter().map(|(_, l)| Job { program: program(l), chip, serialize: false }).collect::<Vec<_>>();
+    let program_jobs = |chip: Chip| {
+        kernels
+            .iter()
+            .map(|(_, l)| Job { program: program(l), chip, serialize: false })
+            .collect::<Vec<_>>()
+    };
     let mut estimated_jobs = program_jobs(Chip::V5e);
     estimated_jobs.extend(program_jobs(Chip::V6e));
-    estimated_jobs.push(Job { program: program(&gemv_jax_blocks), chip: Chip::V6e, serialize: false });
+    estimated_jobs.push(Job {
+        program: program(&gemv_jax_blocks),
+        chip: Chip::V6e,
+        serialize: false,
+    });
     let compiler = Compiler::new(Estimate::Yes).unwrap_or_else(|e| panic!("{e}"));
     let mut results = compiler.compile_all_estimated(&estimated_jobs);
     results.extend(Compiler::new(Estimate::No).unwrap().compile_all(&program_jobs(Chip::V7x)));
@@ -171,12 +235,20 @@ fn kernels_compile_with_libtpu_and_match_jax() {
     let mut table: Vec<(&str, Chip, &Compiled)> = Vec::new();
     for chip in [Chip::V5e, Chip::V6e] {
         for (name, _) in &kernels {
-            let c = compiled.next().unwrap().as_ref().unwrap_or_else(|e| panic!("{name} on {chip}: {e}"));
+            let c = compiled
+                .next()
+                .unwrap()
+                .as_ref()
+                .unwrap_or_else(|e| panic!("{name} on {chip}: {e}"));
             assert!(c.code_size_bytes > 0, "{name} on {chip}: {c:?}");
             table.push((name, chip, c));
         }
     }
-    let gemv_ours = compiled.next().unwrap().as_ref().unwrap_or_else(|e| panic!("gemv block_n=1024 on v6e: {e}"));
+    let gemv_ours = compiled
+        .next()
+        .unwrap()
+        .as_ref()
+        .unwrap_or_else(|e| panic!("gemv block_n=1024 on v6e: {e}"));
     for (name, _) in &kernels {
         let c = compiled.next().unwrap().as_ref().unwrap_or_else(|e| panic!("{name} on v7x: {e}"));
         assert!(c.code_size_bytes > 0, "{name} on v7x: {c:?}");
@@ -186,41 +258,79 @@ fn kernels_compile_with_libtpu_and_match_jax() {
     eprintln!("{:<20} {:<5} {:>10} {:>12}  note", "kernel", "chip", "code bytes", "cycles");
     for (name, chip, c) in &table {
         let cycles = c.estimated_cycles.map_or("-".into(), |n| n.to_string());
-        eprintln!("{name:<20} {chip:<5} {:>10} {cycles:>12}  {}", c.code_size_bytes, c.estimate_note.as_deref().unwrap_or(""));
+        eprintln!(
+            "{name:<20} {chip:<5} {:>10} {cycles:>12}  {}",
+            c.code_size_bytes,
+            c.estimate_note.as_deref().unwrap_or("")
+        );
     }
     for (name, chip, c) in &table {
         let l = &kernels.iter().find(|(n, _)| n == name).unwrap().1;
         // libtpu prices a kernel that communicates (the collectives) at its copies around the
         // call, its remote DMAs at 0 cycles: no figure is expected of it.
-        let communicates = CallSpec::from_json(&l.call_json).unwrap().has_communication == Some(true);
+        let communicates =
+            CallSpec::from_json(&l.call_json).unwrap().has_communication == Some(true);
         let expected = !communicates
             && match chip {
-            Chip::V5e => !V5E_PROFILE_ABORTS.contains(name),
-            Chip::V6e => !l.module.contains("tpu.enqueue_dma"),
-            _ => false,
-        };
+                Chip::V5e => !V5E_PROFILE_ABORTS.contains(name),
+                Chip::V6e => !l.module.contains("tpu.enqueue_dma"),
+                _ => false,
+            };
         if expected {
-            assert!(c.estimated_cycles.is_some_and(|n| n > 0), "{name} on {chip}: no estimate: {c:?}");
+            assert!(
+                c.estimated_cycles.is_some_and(|n| n > 0),
+                "{name} on {chip}: no estimate: {c:?}"
+            );
         }
     }
 
-    let ours = table.iter().find(|(n, chip, _)| *n == "matmul" && *chip == Chip::V6e).unwrap().2.estimated_cycles.expect("matmul v6e cycles");
+    let ours = table
+        .iter()
+        .find(|(n, chip, _)| *n == "matmul" && *chip == Chip::V6e)
+        .unwrap()
+        .2
+        .estimated_cycles
+        .expect("matmul v6e cycles");
     let theirs = jax["estimated_cycles"].as_u64().expect("JAX's matmul cycles");
     eprintln!("v6e matmul: ours {ours} cycles, JAX {theirs} cycles");
     let gemv_ours = gemv_ours.estimated_cycles.expect("gemv v6e cycles");
     let gemv_jax = jax_gemv["estimated_cycles"].as_u64().expect("JAX's gemv cycles");
     eprintln!("v6e gemv (blocks 4096x1024): ours {gemv_ours} cycles, JAX {gemv_jax} cycles");
-    assert!((ours as f64 - theirs as f64).abs() <= 0.02 * theirs as f64, "matmul: {ours} cycles vs JAX's {theirs} (> 2% apart)");
-    let ours = table.iter().find(|(n, chip, _)| *n == "array_ops" && *chip == Chip::V6e).unwrap().2.estimated_cycles.expect("array_ops v6e cycles");
+    assert!(
+        (ours as f64 - theirs as f64).abs() <= 0.02 * theirs as f64,
+        "matmul: {ours} cycles vs JAX's {theirs} (> 2% apart)"
+    );
+    let ours = table
+        .iter()
+        .find(|(n, chip, _)| *n == "array_ops" && *chip == Chip::V6e)
+        .unwrap()
+        .2
+        .estimated_cycles
+        .expect("array_ops v6e cycles");
     let theirs = jax_array_ops["estimated_cycles"].as_u64().expect("JAX's array_ops cycles");
     eprintln!("v6e array_ops: ours {ours} cycles, JAX {theirs} cycles");
-    assert!((ours as f64 - theirs as f64).abs() <= 0.01 * theirs as f64, "array_ops: {ours} cycles vs JAX's {theirs} (> 1% apart)");
-    assert!((gemv_ours as f64 - gemv_jax as f64).abs() <= 0.02 * gemv_jax as f64, "gemv: {gemv_ours} cycles vs JAX's {gemv_jax} (> 2% apart)");
+    assert!(
+        (ours as f64 - theirs as f64).abs() <= 0.01 * theirs as f64,
+        "array_ops: {ours} cycles vs JAX's {theirs} (> 1% apart)"
+    );
+    assert!(
+        (gemv_ours as f64 - gemv_jax as f64).abs() <= 0.02 * gemv_jax as f64,
+        "gemv: {gemv_ours} cycles vs JAX's {gemv_jax} (> 2% apart)"
+    );
     for (name, jax) in &jax_flash {
-        let ours = table.iter().find(|(n, chip, _)| n == name && *chip == Chip::V6e).unwrap().2.estimated_cycles.expect("flash_attention v6e cycles");
+        let ours = table
+            .iter()
+            .find(|(n, chip, _)| n == name && *chip == Chip::V6e)
+            .unwrap()
+            .2
+            .estimated_cycles
+            .expect("flash_attention v6e cycles");
         let theirs = jax["estimated_cycles"].as_u64().expect("JAX's flash_attention cycles");
         eprintln!("v6e {name}: ours {ours} cycles, JAX {theirs} cycles");
-        assert!((ours as f64 - theirs as f64).abs() <= 0.01 * theirs as f64, "{name}: {ours} cycles vs JAX's {theirs} (> 1% apart)");
+        assert!(
+            (ours as f64 - theirs as f64).abs() <= 0.01 * theirs as f64,
+            "{name}: {ours} cycles vs JAX's {theirs} (> 1% apart)"
+        );
     }
 }
 
@@ -232,7 +342,8 @@ fn kernels_compile_with_libtpu_and_match_jax() {
 #[test]
 fn element_windows_match_pallas_and_compile() {
     let dir = scratch_dir("libtpu_element_windows");
-    let k = palladium_kernels::coverage::element_windows::build(&Default::default()).unwrap_or_else(|e| panic!("{e}"));
+    let k = palladium_kernels::coverage::element_windows::build(&Default::default())
+        .unwrap_or_else(|e| panic!("{e}"));
     let l = lowered(&k);
     std::fs::write(dir.join("element_windows.mlir"), &l.module).unwrap();
     let serialized = jax_reference(&dir, &["serialize", "element_windows.mlir"]);
@@ -240,11 +351,28 @@ fn element_windows_match_pallas_and_compile() {
     let theirs = jax_reference(&dir, &["pallas", "element_windows", "--chip", "v6e"]);
     let module = theirs["module"].as_str().unwrap();
     let ours = l.canonical.replace("@element_windows(", "@body(");
-    assert!(module.contains("#tpu.element_window<[0, 0], [8, 0]>"), "Pallas's twin is not element-windowed:\n{module}");
-    assert_eq!(signature(&ours), signature(module), "element_windows: signature/window_params differ from Pallas's");
-    assert_eq!(op_sequence(&ours), op_sequence(module), "element_windows: op sequence differs from Pallas's");
-    let jobs: Vec<Job> = [Chip::V5e, Chip::V6e, Chip::V7x].into_iter().map(|chip| Job { program: program(&l), chip, serialize: false }).collect();
-    for (chip, c) in [Chip::V5e, Chip::V6e, Chip::V7x].iter().zip(Compiler::new(Estimate::No).unwrap().compile_all(&jobs)) {
+    assert!(
+        module.contains("#tpu.element_window<[0, 0], [8, 0]>"),
+        "Pallas's twin is not element-windowed:\n{module}"
+    );
+    assert_eq!(
+        signature(&ours),
+        signature(module),
+        "element_windows: signature/window_params differ from Pallas's"
+    );
+    assert_eq!(
+        op_sequence(&ours),
+        op_sequence(module),
+        "element_windows: op sequence differs from Pallas's"
+    );
+    let jobs: Vec<Job> = [Chip::V5e, Chip::V6e, Chip::V7x]
+        .into_iter()
+        .map(|chip| Job { program: program(&l), chip, serialize: false })
+        .collect();
+    for (chip, c) in [Chip::V5e, Chip::V6e, Chip::V7x]
+        .iter()
+        .zip(Compiler::new(Estimate::No).unwrap().compile_all(&jobs))
+    {
         let c = c.unwrap_or_else(|e| panic!("element_windows on {chip}: {e}"));
         assert!(c.code_size_bytes > 0, "element_windows on {chip}: {c:?}");
     }
@@ -261,7 +389,11 @@ fn op_sequence(module: &str) -> Vec<String> {
                 Some(i) if l.starts_with('%') => &l[i + 3..],
                 _ => l,
             };
-            let name: String = rest.trim_start_matches('"').chars().take_while(|c| c.is_alphanumeric() || *c == '.' || *c == '_').collect();
+            let name: String = rest
+                .trim_start_matches('"')
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '.' || *c == '_')
+                .collect();
             (name.contains('.') && name != "arith.constant").then_some(name)
         })
         .collect()

@@ -24,7 +24,11 @@ fn module_shape_follows_pallas() {
     // gather_rows: scalar prefetch (ids), an ANY input (table), a squeezed output block,
     // a VMEM scratch and a DMA semaphore array, double-buffered manual DMAs.
     let l = lower(&library_kernel("gather_rows"), &V6E).unwrap();
-    assert!(l.module.contains("loc(\"kernels/src/gather.rs\":"), "ops carry their Rust lines: {}", l.module);
+    assert!(
+        l.module.contains("loc(\"kernels/src/gather.rs\":"),
+        "ops carry their Rust lines: {}",
+        l.module
+    );
     let m = &without_locations(&l.module);
     // ANY operand: `{}` and no transform_0; scalar prefetch counted; transforms take it.
     assert!(m.contains("window_params = [{}, {transform_indices = @transform_1, window_bounds = array<i64: 1, 16, 256>}]"), "{m}");
@@ -35,7 +39,12 @@ fn module_shape_follows_pallas() {
     assert!(m.contains("\"tpu.enqueue_dma\""), "{m}");
     assert!(m.contains("\"tpu.wait_dma2\""), "{m}");
     assert!(m.contains("\"tpu.memref_squeeze\""), "{m}");
-    assert!(without_locations(&l.body).starts_with("module attributes {stable_mosaic.version = 15 : i64}"), "{}", l.body);
+    assert!(
+        without_locations(&l.body)
+            .starts_with("module attributes {stable_mosaic.version = 15 : i64}"),
+        "{}",
+        l.body
+    );
     assert_eq!(
         l.call_json,
         r#"{"inputs":["i32[8]","bf16[64,16,256]"],"outputs":["bf16[8,16,256]"],"vmem_limit_bytes":null,"input_output_aliases":[],"name":"gather_rows"}"#
@@ -100,7 +109,10 @@ fn snapshots() {
 #[test]
 fn no_stale_snapshots() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../snapshots/mosaic");
-    let mut want: Vec<String> = all_kernels().iter().flat_map(|(n, _)| [format!("{n}.module.snap"), format!("{n}.body.snap")]).collect();
+    let mut want: Vec<String> = all_kernels()
+        .iter()
+        .flat_map(|(n, _)| [format!("{n}.module.snap"), format!("{n}.body.snap")])
+        .collect();
     want.sort();
     let mut have: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()

@@ -23,17 +23,51 @@ fn collectives_compile_on_v6e_and_v7x_devices() {
         .into_iter()
         .flat_map(|(chip, n)| {
             [
-                ("permute", program(permute::build(&permute::Params { n, shift: 1, rows: 8, cols: 128 }))),
-                ("all_gather", program(all_gather::build(&all_gather::Params { n, rows: 16, cols: 128 }))),
-                ("reduce_scatter", program(reduce_scatter::build(&reduce_scatter::Params { n, rows: 16, cols: 128 }))),
-                ("all_reduce", program(all_reduce::build(&all_reduce::Params { n, rows: 16, cols: 256, bidirectional: true }))),
+                (
+                    "permute",
+                    program(permute::build(&permute::Params { n, shift: 1, rows: 8, cols: 128 })),
+                ),
+                (
+                    "all_gather",
+                    program(all_gather::build(&all_gather::Params { n, rows: 16, cols: 128 })),
+                ),
+                (
+                    "reduce_scatter",
+                    program(reduce_scatter::build(&reduce_scatter::Params {
+                        n,
+                        rows: 16,
+                        cols: 128,
+                    })),
+                ),
+                (
+                    "all_reduce",
+                    program(all_reduce::build(&all_reduce::Params {
+                        n,
+                        rows: 16,
+                        cols: 256,
+                        bidirectional: true,
+                    })),
+                ),
             ]
             .into_iter()
-            .map(move |(name, p)| (format!("{name} on {n} {chip} devices"), Job { program: p, chip, serialize: false }))
+            .map(move |(name, p)| {
+                (
+                    format!("{name} on {n} {chip} devices"),
+                    Job { program: p, chip, serialize: false },
+                )
+            })
         })
         .collect();
-    assert!(jobs[0].1.program.contains("mhlo.num_partitions = 4 : i32") && jobs[0].1.program.contains("sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{\"x\"}, {}]>]"));
-    assert!(jobs[0].1.program.contains("\\22has_communication\\22: true, \\22collective_id\\22: 0"));
+    assert!(
+        jobs[0].1.program.contains("mhlo.num_partitions = 4 : i32")
+            && jobs[0]
+                .1
+                .program
+                .contains("sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{\"x\"}, {}]>]")
+    );
+    assert!(
+        jobs[0].1.program.contains("\\22has_communication\\22: true, \\22collective_id\\22: 0")
+    );
     let compiler = Compiler::new(Estimate::No).unwrap_or_else(|e| panic!("{e}")).with_workers(1);
     let results = compiler.compile_all(&jobs.iter().map(|(_, j)| j.clone()).collect::<Vec<_>>());
     for ((what, _), r) in jobs.iter().zip(results) {
@@ -48,17 +82,34 @@ fn ops(module: &str) -> Vec<String> {
     module
         .lines()
         .filter_map(|l| {
-            let rest = l.trim_start().split_once(" = ").filter(|_| l.trim_start().starts_with('%')).map_or(l.trim_start(), |(_, r)| r);
-            let name: String = rest.trim_start_matches('"').chars().take_while(|c| c.is_alphanumeric() || *c == '.' || *c == '_').collect();
-            let segments = l.split_once("operandSegmentSizes = array<i32: ").map(|(_, r)| r.split('>').next().unwrap_or("").to_string());
-            (name.contains('.') && name != "arith.constant" && !name.starts_with("func.")).then(|| segments.map_or(name.clone(), |s| format!("{name} [{s}]")))
+            let rest = l
+                .trim_start()
+                .split_once(" = ")
+                .filter(|_| l.trim_start().starts_with('%'))
+                .map_or(l.trim_start(), |(_, r)| r);
+            let name: String = rest
+                .trim_start_matches('"')
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '.' || *c == '_')
+                .collect();
+            let segments = l
+                .split_once("operandSegmentSizes = array<i32: ")
+                .map(|(_, r)| r.split('>').next().unwrap_or("").to_string());
+            (name.contains('.') && name != "arith.constant" && !name.starts_with("func."))
+                .then(|| segments.map_or(name.clone(), |s| format!("{name} [{s}]")))
         })
         .collect()
 }
 
 #[test]
 fn permute_is_pallas_ring_permute_op_for_op() {
-    let k = palladium_kernels::permute::build(&palladium_kernels::permute::Params { n: 4, shift: 1, rows: 8, cols: 128 }).unwrap_or_else(|e| panic!("{e}"));
+    let k = palladium_kernels::permute::build(&palladium_kernels::permute::Params {
+        n: 4,
+        shift: 1,
+        rows: 8,
+        cols: 128,
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
     let l = lower(&k, &LowerOptions { chip: Chip::V6e }).unwrap_or_else(|e| panic!("{e}"));
     // What Pallas (jax 0.10.2) prints for the same ring permute under `jax.shard_map` over 4
     // devices: `lax.axis_index`, the right and left neighbours, `get_barrier_semaphore`, a

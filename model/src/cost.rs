@@ -93,24 +93,14 @@ pub struct ModelParams {
 impl ModelParams {
     /// Every stored parameter (the figure model cards quote as "total").
     pub fn total(&self) -> u64 {
-        sum(&[
-            self.layers.total(),
-            self.embedding,
-            self.lm_head,
-            self.final_norm,
-        ])
+        sum(&[self.layers.total(), self.embedding, self.lm_head, self.final_norm])
     }
 
     /// Active parameters per token, as model cards count them ("A3B"): the layers with `top_k`
     /// experts, plus the whole embedding and `lm_head` matrices. (What a decode step actually
     /// reads is [`DecodeTraffic`]: only one embedding row per token.)
     pub fn active(&self) -> u64 {
-        sum(&[
-            self.layers.active(),
-            self.embedding,
-            self.lm_head,
-            self.final_norm,
-        ])
+        sum(&[self.layers.active(), self.embedding, self.lm_head, self.final_norm])
     }
 
     /// [`Self::active`] without the embedding matrix (of which a token reads one row).
@@ -157,7 +147,10 @@ impl DecodeTraffic {
     /// All weight bytes read.
     pub fn weights(&self) -> f64 {
         // In f64: each count may have saturated at `u64::MAX`.
-        self.dense_weights as f64 + self.lm_head as f64 + self.embedding_rows as f64 + self.expert_weights
+        self.dense_weights as f64
+            + self.lm_head as f64
+            + self.embedding_rows as f64
+            + self.expert_weights
     }
 
     /// Everything the step moves to or from HBM (activations, a few KiB, are left out).
@@ -192,15 +185,10 @@ impl ModelSpec {
                 p.router = sat(h * u128::from(m.num_experts));
                 p.experts_total = sat(u128::from(m.num_experts) * mlp(m.intermediate));
                 p.experts_active = sat(u128::from(m.top_k) * mlp(m.intermediate));
-                p.shared_expert = m.shared.map_or(
-                    0,
-                    |SharedExpert {
-                         intermediate,
-                         sigmoid_gate,
-                     }| {
+                p.shared_expert =
+                    m.shared.map_or(0, |SharedExpert { intermediate, sigmoid_gate }| {
                         sat(mlp(intermediate) + if sigmoid_gate { h } else { 0 })
-                    },
-                );
+                    });
             }
         }
         p
@@ -245,14 +233,8 @@ impl ModelSpec {
         for layer in &self.layers {
             let p = self.layer_params(layer);
             dense = dense.saturating_add(
-                u128::from(sum(&[
-                    p.attention,
-                    p.norms,
-                    p.router,
-                    p.shared_expert,
-                    p.dense_mlp,
-                ]))
-                .saturating_mul(bytes),
+                u128::from(sum(&[p.attention, p.norms, p.router, p.shared_expert, p.dense_mlp]))
+                    .saturating_mul(bytes),
             );
             if let FfnKind::Moe(m) = &layer.ffn
                 && m.num_experts > 0

@@ -18,30 +18,13 @@ pub enum ConfigError {
     /// A field the model needs is absent (or `null`).
     Missing { field: String, hint: String },
     /// A field has the wrong JSON type.
-    Type {
-        field: String,
-        expected: &'static str,
-        found: String,
-    },
+    Type { field: String, expected: &'static str, found: String },
     /// A field has a well-formed value this crate (or the family) does not support.
-    Unsupported {
-        field: String,
-        value: String,
-        supported: String,
-    },
+    Unsupported { field: String, value: String, supported: String },
     /// A field's value is out of range or inconsistent with another field.
-    Invalid {
-        field: String,
-        value: String,
-        reason: String,
-    },
+    Invalid { field: String, value: String, reason: String },
     /// Two spellings of the same setting (transformers 4.x and 5.x) are both present and differ.
-    Conflict {
-        field: String,
-        value: String,
-        other: String,
-        other_value: String,
-    },
+    Conflict { field: String, value: String, other: String, other_value: String },
     /// Any of the above in the file at `path` (the user's path, in place of `config.json`).
     InFile { path: String, error: Box<ConfigError> },
 }
@@ -71,13 +54,20 @@ impl ConfigError {
             Self::Io { message, .. } => write!(f, "cannot read: {message}"),
             Self::Json { message } => write!(f, "{message}"),
             Self::Missing { field, hint } => write!(f, "missing required field \"{field}\"{hint}"),
-            Self::Type { field, expected, found } => write!(f, "field \"{field}\": expected {expected}, got {found}"),
+            Self::Type { field, expected, found } => {
+                write!(f, "field \"{field}\": expected {expected}, got {found}")
+            }
             Self::Unsupported { field, value, supported } => {
                 write!(f, "field \"{field}\": unsupported value {value} (supported: {supported})")
             }
-            Self::Invalid { field, value, reason } => write!(f, "field \"{field}\": invalid value {value}: {reason}"),
+            Self::Invalid { field, value, reason } => {
+                write!(f, "field \"{field}\": invalid value {value}: {reason}")
+            }
             Self::Conflict { field, value, other, other_value } => {
-                write!(f, "fields \"{field}\" and \"{other}\" disagree: {field} = {value}, {other} = {other_value}")
+                write!(
+                    f,
+                    "fields \"{field}\" and \"{other}\" disagree: {field} = {value}, {other} = {other_value}"
+                )
             }
             Self::InFile { error, .. } => error.describe(f),
         }
@@ -110,11 +100,7 @@ impl ConfigError {
         value: impl ToString,
         reason: impl Into<String>,
     ) -> Self {
-        Self::Invalid {
-            field: field.into(),
-            value: value.to_string(),
-            reason: reason.into(),
-        }
+        Self::Invalid { field: field.into(), value: value.to_string(), reason: reason.into() }
     }
 
     pub(crate) fn unsupported(

@@ -51,26 +51,16 @@ impl<'a> Obj<'a> {
     }
 
     fn type_error(&self, key: &str, expected: &'static str, found: &Value) -> ConfigError {
-        ConfigError::Type {
-            field: self.path(key),
-            expected,
-            found: describe(found),
-        }
+        ConfigError::Type { field: self.path(key), expected, found: describe(found) }
     }
 
     pub(crate) fn missing(&self, key: &str) -> ConfigError {
-        ConfigError::Missing {
-            field: self.path(key),
-            hint: String::new(),
-        }
+        ConfigError::Missing { field: self.path(key), hint: String::new() }
     }
 
     pub(crate) fn opt_u64(&self, key: &str) -> Result<Option<u64>, ConfigError> {
         self.get(key)
-            .map(|v| {
-                v.as_u64()
-                    .ok_or_else(|| self.type_error(key, "a non-negative integer", v))
-            })
+            .map(|v| v.as_u64().ok_or_else(|| self.type_error(key, "a non-negative integer", v)))
             .transpose()
     }
 
@@ -82,11 +72,7 @@ impl<'a> Obj<'a> {
     pub(crate) fn req_pos(&self, key: &str) -> Result<u64, ConfigError> {
         let v = self.req_u64(key)?;
         if v == 0 {
-            return Err(ConfigError::invalid(
-                self.path(key),
-                0,
-                "must be at least 1",
-            ));
+            return Err(ConfigError::invalid(self.path(key), 0, "must be at least 1"));
         }
         self.cap(key, v)
     }
@@ -109,10 +95,7 @@ impl<'a> Obj<'a> {
 
     pub(crate) fn opt_f64(&self, key: &str) -> Result<Option<f64>, ConfigError> {
         self.get(key)
-            .map(|v| {
-                v.as_f64()
-                    .ok_or_else(|| self.type_error(key, "a number", v))
-            })
+            .map(|v| v.as_f64().ok_or_else(|| self.type_error(key, "a number", v)))
             .transpose()
     }
 
@@ -122,48 +105,32 @@ impl<'a> Obj<'a> {
         if let Some(x) = v
             && !(x.is_finite() && x > 0.0)
         {
-            return Err(ConfigError::invalid(
-                self.path(key),
-                x,
-                "must be a finite number > 0",
-            ));
+            return Err(ConfigError::invalid(self.path(key), x, "must be a finite number > 0"));
         }
         Ok(v)
     }
 
     pub(crate) fn opt_bool(&self, key: &str) -> Result<Option<bool>, ConfigError> {
         self.get(key)
-            .map(|v| {
-                v.as_bool()
-                    .ok_or_else(|| self.type_error(key, "true or false", v))
-            })
+            .map(|v| v.as_bool().ok_or_else(|| self.type_error(key, "true or false", v)))
             .transpose()
     }
 
     pub(crate) fn opt_str(&self, key: &str) -> Result<Option<&'a str>, ConfigError> {
         self.get(key)
-            .map(|v| {
-                v.as_str()
-                    .ok_or_else(|| self.type_error(key, "a string", v))
-            })
+            .map(|v| v.as_str().ok_or_else(|| self.type_error(key, "a string", v)))
             .transpose()
     }
 
     pub(crate) fn opt_obj(&self, key: &str) -> Result<Option<&'a Map<String, Value>>, ConfigError> {
         self.get(key)
-            .map(|v| {
-                v.as_object()
-                    .ok_or_else(|| self.type_error(key, "an object or null", v))
-            })
+            .map(|v| v.as_object().ok_or_else(|| self.type_error(key, "an object or null", v)))
             .transpose()
     }
 
     fn opt_array(&self, key: &str) -> Result<Option<&'a Vec<Value>>, ConfigError> {
         self.get(key)
-            .map(|v| {
-                v.as_array()
-                    .ok_or_else(|| self.type_error(key, "an array", v))
-            })
+            .map(|v| v.as_array().ok_or_else(|| self.type_error(key, "an array", v)))
             .transpose()
     }
 
@@ -190,7 +157,11 @@ impl<'a> Obj<'a> {
             .iter()
             .enumerate()
             .map(|(i, v)| {
-                item(v).ok_or_else(|| ConfigError::Type { field: format!("{}[{i}]", self.path(key)), expected, found: describe(v) })
+                item(v).ok_or_else(|| ConfigError::Type {
+                    field: format!("{}[{i}]", self.path(key)),
+                    expected,
+                    found: describe(v),
+                })
             })
             .collect::<Result<_, _>>()
             .map(Some)

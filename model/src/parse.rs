@@ -14,8 +14,8 @@ use crate::error::ConfigError;
 use crate::json::{Obj, describe};
 use crate::spec::{
     Activation, AttentionKind, AttentionSpec, Dtype, Family, FfnKind, LayerSpec, LmHead, MlpSpec,
-    ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, Quantization, RopeScaling, RopeSpec,
-    RopeStyle, RouterScoring, Routing, TopKWeights,
+    ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, Quantization, RopeScaling, RopeSpec, RopeStyle,
+    RouterScoring, Routing, TopKWeights,
 };
 
 impl ModelSpec {
@@ -39,9 +39,8 @@ impl ModelSpec {
                 message: "the file is empty (expected a Hugging Face config.json object)".into(),
             });
         }
-        let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::Json {
-            message: format!("not JSON: {e}"),
-        })?;
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| ConfigError::Json { message: format!("not JSON: {e}") })?;
         Self::from_json(&value)
     }
 
@@ -50,11 +49,7 @@ impl ModelSpec {
         let map = value.as_object().ok_or_else(|| ConfigError::Json {
             message: format!("not a JSON object: the top level is {}", describe(value)),
         })?;
-        Parser {
-            obj: Obj::new(map, ""),
-            defaulted: IndexMap::new(),
-        }
-        .model()
+        Parser { obj: Obj::new(map, ""), defaulted: IndexMap::new() }.model()
     }
 }
 
@@ -97,11 +92,7 @@ impl<'a> Parser<'a> {
         let act = o.opt_str("hidden_act")?;
         let act = self.or_default("hidden_act", act, "silu");
         if act != "silu" {
-            return Err(ConfigError::unsupported(
-                "hidden_act",
-                format!("{act:?}"),
-                "silu",
-            ));
+            return Err(ConfigError::unsupported("hidden_act", format!("{act:?}"), "silu"));
         }
 
         let hidden_size = o.req_pos("hidden_size")?;
@@ -110,7 +101,9 @@ impl<'a> Parser<'a> {
             return Err(ConfigError::invalid(
                 "num_hidden_layers",
                 num_layers,
-                format!("larger than {MAX_LAYERS}, the most Palladium accepts for a layer count (every layer is described separately)"),
+                format!(
+                    "larger than {MAX_LAYERS}, the most Palladium accepts for a layer count (every layer is described separately)"
+                ),
             ));
         }
         let vocab_size = o.req_pos("vocab_size")?;
@@ -138,14 +131,8 @@ impl<'a> Parser<'a> {
             max_position_embeddings,
             dtype,
             attention,
-            norm: NormSpec {
-                eps,
-                kind: NormKind::Rms,
-            },
-            mlp: MlpSpec {
-                activation: Activation::Silu,
-                gated: true,
-            },
+            norm: NormSpec { eps, kind: NormKind::Rms },
+            mlp: MlpSpec { activation: Activation::Silu, gated: true },
             lm_head: if tied { LmHead::Tied } else { LmHead::Untied },
             layers,
             quantization,
@@ -156,12 +143,10 @@ impl<'a> Parser<'a> {
     fn family(&self) -> Result<Family, ConfigError> {
         let o = self.obj;
         let supported = Family::MODEL_TYPES.join(", ");
-        let model_type = o
-            .opt_str("model_type")?
-            .ok_or_else(|| ConfigError::Missing {
-                field: "model_type".into(),
-                hint: format!(" (supported: {supported})"),
-            })?;
+        let model_type = o.opt_str("model_type")?.ok_or_else(|| ConfigError::Missing {
+            field: "model_type".into(),
+            hint: format!(" (supported: {supported})"),
+        })?;
         let family = match model_type {
             "qwen3_moe" => Family::Qwen3Moe,
             "mixtral" => Family::Mixtral,
@@ -180,10 +165,7 @@ impl<'a> Parser<'a> {
             return Err(ConfigError::unsupported(
                 "architectures",
                 format!("{archs:?}"),
-                format!(
-                    "[\"{}\"] for model_type {model_type:?}",
-                    family.causal_lm_class()
-                ),
+                format!("[\"{}\"] for model_type {model_type:?}", family.causal_lm_class()),
             ));
         }
         Ok(family)
@@ -230,13 +212,7 @@ impl<'a> Parser<'a> {
             // k_norm are `Qwen3MoeRMSNorm(head_dim)`.
             Family::Qwen3Moe => {
                 let bias = self.or_default("attention_bias", bias, false);
-                (
-                    bias,
-                    bias,
-                    QkNorm::PerHeadRms {
-                        weight_len: head_dim,
-                    },
-                )
+                (bias, bias, QkNorm::PerHeadRms { weight_len: head_dim })
             }
             // MixtralAttention: all projections `bias=False`; there is no config field for it.
             Family::Mixtral => {
@@ -289,11 +265,7 @@ impl<'a> Parser<'a> {
             if let Some(f) = p.opt_f64("partial_rotary_factor")?
                 && f != 1.0
             {
-                return Err(ConfigError::unsupported(
-                    p.path("partial_rotary_factor"),
-                    f,
-                    "1.0",
-                ));
+                return Err(ConfigError::unsupported(p.path("partial_rotary_factor"), f, "1.0"));
             }
             new_theta = p.opt_pos_f64("rope_theta")?;
         }
@@ -399,8 +371,7 @@ impl<'a> Parser<'a> {
         let block = match q.opt_u64_list("weight_block_size")? {
             Some(b) => b,
             None => {
-                self.defaulted
-                    .insert("quantization_config.weight_block_size", "[128, 128]".into());
+                self.defaulted.insert("quantization_config.weight_block_size", "[128, 128]".into());
                 vec![128, 128]
             }
         };
@@ -470,11 +441,7 @@ impl<'a> Parser<'a> {
             num_experts,
             top_k,
             intermediate: o.req_pos(intermediate_field)?,
-            routing: Routing {
-                router_bias: false,
-                scoring: RouterScoring::Softmax,
-                top_k_weights,
-            },
+            routing: Routing { router_bias: false, scoring: RouterScoring::Softmax, top_k_weights },
             shared: None,
         })
     }
@@ -488,11 +455,7 @@ impl<'a> Parser<'a> {
         let step = o.opt_size("decoder_sparse_step")?;
         let step = self.or_default("decoder_sparse_step", step, 1);
         if step == 0 {
-            return Err(ConfigError::invalid(
-                "decoder_sparse_step",
-                0,
-                "must be at least 1",
-            ));
+            return Err(ConfigError::invalid("decoder_sparse_step", 0, "must be at least 1"));
         }
         let mlp_only = o.opt_u64_list("mlp_only_layers")?;
         let mlp_only = match mlp_only {
@@ -514,11 +477,7 @@ impl<'a> Parser<'a> {
 
         let norm_topk = o.opt_bool("norm_topk_prob")?;
         let norm_topk = self.or_default("norm_topk_prob", norm_topk, false);
-        let weights = if norm_topk {
-            TopKWeights::Renormalized
-        } else {
-            TopKWeights::Raw
-        };
+        let weights = if norm_topk { TopKWeights::Renormalized } else { TopKWeights::Raw };
         let attention = self.qwen3_moe_attention_kinds(num_layers)?;
         // The fields are re-read per layer (cheap) so that a field is required only when some
         // layer needs it: `intermediate_size` only with dense layers, the MoE ones only with MoE.
@@ -529,15 +488,9 @@ impl<'a> Parser<'a> {
                 let ffn = if is_moe(index as u64) {
                     FfnKind::Moe(self.moe(num_experts, "moe_intermediate_size", weights)?)
                 } else {
-                    FfnKind::Dense {
-                        intermediate: o.req_pos("intermediate_size")?,
-                    }
+                    FfnKind::Dense { intermediate: o.req_pos("intermediate_size")? }
                 };
-                Ok(LayerSpec {
-                    index,
-                    attention,
-                    ffn,
-                })
+                Ok(LayerSpec { index, attention, ffn })
             })
             .collect()
     }
@@ -573,24 +526,17 @@ impl<'a> Parser<'a> {
             Some(types) => types,
             None => {
                 let first =
-                    o.opt_size("max_window_layers")?
-                        .ok_or_else(|| ConfigError::Missing {
-                            field: "max_window_layers".into(),
-                            hint: " (use_sliding_window is true and there is no \"layer_types\")"
-                                .into(),
-                        })?;
+                    o.opt_size("max_window_layers")?.ok_or_else(|| ConfigError::Missing {
+                        field: "max_window_layers".into(),
+                        hint: " (use_sliding_window is true and there is no \"layer_types\")"
+                            .into(),
+                    })?;
                 (0..num_layers).map(|i| i >= first).collect()
             }
         };
         Ok(sliding
             .into_iter()
-            .map(|s| {
-                if s {
-                    AttentionKind::Sliding { window }
-                } else {
-                    AttentionKind::Full
-                }
-            })
+            .map(|s| if s { AttentionKind::Sliding { window } } else { AttentionKind::Full })
             .collect())
     }
 
@@ -600,11 +546,7 @@ impl<'a> Parser<'a> {
         let o = self.obj;
         let num_experts = self.num_experts()?;
         if num_experts == 0 {
-            return Err(ConfigError::invalid(
-                "num_local_experts",
-                0,
-                "must be at least 1",
-            ));
+            return Err(ConfigError::invalid("num_local_experts", 0, "must be at least 1"));
         }
         if o.opt_bool("norm_topk_prob")? == Some(false) {
             return Err(ConfigError::unsupported(
@@ -616,51 +558,31 @@ impl<'a> Parser<'a> {
         let moe = self.moe(num_experts, "intermediate_size", TopKWeights::Renormalized)?;
         let attention = match o.opt_size("sliding_window")? {
             None => AttentionKind::Full,
-            Some(_) => AttentionKind::Sliding {
-                window: self.window("")?,
-            },
+            Some(_) => AttentionKind::Sliding { window: self.window("")? },
         };
         if let Some(types) = self.layer_types(num_layers)? {
             let want = matches!(attention, AttentionKind::Sliding { .. });
             if let Some(i) = types.iter().position(|&s| s != want) {
                 return Err(ConfigError::invalid(
                     format!("layer_types[{i}]"),
-                    if types[i] {
-                        "\"sliding_attention\""
-                    } else {
-                        "\"full_attention\""
-                    },
+                    if types[i] { "\"sliding_attention\"" } else { "\"full_attention\"" },
                     "Mixtral uses sliding_window in every layer or in none",
                 ));
             }
         }
         Ok((0..num_layers as usize)
-            .map(|index| LayerSpec {
-                index,
-                attention,
-                ffn: FfnKind::Moe(moe.clone()),
-            })
+            .map(|index| LayerSpec { index, attention, ffn: FfnKind::Moe(moe.clone()) })
             .collect())
     }
 
     fn window(&self, why: &str) -> Result<u64, ConfigError> {
         let o = self.obj;
-        let w = o
-            .opt_size("sliding_window")?
-            .ok_or_else(|| ConfigError::Missing {
-                field: "sliding_window".into(),
-                hint: if why.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({why})")
-                },
-            })?;
+        let w = o.opt_size("sliding_window")?.ok_or_else(|| ConfigError::Missing {
+            field: "sliding_window".into(),
+            hint: if why.is_empty() { String::new() } else { format!(" ({why})") },
+        })?;
         if w == 0 {
-            return Err(ConfigError::invalid(
-                "sliding_window",
-                0,
-                "must be at least 1",
-            ));
+            return Err(ConfigError::invalid("sliding_window", 0, "must be at least 1"));
         }
         Ok(w)
     }
@@ -697,17 +619,10 @@ impl<'a> Parser<'a> {
     /// code of these families ignores them, so a config carrying them is probably not the model
     /// it claims to be; refuse instead of silently building the wrong network.
     fn reject_foreign_fields(&self, family: Family) -> Result<(), ConfigError> {
-        let mut fields = vec![
-            "first_k_dense_replace",
-            "n_shared_experts",
-            "shared_expert_intermediate_size",
-        ];
+        let mut fields =
+            vec!["first_k_dense_replace", "n_shared_experts", "shared_expert_intermediate_size"];
         if family == Family::Mixtral {
-            fields.extend([
-                "mlp_only_layers",
-                "moe_intermediate_size",
-                "use_sliding_window",
-            ]);
+            fields.extend(["mlp_only_layers", "moe_intermediate_size", "use_sliding_window"]);
         }
         for field in fields {
             let Some(v) = self.obj.get(field) else {
@@ -720,10 +635,7 @@ impl<'a> Parser<'a> {
                 return Err(ConfigError::unsupported(
                     field,
                     describe(v),
-                    format!(
-                        "absent (not part of the {} architecture)",
-                        family.model_type()
-                    ),
+                    format!("absent (not part of the {} architecture)", family.model_type()),
                 ));
             }
         }
@@ -733,17 +645,9 @@ impl<'a> Parser<'a> {
 
 /// `rope_type` (or the legacy `type` key) must be `"default"`, or absent.
 fn check_rope_type(o: &Obj<'_>) -> Result<(), ConfigError> {
-    let key = if o.has("rope_type") {
-        "rope_type"
-    } else {
-        "type"
-    };
+    let key = if o.has("rope_type") { "rope_type" } else { "type" };
     match o.opt_str(key)? {
         None | Some("default") => Ok(()),
-        Some(other) => Err(ConfigError::unsupported(
-            o.path(key),
-            format!("{other:?}"),
-            "default",
-        )),
+        Some(other) => Err(ConfigError::unsupported(o.path(key), format!("{other:?}"), "default")),
     }
 }

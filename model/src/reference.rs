@@ -101,21 +101,14 @@ impl Generation {
     /// different tokens).
     pub fn agreement(&self, expected: &Generation) -> Agreement {
         let steps = self.steps.len().min(expected.steps.len());
-        let first_id_mismatch = self
-            .generated_ids
-            .iter()
-            .zip(&expected.generated_ids)
-            .position(|(a, b)| a != b);
+        let first_id_mismatch =
+            self.generated_ids.iter().zip(&expected.generated_ids).position(|(a, b)| a != b);
         let upto = first_id_mismatch.map_or(steps, |i| (i + 1).min(steps));
         let (mut max_abs, mut scale) = (0f32, 0f32);
         for (a, b) in self.steps[..upto].iter().zip(&expected.steps[..upto]) {
             for (x, y) in a.logits.iter().zip(&b.logits) {
                 let d = (x - y).abs();
-                max_abs = if d.is_nan() {
-                    f32::INFINITY
-                } else {
-                    max_abs.max(d)
-                };
+                max_abs = if d.is_nan() { f32::INFINITY } else { max_abs.max(d) };
                 scale = scale.max(y.abs());
             }
             if a.logits.len() != b.logits.len() {
@@ -126,11 +119,7 @@ impl Generation {
             first_id_mismatch,
             steps,
             max_abs,
-            max_rel: if scale > 0.0 {
-                max_abs / scale
-            } else {
-                max_abs
-            },
+            max_rel: if scale > 0.0 { max_abs / scale } else { max_abs },
         }
     }
 }
@@ -283,11 +272,7 @@ impl Reference {
             }
         };
         let opt = |n: &Option<String>| n.as_deref().map(get);
-        let mlp = |m: &MlpNames| Mlp {
-            gate: get(&m.gate),
-            up: get(&m.up),
-            down: get(&m.down),
-        };
+        let mlp = |m: &MlpNames| Mlp { gate: get(&m.gate), up: get(&m.up), down: get(&m.down) };
         let NormKind::Rms = spec.norm.kind;
         let layers = names
             .layers
@@ -308,20 +293,15 @@ impl Reference {
                 post_norm: get(&ln.post_norm),
                 ffn: match (&ln.ffn, &ls.ffn) {
                     (FfnNames::Dense(m), _) => Ffn::Dense(mlp(m)),
-                    (
-                        FfnNames::Moe {
-                            router,
-                            router_bias,
-                            experts,
-                        },
-                        FfnKind::Moe(moe),
-                    ) => Ffn::Moe {
-                        router: get(router),
-                        router_bias: opt(router_bias),
-                        experts: experts.iter().map(mlp).collect(),
-                        top_k: moe.top_k as usize,
-                        renormalize: moe.routing.top_k_weights == TopKWeights::Renormalized,
-                    },
+                    (FfnNames::Moe { router, router_bias, experts }, FfnKind::Moe(moe)) => {
+                        Ffn::Moe {
+                            router: get(router),
+                            router_bias: opt(router_bias),
+                            experts: experts.iter().map(mlp).collect(),
+                            top_k: moe.top_k as usize,
+                            renormalize: moe.routing.top_k_weights == TopKWeights::Renormalized,
+                        }
+                    }
                     (FfnNames::Moe { .. }, FfnKind::Dense { .. }) => {
                         unreachable!("ModelNames follows the layer's FFN kind")
                     }
@@ -333,10 +313,7 @@ impl Reference {
             })
             .collect();
         let a = &spec.attention;
-        debug_assert!(matches!(
-            a.qk_norm,
-            QkNorm::None | QkNorm::PerHeadRms { .. }
-        ));
+        debug_assert!(matches!(a.qk_norm, QkNorm::None | QkNorm::PerHeadRms { .. }));
         let rotary = a.rope.rotary_dim as usize;
         // transformers: `1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))`, all f32.
         let inv_freq = (0..rotary / 2)
@@ -396,7 +373,8 @@ impl Reference {
         token: u32,
     ) -> Result<(Vec<f32>, f32), ForwardError> {
         let mut margin = f32::INFINITY;
-        let mut out = self.forward_traced(&[(0, token)], std::slice::from_mut(cache), &mut margin)?;
+        let mut out =
+            self.forward_traced(&[(0, token)], std::slice::from_mut(cache), &mut margin)?;
         Ok((out.pop().expect("one row in, one row out"), margin))
     }
 
@@ -433,24 +411,37 @@ impl Reference {
     /// `generated_ids[i]` is their argmax, the token greedy decoding would have picked. Used to
     /// compare logits with another implementation at every step without one near-tie flip
     /// sending the two runs down different token paths.
-    pub fn teacher_force(&self, prompt: &[u32], forced: &[u32]) -> Result<Generation, ForwardError> {
+    pub fn teacher_force(
+        &self,
+        prompt: &[u32],
+        forced: &[u32],
+    ) -> Result<Generation, ForwardError> {
         self.decode(prompt, forced.len(), |s, _| forced[s])
     }
 
     /// The prompt, then `steps` steps: each records the logits and their argmax, then feeds
     /// `feed(step, argmax)` (the argmax itself for greedy decoding).
-    fn decode(&self, prompt: &[u32], steps: usize, feed: impl Fn(usize, u32) -> u32) -> Result<Generation, ForwardError> {
+    fn decode(
+        &self,
+        prompt: &[u32],
+        steps: usize,
+        feed: impl Fn(usize, u32) -> u32,
+    ) -> Result<Generation, ForwardError> {
         let (last, first) = prompt.split_last().ok_or(ForwardError::EmptyPrompt)?;
         let mut cache = self.new_cache();
         for &t in first {
             self.step(&mut cache, t)?;
         }
         let mut logits = self.step(&mut cache, *last)?;
-        let mut out = Generation { generated_ids: Vec::with_capacity(steps), steps: Vec::with_capacity(steps) };
+        let mut out = Generation {
+            generated_ids: Vec::with_capacity(steps),
+            steps: Vec::with_capacity(steps),
+        };
         for s in 0..steps {
             let greedy = argmax(&logits) as u32;
             out.generated_ids.push(greedy);
-            let next = if s + 1 < steps { Some(self.step(&mut cache, feed(s, greedy))?) } else { None };
+            let next =
+                if s + 1 < steps { Some(self.step(&mut cache, feed(s, greedy))?) } else { None };
             out.steps.push(StepLogits { logits: std::mem::take(&mut logits) });
             if let Some(n) = next {
                 logits = n;
@@ -474,18 +465,11 @@ impl Reference {
         }
         let mut outs: Vec<Generation> = prompts
             .iter()
-            .map(|_| Generation {
-                generated_ids: Vec::new(),
-                steps: Vec::new(),
-            })
+            .map(|_| Generation { generated_ids: Vec::new(), steps: Vec::new() })
             .collect();
         for s in 0..steps {
             let ids: Vec<u32> = logits.iter().map(|l| argmax(l) as u32).collect();
-            let next = if s + 1 < steps {
-                Some(self.step_batch(&mut caches, &ids)?)
-            } else {
-                None
-            };
+            let next = if s + 1 < steps { Some(self.step_batch(&mut caches, &ids)?) } else { None };
             for ((o, id), l) in outs.iter_mut().zip(&ids).zip(std::mem::take(&mut logits)) {
                 o.generated_ids.push(*id);
                 o.steps.push(StepLogits { logits: l });
@@ -549,24 +533,14 @@ impl Reference {
     fn mlp(&self, m: &Mlp, x: &[f32]) -> Vec<f32> {
         let g = self.linear(&m.gate, None, x);
         let u = self.linear(&m.up, None, x);
-        let a: Vec<f32> = g
-            .iter()
-            .zip(&u)
-            .map(|(&g, &u)| self.r(self.silu(g) * u))
-            .collect();
+        let a: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| self.r(self.silu(g) * u)).collect();
         self.linear(&m.down, None, &a)
     }
 
     fn ffn(&self, ffn: &Ffn, x: &[f32], margin: &mut f32) -> Vec<f32> {
         match ffn {
             Ffn::Dense(m) => self.mlp(m, x),
-            Ffn::Moe {
-                router,
-                router_bias,
-                experts,
-                top_k,
-                renormalize,
-            } => {
+            Ffn::Moe { router, router_bias, experts, top_k, renormalize } => {
                 let logits = self.linear(router, router_bias.as_ref(), x);
                 let mx = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let e: Vec<f32> = logits.iter().map(|&l| (l - mx).exp()).collect();
@@ -628,16 +602,10 @@ impl Reference {
         let mut pos = Vec::with_capacity(rows.len());
         for &(c, t) in rows {
             if t as usize >= self.vocab {
-                return Err(ForwardError::TokenOutOfRange {
-                    id: t,
-                    vocab: self.vocab as u64,
-                });
+                return Err(ForwardError::TokenOutOfRange { id: t, vocab: self.vocab as u64 });
             }
             if next[c] as u64 >= self.max_pos {
-                return Err(ForwardError::TooLong {
-                    pos: next[c],
-                    max: self.max_pos,
-                });
+                return Err(ForwardError::TooLong { pos: next[c], max: self.max_pos });
             }
             pos.push(next[c]);
             next[c] += 1;
@@ -738,8 +706,5 @@ impl Reference {
 }
 
 fn dot64(a: &[f32], b: &[f32]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(&x, &y)| f64::from(x) * f64::from(y))
-        .sum()
+    a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum()
 }

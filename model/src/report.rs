@@ -16,20 +16,13 @@ pub fn si(x: f64) -> String {
     UNITS
         .iter()
         .find(|(scale, _)| x.abs() >= *scale)
-        .map_or_else(
-            || format!("{x:.0}"),
-            |(scale, unit)| format!("{:.2} {unit}", x / scale),
-        )
+        .map_or_else(|| format!("{x:.0}"), |(scale, unit)| format!("{:.2} {unit}", x / scale))
 }
 
 /// Bytes with [`si`]: `"1.23 MB"`, `"512 B"`.
 pub fn bytes(x: f64) -> String {
     let s = si(x);
-    if s.ends_with(|c: char| c.is_ascii_digit()) {
-        format!("{s} B")
-    } else {
-        format!("{s}B")
-    }
+    if s.ends_with(|c: char| c.is_ascii_digit()) { format!("{s} B") } else { format!("{s}B") }
 }
 
 fn attention_text(a: AttentionKind) -> String {
@@ -51,11 +44,7 @@ fn ffn_text(f: &FfnKind) -> String {
                 format!(
                     ", shared expert {}{}",
                     s.intermediate,
-                    if s.sigmoid_gate {
-                        " (sigmoid gate)"
-                    } else {
-                        ""
-                    }
+                    if s.sigmoid_gate { " (sigmoid gate)" } else { "" }
                 )
             });
             format!(
@@ -110,10 +99,9 @@ impl ModelSpec {
         )?;
         match a.qk_norm {
             QkNorm::None => writeln!(s, "  q/k norm: none")?,
-            QkNorm::PerHeadRms { weight_len } => writeln!(
-                s,
-                "  q/k norm: per-head RMSNorm, weight [{weight_len}], before RoPE"
-            )?,
+            QkNorm::PerHeadRms { weight_len } => {
+                writeln!(s, "  q/k norm: per-head RMSNorm, weight [{weight_len}], before RoPE")?
+            }
         }
         writeln!(
             s,
@@ -161,11 +149,8 @@ impl ModelSpec {
         if self.defaulted.is_empty() {
             writeln!(s, "defaulted fields: none")?;
         } else {
-            let list: Vec<String> = self
-                .defaulted
-                .iter()
-                .map(|(k, v)| format!("{k} = {v}"))
-                .collect();
+            let list: Vec<String> =
+                self.defaulted.iter().map(|(k, v)| format!("{k} = {v}")).collect();
             writeln!(s, "defaulted fields: {}", list.join(", "))?;
         }
 
@@ -173,13 +158,7 @@ impl ModelSpec {
         let b = 2.0; // bf16
         writeln!(s, "parameters (bytes at bf16):")?;
         let mut row = |label: &str, n: u64| {
-            writeln!(
-                s,
-                "  {label:<28}{:>16} {:>10}  {:>10}",
-                n,
-                si(n as f64),
-                bytes(n as f64 * b)
-            )
+            writeln!(s, "  {label:<28}{:>16} {:>10}  {:>10}", n, si(n as f64), bytes(n as f64 * b))
         };
         row("attention", p.layers.attention)?;
         row("norms (layers)", p.layers.norms)?;
@@ -213,10 +192,7 @@ impl ModelSpec {
             kv.saturating_mul(self.layers.len() as u64)
         )?;
         let context = REPORT_CONTEXT.min(self.max_position_embeddings);
-        writeln!(
-            s,
-            "decode step HBM bytes (bf16, uniform routing), context {context}:"
-        )?;
+        writeln!(s, "decode step HBM bytes (bf16, uniform routing), context {context}:")?;
         for batch in REPORT_BATCHES {
             let t = self.decode_traffic(batch, context, 2);
             writeln!(

@@ -129,10 +129,7 @@ impl Quantization {
     /// A one-line description for messages and reports.
     pub fn describe(&self) -> String {
         match self {
-            Self::Fp8Block {
-                weight_block_size: [bo, bi],
-                modules_to_not_convert,
-            } => format!(
+            Self::Fp8Block { weight_block_size: [bo, bi], modules_to_not_convert } => format!(
                 "quant_method \"fp8\": float8_e4m3fn weights with {bo}x{bi} block scales, {} module name(s) not converted",
                 modules_to_not_convert.len()
             ),
@@ -142,14 +139,9 @@ impl Quantization {
     /// Whether the linear weight `tensor` (`<module>.weight`) is stored quantized.
     pub fn converts(&self, tensor: &str) -> bool {
         match self {
-            Self::Fp8Block {
-                modules_to_not_convert,
-                ..
-            } => {
+            Self::Fp8Block { modules_to_not_convert, .. } => {
                 let module = tensor.strip_suffix(".weight").unwrap_or(tensor);
-                !modules_to_not_convert
-                    .iter()
-                    .any(|m| module.contains(m.as_str()))
+                !modules_to_not_convert.iter().any(|m| module.contains(m.as_str()))
             }
         }
     }

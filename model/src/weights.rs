@@ -33,8 +33,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use half::f16;
-use palladium_array::{bf16_to_f32, f32_to_bf16, round_bf16};
 use indexmap::IndexMap;
+use palladium_array::{bf16_to_f32, f32_to_bf16, round_bf16};
 use safetensors::{Dtype as StDtype, tensor::TensorView};
 use thiserror::Error;
 
@@ -48,47 +48,21 @@ pub enum WeightsError {
     #[error("{path}: not a valid safetensors file: {message}")]
     Format { path: String, message: String },
     #[error("{path}: missing tensor \"{name}\" (expected shape {expected:?})")]
-    Missing {
-        path: String,
-        name: String,
-        expected: Vec<usize>,
-    },
+    Missing { path: String, name: String, expected: Vec<usize> },
     #[error("{path}: tensor \"{name}\": shape {found:?}, expected {expected:?}")]
-    Shape {
-        path: String,
-        name: String,
-        expected: Vec<usize>,
-        found: Vec<usize>,
-    },
+    Shape { path: String, name: String, expected: Vec<usize>, found: Vec<usize> },
     #[error("{path}: tensor \"{name}\": unsupported dtype {dtype} (supported: BF16, F16, F32)")]
-    Dtype {
-        path: String,
-        name: String,
-        dtype: String,
-    },
+    Dtype { path: String, name: String, dtype: String },
     #[error(
         "{path}: unexpected tensor \"{name}\": not part of a {family} model with this config (wrong config.json?)"
     )]
-    Unexpected {
-        path: String,
-        name: String,
-        family: &'static str,
-    },
+    Unexpected { path: String, name: String, family: &'static str },
     #[error("{path}: tensor \"{name}\": {message}")]
-    Header {
-        path: String,
-        name: String,
-        message: String,
-    },
+    Header { path: String, name: String, message: String },
     #[error(
         "{path}: tensor \"{name}\": non-finite value {value} at index {index:?}: a checkpoint must hold finite weights"
     )]
-    NonFinite {
-        path: String,
-        name: String,
-        index: Vec<usize>,
-        value: f32,
-    },
+    NonFinite { path: String, name: String, index: Vec<usize>, value: f32 },
     #[error("{path}: tensor \"{name}\" appears in more than one file")]
     Duplicate { path: String, name: String },
     #[error("unsupported model feature for weights: {what}")]
@@ -112,10 +86,7 @@ impl WeightsError {
 }
 
 fn io_err(path: &Path, e: impl fmt::Display) -> WeightsError {
-    WeightsError::Io {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    }
+    WeightsError::Io { path: path.display().to_string(), message: e.to_string() }
 }
 
 /// How a tensor is initialised by [`Weights::random`] (and what it is).
@@ -161,11 +132,7 @@ pub struct LayerNames {
 #[derive(Debug, Clone, PartialEq)]
 pub enum FfnNames {
     Dense(MlpNames),
-    Moe {
-        router: String,
-        router_bias: Option<String>,
-        experts: Vec<MlpNames>,
-    },
+    Moe { router: String, router_bias: Option<String>, experts: Vec<MlpNames> },
 }
 
 /// A gated MLP's three matrices: `down(silu(gate(x)) * up(x))`.
@@ -282,11 +249,7 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
     let kv_out = spec.attention.num_kv_heads as usize * hd;
     let mut out = Vec::new();
     let mut t = |name: &str, shape: Vec<usize>, role| {
-        out.push(TensorSpec {
-            name: name.to_string(),
-            shape,
-            role,
-        });
+        out.push(TensorSpec { name: name.to_string(), shape, role });
     };
     use TensorRole::*;
     t(&names.embed, vec![vocab, h], Embedding);
@@ -322,14 +285,7 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
                 t(&m.up, vec![inter, h], Linear);
                 t(&m.down, vec![h, inter], Linear);
             }
-            (
-                FfnNames::Moe {
-                    router,
-                    router_bias,
-                    experts,
-                },
-                FfnKind::Moe(moe),
-            ) => {
+            (FfnNames::Moe { router, router_bias, experts }, FfnKind::Moe(moe)) => {
                 // Router first, as Hugging Face lists `mlp.gate` before `mlp.experts`.
                 let e = moe.num_experts as usize;
                 let inter = moe.intermediate as usize;
@@ -363,9 +319,7 @@ pub struct Tensor {
 impl Tensor {
     /// Whether every value is exactly representable in bf16.
     pub fn is_bf16_valued(&self) -> bool {
-        self.data
-            .iter()
-            .all(|&x| round_bf16(x).to_bits() == x.to_bits() || x.is_nan())
+        self.data.iter().all(|&x| round_bf16(x).to_bits() == x.to_bits() || x.is_nan())
     }
 
     /// A copy with every value rounded to the nearest bf16 (ties to even).
@@ -413,9 +367,8 @@ impl SplitMix64 {
 
 /// FNV-1a, to give each tensor its own stream independent of the others' order and sizes.
 fn fnv1a(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3)
-    })
+    s.bytes()
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3))
 }
 
 impl Weights {
@@ -443,19 +396,10 @@ impl Weights {
                         round_bf16(x)
                     })
                     .collect();
-                (
-                    ts.name,
-                    Tensor {
-                        shape: ts.shape,
-                        data,
-                    },
-                )
+                (ts.name, Tensor { shape: ts.shape, data })
             })
             .collect();
-        Ok(Self {
-            family: spec.family,
-            tensors,
-        })
+        Ok(Self { family: spec.family, tensors })
     }
 
     /// Weights from tensors already checked against the model's layout (dequantized ones).
@@ -567,14 +511,8 @@ impl Weights {
                         value: data[i],
                     });
                 }
-                let t = Tensor {
-                    shape: ts.shape.clone(),
-                    data,
-                };
-                if found
-                    .insert(name.clone(), (path.to_path_buf(), t))
-                    .is_some()
-                {
+                let t = Tensor { shape: ts.shape.clone(), data };
+                if found.insert(name.clone(), (path.to_path_buf(), t)).is_some() {
                     return Err(WeightsError::Duplicate { path: disp, name });
                 }
             }
@@ -597,10 +535,7 @@ impl Weights {
             };
             tensors.insert(ts.name, t);
         }
-        Ok(Self {
-            family: spec.family,
-            tensors,
-        })
+        Ok(Self { family: spec.family, tensors })
     }
 
     /// The safetensors bytes of these weights (metadata `format: pt`, as transformers needs).
@@ -610,11 +545,9 @@ impl Weights {
             .iter()
             .map(|(n, t)| {
                 let bytes = match dtype {
-                    SaveDtype::BFloat16 => t
-                        .data
-                        .iter()
-                        .flat_map(|&x| f32_to_bf16(x).to_le_bytes())
-                        .collect(),
+                    SaveDtype::BFloat16 => {
+                        t.data.iter().flat_map(|&x| f32_to_bf16(x).to_le_bytes()).collect()
+                    }
                     SaveDtype::Float32 => t.data.iter().flat_map(|&x| x.to_le_bytes()).collect(),
                 };
                 (n.as_str(), t, bytes)
@@ -644,10 +577,8 @@ impl Weights {
     pub fn save(&self, path: impl AsRef<Path>, dtype: SaveDtype) -> Result<(), WeightsError> {
         let path = path.as_ref();
         let bytes = self.to_safetensors_bytes(dtype)?;
-        let file_name = path
-            .file_name()
-            .ok_or_else(|| io_err(path, "not a file path"))?
-            .to_string_lossy();
+        let file_name =
+            path.file_name().ok_or_else(|| io_err(path, "not a file path"))?.to_string_lossy();
         let tmp = path.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::File::create(&tmp)?;
@@ -691,7 +622,10 @@ pub(crate) fn read_header<'a>(path: &str, bytes: &'a [u8]) -> Result<Vec<Entry<'
         return Err(format("the file is empty".into()));
     }
     let Some((len, rest)) = bytes.split_first_chunk::<8>() else {
-        return Err(format(format!("{} bytes: too short for the 8-byte header length", bytes.len())));
+        return Err(format(format!(
+            "{} bytes: too short for the 8-byte header length",
+            bytes.len()
+        )));
     };
     let header_len = u64::from_le_bytes(*len);
     if header_len > rest.len() as u64 {
@@ -703,15 +637,17 @@ pub(crate) fn read_header<'a>(path: &str, bytes: &'a [u8]) -> Result<Vec<Entry<'
     let (header, data) = rest.split_at(header_len as usize);
     let header: serde_json::Value = serde_json::from_slice(header)
         .map_err(|e| format(format!("the header is not JSON: {e}")))?;
-    let map = header
-        .as_object()
-        .ok_or_else(|| format("the header is not a JSON object".into()))?;
+    let map = header.as_object().ok_or_else(|| format("the header is not a JSON object".into()))?;
     let mut entries = Vec::with_capacity(map.len());
     for (name, v) in map {
         if name == "__metadata__" {
             continue;
         }
-        let bad = |message: String| WeightsError::Header { path: path.to_string(), name: name.clone(), message };
+        let bad = |message: String| WeightsError::Header {
+            path: path.to_string(),
+            name: name.clone(),
+            message,
+        };
         let dtype = v
             .get("dtype")
             .and_then(|d| d.as_str())
@@ -782,18 +718,11 @@ pub(crate) fn read_header<'a>(path: &str, bytes: &'a [u8]) -> Result<Vec<Entry<'
 /// The values of a tensor's bytes (`None` for a dtype other than BF16, F16, F32).
 pub(crate) fn decode(dtype: &str, d: &[u8]) -> Option<Vec<f32>> {
     Some(match dtype {
-        "BF16" => d
-            .chunks_exact(2)
-            .map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))
-            .collect(),
-        "F16" => d
-            .chunks_exact(2)
-            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        "F32" => d
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
+        "BF16" => {
+            d.chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect()
+        }
+        "F16" => d.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        "F32" => d.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
         _ => return None,
     })
 }
@@ -837,18 +766,15 @@ fn checkpoint_files(path: &Path) -> Result<Vec<PathBuf>, WeightsError> {
     let index = path.join("model.safetensors.index.json");
     if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(|e| io_err(&index, e))?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| WeightsError::Format {
-                path: index.display().to_string(),
-                message: e.to_string(),
-            })?;
-        let map = v
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .ok_or_else(|| WeightsError::Format {
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            WeightsError::Format { path: index.display().to_string(), message: e.to_string() }
+        })?;
+        let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| {
+            WeightsError::Format {
                 path: index.display().to_string(),
                 message: "no \"weight_map\" object".into(),
-            })?;
+            }
+        })?;
         let mut files = Vec::with_capacity(map.len());
         for (tensor, f) in map {
             let bad = |why: &str| WeightsError::Format {
@@ -860,9 +786,7 @@ fn checkpoint_files(path: &Path) -> Result<Vec<PathBuf>, WeightsError> {
             // (checked before anything is opened).
             let relative = Path::new(f);
             if f.is_empty()
-                || !relative
-                    .components()
-                    .all(|c| matches!(c, std::path::Component::Normal(_)))
+                || !relative.components().all(|c| matches!(c, std::path::Component::Normal(_)))
             {
                 return Err(bad("a shard must be a file inside the checkpoint folder"));
             }

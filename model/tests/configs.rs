@@ -33,11 +33,7 @@ fn qwen3_30b_a3b() {
     assert_eq!(s.max_position_embeddings, 40_960);
     assert_eq!(s.dtype, Some(Dtype::BFloat16));
     assert_eq!(
-        (
-            s.attention.num_heads,
-            s.attention.num_kv_heads,
-            s.attention.head_dim
-        ),
+        (s.attention.num_heads, s.attention.num_kv_heads, s.attention.head_dim),
         (32, 4, 128)
     );
     assert_eq!(s.attention.qk_norm, QkNorm::PerHeadRms { weight_len: 128 });
@@ -70,10 +66,7 @@ fn qwen3_30b_a3b() {
     assert!(close(p.total(), 30.5e9, 0.01) && close(p.active(), 3.3e9, 0.02));
     // The megakernel anchors' 3.04B "active params/token" excludes the embedding matrix (one
     // row is read per token) and the norms.
-    assert_eq!(
-        p.active_without_embedding() - p.layers.norms - p.final_norm,
-        3_041_656_832
-    );
+    assert_eq!(p.active_without_embedding() - p.layers.norms - p.final_norm, 3_041_656_832);
 
     // KV cache: 2 (K, V) * 4 heads * 128 * 2 bytes.
     assert_eq!(s.kv_bytes_per_token_per_layer(2), 2048);
@@ -86,11 +79,7 @@ fn qwen3_235b_a22b() {
     assert_eq!(s.layers.len(), 94);
     assert_eq!(s.hidden_size, 4096);
     assert_eq!(
-        (
-            s.attention.num_heads,
-            s.attention.num_kv_heads,
-            s.attention.head_dim
-        ),
+        (s.attention.num_heads, s.attention.num_kv_heads, s.attention.head_dim),
         (64, 4, 128)
     );
     let m = moe(&s, 93);
@@ -128,14 +117,7 @@ fn mixtral_8x7b() {
 fn tiny_configs() {
     let q = spec("tiny-qwen3-moe.json");
     assert_eq!((q.layers.len(), q.hidden_size, q.vocab_size), (4, 256, 512));
-    assert_eq!(
-        (
-            q.attention.num_heads,
-            q.attention.num_kv_heads,
-            q.attention.head_dim
-        ),
-        (4, 2, 64)
-    );
+    assert_eq!((q.attention.num_heads, q.attention.num_kv_heads, q.attention.head_dim), (4, 2, 64));
     let m = moe(&q, 0);
     assert_eq!((m.num_experts, m.top_k, m.intermediate), (8, 2, 128));
 
@@ -163,10 +145,7 @@ fn transformers_4_and_5_spellings_agree() {
     let both = edited(
         "tiny-qwen3-moe.json",
         &[
-            (
-                "rope_parameters",
-                Some(json!({"rope_theta": 1e6, "rope_type": "default"})),
-            ),
+            ("rope_parameters", Some(json!({"rope_theta": 1e6, "rope_type": "default"}))),
             ("rope_scaling", Some(json!({"rope_type": "default"}))),
             ("dtype", Some(json!("bfloat16"))),
             ("num_local_experts", Some(json!(8))),
@@ -178,25 +157,15 @@ fn transformers_4_and_5_spellings_agree() {
 
 #[test]
 fn qwen3_dense_layers_from_mlp_only_layers_and_sparse_step() {
-    let s = edited(
-        "tiny-qwen3-moe.json",
-        &[("mlp_only_layers", Some(json!([0])))],
-    )
-    .expect("parses");
+    let s =
+        edited("tiny-qwen3-moe.json", &[("mlp_only_layers", Some(json!([0])))]).expect("parses");
     assert_eq!(s.layers[0].ffn, FfnKind::Dense { intermediate: 512 });
     assert!(matches!(s.layers[1].ffn, FfnKind::Moe(_)));
 
     // decoder_sparse_step 2: layers 1 and 3 ((i+1) % 2 == 0) are MoE.
-    let s = edited(
-        "tiny-qwen3-moe.json",
-        &[("decoder_sparse_step", Some(json!(2)))],
-    )
-    .expect("parses");
-    let kinds: Vec<bool> = s
-        .layers
-        .iter()
-        .map(|l| matches!(l.ffn, FfnKind::Moe(_)))
-        .collect();
+    let s =
+        edited("tiny-qwen3-moe.json", &[("decoder_sparse_step", Some(json!(2)))]).expect("parses");
+    let kinds: Vec<bool> = s.layers.iter().map(|l| matches!(l.ffn, FfnKind::Moe(_))).collect();
     assert_eq!(kinds, [false, true, false, true]);
 
     // Without dense layers `intermediate_size` is not needed.
@@ -242,26 +211,14 @@ fn qwen3_sliding_window_layers() {
     assert_eq!(kinds, [w, AttentionKind::Full, w, AttentionKind::Full]);
 
     // use_sliding_window false: a sliding_window value is ignored, as in Hugging Face.
-    let s = edited(
-        "tiny-qwen3-moe.json",
-        &[("sliding_window", Some(json!(128)))],
-    )
-    .expect("parses");
+    let s = edited("tiny-qwen3-moe.json", &[("sliding_window", Some(json!(128)))]).expect("parses");
     assert!(s.layers.iter().all(|l| l.attention == AttentionKind::Full));
 }
 
 #[test]
 fn mixtral_sliding_window_applies_to_every_layer() {
-    let s = edited(
-        "tiny-mixtral.json",
-        &[("sliding_window", Some(json!(1024)))],
-    )
-    .expect("parses");
-    assert!(
-        s.layers
-            .iter()
-            .all(|l| l.attention == AttentionKind::Sliding { window: 1024 })
-    );
+    let s = edited("tiny-mixtral.json", &[("sliding_window", Some(json!(1024)))]).expect("parses");
+    assert!(s.layers.iter().all(|l| l.attention == AttentionKind::Sliding { window: 1024 }));
     // KV reads stop growing at the window.
     let at = |t| s.decode_traffic(1, t, 2).kv_read;
     assert_eq!(at(4096), at(1024));
@@ -270,24 +227,15 @@ fn mixtral_sliding_window_applies_to_every_layer() {
 
 #[test]
 fn qwen3_options() {
-    let s = edited(
-        "tiny-qwen3-moe.json",
-        &[("norm_topk_prob", Some(json!(false)))],
-    )
-    .expect("parses");
+    let s =
+        edited("tiny-qwen3-moe.json", &[("norm_topk_prob", Some(json!(false)))]).expect("parses");
     assert_eq!(moe(&s, 0).routing.top_k_weights, TopKWeights::Raw);
-    let s = edited(
-        "tiny-qwen3-moe.json",
-        &[("tie_word_embeddings", Some(json!(true)))],
-    )
-    .expect("parses");
+    let s = edited("tiny-qwen3-moe.json", &[("tie_word_embeddings", Some(json!(true)))])
+        .expect("parses");
     assert_eq!(s.lm_head, LmHead::Tied);
     assert_eq!(s.params().lm_head, 0);
-    let s = edited(
-        "tiny-qwen3-moe.json",
-        &[("attention_bias", Some(json!(true)))],
-    )
-    .expect("parses");
+    let s =
+        edited("tiny-qwen3-moe.json", &[("attention_bias", Some(json!(true)))]).expect("parses");
     assert!(s.attention.qkv_bias && s.attention.o_bias);
     // q, k, v biases (256 + 2*128) and o bias (256) per layer.
     let plain = spec("tiny-qwen3-moe.json");

@@ -20,12 +20,7 @@ fn del(key: &'static str) -> (&'static str, Option<Value>) {
 fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
     const Q: &str = "tiny-qwen3-moe.json";
     const M: &str = "tiny-mixtral.json";
-    let sliding = || {
-        vec![
-            set("use_sliding_window", json!(true)),
-            set("sliding_window", json!(64)),
-        ]
-    };
+    let sliding = || vec![set("use_sliding_window", json!(true)), set("sliding_window", json!(64))];
     vec![
         (
             Q,
@@ -39,12 +34,7 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             "model_type",
             "unsupported value \"llama\" (supported: qwen3_moe, mixtral)",
         ),
-        (
-            Q,
-            vec![set("model_type", json!(3))],
-            "model_type",
-            "expected a string, got 3",
-        ),
+        (Q, vec![set("model_type", json!(3))], "model_type", "expected a string, got 3"),
         (
             Q,
             vec![set("architectures", json!(["MixtralForCausalLM"]))],
@@ -57,18 +47,8 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             "hidden_act",
             "config.json: field \"hidden_act\": unsupported value \"gelu\" (supported: silu)",
         ),
-        (
-            Q,
-            vec![del("hidden_size")],
-            "hidden_size",
-            "missing required field \"hidden_size\"",
-        ),
-        (
-            Q,
-            vec![set("hidden_size", json!(null))],
-            "hidden_size",
-            "missing required field",
-        ),
+        (Q, vec![del("hidden_size")], "hidden_size", "missing required field \"hidden_size\""),
+        (Q, vec![set("hidden_size", json!(null))], "hidden_size", "missing required field"),
         (
             Q,
             vec![set("hidden_size", json!("256"))],
@@ -81,55 +61,20 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             "hidden_size",
             "expected a non-negative integer, got 256.5",
         ),
-        (
-            Q,
-            vec![set("hidden_size", json!(1u64 << 25))],
-            "hidden_size",
-            "larger than 16777216",
-        ),
-        (
-            Q,
-            vec![set("num_experts", json!(u64::MAX))],
-            "num_experts",
-            "larger than",
-        ),
+        (Q, vec![set("hidden_size", json!(1u64 << 25))], "hidden_size", "larger than 16777216"),
+        (Q, vec![set("num_experts", json!(u64::MAX))], "num_experts", "larger than"),
         (
             Q,
             vec![set("num_hidden_layers", json!(1u64 << 17))],
             "num_hidden_layers",
             "larger than 65536, the most Palladium accepts for a layer count",
         ),
-        (
-            Q,
-            vec![set("num_hidden_layers", json!(0))],
-            "num_hidden_layers",
-            "must be at least 1",
-        ),
-        (
-            Q,
-            vec![set("num_hidden_layers", json!(-4))],
-            "num_hidden_layers",
-            "non-negative integer",
-        ),
+        (Q, vec![set("num_hidden_layers", json!(0))], "num_hidden_layers", "must be at least 1"),
+        (Q, vec![set("num_hidden_layers", json!(-4))], "num_hidden_layers", "non-negative integer"),
         (Q, vec![del("vocab_size")], "vocab_size", "missing"),
-        (
-            Q,
-            vec![del("max_position_embeddings")],
-            "max_position_embeddings",
-            "missing",
-        ),
-        (
-            Q,
-            vec![del("num_attention_heads")],
-            "num_attention_heads",
-            "missing",
-        ),
-        (
-            Q,
-            vec![del("num_key_value_heads")],
-            "num_key_value_heads",
-            "missing",
-        ),
+        (Q, vec![del("max_position_embeddings")], "max_position_embeddings", "missing"),
+        (Q, vec![del("num_attention_heads")], "num_attention_heads", "missing"),
+        (Q, vec![del("num_key_value_heads")], "num_key_value_heads", "missing"),
         (
             Q,
             vec![set("num_key_value_heads", json!(3))],
@@ -153,102 +98,56 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             "hidden_size (256) must be divisible",
         ),
         (Q, vec![set("head_dim", json!(0))], "head_dim", "at least 1"),
-        (
-            Q,
-            vec![set("head_dim", json!(63))],
-            "head_dim",
-            "even head_dim",
-        ),
-        (
-            Q,
-            vec![set("rms_norm_eps", json!(0.0))],
-            "rms_norm_eps",
-            "finite number > 0",
-        ),
-        (
-            Q,
-            vec![set("rms_norm_eps", json!("1e-6"))],
-            "rms_norm_eps",
-            "expected a number",
-        ),
+        (Q, vec![set("head_dim", json!(63))], "head_dim", "even head_dim"),
+        (Q, vec![set("rms_norm_eps", json!(0.0))], "rms_norm_eps", "finite number > 0"),
+        (Q, vec![set("rms_norm_eps", json!("1e-6"))], "rms_norm_eps", "expected a number"),
         (
             Q,
             vec![del("rope_theta")],
             "rope_theta",
             "missing required field \"rope_theta\" (or \"rope_parameters.rope_theta\")",
         ),
+        (Q, vec![set("rope_theta", json!(-1.0))], "rope_theta", "finite number > 0"),
         (
             Q,
-            vec![set("rope_theta", json!(-1.0))],
-            "rope_theta",
-            "finite number > 0",
-        ),
-        (
-            Q,
-            vec![set(
-                "rope_scaling",
-                json!({"rope_type": "yarn", "factor": 4.0}),
-            )],
+            vec![set("rope_scaling", json!({"rope_type": "yarn", "factor": 4.0}))],
             "rope_scaling.rope_type",
             "unsupported value \"yarn\" (supported: default)",
         ),
         (
             Q,
-            vec![set(
-                "rope_scaling",
-                json!({"type": "linear", "factor": 2.0}),
-            )],
+            vec![set("rope_scaling", json!({"type": "linear", "factor": 2.0}))],
             "rope_scaling.type",
             "unsupported value \"linear\"",
         ),
+        (Q, vec![set("rope_scaling", json!("yarn"))], "rope_scaling", "expected an object or null"),
         (
             Q,
-            vec![set("rope_scaling", json!("yarn"))],
-            "rope_scaling",
-            "expected an object or null",
-        ),
-        (
-            Q,
-            vec![set(
-                "rope_parameters",
-                json!({"rope_theta": 1e6, "rope_type": "llama3"}),
-            )],
+            vec![set("rope_parameters", json!({"rope_theta": 1e6, "rope_type": "llama3"}))],
             "rope_parameters.rope_type",
             "unsupported value \"llama3\"",
         ),
         (
             Q,
-            vec![set(
-                "rope_parameters",
-                json!({"rope_theta": 1e4, "rope_type": "default"}),
-            )],
+            vec![set("rope_parameters", json!({"rope_theta": 1e4, "rope_type": "default"}))],
             "rope_theta",
             "fields \"rope_theta\" and \"rope_parameters.rope_theta\" disagree",
         ),
         (
             Q,
-            vec![
-                del("rope_theta"),
-                set("rope_parameters", json!({"rope_type": "default"})),
-            ],
+            vec![del("rope_theta"), set("rope_parameters", json!({"rope_type": "default"}))],
             "rope_theta",
             "missing",
         ),
         (
             Q,
-            vec![set(
-                "rope_parameters",
-                json!({"full_attention": {"rope_theta": 1e6}}),
-            )],
+            vec![set("rope_parameters", json!({"full_attention": {"rope_theta": 1e6}}))],
             "rope_parameters",
             "per-layer-type",
         ),
         (
             Q,
-            vec![set(
-                "rope_parameters",
-                json!({"rope_theta": 1e6, "partial_rotary_factor": 0.5}),
-            )],
+            vec![set("rope_parameters", json!({"rope_theta": 1e6, "partial_rotary_factor": 0.5}))],
             "rope_parameters.partial_rotary_factor",
             "unsupported value 0.5",
         ),
@@ -264,60 +163,30 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             "torch_dtype",
             "supported: bfloat16, float16, float32",
         ),
-        (
-            Q,
-            vec![set("dtype", json!("float32"))],
-            "torch_dtype",
-            "disagree",
-        ),
+        (Q, vec![set("dtype", json!("float32"))], "torch_dtype", "disagree"),
         (
             Q,
             vec![set("tie_word_embeddings", json!("no"))],
             "tie_word_embeddings",
             "expected true or false",
         ),
-        (
-            Q,
-            vec![set("attention_bias", json!(1))],
-            "attention_bias",
-            "expected true or false",
-        ),
-        (
-            Q,
-            vec![del("num_experts")],
-            "num_experts",
-            "(or \"num_local_experts\")",
-        ),
+        (Q, vec![set("attention_bias", json!(1))], "attention_bias", "expected true or false"),
+        (Q, vec![del("num_experts")], "num_experts", "(or \"num_local_experts\")"),
         (
             Q,
             vec![set("num_local_experts", json!(16))],
             "num_experts",
             "disagree: num_experts = 8, num_local_experts = 16",
         ),
-        (
-            Q,
-            vec![del("num_experts_per_tok")],
-            "num_experts_per_tok",
-            "missing",
-        ),
+        (Q, vec![del("num_experts_per_tok")], "num_experts_per_tok", "missing"),
         (
             Q,
             vec![set("num_experts_per_tok", json!(9))],
             "num_experts_per_tok",
             "more than the 8 experts",
         ),
-        (
-            Q,
-            vec![set("num_experts_per_tok", json!(0))],
-            "num_experts_per_tok",
-            "at least 1",
-        ),
-        (
-            Q,
-            vec![del("moe_intermediate_size")],
-            "moe_intermediate_size",
-            "missing",
-        ),
+        (Q, vec![set("num_experts_per_tok", json!(0))], "num_experts_per_tok", "at least 1"),
+        (Q, vec![del("moe_intermediate_size")], "moe_intermediate_size", "missing"),
         (
             Q,
             vec![set("mlp_only_layers", json!([1])), del("intermediate_size")],
@@ -336,24 +205,9 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             "mlp_only_layers[0]",
             "expected a non-negative integer",
         ),
-        (
-            Q,
-            vec![set("mlp_only_layers", json!(1))],
-            "mlp_only_layers",
-            "expected an array",
-        ),
-        (
-            Q,
-            vec![set("decoder_sparse_step", json!(0))],
-            "decoder_sparse_step",
-            "at least 1",
-        ),
-        (
-            Q,
-            vec![set("norm_topk_prob", json!("yes"))],
-            "norm_topk_prob",
-            "expected true or false",
-        ),
+        (Q, vec![set("mlp_only_layers", json!(1))], "mlp_only_layers", "expected an array"),
+        (Q, vec![set("decoder_sparse_step", json!(0))], "decoder_sparse_step", "at least 1"),
+        (Q, vec![set("norm_topk_prob", json!("yes"))], "norm_topk_prob", "expected true or false"),
         (
             Q,
             vec![set("use_sliding_window", json!(true))],
@@ -374,11 +228,7 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
         ),
         (
             Q,
-            [
-                sliding(),
-                vec![set("layer_types", json!(["full_attention"]))],
-            ]
-            .concat(),
+            [sliding(), vec![set("layer_types", json!(["full_attention"]))]].concat(),
             "layer_types",
             "one entry per layer (4)",
         ),
@@ -404,12 +254,7 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             Q,
             vec![set(
                 "layer_types",
-                json!([
-                    "full_attention",
-                    "full_attention",
-                    "sliding_attention",
-                    "full_attention"
-                ]),
+                json!(["full_attention", "full_attention", "sliding_attention", "full_attention"]),
             )],
             "layer_types[2]",
             "use_sliding_window is false",
@@ -438,31 +283,11 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             "attention_bias",
             "Mixtral's attention projections have no bias",
         ),
-        (
-            M,
-            vec![set("norm_topk_prob", json!(false))],
-            "norm_topk_prob",
-            "always renormalises",
-        ),
+        (M, vec![set("norm_topk_prob", json!(false))], "norm_topk_prob", "always renormalises"),
         (M, vec![del("num_local_experts")], "num_experts", "missing"),
-        (
-            M,
-            vec![set("num_local_experts", json!(0))],
-            "num_local_experts",
-            "at least 1",
-        ),
-        (
-            M,
-            vec![del("intermediate_size")],
-            "intermediate_size",
-            "missing",
-        ),
-        (
-            M,
-            vec![set("sliding_window", json!(0))],
-            "sliding_window",
-            "at least 1",
-        ),
+        (M, vec![set("num_local_experts", json!(0))], "num_local_experts", "at least 1"),
+        (M, vec![del("intermediate_size")], "intermediate_size", "missing"),
+        (M, vec![set("sliding_window", json!(0))], "sliding_window", "at least 1"),
         (
             M,
             vec![set("mlp_only_layers", json!([0]))],
@@ -479,12 +304,7 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             M,
             vec![set(
                 "layer_types",
-                json!([
-                    "full_attention",
-                    "sliding_attention",
-                    "full_attention",
-                    "full_attention"
-                ]),
+                json!(["full_attention", "sliding_attention", "full_attention", "full_attention"]),
             )],
             "layer_types[1]",
             "every layer or in none",
@@ -498,9 +318,9 @@ fn every_error_names_its_field() {
     for (fixture, edits, field, text) in cases() {
         let described = format!("{fixture} with {edits:?}");
         match edited(fixture, &edits) {
-            Ok(_) => failures.push(format!(
-                "{described}: accepted, expected an error about {field:?}"
-            )),
+            Ok(_) => {
+                failures.push(format!("{described}: accepted, expected an error about {field:?}"))
+            }
             Err(e) => {
                 let msg = e.to_string();
                 if e.field() != Some(field) {
@@ -534,18 +354,9 @@ fn exact_message_for_unsupported_activation() {
 
 #[test]
 fn malformed_json_and_files() {
-    assert!(matches!(
-        ModelSpec::from_json_str("{"),
-        Err(ConfigError::Json { .. })
-    ));
-    assert!(matches!(
-        ModelSpec::from_json_str("[1, 2]"),
-        Err(ConfigError::Json { .. })
-    ));
-    assert!(matches!(
-        ModelSpec::from_json_str(""),
-        Err(ConfigError::Json { .. })
-    ));
+    assert!(matches!(ModelSpec::from_json_str("{"), Err(ConfigError::Json { .. })));
+    assert!(matches!(ModelSpec::from_json_str("[1, 2]"), Err(ConfigError::Json { .. })));
+    assert!(matches!(ModelSpec::from_json_str(""), Err(ConfigError::Json { .. })));
     assert!(matches!(
         ModelSpec::from_path("/nonexistent/config.json"),
         Err(ConfigError::Io { .. })
@@ -557,7 +368,8 @@ fn malformed_json_and_files() {
 /// A file's errors start with the user's path, not `config.json`.
 #[test]
 fn errors_in_a_file_name_the_file() {
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("config-errors-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("config-errors-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut v = common::fixture_json("tiny-qwen3-moe.json");
     v["hidden_act"] = json!("gelu");
@@ -566,12 +378,21 @@ fn errors_in_a_file_name_the_file() {
     let e = ModelSpec::from_path(&path).unwrap_err();
     assert_eq!(
         e.to_string(),
-        format!(r#"{}: field "hidden_act": unsupported value "gelu" (supported: silu)"#, path.display())
+        format!(
+            r#"{}: field "hidden_act": unsupported value "gelu" (supported: silu)"#,
+            path.display()
+        )
     );
     assert_eq!(e.field(), Some("hidden_act"));
     std::fs::write(&path, "").unwrap();
     let e = ModelSpec::from_path(&path).unwrap_err();
-    assert_eq!(e.to_string(), format!("{}: the file is empty (expected a Hugging Face config.json object)", path.display()));
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{}: the file is empty (expected a Hugging Face config.json object)",
+            path.display()
+        )
+    );
     assert!(matches!(e.inner(), ConfigError::Json { .. }));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,9 +10,9 @@ mod config_fuzz;
 
 use std::path::Path;
 
+use config_fuzz::{config, mutate, mutations};
 use palladium_model::ModelSpec;
 use palladium_model::weights::{SaveDtype, Weights, WeightsError};
-use config_fuzz::{config, mutate, mutations};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
@@ -51,7 +51,18 @@ proptest! {
 fn every_size_at_its_cap_at_once() {
     let mut v = common::fixture_json("tiny-qwen3-moe.json");
     v["num_hidden_layers"] = json!(1u64 << 16);
-    for k in ["hidden_size", "vocab_size", "max_position_embeddings", "num_attention_heads", "num_key_value_heads", "head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "intermediate_size"] {
+    for k in [
+        "hidden_size",
+        "vocab_size",
+        "max_position_embeddings",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "intermediate_size",
+    ] {
         v[k] = json!(1u64 << 24);
     }
     let spec = ModelSpec::from_json(&v).unwrap();
@@ -63,7 +74,17 @@ fn every_size_at_its_cap_at_once() {
 /// A small model, so that every case reads a whole checkpoint quickly.
 fn small_spec() -> ModelSpec {
     let mut v = common::fixture_json("tiny-qwen3-moe.json");
-    for (k, x) in [("hidden_size", 128), ("num_hidden_layers", 1), ("vocab_size", 32), ("num_experts", 2), ("num_experts_per_tok", 1), ("moe_intermediate_size", 16), ("num_attention_heads", 2), ("num_key_value_heads", 1), ("head_dim", 16)] {
+    for (k, x) in [
+        ("hidden_size", 128),
+        ("num_hidden_layers", 1),
+        ("vocab_size", 32),
+        ("num_experts", 2),
+        ("num_experts_per_tok", 1),
+        ("moe_intermediate_size", 16),
+        ("num_attention_heads", 2),
+        ("num_key_value_heads", 1),
+        ("head_dim", 16),
+    ] {
         v[k] = json!(x);
     }
     ModelSpec::from_json(&v).unwrap()
@@ -94,9 +115,20 @@ enum Edit {
 }
 
 fn edit() -> impl Strategy<Value = Edit> {
-    let number = prop_oneof![Just(json!(0)), Just(json!(1)), Just(json!(-1)), Just(json!(u64::MAX)), (0u64..5000).prop_map(Value::from), Just(json!("8")), Just(json!(null))];
+    let number = prop_oneof![
+        Just(json!(0)),
+        Just(json!(1)),
+        Just(json!(-1)),
+        Just(json!(u64::MAX)),
+        (0u64..5000).prop_map(Value::from),
+        Just(json!("8")),
+        Just(json!(null))
+    ];
     prop_oneof![
-        prop::sample::select(&["BF16", "F16", "F32", "F64", "I32", "U8", "BOOL", "F8_E4M3", "Q4", ""][..]).prop_map(|d| Edit::Dtype(json!(d))),
+        prop::sample::select(
+            &["BF16", "F16", "F32", "F64", "I32", "U8", "BOOL", "F8_E4M3", "Q4", ""][..]
+        )
+        .prop_map(|d| Edit::Dtype(json!(d))),
         prop::collection::vec(number.clone(), 0..4).prop_map(|v| Edit::Shape(Value::Array(v))),
         prop::collection::vec(number, 0..4).prop_map(|v| Edit::Offsets(Value::Array(v))),
         prop::sample::select(&["dtype", "shape", "data_offsets"][..]).prop_map(Edit::Remove),
@@ -111,7 +143,13 @@ fn check_error(e: &WeightsError) -> Result<(), TestCaseError> {
     if let Some(t) = e.tensor() {
         prop_assert!(msg.contains(t), "{msg}");
     }
-    if matches!(e, WeightsError::Header { .. } | WeightsError::Shape { .. } | WeightsError::Dtype { .. } | WeightsError::NonFinite { .. }) {
+    if matches!(
+        e,
+        WeightsError::Header { .. }
+            | WeightsError::Shape { .. }
+            | WeightsError::Dtype { .. }
+            | WeightsError::NonFinite { .. }
+    ) {
         prop_assert!(e.tensor().is_some(), "{msg}");
     }
     Ok(())

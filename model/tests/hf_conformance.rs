@@ -40,10 +40,7 @@ fn check(config: &str, seed: u64, prompt: &[u32], steps: usize) {
     let oracle = run_oracle(config, seed, prompt, steps, false);
     let spec = ModelSpec::from_path(oracle.dir.join("config.json")).unwrap();
     if let Ok(src) = ModelSpec::from_path(repo_root().join(config)) {
-        assert_eq!(
-            spec.layers, src.layers,
-            "transformers' saved config reads the same"
-        );
+        assert_eq!(spec.layers, src.layers, "transformers' saved config reads the same");
     }
     let weights = Weights::load(&spec, oracle.dir.join("model.safetensors")).unwrap();
     assert!(weights.is_bf16_valued());
@@ -84,11 +81,8 @@ fn check(config: &str, seed: u64, prompt: &[u32], steps: usize) {
                 d.scale
             );
         }
-        for (i, (&ours_id, &hf_id)) in forced
-            .generated_ids
-            .iter()
-            .zip(&hf.generated_ids)
-            .enumerate()
+        for (i, (&ours_id, &hf_id)) in
+            forced.generated_ids.iter().zip(&hf.generated_ids).enumerate()
         {
             let l = &hf.steps[i].logits;
             let margin = l[hf_id as usize] - l[ours_id as usize];
@@ -115,12 +109,7 @@ fn check(config: &str, seed: u64, prompt: &[u32], steps: usize) {
 
 #[test]
 fn qwen3_moe_matches_transformers() {
-    check(
-        "fixtures/models/tiny-qwen3-moe.json",
-        7,
-        &[1, 17, 300, 42, 5],
-        10,
-    );
+    check("fixtures/models/tiny-qwen3-moe.json", 7, &[1, 17, 300, 42, 5], 10);
 }
 
 /// Qwen3-MoE options the real checkpoints do not use, each a separate code path in
@@ -136,10 +125,8 @@ fn qwen3_moe_variant_matches_transformers() {
     v["norm_topk_prob"] = false.into();
     v["num_experts_per_tok"] = 3.into();
     v["tie_word_embeddings"] = true.into();
-    let cfg = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "tiny-qwen3-moe-variant-{}.json",
-        std::process::id()
-    ));
+    let cfg = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("tiny-qwen3-moe-variant-{}.json", std::process::id()));
     std::fs::write(&cfg, v.to_string()).unwrap();
     check(cfg.to_str().unwrap(), 5, &[9, 8, 7, 6, 5, 4], 10);
     let _ = std::fs::remove_file(&cfg);
@@ -147,12 +134,7 @@ fn qwen3_moe_variant_matches_transformers() {
 
 #[test]
 fn mixtral_matches_transformers() {
-    check(
-        "fixtures/models/tiny-mixtral.json",
-        11,
-        &[3, 99, 250, 7],
-        10,
-    );
+    check("fixtures/models/tiny-mixtral.json", 11, &[3, 99, 250, 7], 10);
 }
 
 /// More seeds for both families (slow: two transformers runs per seed). Run with
@@ -161,17 +143,7 @@ fn mixtral_matches_transformers() {
 #[ignore = "slow seed sweep; the default tests cover one seed per family"]
 fn seed_sweep_matches_transformers() {
     for seed in 1..=4 {
-        check(
-            "fixtures/models/tiny-qwen3-moe.json",
-            seed,
-            &[1, 2, 3, 4, 5, 6, 7, 8],
-            12,
-        );
-        check(
-            "fixtures/models/tiny-mixtral.json",
-            seed,
-            &[1, 2, 3, 4, 5, 6, 7, 8],
-            12,
-        );
+        check("fixtures/models/tiny-qwen3-moe.json", seed, &[1, 2, 3, 4, 5, 6, 7, 8], 12);
+        check("fixtures/models/tiny-mixtral.json", seed, &[1, 2, 3, 4, 5, 6, 7, 8], 12);
     }
 }

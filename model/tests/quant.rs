@@ -28,20 +28,14 @@ const INT4: QuantFormat = QuantFormat::Int4Group { group: INT4_GROUP };
 fn weight() -> impl Strategy<Value = Tensor> {
     (1usize..4, 1usize..300).prop_flat_map(|(rows, cols)| {
         let value = (-1.0f32..1.0, -20i32..8).prop_map(|(m, e)| m * 2f32.powi(e));
-        (
-            prop::collection::vec(value, rows * cols),
-            prop::collection::vec(any::<bool>(), rows),
-        )
+        (prop::collection::vec(value, rows * cols), prop::collection::vec(any::<bool>(), rows))
             .prop_map(move |(mut data, zero_rows)| {
                 for (r, zero) in zero_rows.iter().enumerate() {
                     if *zero {
                         data[r * cols..(r + 1) * cols].fill(0.0);
                     }
                 }
-                Tensor {
-                    shape: vec![rows, cols],
-                    data,
-                }
+                Tensor { shape: vec![rows, cols], data }
             })
     })
 }
@@ -55,10 +49,7 @@ fn check_bound(
     let q = QuantizedTensor::quantize("w", w, format).unwrap();
     let deq = q.dequantize();
     let cols = w.shape[1];
-    prop_assert_eq!(
-        q.scales.shape.clone(),
-        format.scales_shape([w.shape[0], cols])
-    );
+    prop_assert_eq!(q.scales.shape.clone(), format.scales_shape([w.shape[0], cols]));
     prop_assert_eq!(q.data.len(), w.shape[0] * format.row_bytes(cols));
     for (i, (&x, &y)) in w.data.iter().zip(&deq.data).enumerate() {
         let scale = q.scale(i / cols, i % cols);
@@ -85,11 +76,7 @@ fn integer_bound(_w: f32, scale: f32) -> f32 {
 /// plus the f32 rounding of the division and the multiply.
 fn fp8_bound(w: f32, scale: f32) -> f32 {
     let v = w.abs() / scale;
-    let binade = if v < 2f32.powi(-6) {
-        -6
-    } else {
-        v.log2().floor() as i32
-    };
+    let binade = if v < 2f32.powi(-6) { -6 } else { v.log2().floor() as i32 };
     scale * 2f32.powi(binade - 4) + w.abs() * 2f32.powi(-20)
 }
 
@@ -121,10 +108,7 @@ fn partial_tiles_and_groups_take_the_ceiling() {
     let q = QuantizedTensor::quantize("w", &w(200, 300), FP8).unwrap();
     assert_eq!(q.scales.shape, [2, 3]);
     let q = QuantizedTensor::quantize("w", &w(3, 301), INT4).unwrap();
-    assert_eq!(
-        (q.scales.shape.as_slice(), q.data.len()),
-        (&[3, 3][..], 3 * 151)
-    );
+    assert_eq!((q.scales.shape.as_slice(), q.data.len()), (&[3, 3][..], 3 * 151));
     // The odd last element of each row sits alone in its row's last low nibble.
     let deq = q.dequantize();
     for r in 0..3 {
@@ -140,10 +124,7 @@ fn partial_tiles_and_groups_take_the_ceiling() {
 
 #[test]
 fn zero_and_tiny_groups_never_get_a_zero_scale() {
-    let w = Tensor {
-        shape: vec![2, 4],
-        data: vec![0.0, 0.0, 0.0, 0.0, 1e-45, -1e-45, 0.0, 1e-45],
-    };
+    let w = Tensor { shape: vec![2, 4], data: vec![0.0, 0.0, 0.0, 0.0, 1e-45, -1e-45, 0.0, 1e-45] };
     for format in [INT8, FP8, INT4] {
         let q = QuantizedTensor::quantize("w", &w, format).unwrap();
         assert!(
@@ -159,30 +140,20 @@ fn zero_and_tiny_groups_never_get_a_zero_scale() {
 fn non_finite_weights_are_refused_by_name_and_index() {
     let mut data = vec![0.5; 6];
     data[4] = f32::NAN;
-    let w = Tensor {
-        shape: vec![2, 3],
-        data,
-    };
+    let w = Tensor { shape: vec![2, 3], data };
     for format in [INT8, FP8, INT4] {
         let err = QuantizedTensor::quantize("model.layers.3.self_attn.q_proj.weight", &w, format)
             .unwrap_err();
+        assert!(matches!(&err, QuantError::NonFinite { index, .. } if index == &[1, 1]), "{err:?}");
         assert!(
-            matches!(&err, QuantError::NonFinite { index, .. } if index == &[1, 1]),
-            "{err:?}"
-        );
-        assert!(
-            err.to_string()
-                .contains("\"model.layers.3.self_attn.q_proj.weight\"")
+            err.to_string().contains("\"model.layers.3.self_attn.q_proj.weight\"")
                 && err.to_string().contains("[1, 1]"),
             "{err}"
         );
     }
     let err = QuantizedTensor::quantize(
         "model.norm.weight",
-        &Tensor {
-            shape: vec![4],
-            data: vec![1.0; 4],
-        },
+        &Tensor { shape: vec![4], data: vec![1.0; 4] },
         INT8,
     )
     .unwrap_err();
@@ -197,11 +168,7 @@ fn spec(name: &str) -> ModelSpec {
 fn each_weights_dtype_converts_the_tensors_issue_16_names() {
     let s = spec("tiny-qwen3-moe.json");
     let count = |d: WeightsDtype, f: QuantFormat| {
-        d.format_of(&s)
-            .unwrap()
-            .values()
-            .filter(|&&x| x == f)
-            .count()
+        d.format_of(&s).unwrap().values().filter(|&&x| x == f).count()
     };
     let (layers, experts) = (4, 8);
     assert!(WeightsDtype::Bf16.format_of(&s).unwrap().is_empty());
@@ -222,10 +189,7 @@ fn each_weights_dtype_converts_the_tensors_issue_16_names() {
     assert_eq!(count(WeightsDtype::Int4, INT8), layers * 4 + 1);
     let m = spec("tiny-mixtral.json");
     let fp8 = WeightsDtype::Fp8.format_of(&m).unwrap();
-    assert!(
-        fp8.keys()
-            .all(|n| !n.contains("block_sparse_moe.gate.") && n != "lm_head.weight")
-    );
+    assert!(fp8.keys().all(|n| !n.contains("block_sparse_moe.gate.") && n != "lm_head.weight"));
     assert!(fp8.contains_key("model.layers.0.block_sparse_moe.experts.0.w2.weight"));
 }
 
@@ -233,28 +197,19 @@ fn each_weights_dtype_converts_the_tensors_issue_16_names() {
 fn the_reference_runs_on_dequantized_weights() {
     let s = spec("tiny-qwen3-moe.json");
     let w = Weights::random(&s, 3).unwrap();
-    let bf16 = Reference::new(&s, &w, Precision::F32)
-        .unwrap()
-        .generate(&[1, 2, 3], 2)
-        .unwrap();
+    let bf16 = Reference::new(&s, &w, Precision::F32).unwrap().generate(&[1, 2, 3], 2).unwrap();
     for dtype in [WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4] {
         let q = QuantizedWeights::quantize(&s, &w, dtype).unwrap();
         let deq = q.dequantize();
         let names: Vec<&str> = deq.iter().map(|(n, _)| n).collect();
-        assert_eq!(
-            names,
-            w.iter().map(|(n, _)| n).collect::<Vec<_>>(),
-            "same tensors, same order"
-        );
+        assert_eq!(names, w.iter().map(|(n, _)| n).collect::<Vec<_>>(), "same tensors, same order");
         for (name, stored) in q.iter() {
             if let StoredTensor::Plain(t) = stored {
                 assert_eq!(Some(t), w.get(name), "{name} is kept as loaded");
             }
         }
-        let got = Reference::new(&s, &deq, Precision::F32)
-            .unwrap()
-            .generate(&[1, 2, 3], 2)
-            .unwrap();
+        let got =
+            Reference::new(&s, &deq, Precision::F32).unwrap().generate(&[1, 2, 3], 2).unwrap();
         let a = got.agreement(&bf16);
         assert!(a.max_abs.is_finite());
         // The quantization error against the unquantized model, reported, not bounded.
@@ -270,10 +225,7 @@ fn the_reference_runs_on_dequantized_weights() {
 }
 
 fn with_quantization(config: Value) -> Result<ModelSpec, palladium_model::ConfigError> {
-    edited(
-        "tiny-qwen3-moe.json",
-        &[("quantization_config", Some(config))],
-    )
+    edited("tiny-qwen3-moe.json", &[("quantization_config", Some(config))])
 }
 
 #[test]
@@ -286,17 +238,11 @@ fn fp8_quantization_config_is_read_with_transformers_defaults() {
             modules_to_not_convert: vec!["lm_head".into()]
         })
     );
-    assert!(
-        s.defaulted
-            .contains_key("quantization_config.modules_to_not_convert")
-    );
+    assert!(s.defaulted.contains_key("quantization_config.modules_to_not_convert"));
     assert_eq!(WeightsDtype::of_checkpoint(&s), WeightsDtype::Fp8);
     // transformers converts every nn.Linear not named: with the default list, the router too.
     assert!(
-        WeightsDtype::Fp8
-            .format_of(&s)
-            .unwrap()
-            .contains_key("model.layers.0.mlp.gate.weight")
+        WeightsDtype::Fp8.format_of(&s).unwrap().contains_key("model.layers.0.mlp.gate.weight")
     );
     let s = with_quantization(
         json!({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
@@ -304,42 +250,23 @@ fn fp8_quantization_config_is_read_with_transformers_defaults() {
     )
     .unwrap();
     assert!(
-        !WeightsDtype::Fp8
-            .format_of(&s)
-            .unwrap()
-            .contains_key("model.layers.0.mlp.gate.weight")
+        !WeightsDtype::Fp8.format_of(&s).unwrap().contains_key("model.layers.0.mlp.gate.weight")
     );
-    assert!(
-        s.report().contains("quant_method \"fp8\""),
-        "{}",
-        s.report()
-    );
+    assert!(s.report().contains("quant_method \"fp8\""), "{}", s.report());
     assert_eq!(spec("tiny-qwen3-moe.json").quantization, None);
 }
 
 #[test]
 fn unsupported_quantization_configs_name_their_field() {
     let cases: &[(Value, &str, &str)] = &[
-        (
-            json!({"quant_method": "awq", "bits": 4}),
-            "quantization_config.bits",
-            "absent",
-        ),
+        (json!({"quant_method": "awq", "bits": 4}), "quantization_config.bits", "absent"),
         (
             json!({"quant_method": "awq"}),
             "quantization_config.quant_method",
             "unsupported value \"awq\"",
         ),
-        (
-            json!({"weight_block_size": [128, 128]}),
-            "quantization_config.quant_method",
-            "missing",
-        ),
-        (
-            json!({"quant_method": "fp8", "fmt": "e5m2"}),
-            "quantization_config.fmt",
-            "\"e4m3\"",
-        ),
+        (json!({"weight_block_size": [128, 128]}), "quantization_config.quant_method", "missing"),
+        (json!({"quant_method": "fp8", "fmt": "e5m2"}), "quantization_config.fmt", "\"e4m3\""),
         (
             json!({"quant_method": "fp8", "activation_scheme": "static"}),
             "quantization_config.activation_scheme",
@@ -388,23 +315,13 @@ fn fp8_entries(spec: &ModelSpec) -> (QuantizedWeights, Entries) {
     for (name, stored) in q.iter() {
         match stored {
             StoredTensor::Plain(t) => {
-                entries.insert(
-                    name.into(),
-                    (Dtype::F32, t.shape.clone(), f32_bytes(&t.data)),
-                );
+                entries.insert(name.into(), (Dtype::F32, t.shape.clone(), f32_bytes(&t.data)));
             }
             StoredTensor::Quantized(t) => {
-                entries.insert(
-                    name.into(),
-                    (Dtype::F8_E4M3, t.shape.to_vec(), t.data.clone()),
-                );
+                entries.insert(name.into(), (Dtype::F8_E4M3, t.shape.to_vec(), t.data.clone()));
                 entries.insert(
                     format!("{name}_scale_inv"),
-                    (
-                        Dtype::F32,
-                        t.scales.shape.clone(),
-                        f32_bytes(&t.scales.values),
-                    ),
+                    (Dtype::F32, t.scales.shape.clone(), f32_bytes(&t.scales.values)),
                 );
             }
         }
@@ -504,10 +421,7 @@ fn fp8_checkpoint_errors_name_the_tensor() {
         ),
         (
             Box::new(move |e| {
-                e.insert(
-                    format!("{router}_scale_inv"),
-                    (Dtype::F32, vec![1, 2], vec![0; 8]),
-                );
+                e.insert(format!("{router}_scale_inv"), (Dtype::F32, vec![1, 2], vec![0; 8]));
             }),
             "model.layers.0.mlp.gate.weight_scale_inv",
             "block scales for",
@@ -517,9 +431,7 @@ fn fp8_checkpoint_errors_name_the_tensor() {
         let mut entries = good.clone();
         edit(&mut entries);
         let err = load(&spec, &entries).unwrap_err();
-        let QuantError::Weights(inner) = &err else {
-            panic!("{err:?}")
-        };
+        let QuantError::Weights(inner) = &err else { panic!("{err:?}") };
         assert_eq!(inner.tensor(), Some(name), "{err}");
         assert!(err.to_string().contains(text), "{name}: {err}");
         assert!(

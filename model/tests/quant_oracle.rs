@@ -29,11 +29,7 @@ fn oracle() -> &'static Path {
     DIR.get_or_init(|| {
         let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
         for old in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
-            if old
-                .file_name()
-                .to_string_lossy()
-                .starts_with("quant-oracle-")
-            {
+            if old.file_name().to_string_lossy().starts_with("quant-oracle-") {
                 let _ = std::fs::remove_dir_all(old.path());
             }
         }
@@ -59,24 +55,15 @@ fn oracle() -> &'static Path {
 fn read(file: &str) -> std::collections::HashMap<String, (Vec<usize>, Vec<u8>)> {
     let bytes = std::fs::read(oracle().join(file)).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    st.tensors()
-        .into_iter()
-        .map(|(n, v)| (n, (v.shape().to_vec(), v.data().to_vec())))
-        .collect()
+    st.tensors().into_iter().map(|(n, v)| (n, (v.shape().to_vec(), v.data().to_vec()))).collect()
 }
 
 fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
 }
 
 fn tensor((shape, bytes): &(Vec<usize>, Vec<u8>)) -> Tensor {
-    Tensor {
-        shape: shape.clone(),
-        data: f32s(bytes),
-    }
+    Tensor { shape: shape.clone(), data: f32s(bytes) }
 }
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
@@ -89,11 +76,7 @@ fn e4m3fn_conversions_match_ml_dtypes() {
     let decoded = f32s(&t["e4m3fn_decoded"].1);
     for (b, want) in decoded.iter().enumerate() {
         let got = e4m3fn_to_f32(b as u8);
-        assert_eq!(
-            got.to_bits(),
-            want.to_bits(),
-            "byte {b:#04x}: ours {got}, ml_dtypes {want}"
-        );
+        assert_eq!(got.to_bits(), want.to_bits(), "byte {b:#04x}: ours {got}, ml_dtypes {want}");
     }
     let sweep = f32s(&t["sweep"].1);
     let (plain, sat) = (&t["sweep_e4m3fn"].1, &t["sweep_e4m3fn_sat"].1);
@@ -129,23 +112,11 @@ fn check_quantized(prefix: &str, format: QuantFormat) {
     let q = QuantizedTensor::quantize(prefix, &w, format).unwrap();
     let (scale_shape, scale_bytes) = &t[&format!("{prefix}_scale")];
     assert_eq!(&q.scales.shape, scale_shape, "{prefix} scales shape");
-    assert!(
-        same_bits(&q.scales.values, &f32s(scale_bytes)),
-        "{prefix} scales differ"
-    );
+    assert!(same_bits(&q.scales.values, &f32s(scale_bytes)), "{prefix} scales differ");
     let (code_shape, codes) = &t[&format!("{prefix}_q")];
-    assert_eq!(
-        code_shape,
-        &[w.shape[0], format.row_bytes(w.shape[1])],
-        "{prefix} packed shape"
-    );
+    assert_eq!(code_shape, &[w.shape[0], format.row_bytes(w.shape[1])], "{prefix} packed shape");
     let differ = q.data.iter().zip(codes).filter(|(a, b)| a != b).count();
-    assert_eq!(
-        differ,
-        0,
-        "{prefix}: {differ} of {} code bytes differ",
-        codes.len()
-    );
+    assert_eq!(differ, 0, "{prefix}: {differ} of {} code bytes differ", codes.len());
 }
 
 #[test]
@@ -199,10 +170,7 @@ fn check_torch_checkpoint(name: &str) -> (QuantizedWeights, usize) {
             let ours =
                 QuantizedTensor::quantize(tensor_name, &tensor(&source[tensor_name]), q.format)
                     .unwrap();
-            assert_eq!(
-                ours.data, q.data,
-                "{tensor_name}: codes differ from torch's"
-            );
+            assert_eq!(ours.data, q.data, "{tensor_name}: codes differ from torch's");
             let torch_scales = f32s(&source[&format!("{tensor_name}_scale_inv")].1);
             assert!(
                 same_bits(&ours.scales.values, &torch_scales),
@@ -210,14 +178,8 @@ fn check_torch_checkpoint(name: &str) -> (QuantizedWeights, usize) {
             );
         }
     }
-    assert!(
-        bf16_scales > 0 && bf16_scales < quantized,
-        "{name}: both scale dtypes are exercised"
-    );
-    assert!(matches!(
-        loaded.get("lm_head.weight"),
-        Some(StoredTensor::Plain(_))
-    ));
+    assert!(bf16_scales > 0 && bf16_scales < quantized, "{name}: both scale dtypes are exercised");
+    assert!(matches!(loaded.get("lm_head.weight"), Some(StoredTensor::Plain(_))));
     (loaded, quantized)
 }
 
@@ -226,10 +188,7 @@ fn torch_fp8_qwen3_checkpoint_loads_and_dequantizes_as_torch_does() {
     let (loaded, quantized) = check_torch_checkpoint("qwen3-fp8");
     // Layer 0: q/k/v/o + 4 experts x 3; layer 1 (dense): q/k/v/o + 3. Not lm_head, not the router.
     assert_eq!(quantized, 4 + 12 + 4 + 3);
-    assert!(matches!(
-        loaded.get("model.layers.0.mlp.gate.weight"),
-        Some(StoredTensor::Plain(_))
-    ));
+    assert!(matches!(loaded.get("model.layers.0.mlp.gate.weight"), Some(StoredTensor::Plain(_))));
     match loaded.get("model.layers.0.self_attn.o_proj.weight") {
         Some(StoredTensor::Quantized(q)) => {
             assert_eq!(q.scales.shape, [2, 2], "[160, 256] in 128x128 tiles")

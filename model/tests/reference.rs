@@ -7,16 +7,12 @@ use palladium_model::reference::{ForwardError, Generation, Precision, Reference,
 use palladium_model::weights::Weights;
 
 fn spec(name: &str) -> ModelSpec {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures/models")
-        .join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models").join(name);
     ModelSpec::from_path(path).unwrap()
 }
 
 fn config_json(name: &str) -> serde_json::Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures/models")
-        .join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models").join(name);
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
@@ -95,10 +91,7 @@ fn generation_is_deterministic_and_seed_dependent() {
     let prompt = [11, 22, 33, 44];
     let run = |seed| {
         let w = Weights::random(&s, seed).unwrap();
-        Reference::new(&s, &w, Precision::Bf16)
-            .unwrap()
-            .generate(&prompt, 8)
-            .unwrap()
+        Reference::new(&s, &w, Precision::Bf16).unwrap().generate(&prompt, 8).unwrap()
     };
     let (a, b, c) = (run(4), run(4), run(5));
     assert_eq!(a, b);
@@ -117,14 +110,8 @@ fn generation_is_deterministic_and_seed_dependent() {
 fn bf16_and_f32_runs_are_close_but_not_identical() {
     let s = spec("tiny-mixtral.json");
     let w = Weights::random(&s, 6).unwrap();
-    let f = Reference::new(&s, &w, Precision::F32)
-        .unwrap()
-        .generate(&[3, 4], 1)
-        .unwrap();
-    let b = Reference::new(&s, &w, Precision::Bf16)
-        .unwrap()
-        .generate(&[3, 4], 1)
-        .unwrap();
+    let f = Reference::new(&s, &w, Precision::F32).unwrap().generate(&[3, 4], 1).unwrap();
+    let b = Reference::new(&s, &w, Precision::Bf16).unwrap().generate(&[3, 4], 1).unwrap();
     let err = f.steps[0]
         .logits
         .iter()
@@ -148,11 +135,7 @@ fn config_variants_run() {
     for p in PRECISIONS {
         let r = Reference::new(&s, &w, p).unwrap();
         let g = r.generate(&[1, 2, 3], 4).unwrap();
-        assert!(
-            g.steps
-                .iter()
-                .all(|st| st.logits.iter().all(|x| x.is_finite()))
-        );
+        assert!(g.steps.iter().all(|st| st.logits.iter().all(|x| x.is_finite())));
     }
 
     let mut v = config_json("tiny-mixtral.json");
@@ -180,10 +163,7 @@ fn bad_inputs_are_errors() {
     assert_eq!(r.generate(&[], 3).unwrap_err(), ForwardError::EmptyPrompt);
     assert_eq!(
         r.generate(&[1, 512], 3).unwrap_err(),
-        ForwardError::TokenOutOfRange {
-            id: 512,
-            vocab: 512
-        }
+        ForwardError::TokenOutOfRange { id: 512, vocab: 512 }
     );
     // Weights of another model are refused, naming a tensor.
     let wm = Weights::random(&spec("tiny-mixtral.json"), 1).unwrap();

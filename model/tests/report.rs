@@ -10,32 +10,20 @@ fn snap(name: &str, text: String) {
 
 #[test]
 fn tiny_qwen3_moe_report() {
-    snap(
-        "tiny_qwen3_moe_report",
-        common::spec("tiny-qwen3-moe.json").report(),
-    );
+    snap("tiny_qwen3_moe_report", common::spec("tiny-qwen3-moe.json").report());
 }
 
 #[test]
 fn tiny_qwen3_moe_debug() {
-    snap(
-        "tiny_qwen3_moe_debug",
-        format!("{:#?}", common::spec("tiny-qwen3-moe.json")),
-    );
+    snap("tiny_qwen3_moe_debug", format!("{:#?}", common::spec("tiny-qwen3-moe.json")));
 }
 
 #[test]
 fn tiny_mixtral_report() {
-    snap(
-        "tiny_mixtral_report",
-        common::spec("tiny-mixtral.json").report(),
-    );
+    snap("tiny_mixtral_report", common::spec("tiny-mixtral.json").report());
 }
 
 #[test]
 fn qwen3_30b_a3b_report() {
-    snap(
-        "qwen3_30b_a3b_report",
-        common::spec("qwen3-30b-a3b.json").report(),
-    );
+    snap("qwen3_30b_a3b_report", common::spec("qwen3-30b-a3b.json").report());
 }

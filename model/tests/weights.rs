@@ -3,15 +3,13 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use palladium_model::ModelSpec;
 use palladium_array::round_bf16;
+use palladium_model::ModelSpec;
 use palladium_model::weights::{SaveDtype, Weights, WeightsError, tensor_layout};
 use safetensors::{Dtype, tensor::TensorView};
 
 fn spec(name: &str) -> ModelSpec {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures/models")
-        .join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models").join(name);
     ModelSpec::from_path(path).unwrap()
 }
 
@@ -31,10 +29,8 @@ fn tmp(name: &str) -> PathBuf {
 fn layout_uses_hugging_face_names_and_shapes() {
     let s = qwen();
     let layout = tensor_layout(&s).unwrap();
-    let shapes: HashMap<&str, &[usize]> = layout
-        .iter()
-        .map(|t| (t.name.as_str(), t.shape.as_slice()))
-        .collect();
+    let shapes: HashMap<&str, &[usize]> =
+        layout.iter().map(|t| (t.name.as_str(), t.shape.as_slice())).collect();
     let want: &[(&str, &[usize])] = &[
         ("model.embed_tokens.weight", &[512, 256]),
         ("model.layers.0.input_layernorm.weight", &[256]),
@@ -60,11 +56,7 @@ fn layout_uses_hugging_face_names_and_shapes() {
     assert!(!shapes.contains_key("model.layers.0.self_attn.q_proj.bias"));
 
     let m = spec("tiny-mixtral.json");
-    let names: Vec<String> = tensor_layout(&m)
-        .unwrap()
-        .into_iter()
-        .map(|t| t.name)
-        .collect();
+    let names: Vec<String> = tensor_layout(&m).unwrap().into_iter().map(|t| t.name).collect();
     for n in [
         "model.layers.1.block_sparse_moe.gate.weight",
         "model.layers.1.block_sparse_moe.experts.0.w1.weight",
@@ -94,10 +86,7 @@ fn layout_follows_config_options() {
     assert!(has("model.layers.1.mlp.gate_proj.weight"));
     assert!(!has("model.layers.1.mlp.gate.weight"));
     assert!(!has("lm_head.weight"));
-    let dense = layout
-        .iter()
-        .find(|t| t.name == "model.layers.1.mlp.down_proj.weight")
-        .unwrap();
+    let dense = layout.iter().find(|t| t.name == "model.layers.1.mlp.down_proj.weight").unwrap();
     assert_eq!(dense.shape, vec![256, 512]);
 }
 
@@ -116,23 +105,14 @@ fn random_weights_are_seeded_bf16_and_well_scaled() {
         assert!(t.data.iter().all(|x| x.is_finite()), "{name}");
         let n = t.data.len() as f64;
         let mean = t.data.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
-        let std = (t
-            .data
-            .iter()
-            .map(|&x| (f64::from(x) - mean).powi(2))
-            .sum::<f64>()
-            / n)
-            .sqrt();
+        let std = (t.data.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / n).sqrt();
         if name.ends_with("norm.weight") {
             assert!(t.data.iter().all(|&x| (0.79..=1.21).contains(&x)), "{name}");
         } else if name == "model.embed_tokens.weight" {
             assert!((std - 1.0).abs() < 0.05, "{name}: std {std}");
         } else {
             let want = 1.0 / (t.shape[1] as f64).sqrt();
-            assert!(
-                (std / want - 1.0).abs() < 0.1,
-                "{name}: std {std}, want {want}"
-            );
+            assert!((std / want - 1.0).abs() < 0.1, "{name}: std {std}, want {want}");
         }
     }
     // Two experts of one layer differ (distinct streams per tensor).
@@ -169,19 +149,13 @@ fn safetensors_round_trip_bf16_and_f32() {
     assert_eq!(back, w32);
     w32.save(&p32, SaveDtype::BFloat16).unwrap();
     let back = Weights::load(&s, &p32).unwrap();
-    assert_eq!(
-        back.get("model.norm.weight").unwrap().data[0],
-        round_bf16(1.0 + 1e-6)
-    );
+    assert_eq!(back.get("model.norm.weight").unwrap().data[0], round_bf16(1.0 + 1e-6));
     assert!(back.is_bf16_valued());
 
     let m = spec("tiny-mixtral.json");
     let wm = Weights::random(&m, 4).unwrap();
     let bytes = wm.to_safetensors_bytes(SaveDtype::BFloat16).unwrap();
-    assert_eq!(
-        Weights::from_safetensors(&m, &[(Path::new("mem"), &bytes)]).unwrap(),
-        wm
-    );
+    assert_eq!(Weights::from_safetensors(&m, &[(Path::new("mem"), &bytes)]).unwrap(), wm);
     // A Qwen3 checkpoint is not a Mixtral one.
     let err = Weights::load(&m, &p).unwrap_err();
     assert!(matches!(err, WeightsError::Unexpected { .. }), "{err}");
@@ -205,19 +179,10 @@ fn sharded_checkpoint_with_index() {
     for (i, shard) in shards.iter().enumerate() {
         let views: Vec<(String, TensorView<'_>)> = shard
             .iter()
-            .map(|(n, b, s)| {
-                (
-                    n.clone(),
-                    TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
-                )
-            })
+            .map(|(n, b, s)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).unwrap()))
             .collect();
         let bytes = safetensors::serialize(views, None).unwrap();
-        std::fs::write(
-            d.join(format!("model-{:05}-of-00002.safetensors", i + 1)),
-            bytes,
-        )
-        .unwrap();
+        std::fs::write(d.join(format!("model-{:05}-of-00002.safetensors", i + 1)), bytes).unwrap();
     }
     let index = serde_json::json!({"metadata": {}, "weight_map": map});
     std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
@@ -271,10 +236,7 @@ fn load_errors_name_the_tensor() {
     });
     let e = Weights::load(&s, &p).unwrap_err();
     assert!(matches!(e, WeightsError::Shape { .. }), "{e}");
-    assert!(
-        e.to_string().contains(victim) && e.to_string().contains("[128, 256]"),
-        "{e}"
-    );
+    assert!(e.to_string().contains(victim) && e.to_string().contains("[128, 256]"), "{e}");
 
     write_edited(&w, &p, |ts| {
         let t = ts.iter_mut().find(|t| t.0 == victim).unwrap();
@@ -282,18 +244,10 @@ fn load_errors_name_the_tensor() {
     });
     let e = Weights::load(&s, &p).unwrap_err();
     assert!(matches!(e, WeightsError::Dtype { .. }), "{e}");
-    assert!(
-        e.to_string().contains(victim) && e.to_string().contains("I32"),
-        "{e}"
-    );
+    assert!(e.to_string().contains(victim) && e.to_string().contains("I32"), "{e}");
 
     write_edited(&w, &p, |ts| {
-        ts.push((
-            "model.layers.9.mlp.gate.weight".into(),
-            Dtype::F32,
-            vec![1],
-            vec![0; 4],
-        ));
+        ts.push(("model.layers.9.mlp.gate.weight".into(), Dtype::F32, vec![1], vec![0; 4]));
     });
     let e = Weights::load(&s, &p).unwrap_err();
     assert!(matches!(e, WeightsError::Unexpected { .. }), "{e}");
@@ -335,9 +289,7 @@ fn failed_save_leaves_nothing_behind() {
         .collect();
     assert_eq!(names, vec!["model.safetensors".to_string()]);
     // A save into a directory that does not exist fails and creates nothing.
-    let e = w
-        .save(d.join("no/such/dir/m.safetensors"), SaveDtype::BFloat16)
-        .unwrap_err();
+    let e = w.save(d.join("no/such/dir/m.safetensors"), SaveDtype::BFloat16).unwrap_err();
     assert!(matches!(e, WeightsError::Io { .. }), "{e}");
     // Overwriting an existing file replaces it whole.
     let p = d.join("m.safetensors");
@@ -377,7 +329,11 @@ fn non_finite_weights_are_refused_naming_the_tensor_and_the_first_bad_index() {
             assert!(matches!(e, WeightsError::NonFinite { .. }), "{e}");
             assert_eq!(e.tensor(), Some(victim));
             let shape = &w.get(victim).unwrap().shape;
-            let want = if shape.len() == 2 { format!("[{}, {}]", index / shape[1], index % shape[1]) } else { format!("[{index}]") };
+            let want = if shape.len() == 2 {
+                format!("[{}, {}]", index / shape[1], index % shape[1])
+            } else {
+                format!("[{index}]")
+            };
             assert!(e.to_string().contains(&format!("at index {want}")), "{e}");
         }
     }
@@ -388,24 +344,41 @@ fn non_finite_weights_are_refused_naming_the_tensor_and_the_first_bad_index() {
 fn header_sizes_that_do_not_add_up_name_the_tensor() {
     let s = qwen();
     let name = "model.norm.weight";
-    let entry = |shape: serde_json::Value, offsets: serde_json::Value| {
-        serde_json::json!({ name: {"dtype": "F32", "shape": shape, "data_offsets": offsets} })
-    };
+    let entry = |shape: serde_json::Value, offsets: serde_json::Value| serde_json::json!({ name: {"dtype": "F32", "shape": shape, "data_offsets": offsets} });
     let cases = [
-        (entry(serde_json::json!([256]), serde_json::json!([0, 1000])), vec![0u8; 1024], "needs 1024 bytes, data_offsets [0, 1000] hold 1000"),
-        (entry(serde_json::json!([256]), serde_json::json!([0, 1024])), vec![0u8; 100], "outside the file's 100 data bytes"),
+        (
+            entry(serde_json::json!([256]), serde_json::json!([0, 1000])),
+            vec![0u8; 1024],
+            "needs 1024 bytes, data_offsets [0, 1000] hold 1000",
+        ),
+        (
+            entry(serde_json::json!([256]), serde_json::json!([0, 1024])),
+            vec![0u8; 100],
+            "outside the file's 100 data bytes",
+        ),
         (entry(serde_json::json!([256]), serde_json::json!([8, 4])), vec![0u8; 1024], "outside"),
-        (entry(serde_json::json!([u64::MAX, 4]), serde_json::json!([0, 16])), vec![0u8; 16], "more than 2^64"),
+        (
+            entry(serde_json::json!([u64::MAX, 4]), serde_json::json!([0, 16])),
+            vec![0u8; 16],
+            "more than 2^64",
+        ),
         (entry(serde_json::json!([-1]), serde_json::json!([0, 4])), vec![0u8; 4], "\"shape\""),
         (entry(serde_json::json!([256]), serde_json::json!("x")), vec![0u8; 4], "\"data_offsets\""),
-        (serde_json::json!({ name: {"shape": [256], "data_offsets": [0, 1024]} }), vec![0u8; 1024], "\"dtype\""),
+        (
+            serde_json::json!({ name: {"shape": [256], "data_offsets": [0, 1024]} }),
+            vec![0u8; 1024],
+            "\"dtype\"",
+        ),
     ];
     for (header, data, want) in cases {
         let bytes = raw_safetensors(&header, &data);
         let e = Weights::from_safetensors(&s, &[(Path::new("m.safetensors"), &bytes)]).unwrap_err();
         assert!(matches!(e, WeightsError::Header { .. }), "{header}: {e}");
         assert_eq!(e.tensor(), Some(name), "{header}: {e}");
-        assert!(e.to_string().contains(want) && e.to_string().contains("m.safetensors"), "{header}: {e}");
+        assert!(
+            e.to_string().contains(want) && e.to_string().contains("m.safetensors"),
+            "{header}: {e}"
+        );
     }
     // Two tensors sharing bytes.
     let header = serde_json::json!({
@@ -442,7 +415,11 @@ fn shard_paths_stay_inside_the_checkpoint_folder() {
         std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
         let e = Weights::load(&s, &d).unwrap_err();
         assert!(matches!(e, WeightsError::Format { .. }), "{shard}: {e}");
-        assert!(e.to_string().contains("inside the checkpoint folder") && e.to_string().contains("model.norm.weight"), "{shard}: {e}");
+        assert!(
+            e.to_string().contains("inside the checkpoint folder")
+                && e.to_string().contains("model.norm.weight"),
+            "{shard}: {e}"
+        );
     }
     let index = serde_json::json!({"weight_map": {"model.norm.weight": 3}});
     std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();

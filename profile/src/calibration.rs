@@ -24,9 +24,9 @@
 //! `derived`).
 
 use crate::{Inputs, ProfileError, simulate};
+use indexmap::IndexMap;
 use palladium_dsl::Kernel;
 use palladium_dsl::spec::Chip;
-use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
 /// The coefficients of one chip, in libtpu's cycles.
@@ -93,7 +93,8 @@ pub const CALIBRATION_JSON: &str = include_str!("../calibration.json");
 
 impl Calibration {
     pub fn committed() -> Calibration {
-        serde_json::from_str(CALIBRATION_JSON).expect("profile/calibration.json parses (checked by its test)")
+        serde_json::from_str(CALIBRATION_JSON)
+            .expect("profile/calibration.json parses (checked by its test)")
     }
 
     /// The coefficients for `chip`, or which chips are calibrated and why `chip` is not.
@@ -125,12 +126,49 @@ pub struct CalibrationKernel {
 /// fitted in turn until they settle). The last, a minimal call, is not fitted: its estimate
 /// is the per-call cost of an unfused step.
 pub const CALIBRATION_KERNELS: [CalibrationKernel; 6] = [
-    CalibrationKernel { name: "stream_32mib", kernel: "hbm_stream", settings: &[("rows", "16384")] },
-    CalibrationKernel { name: "stream_64mib", kernel: "hbm_stream", settings: &[("rows", "32768")] },
-    CalibrationKernel { name: "stream_64mib_small_blocks", kernel: "hbm_stream", settings: &[("rows", "32768"), ("block_rows", "128")] },
-    CalibrationKernel { name: "matmul_mxu_bound", kernel: "matmul", settings: &[("m", "2048"), ("k", "4096"), ("n", "2048"), ("bm", "1024"), ("bk", "1024"), ("bn", "1024")] },
-    CalibrationKernel { name: "gemv_weight_bound", kernel: "gemv", settings: &[("batch", "8"), ("k", "4096"), ("n", "4096"), ("block_k", "4096"), ("block_n", "512")] },
-    CalibrationKernel { name: "minimal_call", kernel: "residual_add", settings: &[("rows", "16"), ("hidden", "128"), ("block_rows", "16")] },
+    CalibrationKernel {
+        name: "stream_32mib",
+        kernel: "hbm_stream",
+        settings: &[("rows", "16384")],
+    },
+    CalibrationKernel {
+        name: "stream_64mib",
+        kernel: "hbm_stream",
+        settings: &[("rows", "32768")],
+    },
+    CalibrationKernel {
+        name: "stream_64mib_small_blocks",
+        kernel: "hbm_stream",
+        settings: &[("rows", "32768"), ("block_rows", "128")],
+    },
+    CalibrationKernel {
+        name: "matmul_mxu_bound",
+        kernel: "matmul",
+        settings: &[
+            ("m", "2048"),
+            ("k", "4096"),
+            ("n", "2048"),
+            ("bm", "1024"),
+            ("bk", "1024"),
+            ("bn", "1024"),
+        ],
+    },
+    CalibrationKernel {
+        name: "gemv_weight_bound",
+        kernel: "gemv",
+        settings: &[
+            ("batch", "8"),
+            ("k", "4096"),
+            ("n", "4096"),
+            ("block_k", "4096"),
+            ("block_n", "512"),
+        ],
+    },
+    CalibrationKernel {
+        name: "minimal_call",
+        kernel: "residual_add",
+        settings: &[("rows", "16"), ("hidden", "128"), ("block_rows", "16")],
+    },
 ];
 
 /// v7x's calibration kernels, in fit order (see the module doc): `residual_add` streams of
@@ -139,12 +177,49 @@ pub const CALIBRATION_KERNELS: [CalibrationKernel; 6] = [
 /// (the grid-step cost); a single-step 1024-square matmul (the MXU row rate) and a
 /// single-step 8-row GEMV (the MXU weight load); the minimal call, as on v6e.
 pub const V7X_CALIBRATION_KERNELS: [CalibrationKernel; 6] = [
-    CalibrationKernel { name: "residual_add_4096_rows", kernel: "residual_add", settings: &[("rows", "4096"), ("hidden", "1024"), ("block_rows", "1024")] },
-    CalibrationKernel { name: "residual_add_2048_rows", kernel: "residual_add", settings: &[("rows", "2048"), ("hidden", "1024"), ("block_rows", "1024")] },
-    CalibrationKernel { name: "residual_add_64_row_blocks", kernel: "residual_add", settings: &[("rows", "4096"), ("hidden", "1024"), ("block_rows", "64")] },
-    CalibrationKernel { name: "matmul_one_step", kernel: "matmul", settings: &[("m", "1024"), ("k", "1024"), ("n", "1024"), ("bm", "1024"), ("bk", "1024"), ("bn", "1024")] },
-    CalibrationKernel { name: "gemv_one_step", kernel: "gemv", settings: &[("batch", "8"), ("k", "4096"), ("n", "512"), ("block_k", "4096"), ("block_n", "512")] },
-    CalibrationKernel { name: "minimal_call", kernel: "residual_add", settings: &[("rows", "16"), ("hidden", "128"), ("block_rows", "16")] },
+    CalibrationKernel {
+        name: "residual_add_4096_rows",
+        kernel: "residual_add",
+        settings: &[("rows", "4096"), ("hidden", "1024"), ("block_rows", "1024")],
+    },
+    CalibrationKernel {
+        name: "residual_add_2048_rows",
+        kernel: "residual_add",
+        settings: &[("rows", "2048"), ("hidden", "1024"), ("block_rows", "1024")],
+    },
+    CalibrationKernel {
+        name: "residual_add_64_row_blocks",
+        kernel: "residual_add",
+        settings: &[("rows", "4096"), ("hidden", "1024"), ("block_rows", "64")],
+    },
+    CalibrationKernel {
+        name: "matmul_one_step",
+        kernel: "matmul",
+        settings: &[
+            ("m", "1024"),
+            ("k", "1024"),
+            ("n", "1024"),
+            ("bm", "1024"),
+            ("bk", "1024"),
+            ("bn", "1024"),
+        ],
+    },
+    CalibrationKernel {
+        name: "gemv_one_step",
+        kernel: "gemv",
+        settings: &[
+            ("batch", "8"),
+            ("k", "4096"),
+            ("n", "512"),
+            ("block_k", "4096"),
+            ("block_n", "512"),
+        ],
+    },
+    CalibrationKernel {
+        name: "minimal_call",
+        kernel: "residual_add",
+        settings: &[("rows", "16"), ("hidden", "128"), ("block_rows", "16")],
+    },
 ];
 
 /// The calibration kernels of `chip`'s recipe.
@@ -177,23 +252,54 @@ fn assumed() -> Coefficients {
 /// is [`calibration_kernels`]`(chip)[i]` built, `cycles[i]` its estimate). Each fitted
 /// coefficient is found by bisection so that the model reproduces its kernel's estimate,
 /// the ones before it already fixed. v7x needs v6e's fit (`v6e`) for what it derives.
-pub fn fit(chip: Chip, kernels: &[Kernel], cycles: &[u64], v6e: Option<&Coefficients>) -> Result<ChipCalibration, ProfileError> {
+pub fn fit(
+    chip: Chip,
+    kernels: &[Kernel],
+    cycles: &[u64],
+    v6e: Option<&Coefficients>,
+) -> Result<ChipCalibration, ProfileError> {
     let recipe = calibration_kernels(chip);
-    assert_eq!((kernels.len(), cycles.len()), (recipe.len(), recipe.len()), "one kernel and one estimate per calibration kernel");
+    assert_eq!(
+        (kernels.len(), cycles.len()),
+        (recipe.len(), recipe.len()),
+        "one kernel and one estimate per calibration kernel"
+    );
     if chip == Chip::V7x {
-        let v6e = v6e.ok_or_else(|| ProfileError::Calibration("v7x's HBM rate and DMA latency are derived from v6e's fit: fit v6e first".into()))?;
+        let v6e = v6e.ok_or_else(|| {
+            ProfileError::Calibration(
+                "v7x's HBM rate and DMA latency are derived from v6e's fit: fit v6e first".into(),
+            )
+        })?;
         return fit_v7x(kernels, cycles, v6e);
     }
-    let bytes = |k: &Kernel| -> f64 { k.call.operands.iter().filter(|o| o.role == palladium_dsl::spec::OperandRole::Input).map(|o| (o.shape.num_elements() * u64::from(o.dtype.memory_bits())) as f64 / 8.0).sum() };
+    let bytes = |k: &Kernel| -> f64 {
+        k.call
+            .operands
+            .iter()
+            .filter(|o| o.role == palladium_dsl::spec::OperandRole::Input)
+            .map(|o| (o.shape.num_elements() * u64::from(o.dtype.memory_bits())) as f64 / 8.0)
+            .sum()
+    };
     let mut c = assumed();
     // The HBM rate: the 32 MiB more of the second stream cost only bandwidth.
-    c.hbm_bytes_per_cycle = (bytes(&kernels[1]) - bytes(&kernels[0])) / (cycles[1] as f64 - cycles[0] as f64);
-    let model = |c: &Coefficients, k: &Kernel| -> Result<f64, ProfileError> { Ok(simulate(k, chip, c, &Inputs::default())?.cycles) };
-    c.dma_latency_cycles = bisect(0.0, 20_000.0, cycles[0] as f64, |x| model(&Coefficients { dma_latency_cycles: x, ..c.clone() }, &kernels[0]))?;
-    c.grid_step_cycles = bisect(0.0, 20_000.0, cycles[2] as f64, |x| model(&Coefficients { grid_step_cycles: x, ..c.clone() }, &kernels[2]))?;
+    c.hbm_bytes_per_cycle =
+        (bytes(&kernels[1]) - bytes(&kernels[0])) / (cycles[1] as f64 - cycles[0] as f64);
+    let model = |c: &Coefficients, k: &Kernel| -> Result<f64, ProfileError> {
+        Ok(simulate(k, chip, c, &Inputs::default())?.cycles)
+    };
+    c.dma_latency_cycles = bisect(0.0, 20_000.0, cycles[0] as f64, |x| {
+        model(&Coefficients { dma_latency_cycles: x, ..c.clone() }, &kernels[0])
+    })?;
+    c.grid_step_cycles = bisect(0.0, 20_000.0, cycles[2] as f64, |x| {
+        model(&Coefficients { grid_step_cycles: x, ..c.clone() }, &kernels[2])
+    })?;
     for _ in 0..8 {
-        c.mxu_row_cycles = bisect(0.0, 64.0, cycles[3] as f64, |x| model(&Coefficients { mxu_row_cycles: x, ..c.clone() }, &kernels[3]))?;
-        c.mxu_weight_cycles = bisect(0.0, 8192.0, cycles[4] as f64, |x| model(&Coefficients { mxu_weight_cycles: x, ..c.clone() }, &kernels[4]))?;
+        c.mxu_row_cycles = bisect(0.0, 64.0, cycles[3] as f64, |x| {
+            model(&Coefficients { mxu_row_cycles: x, ..c.clone() }, &kernels[3])
+        })?;
+        c.mxu_weight_cycles = bisect(0.0, 8192.0, cycles[4] as f64, |x| {
+            model(&Coefficients { mxu_weight_cycles: x, ..c.clone() }, &kernels[4])
+        })?;
     }
     c.kernel_call_cycles = cycles[5] as f64;
     let round = |x: f64| (x * 1e4).round() / 1e4;
@@ -204,8 +310,20 @@ pub fn fit(chip: Chip, kernels: &[Kernel], cycles: &[u64], v6e: Option<&Coeffici
     c.mxu_weight_cycles = round(c.mxu_weight_cycles);
     Ok(ChipCalibration {
         coefficients: c,
-        fitted: ["hbm_bytes_per_cycle", "dma_latency_cycles", "grid_step_cycles", "mxu_row_cycles", "mxu_weight_cycles"].map(String::from).to_vec(),
-        libtpu_cycles: CALIBRATION_KERNELS.iter().zip(cycles).map(|(k, &c)| (k.name.to_string(), c)).collect(),
+        fitted: [
+            "hbm_bytes_per_cycle",
+            "dma_latency_cycles",
+            "grid_step_cycles",
+            "mxu_row_cycles",
+            "mxu_weight_cycles",
+        ]
+        .map(String::from)
+        .to_vec(),
+        libtpu_cycles: CALIBRATION_KERNELS
+            .iter()
+            .zip(cycles)
+            .map(|(k, &c)| (k.name.to_string(), c))
+            .collect(),
         derived: IndexMap::new(),
     })
 }
@@ -216,27 +334,54 @@ pub fn fit(chip: Chip, kernels: &[Kernel], cycles: &[u64], v6e: Option<&Coeffici
 /// the grid-step cost (the 64-row-block stream), the vector factor (the 2048-row stream:
 /// VPU, cross-lane and load/store at the factor, EUP at twice it), the MXU row rate (the
 /// matmul) and its weight load (the GEMV).
-fn fit_v7x(kernels: &[Kernel], cycles: &[u64], v6e: &Coefficients) -> Result<ChipCalibration, ProfileError> {
+fn fit_v7x(
+    kernels: &[Kernel],
+    cycles: &[u64],
+    v6e: &Coefficients,
+) -> Result<ChipCalibration, ProfileError> {
     let (chip, t6) = (Chip::V7x, Chip::V6e.target());
     let t7 = chip.target();
     let mut c = assumed();
     c.dma_latency_cycles = v6e.dma_latency_cycles / t6.clock_hz * t7.clock_hz;
-    let model = |c: &Coefficients, k: &Kernel| -> Result<f64, ProfileError> { Ok(simulate(k, chip, c, &Inputs::default())?.cycles) };
-    let vector = |c: &Coefficients, x: f64| Coefficients { vpu_cycles_per_vreg: x, eup_cycles_per_vreg: 2.0 * x, xlu_cycles_per_vreg: x, ldst_cycles_per_vreg: x, ..c.clone() };
+    let model = |c: &Coefficients, k: &Kernel| -> Result<f64, ProfileError> {
+        Ok(simulate(k, chip, c, &Inputs::default())?.cycles)
+    };
+    let vector = |c: &Coefficients, x: f64| Coefficients {
+        vpu_cycles_per_vreg: x,
+        eup_cycles_per_vreg: 2.0 * x,
+        xlu_cycles_per_vreg: x,
+        ldst_cycles_per_vreg: x,
+        ..c.clone()
+    };
     c = vector(&c, 0.0);
     for _ in 0..8 {
         // Cycles per byte, so that the model's cycles grow with it.
-        let per_byte = bisect(1e-5, 1e-2, cycles[0] as f64, |x| model(&Coefficients { hbm_bytes_per_cycle: 1.0 / x, ..c.clone() }, &kernels[0]))?;
+        let per_byte = bisect(1e-5, 1e-2, cycles[0] as f64, |x| {
+            model(&Coefficients { hbm_bytes_per_cycle: 1.0 / x, ..c.clone() }, &kernels[0])
+        })?;
         c.hbm_bytes_per_cycle = 1.0 / per_byte;
-        c.grid_step_cycles = bisect(0.0, 20_000.0, cycles[2] as f64, |x| model(&Coefficients { grid_step_cycles: x, ..c.clone() }, &kernels[2]))?;
+        c.grid_step_cycles = bisect(0.0, 20_000.0, cycles[2] as f64, |x| {
+            model(&Coefficients { grid_step_cycles: x, ..c.clone() }, &kernels[2])
+        })?;
         let factor = bisect(0.0, 8.0, cycles[1] as f64, |x| model(&vector(&c, x), &kernels[1]))?;
         c = vector(&c, factor);
-        c.mxu_row_cycles = bisect(0.0, 64.0, cycles[3] as f64, |x| model(&Coefficients { mxu_row_cycles: x, ..c.clone() }, &kernels[3]))?;
-        c.mxu_weight_cycles = bisect(0.0, 8192.0, cycles[4] as f64, |x| model(&Coefficients { mxu_weight_cycles: x, ..c.clone() }, &kernels[4]))?;
+        c.mxu_row_cycles = bisect(0.0, 64.0, cycles[3] as f64, |x| {
+            model(&Coefficients { mxu_row_cycles: x, ..c.clone() }, &kernels[3])
+        })?;
+        c.mxu_weight_cycles = bisect(0.0, 8192.0, cycles[4] as f64, |x| {
+            model(&Coefficients { mxu_weight_cycles: x, ..c.clone() }, &kernels[4])
+        })?;
     }
     c.kernel_call_cycles = cycles[5] as f64;
     let round = |x: f64| (x * 1e4).round() / 1e4;
-    for x in [&mut c.hbm_bytes_per_cycle, &mut c.dma_latency_cycles, &mut c.grid_step_cycles, &mut c.mxu_row_cycles, &mut c.mxu_weight_cycles, &mut c.vpu_cycles_per_vreg] {
+    for x in [
+        &mut c.hbm_bytes_per_cycle,
+        &mut c.dma_latency_cycles,
+        &mut c.grid_step_cycles,
+        &mut c.mxu_row_cycles,
+        &mut c.mxu_weight_cycles,
+        &mut c.vpu_cycles_per_vreg,
+    ] {
         *x = round(*x);
     }
     c = vector(&c, c.vpu_cycles_per_vreg);
@@ -251,18 +396,40 @@ fn fit_v7x(kernels: &[Kernel], cycles: &[u64], v6e: &Coefficients) -> Result<Chi
     )]);
     Ok(ChipCalibration {
         coefficients: c,
-        fitted: ["hbm_bytes_per_cycle", "vpu_cycles_per_vreg", "eup_cycles_per_vreg", "xlu_cycles_per_vreg", "ldst_cycles_per_vreg", "grid_step_cycles", "mxu_row_cycles", "mxu_weight_cycles"].map(String::from).to_vec(),
-        libtpu_cycles: V7X_CALIBRATION_KERNELS.iter().zip(cycles).map(|(k, &c)| (k.name.to_string(), c)).collect(),
+        fitted: [
+            "hbm_bytes_per_cycle",
+            "vpu_cycles_per_vreg",
+            "eup_cycles_per_vreg",
+            "xlu_cycles_per_vreg",
+            "ldst_cycles_per_vreg",
+            "grid_step_cycles",
+            "mxu_row_cycles",
+            "mxu_weight_cycles",
+        ]
+        .map(String::from)
+        .to_vec(),
+        libtpu_cycles: V7X_CALIBRATION_KERNELS
+            .iter()
+            .zip(cycles)
+            .map(|(k, &c)| (k.name.to_string(), c))
+            .collect(),
         derived,
     })
 }
 
 /// The `x` in `lo..hi` where the increasing `f(x)` reaches `target` (to 1e-4 relative), or
 /// an error saying the target is out of the model's reach.
-fn bisect(mut lo: f64, mut hi: f64, target: f64, f: impl Fn(f64) -> Result<f64, ProfileError>) -> Result<f64, ProfileError> {
+fn bisect(
+    mut lo: f64,
+    mut hi: f64,
+    target: f64,
+    f: impl Fn(f64) -> Result<f64, ProfileError>,
+) -> Result<f64, ProfileError> {
     let (flo, fhi) = (f(lo)?, f(hi)?);
     if !(flo <= target && target <= fhi) {
-        return Err(ProfileError::Calibration(format!("libtpu's {target} cycles are outside the model's range {flo:.0}..{fhi:.0} for this coefficient")));
+        return Err(ProfileError::Calibration(format!(
+            "libtpu's {target} cycles are outside the model's range {flo:.0}..{fhi:.0} for this coefficient"
+        )));
     }
     for _ in 0..60 {
         let mid = 0.5 * (lo + hi);

@@ -60,10 +60,25 @@ impl Engine {
 
     /// Issue a transfer moving `rate` bytes per cycle when alone on `resource`, its first
     /// byte `latency` cycles after `at`.
-    pub fn issue_at_rate(&mut self, at: f64, resource: Resource, bytes: f64, rate: f64, latency: f64) -> usize {
+    pub fn issue_at_rate(
+        &mut self,
+        at: f64,
+        resource: Resource,
+        bytes: f64,
+        rate: f64,
+        latency: f64,
+    ) -> usize {
         self.advance_to(at);
         let id = self.transfers.len();
-        self.transfers.push(Transfer { resource, bytes, rate, remaining: bytes, issued: at, ready: at + latency, done: None });
+        self.transfers.push(Transfer {
+            resource,
+            bytes,
+            rate,
+            remaining: bytes,
+            issued: at,
+            ready: at + latency,
+            done: None,
+        });
         self.active.push(id);
         id
     }
@@ -74,7 +89,10 @@ impl Engine {
     }
 
     fn moving(&self, r: Resource) -> usize {
-        self.active.iter().filter(|&&i| self.transfers[i].resource == r && self.transfers[i].ready <= self.t).count()
+        self.active
+            .iter()
+            .filter(|&&i| self.transfers[i].resource == r && self.transfers[i].ready <= self.t)
+            .count()
     }
 
     /// The next time something changes: a transfer becomes ready or one completes.
@@ -83,7 +101,11 @@ impl Engine {
             .iter()
             .map(|&i| {
                 let x = &self.transfers[i];
-                if x.ready > self.t { x.ready } else { self.t + x.remaining * self.moving(x.resource) as f64 / x.rate }
+                if x.ready > self.t {
+                    x.ready
+                } else {
+                    self.t + x.remaining * self.moving(x.resource) as f64 / x.rate
+                }
             })
             .min_by(f64::total_cmp)
     }
@@ -91,7 +113,8 @@ impl Engine {
     /// Move every transfer on to time `to` (no event may lie strictly between).
     fn progress(&mut self, to: f64) {
         let dt = to - self.t;
-        let sharing: Vec<usize> = self.active.iter().map(|&i| self.moving(self.transfers[i].resource)).collect();
+        let sharing: Vec<usize> =
+            self.active.iter().map(|&i| self.moving(self.transfers[i].resource)).collect();
         for (&i, &n) in self.active.iter().zip(&sharing) {
             let rate = self.transfers[i].rate;
             let x = &mut self.transfers[i];
@@ -99,7 +122,10 @@ impl Engine {
                 x.remaining -= dt * rate / n as f64;
             }
             // Done when what is left would take no representable time at `to`.
-            if x.ready <= self.t && (x.remaining <= EPS_BYTES * x.bytes.max(1.0) || x.remaining * n as f64 / rate <= 1e-12 * to.max(1.0)) {
+            if x.ready <= self.t
+                && (x.remaining <= EPS_BYTES * x.bytes.max(1.0)
+                    || x.remaining * n as f64 / rate <= 1e-12 * to.max(1.0))
+            {
                 x.done = Some(to);
             }
         }
@@ -124,7 +150,11 @@ impl Engine {
     /// Simulate until one of `ids` is done (at once if one is); which, and when.
     pub fn until_any(&mut self, ids: &[usize]) -> Option<(usize, f64)> {
         loop {
-            if let Some((&id, t)) = ids.iter().filter_map(|i| self.transfers[*i].done.map(|t| (i, t))).min_by(|a, b| a.1.total_cmp(&b.1)) {
+            if let Some((&id, t)) = ids
+                .iter()
+                .filter_map(|i| self.transfers[*i].done.map(|t| (i, t)))
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+            {
                 return Some((id, t));
             }
             let next = self.next_event()?;

@@ -184,7 +184,12 @@ impl Timeline {
 
     /// As [`Timeline::collective_cycles`], over the remote transfers `keep` selects.
     pub fn remote_cycles(&self, keep: impl Fn(&DmaEvent) -> bool) -> f64 {
-        let mut spans: Vec<(f64, f64)> = self.dmas.iter().filter(|d| d.is_remote() && keep(d)).map(|d| (d.issued, d.done)).collect();
+        let mut spans: Vec<(f64, f64)> = self
+            .dmas
+            .iter()
+            .filter(|d| d.is_remote() && keep(d))
+            .map(|d| (d.issued, d.done))
+            .collect();
         spans.sort_by(|a, b| a.0.total_cmp(&b.0));
         let (mut total, mut end) = (0.0, f64::NEG_INFINITY);
         for (a, b) in spans {
@@ -202,9 +207,19 @@ impl Timeline {
 }
 
 /// Profile one call of `kernel` on `chip` with the coefficients `c`.
-pub fn simulate(kernel: &Kernel, chip: Chip, c: &Coefficients, inputs: &Inputs) -> Result<Timeline, ProfileError> {
+pub fn simulate(
+    kernel: &Kernel,
+    chip: Chip,
+    c: &Coefficients,
+    inputs: &Inputs,
+) -> Result<Timeline, ProfileError> {
     let mut w = Walker::new(kernel, chip, c);
-    let links = w.links.as_ref().map(|l| Links { devices: l.0, hop_latency_cycles: l.1.hop_latency * w.target.clock_hz, source: l.1.source, planner_collective_cycles: None });
+    let links = w.links.as_ref().map(|l| Links {
+        devices: l.0,
+        hop_latency_cycles: l.1.hop_latency * w.target.clock_hz,
+        source: l.1.source,
+        planner_collective_cycles: None,
+    });
     if let Some(l) = &links {
         w.assumptions.insert(
             format!(
@@ -299,7 +314,14 @@ impl<'k> Walker<'k> {
         }
         let target = chip.target();
         let devices = k.call.devices();
-        let links = (devices > 1).then(|| target.ici.ring_hop(devices as u32, target.devices_per_chip(), 0).map(|hop| (devices, hop))).flatten();
+        let links = (devices > 1)
+            .then(|| {
+                target
+                    .ici
+                    .ring_hop(devices as u32, target.devices_per_chip(), 0)
+                    .map(|hop| (devices, hop))
+            })
+            .flatten();
         Walker {
             k,
             c,
@@ -311,7 +333,11 @@ impl<'k> Walker<'k> {
             smem: HashMap::new(),
             sems: HashMap::new(),
             names,
-            engine: Engine::new(c.hbm_bytes_per_cycle, c.local_dma_bytes_per_cycle, c.dma_latency_cycles),
+            engine: Engine::new(
+                c.hbm_bytes_per_cycle,
+                c.local_dma_bytes_per_cycle,
+                c.dma_latency_cycles,
+            ),
             loops: Vec::new(),
             open: None,
             compute: Vec::new(),
@@ -338,25 +364,43 @@ impl<'k> Walker<'k> {
     }
 
     fn context(&self) -> String {
-        self.loops.iter().map(|&(op, i)| format!("{}={i}", short_loc(self.k, op))).collect::<Vec<_>>().join(" ")
+        self.loops
+            .iter()
+            .map(|&(op, i)| format!("{}={i}", short_loc(self.k, op)))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     fn bind_prefetch(&mut self, inputs: &Inputs) -> Result<(), ProfileError> {
         let params = &self.k.blocks[self.k.entry].params;
         let first = self.k.call.grid.len();
         for (name, _) in &inputs.prefetch {
-            if !self.k.call.operands.iter().any(|o| o.role == OperandRole::Prefetch && &o.name == name) {
-                return Err(ProfileError::Prefetch { name: name.clone(), why: format!("`{}` has no scalar-prefetch operand of that name", self.k.name) });
+            if !self
+                .k
+                .call
+                .operands
+                .iter()
+                .any(|o| o.role == OperandRole::Prefetch && &o.name == name)
+            {
+                return Err(ProfileError::Prefetch {
+                    name: name.clone(),
+                    why: format!("`{}` has no scalar-prefetch operand of that name", self.k.name),
+                });
             }
         }
         // Prefetch operands come first in the call, so operand i is entry parameter
         // `grid + i` and parameter `grid + i` of every index map.
         let maps: Vec<Block> = self.k.call.operands.iter().filter_map(|o| o.index_map).collect();
-        for (i, o) in self.k.call.operands.iter().enumerate().filter(|(_, o)| o.role == OperandRole::Prefetch) {
+        for (i, o) in
+            self.k.call.operands.iter().enumerate().filter(|(_, o)| o.role == OperandRole::Prefetch)
+        {
             let Some(values) = inputs.prefetch.get(&o.name) else { continue };
             let want = o.shape.num_elements() as usize;
             if values.len() != want {
-                return Err(ProfileError::Prefetch { name: o.name.clone(), why: format!("{} values given, the operand has {want}", values.len()) });
+                return Err(ProfileError::Prefetch {
+                    name: o.name.clone(),
+                    why: format!("{} values given, the operand has {want}", values.len()),
+                });
             }
             self.prefetch.insert(params[first + i], values.clone());
             for &map in &maps {
@@ -376,7 +420,13 @@ impl<'k> Walker<'k> {
         }
         if self.open.is_none() {
             let loc = op.map_or_else(|| "pipeline".to_string(), |op| short_loc(self.k, op));
-            self.open = Some(ComputeSpan { start: self.now, end: self.now, units: [0.0; 6], loc, context: self.context() });
+            self.open = Some(ComputeSpan {
+                start: self.now,
+                end: self.now,
+                units: [0.0; 6],
+                loc,
+                context: self.context(),
+            });
         }
         let span = self.open.as_mut().expect("opened above");
         span.units[Unit::ALL.iter().position(|&u| u == unit).unwrap_or(0)] += cycles;
@@ -391,16 +441,40 @@ impl<'k> Walker<'k> {
         }
     }
 
-    fn issue(&mut self, resource: Resource, bytes: u64, src: String, dst: String, loc: String) -> usize {
+    fn issue(
+        &mut self,
+        resource: Resource,
+        bytes: u64,
+        src: String,
+        dst: String,
+        loc: String,
+    ) -> usize {
         self.flush();
         let id = self.engine.issue(self.now, resource, bytes as f64);
         self.record(id, resource, bytes, src, dst, loc);
         id
     }
 
-    fn record(&mut self, id: usize, resource: Resource, bytes: u64, src: String, dst: String, loc: String) {
+    fn record(
+        &mut self,
+        id: usize,
+        resource: Resource,
+        bytes: u64,
+        src: String,
+        dst: String,
+        loc: String,
+    ) {
         self.event_of.insert(id, self.dmas.len());
-        self.dmas.push(DmaEvent { src, dst, bytes, resource, issued: self.now, done: f64::NAN, loc, context: self.context() });
+        self.dmas.push(DmaEvent {
+            src,
+            dst,
+            bytes,
+            resource,
+            issued: self.now,
+            done: f64::NAN,
+            loc,
+            context: self.context(),
+        });
         self.dma_ids.push(id);
     }
 
@@ -408,42 +482,77 @@ impl<'k> Walker<'k> {
     /// `to` on the port that leads there (see the crate doc): the less busy of the two when
     /// both ring neighbours are `to` (two devices), a route of its own for a device that is
     /// no neighbour. A copy to this device itself is an on-chip copy.
-    fn issue_remote(&mut self, op: Op, to: i64, bytes: u64, src: String, dst: String) -> Result<usize, ProfileError> {
+    fn issue_remote(
+        &mut self,
+        op: Op,
+        to: i64,
+        bytes: u64,
+        src: String,
+        dst: String,
+    ) -> Result<usize, ProfileError> {
         let loc = short_loc(self.k, op);
         let n = self.k.call.devices() as i64;
         if !(0..n).contains(&to) {
-            return Err(self.unsupported(Some(op), format!("targets device {to}; the mesh has {n}")));
+            return Err(
+                self.unsupported(Some(op), format!("targets device {to}; the mesh has {n}"))
+            );
         }
         if to == 0 {
             return Ok(self.issue(Resource::Local, bytes, src, dst, loc));
         }
         let Some((devices, _)) = self.links else {
-            return Err(self.unsupported(Some(op), format!("{} publishes no ICI link figure: its remote copies cannot be priced", self.target.chip)));
+            return Err(self.unsupported(
+                Some(op),
+                format!(
+                    "{} publishes no ICI link figure: its remote copies cannot be priced",
+                    self.target.chip
+                ),
+            ));
         };
         let (right, left) = (1 % n, n - 1);
         let port = match (to == right, to == left) {
-            (true, true) => u32::from(self.engine.in_flight(Resource::Link(1)) < self.engine.in_flight(Resource::Link(0))),
+            (true, true) => u32::from(
+                self.engine.in_flight(Resource::Link(1)) < self.engine.in_flight(Resource::Link(0)),
+            ),
             (true, false) => 0,
             (false, true) => 1,
             _ => 2 + to as u32,
         };
-        let hop = self.target.ici.ring_hop(devices as u32, self.target.devices_per_chip(), bytes).expect("priced when the walker was made");
+        let hop = self
+            .target
+            .ici
+            .ring_hop(devices as u32, self.target.devices_per_chip(), bytes)
+            .expect("priced when the walker was made");
         self.flush();
         let clock = self.target.clock_hz;
-        let id = self.engine.issue_at_rate(self.now, Resource::Link(port), bytes as f64, hop.bandwidth / clock, hop.hop_latency * clock);
+        let id = self.engine.issue_at_rate(
+            self.now,
+            Resource::Link(port),
+            bytes as f64,
+            hop.bandwidth / clock,
+            hop.hop_latency * clock,
+        );
         self.record(id, Resource::Link(port), bytes, src, dst, loc);
         Ok(id)
     }
 
     /// Take `need` (bytes or signals) from semaphore `key`, stalling until transfers on it
     /// have brought them; a wait nothing in flight will satisfy is an error.
-    fn acquire(&mut self, op: Op, key: (Value, i64), need: f64, sem: Value, what: &str) -> Result<(), ProfileError> {
+    fn acquire(
+        &mut self,
+        op: Op,
+        key: (Value, i64),
+        need: f64,
+        sem: Value,
+        what: &str,
+    ) -> Result<(), ProfileError> {
         self.flush();
         self.engine.advance_to(self.now);
         loop {
             let st = self.sems.entry(key).or_default();
             let transfers = &self.engine.transfers;
-            let (done, pending): (Vec<_>, Vec<_>) = st.pending.iter().copied().partition(|&(i, _)| transfers[i].done.is_some());
+            let (done, pending): (Vec<_>, Vec<_>) =
+                st.pending.iter().copied().partition(|&(i, _)| transfers[i].done.is_some());
             st.count += done.iter().map(|&(_, n)| n).sum::<f64>();
             st.pending = pending;
             if st.count >= need - 0.5 {
@@ -464,7 +573,13 @@ impl<'k> Walker<'k> {
         self.flush();
         let (id, t) = self.engine.until_any(ids)?;
         if t > self.now {
-            self.waits.push(Wait { start: self.now, end: t, dma: self.event_of[&id], loc, context: self.context() });
+            self.waits.push(Wait {
+                start: self.now,
+                end: t,
+                dma: self.event_of[&id],
+                loc,
+                context: self.context(),
+            });
             self.now = t;
         }
         Some(id)
@@ -532,7 +647,9 @@ impl<'k> Walker<'k> {
 
     fn sem_key(&self, op: Op, sem: Value) -> Result<(Value, i64), ProfileError> {
         let loc = self.locate(sem);
-        let flat = self.flat(&loc).ok_or_else(|| self.unsupported(Some(op), "the semaphore's index depends on run-time data"))?;
+        let flat = self.flat(&loc).ok_or_else(|| {
+            self.unsupported(Some(op), "the semaphore's index depends on run-time data")
+        })?;
         Ok((loc.root, flat))
     }
 
@@ -581,11 +698,15 @@ impl<'k> Walker<'k> {
             .map(|(i, o)| Window {
                 operand: i,
                 role: o.role,
-                bytes: (o.window_shape().num_elements() * u64::from(o.dtype.memory_bits())).div_ceil(8),
+                bytes: (o.window_shape().num_elements() * u64::from(o.dtype.memory_bits()))
+                    .div_ceil(8),
                 synchronous: o.pipeline_mode == Some(PipelineMode::Buffered(1)),
             })
             .collect();
-        let block_index = |w: &mut Self, s: u64, operand: usize| -> Result<Option<Vec<Option<i64>>>, ProfileError> {
+        let block_index = |w: &mut Self,
+                           s: u64,
+                           operand: usize|
+         -> Result<Option<Vec<Option<i64>>>, ProfileError> {
             let Some(map) = k.call.operands[operand].index_map else { return Ok(Some(vec![])) };
             let p = point(s);
             for (param, x) in k.blocks[map].params.iter().zip(&p) {
@@ -607,7 +728,13 @@ impl<'k> Walker<'k> {
         let mut writeback: Vec<Option<usize>> = vec![None; windows.len()];
         for (i, win) in windows.iter().enumerate() {
             if win.role == OperandRole::Input {
-                fetch[i] = Some(self.issue(Resource::Hbm, win.bytes, k.call.operands[win.operand].name.clone(), "window".into(), pipeline.clone()));
+                fetch[i] = Some(self.issue(
+                    Resource::Hbm,
+                    win.bytes,
+                    k.call.operands[win.operand].name.clone(),
+                    "window".into(),
+                    pipeline.clone(),
+                ));
             }
         }
         let params = k.blocks[k.entry].params.clone();
@@ -623,20 +750,46 @@ impl<'k> Walker<'k> {
             }
             let last = s + 1 == steps;
             for (i, win) in windows.iter().enumerate() {
-                if win.role == OperandRole::Input && !win.synchronous && !last && changes(self, s, win.operand)? {
-                    fetch[i] = Some(self.issue(Resource::Hbm, win.bytes, k.call.operands[win.operand].name.clone(), "window".into(), pipeline.clone()));
+                if win.role == OperandRole::Input
+                    && !win.synchronous
+                    && !last
+                    && changes(self, s, win.operand)?
+                {
+                    fetch[i] = Some(self.issue(
+                        Resource::Hbm,
+                        win.bytes,
+                        k.call.operands[win.operand].name.clone(),
+                        "window".into(),
+                        pipeline.clone(),
+                    ));
                 }
             }
             self.run_block(k.entry)?;
             for (i, win) in windows.iter().enumerate() {
-                if win.role == OperandRole::Input && win.synchronous && !last && changes(self, s, win.operand)? {
-                    fetch[i] = Some(self.issue(Resource::Hbm, win.bytes, k.call.operands[win.operand].name.clone(), "window".into(), pipeline.clone()));
+                if win.role == OperandRole::Input
+                    && win.synchronous
+                    && !last
+                    && changes(self, s, win.operand)?
+                {
+                    fetch[i] = Some(self.issue(
+                        Resource::Hbm,
+                        win.bytes,
+                        k.call.operands[win.operand].name.clone(),
+                        "window".into(),
+                        pipeline.clone(),
+                    ));
                 }
                 if win.role == OperandRole::Output && (last || changes(self, s, win.operand)?) {
                     if let Some(id) = writeback[i].take() {
                         self.wait_for(&[id], pipeline.clone());
                     }
-                    writeback[i] = Some(self.issue(Resource::Hbm, win.bytes, "window".into(), k.call.operands[win.operand].name.clone(), pipeline.clone()));
+                    writeback[i] = Some(self.issue(
+                        Resource::Hbm,
+                        win.bytes,
+                        "window".into(),
+                        k.call.operands[win.operand].name.clone(),
+                        pipeline.clone(),
+                    ));
                 }
             }
             self.flush();
@@ -685,8 +838,12 @@ impl<'k> Walker<'k> {
                 };
                 self.set(k.result(op), x);
             }
-            OpData::ProgramId { axis } => self.set(k.result(op), self.grid_idx.get(*axis as usize).copied()),
-            OpData::NumPrograms { axis } => self.set(k.result(op), k.call.grid.get(*axis as usize).map(|g| g.extent as i64)),
+            OpData::ProgramId { axis } => {
+                self.set(k.result(op), self.grid_idx.get(*axis as usize).copied())
+            }
+            OpData::NumPrograms { axis } => {
+                self.set(k.result(op), k.call.grid.get(*axis as usize).map(|g| g.extent as i64))
+            }
             OpData::Binary { op: bop, lhs, rhs } if scalar_result => {
                 let x = self.int(*lhs).zip(self.int(*rhs)).and_then(|(a, b)| match bop {
                     B::Add => a.checked_add(b),
@@ -719,7 +876,9 @@ impl<'k> Walker<'k> {
                 self.set(k.result(op), x);
             }
             OpData::Select { cond, on_true, on_false } if scalar_result => {
-                let x = self.int(*cond).and_then(|c| if c != 0 { self.int(*on_true) } else { self.int(*on_false) });
+                let x = self
+                    .int(*cond)
+                    .and_then(|c| if c != 0 { self.int(*on_true) } else { self.int(*on_false) });
                 self.set(k.result(op), x);
             }
             OpData::Unary { op: uop, x } if scalar_result => {
@@ -757,14 +916,21 @@ impl<'k> Walker<'k> {
                 }
             }
             OpData::DmaStart { src, dst, sem, remote: None, .. } => {
-                let resource = if self.space_is_hbm(*src) || self.space_is_hbm(*dst) { Resource::Hbm } else { Resource::Local };
+                let resource = if self.space_is_hbm(*src) || self.space_is_hbm(*dst) {
+                    Resource::Hbm
+                } else {
+                    Resource::Local
+                };
                 let key = self.sem_key(op, *sem)?;
                 let bytes = self.ref_bytes(*src);
-                let id = self.issue(resource, bytes, self.name(*src), self.name(*dst), short_loc(k, op));
+                let id =
+                    self.issue(resource, bytes, self.name(*src), self.name(*dst), short_loc(k, op));
                 self.sems.entry(key).or_default().pending.push((id, bytes as f64));
             }
             OpData::DmaStart { src, dst, sem, remote: Some(remote), .. } => {
-                let to = self.int(remote.device_id).ok_or_else(|| self.unsupported(Some(op), "the target device depends on run-time data"))?;
+                let to = self.int(remote.device_id).ok_or_else(|| {
+                    self.unsupported(Some(op), "the target device depends on run-time data")
+                })?;
                 if self.space_is_hbm(*src) || self.space_is_hbm(*dst) {
                     *self.assumptions.entry(format!("remote copy at {} touches HBM: its bytes are charged to the ICI link only, not to the HBM bandwidth", short_loc(k, op))).or_default() += 1;
                 }
@@ -772,7 +938,13 @@ impl<'k> Walker<'k> {
                 // outgoing copy has left (on the send semaphore): one transfer signals both.
                 let (recv, send) = (self.sem_key(op, *sem)?, self.sem_key(op, remote.send_sem)?);
                 let bytes = self.ref_bytes(*src);
-                let id = self.issue_remote(op, to, bytes, self.name(*src), format!("{} on device {to}", self.name(*dst)))?;
+                let id = self.issue_remote(
+                    op,
+                    to,
+                    bytes,
+                    self.name(*src),
+                    format!("{} on device {to}", self.name(*dst)),
+                )?;
                 for key in [send, recv] {
                     self.sems.entry(key).or_default().pending.push((id, bytes as f64));
                 }
@@ -784,20 +956,35 @@ impl<'k> Walker<'k> {
             }
             OpData::SemSignal { sem, amount, device_id } => {
                 let key = self.sem_key(op, *sem)?;
-                let n = self.int(*amount).ok_or_else(|| self.unsupported(Some(op), "the signal amount depends on run-time data"))? as f64;
+                let n = self.int(*amount).ok_or_else(|| {
+                    self.unsupported(Some(op), "the signal amount depends on run-time data")
+                })? as f64;
                 match device_id {
                     None => self.sems.entry(key).or_default().count += n,
                     Some(d) => {
                         // By symmetry this device receives the same signal when its own lands.
-                        let to = self.int(*d).ok_or_else(|| self.unsupported(Some(op), "the signalled device depends on run-time data"))?;
-                        let id = self.issue_remote(op, to, 0, format!("signal {}", self.name(*sem)), format!("{} on device {to}", self.name(*sem)))?;
+                        let to = self.int(*d).ok_or_else(|| {
+                            self.unsupported(
+                                Some(op),
+                                "the signalled device depends on run-time data",
+                            )
+                        })?;
+                        let id = self.issue_remote(
+                            op,
+                            to,
+                            0,
+                            format!("signal {}", self.name(*sem)),
+                            format!("{} on device {to}", self.name(*sem)),
+                        )?;
                         self.sems.entry(key).or_default().pending.push((id, n));
                     }
                 }
             }
             OpData::SemWait { sem, amount } => {
                 let key = self.sem_key(op, *sem)?;
-                let n = self.int(*amount).ok_or_else(|| self.unsupported(Some(op), "the wait amount depends on run-time data"))? as f64;
+                let n = self.int(*amount).ok_or_else(|| {
+                    self.unsupported(Some(op), "the wait amount depends on run-time data")
+                })? as f64;
                 self.acquire(op, key, n, *sem, "signals")?;
             }
             // Device 0 of the mesh is profiled (see the crate doc).
@@ -806,7 +993,13 @@ impl<'k> Walker<'k> {
                 let taken = match self.int(*cond) {
                     Some(c) => c != 0,
                     None => {
-                        *self.assumptions.entry(format!("`if` at {} on run-time data: assumed taken", short_loc(k, op))).or_default() += 1;
+                        *self
+                            .assumptions
+                            .entry(format!(
+                                "`if` at {} on run-time data: assumed taken",
+                                short_loc(k, op)
+                            ))
+                            .or_default() += 1;
                         true
                     }
                 };
@@ -814,14 +1007,21 @@ impl<'k> Walker<'k> {
                 self.bind_results(op, &values);
             }
             OpData::For { lower, upper, step, init, body } => {
-                let bound = |v: Value, what: &str| self.int(v).ok_or_else(|| self.unsupported(Some(op), format!("the loop's {what} depends on run-time data; give it (e.g. the scalar-prefetch values) or use a static-bound variant")));
-                let (lo, hi, st) = (bound(*lower, "lower bound")?, bound(*upper, "upper bound")?, bound(*step, "step")?);
+                let bound = |v: Value, what: &str| {
+                    self.int(v).ok_or_else(|| self.unsupported(Some(op), format!("the loop's {what} depends on run-time data; give it (e.g. the scalar-prefetch values) or use a static-bound variant")))
+                };
+                let (lo, hi, st) = (
+                    bound(*lower, "lower bound")?,
+                    bound(*upper, "upper bound")?,
+                    bound(*step, "step")?,
+                );
                 if st <= 0 {
                     return Err(self.unsupported(Some(op), format!("loop step {st}")));
                 }
                 let params = k.blocks[*body].params.clone();
                 let mut carried: Vec<Option<i64>> = init.iter().map(|&v| self.int(v)).collect();
-                let outermost = self.loops.is_empty() && k.call.grid.iter().map(|g| g.extent).product::<u64>() <= 1;
+                let outermost = self.loops.is_empty()
+                    && k.call.grid.iter().map(|g| g.extent).product::<u64>() <= 1;
                 let mut i = lo;
                 while i < hi {
                     let start = self.now;
@@ -836,7 +1036,11 @@ impl<'k> Walker<'k> {
                     self.spend(Some(op), Unit::Scalar, self.c.scalar_cycles);
                     if outermost && !self.silent {
                         self.flush();
-                        self.sections.push(Section { start, end: self.now, label: format!("{} i={i}", short_loc(k, op)) });
+                        self.sections.push(Section {
+                            start,
+                            end: self.now,
+                            label: format!("{} i={i}", short_loc(k, op)),
+                        });
                     }
                     i += st;
                 }
@@ -852,7 +1056,12 @@ impl<'k> Walker<'k> {
                     match c.first().copied().flatten() {
                         Some(0) => break,
                         Some(_) => {}
-                        None => return Err(self.unsupported(Some(op), "the while loop's condition depends on run-time data")),
+                        None => {
+                            return Err(self.unsupported(
+                                Some(op),
+                                "the while loop's condition depends on run-time data",
+                            ));
+                        }
                     }
                     for (p, x) in k.blocks[*body].params.clone().iter().zip(&carried) {
                         self.set(*p, *x);

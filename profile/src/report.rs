@@ -25,7 +25,12 @@ pub fn trace_json(t: &Timeline) -> Json {
         json!({"ph": "M", "name": "thread_name", "pid": CORE_PID, "tid": 3, "args": {"name": "sections"}}),
     ];
     for s in &t.compute {
-        let units: IndexMap<&str, f64> = Unit::ALL.iter().zip(s.units).filter(|(_, c)| *c > 0.0).map(|(u, c)| (u.name(), c)).collect();
+        let units: IndexMap<&str, f64> = Unit::ALL
+            .iter()
+            .zip(s.units)
+            .filter(|(_, c)| *c > 0.0)
+            .map(|(u, c)| (u.name(), c))
+            .collect();
         events.push(json!({"ph": "X", "name": s.dominant().name(), "cat": "compute", "pid": CORE_PID, "tid": 1, "ts": us(s.start), "dur": us(s.end - s.start),
             "args": {"cycles": units, "at": s.loc, "context": s.context}}));
     }
@@ -58,7 +63,14 @@ pub fn trace_json(t: &Timeline) -> Json {
 
 fn cause(t: &Timeline, w: &Wait) -> String {
     let d = &t.dmas[w.dma];
-    format!("{} -> {} ({} bytes, started at {}{})", d.src, d.dst, d.bytes, d.loc, if d.context.is_empty() { String::new() } else { format!(" in {}", d.context) })
+    format!(
+        "{} -> {} ({} bytes, started at {}{})",
+        d.src,
+        d.dst,
+        d.bytes,
+        d.loc,
+        if d.context.is_empty() { String::new() } else { format!(" in {}", d.context) }
+    )
 }
 
 /// Bubbles grouped by the transfer that ended them (source -> destination) and the wait;
@@ -79,7 +91,9 @@ fn bubbles_by_cause(t: &Timeline) -> Vec<(String, u64, f64)> {
 
 fn largest_bubbles(t: &Timeline, n: usize) -> Vec<&Wait> {
     let mut w: Vec<&Wait> = t.waits.iter().collect();
-    w.sort_by(|a, b| (b.end - b.start).total_cmp(&(a.end - a.start)).then(a.start.total_cmp(&b.start)));
+    w.sort_by(|a, b| {
+        (b.end - b.start).total_cmp(&(a.end - a.start)).then(a.start.total_cmp(&b.start))
+    });
     w.truncate(n);
     w
 }
@@ -137,13 +151,43 @@ pub fn summary_json(t: &Timeline) -> Json {
 pub fn summary_text(t: &Timeline) -> String {
     let mut s = String::new();
     let bubble_cycles: f64 = t.waits.iter().map(|w| w.end - w.start).sum();
-    let _ = writeln!(s, "profile: {} on {} (model: DMAs share {:.1} HBM bytes/cycle, compute per op; calibrated against libtpu's estimates)", t.kernel, t.chip, t.hbm_bytes_per_cycle);
-    let _ = writeln!(s, "  step time        {:.0} cycles ({:.1} us at {:.2} GHz)", t.cycles, t.micros(t.cycles), t.clock_hz / 1e9);
-    let _ = writeln!(s, "  HBM              {:.3} GB in {} DMAs; efficiency {:.3} (bytes / bandwidth / step time)", t.hbm_bytes() as f64 / 1e9, t.dmas.len(), t.hbm_efficiency());
+    let _ = writeln!(
+        s,
+        "profile: {} on {} (model: DMAs share {:.1} HBM bytes/cycle, compute per op; calibrated against libtpu's estimates)",
+        t.kernel, t.chip, t.hbm_bytes_per_cycle
+    );
+    let _ = writeln!(
+        s,
+        "  step time        {:.0} cycles ({:.1} us at {:.2} GHz)",
+        t.cycles,
+        t.micros(t.cycles),
+        t.clock_hz / 1e9
+    );
+    let _ = writeln!(
+        s,
+        "  HBM              {:.3} GB in {} DMAs; efficiency {:.3} (bytes / bandwidth / step time)",
+        t.hbm_bytes() as f64 / 1e9,
+        t.dmas.len(),
+        t.hbm_efficiency()
+    );
     let b = busy(t);
-    let units: Vec<String> = Unit::ALL.iter().zip(b).filter(|(_, c)| *c > 0.0).map(|(u, c)| format!("{} {:.0}", u.name(), c)).collect();
-    let _ = writeln!(s, "  core busy        {:.0} cycles; per unit (they overlap): {}", t.compute.iter().map(|c| c.end - c.start).sum::<f64>(), units.join(", "));
-    let _ = writeln!(s, "  HBM stream       {:.0} cycles (bytes / bandwidth: the step's floor)", t.hbm_stream_cycles());
+    let units: Vec<String> = Unit::ALL
+        .iter()
+        .zip(b)
+        .filter(|(_, c)| *c > 0.0)
+        .map(|(u, c)| format!("{} {:.0}", u.name(), c))
+        .collect();
+    let _ = writeln!(
+        s,
+        "  core busy        {:.0} cycles; per unit (they overlap): {}",
+        t.compute.iter().map(|c| c.end - c.start).sum::<f64>(),
+        units.join(", ")
+    );
+    let _ = writeln!(
+        s,
+        "  HBM stream       {:.0} cycles (bytes / bandwidth: the step's floor)",
+        t.hbm_stream_cycles()
+    );
     if let Some(l) = &t.links {
         let _ = writeln!(
             s,
@@ -155,18 +199,40 @@ pub fn summary_text(t: &Timeline) -> String {
             l.hop_latency_cycles
         );
         if let Some(p) = l.planner_collective_cycles {
-            let _ = writeln!(s, "  planner          {p:.0} cycles of collectives per step modelled by the planner (both ring directions at once, unpadded rows, one latency per collective); the timeline's {:.0} / the planner's = {:.2}", t.collective_cycles(), t.collective_cycles() / p);
+            let _ = writeln!(
+                s,
+                "  planner          {p:.0} cycles of collectives per step modelled by the planner (both ring directions at once, unpadded rows, one latency per collective); the timeline's {:.0} / the planner's = {:.2}",
+                t.collective_cycles(),
+                t.collective_cycles() / p
+            );
         }
     }
     let (local, collective) = bubble_split(t);
-    let _ = writeln!(s, "  bubbles          {:.0} cycles ({:.1}% of the step) in {} waits: {:.0} on HBM or on-chip copies, {:.0} on collectives", bubble_cycles, 100.0 * bubble_cycles / t.cycles, t.waits.len(), local, collective);
+    let _ = writeln!(
+        s,
+        "  bubbles          {:.0} cycles ({:.1}% of the step) in {} waits: {:.0} on HBM or on-chip copies, {:.0} on collectives",
+        bubble_cycles,
+        100.0 * bubble_cycles / t.cycles,
+        t.waits.len(),
+        local,
+        collective
+    );
     let _ = writeln!(s, "bubbles by cause:");
     for (c, n, cy) in bubbles_by_cause(t).iter().take(12) {
         let _ = writeln!(s, "  {cy:>12.0} cycles {n:>6} waits  {c}");
     }
     let _ = writeln!(s, "largest bubbles:");
     for (i, w) in largest_bubbles(t, 3).iter().enumerate() {
-        let _ = writeln!(s, "  {}. {:.0} cycles at cycle {:.0} (wait at {}{}): {}", i + 1, w.end - w.start, w.start, w.loc, if w.context.is_empty() { String::new() } else { format!(", {}", w.context) }, cause(t, w));
+        let _ = writeln!(
+            s,
+            "  {}. {:.0} cycles at cycle {:.0} (wait at {}{}): {}",
+            i + 1,
+            w.end - w.start,
+            w.start,
+            w.loc,
+            if w.context.is_empty() { String::new() } else { format!(", {}", w.context) },
+            cause(t, w)
+        );
     }
     if !t.assumptions.is_empty() {
         let _ = writeln!(s, "assumptions:");
@@ -182,7 +248,12 @@ fn row(svg: &mut String, y: f64, h: f64, scale: f64, mut spans: Vec<(f64, f64, &
     spans.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut cur: Option<(f64, f64, &str)> = None;
     let emit = |svg: &mut String, (a, b, color): (f64, f64, &str)| {
-        let _ = writeln!(svg, r#"<rect x="{:.2}" y="{y:.1}" width="{:.2}" height="{h:.1}" fill="{color}"/>"#, 160.0 + a * scale, ((b - a) * scale).max(0.5));
+        let _ = writeln!(
+            svg,
+            r#"<rect x="{:.2}" y="{y:.1}" width="{:.2}" height="{h:.1}" fill="{color}"/>"#,
+            160.0 + a * scale,
+            ((b - a) * scale).max(0.5)
+        );
     };
     for sp in spans {
         cur = match cur {
@@ -203,7 +274,8 @@ fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
-const PALETTE: [&str; 8] = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#bab0ac"];
+const PALETTE: [&str; 8] =
+    ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#bab0ac"];
 
 /// The SVG timeline: HBM occupancy (one row per DMA source, colored by it), compute by
 /// dominant unit, waits, and the sections (grid steps or the outermost loop's iterations).
@@ -212,18 +284,36 @@ pub fn svg(t: &Timeline) -> String {
     let scale = width / t.cycles.max(1.0);
     let mut sources: IndexMap<String, Vec<(f64, f64, &str)>> = IndexMap::new();
     for d in &t.dmas {
-        let name = if d.is_remote() { format!("ICI {}", d.src) } else if d.src == "window" { d.dst.clone() } else { d.src.clone() };
+        let name = if d.is_remote() {
+            format!("ICI {}", d.src)
+        } else if d.src == "window" {
+            d.dst.clone()
+        } else {
+            d.src.clone()
+        };
         sources.entry(name).or_default().push((d.issued, d.done, ""));
     }
     let colors: Vec<&str> = (0..sources.len()).map(|i| PALETTE[i % PALETTE.len()]).collect();
     let rows = sources.len() + 3;
     let height = 60.0 + rows as f64 * 26.0;
     let mut s = String::new();
-    let _ = writeln!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="11">"#, width + 180.0);
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="11">"#,
+        width + 180.0
+    );
     let _ = writeln!(
         s,
         r#"<text x="4" y="16">{}</text>"#,
-        escape(&format!("{} on {}: {:.0} cycles ({:.1} us), HBM efficiency {:.3}, bubbles {:.0} cycles", t.kernel, t.chip, t.cycles, t.micros(t.cycles), t.hbm_efficiency(), t.waits.iter().map(|w| w.end - w.start).sum::<f64>()))
+        escape(&format!(
+            "{} on {}: {:.0} cycles ({:.1} us), HBM efficiency {:.3}, bubbles {:.0} cycles",
+            t.kernel,
+            t.chip,
+            t.cycles,
+            t.micros(t.cycles),
+            t.hbm_efficiency(),
+            t.waits.iter().map(|w| w.end - w.start).sum::<f64>()
+        ))
     );
     let mut y = 30.0;
     let label = |s: &mut String, y: f64, text: &str| {
@@ -243,14 +333,27 @@ pub fn svg(t: &Timeline) -> String {
         Unit::LoadStore => "#edc948",
         Unit::Scalar => "#9c755f",
     };
-    row(&mut s, y, 18.0, scale, t.compute.iter().map(|c| (c.start, c.end, unit_color(c.dominant()))).collect());
+    row(
+        &mut s,
+        y,
+        18.0,
+        scale,
+        t.compute.iter().map(|c| (c.start, c.end, unit_color(c.dominant()))).collect(),
+    );
     y += 26.0;
     label(&mut s, y, "waits (bubbles)");
     row(&mut s, y, 18.0, scale, t.waits.iter().map(|w| (w.start, w.end, "#d62728")).collect());
     y += 26.0;
     label(&mut s, y, "sections");
     for (i, sec) in t.sections.iter().enumerate() {
-        let _ = writeln!(s, r#"<rect x="{:.2}" y="{y:.1}" width="{:.2}" height="18" fill="{}" stroke="white" stroke-width="0.5"><title>{}</title></rect>"#, 160.0 + sec.start * scale, ((sec.end - sec.start) * scale).max(0.5), if i % 2 == 0 { "#cfcfcf" } else { "#a0a0a0" }, escape(&sec.label));
+        let _ = writeln!(
+            s,
+            r#"<rect x="{:.2}" y="{y:.1}" width="{:.2}" height="18" fill="{}" stroke="white" stroke-width="0.5"><title>{}</title></rect>"#,
+            160.0 + sec.start * scale,
+            ((sec.end - sec.start) * scale).max(0.5),
+            if i % 2 == 0 { "#cfcfcf" } else { "#a0a0a0" },
+            escape(&sec.label)
+        );
     }
     let _ = writeln!(s, "</svg>");
     s

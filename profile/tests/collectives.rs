@@ -26,7 +26,8 @@ fn coefficients() -> Coefficients {
 }
 
 fn kernel(name: &str, settings: &[(&str, &str)]) -> Kernel {
-    let settings: Vec<(String, String)> = settings.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+    let settings: Vec<(String, String)> =
+        settings.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
     palladium_kernels::build(name, &settings).unwrap()
 }
 
@@ -48,15 +49,64 @@ fn library_collectives_match_the_link_models_closed_form() {
     type Case = (Chip, &'static str, Vec<(&'static str, &'static str)>, u64, u64, u64);
     let cases: Vec<Case> = vec![
         // 4 chips of v6e: the published 800 GB/s over 4 links and 2 directions, no latency.
-        (Chip::V6e, "all_reduce", vec![("n", "4"), ("rows", "64"), ("cols", "512")], 2 * 3, 2, 64 * 256 * 2),
-        (Chip::V6e, "all_reduce", vec![("n", "4"), ("rows", "64"), ("cols", "512"), ("bidirectional", "false")], 2 * 3, 1, 64 * 512 * 2),
-        (Chip::V6e, "all_gather", vec![("n", "8"), ("rows", "256"), ("cols", "1024")], 7, 1, 256 * 1024 * 2),
+        (
+            Chip::V6e,
+            "all_reduce",
+            vec![("n", "4"), ("rows", "64"), ("cols", "512")],
+            2 * 3,
+            2,
+            64 * 256 * 2,
+        ),
+        (
+            Chip::V6e,
+            "all_reduce",
+            vec![("n", "4"), ("rows", "64"), ("cols", "512"), ("bidirectional", "false")],
+            2 * 3,
+            1,
+            64 * 512 * 2,
+        ),
+        (
+            Chip::V6e,
+            "all_gather",
+            vec![("n", "8"), ("rows", "256"), ("cols", "1024")],
+            7,
+            1,
+            256 * 1024 * 2,
+        ),
         // 4 TensorCores of 2 v7x chips: the measured cross-chip link and hop latency.
-        (Chip::V7x, "all_reduce", vec![("n", "4"), ("rows", "64"), ("cols", "512")], 2 * 3, 2, 64 * 256 * 2),
-        (Chip::V7x, "reduce_scatter", vec![("n", "4"), ("rows", "128"), ("cols", "1024")], 3, 1, 128 * 1024 * 2),
+        (
+            Chip::V7x,
+            "all_reduce",
+            vec![("n", "4"), ("rows", "64"), ("cols", "512")],
+            2 * 3,
+            2,
+            64 * 256 * 2,
+        ),
+        (
+            Chip::V7x,
+            "reduce_scatter",
+            vec![("n", "4"), ("rows", "128"), ("cols", "1024")],
+            3,
+            1,
+            128 * 1024 * 2,
+        ),
         // The two TensorCores of one v7x chip: the sibling figure at the message's size.
-        (Chip::V7x, "all_reduce", vec![("n", "2"), ("rows", "512"), ("cols", "2048")], 2, 2, 512 * 1024 * 2),
-        (Chip::V7x, "permute", vec![("n", "2"), ("rows", "1024"), ("cols", "1024")], 1, 1, 1024 * 1024 * 4),
+        (
+            Chip::V7x,
+            "all_reduce",
+            vec![("n", "2"), ("rows", "512"), ("cols", "2048")],
+            2,
+            2,
+            512 * 1024 * 2,
+        ),
+        (
+            Chip::V7x,
+            "permute",
+            vec![("n", "2"), ("rows", "1024"), ("cols", "1024")],
+            1,
+            1,
+            1024 * 1024 * 4,
+        ),
     ];
     for (chip, name, settings, hops, copies, bytes) in cases {
         let k = kernel(name, &settings);
@@ -65,7 +115,11 @@ fn library_collectives_match_the_link_models_closed_form() {
         let want = closed_form(chip, n, hops, bytes);
         let got = t.collective_cycles();
         let remote: Vec<_> = t.dmas.iter().filter(|d| d.is_remote() && d.bytes > 0).collect();
-        eprintln!("{chip} {name} {settings:?}: model {got:.0} cycles, closed form {want:.0} ({:.4}), step {:.0} cycles", got / want, t.cycles);
+        eprintln!(
+            "{chip} {name} {settings:?}: model {got:.0} cycles, closed form {want:.0} ({:.4}), step {:.0} cycles",
+            got / want,
+            t.cycles
+        );
         assert_eq!(remote.len() as u64, hops * copies, "{name}: the copies");
         assert!(remote.iter().all(|d| d.bytes == bytes), "{name}: the bytes of a hop");
         assert_eq!(t.ici_bytes(), hops * copies * bytes);
@@ -73,11 +127,22 @@ fn library_collectives_match_the_link_models_closed_form() {
         // shares the links, so the model meets the closed form to rounding, give or take the
         // core's issue of a hop's second start after its first (a cycle or so per hop).
         let slack = if copies == 1 { 1e-3 } else { 5e-3 };
-        assert!(got / want > 1.0 - 1e-3 && got / want < 1.0 + slack, "{chip} {name}: {got} vs {want}");
+        assert!(
+            got / want > 1.0 - 1e-3 && got / want < 1.0 + slack,
+            "{chip} {name}: {got} vs {want}"
+        );
         // The core stalls on every hop (it waits right after the start): collective bubbles.
-        assert!(t.waits.iter().filter(|w| t.dmas[w.dma].is_remote()).count() as u64 >= hops, "{name}");
+        assert!(
+            t.waits.iter().filter(|w| t.dmas[w.dma].is_remote()).count() as u64 >= hops,
+            "{name}"
+        );
         // The remote copies take no HBM bandwidth: HBM moves only the pipeline's windows.
-        let windows: u64 = k.call.operands.iter().map(|o| o.shape.num_elements() * u64::from(o.dtype.memory_bits()) / 8).sum();
+        let windows: u64 = k
+            .call
+            .operands
+            .iter()
+            .map(|o| o.shape.num_elements() * u64::from(o.dtype.memory_bits()) / 8)
+            .sum();
         assert_eq!(t.hbm_bytes(), windows);
         assert!(t.cycles >= got);
         let links = t.links.as_ref().unwrap();
@@ -101,8 +166,18 @@ fn two_devices_send_both_ring_directions_on_two_ports() {
 /// Qwen3-30B-A3B's first `layers` layers on `devices` devices of v6e at `batch`, profiled
 /// at the end of a 1024-position context, and its plan.
 fn megakernel(devices: u64, batch: u64, layers: usize) -> (Plan, Timeline) {
-    let spec = ModelSpec::from_path(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/models/qwen3-30b-a3b.json")).unwrap();
-    let options = PlanOptions { layers: Some(layers), kv_tiles: KvTiles::UpToPosition, expert_fetch: ExpertFetch::WorstCase, devices, ..PlanOptions::new(Chip::V6e, batch, 1024) };
+    let spec = ModelSpec::from_path(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/models/qwen3-30b-a3b.json"
+    ))
+    .unwrap();
+    let options = PlanOptions {
+        layers: Some(layers),
+        kv_tiles: KvTiles::UpToPosition,
+        expert_fetch: ExpertFetch::WorstCase,
+        devices,
+        ..PlanOptions::new(Chip::V6e, batch, 1024)
+    };
     let plan = Plan::new(&spec, &options).unwrap();
     let k = emit(&plan).unwrap();
     let mut inputs = Inputs::default();
@@ -123,10 +198,26 @@ fn the_sharded_megakernel_profiles_and_its_all_reduces_cost_the_planners_bandwid
         let (plan, t) = megakernel(devices, 16, 2);
         let sharding = plan.sharding.as_ref().unwrap();
         let clock = Chip::V6e.target().clock_hz;
-        let planner: f64 = sharding.collectives.iter().filter(|c| c.kind.starts_with("all-reduce")).map(|c| c.seconds).sum::<f64>() * clock;
+        let planner: f64 = sharding
+            .collectives
+            .iter()
+            .filter(|c| c.kind.starts_with("all-reduce"))
+            .map(|c| c.seconds)
+            .sum::<f64>()
+            * clock;
         let ours = t.remote_cycles(|d| d.src.starts_with("allreduce"));
-        let all_reduce_bytes: u64 = sharding.collectives.iter().filter(|c| c.kind.starts_with("all-reduce")).map(|c| c.sent_bytes).sum();
-        let ours_bytes: u64 = t.dmas.iter().filter(|d| d.is_remote() && d.src.starts_with("allreduce")).map(|d| d.bytes).sum();
+        let all_reduce_bytes: u64 = sharding
+            .collectives
+            .iter()
+            .filter(|c| c.kind.starts_with("all-reduce"))
+            .map(|c| c.sent_bytes)
+            .sum();
+        let ours_bytes: u64 = t
+            .dmas
+            .iter()
+            .filter(|d| d.is_remote() && d.src.starts_with("allreduce"))
+            .map(|d| d.bytes)
+            .sum();
         eprintln!(
             "v6e x{devices}, batch 16, 2 layers: all-reduces {ours:.0} cycles (model) vs the planner's {planner:.0} ({:.3}); bytes {ours_bytes} vs {all_reduce_bytes}; all collectives {:.0} cycles vs the planner's {:.0}; step {:.0} cycles",
             ours / planner,
@@ -134,8 +225,14 @@ fn the_sharded_megakernel_profiles_and_its_all_reduces_cost_the_planners_bandwid
             sharding.collective_seconds * clock,
             t.cycles
         );
-        assert_eq!(ours_bytes, all_reduce_bytes, "the emitted all-reduces send the planner's bytes");
-        assert!(ours / planner >= 1.0 && ours / planner < 1.02, "x{devices}: {ours} vs the planner's {planner}");
+        assert_eq!(
+            ours_bytes, all_reduce_bytes,
+            "the emitted all-reduces send the planner's bytes"
+        );
+        assert!(
+            ours / planner >= 1.0 && ours / planner < 1.02,
+            "x{devices}: {ours} vs the planner's {planner}"
+        );
         assert!(t.waits.iter().any(|w| t.dmas[w.dma].is_remote()));
         assert!(t.hbm_efficiency() > 0.0 && t.collective_cycles() < t.cycles);
     }

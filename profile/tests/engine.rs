@@ -22,14 +22,20 @@ fn a_nested_pipeline_streams_its_chunks_through_the_ring_overlapping_the_adds() 
     let chunk = 2048 * 128 * 4;
     let from_x: Vec<_> = t.dmas.iter().filter(|d| d.src == "x").collect();
     assert_eq!(from_x.len(), 12);
-    assert!(from_x.iter().all(|d| d.dst == "ring" && d.bytes == chunk && d.resource == Resource::Hbm));
+    assert!(
+        from_x.iter().all(|d| d.dst == "ring" && d.bytes == chunk && d.resource == Resource::Hbm)
+    );
     // And the two output blocks written back by the grid pipeline.
     assert_eq!(t.hbm_bytes(), 12 * chunk + 2 * chunk);
     // No faster than the bandwidth, and the chunks overlap the adds: well under the serial
     // sum of every transfer and every stretch of compute.
     let stream = t.hbm_bytes() as f64 / c.hbm_bytes_per_cycle;
     let compute: f64 = t.compute.iter().map(|s| s.end - s.start).sum();
-    assert!(t.cycles >= stream && t.cycles < stream + compute, "{} vs stream {stream} + compute {compute}", t.cycles);
+    assert!(
+        t.cycles >= stream && t.cycles < stream + compute,
+        "{} vs stream {stream} + compute {compute}",
+        t.cycles
+    );
     // Every bubble ends with a transfer that lands in the ring or leaves the window.
     for w in &t.waits {
         let d = &t.dmas[w.dma];
@@ -56,11 +62,20 @@ fn a_wait_with_no_dma_in_flight_is_refused_at_its_line() {
     let err = simulate(&k, Chip::V6e, &v6e(), &Inputs::default()).unwrap_err();
     assert!(matches!(err, ProfileError::Unsupported { .. }), "{err}");
     let msg = err.to_string();
-    assert!(msg.contains("engine.rs:") && msg.contains("with no DMA in flight") && msg.contains("sems"), "{msg}");
+    assert!(
+        msg.contains("engine.rs:") && msg.contains("with no DMA in flight") && msg.contains("sems"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn a_chip_libtpu_cannot_calibrate_is_refused_with_the_reason() {
-    let err = Calibration::committed().chip(palladium_dsl::spec::Chip::V5e).unwrap_err().to_string();
-    assert!(err.contains("no calibration for v5e (calibrated: v6e, v7x)") && err.contains("cannot calibrate it") && err.contains("vector-bf16packed"), "{err}");
+    let err =
+        Calibration::committed().chip(palladium_dsl::spec::Chip::V5e).unwrap_err().to_string();
+    assert!(
+        err.contains("no calibration for v5e (calibrated: v6e, v7x)")
+            && err.contains("cannot calibrate it")
+            && err.contains("vector-bf16packed"),
+        "{err}"
+    );
 }

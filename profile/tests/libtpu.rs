@@ -11,27 +11,37 @@ use palladium_profile::calibration::Calibration;
 use palladium_profile::{Inputs, simulate};
 
 fn kernel(name: &str, settings: &[(&str, &str)]) -> Kernel {
-    let settings: Vec<(String, String)> = settings.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+    let settings: Vec<(String, String)> =
+        settings.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
     palladium_kernels::build(name, &settings).unwrap()
 }
 
 #[test]
 fn single_stream_kernels_are_within_5_percent_of_libtpu() {
     let chip = Chip::V6e;
-    let gemv = |batch: &str, k: &str, n: &str, bk: &str, bn: &str| kernel("gemv", &[("batch", batch), ("k", k), ("n", n), ("block_k", bk), ("block_n", bn)]);
+    let gemv = |batch: &str, k: &str, n: &str, bk: &str, bn: &str| {
+        kernel("gemv", &[("batch", batch), ("k", k), ("n", n), ("block_k", bk), ("block_n", bn)])
+    };
     let cases: Vec<(&str, Kernel)> = vec![
         ("gemv 8x4096 @ 4096x14336, 4096 x 896", gemv("8", "4096", "14336", "4096", "896")),
         ("gemv 8x4096 @ 4096x14336, 4096 x 1792", gemv("8", "4096", "14336", "4096", "1792")),
         ("gemv 8x14336 @ 14336x4096, 14336 x 512", gemv("8", "14336", "4096", "14336", "512")),
         ("gemv 32x4096 @ 4096x14336, 4096 x 1792", gemv("32", "4096", "14336", "4096", "1792")),
         ("gemv 8x4096 @ 4096x6144, 4096 x 1024", gemv("8", "4096", "6144", "4096", "1024")),
-        ("gemv 8x4096 @ 4096x14336, 2048 x 896 (k split)", gemv("8", "4096", "14336", "2048", "896")),
+        (
+            "gemv 8x4096 @ 4096x14336, 2048 x 896 (k split)",
+            gemv("8", "4096", "14336", "2048", "896"),
+        ),
         ("matmul 1024x2048x1024, 256x512x256", kernel("matmul", &[])),
-        ("matmul 1024x2048x1024, 512x2048x512", kernel("matmul", &[("bm", "512"), ("bk", "2048"), ("bn", "512")])),
+        (
+            "matmul 1024x2048x1024, 512x2048x512",
+            kernel("matmul", &[("bm", "512"), ("bk", "2048"), ("bn", "512")]),
+        ),
         ("HBM stream 128 MiB", stream_kernel(128 << 20).unwrap().0),
     ];
     let refs: Vec<&Kernel> = cases.iter().map(|(_, k)| k).collect();
-    let measured = Libtpu::new().unwrap_or_else(|e| panic!("{e}")).with_workers(1).cycles(&refs, chip);
+    let measured =
+        Libtpu::new().unwrap_or_else(|e| panic!("{e}")).with_workers(1).cycles(&refs, chip);
     let c = Calibration::committed();
     let c = c.chip(chip).unwrap();
     let mut bad = Vec::new();
@@ -54,18 +64,61 @@ fn v7x_kernels_libtpu_prices_are_within_5_percent_or_their_stated_miss() {
     // (README, Profile: the model prices a single block's unoverlapped copies and a small
     // single-step matmul lower than libtpu); their bound is the miss measured, rounded up.
     let chip = Chip::V7x;
-    let add = |rows: &str, hidden: &str, block: &str| kernel("residual_add", &[("rows", rows), ("hidden", hidden), ("block_rows", block)]);
+    let add = |rows: &str, hidden: &str, block: &str| {
+        kernel("residual_add", &[("rows", rows), ("hidden", hidden), ("block_rows", block)])
+    };
     let cases: Vec<(&str, Kernel, f64)> = vec![
         ("residual_add 4096x1024, 256-row blocks", add("4096", "1024", "256"), 0.06),
         ("residual_add 2048x1024, 64-row blocks", add("2048", "1024", "64"), 0.05),
         ("residual_add 1024x1024, one block", add("1024", "1024", "1024"), 0.10),
         ("residual_add 2048x2048, 512-row blocks", add("2048", "2048", "512"), 0.05),
-        ("matmul 512x1024x512, one step", kernel("matmul", &[("m", "512"), ("k", "1024"), ("n", "512"), ("bm", "512"), ("bk", "1024"), ("bn", "512")]), 0.15),
-        ("gemv 8x2048 @ 2048x1024, one step", kernel("gemv", &[("batch", "8"), ("k", "2048"), ("n", "1024"), ("block_k", "2048"), ("block_n", "1024")]), 0.05),
-        ("gemv 32x4096 @ 4096x512, one step", kernel("gemv", &[("batch", "32"), ("k", "4096"), ("n", "512"), ("block_k", "4096"), ("block_n", "512")]), 0.05),
+        (
+            "matmul 512x1024x512, one step",
+            kernel(
+                "matmul",
+                &[
+                    ("m", "512"),
+                    ("k", "1024"),
+                    ("n", "512"),
+                    ("bm", "512"),
+                    ("bk", "1024"),
+                    ("bn", "512"),
+                ],
+            ),
+            0.15,
+        ),
+        (
+            "gemv 8x2048 @ 2048x1024, one step",
+            kernel(
+                "gemv",
+                &[
+                    ("batch", "8"),
+                    ("k", "2048"),
+                    ("n", "1024"),
+                    ("block_k", "2048"),
+                    ("block_n", "1024"),
+                ],
+            ),
+            0.05,
+        ),
+        (
+            "gemv 32x4096 @ 4096x512, one step",
+            kernel(
+                "gemv",
+                &[
+                    ("batch", "32"),
+                    ("k", "4096"),
+                    ("n", "512"),
+                    ("block_k", "4096"),
+                    ("block_n", "512"),
+                ],
+            ),
+            0.05,
+        ),
     ];
     let refs: Vec<&Kernel> = cases.iter().map(|(_, k, _)| k).collect();
-    let measured = Libtpu::new().unwrap_or_else(|e| panic!("{e}")).with_workers(1).cycles(&refs, chip);
+    let measured =
+        Libtpu::new().unwrap_or_else(|e| panic!("{e}")).with_workers(1).cycles(&refs, chip);
     let c = Calibration::committed();
     let c = c.chip(chip).unwrap();
     let mut bad = Vec::new();

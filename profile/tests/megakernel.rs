@@ -22,8 +22,19 @@ use serde_json::json;
 const CHIP: Chip = Chip::V6e;
 
 fn plan(prefetch: Prefetch) -> Plan {
-    let spec = ModelSpec::from_path(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/models/qwen3-30b-a3b.json")).unwrap();
-    let options = PlanOptions { layers: Some(8), kv_tiles: KvTiles::All, prefetch, logits: false, expert_fetch: ExpertFetch::WorstCase, ..PlanOptions::new(CHIP, 1, 4096) };
+    let spec = ModelSpec::from_path(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/models/qwen3-30b-a3b.json"
+    ))
+    .unwrap();
+    let options = PlanOptions {
+        layers: Some(8),
+        kv_tiles: KvTiles::All,
+        prefetch,
+        logits: false,
+        expert_fetch: ExpertFetch::WorstCase,
+        ..PlanOptions::new(CHIP, 1, 4096)
+    };
     Plan::new(&spec, &options).unwrap()
 }
 
@@ -33,7 +44,8 @@ fn libtpu_figures(deep: &Kernel, single: &Kernel, bytes: u64) -> serde_json::Val
         return serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     }
     let libtpu = Libtpu::new().unwrap_or_else(|e| panic!("{e}")).with_workers(1).without_aliases();
-    let one = |k: &Kernel| libtpu.cycles(&[k], CHIP).pop().unwrap().unwrap_or_else(|e| panic!("{e}"));
+    let one =
+        |k: &Kernel| libtpu.cycles(&[k], CHIP).pop().unwrap().unwrap_or_else(|e| panic!("{e}"));
     let (deep_cycles, single_cycles) = (one(deep), one(single));
     let (floor, streamed) = libtpu.floor(CHIP, bytes).unwrap();
     let floor_cycles = (floor as f64 * bytes as f64 / streamed as f64).round() as u64;
@@ -49,7 +61,11 @@ fn the_megakernel_lies_between_libtpus_single_prefetch_and_deep_estimates() {
     assert_eq!(bytes, single_plan.traffic.total);
     let (deep, single) = (emit(&deep_plan).unwrap(), emit(&single_plan).unwrap());
     let f = libtpu_figures(&deep, &single, bytes);
-    assert_eq!(f["bytes"].as_u64(), Some(bytes), "tests/data/megakernel-v6e.json is for another plan: rerun with PALLADIUM_MEASURE_LIBTPU=1");
+    assert_eq!(
+        f["bytes"].as_u64(),
+        Some(bytes),
+        "tests/data/megakernel-v6e.json is for another plan: rerun with PALLADIUM_MEASURE_LIBTPU=1"
+    );
     let floor = f["floor_cycles"].as_f64().unwrap();
     let c = Calibration::committed();
     let c = c.chip(CHIP).unwrap();
@@ -60,10 +76,22 @@ fn the_megakernel_lies_between_libtpus_single_prefetch_and_deep_estimates() {
     let model_single = simulate(&single, CHIP, c, &inputs).unwrap();
     assert!(model_deep.assumptions.is_empty(), "{:?}", model_deep.assumptions);
     // HBM bytes the model moved: the plan's (the logits are not returned).
-    assert!((model_deep.hbm_bytes() as f64 / bytes as f64 - 1.0).abs() < 0.01, "{} vs {bytes}", model_deep.hbm_bytes());
+    assert!(
+        (model_deep.hbm_bytes() as f64 / bytes as f64 - 1.0).abs() < 0.01,
+        "{} vs {bytes}",
+        model_deep.hbm_bytes()
+    );
     let ratio = |cycles: f64| floor / cycles;
-    let (libtpu_deep, libtpu_single) = (ratio(f["deep_cycles"].as_f64().unwrap()), ratio(f["single_cycles"].as_f64().unwrap()));
+    let (libtpu_deep, libtpu_single) =
+        (ratio(f["deep_cycles"].as_f64().unwrap()), ratio(f["single_cycles"].as_f64().unwrap()));
     let (ours_deep, ours_single) = (ratio(model_deep.cycles), ratio(model_single.cycles));
-    eprintln!("floor/mk: libtpu single {libtpu_single:.3}, deep {libtpu_deep:.3}; model deep {ours_deep:.3} (HBM efficiency {:.3}), single {ours_single:.3} (HBM efficiency {:.3})", model_deep.hbm_efficiency(), model_single.hbm_efficiency());
-    assert!(libtpu_single < ours_deep && ours_deep < libtpu_deep, "the model's deep ring ({ours_deep:.3}) is not between libtpu's single ({libtpu_single:.3}) and deep ({libtpu_deep:.3})");
+    eprintln!(
+        "floor/mk: libtpu single {libtpu_single:.3}, deep {libtpu_deep:.3}; model deep {ours_deep:.3} (HBM efficiency {:.3}), single {ours_single:.3} (HBM efficiency {:.3})",
+        model_deep.hbm_efficiency(),
+        model_single.hbm_efficiency()
+    );
+    assert!(
+        libtpu_single < ours_deep && ours_deep < libtpu_deep,
+        "the model's deep ring ({ours_deep:.3}) is not between libtpu's single ({libtpu_single:.3}) and deep ({libtpu_deep:.3})"
+    );
 }

@@ -81,9 +81,18 @@ impl<'p> Session<'p> {
     /// Compile the StableHLO text `program` for the first device of `topology`. With
     /// `profile_dir`, libtpu dumps its static profile there: stale files are removed first,
     /// and the new ones are read and removed after.
-    pub fn compile(&mut self, program: &str, topology: &str, serialize: bool, profile_dir: Option<&Path>) -> Result<Compiled, String> {
+    pub fn compile(
+        &mut self,
+        program: &str,
+        topology: &str,
+        serialize: bool,
+        profile_dir: Option<&Path>,
+    ) -> Result<Compiled, String> {
         if !self.topologies.contains_key(topology) {
-            let t = self.plugin.topology(topology).map_err(|e| format!("cannot create the topology {topology}: {e}"))?;
+            let t = self
+                .plugin
+                .topology(topology)
+                .map_err(|e| format!("cannot create the topology {topology}: {e}"))?;
             self.topologies.insert(topology.to_string(), t);
         }
         let topo = &self.topologies[topology];
@@ -136,12 +145,15 @@ fn read_profile(dir: &Path) -> Result<Vec<OpCycles>, String> {
         .map_err(|e| format!("cannot read the profile directory {}: {e}", dir.display()))?
         .filter_map(|e| e.ok())
         .map(|e| e.path())
-        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().contains("static_llo_profile")))
+        .filter(|p| {
+            p.file_name().is_some_and(|n| n.to_string_lossy().contains("static_llo_profile"))
+        })
         .collect();
     files.sort();
     let mut ops = Vec::new();
     for f in files {
-        let text = std::fs::read_to_string(&f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
+        let text =
+            std::fs::read_to_string(&f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
         ops.extend(parse_profile(&text));
         let _ = std::fs::remove_file(&f);
     }
@@ -174,6 +186,12 @@ mod tests {
     fn profiles_give_cycles_per_op() {
         let text = "ops {\n  hlo_op_name: \"tpu_custom_call.1\"\n  estimated_cycles: 46041\n}\nops {\n  hlo_op_name: \"copy\"\n  estimated_cycles: 12\n}\nestimated_cycles: 7\n";
         let ops = parse_profile(text);
-        assert_eq!(ops, [OpCycles { op: "tpu_custom_call.1".into(), estimated_cycles: 46041 }, OpCycles { op: "copy".into(), estimated_cycles: 12 }]);
+        assert_eq!(
+            ops,
+            [
+                OpCycles { op: "tpu_custom_call.1".into(), estimated_cycles: 46041 },
+                OpCycles { op: "copy".into(), estimated_cycles: 12 }
+            ]
+        );
     }
 }

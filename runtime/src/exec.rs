@@ -13,8 +13,8 @@
 use crate::ffi::{self, Client, LoadedExecutable};
 use crate::libtpu::{self, LIBTPU_ENVIRONMENT};
 use crate::stablehlo::ArrayType;
-use palladium_dsl::DType;
 pub use palladium_array::HostArray;
+use palladium_dsl::DType;
 use pjrt_sys as sys;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -70,7 +70,8 @@ impl Device {
     /// Load the plugin at `path` and create its client; the error says which step failed.
     pub fn open(path: &Path) -> Result<Device, String> {
         let plugin = Rc::new(ffi::Plugin::load(path)?);
-        let client = Client::create(plugin).map_err(|e| format!("PJRT_Client_Create failed for {}: {e}", path.display()))?;
+        let client = Client::create(plugin)
+            .map_err(|e| format!("PJRT_Client_Create failed for {}: {e}", path.display()))?;
         Ok(Device { client: Rc::new(client) })
     }
 
@@ -78,13 +79,22 @@ impl Device {
     /// ([`LIBTPU_ENVIRONMENT`]) from the start of the process: a caller without it gets an
     /// error that says what to set (the CLI re-executes itself with it).
     pub fn tpu() -> Result<Device, String> {
-        let missing: Vec<String> = LIBTPU_ENVIRONMENT.iter().filter(|(k, v)| std::env::var(k).as_deref() != Ok(*v)).map(|(k, v)| format!("{k}={v}")).collect();
+        let missing: Vec<String> = LIBTPU_ENVIRONMENT
+            .iter()
+            .filter(|(k, v)| std::env::var(k).as_deref() != Ok(*v))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         if !missing.is_empty() {
-            return Err(format!("libtpu needs {} in the environment before it loads", missing.join(" ")));
+            return Err(format!(
+                "libtpu needs {} in the environment before it loads",
+                missing.join(" ")
+            ));
         }
         let path = libtpu::locate()?;
         let unusable = |e: String| format!("no TPU attached (or usable) here: {e}");
-        crate::worker::probe_client(&path).map_err(|e| unusable(format!("PJRT_Client_Create failed for {}: {e}", path.display())))?;
+        crate::worker::probe_client(&path).map_err(|e| {
+            unusable(format!("PJRT_Client_Create failed for {}: {e}", path.display()))
+        })?;
         Device::open(&path).map_err(unusable)
     }
 
@@ -95,14 +105,27 @@ impl Device {
 
     /// Compile a StableHLO program whose parameters and results are `inputs` and `outputs`
     /// (checked against the arrays at each run).
-    pub fn compile(&self, program: &str, inputs: &[ArrayType], outputs: &[ArrayType]) -> Result<Loaded, String> {
+    pub fn compile(
+        &self,
+        program: &str,
+        inputs: &[ArrayType],
+        outputs: &[ArrayType],
+    ) -> Result<Loaded, String> {
         let options = crate::ffi::single_device_options();
-        let exe = self.client.compile(program.as_bytes(), &options).map_err(|e| format!("the device rejected the program: {e}"))?;
+        let exe = self
+            .client
+            .compile(program.as_bytes(), &options)
+            .map_err(|e| format!("the device rejected the program: {e}"))?;
         let n = exe.num_outputs()?;
         if n != outputs.len() {
             return Err(format!("the program has {n} results, not {}", outputs.len()));
         }
-        Ok(Loaded { exe, client: self.client.clone(), inputs: inputs.to_vec(), outputs: outputs.to_vec() })
+        Ok(Loaded {
+            exe,
+            client: self.client.clone(),
+            inputs: inputs.to_vec(),
+            outputs: outputs.to_vec(),
+        })
     }
 }
 
@@ -128,18 +151,31 @@ impl Loaded {
     /// donated to them.
     pub fn run(&self, inputs: &[HostArray]) -> Result<Run, String> {
         if inputs.len() != self.inputs.len() {
-            return Err(format!("the program takes {} inputs, not {}", self.inputs.len(), inputs.len()));
+            return Err(format!(
+                "the program takes {} inputs, not {}",
+                self.inputs.len(),
+                inputs.len()
+            ));
         }
         let mut buffers = Vec::with_capacity(inputs.len());
         for (i, (a, want)) in inputs.iter().zip(&self.inputs).enumerate() {
             let dims: Vec<i64> = a.shape.iter().map(|&d| d as i64).collect();
-            if a.dtype != want.dtype || !dims.iter().copied().eq(want.dims.iter().map(|&d| d as i64)) {
+            if a.dtype != want.dtype
+                || !dims.iter().copied().eq(want.dims.iter().map(|&d| d as i64))
+            {
                 return Err(format!("input {i} is {}, the program takes {want}", a.type_string()));
             }
             a.validate().map_err(|e| format!("input {i}: {e}"))?;
-            buffers.push(self.client.buffer(&a.bytes, buffer_type(a.dtype), &dims).map_err(|e| format!("input {i} to the device: {e}"))?);
+            buffers.push(
+                self.client
+                    .buffer(&a.bytes, buffer_type(a.dtype), &dims)
+                    .map_err(|e| format!("input {i} to the device: {e}"))?,
+            );
         }
-        let outs = self.exe.execute(&buffers.iter().collect::<Vec<_>>()).map_err(|e| format!("execution failed: {e}"))?;
+        let outs = self
+            .exe
+            .execute(&buffers.iter().collect::<Vec<_>>())
+            .map_err(|e| format!("execution failed: {e}"))?;
         let donated = buffers.iter().map(|b| b.is_deleted()).collect::<Result<Vec<_>, _>>()?;
         let outputs = outs
             .iter()
@@ -147,7 +183,11 @@ impl Loaded {
             .enumerate()
             .map(|(o, (b, ty))| {
                 let shape: Vec<usize> = ty.dims.iter().map(|&d| d as usize).collect();
-                HostArray::new(ty.dtype, &shape, b.to_host().map_err(|e| format!("output {o} to the host: {e}"))?)
+                HostArray::new(
+                    ty.dtype,
+                    &shape,
+                    b.to_host().map_err(|e| format!("output {o} to the host: {e}"))?,
+                )
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Run { outputs, donated })

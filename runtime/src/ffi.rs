@@ -27,8 +27,15 @@ pub fn single_device_options() -> Vec<u8> {
 pub fn partitioned_options(partitions: i64) -> Vec<u8> {
     use prost::Message;
     use sys::protos::xla::device_assignment_proto::ComputationDevice;
-    use sys::protos::xla::{CompileOptionsProto, DeviceAssignmentProto, ExecutableBuildOptionsProto};
-    let mut build = ExecutableBuildOptionsProto { device_ordinal: -1, num_replicas: 1, num_partitions: partitions, ..Default::default() };
+    use sys::protos::xla::{
+        CompileOptionsProto, DeviceAssignmentProto, ExecutableBuildOptionsProto,
+    };
+    let mut build = ExecutableBuildOptionsProto {
+        device_ordinal: -1,
+        num_replicas: 1,
+        num_partitions: partitions,
+        ..Default::default()
+    };
     if partitions > 1 {
         build.use_spmd_partitioning = true;
         // The program is lowered for Shardy (`sdy.manual_computation`), as JAX lowers it.
@@ -36,10 +43,13 @@ pub fn partitioned_options(partitions: i64) -> Vec<u8> {
         build.device_assignment = Some(DeviceAssignmentProto {
             replica_count: 1,
             computation_count: partitions as i32,
-            computation_devices: (0..partitions).map(|d| ComputationDevice { replica_device_ids: vec![d] }).collect(),
+            computation_devices: (0..partitions)
+                .map(|d| ComputationDevice { replica_device_ids: vec![d] })
+                .collect(),
         });
     }
-    CompileOptionsProto { executable_build_options: Some(build), ..Default::default() }.encode_to_vec()
+    CompileOptionsProto { executable_build_options: Some(build), ..Default::default() }
+        .encode_to_vec()
 }
 
 /// A loaded and initialized PJRT plugin: its function table, and the library kept open.
@@ -51,7 +61,8 @@ pub struct Plugin {
 /// Call the table entry `$f` with `$args`; a PJRT error becomes its message.
 macro_rules! call {
     ($plugin:expr, $f:ident, $args:expr) => {{
-        let f = unsafe { (*$plugin.api).$f }.ok_or(concat!("the plugin has no ", stringify!($f)))?;
+        let f =
+            unsafe { (*$plugin.api).$f }.ok_or(concat!("the plugin has no ", stringify!($f)))?;
         // SAFETY: `$args` is a fully initialized argument struct of `$f` with its
         // `struct_size` set; pointers in it outlive the call.
         let err = unsafe { f($args) };
@@ -100,10 +111,12 @@ impl Plugin {
     /// `dlopen` a plugin that this process has already initialized, and `GetPjrtApi`.
     pub fn open(path: &Path) -> Result<Plugin, String> {
         // SAFETY: loading a PJRT plugin runs its initializers; that is what it is for.
-        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| format!("cannot load {}: {e}", path.display()))?;
+        let lib = unsafe { libloading::Library::new(path) }
+            .map_err(|e| format!("cannot load {}: {e}", path.display()))?;
         // SAFETY: `GetPjrtApi` has this signature in every PJRT plugin.
         let get: libloading::Symbol<unsafe extern "C" fn() -> *const sys::PJRT_Api> =
-            unsafe { lib.get(b"GetPjrtApi") }.map_err(|e| format!("{} exports no GetPjrtApi: {e}", path.display()))?;
+            unsafe { lib.get(b"GetPjrtApi") }
+                .map_err(|e| format!("{} exports no GetPjrtApi: {e}", path.display()))?;
         // SAFETY: returns a pointer to the plugin's static function table.
         let api = unsafe { get() };
         if api.is_null() {
@@ -147,7 +160,11 @@ impl Plugin {
         let message = unsafe {
             if let Some(f) = (*self.api).PJRT_Error_Message {
                 f(&mut m);
-                String::from_utf8_lossy(std::slice::from_raw_parts(m.message as *const u8, m.message_size)).into_owned()
+                String::from_utf8_lossy(std::slice::from_raw_parts(
+                    m.message as *const u8,
+                    m.message_size,
+                ))
+                .into_owned()
             } else {
                 "(no message)".into()
             }
@@ -173,7 +190,12 @@ impl Plugin {
     }
 
     /// `PJRT_Compile` of an MLIR program for `topology`, without a client.
-    pub fn compile(&self, program: &[u8], topology: &Topology<'_>, options: &[u8]) -> Result<Executable<'_>, String> {
+    pub fn compile(
+        &self,
+        program: &[u8],
+        topology: &Topology<'_>,
+        options: &[u8],
+    ) -> Result<Executable<'_>, String> {
         let prog = mlir_program(program);
         let mut args = sys::PJRT_Compile_Args::new();
         args.topology = topology.ptr;
@@ -206,7 +228,12 @@ pub struct Topology<'p> {
     ptr: *mut sys::PJRT_TopologyDescription,
 }
 
-destroy_on_drop!(Topology<'_>, |s| s.plugin, PJRT_TopologyDescription_Destroy_Args.topology, PJRT_TopologyDescription_Destroy);
+destroy_on_drop!(
+    Topology<'_>,
+    |s| s.plugin,
+    PJRT_TopologyDescription_Destroy_Args.topology,
+    PJRT_TopologyDescription_Destroy
+);
 
 /// `PJRT_Executable_GetCompiledMemoryStats_Args` as of PJRT C API 0.112: the 0.54 struct
 /// plus `peak_memory_in_bytes` (libtpu rejects the shorter one).
@@ -262,7 +289,8 @@ impl Executable<'_> {
             host_temp_size_in_bytes: 0,
             peak_memory_in_bytes: 0,
         };
-        let args_ptr = (&mut args as *mut MemoryStatsArgs).cast::<sys::PJRT_Executable_GetCompiledMemoryStats_Args>();
+        let args_ptr = (&mut args as *mut MemoryStatsArgs)
+            .cast::<sys::PJRT_Executable_GetCompiledMemoryStats_Args>();
         call!(self.plugin, PJRT_Executable_GetCompiledMemoryStats, args_ptr);
         Ok(MemoryStats {
             generated_code_size_in_bytes: args.generated_code_size_in_bytes,
@@ -280,7 +308,13 @@ impl Executable<'_> {
         args.executable = self.ptr;
         call!(self.plugin, PJRT_Executable_Serialize, &mut args);
         // SAFETY: libtpu returned `serialized_bytes_size` bytes, alive until the deleter runs.
-        let bytes = unsafe { std::slice::from_raw_parts(args.serialized_bytes as *const u8, args.serialized_bytes_size) }.to_vec();
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                args.serialized_bytes as *const u8,
+                args.serialized_bytes_size,
+            )
+        }
+        .to_vec();
         if let Some(deleter) = args.serialized_executable_deleter {
             // SAFETY: called once, on the object libtpu gave with it.
             unsafe { deleter(args.serialized_executable) };
@@ -289,7 +323,12 @@ impl Executable<'_> {
     }
 }
 
-destroy_on_drop!(Executable<'_>, |s| s.plugin, PJRT_Executable_Destroy_Args.executable, PJRT_Executable_Destroy);
+destroy_on_drop!(
+    Executable<'_>,
+    |s| s.plugin,
+    PJRT_Executable_Destroy_Args.executable,
+    PJRT_Executable_Destroy
+);
 
 // --- execution --------------------------------------------------------------------------------
 
@@ -318,7 +357,10 @@ impl Client {
         args.client = self.ptr;
         call!(self.plugin, PJRT_Client_PlatformName, &mut args);
         // SAFETY: the name lives as long as the client.
-        Ok(String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(args.platform_name as *const u8, args.platform_name_size) }).into_owned())
+        Ok(String::from_utf8_lossy(unsafe {
+            std::slice::from_raw_parts(args.platform_name as *const u8, args.platform_name_size)
+        })
+        .into_owned())
     }
 
     fn first_device(&self) -> Result<*mut sys::PJRT_Device, String> {
@@ -333,7 +375,11 @@ impl Client {
     }
 
     /// `PJRT_Client_Compile` of an MLIR program (one replica, one partition).
-    pub fn compile(self: &std::rc::Rc<Self>, program: &[u8], options: &[u8]) -> Result<LoadedExecutable, String> {
+    pub fn compile(
+        self: &std::rc::Rc<Self>,
+        program: &[u8],
+        options: &[u8],
+    ) -> Result<LoadedExecutable, String> {
         let prog = mlir_program(program);
         let mut args = sys::PJRT_Client_Compile_Args::new();
         args.client = self.ptr;
@@ -345,14 +391,20 @@ impl Client {
     }
 
     /// A device buffer holding a copy of `data` (row-major) on the first device.
-    pub fn buffer(&self, data: &[u8], ty: sys::PJRT_Buffer_Type, dims: &[i64]) -> Result<Buffer<'_>, String> {
+    pub fn buffer(
+        &self,
+        data: &[u8],
+        ty: sys::PJRT_Buffer_Type,
+        dims: &[i64],
+    ) -> Result<Buffer<'_>, String> {
         let mut args = sys::PJRT_Client_BufferFromHostBuffer_Args::new();
         args.client = self.ptr;
         args.data = data.as_ptr() as *const _;
         args.type_ = ty;
         args.dims = dims.as_ptr();
         args.num_dims = dims.len();
-        args.host_buffer_semantics = sys::PJRT_HostBufferSemantics_PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+        args.host_buffer_semantics =
+            sys::PJRT_HostBufferSemantics_PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
         args.device = self.first_device()?;
         call!(self.plugin, PJRT_Client_BufferFromHostBuffer, &mut args);
         let buffer = Buffer { client: self, ptr: args.buffer };
@@ -406,7 +458,8 @@ impl LoadedExecutable {
     /// outputs are donated (and deleted).
     pub fn execute<'c>(&'c self, inputs: &[&Buffer<'c>]) -> Result<Vec<Buffer<'c>>, String> {
         let n = self.num_outputs()?;
-        let mut options = ExecuteOptions { base: sys::PJRT_ExecuteOptions::new(), appended: [0; 5] };
+        let mut options =
+            ExecuteOptions { base: sys::PJRT_ExecuteOptions::new(), appended: [0; 5] };
         options.base.struct_size = std::mem::size_of::<ExecuteOptions>();
         let args_list: Vec<*mut sys::PJRT_Buffer> = inputs.iter().map(|b| b.ptr).collect();
         let arg_lists: [*const *mut sys::PJRT_Buffer; 1] = [args_list.as_ptr()];
@@ -422,13 +475,19 @@ impl LoadedExecutable {
         args.output_lists = out_lists.as_ptr();
         args.device_complete_events = events.as_mut_ptr();
         call!(self.client.plugin, PJRT_LoadedExecutable_Execute, &mut args);
-        let outputs: Vec<Buffer<'c>> = outs.into_iter().map(|ptr| Buffer { client: &self.client, ptr }).collect();
+        let outputs: Vec<Buffer<'c>> =
+            outs.into_iter().map(|ptr| Buffer { client: &self.client, ptr }).collect();
         self.client.wait(events[0])?;
         Ok(outputs)
     }
 }
 
-destroy_on_drop!(LoadedExecutable, |s| s.client.plugin, PJRT_LoadedExecutable_Destroy_Args.executable, PJRT_LoadedExecutable_Destroy);
+destroy_on_drop!(
+    LoadedExecutable,
+    |s| s.client.plugin,
+    PJRT_LoadedExecutable_Destroy_Args.executable,
+    PJRT_LoadedExecutable_Destroy
+);
 
 pub struct Buffer<'c> {
     client: &'c Client,
@@ -460,4 +519,9 @@ impl Buffer<'_> {
     }
 }
 
-destroy_on_drop!(Buffer<'_>, |s| s.client.plugin, PJRT_Buffer_Destroy_Args.buffer, PJRT_Buffer_Destroy);
+destroy_on_drop!(
+    Buffer<'_>,
+    |s| s.client.plugin,
+    PJRT_Buffer_Destroy_Args.buffer,
+    PJRT_Buffer_Destroy
+);

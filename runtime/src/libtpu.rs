@@ -19,8 +19,12 @@ pub const VENV_ENV: &str = "PALLADIUM_TPU_VENV";
 ///   binary) holds libtpu; deviceless compiles share no device, so the lock only gets in the way;
 /// - `TF_CPP_MIN_LOG_LEVEL` / `GLOG_minloglevel` = 3: only fatal lines (which say why libtpu
 ///   aborted) reach stderr.
-pub const LIBTPU_ENVIRONMENT: [(&str, &str); 4] =
-    [("TPU_SKIP_MDS_QUERY", "1"), ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"), ("TF_CPP_MIN_LOG_LEVEL", "3"), ("GLOG_minloglevel", "3")];
+pub const LIBTPU_ENVIRONMENT: [(&str, &str); 4] = [
+    ("TPU_SKIP_MDS_QUERY", "1"),
+    ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
+    ("TF_CPP_MIN_LOG_LEVEL", "3"),
+    ("GLOG_minloglevel", "3"),
+];
 
 /// The deviceless slices libtpu compiles for, smallest first per chip, with their device
 /// counts (a device as PJRT counts it: a chip on v4/v5e/v5p/v6e, megacore on v4 and v5p; a
@@ -56,7 +60,8 @@ pub fn venv() -> Result<PathBuf, String> {
     if let Some(v) = std::env::var_os(VENV_ENV) {
         return Ok(PathBuf::from(v));
     }
-    let home = std::env::var_os("HOME").ok_or_else(|| format!("cannot find the TPU venv: neither {VENV_ENV} nor HOME is set"))?;
+    let home = std::env::var_os("HOME")
+        .ok_or_else(|| format!("cannot find the TPU venv: neither {VENV_ENV} nor HOME is set"))?;
     Ok(Path::new(&home).join(".cache/palladium/venv-tpu"))
 }
 
@@ -66,7 +71,11 @@ pub fn venv() -> Result<PathBuf, String> {
 pub fn locate() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os(LIBTPU_ENV) {
         let p = PathBuf::from(p);
-        return if p.is_file() { Ok(p) } else { Err(format!("{LIBTPU_ENV}={} is not a file", p.display())) };
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("{LIBTPU_ENV}={} is not a file", p.display()))
+        };
     }
     let venv = venv()?;
     locate_in_venv(&venv).map_err(|looked| {
@@ -105,7 +114,10 @@ mod tests {
         assert_eq!(topology(Chip::V7x, 8), Ok("tpu7x:2x2x1"));
         assert_eq!(topology(Chip::V7x, 16), Ok("tpu7x:2x2x2"));
         let err = topology(Chip::V6e, 16).unwrap_err();
-        assert_eq!(err, "a program for 16 devices does not fit a deviceless v6e topology: the largest here is v6e:2x4 with 8 devices");
+        assert_eq!(
+            err,
+            "a program for 16 devices does not fit a deviceless v6e topology: the largest here is v6e:2x4 with 8 devices"
+        );
     }
 
     #[test]

@@ -76,7 +76,12 @@ impl FromStr for ArrayType {
         let (dtype, rest) = s.trim().split_once('[').ok_or_else(bad)?;
         let dims = rest.strip_suffix(']').ok_or_else(bad)?;
         let dtype: DType = dtype.parse()?;
-        let dims = dims.split(',').map(str::trim).filter(|d| !d.is_empty()).map(|d| d.parse::<u64>().map_err(|_| bad())).collect::<Result<_, _>>()?;
+        let dims = dims
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(|d| d.parse::<u64>().map_err(|_| bad()))
+            .collect::<Result<_, _>>()?;
         Ok(ArrayType { dtype, dims })
     }
 }
@@ -122,7 +127,8 @@ pub struct CallSpec {
 impl CallSpec {
     /// Parse a call spec JSON; the error names the field that is wrong.
     pub fn from_json(text: &str) -> Result<CallSpec, String> {
-        let spec: CallSpec = serde_json::from_str(text).map_err(|e| format!("bad call spec: {e}"))?;
+        let spec: CallSpec =
+            serde_json::from_str(text).map_err(|e| format!("bad call spec: {e}"))?;
         spec.check()?;
         Ok(spec)
     }
@@ -134,14 +140,23 @@ impl CallSpec {
         if self.devices.unwrap_or(1) > 1
             && let Some(t) = self.inputs.iter().chain(&self.outputs).find(|t| t.dims.is_empty())
         {
-            return Err(format!("call spec of `{}`: the scalar {t} cannot be split over devices (operands stack along dim 0)", self.name));
+            return Err(format!(
+                "call spec of `{}`: the scalar {t} cannot be split over devices (operands stack along dim 0)",
+                self.name
+            ));
         }
         for &[i, o] in &self.input_output_aliases {
             let (Some(a), Some(b)) = (self.inputs.get(i), self.outputs.get(o)) else {
-                return Err(format!("call spec of `{}`: alias [{i}, {o}] names no such input/output", self.name));
+                return Err(format!(
+                    "call spec of `{}`: alias [{i}, {o}] names no such input/output",
+                    self.name
+                ));
             };
             if a != b {
-                return Err(format!("call spec of `{}`: alias [{i}, {o}] joins {a} and {b}", self.name));
+                return Err(format!(
+                    "call spec of `{}`: alias [{i}, {o}] joins {a} and {b}",
+                    self.name
+                ));
             }
         }
         Ok(())
@@ -197,7 +212,8 @@ pub fn wrap(body: &str, spec: &CallSpec) -> Result<String, String> {
         })
         .collect();
     let operands: Vec<String> = (0..ins.len()).map(|i| format!("%arg{i}")).collect();
-    let layouts = |ts: &[ArrayType]| ts.iter().map(ArrayType::layout).collect::<Vec<_>>().join(", ");
+    let layouts =
+        |ts: &[ArrayType]| ts.iter().map(ArrayType::layout).collect::<Vec<_>>().join(", ");
     let single = outs.len() == 1;
     let aliases: Vec<String> = spec
         .input_output_aliases
@@ -207,7 +223,10 @@ pub fn wrap(body: &str, spec: &CallSpec) -> Result<String, String> {
             format!("#stablehlo.output_operand_alias<output_tuple_indices = [{tuple}], operand_index = {i}, operand_tuple_indices = []>")
         })
         .collect();
-    let mut attrs = vec![format!("backend_config = {}", mlir_string(&backend_config(body.as_bytes(), spec))), format!("kernel_name = {}", mlir_string(&spec.name))];
+    let mut attrs = vec![
+        format!("backend_config = {}", mlir_string(&backend_config(body.as_bytes(), spec))),
+        format!("kernel_name = {}", mlir_string(&spec.name)),
+    ];
     attrs.push(format!("operand_layouts = [{}]", layouts(&spec.inputs)));
     if !aliases.is_empty() {
         attrs.push(format!("output_operand_aliases = [{}]", aliases.join(", ")));
@@ -217,10 +236,21 @@ pub fn wrap(body: &str, spec: &CallSpec) -> Result<String, String> {
     let (lhs, returned) = if single {
         ("%0".to_string(), "%0".to_string())
     } else {
-        (format!("%0:{}", outs.len()), (0..outs.len()).map(|o| format!("%0#{o}")).collect::<Vec<_>>().join(", "))
+        (
+            format!("%0:{}", outs.len()),
+            (0..outs.len()).map(|o| format!("%0#{o}")).collect::<Vec<_>>().join(", "),
+        )
     };
-    let module_name: String = spec.name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-    let call = |operands: &[String]| format!("stablehlo.custom_call @tpu_custom_call({}) {{{}}} : ({}) -> {result_types}", operands.join(", "), attrs.join(", "), ins.join(", "));
+    let module_name: String =
+        spec.name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    let call = |operands: &[String]| {
+        format!(
+            "stablehlo.custom_call @tpu_custom_call({}) {{{}}} : ({}) -> {result_types}",
+            operands.join(", "),
+            attrs.join(", "),
+            ins.join(", ")
+        )
+    };
     let devices = spec.devices.unwrap_or(1);
     if devices == 1 {
         return Ok(format!(
@@ -238,7 +268,8 @@ pub fn wrap(body: &str, spec: &CallSpec) -> Result<String, String> {
         ArrayType { dtype: t.dtype, dims }.tensor()
     };
     let sharding = |t: &ArrayType| {
-        let dims: Vec<&str> = std::iter::once("{\"x\"}").chain((1..t.dims.len()).map(|_| "{}")).collect();
+        let dims: Vec<&str> =
+            std::iter::once("{\"x\"}").chain((1..t.dims.len()).map(|_| "{}")).collect();
         format!("<@mesh, [{}]>", dims.join(", "))
     };
     let shardings = |ts: &[ArrayType]| ts.iter().map(sharding).collect::<Vec<_>>().join(", ");
@@ -249,19 +280,33 @@ pub fn wrap(body: &str, spec: &CallSpec) -> Result<String, String> {
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let donated = spec.input_output_aliases.iter().find(|a| a[0] == i).map(|&[_, o]| format!(", tf.aliasing_output = {o} : i32")).unwrap_or_default();
-            format!("%arg{i}: {} {{sdy.sharding = #sdy.sharding{}{donated}}}", global(t), sharding(t))
+            let donated = spec
+                .input_output_aliases
+                .iter()
+                .find(|a| a[0] == i)
+                .map(|&[_, o]| format!(", tf.aliasing_output = {o} : i32"))
+                .unwrap_or_default();
+            format!(
+                "%arg{i}: {} {{sdy.sharding = #sdy.sharding{}{donated}}}",
+                global(t),
+                sharding(t)
+            )
         })
         .collect();
-    let locals: Vec<String> = spec.inputs.iter().enumerate().map(|(i, t)| format!("%local{i}: {}", t.tensor())).collect();
+    let locals: Vec<String> =
+        spec.inputs.iter().enumerate().map(|(i, t)| format!("%local{i}: {}", t.tensor())).collect();
     let local_names: Vec<String> = (0..spec.inputs.len()).map(|i| format!("%local{i}")).collect();
     let globals: Vec<String> = spec.outputs.iter().map(global).collect();
     let global_ins: Vec<String> = spec.inputs.iter().map(global).collect();
-    let global_results = if single { globals[0].clone() } else { format!("({})", globals.join(", ")) };
+    let global_results =
+        if single { globals[0].clone() } else { format!("({})", globals.join(", ")) };
     let (manual, results) = if single {
         ("%0".to_string(), "%0".to_string())
     } else {
-        (format!("%0:{}", outs.len()), (0..outs.len()).map(|o| format!("%0#{o}")).collect::<Vec<_>>().join(", "))
+        (
+            format!("%0:{}", outs.len()),
+            (0..outs.len()).map(|o| format!("%0#{o}")).collect::<Vec<_>>().join(", "),
+        )
     };
     Ok(format!(
         "module @{module_name} attributes {{mhlo.num_partitions = {devices} : i32, mhlo.num_replicas = 1 : i32}} {{\n  sdy.mesh @mesh = <[\"x\"={devices}]>\n  func.func public @main({}) -> {global_results} {{\n    {manual} = sdy.manual_computation({}) in_shardings=[{}] out_shardings=[{}] manual_axes={{\"x\"}} ({}) {{\n      {lhs} = {}\n      sdy.return {returned} : {}\n    }} : ({}) -> {global_results}\n    return {results} : {}\n  }}\n}}\n",
@@ -281,7 +326,11 @@ pub fn wrap(body: &str, spec: &CallSpec) -> Result<String, String> {
 /// it is compiled for.
 pub fn num_partitions(program: &str) -> i64 {
     let Some(at) = program.find("mhlo.num_partitions = ") else { return 1 };
-    program[at + "mhlo.num_partitions = ".len()..].split(|c: char| !c.is_ascii_digit()).next().and_then(|n| n.parse().ok()).unwrap_or(1)
+    program[at + "mhlo.num_partitions = ".len()..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
 }
 
 #[cfg(test)]
@@ -298,27 +347,42 @@ mod tests {
         assert_eq!(t.tensor(), "tensor<1024x2048xbf16>");
         assert_eq!(t.to_string(), "bf16[1024,2048]");
         assert_eq!("i32[]".parse::<ArrayType>().unwrap().tensor(), "tensor<i32>");
-        assert_eq!("f8e4m3fn[8,128]".parse::<ArrayType>().unwrap().tensor(), "tensor<8x128xf8E4M3FN>");
-        assert!("bf16[1,x]".parse::<ArrayType>().unwrap_err().contains("bad array type `bf16[1,x]`"));
+        assert_eq!(
+            "f8e4m3fn[8,128]".parse::<ArrayType>().unwrap().tensor(),
+            "tensor<8x128xf8E4M3FN>"
+        );
+        assert!(
+            "bf16[1,x]".parse::<ArrayType>().unwrap_err().contains("bad array type `bf16[1,x]`")
+        );
         assert!("q7[1]".parse::<ArrayType>().unwrap_err().contains("unknown dtype `q7`"));
     }
 
     #[test]
     fn one_result_wraps_like_jax() {
-        let s = spec(r#"{"inputs":["bf16[8,128]","bf16[8,128]"],"outputs":["bf16[8,128]"],"vmem_limit_bytes":null,"input_output_aliases":[],"name":"add"}"#);
+        let s = spec(
+            r#"{"inputs":["bf16[8,128]","bf16[8,128]"],"outputs":["bf16[8,128]"],"vmem_limit_bytes":null,"input_output_aliases":[],"name":"add"}"#,
+        );
         let text = wrap("module {}", &s).unwrap();
         let body = base64::engine::general_purpose::STANDARD.encode("module {}");
         assert!(text.contains(&format!("backend_config = \"{{\\22custom_call_config\\22: {{\\22body\\22: \\22{body}\\22, \\22serialization_format\\22: 1, \\22needs_layout_passes\\22: true}}}}\"")), "{text}");
-        assert!(text.contains("%0 = stablehlo.custom_call @tpu_custom_call(%arg0, %arg1)"), "{text}");
+        assert!(
+            text.contains("%0 = stablehlo.custom_call @tpu_custom_call(%arg0, %arg1)"),
+            "{text}"
+        );
         assert!(text.contains("operand_layouts = [dense<[1, 0]> : tensor<2xindex>, dense<[1, 0]> : tensor<2xindex>]"), "{text}");
-        assert!(text.contains(": (tensor<8x128xbf16>, tensor<8x128xbf16>) -> tensor<8x128xbf16>"), "{text}");
+        assert!(
+            text.contains(": (tensor<8x128xbf16>, tensor<8x128xbf16>) -> tensor<8x128xbf16>"),
+            "{text}"
+        );
         assert!(text.contains("kernel_name = \"add\""));
         assert!(!text.contains("output_operand_aliases"));
     }
 
     #[test]
     fn several_results_aliases_and_vmem_limit() {
-        let s = spec(r#"{"inputs":["i32[2]","f32[8,128]"],"outputs":["f32[8,128]","bf16[4]"],"vmem_limit_bytes":1048576,"input_output_aliases":[[1,0]],"name":"k"}"#);
+        let s = spec(
+            r#"{"inputs":["i32[2]","f32[8,128]"],"outputs":["f32[8,128]","bf16[4]"],"vmem_limit_bytes":1048576,"input_output_aliases":[[1,0]],"name":"k"}"#,
+        );
         let text = wrap("b", &s).unwrap();
         assert!(text.contains("%arg1: tensor<8x128xf32> {tf.aliasing_output = 0 : i32}"), "{text}");
         assert!(text.contains("output_operand_aliases = [#stablehlo.output_operand_alias<output_tuple_indices = [0], operand_index = 1, operand_tuple_indices = []>]"), "{text}");
@@ -329,9 +393,15 @@ mod tests {
 
     #[test]
     fn several_devices_wrap_like_shard_map() {
-        let s = spec(r#"{"inputs":["bf16[16,128]"],"outputs":["bf16[64,128]"],"name":"all_gather","devices":4,"mesh":[["x",4]],"has_communication":true,"collective_id":0}"#);
+        let s = spec(
+            r#"{"inputs":["bf16[16,128]"],"outputs":["bf16[64,128]"],"name":"all_gather","devices":4,"mesh":[["x",4]],"has_communication":true,"collective_id":0}"#,
+        );
         let text = wrap("b", &s).unwrap();
-        assert!(text.contains("mhlo.num_partitions = 4 : i32") && text.contains("sdy.mesh @mesh = <[\"x\"=4]>"), "{text}");
+        assert!(
+            text.contains("mhlo.num_partitions = 4 : i32")
+                && text.contains("sdy.mesh @mesh = <[\"x\"=4]>"),
+            "{text}"
+        );
         assert!(text.contains("@main(%arg0: tensor<64x128xbf16> {sdy.sharding = #sdy.sharding<@mesh, [{\"x\"}, {}]>}) -> tensor<256x128xbf16>"), "{text}");
         assert!(text.contains("manual_axes={\"x\"} (%local0: tensor<16x128xbf16>)"), "{text}");
         assert!(text.contains("stablehlo.custom_call @tpu_custom_call(%local0)"), "{text}");
@@ -339,20 +409,33 @@ mod tests {
         assert_eq!(num_partitions(&text), 4);
         assert_eq!(num_partitions("module {}"), 1);
         // A cache updated in place: donated at the program's boundary, aliased in the call.
-        let s = spec(r#"{"inputs":["i32[8]","bf16[16,128]"],"outputs":["f32[8,128]","bf16[16,128]"],"input_output_aliases":[[1,1]],"name":"k","devices":2,"mesh":[["x",2]],"has_communication":true,"collective_id":0}"#);
+        let s = spec(
+            r#"{"inputs":["i32[8]","bf16[16,128]"],"outputs":["f32[8,128]","bf16[16,128]"],"input_output_aliases":[[1,1]],"name":"k","devices":2,"mesh":[["x",2]],"has_communication":true,"collective_id":0}"#,
+        );
         let text = wrap("b", &s).unwrap();
         assert!(text.contains("%arg1: tensor<32x128xbf16> {sdy.sharding = #sdy.sharding<@mesh, [{\"x\"}, {}]>, tf.aliasing_output = 1 : i32}"), "{text}");
         assert!(text.contains("output_operand_aliases = [#stablehlo.output_operand_alias<output_tuple_indices = [1], operand_index = 1, operand_tuple_indices = []>]"), "{text}");
-        let e = CallSpec::from_json(r#"{"inputs":["f32[]"],"outputs":["f32[8]"],"name":"k","devices":2}"#).unwrap_err();
+        let e = CallSpec::from_json(
+            r#"{"inputs":["f32[]"],"outputs":["f32[8]"],"name":"k","devices":2}"#,
+        )
+        .unwrap_err();
         assert!(e.contains("the scalar f32[] cannot be split over devices"), "{e}");
     }
 
     #[test]
     fn bad_specs_say_what_is_wrong() {
-        assert!(CallSpec::from_json(r#"{"inputs":[],"outputs":[],"name":"k"}"#).unwrap_err().contains("no outputs"));
+        assert!(
+            CallSpec::from_json(r#"{"inputs":[],"outputs":[],"name":"k"}"#)
+                .unwrap_err()
+                .contains("no outputs")
+        );
         let e = CallSpec::from_json(r#"{"inputs":["f32[8]"],"outputs":["f32[4]"],"input_output_aliases":[[0,0]],"name":"k"}"#).unwrap_err();
         assert!(e.contains("alias [0, 0] joins f32[8] and f32[4]"), "{e}");
         assert!(CallSpec::from_json(r#"{"inputs":["f32[8]"],"outputs":["f32[8]"],"input_output_aliases":[[3,0]],"name":"k"}"#).unwrap_err().contains("no such input"));
-        assert!(CallSpec::from_json(r#"{"inputs":["f32[8"],"outputs":["f32[8]"],"name":"k"}"#).unwrap_err().contains("bad array type"));
+        assert!(
+            CallSpec::from_json(r#"{"inputs":["f32[8"],"outputs":["f32[8]"],"name":"k"}"#)
+                .unwrap_err()
+                .contains("bad array type")
+        );
     }
 }

@@ -55,8 +55,10 @@ fn worker_hook() {
 
 /// The probe's side of [`probe_client`]: create the client, say whether that worked.
 fn answer_probe(plugin: &Path) -> i32 {
-    let created = crate::ffi::Plugin::load(plugin).and_then(|p| crate::ffi::Client::create(std::rc::Rc::new(p)).map(drop));
-    let text = serde_json::to_string(&created).unwrap_or_else(|e| format!("{{\"Err\":\"cannot encode the probe's answer: {e}\"}}"));
+    let created = crate::ffi::Plugin::load(plugin)
+        .and_then(|p| crate::ffi::Client::create(std::rc::Rc::new(p)).map(drop));
+    let text = serde_json::to_string(&created)
+        .unwrap_or_else(|e| format!("{{\"Err\":\"cannot encode the probe's answer: {e}\"}}"));
     let mut stdout = std::io::stdout();
     if writeln!(stdout, "{ANSWER_PREFIX}{text}").and_then(|()| stdout.flush()).is_err() {
         return 1;
@@ -71,21 +73,34 @@ fn answer_probe(plugin: &Path) -> i32 {
 /// probe first: an abort then becomes an error with libtpu's fatal message.
 pub fn probe_client(plugin: &Path) -> Result<(), String> {
     std::hint::black_box(worker_hook as extern "C" fn());
-    let exe = std::env::current_exe().map_err(|e| format!("cannot start the client probe: no current executable: {e}"))?;
-    let logs = std::env::temp_dir().join(format!("palladium-probe-{}-{}", std::process::id(), WORKER_SEQ.fetch_add(1, Ordering::Relaxed)));
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot start the client probe: no current executable: {e}"))?;
+    let logs = std::env::temp_dir().join(format!(
+        "palladium-probe-{}-{}",
+        std::process::id(),
+        WORKER_SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
     let out = Command::new(&exe)
         .env(PROBE_ENV, plugin)
         .env_remove(WORKER_ENV)
         .envs(LIBTPU_ENVIRONMENT)
-        .env("LIBTPU_INIT_ARGS", format!("{} --log_dir={}", std::env::var("LIBTPU_INIT_ARGS").unwrap_or_default(), logs.display()))
+        .env(
+            "LIBTPU_INIT_ARGS",
+            format!(
+                "{} --log_dir={}",
+                std::env::var("LIBTPU_INIT_ARGS").unwrap_or_default(),
+                logs.display()
+            ),
+        )
         .stdin(Stdio::null())
         .output();
     let _ = std::fs::remove_dir_all(&logs);
     let out = out.map_err(|e| format!("cannot start the client probe {}: {e}", exe.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     match stdout.lines().find_map(|l| l.strip_prefix(ANSWER_PREFIX)) {
-        Some(json) => serde_json::from_str::<Result<(), String>>(json).map_err(|e| format!("bad answer from the client probe: {e}"))?,
+        Some(json) => serde_json::from_str::<Result<(), String>>(json)
+            .map_err(|e| format!("bad answer from the client probe: {e}"))?,
         None => {
             let said = String::from_utf8_lossy(&out.stderr);
             let why = fatal_line(&said).unwrap_or_else(|| last_lines(&said, 3));
@@ -122,15 +137,27 @@ fn serve(libtpu: &Path) -> i32 {
             Ok(req) => match &mut session {
                 Err(e) => Answer { result: Err(e.clone()), executable: None },
                 Ok(s) => {
-                    let compiled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.compile(&req.program, &req.topology, req.serialize, profile.as_deref())))
-                        .unwrap_or_else(|panic| Err(format!("the compile panicked: {}", panic_text(&*panic))));
+                    let compiled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        s.compile(&req.program, &req.topology, req.serialize, profile.as_deref())
+                    }))
+                    .unwrap_or_else(|panic| {
+                        Err(format!("the compile panicked: {}", panic_text(&*panic)))
+                    });
                     let mut compiled = compiled;
-                    let executable = compiled.as_mut().ok().and_then(|c| c.executable.take()).map(|b| base64::engine::general_purpose::STANDARD.encode(b));
+                    let executable = compiled
+                        .as_mut()
+                        .ok()
+                        .and_then(|c| c.executable.take())
+                        .map(|b| base64::engine::general_purpose::STANDARD.encode(b));
                     Answer { result: compiled, executable }
                 }
             },
         };
-        let text = serde_json::to_string(&answer).unwrap_or_else(|e| format!("{{\"result\":{{\"Err\":\"cannot encode the answer: {e}\"}},\"executable\":null}}"));
+        let text = serde_json::to_string(&answer).unwrap_or_else(|e| {
+            format!(
+                "{{\"result\":{{\"Err\":\"cannot encode the answer: {e}\"}},\"executable\":null}}"
+            )
+        });
         if writeln!(stdout, "{ANSWER_PREFIX}{text}").and_then(|()| stdout.flush()).is_err() {
             return 1;
         }
@@ -140,7 +167,11 @@ fn serve(libtpu: &Path) -> i32 {
 
 /// The text of a caught panic.
 fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "(panic without a message)".into())
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "(panic without a message)".into())
 }
 
 /// One compile: a StableHLO program for one chip.
@@ -224,7 +255,8 @@ impl Compiler {
     /// rejects the job it happened on; the others go on in fresh workers.
     pub fn compile_all(&self, jobs: &[Job]) -> Vec<Result<Compiled, CompileError>> {
         let next = AtomicUsize::new(0);
-        let results: Mutex<Vec<Option<Result<Compiled, CompileError>>>> = Mutex::new(vec![None; jobs.len()]);
+        let results: Mutex<Vec<Option<Result<Compiled, CompileError>>>> =
+            Mutex::new(vec![None; jobs.len()]);
         let threads = self.workers.min(jobs.len());
         std::thread::scope(|scope| {
             for _ in 0..threads {
@@ -239,7 +271,12 @@ impl Compiler {
                 });
             }
         });
-        results.into_inner().unwrap_or_else(|p| p.into_inner()).into_iter().map(|r| r.expect("every job ran")).collect()
+        results
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+            .into_iter()
+            .map(|r| r.expect("every job ran"))
+            .collect()
     }
 
     /// [`Compiler::compile_all`] with the estimate; a job whose compile aborts, or is
@@ -252,7 +289,12 @@ impl Compiler {
     pub fn compile_all_estimated(&self, jobs: &[Job]) -> Vec<Result<Compiled, CompileError>> {
         let estimating = Compiler { estimate: Estimate::Yes, ..self.clone() };
         let mut results = estimating.compile_all(jobs);
-        let failed: Vec<usize> = results.iter().enumerate().filter(|(_, r)| matches!(r, Err(CompileError::Aborted(_) | CompileError::Rejected(_)))).map(|(i, _)| i).collect();
+        let failed: Vec<usize> = results
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| matches!(r, Err(CompileError::Aborted(_) | CompileError::Rejected(_))))
+            .map(|(i, _)| i)
+            .collect();
         if failed.is_empty() {
             return results;
         }
@@ -260,8 +302,13 @@ impl Compiler {
         let again = plain.compile_all(&failed.iter().map(|&i| jobs[i].clone()).collect::<Vec<_>>());
         for (i, r) in failed.into_iter().zip(again) {
             let note = match &results[i] {
-                Err(CompileError::Aborted(why)) => format!("libtpu's static estimator aborted on this program: {why}"),
-                Err(e) => format!("libtpu refuses this program with its static estimator on, and accepts it without ({})", e.to_string().lines().next().unwrap_or_default()),
+                Err(CompileError::Aborted(why)) => {
+                    format!("libtpu's static estimator aborted on this program: {why}")
+                }
+                Err(e) => format!(
+                    "libtpu refuses this program with its static estimator on, and accepts it without ({})",
+                    e.to_string().lines().next().unwrap_or_default()
+                ),
                 Ok(_) => continue,
             };
             results[i] = r.map(|mut c| {
@@ -277,13 +324,24 @@ impl Compiler {
             *worker = Some(Worker::spawn(&self.libtpu, self.estimate)?);
         }
         let w = worker.as_mut().expect("spawned above");
-        let topology = libtpu::topology(job.chip, crate::stablehlo::num_partitions(&job.program).max(1) as u64).map_err(CompileError::NoTopology)?;
-        let request = Request { program: job.program.clone(), topology: topology.to_string(), serialize: job.serialize };
+        let topology = libtpu::topology(
+            job.chip,
+            crate::stablehlo::num_partitions(&job.program).max(1) as u64,
+        )
+        .map_err(CompileError::NoTopology)?;
+        let request = Request {
+            program: job.program.clone(),
+            topology: topology.to_string(),
+            serialize: job.serialize,
+        };
         match w.ask(&request) {
             Ok(answer) => {
                 let mut compiled = answer.result.map_err(CompileError::Rejected)?;
                 if let Some(b64) = answer.executable {
-                    compiled.executable = Some(base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| CompileError::Setup(format!("bad executable from the worker: {e}")))?);
+                    compiled.executable =
+                        Some(base64::engine::general_purpose::STANDARD.decode(b64).map_err(
+                            |e| CompileError::Setup(format!("bad executable from the worker: {e}")),
+                        )?);
                 }
                 Ok(compiled)
             }
@@ -308,18 +366,30 @@ impl Worker {
         // Referencing the hook keeps its object file (and so its `.init_array` entry) in
         // every binary that can spawn workers, however the linker prunes the rlib.
         std::hint::black_box(worker_hook as extern "C" fn());
-        let setup = |what: &str, e: std::io::Error| CompileError::Setup(format!("cannot start a compile worker: {what}: {e}"));
+        let setup = |what: &str, e: std::io::Error| {
+            CompileError::Setup(format!("cannot start a compile worker: {what}: {e}"))
+        };
         let exe = std::env::current_exe().map_err(|e| setup("no current executable", e))?;
         let n = WORKER_SEQ.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("palladium-worker-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("profile")).map_err(|e| setup(&format!("cannot create {}", dir.display()), e))?;
-        let stderr = std::fs::File::create(dir.join("stderr.log")).map_err(|e| setup("cannot create its stderr log", e))?;
+        std::fs::create_dir_all(dir.join("profile"))
+            .map_err(|e| setup(&format!("cannot create {}", dir.display()), e))?;
+        let stderr = std::fs::File::create(dir.join("stderr.log"))
+            .map_err(|e| setup("cannot create its stderr log", e))?;
         let mut cmd = Command::new(&exe);
-        cmd.env(WORKER_ENV, libtpu).envs(LIBTPU_ENVIRONMENT).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(stderr);
+        cmd.env(WORKER_ENV, libtpu)
+            .envs(LIBTPU_ENVIRONMENT)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr);
         // libtpu's own log files go to the worker's directory, removed with it: by default
         // they land in /tmp/tpu_logs and stay, hundreds of MB for one rejected program.
-        let mut args = format!("{} --log_dir={}", std::env::var("LIBTPU_INIT_ARGS").unwrap_or_default(), dir.display());
+        let mut args = format!(
+            "{} --log_dir={}",
+            std::env::var("LIBTPU_INIT_ARGS").unwrap_or_default(),
+            dir.display()
+        );
         if estimate == Estimate::Yes {
             let profile = dir.join("profile");
             args = format!("{args} --xla_jf_dump_static_llo_profile_to={}", profile.display());
@@ -336,7 +406,8 @@ impl Worker {
     fn ask(&mut self, request: &Request) -> Result<Answer, CompileError> {
         let log = self.dir.join("stderr.log");
         let offset = std::fs::metadata(&log).map_or(0, |m| m.len());
-        let line = serde_json::to_string(request).map_err(|e| CompileError::Setup(format!("cannot encode a worker request: {e}")))?;
+        let line = serde_json::to_string(request)
+            .map_err(|e| CompileError::Setup(format!("cannot encode a worker request: {e}")))?;
         let sent = self.stdin.as_mut().map(|s| writeln!(s, "{line}").and_then(|()| s.flush()));
         if matches!(sent, Some(Ok(()))) {
             let mut text = String::new();
@@ -346,7 +417,11 @@ impl Worker {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {
                         if let Some(json) = text.trim_end().strip_prefix(ANSWER_PREFIX) {
-                            return serde_json::from_str(json).map_err(|e| CompileError::Setup(format!("bad answer from the compile worker: {e}")));
+                            return serde_json::from_str(json).map_err(|e| {
+                                CompileError::Setup(format!(
+                                    "bad answer from the compile worker: {e}"
+                                ))
+                            });
                         }
                     }
                 }
@@ -354,7 +429,11 @@ impl Worker {
         }
         // The worker died: say how, with libtpu's last words.
         self.stdin = None;
-        let status = self.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| format!("unknown status ({e})"));
+        let status = self
+            .child
+            .wait()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|e| format!("unknown status ({e})"));
         let mut said = String::new();
         if let Ok(mut f) = std::fs::File::open(&log) {
             let _ = f.seek(SeekFrom::Start(offset));
@@ -377,7 +456,11 @@ impl Drop for Worker {
 /// The message of glog's fatal line (`F1130 01:02:41.87 5570 file.cc:1585] message`), which
 /// says why libtpu aborted.
 pub fn fatal_line(stderr: &str) -> Option<String> {
-    let line = stderr.lines().find(|l| l.starts_with('F') && l.as_bytes().get(1).is_some_and(u8::is_ascii_digit) && l.contains("] "))?;
+    let line = stderr.lines().find(|l| {
+        l.starts_with('F')
+            && l.as_bytes().get(1).is_some_and(u8::is_ascii_digit)
+            && l.contains("] ")
+    })?;
     Some(line.split_once("] ").map_or(line, |(_, m)| m).trim().to_string())
 }
 
@@ -399,7 +482,10 @@ mod tests {
     #[test]
     fn the_fatal_line_says_why() {
         let err = "W0000 warning\nF1130 01:02:41.870801    5570 llo_dumper.cc:1585] Static LLO profiling failed: Unsupported DMA direction.\n*** SIGABRT";
-        assert_eq!(fatal_line(err).as_deref(), Some("Static LLO profiling failed: Unsupported DMA direction."));
+        assert_eq!(
+            fatal_line(err).as_deref(),
+            Some("Static LLO profiling failed: Unsupported DMA direction.")
+        );
         assert_eq!(fatal_line("Failed to find host bounds\n"), None);
     }
 

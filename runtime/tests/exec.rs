@@ -25,7 +25,9 @@ fn several_outputs_come_back() {
     return %s, %p : tensor<2x3xf32>, tensor<2x3xf32>
   }
 }";
-    let loaded = d.compile(program, &[ty("f32[2,3]"), ty("f32[2,3]")], &[ty("f32[2,3]"), ty("f32[2,3]")]).unwrap();
+    let loaded = d
+        .compile(program, &[ty("f32[2,3]"), ty("f32[2,3]")], &[ty("f32[2,3]"), ty("f32[2,3]")])
+        .unwrap();
     let a = HostArray::from_f32(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
     let b = HostArray::from_f32(&[2, 3], &[10., 20., 30., 40., 50., 60.]);
     let run = loaded.run(&[a.clone(), b.clone()]).unwrap();
@@ -49,13 +51,19 @@ fn an_aliased_input_is_donated_to_its_output() {
     return %u : tensor<4x2xf32>
   }
 }";
-    let loaded = d.compile(program, &[ty("f32[4,2]"), ty("f32[1,2]"), ty("i32[]")], &[ty("f32[4,2]")]).unwrap();
+    let loaded = d
+        .compile(program, &[ty("f32[4,2]"), ty("f32[1,2]"), ty("i32[]")], &[ty("f32[4,2]")])
+        .unwrap();
     let cache = HostArray::from_f32(&[4, 2], &[0.; 8]);
     let row = HostArray::from_f32(&[1, 2], &[7., 8.]);
     let pos = HostArray::new(DType::I32, &[], 2i32.to_le_bytes().to_vec()).unwrap();
     let run = loaded.run(&[cache, row, pos]).unwrap();
     assert_eq!(run.outputs[0].to_f32(), [0., 0., 0., 0., 7., 8., 0., 0.]);
-    assert_eq!(run.donated, [true, false, false], "the cache is donated to the output, the rest is not");
+    assert_eq!(
+        run.donated,
+        [true, false, false],
+        "the cache is donated to the output, the rest is not"
+    );
 }
 
 #[test]
@@ -69,11 +77,25 @@ fn bf16_buffers_round_trip() {
     return %s, %p : tensor<4xbf16>, tensor<4xf32>
   }
 }";
-    let loaded = d.compile(program, &[ty("bf16[4]"), ty("f32[4]")], &[ty("bf16[4]"), ty("f32[4]")]).unwrap();
+    let loaded =
+        d.compile(program, &[ty("bf16[4]"), ty("f32[4]")], &[ty("bf16[4]"), ty("f32[4]")]).unwrap();
     // bf16 1.5, -2, 0.25, 3 (upper halves of their f32 bits).
-    let a: Vec<u8> = [1.5f32, -2., 0.25, 3.].iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes()).collect();
-    let out = loaded.run(&[HostArray::new(DType::Bf16, &[4], a).unwrap(), HostArray::from_f32(&[4], &[1., 1., 1., 1.])]).unwrap().outputs;
-    let doubled: Vec<f32> = out[0].bytes.chunks_exact(2).map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16)).collect();
+    let a: Vec<u8> = [1.5f32, -2., 0.25, 3.]
+        .iter()
+        .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+        .collect();
+    let out = loaded
+        .run(&[
+            HostArray::new(DType::Bf16, &[4], a).unwrap(),
+            HostArray::from_f32(&[4], &[1., 1., 1., 1.]),
+        ])
+        .unwrap()
+        .outputs;
+    let doubled: Vec<f32> = out[0]
+        .bytes
+        .chunks_exact(2)
+        .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+        .collect();
     assert_eq!(doubled, [3., -4., 0.5, 6.]);
     assert_eq!(out[1].to_f32(), [2.5, -1., 1.25, 4.]);
 }
@@ -81,7 +103,10 @@ fn bf16_buffers_round_trip() {
 #[test]
 fn errors_say_what_is_wrong() {
     let d = cpu();
-    let e = d.compile("module { this is not stablehlo }", &[], &[ty("f32[1]")]).err().expect("a bad program is rejected");
+    let e = d
+        .compile("module { this is not stablehlo }", &[], &[ty("f32[1]")])
+        .err()
+        .expect("a bad program is rejected");
     assert!(e.contains("the device rejected the program"), "{e}");
     let program = "module @id {
   func.func public @main(%a: tensor<2xf32>) -> tensor<2xf32> {
@@ -92,7 +117,11 @@ fn errors_say_what_is_wrong() {
     assert_eq!(loaded.run(&[]).unwrap_err(), "the program takes 1 inputs, not 0");
     let e = loaded.run(&[HostArray::from_f32(&[3], &[1., 2., 3.])]).unwrap_err();
     assert_eq!(e, "input 0 is f32[3], the program takes f32[2]");
-    assert!(HostArray::new(DType::F32, &[2], vec![0; 7]).unwrap_err().contains("f32[2] holds 8 bytes, not 7"));
+    assert!(
+        HostArray::new(DType::F32, &[2], vec![0; 7])
+            .unwrap_err()
+            .contains("f32[2] holds 8 bytes, not 7")
+    );
     let e = Device::open(std::path::Path::new("/nonexistent/plugin.so")).err().unwrap();
     assert!(e.contains("/nonexistent/plugin.so"), "{e}");
 }

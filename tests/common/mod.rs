@@ -6,7 +6,11 @@ use std::process::Command;
 /// Run `palladium ARGS`: (success, stdout, stderr).
 pub fn palladium(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_palladium")).args(args).output().expect("runs");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// An empty path under the test target's temporary folder (removed if a previous run left it).

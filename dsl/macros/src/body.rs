@@ -38,9 +38,10 @@ fn carried(block: &Block) -> Vec<Ident> {
             match e {
                 Expr::Path(p) => {
                     if let Some(id) = p.path.get_ident()
-                        && self.assigned.insert(id.to_string()) {
-                            self.spans.push(id.clone());
-                        }
+                        && self.assigned.insert(id.to_string())
+                    {
+                        self.spans.push(id.clone());
+                    }
                 }
                 Expr::Tuple(t) => t.elems.iter().for_each(|e| self.lhs(e)),
                 Expr::Paren(p) => self.lhs(&p.expr),
@@ -65,7 +66,10 @@ fn carried(block: &Block) -> Vec<Ident> {
     }
     let mut s = Scan::default();
     s.visit_block(block);
-    s.spans.into_iter().filter(|id| !s.declared.contains(&id.to_string()) && !id.to_string().starts_with("__pd")).collect()
+    s.spans
+        .into_iter()
+        .filter(|id| !s.declared.contains(&id.to_string()) && !id.to_string().starts_with("__pd"))
+        .collect()
 }
 
 /// The names a region expression carries (`if`: both branches; `for`/`while`: the body),
@@ -156,12 +160,18 @@ impl BodyRewriter<'_> {
         impl<'x> Visit<'x> for Find<'_> {
             fn visit_expr_break(&mut self, b: &'x syn::ExprBreak) {
                 if self.depth == 0 {
-                    self.errors.at(b.span(), format!("`break` is not supported in a traced {}", self.what));
+                    self.errors.at(
+                        b.span(),
+                        format!("`break` is not supported in a traced {}", self.what),
+                    );
                 }
             }
             fn visit_expr_continue(&mut self, c: &'x syn::ExprContinue) {
                 if self.depth == 0 {
-                    self.errors.at(c.span(), format!("`continue` is not supported in a traced {}", self.what));
+                    self.errors.at(
+                        c.span(),
+                        format!("`continue` is not supported in a traced {}", self.what),
+                    );
                 }
             }
             fn visit_expr_closure(&mut self, c: &'x syn::ExprClosure) {
@@ -241,7 +251,8 @@ impl BodyRewriter<'_> {
                 );
                 None
             }
-            Expr::Call(c) if matches!(&*c.func, Expr::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "fori")) => {
+            Expr::Call(c) if matches!(&*c.func, Expr::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "fori")) =>
+            {
                 self.reject_in(&f.body, "for loop");
                 let span = f.for_token.span();
                 let pat: &Pat = &f.pat;
@@ -281,7 +292,13 @@ impl BodyRewriter<'_> {
         })
     }
 
-    fn store(&mut self, base: &Expr, index: &Expr, value: TokenStream, span: proc_macro2::Span) -> Expr {
+    fn store(
+        &mut self,
+        base: &Expr,
+        index: &Expr,
+        value: TokenStream,
+        span: proc_macro2::Span,
+    ) -> Expr {
         parse_quote_spanned! {span=>
             {
                 let __pd_base = &#base;
@@ -296,42 +313,52 @@ impl VisitMut for BodyRewriter<'_> {
     fn visit_expr_mut(&mut self, e: &mut Expr) {
         // Assignments through an index are stores: rewrite before the index becomes a load.
         if let Expr::Assign(a) = e
-            && let Expr::Index(ix) = &mut *a.left {
-                self.visit_expr_mut(&mut ix.expr);
-                self.visit_expr_mut(&mut ix.index);
-                self.visit_expr_mut(&mut a.right);
-                let (base, index, right) = (&ix.expr, &ix.index, &a.right);
-                *e = self.store(base, index, quote!(#right), a.eq_token.span());
-                return;
-            }
+            && let Expr::Index(ix) = &mut *a.left
+        {
+            self.visit_expr_mut(&mut ix.expr);
+            self.visit_expr_mut(&mut ix.index);
+            self.visit_expr_mut(&mut a.right);
+            let (base, index, right) = (&ix.expr, &ix.index, &a.right);
+            *e = self.store(base, index, quote!(#right), a.eq_token.span());
+            return;
+        }
         if let Expr::Binary(b) = e
-            && let (Expr::Index(ix), Some(op)) = (&mut *b.left, plain_op(&b.op)) {
-                self.visit_expr_mut(&mut ix.expr);
-                self.visit_expr_mut(&mut ix.index);
-                self.visit_expr_mut(&mut b.right);
-                let right = &b.right;
-                let value = quote_spanned!(b.op.span()=>
+            && let (Expr::Index(ix), Some(op)) = (&mut *b.left, plain_op(&b.op))
+        {
+            self.visit_expr_mut(&mut ix.expr);
+            self.visit_expr_mut(&mut ix.index);
+            self.visit_expr_mut(&mut b.right);
+            let right = &b.right;
+            let value = quote_spanned!(b.op.span()=>
                     ::palladium_dsl::__private::IndexRef::__pd_index(__pd_base, ::core::clone::Clone::clone(&__pd_idx)) #op (#right));
-                *e = self.store(&ix.expr, &ix.index, value, b.op.span());
-                return;
-            }
+            *e = self.store(&ix.expr, &ix.index, value, b.op.span());
+            return;
+        }
         // Carried names of a region: from the source, before its nested regions are rewritten.
         let vars = region_vars(e).unwrap_or_default();
         visit_mut::visit_expr_mut(self, e);
         let replaced: Option<Expr> = match e {
             Expr::Index(ix) => {
                 let (base, index) = (&ix.expr, &ix.index);
-                Some(parse_quote_spanned!(ix.bracket_token.span.join()=> (&#base).__pd_index(#index)))
+                Some(
+                    parse_quote_spanned!(ix.bracket_token.span.join()=> (&#base).__pd_index(#index)),
+                )
             }
             Expr::Binary(b) => {
                 let (l, r) = (&b.left, &b.right);
                 if let Some(pred) = cmp_pred(&b.op) {
                     let pred = Ident::new(pred, b.op.span());
-                    Some(parse_quote_spanned!(b.op.span()=> ::palladium_dsl::__private::cmp(::palladium_dsl::__private::CmpPred::#pred, #l, #r)))
+                    Some(
+                        parse_quote_spanned!(b.op.span()=> ::palladium_dsl::__private::cmp(::palladium_dsl::__private::CmpPred::#pred, #l, #r)),
+                    )
                 } else {
                     match b.op {
-                        BinOp::And(t) => Some(parse_quote_spanned!(t.span()=> ::palladium_dsl::__private::and(#l, || #r))),
-                        BinOp::Or(t) => Some(parse_quote_spanned!(t.span()=> ::palladium_dsl::__private::or(#l, || #r))),
+                        BinOp::And(t) => Some(
+                            parse_quote_spanned!(t.span()=> ::palladium_dsl::__private::and(#l, || #r)),
+                        ),
+                        BinOp::Or(t) => Some(
+                            parse_quote_spanned!(t.span()=> ::palladium_dsl::__private::or(#l, || #r)),
+                        ),
                         _ => None,
                     }
                 }
@@ -340,7 +367,10 @@ impl VisitMut for BodyRewriter<'_> {
             Expr::ForLoop(f) => self.rewrite_for(f, vars),
             Expr::While(w) => self.rewrite_while(w, vars),
             Expr::Return(r) => {
-                self.errors.at(r.span(), "a kernel body cannot `return`: it is traced once, straight through");
+                self.errors.at(
+                    r.span(),
+                    "a kernel body cannot `return`: it is traced once, straight through",
+                );
                 None
             }
             Expr::Loop(l) => {

@@ -1,7 +1,9 @@
 //! The expansion of `#[kernel]`.
 
 use crate::body::BodyRewriter;
-use crate::parse::{BlockDimArg, DTYPES, Errors, OperandArgs, SPACES, ScratchArgs, parse_kernel_args};
+use crate::parse::{
+    BlockDimArg, DTYPES, Errors, OperandArgs, SPACES, ScratchArgs, parse_kernel_args,
+};
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
@@ -60,7 +62,11 @@ fn compile_time_params(func: &ItemFn) -> Vec<Param> {
             // A ref without a spec: reported as such, not a parameter.
             continue;
         }
-        let default = pt.attrs.iter().find(|a| a.path().is_ident("default")).and_then(|a| a.parse_args::<Expr>().ok());
+        let default = pt
+            .attrs
+            .iter()
+            .find(|a| a.path().is_ident("default"))
+            .and_then(|a| a.parse_args::<Expr>().ok());
         out.push(Param { ident: pi.ident.clone(), ty: (*pt.ty).clone(), default });
     }
     out
@@ -83,7 +89,10 @@ fn dtype_tokens(id: &Ident, params: &[Param], errors: &mut Errors) -> TokenStrea
     let known: Vec<_> = DTYPES.iter().map(|(n, _)| *n).collect();
     errors.at(
         id.span(),
-        format!("unknown dtype `{id}` (known: {}, or a compile-time parameter of type DType)", known.join(", ")),
+        format!(
+            "unknown dtype `{id}` (known: {}, or a compile-time parameter of type DType)",
+            known.join(", ")
+        ),
     );
     quote!(::palladium_dsl::__private::DType::F32)
 }
@@ -156,7 +165,9 @@ pub(crate) fn expr_text(e: &Expr) -> String {
         if c == ' ' {
             let prev = out.chars().last().unwrap_or(' ');
             let next = chars.get(i + 1).copied().unwrap_or(' ');
-            let glued = matches!(next, '.' | ',' | ')' | ']') || matches!(prev, '.' | '(' | '[' | '!') || (next == '(' && (prev.is_alphanumeric() || prev == '_'));
+            let glued = matches!(next, '.' | ',' | ')' | ']')
+                || matches!(prev, '.' | '(' | '[' | '!')
+                || (next == '(' && (prev.is_alphanumeric() || prev == '_'));
             if glued {
                 continue;
             }
@@ -222,10 +233,14 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
     let name = func.sig.ident.clone();
     let vis = func.vis.clone();
     if func.sig.output != syn::ReturnType::Default {
-        errors.at(func.sig.output.span(), "a kernel returns nothing: it writes its outputs through refs");
+        errors.at(
+            func.sig.output.span(),
+            "a kernel returns nothing: it writes its outputs through refs",
+        );
     }
     if !func.sig.generics.params.is_empty() {
-        errors.at(func.sig.generics.span(), "kernels cannot be generic: use compile-time parameters");
+        errors
+            .at(func.sig.generics.span(), "kernels cannot be generic: use compile-time parameters");
     }
 
     // Classify parameters.
@@ -239,7 +254,8 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
             errors.at(pt.pat.span(), "kernel parameters must be plain names");
             continue;
         };
-        let specs: Vec<&Attribute> = pt.attrs.iter().filter(|a| matches!(attr_kind(a), Some(k) if k != "default")).collect();
+        let specs: Vec<&Attribute> =
+            pt.attrs.iter().filter(|a| matches!(attr_kind(a), Some(k) if k != "default")).collect();
         match specs.as_slice() {
             [] if is_ref_type(&pt.ty) => errors.at(
                 pt.ty.span(),
@@ -267,7 +283,10 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
         }
     }
     let params = compile_time_params(&func);
-    let prefetch_count = refs.iter().filter(|(_, k, _)| matches!(k, RefKind::Operand { role: "Prefetch", .. })).count();
+    let prefetch_count = refs
+        .iter()
+        .filter(|(_, k, _)| matches!(k, RefKind::Operand { role: "Prefetch", .. }))
+        .count();
 
     // Declarations.
     let mut decls = Vec::new();
@@ -285,7 +304,14 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
                 let block = match &args.block {
                     Some((dims, span)) => {
                         if dims.len() != args.array.dims.len() {
-                            errors.at(*span, format!("block rank {} differs from the array rank {}", dims.len(), args.array.dims.len()));
+                            errors.at(
+                                *span,
+                                format!(
+                                    "block rank {} differs from the array rank {}",
+                                    dims.len(),
+                                    args.array.dims.len()
+                                ),
+                            );
                         }
                         for (d, (b, a)) in dims.iter().zip(&args.array.dims).enumerate() {
                             if let BlockDimArg::Blocked(b) = b {
@@ -319,9 +345,22 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
                     Some(closure) => index_map(closure, grid_rank, prefetch_count, &mut errors),
                     None => {
                         if args.block.is_some() {
-                            errors.at(args.array.span, "a block shape needs an index map: `map = |i, j| (i, j)`");
+                            errors.at(
+                                args.array.span,
+                                "a block shape needs an index map: `map = |i, j| (i, j)`",
+                            );
                         }
-                        quote!(::core::option::Option::<::std::boxed::Box<dyn ::core::ops::FnOnce(&[::palladium_dsl::__private::Val], &[::palladium_dsl::__private::Ref]) -> (u32,)>>::None)
+                        quote!(
+                            ::core::option::Option::<
+                                ::std::boxed::Box<
+                                    dyn ::core::ops::FnOnce(
+                                            &[::palladium_dsl::__private::Val],
+                                            &[::palladium_dsl::__private::Ref],
+                                        )
+                                            -> (u32,),
+                                >,
+                            >::None
+                        )
                     }
                 };
                 // Spanned at the attribute: the declaration's location (for call-spec errors)
@@ -382,11 +421,18 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
     });
     let cost = match &kargs.cost {
         Some(c) if c.len() == 3 => {
-            let (f, t, b) = (size_tokens(&c[0], "cost flops"), size_tokens(&c[1], "cost transcendentals"), size_tokens(&c[2], "cost bytes_accessed"));
+            let (f, t, b) = (
+                size_tokens(&c[0], "cost flops"),
+                size_tokens(&c[1], "cost transcendentals"),
+                size_tokens(&c[2], "cost bytes_accessed"),
+            );
             quote!(__pd_b.cost_estimate(#f, #t, #b);)
         }
         Some(c) => {
-            errors.at(c.first().map(|e| e.span()).unwrap_or_else(Span::call_site), "cost = (flops, transcendentals, bytes_accessed)");
+            errors.at(
+                c.first().map(|e| e.span()).unwrap_or_else(Span::call_site),
+                "cost = (flops, transcendentals, bytes_accessed)",
+            );
             quote!()
         }
         None => quote!(),
@@ -401,8 +447,10 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
         let (id, name) = (&p.ident, p.ident.to_string());
         quote_spanned!(p.ty.span()=> __pd_c.param(#name, &#id);)
     });
-    let requires: Vec<TokenStream> = kargs.requires.iter().map(|e| require_tokens(e, &params)).collect();
-    let requires_stage = if requires.is_empty() { quote!() } else { quote!(#(#requires)* __pd_c.stage()?;) };
+    let requires: Vec<TokenStream> =
+        kargs.requires.iter().map(|e| require_tokens(e, &params)).collect();
+    let requires_stage =
+        if requires.is_empty() { quote!() } else { quote!(#(#requires)* __pd_c.stage()?;) };
     let param_idents = params.iter().map(|p| &p.ident);
     let attrs = &func.attrs;
     let name_str = name.to_string();
@@ -437,7 +485,12 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
     Ok(params_module(&name, &vis, attrs, &params, build))
 }
 
-fn index_map(closure: &syn::ExprClosure, grid_rank: usize, prefetch: usize, errors: &mut Errors) -> TokenStream {
+fn index_map(
+    closure: &syn::ExprClosure,
+    grid_rank: usize,
+    prefetch: usize,
+    errors: &mut Errors,
+) -> TokenStream {
     let want = grid_rank + prefetch;
     if closure.inputs.len() != want {
         errors.at(
@@ -446,7 +499,11 @@ fn index_map(closure: &syn::ExprClosure, grid_rank: usize, prefetch: usize, erro
                 "index map takes {} parameter{}; expected {want}: {grid_rank} grid indices{}",
                 closure.inputs.len(),
                 if closure.inputs.len() == 1 { "" } else { "s" },
-                if prefetch > 0 { format!(" then {prefetch} scalar-prefetch refs") } else { String::new() }
+                if prefetch > 0 {
+                    format!(" then {prefetch} scalar-prefetch refs")
+                } else {
+                    String::new()
+                }
             ),
         );
     }
@@ -473,7 +530,13 @@ fn index_map(closure: &syn::ExprClosure, grid_rank: usize, prefetch: usize, erro
 /// `mod <kernel> { Params, build, NAME, PARAMS }`, the kernel's whole interface: built from
 /// named parameters (`matmul::build(&matmul::Params { bm: 128, ..Default::default() })`,
 /// CLI `--set bm=128`). `build_body` is the tracing code, run with `__pd_params: &Params`.
-fn params_module(name: &Ident, vis: &syn::Visibility, attrs: &[Attribute], params: &[Param], build_body: TokenStream) -> TokenStream {
+fn params_module(
+    name: &Ident,
+    vis: &syn::Visibility,
+    attrs: &[Attribute],
+    params: &[Param],
+    build_body: TokenStream,
+) -> TokenStream {
     let fields = params.iter().map(|p| {
         let (id, ty) = (&p.ident, &p.ty);
         quote!(pub #id: #ty)

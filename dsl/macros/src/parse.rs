@@ -64,7 +64,10 @@ pub fn parse_kernel_args(tokens: TokenStream, errors: &mut Errors) -> KernelArgs
         mesh: Vec::new(),
         collective_id: None,
     };
-    let parsed = match syn::parse::Parser::parse2(Punctuated::<syn::MetaNameValue, Token![,]>::parse_terminated, tokens) {
+    let parsed = match syn::parse::Parser::parse2(
+        Punctuated::<syn::MetaNameValue, Token![,]>::parse_terminated,
+        tokens,
+    ) {
         Ok(p) => p,
         Err(e) => {
             errors.push(e);
@@ -135,7 +138,11 @@ pub fn parse_kernel_args(tokens: TokenStream, errors: &mut Errors) -> KernelArgs
     } else if args.semantics.len() != args.grid.len() {
         errors.at(
             args.semantics_span,
-            format!("{} dimension semantics for a grid of {} dims", args.semantics.len(), args.grid.len()),
+            format!(
+                "{} dimension semantics for a grid of {} dims",
+                args.semantics.len(),
+                args.grid.len()
+            ),
         );
     }
     args
@@ -154,7 +161,11 @@ impl Parse for ArrayTy {
         let content;
         let b = bracketed!(content in input);
         let dims = Punctuated::<Expr, Token![,]>::parse_terminated(&content)?;
-        Ok(ArrayTy { span: dtype.span().join(b.span.close()).unwrap_or(dtype.span()), dtype, dims: dims.into_iter().collect() })
+        Ok(ArrayTy {
+            span: dtype.span().join(b.span.close()).unwrap_or(dtype.span()),
+            dtype,
+            dims: dims.into_iter().collect(),
+        })
     }
 }
 
@@ -171,7 +182,8 @@ pub const DTYPES: &[(&str, &str)] = &[
     ("bool", "Bool"),
 ];
 
-pub const SPACES: &[(&str, &str)] = &[("vmem", "Vmem"), ("smem", "Smem"), ("hbm", "Hbm"), ("any", "Any")];
+pub const SPACES: &[(&str, &str)] =
+    &[("vmem", "Vmem"), ("smem", "Smem"), ("hbm", "Hbm"), ("any", "Any")];
 
 /// A block dim: an expression, `None` for a squeezed dim, or `Element(n)` /
 /// `Element(n, (lo, hi))` (Pallas's `pl.Element`) for an element-indexed one.
@@ -187,11 +199,15 @@ fn element_dim(e: &Expr) -> Option<syn::Result<BlockDimArg>> {
     if !matches!(&*c.func, Expr::Path(p) if p.path.is_ident("Element")) {
         return None;
     }
-    let usage = "expected `Element(n)` or `Element(n, (pad_before, pad_after))` (Pallas's `pl.Element`)";
+    let usage =
+        "expected `Element(n)` or `Element(n, (pad_before, pad_after))` (Pallas's `pl.Element`)";
     let args: Vec<&Expr> = c.args.iter().collect();
     Some(match args.as_slice() {
         [size] => Ok(BlockDimArg::Element { size: (*size).clone(), pad: None }),
-        [size, Expr::Tuple(t)] if t.elems.len() == 2 => Ok(BlockDimArg::Element { size: (*size).clone(), pad: Some(Box::new((t.elems[0].clone(), t.elems[1].clone()))) }),
+        [size, Expr::Tuple(t)] if t.elems.len() == 2 => Ok(BlockDimArg::Element {
+            size: (*size).clone(),
+            pad: Some(Box::new((t.elems[0].clone(), t.elems[1].clone()))),
+        }),
         _ => Err(syn::Error::new(e.span(), usage)),
     })
 }
@@ -225,19 +241,33 @@ impl Parse for OperandArgs {
                         .iter()
                         .map(|d| match d {
                             Expr::Path(p) if p.path.is_ident("None") => Ok(BlockDimArg::Squeezed),
-                            other => element_dim(other).unwrap_or_else(|| Ok(BlockDimArg::Blocked(other.clone()))),
+                            other => element_dim(other)
+                                .unwrap_or_else(|| Ok(BlockDimArg::Blocked(other.clone()))),
                         })
                         .collect::<syn::Result<Vec<_>>>()?;
                     // Pallas (jax 0.10.2) refuses a block mixing element and blocked dims.
                     let element = dims.iter().any(|d| matches!(d, BlockDimArg::Element { .. }));
-                    if let Some(BlockDimArg::Blocked(b)) = dims.iter().find(|d| matches!(d, BlockDimArg::Blocked(_))).filter(|_| element) {
-                        return Err(syn::Error::new(b.span(), "a block with an `Element` dim cannot have blocked dims (Pallas refuses the mix): write `Element(n)` (or `None` to squeeze)"));
+                    if let Some(BlockDimArg::Blocked(b)) = dims
+                        .iter()
+                        .find(|d| matches!(d, BlockDimArg::Blocked(_)))
+                        .filter(|_| element)
+                    {
+                        return Err(syn::Error::new(
+                            b.span(),
+                            "a block with an `Element` dim cannot have blocked dims (Pallas refuses the mix): write `Element(n)` (or `None` to squeeze)",
+                        ));
                     }
                     for d in &dims {
-                        if let BlockDimArg::Element { size: size @ Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(n), .. }), .. } = d
+                        if let BlockDimArg::Element {
+                            size: size @ Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(n), .. }),
+                            ..
+                        } = d
                             && n.base10_digits() == "0"
                         {
-                            return Err(syn::Error::new(size.span(), "an `Element` dim of size 0: a window needs at least one element"));
+                            return Err(syn::Error::new(
+                                size.span(),
+                                "an `Element` dim of size 0: a window needs at least one element",
+                            ));
                         }
                     }
                     out.block = Some((dims, e.span()));
@@ -247,16 +277,27 @@ impl Parse for OperandArgs {
                 "pipeline_mode" => {
                     let mode: Expr = input.parse()?;
                     match &mode {
-                        Expr::Call(c) if matches!(&*c.func, Expr::Path(p) if p.path.is_ident("Buffered")) && c.args.len() == 1 => {
+                        Expr::Call(c)
+                            if matches!(&*c.func, Expr::Path(p) if p.path.is_ident("Buffered"))
+                                && c.args.len() == 1 =>
+                        {
                             out.buffered = c.args.first().cloned();
                         }
                         other => {
-                            return Err(syn::Error::new(other.span(), "unknown pipeline mode: expected `Buffered(n)` (Pallas's `pl.Buffered(n)`)"));
+                            return Err(syn::Error::new(
+                                other.span(),
+                                "unknown pipeline mode: expected `Buffered(n)` (Pallas's `pl.Buffered(n)`)",
+                            ));
                         }
                     }
                 }
                 other => {
-                    return Err(syn::Error::new(key.span(), format!("unknown operand argument `{other}`: expected block, map, space or pipeline_mode")));
+                    return Err(syn::Error::new(
+                        key.span(),
+                        format!(
+                            "unknown operand argument `{other}`: expected block, map, space or pipeline_mode"
+                        ),
+                    ));
                 }
             }
         }

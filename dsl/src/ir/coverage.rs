@@ -35,7 +35,12 @@ impl Affine {
     }
 
     fn combine(&self, other: &Affine, f: impl Fn(i64, i64) -> Option<i64>) -> Option<Affine> {
-        let coef = self.coef.iter().zip(&other.coef).map(|(&a, &b)| f(a, b)).collect::<Option<Vec<_>>>()?;
+        let coef = self
+            .coef
+            .iter()
+            .zip(&other.coef)
+            .map(|(&a, &b)| f(a, b))
+            .collect::<Option<Vec<_>>>()?;
         Some(Affine { c: f(self.c, other.c)?, coef })
     }
 
@@ -112,7 +117,13 @@ fn first_gap(form: &Affine, grid: &[u64], n: i64) -> Option<(i64, i64)> {
     let start = match dep.map(|j| form.coef[j]) {
         Some(1) | Some(-1) => {
             let (lo, hi) = form.range(grid)?;
-            if lo > 0 { 0 } else if hi < n - 1 { hi + 1 } else { return None }
+            if lo > 0 {
+                0
+            } else if hi < n - 1 {
+                hi + 1
+            } else {
+                return None;
+            }
         }
         _ => (0..n).find(|&b| !reached(b))?,
     };
@@ -165,7 +176,13 @@ fn blocks_along(o: &OperandSpec, block: &[BlockDim], d: usize) -> i64 {
     o.shape.dims()[d].div_ceil(block[d].extent()) as i64
 }
 
-fn bounds(o: &OperandSpec, block: &[BlockDim], forms: &[Affine], grid: &[u64], errors: &mut Vec<CoverageError>) {
+fn bounds(
+    o: &OperandSpec,
+    block: &[BlockDim],
+    forms: &[Affine],
+    grid: &[u64],
+    errors: &mut Vec<CoverageError>,
+) {
     for (d, f) in forms.iter().enumerate() {
         let n = blocks_along(o, block, d);
         let Some((lo, hi)) = f.range(grid) else { continue };
@@ -197,7 +214,13 @@ fn product_of_dims(forms: &[Affine], grid: &[u64]) -> bool {
 
 /// Element windows: the index map's results are offsets into the array padded by each
 /// dim's `(before, after)`, and the whole window must lie inside that padded array.
-fn element_bounds(o: &OperandSpec, block: &[BlockDim], forms: &[Affine], grid: &[u64], errors: &mut Vec<CoverageError>) {
+fn element_bounds(
+    o: &OperandSpec,
+    block: &[BlockDim],
+    forms: &[Affine],
+    grid: &[u64],
+    errors: &mut Vec<CoverageError>,
+) {
     for (d, f) in forms.iter().enumerate() {
         let (size, (lo, hi)) = (block[d].extent() as i64, block[d].padding());
         let padded = (o.shape.dims()[d] + lo + hi) as i64;
@@ -221,7 +244,13 @@ fn element_bounds(o: &OperandSpec, block: &[BlockDim], forms: &[Affine], grid: &
 
 /// The coverage rule of an output with element windows: along each dim, the union of the
 /// windows `offset..offset + size` the grid reaches (overlaps allowed) must be the whole dim.
-fn element_coverage(o: &OperandSpec, block: &[BlockDim], forms: &[Affine], grid: &[u64], errors: &mut Vec<CoverageError>) {
+fn element_coverage(
+    o: &OperandSpec,
+    block: &[BlockDim],
+    forms: &[Affine],
+    grid: &[u64],
+    errors: &mut Vec<CoverageError>,
+) {
     for (d, f) in forms.iter().enumerate() {
         let (n, size) = (o.shape.dims()[d] as i64, block[d].extent() as i64);
         let Some((first, last)) = f.range(grid) else { continue };
@@ -251,7 +280,13 @@ fn element_coverage(o: &OperandSpec, block: &[BlockDim], forms: &[Affine], grid:
     }
 }
 
-fn coverage(o: &OperandSpec, block: &[BlockDim], forms: &[Affine], grid: &[u64], errors: &mut Vec<CoverageError>) {
+fn coverage(
+    o: &OperandSpec,
+    block: &[BlockDim],
+    forms: &[Affine],
+    grid: &[u64],
+    errors: &mut Vec<CoverageError>,
+) {
     for (d, f) in forms.iter().enumerate() {
         let n = blocks_along(o, block, d);
         if let Some((b0, b1)) = first_gap(f, grid, n) {
@@ -281,7 +316,10 @@ fn reached_text(f: &Affine, grid: &[u64], (one, many): (&str, &str)) -> String {
                 let at = |t: i64| f.c + a * t;
                 let e = grid[j] as i64;
                 if e <= 3 {
-                    format!("{many} {}", (0..e).map(|t| at(t).to_string()).collect::<Vec<_>>().join(", "))
+                    format!(
+                        "{many} {}",
+                        (0..e).map(|t| at(t).to_string()).collect::<Vec<_>>().join(", ")
+                    )
                 } else {
                     format!("{many} {}, {}, ..., {}", at(0), at(1), at(e - 1))
                 }

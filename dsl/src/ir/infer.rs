@@ -4,8 +4,11 @@
 //! an `Err` into a build error at the user's source line), and the verifier calls it to
 //! check that a kernel built by any other means (the fusion pass, tests) is well typed.
 
-use super::{DType, Index, Kernel, MemorySpace, OpData, Offset, SemKind, Shape, Type, UnaryOp, Value, WaitSide};
 use super::BinaryOp;
+use super::{
+    DType, Index, Kernel, MemorySpace, Offset, OpData, SemKind, Shape, Type, UnaryOp, Value,
+    WaitSide,
+};
 use smallvec::{SmallVec, smallvec};
 
 pub type Types = SmallVec<[Type; 1]>;
@@ -29,7 +32,11 @@ fn scalar_i32(k: &Kernel, v: Value, what: &str) -> Result<(), String> {
 /// points drop their dim. Checks static bounds.
 pub fn indexed_shape(k: &Kernel, shape: &Shape, index: &[Index]) -> Result<Shape, String> {
     if index.len() != shape.rank() {
-        return Err(format!("{} indices for a ref of rank {} ({shape})", index.len(), shape.rank()));
+        return Err(format!(
+            "{} indices for a ref of rank {} ({shape})",
+            index.len(),
+            shape.rank()
+        ));
     }
     let mut out = Vec::new();
     for (d, (i, &extent)) in index.iter().zip(shape.dims()).enumerate() {
@@ -37,16 +44,22 @@ pub fn indexed_shape(k: &Kernel, shape: &Shape, index: &[Index]) -> Result<Shape
             scalar_i32(k, v, &format!("index of dim {d}"))?;
         }
         if i.stride() != 1 && d + 1 == shape.rank() {
-            return Err(format!("a stride along the last (lane) dim of {shape}: Mosaic strides loads and stores along the leading dims only"));
+            return Err(format!(
+                "a stride along the last (lane) dim of {shape}: Mosaic strides loads and stores along the leading dims only"
+            ));
         }
         let (size, span) = (i.size(), i.span());
         if size == 0 || span > extent {
-            return Err(format!("slice of size {size}{} along dim {d} of {shape}", if i.stride() == 1 { String::new() } else { format!(" and stride {}", i.stride()) }));
+            return Err(format!(
+                "slice of size {size}{} along dim {d} of {shape}",
+                if i.stride() == 1 { String::new() } else { format!(" and stride {}", i.stride()) }
+            ));
         }
         if let Offset::Static(o) = i.offset()
-            && (o < 0 || o as u64 + span > extent) {
-                return Err(format!("index {i} is out of bounds along dim {d} (extent {extent})"));
-            }
+            && (o < 0 || o as u64 + span > extent)
+        {
+            return Err(format!("index {i} is out of bounds along dim {d} (extent {extent})"));
+        }
         if let Index::Slice { size, .. } = i {
             out.push(*size);
         }
@@ -69,7 +82,9 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
     Ok(match data {
         OpData::Constant { value, ty } => {
             let d = ty.dtype().filter(|_| matches!(ty, Type::Scalar(_) | Type::Vector(..)));
-            let Some(d) = d else { return Err(format!("constants must be scalars or vectors, not {ty}")) };
+            let Some(d) = d else {
+                return Err(format!("constants must be scalars or vectors, not {ty}"));
+            };
             let ok = match value {
                 super::Literal::Int(_) => d.is_int() || d.is_float(),
                 super::Literal::Float(_) => d.is_float(),
@@ -101,8 +116,13 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
             if *op == UnaryOp::Not && d.is_float() {
                 return Err(format!("not needs an integer or bool operand, got {d}"));
             }
-            if matches!(op, UnaryOp::Reciprocal | UnaryOp::ReciprocalApprox) && (d != DType::F32 || s.rank() == 0) {
-                return Err(format!("{op} takes an f32 vector (as tpu.reciprocal), got {}", k.ty(*x)));
+            if matches!(op, UnaryOp::Reciprocal | UnaryOp::ReciprocalApprox)
+                && (d != DType::F32 || s.rank() == 0)
+            {
+                return Err(format!(
+                    "{op} takes an f32 vector (as tpu.reciprocal), got {}",
+                    k.ty(*x)
+                ));
             }
             smallvec![Type::array(s, d)]
         }
@@ -137,10 +157,17 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
             let (cs, cd) = array_of(k, *cond, "condition")?;
             let (ts, td) = array_of(k, *on_true, "true value")?;
             if k.ty(*on_true) != k.ty(*on_false) {
-                return Err(format!("branch types differ: {} vs {}", k.ty(*on_true), k.ty(*on_false)));
+                return Err(format!(
+                    "branch types differ: {} vs {}",
+                    k.ty(*on_true),
+                    k.ty(*on_false)
+                ));
             }
             if cd != DType::Bool || (cs != ts && cs.rank() != 0) {
-                return Err(format!("condition must be bool of shape {ts} (or a scalar), got {}", k.ty(*cond)));
+                return Err(format!(
+                    "condition must be bool of shape {ts} (or a scalar), got {}",
+                    k.ty(*cond)
+                ));
             }
             smallvec![Type::array(ts, td)]
         }
@@ -158,7 +185,10 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
         OpData::Reshape { x, shape } => {
             let (s, d) = array_of(k, *x, "operand")?;
             if s.num_elements() != shape.num_elements() {
-                return Err(format!("cannot reshape {s} ({} elements) to {shape}", s.num_elements()));
+                return Err(format!(
+                    "cannot reshape {s} ({} elements) to {shape}",
+                    s.num_elements()
+                ));
             }
             smallvec![Type::array(shape.clone(), d)]
         }
@@ -188,13 +218,17 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
                     _ => return Err(format!("bad reduction axes {axes:?} for shape {s}")),
                 }
             }
-            let dims: Vec<u64> = s.dims().iter().zip(&keep).filter(|(_, k)| **k).map(|(d, _)| *d).collect();
+            let dims: Vec<u64> =
+                s.dims().iter().zip(&keep).filter(|(_, k)| **k).map(|(d, _)| *d).collect();
             smallvec![Type::array(Shape(dims), d)]
         }
         OpData::ArgReduce { op, x, axis } => {
             let (s, d) = array_of(k, *x, "operand")?;
             if d != DType::F32 || s.rank() == 0 {
-                return Err(format!("{op} takes an f32 vector (as tpu.reduce_index), got {}", k.ty(*x)));
+                return Err(format!(
+                    "{op} takes an f32 vector (as tpu.reduce_index), got {}",
+                    k.ty(*x)
+                ));
             }
             if *axis as usize >= s.rank() {
                 return Err(format!("axis {axis} is out of range for {s}"));
@@ -210,13 +244,18 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
             }
             for (dim, ((&lo, &n), &extent)) in start.iter().zip(size).zip(s.dims()).enumerate() {
                 if n == 0 || lo.checked_add(n).is_none_or(|hi| hi > extent) {
-                    return Err(format!("range {lo}..{} is out of bounds along dim {dim} (extent {extent})", lo.saturating_add(n)));
+                    return Err(format!(
+                        "range {lo}..{} is out of bounds along dim {dim} (extent {extent})",
+                        lo.saturating_add(n)
+                    ));
                 }
             }
             smallvec![Type::Vector(Shape(size.clone()), d)]
         }
         OpData::Concat { xs, axis } => {
-            let Some(&first) = xs.first() else { return Err("concatenate needs at least one value".into()) };
+            let Some(&first) = xs.first() else {
+                return Err("concatenate needs at least one value".into());
+            };
             let (s0, d0) = array_of(k, first, "operand")?;
             if *axis as usize >= s0.rank() {
                 return Err(format!("axis {axis} is out of range for {s0}"));
@@ -224,9 +263,18 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
             let mut dims = s0.dims().to_vec();
             for &x in &xs[1..] {
                 let (s, d) = array_of(k, x, "operand")?;
-                let others_agree = s.rank() == s0.rank() && s.dims().iter().zip(s0.dims()).enumerate().all(|(i, (a, b))| i == *axis as usize || a == b);
+                let others_agree = s.rank() == s0.rank()
+                    && s.dims()
+                        .iter()
+                        .zip(s0.dims())
+                        .enumerate()
+                        .all(|(i, (a, b))| i == *axis as usize || a == b);
                 if d != d0 || !others_agree {
-                    return Err(format!("cannot concatenate {} and {} along axis {axis}", k.ty(first), k.ty(x)));
+                    return Err(format!(
+                        "cannot concatenate {} and {} along axis {axis}",
+                        k.ty(first),
+                        k.ty(x)
+                    ));
                 }
                 dims[*axis as usize] += s.dims()[*axis as usize];
             }
@@ -245,31 +293,55 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
             let (rs, rd) = array_of(k, *rhs, "rhs")?;
             // bf16 activations against 8/4-bit weights: libtpu takes the mixed `tpu.matmul`
             // directly on v6e and v7x (the weight converted on its way into the MXU).
-            let quantized_rhs = ld == DType::Bf16 && matches!(rd, DType::I8 | DType::I4 | DType::F8E4M3);
+            let quantized_rhs =
+                ld == DType::Bf16 && matches!(rd, DType::I8 | DType::I4 | DType::F8E4M3);
             if ld != rd && !quantized_rhs {
-                return Err(format!("dot operands have different dtypes: {ld} vs {rd} (a bf16 lhs may meet an i8, i4 or f8e4m3fn rhs)"));
+                return Err(format!(
+                    "dot operands have different dtypes: {ld} vs {rd} (a bf16 lhs may meet an i8, i4 or f8e4m3fn rhs)"
+                ));
             }
             if out.bits() != 32 || out.is_float() != ld.is_float() {
-                return Err(format!("dot of {ld} must accumulate in a 32-bit {} type, not {out}", if ld.is_float() { "float" } else { "integer" }));
+                return Err(format!(
+                    "dot of {ld} must accumulate in a 32-bit {} type, not {out}",
+                    if ld.is_float() { "float" } else { "integer" }
+                ));
             }
-            if dims.lhs_contract.len() != dims.rhs_contract.len() || dims.lhs_batch.len() != dims.rhs_batch.len() {
+            if dims.lhs_contract.len() != dims.rhs_contract.len()
+                || dims.lhs_batch.len() != dims.rhs_batch.len()
+            {
                 return Err("dot dimension numbers pair up unequal lists".into());
             }
             let dim = |s: &Shape, i: u32, side: &str| {
-                s.dims().get(i as usize).copied().ok_or_else(|| format!("{side} dim {i} out of range for {s}"))
+                s.dims()
+                    .get(i as usize)
+                    .copied()
+                    .ok_or_else(|| format!("{side} dim {i} out of range for {s}"))
             };
-            for (&a, &b) in dims.lhs_contract.iter().zip(&dims.rhs_contract).chain(dims.lhs_batch.iter().zip(&dims.rhs_batch)) {
+            for (&a, &b) in dims
+                .lhs_contract
+                .iter()
+                .zip(&dims.rhs_contract)
+                .chain(dims.lhs_batch.iter().zip(&dims.rhs_batch))
+            {
                 let (x, y) = (dim(&ls, a, "lhs")?, dim(&rs, b, "rhs")?);
                 if x != y {
-                    return Err(format!("dot contracts lhs dim {a} ({x}) with rhs dim {b} ({y}): sizes differ"));
+                    return Err(format!(
+                        "dot contracts lhs dim {a} ({x}) with rhs dim {b} ({y}): sizes differ"
+                    ));
                 }
             }
             let free = |s: &Shape, used: &[u32]| -> Vec<u64> {
-                (0..s.rank() as u32).filter(|i| !used.contains(i)).map(|i| s.dims()[i as usize]).collect()
+                (0..s.rank() as u32)
+                    .filter(|i| !used.contains(i))
+                    .map(|i| s.dims()[i as usize])
+                    .collect()
             };
-            let lhs_used: Vec<u32> = dims.lhs_contract.iter().chain(&dims.lhs_batch).copied().collect();
-            let rhs_used: Vec<u32> = dims.rhs_contract.iter().chain(&dims.rhs_batch).copied().collect();
-            let mut shape: Vec<u64> = dims.lhs_batch.iter().map(|&b| ls.dims()[b as usize]).collect();
+            let lhs_used: Vec<u32> =
+                dims.lhs_contract.iter().chain(&dims.lhs_batch).copied().collect();
+            let rhs_used: Vec<u32> =
+                dims.rhs_contract.iter().chain(&dims.rhs_batch).copied().collect();
+            let mut shape: Vec<u64> =
+                dims.lhs_batch.iter().map(|&b| ls.dims()[b as usize]).collect();
             shape.extend(free(&ls, &lhs_used));
             shape.extend(free(&rs, &rhs_used));
             smallvec![Type::array(Shape(shape), *out)]
@@ -279,41 +351,65 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
             smallvec![Type::Scalar(DType::I32)]
         }
         OpData::Load { src, index } => {
-            let Type::Ref(r) = k.ty(*src) else { return Err(format!("load from a non-ref {}", k.ty(*src))) };
+            let Type::Ref(r) = k.ty(*src) else {
+                return Err(format!("load from a non-ref {}", k.ty(*src)));
+            };
             let shape = indexed_shape(k, &r.shape, index)?;
             match r.space {
                 MemorySpace::Vmem => {
                     if shape.rank() == 0 {
-                        return Err("a VMEM load must keep at least one dim (index with a slice)".into());
+                        return Err(
+                            "a VMEM load must keep at least one dim (index with a slice)".into()
+                        );
                     }
                     smallvec![Type::Vector(shape, r.dtype)]
                 }
                 MemorySpace::Smem => {
                     if shape.rank() != 0 {
-                        return Err(format!("SMEM holds scalars: index every dim with a point, not a slice of {shape}"));
+                        return Err(format!(
+                            "SMEM holds scalars: index every dim with a point, not a slice of {shape}"
+                        ));
                     }
                     smallvec![Type::Scalar(r.dtype)]
                 }
-                s => return Err(format!("{s} refs can only be accessed by DMA (load from {})", k.value_name(*src))),
+                s => {
+                    return Err(format!(
+                        "{s} refs can only be accessed by DMA (load from {})",
+                        k.value_name(*src)
+                    ));
+                }
             }
         }
         OpData::Store { dst, index, value, mask } => {
-            let Type::Ref(r) = k.ty(*dst) else { return Err(format!("store to a non-ref {}", k.ty(*dst))) };
+            let Type::Ref(r) = k.ty(*dst) else {
+                return Err(format!("store to a non-ref {}", k.ty(*dst)));
+            };
             let shape = indexed_shape(k, &r.shape, index)?;
             let want = match r.space {
                 MemorySpace::Vmem if shape.rank() > 0 => Type::Vector(shape.clone(), r.dtype),
                 MemorySpace::Smem if shape.rank() == 0 => Type::Scalar(r.dtype),
                 MemorySpace::Vmem | MemorySpace::Smem => {
-                    return Err(format!("the indexed window {shape} does not fit {} refs", r.space));
+                    return Err(format!(
+                        "the indexed window {shape} does not fit {} refs",
+                        r.space
+                    ));
                 }
-                s => return Err(format!("{s} refs can only be accessed by DMA (store to {})", k.value_name(*dst))),
+                s => {
+                    return Err(format!(
+                        "{s} refs can only be accessed by DMA (store to {})",
+                        k.value_name(*dst)
+                    ));
+                }
             };
             if *k.ty(*value) != want {
                 return Err(format!("stored value is {}, the window is {want}", k.ty(*value)));
             }
             if let Some(m) = mask {
                 if super::is_strided(index) {
-                    return Err("a strided store cannot be masked (Mosaic's tpu.strided_store has no mask)".into());
+                    return Err(
+                        "a strided store cannot be masked (Mosaic's tpu.strided_store has no mask)"
+                            .into(),
+                    );
                 }
                 if r.dtype.bits() != 32 {
                     return Err(format!("masked stores need 32-bit data, got {}", r.dtype));
@@ -395,7 +491,10 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
         OpData::DebugPrint { format, args } => {
             let placeholders = format.matches("{}").count();
             if placeholders != args.len() {
-                return Err(format!("the format {format:?} has {placeholders} `{{}}` placeholders for {} values", args.len()));
+                return Err(format!(
+                    "the format {format:?} has {placeholders} `{{}}` placeholders for {} values",
+                    args.len()
+                ));
             }
             for (i, &a) in args.iter().enumerate() {
                 scalar_i32(k, a, &format!("debug_print value {i} (TPU logs print i32 scalars)"))?;
@@ -409,7 +508,11 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
             let t = yield_types(k, *then_block)?;
             let e = yield_types(k, *else_block)?;
             if t != e {
-                return Err(format!("if branches yield different types: ({}) vs ({})", list(&t), list(&e)));
+                return Err(format!(
+                    "if branches yield different types: ({}) vs ({})",
+                    list(&t),
+                    list(&e)
+                ));
             }
             t
         }
@@ -420,11 +523,19 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
             let carried: Types = init.iter().map(|&v| k.ty(v).clone()).collect();
             let params: Types = k.blocks[*body].params.iter().map(|&v| k.ty(v).clone()).collect();
             if params.first() != Some(&Type::Scalar(DType::I32)) || params[1..] != carried[..] {
-                return Err(format!("loop body takes ({}), expected (i32, {})", list(&params), list(&carried)));
+                return Err(format!(
+                    "loop body takes ({}), expected (i32, {})",
+                    list(&params),
+                    list(&carried)
+                ));
             }
             let y = yield_types(k, *body)?;
             if y != carried {
-                return Err(format!("loop body yields ({}), the carried values are ({})", list(&y), list(&carried)));
+                return Err(format!(
+                    "loop body yields ({}), the carried values are ({})",
+                    list(&y),
+                    list(&carried)
+                ));
             }
             carried
         }
@@ -433,7 +544,11 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
             for (b, what) in [(*cond, "condition"), (*body, "body")] {
                 let params: Types = k.blocks[b].params.iter().map(|&v| k.ty(v).clone()).collect();
                 if params != carried {
-                    return Err(format!("while {what} takes ({}), the carried values are ({})", list(&params), list(&carried)));
+                    return Err(format!(
+                        "while {what} takes ({}), the carried values are ({})",
+                        list(&params),
+                        list(&carried)
+                    ));
                 }
             }
             let c = yield_types(k, *cond)?;
@@ -442,7 +557,11 @@ pub fn result_types(k: &Kernel, data: &OpData) -> Result<Types, String> {
             }
             let y = yield_types(k, *body)?;
             if y != carried {
-                return Err(format!("while body yields ({}), the carried values are ({})", list(&y), list(&carried)));
+                return Err(format!(
+                    "while body yields ({}), the carried values are ({})",
+                    list(&y),
+                    list(&carried)
+                ));
             }
             carried
         }
@@ -471,7 +590,9 @@ pub fn yield_types(k: &Kernel, block: super::Block) -> Result<Types, String> {
 /// Device ids name devices of the call's mesh: without one there is nothing to name.
 fn needs_mesh(k: &Kernel, what: &str) -> Result<(), String> {
     if k.call.mesh.is_none() {
-        return Err(format!("{what} needs the devices of a mesh: declare it, #[kernel(mesh = [x = 4], ..)] (Pallas: the kernel under jax.shard_map over a Mesh)"));
+        return Err(format!(
+            "{what} needs the devices of a mesh: declare it, #[kernel(mesh = [x = 4], ..)] (Pallas: the kernel under jax.shard_map over a Mesh)"
+        ));
     }
     Ok(())
 }
@@ -479,8 +600,13 @@ fn needs_mesh(k: &Kernel, what: &str) -> Result<(), String> {
 fn sem_scalar(k: &Kernel, v: Value, kind: Option<SemKind>, what: &str) -> Result<(), String> {
     match k.ty(v) {
         Type::Sem(got, s) if s.rank() == 0 && kind.is_none_or(|want| want == *got) => Ok(()),
-        Type::Sem(got, s) if s.rank() != 0 => Err(format!("{what} must be a single semaphore, got an array {got}{s} (index it)")),
-        t => Err(format!("{what} must be a {}, got {t}", kind.map_or("semaphore".to_string(), |k| k.to_string()))),
+        Type::Sem(got, s) if s.rank() != 0 => {
+            Err(format!("{what} must be a single semaphore, got an array {got}{s} (index it)"))
+        }
+        t => Err(format!(
+            "{what} must be a {}, got {t}",
+            kind.map_or("semaphore".to_string(), |k| k.to_string())
+        )),
     }
 }
 

@@ -1,6 +1,8 @@
 //! The kernel: arenas of values, ops, blocks, buffers and semaphores, plus its call spec.
 
-use super::{Block, Buf, DType, MemorySpace, Op, OpData, RefType, Sem, SemKind, Shape, Type, Value};
+use super::{
+    Block, Buf, DType, MemorySpace, Op, OpData, RefType, Sem, SemKind, Shape, Type, Value,
+};
 use crate::spec::CallSpec;
 use cranelift_entity::{PrimaryMap, packed_option::PackedOption};
 use smallvec::SmallVec;
@@ -140,7 +142,13 @@ impl Kernel {
     }
 
     /// Append an op to `block`, creating one result per type.
-    pub fn append_op(&mut self, block: Block, data: OpData, result_types: Vec<Type>, loc: Option<SrcLoc>) -> Op {
+    pub fn append_op(
+        &mut self,
+        block: Block,
+        data: OpData,
+        result_types: Vec<Type>,
+        loc: Option<SrcLoc>,
+    ) -> Op {
         let owned = data.blocks();
         let op = self.ops.push(OpNode { data, results: SmallVec::new(), block, loc });
         for (i, ty) in result_types.into_iter().enumerate() {
@@ -165,11 +173,26 @@ impl Kernel {
 
     /// Declare a buffer and its ref value (an entry-block parameter for operands and
     /// scratch; the caller makes the `Alloc` op for scoped ones).
-    pub fn declare_buf(&mut self, name: String, origin: BufOrigin, space: MemorySpace, dtype: DType, shape: Shape, value: Value) -> Buf {
+    pub fn declare_buf(
+        &mut self,
+        name: String,
+        origin: BufOrigin,
+        space: MemorySpace,
+        dtype: DType,
+        shape: Shape,
+        value: Value,
+    ) -> Buf {
         self.bufs.push(BufData { name, origin, ty: RefType { space, dtype, shape }, value })
     }
 
-    pub fn declare_sem(&mut self, name: String, origin: BufOrigin, kind: SemKind, shape: Shape, value: Value) -> Sem {
+    pub fn declare_sem(
+        &mut self,
+        name: String,
+        origin: BufOrigin,
+        kind: SemKind,
+        shape: Shape,
+        value: Value,
+    ) -> Sem {
         self.sems.push(SemData { name, origin, kind, shape, value })
     }
 

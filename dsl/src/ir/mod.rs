@@ -15,8 +15,16 @@ mod types;
 mod verify;
 
 pub use entities::{Block, Buf, Op, Sem, Value};
-pub use kernel::{BlockData, BufData, BufOrigin, Kernel, OpNode, SemData, SrcLoc, ValueData, ValueDef};
-pub use op::{ArgReduceOp, BinaryOp, CmpPred, DotDims, Index, Literal, is_strided, Offset, OpData, Precision, ReduceOp, Remote, UnaryOp, WaitSide};
+pub use kernel::{
+    BlockData, BufData, BufOrigin, Kernel, OpNode, SemData, SrcLoc, ValueData, ValueDef,
+};
+pub use op::{
+    ArgReduceOp, BinaryOp, CmpPred, DotDims, Index, Literal, Offset, OpData, Precision, ReduceOp,
+    Remote, UnaryOp, WaitSide, is_strided,
+};
 pub use print::{PrintOptions, print_kernel};
 pub use types::{DType, MemorySpace, RefType, SemKind, Shape, Type};
-pub use verify::{ErrorSite, VerifierError, VerifierErrors, VerifyOptions, array_bytes, block_tiling_rule, check_hbm, padded_vmem_bytes, verify};
+pub use verify::{
+    ErrorSite, VerifierError, VerifierErrors, VerifyOptions, array_bytes, block_tiling_rule,
+    check_hbm, padded_vmem_bytes, verify,
+};

@@ -168,7 +168,12 @@ pub struct DotDims {
 impl DotDims {
     /// `lhs @ rhs` for 2-D operands.
     pub fn matmul() -> DotDims {
-        DotDims { lhs_contract: vec![1], rhs_contract: vec![0], lhs_batch: vec![], rhs_batch: vec![] }
+        DotDims {
+            lhs_contract: vec![1],
+            rhs_contract: vec![0],
+            lhs_batch: vec![],
+            rhs_batch: vec![],
+        }
     }
     /// Dimension numbers from an einsum-style spec, `"mk,kn->mn"`, for operands of the given
     /// ranks. A letter in both operands and the result is a batch dim, in both operands only
@@ -176,8 +181,12 @@ impl DotDims {
     /// dims, each in operand order (what `tpu.matmul` produces; transpose after otherwise).
     pub fn parse(spec: &str, lhs_rank: usize, rhs_rank: usize) -> Result<DotDims, String> {
         let bad = |why: String| format!("contraction spec `{spec}`: {why}");
-        let (operands, result) = spec.split_once("->").ok_or_else(|| bad("expected `lhs,rhs->result`, e.g. `mk,kn->mn`".into()))?;
-        let (lhs, rhs) = operands.split_once(',').ok_or_else(|| bad("expected two operands separated by `,`".into()))?;
+        let (operands, result) = spec
+            .split_once("->")
+            .ok_or_else(|| bad("expected `lhs,rhs->result`, e.g. `mk,kn->mn`".into()))?;
+        let (lhs, rhs) = operands
+            .split_once(',')
+            .ok_or_else(|| bad("expected two operands separated by `,`".into()))?;
         let letters = |s: &str, what: &str, rank: Option<usize>| -> Result<Vec<char>, String> {
             let l: Vec<char> = s.trim().chars().collect();
             if let Some(c) = l.iter().find(|c| !c.is_ascii_alphabetic()) {
@@ -187,13 +196,24 @@ impl DotDims {
                 return Err(bad(format!("`{c}` appears twice in the {what} (at {i})")));
             }
             match rank {
-                Some(r) if r != l.len() => Err(bad(format!("the {what} names {} dims, it has rank {r}", l.len()))),
+                Some(r) if r != l.len() => {
+                    Err(bad(format!("the {what} names {} dims, it has rank {r}", l.len())))
+                }
                 _ => Ok(l),
             }
         };
-        let (l, r, o) = (letters(lhs, "lhs", Some(lhs_rank))?, letters(rhs, "rhs", Some(rhs_rank))?, letters(result, "result", None)?);
+        let (l, r, o) = (
+            letters(lhs, "lhs", Some(lhs_rank))?,
+            letters(rhs, "rhs", Some(rhs_rank))?,
+            letters(result, "result", None)?,
+        );
         let pos = |s: &[char], c: char| s.iter().position(|&x| x == c).map(|p| p as u32);
-        let mut dims = DotDims { lhs_contract: vec![], rhs_contract: vec![], lhs_batch: vec![], rhs_batch: vec![] };
+        let mut dims = DotDims {
+            lhs_contract: vec![],
+            rhs_contract: vec![],
+            lhs_batch: vec![],
+            rhs_batch: vec![],
+        };
         let mut expected = Vec::new();
         for &c in &l {
             match (pos(&r, c), o.contains(&c)) {
@@ -207,28 +227,41 @@ impl DotDims {
                     dims.rhs_contract.push(rp);
                 }
                 (None, true) => {}
-                (None, false) => return Err(bad(format!("lhs dim `{c}` is neither contracted nor in the result (sum it first)"))),
+                (None, false) => {
+                    return Err(bad(format!(
+                        "lhs dim `{c}` is neither contracted nor in the result (sum it first)"
+                    )));
+                }
             }
         }
         expected.extend(l.iter().filter(|c| !r.contains(c)));
         for &c in &r {
             if !l.contains(&c) {
                 if !o.contains(&c) {
-                    return Err(bad(format!("rhs dim `{c}` is neither contracted nor in the result (sum it first)")));
+                    return Err(bad(format!(
+                        "rhs dim `{c}` is neither contracted nor in the result (sum it first)"
+                    )));
                 }
                 expected.push(c);
             }
         }
         if o != expected {
             let want: String = expected.iter().collect();
-            return Err(bad(format!("the result must be `{want}` (batch dims, then lhs free, then rhs free dims, as tpu.matmul orders them); transpose the result after")));
+            return Err(bad(format!(
+                "the result must be `{want}` (batch dims, then lhs free, then rhs free dims, as tpu.matmul orders them); transpose the result after"
+            )));
         }
         Ok(dims)
     }
 
     /// `lhs @ rhs.T` for 2-D operands (contract both minor dims).
     pub fn matmul_transposed_rhs() -> DotDims {
-        DotDims { lhs_contract: vec![1], rhs_contract: vec![1], lhs_batch: vec![], rhs_batch: vec![] }
+        DotDims {
+            lhs_contract: vec![1],
+            rhs_contract: vec![1],
+            lhs_batch: vec![],
+            rhs_batch: vec![],
+        }
     }
 }
 
@@ -257,86 +290,207 @@ pub enum WaitSide {
 pub enum OpData {
     // --- constants and grid queries -------------------------------------------------------
     /// A scalar constant, or a splat vector when the result type is a vector.
-    Constant { value: Literal, ty: Type },
+    Constant {
+        value: Literal,
+        ty: Type,
+    },
     /// `pl.program_id(axis)`: the i32 index of this grid step along `axis`.
-    ProgramId { axis: u32 },
+    ProgramId {
+        axis: u32,
+    },
     /// `pl.num_programs(axis)`: the grid extent along `axis` (i32).
-    NumPrograms { axis: u32 },
+    NumPrograms {
+        axis: u32,
+    },
     /// The i32 logical id of this device in the call's mesh (`tpu.device_id`; Pallas's
     /// `lax.axis_index` divides and reduces it per mesh axis).
     DeviceId,
     /// `broadcasted_iota(i32, shape, dim)`.
-    Iota { shape: Shape, dim: u32 },
+    Iota {
+        shape: Shape,
+        dim: u32,
+    },
 
     // --- elementwise -----------------------------------------------------------------------
-    Unary { op: UnaryOp, x: Value },
-    Binary { op: BinaryOp, lhs: Value, rhs: Value },
-    Compare { pred: CmpPred, lhs: Value, rhs: Value },
-    Select { cond: Value, on_true: Value, on_false: Value },
-    Cast { x: Value, to: DType },
+    Unary {
+        op: UnaryOp,
+        x: Value,
+    },
+    Binary {
+        op: BinaryOp,
+        lhs: Value,
+        rhs: Value,
+    },
+    Compare {
+        pred: CmpPred,
+        lhs: Value,
+        rhs: Value,
+    },
+    Select {
+        cond: Value,
+        on_true: Value,
+        on_false: Value,
+    },
+    Cast {
+        x: Value,
+        to: DType,
+    },
 
     // --- shapes ----------------------------------------------------------------------------
     /// Scalar to vector, or vector with size-1 dims to a larger vector (numpy rules).
-    Broadcast { x: Value, shape: Shape },
+    Broadcast {
+        x: Value,
+        shape: Shape,
+    },
     /// Same elements, new shape (also `squeeze/expand_dims`; to rank 0 extracts the scalar).
-    Reshape { x: Value, shape: Shape },
-    Transpose { x: Value, perm: Vec<u32> },
+    Reshape {
+        x: Value,
+        shape: Shape,
+    },
+    Transpose {
+        x: Value,
+        perm: Vec<u32>,
+    },
     /// Reduce `axes` away (the result drops them).
-    Reduce { op: ReduceOp, x: Value, axes: Vec<u32> },
+    Reduce {
+        op: ReduceOp,
+        x: Value,
+        axes: Vec<u32>,
+    },
     /// The i32 index of the max/min along `axis` (dropped from the result).
-    ArgReduce { op: ArgReduceOp, x: Value, axis: u32 },
+    ArgReduce {
+        op: ArgReduceOp,
+        x: Value,
+        axis: u32,
+    },
     /// A static window of a vector (`x[a:b, c:d]`, `lax.slice`): unit strides, rank kept.
-    Slice { x: Value, start: Vec<u64>, size: Vec<u64> },
+    Slice {
+        x: Value,
+        start: Vec<u64>,
+        size: Vec<u64>,
+    },
     /// Vectors joined along `axis` (`jnp.concatenate`); all other dims agree.
-    Concat { xs: Vec<Value>, axis: u32 },
+    Concat {
+        xs: Vec<Value>,
+        axis: u32,
+    },
     /// Rotate along `axis` by the i32 `shift` toward higher indices (`pltpu.roll`, as
     /// `jnp.roll`: element `i` moves to `(i + shift) mod n`).
-    Roll { x: Value, shift: Value, axis: u32 },
+    Roll {
+        x: Value,
+        shift: Value,
+        axis: u32,
+    },
     /// Matrix multiply on the MXU with a 32-bit accumulator (the result dtype).
-    Dot { lhs: Value, rhs: Value, dims: DotDims, precision: Precision, out: DType },
+    Dot {
+        lhs: Value,
+        rhs: Value,
+        dims: DotDims,
+        precision: Precision,
+        out: DType,
+    },
     /// Promise that an i32 is a multiple of `multiple` (lets tile-alignment checks pass).
-    AssumeMultiple { x: Value, multiple: u32 },
+    AssumeMultiple {
+        x: Value,
+        multiple: u32,
+    },
 
     // --- memory ----------------------------------------------------------------------------
     /// Read a window of a VMEM ref into a vector, or one SMEM element into a scalar.
-    Load { src: Value, index: Vec<Index> },
+    Load {
+        src: Value,
+        index: Vec<Index>,
+    },
     /// Write a vector into a VMEM ref window (optionally masked), or a scalar into SMEM.
-    Store { dst: Value, index: Vec<Index>, value: Value, mask: Option<Value> },
+    Store {
+        dst: Value,
+        index: Vec<Index>,
+        value: Value,
+        mask: Option<Value>,
+    },
     /// A sub-ref (`ref.at[...]`): point-indexed dims are dropped from the result.
-    RefSlice { base: Value, index: Vec<Index> },
+    RefSlice {
+        base: Value,
+        index: Vec<Index>,
+    },
 
     // --- DMA and semaphores ----------------------------------------------------------------
     /// Start an async copy `src -> dst` signalling DMA semaphore `sem` on arrival.
-    DmaStart { src: Value, dst: Value, sem: Value, remote: Option<Remote>, priority: u8 },
+    DmaStart {
+        src: Value,
+        dst: Value,
+        sem: Value,
+        remote: Option<Remote>,
+        priority: u8,
+    },
     /// Wait until the copy `src -> dst` has arrived (or, `Send`, left; `sem` counts its bytes).
-    DmaWait { src: Value, dst: Value, sem: Value, side: WaitSide },
-    SemSignal { sem: Value, amount: Value, device_id: Option<Value> },
-    SemWait { sem: Value, amount: Value },
-    SemRead { sem: Value },
+    DmaWait {
+        src: Value,
+        dst: Value,
+        sem: Value,
+        side: WaitSide,
+    },
+    SemSignal {
+        sem: Value,
+        amount: Value,
+        device_id: Option<Value>,
+    },
+    SemWait {
+        sem: Value,
+        amount: Value,
+    },
+    SemRead {
+        sem: Value,
+    },
     /// The barrier semaphore of the call's collective (`pltpu.get_barrier_semaphore()`):
     /// a regular semaphore shared by every kernel with the same `collective_id`.
     BarrierSemaphore,
 
     // --- debugging ---------------------------------------------------------------------------
     /// `pl.debug_print(format, *args)`: `{}` placeholders take the i32 scalars in order.
-    DebugPrint { format: String, args: Vec<Value> },
+    DebugPrint {
+        format: String,
+        args: Vec<Value>,
+    },
 
     // --- structured control flow and scopes -------------------------------------------------
     /// `pl.when` / `lax.cond`: both blocks yield the op's results.
-    If { cond: Value, then_block: Block, else_block: Block },
+    If {
+        cond: Value,
+        then_block: Block,
+        else_block: Block,
+    },
     /// `fori_loop`: `body` takes (iv: i32, carried...) and yields the next carried values.
-    For { lower: Value, upper: Value, step: Value, init: Vec<Value>, body: Block },
+    For {
+        lower: Value,
+        upper: Value,
+        step: Value,
+        init: Vec<Value>,
+        body: Block,
+    },
     /// `while_loop`: `cond` takes the carried values and yields one bool; `body` takes them
     /// and yields the next ones.
-    While { init: Vec<Value>, cond: Block, body: Block },
+    While {
+        init: Vec<Value>,
+        cond: Block,
+        body: Block,
+    },
     /// `pl.run_scoped`: allocations inside `body` live until it ends.
-    RunScoped { body: Block },
+    RunScoped {
+        body: Block,
+    },
     /// A scoped VMEM/SMEM allocation (only directly inside a `RunScoped` body).
-    Alloc { buf: Buf },
+    Alloc {
+        buf: Buf,
+    },
     /// A scoped semaphore allocation (only directly inside a `RunScoped` body).
-    SemAlloc { sem: Sem },
+    SemAlloc {
+        sem: Sem,
+    },
     /// Ends a block, handing values to the enclosing op (or the index-map result).
-    Yield { values: SmallVec<[Value; 4]> },
+    Yield {
+        values: SmallVec<[Value; 4]>,
+    },
 }
 
 impl OpData {
@@ -412,7 +566,9 @@ impl OpData {
             | OpData::ArgReduce { x, .. }
             | OpData::Slice { x, .. }
             | OpData::AssumeMultiple { x, .. } => out.push(*x),
-            OpData::Concat { xs, .. } | OpData::DebugPrint { args: xs, .. } => out.extend(xs.iter().copied()),
+            OpData::Concat { xs, .. } | OpData::DebugPrint { args: xs, .. } => {
+                out.extend(xs.iter().copied())
+            }
             OpData::Roll { x, shift, .. } => out.extend([*x, *shift]),
             OpData::Binary { lhs, rhs, .. } | OpData::Compare { lhs, rhs, .. } => {
                 out.extend([*lhs, *rhs]);
@@ -464,7 +620,9 @@ impl OpData {
     /// The blocks (regions) this op owns, in order.
     pub fn blocks(&self) -> SmallVec<[Block; 2]> {
         match self {
-            OpData::If { then_block, else_block, .. } => [*then_block, *else_block].into_iter().collect(),
+            OpData::If { then_block, else_block, .. } => {
+                [*then_block, *else_block].into_iter().collect()
+            }
             OpData::For { body, .. } | OpData::RunScoped { body } => [*body].into_iter().collect(),
             OpData::While { cond, body, .. } => [*cond, *body].into_iter().collect(),
             _ => SmallVec::new(),
@@ -495,7 +653,12 @@ mod tests {
     use super::DotDims;
 
     fn dims(lc: &[u32], rc: &[u32], lb: &[u32], rb: &[u32]) -> DotDims {
-        DotDims { lhs_contract: lc.to_vec(), rhs_contract: rc.to_vec(), lhs_batch: lb.to_vec(), rhs_batch: rb.to_vec() }
+        DotDims {
+            lhs_contract: lc.to_vec(),
+            rhs_contract: rc.to_vec(),
+            lhs_batch: lb.to_vec(),
+            rhs_batch: rb.to_vec(),
+        }
     }
 
     #[test]
@@ -513,7 +676,9 @@ mod tests {
         assert!(err("mk,kn->nm", 2, 2).contains("the result must be `mn`"));
         assert!(err("mk,kn->mn", 3, 2).contains("the lhs names 2 dims, it has rank 3"));
         assert!(err("mkk,kn->mn", 3, 2).contains("`k` appears twice in the lhs"));
-        assert!(err("mk,kn->m", 2, 2).contains("rhs dim `n` is neither contracted nor in the result"));
+        assert!(
+            err("mk,kn->m", 2, 2).contains("rhs dim `n` is neither contracted nor in the result")
+        );
         assert!(err("m1,kn->mn", 2, 2).contains("`1` in the lhs is not a dim letter"));
     }
 }

@@ -33,7 +33,8 @@ impl Printer<'_> {
         let c = &k.call;
         let _ = writeln!(self.out, "kernel @{}", k.name);
         if !c.grid.is_empty() {
-            let dims: Vec<String> = c.grid.iter().map(|g| format!("{} {}", g.extent, g.semantics.name())).collect();
+            let dims: Vec<String> =
+                c.grid.iter().map(|g| format!("{} {}", g.extent, g.semantics.name())).collect();
             let _ = writeln!(self.out, "  grid [{}]", dims.join(", "));
         }
         for o in &c.operands {
@@ -60,7 +61,9 @@ impl Printer<'_> {
                 ScratchSpec::Buffer { name, space, dtype, shape } => {
                     writeln!(self.out, "  scratch {name}: {dtype}{shape} {space}")
                 }
-                ScratchSpec::Semaphore { name, kind, shape } => writeln!(self.out, "  scratch {name}: {kind}{shape}"),
+                ScratchSpec::Semaphore { name, kind, shape } => {
+                    writeln!(self.out, "  scratch {name}: {kind}{shape}")
+                }
             };
         }
         for (i, o) in &c.aliases {
@@ -94,7 +97,8 @@ impl Printer<'_> {
 
     fn block(&mut self, block: Block, depth: usize) {
         let indent = "  ".repeat(depth);
-        let params: Vec<String> = self.k.blocks[block].params.iter().map(|&v| format!("{v}: {}", self.k.ty(v))).collect();
+        let params: Vec<String> =
+            self.k.blocks[block].params.iter().map(|&v| format!("{v}: {}", self.k.ty(v))).collect();
         let _ = writeln!(self.out, "{indent}{block}({}):", params.join(", "));
         for &op in &self.k.blocks[block].ops {
             self.op(op, depth + 1);
@@ -129,7 +133,9 @@ impl Printer<'_> {
             | OpData::Reshape { x, .. } => {
                 format!(" {x}")
             }
-            OpData::Binary { lhs, rhs, .. } | OpData::Compare { lhs, rhs, .. } => format!(" {lhs}, {rhs}"),
+            OpData::Binary { lhs, rhs, .. } | OpData::Compare { lhs, rhs, .. } => {
+                format!(" {lhs}, {rhs}")
+            }
             OpData::Select { cond, on_true, on_false } => format!(" {cond}, {on_true}, {on_false}"),
             OpData::Transpose { x, perm } => format!(" {x} perm={perm:?}"),
             OpData::Reduce { x, axes, .. } => format!(" {x} axes={axes:?}"),
@@ -195,7 +201,11 @@ impl Printer<'_> {
             }
             OpData::SemAlloc { sem } => format!(" {}", k.sems[*sem].name),
             OpData::Yield { values } => {
-                if values.is_empty() { String::new() } else { format!(" {}", Self::vals(values)) }
+                if values.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {}", Self::vals(values))
+                }
             }
         };
         line.push_str(&body);
@@ -208,9 +218,10 @@ impl Printer<'_> {
             line.push_str(" {");
         }
         if self.options.locations
-            && let Some(loc) = node.loc {
-                let _ = write!(line, "  ; {loc}");
-            }
+            && let Some(loc) = node.loc
+        {
+            let _ = write!(line, "  ; {loc}");
+        }
         self.out.push_str(&line);
         self.out.push('\n');
         let separator = if matches!(node.data, OpData::While { .. }) { "do" } else { "else" };

@@ -91,7 +91,12 @@ pub fn verify(kernel: &Kernel, options: VerifyOptions) -> Result<(), VerifierErr
     }
     v.vmem_budget(options.chip);
     for e in coverage::check(kernel) {
-        v.errors.push(VerifierError { site: ErrorSite::Call(e.what), op_text: None, loc: e.loc.or(kernel.loc), message: e.message });
+        v.errors.push(VerifierError {
+            site: ErrorSite::Call(e.what),
+            op_text: None,
+            loc: e.loc.or(kernel.loc),
+            message: e.message,
+        });
     }
     if v.errors.is_empty() { Ok(()) } else { Err(VerifierErrors(v.errors)) }
 }
@@ -104,17 +109,37 @@ struct Verifier<'a> {
 
 impl Verifier<'_> {
     fn call_error(&mut self, what: impl Into<String>, message: impl Into<String>) {
-        self.errors.push(VerifierError { site: ErrorSite::Call(what.into()), op_text: None, loc: self.k.loc, message: message.into() });
+        self.errors.push(VerifierError {
+            site: ErrorSite::Call(what.into()),
+            op_text: None,
+            loc: self.k.loc,
+            message: message.into(),
+        });
     }
 
     /// A call-spec error about operand `o`, at its declaration.
-    fn operand_error(&mut self, o: &OperandSpec, what: impl Into<String>, message: impl Into<String>) {
-        self.errors.push(VerifierError { site: ErrorSite::Call(what.into()), op_text: None, loc: o.loc.or(self.k.loc), message: message.into() });
+    fn operand_error(
+        &mut self,
+        o: &OperandSpec,
+        what: impl Into<String>,
+        message: impl Into<String>,
+    ) {
+        self.errors.push(VerifierError {
+            site: ErrorSite::Call(what.into()),
+            op_text: None,
+            loc: o.loc.or(self.k.loc),
+            message: message.into(),
+        });
     }
 
     fn op_error(&mut self, op: Op, message: impl Into<String>) {
         let text = op_line(self.k, op);
-        self.errors.push(VerifierError { site: ErrorSite::Op(op), op_text: Some(text), loc: self.k.ops[op].loc, message: message.into() });
+        self.errors.push(VerifierError {
+            site: ErrorSite::Op(op),
+            op_text: Some(text),
+            loc: self.k.ops[op].loc,
+            message: message.into(),
+        });
     }
 
     fn call_spec(&mut self) {
@@ -123,7 +148,10 @@ impl Verifier<'_> {
             if g.extent == 0 {
                 self.call_error(format!("grid dim {i}"), "grid extents must be at least 1");
             } else if g.extent > i32::MAX as u64 {
-                self.call_error(format!("grid dim {i}"), format!("grid extent {} exceeds {} (program ids are i32)", g.extent, i32::MAX));
+                self.call_error(
+                    format!("grid dim {i}"),
+                    format!("grid extent {} exceeds {} (program ids are i32)", g.extent, i32::MAX),
+                );
             }
         }
         for o in &c.operands {
@@ -136,9 +164,15 @@ impl Verifier<'_> {
                 (Some(a), Some(b)) if a.dtype == b.dtype && a.shape == b.shape => {}
                 (Some(a), Some(b)) => self.call_error(
                     format!("alias in{i} -> out{o}"),
-                    format!("aliased arrays must match: {} is {}{}, {} is {}{}", a.name, a.dtype, a.shape, b.name, b.dtype, b.shape),
+                    format!(
+                        "aliased arrays must match: {} is {}{}, {} is {}{}",
+                        a.name, a.dtype, a.shape, b.name, b.dtype, b.shape
+                    ),
                 ),
-                _ => self.call_error(format!("alias in{i} -> out{o}"), format!("no such input/output ({} inputs, {} outputs)", ins.len(), outs.len())),
+                _ => self.call_error(
+                    format!("alias in{i} -> out{o}"),
+                    format!("no such input/output ({} inputs, {} outputs)", ins.len(), outs.len()),
+                ),
             }
         }
         if outs.is_empty() {
@@ -148,8 +182,17 @@ impl Verifier<'_> {
 
     fn operand(&mut self, o: &OperandSpec) {
         let what = format!("operand {}", o.name);
-        if o.role == OperandRole::Prefetch && (o.dtype != DType::I32 || o.space != MemorySpace::Smem) {
-            self.operand_error(o, &what, format!("scalar prefetch must be an i32 array in SMEM, got {}{} in {}", o.dtype, o.shape, o.space));
+        if o.role == OperandRole::Prefetch
+            && (o.dtype != DType::I32 || o.space != MemorySpace::Smem)
+        {
+            self.operand_error(
+                o,
+                &what,
+                format!(
+                    "scalar prefetch must be an i32 array in SMEM, got {}{} in {}",
+                    o.dtype, o.shape, o.space
+                ),
+            );
         }
         if o.space == MemorySpace::Semaphore {
             self.operand_error(o, &what, "arrays cannot live in semaphore memory");
@@ -164,7 +207,11 @@ impl Verifier<'_> {
         }
         let Some(block) = &o.block else {
             if o.is_windowed() && !self.k.call.grid.is_empty() && o.index_map.is_none() {
-                self.operand_error(o, &what, "a windowed operand of a gridded kernel needs a block shape and an index map");
+                self.operand_error(
+                    o,
+                    &what,
+                    "a windowed operand of a gridded kernel needs a block shape and an index map",
+                );
             }
             return;
         };
@@ -173,7 +220,16 @@ impl Verifier<'_> {
             return;
         }
         if block.len() != o.shape.rank() {
-            self.operand_error(o, &what, format!("block rank {} differs from array rank {} ({})", block.len(), o.shape.rank(), o.shape));
+            self.operand_error(
+                o,
+                &what,
+                format!(
+                    "block rank {} differs from array rank {} ({})",
+                    block.len(),
+                    o.shape.rank(),
+                    o.shape
+                ),
+            );
             return;
         }
         if o.index_map.is_none() {
@@ -181,7 +237,11 @@ impl Verifier<'_> {
         }
         for (d, (b, &n)) in block.iter().zip(o.shape.dims()).enumerate() {
             match *b {
-                BlockDim::Blocked(b) if b == 0 || b > n => self.operand_error(o, &what, format!("block dim {d} is {b}, the array dim is {n}")),
+                BlockDim::Blocked(b) if b == 0 || b > n => self.operand_error(
+                    o,
+                    &what,
+                    format!("block dim {d} is {b}, the array dim is {n}"),
+                ),
                 BlockDim::Element { size, pad: (lo, hi) } if size == 0 || size > n + lo + hi => {
                     self.operand_error(o, &what, format!("element block dim {d} is {size}, the array dim is {n} (padded by {lo} and {hi})"));
                 }
@@ -195,12 +255,17 @@ impl Verifier<'_> {
             }
         }
         if o.has_element_window() && block.iter().any(|b| matches!(b, BlockDim::Blocked(_))) {
-            self.operand_error(o, &what, "a block with an `Element` dim cannot have blocked dims (Pallas refuses the mix)");
+            self.operand_error(
+                o,
+                &what,
+                "a block with an `Element` dim cannot have blocked dims (Pallas refuses the mix)",
+            );
         }
         if o.space == MemorySpace::Vmem
-            && let Err(m) = block_tiling_rule(o.dtype, block, &o.shape) {
-                self.operand_error(o, &what, m);
-            }
+            && let Err(m) = block_tiling_rule(o.dtype, block, &o.shape)
+        {
+            self.operand_error(o, &what, m);
+        }
     }
 
     fn entry_signature(&mut self) {
@@ -208,18 +273,32 @@ impl Verifier<'_> {
         let params = &k.blocks[k.entry].params;
         let mut want: Vec<Type> = k.call.grid.iter().map(|_| Type::Scalar(DType::I32)).collect();
         for o in &k.call.operands {
-            want.push(Type::Ref(super::RefType { space: o.space, dtype: o.dtype, shape: o.window_shape() }));
+            want.push(Type::Ref(super::RefType {
+                space: o.space,
+                dtype: o.dtype,
+                shape: o.window_shape(),
+            }));
         }
         for s in &k.call.scratch {
             want.push(match s {
-                ScratchSpec::Buffer { space, dtype, shape, .. } => Type::Ref(super::RefType { space: *space, dtype: *dtype, shape: shape.clone() }),
+                ScratchSpec::Buffer { space, dtype, shape, .. } => {
+                    Type::Ref(super::RefType { space: *space, dtype: *dtype, shape: shape.clone() })
+                }
                 ScratchSpec::Semaphore { kind, shape, .. } => Type::Sem(*kind, shape.clone()),
             });
         }
         let got: Vec<Type> = params.iter().map(|&p| k.ty(p).clone()).collect();
         if got != want {
-            let show = |ts: &[Type]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
-            self.call_error("kernel signature", format!("entry block takes ({}), the call spec implies ({})", show(&got), show(&want)));
+            let show =
+                |ts: &[Type]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
+            self.call_error(
+                "kernel signature",
+                format!(
+                    "entry block takes ({}), the call spec implies ({})",
+                    show(&got),
+                    show(&want)
+                ),
+            );
         }
     }
 
@@ -237,7 +316,10 @@ impl Verifier<'_> {
             operands.dedup();
             for v in operands {
                 if !self.visible[v] {
-                    self.op_error(op, format!("uses {v}, which is not defined before it in an enclosing scope"));
+                    self.op_error(
+                        op,
+                        format!("uses {v}, which is not defined before it in an enclosing scope"),
+                    );
                 }
             }
             let is_last = i + 1 == ops.len();
@@ -278,7 +360,8 @@ impl Verifier<'_> {
             }
         }
         // A region of an op is reported by the op's typing rule; an index map has no op.
-        let ends_in_yield = matches!(ops.last().map(|&o| &k.ops[o].data), Some(OpData::Yield { .. }));
+        let ends_in_yield =
+            matches!(ops.last().map(|&o| &k.ops[o].data), Some(OpData::Yield { .. }));
         if must_yield && !ends_in_yield && k.blocks[block].parent.is_none() {
             self.call_error(format!("index map {block}"), "does not end with a yield");
         }
@@ -298,21 +381,43 @@ impl Verifier<'_> {
         let what = format!("index map of {}", o.name);
         let mut want: Vec<Type> = k.call.grid.iter().map(|_| Type::Scalar(DType::I32)).collect();
         for p in k.call.operands_of(OperandRole::Prefetch) {
-            want.push(Type::Ref(super::RefType { space: p.space, dtype: p.dtype, shape: p.shape.clone() }));
+            want.push(Type::Ref(super::RefType {
+                space: p.space,
+                dtype: p.dtype,
+                shape: p.shape.clone(),
+            }));
         }
         let got: Vec<Type> = k.blocks[map].params.iter().map(|&p| k.ty(p).clone()).collect();
         if got != want {
-            self.operand_error(o, &what, format!("takes {} parameters, expected the {} grid indices and {} prefetch refs", got.len(), k.call.grid.len(), want.len() - k.call.grid.len()));
+            self.operand_error(
+                o,
+                &what,
+                format!(
+                    "takes {} parameters, expected the {} grid indices and {} prefetch refs",
+                    got.len(),
+                    k.call.grid.len(),
+                    want.len() - k.call.grid.len()
+                ),
+            );
         }
         // Index maps may not touch the kernel body's values.
         let saved = std::mem::take(&mut self.visible);
         self.region(map, true);
         self.visible = saved;
         if let Ok(ys) = yield_types(k, map)
-            && (ys.len() != o.shape.rank() || ys.iter().any(|t| *t != Type::Scalar(DType::I32))) {
-                let shown: Vec<String> = ys.iter().map(|t| t.to_string()).collect();
-                self.operand_error(o, &what, format!("returns ({}), expected one i32 block index per array dim ({} dims)", shown.join(", "), o.shape.rank()));
-            }
+            && (ys.len() != o.shape.rank() || ys.iter().any(|t| *t != Type::Scalar(DType::I32)))
+        {
+            let shown: Vec<String> = ys.iter().map(|t| t.to_string()).collect();
+            self.operand_error(
+                o,
+                &what,
+                format!(
+                    "returns ({}), expected one i32 block index per array dim ({} dims)",
+                    shown.join(", "),
+                    o.shape.rank()
+                ),
+            );
+        }
     }
 
     fn vmem_budget(&mut self, chip: Option<Chip>) {
@@ -337,7 +442,8 @@ impl Verifier<'_> {
             }
         }
         for b in k.bufs.values() {
-            let scratch_or_scoped = matches!(b.origin, BufOrigin::Scratch(_) | BufOrigin::Scoped(_));
+            let scratch_or_scoped =
+                matches!(b.origin, BufOrigin::Scratch(_) | BufOrigin::Scoped(_));
             if scratch_or_scoped && b.ty.space == MemorySpace::Vmem {
                 let bytes = padded_vmem_bytes(b.ty.dtype, &b.ty.shape);
                 lines.push(format!("{} {bytes}", b.name));
@@ -346,17 +452,29 @@ impl Verifier<'_> {
         }
         let limit = k.call.vmem_limit_bytes.or(chip.map(|c| c.target().default_scoped_vmem_bytes));
         if let (Some(limit), Some(chip)) = (k.call.vmem_limit_bytes, chip)
-            && limit > chip.target().vmem_bytes {
-                self.call_error("vmem_limit", format!("vmem_limit_bytes {limit} exceeds the {} MiB of VMEM per TensorCore on {chip}", chip.target().vmem_bytes >> 20));
-            }
+            && limit > chip.target().vmem_bytes
+        {
+            self.call_error(
+                "vmem_limit",
+                format!(
+                    "vmem_limit_bytes {limit} exceeds the {} MiB of VMEM per TensorCore on {chip}",
+                    chip.target().vmem_bytes >> 20
+                ),
+            );
+        }
         if let Some(limit) = limit
-            && total > limit {
-                let message = format!("VMEM budget exceeded: {total} bytes needed ({}), limit {limit} bytes{}", lines.join(" + "), chip.map(|c| format!(" on {c}")).unwrap_or_default());
-                match largest {
-                    Some((_, o)) => self.operand_error(o, "vmem", message),
-                    None => self.call_error("vmem", message),
-                }
+            && total > limit
+        {
+            let message = format!(
+                "VMEM budget exceeded: {total} bytes needed ({}), limit {limit} bytes{}",
+                lines.join(" + "),
+                chip.map(|c| format!(" on {c}")).unwrap_or_default()
+            );
+            match largest {
+                Some((_, o)) => self.operand_error(o, "vmem", message),
+                None => self.call_error("vmem", message),
             }
+        }
     }
 }
 
@@ -379,8 +497,15 @@ pub fn check_hbm(k: &Kernel, chip: Chip) -> Result<(), String> {
         return Ok(());
     }
     lines.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
-    let detail: Vec<String> = lines.iter().take(4).map(|(n, b)| format!("{n} {}", gib(*b))).collect();
-    Err(format!("the operands of `{}` need {} ({total} bytes: {}), more than the {} of HBM per device on {chip}", k.name, gib(total), detail.join(", "), gib(limit)))
+    let detail: Vec<String> =
+        lines.iter().take(4).map(|(n, b)| format!("{n} {}", gib(*b))).collect();
+    Err(format!(
+        "the operands of `{}` need {} ({total} bytes: {}), more than the {} of HBM per device on {chip}",
+        k.name,
+        gib(total),
+        detail.join(", "),
+        gib(limit)
+    ))
 }
 
 fn gib(bytes: u64) -> String {
@@ -402,14 +527,22 @@ pub fn padded_vmem_bytes(dtype: DType, shape: &super::Shape) -> u64 {
     let padded: u64 = match d.len() {
         0 => 1,
         1 => up(d[0], sub * lane),
-        n => d[..n - 2].iter().fold(1u64, |p, &x| p.saturating_mul(x)).saturating_mul(up(d[n - 2], sub)).saturating_mul(up(d[n - 1], lane)),
+        n => d[..n - 2]
+            .iter()
+            .fold(1u64, |p, &x| p.saturating_mul(x))
+            .saturating_mul(up(d[n - 2], sub))
+            .saturating_mul(up(d[n - 1], lane)),
     };
     padded.saturating_mul(u64::from(dtype.memory_bits())).div_ceil(8)
 }
 
 /// The TPU block-shape rule (Pallas's `_check_block_mappings`, tightened to the native tile
 /// of the dtype so that packed types do not waste or misalign vregs).
-pub fn block_tiling_rule(dtype: DType, block: &[BlockDim], array: &super::Shape) -> Result<(), String> {
+pub fn block_tiling_rule(
+    dtype: DType,
+    block: &[BlockDim],
+    array: &super::Shape,
+) -> Result<(), String> {
     let (sub, lane) = dtype.native_tile();
     let a = array.dims();
     let n = block.len();
@@ -435,7 +568,11 @@ pub fn block_tiling_rule(dtype: DType, block: &[BlockDim], array: &super::Shape)
             dims[n - 2], a[n - 2]
         ));
     }
-    if problems.is_empty() { Ok(()) } else { Err(format!("TPU block rule: {}", problems.join("; "))) }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("TPU block rule: {}", problems.join("; ")))
+    }
 }
 
 /// One op's line of text, without nested regions.
@@ -443,7 +580,8 @@ fn op_line(k: &Kernel, op: Op) -> String {
     let node = &k.ops[op];
     let results: Vec<String> = node.results.iter().map(|r| r.to_string()).collect();
     let operands: Vec<String> = node.data.operands().iter().map(|v| k.value_name(*v)).collect();
-    let head = if results.is_empty() { String::new() } else { format!("{} = ", results.join(", ")) };
+    let head =
+        if results.is_empty() { String::new() } else { format!("{} = ", results.join(", ")) };
     format!("{head}{} {}", node.data.mnemonic(), operands.join(", ")).trim_end().to_string()
 }
 
@@ -468,7 +606,11 @@ mod tests {
             loc: None,
             pipeline_mode: None,
         });
-        let ty = super::super::RefType { space: MemorySpace::Vmem, dtype: DType::F32, shape: Shape::new([8, 128]) };
+        let ty = super::super::RefType {
+            space: MemorySpace::Vmem,
+            dtype: DType::F32,
+            shape: Shape::new([8, 128]),
+        };
         let o = k.add_block_param(k.entry, Type::Ref(ty.clone()));
         k.declare_buf("o".into(), BufOrigin::Operand(0), ty.space, ty.dtype, ty.shape, o);
         (k, o)
@@ -481,20 +623,48 @@ mod tests {
         // A value defined inside an `if` region, used after it: out of scope.
         let then_b = k.new_block();
         let else_b = k.new_block();
-        let c = k.append_op(then_b, OpData::Constant { value: Literal::Int(1), ty: Type::Scalar(DType::I32) }, vec![Type::Scalar(DType::I32)], None);
+        let c = k.append_op(
+            then_b,
+            OpData::Constant { value: Literal::Int(1), ty: Type::Scalar(DType::I32) },
+            vec![Type::Scalar(DType::I32)],
+            None,
+        );
         let inner = k.result(c);
         k.append_op(then_b, OpData::Yield { values: smallvec![] }, vec![], None);
         // The else region lacks its yield.
-        let t = k.append_op(entry, OpData::Constant { value: Literal::Bool(true), ty: Type::Scalar(DType::Bool) }, vec![Type::Scalar(DType::Bool)], None);
+        let t = k.append_op(
+            entry,
+            OpData::Constant { value: Literal::Bool(true), ty: Type::Scalar(DType::Bool) },
+            vec![Type::Scalar(DType::Bool)],
+            None,
+        );
         let cond = k.result(t);
-        let if_op = k.append_op(entry, OpData::If { cond, then_block: then_b, else_block: else_b }, vec![], None);
+        let if_op = k.append_op(
+            entry,
+            OpData::If { cond, then_block: then_b, else_block: else_b },
+            vec![],
+            None,
+        );
         // Result typed wrongly: i32 + i32 claimed to be f32.
-        let add = k.append_op(entry, OpData::Binary { op: super::super::BinaryOp::Add, lhs: inner, rhs: inner }, vec![Type::Scalar(DType::F32)], None);
+        let add = k.append_op(
+            entry,
+            OpData::Binary { op: super::super::BinaryOp::Add, lhs: inner, rhs: inner },
+            vec![Type::Scalar(DType::F32)],
+            None,
+        );
         let errs = verify(&k, VerifyOptions::default()).unwrap_err();
         let text = errs.to_string();
         assert_eq!(errs.0.len(), 3, "{text}");
-        assert!(text.contains(&format!("{if_op} (if v2): region bb2 does not end with a yield")), "{text}");
-        assert!(text.contains(&format!("{add} (v3 = add v1, v1): uses v1, which is not defined before it")), "{text}");
+        assert!(
+            text.contains(&format!("{if_op} (if v2): region bb2 does not end with a yield")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "{add} (v3 = add v1, v1): uses v1, which is not defined before it"
+            )),
+            "{text}"
+        );
         assert!(text.contains("results are typed (f32), the operands imply (i32)"), "{text}");
     }
 
@@ -503,13 +673,24 @@ mod tests {
         let s = |d: &[u64]| Shape::new(d.to_vec());
         let b = |d: &[u64]| d.iter().map(|&x| BlockDim::Blocked(x)).collect::<Vec<_>>();
         assert!(block_tiling_rule(DType::F32, &b(&[8, 128]), &s(&[64, 256])).is_ok());
-        assert!(block_tiling_rule(DType::F32, &b(&[3, 100]), &s(&[3, 100])).is_ok(), "whole-array blocks are always fine");
-        assert!(block_tiling_rule(DType::Bf16, &b(&[8, 128]), &s(&[64, 256])).unwrap_err().contains("multiple of 16"));
+        assert!(
+            block_tiling_rule(DType::F32, &b(&[3, 100]), &s(&[3, 100])).is_ok(),
+            "whole-array blocks are always fine"
+        );
+        assert!(
+            block_tiling_rule(DType::Bf16, &b(&[8, 128]), &s(&[64, 256]))
+                .unwrap_err()
+                .contains("multiple of 16")
+        );
         assert!(block_tiling_rule(DType::I8, &b(&[32, 256]), &s(&[64, 256])).is_ok());
         let squeezed = vec![BlockDim::Squeezed, BlockDim::Blocked(16), BlockDim::Blocked(128)];
         assert!(block_tiling_rule(DType::Bf16, &squeezed, &s(&[4, 64, 256])).is_ok());
         assert!(block_tiling_rule(DType::F32, &b(&[1024]), &s(&[4096])).is_ok());
-        assert!(block_tiling_rule(DType::F32, &b(&[96]), &s(&[4096])).unwrap_err().contains("1-D block"));
+        assert!(
+            block_tiling_rule(DType::F32, &b(&[96]), &s(&[4096]))
+                .unwrap_err()
+                .contains("1-D block")
+        );
     }
 
     #[test]

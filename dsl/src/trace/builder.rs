@@ -8,8 +8,14 @@
 use super::refs::{Ref, SemRef};
 use super::val::{Val, constant};
 use super::{BuildError, BuildErrors, Tracer, in_block, install, uninstall, with};
-use crate::ir::{BufOrigin, DType, ErrorSite, Kernel, Literal, MemorySpace, OpData, RefType, SemKind, Shape, SrcLoc, Type, Value, VerifyOptions};
-use crate::spec::{BlockDim, CostEstimate, GridDim, Mesh, MeshAxis, OperandRole, OperandSpec, PipelineMode, ScratchSpec, Semantics};
+use crate::ir::{
+    BufOrigin, DType, ErrorSite, Kernel, Literal, MemorySpace, OpData, RefType, SemKind, Shape,
+    SrcLoc, Type, Value, VerifyOptions,
+};
+use crate::spec::{
+    BlockDim, CostEstimate, GridDim, Mesh, MeshAxis, OperandRole, OperandSpec, PipelineMode,
+    ScratchSpec, Semantics,
+};
 use cranelift_entity::SecondaryMap;
 use smallvec::SmallVec;
 
@@ -132,7 +138,10 @@ impl std::fmt::Debug for KernelBuilder<'_> {
 
 fn to_u64(x: impl TryInto<u64>, what: &str, loc: SrcLoc, errors: &mut Vec<BuildError>) -> u64 {
     x.try_into().unwrap_or_else(|_| {
-        errors.push(BuildError { loc: Some(loc), message: format!("{what} must be a non-negative integer") });
+        errors.push(BuildError {
+            loc: Some(loc),
+            message: format!("{what} must be a non-negative integer"),
+        });
         1
     })
 }
@@ -167,7 +176,8 @@ impl<'a> KernelBuilder<'a> {
 
     #[track_caller]
     pub fn vmem_limit_bytes(&mut self, bytes: impl TryInto<u64>) -> &mut Self {
-        self.vmem_limit_bytes = Some(to_u64(bytes, "vmem_limit_bytes", SrcLoc::caller(), &mut self.errors));
+        self.vmem_limit_bytes =
+            Some(to_u64(bytes, "vmem_limit_bytes", SrcLoc::caller(), &mut self.errors));
         self
     }
 
@@ -188,7 +198,12 @@ impl<'a> KernelBuilder<'a> {
                 bad(format!("mesh axis `{name}` appears twice"));
             }
         }
-        self.mesh = Some(Mesh { axes: axes.iter().map(|(name, size)| MeshAxis { name: name.to_string(), size: *size }).collect() });
+        self.mesh = Some(Mesh {
+            axes: axes
+                .iter()
+                .map(|(name, size)| MeshAxis { name: name.to_string(), size: *size })
+                .collect(),
+        });
         self
     }
 
@@ -198,7 +213,12 @@ impl<'a> KernelBuilder<'a> {
         self
     }
 
-    pub fn cost_estimate(&mut self, flops: u64, transcendentals: u64, bytes_accessed: u64) -> &mut Self {
+    pub fn cost_estimate(
+        &mut self,
+        flops: u64,
+        transcendentals: u64,
+        bytes_accessed: u64,
+    ) -> &mut Self {
         self.cost = Some(CostEstimate { flops, transcendentals, bytes_accessed });
         self
     }
@@ -207,10 +227,17 @@ impl<'a> KernelBuilder<'a> {
     #[track_caller]
     pub fn alias(&mut self, input: &str, output: &str) -> &mut Self {
         let loc = SrcLoc::caller();
-        let pos = |role: OperandRole, name: &str| self.operands.iter().filter(|o| o.role == role).position(|o| o.name == name);
+        let pos = |role: OperandRole, name: &str| {
+            self.operands.iter().filter(|o| o.role == role).position(|o| o.name == name)
+        };
         match (pos(OperandRole::Input, input), pos(OperandRole::Output, output)) {
             (Some(i), Some(o)) => self.aliases.push((i, o)),
-            _ => self.errors.push(BuildError { loc: Some(loc), message: format!("alias {input} -> {output}: `{input}` must be an input and `{output}` an output") }),
+            _ => self.errors.push(BuildError {
+                loc: Some(loc),
+                message: format!(
+                    "alias {input} -> {output}: `{input}` must be an input and `{output}` an output"
+                ),
+            }),
         }
         self
     }
@@ -230,8 +257,20 @@ impl<'a> KernelBuilder<'a> {
     ) -> Slot {
         let loc = SrcLoc::caller();
         let index = self.operands.len();
-        self.operands.push(OperandSpec { name: name.to_string(), role, dtype, shape: Shape::new(shape.to_vec()), space, block, index_map: None, loc: Some(loc), pipeline_mode: None });
-        self.index_maps.push(index_map.map(|f| -> (IndexMapFn<'a>, SrcLoc) { (Box::new(move |g: &[Val], p: &[Ref]| f(g, p).indices(loc)), loc) }));
+        self.operands.push(OperandSpec {
+            name: name.to_string(),
+            role,
+            dtype,
+            shape: Shape::new(shape.to_vec()),
+            space,
+            block,
+            index_map: None,
+            loc: Some(loc),
+            pipeline_mode: None,
+        });
+        self.index_maps.push(index_map.map(|f| -> (IndexMapFn<'a>, SrcLoc) {
+            (Box::new(move |g: &[Val], p: &[Ref]| f(g, p).indices(loc)), loc)
+        }));
         let slot = Slot::Operand(index);
         self.slots.push(slot);
         slot
@@ -243,20 +282,38 @@ impl<'a> KernelBuilder<'a> {
     pub fn pipeline_mode(&mut self, operand: Slot, mode: PipelineMode) -> &mut Self {
         match operand {
             Slot::Operand(i) => self.operands[i].pipeline_mode = Some(mode),
-            Slot::Scratch(_) => self.errors.push(BuildError { loc: Some(SrcLoc::caller()), message: format!("{mode}: scratch buffers are not pipelined") }),
+            Slot::Scratch(_) => self.errors.push(BuildError {
+                loc: Some(SrcLoc::caller()),
+                message: format!("{mode}: scratch buffers are not pipelined"),
+            }),
         }
         self
     }
 
-    pub fn scratch_buffer(&mut self, name: &str, space: MemorySpace, dtype: DType, shape: &[u64]) -> Slot {
-        self.scratch.push(ScratchSpec::Buffer { name: name.to_string(), space, dtype, shape: Shape::new(shape.to_vec()) });
+    pub fn scratch_buffer(
+        &mut self,
+        name: &str,
+        space: MemorySpace,
+        dtype: DType,
+        shape: &[u64],
+    ) -> Slot {
+        self.scratch.push(ScratchSpec::Buffer {
+            name: name.to_string(),
+            space,
+            dtype,
+            shape: Shape::new(shape.to_vec()),
+        });
         let slot = Slot::Scratch(self.scratch.len() - 1);
         self.slots.push(slot);
         slot
     }
 
     pub fn scratch_semaphores(&mut self, name: &str, kind: SemKind, shape: &[u64]) -> Slot {
-        self.scratch.push(ScratchSpec::Semaphore { name: name.to_string(), kind, shape: Shape::new(shape.to_vec()) });
+        self.scratch.push(ScratchSpec::Semaphore {
+            name: name.to_string(),
+            kind,
+            shape: Shape::new(shape.to_vec()),
+        });
         let slot = Slot::Scratch(self.scratch.len() - 1);
         self.slots.push(slot);
         slot
@@ -286,7 +343,14 @@ impl<'a> KernelBuilder<'a> {
             let o = self.operands[i].clone();
             let ty = RefType { space: o.space, dtype: o.dtype, shape: o.window_shape() };
             let v = kernel.add_block_param(entry, Type::Ref(ty.clone()));
-            kernel.declare_buf(o.name.clone(), BufOrigin::Operand(new_index), ty.space, ty.dtype, ty.shape, v);
+            kernel.declare_buf(
+                o.name.clone(),
+                BufOrigin::Operand(new_index),
+                ty.space,
+                ty.dtype,
+                ty.shape,
+                v,
+            );
             operand_values[i] = v;
             sorted_maps.push(maps[i].take());
             operands.push(o);
@@ -295,13 +359,29 @@ impl<'a> KernelBuilder<'a> {
         for (i, s) in self.scratch.iter().enumerate() {
             let v = match s {
                 ScratchSpec::Buffer { name, space, dtype, shape } => {
-                    let v = kernel.add_block_param(entry, Type::Ref(RefType { space: *space, dtype: *dtype, shape: shape.clone() }));
-                    kernel.declare_buf(name.clone(), BufOrigin::Scratch(i), *space, *dtype, shape.clone(), v);
+                    let v = kernel.add_block_param(
+                        entry,
+                        Type::Ref(RefType { space: *space, dtype: *dtype, shape: shape.clone() }),
+                    );
+                    kernel.declare_buf(
+                        name.clone(),
+                        BufOrigin::Scratch(i),
+                        *space,
+                        *dtype,
+                        shape.clone(),
+                        v,
+                    );
                     v
                 }
                 ScratchSpec::Semaphore { name, kind, shape } => {
                     let v = kernel.add_block_param(entry, Type::Sem(*kind, shape.clone()));
-                    kernel.declare_sem(name.clone(), BufOrigin::Scratch(i), *kind, shape.clone(), v);
+                    kernel.declare_sem(
+                        name.clone(),
+                        BufOrigin::Scratch(i),
+                        *kind,
+                        shape.clone(),
+                        v,
+                    );
                     v
                 }
             };
@@ -319,14 +399,27 @@ impl<'a> KernelBuilder<'a> {
         };
         // Aliases were recorded by position among inputs/outputs, which sorting preserves.
         kernel.call.aliases = self.aliases.clone();
-        let tracer = Tracer { kernel, blocks: vec![entry], errors: std::mem::take(&mut self.errors), poisoned: SecondaryMap::new(), ill_typed: SecondaryMap::new() };
+        let tracer = Tracer {
+            kernel,
+            blocks: vec![entry],
+            errors: std::mem::take(&mut self.errors),
+            poisoned: SecondaryMap::new(),
+            ill_typed: SecondaryMap::new(),
+        };
         if !install(tracer) {
-            return Err(BuildErrors(vec![BuildError { loc: Some(self.loc), message: "a kernel cannot be traced while another is being traced".into() }]));
+            return Err(BuildErrors(vec![BuildError {
+                loc: Some(self.loc),
+                message: "a kernel cannot be traced while another is being traced".into(),
+            }]));
         }
         let guard = Sealed { handles: Vec::new() };
         // Index maps: one block each, taking the grid indices and the prefetch refs.
         let prefetch: Vec<RefType> = with(|t| {
-            t.kernel.call.operands_of(OperandRole::Prefetch).map(|p| RefType { space: p.space, dtype: p.dtype, shape: p.shape.clone() }).collect()
+            t.kernel
+                .call
+                .operands_of(OperandRole::Prefetch)
+                .map(|p| RefType { space: p.space, dtype: p.dtype, shape: p.shape.clone() })
+                .collect()
         });
         for (i, map) in sorted_maps.into_iter().enumerate() {
             let Some((f, loc)) = map else { continue };
@@ -369,7 +462,10 @@ impl Sealed {
         let tracer = uninstall();
         std::mem::forget(self);
         let Some(tracer) = tracer else {
-            return Err(BuildErrors(vec![BuildError { loc: None, message: "kernel trace was lost".into() }]));
+            return Err(BuildErrors(vec![BuildError {
+                loc: None,
+                message: "kernel trace was lost".into(),
+            }]));
         };
         let mut tracer = tracer;
         tracer.drop_unused_slices();
@@ -386,10 +482,21 @@ impl Sealed {
                     let node = &kernel.ops[op];
                     node.data.blocks().is_empty()
                         && !tracer.ill_typed[op]
-                        && !node.data.operands().iter().chain(&node.results).any(|&v| tracer.poisoned[v])
+                        && !node
+                            .data
+                            .operands()
+                            .iter()
+                            .chain(&node.results)
+                            .any(|&v| tracer.poisoned[v])
                 }
             };
-            errors.extend(found.0.into_iter().filter(|e| traced_cleanly || independent(e)).map(|e| BuildError { loc: e.loc, message: e.to_string() }));
+            errors.extend(
+                found
+                    .0
+                    .into_iter()
+                    .filter(|e| traced_cleanly || independent(e))
+                    .map(|e| BuildError { loc: e.loc, message: e.to_string() }),
+            );
         }
         if errors.is_empty() { Ok(kernel) } else { Err(BuildErrors(errors)) }
     }

@@ -8,7 +8,10 @@
 use super::refs::{Ref, SemRef};
 use super::val::{Dims, IntoVal, Val, constant};
 use super::{in_block, with};
-use crate::ir::{BinaryOp, BufOrigin, CmpPred, DType, Literal, MemorySpace, OpData, SemKind, Shape, SrcLoc, Type, Value};
+use crate::ir::{
+    BinaryOp, BufOrigin, CmpPred, DType, Literal, MemorySpace, OpData, SemKind, Shape, SrcLoc,
+    Type, Value,
+};
 use cranelift_entity::packed_option::ReservedValue;
 use smallvec::SmallVec;
 
@@ -121,7 +124,11 @@ impl Cond for Val {
 
 /// `if cond { then } else { else }`: `scf.if` for a traced condition.
 #[track_caller]
-pub fn if_else<C: Cond, R: Carry>(cond: C, then_branch: impl FnOnce() -> R, else_branch: impl FnOnce() -> R) -> R {
+pub fn if_else<C: Cond, R: Carry>(
+    cond: C,
+    then_branch: impl FnOnce() -> R,
+    else_branch: impl FnOnce() -> R,
+) -> R {
     if_else_at(cond, then_branch, else_branch, SrcLoc::caller())
 }
 
@@ -141,12 +148,16 @@ pub fn switch<R: Carry, const N: usize>(index: impl IntoVal, branches: [&dyn Fn(
         let i = index.into_val_shaped(DType::I32, &Shape::default());
         let known = with(|t| t.kernel.def_op(i.0).map(|op| t.kernel.ops[op].data.clone()));
         let pick = match known {
-            Some(OpData::Constant { value: Literal::Int(n), .. }) => n.clamp(0, last as i64) as usize,
+            Some(OpData::Constant { value: Literal::Int(n), .. }) => {
+                n.clamp(0, last as i64) as usize
+            }
             _ => 0,
         };
         return branches[pick]();
     };
-    let binary = |op: BinaryOp, a: Value, b: Value| with(|t| t.emit1(OpData::Binary { op, lhs: a, rhs: b }, loc, i32_ty.clone()));
+    let binary = |op: BinaryOp, a: Value, b: Value| {
+        with(|t| t.emit1(OpData::Binary { op, lhs: a, rhs: b }, loc, i32_ty.clone()))
+    };
     let clamped = binary(BinaryOp::Min, binary(BinaryOp::Max, index.0, int(0)), int(last as i64));
     switch_from(clamped, &branches, loc)
 }
@@ -158,23 +169,43 @@ fn switch_from<R: Carry>(index: Value, branches: &[&dyn Fn() -> R], loc: SrcLoc)
         return first();
     }
     let zero = constant(Literal::Int(0), Type::Scalar(DType::I32), loc).0;
-    let nonzero = with(|t| t.emit1(OpData::Compare { pred: CmpPred::Ne, lhs: index, rhs: zero }, loc, Type::Scalar(DType::Bool)));
+    let nonzero = with(|t| {
+        t.emit1(
+            OpData::Compare { pred: CmpPred::Ne, lhs: index, rhs: zero },
+            loc,
+            Type::Scalar(DType::Bool),
+        )
+    });
     let rest_branches = || {
         if let [only] = rest {
             return only();
         }
         let one = constant(Literal::Int(1), Type::Scalar(DType::I32), loc).0;
-        let next = with(|t| t.emit1(OpData::Binary { op: BinaryOp::Sub, lhs: index, rhs: one }, loc, Type::Scalar(DType::I32)));
+        let next = with(|t| {
+            t.emit1(
+                OpData::Binary { op: BinaryOp::Sub, lhs: index, rhs: one },
+                loc,
+                Type::Scalar(DType::I32),
+            )
+        });
         switch_from(next, rest, loc)
     };
     if_else_at(Val(nonzero), rest_branches, first, loc)
 }
 
-fn if_else_at<C: Cond, R: Carry>(cond: C, then_branch: impl FnOnce() -> R, else_branch: impl FnOnce() -> R, loc: SrcLoc) -> R {
+fn if_else_at<C: Cond, R: Carry>(
+    cond: C,
+    then_branch: impl FnOnce() -> R,
+    else_branch: impl FnOnce() -> R,
+    loc: SrcLoc,
+) -> R {
     if let Some(known) = cond.known() {
         return if known { then_branch() } else { else_branch() };
     }
-    let cond = cond.traced().map(|v| v.0).unwrap_or_else(|| constant(Literal::Bool(false), Type::Scalar(DType::Bool), loc).0);
+    let cond = cond
+        .traced()
+        .map(|v| v.0)
+        .unwrap_or_else(|| constant(Literal::Bool(false), Type::Scalar(DType::Bool), loc).0);
     let (then_block, _) = with(|t| t.new_block(&[]));
     let then_result = in_block(then_block, || {
         let r = then_branch();
@@ -243,7 +274,13 @@ impl LoopRange for TracedRange {
         });
         let step = constant(Literal::Int(1), Type::Scalar(DType::I32), loc).0;
         let fallback = types_of(&init_values);
-        let data = OpData::For { lower: self.lower.0, upper: self.upper.0, step, init: init_values, body: block };
+        let data = OpData::For {
+            lower: self.lower.0,
+            upper: self.upper.0,
+            step,
+            init: init_values,
+            body: block,
+        };
         let results = with(|t| t.emit(data, loc, &fallback));
         init.rebuild(&mut results.into_iter())
     }
@@ -370,7 +407,11 @@ pub fn for_range<R: LoopRange, C: Carry>(range: R, init: C, body: impl FnMut(R::
 
 /// `while cond(carried) { carried = body(carried) }`: traced when the condition is.
 #[track_caller]
-pub fn while_loop<C: Carry + Clone, B: Cond>(init: C, mut cond: impl FnMut(C) -> B, mut body: impl FnMut(C) -> C) -> C {
+pub fn while_loop<C: Carry + Clone, B: Cond>(
+    init: C,
+    mut cond: impl FnMut(C) -> B,
+    mut body: impl FnMut(C) -> C,
+) -> C {
     let loc = SrcLoc::caller();
     let init_values = traced_values(&init, loc, "while loop");
     let types = types_of(&init_values);
@@ -400,7 +441,9 @@ pub fn while_loop<C: Carry + Clone, B: Cond>(init: C, mut cond: impl FnMut(C) ->
         let vs = traced_values(&out, loc, "while loop");
         emit_yield(vs, loc);
     });
-    let results = with(|t| t.emit(OpData::While { init: init_values, cond: cond_block, body: body_block }, loc, &types));
+    let results = with(|t| {
+        t.emit(OpData::While { init: init_values, cond: cond_block, body: body_block }, loc, &types)
+    });
     init.rebuild(&mut results.into_iter())
 }
 
@@ -414,11 +457,19 @@ impl Scope {
     fn alloc_buf(&self, space: MemorySpace, dims: &[u64], dtype: DType) -> Ref {
         let loc = self.loc;
         Ref(with(|t| {
-            let n = t.kernel.bufs.values().filter(|b| matches!(b.origin, BufOrigin::Scoped(_))).count();
+            let n =
+                t.kernel.bufs.values().filter(|b| matches!(b.origin, BufOrigin::Scoped(_))).count();
             let ty = crate::ir::RefType { space, dtype, shape: Shape::new(dims.to_vec()) };
             // The buffer is declared first so the Alloc op can name it; its value and origin
             // are the op's, filled in right after.
-            let buf = t.kernel.declare_buf(format!("scoped{n}"), BufOrigin::Scratch(usize::MAX), space, dtype, ty.shape.clone(), Value::reserved_value());
+            let buf = t.kernel.declare_buf(
+                format!("scoped{n}"),
+                BufOrigin::Scratch(usize::MAX),
+                space,
+                dtype,
+                ty.shape.clone(),
+                Value::reserved_value(),
+            );
             let v = t.emit1(OpData::Alloc { buf }, loc, Type::Ref(ty));
             let op = t.kernel.def_op(v).expect("alloc result");
             t.kernel.bufs[buf].value = v;
@@ -440,9 +491,16 @@ impl Scope {
     fn alloc_sem(&self, kind: SemKind, dims: &[u64]) -> SemRef {
         let loc = self.loc;
         SemRef(with(|t| {
-            let n = t.kernel.sems.values().filter(|s| matches!(s.origin, BufOrigin::Scoped(_))).count();
+            let n =
+                t.kernel.sems.values().filter(|s| matches!(s.origin, BufOrigin::Scoped(_))).count();
             let shape = Shape::new(dims.to_vec());
-            let sem = t.kernel.declare_sem(format!("scoped_sem{n}"), BufOrigin::Scratch(usize::MAX), kind, shape.clone(), Value::reserved_value());
+            let sem = t.kernel.declare_sem(
+                format!("scoped_sem{n}"),
+                BufOrigin::Scratch(usize::MAX),
+                kind,
+                shape.clone(),
+                Value::reserved_value(),
+            );
             let v = t.emit1(OpData::SemAlloc { sem }, loc, Type::Sem(kind, shape));
             let op = t.kernel.def_op(v).expect("sem_alloc result");
             t.kernel.sems[sem].value = v;

@@ -22,10 +22,19 @@ pub mod builder_handles {
     //! Handles handed out by a sealed [`super::KernelBuilder`].
     pub use super::builder::{Handle, Sealed, Slot};
 }
-pub use control::{Carry, Cond, LoopBound, LoopRange, Scope, StaticRange, TracedRange, UnrolledBounds, for_range, fori, if_else, range, run_scoped, switch, unrolled, while_loop};
+pub use control::{
+    Carry, Cond, LoopBound, LoopRange, Scope, StaticRange, TracedRange, UnrolledBounds, for_range,
+    fori, if_else, range, run_scoped, switch, unrolled, while_loop,
+};
 pub use pipeline::{Drain, pipeline, pipeline_lagged};
-pub use refs::{Dma, Ds, IndexElem, IntoIndex, IntoOffset, Ref, SemRef, async_copy, axis_index, barrier_semaphore, device_id, ds, remote_copy};
-pub use val::{Axis, Compare, Dims, DotSpec, IntoVal, Val, concatenate, debug_print, dot, dot_general, dot_t, full, iota, num_programs, program_id, scalar, select, zeros};
+pub use refs::{
+    Dma, Ds, IndexElem, IntoIndex, IntoOffset, Ref, SemRef, async_copy, axis_index,
+    barrier_semaphore, device_id, ds, remote_copy,
+};
+pub use val::{
+    Axis, Compare, Dims, DotSpec, IntoVal, Val, concatenate, debug_print, dot, dot_general, dot_t,
+    full, iota, num_programs, program_id, scalar, select, zeros,
+};
 
 use crate::ir::{Block, Kernel, OpData, SrcLoc, Type, Value};
 use cranelift_entity::SecondaryMap;
@@ -86,7 +95,9 @@ thread_local! {
 pub(crate) fn with<R>(f: impl FnOnce(&mut Tracer) -> R) -> R {
     TRACER.with(|slot| {
         let mut slot = slot.borrow_mut();
-        let t = slot.as_mut().expect("palladium DSL functions can only be called while a #[kernel] is being traced");
+        let t = slot
+            .as_mut()
+            .expect("palladium DSL functions can only be called while a #[kernel] is being traced");
         f(t)
     })
 }
@@ -124,7 +135,12 @@ impl Tracer {
     /// Append `data` to the current block with results typed by the typing rules. If an
     /// operand is poisoned, or the op is ill typed (reported here), the results are
     /// poisoned and typed `fallback`.
-    pub(crate) fn emit(&mut self, data: OpData, loc: SrcLoc, fallback: &[Type]) -> smallvec::SmallVec<[Value; 1]> {
+    pub(crate) fn emit(
+        &mut self,
+        data: OpData,
+        loc: SrcLoc,
+        fallback: &[Type],
+    ) -> smallvec::SmallVec<[Value; 1]> {
         let poisoned_in = data.operands().iter().any(|&v| self.poisoned[v]);
         let (types, poison, ill_typed) = if poisoned_in {
             (fallback.to_vec(), true, false)
@@ -156,7 +172,12 @@ impl Tracer {
             _ => crate::ir::Literal::Int(0),
         };
         let block = self.current_block();
-        let op = self.kernel.append_op(block, OpData::Constant { value, ty: ty.clone() }, vec![ty], Some(loc));
+        let op = self.kernel.append_op(
+            block,
+            OpData::Constant { value, ty: ty.clone() },
+            vec![ty],
+            Some(loc),
+        );
         let r = self.kernel.ops[op].results[0];
         self.poisoned[r] = true;
         r
@@ -185,7 +206,8 @@ impl Tracer {
             let mut dropped = false;
             for block in self.kernel.blocks.values_mut() {
                 block.ops.retain(|&op| {
-                    let dead = matches!(ops[op].data, OpData::RefSlice { .. }) && ops[op].results.iter().all(|&r| !used[r]);
+                    let dead = matches!(ops[op].data, OpData::RefSlice { .. })
+                        && ops[op].results.iter().all(|&r| !used[r]);
                     dropped |= dead;
                     !dead
                 });
@@ -199,7 +221,8 @@ impl Tracer {
     /// Trace `f` into a fresh block with parameters of `param_types`.
     pub(crate) fn new_block(&mut self, param_types: &[Type]) -> (Block, Vec<Value>) {
         let b = self.kernel.new_block();
-        let params = param_types.iter().map(|t| self.kernel.add_block_param(b, t.clone())).collect();
+        let params =
+            param_types.iter().map(|t| self.kernel.add_block_param(b, t.clone())).collect();
         (b, params)
     }
 }

@@ -191,7 +191,10 @@ impl Checks {
     pub fn require(&mut self, holds: bool, rule: &str, values: &[(&str, &dyn fmt::Display)]) {
         if !holds {
             let shown: Vec<String> = values.iter().map(|(n, v)| show(n, *v)).collect();
-            self.error(format!("requires {rule}, but {}", if shown.is_empty() { "it does not hold".to_string() } else { shown.join(", ") }));
+            self.error(format!(
+                "requires {rule}, but {}",
+                if shown.is_empty() { "it does not hold".to_string() } else { shown.join(", ") }
+            ));
         }
     }
 
@@ -199,11 +202,18 @@ impl Checks {
     /// a `requires = [a % b == 0]`.
     pub fn divides(&mut self, what: &str, divisor: (Size, &str), dividend: (Size, &str)) {
         let (Some(d), Some(n)) = (divisor.0.value(), dividend.0.value()) else {
-            return self.error(format!("{what}: {} or {} overflows or divides by zero", divisor.1, dividend.1));
+            return self.error(format!(
+                "{what}: {} or {} overflows or divides by zero",
+                divisor.1, dividend.1
+            ));
         };
         if d <= 0 || n % d != 0 {
             let prefix = if what.is_empty() { String::new() } else { format!("{what}: ") };
-            self.error(format!("{prefix}{} does not divide {}", show(divisor.1, &d), show(dividend.1, &n)));
+            self.error(format!(
+                "{prefix}{} does not divide {}",
+                show(divisor.1, &d),
+                show(dividend.1, &n)
+            ));
         }
     }
 
@@ -228,7 +238,11 @@ impl Checks {
 
     /// End a stage: the errors so far, if any.
     pub fn stage(&mut self) -> Result<(), BuildErrors> {
-        if self.errors.is_empty() { Ok(()) } else { Err(BuildErrors(std::mem::take(&mut self.errors))) }
+        if self.errors.is_empty() {
+            Ok(())
+        } else {
+            Err(BuildErrors(std::mem::take(&mut self.errors)))
+        }
     }
 }
 
@@ -258,15 +272,25 @@ mod tests {
         c.param("eps", &f64::NAN);
         c.param("ok", &7usize);
         c.divides("block dim 1 of `x`", (Size(Some(1536)), "bk"), (Size(Some(2048)), "k"));
-        c.require(le(200usize, 128usize), "top_k <= experts", &[("top_k", &200), ("experts", &128)]);
+        c.require(
+            le(200usize, 128usize),
+            "top_k <= experts",
+            &[("top_k", &200), ("experts", &128)],
+        );
         let e = c.stage().unwrap_err();
         let text = e.to_string();
         assert_eq!(e.0.len(), 5, "{text}");
-        assert!(text.contains("parameter bm = 0: sizes and counts must be between 1 and 2147483647"), "{text}");
+        assert!(
+            text.contains("parameter bm = 0: sizes and counts must be between 1 and 2147483647"),
+            "{text}"
+        );
         assert!(text.contains("parameter m = 1099511627776: sizes"), "{text}");
         assert!(text.contains("parameter eps = NaN: must be finite"), "{text}");
         assert!(text.contains("block dim 1 of `x`: bk = 1536 does not divide k = 2048"), "{text}");
-        assert!(text.contains("requires top_k <= experts, but top_k = 200, experts = 128"), "{text}");
+        assert!(
+            text.contains("requires top_k <= experts, but top_k = 200, experts = 128"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -274,6 +298,10 @@ mod tests {
         assert!(gt(mul(u64::MAX, u64::MAX), i64::MAX));
         assert!(le(mul(2, 3), 6));
         assert!(!eq(mul(u64::MAX, u64::MAX), 0));
-        assert!(eq(DType::F32, DType::F32) && ne(DType::F32, DType::Bf16) && !lt(DType::F32, DType::Bf16));
+        assert!(
+            eq(DType::F32, DType::F32)
+                && ne(DType::F32, DType::Bf16)
+                && !lt(DType::F32, DType::Bf16)
+        );
     }
 }

@@ -22,14 +22,22 @@ pub enum Drain {
 ///
 /// Every issue is unconditional: no `scf.if` per item, so libtpu's static estimator (which
 /// barely prices a DMA started under an `scf.if`) sees the whole stream.
-pub fn pipeline<C: Carry>(main: TracedRange, drain: Drain, ahead: u64, init: C, issue: impl Fn(Val, &C), consume: impl Fn(Val, C, bool) -> C) -> C {
+pub fn pipeline<C: Carry>(
+    main: TracedRange,
+    drain: Drain,
+    ahead: u64,
+    init: C,
+    issue: impl Fn(Val, &C),
+    consume: impl Fn(Val, C, bool) -> C,
+) -> C {
     let carry = for_range(main, init, |i: Val, c: C| {
         issue(i + ahead as i32, &c);
         consume(i, c, false)
     });
     match drain {
         Drain::Loop(items) => for_range(items, carry, |i: Val, c: C| consume(i, c, true)),
-        Drain::Peeled { start, count } => (0..count).fold(carry, |c, k| consume(if k == 0 { start } else { start + k as i32 }, c, true)),
+        Drain::Peeled { start, count } => (0..count)
+            .fold(carry, |c, k| consume(if k == 0 { start } else { start + k as i32 }, c, true)),
     }
 }
 
@@ -48,7 +56,14 @@ pub fn pipeline<C: Carry>(main: TracedRange, drain: Drain, ahead: u64, init: C, 
 /// rate of the DMAs it has in flight: `ahead` of them through the compute here, one in
 /// [`pipeline`] at `ahead = 1` (which then, like a double-buffered Pallas pipeline, has two
 /// in flight only between the next item's start and the current one's wait).
-pub fn pipeline_lagged<C: Carry>(total: Val, ahead: u64, init: C, issue: impl Fn(Val, &C), wait: impl Fn(Val, &C), compute: impl Fn(Val, C) -> C) -> C {
+pub fn pipeline_lagged<C: Carry>(
+    total: Val,
+    ahead: u64,
+    init: C,
+    issue: impl Fn(Val, &C),
+    wait: impl Fn(Val, &C),
+    compute: impl Fn(Val, C) -> C,
+) -> C {
     let fetch = |j: Val, c: &C| {
         if ahead == 0 {
             issue(j, c);

@@ -2,7 +2,10 @@
 
 use super::val::{IntoVal, Val};
 use super::with;
-use crate::ir::{BinaryOp, DType, Index, Literal, Offset, OpData, Remote, SemKind, Shape, SrcLoc, Type, Value, ValueDef, WaitSide};
+use crate::ir::{
+    BinaryOp, DType, Index, Literal, Offset, OpData, Remote, SemKind, Shape, SrcLoc, Type, Value,
+    ValueDef, WaitSide,
+};
 
 /// A traced ref: a window of VMEM/SMEM, an HBM array or a sub-ref of one.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -150,11 +153,19 @@ pub(crate) fn resolve(items: Vec<IndexItem>, shape: &Shape) -> Result<Vec<Index>
         let item = items.get(d).copied().unwrap_or(IndexItem::Full);
         out.push(match item {
             IndexItem::Full => Index::slice(Offset::Static(0), extent),
-            IndexItem::Range(lo, hi) if lo >= hi => return Err(format!("empty range {lo}..{hi} along dim {d}")),
-            IndexItem::Range(lo, hi) => Index::slice(Offset::Static(lo as i64), hi.saturating_sub(lo)),
-            IndexItem::From(lo) => Index::slice(Offset::Static(lo as i64), extent.saturating_sub(lo)),
+            IndexItem::Range(lo, hi) if lo >= hi => {
+                return Err(format!("empty range {lo}..{hi} along dim {d}"));
+            }
+            IndexItem::Range(lo, hi) => {
+                Index::slice(Offset::Static(lo as i64), hi.saturating_sub(lo))
+            }
+            IndexItem::From(lo) => {
+                Index::slice(Offset::Static(lo as i64), extent.saturating_sub(lo))
+            }
             IndexItem::Point(o) => Index::Point(o),
-            IndexItem::Slice(_, _, 0) => return Err(format!("ds stride 0 along dim {d}: strides are at least 1")),
+            IndexItem::Slice(_, _, 0) => {
+                return Err(format!("ds stride 0 along dim {d}: strides are at least 1"));
+            }
             IndexItem::Slice(start, size, stride) => Index::Slice { start, size, stride },
         });
     }
@@ -220,7 +231,10 @@ impl Ref {
     pub fn load(self, idx: impl IntoIndex) -> Val {
         let loc = SrcLoc::caller();
         let index = index_for(self.0, idx, loc);
-        let kept: Vec<u64> = index.iter().filter_map(|i| if let Index::Slice { size, .. } = i { Some(*size) } else { None }).collect();
+        let kept: Vec<u64> = index
+            .iter()
+            .filter_map(|i| if let Index::Slice { size, .. } = i { Some(*size) } else { None })
+            .collect();
         let fallback = Type::array(Shape(kept), self.dtype());
         Val(with(|t| t.emit1(OpData::Load { src: self.0, index }, loc, fallback)))
     }
@@ -241,14 +255,23 @@ impl Ref {
     fn store_impl(self, idx: impl IntoIndex, value: impl IntoVal, mask: Option<Val>) {
         let loc = SrcLoc::caller();
         let index = index_for(self.0, idx, loc);
-        let window: Vec<u64> = index.iter().filter_map(|i| if let Index::Slice { size, .. } = i { Some(*size) } else { None }).collect();
+        let window: Vec<u64> = index
+            .iter()
+            .filter_map(|i| if let Index::Slice { size, .. } = i { Some(*size) } else { None })
+            .collect();
         let dtype = self.dtype();
         let value = match value.as_val() {
             Some(v) if v.shape().rank() == 0 && !window.is_empty() => v.broadcast_to(&window),
             Some(v) => v,
             None => value.into_val_shaped(dtype, &Shape(window)),
         };
-        with(|t| t.emit(OpData::Store { dst: self.0, index, value: value.0, mask: mask.map(|m| m.0) }, loc, &[]));
+        with(|t| {
+            t.emit(
+                OpData::Store { dst: self.0, index, value: value.0, mask: mask.map(|m| m.0) },
+                loc,
+                &[],
+            )
+        });
     }
 
     /// `ref.at[idx]`: a sub-ref, for DMAs and nested views.
@@ -278,7 +301,9 @@ impl SemRef {
     pub fn signal(self, amount: impl IntoVal) {
         let loc = SrcLoc::caller();
         let amount = i32_val(amount);
-        with(|t| t.emit(OpData::SemSignal { sem: self.0, amount: amount.0, device_id: None }, loc, &[]));
+        with(|t| {
+            t.emit(OpData::SemSignal { sem: self.0, amount: amount.0, device_id: None }, loc, &[])
+        });
     }
 
     /// Signal the same semaphore on another device.
@@ -286,7 +311,13 @@ impl SemRef {
     pub fn signal_remote(self, amount: impl IntoVal, device_id: impl IntoVal) {
         let loc = SrcLoc::caller();
         let (amount, device) = (i32_val(amount), i32_val(device_id));
-        with(|t| t.emit(OpData::SemSignal { sem: self.0, amount: amount.0, device_id: Some(device.0) }, loc, &[]));
+        with(|t| {
+            t.emit(
+                OpData::SemSignal { sem: self.0, amount: amount.0, device_id: Some(device.0) },
+                loc,
+                &[],
+            )
+        });
     }
 
     /// Block until the semaphore reaches `amount`, then subtract it.
@@ -330,7 +361,13 @@ pub fn async_copy(src: Ref, dst: Ref, sem: SemRef) -> Dma {
 /// device_id_type=MESH)`: copy `src` here into `dst` on mesh device `device` (the same ref
 /// there); `send_sem` here counts the bytes that left, `recv_sem` there the bytes that
 /// arrived.
-pub fn remote_copy(src: Ref, dst: Ref, send_sem: SemRef, recv_sem: SemRef, device: impl IntoVal) -> Dma {
+pub fn remote_copy(
+    src: Ref,
+    dst: Ref,
+    send_sem: SemRef,
+    recv_sem: SemRef,
+    device: impl IntoVal,
+) -> Dma {
     let device = i32_val(device);
     Dma { src, dst, sem: recv_sem, remote: Some((device, send_sem)), priority: 0 }
 }
@@ -344,11 +381,14 @@ impl Dma {
     pub fn start(self) {
         let loc = SrcLoc::caller();
         // Pallas's order: the last operand's slices first.
-        let remote = self.remote.map(|(d, s)| Remote { device_id: d.0, send_sem: sliced_here(s.0, loc) });
+        let remote =
+            self.remote.map(|(d, s)| Remote { device_id: d.0, send_sem: sliced_here(s.0, loc) });
         let sem = sliced_here(self.sem.0, loc);
         let dst = sliced_here(self.dst.0, loc);
         let src = sliced_here(self.src.0, loc);
-        with(|t| t.emit(OpData::DmaStart { src, dst, sem, remote, priority: self.priority }, loc, &[]));
+        with(|t| {
+            t.emit(OpData::DmaStart { src, dst, sem, remote, priority: self.priority }, loc, &[])
+        });
     }
 
     /// Wait for the copy to complete; for a remote copy, as Pallas, first for its data to
@@ -361,7 +401,13 @@ impl Dma {
             None => self.emit_wait(self.src, self.dst, self.sem, WaitSide::Local, loc),
             Some((device, send)) => {
                 self.emit_wait(self.dst, self.src, send, WaitSide::Send, loc);
-                self.emit_wait(self.src, self.dst, self.sem, WaitSide::Recv { device_id: device.0 }, loc);
+                self.emit_wait(
+                    self.src,
+                    self.dst,
+                    self.sem,
+                    WaitSide::Recv { device_id: device.0 },
+                    loc,
+                );
             }
         }
     }
@@ -382,8 +428,16 @@ impl Dma {
     pub fn wait_recv(self) {
         let loc = SrcLoc::caller();
         match self.remote {
-            Some((device, _)) => self.emit_wait(self.src, self.dst, self.sem, WaitSide::Recv { device_id: device.0 }, loc),
-            None => with(|t| t.error(loc, "wait_recv is for remote copies (remote_copy(..)); a local copy waits with .wait()")),
+            Some((device, _)) => self.emit_wait(
+                self.src,
+                self.dst,
+                self.sem,
+                WaitSide::Recv { device_id: device.0 },
+                loc,
+            ),
+            None => with(|t| {
+                t.error(loc, "wait_recv is for remote copies (remote_copy(..)); a local copy waits with .wait()")
+            }),
         }
     }
 
@@ -412,8 +466,20 @@ pub fn axis_index(name: &str) -> Val {
     let axis = with(|t| t.kernel.call.mesh.as_ref().map(|m| (m.axis(name), m.to_string())));
     let (size, minor) = match axis {
         Some((Some((_, size, minor)), _)) => (size, minor),
-        Some((None, mesh)) => return Val(with(|t| t.fail(loc, format!("axis_index: the mesh {mesh} has no axis `{name}`"), Type::Scalar(DType::I32)))),
-        None => return Val(with(|t| t.fail(loc, format!("axis_index(\"{name}\") needs the devices of a mesh: declare it, #[kernel(mesh = [{name} = 4], ..)]"), Type::Scalar(DType::I32)))),
+        Some((None, mesh)) => {
+            return Val(with(|t| {
+                t.fail(
+                    loc,
+                    format!("axis_index: the mesh {mesh} has no axis `{name}`"),
+                    Type::Scalar(DType::I32),
+                )
+            }));
+        }
+        None => {
+            return Val(with(|t| {
+                t.fail(loc, format!("axis_index(\"{name}\") needs the devices of a mesh: declare it, #[kernel(mesh = [{name} = 4], ..)]"), Type::Scalar(DType::I32))
+            }));
+        }
     };
     let id = Val(with(|t| t.emit1(OpData::DeviceId, loc, Type::Scalar(DType::I32))));
     let major = if minor == 1 { id } else { binary_at(BinaryOp::Div, id, minor, loc) };
@@ -431,5 +497,7 @@ fn binary_at(op: BinaryOp, x: Val, c: u64, loc: SrcLoc) -> Val {
 #[track_caller]
 pub fn barrier_semaphore() -> SemRef {
     let loc = SrcLoc::caller();
-    SemRef(with(|t| t.emit1(OpData::BarrierSemaphore, loc, Type::Sem(SemKind::Regular, Shape::default()))))
+    SemRef(with(|t| {
+        t.emit1(OpData::BarrierSemaphore, loc, Type::Sem(SemKind::Regular, Shape::default()))
+    }))
 }

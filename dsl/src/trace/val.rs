@@ -1,8 +1,11 @@
 //! [`Val`]: a traced scalar or vector, with numpy-style operators.
 
-use super::with;
 use super::refs::{IntoIndex, resolve};
-use crate::ir::{ArgReduceOp, BinaryOp, CmpPred, DType, DotDims, Index, Literal, Offset, OpData, Precision, ReduceOp, Shape, SrcLoc, Type, UnaryOp, Value};
+use super::with;
+use crate::ir::{
+    ArgReduceOp, BinaryOp, CmpPred, DType, DotDims, Index, Literal, Offset, OpData, Precision,
+    ReduceOp, Shape, SrcLoc, Type, UnaryOp, Value,
+};
 use std::ops;
 
 /// A static shape argument: `[8, 128]` of any integer type, a slice, a `Vec` or a [`Shape`],
@@ -251,11 +254,24 @@ impl Val {
         };
         let loc = SrcLoc::caller();
         let shape = self.shape();
-        let kept: Vec<u64> = shape.dims().iter().enumerate().filter(|(i, _)| !axes.contains(&(*i as u32))).map(|(_, d)| *d).collect();
+        let kept: Vec<u64> = shape
+            .dims()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !axes.contains(&(*i as u32)))
+            .map(|(_, d)| *d)
+            .collect();
         let fallback = Type::array(Shape(kept), self.dtype());
-        let r = Val(with(|t| t.emit1(OpData::Reduce { op, x: self.0, axes: axes.clone() }, loc, fallback)));
+        let r = Val(with(|t| {
+            t.emit1(OpData::Reduce { op, x: self.0, axes: axes.clone() }, loc, fallback)
+        }));
         if keepdims {
-            let dims: Vec<u64> = shape.dims().iter().enumerate().map(|(i, d)| if axes.contains(&(i as u32)) { 1 } else { *d }).collect();
+            let dims: Vec<u64> = shape
+                .dims()
+                .iter()
+                .enumerate()
+                .map(|(i, d)| if axes.contains(&(i as u32)) { 1 } else { *d })
+                .collect();
             return r.reshape(dims);
         }
         r
@@ -366,11 +382,23 @@ impl Val {
         let mut kept = Vec::new();
         for (d, i) in index.iter().enumerate() {
             if i.stride() != 1 {
-                return Val::failed(format!("slice: a strided slice along dim {d} (Pallas TPU has no lowering for strided value slices; load with a strided `ds` from the ref)"), self.ty());
+                return Val::failed(
+                    format!(
+                        "slice: a strided slice along dim {d} (Pallas TPU has no lowering for strided value slices; load with a strided `ds` from the ref)"
+                    ),
+                    self.ty(),
+                );
             }
             match i.offset() {
                 Offset::Static(o) if o >= 0 => start.push(o as u64),
-                _ => return Val::failed(format!("slice: the start along dim {d} must be a static non-negative integer (value slices are static, as `lax.slice`: Pallas TPU has no lowering for `lax.dynamic_slice`; load a dynamic window from the ref with `ds(start, size)`)"), self.ty()),
+                _ => {
+                    return Val::failed(
+                        format!(
+                            "slice: the start along dim {d} must be a static non-negative integer (value slices are static, as `lax.slice`: Pallas TPU has no lowering for `lax.dynamic_slice`; load a dynamic window from the ref with `ds(start, size)`)"
+                        ),
+                        self.ty(),
+                    );
+                }
             }
             if let Index::Slice { size, .. } = i {
                 kept.push(*size);
@@ -382,7 +410,8 @@ impl Val {
         }
         let loc = SrcLoc::caller();
         let fallback = Type::array(Shape(size.clone()), self.dtype());
-        let window = Val(with(|t| t.emit1(OpData::Slice { x: self.0, start, size }, loc, fallback)));
+        let window =
+            Val(with(|t| t.emit1(OpData::Slice { x: self.0, start, size }, loc, fallback)));
         window.reshape(kept)
     }
 
@@ -401,7 +430,10 @@ impl Val {
         if let (true, Some(OpData::Constant { value: Literal::Int(n), .. })) = (is_static, literal)
             && n < 0
         {
-            return Val::failed(format!("roll: a static shift must be non-negative, got {n} (as pltpu.roll)"), self.ty());
+            return Val::failed(
+                format!("roll: a static shift must be non-negative, got {n} (as pltpu.roll)"),
+                self.ty(),
+            );
         }
         let fallback = self.ty();
         Val(with(|t| t.emit1(OpData::Roll { x: self.0, shift: shift.0, axis }, loc, fallback)))
@@ -429,7 +461,9 @@ impl Val {
     #[track_caller]
     pub fn multiple_of(self, multiple: u32) -> Val {
         let loc = SrcLoc::caller();
-        Val(with(|t| t.emit1(OpData::AssumeMultiple { x: self.0, multiple }, loc, Type::Scalar(DType::I32))))
+        Val(with(|t| {
+            t.emit1(OpData::AssumeMultiple { x: self.0, multiple }, loc, Type::Scalar(DType::I32))
+        }))
     }
 }
 
@@ -491,7 +525,9 @@ pub fn iota(dims: impl Dims, dim: u32) -> Val {
 pub fn concatenate(xs: &[Val], axis: impl Axis) -> Val {
     let loc = SrcLoc::caller();
     let Some(&first) = xs.first() else {
-        return Val(with(|t| t.fail(loc, "concatenate needs at least one value", Type::Scalar(DType::F32))));
+        return Val(with(|t| {
+            t.fail(loc, "concatenate needs at least one value", Type::Scalar(DType::F32))
+        }));
     };
     let axis = match first.dim(axis) {
         Ok(a) => a,
@@ -501,7 +537,9 @@ pub fn concatenate(xs: &[Val], axis: impl Axis) -> Val {
         return first;
     }
     let fallback = first.ty();
-    Val(with(|t| t.emit1(OpData::Concat { xs: xs.iter().map(|x| x.0).collect(), axis }, loc, fallback)))
+    Val(with(|t| {
+        t.emit1(OpData::Concat { xs: xs.iter().map(|x| x.0).collect(), axis }, loc, fallback)
+    }))
 }
 
 /// `pl.debug_print(format, *args)`: at run time, `format` with each `{}` replaced by the
@@ -526,7 +564,9 @@ pub fn select(cond: Val, on_true: impl IntoVal, on_false: impl IntoVal) -> Val {
     let (a, b) = (a.broadcast_to(shape.dims()), b.broadcast_to(shape.dims()));
     let cond = if cond.shape().rank() == 0 { cond } else { cond.broadcast_to(shape.dims()) };
     let fallback = a.ty();
-    Val(with(|t| t.emit1(OpData::Select { cond: cond.0, on_true: a.0, on_false: b.0 }, loc, fallback)))
+    Val(with(|t| {
+        t.emit1(OpData::Select { cond: cond.0, on_true: a.0, on_false: b.0 }, loc, fallback)
+    }))
 }
 
 /// `jnp.dot(a, b, preferred_element_type=f32)` for 2-D operands (i32 accumulation for
@@ -553,7 +593,9 @@ pub fn dot_general(a: Val, b: Val, dims: impl DotSpec, out: DType, precision: Pr
     let loc = SrcLoc::caller();
     let dims = match dims.dot_dims(a.shape().rank(), b.shape().rank()) {
         Ok(d) => d,
-        Err(m) => return Val(with(|t| t.fail(loc, format!("dot_general: {m}"), Type::Scalar(out)))),
+        Err(m) => {
+            return Val(with(|t| t.fail(loc, format!("dot_general: {m}"), Type::Scalar(out))));
+        }
     };
     let fallback = Type::Scalar(out);
     Val(with(|t| t.emit1(OpData::Dot { lhs: a.0, rhs: b.0, dims, precision, out }, loc, fallback)))

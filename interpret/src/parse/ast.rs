@@ -35,13 +35,24 @@ pub enum Type {
     Float(FloatKind),
     None,
     /// `vector<4x8xf32>`.
-    Vector { shape: Vec<i64>, elem: Box<Type> },
+    Vector {
+        shape: Vec<i64>,
+        elem: Box<Type>,
+    },
     /// `memref<4x8xf32, #tpu.memory_space<vmem>>` (`-1` for `?` dims).
-    MemRef { shape: Vec<i64>, elem: Box<Type>, layout: Option<Box<Attr>>, space: Option<Box<Attr>> },
+    MemRef {
+        shape: Vec<i64>,
+        elem: Box<Type>,
+        layout: Option<Box<Attr>>,
+        space: Option<Box<Attr>>,
+    },
     DmaSemaphore,
     Semaphore,
     /// `(a, b) -> (c)`.
-    Function { inputs: Vec<Type>, results: Vec<Type> },
+    Function {
+        inputs: Vec<Type>,
+        results: Vec<Type>,
+    },
     Tuple(Vec<Type>),
     /// Any other `!dialect.type<…>`.
     Opaque(String),
@@ -51,7 +62,9 @@ impl Type {
     pub fn memory_space(&self) -> Option<&str> {
         match self {
             Type::MemRef { space: Some(a), .. } => match &**a {
-                Attr::Dialect { name, body } if name == "tpu.memory_space" => Some(body.split(',').next().unwrap_or("").trim()),
+                Attr::Dialect { name, body } if name == "tpu.memory_space" => {
+                    Some(body.split(',').next().unwrap_or("").trim())
+                }
                 _ => None,
             },
             _ => None,
@@ -70,14 +83,18 @@ impl fmt::Display for Type {
         match self {
             Type::Int(w) => write!(f, "i{w}"),
             Type::Index => write!(f, "index"),
-            Type::Float(k) => write!(f, "{}", match k {
-                FloatKind::F16 => "f16",
-                FloatKind::Bf16 => "bf16",
-                FloatKind::F32 => "f32",
-                FloatKind::F64 => "f64",
-                FloatKind::F8E4M3FN => "f8E4M3FN",
-                FloatKind::F8E5M2 => "f8E5M2",
-            }),
+            Type::Float(k) => write!(
+                f,
+                "{}",
+                match k {
+                    FloatKind::F16 => "f16",
+                    FloatKind::Bf16 => "bf16",
+                    FloatKind::F32 => "f32",
+                    FloatKind::F64 => "f64",
+                    FloatKind::F8E4M3FN => "f8E4M3FN",
+                    FloatKind::F8E5M2 => "f8E5M2",
+                }
+            ),
             Type::None => write!(f, "none"),
             Type::Vector { shape, elem } => {
                 write!(f, "vector<")?;
@@ -98,12 +115,16 @@ impl fmt::Display for Type {
             Type::Function { inputs, results } => {
                 write!(f, "(")?;
                 for (i, t) in inputs.iter().enumerate() {
-                    if i > 0 { write!(f, ", ")?; }
+                    if i > 0 {
+                        write!(f, ", ")?;
+                    }
                     write!(f, "{t}")?;
                 }
                 write!(f, ") -> (")?;
                 for (i, t) in results.iter().enumerate() {
-                    if i > 0 { write!(f, ", ")?; }
+                    if i > 0 {
+                        write!(f, ", ")?;
+                    }
                     write!(f, "{t}")?;
                 }
                 write!(f, ")")
@@ -111,7 +132,9 @@ impl fmt::Display for Type {
             Type::Tuple(ts) => {
                 write!(f, "tuple<")?;
                 for (i, t) in ts.iter().enumerate() {
-                    if i > 0 { write!(f, ", ")?; }
+                    if i > 0 {
+                        write!(f, ", ")?;
+                    }
                     write!(f, "{t}")?;
                 }
                 write!(f, ">")
@@ -148,23 +171,42 @@ pub struct DotDims {
 pub enum Attr {
     Unit,
     Bool(bool),
-    Int { value: i128, ty: Type },
-    Float { value: f64, ty: Type },
+    Int {
+        value: i128,
+        ty: Type,
+    },
+    Float {
+        value: f64,
+        ty: Type,
+    },
     String(String),
     /// `@a::@b` (the nested parts joined with `::`).
     SymbolRef(String),
     Array(Vec<Attr>),
     Dict(Vec<(String, Attr)>),
     /// `array<i32: 1, 2>`.
-    DenseArray { elem: Type, values: Vec<f64> },
+    DenseArray {
+        elem: Type,
+        values: Vec<f64>,
+    },
     /// `dense<…> : vector<…>`: `splat` when one element was written.
-    Dense { elems: Vec<DenseElem>, splat: bool, ty: Type },
+    Dense {
+        elems: Vec<DenseElem>,
+        splat: bool,
+        ty: Type,
+    },
     /// `dense<"0x…">` raw little-endian bytes.
-    DenseHex { bytes: Vec<u8>, ty: Type },
+    DenseHex {
+        bytes: Vec<u8>,
+        ty: Type,
+    },
     Type(Type),
     DotDims(DotDims),
     /// Any other `#dialect.name<body>` (body is the raw text between the angle brackets).
-    Dialect { name: String, body: String },
+    Dialect {
+        name: String,
+        body: String,
+    },
 }
 
 impl Attr {
@@ -212,7 +254,9 @@ impl fmt::Display for Attr {
             Attr::Array(xs) => {
                 write!(f, "[")?;
                 for (i, x) in xs.iter().enumerate() {
-                    if i > 0 { write!(f, ", ")?; }
+                    if i > 0 {
+                        write!(f, ", ")?;
+                    }
                     write!(f, "{x}")?;
                 }
                 write!(f, "]")
@@ -220,7 +264,9 @@ impl fmt::Display for Attr {
             Attr::Dict(kv) => {
                 write!(f, "{{")?;
                 for (i, (k, v)) in kv.iter().enumerate() {
-                    if i > 0 { write!(f, ", ")?; }
+                    if i > 0 {
+                        write!(f, ", ")?;
+                    }
                     write!(f, "{k} = {v}")?;
                 }
                 write!(f, "}}")

@@ -50,21 +50,31 @@ module attributes {stable_mosaic.version = 11 : i64} {
         assert_eq!(f.attr("sym_name"), Some(&Attr::String("f".into())));
         let body = &f.regions[0].blocks[0];
         assert_eq!(body.args, vec![("arg0".to_string(), Type::Int(32))]);
-        let Some(Attr::Dense { elems, splat: false, .. }) = body.ops[0].attr("value") else { panic!() };
+        let Some(Attr::Dense { elems, splat: false, .. }) = body.ops[0].attr("value") else {
+            panic!()
+        };
         assert_eq!(elems.len(), 4);
         assert_eq!(elems[2], DenseElem::Bits(0x7F80_0000));
-        assert!(matches!(body.ops[2].attr("value"), Some(Attr::DenseHex { bytes, .. }) if bytes == &[0, 0, 0x80, 0x3f]));
+        assert!(
+            matches!(body.ops[2].attr("value"), Some(Attr::DenseHex { bytes, .. }) if bytes == &[0, 0, 0x80, 0x3f])
+        );
         let w = &body.ops[3];
         assert_eq!(w.results, vec!["r#0".to_string(), "r#1".to_string()]);
-        assert!(matches!(w.attr("attr"), Some(Attr::DotDims(d)) if d.output_dim_order == vec![0, 0, 1, 1]));
+        assert!(
+            matches!(w.attr("attr"), Some(Attr::DotDims(d)) if d.output_dim_order == vec![0, 0, 1, 1])
+        );
         assert_eq!(w.attr("p").and_then(|a| a.dialect("tpu.contract_precision")), Some("fp32"));
         assert_eq!(w.attr("quoted key"), Some(&Attr::SymbolRef("sym::nested".into())));
         assert_eq!(w.attr("u"), Some(&Attr::Unit));
         assert_eq!(w.attr("a"), Some(&Attr::DenseArray { elem: Type::Int(64), values: vec![] }));
         assert_eq!(body.ops[4].operands, vec!["r#0".to_string(), "r#1".to_string()]);
-        let t = parse_type("memref<2x?x!tpu.dma_semaphore, #tpu.memory_space<semaphore_mem>>").unwrap();
+        let t =
+            parse_type("memref<2x?x!tpu.dma_semaphore, #tpu.memory_space<semaphore_mem>>").unwrap();
         assert_eq!(t.memory_space(), Some("semaphore_mem"));
-        assert_eq!(t.to_string(), "memref<2x?x!tpu.dma_semaphore, #tpu.memory_space<semaphore_mem>>");
+        assert_eq!(
+            t.to_string(),
+            "memref<2x?x!tpu.dma_semaphore, #tpu.memory_space<semaphore_mem>>"
+        );
     }
 
     #[test]
@@ -84,6 +94,15 @@ module attributes {stable_mosaic.version = 11 : i64} {
 "#;
         let m = parse_module(text).unwrap_or_else(|e| panic!("{e}"));
         let src: Vec<Option<&str>> = m.ops.iter().map(|o| o.src.as_deref()).collect();
-        assert_eq!(src, [Some("kernels/src/a.rs:3:5"), Some("kernels/src/a.rs:7:13"), Some("k.py:12:4"), None, None]);
+        assert_eq!(
+            src,
+            [
+                Some("kernels/src/a.rs:3:5"),
+                Some("kernels/src/a.rs:7:13"),
+                Some("k.py:12:4"),
+                None,
+                None
+            ]
+        );
     }
 }

@@ -277,7 +277,9 @@ impl<'a> Parser<'a> {
             self.bump();
             let name = self.suffix_id()?;
             self.ws();
-            if self.eat("=") && let Some(text) = self.loc()? {
+            if self.eat("=")
+                && let Some(text) = self.loc()?
+            {
                 aliases.insert(name, text);
                 continue;
             }
@@ -308,7 +310,8 @@ impl<'a> Parser<'a> {
                 self.bump();
             }
             let h = std::str::from_utf8(&self.s[hs..self.i]).unwrap_or("");
-            let v = u128::from_str_radix(h, 16).or_else(|_| self.err(format!("bad hex literal `{h}`")))?;
+            let v = u128::from_str_radix(h, 16)
+                .or_else(|_| self.err(format!("bad hex literal `{h}`")))?;
             if neg {
                 return Ok(DenseElem::Int(-(v as i128)));
             }
@@ -334,9 +337,13 @@ impl<'a> Parser<'a> {
             return self.err(format!("expected a number, found {f}"));
         }
         if float {
-            text.parse::<f64>().map(DenseElem::Float).or_else(|_| self.err(format!("bad float literal `{text}`")))
+            text.parse::<f64>()
+                .map(DenseElem::Float)
+                .or_else(|_| self.err(format!("bad float literal `{text}`")))
         } else {
-            text.parse::<i128>().map(DenseElem::Int).or_else(|_| self.err(format!("bad integer literal `{text}`")))
+            text.parse::<i128>()
+                .map(DenseElem::Int)
+                .or_else(|_| self.err(format!("bad integer literal `{text}`")))
         }
     }
 
@@ -431,7 +438,10 @@ impl<'a> Parser<'a> {
                             while self.peek().is_some_and(|c| c.is_ascii_digit()) {
                                 self.bump();
                             }
-                            let n: i64 = std::str::from_utf8(&self.s[start..self.i]).unwrap_or("0").parse().or_else(|_| self.err("bad dimension"))?;
+                            let n: i64 = std::str::from_utf8(&self.s[start..self.i])
+                                .unwrap_or("0")
+                                .parse()
+                                .or_else(|_| self.err("bad dimension"))?;
                             shape.push(n);
                             if self.peek() != Some(b'x') {
                                 return self.err("expected `x` after a dimension");
@@ -457,7 +467,8 @@ impl<'a> Parser<'a> {
                     let (mut layout, mut space) = (None, None);
                     while self.eat(",") {
                         let a = self.parse_attr()?;
-                        let is_space = matches!(&a, Attr::Dialect { name, .. } if name == "tpu.memory_space") || matches!(a, Attr::Int { .. });
+                        let is_space = matches!(&a, Attr::Dialect { name, .. } if name == "tpu.memory_space")
+                            || matches!(a, Attr::Int { .. });
                         if is_space {
                             space = Some(Box::new(a));
                         } else {
@@ -482,16 +493,26 @@ impl<'a> Parser<'a> {
                 }
                 Type::Tuple(ts)
             }
-            _ if id.len() > 1 && id.starts_with('i') && id[1..].bytes().all(|c| c.is_ascii_digit()) => {
+            _ if id.len() > 1
+                && id.starts_with('i')
+                && id[1..].bytes().all(|c| c.is_ascii_digit()) =>
+            {
                 Type::Int(id[1..].parse().unwrap_or(32))
             }
             // `si32` / `ui32`: signed and unsigned attribute types (`tpu.dynamic_rotate`'s
             // `dimension`); values are read the same as signless ones.
-            _ if id.len() > 2 && (id.starts_with("si") || id.starts_with("ui")) && id[2..].bytes().all(|c| c.is_ascii_digit()) => {
+            _ if id.len() > 2
+                && (id.starts_with("si") || id.starts_with("ui"))
+                && id[2..].bytes().all(|c| c.is_ascii_digit()) =>
+            {
                 Type::Int(id[2..].parse().unwrap_or(32))
             }
             _ => {
-                return Err(ParseError { line: pos.line, col: pos.col, message: format!("unknown type `{id}`") });
+                return Err(ParseError {
+                    line: pos.line,
+                    col: pos.col,
+                    message: format!("unknown type `{id}`"),
+                });
             }
         };
         Ok(t)
@@ -543,7 +564,8 @@ impl<'a> Parser<'a> {
             Some(b'"') => Ok(Attr::String(self.string_lit()?)),
             Some(b'@') => {
                 self.bump();
-                let mut name = if self.peek() == Some(b'"') { self.string_lit()? } else { self.suffix_id()? };
+                let mut name =
+                    if self.peek() == Some(b'"') { self.string_lit()? } else { self.suffix_id()? };
                 while self.eat("::") {
                     self.expect("@")?;
                     let part = self.suffix_id()?;
@@ -561,7 +583,11 @@ impl<'a> Parser<'a> {
                     String::new()
                 };
                 if name == "tpu.dot_dimension_numbers" {
-                    return dot_dims(&body).map(Attr::DotDims).ok_or(ParseError { line: pos.line, col: pos.col, message: format!("bad #tpu.dot_dimension_numbers<{body}>") });
+                    return dot_dims(&body).map(Attr::DotDims).ok_or(ParseError {
+                        line: pos.line,
+                        col: pos.col,
+                        message: format!("bad #tpu.dot_dimension_numbers<{body}>"),
+                    });
                 }
                 Ok(Attr::Dialect { name, body })
             }
@@ -615,8 +641,12 @@ impl<'a> Parser<'a> {
                             self.expect(":")?;
                             let ty = self.parse_type()?;
                             let hex = s.trim_start_matches("0x").trim_start_matches("0X");
-                            let bytes = (0..hex.len() / 2).map(|k| u8::from_str_radix(&hex[2 * k..2 * k + 2], 16)).collect::<Result<Vec<_>, _>>();
-                            let Ok(bytes) = bytes else { return self.err("bad hex string in dense<…>") };
+                            let bytes = (0..hex.len() / 2)
+                                .map(|k| u8::from_str_radix(&hex[2 * k..2 * k + 2], 16))
+                                .collect::<Result<Vec<_>, _>>();
+                            let Ok(bytes) = bytes else {
+                                return self.err("bad hex string in dense<…>");
+                            };
                             return Ok(Attr::DenseHex { bytes, ty });
                         }
                         let mut elems = Vec::new();
@@ -647,7 +677,11 @@ impl<'a> Parser<'a> {
                         (self.i, self.line, self.col) = save;
                         match self.parse_type() {
                             Ok(t) => Ok(Attr::Type(t)),
-                            Err(_) => Err(ParseError { line: pos.line, col: pos.col, message: format!("unknown attribute `{id}`") }),
+                            Err(_) => Err(ParseError {
+                                line: pos.line,
+                                col: pos.col,
+                                message: format!("unknown attribute `{id}`"),
+                            }),
                         }
                     }
                 }
@@ -812,7 +846,8 @@ impl<'a> Parser<'a> {
         if self.peek() == Some(b'%') {
             loop {
                 let n = self.value_name()?;
-                if self.peek() == Some(b':') && self.peek_at(1).is_some_and(|c| c.is_ascii_digit()) {
+                if self.peek() == Some(b':') && self.peek_at(1).is_some_and(|c| c.is_ascii_digit())
+                {
                     self.bump();
                     let start = self.i;
                     while self.peek().is_some_and(|c| c.is_ascii_digit()) {
@@ -897,16 +932,46 @@ impl<'a> Parser<'a> {
         self.expect(":")?;
         let fty = self.parse_type()?;
         let Type::Function { inputs, results: rtys } = fty else {
-            return Err(ParseError { line: pos.line, col: pos.col, message: format!("`{name}`: expected a function type after `:`") });
+            return Err(ParseError {
+                line: pos.line,
+                col: pos.col,
+                message: format!("`{name}`: expected a function type after `:`"),
+            });
         };
         let src = self.loc()?;
         if inputs.len() != operands.len() {
-            return Err(ParseError { line: pos.line, col: pos.col, message: format!("`{name}` has {} operands but its type lists {}", operands.len(), inputs.len()) });
+            return Err(ParseError {
+                line: pos.line,
+                col: pos.col,
+                message: format!(
+                    "`{name}` has {} operands but its type lists {}",
+                    operands.len(),
+                    inputs.len()
+                ),
+            });
         }
         if rtys.len() != results.len() {
-            return Err(ParseError { line: pos.line, col: pos.col, message: format!("`{name}` defines {} results but its type lists {}", results.len(), rtys.len()) });
+            return Err(ParseError {
+                line: pos.line,
+                col: pos.col,
+                message: format!(
+                    "`{name}` defines {} results but its type lists {}",
+                    results.len(),
+                    rtys.len()
+                ),
+            });
         }
-        Ok(Operation { name, pos, src, results, result_types: rtys, operands, operand_types: inputs, attrs, regions })
+        Ok(Operation {
+            name,
+            pos,
+            src,
+            results,
+            result_types: rtys,
+            operands,
+            operand_types: inputs,
+            attrs,
+            regions,
+        })
     }
 }
 
@@ -930,9 +995,14 @@ fn file_line_col(text: &str, aliases: &HashMap<String, String>, depth: u32) -> O
     while let Some(q) = rest.find(['"', '#']) {
         let after = &rest[q + 1..];
         if rest.as_bytes()[q] == b'#' {
-            let end = after.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.' || c == '$' || c == '-')).unwrap_or(after.len());
+            let end = after
+                .find(|c: char| {
+                    !(c.is_alphanumeric() || c == '_' || c == '.' || c == '$' || c == '-')
+                })
+                .unwrap_or(after.len());
             if depth < 8
-                && let Some(found) = aliases.get(&after[..end]).and_then(|t| file_line_col(t, aliases, depth + 1))
+                && let Some(found) =
+                    aliases.get(&after[..end]).and_then(|t| file_line_col(t, aliases, depth + 1))
             {
                 return Some(found);
             }
@@ -941,7 +1011,11 @@ fn file_line_col(text: &str, aliases: &HashMap<String, String>, depth: u32) -> O
         }
         let close = after.find('"')?;
         let (file, tail) = (&after[..close], &after[close + 1..]);
-        let digits = |t: &str| t.strip_prefix(':').map(|t| t.split(|c: char| !c.is_ascii_digit()).next().unwrap_or("").to_string()).filter(|d| !d.is_empty());
+        let digits = |t: &str| {
+            t.strip_prefix(':')
+                .map(|t| t.split(|c: char| !c.is_ascii_digit()).next().unwrap_or("").to_string())
+                .filter(|d| !d.is_empty())
+        };
         if let Some(line) = digits(tail)
             && let Some(col) = digits(&tail[1 + line.len()..])
         {
@@ -980,7 +1054,12 @@ fn dot_dims(body: &str) -> Option<DotDims> {
     while let Some(open) = rest.find('[') {
         let close = rest[open..].find(']')? + open;
         let inner = &rest[open + 1..close];
-        let xs = inner.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.parse::<i64>().ok()).collect::<Option<Vec<_>>>()?;
+        let xs = inner
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse::<i64>().ok())
+            .collect::<Option<Vec<_>>>()?;
         lists.push(xs);
         rest = &rest[close + 1..];
     }

@@ -1,6 +1,5 @@
 //! Shared test helpers: lowering library kernels, a seeded PRNG, references, tolerances.
 #![allow(dead_code)]
-
 #![allow(clippy::result_large_err)]
 
 use palladium_dsl::spec::Chip;
@@ -12,10 +11,13 @@ pub use palladium_kernels::reference::Rng;
 
 /// Build a library kernel with `settings` and lower it; returns (body, call json).
 pub fn library_body(name: &str, settings: &[(&str, &str)]) -> (String, String) {
-    let settings: Vec<(String, String)> = settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    let entry = palladium_kernels::REGISTRY.iter().find(|e| e.name == name).expect("kernel in registry");
+    let settings: Vec<(String, String)> =
+        settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let entry =
+        palladium_kernels::REGISTRY.iter().find(|e| e.name == name).expect("kernel in registry");
     let kernel = (entry.build)(&settings).unwrap_or_else(|e| panic!("{name} {settings:?}: {e}"));
-    let l = lower(&kernel, &LowerOptions { chip: Chip::V6e }).unwrap_or_else(|e| panic!("{name} {settings:?}: {e}"));
+    let l = lower(&kernel, &LowerOptions { chip: Chip::V6e })
+        .unwrap_or_else(|e| panic!("{name} {settings:?}: {e}"));
     (l.body, l.call_json)
 }
 
@@ -25,7 +27,10 @@ pub fn body_of(kernel: &palladium_dsl::Kernel) -> String {
 }
 
 pub fn prepare(body: &str) -> Program {
-    Module::parse(body).unwrap_or_else(|e| panic!("{e}")).prepare().unwrap_or_else(|e| panic!("{e}"))
+    Module::parse(body)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .prepare()
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub fn run(body: &str, inputs: &[HostArray]) -> Result<Vec<HostArray>, InterpError> {
@@ -35,7 +40,10 @@ pub fn run(body: &str, inputs: &[HostArray]) -> Result<Vec<HostArray>, InterpErr
 /// Max relative error `|a - b| / max(|b|, floor)` over all elements.
 pub fn max_rel_err(got: &[f32], want: &[f32], floor: f32) -> f32 {
     assert_eq!(got.len(), want.len());
-    got.iter().zip(want).map(|(g, w)| if g.is_nan() { f32::INFINITY } else { (g - w).abs() / w.abs().max(floor) }).fold(0.0, f32::max)
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| if g.is_nan() { f32::INFINITY } else { (g - w).abs() / w.abs().max(floor) })
+        .fold(0.0, f32::max)
 }
 
 pub fn assert_close(got: &[f32], want: &[f32], tol: f32, floor: f32, what: &str) {

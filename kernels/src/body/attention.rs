@@ -65,16 +65,26 @@ impl KvMask {
         let (row_last, row_before, newest) = match self.queries {
             Some((offsets, tokens)) => {
                 let row_last = self.last + offsets;
-                (row_last, self.window.map(|w| row_last - w as i32), self.last + (tokens as i32 - 1))
+                (
+                    row_last,
+                    self.window.map(|w| row_last - w as i32),
+                    self.last + (tokens as i32 - 1),
+                )
             }
             None => (self.last, first, self.last),
         };
-        let scores = select(attended(iota([rows, tile], 1) + self.start, row_last, row_before), scores, f64::NEG_INFINITY);
+        let scores = select(
+            attended(iota([rows, tile], 1) + self.start, row_last, row_before),
+            scores,
+            f64::NEG_INFINITY,
+        );
         if !self.zero_values {
             return (scores, v);
         }
         // Zeroed: the V rows no query attends (the only ones that may hold stale data).
-        let v = select(attended(iota([tile, width], 0) + self.start, newest, first), v.cast(f32), 0.0).cast(bf16);
+        let v =
+            select(attended(iota([tile, width], 0) + self.start, newest, first), v.cast(f32), 0.0)
+                .cast(bf16);
         (scores, v)
     }
 }
@@ -84,13 +94,24 @@ impl OnlineSoftmax {
     /// max starts finite: a tile wholly masked before the first attended one (a sliding
     /// window, or every tile read) keeps it, with `exp(m - m_new) = 1`, not NaN.
     pub fn start(rows: u64, width: u64) -> OnlineSoftmax {
-        OnlineSoftmax { m: full([rows, 1], -1e30, f32), l: zeros([rows, 1], f32), acc: zeros([rows, width], f32) }
+        OnlineSoftmax {
+            m: full([rows, 1], -1e30, f32),
+            l: zeros([rows, 1], f32),
+            acc: zeros([rows, width], f32),
+        }
     }
 
     /// Attend to one KV tile: the scores `q @ k.T` (`q` `[rows, d]`, `k` and `v` `[tile, d]`,
     /// bf16), times `scale` unless the caller folded it into `q`, masked by `mask` (none
     /// where every position of the tile is attended), folded in.
-    pub fn attend(self, q: Val, k: Val, v: Val, scale: Option<f64>, mask: Option<KvMask>) -> OnlineSoftmax {
+    pub fn attend(
+        self,
+        q: Val,
+        k: Val,
+        v: Val,
+        scale: Option<f64>,
+        mask: Option<KvMask>,
+    ) -> OnlineSoftmax {
         let scores = dot_t(q, k);
         let scores = match scale {
             Some(c) => scores * c,

@@ -55,7 +55,20 @@ impl Hops {
     /// made (their targets computed), then all started back to back, then all waited on
     /// (sent, and this device's incoming copies of the same hop arrived).
     fn hop(&self, s: usize, slots: &[(Ref, Ref)]) {
-        let copies: Vec<_> = self.ways.iter().zip(slots).map(|(w, &(from, to))| remote_copy(from, to, w.send.at(s as i32), w.recv.at(s as i32), ring(self.me, w.dir, self.n))).collect();
+        let copies: Vec<_> = self
+            .ways
+            .iter()
+            .zip(slots)
+            .map(|(w, &(from, to))| {
+                remote_copy(
+                    from,
+                    to,
+                    w.send.at(s as i32),
+                    w.recv.at(s as i32),
+                    ring(self.me, w.dir, self.n),
+                )
+            })
+            .collect();
         for &copy in &copies {
             copy.start();
         }
@@ -74,7 +87,8 @@ impl Hops {
                 .iter()
                 .map(|w| {
                     let block = ring(self.me, -w.dir * s as i64, self.n);
-                    let slot = buf.at((ds(self.row_of(block), self.rows), ds(w.cols.0 as i32, w.cols.1)));
+                    let slot =
+                        buf.at((ds(self.row_of(block), self.rows), ds(w.cols.0 as i32, w.cols.1)));
                     (slot, slot)
                 })
                 .collect();
@@ -91,14 +105,21 @@ impl Hops {
         for w in &self.ways {
             // The partial this device starts: its own rows of the block `n - 1` hops ahead.
             let first = ring(self.me, -w.dir, self.n);
-            stage.at((0, .., cols(w))).store(.., x.at((ds(self.row_of(first), self.rows), cols(w))).load(..));
+            stage
+                .at((0, .., cols(w)))
+                .store(.., x.at((ds(self.row_of(first), self.rows), cols(w))).load(..));
         }
         for s in 0..self.n - 1 {
-            let slots: Vec<_> = self.ways.iter().map(|w| (stage.at((s as i32, .., cols(w))), stage.at((s as i32 + 1, .., cols(w))))).collect();
+            let slots: Vec<_> = self
+                .ways
+                .iter()
+                .map(|w| (stage.at((s as i32, .., cols(w))), stage.at((s as i32 + 1, .., cols(w)))))
+                .collect();
             self.hop(s, &slots);
             for (w, &(_, to)) in self.ways.iter().zip(&slots) {
                 let block = ring(self.me, -w.dir * (s as i64 + 2), self.n);
-                let sum = to.load(..).cast(f32) + x.at((ds(self.row_of(block), self.rows), cols(w))).load(..).cast(f32);
+                let sum = to.load(..).cast(f32)
+                    + x.at((ds(self.row_of(block), self.rows), cols(w))).load(..).cast(f32);
                 if s + 1 < self.n - 1 {
                     to.store(.., sum.cast(bf16));
                 } else {
@@ -112,10 +133,20 @@ impl Hops {
 /// The ways of a ring collective over `cols` columns: one to the right with all of them, or
 /// (`bidirectional`) both, half the columns each; way `k` takes semaphore rows `first + k`
 /// of `send` and `recv`.
-pub fn directions(cols: u64, bidirectional: bool, send: SemRef, recv: SemRef, first: i32) -> Vec<Way> {
+pub fn directions(
+    cols: u64,
+    bidirectional: bool,
+    send: SemRef,
+    recv: SemRef,
+    first: i32,
+) -> Vec<Way> {
     let split = match bidirectional {
         true => vec![(1, (0, cols / 2)), (-1, (cols / 2, cols / 2))],
         false => vec![(1, (0, cols))],
     };
-    split.into_iter().zip(first..).map(|((dir, cols), k)| Way { dir, cols, send: send.at(k), recv: recv.at(k) }).collect()
+    split
+        .into_iter()
+        .zip(first..)
+        .map(|((dir, cols), k)| Way { dir, cols, send: send.at(k), recv: recv.at(k) })
+        .collect()
 }

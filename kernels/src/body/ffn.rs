@@ -17,7 +17,8 @@ pub fn swiglu(gate: Val, up: Val) -> Val {
 /// (`[chunk, hidden]` in-out, `[hidden, chunk]` out-in), bf16 or quantized ([`WeightBlock`]).
 /// SwiGLU is separable along the intermediate dim, so the chunks of an expert just add up.
 pub fn swiglu_chunk<W: WeightBlock>(x: Val, gate: W, up: W, down: W, layout: WeightLayout) -> Val {
-    let act = swiglu(gate.project_from(x, WeightLayout::InOut), up.project_from(x, WeightLayout::InOut));
+    let act =
+        swiglu(gate.project_from(x, WeightLayout::InOut), up.project_from(x, WeightLayout::InOut));
     down.project_from(act, layout)
 }
 

@@ -141,7 +141,11 @@ impl Digits {
             }
             digits.push(d);
         }
-        Digits { stacked: concatenate(&digits, 0).cast(DType::I8), row_scale: amax * (1.0 / 127.0), rows }
+        Digits {
+            stacked: concatenate(&digits, 0).cast(DType::I8),
+            row_scale: amax * (1.0 / 127.0),
+            rows,
+        }
     }
 
     /// The activations' inputs `cols` times the i8 codes `w` of those inputs (laid out as
@@ -155,7 +159,8 @@ impl Digits {
         .cast(DType::F32);
         let r = self.rows;
         let digit = |i: u64| sums.slice((i * r..(i + 1) * r, ..));
-        (1..Self::COUNT).fold(digit(0), |sum, i| sum + digit(i) * Self::RADIX.powi(-(i as i32))) * self.row_scale
+        (1..Self::COUNT).fold(digit(0), |sum, i| sum + digit(i) * Self::RADIX.powi(-(i as i32)))
+            * self.row_scale
     }
 }
 

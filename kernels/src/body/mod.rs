@@ -34,7 +34,10 @@ pub mod rows;
 pub use attention::{KvMask, OnlineSoftmax};
 pub use embed::embedding_row;
 pub use ffn::{ExpertItem, routed, swiglu, swiglu_chunk};
-pub use gemv::{DIGIT_ROWS, GroupScales, QuantizedBlock, WeightBlock, WeightLayout, project, project_quantized, widened_code_bytes};
+pub use gemv::{
+    DIGIT_ROWS, GroupScales, QuantizedBlock, WeightBlock, WeightLayout, project, project_quantized,
+    widened_code_bytes,
+};
 pub use greedy::Greedy;
 pub use kv::NewRow;
 pub use norm::{residual_add, rms_norm, rms_unit};

@@ -9,7 +9,11 @@ use palladium_dsl::prelude::*;
 pub fn router_scores(logits: Val, experts: u64, sigmoid: bool) -> Val {
     let dims = logits.shape().0;
     let (rows, width) = (dims[0], dims[1]);
-    let logits = if width > experts { select(lt(iota([rows, width], 1), experts as i32), logits, f64::NEG_INFINITY) } else { logits };
+    let logits = if width > experts {
+        select(lt(iota([rows, width], 1), experts as i32), logits, f64::NEG_INFINITY)
+    } else {
+        logits
+    };
     if sigmoid {
         logits.sigmoid()
     } else {
@@ -31,7 +35,8 @@ pub fn top_k(scores: Val, experts: u64, k: u64, renormalize: bool) -> (Val, Val)
     let col = iota([rows, width], 1);
     let slot = iota([rows, k], 1);
     // Scores are >= 0: -1 marks a padded or already chosen expert.
-    let mut remaining = if width > experts { select(lt(col, experts as i32), scores, -1.0) } else { scores };
+    let mut remaining =
+        if width > experts { select(lt(col, experts as i32), scores, -1.0) } else { scores };
     let mut ids = zeros([rows, k], i32);
     let mut weights = zeros([rows, k], f32);
     for j in 0..k {
@@ -73,7 +78,10 @@ impl Routing {
     /// `vector.multi_reduction` to a scalar).
     pub fn entry(&self, row: impl IntoVal, slot: impl IntoVal) -> (Val, Val) {
         let here = self.here(row, slot);
-        (select(here, self.ids, -1).max_all(), select(here, self.weights, f64::NEG_INFINITY).max_all())
+        (
+            select(here, self.ids, -1).max_all(),
+            select(here, self.weights, f64::NEG_INFINITY).max_all(),
+        )
     }
 
     /// The id alone of [`Self::entry`].
@@ -90,7 +98,8 @@ impl Routing {
     /// distinct expert once, at its first choice.
     pub fn first_choice(&self, row: u64, slot: u64, id: Val) -> Val {
         let k = self.ids.shape().0[1];
-        let earlier = lt(self.rows * k as i32 + self.slots, (row * k + slot) as i32) & eq(self.ids, id);
+        let earlier =
+            lt(self.rows * k as i32 + self.slots, (row * k + slot) as i32) & eq(self.ids, id);
         // Ids are >= 0: the max is -1 exactly when no earlier choice is `id`.
         lt(select(earlier, self.ids, -1).max_all(), 0)
     }

@@ -6,7 +6,12 @@ use crate::{tpu, types};
 use palladium_dsl::ir::{DType, Literal, Op, Shape, Type as KType};
 
 /// `arith.constant` (a splat `dense<…>` for vectors).
-pub(super) fn constant(cx: &mut LowerCx<'_, '_>, op: Op, value: Literal, ty: &KType) -> RuleResult<()> {
+pub(super) fn constant(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    value: Literal,
+    ty: &KType,
+) -> RuleResult<()> {
     let (shape, dtype) = match ty {
         KType::Scalar(d) => (Vec::new(), *d),
         KType::Vector(s, d) => (s.dims().to_vec(), *d),
@@ -29,7 +34,9 @@ pub(super) fn num_programs(cx: &mut LowerCx<'_, '_>, op: Op, axis: u32) -> RuleR
     let Some(g) = cx.k.call.grid.get(axis as usize) else {
         bail!("num_programs({axis}) but the grid has {} dims", cx.k.call.grid.len());
     };
-    let Ok(n) = i32::try_from(g.extent) else { bail!("grid extent {} does not fit in i32", g.extent) };
+    let Ok(n) = i32::try_from(g.extent) else {
+        bail!("grid extent {} does not fit in i32", g.extent)
+    };
     let v = cx.const_i32(i64::from(n))?;
     cx.set_result(op, 0, v)
 }

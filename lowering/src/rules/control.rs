@@ -8,7 +8,9 @@
 use super::LowerCx;
 use crate::error::{RuleResult, bail};
 use crate::{build, tpu, types};
-use melior::ir::{Block, BlockRef, OperationRef, Region, RegionLike, Type, operation::OperationLike};
+use melior::ir::{
+    Block, BlockRef, OperationRef, Region, RegionLike, Type, operation::OperationLike,
+};
 use palladium_dsl::ir::{Block as KBlock, CmpPred, DType, Op, OpData, Value as KValue};
 
 impl<'c, 'a> LowerCx<'c, 'a> {
@@ -46,7 +48,13 @@ fn block_of<'c, 'a>(mop: OperationRef<'c, 'a>, region: usize) -> RuleResult<Bloc
 
 /// `pl.when` / `lax.cond`: `arith.extui` + `arith.cmpi ne, …, 0` (Pallas's bool → index
 /// dance), then `scf.if` with both branches.
-pub(super) fn r#if(cx: &mut LowerCx<'_, '_>, op: Op, cond: KValue, then_block: KBlock, else_block: KBlock) -> RuleResult<()> {
+pub(super) fn r#if(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    cond: KValue,
+    then_block: KBlock,
+    else_block: KBlock,
+) -> RuleResult<()> {
     let c = cx.v(cond)?;
     let i = cx.generic1("arith.extui", &[c], types::i32(cx.ctx), &[])?;
     let zero = cx.const_i32(0)?;
@@ -60,7 +68,15 @@ pub(super) fn r#if(cx: &mut LowerCx<'_, '_>, op: Op, cond: KValue, then_block: K
 }
 
 /// `fori_loop`: `scf.for %iv = %lo to %hi step %st iter_args(…) : i32`.
-pub(super) fn r#for(cx: &mut LowerCx<'_, '_>, op: Op, lower: KValue, upper: KValue, step: KValue, init: &[KValue], body: KBlock) -> RuleResult<()> {
+pub(super) fn r#for(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    lower: KValue,
+    upper: KValue,
+    step: KValue,
+    init: &[KValue],
+    body: KBlock,
+) -> RuleResult<()> {
     let mut operands = vec![cx.v(lower)?, cx.v(upper)?, cx.v(step)?];
     for &v in init {
         operands.push(cx.v(v)?);
@@ -76,7 +92,13 @@ pub(super) fn r#for(cx: &mut LowerCx<'_, '_>, op: Op, lower: KValue, upper: KVal
 
 /// `while_loop`: `scf.while` whose "before" region computes the condition
 /// (`scf.condition`) and whose "after" region is the body.
-pub(super) fn r#while(cx: &mut LowerCx<'_, '_>, op: Op, init: &[KValue], cond: KBlock, body: KBlock) -> RuleResult<()> {
+pub(super) fn r#while(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    init: &[KValue],
+    cond: KBlock,
+    body: KBlock,
+) -> RuleResult<()> {
     let operands = init.iter().map(|&v| cx.v(v)).collect::<RuleResult<Vec<_>>>()?;
     let carried = cx.types_of(init)?;
     let regions = vec![cx.region_with_block(&carried), cx.region_with_block(&carried)];
@@ -107,7 +129,9 @@ pub(super) fn r#yield(cx: &mut LowerCx<'_, '_>, op: Op, values: &[KValue]) -> Ru
         Some(p) => match &k.ops[p].data {
             OpData::If { .. } | OpData::For { .. } => ("scf.yield", vals),
             OpData::While { cond, .. } if *cond == block => {
-                if vals.len() != 1 || *cx.ty(values[0]) != palladium_dsl::ir::Type::Scalar(DType::Bool) {
+                if vals.len() != 1
+                    || *cx.ty(values[0]) != palladium_dsl::ir::Type::Scalar(DType::Bool)
+                {
                     bail!("a while condition must yield one bool");
                 }
                 let mut operands = vals;

@@ -7,7 +7,11 @@ use palladium_dsl::ir::Value as KValue;
 
 /// `tpu.log` with the format's `{}` placeholders numbered `$0, $1, ...` (what the TPU
 /// expects), `formatted` when there are any.
-pub(super) fn debug_print(cx: &mut LowerCx<'_, '_>, format: &str, args: &[KValue]) -> RuleResult<()> {
+pub(super) fn debug_print(
+    cx: &mut LowerCx<'_, '_>,
+    format: &str,
+    args: &[KValue],
+) -> RuleResult<()> {
     let values = args.iter().map(|&a| cx.v(a)).collect::<RuleResult<Vec<_>>>()?;
     let mut tag = String::new();
     for (i, text) in format.split("{}").enumerate() {

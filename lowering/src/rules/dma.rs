@@ -7,7 +7,14 @@ use palladium_dsl::ir::{Op, Remote, Sem, SemKind, Shape, Value as KValue, WaitSi
 
 /// `tpu.enqueue_dma source(..) target(..) target_semaphore(..)`; remote copies add the send
 /// semaphore as `source_semaphore` and the `device_id`.
-pub(super) fn start(cx: &mut LowerCx<'_, '_>, src: KValue, dst: KValue, sem: KValue, remote: Option<Remote>, priority: u8) -> RuleResult<()> {
+pub(super) fn start(
+    cx: &mut LowerCx<'_, '_>,
+    src: KValue,
+    dst: KValue,
+    sem: KValue,
+    remote: Option<Remote>,
+    priority: u8,
+) -> RuleResult<()> {
     let (s, d, t) = (cx.v(src)?, cx.v(dst)?, cx.v(sem)?);
     let (send, dev) = match remote {
         Some(r) => (Some(cx.v(r.send_sem)?), Some(cx.v(r.device_id)?)),
@@ -20,7 +27,13 @@ pub(super) fn start(cx: &mut LowerCx<'_, '_>, src: KValue, dst: KValue, sem: KVa
 
 /// `tpu.wait_dma2 semaphore(..) src(..) dst(..)`; a receive adds the copy's `device_id`, a
 /// send wait Pallas's placeholder `device_id(0) core_id(0)`.
-pub(super) fn wait(cx: &mut LowerCx<'_, '_>, src: KValue, dst: KValue, sem: KValue, side: WaitSide) -> RuleResult<()> {
+pub(super) fn wait(
+    cx: &mut LowerCx<'_, '_>,
+    src: KValue,
+    dst: KValue,
+    sem: KValue,
+    side: WaitSide,
+) -> RuleResult<()> {
     let (s, d, m) = (cx.v(src)?, cx.v(dst)?, cx.v(sem)?);
     let remote = match side {
         WaitSide::Local => None,
@@ -35,7 +48,12 @@ pub(super) fn wait(cx: &mut LowerCx<'_, '_>, src: KValue, dst: KValue, sem: KVal
     Ok(())
 }
 
-pub(super) fn signal(cx: &mut LowerCx<'_, '_>, sem: KValue, amount: KValue, device_id: Option<KValue>) -> RuleResult<()> {
+pub(super) fn signal(
+    cx: &mut LowerCx<'_, '_>,
+    sem: KValue,
+    amount: KValue,
+    device_id: Option<KValue>,
+) -> RuleResult<()> {
     let (s, a) = (cx.v(sem)?, cx.v(amount)?);
     let dev = device_id.map(|v| cx.v(v)).transpose()?;
     let op = tpu::sem_signal(cx.ctx, cx.loc, s, a, dev)?;

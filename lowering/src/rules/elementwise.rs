@@ -9,12 +9,12 @@ use palladium_dsl::ir::{BinaryOp, CmpPred, DType, Literal, Op, UnaryOp, Value as
 /// `arith.cmpf` predicates (ordered, as Pallas) and `arith.cmpi` (signed).
 fn cmpf_predicate(p: CmpPred) -> i64 {
     match p {
-        CmpPred::Eq => 1,  // oeq
-        CmpPred::Gt => 2,  // ogt
-        CmpPred::Ge => 3,  // oge
-        CmpPred::Lt => 4,  // olt
-        CmpPred::Le => 5,  // ole
-        CmpPred::Ne => 6,  // one
+        CmpPred::Eq => 1, // oeq
+        CmpPred::Gt => 2, // ogt
+        CmpPred::Ge => 3, // oge
+        CmpPred::Lt => 4, // olt
+        CmpPred::Le => 5, // ole
+        CmpPred::Ne => 6, // one
     }
 }
 
@@ -31,7 +31,12 @@ fn cmpi_predicate(p: CmpPred) -> i64 {
 
 impl<'c, 'a> LowerCx<'c, 'a> {
     /// A two-operand op whose result has the type of `lhs`.
-    fn arith2(&mut self, name: &str, lhs: Value<'c, 'a>, rhs: Value<'c, 'a>) -> RuleResult<Value<'c, 'a>> {
+    fn arith2(
+        &mut self,
+        name: &str,
+        lhs: Value<'c, 'a>,
+        rhs: Value<'c, 'a>,
+    ) -> RuleResult<Value<'c, 'a>> {
         self.generic1(name, &[lhs, rhs], lhs.r#type(), &[])
     }
 
@@ -40,15 +45,31 @@ impl<'c, 'a> LowerCx<'c, 'a> {
     }
 
     /// `arith.cmpi`/`arith.cmpf` with an i1 result of `shape`.
-    pub(super) fn cmp(&mut self, float: bool, pred: CmpPred, lhs: Value<'c, 'a>, rhs: Value<'c, 'a>, shape: &[u64]) -> RuleResult<Value<'c, 'a>> {
-        let (name, p) = if float { ("arith.cmpf", cmpf_predicate(pred)) } else { ("arith.cmpi", cmpi_predicate(pred)) };
+    pub(super) fn cmp(
+        &mut self,
+        float: bool,
+        pred: CmpPred,
+        lhs: Value<'c, 'a>,
+        rhs: Value<'c, 'a>,
+        shape: &[u64],
+    ) -> RuleResult<Value<'c, 'a>> {
+        let (name, p) = if float {
+            ("arith.cmpf", cmpf_predicate(pred))
+        } else {
+            ("arith.cmpi", cmpi_predicate(pred))
+        };
         let ty = types::array(self.ctx, shape, DType::Bool);
         let attr = build::int_attr(self.ctx, 64, p);
         self.generic1(name, &[lhs, rhs], ty, &[("predicate", attr)])
     }
 
     /// `x != 0` (as i1 of the same shape).
-    pub(super) fn nonzero(&mut self, x: Value<'c, 'a>, shape: &[u64], dtype: DType) -> RuleResult<Value<'c, 'a>> {
+    pub(super) fn nonzero(
+        &mut self,
+        x: Value<'c, 'a>,
+        shape: &[u64],
+        dtype: DType,
+    ) -> RuleResult<Value<'c, 'a>> {
         let zero = self.constant(Literal::Int(0), dtype, shape)?;
         self.cmp(dtype.is_float(), CmpPred::Ne, x, zero, shape)
     }
@@ -61,7 +82,13 @@ impl<'c, 'a> LowerCx<'c, 'a> {
     }
 
     /// Convert `x` of `from` to `to` (same shape), per Pallas's `_convert_element_type`.
-    pub(super) fn convert(&mut self, x: Value<'c, 'a>, shape: &[u64], from: DType, to: DType) -> RuleResult<Value<'c, 'a>> {
+    pub(super) fn convert(
+        &mut self,
+        x: Value<'c, 'a>,
+        shape: &[u64],
+        from: DType,
+        to: DType,
+    ) -> RuleResult<Value<'c, 'a>> {
         let ctx = self.ctx;
         let ty = |d: DType| types::array(ctx, shape, d);
         if from == to {
@@ -69,7 +96,11 @@ impl<'c, 'a> LowerCx<'c, 'a> {
         }
         if to == DType::Bool {
             // x != 0, narrow ints widened to i32 first.
-            let (x, from) = if from.is_int() && from.bits() < 32 { (self.convert(x, shape, from, DType::I32)?, DType::I32) } else { (x, from) };
+            let (x, from) = if from.is_int() && from.bits() < 32 {
+                (self.convert(x, shape, from, DType::I32)?, DType::I32)
+            } else {
+                (x, from)
+            };
             return self.nonzero(x, shape, from);
         }
         if from == DType::Bool {
@@ -102,7 +133,8 @@ impl<'c, 'a> LowerCx<'c, 'a> {
             }
             (false, true) => {
                 // Narrow ints widen to i32; narrow floats go through f32.
-                let x = if from.bits() < 32 { self.convert(x, shape, from, DType::I32)? } else { x };
+                let x =
+                    if from.bits() < 32 { self.convert(x, shape, from, DType::I32)? } else { x };
                 if to == DType::F32 {
                     self.generic1("arith.sitofp", &[x], ty(to), &[])
                 } else {
@@ -166,7 +198,13 @@ pub(super) fn unary(cx: &mut LowerCx<'_, '_>, op: Op, u: UnaryOp, x: KValue) -> 
     cx.set_result(op, 0, v)
 }
 
-pub(super) fn binary(cx: &mut LowerCx<'_, '_>, op: Op, b: BinaryOp, lhs: KValue, rhs: KValue) -> RuleResult<()> {
+pub(super) fn binary(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    b: BinaryOp,
+    lhs: KValue,
+    rhs: KValue,
+) -> RuleResult<()> {
     let (_, dtype) = cx.array_of(lhs)?;
     let (l, r) = (cx.v(lhs)?, cx.v(rhs)?);
     let name = if dtype.is_float() {
@@ -179,7 +217,9 @@ pub(super) fn binary(cx: &mut LowerCx<'_, '_>, op: Op, b: BinaryOp, lhs: KValue,
             BinaryOp::Max => "arith.maximumf",
             BinaryOp::Min => "arith.minimumf",
             BinaryOp::Pow => "math.powf",
-            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::Shl | BinaryOp::Shr => bail!("{b} is not defined on {dtype}"),
+            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::Shl | BinaryOp::Shr => {
+                bail!("{b} is not defined on {dtype}")
+            }
         }
     } else if dtype == DType::Bool {
         match b {
@@ -209,7 +249,13 @@ pub(super) fn binary(cx: &mut LowerCx<'_, '_>, op: Op, b: BinaryOp, lhs: KValue,
     cx.set_result(op, 0, v)
 }
 
-pub(super) fn compare(cx: &mut LowerCx<'_, '_>, op: Op, pred: CmpPred, lhs: KValue, rhs: KValue) -> RuleResult<()> {
+pub(super) fn compare(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    pred: CmpPred,
+    lhs: KValue,
+    rhs: KValue,
+) -> RuleResult<()> {
     let (shape, dtype) = cx.array_of(lhs)?;
     let (l, r) = (cx.v(lhs)?, cx.v(rhs)?);
     let v = if dtype == DType::Bool {
@@ -244,7 +290,13 @@ pub(super) fn compare(cx: &mut LowerCx<'_, '_>, op: Op, pred: CmpPred, lhs: KVal
 }
 
 /// `arith.select` (a scalar condition selects whole vectors).
-pub(super) fn select(cx: &mut LowerCx<'_, '_>, op: Op, cond: KValue, on_true: KValue, on_false: KValue) -> RuleResult<()> {
+pub(super) fn select(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    cond: KValue,
+    on_true: KValue,
+    on_false: KValue,
+) -> RuleResult<()> {
     let (c, t, f) = (cx.v(cond)?, cx.v(on_true)?, cx.v(on_false)?);
     let v = cx.generic1("arith.select", &[c, t, f], t.r#type(), &[])?;
     cx.set_result(op, 0, v)

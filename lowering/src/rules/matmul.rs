@@ -8,11 +8,23 @@ use palladium_dsl::ir::{DType, DotDims, Literal, Op, Precision, Value as KValue}
 /// `tpu.matmul %lhs, %rhs, %zeros` with explicit `#tpu.dot_dimension_numbers` and a zero
 /// accumulator of the result type (an `acc += dot` in the kernel becomes `arith.addf` after
 /// it, as in Pallas; libtpu folds the add into the matmul).
-pub(super) fn dot(cx: &mut LowerCx<'_, '_>, op: Op, lhs: KValue, rhs: KValue, dims: &DotDims, precision: Precision, out: DType) -> RuleResult<()> {
+pub(super) fn dot(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    lhs: KValue,
+    rhs: KValue,
+    dims: &DotDims,
+    precision: Precision,
+    out: DType,
+) -> RuleResult<()> {
     let (ls, ld) = cx.array_of(lhs)?;
     let (rs, _) = cx.array_of(rhs)?;
     if ls.len() < 2 || rs.len() < 2 {
-        bail!("tpu.matmul needs operands of rank >= 2, got {} and {} (reshape vectors to 1xN first)", ls.len(), rs.len());
+        bail!(
+            "tpu.matmul needs operands of rank >= 2, got {} and {} (reshape vectors to 1xN first)",
+            ls.len(),
+            rs.len()
+        );
     }
     if out.bits() != 32 || out.is_float() != ld.is_float() {
         bail!("dot of {ld} must accumulate in a 32-bit type, not {out}");

@@ -4,13 +4,16 @@ use super::LowerCx;
 use crate::error::{RuleResult, bail};
 use crate::{tpu, types};
 use melior::ir::{Value, attribute::DenseI32ArrayAttribute};
-use palladium_dsl::ir::{Buf, DType, Index, MemorySpace, Op, Type as KType, Value as KValue, is_strided};
+use palladium_dsl::ir::{
+    Buf, DType, Index, MemorySpace, Op, Type as KType, Value as KValue, is_strided,
+};
 
 /// Sizes of an indexed window with point-indexed dims kept as 1 (what Mosaic loads), and
 /// without them (what the kernel sees).
 fn window(index: &[Index]) -> (Vec<u64>, Vec<u64>) {
     let full = index.iter().map(|i| i.size()).collect();
-    let kept = index.iter().filter(|i| matches!(i, Index::Slice { .. })).map(|i| i.size()).collect();
+    let kept =
+        index.iter().filter(|i| matches!(i, Index::Slice { .. })).map(|i| i.size()).collect();
     (full, kept)
 }
 
@@ -24,7 +27,12 @@ fn strides(index: &[Index]) -> RuleResult<Option<Vec<i32>>> {
     if !is_strided(index) {
         return Ok(None);
     }
-    let strides = index.iter().map(|i| i32::try_from(i.stride()).map_err(|_| format!("stride {} does not fit i32", i.stride()))).collect::<Result<_, _>>()?;
+    let strides = index
+        .iter()
+        .map(|i| {
+            i32::try_from(i.stride()).map_err(|_| format!("stride {} does not fit i32", i.stride()))
+        })
+        .collect::<Result<_, _>>()?;
     Ok(Some(strides))
 }
 
@@ -37,7 +45,12 @@ impl<'c, 'a> LowerCx<'c, 'a> {
 /// VMEM: `vector.load`, or `tpu.strided_load` through a strided `ds` (+ `vector.shape_cast`
 /// dropping point dims); SMEM: `memref.load`.
 /// Bools are loaded as i32 and compared `!= 0`.
-pub(super) fn load(cx: &mut LowerCx<'_, '_>, op: Op, src: KValue, index: &[Index]) -> RuleResult<()> {
+pub(super) fn load(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    src: KValue,
+    index: &[Index],
+) -> RuleResult<()> {
     let KType::Ref(r) = cx.ty(src) else { bail!("load from a non-ref {}", cx.ty(src)) };
     let base = cx.v(src)?;
     let idx = cx.indices(index)?;
@@ -49,12 +62,16 @@ pub(super) fn load(cx: &mut LowerCx<'_, '_>, op: Op, src: KValue, index: &[Index
         MemorySpace::Vmem => {
             let ty = types::array(cx.ctx, &full, md);
             let v = match strides(index)? {
-                Some(strides) => cx.emit1(tpu::strided_load(cx.ctx, cx.loc, base, &operands[1..], &strides, ty))?,
+                Some(strides) => {
+                    cx.emit1(tpu::strided_load(cx.ctx, cx.loc, base, &operands[1..], &strides, ty))?
+                }
                 None => cx.generic1("vector.load", &operands, ty, &[])?,
             };
             cx.shape_cast(v, &full, &kept, md)?
         }
-        MemorySpace::Smem => cx.generic1("memref.load", &operands, types::element(cx.ctx, md), &[])?,
+        MemorySpace::Smem => {
+            cx.generic1("memref.load", &operands, types::element(cx.ctx, md), &[])?
+        }
         s => bail!("{s} refs can only be accessed by DMA"),
     };
     if r.dtype == DType::Bool {
@@ -65,7 +82,13 @@ pub(super) fn load(cx: &mut LowerCx<'_, '_>, op: Op, src: KValue, index: &[Index
 
 /// VMEM: `tpu.vector_store {strides = array<i32>}` (optionally masked), or
 /// `tpu.strided_store` through a strided `ds`; SMEM: `memref.store`.
-pub(super) fn store(cx: &mut LowerCx<'_, '_>, dst: KValue, index: &[Index], value: KValue, mask: Option<KValue>) -> RuleResult<()> {
+pub(super) fn store(
+    cx: &mut LowerCx<'_, '_>,
+    dst: KValue,
+    index: &[Index],
+    value: KValue,
+    mask: Option<KValue>,
+) -> RuleResult<()> {
     let KType::Ref(r) = cx.ty(dst) else { bail!("store to a non-ref {}", cx.ty(dst)) };
     let base = cx.v(dst)?;
     let mut v = cx.v(value)?;
@@ -86,7 +109,9 @@ pub(super) fn store(cx: &mut LowerCx<'_, '_>, dst: KValue, index: &[Index], valu
                 None => None,
             };
             let op = match (strides(index)?, m) {
-                (Some(strides), None) => tpu::strided_store(cx.ctx, cx.loc, v, base, &idx, &strides)?,
+                (Some(strides), None) => {
+                    tpu::strided_store(cx.ctx, cx.loc, v, base, &idx, &strides)?
+                }
                 (Some(_), Some(_)) => bail!("a strided store cannot be masked"),
                 (None, m) => tpu::vector_store(cx.ctx, cx.loc, v, base, &idx, m)?,
             };
@@ -108,7 +133,12 @@ pub(super) fn store(cx: &mut LowerCx<'_, '_>, dst: KValue, index: &[Index], valu
 
 /// `tpu.memref_slice` with i32 offsets (point dims kept as 1), then `tpu.memref_squeeze`
 /// if any dim is point-indexed. Works for data refs and semaphore arrays alike.
-pub(super) fn ref_slice(cx: &mut LowerCx<'_, '_>, op: Op, base: KValue, index: &[Index]) -> RuleResult<()> {
+pub(super) fn ref_slice(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    base: KValue,
+    index: &[Index],
+) -> RuleResult<()> {
     let b = cx.v(base)?;
     let (full, kept) = window(index);
     let full_shape = palladium_dsl::ir::Shape(full);
@@ -123,7 +153,8 @@ pub(super) fn ref_slice(cx: &mut LowerCx<'_, '_>, op: Op, base: KValue, index: &
         ),
         t => bail!("cannot slice a {t}"),
     };
-    let offsets = index.iter().map(|i| cx.offset_i32(i.offset())).collect::<RuleResult<Vec<_>>>()?;
+    let offsets =
+        index.iter().map(|i| cx.offset_i32(i.offset())).collect::<RuleResult<Vec<_>>>()?;
     let mut v = cx.emit1(tpu::memref_slice(cx.ctx, cx.loc, b, &offsets, sliced_ty))?;
     if kept.len() != full_shape.rank() {
         v = cx.emit1(tpu::memref_squeeze(cx.ctx, cx.loc, v, result_ty))?;
@@ -132,7 +163,12 @@ pub(super) fn ref_slice(cx: &mut LowerCx<'_, '_>, op: Op, base: KValue, index: &
 }
 
 /// `tpu.assume_multiple %x, n : i32`.
-pub(super) fn assume_multiple(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, multiple: u32) -> RuleResult<()> {
+pub(super) fn assume_multiple(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    x: KValue,
+    multiple: u32,
+) -> RuleResult<()> {
     let xv = cx.v(x)?;
     let v = cx.emit1(tpu::assume_multiple(cx.ctx, cx.loc, xv, multiple, types::i32(cx.ctx)))?;
     cx.set_result(op, 0, v)

@@ -39,7 +39,9 @@ use melior::{
         r#type::IntegerType,
     },
 };
-use palladium_dsl::ir::{Block, DType, Kernel, Literal, Offset, Op, OpData, SrcLoc, Type as KType, Value as KValue};
+use palladium_dsl::ir::{
+    Block, DType, Kernel, Literal, Offset, Op, OpData, SrcLoc, Type as KType, Value as KValue,
+};
 
 /// The lowering state (Pallas's `LoweringRuleContext`): the kernel, the MLIR value of every
 /// kernel value lowered so far, the grid indices of the function being built, and the
@@ -82,7 +84,9 @@ pub(crate) fn lower_op(cx: &mut LowerCx<'_, '_>, op: Op) -> Result<(), LowerErro
         OpData::Unary { op: u, x } => elementwise::unary(cx, op, *u, *x),
         OpData::Binary { op: b, lhs, rhs } => elementwise::binary(cx, op, *b, *lhs, *rhs),
         OpData::Compare { pred, lhs, rhs } => elementwise::compare(cx, op, *pred, *lhs, *rhs),
-        OpData::Select { cond, on_true, on_false } => elementwise::select(cx, op, *cond, *on_true, *on_false),
+        OpData::Select { cond, on_true, on_false } => {
+            elementwise::select(cx, op, *cond, *on_true, *on_false)
+        }
         OpData::Cast { x, to } => elementwise::cast(cx, op, *x, *to),
         OpData::Broadcast { x, shape } => shape::broadcast(cx, op, *x, shape),
         OpData::Reshape { x, shape } => shape::reshape(cx, op, *x, shape),
@@ -92,13 +96,17 @@ pub(crate) fn lower_op(cx: &mut LowerCx<'_, '_>, op: Op) -> Result<(), LowerErro
         OpData::Slice { x, start, size } => shape::slice(cx, op, *x, start, size),
         OpData::Concat { xs, axis } => shape::concat(cx, op, xs, *axis),
         OpData::Roll { x, shift, axis } => shape::roll(cx, op, *x, *shift, *axis),
-        OpData::Dot { lhs, rhs, dims, precision, out } => matmul::dot(cx, op, *lhs, *rhs, dims, *precision, *out),
+        OpData::Dot { lhs, rhs, dims, precision, out } => {
+            matmul::dot(cx, op, *lhs, *rhs, dims, *precision, *out)
+        }
         OpData::AssumeMultiple { x, multiple } => memory::assume_multiple(cx, op, *x, *multiple),
         OpData::Load { src, index } => memory::load(cx, op, *src, index),
         OpData::Store { dst, index, value, mask } => memory::store(cx, *dst, index, *value, *mask),
         OpData::RefSlice { base, index } => memory::ref_slice(cx, op, *base, index),
         OpData::Alloc { buf } => memory::alloc(cx, op, *buf),
-        OpData::DmaStart { src, dst, sem, remote, priority } => dma::start(cx, *src, *dst, *sem, *remote, *priority),
+        OpData::DmaStart { src, dst, sem, remote, priority } => {
+            dma::start(cx, *src, *dst, *sem, *remote, *priority)
+        }
         OpData::DmaWait { src, dst, sem, side } => dma::wait(cx, *src, *dst, *sem, *side),
         OpData::SemSignal { sem, amount, device_id } => dma::signal(cx, *sem, *amount, *device_id),
         OpData::SemWait { sem, amount } => dma::sem_wait(cx, *sem, *amount),
@@ -106,8 +114,12 @@ pub(crate) fn lower_op(cx: &mut LowerCx<'_, '_>, op: Op) -> Result<(), LowerErro
         OpData::BarrierSemaphore => dma::barrier_semaphore(cx, op),
         OpData::SemAlloc { sem } => dma::sem_alloc(cx, op, *sem),
         OpData::DebugPrint { format, args } => debug::debug_print(cx, format, args),
-        OpData::If { cond, then_block, else_block } => control::r#if(cx, op, *cond, *then_block, *else_block),
-        OpData::For { lower, upper, step, init, body } => control::r#for(cx, op, *lower, *upper, *step, init, *body),
+        OpData::If { cond, then_block, else_block } => {
+            control::r#if(cx, op, *cond, *then_block, *else_block)
+        }
+        OpData::For { lower, upper, step, init, body } => {
+            control::r#for(cx, op, *lower, *upper, *step, init, *body)
+        }
         OpData::While { init, cond, body } => control::r#while(cx, op, init, *cond, *body),
         OpData::RunScoped { body } => control::run_scoped(cx, op, *body),
         OpData::Yield { values } => control::r#yield(cx, op, values),
@@ -122,8 +134,19 @@ pub(crate) fn lower_op(cx: &mut LowerCx<'_, '_>, op: Op) -> Result<(), LowerErro
 }
 
 /// A [`LowerError`] about `op`.
-pub(crate) fn op_error(k: &Kernel, op: Op, message: String, diagnostics: Vec<String>) -> LowerError {
-    LowerError::Op(Box::new(OpError { op, op_text: op_text(k, op), loc: k.ops[op].loc, message, diagnostics }))
+pub(crate) fn op_error(
+    k: &Kernel,
+    op: Op,
+    message: String,
+    diagnostics: Vec<String>,
+) -> LowerError {
+    LowerError::Op(Box::new(OpError {
+        op,
+        op_text: op_text(k, op),
+        loc: k.ops[op].loc,
+        message,
+        diagnostics,
+    }))
 }
 
 /// One op as a line of our IR (without nested regions), e.g. `v7 = dot v3 (x), v5 (y)`.
@@ -131,15 +154,33 @@ pub(crate) fn op_text(k: &Kernel, op: Op) -> String {
     let node = &k.ops[op];
     let results: Vec<String> = node.results.iter().map(|r| r.to_string()).collect();
     let operands: Vec<String> = node.data.operands().iter().map(|v| k.value_name(*v)).collect();
-    let head = if results.is_empty() { String::new() } else { format!("{} = ", results.join(", ")) };
+    let head =
+        if results.is_empty() { String::new() } else { format!("{} = ", results.join(", ")) };
     let types: Vec<String> = node.results.iter().map(|&r| k.ty(r).to_string()).collect();
     let tail = if types.is_empty() { String::new() } else { format!(" : {}", types.join(", ")) };
-    format!("{head}{} {}{tail}", node.data.mnemonic(), operands.join(", ")).replace("  ", " ").trim_end().to_string()
+    format!("{head}{} {}{tail}", node.data.mnemonic(), operands.join(", "))
+        .replace("  ", " ")
+        .trim_end()
+        .to_string()
 }
 
 impl<'c, 'a> LowerCx<'c, 'a> {
-    pub fn new(ctx: &'c Context, k: &'a Kernel, block: BlockRef<'c, 'a>, loc: Location<'c>) -> Self {
-        LowerCx { ctx, k, values: SecondaryMap::new(), grid_args: Vec::new(), block, loc, emitted: Vec::new(), current: None }
+    pub fn new(
+        ctx: &'c Context,
+        k: &'a Kernel,
+        block: BlockRef<'c, 'a>,
+        loc: Location<'c>,
+    ) -> Self {
+        LowerCx {
+            ctx,
+            k,
+            values: SecondaryMap::new(),
+            grid_args: Vec::new(),
+            block,
+            loc,
+            emitted: Vec::new(),
+            current: None,
+        }
     }
 
     /// Lower the ops of kernel block `kb` into MLIR block `into`, whose arguments stand for
@@ -165,7 +206,9 @@ impl<'c, 'a> LowerCx<'c, 'a> {
     pub fn v(&self, v: KValue) -> RuleResult<Value<'c, 'a>> {
         match self.values.get(v).copied().flatten() {
             Some(m) => Ok(m),
-            None => bail!("{v} is used before it is lowered (is it defined in an enclosing scope?)"),
+            None => {
+                bail!("{v} is used before it is lowered (is it defined in an enclosing scope?)")
+            }
         }
     }
 
@@ -218,7 +261,13 @@ impl<'c, 'a> LowerCx<'c, 'a> {
     }
 
     /// Append an op built generically (`name`, operands, one result type, attributes).
-    pub fn generic1(&mut self, name: &str, operands: &[Value<'c, '_>], result: Type<'c>, attrs: &[(&str, Attribute<'c>)]) -> RuleResult<Value<'c, 'a>> {
+    pub fn generic1(
+        &mut self,
+        name: &str,
+        operands: &[Value<'c, '_>],
+        result: Type<'c>,
+        attrs: &[(&str, Attribute<'c>)],
+    ) -> RuleResult<Value<'c, 'a>> {
         let op = build::op(self.ctx, name, self.loc, operands, &[result], attrs, vec![]);
         self.emit1(op)
     }
@@ -257,10 +306,19 @@ impl<'c, 'a> LowerCx<'c, 'a> {
     }
 
     /// `arith.constant`: a scalar, or a splat `dense<…>` vector when `shape` is non-empty.
-    pub fn constant(&mut self, lit: Literal, dtype: DType, shape: &[u64]) -> RuleResult<Value<'c, 'a>> {
+    pub fn constant(
+        &mut self,
+        lit: Literal,
+        dtype: DType,
+        shape: &[u64],
+    ) -> RuleResult<Value<'c, 'a>> {
         let scalar = self.literal_attr(lit, dtype)?;
         let ty = types::array(self.ctx, shape, dtype);
-        let value = if shape.is_empty() { scalar } else { DenseElementsAttribute::new(ty, &[scalar])?.into() };
+        let value = if shape.is_empty() {
+            scalar
+        } else {
+            DenseElementsAttribute::new(ty, &[scalar])?.into()
+        };
         self.generic1("arith.constant", &[], ty, &[("value", value)])
     }
 
@@ -294,7 +352,13 @@ impl<'c, 'a> LowerCx<'c, 'a> {
     }
 
     /// `vector.shape_cast` unless the shapes already agree.
-    pub fn shape_cast(&mut self, x: Value<'c, 'a>, from: &[u64], to: &[u64], dtype: DType) -> RuleResult<Value<'c, 'a>> {
+    pub fn shape_cast(
+        &mut self,
+        x: Value<'c, 'a>,
+        from: &[u64],
+        to: &[u64],
+        dtype: DType,
+    ) -> RuleResult<Value<'c, 'a>> {
         if from == to {
             return Ok(x);
         }

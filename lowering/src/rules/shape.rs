@@ -4,12 +4,20 @@
 use super::LowerCx;
 use crate::error::{RuleResult, bail};
 use crate::{build, tpu, types};
-use melior::ir::{Attribute, attribute::{ArrayAttribute, DenseI64ArrayAttribute}};
+use melior::ir::{
+    Attribute,
+    attribute::{ArrayAttribute, DenseI64ArrayAttribute},
+};
 use palladium_dsl::ir::{ArgReduceOp, DType, Literal, Op, ReduceOp, Shape, Value as KValue};
 
 /// Scalar → `vector.broadcast`; vector → `vector.shape_cast` adding leading 1s (numpy's
 /// trailing alignment), then `vector.broadcast` if any dim stretches.
-pub(super) fn broadcast(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, shape: &Shape) -> RuleResult<()> {
+pub(super) fn broadcast(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    x: KValue,
+    shape: &Shape,
+) -> RuleResult<()> {
     let (from, dtype) = cx.array_of(x)?;
     let to = shape.dims();
     let xv = cx.v(x)?;
@@ -27,13 +35,20 @@ pub(super) fn broadcast(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, shape: &Sha
 
 /// `vector.shape_cast`; to rank 0 it is `vector.extract` of element `[0, …]`; from rank 0 a
 /// `vector.broadcast`.
-pub(super) fn reshape(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, shape: &Shape) -> RuleResult<()> {
+pub(super) fn reshape(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    x: KValue,
+    shape: &Shape,
+) -> RuleResult<()> {
     let (from, dtype) = cx.array_of(x)?;
     let to = shape.dims();
     let xv = cx.v(x)?;
     let v = match (from.is_empty(), to.is_empty()) {
         (true, true) => xv,
-        (true, false) => cx.generic1("vector.broadcast", &[xv], types::array(cx.ctx, to, dtype), &[])?,
+        (true, false) => {
+            cx.generic1("vector.broadcast", &[xv], types::array(cx.ctx, to, dtype), &[])?
+        }
         (false, true) => extract_scalar(cx, xv, from.len(), dtype)?,
         (false, false) => cx.shape_cast(xv, &from, to, dtype)?,
     };
@@ -41,13 +56,23 @@ pub(super) fn reshape(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, shape: &Shape
 }
 
 /// `vector.extract %v[0, …, 0] : T from vector<1x…x1xT>`.
-fn extract_scalar<'c, 'a>(cx: &mut LowerCx<'c, 'a>, v: melior::ir::Value<'c, 'a>, rank: usize, dtype: DType) -> RuleResult<melior::ir::Value<'c, 'a>> {
+fn extract_scalar<'c, 'a>(
+    cx: &mut LowerCx<'c, 'a>,
+    v: melior::ir::Value<'c, 'a>,
+    rank: usize,
+    dtype: DType,
+) -> RuleResult<melior::ir::Value<'c, 'a>> {
     let pos = DenseI64ArrayAttribute::new(cx.ctx, &vec![0; rank]).into();
     let ty = types::element(cx.ctx, dtype);
     cx.generic1("vector.extract", &[v], ty, &[("static_position", pos)])
 }
 
-pub(super) fn transpose(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, perm: &[u32]) -> RuleResult<()> {
+pub(super) fn transpose(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    x: KValue,
+    perm: &[u32],
+) -> RuleResult<()> {
     let xv = cx.v(x)?;
     let ty = cx.mlir_ty(cx.k.ops[op].results[0])?;
     let v = cx.emit1(tpu::transpose(cx.ctx, cx.loc, xv, perm, ty))?;
@@ -72,7 +97,13 @@ fn kind_and_identity(r: ReduceOp, dtype: DType) -> RuleResult<(&'static str, Lit
 
 /// `vector.multi_reduction <kind>, %x, %identity [axes]`. A reduction to a scalar reshapes to
 /// a leading 1 first and extracts the element at the end (as Pallas does).
-pub(super) fn reduce(cx: &mut LowerCx<'_, '_>, op: Op, r: ReduceOp, x: KValue, axes: &[u32]) -> RuleResult<()> {
+pub(super) fn reduce(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    r: ReduceOp,
+    x: KValue,
+    axes: &[u32],
+) -> RuleResult<()> {
     let (shape, dtype) = cx.array_of(x)?;
     if shape.is_empty() {
         bail!("cannot reduce a scalar");
@@ -88,12 +119,22 @@ pub(super) fn reduce(cx: &mut LowerCx<'_, '_>, op: Op, r: ReduceOp, x: KValue, a
         xv = cx.shape_cast(xv, &shape, &in_shape, dtype)?;
         dims = (1..in_shape.len() as i64).collect();
     }
-    let out: Vec<u64> = in_shape.iter().enumerate().filter(|(i, _)| !dims.contains(&(*i as i64))).map(|(_, d)| *d).collect();
+    let out: Vec<u64> = in_shape
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !dims.contains(&(*i as i64)))
+        .map(|(_, d)| *d)
+        .collect();
     let acc = cx.constant(identity, dtype, &out)?;
     let ty = types::array(cx.ctx, &out, dtype);
     let kind_attr = build::parse_attr(cx.ctx, &format!("#vector.kind<{kind}>"))?;
     let dims_attr = DenseI64ArrayAttribute::new(cx.ctx, &dims).into();
-    let mut v = cx.generic1("vector.multi_reduction", &[xv, acc], ty, &[("kind", kind_attr), ("reduction_dims", dims_attr)])?;
+    let mut v = cx.generic1(
+        "vector.multi_reduction",
+        &[xv, acc],
+        ty,
+        &[("kind", kind_attr), ("reduction_dims", dims_attr)],
+    )?;
     if to_scalar {
         let ones = vec![1; shape.len() + 1];
         v = cx.shape_cast(v, &out, &ones, dtype)?;
@@ -103,7 +144,13 @@ pub(super) fn reduce(cx: &mut LowerCx<'_, '_>, op: Op, r: ReduceOp, x: KValue, a
 }
 
 /// `tpu.reduce_index` (Pallas's argmax/argmin rule; its result drops `axis`).
-pub(super) fn arg_reduce(cx: &mut LowerCx<'_, '_>, op: Op, r: ArgReduceOp, x: KValue, axis: u32) -> RuleResult<()> {
+pub(super) fn arg_reduce(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    r: ArgReduceOp,
+    x: KValue,
+    axis: u32,
+) -> RuleResult<()> {
     let xv = cx.v(x)?;
     let ty = cx.mlir_ty(cx.k.ops[op].results[0])?;
     let v = cx.emit1(tpu::reduce_index(cx.ctx, cx.loc, xv, axis, r, ty))?;
@@ -111,7 +158,13 @@ pub(super) fn arg_reduce(cx: &mut LowerCx<'_, '_>, op: Op, r: ArgReduceOp, x: KV
 }
 
 /// `vector.extract_strided_slice {offsets, sizes, strides = 1}` (Pallas's `lax.slice` rule).
-pub(super) fn slice(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, start: &[u64], size: &[u64]) -> RuleResult<()> {
+pub(super) fn slice(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    x: KValue,
+    start: &[u64],
+    size: &[u64],
+) -> RuleResult<()> {
     let xv = cx.v(x)?;
     let ty = cx.mlir_ty(cx.k.ops[op].results[0])?;
     let list = |v: &[i64]| -> Attribute<'_> {
@@ -119,7 +172,11 @@ pub(super) fn slice(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, start: &[u64], 
         ArrayAttribute::new(cx.ctx, &items).into()
     };
     let to_i64 = |v: &[u64]| v.iter().map(|&n| n as i64).collect::<Vec<_>>();
-    let attrs = [("offsets", list(&to_i64(start))), ("sizes", list(&to_i64(size))), ("strides", list(&vec![1; size.len()]))];
+    let attrs = [
+        ("offsets", list(&to_i64(start))),
+        ("sizes", list(&to_i64(size))),
+        ("strides", list(&vec![1; size.len()])),
+    ];
     let v = cx.generic1("vector.extract_strided_slice", &[xv], ty, &attrs)?;
     cx.set_result(op, 0, v)
 }
@@ -133,7 +190,13 @@ pub(super) fn concat(cx: &mut LowerCx<'_, '_>, op: Op, xs: &[KValue], axis: u32)
 }
 
 /// `tpu.dynamic_rotate` by an i32 value, static shifts included (Pallas's `roll` rule).
-pub(super) fn roll(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, shift: KValue, axis: u32) -> RuleResult<()> {
+pub(super) fn roll(
+    cx: &mut LowerCx<'_, '_>,
+    op: Op,
+    x: KValue,
+    shift: KValue,
+    axis: u32,
+) -> RuleResult<()> {
     let (xv, sv) = (cx.v(x)?, cx.v(shift)?);
     let ty = cx.mlir_ty(cx.k.ops[op].results[0])?;
     let v = cx.emit1(tpu::dynamic_rotate(cx.ctx, cx.loc, xv, sv, axis, ty))?;

@@ -13,7 +13,12 @@ use std::process::Command;
 pub fn all_kernels() -> Vec<(String, Kernel)> {
     let mut all: Vec<(String, Kernel)> = palladium_kernels::REGISTRY
         .iter()
-        .map(|e| (e.name.to_string(), (e.build)(&[]).unwrap_or_else(|err| panic!("library kernel {}: {err}", e.name))))
+        .map(|e| {
+            (
+                e.name.to_string(),
+                (e.build)(&[]).unwrap_or_else(|err| panic!("library kernel {}: {err}", e.name)),
+            )
+        })
         .collect();
     all.extend(extra_kernels());
     all
@@ -30,7 +35,9 @@ pub fn library_kernel(name: &str) -> Kernel {
 pub fn extra_kernels() -> Vec<(String, Kernel)> {
     let mut all: Vec<(String, Kernel)> = palladium_kernels::coverage::ALL
         .iter()
-        .map(|(name, build)| (name.to_string(), build().unwrap_or_else(|e| panic!("coverage kernel {name}: {e}"))))
+        .map(|(name, build)| {
+            (name.to_string(), build().unwrap_or_else(|e| panic!("coverage kernel {name}: {e}")))
+        })
         .collect();
     /// A label, the library kernel and its `--set` settings.
     type Variant = (&'static str, &'static str, &'static [(&'static str, &'static str)]);
@@ -40,13 +47,25 @@ pub fn extra_kernels() -> Vec<(String, Kernel)> {
         // The other weight formats (the quantized projections default to int8 per channel, the experts to int4).
         ("gemv_quantized_int4", "gemv_quantized", &[("wdtype", "i4"), ("group", "128")]),
         ("gemv_quantized_fp8", "gemv_quantized", &[("wdtype", "f8e4m3fn"), ("group", "128")]),
-        ("matmul_quantized_int4", "matmul_quantized", &[("wdtype", "i4"), ("group", "128"), ("bk", "1024")]),
+        (
+            "matmul_quantized_int4",
+            "matmul_quantized",
+            &[("wdtype", "i4"), ("group", "128"), ("bk", "1024")],
+        ),
         ("expert_ffn_quantized_fp8", "expert_ffn_quantized", &[("wdtype", "f8e4m3fn")]),
-        ("grouped_matmul_quantized_int8", "grouped_matmul_quantized", &[("wdtype", "i8"), ("group", "2048")]),
+        (
+            "grouped_matmul_quantized_int8",
+            "grouped_matmul_quantized",
+            &[("wdtype", "i8"), ("group", "2048")],
+        ),
     ];
     for (label, kernel, sets) in settings {
-        let sets: Vec<(String, String)> = sets.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
-        all.push((label.to_string(), palladium_kernels::build(kernel, &sets).unwrap_or_else(|e| panic!("{label}: {e}"))));
+        let sets: Vec<(String, String)> =
+            sets.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+        all.push((
+            label.to_string(),
+            palladium_kernels::build(kernel, &sets).unwrap_or_else(|e| panic!("{label}: {e}")),
+        ));
     }
     all
 }
@@ -58,7 +77,11 @@ pub fn extra_kernels() -> Vec<(String, Kernel)> {
 pub fn venv_python() -> PathBuf {
     let venv = palladium_runtime::libtpu::venv().unwrap_or_else(|e| panic!("{e}"));
     let py = venv.join("bin/python");
-    assert!(py.is_file(), "the TPU venv is missing: expected {} (run scripts/setup.sh, or set PALLADIUM_TPU_VENV)", py.display());
+    assert!(
+        py.is_file(),
+        "the TPU venv is missing: expected {} (run scripts/setup.sh, or set PALLADIUM_TPU_VENV)",
+        py.display()
+    );
     py
 }
 
@@ -66,13 +89,20 @@ pub fn venv_python() -> PathBuf {
 /// JSON answer, which must say `ok`.
 pub fn jax_reference(dir: &Path, args: &[&str]) -> serde_json::Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/jax_reference.py");
-    let out = Command::new(venv_python()).arg(&script).args(args).current_dir(dir).output().expect("cannot run scripts/jax_reference.py");
+    let out = Command::new(venv_python())
+        .arg(&script)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("cannot run scripts/jax_reference.py");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let json: serde_json::Value = stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("jax_reference.py {args:?} printed no JSON:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    let json: serde_json::Value =
+        stdout.lines().rev().find_map(|l| serde_json::from_str(l).ok()).unwrap_or_else(|| {
+            panic!(
+                "jax_reference.py {args:?} printed no JSON:\n{stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
     assert_eq!(json["ok"], true, "jax_reference.py {args:?}: {}", json["error"]);
     json
 }

@@ -9,8 +9,8 @@ use super::{
 };
 use crate::spec::{LmHead, ModelSpec};
 use crate::weights::{
-    LM_HEAD, Tensor, TensorSpec, Weights, WeightsError, decode, file_refs, read_checkpoint, read_header,
-    tensor_layout, unravel,
+    LM_HEAD, Tensor, TensorSpec, Weights, WeightsError, decode, file_refs, read_checkpoint,
+    read_header, tensor_layout, unravel,
 };
 
 /// The suffix an FP8 checkpoint adds to a converted weight's name for its block scales
@@ -90,10 +90,8 @@ impl QuantizedWeights {
                     index: unravel(i, &entry.shape),
                     value,
                 };
-                let scaled = entry
-                    .name
-                    .strip_suffix(SCALE_SUFFIX)
-                    .filter(|w| expected.contains_key(w));
+                let scaled =
+                    entry.name.strip_suffix(SCALE_SUFFIX).filter(|w| expected.contains_key(w));
                 let tensor = if let Some(weight) = scaled {
                     let Some(&format) = formats.get(weight) else {
                         return Err(header(format!(
@@ -128,11 +126,7 @@ impl QuantizedWeights {
                         ))
                         .into());
                     }
-                    Found::Scales(Scales {
-                        shape,
-                        dtype,
-                        values,
-                    })
+                    Found::Scales(Scales { shape, dtype, values })
                 } else if let Some(ts) = expected.get(entry.name.as_str()) {
                     if entry.shape != ts.shape {
                         return Err(shape_error(ts.shape.clone()).into());
@@ -167,10 +161,7 @@ impl QuantizedWeights {
                             if let Some(i) = data.iter().position(|x| !x.is_finite()) {
                                 return Err(non_finite(i, data[i]).into());
                             }
-                            Found::Plain(Tensor {
-                                shape: ts.shape.clone(),
-                                data,
-                            })
+                            Found::Plain(Tensor { shape: ts.shape.clone(), data })
                         }
                     }
                 } else {
@@ -186,11 +177,7 @@ impl QuantizedWeights {
                     .into());
                 };
                 if found.insert(entry.name.clone(), tensor).is_some() {
-                    return Err(WeightsError::Duplicate {
-                        path: disp,
-                        name: entry.name,
-                    }
-                    .into());
+                    return Err(WeightsError::Duplicate { path: disp, name: entry.name }.into());
                 }
             }
         }
@@ -222,12 +209,7 @@ impl QuantizedWeights {
                             "a converted weight is read as codes, its scale name as scales"
                         );
                     };
-                    StoredTensor::Quantized(QuantizedTensor {
-                        shape,
-                        format,
-                        data,
-                        scales,
-                    })
+                    StoredTensor::Quantized(QuantizedTensor { shape, format, data, scales })
                 }
                 None => {
                     let Found::Plain(t) = take(&ts.name, &ts.shape)? else {
@@ -238,10 +220,6 @@ impl QuantizedWeights {
             };
             tensors.insert(ts.name.clone(), stored);
         }
-        Ok(Self {
-            family: spec.family,
-            dtype: WeightsDtype::Fp8,
-            tensors,
-        })
+        Ok(Self { family: spec.family, dtype: WeightsDtype::Fp8, tensors })
     }
 }

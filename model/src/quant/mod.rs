@@ -149,11 +149,7 @@ pub enum QuantError {
     #[error(transparent)]
     Weights(#[from] WeightsError),
     #[error("tensor \"{name}\": non-finite value {value} at index {index:?}: cannot quantize")]
-    NonFinite {
-        name: String,
-        index: Vec<usize>,
-        value: f32,
-    },
+    NonFinite { name: String, index: Vec<usize>, value: f32 },
     #[error("tensor \"{name}\": shape {shape:?}: only [out, in] linear weights are quantized")]
     NotMatrix { name: String, shape: Vec<usize> },
     /// The requested [`WeightsDtype`] does not fit the checkpoint.
@@ -165,10 +161,7 @@ impl QuantizedTensor {
     /// Quantizes the weight `name` (for messages) to `format` (see the module table).
     pub fn quantize(name: &str, w: &Tensor, format: QuantFormat) -> Result<Self, QuantError> {
         let &[out, inp] = w.shape.as_slice() else {
-            return Err(QuantError::NotMatrix {
-                name: name.into(),
-                shape: w.shape.clone(),
-            });
+            return Err(QuantError::NotMatrix { name: name.into(), shape: w.shape.clone() });
         };
         if let Some(i) = w.data.iter().position(|x| !x.is_finite()) {
             return Err(QuantError::NonFinite {
@@ -183,19 +176,17 @@ impl QuantizedTensor {
             let g = format.scale_index(i / inp, i % inp, inp);
             amax[g] = amax[g].max(x.abs());
         }
-        let scales: Vec<f32> = amax
-            .iter()
-            .map(|&m| (m / format.code_max()).max(f32::MIN_POSITIVE))
-            .collect();
+        let scales: Vec<f32> =
+            amax.iter().map(|&m| (m / format.code_max()).max(f32::MIN_POSITIVE)).collect();
         let code =
             |i: usize| -> f32 { w.data[i] / scales[format.scale_index(i / inp, i % inp, inp)] };
         let data = match format {
-            QuantFormat::Int8PerChannel => (0..w.data.len())
-                .map(|i| round_clamp(code(i), i8::MIN, i8::MAX) as u8)
-                .collect(),
-            QuantFormat::Fp8Block { .. } => (0..w.data.len())
-                .map(|i| f32_to_e4m3fn_saturating(code(i)))
-                .collect(),
+            QuantFormat::Int8PerChannel => {
+                (0..w.data.len()).map(|i| round_clamp(code(i), i8::MIN, i8::MAX) as u8).collect()
+            }
+            QuantFormat::Fp8Block { .. } => {
+                (0..w.data.len()).map(|i| f32_to_e4m3fn_saturating(code(i))).collect()
+            }
             QuantFormat::Int4Group { .. } => (0..out)
                 .flat_map(|r| {
                     let row: Vec<i8> = (r * inp..(r + 1) * inp)
@@ -209,11 +200,7 @@ impl QuantizedTensor {
             shape: [out, inp],
             format,
             data,
-            scales: Scales {
-                shape: scales_shape,
-                dtype: ScaleDtype::F32,
-                values: scales,
-            },
+            scales: Scales { shape: scales_shape, dtype: ScaleDtype::F32, values: scales },
         })
     }
 
@@ -245,15 +232,31 @@ impl QuantizedTensor {
             QuantFormat::Int4Group { group } => group,
         };
         if !inp.is_multiple_of(group) {
-            return Err(QuantError::Dtype { message: format!("a [{out}, {inp}] {} weight: {inp} inputs are not whole groups of {group}, which the kernels need", self.format.name()) });
+            return Err(QuantError::Dtype {
+                message: format!(
+                    "a [{out}, {inp}] {} weight: {inp} inputs are not whole groups of {group}, which the kernels need",
+                    self.format.name()
+                ),
+            });
         }
         let (dtype, code_byte): (DType, Box<dyn Fn(usize, usize) -> u8 + '_>) = match self.format {
             QuantFormat::Int8PerChannel => (DType::I8, Box::new(|r, c| self.data[r * inp + c])),
-            QuantFormat::Fp8Block { .. } => (DType::F8E4M3, Box::new(|r, c| self.data[r * inp + c])),
-            QuantFormat::Int4Group { .. } => (DType::I4, Box::new(|r, c| unpack_int4(&self.data[r * inp.div_ceil(2)..], c) as u8 & 0xF)),
+            QuantFormat::Fp8Block { .. } => {
+                (DType::F8E4M3, Box::new(|r, c| self.data[r * inp + c]))
+            }
+            QuantFormat::Int4Group { .. } => (
+                DType::I4,
+                Box::new(|r, c| unpack_int4(&self.data[r * inp.div_ceil(2)..], c) as u8 & 0xF),
+            ),
         };
-        let codes = (0..inp).flat_map(|c| (0..out).map(move |r| (r, c))).map(|(r, c)| code_byte(r, c)).collect();
-        let scales: Vec<f32> = (0..inp / group).flat_map(|g| (0..out).map(move |r| (r, g))).map(|(r, g)| self.scale(r, g * group)).collect();
+        let codes = (0..inp)
+            .flat_map(|c| (0..out).map(move |r| (r, c)))
+            .map(|(r, c)| code_byte(r, c))
+            .collect();
+        let scales: Vec<f32> = (0..inp / group)
+            .flat_map(|g| (0..out).map(move |r| (r, g)))
+            .map(|(r, g)| self.scale(r, g * group))
+            .collect();
         Ok(KernelOperands {
             codes: HostArray::new(dtype, &[inp, out], codes).expect("one byte per code"),
             scales: HostArray::from_f32(&[inp / group, out], &scales),
@@ -268,10 +271,7 @@ impl QuantizedTensor {
             .flat_map(|r| (0..inp).map(move |c| (r, c)))
             .map(|(r, c)| self.code(r, c) * self.scale(r, c))
             .collect();
-        Tensor {
-            shape: vec![out, inp],
-            data,
-        }
+        Tensor { shape: vec![out, inp], data }
     }
 
     /// Bytes on the device: packed codes plus scales in their dtype.
@@ -377,19 +377,15 @@ impl WeightsDtype {
                 add(n, dense);
             }
             match &layer.ffn {
-                FfnNames::Dense(m) => [&m.gate, &m.up, &m.down]
-                    .into_iter()
-                    .for_each(|n| add(n, dense)),
-                FfnNames::Moe {
-                    router, experts, ..
-                } => {
+                FfnNames::Dense(m) => {
+                    [&m.gate, &m.up, &m.down].into_iter().for_each(|n| add(n, dense))
+                }
+                FfnNames::Moe { router, experts, .. } => {
                     if self == Self::Fp8 {
                         add(router, fp8);
                     }
                     for m in experts {
-                        [&m.gate, &m.up, &m.down]
-                            .into_iter()
-                            .for_each(|n| add(n, expert));
+                        [&m.gate, &m.up, &m.down].into_iter().for_each(|n| add(n, expert));
                     }
                 }
             }
@@ -437,11 +433,7 @@ impl QuantizedWeights {
                 Ok((name.to_string(), stored))
             })
             .collect::<Result<_, QuantError>>()?;
-        Ok(Self {
-            family: weights.family(),
-            dtype,
-            tensors,
-        })
+        Ok(Self { family: weights.family(), dtype, tensors })
     }
 
     pub fn dtype(&self) -> WeightsDtype {

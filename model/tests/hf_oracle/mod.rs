@@ -12,21 +12,16 @@ use std::process::Command;
 use palladium_model::reference::Generation;
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
 /// The oracle venv's python, checked to import torch and transformers (else a failure that
 /// names the setup script).
 pub fn venv_python() -> PathBuf {
-    let venv = std::env::var_os("PALLADIUM_TPU_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
-                .join(".cache/palladium/venv-tpu")
-        });
+    let venv = std::env::var_os("PALLADIUM_TPU_VENV").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
+            .join(".cache/palladium/venv-tpu")
+    });
     let py = venv.join("bin/python");
     let ok = Command::new(&py)
         .args(["-c", "import torch, transformers"])
