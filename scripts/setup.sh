@@ -20,6 +20,15 @@ TRANSFORMERS_VERSION="4.57.1"
 # already satisfies.
 CPU_PLUGIN_SPEC="lammps-jax-pjrt-cpu==0.11.2"
 
+# scripts/test.sh checks formatting and lints: the toolchain's rustfmt and clippy components
+# (rustup installs them by default; no other toolchain is fetched here).
+for tool in fmt clippy; do
+  cargo "$tool" --version >/dev/null 2>&1 || {
+    echo "setup: 'cargo $tool' is missing: install it with 'rustup component add ${tool/fmt/rustfmt}'" >&2
+    exit 1
+  }
+done
+
 need_apt=()
 for p in "${LLVM_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$p")
