@@ -8,14 +8,18 @@
 //! - [`rewrite`]: egg rewrites inside a layer (RMS-norm scales folded into weights, q/k/v
 //!   fused into one projection, gate/up fused), DAG-aware extraction, `Saturated` asserted;
 //!   the extraction decides the dense stream's segments;
+//! - [`options`]: what a plan is asked for ([`options::PlanOptions`]) and the terms both
+//!   planners share (the kernel's dims, planning errors, checked byte arithmetic): [`plan`]
+//!   and [`shard`] build on it, and only `plan` calls `shard`, so the dependency goes one way;
 //! - [`plan`]: the streaming plan, in named stages — dims, the rewrites read into segments,
 //!   the weights' layout ([`layout::StreamLayout`]: operands, segments, chunks, typed), the
 //!   prefetch schedule (dense ring banks and depth, expert ring), VMEM budget per chip, HBM
 //!   fit (refusals carry the numbers), traffic;
 //! - [`shard`]: the split over `--devices N` (attention by heads, experts EP or TP,
 //!   `lm_head` by vocabulary), the collectives priced from the target's link model; the
-//!   plan is then one device's (planned and reported; not emitted yet);
-//! - [`emit`]: the one [`palladium_dsl::Kernel`], traced with the DSL's `KernelBuilder`;
+//!   plan is then one device's;
+//! - [`emit`]: the one [`palladium_dsl::Kernel`], traced with the DSL's `KernelBuilder`
+//!   (on `N > 1` devices with [`spmd`]'s in-kernel collectives);
 //! - [`megakernel`]: [`megakernel::Megakernel::build`], plan + emit + lowering, the compiled
 //!   megakernel (running it is `palladium-decode`'s);
 //! - [`report`]: the text and JSON report (`palladium megakernel ... [--json]`).
@@ -63,6 +67,7 @@ pub mod emit;
 pub mod graph;
 pub mod layout;
 pub mod megakernel;
+pub mod options;
 pub mod plan;
 pub mod report;
 pub mod rewrite;

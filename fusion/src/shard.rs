@@ -25,7 +25,7 @@
 //! `intermediate`, `experts_per_device`, `vocab` per device), so the plan's layout, VMEM,
 //! HBM and traffic are per device; [`Sharding`] keeps the global split and the collectives.
 
-use crate::plan::{Dims, PlanError, PlanOptions, product};
+use crate::options::{Dims, PlanError, PlanOptions, hbm_usable_bytes, product, round_up};
 use palladium_dsl::DType;
 use serde::Serialize;
 
@@ -109,10 +109,6 @@ pub struct Sharding {
     pub collective_seconds: f64,
     /// Where the link figures come from (a model: libtpu prices remote DMAs at 0).
     pub link_model: String,
-}
-
-fn round_up(x: u64, m: u64) -> u64 {
-    x.div_ceil(m) * m
 }
 
 /// The heads' split over `n` devices, or why they do not split.
@@ -223,8 +219,7 @@ pub fn split(
         return Ok((dims, None));
     }
     let heads = split_heads(&dims, n).map_err(|reason| PlanError::Split { devices: n, reason })?;
-    let experts =
-        choose_experts(&dims, n, layers as u64, crate::plan::hbm_usable_bytes(options.chip))?;
+    let experts = choose_experts(&dims, n, layers as u64, hbm_usable_bytes(options.chip))?;
     let per_device = Dims {
         heads: heads.heads_per_device,
         kv_heads: heads.kv_heads_per_device,

@@ -1,0 +1,219 @@
+//! What a plan is asked for and the terms the planners share: the options
+//! ([`PlanOptions`]), the model's dimensions as the kernel uses them ([`Dims`]), why a plan
+//! fails ([`PlanError`]), and checked byte arithmetic. The streaming planner
+//! ([`crate::plan`]) and the sharding planner ([`crate::shard`]) both build on this module,
+//! and the plan calls the sharding planner: the dependency goes one way.
+
+use palladium_dsl::spec::Chip;
+use palladium_model::quant::WeightsDtype;
+use serde::Serialize;
+
+const GIB: u64 = 1 << 30;
+
+/// What to plan for.
+#[derive(Clone, Debug)]
+pub struct PlanOptions {
+    pub chip: Chip,
+    pub batch: u64,
+    /// KV-cache capacity in positions (the step attends over up to this many).
+    pub context: u64,
+    /// Use only the first N layers (`--layers`).
+    pub layers: Option<usize>,
+    /// Refuse models whose operands exceed the chip's HBM (off only to time emission of
+    /// models that need more than one chip).
+    pub check_hbm: bool,
+    pub kv_tiles: KvTiles,
+    pub prefetch: Prefetch,
+    /// New tokens per sequence in one step (`--tokens-per-seq`, 1..=16): consecutive
+    /// positions `p..p+K-1`, causal among themselves (a speculative verify step).
+    pub tokens_per_seq: u64,
+    /// Also return the full f32 logits (`--logits`); the greedy ids and each row's
+    /// maximum logit are always returned.
+    pub logits: bool,
+    pub expert_fetch: ExpertFetch,
+    /// Devices the step is split over (`--devices`, one of [`crate::shard::DEVICE_COUNTS`]):
+    /// the plan is then each device's ([`crate::shard`]).
+    pub devices: u64,
+    /// The weights' dtype (`--weights-dtype`; [`crate::plan::weights_dtype`] resolves it
+    /// against the config): bf16, or one of issue 16's quantization schemes
+    /// ([`crate::layout::QuantLayout`]).
+    pub weights: WeightsDtype,
+}
+
+impl PlanOptions {
+    /// All layers, HBM checked, KV read up to each position, one token per sequence, the
+    /// full logits returned.
+    pub fn new(chip: Chip, batch: u64, context: u64) -> PlanOptions {
+        PlanOptions {
+            chip,
+            batch,
+            context,
+            layers: None,
+            check_hbm: true,
+            kv_tiles: KvTiles::UpToPosition,
+            prefetch: Prefetch::Deep,
+            tokens_per_seq: 1,
+            logits: true,
+            expert_fetch: ExpertFetch::Distinct,
+            devices: 1,
+            weights: WeightsDtype::Bf16,
+        }
+    }
+}
+
+/// How far the weight streams run ahead of their use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum Prefetch {
+    /// A dense ring of ~24 MiB (v5e/v6e; 16 MiB on 64 MiB-VMEM chips) of ~4 MiB banks
+    /// (`banks - 1` chunks in flight, across op and layer boundaries) and the expert ring
+    /// (2 chunks in flight): what a step runs.
+    #[default]
+    Deep,
+    /// At most two chunks of a stream in flight at once, as in a double-buffered Pallas
+    /// pipeline (the HBM floor's stream kernel, which issues the next block before waiting
+    /// for the current one): 3 dense banks (two chunks ahead) and the expert ring (two chunks
+    /// in flight through each chunk's compute). A cost variant for libtpu's static
+    /// estimator, which gives concurrent DMAs each their own bandwidth (the same bytes
+    /// estimate 727k cycles with 2 banks, 517k with 3, 338k with 6: Qwen3-30B-A3B, 1 layer,
+    /// v6e). Same results.
+    Single,
+}
+
+/// Which KV-cache tiles a step reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum KvTiles {
+    /// The tiles up to each sequence's position (a run-time trip count): what a step needs.
+    #[default]
+    UpToPosition,
+    /// Every tile of the cache, masked past the position (a static trip count): the same
+    /// results at the cost of a full-context step, for libtpu's static estimator, which
+    /// prices no loop with a run-time trip count (as `decode_attention`'s
+    /// `bench_full_context`).
+    All,
+}
+
+/// How many experts a step's expert stream fetches (each distinct expert once either way).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum ExpertFetch {
+    /// The distinct experts the step's rows chose (a run-time count): what a step needs.
+    #[default]
+    Distinct,
+    /// The static worst case, `min(experts, batch * K * top_k)` (`--worst-case-experts`):
+    /// the same results at the cost of the worst routing, for libtpu's static estimator,
+    /// which prices no loop with a run-time trip count.
+    WorstCase,
+}
+
+/// Model dimensions as the kernel uses them (padded where the TPU tiling needs it).
+#[derive(Clone, Debug, Serialize)]
+pub struct Dims {
+    pub hidden: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    /// `head_dim` rounded up to 128 lanes: every head is a lane-aligned column block.
+    pub head_pad: u64,
+    pub group: u64,
+    pub experts: u64,
+    /// The experts whose weights this device holds: all of them on one device and under
+    /// tensor-parallel experts, `experts / devices` (padded) under expert parallelism.
+    pub experts_per_device: u64,
+    /// `experts` rounded up to 128 (the router's padded columns are masked to -inf).
+    pub experts_pad: u64,
+    pub top_k: u64,
+    pub intermediate: u64,
+    pub vocab: u64,
+    pub batch: u64,
+    /// New tokens per sequence in one step (`K`).
+    pub tokens_per_seq: u64,
+    /// Token rows of the step, `batch * tokens_per_seq`: row `b * K + k` is sequence `b`'s
+    /// `k`-th new token.
+    pub tokens: u64,
+    /// Rows of every activation matrix: `tokens` rounded up to 16 (a bf16 tile).
+    pub rows: u64,
+    /// Rows of one (kv group, sequence) attention: the group's query heads for each of the
+    /// sequence's K tokens (token-major: row `k * group + j`), rounded up to 16 so scores
+    /// and probabilities are bf16 MXU operands, whatever the batch.
+    pub attn_rows: u64,
+    pub eps: f64,
+    pub rope_theta: f64,
+    pub scale: f64,
+    pub qk_norm: bool,
+    pub window: Option<u64>,
+    pub renormalize: bool,
+    /// KV-cache positions (context rounded up to `block_kv`).
+    pub positions: u64,
+}
+
+/// Why a model cannot be planned.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    #[error("not supported yet: {0}")]
+    Unsupported(String),
+    #[error("invalid option: {0}")]
+    Invalid(String),
+    #[error(
+        "does not fit {chip} HBM: the operands need {need} bytes ({need_gib:.2} GiB: {detail}), {chip} has {have} bytes ({have_gib:.2} GiB) usable per device (at most {max_layers} of the model's layers fit{split})"
+    )]
+    Hbm {
+        chip: Chip,
+        need: u64,
+        need_gib: f64,
+        have: u64,
+        have_gib: f64,
+        detail: String,
+        max_layers: u64,
+        split: String,
+    },
+    #[error(
+        "does not fit {chip} VMEM: the plan needs {need} bytes ({need_mib:.2} MiB: {detail}), {chip} has {have} bytes ({have_mib} MiB) per core"
+    )]
+    Vmem { chip: Chip, need: u64, need_mib: f64, have: u64, have_mib: u64, detail: String },
+    #[error("cannot split the model over {devices} devices (--devices {devices}): {reason}")]
+    Split { devices: u64, reason: String },
+    #[error(
+        "does not fit {devices} {chip} devices: the operands need {need} bytes ({need_gib:.2} GiB) per device, {chip} has {have} bytes ({have_gib:.2} GiB) usable per device; {needed}"
+    )]
+    Devices {
+        devices: u64,
+        chip: Chip,
+        need: u64,
+        need_gib: f64,
+        have: u64,
+        have_gib: f64,
+        needed: String,
+    },
+    #[error("the rewrites did not {0}")]
+    Rewrite(String),
+    /// A byte count past `u64`: no chip holds it, and nothing is allocated for it.
+    #[error("does not fit any chip: {what} would take more than 2^64 bytes")]
+    TooLarge { what: String },
+}
+
+/// `factors` multiplied, or [`PlanError::TooLarge`] naming `what` when the product passes
+/// `u64` (config sizes are at most 2^24 each, so products of several can).
+pub(crate) fn product(what: &str, factors: &[u64]) -> Result<u64, PlanError> {
+    factors
+        .iter()
+        .try_fold(1u64, |acc, &f| acc.checked_mul(f))
+        .ok_or_else(|| PlanError::TooLarge { what: what.to_string() })
+}
+
+/// A checked sum, as [`product`].
+pub(crate) fn total(what: &str, terms: &[u64]) -> Result<u64, PlanError> {
+    terms
+        .iter()
+        .try_fold(0u64, |acc, &t| acc.checked_add(t))
+        .ok_or_else(|| PlanError::TooLarge { what: what.to_string() })
+}
+
+/// HBM left to the megakernel's operands: the device's, less 1 GiB that stays with the
+/// runtime and XLA.
+pub fn hbm_usable_bytes(chip: Chip) -> u64 {
+    chip.target().hbm_bytes_per_device() - GIB
+}
+
+/// `x` rounded up to a multiple of `m`.
+pub(crate) fn round_up(x: u64, m: u64) -> u64 {
+    x.div_ceil(m) * m
+}
