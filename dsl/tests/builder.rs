@@ -109,3 +109,31 @@ fn pipeline_drain_is_a_loop_or_peeled() {
     assert_eq!(trace(false), (2, 1, 1), "main loop and drain loop, each body traced once");
     assert_eq!(trace(true), (1, 1, 2), "main loop, then the two drain items unrolled");
 }
+
+/// A declaration's slot gives its handle after sealing, whatever was declared around it
+/// (operands are laid out before scratch, so positions would not tell).
+#[test]
+fn sealed_handles_are_found_by_their_declaration_slot() {
+    let mut b = KernelBuilder::new("slots");
+    let acc = b.scratch_buffer("acc", MemorySpace::Vmem, DType::F32, &[8, 128]);
+    let o = b.operand(
+        "o",
+        OperandRole::Output,
+        DType::F32,
+        &[8, 128],
+        MemorySpace::Vmem,
+        None,
+        None::<Box<dyn FnOnce(&[Val], &[Ref]) -> i32>>,
+    );
+    let sems = b.scratch_semaphores("sems", SemKind::Dma, &[2]);
+    let sealed = b.seal().unwrap();
+    let [acc_h, o_h] = [acc, o].map(|slot| sealed.handle(slot).into_ref());
+    assert_eq!(acc_h, sealed.handles[0].clone().into_ref());
+    assert_eq!(o_h, sealed.handles[1].clone().into_ref());
+    assert_eq!(sealed.handle(sems).into_sem(), sealed.handles[2].clone().into_sem());
+    assert_ne!(acc_h, o_h);
+    o_h.store(.., acc_h.load(..));
+    let kernel = sealed.finish().unwrap();
+    let text = print_kernel(&kernel, PrintOptions::default());
+    assert!(text.contains("scratch acc") && text.contains("out o"), "{text}");
+}

@@ -37,10 +37,11 @@ use crate::{
     plan::{ExpertFetch, KvTiles, Plan, TWO_AHEAD_SLOTS, written_groups},
 };
 use palladium_dsl::build::{
-    Carry, Drain, KernelBuilder, MemorySpace, SemKind, eq, for_range, ge, if_else, le, lt,
-    pipeline, pipeline_lagged, range,
+    Carry, Drain, KernelBuilder, eq, for_range, ge, if_else, le, lt, pipeline, pipeline_lagged,
+    range,
 };
 use palladium_dsl::prelude::*;
+use palladium_dsl::trace::builder_handles::Slot;
 use palladium_dsl::{BuildErrors, Kernel};
 use palladium_kernels::body::{
     DIGIT_ROWS, ExpertItem, Greedy, GroupScales, KvMask, NewRow, OnlineSoftmax, QuantizedBlock,
@@ -132,13 +133,8 @@ struct Q {
 pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     let d = &plan.dims;
     let l = plan.layers as u64;
-    let (h, hp, rows, tokens) = (d.hidden, d.head_pad, d.rows, d.tokens);
+    let tokens = d.tokens;
     let n = plan.layout.per_layer;
-    let cw = plan.layout.chunk_cols;
-    let kvh = d.kv_heads;
-    let nqkv = (d.heads + 2 * kvh) * hp;
-    let nq = d.heads * hp;
-    let eb = plan.layout.expert_block;
     let mut kb = KernelBuilder::new("megakernel");
     kb.vmem_limit_bytes(plan.vmem_limit);
     kb.cost_estimate(
@@ -149,10 +145,15 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     // The operands in call order (Pallas's: scalar prefetch, inputs, outputs), each as the
     // plan's layout gives it: name, role, dtype, full shape, memory space. No block specs:
     // the kernel is grid-less, every operand is whole (those in HBM reached by DMA only).
-    for o in &plan.layout.operands {
-        let (name, shape) = (o.kind.name(), &o.shape);
-        kb.operand(name, o.role, o.dtype, shape, o.space, None, None as NoMap);
-    }
+    let operand_slots: Vec<(OperandKind, Slot)> = plan
+        .layout
+        .operands
+        .iter()
+        .map(|o| {
+            let (name, shape) = (o.kind.name(), &o.shape);
+            (o.kind, kb.operand(name, o.role, o.dtype, shape, o.space, None, None as NoMap))
+        })
+        .collect();
     // An aliased output (a KV cache) is its input updated in place: the caller passes one
     // buffer for both, and the step writes only the new position's rows. (The emitted
     // module lists the aliases in the layout's order of the outputs.)
@@ -162,98 +163,21 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         };
         kb.alias(input.name(), o.kind.name());
     }
-    // Scratch: the rings, the KV tiles, the activations, the expert ids and weights, sized
-    // by the plan's rings and dims; declared in the order the handles are taken below (so
-    // the two lists change together).
-    let vm = MemorySpace::Vmem;
-    let quant = plan.layout.quant;
-    let dense_dtype = quant.map_or(DType::Bf16, |q| q.dense.codes);
-    let expert_dtype = quant.map_or(DType::Bf16, |q| q.experts.codes);
-    kb.scratch_buffer("ring", vm, dense_dtype, &[plan.banks, h, cw]);
-    kb.scratch_semaphores("ring_sems", SemKind::Dma, &[plan.banks]);
-    kb.scratch_buffer("expert_buf", vm, expert_dtype, &[plan.expert_slots, h, 3 * eb]);
-    kb.scratch_semaphores("expert_sems", SemKind::Dma, &[plan.expert_slots]);
-    kb.scratch_buffer("k_tiles", vm, DType::Bf16, &[2, plan.block_kv, hp]);
-    kb.scratch_buffer("v_tiles", vm, DType::Bf16, &[2, plan.block_kv, hp]);
-    kb.scratch_semaphores("kv_sems", SemKind::Dma, &[2, 2]);
-    kb.scratch_semaphores(
-        "kv_write_sems",
-        SemKind::Dma,
-        &[2 * written_groups(d.tokens_per_seq, plan.block_kv)],
-    );
-    kb.scratch_buffer("emb_rows", vm, DType::Bf16, &[tokens, 16, h]);
-    kb.scratch_semaphores("emb_sems", SemKind::Dma, &[tokens]);
-    kb.scratch_buffer("head_norm_buf", vm, DType::F32, &[8, hp]);
-    kb.scratch_semaphores("head_norm_sem", SemKind::Dma, &[1]);
-    kb.scratch_buffer("x", vm, DType::F32, &[rows, h]);
-    kb.scratch_buffer("expert_acc", vm, DType::F32, &[rows, h]);
-    kb.scratch_buffer("o_acc", vm, DType::F32, &[rows, h]);
-    kb.scratch_buffer("qkv", vm, DType::F32, &[rows, nqkv]);
-    // Per kv group, its query heads (then outputs) stacked: head j's rows at j * rows.
-    kb.scratch_buffer("q_heads", vm, DType::F32, &[kvh, d.group * rows, hp]);
-    kb.scratch_buffer("attn_heads", vm, DType::F32, &[kvh, d.group * rows, hp]);
-    kb.scratch_buffer("k_new", vm, DType::F32, &[kvh, rows, hp]);
-    kb.scratch_buffer("v_new", vm, DType::F32, &[kvh, rows, hp]);
-    kb.scratch_buffer("attn", vm, DType::F32, &[rows, nq]);
-    kb.scratch_buffer("router_logits", vm, DType::F32, &[rows, d.experts_pad]);
-    kb.scratch_buffer("rope_rot", vm, DType::Bf16, &[hp, hp]);
-    kb.scratch_buffer("rope_cos", vm, DType::F32, &[rows, hp]);
-    kb.scratch_buffer("rope_sin", vm, DType::F32, &[rows, hp]);
-    kb.scratch_buffer("expert_ids", MemorySpace::Smem, DType::I32, &[plan.distinct_experts() + 1]);
-    if let Some(q) = quant {
-        // One scratch buffer per quantized operand, shaped as one DMA of it.
-        let shape_of = |kind: OperandKind| {
-            plan.layout.operand(kind).map(|o| o.shape.clone()).unwrap_or_default()
-        };
-        let tail = |kind: OperandKind, keep: usize| {
-            let shape = shape_of(kind);
-            shape[shape.len() - keep..].to_vec()
-        };
-        kb.scratch_buffer("qkv_scales_buf", vm, DType::F32, &tail(OperandKind::QkvScales, 2));
-        kb.scratch_buffer("o_scales_buf", vm, DType::F32, &tail(OperandKind::OScales, 2));
-        kb.scratch_buffer("router_buf", vm, DType::Bf16, &tail(OperandKind::Router, 2));
-        kb.scratch_buffer("norm_buf", vm, DType::F32, &tail(OperandKind::Norms, 2));
-        kb.scratch_semaphores("layer_sems", SemKind::Dma, &[4]);
-        kb.scratch_buffer(
-            "lm_ring",
-            vm,
-            q.lm_head.map_or(DType::Bf16, |f| f.codes),
-            &[TWO_AHEAD_SLOTS, h, cw],
-        );
-        let lm_rows = if q.lm_head.is_some() { tail(OperandKind::LmScales, 2)[0] } else { 1 };
-        kb.scratch_buffer("lm_scales_buf", vm, DType::F32, &[TWO_AHEAD_SLOTS, lm_rows, cw]);
-        kb.scratch_semaphores("lm_sems", SemKind::Dma, &[2, TWO_AHEAD_SLOTS]);
-        let with_slots = |kind| [vec![plan.expert_slots], tail(kind, 2)].concat();
-        kb.scratch_buffer(
-            "expert_scales_buf",
-            vm,
-            DType::F32,
-            &with_slots(OperandKind::ExpertScales),
-        );
-        kb.scratch_buffer(
-            "expert_down_scales_buf",
-            vm,
-            DType::F32,
-            &with_slots(OperandKind::ExpertDownScales),
-        );
-        kb.scratch_semaphores("expert_scale_sems", SemKind::Dma, &[2, plan.expert_slots]);
-    }
+    // Scratch: the plan's declaration (the rings, the KV tiles, the activations, the expert
+    // ids, a quantized plan's scale buffers, the collectives'), each handle taken by its key.
+    let scratch = plan.scratch.scratch.declare(&mut kb);
     spmd::declare(&mut kb, plan);
     let sealed = kb.seal()?;
-    let hs = &sealed.handles;
-    let r = |i: usize| hs[i].clone().into_ref();
-    let s = |i: usize| hs[i].clone().into_sem();
-    // The operands' handles come first, in the layout's order; the scratch handles follow
-    // (the layout has every operand but `head_norms`, which only Qwen3 has).
-    let operand = |kind: OperandKind| plan.layout.index(kind).map(r);
+    let operand = |kind: OperandKind| {
+        let slot = operand_slots.iter().find(|(k, _)| *k == kind).map(|&(_, slot)| slot);
+        slot.map(|slot| sealed.handle(slot).into_ref())
+    };
     let must = |kind: OperandKind| {
         operand(kind).unwrap_or_else(|| panic!("the plan's layout has no {} operand", kind.name()))
     };
-    let mut i = plan.layout.operands.len();
-    let mut next = || {
-        i += 1;
-        i - 1
-    };
+    let handles = scratch.handles(&sealed);
+    let (buffer, sems) = (|k| handles.buffer(k), |k| handles.semaphores(k));
+    let k = &plan.scratch.keys;
     let hd = H {
         tokens: must(OperandKind::Tokens),
         positions: must(OperandKind::Positions),
@@ -266,37 +190,33 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         max_logits: must(OperandKind::MaxLogits),
         k_cache: must(OperandKind::KCacheOut),
         v_cache: must(OperandKind::VCacheOut),
-        ring: r(next()),
-        ring_sems: s(next()),
-        ex_buf: r(next()),
-        ex_sems: s(next()),
-        kbuf: r(next()),
-        vbuf: r(next()),
-        kv_sems: s(next()),
-        kv_wsems: s(next()),
-        emb: r(next()),
-        emb_sems: s(next()),
-        hn: r(next()),
-        hn_sem: s(next()),
-        x: r(next()),
-        acc: r(next()),
-        oacc: r(next()),
-        qkv: r(next()),
-        qs: r(next()),
-        os: r(next()),
-        ks: r(next()),
-        vs: r(next()),
-        attn: r(next()),
-        rl: r(next()),
-        rot: r(next()),
-        cos: r(next()),
-        sin: r(next()),
-        ids: r(next()),
-        quant: None,
-        spmd: None,
-    };
-    let mut hd = H {
-        quant: quant.map(|_| Q {
+        ring: buffer(k.ring),
+        ring_sems: sems(k.ring_sems),
+        ex_buf: buffer(k.expert_buf),
+        ex_sems: sems(k.expert_sems),
+        kbuf: buffer(k.k_tiles),
+        vbuf: buffer(k.v_tiles),
+        kv_sems: sems(k.kv_sems),
+        kv_wsems: sems(k.kv_write_sems),
+        emb: buffer(k.emb_rows),
+        emb_sems: sems(k.emb_sems),
+        hn: buffer(k.head_norm_buf),
+        hn_sem: sems(k.head_norm_sem),
+        x: buffer(k.x),
+        acc: buffer(k.expert_acc),
+        oacc: buffer(k.o_acc),
+        qkv: buffer(k.qkv),
+        qs: buffer(k.q_heads),
+        os: buffer(k.attn_heads),
+        ks: buffer(k.k_new),
+        vs: buffer(k.v_new),
+        attn: buffer(k.attn),
+        rl: buffer(k.router_logits),
+        rot: buffer(k.rope_rot),
+        cos: buffer(k.rope_cos),
+        sin: buffer(k.rope_sin),
+        ids: buffer(k.expert_ids),
+        quant: k.quant.map(|q| Q {
             qkv_scales: must(OperandKind::QkvScales),
             o_scales: must(OperandKind::OScales),
             router: must(OperandKind::Router),
@@ -305,25 +225,22 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
             lm_scales: operand(OperandKind::LmScales),
             expert_scales: must(OperandKind::ExpertScales),
             expert_down_scales: must(OperandKind::ExpertDownScales),
-            qkv_sc: r(next()),
-            o_sc: r(next()),
-            router_buf: r(next()),
-            norm_buf: r(next()),
-            layer_sems: s(next()),
-            lm_ring: r(next()),
-            lm_sc: r(next()),
-            lm_sems: s(next()),
-            ex_sc: r(next()),
-            ex_dsc: r(next()),
-            ex_sc_sems: s(next()),
+            qkv_sc: buffer(q.qkv_scales_buf),
+            o_sc: buffer(q.o_scales_buf),
+            router_buf: buffer(q.router_buf),
+            norm_buf: buffer(q.norm_buf),
+            layer_sems: sems(q.layer_sems),
+            lm_ring: buffer(q.lm_ring),
+            lm_sc: buffer(q.lm_scales_buf),
+            lm_sems: sems(q.lm_sems),
+            ex_sc: buffer(q.expert_scales_buf),
+            ex_dsc: buffer(q.expert_down_scales_buf),
+            ex_sc_sems: sems(q.expert_scale_sems),
         }),
-        ..hd
+        // Starting the collectives traces the step's barrier: after the handles, before
+        // the body.
+        spmd: k.collectives.map(|c| Spmd::start(plan, c, &handles)),
     };
-    if plan.sharding.is_some() {
-        let refs = [(); 5].map(|_| r(next()));
-        let sems = [(); 2].map(|_| s(next()));
-        hd.spmd = Some(Spmd::start(plan, refs, sems));
-    }
     body(plan, hd, n, l);
     sealed.finish()
 }

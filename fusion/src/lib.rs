@@ -13,8 +13,12 @@
 //!   and [`shard`] build on it, and only `plan` calls `shard`, so the dependency goes one way;
 //! - [`plan`]: the streaming plan, in named stages — dims, the rewrites read into segments,
 //!   the weights' layout ([`layout::StreamLayout`]: operands, segments, chunks, typed), the
-//!   prefetch schedule (dense ring banks and depth, expert ring), VMEM budget per chip, HBM
-//!   fit (refusals carry the numbers), traffic;
+//!   prefetch schedule (dense ring banks and depth, expert ring), the scratch, VMEM budget
+//!   per chip, HBM fit (refusals carry the numbers), traffic;
+//! - [`scratch`]: the kernel's scratch declared once (each buffer's name, memory space,
+//!   dtype and shape; the semaphore arrays), from the plan's dims, layout and rings: what
+//!   [`emit`] declares, taking each handle by its typed key, and what the VMEM budget sums
+//!   at the dsl's padded sizes;
 //! - [`shard`]: the split over `--devices N` (attention by heads, experts EP or TP,
 //!   `lm_head` by vocabulary), the collectives priced from the target's link model; the
 //!   plan is then one device's;
@@ -71,6 +75,7 @@ pub mod options;
 pub mod plan;
 pub mod report;
 pub mod rewrite;
+pub mod scratch;
 pub mod shard;
 pub mod spmd;
 pub mod unfused;

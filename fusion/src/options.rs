@@ -145,6 +145,14 @@ pub struct Dims {
     pub positions: u64,
 }
 
+impl Dims {
+    /// The most distinct experts a step's rows choose, `min(experts, batch * K * top_k)`
+    /// (of this device's): the expert stream's static worst case.
+    pub fn distinct_experts(&self) -> u64 {
+        self.experts_per_device.min(self.tokens * self.top_k)
+    }
+}
+
 /// Why a model cannot be planned.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum PlanError {

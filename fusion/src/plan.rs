@@ -30,9 +30,11 @@
 //!   router and norm rows once per layer), `lm_head` is its own stream, two chunks ahead
 //!   (fp8 keeps it bf16, so it cannot continue a code array), and no norm is folded.
 //! - **KV**: tiles of `block_kv` positions, two slots per K and V.
-//! - **Budgets**: the VMEM plan (every scratch buffer, plus headroom for vector temporaries
-//!   and compiler spills) must fit the chip's VMEM per core, and every operand the chip's
-//!   HBM per device; a model that does not fit is refused with the numbers.
+//! - **Budgets**: the VMEM plan (the kernel's scratch as declared once,
+//!   [`crate::scratch`], and its outputs in VMEM, each padded as the dsl pads VMEM, plus
+//!   estimates of the vector temporaries, widened codes and compiler spills) must fit the
+//!   chip's VMEM per core, and every operand the chip's HBM per device; a model that does
+//!   not fit is refused with the numbers.
 
 use crate::graph::{LayerGraph, LayerKind, Weight, WeightKind};
 use crate::layout::{
@@ -40,9 +42,11 @@ use crate::layout::{
 };
 use crate::options::{product, round_up, total};
 use crate::rewrite::{FusedWeight, Rewritten, rewrite};
+use crate::scratch::{MegakernelScratch, ScratchSizes};
 use crate::shard::{self, Sharding};
 use palladium_dsl::DType;
 use palladium_dsl::build::{MemorySpace, OperandRole};
+use palladium_dsl::ir::{Shape, padded_vmem_bytes};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::body::{DIGIT_ROWS, widened_code_bytes};
 use palladium_model::quant::WeightsDtype;
@@ -152,6 +156,11 @@ pub struct Plan {
     pub kv_tiles: KvTiles,
     pub prefetch: Prefetch,
     pub expert_fetch: ExpertFetch,
+    /// The kernel's scratch, declared once: emitted as declared, and summed (padded as the
+    /// dsl pads VMEM) into the VMEM plan.
+    #[serde(skip)]
+    pub scratch: MegakernelScratch,
+    /// The VMEM plan by part (the scratch by group, the outputs in VMEM, the estimates).
     pub vmem: Vec<(String, u64)>,
     pub vmem_total: u64,
     pub vmem_limit: u64,
@@ -283,7 +292,7 @@ impl Plan {
     /// The most distinct experts a step's rows choose, `min(experts, batch * K * top_k)`:
     /// the expert stream's static worst case.
     pub fn distinct_experts(&self) -> u64 {
-        self.dims.experts_per_device.min(self.dims.tokens * self.dims.top_k)
+        self.dims.distinct_experts()
     }
 
     /// Plan the megakernel of `spec` for `options`, in stages: the options and the model
@@ -350,7 +359,19 @@ impl Plan {
         let extracted = rewrites(spec, &dims)?;
         let layout = stream_layout(spec, options, layers, &dims, &extracted)?;
         let rings = prefetch_schedule(options, layers, &dims, &layout);
-        let vmem = vmem_budget(options, &dims, &layout, &rings, block_kv)?;
+        let scratch = MegakernelScratch::declare(
+            &dims,
+            &layout,
+            ScratchSizes {
+                dense_banks: rings.banks,
+                expert_slots: rings.expert_slots,
+                lm_banks: TWO_AHEAD_SLOTS,
+                block_kv,
+                kv_write_groups: written_groups(dims.tokens_per_seq, block_kv),
+                devices: options.devices,
+            },
+        );
+        let vmem = vmem_budget(options, &dims, &layout, &scratch, block_kv)?;
         let (hbm_total, hbm_capacity) = hbm_fit(
             &PlanOptions {
                 check_hbm: options.check_hbm && options.devices == 1,
@@ -389,6 +410,7 @@ impl Plan {
             kv_tiles: options.kv_tiles,
             prefetch: options.prefetch,
             expert_fetch: options.expert_fetch,
+            scratch,
             vmem: vmem.parts,
             vmem_total: vmem.total,
             vmem_limit: vmem.limit,
@@ -852,61 +874,36 @@ fn prefetch_schedule(
     }
 }
 
-/// The VMEM plan (every scratch buffer, plus headroom for vector temporaries and compiler
-/// spills), refused past the chip's VMEM per core: the parts, their total and the limit
-/// the kernel is compiled with.
+/// The VMEM plan, refused past the chip's VMEM per core: the parts, their total and the
+/// limit the kernel is compiled with. The scratch is the kernel's own declaration
+/// ([`MegakernelScratch`]), each buffer at the dsl's padded size as the verifier's VMEM
+/// check counts it, by group; so are the outputs in VMEM. The rest are estimates: the
+/// vector temporaries, a quantized plan's codes widened on their way into the MXU, and
+/// headroom for compiler spills.
 fn vmem_budget(
     options: &PlanOptions,
     dims: &Dims,
     layout: &StreamLayout,
-    rings: &Rings,
+    scratch: &MegakernelScratch,
     block_kv: u64,
 ) -> Result<VmemBudget, PlanError> {
     let chip = options.chip;
-    let (h, hp, rows, kvh) = (dims.hidden, dims.head_pad, dims.rows, dims.kv_heads);
-    let width = |kind| layout.segment(kind).map_or(0, |s| s.cols);
-    let (nqkv, nq) = (width(SegmentKind::Qkv), width(SegmentKind::OProj));
+    let (h, rows) = (dims.hidden, dims.rows);
     let chunk_cols = layout.chunk_cols;
-    let pad = |r: u64, c: u64, bytes: u64| {
-        let sub = if bytes == 2 { 16 } else { 8 };
-        round_up(r, sub) * round_up(c, 128) * bytes
-    };
-    let mut vmem: Vec<(String, u64)> = vec![
-        ("dense ring".into(), rings.banks * rings.bank_bytes),
-        ("expert ring".into(), rings.expert_slots * rings.expert_slot_bytes),
-        ("kv tiles".into(), 4 * pad(block_kv, hp, 2)),
-        ("embedding rows".into(), dims.tokens * pad(16, h, 2)),
-        ("residual + expert acc + o acc".into(), 3 * pad(rows, h, 4)),
-        ("qkv".into(), pad(rows, nqkv, 4)),
-        (
-            "q / attention out / k / v heads".into(),
-            2 * kvh * pad(dims.group * rows, hp, 4) + 2 * kvh * pad(rows, hp, 4),
-        ),
-        ("attention rows".into(), pad(rows, nq, 4)),
-        ("router logits".into(), pad(rows, dims.experts_pad, 4)),
-        ("rope tables".into(), 2 * pad(rows, hp, 4) + pad(hp, hp, 2) + pad(8, hp, 4)),
-        ("greedy ids + max logits (outputs)".into(), 2 * pad(rows, 128, 4)),
-    ];
+    let f32_bytes = |r: u64, c: u64| padded_vmem_bytes(DType::F32, &Shape::new(vec![r, c]));
+    let mut vmem: Vec<(String, u64)> =
+        scratch.scratch.vmem_groups().iter().map(|g| (g.label(), g.bytes)).collect();
+    let outputs: Vec<&Operand> =
+        layout.outputs().filter(|o| o.space == MemorySpace::Vmem).collect();
+    if !outputs.is_empty() {
+        let names: Vec<&str> = outputs.iter().map(|o| o.kind.name()).collect();
+        let bytes = outputs
+            .iter()
+            .map(|o| padded_vmem_bytes(o.dtype, &Shape::new(o.shape.clone())))
+            .fold(0u64, u64::saturating_add);
+        vmem.push((format!("outputs ({})", names.join(", ")), bytes));
+    }
     if let Some(q) = layout.quant {
-        let rows_of =
-            |kind| layout.operand(kind).map_or(0, |o: &Operand| o.shape[o.shape.len() - 2]);
-        vmem.push((
-            "qkv + o scales".into(),
-            pad(rows_of(OperandKind::QkvScales), nqkv, 4)
-                + pad(rows_of(OperandKind::OScales), h, 4),
-        ));
-        vmem.push(("router (bf16) + norms".into(), pad(h, dims.experts_pad, 2) + pad(8, h, 4)));
-        let lm_bank = q.lm_head.map_or(2 * h * chunk_cols, |f| f.code_bytes(h * chunk_cols));
-        vmem.push((
-            "lm_head ring + scales".into(),
-            TWO_AHEAD_SLOTS * (lm_bank + pad(rows_of(OperandKind::LmScales), chunk_cols, 4)),
-        ));
-        vmem.push((
-            "expert scales".into(),
-            rings.expert_slots
-                * (pad(rows_of(OperandKind::ExpertScales), 2 * layout.expert_block, 4)
-                    + pad(rows_of(OperandKind::ExpertDownScales), h, 4)),
-        ));
         // The codes widened on their way into the MXU, one expert chunk and one dense chunk
         // (`widened_code_bytes`: i8 against the activations' digits needs no copy, i4 an i8
         // one, the mixed product a bf16 one): libtpu's scoped VMEM refused an int4
@@ -920,22 +917,17 @@ fn vmem_budget(
             vmem.push(("code widening (estimate)".into(), widened));
         }
     }
-    if layout.operand(OperandKind::Logits).is_some() {
-        vmem.push(("logits (output)".into(), layout.lm_chunks * pad(rows, chunk_cols, 4)));
-    }
-    if options.devices > 1 {
-        vmem.push(("collective buffers (bf16 staged, reduced and stage blocks of the activation, gathered (max, id) pairs)".into(), shard::collective_vmem(dims, options.devices)));
-    }
-    let scores = pad(dims.attn_rows, block_kv, 4);
+    let hp = dims.head_pad;
+    let scores = f32_bytes(dims.attn_rows, block_kv);
     // K > 1: the K new K/V rows are inserted into both tiles at once, a row mask at a time.
-    let inserts = if dims.tokens_per_seq > 1 { 4 * pad(block_kv, hp, 4) } else { 0 };
+    let inserts = if dims.tokens_per_seq > 1 { 4 * f32_bytes(block_kv, hp) } else { 0 };
     let temporaries = 4 * scores
-        + 4 * pad(rows, 3 * layout.expert_block, 4)
-        + 4 * pad(rows, h.max(chunk_cols), 4)
+        + 4 * f32_bytes(rows, 3 * layout.expert_block)
+        + 4 * f32_bytes(rows, h.max(chunk_cols))
         + inserts;
     vmem.push(("vector temporaries (estimate)".into(), temporaries));
     vmem.push(("compiler spill headroom".into(), 4 * MIB));
-    let vmem_total: u64 = vmem.iter().map(|v| v.1).sum();
+    let vmem_total = vmem.iter().map(|v| v.1).fold(0u64, u64::saturating_add);
     let vmem_capacity = chip.target().vmem_bytes;
     if vmem_total > vmem_capacity {
         let detail = vmem.iter().map(|(n, b)| format!("{n} {b}")).collect::<Vec<_>>().join(" + ");
@@ -1117,7 +1109,7 @@ fn traffic(
     let tokens = dims.tokens;
     let experts_without_dedupe =
         product("the expert weights read per step", &[l, tokens, dims.top_k, expert_bytes])?;
-    let distinct = dims.experts_per_device.min(tokens * dims.top_k);
+    let distinct = dims.distinct_experts();
     let experts = product("the expert weights read per step", &[l, distinct, expert_bytes])?;
     // The experts' share of the per-dtype weight bytes, at the same worst case.
     let by_dtype = by_dtype.map(|parts| {

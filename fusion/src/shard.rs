@@ -307,10 +307,3 @@ pub fn sharding(
         link_model,
     })
 }
-
-/// VMEM a device adds for the collectives, as `crate::spmd` declares it: the staged and
-/// the reduced bf16 activation (`N` blocks of `[r16, hidden / N]` each), the reduce's
-/// stage (`N` more blocks), and the gathered `(max, id)` pairs (`[N * r8, 128]` f32 and i32).
-pub fn collective_vmem(dims: &Dims, devices: u64) -> u64 {
-    3 * round_up(dims.rows, 16) * dims.hidden * 2 + 2 * devices * round_up(dims.rows, 8) * 128 * 4
-}

@@ -18,9 +18,11 @@
 //! sends of collective `c + 1` began (the ring runs both ways, or has two devices), which it
 //! issues after reading collective `c`'s result.
 
+use crate::options::round_up;
 use crate::plan::Plan;
+use crate::scratch::{CollectiveKeys, ScratchHandles};
 use crate::shard::ExpertSplit;
-use palladium_dsl::build::{KernelBuilder, MemorySpace, SemKind, eq, gt};
+use palladium_dsl::build::{KernelBuilder, eq, gt};
 use palladium_dsl::prelude::*;
 use palladium_kernels::body::Greedy;
 use palladium_kernels::body::collective::{Hops, Way, directions, ring, ring_barrier};
@@ -28,12 +30,8 @@ use palladium_kernels::body::collective::{Hops, Way, directions, ring, ring_barr
 /// The mesh axis the megakernel's devices lie on.
 const AXIS: &str = "x";
 
-fn round_up(x: u64, m: u64) -> u64 {
-    x.div_ceil(m) * m
-}
-
 /// This device's collective state: its position, the staging buffers and the hop
-/// semaphores (handles of the scratch [`declare`] adds).
+/// semaphores (the plan's collective scratch, [`CollectiveKeys`]).
 #[derive(Clone, Copy)]
 pub struct Spmd {
     me: Val,
@@ -58,36 +56,26 @@ pub struct Spmd {
     expert_first: Option<Val>,
 }
 
-/// Add the mesh, the collective id and the collectives' scratch to `kb` (after all the
-/// one-device scratch, so a one-device kernel is unchanged); `None` on one device.
+/// Add the mesh and the collective id to `kb` (nothing on one device); the collectives'
+/// scratch is the plan's ([`crate::scratch::MegakernelScratch`]).
 pub fn declare(kb: &mut KernelBuilder, plan: &Plan) {
     let Some(sharding) = &plan.sharding else {
         return;
     };
-    let (n, d) = (sharding.devices, &plan.dims);
-    let (r16, r8) = (round_up(d.rows, 16), round_up(d.rows, 8));
-    kb.mesh(&[(AXIS, n)]);
+    kb.mesh(&[(AXIS, sharding.devices)]);
     kb.collective_id(0);
-    let vm = MemorySpace::Vmem;
-    kb.scratch_buffer("allreduce_staged", vm, DType::Bf16, &[n * r16, d.hidden / n]);
-    kb.scratch_buffer("allreduce_reduced", vm, DType::Bf16, &[n * r16, d.hidden / n]);
-    kb.scratch_buffer("allreduce_stage", vm, DType::Bf16, &[n, r16, d.hidden / n]);
-    kb.scratch_buffer("greedy_maxes", vm, DType::F32, &[n * r8, 128]);
-    kb.scratch_buffer("greedy_ids", vm, DType::I32, &[n * r8, 128]);
-    kb.scratch_semaphores("hop_send_sems", SemKind::Dma, &[4, n - 1]);
-    kb.scratch_semaphores("hop_recv_sems", SemKind::Dma, &[4, n - 1]);
 }
 
 impl Spmd {
-    /// The state over the `declare`d handles (buffers and semaphores in order), at
-    /// the kernel's start: the device's position, the step's one barrier (both ring
-    /// neighbours run the kernel before any hop), the staging buffer zeroed (its padding
-    /// rows then carry zeros round the ring).
-    pub fn start(
-        plan: &Plan,
-        [staged, reduced, stage, maxes, ids]: [Ref; 5],
-        [send, recv]: [SemRef; 2],
-    ) -> Spmd {
+    /// The state over the collective scratch's handles, at the kernel's start: the
+    /// device's position, the step's one barrier (both ring neighbours run the kernel
+    /// before any hop), the staging buffer zeroed (its padding rows then carry zeros round
+    /// the ring).
+    pub fn start(plan: &Plan, keys: CollectiveKeys, handles: &ScratchHandles) -> Spmd {
+        let [staged, reduced, stage, maxes, ids] =
+            [keys.staged, keys.reduced, keys.stage, keys.maxes, keys.ids]
+                .map(|k| handles.buffer(k));
+        let [send, recv] = [keys.send, keys.recv].map(|k| handles.semaphores(k));
         let sharding = plan.sharding.as_ref().expect("a sharded plan");
         let (n, d) = (sharding.devices as usize, &plan.dims);
         let me = axis_index(AXIS);

@@ -281,10 +281,15 @@ fn the_operand_prose_of_a_split_plan_is_one_devices_share() {
     )
     .unwrap();
     let text = report::text(&p);
-    // An operand's line: "  input w_stream bf16[..] (any): ...".
+    // An operand's line: "  input w_stream bf16[..] (any): ..." (not a VMEM plan line
+    // such as "  router logits (router_logits): ..").
     let operand = |name: &str| {
         text.lines()
-            .find(|l| l.trim_start().split(' ').nth(1) == Some(name))
+            .find(|l| {
+                let mut words = l.trim_start().split(' ');
+                ["prefetch", "input", "output"].contains(&words.next().unwrap_or(""))
+                    && words.next() == Some(name)
+            })
             .unwrap_or_else(|| panic!("{name} in\n{text}"))
             .to_string()
     };

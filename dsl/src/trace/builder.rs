@@ -412,7 +412,7 @@ impl<'a> KernelBuilder<'a> {
                 message: "a kernel cannot be traced while another is being traced".into(),
             }]));
         }
-        let guard = Sealed { handles: Vec::new() };
+        let guard = Sealed { handles: Vec::new(), slots: self.slots.clone() };
         // Index maps: one block each, taking the grid indices and the prefetch refs.
         let prefetch: Vec<RefType> = with(|t| {
             t.kernel
@@ -454,9 +454,18 @@ impl<'a> KernelBuilder<'a> {
 #[derive(Debug)]
 pub struct Sealed {
     pub handles: Vec<Handle>,
+    /// The slot each handle was declared as (what the declaration returned).
+    slots: Vec<Slot>,
 }
 
 impl Sealed {
+    /// The handle of the operand or scratch entry whose declaration returned `slot`: code
+    /// that declares from a list keeps the slots it was given instead of counting positions.
+    pub fn handle(&self, slot: Slot) -> Handle {
+        let i = self.slots.iter().position(|s| *s == slot);
+        self.handles[i.expect("a slot this kernel's builder returned")].clone()
+    }
+
     /// Stop tracing and verify. Returns every trace and verifier error together.
     pub fn finish(self) -> Result<Kernel, BuildErrors> {
         let tracer = uninstall();
