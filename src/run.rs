@@ -329,7 +329,10 @@ pub fn run(
     let unchecked = PlanOptions { check_hbm: false, ..planned.clone() };
     let plan = Plan::new(&spec, &unchecked).map_err(|e| format!("megakernel refused: {e}"))?;
     let memory = host_memory(&spec, &plan, o);
-    crate::host_memory::check(
+    // A bad limit is its own error, not one "or emit" fixes.
+    let limit = crate::host_memory::limit()?;
+    crate::host_memory::check_within(
+        limit,
         &format!(
             "interpret mode runs small models on the CPU: this {} model ({:.1}M parameters, KV cache of {} positions)",
             spec.family.model_type(),

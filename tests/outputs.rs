@@ -279,3 +279,23 @@ fn a_file_in_place_of_the_output_folder_is_named() {
         "{err}"
     );
 }
+
+/// `PALLADIUM_MAX_HOST_MEMORY` too large is told apart from a non-positive one, and neither
+/// suggests emitting the megakernel instead.
+#[test]
+fn a_bad_host_memory_limit_says_what_is_wrong_with_it() {
+    let cfg = fixture("tiny-qwen3-moe");
+    let run =
+        ["run", cfg.to_str().unwrap(), "--random-weights", "--prompt-ids", "1", "--steps", "2"];
+    for (value, want) in [
+        ("99999999999999999999999", "too large: the largest limit is 18446744073709551615 bytes"),
+        ("0", "must be a positive size"),
+    ] {
+        let (code, _, err) = palladium_env(&run, &[("PALLADIUM_MAX_HOST_MEMORY", value)]);
+        assert!(
+            code == 1 && err.contains(&format!("PALLADIUM_MAX_HOST_MEMORY={value:?}: {want}")),
+            "{err}"
+        );
+        assert!(!err.contains("or emit"), "{err}");
+    }
+}
