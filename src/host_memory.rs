@@ -1,6 +1,8 @@
 //! The host-memory limit of the CPU-side commands (`palladium run`, which interprets a whole
 //! model, and `palladium interpret`): what a command will allocate is computed before anything is allocated and refused
 //! above the limit, with the numbers and how to raise it, instead of aborting mid-way.
+//! libtpu's compile worker (`compile`, `megakernel --compile`) cannot be sized up front: it
+//! is stopped when its resident memory passes the limit ([`crate::compile`]).
 //!
 //! The limit is `PALLADIUM_MAX_HOST_MEMORY` (bytes, or a number with a `KiB`, `MiB`, `GiB` or
 //! `TiB` suffix: `PALLADIUM_MAX_HOST_MEMORY=48GiB`), [`DEFAULT_LIMIT`] when unset.

@@ -376,11 +376,12 @@ fn run(cli: Cli) -> Result<(), String> {
             let out = out
                 .map(|out| OutputFolder::check("--out", &out, &compiled_names(&kernel), &[]))
                 .transpose()?;
+            let memory_limit = palladium::host_memory::limit()?;
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
             check_hbm(&k, chip)?;
             let lowered = lower(&k, &LowerOptions { chip })
                 .map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
-            let report = match palladium::compile::compile(&lowered, chip) {
+            let report = match palladium::compile::compile(&lowered, chip, memory_limit) {
                 Ok(r) => r,
                 Err(e) if json => {
                     println!(
@@ -412,6 +413,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 &compiled_names("megakernel"),
                 &[Input::new("the config", &config)],
             )?;
+            let memory_limit = compile.then(palladium::host_memory::limit).transpose()?;
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
             let options = plan.options(&spec, chip)?;
             let Megakernel { plan, lowered, .. } =
@@ -419,8 +421,9 @@ fn run(cli: Cli) -> Result<(), String> {
                     MegakernelError::Plan(PlanError::Hbm { .. }) => format!("{e}; try --layers N"),
                     e => e.to_string(),
                 })?;
-            let compiled =
-                if compile { Some(palladium::compile::compile(&lowered, chip)?) } else { None };
+            let compiled = memory_limit
+                .map(|limit| palladium::compile::compile(&lowered, chip, limit))
+                .transpose()?;
             let mut files = emitted_files("megakernel", lowered);
             if let Some(c) = &compiled {
                 files.extend(c.files("megakernel"));

@@ -1,6 +1,7 @@
-//! Outputs end to end: no output replaces an input, a symlinked output is written through,
-//! an output folder keeps no stale file of the command's set, every output is checked before
-//! any work.
+//! Outputs, the compile worker and the environment end to end: no output replaces an input,
+//! a symlinked output is written through, an output folder keeps no stale file of the
+//! command's set, every output is checked before any work, the compile worker dies with its
+//! parent and is held to the host-memory limit, and bad environment values are named.
 use palladium_model::ModelSpec;
 use palladium_model::weights::{SaveDtype, Weights};
 use std::path::{Path, PathBuf};
@@ -298,4 +299,112 @@ fn a_bad_host_memory_limit_says_what_is_wrong_with_it() {
         );
         assert!(!err.contains("or emit"), "{err}");
     }
+}
+
+/// `PALLADIUM_COMPILE_WORKERS` that is not a positive number is refused, naming it.
+#[test]
+fn a_bad_compile_worker_count_is_refused() {
+    for value in ["abc", "0", "-2"] {
+        let (code, _, err) = palladium_env(
+            &["compile", "matmul", "--chip", "v6e"],
+            &[("PALLADIUM_COMPILE_WORKERS", value)],
+        );
+        assert!(
+            code == 1
+                && err.contains(&format!(
+                    "PALLADIUM_COMPILE_WORKERS={value:?}: expected a positive whole number of compile workers"
+                )),
+            "{err}"
+        );
+    }
+}
+
+/// The state letter of process `pid` (`R`, `S`, `Z` ...), `None` once it is gone.
+fn state(pid: u32) -> Option<char> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("State:")).and_then(|s| s.trim().chars().next())
+}
+
+/// The child of `parent` and its resident bytes, if it has one.
+fn child_of(parent: u32) -> Option<(u32, u64)> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+        let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
+        (field("PPid:")? == parent.to_string()).then_some(())?;
+        let kib: u64 = field("VmRSS:")?.trim_end_matches("kB").trim().parse().ok()?;
+        Some((pid, kib * 1024))
+    })
+}
+
+/// SIGKILL to `compile` in the middle of libtpu's work (its static estimator on a 8192^3
+/// matmul runs for a minute and grows by GBs): the worker goes too, within its 100 ms poll
+/// (a generous 5 s here), and removes its folder. Before, it ran on, re-parented to init.
+#[test]
+fn the_compile_worker_dies_with_its_parent() {
+    let mut parent = Command::new(env!("CARGO_BIN_EXE_palladium"))
+        .args(["compile", "matmul", "--chip", "v6e"])
+        .args(["--set", "m=8192", "--set", "k=8192", "--set", "n=8192"])
+        .env("PALLADIUM_MAX_HOST_MEMORY", "3GiB")
+        .env_remove("PALLADIUM_COMPILE_WORKERS")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("starts");
+    let start = std::time::Instant::now();
+    // Compiling: libtpu loaded (~300 MB) and the estimator under way.
+    let worker = loop {
+        match child_of(parent.id()) {
+            Some((pid, rss)) if rss > 600 << 20 => break pid,
+            _ if start.elapsed().as_secs() > 120 => {
+                let _ = parent.kill();
+                panic!("no compile worker got under way");
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("palladium-worker-{}-0", parent.id()));
+    assert!(dir.is_dir(), "{}", dir.display());
+    parent.kill().expect("SIGKILL");
+    let _ = parent.wait();
+    let killed = std::time::Instant::now();
+    // A zombie is dead: whether init reaps it is init's business.
+    while state(worker).is_some_and(|s| s != 'Z' && s != 'X') && killed.elapsed().as_secs() < 5 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let alive = state(worker).is_some_and(|s| s != 'Z' && s != 'X');
+    if alive {
+        let _ = Command::new("kill").args(["-9", &worker.to_string()]).status();
+    }
+    assert!(!alive, "the worker {worker} outlived its parent by 5 s");
+    assert!(!dir.exists(), "the worker removed its folder {}", dir.display());
+}
+
+/// A compile worker past the host-memory limit is stopped; the estimator's compile is then
+/// done again without the estimate (the note says why and how to raise the limit), and a
+/// plain compile that passes it is refused with the same reason.
+#[test]
+fn the_compile_worker_is_held_to_the_host_memory_limit() {
+    let big = [
+        "compile", "matmul", "--chip", "v6e", "--set", "m=8192", "--set", "k=8192", "--set",
+        "n=8192",
+    ];
+    let (code, out, err) = palladium_env(&big, &[("PALLADIUM_MAX_HOST_MEMORY", "1GiB")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("estimated cycles none: libtpu's static estimator needs more host memory on this program than the limit")
+            && out.contains("past the limit of 1073741824 bytes (1.00 GiB), and was stopped; raise the limit with PALLADIUM_MAX_HOST_MEMORY="),
+        "{out}"
+    );
+    let (code, _, err) = palladium_env(
+        &["compile", "matmul", "--chip", "v6e"],
+        &[("PALLADIUM_MAX_HOST_MEMORY", "100MiB")],
+    );
+    assert!(
+        code == 1
+            && err.contains("cannot compile `matmul` for v6e: the compile worker (libtpu) held")
+            && err.contains("past the limit of 104857600 bytes")
+            && err.contains("raise the limit with PALLADIUM_MAX_HOST_MEMORY="),
+        "{err}"
+    );
 }
