@@ -1,6 +1,8 @@
 //! The host-memory limit of the CPU-side commands (`palladium run`, which interprets a whole
 //! model, and `palladium interpret`): what a command will allocate is computed before anything is allocated and refused
 //! above the limit, with the numbers and how to raise it, instead of aborting mid-way.
+//! libtpu's compile worker (`compile`, `megakernel --compile`) cannot be sized up front: it
+//! is stopped when its resident memory passes the limit ([`crate::compile`]).
 //!
 //! The limit is `PALLADIUM_MAX_HOST_MEMORY` (bytes, or a number with a `KiB`, `MiB`, `GiB` or
 //! `TiB` suffix: `PALLADIUM_MAX_HOST_MEMORY=48GiB`), [`DEFAULT_LIMIT`] when unset.
@@ -37,13 +39,26 @@ pub fn parse(s: &str) -> Result<u64, String> {
         "TiB" => 1 << 40,
         _ => return Err(format!("unknown unit {unit:?} (write bytes, or KiB, MiB, GiB, TiB)")),
     };
+    // A whole number of bytes exactly; anything else (a fraction, a unit) through f64.
+    if let (1, Ok(bytes)) = (scale, number.parse::<u64>()) {
+        return if bytes == 0 { Err(NOT_POSITIVE.into()) } else { Ok(bytes) };
+    }
     let x: f64 = number.parse().map_err(|_| format!("{number:?} is not a number"))?;
     let bytes = x * scale as f64;
-    if !(bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64) {
-        return Err("must be a positive size".into());
+    if bytes < 1.0 {
+        return Err(NOT_POSITIVE.into());
+    }
+    // 2^64 as f64: the first size past the largest (`u64::MAX`).
+    if bytes >= u64::MAX as f64 {
+        return Err(format!(
+            "too large: the largest limit is {} bytes (16 EiB, no limit at all in practice)",
+            u64::MAX
+        ));
     }
     Ok(bytes as u64)
 }
+
+const NOT_POSITIVE: &str = "must be a positive size (at least 1 byte), e.g. 48GiB";
 
 /// Ok when `need` bytes (made of `parts`: name and bytes) are within [`limit`]; otherwise an
 /// error stating what, how much, the limit and how to raise it.
@@ -84,8 +99,24 @@ mod tests {
         assert_eq!(parse("1GiB"), Ok(1 << 30));
         assert_eq!(parse("1.5 GiB"), Ok(3 << 29));
         assert_eq!(parse("512MiB"), Ok(1 << 29));
+        assert_eq!(parse("18446744073709551615"), Ok(u64::MAX));
         for bad in ["", "GiB", "-1", "0", "1GB", "nan", "1e30 TiB"] {
             assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// Too large and not positive are different mistakes, told apart.
+    #[test]
+    fn a_size_too_large_is_not_called_non_positive() {
+        for big in ["99999999999999999999999", "18446744073709551616", "16777216 TiB"] {
+            let err = parse(big).unwrap_err();
+            assert!(
+                err.starts_with("too large: the largest limit is 18446744073709551615 bytes"),
+                "{big}: {err}"
+            );
+        }
+        for small in ["0", "-1", "0.5", "-3GiB"] {
+            assert_eq!(parse(small).unwrap_err(), NOT_POSITIVE, "{small}");
         }
     }
 }

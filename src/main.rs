@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use palladium::check::{Backend, CheckOptions, check_on};
-use palladium::output::{check_writable, write_all};
+use palladium::output::{Input, OutputFolder};
 use palladium_dsl::ir::{PrintOptions, VerifyOptions, check_hbm, print_kernel, verify};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::{KernelError, REGISTRY, parse_setting};
@@ -359,28 +359,29 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Command::Emit { kernel, chip, set, out } => {
             palladium_kernels::entry(&kernel).map_err(|e| e.to_string())?;
-            check_writable(&out, &compiled_names(&kernel)[..3])?;
+            let out = OutputFolder::check("--out", &out, &compiled_names(&kernel), &[])?;
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
             check_hbm(&k, chip)?;
             let lowered = lower(&k, &LowerOptions { chip })
                 .map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
             let files = emitted_files(&kernel, lowered);
-            write_all(&out, &files)?;
+            out.write(&files)?;
             for (name, _) in &files {
-                println!("{}", out.join(name).display());
+                println!("{}", out.dir().join(name).display());
             }
             Ok(())
         }
         Command::Compile { kernel, chip, set, out, json } => {
             palladium_kernels::entry(&kernel).map_err(|e| e.to_string())?;
-            if let Some(out) = &out {
-                check_writable(out, &compiled_names(&kernel))?;
-            }
+            let out = out
+                .map(|out| OutputFolder::check("--out", &out, &compiled_names(&kernel), &[]))
+                .transpose()?;
+            let memory_limit = palladium::host_memory::limit()?;
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
             check_hbm(&k, chip)?;
             let lowered = lower(&k, &LowerOptions { chip })
                 .map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
-            let report = match palladium::compile::compile(&lowered, chip) {
+            let report = match palladium::compile::compile(&lowered, chip, memory_limit) {
                 Ok(r) => r,
                 Err(e) if json => {
                     println!(
@@ -394,7 +395,7 @@ fn run(cli: Cli) -> Result<(), String> {
             if let Some(out) = &out {
                 let mut files = emitted_files(&kernel, lowered);
                 files.extend(report.files(&kernel));
-                write_all(out, &files)?;
+                out.write(&files)?;
             }
             if json {
                 println!("{}", report.json())
@@ -406,12 +407,13 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Megakernel { config, chip, plan, out, json, compile } => {
             use palladium_fusion::megakernel::{Megakernel, MegakernelError};
             use palladium_fusion::plan::PlanError;
-            let names = if compile {
-                compiled_names("megakernel").to_vec()
-            } else {
-                compiled_names("megakernel")[..3].to_vec()
-            };
-            check_writable(&out, &names)?;
+            let out = OutputFolder::check(
+                "--out",
+                &out,
+                &compiled_names("megakernel"),
+                &[Input::new("the config", &config)],
+            )?;
+            let memory_limit = compile.then(palladium::host_memory::limit).transpose()?;
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
             let options = plan.options(&spec, chip)?;
             let Megakernel { plan, lowered, .. } =
@@ -419,13 +421,14 @@ fn run(cli: Cli) -> Result<(), String> {
                     MegakernelError::Plan(PlanError::Hbm { .. }) => format!("{e}; try --layers N"),
                     e => e.to_string(),
                 })?;
-            let compiled =
-                if compile { Some(palladium::compile::compile(&lowered, chip)?) } else { None };
+            let compiled = memory_limit
+                .map(|limit| palladium::compile::compile(&lowered, chip, limit))
+                .transpose()?;
             let mut files = emitted_files("megakernel", lowered);
             if let Some(c) = &compiled {
                 files.extend(c.files("megakernel"));
             }
-            write_all(&out, &files)?;
+            out.write(&files)?;
             if json {
                 let mut report: serde_json::Value =
                     serde_json::from_str(&palladium_fusion::report::json(&plan))
@@ -455,7 +458,9 @@ fn run(cli: Cli) -> Result<(), String> {
         } => {
             use palladium_profile::{Inputs, calibration::Calibration, report, simulate};
             const FILES: [&str; 3] = ["trace.json", "timeline.svg", "summary.json"];
-            check_writable(&out, &FILES)?;
+            let inputs: Vec<Input> =
+                megakernel.iter().map(|config| Input::new("the config", config)).collect();
+            let out = OutputFolder::check("--out", &out, &FILES, &inputs)?;
             let calibration = Calibration::committed();
             let coefficients = calibration.chip(chip).map_err(|e| e.to_string())?;
             let mut inputs = Inputs::default();
@@ -571,7 +576,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 (FILES[1], report::svg(&timeline).into_bytes()),
                 (FILES[2], summary.into_bytes()),
             ];
-            write_all(&out, &files)?;
+            out.write(&files)?;
             print!("{}", report::summary_text(&timeline));
             if let Some(u) = &unfused_step {
                 print!("{}", u.text(timeline.cycles));
@@ -631,8 +636,10 @@ fn run(cli: Cli) -> Result<(), String> {
                 devices,
             };
             // A bad --logits-out fails here, before any work.
-            let logits_file =
-                logits_out.as_deref().map(|p| OutputFile::create("--logits-out", p)).transpose()?;
+            let logits_file = logits_out
+                .as_deref()
+                .map(|p| OutputFile::create("--logits-out", p, &options.inputs()))
+                .transpose()?;
             let mut progress = Progress::new();
             let out =
                 palladium::run::run(&options, backend, |done, total| progress.update(done, total));
@@ -725,8 +732,10 @@ fn check_kernel(args: CheckArgs, backend: Backend) -> Result<(), String> {
     }
 }
 
-/// The names `emit` writes for `name` (the module, the serialized body, the call spec), then
-/// what `compile --out` adds (the StableHLO program, the serialized executable).
+/// The file set of `emit`, `compile` and `megakernel` for `name`: what `emit` writes (the
+/// module, the serialized body, the call spec), then what `compile --out` adds (the
+/// StableHLO program, the serialized executable). A command that writes only the first
+/// three removes the other two an earlier run left: they would not match.
 fn compiled_names(name: &str) -> [String; 5] {
     ["mlir", "body.mlir", "call.json", "stablehlo.mlir", "executable"]
         .map(|ext| format!("{name}.{ext}"))

@@ -16,6 +16,7 @@
 //! virtual devices at once, each with its share of the weights and its own KV caches.
 
 use crate::check::Backend;
+use crate::output::Input;
 use palladium_decode::Decoder;
 use palladium_decode::pack::{pack_devices, pack_quantized_devices};
 use palladium_decode::speculate::{Drafter, Forced, Ngram, NoDrafts, Speculation};
@@ -63,6 +64,25 @@ pub struct RunOptions {
     /// `--devices`: the devices the megakernel is split over (1, 2, 4, 8), interpreted as
     /// that many virtual devices.
     pub devices: u64,
+}
+
+impl RunOptions {
+    /// The files the run reads: the config, and the checkpoint's index and safetensors files
+    /// (those its index or folder names; none where that listing fails, and then so does the
+    /// load, before anything is written).
+    pub fn inputs(&self) -> Vec<Input> {
+        let mut inputs = vec![Input::new("the config", &self.config)];
+        if let WeightSource::Checkpoint(path) = &self.weights {
+            let index = path.join("model.safetensors.index.json");
+            if index.is_file() {
+                inputs.push(Input::new("the checkpoint index (--weights)", index));
+            }
+            let files = palladium_model::weights::checkpoint_files(path).unwrap_or_default();
+            inputs
+                .extend(files.into_iter().map(|f| Input::new("a checkpoint file (--weights)", f)));
+        }
+        inputs
+    }
 }
 
 /// Where a run's drafts come from.
@@ -309,7 +329,10 @@ pub fn run(
     let unchecked = PlanOptions { check_hbm: false, ..planned.clone() };
     let plan = Plan::new(&spec, &unchecked).map_err(|e| format!("megakernel refused: {e}"))?;
     let memory = host_memory(&spec, &plan, o);
-    crate::host_memory::check(
+    // A bad limit is its own error, not one "or emit" fixes.
+    let limit = crate::host_memory::limit()?;
+    crate::host_memory::check_within(
+        limit,
         &format!(
             "interpret mode runs small models on the CPU: this {} model ({:.1}M parameters, KV cache of {} positions)",
             spec.family.model_type(),

@@ -756,7 +756,7 @@ pub(crate) fn read_checkpoint(path: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, We
 }
 
 /// The safetensors files of a checkpoint path (see [`Weights::load`]).
-fn checkpoint_files(path: &Path) -> Result<Vec<PathBuf>, WeightsError> {
+pub fn checkpoint_files(path: &Path) -> Result<Vec<PathBuf>, WeightsError> {
     if !path.is_dir() {
         if !path.exists() {
             return Err(io_err(path, "no such file or directory"));
