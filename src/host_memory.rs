@@ -5,7 +5,9 @@
 //! is stopped when its resident memory passes the limit ([`crate::compile`]).
 //!
 //! The limit is `PALLADIUM_MAX_HOST_MEMORY` (bytes, or a number with a `KiB`, `MiB`, `GiB` or
-//! `TiB` suffix: `PALLADIUM_MAX_HOST_MEMORY=48GiB`), [`DEFAULT_LIMIT`] when unset.
+//! `TiB` suffix: `PALLADIUM_MAX_HOST_MEMORY=48GiB`); when unset, [`DEFAULT_LIMIT`] for what is
+//! sized up front and three quarters of the machine's memory for a compile worker
+//! ([`compile_limit`]).
 
 /// The environment variable that sets the limit.
 pub const ENV: &str = "PALLADIUM_MAX_HOST_MEMORY";
@@ -17,11 +19,32 @@ const GIB: f64 = (1u64 << 30) as f64;
 
 /// The limit in bytes: `PALLADIUM_MAX_HOST_MEMORY`, or [`DEFAULT_LIMIT`].
 pub fn limit() -> Result<u64, String> {
+    limit_or(DEFAULT_LIMIT)
+}
+
+/// The limit of a libtpu compile worker: `PALLADIUM_MAX_HOST_MEMORY`, or three quarters of
+/// the machine's memory. Unlike `run`, a compile cannot be sized up front and only a machine
+/// it would exhaust is worth stopping it for: libtpu's static estimator takes up to ~15 GB on
+/// a real model's megakernel, and a fixed laptop-sized default would drop those estimates.
+pub fn compile_limit() -> Result<u64, String> {
+    limit_or(physical_memory().map_or(DEFAULT_LIMIT, |total| total / 4 * 3))
+}
+
+fn limit_or(default: u64) -> Result<u64, String> {
     match std::env::var(ENV) {
         Ok(v) => parse(&v).map_err(|e| format!("{ENV}={v:?}: {e}")),
-        Err(std::env::VarError::NotPresent) => Ok(DEFAULT_LIMIT),
+        Err(std::env::VarError::NotPresent) => Ok(default),
         Err(e) => Err(format!("{ENV}: {e}")),
     }
+}
+
+/// `MemTotal` of `/proc/meminfo` in bytes (`None` where it cannot be read).
+fn physical_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 =
+        line.trim_start_matches("MemTotal:").trim().strip_suffix("kB")?.trim().parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// `"1073741824"`, `"1GiB"`, `"1.5 GiB"`, `"512MiB"`.
@@ -92,6 +115,12 @@ pub fn check_within(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_machines_memory_is_read() {
+        let total = physical_memory().expect("/proc/meminfo has MemTotal");
+        assert!(total >= 1 << 28, "{total}");
+    }
 
     #[test]
     fn sizes_parse_with_and_without_units() {

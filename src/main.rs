@@ -376,7 +376,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let out = out
                 .map(|out| OutputFolder::check("--out", &out, &compiled_names(&kernel), &[]))
                 .transpose()?;
-            let memory_limit = palladium::host_memory::limit()?;
+            let memory_limit = palladium::host_memory::compile_limit()?;
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
             check_hbm(&k, chip)?;
             let lowered = lower(&k, &LowerOptions { chip })
@@ -413,7 +413,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 &compiled_names("megakernel"),
                 &[Input::new("the config", &config)],
             )?;
-            let memory_limit = compile.then(palladium::host_memory::limit).transpose()?;
+            let memory_limit = compile.then(palladium::host_memory::compile_limit).transpose()?;
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
             let options = plan.options(&spec, chip)?;
             let Megakernel { plan, lowered, .. } =
