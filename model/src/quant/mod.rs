@@ -168,7 +168,7 @@ pub enum QuantError {
     #[error("tensor \"{name}\": non-finite value {value} at index {index:?}: cannot quantize")]
     NonFinite { name: String, index: Vec<usize>, value: f32 },
     #[error(
-        "{path}: tensor \"{name}\": the block of rows {rows:?}, columns {cols:?} (scale {scale} at index {index:?} of its weight_scale_inv) dequantizes to infinity: code {code} x {scale} overflows f32; a dequantized weight must be finite"
+        "{path}: tensor \"{name}\": the block of rows {rows:?}, columns {cols:?} (scale {scale:e} at index {index:?} of its weight_scale_inv) dequantizes to infinity: code {code} x {scale:e} overflows f32; a dequantized weight must be finite"
     )]
     Overflow {
         path: String,
