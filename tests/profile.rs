@@ -117,9 +117,9 @@ fn the_megakernel_profile_writes_a_trace_an_svg_and_names_the_three_largest_bubb
     assert_eq!(summary["largest_bubbles"].as_array().map(Vec::len), Some(3), "{summary}");
     let eff = summary["hbm_efficiency"].as_f64().unwrap();
     assert!(eff > 0.3 && eff < 1.0, "{summary}");
-    // The plan's bytes per step, and the two VMEM outputs (next_ids, max_logits: [16, 128] of
-    // 4 bytes each) the call writes back.
-    assert_eq!(summary["hbm_bytes"].as_u64(), Some(1_631_944_704 + 2 * 16 * 128 * 4));
+    // The plan's bytes per step, and the three VMEM outputs (next_ids, max_logits and
+    // router_non_finite: [16, 128] of 4 bytes each) the call writes back.
+    assert_eq!(summary["hbm_bytes"].as_u64(), Some(1_631_944_704 + 3 * 16 * 128 * 4));
 }
 
 #[test]

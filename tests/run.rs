@@ -807,3 +807,55 @@ fn quantized_weights_run_on_two_devices() {
         "{two}"
     );
 }
+
+/// Non-finite router logits stop the run naming the layer and the step, on one device and
+/// on two: router weights of +-3e38 in layer 1 (finite f32 weights whose logits overflow),
+/// and `rope_theta` 1e-30 (RoPE's frequencies overflow, so everything from layer 0's
+/// attention on is NaN). Before, the kernel routed the NaN row to one expert id twice and
+/// the interpreter stopped on an out-of-bounds expert fetch. Nothing is written.
+#[test]
+fn non_finite_router_logits_name_the_layer_and_the_step() {
+    let dir = scratch("run-router-non-finite");
+    let config = dir.join("config.json");
+    let logits = dir.join("logits.json");
+    let spec = ModelSpec::from_path(fixture("tiny-qwen3-moe")).unwrap();
+    let text = std::fs::read_to_string(fixture("tiny-qwen3-moe")).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut huge = Weights::random(&spec, 0).unwrap();
+    for (i, x) in huge.get_mut("model.layers.1.mlp.gate.weight").unwrap().iter_mut().enumerate() {
+        *x = if i % 2 == 0 { 3e38 } else { -3e38 };
+    }
+    json["rope_theta"] = serde_json::json!(1e-30);
+    let tiny_theta = json.to_string();
+    for (weights, config_text, layer) in
+        [(&huge, &text, 1), (&Weights::random(&spec, 0).unwrap(), &tiny_theta, 0)]
+    {
+        std::fs::write(&config, config_text).unwrap();
+        weights.save(dir.join("model.safetensors"), SaveDtype::Float32).unwrap();
+        for (prompt, step) in [("1,2", "prompt token 0 (id 1)"), ("1", "generated step 0")] {
+            for devices in ["1", "2"] {
+                let (code, out, err) = palladium_code(
+                    &[
+                        "run",
+                        config.to_str().unwrap(),
+                        "--weights",
+                        dir.to_str().unwrap(),
+                        "--prompt-ids",
+                        prompt,
+                        "--steps",
+                        "2",
+                        "--devices",
+                        devices,
+                        "--logits-out",
+                        logits.to_str().unwrap(),
+                    ],
+                    &[],
+                );
+                assert_eq!(code, 1, "{devices} devices: {err}");
+                let want = format!("{step}: the router logits of layer {layer} are not finite");
+                assert!(err.contains(&want), "{devices} devices: {err}");
+                assert!(out.is_empty() && !logits.exists(), "nothing printed or written");
+            }
+        }
+    }
+}

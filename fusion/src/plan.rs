@@ -1002,6 +1002,15 @@ fn stream_layout(
             4 * dims.rows * 128,
         ));
     }
+    let status_lanes = round_up(l, 128);
+    operands.push(operand(
+        RouterNonFinite,
+        Output,
+        DType::F32,
+        vec![dims.rows, status_lanes],
+        MemorySpace::Vmem,
+        4 * dims.rows * status_lanes,
+    ));
     for kind in [KCacheOut, VCacheOut] {
         operands.push(operand(
             kind,
@@ -1085,6 +1094,12 @@ fn vmem_budget(
         ("router logits".into(), pad(rows, dims.experts_pad, 4)),
         ("rope tables".into(), 2 * pad(rows, hp, 4) + pad(hp, hp, 2) + pad(8, hp, 4)),
         ("greedy ids + max logits (outputs)".into(), 2 * pad(rows, 128, 4)),
+        (
+            "router status (output)".into(),
+            layout
+                .operand(OperandKind::RouterNonFinite)
+                .map_or(0, |o| pad(o.shape[0], o.shape[1], 4)),
+        ),
     ];
     if let Some(q) = layout.quant {
         let rows_of =
