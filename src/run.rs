@@ -77,7 +77,7 @@ impl RunOptions {
             if index.is_file() {
                 inputs.push(Input::new("the checkpoint index (--weights)", index));
             }
-            let files = palladium_model::weights::checkpoint_files(path).unwrap_or_default();
+            let files = palladium_model::weights::checkpoint_paths(path).unwrap_or_default();
             inputs
                 .extend(files.into_iter().map(|f| Input::new("a checkpoint file (--weights)", f)));
         }

@@ -879,6 +879,12 @@ impl ShardIndex {
     }
 }
 
+/// The safetensors files a checkpoint path names (see [`Weights::load`]): what a command
+/// reads from it, so that no output of it lands on one of them.
+pub fn checkpoint_paths(path: &Path) -> Result<Vec<PathBuf>, WeightsError> {
+    checkpoint_files(path).map(|(files, _)| files)
+}
+
 /// The safetensors files of a checkpoint path (see [`Weights::load`]), and the index of a
 /// sharded one.
 fn checkpoint_files(path: &Path) -> Result<(Vec<PathBuf>, Option<ShardIndex>), WeightsError> {
