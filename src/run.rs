@@ -441,7 +441,7 @@ pub fn quantization_error(o: &RunOptions, out: &RunOutput) -> Result<Option<(f32
     )?;
     let max =
         |f: fn(&palladium_decode::StepCheck) -> f32| c.steps.iter().map(f).fold(0.0, f32::max);
-    Ok(Some((max(|s| s.err_bf16), max(palladium_decode::StepCheck::rel_err_bf16))))
+    Ok(Some((max(|s| s.err_bf16), max(|s| s.rel_err_bf16))))
 }
 
 /// Shows that a long run is alive: a progress bar on a terminal, otherwise a line on stderr
