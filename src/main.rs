@@ -160,7 +160,8 @@ enum Command {
         /// The chip the megakernel is planned, verified and lowered for.
         #[arg(long, default_value = "v6e")]
         chip: Chip,
-        /// KV-cache positions to plan for (default: prompt + steps).
+        /// KV-cache positions to plan for (default: the positions the run writes, prompt +
+        /// steps - 1 + K - 1).
         #[arg(long)]
         context: Option<u64>,
         /// Also run the plain-Rust bf16 reference teacher-forced on the generated ids and
