@@ -292,6 +292,25 @@ fn a_loop_bounded_by_scalar_prefetch_needs_its_values() {
         !ok && err.contains("scalar prefetch `lens`: 1 values given, the operand has 2"),
         "{err}"
     );
+    // Values outside the range the kernel declares for `lens` (1..=max_context): past the
+    // cache, negative, or large enough to allocate without end, refused before any work.
+    for (lens, value) in [
+        ("lens=99999,99999", "value 0 is 99999"),
+        ("lens=-1,-1", "value 0 is -1"),
+        ("lens=2147483647,1", "value 0 is 2147483647"),
+    ] {
+        let args =
+            ["profile", "decode_attention", "--chip", "v6e", "--prefetch", lens, "--out", out];
+        let (code, err) = palladium_code(&args);
+        assert_eq!(code, Some(1), "{lens}: {err}");
+        assert!(
+            err.contains(&format!(
+                "scalar prefetch `lens`: {value}, outside the range 1..=4096 the kernel declares for it"
+            )),
+            "{lens}: {err}"
+        );
+        assert!(!dir.exists());
+    }
     let summary = |lens: &str| -> serde_json::Value {
         let (ok, _, err) = palladium(&[
             "profile",
