@@ -98,6 +98,7 @@ enum Command {
     /// on several devices (a library collective's `--set n=N`, the megakernel's `--devices
     /// N`) is profiled as device 0 of the SPMD program: remote copies on the ICI links
     /// (a model: libtpu prices them at 0 cycles), collective time and bubbles named apart.
+    /// A flag the chosen target does not use is refused.
     #[command(group(clap::ArgGroup::new("what").required(true).args(["kernel", "megakernel"])))]
     Profile {
         kernel: Option<String>,
