@@ -48,7 +48,8 @@ pub struct RunOptions {
     pub prompt: Vec<u32>,
     pub steps: usize,
     pub chip: Chip,
-    /// KV-cache positions to plan for (default: prompt + steps).
+    /// KV-cache positions to plan for (default: the positions the run writes, prompt +
+    /// steps - 1 + K - 1).
     pub context: Option<u64>,
     /// Whether the reference will be run too (`--check`): counted in the host memory.
     pub check: bool,
@@ -102,6 +103,15 @@ impl Drafts {
             Drafts::None => Box::new(NoDrafts),
             Drafts::Ngram(n) => Box::new(Ngram { n: *n }),
             Drafts::Forced(ids) => Box::new(Forced { continuation: ids.clone() }),
+        }
+    }
+
+    /// The flag that chose them (none without drafts).
+    pub fn flag(&self) -> Option<&'static str> {
+        match self {
+            Drafts::None => None,
+            Drafts::Ngram(_) => Some("--speculate"),
+            Drafts::Forced(_) => Some("--draft-ids"),
         }
     }
 
@@ -296,24 +306,31 @@ pub fn run(
             palladium_fusion::plan::MAX_TOKENS_PER_SEQ
         ));
     }
-    // The last run feeds the token before the last generated one and writes K positions.
+    if let Some(flag) = o.drafts.flag()
+        && kt == 1
+    {
+        return Err(format!(
+            "{flag} with --tokens-per-seq 1: a run verifies its last token and up to K - 1 drafts, so K = 1 drafts nothing; give --tokens-per-seq 2 or more (the default with drafts is 4), or drop {flag}"
+        ));
+    }
+    // The last run feeds the token before the last generated one and writes K positions
+    // from there: the prompt, all generated tokens but the last, and K - 1 more.
     let need = (o.prompt.len() as u64).saturating_add(o.steps as u64 - 1).saturating_add(kt - 1);
-    let k_note = if kt > 1 { format!(" + K - 1 ({})", kt - 1) } else { String::new() };
+    let terms = format!(
+        "prompt ({}) + steps - 1 ({}){}",
+        o.prompt.len(),
+        o.steps - 1,
+        if kt > 1 { format!(" + K - 1 ({})", kt - 1) } else { String::new() }
+    );
     if need > spec.max_position_embeddings {
         return Err(format!(
-            "prompt ({}) + steps ({}){k_note} need {need} positions, past max_position_embeddings {}",
-            o.prompt.len(),
-            o.steps,
+            "{terms} need {need} positions, past max_position_embeddings {}",
             spec.max_position_embeddings
         ));
     }
     let context = o.context.unwrap_or(need);
     if context < need {
-        return Err(format!(
-            "--context {context} is too small for prompt ({}) + steps ({}){k_note}: {need} positions",
-            o.prompt.len(),
-            o.steps
-        ));
+        return Err(format!("--context {context} is too small for {terms}: {need} positions"));
     }
     // Planned without the HBM check first: what the run holds in host memory is the first
     // question (interpret mode), the chip's HBM the second.
@@ -464,7 +481,7 @@ pub fn quantization_error(o: &RunOptions, out: &RunOutput) -> Result<Option<(f32
     )?;
     let max =
         |f: fn(&palladium_decode::StepCheck) -> f32| c.steps.iter().map(f).fold(0.0, f32::max);
-    Ok(Some((max(|s| s.err_bf16), max(palladium_decode::StepCheck::rel_err_bf16))))
+    Ok(Some((max(|s| s.err_bf16), max(|s| s.rel_err_bf16))))
 }
 
 /// Shows that a long run is alive: a progress bar on a terminal, otherwise a line on stderr

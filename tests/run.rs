@@ -376,6 +376,86 @@ fn run_errors_are_clear() {
     assert!(!ok && err.contains("interpret mode runs small models"), "{err}");
 }
 
+/// Drafting needs K >= 2 (a run verifies its last token and K - 1 drafts): `--speculate` or
+/// `--draft-ids` with `--tokens-per-seq 1` is refused naming both flags, not run as "0 of 0
+/// drafted". The context messages' terms add up to the positions they name, which are what
+/// the run writes (prompt + steps - 1 + K - 1: the context 13 below is enough).
+#[test]
+fn drafts_need_two_tokens_per_run_and_context_terms_add_up() {
+    let cfg = fixture("tiny-qwen3-moe");
+    let cfg = cfg.to_str().unwrap();
+    let base = ["run", cfg, "--random-weights", "--prompt-ids", "1,2,3,4,5", "--steps", "6"];
+    let with = |extra: &[&str]| palladium_code(&[&base[..], extra].concat(), &[]);
+    for (drafts, flag) in
+        [(&["--speculate", "ngram"][..], "--speculate"), (&["--draft-ids", "7,8"], "--draft-ids")]
+    {
+        let (code, _, err) = with(&[drafts, &["--tokens-per-seq", "1"]].concat());
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.contains(&format!("{flag} with --tokens-per-seq 1: a run verifies its last token and up to K - 1 drafts")),
+            "{err}"
+        );
+    }
+    let (code, _, err) = with(&["--tokens-per-seq", "4", "--context", "12"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(
+            "--context 12 is too small for prompt (5) + steps - 1 (5) + K - 1 (3): 13 positions"
+        ),
+        "{err}"
+    );
+    let (code, _, err) = with(&["--context", "9"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("--context 9 is too small for prompt (5) + steps - 1 (5): 10 positions"),
+        "{err}"
+    );
+    let (code, _, err) = with(&["--tokens-per-seq", "4", "--context", "13"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = palladium_code(
+        &["run", cfg, "--random-weights", "--prompt-ids", "1,2,3,4,5", "--steps", "4093"],
+        &[],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(
+            "prompt (5) + steps - 1 (4092) need 4097 positions, past max_position_embeddings 4096"
+        ),
+        "{err}"
+    );
+}
+
+/// `--check`'s printed relative error is the logits' own: the same with any `--tolerance`.
+#[test]
+fn the_relative_error_does_not_depend_on_the_tolerance() {
+    let cfg = fixture("tiny-qwen3-moe");
+    let cfg = cfg.to_str().unwrap();
+    let relative = |extra: &[&str]| {
+        let args =
+            [
+                &[
+                    "run",
+                    cfg,
+                    "--random-weights",
+                    "--prompt-ids",
+                    "1,2,3",
+                    "--steps",
+                    "3",
+                    "--check",
+                ][..],
+                extra,
+            ]
+            .concat();
+        let (code, out, err) = palladium_code(&args, &[]);
+        assert_eq!(code, 0, "{err}");
+        let at = out.find(", relative ").unwrap_or_else(|| panic!("{out}"));
+        out[at..].split(';').next().unwrap().to_string()
+    };
+    let default = relative(&[]);
+    assert_eq!(relative(&["--tolerance", "0.1"]), default);
+    assert_eq!(relative(&["--tolerance", "0.5"]), default);
+}
+
 /// Sizes and positions: `--context` past `max_position_embeddings` is refused naming both
 /// (2^52 used to overflow a capacity, 4000000 to allocate 16 GB of cache); the host memory a
 /// run needs is refused above `PALLADIUM_MAX_HOST_MEMORY`, with the numbers and how to raise it.

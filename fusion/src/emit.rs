@@ -180,7 +180,16 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     // the kernel is grid-less, every operand is whole (those in HBM reached by DMA only).
     for o in &plan.layout.operands {
         let (name, shape) = (o.kind.name(), &o.shape);
-        kb.operand(name, o.role, o.dtype, shape, o.space, None, None as NoMap);
+        let slot = kb.operand(name, o.role, o.dtype, shape, o.space, None, None as NoMap);
+        // The scalar prefetch's values: token ids, and positions whose K new rows fit the
+        // cache.
+        match o.kind {
+            OperandKind::Tokens => kb.value_range(slot, 0, d.vocab.saturating_sub(1)),
+            OperandKind::Positions => {
+                kb.value_range(slot, 0, d.positions.saturating_sub(d.tokens_per_seq))
+            }
+            _ => &mut kb,
+        };
     }
     // An aliased output (a KV cache) is its input updated in place: the caller passes one
     // buffer for both, and the step writes only the new position's rows. (The emitted
