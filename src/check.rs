@@ -314,6 +314,15 @@ pub fn check_on(
     };
     let prepare_time = t.elapsed();
     let inputs = (entry.inputs)(settings, options.seed)?;
+    // The scalar-prefetch arrays come first, each within the range its operand declares
+    // (a mesh kernel's stacked per device: the values are checked, not the length).
+    for (o, array) in kernel.call.operands_of(OperandRole::Prefetch).zip(&inputs) {
+        let values: Vec<i64> = array.to_i32().into_iter().map(i64::from).collect();
+        o.check_values(&values).map_err(|why| CheckError::Refused {
+            kernel: name.to_string(),
+            message: format!("scalar prefetch `{}`: {why}", o.name),
+        })?;
+    }
     let t = Instant::now();
     let got = run(&inputs)?;
     let run_time = t.elapsed();

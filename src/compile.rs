@@ -1,11 +1,13 @@
 //! `palladium compile` and `palladium megakernel --compile`: a lowered kernel compiled by
 //! libtpu, deviceless, through the runtime crate's workers (PJRT), with its code size, memory
-//! stats and libtpu's static cycle estimate.
+//! stats and libtpu's static cycle estimate. The worker is held to the host-memory limit
+//! ([`crate::host_memory`]), and a long compile shows that it is alive on stderr.
 
 use palladium_dsl::spec::Chip;
 use palladium_lowering::Lowered;
 use palladium_runtime::{CallSpec, Compiled, Compiler, Estimate, Job, wrap};
 use serde_json::{Value as Json, json};
+use std::time::{Duration, Instant};
 
 /// A kernel compiled for a chip.
 #[derive(Debug)]
@@ -25,20 +27,28 @@ pub struct CompileReport {
 }
 
 /// Wrap `lowered` and compile it for `chip` with libtpu's estimate (a compile the estimator
-/// aborts is compiled again without it; `estimate_note` then says why there is no estimate).
-pub fn compile(lowered: &Lowered, chip: Chip) -> Result<CompileReport, String> {
+/// aborts is compiled again without it; `estimate_note` then says why there is no estimate),
+/// in a worker stopped past `memory_limit` bytes (the command's
+/// [`crate::host_memory::limit`], read before any work).
+pub fn compile(lowered: &Lowered, chip: Chip, memory_limit: u64) -> Result<CompileReport, String> {
     let spec = CallSpec::from_json(&lowered.call_json)?;
     let stablehlo = wrap(&lowered.body, &spec)?;
     let devices = spec.devices.unwrap_or(1);
     // Refused here, before a worker starts, when no slice of the chip has the devices.
     let topology = palladium_runtime::libtpu::topology(chip, devices)
         .map_err(|e| format!("cannot compile `{}` for {chip}: {e}", spec.name))?;
-    let compiler = Compiler::new(Estimate::Yes).map_err(|e| e.to_string())?.with_workers(1);
+    let compiler = Compiler::new(Estimate::Yes)
+        .map_err(|e| e.to_string())?
+        .with_workers(1)
+        .with_memory_limit(memory_limit, crate::host_memory::ENV);
     let job = Job { program: stablehlo.clone(), chip, serialize: true };
-    let compiled = compiler
-        .compile_all_estimated(std::slice::from_ref(&job))
-        .pop()
-        .expect("one result per job");
+    let what = format!("compiling `{}` for {chip} with libtpu", spec.name);
+    let compiled = with_progress(&what, &compiler, || {
+        compiler
+            .compile_all_estimated(std::slice::from_ref(&job))
+            .pop()
+            .expect("one result per job")
+    });
     let mut compiled =
         compiled.map_err(|e| format!("cannot compile `{}` for {chip}: {e}", spec.name))?;
     if spec.has_communication == Some(true) {
@@ -69,6 +79,90 @@ fn withhold_estimate(compiled: &mut Compiled, devices: u64) {
     ));
     compiled.estimated_cycles = None;
     compiled.ops.clear();
+}
+
+/// Runs `f` (a compile by `compiler`) while showing that it is alive on stderr: on a
+/// terminal a spinner with the elapsed time and the worker's memory; otherwise a line after
+/// [`Ticker::QUIET_FOR`] and then every [`Ticker::LINE_EVERY`] (a quick compile prints
+/// nothing).
+fn with_progress<T>(what: &str, compiler: &Compiler, f: impl FnOnce() -> T) -> T {
+    use std::io::IsTerminal;
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let start = Instant::now();
+            let spinner = std::io::stderr().is_terminal().then(|| {
+                let bar = indicatif::ProgressBar::new_spinner();
+                bar.set_style(
+                    indicatif::ProgressStyle::with_template("{spinner} {msg}")
+                        .expect("a valid template"),
+                );
+                bar
+            });
+            let mut ticker = Ticker { start, last_line: None };
+            // Until `f` returns (the sender is dropped).
+            while wait
+                .recv_timeout(Duration::from_millis(200))
+                .is_err_and(|e| e == std::sync::mpsc::RecvTimeoutError::Timeout)
+            {
+                let now = Instant::now();
+                let resident = compiler.resident_bytes();
+                match &spinner {
+                    Some(bar) => {
+                        bar.set_message(Ticker::status(what, now - start, resident));
+                        bar.tick();
+                    }
+                    None => {
+                        if let Some(line) = ticker.line(what, now, resident) {
+                            eprintln!("{line}");
+                        }
+                    }
+                }
+            }
+            if let Some(bar) = spinner {
+                bar.finish_and_clear();
+            }
+        });
+        let result = f();
+        drop(done);
+        result
+    })
+}
+
+/// When a compile's progress line is due where stderr is not a terminal.
+#[derive(Debug)]
+struct Ticker {
+    start: Instant,
+    last_line: Option<Instant>,
+}
+
+impl Ticker {
+    /// No line before this: most compiles take a second or two.
+    const QUIET_FOR: Duration = Duration::from_secs(5);
+    const LINE_EVERY: Duration = Duration::from_secs(10);
+
+    fn line(&mut self, what: &str, now: Instant, resident: u64) -> Option<String> {
+        let elapsed = now.saturating_duration_since(self.start);
+        let due = match self.last_line {
+            None => elapsed >= Self::QUIET_FOR,
+            Some(t) => now.saturating_duration_since(t) >= Self::LINE_EVERY,
+        };
+        if !due {
+            return None;
+        }
+        self.last_line = Some(now);
+        Some(Self::status(what, elapsed, resident))
+    }
+
+    /// `compiling `matmul` for v6e with libtpu: 12 s, worker 3.10 GiB of host memory`.
+    fn status(what: &str, elapsed: Duration, resident: u64) -> String {
+        let memory = if resident > 0 {
+            format!(", worker {:.2} GiB of host memory", resident as f64 / (1u64 << 30) as f64)
+        } else {
+            String::new()
+        };
+        format!("{what}: {:.0} s{memory}", elapsed.as_secs_f64())
+    }
 }
 
 impl CompileReport {
@@ -123,5 +217,28 @@ impl CompileReport {
             (format!("{name}.stablehlo.mlir"), self.stablehlo.clone().into_bytes()),
             (format!("{name}.executable"), self.compiled.executable.clone().unwrap_or_default()),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_lines_wait_then_repeat() {
+        let mut t = Ticker { start: Instant::now(), last_line: None };
+        let at = |s: u64| t.start + Duration::from_secs(s);
+        let (t1, t2, t3, t4) = (at(4), at(5), at(14), at(15));
+        let what = "compiling `matmul` for v6e with libtpu";
+        assert_eq!(t.line(what, t1, 1 << 30), None, "quiet at first");
+        assert_eq!(
+            t.line(what, t2, 3 << 29).as_deref(),
+            Some("compiling `matmul` for v6e with libtpu: 5 s, worker 1.50 GiB of host memory")
+        );
+        assert_eq!(t.line(what, t3, 0), None, "not again before 10 s");
+        assert_eq!(
+            t.line(what, t4, 0).as_deref(),
+            Some("compiling `matmul` for v6e with libtpu: 15 s")
+        );
     }
 }

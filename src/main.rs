@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use palladium::check::{Backend, CheckOptions, check_on};
-use palladium::output::{check_writable, write_all};
+use palladium::output::{Input, OutputFolder};
 use palladium_dsl::ir::{PrintOptions, VerifyOptions, check_hbm, print_kernel, verify};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::{KernelError, REGISTRY, parse_setting};
@@ -98,16 +98,18 @@ enum Command {
     /// on several devices (a library collective's `--set n=N`, the megakernel's `--devices
     /// N`) is profiled as device 0 of the SPMD program: remote copies on the ICI links
     /// (a model: libtpu prices them at 0 cycles), collective time and bubbles named apart.
+    /// A flag the chosen target does not use is refused.
     #[command(group(clap::ArgGroup::new("what").required(true).args(["kernel", "megakernel"])))]
     Profile {
         kernel: Option<String>,
         /// Override a compile-time parameter of KERNEL: NAME=VALUE (repeatable).
-        #[arg(long = "set", value_name = "NAME=VALUE", requires = "kernel")]
+        #[arg(long = "set", value_name = "NAME=VALUE")]
         set: Vec<String>,
         /// The contents of KERNEL's scalar-prefetch operand NAME, row-major (repeatable;
         /// e.g. `decode_attention`'s `lens=4096,4096`): loops bounded by them run their real
-        /// trip counts.
-        #[arg(long, value_name = "NAME=V,...", requires = "kernel")]
+        /// trip counts. Values outside the range the kernel declares for the operand are
+        /// refused.
+        #[arg(long, value_name = "NAME=V,...")]
         prefetch: Vec<String>,
         /// Profile the decode megakernel of this Hugging Face config.json instead.
         #[arg(long, value_name = "CONFIG", conflicts_with = "kernel")]
@@ -117,11 +119,11 @@ enum Command {
         /// Also profile the same step split into library kernels (per layer rmsnorm, qkv
         /// gemv, rope, KV update, attention, o gemv, residual adds, router, experts; `lm_head`),
         /// each call plus a fixed cost, and print fused / unfused.
-        #[arg(long, requires = "megakernel")]
+        #[arg(long)]
         unfused: bool,
         /// The step's position per sequence (comma-separated, one per --batch); default: each
         /// sequence at the end of the context (context - K).
-        #[arg(long, value_name = "P,...", requires = "megakernel")]
+        #[arg(long, value_name = "P,...")]
         positions: Option<String>,
         #[arg(long)]
         chip: Chip,
@@ -159,7 +161,8 @@ enum Command {
         /// The chip the megakernel is planned, verified and lowered for.
         #[arg(long, default_value = "v6e")]
         chip: Chip,
-        /// KV-cache positions to plan for (default: prompt + steps).
+        /// KV-cache positions to plan for (default: the positions the run writes, prompt +
+        /// steps - 1 + K - 1).
         #[arg(long)]
         context: Option<u64>,
         /// Also run the plain-Rust bf16 reference teacher-forced on the generated ids and
@@ -264,25 +267,6 @@ struct PlanArgs {
 }
 
 impl PlanArgs {
-    /// The first option given a value other than its default (for commands where the plan
-    /// options do not apply).
-    fn given(&self) -> Option<&'static str> {
-        [
-            (self.batch != 1, "--batch"),
-            (self.context != 4096, "--context"),
-            (self.layers.is_some(), "--layers"),
-            (self.all_kv_tiles, "--all-kv-tiles"),
-            (self.single_prefetch, "--single-prefetch"),
-            (self.tokens_per_seq != 1, "--tokens-per-seq"),
-            (self.logits, "--logits"),
-            (self.worst_case_experts, "--worst-case-experts"),
-            (self.devices != 1, "--devices"),
-            (self.weights_dtype.is_some(), "--weights-dtype"),
-        ]
-        .into_iter()
-        .find_map(|(given, flag)| given.then_some(flag))
-    }
-
     /// The plan options for `spec` (its checkpoint's dtype decides the weights when
     /// `--weights-dtype` is not given).
     fn options(
@@ -359,28 +343,29 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Command::Emit { kernel, chip, set, out } => {
             palladium_kernels::entry(&kernel).map_err(|e| e.to_string())?;
-            check_writable(&out, &compiled_names(&kernel)[..3])?;
+            let out = OutputFolder::check("--out", &out, &compiled_names(&kernel), &[])?;
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
             check_hbm(&k, chip)?;
             let lowered = lower(&k, &LowerOptions { chip })
                 .map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
             let files = emitted_files(&kernel, lowered);
-            write_all(&out, &files)?;
+            out.write(&files)?;
             for (name, _) in &files {
-                println!("{}", out.join(name).display());
+                println!("{}", out.dir().join(name).display());
             }
             Ok(())
         }
         Command::Compile { kernel, chip, set, out, json } => {
             palladium_kernels::entry(&kernel).map_err(|e| e.to_string())?;
-            if let Some(out) = &out {
-                check_writable(out, &compiled_names(&kernel))?;
-            }
+            let out = out
+                .map(|out| OutputFolder::check("--out", &out, &compiled_names(&kernel), &[]))
+                .transpose()?;
+            let memory_limit = palladium::host_memory::compile_limit()?;
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
             check_hbm(&k, chip)?;
             let lowered = lower(&k, &LowerOptions { chip })
                 .map_err(|e| format!("cannot lower `{kernel}` for {chip}:\n{e}"))?;
-            let report = match palladium::compile::compile(&lowered, chip) {
+            let report = match palladium::compile::compile(&lowered, chip, memory_limit) {
                 Ok(r) => r,
                 Err(e) if json => {
                     println!(
@@ -394,7 +379,7 @@ fn run(cli: Cli) -> Result<(), String> {
             if let Some(out) = &out {
                 let mut files = emitted_files(&kernel, lowered);
                 files.extend(report.files(&kernel));
-                write_all(out, &files)?;
+                out.write(&files)?;
             }
             if json {
                 println!("{}", report.json())
@@ -406,12 +391,13 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Megakernel { config, chip, plan, out, json, compile } => {
             use palladium_fusion::megakernel::{Megakernel, MegakernelError};
             use palladium_fusion::plan::PlanError;
-            let names = if compile {
-                compiled_names("megakernel").to_vec()
-            } else {
-                compiled_names("megakernel")[..3].to_vec()
-            };
-            check_writable(&out, &names)?;
+            let out = OutputFolder::check(
+                "--out",
+                &out,
+                &compiled_names("megakernel"),
+                &[Input::new("the config", &config)],
+            )?;
+            let memory_limit = compile.then(palladium::host_memory::compile_limit).transpose()?;
             let spec = palladium_model::ModelSpec::from_path(&config).map_err(|e| e.to_string())?;
             let options = plan.options(&spec, chip)?;
             let Megakernel { plan, lowered, .. } =
@@ -419,13 +405,14 @@ fn run(cli: Cli) -> Result<(), String> {
                     MegakernelError::Plan(PlanError::Hbm { .. }) => format!("{e}; try --layers N"),
                     e => e.to_string(),
                 })?;
-            let compiled =
-                if compile { Some(palladium::compile::compile(&lowered, chip)?) } else { None };
+            let compiled = memory_limit
+                .map(|limit| palladium::compile::compile(&lowered, chip, limit))
+                .transpose()?;
             let mut files = emitted_files("megakernel", lowered);
             if let Some(c) = &compiled {
                 files.extend(c.files("megakernel"));
             }
-            write_all(&out, &files)?;
+            out.write(&files)?;
             if json {
                 let mut report: serde_json::Value =
                     serde_json::from_str(&palladium_fusion::report::json(&plan))
@@ -455,7 +442,9 @@ fn run(cli: Cli) -> Result<(), String> {
         } => {
             use palladium_profile::{Inputs, calibration::Calibration, report, simulate};
             const FILES: [&str; 3] = ["trace.json", "timeline.svg", "summary.json"];
-            check_writable(&out, &FILES)?;
+            let inputs: Vec<Input> =
+                megakernel.iter().map(|config| Input::new("the config", config)).collect();
+            let out = OutputFolder::check("--out", &out, &FILES, &inputs)?;
             let calibration = Calibration::committed();
             let coefficients = calibration.chip(chip).map_err(|e| e.to_string())?;
             let mut inputs = Inputs::default();
@@ -465,11 +454,6 @@ fn run(cli: Cli) -> Result<(), String> {
             let mut planner_collectives = None;
             let kernel = match (kernel, megakernel) {
                 (Some(name), None) => {
-                    if let Some(flag) = plan.given() {
-                        return Err(format!(
-                            "{flag} is a megakernel option: give --megakernel CONFIG, or drop it to profile `{name}`"
-                        ));
-                    }
                     palladium_kernels::entry(&name).map_err(|e| e.to_string())?;
                     let k = build(&name, &set).map_err(|e| e.to_string())?;
                     check_hbm(&k, chip)?;
@@ -500,6 +484,9 @@ fn run(cli: Cli) -> Result<(), String> {
                         expert_fetch: ExpertFetch::WorstCase,
                         ..plan.options(&spec, chip)?
                     };
+                    if unfused {
+                        unfused_like_fused(&options, positions.is_some())?;
+                    }
                     let p = Plan::new(&spec, &options)
                         .map_err(|e| format!("megakernel refused: {e}"))?;
                     notes.push(format!("routing: the static worst case of {} distinct experts per layer (min(E, batch x K x top_k)), each fetched once", p.distinct_experts()));
@@ -515,7 +502,12 @@ fn run(cli: Cli) -> Result<(), String> {
                             plan.batch
                         ));
                     }
-                    if let Some(&bad) = at.iter().find(|&&p| p < 0 || p as u64 + k > plan.context) {
+                    if let Some(&bad) = at.iter().find(|&&p| p < 0) {
+                        return Err(format!(
+                            "--positions: {bad} is not a position (positions are 0 or more)"
+                        ));
+                    }
+                    if let Some(&bad) = at.iter().find(|&&p| p as u64 + k > plan.context) {
                         return Err(format!(
                             "--positions: {bad} + {k} new tokens is past --context {}",
                             plan.context
@@ -523,9 +515,6 @@ fn run(cli: Cli) -> Result<(), String> {
                     }
                     notes.push(format!("positions: {at:?}"));
                     if unfused {
-                        if k != 1 {
-                            return Err("--unfused: the unfused step is one token per sequence (drop --tokens-per-seq)".into());
-                        }
                         unfused_step = Some(palladium::profile::UnfusedStep::new(
                             &spec,
                             p.layers,
@@ -571,7 +560,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 (FILES[1], report::svg(&timeline).into_bytes()),
                 (FILES[2], summary.into_bytes()),
             ];
-            write_all(&out, &files)?;
+            out.write(&files)?;
             print!("{}", report::summary_text(&timeline));
             if let Some(u) = &unfused_step {
                 print!("{}", u.text(timeline.cycles));
@@ -631,8 +620,10 @@ fn run(cli: Cli) -> Result<(), String> {
                 devices,
             };
             // A bad --logits-out fails here, before any work.
-            let logits_file =
-                logits_out.as_deref().map(|p| OutputFile::create("--logits-out", p)).transpose()?;
+            let logits_file = logits_out
+                .as_deref()
+                .map(|p| OutputFile::create("--logits-out", p, &options.inputs()))
+                .transpose()?;
             let mut progress = Progress::new();
             let out =
                 palladium::run::run(&options, backend, |done, total| progress.update(done, total));
@@ -700,6 +691,33 @@ fn run(cli: Cli) -> Result<(), String> {
     }
 }
 
+/// `profile --unfused` compares like with like: the unfused step is modelled as bf16 library
+/// kernels on one device, one token per sequence, attending to the full context (static
+/// bounds); a fused step planned otherwise is refused with the difference.
+fn unfused_like_fused(
+    options: &palladium_fusion::plan::PlanOptions,
+    positions_given: bool,
+) -> Result<(), String> {
+    let why = if options.tokens_per_seq != 1 {
+        "the unfused step is one token per sequence (drop --tokens-per-seq)".to_string()
+    } else if options.devices != 1 {
+        format!(
+            "the unfused step is modelled on one device, the fused one on --devices {} (no sharded unfused step with its collectives): drop one of them",
+            options.devices
+        )
+    } else if options.weights != WeightsDtype::Bf16 {
+        format!(
+            "the unfused step is modelled with bf16 library kernels, the fused one with {} weights (--weights-dtype, or the config's quantization_config): drop --unfused, or profile bf16 weights",
+            options.weights.name()
+        )
+    } else if positions_given {
+        "the unfused step attends to the full context (static bounds), the fused one from --positions: drop one of them".to_string()
+    } else {
+        return Ok(());
+    };
+    Err(format!("--unfused: {why}"))
+}
+
 /// `interpret` / `exec`: the kernel's outputs on `backend` against its reference.
 fn check_kernel(args: CheckArgs, backend: Backend) -> Result<(), String> {
     let CheckArgs { kernel, set, chip, seed, tolerance } = args;
@@ -725,8 +743,10 @@ fn check_kernel(args: CheckArgs, backend: Backend) -> Result<(), String> {
     }
 }
 
-/// The names `emit` writes for `name` (the module, the serialized body, the call spec), then
-/// what `compile --out` adds (the StableHLO program, the serialized executable).
+/// The file set of `emit`, `compile` and `megakernel` for `name`: what `emit` writes (the
+/// module, the serialized body, the call spec), then what `compile --out` adds (the
+/// StableHLO program, the serialized executable). A command that writes only the first
+/// three removes the other two an earlier run left: they would not match.
 fn compiled_names(name: &str) -> [String; 5] {
     ["mlir", "body.mlir", "call.json", "stablehlo.mlir", "executable"]
         .map(|ext| format!("{name}.{ext}"))
@@ -776,8 +796,46 @@ fn rerun_with_libtpu_environment(cli: &Cli) -> Option<ExitCode> {
     })
 }
 
+/// `profile`'s flags that only a library KERNEL uses; `chip`, `out` and the target itself
+/// serve both targets, every other flag only `--megakernel`.
+const PROFILE_KERNEL_FLAGS: [&str; 2] = ["set", "prefetch"];
+const PROFILE_COMMON: [&str; 4] = ["kernel", "megakernel", "chip", "out"];
+
+/// A `profile` flag given on the command line that the chosen target does not use: refused,
+/// never ignored. (clap's `requires` cannot say this: it counts a required argument as
+/// present when it conflicts with one given, and KERNEL and --megakernel conflict.)
+fn unused_profile_flag(profile: &clap::Command, m: &clap::ArgMatches) -> Option<String> {
+    use clap::parser::ValueSource;
+    let kernel = m.get_one::<String>("kernel");
+    profile.get_arguments().find_map(|arg| {
+        let id = arg.get_id().as_str();
+        if m.value_source(id) != Some(ValueSource::CommandLine) || PROFILE_COMMON.contains(&id) {
+            return None;
+        }
+        let flag = format!("--{}", arg.get_long().unwrap_or(id));
+        match (kernel, PROFILE_KERNEL_FLAGS.contains(&id)) {
+            (None, true) => Some(format!(
+                "{flag} applies to a library KERNEL (`palladium profile KERNEL {flag} ...`), not to --megakernel: drop it (the megakernel takes its plan options: --layers, --batch, --context, ...)"
+            )),
+            (Some(name), false) => Some(format!(
+                "{flag} is a megakernel option: give --megakernel CONFIG, or drop it to profile `{name}`"
+            )),
+            _ => None,
+        }
+    })
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let mut command = Cli::command();
+    let matches = command.get_matches_mut();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut command).exit());
+    if let Some(("profile", m)) = matches.subcommand()
+        && let Some(profile) = command.find_subcommand_mut("profile")
+        && let Some(why) = unused_profile_flag(profile, m)
+    {
+        profile.error(clap::error::ErrorKind::ArgumentConflict, why).exit();
+    }
     if let Some(code) = rerun_with_libtpu_environment(&cli) {
         return code;
     }

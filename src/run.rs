@@ -16,6 +16,7 @@
 //! virtual devices at once, each with its share of the weights and its own KV caches.
 
 use crate::check::Backend;
+use crate::output::Input;
 use palladium_decode::Decoder;
 use palladium_decode::pack::{pack_devices, pack_quantized_devices};
 use palladium_decode::speculate::{Drafter, Forced, Ngram, NoDrafts, Speculation};
@@ -47,7 +48,8 @@ pub struct RunOptions {
     pub prompt: Vec<u32>,
     pub steps: usize,
     pub chip: Chip,
-    /// KV-cache positions to plan for (default: prompt + steps).
+    /// KV-cache positions to plan for (default: the positions the run writes, prompt +
+    /// steps - 1 + K - 1).
     pub context: Option<u64>,
     /// Whether the reference will be run too (`--check`): counted in the host memory.
     pub check: bool,
@@ -63,6 +65,25 @@ pub struct RunOptions {
     /// `--devices`: the devices the megakernel is split over (1, 2, 4, 8), interpreted as
     /// that many virtual devices.
     pub devices: u64,
+}
+
+impl RunOptions {
+    /// The files the run reads: the config, and the checkpoint's index and safetensors files
+    /// (those its index or folder names; none where that listing fails, and then so does the
+    /// load, before anything is written).
+    pub fn inputs(&self) -> Vec<Input> {
+        let mut inputs = vec![Input::new("the config", &self.config)];
+        if let WeightSource::Checkpoint(path) = &self.weights {
+            let index = path.join("model.safetensors.index.json");
+            if index.is_file() {
+                inputs.push(Input::new("the checkpoint index (--weights)", index));
+            }
+            let files = palladium_model::weights::checkpoint_paths(path).unwrap_or_default();
+            inputs
+                .extend(files.into_iter().map(|f| Input::new("a checkpoint file (--weights)", f)));
+        }
+        inputs
+    }
 }
 
 /// Where a run's drafts come from.
@@ -82,6 +103,15 @@ impl Drafts {
             Drafts::None => Box::new(NoDrafts),
             Drafts::Ngram(n) => Box::new(Ngram { n: *n }),
             Drafts::Forced(ids) => Box::new(Forced { continuation: ids.clone() }),
+        }
+    }
+
+    /// The flag that chose them (none without drafts).
+    pub fn flag(&self) -> Option<&'static str> {
+        match self {
+            Drafts::None => None,
+            Drafts::Ngram(_) => Some("--speculate"),
+            Drafts::Forced(_) => Some("--draft-ids"),
         }
     }
 
@@ -276,24 +306,31 @@ pub fn run(
             palladium_fusion::plan::MAX_TOKENS_PER_SEQ
         ));
     }
-    // The last run feeds the token before the last generated one and writes K positions.
+    if let Some(flag) = o.drafts.flag()
+        && kt == 1
+    {
+        return Err(format!(
+            "{flag} with --tokens-per-seq 1: a run verifies its last token and up to K - 1 drafts, so K = 1 drafts nothing; give --tokens-per-seq 2 or more (the default with drafts is 4), or drop {flag}"
+        ));
+    }
+    // The last run feeds the token before the last generated one and writes K positions
+    // from there: the prompt, all generated tokens but the last, and K - 1 more.
     let need = (o.prompt.len() as u64).saturating_add(o.steps as u64 - 1).saturating_add(kt - 1);
-    let k_note = if kt > 1 { format!(" + K - 1 ({})", kt - 1) } else { String::new() };
+    let terms = format!(
+        "prompt ({}) + steps - 1 ({}){}",
+        o.prompt.len(),
+        o.steps - 1,
+        if kt > 1 { format!(" + K - 1 ({})", kt - 1) } else { String::new() }
+    );
     if need > spec.max_position_embeddings {
         return Err(format!(
-            "prompt ({}) + steps ({}){k_note} need {need} positions, past max_position_embeddings {}",
-            o.prompt.len(),
-            o.steps,
+            "{terms} need {need} positions, past max_position_embeddings {}",
             spec.max_position_embeddings
         ));
     }
     let context = o.context.unwrap_or(need);
     if context < need {
-        return Err(format!(
-            "--context {context} is too small for prompt ({}) + steps ({}){k_note}: {need} positions",
-            o.prompt.len(),
-            o.steps
-        ));
+        return Err(format!("--context {context} is too small for {terms}: {need} positions"));
     }
     // Planned without the HBM check first: what the run holds in host memory is the first
     // question (interpret mode), the chip's HBM the second.
@@ -309,7 +346,10 @@ pub fn run(
     let unchecked = PlanOptions { check_hbm: false, ..planned.clone() };
     let plan = Plan::new(&spec, &unchecked).map_err(|e| format!("megakernel refused: {e}"))?;
     let memory = host_memory(&spec, &plan, o);
-    crate::host_memory::check(
+    // A bad limit is its own error, not one "or emit" fixes.
+    let limit = crate::host_memory::limit()?;
+    crate::host_memory::check_within(
+        limit,
         &format!(
             "interpret mode runs small models on the CPU: this {} model ({:.1}M parameters, KV cache of {} positions)",
             spec.family.model_type(),
@@ -441,7 +481,7 @@ pub fn quantization_error(o: &RunOptions, out: &RunOutput) -> Result<Option<(f32
     )?;
     let max =
         |f: fn(&palladium_decode::StepCheck) -> f32| c.steps.iter().map(f).fold(0.0, f32::max);
-    Ok(Some((max(|s| s.err_bf16), max(palladium_decode::StepCheck::rel_err_bf16))))
+    Ok(Some((max(|s| s.err_bf16), max(|s| s.rel_err_bf16))))
 }
 
 /// Shows that a long run is alive: a progress bar on a terminal, otherwise a line on stderr

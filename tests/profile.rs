@@ -117,9 +117,9 @@ fn the_megakernel_profile_writes_a_trace_an_svg_and_names_the_three_largest_bubb
     assert_eq!(summary["largest_bubbles"].as_array().map(Vec::len), Some(3), "{summary}");
     let eff = summary["hbm_efficiency"].as_f64().unwrap();
     assert!(eff > 0.3 && eff < 1.0, "{summary}");
-    // The plan's bytes per step, and the two VMEM outputs (next_ids, max_logits: [16, 128] of
-    // 4 bytes each) the call writes back.
-    assert_eq!(summary["hbm_bytes"].as_u64(), Some(1_631_944_704 + 2 * 16 * 128 * 4));
+    // The plan's bytes per step, and the three VMEM outputs (next_ids, max_logits and
+    // router_non_finite: [16, 128] of 4 bytes each) the call writes back.
+    assert_eq!(summary["hbm_bytes"].as_u64(), Some(1_631_944_704 + 3 * 16 * 128 * 4));
 }
 
 #[test]
@@ -193,6 +193,78 @@ fn profile_refusals_name_the_problem_and_write_nothing() {
     }
 }
 
+/// Exit code and stderr of `palladium ARGS`.
+fn palladium_code(args: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_palladium"))
+        .args(args)
+        .output()
+        .expect("runs");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Every flag `profile` takes is used by the chosen target or refused as a usage error
+/// (exit 2) naming it: clap's `requires` let these through, since KERNEL and --megakernel
+/// conflict. A flag given at its default value is refused too: it is still ignored.
+#[test]
+fn flags_the_chosen_target_does_not_use_are_refused() {
+    let tiny = "fixtures/models/tiny-qwen3-moe.json";
+    let cases: [(&[&str], &str); 6] = [
+        (&["--megakernel", tiny, "--set", "block_n=1792"], "--set applies to a library KERNEL"),
+        (
+            &["--megakernel", tiny, "--prefetch", "lens=1,2"],
+            "--prefetch applies to a library KERNEL",
+        ),
+        (&["gemv", "--positions", "5"], "--positions is a megakernel option"),
+        (&["gemv", "--unfused"], "--unfused is a megakernel option"),
+        (&["gemv", "--batch", "1"], "--batch is a megakernel option"),
+        (&["gemv", "--weights-dtype", "int4"], "--weights-dtype is a megakernel option"),
+    ];
+    for (i, (flags, want)) in cases.iter().enumerate() {
+        let dir = scratch(&format!("profile_unused_flag_{i}"));
+        let mut args = vec!["profile"];
+        args.extend(*flags);
+        args.extend(["--chip", "v6e", "--out", dir.to_str().unwrap()]);
+        let (code, err) = palladium_code(&args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!dir.exists(), "{args:?} wrote {}", dir.display());
+    }
+}
+
+/// `--unfused` compares like with like: a fused step on several devices, with quantized
+/// weights or at given positions is refused with the difference, not compared with the
+/// one-device bf16 full-context unfused step. A negative position is not a position.
+#[test]
+fn unfused_refuses_a_fused_step_it_does_not_model() {
+    let model = "fixtures/models/qwen3-30b-a3b.json";
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--unfused", "--devices", "4"],
+            "--unfused: the unfused step is modelled on one device, the fused one on --devices 4",
+        ),
+        (
+            &["--unfused", "--weights-dtype", "int4"],
+            "--unfused: the unfused step is modelled with bf16 library kernels, the fused one with int4 weights",
+        ),
+        (
+            &["--unfused", "--positions", "5"],
+            "--unfused: the unfused step attends to the full context (static bounds), the fused one from --positions",
+        ),
+        (&["--positions=-1"], "--positions: -1 is not a position (positions are 0 or more)"),
+        (&["--batch", "2", "--positions=7,-3"], "--positions: -3 is not a position"),
+    ];
+    for (i, (flags, want)) in cases.iter().enumerate() {
+        let dir = scratch(&format!("profile_unfused_unlike_{i}"));
+        let mut args = vec!["profile", "--megakernel", model, "--layers", "1"];
+        args.extend(*flags);
+        args.extend(["--chip", "v6e", "--out", dir.to_str().unwrap()]);
+        let (code, err) = palladium_code(&args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!dir.exists(), "{args:?} wrote {}", dir.display());
+    }
+}
+
 #[test]
 fn a_loop_bounded_by_scalar_prefetch_needs_its_values() {
     // decode_attention's KV loop runs to `lens[b]` (scalar prefetch): refused at the loop
@@ -220,6 +292,25 @@ fn a_loop_bounded_by_scalar_prefetch_needs_its_values() {
         !ok && err.contains("scalar prefetch `lens`: 1 values given, the operand has 2"),
         "{err}"
     );
+    // Values outside the range the kernel declares for `lens` (1..=max_context): past the
+    // cache, negative, or large enough to allocate without end, refused before any work.
+    for (lens, value) in [
+        ("lens=99999,99999", "value 0 is 99999"),
+        ("lens=-1,-1", "value 0 is -1"),
+        ("lens=2147483647,1", "value 0 is 2147483647"),
+    ] {
+        let args =
+            ["profile", "decode_attention", "--chip", "v6e", "--prefetch", lens, "--out", out];
+        let (code, err) = palladium_code(&args);
+        assert_eq!(code, Some(1), "{lens}: {err}");
+        assert!(
+            err.contains(&format!(
+                "scalar prefetch `lens`: {value}, outside the range 1..=4096 the kernel declares for it"
+            )),
+            "{lens}: {err}"
+        );
+        assert!(!dir.exists());
+    }
     let summary = |lens: &str| -> serde_json::Value {
         let (ok, _, err) = palladium(&[
             "profile",

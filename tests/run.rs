@@ -376,6 +376,86 @@ fn run_errors_are_clear() {
     assert!(!ok && err.contains("interpret mode runs small models"), "{err}");
 }
 
+/// Drafting needs K >= 2 (a run verifies its last token and K - 1 drafts): `--speculate` or
+/// `--draft-ids` with `--tokens-per-seq 1` is refused naming both flags, not run as "0 of 0
+/// drafted". The context messages' terms add up to the positions they name, which are what
+/// the run writes (prompt + steps - 1 + K - 1: the context 13 below is enough).
+#[test]
+fn drafts_need_two_tokens_per_run_and_context_terms_add_up() {
+    let cfg = fixture("tiny-qwen3-moe");
+    let cfg = cfg.to_str().unwrap();
+    let base = ["run", cfg, "--random-weights", "--prompt-ids", "1,2,3,4,5", "--steps", "6"];
+    let with = |extra: &[&str]| palladium_code(&[&base[..], extra].concat(), &[]);
+    for (drafts, flag) in
+        [(&["--speculate", "ngram"][..], "--speculate"), (&["--draft-ids", "7,8"], "--draft-ids")]
+    {
+        let (code, _, err) = with(&[drafts, &["--tokens-per-seq", "1"]].concat());
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.contains(&format!("{flag} with --tokens-per-seq 1: a run verifies its last token and up to K - 1 drafts")),
+            "{err}"
+        );
+    }
+    let (code, _, err) = with(&["--tokens-per-seq", "4", "--context", "12"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(
+            "--context 12 is too small for prompt (5) + steps - 1 (5) + K - 1 (3): 13 positions"
+        ),
+        "{err}"
+    );
+    let (code, _, err) = with(&["--context", "9"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("--context 9 is too small for prompt (5) + steps - 1 (5): 10 positions"),
+        "{err}"
+    );
+    let (code, _, err) = with(&["--tokens-per-seq", "4", "--context", "13"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = palladium_code(
+        &["run", cfg, "--random-weights", "--prompt-ids", "1,2,3,4,5", "--steps", "4093"],
+        &[],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(
+            "prompt (5) + steps - 1 (4092) need 4097 positions, past max_position_embeddings 4096"
+        ),
+        "{err}"
+    );
+}
+
+/// `--check`'s printed relative error is the logits' own: the same with any `--tolerance`.
+#[test]
+fn the_relative_error_does_not_depend_on_the_tolerance() {
+    let cfg = fixture("tiny-qwen3-moe");
+    let cfg = cfg.to_str().unwrap();
+    let relative = |extra: &[&str]| {
+        let args =
+            [
+                &[
+                    "run",
+                    cfg,
+                    "--random-weights",
+                    "--prompt-ids",
+                    "1,2,3",
+                    "--steps",
+                    "3",
+                    "--check",
+                ][..],
+                extra,
+            ]
+            .concat();
+        let (code, out, err) = palladium_code(&args, &[]);
+        assert_eq!(code, 0, "{err}");
+        let at = out.find(", relative ").unwrap_or_else(|| panic!("{out}"));
+        out[at..].split(';').next().unwrap().to_string()
+    };
+    let default = relative(&[]);
+    assert_eq!(relative(&["--tolerance", "0.1"]), default);
+    assert_eq!(relative(&["--tolerance", "0.5"]), default);
+}
+
 /// Sizes and positions: `--context` past `max_position_embeddings` is refused naming both
 /// (2^52 used to overflow a capacity, 4000000 to allocate 16 GB of cache); the host memory a
 /// run needs is refused above `PALLADIUM_MAX_HOST_MEMORY`, with the numbers and how to raise it.
@@ -806,4 +886,56 @@ fn quantized_weights_run_on_two_devices() {
         ),
         "{two}"
     );
+}
+
+/// Non-finite router logits stop the run naming the layer and the step, on one device and
+/// on two: router weights of +-3e38 in layer 1 (finite f32 weights whose logits overflow),
+/// and `rope_theta` 1e-30 (RoPE's frequencies overflow, so everything from layer 0's
+/// attention on is NaN). Before, the kernel routed the NaN row to one expert id twice and
+/// the interpreter stopped on an out-of-bounds expert fetch. Nothing is written.
+#[test]
+fn non_finite_router_logits_name_the_layer_and_the_step() {
+    let dir = scratch("run-router-non-finite");
+    let config = dir.join("config.json");
+    let logits = dir.join("logits.json");
+    let spec = ModelSpec::from_path(fixture("tiny-qwen3-moe")).unwrap();
+    let text = std::fs::read_to_string(fixture("tiny-qwen3-moe")).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut huge = Weights::random(&spec, 0).unwrap();
+    for (i, x) in huge.get_mut("model.layers.1.mlp.gate.weight").unwrap().iter_mut().enumerate() {
+        *x = if i % 2 == 0 { 3e38 } else { -3e38 };
+    }
+    json["rope_theta"] = serde_json::json!(1e-30);
+    let tiny_theta = json.to_string();
+    for (weights, config_text, layer) in
+        [(&huge, &text, 1), (&Weights::random(&spec, 0).unwrap(), &tiny_theta, 0)]
+    {
+        std::fs::write(&config, config_text).unwrap();
+        weights.save(dir.join("model.safetensors"), SaveDtype::Float32).unwrap();
+        for (prompt, step) in [("1,2", "prompt token 0 (id 1)"), ("1", "generated step 0")] {
+            for devices in ["1", "2"] {
+                let (code, out, err) = palladium_code(
+                    &[
+                        "run",
+                        config.to_str().unwrap(),
+                        "--weights",
+                        dir.to_str().unwrap(),
+                        "--prompt-ids",
+                        prompt,
+                        "--steps",
+                        "2",
+                        "--devices",
+                        devices,
+                        "--logits-out",
+                        logits.to_str().unwrap(),
+                    ],
+                    &[],
+                );
+                assert_eq!(code, 1, "{devices} devices: {err}");
+                let want = format!("{step}: the router logits of layer {layer} are not finite");
+                assert!(err.contains(&want), "{devices} devices: {err}");
+                assert!(out.is_empty() && !logits.exists(), "nothing printed or written");
+            }
+        }
+    }
 }

@@ -42,6 +42,9 @@ pub struct StepCheck {
     pub err_bf16: f32,
     pub err_f32: f32,
     pub err_bf16_f32: f32,
+    /// `err_bf16` relative to the bf16 reference's scale (`max |logit|`): a property of the
+    /// logits, whatever tolerance they are held to.
+    pub rel_err_bf16: f32,
     /// The tolerances of the step: `relative * max |logit|` of the bf16 / f32 reference
     /// ([`palladium_model::tolerance`]); also the width of a logit near tie.
     pub tol_bf16: f32,
@@ -64,12 +67,6 @@ impl StepCheck {
             Matched::None => false,
         };
         id_ok && self.matched != Matched::None
-    }
-
-    /// `err_bf16` relative to the bf16 reference's scale (`max |logit|`).
-    pub fn rel_err_bf16(&self) -> f32 {
-        let scale = self.tol_bf16 / LOGITS_RELATIVE_TOLERANCE;
-        if scale > 0.0 { self.err_bf16 / scale } else { f32::INFINITY }
     }
 }
 
@@ -106,7 +103,7 @@ impl Comparison {
     /// Max of `|megakernel - bf16 reference| / max |bf16 logit|` over all steps (to compare
     /// with [`Self::relative`]).
     pub fn max_rel_err_bf16(&self) -> f32 {
-        self.steps.iter().map(StepCheck::rel_err_bf16).fold(0.0, f32::max)
+        self.steps.iter().map(|s| s.rel_err_bf16).fold(0.0, f32::max)
     }
 
     /// Max `|megakernel - f32 reference|` and `|bf16 - f32 reference|` over all steps.
@@ -211,6 +208,7 @@ pub fn check_step(
         err_bf16: ours_bf16.max_abs_diff,
         err_f32: ours_f32.max_abs_diff,
         err_bf16_f32: refs.max_abs_diff,
+        rel_err_bf16: ours_bf16.relative(),
         tol_bf16: ours_bf16.tolerance,
         tol_f32: ours_f32.tolerance,
         f32_router_margin,
@@ -316,5 +314,17 @@ mod tests {
         mixed.steps[0] = step(0.5, 120.0, 1.0);
         assert!(mixed.passed());
         assert_eq!(mixed.max_err_bf16(), 5.0);
+    }
+
+    #[test]
+    fn the_relative_error_does_not_depend_on_the_tolerance() {
+        // `--check --tolerance 0.1` used to divide the error by 0.1 x max |logit| / 2^-6.
+        let (reference, ours) = (vec![4.0, 0.0, -1.0], vec![4.05, 0.0, -1.0]);
+        let at = |relative| check_step(&ours, 0, &reference, &reference, 1.0, relative);
+        let (default, loose) = (at(LOGITS_RELATIVE_TOLERANCE), at(0.1));
+        assert!((default.rel_err_bf16 - 0.05 / 4.0).abs() < 1e-6, "{}", default.rel_err_bf16);
+        assert_eq!(loose.rel_err_bf16, default.rel_err_bf16);
+        let summary = Comparison { steps: vec![loose], relative: 0.1 }.summary();
+        assert!(summary.contains("relative 0.0125;"), "{summary}");
     }
 }

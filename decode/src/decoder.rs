@@ -46,6 +46,10 @@ pub enum DecodeError {
         "{at}: the logits are not finite ({what}); the weights or the kernel produce NaN or infinity"
     )]
     NonFinite { at: String, what: String },
+    #[error(
+        "{at}: the router logits of layer {layer} are not finite (NaN or infinity): the weights, the config's constants or the kernel overflow at or before that layer's router"
+    )]
+    RouterNonFinite { at: String, layer: usize },
     #[error("the device: {0}")]
     Device(String),
     #[error(
@@ -85,6 +89,7 @@ struct Slots {
     logits: Option<usize>,
     next_ids: usize,
     max_logits: usize,
+    router_non_finite: usize,
     k_out: usize,
     v_out: usize,
 }
@@ -109,6 +114,7 @@ impl Slots {
             logits: output(OperandKind::Logits).ok(),
             next_ids: output(OperandKind::NextIds)?,
             max_logits: output(OperandKind::MaxLogits)?,
+            router_non_finite: output(OperandKind::RouterNonFinite)?,
             k_out: output(OperandKind::KCacheOut)?,
             v_out: output(OperandKind::VCacheOut)?,
         })
@@ -125,12 +131,19 @@ pub struct Step {
     pub max_logits: Vec<f32>,
     /// Each row's logits (`vocab` values), when the kernel returns them (`--logits`).
     pub logits: Option<Vec<Vec<f32>>>,
+    /// Each row's first layer whose router logits were not finite (on any device).
+    pub router_non_finite: Vec<Option<usize>>,
 }
 
 impl Step {
-    /// Row `row`'s logits all finite, or [`DecodeError::NonFinite`] naming `what` and the
-    /// first bad logit (or the row's maximum, without the full logits).
+    /// Row `row`'s router logits and logits all finite: else [`DecodeError::RouterNonFinite`]
+    /// naming `what` and the first layer gone bad (the cause: everything after it is
+    /// poisoned), or [`DecodeError::NonFinite`] naming `what` and the first bad logit (or
+    /// the row's maximum, without the full logits).
     fn finite(&self, row: usize, what: impl FnOnce() -> String) -> Result<(), DecodeError> {
+        if let Some(layer) = self.router_non_finite[row] {
+            return Err(DecodeError::RouterNonFinite { at: what(), layer });
+        }
         if let Some(logits) = &self.logits {
             return finite(&logits[row], what);
         }
@@ -159,6 +172,7 @@ pub struct Decoder {
     tokens_per_seq: usize,
     chunk_cols: usize,
     rows: usize,
+    layers: usize,
     capacity: u64,
     /// Next position of every sequence.
     lens: Vec<usize>,
@@ -232,6 +246,7 @@ impl Decoder {
             tokens_per_seq: plan.dims.tokens_per_seq as usize,
             chunk_cols: plan.layout.chunk_cols as usize,
             rows: plan.dims.rows as usize,
+            layers: plan.layers,
             capacity: plan.dims.positions,
             lens: vec![0; b],
             elapsed: Duration::ZERO,
@@ -329,8 +344,10 @@ impl Decoder {
                 self.inputs.len()
             )));
         }
-        // Each device's logits slice, greedy ids and maxima; its caches carried over.
+        // Each device's logits slice, greedy ids and maxima; its caches carried over; the
+        // first layer of each token row whose router logits were not finite on any device.
         let mut gathered = Vec::with_capacity(out.len());
+        let mut router_non_finite: Vec<Option<usize>> = vec![None; tokens.len()];
         for (inputs, out) in self.inputs.iter_mut().zip(out) {
             if out.len() != self.call.outputs.len() {
                 return Err(DecodeError::Interface(format!(
@@ -347,6 +364,17 @@ impl Decoder {
                     next_ids = array.to_i32();
                 } else if i == s.max_logits {
                     max_logits = array.to_f32();
+                } else if i == s.router_non_finite {
+                    // [rows, lanes]: lane l of row r is layer l's flag.
+                    let status = array.to_f32();
+                    let lanes = status.len() / self.rows;
+                    for (r, first) in router_non_finite.iter_mut().enumerate() {
+                        let bad = (0..self.layers).find(|&l| status[r * lanes + l] != 0.0);
+                        *first = match (*first, bad) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                    }
                 } else if i == s.k_out {
                     inputs[s.k_in] = array;
                 } else if i == s.v_out {
@@ -399,7 +427,7 @@ impl Decoder {
                 })
                 .collect()
         });
-        Ok(Step { ids, max_logits, logits })
+        Ok(Step { ids, max_logits, logits, router_non_finite })
     }
 
     /// Batch 1: the prompt, then `steps` greedy decode steps; `steps[i].logits` (when the

@@ -11,11 +11,13 @@
 //! (`stale_cache_rows_do_not_leak`): scores there are masked and V rows zeroed.
 use palladium_array::{DType, HostArray};
 use palladium_dsl::spec::Chip;
+use palladium_fusion::layout::OperandKind;
+use palladium_fusion::plan::Plan;
 use palladium_fusion::{
     megakernel::Megakernel,
     plan::{ExpertFetch, KvTiles, PlanOptions, Prefetch},
 };
-use palladium_interpret::{CallSpec, Module};
+use palladium_interpret::{CallSpec, Module, Program};
 use palladium_model::ModelSpec;
 
 fn run(name: &str, batch: u64, context: u64, positions: &[i32]) {
@@ -46,37 +48,20 @@ fn run_with_stale(name: &str, batch: u64, context: u64, positions: &[i32], stale
     );
 }
 
-/// One step's logits, `tokens_per_seq` new tokens per sequence at `positions[b]..`;
-/// `stale`: every cache row past its sequence's position is NaN. The kernel's greedy ids
-/// and maxima are checked against the logits it returns.
-#[allow(clippy::too_many_arguments)]
-fn step(
+/// The megakernel of the fixture `name` planned with `options`: its plan, its prepared
+/// body, its call spec and seeded random inputs (token row `k` fed id `(7 + 100 k) % 500`,
+/// sequence `b` at `positions[b]`; weights in [-0.1, 0.1], f32 operands in [0.9, 1.1]).
+fn setup(
     name: &str,
-    batch: u64,
-    context: u64,
+    options: &PlanOptions,
     positions: &[i32],
-    stale: bool,
-    kv_tiles: KvTiles,
-    prefetch: Prefetch,
-    tokens_per_seq: u64,
-    expert_fetch: ExpertFetch,
-) -> Vec<f32> {
+) -> (Plan, Program, CallSpec, Vec<HostArray>) {
     let spec = ModelSpec::from_path(format!(
         "{}/../fixtures/models/{name}.json",
         env!("CARGO_MANIFEST_DIR")
     ))
     .unwrap();
-    let mk = Megakernel::build(
-        &spec,
-        &PlanOptions {
-            kv_tiles,
-            prefetch,
-            tokens_per_seq,
-            expert_fetch,
-            ..PlanOptions::new(Chip::V6e, batch, context)
-        },
-    )
-    .unwrap();
+    let mk = Megakernel::build(&spec, options).unwrap();
     let (l, plan) = (mk.lowered, mk.plan);
     let call = CallSpec::from_json(&l.call_json).unwrap();
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
@@ -105,7 +90,33 @@ fn step(
             }
         })
         .collect();
-    let mut inputs = inputs;
+    let program = Module::parse(&l.body).unwrap().prepare().unwrap();
+    (plan, program, call, inputs)
+}
+
+/// One step's logits, `tokens_per_seq` new tokens per sequence at `positions[b]..`;
+/// `stale`: every cache row past its sequence's position is NaN. The kernel's greedy ids
+/// and maxima are checked against the logits it returns.
+#[allow(clippy::too_many_arguments)]
+fn step(
+    name: &str,
+    batch: u64,
+    context: u64,
+    positions: &[i32],
+    stale: bool,
+    kv_tiles: KvTiles,
+    prefetch: Prefetch,
+    tokens_per_seq: u64,
+    expert_fetch: ExpertFetch,
+) -> Vec<f32> {
+    let options = PlanOptions {
+        kv_tiles,
+        prefetch,
+        tokens_per_seq,
+        expert_fetch,
+        ..PlanOptions::new(Chip::V6e, batch, context)
+    };
+    let (plan, program, call, mut inputs) = setup(name, &options, positions);
     if stale {
         let kv_in = inputs.len() - 2;
         for c in [kv_in, kv_in + 1] {
@@ -121,7 +132,6 @@ fn step(
             inputs[c] = HostArray::bf16_from_f32(&s, &v);
         }
     }
-    let program = Module::parse(&l.body).unwrap().prepare().unwrap();
     let out = program.run_with(&inputs, &call).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(out[0].to_f32().iter().all(|v| v.is_finite()), "{name}: non-finite logits");
     // Outputs: logits, greedy ids, maxima, then the caches. Ids: the lowest id of the
@@ -273,5 +283,59 @@ fn k_tokens_per_sequence_write_their_rows_and_match_the_cost_variant() {
             needed.iter().zip(&variant).all(|(a, b)| a.to_bits() == b.to_bits()),
             "{name}: the cost variant's logits differ"
         );
+    }
+}
+
+/// Token ids and positions out of range (negative, past the vocabulary or the cache) are
+/// clamped in the kernel: the interpreter's bounds checks see no access outside an array
+/// (on a TPU, no DMA out of bounds), one token per sequence or K, each alone.
+#[test]
+fn token_ids_and_positions_out_of_range_stay_in_bounds() {
+    for (name, batch, kt, bad_positions) in
+        [("tiny-mixtral", 2, 1, [-7, i32::MAX]), ("tiny-qwen3-moe", 2, 4, [i32::MIN, 300])]
+    {
+        let options = PlanOptions { tokens_per_seq: kt, ..PlanOptions::new(Chip::V6e, batch, 256) };
+        let rows = (batch * kt) as usize;
+        let bad_tokens: Vec<i32> =
+            (0..rows).map(|r| [-1, i32::MAX, 512, i32::MIN][r % 4]).collect();
+        for (what, tokens, positions) in
+            [("token ids", Some(bad_tokens), [3, 5]), ("positions", None, bad_positions)]
+        {
+            let (_, program, call, mut inputs) = setup(name, &options, &positions);
+            if let Some(tokens) = tokens {
+                inputs[0] = HostArray::from_i32(&[rows], &tokens);
+            }
+            program.run_with(&inputs, &call).unwrap_or_else(|e| panic!("{name}, {what}: {e}"));
+        }
+    }
+}
+
+/// A token row whose router logits are NaN (its embedding row is NaN): the kernel flags
+/// that row in `router_non_finite` at every layer (NaN stays NaN), leaves the other rows
+/// and the lanes past the layers at zero, and routes the NaN row to distinct experts in
+/// range (one sequence: its two picks are the whole expert stream, so a repeated pick
+/// would leave the stream's second expert id unwritten).
+#[test]
+fn non_finite_router_logits_are_flagged_by_row_and_layer_and_route_in_bounds() {
+    for (name, batch) in [("tiny-qwen3-moe", 1), ("tiny-mixtral", 2)] {
+        let (plan, program, call, mut inputs) =
+            setup(name, &PlanOptions::new(Chip::V6e, batch, 256), &[3, 5][..batch as usize]);
+        // Token row 0 is id 7: row 7 of the embedding's first 16-row group.
+        let embed = plan.layout.index(OperandKind::Embed).unwrap();
+        let shape = inputs[embed].shape.clone();
+        let mut values = inputs[embed].to_f32();
+        values[7 * shape[2]..8 * shape[2]].fill(f32::NAN);
+        inputs[embed] = HostArray::bf16_from_f32(&shape, &values);
+        let out = program.run_with(&inputs, &call).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let at =
+            plan.layout.outputs().position(|o| o.kind == OperandKind::RouterNonFinite).unwrap();
+        let flags = out[at].to_f32();
+        let lanes = out[at].shape[1];
+        for r in 0..out[at].shape[0] {
+            for l in 0..lanes {
+                let want = if r == 0 && l < plan.layers { 1.0 } else { 0.0 };
+                assert_eq!(flags[r * lanes + l], want, "{name}: row {r}, lane {l}");
+            }
+        }
     }
 }

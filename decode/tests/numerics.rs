@@ -57,7 +57,7 @@ fn sweep(name: &str) {
             c.steps
                 .iter()
                 .filter(|s| s.matched == Matched::Bf16)
-                .map(|s| s.rel_err_bf16())
+                .map(|s| s.rel_err_bf16)
                 .fold(0.0, f32::max),
         );
     }

@@ -106,6 +106,24 @@ pub struct OperandSpec {
     /// `pipeline_mode = Buffered(n)` (Pallas's `BlockSpec(pipeline_mode=pl.Buffered(n))`);
     /// `None` leaves the buffering to Mosaic's default (double buffering, no attribute).
     pub pipeline_mode: Option<PipelineMode>,
+    /// The values a scalar-prefetch operand may hold (`#[prefetch(i32[n], range = lo..=hi)]`):
+    /// a kernel that derives DMA offsets or loop trip counts from them reaches only memory
+    /// inside its arrays for values in range. Checked wherever prefetch values enter
+    /// ([`OperandSpec::check_values`]); `None`: any i32.
+    pub values: Option<ValueRange>,
+}
+
+/// The values a scalar-prefetch operand may hold, both ends included.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ValueRange {
+    pub min: u64,
+    pub max: u64,
+}
+
+impl fmt::Display for ValueRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}..={}", self.min, self.max)
+    }
 }
 
 /// How the grid pipeline buffers a windowed operand. Pallas TPU (jax 0.10.2) lowers
@@ -155,6 +173,25 @@ impl OperandSpec {
     /// Whether the grid windows this operand (it gets a `transform_N` function).
     pub fn is_windowed(&self) -> bool {
         self.role != OperandRole::Prefetch && !self.space.is_hbm_like()
+    }
+
+    /// `values` as this scalar-prefetch operand may hold them: each an i32 inside the declared
+    /// range ([`Self::values`]). The error names the first value out of range, its index and
+    /// the bound.
+    pub fn check_values(&self, values: &[i64]) -> Result<(), String> {
+        let (min, max) = match self.values {
+            Some(r) => (r.min as i64, (r.max as i64).min(i32::MAX as i64)),
+            None => (i32::MIN as i64, i32::MAX as i64),
+        };
+        let Some((i, &v)) = values.iter().enumerate().find(|(_, v)| !(min..=max).contains(*v))
+        else {
+            return Ok(());
+        };
+        let bound = match self.values {
+            Some(r) => format!("the range {r} the kernel declares for it"),
+            None => "an i32".to_string(),
+        };
+        Err(format!("value {i} is {v}, outside {bound}"))
     }
 
     /// How many copies of the window the grid pipeline keeps in VMEM: the pipeline mode's

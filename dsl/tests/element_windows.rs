@@ -4,6 +4,11 @@
 use palladium_dsl::ir::{PrintOptions, print_kernel};
 use palladium_dsl::prelude::*;
 use palladium_dsl::spec::BlockDim;
+mod common;
+use common::line_of;
+
+/// This file's text: error locations are checked against its declarations.
+const SOURCE: &str = include_str!("element_windows.rs");
 
 #[kernel(grid = (4,), semantics = (parallel,))]
 fn overlapping(
@@ -61,8 +66,9 @@ fn element_dims_reach_the_call_spec_and_the_printer() {
 fn windows_past_the_padded_array_are_refused() {
     let text = unpadded::build(&Default::default()).unwrap_err().to_string();
     let at = format!(
-        "index map of x at {}:22:13: reaches element offset 24 along dim 0: its window of 16 ends at 40, outside the array's 32 elements (dim 32 of [32,128])",
-        file!()
+        "index map of x at {}:{}:13: reaches element offset 24 along dim 0: its window of 16 ends at 40, outside the array's 32 elements (dim 32 of [32,128])",
+        file!(),
+        line_of(SOURCE, "block = [Element(16), Element(128)], map = |i| (i * 8, 0))] x")
     );
     assert!(text.contains(&at), "{text}");
     // Padded by 8 after, the same windows fit.
@@ -92,13 +98,15 @@ fn an_output_must_be_covered_by_its_windows() {
 fn padding_before_and_padded_outputs_are_refused() {
     let text = padded_wrongly::build(&Default::default()).unwrap_err().to_string();
     let at = format!(
-        "operand x at {}:31:13: element block dim 0 is padded by 8 before: libtpu (0.0.42.1) refuses it",
-        file!()
+        "operand x at {}:{}:13: element block dim 0 is padded by 8 before: libtpu (0.0.42.1) refuses it",
+        file!(),
+        line_of(SOURCE, "block = [Element(16, (8, 0)), Element(128)]")
     );
     assert!(text.contains(&at), "{text}");
     let at = format!(
-        "operand o at {}:32:14: element block dim 0 of an output is padded (0, 8): padding only applies to inputs",
-        file!()
+        "operand o at {}:{}:14: element block dim 0 of an output is padded (0, 8): padding only applies to inputs",
+        file!(),
+        line_of(SOURCE, "block = [Element(8, (0, 8)), Element(128)]")
     );
     assert!(text.contains(&at), "{text}");
 }

@@ -4,6 +4,11 @@
 use palladium_dsl::ir::{PrintOptions, VerifyOptions, print_kernel, verify};
 use palladium_dsl::prelude::*;
 use palladium_dsl::spec::{Chip, PipelineMode};
+mod common;
+use common::line_of;
+
+/// This file's text: error locations are checked against its declarations.
+const SOURCE: &str = include_str!("pipeline_mode.rs");
 
 #[kernel(grid = (4,), semantics = (arbitrary,))]
 fn buffered(
@@ -41,8 +46,12 @@ fn counts_mosaic_has_no_mode_for_are_refused_at_the_attribute() {
     for n in [3, 8] {
         let text = buffered::build(&buffered::Params { n }).unwrap_err().to_string();
         let at = format!(
-            "operand x at {}:11:13: pipeline_mode = Buffered({n}): Mosaic pipelines a window with 1 (synchronous) or 2 (double-buffered) buffers",
-            file!()
+            "operand x at {}:{}:13: pipeline_mode = Buffered({n}): Mosaic pipelines a window with 1 (synchronous) or 2 (double-buffered) buffers",
+            file!(),
+            line_of(
+                SOURCE,
+                "f32[32, 128], block = [8, 128], map = |i| (i, 0), pipeline_mode = Buffered(n))]"
+            )
         );
         assert!(text.contains(&at), "{text}");
         assert!(!text.contains("operand y"), "{text}");
@@ -82,5 +91,5 @@ fn unwindowed(
 #[test]
 fn only_windowed_operands_are_pipelined() {
     let text = unwindowed::build(&Default::default()).unwrap_err().to_string();
-    assert!(text.contains(&format!("operand x at {}:62:13: pipeline_mode = Buffered(1) needs a windowed operand of a gridded kernel (a VMEM block with an index map)", file!())), "{text}");
+    assert!(text.contains(&format!("operand x at {}:{}:13: pipeline_mode = Buffered(1) needs a windowed operand of a gridded kernel (a VMEM block with an index map)", file!(), line_of(SOURCE, "space = any, pipeline_mode = Buffered(1))] x"))), "{text}");
 }

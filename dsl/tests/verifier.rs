@@ -3,6 +3,11 @@
 use palladium_dsl::ir::{VerifyOptions, check_hbm, verify};
 use palladium_dsl::prelude::*;
 use palladium_dsl::spec::Chip;
+mod common;
+use common::line_of;
+
+/// This file's text: error locations are checked against its declarations.
+const SOURCE: &str = include_str!("verifier.rs");
 
 #[kernel(grid = (4,))]
 fn shape_mismatch(
@@ -251,17 +256,30 @@ fn call_spec_errors_point_at_the_operand_declaration() {
     let at = |line: u32| format!(" at {}:{line}:13: ", file!());
     let at_output = |line: u32| format!(" at {}:{line}:14: ", file!());
     let tiling = unaligned_bf16_block::build(&Default::default()).unwrap_err().to_string();
-    assert!(tiling.contains(&format!("operand x{}TPU block rule", at(32))), "{tiling}");
-    assert!(tiling.contains(&format!("operand o{}TPU block rule", at_output(33))), "{tiling}");
-    assert!(tiling.contains(&format!("output o{}elements 100..400", at_output(33))), "{tiling}");
+    assert!(
+        tiling.contains(&format!(
+            "operand x{}TPU block rule",
+            at(line_of(SOURCE, "#[input(bf16[400, 400], block = [100, 100]"))
+        )),
+        "{tiling}"
+    );
+    let o = line_of(SOURCE, "#[output(bf16[400, 400], block = [100, 100]");
+    assert!(tiling.contains(&format!("operand o{}TPU block rule", at_output(o))), "{tiling}");
+    assert!(tiling.contains(&format!("output o{}elements 100..400", at_output(o))), "{tiling}");
     // The budget at its largest VMEM user (here a tie: the first).
     let budget = too_big::build(&Default::default()).unwrap_err().to_string();
-    assert!(budget.contains(&format!("vmem{}VMEM budget exceeded", at(48))), "{budget}");
+    assert!(
+        budget.contains(&format!(
+            "vmem{}VMEM budget exceeded",
+            at(line_of(SOURCE, "#[input(f32[2048, 512], block = [1024, 512]"))
+        )),
+        "{budget}"
+    );
     let arity = short_index_map::build(&Default::default()).unwrap_err().to_string();
     assert!(
         arity.contains(&format!(
             "index map of x{}returns (i32), expected one i32 block index per array dim (2 dims)",
-            at(194)
+            at(line_of(SOURCE, "map = |i| (i,))] x"))
         )),
         "{arity}"
     );

@@ -27,6 +27,13 @@
 //! end, on tiny models): libtpu's static estimator barely prices a DMA under an `scf.if`.
 //! (The K/V write-back of a tile that may hold new rows, K > 1, is under one: two 16-row
 //! groups.)
+//!
+//! Every index the kernel reads from data (a token id, a sequence's position, a routed
+//! expert id) is clamped into its array before it addresses memory ([`clamp_index`]): on
+//! a TPU an out-of-bounds DMA faults the chip or reads another buffer, and the host's
+//! checks cannot see ids computed in the kernel (the routing of non-finite logits). In
+//! range, nothing changes. The router's non-finite logits are recorded per token row and
+//! layer in the `router_non_finite` output, so the host names the layer.
 
 use crate::spmd::{self, Spmd};
 use crate::{
@@ -41,6 +48,7 @@ use palladium_dsl::build::{
     range,
 };
 use palladium_dsl::prelude::*;
+use palladium_dsl::trace::IntoIndex;
 use palladium_dsl::trace::builder_handles::Slot;
 use palladium_dsl::{BuildErrors, Kernel};
 use palladium_kernels::body::{
@@ -57,6 +65,26 @@ fn ring_add(base: Val, k: u64, n: u64) -> Val {
     select(ge(t, n as i32), t - n as i32, t)
 }
 
+/// `i` clamped into `0..n`: an index read from data addresses nothing outside its array
+/// (two scalar selects; an index in range passes unchanged).
+fn clamp_index(i: Val, n: u64) -> Val {
+    let below = select(lt(i, n as i32), i, n as i32 - 1);
+    select(lt(below, 0), 0, below)
+}
+
+/// Token row `r`'s id, clamped into the embedding table's rows.
+fn token(p: &Plan, hd: H, r: u64) -> Val {
+    let rows = p.layout.operand(OperandKind::Embed).map_or(16, |o| o.shape[0] * 16);
+    clamp_index(hd.tokens.load(r), rows)
+}
+
+/// Sequence `seq`'s position (of its first new token), clamped so its K new positions lie
+/// in the cache.
+fn position(p: &Plan, hd: H, seq: impl IntoIndex) -> Val {
+    let d = &p.dims;
+    clamp_index(hd.positions.load(seq), (d.positions + 1).saturating_sub(d.tokens_per_seq).max(1))
+}
+
 /// All the handles of the kernel.
 #[derive(Clone, Copy)]
 struct H {
@@ -69,6 +97,7 @@ struct H {
     logits: Option<Ref>,
     next_ids: Ref,
     max_logits: Ref,
+    router_non_finite: Ref,
     k_cache: Ref,
     v_cache: Ref,
     ring: Ref,
@@ -151,7 +180,17 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         .iter()
         .map(|o| {
             let (name, shape) = (o.kind.name(), &o.shape);
-            (o.kind, kb.operand(name, o.role, o.dtype, shape, o.space, None, None as NoMap))
+            let slot = kb.operand(name, o.role, o.dtype, shape, o.space, None, None as NoMap);
+            // The scalar prefetch's values: token ids, and positions whose K new rows fit
+            // the cache.
+            match o.kind {
+                OperandKind::Tokens => kb.value_range(slot, 0, d.vocab.saturating_sub(1)),
+                OperandKind::Positions => {
+                    kb.value_range(slot, 0, d.positions.saturating_sub(d.tokens_per_seq))
+                }
+                _ => &mut kb,
+            };
+            (o.kind, slot)
         })
         .collect();
     // An aliased output (a KV cache) is its input updated in place: the caller passes one
@@ -188,6 +227,7 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         logits: operand(OperandKind::Logits),
         next_ids: must(OperandKind::NextIds),
         max_logits: must(OperandKind::MaxLogits),
+        router_non_finite: must(OperandKind::RouterNonFinite),
         k_cache: must(OperandKind::KCacheOut),
         v_cache: must(OperandKind::VCacheOut),
         ring: buffer(k.ring),
@@ -273,7 +313,7 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
     // --- prologue: embeddings, first dense chunks, rope tables -------------------------
     // Token row r is sequence r / K's (r % K)-th new token, at its position + r % K.
     for r in 0..tokens {
-        let t = hd.tokens.load(r);
+        let t = token(p, hd, r);
         async_copy(hd.embed.at(t / 16), hd.emb.at(r), hd.emb_sems.at(r)).start();
     }
     for g in 0..depth.min(l * n + p.layout.stream_lm_chunks()) {
@@ -292,20 +332,21 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
     let row_i = RowSelect::new(rows, 1);
     let mut pos = zeros([rows, 1], f32);
     for r in 0..tokens {
-        let p = hd.positions.load(r / kt);
-        let p = if r % kt == 0 { p } else { p + (r % kt) as i32 };
-        pos = row_i.put(pos, r as i32, p.cast(f32));
+        let at = position(p, hd, r / kt);
+        let at = if r % kt == 0 { at } else { at + (r % kt) as i32 };
+        pos = row_i.put(pos, r as i32, at.cast(f32));
     }
     let (cos, sin) = rope_tables(pos, hp, d.head_dim, d.rope_theta);
     hd.cos.store(.., cos);
     hd.sin.store(.., sin);
     hd.rot.store(.., rope_rotation(hp, d.head_dim, false));
     hd.qs.store(.., 0.0);
+    hd.router_non_finite.store(.., 0.0);
     hd.os.store(.., 0.0);
     // Embedding rows, each from its fetched 16-row group, to row `bi` of the residual stream.
     let mut x = zeros([rows, h], f32);
     for r in 0..tokens {
-        let t = hd.tokens.load(r);
+        let t = token(p, hd, r);
         async_copy(hd.embed.at(t / 16), hd.emb.at(r), hd.emb_sems.at(r)).wait();
         x = row_i.put(x, r as i32, embedding_row(hd.emb.load(r), t));
     }
@@ -598,7 +639,7 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
     });
     let xn2 = xn2
         .expect("the router segment is last (bf16) or the router is its own operand (quantized)");
-    let (routing, distinct) = route(p, hd);
+    let (routing, distinct) = route(p, hd, layer);
     experts(p, hd, layer, xn2, routing, distinct);
 }
 
@@ -664,7 +705,7 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                 }
             }
             let qg = qg.cast(bf16);
-            let pos = hd.positions.load(bi);
+            let pos = position(p, hd, bi);
             // The newest position written and attended: the sequence's last new token's.
             let newest = if kt == 1 { pos } else { pos + (kt - 1) as i32 };
             let new_kv: Vec<(Val, Val)> = (0..kt)
@@ -859,11 +900,15 @@ fn attention(p: &Plan, hd: H, layer: Val) {
 /// at least `top_k`; at most [`Plan::distinct_experts`]). A choice that is not the first of
 /// its expert is stored to the trash entry past the list. Under EP only the device's own
 /// experts are listed, by local id (possibly none: entry 0 then holds local expert 0).
-fn route(p: &Plan, hd: H) -> (Routing, Val) {
+/// Records which rows' router logits are not finite in lane `layer` of
+/// `router_non_finite`.
+fn route(p: &Plan, hd: H, layer: Val) -> (Routing, Val) {
     let d = &p.dims;
     let k = d.top_k;
     let trash = p.distinct_experts() as i32;
-    let routing = Routing::new(hd.rl.load(..), d.experts, k, false, d.renormalize);
+    let logits = hd.rl.load(..);
+    record_non_finite(p, hd.router_non_finite, layer, logits);
+    let routing = Routing::new(logits, d.experts, k, false, d.renormalize);
     let own_first = hd.spmd.and_then(|spmd| spmd.expert_first());
     if own_first.is_some() {
         hd.ids.store(0, scalar(0));
@@ -884,6 +929,21 @@ fn route(p: &Plan, hd: H) -> (Routing, Val) {
         }
     }
     (routing, distinct)
+}
+
+/// Lane `layer` of `status` (`[rows, lanes]` f32): 1 on the real token rows whose router
+/// `logits` (`[rows, experts_pad]`, the first `experts` columns real) hold a NaN or an
+/// infinity, else 0. A few vector ops per layer, read by the host after the step.
+fn record_non_finite(p: &Plan, status: Ref, layer: Val, logits: Val) {
+    let d = &p.dims;
+    let (rows, width) = (d.rows, d.experts_pad);
+    let real = lt(iota([rows, width], 1), d.experts as i32);
+    // `x * 0` is NaN exactly for NaN and infinities, and their sum is added.
+    let poison = (select(real, logits, 0.0) * 0.0).sum_keepdims(1);
+    let fine = eq(poison, 0.0) | ge(iota([rows, 1], 0), d.tokens as i32);
+    let bad = select(fine, zeros([rows, 1], f32), 1.0);
+    let lanes = status.shape().0[1];
+    status.store(.., select(eq(iota([rows, lanes], 1), layer), bad, status.load(..)));
 }
 
 /// The expert stream: for each (distinct expert, chunk) item, the chunk (gate | up | down
@@ -917,9 +977,11 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
         None => distinct - 1,
     };
     let entry = |e: Val| if worst_case { select(lt(e, distinct), e, last()) } else { e };
+    // Entry `e`'s (local) expert id, clamped into `w_experts`.
+    let expert_id = |e: Val| clamp_index(hd.ids.load(entry(e)), d.experts_per_device);
     // The chunk's codes, and a quantized plan's scales with them (same chunking).
     let fetch = |e: Val, c: Val, slot: Val| {
-        let id = hd.ids.load(entry(e));
+        let id = expert_id(e);
         let mut copies = vec![async_copy(
             hd.w_experts.at((layer, id, c)),
             hd.ex_buf.at(slot),
@@ -988,8 +1050,8 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
                 _ => swiglu_chunk(xn2, columns(0), columns(1), columns(2), WeightLayout::OutIn),
             };
             let expert = match own_first {
-                Some(lo) => hd.ids.load(entry(e)) + lo,
-                None => hd.ids.load(entry(e)),
+                Some(lo) => expert_id(e) + lo,
+                None => expert_id(e),
             };
             let weights = routing.weights_for(expert, d.tokens);
             let weights = if worst_case { select(lt(e, distinct), weights, 0.0) } else { weights };

@@ -71,6 +71,9 @@ pub enum OperandKind {
     Logits,
     NextIds,
     MaxLogits,
+    /// Which token rows' router logits were not finite, per layer: the step names the
+    /// first such layer instead of only finding the logits poisoned.
+    RouterNonFinite,
     KCacheOut,
     VCacheOut,
     /// Quantized plans only ([`QuantLayout`]): the scales of the dense stream's q/k/v and
@@ -101,6 +104,7 @@ impl OperandKind {
             OperandKind::Logits => "logits",
             OperandKind::NextIds => "next_ids",
             OperandKind::MaxLogits => "max_logits",
+            OperandKind::RouterNonFinite => "router_non_finite",
             OperandKind::KCacheOut => "k_cache_out",
             OperandKind::VCacheOut => "v_cache_out",
             OperandKind::QkvScales => "qkv_scales",

@@ -48,6 +48,7 @@
 //! | out | `logits` (only with `--logits`) | `f32[ceil(V/cw), rows, cw]` | VMEM | logit of token row r, token v at `[v / cw, r, v % cw]` |
 //! | out | `next_ids` | `i32[rows, 128]` | VMEM | greedy next id of token row r (lowest id among equal maxima), every lane of row r |
 //! | out | `max_logits` | `f32[rows, 128]` | VMEM | row r's maximum logit, NaN when any of its logits is not finite |
+//! | out | `router_non_finite` | `f32[rows, 128*ceil(L/128)]` | VMEM | 1 at `[r, l]` when row r's router logits in layer l are not all finite, else 0 |
 //! | out | `k_cache_out`, `v_cache_out` | as the inputs | HBM | the caches, the K new positions written in place |
 //!
 //! Quantized weights ([`plan::PlanOptions::weights`] int8, fp8 or int4;

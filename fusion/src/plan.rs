@@ -825,6 +825,15 @@ fn stream_layout(
             4 * dims.rows * 128,
         ));
     }
+    let status_lanes = round_up(l, 128);
+    operands.push(operand(
+        RouterNonFinite,
+        Output,
+        DType::F32,
+        vec![dims.rows, status_lanes],
+        MemorySpace::Vmem,
+        4 * dims.rows * status_lanes,
+    ));
     for kind in [KCacheOut, VCacheOut] {
         operands.push(operand(
             kind,

@@ -491,6 +491,7 @@ fn bf16_source(p: &Plan, o: &Operand, ix: Option<&DeviceIndex>) -> String {
         }
         OperandKind::NextIds => "greedy next id of token row r at [r, :] (every lane): the lowest id among the row's maximal logits (rows >= batch * K are padding)".into(),
         OperandKind::MaxLogits => "maximum logit of token row r at [r, :] (every lane), NaN when any of the row's logits is not finite (so a bad step is caught without the full logits)".into(),
+        OperandKind::RouterNonFinite => format!("1 at [r, l] when token row r's router logits in layer l are not all finite (NaN or infinity), else 0 (lanes l >= {} and rows >= batch * K are 0): the step names the layer where the numbers went bad", p.layers),
         OperandKind::KCacheOut | OperandKind::VCacheOut => "aliases the input of the same name (KV written in place)".into(),
         OperandKind::QkvScales | OperandKind::OScales | OperandKind::Router | OperandKind::Norms | OperandKind::LmHead | OperandKind::LmScales | OperandKind::ExpertScales | OperandKind::ExpertDownScales => {
             unreachable!("{} is a quantized plan's operand", o.kind.name())

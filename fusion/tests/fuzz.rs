@@ -69,7 +69,7 @@ proptest! {
                 if check_hbm {
                     prop_assert!(plan.hbm_total <= plan.hbm_capacity);
                 }
-                let sum = plan.layout.operands.iter().filter(|o| (o.space == MemorySpace::Any && o.kind.aliased_input().is_none()) || matches!(o.kind, OperandKind::Logits | OperandKind::NextIds | OperandKind::MaxLogits)).map(|o| u128::from(o.bytes)).sum::<u128>();
+                let sum = plan.layout.operands.iter().filter(|o| (o.space == MemorySpace::Any && o.kind.aliased_input().is_none()) || matches!(o.kind, OperandKind::Logits | OperandKind::NextIds | OperandKind::MaxLogits | OperandKind::RouterNonFinite)).map(|o| u128::from(o.bytes)).sum::<u128>();
                 prop_assert_eq!(sum, u128::from(plan.hbm_total));
                 // A split covers every head and id once, and its collectives are priced.
                 prop_assert_eq!(plan.sharding.is_some(), devices > 1);

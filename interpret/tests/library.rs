@@ -136,3 +136,58 @@ fn module_facts() {
     assert_eq!(p.name(), "gather_rows");
     assert_eq!(p.grid(), &[8]);
 }
+
+/// `moe_router` on rows whose logits are not finite (a NaN row, an infinite one, one whose
+/// products overflow, with and without the padded experts' columns): every row still gets
+/// `top_k` distinct expert ids in range (a fetch by id stays in bounds), the bad rows'
+/// weights are all NaN (the poison reaches the output), and the finite rows route and
+/// weigh bit for bit as they do beside finite rows.
+#[test]
+fn moe_router_keeps_ids_distinct_and_in_range_for_non_finite_logits() {
+    let (tokens, hidden, top_k) = (8, 256, 4);
+    for experts in [128usize, 100] {
+        let s = |v: usize| v.to_string();
+        let (body, _) = library_body(
+            "moe_router",
+            &[
+                ("tokens", &s(tokens)),
+                ("hidden", &s(hidden)),
+                ("experts", &s(experts)),
+                ("top_k", &s(top_k)),
+            ],
+        );
+        let program = prepare(&body);
+        let mut rng = Rng::new(8);
+        let (x, w) = (rng.bf16s(tokens * hidden), rng.bf16s(hidden * experts));
+        let mut bad = x.clone();
+        bad[..hidden].fill(f32::NAN);
+        bad[hidden..2 * hidden].fill(f32::INFINITY);
+        bad[2 * hidden..3 * hidden].fill(3e38);
+        let route = |x: &[f32]| {
+            let inputs = [
+                HostArray::bf16_from_f32(&[tokens, hidden], x),
+                HostArray::bf16_from_f32(&[hidden, experts], &w),
+            ];
+            let out = program.run(&inputs).unwrap_or_else(|e| panic!("{experts} experts: {e}"));
+            (out[0].to_i32(), out[1].to_f32())
+        };
+        let (ids, weights) = route(&bad);
+        let (good_ids, good_weights) = route(&x);
+        for r in 0..tokens {
+            let row = &ids[r * top_k..(r + 1) * top_k];
+            let mut distinct = row.to_vec();
+            distinct.sort();
+            distinct.dedup();
+            assert_eq!(distinct.len(), top_k, "{experts} experts, row {r}: ids {row:?}");
+            assert!(row.iter().all(|&e| (0..experts as i32).contains(&e)), "row {r}: {row:?}");
+            let (w, good_w) =
+                (&weights[r * top_k..(r + 1) * top_k], &good_weights[r * top_k..(r + 1) * top_k]);
+            if r < 3 {
+                assert!(w.iter().all(|v| v.is_nan()), "{experts} experts, row {r}: weights {w:?}");
+            } else {
+                assert_eq!(row, &good_ids[r * top_k..(r + 1) * top_k], "row {r}");
+                assert!(w.iter().zip(good_w).all(|(a, b)| a.to_bits() == b.to_bits()), "row {r}");
+            }
+        }
+    }
+}

@@ -34,7 +34,7 @@ pub fn decode_attention(
     #[default(512)] block_kv: usize,
     #[default(false)] bench_full_context: bool,
     #[default(false)] unroll_kv: bool,
-    #[prefetch(i32[batch])] lens: Ref,
+    #[prefetch(i32[batch], range = 1..=max_context)] lens: Ref,
     #[input(bf16[batch, kv_heads, group, head_dim], block = [None, None, group, head_dim], map = |b, h, _lens| (b, h, 0, 0))]
     q: Ref,
     #[input(bf16[batch, kv_heads, max_context, head_dim], space = any)] k_cache: Ref,

@@ -51,7 +51,7 @@ pub fn expert_ffn(
     #[default(8)] top_k: usize,
     #[default(768)] ffn: usize,
     #[default(256)] block_ffn: usize,
-    #[prefetch(i32[tokens * top_k])] ids: Ref,
+    #[prefetch(i32[tokens * top_k], range = 0..=experts - 1)] ids: Ref,
     #[input(f32[tokens, top_k], space = smem)] weights: Ref,
     #[input(bf16[tokens, hidden])] x: Ref,
     #[input(bf16[experts, hidden, ffn], space = any)] w_gate: Ref,

@@ -19,7 +19,7 @@ pub fn gather_rows(
     #[default(16)] r: usize,
     #[default(256)] d: usize,
     #[default(2.0)] scale: f64,
-    #[prefetch(i32[n])] ids: Ref,
+    #[prefetch(i32[n], range = 0..=table_rows - 1)] ids: Ref,
     #[input(bf16[table_rows, r, d], space = any)] table: Ref,
     #[output(bf16[n, r, d], block = [None, r, d], map = |i, _ids| (i, 0, 0))] out: Ref,
     #[scratch(vmem, bf16[2, r, d])] buf: Ref,

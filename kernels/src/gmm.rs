@@ -93,10 +93,10 @@ pub fn grouped_matmul(
     #[default(128)] block_m: usize,
     #[default(512)] block_k: usize,
     #[default(512)] block_n: usize,
-    #[prefetch(i32[groups + 1])] group_offsets: Ref,
-    #[prefetch(i32[m / block_m + groups - 1])] group_ids: Ref,
-    #[prefetch(i32[m / block_m + groups - 1])] m_tile_ids: Ref,
-    #[prefetch(i32[1])] num_visits: Ref,
+    #[prefetch(i32[groups + 1], range = 0..=m)] group_offsets: Ref,
+    #[prefetch(i32[m / block_m + groups - 1], range = 0..=groups - 1)] group_ids: Ref,
+    #[prefetch(i32[m / block_m + groups - 1], range = 0..=m / block_m - 1)] m_tile_ids: Ref,
+    #[prefetch(i32[1], range = 0..=m / block_m + groups - 1)] num_visits: Ref,
     #[input(bf16[m, k], block = [block_m, block_k], map = |_j, v, kk, _off, _gid, tid, _nv| (tid[v], kk))]
     lhs: Ref,
     #[input(bf16[groups, k, n], block = [None, block_k, block_n], map = |j, v, kk, _off, gid, _tid, _nv| (gid[v], kk, j))]
@@ -145,10 +145,10 @@ pub fn grouped_matmul_quantized(
     #[default(512)] block_n: usize,
     #[default(int4)] wdtype: DType,
     #[default(128)] group: usize,
-    #[prefetch(i32[groups + 1])] group_offsets: Ref,
-    #[prefetch(i32[m / block_m + groups - 1])] group_ids: Ref,
-    #[prefetch(i32[m / block_m + groups - 1])] m_tile_ids: Ref,
-    #[prefetch(i32[1])] num_visits: Ref,
+    #[prefetch(i32[groups + 1], range = 0..=m)] group_offsets: Ref,
+    #[prefetch(i32[m / block_m + groups - 1], range = 0..=groups - 1)] group_ids: Ref,
+    #[prefetch(i32[m / block_m + groups - 1], range = 0..=m / block_m - 1)] m_tile_ids: Ref,
+    #[prefetch(i32[1], range = 0..=m / block_m + groups - 1)] num_visits: Ref,
     #[input(bf16[m, k], block = [block_m, block_k], map = |_j, v, kk, _off, _gid, tid, _nv| (tid[v], kk))]
     lhs: Ref,
     #[input(wdtype[groups, k, n], block = [None, block_k, block_n], map = |j, v, kk, _off, gid, _tid, _nv| (gid[v], kk, j))]

@@ -34,7 +34,7 @@ pub fn kv_cache_update(
     #[default(128)] head_dim: usize,
     #[default(4096)] max_context: usize,
     #[default(16)] block_rows: usize,
-    #[prefetch(i32[batch])] positions: Ref,
+    #[prefetch(i32[batch], range = 0..=max_context - 1)] positions: Ref,
     #[input(bf16[batch, kv_heads, head_dim], block = [None, kv_heads, head_dim], map = |b, _pos| (b, 0, 0))]
     k_new: Ref,
     #[input(bf16[batch, kv_heads, head_dim], block = [None, kv_heads, head_dim], map = |b, _pos| (b, 0, 0))]

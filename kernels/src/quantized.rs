@@ -171,7 +171,7 @@ pub fn expert_ffn_quantized(
     #[default(int4)] wdtype: DType,
     #[default(128)] group: usize,
     #[default(128)] down_group: usize,
-    #[prefetch(i32[tokens * top_k])] ids: Ref,
+    #[prefetch(i32[tokens * top_k], range = 0..=experts - 1)] ids: Ref,
     #[input(f32[tokens, top_k], space = smem, block = [tokens, top_k], map = |_p, _c, _ids| (0, 0))]
     weights: Ref,
     #[input(bf16[tokens, hidden], block = [tokens, hidden], map = |_p, _c, _ids| (0, 0))] x: Ref,

@@ -131,3 +131,36 @@ fn mesh_kernels_are_registered_with_their_devices() {
         assert_eq!(x[0].shape[0] % 8, 0, "{name}: inputs stack the 8 devices' operands");
     }
 }
+
+/// A kernel whose DMA offsets or trip counts come from scalar prefetch declares the values
+/// it takes (`#[prefetch(.., range = lo..=hi)]`), checked by `profile`, `interpret` and
+/// `exec` (which also holds the seeded inputs to them: `tests/interpret.rs`).
+#[test]
+fn prefetch_ranges_are_declared_where_dmas_or_loops_derive_from_them() {
+    let range = |kernel: &str, operand: &str| {
+        let k = palladium_kernels::build(kernel, &[]).unwrap();
+        let o = k.call.operands.iter().find(|o| o.name == operand).unwrap();
+        o.values.map(|r| r.to_string())
+    };
+    for (kernel, operand, want) in [
+        ("decode_attention", "lens", "1..=4096"),
+        ("kv_cache_update", "positions", "0..=4095"),
+        ("gather_rows", "ids", "0..=63"),
+        ("expert_ffn", "ids", "0..=127"),
+        ("expert_ffn_quantized", "ids", "0..=127"),
+        ("grouped_matmul", "group_offsets", "0..=512"),
+        ("grouped_matmul", "group_ids", "0..=127"),
+        ("grouped_matmul", "m_tile_ids", "0..=3"),
+        ("grouped_matmul_quantized", "num_visits", "0..=131"),
+    ] {
+        assert_eq!(range(kernel, operand).as_deref(), Some(want), "{kernel} {operand}");
+    }
+    // Outside its range, a value is named with the bound.
+    let k = palladium_kernels::build("decode_attention", &[("max_context".into(), "1024".into())])
+        .unwrap();
+    let lens = k.call.operands.iter().find(|o| o.name == "lens").unwrap();
+    assert_eq!(
+        lens.check_values(&[1024, 1025]).unwrap_err(),
+        "value 1 is 1025, outside the range 1..=1024 the kernel declares for it"
+    );
+}

@@ -46,6 +46,11 @@ impl<'a> Obj<'a> {
         self.map.get(key).filter(|v| !v.is_null())
     }
 
+    /// Whether `key` is present as `null` (which [`Obj::get`] reads as absent).
+    pub(crate) fn is_null(&self, key: &str) -> bool {
+        self.map.get(key).is_some_and(Value::is_null)
+    }
+
     pub(crate) fn has(&self, key: &str) -> bool {
         self.get(key).is_some()
     }

@@ -343,6 +343,21 @@ impl<'a> Parser<'a> {
                 format!("absent (the fp8 quantization_config keys are {})", KEYS.join(", ")),
             ));
         }
+        // transformers' FineGrainedFP8Config (4.57) takes `len()` of weight_block_size and
+        // lowercases activation_scheme: `null` (Python's None) fails there, so it is not
+        // read as the default here either.
+        for (key, supported) in [
+            ("weight_block_size", "[128, 128], or the field left out for that default"),
+            ("activation_scheme", "\"dynamic\", or the field left out for that default"),
+        ] {
+            if q.is_null(key) {
+                return Err(ConfigError::unsupported(
+                    q.path(key),
+                    "null (transformers' FineGrainedFP8Config refuses it)",
+                    supported,
+                ));
+            }
+        }
         let method = q.opt_str("quant_method")?.ok_or_else(|| ConfigError::Missing {
             field: q.path("quant_method"),
             hint: " (supported: \"fp8\")".into(),

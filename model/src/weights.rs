@@ -65,6 +65,9 @@ pub enum WeightsError {
     NonFinite { path: String, name: String, index: Vec<usize>, value: f32 },
     #[error("{path}: tensor \"{name}\" appears in more than one file")]
     Duplicate { path: String, name: String },
+    /// A sharded checkpoint's `model.safetensors.index.json` disagrees with its shards.
+    #[error("{index}: tensor \"{name}\": {message}")]
+    Index { index: String, name: String, message: String },
     #[error("unsupported model feature for weights: {what}")]
     Unsupported { what: String },
 }
@@ -79,7 +82,8 @@ impl WeightsError {
             | Self::Unexpected { name, .. }
             | Self::Header { name, .. }
             | Self::NonFinite { name, .. }
-            | Self::Duplicate { name, .. } => Some(name),
+            | Self::Duplicate { name, .. }
+            | Self::Index { name, .. } => Some(name),
             _ => None,
         }
     }
@@ -634,10 +638,19 @@ pub(crate) fn read_header<'a>(path: &str, bytes: &'a [u8]) -> Result<Vec<Entry<'
             rest.len()
         )));
     }
-    let (header, data) = rest.split_at(header_len as usize);
-    let header: serde_json::Value = serde_json::from_slice(header)
-        .map_err(|e| format(format!("the header is not JSON: {e}")))?;
+    let (text, data) = rest.split_at(header_len as usize);
+    let header: serde_json::Value =
+        serde_json::from_slice(text).map_err(|e| format(format!("the header is not JSON: {e}")))?;
     let map = header.as_object().ok_or_else(|| format("the header is not a JSON object".into()))?;
+    if let Some(name) = repeated_key(text) {
+        return Err(WeightsError::Header {
+            path: path.to_string(),
+            name,
+            message: "a duplicate tensor name: the header lists it twice (a reader keeps one \
+                      of the two silently)"
+                .into(),
+        });
+    }
     let mut entries = Vec::with_capacity(map.len());
     for (name, v) in map {
         if name == "__metadata__" {
@@ -715,6 +728,31 @@ pub(crate) fn read_header<'a>(path: &str, bytes: &'a [u8]) -> Result<Vec<Entry<'
     Ok(entries)
 }
 
+/// The first key a JSON object's text repeats (`None` if none, or if the text is not an
+/// object): `serde_json` keeps only the last of a repeated key.
+fn repeated_key(object: &[u8]) -> Option<String> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+
+    struct FirstRepeat;
+    impl<'de> Visitor<'de> for FirstRepeat {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<String>, A::Error> {
+            // Read to the end: serde_json fails a map left half-read.
+            let (mut seen, mut first) = (std::collections::HashSet::new(), None);
+            while let Some((key, IgnoredAny)) = map.next_entry::<String, IgnoredAny>()? {
+                if let Some(key) = seen.replace(key) {
+                    first.get_or_insert(key);
+                }
+            }
+            Ok(first)
+        }
+    }
+    serde_json::Deserializer::from_slice(object).deserialize_map(FirstRepeat).ok().flatten()
+}
+
 /// The values of a tensor's bytes (`None` for a dtype other than BF16, F16, F32).
 pub(crate) fn decode(dtype: &str, d: &[u8]) -> Option<Vec<f32>> {
     Some(match dtype {
@@ -739,29 +777,122 @@ pub(crate) fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
     index
 }
 
-/// The bytes of every safetensors file of a checkpoint path ([`checkpoint_files`]).
 /// [`read_checkpoint`]'s files as the `(label, bytes)` pairs the `from_safetensors` readers take.
 pub(crate) fn file_refs(buffers: &[(PathBuf, Vec<u8>)]) -> Vec<(&Path, &[u8])> {
     buffers.iter().map(|(p, b)| (p.as_path(), b.as_slice())).collect()
 }
 
+/// The bytes of every safetensors file of a checkpoint path ([`checkpoint_files`]); a
+/// sharded checkpoint's index checked against its shards ([`ShardIndex::check`]).
 pub(crate) fn read_checkpoint(path: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, WeightsError> {
-    checkpoint_files(path)?
+    let (files, index) = checkpoint_files(path)?;
+    let buffers = files
         .into_iter()
-        .map(|f| {
-            let bytes = std::fs::read(&f).map_err(|e| io_err(&f, e))?;
-            Ok((f, bytes))
+        .map(|f| match std::fs::read(&f) {
+            Ok(bytes) => Ok((f, bytes)),
+            Err(e) => Err(match &index {
+                Some(index) => index.unreadable(&f, e),
+                None => io_err(&f, e),
+            }),
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(index) = &index {
+        index.check(&buffers)?;
+    }
+    Ok(buffers)
 }
 
-/// The safetensors files of a checkpoint path (see [`Weights::load`]).
-fn checkpoint_files(path: &Path) -> Result<Vec<PathBuf>, WeightsError> {
+/// A sharded checkpoint's `model.safetensors.index.json`: the shard each tensor is said to
+/// be in (`weight_map`, names as written, relative to `folder`).
+struct ShardIndex {
+    path: PathBuf,
+    folder: PathBuf,
+    weight_map: Vec<(String, String)>,
+}
+
+impl ShardIndex {
+    fn error(&self, name: &str, message: String) -> WeightsError {
+        WeightsError::Index { index: self.path.display().to_string(), name: name.into(), message }
+    }
+
+    /// The shard `file` (named by the index) cannot be read: named with a tensor mapped to it.
+    fn unreadable(&self, file: &Path, e: std::io::Error) -> WeightsError {
+        let mapped = self.weight_map.iter().filter(|(_, s)| self.folder.join(s) == file);
+        let (name, shard) = mapped.clone().next().map_or(("", ""), |(n, s)| (n, s));
+        let others = match mapped.count() - 1 {
+            0 => String::new(),
+            n => format!(" (and {n} more tensors)"),
+        };
+        self.error(
+            name,
+            format!("weight_map puts it{others} in the shard {shard}, which cannot be read: {e}"),
+        )
+    }
+
+    /// Every tensor of `weight_map` is in the shard it names, and every tensor of a shard
+    /// is in `weight_map`, mapped to that shard: a disagreement is an error naming the
+    /// tensor, the index and the shards (a reader trusting either side would load other
+    /// weights than the index says, or miss some).
+    fn check(&self, shards: &[(PathBuf, Vec<u8>)]) -> Result<(), WeightsError> {
+        let shard_name =
+            |file: &Path| file.strip_prefix(&self.folder).unwrap_or(file).display().to_string();
+        let mut held: Vec<(String, String)> = Vec::new();
+        let mut holder: HashMap<String, String> = HashMap::new();
+        for (file, bytes) in shards {
+            let (path, shard) = (file.display().to_string(), shard_name(file));
+            for entry in read_header(&path, bytes)? {
+                if holder.insert(entry.name.clone(), shard.clone()).is_some() {
+                    return Err(WeightsError::Duplicate { path, name: entry.name });
+                }
+                held.push((entry.name, shard.clone()));
+            }
+        }
+        let mapped: HashMap<&str, &str> =
+            self.weight_map.iter().map(|(n, s)| (n.as_str(), s.as_str())).collect();
+        for (name, shard) in &self.weight_map {
+            let shard = shard_name(&self.folder.join(shard));
+            match holder.get(name) {
+                Some(holder) if *holder == shard => {}
+                Some(holder) => {
+                    return Err(self.error(
+                        name,
+                        format!("weight_map puts it in the shard {shard}, but it is in {holder}"),
+                    ));
+                }
+                None => {
+                    return Err(self.error(
+                        name,
+                        format!(
+                            "weight_map puts it in the shard {shard}, which does not hold it (nor does any other shard)"
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some((name, shard)) = held.iter().find(|(n, _)| !mapped.contains_key(n.as_str())) {
+            return Err(self.error(
+                name,
+                format!("it is in the shard {shard}, but weight_map does not list it"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The safetensors files a checkpoint path names (see [`Weights::load`]): what a command
+/// reads from it, so that no output of it lands on one of them.
+pub fn checkpoint_paths(path: &Path) -> Result<Vec<PathBuf>, WeightsError> {
+    checkpoint_files(path).map(|(files, _)| files)
+}
+
+/// The safetensors files of a checkpoint path (see [`Weights::load`]), and the index of a
+/// sharded one.
+fn checkpoint_files(path: &Path) -> Result<(Vec<PathBuf>, Option<ShardIndex>), WeightsError> {
     if !path.is_dir() {
         if !path.exists() {
             return Err(io_err(path, "no such file or directory"));
         }
-        return Ok(vec![path.to_path_buf()]);
+        return Ok((vec![path.to_path_buf()], None));
     }
     let index = path.join("model.safetensors.index.json");
     if index.exists() {
@@ -776,6 +907,7 @@ fn checkpoint_files(path: &Path) -> Result<Vec<PathBuf>, WeightsError> {
             }
         })?;
         let mut files = Vec::with_capacity(map.len());
+        let mut weight_map = Vec::with_capacity(map.len());
         for (tensor, f) in map {
             let bad = |why: &str| WeightsError::Format {
                 path: index.display().to_string(),
@@ -791,10 +923,12 @@ fn checkpoint_files(path: &Path) -> Result<Vec<PathBuf>, WeightsError> {
                 return Err(bad("a shard must be a file inside the checkpoint folder"));
             }
             files.push(path.join(relative));
+            weight_map.push((tensor.clone(), f.to_string()));
         }
         files.sort();
         files.dedup();
-        return Ok(files);
+        let index = ShardIndex { path: index, folder: path.to_path_buf(), weight_map };
+        return Ok((files, Some(index)));
     }
     let mut files: Vec<PathBuf> = std::fs::read_dir(path)
         .map_err(|e| io_err(path, e))?
@@ -805,5 +939,5 @@ fn checkpoint_files(path: &Path) -> Result<Vec<PathBuf>, WeightsError> {
     if files.is_empty() {
         return Err(io_err(path, "no *.safetensors file in this directory"));
     }
-    Ok(files)
+    Ok((files, None))
 }

@@ -288,6 +288,17 @@ fn unsupported_quantization_configs_name_their_field() {
             "every module",
         ),
         (json!("fp8"), "quantization_config", "an object"),
+        // transformers' FineGrainedFP8Config refuses None for these (TypeError, AttributeError).
+        (
+            json!({"quant_method": "fp8", "weight_block_size": null}),
+            "quantization_config.weight_block_size",
+            "unsupported value null",
+        ),
+        (
+            json!({"quant_method": "fp8", "activation_scheme": null}),
+            "quantization_config.activation_scheme",
+            "unsupported value null",
+        ),
     ];
     for (config, field, text) in cases {
         let err = with_quantization(config.clone()).unwrap_err();
@@ -445,4 +456,43 @@ fn fp8_checkpoint_errors_name_the_tensor() {
             "{err:?}"
         );
     }
+}
+
+/// Finite codes under a finite scale so large that their product overflows (a
+/// `weight_scale_inv` of 3e38): refused at load, naming the file, the tensor and the block,
+/// before any step could turn them into infinite logits. A large scale whose block's codes
+/// stay in range loads.
+#[test]
+fn fp8_scales_that_overflow_when_dequantized_are_refused_naming_the_block() {
+    let spec = fp8_spec();
+    let (_, good) = fp8_entries(&spec);
+    let q = "model.layers.1.self_attn.q_proj.weight";
+    let q_scale = "model.layers.1.self_attn.q_proj.weight_scale_inv";
+    for dtype in [Dtype::F32, Dtype::BF16] {
+        let mut entries = good.clone();
+        let s = entries.get_mut(q_scale).unwrap();
+        // [2, 2] scales of the [256, 256] q_proj: block [1, 0] is rows 128..256, columns 0..128.
+        let mut values: Vec<f32> =
+            s.2.chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        values[2] = 3e38;
+        s.0 = dtype;
+        s.2 = match dtype {
+            Dtype::F32 => values.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            _ => values.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect(),
+        };
+        let err = load(&spec, &entries).unwrap_err();
+        assert!(matches!(err, QuantError::Overflow { .. }), "{err:?}");
+        let msg = err.to_string();
+        for text in [q, "ckpt.safetensors", "rows 128..256, columns 0..128", "index [1, 0]"] {
+            assert!(msg.contains(text), "{text}: {msg}");
+        }
+        if dtype == Dtype::F32 {
+            assert!(msg.contains("(scale 3e38 at"), "{msg}");
+        }
+    }
+    // 1e35 times codes of at most 448 stays finite: loads.
+    let mut entries = good.clone();
+    entries.get_mut(q_scale).unwrap().2[8..12].copy_from_slice(&1e35f32.to_le_bytes());
+    let loaded = load(&spec, &entries).unwrap();
+    assert!(loaded.dequantize().iter().all(|(_, t)| t.data.iter().all(|x| x.is_finite())));
 }

@@ -165,27 +165,8 @@ fn safetensors_round_trip_bf16_and_f32() {
 #[test]
 fn sharded_checkpoint_with_index() {
     let s = qwen();
-    let d = tmp("sharded");
     let w = Weights::random(&s, 5).unwrap();
-    type Shard = Vec<(String, Vec<u8>, Vec<usize>)>;
-    let mut shards: [Shard; 2] = Default::default();
-    let mut map = serde_json::Map::new();
-    for (i, (n, t)) in w.iter().enumerate() {
-        let bytes = t.data.iter().flat_map(|&x| x.to_le_bytes()).collect();
-        let file = format!("model-{:05}-of-00002.safetensors", i % 2 + 1);
-        map.insert(n.to_string(), file.into());
-        shards[i % 2].push((n.to_string(), bytes, t.shape.clone()));
-    }
-    for (i, shard) in shards.iter().enumerate() {
-        let views: Vec<(String, TensorView<'_>)> = shard
-            .iter()
-            .map(|(n, b, s)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).unwrap()))
-            .collect();
-        let bytes = safetensors::serialize(views, None).unwrap();
-        std::fs::write(d.join(format!("model-{:05}-of-00002.safetensors", i + 1)), bytes).unwrap();
-    }
-    let index = serde_json::json!({"metadata": {}, "weight_map": map});
-    std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let d = sharded("sharded", &w, |_| {});
     assert_eq!(Weights::load(&s, &d).unwrap(), w);
     let _ = std::fs::remove_dir_all(&d);
 }
@@ -426,4 +407,119 @@ fn shard_paths_stay_inside_the_checkpoint_folder() {
     let e = Weights::load(&s, &d).unwrap_err();
     assert!(e.to_string().contains("not a file name"), "{e}");
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A tensor name listed twice in a header (which `serde_json` would read as its last entry
+/// alone) is refused, naming the name and the file, whatever the two entries hold.
+#[test]
+fn duplicate_tensor_names_in_a_header_are_refused() {
+    let s = qwen();
+    let bytes = Weights::random(&s, 10).unwrap().to_safetensors_bytes(SaveDtype::BFloat16).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let (header, data) = (std::str::from_utf8(&bytes[8..8 + n]).unwrap(), &bytes[8 + n..]);
+    let entries = serde_json::from_str::<serde_json::Value>(header).unwrap();
+    // The same entry again, and one pointing at another tensor's bytes; listed first, so
+    // its second listing is the first (sorted) or the last entry of the original header.
+    let other = &entries["model.layers.0.input_layernorm.weight"];
+    for (name, repeated) in [
+        ("lm_head.weight", &entries["lm_head.weight"]),
+        ("model.norm.weight", &entries["model.norm.weight"]),
+        ("model.norm.weight", other),
+    ] {
+        let text = format!("{{\"{name}\":{repeated},{}", &header.trim_end()[1..]);
+        let mut file = (text.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(text.as_bytes());
+        file.extend_from_slice(data);
+        let e = Weights::from_safetensors(&s, &[(Path::new("m.safetensors"), &file)]).unwrap_err();
+        assert_eq!(e.tensor(), Some(name), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("duplicate") && msg.contains("m.safetensors"), "{msg}");
+    }
+}
+
+/// One shard's tensors: name, bytes, shape.
+type Shard = Vec<(String, Vec<u8>, Vec<usize>)>;
+
+/// Writes `w` as two F32 shards (tensors alternating) and an index whose `weight_map` is
+/// the truth edited by `edit`; returns the folder.
+fn sharded(
+    name: &str,
+    w: &Weights,
+    edit: impl Fn(&mut serde_json::Map<String, serde_json::Value>),
+) -> PathBuf {
+    let d = tmp(name);
+    let mut shards: [Shard; 2] = Default::default();
+    let mut map = serde_json::Map::new();
+    for (i, (n, t)) in w.iter().enumerate() {
+        let bytes = t.data.iter().flat_map(|&x| x.to_le_bytes()).collect();
+        map.insert(n.to_string(), format!("model-{:05}-of-00002.safetensors", i % 2 + 1).into());
+        shards[i % 2].push((n.to_string(), bytes, t.shape.clone()));
+    }
+    for (i, shard) in shards.iter().enumerate() {
+        let views: Vec<(String, TensorView<'_>)> = shard
+            .iter()
+            .map(|(n, b, s)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).unwrap()))
+            .collect();
+        let bytes = safetensors::serialize(views, None).unwrap();
+        std::fs::write(d.join(format!("model-{:05}-of-00002.safetensors", i + 1)), bytes).unwrap();
+    }
+    edit(&mut map);
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    d
+}
+
+/// A `weight_map` that disagrees with the shards is refused, naming the tensor, the index
+/// and the shards: a tensor mapped to a shard that lacks it, a tensor of a shard the map
+/// leaves out, a shard that does not exist, a tensor no shard holds.
+#[test]
+fn shard_index_disagreements_name_the_tensor_the_index_and_the_shard() {
+    let s = qwen();
+    let w = Weights::random(&s, 11).unwrap();
+    // In the first shard (index 0 of the checkpoint order): the embedding.
+    let victim = "model.embed_tokens.weight";
+    let (one, two) = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors");
+    type Edit = Box<dyn Fn(&mut serde_json::Map<String, serde_json::Value>)>;
+    let cases: Vec<(Edit, &str, Vec<&str>)> = vec![
+        (
+            Box::new(move |m| {
+                m.insert(victim.into(), two.into());
+            }),
+            victim,
+            vec![two, one, "but it is in"],
+        ),
+        (
+            Box::new(move |m| {
+                m.remove(victim);
+            }),
+            victim,
+            vec![one, "weight_map does not list it"],
+        ),
+        (
+            Box::new(move |m| {
+                m.insert(victim.into(), "model-00003-of-00002.safetensors".into());
+            }),
+            victim,
+            vec!["model-00003-of-00002.safetensors", "cannot be read"],
+        ),
+        (
+            Box::new(move |m| {
+                m.insert("model.layers.0.mlp.gate.bias".into(), one.into());
+            }),
+            "model.layers.0.mlp.gate.bias",
+            vec![one, "does not hold it"],
+        ),
+    ];
+    for (i, (edit, name, texts)) in cases.into_iter().enumerate() {
+        let d = sharded(&format!("index-{i}"), &w, edit);
+        let e = Weights::load(&s, &d).unwrap_err();
+        assert!(matches!(e, WeightsError::Index { .. }), "{e}");
+        assert_eq!(e.tensor(), Some(name), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("model.safetensors.index.json"), "{msg}");
+        for t in texts {
+            assert!(msg.contains(t), "{t}: {msg}");
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
 }

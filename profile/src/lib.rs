@@ -54,6 +54,33 @@ pub enum ProfileError {
     Unsupported { kernel: String, at: String, why: String },
     #[error("scalar prefetch `{name}`: {why}")]
     Prefetch { name: String, why: String },
+    #[error(
+        "cannot profile `{kernel}`: the call runs past {bound} (at {at}); the model holds every event of one call in memory (about 5 KiB each with the reports): check the settings and the scalar-prefetch values that bound its loops"
+    )]
+    TooLarge { kernel: String, bound: String, at: String },
+}
+
+/// How much one profile may run and record. Loops run their real trip counts, so data
+/// (scalar prefetch) could otherwise make one call run, or record, without end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// Ops run.
+    pub ops: u64,
+    /// Timeline events recorded: DMAs, compute stretches, waits, sections.
+    pub events: usize,
+}
+
+impl Bounds {
+    /// 15 times the ops and 4 times the events of the largest realistic call measured
+    /// (Qwen3-235B-A22B's megakernel on 8 devices, batch 16 x 4 tokens, 40960 positions,
+    /// every KV tile: 11.6M ops, 460k events, 2.3 GB with the trace and SVG).
+    pub const DEFAULT: Bounds = Bounds { ops: 200_000_000, events: 2_000_000 };
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds::DEFAULT
+    }
 }
 
 /// What the program reads at run time that the model needs.
@@ -206,14 +233,28 @@ impl Timeline {
     }
 }
 
-/// Profile one call of `kernel` on `chip` with the coefficients `c`.
+/// Profile one call of `kernel` on `chip` with the coefficients `c`, within
+/// [`Bounds::DEFAULT`].
 pub fn simulate(
     kernel: &Kernel,
     chip: Chip,
     c: &Coefficients,
     inputs: &Inputs,
 ) -> Result<Timeline, ProfileError> {
+    simulate_within(kernel, chip, c, inputs, Bounds::DEFAULT)
+}
+
+/// [`simulate`] within `bounds`: a call that runs or records more is refused
+/// ([`ProfileError::TooLarge`]), naming where it was.
+pub fn simulate_within(
+    kernel: &Kernel,
+    chip: Chip,
+    c: &Coefficients,
+    inputs: &Inputs,
+    bounds: Bounds,
+) -> Result<Timeline, ProfileError> {
     let mut w = Walker::new(kernel, chip, c);
+    w.bounds = bounds;
     let links = w.links.as_ref().map(|l| Links {
         devices: l.0,
         hop_latency_cycles: l.1.hop_latency * w.target.clock_hz,
@@ -294,6 +335,9 @@ struct Walker<'k> {
     /// The mesh's devices and the link figures of a hop, on several devices (this device
     /// is 0).
     links: Option<(u64, palladium_dsl::target::RingHop)>,
+    /// Ops run so far, and the bounds on them and on the events.
+    ops_run: u64,
+    bounds: Bounds,
 }
 
 fn short_loc(k: &Kernel, op: Op) -> String {
@@ -349,6 +393,8 @@ impl<'k> Walker<'k> {
             assumptions: IndexMap::new(),
             silent: false,
             links,
+            ops_run: 0,
+            bounds: Bounds::DEFAULT,
         }
     }
 
@@ -369,6 +415,24 @@ impl<'k> Walker<'k> {
             .map(|&(op, i)| format!("{}={i}", short_loc(self.k, op)))
             .collect::<Vec<_>>()
             .join(" ")
+    }
+
+    /// One more op, within [`Self::bounds`].
+    fn within_bounds(&mut self, op: Op) -> Result<(), ProfileError> {
+        self.ops_run += 1;
+        let events = self.dmas.len() + self.compute.len() + self.waits.len() + self.sections.len();
+        let bound = if self.ops_run > self.bounds.ops {
+            format!("{} ops", self.bounds.ops)
+        } else if events > self.bounds.events {
+            format!("{} timeline events", self.bounds.events)
+        } else {
+            return Ok(());
+        };
+        let at = match self.context() {
+            loops if loops.is_empty() => short_loc(self.k, op),
+            loops => format!("{}, in {loops}", short_loc(self.k, op)),
+        };
+        Err(ProfileError::TooLarge { kernel: self.k.name.clone(), bound, at })
     }
 
     fn bind_prefetch(&mut self, inputs: &Inputs) -> Result<(), ProfileError> {
@@ -402,6 +466,9 @@ impl<'k> Walker<'k> {
                     why: format!("{} values given, the operand has {want}", values.len()),
                 });
             }
+            // Before any of them drives a loop or a DMA offset.
+            o.check_values(values)
+                .map_err(|why| ProfileError::Prefetch { name: o.name.clone(), why })?;
             self.prefetch.insert(params[first + i], values.clone());
             for &map in &maps {
                 if let Some(&p) = self.k.blocks[map].params.get(first + i) {
@@ -810,6 +877,7 @@ impl<'k> Walker<'k> {
             if let OpData::Yield { values } = &self.k.ops[op].data {
                 return Ok(values.iter().map(|&v| self.int(v)).collect());
             }
+            self.within_bounds(op)?;
             self.op(op)?;
         }
         Ok(vec![])

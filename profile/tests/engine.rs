@@ -68,6 +68,84 @@ fn a_wait_with_no_dma_in_flight_is_refused_at_its_line() {
     );
 }
 
+/// `n[0]` chunk copies, with no declared range on `n`: only the profiler's bounds stop a
+/// run-away trip count.
+#[kernel]
+fn copies(
+    #[prefetch(i32[1])] n: Ref,
+    #[input(f32[8, 128], space = any)] x: Ref,
+    #[output(f32[8, 128])] o: Ref,
+    #[scratch(vmem, f32[8, 128])] buf: Ref,
+    #[scratch(dma_sem[1])] sems: SemRef,
+) {
+    for _i in fori(0, n[0]) {
+        let copy = async_copy(x, buf, sems.at(0));
+        copy.start();
+        copy.wait();
+    }
+    o[..] = buf[..];
+}
+
+#[test]
+fn a_trip_count_from_data_is_bounded_by_the_profiler() {
+    let k = copies::build(&copies::Params::default()).unwrap();
+    let c = v6e();
+    let n = |v: i64| Inputs { prefetch: [("n".to_string(), vec![v])].into_iter().collect() };
+    let small = palladium_profile::Bounds { ops: 100_000, events: 1_000 };
+    let t = palladium_profile::simulate_within(&k, Chip::V6e, &c, &n(10), small).unwrap();
+    assert_eq!(t.dmas.len(), 10 + 1);
+    // i32::MAX copies: refused where the events pass the bound, naming the loop.
+    let err = palladium_profile::simulate_within(&k, Chip::V6e, &c, &n(i32::MAX as i64), small)
+        .unwrap_err();
+    assert!(matches!(err, ProfileError::TooLarge { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("cannot profile `copies`: the call runs past 1000 timeline events")
+            && msg.contains("engine.rs:"),
+        "{msg}"
+    );
+    let err = palladium_profile::simulate_within(
+        &k,
+        Chip::V6e,
+        &c,
+        &n(i32::MAX as i64),
+        palladium_profile::Bounds { ops: 1_000, events: 1_000_000 },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("the call runs past 1000 ops"), "{err}");
+    // Not an i32: refused before anything runs.
+    let err = simulate(&k, Chip::V6e, &c, &n(1 << 40)).unwrap_err();
+    assert!(
+        err.to_string().contains("scalar prefetch `n`: value 0 is 1099511627776, outside an i32"),
+        "{err}"
+    );
+}
+
+/// `decode_attention` declares `lens` in `1..=max_context`: values past its cache, zero or
+/// negative are refused before the loop runs, naming the operand, the value and the bound.
+#[test]
+fn prefetch_values_outside_the_declared_range_are_refused() {
+    let k = palladium_kernels::build("decode_attention", &[]).unwrap();
+    let c = v6e();
+    let lens = |v: Vec<i64>| Inputs { prefetch: [("lens".to_string(), v)].into_iter().collect() };
+    assert!(simulate(&k, Chip::V6e, &c, &lens(vec![4096, 1])).is_ok());
+    for (values, want) in [
+        (vec![99999, 99999], "value 0 is 99999"),
+        (vec![4096, 4097], "value 1 is 4097"),
+        (vec![-1, -1], "value 0 is -1"),
+        (vec![0, 5], "value 0 is 0"),
+        (vec![2147483647, 1], "value 0 is 2147483647"),
+    ] {
+        let err = simulate(&k, Chip::V6e, &c, &lens(values)).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!(
+                "scalar prefetch `lens`: {want}, outside the range 1..=4096 the kernel declares for it"
+            )),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn a_chip_libtpu_cannot_calibrate_is_refused_with_the_reason() {
     let err =

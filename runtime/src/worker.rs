@@ -19,6 +19,11 @@
 //!
 //! The static estimate is a libtpu flag read once at load (`LIBTPU_INIT_ARGS`), so a
 //! [`Compiler`] that estimates starts its workers with it and a profile directory each.
+//!
+//! A worker outlives neither its parent nor its memory bound: it kills itself within
+//! [`POLL`] of its parent's death (SIGKILL of the parent included, which runs no cleanup:
+//! a thread in the worker watches its parent's id), and a watchdog thread in the parent
+//! stops a worker whose resident memory passes [`Compiler::with_memory_limit`].
 
 use crate::compile::{Compiled, Session};
 use crate::libtpu::{self, LIBTPU_ENVIRONMENT};
@@ -28,8 +33,9 @@ use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 /// Set to the path of libtpu, this makes the process a compile worker (see the module docs).
 pub const WORKER_ENV: &str = "PALLADIUM_RUNTIME_WORKER";
@@ -42,10 +48,17 @@ const PROFILE_ENV: &str = "PALLADIUM_RUNTIME_PROFILE_DIR";
 pub const WORKERS_ENV: &str = "PALLADIUM_COMPILE_WORKERS";
 /// Marks the worker's answer lines on stdout.
 const ANSWER_PREFIX: &str = "PALLADIUM-WORKER ";
+/// The process id of the worker's parent: the worker dies with it ([`follow_parent`]).
+const PARENT_ENV: &str = "PALLADIUM_RUNTIME_PARENT";
+/// The worker's own folder (its logs, its profile), removed by a worker whose parent died.
+const DIR_ENV: &str = "PALLADIUM_RUNTIME_WORKER_DIR";
+/// How often a worker looks at its parent, and the parent at its worker's memory.
+pub const POLL: Duration = Duration::from_millis(100);
 
 #[ctor::ctor]
 fn worker_hook() {
     if let Some(libtpu) = std::env::var_os(WORKER_ENV) {
+        follow_parent();
         std::process::exit(serve(Path::new(&libtpu)));
     }
     if let Some(plugin) = std::env::var_os(PROBE_ENV) {
@@ -64,6 +77,29 @@ fn answer_probe(plugin: &Path) -> i32 {
         return 1;
     }
     0
+}
+
+/// Makes this worker die with its parent: a thread compares the parent's id with the one
+/// that started it (a dead parent's children are re-parented) every [`POLL`], and once it
+/// differs removes the worker's folder and sends the worker SIGKILL (libtpu may be in the
+/// middle of a compile on another thread: no exit handler may run alongside it).
+fn follow_parent() {
+    let Some(parent) = std::env::var(PARENT_ENV).ok().and_then(|p| p.parse::<u32>().ok()) else {
+        return;
+    };
+    let dir = std::env::var_os(DIR_ENV).map(PathBuf::from);
+    std::thread::spawn(move || {
+        loop {
+            if std::os::unix::process::parent_id() != parent {
+                if let Some(dir) = &dir {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+                use rustix::process::{Signal, getpid, kill_process};
+                let _ = kill_process(getpid(), Signal::KILL);
+            }
+            std::thread::sleep(POLL);
+        }
+    });
 }
 
 /// Create `plugin`'s PJRT client once in a child process (with libtpu's environment) and
@@ -199,6 +235,24 @@ pub enum CompileError {
     /// message.
     #[error("libtpu aborted while compiling it: {0}")]
     Aborted(String),
+    /// The worker's resident memory passed the compiler's limit
+    /// ([`Compiler::with_memory_limit`]): it was stopped.
+    #[error("{}", over_memory(.resident, .limit, .env))]
+    OverMemory {
+        resident: u64,
+        limit: u64,
+        /// The environment variable that sets the limit.
+        env: &'static str,
+    },
+}
+
+fn over_memory(resident: &u64, limit: &u64, env: &str) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    format!(
+        "the compile worker (libtpu) held {resident} bytes ({:.2} GiB) of host memory, past the limit of {limit} bytes ({:.2} GiB), and was stopped; raise the limit with {env}=<bytes or e.g. 64GiB> if this machine has the memory",
+        *resident as f64 / GIB,
+        *limit as f64 / GIB
+    )
 }
 
 /// Whether libtpu's static cycle estimate is taken.
@@ -214,20 +268,65 @@ pub struct Compiler {
     libtpu: PathBuf,
     estimate: Estimate,
     workers: usize,
+    /// Shared by the clones (the estimating and plain passes of one compile).
+    memory: Arc<WorkerMemory>,
+}
+
+/// The host memory of a compiler's workers: the bound on each, and what they hold together.
+#[derive(Debug, Default)]
+struct WorkerMemory {
+    /// A worker whose resident memory passes this many bytes is stopped, and the environment
+    /// variable that sets the bound; `None`: unbounded.
+    limit: Option<(u64, &'static str)>,
+    /// The resident bytes of the running workers, together, as last sampled.
+    resident: AtomicU64,
+}
+
+/// The number of workers `PALLADIUM_COMPILE_WORKERS` asks for (`None`: unset).
+fn workers_from_env() -> Result<Option<usize>, CompileError> {
+    match std::env::var(WORKERS_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(e) => Err(CompileError::Setup(format!("{WORKERS_ENV}: {e}"))),
+        Ok(v) => parse_workers(&v).map(Some),
+    }
+}
+
+/// A value of `PALLADIUM_COMPILE_WORKERS`: a positive whole number.
+fn parse_workers(value: &str) -> Result<usize, CompileError> {
+    match value.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(CompileError::Setup(format!(
+            "{WORKERS_ENV}={value:?}: expected a positive whole number of compile workers (e.g. 4), or unset it for one per core"
+        ))),
+    }
 }
 
 static WORKER_SEQ: AtomicUsize = AtomicUsize::new(0);
 
 impl Compiler {
-    /// Locate libtpu ([`libtpu::locate`]); the error says where it looked.
+    /// Locate libtpu ([`libtpu::locate`]; the error says where it looked), with
+    /// `PALLADIUM_COMPILE_WORKERS` workers at most (refused unless a positive number), else
+    /// one per core.
     pub fn new(estimate: Estimate) -> Result<Compiler, CompileError> {
-        let libtpu = libtpu::locate().map_err(CompileError::Setup)?;
-        let workers = std::env::var(WORKERS_ENV)
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|&n| n > 0)
+        let workers = workers_from_env()?
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        Ok(Compiler { libtpu, estimate, workers })
+        let libtpu = libtpu::locate().map_err(CompileError::Setup)?;
+        Ok(Compiler { libtpu, estimate, workers, memory: Arc::default() })
+    }
+
+    /// Stop any worker whose resident memory passes `bytes` (sampled every [`POLL`]): its
+    /// job fails with [`CompileError::OverMemory`], which names `env`, the variable that
+    /// sets the limit.
+    pub fn with_memory_limit(mut self, bytes: u64, env: &'static str) -> Compiler {
+        self.memory =
+            Arc::new(WorkerMemory { limit: Some((bytes, env)), resident: AtomicU64::new(0) });
+        self
+    }
+
+    /// The resident memory of the running workers together, as last sampled (bytes; 0
+    /// when none runs, and without a memory limit, where nothing samples it).
+    pub fn resident_bytes(&self) -> u64 {
+        self.memory.resident.load(Ordering::Relaxed)
     }
 
     /// At most `n` workers at once (each holds its own libtpu: about 300 MB of RAM for a
@@ -279,20 +378,29 @@ impl Compiler {
             .collect()
     }
 
-    /// [`Compiler::compile_all`] with the estimate; a job whose compile aborts, or is
-    /// refused, with the estimate on is compiled again without it, and its `estimate_note`
-    /// says why there is no estimate. libtpu's static profiler changes what is compiled: it
-    /// aborts on some programs, and it places VMEM temporaries differently (the deep-ring
-    /// megakernel on v7x: "Used 74 MiB of 64 MiB vmem" with it, accepted without it). Whether
-    /// libtpu accepts a program is the plain compile's answer; where that also fails, it is
-    /// the job's error.
+    /// [`Compiler::compile_all`] with the estimate; a job whose compile aborts, is refused,
+    /// or passes the memory limit with the estimate on is compiled again without it, and its
+    /// `estimate_note` says why there is no estimate. libtpu's static profiler changes what
+    /// is compiled: it aborts on some programs, and it places VMEM temporaries differently
+    /// (the deep-ring megakernel on v7x: "Used 74 MiB of 64 MiB vmem" with it, accepted
+    /// without it); its time and memory grow with the grid steps it prices (a 8192^3 matmul,
+    /// 16384 steps: past 3 GiB in 8 s, where the plain compile takes 0.4 s). Whether libtpu
+    /// accepts a program is the plain compile's answer; where that also fails, it is the
+    /// job's error.
     pub fn compile_all_estimated(&self, jobs: &[Job]) -> Vec<Result<Compiled, CompileError>> {
         let estimating = Compiler { estimate: Estimate::Yes, ..self.clone() };
         let mut results = estimating.compile_all(jobs);
         let failed: Vec<usize> = results
             .iter()
             .enumerate()
-            .filter(|(_, r)| matches!(r, Err(CompileError::Aborted(_) | CompileError::Rejected(_))))
+            .filter(|(_, r)| {
+                matches!(
+                    r,
+                    Err(CompileError::Aborted(_)
+                        | CompileError::Rejected(_)
+                        | CompileError::OverMemory { .. })
+                )
+            })
             .map(|(i, _)| i)
             .collect();
         if failed.is_empty() {
@@ -305,6 +413,9 @@ impl Compiler {
                 Err(CompileError::Aborted(why)) => {
                     format!("libtpu's static estimator aborted on this program: {why}")
                 }
+                Err(e @ CompileError::OverMemory { .. }) => format!(
+                    "libtpu's static estimator needs more host memory on this program than the limit (it grows with the grid steps it prices), so it was compiled without it: {e}"
+                ),
                 Err(e) => format!(
                     "libtpu refuses this program with its static estimator on, and accepts it without ({})",
                     e.to_string().lines().next().unwrap_or_default()
@@ -321,7 +432,7 @@ impl Compiler {
 
     fn run(&self, worker: &mut Option<Worker>, job: &Job) -> Result<Compiled, CompileError> {
         if worker.is_none() {
-            *worker = Some(Worker::spawn(&self.libtpu, self.estimate)?);
+            *worker = Some(Worker::spawn(&self.libtpu, self.estimate, &self.memory)?);
         }
         let w = worker.as_mut().expect("spawned above");
         let topology = libtpu::topology(
@@ -355,14 +466,77 @@ impl Compiler {
 
 /// A running worker process (parent side).
 struct Worker {
-    child: Child,
+    /// Shared with the watchdog, which kills it over the memory limit.
+    child: Arc<Mutex<Child>>,
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
     dir: PathBuf,
+    watchdog: Option<Watchdog>,
+}
+
+/// The thread that samples a worker's resident memory every [`POLL`] (adding it to the
+/// compiler's total) and kills the worker past the limit.
+struct Watchdog {
+    stop: Arc<AtomicBool>,
+    /// The resident bytes that got the worker killed; 0 while it is within the limit.
+    over: Arc<AtomicU64>,
+    limit: (u64, &'static str),
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Watchdog {
+    fn start(
+        child: &Arc<Mutex<Child>>,
+        memory: &Arc<WorkerMemory>,
+        limit: (u64, &'static str),
+    ) -> Watchdog {
+        let (stop, over) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+        let pid = child.lock().unwrap_or_else(PoisonError::into_inner).id();
+        let thread = std::thread::spawn({
+            let (stop, over, child, memory) =
+                (stop.clone(), over.clone(), child.clone(), memory.clone());
+            move || {
+                let mut last = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(now) = resident_bytes(pid) {
+                        memory.resident.fetch_add(now, Ordering::Relaxed);
+                        memory.resident.fetch_sub(last, Ordering::Relaxed);
+                        last = now;
+                        if now > limit.0 && over.load(Ordering::Relaxed) == 0 {
+                            over.store(now, Ordering::Relaxed);
+                            let _ = child.lock().unwrap_or_else(PoisonError::into_inner).kill();
+                        }
+                    }
+                    std::thread::sleep(POLL);
+                }
+                memory.resident.fetch_sub(last, Ordering::Relaxed);
+            }
+        });
+        Watchdog { stop, over, limit, thread }
+    }
+
+    /// Stops the thread; the bytes that got the worker killed, if they did.
+    fn finish(self) -> Option<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+        Some(self.over.load(Ordering::Relaxed)).filter(|&b| b > 0)
+    }
+}
+
+/// The resident memory of process `pid` (`VmRSS` of `/proc/PID/status`), `None` once it has
+/// exited.
+fn resident_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+    kib.trim().strip_suffix("kB")?.trim().parse::<u64>().ok().map(|k| k * 1024)
 }
 
 impl Worker {
-    fn spawn(libtpu: &Path, estimate: Estimate) -> Result<Worker, CompileError> {
+    fn spawn(
+        libtpu: &Path,
+        estimate: Estimate,
+        memory: &Arc<WorkerMemory>,
+    ) -> Result<Worker, CompileError> {
         // Referencing the hook keeps its object file (and so its `.init_array` entry) in
         // every binary that can spawn workers, however the linker prunes the rlib.
         std::hint::black_box(worker_hook as extern "C" fn());
@@ -379,6 +553,8 @@ impl Worker {
             .map_err(|e| setup("cannot create its stderr log", e))?;
         let mut cmd = Command::new(&exe);
         cmd.env(WORKER_ENV, libtpu)
+            .env(PARENT_ENV, std::process::id().to_string())
+            .env(DIR_ENV, &dir)
             .envs(LIBTPU_ENVIRONMENT)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -399,7 +575,9 @@ impl Worker {
         let mut child = cmd.spawn().map_err(|e| setup(&exe.display().to_string(), e))?;
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-        Ok(Worker { child, stdin, stdout, dir })
+        let child = Arc::new(Mutex::new(child));
+        let watchdog = memory.limit.map(|limit| Watchdog::start(&child, memory, limit));
+        Ok(Worker { child, stdin, stdout, dir, watchdog })
     }
 
     /// Send one request and read its answer; `Err` when the worker died on it.
@@ -427,13 +605,21 @@ impl Worker {
                 }
             }
         }
-        // The worker died: say how, with libtpu's last words.
+        // The worker died: over the memory limit, or say how, with libtpu's last words.
         self.stdin = None;
         let status = self
             .child
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
             .wait()
             .map(|s| s.to_string())
             .unwrap_or_else(|e| format!("unknown status ({e})"));
+        if let Some(w) = self.watchdog.take() {
+            let (limit, env) = w.limit;
+            if let Some(resident) = w.finish() {
+                return Err(CompileError::OverMemory { resident, limit, env });
+            }
+        }
         let mut said = String::new();
         if let Ok(mut f) = std::fs::File::open(&log) {
             let _ = f.seek(SeekFrom::Start(offset));
@@ -446,9 +632,12 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
+        if let Some(w) = self.watchdog.take() {
+            w.finish();
+        }
         // Closing stdin ends the worker's loop.
         self.stdin = None;
-        let _ = self.child.wait();
+        let _ = self.child.lock().unwrap_or_else(PoisonError::into_inner).wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -495,6 +684,25 @@ mod tests {
         // ordinary error, carried back over the answer line.
         let err = probe_client(Path::new("/nonexistent/pjrt_plugin.so")).unwrap_err();
         assert!(err.contains("/nonexistent/pjrt_plugin.so") && !err.contains("aborted"), "{err}");
+    }
+
+    #[test]
+    fn the_worker_count_is_a_positive_number() {
+        assert_eq!(parse_workers(" 4 "), Ok(4));
+        for bad in ["abc", "0", "-1", "", "2.5"] {
+            let err = parse_workers(bad).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("{WORKERS_ENV}={bad:?}: expected a positive")),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn resident_memory_is_read_from_proc() {
+        let mine = resident_bytes(std::process::id()).expect("this process runs");
+        assert!(mine > 0 && mine.is_multiple_of(1024), "{mine}");
+        assert_eq!(resident_bytes(u32::MAX), None);
     }
 
     #[test]

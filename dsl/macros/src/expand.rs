@@ -368,12 +368,29 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
                 let declare = quote_spanned! {args.array.span=>
                     __pd_b.operand(#name_str, ::palladium_dsl::__private::OperandRole::#role_id, #dtype, #shape, #space, #block, #map)
                 };
-                decls.push(match &args.buffered {
-                    Some(n) => {
-                        let count = size_tokens(n, &format!("the buffer count of `{name_str}`"));
-                        quote_spanned!(n.span()=> { let __pd_slot = #declare; __pd_b.pipeline_mode(__pd_slot, ::palladium_dsl::__private::PipelineMode::Buffered(#count)); })
+                let buffered = args.buffered.iter().map(|n| {
+                    let count = size_tokens(n, &format!("the buffer count of `{name_str}`"));
+                    quote_spanned!(n.span()=> __pd_b.pipeline_mode(__pd_slot, ::palladium_dsl::__private::PipelineMode::Buffered(#count));)
+                });
+                let range = args.range.iter().map(|(lo, hi, span)| {
+                    if *role != "Prefetch" {
+                        errors.at(
+                            *span,
+                            format!(
+                                "`range` is for scalar prefetch: `{name_str}` is an {}",
+                                role.to_lowercase()
+                            ),
+                        );
                     }
-                    None => quote!(#declare;),
+                    let lo = size_tokens(lo, &format!("the lowest value of `{name_str}`"));
+                    let hi = size_tokens(hi, &format!("the highest value of `{name_str}`"));
+                    quote_spanned!(*span=> __pd_b.value_range(__pd_slot, #lo, #hi);)
+                });
+                let settings: Vec<TokenStream> = buffered.chain(range).collect();
+                decls.push(if settings.is_empty() {
+                    quote!(#declare;)
+                } else {
+                    quote!({ let __pd_slot = #declare; #(#settings)* })
                 });
                 bindings.push(quote_spanned!(ty.span()=> let #ident: #ty = __pd_sealed.handles[#i].clone().into_ref();));
             }

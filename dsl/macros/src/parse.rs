@@ -220,12 +220,15 @@ pub struct OperandArgs {
     pub space: Option<Ident>,
     /// `pipeline_mode = Buffered(n)`: the buffer count `n`.
     pub buffered: Option<Expr>,
+    /// `range = lo..=hi` (scalar prefetch only): the values the operand may hold.
+    pub range: Option<(Expr, Expr, Span)>,
 }
 
 impl Parse for OperandArgs {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let array: ArrayTy = input.parse()?;
-        let mut out = OperandArgs { array, block: None, map: None, space: None, buffered: None };
+        let mut out =
+            OperandArgs { array, block: None, map: None, space: None, buffered: None, range: None };
         while input.peek(Token![,]) {
             input.parse::<Token![,]>()?;
             if input.is_empty() {
@@ -291,11 +294,25 @@ impl Parse for OperandArgs {
                         }
                     }
                 }
+                "range" => {
+                    let r: syn::ExprRange = input.parse()?;
+                    match (r.start, r.limits, r.end) {
+                        (Some(lo), syn::RangeLimits::Closed(_), Some(hi)) => {
+                            out.range = Some((*lo, *hi, key.span()));
+                        }
+                        _ => {
+                            return Err(syn::Error::new(
+                                key.span(),
+                                "a value range is `lo..=hi` (both ends included), e.g. range = 1..=max_context",
+                            ));
+                        }
+                    }
+                }
                 other => {
                     return Err(syn::Error::new(
                         key.span(),
                         format!(
-                            "unknown operand argument `{other}`: expected block, map, space or pipeline_mode"
+                            "unknown operand argument `{other}`: expected block, map, space, pipeline_mode or range"
                         ),
                     ));
                 }

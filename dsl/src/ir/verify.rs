@@ -605,6 +605,7 @@ mod tests {
             index_map: None,
             loc: None,
             pipeline_mode: None,
+            values: None,
         });
         let ty = super::super::RefType {
             space: MemorySpace::Vmem,

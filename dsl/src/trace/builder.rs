@@ -14,7 +14,7 @@ use crate::ir::{
 };
 use crate::spec::{
     BlockDim, CostEstimate, GridDim, Mesh, MeshAxis, OperandRole, OperandSpec, PipelineMode,
-    ScratchSpec, Semantics,
+    ScratchSpec, Semantics, ValueRange,
 };
 use cranelift_entity::SecondaryMap;
 use smallvec::SmallVec;
@@ -267,6 +267,7 @@ impl<'a> KernelBuilder<'a> {
             index_map: None,
             loc: Some(loc),
             pipeline_mode: None,
+            values: None,
         });
         self.index_maps.push(index_map.map(|f| -> (IndexMapFn<'a>, SrcLoc) {
             (Box::new(move |g: &[Val], p: &[Ref]| f(g, p).indices(loc)), loc)
@@ -286,6 +287,30 @@ impl<'a> KernelBuilder<'a> {
                 loc: Some(SrcLoc::caller()),
                 message: format!("{mode}: scratch buffers are not pipelined"),
             }),
+        }
+        self
+    }
+
+    /// The values a declared scalar-prefetch operand may hold, `min..=max`
+    /// ([`OperandSpec::values`]).
+    #[track_caller]
+    pub fn value_range(&mut self, operand: Slot, min: u64, max: u64) -> &mut Self {
+        let why = match operand {
+            Slot::Operand(i) if self.operands[i].role != OperandRole::Prefetch => {
+                Some(format!("`{}` is not scalar prefetch", self.operands[i].name))
+            }
+            Slot::Operand(_) if min > max => Some("the range is empty".to_string()),
+            Slot::Operand(i) => {
+                self.operands[i].values = Some(ValueRange { min, max });
+                None
+            }
+            Slot::Scratch(_) => Some("scratch holds no prefetch values".to_string()),
+        };
+        if let Some(why) = why {
+            self.errors.push(BuildError {
+                loc: Some(SrcLoc::caller()),
+                message: format!("value range {min}..={max}: {why}"),
+            });
         }
         self
     }

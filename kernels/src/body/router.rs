@@ -26,27 +26,37 @@ pub fn router_scores(logits: Val, experts: u64, sigmoid: bool) -> Val {
 /// columns real) without a sort: `k` rounds of (row max, the lowest column holding it, mask
 /// that column), so ties go to the lower id as in `jax.lax.top_k` and the weights come out
 /// in descending order; optionally renormalised to sum to one. Returns `(ids, weights)`,
-/// `[rows, k]` i32 and f32. A NaN row matches no maximum: its ids are clamped to the last
-/// real expert, so a fetch by id stays in bounds whatever the scores (the NaN weights still
-/// reach the output).
+/// `[rows, k]` i32 and f32.
+///
+/// Whatever the scores, every row's `k` ids are distinct real experts, so a fetch by id
+/// stays in bounds and a stream that counts on row 0's `k` distinct experts finds them:
+/// a NaN score (from non-finite logits) ranks below every number and above the chosen
+/// ones, so a NaN row picks its lowest NaN ids. Such a row's weights are all NaN (`x * 0`
+/// is NaN exactly for NaN), so the poison still reaches the output; finite scores route
+/// and weigh exactly as without the guard (`+ 0.0` leaves a non-negative weight as it is).
 pub fn top_k(scores: Val, experts: u64, k: u64, renormalize: bool) -> (Val, Val) {
     let dims = scores.shape().0;
     let (rows, width) = (dims[0], dims[1]);
     let col = iota([rows, width], 1);
     let slot = iota([rows, k], 1);
-    // Scores are >= 0: -1 marks a padded or already chosen expert.
-    let mut remaining =
-        if width > experts { select(lt(col, experts as i32), scores, -1.0) } else { scores };
+    let real = |x: Val, padding: f64| match width > experts {
+        true => select(lt(col, experts as i32), x, padding),
+        false => x,
+    };
+    // Scores are in [0, 1] or NaN (`eq(x, x)` is false exactly for NaN): -1 marks a padded
+    // or already chosen expert, -0.5 a NaN score.
+    let mut remaining = real(select(eq(scores, scores), scores, -0.5), -1.0);
+    let poison = (real(scores, 0.0) * 0.0).sum_keepdims(1);
     let mut ids = zeros([rows, k], i32);
     let mut weights = zeros([rows, k], f32);
     for j in 0..k {
         let best = remaining.max_keepdims(1);
         let best_id = select(eq(remaining, best), col, width as i32).min_keepdims(1);
-        let best_id = select(lt(best_id, experts as i32), best_id, experts as i32 - 1);
         ids = select(eq(slot, j as i32), best_id, ids);
         weights = select(eq(slot, j as i32), best, weights);
         remaining = select(eq(col, best_id), -1.0, remaining);
     }
+    weights = weights + poison;
     if renormalize {
         weights = weights / weights.sum_keepdims(1);
     }

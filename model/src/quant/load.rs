@@ -70,6 +70,8 @@ impl QuantizedWeights {
         let expected: HashMap<&str, &TensorSpec> =
             layout.iter().map(|t| (t.name.as_str(), t)).collect();
         let mut found: HashMap<String, Found> = HashMap::new();
+        // The file of each weight's scales, for an error about them.
+        let mut scale_files: HashMap<String, String> = HashMap::new();
         for (path, bytes) in files {
             let disp = path.display().to_string();
             for entry in read_header(&disp, bytes)? {
@@ -126,6 +128,7 @@ impl QuantizedWeights {
                         ))
                         .into());
                     }
+                    scale_files.insert(entry.name.clone(), disp.clone());
                     Found::Scales(Scales { shape, dtype, values })
                 } else if let Some(ts) = expected.get(entry.name.as_str()) {
                     if entry.shape != ts.shape {
@@ -209,7 +212,19 @@ impl QuantizedWeights {
                             "a converted weight is read as codes, its scale name as scales"
                         );
                     };
-                    StoredTensor::Quantized(QuantizedTensor { shape, format, data, scales })
+                    let tensor = QuantizedTensor { shape, format, data, scales };
+                    if let Some((g, [rows, cols], code, scale)) = tensor.overflowing_group() {
+                        return Err(QuantError::Overflow {
+                            path: scale_files.remove(&scale_name).unwrap_or_default(),
+                            name: ts.name.clone(),
+                            index: unravel(g, &tensor.scales.shape),
+                            rows,
+                            cols,
+                            code,
+                            scale,
+                        });
+                    }
+                    StoredTensor::Quantized(tensor)
                 }
                 None => {
                     let Found::Plain(t) = take(&ts.name, &ts.shape)? else {

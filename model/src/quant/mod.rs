@@ -86,6 +86,23 @@ impl QuantFormat {
         }
     }
 
+    /// The rows and columns of a `[out, in]` weight that scale `g` (row-major index into
+    /// the scales) covers.
+    fn group_span(self, g: usize, [out, inp]: [usize; 2]) -> [std::ops::Range<usize>; 2] {
+        let (rows, cols) = match self {
+            Self::Int8PerChannel => (g..g + 1, 0..inp),
+            Self::Fp8Block { block: [bo, bi] } => {
+                let (br, bc) = (g / inp.div_ceil(bi), g % inp.div_ceil(bi));
+                (br * bo..((br + 1) * bo).min(out), bc * bi..((bc + 1) * bi).min(inp))
+            }
+            Self::Int4Group { group } => {
+                let (r, gc) = (g / inp.div_ceil(group), g % inp.div_ceil(group));
+                (r..r + 1, gc * group..((gc + 1) * group).min(inp))
+            }
+        };
+        [rows, cols]
+    }
+
     /// Bytes of packed codes of one row `in` wide.
     pub fn row_bytes(self, inp: usize) -> usize {
         match self {
@@ -150,6 +167,18 @@ pub enum QuantError {
     Weights(#[from] WeightsError),
     #[error("tensor \"{name}\": non-finite value {value} at index {index:?}: cannot quantize")]
     NonFinite { name: String, index: Vec<usize>, value: f32 },
+    #[error(
+        "{path}: tensor \"{name}\": the block of rows {rows:?}, columns {cols:?} (scale {scale:e} at index {index:?} of its weight_scale_inv) dequantizes to infinity: code {code} x {scale:e} overflows f32; a dequantized weight must be finite"
+    )]
+    Overflow {
+        path: String,
+        name: String,
+        index: Vec<usize>,
+        rows: std::ops::Range<usize>,
+        cols: std::ops::Range<usize>,
+        code: f32,
+        scale: f32,
+    },
     #[error("tensor \"{name}\": shape {shape:?}: only [out, in] linear weights are quantized")]
     NotMatrix { name: String, shape: Vec<usize> },
     /// The requested [`WeightsDtype`] does not fit the checkpoint.
@@ -262,6 +291,26 @@ impl QuantizedTensor {
             scales: HostArray::from_f32(&[inp / group, out], &scales),
             group,
         })
+    }
+
+    /// The first scale group (row-major index into the scales) whose largest code times its
+    /// scale is not a finite f32, with its rows and columns, that code and the scale:
+    /// dequantizing it gives infinities (finite codes, a huge stored scale). Only a scale
+    /// past `f32::MAX / code_max` can overflow, so the codes are read only then.
+    pub fn overflowing_group(&self) -> Option<(usize, [std::ops::Range<usize>; 2], f32, f32)> {
+        let code_max = self.format.code_max();
+        let scales = &self.scales.values;
+        scales.iter().enumerate().filter(|(_, s)| !(*s * code_max).is_finite()).find_map(
+            |(g, &scale)| {
+                let [rows, cols] = self.format.group_span(g, self.shape);
+                let code = rows
+                    .clone()
+                    .flat_map(|r| cols.clone().map(move |c| (r, c)))
+                    .map(|(r, c)| self.code(r, c).abs())
+                    .fold(0f32, f32::max);
+                (!(code * scale).is_finite()).then_some((g, [rows, cols], code, scale))
+            },
+        )
     }
 
     /// The f32 weight these codes stand for: `code * scale` per element.
