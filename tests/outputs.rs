@@ -6,46 +6,12 @@ use palladium_model::ModelSpec;
 use palladium_model::weights::{SaveDtype, Weights};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+mod common;
 
-/// Exit code, stdout, stderr of `palladium ARGS` with `env` set (and the variables this file
-/// tests unset otherwise).
-fn palladium_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_palladium"))
-        .args(args)
-        .env_remove("PALLADIUM_MAX_HOST_MEMORY")
-        .env_remove("PALLADIUM_COMPILE_WORKERS")
-        .envs(env.iter().copied())
-        .output()
-        .expect("runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use common::{fixture, listing, palladium_code, scratch};
 
 fn palladium(args: &[&str]) -> (i32, String, String) {
-    palladium_env(args, &[])
-}
-
-/// An empty path under the test target's temporary folder (removed if a previous run left it).
-fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/models/{name}.json"))
-}
-
-fn listing(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
+    palladium_code(args, &[])
 }
 
 fn is_link(path: &Path) -> bool {
@@ -239,7 +205,7 @@ fn an_unwritable_output_folder_is_refused_before_compiling() {
     for args in [vec!["megakernel", cfg.to_str().unwrap(), "--compile"], vec!["compile", "matmul"]]
     {
         let args = [&args[..], &["--chip", "v6e", "--out", "/proc/palladium-out"]].concat();
-        let (code, _, err) = palladium_env(&args, &nowhere);
+        let (code, _, err) = palladium_code(&args, &nowhere);
         assert!(
             code == 1
                 && err.contains(
@@ -292,7 +258,7 @@ fn a_bad_host_memory_limit_says_what_is_wrong_with_it() {
         ("99999999999999999999999", "too large: the largest limit is 18446744073709551615 bytes"),
         ("0", "must be a positive size"),
     ] {
-        let (code, _, err) = palladium_env(&run, &[("PALLADIUM_MAX_HOST_MEMORY", value)]);
+        let (code, _, err) = palladium_code(&run, &[("PALLADIUM_MAX_HOST_MEMORY", value)]);
         assert!(
             code == 1 && err.contains(&format!("PALLADIUM_MAX_HOST_MEMORY={value:?}: {want}")),
             "{err}"
@@ -305,7 +271,7 @@ fn a_bad_host_memory_limit_says_what_is_wrong_with_it() {
 #[test]
 fn a_bad_compile_worker_count_is_refused() {
     for value in ["abc", "0", "-2"] {
-        let (code, _, err) = palladium_env(
+        let (code, _, err) = palladium_code(
             &["compile", "matmul", "--chip", "v6e"],
             &[("PALLADIUM_COMPILE_WORKERS", value)],
         );
@@ -389,14 +355,14 @@ fn the_compile_worker_is_held_to_the_host_memory_limit() {
         "compile", "matmul", "--chip", "v6e", "--set", "m=8192", "--set", "k=8192", "--set",
         "n=8192",
     ];
-    let (code, out, err) = palladium_env(&big, &[("PALLADIUM_MAX_HOST_MEMORY", "1GiB")]);
+    let (code, out, err) = palladium_code(&big, &[("PALLADIUM_MAX_HOST_MEMORY", "1GiB")]);
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("estimated cycles none: libtpu's static estimator needs more host memory on this program than the limit")
             && out.contains("past the limit of 1073741824 bytes (1.00 GiB), and was stopped; raise the limit with PALLADIUM_MAX_HOST_MEMORY="),
         "{out}"
     );
-    let (code, _, err) = palladium_env(
+    let (code, _, err) = palladium_code(
         &["compile", "matmul", "--chip", "v6e"],
         &[("PALLADIUM_MAX_HOST_MEMORY", "100MiB")],
     );

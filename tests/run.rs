@@ -7,7 +7,9 @@ use palladium_model::ModelSpec;
 use palladium_model::reference::Generation;
 use palladium_model::weights::{SaveDtype, Weights};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
+
+use common::{fixture, listing, palladium_code};
 
 fn palladium(args: &[&str]) -> (bool, String, String) {
     palladium_env(args, &[])
@@ -18,38 +20,9 @@ fn palladium_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) 
     (code == 0, out, err)
 }
 
-/// Exit code, stdout, stderr.
-fn palladium_code(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_palladium"))
-        .args(args)
-        .env_remove("PALLADIUM_MAX_HOST_MEMORY")
-        .envs(env.iter().copied())
-        .output()
-        .expect("runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// Files in `dir`, sorted.
-fn listing(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/models/{name}.json"))
-}
-
+/// A fresh, existing scratch folder.
 fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = common::scratch(name);
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use config_fuzz::{config, mutate, mutations};
 use palladium_model::ModelSpec;
-use palladium_model::quant::{QuantError, QuantizedWeights, StoredTensor, WeightsDtype};
+use palladium_model::quant::{QuantError, QuantizedWeights};
 use palladium_model::weights::{SaveDtype, Weights, WeightsError};
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -259,32 +259,6 @@ fn small_fp8_spec() -> ModelSpec {
     ModelSpec::from_json(&v).unwrap()
 }
 
-/// The entries of an FP8 checkpoint: name → (dtype, shape, bytes).
-type Entries = BTreeMap<String, (safetensors::Dtype, Vec<usize>, Vec<u8>)>;
-
-fn fp8_entries(spec: &ModelSpec) -> Entries {
-    use safetensors::Dtype;
-    let q = QuantizedWeights::quantize(spec, &Weights::random(spec, 3).unwrap(), WeightsDtype::Fp8)
-        .unwrap();
-    let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    let mut entries = Entries::new();
-    for (name, stored) in q.iter() {
-        match stored {
-            StoredTensor::Plain(t) => {
-                entries.insert(name.into(), (Dtype::F32, t.shape.clone(), f32_bytes(&t.data)));
-            }
-            StoredTensor::Quantized(t) => {
-                entries.insert(name.into(), (Dtype::F8_E4M3, t.shape.to_vec(), t.data.clone()));
-                entries.insert(
-                    format!("{name}_scale_inv"),
-                    (Dtype::F32, t.scales.shape.clone(), f32_bytes(&t.scales.values)),
-                );
-            }
-        }
-    }
-    entries
-}
-
 /// What a mutation does to one `weight_scale_inv` entry.
 #[derive(Debug, Clone)]
 enum ScaleEdit {
@@ -333,7 +307,7 @@ proptest! {
     ) {
         use safetensors::Dtype;
         let spec = small_fp8_spec();
-        let mut entries = fp8_entries(&spec);
+        let (_, mut entries) = common::fp8_entries(&spec, 3);
         let scales: Vec<String> = entries.keys().filter(|k| k.ends_with("_scale_inv")).cloned().collect();
         let name = which.get(&scales).clone();
         for e in edits {

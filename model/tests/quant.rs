@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::edited;
+use common::{Entries, edited};
 use palladium_model::quant::{
     FP8_BLOCK, INT4_GROUP, QuantError, QuantFormat, QuantizedTensor, QuantizedWeights,
     StoredTensor, WeightsDtype,
@@ -307,37 +307,12 @@ fn unsupported_quantization_configs_name_their_field() {
     }
 }
 
-/// The tiny Qwen3-MoE as an FP8 checkpoint (router and `lm_head` not converted), one tensor
-/// per entry: name → (dtype, shape, bytes).
-type Entries = BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>;
-
+/// The tiny Qwen3-MoE as an FP8 checkpoint (router and `lm_head` not converted).
 fn fp8_spec() -> ModelSpec {
     with_quantization(
         json!({"quant_method": "fp8", "modules_to_not_convert": ["lm_head", "mlp.gate"]}),
     )
     .unwrap()
-}
-
-fn fp8_entries(spec: &ModelSpec) -> (QuantizedWeights, Entries) {
-    let q = QuantizedWeights::quantize(spec, &Weights::random(spec, 5).unwrap(), WeightsDtype::Fp8)
-        .unwrap();
-    let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    let mut entries = Entries::new();
-    for (name, stored) in q.iter() {
-        match stored {
-            StoredTensor::Plain(t) => {
-                entries.insert(name.into(), (Dtype::F32, t.shape.clone(), f32_bytes(&t.data)));
-            }
-            StoredTensor::Quantized(t) => {
-                entries.insert(name.into(), (Dtype::F8_E4M3, t.shape.to_vec(), t.data.clone()));
-                entries.insert(
-                    format!("{name}_scale_inv"),
-                    (Dtype::F32, t.scales.shape.clone(), f32_bytes(&t.scales.values)),
-                );
-            }
-        }
-    }
-    (q, entries)
 }
 
 fn load(spec: &ModelSpec, entries: &Entries) -> Result<QuantizedWeights, QuantError> {
@@ -352,14 +327,14 @@ fn load(spec: &ModelSpec, entries: &Entries) -> Result<QuantizedWeights, QuantEr
 #[test]
 fn an_fp8_checkpoint_round_trips() {
     let spec = fp8_spec();
-    let (q, entries) = fp8_entries(&spec);
+    let (q, entries) = common::fp8_entries(&spec, 5);
     assert_eq!(load(&spec, &entries).unwrap(), q);
 }
 
 #[test]
 fn fp8_checkpoint_errors_name_the_tensor() {
     let spec = fp8_spec();
-    let (_, good) = fp8_entries(&spec);
+    let (_, good) = common::fp8_entries(&spec, 5);
     let q = "model.layers.1.self_attn.q_proj.weight";
     let q_scale = "model.layers.1.self_attn.q_proj.weight_scale_inv";
     let router = "model.layers.0.mlp.gate.weight";
@@ -465,7 +440,7 @@ fn fp8_checkpoint_errors_name_the_tensor() {
 #[test]
 fn fp8_scales_that_overflow_when_dequantized_are_refused_naming_the_block() {
     let spec = fp8_spec();
-    let (_, good) = fp8_entries(&spec);
+    let (_, good) = common::fp8_entries(&spec, 5);
     let q = "model.layers.1.self_attn.q_proj.weight";
     let q_scale = "model.layers.1.self_attn.q_proj.weight_scale_inv";
     for dtype in [Dtype::F32, Dtype::BF16] {
