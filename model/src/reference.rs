@@ -36,7 +36,8 @@
 //! - attention: scores `r(r(q . k) * scale)`; softmax in f32 over the bf16 scores, probabilities
 //!   rounded; output `r(sum p v)`.
 //! - router: logits rounded (linear); softmax, top-k and renormalisation in f32; the k weights
-//!   rounded to bf16.
+//!   rounded to bf16 (the routing and the experts below are [`crate::moe`]'s, shared with the
+//!   kernels' references).
 //! - experts: `gate`, `up` outputs rounded, `r(silu(gate))`, `r(silu * up)`, `down` output
 //!   rounded, `r(down * weight)`, accumulated as `acc = r(acc + ...)` in increasing expert index
 //!   (`index_add_` into a bf16 buffer).
