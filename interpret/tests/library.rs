@@ -7,6 +7,7 @@ mod common;
 
 use common::*;
 use palladium_interpret::{CallSpec, HostArray, Module};
+use palladium_kernels::moe_reference;
 
 fn run_matmul(m: usize, k: usize, n: usize, bm: usize, bk: usize, bn: usize, seed: u64) {
     let s = |v: usize| v.to_string();
@@ -139,9 +140,10 @@ fn module_facts() {
 
 /// `moe_router` on rows whose logits are not finite (a NaN row, an infinite one, one whose
 /// products overflow, with and without the padded experts' columns): every row still gets
-/// `top_k` distinct expert ids in range (a fetch by id stays in bounds), the bad rows'
-/// weights are all NaN (the poison reaches the output), and the finite rows route and
-/// weigh bit for bit as they do beside finite rows.
+/// `top_k` distinct expert ids in range (a fetch by id stays in bounds), the ones the
+/// reference (the model crate's routing) picks, the bad rows' weights are all NaN (the
+/// poison reaches the output), and the finite rows route and weigh bit for bit as they do
+/// beside finite rows.
 #[test]
 fn moe_router_keeps_ids_distinct_and_in_range_for_non_finite_logits() {
     let (tokens, hidden, top_k) = (8, 256, 4);
@@ -173,6 +175,17 @@ fn moe_router_keeps_ids_distinct_and_in_range_for_non_finite_logits() {
         };
         let (ids, weights) = route(&bad);
         let (good_ids, good_weights) = route(&x);
+        let (want_ids, _) = moe_reference::moe_router(
+            &bad,
+            &w,
+            tokens,
+            hidden,
+            experts,
+            top_k,
+            moe_reference::RouterScoring::Softmax,
+            moe_reference::TopKWeights::Renormalized,
+        );
+        assert_eq!(ids, want_ids, "{experts} experts: the reference's ids");
         for r in 0..tokens {
             let row = &ids[r * top_k..(r + 1) * top_k];
             let mut distinct = row.to_vec();

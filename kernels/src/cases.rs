@@ -218,6 +218,7 @@ pub mod moe_router {
     use super::*;
     use crate::moe_reference as moe;
     use crate::moe_router::Params;
+    use moe::{RouterScoring, TopKWeights};
 
     /// `w_router` scaled by `1 / sqrt(hidden)` so the logits are `O(1)` and the softmax is
     /// not one-hot (with unscaled inputs the logits' spread is ~15 and every slot past the
@@ -241,8 +242,8 @@ pub mod moe_router {
             p.hidden,
             p.experts,
             p.top_k,
-            p.sigmoid,
-            p.renormalize,
+            if p.sigmoid { RouterScoring::Sigmoid } else { RouterScoring::Softmax },
+            if p.renormalize { TopKWeights::Renormalized } else { TopKWeights::Raw },
         );
         vec![
             HostArray::from_i32(&[p.tokens, p.top_k], &ids),

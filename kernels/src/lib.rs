@@ -7,6 +7,14 @@
 //! (see [`cases`]), then one line in [`REGISTRY`]: `entry!(foo, "what it does", cases::foo)`.
 //! `entry!(foo, "...")` without cases registers a kernel that cannot be checked; the
 //! registry test fails for it.
+//!
+//! Where the reference math lives: the mixture-of-experts math (router scoring, top-k and
+//! its tie and NaN rules, renormalisation, the SwiGLU experts and their combine) is the
+//! model crate's, `palladium_model::moe`, the same code as the reference forward pass
+//! (`palladium_model::reference`, what `run --check` compares the megakernel with);
+//! [`moe_reference`] only calls it with the kernels' conventions (f32 router logits and
+//! weights, bf16 rounding of the SwiGLU activation and the output) and their operand
+//! layouts. [`reference`] holds the other kernels' plain f32 references.
 
 mod attention;
 pub mod body;

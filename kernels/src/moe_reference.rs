@@ -1,26 +1,31 @@
-//! Plain-Rust references for the MoE kernels (`moe_router`, `expert_ffn`,
-//! `grouped_matmul`), for interpret-mode tests to compare against.
+//! References for the MoE kernels (`moe_router`, `expert_ffn`, `grouped_matmul`), for
+//! interpret-mode tests to compare against.
+//!
+//! The routing and the SwiGLU experts are not written here: they are the model crate's
+//! ([`palladium_model::moe`], the math of the reference forward pass `run --check` compares
+//! with), called with the kernels' conventions: f32 router logits (the MXU's, not rounded to
+//! bf16) and f32 routing weights, and [`FfnRounding::Kernel`] (f32 products and
+//! accumulators, the SwiGLU activation rounded to bf16 as the down projection's MXU operand,
+//! the output rounded once). Only the layout (`[in, out]` operands, ids and weights as flat
+//! `[tokens, top_k]` arrays) and the grouped matmul's metadata are this module's.
 //!
 //! Conventions: arrays are row-major `f32` slices. Inputs that are bf16 in the kernel are
 //! given as their exact f32 values (convert with [`palladium_array::bf16_to_f32`]); outputs the
-//! kernel stores as bf16 are rounded with [`round_bf16`] (round to nearest, ties to even), and
-//! intermediates the kernel rounds to bf16 (the SwiGLU activation before the down
-//! projection) are rounded at the same place. Matmuls accumulate in f32 in index order;
-//! the MXU accumulates in f32 in another order, so compare with a tolerance of a few f32
-//! ulps of the accumulated magnitude (plus one bf16 ulp where the output is bf16).
+//! kernel stores as bf16 are rounded with [`round_bf16`] (round to nearest, ties to even).
+//! The kernels accumulate in f32 in another order than these references, so compare with a
+//! tolerance of a few f32 ulps of the accumulated magnitude (plus one bf16 ulp where the
+//! output is bf16).
 
 use crate::reference::matmul_f32;
 use palladium_array::round_bf16;
-
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
+use palladium_model::moe::{self, FfnRounding, Layout, Projection, SwiGlu};
+/// The router's scoring and top-k weighting, as the model crate spells them.
+pub use palladium_model::{RouterScoring, TopKWeights};
 
 /// `moe_router`: `x[tokens, hidden]`, `w_router[hidden, experts]` → `(ids[tokens * top_k],
-/// weights[tokens * top_k])`, row-major `[tokens, top_k]`. Scores are the softmax of the
-/// f32 logits over the experts (max-subtracted), or their sigmoid; the `top_k` largest are
-/// taken in descending order, ties to the lower expert id; with `renormalize` the selected
-/// weights are divided by their sum.
+/// weights[tokens * top_k])`, row-major `[tokens, top_k]`: each token's f32 logits
+/// (`x @ w_router`) routed by [`moe::route`] (highest score first, ties to the lower id; a
+/// row with a NaN score gets `top_k` distinct ids and NaN weights).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_router(
     x: &[f32],
@@ -29,37 +34,16 @@ pub fn moe_router(
     hidden: usize,
     experts: usize,
     top_k: usize,
-    sigmoid: bool,
-    renormalize: bool,
+    scoring: RouterScoring,
+    top_k_weights: TopKWeights,
 ) -> (Vec<i32>, Vec<f32>) {
     let logits = matmul_f32(x, w_router, tokens, hidden, experts);
     let mut ids = Vec::with_capacity(tokens * top_k);
     let mut weights = Vec::with_capacity(tokens * top_k);
-    for t in 0..tokens {
-        let row = &logits[t * experts..(t + 1) * experts];
-        let mut scores: Vec<f32> = if sigmoid {
-            row.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect()
-        } else {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let e: Vec<f32> = row.iter().map(|&l| (l - max).exp()).collect();
-            let sum: f32 = e.iter().sum();
-            e.iter().map(|&v| v / sum).collect()
-        };
-        let mut picked = Vec::with_capacity(top_k);
-        for _ in 0..top_k {
-            let mut best = 0;
-            for e in 1..experts {
-                if scores[e] > scores[best] {
-                    best = e;
-                }
-            }
-            picked.push((best as i32, scores[best]));
-            scores[best] = f32::NEG_INFINITY;
-        }
-        let total: f32 = picked.iter().map(|p| p.1).sum();
-        for (id, w) in picked {
-            ids.push(id);
-            weights.push(if renormalize { w / total } else { w });
+    for row in logits.chunks_exact(experts) {
+        for (id, w) in moe::route(row, top_k, scoring, top_k_weights).chosen {
+            ids.push(id as i32);
+            weights.push(w);
         }
     }
     (ids, weights)
@@ -67,8 +51,9 @@ pub fn moe_router(
 
 /// `expert_ffn`: `x[tokens, hidden]`, `ids[tokens * top_k]`, `weights[tokens * top_k]`,
 /// `w_gate`/`w_up[experts, hidden, ffn]`, `w_down[experts, ffn, hidden]` →
-/// `out[tokens, hidden]` (bf16-rounded): `sum_j weights[t, j] * (bf16(silu(x[t] @ gate) *
-/// (x[t] @ up)) @ down)`, accumulated in f32 over the slots in order.
+/// `out[tokens, hidden]` (bf16-rounded): per token, [`moe::moe_ffn`] over its `top_k` slots
+/// with [`FfnRounding::Kernel`], `sum_j weights[t, j] * (bf16(silu(x[t] @ gate) *
+/// (x[t] @ up)) @ down)`.
 #[allow(clippy::too_many_arguments)]
 pub fn expert_ffn(
     x: &[f32],
@@ -82,26 +67,24 @@ pub fn expert_ffn(
     top_k: usize,
     ffn: usize,
 ) -> Vec<f32> {
-    let mut out = vec![0.0f32; tokens * hidden];
-    for t in 0..tokens {
-        let xt = &x[t * hidden..(t + 1) * hidden];
-        for j in 0..top_k {
-            let e = ids[t * top_k + j] as usize;
-            let gate =
-                matmul_f32(xt, &w_gate[e * hidden * ffn..(e + 1) * hidden * ffn], 1, hidden, ffn);
-            let up =
-                matmul_f32(xt, &w_up[e * hidden * ffn..(e + 1) * hidden * ffn], 1, hidden, ffn);
-            let h: Vec<f32> =
-                gate.iter().zip(&up).map(|(&g, &u)| round_bf16(silu(g) * u)).collect();
-            let y =
-                matmul_f32(&h, &w_down[e * ffn * hidden..(e + 1) * ffn * hidden], 1, ffn, hidden);
-            let w = weights[t * top_k + j];
-            for (o, v) in out[t * hidden..(t + 1) * hidden].iter_mut().zip(y) {
-                *o += w * v;
-            }
-        }
-    }
-    out.into_iter().map(round_bf16).collect()
+    let size = hidden * ffn;
+    let expert = |e: usize| SwiGlu {
+        gate: Projection::new(&w_gate[e * size..(e + 1) * size], hidden, ffn, Layout::InOut),
+        up: Projection::new(&w_up[e * size..(e + 1) * size], hidden, ffn, Layout::InOut),
+        down: Projection::new(&w_down[e * size..(e + 1) * size], ffn, hidden, Layout::InOut),
+    };
+    (0..tokens)
+        .flat_map(|t| {
+            let slots = t * top_k..(t + 1) * top_k;
+            let chosen: Vec<(usize, f32)> = ids[slots.clone()]
+                .iter()
+                .zip(&weights[slots])
+                .map(|(&e, &w)| (usize::try_from(e).expect("expert id is negative"), w))
+                .collect();
+            let xt = &x[t * hidden..(t + 1) * hidden];
+            moe::moe_ffn(xt, hidden, &chosen, expert, FfnRounding::Kernel)
+        })
+        .collect()
 }
 
 /// The `grouped_matmul` metadata for `group_sizes` (rows per group, sorted by group) and
@@ -170,20 +153,33 @@ mod tests {
         // 1 token, hidden 2 (x = [1, 2]), 4 experts; logits = [1, 2, 3, 2].
         let x = [1.0, 2.0];
         let w = [1.0, 0.0, 1.0, 2.0, /* row 2 */ 0.0, 1.0, 1.0, 0.0];
-        let (ids, ws) = moe_router(&x, &w, 1, 2, 4, 2, false, true);
+        let (ids, ws) =
+            moe_router(&x, &w, 1, 2, 4, 2, RouterScoring::Softmax, TopKWeights::Renormalized);
         // Top-2: expert 2 (logit 3), then the tie between 1 and 3 goes to 1.
         assert_eq!(ids, vec![2, 1]);
         // Renormalised softmax of logits 3 and 2: e / (e + 1) and 1 / (e + 1).
         let e = std::f32::consts::E;
         assert!((ws[0] - e / (e + 1.0)).abs() < 1e-6 && (ws[1] - 1.0 / (e + 1.0)).abs() < 1e-6);
         // Without renormalisation: plain softmax over all four (e^3, e^2, e^1, e^2).
-        let (_, ws) = moe_router(&x, &w, 1, 2, 4, 2, false, false);
+        let (_, ws) = moe_router(&x, &w, 1, 2, 4, 2, RouterScoring::Softmax, TopKWeights::Raw);
         let z = e.powi(3) + 2.0 * e.powi(2) + e;
         assert!((ws[0] - e.powi(3) / z).abs() < 1e-6 && (ws[1] - e.powi(2) / z).abs() < 1e-6);
         // Sigmoid scoring, not renormalised.
-        let (ids, ws) = moe_router(&x, &w, 1, 2, 4, 1, true, false);
+        let (ids, ws) = moe_router(&x, &w, 1, 2, 4, 1, RouterScoring::Sigmoid, TopKWeights::Raw);
         assert_eq!(ids, vec![2]);
         assert!((ws[0] - 1.0 / (1.0 + (-3.0f32).exp())).abs() < 1e-6);
+    }
+
+    /// A row whose logits are NaN (the old reference here picked expert 0 `top_k` times):
+    /// `top_k` distinct ids, the lowest, and NaN weights, as the kernel gives.
+    #[test]
+    fn router_nan_row_gets_distinct_ids() {
+        let (x, w) = ([f32::NAN, 1.0], [1.0; 8]);
+        for scoring in [RouterScoring::Softmax, RouterScoring::Sigmoid] {
+            let (ids, ws) = moe_router(&x, &w, 1, 2, 4, 3, scoring, TopKWeights::Renormalized);
+            assert_eq!(ids, vec![0, 1, 2], "{scoring:?}");
+            assert!(ws.iter().all(|w| w.is_nan()), "{scoring:?}");
+        }
     }
 
     #[test]

@@ -23,7 +23,7 @@
 //!   costs at most a few KiB of SMEM here.)
 //!
 //! Numerics: the f32 logits are the exact products of the bf16 inputs accumulated in f32
-//! (an f32 matmul at default precision, see the note in the body); the softmax is the max-subtracted one, in f32. See `moe_reference::moe_router`.
+//! (an f32 matmul at default precision, see the note in the body); the softmax is the max-subtracted one, in f32. See `moe_reference::moe_router` (which calls `palladium_model::moe::route`).
 
 use crate::body::{Routing, WeightLayout, project};
 use palladium_dsl::prelude::*;

@@ -21,14 +21,20 @@
 //!   load and Hugging Face block-scaled FP8 checkpoints ([`quant::QuantizedWeights`]).
 //! - [`tolerance`]: THE logits tolerance (`max |got - ref| <= 2^-6 * max |ref|`) every
 //!   comparison of logits cites.
-//! - [`reference`]: [`reference::Reference`], a plain-Rust forward pass (f32, or rounding to
-//!   bf16 where transformers' bf16 model does) with a KV cache and greedy
+//! - [`reference`]: [`reference::Reference`], THE reference forward pass (plain Rust, f32 or
+//!   rounding to bf16 where transformers' bf16 model does) with a KV cache and greedy
 //!   [`reference::Reference::generate`]; checked against transformers in
-//!   `tests/hf_conformance.rs`.
+//!   `tests/hf_conformance.rs`. `run --check` compares the megakernel with it.
+//! - [`moe`]: the mixture-of-experts math of that forward pass, the only copy: routing
+//!   ([`moe::route`], the [`RouterScoring`] as data), the SwiGLU experts and their combine
+//!   ([`moe::moe_ffn`], the bf16 rounding points as data, [`moe::FfnRounding`]). The kernel
+//!   library's MoE references (`palladium_kernels::moe_reference`) call it with the kernels'
+//!   rounding convention.
 
 pub mod cost;
 mod error;
 mod json;
+pub mod moe;
 mod parse;
 pub mod quant;
 pub mod reference;

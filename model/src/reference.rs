@@ -36,7 +36,8 @@
 //! - attention: scores `r(r(q . k) * scale)`; softmax in f32 over the bf16 scores, probabilities
 //!   rounded; output `r(sum p v)`.
 //! - router: logits rounded (linear); softmax, top-k and renormalisation in f32; the k weights
-//!   rounded to bf16.
+//!   rounded to bf16 (the routing and the experts below are [`crate::moe`]'s, shared with the
+//!   kernels' references).
 //! - experts: `gate`, `up` outputs rounded, `r(silu(gate))`, `r(silu * up)`, `down` output
 //!   rounded, `r(down * weight)`, accumulated as `acc = r(acc + ...)` in increasing expert index
 //!   (`index_add_` into a bf16 buffer).
@@ -48,7 +49,10 @@
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::spec::{AttentionKind, FfnKind, ModelSpec, NormKind, QkNorm, TopKWeights};
+use crate::moe::{self, FfnRounding, Layout, Projection, SwiGlu, dot64};
+use crate::spec::{
+    AttentionKind, FfnKind, ModelSpec, NormKind, QkNorm, RouterScoring, TopKWeights,
+};
 use crate::weights::{FfnNames, MlpNames, ModelNames, Tensor, Weights, WeightsError};
 use palladium_array::round_bf16;
 
@@ -147,6 +151,21 @@ struct Mlp {
     down: Tensor,
 }
 
+impl Mlp {
+    fn swiglu(&self) -> SwiGlu<'_> {
+        SwiGlu {
+            gate: projection(&self.gate),
+            up: projection(&self.up),
+            down: projection(&self.down),
+        }
+    }
+}
+
+/// A checkpoint's `[out, in]` linear weight as a [`Projection`].
+fn projection(w: &Tensor) -> Projection<'_> {
+    Projection::new(&w.data, w.shape[1], w.shape[0], Layout::OutIn)
+}
+
 enum Ffn {
     Dense(Mlp),
     Moe {
@@ -154,7 +173,8 @@ enum Ffn {
         router_bias: Option<Tensor>,
         experts: Vec<Mlp>,
         top_k: usize,
-        renormalize: bool,
+        scoring: RouterScoring,
+        weights: TopKWeights,
     },
 }
 
@@ -299,7 +319,8 @@ impl Reference {
                             router_bias: opt(router_bias),
                             experts: experts.iter().map(mlp).collect(),
                             top_k: moe.top_k as usize,
-                            renormalize: moe.routing.top_k_weights == TopKWeights::Renormalized,
+                            scoring: moe.routing.scoring,
+                            weights: moe.routing.top_k_weights,
                         }
                     }
                     (FfnNames::Moe { .. }, FfnKind::Dense { .. }) => {
@@ -491,18 +512,16 @@ impl Reference {
 
     /// `y = r(W x + b)` for `W: [out, in]`.
     fn linear(&self, w: &Tensor, b: Option<&Tensor>, x: &[f32]) -> Vec<f32> {
-        let (out, inp) = (w.shape[0], w.shape[1]);
-        debug_assert_eq!(x.len(), inp);
-        (0..out)
-            .map(|o| {
-                let row = &w.data[o * inp..(o + 1) * inp];
-                let mut acc = dot64(row, x);
-                if let Some(b) = b {
-                    acc += f64::from(b.data[o]);
-                }
-                self.r(acc as f32)
-            })
-            .collect()
+        let y = projection(w).apply(x, b.map(|b| &b.data[..]));
+        y.into_iter().map(|v| self.r(v)).collect()
+    }
+
+    /// Where the FFNs round: where transformers' model of this precision does.
+    fn ffn_rounding(&self) -> FfnRounding {
+        match self.precision {
+            Precision::F32 => FfnRounding::None,
+            Precision::Bf16 => FfnRounding::Transformers,
+        }
     }
 
     /// RMSNorm of `x` in place: `r(w * r(x * rsqrt(mean(x^2) + eps)))`.
@@ -526,52 +545,21 @@ impl Reference {
         }
     }
 
-    fn silu(&self, x: f32) -> f32 {
-        self.r(x / (1.0 + (-x).exp()))
-    }
-
-    fn mlp(&self, m: &Mlp, x: &[f32]) -> Vec<f32> {
-        let g = self.linear(&m.gate, None, x);
-        let u = self.linear(&m.up, None, x);
-        let a: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| self.r(self.silu(g) * u)).collect();
-        self.linear(&m.down, None, &a)
-    }
-
+    /// The FFN of one row: a dense MLP, or the routed experts ([`moe`]'s math). Lowers
+    /// `margin` to the routing's margin (see [`Self::step_traced`]).
     fn ffn(&self, ffn: &Ffn, x: &[f32], margin: &mut f32) -> Vec<f32> {
         match ffn {
-            Ffn::Dense(m) => self.mlp(m, x),
-            Ffn::Moe { router, router_bias, experts, top_k, renormalize } => {
+            Ffn::Dense(m) => moe::swiglu(&m.swiglu(), x, self.ffn_rounding()),
+            Ffn::Moe { router, router_bias, experts, top_k, scoring, weights } => {
                 let logits = self.linear(router, router_bias.as_ref(), x);
-                let mx = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let e: Vec<f32> = logits.iter().map(|&l| (l - mx).exp()).collect();
-                let s: f32 = e.iter().sum();
-                let p: Vec<f32> = e.iter().map(|&v| v / s).collect();
-                // top-k: largest probability first, lower index first on ties.
-                let mut order: Vec<usize> = (0..p.len()).collect();
-                order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
-                if let (Some(&kth), Some(&next)) = (order.get(*top_k - 1), order.get(*top_k)) {
+                let route = moe::route(&logits, *top_k, *scoring, *weights);
+                if let (Some(&(kth, _)), Some(next)) = (route.chosen.last(), route.runner_up) {
                     let scale = crate::tolerance::max_abs(&logits);
                     let gap = logits[kth] - logits[next];
                     *margin = margin.min(if scale > 0.0 { gap / scale } else { 0.0 });
                 }
-                let mut chosen: Vec<(usize, f32)> =
-                    order[..*top_k].iter().map(|&i| (i, p[i])).collect();
-                if *renormalize {
-                    let sum: f32 = chosen.iter().map(|c| c.1).sum();
-                    for c in &mut chosen {
-                        c.1 /= sum;
-                    }
-                }
-                chosen.sort_by_key(|c| c.0);
-                let mut acc = vec![0f32; self.hidden];
-                for (i, w) in chosen {
-                    let w = self.r(w);
-                    let y = self.mlp(&experts[i], x);
-                    for (a, y) in acc.iter_mut().zip(y) {
-                        *a = self.r(*a + self.r(y * w));
-                    }
-                }
-                acc
+                let expert = |e: usize| experts[e].swiglu();
+                moe::moe_ffn(x, self.hidden, &route.chosen, expert, self.ffn_rounding())
             }
         }
     }
@@ -703,8 +691,4 @@ impl Reference {
             })
             .collect())
     }
-}
-
-fn dot64(a: &[f32], b: &[f32]) -> f64 {
-    a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum()
 }

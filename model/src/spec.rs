@@ -317,11 +317,14 @@ pub struct Routing {
     pub top_k_weights: TopKWeights,
 }
 
-/// Scoring of router logits.
+/// Scoring of router logits, before the top-k choice ([`crate::moe::route`] computes it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum RouterScoring {
     /// Softmax over all experts in float32, then top-k of the probabilities (both families).
     Softmax,
+    /// An elementwise sigmoid of each logit, then top-k of those (`DeepSeek`-V3 style; no
+    /// family parses to it yet, the kernels' `moe_router` offers it).
+    Sigmoid,
 }
 
 /// What happens to the top-k probabilities before they weight the expert outputs.

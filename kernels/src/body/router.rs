@@ -1,4 +1,5 @@
-//! The MoE router: scores, top-k and the routing table's entries.
+//! The MoE router: scores, top-k and the routing table's entries. Their reference, the one
+//! the interpret tests compare with, is `palladium_model::moe::route`.
 
 use palladium_dsl::build::{IntoVal, eq, lt};
 use palladium_dsl::prelude::*;

@@ -1,0 +1,319 @@
+//! The mixture-of-experts math, implemented once: how a token's router logits become its
+//! chosen experts and their weights ([`route`]), and how the chosen experts' SwiGLU outputs
+//! are combined ([`moe_ffn`], [`swiglu`]). [`crate::reference::Reference`] (transformers'
+//! float32 and bfloat16 models) and the kernel library's references
+//! (`palladium_kernels::moe_reference`, each kernel's convention) both call these functions;
+//! they differ only in data: the [`RouterScoring`] and [`TopKWeights`] of the model, where
+//! results are rounded to bf16 ([`FfnRounding`]), and how the router logits were computed
+//! (rounded to bf16 like transformers' bf16 `gate` output, or kept in f32 like the kernels'
+//! MXU result), which is the caller's.
+//!
+//! Routing, as transformers 4.57 computes it (`Qwen3MoeSparseMoeBlock`,
+//! `MixtralSparseMoeBlock`): scores are [`RouterScoring`] of the f32 logits (softmax over all
+//! experts, max-subtracted; or an elementwise sigmoid, `DeepSeek` style), the `top_k` largest
+//! are chosen in descending order with ties to the lower expert id (`torch.topk` and
+//! `jax.lax.top_k`), and with [`TopKWeights::Renormalized`] their weights are divided by their
+//! sum (in f32, summed in that order).
+//!
+//! Non-finite logits: a NaN score ranks below every number (torch ranks it above; either way
+//! the row's output is NaN, see below), so any row gets `top_k` *distinct* experts, the
+//! lowest NaN ids where all scores are NaN: this is what the kernels' `top_k` body does, so a
+//! fetch by id stays in bounds. A row with any NaN score gets NaN for every weight (the
+//! kernels add `sum(scores * 0)` to the weights), so the poison reaches the output. With the
+//! softmax, one NaN or infinite logit makes every score NaN.
+
+use crate::spec::{RouterScoring, TopKWeights};
+use palladium_array::round_bf16;
+
+/// A token's routing: its chosen experts in descending score order, and the best expert it
+/// did not choose.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// `(expert, weight)`, `top_k` of them, the highest score first (ties: lower id first).
+    pub chosen: Vec<(usize, f32)>,
+    /// The `(top_k + 1)`-th ranked expert; `None` when every expert is chosen. The gap
+    /// between its logit and the last chosen one is the routing's margin: implementations
+    /// whose logits differ by rounding may disagree on the choice when it is small.
+    pub runner_up: Option<usize>,
+}
+
+/// Routes one token: its router `logits` (one per expert) scored by `scoring`, the `top_k`
+/// best chosen and weighted by `weights` (see the module docs for ties and NaN).
+///
+/// # Panics
+/// If `top_k` is 0 or more than the number of experts.
+pub fn route(logits: &[f32], top_k: usize, scoring: RouterScoring, weights: TopKWeights) -> Route {
+    assert!((1..=logits.len()).contains(&top_k), "top_k {top_k} of {} experts", logits.len());
+    let scores: Vec<f32> = match scoring {
+        RouterScoring::Softmax => {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+            let sum: f32 = e.iter().sum();
+            e.iter().map(|&v| v / sum).collect()
+        }
+        RouterScoring::Sigmoid => logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect(),
+    };
+    // Descending score, NaN below every number, the lower id first among equals.
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (x, y) = (scores[a], scores[b]);
+        match (x.is_nan(), y.is_nan()) {
+            (false, false) => y.total_cmp(&x),
+            (nan_a, nan_b) => nan_a.cmp(&nan_b),
+        }
+        .then(a.cmp(&b))
+    });
+    let poisoned = scores.iter().any(|s| s.is_nan());
+    let mut chosen: Vec<(usize, f32)> =
+        order[..top_k].iter().map(|&e| (e, if poisoned { f32::NAN } else { scores[e] })).collect();
+    if weights == TopKWeights::Renormalized {
+        let sum: f32 = chosen.iter().map(|c| c.1).sum();
+        for c in &mut chosen {
+            c.1 /= sum;
+        }
+    }
+    Route { chosen, runner_up: order.get(top_k).copied() }
+}
+
+/// Where an FFN rounds to bf16. The math between the rounding points is f32, dot products
+/// accumulating in f64 and rounded once to f32 ([`Projection::apply`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnRounding {
+    /// Nowhere: transformers' float32 model.
+    None,
+    /// Every tensor transformers' bfloat16 model materialises: each projection's output,
+    /// `silu(gate)`, the activation `silu(gate) * up`, the routing weight (cast to the
+    /// hidden dtype), each weighted expert output, and the running sum after each expert
+    /// (`index_add_` into a bf16 buffer).
+    Transformers,
+    /// The kernels' (`expert_ffn`, and the megakernel's experts): f32 products and
+    /// accumulators; the activation rounded (it is the down projection's bf16 MXU operand)
+    /// and the combined output rounded once, when stored.
+    Kernel,
+}
+
+impl FfnRounding {
+    /// A projection's output, `silu(gate)`, a routing weight, a weighted expert output or the
+    /// running sum (transformers' bf16 model rounds them all).
+    fn each_op(self, x: f32) -> f32 {
+        match self {
+            Self::Transformers => round_bf16(x),
+            Self::None | Self::Kernel => x,
+        }
+    }
+
+    /// The SwiGLU activation, the down projection's input.
+    fn activation(self, x: f32) -> f32 {
+        match self {
+            Self::Transformers | Self::Kernel => round_bf16(x),
+            Self::None => x,
+        }
+    }
+
+    /// The combined output of the routed experts.
+    fn output(self, x: f32) -> f32 {
+        match self {
+            Self::Transformers | Self::Kernel => round_bf16(x),
+            Self::None => x,
+        }
+    }
+}
+
+/// How a weight matrix of `outputs x inputs` values is laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `[outputs, inputs]` row-major: torch's `nn.Linear.weight`, checkpoints.
+    OutIn,
+    /// `[inputs, outputs]` row-major: the kernels' operands (`x @ w`).
+    InOut,
+}
+
+/// A borrowed projection weight (no bias).
+#[derive(Debug, Clone, Copy)]
+pub struct Projection<'a> {
+    data: &'a [f32],
+    inputs: usize,
+    outputs: usize,
+    layout: Layout,
+}
+
+impl<'a> Projection<'a> {
+    /// `data` holds `inputs * outputs` values in `layout`.
+    ///
+    /// # Panics
+    /// If it does not.
+    pub fn new(data: &'a [f32], inputs: usize, outputs: usize, layout: Layout) -> Self {
+        assert_eq!(data.len(), inputs * outputs, "projection of {inputs} -> {outputs}");
+        Self { data, inputs, outputs, layout }
+    }
+
+    /// `W x + b`, each output accumulated in f64 in input order and rounded once to f32.
+    ///
+    /// # Panics
+    /// If `x` or `bias` has the wrong length.
+    pub fn apply(&self, x: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
+        assert_eq!(x.len(), self.inputs, "projection input");
+        let mut acc: Vec<f64> = match self.layout {
+            Layout::OutIn => self.data.chunks_exact(self.inputs).map(|row| dot64(row, x)).collect(),
+            Layout::InOut => {
+                let mut acc = vec![0f64; self.outputs];
+                for (row, &v) in self.data.chunks_exact(self.outputs).zip(x) {
+                    for (a, &w) in acc.iter_mut().zip(row) {
+                        *a += f64::from(w) * f64::from(v);
+                    }
+                }
+                acc
+            }
+        };
+        if let Some(b) = bias {
+            assert_eq!(b.len(), self.outputs, "projection bias");
+            for (a, &b) in acc.iter_mut().zip(b) {
+                *a += f64::from(b);
+            }
+        }
+        acc.into_iter().map(|a| a as f32).collect()
+    }
+}
+
+/// One SwiGLU FFN (an expert, or a dense MLP): `down(silu(gate(x)) * up(x))`.
+#[derive(Debug, Clone, Copy)]
+pub struct SwiGlu<'a> {
+    pub gate: Projection<'a>,
+    pub up: Projection<'a>,
+    pub down: Projection<'a>,
+}
+
+/// `down(silu(gate(x)) * up(x))`, rounded where `rounding` says.
+pub fn swiglu(ffn: &SwiGlu<'_>, x: &[f32], rounding: FfnRounding) -> Vec<f32> {
+    let r = |v: f32| rounding.each_op(v);
+    let gate = ffn.gate.apply(x, None);
+    let up = ffn.up.apply(x, None);
+    let act: Vec<f32> = gate
+        .into_iter()
+        .zip(up)
+        .map(|(g, u)| {
+            let (g, u) = (r(g), r(u));
+            rounding.activation(r(g / (1.0 + (-g).exp())) * u)
+        })
+        .collect();
+    ffn.down.apply(&act, None).into_iter().map(r).collect()
+}
+
+/// A token's routed-experts output (`hidden` values): `sum over chosen (e, w) of
+/// w * swiglu(expert(e), x)`, in increasing expert id (transformers' `index_add_` order),
+/// rounded where `rounding` says.
+pub fn moe_ffn<'a>(
+    x: &[f32],
+    hidden: usize,
+    chosen: &[(usize, f32)],
+    expert: impl Fn(usize) -> SwiGlu<'a>,
+    rounding: FfnRounding,
+) -> Vec<f32> {
+    let r = |v: f32| rounding.each_op(v);
+    let mut by_id = chosen.to_vec();
+    by_id.sort_by_key(|c| c.0);
+    let mut acc = vec![0f32; hidden];
+    for (e, w) in by_id {
+        let w = r(w);
+        let y = swiglu(&expert(e), x, rounding);
+        assert_eq!(y.len(), hidden, "expert {e}'s output");
+        for (a, y) in acc.iter_mut().zip(y) {
+            *a = r(*a + r(y * w));
+        }
+    }
+    acc.into_iter().map(|a| rounding.output(a)).collect()
+}
+
+/// `a . b` accumulated in f64 in index order.
+pub(crate) fn dot64(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(r: &Route) -> Vec<usize> {
+        r.chosen.iter().map(|c| c.0).collect()
+    }
+
+    #[test]
+    fn softmax_routing_by_hand() {
+        // Logits [1, 2, 3, 2]: expert 2, then the tie between 1 and 3 goes to 1; 3 is next.
+        let logits = [1.0, 2.0, 3.0, 2.0];
+        let r = route(&logits, 2, RouterScoring::Softmax, TopKWeights::Renormalized);
+        assert_eq!((ids(&r), r.runner_up), (vec![2, 1], Some(3)));
+        // Renormalised: a softmax over the two chosen logits, e / (e + 1) and 1 / (e + 1).
+        let e = std::f32::consts::E;
+        assert!((r.chosen[0].1 - e / (e + 1.0)).abs() < 1e-6);
+        assert!((r.chosen[1].1 - 1.0 / (e + 1.0)).abs() < 1e-6);
+        // Raw: the softmax over all four.
+        let r = route(&logits, 2, RouterScoring::Softmax, TopKWeights::Raw);
+        let z = e.powi(3) + 2.0 * e.powi(2) + e;
+        assert!((r.chosen[0].1 - e.powi(3) / z).abs() < 1e-6);
+        assert!((r.chosen[1].1 - e.powi(2) / z).abs() < 1e-6);
+        // All chosen: no runner-up.
+        assert_eq!(route(&logits, 4, RouterScoring::Softmax, TopKWeights::Raw).runner_up, None);
+    }
+
+    #[test]
+    fn sigmoid_routing_by_hand() {
+        let logits = [1.0, -2.0, 3.0, 0.0];
+        let r = route(&logits, 2, RouterScoring::Sigmoid, TopKWeights::Raw);
+        let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
+        assert_eq!(r.chosen, vec![(2, sigmoid(3.0)), (0, sigmoid(1.0))]);
+        let r = route(&logits, 2, RouterScoring::Sigmoid, TopKWeights::Renormalized);
+        let sum = sigmoid(3.0) + sigmoid(1.0);
+        assert_eq!(r.chosen, vec![(2, sigmoid(3.0) / sum), (0, sigmoid(1.0) / sum)]);
+    }
+
+    /// What the kernels' `top_k` body does with NaN scores: they rank below every number,
+    /// so the ids stay distinct, and every weight of the row is NaN.
+    #[test]
+    fn a_nan_row_gets_distinct_ids_and_nan_weights() {
+        for scoring in [RouterScoring::Softmax, RouterScoring::Sigmoid] {
+            let r = route(&[f32::NAN; 6], 3, scoring, TopKWeights::Renormalized);
+            assert_eq!(ids(&r), vec![0, 1, 2], "{scoring:?}");
+            assert!(r.chosen.iter().all(|c| c.1.is_nan()), "{scoring:?}");
+            // One infinite logit: the softmax is NaN everywhere (the lowest ids are chosen);
+            // the sigmoid is finite (1 for it).
+            let r = route(&[0.0, f32::INFINITY, 1.0], 2, scoring, TopKWeights::Raw);
+            let softmax = scoring == RouterScoring::Softmax;
+            assert_eq!(ids(&r), if softmax { vec![0, 1] } else { vec![1, 2] }, "{scoring:?}");
+            assert_eq!(r.chosen.iter().all(|c| c.1.is_nan()), softmax, "{scoring:?}");
+        }
+        // Sigmoid scores one NaN logit alone NaN: it ranks last, the numbers route as usual.
+        let r = route(&[f32::NAN, 0.5, -1.0, 2.0], 3, RouterScoring::Sigmoid, TopKWeights::Raw);
+        assert_eq!((ids(&r), r.runner_up), (vec![3, 1, 2], Some(0)));
+        assert!(r.chosen.iter().all(|c| c.1.is_nan()));
+    }
+
+    #[test]
+    fn projection_layouts_agree() {
+        // W = [[1, 2, 3], [4, 5, 6]] (2 outputs, 3 inputs), stored both ways.
+        let out_in = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let in_out = [1.0, 4.0, 2.0, 5.0, 3.0, 6.0];
+        let x = [1.0, -1.0, 2.0];
+        let a = Projection::new(&out_in, 3, 2, Layout::OutIn).apply(&x, Some(&[0.5, 0.0]));
+        let b = Projection::new(&in_out, 3, 2, Layout::InOut).apply(&x, Some(&[0.5, 0.0]));
+        assert_eq!((a, b), (vec![5.5, 11.0], vec![5.5, 11.0]));
+    }
+
+    /// One expert of one hidden and one intermediate value: x = 2, gate 1, up 3, down 0.5.
+    #[test]
+    fn swiglu_rounding_points() {
+        let p = |w: &'static [f32]| Projection::new(w, 1, 1, Layout::OutIn);
+        let ffn = SwiGlu { gate: p(&[1.0]), up: p(&[3.0]), down: p(&[0.5]) };
+        let silu2 = 2.0 / (1.0 + (-2.0f32).exp());
+        assert_eq!(swiglu(&ffn, &[2.0], FfnRounding::None), vec![silu2 * 6.0 * 0.5]);
+        let kernel = round_bf16(silu2 * 6.0) * 0.5;
+        assert_eq!(swiglu(&ffn, &[2.0], FfnRounding::Kernel), vec![kernel]);
+        let hf = round_bf16(round_bf16(round_bf16(silu2) * 6.0) * 0.5);
+        assert_eq!(swiglu(&ffn, &[2.0], FfnRounding::Transformers), vec![hf]);
+        // Combined with weight 0.3 (not a bf16): transformers rounds the weight, the product
+        // and the sum; the kernels round the sum once.
+        let out = |r| moe_ffn(&[2.0], 1, &[(0, 0.3)], |_| ffn, r);
+        assert_eq!(out(FfnRounding::Kernel), vec![round_bf16(kernel * 0.3)]);
+        assert_eq!(out(FfnRounding::Transformers), vec![round_bf16(hf * round_bf16(0.3))]);
+    }
+}
