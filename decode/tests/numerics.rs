@@ -83,6 +83,28 @@ fn tiny_mixtral_matches_the_reference() {
     sweep("tiny-mixtral");
 }
 
+/// The router's scoring is data that reaches the kernel: the tiny Qwen3-MoE scored by a
+/// sigmoid (`DeepSeek`-V3's, which no parsed family selects yet) matches the reference
+/// scored the same way, and routes differently from its softmax self.
+#[test]
+fn sigmoid_router_scoring_reaches_the_kernel() {
+    use palladium_model::spec::{FfnKind, RouterScoring};
+    let softmax = spec("tiny-qwen3-moe");
+    let mut sigmoid = softmax.clone();
+    for layer in &mut sigmoid.layers {
+        if let FfnKind::Moe(moe) = &mut layer.ffn {
+            moe.routing.scoring = RouterScoring::Sigmoid;
+        }
+    }
+    let w = Weights::random(&softmax, 2).unwrap();
+    let p = prompt(2, 0);
+    let g = decoder(&sigmoid, 1, 16, &w).generate(&p, 6).unwrap();
+    let c = compare(&sigmoid, &w, &p, &g).unwrap();
+    assert!(c.passed(), "{}\n{:#?}", c.summary(), c.steps);
+    let g_softmax = decoder(&softmax, 1, 16, &w).generate(&p, 6).unwrap();
+    assert_ne!(g.steps[0].logits, g_softmax.steps[0].logits, "the scoring changed nothing");
+}
+
 /// Two sequences in one megakernel run (different prompts, decoded together): each matches
 /// the reference run alone.
 #[test]

@@ -56,6 +56,7 @@ use palladium_kernels::body::{
     Routing, RowSelect, WeightLayout, embedding_row, project, project_quantized, residual_add,
     rms_norm, rope_apply, rope_rotation, rope_tables, swiglu_chunk,
 };
+use palladium_model::spec::RouterScoring;
 
 type NoMap = Option<Box<dyn FnOnce(&[Val], &[Ref]) -> i32>>;
 
@@ -908,7 +909,8 @@ fn route(p: &Plan, hd: H, layer: Val) -> (Routing, Val) {
     let trash = p.distinct_experts() as i32;
     let logits = hd.rl.load(..);
     record_non_finite(p, hd.router_non_finite, layer, logits);
-    let routing = Routing::new(logits, d.experts, k, false, d.renormalize);
+    let sigmoid = d.scoring == RouterScoring::Sigmoid;
+    let routing = Routing::new(logits, d.experts, k, sigmoid, d.renormalize);
     let own_first = hd.spmd.and_then(|spmd| spmd.expert_first());
     if own_first.is_some() {
         hd.ids.store(0, scalar(0));

@@ -6,6 +6,7 @@
 
 use palladium_dsl::spec::Chip;
 use palladium_model::quant::WeightsDtype;
+use palladium_model::spec::RouterScoring;
 use serde::Serialize;
 
 const GIB: u64 = 1 << 30;
@@ -140,6 +141,8 @@ pub struct Dims {
     pub scale: f64,
     pub qk_norm: bool,
     pub window: Option<u64>,
+    /// How the router scores its logits before the top-k (the config's, as data).
+    pub scoring: RouterScoring,
     pub renormalize: bool,
     /// KV-cache positions (context rounded up to `block_kv`).
     pub positions: u64,

@@ -550,6 +550,7 @@ fn dims(spec: &ModelSpec, moe: &MoeSpec, options: &PlanOptions) -> (Dims, u64) {
             AttentionKind::Full => None,
             AttentionKind::Sliding { window } => Some(window),
         },
+        scoring: moe.routing.scoring,
         renormalize: moe.routing.top_k_weights == TopKWeights::Renormalized,
         positions: round_up(options.context, block_kv),
     };
