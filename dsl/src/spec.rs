@@ -109,7 +109,10 @@ pub struct OperandSpec {
     /// The values a scalar-prefetch operand may hold (`#[prefetch(i32[n], range = lo..=hi)]`):
     /// a kernel that derives DMA offsets or loop trip counts from them reaches only memory
     /// inside its arrays for values in range. Checked wherever prefetch values enter
-    /// ([`OperandSpec::check_values`]); `None`: any i32.
+    /// ([`OperandSpec::check_values`]), and enforced in the kernel: every scalar read from
+    /// the operand (in the body or an index map) is clamped into the range, so a value the
+    /// host did not check (a serving engine's) cannot address memory outside an array.
+    /// `None`: any i32.
     pub values: Option<ValueRange>,
 }
 

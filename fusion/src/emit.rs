@@ -29,7 +29,9 @@
 //! groups.)
 //!
 //! Every index the kernel reads from data (a token id, a sequence's position, a routed
-//! expert id) is clamped into its array before it addresses memory ([`clamp_index`]): on
+//! expert id) is clamped into its array before it addresses memory: the token ids and
+//! positions by the value ranges their scalar-prefetch operands declare (the dsl clamps
+//! every scalar read from such an operand), the expert ids by [`clamp_index`]. On
 //! a TPU an out-of-bounds DMA faults the chip or reads another buffer, and the host's
 //! checks cannot see ids computed in the kernel (the routing of non-finite logits). In
 //! range, nothing changes. The router's non-finite logits are recorded per token row and
@@ -48,7 +50,6 @@ use palladium_dsl::build::{
     range,
 };
 use palladium_dsl::prelude::*;
-use palladium_dsl::trace::IntoIndex;
 use palladium_dsl::trace::builder_handles::Slot;
 use palladium_dsl::{BuildErrors, Kernel};
 use palladium_kernels::body::{
@@ -71,19 +72,6 @@ fn ring_add(base: Val, k: u64, n: u64) -> Val {
 fn clamp_index(i: Val, n: u64) -> Val {
     let below = select(lt(i, n as i32), i, n as i32 - 1);
     select(lt(below, 0), 0, below)
-}
-
-/// Token row `r`'s id, clamped into the embedding table's rows.
-fn token(p: &Plan, hd: H, r: u64) -> Val {
-    let rows = p.layout.operand(OperandKind::Embed).map_or(16, |o| o.shape[0] * 16);
-    clamp_index(hd.tokens.load(r), rows)
-}
-
-/// Sequence `seq`'s position (of its first new token), clamped so its K new positions lie
-/// in the cache.
-fn position(p: &Plan, hd: H, seq: impl IntoIndex) -> Val {
-    let d = &p.dims;
-    clamp_index(hd.positions.load(seq), (d.positions + 1).saturating_sub(d.tokens_per_seq).max(1))
 }
 
 /// All the handles of the kernel.
@@ -165,6 +153,7 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     let l = plan.layers as u64;
     let tokens = d.tokens;
     let n = plan.layout.per_layer;
+    let vocab = plan.sharding.as_ref().map_or(d.vocab, |s| s.vocab);
     let mut kb = KernelBuilder::new("megakernel");
     kb.vmem_limit_bytes(plan.vmem_limit);
     kb.cost_estimate(
@@ -182,10 +171,11 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         .map(|o| {
             let (name, shape) = (o.kind.name(), &o.shape);
             let slot = kb.operand(name, o.role, o.dtype, shape, o.space, None, None as NoMap);
-            // The scalar prefetch's values: token ids, and positions whose K new rows fit
-            // the cache.
+            // The scalar prefetch's values (the dsl clamps every read into them): token ids
+            // of the whole vocabulary (`dims.vocab` is one device's `lm_head` slice), and
+            // positions whose K new rows fit the cache.
             match o.kind {
-                OperandKind::Tokens => kb.value_range(slot, 0, d.vocab.saturating_sub(1)),
+                OperandKind::Tokens => kb.value_range(slot, 0, vocab.saturating_sub(1)),
                 OperandKind::Positions => {
                     kb.value_range(slot, 0, d.positions.saturating_sub(d.tokens_per_seq))
                 }
@@ -314,7 +304,7 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
     // --- prologue: embeddings, first dense chunks, rope tables -------------------------
     // Token row r is sequence r / K's (r % K)-th new token, at its position + r % K.
     for r in 0..tokens {
-        let t = token(p, hd, r);
+        let t = hd.tokens.load(r);
         async_copy(hd.embed.at(t / 16), hd.emb.at(r), hd.emb_sems.at(r)).start();
     }
     for g in 0..depth.min(l * n + p.layout.stream_lm_chunks()) {
@@ -333,7 +323,7 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
     let row_i = RowSelect::new(rows, 1);
     let mut pos = zeros([rows, 1], f32);
     for r in 0..tokens {
-        let at = position(p, hd, r / kt);
+        let at = hd.positions.load(r / kt);
         let at = if r % kt == 0 { at } else { at + (r % kt) as i32 };
         pos = row_i.put(pos, r as i32, at.cast(f32));
     }
@@ -347,7 +337,7 @@ fn body(p: &Plan, hd: H, n: u64, l: u64) {
     // Embedding rows, each from its fetched 16-row group, to row `bi` of the residual stream.
     let mut x = zeros([rows, h], f32);
     for r in 0..tokens {
-        let t = token(p, hd, r);
+        let t = hd.tokens.load(r);
         async_copy(hd.embed.at(t / 16), hd.emb.at(r), hd.emb_sems.at(r)).wait();
         x = row_i.put(x, r as i32, embedding_row(hd.emb.load(r), t));
     }
@@ -706,7 +696,7 @@ fn attention(p: &Plan, hd: H, layer: Val) {
                 }
             }
             let qg = qg.cast(bf16);
-            let pos = position(p, hd, bi);
+            let pos = hd.positions.load(bi);
             // The newest position written and attended: the sequence's last new token's.
             let newest = if kt == 1 { pos } else { pos + (kt - 1) as i32 };
             let new_kv: Vec<(Val, Val)> = (0..kt)

@@ -430,6 +430,7 @@ impl<'a> KernelBuilder<'a> {
             errors: std::mem::take(&mut self.errors),
             poisoned: SecondaryMap::new(),
             ill_typed: SecondaryMap::new(),
+            value_ranges: SecondaryMap::new(),
         };
         if !install(tracer) {
             return Err(BuildErrors(vec![BuildError {
@@ -438,19 +439,34 @@ impl<'a> KernelBuilder<'a> {
             }]));
         }
         let guard = Sealed { handles: Vec::new(), slots: self.slots.clone() };
+        with(|t| {
+            for (o, &v) in self.operands.iter().zip(&operand_values) {
+                if o.role == OperandRole::Prefetch {
+                    t.value_ranges.insert(v, o.values);
+                }
+            }
+        });
         // Index maps: one block each, taking the grid indices and the prefetch refs.
-        let prefetch: Vec<RefType> = with(|t| {
+        let (prefetch, ranges): (Vec<RefType>, Vec<_>) = with(|t| {
             t.kernel
                 .call
                 .operands_of(OperandRole::Prefetch)
-                .map(|p| RefType { space: p.space, dtype: p.dtype, shape: p.shape.clone() })
-                .collect()
+                .map(|p| {
+                    (RefType { space: p.space, dtype: p.dtype, shape: p.shape.clone() }, p.values)
+                })
+                .unzip()
         });
         for (i, map) in sorted_maps.into_iter().enumerate() {
             let Some((f, loc)) = map else { continue };
             let mut types: Vec<Type> = self.grid.iter().map(|_| Type::Scalar(DType::I32)).collect();
             types.extend(prefetch.iter().cloned().map(Type::Ref));
-            let (block, params) = with(|t| t.new_block(&types));
+            let (block, params) = with(|t| {
+                let (block, params) = t.new_block(&types);
+                for (&v, &range) in params[self.grid.len()..].iter().zip(&ranges) {
+                    t.value_ranges.insert(v, range);
+                }
+                (block, params)
+            });
             let g: Vec<Val> = params[..self.grid.len()].iter().map(|&v| Val(v)).collect();
             let p: Vec<Ref> = params[self.grid.len()..].iter().map(|&v| Ref(v)).collect();
             in_block(block, || {

@@ -84,6 +84,10 @@ pub(crate) struct Tracer {
     /// Ops whose typing error was reported while tracing (the verifier's would repeat it,
     /// also for ops without results, which poison nothing).
     pub(crate) ill_typed: SecondaryMap<crate::ir::Op, bool>,
+    /// The declared value range of each scalar-prefetch ref that has one (the body's operand
+    /// and every index map's parameter for it): a scalar read from it is clamped into the
+    /// range in the kernel, so data outside it cannot address memory outside an array.
+    pub(crate) value_ranges: SecondaryMap<Value, Option<crate::spec::ValueRange>>,
 }
 
 thread_local! {

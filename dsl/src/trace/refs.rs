@@ -3,8 +3,8 @@
 use super::val::{IntoVal, Val};
 use super::with;
 use crate::ir::{
-    BinaryOp, DType, Index, Literal, Offset, OpData, Remote, SemKind, Shape, SrcLoc, Type, Value,
-    ValueDef, WaitSide,
+    BinaryOp, CmpPred, DType, Index, Literal, Offset, OpData, Remote, SemKind, Shape, SrcLoc, Type,
+    Value, ValueDef, WaitSide,
 };
 
 /// A traced ref: a window of VMEM/SMEM, an HBM array or a sub-ref of one.
@@ -235,8 +235,13 @@ impl Ref {
             .iter()
             .filter_map(|i| if let Index::Slice { size, .. } = i { Some(*size) } else { None })
             .collect();
+        let scalar_i32 = kept.is_empty() && self.dtype() == DType::I32;
         let fallback = Type::array(Shape(kept), self.dtype());
-        Val(with(|t| t.emit1(OpData::Load { src: self.0, index }, loc, fallback)))
+        let value = Val(with(|t| t.emit1(OpData::Load { src: self.0, index }, loc, fallback)));
+        match with(|t| t.value_ranges.get(self.0).copied().flatten()) {
+            Some(range) if scalar_i32 => clamp_into(value, range, loc),
+            _ => value,
+        }
     }
 
     /// Write `ref[idx] = value` (a Rust number is splatted to the window).
@@ -500,4 +505,27 @@ pub fn barrier_semaphore() -> SemRef {
     SemRef(with(|t| {
         t.emit1(OpData::BarrierSemaphore, loc, Type::Sem(SemKind::Regular, Shape::default()))
     }))
+}
+
+/// `value` (a scalar read from a scalar-prefetch operand) clamped into its declared `range`:
+/// two compares and two selects at the read's own location. In range the value is unchanged;
+/// outside it no DMA offset or trip count derived from it can leave its array.
+fn clamp_into(value: Val, range: crate::spec::ValueRange, loc: SrcLoc) -> Val {
+    let i32_at = |x: u64| {
+        let x = x.min(i32::MAX as u64) as i64;
+        crate::trace::val::constant(Literal::Int(x), Type::Scalar(DType::I32), loc)
+    };
+    let pick = |pred: CmpPred, v: Val, bound: Val| {
+        with(|t| {
+            let past = t.emit1(
+                OpData::Compare { pred, lhs: v.0, rhs: bound.0 },
+                loc,
+                Type::Scalar(DType::Bool),
+            );
+            let op = OpData::Select { cond: past, on_true: bound.0, on_false: v.0 };
+            Val(t.emit1(op, loc, Type::Scalar(DType::I32)))
+        })
+    };
+    let below_max = pick(CmpPred::Gt, value, i32_at(range.max));
+    pick(CmpPred::Lt, below_max, i32_at(range.min))
 }
