@@ -31,7 +31,7 @@
 //! Every index the kernel reads from data (a token id, a sequence's position, a routed
 //! expert id) is clamped into its array before it addresses memory: the token ids and
 //! positions by the value ranges their scalar-prefetch operands declare (the dsl clamps
-//! every scalar read from such an operand), the expert ids by [`clamp_index`]. On
+//! every scalar read from such an operand), the expert ids by `clamp_index`. On
 //! a TPU an out-of-bounds DMA faults the chip or reads another buffer, and the host's
 //! checks cannot see ids computed in the kernel (the routing of non-finite logits). In
 //! range, nothing changes. The router's non-finite logits are recorded per token row and
