@@ -488,7 +488,7 @@ fn quantized(
 /// only, the padding rows' products zero. So the integer codes meet the activations'
 /// int8 digits (`project_quantized` takes them for at most that many rows) instead of the
 /// mixed bf16 x code product (libtpu's v6e estimate, Qwen3-30B-A3B int8, 2 layers: 505730
-/// cycles with the mixed product on 16 rows, 452575 with the digits on 8; see the README).
+/// cycles with the mixed product on 16 rows, 452575 with the digits on 8; see docs/quantization.md).
 fn token_rows(p: &Plan, x: Val, product: impl FnOnce(Val) -> Val) -> Val {
     let rows = p.dims.rows;
     if p.dims.tokens > DIGIT_ROWS || rows <= DIGIT_ROWS {
