@@ -4,7 +4,9 @@
 //!
 //! The cycle column is the roofline *model* of `palladium_autotune::model`, not a
 //! measurement: it ranks candidates by modelled HBM traffic, MXU work and grid-step count.
-//! The full reports are also written as JSON to `target/tmp/autotune-matmul-<chip>.json`.
+//! The full reports are also written as JSON to `target/tmp/autotune-matmul-<chip>.json`,
+//! and a full run (`--bench`) writes the sweeps as the docs book's page
+//! `docs/benchmarks/autotune.md`.
 //!
 //! `PALLADIUM_AUTOTUNE_RUNNER=libtpu` also costs the v6e sweep with the libtpu runner
 //! ([`Libtpu`]: libtpu 0.0.42.1's static cycle estimates, deviceless, through PJRT in
@@ -12,6 +14,9 @@
 //! its table and compares the two rankings: Spearman rank correlation over the candidates
 //! both costed, top-1 agreement, and where each runner's best lands in the other's ranking.
 //! (v7x is skipped there: libtpu reports no cycles on v7x.)
+
+#[path = "common/doc_table.rs"]
+mod doc_table;
 
 use palladium_autotune::{ChipModel, CompileOnly, Libtpu, SearchReport, SearchSpace, search};
 use palladium_dsl::spec::Chip;
@@ -30,19 +35,29 @@ fn main() {
         .param("bk", [256, 512, 1024, 2048])
         .param("bn", [128, 256, 512]);
 
+    let mut summary = doc_table::Table::new(
+        "| chip | candidates | rejected | best (model) | modeled cycles | sweep median ms |",
+        "|---|---:|---:|---|---:|---:|",
+    );
+    let mut sweeps = String::new();
     for chip in [Chip::V6e, Chip::V7x] {
         let c = ChipModel::of(chip);
-        println!(
-            "== matmul {m}x{k}x{n} bf16 on {chip} ({} candidates, compile-only runner) ==\n   model: {:.0} GB/s HBM, {:.0} TFLOP/s bf16, {:.2} GHz assumed, {:.0} cycles/step overhead",
-            space.len(),
+        let title = format!(
+            "matmul {m}x{k}x{n} bf16 on {chip} ({} candidates, compile-only runner)",
+            space.len()
+        );
+        let model = format!(
+            "model: {:.0} GB/s HBM, {:.0} TFLOP/s bf16, {:.2} GHz assumed, {:.0} cycles/step overhead",
             c.hbm_bytes_per_s / 1e9,
             c.mxu_bf16_flops_per_s / 1e12,
             c.clock_hz / 1e9,
             c.per_step_overhead_cycles()
         );
+        println!("== {title} ==\n   {model}");
         let report =
             search(&space, chip, &mut CompileOnly::new()).unwrap_or_else(|e| panic!("{e}"));
         print!("{}", report.table());
+        sweeps.push_str(&format!("## {title}\n\n{model}.\n\n```text\n{}```\n\n", report.table()));
         match report.best() {
             Some(best) => {
                 let cost = best.cost().expect("ranked candidates are costed");
@@ -82,6 +97,15 @@ fn main() {
             times[0].as_secs_f64() * 1e3,
             space.len() as f64 / median.as_secs_f64()
         );
+        let best = report.best().and_then(|b| Some((b.candidate.to_string(), b.cost()?.cycles)));
+        summary.row(format!(
+            "| {chip} | {} | {} | {} | {} | {:.2} |",
+            report.results.len(),
+            report.rejected().count(),
+            best.as_ref().map_or("none".to_string(), |b| b.0.clone()),
+            best.map_or("-".to_string(), |b| format!("{:.0}", b.1)),
+            median.as_secs_f64() * 1e3
+        ));
 
         let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("autotune-matmul-{chip}.json"));
@@ -101,7 +125,12 @@ fn main() {
                 t0.elapsed().as_secs_f64()
             );
             print!("{}", measured.table());
-            compare_rankings(&report, &measured);
+            let ranking = compare_rankings(&report, &measured);
+            println!("{ranking}");
+            sweeps.push_str(&format!(
+                "## The same sweep on {chip}, libtpu runner (static estimates)\n\n```text\n{}```\n\n{ranking}\n\n",
+                measured.table()
+            ));
             let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
                 .join(format!("autotune-matmul-{chip}-libtpu.json"));
             if let Err(e) = std::fs::write(&path, measured.to_json()) {
@@ -109,6 +138,23 @@ fn main() {
             }
             println!();
         }
+    }
+    if benching {
+        let command = if std::env::var("PALLADIUM_AUTOTUNE_RUNNER").as_deref() == Ok("libtpu") {
+            "PALLADIUM_AUTOTUNE_RUNNER=libtpu cargo bench --bench autotune"
+        } else {
+            "cargo bench --bench autotune"
+        };
+        doc_table::write_page(
+            "autotune.md",
+            "Autotune: the matmul block sweep",
+            command,
+            &format!(
+                "The cycles are the roofline *model* of `palladium_autotune::model` (libtpu's \
+                 static estimates where a libtpu sweep says so), not measurements.\n\n{}\n{sweeps}",
+                summary.markdown()
+            ),
+        );
     }
 }
 
@@ -143,7 +189,8 @@ fn spearman(a: &[f64], b: &[f64]) -> f64 {
     cov / (va * vb).sqrt()
 }
 
-fn compare_rankings(model: &SearchReport, measured: &SearchReport) {
+/// How the static model's ranking compares with libtpu's, as one line.
+fn compare_rankings(model: &SearchReport, measured: &SearchReport) -> String {
     let both: Vec<(usize, f64, f64)> = model
         .results
         .iter()
@@ -151,8 +198,7 @@ fn compare_rankings(model: &SearchReport, measured: &SearchReport) {
         .filter_map(|(a, b)| Some((a.candidate.index, a.cost()?.cycles, b.cost()?.cycles)))
         .collect();
     if both.len() < 2 {
-        println!("ranking comparison: fewer than 2 candidates costed by both runners");
-        return;
+        return "ranking comparison: fewer than 2 candidates costed by both runners".into();
     }
     let (m, l): (Vec<f64>, Vec<f64>) = both.iter().map(|&(_, a, b)| (a, b)).unzip();
     let rho = spearman(&m, &l);
@@ -162,7 +208,7 @@ fn compare_rankings(model: &SearchReport, measured: &SearchReport) {
     let (bm, bl) = (best_of(&m), best_of(&l));
     let (rm, rl) = (ranks(&m), ranks(&l));
     let name = |i: usize| model.results[both[i].0].candidate.to_string();
-    println!(
+    format!(
         "ranking: static model vs libtpu over {} candidates: Spearman rho = {rho:.3}; top-1 {} (model's best {} is libtpu's #{:.0} at {:.0} cycles, {:.3}x libtpu's best; libtpu's best {} at {:.0} cycles is the model's #{:.0})",
         both.len(),
         if bm == bl { "agrees" } else { "differs" },
@@ -173,5 +219,5 @@ fn compare_rankings(model: &SearchReport, measured: &SearchReport) {
         name(bl),
         l[bl],
         rm[bl],
-    );
+    )
 }

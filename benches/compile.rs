@@ -14,8 +14,11 @@
 //! 2. The autotune sweep of `benches/autotune.rs` on v6e (36 matmul block candidates,
 //!    libtpu runner: parallel workers, one per core): wall time.
 //!
-//! Machine-dependent numbers: compare the ratios measured in the same run.
+//! Machine-dependent numbers: compare the ratios measured in the same run. A full run
+//! (`--bench`) also writes the docs book's page `docs/benchmarks/compile.md`.
 
+#[path = "common/doc_table.rs"]
+mod doc_table;
 #[path = "common/jax.rs"]
 mod jax;
 
@@ -74,28 +77,39 @@ fn main() {
         &warm_runs.to_string(),
     ]);
     let jax_cold = t.elapsed().as_secs_f64();
-    println!("{:<36} {:>10} {:>10} {:>9}", "", "cold (s)", "warm (s)", "cycles");
-    println!("{:<36} {:>10.3} {:>10.3} {:>9}", "ours (PJRT worker)", ours_cold, ours_warm, cycles);
+    let mut table = doc_table::Table::new(
+        &format!(
+            "| matmul on {CHIP} | cold: new process to estimate (s) | warm: one more compile + estimate (s) | cycles |"
+        ),
+        "|---|---:|---:|---:|",
+    );
+    table.row(format!(
+        "| ours (`palladium-runtime`, a PJRT worker) | {ours_cold:.3} | {ours_warm:.3} | {cycles} |"
+    ));
+    let mut notes = String::new();
     match theirs {
         Ok(j) => {
             let jax_warm =
                 j["steady_s"].as_f64().or_else(|| j["first_s"].as_f64()).unwrap_or(f64::NAN);
             let jax_cycles = j["estimated_cycles"].as_u64();
-            println!(
-                "{:<36} {:>10.3} {:>10.3} {:>9}",
-                format!("JAX {} (one Python process)", j["jax"].as_str().unwrap_or("?")),
-                jax_cold,
-                jax_warm,
+            table.row(format!(
+                "| through JAX {} (one Python process) | {jax_cold:.3} | {jax_warm:.3} | {} |",
+                j["jax"].as_str().unwrap_or("?"),
                 jax_cycles.map_or("-".into(), |c| c.to_string())
-            );
-            println!(
+            ));
+            let speedup = format!(
                 "speed-up (JAX / ours): cold {:.1}x, warm {:.1}x",
                 jax_cold / ours_cold,
                 jax_warm / ours_warm
             );
+            println!("{speedup}");
+            notes.push_str(&format!("{speedup}.\n\n"));
             assert_eq!(jax_cycles, Some(cycles), "JAX and the runtime disagree on the cycles");
         }
-        Err(e) => println!("JAX: {e}"),
+        Err(e) => {
+            println!("JAX: {e}");
+            notes.push_str("JAX: not measured (no TPU venv).\n\n");
+        }
     }
 
     println!("\n== 2. autotune sweep, matmul 1024x2048x1024 on {CHIP}, libtpu runner ==");
@@ -114,10 +128,24 @@ fn main() {
         .best()
         .and_then(|b| b.cost().map(|c| format!("{} at {:.0} cycles", b.candidate, c.cycles)))
         .unwrap_or_else(|| "none".into());
-    println!(
+    let sweep = format!(
         "{} candidates ({} costed) in {sweep:.1} s with up to {} workers; best {best}",
         space.len(),
         report.results.iter().filter(|r| r.cost().is_some()).count(),
         libtpu.workers()
     );
+    println!("{sweep}");
+    if benching {
+        doc_table::write_page(
+            "compile.md",
+            "Compile speed",
+            "cargo bench --bench compile",
+            &format!(
+                "Wall time of the matmul 1024x2048x1024 (256x512x256) compiled deviceless for \
+                 {CHIP} with libtpu's static estimate.\n\n{}\n{notes}The autotune sweep \
+                 (matmul block candidates on {CHIP}, libtpu runner): {sweep}.\n",
+                table.markdown()
+            ),
+        );
+    }
 }

@@ -16,7 +16,12 @@
 //! `PALLADIUM_BEFORE_BIN=path/to/palladium` (a build of an older commit), the same run of
 //! that binary is timed alternately with ours, for before/after ratios from one run.
 //!
-//! `cargo bench --bench interpret -- matmul` (or `megakernel`) runs only that part.
+//! `cargo bench --bench interpret -- matmul` (or `megakernel`) runs only that part; a full
+//! run (`--bench`, no part named) also writes the docs book's page
+//! `docs/benchmarks/interpret.md`.
+
+#[path = "common/doc_table.rs"]
+mod doc_table;
 
 use palladium::check::{Backend, prepare};
 use palladium::run::{Drafts, RunOptions, WeightSource, run};
@@ -204,6 +209,10 @@ fn main() {
         Case { m: 1024, k: 2048, n: 1024, bm: 256, bk: 512, bn: 256 },
         Case { m: 256, k: 512, n: 256, bm: 128, bk: 256, bn: 128 },
     ];
+    let mut matmuls = doc_table::Table::new(
+        "| matmul bf16 | blocks | ours steady | JAX steady | JAX / ours | ours first call | JAX first call | JAX / ours |",
+        "|---|---|---|---|---|---|---|---|",
+    );
     for c in cases.iter().filter(|_| wanted("matmul")) {
         println!(
             "== matmul {}x{}x{} bf16, blocks {}x{}x{}, grid ({}, {}, {}), median of {runs} ==",
@@ -223,7 +232,27 @@ fn main() {
             us.median * 1e3,
             us.first * 1e3
         );
-        match jax(c, runs) {
+        let (shape, blocks) =
+            (format!("{}x{}x{}", c.m, c.k, c.n), format!("{}x{}x{}", c.bm, c.bk, c.bn));
+        let ms = |s: f64| format!("{:.2} ms", s * 1e3);
+        let jax_time = jax(c, runs);
+        matmuls.row(match &jax_time {
+            Ok(them) => format!(
+                "| {shape} | {blocks} | {} | {} | {:.2} | {} | {} | {:.1} |",
+                ms(us.median),
+                ms(them.median),
+                them.median / us.median,
+                ms(us.first),
+                ms(them.first),
+                them.first / us.first
+            ),
+            Err(_) => format!(
+                "| {shape} | {blocks} | {} | - | - | {} | - | - |",
+                ms(us.median),
+                ms(us.first)
+            ),
+        });
+        match jax_time {
             Ok(them) => {
                 println!(
                     "   JAX Pallas interpret=True (jit, cpu):   steady {:>9.3} ms   first call (trace + compile + run)        {:>9.3} ms",
@@ -242,6 +271,10 @@ fn main() {
     if !wanted("megakernel") {
         return;
     }
+    let mut megakernels = doc_table::Table::new(
+        "| tiny megakernel | runs | ours | before (PALLADIUM_BEFORE_BIN) | now / before |",
+        "|---|---:|---|---|---:|",
+    );
     let tries = if benching { 3 } else { 1 };
     let before = std::env::var_os("PALLADIUM_BEFORE_BIN").map(PathBuf::from);
     println!(
@@ -276,5 +309,31 @@ fn main() {
                 ours / theirs
             );
         }
+        let before = if theirs > 0.0 {
+            (format!("{theirs:.1} tokens/s"), format!("{:.2}", ours / theirs))
+        } else {
+            ("-".to_string(), "-".to_string())
+        };
+        megakernels.row(format!(
+            "| {config} | {runs} | {ours:.1} tokens/s | {} | {} |",
+            before.0, before.1
+        ));
+    }
+    if benching && filters.is_empty() {
+        doc_table::write_page(
+            "interpret.md",
+            "Interpret mode: speed",
+            "cargo bench --bench interpret",
+            &format!(
+                "The tiled matmul in our interpreter (steady: median of {runs} `Program::run` on a \
+                 rayon pool of {} threads; first call: build + lower + parse + prepare + run) \
+                 against JAX Pallas `interpret=True` jitted on XLA:CPU (first call: trace + \
+                 compile + run).\n\n{}\nThe tiny decode megakernels (`palladium run`, random \
+                 weights, 5-token prompt, {STEPS} steps), best of {tries}.\n\n{}",
+                rayon::current_num_threads(),
+                matmuls.markdown(),
+                megakernels.markdown()
+            ),
+        );
     }
 }

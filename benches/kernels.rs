@@ -21,9 +21,12 @@
 //!    `head_dim` 64 aborts the profiler (`Unsupported DMA direction: 10 on VL/VLP`), so those
 //!    rows say so (`head_dim` 64 compiles on v5e, v6e and v7x).
 //!
-//! The table is also written as JSON to `target/kernels-bench.json`.
+//! The table is also written as JSON to `target/kernels-bench.json` and, by a full run, as
+//! the docs book's page `docs/benchmarks/kernels.md`.
 //! `cargo test --benches` (no `--bench` flag) runs part 1 only.
 
+#[path = "common/doc_table.rs"]
+mod doc_table;
 #[path = "common/jax.rs"]
 mod jax;
 
@@ -75,10 +78,17 @@ fn main() {
         decode_attention(&mut libtpu, &mut rows);
     }
 
-    println!(
-        "\n== summary (libtpu 0.0.42.1 static estimates, deviceless; ratio: JAX rows ours/JAX (<= 1.0 is at least as fast), floor rows floor/ours (1.0 = at the HBM floor)) =="
-    );
-    print_table(&rows);
+    let what = "libtpu 0.0.42.1 static estimates, deviceless; ratio: JAX rows ours/JAX (<= 1.0 is at least as fast), floor rows floor/ours (1.0 = at the HBM floor)";
+    println!("\n== summary ({what}) ==");
+    let table = print_table(&rows);
+    if benching {
+        doc_table::write_page(
+            "kernels.md",
+            "Kernels: against JAX Pallas and the HBM floor",
+            "cargo bench --bench kernels",
+            &format!("{what}.\n\n{}", table.markdown()),
+        );
+    }
     let path = target_dir().join("kernels-bench.json");
     match std::fs::write(&path, serde_json::to_string_pretty(&rows).expect("plain data")) {
         Ok(()) => println!("table written to {}", path.display()),
@@ -86,27 +96,30 @@ fn main() {
     }
 }
 
-fn print_table(rows: &[Row]) {
-    println!(
-        "{:<17} {:<34} {:<26} {:<4} {:>9} {:>11} {:<6} {:>6}  note",
-        "kernel", "shape", "blocks", "chip", "ours", "reference", "ref", "ratio"
+/// The summary as a markdown table (printed as it is made).
+fn print_table(rows: &[Row]) -> doc_table::Table {
+    let mut table = doc_table::Table::new(
+        "| kernel | shape | blocks | chip | ours | reference | ratio | note |",
+        "|---|---|---|---|---:|---:|---:|---|",
     );
     for r in rows {
         let c = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
         let ratio = r.ratio.map_or("n/a".to_string(), |x| format!("{x:.3}"));
-        println!(
-            "{:<17} {:<34} {:<26} {:<4} {:>9} {:>11} {:<6} {:>6}  {}",
+        let reference = match r.reference {
+            Some(v) => format!("{v} ({})", r.reference_kind),
+            None => "-".to_string(),
+        };
+        table.row(format!(
+            "| {} | {} | {} | {} | {} | {reference} | {ratio} | {} |",
             r.kernel,
             r.shape,
             r.blocks,
             r.chip,
             c(r.ours),
-            c(r.reference),
-            r.reference_kind,
-            ratio,
-            r.note
-        );
+            r.note.replace('|', "\\|")
+        ));
     }
+    table
 }
 
 /// Part 1: our kernels and JAX's, same shapes and blocks, on v6e.

@@ -62,7 +62,11 @@
 //!   the kernels are unchanged). It also aborts on an explicit DMA of 3, 6 or 12 f32 rows
 //!   (fp8/int4 `expert_down_scales` before their rows were padded to 8).
 //!
-//! The table is also written as JSON to `target/megakernel-bench.json`.
+//! The table is also written as JSON to `target/megakernel-bench.json`, and each section's
+//! table as the docs book's page `docs/benchmarks/megakernel*.md`.
+
+#[path = "common/doc_table.rs"]
+mod doc_table;
 
 use palladium_autotune::Libtpu;
 use palladium_dsl::spec::Chip;
@@ -288,18 +292,19 @@ fn tokens_per_seq(libtpu: &Libtpu) {
     let plans: Vec<(String, Plan)> =
         [1, 2, 4, 8].into_iter().map(|k| (format!("K {k}"), plan(1, k))).collect();
     let mk = megakernel_cycles(libtpu, &plans, CHIP);
-    println!(
-        "\n== qwen3-30b-a3b, 8 layers, batch 1, context {CONTEXT}, {CHIP}: K tokens per sequence (every KV tile, worst-case distinct experts, single prefetch) =="
+    let what = format!(
+        "qwen3-30b-a3b, 8 layers, batch 1, context {CONTEXT}, {CHIP}: K tokens per sequence (every KV tile, worst-case distinct experts, single prefetch; libtpu's static estimates)"
     );
-    println!(
-        "| K | distinct experts per layer | HBM bytes (dense, experts, kv) | floor cyc | mk cyc | floor/mk |"
+    println!("\n== {what} ==");
+    let mut table = doc_table::Table::new(
+        "| K | distinct experts per layer | HBM bytes (dense, experts, kv) | floor cyc | mk cyc | floor/mk |",
+        "|---:|---:|---:|---:|---:|---:|",
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
     let mut rows = Vec::new();
     for ((label, p), c) in plans.iter().zip(&mk) {
         let t = &p.traffic;
         let (floor, ratio) = floor_and_fraction(libtpu, t.total, c);
-        println!(
+        table.row(format!(
             "| {} | {} | {} ({}, {}, {}) | {} | {} | {ratio} |",
             p.dims.tokens_per_seq,
             p.distinct_experts(),
@@ -309,19 +314,31 @@ fn tokens_per_seq(libtpu: &Libtpu) {
             t.kv_read + t.kv_write,
             show(&floor),
             show(c)
-        );
+        ));
         rows.push(serde_json::json!({"label": label, "tokens_per_seq": p.dims.tokens_per_seq, "bytes": t.total, "dense": t.dense + t.lm_head, "experts": t.experts, "kv": t.kv_read + t.kv_write, "floor": floor.ok(), "cycles": c.as_ref().ok()}));
     }
     println!("\n== expert bytes per step at batch 8 (qwen3-30b-a3b, 8 layers) ==");
+    let mut dedupe = String::new();
     for k in [1, 4] {
         let t = plan(8, k).traffic;
-        println!(
-            "  K {k}: without dedupe {:.3} GB; with dedupe {:.3} GB at the worst case of min(E, 8 x K x top_k) distinct experts, {:.3} GB expected under uniform routing",
+        let line = format!(
+            "K {k}: without dedupe {:.3} GB; with dedupe {:.3} GB at the worst case of min(E, 8 x K x top_k) distinct experts, {:.3} GB expected under uniform routing",
             t.experts_without_dedupe as f64 / 1e9,
             t.experts as f64 / 1e9,
             t.experts_uniform_routing / 1e9
         );
+        println!("  {line}");
+        dedupe.push_str(&format!("- {line}\n"));
     }
+    doc_table::write_page(
+        "megakernel-tokens.md",
+        "Verify steps: K tokens per sequence",
+        "cargo bench --bench megakernel -- tokens",
+        &format!(
+            "{what}.\n\n{}\nExpert bytes per step at batch 8 (8 layers):\n\n{dedupe}",
+            table.markdown()
+        ),
+    );
     let path = target_dir().join("megakernel-tokens-bench.json");
     if std::fs::write(
         &path,
@@ -336,13 +353,14 @@ fn tokens_per_seq(libtpu: &Libtpu) {
 /// Section 5: Qwen3-235B-A22B over 8 v7x devices, from the plan.
 fn devices() {
     let s = spec("qwen3-235b-a22b");
-    println!(
-        "== qwen3-235b-a22b, 94 layers, 8 v7x devices, context {CONTEXT}: per device per step (plan only; collective time is a model) =="
+    let what = format!(
+        "qwen3-235b-a22b, 94 layers, 8 v7x devices, context {CONTEXT}: per device per step (plan only; collective time is a model)"
     );
-    println!(
-        "| batch | experts | HBM bytes | HBM floor us | collective bytes sent | collectives us (model) | floor + collectives us | VMEM MiB | HBM GiB held |"
+    println!("== {what} ==");
+    let mut table = doc_table::Table::new(
+        "| batch | experts | HBM bytes | HBM floor us | collective bytes sent | collectives us (model) | floor + collectives us | VMEM MiB | HBM GiB held |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut rows = Vec::new();
     for batch in [1, 4, 8] {
         let p = Plan::new(
@@ -356,7 +374,7 @@ fn devices() {
         .unwrap_or_else(|e| panic!("batch {batch}: {e}"));
         let sh = p.sharding.as_ref().expect("8 devices are a split");
         let (floor, coll) = (p.traffic.floor_seconds * 1e6, sh.collective_seconds * 1e6);
-        println!(
+        table.row(format!(
             "| {batch} | {} | {} | {floor:.1} | {} | {coll:.1} | {:.1} | {:.1} | {:.2} |",
             sh.experts.split.name(),
             p.traffic.total,
@@ -364,14 +382,21 @@ fn devices() {
             floor + coll,
             p.vmem_total as f64 / (1u64 << 20) as f64,
             p.hbm_total as f64 / (1u64 << 30) as f64
-        );
+        ));
         rows.push(serde_json::json!({"batch": batch, "experts": sh.experts.split.name(), "hbm_bytes": p.traffic.total, "floor_seconds": p.traffic.floor_seconds, "collective_bytes": sh.collective_bytes, "collective_seconds": sh.collective_seconds, "vmem_bytes": p.vmem_total, "hbm_held_bytes": p.hbm_total, "link_model": sh.link_model}));
     }
     let (median, times) = emission_time(8);
-    println!(
+    let emission = format!(
         "emission (plan + trace + verify + lower) of the 8-device program: median {median:.3} s over {} runs: {}",
         times.len(),
         times.iter().map(|t| format!("{t:.3}")).collect::<Vec<_>>().join(" ")
+    );
+    println!("{emission}");
+    doc_table::write_page(
+        "megakernel-devices.md",
+        "Several devices: Qwen3-235B-A22B on 8 v7x devices",
+        "cargo bench --bench megakernel -- devices",
+        &format!("{what}.\n\n{}\nThe {emission} (wall time).\n", table.markdown()),
     );
     let path = target_dir().join("megakernel-devices-bench.json");
     if std::fs::write(
@@ -405,13 +430,14 @@ fn weights(libtpu: &Libtpu) {
         })
         .collect();
     let mk = megakernel_cycles(libtpu, &plans, CHIP);
-    println!(
-        "\n== qwen3-30b-a3b, 8 layers, batch 1, context {CONTEXT}, {CHIP}: weights dtype (every KV tile, worst-case distinct experts, single prefetch) =="
+    let what = format!(
+        "qwen3-30b-a3b, 8 layers, batch 1, context {CONTEXT}, {CHIP}: weights dtype (every KV tile, worst-case distinct experts, single prefetch; libtpu's static estimates)"
     );
-    println!(
-        "| weights | HBM bytes per step | bytes / bf16 | by dtype | floor cyc | mk cyc | mk / bf16 | floor/mk |"
+    println!("\n== {what} ==");
+    let mut table = doc_table::Table::new(
+        "| weights | HBM bytes per step | bytes / bf16 | by dtype | floor cyc | mk cyc | mk / bf16 | floor/mk |",
+        "|---|---:|---:|---|---:|---:|---:|---:|",
     );
-    println!("|---|---:|---:|---|---:|---:|---:|---:|");
     let (bf16_bytes, bf16_cycles) = (plans[0].1.traffic.total, mk[0].as_ref().ok().copied());
     let mut rows = Vec::new();
     for ((label, p), c) in plans.iter().zip(&mk) {
@@ -428,15 +454,21 @@ fn weights(libtpu: &Libtpu) {
                 .collect::<Vec<_>>()
                 .join(", ")
         });
-        println!(
+        table.row(format!(
             "| {label} | {} | {:.3} | {by_dtype} | {} | {} | {vs_bf16} | {ratio} |",
             t.total,
             t.total as f64 / bf16_bytes as f64,
             show(&floor),
             show(c)
-        );
+        ));
         rows.push(serde_json::json!({"weights": label, "bytes": t.total, "bytes_by_dtype": t.by_dtype, "floor": floor.ok(), "cycles": c.as_ref().ok()}));
     }
+    doc_table::write_page(
+        "megakernel-weights.md",
+        "Quantized weights: the megakernel's step by weights dtype",
+        "cargo bench --bench megakernel -- weights",
+        &format!("{what}.\n\n{}", table.markdown()),
+    );
     let path = target_dir().join("megakernel-weights-bench.json");
     if std::fs::write(
         &path,
@@ -601,17 +633,16 @@ fn main() {
         });
     }
 
-    println!(
-        "\n== summary (libtpu 0.0.42.1 static estimates, deviceless, full-context steps; floor/mk: 1.0 = at the HBM floor, goal >= 0.85; mk/unfused: goal <= 0.5; deep = as run, single = at most two chunks in flight per stream, the variant comparable with the floor) =="
+    let what = "libtpu 0.0.42.1 static estimates, deviceless, full-context steps at context 4096 on v6e; floor/mk: 1.0 = at the HBM floor, goal >= 0.85; mk/unfused: goal <= 0.5; deep = as run, single = at most two chunks in flight per stream, the variant comparable with the floor";
+    println!("\n== summary ({what}) ==");
+    let mut table = doc_table::Table::new(
+        "| model | layers | batch | bytes | floor cyc | mk cyc deep / single | floor/mk deep / single | unfused sum cyc | mk/unfused deep / single |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     );
-    println!(
-        "| model | layers | batch | bytes | floor cyc | mk cyc deep / single | floor/mk deep / single | unfused sum cyc | mk/unfused deep / single |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let o = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
     let r = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
     for row in &rows {
-        println!(
+        table.row(format!(
             "| {} | {} | {} | {} | {} | {} / {} | {} / {} | {} | {} / {} |",
             row.model,
             row.layers,
@@ -625,15 +656,30 @@ fn main() {
             o(row.unfused),
             r(row.unfused_ratio_deep),
             r(row.unfused_ratio_single)
-        );
+        ));
     }
+    let mut notes = String::new();
     for row in rows.iter().filter(|r| !r.note.is_empty()) {
-        println!(
-            "  {} L{} b{} ctx {}: {}",
+        let note = format!(
+            "{} L{} b{} ctx {}: {}",
             row.model, row.layers, row.batch, row.context, row.note
         );
+        println!("  {note}");
+        notes.push_str(&format!("- {note}\n"));
     }
-    println!("emission of qwen3-235b-a22b (94 layers): median {median:.3} s (goal < 0.5 s)");
+    let emission =
+        format!("emission of qwen3-235b-a22b (94 layers): median {median:.3} s (goal < 0.5 s)");
+    println!("{emission}");
+    doc_table::write_page(
+        "megakernel.md",
+        "Decode megakernel: against the HBM floor and the unfused kernels",
+        "cargo bench --bench megakernel",
+        &format!(
+            "{what}.\n\n{}{}{notes}\nThe {emission} (wall time, release build).\n",
+            table.markdown(),
+            if notes.is_empty() { "" } else { "\n" }
+        ),
+    );
     let json = serde_json::json!({"rows": rows, "emission_seconds": times, "emission_median_seconds": median,
         "layer_scaling": scaling.iter().zip(&sc).map(|((l, p), c)| serde_json::json!({"layers": p.layers, "label": l, "bytes": p.traffic.total, "cycles": c.as_ref().ok()})).collect::<Vec<_>>()});
     let path = target_dir().join("megakernel-bench.json");

@@ -88,7 +88,7 @@ enum Command {
         #[arg(long)]
         compile: bool,
     },
-    /// Model one call's timeline (README, Profile): DMAs sharing the HBM bandwidth, compute
+    /// Model one call's timeline (docs/profiling.md): DMAs sharing the HBM bandwidth, compute
     /// costed per op with coefficients calibrated against libtpu's estimates, loops run with
     /// their real trip counts. Writes DIR/trace.json (Chrome trace events: Perfetto),
     /// DIR/timeline.svg and DIR/summary.json, all or none, and prints the summary (step time,
@@ -166,7 +166,7 @@ enum Command {
         #[arg(long)]
         context: Option<u64>,
         /// Also run the plain-Rust bf16 reference teacher-forced on the generated ids and
-        /// print how far the logits are from it; fails unless they match (README, Numerics).
+        /// print how far the logits are from it; fails unless they match (docs/numerics.md).
         #[arg(long)]
         check: bool,
         /// Relative logits tolerance of --check: max |ours - reference| <= R * max |reference|
@@ -178,7 +178,7 @@ enum Command {
         #[arg(long, default_value = "interpret", value_parser = parse_backend)]
         backend: Backend,
         /// The weights' dtype: `bf16` (the checkpoint's own values), or quantized at load to
-        /// `int8`, `fp8` or `int4` (README, Quantized weights). Default: the checkpoint's own
+        /// `int8`, `fp8` or `int4` (docs/quantization.md). Default: the checkpoint's own
         /// (fp8 for a config with an FP8 `quantization_config`).
         #[arg(long, value_name = "DTYPE", value_parser = parse_weights_dtype)]
         weights_dtype: Option<WeightsDtype>,
@@ -259,8 +259,8 @@ struct PlanArgs {
     /// modelled time); the emitted kernel is one SPMD program over a mesh of N devices.
     #[arg(long, value_name = "N", default_value_t = 1)]
     devices: u64,
-    /// The weights' dtype the operands take: `bf16`, `int8`, `fp8` or `int4` (README,
-    /// Quantized weights). Default: fp8 for a config with an FP8 `quantization_config`,
+    /// The weights' dtype the operands take: `bf16`, `int8`, `fp8` or `int4`
+    /// (docs/quantization.md). Default: fp8 for a config with an FP8 `quantization_config`,
     /// else bf16.
     #[arg(long, value_name = "DTYPE", value_parser = parse_weights_dtype)]
     weights_dtype: Option<WeightsDtype>,

@@ -65,8 +65,8 @@ fn a_partial_group_has_no_kernel_operands() {
 
 /// The int8 digits of the activations (`project_quantized` with i8 codes against at most 8
 /// rows): through identity codes with unit scales the product is each row recombined from
-/// its digits, `s (d0 + d1 / 2^7 + d2 / 2^14)` with `s = max|x| / 127`, which the README and
-/// `Digits` document as within `2^-15 s` of `x` plus the f32 rounding of `v = x / s` (a few
+/// its digits, `s (d0 + d1 / 2^7 + d2 / 2^14)` with `s = max|x| / 127`, which docs/quantization.md
+/// and `Digits` document as within `2^-15 s` of `x` plus the f32 rounding of `v = x / s` (a few
 /// ulps of 127, here `2^-21 max|x|`); two digits would miss by up to `2^-8 s`. Rows cover
 /// magnitudes from 2^-60 to 2^60, a negative maximum, values at digit ties and a zero row
 /// (padding, which must give zeros).

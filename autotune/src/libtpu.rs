@@ -26,8 +26,8 @@ pub struct Libtpu {
     /// Scalar-prefetch contents for the traffic model kept alongside the measurement.
     pub prefetch: Prefetch,
     /// Compile without the call spec's input/output aliases (the kernels are unchanged):
-    /// libtpu's v6e profiler aborts on some aliased HBM operands (see the README's
-    /// benchmark notes), and a cost comparison does not need them.
+    /// libtpu's v6e profiler aborts on some aliased HBM operands (see
+    /// docs/benchmarks.md), and a cost comparison does not need them.
     pub drop_aliases: bool,
 }
 

@@ -31,7 +31,7 @@
 //! Every index the kernel reads from data (a token id, a sequence's position, a routed
 //! expert id) is clamped into its array before it addresses memory: the token ids and
 //! positions by the value ranges their scalar-prefetch operands declare (the dsl clamps
-//! every scalar read from such an operand), the expert ids by [`clamp_index`]. On
+//! every scalar read from such an operand), the expert ids by `clamp_index`. On
 //! a TPU an out-of-bounds DMA faults the chip or reads another buffer, and the host's
 //! checks cannot see ids computed in the kernel (the routing of non-finite logits). In
 //! range, nothing changes. The router's non-finite logits are recorded per token row and
@@ -488,7 +488,7 @@ fn quantized(
 /// only, the padding rows' products zero. So the integer codes meet the activations'
 /// int8 digits (`project_quantized` takes them for at most that many rows) instead of the
 /// mixed bf16 x code product (libtpu's v6e estimate, Qwen3-30B-A3B int8, 2 layers: 505730
-/// cycles with the mixed product on 16 rows, 452575 with the digits on 8; see the README).
+/// cycles with the mixed product on 16 rows, 452575 with the digits on 8; see docs/quantization.md).
 fn token_rows(p: &Plan, x: Val, product: impl FnOnce(Val) -> Val) -> Val {
     let rows = p.dims.rows;
     if p.dims.tokens > DIGIT_ROWS || rows <= DIGIT_ROWS {

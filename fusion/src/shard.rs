@@ -21,7 +21,7 @@
 //!   cycles, so the report prices them from the target's link figures
 //!   ([`palladium_dsl::target::Ici::ring_hop`]).
 //!
-//! The per-device program's dims are the [`Plan`]'s own (`heads`, `kv_heads`, `group`,
+//! The per-device program's dims are the [`Plan`](crate::plan::Plan)'s own (`heads`, `kv_heads`, `group`,
 //! `intermediate`, `experts_per_device`, `vocab` per device), so the plan's layout, VMEM,
 //! HBM and traffic are per device; [`Sharding`] keeps the global split and the collectives.
 

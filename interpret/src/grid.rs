@@ -69,7 +69,7 @@ impl Program {
 
     /// Run a multi-device kernel on `inputs.len()` virtual devices of a mesh (device `d`
     /// gets `inputs[d]`, the call's per-device operands, and returns its outputs), as
-    /// `jax.shard_map` runs a Pallas kernel: see [`crate::devices`]. An error names the
+    /// `jax.shard_map` runs a Pallas kernel: see the `devices` module. An error names the
     /// device (the lowest one whose error is not a consequence of another's).
     pub fn run_devices(
         &self,

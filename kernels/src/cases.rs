@@ -394,7 +394,7 @@ pub mod grouped_matmul {
     use crate::grouped_matmul::Params;
     use crate::moe_reference as moe;
 
-    /// [`grouped_rows`]' metadata, bf16 rows and experts.
+    /// `grouped_rows`' metadata, bf16 rows and experts.
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
         let mut x = grouped_rows(&mut rng, p.m, p.groups, p.block_m).to_vec();
@@ -417,8 +417,8 @@ pub mod grouped_matmul_quantized {
     use crate::grouped_matmul_quantized::Params;
     use crate::moe_reference as moe;
 
-    /// [`grouped_rows`]' metadata and bf16 rows; per expert, `wdtype` codes `[k, n]` and
-    /// their `[k / group, n]` scales ([`quantized_weight`]).
+    /// `grouped_rows`' metadata and bf16 rows; per expert, `wdtype` codes `[k, n]` and
+    /// their `[k / group, n]` scales (`quantized_weight`).
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
         let mut x = grouped_rows(&mut rng, p.m, p.groups, p.block_m).to_vec();

@@ -12,7 +12,7 @@
 //! slab: `k_new[b]` (contiguous) → `k_out[b, :, pos, :]` (`kv_heads` rows of `head_dim`,
 //! `max_context * head_dim` apart). The destination row `pos` is arbitrary, so on the
 //! cache's second-minor (sublane-tiled) dim the DMA is neither tile-aligned nor
-//! tile-sized; see the crate README for what libtpu accepts and the layout trade-off.
+//! tile-sized; see docs/benchmarks.md for what libtpu accepts and the layout trade-off.
 //!
 //! Aliasing is sound: every step writes rows no other step touches (positions of
 //! different sequences are in different `b` slices), and nothing is read from the caches.

@@ -3,7 +3,7 @@
 //! random inputs for it and compute its expected outputs with a plain-Rust reference.
 //!
 //! Adding a kernel: write it (`#[kernel] pub fn foo(..)`), its reference math in
-//! [`reference`] (f32 over slices), a `cases::foo` module with `inputs` and `reference`
+//! [`mod@reference`] (f32 over slices), a `cases::foo` module with `inputs` and `reference`
 //! (see [`cases`]), then one line in [`REGISTRY`]: `entry!(foo, "what it does", cases::foo)`.
 //! `entry!(foo, "...")` without cases registers a kernel that cannot be checked; the
 //! registry test fails for it.
@@ -14,7 +14,7 @@
 //! (`palladium_model::reference`, what `run --check` compares the megakernel with);
 //! [`moe_reference`] only calls it with the kernels' conventions (f32 router logits and
 //! weights, bf16 rounding of the SwiGLU activation and the output) and their operand
-//! layouts. [`reference`] holds the other kernels' plain f32 references.
+//! layouts. [`mod@reference`] holds the other kernels' plain f32 references.
 
 mod attention;
 pub mod body;
@@ -100,7 +100,7 @@ pub struct KernelEntry {
     pub build: BuildFn,
     /// Seeded random inputs within the kernel's constraints (never all zero).
     pub inputs: InputsFn,
-    /// The plain-Rust reference ([`reference`]).
+    /// The plain-Rust reference ([`mod@reference`]).
     pub reference: ReferenceFn,
 }
 

@@ -21,7 +21,7 @@
 //!   load and Hugging Face block-scaled FP8 checkpoints ([`quant::QuantizedWeights`]).
 //! - [`tolerance`]: THE logits tolerance (`max |got - ref| <= 2^-6 * max |ref|`) every
 //!   comparison of logits cites.
-//! - [`reference`]: [`reference::Reference`], THE reference forward pass (plain Rust, f32 or
+//! - [`mod@reference`]: [`reference::Reference`], THE reference forward pass (plain Rust, f32 or
 //!   rounding to bf16 where transformers' bf16 model does) with a KV cache and greedy
 //!   [`reference::Reference::generate`]; checked against transformers in
 //!   `tests/hf_conformance.rs`. `run --check` compares the megakernel with it.

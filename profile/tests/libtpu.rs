@@ -60,8 +60,8 @@ fn single_stream_kernels_are_within_5_percent_of_libtpu() {
 #[test]
 fn v7x_kernels_libtpu_prices_are_within_5_percent_or_their_stated_miss() {
     // libtpu's v7x estimator aborts on multi-step matmul and GEMV, the floor stream and
-    // operands over 8 MiB (README, Profile): these are the shapes it prices. Three miss 5%
-    // (README, Profile: the model prices a single block's unoverlapped copies and a small
+    // operands over 8 MiB (docs/profiling.md): these are the shapes it prices. Three miss 5%
+    // (docs/profiling.md: the model prices a single block's unoverlapped copies and a small
     // single-step matmul lower than libtpu); their bound is the miss measured, rounded up.
     let chip = Chip::V7x;
     let add = |rows: &str, hidden: &str, block: &str| {

@@ -1,6 +1,6 @@
 //! The model on the decode megakernel (Qwen3-30B-A3B, 8 layers, v6e, batch 1, context 4096,
 //! every KV tile, the static worst case of experts): libtpu's estimator brackets the truth
-//! (README, Benchmarks: it gives every concurrent DMA its own bandwidth, so the deep ring
+//! (docs/benchmarks.md: it gives every concurrent DMA its own bandwidth, so the deep ring
 //! scores above the HBM floor, and the one-chunk-ahead variant is a lower bound), and the
 //! model, whose DMAs share the bandwidth, must land between the two.
 //!

@@ -6,7 +6,7 @@ needed. `enable_cycle_estimates()` must run before libtpu starts (before the fir
 compile or topology of the process): libtpu reads `LIBTPU_INIT_ARGS` once, and its
 `--xla_jf_dump_static_llo_profile_to` flag makes every compile dump a static LLO profile with
 per-op estimated cycles. The profiler aborts the whole process on some kernels (see the
-project README), so callers that must survive that run compiles in a child process.
+project's docs/benchmarks.md), so callers that must survive that run compiles in a child process.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@
 //! for another crate's tests). The hook is an env-var check when the variable is absent.
 //!
 //! Protocol: one JSON request per line on the worker's stdin, one answer line per request
-//! on its stdout, prefixed with [`ANSWER_PREFIX`] (libtpu may print to stdout too). The
+//! on its stdout, prefixed with `ANSWER_PREFIX` (libtpu may print to stdout too). The
 //! worker's stderr goes to a file; when the worker dies mid-request, the request is rejected
 //! with the fatal line libtpu logged there (glog's `F…] message`), and the next request
 //! starts a fresh worker. A worker loads libtpu once and compiles many programs.

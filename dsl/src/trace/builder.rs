@@ -345,7 +345,7 @@ impl<'a> KernelBuilder<'a> {
     }
 
     /// Lay out the entry block, trace the index maps and start tracing the body. Returns the
-    /// handles in declaration order and a guard that [`KernelBuilder::finish`] consumes.
+    /// handles in declaration order and a guard whose [`Sealed::finish`] ends the trace.
     pub fn seal(mut self) -> Result<Sealed, BuildErrors> {
         // Pallas order: prefetch, inputs, outputs (stable within each role).
         let mut order: Vec<usize> = (0..self.operands.len()).collect();

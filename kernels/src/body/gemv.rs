@@ -41,14 +41,14 @@ pub struct GroupScales {
 /// its [`GroupScales`]: per group of inputs, the product of the activations with the codes on
 /// the MXU in f32, times that group's scales, summed over the groups in order. The
 /// dequantized weight is `code * scale`, so this is [`project`] on it up to f32 rounding (and,
-/// for i8, the [`Digits`] split's 2^-22). A group as wide as the block or wider (int8 per
+/// for i8, the `Digits` split's 2^-22). A group as wide as the block or wider (int8 per
 /// channel; a K-split block inside one group) is one product times one scale row.
 ///
 /// How the codes meet the activations is priced by libtpu (v6e, 8 x 4096 @ 4096 x 14336 in
 /// 1792-column blocks, static estimates): the mixed bf16 x i8 `tpu.matmul` costs what an
 /// explicit `sitofp` of the tile does (59859 cycles, the conversion a VPU pass over every
 /// weight: 0.71 of the HBM floor), an i8 x i8 -> i32 `tpu.matmul` 50844 whether it carries 8
-/// or 32 rows. So integer codes against at most 8 rows meet the activations' [`Digits`] (3 x the rows, one integer
+/// or 32 rows. So integer codes against at most 8 rows meet the activations' `Digits` (3 x the rows, one integer
 /// product: 52035 with the split and recombination, 0.82 of the floor; `x @ w.T` 60701
 /// against the mixed form's 77776). i4 codes are widened to i8 first (`arith.extsi`: Mosaic
 /// has no i8 x i4 product, "Mix int/int - NYI"), still cheaper than the mixed bf16 x i4 form
@@ -80,13 +80,13 @@ pub fn project_quantized(x: Val, codes: Val, scales: GroupScales, layout: Weight
         .expect("a weight block has at least one group of inputs")
 }
 
-/// The most activation rows a product with integer codes splits into int8 [`Digits`]; more
+/// The most activation rows a product with integer codes splits into int8 `Digits`; more
 /// rows meet the codes in the mixed bf16 x code product.
 pub const DIGIT_ROWS: u64 = 8;
 
 /// Bytes per code of the copy [`project_quantized`] makes of a weight block of `codes` on
 /// its way into the MXU against `rows` activation rows, for a VMEM plan: none for i8 codes
-/// meeting the [`Digits`] (the MXU takes them as they are), two otherwise: i4 widened to i8
+/// meeting the `Digits` (the MXU takes them as they are), two otherwise: i4 widened to i8
 /// for the digits (libtpu's scoped VMEM refused Qwen3-30B-A3B's int4 megakernel on v6e,
 /// 8 layers, by 286 KiB with one byte per code counted: the widening holds more than the i8
 /// copy), and the codes meeting bf16 activations in the mixed product (f8, or more rows
