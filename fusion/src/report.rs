@@ -2,7 +2,7 @@
 //! each operand's [`operand_source`]) for tools.
 
 use crate::graph::Weight;
-use crate::layout::{Operand, OperandKind, SegmentKind, role_name};
+use crate::layout::{Ffn, Operand, OperandKind, SegmentKind, role_name};
 use crate::plan::{ExpertFetch, KvTiles, Plan, Prefetch, TWO_AHEAD_SLOTS};
 use crate::shard::{ExpertSplit, Sharding};
 use std::fmt::Write;
@@ -29,6 +29,9 @@ pub fn text(p: &Plan) -> String {
         "  layers: {} of {} ({}), batch {}, context {} (cache {} positions, tiles of {})",
         p.layers, p.model_layers, p.layer_kind, d.batch, p.context, d.positions, p.block_kv
     );
+    if !p.layer_ffns.all_routed() {
+        layer_kinds(&mut s, p);
+    }
     if d.tokens_per_seq > 1 {
         let _ = writeln!(
             s,
@@ -206,6 +209,24 @@ pub fn text(p: &Plan) -> String {
         );
     }
     s
+}
+
+/// The layers' kinds where they mix: which layers run which FFN stage, the dense MLP's
+/// chunks, and what the uniform dense stream costs the dense-MLP layers.
+fn layer_kinds(s: &mut String, p: &Plan) {
+    let d = &p.dims;
+    let layout = &p.layout;
+    let _ = writeln!(s, "  layer kinds (FFN stage per layer): {}", p.layer_ffns.describe());
+    let dense = p.layer_ffns.count(Ffn::DenseMlp);
+    let _ = writeln!(
+        s,
+        "  dense MLP: intermediate {} (per device), {} chunks of {} columns streamed through the expert ring's slots (w_mlp, {} per step, every row at weight 1); the dense-MLP layers' router columns in the dense stream are zero (a uniform stream: {} per step streamed and projected, not read)",
+        d.dense_intermediate.unwrap_or(0),
+        layout.mlp_chunks,
+        layout.expert_block,
+        gb(p.traffic.mlp as f64),
+        gb((dense * 2 * d.hidden * d.experts_pad) as f64)
+    );
 }
 
 /// The split over several devices: what each device holds, the experts' choice and why,
@@ -388,6 +409,7 @@ pub fn operand_source(p: &Plan, o: &Operand) -> String {
                 o.kind,
                 OperandKind::WStream
                     | OperandKind::WExperts
+                    | OperandKind::WMlp
                     | OperandKind::KCache
                     | OperandKind::VCache
                     | OperandKind::Logits
@@ -468,13 +490,35 @@ fn bf16_source(p: &Plan, o: &Operand, ix: Option<&DeviceIndex>) -> String {
             // Past the first weight, the names relative to the expert (`up_proj.weight`).
             let short = |w: &Weight| w.name.split_once(".experts.{e}.").map_or(w.name.clone(), |(_, n)| n.to_string());
             let (gate, up) = (gate_up.weights.first(), gate_up.weights.get(1));
+            // Where layers mix kinds, w_experts holds the MoE layers only.
+            let moe_layers = match p.layer_ffns.all_routed() {
+                true => String::new(),
+                false => format!(
+                    "; the leading index counts the MoE layers only: w_experts[m] is the m-th of layers {:?}",
+                    p.layer_ffns.layers_of(Ffn::RoutedExperts)
+                ),
+            };
             format!(
                 "chunk c of expert e{expert} of layer l, one DMA: w_experts[l, e, c, i, j] = model.layers.{{l}}.{}[{column}c*{eb} + j, i] * post_attention_layernorm.weight[i] for j < {eb}, \
-                 {}[{column}c*{eb} + j - {eb}, i] * post_attention_layernorm.weight[i] for j < {}, {}[i, {column}c*{eb} + j - {}] above",
+                 {}[{column}c*{eb} + j - {eb}, i] * post_attention_layernorm.weight[i] for j < {}, {}[i, {column}c*{eb} + j - {}] above{moe_layers}",
                 gate.map_or(String::new(), |w| w.name.clone()),
                 up.map_or(String::new(), short),
                 2 * eb,
                 down.weights.first().map_or(String::new(), short),
+                2 * eb
+            )
+        }
+        OperandKind::WMlp => {
+            let eb = layout.expert_block;
+            let column = match &p.sharding {
+                Some(_) => format!("me*{} + ", d.dense_intermediate.unwrap_or(0)),
+                None => String::new(),
+            };
+            format!(
+                "chunk c of the dense MLP of the m-th dense-MLP layer l (layers {:?}, by the config's mlp_only_layers / decoder_sparse_step), one DMA, as an expert's chunk: w_mlp[m, c, i, j] = model.layers.{{l}}.mlp.gate_proj.weight[{column}c*{eb} + j, i] * post_attention_layernorm.weight[i] for j < {eb}, \
+                 up_proj.weight[{column}c*{eb} + j - {eb}, i] * post_attention_layernorm.weight[i] for j < {}, down_proj.weight[i, {column}c*{eb} + j - {}] above (columns past intermediate_size zero)",
+                p.layer_ffns.layers_of(Ffn::DenseMlp),
+                2 * eb,
                 2 * eb
             )
         }
