@@ -53,10 +53,12 @@ pub fn text(p: &Plan) -> String {
         }
     }
     let t = &p.traffic;
+    // The dense MLP's share where layers mix kinds.
+    let mlp = if t.mlp > 0 { format!(", dense MLP {}", gb(t.mlp as f64)) } else { String::new() };
     let _ = writeln!(
         s,
-        "weight bytes streamed per step: {} (dense {}, experts {}, lm_head {}, embedding {}, head norms {})",
-        gb((t.dense + t.experts + t.lm_head + t.embedding + t.head_norms) as f64),
+        "weight bytes streamed per step: {} (dense {}, experts {}{mlp}, lm_head {}, embedding {}, head norms {})",
+        gb((t.dense + t.experts + t.mlp + t.lm_head + t.embedding + t.head_norms) as f64),
         gb(t.dense as f64),
         gb(t.experts as f64),
         gb(t.lm_head as f64),
@@ -220,12 +222,12 @@ fn layer_kinds(s: &mut String, p: &Plan) {
     let dense = p.layer_ffns.count(Ffn::DenseMlp);
     let _ = writeln!(
         s,
-        "  dense MLP: intermediate {} (per device), {} chunks of {} columns streamed through the expert ring's slots (w_mlp, {} per step, every row at weight 1); the dense-MLP layers' router columns in the dense stream are zero (a uniform stream: {} per step streamed and projected, not read)",
+        "  dense MLP: intermediate {} (per device), {} chunks of {} columns streamed through the expert ring's slots (w_mlp, {} per step, every row at weight 1); the dense-MLP layers' router columns in the dense stream are zero (a uniform stream: {} bytes per step streamed and projected, not read)",
         d.dense_intermediate.unwrap_or(0),
         layout.mlp_chunks,
         layout.expert_block,
         gb(p.traffic.mlp as f64),
-        gb((dense * 2 * d.hidden * d.experts_pad) as f64)
+        dense * 2 * d.hidden * d.experts_pad
     );
 }
 
@@ -467,11 +469,18 @@ fn bf16_source(p: &Plan, o: &Operand, ix: Option<&DeviceIndex>) -> String {
             let col = |kind| layout.segment(kind).map_or((0, 0), |g| (g.col, g.col + g.cols));
             let ((_, qkv_end), (o_start, o_end), (r_start, _)) = (col(SegmentKind::Qkv), col(SegmentKind::OProj), col(SegmentKind::Router));
             let head_weight = layout.lm_head.weights.first().map_or("", |w| w.name.as_str());
+            let dense_layers = match p.layer_ffns.all_routed() {
+                true => String::new(),
+                false => format!(
+                    " (zero in the dense-MLP layers {:?})",
+                    p.layer_ffns.layers_of(Ffn::DenseMlp)
+                ),
+            };
             format!(
                 "the dense stream, {n} chunks per layer then {} lm_head chunks. Layer l: the [H={h}, {}] matrix D_l split into column chunks of {cw} (w_stream[l*{n} + c] = D_l[:, c*{cw}..]): \
                  cols [0, {qkv_end}) = q|k|v heads, head j of q at cols j*{hp}.. = (q_proj.weight[{q_rows})^T * input_layernorm.weight[:, None] (k heads from col {}, v heads from col {}, {kv_form}; cols {hd}..{hp} of each head zero); \
                  cols [{o_start}, {o_end}) = {o_cols} with each head's {hd} columns padded to {hp} (not transposed); \
-                 cols [{r_start}, {}) = (gate.weight [E={}, H])^T * post_attention_layernorm.weight[:, None], zero-padded to {} columns; the rest zero. \
+                 cols [{r_start}, {}) = (gate.weight [E={}, H])^T * post_attention_layernorm.weight[:, None], zero-padded to {} columns{dense_layers}; the rest zero. \
                  lm_head: w_stream[{} + c, i, j] = {head_weight}{lm_row} * model.norm.weight[i] (zero for vocab >= {})",
                 layout.lm_chunks,
                 n * cw,

@@ -69,10 +69,14 @@ fn tiny_megakernel_snapshots() {
 fn the_vmem_plan_counts_what_the_kernel_declares() {
     use palladium_dsl::ir::{BufOrigin, MemorySpace, padded_vmem_bytes};
     use palladium_model::quant::WeightsDtype;
-    for name in ["tiny-qwen3-moe", "tiny-mixtral"] {
+    for name in ["tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen3-moe-sparse-step-2"] {
         for weights in
             [WeightsDtype::Bf16, WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4]
         {
+            // Dense-MLP layers are planned for bf16 weights only.
+            if name.contains("sparse-step") && weights != WeightsDtype::Bf16 {
+                continue;
+            }
             for (devices, tokens_per_seq) in [(1, 1), (1, 4), (2, 1), (4, 2)] {
                 let what =
                     format!("{name} {} devices {devices} K {tokens_per_seq}", weights.name());
@@ -413,4 +417,87 @@ fn quantized_plans_refuse_what_they_cannot_lay_out() {
         ),
         "{err}"
     );
+}
+
+/// A layer kind per layer: the tiny Qwen3-MoE with `decoder_sparse_step: 2` (layers 0 and 2
+/// dense MLPs, 1 and 3 MoE). The plan lists the kinds, `w_experts` holds the MoE layers
+/// and `w_mlp` the dense ones (chunked as an expert is), the report lists the kinds
+/// (snapshot), and the emitted kernel chooses the FFN stage under an `scf.if`; with every
+/// layer MoE none of it appears.
+#[test]
+fn dense_mlp_layers_among_moe_layers_are_planned_reported_and_emitted() {
+    use palladium_fusion::layout::{Ffn, OperandKind};
+    let mixed = spec("tiny-qwen3-moe-sparse-step-2");
+    let mk = Megakernel::build(&mixed, &options(Chip::V6e, 1, 256, None))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let plan = &mk.plan;
+    assert_eq!(plan.layer_ffns.layers_of(Ffn::DenseMlp), [0, 2]);
+    assert_eq!(plan.layer_ffns.layers_of(Ffn::RoutedExperts), [1, 3]);
+    let shape = |kind| plan.layout.operand(kind).map(|o| o.shape.clone());
+    assert_eq!(shape(OperandKind::WExperts), Some(vec![2, 8, 1, 256, 384]));
+    // intermediate_size 512 in chunks of the experts' 128 columns.
+    assert_eq!(shape(OperandKind::WMlp), Some(vec![2, 4, 256, 384]));
+    assert_eq!(plan.traffic.mlp, 2 * 2 * 3 * 256 * 512);
+    let text = report::text(plan);
+    assert!(
+        text.contains(
+            "layer kinds (FFN stage per layer): 0 dense MLP, 1 routed experts, 2 dense MLP, 3 routed experts"
+        ),
+        "{text}"
+    );
+    snapshot("tiny-qwen3-moe-sparse-step-2_report", &text);
+    let json: serde_json::Value = serde_json::from_str(&report::json(plan)).unwrap();
+    assert_eq!(
+        json["layer_ffns"],
+        serde_json::json!(["dense_mlp", "routed_experts", "dense_mlp", "routed_experts"])
+    );
+    assert!(mk.lowered.module.contains("scf.if"));
+    palladium_dsl::ir::verify(
+        &mk.kernel,
+        palladium_dsl::ir::VerifyOptions { chip: Some(Chip::V6e) },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    let moe = Plan::new(&spec("tiny-qwen3-moe"), &options(Chip::V6e, 1, 256, None)).unwrap();
+    assert!(moe.layout.operand(OperandKind::WMlp).is_none());
+    let json: serde_json::Value = serde_json::from_str(&report::json(&moe)).unwrap();
+    assert!(json.get("layer_ffns").is_none() && json.get("mlp_chunks").is_none());
+}
+
+/// Dense-MLP layers are refused, naming the config fields, with quantized weights (their
+/// codes are not packed yet) and where no planned layer is MoE.
+#[test]
+fn dense_mlp_layers_are_refused_where_not_emitted() {
+    use palladium_model::quant::WeightsDtype;
+    let mixed = spec("tiny-qwen3-moe-mlp-only-layers");
+    for weights in [WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4] {
+        let options = PlanOptions { weights, ..options(Chip::V6e, 1, 256, None) };
+        match Plan::new(&mixed, &options) {
+            Err(e @ PlanError::Unsupported(_)) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains(&format!("--weights-dtype {}", weights.name()))
+                        && msg.contains("mlp_only_layers / decoder_sparse_step")
+                        && msg.contains("[1]"),
+                    "{msg}"
+                );
+            }
+            other => panic!("{}: expected a refusal, got {other:?}", weights.name()),
+        }
+    }
+    // The MoE layers alone plan with any weights.
+    let int8 = PlanOptions { weights: WeightsDtype::Int8, ..options(Chip::V6e, 1, 256, Some(1)) };
+    assert!(Plan::new(&mixed, &int8).unwrap().layer_ffns.all_routed());
+    // Layer 0 of decoder_sparse_step 2 is dense: planned alone, no layer is MoE.
+    match Plan::new(&spec("tiny-qwen3-moe-sparse-step-2"), &options(Chip::V6e, 1, 256, Some(1))) {
+        Err(e @ PlanError::Unsupported(_)) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("no MoE layer")
+                    && msg.contains("mlp_only_layers / decoder_sparse_step"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
 }
