@@ -298,10 +298,10 @@ fn megakernel_tokens_per_seq_and_logits() {
 }
 
 /// Dense-MLP layers among MoE layers (`mlp_only_layers`): the report lists every layer's
-/// kind (text and JSON); with quantized weights `run` is refused naming the config field,
-/// exit 1, nothing written.
+/// kind (text and JSON); with int4 weights `run` is refused naming the config field, exit
+/// 1, nothing written.
 #[test]
-fn megakernel_lists_the_layer_kinds_and_quantized_dense_layers_are_refused() {
+fn megakernel_lists_the_layer_kinds_and_int4_dense_layers_are_refused() {
     let dir = scratch("megakernel_kinds");
     let config = model("tiny-qwen3-moe-mlp-only-layers");
     let args = ["megakernel", &config, "--chip", "v6e", "--out", dir.to_str().unwrap()];
@@ -329,11 +329,11 @@ fn megakernel_lists_the_layer_kinds_and_quantized_dense_layers_are_refused() {
             "--steps",
             "2",
             "--weights-dtype",
-            "int8",
+            "int4",
             "--logits-out",
             logits.to_str().unwrap(),
         ],
-        "--weights-dtype int8 with dense-MLP layers (layers [1] by the config's mlp_only_layers / decoder_sparse_step)",
+        "--weights-dtype int4 with dense-MLP layers (layers [1] by the config's mlp_only_layers / decoder_sparse_step)",
     );
     assert!(!logits.exists(), "nothing written");
 }

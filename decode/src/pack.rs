@@ -688,19 +688,19 @@ pub fn pack_quantized_device(
         (vec![0f32; rs.iter().product()], vec![0f32; ns.iter().product()]);
     let (qrows, orows) = (qs[1], os[1]);
     for (li, ln) in names.layers.iter().take(l).enumerate() {
-        let FfnNames::Moe { router: router_name, .. } = &ln.ffn else {
-            return Err(PackError::Layout(format!("layer {li} is not an MoE layer")));
-        };
         for (row, name) in [&ln.input_norm, &ln.post_norm].into_iter().enumerate() {
             let g = plain(weights, name, &[h])?;
             for i in 0..h {
                 norms[(li * 8 + row) * h + i] = bf(g.data[i]);
             }
         }
-        let r = plain(weights, router_name, &[experts, h])?;
-        for i in 0..h {
-            for e in 0..experts {
-                router[(li * h + i) * epad + e] = bf(r.data[e * h + i]);
+        // A dense-MLP layer's router rows stay zero.
+        if let FfnNames::Moe { router: router_name, .. } = &ln.ffn {
+            let r = plain(weights, router_name, &[experts, h])?;
+            for i in 0..h {
+                for e in 0..experts {
+                    router[(li * h + i) * epad + e] = bf(r.data[e * h + i]);
+                }
             }
         }
         let qw = codes(weights, &ln.q, [global_heads * hd, h], dense_format)?;
@@ -819,45 +819,29 @@ pub fn pack_quantized_device(
         vec![0f32; xds.iter().product()],
     );
     // The down scales' operand rows are padded for the DMA (`CodeFormat::dma_scale_rows`).
-    let (in_rows, down_rows, down_stride) =
-        (xss[3], us(q.experts.scale_rows(layout.expert_block, d.intermediate)), xds[3]);
-    for (li, ln) in names.layers.iter().take(l).enumerate() {
+    let (in_rows, down_stride) = (xss[3], xds[3]);
+    let expert_chunks = MlpChunks {
+        h,
+        block: eb,
+        in_rows,
+        in_group,
+        down_rows: us(q.experts.scale_rows(layout.expert_block, d.intermediate)),
+        down_group,
+        down_stride,
+    };
+    let moe_layers =
+        names.layers.iter().take(l).filter(|ln| matches!(ln.ffn, FfnNames::Moe { .. }));
+    for (slot, ln) in moe_layers.enumerate() {
         let FfnNames::Moe { experts: ex, .. } = &ln.ffn else {
-            return Err(PackError::Layout(format!("layer {li} is not an MoE layer")));
+            unreachable!("filtered to the MoE layers");
         };
         for el in 0..share.experts_per_device {
             // Padding experts (EP) stay zero, codes and scales.
             let Some(m) = share.expert(el).map(|g| &ex[g]) else { continue };
-            let gate = codes(weights, &m.gate, [inter, h], expert_format)?;
-            let up = codes(weights, &m.up, [inter, h], expert_format)?;
-            let down = codes(weights, &m.down, [h, inter], expert_format)?;
-            for c in 0..ec {
-                let item = (li * share.experts_per_device + el) * ec + c;
-                for i in 0..h {
-                    let row = &mut wx[(item * h + i) * 3 * eb..(item * h + i + 1) * 3 * eb];
-                    for j in 0..eb {
-                        // The model's intermediate column (TP: the device's slice; padding zero).
-                        let Some(col) = share.expert_column(c * eb + j) else { continue };
-                        row[j] = gate.code(col, i);
-                        row[eb + j] = up.code(col, i);
-                        row[2 * eb + j] = down.code(i, col);
-                    }
-                }
-                for g in 0..in_rows {
-                    for j in 0..eb {
-                        let Some(col) = share.expert_column(c * eb + j) else { continue };
-                        let at = (item * in_rows + g) * 2 * eb;
-                        xsc[at + j] = gate.scale(col, g * in_group);
-                        xsc[at + eb + j] = up.scale(col, g * in_group);
-                    }
-                }
-                for g in 0..down_rows {
-                    let Some(col) = share.expert_column(c * eb + g * down_group) else { continue };
-                    for i in 0..h {
-                        xdsc[(item * down_stride + g) * h + i] = down.scale(i, col);
-                    }
-                }
-            }
+            let mlp = QuantizedMlp::get(weights, m, inter, h, expert_format)?;
+            let item = (slot * share.experts_per_device + el) * ec;
+            expert_chunks
+                .pack(&mlp, ec, item, (&mut wx, &mut xsc, &mut xdsc), |x| share.expert_column(x));
         }
     }
     out.extend([
@@ -865,6 +849,41 @@ pub fn pack_quantized_device(
         (OperandKind::ExpertScales, array(OperandKind::ExpertScales, &xsc)?),
         (OperandKind::ExpertDownScales, array(OperandKind::ExpertDownScales, &xdsc)?),
     ]);
+    // w_mlp [L_dense, C_d, H, 3*eb] codes and their scales, as an expert's (dense-MLP
+    // layers among MoE layers; the plan keeps them to the experts' code format).
+    if layout.operand(OperandKind::WMlp).is_some() {
+        let (ms, mss, mds) = (
+            shape_of(OperandKind::WMlp),
+            shape_of(OperandKind::MlpScales),
+            shape_of(OperandKind::MlpDownScales),
+        );
+        let (mut wm, mut msc, mut mdsc) = (
+            vec![0f32; ms.iter().product()],
+            vec![0f32; mss.iter().product()],
+            vec![0f32; mds.iter().product()],
+        );
+        let di = d.dense_intermediate.unwrap_or(0);
+        let mlp_chunks = MlpChunks {
+            down_rows: us(q.experts.scale_rows(layout.expert_block, di)),
+            down_group: us(q.experts.group_of(di)),
+            ..expert_chunks
+        };
+        let dense_layers = names.layers.iter().take(l).filter_map(|ln| match &ln.ffn {
+            FfnNames::Dense(m) => Some(m),
+            FfnNames::Moe { .. } => None,
+        });
+        for (slot, m) in dense_layers.enumerate() {
+            let mlp = QuantizedMlp::get(weights, m, share.dense_intermediate, h, expert_format)?;
+            mlp_chunks.pack(&mlp, ms[1], slot * ms[1], (&mut wm, &mut msc, &mut mdsc), |x| {
+                share.mlp_column(x)
+            });
+        }
+        out.extend([
+            (OperandKind::WMlp, array(OperandKind::WMlp, &wm)?),
+            (OperandKind::MlpScales, array(OperandKind::MlpScales, &msc)?),
+            (OperandKind::MlpDownScales, array(OperandKind::MlpDownScales, &mdsc)?),
+        ]);
+    }
     if d.qk_norm {
         let hs = shape_of(OperandKind::HeadNorms);
         out.push((
@@ -874,4 +893,85 @@ pub fn pack_quantized_device(
     }
     let (operands, arrays) = out.into_iter().unzip();
     Ok(Packed { operands, arrays, cache_shape: shape_of(OperandKind::KCache) })
+}
+
+/// One gated MLP's codes (an expert's, or a dense-MLP layer's), `[out, in]`.
+struct QuantizedMlp<'w> {
+    gate: &'w QuantizedTensor,
+    up: &'w QuantizedTensor,
+    down: &'w QuantizedTensor,
+}
+
+impl<'w> QuantizedMlp<'w> {
+    fn get(
+        weights: &'w QuantizedWeights,
+        names: &MlpNames,
+        intermediate: usize,
+        hidden: usize,
+        format: QuantFormat,
+    ) -> Result<Self, PackError> {
+        Ok(QuantizedMlp {
+            gate: codes(weights, &names.gate, [intermediate, hidden], format)?,
+            up: codes(weights, &names.up, [intermediate, hidden], format)?,
+            down: codes(weights, &names.down, [hidden, intermediate], format)?,
+        })
+    }
+}
+
+/// How a quantized MLP is cut into the expert ring's chunks: `[H, 3*block]` codes, their
+/// gate/up scales `[in_rows, 2*block]` (a group of `in_group` inputs a row) and down scales
+/// `[down_stride, H]` (the first `down_rows` rows real, a group of `down_group` inputs
+/// each).
+#[derive(Clone, Copy)]
+struct MlpChunks {
+    h: usize,
+    block: usize,
+    in_rows: usize,
+    in_group: usize,
+    down_rows: usize,
+    down_group: usize,
+    down_stride: usize,
+}
+
+impl MlpChunks {
+    /// `mlp`'s `chunks` chunks as items `first..first + chunks` of the (codes, scales, down
+    /// scales) arrays; `column` maps a local intermediate column to the model's (`None`:
+    /// padding, codes and scales left zero).
+    fn pack(
+        &self,
+        mlp: &QuantizedMlp,
+        chunks: usize,
+        first: usize,
+        (codes, scales, down_scales): (&mut [f32], &mut [f32], &mut [f32]),
+        column: impl Fn(usize) -> Option<usize>,
+    ) {
+        let (h, eb, in_rows) = (self.h, self.block, self.in_rows);
+        for c in 0..chunks {
+            let item = first + c;
+            for i in 0..h {
+                let row = &mut codes[(item * h + i) * 3 * eb..(item * h + i + 1) * 3 * eb];
+                for j in 0..eb {
+                    // The model's intermediate column (TP: the device's slice; padding zero).
+                    let Some(col) = column(c * eb + j) else { continue };
+                    row[j] = mlp.gate.code(col, i);
+                    row[eb + j] = mlp.up.code(col, i);
+                    row[2 * eb + j] = mlp.down.code(i, col);
+                }
+            }
+            for g in 0..in_rows {
+                for j in 0..eb {
+                    let Some(col) = column(c * eb + j) else { continue };
+                    let at = (item * in_rows + g) * 2 * eb;
+                    scales[at + j] = mlp.gate.scale(col, g * self.in_group);
+                    scales[at + eb + j] = mlp.up.scale(col, g * self.in_group);
+                }
+            }
+            for g in 0..self.down_rows {
+                let Some(col) = column(c * eb + g * self.down_group) else { continue };
+                for i in 0..h {
+                    down_scales[(item * self.down_stride + g) * h + i] = mlp.down.scale(i, col);
+                }
+            }
+        }
+    }
 }

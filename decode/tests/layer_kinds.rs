@@ -128,3 +128,54 @@ fn mlp_only_layers_match_transformers_on_1_and_2_devices() {
 fn decoder_sparse_step_matches_transformers_on_1_and_2_devices() {
     check("fixtures/models/tiny-qwen3-moe-sparse-step-2.json", &[0, 2], 9, &[3, 99, 250, 7], 4);
 }
+
+/// Quantized weights (int8, fp8; quantized at load) with dense-MLP layers: the dense MLP's
+/// codes and scales as an expert's, on 1 and 2 devices, against the reference forward pass
+/// on the dequantized weights within the project's logits tolerance (the `--check` rules).
+#[test]
+fn quantized_dense_mlp_layers_match_the_reference_on_dequantized_weights() {
+    use palladium_decode::compare_with;
+    use palladium_decode::pack::pack_quantized_devices;
+    use palladium_model::quant::{QuantizedWeights, WeightsDtype};
+    use palladium_model::tolerance::LOGITS_RELATIVE_TOLERANCE;
+    let prompt = [1, 17, 300, 42];
+    for name in ["tiny-qwen3-moe-mlp-only-layers", "tiny-qwen3-moe-sparse-step-2"] {
+        let spec = ModelSpec::from_path(format!(
+            "{}/../fixtures/models/{name}.json",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        let weights = Weights::random(&spec, 3).unwrap();
+        for dtype in [WeightsDtype::Int8, WeightsDtype::Fp8] {
+            let quantized = QuantizedWeights::quantize(&spec, &weights, dtype).unwrap();
+            for devices in [1, 2] {
+                let options = PlanOptions {
+                    weights: dtype,
+                    devices,
+                    logits: true,
+                    ..PlanOptions::new(Chip::V6e, 1, 16)
+                };
+                let mk = Megakernel::build(&spec, &options).unwrap_or_else(|e| panic!("{e}"));
+                assert!(!mk.plan.layer_ffns.all_routed());
+                let packed = pack_quantized_devices(&spec, &mk.plan, &quantized).unwrap();
+                let mut decoder = Decoder::new(&mk, packed).unwrap();
+                let generation = decoder.generate(&prompt, 3).unwrap();
+                let c = compare_with(
+                    &spec,
+                    &quantized.dequantize(),
+                    &prompt,
+                    &generation,
+                    LOGITS_RELATIVE_TOLERANCE,
+                )
+                .unwrap();
+                println!("{name} {} on {devices} device(s): {}", dtype.name(), c.summary());
+                assert!(
+                    c.passed(),
+                    "{name} {} on {devices} device(s): {}",
+                    dtype.name(),
+                    c.summary()
+                );
+            }
+        }
+    }
+}

@@ -84,8 +84,10 @@ struct H {
     embed: Ref,
     stream: Ref,
     w_experts: Ref,
-    /// The dense-MLP layers' weights, where layers mix kinds.
+    /// The dense-MLP layers' weights (and a quantized plan's scales, `[gate | up]` and
+    /// down), where layers mix kinds.
     w_mlp: Option<Ref>,
+    mlp_scales: Option<(Ref, Ref)>,
     head_norms: Option<Ref>,
     logits: Option<Ref>,
     next_ids: Ref,
@@ -221,6 +223,7 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         stream: must(OperandKind::WStream),
         w_experts: must(OperandKind::WExperts),
         w_mlp: operand(OperandKind::WMlp),
+        mlp_scales: operand(OperandKind::MlpScales).zip(operand(OperandKind::MlpDownScales)),
         head_norms: operand(OperandKind::HeadNorms),
         logits: operand(OperandKind::Logits),
         next_ids: must(OperandKind::NextIds),
@@ -987,7 +990,7 @@ fn record_non_finite(p: &Plan, status: Ref, layer: Val, logits: Val) {
 fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Val) {
     // `layer`: the layer's slot in `w_experts` (its index where every layer is MoE).
     let d = &p.dims;
-    let (eb, ec, slots) = (p.layout.expert_block, p.layout.expert_chunks, p.expert_slots);
+    let (ec, slots) = (p.layout.expert_chunks, p.expert_slots);
     let own_first = hd.spmd.and_then(|spmd| spmd.expert_first());
     let worst_case = p.expert_fetch == ExpertFetch::WorstCase || own_first.is_some();
     let total = match worst_case {
@@ -1028,28 +1031,7 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
         copies
     };
     ffn_chunks(p, hd, total, ahead, ec, fetch, |slot, e, _| {
-        let columns = |part: u64| ring_columns(p, hd, slot, part);
-        let chunk = match (hd.quant, p.layout.quant) {
-            (Some(q), Some(f)) => {
-                let f = f.experts;
-                let block = |part: u64, values: Val, weight_inputs: u64| QuantizedBlock {
-                    codes: columns(part),
-                    scales: GroupScales { values, group: f.group_of(weight_inputs) },
-                };
-                let gate_up = |part: u64| q.ex_sc.load((slot, .., part * eb..(part + 1) * eb));
-                let (h, i) = (d.hidden, d.intermediate);
-                token_rows(p, xn2, |x| {
-                    swiglu_chunk(
-                        x,
-                        block(0, gate_up(0), h),
-                        block(1, gate_up(1), h),
-                        block(2, q.ex_dsc.load((slot, 0..f.scale_rows(eb, i), ..)), i),
-                        WeightLayout::OutIn,
-                    )
-                })
-            }
-            _ => swiglu_chunk(xn2, columns(0), columns(1), columns(2), WeightLayout::OutIn),
-        };
+        let chunk = ring_swiglu(p, hd, slot, xn2, d.intermediate);
         let expert = match own_first {
             Some(lo) => expert_id(e) + lo,
             None => expert_id(e),
@@ -1060,11 +1042,34 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
     });
 }
 
-/// Columns `[part * block, (part + 1) * block)` of expert-ring slot `slot`: a chunk's gate
-/// (0), up (1) or down (2) part.
-fn ring_columns(p: &Plan, hd: H, slot: Val, part: u64) -> Val {
+/// The SwiGLU of the chunk in expert-ring slot `slot` (`[gate | up | down]` columns, a
+/// quantized plan's codes with their scales in the ring's scale slots) on `xn2`: an
+/// expert's, or a dense MLP's, of `intermediate` columns (the down projection's inputs,
+/// which its scale groups count).
+fn ring_swiglu(p: &Plan, hd: H, slot: Val, xn2: Val, intermediate: u64) -> Val {
     let eb = p.layout.expert_block;
-    hd.ex_buf.load((slot, .., part * eb..(part + 1) * eb))
+    let columns = |part: u64| hd.ex_buf.load((slot, .., part * eb..(part + 1) * eb));
+    match (hd.quant, p.layout.quant) {
+        (Some(q), Some(f)) => {
+            let f = f.experts;
+            let block = |part: u64, values: Val, weight_inputs: u64| QuantizedBlock {
+                codes: columns(part),
+                scales: GroupScales { values, group: f.group_of(weight_inputs) },
+            };
+            let gate_up = |part: u64| q.ex_sc.load((slot, .., part * eb..(part + 1) * eb));
+            let (h, i) = (p.dims.hidden, intermediate);
+            token_rows(p, xn2, |x| {
+                swiglu_chunk(
+                    x,
+                    block(0, gate_up(0), h),
+                    block(1, gate_up(1), h),
+                    block(2, q.ex_dsc.load((slot, 0..f.scale_rows(eb, i), ..)), i),
+                    WeightLayout::OutIn,
+                )
+            })
+        }
+        _ => swiglu_chunk(xn2, columns(0), columns(1), columns(2), WeightLayout::OutIn),
+    }
 }
 
 /// An FFN stage's chunk stream through the expert ring, shared by the routed experts and
@@ -1138,12 +1143,30 @@ fn ffn_chunks(
 fn dense_mlp(p: &Plan, hd: H, slot: Val, xn2: Val) {
     let w_mlp = hd.w_mlp.expect("a plan with dense-MLP layers has w_mlp");
     let chunks = p.layout.mlp_chunks;
+    // The chunk's codes, and a quantized plan's scales with them (as an expert's).
     let fetch = |_: Val, c: Val, ring_slot: Val| {
-        vec![async_copy(w_mlp.at((slot, c)), hd.ex_buf.at(ring_slot), hd.ex_sems.at(ring_slot))]
+        let mut copies = vec![async_copy(
+            w_mlp.at((slot, c)),
+            hd.ex_buf.at(ring_slot),
+            hd.ex_sems.at(ring_slot),
+        )];
+        if let (Some(q), Some((scales, down_scales))) = (hd.quant, hd.mlp_scales) {
+            copies.push(async_copy(
+                scales.at((slot, c)),
+                q.ex_sc.at(ring_slot),
+                q.ex_sc_sems.at((0, ring_slot)),
+            ));
+            copies.push(async_copy(
+                down_scales.at((slot, c)),
+                q.ex_dsc.at(ring_slot),
+                q.ex_sc_sems.at((1, ring_slot)),
+            ));
+        }
+        copies
     };
     let ahead = (p.expert_slots - 1).min(chunks - 1);
+    let intermediate = p.dims.dense_intermediate.expect("a plan with dense-MLP layers");
     ffn_chunks(p, hd, scalar(chunks as i32), ahead, chunks, fetch, |ring_slot, _, _| {
-        let columns = |part: u64| ring_columns(p, hd, ring_slot, part);
-        (swiglu_chunk(xn2, columns(0), columns(1), columns(2), WeightLayout::OutIn), None)
+        (ring_swiglu(p, hd, ring_slot, xn2, intermediate), None)
     });
 }

@@ -165,6 +165,9 @@ pub enum OperandKind {
     LmScales,
     ExpertScales,
     ExpertDownScales,
+    /// A quantized plan's dense-MLP scales (where layers mix kinds), as the experts'.
+    MlpScales,
+    MlpDownScales,
 }
 
 impl OperandKind {
@@ -194,6 +197,8 @@ impl OperandKind {
             OperandKind::LmScales => "lm_scales",
             OperandKind::ExpertScales => "expert_scales",
             OperandKind::ExpertDownScales => "expert_down_scales",
+            OperandKind::MlpScales => "mlp_scales",
+            OperandKind::MlpDownScales => "mlp_down_scales",
         }
     }
 

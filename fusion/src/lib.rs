@@ -62,7 +62,9 @@
 //! `w_router bf16[L, H, 128*ceil(E/128)]`, `norms f32[L+1, 8, H]` (input and post-attention
 //! norms per layer, the final norm at `L`), `w_lm_head` (`i8` or bf16 `[ceil(V/cw), H, cw]`),
 //! `lm_scales f32[ceil(V/cw), 1, cw]` (int8 `lm_head` only), `expert_scales f32[L, E, C,
-//! H/group, 2*block]` and `expert_down_scales f32[L, E, C, block/group, H]`. The kernel then
+//! H/group, 2*block]` and `expert_down_scales f32[L, E, C, block/group, H]` (then, where
+//! layers mix kinds, `mlp_scales f32[L_dense, C_d, H/group, 2*block]` and `mlp_down_scales
+//! f32[L_dense, C_d, block/group, H]`, `w_mlp` in the experts' code dtype). The kernel then
 //! applies every RMSNorm weight itself.
 //!
 //! # Layer kinds
@@ -73,18 +75,26 @@
 //! uniform per layer, so the dense ring is unchanged; the dense MLP streams its chunks
 //! (shaped as an expert's) through the expert ring; the emitted layer loop picks the stage
 //! under an `scf.if` from scalar compares of the layer index, and emits nothing new where
-//! every layer is MoE. Adding the dense-MLP stage touched 8 source files (against the
-//! issue's count of about 17 for a layer feature): `options.rs` (`Dims`), `layout.rs`
-//! (`Ffn`, `LayerFfns`, `OperandKind`, `StreamLayout`), `plan.rs` (`Plan`, `Traffic`,
-//! `rewritten_layer`, `layer_weight_bytes`, `Plan::for_devices`, `dense_intermediate`,
-//! `supported`, `dims`, `rewrites`, `stream_layout`, `hbm_fit`, `traffic`), `shard.rs`
-//! (`split`), `emit.rs` (`H`, `emit`, `layer_body`, `ffn`, `experts`, `ffn_chunks`,
-//! `ring_columns`, `dense_mlp`), `report.rs` (`text`, `layer_kinds`, `operand_source`,
-//! `bf16_source`), this crate doc and `graph.rs`'s, and in `palladium-decode`'s
-//! `pack.rs` (`DeviceShare`, `pack_device`, `MlpTensors`): 31 functions and types, 12 of
-//! them new; the model crate (spec, parse, weights, reference), the graph, the rewrites,
-//! the scratch, the collectives and the kernel bodies were not touched. Quantized weights
-//! with dense-MLP layers are refused (the quantized packer is not taught `w_mlp` yet).
+//! every layer is MoE. Quantized plans (int8, fp8) lay the dense MLP's codes and scales
+//! out as an expert's (`w_mlp`, `mlp_scales`, `mlp_down_scales`); int4 is refused (its
+//! scheme keeps a dense MLP int8, the expert ring holds int4 codes).
+//!
+//! Adding the dense-MLP stage (bf16 and quantized, 1 and N devices) touched 7 source files
+//! with code, against the count of about 17 files and 30 functions for a layer
+//! feature: `options.rs` (`Dims`), `layout.rs` (`Ffn`, `LayerFfns`, `OperandKind`,
+//! `StreamLayout`), `plan.rs` (`Plan`, `Traffic`, `rewritten_layer`, `layer_weight_bytes`,
+//! `Plan::for_devices`, `dense_intermediate`, `supported`, `dims`, `rewrites`,
+//! `stream_layout`, `hbm_fit`, `weight_traffic`, `traffic`), `shard.rs` (`split`),
+//! `emit.rs` (`H`, `emit`, `layer_body`, `ffn`, `experts`, `ring_swiglu`, `ffn_chunks`,
+//! `dense_mlp`), `report.rs` (`text`, `layer_kinds`, `operand_source`, `bf16_source`,
+//! `quantized_source`) and `palladium-decode`'s `pack.rs` (`DeviceShare`,
+//! `DeviceShare::new`, `DeviceShare::mlp_column`, `pack_device`, `pack_quantized_device`,
+//! `MlpTensors`, `QuantizedMlp`, `MlpChunks`): 40 functions and types, 13 of them new
+//! (six of the others only gained a field or an enum case), plus the doc comments of this
+//! crate and `graph.rs`. The model crate (spec, parse, weights, reference, quantization),
+//! the graph, the rewrites, the scratch, the collectives, the router and the kernel bodies
+//! were not touched: the model crate already parsed the per-layer FFN kind, and the dense
+//! MLP reuses the expert ring and the SwiGLU chunk body.
 //!
 //! The exact per-element mapping from Hugging Face tensor names (transposes, folding,
 //! padding) is in [`report::operand_source`], printed by the report for every operand.

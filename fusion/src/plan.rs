@@ -559,10 +559,11 @@ fn supported<'s>(
             .collect(),
     );
     if !layer_ffns.all_routed() {
-        if options.weights != WeightsDtype::Bf16 {
+        // The dense MLP's chunks go through the expert ring, so its codes must be the
+        // experts': int4's scheme keeps a dense MLP int8 (the dense weights' format).
+        if options.weights == WeightsDtype::Int4 {
             return Err(PlanError::Unsupported(format!(
-                "--weights-dtype {} with dense-MLP layers (layers {:?} by the config's {dense_fields}): the dense MLP is emitted for bf16 weights only so far (its codes and scales are not packed)",
-                options.weights.name(),
+                "--weights-dtype int4 with dense-MLP layers (layers {:?} by the config's {dense_fields}): the int4 scheme stores a dense MLP as int8 per channel, and the expert ring its chunks stream through holds int4 codes (int8 and fp8 are planned)",
                 layer_ffns.layers_of(Ffn::DenseMlp)
             )));
         }
@@ -830,14 +831,15 @@ fn stream_layout(
                 / 8,
         ),
     ];
+    // The dense MLP's codes are the experts' dtype: its chunks go through their ring.
     if let Some(di) = dims.dense_intermediate {
         operands.push(operand(
             WMlp,
             Input,
-            DType::Bf16,
+            expert_dtype,
             vec![l_mlp, mlp_chunks, h, 3 * expert_block],
             MemorySpace::Any,
-            product("the dense-MLP weights (w_mlp)", &[2, l_mlp, di, h, 3])?,
+            product("the dense-MLP weights (w_mlp)", &[bits(expert_dtype), l_mlp, di, h, 3])? / 8,
         ));
     }
     if dims.qk_norm {
@@ -894,6 +896,22 @@ fn stream_layout(
                 h,
             ],
         )?);
+        // A dense MLP's scales, laid out as an expert's (its chunks share the ring slots).
+        if let Some(di) = dims.dense_intermediate {
+            operands.push(f32_operand(
+                MlpScales,
+                vec![l_mlp, mlp_chunks, q.experts.scale_rows(h, h), 2 * expert_block],
+            )?);
+            operands.push(f32_operand(
+                MlpDownScales,
+                vec![
+                    l_mlp,
+                    mlp_chunks,
+                    CodeFormat::dma_scale_rows(q.experts.scale_rows(expert_block, di)),
+                    h,
+                ],
+            )?);
+        }
     }
     let kv_shape = vec![l, batch, kvh, positions, hp];
     let kv_bytes = product(
@@ -1109,6 +1127,9 @@ fn hbm_fit(
                     Router,
                     ExpertScales,
                     ExpertDownScales,
+                    WMlp,
+                    MlpScales,
+                    MlpDownScales,
                 ];
                 layout
                     .operands
@@ -1150,11 +1171,11 @@ type DtypeParts = Vec<(String, u64, u64)>;
 /// weights, its `lm_head` part the final norm), and for a quantized plan the same bytes by
 /// dtype ([`DtypeParts`]).
 fn weight_traffic(
-    layers: usize,
+    layer_ffns: &LayerFfns,
     dims: &Dims,
     layout: &StreamLayout,
 ) -> Result<(u64, u64, u64, Option<DtypeParts>), PlanError> {
-    let (l, h, chunk_cols) = (layers as u64, dims.hidden, layout.chunk_cols);
+    let (l, h, chunk_cols) = (layer_ffns.0.len() as u64, dims.hidden, layout.chunk_cols);
     let Some(q) = layout.quant else {
         let dense = product("the dense stream per step", &[2, l, layout.per_layer, h, chunk_cols])?;
         let expert_bytes = product("one expert's weights", &[2, 3, h, dims.intermediate])?;
@@ -1168,7 +1189,10 @@ fn weight_traffic(
     let router = bytes_of(OperandKind::Router);
     let lm_codes = bytes_of(OperandKind::LmHead);
     let lm_f32 = bytes_of(OperandKind::LmScales);
-    let per_expert = |kind| bytes_of(kind) / (l * dims.experts);
+    let per_expert = |kind| bytes_of(kind) / (layer_ffns.count(Ffn::RoutedExperts) * dims.experts);
+    // The dense-MLP layers' codes and scales (where layers mix kinds), read whole.
+    let mlp_codes = bytes_of(OperandKind::WMlp);
+    let mlp_f32 = bytes_of(OperandKind::MlpScales) + bytes_of(OperandKind::MlpDownScales);
     let expert_codes = per_expert(OperandKind::WExperts);
     let expert_f32 =
         per_expert(OperandKind::ExpertScales) + per_expert(OperandKind::ExpertDownScales);
@@ -1178,8 +1202,8 @@ fn weight_traffic(
         (q.dense.codes, 0, dense_codes),
         (DType::Bf16, 0, router),
         (lm_dtype, 0, lm_codes),
-        (q.experts.codes, expert_codes, 0),
-        (DType::F32, expert_f32, layer_f32 + lm_f32),
+        (q.experts.codes, expert_codes, mlp_codes),
+        (DType::F32, expert_f32, layer_f32 + lm_f32 + mlp_f32),
     ] {
         let name =
             if dtype == DType::F32 { "f32 (scales, norms)".to_string() } else { dtype.to_string() };
@@ -1226,8 +1250,11 @@ fn traffic(
         (layers as u64, dims.hidden, dims.head_pad, dims.batch, dims.kv_heads);
     let (l_moe, l_mlp) = (layer_ffns.count(Ffn::RoutedExperts), layer_ffns.count(Ffn::DenseMlp));
     let (per_layer, lm_chunks) = (layout.per_layer, layout.lm_chunks);
-    let (dense, lm_head, expert_bytes, by_dtype) = weight_traffic(layers, dims, layout)?;
-    let mlp = layout.operand(OperandKind::WMlp).map_or(0, |o| o.bytes);
+    let (dense, lm_head, expert_bytes, by_dtype) = weight_traffic(layer_ffns, dims, layout)?;
+    let mlp = [OperandKind::WMlp, OperandKind::MlpScales, OperandKind::MlpDownScales]
+        .iter()
+        .map(|&kind| layout.operand(kind).map_or(0, |o| o.bytes))
+        .sum();
     let tokens = dims.tokens;
     let experts_without_dedupe =
         product("the expert weights read per step", &[l_moe, tokens, dims.top_k, expert_bytes])?;
@@ -1289,12 +1316,10 @@ fn traffic(
         ],
     )?;
     // A quantized plan adds per layer its scales, router and norm rows (4) and two scale
-    // DMAs per expert chunk; per step the final norm row and lm_head's scales.
+    // DMAs per expert (or dense-MLP) chunk; per step the final norm row and lm_head's
+    // scales.
     let (quant_per_layer, quant_per_step) = match layout.quant {
-        Some(q) => (
-            4 + 2 * distinct * layout.expert_chunks,
-            1 + if q.lm_head.is_some() { lm_chunks } else { 0 },
-        ),
+        Some(q) => (4, 1 + if q.lm_head.is_some() { lm_chunks } else { 0 } + ffn_dmas),
         None => (0, 0),
     };
     let dmas = total(

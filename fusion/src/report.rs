@@ -546,7 +546,7 @@ fn bf16_source(p: &Plan, o: &Operand, ix: Option<&DeviceIndex>) -> String {
         OperandKind::MaxLogits => "maximum logit of token row r at [r, :] (every lane), NaN when any of the row's logits is not finite (so a bad step is caught without the full logits)".into(),
         OperandKind::RouterNonFinite => format!("1 at [r, l] when token row r's router logits in layer l are not all finite (NaN or infinity), else 0 (lanes l >= {} and rows >= batch * K are 0): the step names the layer where the numbers went bad", p.layers),
         OperandKind::KCacheOut | OperandKind::VCacheOut => "aliases the input of the same name (KV written in place)".into(),
-        OperandKind::QkvScales | OperandKind::OScales | OperandKind::Router | OperandKind::Norms | OperandKind::LmHead | OperandKind::LmScales | OperandKind::ExpertScales | OperandKind::ExpertDownScales => {
+        OperandKind::QkvScales | OperandKind::OScales | OperandKind::Router | OperandKind::Norms | OperandKind::LmHead | OperandKind::LmScales | OperandKind::ExpertScales | OperandKind::ExpertDownScales | OperandKind::MlpScales | OperandKind::MlpDownScales => {
             unreachable!("{} is a quantized plan's operand", o.kind.name())
         }
     }
@@ -600,6 +600,18 @@ fn quantized_source(p: &Plan, q: &crate::layout::QuantLayout, o: &Operand) -> Op
         ),
         OperandKind::ExpertDownScales => format!(
             "{scales}: chunk c of expert e's down_proj scales for its {eb} inputs, columns the {h} outputs"
+        ),
+        OperandKind::WMlp => format!(
+            "{} codes: w_mlp[m, c] = [gate^T | up^T | down] columns c*{eb}.. of the m-th dense-MLP layer's MLP (layers {:?}; the checkpoint's weights, post_attention_layernorm not folded), as an expert's",
+            q.experts.codes,
+            p.layer_ffns.layers_of(Ffn::DenseMlp)
+        ),
+        OperandKind::MlpScales => format!(
+            "{scales}: chunk c of a dense-MLP layer's gate (columns 0..{eb}) and up ({eb}..{}) scales, as an expert's",
+            2 * eb
+        ),
+        OperandKind::MlpDownScales => format!(
+            "{scales}: chunk c of a dense-MLP layer's down_proj scales for its {eb} inputs, columns the {h} outputs"
         ),
         _ => return None,
     })

@@ -73,8 +73,8 @@ fn the_vmem_plan_counts_what_the_kernel_declares() {
         for weights in
             [WeightsDtype::Bf16, WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4]
         {
-            // Dense-MLP layers are planned for bf16 weights only.
-            if name.contains("sparse-step") && weights != WeightsDtype::Bf16 {
+            // Dense-MLP layers are not planned with int4 weights.
+            if name.contains("sparse-step") && weights == WeightsDtype::Int4 {
                 continue;
             }
             for (devices, tokens_per_seq) in [(1, 1), (1, 4), (2, 1), (4, 2)] {
@@ -464,30 +464,38 @@ fn dense_mlp_layers_among_moe_layers_are_planned_reported_and_emitted() {
     assert!(json.get("layer_ffns").is_none() && json.get("mlp_chunks").is_none());
 }
 
-/// Dense-MLP layers are refused, naming the config fields, with quantized weights (their
-/// codes are not packed yet) and where no planned layer is MoE.
+/// Dense-MLP layers are planned with int8 and fp8 weights (codes and scales as an
+/// expert's, through the same ring); refused, naming the config fields, with int4 (whose
+/// scheme keeps a dense MLP int8 while the expert ring holds int4 codes) and where no
+/// planned layer is MoE.
 #[test]
 fn dense_mlp_layers_are_refused_where_not_emitted() {
+    use palladium_fusion::layout::OperandKind;
     use palladium_model::quant::WeightsDtype;
     let mixed = spec("tiny-qwen3-moe-mlp-only-layers");
-    for weights in [WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4] {
+    for weights in [WeightsDtype::Int8, WeightsDtype::Fp8] {
         let options = PlanOptions { weights, ..options(Chip::V6e, 1, 256, None) };
-        match Plan::new(&mixed, &options) {
-            Err(e @ PlanError::Unsupported(_)) => {
-                let msg = e.to_string();
-                assert!(
-                    msg.contains(&format!("--weights-dtype {}", weights.name()))
-                        && msg.contains("mlp_only_layers / decoder_sparse_step")
-                        && msg.contains("[1]"),
-                    "{msg}"
-                );
-            }
-            other => panic!("{}: expected a refusal, got {other:?}", weights.name()),
+        let plan = Plan::new(&mixed, &options).unwrap_or_else(|e| panic!("{e}"));
+        let w_mlp = plan.layout.operand(OperandKind::WMlp).unwrap();
+        assert_eq!(w_mlp.dtype, plan.layout.operand(OperandKind::WExperts).unwrap().dtype);
+        assert!(plan.layout.operand(OperandKind::MlpDownScales).is_some());
+    }
+    let int4 = PlanOptions { weights: WeightsDtype::Int4, ..options(Chip::V6e, 1, 256, None) };
+    match Plan::new(&mixed, &int4) {
+        Err(e @ PlanError::Unsupported(_)) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("--weights-dtype int4")
+                    && msg.contains("mlp_only_layers / decoder_sparse_step")
+                    && msg.contains("[1]"),
+                "{msg}"
+            );
         }
+        other => panic!("int4: expected a refusal, got {other:?}"),
     }
     // The MoE layers alone plan with any weights.
-    let int8 = PlanOptions { weights: WeightsDtype::Int8, ..options(Chip::V6e, 1, 256, Some(1)) };
-    assert!(Plan::new(&mixed, &int8).unwrap().layer_ffns.all_routed());
+    let int4 = PlanOptions { layers: Some(1), ..int4 };
+    assert!(Plan::new(&mixed, &int4).unwrap().layer_ffns.all_routed());
     // Layer 0 of decoder_sparse_step 2 is dense: planned alone, no layer is MoE.
     match Plan::new(&spec("tiny-qwen3-moe-sparse-step-2"), &options(Chip::V6e, 1, 256, Some(1))) {
         Err(e @ PlanError::Unsupported(_)) => {
