@@ -79,7 +79,7 @@
 //! out as an expert's (`w_mlp`, `mlp_scales`, `mlp_down_scales`); int4 is refused (its
 //! scheme keeps a dense MLP int8, the expert ring holds int4 codes).
 //!
-//! Adding the dense-MLP stage (bf16 and quantized, 1 and N devices) touched 7 source files
+//! Adding the dense-MLP stage (bf16 and quantized, 1 and N devices) touched 8 source files
 //! with code, against the count of about 17 files and 30 functions for a layer
 //! feature: `options.rs` (`Dims`), `layout.rs` (`Ffn`, `LayerFfns`, `OperandKind`,
 //! `StreamLayout`), `plan.rs` (`Plan`, `Traffic`, `rewritten_layer`, `layer_weight_bytes`,
@@ -87,9 +87,10 @@
 //! `stream_layout`, `hbm_fit`, `weight_traffic`, `traffic`), `shard.rs` (`split`),
 //! `emit.rs` (`H`, `emit`, `layer_body`, `ffn`, `experts`, `ring_swiglu`, `ffn_chunks`,
 //! `dense_mlp`), `report.rs` (`text`, `layer_kinds`, `operand_source`, `bf16_source`,
-//! `quantized_source`) and `palladium-decode`'s `pack.rs` (`DeviceShare`,
-//! `DeviceShare::new`, `DeviceShare::mlp_column`, `pack_device`, `pack_quantized_device`,
-//! `MlpTensors`, `QuantizedMlp`, `MlpChunks`): 40 functions and types, 13 of them new
+//! `quantized_source`), `unfused.rs` (`unfused_kernels`: refuses what it would misprice)
+//! and `palladium-decode`'s `pack.rs` (`DeviceShare`, `DeviceShare::new`,
+//! `DeviceShare::mlp_column`, `pack_device`, `pack_quantized_device`, `MlpTensors`,
+//! `QuantizedMlp`, `MlpChunks`): 41 functions and types, 13 of them new
 //! (six of the others only gained a field or an enum case), plus the doc comments of this
 //! crate and `graph.rs`. The model crate (spec, parse, weights, reference, quantization),
 //! the graph, the rewrites, the scratch, the collectives, the router and the kernel bodies

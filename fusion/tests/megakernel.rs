@@ -496,6 +496,10 @@ fn dense_mlp_layers_are_refused_where_not_emitted() {
     // The MoE layers alone plan with any weights.
     let int4 = PlanOptions { layers: Some(1), ..int4 };
     assert!(Plan::new(&mixed, &int4).unwrap().layer_ffns.all_routed());
+    // The unfused step (`profile --unfused`) counts MoE layers only: refused, not mispriced.
+    let err = palladium_fusion::unfused::unfused_kernels(&mixed, 4, 1, 256).unwrap_err();
+    assert!(err.contains("layer 1 is a dense MLP") && err.contains("mlp_only_layers"), "{err}");
+    assert!(palladium_fusion::unfused::unfused_kernels(&mixed, 1, 1, 256).is_ok());
     // Layer 0 of decoder_sparse_step 2 is dense: planned alone, no layer is MoE.
     match Plan::new(&spec("tiny-qwen3-moe-sparse-step-2"), &options(Chip::V6e, 1, 256, Some(1))) {
         Err(e @ PlanError::Unsupported(_)) => {
