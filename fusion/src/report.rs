@@ -273,6 +273,12 @@ fn sharding(s: &mut String, p: &Plan, sh: &Sharding) {
         ),
     };
     let _ = writeln!(s, "  experts: {split}. Why: {}", e.reason);
+    if let Some(i) = d.dense_intermediate {
+        let _ = writeln!(
+            s,
+            "  dense MLP (the dense-MLP layers): TP whatever the experts' split, its intermediate split {n} ways ({i} columns per device), summed by the same all-reduce as the experts' output"
+        );
+    }
     let _ = writeln!(
         s,
         "  lm_head by vocabulary: {} of the {} ids per device (padded to {} chunks); the greedy (max logit, id) pairs all-gathered; with --logits each device returns its slice (concatenated by the call's output sharding, no ICI bytes)",

@@ -433,7 +433,8 @@ fn dense_mlp_layers_among_moe_layers_are_planned_reported_and_emitted() {
     let plan = &mk.plan;
     assert_eq!(plan.layer_ffns.layers_of(Ffn::DenseMlp), [0, 2]);
     assert_eq!(plan.layer_ffns.layers_of(Ffn::RoutedExperts), [1, 3]);
-    let shape = |kind| plan.layout.operand(kind).map(|o| o.shape.clone());
+    let shape_of = |plan: &Plan, kind| plan.layout.operand(kind).map(|o| o.shape.clone());
+    let shape = |kind| shape_of(plan, kind);
     assert_eq!(shape(OperandKind::WExperts), Some(vec![2, 8, 1, 256, 384]));
     // intermediate_size 512 in chunks of the experts' 128 columns.
     assert_eq!(shape(OperandKind::WMlp), Some(vec![2, 4, 256, 384]));
@@ -457,6 +458,13 @@ fn dense_mlp_layers_among_moe_layers_are_planned_reported_and_emitted() {
         palladium_dsl::ir::VerifyOptions { chip: Some(Chip::V6e) },
     )
     .unwrap_or_else(|e| panic!("{e}"));
+
+    // On 2 devices the dense MLP is split by intermediate columns (the experts go EP here).
+    let two = PlanOptions { devices: 2, ..options(Chip::V6e, 1, 256, None) };
+    let plan = Plan::new(&mixed, &two).unwrap();
+    assert_eq!(plan.dims.dense_intermediate, Some(256));
+    assert_eq!(shape_of(&plan, OperandKind::WMlp), Some(vec![2, 2, 256, 384]));
+    assert!(report::text(&plan).contains("its intermediate split 2 ways (256 columns per device)"));
 
     let moe = Plan::new(&spec("tiny-qwen3-moe"), &options(Chip::V6e, 1, 256, None)).unwrap();
     assert!(moe.layout.operand(OperandKind::WMlp).is_none());
