@@ -297,6 +297,47 @@ fn megakernel_tokens_per_seq_and_logits() {
     }
 }
 
+/// Dense-MLP layers among MoE layers (`mlp_only_layers`): the report lists every layer's
+/// kind (text and JSON); with int4 weights `run` is refused naming the config field, exit
+/// 1, nothing written.
+#[test]
+fn megakernel_lists_the_layer_kinds_and_int4_dense_layers_are_refused() {
+    let dir = scratch("megakernel_kinds");
+    let config = model("tiny-qwen3-moe-mlp-only-layers");
+    let args = ["megakernel", &config, "--chip", "v6e", "--out", dir.to_str().unwrap()];
+    let (ok, out, err) = palladium(&args);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(
+            "layer kinds (FFN stage per layer): 0 routed experts, 1 dense MLP, 2-3 routed experts"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("input w_mlp bf16[1, 4, 256, 384]"), "{out}");
+    let (ok, out, err) = palladium(&[&args[..], &["--json"]].concat());
+    assert!(ok, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).expect("--json prints JSON");
+    assert_eq!(json["layer_ffns"][1], "dense_mlp", "{json}");
+    let logits = dir.join("logits.json");
+    refused(
+        &[
+            "run",
+            &config,
+            "--random-weights",
+            "--prompt-ids",
+            "1,2",
+            "--steps",
+            "2",
+            "--weights-dtype",
+            "int4",
+            "--logits-out",
+            logits.to_str().unwrap(),
+        ],
+        "--weights-dtype int4 with dense-MLP layers (layers [1] by the config's mlp_only_layers / decoder_sparse_step)",
+    );
+    assert!(!logits.exists(), "nothing written");
+}
+
 #[test]
 fn a_megakernel_too_large_for_the_chip_is_refused_with_the_numbers() {
     let dir = scratch("megakernel_refused");

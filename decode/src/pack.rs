@@ -13,6 +13,11 @@
 //! - `w_experts` `[L, E, C, H, 3*block]`: each expert cut into `C` chunks of `block`
 //!   intermediate columns, a chunk `[gate^T | up^T | down]` (gate and up with
 //!   `post_attention_layernorm` folded), so one DMA fetches it.
+//!   Where dense-MLP layers sit among the MoE layers (Qwen3-MoE's `mlp_only_layers` /
+//!   `decoder_sparse_step`), `L` counts the MoE layers only, and
+//! - `w_mlp` `[L_dense, C_d, H, 3*block]` holds each dense-MLP layer's MLP cut as an
+//!   expert is (one chunk helper packs both); those layers' router columns in `w_stream`
+//!   are zero.
 //! - `head_norms` `f32[L, 8, hp]` (Qwen3): row 0 `q_norm`, row 1 `k_norm`.
 //! - `k_cache`, `v_cache` `bf16[L, B, kv_heads, T, hp]`: zeros ([`Packed::empty_caches`]).
 //!
@@ -44,7 +49,7 @@ use palladium_model::quant::{
     FP8_BLOCK, INT4_GROUP, QuantFormat, QuantizedTensor, QuantizedWeights, StoredTensor,
 };
 use palladium_model::spec::FfnKind;
-use palladium_model::weights::{FfnNames, ModelNames, Tensor, Weights, WeightsError};
+use palladium_model::weights::{FfnNames, MlpNames, ModelNames, Tensor, Weights, WeightsError};
 
 /// Why weights could not be packed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -105,11 +110,12 @@ fn bf(x: f32) -> f32 {
 struct DeviceShare {
     me: usize,
     /// Global counts: query heads, KV heads, query heads per KV head, experts'
-    /// intermediate, vocabulary.
+    /// intermediate, dense-MLP layers' intermediate (0 without such layers), vocabulary.
     heads: usize,
     kv_heads: usize,
     group: usize,
     intermediate: usize,
+    dense_intermediate: usize,
     vocab: usize,
     experts: usize,
     /// Per device.
@@ -118,6 +124,7 @@ struct DeviceShare {
     kv_replicas: usize,
     experts_per_device: usize,
     intermediate_per_device: usize,
+    dense_intermediate_per_device: usize,
     vocab_per_device: usize,
     expert_parallel: bool,
 }
@@ -128,13 +135,15 @@ impl DeviceShare {
         let us = |x: u64| x as usize;
         let global_heads = spec.attention.num_heads as usize;
         let global_kv = spec.attention.num_kv_heads as usize;
-        let intermediate = match spec.layers.first().map(|layer| &layer.ffn) {
-            Some(FfnKind::Moe(moe)) => moe.intermediate as usize,
-            _ => {
-                return Err(PackError::Layout(
-                    "the model's first layer is not an MoE layer".into(),
-                ));
-            }
+        let ffn = |moe: bool| {
+            spec.layers.iter().find_map(|layer| match (&layer.ffn, moe) {
+                (FfnKind::Moe(m), true) => Some(m.intermediate as usize),
+                (FfnKind::Dense { intermediate }, false) => Some(*intermediate as usize),
+                _ => None,
+            })
+        };
+        let Some(intermediate) = ffn(true) else {
+            return Err(PackError::Layout("the model has no MoE layer".into()));
         };
         let one = DeviceShare {
             me: 0,
@@ -142,6 +151,7 @@ impl DeviceShare {
             kv_heads: global_kv,
             group: global_heads / global_kv,
             intermediate,
+            dense_intermediate: ffn(false).unwrap_or(0),
             vocab: spec.vocab_size as usize,
             experts: us(d.experts),
             heads_per_device: us(d.heads),
@@ -149,6 +159,7 @@ impl DeviceShare {
             kv_replicas: 1,
             experts_per_device: us(d.experts_per_device),
             intermediate_per_device: us(d.intermediate),
+            dense_intermediate_per_device: us(d.dense_intermediate.unwrap_or(0)),
             vocab_per_device: us(d.vocab),
             expert_parallel: true,
         };
@@ -197,6 +208,13 @@ impl DeviceShare {
             self.me * self.intermediate_per_device + local
         };
         (g < self.intermediate).then_some(g)
+    }
+
+    /// The model's dense-MLP intermediate column of local column `local`: every device
+    /// holds a slice (TP), whichever split the experts take.
+    fn mlp_column(&self, local: usize) -> Option<usize> {
+        let g = self.me * self.dense_intermediate_per_device + local;
+        (g < self.dense_intermediate).then_some(g)
     }
 
     fn vocab_id(&self, local: usize) -> Option<usize> {
@@ -274,10 +292,11 @@ pub fn pack_device(
         let k = get(weights, &ln.k, &[global_kv * hd, h])?;
         let v = get(weights, &ln.v, &[global_kv * hd, h])?;
         let o = get(weights, &ln.o, &[h, global_heads * hd])?;
-        let FfnNames::Moe { router, .. } = &ln.ffn else {
-            return Err(PackError::Layout(format!("layer {li} is not an MoE layer")));
+        // A dense-MLP layer's router columns are zero.
+        let r = match &ln.ffn {
+            FfnNames::Moe { router, .. } => Some(get(weights, router, &[experts, h])?),
+            FfnNames::Dense(_) => None,
         };
-        let r = get(weights, router, &[experts, h])?;
         // Value of column `s` of segment `seg`, row (hidden index) `i`.
         let value = |seg: SegmentKind, s: usize, i: usize| -> f32 {
             match seg {
@@ -305,13 +324,10 @@ pub fn pack_device(
                         _ => 0.0,
                     }
                 }
-                SegmentKind::Router => {
-                    if s >= experts {
-                        0.0
-                    } else {
-                        bf(r.data[s * h + i]) * bf(g2.data[i])
-                    }
-                }
+                SegmentKind::Router => match r {
+                    Some(r) if s < experts => bf(r.data[s * h + i]) * bf(g2.data[i]),
+                    _ => 0.0,
+                },
             }
         };
         for ci in 0..n {
@@ -344,40 +360,48 @@ pub fn pack_device(
     out_names.push(OperandKind::WStream);
     arrays.push(HostArray::bf16_from_f32(&ss, &ws));
 
-    // w_experts [L, E, C, H, 3*eb]: gate | up (norm folded) | down columns
+    // w_experts [L, E, C, H, 3*eb] (the MoE layers): gate | up (norm folded) | down columns
     let xs = shape_of(OperandKind::WExperts);
     let mut wx = vec![0f32; xs.iter().product()];
-    for (li, ln) in names.layers.iter().take(l).enumerate() {
+    let moe_layers =
+        names.layers.iter().take(l).filter(|ln| matches!(ln.ffn, FfnNames::Moe { .. }));
+    for (slot, ln) in moe_layers.enumerate() {
         let g2 = get(weights, &ln.post_norm, &[h])?;
         let FfnNames::Moe { experts: ex, .. } = &ln.ffn else {
-            return Err(PackError::Layout(format!("layer {li} is not an MoE layer")));
+            unreachable!("filtered to the MoE layers");
         };
         for el in 0..share.experts_per_device {
             let Some(m) = share.expert(el).map(|g| &ex[g]) else {
                 continue;
             };
-            let gate = get(weights, &m.gate, &[inter, h])?;
-            let up = get(weights, &m.up, &[inter, h])?;
-            let down = get(weights, &m.down, &[h, inter])?;
-            for c in 0..ec {
-                let base = ((li * share.experts_per_device + el) * ec + c) * h * 3 * eb;
-                for i in 0..h {
-                    let g = bf(g2.data[i]);
-                    let row = &mut wx[base + i * 3 * eb..base + (i + 1) * 3 * eb];
-                    for j in 0..eb {
-                        let Some(col) = share.expert_column(c * eb + j) else {
-                            continue;
-                        };
-                        row[j] = bf(gate.data[col * h + i]) * g;
-                        row[eb + j] = bf(up.data[col * h + i]) * g;
-                        row[2 * eb + j] = bf(down.data[i * inter + col]);
-                    }
-                }
-            }
+            let size = (eb * 3 * h) * ec;
+            let at = (slot * share.experts_per_device + el) * size;
+            let mlp = MlpTensors::get(weights, m, inter, h)?;
+            mlp.pack_chunks(&mut wx[at..at + size], g2, eb, |x| share.expert_column(x));
         }
     }
     out_names.push(OperandKind::WExperts);
     arrays.push(HostArray::bf16_from_f32(&xs, &wx));
+
+    // w_mlp [L_dense, C_d, H, 3*eb] (dense-MLP layers among MoE layers): as an expert.
+    if layout.operand(OperandKind::WMlp).is_some() {
+        let ms = shape_of(OperandKind::WMlp);
+        let mut wm = vec![0f32; ms.iter().product()];
+        let size = ms[1..].iter().product::<usize>();
+        let dense_layers = names.layers.iter().take(l).filter_map(|ln| match &ln.ffn {
+            FfnNames::Dense(m) => Some((ln, m)),
+            FfnNames::Moe { .. } => None,
+        });
+        for (slot, (ln, m)) in dense_layers.enumerate() {
+            let g2 = get(weights, &ln.post_norm, &[h])?;
+            let mlp = MlpTensors::get(weights, m, share.dense_intermediate, h)?;
+            mlp.pack_chunks(&mut wm[slot * size..(slot + 1) * size], g2, eb, |x| {
+                share.mlp_column(x)
+            });
+        }
+        out_names.push(OperandKind::WMlp);
+        arrays.push(HostArray::bf16_from_f32(&ms, &wm));
+    }
 
     if d.qk_norm {
         out_names.push(OperandKind::HeadNorms);
@@ -391,6 +415,60 @@ pub fn pack_device(
         )?);
     }
     Ok(Packed { operands: out_names, arrays, cache_shape: shape_of(OperandKind::KCache) })
+}
+
+/// One gated MLP's bf16 weights (an expert's, or a dense-MLP layer's), `[out, in]`.
+struct MlpTensors<'w> {
+    gate: &'w Tensor,
+    up: &'w Tensor,
+    down: &'w Tensor,
+    intermediate: usize,
+    hidden: usize,
+}
+
+impl<'w> MlpTensors<'w> {
+    fn get(
+        weights: &'w Weights,
+        names: &MlpNames,
+        intermediate: usize,
+        hidden: usize,
+    ) -> Result<Self, PackError> {
+        Ok(MlpTensors {
+            gate: get(weights, &names.gate, &[intermediate, hidden])?,
+            up: get(weights, &names.up, &[intermediate, hidden])?,
+            down: get(weights, &names.down, &[hidden, intermediate])?,
+            intermediate,
+            hidden,
+        })
+    }
+
+    /// The MLP's chunks `[C, H, 3*block]` into `out`: chunk `c` row `i` is `[gate^T | up^T |
+    /// down]` over the local intermediate columns `c*block..(c+1)*block` (gate and up with
+    /// the post-attention norm `g2` folded); `column` maps a local column to the model's
+    /// (`None`: padding, left zero).
+    fn pack_chunks(
+        &self,
+        out: &mut [f32],
+        g2: &Tensor,
+        block: usize,
+        column: impl Fn(usize) -> Option<usize>,
+    ) {
+        let (h, inter) = (self.hidden, self.intermediate);
+        for (c, chunk) in out.chunks_mut(h * 3 * block).enumerate() {
+            for i in 0..h {
+                let g = bf(g2.data[i]);
+                let row = &mut chunk[i * 3 * block..(i + 1) * 3 * block];
+                for j in 0..block {
+                    let Some(col) = column(c * block + j) else {
+                        continue;
+                    };
+                    row[j] = bf(self.gate.data[col * h + i]) * g;
+                    row[block + j] = bf(self.up.data[col * h + i]) * g;
+                    row[2 * block + j] = bf(self.down.data[i * inter + col]);
+                }
+            }
+        }
+    }
 }
 
 /// `embed` `[ceil(V/16), 16, H]` bf16 from the embedding `[V, H]`.
@@ -610,19 +688,19 @@ pub fn pack_quantized_device(
         (vec![0f32; rs.iter().product()], vec![0f32; ns.iter().product()]);
     let (qrows, orows) = (qs[1], os[1]);
     for (li, ln) in names.layers.iter().take(l).enumerate() {
-        let FfnNames::Moe { router: router_name, .. } = &ln.ffn else {
-            return Err(PackError::Layout(format!("layer {li} is not an MoE layer")));
-        };
         for (row, name) in [&ln.input_norm, &ln.post_norm].into_iter().enumerate() {
             let g = plain(weights, name, &[h])?;
             for i in 0..h {
                 norms[(li * 8 + row) * h + i] = bf(g.data[i]);
             }
         }
-        let r = plain(weights, router_name, &[experts, h])?;
-        for i in 0..h {
-            for e in 0..experts {
-                router[(li * h + i) * epad + e] = bf(r.data[e * h + i]);
+        // A dense-MLP layer's router rows stay zero.
+        if let FfnNames::Moe { router: router_name, .. } = &ln.ffn {
+            let r = plain(weights, router_name, &[experts, h])?;
+            for i in 0..h {
+                for e in 0..experts {
+                    router[(li * h + i) * epad + e] = bf(r.data[e * h + i]);
+                }
             }
         }
         let qw = codes(weights, &ln.q, [global_heads * hd, h], dense_format)?;
@@ -741,45 +819,29 @@ pub fn pack_quantized_device(
         vec![0f32; xds.iter().product()],
     );
     // The down scales' operand rows are padded for the DMA (`CodeFormat::dma_scale_rows`).
-    let (in_rows, down_rows, down_stride) =
-        (xss[3], us(q.experts.scale_rows(layout.expert_block, d.intermediate)), xds[3]);
-    for (li, ln) in names.layers.iter().take(l).enumerate() {
+    let (in_rows, down_stride) = (xss[3], xds[3]);
+    let expert_chunks = MlpChunks {
+        h,
+        block: eb,
+        in_rows,
+        in_group,
+        down_rows: us(q.experts.scale_rows(layout.expert_block, d.intermediate)),
+        down_group,
+        down_stride,
+    };
+    let moe_layers =
+        names.layers.iter().take(l).filter(|ln| matches!(ln.ffn, FfnNames::Moe { .. }));
+    for (slot, ln) in moe_layers.enumerate() {
         let FfnNames::Moe { experts: ex, .. } = &ln.ffn else {
-            return Err(PackError::Layout(format!("layer {li} is not an MoE layer")));
+            unreachable!("filtered to the MoE layers");
         };
         for el in 0..share.experts_per_device {
             // Padding experts (EP) stay zero, codes and scales.
             let Some(m) = share.expert(el).map(|g| &ex[g]) else { continue };
-            let gate = codes(weights, &m.gate, [inter, h], expert_format)?;
-            let up = codes(weights, &m.up, [inter, h], expert_format)?;
-            let down = codes(weights, &m.down, [h, inter], expert_format)?;
-            for c in 0..ec {
-                let item = (li * share.experts_per_device + el) * ec + c;
-                for i in 0..h {
-                    let row = &mut wx[(item * h + i) * 3 * eb..(item * h + i + 1) * 3 * eb];
-                    for j in 0..eb {
-                        // The model's intermediate column (TP: the device's slice; padding zero).
-                        let Some(col) = share.expert_column(c * eb + j) else { continue };
-                        row[j] = gate.code(col, i);
-                        row[eb + j] = up.code(col, i);
-                        row[2 * eb + j] = down.code(i, col);
-                    }
-                }
-                for g in 0..in_rows {
-                    for j in 0..eb {
-                        let Some(col) = share.expert_column(c * eb + j) else { continue };
-                        let at = (item * in_rows + g) * 2 * eb;
-                        xsc[at + j] = gate.scale(col, g * in_group);
-                        xsc[at + eb + j] = up.scale(col, g * in_group);
-                    }
-                }
-                for g in 0..down_rows {
-                    let Some(col) = share.expert_column(c * eb + g * down_group) else { continue };
-                    for i in 0..h {
-                        xdsc[(item * down_stride + g) * h + i] = down.scale(i, col);
-                    }
-                }
-            }
+            let mlp = QuantizedMlp::get(weights, m, inter, h, expert_format)?;
+            let item = (slot * share.experts_per_device + el) * ec;
+            expert_chunks
+                .pack(&mlp, ec, item, (&mut wx, &mut xsc, &mut xdsc), |x| share.expert_column(x));
         }
     }
     out.extend([
@@ -787,6 +849,41 @@ pub fn pack_quantized_device(
         (OperandKind::ExpertScales, array(OperandKind::ExpertScales, &xsc)?),
         (OperandKind::ExpertDownScales, array(OperandKind::ExpertDownScales, &xdsc)?),
     ]);
+    // w_mlp [L_dense, C_d, H, 3*eb] codes and their scales, as an expert's (dense-MLP
+    // layers among MoE layers; the plan keeps them to the experts' code format).
+    if layout.operand(OperandKind::WMlp).is_some() {
+        let (ms, mss, mds) = (
+            shape_of(OperandKind::WMlp),
+            shape_of(OperandKind::MlpScales),
+            shape_of(OperandKind::MlpDownScales),
+        );
+        let (mut wm, mut msc, mut mdsc) = (
+            vec![0f32; ms.iter().product()],
+            vec![0f32; mss.iter().product()],
+            vec![0f32; mds.iter().product()],
+        );
+        let di = d.dense_intermediate.unwrap_or(0);
+        let mlp_chunks = MlpChunks {
+            down_rows: us(q.experts.scale_rows(layout.expert_block, di)),
+            down_group: us(q.experts.group_of(di)),
+            ..expert_chunks
+        };
+        let dense_layers = names.layers.iter().take(l).filter_map(|ln| match &ln.ffn {
+            FfnNames::Dense(m) => Some(m),
+            FfnNames::Moe { .. } => None,
+        });
+        for (slot, m) in dense_layers.enumerate() {
+            let mlp = QuantizedMlp::get(weights, m, share.dense_intermediate, h, expert_format)?;
+            mlp_chunks.pack(&mlp, ms[1], slot * ms[1], (&mut wm, &mut msc, &mut mdsc), |x| {
+                share.mlp_column(x)
+            });
+        }
+        out.extend([
+            (OperandKind::WMlp, array(OperandKind::WMlp, &wm)?),
+            (OperandKind::MlpScales, array(OperandKind::MlpScales, &msc)?),
+            (OperandKind::MlpDownScales, array(OperandKind::MlpDownScales, &mdsc)?),
+        ]);
+    }
     if d.qk_norm {
         let hs = shape_of(OperandKind::HeadNorms);
         out.push((
@@ -796,4 +893,85 @@ pub fn pack_quantized_device(
     }
     let (operands, arrays) = out.into_iter().unzip();
     Ok(Packed { operands, arrays, cache_shape: shape_of(OperandKind::KCache) })
+}
+
+/// One gated MLP's codes (an expert's, or a dense-MLP layer's), `[out, in]`.
+struct QuantizedMlp<'w> {
+    gate: &'w QuantizedTensor,
+    up: &'w QuantizedTensor,
+    down: &'w QuantizedTensor,
+}
+
+impl<'w> QuantizedMlp<'w> {
+    fn get(
+        weights: &'w QuantizedWeights,
+        names: &MlpNames,
+        intermediate: usize,
+        hidden: usize,
+        format: QuantFormat,
+    ) -> Result<Self, PackError> {
+        Ok(QuantizedMlp {
+            gate: codes(weights, &names.gate, [intermediate, hidden], format)?,
+            up: codes(weights, &names.up, [intermediate, hidden], format)?,
+            down: codes(weights, &names.down, [hidden, intermediate], format)?,
+        })
+    }
+}
+
+/// How a quantized MLP is cut into the expert ring's chunks: `[H, 3*block]` codes, their
+/// gate/up scales `[in_rows, 2*block]` (a group of `in_group` inputs a row) and down scales
+/// `[down_stride, H]` (the first `down_rows` rows real, a group of `down_group` inputs
+/// each).
+#[derive(Clone, Copy)]
+struct MlpChunks {
+    h: usize,
+    block: usize,
+    in_rows: usize,
+    in_group: usize,
+    down_rows: usize,
+    down_group: usize,
+    down_stride: usize,
+}
+
+impl MlpChunks {
+    /// `mlp`'s `chunks` chunks as items `first..first + chunks` of the (codes, scales, down
+    /// scales) arrays; `column` maps a local intermediate column to the model's (`None`:
+    /// padding, codes and scales left zero).
+    fn pack(
+        &self,
+        mlp: &QuantizedMlp,
+        chunks: usize,
+        first: usize,
+        (codes, scales, down_scales): (&mut [f32], &mut [f32], &mut [f32]),
+        column: impl Fn(usize) -> Option<usize>,
+    ) {
+        let (h, eb, in_rows) = (self.h, self.block, self.in_rows);
+        for c in 0..chunks {
+            let item = first + c;
+            for i in 0..h {
+                let row = &mut codes[(item * h + i) * 3 * eb..(item * h + i + 1) * 3 * eb];
+                for j in 0..eb {
+                    // The model's intermediate column (TP: the device's slice; padding zero).
+                    let Some(col) = column(c * eb + j) else { continue };
+                    row[j] = mlp.gate.code(col, i);
+                    row[eb + j] = mlp.up.code(col, i);
+                    row[2 * eb + j] = mlp.down.code(i, col);
+                }
+            }
+            for g in 0..in_rows {
+                for j in 0..eb {
+                    let Some(col) = column(c * eb + j) else { continue };
+                    let at = (item * in_rows + g) * 2 * eb;
+                    scales[at + j] = mlp.gate.scale(col, g * self.in_group);
+                    scales[at + eb + j] = mlp.up.scale(col, g * self.in_group);
+                }
+            }
+            for g in 0..self.down_rows {
+                let Some(col) = column(c * eb + g * self.down_group) else { continue };
+                for i in 0..h {
+                    down_scales[(item * self.down_stride + g) * h + i] = mlp.down.scale(i, col);
+                }
+            }
+        }
+    }
 }

@@ -17,7 +17,9 @@
 //!    each query row causal at its own position), o-proj pieces, then residual + norm and
 //!    the router piece; after the last chunk: softmax top-k, the distinct experts to SMEM,
 //!    the expert stream (each distinct expert fetched once by id right after routing,
-//!    applied to every row at its weight), residual;
+//!    applied to every row at its weight), residual; a dense-MLP layer (layers mixing
+//!    kinds, [`ffn`]) runs its MLP's chunks through the same ring instead, under an
+//!    `scf.if`;
 //! 3. final norm (folded) + `lm_head` chunks → the greedy id and maximum of every row
 //!    (and the f32 logits when the plan keeps them).
 //!
@@ -40,7 +42,7 @@
 use crate::spmd::{self, Spmd};
 use crate::{
     layout::{
-        CodeFormat, OperandKind,
+        CodeFormat, Ffn, OperandKind,
         SegmentKind::{OProj, Qkv, Router},
     },
     plan::{ExpertFetch, KvTiles, Plan, TWO_AHEAD_SLOTS, written_groups},
@@ -82,6 +84,10 @@ struct H {
     embed: Ref,
     stream: Ref,
     w_experts: Ref,
+    /// The dense-MLP layers' weights (and a quantized plan's scales, `[gate | up]` and
+    /// down), where layers mix kinds.
+    w_mlp: Option<Ref>,
+    mlp_scales: Option<(Ref, Ref)>,
     head_norms: Option<Ref>,
     logits: Option<Ref>,
     next_ids: Ref,
@@ -157,7 +163,9 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
     let mut kb = KernelBuilder::new("megakernel");
     kb.vmem_limit_bytes(plan.vmem_limit);
     kb.cost_estimate(
-        2 * (plan.traffic.dense + plan.traffic.lm_head + plan.traffic.experts) / 2 * tokens,
+        2 * (plan.traffic.dense + plan.traffic.lm_head + plan.traffic.experts + plan.traffic.mlp)
+            / 2
+            * tokens,
         0,
         plan.traffic.total,
     );
@@ -214,6 +222,8 @@ pub fn emit(plan: &Plan) -> Result<Kernel, BuildErrors> {
         embed: must(OperandKind::Embed),
         stream: must(OperandKind::WStream),
         w_experts: must(OperandKind::WExperts),
+        w_mlp: operand(OperandKind::WMlp),
+        mlp_scales: operand(OperandKind::MlpScales).zip(operand(OperandKind::MlpDownScales)),
         head_norms: operand(OperandKind::HeadNorms),
         logits: operand(OperandKind::Logits),
         next_ids: must(OperandKind::NextIds),
@@ -630,8 +640,34 @@ fn layer_body(p: &Plan, hd: H, layer: Val, base: Val) {
     });
     let xn2 = xn2
         .expect("the router segment is last (bf16) or the router is its own operand (quantized)");
-    let (routing, distinct) = route(p, hd, layer);
-    experts(p, hd, layer, xn2, routing, distinct);
+    ffn(p, hd, layer, xn2);
+}
+
+/// The layer's FFN stage on the normed post-attention residual `xn2`. Where every layer is
+/// MoE, the routed experts, unconditionally (nothing else is traced). Where dense-MLP
+/// layers sit among them, the layer's kind comes from a chain of scalar compares against
+/// the dense layers' indices (a few per layer, no table operand) and an `scf.if` runs
+/// either stage; each kind's weights are indexed by the layer's slot among its kind's
+/// layers.
+fn ffn(p: &Plan, hd: H, layer: Val, xn2: Val) {
+    let dense = p.layer_ffns.layers_of(Ffn::DenseMlp);
+    let moe = |moe_slot: Val| {
+        let (routing, distinct) = route(p, hd, layer);
+        experts(p, hd, moe_slot, xn2, routing, distinct);
+    };
+    if dense.is_empty() {
+        return moe(layer);
+    }
+    let is_dense =
+        dense.iter().map(|&l| eq(layer, l as i32)).reduce(|a, b| a | b).expect("not empty");
+    // The dense layers before this one: its slot in w_mlp, or the count to take off its
+    // index for its slot in w_experts.
+    let dense_before = dense
+        .iter()
+        .map(|&l| select(lt(scalar(l as i32), layer), scalar(1), scalar(0)))
+        .reduce(|a, b| a + b)
+        .expect("not empty");
+    if_else(is_dense, || dense_mlp(p, hd, dense_before, xn2), || moe(layer - dense_before));
 }
 
 /// Per-head q/k norm + RoPE into the head buffers, then attention for every (kv head,
@@ -952,8 +988,9 @@ fn record_non_finite(p: &Plan, status: Ref, layer: Val, logits: Val) {
 /// a power of two). Under EP a device may hold none of the chosen experts: its stream is
 /// the static worst case, entry 0 standing in (at weight zero) when the list is empty.
 fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Val) {
+    // `layer`: the layer's slot in `w_experts` (its index where every layer is MoE).
     let d = &p.dims;
-    let (eb, ec, slots) = (p.layout.expert_block, p.layout.expert_chunks, p.expert_slots);
+    let (ec, slots) = (p.layout.expert_chunks, p.expert_slots);
     let own_first = hd.spmd.and_then(|spmd| spmd.expert_first());
     let worst_case = p.expert_fetch == ExpertFetch::WorstCase || own_first.is_some();
     let total = match worst_case {
@@ -993,8 +1030,68 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
         }
         copies
     };
+    ffn_chunks(p, hd, total, ahead, ec, fetch, |slot, e, _| {
+        let chunk = ring_swiglu(p, hd, slot, xn2, d.intermediate);
+        let expert = match own_first {
+            Some(lo) => expert_id(e) + lo,
+            None => expert_id(e),
+        };
+        let weights = routing.weights_for(expert, d.tokens);
+        let weights = if worst_case { select(lt(e, distinct), weights, 0.0) } else { weights };
+        (chunk, Some(weights))
+    });
+}
+
+/// The SwiGLU of the chunk in expert-ring slot `slot` (`[gate | up | down]` columns, a
+/// quantized plan's codes with their scales in the ring's scale slots) on `xn2`: an
+/// expert's, or a dense MLP's, of `intermediate` columns (the down projection's inputs,
+/// which its scale groups count).
+fn ring_swiglu(p: &Plan, hd: H, slot: Val, xn2: Val, intermediate: u64) -> Val {
+    let eb = p.layout.expert_block;
+    let columns = |part: u64| hd.ex_buf.load((slot, .., part * eb..(part + 1) * eb));
+    match (hd.quant, p.layout.quant) {
+        (Some(q), Some(f)) => {
+            let f = f.experts;
+            let block = |part: u64, values: Val, weight_inputs: u64| QuantizedBlock {
+                codes: columns(part),
+                scales: GroupScales { values, group: f.group_of(weight_inputs) },
+            };
+            let gate_up = |part: u64| q.ex_sc.load((slot, .., part * eb..(part + 1) * eb));
+            let (h, i) = (p.dims.hidden, intermediate);
+            token_rows(p, xn2, |x| {
+                swiglu_chunk(
+                    x,
+                    block(0, gate_up(0), h),
+                    block(1, gate_up(1), h),
+                    block(2, q.ex_dsc.load((slot, 0..f.scale_rows(eb, i), ..)), i),
+                    WeightLayout::OutIn,
+                )
+            })
+        }
+        _ => swiglu_chunk(xn2, columns(0), columns(1), columns(2), WeightLayout::OutIn),
+    }
+}
+
+/// An FFN stage's chunk stream through the expert ring, shared by the routed experts and
+/// the dense MLP: `total` items (item `(e, c)`: chunk `c < chunks` of entry `e`), the first
+/// `ahead` issued before the loop, each computed after the next one's wait
+/// ([`pipeline_lagged`]); `chunk(slot, e, c)` gives the item's output and its per-row
+/// weights (`None`: every row at weight 1), summed into the FFN accumulator; then the
+/// all-reduce (N devices) and the residual add.
+fn ffn_chunks(
+    p: &Plan,
+    hd: H,
+    total: Val,
+    ahead: u64,
+    chunks: u64,
+    fetch: impl Fn(Val, Val, Val) -> Vec<Dma>,
+    chunk: impl Fn(Val, Val, Val) -> (Val, Option<Val>),
+) {
+    let slots = p.expert_slots;
     for it in 0..ahead {
-        for dma in fetch(scalar((it / ec) as i32), scalar((it % ec) as i32), scalar(it as i32)) {
+        for dma in
+            fetch(scalar((it / chunks) as i32), scalar((it % chunks) as i32), scalar(it as i32))
+        {
             dma.start();
         }
     }
@@ -1007,7 +1104,7 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
         |_, &(slot, e, c)| {
             let mut item = ExpertItem { pair: e, chunk: c };
             for _ in 0..ahead {
-                item = item.next(ec);
+                item = item.next(chunks);
             }
             for dma in fetch(item.pair, item.chunk, ring_add(slot, ahead, slots)) {
                 dma.start();
@@ -1019,36 +1116,16 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
             }
         },
         |_, (slot, e, c): (Val, Val, Val)| {
-            let columns = |part: u64| hd.ex_buf.load((slot, .., part * eb..(part + 1) * eb));
-            let chunk = match (hd.quant, p.layout.quant) {
-                (Some(q), Some(f)) => {
-                    let f = f.experts;
-                    let block = |part: u64, values: Val, weight_inputs: u64| QuantizedBlock {
-                        codes: columns(part),
-                        scales: GroupScales { values, group: f.group_of(weight_inputs) },
-                    };
-                    let gate_up = |part: u64| q.ex_sc.load((slot, .., part * eb..(part + 1) * eb));
-                    let (h, i) = (d.hidden, d.intermediate);
-                    token_rows(p, xn2, |x| {
-                        swiglu_chunk(
-                            x,
-                            block(0, gate_up(0), h),
-                            block(1, gate_up(1), h),
-                            block(2, q.ex_dsc.load((slot, 0..f.scale_rows(eb, i), ..)), i),
-                            WeightLayout::OutIn,
-                        )
-                    })
-                }
-                _ => swiglu_chunk(xn2, columns(0), columns(1), columns(2), WeightLayout::OutIn),
-            };
-            let expert = match own_first {
-                Some(lo) => expert_id(e) + lo,
-                None => expert_id(e),
-            };
-            let weights = routing.weights_for(expert, d.tokens);
-            let weights = if worst_case { select(lt(e, distinct), weights, 0.0) } else { weights };
-            hd.acc.store(.., hd.acc.load(..) + chunk * weights);
-            let next = ExpertItem { pair: e, chunk: c }.next(ec);
+            let (y, weights) = chunk(slot, e, c);
+            let acc = hd.acc.load(..);
+            hd.acc.store(
+                ..,
+                match weights {
+                    Some(w) => acc + y * w,
+                    None => acc + y,
+                },
+            );
+            let next = ExpertItem { pair: e, chunk: c }.next(chunks);
             (ring_add(slot, 1, slots), next.pair, next.chunk)
         },
     );
@@ -1056,4 +1133,40 @@ fn experts(p: &Plan, hd: H, layer: Val, xn2: Val, routing: Routing, distinct: Va
         spmd.all_reduce(hd.acc);
     }
     hd.x.store(.., residual_add(hd.x.load(..), hd.acc.load(..)));
+}
+
+/// A dense-MLP layer's FFN (Qwen3-MoE's `mlp_only_layers` / `decoder_sparse_step`): its
+/// `mlp_chunks` chunks (`[gate^T | up^T | down]`, the post-attention norm folded, as an
+/// expert's) from `w_mlp[slot]` through the expert ring, every row at weight 1. On N
+/// devices each holds its slice of the intermediate columns; the accumulator's
+/// all-reduce sums them.
+fn dense_mlp(p: &Plan, hd: H, slot: Val, xn2: Val) {
+    let w_mlp = hd.w_mlp.expect("a plan with dense-MLP layers has w_mlp");
+    let chunks = p.layout.mlp_chunks;
+    // The chunk's codes, and a quantized plan's scales with them (as an expert's).
+    let fetch = |_: Val, c: Val, ring_slot: Val| {
+        let mut copies = vec![async_copy(
+            w_mlp.at((slot, c)),
+            hd.ex_buf.at(ring_slot),
+            hd.ex_sems.at(ring_slot),
+        )];
+        if let (Some(q), Some((scales, down_scales))) = (hd.quant, hd.mlp_scales) {
+            copies.push(async_copy(
+                scales.at((slot, c)),
+                q.ex_sc.at(ring_slot),
+                q.ex_sc_sems.at((0, ring_slot)),
+            ));
+            copies.push(async_copy(
+                down_scales.at((slot, c)),
+                q.ex_dsc.at(ring_slot),
+                q.ex_sc_sems.at((1, ring_slot)),
+            ));
+        }
+        copies
+    };
+    let ahead = (p.expert_slots - 1).min(chunks - 1);
+    let intermediate = p.dims.dense_intermediate.expect("a plan with dense-MLP layers");
+    ffn_chunks(p, hd, scalar(chunks as i32), ahead, chunks, fetch, |ring_slot, _, _| {
+        (ring_swiglu(p, hd, ring_slot, xn2, intermediate), None)
+    });
 }

@@ -2,9 +2,11 @@
 //! layer-level ops (norms, projections, RoPE, attention, router, experts, residual adds),
 //! with the Hugging Face weights each op reads.
 //!
-//! Every layer of the supported models has the same kind (full or sliding attention, MoE
-//! FFN), so one graph describes all of them; [`LayerGraph::kind`] names it and
-//! [`crate::plan`] refuses models whose layers differ in kind. The graph is the input of the
+//! The MoE layers of the supported models have one kind (full or sliding attention, MoE
+//! FFN), so one graph describes all of them ([`crate::plan::rewritten_layer`]'s);
+//! [`LayerGraph::kind`] names it and [`crate::plan`] refuses models whose MoE layers differ
+//! in kind. Dense-MLP layers among them ([`crate::layout::Ffn::DenseMlp`]) share their
+//! attention and the dense stream's form; their MLP is chunked as an expert is. The graph is the input of the
 //! egg rewrites ([`crate::rewrite`]), which see it as one expression with shared subterms
 //! ([`LayerGraph::to_expr`]).
 

@@ -35,6 +35,82 @@ impl SegmentKind {
     }
 }
 
+/// A layer's FFN stage: what the megakernel runs on the layer's post-attention residual.
+/// The attention stages and the dense stream (q/k/v, `o_proj`, router segments) are the
+/// same for every kind, so the dense ring's banks and chunk indices stay uniform across
+/// layers; the kind picks the FFN stage, both of which stream their chunks through the
+/// same expert ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ffn {
+    /// The router, top-k and the routed experts (`w_experts`).
+    RoutedExperts,
+    /// One gated MLP (`w_mlp`), every row at weight 1: Qwen3-MoE's `mlp_only_layers` /
+    /// `decoder_sparse_step`. Its router columns in the dense stream are zero, streamed and
+    /// projected like any layer's (a uniform stream), and never read.
+    DenseMlp,
+}
+
+impl Ffn {
+    pub fn name(self) -> &'static str {
+        match self {
+            Ffn::RoutedExperts => "routed experts",
+            Ffn::DenseMlp => "dense MLP",
+        }
+    }
+}
+
+/// The FFN kind of every planned layer, and each layer's index among the layers of its
+/// kind (its slot in `w_experts` or `w_mlp`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct LayerFfns(pub Vec<Ffn>);
+
+impl LayerFfns {
+    /// Whether every layer has the routed experts (the plan, the operands and the emitted
+    /// kernel are then exactly those of a model with MoE layers only).
+    pub fn all_routed(&self) -> bool {
+        self.0.iter().all(|&f| f == Ffn::RoutedExperts)
+    }
+
+    /// The layers of kind `kind`, in order.
+    pub fn layers_of(&self, kind: Ffn) -> Vec<u64> {
+        (0..self.0.len() as u64).filter(|&l| self.0[l as usize] == kind).collect()
+    }
+
+    pub fn count(&self, kind: Ffn) -> u64 {
+        self.0.iter().filter(|&&f| f == kind).count() as u64
+    }
+
+    /// Layer `layer`'s slot among the layers of its kind.
+    pub fn slot(&self, layer: usize) -> usize {
+        self.0[..layer].iter().filter(|&&f| f == self.0[layer]).count()
+    }
+
+    /// The kinds in runs, `"0-1 routed experts, 2 dense MLP, 3 routed experts"`.
+    pub fn describe(&self) -> String {
+        let mut runs: Vec<(usize, usize, Ffn)> = Vec::new();
+        for (l, &f) in self.0.iter().enumerate() {
+            match runs.last_mut() {
+                Some((_, end, kind)) if *kind == f => *end = l,
+                _ => runs.push((l, l, f)),
+            }
+        }
+        runs.iter()
+            .map(
+                |&(a, b, f)| {
+                    if a == b {
+                        format!("{a} {}", f.name())
+                    } else {
+                        format!("{a}-{b} {}", f.name())
+                    }
+                },
+            )
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// One fused weight in a column range of each layer's dense stream.
 #[derive(Clone, Debug, Serialize)]
 pub struct Segment {
@@ -65,6 +141,8 @@ pub enum OperandKind {
     Embed,
     WStream,
     WExperts,
+    /// The dense-MLP layers' weights (only where layers mix kinds, [`Ffn::DenseMlp`]).
+    WMlp,
     HeadNorms,
     KCache,
     VCache,
@@ -87,6 +165,9 @@ pub enum OperandKind {
     LmScales,
     ExpertScales,
     ExpertDownScales,
+    /// A quantized plan's dense-MLP scales (where layers mix kinds), as the experts'.
+    MlpScales,
+    MlpDownScales,
 }
 
 impl OperandKind {
@@ -98,6 +179,7 @@ impl OperandKind {
             OperandKind::Embed => "embed",
             OperandKind::WStream => "w_stream",
             OperandKind::WExperts => "w_experts",
+            OperandKind::WMlp => "w_mlp",
             OperandKind::HeadNorms => "head_norms",
             OperandKind::KCache => "k_cache",
             OperandKind::VCache => "v_cache",
@@ -115,6 +197,8 @@ impl OperandKind {
             OperandKind::LmScales => "lm_scales",
             OperandKind::ExpertScales => "expert_scales",
             OperandKind::ExpertDownScales => "expert_down_scales",
+            OperandKind::MlpScales => "mlp_scales",
+            OperandKind::MlpDownScales => "mlp_down_scales",
         }
     }
 
@@ -147,6 +231,10 @@ pub(crate) fn display<S: Serializer, T: std::fmt::Display>(
     s: S,
 ) -> Result<S::Ok, S::Error> {
     s.collect_str(value)
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One stacked operand of the megakernel.
@@ -246,6 +334,10 @@ pub struct StreamLayout {
     /// Expert chunk width (intermediate columns) and chunks per expert.
     pub expert_block: u64,
     pub expert_chunks: u64,
+    /// Chunks of `expert_block` intermediate columns of one dense MLP (`w_mlp`), 0 when
+    /// every layer is MoE.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub mlp_chunks: u64,
     /// In call order (Pallas's: scalar prefetch, inputs, outputs).
     pub operands: Vec<Operand>,
     /// The quantized weights' formats; `None` for bf16 weights (norms folded).

@@ -34,7 +34,9 @@
 //! (`--tokens-per-seq`, row `r = b * K + k` is sequence `b`'s `k`-th new token), `rows` =
 //! `B * K` rounded up to 16, `H` hidden, `hp` = `head_dim`
 //! rounded up to 128, `E` experts, `I` expert intermediate, `cw` = [`layout::StreamLayout::chunk_cols`],
-//! `n` = dense chunks per layer, `C` = `I / expert_block`, `T` = cache positions):
+//! `n` = dense chunks per layer, `C` = `I / expert_block`, `T` = cache positions; where
+//! dense-MLP layers sit among the MoE layers, `L_moe` and `L_dense` count each kind,
+//! `C_d` = `intermediate_size / expert_block`):
 //!
 //! | # | name | type | space | content |
 //! |---|---|---|---|---|
@@ -42,7 +44,8 @@
 //! | 1 | `positions` | `i32[B]` | SMEM (scalar prefetch) | position `p` of the sequence's first new token (token `k` at `p + k`, attending to `0..=p+k`) |
 //! | 2 | `embed` | `bf16[ceil(V/16), 16, H]` | HBM | `embed_tokens.weight` reshaped, zero rows past `V` |
 //! | 3 | `w_stream` | `bf16[L*n + ceil(V/cw), H, cw]` | HBM | the dense stream: per layer `[q|k|v heads (transposed, input_layernorm folded) | o_proj.weight (heads padded to hp) | router^T (post_attention_layernorm folded, padded to 128)]` in `n` chunks of `cw` columns, then `lm_head^T` with the final norm folded in chunks of `cw` columns |
-//! | 4 | `w_experts` | `bf16[L, E, C, H, 3*block]` | HBM | chunk `c` of expert `e`, one DMA: `[gate^T cols | up^T cols` (post-attention norm folded) `| down_proj.weight cols]` |
+//! | 4 | `w_experts` | `bf16[L, E, C, H, 3*block]` (`L_moe` where layers mix kinds) | HBM | chunk `c` of expert `e`, one DMA: `[gate^T cols | up^T cols` (post-attention norm folded) `| down_proj.weight cols]` |
+//! | | `w_mlp` (only where layers mix kinds) | `bf16[L_dense, C_d, H, 3*block]` | HBM | chunk `c` of a dense-MLP layer's MLP, as an expert's; those layers' router columns in `w_stream` are zero |
 //! | 5 | `head_norms` (Qwen3 only) | `f32[L, 8, hp]` | HBM | row 0 `q_norm`, row 1 `k_norm` |
 //! | | `k_cache`, `v_cache` | `bf16[L, B, kv_heads, T, hp]` | HBM | K (normed, roped) / V; aliased to outputs |
 //! | out | `logits` (only with `--logits`) | `f32[ceil(V/cw), rows, cw]` | VMEM | logit of token row r, token v at `[v / cw, r, v % cw]` |
@@ -59,8 +62,40 @@
 //! `w_router bf16[L, H, 128*ceil(E/128)]`, `norms f32[L+1, 8, H]` (input and post-attention
 //! norms per layer, the final norm at `L`), `w_lm_head` (`i8` or bf16 `[ceil(V/cw), H, cw]`),
 //! `lm_scales f32[ceil(V/cw), 1, cw]` (int8 `lm_head` only), `expert_scales f32[L, E, C,
-//! H/group, 2*block]` and `expert_down_scales f32[L, E, C, block/group, H]`. The kernel then
+//! H/group, 2*block]` and `expert_down_scales f32[L, E, C, block/group, H]` (then, where
+//! layers mix kinds, `mlp_scales f32[L_dense, C_d, H/group, 2*block]` and `mlp_down_scales
+//! f32[L_dense, C_d, block/group, H]`, `w_mlp` in the experts' code dtype). The kernel then
 //! applies every RMSNorm weight itself.
+//!
+//! # Layer kinds
+//!
+//! The plan holds every layer's FFN stage ([`plan::Plan::layer_ffns`],
+//! [`layout::Ffn`]): routed experts, or a dense MLP (Qwen3-MoE's `mlp_only_layers` /
+//! `decoder_sparse_step`); one attention kind for every layer. The dense stream is
+//! uniform per layer, so the dense ring is unchanged; the dense MLP streams its chunks
+//! (shaped as an expert's) through the expert ring; the emitted layer loop picks the stage
+//! under an `scf.if` from scalar compares of the layer index, and emits nothing new where
+//! every layer is MoE. Quantized plans (int8, fp8) lay the dense MLP's codes and scales
+//! out as an expert's (`w_mlp`, `mlp_scales`, `mlp_down_scales`); int4 is refused (its
+//! scheme keeps a dense MLP int8, the expert ring holds int4 codes).
+//!
+//! Adding the dense-MLP stage (bf16 and quantized, 1 and N devices) touched 8 source files
+//! with code, against the count of about 17 files and 30 functions for a layer
+//! feature: `options.rs` (`Dims`), `layout.rs` (`Ffn`, `LayerFfns`, `OperandKind`,
+//! `StreamLayout`), `plan.rs` (`Plan`, `Traffic`, `rewritten_layer`, `layer_weight_bytes`,
+//! `Plan::for_devices`, `dense_intermediate`, `supported`, `dims`, `rewrites`,
+//! `stream_layout`, `hbm_fit`, `weight_traffic`, `traffic`), `shard.rs` (`split`),
+//! `emit.rs` (`H`, `emit`, `layer_body`, `ffn`, `experts`, `ring_swiglu`, `ffn_chunks`,
+//! `dense_mlp`), `report.rs` (`text`, `layer_kinds`, `operand_source`, `bf16_source`,
+//! `quantized_source`), `unfused.rs` (`unfused_kernels`: refuses what it would misprice)
+//! and `palladium-decode`'s `pack.rs` (`DeviceShare`, `DeviceShare::new`,
+//! `DeviceShare::mlp_column`, `pack_device`, `pack_quantized_device`, `MlpTensors`,
+//! `QuantizedMlp`, `MlpChunks`): 41 functions and types, 13 of them new
+//! (six of the others only gained a field or an enum case), plus the doc comments of this
+//! crate and `graph.rs`. The model crate (spec, parse, weights, reference, quantization),
+//! the graph, the rewrites, the scratch, the collectives, the router and the kernel bodies
+//! were not touched: the model crate already parsed the per-layer FFN kind, and the dense
+//! MLP reuses the expert ring and the SwiGLU chunk body.
 //!
 //! The exact per-element mapping from Hugging Face tensor names (transposes, folding,
 //! padding) is in [`report::operand_source`], printed by the report for every operand.

@@ -123,6 +123,11 @@ pub struct Dims {
     pub experts_pad: u64,
     pub top_k: u64,
     pub intermediate: u64,
+    /// The dense-MLP layers' intermediate size (this device's columns: split like TP
+    /// experts', padded to 128 lanes per device), where the planned layers mix dense-MLP
+    /// layers among MoE layers; `None` when every layer is MoE.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dense_intermediate: Option<u64>,
     pub vocab: u64,
     pub batch: u64,
     /// New tokens per sequence in one step (`K`).

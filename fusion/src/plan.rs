@@ -38,7 +38,8 @@
 
 use crate::graph::{LayerGraph, LayerKind, Weight, WeightKind};
 use crate::layout::{
-    CodeFormat, Operand, OperandKind, QuantLayout, Segment, SegmentKind, StreamLayout,
+    CodeFormat, Ffn, LayerFfns, Operand, OperandKind, QuantLayout, Segment, SegmentKind,
+    StreamLayout,
 };
 use crate::options::{product, round_up, total};
 use crate::rewrite::{FusedWeight, Rewritten, rewrite};
@@ -136,6 +137,10 @@ pub struct Plan {
     pub layers: usize,
     pub model_layers: usize,
     pub layer_kind: String,
+    /// Each planned layer's FFN stage (listed where the layers mix kinds; the attention
+    /// kind is `layer_kind`'s for every layer).
+    #[serde(skip_serializing_if = "LayerFfns::all_routed")]
+    pub layer_ffns: LayerFfns,
     /// `--context`: positions attended over (the cache holds `dims.positions`).
     pub context: u64,
     pub dims: Dims,
@@ -187,6 +192,9 @@ pub struct Traffic {
     /// The experts fetched per step at the static worst case, `min(E, batch * K * top_k)`
     /// distinct experts per layer, each once: what the step is priced at.
     pub experts: u64,
+    /// The dense-MLP layers' weights, each read once per step (0 when every layer is MoE).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub mlp: u64,
     /// Without deduplication: one fetch per (row, slot), `batch * K * top_k` per layer.
     pub experts_without_dedupe: u64,
     /// Under uniform routing (each row's `top_k` experts drawn uniformly, independently of
@@ -207,13 +215,26 @@ pub struct Traffic {
     pub dmas: u64,
 }
 
-/// Every per-layer weight with its bytes, in graph order (the input of [`rewrite`]).
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The layer whose graph the rewrites read: the first MoE layer (the dense stream's
+/// segments and the experts' fused form come from it; a dense-MLP layer's chunks take the
+/// experts' form), layer 0 where there is none.
+pub fn rewritten_layer(spec: &ModelSpec) -> usize {
+    spec.layers.iter().position(|l| matches!(l.ffn, FfnKind::Moe(_))).unwrap_or(0)
+}
+
+/// Every weight of the [`rewritten_layer`] with its bytes, in graph order (the input of
+/// [`rewrite`]).
 pub fn layer_weight_bytes(spec: &ModelSpec) -> Vec<(Weight, u64)> {
-    let g = LayerGraph::build(spec, 0);
+    let index = rewritten_layer(spec);
+    let g = LayerGraph::build(spec, index);
     let h = spec.hidden_size;
     let a = &spec.attention;
     let (q, kv) = (a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim);
-    let ffn = match &spec.layers[0].ffn {
+    let ffn = match &spec.layers[index].ffn {
         FfnKind::Moe(m) => m.intermediate,
         FfnKind::Dense { intermediate } => *intermediate,
     };
@@ -228,7 +249,7 @@ pub fn layer_weight_bytes(spec: &ModelSpec) -> Vec<(Weight, u64)> {
                 let b = match weight.kind {
                     WeightKind::QProj | WeightKind::OProj => 2 * h * q,
                     WeightKind::KProj | WeightKind::VProj => 2 * h * kv,
-                    WeightKind::Router => match &spec.layers[0].ffn {
+                    WeightKind::Router => match &spec.layers[index].ffn {
                         FfnKind::Moe(m) => 2 * h * m.num_experts,
                         FfnKind::Dense { .. } => 0,
                     },
@@ -237,7 +258,7 @@ pub fn layer_weight_bytes(spec: &ModelSpec) -> Vec<(Weight, u64)> {
                 out.push((weight.clone(), b))
             }
             Experts { gate, up, down } => {
-                if let FfnKind::Moe(m) = &spec.layers[0].ffn {
+                if let FfnKind::Moe(m) = &spec.layers[index].ffn {
                     for w in [gate, up, down] {
                         // Saturating: a cost for the rewrites, where any huge value ranks the same.
                         out.push((w.clone(), (2 * h * m.intermediate).saturating_mul(m.top_k)));
@@ -352,12 +373,13 @@ impl Plan {
     /// [`Plan::new`] for any power-of-two device count, HBM per device unchecked where
     /// there are several (the caller refuses or searches).
     fn for_devices(spec: &ModelSpec, options: &PlanOptions) -> Result<Plan, PlanError> {
-        let (layers, kind, moe) = supported(spec, options)?;
-        let (dims, block_kv) = dims(spec, moe, options);
+        let (layers, kind, moe, layer_ffns) = supported(spec, options)?;
+        let (dims, block_kv) = dims(spec, moe, &layer_ffns, options);
         let vocab = dims.vocab;
-        let (dims, split) = shard::split(dims, options, layers)?;
+        let moe_layers = layer_ffns.count(Ffn::RoutedExperts) as usize;
+        let (dims, split) = shard::split(dims, options, moe_layers)?;
         let extracted = rewrites(spec, &dims)?;
-        let layout = stream_layout(spec, options, layers, &dims, &extracted)?;
+        let layout = stream_layout(spec, options, &layer_ffns, &dims, &extracted)?;
         let rings = prefetch_schedule(options, layers, &dims, &layout);
         let scratch = MegakernelScratch::declare(
             &dims,
@@ -381,20 +403,32 @@ impl Plan {
             &dims,
             &layout,
         )?;
-        let traffic = traffic(spec, options, layers, &dims, &layout, block_kv)?;
+        let traffic = traffic(spec, options, &layer_ffns, &dims, &layout, block_kv)?;
         let sharding =
             split.map(|split| shard::sharding(options, layers, &dims, vocab, split)).transpose()?;
-        Ok(Plan {
-            model: format!(
+        let model = if layer_ffns.all_routed() {
+            format!(
                 "{} ({} layers of {})",
                 spec.family.model_type(),
                 spec.layers.len(),
                 kind.describe()
-            ),
+            )
+        } else {
+            format!(
+                "{} ({} layers: MoE layers of {}, dense-MLP layers of intermediate {})",
+                spec.family.model_type(),
+                spec.layers.len(),
+                kind.describe(),
+                dense_intermediate(spec).unwrap_or(0)
+            )
+        };
+        Ok(Plan {
+            model,
             chip: options.chip,
             layers,
             model_layers: spec.layers.len(),
             layer_kind: kind.describe(),
+            layer_ffns,
             context: options.context,
             dims,
             graph: extracted.graph.describe(),
@@ -440,12 +474,22 @@ fn fewest_devices(spec: &ModelSpec, options: &PlanOptions) -> Option<String> {
     })
 }
 
-/// The options in range and a model the megakernel supports: the layers planned, their
-/// kind, and their MoE FFN.
+/// The dense-MLP layers' intermediate size (`intermediate_size`), if the model has such
+/// layers.
+fn dense_intermediate(spec: &ModelSpec) -> Option<u64> {
+    spec.layers.iter().find_map(|l| match l.ffn {
+        FfnKind::Dense { intermediate } => Some(intermediate),
+        FfnKind::Moe(_) => None,
+    })
+}
+
+/// The options in range and a model the megakernel supports: the layers planned, the kind
+/// of their MoE layers, their MoE FFN, and every layer's FFN stage (dense-MLP layers may
+/// sit among the MoE layers; every layer has the same attention).
 fn supported<'s>(
     spec: &'s ModelSpec,
     options: &PlanOptions,
-) -> Result<(usize, LayerKind, &'s MoeSpec), PlanError> {
+) -> Result<(usize, LayerKind, &'s MoeSpec, LayerFfns), PlanError> {
     if options.batch == 0 || options.batch > 16 {
         return Err(PlanError::Invalid(format!("--batch {} (supported: 1..=16)", options.batch)));
     }
@@ -479,20 +523,57 @@ fn supported<'s>(
             spec.layers.len()
         )));
     }
-    let kind = LayerKind::of(&spec.layers[0]);
-    if let Some(l) = spec.layers[..layers].iter().find(|l| LayerKind::of(l) != kind) {
+    let planned = &spec.layers[..layers];
+    // The dense-MLP layers' config fields, for the refusals that name them.
+    let dense_fields = "mlp_only_layers / decoder_sparse_step";
+    let Some(first_moe) = planned.iter().find(|l| matches!(l.ffn, FfnKind::Moe(_))) else {
         return Err(PlanError::Unsupported(format!(
-            "layers of different kinds (layer 0: {}; layer {}: {}): one stack per kind is planned, not emitted yet",
+            "no MoE layer among the {layers} planned layers (every one is a dense MLP by the config's {dense_fields}): the megakernel plans MoE models, dense-MLP layers only among MoE layers"
+        )));
+    };
+    let kind = LayerKind::of(first_moe);
+    // A dense-MLP layer is the MoE layers' kind but for its FFN: same attention.
+    let same_kind = |l: &palladium_model::LayerSpec| match l.ffn {
+        FfnKind::Moe(_) => LayerKind::of(l) == kind,
+        FfnKind::Dense { .. } => l.attention == first_moe.attention,
+    };
+    if let Some(l) = planned.iter().find(|l| !same_kind(l)) {
+        return Err(PlanError::Unsupported(format!(
+            "layers of different kinds (layer {}: {}; layer {}: {}): one attention kind and one MoE shape for all layers (dense-MLP layers may sit among them), not emitted yet",
+            first_moe.index,
             kind.describe(),
             l.index,
             LayerKind::of(l).describe()
         )));
     }
-    let FfnKind::Moe(moe) = &spec.layers[0].ffn else {
-        return Err(PlanError::Unsupported(
-            "dense-MLP layers (only MoE layers are emitted so far)".into(),
-        ));
+    let FfnKind::Moe(moe) = &first_moe.ffn else {
+        unreachable!("found as an MoE layer");
     };
+    let layer_ffns = LayerFfns(
+        planned
+            .iter()
+            .map(|l| match l.ffn {
+                FfnKind::Moe(_) => Ffn::RoutedExperts,
+                FfnKind::Dense { .. } => Ffn::DenseMlp,
+            })
+            .collect(),
+    );
+    if !layer_ffns.all_routed() {
+        // The dense MLP's chunks go through the expert ring, so its codes must be the
+        // experts': int4's scheme keeps a dense MLP int8 (the dense weights' format).
+        if options.weights == WeightsDtype::Int4 {
+            return Err(PlanError::Unsupported(format!(
+                "--weights-dtype int4 with dense-MLP layers (layers {:?} by the config's {dense_fields}): the int4 scheme stores a dense MLP as int8 per channel, and the expert ring its chunks stream through holds int4 codes (int8 and fp8 are planned)",
+                layer_ffns.layers_of(Ffn::DenseMlp)
+            )));
+        }
+        let i = dense_intermediate(spec).unwrap_or(0);
+        if i == 0 || !i.is_multiple_of(128) {
+            return Err(PlanError::Unsupported(format!(
+                "intermediate_size {i} of the dense-MLP layers ({dense_fields}): must be a multiple of 128"
+            )));
+        }
+    }
     if moe.shared.is_some() {
         return Err(PlanError::Unsupported("shared experts".into()));
     }
@@ -513,11 +594,16 @@ fn supported<'s>(
             moe.intermediate
         )));
     }
-    Ok((layers, kind, moe))
+    Ok((layers, kind, moe, layer_ffns))
 }
 
 /// The model's dimensions as the kernel uses them, and the KV tile size.
-fn dims(spec: &ModelSpec, moe: &MoeSpec, options: &PlanOptions) -> (Dims, u64) {
+fn dims(
+    spec: &ModelSpec,
+    moe: &MoeSpec,
+    layer_ffns: &LayerFfns,
+    options: &PlanOptions,
+) -> (Dims, u64) {
     let a = &spec.attention;
     let batch = options.batch;
     // Tiles of up to 1024 positions: libtpu's v6e estimate of Qwen3-30B-A3B at batch 8
@@ -536,6 +622,7 @@ fn dims(spec: &ModelSpec, moe: &MoeSpec, options: &PlanOptions) -> (Dims, u64) {
         experts_pad: round_up(moe.num_experts, 128),
         top_k: moe.top_k,
         intermediate: moe.intermediate,
+        dense_intermediate: if layer_ffns.all_routed() { None } else { dense_intermediate(spec) },
         vocab: spec.vocab_size,
         batch,
         tokens_per_seq: options.tokens_per_seq,
@@ -564,7 +651,7 @@ fn dims(spec: &ModelSpec, moe: &MoeSpec, options: &PlanOptions) -> (Dims, u64) {
 /// emitter has no schedule for (q/k/v left apart, a norm not folded) is refused.
 fn rewrites(spec: &ModelSpec, dims: &Dims) -> Result<Extracted, PlanError> {
     let h = spec.hidden_size;
-    let graph = LayerGraph::build(spec, 0);
+    let graph = LayerGraph::build(spec, rewritten_layer(spec));
     let layer = rewrite(&graph.to_expr(), &layer_weight_bytes(spec));
     let head_name = match spec.lm_head {
         LmHead::Untied => "lm_head.weight",
@@ -640,11 +727,12 @@ fn rewrites(spec: &ModelSpec, dims: &Dims) -> Result<Extracted, PlanError> {
 
 /// The weights' host layout and the operands: the dense stream cut into `~4 MiB` chunks,
 /// `lm_head` continuing it, the experts cut into chunks as large as a quarter of VMEM
-/// allows for the expert ring, the caches.
+/// allows for the expert ring (a dense MLP's in chunks of the same shape, through the same
+/// ring), the caches.
 fn stream_layout(
     spec: &ModelSpec,
     options: &PlanOptions,
-    layers: usize,
+    layer_ffns: &LayerFfns,
     dims: &Dims,
     extracted: &Extracted,
 ) -> Result<StreamLayout, PlanError> {
@@ -682,23 +770,30 @@ fn stream_layout(
     // Expert chunks as large as an expert ring of a quarter of VMEM allows (the largest
     // multiple of 128 dividing the intermediate size): per-chunk cost is amortised
     // (libtpu's v6e estimate, Qwen3-30B-A3B at batch 8: 3 MiB chunks 2.40M cycles for 4
-    // layers, whole 9 MiB experts 2.27M).
+    // layers, whole 9 MiB experts 2.27M). A dense MLP's chunks go through the same ring
+    // slots, so the block also divides its intermediate size (both are multiples of 128
+    // per device, so 128 always does).
     let i = dims.intermediate;
     let expert_slots = TWO_AHEAD_SLOTS;
     let vmem_capacity = options.chip.target().vmem_bytes;
     let mut expert_block = 128;
     for b in (128..=i).step_by(128) {
-        if i.is_multiple_of(b) && expert_slots * 3 * h * b * 2 <= vmem_capacity / 4 {
+        if i.is_multiple_of(b)
+            && dims.dense_intermediate.is_none_or(|di| di.is_multiple_of(b))
+            && expert_slots * 3 * h * b * 2 <= vmem_capacity / 4
+        {
             expert_block = b;
         }
     }
     let expert_chunks = i / expert_block;
+    let mlp_chunks = dims.dense_intermediate.map_or(0, |di| di / expert_block);
     let stream_lm_chunks = if quant.is_some() { 0 } else { lm_chunks };
     let dense_dtype = quant.map_or(DType::Bf16, |q| q.dense.codes);
     let expert_dtype = quant.map_or(DType::Bf16, |q| q.experts.codes);
     let bits = |dtype: DType| u64::from(dtype.bits());
 
-    let l = layers as u64;
+    let l = layer_ffns.0.len() as u64;
+    let (l_moe, l_mlp) = (layer_ffns.count(Ffn::RoutedExperts), layer_ffns.count(Ffn::DenseMlp));
     let (e, kvh) = (dims.experts_per_device, dims.kv_heads);
     let vp16 = round_up(spec.vocab_size, 16);
     let operand = |kind, role, dtype, shape: Vec<u64>, space, bytes| Operand {
@@ -730,11 +825,23 @@ fn stream_layout(
             WExperts,
             Input,
             expert_dtype,
-            vec![l, e, expert_chunks, h, 3 * expert_block],
+            vec![l_moe, e, expert_chunks, h, 3 * expert_block],
             MemorySpace::Any,
-            product("the expert weights (w_experts)", &[bits(expert_dtype), l, e, i, h, 3])? / 8,
+            product("the expert weights (w_experts)", &[bits(expert_dtype), l_moe, e, i, h, 3])?
+                / 8,
         ),
     ];
+    // The dense MLP's codes are the experts' dtype: its chunks go through their ring.
+    if let Some(di) = dims.dense_intermediate {
+        operands.push(operand(
+            WMlp,
+            Input,
+            expert_dtype,
+            vec![l_mlp, mlp_chunks, h, 3 * expert_block],
+            MemorySpace::Any,
+            product("the dense-MLP weights (w_mlp)", &[bits(expert_dtype), l_mlp, di, h, 3])? / 8,
+        ));
+    }
     if dims.qk_norm {
         operands.push(operand(
             HeadNorms,
@@ -777,18 +884,34 @@ fn stream_layout(
         }
         operands.push(f32_operand(
             ExpertScales,
-            vec![l, e, expert_chunks, q.experts.scale_rows(h, h), 2 * expert_block],
+            vec![l_moe, e, expert_chunks, q.experts.scale_rows(h, h), 2 * expert_block],
         )?);
         operands.push(f32_operand(
             ExpertDownScales,
             vec![
-                l,
+                l_moe,
                 e,
                 expert_chunks,
                 CodeFormat::dma_scale_rows(q.experts.scale_rows(expert_block, i)),
                 h,
             ],
         )?);
+        // A dense MLP's scales, laid out as an expert's (its chunks share the ring slots).
+        if let Some(di) = dims.dense_intermediate {
+            operands.push(f32_operand(
+                MlpScales,
+                vec![l_mlp, mlp_chunks, q.experts.scale_rows(h, h), 2 * expert_block],
+            )?);
+            operands.push(f32_operand(
+                MlpDownScales,
+                vec![
+                    l_mlp,
+                    mlp_chunks,
+                    CodeFormat::dma_scale_rows(q.experts.scale_rows(expert_block, di)),
+                    h,
+                ],
+            )?);
+        }
     }
     let kv_shape = vec![l, batch, kvh, positions, hp];
     let kv_bytes = product(
@@ -854,6 +977,7 @@ fn stream_layout(
         experts: extracted.experts.clone(),
         expert_block,
         expert_chunks,
+        mlp_chunks,
         operands,
         quant,
     })
@@ -976,12 +1100,15 @@ fn hbm_fit(
         // Saturating: only the suggestion is computed here, and a saturated layer size
         // suggests 0 layers.
         let per_layer_bytes = match layout.quant {
+            // The FFN weights (experts, and a dense MLP where layers mix kinds) averaged
+            // over the layers.
             None => (2 * layout.per_layer * h * layout.chunk_cols)
                 .saturating_add(
-                    2u64.saturating_mul(dims.experts_per_device)
-                        .saturating_mul(dims.intermediate)
-                        .saturating_mul(h)
-                        .saturating_mul(3),
+                    [OperandKind::WExperts, OperandKind::WMlp]
+                        .iter()
+                        .map(|&kind| layout.operand(kind).map_or(0, |o| o.bytes))
+                        .fold(0u64, u64::saturating_add)
+                        / l,
                 )
                 .saturating_add(2 * (kv_bytes / l))
                 .saturating_add(if dims.qk_norm { 4 * 8 * hp } else { 0 }),
@@ -1000,6 +1127,9 @@ fn hbm_fit(
                     Router,
                     ExpertScales,
                     ExpertDownScales,
+                    WMlp,
+                    MlpScales,
+                    MlpDownScales,
                 ];
                 layout
                     .operands
@@ -1041,11 +1171,11 @@ type DtypeParts = Vec<(String, u64, u64)>;
 /// weights, its `lm_head` part the final norm), and for a quantized plan the same bytes by
 /// dtype ([`DtypeParts`]).
 fn weight_traffic(
-    layers: usize,
+    layer_ffns: &LayerFfns,
     dims: &Dims,
     layout: &StreamLayout,
 ) -> Result<(u64, u64, u64, Option<DtypeParts>), PlanError> {
-    let (l, h, chunk_cols) = (layers as u64, dims.hidden, layout.chunk_cols);
+    let (l, h, chunk_cols) = (layer_ffns.0.len() as u64, dims.hidden, layout.chunk_cols);
     let Some(q) = layout.quant else {
         let dense = product("the dense stream per step", &[2, l, layout.per_layer, h, chunk_cols])?;
         let expert_bytes = product("one expert's weights", &[2, 3, h, dims.intermediate])?;
@@ -1059,7 +1189,10 @@ fn weight_traffic(
     let router = bytes_of(OperandKind::Router);
     let lm_codes = bytes_of(OperandKind::LmHead);
     let lm_f32 = bytes_of(OperandKind::LmScales);
-    let per_expert = |kind| bytes_of(kind) / (l * dims.experts);
+    let per_expert = |kind| bytes_of(kind) / (layer_ffns.count(Ffn::RoutedExperts) * dims.experts);
+    // The dense-MLP layers' codes and scales (where layers mix kinds), read whole.
+    let mlp_codes = bytes_of(OperandKind::WMlp);
+    let mlp_f32 = bytes_of(OperandKind::MlpScales) + bytes_of(OperandKind::MlpDownScales);
     let expert_codes = per_expert(OperandKind::WExperts);
     let expert_f32 =
         per_expert(OperandKind::ExpertScales) + per_expert(OperandKind::ExpertDownScales);
@@ -1069,8 +1202,8 @@ fn weight_traffic(
         (q.dense.codes, 0, dense_codes),
         (DType::Bf16, 0, router),
         (lm_dtype, 0, lm_codes),
-        (q.experts.codes, expert_codes, 0),
-        (DType::F32, expert_f32, layer_f32 + lm_f32),
+        (q.experts.codes, expert_codes, mlp_codes),
+        (DType::F32, expert_f32, layer_f32 + lm_f32 + mlp_f32),
     ] {
         let name =
             if dtype == DType::F32 { "f32 (scales, norms)".to_string() } else { dtype.to_string() };
@@ -1107,31 +1240,37 @@ pub fn kv_write_groups(tokens_per_seq: u64, block_kv: u64) -> u64 {
 fn traffic(
     spec: &ModelSpec,
     options: &PlanOptions,
-    layers: usize,
+    layer_ffns: &LayerFfns,
     dims: &Dims,
     layout: &StreamLayout,
     block_kv: u64,
 ) -> Result<Traffic, PlanError> {
+    let layers = layer_ffns.0.len();
     let (l, h, hp, batch, kvh) =
         (layers as u64, dims.hidden, dims.head_pad, dims.batch, dims.kv_heads);
+    let (l_moe, l_mlp) = (layer_ffns.count(Ffn::RoutedExperts), layer_ffns.count(Ffn::DenseMlp));
     let (per_layer, lm_chunks) = (layout.per_layer, layout.lm_chunks);
-    let (dense, lm_head, expert_bytes, by_dtype) = weight_traffic(layers, dims, layout)?;
+    let (dense, lm_head, expert_bytes, by_dtype) = weight_traffic(layer_ffns, dims, layout)?;
+    let mlp = [OperandKind::WMlp, OperandKind::MlpScales, OperandKind::MlpDownScales]
+        .iter()
+        .map(|&kind| layout.operand(kind).map_or(0, |o| o.bytes))
+        .sum();
     let tokens = dims.tokens;
     let experts_without_dedupe =
-        product("the expert weights read per step", &[l, tokens, dims.top_k, expert_bytes])?;
+        product("the expert weights read per step", &[l_moe, tokens, dims.top_k, expert_bytes])?;
     let distinct = dims.distinct_experts();
-    let experts = product("the expert weights read per step", &[l, distinct, expert_bytes])?;
+    let experts = product("the expert weights read per step", &[l_moe, distinct, expert_bytes])?;
     // The experts' share of the per-dtype weight bytes, at the same worst case.
     let by_dtype = by_dtype.map(|parts| {
         parts
             .into_iter()
-            .map(|(dtype, per_expert, fixed)| (dtype, fixed + l * distinct * per_expert))
+            .map(|(dtype, per_expert, fixed)| (dtype, fixed + l_moe * distinct * per_expert))
             .collect()
     });
     let e = dims.experts as f64;
     // Each of this device's experts is chosen by some row with probability
     // 1 - (1 - top_k / E)^rows.
-    let experts_uniform_routing = l as f64
+    let experts_uniform_routing = l_moe as f64
         * dims.experts_per_device as f64
         * (1.0 - (1.0 - dims.top_k as f64 / e).powf(tokens as f64))
         * expert_bytes as f64;
@@ -1151,36 +1290,43 @@ fn traffic(
     let head_norms = if dims.qk_norm { l * 8 * hp * 4 } else { 0 };
     let step_total = total(
         "the bytes moved per step",
-        &[dense, lm_head, experts, kv_read, kv_write, embedding, head_norms],
+        &[dense, lm_head, experts, mlp, kv_read, kv_write, embedding, head_norms],
     )?;
     let mut truncated = spec.clone();
     truncated.layers.truncate(layers);
     let model_total = truncated.decode_traffic(batch, options.context, 2).total();
+    // Every layer's dense chunks and KV tiles; the FFN's chunks by kind (an MoE layer's
+    // distinct experts', a dense-MLP layer's MLP's).
     let dmas_per_layer = total(
         "the DMAs per step",
         &[
             per_layer,
             1,
-            product("the DMAs per step", &[distinct, layout.expert_chunks, 2])?,
             product(
                 "the DMAs per step",
                 &[batch, kvh, 2, tiles + kv_write_groups(dims.tokens_per_seq, block_kv)],
             )?,
         ],
     )?;
+    let ffn_dmas = total(
+        "the DMAs per step",
+        &[
+            product("the DMAs per step", &[l_moe, distinct, layout.expert_chunks, 2])?,
+            product("the DMAs per step", &[l_mlp, layout.mlp_chunks, 2])?,
+        ],
+    )?;
     // A quantized plan adds per layer its scales, router and norm rows (4) and two scale
-    // DMAs per expert chunk; per step the final norm row and lm_head's scales.
+    // DMAs per expert (or dense-MLP) chunk; per step the final norm row and lm_head's
+    // scales.
     let (quant_per_layer, quant_per_step) = match layout.quant {
-        Some(q) => (
-            4 + 2 * distinct * layout.expert_chunks,
-            1 + if q.lm_head.is_some() { lm_chunks } else { 0 },
-        ),
+        Some(q) => (4, 1 + if q.lm_head.is_some() { lm_chunks } else { 0 } + ffn_dmas),
         None => (0, 0),
     };
     let dmas = total(
         "the DMAs per step",
         &[
             product("the DMAs per step", &[l, dmas_per_layer + quant_per_layer])?,
+            ffn_dmas,
             lm_chunks,
             tokens,
             quant_per_step,
@@ -1191,6 +1337,7 @@ fn traffic(
         dense,
         lm_head,
         experts,
+        mlp,
         experts_without_dedupe,
         experts_uniform_routing,
         kv_read,

@@ -2,7 +2,7 @@
 //! each operand's [`operand_source`]) for tools.
 
 use crate::graph::Weight;
-use crate::layout::{Operand, OperandKind, SegmentKind, role_name};
+use crate::layout::{Ffn, Operand, OperandKind, SegmentKind, role_name};
 use crate::plan::{ExpertFetch, KvTiles, Plan, Prefetch, TWO_AHEAD_SLOTS};
 use crate::shard::{ExpertSplit, Sharding};
 use std::fmt::Write;
@@ -29,6 +29,9 @@ pub fn text(p: &Plan) -> String {
         "  layers: {} of {} ({}), batch {}, context {} (cache {} positions, tiles of {})",
         p.layers, p.model_layers, p.layer_kind, d.batch, p.context, d.positions, p.block_kv
     );
+    if !p.layer_ffns.all_routed() {
+        layer_kinds(&mut s, p);
+    }
     if d.tokens_per_seq > 1 {
         let _ = writeln!(
             s,
@@ -50,10 +53,12 @@ pub fn text(p: &Plan) -> String {
         }
     }
     let t = &p.traffic;
+    // The dense MLP's share where layers mix kinds.
+    let mlp = if t.mlp > 0 { format!(", dense MLP {}", gb(t.mlp as f64)) } else { String::new() };
     let _ = writeln!(
         s,
-        "weight bytes streamed per step: {} (dense {}, experts {}, lm_head {}, embedding {}, head norms {})",
-        gb((t.dense + t.experts + t.lm_head + t.embedding + t.head_norms) as f64),
+        "weight bytes streamed per step: {} (dense {}, experts {}{mlp}, lm_head {}, embedding {}, head norms {})",
+        gb((t.dense + t.experts + t.mlp + t.lm_head + t.embedding + t.head_norms) as f64),
         gb(t.dense as f64),
         gb(t.experts as f64),
         gb(t.lm_head as f64),
@@ -208,6 +213,24 @@ pub fn text(p: &Plan) -> String {
     s
 }
 
+/// The layers' kinds where they mix: which layers run which FFN stage, the dense MLP's
+/// chunks, and what the uniform dense stream costs the dense-MLP layers.
+fn layer_kinds(s: &mut String, p: &Plan) {
+    let d = &p.dims;
+    let layout = &p.layout;
+    let _ = writeln!(s, "  layer kinds (FFN stage per layer): {}", p.layer_ffns.describe());
+    let dense = p.layer_ffns.count(Ffn::DenseMlp);
+    let _ = writeln!(
+        s,
+        "  dense MLP: intermediate {} (per device), {} chunks of {} columns streamed through the expert ring's slots (w_mlp, {} per step, every row at weight 1); the dense-MLP layers' router columns in the dense stream are zero (a uniform stream: {} bytes per step streamed and projected, not read)",
+        d.dense_intermediate.unwrap_or(0),
+        layout.mlp_chunks,
+        layout.expert_block,
+        gb(p.traffic.mlp as f64),
+        dense * 2 * d.hidden * d.experts_pad
+    );
+}
+
 /// The split over several devices: what each device holds, the experts' choice and why,
 /// per-device HBM and VMEM, and the collectives with their modelled time.
 fn sharding(s: &mut String, p: &Plan, sh: &Sharding) {
@@ -250,6 +273,12 @@ fn sharding(s: &mut String, p: &Plan, sh: &Sharding) {
         ),
     };
     let _ = writeln!(s, "  experts: {split}. Why: {}", e.reason);
+    if let Some(i) = d.dense_intermediate {
+        let _ = writeln!(
+            s,
+            "  dense MLP (the dense-MLP layers): TP whatever the experts' split, its intermediate split {n} ways ({i} columns per device), summed by the same all-reduce as the experts' output"
+        );
+    }
     let _ = writeln!(
         s,
         "  lm_head by vocabulary: {} of the {} ids per device (padded to {} chunks); the greedy (max logit, id) pairs all-gathered; with --logits each device returns its slice (concatenated by the call's output sharding, no ICI bytes)",
@@ -388,6 +417,7 @@ pub fn operand_source(p: &Plan, o: &Operand) -> String {
                 o.kind,
                 OperandKind::WStream
                     | OperandKind::WExperts
+                    | OperandKind::WMlp
                     | OperandKind::KCache
                     | OperandKind::VCache
                     | OperandKind::Logits
@@ -445,11 +475,18 @@ fn bf16_source(p: &Plan, o: &Operand, ix: Option<&DeviceIndex>) -> String {
             let col = |kind| layout.segment(kind).map_or((0, 0), |g| (g.col, g.col + g.cols));
             let ((_, qkv_end), (o_start, o_end), (r_start, _)) = (col(SegmentKind::Qkv), col(SegmentKind::OProj), col(SegmentKind::Router));
             let head_weight = layout.lm_head.weights.first().map_or("", |w| w.name.as_str());
+            let dense_layers = match p.layer_ffns.all_routed() {
+                true => String::new(),
+                false => format!(
+                    " (zero in the dense-MLP layers {:?})",
+                    p.layer_ffns.layers_of(Ffn::DenseMlp)
+                ),
+            };
             format!(
                 "the dense stream, {n} chunks per layer then {} lm_head chunks. Layer l: the [H={h}, {}] matrix D_l split into column chunks of {cw} (w_stream[l*{n} + c] = D_l[:, c*{cw}..]): \
                  cols [0, {qkv_end}) = q|k|v heads, head j of q at cols j*{hp}.. = (q_proj.weight[{q_rows})^T * input_layernorm.weight[:, None] (k heads from col {}, v heads from col {}, {kv_form}; cols {hd}..{hp} of each head zero); \
                  cols [{o_start}, {o_end}) = {o_cols} with each head's {hd} columns padded to {hp} (not transposed); \
-                 cols [{r_start}, {}) = (gate.weight [E={}, H])^T * post_attention_layernorm.weight[:, None], zero-padded to {} columns; the rest zero. \
+                 cols [{r_start}, {}) = (gate.weight [E={}, H])^T * post_attention_layernorm.weight[:, None], zero-padded to {} columns{dense_layers}; the rest zero. \
                  lm_head: w_stream[{} + c, i, j] = {head_weight}{lm_row} * model.norm.weight[i] (zero for vocab >= {})",
                 layout.lm_chunks,
                 n * cw,
@@ -468,13 +505,35 @@ fn bf16_source(p: &Plan, o: &Operand, ix: Option<&DeviceIndex>) -> String {
             // Past the first weight, the names relative to the expert (`up_proj.weight`).
             let short = |w: &Weight| w.name.split_once(".experts.{e}.").map_or(w.name.clone(), |(_, n)| n.to_string());
             let (gate, up) = (gate_up.weights.first(), gate_up.weights.get(1));
+            // Where layers mix kinds, w_experts holds the MoE layers only.
+            let moe_layers = match p.layer_ffns.all_routed() {
+                true => String::new(),
+                false => format!(
+                    "; the leading index counts the MoE layers only: w_experts[m] is the m-th of layers {:?}",
+                    p.layer_ffns.layers_of(Ffn::RoutedExperts)
+                ),
+            };
             format!(
                 "chunk c of expert e{expert} of layer l, one DMA: w_experts[l, e, c, i, j] = model.layers.{{l}}.{}[{column}c*{eb} + j, i] * post_attention_layernorm.weight[i] for j < {eb}, \
-                 {}[{column}c*{eb} + j - {eb}, i] * post_attention_layernorm.weight[i] for j < {}, {}[i, {column}c*{eb} + j - {}] above",
+                 {}[{column}c*{eb} + j - {eb}, i] * post_attention_layernorm.weight[i] for j < {}, {}[i, {column}c*{eb} + j - {}] above{moe_layers}",
                 gate.map_or(String::new(), |w| w.name.clone()),
                 up.map_or(String::new(), short),
                 2 * eb,
                 down.weights.first().map_or(String::new(), short),
+                2 * eb
+            )
+        }
+        OperandKind::WMlp => {
+            let eb = layout.expert_block;
+            let column = match &p.sharding {
+                Some(_) => format!("me*{} + ", d.dense_intermediate.unwrap_or(0)),
+                None => String::new(),
+            };
+            format!(
+                "chunk c of the dense MLP of the m-th dense-MLP layer l (layers {:?}, by the config's mlp_only_layers / decoder_sparse_step), one DMA, as an expert's chunk: w_mlp[m, c, i, j] = model.layers.{{l}}.mlp.gate_proj.weight[{column}c*{eb} + j, i] * post_attention_layernorm.weight[i] for j < {eb}, \
+                 up_proj.weight[{column}c*{eb} + j - {eb}, i] * post_attention_layernorm.weight[i] for j < {}, down_proj.weight[i, {column}c*{eb} + j - {}] above (columns past intermediate_size zero)",
+                p.layer_ffns.layers_of(Ffn::DenseMlp),
+                2 * eb,
                 2 * eb
             )
         }
@@ -493,7 +552,7 @@ fn bf16_source(p: &Plan, o: &Operand, ix: Option<&DeviceIndex>) -> String {
         OperandKind::MaxLogits => "maximum logit of token row r at [r, :] (every lane), NaN when any of the row's logits is not finite (so a bad step is caught without the full logits)".into(),
         OperandKind::RouterNonFinite => format!("1 at [r, l] when token row r's router logits in layer l are not all finite (NaN or infinity), else 0 (lanes l >= {} and rows >= batch * K are 0): the step names the layer where the numbers went bad", p.layers),
         OperandKind::KCacheOut | OperandKind::VCacheOut => "aliases the input of the same name (KV written in place)".into(),
-        OperandKind::QkvScales | OperandKind::OScales | OperandKind::Router | OperandKind::Norms | OperandKind::LmHead | OperandKind::LmScales | OperandKind::ExpertScales | OperandKind::ExpertDownScales => {
+        OperandKind::QkvScales | OperandKind::OScales | OperandKind::Router | OperandKind::Norms | OperandKind::LmHead | OperandKind::LmScales | OperandKind::ExpertScales | OperandKind::ExpertDownScales | OperandKind::MlpScales | OperandKind::MlpDownScales => {
             unreachable!("{} is a quantized plan's operand", o.kind.name())
         }
     }
@@ -547,6 +606,18 @@ fn quantized_source(p: &Plan, q: &crate::layout::QuantLayout, o: &Operand) -> Op
         ),
         OperandKind::ExpertDownScales => format!(
             "{scales}: chunk c of expert e's down_proj scales for its {eb} inputs, columns the {h} outputs"
+        ),
+        OperandKind::WMlp => format!(
+            "{} codes: w_mlp[m, c] = [gate^T | up^T | down] columns c*{eb}.. of the m-th dense-MLP layer's MLP (layers {:?}; the checkpoint's weights, post_attention_layernorm not folded), as an expert's",
+            q.experts.codes,
+            p.layer_ffns.layers_of(Ffn::DenseMlp)
+        ),
+        OperandKind::MlpScales => format!(
+            "{scales}: chunk c of a dense-MLP layer's gate (columns 0..{eb}) and up ({eb}..{}) scales, as an expert's",
+            2 * eb
+        ),
+        OperandKind::MlpDownScales => format!(
+            "{scales}: chunk c of a dense-MLP layer's down_proj scales for its {eb} inputs, columns the {h} outputs"
         ),
         _ => return None,
     })

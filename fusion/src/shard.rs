@@ -207,19 +207,21 @@ fn choose_experts(dims: &Dims, n: u64, layers: u64, hbm: u64) -> Result<ExpertCh
     Ok(ExpertChoice { reason: format!("{why}: {both}; {stored}"), ..choice })
 }
 
-/// The per-device dims of a step split over `options.devices` devices, and the split
-/// (`None` on one device, whose dims are returned unchanged).
+/// The per-device dims of a step split over `options.devices` devices (`moe_layers` of
+/// its layers MoE), and the split (`None` on one device, whose dims are returned
+/// unchanged). A dense MLP (layers mixing kinds) is split by intermediate columns like TP
+/// experts, whichever split the experts take: its output joins the experts' all-reduce.
 pub fn split(
     dims: Dims,
     options: &PlanOptions,
-    layers: usize,
+    moe_layers: usize,
 ) -> Result<(Dims, Option<(HeadSplit, ExpertChoice)>), PlanError> {
     let n = options.devices;
     if n == 1 {
         return Ok((dims, None));
     }
     let heads = split_heads(&dims, n).map_err(|reason| PlanError::Split { devices: n, reason })?;
-    let experts = choose_experts(&dims, n, layers as u64, hbm_usable_bytes(options.chip))?;
+    let experts = choose_experts(&dims, n, moe_layers as u64, hbm_usable_bytes(options.chip))?;
     let per_device = Dims {
         heads: heads.heads_per_device,
         kv_heads: heads.kv_heads_per_device,
@@ -230,6 +232,7 @@ pub fn split(
         ),
         experts_per_device: experts.experts_per_device,
         intermediate: experts.intermediate_per_device,
+        dense_intermediate: dims.dense_intermediate.map(|i| round_up(i, 128 * n) / n),
         vocab: dims.vocab.div_ceil(n),
         ..dims
     };

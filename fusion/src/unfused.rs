@@ -50,6 +50,14 @@ pub fn unfused_kernels(
     let Some(FfnKind::Moe(m)) = s.layers.first().map(|l| &l.ffn) else {
         return Err("the unfused step is defined for MoE models only".into());
     };
+    // Its calls are counted per layer as MoE layers: dense-MLP layers among them would be
+    // priced as MoE ones.
+    if let Some(l) = s.layers.iter().take(layers).find(|l| !matches!(l.ffn, FfnKind::Moe(_))) {
+        return Err(format!(
+            "the unfused step is defined for models whose layers are all MoE (layer {} is a dense MLP by the config's mlp_only_layers / decoder_sparse_step)",
+            l.index
+        ));
+    }
     let rows = batch.div_ceil(16) * 16;
     let l = layers as u64;
     let nqkv = (heads + 2 * kvh) * hd;

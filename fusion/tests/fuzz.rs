@@ -28,7 +28,7 @@ proptest! {
 
     #[test]
     fn mutated_configs_plan_or_are_refused(
-        fixture_name in prop::sample::select(&["tiny-qwen3-moe.json", "tiny-mixtral.json", "qwen3-30b-a3b.json"][..]),
+        fixture_name in prop::sample::select(&["tiny-qwen3-moe.json", "tiny-mixtral.json", "qwen3-30b-a3b.json", "tiny-qwen3-moe-sparse-step-2.json"][..]),
         edits in prop::option::weighted(0.7, mutations()),
         chip in prop::sample::select(&[Chip::V4, Chip::V5e, Chip::V5p, Chip::V6e, Chip::V7x][..]),
         batch in prop_oneof![0u64..20, Just(u64::MAX)],

@@ -139,3 +139,27 @@ fn libtpu_accepts_the_multi_device_megakernels() {
     }
     assert_accepted(&jobs);
 }
+
+/// A layer kind per layer (issue 29): the tiny Qwen3-MoE with dense-MLP layers among its MoE
+/// layers (`mlp_only_layers: [1]`; `decoder_sparse_step: 2`, layer 0 dense) on v6e, on one
+/// device and split over 2 (the dense MLP by intermediate columns), bf16 and int8: the FFN
+/// stage chosen per layer under an `scf.if` inside the traced layer loop.
+#[test]
+fn libtpu_accepts_megakernels_with_mixed_layer_kinds() {
+    let jobs = vec![
+        job("tiny-qwen3-moe-mlp-only-layers", plain(Chip::V6e, 1, 256, None)),
+        job("tiny-qwen3-moe-sparse-step-2", plain(Chip::V6e, 2, 256, None)),
+        job(
+            "tiny-qwen3-moe-sparse-step-2",
+            PlanOptions { devices: 2, ..plain(Chip::V6e, 1, 256, None) },
+        ),
+        job(
+            "tiny-qwen3-moe-mlp-only-layers",
+            PlanOptions {
+                weights: palladium_model::quant::WeightsDtype::Int8,
+                ..plain(Chip::V6e, 1, 256, None)
+            },
+        ),
+    ];
+    assert_accepted(&jobs);
+}

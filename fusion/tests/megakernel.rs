@@ -69,10 +69,14 @@ fn tiny_megakernel_snapshots() {
 fn the_vmem_plan_counts_what_the_kernel_declares() {
     use palladium_dsl::ir::{BufOrigin, MemorySpace, padded_vmem_bytes};
     use palladium_model::quant::WeightsDtype;
-    for name in ["tiny-qwen3-moe", "tiny-mixtral"] {
+    for name in ["tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen3-moe-sparse-step-2"] {
         for weights in
             [WeightsDtype::Bf16, WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4]
         {
+            // Dense-MLP layers are not planned with int4 weights.
+            if name.contains("sparse-step") && weights == WeightsDtype::Int4 {
+                continue;
+            }
             for (devices, tokens_per_seq) in [(1, 1), (1, 4), (2, 1), (4, 2)] {
                 let what =
                     format!("{name} {} devices {devices} K {tokens_per_seq}", weights.name());
@@ -413,4 +417,107 @@ fn quantized_plans_refuse_what_they_cannot_lay_out() {
         ),
         "{err}"
     );
+}
+
+/// A layer kind per layer: the tiny Qwen3-MoE with `decoder_sparse_step: 2` (layers 0 and 2
+/// dense MLPs, 1 and 3 MoE). The plan lists the kinds, `w_experts` holds the MoE layers
+/// and `w_mlp` the dense ones (chunked as an expert is), the report lists the kinds
+/// (snapshot), and the emitted kernel chooses the FFN stage under an `scf.if`; with every
+/// layer MoE none of it appears.
+#[test]
+fn dense_mlp_layers_among_moe_layers_are_planned_reported_and_emitted() {
+    use palladium_fusion::layout::{Ffn, OperandKind};
+    let mixed = spec("tiny-qwen3-moe-sparse-step-2");
+    let mk = Megakernel::build(&mixed, &options(Chip::V6e, 1, 256, None))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let plan = &mk.plan;
+    assert_eq!(plan.layer_ffns.layers_of(Ffn::DenseMlp), [0, 2]);
+    assert_eq!(plan.layer_ffns.layers_of(Ffn::RoutedExperts), [1, 3]);
+    let shape_of = |plan: &Plan, kind| plan.layout.operand(kind).map(|o| o.shape.clone());
+    let shape = |kind| shape_of(plan, kind);
+    assert_eq!(shape(OperandKind::WExperts), Some(vec![2, 8, 1, 256, 384]));
+    // intermediate_size 512 in chunks of the experts' 128 columns.
+    assert_eq!(shape(OperandKind::WMlp), Some(vec![2, 4, 256, 384]));
+    assert_eq!(plan.traffic.mlp, 2 * 2 * 3 * 256 * 512);
+    let text = report::text(plan);
+    assert!(
+        text.contains(
+            "layer kinds (FFN stage per layer): 0 dense MLP, 1 routed experts, 2 dense MLP, 3 routed experts"
+        ),
+        "{text}"
+    );
+    snapshot("tiny-qwen3-moe-sparse-step-2_report", &text);
+    let json: serde_json::Value = serde_json::from_str(&report::json(plan)).unwrap();
+    assert_eq!(
+        json["layer_ffns"],
+        serde_json::json!(["dense_mlp", "routed_experts", "dense_mlp", "routed_experts"])
+    );
+    assert!(mk.lowered.module.contains("scf.if"));
+    palladium_dsl::ir::verify(
+        &mk.kernel,
+        palladium_dsl::ir::VerifyOptions { chip: Some(Chip::V6e) },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    // On 2 devices the dense MLP is split by intermediate columns (the experts go EP here).
+    let two = PlanOptions { devices: 2, ..options(Chip::V6e, 1, 256, None) };
+    let plan = Plan::new(&mixed, &two).unwrap();
+    assert_eq!(plan.dims.dense_intermediate, Some(256));
+    assert_eq!(shape_of(&plan, OperandKind::WMlp), Some(vec![2, 2, 256, 384]));
+    assert!(report::text(&plan).contains("its intermediate split 2 ways (256 columns per device)"));
+
+    let moe = Plan::new(&spec("tiny-qwen3-moe"), &options(Chip::V6e, 1, 256, None)).unwrap();
+    assert!(moe.layout.operand(OperandKind::WMlp).is_none());
+    let json: serde_json::Value = serde_json::from_str(&report::json(&moe)).unwrap();
+    assert!(json.get("layer_ffns").is_none() && json.get("mlp_chunks").is_none());
+}
+
+/// Dense-MLP layers are planned with int8 and fp8 weights (codes and scales as an
+/// expert's, through the same ring); refused, naming the config fields, with int4 (whose
+/// scheme keeps a dense MLP int8 while the expert ring holds int4 codes) and where no
+/// planned layer is MoE.
+#[test]
+fn dense_mlp_layers_are_refused_where_not_emitted() {
+    use palladium_fusion::layout::OperandKind;
+    use palladium_model::quant::WeightsDtype;
+    let mixed = spec("tiny-qwen3-moe-mlp-only-layers");
+    for weights in [WeightsDtype::Int8, WeightsDtype::Fp8] {
+        let options = PlanOptions { weights, ..options(Chip::V6e, 1, 256, None) };
+        let plan = Plan::new(&mixed, &options).unwrap_or_else(|e| panic!("{e}"));
+        let w_mlp = plan.layout.operand(OperandKind::WMlp).unwrap();
+        assert_eq!(w_mlp.dtype, plan.layout.operand(OperandKind::WExperts).unwrap().dtype);
+        assert!(plan.layout.operand(OperandKind::MlpDownScales).is_some());
+    }
+    let int4 = PlanOptions { weights: WeightsDtype::Int4, ..options(Chip::V6e, 1, 256, None) };
+    match Plan::new(&mixed, &int4) {
+        Err(e @ PlanError::Unsupported(_)) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("--weights-dtype int4")
+                    && msg.contains("mlp_only_layers / decoder_sparse_step")
+                    && msg.contains("[1]"),
+                "{msg}"
+            );
+        }
+        other => panic!("int4: expected a refusal, got {other:?}"),
+    }
+    // The MoE layers alone plan with any weights.
+    let int4 = PlanOptions { layers: Some(1), ..int4 };
+    assert!(Plan::new(&mixed, &int4).unwrap().layer_ffns.all_routed());
+    // The unfused step (`profile --unfused`) counts MoE layers only: refused, not mispriced.
+    let err = palladium_fusion::unfused::unfused_kernels(&mixed, 4, 1, 256).unwrap_err();
+    assert!(err.contains("layer 1 is a dense MLP") && err.contains("mlp_only_layers"), "{err}");
+    assert!(palladium_fusion::unfused::unfused_kernels(&mixed, 1, 1, 256).is_ok());
+    // Layer 0 of decoder_sparse_step 2 is dense: planned alone, no layer is MoE.
+    match Plan::new(&spec("tiny-qwen3-moe-sparse-step-2"), &options(Chip::V6e, 1, 256, Some(1))) {
+        Err(e @ PlanError::Unsupported(_)) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("no MoE layer")
+                    && msg.contains("mlp_only_layers / decoder_sparse_step"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
 }
