@@ -18,7 +18,7 @@
 //!    the router piece; after the last chunk: softmax top-k, the distinct experts to SMEM,
 //!    the expert stream (each distinct expert fetched once by id right after routing,
 //!    applied to every row at its weight), residual; a dense-MLP layer (layers mixing
-//!    kinds, [`ffn`]) runs its MLP's chunks through the same ring instead, under an
+//!    kinds, `ffn`) runs its MLP's chunks through the same ring instead, under an
 //!    `scf.if`;
 //! 3. final norm (folded) + `lm_head` chunks → the greedy id and maximum of every row
 //!    (and the f32 logits when the plan keeps them).
