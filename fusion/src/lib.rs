@@ -113,5 +113,6 @@ pub mod report;
 pub mod rewrite;
 pub mod scratch;
 pub mod shard;
+pub mod source;
 pub mod spmd;
 pub mod unfused;

@@ -144,6 +144,10 @@ pub struct Plan {
     /// `--context`: positions attended over (the cache holds `dims.positions`).
     pub context: u64,
     pub dims: Dims,
+    /// The model's sizes (the one-device dims, before the split): what the source maps
+    /// ([`crate::source`]) index the checkpoint's tensors by.
+    #[serde(skip)]
+    pub model_dims: Dims,
     pub graph: Vec<String>,
     pub layer_rewrite: Rewritten,
     pub head_rewrite: Rewritten,
@@ -377,6 +381,7 @@ impl Plan {
         let (dims, block_kv) = dims(spec, moe, &layer_ffns, options);
         let vocab = dims.vocab;
         let moe_layers = layer_ffns.count(Ffn::RoutedExperts) as usize;
+        let model_dims = dims.clone();
         let (dims, split) = shard::split(dims, options, moe_layers)?;
         let extracted = rewrites(spec, &dims)?;
         let layout = stream_layout(spec, options, &layer_ffns, &dims, &extracted)?;
@@ -431,6 +436,7 @@ impl Plan {
             layer_ffns,
             context: options.context,
             dims,
+            model_dims,
             graph: extracted.graph.describe(),
             layer_rewrite: extracted.layer,
             head_rewrite: extracted.head,

@@ -1,0 +1,883 @@
+//! Where every element of every weight operand comes from: one typed source map per
+//! operand of [`StreamLayout::operands`], declared once here from the plan. The weight
+//! packer (`palladium-decode`'s `pack`) walks these maps to fill the arrays, and the
+//! report ([`crate::report::operand_source`]) renders its operand prose from them, so the
+//! layout's index math (q/k/v heads, head padding, chunks, device slices, quantized codes
+//! and their scales) exists once.
+//!
+//! A map is a list of [`Block`]s: rectangles of the operand (a run of rows of a run of
+//! columns, as the operand is stored row-major), each repeated over [`Stack`] indices
+//! (layers, experts, chunks), whose element `(r, s)` is one element of one checkpoint
+//! tensor ([`Read`]: the tensor by role, [`Element`] value, code or scale, transposed or
+//! not, a norm scale folded), its row and column given by an [`Axis`] each: the padding
+//! (heads to `head_pad`, experts, vocabulary chunks, columns past a size) maps to `None`.
+//! An element no block covers is zero padding. Indices of a device's share are written in
+//! terms of the device's index `me` and evaluated per device, so one map serves every
+//! device and the report prints the formulas.
+
+use crate::graph::WeightKind;
+use crate::layout::{CodeFormat, Ffn, OperandKind, SegmentKind, StreamLayout};
+use crate::options::Dims;
+use crate::plan::Plan;
+use crate::shard::ExpertSplit;
+
+/// A checkpoint tensor by role; per-layer roles take the layer (and expert) from the
+/// block's [`Stack`] indices. The packer resolves roles to Hugging Face names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    /// `model.embed_tokens.weight`.
+    Embed,
+    Weight(WeightKind),
+}
+
+impl Role {
+    /// Whether the tensor is one per layer (its name has the layer's index).
+    pub fn per_layer(self) -> bool {
+        !matches!(self, Role::Embed | Role::Weight(WeightKind::FinalNorm | WeightKind::LmHead))
+    }
+
+    /// Whether the tensor is one per expert.
+    pub fn per_expert(self) -> bool {
+        matches!(
+            self,
+            Role::Weight(WeightKind::ExpertGate | WeightKind::ExpertUp | WeightKind::ExpertDown)
+        )
+    }
+
+    /// The model's `[out, in]` shape of the tensor (a norm's `[n]`), from the model's sizes.
+    pub fn shape(self, m: &Dims) -> Vec<u64> {
+        let (h, q, kv) = (m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim);
+        let (i, di) = (m.intermediate, m.dense_intermediate.unwrap_or(0));
+        match self {
+            Role::Embed | Role::Weight(WeightKind::LmHead) => vec![m.vocab, h],
+            Role::Weight(w) => match w {
+                WeightKind::InputNorm | WeightKind::PostAttentionNorm | WeightKind::FinalNorm => {
+                    vec![h]
+                }
+                WeightKind::QNorm | WeightKind::KNorm => vec![m.head_dim],
+                WeightKind::QProj => vec![q, h],
+                WeightKind::KProj | WeightKind::VProj => vec![kv, h],
+                WeightKind::OProj => vec![h, q],
+                WeightKind::Router => vec![m.experts, h],
+                WeightKind::ExpertGate | WeightKind::ExpertUp => vec![i, h],
+                WeightKind::ExpertDown => vec![h, i],
+                WeightKind::MlpGate | WeightKind::MlpUp => vec![di, h],
+                WeightKind::MlpDown => vec![h, di],
+                WeightKind::LmHead => unreachable!("matched above"),
+            },
+        }
+    }
+}
+
+/// What a block's element is made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Element {
+    /// The tensor's value rounded to bf16 (times the folded norm's, in f32).
+    Value,
+    /// The tensor's quantized code, stored as `format` says.
+    Code(CodeFormat),
+    /// The f32 scale of the tensor's code at the element's (row, input).
+    Scale(CodeFormat),
+}
+
+/// One block's tensor and how its elements are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Read {
+    pub tensor: Role,
+    pub element: Element,
+    /// Block row `r`, column `s` read tensor element `[col(s), row(r)]` (transposed: the
+    /// block's rows are the tensor's inputs) instead of `[row(r), col(s)]`.
+    pub transposed: bool,
+    /// A norm scale multiplied in, indexed by the tensor's input (column) index.
+    pub fold: Option<WeightKind>,
+}
+
+/// How a device's local head maps to the model's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadMap {
+    /// Query heads: `me*per_device + h` (`replicas` 1); with each KV head replicated on
+    /// `replicas` devices, the `(me % replicas)`-th slice of KV head `me / replicas`'s
+    /// query group, `j = (me % replicas)*per_device + h`, padding where `j >= group`.
+    Query { per_device: u64, replicas: u64, group: u64 },
+    /// KV heads: `(me / replicas)*per_device + h`.
+    Kv { per_device: u64, replicas: u64 },
+}
+
+impl HeadMap {
+    fn model(self, me: u64, h: u64) -> Option<u64> {
+        match self {
+            HeadMap::Query { per_device, replicas: 1, .. } => Some(me * per_device + h),
+            HeadMap::Query { per_device, replicas, group } => {
+                let j = (me % replicas) * per_device + h;
+                (j < group).then_some((me / replicas) * group + j)
+            }
+            HeadMap::Kv { per_device, replicas } => Some((me / replicas) * per_device + h),
+        }
+    }
+
+    fn describe(self, var: &str) -> String {
+        match self {
+            HeadMap::Query { per_device, replicas: 1, .. } => affine(per_device, var),
+            HeadMap::Query { per_device, replicas: r, group } => {
+                format!("(me / {r})*{group} + (me % {r})*{per_device} + {var}")
+            }
+            HeadMap::Kv { per_device, replicas: 1 } => affine(per_device, var),
+            HeadMap::Kv { per_device, replicas: r } => format!("(me / {r})*{per_device} + {var}"),
+        }
+    }
+}
+
+/// `me*k + var`, or `var` where the slice does not move with the device.
+fn affine(k: u64, var: &str) -> String {
+    if k == 0 { var.to_string() } else { format!("me*{k} + {var}") }
+}
+
+/// How a local index maps to the model's (`None`: padding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexMap {
+    /// A device's slice of `size`: local `i < len` is `me*per_device + i`; padding at and
+    /// past `size` (one device, or a replicated index: `per_device` 0).
+    Slice { per_device: u64, len: u64, size: u64 },
+    /// Heads padded from `head_dim` to `head_pad`: `i` is column `i % head_pad` of local
+    /// head `i / head_pad` (padding at and past `head_dim`), the model's index
+    /// `head*head_dim + column`.
+    Heads { head_dim: u64, head_pad: u64, heads: HeadMap },
+}
+
+impl IndexMap {
+    /// The whole of a dimension of `size` (padding past it).
+    pub fn whole(size: u64) -> IndexMap {
+        IndexMap::Slice { per_device: 0, len: size, size }
+    }
+
+    pub fn model(self, me: u64, i: u64) -> Option<u64> {
+        match self {
+            IndexMap::Slice { per_device, len, size } => {
+                let g = me * per_device + i;
+                (i < len && g < size).then_some(g)
+            }
+            IndexMap::Heads { head_dim, head_pad, heads } => {
+                let (h, c) = (i / head_pad, i % head_pad);
+                if c >= head_dim {
+                    return None;
+                }
+                heads.model(me, h).map(|g| g * head_dim + c)
+            }
+        }
+    }
+}
+
+/// A block's row or column: local index `x` of chunk `c` is index `start + c*chunk +
+/// x*step` of the [`IndexMap`] (`step` > 1 samples a group's first input for a scale).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Axis {
+    pub start: u64,
+    pub chunk: u64,
+    pub step: u64,
+    pub map: IndexMap,
+}
+
+impl Axis {
+    pub fn new(map: IndexMap) -> Axis {
+        Axis { start: 0, chunk: 0, step: 1, map }
+    }
+
+    pub fn chunked(self, chunk: u64) -> Axis {
+        Axis { chunk, ..self }
+    }
+
+    pub fn from(self, start: u64) -> Axis {
+        Axis { start, ..self }
+    }
+
+    pub fn every(self, step: u64) -> Axis {
+        Axis { step, ..self }
+    }
+
+    /// The model's index of local `x` in chunk `c` on device `me`.
+    pub fn model(&self, me: u64, c: u64, x: u64) -> Option<u64> {
+        self.map.model(me, self.start + c * self.chunk + x * self.step)
+    }
+
+    /// The index as a formula of `var` (and `c`, `me`), with its padding.
+    fn describe(&self, var: &str) -> String {
+        let mut local = String::new();
+        if self.start > 0 {
+            local += &format!("{} + ", self.start);
+        }
+        if self.chunk > 0 {
+            local += &format!("c*{} + ", self.chunk);
+        }
+        local += &if self.step > 1 { format!("{var}*{}", self.step) } else { var.to_string() };
+        match self.map {
+            IndexMap::Slice { per_device, len, size } => {
+                let at = affine(per_device, &local);
+                let at = if per_device > 0 || self.start > 0 || self.chunk > 0 || self.step > 1 {
+                    at
+                } else {
+                    var.to_string()
+                };
+                if per_device > 0 {
+                    format!("{at} (local < {len}, < {size})")
+                } else {
+                    format!("{at} (< {size})")
+                }
+            }
+            IndexMap::Heads { head_dim, head_pad, heads } => {
+                let local = if local.contains(' ') { format!("({local})") } else { local };
+                format!(
+                    "g*{head_dim} + {local} % {head_pad} for the model's head g = {} (each head's {head_dim} padded to {head_pad})",
+                    heads.describe(&format!("{local} / {head_pad}"))
+                )
+            }
+        }
+    }
+}
+
+/// The indices a block repeats over, outermost first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stack {
+    /// The planned layers: index `l` is layer `l`; layers not of kind `only` are skipped
+    /// (their rows stay zero).
+    Layers { only: Option<Ffn> },
+    /// The layers of one FFN kind: index `m` is the `m`-th such layer.
+    Slots(Ffn),
+    /// A device's experts: local `e` is the model's expert `map(e)` (padding: skipped).
+    Experts(IndexMap),
+    /// Chunks `0..n`: the block's axes move by their `chunk`.
+    Chunks(u64),
+}
+
+/// A rectangle of an operand, repeated over its stack indices: element `(r, s)` (`r <
+/// rows`, `s < cols`) of the instance at stack indices `k` sits at flat index `at +
+/// sum(k_i * stride_i) + r*row_stride + s`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub stack: Vec<(Stack, u64)>,
+    pub at: u64,
+    pub rows: u64,
+    pub cols: u64,
+    pub row_stride: u64,
+    pub row: Axis,
+    pub col: Axis,
+    pub read: Read,
+    /// What the block is, for the prose (`"q heads"`, `"gate^T"`).
+    pub what: &'static str,
+}
+
+/// One instance of a block: its flat offset and the layer, expert and chunk it reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Instance {
+    pub at: u64,
+    pub layer: Option<u64>,
+    pub expert: Option<u64>,
+    pub chunk: u64,
+}
+
+impl Block {
+    /// The block's instances on device `me` (padding experts skipped).
+    pub fn instances(&self, plan: &Plan, me: u64) -> Vec<Instance> {
+        let mut out = vec![Instance { at: self.at, layer: None, expert: None, chunk: 0 }];
+        for (stack, stride) in &self.stack {
+            let mut next = Vec::new();
+            for base in &out {
+                let at = |k: u64| base.at + k * stride;
+                match stack {
+                    Stack::Layers { only } => {
+                        for (l, &f) in plan.layer_ffns.0.iter().enumerate() {
+                            if only.is_none_or(|k| k == f) {
+                                next.push(Instance {
+                                    at: at(l as u64),
+                                    layer: Some(l as u64),
+                                    ..*base
+                                });
+                            }
+                        }
+                    }
+                    Stack::Slots(kind) => {
+                        for (m, l) in plan.layer_ffns.layers_of(*kind).into_iter().enumerate() {
+                            next.push(Instance { at: at(m as u64), layer: Some(l), ..*base });
+                        }
+                    }
+                    Stack::Experts(map) => {
+                        let Some(count) = local_count(*map) else { continue };
+                        for e in 0..count {
+                            if let Some(g) = map.model(me, e) {
+                                next.push(Instance { at: at(e), expert: Some(g), ..*base });
+                            }
+                        }
+                    }
+                    Stack::Chunks(n) => {
+                        for c in 0..*n {
+                            next.push(Instance { at: at(c), chunk: c, ..*base });
+                        }
+                    }
+                }
+            }
+            out = next;
+        }
+        out
+    }
+}
+
+fn local_count(map: IndexMap) -> Option<u64> {
+    match map {
+        IndexMap::Slice { len, .. } => Some(len),
+        IndexMap::Heads { .. } => None,
+    }
+}
+
+/// The source map of one operand.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperandSource {
+    pub operand: OperandKind,
+    /// The operand's shape (the layout's).
+    pub shape: Vec<u64>,
+    pub blocks: Vec<Block>,
+}
+
+/// The source maps of every weight operand of `plan`, in the layout's operand order.
+pub fn source_maps(plan: &Plan) -> Vec<OperandSource> {
+    let layout = &plan.layout;
+    layout
+        .operands
+        .iter()
+        .filter_map(|o| {
+            let blocks = blocks(plan, o.kind)?;
+            Some(OperandSource { operand: o.kind, shape: o.shape.clone(), blocks })
+        })
+        .collect()
+}
+
+/// The source map of operand `kind` of `plan` (`None`: not a weight operand, or not in
+/// the layout).
+pub fn source_map(plan: &Plan, kind: OperandKind) -> Option<OperandSource> {
+    source_maps(plan).into_iter().find(|s| s.operand == kind)
+}
+
+/// How a device's heads, experts, intermediate columns and vocabulary map to the model's.
+struct Share {
+    q_heads: HeadMap,
+    kv_heads: HeadMap,
+    experts: IndexMap,
+    columns: IndexMap,
+    mlp_columns: IndexMap,
+    vocab: IndexMap,
+}
+
+impl Share {
+    fn of(plan: &Plan) -> Share {
+        let (d, m) = (&plan.dims, &plan.model_dims);
+        let (replicas, ep) = plan
+            .sharding
+            .as_ref()
+            .map_or((1, true), |sh| (sh.heads.kv_replicas, sh.experts.split == ExpertSplit::Ep));
+        let n = plan.sharding.as_ref().map_or(1, |sh| sh.devices);
+        let slice = |per_device: u64, size: u64| IndexMap::Slice {
+            per_device: if n > 1 { per_device } else { 0 },
+            len: per_device,
+            size,
+        };
+        let di = d.dense_intermediate.unwrap_or(0);
+        Share {
+            q_heads: HeadMap::Query { per_device: d.heads, replicas, group: m.heads / m.kv_heads },
+            kv_heads: HeadMap::Kv { per_device: d.kv_heads, replicas },
+            experts: if ep {
+                slice(d.experts_per_device, m.experts)
+            } else {
+                IndexMap::whole(m.experts)
+            },
+            columns: if ep {
+                IndexMap::whole(m.intermediate)
+            } else {
+                slice(d.intermediate, m.intermediate)
+            },
+            mlp_columns: slice(di, m.dense_intermediate.unwrap_or(0)),
+            vocab: slice(d.vocab, m.vocab),
+        }
+    }
+}
+
+/// Operand `kind`'s blocks.
+fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
+    let layout = &plan.layout;
+    let (d, m) = (&plan.dims, &plan.model_dims);
+    let shape = &layout.operand(kind)?.shape;
+    let share = Share::of(plan);
+    let quant = layout.quant;
+    // bf16 plans fold the norms; quantized ones ship the checkpoint's weights as codes.
+    let (dense, experts) = match quant {
+        Some(q) => (Element::Code(q.dense), Element::Code(q.experts)),
+        None => (Element::Value, Element::Value),
+    };
+    let fold = |w: WeightKind| if quant.is_none() { Some(w) } else { None };
+    let read = |tensor: WeightKind, element: Element, transposed: bool, fold| Read {
+        tensor: Role::Weight(tensor),
+        element,
+        transposed,
+        fold,
+    };
+    let whole = |n: u64| Axis::new(IndexMap::whole(n));
+    let (h, hd, hp) = (d.hidden, d.head_dim, d.head_pad);
+    let heads = |map| IndexMap::Heads { head_dim: hd, head_pad: hp, heads: map };
+    // The q/k/v segment's parts: its columns' tensor and head map.
+    let qkv = [
+        (WeightKind::QProj, heads(share.q_heads), d.heads * hp, "q heads"),
+        (WeightKind::KProj, heads(share.kv_heads), d.kv_heads * hp, "k heads"),
+        (WeightKind::VProj, heads(share.kv_heads), d.kv_heads * hp, "v heads"),
+    ];
+    let vocab = Axis::new(share.vocab).chunked(layout.chunk_cols);
+    Some(match kind {
+        OperandKind::Embed => vec![Block {
+            stack: vec![],
+            at: 0,
+            rows: shape[0] * shape[1],
+            cols: h,
+            row_stride: h,
+            row: whole(m.vocab),
+            col: whole(h),
+            read: Read {
+                tensor: Role::Embed,
+                element: Element::Value,
+                transposed: false,
+                fold: None,
+            },
+            what: "the embedding",
+        }],
+        OperandKind::WStream => {
+            let (n, cw) = (layout.per_layer, layout.chunk_cols);
+            let mut out = Vec::new();
+            for c in 0..n {
+                for p in layout.pieces(c) {
+                    // The segment's parts: (first column, columns, tensor, map, transposed,
+                    // fold, only these layers).
+                    let parts: Vec<(u64, u64, Read, IndexMap, &'static str, Option<Ffn>)> =
+                        match p.segment {
+                            SegmentKind::Qkv => {
+                                let mut col = 0;
+                                qkv.iter()
+                                    .map(|&(w, map, cols, what)| {
+                                        col += cols;
+                                        let r = read(w, dense, true, fold(WeightKind::InputNorm));
+                                        (col - cols, cols, r, map, what, None)
+                                    })
+                                    .collect()
+                            }
+                            SegmentKind::OProj => vec![(
+                                0,
+                                d.heads * hp,
+                                read(WeightKind::OProj, dense, false, None),
+                                heads(share.q_heads),
+                                "o_proj",
+                                None,
+                            )],
+                            SegmentKind::Router => vec![(
+                                0,
+                                d.experts_pad,
+                                read(
+                                    WeightKind::Router,
+                                    Element::Value,
+                                    true,
+                                    fold(WeightKind::PostAttentionNorm),
+                                ),
+                                IndexMap::whole(m.experts),
+                                "the router",
+                                Some(Ffn::RoutedExperts),
+                            )],
+                        };
+                    for (first, cols, r, map, what, only) in parts {
+                        let from = first.max(p.seg_col);
+                        let to = (first + cols).min(p.seg_col + p.cols);
+                        if from >= to {
+                            continue;
+                        }
+                        out.push(Block {
+                            stack: vec![(Stack::Layers { only }, n * h * cw)],
+                            at: c * h * cw + p.chunk_col + (from - p.seg_col),
+                            rows: h,
+                            cols: to - from,
+                            row_stride: cw,
+                            row: whole(h),
+                            col: Axis::new(map).from(from - first),
+                            read: r,
+                            what,
+                        });
+                    }
+                }
+            }
+            if layout.stream_lm_chunks() > 0 {
+                out.push(Block {
+                    stack: vec![(Stack::Chunks(layout.lm_chunks), h * cw)],
+                    at: plan.layers as u64 * n * h * cw,
+                    rows: h,
+                    cols: cw,
+                    row_stride: cw,
+                    row: whole(h),
+                    col: vocab,
+                    read: read(
+                        WeightKind::LmHead,
+                        Element::Value,
+                        true,
+                        fold(WeightKind::FinalNorm),
+                    ),
+                    what: "lm_head",
+                });
+            }
+            out
+        }
+        OperandKind::LmHead | OperandKind::LmScales => {
+            let f = quant.and_then(|q| q.lm_head);
+            let (element, rows, what) = match (kind, f) {
+                (OperandKind::LmScales, Some(f)) => {
+                    (Element::Scale(f), shape[1], "lm_head's scales")
+                }
+                (_, Some(f)) => (Element::Code(f), h, "lm_head"),
+                (_, None) => (Element::Value, h, "lm_head"),
+            };
+            let cw = layout.chunk_cols;
+            let row = match element {
+                Element::Scale(f) => whole(h).every(f.group_of(h)),
+                _ => whole(h),
+            };
+            vec![Block {
+                stack: vec![(Stack::Chunks(layout.lm_chunks), shape[1] * cw)],
+                at: 0,
+                rows,
+                cols: cw,
+                row_stride: cw,
+                row,
+                col: vocab,
+                read: read(WeightKind::LmHead, element, true, None),
+                what,
+            }]
+        }
+        OperandKind::WExperts | OperandKind::WMlp => {
+            let (stack, cols, [g, u, dn]) = ffn(plan, &share, kind)?;
+            let eb = layout.expert_block;
+            let col = Axis::new(cols).chunked(eb);
+            let post = fold(WeightKind::PostAttentionNorm);
+            let at = shape[shape.len() - 2] * shape[shape.len() - 1];
+            [(g, true, post, "gate^T"), (u, true, post, "up^T"), (dn, false, None, "down")]
+                .into_iter()
+                .enumerate()
+                .map(|(i, (w, transposed, fold, what))| Block {
+                    stack: strided(&stack, shape, at),
+                    at: i as u64 * eb,
+                    rows: h,
+                    cols: eb,
+                    row_stride: 3 * eb,
+                    row: whole(h),
+                    col,
+                    read: read(w, experts, transposed, fold),
+                    what,
+                })
+                .collect()
+        }
+        OperandKind::ExpertScales | OperandKind::MlpScales => {
+            let q = quant?;
+            let ffn_kind = if kind == OperandKind::ExpertScales {
+                OperandKind::WExperts
+            } else {
+                OperandKind::WMlp
+            };
+            let (stack, cols, [g, u, _]) = ffn(plan, &share, ffn_kind)?;
+            let eb = layout.expert_block;
+            let rows = shape[shape.len() - 2];
+            let at = rows * 2 * eb;
+            [(g, "gate^T's scales"), (u, "up^T's scales")]
+                .into_iter()
+                .enumerate()
+                .map(|(i, (w, what))| Block {
+                    stack: strided(&stack, shape, at),
+                    at: i as u64 * eb,
+                    rows,
+                    cols: eb,
+                    row_stride: 2 * eb,
+                    row: whole(h).every(q.experts.group_of(h)),
+                    col: Axis::new(cols).chunked(eb),
+                    read: read(w, Element::Scale(q.experts), true, None),
+                    what,
+                })
+                .collect()
+        }
+        OperandKind::ExpertDownScales | OperandKind::MlpDownScales => {
+            let q = quant?;
+            let (ffn_kind, inter) = if kind == OperandKind::ExpertDownScales {
+                (OperandKind::WExperts, d.intermediate)
+            } else {
+                (OperandKind::WMlp, d.dense_intermediate.unwrap_or(0))
+            };
+            let (stack, cols, [_, _, dn]) = ffn(plan, &share, ffn_kind)?;
+            let eb = layout.expert_block;
+            let stride = shape[shape.len() - 2];
+            vec![Block {
+                stack: strided(&stack, shape, stride * h),
+                at: 0,
+                rows: q.experts.scale_rows(eb, inter),
+                cols: h,
+                row_stride: h,
+                row: Axis::new(cols).chunked(eb).every(q.experts.group_of(inter)),
+                col: whole(h),
+                read: read(dn, Element::Scale(q.experts), true, None),
+                what: "down's scales",
+            }]
+        }
+        OperandKind::QkvScales => {
+            let q = quant?;
+            let (rows, nqkv) = (shape[1], shape[2]);
+            let mut col = 0;
+            qkv.iter()
+                .map(|&(w, map, cols, what)| {
+                    col += cols;
+                    Block {
+                        stack: vec![(Stack::Layers { only: None }, rows * nqkv)],
+                        at: col - cols,
+                        rows,
+                        cols,
+                        row_stride: nqkv,
+                        row: whole(h).every(q.dense.group_of(h)),
+                        col: Axis::new(map),
+                        read: read(w, Element::Scale(q.dense), true, None),
+                        what,
+                    }
+                })
+                .collect()
+        }
+        OperandKind::OScales => {
+            let q = quant?;
+            let rows = shape[1];
+            vec![Block {
+                stack: vec![(Stack::Layers { only: None }, rows * h)],
+                at: 0,
+                rows,
+                cols: h,
+                row_stride: h,
+                row: Axis::new(heads(share.q_heads)).every(q.dense.group_of(d.heads * hp)),
+                col: whole(h),
+                read: read(WeightKind::OProj, Element::Scale(q.dense), true, None),
+                what: "o_proj's scales",
+            }]
+        }
+        OperandKind::Router => vec![Block {
+            stack: vec![(Stack::Layers { only: Some(Ffn::RoutedExperts) }, h * shape[2])],
+            at: 0,
+            rows: h,
+            cols: shape[2],
+            row_stride: shape[2],
+            row: whole(h),
+            col: whole(m.experts),
+            read: read(WeightKind::Router, Element::Value, true, None),
+            what: "the router",
+        }],
+        OperandKind::Norms => {
+            let norm = |w, at, stack| Block {
+                stack,
+                at,
+                rows: 1,
+                cols: h,
+                row_stride: h,
+                row: whole(1),
+                col: whole(h),
+                read: read(w, Element::Value, false, None),
+                what: "",
+            };
+            let layers = || vec![(Stack::Layers { only: None }, 8 * h)];
+            vec![
+                norm(WeightKind::InputNorm, 0, layers()),
+                norm(WeightKind::PostAttentionNorm, h, layers()),
+                norm(WeightKind::FinalNorm, plan.layers as u64 * 8 * h, vec![]),
+            ]
+        }
+        OperandKind::HeadNorms => [WeightKind::QNorm, WeightKind::KNorm]
+            .into_iter()
+            .enumerate()
+            .map(|(row, w)| Block {
+                stack: vec![(Stack::Layers { only: None }, 8 * hp)],
+                at: row as u64 * hp,
+                rows: 1,
+                cols: hd,
+                row_stride: hp,
+                row: whole(1),
+                col: whole(hd),
+                read: read(w, Element::Value, false, None),
+                what: "",
+            })
+            .collect(),
+        _ => return None,
+    })
+}
+
+/// An FFN operand's stack (layers of its kind, then experts for the routed ones, then
+/// chunks), its intermediate columns' map and its gate, up and down tensors.
+fn ffn(
+    plan: &Plan,
+    share: &Share,
+    kind: OperandKind,
+) -> Option<(Vec<Stack>, IndexMap, [WeightKind; 3])> {
+    let layout = &plan.layout;
+    Some(match kind {
+        OperandKind::WExperts => (
+            vec![
+                Stack::Slots(Ffn::RoutedExperts),
+                Stack::Experts(share.experts),
+                Stack::Chunks(layout.expert_chunks),
+            ],
+            share.columns,
+            [WeightKind::ExpertGate, WeightKind::ExpertUp, WeightKind::ExpertDown],
+        ),
+        OperandKind::WMlp => (
+            vec![Stack::Slots(Ffn::DenseMlp), Stack::Chunks(layout.mlp_chunks)],
+            share.mlp_columns,
+            [WeightKind::MlpGate, WeightKind::MlpUp, WeightKind::MlpDown],
+        ),
+        _ => return None,
+    })
+}
+
+/// `stack` with each index's flat stride in an operand of `shape` whose innermost
+/// item (below the stack's indices) has `item` elements.
+fn strided(stack: &[Stack], shape: &[u64], item: u64) -> Vec<(Stack, u64)> {
+    let k = stack.len();
+    (0..k).map(|i| (stack[i].clone(), shape[i + 1..k].iter().product::<u64>() * item)).collect()
+}
+
+/// The name of role `role` in `layout`'s Hugging Face names (per-layer ones relative to
+/// the layer, `{e}` for the expert), as the rewrites extracted them.
+pub fn tensor_name(layout: &StreamLayout, role: Role) -> String {
+    let Role::Weight(kind) = role else { return "model.embed_tokens.weight".into() };
+    let extracted = layout
+        .segments
+        .iter()
+        .map(|s| &s.weight)
+        .chain(&layout.experts)
+        .chain([&layout.lm_head])
+        .flat_map(|w| w.weights.iter().chain(&w.folded_scale))
+        .find(|w| w.kind == kind);
+    if let Some(w) = extracted {
+        return w.name.clone();
+    }
+    // Not in the extracted matmuls (a quantized plan's router; the dense MLP; the q/k
+    // norms): the names beside the experts'.
+    let ffn = layout.experts[0]
+        .weights
+        .first()
+        .and_then(|w| w.name.split_once(".experts."))
+        .map_or("mlp", |(ffn, _)| ffn);
+    match kind {
+        WeightKind::Router => format!("{ffn}.gate.weight"),
+        WeightKind::MlpGate => "mlp.gate_proj.weight".into(),
+        WeightKind::MlpUp => "mlp.up_proj.weight".into(),
+        WeightKind::MlpDown => "mlp.down_proj.weight".into(),
+        WeightKind::QNorm => "self_attn.q_norm.weight".into(),
+        WeightKind::KNorm => "self_attn.k_norm.weight".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+impl OperandSource {
+    /// The map as prose: each block's elements as the tensor elements they hold (the
+    /// report's operand `source`).
+    pub fn describe(&self, plan: &Plan) -> String {
+        let layout = &plan.layout;
+        let rank = self.shape.len();
+        let mut parts: Vec<String> = Vec::new();
+        for b in &self.blocks {
+            let mut idx: Vec<String> = Vec::new();
+            let mut layers = String::new();
+            for (s, _) in &b.stack {
+                idx.push(match s {
+                    Stack::Layers { only: None } => "l".into(),
+                    Stack::Layers { only: Some(f) } => {
+                        if !plan.layer_ffns.0.iter().all(|k| k == f) {
+                            layers = format!(
+                                " (layers {:?}; zero in the others)",
+                                plan.layer_ffns.layers_of(*f)
+                            );
+                        }
+                        "l".into()
+                    }
+                    Stack::Slots(f) => {
+                        if !plan.layer_ffns.0.iter().all(|k| k == f) {
+                            layers = format!(
+                                " (m: the m-th {} layer, layers {:?})",
+                                f.name(),
+                                plan.layer_ffns.layers_of(*f)
+                            );
+                        }
+                        "m".into()
+                    }
+                    Stack::Experts(map) => match *map {
+                        IndexMap::Slice { per_device, len, size } if per_device > 0 => {
+                            layers += &format!(
+                                " (expert {} , local < {len}, < {size})",
+                                affine(per_device, "e")
+                            );
+                            "e".into()
+                        }
+                        _ => "e".into(),
+                    },
+                    Stack::Chunks(_) => "c".into(),
+                });
+            }
+            // The remaining leading indices (the block's own offset) and the row/column.
+            let mut within = b.at;
+            let inner: Vec<u64> = (0..rank).map(|i| self.shape[i + 1..].iter().product()).collect();
+            let fixed: Vec<String> = (idx.len()..rank.saturating_sub(2))
+                .map(|i| {
+                    let k = within / inner[i];
+                    within %= inner[i];
+                    k.to_string()
+                })
+                .collect();
+            let (r0, c0) = if rank >= 2 {
+                (within / inner[rank - 2], within % inner[rank - 2])
+            } else {
+                (0, within)
+            };
+            let (rv, cv) = ("i", "j");
+            let span = |start: u64, n: u64, v: &str| {
+                if n == 1 {
+                    start.to_string()
+                } else if start == 0 {
+                    format!("{v} < {n}")
+                } else {
+                    format!("{start} + {v} ({v} < {n})")
+                }
+            };
+            let mut all = idx.clone();
+            all.extend(fixed);
+            if rank >= 2 {
+                all.push(span(r0, b.rows, rv));
+            }
+            all.push(span(c0, b.cols, cv));
+            let name = tensor_name(layout, b.read.tensor);
+            let name =
+                if b.read.tensor.per_layer() { format!("model.layers.{{l}}.{name}") } else { name };
+            let one_d = Role::shape(b.read.tensor, &plan.model_dims).len() == 1;
+            let (ri, ci) = (b.row.describe(rv), b.col.describe(cv));
+            let at = if one_d {
+                format!("[{ci}]")
+            } else if b.read.transposed {
+                format!("[{ci}, {ri}]")
+            } else {
+                format!("[{ri}, {ci}]")
+            };
+            let element = match b.read.element {
+                Element::Value => String::new(),
+                Element::Code(f) => format!("{} codes of ", f.codes),
+                Element::Scale(f) => format!(
+                    "the scale ({}) of ",
+                    f.group.map_or("per output channel".to_string(), |g| format!("per {g} inputs"))
+                ),
+            };
+            let fold = b.read.fold.map_or(String::new(), |n| {
+                format!(" * {}[input]", tensor_name(layout, Role::Weight(n)))
+            });
+            let what = if b.what.is_empty() { String::new() } else { format!("{}: ", b.what) };
+            parts.push(format!("{what}[{}] = {element}{name}{at}{fold}{layers}", all.join(", ")));
+        }
+        let mut s = parts.join("; ");
+        s += "; the rest zero";
+        s
+    }
+}
