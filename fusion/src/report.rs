@@ -1,10 +1,10 @@
 //! The megakernel report: text for people, JSON (the [`Plan`] itself, serialized, with
 //! each operand's [`operand_source`]) for tools.
 
-use crate::graph::Weight;
-use crate::layout::{Ffn, Operand, OperandKind, SegmentKind, role_name};
+use crate::layout::{Ffn, Operand, OperandKind, role_name};
 use crate::plan::{ExpertFetch, KvTiles, Plan, Prefetch, TWO_AHEAD_SLOTS};
 use crate::shard::{ExpertSplit, Sharding};
+use crate::source::source_map;
 use std::fmt::Write;
 
 fn mib(b: u64) -> String {
@@ -320,17 +320,12 @@ fn sharding(s: &mut String, p: &Plan, sh: &Sharding) {
     );
 }
 
-/// Which of the model's heads, experts, expert columns and vocabulary ids a device's local
-/// ones are, as the operand prose names them, in terms of the device's index `me` (the
-/// operands are one device's, every device's shaped alike); `None` on one device.
+/// The model's KV head and vocabulary ids of a device's local ones, as the cache and logits
+/// prose names them, in terms of the device's index `me` (the weights' are their source
+/// maps'), and what the device holds; `None` on one device.
 struct DeviceIndex {
-    /// The model's query head of local head `j`, KV head of local KV head `j`.
-    q_head: String,
+    /// The model's KV head of local KV head `j`.
     kv_head: String,
-    /// The model's expert of local expert `e` (EP; "" under TP: the same expert).
-    expert: String,
-    /// The model's intermediate column of local column `x` as `{column}x` ("" under EP).
-    column: String,
     /// The model's vocabulary id of the device's first id.
     vocab_start: String,
     /// What the device holds, opening a per-device operand's prose.
@@ -342,7 +337,7 @@ impl DeviceIndex {
         let d = &p.dims;
         let sh = p.sharding.as_ref()?;
         let (n, hs) = (sh.devices, &sh.heads);
-        let (q_head, kv_head, heads) = if hs.kv_replicas > 1 {
+        let (kv_head, heads) = if hs.kv_replicas > 1 {
             let r = hs.kv_replicas;
             let pad = if hs.heads_padded > hs.heads {
                 format!(", padded with zero-weight heads to {}", hs.heads_padded / hs.kv_heads)
@@ -350,11 +345,6 @@ impl DeviceIndex {
                 String::new()
             };
             (
-                format!(
-                    "(me / {r})*{} + (me % {r})*{} + j",
-                    hs.heads / hs.kv_heads,
-                    hs.heads_per_device
-                ),
                 format!("me / {r}"),
                 format!(
                     "{} of the {} query heads, a {r}-way split of its KV head's query group{pad}; each of the {} KV heads replicated on {r} devices",
@@ -363,7 +353,6 @@ impl DeviceIndex {
             )
         } else {
             (
-                format!("me*{} + j", hs.heads_per_device),
                 format!("me*{} + j", hs.kv_heads_per_device),
                 format!(
                     "{} of the {} query heads and {} of the {} KV heads",
@@ -372,26 +361,17 @@ impl DeviceIndex {
             )
         };
         let e = &sh.experts;
-        let (expert, column, experts) = match e.split {
-            ExpertSplit::Ep => (
-                format!("me*{} + e", e.experts_per_device),
-                String::new(),
-                format!("experts EP, {} of the {} experts", e.experts_per_device, d.experts),
-            ),
-            ExpertSplit::Tp => (
-                String::new(),
-                format!("me*{} + ", e.intermediate_per_device),
-                format!(
-                    "experts TP, {} of each expert's intermediate columns",
-                    e.intermediate_per_device
-                ),
+        let experts = match e.split {
+            ExpertSplit::Ep => {
+                format!("experts EP, {} of the {} experts", e.experts_per_device, d.experts)
+            }
+            ExpertSplit::Tp => format!(
+                "experts TP, {} of each expert's intermediate columns",
+                e.intermediate_per_device
             ),
         };
         Some(DeviceIndex {
-            q_head,
             kv_head,
-            expert,
-            column,
             vocab_start: format!("me*{}", sh.vocab_per_device),
             device: format!(
                 "device me's share (of {n}: {heads}; {experts}; {} of the {} vocabulary ids; the model's indices past its sizes are zero padding): ",
@@ -401,63 +381,45 @@ impl DeviceIndex {
     }
 }
 
-/// How Hugging Face tensors map into operand `o` of `p`'s layout, element by element
-/// (transposes, folded norms, padding); on several devices, device `me`'s share.
+/// How Hugging Face tensors map into operand `o` of `p`'s layout, element by element: a
+/// weight operand's source map ([`crate::source`], what the packer walks) rendered; the
+/// other operands' contents. On several devices, device `me`'s share.
 pub fn operand_source(p: &Plan, o: &Operand) -> String {
-    if let Some(q) = &p.layout.quant
-        && let Some(text) = quantized_source(p, q, o)
-    {
-        return text;
-    }
     let ix = DeviceIndex::of(p);
-    let text = bf16_source(p, o, ix.as_ref());
+    let text = match source_map(p, o.kind) {
+        Some(map) => map.describe(p),
+        None => other_source(p, o, ix.as_ref()),
+    };
     match ix {
-        Some(ix)
-            if matches!(
-                o.kind,
-                OperandKind::WStream
-                    | OperandKind::WExperts
-                    | OperandKind::WMlp
-                    | OperandKind::KCache
-                    | OperandKind::VCache
-                    | OperandKind::Logits
-            ) =>
-        {
-            format!("{}{text}", ix.device)
-        }
+        Some(ix) if per_device(o.kind) => format!("{}{text}", ix.device),
         _ => text,
     }
 }
 
-/// [`operand_source`] of a bf16 plan; on several devices (`ix`), local indices mapped to
-/// the model's.
-fn bf16_source(p: &Plan, o: &Operand, ix: Option<&DeviceIndex>) -> String {
+/// Whether operand `kind` holds a device's share (its prose opens with the device's).
+fn per_device(kind: OperandKind) -> bool {
+    !matches!(
+        kind,
+        OperandKind::Tokens
+            | OperandKind::Positions
+            | OperandKind::Embed
+            | OperandKind::Router
+            | OperandKind::Norms
+            | OperandKind::HeadNorms
+            | OperandKind::NextIds
+            | OperandKind::MaxLogits
+            | OperandKind::RouterNonFinite
+            | OperandKind::KCacheOut
+            | OperandKind::VCacheOut
+    )
+}
+
+/// [`operand_source`] of an operand that is not a weight (no source map); on several
+/// devices (`ix`), local indices mapped to the model's.
+fn other_source(p: &Plan, o: &Operand, ix: Option<&DeviceIndex>) -> String {
     let d = &p.dims;
     let layout = &p.layout;
-    let (h, hd, hp, cw) = (d.hidden, d.head_dim, d.head_pad, layout.chunk_cols);
-    // The model's vocabulary size (`d.vocab` is a device's slice on several).
-    let vocab = p.sharding.as_ref().map_or(d.vocab, |sh| sh.vocab);
-    let q_rows = ix.map_or(format!("j*{hd}..(j+1)*{hd}, :]"), |ix| {
-        format!("g*{hd}..(g+1)*{hd}, :] for the model's head g = {}", ix.q_head)
-    });
-    let o_cols = ix.map_or(format!("o_proj.weight [H, heads*{hd}]"), |ix| {
-        format!(
-            "o_proj.weight[:, g*{hd}..(g+1)*{hd}] for local head j (of {}), g = {}",
-            d.heads, ix.q_head
-        )
-    });
-    let kv_form = ix.map_or("same form".to_string(), |ix| {
-        format!("same form, the model's KV head {} for local KV head j", ix.kv_head)
-    });
-    let lm_row =
-        ix.map_or(format!("[c*{cw} + j, i]"), |ix| format!("[{} + c*{cw} + j, i]", ix.vocab_start));
-    let (expert, column) = match ix {
-        Some(ix) if !ix.expert.is_empty() => {
-            (format!(" (the model's expert {})", ix.expert), ix.column.clone())
-        }
-        Some(ix) => (String::new(), ix.column.clone()),
-        None => (String::new(), String::new()),
-    };
+    let (hd, cw) = (d.head_dim, layout.chunk_cols);
     match o.kind {
         OperandKind::Tokens if d.tokens_per_seq == 1 => "token id of each sequence".into(),
         OperandKind::Tokens => format!("token id of row r = b * {k} + k: sequence b's k-th new token (k < {k}), at position positions[b] + k", k = d.tokens_per_seq),
@@ -468,76 +430,6 @@ fn bf16_source(p: &Plan, o: &Operand, ix: Option<&DeviceIndex>) -> String {
             d.positions,
             d.tokens_per_seq - 1
         ),
-        // Whole on every device: the vocabulary is the model's, not a device's slice.
-        OperandKind::Embed => format!("model.embed_tokens.weight [{}, {h}] reshaped to [V/16, 16, H] (rows padded with zeros to {})", p.sharding.as_ref().map_or(d.vocab, |sh| sh.vocab), o.shape[0] * 16),
-        OperandKind::WStream => {
-            let n = layout.per_layer;
-            let col = |kind| layout.segment(kind).map_or((0, 0), |g| (g.col, g.col + g.cols));
-            let ((_, qkv_end), (o_start, o_end), (r_start, _)) = (col(SegmentKind::Qkv), col(SegmentKind::OProj), col(SegmentKind::Router));
-            let head_weight = layout.lm_head.weights.first().map_or("", |w| w.name.as_str());
-            let dense_layers = match p.layer_ffns.all_routed() {
-                true => String::new(),
-                false => format!(
-                    " (zero in the dense-MLP layers {:?})",
-                    p.layer_ffns.layers_of(Ffn::DenseMlp)
-                ),
-            };
-            format!(
-                "the dense stream, {n} chunks per layer then {} lm_head chunks. Layer l: the [H={h}, {}] matrix D_l split into column chunks of {cw} (w_stream[l*{n} + c] = D_l[:, c*{cw}..]): \
-                 cols [0, {qkv_end}) = q|k|v heads, head j of q at cols j*{hp}.. = (q_proj.weight[{q_rows})^T * input_layernorm.weight[:, None] (k heads from col {}, v heads from col {}, {kv_form}; cols {hd}..{hp} of each head zero); \
-                 cols [{o_start}, {o_end}) = {o_cols} with each head's {hd} columns padded to {hp} (not transposed); \
-                 cols [{r_start}, {}) = (gate.weight [E={}, H])^T * post_attention_layernorm.weight[:, None], zero-padded to {} columns{dense_layers}; the rest zero. \
-                 lm_head: w_stream[{} + c, i, j] = {head_weight}{lm_row} * model.norm.weight[i] (zero for vocab >= {})",
-                layout.lm_chunks,
-                n * cw,
-                d.heads * hp,
-                (d.heads + d.kv_heads) * hp,
-                r_start + d.experts,
-                d.experts,
-                d.experts_pad,
-                p.layers as u64 * n,
-                vocab
-            )
-        }
-        OperandKind::WExperts => {
-            let eb = layout.expert_block;
-            let [gate_up, down] = &layout.experts;
-            // Past the first weight, the names relative to the expert (`up_proj.weight`).
-            let short = |w: &Weight| w.name.split_once(".experts.{e}.").map_or(w.name.clone(), |(_, n)| n.to_string());
-            let (gate, up) = (gate_up.weights.first(), gate_up.weights.get(1));
-            // Where layers mix kinds, w_experts holds the MoE layers only.
-            let moe_layers = match p.layer_ffns.all_routed() {
-                true => String::new(),
-                false => format!(
-                    "; the leading index counts the MoE layers only: w_experts[m] is the m-th of layers {:?}",
-                    p.layer_ffns.layers_of(Ffn::RoutedExperts)
-                ),
-            };
-            format!(
-                "chunk c of expert e{expert} of layer l, one DMA: w_experts[l, e, c, i, j] = model.layers.{{l}}.{}[{column}c*{eb} + j, i] * post_attention_layernorm.weight[i] for j < {eb}, \
-                 {}[{column}c*{eb} + j - {eb}, i] * post_attention_layernorm.weight[i] for j < {}, {}[i, {column}c*{eb} + j - {}] above{moe_layers}",
-                gate.map_or(String::new(), |w| w.name.clone()),
-                up.map_or(String::new(), short),
-                2 * eb,
-                down.weights.first().map_or(String::new(), short),
-                2 * eb
-            )
-        }
-        OperandKind::WMlp => {
-            let eb = layout.expert_block;
-            let column = match &p.sharding {
-                Some(_) => format!("me*{} + ", d.dense_intermediate.unwrap_or(0)),
-                None => String::new(),
-            };
-            format!(
-                "chunk c of the dense MLP of the m-th dense-MLP layer l (layers {:?}, by the config's mlp_only_layers / decoder_sparse_step), one DMA, as an expert's chunk: w_mlp[m, c, i, j] = model.layers.{{l}}.mlp.gate_proj.weight[{column}c*{eb} + j, i] * post_attention_layernorm.weight[i] for j < {eb}, \
-                 up_proj.weight[{column}c*{eb} + j - {eb}, i] * post_attention_layernorm.weight[i] for j < {}, down_proj.weight[i, {column}c*{eb} + j - {}] above (columns past intermediate_size zero)",
-                p.layer_ffns.layers_of(Ffn::DenseMlp),
-                2 * eb,
-                2 * eb
-            )
-        }
-        OperandKind::HeadNorms => format!("head_norms[l, 0, :{hd}] = self_attn.q_norm.weight, [l, 1, :{hd}] = self_attn.k_norm.weight; the rest zero"),
         OperandKind::KCache | OperandKind::VCache => {
             let what = if o.kind == OperandKind::KCache { "K" } else { "V" };
             let out = layout.operands.iter().find(|x| x.kind.aliased_input() == Some(o.kind)).map_or("", |x| x.kind.name());
@@ -552,75 +444,9 @@ fn bf16_source(p: &Plan, o: &Operand, ix: Option<&DeviceIndex>) -> String {
         OperandKind::MaxLogits => "maximum logit of token row r at [r, :] (every lane), NaN when any of the row's logits is not finite (so a bad step is caught without the full logits)".into(),
         OperandKind::RouterNonFinite => format!("1 at [r, l] when token row r's router logits in layer l are not all finite (NaN or infinity), else 0 (lanes l >= {} and rows >= batch * K are 0): the step names the layer where the numbers went bad", p.layers),
         OperandKind::KCacheOut | OperandKind::VCacheOut => "aliases the input of the same name (KV written in place)".into(),
-        OperandKind::QkvScales | OperandKind::OScales | OperandKind::Router | OperandKind::Norms | OperandKind::LmHead | OperandKind::LmScales | OperandKind::ExpertScales | OperandKind::ExpertDownScales | OperandKind::MlpScales | OperandKind::MlpDownScales => {
-            unreachable!("{} is a quantized plan's operand", o.kind.name())
-        }
+        // The weights: their source maps.
+        _ => String::new(),
     }
-}
-
-/// The operands of a quantized plan that differ from the bf16 plan's: the codes are the
-/// checkpoint's weights (`W = code * scale`, [`palladium_model::quant`]), laid out as the bf16
-/// ones but with no norm folded, and the scales as the bodies' `GroupScales` take them.
-fn quantized_source(p: &Plan, q: &crate::layout::QuantLayout, o: &Operand) -> Option<String> {
-    let d = &p.dims;
-    let layout = &p.layout;
-    let (h, hd, hp, cw, eb) =
-        (d.hidden, d.head_dim, d.head_pad, layout.chunk_cols, layout.expert_block);
-    let scales = "f32 scales; a weight's scale for output o and input i is at [i / group, o] (int8: group = all inputs, one row; fp8: each 128x128 tile's scale repeated over its 128 outputs; int4: per 128 inputs)";
-    Some(match o.kind {
-        OperandKind::WStream => format!(
-            "{} codes of the dense stream, {} chunks per layer: as the bf16 w_stream's q|k|v and o_proj columns (cols [0, {})), without input_layernorm folded; no router and no lm_head chunks",
-            q.dense.codes,
-            layout.per_layer,
-            layout.segments.iter().map(|g| g.col + g.cols).max().unwrap_or(0)
-        ),
-        OperandKind::WExperts => format!(
-            "{} codes: w_experts[l, e, c] = [gate^T | up^T | down] columns c*{eb}.. of expert e (the checkpoint's weights, post_attention_layernorm not folded)",
-            q.experts.codes
-        ),
-        OperandKind::QkvScales => format!(
-            "{scales}: the q|k|v columns' scales by input group of H = {h}, columns as in w_stream (heads padded from {hd} to {hp}, padding 0)"
-        ),
-        OperandKind::OScales => format!(
-            "{scales}: o_proj's scales, rows by group of its padded inputs (each head's {hd} inputs padded to {hp}), columns the {h} outputs"
-        ),
-        OperandKind::Router => format!(
-            "the router (gate.weight [E={}, H])^T in bf16, zero-padded to {} columns; post_attention_layernorm not folded",
-            d.experts, d.experts_pad
-        ),
-        OperandKind::Norms => format!(
-            "norms[l, 0] = input_layernorm.weight, norms[l, 1] = post_attention_layernorm.weight; norms[{}, 0] = model.norm.weight (applied in the kernel)",
-            p.layers
-        ),
-        OperandKind::LmHead => format!(
-            "{} codes of lm_head^T in chunks of {cw} vocab columns: w_lm_head[c, i, j] = lm_head[c*{cw} + j, i] (zero for vocab >= {}; model.norm not folded)",
-            q.lm_head.map_or("bf16".to_string(), |f| f.codes.to_string()),
-            d.vocab
-        ),
-        OperandKind::LmScales => format!(
-            "{scales}: lm_head's per-channel scales, lm_scales[c, 0, j] for vocab id c*{cw} + j"
-        ),
-        OperandKind::ExpertScales => format!(
-            "{scales}: chunk c of expert e's gate (columns 0..{eb}) and up ({eb}..{}) scales",
-            2 * eb
-        ),
-        OperandKind::ExpertDownScales => format!(
-            "{scales}: chunk c of expert e's down_proj scales for its {eb} inputs, columns the {h} outputs"
-        ),
-        OperandKind::WMlp => format!(
-            "{} codes: w_mlp[m, c] = [gate^T | up^T | down] columns c*{eb}.. of the m-th dense-MLP layer's MLP (layers {:?}; the checkpoint's weights, post_attention_layernorm not folded), as an expert's",
-            q.experts.codes,
-            p.layer_ffns.layers_of(Ffn::DenseMlp)
-        ),
-        OperandKind::MlpScales => format!(
-            "{scales}: chunk c of a dense-MLP layer's gate (columns 0..{eb}) and up ({eb}..{}) scales, as an expert's",
-            2 * eb
-        ),
-        OperandKind::MlpDownScales => format!(
-            "{scales}: chunk c of a dense-MLP layer's down_proj scales for its {eb} inputs, columns the {h} outputs"
-        ),
-        _ => return None,
-    })
 }
 
 /// The plan as JSON, each operand with its `source` ([`operand_source`]).

@@ -129,7 +129,11 @@ impl HeadMap {
 
 /// `me*k + var`, or `var` where the slice does not move with the device.
 fn affine(k: u64, var: &str) -> String {
-    if k == 0 { var.to_string() } else { format!("me*{k} + {var}") }
+    match k {
+        0 => var.to_string(),
+        1 => format!("me + {var}"),
+        k => format!("me*{k} + {var}"),
+    }
 }
 
 /// How a local index maps to the model's (`None`: padding).
@@ -200,15 +204,21 @@ impl Axis {
     }
 
     /// The index as a formula of `var` (and `c`, `me`), with its padding.
-    fn describe(&self, var: &str) -> String {
-        let mut local = String::new();
+    fn describe(&self, var: &str, count: u64) -> String {
+        let mut terms = Vec::new();
         if self.start > 0 {
-            local += &format!("{} + ", self.start);
+            terms.push(self.start.to_string());
         }
         if self.chunk > 0 {
-            local += &format!("c*{} + ", self.chunk);
+            terms.push(format!("c*{}", self.chunk));
         }
-        local += &if self.step > 1 { format!("{var}*{}", self.step) } else { var.to_string() };
+        // `var` "0": a block of one row or column.
+        match (var, self.step) {
+            ("0", _) => {}
+            (_, 1) => terms.push(var.to_string()),
+            (_, step) => terms.push(format!("{var}*{step}")),
+        }
+        let local = if terms.is_empty() { "0".to_string() } else { terms.join(" + ") };
         match self.map {
             IndexMap::Slice { per_device, len, size } => {
                 let at = affine(per_device, &local);
@@ -218,9 +228,11 @@ impl Axis {
                     var.to_string()
                 };
                 if per_device > 0 {
-                    format!("{at} (local < {len}, < {size})")
+                    format!("{at} (zero past local {len} or the model's {size})")
+                } else if self.chunk > 0 || self.start + count * self.step > size {
+                    format!("{at} (zero past {size})")
                 } else {
-                    format!("{at} (< {size})")
+                    at
                 }
             }
             IndexMap::Heads { head_dim, head_pad, heads } => {
@@ -380,8 +392,12 @@ impl Share {
         };
         let di = d.dense_intermediate.unwrap_or(0);
         Share {
-            q_heads: HeadMap::Query { per_device: d.heads, replicas, group: m.heads / m.kv_heads },
-            kv_heads: HeadMap::Kv { per_device: d.kv_heads, replicas },
+            q_heads: HeadMap::Query {
+                per_device: if n > 1 { d.heads } else { 0 },
+                replicas,
+                group: m.heads / m.kv_heads,
+            },
+            kv_heads: HeadMap::Kv { per_device: if n > 1 { d.kv_heads } else { 0 }, replicas },
             experts: if ep {
                 slice(d.experts_per_device, m.experts)
             } else {
@@ -778,106 +794,125 @@ impl OperandSource {
     /// The map as prose: each block's elements as the tensor elements they hold (the
     /// report's operand `source`).
     pub fn describe(&self, plan: &Plan) -> String {
+        let mut parts: Vec<String> =
+            self.blocks.iter().map(|b| self.describe_block(plan, b)).collect();
+        parts.push("the rest zero".into());
+        parts.join("; ")
+    }
+
+    fn describe_block(&self, plan: &Plan, b: &Block) -> String {
         let layout = &plan.layout;
         let rank = self.shape.len();
-        let mut parts: Vec<String> = Vec::new();
-        for b in &self.blocks {
-            let mut idx: Vec<String> = Vec::new();
-            let mut layers = String::new();
-            for (s, _) in &b.stack {
-                idx.push(match s {
-                    Stack::Layers { only: None } => "l".into(),
-                    Stack::Layers { only: Some(f) } => {
-                        if !plan.layer_ffns.0.iter().all(|k| k == f) {
-                            layers = format!(
-                                " (layers {:?}; zero in the others)",
-                                plan.layer_ffns.layers_of(*f)
-                            );
-                        }
-                        "l".into()
+        let inner: Vec<u64> = (0..rank).map(|i| self.shape[i + 1..].iter().product()).collect();
+        // Each leading dimension's index: the stack indices that advance it, then the
+        // block's own offset.
+        let mut dims: Vec<Vec<String>> = vec![Vec::new(); rank];
+        let mut notes = Vec::new();
+        let kinds = |f: Ffn| plan.layer_ffns.0.iter().all(|&k| k == f);
+        let mut next_dim = 0;
+        for (s, stride) in &b.stack {
+            let var = match s {
+                Stack::Layers { only } => {
+                    if let Some(f) = only.filter(|&f| !kinds(f)) {
+                        notes.push(format!(
+                            "layers {:?} only, zero in the others",
+                            plan.layer_ffns.layers_of(f)
+                        ));
                     }
-                    Stack::Slots(f) => {
-                        if !plan.layer_ffns.0.iter().all(|k| k == f) {
-                            layers = format!(
-                                " (m: the m-th {} layer, layers {:?})",
-                                f.name(),
-                                plan.layer_ffns.layers_of(*f)
-                            );
-                        }
-                        "m".into()
-                    }
-                    Stack::Experts(map) => match *map {
-                        IndexMap::Slice { per_device, len, size } if per_device > 0 => {
-                            layers += &format!(
-                                " (expert {} , local < {len}, < {size})",
-                                affine(per_device, "e")
-                            );
-                            "e".into()
-                        }
-                        _ => "e".into(),
-                    },
-                    Stack::Chunks(_) => "c".into(),
-                });
-            }
-            // The remaining leading indices (the block's own offset) and the row/column.
-            let mut within = b.at;
-            let inner: Vec<u64> = (0..rank).map(|i| self.shape[i + 1..].iter().product()).collect();
-            let fixed: Vec<String> = (idx.len()..rank.saturating_sub(2))
-                .map(|i| {
-                    let k = within / inner[i];
-                    within %= inner[i];
-                    k.to_string()
-                })
-                .collect();
-            let (r0, c0) = if rank >= 2 {
-                (within / inner[rank - 2], within % inner[rank - 2])
-            } else {
-                (0, within)
-            };
-            let (rv, cv) = ("i", "j");
-            let span = |start: u64, n: u64, v: &str| {
-                if n == 1 {
-                    start.to_string()
-                } else if start == 0 {
-                    format!("{v} < {n}")
-                } else {
-                    format!("{start} + {v} ({v} < {n})")
+                    "l"
                 }
+                Stack::Slots(f) if kinds(*f) => "l",
+                Stack::Slots(f) => {
+                    {
+                        notes.push(format!(
+                            "m: the m-th {} layer l of layers {:?}",
+                            f.name(),
+                            plan.layer_ffns.layers_of(*f)
+                        ));
+                    }
+                    "m"
+                }
+                Stack::Experts(map) => {
+                    if let IndexMap::Slice { per_device, len, size } = *map
+                        && per_device > 0
+                    {
+                        notes.push(format!(
+                            "e local, the name's {{e}} = {} (padding past local {len} or the model's {size})",
+                            affine(per_device, "e")
+                        ));
+                    }
+                    "e"
+                }
+                Stack::Chunks(_) => "c",
             };
-            let mut all = idx.clone();
-            all.extend(fixed);
-            if rank >= 2 {
-                all.push(span(r0, b.rows, rv));
-            }
-            all.push(span(c0, b.cols, cv));
-            let name = tensor_name(layout, b.read.tensor);
-            let name =
-                if b.read.tensor.per_layer() { format!("model.layers.{{l}}.{name}") } else { name };
-            let one_d = Role::shape(b.read.tensor, &plan.model_dims).len() == 1;
-            let (ri, ci) = (b.row.describe(rv), b.col.describe(cv));
-            let at = if one_d {
-                format!("[{ci}]")
-            } else if b.read.transposed {
-                format!("[{ci}, {ri}]")
-            } else {
-                format!("[{ri}, {ci}]")
-            };
-            let element = match b.read.element {
-                Element::Value => String::new(),
-                Element::Code(f) => format!("{} codes of ", f.codes),
-                Element::Scale(f) => format!(
-                    "the scale ({}) of ",
-                    f.group.map_or("per output channel".to_string(), |g| format!("per {g} inputs"))
-                ),
-            };
-            let fold = b.read.fold.map_or(String::new(), |n| {
-                format!(" * {}[input]", tensor_name(layout, Role::Weight(n)))
-            });
-            let what = if b.what.is_empty() { String::new() } else { format!("{}: ", b.what) };
-            parts.push(format!("{what}[{}] = {element}{name}{at}{fold}{layers}", all.join(", ")));
+            let d = (next_dim..rank).find(|&d| stride % inner[d] == 0).unwrap_or(rank - 1);
+            next_dim = d + 1;
+            let k = stride / inner[d];
+            dims[d].push(if k == 1 { var.to_string() } else { format!("{var}*{k}") });
         }
-        let mut s = parts.join("; ");
-        s += "; the rest zero";
-        s
+        let mut rest = b.at;
+        for (d, dim) in dims.iter_mut().enumerate() {
+            let k = rest / inner[d];
+            rest %= inner[d];
+            let var = match d {
+                _ if d + 2 == rank && b.rows == 1 => "",
+                _ if d + 2 == rank => "i",
+                _ if d + 1 == rank => "j",
+                _ => "",
+            };
+            if !var.is_empty() {
+                dim.push(var.to_string());
+            }
+            if k > 0 || dim.is_empty() {
+                dim.push(k.to_string());
+            }
+        }
+        let mut idx: Vec<String> = dims.iter().map(|d| d.join(" + ")).collect();
+        // A block whose rows run over several leading dimensions (the embedding's).
+        if rank >= 3 && b.rows > self.shape[rank - 2] {
+            let n = self.shape[rank - 2];
+            idx[rank - 3] = format!("i / {n}");
+            idx[rank - 2] = format!("i % {n}");
+        }
+        let name = |role: Role| {
+            let n = tensor_name(layout, role);
+            if role.per_layer() { format!("model.layers.{{l}}.{n}") } else { n }
+        };
+        let one_d = Role::shape(b.read.tensor, &plan.model_dims).len() == 1;
+        let var = |v: &'static str, n: u64| if n == 1 { "0" } else { v };
+        let (ri, ci) =
+            (b.row.describe(var("i", b.rows), b.rows), b.col.describe(var("j", b.cols), b.cols));
+        let (at, input) = if one_d {
+            (format!("[{ci}]"), ci)
+        } else if b.read.transposed {
+            (format!("[{ci}, {ri}]"), ri)
+        } else {
+            (format!("[{ri}, {ci}]"), ci)
+        };
+        let element = match b.read.element {
+            Element::Value => String::new(),
+            Element::Code(f) => format!("{} codes of ", f.codes),
+            Element::Scale(f) => format!(
+                "the f32 scale ({}) of ",
+                f.group.map_or("per output channel".to_string(), |g| format!("per {g} inputs"))
+            ),
+        };
+        let fold = b.read.fold.map_or(String::new(), |n| {
+            let input = input.split(" (").next().unwrap_or(&input).to_string();
+            format!(" * {}[{input}]", name(Role::Weight(n)))
+        });
+        let what = if b.what.is_empty() { String::new() } else { format!("{}: ", b.what) };
+        let ranges = if one_d || b.rows == 1 {
+            format!("j < {}", b.cols)
+        } else {
+            format!("i < {}, j < {}", b.rows, b.cols)
+        };
+        let notes =
+            if notes.is_empty() { String::new() } else { format!("; {}", notes.join("; ")) };
+        format!(
+            "{what}[{}] ({ranges}{notes}) = {element}{}{at}{fold}",
+            idx.join(", "),
+            name(b.read.tensor)
+        )
     }
 }
