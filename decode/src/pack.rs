@@ -1,43 +1,23 @@
-//! The host-side weight packer: [`palladium_model::weights::Weights`] (Hugging Face names,
-//! `[out, in]` linear weights) → the megakernel's input arrays in operand order, exactly as
-//! `palladium_fusion`'s operand interface and [`palladium_fusion::report::operand_source`] describe them.
+//! The host-side weight packer: [`palladium_model::weights::Weights`] or
+//! [`palladium_model::quant::QuantizedWeights`] (Hugging Face names, `[out, in]` linear
+//! weights) → the megakernel's input arrays, one device's share.
 //!
-//! - `embed` `[ceil(V/16), 16, H]`: the embedding reshaped, zero rows past `V`.
-//! - `w_stream` `[L*n + ceil(V/cw), H, cw]`: per layer the `[H, n*cw]` dense-stream matrix
-//!   `D_l` cut into `n` column chunks, then `lm_head`'s chunks. Its segments and the chunk pieces come from the layout
-//!   ([`palladium_fusion::layout::StreamLayout::segments`], [`palladium_fusion::layout::StreamLayout::pieces`]): q/k/v heads
-//!   transposed with `input_layernorm` folded (`D[i, head*hp + c] = W[head*hd + c, i] *
-//!   g[i]`), `o_proj` as is with each head's columns padded to `hp`, the router transposed
-//!   with `post_attention_layernorm` folded and padded to `experts_pad` columns.
-//!   `lm_head^T` (the embedding when tied) has `model.norm` folded.
-//! - `w_experts` `[L, E, C, H, 3*block]`: each expert cut into `C` chunks of `block`
-//!   intermediate columns, a chunk `[gate^T | up^T | down]` (gate and up with
-//!   `post_attention_layernorm` folded), so one DMA fetches it.
-//!   Where dense-MLP layers sit among the MoE layers (Qwen3-MoE's `mlp_only_layers` /
-//!   `decoder_sparse_step`), `L` counts the MoE layers only, and
-//! - `w_mlp` `[L_dense, C_d, H, 3*block]` holds each dense-MLP layer's MLP cut as an
-//!   expert is (one chunk helper packs both); those layers' router columns in `w_stream`
-//!   are zero.
-//! - `head_norms` `f32[L, 8, hp]` (Qwen3): row 0 `q_norm`, row 1 `k_norm`.
-//! - `k_cache`, `v_cache` `bf16[L, B, kv_heads, T, hp]`: zeros ([`Packed::empty_caches`]).
-//!
-//! On `N` devices ([`pack_device`]) each device's arrays have the per-device shapes of the
-//! plan's layout and hold its share per [`palladium_fusion::shard`]: its query heads (and
-//! their `o_proj` rows; padded heads zero) and KV heads, its `lm_head` vocabulary slice
-//! (ids past `V` zero), its experts (EP; padded experts zero) or its slice of every
-//! expert's intermediate columns (TP; padding zero); the router, norms and embedding whole.
+//! There is ONE packer (`pack_from`): every weight operand of the plan's layout is
+//! filled from its source map ([`palladium_fusion::source`]), which says for every element
+//! which tensor element it is (by role, resolved to its Hugging Face name through
+//! [`ModelNames`]), transposed or not, times which folded norm element, or zero padding,
+//! and for a quantized operand which code or which scale; device `me`'s slice is part of
+//! the map. The index math (q/k/v heads padded to `head_pad`, `o_proj`'s head columns,
+//! expert and dense-MLP chunks, `lm_head`'s vocabulary chunks, every device's share) lives
+//! there only, and the report prints the same maps ([`palladium_fusion::report::operand_source`]).
 //!
 //! Rounding: every weight is first rounded to bf16 (as transformers' bf16 model loads
 //! it), a folded norm scale is multiplied in f32 (the product of two bf16 values is exact
-//! in f32) and the product is rounded to bf16 once.
-//!
-//! Quantized weights ([`pack_quantized`], a plan with a
-//! [`palladium_fusion::layout::QuantLayout`]): the codes and scales of
-//! [`palladium_model::quant::QuantizedWeights`] are shipped unchanged, laid out as the bf16
-//! arrays above but with NO norm folded (the kernel applies every RMSNorm weight from the
-//! `norms` operand): the quantized tensor is the checkpoint's own weight (quantized at load,
-//! or an FP8 checkpoint's as it ships), so the reference forward pass on
-//! [`palladium_model::quant::QuantizedWeights::dequantize`] computes what the kernel does.
+//! in f32) and the product is rounded to bf16 once. Quantized weights: the codes and scales
+//! of [`palladium_model::quant::QuantizedWeights`] are shipped unchanged, with NO norm
+//! folded (the kernel applies every RMSNorm weight from the `norms` operand), so the
+//! reference forward pass on [`palladium_model::quant::QuantizedWeights::dequantize`]
+//! computes what the kernel does.
 
 use palladium_array::quant::f32_to_e4m3fn_saturating;
 use palladium_array::{DType, HostArray, round_bf16};

@@ -19,6 +19,9 @@
 //!   dtype and shape; the semaphore arrays), from the plan's dims, layout and rings: what
 //!   [`emit`] declares, taking each handle by its typed key, and what the VMEM budget sums
 //!   at the dsl's padded sizes;
+//! - [`source`]: the typed source map of every weight operand (which checkpoint tensor
+//!   each element is, transposed, fused, a norm folded, padded, codes or scales, device
+//!   `me`'s slice): what `palladium-decode`'s one packer walks and [`report`] renders;
 //! - [`shard`]: the split over `--devices N` (attention by heads, experts EP or TP,
 //!   `lm_head` by vocabulary), the collectives priced from the target's link model; the
 //!   plan is then one device's;
@@ -97,8 +100,11 @@
 //! were not touched: the model crate already parsed the per-layer FFN kind, and the dense
 //! MLP reuses the expert ring and the SwiGLU chunk body.
 //!
-//! The exact per-element mapping from Hugging Face tensor names (transposes, folding,
-//! padding) is in [`report::operand_source`], printed by the report for every operand.
+//! The table says what each weight operand holds; the exact per-element mapping from the
+//! checkpoint's tensors (transposes, fusion, folding, padding, quantized codes and scales,
+//! each device's slice) is the operand's source map, [`source::source_maps`], the one
+//! truth: the packer fills the arrays from it and [`report::operand_source`] prints it for
+//! every operand.
 //! Numerics differ from Hugging Face in two documented ways: the residual stream stays f32,
 //! and norm scales are folded into bf16 weights (one rounding of `w * g` instead of rounding
 //! the scaled activations).

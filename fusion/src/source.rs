@@ -414,6 +414,10 @@ impl Share {
     }
 }
 
+/// A part of a dense-stream segment: its first column and columns in the segment, how
+/// it reads, its columns' map, what it is, and the only layers that hold it.
+type SegmentPart = (u64, u64, Read, IndexMap, &'static str, Option<Ffn>);
+
 /// Operand `kind`'s blocks.
 fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
     let layout = &plan.layout;
@@ -467,40 +471,39 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 for p in layout.pieces(c) {
                     // The segment's parts: (first column, columns, tensor, map, transposed,
                     // fold, only these layers).
-                    let parts: Vec<(u64, u64, Read, IndexMap, &'static str, Option<Ffn>)> =
-                        match p.segment {
-                            SegmentKind::Qkv => {
-                                let mut col = 0;
-                                qkv.iter()
-                                    .map(|&(w, map, cols, what)| {
-                                        col += cols;
-                                        let r = read(w, dense, true, fold(WeightKind::InputNorm));
-                                        (col - cols, cols, r, map, what, None)
-                                    })
-                                    .collect()
-                            }
-                            SegmentKind::OProj => vec![(
-                                0,
-                                d.heads * hp,
-                                read(WeightKind::OProj, dense, false, None),
-                                heads(share.q_heads),
-                                "o_proj",
-                                None,
-                            )],
-                            SegmentKind::Router => vec![(
-                                0,
-                                d.experts_pad,
-                                read(
-                                    WeightKind::Router,
-                                    Element::Value,
-                                    true,
-                                    fold(WeightKind::PostAttentionNorm),
-                                ),
-                                IndexMap::whole(m.experts),
-                                "the router",
-                                Some(Ffn::RoutedExperts),
-                            )],
-                        };
+                    let parts: Vec<SegmentPart> = match p.segment {
+                        SegmentKind::Qkv => {
+                            let mut col = 0;
+                            qkv.iter()
+                                .map(|&(w, map, cols, what)| {
+                                    col += cols;
+                                    let r = read(w, dense, true, fold(WeightKind::InputNorm));
+                                    (col - cols, cols, r, map, what, None)
+                                })
+                                .collect()
+                        }
+                        SegmentKind::OProj => vec![(
+                            0,
+                            d.heads * hp,
+                            read(WeightKind::OProj, dense, false, None),
+                            heads(share.q_heads),
+                            "o_proj",
+                            None,
+                        )],
+                        SegmentKind::Router => vec![(
+                            0,
+                            d.experts_pad,
+                            read(
+                                WeightKind::Router,
+                                Element::Value,
+                                true,
+                                fold(WeightKind::PostAttentionNorm),
+                            ),
+                            IndexMap::whole(m.experts),
+                            "the router",
+                            Some(Ffn::RoutedExperts),
+                        )],
+                    };
                     for (first, cols, r, map, what, only) in parts {
                         let from = first.max(p.seg_col);
                         let to = (first + cols).min(p.seg_col + p.cols);
