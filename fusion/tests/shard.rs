@@ -296,17 +296,16 @@ fn the_operand_prose_of_a_split_plan_is_one_devices_share() {
     let stream = operand("w_stream");
     for needle in [
         "device me's share (of 4: 1 of the 4 query heads, a 2-way split of its KV head's query group; each of the 2 KV heads replicated on 2 devices; experts EP, 2 of the 8 experts; 128 of the 512 vocabulary ids",
-        "(q_proj.weight[g*64..(g+1)*64, :] for the model's head g = (me / 2)*2 + (me % 2)*1 + j)^T",
-        "same form, the model's KV head me / 2 for local KV head j",
-        "o_proj.weight[:, g*64..(g+1)*64] for local head j (of 1), g = (me / 2)*2 + (me % 2)*1 + j",
-        "lm_head.weight[me*128 + c*1024 + j, i] * model.norm.weight[i] (zero for vocab >= 512)",
+        "q_proj.weight[g*64 + j % 128 for the model's head g = (me / 2)*2 + (me % 2)*1 + j / 128 (each head's 64 padded to 128), i] * model.layers.{l}.input_layernorm.weight[i]",
+        "k_proj.weight[g*64 + j % 128 for the model's head g = (me / 2)*1 + j / 128",
+        "o_proj.weight[i, g*64 + j % 128 for the model's head g = (me / 2)*2 + (me % 2)*1 + j / 128",
+        "lm_head.weight[me*128 + c*1024 + j (zero past local 128 or the model's 512), i] * model.norm.weight[i]",
     ] {
         assert!(stream.contains(needle), "{needle} not in\n{stream}");
     }
     assert!(!stream.contains("heads*64") && !stream.contains("[c*1024 + j, i]"), "{stream}");
     assert!(
-        operand("w_experts")
-            .contains("chunk c of expert e (the model's expert me*2 + e) of layer l"),
+        operand("w_experts").contains("e local, the name's {e} = me*2 + e"),
         "{}",
         operand("w_experts")
     );
@@ -324,7 +323,7 @@ fn the_operand_prose_of_a_split_plan_is_one_devices_share() {
     );
     assert!(
         experts.contains("experts TP, 256 of each expert's intermediate columns")
-            && experts.contains("gate_proj.weight[me*256 + c*128 + j, i]"),
+            && experts.contains("gate_proj.weight[me*256 + c*128 + j (zero past local 256"),
         "{experts}"
     );
     assert!(!experts.contains("the model's expert"), "{experts}");
