@@ -286,33 +286,32 @@ fn pack_from(
                     let (o, i) = if read.transposed { (s, r) } else { (r, s) };
                     if tshape.len() == 1 { (0, i) } else { (o, i) }
                 };
-                let value: Box<dyn Fn(usize, usize) -> f32 + '_> = match read.element {
+                let block_at = (inst.at as usize, block.row_stride as usize);
+                let mut fill = |value: &dyn Fn(usize, usize) -> f32| {
+                    fill_block(&mut data, block_at, &rows, &cols, |r, s| {
+                        let (o, i) = at(r, s);
+                        value(o, i)
+                    })
+                };
+                match read.element {
                     Element::Value => {
                         let t = weights.plain(name, &tshape)?;
-                        Box::new(move |o, i| {
-                            let x = round_bf16(t.data[o * inputs + i]);
-                            fold.map_or(x, |g| x * round_bf16(g.data[i]))
-                        })
+                        match fold {
+                            Some(g) => fill(&|o, i| {
+                                round_bf16(t.data[o * inputs + i]) * round_bf16(g.data[i])
+                            }),
+                            None => fill(&|o, i| round_bf16(t.data[o * inputs + i])),
+                        }
                     }
-                    Element::Code(f) | Element::Scale(f) => {
+                    Element::Code(f) => {
                         let q =
                             weights.quantized(name, [tshape[0], tshape[1]], stored_format(f))?;
-                        if matches!(read.element, Element::Code(_)) {
-                            Box::new(move |o, i| q.code(o, i))
-                        } else {
-                            Box::new(move |o, i| q.scale(o, i))
-                        }
+                        fill(&|o, i| q.code(o, i));
                     }
-                };
-                let (at0, stride) = (inst.at as usize, block.row_stride as usize);
-                for (r, ri) in rows.iter().enumerate() {
-                    let Some(ri) = *ri else { continue };
-                    let row = &mut data[at0 + r * stride..at0 + r * stride + cols.len()];
-                    for (dst, ci) in row.iter_mut().zip(&cols) {
-                        if let Some(ci) = *ci {
-                            let (o, i) = at(ri, ci);
-                            *dst = value(o, i);
-                        }
+                    Element::Scale(f) => {
+                        let q =
+                            weights.quantized(name, [tshape[0], tshape[1]], stored_format(f))?;
+                        fill(&|o, i| q.scale(o, i));
                     }
                 }
             }
@@ -336,6 +335,27 @@ fn pack_from(
     }
     let cache_shape = layout.operand(OperandKind::KCache).map(|o| us(&o.shape)).unwrap_or_default();
     Ok(Packed { operands, arrays, cache_shape })
+}
+
+/// Writes `value(row, col)` at every element of a block instance at flat offset `at`, row
+/// stride `stride`, whose local rows and columns map to the tensor's `rows` and `cols`
+/// (`None`: padding, left zero).
+fn fill_block(
+    data: &mut [f32],
+    (at, stride): (usize, usize),
+    rows: &[Option<usize>],
+    cols: &[Option<usize>],
+    value: impl Fn(usize, usize) -> f32,
+) {
+    for (r, ri) in rows.iter().enumerate() {
+        let Some(ri) = *ri else { continue };
+        let row = &mut data[at + r * stride..at + r * stride + cols.len()];
+        for (dst, ci) in row.iter_mut().zip(cols) {
+            if let Some(ci) = *ci {
+                *dst = value(ri, ci);
+            }
+        }
+    }
 }
 
 /// The Hugging Face name of tensor `role` of `inst`'s layer and expert.
