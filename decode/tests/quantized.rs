@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use hf_oracle::{repo_root, venv_python};
-use palladium_decode::pack::{PackError, pack_quantized};
+use palladium_decode::pack::{PackError, pack, pack_quantized};
 use palladium_decode::{Comparison, Decoder, compare_with};
 use palladium_dsl::spec::Chip;
 use palladium_fusion::megakernel::Megakernel;
@@ -66,6 +66,9 @@ fn weights_of_another_dtype_are_refused_when_packing() {
     let bf16 = megakernel(&spec, WeightsDtype::Bf16);
     let err = pack_quantized(&spec, &bf16.plan, &int8).unwrap_err();
     assert!(err.to_string().contains("quantized weights for a bf16 megakernel"), "{err}");
+    // bf16 weights for a quantized plan: refused up front, not packed as codes.
+    let err = pack(&spec, &mk.plan, &weights).unwrap_err();
+    assert!(err.to_string().contains("bf16 weights for a int4 megakernel"), "{err}");
 }
 
 /// `quant_reference.py --megakernel`'s checkpoints, written once per test binary.

@@ -98,7 +98,11 @@
 //! crate and `graph.rs`. The model crate (spec, parse, weights, reference, quantization),
 //! the graph, the rewrites, the scratch, the collectives, the router and the kernel bodies
 //! were not touched: the model crate already parsed the per-layer FFN kind, and the dense
-//! MLP reuses the expert ring and the SwiGLU chunk body.
+//! MLP reuses the expert ring and the SwiGLU chunk body. Since then the packer and the
+//! report's operand prose go through the source maps ([`source`]): the packer's
+//! `DeviceShare`, `MlpTensors`, `QuantizedMlp`, `MlpChunks` and the report's `bf16_source`
+//! and `quantized_source` are gone, and the same stage would touch `source.rs` (`blocks`,
+//! `ffn`, `Role::shape`) and `pack.rs`'s `tensor_name` instead.
 //!
 //! The table says what each weight operand holds; the exact per-element mapping from the
 //! checkpoint's tensors (transposes, fusion, folding, padding, quantized codes and scales,
