@@ -236,9 +236,20 @@ impl Axis {
                 }
             }
             IndexMap::Heads { head_dim, head_pad, heads } => {
+                let padded = if head_dim < head_pad {
+                    format!(" (each head's {head_dim} padded to {head_pad})")
+                } else {
+                    String::new()
+                };
+                // A scale row of one group: the first input of the model's head.
+                if local == "0" {
+                    let g = heads.describe("0");
+                    let g = g.strip_suffix(" + 0").unwrap_or(&g);
+                    return if g == "0" { "0".into() } else { format!("({g})*{head_dim}") };
+                }
                 let local = if local.contains(' ') { format!("({local})") } else { local };
                 format!(
-                    "g*{head_dim} + {local} % {head_pad} for the model's head g = {} (each head's {head_dim} padded to {head_pad})",
+                    "g*{head_dim} + {local} % {head_pad} for the model's head g = {}{padded}",
                     heads.describe(&format!("{local} / {head_pad}"))
                 )
             }
