@@ -361,21 +361,14 @@ pub struct OperandSource {
 
 /// The source maps of every weight operand of `plan`, in the layout's operand order.
 pub fn source_maps(plan: &Plan) -> Vec<OperandSource> {
-    let layout = &plan.layout;
-    layout
-        .operands
-        .iter()
-        .filter_map(|o| {
-            let blocks = blocks(plan, o.kind)?;
-            Some(OperandSource { operand: o.kind, shape: o.shape.clone(), blocks })
-        })
-        .collect()
+    plan.layout.operands.iter().filter_map(|o| source_map(plan, o.kind)).collect()
 }
 
 /// The source map of operand `kind` of `plan` (`None`: not a weight operand, or not in
 /// the layout).
 pub fn source_map(plan: &Plan, kind: OperandKind) -> Option<OperandSource> {
-    source_maps(plan).into_iter().find(|s| s.operand == kind)
+    let shape = plan.layout.operand(kind)?.shape.clone();
+    Some(OperandSource { operand: kind, shape, blocks: blocks(plan, kind)? })
 }
 
 /// How a device's heads, experts, intermediate columns and vocabulary map to the model's.
