@@ -206,9 +206,10 @@ mod tests {
     #[test]
     fn num_tiles_fixes_the_visit_axis_and_the_inputs_fill_it() {
         let small = [("k", "256"), ("n", "256"), ("block_k", "256"), ("block_n", "256")];
-        // (m, groups, block_m, num_tiles, grid visits, routed visits: None = any up to
-        // the grid's)
-        let cases: [(usize, usize, usize, Option<usize>, u64, Option<i32>); 8] = [
+        /// `m`, `groups`, `block_m`, `num_tiles`, the grid's visits, the routed visits
+        /// (`None`: any up to the grid's).
+        type Case = (usize, usize, usize, Option<usize>, u64, Option<i32>);
+        let cases: [Case; 8] = [
             // The decode routing: 64 rows in one tile, 53 of 128 experts hit.
             (64, 128, 64, Some(53), 53, Some(53)),
             (512, 128, 128, Some(128), 128, Some(128)),
