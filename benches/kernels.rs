@@ -23,6 +23,12 @@
 //!
 //! The table is also written as JSON to `target/kernels-bench.json` and, by a full run, as
 //! the docs book's page `docs/benchmarks/kernels.md`.
+//!
+//! `cargo bench --bench kernels -- peers` runs only issue 34's table instead (page
+//! `docs/benchmarks/peers.md`): `flash_attention`, `decode_attention`, `grouped_matmul` and
+//! `matmul` against the Pallas TPU kernels JAX ships (`ops.tpu.flash_attention`,
+//! `paged_attention`, megablox `gmm`, `ops.tpu.matmul`; `scripts/jax_reference.py`), same
+//! shapes and blocks, v6e, each estimate checked against the HBM floor of its bytes.
 //! `cargo test --benches` (no `--bench` flag) runs part 1 only.
 
 #[path = "common/doc_table.rs"]
@@ -71,6 +77,20 @@ fn main() {
         eprintln!("kernels bench: {e}");
         std::process::exit(2)
     });
+    // `-- peers`: the peers table alone.
+    if benching && std::env::args().any(|a| a == "peers") {
+        let rows = peers(&libtpu);
+        let what = "libtpu 0.0.42.1 static estimates on v6e, deviceless, cycles; ours / JAX's <= 1.0 is at least as fast. An estimate below the HBM floor of the bytes the kernel must move is not a measurement (libtpu barely prices DMAs issued under an `scf.if` and prices no loop with a run-time trip count) and gets no ratio";
+        println!("\n== peers summary ({what}) ==");
+        let table = print_peers(&rows);
+        doc_table::write_page(
+            "peers.md",
+            "Kernels: against the Pallas TPU kernels JAX ships",
+            "cargo bench --bench kernels -- peers",
+            &format!("{what}.\n\n{}", table.markdown()),
+        );
+        return;
+    }
     let mut rows = Vec::new();
     jax_references(&libtpu, &mut rows);
     if benching {
@@ -406,4 +426,261 @@ fn decode_attention(libtpu: &mut Libtpu, rows: &mut Vec<Row>) {
             });
         }
     }
+}
+
+/// One row of the peers table (issue 34): our kernel and the Pallas TPU kernel JAX ships,
+/// same shapes, blocks and dtypes, libtpu's v6e estimates of both.
+struct Peer {
+    kernel: &'static str,
+    peer: &'static str,
+    shape: String,
+    ours: Result<u64, String>,
+    theirs: Result<u64, String>,
+    /// The HBM floor of the bytes both must move: an estimate below it prices less than the
+    /// kernel's own DMAs (libtpu's static estimate barely prices DMAs issued under an
+    /// `scf.if` and no loop with a run-time trip count), so it is not a measurement.
+    floor: Result<u64, String>,
+    note: String,
+}
+
+impl Peer {
+    /// `cycles` if it is a measurement (at least the floor), else why not.
+    fn measured(&self, cycles: &Result<u64, String>) -> Result<u64, String> {
+        match (cycles, &self.floor) {
+            (Ok(c), Ok(f)) if c < f => {
+                Err(format!("{c}: below the HBM floor {f}, not a measurement"))
+            }
+            (Ok(c), _) => Ok(*c),
+            (Err(e), _) => Err(e.clone()),
+        }
+    }
+}
+
+/// The peers table for the docs (printed as it is made).
+fn print_peers(rows: &[Peer]) -> doc_table::Table {
+    let mut table = doc_table::Table::new(
+        "| kernel | JAX's kernel | shape, blocks | ours | JAX's | HBM floor | ours / JAX's | note |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    );
+    for r in rows {
+        table.row(r.line());
+    }
+    table
+}
+
+impl Peer {
+    /// The row as markdown: an estimate that is not a measurement is shown as `-`, with why.
+    fn line(&self) -> String {
+        let (ours, theirs) = (self.measured(&self.ours), self.measured(&self.theirs));
+        let show = |c: &Result<u64, String>| match c {
+            Ok(c) => c.to_string(),
+            Err(_) => "-".to_string(),
+        };
+        let ratio = match (&ours, &theirs) {
+            (Ok(a), Ok(b)) => format!("{:.3}", *a as f64 / *b as f64),
+            _ => "n/a".to_string(),
+        };
+        let mut notes: Vec<String> = Vec::new();
+        for (who, c) in [("ours", &ours), ("JAX's", &theirs)] {
+            if let Err(e) = c {
+                notes.push(format!("{who}: {}", e.lines().next().unwrap_or("")));
+            }
+        }
+        if !self.note.is_empty() {
+            notes.push(self.note.clone());
+        }
+        format!(
+            "| `{}` | `{}` | {} | {} | {} | {} | {ratio} | {} |",
+            self.kernel,
+            self.peer,
+            self.shape,
+            show(&ours),
+            show(&theirs),
+            show(&self.floor),
+            notes.join("; ").replace('|', "\\|")
+        )
+    }
+}
+
+/// JAX's estimate of `scripts/jax_reference.py pallas NAME` on v6e, with its whole answer.
+fn jax_cycles(name: &str) -> (Result<u64, String>, serde_json::Value) {
+    match jax::jax_reference(&["pallas", name, "--chip", "v6e"]) {
+        Ok(j) => match j["estimated_cycles"].as_u64() {
+            Some(c) => (Ok(c), j),
+            None => (Err(format!("{name}: no estimate")), j),
+        },
+        Err(e) => (Err(e), serde_json::Value::Null),
+    }
+}
+
+/// Ours: libtpu's v6e estimate of each kernel (`name`, settings).
+fn our_cycles(
+    libtpu: &Libtpu,
+    kernels: &[(&str, Vec<(String, String)>)],
+) -> Vec<Result<u64, String>> {
+    let built: Vec<Result<palladium_dsl::Kernel, String>> = kernels
+        .iter()
+        .map(|(name, s)| palladium_kernels::build(name, s).map_err(|e| e.to_string()))
+        .collect();
+    let ok: Vec<&palladium_dsl::Kernel> = built.iter().filter_map(|k| k.as_ref().ok()).collect();
+    let mut costs = libtpu.cycles(&ok, Chip::V6e).into_iter();
+    built
+        .iter()
+        .map(|k| match k {
+            Ok(_) => costs.next().expect("one cost per kernel").map_err(|e| e.to_string()),
+            Err(e) => Err(e.clone()),
+        })
+        .collect()
+}
+
+fn named(s: &[(&str, String)]) -> Vec<(String, String)> {
+    s.iter().map(|(n, v)| (n.to_string(), v.clone())).collect()
+}
+
+/// `cargo bench --bench kernels -- peers`: issue 34's table, ours against the Pallas TPU
+/// kernels JAX ships (`jax.experimental.pallas.ops.tpu`), same shapes and blocks, bf16, v6e
+/// estimates from one run; each side checked against the HBM floor of its bytes.
+fn peers(libtpu: &Libtpu) -> Vec<Peer> {
+    println!("\n== peers: ours vs jax.experimental.pallas.ops.tpu on v6e (issue 34) ==");
+    let floor = |bytes: usize| floor_cycles(libtpu, Chip::V6e, bytes as u64).map(|(f, _)| f);
+    let mut rows = Vec::new();
+
+    // flash_attention vs ops.tpu.flash_attention: b1 h8 s2048 d128.
+    let flash = [
+        (128, 128, 128, true),
+        (512, 512, 128, true),
+        (256, 256, 256, true),
+        (512, 512, 512, true),
+        (512, 512, 512, false),
+    ];
+    let sets: Vec<Vec<(String, String)>> = flash
+        .iter()
+        .map(|&(bq, bkm, bk, causal)| {
+            named(&[
+                ("batch", "1".into()),
+                ("heads", "8".into()),
+                ("seq_q", "2048".into()),
+                ("seq_k", "2048".into()),
+                ("head_dim", "128".into()),
+                ("block_q", bq.to_string()),
+                ("block_k_major", bkm.to_string()),
+                ("block_k", bk.to_string()),
+                ("causal", causal.to_string()),
+            ])
+        })
+        .collect();
+    let jobs: Vec<(&str, Vec<(String, String)>)> =
+        sets.iter().map(|s| ("flash_attention", s.clone())).collect();
+    let ours = our_cycles(libtpu, &jobs);
+    let flash_floor = floor(4 * 8 * 2048 * 128 * 2);
+    for ((&(bq, bkm, bk, causal), s), ours) in flash.iter().zip(&sets).zip(ours) {
+        let name = s.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+        let (theirs, _) = jax_cycles(&format!("flash_attention:{name}"));
+        rows.push(Peer {
+            kernel: "flash_attention",
+            peer: "ops.tpu.flash_attention",
+            shape: format!(
+                "b1 h8 s2048 d128 {}, {bq}/{bkm}/{bk}",
+                if causal { "causal" } else { "not causal" }
+            ),
+            ours,
+            theirs,
+            floor: flash_floor.clone(),
+            note: String::new(),
+        });
+        println!("{}", rows[rows.len() - 1].line());
+    }
+
+    // decode_attention (bench_full_context: static bounds, every sequence 4096 long) vs
+    // ops.tpu.paged_attention (lengths 4096, page 128, inline_seq_dim): b8 kv8 g4 d128.
+    let (b, kvh, g, d, ctx) = (8usize, 8usize, 4usize, 128usize, 4096usize);
+    let decode_floor = floor(2 * b * kvh * ctx * d * 2 + 2 * b * kvh * g * d * 2);
+    let blocks = [512usize, 1024, 2048, 4096];
+    let jobs: Vec<(&str, Vec<(String, String)>)> = blocks
+        .iter()
+        .map(|bkv| {
+            let s = [
+                ("batch", b),
+                ("kv_heads", kvh),
+                ("group", g),
+                ("head_dim", d),
+                ("max_context", ctx),
+                ("block_kv", *bkv),
+            ];
+            let mut s: Vec<(String, String)> = settings(&s);
+            s.push(("bench_full_context".into(), "true".into()));
+            ("decode_attention", s)
+        })
+        .collect();
+    for (bkv, ours) in blocks.iter().zip(our_cycles(libtpu, &jobs)) {
+        let (theirs, _) = jax_cycles(&format!("paged_attention:block={bkv}"));
+        rows.push(Peer {
+            kernel: "decode_attention",
+            peer: "ops.tpu.paged_attention",
+            shape: format!("b{b} kv{kvh} g{g} d{d} ctx {ctx} (page 128), KV block {bkv}"),
+            ours,
+            theirs,
+            floor: decode_floor.clone(),
+            note: "ours: bench_full_context; JAX's: its KV DMAs are issued under run-time `pl.when`s on the length".into(),
+        });
+        println!("{}", rows[rows.len() - 1].line());
+    }
+
+    // grouped_matmul vs megablox gmm, k 2048, n 1536, 128 experts: the routing's visit
+    // count fixed on both sides (gmm's `num_active_tiles` from constant group sizes, ours
+    // `num_tiles`), the count JAX's side reports.
+    let (k, n, groups) = (2048usize, 1536usize, 128usize);
+    for (m, hit, tm, tk, tn) in [
+        (64usize, 53usize, 64usize, 1024usize, 512usize),
+        (512, 128, 128, 1024, 512),
+        (4096, 128, 128, 1024, 512),
+    ] {
+        let (theirs, answer) = jax_cycles(&format!("gmm:m={m},hit={hit},tm={tm},tk={tk},tn={tn}"));
+        let visits = answer["num_tiles"].as_u64();
+        let ours = match visits {
+            Some(v) => {
+                let s = [
+                    ("m", m),
+                    ("k", k),
+                    ("n", n),
+                    ("groups", groups),
+                    ("block_m", tm),
+                    ("block_k", tk),
+                    ("block_n", tn),
+                    ("num_tiles", v as usize),
+                ];
+                our_cycles(libtpu, &[("grouped_matmul", settings(&s))]).remove(0)
+            }
+            None => Err("JAX's side reported no visit count".to_string()),
+        };
+        rows.push(Peer {
+            kernel: "grouped_matmul",
+            peer: "megablox gmm",
+            shape: format!(
+                "m {m} ({hit} of {groups} experts hit), k {k}, n {n}, tiles {tm}/{tk}/{tn}, {} visits",
+                visits.map_or("?".to_string(), |v| v.to_string())
+            ),
+            ours,
+            theirs,
+            floor: floor(hit * k * n * 2 + m * k * 2 + m * n * 2),
+            note: "visit count static on both sides (gmm: constant group sizes; ours: num_tiles)".into(),
+        });
+        println!("{}", rows[rows.len() - 1].line());
+    }
+
+    // matmul vs ops.tpu.matmul: 4096^3, 512^3 blocks.
+    let s = [("m", 4096), ("k", 4096), ("n", 4096), ("bm", 512), ("bk", 512), ("bn", 512)];
+    let ours = our_cycles(libtpu, &[("matmul", settings(&s))]).remove(0);
+    let (theirs, _) = jax_cycles("ops_matmul:m=4096,k=4096,n=4096,bm=512,bk=512,bn=512");
+    rows.push(Peer {
+        kernel: "matmul",
+        peer: "ops.tpu.matmul",
+        shape: "4096^3, 512^3 blocks".into(),
+        ours,
+        theirs,
+        floor: floor(3 * 4096 * 4096 * 2),
+        note: String::new(),
+    });
+    println!("{}", rows[rows.len() - 1].line());
+    rows
 }

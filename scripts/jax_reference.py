@@ -6,9 +6,12 @@ libtpu compiles for a chip's topology and estimates cycles statically.
   serialize MODULE.mlir          the serialized (stable_mosaic, current version) text JAX would
                                  embed in a tpu_custom_call for this Mosaic module, parsed and
                                  verified with JAX's registered tpu dialect: {"body": ...}
-  pallas matmul|gemv|array_ops|element_windows|flash_attention[:k=v,...] --chip C [--no-estimate]
+  pallas matmul|gemv|array_ops|element_windows|flash_attention[:k=v,...]|ops_matmul|paged_attention|gmm[:k=v,...] --chip C [--no-estimate]
                                  JAX Pallas's own reference kernel: its Mosaic module as Pallas
-                                 prints it (debug=True, canonicalized), the body it embeds, its
+                                 prints it (debug=True, canonicalized; none for the ops.tpu ones:
+                                 ops_matmul, paged_attention, gmm, which also reports its
+                                 routing's `num_tiles` and `group_sizes`),
+                                 the body it embeds, its
                                  call spec, and libtpu's code size and estimated cycles (null
                                  with --no-estimate: libtpu 0.0.42.1's static profiler aborts
                                  the process on these kernels for v7x and v4)
@@ -41,6 +44,11 @@ import jax.numpy as jnp  # noqa: E402
 MATMUL = dict(m=1024, k=2048, n=1024, bm=256, bk=512, bn=256)
 GEMV = dict(batch=8, k=4096, n=14336, bn=1024)
 FLASH = dict(batch=2, heads=2, seq_q=512, seq_k=512, head_dim=64, block_q=128, block_k_major=256, block_k=128, causal=True, kv_buffers=2)
+# `ops.tpu.matmul` and `ops.tpu.paged_attention` as shipped (issue 34's peers table).
+OPS_MATMUL = dict(m=4096, k=4096, n=4096, bm=512, bk=512, bn=512)
+PAGED = dict(batch=8, kv_heads=8, group=4, head_dim=128, context=4096, page=128, block=2048)
+# Megablox gmm at issue 34's decode routing: 8 tokens x top-8 of 128 experts, 53 experts hit.
+GMM = dict(m=64, k=2048, n=1536, groups=128, hit=53, tm=64, tk=1024, tn=512, static=True)
 
 
 def matmul(x, y, bm, bk, bn, *, interpret=False, debug=False):
@@ -193,6 +201,60 @@ def flash_attention(q, k, v, block_q, block_k_major, block_k, causal, kv_buffers
         debug=debug)(q, k, v)
 
 
+def routing(m, groups, hit):
+    """Rows per expert of a fixed routing: `hit` experts spread evenly over `groups`, the `m`
+    rows dealt to them as evenly as possible (the first `m % hit` get one more)."""
+    import numpy as np
+    sizes = np.zeros(groups, np.int32)
+    for i in range(hit):
+        sizes[i * groups // hit] = m // hit + (i < m % hit)
+    return sizes
+
+
+def gmm(lhs, rhs, group_sizes, tm, tk, tn, *, static):
+    """Megablox's grouped matmul (`jax.experimental.pallas.ops.tpu.megablox.gmm`) as shipped.
+    Its visit axis' extent is `num_active_tiles` from the group metadata, a traced value: a
+    dynamic grid (`iteration_bounds` `?`, the count passed as the call's first operand), whose
+    steps libtpu's static estimate cannot count. With `static`, `group_sizes` (numpy) are
+    constants and the metadata is evaluated at trace time, so the extent is the routing's
+    exact visit count, what Palladium's `grouped_matmul` gets from `num_tiles`."""
+    import contextlib
+    import importlib
+    # The module (the package's `gmm` attribute is ops.py's custom-vjp wrapper of its function).
+    megablox = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
+
+    make = megablox.make_group_metadata
+
+    # gmm is jitted, so the sizes it passes are traced: the constant ones (and group 0 first,
+    # no sharding) are evaluated here instead.
+    def static_metadata(**kw):
+        with jax.ensure_compile_time_eval():
+            metadata, num_tiles = make(**{**kw, "group_sizes": jnp.asarray(group_sizes), "start_group": 0})
+        return metadata, int(num_tiles)
+    patch = _patched(megablox, "make_group_metadata", static_metadata) if static else contextlib.nullcontext()
+    with patch:
+        return megablox.gmm(lhs, rhs, jnp.asarray(group_sizes), preferred_element_type=lhs.dtype, tiling=(tm, tk, tn))
+
+
+@__import__("contextlib").contextmanager
+def _patched(module, name, value):
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+
+
+def gmm_visits(group_sizes, m, tm):
+    """Megablox's visit count for a routing (`make_group_metadata`'s `num_tiles`): each
+    non-empty group visits every m tile its rows touch."""
+    offsets = [0]
+    for s in group_sizes:
+        offsets.append(offsets[-1] + int(s))
+    return sum(-(-hi // tm) - lo // tm for lo, hi in zip(offsets, offsets[1:]) if hi > lo)
+
+
 def element_windows(x, *, debug=False):
     """Palladium's `element_windows` coverage kernel written in Pallas, line for line:
     `pl.Element` blocks (element offsets from the index maps), the input padded 8 rows after."""
@@ -233,17 +295,52 @@ def reference(name):
         return (element_windows, [jax.ShapeDtypeStruct((32, 128), jnp.float32)])
     if name.startswith("flash_attention"):
         # `flash_attention[:k=v,...]`: FLASH with overrides (the Palladium kernel's --set names).
-        p = dict(FLASH)
-        for setting in filter(None, name.partition(":")[2].split(",")):
-            key, _, value = setting.partition("=")
-            if key not in p:
-                raise ValueError(f"flash_attention has no parameter {key!r}")
-            p[key] = value == "true" if isinstance(p[key], bool) else int(value)
+        p = overrides(FLASH, name)
         fa = {n: p[n] for n in ("block_q", "block_k_major", "block_k", "causal", "kv_buffers")}
         q = jax.ShapeDtypeStruct((p["batch"], p["heads"], p["seq_q"], p["head_dim"]), bf16)
         kv = jax.ShapeDtypeStruct((p["batch"], p["heads"], p["seq_k"], p["head_dim"]), bf16)
         return (lambda q_, k_, v_, debug=False: flash_attention(q_, k_, v_, **fa, debug=debug), [q, kv, kv])
-    raise ValueError(f"unknown reference kernel {name!r}; known: matmul, gemv, array_ops, element_windows, flash_attention[:k=v,...]")
+    if name.startswith("ops_matmul"):
+        from jax.experimental.pallas.ops.tpu.matmul import matmul as ops_matmul
+        p = overrides(OPS_MATMUL, name)
+        return (lambda x, y: ops_matmul(x, y, block_shape=(p["bm"], p["bn"]), block_k=p["bk"]),
+                [jax.ShapeDtypeStruct((p["m"], p["k"]), bf16), jax.ShapeDtypeStruct((p["k"], p["n"]), bf16)],
+                {"debug_module": False})
+    if name.startswith("paged_attention"):
+        # Every sequence `context` long, its pages in order; `block` tokens per compute block.
+        from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+        p = overrides(PAGED, name)
+        pages = p["context"] // p["page"]
+        q = jax.ShapeDtypeStruct((p["batch"], p["kv_heads"] * p["group"], p["head_dim"]), bf16)
+        kv = jax.ShapeDtypeStruct((p["kv_heads"], p["batch"] * pages, p["page"], p["head_dim"]), bf16)
+        lengths = jnp.full((p["batch"],), p["context"], jnp.int32)
+        table = jnp.arange(p["batch"] * pages, dtype=jnp.int32).reshape(p["batch"], pages)
+        return (lambda q_, k_, v_: paged_attention(q_, k_, v_, lengths, table, pages_per_compute_block=p["block"] // p["page"],
+                                                   inline_seq_dim=True),
+                [q, kv, kv], {"debug_module": False})
+    if name.startswith("gmm"):
+        p = overrides(GMM, name)
+        sizes = routing(p["m"], p["groups"], p["hit"])
+        lhs = jax.ShapeDtypeStruct((p["m"], p["k"]), bf16)
+        rhs = jax.ShapeDtypeStruct((p["groups"], p["k"], p["n"]), bf16)
+        tiles = dict(tm=p["tm"], tk=p["tk"], tn=p["tn"], static=p["static"])
+        extra = {"num_tiles": gmm_visits(sizes, p["m"], p["tm"]), "group_sizes": sizes.tolist(), "debug_module": False}
+        if p["static"]:
+            return (lambda x, w: gmm(x, w, sizes, **tiles), [lhs, rhs], extra)
+        return (lambda x, w, g: gmm(x, w, g, **tiles),
+                [lhs, rhs, jax.ShapeDtypeStruct((p["groups"],), jnp.int32)], extra)
+    raise ValueError(f"unknown reference kernel {name!r}; known: matmul, gemv, array_ops, element_windows, flash_attention, ops_matmul, paged_attention, gmm (each [:k=v,...])")
+
+
+def overrides(defaults, name):
+    """`defaults` with the `NAME:k=v,...` overrides of a reference kernel's name."""
+    p = dict(defaults)
+    for setting in filter(None, name.partition(":")[2].split(",")):
+        key, _, value = setting.partition("=")
+        if key not in p:
+            raise ValueError(f"{name.partition(':')[0]} has no parameter {key!r}; known: {', '.join(p)}")
+        p[key] = value == "true" if isinstance(p[key], bool) else int(value)
+    return p
 
 
 def mosaic_context():
@@ -299,20 +396,24 @@ def cmd_pallas(a):
     import contextlib
     import io
     import re
-    fn, args = reference(a.name)
-    # Pallas prints the (canonicalized) Mosaic module of a pallas_call lowered with debug=True.
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        deviceless.lower(lambda *xs: fn(*xs, debug=True), args, a.chip)
-    m = re.search(r"^module .*?^}\s*$", printed.getvalue(), re.S | re.M)
-    if not m:
-        raise ValueError(f"Pallas printed no Mosaic module:\n{printed.getvalue()[:2000]}")
+    fn, args, *extra = reference(a.name)
+    extra = extra[0] if extra else {}
+    module = None
+    if extra.pop("debug_module", True):  # the ops kernels take no debug flag: no printed module
+        # Pallas prints the (canonicalized) Mosaic module of a pallas_call lowered with debug=True.
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            deviceless.lower(lambda *xs: fn(*xs, debug=True), args, a.chip)
+        m = re.search(r"^module .*?^}\s*$", printed.getvalue(), re.S | re.M)
+        if not m:
+            raise ValueError(f"Pallas printed no Mosaic module:\n{printed.getvalue()[:2000]}")
+        module = m.group(0).rstrip() + "\n"
     # The kernel as Pallas ships it (no debug canonicalization) for the body and the estimate.
     lowered = deviceless.lower(fn, args, a.chip)
     _, report = deviceless.compile(lowered, a.chip)
     body, config = embedded_call(lowered)
     vmem_limit = [c["size"] for c in config.get("scoped_memory_configs", []) if c["memory_space"] == 1]
-    return {"ok": True, "kernel": a.name, "module": m.group(0).rstrip() + "\n", "body": body,
+    return {"ok": True, "kernel": a.name, "module": module, "body": body, **extra,
             "inputs": [type_name(t) for t in args], "outputs": [type_name(t) for t in jax.tree.leaves(jax.eval_shape(fn, *args))],
             "vmem_limit_bytes": vmem_limit[0] if vmem_limit else None, **report}
 

@@ -146,6 +146,17 @@ fn shapes(kernel: &str) -> Option<Vec<Vec<(&'static str, &'static str)>>> {
                 ("block_k", "256"),
                 ("block_n", "128"),
             ],
+            // A visit axis fixed below the worst case (4 tiles + 7): a routing of 9 visits.
+            vec![
+                ("m", "256"),
+                ("k", "256"),
+                ("n", "128"),
+                ("groups", "8"),
+                ("block_m", "64"),
+                ("block_k", "128"),
+                ("block_n", "128"),
+                ("num_tiles", "9"),
+            ],
         ],
         // int4 128-groups with a k split (the defaults, 8 groups), int8 per channel across k
         // steps (the group spans them), fp8 128-groups with many empty groups.

@@ -327,19 +327,21 @@ pub mod expert_ffn {
 }
 
 /// Grouped-matmul metadata for `m` rows in `groups` groups (scalar prefetch: offsets, visit
-/// groups, visit m tiles, visit count): random group sizes summing to exactly `m` (rows past
-/// the last offset are undefined in the kernel, so every row belongs to a group), from
-/// `groups - 1` uniform cut points in `0..=m`, sorted, so tiles straddle groups; with 3 or
-/// more groups, group 1 is forced empty so the metadata's skipping of empty groups is always
-/// exercised. The metadata comes from [`crate::moe_reference::group_metadata`].
-fn grouped_rows(rng: &mut Rng, m: usize, groups: usize, block_m: usize) -> [HostArray; 4] {
-    let mut cuts: Vec<usize> = (1..groups).map(|_| rng.range(0, m as i64) as usize).collect();
-    cuts.sort_unstable();
-    if cuts.len() >= 2 {
-        cuts[1] = cuts[0];
-    }
-    let bounds: Vec<usize> = std::iter::once(0).chain(cuts).chain(std::iter::once(m)).collect();
-    let sizes: Vec<usize> = bounds.windows(2).map(|w| w[1] - w[0]).collect();
+/// groups, visit m tiles, visit count) whose visits fill the kernel's `grid_visits` steps
+/// ([`crate::gmm::visits`]): with the worst case (any routing), random group sizes
+/// ([`random_group_sizes`]); with fewer, a routing of exactly that many visits, or of the
+/// most these rows can make if fewer ([`group_sizes_with_visits`]). The metadata comes from
+/// [`crate::moe_reference::group_metadata`].
+fn grouped_rows(
+    rng: &mut Rng,
+    (m, groups, block_m): (usize, usize, usize),
+    grid_visits: usize,
+) -> [HostArray; 4] {
+    let sizes = if grid_visits == m / block_m + groups - 1 {
+        random_group_sizes(rng, m, groups)
+    } else {
+        group_sizes_with_visits(rng, (m, groups, block_m), grid_visits)
+    };
     let (offsets, gids, tids, num) = crate::moe_reference::group_metadata(&sizes, m, block_m);
     let visits = gids.len();
     [
@@ -348,6 +350,58 @@ fn grouped_rows(rng: &mut Rng, m: usize, groups: usize, block_m: usize) -> [Host
         HostArray::from_i32(&[visits], &tids),
         HostArray::from_i32(&[1], &[num]),
     ]
+}
+
+/// Random group sizes summing to exactly `m` (rows past the last offset are undefined in the
+/// kernel, so every row belongs to a group), from `groups - 1` uniform cut points in
+/// `0..=m`, sorted, so tiles straddle groups; with 3 or more groups, group 1 is forced empty
+/// so the metadata's skipping of empty groups is always exercised.
+fn random_group_sizes(rng: &mut Rng, m: usize, groups: usize) -> Vec<usize> {
+    let mut cuts: Vec<usize> = (1..groups).map(|_| rng.range(0, m as i64) as usize).collect();
+    cuts.sort_unstable();
+    if cuts.len() >= 2 {
+        cuts[1] = cuts[0];
+    }
+    let bounds: Vec<usize> = std::iter::once(0).chain(cuts).chain(std::iter::once(m)).collect();
+    bounds.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
+/// Group sizes summing to `m` whose metadata has exactly `visits` visits (at least
+/// `m / block_m`: every tile is visited once, and each group boundary inside a tile adds a
+/// visit), or as many as `m` rows allow. The `visits - m / block_m` boundaries are random
+/// rows inside tiles; the non-empty groups a random sorted choice of groups (group 1 kept
+/// empty when there is room, as in [`random_group_sizes`]).
+fn group_sizes_with_visits(
+    rng: &mut Rng,
+    (m, groups, block_m): (usize, usize, usize),
+    visits: usize,
+) -> Vec<usize> {
+    let mut inside: Vec<usize> = (1..m).filter(|r| r % block_m != 0).collect();
+    let extra = (visits - m / block_m).min(inside.len());
+    // The first `extra` of a random permutation of the rows inside tiles.
+    for i in 0..extra {
+        let j = rng.range(i as i64, inside.len() as i64 - 1) as usize;
+        inside.swap(i, j);
+    }
+    let mut cuts = inside[..extra].to_vec();
+    cuts.sort_unstable();
+    let bounds: Vec<usize> = std::iter::once(0).chain(cuts).chain(std::iter::once(m)).collect();
+    let mut candidates: Vec<usize> = (0..groups).collect();
+    if groups >= 3 && extra + 1 < groups {
+        candidates.remove(1);
+    }
+    let mut chosen: Vec<usize> = rng
+        .permutation(candidates.len())
+        .into_iter()
+        .take(extra + 1)
+        .map(|i| candidates[i as usize])
+        .collect();
+    chosen.sort_unstable();
+    let mut sizes = vec![0; groups];
+    for (g, w) in chosen.iter().zip(bounds.windows(2)) {
+        sizes[*g] = w[1] - w[0];
+    }
+    sizes
 }
 
 /// `parts` (same dtype) one after the other as one array of `shape`.
@@ -397,7 +451,8 @@ pub mod grouped_matmul {
     /// `grouped_rows`' metadata, bf16 rows and experts.
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        let mut x = grouped_rows(&mut rng, p.m, p.groups, p.block_m).to_vec();
+        let visits = crate::gmm::visits(p.m, p.block_m, p.groups, p.num_tiles);
+        let mut x = grouped_rows(&mut rng, (p.m, p.groups, p.block_m), visits).to_vec();
         x.push(HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k)));
         // `f32s` rounded by `HostArray::bf16` is `bf16s`, rounded once (1.6 GB at defaults).
         x.push(HostArray::bf16_from_f32(&[p.groups, p.k, p.n], &rng.f32s(p.groups * p.k * p.n)));
@@ -421,7 +476,8 @@ pub mod grouped_matmul_quantized {
     /// their `[k / group, n]` scales (`quantized_weight`).
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        let mut x = grouped_rows(&mut rng, p.m, p.groups, p.block_m).to_vec();
+        let visits = crate::gmm::visits(p.m, p.block_m, p.groups, p.num_tiles);
+        let mut x = grouped_rows(&mut rng, (p.m, p.groups, p.block_m), visits).to_vec();
         x.push(HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k)));
         let experts: Vec<[HostArray; 2]> = (0..p.groups)
             .map(|_| quantized_weight(&mut rng, p.wdtype, p.k, p.n, p.group))

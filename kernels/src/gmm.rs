@@ -22,10 +22,12 @@
 //!   (`group_offsets[g] <= row < group_offsets[g + 1]`). Consecutive visits of one m tile map
 //!   to the same output block, so the pipeline keeps it in VMEM between them and writes it
 //!   back once, after the last group touching the tile.
-//! - Our grid is static, so instead of gmm's dynamic `num_active_tiles` extent the visit axis
-//!   has the worst-case extent and padded visits (`v >= num_visits[0]`) skip all compute;
-//!   they repeat the last real visit's block indices, so they issue no DMAs and leave the
-//!   resident output block alone.
+//! - Our grid is static (the DSL has no run-time grid extent, gmm's `num_active_tiles`), so
+//!   the visit axis has `num_tiles` steps, a compile-time bound on the routing's visits
+//!   (default [`ANY_ROUTING`]: the worst case, `m / block_m + groups - 1`); a known routing's
+//!   count makes the grid exact, which is what libtpu's static estimate can price. Padded
+//!   visits (`v >= num_visits[0]`) skip all compute; they repeat the last real visit's block
+//!   indices, so they issue no DMAs and leave the resident output block alone.
 //! - The visit and k axes carry state (`arbitrary`); n tiles are independent (`parallel`).
 //!
 //! Numerics: bf16 x bf16 on the MXU, f32 accumulation over k, one bf16 rounding on the
@@ -35,6 +37,17 @@ use crate::body::{GroupScales, QuantizedBlock, WeightBlock, WeightLayout};
 use crate::quantized::{scale_rows, scale_span};
 use palladium_dsl::build::{eq, ge, if_else, lt};
 use palladium_dsl::prelude::*;
+
+/// `num_tiles` when the routing is unknown: no bound below the worst case (the largest
+/// parameter value; the grid takes [`visits`]).
+pub const ANY_ROUTING: usize = i32::MAX as usize;
+
+/// The visit axis' extent: `num_tiles`, at most the worst case `m / block_m + groups - 1`
+/// (every group non-empty and starting inside a tile). Called with checked parameters
+/// (`block_m`, `groups` >= 1), so the arithmetic cannot fail.
+pub fn visits(m: usize, block_m: usize, groups: usize, num_tiles: usize) -> usize {
+    (m / block_m + groups - 1).min(num_tiles)
+}
 
 /// The refs one grid step of a grouped matmul reads and writes, whatever its weight format.
 struct GroupedStep {
@@ -82,8 +95,9 @@ impl GroupedStep {
 }
 
 #[kernel(
-    grid = (n / block_n, m / block_m + groups - 1, k / block_k),
-    semantics = (parallel, arbitrary, arbitrary)
+    grid = (n / block_n, visits(m, block_m, groups, num_tiles), k / block_k),
+    semantics = (parallel, arbitrary, arbitrary),
+    requires = [num_tiles >= m / block_m]
 )]
 pub fn grouped_matmul(
     #[default(512)] m: usize,
@@ -93,10 +107,11 @@ pub fn grouped_matmul(
     #[default(128)] block_m: usize,
     #[default(512)] block_k: usize,
     #[default(512)] block_n: usize,
+    #[default(ANY_ROUTING)] num_tiles: usize,
     #[prefetch(i32[groups + 1], range = 0..=m)] group_offsets: Ref,
     #[prefetch(i32[m / block_m + groups - 1], range = 0..=groups - 1)] group_ids: Ref,
     #[prefetch(i32[m / block_m + groups - 1], range = 0..=m / block_m - 1)] m_tile_ids: Ref,
-    #[prefetch(i32[1], range = 0..=m / block_m + groups - 1)] num_visits: Ref,
+    #[prefetch(i32[1], range = 0..=visits(m, block_m, groups, num_tiles))] num_visits: Ref,
     #[input(bf16[m, k], block = [block_m, block_k], map = |_j, v, kk, _off, _gid, tid, _nv| (tid[v], kk))]
     lhs: Ref,
     #[input(bf16[groups, k, n], block = [None, block_k, block_n], map = |j, v, kk, _off, gid, _tid, _nv| (gid[v], kk, j))]
@@ -131,9 +146,9 @@ pub fn grouped_matmul(
 /// 1024. Each visit is `grouped_matmul`'s, the product `project_quantized`'s (bf16 x code dots
 /// on the MXU, each group's partial times its scales).
 #[kernel(
-    grid = (n / block_n, m / block_m + groups - 1, k / block_k),
+    grid = (n / block_n, visits(m, block_m, groups, num_tiles), k / block_k),
     semantics = (parallel, arbitrary, arbitrary),
-    requires = [wdtype == i8 || wdtype == int4 || wdtype == float8_e4m3, k % group == 0, block_k % group == 0 || group % block_k == 0]
+    requires = [num_tiles >= m / block_m, wdtype == i8 || wdtype == int4 || wdtype == float8_e4m3, k % group == 0, block_k % group == 0 || group % block_k == 0]
 )]
 pub fn grouped_matmul_quantized(
     #[default(512)] m: usize,
@@ -145,10 +160,11 @@ pub fn grouped_matmul_quantized(
     #[default(512)] block_n: usize,
     #[default(int4)] wdtype: DType,
     #[default(128)] group: usize,
+    #[default(ANY_ROUTING)] num_tiles: usize,
     #[prefetch(i32[groups + 1], range = 0..=m)] group_offsets: Ref,
     #[prefetch(i32[m / block_m + groups - 1], range = 0..=groups - 1)] group_ids: Ref,
     #[prefetch(i32[m / block_m + groups - 1], range = 0..=m / block_m - 1)] m_tile_ids: Ref,
-    #[prefetch(i32[1], range = 0..=m / block_m + groups - 1)] num_visits: Ref,
+    #[prefetch(i32[1], range = 0..=visits(m, block_m, groups, num_tiles))] num_visits: Ref,
     #[input(bf16[m, k], block = [block_m, block_k], map = |_j, v, kk, _off, _gid, tid, _nv| (tid[v], kk))]
     lhs: Ref,
     #[input(wdtype[groups, k, n], block = [None, block_k, block_n], map = |j, v, kk, _off, gid, _tid, _nv| (gid[v], kk, j))]
@@ -174,4 +190,70 @@ pub fn grouped_matmul_quantized(
         codes: rhs[(0, .., ..)],
         scales: GroupScales { values: scales[(0, .., ..)], group: group as u64 },
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{build, entry};
+
+    fn settings(s: &[(&str, &str)]) -> Vec<(String, String)> {
+        s.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect()
+    }
+
+    /// `num_tiles` fixes the visit axis at compile time (capped at the worst case, which is
+    /// the default), and the seeded inputs route exactly that many visits (or the most the
+    /// rows allow), every row in a group.
+    #[test]
+    fn num_tiles_fixes_the_visit_axis_and_the_inputs_fill_it() {
+        let small = [("k", "256"), ("n", "256"), ("block_k", "256"), ("block_n", "256")];
+        /// `m`, `groups`, `block_m`, `num_tiles`, the grid's visits, the routed visits
+        /// (`None`: any up to the grid's).
+        type Case = (usize, usize, usize, Option<usize>, u64, Option<i32>);
+        let cases: [Case; 8] = [
+            // The issue's decode routing: 64 rows in one tile, 53 of 128 experts hit.
+            (64, 128, 64, Some(53), 53, Some(53)),
+            (512, 128, 128, Some(128), 128, Some(128)),
+            (512, 16, 128, Some(4), 4, Some(4)),
+            (256, 4, 64, Some(6), 6, Some(6)),
+            // Above the worst case (4 + 3): the worst case, random routing.
+            (256, 4, 64, Some(1000), 7, None),
+            (256, 4, 64, None, 7, None),
+            // 16 rows in one tile: a 128-visit worst case, but at most 16 real visits.
+            (16, 128, 16, Some(143), 128, None),
+            (16, 128, 16, Some(100), 100, Some(16)),
+        ];
+        for (m, groups, block_m, num_tiles, grid, routed) in cases {
+            let mut s = settings(&small);
+            for (name, value) in [("m", m), ("groups", groups), ("block_m", block_m)] {
+                s.push((name.into(), value.to_string()));
+            }
+            if let Some(t) = num_tiles {
+                s.push(("num_tiles".into(), t.to_string()));
+            }
+            let what = format!("m {m} groups {groups} block_m {block_m} num_tiles {num_tiles:?}");
+            for kernel in ["grouped_matmul", "grouped_matmul_quantized"] {
+                let k = build(kernel, &s).unwrap_or_else(|e| panic!("{kernel} {what}: {e}"));
+                assert_eq!(k.call.grid[1].extent, grid, "{kernel} {what}");
+            }
+            let x = (entry("grouped_matmul").unwrap().inputs)(&s, 7).unwrap();
+            let offsets = x[0].to_i32();
+            assert_eq!((offsets[0], offsets[groups]), (0, m as i32), "{what}: every row routed");
+            let num = x[3].to_i32()[0];
+            match routed {
+                Some(r) => assert_eq!(num, r, "{what}"),
+                None => assert!(num as u64 <= grid, "{what}: {num} visits"),
+            }
+        }
+    }
+
+    #[test]
+    fn fewer_tiles_than_m_tiles_are_refused_by_name() {
+        let e = build("grouped_matmul", &settings(&[("num_tiles", "3")])).unwrap_err();
+        assert!(
+            e.to_string().contains(
+                "requires num_tiles >= m / block_m, but num_tiles = 3, m = 512, block_m = 128"
+            ),
+            "{e}"
+        );
+    }
 }

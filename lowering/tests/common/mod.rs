@@ -41,7 +41,7 @@ pub fn extra_kernels() -> Vec<(String, Kernel)> {
         .collect();
     /// A label, the library kernel and its `--set` settings.
     type Variant = (&'static str, &'static str, &'static [(&'static str, &'static str)]);
-    let settings: [Variant; 7] = [
+    let settings: [Variant; 8] = [
         ("matmul_f32_out", "matmul", &[("out_dtype", "f32")]),
         ("flash_attention_sync_kv", "flash_attention", &[("kv_buffers", "1")]),
         // The other weight formats (the quantized projections default to int8 per channel, the experts to int4).
@@ -57,6 +57,12 @@ pub fn extra_kernels() -> Vec<(String, Kernel)> {
             "grouped_matmul_quantized_int8",
             "grouped_matmul_quantized",
             &[("wdtype", "i8"), ("group", "2048")],
+        ),
+        // A visit axis fixed by the routing (issue 34's decode: 64 rows, 53 experts hit).
+        (
+            "grouped_matmul_53_visits",
+            "grouped_matmul",
+            &[("m", "64"), ("block_m", "64"), ("block_k", "1024"), ("num_tiles", "53")],
         ),
     ];
     for (label, kernel, sets) in settings {
