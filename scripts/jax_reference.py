@@ -3,9 +3,9 @@
 `$PALLADIUM_TPU_VENV/bin/python`, default ~/.cache/palladium/venv-tpu). No TPU needed:
 libtpu compiles for a chip's topology and estimates cycles statically.
 
-  serialize MODULE.mlir          the serialized (stable_mosaic, current version) text JAX would
-                                 embed in a tpu_custom_call for this Mosaic module, parsed and
-                                 verified with JAX's registered tpu dialect: {"body": ...}
+  serialize MODULE.mlir...       the serialized (stable_mosaic, current version) text JAX would
+                                 embed in a tpu_custom_call for each Mosaic module, parsed and
+                                 verified with JAX's registered tpu dialect: {"bodies": {MODULE: ...}}
   pallas matmul|gemv|array_ops|element_windows|flash_attention[:k=v,...]|ops_matmul|paged_attention|gmm[:k=v,...] --chip C [--no-estimate]
                                  JAX Pallas's own reference kernel: its Mosaic module as Pallas
                                  prints it (debug=True, canonicalized; none for the ops.tpu ones:
@@ -389,7 +389,8 @@ def embedded_call(lowered):
 
 
 def cmd_serialize(a):
-    return {"ok": True, "body": serialized_text(Path(a.module).read_text())}
+    # Several modules in one process: the import of jax + jaxlib costs more than a module.
+    return {"ok": True, "bodies": {m: serialized_text(Path(m).read_text()) for m in a.modules}}
 
 
 def cmd_pallas(a):
@@ -445,7 +446,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serialize")
-    s.add_argument("module")
+    s.add_argument("modules", nargs="+", metavar="MODULE")
     r = sub.add_parser("pallas")
     r.add_argument("name", help="matmul, gemv, array_ops, element_windows or flash_attention[:k=v,...] (e.g. flash_attention:causal=false)")
     r.add_argument("--chip", default="v6e", choices=sorted(deviceless.TOPOLOGIES))
