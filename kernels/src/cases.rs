@@ -811,13 +811,14 @@ fn device_operands(seed: u64, devices: usize, rows: usize, cols: usize) -> HostA
     HostArray::bf16_from_f32(&[devices * rows, cols], &Rng::new(seed).bf16s(devices * rows * cols))
 }
 
-/// The f32 sum over `devices` devices of their stacked operands `x`, rounded once to bf16:
-/// each device's share of a reduce-scatter, the whole of an all-reduce (the kernels round
-/// each hop's partial, which the bf16 tolerance covers).
-fn device_sum(x: &HostArray, devices: usize) -> HostArray {
-    let mut shape = x.shape.clone();
-    shape[0] /= devices;
-    HostArray::bf16_from_f32(&shape, &r::device_sum(&x.to_f32(), devices))
+/// The sum over `p.n` devices of their stacked operands `x` (`[n * n * rows, cols]`) in the
+/// ring's order and roundings ([`r::ring_reduce_sum`]): each device's share of a
+/// reduce-scatter, the whole of an all-reduce; `bidirectional` sends the second half of the
+/// columns the other way round (`body::collective::directions`).
+fn ring_sum(x: &HostArray, n: usize, rows: usize, cols: usize, bidirectional: bool) -> HostArray {
+    let dirs: Vec<i64> =
+        (0..cols).map(|c| if bidirectional && c >= cols / 2 { -1 } else { 1 }).collect();
+    HostArray::bf16_from_f32(&[n * rows, cols], &r::ring_reduce_sum(&x.to_f32(), n, rows, &dirs))
 }
 
 pub mod permute {
@@ -862,7 +863,7 @@ pub mod reduce_scatter {
     /// Device `i`'s output is row block `i` of the sum over devices, so the stacked outputs
     /// are the whole sum.
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
-        vec![device_sum(&x[0], p.n)]
+        vec![ring_sum(&x[0], p.n, p.rows, p.cols, false)]
     }
 }
 
@@ -877,8 +878,11 @@ pub mod all_reduce {
     /// Every device's output is the sum over devices.
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         vec![
-            HostArray::stack_leading(&vec![device_sum(&x[0], p.n); p.n])
-                .expect("copies of one array stack"),
+            HostArray::stack_leading(&vec![
+                ring_sum(&x[0], p.n, p.rows, p.cols, p.bidirectional);
+                p.n
+            ])
+            .expect("copies of one array stack"),
         ]
     }
 }

@@ -100,12 +100,25 @@ pub fn ring_permute(x: &[f32], devices: usize, shift: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The f32 sum over `devices` devices of their operands, stacked in `x` as in
-/// [`ring_permute`]: element `i` of the result sums element `i` of every slab, in device
-/// order.
-pub fn device_sum(x: &[f32], devices: usize) -> Vec<f32> {
+/// The sum over `devices` devices of their operands (stacked in `x` as in [`ring_permute`],
+/// each `[devices * block_rows, cols]`) as a ring reduce-scatter computes it: row block `b`
+/// of the sum starts as device `b + dir`'s rows, travels the ring in direction `dir` (`1` or
+/// `-1` per column, `dirs[c]`), and each device on the way adds its rows in f32 and rounds the
+/// partial to bf16 (the wire's type), device `b` last. The same additions in the same order
+/// as the kernel, so its bf16 result is matched bit for bit at any ring size.
+pub fn ring_reduce_sum(x: &[f32], devices: usize, block_rows: usize, dirs: &[i64]) -> Vec<f32> {
+    let cols = dirs.len();
     let slab = x.len() / devices;
-    (0..slab).map(|i| (0..devices).map(|d| x[d * slab + i]).sum()).collect()
+    let n = devices as i64;
+    (0..slab)
+        .map(|i| {
+            let (block, col) = (i / cols / block_rows, i % cols);
+            let device = |k: i64| (block as i64 + dirs[col] * k).rem_euclid(n) as usize;
+            (2..=n).fold(x[device(1) * slab + i], |partial, k| {
+                round_bf16(partial + x[device(k) * slab + i])
+            })
+        })
+        .collect()
 }
 
 /// `x[m, k] @ y[k, n]`: f32 accumulation, output rounded to bf16.
