@@ -29,6 +29,14 @@ for tool in fmt clippy; do
   }
 done
 
+# scripts/test.sh runs the tests with cargo-nextest (the test binaries side by side); a pinned
+# version, built from crates.io once (about 10 CPU-minutes).
+NEXTEST_VERSION="0.9.151"
+if ! cargo nextest --version 2>/dev/null | grep -q "cargo-nextest $NEXTEST_VERSION"; then
+  echo "setup: installing cargo-nextest $NEXTEST_VERSION"
+  cargo install --locked --quiet cargo-nextest --version "$NEXTEST_VERSION"
+fi
+
 need_apt=()
 for p in "${LLVM_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$p")

@@ -12,6 +12,9 @@ export CI="${CI:-true}"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
-cargo test --workspace --locked "$@"
+# Every test, each in its own process, the binaries side by side (cargo-nextest, installed by
+# setup.sh; .config/nextest.toml), then the doc tests (nextest does not run them).
+cargo nextest run --workspace --locked "$@"
+cargo test --workspace --locked --doc
 # The benches are not run here (timings belong to `cargo bench`), but they must build.
 cargo test --workspace --locked --benches --no-run

@@ -75,8 +75,11 @@ fn outcome(args: &[String], expect: &Expect) -> Result<Option<(String, String)>,
     }
 }
 
+/// This process's own empty path (test binaries, and tests under `cargo nextest`, run side
+/// by side).
 fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }

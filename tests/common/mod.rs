@@ -17,9 +17,11 @@ pub fn palladium(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-/// An empty path under the test target's temporary folder (removed if a previous run left it).
+/// An empty path under the test target's temporary folder (removed if a previous run left it),
+/// this process's own: test binaries (and, under `cargo nextest`, tests) run side by side.
 pub fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }

@@ -113,9 +113,10 @@ pub fn jax_reference(dir: &Path, args: &[&str]) -> serde_json::Value {
     json
 }
 
-/// A fresh scratch directory under the target dir.
+/// A fresh scratch directory under the target dir, this process's own (test binaries, and
+/// tests under `cargo nextest`, run side by side).
 pub fn scratch_dir(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("cannot create a scratch dir");
     d
