@@ -694,4 +694,46 @@ mod tests {
             insta::assert_snapshot!("scale", pretty(out));
         });
     }
+
+    /// Through the entry crate's `palladium::kernel`, every generated path (attributes, index
+    /// maps, the body's loads, stores, comparisons and regions, `Params::set`, the error
+    /// fallback) names `::palladium::dsl`, none `palladium_dsl`: an author who depends only
+    /// on `palladium` has no `palladium_dsl` to resolve.
+    #[test]
+    fn the_entry_crates_kernel_names_only_palladium() {
+        let kernel = quote! {
+            pub fn scale(
+                #[default(64)] n: usize,
+                #[input(f32[n, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
+                #[output(f32[n, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
+            ) {
+                let mut acc = x[..];
+                for _ in fori(0, 3) {
+                    acc = acc * 2.0;
+                }
+                if program_id(0) > 0 && n > 8 {
+                    o[..] = acc;
+                } else {
+                    o[..] += acc;
+                }
+            }
+        };
+        let args = quote!(grid = (n / 8,), semantics = (parallel,));
+        let dsl = expand(&Root::dsl(), args.clone(), kernel.clone()).to_string();
+        let entry = expand(&Root::entry(), args, kernel).to_string();
+        assert!(!entry.contains("palladium_dsl"), "{entry}");
+        assert_eq!(entry, dsl.replace(":: palladium_dsl ::", ":: palladium :: dsl ::"));
+        // The fallback item of a kernel that does not expand.
+        let broken = expand(
+            &Root::entry(),
+            quote!(grid = (1,)),
+            quote!(
+                fn k() -> u32 {}
+            ),
+        );
+        let broken = broken.to_string();
+        assert!(broken.contains("compile_error"), "{broken}");
+        assert!(broken.contains(":: palladium :: dsl :: BuildErrors"), "{broken}");
+        assert!(!broken.contains("palladium_dsl"), "{broken}");
+    }
 }
