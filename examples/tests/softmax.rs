@@ -75,6 +75,26 @@ fn softmax_ir_snapshot() {
     insta::assert_snapshot!("softmax.mosaic", lowered.module);
 }
 
+/// Through `palladium::kernel` every traced op keeps the kernel line that traced it: the
+/// output's store is located at `o[..] = ...`, not at the `#[kernel]` line (which locates
+/// the function itself), so interpreter and libtpu errors name the statement.
+#[test]
+fn ops_carry_the_lines_that_traced_them() {
+    let kernel = build(&softmax::Params::default());
+    let module = lower(&kernel, &LowerOptions { chip: Chip::V6e }).unwrap().module;
+    let location = |alias: &str| {
+        let line = module.lines().find(|l| l.starts_with(&format!("{alias} = loc(")));
+        line.unwrap_or_else(|| panic!("no {alias} in\n{module}")).to_string()
+    };
+    let store = module.lines().find(|l| l.contains("tpu.vector_store")).expect("a store");
+    let alias = store.rsplit("loc(").next().unwrap().trim_end_matches(')');
+    assert_ne!(alias, "#loc", "the store is located at the #[kernel] line: {store}");
+    let kernel_line = location("#loc");
+    let store_line = location(alias);
+    assert!(store_line.contains("\"examples/src/lib.rs\":"), "{store_line}");
+    assert_ne!(store_line.split(':').nth(1), kernel_line.split(':').nth(1));
+}
+
 #[test]
 fn emit_writes_the_three_files_all_or_nothing() {
     let kernel = build(&softmax::Params::default());

@@ -6,7 +6,7 @@
 //! - `if`, `for i in fori(a, b)`, `while` → `if_else`, `for_range`, `while_loop`: variables
 //!   assigned inside and declared outside are carried through the region and assigned back.
 
-use crate::expand::{Root, expr_text};
+use crate::expand::expr_text;
 use crate::parse::Errors;
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
@@ -17,7 +17,6 @@ use syn::visit_mut::{self, VisitMut};
 use syn::{BinOp, Block, Expr, Ident, Pat, parse_quote, parse_quote_spanned};
 
 pub struct BodyRewriter<'e> {
-    pub root: &'e Root,
     pub errors: &'e mut Errors,
 }
 
@@ -200,7 +199,6 @@ impl BodyRewriter<'_> {
     }
 
     fn rewrite_if(&mut self, e: &syn::ExprIf, vars: Vec<Ident>) -> Expr {
-        let root = self.root;
         let span = e.if_token.span();
         let cond = &e.cond;
         let then_b = &e.then_branch;
@@ -217,7 +215,7 @@ impl BodyRewriter<'_> {
         let bind = rebind(&vars);
         parse_quote_spanned! {span=>
             {
-                let __pd_r = #root::__private::if_else(
+                let __pd_r = ::__pd_root::__private::if_else(
                     #cond,
                     || { #bind let __pd_v = #then_b; (__pd_v, (#(#vars,)*)) },
                     || { #bind let __pd_v = #else_tokens; (__pd_v, (#(#vars,)*)) },
@@ -257,12 +255,11 @@ impl BodyRewriter<'_> {
             {
                 self.reject_in(&f.body, "for loop");
                 let span = f.for_token.span();
-                let root = self.root;
                 let pat: &Pat = &f.pat;
                 let body = &f.body;
                 Some(parse_quote_spanned! {span=>
                     {
-                        let __pd_r = #root::__private::for_range(
+                        let __pd_r = ::__pd_root::__private::for_range(
                             #iter,
                             (#(#vars,)*),
                             |#pat, __pd_c| { #[allow(unused_mut, unused_variables)] let (#(mut #vars,)*) = __pd_c; #body; (#(#vars,)*) },
@@ -281,12 +278,11 @@ impl BodyRewriter<'_> {
         }
         self.reject_in(&w.body, "while loop");
         let span = w.while_token.span();
-        let root = self.root;
         let cond = &w.cond;
         let body = &w.body;
         Some(parse_quote_spanned! {span=>
             {
-                let __pd_r = #root::__private::while_loop(
+                let __pd_r = ::__pd_root::__private::while_loop(
                     (#(#vars,)*),
                     |__pd_c| { #[allow(unused_variables)] let (#(#vars,)*) = __pd_c; #cond },
                     |__pd_c| { #[allow(unused_mut, unused_variables)] let (#(mut #vars,)*) = __pd_c; #body; (#(#vars,)*) },
@@ -303,12 +299,11 @@ impl BodyRewriter<'_> {
         value: TokenStream,
         span: proc_macro2::Span,
     ) -> Expr {
-        let root = self.root;
         parse_quote_spanned! {span=>
             {
                 let __pd_base = &#base;
                 let __pd_idx = #index;
-                #root::__private::index_store(__pd_base, ::core::clone::Clone::clone(&__pd_idx), #value)
+                ::__pd_root::__private::index_store(__pd_base, ::core::clone::Clone::clone(&__pd_idx), #value)
             }
         }
     }
@@ -316,7 +311,6 @@ impl BodyRewriter<'_> {
 
 impl VisitMut for BodyRewriter<'_> {
     fn visit_expr_mut(&mut self, e: &mut Expr) {
-        let root = self.root;
         // Assignments through an index are stores: rewrite before the index becomes a load.
         if let Expr::Assign(a) = e
             && let Expr::Index(ix) = &mut *a.left
@@ -336,7 +330,7 @@ impl VisitMut for BodyRewriter<'_> {
             self.visit_expr_mut(&mut b.right);
             let right = &b.right;
             let value = quote_spanned!(b.op.span()=>
-                    #root::__private::IndexRef::__pd_index(__pd_base, ::core::clone::Clone::clone(&__pd_idx)) #op (#right));
+                    ::__pd_root::__private::IndexRef::__pd_index(__pd_base, ::core::clone::Clone::clone(&__pd_idx)) #op (#right));
             *e = self.store(&ix.expr, &ix.index, value, b.op.span());
             return;
         }
@@ -355,16 +349,16 @@ impl VisitMut for BodyRewriter<'_> {
                 if let Some(pred) = cmp_pred(&b.op) {
                     let pred = Ident::new(pred, b.op.span());
                     Some(
-                        parse_quote_spanned!(b.op.span()=> #root::__private::cmp(#root::__private::CmpPred::#pred, #l, #r)),
+                        parse_quote_spanned!(b.op.span()=> ::__pd_root::__private::cmp(::__pd_root::__private::CmpPred::#pred, #l, #r)),
                     )
                 } else {
                     match b.op {
-                        BinOp::And(t) => {
-                            Some(parse_quote_spanned!(t.span()=> #root::__private::and(#l, || #r)))
-                        }
-                        BinOp::Or(t) => {
-                            Some(parse_quote_spanned!(t.span()=> #root::__private::or(#l, || #r)))
-                        }
+                        BinOp::And(t) => Some(
+                            parse_quote_spanned!(t.span()=> ::__pd_root::__private::and(#l, || #r)),
+                        ),
+                        BinOp::Or(t) => Some(
+                            parse_quote_spanned!(t.span()=> ::__pd_root::__private::or(#l, || #r)),
+                        ),
                         _ => None,
                     }
                 }

@@ -4,57 +4,103 @@ use crate::body::BodyRewriter;
 use crate::parse::{
     BlockDimArg, DTYPES, Errors, OperandArgs, SPACES, ScratchArgs, parse_kernel_args,
 };
-use proc_macro2::{Span, TokenStream};
-use quote::{ToTokens, format_ident, quote, quote_spanned};
+use proc_macro2::{Group, Punct, Spacing, Span, TokenStream, TokenTree};
+use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{Attribute, Expr, FnArg, Ident, ItemFn, Pat, Type};
 
-/// The path the expansion reaches `palladium_dsl`'s items through, fixed by the entry point
-/// the author imported: an author depends on `palladium-dsl` or on the entry crate
-/// `palladium`, and the generated code must name the crate that is in their `Cargo.toml`.
-pub struct Root(TokenStream);
+/// The crate the expansion reaches the DSL's items through, fixed by the entry point the
+/// author imported: an author depends on `palladium-dsl` or on the entry crate `palladium`,
+/// and the generated code must name the crate that is in their `Cargo.toml`.
+///
+/// The templates name it by a placeholder (`::__pd_root::__private::...`, spanned like the
+/// rest of their template) that [`Root::reroot`] replaces at the end, at the placeholder's
+/// span: the span is what `#[track_caller]` reports, so every traced op keeps the kernel line
+/// that traced it whichever crate the path names.
+#[derive(Clone, Copy, Debug)]
+pub enum Root {
+    /// `palladium_dsl::kernel`: `::palladium_dsl`.
+    Dsl,
+    /// `palladium::kernel` (the entry crate's re-export): `::palladium::dsl`.
+    Entry,
+}
 
 impl Root {
-    /// `palladium_dsl::kernel`: `::palladium_dsl`.
-    pub fn dsl() -> Self {
-        Root(quote!(::palladium_dsl))
+    fn path(self) -> &'static [&'static str] {
+        match self {
+            Root::Dsl => &["palladium_dsl"],
+            Root::Entry => &["palladium", "dsl"],
+        }
     }
 
-    /// `palladium::kernel` (the entry crate's re-export): `::palladium::dsl`.
-    pub fn entry() -> Self {
-        Root(quote!(::palladium::dsl))
+    /// `tokens` with every placeholder `__pd_root` (a name the macro reserves: its own are
+    /// `__pd`-prefixed) replaced by this root's path. Groups without one are kept as they are.
+    fn reroot(self, tokens: TokenStream) -> TokenStream {
+        let mut out = TokenStream::new();
+        for tree in tokens {
+            match tree {
+                TokenTree::Ident(id) if id == PLACEHOLDER => {
+                    for (i, segment) in self.path().iter().enumerate() {
+                        if i > 0 {
+                            let mut joint = Punct::new(':', Spacing::Joint);
+                            let mut alone = Punct::new(':', Spacing::Alone);
+                            joint.set_span(id.span());
+                            alone.set_span(id.span());
+                            out.extend([TokenTree::Punct(joint), TokenTree::Punct(alone)]);
+                        }
+                        out.extend([TokenTree::Ident(Ident::new(segment, id.span()))]);
+                    }
+                }
+                TokenTree::Group(g) if mentions_placeholder(g.stream()) => {
+                    let mut group = Group::new(g.delimiter(), self.reroot(g.stream()));
+                    group.set_span(g.span());
+                    out.extend([TokenTree::Group(group)]);
+                }
+                other => out.extend([other]),
+            }
+        }
+        out
     }
 }
 
-impl ToTokens for Root {
-    fn to_tokens(&self, tokens: &mut TokenStream) {
-        tokens.extend(self.0.clone());
-    }
+/// The name the templates give the DSL crate until [`Root::reroot`].
+const PLACEHOLDER: &str = "__pd_root";
+
+fn mentions_placeholder(tokens: TokenStream) -> bool {
+    tokens.into_iter().any(|tree| match tree {
+        TokenTree::Ident(id) => id == PLACEHOLDER,
+        TokenTree::Group(g) => mentions_placeholder(g.stream()),
+        _ => false,
+    })
 }
 
-pub fn expand(root: &Root, args: TokenStream, item: TokenStream) -> TokenStream {
+pub fn expand(root: Root, args: TokenStream, item: TokenStream) -> TokenStream {
+    root.reroot(expand_with_placeholder(args, item))
+}
+
+fn expand_with_placeholder(args: TokenStream, item: TokenStream) -> TokenStream {
     let func: ItemFn = match syn::parse2(item.clone()) {
         Ok(f) => f,
         Err(e) => return e.to_compile_error(),
     };
-    match expand_fn(root, args, func.clone()) {
+    match expand_fn(args, func.clone()) {
         Ok(tokens) => tokens,
         Err(e) => {
             // Report every error, and keep a body-less item of the same name so the rest of
             // the crate still resolves it (and the IDE keeps working).
             let errors = e.to_compile_error();
-            let fallback = fallback_item(root, &func);
+            let fallback = fallback_item(&func);
             quote!(#errors #fallback)
         }
     }
 }
 
-fn fallback_item(root: &Root, func: &ItemFn) -> TokenStream {
+fn fallback_item(func: &ItemFn) -> TokenStream {
     let build = quote! {
-        ::core::result::Result::Err(#root::BuildErrors::default())
+        ::core::result::Result::Err(::__pd_root::BuildErrors::default())
     };
-    params_module(root, &func.sig.ident, &func.vis, &[], &compile_time_params(func), build)
+    params_module(&func.sig.ident, &func.vis, &[], &compile_time_params(func), build)
 }
 
 struct Param {
@@ -101,13 +147,13 @@ fn is_ref_type(ty: &Type) -> bool {
 
 /// A dtype in `dtype[dims]`: a dtype name, or a compile-time parameter of type `DType`
 /// (so one kernel can be built for several element types, e.g. `out_dtype[m, n]`).
-fn dtype_tokens(root: &Root, id: &Ident, params: &[Param], errors: &mut Errors) -> TokenStream {
+fn dtype_tokens(id: &Ident, params: &[Param], errors: &mut Errors) -> TokenStream {
     if let Some((_, v)) = DTYPES.iter().find(|(n, _)| id == n) {
         let v = Ident::new(v, id.span());
-        return quote!(#root::__private::DType::#v);
+        return quote!(::__pd_root::__private::DType::#v);
     }
     if params.iter().any(|p| p.ident == *id) {
-        return quote_spanned!(id.span()=> { let __pd_dtype: #root::__private::DType = #id; __pd_dtype });
+        return quote_spanned!(id.span()=> { let __pd_dtype: ::__pd_root::__private::DType = #id; __pd_dtype });
     }
     let known: Vec<_> = DTYPES.iter().map(|(n, _)| *n).collect();
     errors.at(
@@ -117,25 +163,20 @@ fn dtype_tokens(root: &Root, id: &Ident, params: &[Param], errors: &mut Errors) 
             known.join(", ")
         ),
     );
-    quote!(#root::__private::DType::F32)
+    quote!(::__pd_root::__private::DType::F32)
 }
 
-fn space_tokens(
-    root: &Root,
-    id: Option<&Ident>,
-    default: &str,
-    errors: &mut Errors,
-) -> TokenStream {
+fn space_tokens(id: Option<&Ident>, default: &str, errors: &mut Errors) -> TokenStream {
     let name = id.map(|i| i.to_string()).unwrap_or_else(|| default.to_string());
     let span = id.map(|i| i.span()).unwrap_or_else(Span::call_site);
     match SPACES.iter().find(|(n, _)| *n == name) {
         Some((_, v)) => {
             let v = Ident::new(v, span);
-            quote!(#root::__private::MemorySpace::#v)
+            quote!(::__pd_root::__private::MemorySpace::#v)
         }
         None => {
             errors.at(span, format!("unknown memory space `{name}` (known: vmem, smem, hbm, any)"));
-            quote!(#root::__private::MemorySpace::Vmem)
+            quote!(::__pd_root::__private::MemorySpace::Vmem)
         }
     }
 }
@@ -144,15 +185,15 @@ fn space_tokens(
 /// `palladium_dsl::trace::params`): `a op b` for `+ - * / %` becomes `size::op(a, b)`,
 /// through parentheses; anything else (a name, a literal, a call) is an operand as is.
 /// With `relations`, comparisons, `&&`, `||` and `!` are rewritten too (for `requires`).
-fn checked(root: &Root, e: &Expr, relations: bool) -> TokenStream {
+fn checked(e: &Expr, relations: bool) -> TokenStream {
     use syn::BinOp as B;
     match e {
         // In arithmetic the calls group; a relation keeps the user's parentheses.
         Expr::Paren(p) if relations => {
-            let x = checked(root, &p.expr, true);
+            let x = checked(&p.expr, true);
             quote_spanned!(p.span()=> (#x))
         }
-        Expr::Paren(p) => checked(root, &p.expr, false),
+        Expr::Paren(p) => checked(&p.expr, false),
         Expr::Binary(b) => {
             let f = match b.op {
                 B::Add(_) => "add",
@@ -167,18 +208,17 @@ fn checked(root: &Root, e: &Expr, relations: bool) -> TokenStream {
                 B::Eq(_) if relations => "eq",
                 B::Ne(_) if relations => "ne",
                 B::And(_) | B::Or(_) if relations => {
-                    let (l, r, op) =
-                        (checked(root, &b.left, true), checked(root, &b.right, true), &b.op);
+                    let (l, r, op) = (checked(&b.left, true), checked(&b.right, true), &b.op);
                     return quote_spanned!(b.span()=> #l #op #r);
                 }
                 _ => return quote!(#e),
             };
-            let (l, r) = (checked(root, &b.left, false), checked(root, &b.right, false));
+            let (l, r) = (checked(&b.left, false), checked(&b.right, false));
             let f = Ident::new(f, b.op.span());
-            quote_spanned!(b.span()=> #root::__private::size::#f(#l, #r))
+            quote_spanned!(b.span()=> ::__pd_root::__private::size::#f(#l, #r))
         }
         Expr::Unary(u) if relations && matches!(u.op, syn::UnOp::Not(_)) => {
-            let x = checked(root, &u.expr, true);
+            let x = checked(&u.expr, true);
             quote_spanned!(u.span()=> !#x)
         }
         _ => quote!(#e),
@@ -207,17 +247,14 @@ pub(crate) fn expr_text(e: &Expr) -> String {
 }
 
 /// `checks.size(expr, what, text)`: one checked size as a `u64`.
-fn size_tokens(root: &Root, e: &Expr, what: &str) -> TokenStream {
-    let value = checked(root, e, false);
+fn size_tokens(e: &Expr, what: &str) -> TokenStream {
+    let value = checked(e, false);
     let text = expr_text(e);
     quote_spanned!(e.span()=> __pd_c.size(#value, #what, #text))
 }
 
-fn dims_tokens(root: &Root, dims: &[Expr], owner: &str) -> TokenStream {
-    let ds = dims
-        .iter()
-        .enumerate()
-        .map(|(i, d)| size_tokens(root, d, &format!("dim {i} of `{owner}`")));
+fn dims_tokens(dims: &[Expr], owner: &str) -> TokenStream {
+    let ds = dims.iter().enumerate().map(|(i, d)| size_tokens(d, &format!("dim {i} of `{owner}`")));
     quote!(&[#(#ds),*])
 }
 
@@ -238,18 +275,18 @@ fn mentioned<'a>(e: &Expr, params: &'a [Param]) -> Vec<&'a Ident> {
 
 /// One `requires` relation: `a % b == 0` reads "b = .. does not divide a = ..", anything
 /// else "requires <relation>, but <the parameters it mentions>".
-fn require_tokens(root: &Root, e: &Expr, params: &[Param]) -> TokenStream {
+fn require_tokens(e: &Expr, params: &[Param]) -> TokenStream {
     if let Expr::Binary(eq) = e
         && matches!(eq.op, syn::BinOp::Eq(_))
         && let Expr::Binary(rem) = &*eq.left
         && matches!(rem.op, syn::BinOp::Rem(_))
         && matches!(&*eq.right, Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(z), .. }) if z.base10_digits() == "0")
     {
-        let (a, b) = (checked(root, &rem.left, false), checked(root, &rem.right, false));
+        let (a, b) = (checked(&rem.left, false), checked(&rem.right, false));
         let (at, bt) = (expr_text(&rem.left), expr_text(&rem.right));
-        return quote_spanned!(e.span()=> __pd_c.divides("", (#root::__private::size::IntoSize::into_size(#b), #bt), (#root::__private::size::IntoSize::into_size(#a), #at)););
+        return quote_spanned!(e.span()=> __pd_c.divides("", (::__pd_root::__private::size::IntoSize::into_size(#b), #bt), (::__pd_root::__private::size::IntoSize::into_size(#a), #at)););
     }
-    let holds = checked(root, e, true);
+    let holds = checked(e, true);
     let text = expr_text(e);
     let values = mentioned(e, params).into_iter().map(|id| {
         let name = id.to_string();
@@ -258,7 +295,7 @@ fn require_tokens(root: &Root, e: &Expr, params: &[Param]) -> TokenStream {
     quote_spanned!(e.span()=> __pd_c.require(#holds, #text, &[#(#values),*]);)
 }
 
-fn expand_fn(root: &Root, args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
+fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
     let mut errors = Errors::default();
     let kargs = parse_kernel_args(args, &mut errors);
     let grid_rank = kargs.grid.len();
@@ -329,10 +366,10 @@ fn expand_fn(root: &Root, args: TokenStream, func: ItemFn) -> syn::Result<TokenS
         match kind {
             RefKind::Operand { role, args } => {
                 let role_id = Ident::new(role, ident.span());
-                let dtype = dtype_tokens(root, &args.array.dtype, &params, &mut errors);
+                let dtype = dtype_tokens(&args.array.dtype, &params, &mut errors);
                 let default_space = if *role == "Prefetch" { "smem" } else { "vmem" };
-                let space = space_tokens(root, args.space.as_ref(), default_space, &mut errors);
-                let shape = dims_tokens(root, &args.array.dims, &name_str);
+                let space = space_tokens(args.space.as_ref(), default_space, &mut errors);
+                let shape = dims_tokens(&args.array.dims, &name_str);
                 let block = match &args.block {
                     Some((dims, span)) => {
                         if dims.len() != args.array.dims.len() {
@@ -348,25 +385,25 @@ fn expand_fn(root: &Root, args: TokenStream, func: ItemFn) -> syn::Result<TokenS
                         for (d, (b, a)) in dims.iter().zip(&args.array.dims).enumerate() {
                             if let BlockDimArg::Blocked(b) = b {
                                 let what = format!("block dim {d} of `{name_str}`");
-                                let (bv, av) = (checked(root, b, false), checked(root, a, false));
+                                let (bv, av) = (checked(b, false), checked(a, false));
                                 let (bt, at) = (expr_text(b), expr_text(a));
-                                tiling.push(quote_spanned!(b.span()=> __pd_c.divides(#what, (#root::__private::size::IntoSize::into_size(#bv), #bt), (#root::__private::size::IntoSize::into_size(#av), #at));));
+                                tiling.push(quote_spanned!(b.span()=> __pd_c.divides(#what, (::__pd_root::__private::size::IntoSize::into_size(#bv), #bt), (::__pd_root::__private::size::IntoSize::into_size(#av), #at));));
                             }
                         }
                         let ds = dims.iter().enumerate().map(|(d, b)| match b {
                             BlockDimArg::Blocked(e) => {
-                                let size = size_tokens(root, e, &format!("block dim {d} of `{name_str}`"));
-                                quote_spanned!(e.span()=> #root::__private::BlockDim::Blocked(#size))
+                                let size = size_tokens(e, &format!("block dim {d} of `{name_str}`"));
+                                quote_spanned!(e.span()=> ::__pd_root::__private::BlockDim::Blocked(#size))
                             }
-                            BlockDimArg::Squeezed => quote!(#root::__private::BlockDim::Squeezed),
+                            BlockDimArg::Squeezed => quote!(::__pd_root::__private::BlockDim::Squeezed),
                             BlockDimArg::Element { size, pad } => {
                                 let what = format!("element block dim {d} of `{name_str}`");
-                                let n = size_tokens(root, size, &what);
+                                let n = size_tokens(size, &what);
                                 let (lo, hi) = match pad.as_deref() {
-                                    Some((lo, hi)) => (size_tokens(root, lo, &format!("padding before {what}")), size_tokens(root, hi, &format!("padding after {what}"))),
+                                    Some((lo, hi)) => (size_tokens(lo, &format!("padding before {what}")), size_tokens(hi, &format!("padding after {what}"))),
                                     None => (quote!(0u64), quote!(0u64)),
                                 };
-                                quote_spanned!(size.span()=> #root::__private::BlockDim::Element { size: #n, pad: (#lo, #hi) })
+                                quote_spanned!(size.span()=> ::__pd_root::__private::BlockDim::Element { size: #n, pad: (#lo, #hi) })
                             }
                         });
                         quote!(::core::option::Option::Some(::std::vec![#(#ds),*]))
@@ -374,9 +411,7 @@ fn expand_fn(root: &Root, args: TokenStream, func: ItemFn) -> syn::Result<TokenS
                     None => quote!(::core::option::Option::None),
                 };
                 let map = match &args.map {
-                    Some(closure) => {
-                        index_map(root, closure, grid_rank, prefetch_count, &mut errors)
-                    }
+                    Some(closure) => index_map(closure, grid_rank, prefetch_count, &mut errors),
                     None => {
                         if args.block.is_some() {
                             errors.at(
@@ -388,8 +423,8 @@ fn expand_fn(root: &Root, args: TokenStream, func: ItemFn) -> syn::Result<TokenS
                             ::core::option::Option::<
                                 ::std::boxed::Box<
                                     dyn ::core::ops::FnOnce(
-                                            &[#root::__private::Val],
-                                            &[#root::__private::Ref],
+                                            &[::__pd_root::__private::Val],
+                                            &[::__pd_root::__private::Ref],
                                         )
                                             -> (u32,),
                                 >,
@@ -400,11 +435,11 @@ fn expand_fn(root: &Root, args: TokenStream, func: ItemFn) -> syn::Result<TokenS
                 // Spanned at the attribute: the declaration's location (for call-spec errors)
                 // is the operand's `bf16[m, k]`, not the `#[kernel]` line.
                 let declare = quote_spanned! {args.array.span=>
-                    __pd_b.operand(#name_str, #root::__private::OperandRole::#role_id, #dtype, #shape, #space, #block, #map)
+                    __pd_b.operand(#name_str, ::__pd_root::__private::OperandRole::#role_id, #dtype, #shape, #space, #block, #map)
                 };
                 let buffered = args.buffered.iter().map(|n| {
-                    let count = size_tokens(root, n, &format!("the buffer count of `{name_str}`"));
-                    quote_spanned!(n.span()=> __pd_b.pipeline_mode(__pd_slot, #root::__private::PipelineMode::Buffered(#count));)
+                    let count = size_tokens(n, &format!("the buffer count of `{name_str}`"));
+                    quote_spanned!(n.span()=> __pd_b.pipeline_mode(__pd_slot, ::__pd_root::__private::PipelineMode::Buffered(#count));)
                 });
                 let range = args.range.iter().map(|(lo, hi, span)| {
                     if *role != "Prefetch" {
@@ -416,8 +451,8 @@ fn expand_fn(root: &Root, args: TokenStream, func: ItemFn) -> syn::Result<TokenS
                             ),
                         );
                     }
-                    let lo = size_tokens(root, lo, &format!("the lowest value of `{name_str}`"));
-                    let hi = size_tokens(root, hi, &format!("the highest value of `{name_str}`"));
+                    let lo = size_tokens(lo, &format!("the lowest value of `{name_str}`"));
+                    let hi = size_tokens(hi, &format!("the highest value of `{name_str}`"));
                     quote_spanned!(*span=> __pd_b.value_range(__pd_slot, #lo, #hi);)
                 });
                 let settings: Vec<TokenStream> = buffered.chain(range).collect();
@@ -429,16 +464,16 @@ fn expand_fn(root: &Root, args: TokenStream, func: ItemFn) -> syn::Result<TokenS
                 bindings.push(quote_spanned!(ty.span()=> let #ident: #ty = __pd_sealed.handles[#i].clone().into_ref();));
             }
             RefKind::Scratch(ScratchArgs::Buffer { space, array }) => {
-                let space = space_tokens(root, Some(space), "vmem", &mut errors);
-                let dtype = dtype_tokens(root, &array.dtype, &params, &mut errors);
-                let shape = dims_tokens(root, &array.dims, &name_str);
+                let space = space_tokens(Some(space), "vmem", &mut errors);
+                let dtype = dtype_tokens(&array.dtype, &params, &mut errors);
+                let shape = dims_tokens(&array.dims, &name_str);
                 decls.push(quote_spanned!(ident.span()=> __pd_b.scratch_buffer(#name_str, #space, #dtype, #shape);));
                 bindings.push(quote_spanned!(ty.span()=> let #ident: #ty = __pd_sealed.handles[#i].clone().into_ref();));
             }
             RefKind::Scratch(ScratchArgs::Semaphores { kind, dims }) => {
                 let k = if kind == "dma_sem" { quote!(Dma) } else { quote!(Regular) };
-                let shape = dims_tokens(root, dims, &name_str);
-                decls.push(quote_spanned!(ident.span()=> __pd_b.scratch_semaphores(#name_str, #root::__private::SemKind::#k, #shape);));
+                let shape = dims_tokens(dims, &name_str);
+                decls.push(quote_spanned!(ident.span()=> __pd_b.scratch_semaphores(#name_str, ::__pd_root::__private::SemKind::#k, #shape);));
                 bindings.push(quote_spanned!(ty.span()=> let #ident: #ty = __pd_sealed.handles[#i].clone().into_sem();));
             }
         }
@@ -446,25 +481,24 @@ fn expand_fn(root: &Root, args: TokenStream, func: ItemFn) -> syn::Result<TokenS
     let grid = kargs.grid.iter().enumerate().map(|(i, e)| {
         let parallel = kargs.semantics.get(i).is_some_and(|s| s == "parallel");
         let sem = Ident::new(if parallel { "Parallel" } else { "Arbitrary" }, e.span());
-        let extent = size_tokens(root, e, &format!("grid dim {i}"));
-        quote_spanned!(e.span()=> __pd_b.grid_dim(#extent, #root::__private::Semantics::#sem);)
+        let extent = size_tokens(e, &format!("grid dim {i}"));
+        quote_spanned!(e.span()=> __pd_b.grid_dim(#extent, ::__pd_root::__private::Semantics::#sem);)
     });
     let vmem = kargs.vmem_limit.iter().map(|e| {
-        let bytes = size_tokens(root, e, "vmem_limit");
+        let bytes = size_tokens(e, "vmem_limit");
         quote_spanned!(e.span()=> __pd_b.vmem_limit_bytes(#bytes);)
     });
     let mesh = if kargs.mesh.is_empty() {
         quote!()
     } else {
         let axes = kargs.mesh.iter().map(|(name, size)| {
-            let (name, size) =
-                (name.to_string(), size_tokens(root, size, &format!("mesh axis {name}")));
+            let (name, size) = (name.to_string(), size_tokens(size, &format!("mesh axis {name}")));
             quote!((#name, #size))
         });
         quote!(__pd_b.mesh(&[#(#axes),*]);)
     };
     let collective_id = kargs.collective_id.iter().map(|e| {
-        let id = size_tokens(root, e, "collective_id");
+        let id = size_tokens(e, "collective_id");
         quote_spanned!(e.span()=> __pd_b.collective_id(#id as u32);)
     });
     let aliases = kargs.aliases.iter().map(|(i, o)| {
@@ -474,9 +508,9 @@ fn expand_fn(root: &Root, args: TokenStream, func: ItemFn) -> syn::Result<TokenS
     let cost = match &kargs.cost {
         Some(c) if c.len() == 3 => {
             let (f, t, b) = (
-                size_tokens(root, &c[0], "cost flops"),
-                size_tokens(root, &c[1], "cost transcendentals"),
-                size_tokens(root, &c[2], "cost bytes_accessed"),
+                size_tokens(&c[0], "cost flops"),
+                size_tokens(&c[1], "cost transcendentals"),
+                size_tokens(&c[2], "cost bytes_accessed"),
             );
             quote!(__pd_b.cost_estimate(#f, #t, #b);)
         }
@@ -492,7 +526,7 @@ fn expand_fn(root: &Root, args: TokenStream, func: ItemFn) -> syn::Result<TokenS
 
     // The body.
     let mut body = (*func.block).clone();
-    BodyRewriter { root, errors: &mut errors }.visit_block_mut(&mut body);
+    BodyRewriter { errors: &mut errors }.visit_block_mut(&mut body);
     errors.into_result()?;
 
     let param_checks = params.iter().map(|p| {
@@ -500,7 +534,7 @@ fn expand_fn(root: &Root, args: TokenStream, func: ItemFn) -> syn::Result<TokenS
         quote_spanned!(p.ty.span()=> __pd_c.param(#name, &#id);)
     });
     let requires: Vec<TokenStream> =
-        kargs.requires.iter().map(|e| require_tokens(root, e, &params)).collect();
+        kargs.requires.iter().map(|e| require_tokens(e, &params)).collect();
     let requires_stage =
         if requires.is_empty() { quote!() } else { quote!(#(#requires)* __pd_c.stage()?;) };
     let param_idents = params.iter().map(|p| &p.ident);
@@ -510,17 +544,17 @@ fn expand_fn(root: &Root, args: TokenStream, func: ItemFn) -> syn::Result<TokenS
     // positional entry point exists, so swapped arguments cannot go unnoticed.
     let build = quote! {
         #[allow(unused_imports)]
-        use #root::__private::{IndexRef as _, IndexStd as _};
+        use ::__pd_root::__private::{IndexRef as _, IndexStd as _};
         let Params { #(#param_idents),* } = ::core::clone::Clone::clone(__pd_params);
         // Checked before anything is traced, in stages: parameters, `requires`, block
         // tiling, then every size the attributes compute.
-        let mut __pd_c = #root::__private::Checks::new();
+        let mut __pd_c = ::__pd_root::__private::Checks::new();
         #(#param_checks)*
         __pd_c.stage()?;
         #requires_stage
         #(#tiling)*
         __pd_c.stage()?;
-        let mut __pd_b = #root::__private::KernelBuilder::new(#name_str);
+        let mut __pd_b = ::__pd_root::__private::KernelBuilder::new(#name_str);
         #(#grid)*
         #(#decls)*
         #(#aliases)*
@@ -534,11 +568,10 @@ fn expand_fn(root: &Root, args: TokenStream, func: ItemFn) -> syn::Result<TokenS
         #body
         __pd_sealed.finish()
     };
-    Ok(params_module(root, &name, &vis, attrs, &params, build))
+    Ok(params_module(&name, &vis, attrs, &params, build))
 }
 
 fn index_map(
-    root: &Root,
     closure: &syn::ExprClosure,
     grid_rank: usize,
     prefetch: usize,
@@ -561,7 +594,7 @@ fn index_map(
         );
     }
     let mut body = (*closure.body).clone();
-    BodyRewriter { root, errors }.visit_expr_mut(&mut body);
+    BodyRewriter { errors }.visit_expr_mut(&mut body);
     let binds = closure.inputs.iter().enumerate().map(|(i, p)| {
         if i < grid_rank {
             quote_spanned!(p.span()=> let #p = __pd_g[#i];)
@@ -571,9 +604,9 @@ fn index_map(
         }
     });
     quote_spanned! {closure.span()=>
-        ::core::option::Option::Some(::std::boxed::Box::new(move |__pd_g: &[#root::__private::Val], __pd_p: &[#root::__private::Ref]| {
+        ::core::option::Option::Some(::std::boxed::Box::new(move |__pd_g: &[::__pd_root::__private::Val], __pd_p: &[::__pd_root::__private::Ref]| {
             #[allow(unused_imports)]
-            use #root::__private::{IndexRef as _, IndexStd as _};
+            use ::__pd_root::__private::{IndexRef as _, IndexStd as _};
             #(#binds)*
             #body
         }))
@@ -584,7 +617,6 @@ fn index_map(
 /// named parameters (`matmul::build(&matmul::Params { bm: 128, ..Default::default() })`,
 /// CLI `--set bm=128`). `build_body` is the tracing code, run with `__pd_params: &Params`.
 fn params_module(
-    root: &Root,
     name: &Ident,
     vis: &syn::Visibility,
     attrs: &[Attribute],
@@ -630,15 +662,15 @@ fn params_module(
             pub const PARAMS: &[&str] = &[#(#names),*];
             impl Params {
                 /// Set one parameter from text (`--set NAME=VALUE`).
-                pub fn set(&mut self, name: &str, value: &str) -> ::core::result::Result<(), #root::__private::ParamError> {
+                pub fn set(&mut self, name: &str, value: &str) -> ::core::result::Result<(), ::__pd_root::__private::ParamError> {
                     match name {
                         #(#names => {
-                            self.#ids = value.parse::<#tys>().map_err(|_| #root::__private::ParamError::BadValue {
+                            self.#ids = value.parse::<#tys>().map_err(|_| ::__pd_root::__private::ParamError::BadValue {
                                 kernel: NAME.to_string(), name: name.to_string(), value: value.to_string(), ty: #ty_names.to_string(),
                             })?;
                             ::core::result::Result::Ok(())
                         })*
-                        _ => ::core::result::Result::Err(#root::__private::ParamError::Unknown {
+                        _ => ::core::result::Result::Err(::__pd_root::__private::ParamError::Unknown {
                             kernel: NAME.to_string(), name: name.to_string(), known: PARAMS.join(", "),
                         }),
                     }
@@ -650,7 +682,7 @@ fn params_module(
             }
             /// Trace the kernel with these parameters.
             #[allow(unused_variables, unused_mut, unused_assignments, clippy::let_unit_value, clippy::unused_unit, clippy::unnecessary_operation)]
-            pub fn build(__pd_params: &Params) -> ::core::result::Result<#root::Kernel, #root::BuildErrors> {
+            pub fn build(__pd_params: &Params) -> ::core::result::Result<::__pd_root::Kernel, ::__pd_root::BuildErrors> {
                 #build_body
             }
         }
@@ -670,7 +702,7 @@ mod tests {
     #[test]
     fn expansion_of_a_gridded_kernel_with_a_carried_loop() {
         let out = expand(
-            &Root::dsl(),
+            Root::Dsl,
             quote!(grid = (n / 8,), semantics = (parallel,)),
             quote! {
                 pub fn scale(
@@ -719,13 +751,14 @@ mod tests {
             }
         };
         let args = quote!(grid = (n / 8,), semantics = (parallel,));
-        let dsl = expand(&Root::dsl(), args.clone(), kernel.clone()).to_string();
-        let entry = expand(&Root::entry(), args, kernel).to_string();
+        let dsl = expand(Root::Dsl, args.clone(), kernel.clone()).to_string();
+        let entry = expand(Root::Entry, args, kernel).to_string();
         assert!(!entry.contains("palladium_dsl"), "{entry}");
+        assert!(!entry.contains("__pd_root") && !dsl.contains("__pd_root"), "{entry}");
         assert_eq!(entry, dsl.replace(":: palladium_dsl ::", ":: palladium :: dsl ::"));
         // The fallback item of a kernel that does not expand.
         let broken = expand(
-            &Root::entry(),
+            Root::Entry,
             quote!(grid = (1,)),
             quote!(
                 fn k() -> u32 {}

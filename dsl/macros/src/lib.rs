@@ -33,12 +33,12 @@ use proc_macro::TokenStream;
 /// `palladium_dsl::kernel`: the expansion reaches the DSL as `::palladium_dsl`.
 #[proc_macro_attribute]
 pub fn kernel(args: TokenStream, item: TokenStream) -> TokenStream {
-    expand::expand(&Root::dsl(), args.into(), item.into()).into()
+    expand::expand(Root::Dsl, args.into(), item.into()).into()
 }
 
 /// `palladium::kernel`, the same macro for a crate that depends only on the entry crate
 /// `palladium`: the expansion reaches the DSL as `::palladium::dsl`.
 #[proc_macro_attribute]
 pub fn kernel_in_palladium(args: TokenStream, item: TokenStream) -> TokenStream {
-    expand::expand(&Root::entry(), args.into(), item.into()).into()
+    expand::expand(Root::Entry, args.into(), item.into()).into()
 }
