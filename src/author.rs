@@ -93,6 +93,8 @@ pub fn compile_for(kernel: &Kernel, chip: Chip) -> Result<CompileReport, Error> 
 /// (the call's operands in declaration order, scalar-prefetch arrays first; a mesh kernel's
 /// stacked per device on dim 0) and returns its outputs in declaration order. DMA races,
 /// out-of-bounds accesses and deadlocks are errors naming the Rust line that traced the op.
+/// Unlike `palladium interpret`, which makes its inputs, no host-memory limit is applied:
+/// the caller's arrays exist already.
 pub fn interpret(
     kernel: &Kernel,
     chip: Chip,
