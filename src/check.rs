@@ -16,7 +16,7 @@ use palladium_dsl::ir::{Kernel, check_hbm, padded_vmem_bytes};
 use palladium_dsl::spec::{Chip, OperandRole, ScratchSpec};
 use palladium_interpret::{CallSpec, InterpError, Module, ParseError, Program};
 use palladium_kernels::{KernelEntry, KernelError};
-use palladium_lowering::{LowerOptions, lower};
+use palladium_lowering::{LowerOptions, Lowered, lower};
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -190,24 +190,32 @@ impl fmt::Display for Report {
             self.reference_time.as_secs_f64()
         )?;
         for o in &self.outputs {
-            write!(
-                f,
-                "  {:<8} {:<22} max abs err {:.3e}  max rel err {:.3e}  tolerance {:.0e}  {}",
-                o.name,
-                o.ty,
-                o.max_abs,
-                o.max_rel,
-                o.tolerance,
-                if o.passed() { "ok" } else { "FAIL" }
-            )?;
-            if !o.passed()
-                && let Some((i, got, want)) = o.worst
-            {
-                write!(f, " (worst at flat index {i}: got {got}, want {want})")?;
-            }
-            writeln!(f)?;
+            writeln!(f, "{o}")?;
         }
         write!(f, "{}", if self.passed() { "PASS" } else { "FAIL" })
+    }
+}
+
+/// `  o        bf16[2,4,8,128]        max abs err 2.441e-4  max rel err 5.587e-3  tolerance 1e-2  ok`,
+/// with the worst element when it failed.
+impl fmt::Display for OutputCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "  {:<8} {:<22} max abs err {:.3e}  max rel err {:.3e}  tolerance {:.0e}  {}",
+            self.name,
+            self.ty,
+            self.max_abs,
+            self.max_rel,
+            self.tolerance,
+            if self.passed() { "ok" } else { "FAIL" }
+        )?;
+        if !self.passed()
+            && let Some((i, got, want)) = self.worst
+        {
+            write!(f, " (worst at flat index {i}: got {got}, want {want})")?;
+        }
+        Ok(())
     }
 }
 
@@ -225,16 +233,35 @@ pub fn prepare(
     Ok((entry, kernel, program, spec))
 }
 
+/// A tolerance given for every output: finite and non-negative.
+pub(crate) fn check_tolerance(tolerance: Option<f32>) -> Result<(), CheckError> {
+    match tolerance.filter(|t| !t.is_finite() || *t < 0.0) {
+        Some(t) => Err(CheckError::Tolerance(t)),
+        None => Ok(()),
+    }
+}
+
+/// The kernel's operands fit `chip`'s HBM ([`check_hbm`]).
+pub(crate) fn check_fits(name: &str, kernel: &Kernel, chip: Chip) -> Result<(), CheckError> {
+    check_hbm(kernel, chip)
+        .map_err(|message| CheckError::Refused { kernel: name.to_string(), message })
+}
+
+/// `kernel` (named `name` in errors) lowered for `chip`.
+pub(crate) fn lower_for(name: &str, kernel: &Kernel, chip: Chip) -> Result<Lowered, CheckError> {
+    lower(kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower {
+        kernel: name.to_string(),
+        chip,
+        message: e.to_string(),
+    })
+}
+
 fn lower_and_prepare(
     name: &str,
     kernel: &Kernel,
     chip: Chip,
 ) -> Result<(Program, CallSpec), CheckError> {
-    let lowered = lower(kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower {
-        kernel: name.to_string(),
-        chip,
-        message: e.to_string(),
-    })?;
+    let lowered = lower_for(name, kernel, chip)?;
     let module = Module::parse(&lowered.body)
         .map_err(|error| CheckError::Parse { kernel: name.to_string(), error })?;
     let program = module
@@ -262,14 +289,11 @@ pub fn check_on(
     options: &CheckOptions,
     backend: Backend,
 ) -> Result<Report, CheckError> {
-    if let Some(t) = options.tolerance.filter(|t| !t.is_finite() || *t < 0.0) {
-        return Err(CheckError::Tolerance(t));
-    }
+    check_tolerance(options.tolerance)?;
     let t = Instant::now();
     let entry = palladium_kernels::entry(name)?;
     let kernel = (entry.build)(settings)?;
-    check_hbm(&kernel, options.chip)
-        .map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
+    check_fits(name, &kernel, options.chip)?;
     let need = HostMemory::of(&kernel);
     let parts = [
         ("inputs", need.inputs),
@@ -284,82 +308,19 @@ pub fn check_on(
     )
     .map_err(|message| CheckError::Refused { kernel: name.to_string(), message })?;
     let run: BodyRun<'_> = match backend {
-        Backend::Interpret => {
-            let (program, spec) = lower_and_prepare(name, &kernel, options.chip)?;
-            // With the call spec: aliased outputs start as copies of their inputs (in-place
-            // kernels such as `kv_cache_update` write only part of them), output shapes as
-            // the call has them.
-            let interp_error = move |error| CheckError::Interp {
-                kernel: name.to_string(),
-                error: Box::new(error),
-            };
-            match kernel.call.devices() as usize {
-                1 => Box::new(move |host: &[HostArray]| {
-                    program.run_with(host, &spec).map_err(interp_error)
-                }),
-                devices => Box::new(move |host: &[HostArray]| {
-                    let per_device = split_devices(host, devices).map_err(|message| {
-                        CheckError::Mismatch { kernel: name.to_string(), message }
-                    })?;
-                    let outputs =
-                        program.run_devices(&per_device, Some(&spec)).map_err(interp_error)?;
-                    stack_devices(&outputs).map_err(|message| CheckError::Mismatch {
-                        kernel: name.to_string(),
-                        message,
-                    })
-                }),
-            }
-        }
+        Backend::Interpret => interpreter(name, &kernel, options.chip)?,
         Backend::Tpu => on_tpu(name, &kernel, options.chip)?,
     };
     let prepare_time = t.elapsed();
     let inputs = (entry.inputs)(settings, options.seed)?;
-    // The scalar-prefetch arrays come first, each within the range its operand declares
-    // (a mesh kernel's stacked per device: the values are checked, not the length).
-    for (o, array) in kernel.call.operands_of(OperandRole::Prefetch).zip(&inputs) {
-        let values: Vec<i64> = array.to_i32().into_iter().map(i64::from).collect();
-        o.check_values(&values).map_err(|why| CheckError::Refused {
-            kernel: name.to_string(),
-            message: format!("scalar prefetch `{}`: {why}", o.name),
-        })?;
-    }
+    check_prefetch(name, &kernel, &inputs)?;
     let t = Instant::now();
     let got = run(&inputs)?;
     let run_time = t.elapsed();
     let t = Instant::now();
     let want = (entry.reference)(settings, &inputs)?;
     let reference_time = t.elapsed();
-    let specs: Vec<_> = kernel.call.operands_of(OperandRole::Output).collect();
-    let mismatch = |message: String| CheckError::Mismatch { kernel: name.to_string(), message };
-    if got.len() != want.len() || got.len() != specs.len() {
-        return Err(mismatch(format!(
-            "the kernel has {} outputs, the run returned {}, the reference {}",
-            specs.len(),
-            got.len(),
-            want.len()
-        )));
-    }
-    let mut outputs = Vec::new();
-    for ((g, w), spec) in got.iter().zip(&want).zip(&specs) {
-        if g.shape != w.shape || g.dtype != w.dtype {
-            return Err(mismatch(format!(
-                "output {}: the run returned {}{:?}, the reference {}",
-                spec.name,
-                g.dtype,
-                g.shape,
-                w.type_string()
-            )));
-        }
-        let (max_abs, max_rel, worst) = output_errors(&g.to_f32(), &w.to_f32());
-        outputs.push(OutputCheck {
-            name: spec.name.clone(),
-            ty: w.type_string(),
-            max_abs,
-            max_rel,
-            worst,
-            tolerance: options.tolerance.unwrap_or_else(|| output_tolerance(w.dtype)),
-        });
-    }
+    let outputs = compare(name, &kernel, &got, &want, options.tolerance)?;
     let mut params: Vec<(String, String)> =
         (entry.defaults)().into_iter().map(|(n, v)| (n.to_string(), v)).collect();
     for (n, v) in settings {
@@ -380,6 +341,95 @@ pub fn check_on(
         run_time,
         reference_time,
     })
+}
+
+/// The kernel's body in the CPU interpreter: lowered for `chip`, parsed and prepared once,
+/// run by the returned closure on each set of inputs (a mesh kernel's stacked on dim 0 per
+/// device, as [`split_devices`] splits them).
+pub(crate) fn interpreter<'a>(
+    name: &'a str,
+    kernel: &Kernel,
+    chip: Chip,
+) -> Result<BodyRun<'a>, CheckError> {
+    let (program, spec) = lower_and_prepare(name, kernel, chip)?;
+    // With the call spec: aliased outputs start as copies of their inputs (in-place
+    // kernels such as `kv_cache_update` write only part of them), output shapes as
+    // the call has them.
+    let interp_error =
+        move |error| CheckError::Interp { kernel: name.to_string(), error: Box::new(error) };
+    Ok(match kernel.call.devices() as usize {
+        1 => {
+            Box::new(move |host: &[HostArray]| program.run_with(host, &spec).map_err(interp_error))
+        }
+        devices => Box::new(move |host: &[HostArray]| {
+            let per_device = split_devices(host, devices)
+                .map_err(|message| CheckError::Mismatch { kernel: name.to_string(), message })?;
+            let outputs = program.run_devices(&per_device, Some(&spec)).map_err(interp_error)?;
+            stack_devices(&outputs)
+                .map_err(|message| CheckError::Mismatch { kernel: name.to_string(), message })
+        }),
+    })
+}
+
+/// The scalar-prefetch arrays come first among `inputs`, each within the range its operand
+/// declares (a mesh kernel's stacked per device: the values are checked, not the length).
+pub(crate) fn check_prefetch(
+    name: &str,
+    kernel: &Kernel,
+    inputs: &[HostArray],
+) -> Result<(), CheckError> {
+    for (o, array) in kernel.call.operands_of(OperandRole::Prefetch).zip(inputs) {
+        let values: Vec<i64> = array.to_i32().into_iter().map(i64::from).collect();
+        o.check_values(&values).map_err(|why| CheckError::Refused {
+            kernel: name.to_string(),
+            message: format!("scalar prefetch `{}`: {why}", o.name),
+        })?;
+    }
+    Ok(())
+}
+
+/// Each output of the run (`got`) against the reference's (`want`), in call-spec order,
+/// under `tolerance` or the dtype's [`output_tolerance`]; a count, shape or dtype that
+/// differs is a [`CheckError::Mismatch`].
+pub(crate) fn compare(
+    name: &str,
+    kernel: &Kernel,
+    got: &[HostArray],
+    want: &[HostArray],
+    tolerance: Option<f32>,
+) -> Result<Vec<OutputCheck>, CheckError> {
+    let specs: Vec<_> = kernel.call.operands_of(OperandRole::Output).collect();
+    let mismatch = |message: String| CheckError::Mismatch { kernel: name.to_string(), message };
+    if got.len() != want.len() || got.len() != specs.len() {
+        return Err(mismatch(format!(
+            "the kernel has {} outputs, the run returned {}, the reference {}",
+            specs.len(),
+            got.len(),
+            want.len()
+        )));
+    }
+    let mut outputs = Vec::new();
+    for ((g, w), spec) in got.iter().zip(want).zip(&specs) {
+        if g.shape != w.shape || g.dtype != w.dtype {
+            return Err(mismatch(format!(
+                "output {}: the run returned {}{:?}, the reference {}",
+                spec.name,
+                g.dtype,
+                g.shape,
+                w.type_string()
+            )));
+        }
+        let (max_abs, max_rel, worst) = output_errors(&g.to_f32(), &w.to_f32());
+        outputs.push(OutputCheck {
+            name: spec.name.clone(),
+            ty: w.type_string(),
+            max_abs,
+            max_rel,
+            worst,
+            tolerance: tolerance.unwrap_or_else(|| output_tolerance(w.dtype)),
+        });
+    }
+    Ok(outputs)
 }
 
 /// A mesh kernel's global inputs (each the devices' operands stacked on dim 0, as the
@@ -407,7 +457,7 @@ fn stack_devices(outputs: &[Vec<HostArray>]) -> Result<Vec<HostArray>, String> {
 }
 
 /// One run of a kernel's body: its inputs to its outputs.
-type BodyRun<'a> = Box<dyn Fn(&[HostArray]) -> Result<Vec<HostArray>, CheckError> + 'a>;
+pub(crate) type BodyRun<'a> = Box<dyn Fn(&[HostArray]) -> Result<Vec<HostArray>, CheckError> + 'a>;
 
 /// The kernel lowered, wrapped in its `tpu_custom_call` program and compiled by libtpu's
 /// client on the attached TPU.
@@ -418,11 +468,7 @@ fn on_tpu(
 ) -> Result<BodyRun<'static>, CheckError> {
     use palladium_runtime::exec::Device;
     let device_error = |message: String| CheckError::Device { kernel: name.to_string(), message };
-    let lowered = lower(kernel, &LowerOptions { chip }).map_err(|e| CheckError::Lower {
-        kernel: name.to_string(),
-        chip,
-        message: e.to_string(),
-    })?;
+    let lowered = lower_for(name, kernel, chip)?;
     let spec = palladium_runtime::CallSpec::from_json(&lowered.call_json).map_err(device_error)?;
     let program = palladium_runtime::wrap(&lowered.body, &spec).map_err(device_error)?;
     let device = Device::tpu().map_err(device_error)?;

@@ -1,6 +1,7 @@
 //! `palladium`: the command-line front end.
 
 use clap::{Parser, Subcommand};
+use palladium::author::{emitted_files, file_set};
 use palladium::check::{Backend, CheckOptions, check_on};
 use palladium::output::{Input, OutputFolder};
 use palladium_dsl::ir::{PrintOptions, VerifyOptions, check_hbm, print_kernel, verify};
@@ -343,7 +344,7 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Command::Emit { kernel, chip, set, out } => {
             palladium_kernels::entry(&kernel).map_err(|e| e.to_string())?;
-            let out = OutputFolder::check("--out", &out, &compiled_names(&kernel), &[])?;
+            let out = OutputFolder::check("--out", &out, &file_set(&kernel), &[])?;
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
             check_hbm(&k, chip)?;
             let lowered = lower(&k, &LowerOptions { chip })
@@ -358,7 +359,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Compile { kernel, chip, set, out, json } => {
             palladium_kernels::entry(&kernel).map_err(|e| e.to_string())?;
             let out = out
-                .map(|out| OutputFolder::check("--out", &out, &compiled_names(&kernel), &[]))
+                .map(|out| OutputFolder::check("--out", &out, &file_set(&kernel), &[]))
                 .transpose()?;
             let memory_limit = palladium::host_memory::compile_limit()?;
             let k = build(&kernel, &set).map_err(|e| e.to_string())?;
@@ -394,7 +395,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let out = OutputFolder::check(
                 "--out",
                 &out,
-                &compiled_names("megakernel"),
+                &file_set("megakernel"),
                 &[Input::new("the config", &config)],
             )?;
             let memory_limit = compile.then(palladium::host_memory::compile_limit).transpose()?;
@@ -741,24 +742,6 @@ fn check_kernel(args: CheckArgs, backend: Backend) -> Result<(), String> {
     } else {
         Err(format!("`{kernel}` does not match its reference{on}"))
     }
-}
-
-/// The file set of `emit`, `compile` and `megakernel` for `name`: what `emit` writes (the
-/// module, the serialized body, the call spec), then what `compile --out` adds (the
-/// StableHLO program, the serialized executable). A command that writes only the first
-/// three removes the other two an earlier run left: they would not match.
-fn compiled_names(name: &str) -> [String; 5] {
-    ["mlir", "body.mlir", "call.json", "stablehlo.mlir", "executable"]
-        .map(|ext| format!("{name}.{ext}"))
-}
-
-/// What `emit` writes for `name`: the module, the serialized body, the call spec.
-fn emitted_files(name: &str, lowered: palladium_lowering::Lowered) -> Vec<(String, Vec<u8>)> {
-    vec![
-        (format!("{name}.mlir"), lowered.module.into_bytes()),
-        (format!("{name}.body.mlir"), lowered.body.into_bytes()),
-        (format!("{name}.call.json"), lowered.call_json.into_bytes()),
-    ]
 }
 
 fn parse_backend(s: &str) -> Result<Backend, String> {

@@ -215,7 +215,7 @@ impl BodyRewriter<'_> {
         let bind = rebind(&vars);
         parse_quote_spanned! {span=>
             {
-                let __pd_r = ::palladium_dsl::__private::if_else(
+                let __pd_r = ::__pd_root::__private::if_else(
                     #cond,
                     || { #bind let __pd_v = #then_b; (__pd_v, (#(#vars,)*)) },
                     || { #bind let __pd_v = #else_tokens; (__pd_v, (#(#vars,)*)) },
@@ -259,7 +259,7 @@ impl BodyRewriter<'_> {
                 let body = &f.body;
                 Some(parse_quote_spanned! {span=>
                     {
-                        let __pd_r = ::palladium_dsl::__private::for_range(
+                        let __pd_r = ::__pd_root::__private::for_range(
                             #iter,
                             (#(#vars,)*),
                             |#pat, __pd_c| { #[allow(unused_mut, unused_variables)] let (#(mut #vars,)*) = __pd_c; #body; (#(#vars,)*) },
@@ -282,7 +282,7 @@ impl BodyRewriter<'_> {
         let body = &w.body;
         Some(parse_quote_spanned! {span=>
             {
-                let __pd_r = ::palladium_dsl::__private::while_loop(
+                let __pd_r = ::__pd_root::__private::while_loop(
                     (#(#vars,)*),
                     |__pd_c| { #[allow(unused_variables)] let (#(#vars,)*) = __pd_c; #cond },
                     |__pd_c| { #[allow(unused_mut, unused_variables)] let (#(mut #vars,)*) = __pd_c; #body; (#(#vars,)*) },
@@ -303,7 +303,7 @@ impl BodyRewriter<'_> {
             {
                 let __pd_base = &#base;
                 let __pd_idx = #index;
-                ::palladium_dsl::__private::index_store(__pd_base, ::core::clone::Clone::clone(&__pd_idx), #value)
+                ::__pd_root::__private::index_store(__pd_base, ::core::clone::Clone::clone(&__pd_idx), #value)
             }
         }
     }
@@ -330,7 +330,7 @@ impl VisitMut for BodyRewriter<'_> {
             self.visit_expr_mut(&mut b.right);
             let right = &b.right;
             let value = quote_spanned!(b.op.span()=>
-                    ::palladium_dsl::__private::IndexRef::__pd_index(__pd_base, ::core::clone::Clone::clone(&__pd_idx)) #op (#right));
+                    ::__pd_root::__private::IndexRef::__pd_index(__pd_base, ::core::clone::Clone::clone(&__pd_idx)) #op (#right));
             *e = self.store(&ix.expr, &ix.index, value, b.op.span());
             return;
         }
@@ -349,15 +349,15 @@ impl VisitMut for BodyRewriter<'_> {
                 if let Some(pred) = cmp_pred(&b.op) {
                     let pred = Ident::new(pred, b.op.span());
                     Some(
-                        parse_quote_spanned!(b.op.span()=> ::palladium_dsl::__private::cmp(::palladium_dsl::__private::CmpPred::#pred, #l, #r)),
+                        parse_quote_spanned!(b.op.span()=> ::__pd_root::__private::cmp(::__pd_root::__private::CmpPred::#pred, #l, #r)),
                     )
                 } else {
                     match b.op {
                         BinOp::And(t) => Some(
-                            parse_quote_spanned!(t.span()=> ::palladium_dsl::__private::and(#l, || #r)),
+                            parse_quote_spanned!(t.span()=> ::__pd_root::__private::and(#l, || #r)),
                         ),
                         BinOp::Or(t) => Some(
-                            parse_quote_spanned!(t.span()=> ::palladium_dsl::__private::or(#l, || #r)),
+                            parse_quote_spanned!(t.span()=> ::__pd_root::__private::or(#l, || #r)),
                         ),
                         _ => None,
                     }

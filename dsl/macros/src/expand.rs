@@ -4,13 +4,82 @@ use crate::body::BodyRewriter;
 use crate::parse::{
     BlockDimArg, DTYPES, Errors, OperandArgs, SPACES, ScratchArgs, parse_kernel_args,
 };
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Group, Punct, Spacing, Span, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{Attribute, Expr, FnArg, Ident, ItemFn, Pat, Type};
 
-pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+/// The crate the expansion reaches the DSL's items through, fixed by the entry point the
+/// author imported: an author depends on `palladium-dsl` or on the entry crate `palladium`,
+/// and the generated code must name the crate that is in their `Cargo.toml`.
+///
+/// The templates name it by a placeholder (`::__pd_root::__private::...`, spanned like the
+/// rest of their template) that [`Root::reroot`] replaces at the end, at the placeholder's
+/// span: the span is what `#[track_caller]` reports, so every traced op keeps the kernel line
+/// that traced it whichever crate the path names.
+#[derive(Clone, Copy, Debug)]
+pub enum Root {
+    /// `palladium_dsl::kernel`: `::palladium_dsl`.
+    Dsl,
+    /// `palladium::kernel` (the entry crate's re-export): `::palladium::dsl`.
+    Entry,
+}
+
+impl Root {
+    fn path(self) -> &'static [&'static str] {
+        match self {
+            Root::Dsl => &["palladium_dsl"],
+            Root::Entry => &["palladium", "dsl"],
+        }
+    }
+
+    /// `tokens` with every placeholder `__pd_root` (a name the macro reserves: its own are
+    /// `__pd`-prefixed) replaced by this root's path. Groups without one are kept as they are.
+    fn reroot(self, tokens: TokenStream) -> TokenStream {
+        let mut out = TokenStream::new();
+        for tree in tokens {
+            match tree {
+                TokenTree::Ident(id) if id == PLACEHOLDER => {
+                    for (i, segment) in self.path().iter().enumerate() {
+                        if i > 0 {
+                            let mut joint = Punct::new(':', Spacing::Joint);
+                            let mut alone = Punct::new(':', Spacing::Alone);
+                            joint.set_span(id.span());
+                            alone.set_span(id.span());
+                            out.extend([TokenTree::Punct(joint), TokenTree::Punct(alone)]);
+                        }
+                        out.extend([TokenTree::Ident(Ident::new(segment, id.span()))]);
+                    }
+                }
+                TokenTree::Group(g) if mentions_placeholder(g.stream()) => {
+                    let mut group = Group::new(g.delimiter(), self.reroot(g.stream()));
+                    group.set_span(g.span());
+                    out.extend([TokenTree::Group(group)]);
+                }
+                other => out.extend([other]),
+            }
+        }
+        out
+    }
+}
+
+/// The name the templates give the DSL crate until [`Root::reroot`].
+const PLACEHOLDER: &str = "__pd_root";
+
+fn mentions_placeholder(tokens: TokenStream) -> bool {
+    tokens.into_iter().any(|tree| match tree {
+        TokenTree::Ident(id) => id == PLACEHOLDER,
+        TokenTree::Group(g) => mentions_placeholder(g.stream()),
+        _ => false,
+    })
+}
+
+pub fn expand(root: Root, args: TokenStream, item: TokenStream) -> TokenStream {
+    root.reroot(expand_with_placeholder(args, item))
+}
+
+fn expand_with_placeholder(args: TokenStream, item: TokenStream) -> TokenStream {
     let func: ItemFn = match syn::parse2(item.clone()) {
         Ok(f) => f,
         Err(e) => return e.to_compile_error(),
@@ -29,7 +98,7 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
 
 fn fallback_item(func: &ItemFn) -> TokenStream {
     let build = quote! {
-        ::core::result::Result::Err(::palladium_dsl::BuildErrors::default())
+        ::core::result::Result::Err(::__pd_root::BuildErrors::default())
     };
     params_module(&func.sig.ident, &func.vis, &[], &compile_time_params(func), build)
 }
@@ -81,10 +150,10 @@ fn is_ref_type(ty: &Type) -> bool {
 fn dtype_tokens(id: &Ident, params: &[Param], errors: &mut Errors) -> TokenStream {
     if let Some((_, v)) = DTYPES.iter().find(|(n, _)| id == n) {
         let v = Ident::new(v, id.span());
-        return quote!(::palladium_dsl::__private::DType::#v);
+        return quote!(::__pd_root::__private::DType::#v);
     }
     if params.iter().any(|p| p.ident == *id) {
-        return quote_spanned!(id.span()=> { let __pd_dtype: ::palladium_dsl::__private::DType = #id; __pd_dtype });
+        return quote_spanned!(id.span()=> { let __pd_dtype: ::__pd_root::__private::DType = #id; __pd_dtype });
     }
     let known: Vec<_> = DTYPES.iter().map(|(n, _)| *n).collect();
     errors.at(
@@ -94,7 +163,7 @@ fn dtype_tokens(id: &Ident, params: &[Param], errors: &mut Errors) -> TokenStrea
             known.join(", ")
         ),
     );
-    quote!(::palladium_dsl::__private::DType::F32)
+    quote!(::__pd_root::__private::DType::F32)
 }
 
 fn space_tokens(id: Option<&Ident>, default: &str, errors: &mut Errors) -> TokenStream {
@@ -103,11 +172,11 @@ fn space_tokens(id: Option<&Ident>, default: &str, errors: &mut Errors) -> Token
     match SPACES.iter().find(|(n, _)| *n == name) {
         Some((_, v)) => {
             let v = Ident::new(v, span);
-            quote!(::palladium_dsl::__private::MemorySpace::#v)
+            quote!(::__pd_root::__private::MemorySpace::#v)
         }
         None => {
             errors.at(span, format!("unknown memory space `{name}` (known: vmem, smem, hbm, any)"));
-            quote!(::palladium_dsl::__private::MemorySpace::Vmem)
+            quote!(::__pd_root::__private::MemorySpace::Vmem)
         }
     }
 }
@@ -146,7 +215,7 @@ fn checked(e: &Expr, relations: bool) -> TokenStream {
             };
             let (l, r) = (checked(&b.left, false), checked(&b.right, false));
             let f = Ident::new(f, b.op.span());
-            quote_spanned!(b.span()=> ::palladium_dsl::__private::size::#f(#l, #r))
+            quote_spanned!(b.span()=> ::__pd_root::__private::size::#f(#l, #r))
         }
         Expr::Unary(u) if relations && matches!(u.op, syn::UnOp::Not(_)) => {
             let x = checked(&u.expr, true);
@@ -215,7 +284,7 @@ fn require_tokens(e: &Expr, params: &[Param]) -> TokenStream {
     {
         let (a, b) = (checked(&rem.left, false), checked(&rem.right, false));
         let (at, bt) = (expr_text(&rem.left), expr_text(&rem.right));
-        return quote_spanned!(e.span()=> __pd_c.divides("", (::palladium_dsl::__private::size::IntoSize::into_size(#b), #bt), (::palladium_dsl::__private::size::IntoSize::into_size(#a), #at)););
+        return quote_spanned!(e.span()=> __pd_c.divides("", (::__pd_root::__private::size::IntoSize::into_size(#b), #bt), (::__pd_root::__private::size::IntoSize::into_size(#a), #at)););
     }
     let holds = checked(e, true);
     let text = expr_text(e);
@@ -318,15 +387,15 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
                                 let what = format!("block dim {d} of `{name_str}`");
                                 let (bv, av) = (checked(b, false), checked(a, false));
                                 let (bt, at) = (expr_text(b), expr_text(a));
-                                tiling.push(quote_spanned!(b.span()=> __pd_c.divides(#what, (::palladium_dsl::__private::size::IntoSize::into_size(#bv), #bt), (::palladium_dsl::__private::size::IntoSize::into_size(#av), #at));));
+                                tiling.push(quote_spanned!(b.span()=> __pd_c.divides(#what, (::__pd_root::__private::size::IntoSize::into_size(#bv), #bt), (::__pd_root::__private::size::IntoSize::into_size(#av), #at));));
                             }
                         }
                         let ds = dims.iter().enumerate().map(|(d, b)| match b {
                             BlockDimArg::Blocked(e) => {
                                 let size = size_tokens(e, &format!("block dim {d} of `{name_str}`"));
-                                quote_spanned!(e.span()=> ::palladium_dsl::__private::BlockDim::Blocked(#size))
+                                quote_spanned!(e.span()=> ::__pd_root::__private::BlockDim::Blocked(#size))
                             }
-                            BlockDimArg::Squeezed => quote!(::palladium_dsl::__private::BlockDim::Squeezed),
+                            BlockDimArg::Squeezed => quote!(::__pd_root::__private::BlockDim::Squeezed),
                             BlockDimArg::Element { size, pad } => {
                                 let what = format!("element block dim {d} of `{name_str}`");
                                 let n = size_tokens(size, &what);
@@ -334,7 +403,7 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
                                     Some((lo, hi)) => (size_tokens(lo, &format!("padding before {what}")), size_tokens(hi, &format!("padding after {what}"))),
                                     None => (quote!(0u64), quote!(0u64)),
                                 };
-                                quote_spanned!(size.span()=> ::palladium_dsl::__private::BlockDim::Element { size: #n, pad: (#lo, #hi) })
+                                quote_spanned!(size.span()=> ::__pd_root::__private::BlockDim::Element { size: #n, pad: (#lo, #hi) })
                             }
                         });
                         quote!(::core::option::Option::Some(::std::vec![#(#ds),*]))
@@ -354,8 +423,8 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
                             ::core::option::Option::<
                                 ::std::boxed::Box<
                                     dyn ::core::ops::FnOnce(
-                                            &[::palladium_dsl::__private::Val],
-                                            &[::palladium_dsl::__private::Ref],
+                                            &[::__pd_root::__private::Val],
+                                            &[::__pd_root::__private::Ref],
                                         )
                                             -> (u32,),
                                 >,
@@ -366,11 +435,11 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
                 // Spanned at the attribute: the declaration's location (for call-spec errors)
                 // is the operand's `bf16[m, k]`, not the `#[kernel]` line.
                 let declare = quote_spanned! {args.array.span=>
-                    __pd_b.operand(#name_str, ::palladium_dsl::__private::OperandRole::#role_id, #dtype, #shape, #space, #block, #map)
+                    __pd_b.operand(#name_str, ::__pd_root::__private::OperandRole::#role_id, #dtype, #shape, #space, #block, #map)
                 };
                 let buffered = args.buffered.iter().map(|n| {
                     let count = size_tokens(n, &format!("the buffer count of `{name_str}`"));
-                    quote_spanned!(n.span()=> __pd_b.pipeline_mode(__pd_slot, ::palladium_dsl::__private::PipelineMode::Buffered(#count));)
+                    quote_spanned!(n.span()=> __pd_b.pipeline_mode(__pd_slot, ::__pd_root::__private::PipelineMode::Buffered(#count));)
                 });
                 let range = args.range.iter().map(|(lo, hi, span)| {
                     if *role != "Prefetch" {
@@ -404,7 +473,7 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
             RefKind::Scratch(ScratchArgs::Semaphores { kind, dims }) => {
                 let k = if kind == "dma_sem" { quote!(Dma) } else { quote!(Regular) };
                 let shape = dims_tokens(dims, &name_str);
-                decls.push(quote_spanned!(ident.span()=> __pd_b.scratch_semaphores(#name_str, ::palladium_dsl::__private::SemKind::#k, #shape);));
+                decls.push(quote_spanned!(ident.span()=> __pd_b.scratch_semaphores(#name_str, ::__pd_root::__private::SemKind::#k, #shape);));
                 bindings.push(quote_spanned!(ty.span()=> let #ident: #ty = __pd_sealed.handles[#i].clone().into_sem();));
             }
         }
@@ -413,7 +482,7 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
         let parallel = kargs.semantics.get(i).is_some_and(|s| s == "parallel");
         let sem = Ident::new(if parallel { "Parallel" } else { "Arbitrary" }, e.span());
         let extent = size_tokens(e, &format!("grid dim {i}"));
-        quote_spanned!(e.span()=> __pd_b.grid_dim(#extent, ::palladium_dsl::__private::Semantics::#sem);)
+        quote_spanned!(e.span()=> __pd_b.grid_dim(#extent, ::__pd_root::__private::Semantics::#sem);)
     });
     let vmem = kargs.vmem_limit.iter().map(|e| {
         let bytes = size_tokens(e, "vmem_limit");
@@ -475,17 +544,17 @@ fn expand_fn(args: TokenStream, func: ItemFn) -> syn::Result<TokenStream> {
     // positional entry point exists, so swapped arguments cannot go unnoticed.
     let build = quote! {
         #[allow(unused_imports)]
-        use ::palladium_dsl::__private::{IndexRef as _, IndexStd as _};
+        use ::__pd_root::__private::{IndexRef as _, IndexStd as _};
         let Params { #(#param_idents),* } = ::core::clone::Clone::clone(__pd_params);
         // Checked before anything is traced, in stages: parameters, `requires`, block
         // tiling, then every size the attributes compute.
-        let mut __pd_c = ::palladium_dsl::__private::Checks::new();
+        let mut __pd_c = ::__pd_root::__private::Checks::new();
         #(#param_checks)*
         __pd_c.stage()?;
         #requires_stage
         #(#tiling)*
         __pd_c.stage()?;
-        let mut __pd_b = ::palladium_dsl::__private::KernelBuilder::new(#name_str);
+        let mut __pd_b = ::__pd_root::__private::KernelBuilder::new(#name_str);
         #(#grid)*
         #(#decls)*
         #(#aliases)*
@@ -535,9 +604,9 @@ fn index_map(
         }
     });
     quote_spanned! {closure.span()=>
-        ::core::option::Option::Some(::std::boxed::Box::new(move |__pd_g: &[::palladium_dsl::__private::Val], __pd_p: &[::palladium_dsl::__private::Ref]| {
+        ::core::option::Option::Some(::std::boxed::Box::new(move |__pd_g: &[::__pd_root::__private::Val], __pd_p: &[::__pd_root::__private::Ref]| {
             #[allow(unused_imports)]
-            use ::palladium_dsl::__private::{IndexRef as _, IndexStd as _};
+            use ::__pd_root::__private::{IndexRef as _, IndexStd as _};
             #(#binds)*
             #body
         }))
@@ -593,15 +662,15 @@ fn params_module(
             pub const PARAMS: &[&str] = &[#(#names),*];
             impl Params {
                 /// Set one parameter from text (`--set NAME=VALUE`).
-                pub fn set(&mut self, name: &str, value: &str) -> ::core::result::Result<(), ::palladium_dsl::__private::ParamError> {
+                pub fn set(&mut self, name: &str, value: &str) -> ::core::result::Result<(), ::__pd_root::__private::ParamError> {
                     match name {
                         #(#names => {
-                            self.#ids = value.parse::<#tys>().map_err(|_| ::palladium_dsl::__private::ParamError::BadValue {
+                            self.#ids = value.parse::<#tys>().map_err(|_| ::__pd_root::__private::ParamError::BadValue {
                                 kernel: NAME.to_string(), name: name.to_string(), value: value.to_string(), ty: #ty_names.to_string(),
                             })?;
                             ::core::result::Result::Ok(())
                         })*
-                        _ => ::core::result::Result::Err(::palladium_dsl::__private::ParamError::Unknown {
+                        _ => ::core::result::Result::Err(::__pd_root::__private::ParamError::Unknown {
                             kernel: NAME.to_string(), name: name.to_string(), known: PARAMS.join(", "),
                         }),
                     }
@@ -613,7 +682,7 @@ fn params_module(
             }
             /// Trace the kernel with these parameters.
             #[allow(unused_variables, unused_mut, unused_assignments, clippy::let_unit_value, clippy::unused_unit, clippy::unnecessary_operation)]
-            pub fn build(__pd_params: &Params) -> ::core::result::Result<::palladium_dsl::Kernel, ::palladium_dsl::BuildErrors> {
+            pub fn build(__pd_params: &Params) -> ::core::result::Result<::__pd_root::Kernel, ::__pd_root::BuildErrors> {
                 #build_body
             }
         }
@@ -622,7 +691,7 @@ fn params_module(
 
 #[cfg(test)]
 mod tests {
-    use super::expand;
+    use super::{Root, expand};
     use quote::quote;
 
     fn pretty(tokens: proc_macro2::TokenStream) -> String {
@@ -633,6 +702,7 @@ mod tests {
     #[test]
     fn expansion_of_a_gridded_kernel_with_a_carried_loop() {
         let out = expand(
+            Root::Dsl,
             quote!(grid = (n / 8,), semantics = (parallel,)),
             quote! {
                 pub fn scale(
@@ -655,5 +725,48 @@ mod tests {
         insta::with_settings!({ snapshot_path => "../../../snapshots/macro_expand", prepend_module_to_snapshot => false, omit_expression => true }, {
             insta::assert_snapshot!("scale", pretty(out));
         });
+    }
+
+    /// Through the entry crate's `palladium::kernel`, every generated path (attributes, index
+    /// maps, the body's loads, stores, comparisons and regions, `Params::set`, the error
+    /// fallback) names `::palladium::dsl`, none `palladium_dsl`: an author who depends only
+    /// on `palladium` has no `palladium_dsl` to resolve.
+    #[test]
+    fn the_entry_crates_kernel_names_only_palladium() {
+        let kernel = quote! {
+            pub fn scale(
+                #[default(64)] n: usize,
+                #[input(f32[n, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
+                #[output(f32[n, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
+            ) {
+                let mut acc = x[..];
+                for _ in fori(0, 3) {
+                    acc = acc * 2.0;
+                }
+                if program_id(0) > 0 && n > 8 {
+                    o[..] = acc;
+                } else {
+                    o[..] += acc;
+                }
+            }
+        };
+        let args = quote!(grid = (n / 8,), semantics = (parallel,));
+        let dsl = expand(Root::Dsl, args.clone(), kernel.clone()).to_string();
+        let entry = expand(Root::Entry, args, kernel).to_string();
+        assert!(!entry.contains("palladium_dsl"), "{entry}");
+        assert!(!entry.contains("__pd_root") && !dsl.contains("__pd_root"), "{entry}");
+        assert_eq!(entry, dsl.replace(":: palladium_dsl ::", ":: palladium :: dsl ::"));
+        // The fallback item of a kernel that does not expand.
+        let broken = expand(
+            Root::Entry,
+            quote!(grid = (1,)),
+            quote!(
+                fn k() -> u32 {}
+            ),
+        );
+        let broken = broken.to_string();
+        assert!(broken.contains("compile_error"), "{broken}");
+        assert!(broken.contains(":: palladium :: dsl :: BuildErrors"), "{broken}");
+        assert!(!broken.contains("palladium_dsl"), "{broken}");
     }
 }

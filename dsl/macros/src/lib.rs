@@ -18,16 +18,27 @@
 //! BuildErrors>; NAME; PARAMS }`: compile-time parameters are set by name only (a Rust
 //! caller writes `matmul::build(&matmul::Params { bm: 128, ..Default::default() })`, a tool
 //! `Params::set("bm", "128")`); ref parameters become declarations and the body is traced
-//! inside `build`. All generated paths go through
-//! `::palladium_dsl::__private`. Every error found is reported, each at its own span.
+//! inside `build`. All generated paths go through `__private` of the crate the author
+//! depends on: `::palladium_dsl` for [`macro@kernel`], `::palladium::dsl` for
+//! [`macro@kernel_in_palladium`] (the entry crate's `palladium::kernel`). Every error found is
+//! reported, each at its own span.
 
 mod body;
 mod expand;
 mod parse;
 
+use expand::Root;
 use proc_macro::TokenStream;
 
+/// `palladium_dsl::kernel`: the expansion reaches the DSL as `::palladium_dsl`.
 #[proc_macro_attribute]
 pub fn kernel(args: TokenStream, item: TokenStream) -> TokenStream {
-    expand::expand(args.into(), item.into()).into()
+    expand::expand(Root::Dsl, args.into(), item.into()).into()
+}
+
+/// `palladium::kernel`, the same macro for a crate that depends only on the entry crate
+/// `palladium`: the expansion reaches the DSL as `::palladium::dsl`.
+#[proc_macro_attribute]
+pub fn kernel_in_palladium(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::expand(Root::Entry, args.into(), item.into()).into()
 }
