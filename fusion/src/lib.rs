@@ -125,4 +125,5 @@ pub mod scratch;
 pub mod shard;
 pub mod source;
 pub mod spmd;
+pub mod stage;
 pub mod unfused;
