@@ -8,22 +8,26 @@
 //! module's size does not grow with the number of layers.
 //!
 //! Step structure (one call = one decode or verify step for `batch` sequences of `K` new
-//! tokens each: `batch * K` token rows, row `b * K + k` at position `positions[b] + k`):
-//! 1. prologue: embedding rows fetched by token id (scalar prefetch), the first `depth`
-//!    dense chunks issued, RoPE tables for the rows' positions computed;
+//! tokens each: `batch * K` token rows, row `b * K + k` at position `positions[b] + k`),
+//! each step naming the stage (a module of [`crate::stage`]) that emits it:
+//! 1. prologue: embedding rows fetched by token id (scalar prefetch; `embed`), the first
+//!    `depth` dense chunks issued (`stream`; a quantized plan's first `lm_head` chunks,
+//!    `lm_head`), RoPE tables for the rows' positions computed (`attention`);
 //! 2. `for l in 0..layers` (traced; the dense-ring bank of the layer's first chunk is
-//!    carried): for each dense chunk `k` of the layer (static): issue chunk `l*n + k +
-//!    depth` (this layer, a later layer, or `lm_head`), wait chunk `k`, consume its pieces —
-//!    q/k/v columns, then (after the q/k/v pieces) per-head norm + RoPE and attention over
-//!    the KV cache in streamed tiles (the K new K/V rows inserted and written in place,
-//!    each query row causal at its own position), o-proj pieces, then residual + norm and
-//!    the router piece; after the last chunk: softmax top-k, the distinct experts to SMEM,
-//!    the expert stream (each distinct expert fetched once by id right after routing,
-//!    applied to every row at its weight), residual; a dense-MLP layer (layers mixing
-//!    kinds, `ffn`) runs its MLP's chunks through the same ring instead, under an
-//!    `scf.if`;
-//! 3. final norm (folded) + `lm_head` chunks → the greedy id and maximum of every row
-//!    (and the f32 logits when the plan keeps them).
+//!    carried): the input norm (`qkv`); for each dense chunk `k` of the layer (static):
+//!    issue chunk `l*n + k + depth` (this layer, a later layer, or `lm_head`), wait chunk
+//!    `k`, hand each of its pieces to its segment's stage — q/k/v columns (`qkv`), then
+//!    (before the first o-proj piece) per-head norm + RoPE and attention over the KV cache
+//!    in streamed tiles (`attention`: the K new K/V rows inserted and written in place,
+//!    each query row causal at its own position), o-proj pieces (`o_proj`), then the
+//!    residual, its norm and the router piece (`router`); after the last chunk: top-k over the
+//!    router's scores, the distinct experts to SMEM (`router`), the expert stream
+//!    (`experts` through `expert_ring`: each distinct expert fetched once by id right
+//!    after routing, applied to every row at its weight), residual; a dense-MLP layer
+//!    (layers mixing kinds, `ffn`) runs its MLP's chunks through the same ring instead
+//!    (`dense_mlp`), under an `scf.if`;
+//! 3. final norm + `lm_head` chunks → the greedy id and maximum of every row (and the f32
+//!    logits when the plan keeps them; `lm_head`).
 //!
 //! Every weight and KV-tile read is issued unconditionally, from a software pipeline
 //! ([`pipeline`]) or, across layers and into `lm_head`, from a computed index into the one
@@ -35,7 +39,7 @@
 //! Every index the kernel reads from data (a token id, a sequence's position, a routed
 //! expert id) is clamped into its array before it addresses memory: the token ids and
 //! positions by the value ranges their scalar-prefetch operands declare (the dsl clamps
-//! every scalar read from such an operand), the expert ids by `clamp_index`. On
+//! every scalar read from such an operand), the expert ids by [`crate::stage::clamp_index`]. On
 //! a TPU an out-of-bounds DMA faults the chip or reads another buffer, and the host's
 //! checks cannot see ids computed in the kernel (the routing of non-finite logits). In
 //! range, nothing changes. The router's non-finite logits are recorded per token row and

@@ -135,12 +135,7 @@ impl WeightBlock for WeightTile {
 /// mixed bf16 x code product (libtpu's v6e estimate, Qwen3-30B-A3B int8, 2 layers: 505730
 /// cycles with the mixed product on 16 rows, 452575 with the digits on 8; see
 /// docs/quantization.md). A bf16 product takes every row.
-pub fn on_token_rows(
-    p: &Plan,
-    quantized: bool,
-    x: Val,
-    product: impl FnOnce(Val) -> Val,
-) -> Val {
+pub fn on_token_rows(p: &Plan, quantized: bool, x: Val, product: impl FnOnce(Val) -> Val) -> Val {
     let rows = p.dims.rows;
     if !quantized || p.dims.tokens > DIGIT_ROWS || rows <= DIGIT_ROWS {
         return product(x);
