@@ -25,8 +25,15 @@
 //! - [`shard`]: the split over `--devices N` (attention by heads, experts EP or TP,
 //!   `lm_head` by vocabulary), the collectives priced from the target's link model; the
 //!   plan is then one device's;
-//! - [`emit`]: the one [`palladium_dsl::Kernel`], traced with the DSL's `KernelBuilder`
-//!   (on `N > 1` devices with [`spmd`]'s in-kernel collectives);
+//! - [`stage`]: the decode step's stages, one file each (embedding, input norm + q/k/v,
+//!   attention, o-proj + residual, router, routed experts, dense MLP, final norm +
+//!   `lm_head` + greedy; the dense stream and the expert ring they stream through): each
+//!   names its operands (by [`layout::OperandKind`]) and scratch (by [`scratch`]'s keys)
+//!   in its handles and holds its emit code, calling the kernel bodies; quantization is
+//!   the data of its operands ([`stage::WeightTile`]), not a branch;
+//! - [`emit`]: the one [`palladium_dsl::Kernel`], traced with the DSL's `KernelBuilder`:
+//!   the operands and scratch declared, then the stages composed (prologue, layer loop,
+//!   the step's end; on `N > 1` devices with [`spmd`]'s in-kernel collectives);
 //! - [`megakernel`]: [`megakernel::Megakernel::build`], plan + emit + lowering, the compiled
 //!   megakernel (running it is `palladium-decode`'s);
 //! - [`report`]: the text and JSON report (`palladium megakernel ... [--json]`).
@@ -104,6 +111,22 @@
 //! and `quantized_source` are gone, and the same stage would touch `source.rs` (`blocks`,
 //! `ffn`, `Role::shape`) and `pack.rs`'s `tensor_name` instead.
 //!
+//! Since the emitter is organised as [`stage`]s, the emit side of that stage is one new
+//! file, `stage/dense_mlp.rs` (`DenseMlp`, `DenseMlp::new`, `DenseMlp::emit`: its operands
+//! by kind, its chunk stream through the shared `ExpertRing`, which takes its codes and
+//! scales as `RingWeights` whatever the dtype), and three items of `emit.rs` (`Stages`,
+//! `Stages::new`, `ffn`: the layer-kind dispatch); the expert stage, the ring and the
+//! quantized path are not touched. Adding it now would touch, by a reading of the code
+//! (not redone): `options.rs` (`Dims`), `layout.rs` (`Ffn`, `LayerFfns`, `OperandKind`,
+//! `StreamLayout`), `plan.rs` (the 13 items above), `shard.rs` (`split`), `source.rs`
+//! (`Share`, `Share::of`, `blocks`, `ffn`, `Role::shape`, `tensor_name`),
+//! `stage/dense_mlp.rs` (new: 3), `emit.rs` (3), `report.rs` (`text`, `layer_kinds`),
+//! `unfused.rs` (`unfused_kernels`) and `pack.rs` (`tensor_name`): 10 files and 35
+//! functions and types, 6 of them on the emit side (against 8 there before), against the 8
+//! files and 41 above and the 17 and 30. What is still spread: the plan's dims, layout, traffic and HBM arithmetic
+//! (`plan.rs`), and the scratch, declared once in `scratch.rs` in the kernel's order
+//! rather than in each stage's file (a stage takes its buffers there by key).
+//!
 //! The table says what each weight operand holds; the exact per-element mapping from the
 //! checkpoint's tensors (transposes, fusion, folding, padding, quantized codes and scales,
 //! each device's slice) is the operand's source map, [`source::source_maps`], the one
@@ -125,4 +148,5 @@ pub mod scratch;
 pub mod shard;
 pub mod source;
 pub mod spmd;
+pub mod stage;
 pub mod unfused;

@@ -1,7 +1,7 @@
 //! The library's math as composable bodies: functions over traced values (loaded from VMEM
 //! refs by the caller), with no grid, no block specs and no DMAs. A `#[kernel]` entry of this
 //! crate wraps one with its grid and `BlockSpecs` (or its own DMA pipeline); the decode
-//! megakernel (`palladium-fusion`'s `emit.rs`) calls the same functions on its ring slots, so
+//! megakernel (`palladium-fusion`'s stages, `fusion/src/stage/`) calls the same functions on its ring slots, so
 //! each phase has one implementation and a fix to the math reaches both. One module per
 //! phase:
 //!

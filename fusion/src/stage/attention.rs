@@ -1,0 +1,361 @@
+//! Stage: attention. Per-head q/k norm (Qwen3's `q_norm`/`k_norm`) and RoPE of the q/k/v
+//! projection's heads, then attention for every (kv head, sequence) over the KV cache in
+//! streamed tiles (the K new K/V rows inserted and written back in place, each query row
+//! causal at its own position), the outputs reassembled into `attn` for [`super::o_proj`].
+//! Also the prologue's RoPE tables for the token rows' positions.
+
+use super::Handles;
+use crate::layout::OperandKind;
+use crate::plan::{KvTiles, Plan, written_groups};
+use palladium_dsl::build::{Drain, eq, for_range, ge, if_else, le, lt, pipeline, range};
+use palladium_dsl::prelude::*;
+use palladium_kernels::body::{
+    KvMask, NewRow, OnlineSoftmax, RowSelect, rms_norm, rope_apply, rope_rotation, rope_tables,
+};
+
+#[derive(Clone, Copy)]
+pub struct Attention {
+    positions: Ref,
+    k_cache: Ref,
+    v_cache: Ref,
+    /// `q_norm` / `k_norm` rows per layer (Qwen3), copied into `hn` at the layer's start.
+    head_norms: Option<Ref>,
+    hn: Ref,
+    hn_sem: SemRef,
+    kbuf: Ref,
+    vbuf: Ref,
+    kv_sems: SemRef,
+    kv_wsems: SemRef,
+    qkv: Ref,
+    qs: Ref,
+    os: Ref,
+    ks: Ref,
+    vs: Ref,
+    attn: Ref,
+    rot: Ref,
+    cos: Ref,
+    sin: Ref,
+}
+
+impl Attention {
+    pub fn new(hs: &Handles) -> Attention {
+        let k = hs.keys;
+        Attention {
+            positions: hs.must(OperandKind::Positions),
+            k_cache: hs.must(OperandKind::KCacheOut),
+            v_cache: hs.must(OperandKind::VCacheOut),
+            head_norms: hs.operand(OperandKind::HeadNorms),
+            hn: hs.buffer(k.head_norm_buf),
+            hn_sem: hs.sems(k.head_norm_sem),
+            kbuf: hs.buffer(k.k_tiles),
+            vbuf: hs.buffer(k.v_tiles),
+            kv_sems: hs.sems(k.kv_sems),
+            kv_wsems: hs.sems(k.kv_write_sems),
+            qkv: hs.buffer(k.qkv),
+            qs: hs.buffer(k.q_heads),
+            os: hs.buffer(k.attn_heads),
+            ks: hs.buffer(k.k_new),
+            vs: hs.buffer(k.v_new),
+            attn: hs.buffer(k.attn),
+            rot: hs.buffer(k.rope_rot),
+            cos: hs.buffer(k.rope_cos),
+            sin: hs.buffer(k.rope_sin),
+        }
+    }
+
+    /// The prologue's: RoPE tables (neox, rotate halves) for the token rows' positions, one
+    /// row each (token row r is sequence r / K's (r % K)-th new token, at its position +
+    /// r % K), and the rotation restricted to the first `head_dim` lanes of a padded head;
+    /// the query heads' buffer cleared.
+    pub fn rope_tables(self, p: &Plan, row_i: RowSelect) {
+        let d = &p.dims;
+        let kt = d.tokens_per_seq;
+        let mut pos = zeros([d.rows, 1], f32);
+        for r in 0..d.tokens {
+            let at = self.positions.load(r / kt);
+            let at = if r % kt == 0 { at } else { at + (r % kt) as i32 };
+            pos = row_i.put(pos, r as i32, at.cast(f32));
+        }
+        let (cos, sin) = rope_tables(pos, d.head_pad, d.head_dim, d.rope_theta);
+        self.cos.store(.., cos);
+        self.sin.store(.., sin);
+        self.rot.store(.., rope_rotation(d.head_pad, d.head_dim, false));
+        self.qs.store(.., 0.0);
+    }
+
+    /// The prologue's: the heads' output buffer cleared.
+    pub fn clear_outputs(self) {
+        self.os.store(.., 0.0);
+    }
+
+    /// The layer's first thing: its head norms issued (Qwen3).
+    pub fn issue_head_norms(self, layer: Val) {
+        if let Some(norms) = self.head_norms {
+            async_copy(norms.at(layer), self.hn, self.hn_sem.at(0)).start();
+        }
+    }
+
+    /// Per-head q/k norm + RoPE into the head buffers, then attention for every (kv head,
+    /// sequence) over the cache in streamed tiles, writing the new K/V in place; the
+    /// outputs are reassembled into `attn` `[rows, heads * head_pad]`.
+    pub fn emit(self, p: &Plan, layer: Val) {
+        let d = &p.dims;
+        let (hp, rows, group, kvh) = (d.head_pad, d.rows, d.group, d.kv_heads);
+        if let Some(norms) = self.head_norms {
+            async_copy(norms.at(layer), self.hn, self.hn_sem.at(0)).wait();
+        }
+        let cos = self.cos.load(..);
+        let sin = self.sin.load(..);
+        let rot = self.rot.load(..);
+        // A head's q or k columns: per-head RMSNorm (Qwen3's q_norm/k_norm, rounded to bf16 as
+        // Hugging Face does), RoPE, and for q the softmax scale folded in.
+        let prep = |col: u64, norm_row: Option<u64>, scale: f64| {
+            let v = self.qkv.load((.., col..col + hp));
+            let v = match norm_row {
+                Some(rw) => rms_norm(v, Some(self.hn.load((rw..rw + 1, ..))), d.head_dim, d.eps),
+                None => v,
+            };
+            rope_apply(v, rot, cos, sin) * scale
+        };
+        let qk_rows = |r: u64| if d.qk_norm { Some(r) } else { None };
+        for head in 0..d.heads {
+            let (g, j) = (head / group, head % group);
+            let v = prep(head * hp, qk_rows(0), d.scale);
+            self.qs.store((g, j * rows..(j + 1) * rows, ..), v);
+        }
+        for g in 0..kvh {
+            let v = prep((d.heads + g) * hp, qk_rows(1), 1.0);
+            self.ks.store(g, v);
+            self.vs.store(
+                g,
+                self.qkv.load((.., (d.heads + kvh + g) * hp..(d.heads + kvh + g + 1) * hp)),
+            );
+        }
+        let bkv = p.block_kv;
+        let qrows = d.attn_rows;
+        let kt = d.tokens_per_seq;
+        // A token row of the batch-stacked head buffers; a query row of one attention.
+        let row_b = RowSelect::new(rows, hp);
+        let arow = RowSelect::new(qrows, hp);
+        // Query row `k * group + j` is head j of the sequence's k-th new token, at position
+        // `pos + k`: its offset from `pos` (static), for the mask's causality among the K.
+        let queries = (kt > 1).then(|| {
+            let row = iota([qrows, 1], 0);
+            let offsets = (1..kt)
+                .fold(zeros([qrows, 1], i32), |o, k| select(ge(row, (k * group) as i32), o + 1, o));
+            (offsets, kt)
+        });
+        for_range(range(0, scalar(kvh as i32)), (), |g: Val, ()| {
+            for_range(range(0, scalar(d.batch as i32)), (), |bi: Val, ()| {
+                // The token row of sequence `bi`'s k-th new token (the sequence's own row for
+                // one token per sequence).
+                let token_row = |k: u64| if kt == 1 { bi } else { bi * kt as i32 + k as i32 };
+                // Sequence `bi`'s query rows of the group's heads: attention runs on `group * K`
+                // rows (rounded up to 16) whatever the batch.
+                let mut qg = zeros([qrows, hp], f32);
+                for k in 0..kt {
+                    for j in 0..group {
+                        let q = row_b
+                            .take(self.qs.load((g, j * rows..(j + 1) * rows, ..)), token_row(k));
+                        qg = arow.put(qg, (k * group + j) as i32, q);
+                    }
+                }
+                let qg = qg.cast(bf16);
+                let pos = self.positions.load(bi);
+                // The newest position written and attended: the sequence's last new token's.
+                let newest = if kt == 1 { pos } else { pos + (kt - 1) as i32 };
+                let new_kv: Vec<(Val, Val)> = (0..kt)
+                    .map(|k| {
+                        (
+                            row_b.take(self.ks.load(g), token_row(k)),
+                            row_b.take(self.vs.load(g), token_row(k)),
+                        )
+                    })
+                    .collect();
+                let bkv_i = bkv as i32;
+                // The tile holding the newest position: the last one read, or any one of all.
+                let last = newest / bkv_i;
+                let (t0, ntiles) = match p.kv_tiles {
+                    KvTiles::UpToPosition => {
+                        let t0 = match d.window {
+                            Some(w) => {
+                                let first = pos - (w as i32 - 1);
+                                select(lt(first, 0), 0, first) / bkv_i
+                            }
+                            None => scalar(0),
+                        };
+                        (t0, last + 1)
+                    }
+                    KvTiles::All => (scalar(0), scalar((d.positions / bkv) as i32)),
+                };
+                let fetch = |t: Val, slot: Val| {
+                    let start = (t * bkv_i).multiple_of(bkv as u32);
+                    let k = async_copy(
+                        self.k_cache.at((layer, bi, g, ds(start, bkv), ..)),
+                        self.kbuf.at(slot),
+                        self.kv_sems.at((0, slot)),
+                    );
+                    let v = async_copy(
+                        self.v_cache.at((layer, bi, g, ds(start, bkv), ..)),
+                        self.vbuf.at(slot),
+                        self.kv_sems.at((1, slot)),
+                    );
+                    (k, v)
+                };
+                // The 16-row groups of tile `t` holding new K/V rows, written back in place from
+                // the tile's slot: the one group of the new row; for K > 1 (K <= 16 rows span at
+                // most two groups) the group of the first new row in the tile and the next one
+                // (the previous one at the tile's end; then it holds no new row and rewrites the
+                // bytes read: two DMAs into one group at once would race).
+                let write_back = |t: Val, slot: Val| {
+                    let groups: Vec<Val> = if kt == 1 {
+                        let rrow = pos - last * bkv_i;
+                        vec![((rrow / 16) * 16).multiple_of(16)]
+                    } else {
+                        let lo = pos - t * bkv_i;
+                        let first = ((select(lt(lo, 0), 0, lo) / 16) * 16).multiple_of(16);
+                        if written_groups(kt, bkv) == 1 {
+                            vec![first]
+                        } else {
+                            vec![
+                                first,
+                                select(lt(first + 16, bkv_i), first + 16, first - 16)
+                                    .multiple_of(16),
+                            ]
+                        }
+                    };
+                    groups
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, g16)| {
+                            let tile_start = if kt == 1 { last * bkv_i } else { t * bkv_i };
+                            let at = (tile_start + g16).multiple_of(16);
+                            let sem = 2 * i as u64;
+                            let k = async_copy(
+                                self.kbuf.at((slot, ds(g16, 16), ..)),
+                                self.k_cache.at((layer, bi, g, ds(at, 16), ..)),
+                                self.kv_wsems.at(sem),
+                            );
+                            let v = async_copy(
+                                self.vbuf.at((slot, ds(g16, 16), ..)),
+                                self.v_cache.at((layer, bi, g, ds(at, 16), ..)),
+                                self.kv_wsems.at(sem + 1),
+                            );
+                            (k, v)
+                        })
+                        .collect::<Vec<_>>()
+                };
+                // Runs `f` on the tiles holding new positions: statically the drain's one tile
+                // when the loop stops there (one token), else under a run-time test.
+                let holds_new = |t: Val| {
+                    if kt == 1 {
+                        eq(t, last)
+                    } else {
+                        let start = t * bkv_i;
+                        le(start, newest) & lt(pos, start + bkv_i)
+                    }
+                };
+                let on_new_tile = |t: Val, draining: bool, f: &dyn Fn()| match p.kv_tiles {
+                    KvTiles::UpToPosition if draining => f(),
+                    KvTiles::UpToPosition if kt == 1 => {}
+                    _ => if_else(holds_new(t), f, || ()),
+                };
+                let (k0, v0) = fetch(t0, scalar(0));
+                k0.start();
+                v0.start();
+                let (state, _) = pipeline(
+                    range(t0, ntiles - 1),
+                    Drain::Loop(range(ntiles - 1, ntiles)),
+                    1,
+                    (OnlineSoftmax::start(qrows, hp), scalar(0)),
+                    |next: Val, &(_, slot): &(OnlineSoftmax, Val)| {
+                        let (kn, vn) = fetch(next, 1 - slot);
+                        kn.start();
+                        vn.start();
+                    },
+                    |t: Val, (state, slot): (OnlineSoftmax, Val), draining: bool| {
+                        let (kc, vc) = fetch(t, slot);
+                        kc.wait();
+                        vc.wait();
+                        // Insert the new K/V rows into their tile and write their groups back.
+                        on_new_tile(t, draining, &|| {
+                            // One row mask at a time, for both tiles (K masks of a whole tile live
+                            // at once would not fit VMEM's scoped budget).
+                            let (mut k_tile, mut v_tile) =
+                                (self.kbuf.load(slot), self.vbuf.load(slot));
+                            for (k, &(knew, vnew)) in new_kv.iter().enumerate() {
+                                let row = NewRow::at(
+                                    bkv,
+                                    hp,
+                                    if k == 0 { pos } else { pos + k as i32 } - t * bkv_i,
+                                );
+                                k_tile = row.insert(k_tile, knew);
+                                v_tile = row.insert(v_tile, vnew);
+                            }
+                            self.kbuf.store(slot, k_tile);
+                            self.vbuf.store(slot, v_tile);
+                            for (kw, vw) in write_back(t, slot) {
+                                kw.start();
+                                vw.start();
+                            }
+                        });
+                        // Positions past each query's (or before its window) are masked, V rows
+                        // included (the cache holds whatever it held there). With one token,
+                        // only a tile that holds such positions pays for it: the last one read;
+                        // with K, the last two may (the queries' own positions). Reading all
+                        // tiles, every tile pays (a run-time choice per tile costs more in
+                        // libtpu's estimate than the masking: the cost variant stays an upper
+                        // bound).
+                        let mask = match (p.kv_tiles, d.window) {
+                            (KvTiles::UpToPosition, None) if !draining && kt == 1 => None,
+                            _ => Some(KvMask {
+                                start: t * bkv_i,
+                                last: pos,
+                                queries,
+                                window: d.window,
+                                zero_values: true,
+                            }),
+                        };
+                        let state = state.attend(
+                            qg,
+                            self.kbuf.load(slot),
+                            self.vbuf.load(slot),
+                            None,
+                            mask,
+                        );
+                        // The write-back reads this slot: it lands before the slot is refilled.
+                        on_new_tile(t, draining, &|| {
+                            for (kw, vw) in write_back(t, slot) {
+                                kw.wait();
+                                vw.wait();
+                            }
+                        });
+                        (state, 1 - slot)
+                    },
+                );
+                // Head j's output row for token k back to the token's row of its stacked block.
+                let out = state.output();
+                for k in 0..kt {
+                    for j in 0..group {
+                        let block = || (g, j * rows..(j + 1) * rows, ..);
+                        self.os.store(
+                            block(),
+                            row_b.put(
+                                self.os.load(block()),
+                                token_row(k),
+                                arow.take(out, (k * group + j) as i32),
+                            ),
+                        );
+                    }
+                }
+            });
+        });
+        for head in 0..d.heads {
+            let (g, j) = (head / group, head % group);
+            self.attn.store(
+                (.., head * hp..(head + 1) * hp),
+                self.os.load((g, j * rows..(j + 1) * rows, ..)),
+            );
+        }
+    }
+}
