@@ -582,7 +582,42 @@ op_table! {
 
 #[cfg(test)]
 mod tests {
-    use super::DotDims;
+    use super::{
+        CmpPred, DotDims, Index, MemoryOp, Offset, OpData, OpFamily, ReduceOp, Remote, WaitSide,
+    };
+    use crate::ir::{Block, Value};
+    use cranelift_entity::EntityRef;
+
+    #[test]
+    fn the_op_table_derives_operands_blocks_names_and_effects_from_the_fields() {
+        let v = Value::new;
+        let store = OpData::Store {
+            dst: v(0),
+            value: v(2),
+            index: vec![Index::Point(Offset::Dynamic(v(1))), Index::slice(Offset::Static(0), 8)],
+            mask: Some(v(3)),
+        };
+        assert_eq!(store.operands().as_slice(), [v(0), v(2), v(1), v(3)]);
+        assert_eq!(store.mnemonic(), "store");
+        assert!(!store.is_pure());
+        assert!(matches!(store.family(), OpFamily::Memory(MemoryOp::Store { .. })));
+        let remote = Some(Remote { device_id: v(3), send_sem: v(4) });
+        let start = OpData::DmaStart { src: v(0), dst: v(1), sem: v(2), remote, priority: 0 };
+        assert_eq!(start.operands().as_slice(), [v(0), v(1), v(2), v(3), v(4)]);
+        let side = WaitSide::Recv { device_id: v(5) };
+        let wait = OpData::DmaWait { src: v(0), dst: v(1), sem: v(2), side };
+        assert_eq!(wait.operands().as_slice(), [v(0), v(1), v(2), v(5)]);
+        let (cond, body) = (Block::new(1), Block::new(2));
+        let w = OpData::While { init: vec![v(7)], cond, body };
+        assert_eq!(w.operands().as_slice(), [v(7)]);
+        assert_eq!(w.blocks().as_slice(), [cond, body]);
+        let cmp = OpData::Compare { pred: CmpPred::Lt, lhs: v(0), rhs: v(1) };
+        assert_eq!(cmp.mnemonic(), "cmp.lt");
+        let sum = OpData::Reduce { op: ReduceOp::Max, x: v(0), axes: vec![1] };
+        assert_eq!((sum.mnemonic().as_str(), sum.is_pure()), ("reduce.max", true));
+        assert!(OpData::SemRead { sem: v(0) }.is_pure());
+        assert!(OpData::DeviceId.operands().is_empty() && OpData::DeviceId.blocks().is_empty());
+    }
 
     fn dims(lc: &[u32], rc: &[u32], lb: &[u32], rb: &[u32]) -> DotDims {
         DotDims {
