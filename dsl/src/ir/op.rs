@@ -291,9 +291,9 @@ pub enum WaitSide {
 /// Declares every op once: its variant of [`OpData`] with its fields, its family, its
 /// mnemonic (an expression over the fields), and `effects` when it does more than compute
 /// its results. From that one table come [`OpData`], the borrowed per-family views
-/// ([`OpFamily`], [`ConstantOp`], ...) that the type rules, the lowering and the profile
-/// dispatch on (a family's rules match its view exhaustively, so an op without a rule does
-/// not compile), and [`OpData::mnemonic`], [`OpData::operands`], [`OpData::blocks`],
+/// ([`OpFamily`], [`ConstantOp`], ...) that the type rules and the lowering dispatch on (a
+/// family's rules match its view exhaustively, so an op without a rule does not compile),
+/// and [`OpData::mnemonic`], [`OpData::operands`], [`OpData::blocks`],
 /// [`OpData::is_pure`]. Operands and blocks are the fields' own, in declaration order
 /// (see [`Field`]), which is why `Store` lists `value` before `index`.
 macro_rules! op_table {
