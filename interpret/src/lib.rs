@@ -44,6 +44,7 @@ mod memory;
 pub mod parse;
 mod prepare;
 mod recycle;
+mod rules;
 mod value;
 mod view;
 

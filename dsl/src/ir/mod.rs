@@ -19,8 +19,9 @@ pub use kernel::{
     BlockData, BufData, BufOrigin, Kernel, OpNode, SemData, SrcLoc, ValueData, ValueDef,
 };
 pub use op::{
-    ArgReduceOp, BinaryOp, CmpPred, DotDims, Index, Literal, Offset, OpData, Precision, ReduceOp,
-    Remote, UnaryOp, WaitSide, is_strided,
+    ArgReduceOp, BinaryOp, CmpPred, ConstantOp, ControlOp, DebugOp, DmaOp, DotDims, ElementwiseOp,
+    Index, Literal, MatmulOp, MemoryOp, Offset, OpData, OpFamily, Precision, ReduceOp, Remote,
+    ShapeOp, UnaryOp, WaitSide, is_strided,
 };
 pub use print::{PrintOptions, print_kernel};
 pub use types::{DType, MemorySpace, RefType, SemKind, Shape, Type};

@@ -1,5 +1,8 @@
-//! The operations of the kernel IR: one variant per primitive, grouped in families that
-//! match the lowering rules (`lowering/src/rules/*`).
+//! The operations of the kernel IR: one variant per primitive, declared once in the op
+//! table below, grouped in families. Each family has its type rules
+//! (`dsl/src/ir/infer/<family>.rs`), its lowering rules (`lowering/src/rules/<family>.rs`)
+//! and, for the Mosaic ops it lowers to, its interpreter rules
+//! (`interpret/src/rules/<family>.rs`); `docs/contributing.md` lists what a new op touches.
 
 use super::{Block, Buf, DType, Sem, Shape, Type, Value};
 use smallvec::SmallVec;
@@ -285,372 +288,336 @@ pub enum WaitSide {
     Recv { device_id: Value },
 }
 
-/// One operation. Regions are blocks owned by the op.
-#[derive(Clone, Debug, PartialEq)]
-pub enum OpData {
-    // --- constants and grid queries -------------------------------------------------------
-    /// A scalar constant, or a splat vector when the result type is a vector.
-    Constant {
-        value: Literal,
-        ty: Type,
-    },
-    /// `pl.program_id(axis)`: the i32 index of this grid step along `axis`.
-    ProgramId {
-        axis: u32,
-    },
-    /// `pl.num_programs(axis)`: the grid extent along `axis` (i32).
-    NumPrograms {
-        axis: u32,
-    },
-    /// The i32 logical id of this device in the call's mesh (`tpu.device_id`; Pallas's
-    /// `lax.axis_index` divides and reduces it per mesh axis).
-    DeviceId,
-    /// `broadcasted_iota(i32, shape, dim)`.
-    Iota {
-        shape: Shape,
-        dim: u32,
-    },
+/// Declares every op once: its variant of [`OpData`] with its fields, its family, its
+/// mnemonic (an expression over the fields), and `effects` when it does more than compute
+/// its results. From that one table come [`OpData`], the borrowed per-family views
+/// ([`OpFamily`], [`ConstantOp`], ...) that the type rules and the lowering dispatch on (a
+/// family's rules match its view exhaustively, so an op without a rule does not compile),
+/// and [`OpData::mnemonic`], [`OpData::operands`], [`OpData::blocks`],
+/// [`OpData::is_pure`]. Operands and blocks are the fields' own, in declaration order
+/// (see [`Field`]), which is why `Store` lists `value` before `index`.
+macro_rules! op_table {
+    ($(
+        $(#[$fam_meta:meta])*
+        $fam:ident($Fam:ident) {
+            $(
+                $(#[$meta:meta])*
+                $v:ident $({ $($f:ident : $t:ty),* $(,)? })? => $name:expr $(, $effects:ident)?;
+            )*
+        }
+    )*) => {
+        /// One operation. Regions are blocks owned by the op.
+        #[derive(Clone, Debug, PartialEq)]
+        pub enum OpData {
+            $($(
+                $(#[$meta])*
+                $v $({ $($f: $t),* })?,
+            )*)*
+        }
 
-    // --- elementwise -----------------------------------------------------------------------
-    Unary {
-        op: UnaryOp,
-        x: Value,
-    },
-    Binary {
-        op: BinaryOp,
-        lhs: Value,
-        rhs: Value,
-    },
-    Compare {
-        pred: CmpPred,
-        lhs: Value,
-        rhs: Value,
-    },
-    Select {
-        cond: Value,
-        on_true: Value,
-        on_false: Value,
-    },
-    Cast {
-        x: Value,
-        to: DType,
-    },
+        /// An op seen through its family: what each consumer matches first.
+        #[derive(Copy, Clone, Debug)]
+        pub enum OpFamily<'a> {
+            $(
+                $(#[$fam_meta])*
+                $fam($Fam<'a>),
+            )*
+        }
 
-    // --- shapes ----------------------------------------------------------------------------
-    /// Scalar to vector, or vector with size-1 dims to a larger vector (numpy rules).
-    Broadcast {
-        x: Value,
-        shape: Shape,
-    },
-    /// Same elements, new shape (also `squeeze/expand_dims`; to rank 0 extracts the scalar).
-    Reshape {
-        x: Value,
-        shape: Shape,
-    },
-    Transpose {
-        x: Value,
-        perm: Vec<u32>,
-    },
-    /// Reduce `axes` away (the result drops them).
-    Reduce {
-        op: ReduceOp,
-        x: Value,
-        axes: Vec<u32>,
-    },
-    /// The i32 index of the max/min along `axis` (dropped from the result).
-    ArgReduce {
-        op: ArgReduceOp,
-        x: Value,
-        axis: u32,
-    },
-    /// A static window of a vector (`x[a:b, c:d]`, `lax.slice`): unit strides, rank kept.
-    Slice {
-        x: Value,
-        start: Vec<u64>,
-        size: Vec<u64>,
-    },
-    /// Vectors joined along `axis` (`jnp.concatenate`); all other dims agree.
-    Concat {
-        xs: Vec<Value>,
-        axis: u32,
-    },
-    /// Rotate along `axis` by the i32 `shift` toward higher indices (`pltpu.roll`, as
-    /// `jnp.roll`: element `i` moves to `(i + shift) mod n`).
-    Roll {
-        x: Value,
-        shift: Value,
-        axis: u32,
-    },
-    /// Matrix multiply on the MXU with a 32-bit accumulator (the result dtype).
-    Dot {
-        lhs: Value,
-        rhs: Value,
-        dims: DotDims,
-        precision: Precision,
-        out: DType,
-    },
-    /// Promise that an i32 is a multiple of `multiple` (lets tile-alignment checks pass).
-    AssumeMultiple {
-        x: Value,
-        multiple: u32,
-    },
+        $(
+            $(#[$fam_meta])*
+            ///
+            /// The fields of each op by reference (see [`OpData`] for what they mean).
+            #[derive(Copy, Clone, Debug)]
+            #[allow(missing_docs)]
+            pub enum $Fam<'a> {
+                $( $v $({ $($f: &'a $t),* })?, )*
+            }
+        )*
 
-    // --- memory ----------------------------------------------------------------------------
-    /// Read a window of a VMEM ref into a vector, or one SMEM element into a scalar.
-    Load {
-        src: Value,
-        index: Vec<Index>,
-    },
-    /// Write a vector into a VMEM ref window (optionally masked), or a scalar into SMEM.
-    Store {
-        dst: Value,
-        index: Vec<Index>,
-        value: Value,
-        mask: Option<Value>,
-    },
-    /// A sub-ref (`ref.at[...]`): point-indexed dims are dropped from the result.
-    RefSlice {
-        base: Value,
-        index: Vec<Index>,
-    },
+        impl OpData {
+            /// The op through its family's view.
+            pub fn family(&self) -> OpFamily<'_> {
+                match self {
+                    $($(
+                        OpData::$v $({ $($f),* })? => OpFamily::$fam($Fam::$v $({ $($f),* })?),
+                    )*)*
+                }
+            }
 
-    // --- DMA and semaphores ----------------------------------------------------------------
-    /// Start an async copy `src -> dst` signalling DMA semaphore `sem` on arrival.
-    DmaStart {
-        src: Value,
-        dst: Value,
-        sem: Value,
-        remote: Option<Remote>,
-        priority: u8,
-    },
-    /// Wait until the copy `src -> dst` has arrived (or, `Send`, left; `sem` counts its bytes).
-    DmaWait {
-        src: Value,
-        dst: Value,
-        sem: Value,
-        side: WaitSide,
-    },
-    SemSignal {
-        sem: Value,
-        amount: Value,
-        device_id: Option<Value>,
-    },
-    SemWait {
-        sem: Value,
-        amount: Value,
-    },
-    SemRead {
-        sem: Value,
-    },
-    /// The barrier semaphore of the call's collective (`pltpu.get_barrier_semaphore()`):
-    /// a regular semaphore shared by every kernel with the same `collective_id`.
-    BarrierSemaphore,
+            /// The mnemonic used by the printer and in error messages.
+            #[allow(unused_variables)]
+            pub fn mnemonic(&self) -> String {
+                match self {
+                    $($( OpData::$v $({ $($f),* })? => ($name).into(), )*)*
+                }
+            }
 
-    // --- debugging ---------------------------------------------------------------------------
-    /// `pl.debug_print(format, *args)`: `{}` placeholders take the i32 scalars in order.
-    DebugPrint {
-        format: String,
-        args: Vec<Value>,
-    },
+            /// The SSA operands, in order (index offsets included).
+            #[allow(unused_variables)]
+            pub fn operands(&self) -> SmallVec<[Value; 4]> {
+                let mut out = SmallVec::new();
+                match self {
+                    $($(
+                        OpData::$v $({ $($f),* })? => { $($( Field::values($f, &mut out); )*)? }
+                    )*)*
+                }
+                out
+            }
 
-    // --- structured control flow and scopes -------------------------------------------------
-    /// `pl.when` / `lax.cond`: both blocks yield the op's results.
-    If {
-        cond: Value,
-        then_block: Block,
-        else_block: Block,
-    },
-    /// `fori_loop`: `body` takes (iv: i32, carried...) and yields the next carried values.
-    For {
-        lower: Value,
-        upper: Value,
-        step: Value,
-        init: Vec<Value>,
-        body: Block,
-    },
-    /// `while_loop`: `cond` takes the carried values and yields one bool; `body` takes them
-    /// and yields the next ones.
-    While {
-        init: Vec<Value>,
-        cond: Block,
-        body: Block,
-    },
-    /// `pl.run_scoped`: allocations inside `body` live until it ends.
-    RunScoped {
-        body: Block,
-    },
-    /// A scoped VMEM/SMEM allocation (only directly inside a `RunScoped` body).
-    Alloc {
-        buf: Buf,
-    },
-    /// A scoped semaphore allocation (only directly inside a `RunScoped` body).
-    SemAlloc {
-        sem: Sem,
-    },
-    /// Ends a block, handing values to the enclosing op (or the index-map result).
-    Yield {
-        values: SmallVec<[Value; 4]>,
-    },
+            /// The blocks (regions) this op owns, in order.
+            #[allow(unused_variables)]
+            pub fn blocks(&self) -> SmallVec<[Block; 2]> {
+                let mut out = SmallVec::new();
+                match self {
+                    $($(
+                        OpData::$v $({ $($f),* })? => { $($( Field::blocks($f, &mut out); )*)? }
+                    )*)*
+                }
+                out
+            }
+
+            /// Whether the op only computes its results (no memory or synchronisation
+            /// effects).
+            pub fn is_pure(&self) -> bool {
+                match self {
+                    $($( OpData::$v { .. } => op_table!(@pure $($effects)?), )*)*
+                }
+            }
+        }
+    };
+    (@pure) => { true };
+    (@pure effects) => { false };
 }
 
-impl OpData {
-    /// The mnemonic used by the printer and in error messages.
-    pub fn mnemonic(&self) -> String {
-        match self {
-            OpData::Constant { .. } => "const".into(),
-            OpData::ProgramId { .. } => "program_id".into(),
-            OpData::NumPrograms { .. } => "num_programs".into(),
-            OpData::DeviceId => "device_id".into(),
-            OpData::Iota { .. } => "iota".into(),
-            OpData::Unary { op, .. } => op.name().into(),
-            OpData::Binary { op, .. } => op.name().into(),
-            OpData::Compare { pred, .. } => format!("cmp.{pred}"),
-            OpData::Select { .. } => "select".into(),
-            OpData::Cast { .. } => "cast".into(),
-            OpData::Broadcast { .. } => "broadcast".into(),
-            OpData::Reshape { .. } => "reshape".into(),
-            OpData::Transpose { .. } => "transpose".into(),
-            OpData::Reduce { op, .. } => format!("reduce.{op}"),
-            OpData::ArgReduce { op, .. } => op.name().into(),
-            OpData::Slice { .. } => "slice".into(),
-            OpData::Concat { .. } => "concat".into(),
-            OpData::Roll { .. } => "roll".into(),
-            OpData::Dot { .. } => "dot".into(),
-            OpData::AssumeMultiple { .. } => "assume_multiple".into(),
-            OpData::Load { .. } => "load".into(),
-            OpData::Store { .. } => "store".into(),
-            OpData::RefSlice { .. } => "ref_slice".into(),
-            OpData::DmaStart { .. } => "dma_start".into(),
-            OpData::DmaWait { .. } => "dma_wait".into(),
-            OpData::SemSignal { .. } => "sem_signal".into(),
-            OpData::SemWait { .. } => "sem_wait".into(),
-            OpData::SemRead { .. } => "sem_read".into(),
-            OpData::BarrierSemaphore => "barrier_semaphore".into(),
-            OpData::DebugPrint { .. } => "debug_print".into(),
-            OpData::If { .. } => "if".into(),
-            OpData::For { .. } => "for".into(),
-            OpData::While { .. } => "while".into(),
-            OpData::RunScoped { .. } => "run_scoped".into(),
-            OpData::Alloc { .. } => "alloc".into(),
-            OpData::SemAlloc { .. } => "sem_alloc".into(),
-            OpData::Yield { .. } => "yield".into(),
+/// What a field of an op contributes to [`OpData::operands`] and [`OpData::blocks`]:
+/// values (and the dynamic offsets of indices) are operands, blocks are regions,
+/// attributes are neither.
+trait Field {
+    fn values(&self, _out: &mut SmallVec<[Value; 4]>) {}
+    fn blocks(&self, _out: &mut SmallVec<[Block; 2]>) {}
+}
+
+macro_rules! attribute_fields {
+    ($($t:ty),*) => { $(impl Field for $t {})* };
+}
+attribute_fields!(
+    Literal,
+    Type,
+    Shape,
+    DType,
+    u8,
+    u32,
+    Vec<u32>,
+    Vec<u64>,
+    String,
+    UnaryOp,
+    BinaryOp,
+    CmpPred,
+    ReduceOp,
+    ArgReduceOp,
+    DotDims,
+    Precision,
+    Buf,
+    Sem
+);
+
+impl Field for Value {
+    fn values(&self, out: &mut SmallVec<[Value; 4]>) {
+        out.push(*self);
+    }
+}
+impl Field for Option<Value> {
+    fn values(&self, out: &mut SmallVec<[Value; 4]>) {
+        out.extend(self.iter().copied());
+    }
+}
+impl Field for Vec<Value> {
+    fn values(&self, out: &mut SmallVec<[Value; 4]>) {
+        out.extend(self.iter().copied());
+    }
+}
+impl Field for SmallVec<[Value; 4]> {
+    fn values(&self, out: &mut SmallVec<[Value; 4]>) {
+        out.extend(self.iter().copied());
+    }
+}
+impl Field for Vec<Index> {
+    fn values(&self, out: &mut SmallVec<[Value; 4]>) {
+        out.extend(self.iter().filter_map(|i| match i.offset() {
+            Offset::Dynamic(v) => Some(v),
+            Offset::Static(_) => None,
+        }));
+    }
+}
+impl Field for Option<Remote> {
+    fn values(&self, out: &mut SmallVec<[Value; 4]>) {
+        if let Some(r) = self {
+            out.extend([r.device_id, r.send_sem]);
         }
     }
-
-    /// The SSA operands, in order (index offsets included).
-    pub fn operands(&self) -> SmallVec<[Value; 4]> {
-        let mut out = SmallVec::new();
-        let dyn_offsets = |index: &[Index], out: &mut SmallVec<[Value; 4]>| {
-            for i in index {
-                if let Offset::Dynamic(v) = i.offset() {
-                    out.push(v);
-                }
-            }
-        };
-        match self {
-            OpData::Constant { .. }
-            | OpData::ProgramId { .. }
-            | OpData::NumPrograms { .. }
-            | OpData::DeviceId
-            | OpData::BarrierSemaphore
-            | OpData::Iota { .. }
-            | OpData::Alloc { .. }
-            | OpData::SemAlloc { .. }
-            | OpData::RunScoped { .. } => {}
-            OpData::Unary { x, .. }
-            | OpData::Cast { x, .. }
-            | OpData::Broadcast { x, .. }
-            | OpData::Reshape { x, .. }
-            | OpData::Transpose { x, .. }
-            | OpData::Reduce { x, .. }
-            | OpData::ArgReduce { x, .. }
-            | OpData::Slice { x, .. }
-            | OpData::AssumeMultiple { x, .. } => out.push(*x),
-            OpData::Concat { xs, .. } | OpData::DebugPrint { args: xs, .. } => {
-                out.extend(xs.iter().copied())
-            }
-            OpData::Roll { x, shift, .. } => out.extend([*x, *shift]),
-            OpData::Binary { lhs, rhs, .. } | OpData::Compare { lhs, rhs, .. } => {
-                out.extend([*lhs, *rhs]);
-            }
-            OpData::Dot { lhs, rhs, .. } => out.extend([*lhs, *rhs]),
-            OpData::Select { cond, on_true, on_false } => out.extend([*cond, *on_true, *on_false]),
-            OpData::Load { src, index } => {
-                out.push(*src);
-                dyn_offsets(index, &mut out);
-            }
-            OpData::Store { dst, index, value, mask } => {
-                out.extend([*dst, *value]);
-                dyn_offsets(index, &mut out);
-                out.extend(mask.iter().copied());
-            }
-            OpData::RefSlice { base, index } => {
-                out.push(*base);
-                dyn_offsets(index, &mut out);
-            }
-            OpData::DmaStart { src, dst, sem, remote, .. } => {
-                out.extend([*src, *dst, *sem]);
-                if let Some(r) = remote {
-                    out.extend([r.device_id, r.send_sem]);
-                }
-            }
-            OpData::DmaWait { src, dst, sem, side } => {
-                out.extend([*src, *dst, *sem]);
-                if let WaitSide::Recv { device_id } = side {
-                    out.push(*device_id);
-                }
-            }
-            OpData::SemSignal { sem, amount, device_id } => {
-                out.extend([*sem, *amount]);
-                out.extend(device_id.iter().copied());
-            }
-            OpData::SemWait { sem, amount } => out.extend([*sem, *amount]),
-            OpData::SemRead { sem } => out.push(*sem),
-            OpData::If { cond, .. } => out.push(*cond),
-            OpData::For { lower, upper, step, init, .. } => {
-                out.extend([*lower, *upper, *step]);
-                out.extend(init.iter().copied());
-            }
-            OpData::While { init, .. } => out.extend(init.iter().copied()),
-            OpData::Yield { values } => out.extend(values.iter().copied()),
-        }
-        out
-    }
-
-    /// The blocks (regions) this op owns, in order.
-    pub fn blocks(&self) -> SmallVec<[Block; 2]> {
-        match self {
-            OpData::If { then_block, else_block, .. } => {
-                [*then_block, *else_block].into_iter().collect()
-            }
-            OpData::For { body, .. } | OpData::RunScoped { body } => [*body].into_iter().collect(),
-            OpData::While { cond, body, .. } => [*cond, *body].into_iter().collect(),
-            _ => SmallVec::new(),
+}
+impl Field for WaitSide {
+    fn values(&self, out: &mut SmallVec<[Value; 4]>) {
+        if let WaitSide::Recv { device_id } = self {
+            out.push(*device_id);
         }
     }
+}
+impl Field for Block {
+    fn blocks(&self, out: &mut SmallVec<[Block; 2]>) {
+        out.push(*self);
+    }
+}
 
-    /// Whether the op only computes its results (no memory or synchronisation effects).
-    pub fn is_pure(&self) -> bool {
-        !matches!(
-            self,
-            OpData::Store { .. }
-                | OpData::DmaStart { .. }
-                | OpData::DmaWait { .. }
-                | OpData::SemSignal { .. }
-                | OpData::SemWait { .. }
-                | OpData::DebugPrint { .. }
-                | OpData::If { .. }
-                | OpData::For { .. }
-                | OpData::While { .. }
-                | OpData::RunScoped { .. }
-                | OpData::Yield { .. }
-        )
+op_table! {
+    /// Constants and grid queries (`constant.rs` in each rule directory).
+    Constant(ConstantOp) {
+        /// A scalar constant, or a splat vector when the result type is a vector.
+        Constant { value: Literal, ty: Type } => "const";
+        /// `pl.program_id(axis)`: the i32 index of this grid step along `axis`.
+        ProgramId { axis: u32 } => "program_id";
+        /// `pl.num_programs(axis)`: the grid extent along `axis` (i32).
+        NumPrograms { axis: u32 } => "num_programs";
+        /// `broadcasted_iota(i32, shape, dim)`.
+        Iota { shape: Shape, dim: u32 } => "iota";
+    }
+
+    /// Elementwise math, comparisons, selects and casts (`elementwise.rs`).
+    Elementwise(ElementwiseOp) {
+        Unary { op: UnaryOp, x: Value } => op.name();
+        Binary { op: BinaryOp, lhs: Value, rhs: Value } => op.name();
+        Compare { pred: CmpPred, lhs: Value, rhs: Value } => format!("cmp.{pred}");
+        Select { cond: Value, on_true: Value, on_false: Value } => "select";
+        Cast { x: Value, to: DType } => "cast";
+    }
+
+    /// Shapes, reductions and data movement inside vectors (`shape.rs`).
+    Shape(ShapeOp) {
+        /// Scalar to vector, or vector with size-1 dims to a larger vector (numpy rules).
+        Broadcast { x: Value, shape: Shape } => "broadcast";
+        /// Same elements, new shape (also `squeeze/expand_dims`; to rank 0 extracts the
+        /// scalar).
+        Reshape { x: Value, shape: Shape } => "reshape";
+        Transpose { x: Value, perm: Vec<u32> } => "transpose";
+        /// Reduce `axes` away (the result drops them).
+        Reduce { op: ReduceOp, x: Value, axes: Vec<u32> } => format!("reduce.{op}");
+        /// The i32 index of the max/min along `axis` (dropped from the result).
+        ArgReduce { op: ArgReduceOp, x: Value, axis: u32 } => op.name();
+        /// A static window of a vector (`x[a:b, c:d]`, `lax.slice`): unit strides, rank kept.
+        Slice { x: Value, start: Vec<u64>, size: Vec<u64> } => "slice";
+        /// Vectors joined along `axis` (`jnp.concatenate`); all other dims agree.
+        Concat { xs: Vec<Value>, axis: u32 } => "concat";
+        /// Rotate along `axis` by the i32 `shift` toward higher indices (`pltpu.roll`, as
+        /// `jnp.roll`: element `i` moves to `(i + shift) mod n`).
+        Roll { x: Value, shift: Value, axis: u32 } => "roll";
+    }
+
+    /// The MXU (`matmul.rs`).
+    Matmul(MatmulOp) {
+        /// Matrix multiply on the MXU with a 32-bit accumulator (the result dtype).
+        Dot { lhs: Value, rhs: Value, dims: DotDims, precision: Precision, out: DType } => "dot";
+    }
+
+    /// Loads, stores, sub-refs and scoped buffers (`memory.rs`).
+    Memory(MemoryOp) {
+        /// Read a window of a VMEM ref into a vector, or one SMEM element into a scalar.
+        Load { src: Value, index: Vec<Index> } => "load";
+        /// Write a vector into a VMEM ref window (optionally masked), or a scalar into SMEM.
+        Store { dst: Value, value: Value, index: Vec<Index>, mask: Option<Value> } => "store",
+            effects;
+        /// A sub-ref (`ref.at[...]`): point-indexed dims are dropped from the result.
+        RefSlice { base: Value, index: Vec<Index> } => "ref_slice";
+        /// Promise that an i32 is a multiple of `multiple` (lets tile-alignment checks pass).
+        AssumeMultiple { x: Value, multiple: u32 } => "assume_multiple";
+        /// A scoped VMEM/SMEM allocation (only directly inside a `RunScoped` body).
+        Alloc { buf: Buf } => "alloc";
+    }
+
+    /// DMAs, semaphores and the devices of a mesh (`dma.rs`).
+    Dma(DmaOp) {
+        /// Start an async copy `src -> dst` signalling DMA semaphore `sem` on arrival.
+        DmaStart { src: Value, dst: Value, sem: Value, remote: Option<Remote>, priority: u8 }
+            => "dma_start", effects;
+        /// Wait until the copy `src -> dst` has arrived (or, `Send`, left; `sem` counts its
+        /// bytes).
+        DmaWait { src: Value, dst: Value, sem: Value, side: WaitSide } => "dma_wait", effects;
+        SemSignal { sem: Value, amount: Value, device_id: Option<Value> } => "sem_signal",
+            effects;
+        SemWait { sem: Value, amount: Value } => "sem_wait", effects;
+        SemRead { sem: Value } => "sem_read";
+        /// A scoped semaphore allocation (only directly inside a `RunScoped` body).
+        SemAlloc { sem: Sem } => "sem_alloc";
+        /// The i32 logical id of this device in the call's mesh (`tpu.device_id`; Pallas's
+        /// `lax.axis_index` divides and reduces it per mesh axis).
+        DeviceId => "device_id";
+        /// The barrier semaphore of the call's collective (`pltpu.get_barrier_semaphore()`):
+        /// a regular semaphore shared by every kernel with the same `collective_id`.
+        BarrierSemaphore => "barrier_semaphore";
+    }
+
+    /// Debugging output (`debug.rs`).
+    Debug(DebugOp) {
+        /// `pl.debug_print(format, *args)`: `{}` placeholders take the i32 scalars in order.
+        DebugPrint { format: String, args: Vec<Value> } => "debug_print", effects;
+    }
+
+    /// Structured control flow and scopes (`control.rs`).
+    Control(ControlOp) {
+        /// `pl.when` / `lax.cond`: both blocks yield the op's results.
+        If { cond: Value, then_block: Block, else_block: Block } => "if", effects;
+        /// `fori_loop`: `body` takes (iv: i32, carried...) and yields the next carried
+        /// values.
+        For { lower: Value, upper: Value, step: Value, init: Vec<Value>, body: Block }
+            => "for", effects;
+        /// `while_loop`: `cond` takes the carried values and yields one bool; `body` takes
+        /// them and yields the next ones.
+        While { init: Vec<Value>, cond: Block, body: Block } => "while", effects;
+        /// `pl.run_scoped`: allocations inside `body` live until it ends.
+        RunScoped { body: Block } => "run_scoped", effects;
+        /// Ends a block, handing values to the enclosing op (or the index-map result).
+        Yield { values: SmallVec<[Value; 4]> } => "yield", effects;
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::DotDims;
+    use super::{
+        CmpPred, DotDims, Index, MemoryOp, Offset, OpData, OpFamily, ReduceOp, Remote, WaitSide,
+    };
+    use crate::ir::{Block, Value};
+    use cranelift_entity::EntityRef;
+
+    #[test]
+    fn the_op_table_derives_operands_blocks_names_and_effects_from_the_fields() {
+        let v = Value::new;
+        let store = OpData::Store {
+            dst: v(0),
+            value: v(2),
+            index: vec![Index::Point(Offset::Dynamic(v(1))), Index::slice(Offset::Static(0), 8)],
+            mask: Some(v(3)),
+        };
+        assert_eq!(store.operands().as_slice(), [v(0), v(2), v(1), v(3)]);
+        assert_eq!(store.mnemonic(), "store");
+        assert!(!store.is_pure());
+        assert!(matches!(store.family(), OpFamily::Memory(MemoryOp::Store { .. })));
+        let remote = Some(Remote { device_id: v(3), send_sem: v(4) });
+        let start = OpData::DmaStart { src: v(0), dst: v(1), sem: v(2), remote, priority: 0 };
+        assert_eq!(start.operands().as_slice(), [v(0), v(1), v(2), v(3), v(4)]);
+        let side = WaitSide::Recv { device_id: v(5) };
+        let wait = OpData::DmaWait { src: v(0), dst: v(1), sem: v(2), side };
+        assert_eq!(wait.operands().as_slice(), [v(0), v(1), v(2), v(5)]);
+        let (cond, body) = (Block::new(1), Block::new(2));
+        let w = OpData::While { init: vec![v(7)], cond, body };
+        assert_eq!(w.operands().as_slice(), [v(7)]);
+        assert_eq!(w.blocks().as_slice(), [cond, body]);
+        let cmp = OpData::Compare { pred: CmpPred::Lt, lhs: v(0), rhs: v(1) };
+        assert_eq!(cmp.mnemonic(), "cmp.lt");
+        let sum = OpData::Reduce { op: ReduceOp::Max, x: v(0), axes: vec![1] };
+        assert_eq!((sum.mnemonic().as_str(), sum.is_pure()), ("reduce.max", true));
+        assert!(OpData::SemRead { sem: v(0) }.is_pure());
+        assert!(OpData::DeviceId.operands().is_empty() && OpData::DeviceId.blocks().is_empty());
+    }
 
     fn dims(lc: &[u32], rc: &[u32], lb: &[u32], rb: &[u32]) -> DotDims {
         DotDims {

@@ -3,15 +3,20 @@
 use super::LowerCx;
 use crate::error::{RuleResult, bail};
 use crate::{tpu, types};
-use palladium_dsl::ir::{DType, Literal, Op, Shape, Type as KType};
+use palladium_dsl::ir::{ConstantOp, DType, Literal, Op, Shape, Type as KType};
+
+/// Lower one op of the family (the table in `mod.rs` says which).
+pub(super) fn lower(cx: &mut LowerCx<'_, '_>, op: Op, data: ConstantOp<'_>) -> RuleResult<()> {
+    match data {
+        ConstantOp::Constant { value, ty } => constant(cx, op, *value, ty),
+        ConstantOp::ProgramId { axis } => program_id(cx, op, *axis),
+        ConstantOp::NumPrograms { axis } => num_programs(cx, op, *axis),
+        ConstantOp::Iota { shape, dim } => iota(cx, op, shape, *dim),
+    }
+}
 
 /// `arith.constant` (a splat `dense<…>` for vectors).
-pub(super) fn constant(
-    cx: &mut LowerCx<'_, '_>,
-    op: Op,
-    value: Literal,
-    ty: &KType,
-) -> RuleResult<()> {
+fn constant(cx: &mut LowerCx<'_, '_>, op: Op, value: Literal, ty: &KType) -> RuleResult<()> {
     let (shape, dtype) = match ty {
         KType::Scalar(d) => (Vec::new(), *d),
         KType::Vector(s, d) => (s.dims().to_vec(), *d),
@@ -22,7 +27,7 @@ pub(super) fn constant(
 }
 
 /// `pl.program_id(axis)`: the i32 grid argument of the current function.
-pub(super) fn program_id(cx: &mut LowerCx<'_, '_>, op: Op, axis: u32) -> RuleResult<()> {
+fn program_id(cx: &mut LowerCx<'_, '_>, op: Op, axis: u32) -> RuleResult<()> {
     let Some(&v) = cx.grid_args.get(axis as usize) else {
         bail!("program_id({axis}) but the grid has {} dims", cx.grid_args.len());
     };
@@ -30,7 +35,7 @@ pub(super) fn program_id(cx: &mut LowerCx<'_, '_>, op: Op, axis: u32) -> RuleRes
 }
 
 /// `pl.num_programs(axis)`: the grid is static, so this is a constant.
-pub(super) fn num_programs(cx: &mut LowerCx<'_, '_>, op: Op, axis: u32) -> RuleResult<()> {
+fn num_programs(cx: &mut LowerCx<'_, '_>, op: Op, axis: u32) -> RuleResult<()> {
     let Some(g) = cx.k.call.grid.get(axis as usize) else {
         bail!("num_programs({axis}) but the grid has {} dims", cx.k.call.grid.len());
     };
@@ -43,7 +48,7 @@ pub(super) fn num_programs(cx: &mut LowerCx<'_, '_>, op: Op, axis: u32) -> RuleR
 
 /// `tpu.iota {dimensions = array<i32: d>}`; a 1-D iota is a `(1, n)` iota plus a shape cast,
 /// as in Pallas.
-pub(super) fn iota(cx: &mut LowerCx<'_, '_>, op: Op, shape: &Shape, dim: u32) -> RuleResult<()> {
+fn iota(cx: &mut LowerCx<'_, '_>, op: Op, shape: &Shape, dim: u32) -> RuleResult<()> {
     let dims = shape.dims();
     let v = if dims.len() == 1 {
         let wide = [1, dims[0]];

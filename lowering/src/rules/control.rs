@@ -11,7 +11,22 @@ use crate::{build, tpu, types};
 use melior::ir::{
     Block, BlockRef, OperationRef, Region, RegionLike, Type, operation::OperationLike,
 };
-use palladium_dsl::ir::{Block as KBlock, CmpPred, DType, Op, OpData, Value as KValue};
+use palladium_dsl::ir::{Block as KBlock, CmpPred, ControlOp, DType, Op, OpData, Value as KValue};
+
+/// Lower one op of the family (the table in `mod.rs` says which).
+pub(super) fn lower(cx: &mut LowerCx<'_, '_>, op: Op, data: ControlOp<'_>) -> RuleResult<()> {
+    match data {
+        ControlOp::If { cond, then_block, else_block } => {
+            r#if(cx, op, *cond, *then_block, *else_block)
+        }
+        ControlOp::For { lower, upper, step, init, body } => {
+            r#for(cx, op, *lower, *upper, *step, init, *body)
+        }
+        ControlOp::While { init, cond, body } => r#while(cx, op, init, *cond, *body),
+        ControlOp::RunScoped { body } => run_scoped(cx, op, *body),
+        ControlOp::Yield { values } => r#yield(cx, op, values),
+    }
+}
 
 impl<'c, 'a> LowerCx<'c, 'a> {
     /// A region holding one empty block with arguments of `types`.
@@ -48,7 +63,7 @@ fn block_of<'c, 'a>(mop: OperationRef<'c, 'a>, region: usize) -> RuleResult<Bloc
 
 /// `pl.when` / `lax.cond`: `arith.extui` + `arith.cmpi ne, …, 0` (Pallas's bool → index
 /// dance), then `scf.if` with both branches.
-pub(super) fn r#if(
+fn r#if(
     cx: &mut LowerCx<'_, '_>,
     op: Op,
     cond: KValue,
@@ -68,7 +83,7 @@ pub(super) fn r#if(
 }
 
 /// `fori_loop`: `scf.for %iv = %lo to %hi step %st iter_args(…) : i32`.
-pub(super) fn r#for(
+fn r#for(
     cx: &mut LowerCx<'_, '_>,
     op: Op,
     lower: KValue,
@@ -92,7 +107,7 @@ pub(super) fn r#for(
 
 /// `while_loop`: `scf.while` whose "before" region computes the condition
 /// (`scf.condition`) and whose "after" region is the body.
-pub(super) fn r#while(
+fn r#while(
     cx: &mut LowerCx<'_, '_>,
     op: Op,
     init: &[KValue],
@@ -109,7 +124,7 @@ pub(super) fn r#while(
 }
 
 /// `pl.run_scoped`: `"tpu.region"() ({ allocations…; …; tpu.yield })`.
-pub(super) fn run_scoped(cx: &mut LowerCx<'_, '_>, op: Op, body: KBlock) -> RuleResult<()> {
+fn run_scoped(cx: &mut LowerCx<'_, '_>, op: Op, body: KBlock) -> RuleResult<()> {
     let results = cx.result_types(op)?;
     let region = cx.region_with_block(&[]);
     let mop = cx.emit(tpu::region(cx.ctx, cx.loc, &results, region)?);
@@ -119,7 +134,7 @@ pub(super) fn run_scoped(cx: &mut LowerCx<'_, '_>, op: Op, body: KBlock) -> Rule
 
 /// The terminator the enclosing op needs: `scf.yield` (if, for, while body),
 /// `scf.condition` (while condition), `tpu.yield` (`run_scoped`), `func.return` (index maps).
-pub(super) fn r#yield(cx: &mut LowerCx<'_, '_>, op: Op, values: &[KValue]) -> RuleResult<()> {
+fn r#yield(cx: &mut LowerCx<'_, '_>, op: Op, values: &[KValue]) -> RuleResult<()> {
     let k = cx.k;
     let block = k.ops[op].block;
     let vals = values.iter().map(|&v| cx.v(v)).collect::<RuleResult<Vec<_>>>()?;

@@ -3,11 +3,27 @@
 use super::LowerCx;
 use crate::error::RuleResult;
 use crate::{tpu, types};
-use palladium_dsl::ir::{Op, Remote, Sem, SemKind, Shape, Value as KValue, WaitSide};
+use palladium_dsl::ir::{DmaOp, Op, Remote, Sem, SemKind, Shape, Value as KValue, WaitSide};
+
+/// Lower one op of the family (the table in `mod.rs` says which).
+pub(super) fn lower(cx: &mut LowerCx<'_, '_>, op: Op, data: DmaOp<'_>) -> RuleResult<()> {
+    match data {
+        DmaOp::DeviceId => device_id(cx, op),
+        DmaOp::DmaStart { src, dst, sem, remote, priority } => {
+            start(cx, *src, *dst, *sem, *remote, *priority)
+        }
+        DmaOp::DmaWait { src, dst, sem, side } => wait(cx, *src, *dst, *sem, *side),
+        DmaOp::SemSignal { sem, amount, device_id } => signal(cx, *sem, *amount, *device_id),
+        DmaOp::SemWait { sem, amount } => sem_wait(cx, *sem, *amount),
+        DmaOp::SemRead { sem } => sem_read(cx, op, *sem),
+        DmaOp::BarrierSemaphore => barrier_semaphore(cx, op),
+        DmaOp::SemAlloc { sem } => sem_alloc(cx, op, *sem),
+    }
+}
 
 /// `tpu.enqueue_dma source(..) target(..) target_semaphore(..)`; remote copies add the send
 /// semaphore as `source_semaphore` and the `device_id`.
-pub(super) fn start(
+fn start(
     cx: &mut LowerCx<'_, '_>,
     src: KValue,
     dst: KValue,
@@ -27,7 +43,7 @@ pub(super) fn start(
 
 /// `tpu.wait_dma2 semaphore(..) src(..) dst(..)`; a receive adds the copy's `device_id`, a
 /// send wait Pallas's placeholder `device_id(0) core_id(0)`.
-pub(super) fn wait(
+fn wait(
     cx: &mut LowerCx<'_, '_>,
     src: KValue,
     dst: KValue,
@@ -48,7 +64,7 @@ pub(super) fn wait(
     Ok(())
 }
 
-pub(super) fn signal(
+fn signal(
     cx: &mut LowerCx<'_, '_>,
     sem: KValue,
     amount: KValue,
@@ -61,7 +77,7 @@ pub(super) fn signal(
     Ok(())
 }
 
-pub(super) fn sem_wait(cx: &mut LowerCx<'_, '_>, sem: KValue, amount: KValue) -> RuleResult<()> {
+fn sem_wait(cx: &mut LowerCx<'_, '_>, sem: KValue, amount: KValue) -> RuleResult<()> {
     let (s, a) = (cx.v(sem)?, cx.v(amount)?);
     let op = tpu::sem_wait(cx.ctx, cx.loc, s, a)?;
     cx.emit(op);
@@ -69,26 +85,26 @@ pub(super) fn sem_wait(cx: &mut LowerCx<'_, '_>, sem: KValue, amount: KValue) ->
 }
 
 /// `tpu.device_id : i32`.
-pub(super) fn device_id(cx: &mut LowerCx<'_, '_>, op: Op) -> RuleResult<()> {
+fn device_id(cx: &mut LowerCx<'_, '_>, op: Op) -> RuleResult<()> {
     let v = cx.emit1(tpu::device_id(cx.ctx, cx.loc, types::i32(cx.ctx)))?;
     cx.set_result(op, 0, v)
 }
 
 /// `tpu.sem_barrier : memref<!tpu.semaphore, #tpu.memory_space<semaphore_mem>>`.
-pub(super) fn barrier_semaphore(cx: &mut LowerCx<'_, '_>, op: Op) -> RuleResult<()> {
+fn barrier_semaphore(cx: &mut LowerCx<'_, '_>, op: Op) -> RuleResult<()> {
     let ty = types::sem_memref(cx.ctx, SemKind::Regular, &Shape::default())?;
     let v = cx.emit1(tpu::sem_barrier(cx.ctx, cx.loc, ty))?;
     cx.set_result(op, 0, v)
 }
 
-pub(super) fn sem_read(cx: &mut LowerCx<'_, '_>, op: Op, sem: KValue) -> RuleResult<()> {
+fn sem_read(cx: &mut LowerCx<'_, '_>, op: Op, sem: KValue) -> RuleResult<()> {
     let s = cx.v(sem)?;
     let v = cx.emit1(tpu::sem_read(cx.ctx, cx.loc, s, types::i32(cx.ctx)))?;
     cx.set_result(op, 0, v)
 }
 
 /// `tpu.sem_alloc` inside a `tpu.region`.
-pub(super) fn sem_alloc(cx: &mut LowerCx<'_, '_>, op: Op, sem: Sem) -> RuleResult<()> {
+fn sem_alloc(cx: &mut LowerCx<'_, '_>, op: Op, sem: Sem) -> RuleResult<()> {
     let s = &cx.k.sems[sem];
     let ty = types::sem_memref(cx.ctx, s.kind, &s.shape)?;
     let v = cx.emit1(tpu::sem_alloc(cx.ctx, cx.loc, ty))?;

@@ -4,7 +4,22 @@ use super::LowerCx;
 use crate::error::{RuleResult, bail};
 use crate::{build, tpu, types};
 use melior::ir::{Value, ValueLike};
-use palladium_dsl::ir::{BinaryOp, CmpPred, DType, Literal, Op, UnaryOp, Value as KValue};
+use palladium_dsl::ir::{
+    BinaryOp, CmpPred, DType, ElementwiseOp, Literal, Op, UnaryOp, Value as KValue,
+};
+
+/// Lower one op of the family (the table in `mod.rs` says which).
+pub(super) fn lower(cx: &mut LowerCx<'_, '_>, op: Op, data: ElementwiseOp<'_>) -> RuleResult<()> {
+    match data {
+        ElementwiseOp::Unary { op: u, x } => unary(cx, op, *u, *x),
+        ElementwiseOp::Binary { op: b, lhs, rhs } => binary(cx, op, *b, *lhs, *rhs),
+        ElementwiseOp::Compare { pred, lhs, rhs } => compare(cx, op, *pred, *lhs, *rhs),
+        ElementwiseOp::Select { cond, on_true, on_false } => {
+            select(cx, op, *cond, *on_true, *on_false)
+        }
+        ElementwiseOp::Cast { x, to } => cast(cx, op, *x, *to),
+    }
+}
 
 /// `arith.cmpf` predicates (ordered, as Pallas) and `arith.cmpi` (signed).
 fn cmpf_predicate(p: CmpPred) -> i64 {
@@ -146,7 +161,7 @@ impl<'c, 'a> LowerCx<'c, 'a> {
     }
 }
 
-pub(super) fn unary(cx: &mut LowerCx<'_, '_>, op: Op, u: UnaryOp, x: KValue) -> RuleResult<()> {
+fn unary(cx: &mut LowerCx<'_, '_>, op: Op, u: UnaryOp, x: KValue) -> RuleResult<()> {
     let (shape, dtype) = cx.array_of(x)?;
     let xv = cx.v(x)?;
     let float = dtype.is_float();
@@ -198,7 +213,7 @@ pub(super) fn unary(cx: &mut LowerCx<'_, '_>, op: Op, u: UnaryOp, x: KValue) -> 
     cx.set_result(op, 0, v)
 }
 
-pub(super) fn binary(
+fn binary(
     cx: &mut LowerCx<'_, '_>,
     op: Op,
     b: BinaryOp,
@@ -249,7 +264,7 @@ pub(super) fn binary(
     cx.set_result(op, 0, v)
 }
 
-pub(super) fn compare(
+fn compare(
     cx: &mut LowerCx<'_, '_>,
     op: Op,
     pred: CmpPred,
@@ -290,7 +305,7 @@ pub(super) fn compare(
 }
 
 /// `arith.select` (a scalar condition selects whole vectors).
-pub(super) fn select(
+fn select(
     cx: &mut LowerCx<'_, '_>,
     op: Op,
     cond: KValue,
@@ -302,7 +317,7 @@ pub(super) fn select(
     cx.set_result(op, 0, v)
 }
 
-pub(super) fn cast(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, to: DType) -> RuleResult<()> {
+fn cast(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, to: DType) -> RuleResult<()> {
     let (shape, from) = cx.array_of(x)?;
     let xv = cx.v(x)?;
     let v = cx.convert(xv, &shape, from, to)?;

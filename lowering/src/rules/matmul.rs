@@ -3,12 +3,21 @@
 use super::LowerCx;
 use crate::error::{RuleResult, bail};
 use crate::{tpu, types};
-use palladium_dsl::ir::{DType, DotDims, Literal, Op, Precision, Value as KValue};
+use palladium_dsl::ir::{DType, DotDims, Literal, MatmulOp, Op, Precision, Value as KValue};
+
+/// Lower one op of the family (the table in `mod.rs` says which).
+pub(super) fn lower(cx: &mut LowerCx<'_, '_>, op: Op, data: MatmulOp<'_>) -> RuleResult<()> {
+    match data {
+        MatmulOp::Dot { lhs, rhs, dims, precision, out } => {
+            dot(cx, op, *lhs, *rhs, dims, *precision, *out)
+        }
+    }
+}
 
 /// `tpu.matmul %lhs, %rhs, %zeros` with explicit `#tpu.dot_dimension_numbers` and a zero
 /// accumulator of the result type (an `acc += dot` in the kernel becomes `arith.addf` after
 /// it, as in Pallas; libtpu folds the add into the matmul).
-pub(super) fn dot(
+fn dot(
     cx: &mut LowerCx<'_, '_>,
     op: Op,
     lhs: KValue,

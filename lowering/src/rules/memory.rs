@@ -5,8 +5,19 @@ use crate::error::{RuleResult, bail};
 use crate::{tpu, types};
 use melior::ir::{Value, attribute::DenseI32ArrayAttribute};
 use palladium_dsl::ir::{
-    Buf, DType, Index, MemorySpace, Op, Type as KType, Value as KValue, is_strided,
+    Buf, DType, Index, MemoryOp, MemorySpace, Op, Type as KType, Value as KValue, is_strided,
 };
+
+/// Lower one op of the family (the table in `mod.rs` says which).
+pub(super) fn lower(cx: &mut LowerCx<'_, '_>, op: Op, data: MemoryOp<'_>) -> RuleResult<()> {
+    match data {
+        MemoryOp::AssumeMultiple { x, multiple } => assume_multiple(cx, op, *x, *multiple),
+        MemoryOp::Load { src, index } => load(cx, op, *src, index),
+        MemoryOp::Store { dst, index, value, mask } => store(cx, *dst, index, *value, *mask),
+        MemoryOp::RefSlice { base, index } => ref_slice(cx, op, *base, index),
+        MemoryOp::Alloc { buf } => alloc(cx, op, *buf),
+    }
+}
 
 /// Sizes of an indexed window with point-indexed dims kept as 1 (what Mosaic loads), and
 /// without them (what the kernel sees).
@@ -45,12 +56,7 @@ impl<'c, 'a> LowerCx<'c, 'a> {
 /// VMEM: `vector.load`, or `tpu.strided_load` through a strided `ds` (+ `vector.shape_cast`
 /// dropping point dims); SMEM: `memref.load`.
 /// Bools are loaded as i32 and compared `!= 0`.
-pub(super) fn load(
-    cx: &mut LowerCx<'_, '_>,
-    op: Op,
-    src: KValue,
-    index: &[Index],
-) -> RuleResult<()> {
+fn load(cx: &mut LowerCx<'_, '_>, op: Op, src: KValue, index: &[Index]) -> RuleResult<()> {
     let KType::Ref(r) = cx.ty(src) else { bail!("load from a non-ref {}", cx.ty(src)) };
     let base = cx.v(src)?;
     let idx = cx.indices(index)?;
@@ -82,7 +88,7 @@ pub(super) fn load(
 
 /// VMEM: `tpu.vector_store {strides = array<i32>}` (optionally masked), or
 /// `tpu.strided_store` through a strided `ds`; SMEM: `memref.store`.
-pub(super) fn store(
+fn store(
     cx: &mut LowerCx<'_, '_>,
     dst: KValue,
     index: &[Index],
@@ -133,12 +139,7 @@ pub(super) fn store(
 
 /// `tpu.memref_slice` with i32 offsets (point dims kept as 1), then `tpu.memref_squeeze`
 /// if any dim is point-indexed. Works for data refs and semaphore arrays alike.
-pub(super) fn ref_slice(
-    cx: &mut LowerCx<'_, '_>,
-    op: Op,
-    base: KValue,
-    index: &[Index],
-) -> RuleResult<()> {
+fn ref_slice(cx: &mut LowerCx<'_, '_>, op: Op, base: KValue, index: &[Index]) -> RuleResult<()> {
     let b = cx.v(base)?;
     let (full, kept) = window(index);
     let full_shape = palladium_dsl::ir::Shape(full);
@@ -163,19 +164,14 @@ pub(super) fn ref_slice(
 }
 
 /// `tpu.assume_multiple %x, n : i32`.
-pub(super) fn assume_multiple(
-    cx: &mut LowerCx<'_, '_>,
-    op: Op,
-    x: KValue,
-    multiple: u32,
-) -> RuleResult<()> {
+fn assume_multiple(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, multiple: u32) -> RuleResult<()> {
     let xv = cx.v(x)?;
     let v = cx.emit1(tpu::assume_multiple(cx.ctx, cx.loc, xv, multiple, types::i32(cx.ctx)))?;
     cx.set_result(op, 0, v)
 }
 
 /// `memref.alloca() : memref<…, #tpu.memory_space<vmem|smem>>` inside a `tpu.region`.
-pub(super) fn alloc(cx: &mut LowerCx<'_, '_>, op: Op, buf: Buf) -> RuleResult<()> {
+fn alloc(cx: &mut LowerCx<'_, '_>, op: Op, buf: Buf) -> RuleResult<()> {
     let ty = types::ref_type(cx.ctx, &cx.k.bufs[buf].ty)?;
     let segments = DenseI32ArrayAttribute::new(cx.ctx, &[0, 0]).into();
     let v = cx.generic1("memref.alloca", &[], ty, &[("operandSegmentSizes", segments)])?;

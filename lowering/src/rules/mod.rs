@@ -1,8 +1,9 @@
 //! Lowering rules: one kernel op → Mosaic MLIR ops.
 //!
-//! [`lower_op`] is a single exhaustive `match` over [`OpData`] (deliberately without a
-//! `_ =>` arm: a new op without a rule does not compile). Each arm calls the rule of its
-//! family:
+//! [`lower_op`] matches the op's family ([`OpData::family`](palladium_dsl::ir::OpData::family), from the op table in
+//! `dsl/src/ir/op.rs`) and hands it to that family's `lower`, one exhaustive `match` over
+//! the family's ops (deliberately without a `_ =>` arm: a new op without a rule does not
+//! compile):
 //!
 //! | file | ops |
 //! |---|---|
@@ -40,7 +41,7 @@ use melior::{
     },
 };
 use palladium_dsl::ir::{
-    Block, DType, Kernel, Literal, Offset, Op, OpData, SrcLoc, Type as KType, Value as KValue,
+    Block, DType, Kernel, Literal, Offset, Op, OpFamily, SrcLoc, Type as KType, Value as KValue,
 };
 
 /// The lowering state (Pallas's `LoweringRuleContext`): the kernel, the MLIR value of every
@@ -75,54 +76,15 @@ pub(crate) fn lower_op(cx: &mut LowerCx<'_, '_>, op: Op) -> Result<(), LowerErro
     let saved_loc = cx.loc;
     cx.loc = location(cx.ctx, k.ops[op].loc);
     let saved_op = cx.current.replace(op);
-    let r = match &k.ops[op].data {
-        OpData::Constant { value, ty } => constant::constant(cx, op, *value, ty),
-        OpData::ProgramId { axis } => constant::program_id(cx, op, *axis),
-        OpData::NumPrograms { axis } => constant::num_programs(cx, op, *axis),
-        OpData::DeviceId => dma::device_id(cx, op),
-        OpData::Iota { shape, dim } => constant::iota(cx, op, shape, *dim),
-        OpData::Unary { op: u, x } => elementwise::unary(cx, op, *u, *x),
-        OpData::Binary { op: b, lhs, rhs } => elementwise::binary(cx, op, *b, *lhs, *rhs),
-        OpData::Compare { pred, lhs, rhs } => elementwise::compare(cx, op, *pred, *lhs, *rhs),
-        OpData::Select { cond, on_true, on_false } => {
-            elementwise::select(cx, op, *cond, *on_true, *on_false)
-        }
-        OpData::Cast { x, to } => elementwise::cast(cx, op, *x, *to),
-        OpData::Broadcast { x, shape } => shape::broadcast(cx, op, *x, shape),
-        OpData::Reshape { x, shape } => shape::reshape(cx, op, *x, shape),
-        OpData::Transpose { x, perm } => shape::transpose(cx, op, *x, perm),
-        OpData::Reduce { op: r, x, axes } => shape::reduce(cx, op, *r, *x, axes),
-        OpData::ArgReduce { op: r, x, axis } => shape::arg_reduce(cx, op, *r, *x, *axis),
-        OpData::Slice { x, start, size } => shape::slice(cx, op, *x, start, size),
-        OpData::Concat { xs, axis } => shape::concat(cx, op, xs, *axis),
-        OpData::Roll { x, shift, axis } => shape::roll(cx, op, *x, *shift, *axis),
-        OpData::Dot { lhs, rhs, dims, precision, out } => {
-            matmul::dot(cx, op, *lhs, *rhs, dims, *precision, *out)
-        }
-        OpData::AssumeMultiple { x, multiple } => memory::assume_multiple(cx, op, *x, *multiple),
-        OpData::Load { src, index } => memory::load(cx, op, *src, index),
-        OpData::Store { dst, index, value, mask } => memory::store(cx, *dst, index, *value, *mask),
-        OpData::RefSlice { base, index } => memory::ref_slice(cx, op, *base, index),
-        OpData::Alloc { buf } => memory::alloc(cx, op, *buf),
-        OpData::DmaStart { src, dst, sem, remote, priority } => {
-            dma::start(cx, *src, *dst, *sem, *remote, *priority)
-        }
-        OpData::DmaWait { src, dst, sem, side } => dma::wait(cx, *src, *dst, *sem, *side),
-        OpData::SemSignal { sem, amount, device_id } => dma::signal(cx, *sem, *amount, *device_id),
-        OpData::SemWait { sem, amount } => dma::sem_wait(cx, *sem, *amount),
-        OpData::SemRead { sem } => dma::sem_read(cx, op, *sem),
-        OpData::BarrierSemaphore => dma::barrier_semaphore(cx, op),
-        OpData::SemAlloc { sem } => dma::sem_alloc(cx, op, *sem),
-        OpData::DebugPrint { format, args } => debug::debug_print(cx, format, args),
-        OpData::If { cond, then_block, else_block } => {
-            control::r#if(cx, op, *cond, *then_block, *else_block)
-        }
-        OpData::For { lower, upper, step, init, body } => {
-            control::r#for(cx, op, *lower, *upper, *step, init, *body)
-        }
-        OpData::While { init, cond, body } => control::r#while(cx, op, init, *cond, *body),
-        OpData::RunScoped { body } => control::run_scoped(cx, op, *body),
-        OpData::Yield { values } => control::r#yield(cx, op, values),
+    let r = match k.ops[op].data.family() {
+        OpFamily::Constant(data) => constant::lower(cx, op, data),
+        OpFamily::Elementwise(data) => elementwise::lower(cx, op, data),
+        OpFamily::Shape(data) => shape::lower(cx, op, data),
+        OpFamily::Matmul(data) => matmul::lower(cx, op, data),
+        OpFamily::Memory(data) => memory::lower(cx, op, data),
+        OpFamily::Dma(data) => dma::lower(cx, op, data),
+        OpFamily::Debug(data) => debug::lower(cx, op, data),
+        OpFamily::Control(data) => control::lower(cx, op, data),
     };
     cx.current = saved_op;
     cx.loc = saved_loc;

@@ -8,16 +8,27 @@ use melior::ir::{
     Attribute,
     attribute::{ArrayAttribute, DenseI64ArrayAttribute},
 };
-use palladium_dsl::ir::{ArgReduceOp, DType, Literal, Op, ReduceOp, Shape, Value as KValue};
+use palladium_dsl::ir::{
+    ArgReduceOp, DType, Literal, Op, ReduceOp, Shape, ShapeOp, Value as KValue,
+};
+
+/// Lower one op of the family (the table in `mod.rs` says which).
+pub(super) fn lower(cx: &mut LowerCx<'_, '_>, op: Op, data: ShapeOp<'_>) -> RuleResult<()> {
+    match data {
+        ShapeOp::Broadcast { x, shape } => broadcast(cx, op, *x, shape),
+        ShapeOp::Reshape { x, shape } => reshape(cx, op, *x, shape),
+        ShapeOp::Transpose { x, perm } => transpose(cx, op, *x, perm),
+        ShapeOp::Reduce { op: r, x, axes } => reduce(cx, op, *r, *x, axes),
+        ShapeOp::ArgReduce { op: r, x, axis } => arg_reduce(cx, op, *r, *x, *axis),
+        ShapeOp::Slice { x, start, size } => slice(cx, op, *x, start, size),
+        ShapeOp::Concat { xs, axis } => concat(cx, op, xs, *axis),
+        ShapeOp::Roll { x, shift, axis } => roll(cx, op, *x, *shift, *axis),
+    }
+}
 
 /// Scalar → `vector.broadcast`; vector → `vector.shape_cast` adding leading 1s (numpy's
 /// trailing alignment), then `vector.broadcast` if any dim stretches.
-pub(super) fn broadcast(
-    cx: &mut LowerCx<'_, '_>,
-    op: Op,
-    x: KValue,
-    shape: &Shape,
-) -> RuleResult<()> {
+fn broadcast(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, shape: &Shape) -> RuleResult<()> {
     let (from, dtype) = cx.array_of(x)?;
     let to = shape.dims();
     let xv = cx.v(x)?;
@@ -35,12 +46,7 @@ pub(super) fn broadcast(
 
 /// `vector.shape_cast`; to rank 0 it is `vector.extract` of element `[0, …]`; from rank 0 a
 /// `vector.broadcast`.
-pub(super) fn reshape(
-    cx: &mut LowerCx<'_, '_>,
-    op: Op,
-    x: KValue,
-    shape: &Shape,
-) -> RuleResult<()> {
+fn reshape(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, shape: &Shape) -> RuleResult<()> {
     let (from, dtype) = cx.array_of(x)?;
     let to = shape.dims();
     let xv = cx.v(x)?;
@@ -67,12 +73,7 @@ fn extract_scalar<'c, 'a>(
     cx.generic1("vector.extract", &[v], ty, &[("static_position", pos)])
 }
 
-pub(super) fn transpose(
-    cx: &mut LowerCx<'_, '_>,
-    op: Op,
-    x: KValue,
-    perm: &[u32],
-) -> RuleResult<()> {
+fn transpose(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, perm: &[u32]) -> RuleResult<()> {
     let xv = cx.v(x)?;
     let ty = cx.mlir_ty(cx.k.ops[op].results[0])?;
     let v = cx.emit1(tpu::transpose(cx.ctx, cx.loc, xv, perm, ty))?;
@@ -97,7 +98,7 @@ fn kind_and_identity(r: ReduceOp, dtype: DType) -> RuleResult<(&'static str, Lit
 
 /// `vector.multi_reduction <kind>, %x, %identity [axes]`. A reduction to a scalar reshapes to
 /// a leading 1 first and extracts the element at the end (as Pallas does).
-pub(super) fn reduce(
+fn reduce(
     cx: &mut LowerCx<'_, '_>,
     op: Op,
     r: ReduceOp,
@@ -144,7 +145,7 @@ pub(super) fn reduce(
 }
 
 /// `tpu.reduce_index` (Pallas's argmax/argmin rule; its result drops `axis`).
-pub(super) fn arg_reduce(
+fn arg_reduce(
     cx: &mut LowerCx<'_, '_>,
     op: Op,
     r: ArgReduceOp,
@@ -158,7 +159,7 @@ pub(super) fn arg_reduce(
 }
 
 /// `vector.extract_strided_slice {offsets, sizes, strides = 1}` (Pallas's `lax.slice` rule).
-pub(super) fn slice(
+fn slice(
     cx: &mut LowerCx<'_, '_>,
     op: Op,
     x: KValue,
@@ -182,7 +183,7 @@ pub(super) fn slice(
 }
 
 /// `tpu.concatenate` (Pallas's `lax.concatenate` rule).
-pub(super) fn concat(cx: &mut LowerCx<'_, '_>, op: Op, xs: &[KValue], axis: u32) -> RuleResult<()> {
+fn concat(cx: &mut LowerCx<'_, '_>, op: Op, xs: &[KValue], axis: u32) -> RuleResult<()> {
     let vs = xs.iter().map(|&x| cx.v(x)).collect::<RuleResult<Vec<_>>>()?;
     let ty = cx.mlir_ty(cx.k.ops[op].results[0])?;
     let v = cx.emit1(tpu::concatenate(cx.ctx, cx.loc, &vs, axis, ty))?;
@@ -190,13 +191,7 @@ pub(super) fn concat(cx: &mut LowerCx<'_, '_>, op: Op, xs: &[KValue], axis: u32)
 }
 
 /// `tpu.dynamic_rotate` by an i32 value, static shifts included (Pallas's `roll` rule).
-pub(super) fn roll(
-    cx: &mut LowerCx<'_, '_>,
-    op: Op,
-    x: KValue,
-    shift: KValue,
-    axis: u32,
-) -> RuleResult<()> {
+fn roll(cx: &mut LowerCx<'_, '_>, op: Op, x: KValue, shift: KValue, axis: u32) -> RuleResult<()> {
     let (xv, sv) = (cx.v(x)?, cx.v(shift)?);
     let ty = cx.mlir_ty(cx.k.ops[op].results[0])?;
     let v = cx.emit1(tpu::dynamic_rotate(cx.ctx, cx.loc, xv, sv, axis, ty))?;
