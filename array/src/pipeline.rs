@@ -21,7 +21,7 @@
 //! own ([`Pipeline::within`]), so the first step of each part fetches every block again.
 
 /// A block index as the pipeline compares them.
-pub trait BlockIndex: Clone {
+pub trait BlockIndex: Clone + Default {
     /// Whether the block stays resident from a step at `self` to a step at `next`.
     fn same_block(&self, next: &Self) -> bool;
 }
@@ -142,6 +142,8 @@ pub struct Pipeline<B> {
     head: Vec<i64>,
     roles: Vec<Role>,
     resident: Vec<Option<B>>,
+    /// Each operand's block index at the step being walked (buffers reused).
+    now: Vec<B>,
     taken: u64,
     tail: Vec<i64>,
 }
@@ -158,11 +160,13 @@ impl<B: BlockIndex> Pipeline<B> {
     /// cores.
     pub fn within(extents: &[i64], head: &[i64], roles: Vec<Role>) -> Pipeline<B> {
         let resident = vec![None; roles.len()];
+        let now = vec![B::default(); roles.len()];
         Pipeline {
             order: GridOrder::new(&extents[head.len()..]),
             head: head.to_vec(),
             roles,
             resident,
+            now,
             taken: 0,
             tail: Vec::new(),
         }
@@ -173,13 +177,14 @@ impl<B: BlockIndex> Pipeline<B> {
         self.order.len()
     }
 
-    /// Walk to the next step: `block_index(operand, point)` gives each operand's block index
-    /// there (all of them, in operand order, before anything moves), `step` receives the
-    /// point and the changes. False (and `step` untouched) after the last step.
+    /// Walk to the next step: `block_index(operand, point, index)` writes each operand's
+    /// block index there into `index` (all of them, in operand order, before anything moves;
+    /// `index` holds an earlier step's value, to reuse its buffer), `step` receives the point
+    /// and the changes. False (and `step` untouched) after the last step.
     pub fn next_step<E>(
         &mut self,
         step: &mut Step<B>,
-        mut block_index: impl FnMut(usize, &[i64]) -> Result<B, E>,
+        mut block_index: impl FnMut(usize, &[i64], &mut B) -> Result<(), E>,
     ) -> Result<bool, E> {
         if !self.order.next_into(&mut self.tail) {
             return Ok(false);
@@ -190,23 +195,29 @@ impl<B: BlockIndex> Pipeline<B> {
         step.point.extend_from_slice(&self.head);
         step.point.extend_from_slice(&self.tail);
         step.changes.clear();
-        for operand in 0..self.roles.len() {
-            let block = block_index(operand, &step.point)?;
-            // Indices are compared below, once all are known: a change records the new one.
-            step.changes.push(Change { operand, role: self.roles[operand], block, left: None });
+        for (operand, now) in self.now.iter_mut().enumerate() {
+            block_index(operand, &step.point, now)?;
         }
-        let resident = &mut self.resident;
-        step.changes.retain_mut(|c| {
-            let held = &mut resident[c.operand];
-            if held.as_ref().is_some_and(|h| h.same_block(&c.block)) {
-                return false;
+        for (operand, (now, held)) in self.now.iter_mut().zip(&mut self.resident).enumerate() {
+            if held.as_ref().is_some_and(|h| h.same_block(now)) {
+                continue;
             }
-            let left = held.replace(c.block.clone());
-            if c.role == Role::Output {
-                c.left = left;
-            }
-            true
-        });
+            // The new block becomes resident; the buffer of the one it replaces is reused.
+            let left = held.replace(std::mem::take(now));
+            let role = self.roles[operand];
+            let block = held.clone().expect("just replaced");
+            let left = match (role, left) {
+                (Role::Output, Some(l)) => {
+                    *now = l.clone();
+                    Some(l)
+                }
+                (_, l) => {
+                    *now = l.unwrap_or_default();
+                    None
+                }
+            };
+            step.changes.push(Change { operand, role, block, left });
+        }
         Ok(true)
     }
 
@@ -235,7 +246,11 @@ mod tests {
     ) -> Vec<String> {
         let mut step = Step::default();
         let mut lines = Vec::new();
-        while p.next_step(&mut step, |o, pt| Ok::<_, ()>(index(o, pt))).expect("infallible index") {
+        let mut index = |o: usize, pt: &[i64], b: &mut B| {
+            *b = index(o, pt);
+            Ok::<_, ()>(())
+        };
+        while p.next_step(&mut step, &mut index).expect("infallible index") {
             let mut moves = Vec::new();
             for c in &step.changes {
                 if let Some(left) = &c.left {
@@ -386,7 +401,10 @@ mod tests {
     fn an_error_from_an_index_map_stops_the_walk() {
         let mut p: Pipeline<Vec<i64>> = Pipeline::new(&[3], vec![Input]);
         let mut step = Step::default();
-        let index = |_: usize, pt: &[i64]| if pt[0] == 1 { Err("bad") } else { Ok(vec![pt[0]]) };
+        let index = |_: usize, pt: &[i64], b: &mut Vec<i64>| {
+            *b = vec![pt[0]];
+            if pt[0] == 1 { Err("bad") } else { Ok(()) }
+        };
         assert_eq!(p.next_step(&mut step, index), Ok(true));
         assert_eq!(p.next_step(&mut step, index), Err("bad"));
         assert_eq!(step.point, [1]);
