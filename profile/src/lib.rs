@@ -1,11 +1,12 @@
 //! `palladium profile`: a discrete-event timeline model of an emitted kernel, run on the core
 //! IR as the program would execute.
 //!
-//! - **Control flow** is evaluated: the grid point by point (Pallas's pipeline: each
-//!   windowed input's next block fetched during the current step when its block index
-//!   changes, outputs written back when theirs does), `for` loops with their real trip
-//!   counts, `if`s on known conditions. Integer scalars are evaluated where their inputs are
-//!   known: constants, grid indices, the scalar-prefetch arrays the caller gives
+//! - **Control flow** is evaluated: the grid point by point (Pallas's pipeline as
+//!   [`palladium_array::pipeline`] models it: each windowed input's next block fetched during
+//!   the current step when its block index changes, outputs written back when theirs does),
+//!   `for` loops with their real trip counts, `if`s on known conditions. Integer scalars are
+//!   evaluated ([`palladium_dsl::ir::ScalarOp`], which also evaluates the index maps) where
+//!   their inputs are known: constants, grid indices, the scalar-prefetch arrays the caller gives
 //!   ([`Inputs::prefetch`], e.g. the megakernel's positions) and SMEM written with known
 //!   values. A loop bound that depends on anything else (data) is an error naming the loop;
 //!   an `if` on such a condition is assumed taken, and the summary lists each assumption.

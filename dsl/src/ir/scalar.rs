@@ -342,3 +342,35 @@ impl CompiledIndexMap {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_wrap_at_their_width_as_mosaic_arith_does() {
+        let add = ScalarOp::Binary(BinaryOp::Add, DType::I32);
+        assert_eq!(add.apply(&[Some(i64::from(i32::MAX)), Some(1)]), Ok(Some(i64::from(i32::MIN))));
+        let mul = ScalarOp::Binary(BinaryOp::Mul, DType::I32);
+        assert_eq!(mul.apply(&[Some(1 << 20), Some(1 << 12)]), Ok(Some(0)));
+        let div = ScalarOp::Binary(BinaryOp::Div, DType::I32);
+        assert_eq!(div.apply(&[Some(-7), Some(2)]), Ok(Some(-3)), "signed division truncates");
+        assert_eq!(div.apply(&[Some(1), Some(0)]), Err("div by zero".into()));
+        let shl = ScalarOp::Binary(BinaryOp::Shl, DType::I32);
+        assert_eq!(shl.apply(&[Some(1), Some(31)]), Ok(Some(i64::from(i32::MIN))));
+        assert!(shl.apply(&[Some(1), Some(32)]).is_err());
+        assert_eq!(ScalarOp::Cast(DType::I8).apply(&[Some(200)]), Ok(Some(-56)));
+        assert_eq!(ScalarOp::Unary(UnaryOp::Not, DType::Bool).apply(&[Some(1)]), Ok(Some(0)));
+        assert_eq!(ScalarOp::Unary(UnaryOp::Not, DType::I32).apply(&[Some(0)]), Ok(Some(-1)));
+    }
+
+    #[test]
+    fn unknown_operands_make_unknown_results_except_a_select_s_other_branch() {
+        let sub = ScalarOp::Binary(BinaryOp::Sub, DType::I32);
+        assert_eq!(sub.apply(&[None, Some(1)]), Ok(None));
+        assert_eq!(ScalarOp::Compare(CmpPred::Lt).apply(&[Some(1), None]), Ok(None));
+        assert_eq!(ScalarOp::Select.apply(&[Some(1), Some(5), None]), Ok(Some(5)));
+        assert_eq!(ScalarOp::Select.apply(&[Some(0), Some(5), None]), Ok(None));
+        assert_eq!(ScalarOp::Select.apply(&[None, Some(5), Some(5)]), Ok(None));
+    }
+}
