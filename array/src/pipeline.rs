@@ -1,9 +1,10 @@
 //! THE Pallas grid pipeline: which block of each windowed operand is resident at each grid
 //! step, when an input block is fetched and when an output block is written back. One model
 //! for the interpreter (which copies the blocks), the profile (which times the copies) and
-//! autotune's traffic model (which counts their bytes); each evaluates the index maps its own
-//! way (the interpreter runs the emitted Mosaic's `transform_N` functions, the other two the
-//! DSL's index maps with `palladium_dsl::ir::IndexMaps`) and hands the block indices here.
+//! autotune's traffic model (which counts their bytes). Each hands the block indices here
+//! from the index maps it has: the interpreter runs the emitted Mosaic's `transform_N`
+//! functions, the other two evaluate the DSL's index maps with
+//! `palladium_dsl::ir::CompiledIndexMap` (this crate depends on no other).
 //!
 //! The rule, as `pallas_call` runs a grid on a TPU core:
 //! - the grid is walked as nested loops in lexicographic order, the last dimension fastest
