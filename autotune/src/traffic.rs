@@ -1,30 +1,28 @@
 //! The static pipeline traffic model: what the Pallas grid pipeline moves between HBM and
 //! VMEM for one kernel, computed from the call spec and the traced index maps alone.
 //!
-//! Pallas runs the grid as nested loops (lexicographic order, last dim fastest). Before each
-//! step the pipeline evaluates every windowed operand's index map; an input block is
-//! DMA'd HBM→VMEM only when its block index differs from the previous step's (the first step
-//! always fetches), and an output block is written back VMEM→HBM when the next step moves to
-//! another block index (and once more after the last step). That is what makes block sizes
-//! matter: in the tiled matmul, `x`'s index `(i, kk)` changes at every step, so `x` is read
-//! once per `j`, i.e. `n / bn` times over.
+//! The grid pipeline is [`palladium_array::pipeline`], THE model of Pallas's rule (an input
+//! block is fetched when its block index differs from the previous step's, an output block
+//! is written back when its index is about to change and after the last step), walked with
+//! the index maps evaluated by [`palladium_dsl::ir::CompiledIndexMap`]. That is what makes
+//! block sizes matter: in the tiled matmul, `x`'s index `(i, kk)` changes at every step, so
+//! `x` is read once per `j`, i.e. `n / bn` times over.
 //!
-//! This module reproduces that rule exactly, evaluating the index maps with a small
-//! interpreter for the scalar `i32` ops index maps are made of. It also reports the VMEM
-//! footprint (the verifier's accounting: padded tiles, windowed blocks double-buffered) and
-//! the MXU flops of the `dot`s in the body. Anything it cannot evaluate exactly is an error
+//! This module counts the bytes of those moves (edge blocks clipped to the array). It also
+//! reports the VMEM footprint (the verifier's accounting: padded tiles, windowed blocks
+//! double-buffered) and the MXU flops of the `dot`s in the body. Anything it cannot evaluate exactly is an error
 //! ([`TrafficError`]) rather than a guess; the few things it deliberately does not model
 //! (manual DMAs on HBM/ANY operands, `dot`s under `if`) are listed in [`Traffic::notes`].
 
 use indexmap::IndexMap;
+use palladium_array::pipeline::{Pipeline, Role, Step};
 use palladium_dsl::Kernel;
 use palladium_dsl::ir::{
-    BinaryOp, Block, DType, Index, Literal, MemorySpace, Offset, OpData, Type, Value,
+    Block, CompiledIndexMap, DType, IndexMapError, Literal, MemorySpace, OpData, Value,
     padded_vmem_bytes,
 };
 use palladium_dsl::spec::{BlockDim, OperandRole, OperandSpec};
 use serde::Serialize;
-use std::collections::HashMap;
 
 /// Why the traffic of a kernel could not be modelled.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -137,7 +135,9 @@ pub fn analyze(kernel: &Kernel, prefetch: &Prefetch) -> Result<Traffic, TrafficE
     let prefetch_bytes: u64 =
         prefetch_ops.iter().map(|o| array_bytes(o.dtype, o.shape.num_elements())).sum();
 
-    // One tracker per windowed operand.
+    // The windowed operands, walked through the grid pipeline.
+    let tables: Vec<Option<Vec<i64>>> =
+        tables.iter().map(|t| Some(t.iter().map(|&x| i64::from(x)).collect())).collect();
     let mut trackers = Vec::new();
     for o in &call.operands {
         if o.role == OperandRole::Prefetch {
@@ -150,68 +150,70 @@ pub fn analyze(kernel: &Kernel, prefetch: &Prefetch) -> Result<Traffic, TrafficE
             ));
             continue;
         }
-        let program = match o.index_map {
-            Some(map) if !extents.is_empty() => Some(MapProgram::compile(kernel, o, map)?),
+        let map = match o.index_map {
+            Some(map) if !extents.is_empty() => {
+                Some(CompiledIndexMap::compile(kernel, o, map).map_err(|e| match e {
+                    IndexMapError::UnsupportedOp(op) => {
+                        TrafficError::UnsupportedOp { operand: o.name.clone(), op }
+                    }
+                    IndexMapError::Malformed(message) => {
+                        TrafficError::BadIndexMap { operand: o.name.clone(), message }
+                    }
+                })?)
+            }
             // Grid-less kernels (or whole-array operands): one block, the whole array.
             _ => None,
         };
-        trackers.push(Tracker { spec: o, program, prev: None, dmas: 0, bytes: 0 });
+        trackers.push(Tracker { spec: o, map, dmas: 0, bytes: 0 });
     }
-
-    // Walk the grid in Pallas order: lexicographic, last dim fastest.
-    let mut point = vec![0i64; extents.len()];
-    let mut scratch = Vec::new();
-    let mut idx = Vec::new();
-    for step in 0..grid_steps {
-        for t in &mut trackers {
-            idx.clear();
-            match &t.program {
-                Some(p) => p.eval(&point, &tables, &mut scratch, &mut idx).map_err(|message| {
-                    TrafficError::Eval {
-                        operand: t.spec.name.clone(),
-                        point: point.clone(),
-                        message,
-                    }
-                })?,
-                None => idx.resize(t.spec.shape.rank(), 0),
+    let roles = trackers
+        .iter()
+        .map(|t| if t.spec.role == OperandRole::Input { Role::Input } else { Role::Output })
+        .collect();
+    let grid: Vec<i64> = extents.iter().map(|&e| e as i64).collect();
+    let mut pipeline = Pipeline::new(&grid, roles);
+    let mut step = Step::default();
+    let mut slots = Vec::new();
+    let eval_error = |t: &Tracker, point: &[i64], message| TrafficError::Eval {
+        operand: t.spec.name.clone(),
+        point: point.to_vec(),
+        message,
+    };
+    while pipeline.next_step(&mut step, |i, point, idx| {
+        let t = &trackers[i];
+        match &t.map {
+            Some(map) => {
+                let known = map.eval(point, &tables, &mut slots, idx);
+                assert!(known.map_err(|m| eval_error(t, point, m))?, "every table is known");
             }
-            let changed = t.prev.as_deref() != Some(idx.as_slice());
-            if changed {
-                let bytes = block_bytes(t.spec, &idx).map_err(|message| TrafficError::Eval {
-                    operand: t.spec.name.clone(),
-                    point: point.clone(),
-                    message,
-                })?;
-                match t.spec.role {
-                    // Inputs: fetch the new block.
-                    OperandRole::Input => {
+            None => idx.resize(t.spec.shape.rank(), 0),
+        }
+        Ok(())
+    })? {
+        for c in &step.changes {
+            let t = &mut trackers[c.operand];
+            // Checked as the block is entered, so that its write-back is known to be in bounds.
+            let bytes = block_bytes(t.spec, &c.block).map_err(|m| eval_error(t, &step.point, m))?;
+            // Inputs fetch the new block; outputs write back the one just left.
+            match c.role {
+                Role::Input => {
+                    t.dmas += 1;
+                    t.bytes += bytes;
+                }
+                Role::Output => {
+                    if let Some(left) = &c.left {
                         t.dmas += 1;
-                        t.bytes += bytes;
-                    }
-                    // Outputs: the block just left is written back.
-                    _ => {
-                        if let Some(prev) = &t.prev {
-                            t.dmas += 1;
-                            t.bytes +=
-                                block_bytes(t.spec, prev).expect("checked when it was entered");
-                        }
+                        t.bytes += block_bytes(t.spec, left).expect("checked when it was entered");
                     }
                 }
-                t.prev = Some(idx.clone());
             }
-        }
-        if step + 1 < grid_steps {
-            advance(&mut point, &extents);
         }
     }
     // After the last step every output writes back the block it holds.
-    for t in &mut trackers {
-        if t.spec.role == OperandRole::Output
-            && let Some(prev) = &t.prev
-        {
-            t.dmas += 1;
-            t.bytes += block_bytes(t.spec, prev).expect("checked when it was entered");
-        }
+    for (i, block) in pipeline.finish() {
+        let t = &mut trackers[i];
+        t.dmas += 1;
+        t.bytes += block_bytes(t.spec, &block).expect("checked when it was entered");
     }
 
     let operands: Vec<OperandTraffic> = trackers
@@ -271,25 +273,13 @@ pub fn vmem_footprint(kernel: &Kernel) -> u64 {
 
 struct Tracker<'a> {
     spec: &'a OperandSpec,
-    program: Option<MapProgram>,
-    prev: Option<Vec<i64>>,
+    map: Option<CompiledIndexMap>,
     dmas: u64,
     bytes: u64,
 }
 
 fn array_bytes(dtype: DType, elements: u64) -> u64 {
     (elements * u64::from(dtype.memory_bits())).div_ceil(8)
-}
-
-/// Next grid point in lexicographic order (last dim fastest).
-fn advance(point: &mut [i64], extents: &[u64]) {
-    for d in (0..point.len()).rev() {
-        point[d] += 1;
-        if (point[d] as u64) < extents[d] {
-            return;
-        }
-        point[d] = 0;
-    }
 }
 
 /// HBM bytes of the block at block index `idx` (element offsets for element windows): each
@@ -324,229 +314,6 @@ fn block_bytes(o: &OperandSpec, idx: &[i64]) -> Result<u64, String> {
         elements *= b.min(n - start);
     }
     Ok(array_bytes(o.dtype, elements))
-}
-
-// --- the index-map evaluator ----------------------------------------------------------------
-
-/// Where an index-map operand comes from.
-#[derive(Copy, Clone, Debug)]
-enum Arg {
-    Slot(usize),
-    Imm(i64),
-}
-
-#[derive(Clone, Debug)]
-enum Instr {
-    Const(i64),
-    Copy(Arg),
-    Binary(BinaryOp, Arg, Arg),
-    /// A scalar load from prefetch array `table` (row-major, `dims`).
-    Load {
-        table: usize,
-        offsets: Vec<Arg>,
-        dims: Vec<u64>,
-    },
-}
-
-/// An index map compiled to straight-line code over `i32` slots: slots `0..rank` are the
-/// grid indices, each instruction writes the next slot, `outputs` are the yielded slots.
-#[derive(Clone, Debug)]
-struct MapProgram {
-    grid_rank: usize,
-    instrs: Vec<Instr>,
-    outputs: Vec<Arg>,
-}
-
-/// What an index-map value is during compilation.
-#[derive(Copy, Clone)]
-enum Bound {
-    Scalar(usize),
-    Prefetch(usize),
-}
-
-impl MapProgram {
-    fn compile(k: &Kernel, o: &OperandSpec, map: Block) -> Result<MapProgram, TrafficError> {
-        let bad = |message: String| TrafficError::BadIndexMap { operand: o.name.clone(), message };
-        let grid_rank = k.call.grid.len();
-        let n_prefetch = k.call.operands_of(OperandRole::Prefetch).count();
-        let params = &k.blocks[map].params;
-        if params.len() != grid_rank + n_prefetch {
-            return Err(bad(format!(
-                "takes {} parameters, expected {grid_rank} grid indices and {n_prefetch} prefetch refs",
-                params.len()
-            )));
-        }
-        let mut env: HashMap<Value, Bound> = HashMap::new();
-        for (i, &p) in params.iter().enumerate() {
-            env.insert(
-                p,
-                if i < grid_rank { Bound::Scalar(i) } else { Bound::Prefetch(i - grid_rank) },
-            );
-        }
-        let scalar = |env: &HashMap<Value, Bound>, v: Value| -> Result<Arg, TrafficError> {
-            match env.get(&v) {
-                Some(Bound::Scalar(s)) => Ok(Arg::Slot(*s)),
-                Some(Bound::Prefetch(_)) => {
-                    Err(bad(format!("{v} is a prefetch ref used as a scalar")))
-                }
-                None => Err(bad(format!("{v} is not defined inside the index map"))),
-            }
-        };
-        let mut instrs = Vec::new();
-        let mut outputs = None;
-        for &op in &k.blocks[map].ops {
-            let node = &k.ops[op];
-            if outputs.is_some() {
-                return Err(bad("ops after the yield".into()));
-            }
-            let instr = match &node.data {
-                OpData::Constant { value: Literal::Int(v), ty: Type::Scalar(DType::I32) } => {
-                    Instr::Const(i64::from(
-                        i32::try_from(*v)
-                            .map_err(|_| bad(format!("constant {v} does not fit in i32")))?,
-                    ))
-                }
-                OpData::Constant { value, ty } => {
-                    return Err(bad(format!(
-                        "constant {value} of type {ty}: index maps compute in scalar i32"
-                    )));
-                }
-                OpData::Binary { op: bop, lhs, rhs } => match bop {
-                    BinaryOp::Add
-                    | BinaryOp::Sub
-                    | BinaryOp::Mul
-                    | BinaryOp::Div
-                    | BinaryOp::Rem
-                    | BinaryOp::Min
-                    | BinaryOp::Max => {
-                        Instr::Binary(*bop, scalar(&env, *lhs)?, scalar(&env, *rhs)?)
-                    }
-                    _ => {
-                        return Err(TrafficError::UnsupportedOp {
-                            operand: o.name.clone(),
-                            op: node.data.mnemonic(),
-                        });
-                    }
-                },
-                // A promise about divisibility: the value itself is unchanged.
-                OpData::AssumeMultiple { x, .. } => Instr::Copy(scalar(&env, *x)?),
-                OpData::Load { src, index } => {
-                    let Some(Bound::Prefetch(table)) = env.get(src).copied() else {
-                        return Err(bad(format!(
-                            "load from {src}, which is not a scalar-prefetch ref"
-                        )));
-                    };
-                    let dims = match k.ty(*src) {
-                        Type::Ref(r) => r.shape.dims().to_vec(),
-                        t => return Err(bad(format!("load from a {t}"))),
-                    };
-                    if index.len() != dims.len() {
-                        return Err(bad(format!(
-                            "load with {} indices from a rank-{} ref",
-                            index.len(),
-                            dims.len()
-                        )));
-                    }
-                    let mut offsets = Vec::new();
-                    for ix in index {
-                        offsets.push(match ix {
-                            Index::Point(Offset::Static(i)) => Arg::Imm(*i),
-                            Index::Point(Offset::Dynamic(v)) => scalar(&env, *v)?,
-                            Index::Slice { .. } => return Err(bad("vector loads in an index map (only scalar SMEM loads are evaluated)".into())),
-                        });
-                    }
-                    Instr::Load { table, offsets, dims }
-                }
-                OpData::Yield { values } => {
-                    outputs = Some(
-                        values.iter().map(|&v| scalar(&env, v)).collect::<Result<Vec<_>, _>>()?,
-                    );
-                    continue;
-                }
-                _ => {
-                    return Err(TrafficError::UnsupportedOp {
-                        operand: o.name.clone(),
-                        op: node.data.mnemonic(),
-                    });
-                }
-            };
-            let [result] = node.results.as_slice() else {
-                return Err(bad(format!(
-                    "op {} has {} results",
-                    node.data.mnemonic(),
-                    node.results.len()
-                )));
-            };
-            env.insert(*result, Bound::Scalar(grid_rank + instrs.len()));
-            instrs.push(instr);
-        }
-        let outputs = outputs.ok_or_else(|| bad("does not end with a yield".into()))?;
-        if outputs.len() != o.shape.rank() {
-            return Err(bad(format!(
-                "yields {} block indices for a rank-{} array",
-                outputs.len(),
-                o.shape.rank()
-            )));
-        }
-        Ok(MapProgram { grid_rank, instrs, outputs })
-    }
-
-    /// Evaluate at grid point `point`, appending the block indices to `out`.
-    fn eval(
-        &self,
-        point: &[i64],
-        tables: &[Vec<i32>],
-        slots: &mut Vec<i64>,
-        out: &mut Vec<i64>,
-    ) -> Result<(), String> {
-        slots.clear();
-        slots.extend_from_slice(&point[..self.grid_rank]);
-        let get = |slots: &[i64], a: Arg| -> i32 {
-            match a {
-                Arg::Slot(s) => slots[s] as i32,
-                Arg::Imm(v) => v as i32,
-            }
-        };
-        for instr in &self.instrs {
-            let v: i32 = match instr {
-                Instr::Const(c) => *c as i32,
-                Instr::Copy(a) => get(slots, *a),
-                Instr::Binary(op, a, b) => {
-                    let (a, b) = (get(slots, *a), get(slots, *b));
-                    // i32 semantics as Mosaic's arith ops: wrapping, signed division truncating.
-                    match op {
-                        BinaryOp::Add => a.wrapping_add(b),
-                        BinaryOp::Sub => a.wrapping_sub(b),
-                        BinaryOp::Mul => a.wrapping_mul(b),
-                        BinaryOp::Div | BinaryOp::Rem if b == 0 => {
-                            return Err(format!("{op} by zero"));
-                        }
-                        BinaryOp::Div => a.wrapping_div(b),
-                        BinaryOp::Rem => a.wrapping_rem(b),
-                        BinaryOp::Min => a.min(b),
-                        BinaryOp::Max => a.max(b),
-                        _ => unreachable!("rejected at compile time"),
-                    }
-                }
-                Instr::Load { table, offsets, dims } => {
-                    let mut flat = 0i64;
-                    for (d, (&a, &n)) in offsets.iter().zip(dims).enumerate() {
-                        let i = i64::from(get(slots, a));
-                        if i < 0 || i as u64 >= n {
-                            return Err(format!(
-                                "prefetch load index {i} out of bounds in dim {d} (size {n})"
-                            ));
-                        }
-                        flat = flat * n as i64 + i;
-                    }
-                    tables[*table][flat as usize]
-                }
-            };
-            slots.push(i64::from(v));
-        }
-        out.extend(self.outputs.iter().map(|&a| i64::from(get(slots, a))));
-        Ok(())
-    }
 }
 
 // --- MXU flops of the body ----------------------------------------------------------------

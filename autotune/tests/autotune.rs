@@ -92,9 +92,9 @@ fn manual_dma_operands_are_noted_not_guessed() {
     assert!(t.notes.iter().any(|n| n.contains("`table` is in any")), "{:?}", t.notes);
 }
 
-/// grid (4,): `x` (bf16[64,128], blocks of [16,128]) at block `ids[i] / div` picked through a
+/// grid (4,): `x` (bf16[64,128], blocks of [16,128]) at block `row(ids[i])` picked through a
 /// scalar-prefetch table; the output at block `i`.
-fn prefetch_kernel(div: i32, compare_in_map: bool) -> Kernel {
+fn prefetch_kernel(row: fn(Val) -> Val) -> Kernel {
     let mut b = KernelBuilder::new("pick");
     b.grid_dim(4u64, Semantics::Arbitrary);
     b.operand::<(Val, i32)>(
@@ -113,15 +113,7 @@ fn prefetch_kernel(div: i32, compare_in_map: bool) -> Kernel {
         &[64, 128],
         MemorySpace::Vmem,
         Some(vec![BlockDim::Blocked(16), BlockDim::Blocked(128)]),
-        Some(Box::new(move |g: &[Val], p: &[Ref]| {
-            let id = p[0].load(g[0]);
-            let row = if compare_in_map {
-                select(cmp(CmpPred::Lt, id, 2), id, 0)
-            } else {
-                (id / div).minimum(3)
-            };
-            (row, 0)
-        })),
+        Some(Box::new(move |g: &[Val], p: &[Ref]| (row(p[0].load(g[0])), 0))),
     );
     b.operand(
         "o",
@@ -140,7 +132,7 @@ fn prefetch_kernel(div: i32, compare_in_map: bool) -> Kernel {
 
 #[test]
 fn index_maps_read_scalar_prefetch_contents() {
-    let k = prefetch_kernel(1, false);
+    let k = prefetch_kernel(|id| (id / 1).minimum(3));
     let x = |p: &Prefetch| {
         analyze(&k, p).unwrap().operands.iter().find(|o| o.name == "x").unwrap().dmas
     };
@@ -150,8 +142,11 @@ fn index_maps_read_scalar_prefetch_contents() {
     assert_eq!(x(&Prefetch::new().with("ids", vec![0, 0, 1, 1])), 2);
     assert_eq!(x(&Prefetch::new().with("ids", vec![2, 1, 2, 1])), 4);
     // `/` and `min` are evaluated: ids / 2 = [0, 0, 1, 1].
-    let halves = analyze(&prefetch_kernel(2, false), &Prefetch::new()).unwrap();
+    let halves = analyze(&prefetch_kernel(|id| (id / 2).minimum(3)), &Prefetch::new()).unwrap();
     assert_eq!(halves.operands[0].dmas, 2);
+    // Comparisons and selects too (the one scalar evaluator): ids < 2 ? ids : 0 = [0, 1, 0, 0].
+    let k = prefetch_kernel(|id| select(cmp(CmpPred::Lt, id, 2), id, 0));
+    assert_eq!(analyze(&k, &Prefetch::new()).unwrap().operands[0].dmas, 3);
     assert_eq!(halves.prefetch_bytes, 16);
 
     let err = analyze(&k, &Prefetch::new().with("ids", vec![0, 1])).unwrap_err();
@@ -168,12 +163,14 @@ fn index_maps_read_scalar_prefetch_contents() {
 
 #[test]
 fn unknown_index_map_ops_are_errors_not_guesses() {
-    let err = analyze(&prefetch_kernel(1, true), &Prefetch::new()).unwrap_err();
-    assert_eq!(err, TrafficError::UnsupportedOp { operand: "x".into(), op: "cmp.lt".into() });
+    // A float in an index map: not an integer scalar op.
+    let float = || prefetch_kernel(|id| id.cast(DType::F32).cast(DType::I32));
+    let err = analyze(&float(), &Prefetch::new()).unwrap_err();
+    assert_eq!(err, TrafficError::UnsupportedOp { operand: "x".into(), op: "cast".into() });
     // The compile-only runner turns it into a runner rejection.
     let mut r = CompileOnly::new();
-    let e = r.run(&prefetch_kernel(1, true), Chip::V6e).unwrap_err();
-    assert!(e.to_string().contains("op `cmp.lt` is not supported"), "{e}");
+    let e = r.run(&float(), Chip::V6e).unwrap_err();
+    assert!(e.to_string().contains("op `cast` is not supported"), "{e}");
 }
 
 #[test]

@@ -1,9 +1,9 @@
 //! The grid driver: what Mosaic's pipeline does around the kernel body. The grid is walked
-//! in Pallas order (lexicographic, last dim fastest). For every windowed operand the
-//! `transform_N` function gives the block index; an input window is copied HBM→VMEM only
-//! when its block index changes, an output window is written back when its block index is
-//! about to change (and at the end), so a revisited output block stays resident across
-//! consecutive steps.
+//! as [`palladium_array::pipeline`] says (THE model of Pallas's pipeline, shared with the
+//! profile and autotune): for every windowed operand the `transform_N` function gives the
+//! block index; an input window is copied HBM→VMEM only when its block index changes, an
+//! output window is written back when its block index is about to change (and at the end),
+//! so a revisited output block stays resident across consecutive steps.
 
 use crate::devices::{Fabric, Link};
 use crate::error::{ErrorKind, InterpError, Result, bail};
@@ -14,6 +14,7 @@ use crate::prepare::{Program, memref_info};
 use crate::value::{DType, Data, Val};
 use crate::view::View;
 use palladium_array::HostArray;
+use palladium_array::pipeline::{GridOrder, Pipeline, Role, Step};
 use rayon::prelude::*;
 use smallvec::SmallVec;
 use std::collections::HashMap;
@@ -32,7 +33,6 @@ struct Operand {
     transform: Option<usize>,
     is_output: bool,
     label: String,
-    prev: Option<Vec<i64>>,
 }
 
 fn with_point(mut e: InterpError, point: &[i64]) -> InterpError {
@@ -40,18 +40,6 @@ fn with_point(mut e: InterpError, point: &[i64]) -> InterpError {
         e.grid_point = Some(point.to_vec());
     }
     e
-}
-
-fn grid_points(grid: &[i64]) -> impl Iterator<Item = Vec<i64>> + '_ {
-    let total: i64 = grid.iter().product();
-    (0..total).map(move |mut lin| {
-        let mut p = vec![0; grid.len()];
-        for d in (0..grid.len()).rev() {
-            p[d] = lin % grid[d];
-            lin /= grid[d];
-        }
-        p
-    })
 }
 
 impl Program {
@@ -298,7 +286,7 @@ impl Program {
                     (None, None) => wshape.to_vec(),
                     (None, Some(f)) => {
                         let mut hi = vec![0i64; wshape.len()];
-                        for pt in grid_points(&self.grid) {
+                        for pt in GridOrder::new(&self.grid) {
                             let idx = self.transform(m, f, &pt, &prefetch)?;
                             for (h, x) in hi.iter_mut().zip(&idx) {
                                 *h = (*h).max(*x);
@@ -349,15 +337,7 @@ impl Program {
                 None
             };
             let element_pads = wp.and_then(|w| w.element_pads);
-            ops.push(Operand {
-                hbm,
-                window,
-                element_pads,
-                transform,
-                is_output,
-                label,
-                prev: None,
-            });
+            ops.push(Operand { hbm, window, element_pads, transform, is_output, label });
         }
 
         // Scratch (lives for the whole kernel).
@@ -381,13 +361,7 @@ impl Program {
         {
             self.walk_parallel(m, &ops, outer, prefetch, &scratch)?;
         } else {
-            let single = [Vec::new()];
-            let points: Box<dyn Iterator<Item = Vec<i64>>> = if g == 0 {
-                Box::new(single.into_iter())
-            } else {
-                Box::new(grid_points(&self.grid))
-            };
-            self.walk(m, &mut ops, points, prefetch, &scratch, None)?;
+            self.walk(m, &ops, &[], prefetch, &scratch, None)?;
         }
         let outputs = ops
             .iter()
@@ -411,55 +385,65 @@ impl Program {
         outputs
     }
 
-    /// Run the grid `points` in order, then write back the outputs still resident and check
-    /// that every DMA was waited on and every scratch semaphore is back at zero. Write-backs
-    /// go into the arrays, or into `record` (a task of a parallel grid).
+    /// Run the grid steps whose leading indices are `head` (all of them for an empty head)
+    /// in order, moving the windows as the pipeline says, then write back the outputs still
+    /// resident and check that every DMA was waited on and every scratch semaphore is back
+    /// at zero. Write-backs go into the arrays, or into `record` (a task of a parallel grid).
     fn walk(
         &self,
         m: &mut Machine<'_>,
-        ops: &mut [Operand],
-        points: impl Iterator<Item = Vec<i64>>,
+        ops: &[Operand],
+        head: &[i64],
         prefetch: &[Val],
         scratch: &[usize],
         mut record: Option<&mut Vec<WriteBack>>,
     ) -> Result<()> {
-        for pt in points {
-            m.point = pt.clone();
-            // Block indices for this step.
-            let mut idx: Vec<Option<Vec<i64>>> = Vec::new();
-            for o in ops.iter() {
-                idx.push(match (&o.window, o.transform) {
-                    (Some(_), Some(f)) => {
-                        let at = self.transform(m, f, &pt, prefetch)?;
-                        block_in_bounds(&m.mem, o, &at)
-                            .map_err(|e| with_point(self.at_transform(e, f), &pt))?;
-                        Some(at)
-                    }
-                    (Some((_, w)), None) => Some(vec![0; w.len()]),
-                    _ => None,
-                });
+        // The windowed operands, in operand order, are the pipeline's.
+        let windowed: Vec<usize> = (0..ops.len()).filter(|&j| ops[j].window.is_some()).collect();
+        let roles = windowed
+            .iter()
+            .map(|&j| if ops[j].is_output { Role::Output } else { Role::Input })
+            .collect();
+        let mut pipeline = Pipeline::within(&self.grid, head, roles);
+        let mut step = Step::default();
+        while pipeline.next_step(&mut step, |i, pt, at: &mut Vec<i64>| {
+            let o = &ops[windowed[i]];
+            m.point.clear();
+            m.point.extend_from_slice(pt);
+            match (&o.window, o.transform) {
+                (_, Some(f)) => {
+                    *at = self.transform(m, f, pt, prefetch)?;
+                    block_in_bounds(&m.mem, o, at)
+                        .map_err(|e| with_point(self.at_transform(e, f), pt))
+                }
+                (Some((_, w)), None) => {
+                    at.clear();
+                    at.resize(w.len(), 0);
+                    Ok(())
+                }
+                (None, None) => unreachable!("only windowed operands are in the pipeline"),
             }
-            for (j, (o, new)) in ops.iter_mut().zip(&idx).enumerate() {
-                let Some(new) = new else { continue };
-                if o.prev.as_ref() == Some(new) {
+        })? {
+            let pt = &step.point;
+            m.point.clone_from(pt);
+            for c in &step.changes {
+                let j = windowed[c.operand];
+                let o = &ops[j];
+                if c.role == Role::Input {
+                    window_copy(&mut m.mem, o, &c.block, true).map_err(|e| with_point(e, pt))?;
                     continue;
                 }
-                if o.is_output {
-                    if let Some(old) = o.prev.take() {
-                        write_back(&mut m.mem, j, o, &old, record.as_deref_mut())
-                            .map_err(|e| with_point(e, &pt))?;
-                    }
-                    if let Some((w, _)) = o.window {
-                        m.mem
-                            .check_access(&m.mem.whole(w), true, "fresh output window")
-                            .map_err(|e| with_point(e, &pt))?;
-                        m.mem.fill_poison(w);
-                    }
-                    block_in_bounds(&m.mem, o, new).map_err(|e| with_point(e, &pt))?;
-                } else {
-                    window_copy(&mut m.mem, o, new, true).map_err(|e| with_point(e, &pt))?;
+                if let Some(old) = &c.left {
+                    write_back(&mut m.mem, j, o, old, record.as_deref_mut())
+                        .map_err(|e| with_point(e, pt))?;
                 }
-                o.prev = Some(new.clone());
+                if let Some((w, _)) = o.window {
+                    m.mem
+                        .check_access(&m.mem.whole(w), true, "fresh output window")
+                        .map_err(|e| with_point(e, pt))?;
+                    m.mem.fill_poison(w);
+                }
+                block_in_bounds(&m.mem, o, &c.block).map_err(|e| with_point(e, pt))?;
             }
             let mut args: Vec<Val> = pt.iter().map(|&x| Val::Int(x)).collect();
             args.extend(prefetch.iter().cloned());
@@ -470,15 +454,12 @@ impl Program {
             for &s in scratch {
                 args.push(Val::Ref(Arc::new(m.mem.whole(s))));
             }
-            m.call(&self.kernel, args).map_err(|e| with_point(e, &pt))?;
+            m.call(&self.kernel, args).map_err(|e| with_point(e, pt))?;
         }
         let last = std::mem::take(&mut m.point);
-        for (j, o) in ops.iter_mut().enumerate() {
-            if o.is_output
-                && let Some(old) = o.prev.take()
-            {
-                write_back(&mut m.mem, j, o, &old, record.as_deref_mut())?;
-            }
+        for (i, old) in pipeline.finish() {
+            let j = windowed[i];
+            write_back(&mut m.mem, j, &ops[j], &old, record.as_deref_mut())?;
         }
         // Everything in flight must have been waited on; semaphores must be back at zero.
         let at = if record.is_some() {
@@ -515,16 +496,14 @@ impl Program {
         prefetch: &[Val],
         scratch: &[usize],
     ) -> Result<()> {
-        let heads: Vec<Vec<i64>> = grid_points(&self.grid[..outer]).collect();
+        let heads: Vec<Vec<i64>> = GridOrder::new(&self.grid[..outer]).collect();
         let base = &m.mem;
         let tasks: Vec<Result<Vec<WriteBack>>> = heads
             .par_iter()
             .map(|head| {
                 let mut tm = Machine { prog: self, mem: base.clone(), point: Vec::new(), link: None };
-                let mut tops = ops.to_vec();
-                let points = grid_points(&self.grid[outer..]).map(|tail| head.iter().chain(&tail).copied().collect());
                 let mut record = Vec::new();
-                self.walk(&mut tm, &mut tops, points, prefetch, scratch, Some(&mut record))?;
+                self.walk(&mut tm, ops, head, prefetch, scratch, Some(&mut record))?;
                 let wrote_input = ops.iter().find(|o| !o.is_output && !Arc::ptr_eq(&tm.mem.bufs[o.hbm].data, &base.bufs[o.hbm].data));
                 tm.mem.recycle();
                 if let Some(o) = wrote_input {

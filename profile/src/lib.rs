@@ -1,11 +1,12 @@
 //! `palladium profile`: a discrete-event timeline model of an emitted kernel, run on the core
 //! IR as the program would execute.
 //!
-//! - **Control flow** is evaluated: the grid point by point (Pallas's pipeline: each
-//!   windowed input's next block fetched during the current step when its block index
-//!   changes, outputs written back when theirs does), `for` loops with their real trip
-//!   counts, `if`s on known conditions. Integer scalars are evaluated where their inputs are
-//!   known: constants, grid indices, the scalar-prefetch arrays the caller gives
+//! - **Control flow** is evaluated: the grid point by point (Pallas's pipeline as
+//!   [`palladium_array::pipeline`] models it: each windowed input's next block fetched during
+//!   the current step when its block index changes, outputs written back when theirs does),
+//!   `for` loops with their real trip counts, `if`s on known conditions. Integer scalars are
+//!   evaluated ([`palladium_dsl::ir::ScalarOp`], which also evaluates the index maps) where
+//!   their inputs are known: constants, grid indices, the scalar-prefetch arrays the caller gives
 //!   ([`Inputs::prefetch`], e.g. the megakernel's positions) and SMEM written with known
 //!   values. A loop bound that depends on anything else (data) is an error naming the loop;
 //!   an `if` on such a condition is assumed taken, and the summary lists each assumption.
@@ -39,7 +40,10 @@ use calibration::Coefficients;
 use cost::{Unit, op_cost};
 use dma::{Engine, Resource};
 use indexmap::IndexMap;
-use palladium_dsl::ir::{Block, Index, Kernel, Literal, Offset, Op, OpData, Type, Value};
+use palladium_array::pipeline::{Pipeline, Role, Step};
+use palladium_dsl::ir::{
+    Block, CompiledIndexMap, Index, Kernel, Offset, Op, OpData, ScalarOp, Type, Value,
+};
 use palladium_dsl::spec::{Chip, OperandRole, PipelineMode};
 use std::collections::HashMap;
 
@@ -315,6 +319,8 @@ struct Walker<'k> {
     ints: HashMap<Value, i64>,
     grid_idx: Vec<i64>,
     prefetch: HashMap<Value, Vec<i64>>,
+    /// The scalar-prefetch arrays' contents in operand order, as the index maps read them.
+    tables: Vec<Option<Vec<i64>>>,
     smem: HashMap<(Value, i64), i64>,
     sems: HashMap<(Value, i64), SemState>,
     names: HashMap<Value, String>,
@@ -374,6 +380,7 @@ impl<'k> Walker<'k> {
             ints: HashMap::new(),
             grid_idx: vec![0; k.call.grid.len()],
             prefetch: HashMap::new(),
+            tables: Vec::new(),
             smem: HashMap::new(),
             sems: HashMap::new(),
             names,
@@ -453,11 +460,11 @@ impl<'k> Walker<'k> {
             }
         }
         // Prefetch operands come first in the call, so operand i is entry parameter
-        // `grid + i` and parameter `grid + i` of every index map.
-        let maps: Vec<Block> = self.k.call.operands.iter().filter_map(|o| o.index_map).collect();
+        // `grid + i` (and table i of the index maps).
         for (i, o) in
             self.k.call.operands.iter().enumerate().filter(|(_, o)| o.role == OperandRole::Prefetch)
         {
+            self.tables.push(None);
             let Some(values) = inputs.prefetch.get(&o.name) else { continue };
             let want = o.shape.num_elements() as usize;
             if values.len() != want {
@@ -470,11 +477,7 @@ impl<'k> Walker<'k> {
             o.check_values(values)
                 .map_err(|why| ProfileError::Prefetch { name: o.name.clone(), why })?;
             self.prefetch.insert(params[first + i], values.clone());
-            for &map in &maps {
-                if let Some(&p) = self.k.blocks[map].params.get(first + i) {
-                    self.prefetch.insert(p, values.clone());
-                }
-            }
+            *self.tables.last_mut().expect("pushed above") = Some(values.clone());
         }
         Ok(())
     }
@@ -738,23 +741,28 @@ impl<'k> Walker<'k> {
 
     // --- the program ---------------------------------------------------------------------
 
+    /// The grid, step by step, as [`palladium_array::pipeline`] moves the windows: each
+    /// input's next block is fetched during the current step (before the body runs; after it
+    /// for a `Buffered(1)` window, which has no second buffer), an output's block is written
+    /// back after the step it leaves. Block indices that depend on unknown prefetch contents
+    /// (or on ops the index-map evaluator does not know) count as changed: the copy is made.
     fn run_grid(&mut self) -> Result<(), ProfileError> {
         let k = self.k;
-        let extents: Vec<u64> = k.call.grid.iter().map(|g| g.extent).collect();
-        let steps: u64 = extents.iter().product();
-        let point = |mut s: u64| -> Vec<i64> {
-            let mut p = vec![0; extents.len()];
-            for d in (0..extents.len()).rev() {
-                p[d] = (s % extents[d]) as i64;
-                s /= extents[d];
-            }
-            p
-        };
+        let grid: Vec<i64> = k.call.grid.iter().map(|g| g.extent as i64).collect();
+        /// How a window's block index is known.
+        enum Map {
+            /// Whole-array operand: always block 0.
+            Whole,
+            Compiled(CompiledIndexMap),
+            /// Not evaluable: every step moves the block.
+            Unknown,
+        }
         struct Window {
             operand: usize,
-            role: OperandRole,
+            role: Role,
             bytes: u64,
             synchronous: bool,
+            map: Map,
         }
         let windows: Vec<Window> = k
             .call
@@ -764,108 +772,115 @@ impl<'k> Walker<'k> {
             .filter(|(_, o)| o.is_windowed())
             .map(|(i, o)| Window {
                 operand: i,
-                role: o.role,
+                role: if o.role == OperandRole::Input { Role::Input } else { Role::Output },
                 bytes: (o.window_shape().num_elements() * u64::from(o.dtype.memory_bits()))
                     .div_ceil(8),
                 synchronous: o.pipeline_mode == Some(PipelineMode::Buffered(1)),
+                map: match o.index_map {
+                    None => Map::Whole,
+                    Some(map) => match CompiledIndexMap::compile(k, o, map) {
+                        Ok(m) => Map::Compiled(m),
+                        Err(_) => Map::Unknown,
+                    },
+                },
             })
             .collect();
-        let block_index = |w: &mut Self,
-                           s: u64,
-                           operand: usize|
-         -> Result<Option<Vec<Option<i64>>>, ProfileError> {
-            let Some(map) = k.call.operands[operand].index_map else { return Ok(Some(vec![])) };
-            let p = point(s);
-            for (param, x) in k.blocks[map].params.iter().zip(&p) {
-                w.ints.insert(*param, *x);
+        let mut pipeline = Pipeline::new(&grid, windows.iter().map(|w| w.role).collect());
+        let steps = pipeline.steps_left();
+        let tables = std::mem::take(&mut self.tables);
+        let mut slots = Vec::new();
+        let mut block_index = |i: usize, point: &[i64], b: &mut Option<Vec<i64>>| {
+            let known = match &windows[i].map {
+                Map::Whole => {
+                    b.get_or_insert_with(Vec::new).clear();
+                    true
+                }
+                Map::Compiled(m) => {
+                    let idx = b.get_or_insert_with(Vec::new);
+                    m.eval(point, &tables, &mut slots, idx).unwrap_or(false)
+                }
+                Map::Unknown => false,
+            };
+            if !known {
+                *b = None;
             }
-            w.silent = true;
-            let idx = w.run_block(map);
-            w.silent = false;
-            let idx = idx?;
-            Ok(if idx.iter().all(Option::is_some) { Some(idx) } else { None })
+            Ok::<_, std::convert::Infallible>(())
         };
-        let changes = |w: &mut Self, s: u64, operand: usize| -> Result<bool, ProfileError> {
-            // An index that depends on unknown data counts as a change (the copy is made).
-            let (a, b) = (block_index(w, s, operand)?, block_index(w, s + 1, operand)?);
-            Ok(a.is_none() || a != b)
-        };
-        let pipeline = "pipeline".to_string();
+        let (mut step, mut next) = (Step::default(), Step::default());
+        let Ok(mut more) = pipeline.next_step(&mut step, &mut block_index);
+        let pipeline_loc = "pipeline".to_string();
         let mut fetch: Vec<Option<usize>> = vec![None; windows.len()];
         let mut writeback: Vec<Option<usize>> = vec![None; windows.len()];
-        for (i, win) in windows.iter().enumerate() {
-            if win.role == OperandRole::Input {
-                fetch[i] = Some(self.issue(
-                    Resource::Hbm,
-                    win.bytes,
-                    k.call.operands[win.operand].name.clone(),
-                    "window".into(),
-                    pipeline.clone(),
-                ));
-            }
+        let fetch_into = |w: &mut Self, fetch: &mut [Option<usize>], i: usize| {
+            let name = k.call.operands[windows[i].operand].name.clone();
+            let id =
+                w.issue(Resource::Hbm, windows[i].bytes, name, "window".into(), "pipeline".into());
+            fetch[i] = Some(id);
+        };
+        // The first step's blocks are fetched before the grid starts.
+        for c in step.changes.iter().filter(|c| c.role == Role::Input) {
+            fetch_into(self, &mut fetch, c.operand);
         }
         let params = k.blocks[k.entry].params.clone();
-        for s in 0..steps {
+        while more {
             let start = self.now;
-            self.grid_idx = point(s);
-            for (d, &x) in self.grid_idx.clone().iter().enumerate() {
+            let Ok(has_next) = pipeline.next_step(&mut next, &mut block_index);
+            // The next step's changes are what moves during this one.
+            let moves: &[_] = if has_next { &next.changes } else { &[] };
+            self.grid_idx.clone_from(&step.point);
+            for (d, &x) in step.point.iter().enumerate() {
                 self.ints.insert(params[d], x);
             }
             self.spend(None, Unit::Scalar, self.c.grid_step_cycles);
             for id in fetch.iter_mut().filter_map(Option::take) {
-                self.wait_for(&[id], pipeline.clone());
+                self.wait_for(&[id], pipeline_loc.clone());
             }
-            let last = s + 1 == steps;
-            for (i, win) in windows.iter().enumerate() {
-                if win.role == OperandRole::Input
-                    && !win.synchronous
-                    && !last
-                    && changes(self, s, win.operand)?
-                {
-                    fetch[i] = Some(self.issue(
-                        Resource::Hbm,
-                        win.bytes,
-                        k.call.operands[win.operand].name.clone(),
-                        "window".into(),
-                        pipeline.clone(),
-                    ));
+            for c in moves.iter().filter(|c| c.role == Role::Input) {
+                if !windows[c.operand].synchronous {
+                    fetch_into(self, &mut fetch, c.operand);
                 }
             }
             self.run_block(k.entry)?;
-            for (i, win) in windows.iter().enumerate() {
-                if win.role == OperandRole::Input
-                    && win.synchronous
-                    && !last
-                    && changes(self, s, win.operand)?
-                {
-                    fetch[i] = Some(self.issue(
-                        Resource::Hbm,
-                        win.bytes,
-                        k.call.operands[win.operand].name.clone(),
-                        "window".into(),
-                        pipeline.clone(),
-                    ));
+            // After the body, in window order: `Buffered(1)` fetches and the write-backs of
+            // the output blocks this step leaves (every one after the last step).
+            let mut moved = vec![false; windows.len()];
+            for c in moves {
+                moved[c.operand] = true;
+            }
+            if !has_next {
+                for (i, _) in pipeline.finish() {
+                    moved[i] = true;
                 }
-                if win.role == OperandRole::Output && (last || changes(self, s, win.operand)?) {
-                    if let Some(id) = writeback[i].take() {
-                        self.wait_for(&[id], pipeline.clone());
+            }
+            for (i, win) in windows.iter().enumerate().filter(|(i, _)| moved[*i]) {
+                if win.role == Role::Input {
+                    if win.synchronous {
+                        fetch_into(self, &mut fetch, i);
                     }
-                    writeback[i] = Some(self.issue(
-                        Resource::Hbm,
-                        win.bytes,
-                        "window".into(),
-                        k.call.operands[win.operand].name.clone(),
-                        pipeline.clone(),
-                    ));
+                    continue;
                 }
+                if let Some(id) = writeback[i].take() {
+                    self.wait_for(&[id], pipeline_loc.clone());
+                }
+                let name = k.call.operands[windows[i].operand].name.clone();
+                writeback[i] = Some(self.issue(
+                    Resource::Hbm,
+                    windows[i].bytes,
+                    "window".into(),
+                    name,
+                    pipeline_loc.clone(),
+                ));
             }
             self.flush();
             if steps > 1 {
-                self.sections.push(Section { start, end: self.now, label: format!("step {s}") });
+                let label = format!("step {}", step.index);
+                self.sections.push(Section { start, end: self.now, label });
             }
+            std::mem::swap(&mut step, &mut next);
+            more = has_next;
         }
         for id in writeback.into_iter().flatten() {
-            self.wait_for(&[id], pipeline.clone());
+            self.wait_for(&[id], pipeline_loc.clone());
         }
         self.flush();
         Ok(())
@@ -896,76 +911,22 @@ impl<'k> Walker<'k> {
         }
         let result = k.ops[op].results.first().copied();
         let scalar_result = result.is_some_and(|r| matches!(k.ty(r), Type::Scalar(_)));
-        use palladium_dsl::ir::{BinaryOp as B, CmpPred as P, UnaryOp as U};
-        match &k.ops[op].data {
-            OpData::Constant { value, ty: Type::Scalar(_) } => {
-                let x = match value {
-                    Literal::Int(i) => Some(*i),
-                    Literal::Bool(b) => Some(i64::from(*b)),
-                    Literal::Float(_) => None,
-                };
-                self.set(k.result(op), x);
+        // Integer scalars: THE scalar evaluator; a fault (a division by zero) is unknown.
+        if let Some((sop, args)) = ScalarOp::of(k, op) {
+            let mut values = [None; 3];
+            for (v, &a) in values.iter_mut().zip(&args) {
+                *v = self.int(a);
             }
+            self.set(k.result(op), sop.apply(&values[..args.len()]).unwrap_or(None));
+            return Ok(());
+        }
+        match &k.ops[op].data {
             OpData::ProgramId { axis } => {
                 self.set(k.result(op), self.grid_idx.get(*axis as usize).copied())
             }
             OpData::NumPrograms { axis } => {
                 self.set(k.result(op), k.call.grid.get(*axis as usize).map(|g| g.extent as i64))
             }
-            OpData::Binary { op: bop, lhs, rhs } if scalar_result => {
-                let x = self.int(*lhs).zip(self.int(*rhs)).and_then(|(a, b)| match bop {
-                    B::Add => a.checked_add(b),
-                    B::Sub => a.checked_sub(b),
-                    B::Mul => a.checked_mul(b),
-                    B::Div => a.checked_div(b),
-                    B::Rem => a.checked_rem(b),
-                    B::Max => Some(a.max(b)),
-                    B::Min => Some(a.min(b)),
-                    B::And => Some(a & b),
-                    B::Or => Some(a | b),
-                    B::Xor => Some(a ^ b),
-                    B::Shl => u32::try_from(b).ok().and_then(|b| a.checked_shl(b)),
-                    B::Shr => u32::try_from(b).ok().and_then(|b| a.checked_shr(b)),
-                    B::Pow => None,
-                });
-                self.set(k.result(op), x);
-            }
-            OpData::Compare { pred, lhs, rhs } if scalar_result => {
-                let x = self.int(*lhs).zip(self.int(*rhs)).map(|(a, b)| {
-                    i64::from(match pred {
-                        P::Eq => a == b,
-                        P::Ne => a != b,
-                        P::Lt => a < b,
-                        P::Le => a <= b,
-                        P::Gt => a > b,
-                        P::Ge => a >= b,
-                    })
-                });
-                self.set(k.result(op), x);
-            }
-            OpData::Select { cond, on_true, on_false } if scalar_result => {
-                let x = self
-                    .int(*cond)
-                    .and_then(|c| if c != 0 { self.int(*on_true) } else { self.int(*on_false) });
-                self.set(k.result(op), x);
-            }
-            OpData::Unary { op: uop, x } if scalar_result => {
-                let is_bool = matches!(k.ty(*x), Type::Scalar(palladium_dsl::ir::DType::Bool));
-                let v = self.int(*x).and_then(|a| match uop {
-                    U::Neg => a.checked_neg(),
-                    U::Abs => a.checked_abs(),
-                    U::Not if is_bool => Some(1 - a),
-                    U::Not => Some(!a),
-                    _ => None,
-                });
-                self.set(k.result(op), v);
-            }
-            OpData::Cast { x, to } if scalar_result => {
-                let v = if to.is_float() { None } else { self.int(*x) };
-                self.set(k.result(op), v);
-            }
-            OpData::AssumeMultiple { x, .. } => self.set(k.result(op), self.int(*x)),
-            OpData::Reshape { x, .. } if scalar_result => self.set(k.result(op), self.int(*x)),
             OpData::Load { src, index } if scalar_result => {
                 let loc = self.index_into(*src, index);
                 let x = self.flat(&loc).and_then(|f| match self.prefetch.get(&loc.root) {

@@ -11,6 +11,7 @@ pub mod infer;
 mod kernel;
 mod op;
 mod print;
+mod scalar;
 mod types;
 mod verify;
 
@@ -24,6 +25,7 @@ pub use op::{
     ShapeOp, UnaryOp, WaitSide, is_strided,
 };
 pub use print::{PrintOptions, print_kernel};
+pub use scalar::{CompiledIndexMap, IndexMapError, ScalarOp};
 pub use types::{DType, MemorySpace, RefType, SemKind, Shape, Type};
 pub use verify::{
     ErrorSite, VerifierError, VerifierErrors, VerifyOptions, array_bytes, block_tiling_rule,
