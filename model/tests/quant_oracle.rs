@@ -22,24 +22,28 @@ use palladium_model::quant::{
 use palladium_model::weights::{Tensor, Weights, WeightsError};
 use safetensors::SafeTensors;
 
-/// The script's output folder, written once per test binary; the folders of earlier runs
-/// are removed first (several tests read this one, so none can remove it when it ends).
+/// The script's output folder, shared by every test process (under `cargo nextest` each
+/// test is one) and written once per content of the script and the fixtures it reads: it is
+/// named by their hash, written under a temporary name and renamed into place, so a reader
+/// sees it whole or not at all; another process that wrote it too drops its own copy.
 fn oracle() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
+        let script = repo_root().join("model/tests/quant_reference.py");
+        let fixtures = repo_root().join("fixtures/models");
         let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        for old in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
-            if old.file_name().to_string_lossy().starts_with("quant-oracle-") {
-                let _ = std::fs::remove_dir_all(old.path());
-            }
+        let dir = tmp.join(format!("quant-oracle-{:016x}", content_hash(&script, &fixtures)));
+        if dir.is_dir() {
+            return dir;
         }
-        let dir = tmp.join(format!("quant-oracle-{}", std::process::id()));
+        let partial = tmp.join(format!("quant-oracle-partial-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&partial);
         let out = Command::new(venv_python())
-            .arg(repo_root().join("model/tests/quant_reference.py"))
+            .arg(&script)
             .arg("--fixtures")
-            .arg(repo_root().join("fixtures/models"))
+            .arg(&fixtures)
             .arg("--out-dir")
-            .arg(&dir)
+            .arg(&partial)
             .output()
             .expect("run quant_reference.py");
         assert!(
@@ -47,8 +51,29 @@ fn oracle() -> &'static Path {
             "quant_reference.py failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
+        if std::fs::rename(&partial, &dir).is_err() {
+            // Another process renamed its copy first.
+            let _ = std::fs::remove_dir_all(&partial);
+        }
         dir
     })
+}
+
+/// A hash of the script and of every fixture file (sorted by name): what the oracle's
+/// output depends on besides the venv.
+fn content_hash(script: &Path, fixtures: &Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut files: Vec<PathBuf> = std::fs::read_dir(fixtures)
+        .expect("fixtures/models")
+        .map(|e| e.expect("a fixture").path())
+        .collect();
+    files.sort();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for file in std::iter::once(script.to_path_buf()).chain(files) {
+        file.file_name().hash(&mut hasher);
+        std::fs::read(&file).unwrap_or_default().hash(&mut hasher);
+    }
+    hasher.finish()
 }
 
 /// All tensors of a safetensors file: name → (shape, raw bytes).

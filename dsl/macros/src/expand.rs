@@ -691,49 +691,16 @@ fn params_module(
 
 #[cfg(test)]
 mod tests {
-    use super::{Root, expand};
+    use super::{Root, TokenStream, expand};
     use quote::quote;
 
-    fn pretty(tokens: proc_macro2::TokenStream) -> String {
+    fn pretty(tokens: TokenStream) -> String {
         prettyplease::unparse(&syn::parse2(tokens).expect("the expansion is a valid file"))
     }
 
-    /// The whole expansion of a small kernel, so changes to generated code are reviewed.
-    #[test]
-    fn expansion_of_a_gridded_kernel_with_a_carried_loop() {
-        let out = expand(
-            Root::Dsl,
-            quote!(grid = (n / 8,), semantics = (parallel,)),
-            quote! {
-                pub fn scale(
-                    #[default(64)] n: usize,
-                    #[input(f32[n, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
-                    #[output(f32[n, 128], block = [8, 128], map = |i| (i, 0))] o: Ref,
-                ) {
-                    let mut acc = x[..];
-                    for _ in fori(0, 3) {
-                        acc = acc * 2.0;
-                    }
-                    if program_id(0) > 0 && n > 8 {
-                        o[..] = acc;
-                    } else {
-                        o[..] += acc;
-                    }
-                }
-            },
-        );
-        insta::with_settings!({ snapshot_path => "../../../snapshots/macro_expand", prepend_module_to_snapshot => false, omit_expression => true }, {
-            insta::assert_snapshot!("scale", pretty(out));
-        });
-    }
-
-    /// Through the entry crate's `palladium::kernel`, every generated path (attributes, index
-    /// maps, the body's loads, stores, comparisons and regions, `Params::set`, the error
-    /// fallback) names `::palladium::dsl`, none `palladium_dsl`: an author who depends only
-    /// on `palladium` has no `palladium_dsl` to resolve.
-    #[test]
-    fn the_entry_crates_kernel_names_only_palladium() {
-        let kernel = quote! {
+    /// A small gridded kernel with a carried loop, a comparison and both kinds of store.
+    fn scale_kernel() -> TokenStream {
+        quote! {
             pub fn scale(
                 #[default(64)] n: usize,
                 #[input(f32[n, 128], block = [8, 128], map = |i| (i, 0))] x: Ref,
@@ -749,7 +716,26 @@ mod tests {
                     o[..] += acc;
                 }
             }
-        };
+        }
+    }
+
+    /// The whole expansion of a small kernel, so changes to generated code are reviewed.
+    #[test]
+    fn expansion_of_a_gridded_kernel_with_a_carried_loop() {
+        let out =
+            expand(Root::Dsl, quote!(grid = (n / 8,), semantics = (parallel,)), scale_kernel());
+        insta::with_settings!({ snapshot_path => "../../../snapshots/macro_expand", prepend_module_to_snapshot => false, omit_expression => true }, {
+            insta::assert_snapshot!("scale", pretty(out));
+        });
+    }
+
+    /// Through the entry crate's `palladium::kernel`, every generated path (attributes, index
+    /// maps, the body's loads, stores, comparisons and regions, `Params::set`, the error
+    /// fallback) names `::palladium::dsl`, none `palladium_dsl`: an author who depends only
+    /// on `palladium` has no `palladium_dsl` to resolve.
+    #[test]
+    fn the_entry_crates_kernel_names_only_palladium() {
+        let kernel = scale_kernel();
         let args = quote!(grid = (n / 8,), semantics = (parallel,));
         let dsl = expand(Root::Dsl, args.clone(), kernel.clone()).to_string();
         let entry = expand(Root::Entry, args, kernel).to_string();

@@ -48,25 +48,20 @@ pub(crate) fn prepare(at: &At<'_>) -> Result<Option<Op>> {
     let (op, o, name) = (at.op, &at.o[..], at.name());
     Ok(Some(match name {
         "tpu.enqueue_dma" => {
-            let names: &[&str] =
+            // The operand groups, in order; a 6-segment form (older Mosaic) has no subcore_id.
+            const NAMES: [&str; 7] = [
+                "source",
+                "source_semaphore",
+                "target",
+                "target_semaphore",
+                "device_id",
+                "core_id",
+                "subcore_id",
+            ];
+            let names =
                 match op.attr("operandSegmentSizes").and_then(Attr::as_i64_list).map(|v| v.len()) {
-                    Some(7) | None => &[
-                        "source",
-                        "source_semaphore",
-                        "target",
-                        "target_semaphore",
-                        "device_id",
-                        "core_id",
-                        "subcore_id",
-                    ],
-                    Some(6) => &[
-                        "source",
-                        "source_semaphore",
-                        "target",
-                        "target_semaphore",
-                        "device_id",
-                        "core_id",
-                    ],
+                    Some(7) | None => &NAMES[..],
+                    Some(6) => &NAMES[..6],
                     Some(n) => bail!(Unsupported, "tpu.enqueue_dma with {n} operand segments"),
                 };
             let seg = segments(op, &[1, 0, 1, 1, 0, 0, 0][..names.len()])?;
