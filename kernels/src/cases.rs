@@ -9,7 +9,7 @@
 //! and `entry!(kernel, "...", cases::kernel)` in `lib.rs` hooks it into the registry.
 
 use crate::reference::{self as r, Rng};
-use palladium_array::HostArray;
+use palladium_array::{DType, HostArray, f32_to_bf16};
 
 pub mod matmul {
     use super::*;
@@ -18,10 +18,7 @@ pub mod matmul {
 
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        vec![
-            HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k)),
-            HostArray::bf16_from_f32(&[p.k, p.n], &rng.bf16s(p.k * p.n)),
-        ]
+        vec![bf16_array(&mut rng, &[p.m, p.k], 1.0), bf16_array(&mut rng, &[p.k, p.n], 1.0)]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
@@ -46,8 +43,8 @@ pub mod rmsnorm {
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
         vec![
-            HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(p.rows * p.hidden)),
-            HostArray::bf16_from_f32(&[1, p.hidden], &rng.bf16s(p.hidden)),
+            bf16_array(&mut rng, &[p.rows, p.hidden], 1.0),
+            bf16_array(&mut rng, &[1, p.hidden], 1.0),
         ]
     }
 
@@ -71,10 +68,7 @@ pub mod gather_rows {
         let ids: Vec<i32> = (0..p.n).map(|i| perm[i % p.table_rows.max(1)]).collect();
         vec![
             HostArray::from_i32(&[p.n], &ids),
-            HostArray::bf16_from_f32(
-                &[p.table_rows, p.r, p.d],
-                &rng.bf16s(p.table_rows * p.r * p.d),
-            ),
+            bf16_array(&mut rng, &[p.table_rows, p.r, p.d], 1.0),
         ]
     }
 
@@ -203,10 +197,23 @@ pub mod flash_attention {
 }
 
 /// `n` values in `[-scale, scale)` for a bf16 operand, unrounded: `HostArray::bf16` rounds
-/// them (once; rounding is a large part of generating the MoE kernels' GiB-sized weights at
-/// their defaults). Never zero.
+/// them. Never zero.
 fn scaled_bf16s(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
     rng.f32s(n).into_iter().map(|v| v * scale).collect()
+}
+
+/// A bf16 array of `shape` holding `rng.unit() * scale` (in `[-scale, scale)`, never zero)
+/// rounded once, written straight into the array's bytes: the same bits as
+/// [`scaled_bf16s`] (or [`Rng::bf16s`] at scale 1) through `HostArray::bf16_from_f32`,
+/// without the f32 vectors (the MoE kernels' weights are GiB-sized at their defaults, and
+/// the copies took most of the registry tests' time).
+fn bf16_array(rng: &mut Rng, shape: &[usize], scale: f32) -> HostArray {
+    let n: usize = shape.iter().product();
+    let mut bytes = Vec::with_capacity(2 * n);
+    for _ in 0..n {
+        bytes.extend_from_slice(&f32_to_bf16(rng.unit() * scale).to_ne_bytes());
+    }
+    HostArray::new(DType::Bf16, shape, bytes).expect("the shape holds the bytes")
 }
 
 /// `1 / sqrt(fan_in)`: keeps a dot product over `fan_in` uniform inputs at `O(1)`.
@@ -274,7 +281,7 @@ fn routed_tokens(
     [
         HostArray::from_i32(&[tokens * top_k], &ids),
         HostArray::from_f32(&[tokens, top_k], &weights),
-        HostArray::bf16_from_f32(&[tokens, hidden], &rng.bf16s(tokens * hidden)),
+        bf16_array(rng, &[tokens, hidden], 1.0),
     ]
 }
 
@@ -294,18 +301,9 @@ pub mod expert_ffn {
             ids,
             weights,
             x,
-            HostArray::bf16_from_f32(
-                &[e, h, f],
-                &scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h)),
-            ),
-            HostArray::bf16_from_f32(
-                &[e, h, f],
-                &scaled_bf16s(&mut rng, e * h * f, fan_in_scale(h)),
-            ),
-            HostArray::bf16_from_f32(
-                &[e, f, h],
-                &scaled_bf16s(&mut rng, e * f * h, fan_in_scale(f)),
-            ),
+            bf16_array(&mut rng, &[e, h, f], fan_in_scale(h)),
+            bf16_array(&mut rng, &[e, h, f], fan_in_scale(h)),
+            bf16_array(&mut rng, &[e, f, h], fan_in_scale(f)),
         ]
     }
 
@@ -453,9 +451,8 @@ pub mod grouped_matmul {
         let mut rng = Rng::new(seed);
         let visits = crate::gmm::visits(p.m, p.block_m, p.groups, p.num_tiles);
         let mut x = grouped_rows(&mut rng, (p.m, p.groups, p.block_m), visits).to_vec();
-        x.push(HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k)));
-        // `f32s` rounded by `HostArray::bf16` is `bf16s`, rounded once (1.6 GB at defaults).
-        x.push(HostArray::bf16_from_f32(&[p.groups, p.k, p.n], &rng.f32s(p.groups * p.k * p.n)));
+        x.push(bf16_array(&mut rng, &[p.m, p.k], 1.0));
+        x.push(bf16_array(&mut rng, &[p.groups, p.k, p.n], 1.0));
         x
     }
 
@@ -478,7 +475,7 @@ pub mod grouped_matmul_quantized {
         let mut rng = Rng::new(seed);
         let visits = crate::gmm::visits(p.m, p.block_m, p.groups, p.num_tiles);
         let mut x = grouped_rows(&mut rng, (p.m, p.groups, p.block_m), visits).to_vec();
-        x.push(HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k)));
+        x.push(bf16_array(&mut rng, &[p.m, p.k], 1.0));
         let experts: Vec<[HostArray; 2]> = (0..p.groups)
             .map(|_| quantized_weight(&mut rng, p.wdtype, p.k, p.n, p.group))
             .collect();
@@ -506,10 +503,7 @@ pub mod gemv {
 
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        vec![
-            HostArray::bf16_from_f32(&[p.batch, p.k], &rng.bf16s(p.batch * p.k)),
-            HostArray::bf16_from_f32(&[p.k, p.n], &rng.bf16s(p.k * p.n)),
-        ]
+        vec![bf16_array(&mut rng, &[p.batch, p.k], 1.0), bf16_array(&mut rng, &[p.k, p.n], 1.0)]
     }
 
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
@@ -529,10 +523,9 @@ macro_rules! residual_cases {
 
             pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
                 let mut rng = Rng::new(seed);
-                let n = p.rows * p.hidden;
                 vec![
-                    HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(n)),
-                    HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(n)),
+                    bf16_array(&mut rng, &[p.rows, p.hidden], 1.0),
+                    bf16_array(&mut rng, &[p.rows, p.hidden], 1.0),
                 ]
             }
 
@@ -555,12 +548,9 @@ pub mod rmsnorm_matmul {
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
         vec![
-            HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(p.rows * p.hidden)),
-            HostArray::bf16_from_f32(&[1, p.hidden], &rng.bf16s(p.hidden)),
-            HostArray::bf16_from_f32(
-                &[p.hidden, p.n],
-                &scaled_bf16s(&mut rng, p.hidden * p.n, fan_in_scale(p.hidden)),
-            ),
+            bf16_array(&mut rng, &[p.rows, p.hidden], 1.0),
+            bf16_array(&mut rng, &[1, p.hidden], 1.0),
+            bf16_array(&mut rng, &[p.hidden, p.n], fan_in_scale(p.hidden)),
         ]
     }
 
@@ -671,7 +661,7 @@ pub mod gemv_quantized {
 
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        let x = HostArray::bf16_from_f32(&[p.batch, p.k], &rng.bf16s(p.batch * p.k));
+        let x = bf16_array(&mut rng, &[p.batch, p.k], 1.0);
         let [codes, scales] = quantized_weight(&mut rng, p.wdtype, p.k, p.n, p.group);
         vec![x, codes, scales]
     }
@@ -688,7 +678,7 @@ pub mod matmul_quantized {
 
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        let x = HostArray::bf16_from_f32(&[p.m, p.k], &rng.bf16s(p.m * p.k));
+        let x = bf16_array(&mut rng, &[p.m, p.k], 1.0);
         let [codes, scales] = quantized_weight(&mut rng, p.wdtype, p.k, p.n, p.group);
         vec![x, codes, scales]
     }
@@ -705,8 +695,8 @@ pub mod rmsnorm_matmul_quantized {
 
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        let x = HostArray::bf16_from_f32(&[p.rows, p.hidden], &rng.bf16s(p.rows * p.hidden));
-        let norm_w = HostArray::bf16_from_f32(&[1, p.hidden], &rng.bf16s(p.hidden));
+        let x = bf16_array(&mut rng, &[p.rows, p.hidden], 1.0);
+        let norm_w = bf16_array(&mut rng, &[1, p.hidden], 1.0);
         let [codes, scales] = quantized_weight(&mut rng, p.wdtype, p.hidden, p.n, p.group);
         vec![x, norm_w, codes, scales]
     }
