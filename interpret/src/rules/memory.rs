@@ -76,9 +76,13 @@ pub(crate) fn prepare(at: &At<'_>) -> Result<Option<Op>> {
             let steps = positive_strides(op, o.len() - 1, name)?;
             Op::VLoad { base: o[0], idx: o[1..].to_vec(), shape, dt, steps }
         }
-        "tpu.strided_store" => {
+        "tpu.strided_store" | "vector.store" => {
             at.arity(2)?;
-            let steps = positive_strides(op, o.len() - 2, name)?;
+            // A plain store is a strided one with unit steps (no `steps`).
+            let steps = match name {
+                "tpu.strided_store" => positive_strides(op, o.len() - 2, name)?,
+                _ => Vec::new(),
+            };
             Op::VStore {
                 val: o[0],
                 base: o[1],
@@ -104,17 +108,6 @@ pub(crate) fn prepare(at: &At<'_>) -> Result<Option<Op>> {
                 idx: parts[2].to_vec(),
                 mask: parts[3].first().copied(),
                 add,
-                steps: Vec::new(),
-            }
-        }
-        "vector.store" => {
-            at.arity(2)?;
-            Op::VStore {
-                val: o[0],
-                base: o[1],
-                idx: o[2..].to_vec(),
-                mask: None,
-                add: false,
                 steps: Vec::new(),
             }
         }
