@@ -99,12 +99,11 @@ pub mod decode_attention {
         }
         let q = [p.batch, p.kv_heads, p.group, p.head_dim];
         let kv = [p.batch, p.kv_heads, p.max_context, p.head_dim];
-        let (nq, nkv) = (q.iter().product(), kv.iter().product());
         vec![
             HostArray::from_i32(&[p.batch], &lens),
-            HostArray::bf16_from_f32(&q, &rng.bf16s(nq)),
-            HostArray::bf16_from_f32(&kv, &rng.bf16s(nkv)),
-            HostArray::bf16_from_f32(&kv, &rng.bf16s(nkv)),
+            bf16_array(&mut rng, &q, 1.0),
+            bf16_array(&mut rng, &kv, 1.0),
+            bf16_array(&mut rng, &kv, 1.0),
         ]
     }
 
@@ -138,13 +137,12 @@ pub mod kv_cache_update {
         }
         let new = [p.batch, p.kv_heads, p.head_dim];
         let cache = [p.batch, p.kv_heads, p.max_context, p.head_dim];
-        let (nn, nc) = (new.iter().product(), cache.iter().product());
         vec![
             HostArray::from_i32(&[p.batch], &positions),
-            HostArray::bf16_from_f32(&new, &rng.bf16s(nn)),
-            HostArray::bf16_from_f32(&new, &rng.bf16s(nn)),
-            HostArray::bf16_from_f32(&cache, &rng.bf16s(nc)),
-            HostArray::bf16_from_f32(&cache, &rng.bf16s(nc)),
+            bf16_array(&mut rng, &new, 1.0),
+            bf16_array(&mut rng, &new, 1.0),
+            bf16_array(&mut rng, &cache, 1.0),
+            bf16_array(&mut rng, &cache, 1.0),
         ]
     }
 
@@ -175,11 +173,10 @@ pub mod flash_attention {
         let mut rng = Rng::new(seed);
         let q = [p.batch, p.heads, p.seq_q, p.head_dim];
         let kv = [p.batch, p.heads, p.seq_k, p.head_dim];
-        let (nq, nkv) = (q.iter().product(), kv.iter().product());
         vec![
-            HostArray::bf16_from_f32(&q, &rng.bf16s(nq)),
-            HostArray::bf16_from_f32(&kv, &rng.bf16s(nkv)),
-            HostArray::bf16_from_f32(&kv, &rng.bf16s(nkv)),
+            bf16_array(&mut rng, &q, 1.0),
+            bf16_array(&mut rng, &kv, 1.0),
+            bf16_array(&mut rng, &kv, 1.0),
         ]
     }
 
@@ -196,15 +193,9 @@ pub mod flash_attention {
     }
 }
 
-/// `n` values in `[-scale, scale)` for a bf16 operand, unrounded: `HostArray::bf16` rounds
-/// them. Never zero.
-fn scaled_bf16s(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
-    rng.f32s(n).into_iter().map(|v| v * scale).collect()
-}
-
 /// A bf16 array of `shape` holding `rng.unit() * scale` (in `[-scale, scale)`, never zero)
 /// rounded once, written straight into the array's bytes: the same bits as
-/// [`scaled_bf16s`] (or [`Rng::bf16s`] at scale 1) through `HostArray::bf16_from_f32`,
+/// `HostArray::bf16_from_f32` of the scaled `Rng::f32s` (or of `Rng::bf16s` at scale 1),
 /// without the f32 vectors (the MoE kernels' weights are GiB-sized at their defaults, and
 /// the copies took most of the registry tests' time).
 fn bf16_array(rng: &mut Rng, shape: &[usize], scale: f32) -> HostArray {
@@ -233,11 +224,9 @@ pub mod moe_router {
     /// apart compared with f32 accumulation-order differences (ids must match exactly).
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
-        let x = rng.bf16s(p.tokens * p.hidden);
-        let w = scaled_bf16s(&mut rng, p.hidden * p.experts, fan_in_scale(p.hidden));
         vec![
-            HostArray::bf16_from_f32(&[p.tokens, p.hidden], &x),
-            HostArray::bf16_from_f32(&[p.hidden, p.experts], &w),
+            bf16_array(&mut rng, &[p.tokens, p.hidden], 1.0),
+            bf16_array(&mut rng, &[p.hidden, p.experts], fan_in_scale(p.hidden)),
         ]
     }
 
