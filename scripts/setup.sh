@@ -32,7 +32,9 @@ done
 # scripts/test.sh runs the tests with cargo-nextest (the test binaries side by side); a pinned
 # version, built from crates.io once (about 10 CPU-minutes).
 NEXTEST_VERSION="0.9.151"
-if ! cargo nextest --version 2>/dev/null | grep -q "cargo-nextest $NEXTEST_VERSION"; then
+# (Read whole before matching: `grep -q` could close the pipe early, and pipefail would
+# then take an installed nextest for a missing one.)
+if [[ "$(cargo nextest --version 2>/dev/null || true)" != *"cargo-nextest $NEXTEST_VERSION "* ]]; then
   echo "setup: installing cargo-nextest $NEXTEST_VERSION"
   cargo install --locked --quiet cargo-nextest --version "$NEXTEST_VERSION"
 fi
