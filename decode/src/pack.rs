@@ -379,12 +379,20 @@ fn tensor_name<'n>(
     Ok(match (kind, &ln.ffn) {
         (WeightKind::InputNorm, _) => &ln.input_norm,
         (WeightKind::PostAttentionNorm, _) => &ln.post_norm,
-        (WeightKind::QProj, _) => &ln.q,
-        (WeightKind::KProj, _) => &ln.k,
-        (WeightKind::VProj, _) => &ln.v,
         (WeightKind::OProj, _) => &ln.o,
-        (WeightKind::QNorm, _) => ln.q_norm.as_deref().ok_or_else(|| wrong("no q/k norm names"))?,
-        (WeightKind::KNorm, _) => ln.k_norm.as_deref().ok_or_else(|| wrong("no q/k norm names"))?,
+        (WeightKind::QProj | WeightKind::KProj | WeightKind::VProj, _) => {
+            let g = ln.gqa().ok_or_else(|| wrong("no q/k/v projections (MLA attention)"))?;
+            match kind {
+                WeightKind::QProj => &g.q,
+                WeightKind::KProj => &g.k,
+                _ => &g.v,
+            }
+        }
+        (WeightKind::QNorm | WeightKind::KNorm, _) => {
+            let g = ln.gqa().ok_or_else(|| wrong("no q/k norm names"))?;
+            let n = if kind == WeightKind::QNorm { &g.q_norm } else { &g.k_norm };
+            n.as_deref().ok_or_else(|| wrong("no q/k norm names"))?
+        }
         (WeightKind::Router, FfnNames::Moe { router, .. }) => router,
         (
             WeightKind::ExpertGate | WeightKind::ExpertUp | WeightKind::ExpertDown,

@@ -52,7 +52,9 @@ use palladium_dsl::spec::Chip;
 use palladium_kernels::body::{DIGIT_ROWS, widened_code_bytes};
 use palladium_model::quant::WeightsDtype;
 use palladium_model::spec::Quantization;
-use palladium_model::{AttentionKind, FfnKind, LmHead, ModelSpec, MoeSpec, QkNorm, TopKWeights};
+use palladium_model::{
+    AttentionForm, AttentionKind, FfnKind, LmHead, ModelSpec, MoeSpec, QkNorm, TopKWeights,
+};
 use serde::Serialize;
 
 // The plan's vocabulary lives in `crate::options` (shared with `crate::shard`); re-exported
@@ -530,6 +532,12 @@ fn supported<'s>(
         )));
     }
     let planned = &spec.layers[..layers];
+    if let AttentionForm::Mla(_) = spec.attention.form {
+        return Err(PlanError::Unsupported(format!(
+            "multi-head latent attention (model_type {:?}): the megakernel has no MLA stage yet (the config, the checkpoint and the model reference read it)",
+            spec.family.model_type()
+        )));
+    }
     // The dense-MLP layers' config fields, for the refusals that name them.
     let dense_fields = "mlp_only_layers / decoder_sparse_step";
     let Some(first_moe) = planned.iter().find(|l| matches!(l.ffn, FfnKind::Moe(_))) else {

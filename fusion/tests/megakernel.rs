@@ -521,3 +521,26 @@ fn dense_mlp_layers_are_refused_where_not_emitted() {
         other => panic!("expected a refusal, got {other:?}"),
     }
 }
+
+/// DeepSeek's multi-head latent attention has no megakernel stage yet: planning a DeepSeek
+/// config is refused naming MLA and the model type (not a shape error further in), on any
+/// weights dtype.
+#[test]
+fn mla_is_refused_by_name() {
+    use palladium_model::quant::WeightsDtype;
+    for name in ["tiny-deepseek-v3", "tiny-deepseek-v2"] {
+        for weights in [WeightsDtype::Bf16, WeightsDtype::Fp8] {
+            let o = PlanOptions { weights, ..options(Chip::V6e, 1, 256, None) };
+            match Plan::new(&spec(name), &o) {
+                Err(e @ PlanError::Unsupported(_)) => {
+                    let msg = e.to_string();
+                    assert!(
+                        msg.contains("multi-head latent attention") && msg.contains("deepseek_v"),
+                        "{name}: {msg}"
+                    );
+                }
+                other => panic!("{name}: expected a refusal, got {other:?}"),
+            }
+        }
+    }
+}

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use crate::spec::{FfnKind, LayerSpec, LmHead, ModelSpec, QkNorm, SharedExpert};
+use crate::spec::{AttentionForm, FfnKind, LayerSpec, LmHead, ModelSpec, QkNorm, SharedExpert};
 
 /// Saturating sum. Counts of a parsed model are far below `u64::MAX` (sizes are capped at
 /// 2^24 when parsing); saturation only keeps hand-built absurd specs from panicking.
@@ -22,10 +22,11 @@ fn sat(x: u128) -> u64 {
 /// schedules them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct LayerParams {
-    /// `q_proj`, `k_proj`, `v_proj`, `o_proj` weights and their biases if any.
+    /// `q_proj`, `k_proj`, `v_proj`, `o_proj` weights and their biases if any (MLA:
+    /// `q_proj` or `q_a_proj` + `q_b_proj`, `kv_a_proj_with_mqa`, `kv_b_proj`, `o_proj`).
     pub attention: u64,
     /// `input_layernorm` + `post_attention_layernorm` (`2 * hidden`) plus `q_norm` + `k_norm`
-    /// (`2 * head_dim`) where the family has them.
+    /// (`2 * head_dim`) where the family has them (MLA: `q_a_layernorm`, `kv_a_layernorm`).
     pub norms: u64,
     /// The router `gate` (`hidden * num_experts`); 0 for dense layers.
     pub router: u64,
@@ -174,9 +175,24 @@ impl ModelSpec {
             QkNorm::PerHeadRms { weight_len } => 2 * u128::from(weight_len),
         };
         let mlp = |inter: u64| 3 * h * u128::from(inter);
+        let (attention, attention_norms) = match a.form {
+            AttentionForm::Gqa => (h * (q + 2 * kv) + q * h + qkv_bias + o_bias, qk_norm),
+            AttentionForm::Mla(m) => {
+                let heads = u128::from(a.num_heads);
+                let (query, q_norm) = match m.q_lora_rank {
+                    None => (h * q, 0),
+                    Some(r) => (u128::from(r) * (h + q), u128::from(r)),
+                };
+                let lora = u128::from(m.kv_lora_rank);
+                let kv_a = h * (lora + u128::from(m.qk_rope_head_dim));
+                let kv_b = lora * heads * u128::from(m.qk_nope_head_dim + m.v_head_dim);
+                let o = heads * u128::from(m.v_head_dim) * h;
+                (query + kv_a + kv_b + o, q_norm + lora)
+            }
+        };
         let mut p = LayerParams {
-            attention: sat(h * (q + 2 * kv) + q * h + qkv_bias + o_bias),
-            norms: sat(2 * h + qk_norm),
+            attention: sat(attention),
+            norms: sat(2 * h + attention_norms),
             ..LayerParams::default()
         };
         match &layer.ffn {
@@ -212,12 +228,27 @@ impl ModelSpec {
         }
     }
 
-    /// K and V bytes one cached position takes in one layer (`2 * kv_heads * head_dim * bytes`).
+    /// K and V bytes one cached position takes in one layer (`2 * kv_heads * head_dim * bytes`;
+    /// MLA, absorbed: the latent and the rope key, `(kv_lora_rank + qk_rope_head_dim) * bytes`).
     pub fn kv_bytes_per_token_per_layer(&self, bytes_per_elem: u64) -> u64 {
-        sat(2
-            * u128::from(self.attention.num_kv_heads)
-            * u128::from(self.attention.head_dim)
-            * u128::from(bytes_per_elem))
+        match self.attention.form {
+            AttentionForm::Gqa => self.expanded_kv_bytes_per_token_per_layer(bytes_per_elem),
+            AttentionForm::Mla(m) => {
+                sat(u128::from(m.latent_cache_width()) * u128::from(bytes_per_elem))
+            }
+        }
+    }
+
+    /// What one position and layer would take with every K/V head cached as plain attention
+    /// caches it: `kv_heads * (head_dim + v_head_dim) * bytes` (MLA expanded by `kv_b_proj`;
+    /// the same as [`Self::kv_bytes_per_token_per_layer`] for grouped-query attention).
+    pub fn expanded_kv_bytes_per_token_per_layer(&self, bytes_per_elem: u64) -> u64 {
+        let a = &self.attention;
+        let v = match a.form {
+            AttentionForm::Gqa => a.head_dim,
+            AttentionForm::Mla(m) => m.v_head_dim,
+        };
+        sat(u128::from(a.num_kv_heads) * u128::from(a.head_dim + v) * u128::from(bytes_per_elem))
     }
 
     /// HBM bytes of one decode step for `batch` sequences at `context` cached positions each,

@@ -46,7 +46,7 @@ pub mod weights;
 pub use cost::{DecodeTraffic, LayerParams, ModelParams, expected_distinct_experts};
 pub use error::ConfigError;
 pub use spec::{
-    Activation, AttentionKind, AttentionSpec, Dtype, Family, FfnKind, LayerSpec, LmHead, MlpSpec,
-    ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, Quantization, RopeScaling, RopeSpec, RopeStyle,
-    RouterScoring, Routing, SharedExpert, TopKWeights,
+    Activation, AttentionForm, AttentionKind, AttentionSpec, Dtype, Family, FfnKind, LayerSpec,
+    LmHead, MlaSpec, MlpSpec, ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, Quantization,
+    RopeScaling, RopeSpec, RopeStyle, RouterScoring, Routing, SharedExpert, TopKWeights,
 };

@@ -13,9 +13,9 @@ use serde_json::Value;
 use crate::error::ConfigError;
 use crate::json::{Obj, describe};
 use crate::spec::{
-    Activation, AttentionKind, AttentionSpec, Dtype, Family, FfnKind, LayerSpec, LmHead, MlpSpec,
-    ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, Quantization, RopeScaling, RopeSpec, RopeStyle,
-    RouterScoring, Routing, TopKWeights,
+    Activation, AttentionForm, AttentionKind, AttentionSpec, Dtype, Family, FfnKind, LayerSpec,
+    LmHead, MlaSpec, MlpSpec, ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, Quantization,
+    RopeScaling, RopeSpec, RopeStyle, RouterScoring, Routing, TopKWeights, yarn_mscale,
 };
 
 impl ModelSpec {
@@ -72,6 +72,7 @@ impl Family {
         match self {
             Self::Qwen3Moe => Defaults { rms_norm_eps: 1e-6 },
             Self::Mixtral => Defaults { rms_norm_eps: 1e-5 },
+            Self::DeepseekV3 | Self::DeepseekV2 => Defaults { rms_norm_eps: 1e-6 },
         }
     }
 }
@@ -108,7 +109,10 @@ impl<'a> Parser<'a> {
         }
         let vocab_size = o.req_pos("vocab_size")?;
         let max_position_embeddings = o.req_pos("max_position_embeddings")?;
-        let attention = self.attention(family, hidden_size)?;
+        let attention = match family {
+            Family::DeepseekV3 | Family::DeepseekV2 => self.mla_attention(family)?,
+            Family::Qwen3Moe | Family::Mixtral => self.attention(family, hidden_size)?,
+        };
 
         let eps = o.opt_pos_f64("rms_norm_eps")?;
         let eps = self.or_default("rms_norm_eps", eps, family.defaults().rms_norm_eps);
@@ -122,6 +126,7 @@ impl<'a> Parser<'a> {
         let layers = match family {
             Family::Qwen3Moe => self.qwen3_moe_layers(num_layers)?,
             Family::Mixtral => self.mixtral_layers(num_layers)?,
+            Family::DeepseekV3 | Family::DeepseekV2 => self.deepseek_layers(family, num_layers)?,
         };
 
         Ok(ModelSpec {
@@ -150,6 +155,8 @@ impl<'a> Parser<'a> {
         let family = match model_type {
             "qwen3_moe" => Family::Qwen3Moe,
             "mixtral" => Family::Mixtral,
+            "deepseek_v3" => Family::DeepseekV3,
+            "deepseek_v2" => Family::DeepseekV2,
             other => {
                 return Err(ConfigError::unsupported(
                     "model_type",
@@ -214,6 +221,9 @@ impl<'a> Parser<'a> {
                 let bias = self.or_default("attention_bias", bias, false);
                 (bias, bias, QkNorm::PerHeadRms { weight_len: head_dim })
             }
+            Family::DeepseekV3 | Family::DeepseekV2 => {
+                unreachable!("the MLA families are read by mla_attention")
+            }
             // MixtralAttention: all projections `bias=False`; there is no config field for it.
             Family::Mixtral => {
                 if bias == Some(true) {
@@ -232,7 +242,7 @@ impl<'a> Parser<'a> {
         {
             return Err(ConfigError::unsupported("partial_rotary_factor", f, "1.0"));
         }
-        let rope = self.rope(head_dim)?;
+        let rope = self.rope(head_dim, RopeStyle::NeoxRotateHalf, false)?;
         Ok(AttentionSpec {
             num_heads,
             num_kv_heads,
@@ -242,13 +252,128 @@ impl<'a> Parser<'a> {
             o_bias,
             qk_norm,
             rope,
+            form: AttentionForm::Gqa,
+        })
+    }
+
+    /// DeepSeek's multi-head latent attention (`DeepseekV3Attention` /
+    /// `DeepseekV2Attention`), with the class defaults of `configuration_deepseek_v3.py` /
+    /// `configuration_deepseek_v2.py` for absent fields.
+    fn mla_attention(&mut self, family: Family) -> Result<AttentionSpec, ConfigError> {
+        let o = self.obj;
+        let num_heads = o.req_pos("num_attention_heads")?;
+        let dim = |this: &mut Self, field: &'static str, default: u64| {
+            let v = o.opt_size(field)?;
+            let v = this.or_default(field, v, default);
+            if v == 0 {
+                return Err(ConfigError::invalid(field, 0, "must be at least 1"));
+            }
+            Ok(v)
+        };
+        // `q_lora_rank: null` is the q_proj variant; absent is the class default 1536.
+        let q_lora_rank =
+            if o.is_null("q_lora_rank") { None } else { Some(dim(self, "q_lora_rank", 1536)?) };
+        let kv_lora_rank = dim(self, "kv_lora_rank", 512)?;
+        let qk_nope_head_dim = dim(self, "qk_nope_head_dim", 128)?;
+        let qk_rope_head_dim = dim(self, "qk_rope_head_dim", 64)?;
+        let v_head_dim = dim(self, "v_head_dim", 128)?;
+        if qk_rope_head_dim % 2 != 0 {
+            return Err(ConfigError::invalid(
+                "qk_rope_head_dim",
+                qk_rope_head_dim,
+                "RoPE rotates pairs of dimensions: it must be even",
+            ));
+        }
+        // kv_b_proj expands the latent to `num_attention_heads` K/V heads; eager attention
+        // repeats them `num_attention_heads / num_key_value_heads` times, so any other value
+        // fails in transformers. DeepseekV3Config's default is 128, DeepseekV2Config's the
+        // head count.
+        let kv_heads = o.opt_size("num_key_value_heads")?;
+        let kv_default = if family == Family::DeepseekV3 { 128 } else { num_heads };
+        let kv_heads = self.or_default("num_key_value_heads", kv_heads, kv_default);
+        if kv_heads != num_heads {
+            return Err(ConfigError::invalid(
+                "num_key_value_heads",
+                kv_heads,
+                format!(
+                    "MLA expands its latent to every query head: it must equal num_attention_heads ({num_heads})"
+                ),
+            ));
+        }
+        // The configs set `head_dim = qk_rope_head_dim` (RoPE's dimension); a different
+        // `head_dim` would change the rotary frequencies in DeepseekV3Config.
+        if let Some(h) = o.opt_size("head_dim")?
+            && h != qk_rope_head_dim
+        {
+            return Err(ConfigError::invalid(
+                "head_dim",
+                h,
+                format!("must equal qk_rope_head_dim ({qk_rope_head_dim}) or be absent"),
+            ));
+        }
+        if o.opt_bool("attention_bias")? == Some(true) {
+            return Err(ConfigError::unsupported(
+                "attention_bias",
+                true,
+                "false or absent (biases on q_a_proj, kv_a_proj_with_mqa and o_proj are not implemented)",
+            ));
+        }
+        if let Some(f) = o.opt_f64("partial_rotary_factor")?
+            && f != 1.0
+        {
+            return Err(ConfigError::unsupported("partial_rotary_factor", f, "1.0"));
+        }
+        let style = match family {
+            Family::DeepseekV2 => RopeStyle::ComplexPairs,
+            _ => {
+                let interleave = o.opt_bool("rope_interleave")?;
+                if self.or_default("rope_interleave", interleave, true) {
+                    RopeStyle::DeinterleaveRotateHalf
+                } else {
+                    RopeStyle::NeoxRotateHalf
+                }
+            }
+        };
+        let rope = self.rope(qk_rope_head_dim, style, true)?;
+        let head_dim = qk_nope_head_dim + qk_rope_head_dim;
+        let mut scale = (head_dim as f64).powf(-0.5);
+        // DeepseekV3Attention.__init__: `scaling *= yarn_get_mscale(factor, mscale_all_dim)^2`
+        // when `mscale_all_dim` is set (V2's attention has no such correction).
+        if let (Family::DeepseekV3, RopeScaling::Yarn { factor, mscale_all_dim, .. }) =
+            (family, rope.scaling)
+            && mscale_all_dim != 0.0
+        {
+            let m = yarn_mscale(factor, mscale_all_dim);
+            scale *= m * m;
+        }
+        Ok(AttentionSpec {
+            num_heads,
+            num_kv_heads: num_heads,
+            head_dim,
+            scale,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: QkNorm::None,
+            rope,
+            form: AttentionForm::Mla(MlaSpec {
+                q_lora_rank,
+                kv_lora_rank,
+                qk_nope_head_dim,
+                qk_rope_head_dim,
+                v_head_dim,
+            }),
         })
     }
 
     /// RoPE from either spelling: 4.x `rope_theta` + `rope_scaling` (null or a dict), or 5.x
     /// `rope_parameters: {"rope_theta", "rope_type"}`. Both may be present (5.x keeps reading
-    /// 4.x files); they must then agree.
-    fn rope(&mut self, head_dim: u64) -> Result<RopeSpec, ConfigError> {
+    /// 4.x files); they must then agree. `yarn`: whether a 4.x `rope_scaling` may be YaRN.
+    fn rope(
+        &mut self,
+        rotary_dim: u64,
+        style: RopeStyle,
+        yarn: bool,
+    ) -> Result<RopeSpec, ConfigError> {
         let o = self.obj;
         let old_theta = o.opt_pos_f64("rope_theta")?;
         let mut new_theta = None;
@@ -269,8 +394,24 @@ impl<'a> Parser<'a> {
             }
             new_theta = p.opt_pos_f64("rope_theta")?;
         }
-        if let Some(scaling) = o.opt_obj("rope_scaling")? {
-            check_rope_type(&Obj::new(scaling, "rope_scaling."))?;
+        let mut scaling = RopeScaling::Default;
+        if let Some(params) = o.opt_obj("rope_scaling")? {
+            let p = Obj::new(params, "rope_scaling.");
+            let key = if p.has("rope_type") { "rope_type" } else { "type" };
+            if yarn && p.opt_str(key)? == Some("yarn") {
+                scaling = self.yarn(&p)?;
+            } else {
+                check_rope_type(&p)?;
+                // DeepseekV3Attention reads `factor` and `mscale_all_dim` from any
+                // `rope_scaling`: with the default type they would still change the scale.
+                if yarn && let Some(k) = p.keys().find(|k| !["type", "rope_type"].contains(k)) {
+                    return Err(ConfigError::unsupported(
+                        p.path(k),
+                        p.get(k).map_or_else(|| "null".into(), describe),
+                        "absent with the default rope_type (only yarn takes parameters)",
+                    ));
+                }
+            }
         }
         let theta = match (old_theta, new_theta) {
             (Some(a), Some(b)) if a != b => {
@@ -289,11 +430,70 @@ impl<'a> Parser<'a> {
                 });
             }
         };
-        Ok(RopeSpec {
-            theta,
-            scaling: RopeScaling::Default,
-            style: RopeStyle::NeoxRotateHalf,
-            rotary_dim: head_dim,
+        Ok(RopeSpec { theta, scaling, style, rotary_dim })
+    }
+
+    /// A `rope_scaling` of type `"yarn"`, with transformers' defaults
+    /// (`_compute_yarn_parameters`); a key it does not read is refused by name.
+    fn yarn(&mut self, p: &Obj<'_>) -> Result<RopeScaling, ConfigError> {
+        const KEYS: &[&str] = &[
+            "type",
+            "rope_type",
+            "factor",
+            "attention_factor",
+            "beta_fast",
+            "beta_slow",
+            "original_max_position_embeddings",
+            "mscale",
+            "mscale_all_dim",
+            "truncate",
+        ];
+        if let Some(key) = p.keys().find(|k| !KEYS.contains(k)) {
+            return Err(ConfigError::unsupported(
+                p.path(key),
+                p.get(key).map_or_else(|| "null".into(), describe),
+                format!("absent (the yarn rope_scaling keys are {})", KEYS.join(", ")),
+            ));
+        }
+        let factor = p.opt_f64("factor")?.ok_or_else(|| p.missing("factor"))?;
+        if !(factor.is_finite() && factor >= 1.0) {
+            return Err(ConfigError::invalid(p.path("factor"), factor, "must be a number >= 1"));
+        }
+        let non_negative = |key: &str| -> Result<Option<f64>, ConfigError> {
+            let v = p.opt_f64(key)?;
+            if let Some(x) = v
+                && !(x.is_finite() && x >= 0.0)
+            {
+                return Err(ConfigError::invalid(p.path(key), x, "must be a finite number >= 0"));
+            }
+            Ok(v)
+        };
+        let mscale = non_negative("mscale")?.unwrap_or(0.0);
+        let mscale_all_dim = non_negative("mscale_all_dim")?.unwrap_or(0.0);
+        // `x or default`: transformers reads 0 (falsy) as absent too.
+        let beta_fast = non_negative("beta_fast")?.filter(|&b| b != 0.0).unwrap_or(32.0);
+        let beta_slow = non_negative("beta_slow")?.filter(|&b| b != 0.0).unwrap_or(1.0);
+        let original = p.opt_size("original_max_position_embeddings")?.filter(|&n| n != 0);
+        let original = match original {
+            Some(n) => n,
+            None => self.obj.req_pos("max_position_embeddings")?,
+        };
+        let attention_factor = match non_negative("attention_factor")? {
+            Some(a) => a,
+            None if mscale != 0.0 && mscale_all_dim != 0.0 => {
+                yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+            }
+            None => yarn_mscale(factor, 1.0),
+        };
+        Ok(RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: original,
+            beta_fast,
+            beta_slow,
+            mscale,
+            mscale_all_dim,
+            attention_factor,
+            truncate: p.opt_bool("truncate")?.unwrap_or(true),
         })
     }
 
@@ -555,6 +755,61 @@ impl<'a> Parser<'a> {
             .collect())
     }
 
+    /// DeepSeek: layer `i` is a dense `DeepseekV3MLP(intermediate_size)` for
+    /// `i < first_k_dense_replace`, else a `DeepseekV3MoE`. The MoE layers (shared experts,
+    /// grouped routing) are not read yet, so a config with any is refused naming the field;
+    /// their fields are still type-checked.
+    fn deepseek_layers(
+        &mut self,
+        family: Family,
+        num_layers: u64,
+    ) -> Result<Vec<LayerSpec>, ConfigError> {
+        let o = self.obj;
+        let first_dense = o.opt_u64("first_k_dense_replace")?;
+        let default_dense = if family == Family::DeepseekV3 { 3 } else { 0 };
+        let first_dense = self.or_default("first_k_dense_replace", first_dense, default_dense);
+        for field in ["n_routed_experts", "num_experts_per_tok", "n_shared_experts"] {
+            o.opt_u64(field)?;
+        }
+        for field in ["moe_intermediate_size", "n_group", "topk_group"] {
+            o.opt_size(field)?;
+        }
+        o.opt_str("topk_method")?;
+        o.opt_str("scoring_func")?;
+        o.opt_f64("routed_scaling_factor")?;
+        o.opt_bool("norm_topk_prob")?;
+        if first_dense < num_layers {
+            return Err(ConfigError::unsupported(
+                "first_k_dense_replace",
+                first_dense,
+                format!(
+                    "num_hidden_layers ({num_layers}) or more: layers {first_dense}..{num_layers} would be {} MoE layers (shared experts, grouped routing), which are not implemented yet; only all-dense configs are",
+                    family.model_type()
+                ),
+            ));
+        }
+        if family == Family::DeepseekV2 && o.opt_bool("mlp_bias")? == Some(true) {
+            return Err(ConfigError::unsupported(
+                "mlp_bias",
+                true,
+                "false or absent (biases on the MLP projections are not implemented)",
+            ));
+        }
+        let inter = o.opt_size("intermediate_size")?;
+        let default_inter = if family == Family::DeepseekV3 { 18432 } else { 11008 };
+        let intermediate = self.or_default("intermediate_size", inter, default_inter);
+        if intermediate == 0 {
+            return Err(ConfigError::invalid("intermediate_size", 0, "must be at least 1"));
+        }
+        Ok((0..num_layers as usize)
+            .map(|index| LayerSpec {
+                index,
+                attention: AttentionKind::Full,
+                ffn: FfnKind::Dense { intermediate },
+            })
+            .collect())
+    }
+
     /// Mixtral: `MixtralAttention` passes `config.sliding_window` to every layer; `null` (as in
     /// Mixtral-8x7B) means full attention.
     fn mixtral_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
@@ -634,6 +889,10 @@ impl<'a> Parser<'a> {
     /// code of these families ignores them, so a config carrying them is probably not the model
     /// it claims to be; refuse instead of silently building the wrong network.
     fn reject_foreign_fields(&self, family: Family) -> Result<(), ConfigError> {
+        if matches!(family, Family::DeepseekV3 | Family::DeepseekV2) {
+            // These are the DeepSeek families' own fields (read in `deepseek_layers`).
+            return Ok(());
+        }
         let mut fields =
             vec!["first_k_dense_replace", "n_shared_experts", "shared_expert_intermediate_size"];
         if family == Family::Mixtral {

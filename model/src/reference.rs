@@ -20,6 +20,23 @@
 //! then `logits = lm_head(rmsnorm(x, norm))` and greedy argmax (first maximum on ties, like
 //! `torch.argmax`).
 //!
+//! DeepSeek's multi-head latent attention (`modeling_deepseek_v3.py` / `_v2.py`) replaces the
+//! q/k/v lines, computed as transformers does, not absorbed (every head's key and value are
+//! materialised and cached, so this checks the megakernel's absorbed form too):
+//!
+//! ```text
+//! q = q_proj(h), or q_b_proj(rmsnorm(q_a_proj(h), q_a_layernorm))    ([heads, nope + rope])
+//! latent, k_rope = split(kv_a_proj_with_mqa(h), [kv_lora_rank, qk_rope_head_dim])
+//! k_nope, v = split(kv_b_proj(rmsnorm(latent, kv_a_layernorm)), per head [nope, v_head_dim])
+//! q_rope, k_rope = rope(q_rope, pos), rope(k_rope, pos)   (one k_rope shared by all heads)
+//! k = cat(k_nope, k_rope); q = cat(q_nope, q_rope); attention as above with the config's scale
+//! ```
+//!
+//! The two low-rank norms take `eps` 1e-6 whatever `rms_norm_eps` says (`DeepseekV3RMSNorm`'s
+//! default: the attention builds them without it). RoPE is the [`RopeStyle`] of the config
+//! (DeepSeek-V3: de-interleaved then rotate-half; V2: complex pairs in f32, rounded once)
+//! with YaRN's frequencies and `cos`/`sin` factor ([`crate::spec::RopeScaling::inv_freq`]).
+//!
 //! # Precision
 //!
 //! All arithmetic is `f32` (dot products accumulate in `f64` and are rounded once). With
@@ -51,9 +68,12 @@ use thiserror::Error;
 
 use crate::moe::{self, FfnRounding, Layout, Projection, SwiGlu, dot64};
 use crate::spec::{
-    AttentionKind, FfnKind, ModelSpec, NormKind, QkNorm, RouterScoring, TopKWeights,
+    AttentionForm, AttentionKind, FfnKind, MlaSpec, ModelSpec, NormKind, QkNorm, RopeStyle,
+    RouterScoring, TopKWeights,
 };
-use crate::weights::{FfnNames, MlpNames, ModelNames, Tensor, Weights, WeightsError};
+use crate::weights::{
+    FfnNames, MlaQueryNames, MlpNames, ModelNames, QkvNames, Tensor, Weights, WeightsError,
+};
 use palladium_array::round_bf16;
 
 /// Where activations are rounded (see the module docs).
@@ -178,18 +198,40 @@ enum Ffn {
     },
 }
 
+/// The projections that make q, k and v (see [`QkvNames`]).
+enum Qkv {
+    Gqa {
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_bias: Option<Tensor>,
+        k_bias: Option<Tensor>,
+        v_bias: Option<Tensor>,
+        q_norm: Option<Tensor>,
+        k_norm: Option<Tensor>,
+    },
+    Mla {
+        query: MlaQuery,
+        kv_a: Tensor,
+        kv_a_norm: Tensor,
+        kv_b: Tensor,
+    },
+}
+
+enum MlaQuery {
+    Direct(Tensor),
+    LowRank { a: Tensor, norm: Tensor, b: Tensor },
+}
+
+/// `eps` of MLA's `q_a_layernorm` and `kv_a_layernorm`: `DeepseekV3RMSNorm`'s default, as the
+/// attention builds them without the config's `rms_norm_eps`.
+const MLA_NORM_EPS: f32 = 1e-6;
+
 struct Layer {
     input_norm: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    qkv: Qkv,
     o: Tensor,
-    q_bias: Option<Tensor>,
-    k_bias: Option<Tensor>,
-    v_bias: Option<Tensor>,
     o_bias: Option<Tensor>,
-    q_norm: Option<Tensor>,
-    k_norm: Option<Tensor>,
     post_norm: Tensor,
     ffn: Ffn,
     /// Positions back (the current one included) this layer attends to; `None`: all.
@@ -197,7 +239,8 @@ struct Layer {
 }
 
 /// The K/V cache of one sequence: per layer, `len` positions of `[kv_heads, head_dim]` keys
-/// (after q/k norm and RoPE) and values, in the precision of the run.
+/// (after q/k norm and RoPE) and `[kv_heads, v_head_dim]` values (`v_head_dim` is `head_dim`
+/// but for MLA, whose heads are cached expanded), in the precision of the run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KvCache {
     len: usize,
@@ -220,7 +263,7 @@ impl KvCache {
         &self.k[layer]
     }
 
-    /// Layer `layer`'s values, `[len, kv_heads, head_dim]` row-major.
+    /// Layer `layer`'s values, `[len, kv_heads, v_head_dim]` row-major.
     pub fn values(&self, layer: usize) -> &[f32] {
         &self.v[layer]
     }
@@ -233,12 +276,20 @@ pub struct Reference {
     vocab: usize,
     heads: usize,
     kv_heads: usize,
+    /// Width of a query/key head.
     head_dim: usize,
+    /// Width of a value head.
+    v_dim: usize,
     scale: f32,
     eps: f32,
     max_pos: u64,
-    /// RoPE inverse frequencies, `head_dim / 2` of them, computed in f32 as transformers does.
+    /// RoPE inverse frequencies, `rotary_dim / 2` of them, computed in f32 as transformers does.
     inv_freq: Vec<f32>,
+    /// YaRN's factor on `cos` and `sin` (1 otherwise).
+    rope_factor: f32,
+    rope_style: RopeStyle,
+    /// MLA's dimensions; `None` for grouped-query attention.
+    mla: Option<MlaSpec>,
     embed: Tensor,
     layers: Vec<Layer>,
     final_norm: Tensor,
@@ -300,16 +351,31 @@ impl Reference {
             .zip(&spec.layers)
             .map(|(ln, ls)| Layer {
                 input_norm: get(&ln.input_norm),
-                q: get(&ln.q),
-                k: get(&ln.k),
-                v: get(&ln.v),
+                qkv: match &ln.qkv {
+                    QkvNames::Gqa(g) => Qkv::Gqa {
+                        q: get(&g.q),
+                        k: get(&g.k),
+                        v: get(&g.v),
+                        q_bias: opt(&g.q_bias),
+                        k_bias: opt(&g.k_bias),
+                        v_bias: opt(&g.v_bias),
+                        q_norm: opt(&g.q_norm),
+                        k_norm: opt(&g.k_norm),
+                    },
+                    QkvNames::Mla(m) => Qkv::Mla {
+                        query: match &m.query {
+                            MlaQueryNames::Direct { q } => MlaQuery::Direct(get(q)),
+                            MlaQueryNames::LowRank { q_a, q_a_norm, q_b } => {
+                                MlaQuery::LowRank { a: get(q_a), norm: get(q_a_norm), b: get(q_b) }
+                            }
+                        },
+                        kv_a: get(&m.kv_a),
+                        kv_a_norm: get(&m.kv_a_norm),
+                        kv_b: get(&m.kv_b),
+                    },
+                },
                 o: get(&ln.o),
-                q_bias: opt(&ln.q_bias),
-                k_bias: opt(&ln.k_bias),
-                v_bias: opt(&ln.v_bias),
                 o_bias: opt(&ln.o_bias),
-                q_norm: opt(&ln.q_norm),
-                k_norm: opt(&ln.k_norm),
                 post_norm: get(&ln.post_norm),
                 ffn: match (&ln.ffn, &ls.ffn) {
                     (FfnNames::Dense(m), _) => Ffn::Dense(mlp(m)),
@@ -335,11 +401,11 @@ impl Reference {
             .collect();
         let a = &spec.attention;
         debug_assert!(matches!(a.qk_norm, QkNorm::None | QkNorm::PerHeadRms { .. }));
-        let rotary = a.rope.rotary_dim as usize;
-        // transformers: `1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))`, all f32.
-        let inv_freq = (0..rotary / 2)
-            .map(|i| 1.0 / (a.rope.theta as f32).powf((2 * i) as f32 / rotary as f32))
-            .collect();
+        let (inv_freq, rope_factor) = a.rope.scaling.inv_freq(a.rope.theta, a.rope.rotary_dim);
+        let mla = match a.form {
+            AttentionForm::Gqa => None,
+            AttentionForm::Mla(m) => Some(m),
+        };
         Ok(Self {
             precision,
             hidden: spec.hidden_size as usize,
@@ -347,10 +413,14 @@ impl Reference {
             heads: a.num_heads as usize,
             kv_heads: a.num_kv_heads as usize,
             head_dim: a.head_dim as usize,
+            v_dim: mla.map_or(a.head_dim, |m| m.v_head_dim) as usize,
             scale: a.scale as f32,
             eps: spec.norm.eps as f32,
             max_pos: spec.max_position_embeddings,
             inv_freq,
+            rope_factor,
+            rope_style: a.rope.style,
+            mla,
             embed: get(&names.embed),
             layers,
             final_norm: get(&names.final_norm),
@@ -524,18 +594,52 @@ impl Reference {
         }
     }
 
-    /// RMSNorm of `x` in place: `r(w * r(x * rsqrt(mean(x^2) + eps)))`.
+    /// RMSNorm of `x` in place: `r(w * r(x * rsqrt(mean(x^2) + eps)))`, the config's `eps`.
     fn rmsnorm(&self, x: &mut [f32], w: &Tensor) {
+        self.rmsnorm_eps(x, w, self.eps);
+    }
+
+    /// [`Self::rmsnorm`] with another `eps`.
+    fn rmsnorm_eps(&self, x: &mut [f32], w: &Tensor, eps: f32) {
         let ms =
             (x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64) as f32;
-        let inv = 1.0 / (ms + self.eps).sqrt();
+        let inv = 1.0 / (ms + eps).sqrt();
         for (v, &g) in x.iter_mut().zip(&w.data) {
             *v = self.r(g * self.r(*v * inv));
         }
     }
 
-    /// `NeoX` RoPE of one head in place.
+    /// RoPE of one head's rotated dimensions in place, in the config's [`RopeStyle`]; `cos`
+    /// and `sin` are the f32 tables (YaRN's factor included), rounded here where transformers
+    /// rounds them.
     fn rope(&self, x: &mut [f32], cos: &[f32], sin: &[f32]) {
+        match self.rope_style {
+            RopeStyle::NeoxRotateHalf => self.rope_neox(x, cos, sin),
+            RopeStyle::DeinterleaveRotateHalf => {
+                // `view(d/2, 2).transpose(-1, -2).reshape(d)`: evens, then odds.
+                let d = x.to_vec();
+                let half = d.len() / 2;
+                for i in 0..half {
+                    x[i] = d[2 * i];
+                    x[i + half] = d[2 * i + 1];
+                }
+                self.rope_neox(x, cos, sin);
+            }
+            RopeStyle::ComplexPairs => {
+                // `view_as_complex(x.float()) * polar(1, f) * factor`, cast back once.
+                for (i, pair) in x.chunks_mut(2).enumerate() {
+                    let (a, b) = (pair[0], pair[1]);
+                    pair[0] = self.r(a * cos[i] - b * sin[i]);
+                    pair[1] = self.r(a * sin[i] + b * cos[i]);
+                }
+            }
+        }
+    }
+
+    /// `NeoX` RoPE of one head in place, `cos`/`sin` rounded as the activations.
+    fn rope_neox(&self, x: &mut [f32], cos: &[f32], sin: &[f32]) {
+        let (cos, sin): (Vec<f32>, Vec<f32>) =
+            cos.iter().zip(sin).map(|(&c, &s)| (self.r(c), self.r(s))).unzip();
         let half = x.len() / 2;
         for i in 0..half {
             let (a, b) = (x[i], x[i + half]);
@@ -564,6 +668,62 @@ impl Reference {
         }
     }
 
+    /// One row's query `[heads, head_dim]`, key `[kv_heads, head_dim]` and value
+    /// `[kv_heads, v_dim]` from its normed hidden state `hn`, after q/k norm and RoPE.
+    fn qkv(
+        &self,
+        qkv: &Qkv,
+        hn: &[f32],
+        (cos, sin): &(Vec<f32>, Vec<f32>),
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let hd = self.head_dim;
+        match qkv {
+            Qkv::Gqa { q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm } => {
+                let mut q = self.linear(q, q_bias.as_ref(), hn);
+                let mut k = self.linear(k, k_bias.as_ref(), hn);
+                let v = self.linear(v, v_bias.as_ref(), hn);
+                for (x, norm) in [(&mut q, q_norm), (&mut k, k_norm)] {
+                    for head in x.chunks_mut(hd) {
+                        if let Some(n) = norm {
+                            self.rmsnorm(head, n);
+                        }
+                        self.rope(head, cos, sin);
+                    }
+                }
+                (q, k, v)
+            }
+            Qkv::Mla { query, kv_a, kv_a_norm, kv_b } => {
+                let m = self.mla.expect("an MLA layer has MLA dimensions");
+                let (nope, lora) = (m.qk_nope_head_dim as usize, m.kv_lora_rank as usize);
+                let vd = self.v_dim;
+                let mut q = match query {
+                    MlaQuery::Direct(w) => self.linear(w, None, hn),
+                    MlaQuery::LowRank { a, norm, b } => {
+                        let mut qa = self.linear(a, None, hn);
+                        self.rmsnorm_eps(&mut qa, norm, MLA_NORM_EPS);
+                        self.linear(b, None, &qa)
+                    }
+                };
+                for head in q.chunks_mut(hd) {
+                    self.rope(&mut head[nope..], cos, sin);
+                }
+                let mut compressed = self.linear(kv_a, None, hn);
+                let (latent, k_rope) = compressed.split_at_mut(lora);
+                self.rmsnorm_eps(latent, kv_a_norm, MLA_NORM_EPS);
+                self.rope(k_rope, cos, sin);
+                let kv = self.linear(kv_b, None, latent);
+                let mut k = Vec::with_capacity(self.kv_heads * hd);
+                let mut v = Vec::with_capacity(self.kv_heads * vd);
+                for head in kv.chunks(nope + vd) {
+                    k.extend_from_slice(&head[..nope]);
+                    k.extend_from_slice(k_rope);
+                    v.extend_from_slice(&head[nope..]);
+                }
+                (q, k, v)
+            }
+        }
+    }
+
     /// The forward pass over `rows`: `(cache index, token)`, each row at the next position of
     /// its sequence, rows of one sequence in order. Returns each row's logits.
     fn forward(
@@ -583,7 +743,8 @@ impl Reference {
         caches: &mut [KvCache],
         margin: &mut f32,
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        let (h, hd, nh, nkv) = (self.hidden, self.head_dim, self.heads, self.kv_heads);
+        let (h, hd, vd, nh, nkv) =
+            (self.hidden, self.head_dim, self.v_dim, self.heads, self.kv_heads);
         let group = nh / nkv;
         // Positions.
         let mut next: Vec<usize> = caches.iter().map(|c| c.len).collect();
@@ -598,14 +759,14 @@ impl Reference {
             pos.push(next[c]);
             next[c] += 1;
         }
-        // RoPE tables per row: f32 `cos(pos * inv_freq)`, rounded in bf16 runs.
+        // RoPE tables per row: f32 `cos(pos * inv_freq) * factor` ([`Self::rope`] rounds).
         let tables: Vec<(Vec<f32>, Vec<f32>)> = pos
             .iter()
             .map(|&p| {
                 let f: Vec<f32> = self.inv_freq.iter().map(|&w| w * p as f32).collect();
                 (
-                    f.iter().map(|&x| self.r(x.cos())).collect(),
-                    f.iter().map(|&x| self.r(x.sin())).collect(),
+                    f.iter().map(|&x| x.cos() * self.rope_factor).collect(),
+                    f.iter().map(|&x| x.sin() * self.rope_factor).collect(),
                 )
             })
             .collect();
@@ -619,22 +780,7 @@ impl Reference {
             for (r, &(c, _)) in rows.iter().enumerate() {
                 let mut hn = xs[r].clone();
                 self.rmsnorm(&mut hn, &layer.input_norm);
-                let mut q = self.linear(&layer.q, layer.q_bias.as_ref(), &hn);
-                let mut k = self.linear(&layer.k, layer.k_bias.as_ref(), &hn);
-                let v = self.linear(&layer.v, layer.v_bias.as_ref(), &hn);
-                let (cos, sin) = &tables[r];
-                for head in q.chunks_mut(hd) {
-                    if let Some(n) = &layer.q_norm {
-                        self.rmsnorm(head, n);
-                    }
-                    self.rope(head, cos, sin);
-                }
-                for head in k.chunks_mut(hd) {
-                    if let Some(n) = &layer.k_norm {
-                        self.rmsnorm(head, n);
-                    }
-                    self.rope(head, cos, sin);
-                }
+                let (q, k, v) = self.qkv(&layer.qkv, &hn, &tables[r]);
                 debug_assert_eq!(caches[c].k[li].len(), pos[r] * nkv * hd);
                 caches[c].k[li].extend_from_slice(&k);
                 caches[c].v[li].extend_from_slice(&v);
@@ -645,7 +791,7 @@ impl Reference {
                 let p = pos[r];
                 let start = layer.window.map_or(0, |w| (p + 1).saturating_sub(w));
                 let (keys, vals) = (&caches[c].k[li], &caches[c].v[li]);
-                let mut o = vec![0f32; nh * hd];
+                let mut o = vec![0f32; nh * vd];
                 for head in 0..nh {
                     let g = head / group;
                     let q = &qs[r][head * hd..(head + 1) * hd];
@@ -659,12 +805,12 @@ impl Reference {
                     let e: Vec<f32> = scores.iter().map(|&s| (s - mx).exp()).collect();
                     let sum: f32 = e.iter().sum();
                     let probs: Vec<f32> = e.iter().map(|&v| self.r(v / sum)).collect();
-                    for d in 0..hd {
+                    for d in 0..vd {
                         let acc: f64 = (start..=p)
                             .zip(&probs)
-                            .map(|(j, &pj)| f64::from(pj) * f64::from(vals[(j * nkv + g) * hd + d]))
+                            .map(|(j, &pj)| f64::from(pj) * f64::from(vals[(j * nkv + g) * vd + d]))
                             .sum();
-                        o[head * hd + d] = self.r(acc as f32);
+                        o[head * vd + d] = self.r(acc as f32);
                     }
                 }
                 let attn = self.linear(&layer.o, layer.o_bias.as_ref(), &o);

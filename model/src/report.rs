@@ -3,7 +3,9 @@
 
 use std::fmt::Write as _;
 
-use crate::spec::{AttentionKind, Family, FfnKind, LmHead, ModelSpec, QkNorm, TopKWeights};
+use crate::spec::{
+    AttentionForm, AttentionKind, Family, FfnKind, LmHead, ModelSpec, QkNorm, TopKWeights,
+};
 
 /// Batches the report lists decode-step traffic for.
 pub const REPORT_BATCHES: [u64; 3] = [1, 8, 64];
@@ -70,6 +72,8 @@ impl ModelSpec {
         let name = match self.family {
             Family::Qwen3Moe => "Qwen3-MoE",
             Family::Mixtral => "Mixtral",
+            Family::DeepseekV3 => "DeepSeek-V3",
+            Family::DeepseekV2 => "DeepSeek-V2",
         };
         writeln!(
             s,
@@ -109,6 +113,17 @@ impl ModelSpec {
             a.rope.style, a.rope.theta, a.rope.scaling, a.rope.rotary_dim
         )?;
         writeln!(s, "  bias: qkv {}, o {}", a.qkv_bias, a.o_bias)?;
+        if let AttentionForm::Mla(m) = a.form {
+            writeln!(
+                s,
+                "  MLA: q_lora_rank {}, kv_lora_rank {}, qk_nope_head_dim {}, qk_rope_head_dim {}, v_head_dim {}",
+                m.q_lora_rank.map_or("null (q_proj)".to_string(), |r| r.to_string()),
+                m.kv_lora_rank,
+                m.qk_nope_head_dim,
+                m.qk_rope_head_dim,
+                m.v_head_dim
+            )?;
+        }
         writeln!(
             s,
             "norms: {:?} eps {}, pre-norm residual blocks, final norm before lm_head",
@@ -191,6 +206,16 @@ impl ModelSpec {
             "KV cache (bf16): {kv} B per token per layer, {} B per token",
             kv.saturating_mul(self.layers.len() as u64)
         )?;
+        if let AttentionForm::Mla(m) = a.form {
+            writeln!(
+                s,
+                "  MLA latent cache: kv_lora_rank {} + qk_rope_head_dim {} = {} values per token per layer; every head's K and V expanded (as plain attention caches them) would be {} B",
+                m.kv_lora_rank,
+                m.qk_rope_head_dim,
+                m.latent_cache_width(),
+                self.expanded_kv_bytes_per_token_per_layer(2)
+            )?;
+        }
         let context = REPORT_CONTEXT.min(self.max_position_embeddings);
         writeln!(s, "decode step HBM bytes (bf16, uniform routing), context {context}:")?;
         for batch in REPORT_BATCHES {

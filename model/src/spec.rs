@@ -12,17 +12,25 @@ pub enum Family {
     Qwen3Moe,
     /// `"mixtral"`: Mixtral-8x7B, Mixtral-8x22B (`modeling_mixtral.py`).
     Mixtral,
+    /// `"deepseek_v3"`: DeepSeek-V3, R1, Kimi-K2 (`modeling_deepseek_v3.py`): MLA attention.
+    DeepseekV3,
+    /// `"deepseek_v2"`: DeepSeek-V2, V2-Lite (`modeling_deepseek_v2.py`): MLA attention with
+    /// complex-number RoPE.
+    DeepseekV2,
 }
 
 impl Family {
     /// Every supported `model_type` value, in the order error messages list them.
-    pub const MODEL_TYPES: &'static [&'static str] = &["qwen3_moe", "mixtral"];
+    pub const MODEL_TYPES: &'static [&'static str] =
+        &["qwen3_moe", "mixtral", "deepseek_v3", "deepseek_v2"];
 
     /// The `model_type` string Hugging Face uses.
     pub fn model_type(self) -> &'static str {
         match self {
             Self::Qwen3Moe => "qwen3_moe",
             Self::Mixtral => "mixtral",
+            Self::DeepseekV3 => "deepseek_v3",
+            Self::DeepseekV2 => "deepseek_v2",
         }
     }
 
@@ -31,6 +39,8 @@ impl Family {
         match self {
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
+            Self::DeepseekV3 => "DeepseekV3ForCausalLM",
+            Self::DeepseekV2 => "DeepseekV2ForCausalLM",
         }
     }
 }
@@ -153,11 +163,13 @@ pub struct AttentionSpec {
     /// `num_attention_heads`.
     pub num_heads: u64,
     /// `num_key_value_heads` (grouped-query attention: `num_heads / num_kv_heads` query heads
-    /// share one K/V head).
+    /// share one K/V head; MLA: `num_heads`, the heads `kv_b_proj` expands the latent to).
     pub num_kv_heads: u64,
-    /// `head_dim`, or `hidden_size / num_attention_heads` when absent.
+    /// `head_dim`, or `hidden_size / num_attention_heads` when absent (MLA: the query/key
+    /// head, `qk_nope_head_dim + qk_rope_head_dim`).
     pub head_dim: u64,
-    /// Softmax scale `head_dim^-0.5` (both families, `self.scaling`).
+    /// Softmax scale `head_dim^-0.5` (`self.scaling`; DeepSeek-V3 with YaRN's `mscale_all_dim`
+    /// multiplies it by `yarn_get_mscale(factor, mscale_all_dim)^2`).
     pub scale: f64,
     /// Bias on `q_proj`, `k_proj`, `v_proj` (`attention_bias`; Mixtral: never).
     pub qkv_bias: bool,
@@ -166,6 +178,50 @@ pub struct AttentionSpec {
     /// Normalisation of q and k before RoPE.
     pub qk_norm: QkNorm,
     pub rope: RopeSpec,
+    /// How q, k and v come from the hidden state (left out of the serialized spec for GQA,
+    /// so the existing families' reports read as before).
+    #[serde(skip_serializing_if = "AttentionForm::is_gqa")]
+    pub form: AttentionForm,
+}
+
+/// The projections of the attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum AttentionForm {
+    /// `q_proj`, `k_proj`, `v_proj`: `num_kv_heads` K/V heads of `head_dim` each.
+    Gqa,
+    /// Multi-head latent attention (DeepSeek-V2/V3).
+    Mla(MlaSpec),
+}
+
+impl AttentionForm {
+    pub fn is_gqa(&self) -> bool {
+        matches!(self, Self::Gqa)
+    }
+}
+
+/// Multi-head latent attention (`DeepseekV3Attention`): the query comes from `q_proj`, or
+/// through the low-rank `q_a_proj` -> `q_a_layernorm` -> `q_b_proj`; `kv_a_proj_with_mqa`
+/// gives a `kv_lora_rank` latent (normalised by `kv_a_layernorm`) and one rope key of
+/// `qk_rope_head_dim` shared by all heads; `kv_b_proj` expands the latent to every head's
+/// `qk_nope_head_dim` key part and `v_head_dim` value. A query/key head is
+/// `[nope | rope]`; RoPE applies to the rope part only ([`RopeSpec::rotary_dim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MlaSpec {
+    /// `q_lora_rank`; `None` (JSON `null`) when the query is one `q_proj`.
+    pub q_lora_rank: Option<u64>,
+    /// `kv_lora_rank`: the latent's width.
+    pub kv_lora_rank: u64,
+    pub qk_nope_head_dim: u64,
+    pub qk_rope_head_dim: u64,
+    pub v_head_dim: u64,
+}
+
+impl MlaSpec {
+    /// Values one position caches per layer in the absorbed form: the latent and the rope
+    /// key (576 for DeepSeek-V3).
+    pub fn latent_cache_width(&self) -> u64 {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
 }
 
 impl AttentionSpec {
@@ -192,18 +248,99 @@ pub enum QkNorm {
 pub struct RopeSpec {
     /// Base frequency: `rope_theta` (4.x) or `rope_parameters.rope_theta` (5.x).
     pub theta: f64,
-    /// Only `"default"` RoPE (no scaling) is supported so far.
+    /// `"default"`, or `"yarn"` (the DeepSeek families).
     pub scaling: RopeScaling,
     pub style: RopeStyle,
-    /// Number of rotated dimensions per head (`head_dim`: neither family has partial rotary).
+    /// Number of rotated dimensions per head (`head_dim`; MLA: `qk_rope_head_dim`, the rope
+    /// part of each head).
     pub rotary_dim: u64,
 }
 
 /// RoPE frequency scaling (`rope_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub enum RopeScaling {
     /// `inv_freq[i] = theta^(-2i/rotary_dim)`, no position scaling, attention factor 1.
     Default,
+    /// YaRN (`_compute_yarn_parameters` in `modeling_rope_utils.py`): the inverse frequencies
+    /// blend `theta^(-2i/d)` (extrapolation) with `theta^(-2i/d) / factor` (interpolation)
+    /// along a linear ramp between the correction dimensions of `beta_fast` and `beta_slow`
+    /// rotations over `original_max_position_embeddings`; `cos` and `sin` are multiplied by
+    /// `attention_factor`.
+    Yarn {
+        factor: f64,
+        /// `original_max_position_embeddings`, or `max_position_embeddings` when absent.
+        original_max_position_embeddings: u64,
+        /// Default 32.
+        beta_fast: f64,
+        /// Default 1.
+        beta_slow: f64,
+        /// `mscale` (optional in the config; 0 when absent, as transformers' falsy test).
+        mscale: f64,
+        /// `mscale_all_dim` (0 when absent).
+        mscale_all_dim: f64,
+        /// The factor on `cos`/`sin`: `attention_factor` if given, else
+        /// `get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)` when both are
+        /// non-zero, else `get_mscale(factor)`.
+        attention_factor: f64,
+        /// `truncate` (default true): floor/ceil the correction range.
+        truncate: bool,
+    },
+}
+
+impl RopeScaling {
+    /// The RoPE inverse frequencies of `rotary_dim` rotated dimensions, in f32 as
+    /// transformers computes them, and the factor on `cos`/`sin`.
+    pub fn inv_freq(&self, theta: f64, rotary_dim: u64) -> (Vec<f32>, f32) {
+        let d = rotary_dim as usize;
+        // `base ** (torch.arange(0, dim, 2).float() / dim)`, all f32.
+        let pos_freqs: Vec<f32> =
+            (0..d / 2).map(|i| (theta as f32).powf((2 * i) as f32 / d as f32)).collect();
+        match *self {
+            Self::Default => (pos_freqs.iter().map(|p| 1.0 / p).collect(), 1.0),
+            Self::Yarn {
+                factor,
+                original_max_position_embeddings: orig,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate,
+                ..
+            } => {
+                // find_correction_dim / find_correction_range, in Python floats (f64).
+                let dim = d as f64;
+                let correction = |rot: f64| {
+                    dim * (orig as f64 / (rot * 2.0 * std::f64::consts::PI)).ln()
+                        / (2.0 * theta.ln())
+                };
+                let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
+                if truncate {
+                    (low, high) = (low.floor(), high.ceil());
+                }
+                let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+                if low == high {
+                    high += 0.001;
+                }
+                let (low, high) = (low as f32, high as f32);
+                let inv = pos_freqs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &p)| {
+                        let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                        let extrapolation = 1.0 - ramp;
+                        let interp = 1.0 / (factor as f32 * p);
+                        interp * (1.0 - extrapolation) + (1.0 / p) * extrapolation
+                    })
+                    .collect();
+                (inv, attention_factor as f32)
+            }
+        }
+    }
+}
+
+/// transformers' `yarn_get_mscale` / `get_mscale`: `0.1 * mscale * ln(scale) + 1`, 1 for
+/// `scale <= 1`.
+pub fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 { 1.0 } else { 0.1 * mscale * scale.ln() + 1.0 }
 }
 
 /// How RoPE pairs up the dimensions of a head.
@@ -213,6 +350,15 @@ pub enum RopeStyle {
     /// (`rotate_half(x) = cat(-x2, x1)`, `x*cos + rotate_half(x)*sin`, with
     /// `cos = cat(cos(f), cos(f))`); both families, `apply_rotary_pos_emb`.
     NeoxRotateHalf,
+    /// DeepSeek-V3 with `rope_interleave: true` (`apply_rotary_pos_emb_interleave`): the
+    /// rotated dimensions are first de-interleaved (`view(d/2, 2).transpose`: evens, then
+    /// odds) and then rotated as [`Self::NeoxRotateHalf`], so dimensions `2i`, `2i+1` rotate
+    /// together and the result holds them at `i`, `i + d/2`.
+    DeinterleaveRotateHalf,
+    /// DeepSeek-V2 (`apply_rotary_emb`): dimensions `2i`, `2i+1` are one complex number
+    /// multiplied by `e^(i pos f_i)` in float32 (cos and sin never rounded), the product
+    /// rounded once and left in place.
+    ComplexPairs,
 }
 
 /// The normalisation layers.

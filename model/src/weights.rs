@@ -38,7 +38,7 @@ use palladium_array::{bf16_to_f32, f32_to_bf16, round_bf16};
 use safetensors::{Dtype as StDtype, tensor::TensorView};
 use thiserror::Error;
 
-use crate::spec::{Family, FfnKind, LmHead, ModelSpec, QkNorm};
+use crate::spec::{AttentionForm, Family, FfnKind, LmHead, ModelSpec, QkNorm};
 
 /// Why weights could not be built, read or written. Every variant about a tensor names it.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -118,18 +118,76 @@ pub struct TensorSpec {
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerNames {
     pub input_norm: String,
+    /// The projections that make q, k and v.
+    pub qkv: QkvNames,
+    pub o: String,
+    pub o_bias: Option<String>,
+    pub post_norm: String,
+    pub ffn: FfnNames,
+}
+
+impl LayerNames {
+    /// The q/k/v names of a grouped-query attention layer.
+    pub fn gqa(&self) -> Option<&GqaNames> {
+        match &self.qkv {
+            QkvNames::Gqa(g) => Some(g),
+            QkvNames::Mla(_) => None,
+        }
+    }
+}
+
+/// One layer's q/k/v projections, by [`crate::spec::AttentionForm`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum QkvNames {
+    Gqa(GqaNames),
+    Mla(MlaNames),
+}
+
+/// `q_proj`, `k_proj`, `v_proj`, their biases and the q/k norms.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GqaNames {
     pub q: String,
     pub k: String,
     pub v: String,
-    pub o: String,
     pub q_bias: Option<String>,
     pub k_bias: Option<String>,
     pub v_bias: Option<String>,
-    pub o_bias: Option<String>,
     pub q_norm: Option<String>,
     pub k_norm: Option<String>,
-    pub post_norm: String,
-    pub ffn: FfnNames,
+}
+
+/// Multi-head latent attention's tensors, as DeepSeek ships them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MlaNames {
+    pub query: MlaQueryNames,
+    /// `kv_a_proj_with_mqa`: `[kv_lora_rank + qk_rope_head_dim, hidden]`.
+    pub kv_a: String,
+    /// `kv_a_layernorm`: `[kv_lora_rank]`.
+    pub kv_a_norm: String,
+    /// `kv_b_proj`: `[heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]`.
+    pub kv_b: String,
+}
+
+/// How MLA's query is projected.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MlaQueryNames {
+    /// `q_lora_rank: null`: `q_proj`, `[heads * qk_head_dim, hidden]`.
+    Direct { q: String },
+    /// `q_a_proj` `[q_lora_rank, hidden]`, `q_a_layernorm` `[q_lora_rank]`, `q_b_proj`
+    /// `[heads * qk_head_dim, q_lora_rank]`.
+    LowRank { q_a: String, q_a_norm: String, q_b: String },
+}
+
+impl MlaNames {
+    /// The linear weights, in checkpoint order.
+    pub fn linears(&self) -> Vec<&String> {
+        let mut out = match &self.query {
+            MlaQueryNames::Direct { q } => vec![q],
+            MlaQueryNames::LowRank { q_a, q_b, .. } => vec![q_a, q_b],
+        };
+        out.extend([&self.kv_a, &self.kv_b]);
+        out
+    }
 }
 
 /// The names of one layer's FFN tensors.
@@ -170,7 +228,10 @@ impl ModelNames {
             let qkv_bias = spec.attention.qkv_bias;
             let qk_norm = matches!(spec.attention.qk_norm, QkNorm::PerHeadRms { .. });
             let ffn = match (&layer.ffn, spec.family) {
-                (FfnKind::Dense { .. }, Family::Qwen3Moe) => FfnNames::Dense(MlpNames {
+                (
+                    FfnKind::Dense { .. },
+                    Family::Qwen3Moe | Family::DeepseekV3 | Family::DeepseekV2,
+                ) => FfnNames::Dense(MlpNames {
                     gate: format!("{p}mlp.gate_proj.weight"),
                     up: format!("{p}mlp.up_proj.weight"),
                     down: format!("{p}mlp.down_proj.weight"),
@@ -189,6 +250,11 @@ impl ModelNames {
                     let block = match family {
                         Family::Qwen3Moe => format!("{p}mlp."),
                         Family::Mixtral => format!("{p}block_sparse_moe."),
+                        Family::DeepseekV3 | Family::DeepseekV2 => {
+                            return Err(WeightsError::Unsupported {
+                                what: format!("{} MoE layer {}", family.model_type(), layer.index),
+                            });
+                        }
                     };
                     let experts = (0..moe.num_experts)
                         .map(|e| {
@@ -204,6 +270,9 @@ impl ModelNames {
                                     up: format!("{x}w3.weight"),
                                     down: format!("{x}w2.weight"),
                                 },
+                                Family::DeepseekV3 | Family::DeepseekV2 => {
+                                    unreachable!("refused above")
+                                }
                             }
                         })
                         .collect();
@@ -214,18 +283,36 @@ impl ModelNames {
                     }
                 }
             };
+            let qkv = match spec.attention.form {
+                AttentionForm::Gqa => QkvNames::Gqa(GqaNames {
+                    q: a("q_proj.weight"),
+                    k: a("k_proj.weight"),
+                    v: a("v_proj.weight"),
+                    q_bias: qkv_bias.then(|| a("q_proj.bias")),
+                    k_bias: qkv_bias.then(|| a("k_proj.bias")),
+                    v_bias: qkv_bias.then(|| a("v_proj.bias")),
+                    q_norm: qk_norm.then(|| a("q_norm.weight")),
+                    k_norm: qk_norm.then(|| a("k_norm.weight")),
+                }),
+                AttentionForm::Mla(m) => QkvNames::Mla(MlaNames {
+                    query: match m.q_lora_rank {
+                        None => MlaQueryNames::Direct { q: a("q_proj.weight") },
+                        Some(_) => MlaQueryNames::LowRank {
+                            q_a: a("q_a_proj.weight"),
+                            q_a_norm: a("q_a_layernorm.weight"),
+                            q_b: a("q_b_proj.weight"),
+                        },
+                    },
+                    kv_a: a("kv_a_proj_with_mqa.weight"),
+                    kv_a_norm: a("kv_a_layernorm.weight"),
+                    kv_b: a("kv_b_proj.weight"),
+                }),
+            };
             layers.push(LayerNames {
                 input_norm: format!("{p}input_layernorm.weight"),
-                q: a("q_proj.weight"),
-                k: a("k_proj.weight"),
-                v: a("v_proj.weight"),
+                qkv,
                 o: a("o_proj.weight"),
-                q_bias: qkv_bias.then(|| a("q_proj.bias")),
-                k_bias: qkv_bias.then(|| a("k_proj.bias")),
-                v_bias: qkv_bias.then(|| a("v_proj.bias")),
                 o_bias: spec.attention.o_bias.then(|| a("o_proj.bias")),
-                q_norm: qk_norm.then(|| a("q_norm.weight")),
-                k_norm: qk_norm.then(|| a("k_norm.weight")),
                 post_norm: format!("{p}post_attention_layernorm.weight"),
                 ffn,
             });
@@ -249,8 +336,14 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
     let h = spec.hidden_size as usize;
     let vocab = spec.vocab_size as usize;
     let hd = spec.attention.head_dim as usize;
-    let q_out = spec.attention.num_heads as usize * hd;
+    let heads = spec.attention.num_heads as usize;
+    let q_out = heads * hd;
     let kv_out = spec.attention.num_kv_heads as usize * hd;
+    // The input width of o_proj: heads times the value head.
+    let o_in = match spec.attention.form {
+        AttentionForm::Gqa => q_out,
+        AttentionForm::Mla(m) => heads * m.v_head_dim as usize,
+    };
     let mut out = Vec::new();
     let mut t = |name: &str, shape: Vec<usize>, role| {
         out.push(TensorSpec { name: name.to_string(), shape, role });
@@ -259,27 +352,51 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
     t(&names.embed, vec![vocab, h], Embedding);
     for (ln, layer) in names.layers.iter().zip(&spec.layers) {
         t(&ln.input_norm, vec![h], Norm);
-        t(&ln.q, vec![q_out, h], Linear);
-        if let Some(b) = &ln.q_bias {
-            t(b, vec![q_out], Bias);
+        match (&ln.qkv, spec.attention.form) {
+            (QkvNames::Gqa(g), _) => {
+                t(&g.q, vec![q_out, h], Linear);
+                if let Some(b) = &g.q_bias {
+                    t(b, vec![q_out], Bias);
+                }
+                t(&g.k, vec![kv_out, h], Linear);
+                if let Some(b) = &g.k_bias {
+                    t(b, vec![kv_out], Bias);
+                }
+                t(&g.v, vec![kv_out, h], Linear);
+                if let Some(b) = &g.v_bias {
+                    t(b, vec![kv_out], Bias);
+                }
+            }
+            (QkvNames::Mla(n), AttentionForm::Mla(m)) => {
+                // `DeepseekV3Attention.__init__` order.
+                match &n.query {
+                    MlaQueryNames::Direct { q } => t(q, vec![q_out, h], Linear),
+                    MlaQueryNames::LowRank { q_a, q_a_norm, q_b } => {
+                        let r =
+                            m.q_lora_rank.expect("LowRank names come from a q_lora_rank") as usize;
+                        t(q_a, vec![r, h], Linear);
+                        t(q_a_norm, vec![r], Norm);
+                        t(q_b, vec![q_out, r], Linear);
+                    }
+                }
+                let (lora, rope) = (m.kv_lora_rank as usize, m.qk_rope_head_dim as usize);
+                t(&n.kv_a, vec![lora + rope, h], Linear);
+                t(&n.kv_a_norm, vec![lora], Norm);
+                let per_head = (m.qk_nope_head_dim + m.v_head_dim) as usize;
+                t(&n.kv_b, vec![heads * per_head, lora], Linear);
+            }
+            (QkvNames::Mla(_), AttentionForm::Gqa) => {
+                unreachable!("ModelNames follows the attention form")
+            }
         }
-        t(&ln.k, vec![kv_out, h], Linear);
-        if let Some(b) = &ln.k_bias {
-            t(b, vec![kv_out], Bias);
-        }
-        t(&ln.v, vec![kv_out, h], Linear);
-        if let Some(b) = &ln.v_bias {
-            t(b, vec![kv_out], Bias);
-        }
-        t(&ln.o, vec![h, q_out], Linear);
+        t(&ln.o, vec![h, o_in], Linear);
         if let Some(b) = &ln.o_bias {
             t(b, vec![h], Bias);
         }
-        if let Some(n) = &ln.q_norm {
-            t(n, vec![hd], Norm);
-        }
-        if let Some(n) = &ln.k_norm {
-            t(n, vec![hd], Norm);
+        if let Some(g) = ln.gqa() {
+            for n in [&g.q_norm, &g.k_norm].into_iter().flatten() {
+                t(n, vec![hd], Norm);
+            }
         }
         t(&ln.post_norm, vec![h], Norm);
         match (&ln.ffn, &layer.ffn) {

@@ -5,8 +5,8 @@ mod common;
 
 use common::{edited, fixture_json, spec};
 use palladium_model::{
-    AttentionKind, Dtype, Family, FfnKind, LmHead, ModelSpec, QkNorm, RopeStyle, TopKWeights,
-    expected_distinct_experts,
+    AttentionForm, AttentionKind, Dtype, Family, FfnKind, LmHead, MlaSpec, ModelSpec, QkNorm,
+    RopeScaling, RopeStyle, TopKWeights, expected_distinct_experts,
 };
 use serde_json::json;
 
@@ -305,4 +305,77 @@ fn decode_traffic_qwen3_30b() {
     assert!((t64.expert_weights - expect).abs() < 1.0);
     assert!(t64.expert_weights > 0.98 * (2 * p.layers.experts_total) as f64);
     assert_eq!(t64.kv_read, 64 * t.kv_read);
+}
+
+/// DeepSeek-V3 as shipped has MoE layers from layer 3 on, which are not read yet: refused
+/// naming `first_k_dense_replace`. Read as all dense (the attention side), its MLA numbers
+/// are the paper's: 576 cached values per position and layer, against 128 heads x (192 +
+/// 128) for the expanded K/V; the softmax scale carries YaRN's `mscale_all_dim` correction.
+#[test]
+fn deepseek_v3() {
+    let e = ModelSpec::from_json_str(&common::fixture_text("deepseek-v3.json")).unwrap_err();
+    assert_eq!(e.field(), Some("first_k_dense_replace"), "{e}");
+    assert!(e.to_string().contains("layers 3..61 would be deepseek_v3 MoE layers"), "{e}");
+
+    let s = edited("deepseek-v3.json", &[("first_k_dense_replace", Some(json!(61)))]).unwrap();
+    assert_eq!(s.family, Family::DeepseekV3);
+    let a = &s.attention;
+    assert_eq!((a.num_heads, a.num_kv_heads, a.head_dim), (128, 128, 192));
+    assert_eq!(
+        a.form,
+        AttentionForm::Mla(MlaSpec {
+            q_lora_rank: Some(1536),
+            kv_lora_rank: 512,
+            qk_nope_head_dim: 128,
+            qk_rope_head_dim: 64,
+            v_head_dim: 128,
+        })
+    );
+    assert_eq!(a.rope.style, RopeStyle::DeinterleaveRotateHalf);
+    assert_eq!(a.rope.rotary_dim, 64);
+    match a.rope.scaling {
+        RopeScaling::Yarn {
+            factor, original_max_position_embeddings, attention_factor, ..
+        } => {
+            assert_eq!((factor, original_max_position_embeddings), (40.0, 4096));
+            assert_eq!(attention_factor, 1.0, "mscale == mscale_all_dim");
+        }
+        other => panic!("{other:?}"),
+    }
+    let mscale = 0.1 * 40f64.ln() + 1.0;
+    assert!((a.scale - 192f64.powf(-0.5) * mscale * mscale).abs() < 1e-12, "{}", a.scale);
+    assert_eq!(s.kv_bytes_per_token_per_layer(2), 1152);
+    assert_eq!(s.expanded_kv_bytes_per_token_per_layer(2), 128 * (192 + 128) * 2);
+    // q_a 7168x1536, q_b 1536x(128*192), kv_a 7168x576, kv_b 512x(128*256), o (128*128)x7168.
+    let layer = s.layer_params(&s.layers[0]);
+    assert_eq!(layer.attention, 187_105_280);
+    assert_eq!(layer.norms, 2 * 7168 + 1536 + 512);
+    assert_eq!(s.layers[0].ffn, FfnKind::Dense { intermediate: 18432 });
+    let report = s.report();
+    assert!(report.contains("MLA latent cache: kv_lora_rank 512 + qk_rope_head_dim 64 = 576"));
+}
+
+/// The tiny DeepSeek configs: V3 with a low-rank query and interleaved rope, V2 with complex-pair
+/// rope and `q_lora_rank: null`; YaRN's cos/sin factor is `mscale / mscale_all_dim` by
+/// `get_mscale`, and V2 has no softmax-scale correction.
+#[test]
+fn tiny_deepseek() {
+    let v3 = spec("tiny-deepseek-v3.json");
+    assert!(matches!(v3.attention.form, AttentionForm::Mla(m) if m.q_lora_rank == Some(96)));
+    assert_eq!(v3.layers.len(), 3);
+    let v2 = spec("tiny-deepseek-v2.json");
+    assert_eq!(v2.family, Family::DeepseekV2);
+    assert_eq!(v2.attention.rope.style, RopeStyle::ComplexPairs);
+    assert!(matches!(v2.attention.form, AttentionForm::Mla(m) if m.q_lora_rank.is_none()));
+    assert_eq!(v2.attention.scale, 48f64.powf(-0.5));
+    let get = |m: f64| 0.1 * m * 4f64.ln() + 1.0;
+    match v2.attention.rope.scaling {
+        RopeScaling::Yarn { attention_factor, .. } => {
+            assert!((attention_factor - get(1.0) / get(0.8)).abs() < 1e-15)
+        }
+        other => panic!("{other:?}"),
+    }
+    // rope_interleave: false is NeoX on the rope dims.
+    let neox = edited("tiny-deepseek-v3.json", &[("rope_interleave", Some(json!(false)))]).unwrap();
+    assert_eq!(neox.attention.rope.style, RopeStyle::NeoxRotateHalf);
 }

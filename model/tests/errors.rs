@@ -20,19 +20,84 @@ fn del(key: &'static str) -> (&'static str, Option<Value>) {
 fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
     const Q: &str = "tiny-qwen3-moe.json";
     const M: &str = "tiny-mixtral.json";
+    const D3: &str = "tiny-deepseek-v3.json";
+    const D2: &str = "tiny-deepseek-v2.json";
     let sliding = || vec![set("use_sliding_window", json!(true)), set("sliding_window", json!(64))];
+    let yarn = |extra: Value| {
+        let mut r = json!({"type": "yarn", "factor": 4, "original_max_position_embeddings": 1024});
+        for (k, v) in extra.as_object().unwrap() {
+            r[k] = v.clone();
+        }
+        set("rope_scaling", r)
+    };
     vec![
+        (
+            D3,
+            vec![set("first_k_dense_replace", json!(1))],
+            "first_k_dense_replace",
+            "layers 1..3 would be deepseek_v3 MoE layers",
+        ),
+        (D2, vec![del("first_k_dense_replace")], "first_k_dense_replace", "layers 0..2"),
+        (
+            D3,
+            vec![set("num_key_value_heads", json!(2))],
+            "num_key_value_heads",
+            "must equal num_attention_heads (4)",
+        ),
+        // DeepseekV3Config's default of 128 key/value heads is not the fixture's 4 heads.
+        (D3, vec![del("num_key_value_heads")], "num_key_value_heads", "invalid value 128"),
+        (D3, vec![set("head_dim", json!(32))], "head_dim", "must equal qk_rope_head_dim (16)"),
+        (D3, vec![set("attention_bias", json!(true))], "attention_bias", "not implemented"),
+        (D3, vec![set("qk_rope_head_dim", json!(15))], "qk_rope_head_dim", "must be even"),
+        (D3, vec![set("kv_lora_rank", json!(0))], "kv_lora_rank", "at least 1"),
+        (D3, vec![set("q_lora_rank", json!("96"))], "q_lora_rank", "non-negative integer"),
+        (D3, vec![set("rope_interleave", json!(1))], "rope_interleave", "true or false"),
+        (D2, vec![set("mlp_bias", json!(true))], "mlp_bias", "not implemented"),
+        (D3, vec![yarn(json!({"foo": 1}))], "rope_scaling.foo", "the yarn rope_scaling keys"),
+        (D3, vec![yarn(json!({"factor": 0.5}))], "rope_scaling.factor", ">= 1"),
+        (D3, vec![yarn(json!({"mscale": -1}))], "rope_scaling.mscale", ">= 0"),
+        (
+            D3,
+            vec![set("rope_scaling", json!({"type": "yarn"}))],
+            "rope_scaling.factor",
+            "missing required field",
+        ),
+        (
+            D3,
+            vec![set("rope_scaling", json!({"rope_type": "linear", "factor": 2.0}))],
+            "rope_scaling.rope_type",
+            "unsupported value \"linear\"",
+        ),
+        (
+            D3,
+            vec![set("rope_scaling", json!({"type": "default", "mscale_all_dim": 1.0}))],
+            "rope_scaling.mscale_all_dim",
+            "only yarn takes parameters",
+        ),
+        // YaRN is read for the DeepSeek families only (the megakernel's RoPE is the default).
+        (
+            Q,
+            vec![yarn(json!({}))],
+            "rope_scaling.type",
+            "unsupported value \"yarn\" (supported: default)",
+        ),
+        (
+            D3,
+            vec![set("architectures", json!(["DeepseekV2ForCausalLM"]))],
+            "architectures",
+            "DeepseekV3ForCausalLM",
+        ),
         (
             Q,
             vec![del("model_type")],
             "model_type",
-            "missing required field \"model_type\" (supported: qwen3_moe, mixtral)",
+            "missing required field \"model_type\" (supported: qwen3_moe, mixtral, deepseek_v3, deepseek_v2)",
         ),
         (
             Q,
             vec![set("model_type", json!("llama"))],
             "model_type",
-            "unsupported value \"llama\" (supported: qwen3_moe, mixtral)",
+            "unsupported value \"llama\" (supported: qwen3_moe, mixtral, deepseek_v3, deepseek_v2)",
         ),
         (Q, vec![set("model_type", json!(3))], "model_type", "expected a string, got 3"),
         (

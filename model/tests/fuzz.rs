@@ -26,7 +26,7 @@ proptest! {
 
     #[test]
     fn mutated_configs_parse_or_name_a_field(
-        fixture in prop::sample::select(&["tiny-qwen3-moe.json", "tiny-mixtral.json", "qwen3-30b-a3b.json", "tiny-qwen3-moe-tf5.json"][..]),
+        fixture in prop::sample::select(&["tiny-qwen3-moe.json", "tiny-mixtral.json", "qwen3-30b-a3b.json", "tiny-qwen3-moe-tf5.json", "tiny-deepseek-v3.json", "tiny-deepseek-v2.json"][..]),
         edits in mutations(),
         batch in 0u64..64,
         context in prop_oneof![0u64..10_000, Just(u64::MAX), Just(1u64 << 52)],

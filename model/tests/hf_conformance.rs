@@ -137,6 +137,40 @@ fn mixtral_matches_transformers() {
     check("fixtures/models/tiny-mixtral.json", 11, &[3, 99, 250, 7], 10);
 }
 
+/// DeepSeek-V3's multi-head latent attention with a low-rank query (`q_lora_rank`), YaRN
+/// (`mscale == mscale_all_dim`: cos/sin unscaled, the softmax scale corrected) and the
+/// interleaved rope layout; every layer dense (`first_k_dense_replace = num_hidden_layers`).
+#[test]
+fn deepseek_v3_matches_transformers() {
+    check("fixtures/models/tiny-deepseek-v3.json", 3, &[4, 200, 37, 9, 451], 10);
+}
+
+/// DeepSeek-V3 options the real checkpoints do not use: `q_lora_rank: null` (one `q_proj`),
+/// `rope_interleave: false`, YaRN with `mscale != mscale_all_dim` (cos/sin scaled by their
+/// ratio) and a tied `lm_head`.
+#[test]
+fn deepseek_v3_variant_matches_transformers() {
+    let path = repo_root().join("fixtures/models/tiny-deepseek-v3.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["q_lora_rank"] = serde_json::Value::Null;
+    v["rope_interleave"] = false.into();
+    v["rope_scaling"]["mscale_all_dim"] = 0.5.into();
+    v["tie_word_embeddings"] = true.into();
+    let cfg = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("tiny-deepseek-v3-variant-{}.json", std::process::id()));
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    check(cfg.to_str().unwrap(), 13, &[8, 6, 7, 5, 3, 0, 9], 10);
+    let _ = std::fs::remove_file(&cfg);
+}
+
+/// DeepSeek-V2: complex-number RoPE (`view_as_complex`, f32, rounded once), YaRN with its
+/// cos/sin factor but no softmax-scale correction, `q_lora_rank: null` (as V2-Lite).
+#[test]
+fn deepseek_v2_matches_transformers() {
+    check("fixtures/models/tiny-deepseek-v2.json", 17, &[2, 71, 130, 500, 64], 10);
+}
+
 /// More seeds for both families (slow: two transformers runs per seed). Run with
 /// `cargo test -p palladium-model --test hf_conformance -- --ignored --nocapture`.
 #[test]

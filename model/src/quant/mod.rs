@@ -36,7 +36,7 @@ use palladium_array::{DType, HostArray};
 use thiserror::Error;
 
 use crate::spec::{Family, ModelSpec, Quantization};
-use crate::weights::{FfnNames, ModelNames, Tensor, Weights, WeightsError};
+use crate::weights::{FfnNames, ModelNames, QkvNames, Tensor, Weights, WeightsError};
 use convert::{
     E4M3FN_MAX, INT4_MAX, INT4_MIN, e4m3fn_to_f32, f32_to_e4m3fn_saturating, round_clamp,
 };
@@ -422,7 +422,11 @@ impl WeightsDtype {
                     out.insert(name.to_string(), format);
                 }
             };
-            for n in [&layer.q, &layer.k, &layer.v, &layer.o] {
+            let qkv = match &layer.qkv {
+                QkvNames::Gqa(g) => vec![&g.q, &g.k, &g.v],
+                QkvNames::Mla(m) => m.linears(),
+            };
+            for n in qkv.into_iter().chain([&layer.o]) {
                 add(n, dense);
             }
             match &layer.ffn {
