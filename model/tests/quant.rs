@@ -471,3 +471,27 @@ fn fp8_scales_that_overflow_when_dequantized_are_refused_naming_the_block() {
     let loaded = load(&spec, &entries).unwrap();
     assert!(loaded.dequantize().iter().all(|(_, t)| t.data.iter().all(|x| x.is_finite())));
 }
+
+/// Quantizing at load (`--weights-dtype`) converts MLA's projections as it converts q/k/v/o:
+/// `q_a_proj`, `q_b_proj`, `kv_a_proj_with_mqa`, `kv_b_proj`, `o_proj` and the dense MLP,
+/// never the low-rank norms; the tiny DeepSeek's sides (80, 96, 192 rows) take partial
+/// blocks, and the reference runs on what dequantizes.
+#[test]
+fn mla_projections_quantize_like_the_attention_they_replace() {
+    let s = spec("tiny-deepseek-v3.json");
+    let fp8 = WeightsDtype::Fp8.format_of(&s).unwrap();
+    assert_eq!(fp8.len(), 3 * (5 + 3), "{:?}", fp8.keys().collect::<Vec<_>>());
+    assert!(fp8.contains_key("model.layers.2.self_attn.kv_a_proj_with_mqa.weight"));
+    assert!(fp8.keys().all(|n| !n.contains("layernorm")));
+    let w = Weights::random(&s, 9).unwrap();
+    let q = QuantizedWeights::quantize(&s, &w, WeightsDtype::Fp8).unwrap();
+    match q.get("model.layers.0.self_attn.kv_a_proj_with_mqa.weight") {
+        Some(StoredTensor::Quantized(t)) => assert_eq!(t.scales.shape, [1, 2], "[80, 256]"),
+        other => panic!("{other:?}"),
+    }
+    let g = Reference::new(&s, &q.dequantize(), Precision::F32)
+        .unwrap()
+        .generate(&[1, 2, 3], 2)
+        .unwrap();
+    assert!(g.steps.iter().all(|s| s.logits.iter().all(|x| x.is_finite())));
+}

@@ -233,6 +233,42 @@ fn torch_fp8_mixtral_checkpoint_loads_and_dequantizes_as_torch_does() {
     ));
 }
 
+/// DeepSeek's FP8 layout on MLA: `q_a_proj`, `q_b_proj`, `kv_a_proj_with_mqa`, `kv_b_proj`
+/// and `o_proj` with no side a multiple of 128, so every one has partial edge blocks whose
+/// `weight_scale_inv` covers only the elements they hold; the norms stay plain. The
+/// reference runs on what loads.
+#[test]
+fn torch_fp8_deepseek_checkpoint_loads_and_dequantizes_as_torch_does() {
+    let (loaded, quantized) = check_torch_checkpoint("deepseek-fp8");
+    // Per layer: q_a, q_b, kv_a, kv_b, o + the dense MLP's 3; not lm_head.
+    assert_eq!(quantized, 2 * (5 + 3));
+    for (proj, scales) in [
+        ("q_a_proj", [1, 2]),
+        ("q_b_proj", [2, 1]),
+        ("kv_a_proj_with_mqa", [1, 2]),
+        ("kv_b_proj", [2, 1]),
+        ("o_proj", [2, 1]),
+    ] {
+        match loaded.get(&format!("model.layers.1.self_attn.{proj}.weight")) {
+            Some(StoredTensor::Quantized(q)) => assert_eq!(q.scales.shape, scales, "{proj}"),
+            other => panic!("{proj}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        loaded.get("model.layers.0.self_attn.kv_a_layernorm.weight"),
+        Some(StoredTensor::Plain(_))
+    ));
+    let spec = checkpoint_spec("deepseek-fp8");
+    let reference = palladium_model::reference::Reference::new(
+        &spec,
+        &loaded.dequantize(),
+        palladium_model::reference::Precision::Bf16,
+    )
+    .unwrap();
+    let g = reference.generate(&[1, 2, 3], 3).unwrap();
+    assert!(g.steps.iter().all(|s| s.logits.iter().all(|x| x.is_finite())));
+}
+
 #[test]
 fn fp8_checkpoint_refuses_other_dtypes_and_the_unquantized_loader() {
     let spec = checkpoint_spec("qwen3-fp8");

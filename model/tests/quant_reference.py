@@ -207,6 +207,14 @@ def main():
                    dict(num_hidden_layers=1, num_local_experts=3, hidden_size=160, intermediate_size=96,
                         vocab_size=300),
                    ["lm_head", "block_sparse_moe.gate"], args.out_dir)
+    # DeepSeek-V3's MLA projections, none a multiple of 128 (partial edge blocks): q_a_proj
+    # [100, 160], q_b_proj [160, 100], kv_a_proj_with_mqa [88, 160], kv_b_proj [176, 72],
+    # o_proj [160, 80]; every layer dense.
+    fp8_checkpoint(os.path.join(args.fixtures, "tiny-deepseek-v3.json"), "deepseek-fp8",
+                   dict(num_hidden_layers=2, first_k_dense_replace=2, hidden_size=160, q_lora_rank=100,
+                        kv_lora_rank=72, qk_nope_head_dim=24, qk_rope_head_dim=16, v_head_dim=20,
+                        intermediate_size=200, vocab_size=300),
+                   ["lm_head"], args.out_dir)
 
 
 if __name__ == "__main__":
