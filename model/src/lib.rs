@@ -34,6 +34,7 @@
 pub mod cost;
 mod error;
 mod json;
+pub mod mla;
 pub mod moe;
 mod parse;
 pub mod quant;
