@@ -20,6 +20,14 @@
 //! | Mixtral: `model.layers.{i}.block_sparse_moe.gate.weight` (router) | `[experts, hidden]` |
 //! | Mixtral: `model.layers.{i}.block_sparse_moe.experts.{e}.{w1,w3}.weight` (gate, up) | `[intermediate, hidden]` |
 //! | Mixtral: `model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight` (down) | `[hidden, intermediate]` |
+//! | DeepSeek MLA, `q_lora_rank` set: `model.layers.{i}.self_attn.q_a_proj.weight` | `[q_lora_rank, hidden]` |
+//! | DeepSeek: `model.layers.{i}.self_attn.q_a_layernorm.weight` | `[q_lora_rank]` |
+//! | DeepSeek: `model.layers.{i}.self_attn.q_b_proj.weight` (`q_proj.weight` when `q_lora_rank` is null: `[heads*qk_head_dim, hidden]`) | `[heads*qk_head_dim, q_lora_rank]` |
+//! | DeepSeek: `model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight` | `[kv_lora_rank + qk_rope_head_dim, hidden]` |
+//! | DeepSeek: `model.layers.{i}.self_attn.kv_a_layernorm.weight` | `[kv_lora_rank]` |
+//! | DeepSeek: `model.layers.{i}.self_attn.kv_b_proj.weight` (per head `qk_nope_head_dim` key rows, then `v_head_dim` value rows) | `[heads*(qk_nope_head_dim + v_head_dim), kv_lora_rank]` |
+//! | DeepSeek: `model.layers.{i}.self_attn.o_proj.weight` | `[hidden, heads*v_head_dim]` |
+//! | DeepSeek dense layer: `model.layers.{i}.mlp.{gate,up,down}_proj.weight` | as Qwen3-MoE's dense layer |
 //! | `model.norm.weight` | `[hidden]` |
 //! | `lm_head.weight` (absent when `tie_word_embeddings`) | `[vocab, hidden]` |
 //!

@@ -16,7 +16,8 @@ fn config_json(name: &str) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-const MODELS: [&str; 2] = ["tiny-qwen3-moe.json", "tiny-mixtral.json"];
+const MODELS: [&str; 4] =
+    ["tiny-qwen3-moe.json", "tiny-mixtral.json", "tiny-deepseek-v3.json", "tiny-deepseek-v2.json"];
 const PRECISIONS: [Precision; 2] = [Precision::F32, Precision::Bf16];
 
 #[test]
