@@ -580,8 +580,13 @@ fn supported<'s>(
             )));
         }
     }
-    if moe.shared.is_some() {
-        return Err(PlanError::Unsupported("shared experts".into()));
+    if let Some(shared) = moe.shared {
+        return Err(PlanError::Unsupported(format!(
+            "shared experts ({} has a shared expert of intermediate {}{} in every MoE layer): the reference forward pass computes them, the megakernel does not emit them yet",
+            spec.family.model_type(),
+            shared.intermediate,
+            if shared.sigmoid_gate { " with a sigmoid gate" } else { "" }
+        )));
     }
     if spec.attention.qkv_bias || spec.attention.o_bias || moe.routing.router_bias {
         return Err(PlanError::Unsupported("attention or router biases".into()));

@@ -1,6 +1,6 @@
 //! The mixture-of-experts math, implemented once: how a token's router logits become its
 //! chosen experts and their weights ([`route`]), and how the chosen experts' SwiGLU outputs
-//! are combined ([`moe_ffn`], [`swiglu`]). [`crate::reference::Reference`] (transformers'
+//! are combined ([`moe_ffn`], [`swiglu`]) and a shared expert's added ([`add_shared`]). [`crate::reference::Reference`] (transformers'
 //! float32 and bfloat16 models) and the kernel library's references
 //! (`palladium_kernels::moe_reference`, each kernel's convention) both call these functions;
 //! they differ only in data: the [`RouterScoring`] and [`TopKWeights`] of the model, where
@@ -222,6 +222,33 @@ pub fn moe_ffn<'a>(
         }
     }
     acc.into_iter().map(|a| rounding.output(a)).collect()
+}
+
+/// An always-on shared expert ([`crate::spec::SharedExpert`]): its MLP, and the
+/// `[hidden] -> 1` projection of its sigmoid gate where it has one (Qwen2-MoE's
+/// `shared_expert_gate`; `DeepSeek`'s shared experts are ungated).
+#[derive(Debug, Clone, Copy)]
+pub struct Shared<'a> {
+    pub mlp: SwiGlu<'a>,
+    pub gate: Option<Projection<'a>>,
+}
+
+/// Adds the shared expert's output on `x` to the routed experts' output `routed` in place,
+/// as transformers computes it (`Qwen2MoeSparseMoeBlock.forward`):
+/// `routed + sigmoid(gate(x)) * swiglu(x)`, the gate's logit, its sigmoid, the product and
+/// the sum rounded where `rounding` rounds each op ([`FfnRounding::Transformers`]).
+pub fn add_shared(routed: &mut [f32], shared: &Shared<'_>, x: &[f32], rounding: FfnRounding) {
+    let r = |v: f32| rounding.each_op(v);
+    let y = swiglu(&shared.mlp, x, rounding);
+    assert_eq!(y.len(), routed.len(), "the shared expert's output");
+    let scale = shared.gate.map(|g| {
+        let logit = r(g.apply(x, None)[0]);
+        r(1.0 / (1.0 + (-logit).exp()))
+    });
+    for (a, y) in routed.iter_mut().zip(y) {
+        let y = scale.map_or(y, |s| r(s * y));
+        *a = rounding.output(*a + y);
+    }
 }
 
 /// `a . b` accumulated in f64 in index order.

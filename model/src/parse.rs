@@ -15,7 +15,7 @@ use crate::json::{Obj, describe};
 use crate::spec::{
     Activation, AttentionKind, AttentionSpec, Dtype, Family, FfnKind, LayerSpec, LmHead, MlpSpec,
     ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, Quantization, RopeScaling, RopeSpec, RopeStyle,
-    RouterScoring, Routing, TopKWeights,
+    RouterScoring, Routing, SharedExpert, TopKWeights,
 };
 
 impl ModelSpec {
@@ -72,6 +72,7 @@ impl Family {
         match self {
             Self::Qwen3Moe => Defaults { rms_norm_eps: 1e-6 },
             Self::Mixtral => Defaults { rms_norm_eps: 1e-5 },
+            Self::Qwen2Moe => Defaults { rms_norm_eps: 1e-6 },
         }
     }
 }
@@ -120,7 +121,7 @@ impl<'a> Parser<'a> {
         let quantization = self.quantization()?;
         self.reject_foreign_fields(family)?;
         let layers = match family {
-            Family::Qwen3Moe => self.qwen3_moe_layers(num_layers)?,
+            Family::Qwen3Moe | Family::Qwen2Moe => self.qwen_moe_layers(family, num_layers)?,
             Family::Mixtral => self.mixtral_layers(num_layers)?,
         };
 
@@ -150,6 +151,7 @@ impl<'a> Parser<'a> {
         let family = match model_type {
             "qwen3_moe" => Family::Qwen3Moe,
             "mixtral" => Family::Mixtral,
+            "qwen2_moe" => Family::Qwen2Moe,
             other => {
                 return Err(ConfigError::unsupported(
                     "model_type",
@@ -224,6 +226,21 @@ impl<'a> Parser<'a> {
                     ));
                 }
                 (false, false, QkNorm::None)
+            }
+            // Qwen2MoeAttention: q/k/v_proj take `bias=config.qkv_bias`, o_proj never; no q/k
+            // norm; it raises unless `head_dim * num_attention_heads == hidden_size`.
+            Family::Qwen2Moe => {
+                if head_dim * num_heads != hidden {
+                    return Err(ConfigError::invalid(
+                        "head_dim",
+                        head_dim,
+                        format!(
+                            "Qwen2-MoE needs head_dim * num_attention_heads ({num_heads}) == hidden_size ({hidden})"
+                        ),
+                    ));
+                }
+                let qkv_bias = o.opt_bool("qkv_bias")?;
+                (self.or_default("qkv_bias", qkv_bias, true), false, QkNorm::None)
             }
         };
 
@@ -461,10 +478,16 @@ impl<'a> Parser<'a> {
         })
     }
 
-    /// Qwen3-MoE layer `i` is MoE iff `i ∉ mlp_only_layers` and `num_experts > 0` and
-    /// `(i + 1) % decoder_sparse_step == 0`; otherwise a dense `Qwen3MoeMLP(intermediate_size)`
-    /// (`Qwen3MoeDecoderLayer.__init__`).
-    fn qwen3_moe_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
+    /// Qwen3-MoE / Qwen2-MoE layer `i` is MoE iff `i ∉ mlp_only_layers` and
+    /// `num_experts > 0` and `(i + 1) % decoder_sparse_step == 0`; otherwise a dense
+    /// `Qwen3MoeMLP(intermediate_size)` (`Qwen3MoeDecoderLayer.__init__`, and Qwen2-MoE's the
+    /// same). A Qwen2-MoE MoE layer also has the sigmoid-gated shared expert
+    /// (`Qwen2MoeSparseMoeBlock`: `shared_expert`, `shared_expert_gate`).
+    fn qwen_moe_layers(
+        &mut self,
+        family: Family,
+        num_layers: u64,
+    ) -> Result<Vec<LayerSpec>, ConfigError> {
         let o = self.obj;
         let num_experts = self.num_experts()?;
         let step = o.opt_size("decoder_sparse_step")?;
@@ -493,7 +516,25 @@ impl<'a> Parser<'a> {
         let norm_topk = o.opt_bool("norm_topk_prob")?;
         let norm_topk = self.or_default("norm_topk_prob", norm_topk, false);
         let weights = if norm_topk { TopKWeights::Renormalized } else { TopKWeights::Raw };
-        let attention = self.qwen3_moe_attention_kinds(num_layers)?;
+        let shared = match family {
+            Family::Qwen2Moe if (0..num_layers).any(is_moe) => {
+                let i = o.opt_size("shared_expert_intermediate_size")?;
+                let i = self.or_default("shared_expert_intermediate_size", i, 5632);
+                if i == 0 {
+                    return Err(ConfigError::invalid(
+                        "shared_expert_intermediate_size",
+                        0,
+                        "must be at least 1",
+                    ));
+                }
+                Some(SharedExpert { intermediate: i, sigmoid_gate: true })
+            }
+            _ => None,
+        };
+        let attention = match family {
+            Family::Qwen2Moe => self.qwen2_moe_attention_kinds(num_layers)?,
+            _ => self.qwen3_moe_attention_kinds(num_layers)?,
+        };
         // The fields are re-read per layer (cheap) so that a field is required only when some
         // layer needs it: `intermediate_size` only with dense layers, the MoE ones only with MoE.
         attention
@@ -501,7 +542,8 @@ impl<'a> Parser<'a> {
             .enumerate()
             .map(|(index, attention)| {
                 let ffn = if is_moe(index as u64) {
-                    FfnKind::Moe(self.moe(num_experts, "moe_intermediate_size", weights)?)
+                    let moe = self.moe(num_experts, "moe_intermediate_size", weights)?;
+                    FfnKind::Moe(MoeSpec { shared, ..moe })
                 } else {
                     FfnKind::Dense { intermediate: o.req_pos("intermediate_size")? }
                 };
@@ -553,6 +595,33 @@ impl<'a> Parser<'a> {
             .into_iter()
             .map(|s| if s { AttentionKind::Sliding { window } } else { AttentionKind::Full })
             .collect())
+    }
+
+    /// Qwen2-MoE: full attention in every layer. Its sliding window (`use_sliding_window:
+    /// true`, layers `>= max_window_layers`) is not implemented: refused by name, as is a
+    /// `layer_types` entry that slides (transformers 4.57's Qwen2-MoE has no `layer_types`).
+    fn qwen2_moe_attention_kinds(
+        &mut self,
+        num_layers: u64,
+    ) -> Result<Vec<AttentionKind>, ConfigError> {
+        let use_sw = self.obj.opt_bool("use_sliding_window")?;
+        if self.or_default("use_sliding_window", use_sw, false) {
+            return Err(ConfigError::unsupported(
+                "use_sliding_window",
+                true,
+                "false or absent (Qwen2-MoE's sliding window is not implemented)",
+            ));
+        }
+        if let Some(types) = self.layer_types(num_layers)?
+            && let Some(i) = types.iter().position(|&sliding| sliding)
+        {
+            return Err(ConfigError::invalid(
+                format!("layer_types[{i}]"),
+                "\"sliding_attention\"",
+                "use_sliding_window is false, so Qwen2-MoE attends fully in every layer",
+            ));
+        }
+        Ok(vec![AttentionKind::Full; num_layers as usize])
     }
 
     /// Mixtral: `MixtralAttention` passes `config.sliding_window` to every layer; `null` (as in
@@ -634,8 +703,10 @@ impl<'a> Parser<'a> {
     /// code of these families ignores them, so a config carrying them is probably not the model
     /// it claims to be; refuse instead of silently building the wrong network.
     fn reject_foreign_fields(&self, family: Family) -> Result<(), ConfigError> {
-        let mut fields =
-            vec!["first_k_dense_replace", "n_shared_experts", "shared_expert_intermediate_size"];
+        let mut fields = vec!["first_k_dense_replace", "n_shared_experts"];
+        if family != Family::Qwen2Moe {
+            fields.push("shared_expert_intermediate_size");
+        }
         if family == Family::Mixtral {
             fields.extend(["mlp_only_layers", "moe_intermediate_size", "use_sliding_window"]);
         }

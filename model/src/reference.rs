@@ -2,8 +2,8 @@
 //! megakernel is checked against, itself checked against Hugging Face transformers
 //! (`model/tests/hf_conformance.rs`).
 //!
-//! One decoder layer, as `modeling_qwen3_moe.py` / `modeling_mixtral.py` (transformers 4.57)
-//! compute it:
+//! One decoder layer, as `modeling_qwen3_moe.py` / `modeling_mixtral.py` /
+//! `modeling_qwen2_moe.py` (transformers 4.57) compute it:
 //!
 //! ```text
 //! h = rmsnorm(x, input_layernorm)
@@ -15,6 +15,7 @@
 //! h = rmsnorm(x, post_attention_layernorm)
 //! p = softmax(router(h)) in f32; top-k; / sum(top-k) when renormalised
 //! x = x + sum over the k experts, in increasing expert index, of p_e * down(silu(gate(h)) * up(h))
+//!       + sigmoid(shared_expert_gate(h)) * shared_expert(h)                 (Qwen2-MoE only)
 //! ```
 //!
 //! then `logits = lm_head(rmsnorm(x, norm))` and greedy argmax (first maximum on ties, like
@@ -175,6 +176,8 @@ enum Ffn {
         top_k: usize,
         scoring: RouterScoring,
         weights: TopKWeights,
+        /// The shared expert's MLP and its sigmoid gate's `[1, hidden]` weight, if any.
+        shared: Option<(Mlp, Option<Tensor>)>,
     },
 }
 
@@ -313,7 +316,7 @@ impl Reference {
                 post_norm: get(&ln.post_norm),
                 ffn: match (&ln.ffn, &ls.ffn) {
                     (FfnNames::Dense(m), _) => Ffn::Dense(mlp(m)),
-                    (FfnNames::Moe { router, router_bias, experts }, FfnKind::Moe(moe)) => {
+                    (FfnNames::Moe { router, router_bias, experts, shared }, FfnKind::Moe(moe)) => {
                         Ffn::Moe {
                             router: get(router),
                             router_bias: opt(router_bias),
@@ -321,6 +324,7 @@ impl Reference {
                             top_k: moe.top_k as usize,
                             scoring: moe.routing.scoring,
                             weights: moe.routing.top_k_weights,
+                            shared: shared.as_ref().map(|s| (mlp(&s.mlp), opt(&s.gate))),
                         }
                     }
                     (FfnNames::Moe { .. }, FfnKind::Dense { .. }) => {
@@ -550,7 +554,7 @@ impl Reference {
     fn ffn(&self, ffn: &Ffn, x: &[f32], margin: &mut f32) -> Vec<f32> {
         match ffn {
             Ffn::Dense(m) => moe::swiglu(&m.swiglu(), x, self.ffn_rounding()),
-            Ffn::Moe { router, router_bias, experts, top_k, scoring, weights } => {
+            Ffn::Moe { router, router_bias, experts, top_k, scoring, weights, shared } => {
                 let logits = self.linear(router, router_bias.as_ref(), x);
                 let route = moe::route(&logits, *top_k, *scoring, *weights);
                 if let (Some(&(kth, _)), Some(next)) = (route.chosen.last(), route.runner_up) {
@@ -559,7 +563,14 @@ impl Reference {
                     *margin = margin.min(if scale > 0.0 { gap / scale } else { 0.0 });
                 }
                 let expert = |e: usize| experts[e].swiglu();
-                moe::moe_ffn(x, self.hidden, &route.chosen, expert, self.ffn_rounding())
+                let rounding = self.ffn_rounding();
+                let mut out = moe::moe_ffn(x, self.hidden, &route.chosen, expert, rounding);
+                if let Some((mlp, gate)) = shared {
+                    let shared =
+                        moe::Shared { mlp: mlp.swiglu(), gate: gate.as_ref().map(projection) };
+                    moe::add_shared(&mut out, &shared, x, rounding);
+                }
+                out
             }
         }
     }

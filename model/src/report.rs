@@ -70,6 +70,7 @@ impl ModelSpec {
         let name = match self.family {
             Family::Qwen3Moe => "Qwen3-MoE",
             Family::Mixtral => "Mixtral",
+            Family::Qwen2Moe => "Qwen2-MoE",
         };
         writeln!(
             s,

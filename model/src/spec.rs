@@ -12,17 +12,21 @@ pub enum Family {
     Qwen3Moe,
     /// `"mixtral"`: Mixtral-8x7B, Mixtral-8x22B (`modeling_mixtral.py`).
     Mixtral,
+    /// `"qwen2_moe"`: Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B (`modeling_qwen2_moe.py`): a shared
+    /// expert with a sigmoid gate next to the routed ones, q/k/v biases.
+    Qwen2Moe,
 }
 
 impl Family {
     /// Every supported `model_type` value, in the order error messages list them.
-    pub const MODEL_TYPES: &'static [&'static str] = &["qwen3_moe", "mixtral"];
+    pub const MODEL_TYPES: &'static [&'static str] = &["qwen3_moe", "mixtral", "qwen2_moe"];
 
     /// The `model_type` string Hugging Face uses.
     pub fn model_type(self) -> &'static str {
         match self {
             Self::Qwen3Moe => "qwen3_moe",
             Self::Mixtral => "mixtral",
+            Self::Qwen2Moe => "qwen2_moe",
         }
     }
 
@@ -31,6 +35,7 @@ impl Family {
         match self {
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
+            Self::Qwen2Moe => "Qwen2MoeForCausalLM",
         }
     }
 }
@@ -159,9 +164,10 @@ pub struct AttentionSpec {
     pub head_dim: u64,
     /// Softmax scale `head_dim^-0.5` (both families, `self.scaling`).
     pub scale: f64,
-    /// Bias on `q_proj`, `k_proj`, `v_proj` (`attention_bias`; Mixtral: never).
+    /// Bias on `q_proj`, `k_proj`, `v_proj` (`attention_bias`; Qwen2-MoE: `qkv_bias`, default
+    /// true; Mixtral: never).
     pub qkv_bias: bool,
-    /// Bias on `o_proj` (Qwen3-MoE: `attention_bias`, unlike Qwen2; Mixtral: never).
+    /// Bias on `o_proj` (Qwen3-MoE: `attention_bias`; Qwen2-MoE, Mixtral: never).
     pub o_bias: bool,
     /// Normalisation of q and k before RoPE.
     pub qk_norm: QkNorm,
@@ -178,7 +184,7 @@ impl AttentionSpec {
 /// Whether q and k are normalised before RoPE.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub enum QkNorm {
-    /// Mixtral: q and k go straight from the projections to RoPE.
+    /// Mixtral, Qwen2-MoE: q and k go straight from the projections to RoPE.
     None,
     /// Qwen3-MoE: `q_norm` / `k_norm` are RMS norms over each head's `head_dim` values (weight
     /// shape `[head_dim]`, shared by all heads, same `eps` as the layer norms), applied after
@@ -304,7 +310,7 @@ pub struct MoeSpec {
     /// Mixtral: `intermediate_size`).
     pub intermediate: u64,
     pub routing: Routing,
-    /// An always-on expert added to the routed output (none in either family yet).
+    /// An always-on expert added to the routed output (Qwen2-MoE's `shared_expert`).
     pub shared: Option<SharedExpert>,
 }
 
@@ -337,8 +343,9 @@ pub enum TopKWeights {
     Raw,
 }
 
-/// An always-active expert next to the routed ones (Qwen2-MoE / `DeepSeek` style; the type is
-/// here so those families fit, neither current family produces it).
+/// An always-active expert next to the routed ones (Qwen2-MoE / `DeepSeek` style): a gated
+/// MLP of its own on the same normed input, its output added to the routed experts' sum
+/// ([`crate::moe::add_shared`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct SharedExpert {
     /// Total intermediate size of the shared expert(s).

@@ -13,10 +13,13 @@
 //! | `model.layers.{i}.self_attn.o_proj.weight` (`.bias`: Qwen3-MoE with `attention_bias`) | `[hidden, heads*head_dim]` |
 //! | `model.layers.{i}.self_attn.{q,k}_norm.weight` (Qwen3-MoE only) | `[head_dim]` |
 //! | `model.layers.{i}.post_attention_layernorm.weight` | `[hidden]` |
-//! | Qwen3-MoE MoE layer: `model.layers.{i}.mlp.gate.weight` (router) | `[experts, hidden]` |
+//! | Qwen3-MoE / Qwen2-MoE MoE layer: `model.layers.{i}.mlp.gate.weight` (router) | `[experts, hidden]` |
 //! | Qwen3-MoE: `model.layers.{i}.mlp.experts.{e}.{gate,up}_proj.weight` | `[moe_intermediate, hidden]` |
 //! | Qwen3-MoE: `model.layers.{i}.mlp.experts.{e}.down_proj.weight` | `[hidden, moe_intermediate]` |
 //! | Qwen3-MoE dense layer (`mlp_only_layers`): `model.layers.{i}.mlp.{gate,up,down}_proj.weight` | as above with `intermediate_size` |
+//! | Qwen2-MoE MoE layer: `model.layers.{i}.mlp.shared_expert.{gate,up}_proj.weight` | `[shared_expert_intermediate, hidden]` |
+//! | Qwen2-MoE: `model.layers.{i}.mlp.shared_expert.down_proj.weight` | `[hidden, shared_expert_intermediate]` |
+//! | Qwen2-MoE: `model.layers.{i}.mlp.shared_expert_gate.weight` | `[1, hidden]` |
 //! | Mixtral: `model.layers.{i}.block_sparse_moe.gate.weight` (router) | `[experts, hidden]` |
 //! | Mixtral: `model.layers.{i}.block_sparse_moe.experts.{e}.{w1,w3}.weight` (gate, up) | `[intermediate, hidden]` |
 //! | Mixtral: `model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight` (down) | `[hidden, intermediate]` |
@@ -136,7 +139,19 @@ pub struct LayerNames {
 #[derive(Debug, Clone, PartialEq)]
 pub enum FfnNames {
     Dense(MlpNames),
-    Moe { router: String, router_bias: Option<String>, experts: Vec<MlpNames> },
+    Moe {
+        router: String,
+        router_bias: Option<String>,
+        experts: Vec<MlpNames>,
+        shared: Option<SharedNames>,
+    },
+}
+
+/// A shared expert's tensors: its MLP, and the `[1, hidden]` gate of a sigmoid-gated one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedNames {
+    pub mlp: MlpNames,
+    pub gate: Option<String>,
 }
 
 /// A gated MLP's three matrices: `down(silu(gate(x)) * up(x))`.
@@ -170,31 +185,28 @@ impl ModelNames {
             let qkv_bias = spec.attention.qkv_bias;
             let qk_norm = matches!(spec.attention.qk_norm, QkNorm::PerHeadRms { .. });
             let ffn = match (&layer.ffn, spec.family) {
-                (FfnKind::Dense { .. }, Family::Qwen3Moe) => FfnNames::Dense(MlpNames {
-                    gate: format!("{p}mlp.gate_proj.weight"),
-                    up: format!("{p}mlp.up_proj.weight"),
-                    down: format!("{p}mlp.down_proj.weight"),
-                }),
+                (FfnKind::Dense { .. }, Family::Qwen3Moe | Family::Qwen2Moe) => {
+                    FfnNames::Dense(MlpNames {
+                        gate: format!("{p}mlp.gate_proj.weight"),
+                        up: format!("{p}mlp.up_proj.weight"),
+                        down: format!("{p}mlp.down_proj.weight"),
+                    })
+                }
                 (FfnKind::Dense { .. }, Family::Mixtral) => {
                     return Err(WeightsError::Unsupported {
                         what: format!("dense FFN in Mixtral layer {}", layer.index),
                     });
                 }
                 (FfnKind::Moe(moe), family) => {
-                    if moe.shared.is_some() {
-                        return Err(WeightsError::Unsupported {
-                            what: format!("shared expert in layer {}", layer.index),
-                        });
-                    }
                     let block = match family {
-                        Family::Qwen3Moe => format!("{p}mlp."),
+                        Family::Qwen3Moe | Family::Qwen2Moe => format!("{p}mlp."),
                         Family::Mixtral => format!("{p}block_sparse_moe."),
                     };
                     let experts = (0..moe.num_experts)
                         .map(|e| {
                             let x = format!("{block}experts.{e}.");
                             match family {
-                                Family::Qwen3Moe => MlpNames {
+                                Family::Qwen3Moe | Family::Qwen2Moe => MlpNames {
                                     gate: format!("{x}gate_proj.weight"),
                                     up: format!("{x}up_proj.weight"),
                                     down: format!("{x}down_proj.weight"),
@@ -207,10 +219,21 @@ impl ModelNames {
                             }
                         })
                         .collect();
+                    // Qwen2-MoE's `shared_expert` / `shared_expert_gate` (the only family with
+                    // one so far).
+                    let shared = moe.shared.map(|s| SharedNames {
+                        mlp: MlpNames {
+                            gate: format!("{block}shared_expert.gate_proj.weight"),
+                            up: format!("{block}shared_expert.up_proj.weight"),
+                            down: format!("{block}shared_expert.down_proj.weight"),
+                        },
+                        gate: s.sigmoid_gate.then(|| format!("{block}shared_expert_gate.weight")),
+                    });
                     FfnNames::Moe {
                         router: format!("{block}gate.weight"),
                         router_bias: moe.routing.router_bias.then(|| format!("{block}gate.bias")),
                         experts,
+                        shared,
                     }
                 }
             };
@@ -289,7 +312,7 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
                 t(&m.up, vec![inter, h], Linear);
                 t(&m.down, vec![h, inter], Linear);
             }
-            (FfnNames::Moe { router, router_bias, experts }, FfnKind::Moe(moe)) => {
+            (FfnNames::Moe { router, router_bias, experts, shared }, FfnKind::Moe(moe)) => {
                 // Router first, as Hugging Face lists `mlp.gate` before `mlp.experts`.
                 let e = moe.num_experts as usize;
                 let inter = moe.intermediate as usize;
@@ -301,6 +324,15 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
                     t(&m.gate, vec![inter, h], Linear);
                     t(&m.up, vec![inter, h], Linear);
                     t(&m.down, vec![h, inter], Linear);
+                }
+                if let (Some(names), Some(s)) = (shared, &moe.shared) {
+                    let inter = s.intermediate as usize;
+                    t(&names.mlp.gate, vec![inter, h], Linear);
+                    t(&names.mlp.up, vec![inter, h], Linear);
+                    t(&names.mlp.down, vec![h, inter], Linear);
+                    if let Some(g) = &names.gate {
+                        t(g, vec![1, h], Linear);
+                    }
                 }
             }
             _ => unreachable!("ModelNames follows the layer's FFN kind"),

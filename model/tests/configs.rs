@@ -306,3 +306,42 @@ fn decode_traffic_qwen3_30b() {
     assert!(t64.expert_weights > 0.98 * (2 * p.layers.experts_total) as f64);
     assert_eq!(t64.kv_read, 64 * t.kv_read);
 }
+
+/// Qwen2-MoE: the sigmoid-gated shared expert on every MoE layer, q/k/v biases (`qkv_bias`,
+/// default true) without an `o_proj` bias, no q/k norm, raw top-k weights; its dense
+/// layers by the same rule as Qwen3-MoE's.
+#[test]
+fn tiny_qwen2_moe() {
+    let s = spec("tiny-qwen2-moe.json");
+    assert_eq!(s.family, Family::Qwen2Moe);
+    assert_eq!((s.attention.qkv_bias, s.attention.o_bias), (true, false));
+    assert_eq!(s.attention.qk_norm, QkNorm::None);
+    for l in &s.layers {
+        let m = moe(&s, l.index);
+        assert_eq!(m.routing.top_k_weights, TopKWeights::Raw);
+        let shared = m.shared.expect("every Qwen2-MoE MoE layer has a shared expert");
+        assert_eq!((shared.intermediate, shared.sigmoid_gate), (256, true));
+    }
+    let s =
+        edited("tiny-qwen2-moe.json", &[("qkv_bias", None), ("mlp_only_layers", Some(json!([1])))])
+            .expect("parses");
+    assert!(s.attention.qkv_bias);
+    assert_eq!(s.defaulted.get("qkv_bias").map(String::as_str), Some("true"));
+    assert_eq!(s.layers[1].ffn, FfnKind::Dense { intermediate: 512 });
+    // Tensors as Qwen2-MoE checkpoints name them.
+    let names: Vec<String> = palladium_model::weights::tensor_layout(&s)
+        .unwrap()
+        .into_iter()
+        .filter(|t| t.name.starts_with("model.layers.0.mlp.shared"))
+        .map(|t| format!("{} {:?}", t.name, t.shape))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "model.layers.0.mlp.shared_expert.gate_proj.weight [256, 256]",
+            "model.layers.0.mlp.shared_expert.up_proj.weight [256, 256]",
+            "model.layers.0.mlp.shared_expert.down_proj.weight [256, 256]",
+            "model.layers.0.mlp.shared_expert_gate.weight [1, 256]",
+        ]
+    );
+}

@@ -20,19 +20,20 @@ fn del(key: &'static str) -> (&'static str, Option<Value>) {
 fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
     const Q: &str = "tiny-qwen3-moe.json";
     const M: &str = "tiny-mixtral.json";
+    const Q2: &str = "tiny-qwen2-moe.json";
     let sliding = || vec![set("use_sliding_window", json!(true)), set("sliding_window", json!(64))];
     vec![
         (
             Q,
             vec![del("model_type")],
             "model_type",
-            "missing required field \"model_type\" (supported: qwen3_moe, mixtral)",
+            "missing required field \"model_type\" (supported: qwen3_moe, mixtral, qwen2_moe)",
         ),
         (
             Q,
             vec![set("model_type", json!("llama"))],
             "model_type",
-            "unsupported value \"llama\" (supported: qwen3_moe, mixtral)",
+            "unsupported value \"llama\" (supported: qwen3_moe, mixtral, qwen2_moe)",
         ),
         (Q, vec![set("model_type", json!(3))], "model_type", "expected a string, got 3"),
         (
@@ -276,6 +277,25 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             vec![set("shared_expert_intermediate_size", json!(512))],
             "shared_expert_intermediate_size",
             "absent",
+        ),
+        (
+            Q2,
+            vec![set("use_sliding_window", json!(true))],
+            "use_sliding_window",
+            "Qwen2-MoE's sliding window is not implemented",
+        ),
+        (
+            Q2,
+            vec![set("shared_expert_intermediate_size", json!(0))],
+            "shared_expert_intermediate_size",
+            "at least 1",
+        ),
+        (Q2, vec![set("head_dim", json!(32))], "head_dim", "== hidden_size"),
+        (
+            Q2,
+            vec![set("n_shared_experts", json!(1))],
+            "n_shared_experts",
+            "not part of the qwen2_moe architecture",
         ),
         (
             M,

@@ -132,6 +132,32 @@ fn qwen3_moe_variant_matches_transformers() {
     let _ = std::fs::remove_file(&cfg);
 }
 
+/// Qwen2-MoE: the shared expert and its sigmoid gate, q/k/v biases, raw top-k weights.
+/// (Seed 3 meets an exact tie of two bf16 router logits at position 13, where bf16 runs may
+/// route apart: a tie, not an error; seed 7 has none.)
+#[test]
+fn qwen2_moe_matches_transformers() {
+    check("fixtures/models/tiny-qwen2-moe.json", 7, &[1, 17, 300, 42, 5], 10);
+}
+
+/// Qwen2-MoE's dense layers (`mlp_only_layers`, `decoder_sparse_step`) among the MoE ones,
+/// renormalised top-k weights and top-3 routing.
+#[test]
+fn qwen2_moe_variant_matches_transformers() {
+    let path = repo_root().join("fixtures/models/tiny-qwen2-moe.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["mlp_only_layers"] = serde_json::json!([0]);
+    v["decoder_sparse_step"] = 2.into();
+    v["norm_topk_prob"] = true.into();
+    v["num_experts_per_tok"] = 3.into();
+    let cfg = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("tiny-qwen2-moe-variant-{}.json", std::process::id()));
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    check(cfg.to_str().unwrap(), 4, &[9, 8, 7, 6, 5, 4], 10);
+    let _ = std::fs::remove_file(&cfg);
+}
+
 #[test]
 fn mixtral_matches_transformers() {
     check("fixtures/models/tiny-mixtral.json", 11, &[3, 99, 250, 7], 10);
