@@ -51,7 +51,7 @@ use palladium_dsl::ir::{Shape, padded_vmem_bytes};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::body::{DIGIT_ROWS, widened_code_bytes};
 use palladium_model::quant::WeightsDtype;
-use palladium_model::spec::Quantization;
+use palladium_model::spec::{Quantization, RouterPrecision};
 use palladium_model::{AttentionKind, FfnKind, LmHead, ModelSpec, MoeSpec, QkNorm, TopKWeights};
 use serde::Serialize;
 
@@ -580,18 +580,52 @@ fn supported<'s>(
             )));
         }
     }
+    // What the reference forward pass computes and the megakernel does not emit yet, all
+    // named at once.
+    let a = &spec.attention;
+    let r = &moe.routing;
+    let mut missing = Vec::new();
     if let Some(shared) = moe.shared {
-        return Err(PlanError::Unsupported(format!(
-            "shared experts ({} has a shared expert of intermediate {}{} in every MoE layer): the reference forward pass computes them, the megakernel does not emit them yet",
-            spec.family.model_type(),
+        missing.push(format!(
+            "shared experts (intermediate {}{})",
             shared.intermediate,
-            if shared.sigmoid_gate { " with a sigmoid gate" } else { "" }
+            if shared.sigmoid_gate { ", sigmoid-gated" } else { "" }
+        ));
+    }
+    if a.qkv_bias || a.o_bias || r.router_bias {
+        missing.push("attention or router biases".to_string());
+    }
+    if r.correction_bias || r.groups.is_some() || r.scaling != 1.0 {
+        missing.push(format!(
+            "DeepSeek-V3 routing ({}{}{})",
+            if r.correction_bias { "e_score_correction_bias" } else { "no correction bias" },
+            r.groups.map_or(String::new(), |g| format!(
+                ", best {} of {} expert groups",
+                g.chosen_groups, g.groups
+            )),
+            if r.scaling != 1.0 {
+                format!(", routed_scaling_factor {}", r.scaling)
+            } else {
+                String::new()
+            }
+        ));
+    }
+    if r.precision != RouterPrecision::Activations {
+        missing.push("a router computed in f32".to_string());
+    }
+    if a.rope.rotary_dim != a.head_dim {
+        missing.push(format!(
+            "partial rotary ({} of head_dim {} rotated)",
+            a.rope.rotary_dim, a.head_dim
+        ));
+    }
+    if !missing.is_empty() {
+        return Err(PlanError::Unsupported(format!(
+            "{} of {}: the reference forward pass computes them, the megakernel does not emit them yet",
+            missing.join(", "),
+            spec.family.model_type()
         )));
     }
-    if spec.attention.qkv_bias || spec.attention.o_bias || moe.routing.router_bias {
-        return Err(PlanError::Unsupported("attention or router biases".into()));
-    }
-    let a = &spec.attention;
     if !a.head_dim.is_multiple_of(2) || a.head_dim > 256 {
         return Err(PlanError::Unsupported(format!("head_dim {}", a.head_dim)));
     }

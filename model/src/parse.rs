@@ -13,9 +13,9 @@ use serde_json::Value;
 use crate::error::ConfigError;
 use crate::json::{Obj, describe};
 use crate::spec::{
-    Activation, AttentionKind, AttentionSpec, Dtype, Family, FfnKind, LayerSpec, LmHead, MlpSpec,
-    ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, Quantization, RopeScaling, RopeSpec, RopeStyle,
-    RouterScoring, Routing, SharedExpert, TopKWeights,
+    Activation, AttentionKind, AttentionSpec, Dtype, ExpertGroups, Family, FfnKind, LayerSpec,
+    LmHead, MlpSpec, ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, Quantization, RopeScaling,
+    RopeSpec, RopeStyle, RouterPrecision, RouterScoring, Routing, SharedExpert, TopKWeights,
 };
 
 impl ModelSpec {
@@ -73,6 +73,7 @@ impl Family {
             Self::Qwen3Moe => Defaults { rms_norm_eps: 1e-6 },
             Self::Mixtral => Defaults { rms_norm_eps: 1e-5 },
             Self::Qwen2Moe => Defaults { rms_norm_eps: 1e-6 },
+            Self::Glm4Moe => Defaults { rms_norm_eps: 1e-5 },
         }
     }
 }
@@ -123,6 +124,7 @@ impl<'a> Parser<'a> {
         let layers = match family {
             Family::Qwen3Moe | Family::Qwen2Moe => self.qwen_moe_layers(family, num_layers)?,
             Family::Mixtral => self.mixtral_layers(num_layers)?,
+            Family::Glm4Moe => self.glm4_moe_layers(num_layers)?,
         };
 
         Ok(ModelSpec {
@@ -152,6 +154,7 @@ impl<'a> Parser<'a> {
             "qwen3_moe" => Family::Qwen3Moe,
             "mixtral" => Family::Mixtral,
             "qwen2_moe" => Family::Qwen2Moe,
+            "glm4_moe" => Family::Glm4Moe,
             other => {
                 return Err(ConfigError::unsupported(
                     "model_type",
@@ -242,14 +245,42 @@ impl<'a> Parser<'a> {
                 let qkv_bias = o.opt_bool("qkv_bias")?;
                 (self.or_default("qkv_bias", qkv_bias, true), false, QkNorm::None)
             }
+            // Glm4MoeAttention: q/k/v_proj take `bias=config.attention_bias`, o_proj never;
+            // with `use_qk_norm`, `Glm4MoeRMSNorm(head_dim)` q/k norms per head before RoPE.
+            Family::Glm4Moe => {
+                let bias = self.or_default("attention_bias", bias, false);
+                let qk_norm = o.opt_bool("use_qk_norm")?;
+                let qk_norm = match self.or_default("use_qk_norm", qk_norm, false) {
+                    true => QkNorm::PerHeadRms { weight_len: head_dim },
+                    false => QkNorm::None,
+                };
+                (bias, false, qk_norm)
+            }
         };
 
-        if let Some(f) = o.opt_f64("partial_rotary_factor")?
-            && f != 1.0
-        {
-            return Err(ConfigError::unsupported("partial_rotary_factor", f, "1.0"));
+        // GLM-4.5 rotates the first `int(head_dim * partial_rotary_factor)` dimensions of each
+        // head (default 0.5); the other families rotate all of them.
+        let factor = o.opt_f64("partial_rotary_factor")?;
+        let factor = match family {
+            Family::Glm4Moe => self.or_default("partial_rotary_factor", factor, 0.5),
+            _ => match factor {
+                Some(f) if f != 1.0 => {
+                    return Err(ConfigError::unsupported("partial_rotary_factor", f, "1.0"));
+                }
+                _ => 1.0,
+            },
+        };
+        let rotary_dim = (head_dim as f64 * factor) as u64;
+        if !(factor > 0.0 && factor <= 1.0) || rotary_dim < 2 || !rotary_dim.is_multiple_of(2) {
+            return Err(ConfigError::invalid(
+                "partial_rotary_factor",
+                factor,
+                format!(
+                    "must be in (0, 1] and rotate an even number of head_dim ({head_dim}) dimensions (int(head_dim * factor) = {rotary_dim})"
+                ),
+            ));
         }
-        let rope = self.rope(head_dim)?;
+        let rope = self.rope(factor, rotary_dim)?;
         Ok(AttentionSpec {
             num_heads,
             num_kv_heads,
@@ -265,7 +296,7 @@ impl<'a> Parser<'a> {
     /// RoPE from either spelling: 4.x `rope_theta` + `rope_scaling` (null or a dict), or 5.x
     /// `rope_parameters: {"rope_theta", "rope_type"}`. Both may be present (5.x keeps reading
     /// 4.x files); they must then agree.
-    fn rope(&mut self, head_dim: u64) -> Result<RopeSpec, ConfigError> {
+    fn rope(&mut self, factor: f64, rotary_dim: u64) -> Result<RopeSpec, ConfigError> {
         let o = self.obj;
         let old_theta = o.opt_pos_f64("rope_theta")?;
         let mut new_theta = None;
@@ -280,9 +311,13 @@ impl<'a> Parser<'a> {
             }
             check_rope_type(&p)?;
             if let Some(f) = p.opt_f64("partial_rotary_factor")?
-                && f != 1.0
+                && f != factor
             {
-                return Err(ConfigError::unsupported(p.path("partial_rotary_factor"), f, "1.0"));
+                return Err(ConfigError::unsupported(
+                    p.path("partial_rotary_factor"),
+                    f,
+                    format!("{factor} (the model's partial_rotary_factor)"),
+                ));
             }
             new_theta = p.opt_pos_f64("rope_theta")?;
         }
@@ -310,7 +345,7 @@ impl<'a> Parser<'a> {
             theta,
             scaling: RopeScaling::Default,
             style: RopeStyle::NeoxRotateHalf,
-            rotary_dim: head_dim,
+            rotary_dim,
         })
     }
 
@@ -473,7 +508,7 @@ impl<'a> Parser<'a> {
             num_experts,
             top_k,
             intermediate: o.req_pos(intermediate_field)?,
-            routing: Routing { router_bias: false, scoring: RouterScoring::Softmax, top_k_weights },
+            routing: Routing::top_k(RouterScoring::Softmax, top_k_weights),
             shared: None,
         })
     }
@@ -624,6 +659,119 @@ impl<'a> Parser<'a> {
         Ok(vec![AttentionKind::Full; num_layers as usize])
     }
 
+    /// GLM-4.5 (`Glm4MoeDecoderLayer`): layers `< first_k_dense_replace` are a dense
+    /// `Glm4MoeMLP(intermediate_size)`, the others `Glm4MoeMoE`: `DeepSeek`-V3's router
+    /// (`Glm4MoeTopkRouter`: sigmoid scores, `e_score_correction_bias` to choose, groups,
+    /// `norm_topk_prob`, `routed_scaling_factor`, f32 logits and sum) and
+    /// `n_shared_experts * moe_intermediate_size` of ungated shared MLP. Defaults are
+    /// `Glm4MoeConfig`'s.
+    fn glm4_moe_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
+        let o = self.obj;
+        self.deepseek_router_methods()?;
+        let size = |p: &mut Self, field: &'static str, default: u64| -> Result<u64, ConfigError> {
+            let v = p.obj.opt_size(field)?;
+            let v = p.or_default(field, v, default);
+            if v == 0 {
+                return Err(ConfigError::invalid(field, 0, "must be at least 1"));
+            }
+            Ok(v)
+        };
+        let first_dense = o.opt_size("first_k_dense_replace")?;
+        let first_dense = self.or_default("first_k_dense_replace", first_dense, 1);
+        let moe = if first_dense < num_layers {
+            let experts = size(self, "n_routed_experts", 128)?;
+            let top_k = size(self, "num_experts_per_tok", 8)?;
+            if top_k > experts {
+                return Err(ConfigError::invalid(
+                    "num_experts_per_tok",
+                    top_k,
+                    format!("more than the {experts} experts (n_routed_experts)"),
+                ));
+            }
+            let intermediate = size(self, "moe_intermediate_size", 1408)?;
+            let shared = size(self, "n_shared_experts", 1)?;
+            let groups = size(self, "n_group", 1)?;
+            let chosen_groups = size(self, "topk_group", 1)?;
+            // `scores.view(-1, n_group, experts / n_group).topk(2)`: equal groups of two or more.
+            if !experts.is_multiple_of(groups) || experts / groups < 2 && groups > 1 {
+                return Err(ConfigError::invalid(
+                    "n_group",
+                    groups,
+                    format!(
+                        "must divide n_routed_experts ({experts}) into groups of at least 2 experts"
+                    ),
+                ));
+            }
+            if chosen_groups > groups {
+                return Err(ConfigError::invalid(
+                    "topk_group",
+                    chosen_groups,
+                    format!("more than the {groups} groups (n_group)"),
+                ));
+            }
+            let norm_topk = o.opt_bool("norm_topk_prob")?;
+            let norm_topk = self.or_default("norm_topk_prob", norm_topk, true);
+            let scaling = o.opt_pos_f64("routed_scaling_factor")?;
+            let scaling = self.or_default("routed_scaling_factor", scaling, 1.0);
+            Some(MoeSpec {
+                num_experts: experts,
+                top_k,
+                intermediate,
+                routing: Routing {
+                    router_bias: false,
+                    scoring: RouterScoring::Sigmoid,
+                    top_k_weights: if norm_topk {
+                        TopKWeights::Renormalized
+                    } else {
+                        TopKWeights::Raw
+                    },
+                    correction_bias: true,
+                    groups: (groups > 1).then_some(ExpertGroups { groups, chosen_groups }),
+                    scaling,
+                    precision: RouterPrecision::F32,
+                },
+                shared: Some(SharedExpert {
+                    intermediate: shared.checked_mul(intermediate).ok_or_else(|| {
+                        ConfigError::invalid("n_shared_experts", shared, "too large")
+                    })?,
+                    sigmoid_gate: false,
+                }),
+            })
+        } else {
+            None
+        };
+        let dense =
+            if first_dense > 0 { Some(size(self, "intermediate_size", 10944)?) } else { None };
+        Ok((0..num_layers as usize)
+            .map(|index| LayerSpec {
+                index,
+                attention: AttentionKind::Full,
+                ffn: match (&moe, dense) {
+                    (Some(m), _) if index as u64 >= first_dense => FfnKind::Moe(m.clone()),
+                    (_, Some(intermediate)) => FfnKind::Dense { intermediate },
+                    _ => unreachable!("a layer is dense or MoE by first_k_dense_replace"),
+                },
+            })
+            .collect())
+    }
+
+    /// `DeepSeek`-V3's `topk_method` and `scoring_func`, where a config names them: only the
+    /// router implemented (`"noaux_tc"`: correction-biased, group-limited top-k; `"sigmoid"`).
+    fn deepseek_router_methods(&self) -> Result<(), ConfigError> {
+        for (field, implemented) in [("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")] {
+            if let Some(v) = self.obj.opt_str(field)?
+                && v != implemented
+            {
+                return Err(ConfigError::unsupported(
+                    field,
+                    format!("{v:?}"),
+                    format!("\"{implemented}\" or absent"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Mixtral: `MixtralAttention` passes `config.sliding_window` to every layer; `null` (as in
     /// Mixtral-8x7B) means full attention.
     fn mixtral_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
@@ -703,9 +851,15 @@ impl<'a> Parser<'a> {
     /// code of these families ignores them, so a config carrying them is probably not the model
     /// it claims to be; refuse instead of silently building the wrong network.
     fn reject_foreign_fields(&self, family: Family) -> Result<(), ConfigError> {
-        let mut fields = vec!["first_k_dense_replace", "n_shared_experts"];
+        let mut fields = vec![];
+        if family != Family::Glm4Moe {
+            fields.extend(["first_k_dense_replace", "n_shared_experts"]);
+        }
         if family != Family::Qwen2Moe {
             fields.push("shared_expert_intermediate_size");
+        }
+        if family == Family::Glm4Moe {
+            fields.extend(["mlp_only_layers", "use_sliding_window"]);
         }
         if family == Family::Mixtral {
             fields.extend(["mlp_only_layers", "moe_intermediate_size", "use_sliding_window"]);

@@ -9,7 +9,8 @@
 //! h = rmsnorm(x, input_layernorm)
 //! q, k, v = q_proj(h), k_proj(h), v_proj(h)            (viewed as [heads, head_dim])
 //! q, k = rmsnorm_per_head(q, q_norm), rmsnorm_per_head(k, k_norm)     (Qwen3-MoE only)
-//! q, k = rope_neox(q, pos), rope_neox(k, pos)          (theta from the config)
+//! q, k = rope_neox(q, pos), rope_neox(k, pos)          (theta from the config; the first
+//!                                                       rotary_dim of each head, the rest as is)
 //! append k, v to the cache; o = softmax(q k^T * head_dim^-0.5 + causal mask) v   (GQA)
 //! x = x + o_proj(o)
 //! h = rmsnorm(x, post_attention_layernorm)
@@ -51,9 +52,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::moe::{self, FfnRounding, Layout, Projection, SwiGlu, dot64};
-use crate::spec::{
-    AttentionKind, FfnKind, ModelSpec, NormKind, QkNorm, RouterScoring, TopKWeights,
-};
+use crate::spec::{AttentionKind, FfnKind, ModelSpec, NormKind, QkNorm, RouterPrecision, Routing};
 use crate::weights::{FfnNames, MlpNames, ModelNames, Tensor, Weights, WeightsError};
 use palladium_array::round_bf16;
 
@@ -174,10 +173,11 @@ enum Ffn {
         router_bias: Option<Tensor>,
         experts: Vec<Mlp>,
         top_k: usize,
-        scoring: RouterScoring,
-        weights: TopKWeights,
+        routing: Routing,
+        /// `e_score_correction_bias`, where the routing has one.
+        correction_bias: Option<Tensor>,
         /// The shared expert's MLP and its sigmoid gate's `[1, hidden]` weight, if any.
-        shared: Option<(Mlp, Option<Tensor>)>,
+        shared: Option<Box<(Mlp, Option<Tensor>)>>,
     },
 }
 
@@ -240,7 +240,10 @@ pub struct Reference {
     scale: f32,
     eps: f32,
     max_pos: u64,
-    /// RoPE inverse frequencies, `head_dim / 2` of them, computed in f32 as transformers does.
+    /// Dimensions RoPE rotates: the first `rotary` of each head (all of them but with a
+    /// `partial_rotary_factor`: GLM-4.5), the rest passed through.
+    rotary: usize,
+    /// RoPE inverse frequencies, `rotary / 2` of them, computed in f32 as transformers does.
     inv_freq: Vec<f32>,
     embed: Tensor,
     layers: Vec<Layer>,
@@ -316,17 +319,18 @@ impl Reference {
                 post_norm: get(&ln.post_norm),
                 ffn: match (&ln.ffn, &ls.ffn) {
                     (FfnNames::Dense(m), _) => Ffn::Dense(mlp(m)),
-                    (FfnNames::Moe { router, router_bias, experts, shared }, FfnKind::Moe(moe)) => {
-                        Ffn::Moe {
-                            router: get(router),
-                            router_bias: opt(router_bias),
-                            experts: experts.iter().map(mlp).collect(),
-                            top_k: moe.top_k as usize,
-                            scoring: moe.routing.scoring,
-                            weights: moe.routing.top_k_weights,
-                            shared: shared.as_ref().map(|s| (mlp(&s.mlp), opt(&s.gate))),
-                        }
-                    }
+                    (
+                        FfnNames::Moe { router, router_bias, correction_bias, experts, shared },
+                        FfnKind::Moe(moe),
+                    ) => Ffn::Moe {
+                        router: get(router),
+                        router_bias: opt(router_bias),
+                        experts: experts.iter().map(mlp).collect(),
+                        top_k: moe.top_k as usize,
+                        routing: moe.routing,
+                        correction_bias: opt(correction_bias),
+                        shared: shared.as_ref().map(|s| Box::new((mlp(&s.mlp), opt(&s.gate)))),
+                    },
                     (FfnNames::Moe { .. }, FfnKind::Dense { .. }) => {
                         unreachable!("ModelNames follows the layer's FFN kind")
                     }
@@ -354,6 +358,7 @@ impl Reference {
             scale: a.scale as f32,
             eps: spec.norm.eps as f32,
             max_pos: spec.max_position_embeddings,
+            rotary,
             inv_freq,
             embed: get(&names.embed),
             layers,
@@ -538,7 +543,7 @@ impl Reference {
         }
     }
 
-    /// `NeoX` RoPE of one head in place.
+    /// `NeoX` RoPE of one head's rotated dimensions in place (`x`: the first `rotary`).
     fn rope(&self, x: &mut [f32], cos: &[f32], sin: &[f32]) {
         let half = x.len() / 2;
         for i in 0..half {
@@ -554,18 +559,33 @@ impl Reference {
     fn ffn(&self, ffn: &Ffn, x: &[f32], margin: &mut f32) -> Vec<f32> {
         match ffn {
             Ffn::Dense(m) => moe::swiglu(&m.swiglu(), x, self.ffn_rounding()),
-            Ffn::Moe { router, router_bias, experts, top_k, scoring, weights, shared } => {
-                let logits = self.linear(router, router_bias.as_ref(), x);
-                let route = moe::route(&logits, *top_k, *scoring, *weights);
-                if let (Some(&(kth, _)), Some(next)) = (route.chosen.last(), route.runner_up) {
-                    let scale = crate::tolerance::max_abs(&logits);
-                    let gap = logits[kth] - logits[next];
-                    *margin = margin.min(if scale > 0.0 { gap / scale } else { 0.0 });
-                }
+            Ffn::Moe { router, router_bias, experts, top_k, routing, correction_bias, shared } => {
+                let f32_router = routing.precision == RouterPrecision::F32;
+                // An f32 router's logits are not rounded to the activations' dtype.
+                let logits = match f32_router {
+                    true => projection(router).apply(x, router_bias.as_ref().map(|b| &b.data[..])),
+                    false => self.linear(router, router_bias.as_ref(), x),
+                };
+                let choice = moe::Choice {
+                    correction_bias: correction_bias.as_ref().map(|b| &b.data[..]),
+                    groups: routing.groups.map(|g| (g.groups as usize, g.chosen_groups as usize)),
+                    scaling: routing.scaling as f32,
+                };
+                let route = moe::route_with(
+                    &logits,
+                    *top_k,
+                    routing.scoring,
+                    routing.top_k_weights,
+                    &choice,
+                );
+                *margin = margin.min(route.margin);
                 let expert = |e: usize| experts[e].swiglu();
-                let rounding = self.ffn_rounding();
+                let rounding = match (self.precision, f32_router) {
+                    (Precision::Bf16, true) => FfnRounding::TransformersF32Sum,
+                    _ => self.ffn_rounding(),
+                };
                 let mut out = moe::moe_ffn(x, self.hidden, &route.chosen, expert, rounding);
-                if let Some((mlp, gate)) = shared {
+                if let Some((mlp, gate)) = shared.as_deref() {
                     let shared =
                         moe::Shared { mlp: mlp.swiglu(), gate: gate.as_ref().map(projection) };
                     moe::add_shared(&mut out, &shared, x, rounding);
@@ -638,13 +658,13 @@ impl Reference {
                     if let Some(n) = &layer.q_norm {
                         self.rmsnorm(head, n);
                     }
-                    self.rope(head, cos, sin);
+                    self.rope(&mut head[..self.rotary], cos, sin);
                 }
                 for head in k.chunks_mut(hd) {
                     if let Some(n) = &layer.k_norm {
                         self.rmsnorm(head, n);
                     }
-                    self.rope(head, cos, sin);
+                    self.rope(&mut head[..self.rotary], cos, sin);
                 }
                 debug_assert_eq!(caches[c].k[li].len(), pos[r] * nkv * hd);
                 caches[c].k[li].extend_from_slice(&k);

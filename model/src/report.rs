@@ -3,7 +3,9 @@
 
 use std::fmt::Write as _;
 
-use crate::spec::{AttentionKind, Family, FfnKind, LmHead, ModelSpec, QkNorm, TopKWeights};
+use crate::spec::{
+    AttentionKind, Family, FfnKind, LmHead, ModelSpec, QkNorm, RouterScoring, TopKWeights,
+};
 
 /// Batches the report lists decode-step traffic for.
 pub const REPORT_BATCHES: [u64; 3] = [1, 8, 64];
@@ -47,8 +49,22 @@ fn ffn_text(f: &FfnKind) -> String {
                     if s.sigmoid_gate { " (sigmoid gate)" } else { "" }
                 )
             });
+            let r = &m.routing;
+            let mut scoring = match r.scoring {
+                RouterScoring::Softmax => "softmax".to_string(),
+                RouterScoring::Sigmoid => "sigmoid".to_string(),
+            };
+            if r.correction_bias {
+                scoring += ", correction bias to choose";
+            }
+            if let Some(g) = r.groups {
+                scoring += &format!(", best {} of {} groups", g.chosen_groups, g.groups);
+            }
+            if r.scaling != 1.0 {
+                scoring += &format!(", weights x {}", r.scaling);
+            }
             format!(
-                "MoE {} experts top-{} (softmax, top-k {weights}), expert intermediate {}{shared}",
+                "MoE {} experts top-{} ({scoring}, top-k {weights}), expert intermediate {}{shared}",
                 m.num_experts, m.top_k, m.intermediate
             )
         }
@@ -71,6 +87,7 @@ impl ModelSpec {
             Family::Qwen3Moe => "Qwen3-MoE",
             Family::Mixtral => "Mixtral",
             Family::Qwen2Moe => "Qwen2-MoE",
+            Family::Glm4Moe => "GLM-4.5-MoE",
         };
         writeln!(
             s,

@@ -15,11 +15,16 @@ pub enum Family {
     /// `"qwen2_moe"`: Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B (`modeling_qwen2_moe.py`): a shared
     /// expert with a sigmoid gate next to the routed ones, q/k/v biases.
     Qwen2Moe,
+    /// `"glm4_moe"`: GLM-4.5, GLM-4.5-Air (`modeling_glm4_moe.py`): `DeepSeek`-V3's MoE
+    /// block (sigmoid routing with a correction bias and expert groups, ungated shared
+    /// experts, dense first layers), partial rotary, attention biases, optional q/k norm.
+    Glm4Moe,
 }
 
 impl Family {
     /// Every supported `model_type` value, in the order error messages list them.
-    pub const MODEL_TYPES: &'static [&'static str] = &["qwen3_moe", "mixtral", "qwen2_moe"];
+    pub const MODEL_TYPES: &'static [&'static str] =
+        &["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe"];
 
     /// The `model_type` string Hugging Face uses.
     pub fn model_type(self) -> &'static str {
@@ -27,6 +32,7 @@ impl Family {
             Self::Qwen3Moe => "qwen3_moe",
             Self::Mixtral => "mixtral",
             Self::Qwen2Moe => "qwen2_moe",
+            Self::Glm4Moe => "glm4_moe",
         }
     }
 
@@ -36,6 +42,7 @@ impl Family {
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
             Self::Qwen2Moe => "Qwen2MoeForCausalLM",
+            Self::Glm4Moe => "Glm4MoeForCausalLM",
         }
     }
 }
@@ -314,13 +321,63 @@ pub struct MoeSpec {
     pub shared: Option<SharedExpert>,
 }
 
-/// How router logits become expert weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// How router logits become expert weights ([`crate::moe::route`] computes it).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Routing {
-    /// `gate`: a `[hidden] -> [num_experts]` linear layer without bias (both families).
+    /// `gate`: a `[hidden] -> [num_experts]` linear layer without bias (every family so far).
     pub router_bias: bool,
     pub scoring: RouterScoring,
     pub top_k_weights: TopKWeights,
+    /// `DeepSeek`-V3 style (`topk_method: "noaux_tc"`; GLM-4.5): the checkpoint tensor
+    /// `mlp.gate.e_score_correction_bias` (`[num_experts]`) is added to the scores to
+    /// *choose* the experts (and the groups); the weights are the unbiased scores.
+    pub correction_bias: bool,
+    /// Group-limited choice (`n_group`, `topk_group`); `None` for one group.
+    pub groups: Option<ExpertGroups>,
+    /// `routed_scaling_factor`: the top-k weights (after any renormalisation) are multiplied
+    /// by it; 1 where the family has none.
+    pub scaling: f64,
+    /// How precisely the router module computes, beyond the activations' dtype.
+    pub precision: RouterPrecision,
+}
+
+impl Routing {
+    /// Plain top-k routing (Qwen, Mixtral): no correction bias, one group, no scaling.
+    pub fn top_k(scoring: RouterScoring, top_k_weights: TopKWeights) -> Routing {
+        Routing {
+            router_bias: false,
+            scoring,
+            top_k_weights,
+            correction_bias: false,
+            groups: None,
+            scaling: 1.0,
+            precision: RouterPrecision::Activations,
+        }
+    }
+}
+
+/// `DeepSeek`-V3's group-limited top-k: the experts fall into `groups` consecutive groups of
+/// equal size; a group's score is the sum of its two best (biased) scores; the
+/// `chosen_groups` best groups are kept, every other expert's choice score set to 0 (not
+/// minus infinity, as transformers' `masked_fill(..., 0.0)` does); then the top-k.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ExpertGroups {
+    /// `n_group`.
+    pub groups: u64,
+    /// `topk_group`.
+    pub chosen_groups: u64,
+}
+
+/// Where the MoE block of the bf16 model computes in f32 beyond the activations' dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum RouterPrecision {
+    /// The router's logits in the activations' dtype (`nn.Linear`), the weighted expert
+    /// outputs summed in it (Qwen, Mixtral: `index_add_` into a bf16 buffer).
+    Activations,
+    /// `DeepSeek`-V3 / GLM-4.5: the router casts its input and weight to f32 (`F.linear`
+    /// in f32, logits never rounded), the weights stay f32 and the weighted expert outputs
+    /// are summed in an f32 buffer, rounded to the activations' dtype once.
+    F32,
 }
 
 /// Scoring of router logits, before the top-k choice ([`crate::moe::route`] computes it).
@@ -328,8 +385,8 @@ pub struct Routing {
 pub enum RouterScoring {
     /// Softmax over all experts in float32, then top-k of the probabilities (both families).
     Softmax,
-    /// An elementwise sigmoid of each logit, then top-k of those (`DeepSeek`-V3 style; no
-    /// family parses to it yet, the kernels' `moe_router` offers it).
+    /// An elementwise sigmoid of each logit, then top-k of those (`DeepSeek`-V3 style:
+    /// GLM-4.5; the kernels' `moe_router` offers it).
     Sigmoid,
 }
 
@@ -351,6 +408,7 @@ pub struct SharedExpert {
     /// Total intermediate size of the shared expert(s).
     pub intermediate: u64,
     /// Qwen2-MoE scales the shared output by `sigmoid(shared_expert_gate(x))`, a `[hidden] -> 1`
-    /// linear layer; `DeepSeek` adds it ungated.
+    /// linear layer; `DeepSeek` and GLM-4.5 add it ungated (`n_shared_experts` experts of
+    /// `moe_intermediate_size` as one MLP).
     pub sigmoid_gate: bool,
 }

@@ -20,6 +20,9 @@
 //! | Qwen2-MoE MoE layer: `model.layers.{i}.mlp.shared_expert.{gate,up}_proj.weight` | `[shared_expert_intermediate, hidden]` |
 //! | Qwen2-MoE: `model.layers.{i}.mlp.shared_expert.down_proj.weight` | `[hidden, shared_expert_intermediate]` |
 //! | Qwen2-MoE: `model.layers.{i}.mlp.shared_expert_gate.weight` | `[1, hidden]` |
+//! | GLM-4.5 MoE layer (`>= first_k_dense_replace`): `model.layers.{i}.mlp.gate.weight`, `.e_score_correction_bias` | `[experts, hidden]`, `[experts]` |
+//! | GLM-4.5: `model.layers.{i}.mlp.shared_experts.{gate,up,down}_proj.weight` | as an expert's, intermediate `n_shared_experts * moe_intermediate` |
+//! | GLM-4.5 dense layer (`< first_k_dense_replace`): `model.layers.{i}.mlp.{gate,up,down}_proj.weight` | as above with `intermediate_size` |
 //! | Mixtral: `model.layers.{i}.block_sparse_moe.gate.weight` (router) | `[experts, hidden]` |
 //! | Mixtral: `model.layers.{i}.block_sparse_moe.experts.{e}.{w1,w3}.weight` (gate, up) | `[intermediate, hidden]` |
 //! | Mixtral: `model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight` (down) | `[hidden, intermediate]` |
@@ -142,6 +145,8 @@ pub enum FfnNames {
     Moe {
         router: String,
         router_bias: Option<String>,
+        /// `DeepSeek`-V3-style routing's `e_score_correction_bias` (`[experts]`).
+        correction_bias: Option<String>,
         experts: Vec<MlpNames>,
         shared: Option<SharedNames>,
     },
@@ -185,7 +190,7 @@ impl ModelNames {
             let qkv_bias = spec.attention.qkv_bias;
             let qk_norm = matches!(spec.attention.qk_norm, QkNorm::PerHeadRms { .. });
             let ffn = match (&layer.ffn, spec.family) {
-                (FfnKind::Dense { .. }, Family::Qwen3Moe | Family::Qwen2Moe) => {
+                (FfnKind::Dense { .. }, Family::Qwen3Moe | Family::Qwen2Moe | Family::Glm4Moe) => {
                     FfnNames::Dense(MlpNames {
                         gate: format!("{p}mlp.gate_proj.weight"),
                         up: format!("{p}mlp.up_proj.weight"),
@@ -199,14 +204,16 @@ impl ModelNames {
                 }
                 (FfnKind::Moe(moe), family) => {
                     let block = match family {
-                        Family::Qwen3Moe | Family::Qwen2Moe => format!("{p}mlp."),
+                        Family::Qwen3Moe | Family::Qwen2Moe | Family::Glm4Moe => {
+                            format!("{p}mlp.")
+                        }
                         Family::Mixtral => format!("{p}block_sparse_moe."),
                     };
                     let experts = (0..moe.num_experts)
                         .map(|e| {
                             let x = format!("{block}experts.{e}.");
                             match family {
-                                Family::Qwen3Moe | Family::Qwen2Moe => MlpNames {
+                                Family::Qwen3Moe | Family::Qwen2Moe | Family::Glm4Moe => MlpNames {
                                     gate: format!("{x}gate_proj.weight"),
                                     up: format!("{x}up_proj.weight"),
                                     down: format!("{x}down_proj.weight"),
@@ -219,19 +226,27 @@ impl ModelNames {
                             }
                         })
                         .collect();
-                    // Qwen2-MoE's `shared_expert` / `shared_expert_gate` (the only family with
-                    // one so far).
+                    // Qwen2-MoE's `shared_expert` (and `shared_expert_gate`); GLM-4.5's (and
+                    // `DeepSeek`'s) `shared_experts`, all of them one MLP.
+                    let shared_module = match family {
+                        Family::Qwen2Moe => "shared_expert",
+                        _ => "shared_experts",
+                    };
                     let shared = moe.shared.map(|s| SharedNames {
                         mlp: MlpNames {
-                            gate: format!("{block}shared_expert.gate_proj.weight"),
-                            up: format!("{block}shared_expert.up_proj.weight"),
-                            down: format!("{block}shared_expert.down_proj.weight"),
+                            gate: format!("{block}{shared_module}.gate_proj.weight"),
+                            up: format!("{block}{shared_module}.up_proj.weight"),
+                            down: format!("{block}{shared_module}.down_proj.weight"),
                         },
                         gate: s.sigmoid_gate.then(|| format!("{block}shared_expert_gate.weight")),
                     });
                     FfnNames::Moe {
                         router: format!("{block}gate.weight"),
                         router_bias: moe.routing.router_bias.then(|| format!("{block}gate.bias")),
+                        correction_bias: moe
+                            .routing
+                            .correction_bias
+                            .then(|| format!("{block}gate.e_score_correction_bias")),
                         experts,
                         shared,
                     }
@@ -312,12 +327,18 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
                 t(&m.up, vec![inter, h], Linear);
                 t(&m.down, vec![h, inter], Linear);
             }
-            (FfnNames::Moe { router, router_bias, experts, shared }, FfnKind::Moe(moe)) => {
+            (
+                FfnNames::Moe { router, router_bias, correction_bias, experts, shared },
+                FfnKind::Moe(moe),
+            ) => {
                 // Router first, as Hugging Face lists `mlp.gate` before `mlp.experts`.
                 let e = moe.num_experts as usize;
                 let inter = moe.intermediate as usize;
                 t(router, vec![e, h], Linear);
                 if let Some(b) = router_bias {
+                    t(b, vec![e], Bias);
+                }
+                if let Some(b) = correction_bias {
                     t(b, vec![e], Bias);
                 }
                 for m in experts {
@@ -343,6 +364,17 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
         t(LM_HEAD, vec![vocab, h], Linear);
     }
     Ok(out)
+}
+
+/// A checkpoint tensor outside [`tensor_layout`] that transformers skips on load too: a
+/// tied model's `lm_head.weight`, the RoPE tables some checkpoints carry, and GLM-4.5's
+/// multi-token-prediction layer, `model.layers.{num_hidden_layers}.*` (`Glm4MoeForCausalLM`
+/// ignores `model.layers.46.*` and `.92.*`, the MTP layer of GLM-4.5-Air and GLM-4.5).
+pub(crate) fn ignored_tensor(spec: &ModelSpec, name: &str) -> bool {
+    let tied_head = spec.lm_head == LmHead::Tied && name == LM_HEAD;
+    let mtp_layer = spec.family == Family::Glm4Moe
+        && name.starts_with(&format!("model.layers.{}.", spec.layers.len()));
+    tied_head || mtp_layer || name.ends_with("rotary_emb.inv_freq")
 }
 
 /// One tensor's values, row-major, as `f32`.
@@ -516,8 +548,7 @@ impl Weights {
             for entry in read_header(&disp, bytes)? {
                 let name = entry.name;
                 let Some(ts) = expected.get(name.as_str()) else {
-                    let tied_head = spec.lm_head == LmHead::Tied && name == LM_HEAD;
-                    if tied_head || name.ends_with("rotary_emb.inv_freq") {
+                    if ignored_tensor(spec, &name) {
                         continue;
                     }
                     return Err(WeightsError::Unexpected {

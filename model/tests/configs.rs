@@ -345,3 +345,59 @@ fn tiny_qwen2_moe() {
         ]
     );
 }
+
+/// GLM-4.5: `DeepSeek`-V3's routing as data, ungated shared experts, a dense first layer,
+/// partial rotary; the `Glm4MoeConfig` defaults where fields are absent.
+#[test]
+fn tiny_glm4_moe() {
+    use palladium_model::spec::{ExpertGroups, RouterPrecision, RouterScoring};
+    let s = spec("tiny-glm4-moe.json");
+    assert_eq!(s.family, Family::Glm4Moe);
+    assert_eq!(s.attention.rope.rotary_dim, 32);
+    assert_eq!((s.attention.qkv_bias, s.attention.o_bias), (true, false));
+    assert_eq!(s.attention.qk_norm, QkNorm::PerHeadRms { weight_len: 64 });
+    assert_eq!(s.layers[0].ffn, FfnKind::Dense { intermediate: 512 });
+    let m = moe(&s, 1);
+    assert_eq!((m.num_experts, m.top_k, m.intermediate), (8, 2, 128));
+    let r = m.routing;
+    assert_eq!(r.scoring, RouterScoring::Sigmoid);
+    assert!(r.correction_bias);
+    assert_eq!(r.groups, Some(ExpertGroups { groups: 2, chosen_groups: 1 }));
+    assert_eq!((r.scaling, r.precision), (2.5, RouterPrecision::F32));
+    let shared = m.shared.expect("GLM-4.5's MoE layers have shared experts");
+    assert_eq!((shared.intermediate, shared.sigmoid_gate), (128, false));
+    // Absent fields take Glm4MoeConfig's defaults, recorded.
+    let s = edited(
+        "tiny-glm4-moe.json",
+        &[
+            ("partial_rotary_factor", None),
+            ("n_group", None),
+            ("topk_group", None),
+            ("routed_scaling_factor", None),
+            ("first_k_dense_replace", None),
+        ],
+    )
+    .expect("parses");
+    assert_eq!(s.attention.rope.rotary_dim, 32);
+    assert_eq!(moe(&s, 1).routing.groups, None);
+    assert_eq!(moe(&s, 1).routing.scaling, 1.0);
+    for field in ["partial_rotary_factor", "n_group", "routed_scaling_factor"] {
+        assert!(s.defaulted.contains_key(field), "{field}");
+    }
+    let names: Vec<String> = palladium_model::weights::tensor_layout(&s)
+        .unwrap()
+        .into_iter()
+        .filter(|t| t.name.starts_with("model.layers.1.mlp.") && !t.name.contains(".experts."))
+        .map(|t| format!("{} {:?}", t.name, t.shape))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "model.layers.1.mlp.gate.weight [8, 256]",
+            "model.layers.1.mlp.gate.e_score_correction_bias [8]",
+            "model.layers.1.mlp.shared_experts.gate_proj.weight [128, 256]",
+            "model.layers.1.mlp.shared_experts.up_proj.weight [128, 256]",
+            "model.layers.1.mlp.shared_experts.down_proj.weight [256, 128]",
+        ]
+    );
+}

@@ -21,19 +21,20 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
     const Q: &str = "tiny-qwen3-moe.json";
     const M: &str = "tiny-mixtral.json";
     const Q2: &str = "tiny-qwen2-moe.json";
+    const G: &str = "tiny-glm4-moe.json";
     let sliding = || vec![set("use_sliding_window", json!(true)), set("sliding_window", json!(64))];
     vec![
         (
             Q,
             vec![del("model_type")],
             "model_type",
-            "missing required field \"model_type\" (supported: qwen3_moe, mixtral, qwen2_moe)",
+            "missing required field \"model_type\" (supported: qwen3_moe, mixtral, qwen2_moe, glm4_moe)",
         ),
         (
             Q,
             vec![set("model_type", json!("llama"))],
             "model_type",
-            "unsupported value \"llama\" (supported: qwen3_moe, mixtral, qwen2_moe)",
+            "unsupported value \"llama\" (supported: qwen3_moe, mixtral, qwen2_moe, glm4_moe)",
         ),
         (Q, vec![set("model_type", json!(3))], "model_type", "expected a string, got 3"),
         (
@@ -296,6 +297,30 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             vec![set("n_shared_experts", json!(1))],
             "n_shared_experts",
             "not part of the qwen2_moe architecture",
+        ),
+        (G, vec![set("topk_method", json!("greedy"))], "topk_method", "\"noaux_tc\" or absent"),
+        (G, vec![set("scoring_func", json!("softmax"))], "scoring_func", "\"sigmoid\" or absent"),
+        (G, vec![set("n_group", json!(3))], "n_group", "groups of at least 2 experts"),
+        (G, vec![set("n_group", json!(8))], "n_group", "groups of at least 2 experts"),
+        (G, vec![set("topk_group", json!(3))], "topk_group", "more than the 2 groups"),
+        (G, vec![set("n_shared_experts", json!(0))], "n_shared_experts", "at least 1"),
+        (
+            G,
+            vec![set("routed_scaling_factor", json!(0))],
+            "routed_scaling_factor",
+            "finite number > 0",
+        ),
+        (
+            G,
+            vec![set("partial_rotary_factor", json!(0.01))],
+            "partial_rotary_factor",
+            "even number",
+        ),
+        (
+            G,
+            vec![set("shared_expert_intermediate_size", json!(64))],
+            "shared_expert_intermediate_size",
+            "not part of the glm4_moe architecture",
         ),
         (
             M,
