@@ -613,6 +613,12 @@ fn supported<'s>(
     if r.precision != RouterPrecision::Activations {
         missing.push("a router computed in f32".to_string());
     }
+    if let QkNorm::WholeRms { .. } = a.qk_norm {
+        missing.push("q/k RMS norms over the whole projections".to_string());
+    }
+    if let Some(c) = a.clip_qkv {
+        missing.push(format!("clip_qkv {c}"));
+    }
     if a.rope.rotary_dim != a.head_dim {
         missing.push(format!(
             "partial rotary ({} of head_dim {} rotated)",

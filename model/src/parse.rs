@@ -74,6 +74,7 @@ impl Family {
             Self::Mixtral => Defaults { rms_norm_eps: 1e-5 },
             Self::Qwen2Moe => Defaults { rms_norm_eps: 1e-6 },
             Self::Glm4Moe => Defaults { rms_norm_eps: 1e-5 },
+            Self::Olmoe => Defaults { rms_norm_eps: 1e-5 },
         }
     }
 }
@@ -125,6 +126,7 @@ impl<'a> Parser<'a> {
             Family::Qwen3Moe | Family::Qwen2Moe => self.qwen_moe_layers(family, num_layers)?,
             Family::Mixtral => self.mixtral_layers(num_layers)?,
             Family::Glm4Moe => self.glm4_moe_layers(num_layers)?,
+            Family::Olmoe => self.olmoe_layers(num_layers)?,
         };
 
         Ok(ModelSpec {
@@ -155,6 +157,7 @@ impl<'a> Parser<'a> {
             "mixtral" => Family::Mixtral,
             "qwen2_moe" => Family::Qwen2Moe,
             "glm4_moe" => Family::Glm4Moe,
+            "olmoe" => Family::Olmoe,
             other => {
                 return Err(ConfigError::unsupported(
                     "model_type",
@@ -230,6 +233,26 @@ impl<'a> Parser<'a> {
                 }
                 (false, false, QkNorm::None)
             }
+            // OlmoeAttention: every projection takes `bias=config.attention_bias`; q_norm and
+            // k_norm are `OlmoeRMSNorm` over the whole projections; head_dim is
+            // hidden_size / num_attention_heads whatever the config says.
+            Family::Olmoe => {
+                if head_dim * num_heads != hidden {
+                    return Err(ConfigError::invalid(
+                        "head_dim",
+                        head_dim,
+                        format!(
+                            "OLMoE's head_dim is hidden_size ({hidden}) / num_attention_heads ({num_heads})"
+                        ),
+                    ));
+                }
+                let bias = self.or_default("attention_bias", bias, false);
+                let qk_norm = QkNorm::WholeRms {
+                    q_len: num_heads * head_dim,
+                    k_len: num_kv_heads * head_dim,
+                };
+                (bias, bias, qk_norm)
+            }
             // Qwen2MoeAttention: q/k/v_proj take `bias=config.qkv_bias`, o_proj never; no q/k
             // norm; it raises unless `head_dim * num_attention_heads == hidden_size`.
             Family::Qwen2Moe => {
@@ -281,7 +304,13 @@ impl<'a> Parser<'a> {
             ));
         }
         let rope = self.rope(factor, rotary_dim)?;
+        // OLMoE's `clip_qkv` (null: none); the other families have no such field.
+        let clip_qkv = match family {
+            Family::Olmoe => o.opt_pos_f64("clip_qkv")?,
+            _ => None,
+        };
         Ok(AttentionSpec {
+            clip_qkv,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -772,6 +801,35 @@ impl<'a> Parser<'a> {
         Ok(())
     }
 
+    /// `OLMoE`: every layer `OlmoeSparseMoeBlock` (softmax top-k, `norm_topk_prob` default
+    /// false, experts of `intermediate_size`), full attention.
+    fn olmoe_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
+        let num_experts = self.num_experts()?;
+        if num_experts == 0 {
+            return Err(ConfigError::invalid("num_experts", 0, "must be at least 1"));
+        }
+        let norm_topk = self.obj.opt_bool("norm_topk_prob")?;
+        let norm_topk = self.or_default("norm_topk_prob", norm_topk, false);
+        let weights = if norm_topk { TopKWeights::Renormalized } else { TopKWeights::Raw };
+        let moe = self.moe(num_experts, "intermediate_size", weights)?;
+        if let Some(types) = self.layer_types(num_layers)?
+            && let Some(i) = types.iter().position(|&sliding| sliding)
+        {
+            return Err(ConfigError::unsupported(
+                format!("layer_types[{i}]"),
+                "\"sliding_attention\"",
+                "\"full_attention\" (OLMoE attends fully in every layer)",
+            ));
+        }
+        Ok((0..num_layers as usize)
+            .map(|index| LayerSpec {
+                index,
+                attention: AttentionKind::Full,
+                ffn: FfnKind::Moe(moe.clone()),
+            })
+            .collect())
+    }
+
     /// Mixtral: `MixtralAttention` passes `config.sliding_window` to every layer; `null` (as in
     /// Mixtral-8x7B) means full attention.
     fn mixtral_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
@@ -861,7 +919,7 @@ impl<'a> Parser<'a> {
         if family == Family::Glm4Moe {
             fields.extend(["mlp_only_layers", "use_sliding_window"]);
         }
-        if family == Family::Mixtral {
+        if matches!(family, Family::Mixtral | Family::Olmoe) {
             fields.extend(["mlp_only_layers", "moe_intermediate_size", "use_sliding_window"]);
         }
         for field in fields {

@@ -8,7 +8,9 @@
 //! ```text
 //! h = rmsnorm(x, input_layernorm)
 //! q, k, v = q_proj(h), k_proj(h), v_proj(h)            (viewed as [heads, head_dim])
-//! q, k = rmsnorm_per_head(q, q_norm), rmsnorm_per_head(k, k_norm)     (Qwen3-MoE only)
+//! q, k = rmsnorm_per_head(q, q_norm), rmsnorm_per_head(k, k_norm)     (Qwen3-MoE, GLM-4.5)
+//!   (`OLMoE`: q, k = rmsnorm(q, q_norm), rmsnorm(k, k_norm) over the whole projections, then
+//!   q, k, v clamped to [-clip_qkv, clip_qkv])
 //! q, k = rope_neox(q, pos), rope_neox(k, pos)          (theta from the config; the first
 //!                                                       rotary_dim of each head, the rest as is)
 //! append k, v to the cache; o = softmax(q k^T * head_dim^-0.5 + causal mask) v   (GQA)
@@ -240,6 +242,10 @@ pub struct Reference {
     scale: f32,
     eps: f32,
     max_pos: u64,
+    /// `OLMoE`: `q_norm` / `k_norm` over the whole projections, not per head.
+    whole_qk_norm: bool,
+    /// `OLMoE`'s `clip_qkv`.
+    clip_qkv: Option<f32>,
     /// Dimensions RoPE rotates: the first `rotary` of each head (all of them but with a
     /// `partial_rotary_factor`: GLM-4.5), the rest passed through.
     rotary: usize,
@@ -342,7 +348,6 @@ impl Reference {
             })
             .collect();
         let a = &spec.attention;
-        debug_assert!(matches!(a.qk_norm, QkNorm::None | QkNorm::PerHeadRms { .. }));
         let rotary = a.rope.rotary_dim as usize;
         // transformers: `1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))`, all f32.
         let inv_freq = (0..rotary / 2)
@@ -358,6 +363,8 @@ impl Reference {
             scale: a.scale as f32,
             eps: spec.norm.eps as f32,
             max_pos: spec.max_position_embeddings,
+            whole_qk_norm: matches!(a.qk_norm, QkNorm::WholeRms { .. }),
+            clip_qkv: a.clip_qkv.map(|c| c as f32),
             rotary,
             inv_freq,
             embed: get(&names.embed),
@@ -652,16 +659,26 @@ impl Reference {
                 self.rmsnorm(&mut hn, &layer.input_norm);
                 let mut q = self.linear(&layer.q, layer.q_bias.as_ref(), &hn);
                 let mut k = self.linear(&layer.k, layer.k_bias.as_ref(), &hn);
-                let v = self.linear(&layer.v, layer.v_bias.as_ref(), &hn);
+                let mut v = self.linear(&layer.v, layer.v_bias.as_ref(), &hn);
+                if self.whole_qk_norm {
+                    self.rmsnorm(&mut q, layer.q_norm.as_ref().expect("OLMoE has q_norm"));
+                    self.rmsnorm(&mut k, layer.k_norm.as_ref().expect("OLMoE has k_norm"));
+                }
+                if let Some(c) = self.clip_qkv {
+                    for x in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
+                        *x = x.clamp(-c, c);
+                    }
+                }
                 let (cos, sin) = &tables[r];
+                let per_head = !self.whole_qk_norm;
                 for head in q.chunks_mut(hd) {
-                    if let Some(n) = &layer.q_norm {
+                    if let (true, Some(n)) = (per_head, &layer.q_norm) {
                         self.rmsnorm(head, n);
                     }
                     self.rope(&mut head[..self.rotary], cos, sin);
                 }
                 for head in k.chunks_mut(hd) {
-                    if let Some(n) = &layer.k_norm {
+                    if let (true, Some(n)) = (per_head, &layer.k_norm) {
                         self.rmsnorm(head, n);
                     }
                     self.rope(&mut head[..self.rotary], cos, sin);

@@ -88,6 +88,7 @@ impl ModelSpec {
             Family::Mixtral => "Mixtral",
             Family::Qwen2Moe => "Qwen2-MoE",
             Family::Glm4Moe => "GLM-4.5-MoE",
+            Family::Olmoe => "OLMoE",
         };
         writeln!(
             s,
@@ -120,6 +121,13 @@ impl ModelSpec {
             QkNorm::PerHeadRms { weight_len } => {
                 writeln!(s, "  q/k norm: per-head RMSNorm, weight [{weight_len}], before RoPE")?
             }
+            QkNorm::WholeRms { q_len, k_len } => writeln!(
+                s,
+                "  q/k norm: RMSNorm over the whole projections, weights [{q_len}] / [{k_len}], before RoPE"
+            )?,
+        }
+        if let Some(c) = a.clip_qkv {
+            writeln!(s, "  q/k/v clipped to [-{c}, {c}]")?;
         }
         writeln!(
             s,

@@ -19,12 +19,15 @@ pub enum Family {
     /// block (sigmoid routing with a correction bias and expert groups, ungated shared
     /// experts, dense first layers), partial rotary, attention biases, optional q/k norm.
     Glm4Moe,
+    /// `"olmoe"`: `OLMoE-1B-7B` (`modeling_olmoe.py`): q/k RMS norms over the whole q and k
+    /// projections, `clip_qkv`.
+    Olmoe,
 }
 
 impl Family {
     /// Every supported `model_type` value, in the order error messages list them.
     pub const MODEL_TYPES: &'static [&'static str] =
-        &["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe"];
+        &["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe", "olmoe"];
 
     /// The `model_type` string Hugging Face uses.
     pub fn model_type(self) -> &'static str {
@@ -33,6 +36,7 @@ impl Family {
             Self::Mixtral => "mixtral",
             Self::Qwen2Moe => "qwen2_moe",
             Self::Glm4Moe => "glm4_moe",
+            Self::Olmoe => "olmoe",
         }
     }
 
@@ -43,6 +47,7 @@ impl Family {
             Self::Mixtral => "MixtralForCausalLM",
             Self::Qwen2Moe => "Qwen2MoeForCausalLM",
             Self::Glm4Moe => "Glm4MoeForCausalLM",
+            Self::Olmoe => "OlmoeForCausalLM",
         }
     }
 }
@@ -178,6 +183,9 @@ pub struct AttentionSpec {
     pub o_bias: bool,
     /// Normalisation of q and k before RoPE.
     pub qk_norm: QkNorm,
+    /// `OLMoE`'s `clip_qkv`: q and k (after their norms) and v clamped to `[-c, c]` before
+    /// RoPE; `None` elsewhere.
+    pub clip_qkv: Option<f64>,
     pub rope: RopeSpec,
 }
 
@@ -198,6 +206,10 @@ pub enum QkNorm {
     /// the projection is viewed as `[.., heads, head_dim]` and before RoPE
     /// (`modeling_qwen3_moe.py`, `Qwen3MoeAttention.forward`).
     PerHeadRms { weight_len: u64 },
+    /// `OLMoE`: `q_norm` / `k_norm` are RMS norms over the whole q projection (`[heads *
+    /// head_dim]`) and the whole k projection (`[kv_heads * head_dim]`), before the view as
+    /// heads (`OlmoeAttention.forward`).
+    WholeRms { q_len: u64, k_len: u64 },
 }
 
 /// Rotary position embedding.

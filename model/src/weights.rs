@@ -11,7 +11,8 @@
 //! | `model.layers.{i}.self_attn.q_proj.weight` (`.bias` with `attention_bias`) | `[heads*head_dim, hidden]` |
 //! | `model.layers.{i}.self_attn.{k,v}_proj.weight` (`.bias` with `attention_bias`) | `[kv_heads*head_dim, hidden]` |
 //! | `model.layers.{i}.self_attn.o_proj.weight` (`.bias`: Qwen3-MoE with `attention_bias`) | `[hidden, heads*head_dim]` |
-//! | `model.layers.{i}.self_attn.{q,k}_norm.weight` (Qwen3-MoE only) | `[head_dim]` |
+//! | `model.layers.{i}.self_attn.{q,k}_norm.weight` (Qwen3-MoE; GLM-4.5 with `use_qk_norm`) | `[head_dim]` |
+//! | `OLMoE`: `model.layers.{i}.self_attn.q_norm.weight`, `k_norm.weight` | `[heads*head_dim]`, `[kv_heads*head_dim]` |
 //! | `model.layers.{i}.post_attention_layernorm.weight` | `[hidden]` |
 //! | Qwen3-MoE / Qwen2-MoE MoE layer: `model.layers.{i}.mlp.gate.weight` (router) | `[experts, hidden]` |
 //! | Qwen3-MoE: `model.layers.{i}.mlp.experts.{e}.{gate,up}_proj.weight` | `[moe_intermediate, hidden]` |
@@ -188,7 +189,7 @@ impl ModelNames {
             let p = format!("model.layers.{}.", layer.index);
             let a = |s: &str| format!("{p}self_attn.{s}");
             let qkv_bias = spec.attention.qkv_bias;
-            let qk_norm = matches!(spec.attention.qk_norm, QkNorm::PerHeadRms { .. });
+            let qk_norm = spec.attention.qk_norm != QkNorm::None;
             let ffn = match (&layer.ffn, spec.family) {
                 (FfnKind::Dense { .. }, Family::Qwen3Moe | Family::Qwen2Moe | Family::Glm4Moe) => {
                     FfnNames::Dense(MlpNames {
@@ -197,14 +198,18 @@ impl ModelNames {
                         down: format!("{p}mlp.down_proj.weight"),
                     })
                 }
-                (FfnKind::Dense { .. }, Family::Mixtral) => {
+                (FfnKind::Dense { .. }, Family::Mixtral | Family::Olmoe) => {
                     return Err(WeightsError::Unsupported {
-                        what: format!("dense FFN in Mixtral layer {}", layer.index),
+                        what: format!(
+                            "dense FFN in {} layer {}",
+                            spec.family.model_type(),
+                            layer.index
+                        ),
                     });
                 }
                 (FfnKind::Moe(moe), family) => {
                     let block = match family {
-                        Family::Qwen3Moe | Family::Qwen2Moe | Family::Glm4Moe => {
+                        Family::Qwen3Moe | Family::Qwen2Moe | Family::Glm4Moe | Family::Olmoe => {
                             format!("{p}mlp.")
                         }
                         Family::Mixtral => format!("{p}block_sparse_moe."),
@@ -213,7 +218,10 @@ impl ModelNames {
                         .map(|e| {
                             let x = format!("{block}experts.{e}.");
                             match family {
-                                Family::Qwen3Moe | Family::Qwen2Moe | Family::Glm4Moe => MlpNames {
+                                Family::Qwen3Moe
+                                | Family::Qwen2Moe
+                                | Family::Glm4Moe
+                                | Family::Olmoe => MlpNames {
                                     gate: format!("{x}gate_proj.weight"),
                                     up: format!("{x}up_proj.weight"),
                                     down: format!("{x}down_proj.weight"),
@@ -313,11 +321,15 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
         if let Some(b) = &ln.o_bias {
             t(b, vec![h], Bias);
         }
+        let (q_norm, k_norm) = match spec.attention.qk_norm {
+            QkNorm::WholeRms { q_len, k_len } => (q_len as usize, k_len as usize),
+            QkNorm::None | QkNorm::PerHeadRms { .. } => (hd, hd),
+        };
         if let Some(n) = &ln.q_norm {
-            t(n, vec![hd], Norm);
+            t(n, vec![q_norm], Norm);
         }
         if let Some(n) = &ln.k_norm {
-            t(n, vec![hd], Norm);
+            t(n, vec![k_norm], Norm);
         }
         t(&ln.post_norm, vec![h], Norm);
         match (&ln.ffn, &layer.ffn) {

@@ -401,3 +401,35 @@ fn tiny_glm4_moe() {
         ]
     );
 }
+
+/// `OLMoE`: q/k norms over the whole projections (k's `kv_heads * head_dim` long), `clip_qkv`,
+/// biases on every projection with `attention_bias`, raw top-k weights by default.
+#[test]
+fn tiny_olmoe() {
+    let s = spec("tiny-olmoe.json");
+    assert_eq!(s.family, Family::Olmoe);
+    assert_eq!(s.attention.qk_norm, QkNorm::WholeRms { q_len: 256, k_len: 128 });
+    assert_eq!(s.attention.clip_qkv, None);
+    assert_eq!(moe(&s, 0).routing.top_k_weights, TopKWeights::Raw);
+    assert_eq!(moe(&s, 0).intermediate, 128);
+    let s = edited(
+        "tiny-olmoe.json",
+        &[("clip_qkv", Some(json!(8.0))), ("attention_bias", Some(json!(true)))],
+    )
+    .expect("parses");
+    assert_eq!(s.attention.clip_qkv, Some(8.0));
+    assert_eq!((s.attention.qkv_bias, s.attention.o_bias), (true, true));
+    let norms: Vec<(String, Vec<usize>)> = palladium_model::weights::tensor_layout(&s)
+        .unwrap()
+        .into_iter()
+        .filter(|t| t.name.starts_with("model.layers.0.self_attn.") && t.name.contains("_norm"))
+        .map(|t| (t.name, t.shape))
+        .collect();
+    assert_eq!(
+        norms,
+        [
+            ("model.layers.0.self_attn.q_norm.weight".to_string(), vec![256]),
+            ("model.layers.0.self_attn.k_norm.weight".to_string(), vec![128]),
+        ]
+    );
+}

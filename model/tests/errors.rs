@@ -22,19 +22,20 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
     const M: &str = "tiny-mixtral.json";
     const Q2: &str = "tiny-qwen2-moe.json";
     const G: &str = "tiny-glm4-moe.json";
+    const O: &str = "tiny-olmoe.json";
     let sliding = || vec![set("use_sliding_window", json!(true)), set("sliding_window", json!(64))];
     vec![
         (
             Q,
             vec![del("model_type")],
             "model_type",
-            "missing required field \"model_type\" (supported: qwen3_moe, mixtral, qwen2_moe, glm4_moe)",
+            "missing required field \"model_type\" (supported: qwen3_moe, mixtral, qwen2_moe, glm4_moe, olmoe)",
         ),
         (
             Q,
             vec![set("model_type", json!("llama"))],
             "model_type",
-            "unsupported value \"llama\" (supported: qwen3_moe, mixtral, qwen2_moe, glm4_moe)",
+            "unsupported value \"llama\" (supported: qwen3_moe, mixtral, qwen2_moe, glm4_moe, olmoe)",
         ),
         (Q, vec![set("model_type", json!(3))], "model_type", "expected a string, got 3"),
         (
@@ -321,6 +322,14 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             vec![set("shared_expert_intermediate_size", json!(64))],
             "shared_expert_intermediate_size",
             "not part of the glm4_moe architecture",
+        ),
+        (O, vec![set("clip_qkv", json!(-1))], "clip_qkv", "finite number > 0"),
+        (O, vec![set("head_dim", json!(32))], "head_dim", "OLMoE's head_dim"),
+        (
+            O,
+            vec![set("moe_intermediate_size", json!(64))],
+            "moe_intermediate_size",
+            "not part of the olmoe architecture",
         ),
         (
             M,

@@ -191,6 +191,29 @@ fn glm4_moe_variant_matches_transformers() {
     let _ = std::fs::remove_file(&cfg);
 }
 
+/// `OLMoE`: q/k RMS norms over the whole projections (GQA: k's is shorter), raw top-k weights.
+#[test]
+fn olmoe_matches_transformers() {
+    check("fixtures/models/tiny-olmoe.json", 7, &[1, 17, 300, 42, 5], 10);
+}
+
+/// `OLMoE` with `clip_qkv` small enough to clip (0.5: the normed q and k are O(1)), attention
+/// biases on every projection, renormalised top-k weights.
+#[test]
+fn olmoe_variant_matches_transformers() {
+    let path = repo_root().join("fixtures/models/tiny-olmoe.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["clip_qkv"] = 0.5.into();
+    v["attention_bias"] = true.into();
+    v["norm_topk_prob"] = true.into();
+    let cfg = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("tiny-olmoe-variant-{}.json", std::process::id()));
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    check(cfg.to_str().unwrap(), 5, &[9, 8, 7, 6, 5, 4], 10);
+    let _ = std::fs::remove_file(&cfg);
+}
+
 #[test]
 fn mixtral_matches_transformers() {
     check("fixtures/models/tiny-mixtral.json", 11, &[3, 99, 250, 7], 10);
