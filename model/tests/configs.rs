@@ -433,3 +433,36 @@ fn tiny_olmoe() {
         ]
     );
 }
+
+/// GLM-4.5-Air as shipped. Public figures (model card): 106B total, 12B active parameters;
+/// 46 layers (the MTP layer, `num_nextn_predict_layers: 1`, is not part of the forward pass
+/// and not counted here), the first one dense, 128 routed experts top-8 and one shared.
+#[test]
+fn glm_4_5_air() {
+    use palladium_model::spec::RouterScoring;
+    let s = spec("glm-4.5-air.json");
+    assert_eq!(s.family, Family::Glm4Moe);
+    assert_eq!(s.layers.len(), 46);
+    assert_eq!(
+        (s.attention.num_heads, s.attention.num_kv_heads, s.attention.head_dim),
+        (96, 8, 128)
+    );
+    assert_eq!(s.attention.rope.rotary_dim, 64);
+    assert_eq!((s.attention.qkv_bias, s.attention.o_bias), (true, false));
+    assert_eq!(s.attention.qk_norm, QkNorm::None);
+    assert_eq!(s.layers[0].ffn, FfnKind::Dense { intermediate: 10944 });
+    for l in &s.layers[1..] {
+        let m = moe(&s, l.index);
+        assert_eq!((m.num_experts, m.top_k, m.intermediate), (128, 8, 1408));
+        assert_eq!(m.routing.scoring, RouterScoring::Sigmoid);
+        assert!(m.routing.correction_bias && m.routing.groups.is_none());
+        assert_eq!(m.shared.map(|s| s.intermediate), Some(1408));
+    }
+    assert!(s.defaulted.is_empty(), "{:?}", s.defaulted);
+    let p = s.params();
+    assert!(close(p.total(), 106e9, 0.02), "total {}", p.total());
+    // The card's 12B active counts neither the embedding nor `lm_head` (12.18B here; 13.42B
+    // with both).
+    let active = p.active_without_embedding() - p.lm_head;
+    assert!(close(active, 12e9, 0.02), "active {active}");
+}
