@@ -52,7 +52,9 @@ use palladium_dsl::spec::Chip;
 use palladium_kernels::body::{DIGIT_ROWS, widened_code_bytes};
 use palladium_model::quant::WeightsDtype;
 use palladium_model::spec::{Quantization, RouterPrecision};
-use palladium_model::{AttentionKind, FfnKind, LmHead, ModelSpec, MoeSpec, QkNorm, TopKWeights};
+use palladium_model::{
+    AttentionKind, Family, FfnKind, LmHead, ModelSpec, MoeSpec, QkNorm, TopKWeights,
+};
 use serde::Serialize;
 
 // The plan's vocabulary lives in `crate::options` (shared with `crate::shard`); re-exported
@@ -531,7 +533,10 @@ fn supported<'s>(
     }
     let planned = &spec.layers[..layers];
     // The dense-MLP layers' config fields, for the refusals that name them.
-    let dense_fields = "mlp_only_layers / decoder_sparse_step";
+    let dense_fields = match spec.family {
+        Family::Glm4Moe => "first_k_dense_replace",
+        _ => "mlp_only_layers / decoder_sparse_step",
+    };
     let Some(first_moe) = planned.iter().find(|l| matches!(l.ffn, FfnKind::Moe(_))) else {
         return Err(PlanError::Unsupported(format!(
             "no MoE layer among the {layers} planned layers (every one is a dense MLP by the config's {dense_fields}): the megakernel plans MoE models, dense-MLP layers only among MoE layers"
@@ -564,22 +569,6 @@ fn supported<'s>(
             })
             .collect(),
     );
-    if !layer_ffns.all_routed() {
-        // The dense MLP's chunks go through the expert ring, so its codes must be the
-        // experts': int4's scheme keeps a dense MLP int8 (the dense weights' format).
-        if options.weights == WeightsDtype::Int4 {
-            return Err(PlanError::Unsupported(format!(
-                "--weights-dtype int4 with dense-MLP layers (layers {:?} by the config's {dense_fields}): the int4 scheme stores a dense MLP as int8 per channel, and the expert ring its chunks stream through holds int4 codes (int8 and fp8 are planned)",
-                layer_ffns.layers_of(Ffn::DenseMlp)
-            )));
-        }
-        let i = dense_intermediate(spec).unwrap_or(0);
-        if i == 0 || !i.is_multiple_of(128) {
-            return Err(PlanError::Unsupported(format!(
-                "intermediate_size {i} of the dense-MLP layers ({dense_fields}): must be a multiple of 128"
-            )));
-        }
-    }
     // What the reference forward pass computes and the megakernel does not emit yet, all
     // named at once.
     let a = &spec.attention;
@@ -631,6 +620,22 @@ fn supported<'s>(
             missing.join(", "),
             spec.family.model_type()
         )));
+    }
+    if !layer_ffns.all_routed() {
+        // The dense MLP's chunks go through the expert ring, so its codes must be the
+        // experts': int4's scheme keeps a dense MLP int8 (the dense weights' format).
+        if options.weights == WeightsDtype::Int4 {
+            return Err(PlanError::Unsupported(format!(
+                "--weights-dtype int4 with dense-MLP layers (layers {:?} by the config's {dense_fields}): the int4 scheme stores a dense MLP as int8 per channel, and the expert ring its chunks stream through holds int4 codes (int8 and fp8 are planned)",
+                layer_ffns.layers_of(Ffn::DenseMlp)
+            )));
+        }
+        let i = dense_intermediate(spec).unwrap_or(0);
+        if i == 0 || !i.is_multiple_of(128) {
+            return Err(PlanError::Unsupported(format!(
+                "intermediate_size {i} of the dense-MLP layers ({dense_fields}): must be a multiple of 128"
+            )));
+        }
     }
     if !a.head_dim.is_multiple_of(2) || a.head_dim > 256 {
         return Err(PlanError::Unsupported(format!("head_dim {}", a.head_dim)));
