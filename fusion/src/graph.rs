@@ -195,7 +195,9 @@ impl LayerGraph {
                     &[k],
                 ),
             ),
-            QkNorm::None => (q, k),
+            // Never planned (`plan::supported` refuses OLMoE's norm over the whole
+            // projections, naming it, before any graph is built).
+            QkNorm::None | QkNorm::WholeRms { .. } => (q, k),
         };
         let qr = node(&mut g, "q_rope", OpKind::Rope, &[q]);
         let kr = node(&mut g, "k_rope", OpKind::Rope, &[k]);

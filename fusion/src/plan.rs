@@ -51,9 +51,9 @@ use palladium_dsl::ir::{Shape, padded_vmem_bytes};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::body::{DIGIT_ROWS, widened_code_bytes};
 use palladium_model::quant::WeightsDtype;
-use palladium_model::spec::Quantization;
+use palladium_model::spec::{Quantization, RouterPrecision};
 use palladium_model::{
-    AttentionForm, AttentionKind, FfnKind, LmHead, ModelSpec, MoeSpec, QkNorm, TopKWeights,
+    AttentionForm, AttentionKind, Family, FfnKind, LmHead, ModelSpec, MoeSpec, QkNorm, TopKWeights,
 };
 use serde::Serialize;
 
@@ -539,7 +539,10 @@ fn supported<'s>(
         )));
     }
     // The dense-MLP layers' config fields, for the refusals that name them.
-    let dense_fields = "mlp_only_layers / decoder_sparse_step";
+    let dense_fields = match spec.family {
+        Family::Glm4Moe => "first_k_dense_replace",
+        _ => "mlp_only_layers / decoder_sparse_step",
+    };
     let Some(first_moe) = planned.iter().find(|l| matches!(l.ffn, FfnKind::Moe(_))) else {
         return Err(PlanError::Unsupported(format!(
             "no MoE layer among the {layers} planned layers (every one is a dense MLP by the config's {dense_fields}): the megakernel plans MoE models, dense-MLP layers only among MoE layers"
@@ -572,6 +575,58 @@ fn supported<'s>(
             })
             .collect(),
     );
+    // What the reference forward pass computes and the megakernel does not emit yet, all
+    // named at once.
+    let a = &spec.attention;
+    let r = &moe.routing;
+    let mut missing = Vec::new();
+    if let Some(shared) = moe.shared {
+        missing.push(format!(
+            "shared experts (intermediate {}{})",
+            shared.intermediate,
+            if shared.sigmoid_gate { ", sigmoid-gated" } else { "" }
+        ));
+    }
+    if a.qkv_bias || a.o_bias || r.router_bias {
+        missing.push("attention or router biases".to_string());
+    }
+    if r.correction_bias || r.groups.is_some() || r.scaling != 1.0 {
+        missing.push(format!(
+            "DeepSeek-V3 routing ({}{}{})",
+            if r.correction_bias { "e_score_correction_bias" } else { "no correction bias" },
+            r.groups.map_or(String::new(), |g| format!(
+                ", best {} of {} expert groups",
+                g.chosen_groups, g.groups
+            )),
+            if r.scaling != 1.0 {
+                format!(", routed_scaling_factor {}", r.scaling)
+            } else {
+                String::new()
+            }
+        ));
+    }
+    if r.precision != RouterPrecision::Activations {
+        missing.push("a router computed in f32".to_string());
+    }
+    if let QkNorm::WholeRms { .. } = a.qk_norm {
+        missing.push("q/k RMS norms over the whole projections".to_string());
+    }
+    if let Some(c) = a.clip_qkv {
+        missing.push(format!("clip_qkv {c}"));
+    }
+    if a.rope.rotary_dim != a.head_dim {
+        missing.push(format!(
+            "partial rotary ({} of head_dim {} rotated)",
+            a.rope.rotary_dim, a.head_dim
+        ));
+    }
+    if !missing.is_empty() {
+        return Err(PlanError::Unsupported(format!(
+            "{} of {}: the reference forward pass computes them, the megakernel does not emit them yet",
+            missing.join(", "),
+            spec.family.model_type()
+        )));
+    }
     if !layer_ffns.all_routed() {
         // The dense MLP's chunks go through the expert ring, so its codes must be the
         // experts': int4's scheme keeps a dense MLP int8 (the dense weights' format).
@@ -588,13 +643,6 @@ fn supported<'s>(
             )));
         }
     }
-    if moe.shared.is_some() {
-        return Err(PlanError::Unsupported("shared experts".into()));
-    }
-    if spec.attention.qkv_bias || spec.attention.o_bias || moe.routing.router_bias {
-        return Err(PlanError::Unsupported("attention or router biases".into()));
-    }
-    let a = &spec.attention;
     if !a.head_dim.is_multiple_of(2) || a.head_dim > 256 {
         return Err(PlanError::Unsupported(format!("head_dim {}", a.head_dim)));
     }

@@ -544,3 +544,31 @@ fn mla_is_refused_by_name() {
         }
     }
 }
+
+/// The families the reference computes and the megakernel does not emit yet are refused
+/// with every missing feature named at once, whatever layer the plan starts at.
+#[test]
+fn families_the_megakernel_lacks_are_refused_by_feature() {
+    for (fixture, features) in [
+        ("tiny-qwen2-moe", &["shared experts (intermediate 256, sigmoid-gated)", "biases"][..]),
+        (
+            "tiny-glm4-moe",
+            &[
+                "shared experts (intermediate 128)",
+                "DeepSeek-V3 routing (e_score_correction_bias, best 1 of 2 expert groups, routed_scaling_factor 2.5)",
+                "a router computed in f32",
+                "partial rotary (32 of head_dim 64 rotated)",
+            ][..],
+        ),
+        ("tiny-olmoe", &["q/k RMS norms over the whole projections"][..]),
+        ("glm-4.5-air", &["shared experts (intermediate 1408)", "partial rotary"][..]),
+    ] {
+        match Plan::new(&spec(fixture), &options(Chip::V6e, 1, 256, Some(2))) {
+            Err(e @ PlanError::Unsupported(_)) => {
+                let msg = e.to_string();
+                assert!(features.iter().all(|f| msg.contains(f)), "{fixture}: {msg}");
+            }
+            other => panic!("{fixture}: expected a refusal, got {other:?}"),
+        }
+    }
+}

@@ -173,6 +173,7 @@ impl ModelSpec {
         let qk_norm = match a.qk_norm {
             QkNorm::None => 0,
             QkNorm::PerHeadRms { weight_len } => 2 * u128::from(weight_len),
+            QkNorm::WholeRms { q_len, k_len } => u128::from(q_len) + u128::from(k_len),
         };
         let mlp = |inter: u64| 3 * h * u128::from(inter);
         let (attention, attention_norms) = match a.form {

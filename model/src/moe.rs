@@ -1,6 +1,6 @@
 //! The mixture-of-experts math, implemented once: how a token's router logits become its
 //! chosen experts and their weights ([`route`]), and how the chosen experts' SwiGLU outputs
-//! are combined ([`moe_ffn`], [`swiglu`]). [`crate::reference::Reference`] (transformers'
+//! are combined ([`moe_ffn`], [`swiglu`]) and a shared expert's added ([`add_shared`]). [`crate::reference::Reference`] (transformers'
 //! float32 and bfloat16 models) and the kernel library's references
 //! (`palladium_kernels::moe_reference`, each kernel's convention) both call these functions;
 //! they differ only in data: the [`RouterScoring`] and [`TopKWeights`] of the model, where
@@ -35,6 +35,11 @@ pub struct Route {
     /// between its logit and the last chosen one is the routing's margin: implementations
     /// whose logits differ by rounding may disagree on the choice when it is small.
     pub runner_up: Option<usize>,
+    /// The routing's margin, relative: the gap between the last chosen expert's and the
+    /// runner-up's logits over the largest `|logit|` (with a correction bias or groups: of
+    /// their choice scores, over the largest `|choice score|`); infinite when every expert
+    /// is chosen. Small: a near tie.
+    pub margin: f32,
 }
 
 /// Routes one token: its router `logits` (one per expert) scored by `scoring`, the `top_k`
@@ -43,17 +48,32 @@ pub struct Route {
 /// # Panics
 /// If `top_k` is 0 or more than the number of experts.
 pub fn route(logits: &[f32], top_k: usize, scoring: RouterScoring, weights: TopKWeights) -> Route {
-    assert!((1..=logits.len()).contains(&top_k), "top_k {top_k} of {} experts", logits.len());
-    let scores: Vec<f32> = match scoring {
-        RouterScoring::Softmax => {
-            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let e: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
-            let sum: f32 = e.iter().sum();
-            e.iter().map(|&v| v / sum).collect()
-        }
-        RouterScoring::Sigmoid => logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect(),
-    };
-    // Descending score, NaN below every number, the lower id first among equals.
+    route_with(logits, top_k, scoring, weights, &Choice::TOP_K)
+}
+
+/// How the scores choose the experts beyond their plain order, and how the chosen weights
+/// are scaled: `DeepSeek`-V3's `noaux_tc` router (GLM-4.5), as transformers 4.57 computes it
+/// (`DeepseekV3TopkRouter`, `Glm4MoeTopkRouter`).
+#[derive(Debug, Clone, Copy)]
+pub struct Choice<'a> {
+    /// `e_score_correction_bias`, one per expert: added to the scores to choose experts and
+    /// groups, never to the weights.
+    pub correction_bias: Option<&'a [f32]>,
+    /// `(n_group, topk_group)`: the experts in `n_group` equal consecutive groups, a group
+    /// scored by the sum of its two best choice scores, the `topk_group` best kept (ties to
+    /// the lower group), every other expert's choice score set to 0.
+    pub groups: Option<(usize, usize)>,
+    /// `routed_scaling_factor`, multiplying the weights after any renormalisation.
+    pub scaling: f32,
+}
+
+impl Choice<'_> {
+    /// Plain top-k of the scores, weights unscaled.
+    pub const TOP_K: Choice<'static> = Choice { correction_bias: None, groups: None, scaling: 1.0 };
+}
+
+/// Descending order of `scores`, NaN below every number, the lower id first among equals.
+fn ranking(scores: &[f32]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..scores.len()).collect();
     order.sort_by(|&a, &b| {
         let (x, y) = (scores[a], scores[b]);
@@ -63,6 +83,62 @@ pub fn route(logits: &[f32], top_k: usize, scoring: RouterScoring, weights: TopK
         }
         .then(a.cmp(&b))
     });
+    order
+}
+
+/// [`route`] with `choice`'s correction bias, expert groups and weight scaling: the experts
+/// are ranked by their *choice* scores (the scores plus the bias, outside the kept groups
+/// 0), the weights are the chosen experts' unbiased scores, renormalised where `weights`
+/// says (transformers adds 1e-20 to the sum, which changes no sum above 2^-43), then
+/// times `choice.scaling`. [`Route::runner_up`] is by choice score too.
+///
+/// # Panics
+/// If `top_k` is 0 or more than the number of experts, the bias has another length, or the
+/// groups do not divide the experts into groups of at least two (transformers' `topk(2)`).
+pub fn route_with(
+    logits: &[f32],
+    top_k: usize,
+    scoring: RouterScoring,
+    weights: TopKWeights,
+    choice: &Choice<'_>,
+) -> Route {
+    let n = logits.len();
+    assert!((1..=n).contains(&top_k), "top_k {top_k} of {n} experts");
+    let scores: Vec<f32> = match scoring {
+        RouterScoring::Softmax => {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+            let sum: f32 = e.iter().sum();
+            e.iter().map(|&v| v / sum).collect()
+        }
+        RouterScoring::Sigmoid => logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect(),
+    };
+    let mut for_choice = scores.clone();
+    if let Some(bias) = choice.correction_bias {
+        assert_eq!(bias.len(), n, "one correction bias per expert");
+        for (s, b) in for_choice.iter_mut().zip(bias) {
+            *s += b;
+        }
+    }
+    if let Some((groups, kept)) = choice.groups {
+        let size = n / groups;
+        assert!(size >= 2 && size * groups == n, "{n} experts in {groups} groups");
+        assert!((1..=groups).contains(&kept), "topk_group {kept} of {groups} groups");
+        let group_scores: Vec<f32> = for_choice
+            .chunks_exact(size)
+            .map(|g| {
+                let best = ranking(g);
+                g[best[0]] + g[best[1]]
+            })
+            .collect();
+        let kept_groups = &ranking(&group_scores)[..kept];
+        for (g, chunk) in for_choice.chunks_exact_mut(size).enumerate() {
+            if !kept_groups.contains(&g) {
+                chunk.fill(0.0);
+            }
+        }
+    }
+    let order = ranking(&for_choice);
     let poisoned = scores.iter().any(|s| s.is_nan());
     let mut chosen: Vec<(usize, f32)> =
         order[..top_k].iter().map(|&e| (e, if poisoned { f32::NAN } else { scores[e] })).collect();
@@ -72,7 +148,23 @@ pub fn route(logits: &[f32], top_k: usize, scoring: RouterScoring, weights: TopK
             c.1 /= sum;
         }
     }
-    Route { chosen, runner_up: order.get(top_k).copied() }
+    if choice.scaling != 1.0 {
+        for c in &mut chosen {
+            c.1 *= choice.scaling;
+        }
+    }
+    let runner_up = order.get(top_k).copied();
+    let plain = choice.correction_bias.is_none() && choice.groups.is_none();
+    let ranked_by = if plain { logits } else { &for_choice[..] };
+    let margin = match (chosen.last(), runner_up) {
+        (Some(&(kth, _)), Some(next)) => {
+            let scale = crate::tolerance::max_abs(ranked_by);
+            let gap = ranked_by[kth] - ranked_by[next];
+            if scale > 0.0 { gap / scale } else { 0.0 }
+        }
+        _ => f32::INFINITY,
+    };
+    Route { chosen, runner_up, margin }
 }
 
 /// Where an FFN rounds to bf16. The math between the rounding points is f32, dot products
@@ -86,6 +178,11 @@ pub enum FfnRounding {
     /// hidden dtype), each weighted expert output, and the running sum after each expert
     /// (`index_add_` into a bf16 buffer).
     Transformers,
+    /// transformers' bfloat16 model of a `DeepSeek`-V3-style MoE block (GLM-4.5,
+    /// [`crate::spec::RouterPrecision::F32`]): each expert as [`Self::Transformers`], but the
+    /// f32 routing weights, the weighted outputs and their running sum stay f32 (`index_add_`
+    /// into an f32 buffer), rounded once at the end.
+    TransformersF32Sum,
     /// The kernels' (`expert_ffn`, and the megakernel's experts): f32 products and
     /// accumulators; the activation rounded (it is the down projection's bf16 MXU operand)
     /// and the combined output rounded once, when stored.
@@ -97,15 +194,23 @@ impl FfnRounding {
     /// running sum (transformers' bf16 model rounds them all).
     fn each_op(self, x: f32) -> f32 {
         match self {
-            Self::Transformers => round_bf16(x),
+            Self::Transformers | Self::TransformersF32Sum => round_bf16(x),
             Self::None | Self::Kernel => x,
+        }
+    }
+
+    /// A routing weight, a weighted expert output or the running sum of the routed experts.
+    fn combine(self, x: f32) -> f32 {
+        match self {
+            Self::Transformers => round_bf16(x),
+            Self::None | Self::Kernel | Self::TransformersF32Sum => x,
         }
     }
 
     /// The SwiGLU activation, the down projection's input.
     fn activation(self, x: f32) -> f32 {
         match self {
-            Self::Transformers | Self::Kernel => round_bf16(x),
+            Self::Transformers | Self::TransformersF32Sum | Self::Kernel => round_bf16(x),
             Self::None => x,
         }
     }
@@ -113,7 +218,7 @@ impl FfnRounding {
     /// The combined output of the routed experts.
     fn output(self, x: f32) -> f32 {
         match self {
-            Self::Transformers | Self::Kernel => round_bf16(x),
+            Self::Transformers | Self::TransformersF32Sum | Self::Kernel => round_bf16(x),
             Self::None => x,
         }
     }
@@ -209,7 +314,7 @@ pub fn moe_ffn<'a>(
     expert: impl Fn(usize) -> SwiGlu<'a>,
     rounding: FfnRounding,
 ) -> Vec<f32> {
-    let r = |v: f32| rounding.each_op(v);
+    let r = |v: f32| rounding.combine(v);
     let mut by_id = chosen.to_vec();
     by_id.sort_by_key(|c| c.0);
     let mut acc = vec![0f32; hidden];
@@ -222,6 +327,33 @@ pub fn moe_ffn<'a>(
         }
     }
     acc.into_iter().map(|a| rounding.output(a)).collect()
+}
+
+/// An always-on shared expert ([`crate::spec::SharedExpert`]): its MLP, and the
+/// `[hidden] -> 1` projection of its sigmoid gate where it has one (Qwen2-MoE's
+/// `shared_expert_gate`; `DeepSeek`'s shared experts are ungated).
+#[derive(Debug, Clone, Copy)]
+pub struct Shared<'a> {
+    pub mlp: SwiGlu<'a>,
+    pub gate: Option<Projection<'a>>,
+}
+
+/// Adds the shared expert's output on `x` to the routed experts' output `routed` in place,
+/// as transformers computes it (`Qwen2MoeSparseMoeBlock.forward`):
+/// `routed + sigmoid(gate(x)) * swiglu(x)`, the gate's logit, its sigmoid, the product and
+/// the sum rounded where `rounding` rounds each op ([`FfnRounding::Transformers`]).
+pub fn add_shared(routed: &mut [f32], shared: &Shared<'_>, x: &[f32], rounding: FfnRounding) {
+    let r = |v: f32| rounding.each_op(v);
+    let y = swiglu(&shared.mlp, x, rounding);
+    assert_eq!(y.len(), routed.len(), "the shared expert's output");
+    let scale = shared.gate.map(|g| {
+        let logit = r(g.apply(x, None)[0]);
+        r(1.0 / (1.0 + (-logit).exp()))
+    });
+    for (a, y) in routed.iter_mut().zip(y) {
+        let y = scale.map_or(y, |s| r(s * y));
+        *a = rounding.output(*a + y);
+    }
 }
 
 /// `a . b` accumulated in f64 in index order.
@@ -265,6 +397,43 @@ mod tests {
         let r = route(&logits, 2, RouterScoring::Sigmoid, TopKWeights::Renormalized);
         let sum = sigmoid(3.0) + sigmoid(1.0);
         assert_eq!(r.chosen, vec![(2, sigmoid(3.0) / sum), (0, sigmoid(1.0) / sum)]);
+    }
+
+    /// `DeepSeek`-V3's router by hand: 8 experts in 2 groups of 4, sigmoid scores.
+    #[test]
+    fn grouped_biased_routing_by_hand() {
+        let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let logits = [2.0, 1.0, 0.0, -1.0, 1.5, 1.4, 1.3, -3.0];
+        // The bias lifts expert 3 over 0 in the choice only; its weight stays sigmoid(-1).
+        let bias = [0.0, 0.0, 0.0, 0.9, 0.0, 0.0, 0.0, 0.0];
+        let choice = Choice { correction_bias: Some(&bias), groups: None, scaling: 1.0 };
+        let r = route_with(&logits, 1, RouterScoring::Sigmoid, TopKWeights::Raw, &choice);
+        assert_eq!(r.chosen, vec![(3, sigmoid(-1.0))]);
+        assert_eq!(r.runner_up, Some(0));
+        // Groups: group 0's two best (biased) sum to sigmoid(-1) + 0.9 + sigmoid(2), group 1's
+        // sigmoid(1.5) + sigmoid(1.4), less: with one group kept, every choice is group 0's
+        // even though experts 4 and 5 outscore expert 1.
+        let choice = Choice { correction_bias: Some(&bias), groups: Some((2, 1)), scaling: 1.0 };
+        let r = route_with(&logits, 3, RouterScoring::Sigmoid, TopKWeights::Raw, &choice);
+        assert_eq!(ids(&r), vec![3, 0, 1]);
+        // Without the bias group 1 wins (sigmoid(1.5) + sigmoid(1.4) > sigmoid(2) + sigmoid(1)).
+        let choice = Choice { correction_bias: None, groups: Some((2, 1)), scaling: 1.0 };
+        let r = route_with(&logits, 2, RouterScoring::Sigmoid, TopKWeights::Raw, &choice);
+        assert_eq!(ids(&r), vec![4, 5]);
+        // The dropped group's experts score 0 for the choice, as transformers' masked_fill:
+        // with top-k past the kept group's experts, a dropped expert (0) outranks a kept one
+        // whose biased score is negative (expert 7: sigmoid(-3) - 0.5).
+        let bias = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -0.5];
+        let logits = [-5.0, -5.0, -5.0, -5.0, 1.0, 1.0, 1.0, -3.0];
+        let choice = Choice { correction_bias: Some(&bias), groups: Some((2, 1)), scaling: 1.0 };
+        let r = route_with(&logits, 4, RouterScoring::Sigmoid, TopKWeights::Raw, &choice);
+        assert_eq!(ids(&r), vec![4, 5, 6, 0]);
+        // Renormalised, then scaled.
+        let logits = [2.0, 1.0, 0.0, -1.0, 1.5, 1.4, 1.3, -3.0];
+        let choice = Choice { correction_bias: None, groups: None, scaling: 2.5 };
+        let r = route_with(&logits, 2, RouterScoring::Sigmoid, TopKWeights::Renormalized, &choice);
+        let sum = sigmoid(2.0) + sigmoid(1.5);
+        assert_eq!(r.chosen, vec![(0, sigmoid(2.0) / sum * 2.5), (4, sigmoid(1.5) / sum * 2.5)]);
     }
 
     /// What the kernels' `top_k` body does with NaN scores: they rank below every number,

@@ -13,9 +13,10 @@ use serde_json::Value;
 use crate::error::ConfigError;
 use crate::json::{Obj, describe};
 use crate::spec::{
-    Activation, AttentionForm, AttentionKind, AttentionSpec, Dtype, Family, FfnKind, LayerSpec,
-    LmHead, MlaSpec, MlpSpec, ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm, Quantization,
-    RopeScaling, RopeSpec, RopeStyle, RouterScoring, Routing, TopKWeights, yarn_mscale,
+    Activation, AttentionForm, AttentionKind, AttentionSpec, Dtype, ExpertGroups, Family, FfnKind,
+    LayerSpec, LmHead, MlaSpec, MlpSpec, ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm,
+    Quantization, RopeScaling, RopeSpec, RopeStyle, RouterPrecision, RouterScoring, Routing,
+    SharedExpert, TopKWeights, yarn_mscale,
 };
 
 impl ModelSpec {
@@ -73,6 +74,9 @@ impl Family {
             Self::Qwen3Moe => Defaults { rms_norm_eps: 1e-6 },
             Self::Mixtral => Defaults { rms_norm_eps: 1e-5 },
             Self::DeepseekV3 | Self::DeepseekV2 => Defaults { rms_norm_eps: 1e-6 },
+            Self::Qwen2Moe => Defaults { rms_norm_eps: 1e-6 },
+            Self::Glm4Moe => Defaults { rms_norm_eps: 1e-5 },
+            Self::Olmoe => Defaults { rms_norm_eps: 1e-5 },
         }
     }
 }
@@ -111,7 +115,11 @@ impl<'a> Parser<'a> {
         let max_position_embeddings = o.req_pos("max_position_embeddings")?;
         let attention = match family {
             Family::DeepseekV3 | Family::DeepseekV2 => self.mla_attention(family)?,
-            Family::Qwen3Moe | Family::Mixtral => self.attention(family, hidden_size)?,
+            Family::Qwen3Moe
+            | Family::Mixtral
+            | Family::Qwen2Moe
+            | Family::Glm4Moe
+            | Family::Olmoe => self.attention(family, hidden_size)?,
         };
 
         let eps = o.opt_pos_f64("rms_norm_eps")?;
@@ -124,9 +132,11 @@ impl<'a> Parser<'a> {
         let quantization = self.quantization()?;
         self.reject_foreign_fields(family)?;
         let layers = match family {
-            Family::Qwen3Moe => self.qwen3_moe_layers(num_layers)?,
+            Family::Qwen3Moe | Family::Qwen2Moe => self.qwen_moe_layers(family, num_layers)?,
             Family::Mixtral => self.mixtral_layers(num_layers)?,
             Family::DeepseekV3 | Family::DeepseekV2 => self.deepseek_layers(family, num_layers)?,
+            Family::Glm4Moe => self.glm4_moe_layers(num_layers)?,
+            Family::Olmoe => self.olmoe_layers(num_layers)?,
         };
 
         Ok(ModelSpec {
@@ -157,6 +167,9 @@ impl<'a> Parser<'a> {
             "mixtral" => Family::Mixtral,
             "deepseek_v3" => Family::DeepseekV3,
             "deepseek_v2" => Family::DeepseekV2,
+            "qwen2_moe" => Family::Qwen2Moe,
+            "glm4_moe" => Family::Glm4Moe,
+            "olmoe" => Family::Olmoe,
             other => {
                 return Err(ConfigError::unsupported(
                     "model_type",
@@ -235,15 +248,84 @@ impl<'a> Parser<'a> {
                 }
                 (false, false, QkNorm::None)
             }
+            // OlmoeAttention: every projection takes `bias=config.attention_bias`; q_norm and
+            // k_norm are `OlmoeRMSNorm` over the whole projections; head_dim is
+            // hidden_size / num_attention_heads whatever the config says.
+            Family::Olmoe => {
+                if head_dim * num_heads != hidden {
+                    return Err(ConfigError::invalid(
+                        "head_dim",
+                        head_dim,
+                        format!(
+                            "OLMoE's head_dim is hidden_size ({hidden}) / num_attention_heads ({num_heads})"
+                        ),
+                    ));
+                }
+                let bias = self.or_default("attention_bias", bias, false);
+                let qk_norm = QkNorm::WholeRms {
+                    q_len: num_heads * head_dim,
+                    k_len: num_kv_heads * head_dim,
+                };
+                (bias, bias, qk_norm)
+            }
+            // Qwen2MoeAttention: q/k/v_proj take `bias=config.qkv_bias`, o_proj never; no q/k
+            // norm; it raises unless `head_dim * num_attention_heads == hidden_size`.
+            Family::Qwen2Moe => {
+                if head_dim * num_heads != hidden {
+                    return Err(ConfigError::invalid(
+                        "head_dim",
+                        head_dim,
+                        format!(
+                            "Qwen2-MoE needs head_dim * num_attention_heads ({num_heads}) == hidden_size ({hidden})"
+                        ),
+                    ));
+                }
+                let qkv_bias = o.opt_bool("qkv_bias")?;
+                (self.or_default("qkv_bias", qkv_bias, true), false, QkNorm::None)
+            }
+            // Glm4MoeAttention: q/k/v_proj take `bias=config.attention_bias`, o_proj never;
+            // with `use_qk_norm`, `Glm4MoeRMSNorm(head_dim)` q/k norms per head before RoPE.
+            Family::Glm4Moe => {
+                let bias = self.or_default("attention_bias", bias, false);
+                let qk_norm = o.opt_bool("use_qk_norm")?;
+                let qk_norm = match self.or_default("use_qk_norm", qk_norm, false) {
+                    true => QkNorm::PerHeadRms { weight_len: head_dim },
+                    false => QkNorm::None,
+                };
+                (bias, false, qk_norm)
+            }
         };
 
-        if let Some(f) = o.opt_f64("partial_rotary_factor")?
-            && f != 1.0
-        {
-            return Err(ConfigError::unsupported("partial_rotary_factor", f, "1.0"));
+        // GLM-4.5 rotates the first `int(head_dim * partial_rotary_factor)` dimensions of each
+        // head (default 0.5); the other families rotate all of them.
+        let factor = o.opt_f64("partial_rotary_factor")?;
+        let factor = match family {
+            Family::Glm4Moe => self.or_default("partial_rotary_factor", factor, 0.5),
+            _ => match factor {
+                Some(f) if f != 1.0 => {
+                    return Err(ConfigError::unsupported("partial_rotary_factor", f, "1.0"));
+                }
+                _ => 1.0,
+            },
+        };
+        let rotary_dim = (head_dim as f64 * factor) as u64;
+        if !(factor > 0.0 && factor <= 1.0) || rotary_dim < 2 || !rotary_dim.is_multiple_of(2) {
+            return Err(ConfigError::invalid(
+                "partial_rotary_factor",
+                factor,
+                format!(
+                    "must be in (0, 1] and rotate an even number of head_dim ({head_dim}) dimensions (int(head_dim * factor) = {rotary_dim})"
+                ),
+            ));
         }
-        let rope = self.rope(head_dim, RopeStyle::NeoxRotateHalf, false)?;
+        let rope = self.rope(factor, rotary_dim, RopeStyle::NeoxRotateHalf, false)?;
+        // OLMoE's `clip_qkv` (null: none); the other families have no such field.
+        let clip_qkv = match family {
+            Family::Olmoe => o.opt_pos_f64("clip_qkv")?,
+            _ => None,
+        };
         Ok(AttentionSpec {
+            clip_qkv,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -334,7 +416,7 @@ impl<'a> Parser<'a> {
                 }
             }
         };
-        let rope = self.rope(qk_rope_head_dim, style, true)?;
+        let rope = self.rope(1.0, qk_rope_head_dim, style, true)?;
         let head_dim = qk_nope_head_dim + qk_rope_head_dim;
         let mut scale = (head_dim as f64).powf(-0.5);
         // DeepseekV3Attention.__init__: `scaling *= yarn_get_mscale(factor, mscale_all_dim)^2`
@@ -354,6 +436,7 @@ impl<'a> Parser<'a> {
             qkv_bias: false,
             o_bias: false,
             qk_norm: QkNorm::None,
+            clip_qkv: None,
             rope,
             form: AttentionForm::Mla(MlaSpec {
                 q_lora_rank,
@@ -370,6 +453,7 @@ impl<'a> Parser<'a> {
     /// 4.x files); they must then agree. `yarn`: whether a 4.x `rope_scaling` may be YaRN.
     fn rope(
         &mut self,
+        factor: f64,
         rotary_dim: u64,
         style: RopeStyle,
         yarn: bool,
@@ -388,9 +472,13 @@ impl<'a> Parser<'a> {
             }
             check_rope_type(&p)?;
             if let Some(f) = p.opt_f64("partial_rotary_factor")?
-                && f != 1.0
+                && f != factor
             {
-                return Err(ConfigError::unsupported(p.path("partial_rotary_factor"), f, "1.0"));
+                return Err(ConfigError::unsupported(
+                    p.path("partial_rotary_factor"),
+                    f,
+                    format!("{factor} (the model's partial_rotary_factor)"),
+                ));
             }
             new_theta = p.opt_pos_f64("rope_theta")?;
         }
@@ -656,15 +744,21 @@ impl<'a> Parser<'a> {
             num_experts,
             top_k,
             intermediate: o.req_pos(intermediate_field)?,
-            routing: Routing { router_bias: false, scoring: RouterScoring::Softmax, top_k_weights },
+            routing: Routing::top_k(RouterScoring::Softmax, top_k_weights),
             shared: None,
         })
     }
 
-    /// Qwen3-MoE layer `i` is MoE iff `i ∉ mlp_only_layers` and `num_experts > 0` and
-    /// `(i + 1) % decoder_sparse_step == 0`; otherwise a dense `Qwen3MoeMLP(intermediate_size)`
-    /// (`Qwen3MoeDecoderLayer.__init__`).
-    fn qwen3_moe_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
+    /// Qwen3-MoE / Qwen2-MoE layer `i` is MoE iff `i ∉ mlp_only_layers` and
+    /// `num_experts > 0` and `(i + 1) % decoder_sparse_step == 0`; otherwise a dense
+    /// `Qwen3MoeMLP(intermediate_size)` (`Qwen3MoeDecoderLayer.__init__`, and Qwen2-MoE's the
+    /// same). A Qwen2-MoE MoE layer also has the sigmoid-gated shared expert
+    /// (`Qwen2MoeSparseMoeBlock`: `shared_expert`, `shared_expert_gate`).
+    fn qwen_moe_layers(
+        &mut self,
+        family: Family,
+        num_layers: u64,
+    ) -> Result<Vec<LayerSpec>, ConfigError> {
         let o = self.obj;
         let num_experts = self.num_experts()?;
         let step = o.opt_size("decoder_sparse_step")?;
@@ -693,7 +787,25 @@ impl<'a> Parser<'a> {
         let norm_topk = o.opt_bool("norm_topk_prob")?;
         let norm_topk = self.or_default("norm_topk_prob", norm_topk, false);
         let weights = if norm_topk { TopKWeights::Renormalized } else { TopKWeights::Raw };
-        let attention = self.qwen3_moe_attention_kinds(num_layers)?;
+        let shared = match family {
+            Family::Qwen2Moe if (0..num_layers).any(is_moe) => {
+                let i = o.opt_size("shared_expert_intermediate_size")?;
+                let i = self.or_default("shared_expert_intermediate_size", i, 5632);
+                if i == 0 {
+                    return Err(ConfigError::invalid(
+                        "shared_expert_intermediate_size",
+                        0,
+                        "must be at least 1",
+                    ));
+                }
+                Some(SharedExpert { intermediate: i, sigmoid_gate: true })
+            }
+            _ => None,
+        };
+        let attention = match family {
+            Family::Qwen2Moe => self.qwen2_moe_attention_kinds(num_layers)?,
+            _ => self.qwen3_moe_attention_kinds(num_layers)?,
+        };
         // The fields are re-read per layer (cheap) so that a field is required only when some
         // layer needs it: `intermediate_size` only with dense layers, the MoE ones only with MoE.
         attention
@@ -701,7 +813,8 @@ impl<'a> Parser<'a> {
             .enumerate()
             .map(|(index, attention)| {
                 let ffn = if is_moe(index as u64) {
-                    FfnKind::Moe(self.moe(num_experts, "moe_intermediate_size", weights)?)
+                    let moe = self.moe(num_experts, "moe_intermediate_size", weights)?;
+                    FfnKind::Moe(MoeSpec { shared, ..moe })
                 } else {
                     FfnKind::Dense { intermediate: o.req_pos("intermediate_size")? }
                 };
@@ -810,6 +923,175 @@ impl<'a> Parser<'a> {
             .collect())
     }
 
+    /// Qwen2-MoE: full attention in every layer. Its sliding window (`use_sliding_window:
+    /// true`, layers `>= max_window_layers`) is not implemented: refused by name, as is a
+    /// `layer_types` entry that slides (transformers 4.57's Qwen2-MoE has no `layer_types`).
+    fn qwen2_moe_attention_kinds(
+        &mut self,
+        num_layers: u64,
+    ) -> Result<Vec<AttentionKind>, ConfigError> {
+        let use_sw = self.obj.opt_bool("use_sliding_window")?;
+        if self.or_default("use_sliding_window", use_sw, false) {
+            return Err(ConfigError::unsupported(
+                "use_sliding_window",
+                true,
+                "false or absent (Qwen2-MoE's sliding window is not implemented)",
+            ));
+        }
+        if let Some(types) = self.layer_types(num_layers)?
+            && let Some(i) = types.iter().position(|&sliding| sliding)
+        {
+            return Err(ConfigError::invalid(
+                format!("layer_types[{i}]"),
+                "\"sliding_attention\"",
+                "use_sliding_window is false, so Qwen2-MoE attends fully in every layer",
+            ));
+        }
+        Ok(vec![AttentionKind::Full; num_layers as usize])
+    }
+
+    /// GLM-4.5 (`Glm4MoeDecoderLayer`): layers `< first_k_dense_replace` are a dense
+    /// `Glm4MoeMLP(intermediate_size)`, the others `Glm4MoeMoE`: `DeepSeek`-V3's router
+    /// (`Glm4MoeTopkRouter`: sigmoid scores, `e_score_correction_bias` to choose, groups,
+    /// `norm_topk_prob`, `routed_scaling_factor`, f32 logits and sum) and
+    /// `n_shared_experts * moe_intermediate_size` of ungated shared MLP. Defaults are
+    /// `Glm4MoeConfig`'s.
+    fn glm4_moe_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
+        let o = self.obj;
+        self.deepseek_router_methods()?;
+        let size = |p: &mut Self, field: &'static str, default: u64| -> Result<u64, ConfigError> {
+            let v = p.obj.opt_size(field)?;
+            let v = p.or_default(field, v, default);
+            if v == 0 {
+                return Err(ConfigError::invalid(field, 0, "must be at least 1"));
+            }
+            Ok(v)
+        };
+        let first_dense = o.opt_size("first_k_dense_replace")?;
+        let first_dense = self.or_default("first_k_dense_replace", first_dense, 1);
+        let moe = if first_dense < num_layers {
+            let experts = size(self, "n_routed_experts", 128)?;
+            let top_k = size(self, "num_experts_per_tok", 8)?;
+            if top_k > experts {
+                return Err(ConfigError::invalid(
+                    "num_experts_per_tok",
+                    top_k,
+                    format!("more than the {experts} experts (n_routed_experts)"),
+                ));
+            }
+            let intermediate = size(self, "moe_intermediate_size", 1408)?;
+            let shared = size(self, "n_shared_experts", 1)?;
+            let groups = size(self, "n_group", 1)?;
+            let chosen_groups = size(self, "topk_group", 1)?;
+            // `scores.view(-1, n_group, experts / n_group).topk(2)`: equal groups of two or more.
+            if !experts.is_multiple_of(groups) || experts / groups < 2 && groups > 1 {
+                return Err(ConfigError::invalid(
+                    "n_group",
+                    groups,
+                    format!(
+                        "must divide n_routed_experts ({experts}) into groups of at least 2 experts"
+                    ),
+                ));
+            }
+            if chosen_groups > groups {
+                return Err(ConfigError::invalid(
+                    "topk_group",
+                    chosen_groups,
+                    format!("more than the {groups} groups (n_group)"),
+                ));
+            }
+            let norm_topk = o.opt_bool("norm_topk_prob")?;
+            let norm_topk = self.or_default("norm_topk_prob", norm_topk, true);
+            let scaling = o.opt_pos_f64("routed_scaling_factor")?;
+            let scaling = self.or_default("routed_scaling_factor", scaling, 1.0);
+            Some(MoeSpec {
+                num_experts: experts,
+                top_k,
+                intermediate,
+                routing: Routing {
+                    router_bias: false,
+                    scoring: RouterScoring::Sigmoid,
+                    top_k_weights: if norm_topk {
+                        TopKWeights::Renormalized
+                    } else {
+                        TopKWeights::Raw
+                    },
+                    correction_bias: true,
+                    groups: (groups > 1).then_some(ExpertGroups { groups, chosen_groups }),
+                    scaling,
+                    precision: RouterPrecision::F32,
+                },
+                shared: Some(SharedExpert {
+                    intermediate: shared.checked_mul(intermediate).ok_or_else(|| {
+                        ConfigError::invalid("n_shared_experts", shared, "too large")
+                    })?,
+                    sigmoid_gate: false,
+                }),
+            })
+        } else {
+            None
+        };
+        let dense =
+            if first_dense > 0 { Some(size(self, "intermediate_size", 10944)?) } else { None };
+        Ok((0..num_layers as usize)
+            .map(|index| LayerSpec {
+                index,
+                attention: AttentionKind::Full,
+                ffn: match (&moe, dense) {
+                    (Some(m), _) if index as u64 >= first_dense => FfnKind::Moe(m.clone()),
+                    (_, Some(intermediate)) => FfnKind::Dense { intermediate },
+                    _ => unreachable!("a layer is dense or MoE by first_k_dense_replace"),
+                },
+            })
+            .collect())
+    }
+
+    /// `DeepSeek`-V3's `topk_method` and `scoring_func`, where a config names them: only the
+    /// router implemented (`"noaux_tc"`: correction-biased, group-limited top-k; `"sigmoid"`).
+    fn deepseek_router_methods(&self) -> Result<(), ConfigError> {
+        for (field, implemented) in [("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")] {
+            if let Some(v) = self.obj.opt_str(field)?
+                && v != implemented
+            {
+                return Err(ConfigError::unsupported(
+                    field,
+                    format!("{v:?}"),
+                    format!("\"{implemented}\" or absent"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `OLMoE`: every layer `OlmoeSparseMoeBlock` (softmax top-k, `norm_topk_prob` default
+    /// false, experts of `intermediate_size`), full attention.
+    fn olmoe_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
+        let num_experts = self.num_experts()?;
+        if num_experts == 0 {
+            return Err(ConfigError::invalid("num_experts", 0, "must be at least 1"));
+        }
+        let norm_topk = self.obj.opt_bool("norm_topk_prob")?;
+        let norm_topk = self.or_default("norm_topk_prob", norm_topk, false);
+        let weights = if norm_topk { TopKWeights::Renormalized } else { TopKWeights::Raw };
+        let moe = self.moe(num_experts, "intermediate_size", weights)?;
+        if let Some(types) = self.layer_types(num_layers)?
+            && let Some(i) = types.iter().position(|&sliding| sliding)
+        {
+            return Err(ConfigError::unsupported(
+                format!("layer_types[{i}]"),
+                "\"sliding_attention\"",
+                "\"full_attention\" (OLMoE attends fully in every layer)",
+            ));
+        }
+        Ok((0..num_layers as usize)
+            .map(|index| LayerSpec {
+                index,
+                attention: AttentionKind::Full,
+                ffn: FfnKind::Moe(moe.clone()),
+            })
+            .collect())
+    }
+
     /// Mixtral: `MixtralAttention` passes `config.sliding_window` to every layer; `null` (as in
     /// Mixtral-8x7B) means full attention.
     fn mixtral_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
@@ -893,9 +1175,17 @@ impl<'a> Parser<'a> {
             // These are the DeepSeek families' own fields (read in `deepseek_layers`).
             return Ok(());
         }
-        let mut fields =
-            vec!["first_k_dense_replace", "n_shared_experts", "shared_expert_intermediate_size"];
-        if family == Family::Mixtral {
+        let mut fields = vec![];
+        if family != Family::Glm4Moe {
+            fields.extend(["first_k_dense_replace", "n_shared_experts"]);
+        }
+        if family != Family::Qwen2Moe {
+            fields.push("shared_expert_intermediate_size");
+        }
+        if family == Family::Glm4Moe {
+            fields.extend(["mlp_only_layers", "use_sliding_window"]);
+        }
+        if matches!(family, Family::Mixtral | Family::Olmoe) {
             fields.extend(["mlp_only_layers", "moe_intermediate_size", "use_sliding_window"]);
         }
         for field in fields {

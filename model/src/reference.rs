@@ -2,19 +2,23 @@
 //! megakernel is checked against, itself checked against Hugging Face transformers
 //! (`model/tests/hf_conformance.rs`).
 //!
-//! One decoder layer, as `modeling_qwen3_moe.py` / `modeling_mixtral.py` (transformers 4.57)
-//! compute it:
+//! One decoder layer, as `modeling_qwen3_moe.py` / `modeling_mixtral.py` /
+//! `modeling_qwen2_moe.py` (transformers 4.57) compute it:
 //!
 //! ```text
 //! h = rmsnorm(x, input_layernorm)
 //! q, k, v = q_proj(h), k_proj(h), v_proj(h)            (viewed as [heads, head_dim])
-//! q, k = rmsnorm_per_head(q, q_norm), rmsnorm_per_head(k, k_norm)     (Qwen3-MoE only)
-//! q, k = rope_neox(q, pos), rope_neox(k, pos)          (theta from the config)
+//! q, k = rmsnorm_per_head(q, q_norm), rmsnorm_per_head(k, k_norm)     (Qwen3-MoE, GLM-4.5)
+//!   (`OLMoE`: q, k = rmsnorm(q, q_norm), rmsnorm(k, k_norm) over the whole projections, then
+//!   q, k, v clamped to [-clip_qkv, clip_qkv])
+//! q, k = rope_neox(q, pos), rope_neox(k, pos)          (theta from the config; the first
+//!                                                       rotary_dim of each head, the rest as is)
 //! append k, v to the cache; o = softmax(q k^T * head_dim^-0.5 + causal mask) v   (GQA)
 //! x = x + o_proj(o)
 //! h = rmsnorm(x, post_attention_layernorm)
 //! p = softmax(router(h)) in f32; top-k; / sum(top-k) when renormalised
 //! x = x + sum over the k experts, in increasing expert index, of p_e * down(silu(gate(h)) * up(h))
+//!       + sigmoid(shared_expert_gate(h)) * shared_expert(h)                 (Qwen2-MoE only)
 //! ```
 //!
 //! then `logits = lm_head(rmsnorm(x, norm))` and greedy argmax (first maximum on ties, like
@@ -69,7 +73,7 @@ use thiserror::Error;
 use crate::moe::{self, FfnRounding, Layout, Projection, SwiGlu, dot64};
 use crate::spec::{
     AttentionForm, AttentionKind, FfnKind, MlaSpec, ModelSpec, NormKind, QkNorm, RopeStyle,
-    RouterScoring, TopKWeights,
+    RouterPrecision, Routing,
 };
 use crate::weights::{
     FfnNames, MlaQueryNames, MlpNames, ModelNames, QkvNames, Tensor, Weights, WeightsError,
@@ -193,8 +197,11 @@ enum Ffn {
         router_bias: Option<Tensor>,
         experts: Vec<Mlp>,
         top_k: usize,
-        scoring: RouterScoring,
-        weights: TopKWeights,
+        routing: Routing,
+        /// `e_score_correction_bias`, where the routing has one.
+        correction_bias: Option<Tensor>,
+        /// The shared expert's MLP and its sigmoid gate's `[1, hidden]` weight, if any.
+        shared: Option<Box<(Mlp, Option<Tensor>)>>,
     },
 }
 
@@ -283,7 +290,14 @@ pub struct Reference {
     scale: f32,
     eps: f32,
     max_pos: u64,
-    /// RoPE inverse frequencies, `rotary_dim / 2` of them, computed in f32 as transformers does.
+    /// `OLMoE`: `q_norm` / `k_norm` over the whole projections, not per head.
+    whole_qk_norm: bool,
+    /// `OLMoE`'s `clip_qkv`.
+    clip_qkv: Option<f32>,
+    /// Dimensions RoPE rotates: the first `rotary` of each head (all of them but with a
+    /// `partial_rotary_factor`: GLM-4.5), the rest passed through.
+    rotary: usize,
+    /// RoPE inverse frequencies, `rotary / 2` of them, computed in f32 as transformers does.
     inv_freq: Vec<f32>,
     /// YaRN's factor on `cos` and `sin` (1 otherwise).
     rope_factor: f32,
@@ -379,16 +393,18 @@ impl Reference {
                 post_norm: get(&ln.post_norm),
                 ffn: match (&ln.ffn, &ls.ffn) {
                     (FfnNames::Dense(m), _) => Ffn::Dense(mlp(m)),
-                    (FfnNames::Moe { router, router_bias, experts }, FfnKind::Moe(moe)) => {
-                        Ffn::Moe {
-                            router: get(router),
-                            router_bias: opt(router_bias),
-                            experts: experts.iter().map(mlp).collect(),
-                            top_k: moe.top_k as usize,
-                            scoring: moe.routing.scoring,
-                            weights: moe.routing.top_k_weights,
-                        }
-                    }
+                    (
+                        FfnNames::Moe { router, router_bias, correction_bias, experts, shared },
+                        FfnKind::Moe(moe),
+                    ) => Ffn::Moe {
+                        router: get(router),
+                        router_bias: opt(router_bias),
+                        experts: experts.iter().map(mlp).collect(),
+                        top_k: moe.top_k as usize,
+                        routing: moe.routing,
+                        correction_bias: opt(correction_bias),
+                        shared: shared.as_ref().map(|s| Box::new((mlp(&s.mlp), opt(&s.gate)))),
+                    },
                     (FfnNames::Moe { .. }, FfnKind::Dense { .. }) => {
                         unreachable!("ModelNames follows the layer's FFN kind")
                     }
@@ -400,12 +416,12 @@ impl Reference {
             })
             .collect();
         let a = &spec.attention;
-        debug_assert!(matches!(a.qk_norm, QkNorm::None | QkNorm::PerHeadRms { .. }));
         let (inv_freq, rope_factor) = a.rope.scaling.inv_freq(a.rope.theta, a.rope.rotary_dim);
         let mla = match a.form {
             AttentionForm::Gqa => None,
             AttentionForm::Mla(m) => Some(m),
         };
+        let rotary = a.rope.rotary_dim as usize;
         Ok(Self {
             precision,
             hidden: spec.hidden_size as usize,
@@ -417,6 +433,9 @@ impl Reference {
             scale: a.scale as f32,
             eps: spec.norm.eps as f32,
             max_pos: spec.max_position_embeddings,
+            whole_qk_norm: matches!(a.qk_norm, QkNorm::WholeRms { .. }),
+            clip_qkv: a.clip_qkv.map(|c| c as f32),
+            rotary,
             inv_freq,
             rope_factor,
             rope_style: a.rope.style,
@@ -654,16 +673,38 @@ impl Reference {
     fn ffn(&self, ffn: &Ffn, x: &[f32], margin: &mut f32) -> Vec<f32> {
         match ffn {
             Ffn::Dense(m) => moe::swiglu(&m.swiglu(), x, self.ffn_rounding()),
-            Ffn::Moe { router, router_bias, experts, top_k, scoring, weights } => {
-                let logits = self.linear(router, router_bias.as_ref(), x);
-                let route = moe::route(&logits, *top_k, *scoring, *weights);
-                if let (Some(&(kth, _)), Some(next)) = (route.chosen.last(), route.runner_up) {
-                    let scale = crate::tolerance::max_abs(&logits);
-                    let gap = logits[kth] - logits[next];
-                    *margin = margin.min(if scale > 0.0 { gap / scale } else { 0.0 });
-                }
+            Ffn::Moe { router, router_bias, experts, top_k, routing, correction_bias, shared } => {
+                let f32_router = routing.precision == RouterPrecision::F32;
+                // An f32 router's logits are not rounded to the activations' dtype.
+                let logits = match f32_router {
+                    true => projection(router).apply(x, router_bias.as_ref().map(|b| &b.data[..])),
+                    false => self.linear(router, router_bias.as_ref(), x),
+                };
+                let choice = moe::Choice {
+                    correction_bias: correction_bias.as_ref().map(|b| &b.data[..]),
+                    groups: routing.groups.map(|g| (g.groups as usize, g.chosen_groups as usize)),
+                    scaling: routing.scaling as f32,
+                };
+                let route = moe::route_with(
+                    &logits,
+                    *top_k,
+                    routing.scoring,
+                    routing.top_k_weights,
+                    &choice,
+                );
+                *margin = margin.min(route.margin);
                 let expert = |e: usize| experts[e].swiglu();
-                moe::moe_ffn(x, self.hidden, &route.chosen, expert, self.ffn_rounding())
+                let rounding = match (self.precision, f32_router) {
+                    (Precision::Bf16, true) => FfnRounding::TransformersF32Sum,
+                    _ => self.ffn_rounding(),
+                };
+                let mut out = moe::moe_ffn(x, self.hidden, &route.chosen, expert, rounding);
+                if let Some((mlp, gate)) = shared.as_deref() {
+                    let shared =
+                        moe::Shared { mlp: mlp.swiglu(), gate: gate.as_ref().map(projection) };
+                    moe::add_shared(&mut out, &shared, x, rounding);
+                }
+                out
             }
         }
     }
@@ -681,13 +722,23 @@ impl Reference {
             Qkv::Gqa { q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm } => {
                 let mut q = self.linear(q, q_bias.as_ref(), hn);
                 let mut k = self.linear(k, k_bias.as_ref(), hn);
-                let v = self.linear(v, v_bias.as_ref(), hn);
+                let mut v = self.linear(v, v_bias.as_ref(), hn);
+                if self.whole_qk_norm {
+                    self.rmsnorm(&mut q, q_norm.as_ref().expect("OLMoE has q_norm"));
+                    self.rmsnorm(&mut k, k_norm.as_ref().expect("OLMoE has k_norm"));
+                }
+                if let Some(c) = self.clip_qkv {
+                    for x in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
+                        *x = x.clamp(-c, c);
+                    }
+                }
+                let per_head = !self.whole_qk_norm;
                 for (x, norm) in [(&mut q, q_norm), (&mut k, k_norm)] {
                     for head in x.chunks_mut(hd) {
-                        if let Some(n) = norm {
+                        if let (true, Some(n)) = (per_head, norm) {
                             self.rmsnorm(head, n);
                         }
-                        self.rope(head, cos, sin);
+                        self.rope(&mut head[..self.rotary], cos, sin);
                     }
                 }
                 (q, k, v)

@@ -4,7 +4,8 @@
 use std::fmt::Write as _;
 
 use crate::spec::{
-    AttentionForm, AttentionKind, Family, FfnKind, LmHead, ModelSpec, QkNorm, TopKWeights,
+    AttentionForm, AttentionKind, Family, FfnKind, LmHead, ModelSpec, QkNorm, RouterScoring,
+    TopKWeights,
 };
 
 /// Batches the report lists decode-step traffic for.
@@ -49,8 +50,22 @@ fn ffn_text(f: &FfnKind) -> String {
                     if s.sigmoid_gate { " (sigmoid gate)" } else { "" }
                 )
             });
+            let r = &m.routing;
+            let mut scoring = match r.scoring {
+                RouterScoring::Softmax => "softmax".to_string(),
+                RouterScoring::Sigmoid => "sigmoid".to_string(),
+            };
+            if r.correction_bias {
+                scoring += ", correction bias to choose";
+            }
+            if let Some(g) = r.groups {
+                scoring += &format!(", best {} of {} groups", g.chosen_groups, g.groups);
+            }
+            if r.scaling != 1.0 {
+                scoring += &format!(", weights x {}", r.scaling);
+            }
             format!(
-                "MoE {} experts top-{} (softmax, top-k {weights}), expert intermediate {}{shared}",
+                "MoE {} experts top-{} ({scoring}, top-k {weights}), expert intermediate {}{shared}",
                 m.num_experts, m.top_k, m.intermediate
             )
         }
@@ -74,6 +89,9 @@ impl ModelSpec {
             Family::Mixtral => "Mixtral",
             Family::DeepseekV3 => "DeepSeek-V3",
             Family::DeepseekV2 => "DeepSeek-V2",
+            Family::Qwen2Moe => "Qwen2-MoE",
+            Family::Glm4Moe => "GLM-4.5-MoE",
+            Family::Olmoe => "OLMoE",
         };
         writeln!(
             s,
@@ -106,6 +124,13 @@ impl ModelSpec {
             QkNorm::PerHeadRms { weight_len } => {
                 writeln!(s, "  q/k norm: per-head RMSNorm, weight [{weight_len}], before RoPE")?
             }
+            QkNorm::WholeRms { q_len, k_len } => writeln!(
+                s,
+                "  q/k norm: RMSNorm over the whole projections, weights [{q_len}] / [{k_len}], before RoPE"
+            )?,
+        }
+        if let Some(c) = a.clip_qkv {
+            writeln!(s, "  q/k/v clipped to [-{c}, {c}]")?;
         }
         writeln!(
             s,

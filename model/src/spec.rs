@@ -17,12 +17,22 @@ pub enum Family {
     /// `"deepseek_v2"`: DeepSeek-V2, V2-Lite (`modeling_deepseek_v2.py`): MLA attention with
     /// complex-number RoPE.
     DeepseekV2,
+    /// `"qwen2_moe"`: Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B (`modeling_qwen2_moe.py`): a shared
+    /// expert with a sigmoid gate next to the routed ones, q/k/v biases.
+    Qwen2Moe,
+    /// `"glm4_moe"`: GLM-4.5, GLM-4.5-Air (`modeling_glm4_moe.py`): `DeepSeek`-V3's MoE
+    /// block (sigmoid routing with a correction bias and expert groups, ungated shared
+    /// experts, dense first layers), partial rotary, attention biases, optional q/k norm.
+    Glm4Moe,
+    /// `"olmoe"`: `OLMoE-1B-7B` (`modeling_olmoe.py`): q/k RMS norms over the whole q and k
+    /// projections, `clip_qkv`.
+    Olmoe,
 }
 
 impl Family {
     /// Every supported `model_type` value, in the order error messages list them.
     pub const MODEL_TYPES: &'static [&'static str] =
-        &["qwen3_moe", "mixtral", "deepseek_v3", "deepseek_v2"];
+        &["qwen3_moe", "mixtral", "deepseek_v3", "deepseek_v2", "qwen2_moe", "glm4_moe", "olmoe"];
 
     /// The `model_type` string Hugging Face uses.
     pub fn model_type(self) -> &'static str {
@@ -31,6 +41,9 @@ impl Family {
             Self::Mixtral => "mixtral",
             Self::DeepseekV3 => "deepseek_v3",
             Self::DeepseekV2 => "deepseek_v2",
+            Self::Qwen2Moe => "qwen2_moe",
+            Self::Glm4Moe => "glm4_moe",
+            Self::Olmoe => "olmoe",
         }
     }
 
@@ -41,6 +54,9 @@ impl Family {
             Self::Mixtral => "MixtralForCausalLM",
             Self::DeepseekV3 => "DeepseekV3ForCausalLM",
             Self::DeepseekV2 => "DeepseekV2ForCausalLM",
+            Self::Qwen2Moe => "Qwen2MoeForCausalLM",
+            Self::Glm4Moe => "Glm4MoeForCausalLM",
+            Self::Olmoe => "OlmoeForCausalLM",
         }
     }
 }
@@ -171,12 +187,16 @@ pub struct AttentionSpec {
     /// Softmax scale `head_dim^-0.5` (`self.scaling`; DeepSeek-V3 with YaRN's `mscale_all_dim`
     /// multiplies it by `yarn_get_mscale(factor, mscale_all_dim)^2`).
     pub scale: f64,
-    /// Bias on `q_proj`, `k_proj`, `v_proj` (`attention_bias`; Mixtral: never).
+    /// Bias on `q_proj`, `k_proj`, `v_proj` (`attention_bias`; Qwen2-MoE: `qkv_bias`, default
+    /// true; Mixtral: never).
     pub qkv_bias: bool,
-    /// Bias on `o_proj` (Qwen3-MoE: `attention_bias`, unlike Qwen2; Mixtral: never).
+    /// Bias on `o_proj` (Qwen3-MoE: `attention_bias`; Qwen2-MoE, Mixtral: never).
     pub o_bias: bool,
     /// Normalisation of q and k before RoPE.
     pub qk_norm: QkNorm,
+    /// `OLMoE`'s `clip_qkv`: q and k (after their norms) and v clamped to `[-c, c]` before
+    /// RoPE; `None` elsewhere.
+    pub clip_qkv: Option<f64>,
     pub rope: RopeSpec,
     /// How q, k and v come from the hidden state (left out of the serialized spec for GQA,
     /// so the existing families' reports read as before).
@@ -234,13 +254,17 @@ impl AttentionSpec {
 /// Whether q and k are normalised before RoPE.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub enum QkNorm {
-    /// Mixtral: q and k go straight from the projections to RoPE.
+    /// Mixtral, Qwen2-MoE: q and k go straight from the projections to RoPE.
     None,
     /// Qwen3-MoE: `q_norm` / `k_norm` are RMS norms over each head's `head_dim` values (weight
     /// shape `[head_dim]`, shared by all heads, same `eps` as the layer norms), applied after
     /// the projection is viewed as `[.., heads, head_dim]` and before RoPE
     /// (`modeling_qwen3_moe.py`, `Qwen3MoeAttention.forward`).
     PerHeadRms { weight_len: u64 },
+    /// `OLMoE`: `q_norm` / `k_norm` are RMS norms over the whole q projection (`[heads *
+    /// head_dim]`) and the whole k projection (`[kv_heads * head_dim]`), before the view as
+    /// heads (`OlmoeAttention.forward`).
+    WholeRms { q_len: u64, k_len: u64 },
 }
 
 /// Rotary position embedding.
@@ -450,17 +474,67 @@ pub struct MoeSpec {
     /// Mixtral: `intermediate_size`).
     pub intermediate: u64,
     pub routing: Routing,
-    /// An always-on expert added to the routed output (none in either family yet).
+    /// An always-on expert added to the routed output (Qwen2-MoE's `shared_expert`).
     pub shared: Option<SharedExpert>,
 }
 
-/// How router logits become expert weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// How router logits become expert weights ([`crate::moe::route`] computes it).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Routing {
-    /// `gate`: a `[hidden] -> [num_experts]` linear layer without bias (both families).
+    /// `gate`: a `[hidden] -> [num_experts]` linear layer without bias (every family so far).
     pub router_bias: bool,
     pub scoring: RouterScoring,
     pub top_k_weights: TopKWeights,
+    /// `DeepSeek`-V3 style (`topk_method: "noaux_tc"`; GLM-4.5): the checkpoint tensor
+    /// `mlp.gate.e_score_correction_bias` (`[num_experts]`) is added to the scores to
+    /// *choose* the experts (and the groups); the weights are the unbiased scores.
+    pub correction_bias: bool,
+    /// Group-limited choice (`n_group`, `topk_group`); `None` for one group.
+    pub groups: Option<ExpertGroups>,
+    /// `routed_scaling_factor`: the top-k weights (after any renormalisation) are multiplied
+    /// by it; 1 where the family has none.
+    pub scaling: f64,
+    /// How precisely the router module computes, beyond the activations' dtype.
+    pub precision: RouterPrecision,
+}
+
+impl Routing {
+    /// Plain top-k routing (Qwen, Mixtral): no correction bias, one group, no scaling.
+    pub fn top_k(scoring: RouterScoring, top_k_weights: TopKWeights) -> Routing {
+        Routing {
+            router_bias: false,
+            scoring,
+            top_k_weights,
+            correction_bias: false,
+            groups: None,
+            scaling: 1.0,
+            precision: RouterPrecision::Activations,
+        }
+    }
+}
+
+/// `DeepSeek`-V3's group-limited top-k: the experts fall into `groups` consecutive groups of
+/// equal size; a group's score is the sum of its two best (biased) scores; the
+/// `chosen_groups` best groups are kept, every other expert's choice score set to 0 (not
+/// minus infinity, as transformers' `masked_fill(..., 0.0)` does); then the top-k.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ExpertGroups {
+    /// `n_group`.
+    pub groups: u64,
+    /// `topk_group`.
+    pub chosen_groups: u64,
+}
+
+/// Where the MoE block of the bf16 model computes in f32 beyond the activations' dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum RouterPrecision {
+    /// The router's logits in the activations' dtype (`nn.Linear`), the weighted expert
+    /// outputs summed in it (Qwen, Mixtral: `index_add_` into a bf16 buffer).
+    Activations,
+    /// `DeepSeek`-V3 / GLM-4.5: the router casts its input and weight to f32 (`F.linear`
+    /// in f32, logits never rounded), the weights stay f32 and the weighted expert outputs
+    /// are summed in an f32 buffer, rounded to the activations' dtype once.
+    F32,
 }
 
 /// Scoring of router logits, before the top-k choice ([`crate::moe::route`] computes it).
@@ -468,8 +542,8 @@ pub struct Routing {
 pub enum RouterScoring {
     /// Softmax over all experts in float32, then top-k of the probabilities (both families).
     Softmax,
-    /// An elementwise sigmoid of each logit, then top-k of those (`DeepSeek`-V3 style; no
-    /// family parses to it yet, the kernels' `moe_router` offers it).
+    /// An elementwise sigmoid of each logit, then top-k of those (`DeepSeek`-V3 style:
+    /// GLM-4.5; the kernels' `moe_router` offers it).
     Sigmoid,
 }
 
@@ -483,13 +557,15 @@ pub enum TopKWeights {
     Raw,
 }
 
-/// An always-active expert next to the routed ones (Qwen2-MoE / `DeepSeek` style; the type is
-/// here so those families fit, neither current family produces it).
+/// An always-active expert next to the routed ones (Qwen2-MoE / `DeepSeek` style): a gated
+/// MLP of its own on the same normed input, its output added to the routed experts' sum
+/// ([`crate::moe::add_shared`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct SharedExpert {
     /// Total intermediate size of the shared expert(s).
     pub intermediate: u64,
     /// Qwen2-MoE scales the shared output by `sigmoid(shared_expert_gate(x))`, a `[hidden] -> 1`
-    /// linear layer; `DeepSeek` adds it ungated.
+    /// linear layer; `DeepSeek` and GLM-4.5 add it ungated (`n_shared_experts` experts of
+    /// `moe_intermediate_size` as one MLP).
     pub sigmoid_gate: bool,
 }

@@ -11,12 +11,19 @@
 //! | `model.layers.{i}.self_attn.q_proj.weight` (`.bias` with `attention_bias`) | `[heads*head_dim, hidden]` |
 //! | `model.layers.{i}.self_attn.{k,v}_proj.weight` (`.bias` with `attention_bias`) | `[kv_heads*head_dim, hidden]` |
 //! | `model.layers.{i}.self_attn.o_proj.weight` (`.bias`: Qwen3-MoE with `attention_bias`) | `[hidden, heads*head_dim]` |
-//! | `model.layers.{i}.self_attn.{q,k}_norm.weight` (Qwen3-MoE only) | `[head_dim]` |
+//! | `model.layers.{i}.self_attn.{q,k}_norm.weight` (Qwen3-MoE; GLM-4.5 with `use_qk_norm`) | `[head_dim]` |
+//! | `OLMoE`: `model.layers.{i}.self_attn.q_norm.weight`, `k_norm.weight` | `[heads*head_dim]`, `[kv_heads*head_dim]` |
 //! | `model.layers.{i}.post_attention_layernorm.weight` | `[hidden]` |
-//! | Qwen3-MoE MoE layer: `model.layers.{i}.mlp.gate.weight` (router) | `[experts, hidden]` |
+//! | Qwen3-MoE / Qwen2-MoE MoE layer: `model.layers.{i}.mlp.gate.weight` (router) | `[experts, hidden]` |
 //! | Qwen3-MoE: `model.layers.{i}.mlp.experts.{e}.{gate,up}_proj.weight` | `[moe_intermediate, hidden]` |
 //! | Qwen3-MoE: `model.layers.{i}.mlp.experts.{e}.down_proj.weight` | `[hidden, moe_intermediate]` |
 //! | Qwen3-MoE dense layer (`mlp_only_layers`): `model.layers.{i}.mlp.{gate,up,down}_proj.weight` | as above with `intermediate_size` |
+//! | Qwen2-MoE MoE layer: `model.layers.{i}.mlp.shared_expert.{gate,up}_proj.weight` | `[shared_expert_intermediate, hidden]` |
+//! | Qwen2-MoE: `model.layers.{i}.mlp.shared_expert.down_proj.weight` | `[hidden, shared_expert_intermediate]` |
+//! | Qwen2-MoE: `model.layers.{i}.mlp.shared_expert_gate.weight` | `[1, hidden]` |
+//! | GLM-4.5 MoE layer (`>= first_k_dense_replace`): `model.layers.{i}.mlp.gate.weight`, `.e_score_correction_bias` | `[experts, hidden]`, `[experts]` |
+//! | GLM-4.5: `model.layers.{i}.mlp.shared_experts.{gate,up,down}_proj.weight` | as an expert's, intermediate `n_shared_experts * moe_intermediate` |
+//! | GLM-4.5 dense layer (`< first_k_dense_replace`): `model.layers.{i}.mlp.{gate,up,down}_proj.weight` | as above with `intermediate_size` |
 //! | Mixtral: `model.layers.{i}.block_sparse_moe.gate.weight` (router) | `[experts, hidden]` |
 //! | Mixtral: `model.layers.{i}.block_sparse_moe.experts.{e}.{w1,w3}.weight` (gate, up) | `[intermediate, hidden]` |
 //! | Mixtral: `model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight` (down) | `[hidden, intermediate]` |
@@ -202,7 +209,21 @@ impl MlaNames {
 #[derive(Debug, Clone, PartialEq)]
 pub enum FfnNames {
     Dense(MlpNames),
-    Moe { router: String, router_bias: Option<String>, experts: Vec<MlpNames> },
+    Moe {
+        router: String,
+        router_bias: Option<String>,
+        /// `DeepSeek`-V3-style routing's `e_score_correction_bias` (`[experts]`).
+        correction_bias: Option<String>,
+        experts: Vec<MlpNames>,
+        shared: Option<SharedNames>,
+    },
+}
+
+/// A shared expert's tensors: its MLP, and the `[1, hidden]` gate of a sigmoid-gated one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedNames {
+    pub mlp: MlpNames,
+    pub gate: Option<String>,
 }
 
 /// A gated MLP's three matrices: `down(silu(gate(x)) * up(x))`.
@@ -234,29 +255,34 @@ impl ModelNames {
             let p = format!("model.layers.{}.", layer.index);
             let a = |s: &str| format!("{p}self_attn.{s}");
             let qkv_bias = spec.attention.qkv_bias;
-            let qk_norm = matches!(spec.attention.qk_norm, QkNorm::PerHeadRms { .. });
+            let qk_norm = spec.attention.qk_norm != QkNorm::None;
             let ffn = match (&layer.ffn, spec.family) {
                 (
                     FfnKind::Dense { .. },
-                    Family::Qwen3Moe | Family::DeepseekV3 | Family::DeepseekV2,
+                    Family::Qwen3Moe
+                    | Family::Qwen2Moe
+                    | Family::Glm4Moe
+                    | Family::DeepseekV3
+                    | Family::DeepseekV2,
                 ) => FfnNames::Dense(MlpNames {
                     gate: format!("{p}mlp.gate_proj.weight"),
                     up: format!("{p}mlp.up_proj.weight"),
                     down: format!("{p}mlp.down_proj.weight"),
                 }),
-                (FfnKind::Dense { .. }, Family::Mixtral) => {
+                (FfnKind::Dense { .. }, Family::Mixtral | Family::Olmoe) => {
                     return Err(WeightsError::Unsupported {
-                        what: format!("dense FFN in Mixtral layer {}", layer.index),
+                        what: format!(
+                            "dense FFN in {} layer {}",
+                            spec.family.model_type(),
+                            layer.index
+                        ),
                     });
                 }
                 (FfnKind::Moe(moe), family) => {
-                    if moe.shared.is_some() {
-                        return Err(WeightsError::Unsupported {
-                            what: format!("shared expert in layer {}", layer.index),
-                        });
-                    }
                     let block = match family {
-                        Family::Qwen3Moe => format!("{p}mlp."),
+                        Family::Qwen3Moe | Family::Qwen2Moe | Family::Glm4Moe | Family::Olmoe => {
+                            format!("{p}mlp.")
+                        }
                         Family::Mixtral => format!("{p}block_sparse_moe."),
                         Family::DeepseekV3 | Family::DeepseekV2 => {
                             return Err(WeightsError::Unsupported {
@@ -268,7 +294,10 @@ impl ModelNames {
                         .map(|e| {
                             let x = format!("{block}experts.{e}.");
                             match family {
-                                Family::Qwen3Moe => MlpNames {
+                                Family::Qwen3Moe
+                                | Family::Qwen2Moe
+                                | Family::Glm4Moe
+                                | Family::Olmoe => MlpNames {
                                     gate: format!("{x}gate_proj.weight"),
                                     up: format!("{x}up_proj.weight"),
                                     down: format!("{x}down_proj.weight"),
@@ -284,10 +313,29 @@ impl ModelNames {
                             }
                         })
                         .collect();
+                    // Qwen2-MoE's `shared_expert` (and `shared_expert_gate`); GLM-4.5's (and
+                    // `DeepSeek`'s) `shared_experts`, all of them one MLP.
+                    let shared_module = match family {
+                        Family::Qwen2Moe => "shared_expert",
+                        _ => "shared_experts",
+                    };
+                    let shared = moe.shared.map(|s| SharedNames {
+                        mlp: MlpNames {
+                            gate: format!("{block}{shared_module}.gate_proj.weight"),
+                            up: format!("{block}{shared_module}.up_proj.weight"),
+                            down: format!("{block}{shared_module}.down_proj.weight"),
+                        },
+                        gate: s.sigmoid_gate.then(|| format!("{block}shared_expert_gate.weight")),
+                    });
                     FfnNames::Moe {
                         router: format!("{block}gate.weight"),
                         router_bias: moe.routing.router_bias.then(|| format!("{block}gate.bias")),
+                        correction_bias: moe
+                            .routing
+                            .correction_bias
+                            .then(|| format!("{block}gate.e_score_correction_bias")),
                         experts,
+                        shared,
                     }
                 }
             };
@@ -402,8 +450,15 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
             t(b, vec![h], Bias);
         }
         if let Some(g) = ln.gqa() {
-            for n in [&g.q_norm, &g.k_norm].into_iter().flatten() {
-                t(n, vec![hd], Norm);
+            let (q_norm, k_norm) = match spec.attention.qk_norm {
+                QkNorm::WholeRms { q_len, k_len } => (q_len as usize, k_len as usize),
+                QkNorm::None | QkNorm::PerHeadRms { .. } => (hd, hd),
+            };
+            if let Some(n) = &g.q_norm {
+                t(n, vec![q_norm], Norm);
+            }
+            if let Some(n) = &g.k_norm {
+                t(n, vec![k_norm], Norm);
             }
         }
         t(&ln.post_norm, vec![h], Norm);
@@ -414,7 +469,10 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
                 t(&m.up, vec![inter, h], Linear);
                 t(&m.down, vec![h, inter], Linear);
             }
-            (FfnNames::Moe { router, router_bias, experts }, FfnKind::Moe(moe)) => {
+            (
+                FfnNames::Moe { router, router_bias, correction_bias, experts, shared },
+                FfnKind::Moe(moe),
+            ) => {
                 // Router first, as Hugging Face lists `mlp.gate` before `mlp.experts`.
                 let e = moe.num_experts as usize;
                 let inter = moe.intermediate as usize;
@@ -422,10 +480,22 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
                 if let Some(b) = router_bias {
                     t(b, vec![e], Bias);
                 }
+                if let Some(b) = correction_bias {
+                    t(b, vec![e], Bias);
+                }
                 for m in experts {
                     t(&m.gate, vec![inter, h], Linear);
                     t(&m.up, vec![inter, h], Linear);
                     t(&m.down, vec![h, inter], Linear);
+                }
+                if let (Some(names), Some(s)) = (shared, &moe.shared) {
+                    let inter = s.intermediate as usize;
+                    t(&names.mlp.gate, vec![inter, h], Linear);
+                    t(&names.mlp.up, vec![inter, h], Linear);
+                    t(&names.mlp.down, vec![h, inter], Linear);
+                    if let Some(g) = &names.gate {
+                        t(g, vec![1, h], Linear);
+                    }
                 }
             }
             _ => unreachable!("ModelNames follows the layer's FFN kind"),
@@ -436,6 +506,17 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
         t(LM_HEAD, vec![vocab, h], Linear);
     }
     Ok(out)
+}
+
+/// A checkpoint tensor outside [`tensor_layout`] that transformers skips on load too: a
+/// tied model's `lm_head.weight`, the RoPE tables some checkpoints carry, and GLM-4.5's
+/// multi-token-prediction layer, `model.layers.{num_hidden_layers}.*` (`Glm4MoeForCausalLM`
+/// ignores `model.layers.46.*` and `.92.*`, the MTP layer of GLM-4.5-Air and GLM-4.5).
+pub(crate) fn ignored_tensor(spec: &ModelSpec, name: &str) -> bool {
+    let tied_head = spec.lm_head == LmHead::Tied && name == LM_HEAD;
+    let mtp_layer = spec.family == Family::Glm4Moe
+        && name.starts_with(&format!("model.layers.{}.", spec.layers.len()));
+    tied_head || mtp_layer || name.ends_with("rotary_emb.inv_freq")
 }
 
 /// One tensor's values, row-major, as `f32`.
@@ -609,8 +690,7 @@ impl Weights {
             for entry in read_header(&disp, bytes)? {
                 let name = entry.name;
                 let Some(ts) = expected.get(name.as_str()) else {
-                    let tied_head = spec.lm_head == LmHead::Tied && name == LM_HEAD;
-                    if tied_head || name.ends_with("rotary_emb.inv_freq") {
+                    if ignored_tensor(spec, &name) {
                         continue;
                     }
                     return Err(WeightsError::Unexpected {

@@ -379,3 +379,163 @@ fn tiny_deepseek() {
     let neox = edited("tiny-deepseek-v3.json", &[("rope_interleave", Some(json!(false)))]).unwrap();
     assert_eq!(neox.attention.rope.style, RopeStyle::NeoxRotateHalf);
 }
+
+/// Qwen2-MoE: the sigmoid-gated shared expert on every MoE layer, q/k/v biases (`qkv_bias`,
+/// default true) without an `o_proj` bias, no q/k norm, raw top-k weights; its dense
+/// layers by the same rule as Qwen3-MoE's.
+#[test]
+fn tiny_qwen2_moe() {
+    let s = spec("tiny-qwen2-moe.json");
+    assert_eq!(s.family, Family::Qwen2Moe);
+    assert_eq!((s.attention.qkv_bias, s.attention.o_bias), (true, false));
+    assert_eq!(s.attention.qk_norm, QkNorm::None);
+    for l in &s.layers {
+        let m = moe(&s, l.index);
+        assert_eq!(m.routing.top_k_weights, TopKWeights::Raw);
+        let shared = m.shared.expect("every Qwen2-MoE MoE layer has a shared expert");
+        assert_eq!((shared.intermediate, shared.sigmoid_gate), (256, true));
+    }
+    let s =
+        edited("tiny-qwen2-moe.json", &[("qkv_bias", None), ("mlp_only_layers", Some(json!([1])))])
+            .expect("parses");
+    assert!(s.attention.qkv_bias);
+    assert_eq!(s.defaulted.get("qkv_bias").map(String::as_str), Some("true"));
+    assert_eq!(s.layers[1].ffn, FfnKind::Dense { intermediate: 512 });
+    // Tensors as Qwen2-MoE checkpoints name them.
+    let names: Vec<String> = palladium_model::weights::tensor_layout(&s)
+        .unwrap()
+        .into_iter()
+        .filter(|t| t.name.starts_with("model.layers.0.mlp.shared"))
+        .map(|t| format!("{} {:?}", t.name, t.shape))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "model.layers.0.mlp.shared_expert.gate_proj.weight [256, 256]",
+            "model.layers.0.mlp.shared_expert.up_proj.weight [256, 256]",
+            "model.layers.0.mlp.shared_expert.down_proj.weight [256, 256]",
+            "model.layers.0.mlp.shared_expert_gate.weight [1, 256]",
+        ]
+    );
+}
+
+/// GLM-4.5: `DeepSeek`-V3's routing as data, ungated shared experts, a dense first layer,
+/// partial rotary; the `Glm4MoeConfig` defaults where fields are absent.
+#[test]
+fn tiny_glm4_moe() {
+    use palladium_model::spec::{ExpertGroups, RouterPrecision, RouterScoring};
+    let s = spec("tiny-glm4-moe.json");
+    assert_eq!(s.family, Family::Glm4Moe);
+    assert_eq!(s.attention.rope.rotary_dim, 32);
+    assert_eq!((s.attention.qkv_bias, s.attention.o_bias), (true, false));
+    assert_eq!(s.attention.qk_norm, QkNorm::PerHeadRms { weight_len: 64 });
+    assert_eq!(s.layers[0].ffn, FfnKind::Dense { intermediate: 512 });
+    let m = moe(&s, 1);
+    assert_eq!((m.num_experts, m.top_k, m.intermediate), (8, 2, 128));
+    let r = m.routing;
+    assert_eq!(r.scoring, RouterScoring::Sigmoid);
+    assert!(r.correction_bias);
+    assert_eq!(r.groups, Some(ExpertGroups { groups: 2, chosen_groups: 1 }));
+    assert_eq!((r.scaling, r.precision), (2.5, RouterPrecision::F32));
+    let shared = m.shared.expect("GLM-4.5's MoE layers have shared experts");
+    assert_eq!((shared.intermediate, shared.sigmoid_gate), (128, false));
+    // Absent fields take Glm4MoeConfig's defaults, recorded.
+    let s = edited(
+        "tiny-glm4-moe.json",
+        &[
+            ("partial_rotary_factor", None),
+            ("n_group", None),
+            ("topk_group", None),
+            ("routed_scaling_factor", None),
+            ("first_k_dense_replace", None),
+        ],
+    )
+    .expect("parses");
+    assert_eq!(s.attention.rope.rotary_dim, 32);
+    assert_eq!(moe(&s, 1).routing.groups, None);
+    assert_eq!(moe(&s, 1).routing.scaling, 1.0);
+    for field in ["partial_rotary_factor", "n_group", "routed_scaling_factor"] {
+        assert!(s.defaulted.contains_key(field), "{field}");
+    }
+    let names: Vec<String> = palladium_model::weights::tensor_layout(&s)
+        .unwrap()
+        .into_iter()
+        .filter(|t| t.name.starts_with("model.layers.1.mlp.") && !t.name.contains(".experts."))
+        .map(|t| format!("{} {:?}", t.name, t.shape))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "model.layers.1.mlp.gate.weight [8, 256]",
+            "model.layers.1.mlp.gate.e_score_correction_bias [8]",
+            "model.layers.1.mlp.shared_experts.gate_proj.weight [128, 256]",
+            "model.layers.1.mlp.shared_experts.up_proj.weight [128, 256]",
+            "model.layers.1.mlp.shared_experts.down_proj.weight [256, 128]",
+        ]
+    );
+}
+
+/// `OLMoE`: q/k norms over the whole projections (k's `kv_heads * head_dim` long), `clip_qkv`,
+/// biases on every projection with `attention_bias`, raw top-k weights by default.
+#[test]
+fn tiny_olmoe() {
+    let s = spec("tiny-olmoe.json");
+    assert_eq!(s.family, Family::Olmoe);
+    assert_eq!(s.attention.qk_norm, QkNorm::WholeRms { q_len: 256, k_len: 128 });
+    assert_eq!(s.attention.clip_qkv, None);
+    assert_eq!(moe(&s, 0).routing.top_k_weights, TopKWeights::Raw);
+    assert_eq!(moe(&s, 0).intermediate, 128);
+    let s = edited(
+        "tiny-olmoe.json",
+        &[("clip_qkv", Some(json!(8.0))), ("attention_bias", Some(json!(true)))],
+    )
+    .expect("parses");
+    assert_eq!(s.attention.clip_qkv, Some(8.0));
+    assert_eq!((s.attention.qkv_bias, s.attention.o_bias), (true, true));
+    let norms: Vec<(String, Vec<usize>)> = palladium_model::weights::tensor_layout(&s)
+        .unwrap()
+        .into_iter()
+        .filter(|t| t.name.starts_with("model.layers.0.self_attn.") && t.name.contains("_norm"))
+        .map(|t| (t.name, t.shape))
+        .collect();
+    assert_eq!(
+        norms,
+        [
+            ("model.layers.0.self_attn.q_norm.weight".to_string(), vec![256]),
+            ("model.layers.0.self_attn.k_norm.weight".to_string(), vec![128]),
+        ]
+    );
+}
+
+/// GLM-4.5-Air as shipped. Public figures (model card): 106B total, 12B active parameters;
+/// 46 layers (the MTP layer, `num_nextn_predict_layers: 1`, is not part of the forward pass
+/// and not counted here), the first one dense, 128 routed experts top-8 and one shared.
+#[test]
+fn glm_4_5_air() {
+    use palladium_model::spec::RouterScoring;
+    let s = spec("glm-4.5-air.json");
+    assert_eq!(s.family, Family::Glm4Moe);
+    assert_eq!(s.layers.len(), 46);
+    assert_eq!(
+        (s.attention.num_heads, s.attention.num_kv_heads, s.attention.head_dim),
+        (96, 8, 128)
+    );
+    assert_eq!(s.attention.rope.rotary_dim, 64);
+    assert_eq!((s.attention.qkv_bias, s.attention.o_bias), (true, false));
+    assert_eq!(s.attention.qk_norm, QkNorm::None);
+    assert_eq!(s.layers[0].ffn, FfnKind::Dense { intermediate: 10944 });
+    for l in &s.layers[1..] {
+        let m = moe(&s, l.index);
+        assert_eq!((m.num_experts, m.top_k, m.intermediate), (128, 8, 1408));
+        assert_eq!(m.routing.scoring, RouterScoring::Sigmoid);
+        assert!(m.routing.correction_bias && m.routing.groups.is_none());
+        assert_eq!(m.shared.map(|s| s.intermediate), Some(1408));
+    }
+    assert!(s.defaulted.is_empty(), "{:?}", s.defaulted);
+    let p = s.params();
+    assert!(close(p.total(), 106e9, 0.02), "total {}", p.total());
+    // The card's 12B active counts neither the embedding nor `lm_head` (12.18B here; 13.42B
+    // with both).
+    let active = p.active_without_embedding() - p.lm_head;
+    assert!(close(active, 12e9, 0.02), "active {active}");
+}

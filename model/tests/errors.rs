@@ -22,6 +22,9 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
     const M: &str = "tiny-mixtral.json";
     const D3: &str = "tiny-deepseek-v3.json";
     const D2: &str = "tiny-deepseek-v2.json";
+    const Q2: &str = "tiny-qwen2-moe.json";
+    const G: &str = "tiny-glm4-moe.json";
+    const O: &str = "tiny-olmoe.json";
     let sliding = || vec![set("use_sliding_window", json!(true)), set("sliding_window", json!(64))];
     let yarn = |extra: Value| {
         let mut r = json!({"type": "yarn", "factor": 4, "original_max_position_embeddings": 1024});
@@ -91,13 +94,13 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             Q,
             vec![del("model_type")],
             "model_type",
-            "missing required field \"model_type\" (supported: qwen3_moe, mixtral, deepseek_v3, deepseek_v2)",
+            "missing required field \"model_type\" (supported: qwen3_moe, mixtral, deepseek_v3, deepseek_v2, qwen2_moe, glm4_moe, olmoe)",
         ),
         (
             Q,
             vec![set("model_type", json!("llama"))],
             "model_type",
-            "unsupported value \"llama\" (supported: qwen3_moe, mixtral, deepseek_v3, deepseek_v2)",
+            "unsupported value \"llama\" (supported: qwen3_moe, mixtral, deepseek_v3, deepseek_v2, qwen2_moe, glm4_moe, olmoe)",
         ),
         (Q, vec![set("model_type", json!(3))], "model_type", "expected a string, got 3"),
         (
@@ -341,6 +344,57 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             vec![set("shared_expert_intermediate_size", json!(512))],
             "shared_expert_intermediate_size",
             "absent",
+        ),
+        (
+            Q2,
+            vec![set("use_sliding_window", json!(true))],
+            "use_sliding_window",
+            "Qwen2-MoE's sliding window is not implemented",
+        ),
+        (
+            Q2,
+            vec![set("shared_expert_intermediate_size", json!(0))],
+            "shared_expert_intermediate_size",
+            "at least 1",
+        ),
+        (Q2, vec![set("head_dim", json!(32))], "head_dim", "== hidden_size"),
+        (
+            Q2,
+            vec![set("n_shared_experts", json!(1))],
+            "n_shared_experts",
+            "not part of the qwen2_moe architecture",
+        ),
+        (G, vec![set("topk_method", json!("greedy"))], "topk_method", "\"noaux_tc\" or absent"),
+        (G, vec![set("scoring_func", json!("softmax"))], "scoring_func", "\"sigmoid\" or absent"),
+        (G, vec![set("n_group", json!(3))], "n_group", "groups of at least 2 experts"),
+        (G, vec![set("n_group", json!(8))], "n_group", "groups of at least 2 experts"),
+        (G, vec![set("topk_group", json!(3))], "topk_group", "more than the 2 groups"),
+        (G, vec![set("n_shared_experts", json!(0))], "n_shared_experts", "at least 1"),
+        (
+            G,
+            vec![set("routed_scaling_factor", json!(0))],
+            "routed_scaling_factor",
+            "finite number > 0",
+        ),
+        (
+            G,
+            vec![set("partial_rotary_factor", json!(0.01))],
+            "partial_rotary_factor",
+            "even number",
+        ),
+        (
+            G,
+            vec![set("shared_expert_intermediate_size", json!(64))],
+            "shared_expert_intermediate_size",
+            "not part of the glm4_moe architecture",
+        ),
+        (O, vec![set("clip_qkv", json!(-1))], "clip_qkv", "finite number > 0"),
+        (O, vec![set("head_dim", json!(32))], "head_dim", "OLMoE's head_dim"),
+        (
+            O,
+            vec![set("moe_intermediate_size", json!(64))],
+            "moe_intermediate_size",
+            "not part of the olmoe architecture",
         ),
         (
             M,

@@ -38,7 +38,8 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 def reinit(model, seed):
     """Seeded init with O(1) activations: embeddings N(0, 1), linear weights N(0, 1/in),
-    biases N(0, 0.01), norm weights U(0.8, 1.2)."""
+    biases (and routers' e_score_correction_bias buffers) N(0, 0.01), norm weights
+    U(0.8, 1.2)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -52,6 +53,11 @@ def reinit(model, seed):
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
             else:
                 raise SystemExit(f"hf_reference.py: no init rule for parameter {name} {tuple(p.shape)}")
+        # Persistent buffers saved with the checkpoint: DeepSeek-V3-style routers' correction
+        # bias (zeros as built, which would hide a wrong use of it) is drawn like a bias.
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
 
 
 def greedy(model, prompt, steps, forced=None):

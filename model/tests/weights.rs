@@ -523,3 +523,31 @@ fn shard_index_disagreements_name_the_tensor_the_index_and_the_shard() {
         let _ = std::fs::remove_dir_all(&d);
     }
 }
+
+/// GLM-4.5's checkpoints carry the multi-token-prediction layer after the last decoder layer
+/// (`model.layers.{num_hidden_layers}.*`), which transformers skips on load: so do we. A
+/// layer past it is still an unexpected tensor.
+#[test]
+fn glm4_moe_mtp_layer_is_skipped() {
+    let with_layers = |n: u64| {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/tiny-glm4-moe.json");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        v["num_hidden_layers"] = n.into();
+        ModelSpec::from_json(&v).unwrap()
+    };
+    let s = with_layers(4);
+    let bytes = |n| {
+        Weights::random(&with_layers(n), 3)
+            .unwrap()
+            .to_safetensors_bytes(SaveDtype::BFloat16)
+            .unwrap()
+    };
+    let five = bytes(5);
+    let w = Weights::from_safetensors(&s, &[(Path::new("mem"), &five)]).unwrap();
+    assert_eq!(w, Weights::random(&s, 3).unwrap());
+    let six = bytes(6);
+    let e = Weights::from_safetensors(&s, &[(Path::new("mem"), &six)]).unwrap_err();
+    assert!(e.tensor().is_some_and(|t| t.starts_with("model.layers.5.")), "{e}");
+}

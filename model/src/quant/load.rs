@@ -7,10 +7,10 @@ use std::path::Path;
 use super::{
     QuantError, QuantizedTensor, QuantizedWeights, ScaleDtype, Scales, StoredTensor, WeightsDtype,
 };
-use crate::spec::{LmHead, ModelSpec};
+use crate::spec::ModelSpec;
 use crate::weights::{
-    LM_HEAD, Tensor, TensorSpec, Weights, WeightsError, decode, file_refs, read_checkpoint,
-    read_header, tensor_layout, unravel,
+    Tensor, TensorSpec, Weights, WeightsError, decode, file_refs, read_checkpoint, read_header,
+    tensor_layout, unravel,
 };
 
 /// The suffix an FP8 checkpoint adds to a converted weight's name for its block scales
@@ -168,8 +168,7 @@ impl QuantizedWeights {
                         }
                     }
                 } else {
-                    let tied_head = spec.lm_head == LmHead::Tied && entry.name == LM_HEAD;
-                    if tied_head || entry.name.ends_with("rotary_emb.inv_freq") {
+                    if crate::weights::ignored_tensor(spec, &entry.name) {
                         continue;
                     }
                     return Err(WeightsError::Unexpected {

@@ -433,12 +433,17 @@ impl WeightsDtype {
                 FfnNames::Dense(m) => {
                     [&m.gate, &m.up, &m.down].into_iter().for_each(|n| add(n, dense))
                 }
-                FfnNames::Moe { router, experts, .. } => {
+                FfnNames::Moe { router, experts, shared, .. } => {
                     if self == Self::Fp8 {
                         add(router, fp8);
                     }
                     for m in experts {
                         [&m.gate, &m.up, &m.down].into_iter().for_each(|n| add(n, expert));
+                    }
+                    // A shared expert is always on, like a dense MLP: the dense format. Its
+                    // `[1, hidden]` sigmoid gate stays as loaded, like the router.
+                    if let Some(m) = shared.as_ref().map(|s| &s.mlp) {
+                        [&m.gate, &m.up, &m.down].into_iter().for_each(|n| add(n, dense));
                     }
                 }
             }
