@@ -540,7 +540,7 @@ fn supported<'s>(
     }
     // The dense-MLP layers' config fields, for the refusals that name them.
     let dense_fields = match spec.family {
-        Family::Glm4Moe => "first_k_dense_replace",
+        Family::Glm4Moe | Family::DeepseekV3 | Family::DeepseekV2 => "first_k_dense_replace",
         _ => "mlp_only_layers / decoder_sparse_step",
     };
     let Some(first_moe) = planned.iter().find(|l| matches!(l.ffn, FfnKind::Moe(_))) else {

@@ -81,6 +81,46 @@ impl Family {
     }
 }
 
+/// The config class defaults of `DeepSeek`-V3's MoE layers (`DeepseekV3Config`,
+/// `Glm4MoeConfig`), for fields a config leaves out.
+struct DeepseekMoeDefaults {
+    experts: u64,
+    top_k: u64,
+    moe_intermediate: u64,
+    groups: u64,
+    chosen_groups: u64,
+    scaling: f64,
+    first_dense: u64,
+    intermediate: u64,
+}
+
+impl DeepseekMoeDefaults {
+    fn of(family: Family) -> Self {
+        match family {
+            Family::Glm4Moe => Self {
+                experts: 128,
+                top_k: 8,
+                moe_intermediate: 1408,
+                groups: 1,
+                chosen_groups: 1,
+                scaling: 1.0,
+                first_dense: 1,
+                intermediate: 10944,
+            },
+            _ => Self {
+                experts: 256,
+                top_k: 8,
+                moe_intermediate: 2048,
+                groups: 8,
+                chosen_groups: 4,
+                scaling: 2.5,
+                first_dense: 3,
+                intermediate: 18432,
+            },
+        }
+    }
+}
+
 impl<'a> Parser<'a> {
     /// An optional field's value, or `default` recorded in [`ModelSpec::defaulted`].
     fn or_default<T: ToString>(&mut self, field: &'static str, value: Option<T>, default: T) -> T {
@@ -134,8 +174,8 @@ impl<'a> Parser<'a> {
         let layers = match family {
             Family::Qwen3Moe | Family::Qwen2Moe => self.qwen_moe_layers(family, num_layers)?,
             Family::Mixtral => self.mixtral_layers(num_layers)?,
-            Family::DeepseekV3 | Family::DeepseekV2 => self.deepseek_layers(family, num_layers)?,
-            Family::Glm4Moe => self.glm4_moe_layers(num_layers)?,
+            Family::DeepseekV3 | Family::Glm4Moe => self.deepseek_moe_layers(family, num_layers)?,
+            Family::DeepseekV2 => self.deepseek_v2_layers(num_layers)?,
             Family::Olmoe => self.olmoe_layers(num_layers)?,
         };
 
@@ -868,19 +908,14 @@ impl<'a> Parser<'a> {
             .collect())
     }
 
-    /// DeepSeek: layer `i` is a dense `DeepseekV3MLP(intermediate_size)` for
-    /// `i < first_k_dense_replace`, else a `DeepseekV3MoE`. The MoE layers (shared experts,
-    /// grouped routing) are not read yet, so a config with any is refused naming the field;
-    /// their fields are still type-checked.
-    fn deepseek_layers(
-        &mut self,
-        family: Family,
-        num_layers: u64,
-    ) -> Result<Vec<LayerSpec>, ConfigError> {
+    /// DeepSeek-V2: layer `i` is a dense MLP of `intermediate_size` for
+    /// `i < first_k_dense_replace`, else the MoE block, whose softmax `greedy` /
+    /// `group_limited_greedy` routing is not read yet: a config with any MoE layer is refused
+    /// naming the field; its MoE fields are still type-checked.
+    fn deepseek_v2_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
         let o = self.obj;
         let first_dense = o.opt_u64("first_k_dense_replace")?;
-        let default_dense = if family == Family::DeepseekV3 { 3 } else { 0 };
-        let first_dense = self.or_default("first_k_dense_replace", first_dense, default_dense);
+        let first_dense = self.or_default("first_k_dense_replace", first_dense, 0);
         for field in ["n_routed_experts", "num_experts_per_tok", "n_shared_experts"] {
             o.opt_u64(field)?;
         }
@@ -896,12 +931,11 @@ impl<'a> Parser<'a> {
                 "first_k_dense_replace",
                 first_dense,
                 format!(
-                    "num_hidden_layers ({num_layers}) or more: layers {first_dense}..{num_layers} would be {} MoE layers (shared experts, grouped routing), which are not implemented yet; only all-dense configs are",
-                    family.model_type()
+                    "num_hidden_layers ({num_layers}) or more: layers {first_dense}..{num_layers} would be deepseek_v2 MoE layers (softmax greedy routing), which are not implemented yet; only all-dense configs are"
                 ),
             ));
         }
-        if family == Family::DeepseekV2 && o.opt_bool("mlp_bias")? == Some(true) {
+        if o.opt_bool("mlp_bias")? == Some(true) {
             return Err(ConfigError::unsupported(
                 "mlp_bias",
                 true,
@@ -909,8 +943,7 @@ impl<'a> Parser<'a> {
             ));
         }
         let inter = o.opt_size("intermediate_size")?;
-        let default_inter = if family == Family::DeepseekV3 { 18432 } else { 11008 };
-        let intermediate = self.or_default("intermediate_size", inter, default_inter);
+        let intermediate = self.or_default("intermediate_size", inter, 11008);
         if intermediate == 0 {
             return Err(ConfigError::invalid("intermediate_size", 0, "must be at least 1"));
         }
@@ -950,13 +983,18 @@ impl<'a> Parser<'a> {
         Ok(vec![AttentionKind::Full; num_layers as usize])
     }
 
-    /// GLM-4.5 (`Glm4MoeDecoderLayer`): layers `< first_k_dense_replace` are a dense
-    /// `Glm4MoeMLP(intermediate_size)`, the others `Glm4MoeMoE`: `DeepSeek`-V3's router
-    /// (`Glm4MoeTopkRouter`: sigmoid scores, `e_score_correction_bias` to choose, groups,
-    /// `norm_topk_prob`, `routed_scaling_factor`, f32 logits and sum) and
-    /// `n_shared_experts * moe_intermediate_size` of ungated shared MLP. Defaults are
-    /// `Glm4MoeConfig`'s.
-    fn glm4_moe_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
+    /// `DeepSeek`-V3's decoder layers, which GLM-4.5 (`Glm4MoeDecoderLayer`) copies: layers
+    /// `< first_k_dense_replace` are a dense MLP of `intermediate_size`, the others the MoE block
+    /// (`DeepseekV3MoE` / `Glm4MoeMoE`): `DeepseekV3TopkRouter` (sigmoid scores,
+    /// `e_score_correction_bias` to choose, groups, `norm_topk_prob`, `routed_scaling_factor`,
+    /// f32 logits and sum) and `n_shared_experts * moe_intermediate_size` of ungated shared MLP.
+    /// Absent fields take the family's config class defaults ([`DeepseekMoeDefaults`]).
+    fn deepseek_moe_layers(
+        &mut self,
+        family: Family,
+        num_layers: u64,
+    ) -> Result<Vec<LayerSpec>, ConfigError> {
+        let d = DeepseekMoeDefaults::of(family);
         let o = self.obj;
         self.deepseek_router_methods()?;
         let size = |p: &mut Self, field: &'static str, default: u64| -> Result<u64, ConfigError> {
@@ -968,10 +1006,10 @@ impl<'a> Parser<'a> {
             Ok(v)
         };
         let first_dense = o.opt_size("first_k_dense_replace")?;
-        let first_dense = self.or_default("first_k_dense_replace", first_dense, 1);
+        let first_dense = self.or_default("first_k_dense_replace", first_dense, d.first_dense);
         let moe = if first_dense < num_layers {
-            let experts = size(self, "n_routed_experts", 128)?;
-            let top_k = size(self, "num_experts_per_tok", 8)?;
+            let experts = size(self, "n_routed_experts", d.experts)?;
+            let top_k = size(self, "num_experts_per_tok", d.top_k)?;
             if top_k > experts {
                 return Err(ConfigError::invalid(
                     "num_experts_per_tok",
@@ -979,10 +1017,10 @@ impl<'a> Parser<'a> {
                     format!("more than the {experts} experts (n_routed_experts)"),
                 ));
             }
-            let intermediate = size(self, "moe_intermediate_size", 1408)?;
+            let intermediate = size(self, "moe_intermediate_size", d.moe_intermediate)?;
             let shared = size(self, "n_shared_experts", 1)?;
-            let groups = size(self, "n_group", 1)?;
-            let chosen_groups = size(self, "topk_group", 1)?;
+            let groups = size(self, "n_group", d.groups)?;
+            let chosen_groups = size(self, "topk_group", d.chosen_groups)?;
             // `scores.view(-1, n_group, experts / n_group).topk(2)`: equal groups of two or more.
             if !experts.is_multiple_of(groups) || experts / groups < 2 && groups > 1 {
                 return Err(ConfigError::invalid(
@@ -1003,7 +1041,7 @@ impl<'a> Parser<'a> {
             let norm_topk = o.opt_bool("norm_topk_prob")?;
             let norm_topk = self.or_default("norm_topk_prob", norm_topk, true);
             let scaling = o.opt_pos_f64("routed_scaling_factor")?;
-            let scaling = self.or_default("routed_scaling_factor", scaling, 1.0);
+            let scaling = self.or_default("routed_scaling_factor", scaling, d.scaling);
             Some(MoeSpec {
                 num_experts: experts,
                 top_k,
@@ -1031,8 +1069,11 @@ impl<'a> Parser<'a> {
         } else {
             None
         };
-        let dense =
-            if first_dense > 0 { Some(size(self, "intermediate_size", 10944)?) } else { None };
+        let dense = if first_dense > 0 {
+            Some(size(self, "intermediate_size", d.intermediate)?)
+        } else {
+            None
+        };
         Ok((0..num_layers as usize)
             .map(|index| LayerSpec {
                 index,
@@ -1172,7 +1213,7 @@ impl<'a> Parser<'a> {
     /// it claims to be; refuse instead of silently building the wrong network.
     fn reject_foreign_fields(&self, family: Family) -> Result<(), ConfigError> {
         if matches!(family, Family::DeepseekV3 | Family::DeepseekV2) {
-            // These are the DeepSeek families' own fields (read in `deepseek_layers`).
+            // These are the DeepSeek families' own fields (read in `deepseek_moe_layers` and `deepseek_v2_layers`).
             return Ok(());
         }
         let mut fields = vec![];

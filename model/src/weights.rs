@@ -280,11 +280,13 @@ impl ModelNames {
                 }
                 (FfnKind::Moe(moe), family) => {
                     let block = match family {
-                        Family::Qwen3Moe | Family::Qwen2Moe | Family::Glm4Moe | Family::Olmoe => {
-                            format!("{p}mlp.")
-                        }
+                        Family::Qwen3Moe
+                        | Family::Qwen2Moe
+                        | Family::Glm4Moe
+                        | Family::Olmoe
+                        | Family::DeepseekV3 => format!("{p}mlp."),
                         Family::Mixtral => format!("{p}block_sparse_moe."),
-                        Family::DeepseekV3 | Family::DeepseekV2 => {
+                        Family::DeepseekV2 => {
                             return Err(WeightsError::Unsupported {
                                 what: format!("{} MoE layer {}", family.model_type(), layer.index),
                             });
@@ -297,7 +299,8 @@ impl ModelNames {
                                 Family::Qwen3Moe
                                 | Family::Qwen2Moe
                                 | Family::Glm4Moe
-                                | Family::Olmoe => MlpNames {
+                                | Family::Olmoe
+                                | Family::DeepseekV3 => MlpNames {
                                     gate: format!("{x}gate_proj.weight"),
                                     up: format!("{x}up_proj.weight"),
                                     down: format!("{x}down_proj.weight"),
@@ -307,7 +310,7 @@ impl ModelNames {
                                     up: format!("{x}w3.weight"),
                                     down: format!("{x}w2.weight"),
                                 },
-                                Family::DeepseekV3 | Family::DeepseekV2 => {
+                                Family::DeepseekV2 => {
                                     unreachable!("refused above")
                                 }
                             }
@@ -509,12 +512,13 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
 }
 
 /// A checkpoint tensor outside [`tensor_layout`] that transformers skips on load too: a
-/// tied model's `lm_head.weight`, the RoPE tables some checkpoints carry, and GLM-4.5's
-/// multi-token-prediction layer, `model.layers.{num_hidden_layers}.*` (`Glm4MoeForCausalLM`
-/// ignores `model.layers.46.*` and `.92.*`, the MTP layer of GLM-4.5-Air and GLM-4.5).
+/// tied model's `lm_head.weight`, the RoPE tables some checkpoints carry, and the
+/// multi-token-prediction layer of GLM-4.5 and DeepSeek-V3, `model.layers.{num_hidden_layers}.*`
+/// (`Glm4MoeForCausalLM` ignores `model.layers.46.*` and `.92.*`, the MTP layer of GLM-4.5-Air
+/// and GLM-4.5; `DeepseekV3ForCausalLM` `model.layers.61.*`).
 pub(crate) fn ignored_tensor(spec: &ModelSpec, name: &str) -> bool {
     let tied_head = spec.lm_head == LmHead::Tied && name == LM_HEAD;
-    let mtp_layer = spec.family == Family::Glm4Moe
+    let mtp_layer = matches!(spec.family, Family::Glm4Moe | Family::DeepseekV3)
         && name.starts_with(&format!("model.layers.{}.", spec.layers.len()));
     tied_head || mtp_layer || name.ends_with("rotary_emb.inv_freq")
 }

@@ -307,15 +307,33 @@ fn decode_traffic_qwen3_30b() {
     assert_eq!(t64.kv_read, 64 * t.kv_read);
 }
 
-/// DeepSeek-V3 as shipped has MoE layers from layer 3 on, which are not read yet: refused
-/// naming `first_k_dense_replace`. Read as all dense (the attention side), its MLA numbers
-/// are the paper's: 576 cached values per position and layer, against 128 heads x (192 +
-/// 128) for the expanded K/V; the softmax scale carries YaRN's `mscale_all_dim` correction.
+/// DeepSeek-V3 as shipped: 3 dense layers, then MoE layers with DeepSeek-V3's routing (the
+/// one GLM-4.5 reuses) and one shared expert. Its MLA numbers are the paper's: 576 cached
+/// values per position and layer, against 128 heads x (192 + 128) for the expanded K/V; the
+/// softmax scale carries YaRN's `mscale_all_dim` correction.
 #[test]
 fn deepseek_v3() {
-    let e = ModelSpec::from_json_str(&common::fixture_text("deepseek-v3.json")).unwrap_err();
-    assert_eq!(e.field(), Some("first_k_dense_replace"), "{e}");
-    assert!(e.to_string().contains("layers 3..61 would be deepseek_v3 MoE layers"), "{e}");
+    use palladium_model::spec::{ExpertGroups, RouterPrecision, RouterScoring};
+    let s = spec("deepseek-v3.json");
+    assert_eq!(s.layers.len(), 61);
+    for l in &s.layers[..3] {
+        assert_eq!(l.ffn, FfnKind::Dense { intermediate: 18432 }, "layer {}", l.index);
+    }
+    let m = moe(&s, 3);
+    assert_eq!((m.num_experts, m.top_k, m.intermediate), (256, 8, 2048));
+    let r = m.routing;
+    assert_eq!(r.scoring, RouterScoring::Sigmoid);
+    assert!(r.correction_bias);
+    assert_eq!(r.top_k_weights, TopKWeights::Renormalized);
+    assert_eq!(r.groups, Some(ExpertGroups { groups: 8, chosen_groups: 4 }));
+    assert_eq!((r.scaling, r.precision), (2.5, RouterPrecision::F32));
+    let shared = m.shared.expect("DeepSeek-V3's MoE layers have a shared expert");
+    assert_eq!((shared.intermediate, shared.sigmoid_gate), (2048, false));
+    assert_eq!(s.layers[60].ffn, s.layers[3].ffn);
+    // An unknown router method is refused by name.
+    let e = edited("deepseek-v3.json", &[("topk_method", Some(json!("group_limited_greedy")))])
+        .unwrap_err();
+    assert_eq!(e.field(), Some("topk_method"), "{e}");
 
     let s = edited("deepseek-v3.json", &[("first_k_dense_replace", Some(json!(61)))]).unwrap();
     assert_eq!(s.family, Family::DeepseekV3);

@@ -36,11 +36,22 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
     vec![
         (
             D3,
-            vec![set("first_k_dense_replace", json!(1))],
-            "first_k_dense_replace",
-            "layers 1..3 would be deepseek_v3 MoE layers",
+            vec![set("topk_method", json!("greedy"))],
+            "topk_method",
+            "unsupported value \"greedy\" (supported: \"noaux_tc\" or absent)",
         ),
-        (D2, vec![del("first_k_dense_replace")], "first_k_dense_replace", "layers 0..2"),
+        (
+            D3,
+            vec![set("scoring_func", json!("softmax"))],
+            "scoring_func",
+            "unsupported value \"softmax\"",
+        ),
+        (
+            D2,
+            vec![del("first_k_dense_replace")],
+            "first_k_dense_replace",
+            "layers 0..2 would be deepseek_v2 MoE layers",
+        ),
         (
             D3,
             vec![set("num_key_value_heads", json!(2))],

@@ -246,6 +246,23 @@ fn deepseek_v3_variant_matches_transformers() {
     let _ = std::fs::remove_file(&cfg);
 }
 
+/// DeepSeek-V3 with its MoE layers (`first_k_dense_replace: 1`: one dense layer, then two
+/// MoE layers): MLA and YaRN as above with the routing GLM-4.5 shares (sigmoid scores, the
+/// random `e_score_correction_bias` choosing, 2 groups of which 1 is kept, renormalised,
+/// `routed_scaling_factor` 2.5) and the ungated shared expert.
+#[test]
+fn deepseek_v3_moe_matches_transformers() {
+    let path = repo_root().join("fixtures/models/tiny-deepseek-v3.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["first_k_dense_replace"] = 1.into();
+    let cfg = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("tiny-deepseek-v3-moe-{}.json", std::process::id()));
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    check(cfg.to_str().unwrap(), 5, &[4, 200, 37, 9, 451], 10);
+    let _ = std::fs::remove_file(&cfg);
+}
+
 /// DeepSeek-V2: complex-number RoPE (`view_as_complex`, f32, rounded once), YaRN with its
 /// cos/sin factor but no softmax-scale correction, `q_lora_rank: null` (as V2-Lite).
 #[test]
