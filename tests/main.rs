@@ -15,3 +15,4 @@ mod outputs;
 mod profile;
 mod quantized_kernels;
 mod run;
+mod test_binaries;
