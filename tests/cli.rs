@@ -1,7 +1,7 @@
 //! The `palladium` binary end to end.
 use std::process::Command;
 
-mod common;
+use crate::common;
 use common::{palladium, scratch};
 
 #[test]

@@ -7,7 +7,7 @@
 //! never a panic or an abort, and never a flag ignored with exit 0.
 //!
 //! A fixed seed and a few dozen cases (a few seconds each command line); fuzz longer with
-//! e.g. `PROPTEST_CASES=500 PROPTEST_RNG_SEED=7 cargo test --test fuzz_flags`.
+//! e.g. `PROPTEST_CASES=500 PROPTEST_RNG_SEED=7 cargo test --test tests fuzz_flags::`.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestRunner, contextualize_config};

@@ -5,7 +5,7 @@
 //! its plain-Rust reference.
 //!
 //! A fixed seed and 12 cases per kernel by default (a few seconds); fuzz longer with e.g.
-//! `PROPTEST_CASES=2000 PROPTEST_RNG_SEED=7 cargo test --test fuzz_kernels`.
+//! `PROPTEST_CASES=2000 PROPTEST_RNG_SEED=7 cargo test --test tests fuzz_kernels::`.
 
 use palladium::check::{CheckOptions, HostMemory, check};
 use palladium_dsl::ir::{VerifyOptions, check_hbm, verify};

@@ -2,11 +2,11 @@
 //! a symlinked output is written through, an output folder keeps no stale file of the
 //! command's set, every output is checked before any work, the compile worker dies with its
 //! parent and is held to the host-memory limit, and bad environment values are named.
+use crate::common;
 use palladium_model::ModelSpec;
 use palladium_model::weights::{SaveDtype, Weights};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-mod common;
 
 use common::{fixture, listing, palladium_code, scratch};
 

@@ -3,7 +3,7 @@
 //! and refusals that write nothing.
 use std::path::Path;
 
-mod common;
+use crate::common;
 use common::{palladium, scratch};
 
 /// Chrome's trace-event format as Perfetto reads it: `traceEvents`, each event with `ph`;

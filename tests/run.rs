@@ -3,11 +3,11 @@
 //! that are not bf16: the packer rounds them as transformers' bf16 model loads them) and
 //! from random weights; the `--logits-out` JSON compared with the reference
 //! (`palladium_decode::compare`); clear errors for bad input.
+use crate::common;
 use palladium_model::ModelSpec;
 use palladium_model::reference::Generation;
 use palladium_model::weights::{SaveDtype, Weights};
 use std::path::{Path, PathBuf};
-mod common;
 
 use common::{fixture, listing, palladium_code};
 

@@ -26,11 +26,11 @@
 //! - the megakernel's argmax equals transformers' bf16 id, or is within the tolerance of it
 //!   in transformers' logits (a near tie).
 //!
-//! Measured numbers are printed (`cargo test --test hf_conformance -- --nocapture`). Without
+//! Measured numbers are printed
+//! (`cargo test -p palladium-decode --test tests hf_conformance:: -- --nocapture`). Without
 //! torch/transformers in the venv these tests fail, naming the setup script.
 
-#[path = "../../model/tests/hf_oracle/mod.rs"]
-mod hf_oracle;
+use crate::hf_oracle;
 
 use hf_oracle::run_oracle;
 use palladium_decode::{Comparison, Decoder, Matched, ROUTER_TIE, check_step, pack::pack};

@@ -15,8 +15,7 @@
 //! MLP by intermediate columns, summed by the FFN's all-reduce. Measured numbers are
 //! printed (`-- --nocapture`).
 
-#[path = "../../model/tests/hf_oracle/mod.rs"]
-mod hf_oracle;
+use crate::hf_oracle;
 
 use hf_oracle::run_oracle;
 use palladium_decode::{Decoder, ROUTER_TIE, pack::pack_devices};

@@ -8,7 +8,7 @@
 //! on the megakernel's ids, logits within the project's logits tolerance
 //! ([`palladium_model::tolerance`]: 2^-6 of the step's max |logit|) of transformers' bf16 model, ids equal except at near ties; where the bf16 model's routing
 //! diverges at a near tie of its bf16 router logits, the f32 model is the witness. Printed
-//! per run (`cargo test --test numerics -- --nocapture`).
+//! per run (`cargo test -p palladium-decode --test tests numerics:: -- --nocapture`).
 use palladium_decode::{Decoder, Matched, compare, pack::pack};
 use palladium_dsl::spec::Chip;
 use palladium_fusion::{megakernel::Megakernel, plan::PlanOptions};

@@ -4,8 +4,7 @@
 //! reference forward pass on the DEQUANTIZED weights within the project's logits tolerance
 //! (the `--check` rules, [`palladium_decode::compare_with`]).
 
-#[path = "../../model/tests/hf_oracle/mod.rs"]
-mod hf_oracle;
+use crate::hf_oracle;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -1,11 +1,11 @@
 //! Element-indexed block dims (Pallas's `pl.Element(n, (before, after))`): carried typed in
 //! the call spec, printed, and checked by the verifier with the index map's results as
 //! element offsets (bounds in the padded array; an output's windows must cover it).
+use crate::common;
+use common::line_of;
 use palladium_dsl::ir::{PrintOptions, print_kernel};
 use palladium_dsl::prelude::*;
 use palladium_dsl::spec::BlockDim;
-mod common;
-use common::line_of;
 
 /// This file's text: error locations are checked against its declarations.
 const SOURCE: &str = include_str!("element_windows.rs");

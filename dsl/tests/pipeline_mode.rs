@@ -1,11 +1,11 @@
 //! `pipeline_mode = Buffered(n)` on a `BlockSpec` operand (Pallas's
 //! `BlockSpec(pipeline_mode=pl.Buffered(n))`): carried in the call spec, printed, counted n
 //! times in the VMEM budget, and refused at the operand's attribute where Mosaic has no mode.
+use crate::common;
+use common::line_of;
 use palladium_dsl::ir::{PrintOptions, VerifyOptions, print_kernel, verify};
 use palladium_dsl::prelude::*;
 use palladium_dsl::spec::{Chip, PipelineMode};
-mod common;
-use common::line_of;
 
 /// This file's text: error locations are checked against its declarations.
 const SOURCE: &str = include_str!("pipeline_mode.rs");

@@ -1,10 +1,10 @@
 //! Trace-time and verifier errors: every mistake is reported, with the rule it breaks and
 //! where it was made.
+use crate::common;
+use common::line_of;
 use palladium_dsl::ir::{VerifyOptions, check_hbm, verify};
 use palladium_dsl::prelude::*;
 use palladium_dsl::spec::Chip;
-mod common;
-use common::line_of;
 
 /// This file's text: error locations are checked against its declarations.
 const SOURCE: &str = include_str!("verifier.rs");

@@ -4,11 +4,10 @@
 //! config error names its field, a plan is refused with a `PlanError`, and an accepted plan's
 //! byte counts add up.
 //!
-//! `cargo test -p palladium-fusion --test fuzz` runs a modest number of cases; run longer with
-//! `PROPTEST_CASES=20000 cargo test --release -p palladium-fusion --test fuzz`.
+//! `cargo test -p palladium-fusion --test tests fuzz::` runs a modest number of cases; run longer
+//! with `PROPTEST_CASES=20000 cargo test --release -p palladium-fusion --test tests fuzz::`.
 
-#[path = "../../model/tests/config_fuzz/mod.rs"]
-mod config_fuzz;
+use crate::config_fuzz;
 
 use config_fuzz::{config, mutate, mutations};
 use palladium_dsl::build::MemorySpace;

@@ -4,7 +4,7 @@
 
 #![allow(clippy::result_large_err)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use palladium_dsl::spec::Chip;

@@ -3,7 +3,7 @@
 
 #![allow(clippy::result_large_err)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use palladium_interpret::{CallSpec, ErrorKind, HostArray, Module};

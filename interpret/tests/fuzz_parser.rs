@@ -5,7 +5,8 @@
 //! mutated shape) is a bug.
 //!
 //! A fixed seed and 24 mutations per kernel by default; fuzz longer with e.g.
-//! `PROPTEST_CASES=5000 PROPTEST_RNG_SEED=3 cargo test -p palladium-interpret --test fuzz_parser`.
+//! `PROPTEST_CASES=5000 PROPTEST_RNG_SEED=3 cargo test -p palladium-interpret --test tests
+//! fuzz_parser::`.
 
 use palladium_dsl::spec::Chip;
 use palladium_interpret::Module;

@@ -50,7 +50,7 @@
 //!   `extui`/`cmpi ne` bool-to-index step before `scf.if`, and empty `else` blocks; it omits
 //!   Pallas's dead "old value" `vector.load` before each store (from `swap`).
 
-mod common;
+use crate::common;
 
 use common::*;
 use palladium_dsl::spec::Chip;

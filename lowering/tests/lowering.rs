@@ -1,6 +1,6 @@
 //! Lowering without the oracle: determinism, error reporting, snapshots.
 
-mod common;
+use crate::common;
 
 use common::*;
 use palladium_dsl::prelude::*;

@@ -1,7 +1,7 @@
 //! The real and tiny configs parse to the documented shapes and sizes, and the transformers 4.x
 //! and 5.x spellings give identical descriptions.
 
-mod common;
+use crate::common;
 
 use common::{edited, fixture_json, spec};
 use palladium_model::{

@@ -1,6 +1,6 @@
 //! Every rejection names its field, and the message says what is wrong. No input panics.
 
-mod common;
+use crate::common;
 
 use common::edited;
 use palladium_model::{ConfigError, ModelSpec};

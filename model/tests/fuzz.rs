@@ -5,11 +5,11 @@
 //! their shards. Nothing may panic; an error names the field or the tensor it is about;
 //! what loads is finite and what the index says.
 //!
-//! `cargo test -p palladium-model --test fuzz` runs a modest number of cases; run longer with
-//! `PROPTEST_CASES=100000 cargo test --release -p palladium-model --test fuzz`.
+//! `cargo test -p palladium-model --test tests fuzz::` runs a modest number of cases; run longer
+//! with `PROPTEST_CASES=100000 cargo test --release -p palladium-model --test tests fuzz::`.
 
-mod common;
-mod config_fuzz;
+use crate::common;
+use crate::config_fuzz;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -23,7 +23,7 @@
 //!
 //! Without torch/transformers in the venv these tests fail, naming the setup script.
 
-mod hf_oracle;
+use crate::hf_oracle;
 
 use std::path::Path;
 
@@ -271,7 +271,7 @@ fn deepseek_v2_matches_transformers() {
 }
 
 /// More seeds for both families (slow: two transformers runs per seed). Run with
-/// `cargo test -p palladium-model --test hf_conformance -- --ignored --nocapture`.
+/// `cargo test -p palladium-model --test tests hf_conformance:: -- --ignored --nocapture`.
 #[test]
 #[ignore = "slow seed sweep; the default tests cover one seed per family"]
 fn seed_sweep_matches_transformers() {

@@ -3,7 +3,7 @@
 //! `quantization_config` and its field-named errors, and the FP8 checkpoint loader's checks.
 //! The bit-exact comparisons with `ml_dtypes` / XLA / torch are in `quant_oracle.rs`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

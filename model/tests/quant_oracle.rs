@@ -6,7 +6,7 @@
 //!
 //! Without torch/transformers in the venv these tests fail, naming the setup script.
 
-mod hf_oracle;
+use crate::hf_oracle;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

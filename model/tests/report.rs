@@ -1,6 +1,6 @@
 //! Snapshots of the parsed tiny models: the report and the full `Debug` description.
 
-mod common;
+use crate::common;
 
 fn snap(name: &str, text: String) {
     insta::with_settings!({ snapshot_path => "../../snapshots/model", prepend_module_to_snapshot => false, omit_expression => true }, {

@@ -104,7 +104,7 @@ impl Calibration {
             calibrated: self.chips.keys().cloned().collect::<Vec<_>>().join(", "),
             remedy: match self.not_calibrated.get(chip.name()) {
                 Some(why) => format!("libtpu {} cannot calibrate it: {why}", self.libtpu),
-                None => "add it with `PALLADIUM_UPDATE_CALIBRATION=1 cargo test -p palladium-profile --test calibration` (needs libtpu)".into(),
+                None => "add it with `PALLADIUM_UPDATE_CALIBRATION=1 cargo test -p palladium-profile --test tests calibration::` (needs libtpu)".into(),
             },
         })
     }

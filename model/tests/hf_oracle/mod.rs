@@ -15,8 +15,9 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
-/// The oracle venv's python, checked to import torch and transformers (else a failure that
-/// names the setup script).
+/// The oracle venv's python, checked to have torch and transformers (else a failure that
+/// names the setup script). The check finds the packages without importing them: importing
+/// torch and transformers takes seconds of CPU, which the oracle script spends again.
 pub fn venv_python() -> PathBuf {
     let venv = std::env::var_os("PALLADIUM_TPU_VENV").map(PathBuf::from).unwrap_or_else(|| {
         PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
@@ -24,7 +25,11 @@ pub fn venv_python() -> PathBuf {
     });
     let py = venv.join("bin/python");
     let ok = Command::new(&py)
-        .args(["-c", "import torch, transformers"])
+        .args([
+            "-c",
+            "import importlib.util, sys; \
+             sys.exit(any(importlib.util.find_spec(m) is None for m in ('torch', 'transformers')))",
+        ])
         .output()
         .is_ok_and(|o| o.status.success());
     assert!(

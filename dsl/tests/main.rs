@@ -1,0 +1,15 @@
+//! Every integration test of this crate, in one binary: each former `tests/<file>.rs` is
+//! a module of it (`cargo test -p palladium-dsl --test tests <file>::`),
+//! so the test build links this crate's dependencies (MLIR among them) once, not once per
+//! file. A new test file gets its `mod` line here (`autotests = false` in Cargo.toml).
+
+mod common;
+
+mod builder;
+mod compile_fail;
+mod control_flow;
+mod element_windows;
+mod multi_device;
+mod pipeline_mode;
+mod strided;
+mod verifier;

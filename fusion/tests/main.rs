@@ -1,0 +1,15 @@
+//! Every integration test of this crate, in one binary: each former `tests/<file>.rs` is
+//! a module of it (`cargo test -p palladium-fusion --test tests <file>::`),
+//! so the test build links this crate's dependencies (MLIR among them) once, not once per
+//! file. A new test file gets its `mod` line here (`autotests = false` in Cargo.toml).
+
+#[path = "../../model/tests/config_fuzz/mod.rs"]
+mod config_fuzz;
+
+mod fuzz;
+mod libtpu;
+mod megakernel;
+mod modules;
+mod rewrite;
+mod shard;
+mod source;

@@ -1,0 +1,19 @@
+//! Every integration test of this crate, in one binary: each former `tests/<file>.rs` is
+//! a module of it (`cargo test -p palladium-model --test tests <file>::`),
+//! so the test build links this crate's dependencies (MLIR among them) once, not once per
+//! file. A new test file gets its `mod` line here (`autotests = false` in Cargo.toml).
+
+mod common;
+mod config_fuzz;
+mod hf_oracle;
+
+mod configs;
+mod errors;
+mod fuzz;
+mod hf_conformance;
+mod moe;
+mod quant;
+mod quant_oracle;
+mod reference;
+mod report;
+mod weights;
