@@ -388,6 +388,15 @@ fn tensor_name<'n>(
                 _ => &g.v,
             }
         }
+        (WeightKind::QBias | WeightKind::KBias | WeightKind::VBias, _) => {
+            let g = ln.gqa().ok_or_else(|| wrong("no q/k/v biases (MLA attention)"))?;
+            let b = match kind {
+                WeightKind::QBias => &g.q_bias,
+                WeightKind::KBias => &g.k_bias,
+                _ => &g.v_bias,
+            };
+            b.as_deref().ok_or_else(|| wrong("no q/k/v bias names (the config has no qkv_bias)"))?
+        }
         (WeightKind::QNorm | WeightKind::KNorm, _) => {
             let g = ln.gqa().ok_or_else(|| wrong("no q/k norm names"))?;
             let n = if kind == WeightKind::QNorm { &g.q_norm } else { &g.k_norm };

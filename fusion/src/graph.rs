@@ -26,6 +26,10 @@ pub enum WeightKind {
     VProj,
     QNorm,
     KNorm,
+    /// The q/k/v projections' biases (`attention_bias` / Qwen2-MoE's `qkv_bias`).
+    QBias,
+    KBias,
+    VBias,
     OProj,
     PostAttentionNorm,
     /// The MoE router (`gate.weight`).

@@ -144,6 +144,8 @@ pub enum OperandKind {
     /// The dense-MLP layers' weights (only where layers mix kinds, [`Ffn::DenseMlp`]).
     WMlp,
     HeadNorms,
+    /// The q/k/v projections' biases, a row per head (where the model has them).
+    QkvBias,
     KCache,
     VCache,
     Logits,
@@ -181,6 +183,7 @@ impl OperandKind {
             OperandKind::WExperts => "w_experts",
             OperandKind::WMlp => "w_mlp",
             OperandKind::HeadNorms => "head_norms",
+            OperandKind::QkvBias => "qkv_bias",
             OperandKind::KCache => "k_cache",
             OperandKind::VCache => "v_cache",
             OperandKind::Logits => "logits",

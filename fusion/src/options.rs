@@ -145,6 +145,9 @@ pub struct Dims {
     pub rope_theta: f64,
     pub scale: f64,
     pub qk_norm: bool,
+    /// Biases on the q/k/v projections (the `qkv_bias` operand), added to each head as
+    /// the attention stage reads it.
+    pub qkv_bias: bool,
     pub window: Option<u64>,
     /// How the router scores its logits before the top-k (the config's, as data).
     pub scoring: RouterScoring,
@@ -154,6 +157,12 @@ pub struct Dims {
 }
 
 impl Dims {
+    /// Rows of one layer's `qkv_bias`: a row per q, k and v head (the q/k/v projection's
+    /// heads in order, each padded to `head_pad`), rounded up to 8 sublanes.
+    pub fn qkv_bias_rows(&self) -> u64 {
+        (self.heads + 2 * self.kv_heads).next_multiple_of(8)
+    }
+
     /// The most distinct experts a step's rows choose, `min(experts, batch * K * top_k)`
     /// (of this device's): the expert stream's static worst case.
     pub fn distinct_experts(&self) -> u64 {

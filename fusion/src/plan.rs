@@ -211,6 +211,9 @@ pub struct Traffic {
     pub kv_write: u64,
     pub embedding: u64,
     pub head_norms: u64,
+    /// The q/k/v biases' rows, one copy per layer (0 without biases).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub qkv_bias: u64,
     pub total: u64,
     /// The model's own count for the same step (`ModelSpec::decode_traffic`, unpadded).
     pub model_total: f64,
@@ -587,8 +590,9 @@ fn supported<'s>(
             if shared.sigmoid_gate { ", sigmoid-gated" } else { "" }
         ));
     }
-    if a.qkv_bias || a.o_bias || r.router_bias {
-        missing.push("attention or router biases".to_string());
+    // q/k/v biases are the `qkv_bias` operand; o_proj's and the router's are not emitted.
+    if a.o_bias || r.router_bias {
+        missing.push("o_proj or router biases".to_string());
     }
     if r.correction_bias || r.groups.is_some() || r.scaling != 1.0 {
         missing.push(format!(
@@ -695,6 +699,7 @@ fn dims(
         rope_theta: a.rope.theta,
         scale: a.scale,
         qk_norm: matches!(a.qk_norm, QkNorm::PerHeadRms { .. }),
+        qkv_bias: a.qkv_bias,
         window: match spec.layers[0].attention {
             AttentionKind::Full => None,
             AttentionKind::Sliding { window } => Some(window),
@@ -912,6 +917,17 @@ fn stream_layout(
             vec![l, 8, hp],
             MemorySpace::Any,
             4 * l * 8 * hp,
+        ));
+    }
+    if dims.qkv_bias {
+        let rows = dims.qkv_bias_rows();
+        operands.push(operand(
+            QkvBias,
+            Input,
+            DType::F32,
+            vec![l, rows, hp],
+            MemorySpace::Any,
+            4 * l * rows * hp,
         ));
     }
     if let Some(q) = quant {
@@ -1173,7 +1189,8 @@ fn hbm_fit(
                         / l,
                 )
                 .saturating_add(2 * (kv_bytes / l))
-                .saturating_add(if dims.qk_norm { 4 * 8 * hp } else { 0 }),
+                .saturating_add(if dims.qk_norm { 4 * 8 * hp } else { 0 })
+                .saturating_add(if dims.qkv_bias { 4 * dims.qkv_bias_rows() * hp } else { 0 }),
             // Every operand with a leading layer axis (a quantized w_stream has no lm_head
             // chunks; `norms` has one more entry, the final norm).
             Some(_) => {
@@ -1182,6 +1199,7 @@ fn hbm_fit(
                     WStream,
                     WExperts,
                     HeadNorms,
+                    QkvBias,
                     KCache,
                     VCache,
                     QkvScales,
@@ -1350,9 +1368,10 @@ fn traffic(
     )?;
     let embedding = tokens * 16 * h * 2;
     let head_norms = if dims.qk_norm { l * 8 * hp * 4 } else { 0 };
+    let qkv_bias = if dims.qkv_bias { l * dims.qkv_bias_rows() * hp * 4 } else { 0 };
     let step_total = total(
         "the bytes moved per step",
-        &[dense, lm_head, experts, mlp, kv_read, kv_write, embedding, head_norms],
+        &[dense, lm_head, experts, mlp, kv_read, kv_write, embedding, head_norms, qkv_bias],
     )?;
     let mut truncated = spec.clone();
     truncated.layers.truncate(layers);
@@ -1363,7 +1382,7 @@ fn traffic(
         "the DMAs per step",
         &[
             per_layer,
-            1,
+            1 + u64::from(dims.qkv_bias),
             product(
                 "the DMAs per step",
                 &[batch, kvh, 2, tiles + kv_write_groups(dims.tokens_per_seq, block_kv)],
@@ -1406,6 +1425,7 @@ fn traffic(
         kv_write,
         embedding,
         head_norms,
+        qkv_bias,
         total: step_total,
         model_total,
         floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(),

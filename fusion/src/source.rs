@@ -55,6 +55,8 @@ impl Role {
                     vec![h]
                 }
                 WeightKind::QNorm | WeightKind::KNorm => vec![m.head_dim],
+                WeightKind::QBias => vec![q],
+                WeightKind::KBias | WeightKind::VBias => vec![kv],
                 WeightKind::QProj => vec![q, h],
                 WeightKind::KProj | WeightKind::VProj => vec![kv, h],
                 WeightKind::OProj => vec![h, q],
@@ -726,6 +728,29 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 what: "",
             })
             .collect(),
+        // The q/k/v segment's head columns as rows of `hp`: row t is the t-th head of
+        // `[q heads | k heads | v heads]`, as the attention stage reads the projection.
+        OperandKind::QkvBias => {
+            let mut col = 0;
+            [WeightKind::QBias, WeightKind::KBias, WeightKind::VBias]
+                .into_iter()
+                .zip(qkv)
+                .map(|(w, (_, map, cols, what))| {
+                    col += cols;
+                    Block {
+                        stack: vec![(Stack::Layers { only: None }, shape[1] * hp)],
+                        at: col - cols,
+                        rows: 1,
+                        cols,
+                        row_stride: cols,
+                        row: whole(1),
+                        col: Axis::new(map),
+                        read: read(w, Element::Value, false, None),
+                        what,
+                    }
+                })
+                .collect()
+        }
         _ => return None,
     })
 }
@@ -793,6 +818,9 @@ pub fn tensor_name(layout: &StreamLayout, role: Role) -> String {
         WeightKind::MlpDown => "mlp.down_proj.weight".into(),
         WeightKind::QNorm => "self_attn.q_norm.weight".into(),
         WeightKind::KNorm => "self_attn.k_norm.weight".into(),
+        WeightKind::QBias => "self_attn.q_proj.bias".into(),
+        WeightKind::KBias => "self_attn.k_proj.bias".into(),
+        WeightKind::VBias => "self_attn.v_proj.bias".into(),
         other => format!("{other:?}"),
     }
 }
