@@ -415,6 +415,18 @@ fn tensor_name<'n>(
                 _ => &m.down,
             }
         }
+        (
+            WeightKind::SharedGate | WeightKind::SharedUp | WeightKind::SharedDown,
+            FfnNames::Moe { shared: Some(s), .. },
+        ) => match kind {
+            WeightKind::SharedGate => &s.mlp.gate,
+            WeightKind::SharedUp => &s.mlp.up,
+            _ => &s.mlp.down,
+        },
+        (WeightKind::SharedExpertGate, FfnNames::Moe { shared: Some(s), .. }) => s
+            .gate
+            .as_deref()
+            .ok_or_else(|| wrong("no shared_expert_gate (an ungated shared expert)"))?,
         (WeightKind::MlpGate, FfnNames::Dense(m)) => &m.gate,
         (WeightKind::MlpUp, FfnNames::Dense(m)) => &m.up,
         (WeightKind::MlpDown, FfnNames::Dense(m)) => &m.down,

@@ -176,6 +176,19 @@ fn tiny_qwen2_moe_q_k_v_biases_on_1_and_2_devices() {
     same_tokens_on_devices("tiny-qwen2-moe (no shared expert)", &s, &[0, 1], &[2], ExpertSplit::Ep);
 }
 
+/// Qwen2-MoE whole: q/k/v biases and the sigmoid-gated shared expert (its entries streamed
+/// first in the expert ring; on 2 devices each holds half its intermediate columns).
+#[test]
+fn tiny_qwen2_moe_gives_the_same_tokens_on_1_and_2_devices() {
+    same_tokens_on_devices(
+        "tiny-qwen2-moe",
+        &spec("tiny-qwen2-moe"),
+        &[0, 1],
+        &[2],
+        ExpertSplit::Ep,
+    );
+}
+
 /// Experts split by expert (EP): the planner's choice for the tiny models at batch 1. On
 /// 8 devices each of the 2 KV heads is on 4 devices, its 2 query heads padded to 4.
 #[test]

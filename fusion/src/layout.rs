@@ -341,6 +341,10 @@ pub struct StreamLayout {
     /// every layer is MoE.
     #[serde(skip_serializing_if = "is_zero")]
     pub mlp_chunks: u64,
+    /// A shared expert's entries in `w_experts`, after the device's routed experts: its
+    /// chunks as whole experts' (`expert_chunks` each), 0 without one.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub shared_entries: u64,
     /// In call order (Pallas's: scalar prefetch, inputs, outputs).
     pub operands: Vec<Operand>,
     /// The quantized weights' formats; `None` for bf16 weights (norms folded).

@@ -119,7 +119,8 @@ pub struct Dims {
     /// The experts whose weights this device holds: all of them on one device and under
     /// tensor-parallel experts, `experts / devices` (padded) under expert parallelism.
     pub experts_per_device: u64,
-    /// `experts` rounded up to 128 (the router's padded columns are masked to -inf).
+    /// `experts` rounded up to 128 (the router's padded columns are masked to -inf); with a
+    /// sigmoid-gated shared expert, `experts + 1`: column `experts` is its gate's logit.
     pub experts_pad: u64,
     pub top_k: u64,
     pub intermediate: u64,
@@ -128,6 +129,13 @@ pub struct Dims {
     /// layers among MoE layers; `None` when every layer is MoE.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dense_intermediate: Option<u64>,
+    /// The MoE layers' shared expert's intermediate size (this device's columns, split
+    /// like a dense MLP's), where the model has one; `None` otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_intermediate: Option<u64>,
+    /// The shared expert's output is scaled by `sigmoid(x @ shared_expert_gate)` (Qwen2-MoE).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub shared_gate: bool,
     pub vocab: u64,
     pub batch: u64,
     /// New tokens per sequence in one step (`K`).

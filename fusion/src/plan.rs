@@ -196,7 +196,8 @@ pub struct Traffic {
     pub dense: u64,
     pub lm_head: u64,
     /// The experts fetched per step at the static worst case, `min(E, batch * K * top_k)`
-    /// distinct experts per layer, each once: what the step is priced at.
+    /// distinct experts per layer, each once: what the step is priced at (a shared
+    /// expert's entries included, here and in the two below).
     pub experts: u64,
     /// The dense-MLP layers' weights, each read once per step (0 when every layer is MoE).
     #[serde(skip_serializing_if = "is_zero")]
@@ -584,11 +585,20 @@ fn supported<'s>(
     let r = &moe.routing;
     let mut missing = Vec::new();
     if let Some(shared) = moe.shared {
-        missing.push(format!(
-            "shared experts (intermediate {}{})",
-            shared.intermediate,
-            if shared.sigmoid_gate { ", sigmoid-gated" } else { "" }
-        ));
+        // Its chunks stream through the expert ring as an expert's (bf16 only so far).
+        if options.weights != WeightsDtype::Bf16 {
+            return Err(PlanError::Unsupported(format!(
+                "--weights-dtype {} with a shared expert (intermediate {}): the shared expert is planned with bf16 weights only",
+                options.weights.name(),
+                shared.intermediate
+            )));
+        }
+        if !shared.intermediate.is_multiple_of(moe.intermediate) {
+            return Err(PlanError::Unsupported(format!(
+                "shared expert intermediate size {} (shared_expert_intermediate_size): must be a multiple of the experts' {} (its chunks stream as an expert's)",
+                shared.intermediate, moe.intermediate
+            )));
+        }
     }
     // q/k/v biases are the `qkv_bias` operand; o_proj's and the router's are not emitted.
     if a.o_bias || r.router_bias {
@@ -685,10 +695,15 @@ fn dims(
         group: a.group_size(),
         experts: moe.num_experts,
         experts_per_device: moe.num_experts,
-        experts_pad: round_up(moe.num_experts, 128),
+        experts_pad: round_up(
+            moe.num_experts + u64::from(moe.shared.is_some_and(|s| s.sigmoid_gate)),
+            128,
+        ),
         top_k: moe.top_k,
         intermediate: moe.intermediate,
         dense_intermediate: if layer_ffns.all_routed() { None } else { dense_intermediate(spec) },
+        shared_intermediate: moe.shared.map(|s| s.intermediate),
+        shared_gate: moe.shared.is_some_and(|s| s.sigmoid_gate),
         vocab: spec.vocab_size,
         batch,
         tokens_per_seq: options.tokens_per_seq,
@@ -847,6 +862,7 @@ fn stream_layout(
     for b in (128..=i).step_by(128) {
         if i.is_multiple_of(b)
             && dims.dense_intermediate.is_none_or(|di| di.is_multiple_of(b))
+            && dims.shared_intermediate.is_none_or(|s| s.is_multiple_of(b))
             && expert_slots * 3 * h * b * 2 <= vmem_capacity / 4
         {
             expert_block = b;
@@ -854,6 +870,16 @@ fn stream_layout(
     }
     let expert_chunks = i / expert_block;
     let mlp_chunks = dims.dense_intermediate.map_or(0, |di| di / expert_block);
+    // A shared expert's chunks are `shared_entries` more entries of `w_experts`, after the
+    // device's experts, each of `expert_chunks` chunks.
+    let shared_chunks = dims.shared_intermediate.map_or(0, |s| s / expert_block);
+    if !shared_chunks.is_multiple_of(expert_chunks) {
+        return Err(PlanError::Unsupported(format!(
+            "a shared expert of {} intermediate columns per device against the experts' {i}: its chunks stream as whole experts' ({expert_chunks} chunks of {expert_block})",
+            dims.shared_intermediate.unwrap_or(0)
+        )));
+    }
+    let shared_entries = shared_chunks / expert_chunks;
     let stream_lm_chunks = if quant.is_some() { 0 } else { lm_chunks };
     let dense_dtype = quant.map_or(DType::Bf16, |q| q.dense.codes);
     let expert_dtype = quant.map_or(DType::Bf16, |q| q.experts.codes);
@@ -892,10 +918,12 @@ fn stream_layout(
             WExperts,
             Input,
             expert_dtype,
-            vec![l_moe, e, expert_chunks, h, 3 * expert_block],
+            vec![l_moe, e + shared_entries, expert_chunks, h, 3 * expert_block],
             MemorySpace::Any,
-            product("the expert weights (w_experts)", &[bits(expert_dtype), l_moe, e, i, h, 3])?
-                / 8,
+            product(
+                "the expert weights (w_experts)",
+                &[bits(expert_dtype), l_moe, e + shared_entries, i, h, 3],
+            )? / 8,
         ),
     ];
     // The dense MLP's codes are the experts' dtype: its chunks go through their ring.
@@ -1056,6 +1084,7 @@ fn stream_layout(
         expert_block,
         expert_chunks,
         mlp_chunks,
+        shared_entries,
         operands,
         quant,
     })
@@ -1336,10 +1365,15 @@ fn traffic(
         .map(|&kind| layout.operand(kind).map_or(0, |o| o.bytes))
         .sum();
     let tokens = dims.tokens;
-    let experts_without_dedupe =
-        product("the expert weights read per step", &[l_moe, tokens, dims.top_k, expert_bytes])?;
+    // A shared expert's entries are read whole in every MoE layer, whatever the routing.
+    let shared = layout.shared_entries;
+    let experts_without_dedupe = product(
+        "the expert weights read per step",
+        &[l_moe, tokens * dims.top_k + shared, expert_bytes],
+    )?;
     let distinct = dims.distinct_experts();
-    let experts = product("the expert weights read per step", &[l_moe, distinct, expert_bytes])?;
+    let experts =
+        product("the expert weights read per step", &[l_moe, distinct + shared, expert_bytes])?;
     // The experts' share of the per-dtype weight bytes, at the same worst case.
     let by_dtype = by_dtype.map(|parts| {
         parts
@@ -1353,7 +1387,8 @@ fn traffic(
     let experts_uniform_routing = l_moe as f64
         * dims.experts_per_device as f64
         * (1.0 - (1.0 - dims.top_k as f64 / e).powf(tokens as f64))
-        * expert_bytes as f64;
+        * expert_bytes as f64
+        + (l_moe * shared * expert_bytes) as f64;
     let span = dims.window.map_or(options.context, |w| w.min(options.context));
     let tiles = span.div_ceil(block_kv) + u64::from(dims.window.is_some());
     let tiles = match options.kv_tiles {
@@ -1392,7 +1427,7 @@ fn traffic(
     let ffn_dmas = total(
         "the DMAs per step",
         &[
-            product("the DMAs per step", &[l_moe, distinct, layout.expert_chunks, 2])?,
+            product("the DMAs per step", &[l_moe, distinct + shared, layout.expert_chunks, 2])?,
             product("the DMAs per step", &[l_mlp, layout.mlp_chunks, 2])?,
         ],
     )?;

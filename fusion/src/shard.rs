@@ -233,6 +233,7 @@ pub fn split(
         experts_per_device: experts.experts_per_device,
         intermediate: experts.intermediate_per_device,
         dense_intermediate: dims.dense_intermediate.map(|i| round_up(i, 128 * n) / n),
+        shared_intermediate: dims.shared_intermediate.map(|i| round_up(i, 128 * n) / n),
         vocab: dims.vocab.div_ceil(n),
         ..dims
     };
