@@ -33,7 +33,7 @@ fn tiny_plans_and_reports() {
 
 #[test]
 fn tiny_megakernels_build_verify_and_lower_on_every_chip() {
-    for name in ["tiny-qwen3-moe", "tiny-mixtral"] {
+    for name in ["tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen2-moe"] {
         for chip in [Chip::V5e, Chip::V6e, Chip::V7x] {
             let l = Megakernel::build(&spec(name), &options(chip, 1, 256, None))
                 .unwrap_or_else(|e| panic!("{name} {chip}: {e}"))
@@ -589,6 +589,11 @@ fn qwen2_moe_plans_its_shared_expert_and_biases() {
     assert_eq!(p.layout.operand(OperandKind::WExperts).unwrap().shape[..2], [4, 8 + 2]);
     // 4 q heads + 2 k + 2 v, each padded to 128 lanes.
     assert_eq!(p.layout.operand(OperandKind::QkvBias).unwrap().shape, [4, 8, 128]);
+    // The report's operand prose names what the new blocks read.
+    let text = report::text(&p);
+    for read in ["q_proj.bias", "shared_expert.down_proj.weight", "shared_expert_gate.weight"] {
+        assert!(text.contains(read), "{read} not in the report:\n{text}");
+    }
     for weights in [WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4] {
         let o = PlanOptions { weights, ..options(Chip::V6e, 1, 256, None) };
         match Plan::new(&s, &o) {
