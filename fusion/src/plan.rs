@@ -584,22 +584,6 @@ fn supported<'s>(
     let a = &spec.attention;
     let r = &moe.routing;
     let mut missing = Vec::new();
-    if let Some(shared) = moe.shared {
-        // Its chunks stream through the expert ring as an expert's (bf16 only so far).
-        if options.weights != WeightsDtype::Bf16 {
-            return Err(PlanError::Unsupported(format!(
-                "--weights-dtype {} with a shared expert (intermediate {}): the shared expert is planned with bf16 weights only",
-                options.weights.name(),
-                shared.intermediate
-            )));
-        }
-        if !shared.intermediate.is_multiple_of(moe.intermediate) {
-            return Err(PlanError::Unsupported(format!(
-                "shared expert intermediate size {} (shared_expert_intermediate_size): must be a multiple of the experts' {} (its chunks stream as an expert's)",
-                shared.intermediate, moe.intermediate
-            )));
-        }
-    }
     // q/k/v biases are the `qkv_bias` operand; o_proj's and the router's are not emitted.
     if a.o_bias || r.router_bias {
         missing.push("o_proj or router biases".to_string());
@@ -640,6 +624,22 @@ fn supported<'s>(
             missing.join(", "),
             spec.family.model_type()
         )));
+    }
+    if let Some(shared) = moe.shared {
+        // Its chunks stream through the expert ring as an expert's (bf16 only so far).
+        if options.weights != WeightsDtype::Bf16 {
+            return Err(PlanError::Unsupported(format!(
+                "--weights-dtype {} with a shared expert (intermediate {}): the shared expert is planned with bf16 weights only",
+                options.weights.name(),
+                shared.intermediate
+            )));
+        }
+        if !shared.intermediate.is_multiple_of(moe.intermediate) {
+            return Err(PlanError::Unsupported(format!(
+                "shared expert intermediate size {} (shared_expert_intermediate_size): must be a multiple of the experts' {} (its chunks stream as an expert's)",
+                shared.intermediate, moe.intermediate
+            )));
+        }
     }
     if !layer_ffns.all_routed() {
         // The dense MLP's chunks go through the expert ring, so its codes must be the

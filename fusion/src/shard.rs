@@ -209,8 +209,9 @@ fn choose_experts(dims: &Dims, n: u64, layers: u64, hbm: u64) -> Result<ExpertCh
 
 /// The per-device dims of a step split over `options.devices` devices (`moe_layers` of
 /// its layers MoE), and the split (`None` on one device, whose dims are returned
-/// unchanged). A dense MLP (layers mixing kinds) is split by intermediate columns like TP
-/// experts, whichever split the experts take: its output joins the experts' all-reduce.
+/// unchanged). A dense MLP (layers mixing kinds), as a shared expert, is split by
+/// intermediate columns like TP experts, whichever split the experts take: its output
+/// joins the experts' all-reduce.
 pub fn split(
     dims: Dims,
     options: &PlanOptions,
