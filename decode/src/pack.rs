@@ -388,6 +388,15 @@ fn tensor_name<'n>(
                 _ => &g.v,
             }
         }
+        (WeightKind::QBias | WeightKind::KBias | WeightKind::VBias, _) => {
+            let g = ln.gqa().ok_or_else(|| wrong("no q/k/v biases (MLA attention)"))?;
+            let b = match kind {
+                WeightKind::QBias => &g.q_bias,
+                WeightKind::KBias => &g.k_bias,
+                _ => &g.v_bias,
+            };
+            b.as_deref().ok_or_else(|| wrong("no q/k/v bias names (the config has no qkv_bias)"))?
+        }
         (WeightKind::QNorm | WeightKind::KNorm, _) => {
             let g = ln.gqa().ok_or_else(|| wrong("no q/k norm names"))?;
             let n = if kind == WeightKind::QNorm { &g.q_norm } else { &g.k_norm };
@@ -406,6 +415,18 @@ fn tensor_name<'n>(
                 _ => &m.down,
             }
         }
+        (
+            WeightKind::SharedGate | WeightKind::SharedUp | WeightKind::SharedDown,
+            FfnNames::Moe { shared: Some(s), .. },
+        ) => match kind {
+            WeightKind::SharedGate => &s.mlp.gate,
+            WeightKind::SharedUp => &s.mlp.up,
+            _ => &s.mlp.down,
+        },
+        (WeightKind::SharedExpertGate, FfnNames::Moe { shared: Some(s), .. }) => s
+            .gate
+            .as_deref()
+            .ok_or_else(|| wrong("no shared_expert_gate (an ungated shared expert)"))?,
         (WeightKind::MlpGate, FfnNames::Dense(m)) => &m.gate,
         (WeightKind::MlpUp, FfnNames::Dense(m)) => &m.up,
         (WeightKind::MlpDown, FfnNames::Dense(m)) => &m.down,

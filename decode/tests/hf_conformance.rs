@@ -146,3 +146,9 @@ fn qwen3_moe_megakernel_matches_transformers() {
 fn mixtral_megakernel_matches_transformers() {
     check("fixtures/models/tiny-mixtral.json", 11, &[3, 99, 250, 7], 10);
 }
+
+/// Qwen2-MoE: q/k/v biases and the sigmoid-gated shared expert.
+#[test]
+fn qwen2_moe_matches_transformers() {
+    check("fixtures/models/tiny-qwen2-moe.json", 13, &[2, 41, 310, 9, 77], 10);
+}

@@ -196,7 +196,7 @@ fn body(p: &Plan, s: &Stages) {
 fn layer_body(p: &Plan, s: &Stages, layer: Val, base: Val) {
     let n = p.layout.per_layer;
     let banks = p.banks;
-    s.attention.issue_head_norms(layer);
+    s.attention.issue_head_rows(layer);
     let xn1 = s.qkv.input_norm(p, layer);
     let mut xn2: Option<Val> = None;
     let mut o_started = false;

@@ -26,6 +26,10 @@ pub enum WeightKind {
     VProj,
     QNorm,
     KNorm,
+    /// The q/k/v projections' biases (`attention_bias` / Qwen2-MoE's `qkv_bias`).
+    QBias,
+    KBias,
+    VBias,
     OProj,
     PostAttentionNorm,
     /// The MoE router (`gate.weight`).
@@ -33,6 +37,12 @@ pub enum WeightKind {
     ExpertGate,
     ExpertUp,
     ExpertDown,
+    /// A shared expert's projections (Qwen2-MoE's `shared_expert`), and the `[1, hidden]`
+    /// gate of a sigmoid-gated one (`shared_expert_gate`).
+    SharedGate,
+    SharedUp,
+    SharedDown,
+    SharedExpertGate,
     /// A dense MLP's projections.
     MlpGate,
     MlpUp,

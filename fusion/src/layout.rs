@@ -144,6 +144,8 @@ pub enum OperandKind {
     /// The dense-MLP layers' weights (only where layers mix kinds, [`Ffn::DenseMlp`]).
     WMlp,
     HeadNorms,
+    /// The q/k/v projections' biases, a row per head (where the model has them).
+    QkvBias,
     KCache,
     VCache,
     Logits,
@@ -181,6 +183,7 @@ impl OperandKind {
             OperandKind::WExperts => "w_experts",
             OperandKind::WMlp => "w_mlp",
             OperandKind::HeadNorms => "head_norms",
+            OperandKind::QkvBias => "qkv_bias",
             OperandKind::KCache => "k_cache",
             OperandKind::VCache => "v_cache",
             OperandKind::Logits => "logits",
@@ -338,6 +341,10 @@ pub struct StreamLayout {
     /// every layer is MoE.
     #[serde(skip_serializing_if = "is_zero")]
     pub mlp_chunks: u64,
+    /// A shared expert's entries in `w_experts`, after the device's routed experts: its
+    /// chunks as whole experts' (`expert_chunks` each), 0 without one.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub shared_entries: u64,
     /// In call order (Pallas's: scalar prefetch, inputs, outputs).
     pub operands: Vec<Operand>,
     /// The quantized weights' formats; `None` for bf16 weights (norms folded).

@@ -54,9 +54,10 @@
 //! | 1 | `positions` | `i32[B]` | SMEM (scalar prefetch) | position `p` of the sequence's first new token (token `k` at `p + k`, attending to `0..=p+k`) |
 //! | 2 | `embed` | `bf16[ceil(V/16), 16, H]` | HBM | `embed_tokens.weight` reshaped, zero rows past `V` |
 //! | 3 | `w_stream` | `bf16[L*n + ceil(V/cw), H, cw]` | HBM | the dense stream: per layer `[q|k|v heads (transposed, input_layernorm folded) | o_proj.weight (heads padded to hp) | router^T (post_attention_layernorm folded, padded to 128)]` in `n` chunks of `cw` columns, then `lm_head^T` with the final norm folded in chunks of `cw` columns |
-//! | 4 | `w_experts` | `bf16[L, E, C, H, 3*block]` (`L_moe` where layers mix kinds) | HBM | chunk `c` of expert `e`, one DMA: `[gate^T cols | up^T cols` (post-attention norm folded) `| down_proj.weight cols]` |
+//! | 4 | `w_experts` | `bf16[L, E, C, H, 3*block]` (`L_moe` where layers mix kinds; `E + S/I` with a shared expert) | HBM | chunk `c` of expert `e`, one DMA: `[gate^T cols | up^T cols` (post-attention norm folded) `| down_proj.weight cols]`; entry `E + j` the shared expert's intermediate columns `j*I..(j+1)*I` |
 //! | | `w_mlp` (only where layers mix kinds) | `bf16[L_dense, C_d, H, 3*block]` | HBM | chunk `c` of a dense-MLP layer's MLP, as an expert's; those layers' router columns in `w_stream` are zero |
 //! | 5 | `head_norms` (Qwen3 only) | `f32[L, 8, hp]` | HBM | row 0 `q_norm`, row 1 `k_norm` |
+//! | | `qkv_bias` (q/k/v biases only) | `f32[L, R, hp]` | HBM | row `t` the bias of head `t` of the q, k, v heads in order, padded to `hp`; `R` = heads + 2 kv heads rounded up to 8 |
 //! | | `k_cache`, `v_cache` | `bf16[L, B, kv_heads, T, hp]` | HBM | K (normed, roped) / V; aliased to outputs |
 //! | out | `logits` (only with `--logits`) | `f32[ceil(V/cw), rows, cw]` | VMEM | logit of token row r, token v at `[v / cw, r, v % cw]` |
 //! | out | `next_ids` | `i32[rows, 128]` | VMEM | greedy next id of token row r (lowest id among equal maxima), every lane of row r |
@@ -88,6 +89,11 @@
 //! every layer is MoE. Quantized plans (int8, fp8) lay the dense MLP's codes and scales
 //! out as an expert's (`w_mlp`, `mlp_scales`, `mlp_down_scales`); int4 is refused (its
 //! scheme keeps a dense MLP int8, the expert ring holds int4 codes).
+//!
+//! A shared expert (Qwen2-MoE) is no layer kind of its own: it is `S / I` more entries of
+//! `w_experts` per MoE layer, streamed first in the routed experts' item stream at its
+//! gate's weight (`sigmoid` of the router column after the experts', or 1); see
+//! `docs/megakernel.md` (the shared-expert stage).
 //!
 //! Adding the dense-MLP stage (bf16 and quantized, 1 and N devices) touched 8 source files
 //! with code, against the count of about 17 files and 30 functions for a layer

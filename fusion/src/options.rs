@@ -119,7 +119,8 @@ pub struct Dims {
     /// The experts whose weights this device holds: all of them on one device and under
     /// tensor-parallel experts, `experts / devices` (padded) under expert parallelism.
     pub experts_per_device: u64,
-    /// `experts` rounded up to 128 (the router's padded columns are masked to -inf).
+    /// `experts` rounded up to 128 (the router's padded columns are masked to -inf); with a
+    /// sigmoid-gated shared expert, `experts + 1`: column `experts` is its gate's logit.
     pub experts_pad: u64,
     pub top_k: u64,
     pub intermediate: u64,
@@ -128,6 +129,13 @@ pub struct Dims {
     /// layers among MoE layers; `None` when every layer is MoE.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dense_intermediate: Option<u64>,
+    /// The MoE layers' shared expert's intermediate size (this device's columns, split
+    /// like a dense MLP's), where the model has one; `None` otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_intermediate: Option<u64>,
+    /// The shared expert's output is scaled by `sigmoid(x @ shared_expert_gate)` (Qwen2-MoE).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub shared_gate: bool,
     pub vocab: u64,
     pub batch: u64,
     /// New tokens per sequence in one step (`K`).
@@ -145,6 +153,9 @@ pub struct Dims {
     pub rope_theta: f64,
     pub scale: f64,
     pub qk_norm: bool,
+    /// Biases on the q/k/v projections (the `qkv_bias` operand), added to each head as
+    /// the attention stage reads it.
+    pub qkv_bias: bool,
     pub window: Option<u64>,
     /// How the router scores its logits before the top-k (the config's, as data).
     pub scoring: RouterScoring,
@@ -154,6 +165,12 @@ pub struct Dims {
 }
 
 impl Dims {
+    /// Rows of one layer's `qkv_bias`: a row per q, k and v head (the q/k/v projection's
+    /// heads in order, each padded to `head_pad`), rounded up to 8 sublanes.
+    pub fn qkv_bias_rows(&self) -> u64 {
+        (self.heads + 2 * self.kv_heads).next_multiple_of(8)
+    }
+
     /// The most distinct experts a step's rows choose, `min(experts, batch * K * top_k)`
     /// (of this device's): the expert stream's static worst case.
     pub fn distinct_experts(&self) -> u64 {

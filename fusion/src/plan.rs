@@ -196,7 +196,8 @@ pub struct Traffic {
     pub dense: u64,
     pub lm_head: u64,
     /// The experts fetched per step at the static worst case, `min(E, batch * K * top_k)`
-    /// distinct experts per layer, each once: what the step is priced at.
+    /// distinct experts per layer, each once: what the step is priced at (a shared
+    /// expert's entries included, here and in the two below).
     pub experts: u64,
     /// The dense-MLP layers' weights, each read once per step (0 when every layer is MoE).
     #[serde(skip_serializing_if = "is_zero")]
@@ -211,6 +212,9 @@ pub struct Traffic {
     pub kv_write: u64,
     pub embedding: u64,
     pub head_norms: u64,
+    /// The q/k/v biases' rows, one copy per layer (0 without biases).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub qkv_bias: u64,
     pub total: u64,
     /// The model's own count for the same step (`ModelSpec::decode_traffic`, unpadded).
     pub model_total: f64,
@@ -580,15 +584,9 @@ fn supported<'s>(
     let a = &spec.attention;
     let r = &moe.routing;
     let mut missing = Vec::new();
-    if let Some(shared) = moe.shared {
-        missing.push(format!(
-            "shared experts (intermediate {}{})",
-            shared.intermediate,
-            if shared.sigmoid_gate { ", sigmoid-gated" } else { "" }
-        ));
-    }
-    if a.qkv_bias || a.o_bias || r.router_bias {
-        missing.push("attention or router biases".to_string());
+    // q/k/v biases are the `qkv_bias` operand; o_proj's and the router's are not emitted.
+    if a.o_bias || r.router_bias {
+        missing.push("o_proj or router biases".to_string());
     }
     if r.correction_bias || r.groups.is_some() || r.scaling != 1.0 {
         missing.push(format!(
@@ -626,6 +624,22 @@ fn supported<'s>(
             missing.join(", "),
             spec.family.model_type()
         )));
+    }
+    if let Some(shared) = moe.shared {
+        // Its chunks stream through the expert ring as an expert's (bf16 only so far).
+        if options.weights != WeightsDtype::Bf16 {
+            return Err(PlanError::Unsupported(format!(
+                "--weights-dtype {} with a shared expert (intermediate {}): the shared expert is planned with bf16 weights only",
+                options.weights.name(),
+                shared.intermediate
+            )));
+        }
+        if !shared.intermediate.is_multiple_of(moe.intermediate) {
+            return Err(PlanError::Unsupported(format!(
+                "shared expert intermediate size {} (shared_expert_intermediate_size): must be a multiple of the experts' {} (its chunks stream as an expert's)",
+                shared.intermediate, moe.intermediate
+            )));
+        }
     }
     if !layer_ffns.all_routed() {
         // The dense MLP's chunks go through the expert ring, so its codes must be the
@@ -681,10 +695,15 @@ fn dims(
         group: a.group_size(),
         experts: moe.num_experts,
         experts_per_device: moe.num_experts,
-        experts_pad: round_up(moe.num_experts, 128),
+        experts_pad: round_up(
+            moe.num_experts + u64::from(moe.shared.is_some_and(|s| s.sigmoid_gate)),
+            128,
+        ),
         top_k: moe.top_k,
         intermediate: moe.intermediate,
         dense_intermediate: if layer_ffns.all_routed() { None } else { dense_intermediate(spec) },
+        shared_intermediate: moe.shared.map(|s| s.intermediate),
+        shared_gate: moe.shared.is_some_and(|s| s.sigmoid_gate),
         vocab: spec.vocab_size,
         batch,
         tokens_per_seq: options.tokens_per_seq,
@@ -695,6 +714,7 @@ fn dims(
         rope_theta: a.rope.theta,
         scale: a.scale,
         qk_norm: matches!(a.qk_norm, QkNorm::PerHeadRms { .. }),
+        qkv_bias: a.qkv_bias,
         window: match spec.layers[0].attention {
             AttentionKind::Full => None,
             AttentionKind::Sliding { window } => Some(window),
@@ -842,6 +862,7 @@ fn stream_layout(
     for b in (128..=i).step_by(128) {
         if i.is_multiple_of(b)
             && dims.dense_intermediate.is_none_or(|di| di.is_multiple_of(b))
+            && dims.shared_intermediate.is_none_or(|s| s.is_multiple_of(b))
             && expert_slots * 3 * h * b * 2 <= vmem_capacity / 4
         {
             expert_block = b;
@@ -849,6 +870,16 @@ fn stream_layout(
     }
     let expert_chunks = i / expert_block;
     let mlp_chunks = dims.dense_intermediate.map_or(0, |di| di / expert_block);
+    // A shared expert's chunks are `shared_entries` more entries of `w_experts`, after the
+    // device's experts, each of `expert_chunks` chunks.
+    let shared_chunks = dims.shared_intermediate.map_or(0, |s| s / expert_block);
+    if !shared_chunks.is_multiple_of(expert_chunks) {
+        return Err(PlanError::Unsupported(format!(
+            "a shared expert of {} intermediate columns per device against the experts' {i}: its chunks stream as whole experts' ({expert_chunks} chunks of {expert_block})",
+            dims.shared_intermediate.unwrap_or(0)
+        )));
+    }
+    let shared_entries = shared_chunks / expert_chunks;
     let stream_lm_chunks = if quant.is_some() { 0 } else { lm_chunks };
     let dense_dtype = quant.map_or(DType::Bf16, |q| q.dense.codes);
     let expert_dtype = quant.map_or(DType::Bf16, |q| q.experts.codes);
@@ -887,10 +918,12 @@ fn stream_layout(
             WExperts,
             Input,
             expert_dtype,
-            vec![l_moe, e, expert_chunks, h, 3 * expert_block],
+            vec![l_moe, e + shared_entries, expert_chunks, h, 3 * expert_block],
             MemorySpace::Any,
-            product("the expert weights (w_experts)", &[bits(expert_dtype), l_moe, e, i, h, 3])?
-                / 8,
+            product(
+                "the expert weights (w_experts)",
+                &[bits(expert_dtype), l_moe, e + shared_entries, i, h, 3],
+            )? / 8,
         ),
     ];
     // The dense MLP's codes are the experts' dtype: its chunks go through their ring.
@@ -912,6 +945,17 @@ fn stream_layout(
             vec![l, 8, hp],
             MemorySpace::Any,
             4 * l * 8 * hp,
+        ));
+    }
+    if dims.qkv_bias {
+        let rows = dims.qkv_bias_rows();
+        operands.push(operand(
+            QkvBias,
+            Input,
+            DType::F32,
+            vec![l, rows, hp],
+            MemorySpace::Any,
+            4 * l * rows * hp,
         ));
     }
     if let Some(q) = quant {
@@ -1040,6 +1084,7 @@ fn stream_layout(
         expert_block,
         expert_chunks,
         mlp_chunks,
+        shared_entries,
         operands,
         quant,
     })
@@ -1173,7 +1218,8 @@ fn hbm_fit(
                         / l,
                 )
                 .saturating_add(2 * (kv_bytes / l))
-                .saturating_add(if dims.qk_norm { 4 * 8 * hp } else { 0 }),
+                .saturating_add(if dims.qk_norm { 4 * 8 * hp } else { 0 })
+                .saturating_add(if dims.qkv_bias { 4 * dims.qkv_bias_rows() * hp } else { 0 }),
             // Every operand with a leading layer axis (a quantized w_stream has no lm_head
             // chunks; `norms` has one more entry, the final norm).
             Some(_) => {
@@ -1182,6 +1228,7 @@ fn hbm_fit(
                     WStream,
                     WExperts,
                     HeadNorms,
+                    QkvBias,
                     KCache,
                     VCache,
                     QkvScales,
@@ -1318,10 +1365,15 @@ fn traffic(
         .map(|&kind| layout.operand(kind).map_or(0, |o| o.bytes))
         .sum();
     let tokens = dims.tokens;
-    let experts_without_dedupe =
-        product("the expert weights read per step", &[l_moe, tokens, dims.top_k, expert_bytes])?;
+    // A shared expert's entries are read whole in every MoE layer, whatever the routing.
+    let shared = layout.shared_entries;
+    let experts_without_dedupe = product(
+        "the expert weights read per step",
+        &[l_moe, tokens * dims.top_k + shared, expert_bytes],
+    )?;
     let distinct = dims.distinct_experts();
-    let experts = product("the expert weights read per step", &[l_moe, distinct, expert_bytes])?;
+    let experts =
+        product("the expert weights read per step", &[l_moe, distinct + shared, expert_bytes])?;
     // The experts' share of the per-dtype weight bytes, at the same worst case.
     let by_dtype = by_dtype.map(|parts| {
         parts
@@ -1335,7 +1387,8 @@ fn traffic(
     let experts_uniform_routing = l_moe as f64
         * dims.experts_per_device as f64
         * (1.0 - (1.0 - dims.top_k as f64 / e).powf(tokens as f64))
-        * expert_bytes as f64;
+        * expert_bytes as f64
+        + (l_moe * shared * expert_bytes) as f64;
     let span = dims.window.map_or(options.context, |w| w.min(options.context));
     let tiles = span.div_ceil(block_kv) + u64::from(dims.window.is_some());
     let tiles = match options.kv_tiles {
@@ -1350,9 +1403,10 @@ fn traffic(
     )?;
     let embedding = tokens * 16 * h * 2;
     let head_norms = if dims.qk_norm { l * 8 * hp * 4 } else { 0 };
+    let qkv_bias = if dims.qkv_bias { l * dims.qkv_bias_rows() * hp * 4 } else { 0 };
     let step_total = total(
         "the bytes moved per step",
-        &[dense, lm_head, experts, mlp, kv_read, kv_write, embedding, head_norms],
+        &[dense, lm_head, experts, mlp, kv_read, kv_write, embedding, head_norms, qkv_bias],
     )?;
     let mut truncated = spec.clone();
     truncated.layers.truncate(layers);
@@ -1363,7 +1417,7 @@ fn traffic(
         "the DMAs per step",
         &[
             per_layer,
-            1,
+            1 + u64::from(dims.qkv_bias),
             product(
                 "the DMAs per step",
                 &[batch, kvh, 2, tiles + kv_write_groups(dims.tokens_per_seq, block_kv)],
@@ -1373,7 +1427,7 @@ fn traffic(
     let ffn_dmas = total(
         "the DMAs per step",
         &[
-            product("the DMAs per step", &[l_moe, distinct, layout.expert_chunks, 2])?,
+            product("the DMAs per step", &[l_moe, distinct + shared, layout.expert_chunks, 2])?,
             product("the DMAs per step", &[l_mlp, layout.mlp_chunks, 2])?,
         ],
     )?;
@@ -1406,6 +1460,7 @@ fn traffic(
         kv_write,
         embedding,
         head_norms,
+        qkv_bias,
         total: step_total,
         model_total,
         floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(),

@@ -191,6 +191,8 @@ pub struct ScratchKeys {
     pub emb_sems: SemaphoresKey,
     pub head_norm_buf: BufferKey,
     pub head_norm_sem: SemaphoresKey,
+    /// The layer's q/k/v bias rows and their copy's semaphore (models with the biases).
+    pub qkv_bias: Option<(BufferKey, SemaphoresKey)>,
     pub x: BufferKey,
     pub expert_acc: BufferKey,
     pub o_acc: BufferKey,
@@ -273,6 +275,11 @@ impl MegakernelScratch {
         let emb_sems = s.dma_semaphores("emb_sems", &[tokens]);
         let head_norm_buf = s.buffer("head norms", "head_norm_buf", vm, f32, &[8, hp]);
         let head_norm_sem = s.dma_semaphores("head_norm_sem", &[1]);
+        let qkv_bias = dims.qkv_bias.then(|| {
+            let rows = dims.qkv_bias_rows();
+            let buf = s.buffer("q/k/v biases", "qkv_bias_buf", vm, f32, &[rows, hp]);
+            (buf, s.dma_semaphores("qkv_bias_sem", &[1]))
+        });
         let acc = "residual and accumulators";
         let x = s.buffer(acc, "x", vm, f32, &[rows, h]);
         let expert_acc = s.buffer(acc, "expert_acc", vm, f32, &[rows, h]);
@@ -386,6 +393,7 @@ impl MegakernelScratch {
             emb_sems,
             head_norm_buf,
             head_norm_sem,
+            qkv_bias,
             x,
             expert_acc,
             o_acc,

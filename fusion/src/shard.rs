@@ -209,8 +209,9 @@ fn choose_experts(dims: &Dims, n: u64, layers: u64, hbm: u64) -> Result<ExpertCh
 
 /// The per-device dims of a step split over `options.devices` devices (`moe_layers` of
 /// its layers MoE), and the split (`None` on one device, whose dims are returned
-/// unchanged). A dense MLP (layers mixing kinds) is split by intermediate columns like TP
-/// experts, whichever split the experts take: its output joins the experts' all-reduce.
+/// unchanged). A dense MLP (layers mixing kinds), as a shared expert, is split by
+/// intermediate columns like TP experts, whichever split the experts take: its output
+/// joins the experts' all-reduce.
 pub fn split(
     dims: Dims,
     options: &PlanOptions,
@@ -233,6 +234,7 @@ pub fn split(
         experts_per_device: experts.experts_per_device,
         intermediate: experts.intermediate_per_device,
         dense_intermediate: dims.dense_intermediate.map(|i| round_up(i, 128 * n) / n),
+        shared_intermediate: dims.shared_intermediate.map(|i| round_up(i, 128 * n) / n),
         vocab: dims.vocab.div_ceil(n),
         ..dims
     };

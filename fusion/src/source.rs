@@ -48,6 +48,7 @@ impl Role {
     pub fn shape(self, m: &Dims) -> Vec<u64> {
         let (h, q, kv) = (m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim);
         let (i, di) = (m.intermediate, m.dense_intermediate.unwrap_or(0));
+        let si = m.shared_intermediate.unwrap_or(0);
         match self {
             Role::Embed | Role::Weight(WeightKind::LmHead) => vec![m.vocab, h],
             Role::Weight(w) => match w {
@@ -55,6 +56,8 @@ impl Role {
                     vec![h]
                 }
                 WeightKind::QNorm | WeightKind::KNorm => vec![m.head_dim],
+                WeightKind::QBias => vec![q],
+                WeightKind::KBias | WeightKind::VBias => vec![kv],
                 WeightKind::QProj => vec![q, h],
                 WeightKind::KProj | WeightKind::VProj => vec![kv, h],
                 WeightKind::OProj => vec![h, q],
@@ -62,6 +65,9 @@ impl Role {
                 WeightKind::ExpertGate | WeightKind::ExpertUp => vec![i, h],
                 WeightKind::ExpertDown => vec![h, i],
                 WeightKind::MlpGate | WeightKind::MlpUp => vec![di, h],
+                WeightKind::SharedGate | WeightKind::SharedUp => vec![si, h],
+                WeightKind::SharedDown => vec![h, si],
+                WeightKind::SharedExpertGate => vec![1, h],
                 WeightKind::MlpDown => vec![h, di],
                 WeightKind::LmHead => unreachable!("matched above"),
             },
@@ -378,6 +384,8 @@ struct Share {
     experts: IndexMap,
     columns: IndexMap,
     mlp_columns: IndexMap,
+    /// A shared expert's intermediate columns (split like a dense MLP's).
+    shared_columns: IndexMap,
     vocab: IndexMap,
 }
 
@@ -413,6 +421,10 @@ impl Share {
                 slice(d.intermediate, m.intermediate)
             },
             mlp_columns: slice(di, m.dense_intermediate.unwrap_or(0)),
+            shared_columns: slice(
+                d.shared_intermediate.unwrap_or(0),
+                m.shared_intermediate.unwrap_or(0),
+            ),
             vocab: slice(d.vocab, m.vocab),
         }
     }
@@ -494,19 +506,28 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                             "o_proj",
                             None,
                         )],
-                        SegmentKind::Router => vec![(
-                            0,
-                            d.experts_pad,
-                            read(
-                                WeightKind::Router,
-                                Element::Value,
-                                true,
-                                fold(WeightKind::PostAttentionNorm),
-                            ),
-                            IndexMap::whole(m.experts),
-                            "the router",
-                            Some(Ffn::RoutedExperts),
-                        )],
+                        SegmentKind::Router => {
+                            let post = fold(WeightKind::PostAttentionNorm);
+                            let router = (
+                                0,
+                                if d.shared_gate { m.experts } else { d.experts_pad },
+                                read(WeightKind::Router, Element::Value, true, post),
+                                IndexMap::whole(m.experts),
+                                "the router",
+                                Some(Ffn::RoutedExperts),
+                            );
+                            // A sigmoid-gated shared expert's gate: the logit column after
+                            // the experts'.
+                            let gate = (
+                                m.experts,
+                                1,
+                                read(WeightKind::SharedExpertGate, Element::Value, true, post),
+                                IndexMap::whole(1),
+                                "the shared expert's gate",
+                                Some(Ffn::RoutedExperts),
+                            );
+                            if d.shared_gate { vec![router, gate] } else { vec![router] }
+                        }
                     };
                     for (first, cols, r, map, what, only) in parts {
                         let from = first.max(p.seg_col);
@@ -580,7 +601,10 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
             let col = Axis::new(cols).chunked(eb);
             let post = fold(WeightKind::PostAttentionNorm);
             let at = shape[shape.len() - 2] * shape[shape.len() - 1];
-            [(g, true, post, "gate^T"), (u, true, post, "up^T"), (dn, false, None, "down")]
+            let parts = |[g, u, dn]: [WeightKind; 3], [wg, wu, wd]: [&'static str; 3]| {
+                [(g, true, post, wg), (u, true, post, wu), (dn, false, None, wd)]
+            };
+            let mut out: Vec<Block> = parts([g, u, dn], ["gate^T", "up^T", "down"])
                 .into_iter()
                 .enumerate()
                 .map(|(i, (w, transposed, fold, what))| Block {
@@ -594,7 +618,36 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                     read: read(w, experts, transposed, fold),
                     what,
                 })
-                .collect()
+                .collect();
+            // A shared expert: entries `experts_per_device + j` of each MoE layer, entry j
+            // its intermediate columns from `j * expert_chunks * eb`, chunked as an
+            // expert's.
+            if kind == OperandKind::WExperts {
+                let ec = layout.expert_chunks;
+                let shared = [WeightKind::SharedGate, WeightKind::SharedUp, WeightKind::SharedDown];
+                let what = ["shared gate^T", "shared up^T", "shared down"];
+                for j in 0..layout.shared_entries {
+                    for (i, (w, transposed, fold, what)) in
+                        parts(shared, what).into_iter().enumerate()
+                    {
+                        out.push(Block {
+                            stack: vec![
+                                (Stack::Slots(Ffn::RoutedExperts), shape[1] * shape[2] * at),
+                                (Stack::Chunks(ec), at),
+                            ],
+                            at: (d.experts_per_device + j) * shape[2] * at + i as u64 * eb,
+                            rows: h,
+                            cols: eb,
+                            row_stride: 3 * eb,
+                            row: whole(h),
+                            col: Axis::new(share.shared_columns).chunked(eb).from(j * ec * eb),
+                            read: read(w, experts, transposed, fold),
+                            what,
+                        });
+                    }
+                }
+            }
+            out
         }
         OperandKind::ExpertScales | OperandKind::MlpScales => {
             let q = quant?;
@@ -726,6 +779,29 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 what: "",
             })
             .collect(),
+        // The q/k/v segment's head columns as rows of `hp`: row t is the t-th head of
+        // `[q heads | k heads | v heads]`, as the attention stage reads the projection.
+        OperandKind::QkvBias => {
+            let mut col = 0;
+            [WeightKind::QBias, WeightKind::KBias, WeightKind::VBias]
+                .into_iter()
+                .zip(qkv)
+                .map(|(w, (_, map, cols, what))| {
+                    col += cols;
+                    Block {
+                        stack: vec![(Stack::Layers { only: None }, shape[1] * hp)],
+                        at: col - cols,
+                        rows: 1,
+                        cols,
+                        row_stride: cols,
+                        row: whole(1),
+                        col: Axis::new(map),
+                        read: read(w, Element::Value, false, None),
+                        what,
+                    }
+                })
+                .collect()
+        }
         _ => return None,
     })
 }
@@ -791,8 +867,15 @@ pub fn tensor_name(layout: &StreamLayout, role: Role) -> String {
         WeightKind::MlpGate => "mlp.gate_proj.weight".into(),
         WeightKind::MlpUp => "mlp.up_proj.weight".into(),
         WeightKind::MlpDown => "mlp.down_proj.weight".into(),
+        WeightKind::SharedGate => format!("{ffn}.shared_expert.gate_proj.weight"),
+        WeightKind::SharedUp => format!("{ffn}.shared_expert.up_proj.weight"),
+        WeightKind::SharedDown => format!("{ffn}.shared_expert.down_proj.weight"),
+        WeightKind::SharedExpertGate => format!("{ffn}.shared_expert_gate.weight"),
         WeightKind::QNorm => "self_attn.q_norm.weight".into(),
         WeightKind::KNorm => "self_attn.k_norm.weight".into(),
+        WeightKind::QBias => "self_attn.q_proj.bias".into(),
+        WeightKind::KBias => "self_attn.k_proj.bias".into(),
+        WeightKind::VBias => "self_attn.v_proj.bias".into(),
         other => format!("{other:?}"),
     }
 }

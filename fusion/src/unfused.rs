@@ -58,6 +58,12 @@ pub fn unfused_kernels(
             l.index
         ));
     }
+    if let Some(shared) = m.shared {
+        return Err(format!(
+            "the unfused step has no shared-expert call (intermediate {}): it would be priced without it",
+            shared.intermediate
+        ));
+    }
     let rows = batch.div_ceil(16) * 16;
     let l = layers as u64;
     let nqkv = (heads + 2 * kvh) * hd;

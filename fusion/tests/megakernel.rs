@@ -33,7 +33,7 @@ fn tiny_plans_and_reports() {
 
 #[test]
 fn tiny_megakernels_build_verify_and_lower_on_every_chip() {
-    for name in ["tiny-qwen3-moe", "tiny-mixtral"] {
+    for name in ["tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen2-moe"] {
         for chip in [Chip::V5e, Chip::V6e, Chip::V7x] {
             let l = Megakernel::build(&spec(name), &options(chip, 1, 256, None))
                 .unwrap_or_else(|e| panic!("{name} {chip}: {e}"))
@@ -546,29 +546,64 @@ fn mla_is_refused_by_name() {
 }
 
 /// The families the reference computes and the megakernel does not emit yet are refused
-/// with every missing feature named at once, whatever layer the plan starts at.
+/// with every missing feature named at once, whatever layer the plan starts at (and
+/// nothing it emits: shared experts are not named).
 #[test]
 fn families_the_megakernel_lacks_are_refused_by_feature() {
     for (fixture, features) in [
-        ("tiny-qwen2-moe", &["shared experts (intermediate 256, sigmoid-gated)", "biases"][..]),
         (
             "tiny-glm4-moe",
             &[
-                "shared experts (intermediate 128)",
                 "DeepSeek-V3 routing (e_score_correction_bias, best 1 of 2 expert groups, routed_scaling_factor 2.5)",
                 "a router computed in f32",
                 "partial rotary (32 of head_dim 64 rotated)",
             ][..],
         ),
         ("tiny-olmoe", &["q/k RMS norms over the whole projections"][..]),
-        ("glm-4.5-air", &["shared experts (intermediate 1408)", "partial rotary"][..]),
+        ("glm-4.5-air", &["DeepSeek-V3 routing", "partial rotary"][..]),
     ] {
         match Plan::new(&spec(fixture), &options(Chip::V6e, 1, 256, Some(2))) {
             Err(e @ PlanError::Unsupported(_)) => {
                 let msg = e.to_string();
                 assert!(features.iter().all(|f| msg.contains(f)), "{fixture}: {msg}");
+                assert!(!msg.contains("shared"), "{fixture}: {msg}");
             }
             other => panic!("{fixture}: expected a refusal, got {other:?}"),
         }
     }
+}
+
+/// Qwen2-MoE plans: its shared expert as 2 more entries of `w_experts` (256 intermediate
+/// columns as two experts' 128), its gate as the router's column 8 (so 128 padded columns
+/// still), its q/k/v biases a row per head; quantized weights with a shared expert are
+/// refused by name, and so is the unfused step (it has no shared-expert call).
+#[test]
+fn qwen2_moe_plans_its_shared_expert_and_biases() {
+    use palladium_fusion::layout::OperandKind;
+    use palladium_model::quant::WeightsDtype;
+    let s = spec("tiny-qwen2-moe");
+    let p = Plan::new(&s, &options(Chip::V6e, 1, 256, None)).unwrap();
+    assert_eq!(p.layout.shared_entries, 2);
+    assert!(p.dims.shared_gate);
+    assert_eq!(p.dims.experts_pad, 128);
+    assert_eq!(p.layout.operand(OperandKind::WExperts).unwrap().shape[..2], [4, 8 + 2]);
+    // 4 q heads + 2 k + 2 v, each padded to 128 lanes.
+    assert_eq!(p.layout.operand(OperandKind::QkvBias).unwrap().shape, [4, 8, 128]);
+    // The report's operand prose names what the new blocks read.
+    let text = report::text(&p);
+    for read in ["q_proj.bias", "shared_expert.down_proj.weight", "shared_expert_gate.weight"] {
+        assert!(text.contains(read), "{read} not in the report:\n{text}");
+    }
+    for weights in [WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4] {
+        let o = PlanOptions { weights, ..options(Chip::V6e, 1, 256, None) };
+        match Plan::new(&s, &o) {
+            Err(e @ PlanError::Unsupported(_)) => assert!(
+                e.to_string().contains("with a shared expert (intermediate 256)"),
+                "{weights:?}: {e}"
+            ),
+            other => panic!("{weights:?}: expected a refusal, got {other:?}"),
+        }
+    }
+    let unfused = palladium_fusion::unfused::unfused_kernels(&s, 4, 1, 256).unwrap_err();
+    assert!(unfused.contains("shared-expert"), "{unfused}");
 }

@@ -118,20 +118,29 @@ fn check(plan: &Plan, maps: &[OperandSource]) -> Result<(), String> {
                 Role::Embed
                 | Role::Weight(
                     WeightKind::Router
+                    | WeightKind::SharedExpertGate
                     | WeightKind::InputNorm
                     | WeightKind::PostAttentionNorm
                     | WeightKind::FinalNorm
                     | WeightKind::QNorm
                     | WeightKind::KNorm,
                 ) => devices as u32,
-                Role::Weight(WeightKind::KProj | WeightKind::VProj) => replicas as u32,
+                Role::Weight(
+                    WeightKind::KProj | WeightKind::VProj | WeightKind::KBias | WeightKind::VBias,
+                ) => replicas as u32,
                 _ => 1,
             };
             let layers: Vec<Option<u64>> = if !role.per_layer() {
                 vec![None]
             } else {
                 let kind = match role {
-                    Role::Weight(WeightKind::Router) => Some(Ffn::RoutedExperts),
+                    Role::Weight(
+                        WeightKind::Router
+                        | WeightKind::SharedExpertGate
+                        | WeightKind::SharedGate
+                        | WeightKind::SharedUp
+                        | WeightKind::SharedDown,
+                    ) => Some(Ffn::RoutedExperts),
                     _ if role.per_expert() => Some(Ffn::RoutedExperts),
                     Role::Weight(WeightKind::MlpGate | WeightKind::MlpUp | WeightKind::MlpDown) => {
                         Some(Ffn::DenseMlp)
@@ -189,6 +198,13 @@ fn source_maps_cover_the_layout_and_the_tensors() {
                 });
             }
         }
+    }
+    // Qwen2-MoE's q/k/v biases, shared expert and its gate (bf16 only: a shared expert is
+    // not planned quantized).
+    for devices in [1, 2] {
+        let p = plan("tiny-qwen2-moe", WeightsDtype::Bf16, devices);
+        check(&p, &source_maps(&p))
+            .unwrap_or_else(|e| panic!("tiny-qwen2-moe on {devices} devices: {e}"));
     }
 }
 

@@ -22,6 +22,9 @@ pub struct Attention {
     head_norms: Option<Ref>,
     hn: Ref,
     hn_sem: SemRef,
+    /// The q/k/v bias rows per layer (`qkv_bias`, a row per projection head), copied
+    /// into their buffer at the layer's start.
+    bias: Option<LayerRows>,
     kbuf: Ref,
     vbuf: Ref,
     kv_sems: SemRef,
@@ -47,6 +50,11 @@ impl Attention {
             head_norms: hs.operand(OperandKind::HeadNorms),
             hn: hs.buffer(k.head_norm_buf),
             hn_sem: hs.sems(k.head_norm_sem),
+            bias: k.qkv_bias.map(|(buf, sem)| LayerRows {
+                operand: hs.must(OperandKind::QkvBias),
+                buf: hs.buffer(buf),
+                sem: hs.sems(sem),
+            }),
             kbuf: hs.buffer(k.k_tiles),
             vbuf: hs.buffer(k.v_tiles),
             kv_sems: hs.sems(k.kv_sems),
@@ -88,10 +96,13 @@ impl Attention {
         self.os.store(.., 0.0);
     }
 
-    /// The layer's first thing: its head norms issued (Qwen3).
-    pub fn issue_head_norms(self, layer: Val) {
+    /// The layer's first thing: its head norms (Qwen3) and q/k/v biases issued.
+    pub fn issue_head_rows(self, layer: Val) {
         if let Some(norms) = self.head_norms {
             async_copy(norms.at(layer), self.hn, self.hn_sem.at(0)).start();
+        }
+        if let Some(bias) = self.bias {
+            bias.copy(layer).start();
         }
     }
 
@@ -104,13 +115,25 @@ impl Attention {
         if let Some(norms) = self.head_norms {
             async_copy(norms.at(layer), self.hn, self.hn_sem.at(0)).wait();
         }
+        if let Some(bias) = self.bias {
+            bias.copy(layer).wait();
+        }
+        // The projection's head at column `col`, its bias added (`r(W x + b)` in the
+        // reference: the bias before the norm and RoPE).
+        let head = |col: u64| {
+            let v = self.qkv.load((.., col..col + hp));
+            match self.bias {
+                Some(bias) => v + bias.buf.load((col / hp..col / hp + 1, ..)),
+                None => v,
+            }
+        };
         let cos = self.cos.load(..);
         let sin = self.sin.load(..);
         let rot = self.rot.load(..);
         // A head's q or k columns: per-head RMSNorm (Qwen3's q_norm/k_norm, rounded to bf16 as
         // Hugging Face does), RoPE, and for q the softmax scale folded in.
         let prep = |col: u64, norm_row: Option<u64>, scale: f64| {
-            let v = self.qkv.load((.., col..col + hp));
+            let v = head(col);
             let v = match norm_row {
                 Some(rw) => rms_norm(v, Some(self.hn.load((rw..rw + 1, ..))), d.head_dim, d.eps),
                 None => v,
@@ -126,10 +149,7 @@ impl Attention {
         for g in 0..kvh {
             let v = prep((d.heads + g) * hp, qk_rows(1), 1.0);
             self.ks.store(g, v);
-            self.vs.store(
-                g,
-                self.qkv.load((.., (d.heads + kvh + g) * hp..(d.heads + kvh + g + 1) * hp)),
-            );
+            self.vs.store(g, head((d.heads + kvh + g) * hp));
         }
         let bkv = p.block_kv;
         let qrows = d.attn_rows;
@@ -357,5 +377,19 @@ impl Attention {
                 self.os.load((g, j * rows..(j + 1) * rows, ..)),
             );
         }
+    }
+}
+
+/// A per-layer operand of rows copied whole into its VMEM buffer.
+#[derive(Clone, Copy)]
+struct LayerRows {
+    operand: Ref,
+    buf: Ref,
+    sem: SemRef,
+}
+
+impl LayerRows {
+    fn copy(self, layer: Val) -> Dma {
+        async_copy(self.operand.at(layer), self.buf, self.sem.at(0))
     }
 }

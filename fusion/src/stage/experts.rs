@@ -1,6 +1,9 @@
 //! Stage: the routed experts. Each distinct expert the router listed is fetched once by id
 //! (right after routing), chunk by chunk through [`ExpertRing`], and applied to every row
-//! at that row's routing weight for it (zero for rows that did not choose it).
+//! at that row's routing weight for it (zero for rows that did not choose it). A shared
+//! expert streams first in the same item stream: its entries of `w_experts` (after the
+//! device's experts), every real row at its gate's weight (`sigmoid` of the router logit
+//! column after the experts', or 1 ungated).
 
 use super::expert_ring::{ExpertRing, RingWeights};
 use super::{Handles, clamp_index};
@@ -16,6 +19,8 @@ pub struct RoutedExperts {
     /// `w_experts` (and a quantized plan's `expert_scales`, `expert_down_scales`).
     weights: RingWeights,
     ids: Ref,
+    /// The router's logits (a sigmoid-gated shared expert's gate logit after the experts').
+    logits: Ref,
     spmd: Option<Spmd>,
 }
 
@@ -30,6 +35,7 @@ impl RoutedExperts {
         RoutedExperts {
             weights: weights.expect("the plan's layout has no w_experts operand"),
             ids: hs.buffer(hs.keys.expert_ids),
+            logits: hs.buffer(hs.keys.router_logits),
             spmd: hs.spmd,
         }
     }
@@ -57,36 +63,67 @@ impl RoutedExperts {
     ) {
         let d = &p.dims;
         let (ec, slots) = (p.layout.expert_chunks, p.expert_slots);
+        let shared = p.layout.shared_entries;
         let own_first = self.spmd.and_then(|spmd| spmd.expert_first());
         let worst_case = p.expert_fetch == ExpertFetch::WorstCase || own_first.is_some();
         let total = match worst_case {
-            false => distinct * ec as i32,
-            true => scalar((p.distinct_experts() * ec) as i32),
+            false if shared == 0 => distinct * ec as i32,
+            false => (distinct + shared as i32) * ec as i32,
+            true => scalar(((p.distinct_experts() + shared) * ec) as i32),
         };
         // Row 0 alone chose `top_k` distinct experts: that many items exist whatever the
         // routing (on one device, or under TP; under EP the static worst case's items do),
         // and the lagged stream issues item `ahead` before its loop.
-        let ahead = (slots - 1).min(d.top_k.min(p.distinct_experts()) * ec - 1);
+        let ahead = (slots - 1).min((d.top_k.min(p.distinct_experts()) + shared) * ec - 1);
         let last = || match own_first {
             Some(_) => select(ge(distinct, 1), distinct - 1, 0),
             None => distinct - 1,
         };
-        let entry = |e: Val| if worst_case { select(lt(e, distinct), e, last()) } else { e };
-        // Entry `e`'s (local) expert id, clamped into `w_experts`.
-        let expert_id = |e: Val| clamp_index(self.ids.load(entry(e)), d.experts_per_device);
+        // Item entry `e`'s routed entry: `e` itself, or past the shared expert's entries
+        // (0 for those, so every load stays in the list).
+        let routed = |e: Val| match shared {
+            0 => e,
+            s => select(lt(e, s as i32), 0, e - s as i32),
+        };
+        let entry = |r: Val| if worst_case { select(lt(r, distinct), r, last()) } else { r };
+        // Routed entry `r`'s (local) expert id, clamped into `w_experts`.
+        let expert_id = |r: Val| clamp_index(self.ids.load(entry(r)), d.experts_per_device);
+        // Item entry `e`'s entry of `w_experts`: a shared expert's after the device's experts.
+        let w_entry = |e: Val| match shared {
+            0 => expert_id(e),
+            s => select(lt(e, s as i32), e + d.experts_per_device as i32, expert_id(routed(e))),
+        };
         let fetch = |e: Val, c: Val, slot: Val| {
-            let id = expert_id(e);
+            let id = w_entry(e);
             ring.fetch(self.weights, (layer, id, c), slot)
         };
+        let shared_weights = (shared > 0).then(|| self.shared_weights(p));
         ring.stream(p, total, ahead, ec, fetch, |slot, e, _| {
             let chunk = ring.swiglu(p, slot, xn2, d.intermediate);
+            let r = routed(e);
             let expert = match own_first {
-                Some(lo) => expert_id(e) + lo,
-                None => expert_id(e),
+                Some(lo) => expert_id(r) + lo,
+                None => expert_id(r),
             };
             let weights = routing.weights_for(expert, d.tokens);
-            let weights = if worst_case { select(lt(e, distinct), weights, 0.0) } else { weights };
+            let weights = if worst_case { select(lt(r, distinct), weights, 0.0) } else { weights };
+            let weights = match shared_weights {
+                Some(g) => select(lt(e, shared as i32), g, weights),
+                None => weights,
+            };
             (chunk, Some(weights))
         });
+    }
+
+    /// The shared expert's weight per row (`[rows, 1]`): `sigmoid` of its gate's logit
+    /// (the router's column after the experts') where gated, else 1; 0 on padding rows.
+    fn shared_weights(self, p: &Plan) -> Val {
+        let d = &p.dims;
+        let rows = d.rows;
+        let gate = match d.shared_gate {
+            true => self.logits.load((.., d.experts..d.experts + 1)).sigmoid(),
+            false => zeros([rows, 1], f32) + 1.0,
+        };
+        select(lt(iota([rows, 1], 0), d.tokens as i32), gate, 0.0)
     }
 }
