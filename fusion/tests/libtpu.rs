@@ -48,6 +48,10 @@ fn libtpu_accepts_the_megakernels() {
     }
     jobs.push(job("qwen3-30b-a3b", plain(Chip::V7x, 1, 4096, None)));
     jobs.push(job("qwen3-30b-a3b", plain(Chip::V6e, 1, 4096, Some(22))));
+    // Qwen2-MoE: q/k/v biases and the sigmoid-gated shared expert (60 experts top-4 and a
+    // shared expert of 4 experts' width in Qwen1.5-MoE-A2.7B).
+    jobs.push(job("tiny-qwen2-moe", plain(Chip::V6e, 1, 256, None)));
+    jobs.push(job("qwen1.5-moe-a2.7b", plain(Chip::V6e, 1, 4096, Some(4))));
     jobs.push(job(
         "tiny-qwen3-moe",
         PlanOptions {
@@ -129,6 +133,7 @@ fn libtpu_accepts_the_multi_device_megakernels() {
         job("qwen3-30b-a3b", PlanOptions { devices: 4, ..plain(Chip::V6e, 1, 4096, Some(8)) }),
         job("mixtral-8x7b", PlanOptions { devices: 2, ..plain(Chip::V7x, 1, 4096, None) }),
         job("qwen3-235b-a22b", PlanOptions { devices: 8, ..plain(Chip::V7x, 1, 4096, None) }),
+        job("tiny-qwen2-moe", PlanOptions { devices: 2, ..plain(Chip::V7x, 1, 256, None) }),
     ];
     for (label, j) in &jobs {
         assert!(

@@ -557,3 +557,27 @@ fn glm_4_5_air() {
     let active = p.active_without_embedding() - p.lm_head;
     assert!(close(active, 12e9, 0.02), "active {active}");
 }
+
+/// Qwen1.5-MoE-A2.7B as shipped: every layer MoE (60 experts top-4, raw top-k weights) with
+/// the sigmoid-gated shared expert of 5632 (4 experts' width), q/k/v biases by `qkv_bias`'s
+/// default. Its card: 14.3B parameters in total, 2.7B activated.
+#[test]
+fn qwen1_5_moe_a2_7b() {
+    let s = spec("qwen1.5-moe-a2.7b.json");
+    assert_eq!(s.family, Family::Qwen2Moe);
+    assert_eq!(s.layers.len(), 24);
+    assert_eq!((s.attention.qkv_bias, s.attention.o_bias), (true, false));
+    assert_eq!(s.defaulted.get("qkv_bias").map(String::as_str), Some("true"));
+    for l in &s.layers {
+        let m = moe(&s, l.index);
+        assert_eq!((m.num_experts, m.top_k, m.intermediate), (60, 4, 1408));
+        assert_eq!(m.routing.top_k_weights, TopKWeights::Raw);
+        let shared = m.shared.expect("every Qwen2-MoE MoE layer has a shared expert");
+        assert_eq!((shared.intermediate, shared.sigmoid_gate), (5632, true));
+    }
+    let p = s.params();
+    assert!(close(p.total(), 14.3e9, 0.02), "total {}", p.total());
+    // The card's 2.7B counts the embedding and `lm_head` (2.69B here; 2.38B without the
+    // embedding).
+    assert!(close(p.active(), 2.7e9, 0.02), "active {}", p.active());
+}
