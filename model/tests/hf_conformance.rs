@@ -107,6 +107,27 @@ fn check(config: &str, seed: u64, prompt: &[u32], steps: usize) {
     oracle.remove();
 }
 
+/// [`check`] on a fixture with `edit` applied, written to this process's own scratch file
+/// named after `variant`.
+fn check_variant(
+    fixture: &str,
+    variant: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+    seed: u64,
+    prompt: &[u32],
+    steps: usize,
+) {
+    let path = repo_root().join(format!("fixtures/models/{fixture}.json"));
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    edit(&mut v);
+    let cfg = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{variant}-{}.json", std::process::id()));
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    check(cfg.to_str().unwrap(), seed, prompt, steps);
+    let _ = std::fs::remove_file(&cfg);
+}
+
 #[test]
 fn qwen3_moe_matches_transformers() {
     check("fixtures/models/tiny-qwen3-moe.json", 7, &[1, 17, 300, 42, 5], 10);
@@ -117,19 +138,14 @@ fn qwen3_moe_matches_transformers() {
 /// (un-renormalised) top-k weights, top-3 routing and a tied `lm_head`.
 #[test]
 fn qwen3_moe_variant_matches_transformers() {
-    let path = repo_root().join("fixtures/models/tiny-qwen3-moe.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    v["attention_bias"] = true.into();
-    v["mlp_only_layers"] = serde_json::json!([2]);
-    v["norm_topk_prob"] = false.into();
-    v["num_experts_per_tok"] = 3.into();
-    v["tie_word_embeddings"] = true.into();
-    let cfg = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("tiny-qwen3-moe-variant-{}.json", std::process::id()));
-    std::fs::write(&cfg, v.to_string()).unwrap();
-    check(cfg.to_str().unwrap(), 5, &[9, 8, 7, 6, 5, 4], 10);
-    let _ = std::fs::remove_file(&cfg);
+    let edit = |v: &mut serde_json::Value| {
+        v["attention_bias"] = true.into();
+        v["mlp_only_layers"] = serde_json::json!([2]);
+        v["norm_topk_prob"] = false.into();
+        v["num_experts_per_tok"] = 3.into();
+        v["tie_word_embeddings"] = true.into();
+    };
+    check_variant("tiny-qwen3-moe", "tiny-qwen3-moe-variant", edit, 5, &[9, 8, 7, 6, 5, 4], 10);
 }
 
 /// Qwen2-MoE: the shared expert and its sigmoid gate, q/k/v biases, raw top-k weights.
@@ -144,18 +160,13 @@ fn qwen2_moe_matches_transformers() {
 /// renormalised top-k weights and top-3 routing.
 #[test]
 fn qwen2_moe_variant_matches_transformers() {
-    let path = repo_root().join("fixtures/models/tiny-qwen2-moe.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    v["mlp_only_layers"] = serde_json::json!([0]);
-    v["decoder_sparse_step"] = 2.into();
-    v["norm_topk_prob"] = true.into();
-    v["num_experts_per_tok"] = 3.into();
-    let cfg = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("tiny-qwen2-moe-variant-{}.json", std::process::id()));
-    std::fs::write(&cfg, v.to_string()).unwrap();
-    check(cfg.to_str().unwrap(), 4, &[9, 8, 7, 6, 5, 4], 10);
-    let _ = std::fs::remove_file(&cfg);
+    let edit = |v: &mut serde_json::Value| {
+        v["mlp_only_layers"] = serde_json::json!([0]);
+        v["decoder_sparse_step"] = 2.into();
+        v["norm_topk_prob"] = true.into();
+        v["num_experts_per_tok"] = 3.into();
+    };
+    check_variant("tiny-qwen2-moe", "tiny-qwen2-moe-variant", edit, 4, &[9, 8, 7, 6, 5, 4], 10);
 }
 
 /// GLM-4.5 (`DeepSeek`-V3's MoE block): sigmoid routing with a random correction bias,
@@ -175,20 +186,15 @@ fn glm4_moe_matches_transformers() {
 /// weights, no dense layer and a tied `lm_head`.
 #[test]
 fn glm4_moe_variant_matches_transformers() {
-    let path = repo_root().join("fixtures/models/tiny-glm4-moe.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    v["n_group"] = 1.into();
-    v["use_qk_norm"] = false.into();
-    v["attention_bias"] = false.into();
-    v["norm_topk_prob"] = false.into();
-    v["first_k_dense_replace"] = 0.into();
-    v["tie_word_embeddings"] = true.into();
-    let cfg = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("tiny-glm4-moe-variant-{}.json", std::process::id()));
-    std::fs::write(&cfg, v.to_string()).unwrap();
-    check(cfg.to_str().unwrap(), 5, &[9, 8, 7, 6, 5, 4], 10);
-    let _ = std::fs::remove_file(&cfg);
+    let edit = |v: &mut serde_json::Value| {
+        v["n_group"] = 1.into();
+        v["use_qk_norm"] = false.into();
+        v["attention_bias"] = false.into();
+        v["norm_topk_prob"] = false.into();
+        v["first_k_dense_replace"] = 0.into();
+        v["tie_word_embeddings"] = true.into();
+    };
+    check_variant("tiny-glm4-moe", "tiny-glm4-moe-variant", edit, 5, &[9, 8, 7, 6, 5, 4], 10);
 }
 
 /// `OLMoE`: q/k RMS norms over the whole projections (GQA: k's is shorter), raw top-k weights.
@@ -201,17 +207,12 @@ fn olmoe_matches_transformers() {
 /// biases on every projection, renormalised top-k weights.
 #[test]
 fn olmoe_variant_matches_transformers() {
-    let path = repo_root().join("fixtures/models/tiny-olmoe.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    v["clip_qkv"] = 0.5.into();
-    v["attention_bias"] = true.into();
-    v["norm_topk_prob"] = true.into();
-    let cfg = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("tiny-olmoe-variant-{}.json", std::process::id()));
-    std::fs::write(&cfg, v.to_string()).unwrap();
-    check(cfg.to_str().unwrap(), 5, &[9, 8, 7, 6, 5, 4], 10);
-    let _ = std::fs::remove_file(&cfg);
+    let edit = |v: &mut serde_json::Value| {
+        v["clip_qkv"] = 0.5.into();
+        v["attention_bias"] = true.into();
+        v["norm_topk_prob"] = true.into();
+    };
+    check_variant("tiny-olmoe", "tiny-olmoe-variant", edit, 5, &[9, 8, 7, 6, 5, 4], 10);
 }
 
 #[test]
@@ -232,18 +233,20 @@ fn deepseek_v3_matches_transformers() {
 /// ratio) and a tied `lm_head`.
 #[test]
 fn deepseek_v3_variant_matches_transformers() {
-    let path = repo_root().join("fixtures/models/tiny-deepseek-v3.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    v["q_lora_rank"] = serde_json::Value::Null;
-    v["rope_interleave"] = false.into();
-    v["rope_scaling"]["mscale_all_dim"] = 0.5.into();
-    v["tie_word_embeddings"] = true.into();
-    let cfg = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("tiny-deepseek-v3-variant-{}.json", std::process::id()));
-    std::fs::write(&cfg, v.to_string()).unwrap();
-    check(cfg.to_str().unwrap(), 13, &[8, 6, 7, 5, 3, 0, 9], 10);
-    let _ = std::fs::remove_file(&cfg);
+    let edit = |v: &mut serde_json::Value| {
+        v["q_lora_rank"] = serde_json::Value::Null;
+        v["rope_interleave"] = false.into();
+        v["rope_scaling"]["mscale_all_dim"] = 0.5.into();
+        v["tie_word_embeddings"] = true.into();
+    };
+    check_variant(
+        "tiny-deepseek-v3",
+        "tiny-deepseek-v3-variant",
+        edit,
+        13,
+        &[8, 6, 7, 5, 3, 0, 9],
+        10,
+    );
 }
 
 /// DeepSeek-V3 with its MoE layers (`first_k_dense_replace: 1`: one dense layer, then two
@@ -252,15 +255,10 @@ fn deepseek_v3_variant_matches_transformers() {
 /// `routed_scaling_factor` 2.5) and the ungated shared expert.
 #[test]
 fn deepseek_v3_moe_matches_transformers() {
-    let path = repo_root().join("fixtures/models/tiny-deepseek-v3.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    v["first_k_dense_replace"] = 1.into();
-    let cfg = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("tiny-deepseek-v3-moe-{}.json", std::process::id()));
-    std::fs::write(&cfg, v.to_string()).unwrap();
-    check(cfg.to_str().unwrap(), 5, &[4, 200, 37, 9, 451], 10);
-    let _ = std::fs::remove_file(&cfg);
+    let edit = |v: &mut serde_json::Value| {
+        v["first_k_dense_replace"] = 1.into();
+    };
+    check_variant("tiny-deepseek-v3", "tiny-deepseek-v3-moe", edit, 5, &[4, 200, 37, 9, 451], 10);
 }
 
 /// DeepSeek-V2: complex-number RoPE (`view_as_complex`, f32, rounded once), YaRN with its
