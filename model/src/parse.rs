@@ -205,7 +205,7 @@ impl<'a> Parser<'a> {
         let family = match model_type {
             "qwen3_moe" => Family::Qwen3Moe,
             "mixtral" => Family::Mixtral,
-            "deepseek_v3" => Family::DeepseekV3,
+            "deepseek_v3" | "kimi_k2" => Family::DeepseekV3,
             "deepseek_v2" => Family::DeepseekV2,
             "qwen2_moe" => Family::Qwen2Moe,
             "glm4_moe" => Family::Glm4Moe,

@@ -30,9 +30,19 @@ pub enum Family {
 }
 
 impl Family {
-    /// Every supported `model_type` value, in the order error messages list them.
-    pub const MODEL_TYPES: &'static [&'static str] =
-        &["qwen3_moe", "mixtral", "deepseek_v3", "deepseek_v2", "qwen2_moe", "glm4_moe", "olmoe"];
+    /// Every supported `model_type` value, in the order error messages list them. `kimi_k2`
+    /// is Kimi-K2's own spelling of the DeepSeek-V3 architecture (its `architectures` is
+    /// `DeepseekV3ForCausalLM`; its model card has engines read it as `deepseek_v3`).
+    pub const MODEL_TYPES: &'static [&'static str] = &[
+        "qwen3_moe",
+        "mixtral",
+        "deepseek_v3",
+        "kimi_k2",
+        "deepseek_v2",
+        "qwen2_moe",
+        "glm4_moe",
+        "olmoe",
+    ];
 
     /// The `model_type` string Hugging Face uses.
     pub fn model_type(self) -> &'static str {

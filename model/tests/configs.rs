@@ -330,6 +330,9 @@ fn deepseek_v3() {
     let shared = m.shared.expect("DeepSeek-V3's MoE layers have a shared expert");
     assert_eq!((shared.intermediate, shared.sigmoid_gate), (2048, false));
     assert_eq!(s.layers[60].ffn, s.layers[3].ffn);
+    // Kimi-K2 ships the same architecture as `model_type` "kimi_k2".
+    let kimi = edited("deepseek-v3.json", &[("model_type", Some(json!("kimi_k2")))]).unwrap();
+    assert_eq!((kimi.family, &kimi.layers), (Family::DeepseekV3, &s.layers));
     // An unknown router method is refused by name.
     let e = edited("deepseek-v3.json", &[("topk_method", Some(json!("group_limited_greedy")))])
         .unwrap_err();
