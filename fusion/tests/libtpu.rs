@@ -50,7 +50,9 @@ fn libtpu_accepts_the_megakernels() {
     jobs.push(job("qwen3-30b-a3b", plain(Chip::V6e, 1, 4096, Some(22))));
     // Qwen2-MoE: q/k/v biases and the sigmoid-gated shared expert (60 experts top-4 and a
     // shared expert of 4 experts' width in Qwen1.5-MoE-A2.7B).
-    jobs.push(job("tiny-qwen2-moe", plain(Chip::V6e, 1, 256, None)));
+    for chip in [Chip::V6e, Chip::V7x] {
+        jobs.push(job("tiny-qwen2-moe", plain(chip, 1, 256, None)));
+    }
     jobs.push(job("qwen1.5-moe-a2.7b", plain(Chip::V6e, 1, 4096, Some(4))));
     jobs.push(job(
         "tiny-qwen3-moe",

@@ -107,6 +107,7 @@ impl DeepseekMoeDefaults {
                 first_dense: 1,
                 intermediate: 10944,
             },
+            // DeepSeek-V3 (`DeepseekV3Config`); no other family reads these layers.
             _ => Self {
                 experts: 256,
                 top_k: 8,
