@@ -408,6 +408,8 @@ fn tensor_name<'n>(
             FfnNames::Moe { experts, .. },
         ) => {
             let e = inst.expert.expect("an expert tensor's block stacks experts") as usize;
+            let experts =
+                experts.per_expert().ok_or_else(|| wrong("fused expert tensors (gpt-oss)"))?;
             let m = experts.get(e).ok_or_else(|| wrong(&format!("no expert {e}")))?;
             match kind {
                 WeightKind::ExpertGate => &m.gate,

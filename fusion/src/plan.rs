@@ -51,7 +51,7 @@ use palladium_dsl::ir::{Shape, padded_vmem_bytes};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::body::{DIGIT_ROWS, widened_code_bytes};
 use palladium_model::quant::WeightsDtype;
-use palladium_model::spec::{Quantization, RouterPrecision};
+use palladium_model::spec::{Activation, NormKind, Quantization, RouterPrecision};
 use palladium_model::{
     AttentionForm, AttentionKind, Family, FfnKind, LmHead, ModelSpec, MoeSpec, QkNorm, TopKWeights,
 };
@@ -526,6 +526,21 @@ fn supported<'s>(
         return Err(PlanError::Invalid(format!(
             "--context {} is past the model's max_position_embeddings {}: RoPE and the model are defined up to that many positions",
             options.context, spec.max_position_embeddings
+        )));
+    }
+    // gpt-oss's forms: the reference forward pass computes them, no stage emits them yet.
+    let gpt_oss = [
+        (spec.attention.sinks, "attention sinks"),
+        (spec.mlp.bias, "expert biases"),
+        (spec.mlp.activation != Activation::Silu, "the clamped SwiGLU"),
+        (spec.norm.kind != NormKind::Rms, "RMS norms weighted in f32"),
+    ];
+    let lacking: Vec<&str> = gpt_oss.iter().filter(|f| f.0).map(|f| f.1).collect();
+    if !lacking.is_empty() {
+        return Err(PlanError::Unsupported(format!(
+            "{} of {}: the reference forward pass computes them, the megakernel does not emit them yet",
+            lacking.join(", "),
+            spec.family.model_type()
         )));
     }
     let layers = options.layers.unwrap_or(spec.layers.len());

@@ -607,3 +607,24 @@ fn qwen2_moe_plans_its_shared_expert_and_biases() {
     let unfused = palladium_fusion::unfused::unfused_kernels(&s, 4, 1, 256).unwrap_err();
     assert!(unfused.contains("shared-expert"), "{unfused}");
 }
+
+/// gpt-oss reads (the reference computes it) but no stage emits its sinks, expert biases,
+/// clamped SwiGLU or f32-weighted norms: refused naming each, not planned wrong.
+#[test]
+fn gpt_oss_is_refused_by_feature() {
+    match Plan::new(&spec("tiny-gpt-oss"), &options(Chip::V6e, 1, 256, Some(2))) {
+        Err(e @ PlanError::Unsupported(_)) => {
+            let msg = e.to_string();
+            for feature in [
+                "attention sinks",
+                "expert biases",
+                "the clamped SwiGLU",
+                "RMS norms weighted in f32",
+                "gpt_oss",
+            ] {
+                assert!(msg.contains(feature), "{feature}: {msg}");
+            }
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}

@@ -68,10 +68,12 @@ pub fn expert_ffn(
     ffn: usize,
 ) -> Vec<f32> {
     let size = hidden * ffn;
-    let expert = |e: usize| SwiGlu {
-        gate: Projection::new(&w_gate[e * size..(e + 1) * size], hidden, ffn, Layout::InOut),
-        up: Projection::new(&w_up[e * size..(e + 1) * size], hidden, ffn, Layout::InOut),
-        down: Projection::new(&w_down[e * size..(e + 1) * size], ffn, hidden, Layout::InOut),
+    let expert = |e: usize| {
+        SwiGlu::silu(
+            Projection::new(&w_gate[e * size..(e + 1) * size], hidden, ffn, Layout::InOut),
+            Projection::new(&w_up[e * size..(e + 1) * size], hidden, ffn, Layout::InOut),
+            Projection::new(&w_down[e * size..(e + 1) * size], ffn, hidden, Layout::InOut),
+        )
     };
     (0..tokens)
         .flat_map(|t| {

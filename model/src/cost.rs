@@ -175,9 +175,12 @@ impl ModelSpec {
             QkNorm::PerHeadRms { weight_len } => 2 * u128::from(weight_len),
             QkNorm::WholeRms { q_len, k_len } => u128::from(q_len) + u128::from(k_len),
         };
-        let mlp = |inter: u64| 3 * h * u128::from(inter);
+        // gpt-oss's experts have biases: 2 * inter on gate/up, hidden on down.
+        let mlp_bias = |inter: u64| if self.mlp.bias { 2 * u128::from(inter) + h } else { 0 };
+        let mlp = |inter: u64| 3 * h * u128::from(inter) + mlp_bias(inter);
+        let sinks = if a.sinks { u128::from(a.num_heads) } else { 0 };
         let (attention, attention_norms) = match a.form {
-            AttentionForm::Gqa => (h * (q + 2 * kv) + q * h + qkv_bias + o_bias, qk_norm),
+            AttentionForm::Gqa => (h * (q + 2 * kv) + q * h + qkv_bias + o_bias + sinks, qk_norm),
             AttentionForm::Mla(m) => {
                 let heads = u128::from(a.num_heads);
                 let (query, q_norm) = match m.q_lora_rank {
@@ -199,7 +202,8 @@ impl ModelSpec {
         match &layer.ffn {
             FfnKind::Dense { intermediate } => p.dense_mlp = sat(mlp(*intermediate)),
             FfnKind::Moe(m) => {
-                p.router = sat(h * u128::from(m.num_experts));
+                let router_bias = if m.routing.router_bias { 1 } else { 0 };
+                p.router = sat((h + router_bias) * u128::from(m.num_experts));
                 p.experts_total = sat(u128::from(m.num_experts) * mlp(m.intermediate));
                 p.experts_active = sat(u128::from(m.top_k) * mlp(m.intermediate));
                 p.shared_expert =

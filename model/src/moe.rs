@@ -22,7 +22,7 @@
 //! kernels add `sum(scores * 0)` to the weights), so the poison reaches the output. With the
 //! softmax, one NaN or infinite logit makes every score NaN.
 
-use crate::spec::{RouterScoring, TopKWeights};
+use crate::spec::{Activation, RouterScoring, TopKWeights};
 use palladium_array::round_bf16;
 
 /// A token's routing: its chosen experts in descending score order, and the best expert it
@@ -280,28 +280,61 @@ impl<'a> Projection<'a> {
     }
 }
 
-/// One SwiGLU FFN (an expert, or a dense MLP): `down(silu(gate(x)) * up(x))`.
+/// One gated FFN (an expert, or a dense MLP): `down(act(gate(x), up(x)))`, `act` the
+/// model's [`Activation`] (`silu(gate) * up` but for gpt-oss).
 #[derive(Debug, Clone, Copy)]
 pub struct SwiGlu<'a> {
     pub gate: Projection<'a>,
     pub up: Projection<'a>,
     pub down: Projection<'a>,
+    /// gpt-oss's expert biases; `None` elsewhere.
+    pub bias: Option<GluBias<'a>>,
+    pub activation: Activation,
 }
 
-/// `down(silu(gate(x)) * up(x))`, rounded where `rounding` says.
+impl<'a> SwiGlu<'a> {
+    /// `down(silu(gate(x)) * up(x))` without biases: every family but gpt-oss.
+    pub fn silu(gate: Projection<'a>, up: Projection<'a>, down: Projection<'a>) -> Self {
+        Self { gate, up, down, bias: None, activation: Activation::Silu }
+    }
+}
+
+/// The biases of a gated FFN's three projections.
+#[derive(Debug, Clone, Copy)]
+pub struct GluBias<'a> {
+    pub gate: &'a [f32],
+    pub up: &'a [f32],
+    pub down: &'a [f32],
+}
+
+/// `down(act(gate(x), up(x)))`, rounded where `rounding` says. A bias is added to its
+/// projection's rounded output as an op of its own (gpt-oss computes `x @ W + b`, not one
+/// `nn.Linear`).
 pub fn swiglu(ffn: &SwiGlu<'_>, x: &[f32], rounding: FfnRounding) -> Vec<f32> {
     let r = |v: f32| rounding.each_op(v);
-    let gate = ffn.gate.apply(x, None);
-    let up = ffn.up.apply(x, None);
+    let project = |p: &Projection<'_>, x: &[f32], bias: Option<&[f32]>| -> Vec<f32> {
+        let y = p.apply(x, None).into_iter().map(r);
+        match bias {
+            Some(b) => y.zip(b).map(|(y, &b)| r(y + b)).collect(),
+            None => y.collect(),
+        }
+    };
+    let gate = project(&ffn.gate, x, ffn.bias.map(|b| b.gate));
+    let up = project(&ffn.up, x, ffn.bias.map(|b| b.up));
     let act: Vec<f32> = gate
         .into_iter()
         .zip(up)
-        .map(|(g, u)| {
-            let (g, u) = (r(g), r(u));
-            rounding.activation(r(g / (1.0 + (-g).exp())) * u)
+        .map(|(g, u)| match ffn.activation {
+            Activation::Silu => rounding.activation(r(g / (1.0 + (-g).exp())) * u),
+            Activation::ClampedSwiGlu { alpha, limit } => {
+                let limit = limit as f32;
+                let (g, u) = (g.min(limit), u.clamp(-limit, limit));
+                let sigmoid = r(1.0 / (1.0 + (-r(g * alpha as f32)).exp()));
+                rounding.activation(r(u + 1.0) * r(g * sigmoid))
+            }
         })
         .collect();
-    ffn.down.apply(&act, None).into_iter().map(r).collect()
+    project(&ffn.down, &act, ffn.bias.map(|b| b.down))
 }
 
 /// A token's routed-experts output (`hidden` values): `sum over chosen (e, w) of
@@ -472,7 +505,7 @@ mod tests {
     #[test]
     fn swiglu_rounding_points() {
         let p = |w: &'static [f32]| Projection::new(w, 1, 1, Layout::OutIn);
-        let ffn = SwiGlu { gate: p(&[1.0]), up: p(&[3.0]), down: p(&[0.5]) };
+        let ffn = SwiGlu::silu(p(&[1.0]), p(&[3.0]), p(&[0.5]));
         let silu2 = 2.0 / (1.0 + (-2.0f32).exp());
         assert_eq!(swiglu(&ffn, &[2.0], FfnRounding::None), vec![silu2 * 6.0 * 0.5]);
         let kernel = round_bf16(silu2 * 6.0) * 0.5;

@@ -77,6 +77,7 @@ impl Family {
             Self::Qwen2Moe => Defaults { rms_norm_eps: 1e-6 },
             Self::Glm4Moe => Defaults { rms_norm_eps: 1e-5 },
             Self::Olmoe => Defaults { rms_norm_eps: 1e-5 },
+            Self::GptOss => Defaults { rms_norm_eps: 1e-5 },
         }
     }
 }
@@ -160,7 +161,8 @@ impl<'a> Parser<'a> {
             | Family::Mixtral
             | Family::Qwen2Moe
             | Family::Glm4Moe
-            | Family::Olmoe => self.attention(family, hidden_size)?,
+            | Family::Olmoe
+            | Family::GptOss => self.attention(family, hidden_size)?,
         };
 
         let eps = o.opt_pos_f64("rms_norm_eps")?;
@@ -178,6 +180,13 @@ impl<'a> Parser<'a> {
             Family::DeepseekV3 | Family::Glm4Moe => self.deepseek_moe_layers(family, num_layers)?,
             Family::DeepseekV2 => self.deepseek_v2_layers(num_layers)?,
             Family::Olmoe => self.olmoe_layers(num_layers)?,
+            Family::GptOss => self.gpt_oss_layers(num_layers)?,
+        };
+        let (norm, mlp) = match family {
+            Family::GptOss => (NormKind::RmsF32Weight, self.gpt_oss_mlp()?),
+            _ => {
+                (NormKind::Rms, MlpSpec { activation: Activation::Silu, gated: true, bias: false })
+            }
         };
 
         Ok(ModelSpec {
@@ -187,8 +196,8 @@ impl<'a> Parser<'a> {
             max_position_embeddings,
             dtype,
             attention,
-            norm: NormSpec { eps, kind: NormKind::Rms },
-            mlp: MlpSpec { activation: Activation::Silu, gated: true },
+            norm: NormSpec { eps, kind: norm },
+            mlp,
             lm_head: if tied { LmHead::Tied } else { LmHead::Untied },
             layers,
             quantization,
@@ -211,6 +220,7 @@ impl<'a> Parser<'a> {
             "qwen2_moe" => Family::Qwen2Moe,
             "glm4_moe" => Family::Glm4Moe,
             "olmoe" => Family::Olmoe,
+            "gpt_oss" => Family::GptOss,
             other => {
                 return Err(ConfigError::unsupported(
                     "model_type",
@@ -246,6 +256,10 @@ impl<'a> Parser<'a> {
         let head_dim = match o.opt_size("head_dim")? {
             Some(0) => return Err(ConfigError::invalid("head_dim", 0, "must be at least 1")),
             Some(d) => d,
+            // `GptOssConfig(head_dim=64)`: its class default, not hidden / heads.
+            None if family == Family::GptOss && !o.is_null("head_dim") => {
+                self.or_default("head_dim", None, 64)
+            }
             None => {
                 if !hidden.is_multiple_of(num_heads) {
                     return Err(ConfigError::invalid(
@@ -335,6 +349,18 @@ impl<'a> Parser<'a> {
                 };
                 (bias, false, qk_norm)
             }
+            // GptOssConfig sets `attention_bias = True` whatever the config says: a config
+            // saying false describes another model than transformers builds.
+            Family::GptOss => {
+                if bias == Some(false) {
+                    return Err(ConfigError::unsupported(
+                        "attention_bias",
+                        false,
+                        "true or absent (gpt-oss's q/k/v/o projections always have biases: GptOssConfig sets attention_bias = True)",
+                    ));
+                }
+                (true, true, QkNorm::None)
+            }
         };
 
         // GLM-4.5 rotates the first `int(head_dim * partial_rotary_factor)` dimensions of each
@@ -359,7 +385,12 @@ impl<'a> Parser<'a> {
                 ),
             ));
         }
-        let rope = self.rope(factor, rotary_dim, RopeStyle::NeoxRotateHalf, false)?;
+        // gpt-oss configures YaRN (and defaults to it: see `gpt_oss_default_rope`).
+        let gpt_oss = family == Family::GptOss;
+        let mut rope = self.rope(factor, rotary_dim, RopeStyle::NeoxRotateHalf, gpt_oss)?;
+        if gpt_oss && !self.obj.has("rope_scaling") {
+            rope.scaling = self.gpt_oss_default_rope();
+        }
         // OLMoE's `clip_qkv` (null: none); the other families have no such field.
         let clip_qkv = match family {
             Family::Olmoe => o.opt_pos_f64("clip_qkv")?,
@@ -375,6 +406,7 @@ impl<'a> Parser<'a> {
             o_bias,
             qk_norm,
             rope,
+            sinks: gpt_oss,
             form: AttentionForm::Gqa,
         })
     }
@@ -479,6 +511,7 @@ impl<'a> Parser<'a> {
             qk_norm: QkNorm::None,
             clip_qkv: None,
             rope,
+            sinks: false,
             form: AttentionForm::Mla(MlaSpec {
                 q_lora_rank,
                 kv_lora_rank,
@@ -658,6 +691,9 @@ impl<'a> Parser<'a> {
             return Ok(None);
         };
         let q = Obj::new(q, "quantization_config.");
+        if q.opt_str("quant_method")? == Some("mxfp4") {
+            return self.mxfp4(&q).map(Some);
+        }
         const KEYS: &[&str] = &[
             "quant_method",
             "weight_block_size",
@@ -745,6 +781,39 @@ impl<'a> Parser<'a> {
             weight_block_size: [128, 128],
             modules_to_not_convert: not_converted.into_iter().map(String::from).collect(),
         }))
+    }
+
+    /// `quant_method: "mxfp4"` (`Mxfp4Config`): gpt-oss's experts as shipped. Its
+    /// `modules_to_not_convert` may not name the experts (they are what it converts).
+    fn mxfp4(&mut self, q: &Obj<'_>) -> Result<Quantization, ConfigError> {
+        const KEYS: &[&str] = &["quant_method", "modules_to_not_convert", "dequantize"];
+        if let Some(key) = q.keys().find(|k| !KEYS.contains(k)) {
+            return Err(ConfigError::unsupported(
+                q.path(key),
+                q.get(key).map_or_else(|| "null".into(), describe),
+                format!("absent (the mxfp4 quantization_config keys are {})", KEYS.join(", ")),
+            ));
+        }
+        if self.family()? != Family::GptOss {
+            return Err(ConfigError::unsupported(
+                q.path("quant_method"),
+                "\"mxfp4\"",
+                "\"fp8\" (mxfp4 is read for gpt_oss's fused experts only)",
+            ));
+        }
+        // `dequantize` is how transformers loads it (bf16 or the codes), not what it computes.
+        q.opt_bool("dequantize")?;
+        let not_converted = q.opt_str_list("modules_to_not_convert")?.unwrap_or_default();
+        if let Some(i) = not_converted.iter().position(|m| m.contains("experts")) {
+            return Err(ConfigError::unsupported(
+                format!("{}[{i}]", q.path("modules_to_not_convert")),
+                format!("{:?}", not_converted[i]),
+                "a module other than the experts (mxfp4 converts exactly the experts)",
+            ));
+        }
+        Ok(Quantization::Mxfp4 {
+            modules_to_not_convert: not_converted.into_iter().map(String::from).collect(),
+        })
     }
 
     /// `num_experts` (Qwen3 4.x) or `num_local_experts` (Mixtral, and the 5.x attribute map
@@ -1134,6 +1203,122 @@ impl<'a> Parser<'a> {
             .collect())
     }
 
+    /// gpt-oss (`GptOssDecoderLayer`): every layer MoE (`num_local_experts` experts of
+    /// `intermediate_size`, `GptOssTopKRouter`: a router with bias, top-k of its logits, then
+    /// a softmax over those k: the renormalised top-k of the softmax), attention sliding
+    /// (`sliding_window`) where `layer_types` says so, by default the even layers.
+    fn gpt_oss_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
+        let o = self.obj;
+        let num_experts = match (o.opt_size("num_local_experts")?, o.opt_size("num_experts")?) {
+            (Some(n), _) => n,
+            (None, Some(_)) => {
+                return Err(ConfigError::Missing {
+                    field: "num_local_experts".into(),
+                    hint: " (gpt-oss reads num_local_experts, not num_experts)".into(),
+                });
+            }
+            (None, None) => self.or_default("num_local_experts", None, 128),
+        };
+        if num_experts == 0 {
+            return Err(ConfigError::invalid("num_local_experts", 0, "must be at least 1"));
+        }
+        // The model card's `experts_per_token` duplicates num_experts_per_tok (which
+        // transformers reads); they must agree.
+        let top_k = o.opt_size("num_experts_per_tok")?;
+        let top_k = self.or_default("num_experts_per_tok", top_k, 4);
+        if let Some(k) = o.opt_size("experts_per_token")?
+            && k != top_k
+        {
+            return Err(ConfigError::Conflict {
+                field: "num_experts_per_tok".into(),
+                value: top_k.to_string(),
+                other: "experts_per_token".into(),
+                other_value: k.to_string(),
+            });
+        }
+        if top_k == 0 || top_k > num_experts {
+            return Err(ConfigError::invalid(
+                "num_experts_per_tok",
+                top_k,
+                format!("must be 1..={num_experts} (the experts)"),
+            ));
+        }
+        let intermediate = o.opt_size("intermediate_size")?;
+        let intermediate = self.or_default("intermediate_size", intermediate, 2880);
+        if intermediate == 0 {
+            return Err(ConfigError::invalid("intermediate_size", 0, "must be at least 1"));
+        }
+        let mut routing = Routing::top_k(RouterScoring::Softmax, TopKWeights::Renormalized);
+        routing.router_bias = true;
+        let moe = MoeSpec { num_experts, top_k, intermediate, routing, shared: None };
+        let sliding = match self.layer_types(num_layers)? {
+            Some(types) => types,
+            None => {
+                self.defaulted.insert("layer_types", "sliding on even layers, full on odd".into());
+                (0..num_layers).map(|i| i % 2 == 0).collect()
+            }
+        };
+        let window = if sliding.iter().any(|&s| s) {
+            let w = o.opt_size("sliding_window")?;
+            let w = self.or_default("sliding_window", w, 128);
+            if w == 0 {
+                return Err(ConfigError::invalid("sliding_window", 0, "must be at least 1"));
+            }
+            w
+        } else {
+            0
+        };
+        Ok(sliding
+            .into_iter()
+            .enumerate()
+            .map(|(index, s)| LayerSpec {
+                index,
+                attention: if s { AttentionKind::Sliding { window } } else { AttentionKind::Full },
+                ffn: FfnKind::Moe(moe.clone()),
+            })
+            .collect())
+    }
+
+    /// gpt-oss's experts (`GptOssExperts`): biases, and the clamped SwiGLU with transformers
+    /// 4.57's fixed `alpha` 1.702 and `limit` 7.0; a `swiglu_limit` other than 7 (which
+    /// transformers would ignore) is refused.
+    fn gpt_oss_mlp(&mut self) -> Result<MlpSpec, ConfigError> {
+        const LIMIT: f64 = 7.0;
+        if let Some(l) = self.obj.opt_f64("swiglu_limit")?
+            && l != LIMIT
+        {
+            return Err(ConfigError::unsupported(
+                "swiglu_limit",
+                l,
+                "7.0 or absent (transformers 4.57's GptOssExperts clamps at 7.0 whatever the config says)",
+            ));
+        }
+        Ok(MlpSpec {
+            activation: Activation::ClampedSwiGlu { alpha: 1.702, limit: LIMIT },
+            gated: true,
+            bias: true,
+        })
+    }
+
+    /// `GptOssConfig`'s default `rope_scaling` (a config without the key): YaRN, factor 32
+    /// over 4096 original positions, `beta_fast` 32, `beta_slow` 1, not truncated.
+    fn gpt_oss_default_rope(&mut self) -> RopeScaling {
+        self.defaulted.insert(
+            "rope_scaling",
+            "{\"rope_type\": \"yarn\", \"factor\": 32.0, \"beta_fast\": 32.0, \"beta_slow\": 1.0, \"truncate\": false, \"original_max_position_embeddings\": 4096}".into(),
+        );
+        RopeScaling::Yarn {
+            factor: 32.0,
+            original_max_position_embeddings: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            mscale: 0.0,
+            mscale_all_dim: 0.0,
+            attention_factor: yarn_mscale(32.0, 1.0),
+            truncate: false,
+        }
+    }
+
     /// Mixtral: `MixtralAttention` passes `config.sliding_window` to every layer; `null` (as in
     /// Mixtral-8x7B) means full attention.
     fn mixtral_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
@@ -1227,7 +1412,7 @@ impl<'a> Parser<'a> {
         if family == Family::Glm4Moe {
             fields.extend(["mlp_only_layers", "use_sliding_window"]);
         }
-        if matches!(family, Family::Mixtral | Family::Olmoe) {
+        if matches!(family, Family::Mixtral | Family::Olmoe | Family::GptOss) {
             fields.extend(["mlp_only_layers", "moe_intermediate_size", "use_sliding_window"]);
         }
         for field in fields {

@@ -70,13 +70,14 @@
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::moe::{self, FfnRounding, Layout, Projection, SwiGlu, dot64};
+use crate::moe::{self, FfnRounding, GluBias, Layout, Projection, SwiGlu, dot64};
 use crate::spec::{
-    AttentionForm, AttentionKind, FfnKind, MlaSpec, ModelSpec, NormKind, QkNorm, RopeStyle,
-    RouterPrecision, Routing,
+    Activation, AttentionForm, AttentionKind, FfnKind, MlaSpec, ModelSpec, NormKind, QkNorm,
+    RopeStyle, RouterPrecision, Routing,
 };
 use crate::weights::{
-    FfnNames, MlaQueryNames, MlpNames, ModelNames, QkvNames, Tensor, Weights, WeightsError,
+    ExpertNames, FfnNames, FusedExperts, MlaQueryNames, MlpNames, ModelNames, QkvNames, Tensor,
+    Weights, WeightsError,
 };
 use palladium_array::round_bf16;
 
@@ -173,6 +174,9 @@ struct Mlp {
     gate: Tensor,
     up: Tensor,
     down: Tensor,
+    /// gate, up and down biases (gpt-oss's experts).
+    bias: Option<[Vec<f32>; 3]>,
+    activation: Activation,
 }
 
 impl Mlp {
@@ -181,6 +185,47 @@ impl Mlp {
             gate: projection(&self.gate),
             up: projection(&self.up),
             down: projection(&self.down),
+            bias: self.bias.as_ref().map(|[gate, up, down]| GluBias { gate, up, down }),
+            activation: self.activation,
+        }
+    }
+
+    /// Expert `e` of fused expert tensors ([`FusedExperts`]), as `[out, in]` matrices: gate
+    /// and up are `gate_up`'s even and odd columns.
+    fn fused_expert(
+        f: &FusedExperts,
+        e: usize,
+        get: &impl Fn(&str) -> Tensor,
+        activation: Activation,
+    ) -> Mlp {
+        let (gate_up, down) = (get(&f.gate_up), get(&f.down));
+        let (hidden, two_i) = (gate_up.shape[1], gate_up.shape[2]);
+        let inter = two_i / 2;
+        let gu = &gate_up.data[e * hidden * two_i..(e + 1) * hidden * two_i];
+        // `[in, out]` columns `pick(j)` of an expert's slice, as an `[out, in]` tensor.
+        let out_in = |w: &[f32], inputs: usize, outputs: usize, pick: &dyn Fn(usize) -> usize| {
+            let width = w.len() / inputs;
+            let data = (0..outputs)
+                .flat_map(|o| (0..inputs).map(move |i| w[i * width + pick(o)]))
+                .collect();
+            Tensor { shape: vec![outputs, inputs], data }
+        };
+        let d = &down.data[e * inter * hidden..(e + 1) * inter * hidden];
+        let bias = f.gate_up_bias.as_ref().zip(f.down_bias.as_ref()).map(|(gub, db)| {
+            let (gub, db) = (get(gub), get(db));
+            let gub = &gub.data[e * two_i..(e + 1) * two_i];
+            [
+                gub.iter().step_by(2).copied().collect(),
+                gub.iter().skip(1).step_by(2).copied().collect(),
+                db.data[e * hidden..(e + 1) * hidden].to_vec(),
+            ]
+        });
+        Mlp {
+            gate: out_in(gu, hidden, inter, &|o| 2 * o),
+            up: out_in(gu, hidden, inter, &|o| 2 * o + 1),
+            down: out_in(d, inter, hidden, &|o| o),
+            bias,
+            activation,
         }
     }
 }
@@ -239,6 +284,8 @@ struct Layer {
     qkv: Qkv,
     o: Tensor,
     o_bias: Option<Tensor>,
+    /// gpt-oss's attention sinks, one logit per query head.
+    sinks: Option<Tensor>,
     post_norm: Tensor,
     ffn: Ffn,
     /// Positions back (the current one included) this layer attends to; `None`: all.
@@ -289,6 +336,8 @@ pub struct Reference {
     v_dim: usize,
     scale: f32,
     eps: f32,
+    /// [`NormKind::RmsF32Weight`]: the norm weight multiplies in f32, one rounding.
+    norm_f32_weight: bool,
     max_pos: u64,
     /// `OLMoE`: `q_norm` / `k_norm` over the whole projections, not per head.
     whole_qk_norm: bool,
@@ -357,8 +406,14 @@ impl Reference {
             }
         };
         let opt = |n: &Option<String>| n.as_deref().map(get);
-        let mlp = |m: &MlpNames| Mlp { gate: get(&m.gate), up: get(&m.up), down: get(&m.down) };
-        let NormKind::Rms = spec.norm.kind;
+        let activation = spec.mlp.activation;
+        let mlp = |m: &MlpNames| Mlp {
+            gate: get(&m.gate),
+            up: get(&m.up),
+            down: get(&m.down),
+            bias: None,
+            activation,
+        };
         let layers = names
             .layers
             .iter()
@@ -390,6 +445,7 @@ impl Reference {
                 },
                 o: get(&ln.o),
                 o_bias: opt(&ln.o_bias),
+                sinks: opt(&ln.sinks),
                 post_norm: get(&ln.post_norm),
                 ffn: match (&ln.ffn, &ls.ffn) {
                     (FfnNames::Dense(m), _) => Ffn::Dense(mlp(m)),
@@ -399,7 +455,12 @@ impl Reference {
                     ) => Ffn::Moe {
                         router: get(router),
                         router_bias: opt(router_bias),
-                        experts: experts.iter().map(mlp).collect(),
+                        experts: match experts {
+                            ExpertNames::PerExpert(m) => m.iter().map(mlp).collect(),
+                            ExpertNames::Fused(f) => (0..moe.num_experts as usize)
+                                .map(|e| Mlp::fused_expert(f, e, &get, activation))
+                                .collect(),
+                        },
                         top_k: moe.top_k as usize,
                         routing: moe.routing,
                         correction_bias: opt(correction_bias),
@@ -432,6 +493,7 @@ impl Reference {
             v_dim: mla.map_or(a.head_dim, |m| m.v_head_dim) as usize,
             scale: a.scale as f32,
             eps: spec.norm.eps as f32,
+            norm_f32_weight: spec.norm.kind == NormKind::RmsF32Weight,
             max_pos: spec.max_position_embeddings,
             whole_qk_norm: matches!(a.qk_norm, QkNorm::WholeRms { .. }),
             clip_qkv: a.clip_qkv.map(|c| c as f32),
@@ -624,7 +686,8 @@ impl Reference {
             (x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64) as f32;
         let inv = 1.0 / (ms + eps).sqrt();
         for (v, &g) in x.iter_mut().zip(&w.data) {
-            *v = self.r(g * self.r(*v * inv));
+            let normed = *v * inv;
+            *v = self.r(g * if self.norm_f32_weight { normed } else { self.r(normed) });
         }
     }
 
@@ -852,9 +915,14 @@ impl Reference {
                             self.r(self.r(dot64(q, kj) as f32) * self.scale)
                         })
                         .collect();
-                    let mx = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let e: Vec<f32> = scores.iter().map(|&s| (s - mx).exp()).collect();
-                    let sum: f32 = e.iter().sum();
+                    let sink = layer.sinks.as_ref().map(|s| s.data[head]);
+                    let mx = scores.iter().copied().chain(sink).fold(f32::NEG_INFINITY, f32::max);
+                    // With sinks transformers subtracts the max in the activations' dtype
+                    // (`combined_logits - max`, rounded) before its softmax; without, the f32
+                    // softmax subtracts it unrounded.
+                    let shifted = |s: f32| if sink.is_some() { self.r(s - mx) } else { s - mx };
+                    let e: Vec<f32> = scores.iter().map(|&s| shifted(s).exp()).collect();
+                    let sum: f32 = e.iter().sum::<f32>() + sink.map_or(0.0, |s| shifted(s).exp());
                     let probs: Vec<f32> = e.iter().map(|&v| self.r(v / sum)).collect();
                     for d in 0..vd {
                         let acc: f64 = (start..=p)

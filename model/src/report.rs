@@ -92,6 +92,7 @@ impl ModelSpec {
             Family::Qwen2Moe => "Qwen2-MoE",
             Family::Glm4Moe => "GLM-4.5-MoE",
             Family::Olmoe => "OLMoE",
+            Family::GptOss => "gpt-oss",
         };
         writeln!(
             s,
@@ -156,8 +157,10 @@ impl ModelSpec {
         )?;
         writeln!(
             s,
-            "mlp: {:?}, gated {} (down(act(gate(x)) * up(x)))",
-            self.mlp.activation, self.mlp.gated
+            "mlp: {:?}, gated {} (down(act(gate(x)) * up(x))){}",
+            self.mlp.activation,
+            self.mlp.gated,
+            if self.mlp.bias { ", biases on gate, up and down" } else { "" }
         )?;
         writeln!(
             s,

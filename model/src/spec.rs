@@ -27,6 +27,10 @@ pub enum Family {
     /// `"olmoe"`: `OLMoE-1B-7B` (`modeling_olmoe.py`): q/k RMS norms over the whole q and k
     /// projections, `clip_qkv`.
     Olmoe,
+    /// `"gpt_oss"`: gpt-oss-20b, gpt-oss-120b (`modeling_gpt_oss.py`): sliding-window layers
+    /// alternating with full ones, attention sinks, biases everywhere, a clamped SwiGLU over
+    /// interleaved gate/up columns, experts stored fused (and as MXFP4 codes as shipped).
+    GptOss,
 }
 
 impl Family {
@@ -42,6 +46,7 @@ impl Family {
         "qwen2_moe",
         "glm4_moe",
         "olmoe",
+        "gpt_oss",
     ];
 
     /// The `model_type` string Hugging Face uses.
@@ -54,6 +59,7 @@ impl Family {
             Self::Qwen2Moe => "qwen2_moe",
             Self::Glm4Moe => "glm4_moe",
             Self::Olmoe => "olmoe",
+            Self::GptOss => "gpt_oss",
         }
     }
 
@@ -67,6 +73,7 @@ impl Family {
             Self::Qwen2Moe => "Qwen2MoeForCausalLM",
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::Olmoe => "OlmoeForCausalLM",
+            Self::GptOss => "GptOssForCausalLM",
         }
     }
 }
@@ -159,6 +166,16 @@ pub enum Quantization {
         /// names matched as substrings of a weight's module path, as transformers matches them.
         modules_to_not_convert: Vec<String>,
     },
+    /// `quant_method: "mxfp4"` (transformers' `Mxfp4Config`, gpt-oss as shipped): the fused
+    /// expert matrices `gate_up_proj` / `down_proj` are stored as `<name>_blocks`
+    /// (`u8 [experts, out, in / 32, 16]`, two e2m1 codes a byte, low nibble first) and
+    /// `<name>_scales` (`u8 [experts, out, in / 32]`, e8m0: `2^(s - 127)` per 32 inputs);
+    /// every other weight is plain. [`crate::weights::Weights::load`] decodes them as
+    /// transformers' `convert_moe_packed_tensors` does.
+    Mxfp4 {
+        /// `modules_to_not_convert`, as shipped (`*` patterns; the experts never among them).
+        modules_to_not_convert: Vec<String>,
+    },
 }
 
 impl Quantization {
@@ -169,12 +186,19 @@ impl Quantization {
                 "quant_method \"fp8\": float8_e4m3fn weights with {bo}x{bi} block scales, {} module name(s) not converted",
                 modules_to_not_convert.len()
             ),
+            Self::Mxfp4 { .. } => {
+                "quant_method \"mxfp4\": the experts as e2m1 codes with an e8m0 scale per 32 inputs"
+                    .to_string()
+            }
         }
     }
 
     /// Whether the linear weight `tensor` (`<module>.weight`) is stored quantized.
     pub fn converts(&self, tensor: &str) -> bool {
         match self {
+            Self::Mxfp4 { .. } => {
+                tensor.ends_with(".experts.gate_up_proj") || tensor.ends_with(".experts.down_proj")
+            }
             Self::Fp8Block { modules_to_not_convert, .. } => {
                 let module = tensor.strip_suffix(".weight").unwrap_or(tensor);
                 !modules_to_not_convert.iter().any(|m| module.contains(m.as_str()))
@@ -208,6 +232,11 @@ pub struct AttentionSpec {
     /// RoPE; `None` elsewhere.
     pub clip_qkv: Option<f64>,
     pub rope: RopeSpec,
+    /// gpt-oss: a learned logit per query head (`self_attn.sinks`, `[num_heads]`) joins the
+    /// head's softmax as one more column and is dropped after it, so the probabilities over
+    /// the positions sum to less than 1 (left out of the serialized spec when false).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub sinks: bool,
     /// How q, k and v come from the hidden state (left out of the serialized spec for GQA,
     /// so the existing families' reports read as before).
     #[serde(skip_serializing_if = "AttentionForm::is_gqa")]
@@ -409,22 +438,34 @@ pub enum NormKind {
     /// `w * (x / sqrt(mean(x^2) + eps))`, computed in float32 and cast back before the weight
     /// multiply; the weight has no `+1` offset (`Qwen3MoeRMSNorm`, `MixtralRMSNorm`).
     Rms,
+    /// `w * (x / sqrt(mean(x^2) + eps))` all in float32, cast back once after the weight
+    /// multiply (`GptOssRMSNorm`, whose weights transformers keeps in float32 in a bf16 model:
+    /// `_keep_in_fp32_modules`).
+    RmsF32Weight,
 }
 
 /// The MLP form used by experts, shared experts and dense layers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct MlpSpec {
     pub activation: Activation,
-    /// Gated MLP: `down(act(gate(x)) * up(x))`, no biases. Qwen3-MoE names the matrices
+    /// Gated MLP: `down(act(gate(x)) * up(x))`. Qwen3-MoE names the matrices
     /// `gate_proj` / `up_proj` / `down_proj`; Mixtral checkpoints `w1` / `w3` / `w2`.
     pub gated: bool,
+    /// Biases on gate, up and down (gpt-oss's experts: `gate_up_proj_bias`,
+    /// `down_proj_bias`); left out of the serialized spec when false.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub bias: bool,
 }
 
-/// `hidden_act`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// The gated MLP's activation (`hidden_act`, or the family's own).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub enum Activation {
-    /// `x * sigmoid(x)`.
+    /// `silu(gate) * up`, `silu(x) = x * sigmoid(x)`.
     Silu,
+    /// gpt-oss (`GptOssExperts`): `g = min(gate, limit)`, `u = clamp(up, -limit, limit)`,
+    /// `(u + 1) * g * sigmoid(alpha * g)`; transformers 4.57 fixes `alpha` 1.702 and
+    /// `limit` 7.0 (`swiglu_limit`).
+    ClampedSwiGlu { alpha: f64, limit: f64 },
 }
 
 /// `tie_word_embeddings`.

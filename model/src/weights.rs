@@ -35,6 +35,11 @@
 //! | DeepSeek: `model.layers.{i}.self_attn.kv_b_proj.weight` (per head `qk_nope_head_dim` key rows, then `v_head_dim` value rows) | `[heads*(qk_nope_head_dim + v_head_dim), kv_lora_rank]` |
 //! | DeepSeek: `model.layers.{i}.self_attn.o_proj.weight` | `[hidden, heads*v_head_dim]` |
 //! | DeepSeek dense layer: `model.layers.{i}.mlp.{gate,up,down}_proj.weight` | as Qwen3-MoE's dense layer |
+//! | gpt-oss: `model.layers.{i}.self_attn.sinks` | `[heads]` |
+//! | gpt-oss: `model.layers.{i}.mlp.router.weight`, `.bias` | `[experts, hidden]`, `[experts]` |
+//! | gpt-oss: `model.layers.{i}.mlp.experts.gate_up_proj` (`x @ W`; gate, up interleaved by column) | `[experts, hidden, 2*intermediate]` |
+//! | gpt-oss: `model.layers.{i}.mlp.experts.gate_up_proj_bias` | `[experts, 2*intermediate]` |
+//! | gpt-oss: `model.layers.{i}.mlp.experts.down_proj`, `.down_proj_bias` | `[experts, intermediate, hidden]`, `[experts, hidden]` |
 //! | `model.norm.weight` | `[hidden]` |
 //! | `lm_head.weight` (absent when `tie_word_embeddings`) | `[vocab, hidden]` |
 //!
@@ -53,7 +58,7 @@ use palladium_array::{bf16_to_f32, f32_to_bf16, round_bf16};
 use safetensors::{Dtype as StDtype, tensor::TensorView};
 use thiserror::Error;
 
-use crate::spec::{AttentionForm, Family, FfnKind, LmHead, ModelSpec, QkNorm};
+use crate::spec::{AttentionForm, Family, FfnKind, LmHead, ModelSpec, QkNorm, Quantization};
 
 /// Why weights could not be built, read or written. Every variant about a tensor names it.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -119,6 +124,9 @@ pub enum TensorRole {
     Bias,
     /// RMSNorm scale: uniform in `[0.8, 1.2]` (never zero, not all equal).
     Norm,
+    /// A learned logit (gpt-oss's attention sinks): standard deviation 1, the scale of the
+    /// attention scores it competes with.
+    Logit,
 }
 
 /// One tensor of a model: Hugging Face name, shape, role.
@@ -137,6 +145,8 @@ pub struct LayerNames {
     pub qkv: QkvNames,
     pub o: String,
     pub o_bias: Option<String>,
+    /// gpt-oss's `self_attn.sinks`.
+    pub sinks: Option<String>,
     pub post_norm: String,
     pub ffn: FfnNames,
 }
@@ -214,9 +224,40 @@ pub enum FfnNames {
         router_bias: Option<String>,
         /// `DeepSeek`-V3-style routing's `e_score_correction_bias` (`[experts]`).
         correction_bias: Option<String>,
-        experts: Vec<MlpNames>,
+        experts: ExpertNames,
         shared: Option<SharedNames>,
     },
+}
+
+/// How a checkpoint stores the routed experts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExpertNames {
+    /// A module per expert, three `[out, in]` matrices each (`experts.{e}.gate_proj.weight`).
+    PerExpert(Vec<MlpNames>),
+    /// Every expert in one tensor per matrix, `x @ W` layout (gpt-oss).
+    Fused(FusedExperts),
+}
+
+impl ExpertNames {
+    /// The per-expert modules; `None` where the experts are stored fused.
+    pub fn per_expert(&self) -> Option<&[MlpNames]> {
+        match self {
+            Self::PerExpert(m) => Some(m),
+            Self::Fused(_) => None,
+        }
+    }
+}
+
+/// Fused expert tensors (`GptOssExperts`): `gate_up` `[experts, hidden, 2 * intermediate]`
+/// with gate and up in alternate columns (`gate_up[..., ::2]`, `gate_up[..., 1::2]`), `down`
+/// `[experts, intermediate, hidden]`, biases `[experts, 2 * intermediate]` and
+/// `[experts, hidden]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FusedExperts {
+    pub gate_up: String,
+    pub gate_up_bias: Option<String>,
+    pub down: String,
+    pub down_bias: Option<String>,
 }
 
 /// A shared expert's tensors: its MLP, and the `[1, hidden]` gate of a sigmoid-gated one.
@@ -269,7 +310,7 @@ impl ModelNames {
                     up: format!("{p}mlp.up_proj.weight"),
                     down: format!("{p}mlp.down_proj.weight"),
                 }),
-                (FfnKind::Dense { .. }, Family::Mixtral | Family::Olmoe) => {
+                (FfnKind::Dense { .. }, Family::Mixtral | Family::Olmoe | Family::GptOss) => {
                     return Err(WeightsError::Unsupported {
                         what: format!(
                             "dense FFN in {} layer {}",
@@ -284,7 +325,8 @@ impl ModelNames {
                         | Family::Qwen2Moe
                         | Family::Glm4Moe
                         | Family::Olmoe
-                        | Family::DeepseekV3 => format!("{p}mlp."),
+                        | Family::DeepseekV3
+                        | Family::GptOss => format!("{p}mlp."),
                         Family::Mixtral => format!("{p}block_sparse_moe."),
                         Family::DeepseekV2 => {
                             return Err(WeightsError::Unsupported {
@@ -292,30 +334,43 @@ impl ModelNames {
                             });
                         }
                     };
-                    let experts = (0..moe.num_experts)
-                        .map(|e| {
-                            let x = format!("{block}experts.{e}.");
-                            match family {
-                                Family::Qwen3Moe
-                                | Family::Qwen2Moe
-                                | Family::Glm4Moe
-                                | Family::Olmoe
-                                | Family::DeepseekV3 => MlpNames {
-                                    gate: format!("{x}gate_proj.weight"),
-                                    up: format!("{x}up_proj.weight"),
-                                    down: format!("{x}down_proj.weight"),
-                                },
-                                Family::Mixtral => MlpNames {
-                                    gate: format!("{x}w1.weight"),
-                                    up: format!("{x}w3.weight"),
-                                    down: format!("{x}w2.weight"),
-                                },
-                                Family::DeepseekV2 => {
-                                    unreachable!("refused above")
-                                }
+                    let per_expert = (0..moe.num_experts).map(|e| {
+                        let x = format!("{block}experts.{e}.");
+                        match family {
+                            Family::Qwen3Moe
+                            | Family::Qwen2Moe
+                            | Family::Glm4Moe
+                            | Family::Olmoe
+                            | Family::DeepseekV3 => MlpNames {
+                                gate: format!("{x}gate_proj.weight"),
+                                up: format!("{x}up_proj.weight"),
+                                down: format!("{x}down_proj.weight"),
+                            },
+                            Family::Mixtral => MlpNames {
+                                gate: format!("{x}w1.weight"),
+                                up: format!("{x}w3.weight"),
+                                down: format!("{x}w2.weight"),
+                            },
+                            Family::DeepseekV2 | Family::GptOss => {
+                                unreachable!("refused above, or fused")
                             }
-                        })
-                        .collect();
+                        }
+                    });
+                    let bias = spec.mlp.bias;
+                    let experts = match family {
+                        Family::GptOss => ExpertNames::Fused(FusedExperts {
+                            gate_up: format!("{block}experts.gate_up_proj"),
+                            gate_up_bias: bias.then(|| format!("{block}experts.gate_up_proj_bias")),
+                            down: format!("{block}experts.down_proj"),
+                            down_bias: bias.then(|| format!("{block}experts.down_proj_bias")),
+                        }),
+                        _ => ExpertNames::PerExpert(per_expert.collect()),
+                    };
+                    // gpt-oss calls its router `mlp.router`, the others `mlp.gate`.
+                    let router = match family {
+                        Family::GptOss => format!("{block}router."),
+                        _ => format!("{block}gate."),
+                    };
                     // Qwen2-MoE's `shared_expert` (and `shared_expert_gate`); GLM-4.5's (and
                     // `DeepSeek`'s) `shared_experts`, all of them one MLP.
                     let shared_module = match family {
@@ -331,12 +386,12 @@ impl ModelNames {
                         gate: s.sigmoid_gate.then(|| format!("{block}shared_expert_gate.weight")),
                     });
                     FfnNames::Moe {
-                        router: format!("{block}gate.weight"),
-                        router_bias: moe.routing.router_bias.then(|| format!("{block}gate.bias")),
+                        router: format!("{router}weight"),
+                        router_bias: moe.routing.router_bias.then(|| format!("{router}bias")),
                         correction_bias: moe
                             .routing
                             .correction_bias
-                            .then(|| format!("{block}gate.e_score_correction_bias")),
+                            .then(|| format!("{router}e_score_correction_bias")),
                         experts,
                         shared,
                     }
@@ -372,6 +427,7 @@ impl ModelNames {
                 qkv,
                 o: a("o_proj.weight"),
                 o_bias: spec.attention.o_bias.then(|| a("o_proj.bias")),
+                sinks: spec.attention.sinks.then(|| a("sinks")),
                 post_norm: format!("{p}post_attention_layernorm.weight"),
                 ffn,
             });
@@ -452,6 +508,9 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
         if let Some(b) = &ln.o_bias {
             t(b, vec![h], Bias);
         }
+        if let Some(s) = &ln.sinks {
+            t(s, vec![heads], Logit);
+        }
         if let Some(g) = ln.gqa() {
             let (q_norm, k_norm) = match spec.attention.qk_norm {
                 QkNorm::WholeRms { q_len, k_len } => (q_len as usize, k_len as usize),
@@ -486,10 +545,25 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
                 if let Some(b) = correction_bias {
                     t(b, vec![e], Bias);
                 }
-                for m in experts {
-                    t(&m.gate, vec![inter, h], Linear);
-                    t(&m.up, vec![inter, h], Linear);
-                    t(&m.down, vec![h, inter], Linear);
+                match experts {
+                    ExpertNames::PerExpert(experts) => {
+                        for m in experts {
+                            t(&m.gate, vec![inter, h], Linear);
+                            t(&m.up, vec![inter, h], Linear);
+                            t(&m.down, vec![h, inter], Linear);
+                        }
+                    }
+                    // `GptOssExperts.__init__` order.
+                    ExpertNames::Fused(f) => {
+                        t(&f.gate_up, vec![e, h, 2 * inter], Linear);
+                        if let Some(b) = &f.gate_up_bias {
+                            t(b, vec![e, 2 * inter], Bias);
+                        }
+                        t(&f.down, vec![e, inter, h], Linear);
+                        if let Some(b) = &f.down_bias {
+                            t(b, vec![e, h], Bias);
+                        }
+                    }
                 }
                 if let (Some(names), Some(s)) = (shared, &moe.shared) {
                     let inter = s.intermediate as usize;
@@ -521,6 +595,110 @@ pub(crate) fn ignored_tensor(spec: &ModelSpec, name: &str) -> bool {
     let mtp_layer = matches!(spec.family, Family::Glm4Moe | Family::DeepseekV3)
         && name.starts_with(&format!("model.layers.{}.", spec.layers.len()));
     tied_head || mtp_layer || name.ends_with("rotary_emb.inv_freq")
+}
+
+/// One MXFP4 tensor's two stored parts: `(file, shape, dtype, bytes)` each.
+#[derive(Default)]
+struct Mxfp4Parts<'a> {
+    blocks: Option<(String, Vec<usize>, String, &'a [u8])>,
+    scales: Option<(String, Vec<usize>, String, &'a [u8])>,
+}
+
+/// e2m1 code -> value (`FP4_VALUES` of transformers' `integrations/mxfp4.py`).
+const E2M1: [f32; 16] =
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+
+/// `name` as `(<expected tensor>, "blocks" | "scales")` when it is a stored part of an
+/// MXFP4-converted tensor.
+fn mxfp4_part<'n>(
+    name: &'n str,
+    spec: &ModelSpec,
+    expected: &HashMap<&str, &TensorSpec>,
+) -> Option<(&'n str, &'static str)> {
+    let q = spec.quantization.as_ref()?;
+    [("_blocks", "blocks"), ("_scales", "scales")].into_iter().find_map(|(suffix, part)| {
+        let base = name.strip_suffix(suffix)?;
+        (expected.contains_key(base) && q.converts(base)).then_some((base, part))
+    })
+}
+
+impl Mxfp4Parts<'_> {
+    /// The `[experts, in, out]` tensor (`expected`) the parts encode, decoded as transformers'
+    /// `convert_moe_packed_tensors`: value `[e, o, 32 g + 2 k (+ 1)]` is the low (high)
+    /// nibble of `blocks[e, o, g, k]` times `2^(scales[e, o, g] - 127)`, then transposed.
+    fn decode(
+        self,
+        base: &str,
+        expected: &[usize],
+        checkpoint: &str,
+    ) -> Result<Tensor, WeightsError> {
+        let missing = |part: &str, shape: Vec<usize>| WeightsError::Missing {
+            path: checkpoint.to_string(),
+            name: format!("{base}_{part}"),
+            expected: shape,
+        };
+        let (e, inputs, outputs) = (expected[0], expected[1], expected[2]);
+        let groups = inputs / 32;
+        let blocks_shape = vec![e, outputs, groups, 16];
+        let scales_shape = vec![e, outputs, groups];
+        let (bf, bshape, bdtype, blocks) =
+            self.blocks.ok_or_else(|| missing("blocks", blocks_shape.clone()))?;
+        let (sf, sshape, sdtype, scales) =
+            self.scales.ok_or_else(|| missing("scales", scales_shape.clone()))?;
+        for (file, part, shape, dtype, want) in [
+            (&bf, "blocks", &bshape, &bdtype, &blocks_shape),
+            (&sf, "scales", &sshape, &sdtype, &scales_shape),
+        ] {
+            let name = format!("{base}_{part}");
+            if !inputs.is_multiple_of(32) {
+                return Err(WeightsError::Header {
+                    path: file.clone(),
+                    name,
+                    message: format!("MXFP4 groups of 32 inputs do not divide {inputs} inputs"),
+                });
+            }
+            if dtype != "U8" {
+                return Err(WeightsError::Header {
+                    path: file.clone(),
+                    name,
+                    message: format!("stored as {dtype}; MXFP4 {part} are U8"),
+                });
+            }
+            if shape != want {
+                return Err(WeightsError::Shape {
+                    path: file.clone(),
+                    name,
+                    expected: want.clone(),
+                    found: shape.clone(),
+                });
+            }
+        }
+        // e8m0's 0xFF is NaN.
+        if let Some(i) = scales.iter().position(|&s| s == 0xFF) {
+            return Err(WeightsError::NonFinite {
+                path: sf,
+                name: format!("{base}_scales"),
+                index: unravel(i, &scales_shape),
+                value: f32::NAN,
+            });
+        }
+        let mut data = vec![0f32; e * inputs * outputs];
+        for (row, (codes, &scale)) in blocks.chunks_exact(16).zip(scales).enumerate() {
+            let (expert, o, g) = (row / (outputs * groups), row / groups % outputs, row % groups);
+            // 2^(scale - 127) exactly: the f32 with that biased exponent (2^-127 subnormal).
+            let factor = match scale {
+                0 => f32::from_bits(1 << 22),
+                s => f32::from_bits(u32::from(s) << 23),
+            };
+            for (k, &byte) in codes.iter().enumerate() {
+                for (nibble, code) in [byte & 0x0F, byte >> 4].into_iter().enumerate() {
+                    let i = 32 * g + 2 * k + nibble;
+                    data[(expert * inputs + i) * outputs + o] = E2M1[code as usize] * factor;
+                }
+            }
+        }
+        Ok(Tensor { shape: expected.to_vec(), data })
+    }
 }
 
 /// One tensor's values, row-major, as `f32`.
@@ -603,9 +781,11 @@ impl Weights {
                         let u = rng.uniform_pm1();
                         let x = match ts.role {
                             TensorRole::Embedding => u * sqrt3,
+                            // `[out, in]`, or fused experts' `[experts, in, out]`.
                             TensorRole::Linear => u * sqrt3 / (ts.shape[1] as f32).sqrt(),
                             TensorRole::Bias => u * sqrt3 * 0.1,
                             TensorRole::Norm => 1.0 + 0.2 * u,
+                            TensorRole::Logit => u * sqrt3,
                         };
                         round_bf16(x)
                     })
@@ -676,7 +856,8 @@ impl Weights {
         spec: &ModelSpec,
         files: &[(&Path, &[u8])],
     ) -> Result<Self, WeightsError> {
-        if let Some(q) = &spec.quantization {
+        let mxfp4 = matches!(spec.quantization, Some(Quantization::Mxfp4 { .. }));
+        if let Some(q) = spec.quantization.as_ref().filter(|_| !mxfp4) {
             return Err(WeightsError::Unsupported {
                 what: format!(
                     "a quantized checkpoint (config.json's quantization_config: {}): not yet \
@@ -689,9 +870,20 @@ impl Weights {
         let expected: HashMap<&str, &TensorSpec> =
             layout.iter().map(|t| (t.name.as_str(), t)).collect();
         let mut found: HashMap<String, (PathBuf, Tensor)> = HashMap::new();
+        // MXFP4 experts: `<name>_blocks` / `<name>_scales` of an expected tensor, paired below.
+        let mut mx_parts: HashMap<String, Mxfp4Parts<'_>> = HashMap::new();
         for (path, bytes) in files {
             let disp = path.display().to_string();
             for entry in read_header(&disp, bytes)? {
+                if mxfp4 && let Some((base, part)) = mxfp4_part(&entry.name, spec, &expected) {
+                    let parts = mx_parts.entry(base.to_string()).or_default();
+                    let slot = if part == "blocks" { &mut parts.blocks } else { &mut parts.scales };
+                    if slot.replace((disp.clone(), entry.shape, entry.dtype, entry.data)).is_some()
+                    {
+                        return Err(WeightsError::Duplicate { path: disp, name: entry.name });
+                    }
+                    continue;
+                }
                 let name = entry.name;
                 let Some(ts) = expected.get(name.as_str()) else {
                     if ignored_tensor(spec, &name) {
@@ -737,6 +929,13 @@ impl Weights {
                 .and_then(|(p, _)| p.parent())
                 .map_or_else(|| "checkpoint".into(), |d| d.display().to_string()),
         };
+        for (base, parts) in mx_parts {
+            let ts = expected[base.as_str()];
+            let t = parts.decode(&base, &ts.shape, &where_)?;
+            if found.insert(base.clone(), (PathBuf::from(&where_), t)).is_some() {
+                return Err(WeightsError::Duplicate { path: where_, name: base });
+            }
+        }
         let mut tensors = IndexMap::with_capacity(layout.len());
         for ts in layout {
             let Some((_, t)) = found.remove(&ts.name) else {

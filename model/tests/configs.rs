@@ -584,3 +584,51 @@ fn qwen1_5_moe_a2_7b() {
     // embedding).
     assert!(close(p.active(), 2.7e9, 0.02), "active {}", p.active());
 }
+
+/// gpt-oss-120b and gpt-oss-20b as shipped: every layer MoE (top-4, a softmax over the
+/// chosen logits), sliding (window 128) and full attention alternating, sinks and biases,
+/// YaRN not truncated, MXFP4 experts. Their card: 116.83B / 20.91B parameters in total,
+/// 5.13B / 3.61B active per token.
+#[test]
+fn gpt_oss() {
+    use palladium_model::spec::{Activation, AttentionKind, RopeScaling};
+    for (file, layers, experts, total, active) in [
+        ("gpt-oss-120b.json", 36, 128, 116.83e9, 5.13e9),
+        ("gpt-oss-20b.json", 24, 32, 20.91e9, 3.61e9),
+    ] {
+        let s = spec(file);
+        assert_eq!(s.family, Family::GptOss);
+        assert_eq!(s.layers.len(), layers);
+        let a = &s.attention;
+        assert_eq!((a.num_heads, a.num_kv_heads, a.head_dim), (64, 8, 64));
+        assert!(a.sinks && a.qkv_bias && a.o_bias);
+        assert!(matches!(
+            a.rope.scaling,
+            RopeScaling::Yarn {
+                factor: 32.0,
+                original_max_position_embeddings: 4096,
+                truncate: false,
+                ..
+            }
+        ));
+        assert_eq!(s.mlp.activation, Activation::ClampedSwiGlu { alpha: 1.702, limit: 7.0 });
+        for l in &s.layers {
+            let want = if l.index % 2 == 0 {
+                AttentionKind::Sliding { window: 128 }
+            } else {
+                AttentionKind::Full
+            };
+            assert_eq!(l.attention, want, "layer {}", l.index);
+            let m = moe(&s, l.index);
+            assert_eq!((m.num_experts, m.top_k, m.intermediate), (experts, 4, 2880));
+            assert_eq!(m.routing.top_k_weights, TopKWeights::Renormalized);
+            assert!(m.routing.router_bias);
+        }
+        assert!(s.defaulted.is_empty(), "{file}: {:?}", s.defaulted);
+        let p = s.params();
+        assert!(close(p.total(), total, 0.005), "{file}: total {}", p.total());
+        // The card's active count leaves the embedding out.
+        let active_count = p.active_without_embedding();
+        assert!(close(active_count, active, 0.01), "{file}: active {active_count}");
+    }
+}

@@ -16,6 +16,10 @@ writes OUT_DIR/hf_float32_on_bfloat16_ids.json: the float32 model teacher-forced
 bfloat16 model's ids (step i follows feeding bfloat16's generated_ids[i-1]; `fed_ids` lists
 them), so that both precisions' logits are along the same sequence.
 
+A fixture with an mxfp4 `quantization_config` (gpt-oss) is built unquantized, its saved
+experts rewritten as MXFP4 blocks and scales (`to_mxfp4`), and both runs load that checkpoint
+(decoded by transformers' `convert_moe_packed_tensors`, as its loader does on the CPU).
+
 Run with the oracle venv's python (scripts/setup.sh installs torch and transformers there):
     $PALLADIUM_TPU_VENV/bin/python model/tests/hf_reference.py \
         --config fixtures/models/tiny-qwen3-moe.json --seed 7 --prompt-ids 1,2,3 --steps 8 \
@@ -37,9 +41,9 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 
 def reinit(model, seed):
-    """Seeded init with O(1) activations: embeddings N(0, 1), linear weights N(0, 1/in),
-    biases (and routers' e_score_correction_bias buffers) N(0, 0.01), norm weights
-    U(0.8, 1.2)."""
+    """Seeded init with O(1) activations: embeddings N(0, 1), linear weights N(0, 1/in)
+    (fused experts' [experts, in, out] too, gpt-oss's gate_up 4x), biases (and routers' e_score_correction_bias
+    buffers) N(0, 0.01), attention sinks N(0, 1), norm weights U(0.8, 1.2)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -47,10 +51,17 @@ def reinit(model, seed):
                 p.copy_(0.8 + 0.4 * torch.rand(p.shape, generator=g))
             elif name.endswith("embed_tokens.weight"):
                 p.copy_(torch.randn(p.shape, generator=g))
-            elif name.endswith(".bias"):
+            elif name.endswith(".bias") or name.endswith("_bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".sinks"):
+                p.copy_(torch.randn(p.shape, generator=g))
             elif p.dim() == 2:
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+            elif p.dim() == 3:
+                # Fused experts (gpt-oss), `x @ W`: [experts, in, out]. gate_up 4x larger,
+                # so that its clamp at 7 (swiglu_limit) is reached.
+                scale = 4.0 if name.endswith("gate_up_proj") else 1.0
+                p.copy_(scale * torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
             else:
                 raise SystemExit(f"hf_reference.py: no init rule for parameter {name} {tuple(p.shape)}")
         # Persistent buffers saved with the checkpoint: DeepSeek-V3-style routers' correction
@@ -58,6 +69,60 @@ def reinit(model, seed):
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.copy_(0.1 * torch.randn(b.shape, generator=g))
+
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def to_mxfp4(w):
+    """gpt-oss's MXFP4 form of a fused expert tensor `w` [experts, in, out] (x @ W): the
+    transposed [experts, out, in] in groups of 32 inputs, each an e8m0 scale (the smallest
+    power of two that brings the group within e2m1's +-6) and 32 nearest e2m1 codes, two a
+    byte, low nibble first. Returns (blocks u8 [e, out, in/32, 16], scales u8 [e, out, in/32]).
+    """
+    t = w.float().transpose(1, 2).contiguous()
+    e, rows, cols = t.shape
+    g = t.reshape(e, rows, cols // 32, 32)
+    amax = g.abs().amax(dim=-1).clamp(min=2.0**-126)
+    exp = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+    scaled = g / torch.pow(2.0, exp)[..., None]
+    grid = torch.tensor(E2M1)
+    mag = (scaled.abs()[..., None] - grid).abs().argmin(dim=-1)
+    codes = (mag + 8 * (scaled < 0)).to(torch.uint8)
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return blocks.contiguous(), (exp + 127).to(torch.uint8).contiguous()
+
+
+def save_mxfp4(out_dir, quantization_config):
+    """Rewrites the saved bf16 checkpoint in gpt-oss's shipped form: every fused expert
+    matrix as `<name>_blocks` / `<name>_scales`, config.json with the quantization_config.
+    Returns a folder holding the unquantized model transformers' own decoder
+    (`convert_moe_packed_tensors`, what its loader runs on a CPU) makes of those blocks: the
+    one the runs load (its loader's dequantizing path needs `accelerate`, which the venv
+    does not install)."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    path = os.path.join(out_dir, "model.safetensors")
+    tensors = load_file(path)
+    decoded = dict(tensors)
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        blocks, scales = to_mxfp4(tensors.pop(name))
+        tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+        decoded[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16)
+    save_file(tensors, path, metadata={"format": "pt"})
+    cfg_path = os.path.join(out_dir, "config.json")
+    with open(cfg_path) as f:
+        saved = json.load(f)
+    decoded_dir = os.path.join(out_dir, "decoded")
+    os.makedirs(decoded_dir, exist_ok=True)
+    with open(os.path.join(decoded_dir, "config.json"), "w") as f:
+        json.dump(saved, f, indent=2)
+    save_file(decoded, os.path.join(decoded_dir, "model.safetensors"), metadata={"format": "pt"})
+    saved["quantization_config"] = quantization_config
+    with open(cfg_path, "w") as f:
+        json.dump(saved, f, indent=2)
+    return decoded_dir
 
 
 def greedy(model, prompt, steps, forced=None):
@@ -100,6 +165,9 @@ def main():
     with open(args.config) as f:
         cfg = json.load(f)
     model_type = cfg.pop("model_type")
+    # A pre-quantized form to ship: the model is built and initialised unquantized, then
+    # its checkpoint rewritten (transformers dequantizes it again on load, on the CPU).
+    quantization_config = cfg.pop("quantization_config", None)
     for k in ("architectures", "transformers_version", "torch_dtype", "dtype"):
         cfg.pop(k, None)
     config = AutoConfig.for_model(model_type, **cfg)
@@ -110,9 +178,14 @@ def main():
     os.makedirs(args.out_dir, exist_ok=True)
     model.save_pretrained(args.out_dir, safe_serialization=True)
     del model
+    load_dir = args.out_dir
+    if quantization_config is not None:
+        if quantization_config.get("quant_method") != "mxfp4":
+            raise SystemExit(f"hf_reference.py: no writer for {quantization_config}")
+        load_dir = save_mxfp4(args.out_dir, quantization_config)
 
     for dtype, tag in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16")):
-        m = AutoModelForCausalLM.from_pretrained(args.out_dir, torch_dtype=dtype, attn_implementation="eager")
+        m = AutoModelForCausalLM.from_pretrained(load_dir, torch_dtype=dtype, attn_implementation="eager")
         m.eval()
         ids, steps = greedy(m, prompt, args.steps)
         inv_freq = m.model.rotary_emb.inv_freq
@@ -134,7 +207,7 @@ def main():
             bf16_ids = ids
 
     if args.f32_on_bf16_ids:
-        m = AutoModelForCausalLM.from_pretrained(args.out_dir, torch_dtype=torch.float32, attn_implementation="eager")
+        m = AutoModelForCausalLM.from_pretrained(load_dir, torch_dtype=torch.float32, attn_implementation="eager")
         m.eval()
         ids, steps = greedy(m, prompt, args.steps, forced=bf16_ids)
         result = {

@@ -112,11 +112,11 @@ proptest! {
     ) {
         let chosen = route(&logits, top_k, RouterScoring::Softmax, TopKWeights::Renormalized).chosen;
         let (gs, ds) = (hidden * ffn, ffn * hidden);
-        let expert = |e: usize| SwiGlu {
-            gate: Projection::new(&gate[e * gs..(e + 1) * gs], hidden, ffn, Layout::OutIn),
-            up: Projection::new(&up[e * gs..(e + 1) * gs], hidden, ffn, Layout::OutIn),
-            down: Projection::new(&down[e * ds..(e + 1) * ds], ffn, hidden, Layout::OutIn),
-        };
+        let expert = |e: usize| SwiGlu::silu(
+            Projection::new(&gate[e * gs..(e + 1) * gs], hidden, ffn, Layout::OutIn),
+            Projection::new(&up[e * gs..(e + 1) * gs], hidden, ffn, Layout::OutIn),
+            Projection::new(&down[e * ds..(e + 1) * ds], ffn, hidden, Layout::OutIn),
+        );
         let out = |r| moe_ffn(&x, hidden, &chosen, expert, r);
         let (exact, hf, kernel) =
             (out(FfnRounding::None), out(FfnRounding::Transformers), out(FfnRounding::Kernel));

@@ -375,7 +375,8 @@ impl WeightsDtype {
     pub fn of_checkpoint(spec: &ModelSpec) -> Self {
         match spec.quantization {
             Some(Quantization::Fp8Block { .. }) => Self::Fp8,
-            None => Self::Bf16,
+            // Read by `Weights::load`, which decodes the experts' codes.
+            Some(Quantization::Mxfp4 { .. }) | None => Self::Bf16,
         }
     }
 
@@ -437,6 +438,15 @@ impl WeightsDtype {
                     if self == Self::Fp8 {
                         add(router, fp8);
                     }
+                    let Some(experts) = experts.per_expert() else {
+                        return Err(WeightsError::Unsupported {
+                            what: format!(
+                                "--weights-dtype {} with {}'s fused expert tensors (quantized per expert module only)",
+                                self.name(),
+                                spec.family.model_type()
+                            ),
+                        });
+                    };
                     for m in experts {
                         [&m.gate, &m.up, &m.down].into_iter().for_each(|n| add(n, expert));
                     }
