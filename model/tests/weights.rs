@@ -551,3 +551,84 @@ fn glm4_moe_mtp_layer_is_skipped() {
     let e = Weights::from_safetensors(&s, &[(Path::new("mem"), &six)]).unwrap_err();
     assert!(e.tensor().is_some_and(|t| t.starts_with("model.layers.5.")), "{e}");
 }
+
+/// gpt-oss's MXFP4 experts as shipped: `<name>_blocks` / `<name>_scales` decoded on load
+/// (value `[e, i, o]` from byte `blocks[e, o, i / 32, i % 32 / 2]`, low nibble at even `i`,
+/// times `2^(scale - 127)`), and a bad part refused naming it.
+#[test]
+fn mxfp4_experts_decode_and_bad_parts_are_named() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/tiny-gpt-oss.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["num_hidden_layers"] = 1.into();
+    v["layer_types"] = serde_json::json!(["sliding_attention"]);
+    let plain = ModelSpec::from_json(&v).unwrap();
+    v["quantization_config"] = serde_json::json!({"quant_method": "mxfp4"});
+    let s = ModelSpec::from_json(&v).unwrap();
+    let w = Weights::random(&plain, 5).unwrap();
+    let gate_up = "model.layers.0.mlp.experts.gate_up_proj";
+    let (experts, hidden, two_i) = (8, 192, 256);
+    // Every byte 0x2B (low nibble 0xB: -1.5, high 0x2: 1.0); expert 3's scales 129 (x4),
+    // the others 127 (x1); output row 5 of expert 0 scale 126 (x0.5).
+    let groups = hidden / 32;
+    let blocks = vec![0x2Bu8; experts * two_i * groups * 16];
+    let mut scales = vec![127u8; experts * two_i * groups];
+    scales[3 * two_i * groups..4 * two_i * groups].fill(129);
+    scales[5 * groups..6 * groups].fill(126);
+    let file = |blocks: &[u8], blocks_dtype: &str, scales: &[u8], with_scales: bool| {
+        let mut header = serde_json::Map::new();
+        let mut data = Vec::new();
+        let mut put = |name: &str, dtype: &str, shape: Vec<usize>, bytes: &[u8]| {
+            let start = data.len();
+            data.extend_from_slice(bytes);
+            header.insert(
+                name.into(),
+                serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [start, data.len()]}),
+            );
+        };
+        for (name, t) in w.iter() {
+            if name == gate_up {
+                put(
+                    &format!("{name}_blocks"),
+                    blocks_dtype,
+                    vec![experts, two_i, groups, 16],
+                    blocks,
+                );
+                if with_scales {
+                    put(&format!("{name}_scales"), "U8", vec![experts, two_i, groups], scales);
+                }
+            } else {
+                let bytes: Vec<u8> = t
+                    .data
+                    .iter()
+                    .flat_map(|&x| palladium_array::f32_to_bf16(x).to_le_bytes())
+                    .collect();
+                put(name, "BF16", t.shape.clone(), &bytes);
+            }
+        }
+        raw_safetensors(&serde_json::Value::Object(header), &data)
+    };
+    let load = |bytes: &[u8]| Weights::from_safetensors(&s, &[(Path::new("mem"), bytes)]);
+    let decoded = load(&file(&blocks, "U8", &scales, true)).unwrap();
+    let t = decoded.get(gate_up).unwrap();
+    assert_eq!(t.shape, [experts, hidden, two_i]);
+    let at = |e: usize, i: usize, o: usize| t.data[(e * hidden + i) * two_i + o];
+    assert_eq!((at(0, 0, 0), at(0, 1, 0), at(0, 191, 255)), (-1.5, 1.0, 1.0));
+    assert_eq!((at(3, 0, 7), at(3, 63, 7)), (-6.0, 4.0));
+    assert_eq!((at(0, 2, 5), at(0, 3, 5), at(1, 2, 5)), (-0.75, 0.5, -1.5));
+    // The rest is what the plain tensors were.
+    assert_eq!(decoded.get("model.embed_tokens.weight"), w.get("model.embed_tokens.weight"));
+    // e8m0's 0xFF is NaN.
+    let mut nan = scales.clone();
+    nan[groups + 2] = 0xFF;
+    let e = load(&file(&blocks, "U8", &nan, true)).unwrap_err();
+    assert!(matches!(e, WeightsError::NonFinite { .. }), "{e}");
+    assert!(
+        e.to_string().contains(&format!("{gate_up}_scales")) && e.to_string().contains("[0, 1, 2]"),
+        "{e}"
+    );
+    let e = load(&file(&blocks, "U8", &scales, false)).unwrap_err();
+    assert!(matches!(e, WeightsError::Missing { .. }) && e.to_string().contains("_scales"), "{e}");
+    let e = load(&file(&blocks, "I8", &scales, true)).unwrap_err();
+    assert!(e.to_string().contains("stored as I8; MXFP4 blocks are U8"), "{e}");
+}
