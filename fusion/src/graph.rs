@@ -138,6 +138,7 @@ impl LayerKind {
         let attn = match self.attention {
             AttentionKind::Full => "full attention".to_string(),
             AttentionKind::Sliding { window } => format!("sliding attention (window {window})"),
+            AttentionKind::Chunked { chunk } => format!("chunked attention (chunks of {chunk})"),
         };
         match (self.moe, self.dense_intermediate) {
             (Some((e, k, i)), _) => format!("{attn} + MoE {e} experts top-{k} (intermediate {i})"),
@@ -206,8 +207,8 @@ impl LayerGraph {
                 ),
             ),
             // Never planned (`plan::supported` refuses OLMoE's norm over the whole
-            // projections, naming it, before any graph is built).
-            QkNorm::None | QkNorm::WholeRms { .. } => (q, k),
+            // projections and Llama 4's L2 norm, naming them, before any graph is built).
+            QkNorm::None | QkNorm::WholeRms { .. } | QkNorm::L2AfterRope => (q, k),
         };
         let qr = node(&mut g, "q_rope", OpKind::Rope, &[q]);
         let kr = node(&mut g, "k_rope", OpKind::Rope, &[k]);

@@ -51,7 +51,10 @@ use palladium_dsl::ir::{Shape, padded_vmem_bytes};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::body::{DIGIT_ROWS, widened_code_bytes};
 use palladium_model::quant::WeightsDtype;
-use palladium_model::spec::{Activation, NormKind, Quantization, RouterPrecision};
+use palladium_model::spec::{
+    Activation, ExpertWeighting, NormKind, Quantization, RopeScaling, RopeStyle, RouterPrecision,
+};
+use palladium_model::weights::{FfnNames, ModelNames};
 use palladium_model::{
     AttentionForm, AttentionKind, Family, FfnKind, LmHead, ModelSpec, MoeSpec, QkNorm, TopKWeights,
 };
@@ -528,14 +531,43 @@ fn supported<'s>(
             options.context, spec.max_position_embeddings
         )));
     }
-    // gpt-oss's forms: the reference forward pass computes them, no stage emits them yet.
-    let gpt_oss = [
+    // gpt-oss's and Llama 4's forms: the reference forward pass computes them, no stage
+    // emits them yet.
+    let moe_layer = |f: fn(&MoeSpec) -> bool| {
+        spec.layers.iter().any(|l| matches!(&l.ffn, FfnKind::Moe(m) if f(m)))
+    };
+    let unemitted = [
         (spec.attention.sinks, "attention sinks"),
         (spec.mlp.bias, "expert biases"),
         (spec.mlp.activation != Activation::Silu, "the clamped SwiGLU"),
         (spec.norm.kind != NormKind::Rms, "RMS norms weighted in f32"),
+        (
+            spec.layers.iter().any(|l| matches!(l.attention, AttentionKind::Chunked { .. })),
+            "chunked attention",
+        ),
+        (spec.layers.iter().any(|l| !l.positions.is_rope()), "NoPE layers"),
+        (spec.attention.qk_norm == QkNorm::L2AfterRope, "the L2 q/k norm after RoPE"),
+        (
+            moe_layer(|m| m.routing.weighting == ExpertWeighting::Input),
+            "routing weights scaling the experts' input",
+        ),
+        (
+            !matches!(spec.attention.rope.scaling, RopeScaling::Default | RopeScaling::Yarn { .. })
+                || spec.attention.rope.style == RopeStyle::ComplexPairs
+                    && spec.attention.form.is_gqa(),
+            "Llama 3 RoPE scaling or complex-pair RoPE",
+        ),
+        (!spec.multipliers.is_identity(), "Granite's embedding, residual and logits multipliers"),
+        (
+            ModelNames::new(spec).is_ok_and(|n| {
+                n.layers.iter().any(|l| {
+                    matches!(&l.ffn, FfnNames::Moe { experts, .. } if experts.per_expert().is_none())
+                })
+            }),
+            "experts stored fused (one tensor per matrix for all experts)",
+        ),
     ];
-    let lacking: Vec<&str> = gpt_oss.iter().filter(|f| f.0).map(|f| f.1).collect();
+    let lacking: Vec<&str> = unemitted.iter().filter(|f| f.0).map(|f| f.1).collect();
     if !lacking.is_empty() {
         return Err(PlanError::Unsupported(format!(
             "{} of {}: the reference forward pass computes them, the megakernel does not emit them yet",
@@ -733,6 +765,7 @@ fn dims(
         window: match spec.layers[0].attention {
             AttentionKind::Full => None,
             AttentionKind::Sliding { window } => Some(window),
+            AttentionKind::Chunked { .. } => unreachable!("refused by `supported`"),
         },
         scoring: moe.routing.scoring,
         renormalize: moe.routing.top_k_weights == TopKWeights::Renormalized,

@@ -608,23 +608,48 @@ fn qwen2_moe_plans_its_shared_expert_and_biases() {
     assert!(unfused.contains("shared-expert"), "{unfused}");
 }
 
-/// gpt-oss reads (the reference computes it) but no stage emits its sinks, expert biases,
-/// clamped SwiGLU or f32-weighted norms: refused naming each, not planned wrong.
+/// gpt-oss, Llama 4 and Granite read (the reference computes them), but no stage emits
+/// gpt-oss's sinks, expert biases, clamped SwiGLU or f32-weighted norms, Llama 4's chunked
+/// attention, `NoPE` layers, L2 q/k norm, input-scaling routing weights or RoPE form, Granite's
+/// multipliers, nor reads fused expert tensors: refused naming each, not planned wrong.
 #[test]
-fn gpt_oss_is_refused_by_feature() {
-    match Plan::new(&spec("tiny-gpt-oss"), &options(Chip::V6e, 1, 256, Some(2))) {
-        Err(e @ PlanError::Unsupported(_)) => {
-            let msg = e.to_string();
-            for feature in [
+fn gpt_oss_llama4_and_granite_are_refused_by_feature() {
+    for (fixture, features) in [
+        (
+            "tiny-gpt-oss",
+            &[
                 "attention sinks",
                 "expert biases",
                 "the clamped SwiGLU",
                 "RMS norms weighted in f32",
                 "gpt_oss",
-            ] {
-                assert!(msg.contains(feature), "{feature}: {msg}");
+            ][..],
+        ),
+        (
+            "tiny-llama4",
+            &[
+                "chunked attention",
+                "NoPE layers",
+                "the L2 q/k norm after RoPE",
+                "routing weights scaling the experts' input",
+                "Llama 3 RoPE scaling or complex-pair RoPE",
+                "llama4_text",
+                "experts stored fused",
+            ][..],
+        ),
+        (
+            "tiny-granitemoe",
+            &["Granite's embedding, residual and logits multipliers", "experts stored fused"][..],
+        ),
+    ] {
+        match Plan::new(&spec(fixture), &options(Chip::V6e, 1, 256, Some(2))) {
+            Err(e @ PlanError::Unsupported(_)) => {
+                let msg = e.to_string();
+                for feature in features {
+                    assert!(msg.contains(feature), "{fixture}: {feature}: {msg}");
+                }
             }
+            other => panic!("{fixture}: expected a refusal, got {other:?}"),
         }
-        other => panic!("expected a refusal, got {other:?}"),
     }
 }

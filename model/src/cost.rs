@@ -171,7 +171,7 @@ impl ModelSpec {
         let qkv_bias = if a.qkv_bias { q + 2 * kv } else { 0 };
         let o_bias = if a.o_bias { h } else { 0 };
         let qk_norm = match a.qk_norm {
-            QkNorm::None => 0,
+            QkNorm::None | QkNorm::L2AfterRope => 0,
             QkNorm::PerHeadRms { weight_len } => 2 * u128::from(weight_len),
             QkNorm::WholeRms { q_len, k_len } => u128::from(q_len) + u128::from(k_len),
         };

@@ -362,6 +362,34 @@ pub fn moe_ffn<'a>(
     acc.into_iter().map(|a| rounding.output(a)).collect()
 }
 
+/// Llama 4's combination ([`crate::spec::ExpertWeighting::Input`]): `sum over chosen
+/// (e, w) of swiglu(expert(e), w * x)`, the weight and the scaled input rounded where the FFN
+/// rounds each op, the outputs summed in f32 in increasing expert id (transformers' `sum(dim=0)`
+/// over every expert's bf16 output accumulates in f32; the unchosen ones are exact zeros)
+/// and rounded once.
+pub fn moe_ffn_weighted_input<'a>(
+    x: &[f32],
+    hidden: usize,
+    chosen: &[(usize, f32)],
+    expert: impl Fn(usize) -> SwiGlu<'a>,
+    rounding: FfnRounding,
+) -> Vec<f32> {
+    let r = |v: f32| rounding.each_op(v);
+    let mut by_id = chosen.to_vec();
+    by_id.sort_by_key(|c| c.0);
+    let mut acc = vec![0f32; hidden];
+    for (e, w) in by_id {
+        let w = r(w);
+        let scaled: Vec<f32> = x.iter().map(|&v| r(v * w)).collect();
+        let y = swiglu(&expert(e), &scaled, rounding);
+        assert_eq!(y.len(), hidden, "expert {e}'s output");
+        for (a, y) in acc.iter_mut().zip(y) {
+            *a += y;
+        }
+    }
+    acc.into_iter().map(|a| rounding.output(a)).collect()
+}
+
 /// An always-on shared expert ([`crate::spec::SharedExpert`]): its MLP, and the
 /// `[hidden] -> 1` projection of its sigmoid gate where it has one (Qwen2-MoE's
 /// `shared_expert_gate`; `DeepSeek`'s shared experts are ungated).

@@ -13,10 +13,11 @@ use serde_json::Value;
 use crate::error::ConfigError;
 use crate::json::{Obj, describe};
 use crate::spec::{
-    Activation, AttentionForm, AttentionKind, AttentionSpec, Dtype, ExpertGroups, Family, FfnKind,
-    LayerSpec, LmHead, MlaSpec, MlpSpec, ModelSpec, MoeSpec, NormKind, NormSpec, QkNorm,
-    Quantization, RopeScaling, RopeSpec, RopeStyle, RouterPrecision, RouterScoring, Routing,
-    SharedExpert, TopKWeights, yarn_mscale,
+    Activation, AttentionForm, AttentionKind, AttentionSpec, Dtype, ExpertGroups, ExpertWeighting,
+    Family, FfnKind, LayerSpec, Llama3Scaling, LmHead, MlaSpec, MlpSpec, ModelSpec, MoeSpec,
+    Multipliers, NormKind, NormSpec, Positions, QkNorm, Quantization, RopeScaling, RopeSpec,
+    RopeStyle, RouterPrecision, RouterScoring, Routing, SharedExpert, TemperatureTuning,
+    TopKWeights, yarn_mscale,
 };
 
 impl ModelSpec {
@@ -50,8 +51,58 @@ impl ModelSpec {
         let map = value.as_object().ok_or_else(|| ConfigError::Json {
             message: format!("not a JSON object: the top level is {}", describe(value)),
         })?;
-        Parser { obj: Obj::new(map, ""), defaulted: IndexMap::new() }.model()
+        let top = Obj::new(map, "");
+        if top.opt_str("model_type")? == Some("llama4") {
+            return multimodal_llama4(&top);
+        }
+        Parser { obj: top, defaulted: IndexMap::new() }.model()
     }
+}
+
+/// Llama 4 as shipped (`model_type: "llama4"`, `Llama4ForConditionalGeneration`): the text
+/// model is its `text_config` (a `llama4_text` config), its tensors under `language_model.`;
+/// the vision model is not read (its tensors are skipped on load).
+fn multimodal_llama4(top: &Obj<'_>) -> Result<ModelSpec, ConfigError> {
+    const CLASS: &str = "Llama4ForConditionalGeneration";
+    if let Some(archs) = top.opt_str_list("architectures")?
+        && !archs.is_empty()
+        && !archs.contains(&CLASS)
+    {
+        return Err(ConfigError::unsupported(
+            "architectures",
+            format!("{archs:?}"),
+            format!("[\"{CLASS}\"] for model_type \"llama4\""),
+        ));
+    }
+    if let Some(q) = top.get("quantization_config") {
+        return Err(ConfigError::unsupported(
+            "quantization_config",
+            describe(q),
+            "absent (a multimodal Llama 4 checkpoint is read in bf16 only so far)",
+        ));
+    }
+    let text = top.opt_obj("text_config")?.ok_or_else(|| ConfigError::Missing {
+        field: "text_config".into(),
+        hint: " (model_type \"llama4\" describes its text model there)".into(),
+    })?;
+    let text = Obj::new(text, "text_config.");
+    if let Some(t) = text.opt_str("model_type")?
+        && t != "llama4_text"
+    {
+        return Err(ConfigError::unsupported(
+            text.path("model_type"),
+            format!("{t:?}"),
+            "\"llama4_text\"",
+        ));
+    }
+    let mut spec = Parser { obj: text, defaulted: IndexMap::new() }.model_of(Family::Llama4)?;
+    // The dtype is the top level's when the text config names none.
+    if spec.dtype.is_none() {
+        let mut outer = Parser { obj: *top, defaulted: IndexMap::new() };
+        spec.dtype = outer.dtype()?;
+    }
+    spec.checkpoint_prefix = "language_model.";
+    Ok(spec)
 }
 
 /// Upper bound on `num_hidden_layers`: the spec holds one [`LayerSpec`] per layer, so the
@@ -77,7 +128,8 @@ impl Family {
             Self::Qwen2Moe => Defaults { rms_norm_eps: 1e-6 },
             Self::Glm4Moe => Defaults { rms_norm_eps: 1e-5 },
             Self::Olmoe => Defaults { rms_norm_eps: 1e-5 },
-            Self::GptOss => Defaults { rms_norm_eps: 1e-5 },
+            Self::GptOss | Self::Llama4 => Defaults { rms_norm_eps: 1e-5 },
+            Self::GraniteMoe => Defaults { rms_norm_eps: 1e-6 },
         }
     }
 }
@@ -132,9 +184,14 @@ impl<'a> Parser<'a> {
         })
     }
 
-    fn model(mut self) -> Result<ModelSpec, ConfigError> {
-        let o = self.obj;
+    fn model(self) -> Result<ModelSpec, ConfigError> {
         let family = self.family()?;
+        self.model_of(family)
+    }
+
+    /// The model of `family` (read from `model_type`, or implied by an outer config).
+    fn model_of(mut self, family: Family) -> Result<ModelSpec, ConfigError> {
+        let o = self.obj;
 
         let act = o.opt_str("hidden_act")?;
         let act = self.or_default("hidden_act", act, "silu");
@@ -162,7 +219,9 @@ impl<'a> Parser<'a> {
             | Family::Qwen2Moe
             | Family::Glm4Moe
             | Family::Olmoe
-            | Family::GptOss => self.attention(family, hidden_size)?,
+            | Family::GptOss
+            | Family::Llama4
+            | Family::GraniteMoe => self.attention(family, hidden_size)?,
         };
 
         let eps = o.opt_pos_f64("rms_norm_eps")?;
@@ -177,10 +236,12 @@ impl<'a> Parser<'a> {
         let layers = match family {
             Family::Qwen3Moe | Family::Qwen2Moe => self.qwen_moe_layers(family, num_layers)?,
             Family::Mixtral => self.mixtral_layers(num_layers)?,
+            Family::GraniteMoe => self.granite_layers(num_layers)?,
             Family::DeepseekV3 | Family::Glm4Moe => self.deepseek_moe_layers(family, num_layers)?,
             Family::DeepseekV2 => self.deepseek_v2_layers(num_layers)?,
             Family::Olmoe => self.olmoe_layers(num_layers)?,
             Family::GptOss => self.gpt_oss_layers(num_layers)?,
+            Family::Llama4 => self.llama4_layers(num_layers)?,
         };
         let (norm, mlp) = match family {
             Family::GptOss => (NormKind::RmsF32Weight, self.gpt_oss_mlp()?),
@@ -201,7 +262,9 @@ impl<'a> Parser<'a> {
             lm_head: if tied { LmHead::Tied } else { LmHead::Untied },
             layers,
             quantization,
+            multipliers: self.multipliers(family)?,
             defaulted: self.defaulted,
+            checkpoint_prefix: "",
         })
     }
 
@@ -221,6 +284,8 @@ impl<'a> Parser<'a> {
             "glm4_moe" => Family::Glm4Moe,
             "olmoe" => Family::Olmoe,
             "gpt_oss" => Family::GptOss,
+            "llama4_text" => Family::Llama4,
+            "granitemoe" => Family::GraniteMoe,
             other => {
                 return Err(ConfigError::unsupported(
                     "model_type",
@@ -256,9 +321,13 @@ impl<'a> Parser<'a> {
         let head_dim = match o.opt_size("head_dim")? {
             Some(0) => return Err(ConfigError::invalid("head_dim", 0, "must be at least 1")),
             Some(d) => d,
-            // `GptOssConfig(head_dim=64)`: its class default, not hidden / heads.
+            // `GptOssConfig(head_dim=64)`, `Llama4TextConfig(head_dim=128)`: their class
+            // defaults, not hidden / heads.
             None if family == Family::GptOss && !o.is_null("head_dim") => {
                 self.or_default("head_dim", None, 64)
+            }
+            None if family == Family::Llama4 && !o.is_null("head_dim") => {
+                self.or_default("head_dim", None, 128)
             }
             None => {
                 if !hidden.is_multiple_of(num_heads) {
@@ -361,6 +430,38 @@ impl<'a> Parser<'a> {
                 }
                 (true, true, QkNorm::None)
             }
+            // GraniteMoeAttention: every projection takes `bias=config.attention_bias`; its
+            // head_dim is hidden_size / num_attention_heads.
+            Family::GraniteMoe => {
+                if head_dim * num_heads != hidden {
+                    return Err(ConfigError::invalid(
+                        "head_dim",
+                        head_dim,
+                        format!(
+                            "Granite's head_dim is hidden_size ({hidden}) / num_attention_heads ({num_heads})"
+                        ),
+                    ));
+                }
+                let bias = self.or_default("attention_bias", bias, false);
+                (bias, bias, QkNorm::None)
+            }
+            // Llama4TextConfig sets `attention_bias = False`; `use_qk_norm` (default true) is
+            // the weightless L2 norm after RoPE on the RoPE layers.
+            Family::Llama4 => {
+                if bias == Some(true) {
+                    return Err(ConfigError::unsupported(
+                        "attention_bias",
+                        true,
+                        "false or absent (Llama4TextConfig sets attention_bias = False)",
+                    ));
+                }
+                let qk_norm = o.opt_bool("use_qk_norm")?;
+                let qk_norm = match self.or_default("use_qk_norm", qk_norm, true) {
+                    true => QkNorm::L2AfterRope,
+                    false => QkNorm::None,
+                };
+                (false, false, qk_norm)
+            }
         };
 
         // GLM-4.5 rotates the first `int(head_dim * partial_rotary_factor)` dimensions of each
@@ -385,9 +486,15 @@ impl<'a> Parser<'a> {
                 ),
             ));
         }
-        // gpt-oss configures YaRN (and defaults to it: see `gpt_oss_default_rope`).
+        // gpt-oss configures YaRN (and defaults to it: see `gpt_oss_default_rope`); Llama 4
+        // rotates complex pairs, any `rope_scaling` being Llama 3's bands.
         let gpt_oss = family == Family::GptOss;
-        let mut rope = self.rope(factor, rotary_dim, RopeStyle::NeoxRotateHalf, gpt_oss)?;
+        let (style, rule) = match family {
+            Family::GptOss => (RopeStyle::NeoxRotateHalf, ScalingRule::Yarn),
+            Family::Llama4 => (RopeStyle::ComplexPairs, ScalingRule::Llama3),
+            _ => (RopeStyle::NeoxRotateHalf, ScalingRule::DefaultOnly),
+        };
+        let mut rope = self.rope(factor, rotary_dim, style, rule)?;
         if gpt_oss && !self.obj.has("rope_scaling") {
             rope.scaling = self.gpt_oss_default_rope();
         }
@@ -401,7 +508,14 @@ impl<'a> Parser<'a> {
             num_heads,
             num_kv_heads,
             head_dim,
-            scale: (head_dim as f64).powf(-0.5),
+            scale: match family {
+                // GraniteMoeAttention: `self.scaling = config.attention_multiplier`.
+                Family::GraniteMoe => {
+                    let m = o.opt_pos_f64("attention_multiplier")?;
+                    self.or_default("attention_multiplier", m, 1.0)
+                }
+                _ => (head_dim as f64).powf(-0.5),
+            },
             qkv_bias,
             o_bias,
             qk_norm,
@@ -489,7 +603,7 @@ impl<'a> Parser<'a> {
                 }
             }
         };
-        let rope = self.rope(1.0, qk_rope_head_dim, style, true)?;
+        let rope = self.rope(1.0, qk_rope_head_dim, style, ScalingRule::Yarn)?;
         let head_dim = qk_nope_head_dim + qk_rope_head_dim;
         let mut scale = (head_dim as f64).powf(-0.5);
         // DeepseekV3Attention.__init__: `scaling *= yarn_get_mscale(factor, mscale_all_dim)^2`
@@ -524,14 +638,15 @@ impl<'a> Parser<'a> {
 
     /// RoPE from either spelling: 4.x `rope_theta` + `rope_scaling` (null or a dict), or 5.x
     /// `rope_parameters: {"rope_theta", "rope_type"}`. Both may be present (5.x keeps reading
-    /// 4.x files); they must then agree. `yarn`: whether a 4.x `rope_scaling` may be YaRN.
+    /// 4.x files); they must then agree. `rule`: what a 4.x `rope_scaling` may be.
     fn rope(
         &mut self,
         factor: f64,
         rotary_dim: u64,
         style: RopeStyle,
-        yarn: bool,
+        rule: ScalingRule,
     ) -> Result<RopeSpec, ConfigError> {
+        let yarn = rule == ScalingRule::Yarn;
         let o = self.obj;
         let old_theta = o.opt_pos_f64("rope_theta")?;
         let mut new_theta = None;
@@ -562,6 +677,8 @@ impl<'a> Parser<'a> {
             let key = if p.has("rope_type") { "rope_type" } else { "type" };
             if yarn && p.opt_str(key)? == Some("yarn") {
                 scaling = self.yarn(&p)?;
+            } else if rule == ScalingRule::Llama3 {
+                scaling = RopeScaling::Llama3(llama3(&p)?);
             } else {
                 check_rope_type(&p)?;
                 // DeepseekV3Attention reads `factor` and `mscale_all_dim` from any
@@ -928,7 +1045,7 @@ impl<'a> Parser<'a> {
                 } else {
                     FfnKind::Dense { intermediate: o.req_pos("intermediate_size")? }
                 };
-                Ok(LayerSpec { index, attention, ffn })
+                Ok(LayerSpec { index, attention, ffn, positions: Positions::Rope })
             })
             .collect()
     }
@@ -1022,6 +1139,7 @@ impl<'a> Parser<'a> {
                 index,
                 attention: AttentionKind::Full,
                 ffn: FfnKind::Dense { intermediate },
+                positions: Positions::Rope,
             })
             .collect())
     }
@@ -1128,6 +1246,7 @@ impl<'a> Parser<'a> {
                     groups: (groups > 1).then_some(ExpertGroups { groups, chosen_groups }),
                     scaling,
                     precision: RouterPrecision::F32,
+                    weighting: ExpertWeighting::Output,
                 },
                 shared: Some(SharedExpert {
                     intermediate: shared.checked_mul(intermediate).ok_or_else(|| {
@@ -1153,6 +1272,7 @@ impl<'a> Parser<'a> {
                     (_, Some(intermediate)) => FfnKind::Dense { intermediate },
                     _ => unreachable!("a layer is dense or MoE by first_k_dense_replace"),
                 },
+                positions: Positions::Rope,
             })
             .collect())
     }
@@ -1199,6 +1319,7 @@ impl<'a> Parser<'a> {
                 index,
                 attention: AttentionKind::Full,
                 ffn: FfnKind::Moe(moe.clone()),
+                positions: Positions::Rope,
             })
             .collect())
     }
@@ -1275,6 +1396,160 @@ impl<'a> Parser<'a> {
                 index,
                 attention: if s { AttentionKind::Sliding { window } } else { AttentionKind::Full },
                 ffn: FfnKind::Moe(moe.clone()),
+                positions: Positions::Rope,
+            })
+            .collect())
+    }
+
+    /// Llama 4 (`Llama4TextDecoderLayer`): layer `i` is MoE iff `i` is in `moe_layers`
+    /// (default every `interleave_moe_layer_step`-th, from `step - 1`), else a dense MLP of
+    /// `intermediate_size_mlp`; a MoE layer routes top-k (`Llama4Router`: sigmoid of the
+    /// chosen logits, scaling the expert's input) and adds the always-on shared expert of
+    /// `intermediate_size`. Layer `i` uses RoPE iff `no_rope_layers[i]` is 1 (default: all
+    /// but every `no_rope_layer_interval`-th); `layer_types` (default: chunked where RoPE,
+    /// else full) picks chunked attention of `attention_chunk_size`; `NoPE` layers tune the
+    /// attention temperature with `attn_temperature_tuning`.
+    fn llama4_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
+        let o = self.obj;
+        let size = |this: &mut Self, field: &'static str, default: u64| {
+            let v = o.opt_size(field)?;
+            let v = this.or_default(field, v, default);
+            if v == 0 {
+                return Err(ConfigError::invalid(field, 0, "must be at least 1"));
+            }
+            Ok(v)
+        };
+        let experts = size(self, "num_local_experts", 16)?;
+        let top_k = size(self, "num_experts_per_tok", 1)?;
+        if top_k > experts {
+            return Err(ConfigError::invalid(
+                "num_experts_per_tok",
+                top_k,
+                format!("more than the {experts} experts (num_local_experts)"),
+            ));
+        }
+        let intermediate = size(self, "intermediate_size", 8192)?;
+        let mlp_intermediate = size(self, "intermediate_size_mlp", 16384)?;
+        let n = num_layers as usize;
+        let moe_layers: Vec<bool> = match o.opt_u64_list("moe_layers")? {
+            Some(list) => {
+                if let Some(&bad) = list.iter().find(|&&i| i >= num_layers) {
+                    return Err(ConfigError::invalid(
+                        "moe_layers",
+                        bad,
+                        format!("names a layer past num_hidden_layers ({num_layers})"),
+                    ));
+                }
+                (0..num_layers).map(|i| list.contains(&i)).collect()
+            }
+            None => {
+                let step = size(self, "interleave_moe_layer_step", 1)?;
+                (0..num_layers).map(|i| (i + 1) % step == 0).collect()
+            }
+        };
+        // `no_rope_layers`: 1 = RoPE (`use_rope = config.no_rope_layers[layer_idx]`).
+        let rope: Vec<bool> = match o.opt_u64_list("no_rope_layers")?.filter(|l| !l.is_empty()) {
+            Some(list) => {
+                if list.len() != n {
+                    return Err(ConfigError::invalid(
+                        "no_rope_layers",
+                        format!("an array of {} elements", list.len()),
+                        format!("needs one 0/1 entry per layer ({num_layers})"),
+                    ));
+                }
+                if let Some(i) = list.iter().position(|&v| v > 1) {
+                    return Err(ConfigError::invalid(
+                        format!("no_rope_layers[{i}]"),
+                        list[i],
+                        "must be 0 (no RoPE) or 1 (RoPE)",
+                    ));
+                }
+                list.iter().map(|&v| v == 1).collect()
+            }
+            None => {
+                let interval = size(self, "no_rope_layer_interval", 4)?;
+                (0..num_layers).map(|i| (i + 1) % interval != 0).collect()
+            }
+        };
+        let chunked: Vec<bool> = match o.opt_str_list("layer_types")? {
+            Some(types) => {
+                if types.len() != n {
+                    return Err(ConfigError::invalid(
+                        "layer_types",
+                        format!("an array of {} elements", types.len()),
+                        format!("needs one entry per layer ({num_layers})"),
+                    ));
+                }
+                types
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| match *t {
+                        "full_attention" => Ok(false),
+                        "chunked_attention" => Ok(true),
+                        other => Err(ConfigError::unsupported(
+                            format!("layer_types[{i}]"),
+                            format!("{other:?}"),
+                            "full_attention, chunked_attention",
+                        )),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            None => rope.clone(),
+        };
+        let chunk =
+            if chunked.iter().any(|&c| c) { size(self, "attention_chunk_size", 8192)? } else { 0 };
+        // Read as Python does (`if self.attn_temperature_tuning`): Scout ships it as 4.
+        let tuning = match o.get("attn_temperature_tuning") {
+            None => self.or_default("attn_temperature_tuning", None, true),
+            Some(v) => match (v.as_bool(), v.as_f64()) {
+                (Some(b), _) => b,
+                (None, Some(x)) => x != 0.0,
+                _ => {
+                    return Err(ConfigError::invalid(
+                        "attn_temperature_tuning",
+                        describe(v),
+                        "must be a boolean (or a number, read as Python's truth value)",
+                    ));
+                }
+            },
+        };
+        let temperature = if tuning && rope.iter().any(|&r| !r) {
+            let floor = o.opt_pos_f64("floor_scale")?;
+            let attn = o.opt_f64("attn_scale")?;
+            Some(TemperatureTuning {
+                floor_scale: self.or_default("floor_scale", floor, 8192.0),
+                attn_scale: self.or_default("attn_scale", attn, 0.1),
+            })
+        } else {
+            None
+        };
+        let mut routing = Routing::top_k(RouterScoring::Sigmoid, TopKWeights::Raw);
+        routing.weighting = ExpertWeighting::Input;
+        let moe = MoeSpec {
+            num_experts: experts,
+            top_k,
+            intermediate,
+            routing,
+            shared: Some(SharedExpert { intermediate, sigmoid_gate: false }),
+        };
+        Ok((0..n)
+            .map(|index| LayerSpec {
+                index,
+                attention: if chunked[index] {
+                    AttentionKind::Chunked { chunk }
+                } else {
+                    AttentionKind::Full
+                },
+                ffn: if moe_layers[index] {
+                    FfnKind::Moe(moe.clone())
+                } else {
+                    FfnKind::Dense { intermediate: mlp_intermediate }
+                },
+                positions: if rope[index] {
+                    Positions::Rope
+                } else {
+                    Positions::NoPe { temperature }
+                },
             })
             .collect())
     }
@@ -1319,6 +1594,66 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// Granite MoE (`GraniteMoeDecoderLayer`): every layer MoE (`GraniteMoeTopKGating`:
+    /// top-k of the router logits, a softmax over those k), full attention.
+    fn granite_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
+        let o = self.obj;
+        let experts = o.opt_size("num_local_experts")?;
+        let experts = self.or_default("num_local_experts", experts, 8);
+        let top_k = o.opt_size("num_experts_per_tok")?;
+        let top_k = self.or_default("num_experts_per_tok", top_k, 2);
+        if experts == 0 || top_k == 0 || top_k > experts {
+            return Err(ConfigError::invalid(
+                "num_experts_per_tok",
+                top_k,
+                format!("must be 1..={experts} (num_local_experts)"),
+            ));
+        }
+        let intermediate = o.req_pos("intermediate_size")?;
+        let moe = MoeSpec {
+            num_experts: experts,
+            top_k,
+            intermediate,
+            routing: Routing::top_k(RouterScoring::Softmax, TopKWeights::Renormalized),
+            shared: None,
+        };
+        Ok((0..num_layers as usize)
+            .map(|index| LayerSpec {
+                index,
+                attention: AttentionKind::Full,
+                ffn: FfnKind::Moe(moe.clone()),
+                positions: Positions::Rope,
+            })
+            .collect())
+    }
+
+    /// Granite's `embedding_multiplier`, `residual_multiplier`, `logits_scaling` (class
+    /// defaults 1); the other families have none and would ignore them, so they are refused.
+    fn multipliers(&mut self, family: Family) -> Result<Multipliers, ConfigError> {
+        const FIELDS: [&str; 3] = ["embedding_multiplier", "residual_multiplier", "logits_scaling"];
+        if family != Family::GraniteMoe {
+            for field in FIELDS {
+                if let Some(v) = self.obj.get(field) {
+                    return Err(ConfigError::unsupported(
+                        field,
+                        describe(v),
+                        format!("absent (not part of the {} architecture)", family.model_type()),
+                    ));
+                }
+            }
+            return Ok(Multipliers::IDENTITY);
+        }
+        let mut read = |field: &'static str| -> Result<f64, ConfigError> {
+            let v = self.obj.opt_pos_f64(field)?;
+            Ok(self.or_default(field, v, 1.0))
+        };
+        Ok(Multipliers {
+            embedding: read(FIELDS[0])?,
+            residual: read(FIELDS[1])?,
+            logits_divisor: read(FIELDS[2])?,
+        })
+    }
+
     /// Mixtral: `MixtralAttention` passes `config.sliding_window` to every layer; `null` (as in
     /// Mixtral-8x7B) means full attention.
     fn mixtral_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
@@ -1350,7 +1685,12 @@ impl<'a> Parser<'a> {
             }
         }
         Ok((0..num_layers as usize)
-            .map(|index| LayerSpec { index, attention, ffn: FfnKind::Moe(moe.clone()) })
+            .map(|index| LayerSpec {
+                index,
+                attention,
+                ffn: FfnKind::Moe(moe.clone()),
+                positions: Positions::Rope,
+            })
             .collect())
     }
 
@@ -1412,7 +1752,10 @@ impl<'a> Parser<'a> {
         if family == Family::Glm4Moe {
             fields.extend(["mlp_only_layers", "use_sliding_window"]);
         }
-        if matches!(family, Family::Mixtral | Family::Olmoe | Family::GptOss) {
+        if matches!(
+            family,
+            Family::Mixtral | Family::Olmoe | Family::GptOss | Family::Llama4 | Family::GraniteMoe
+        ) {
             fields.extend(["mlp_only_layers", "moe_intermediate_size", "use_sliding_window"]);
         }
         for field in fields {
@@ -1432,6 +1775,73 @@ impl<'a> Parser<'a> {
         }
         Ok(())
     }
+}
+
+/// What a family's `rope_scaling` may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ScalingRule {
+    /// Only the default type (`null`, or `rope_type: "default"`).
+    DefaultOnly,
+    /// The default, or YaRN.
+    Yarn,
+    /// Any dict is Llama 3's bands (`Llama4TextRotaryEmbedding` reads it so whatever its
+    /// `rope_type`: another type named is refused).
+    Llama3,
+}
+
+/// A Llama 3 `rope_scaling` (`_compute_llama3_parameters` reads all four keys).
+fn llama3(p: &Obj<'_>) -> Result<Llama3Scaling, ConfigError> {
+    const KEYS: &[&str] = &[
+        "type",
+        "rope_type",
+        "factor",
+        "low_freq_factor",
+        "high_freq_factor",
+        "original_max_position_embeddings",
+    ];
+    if let Some(key) = p.keys().find(|k| !KEYS.contains(k)) {
+        return Err(ConfigError::unsupported(
+            p.path(key),
+            p.get(key).map_or_else(|| "null".into(), describe),
+            format!("absent (the llama3 rope_scaling keys are {})", KEYS.join(", ")),
+        ));
+    }
+    let key = if p.has("rope_type") { "rope_type" } else { "type" };
+    if let Some(t) = p.opt_str(key)?
+        && t != "llama3"
+    {
+        return Err(ConfigError::unsupported(
+            p.path(key),
+            format!("{t:?}"),
+            "\"llama3\" (Llama 4 reads any rope_scaling as llama3)",
+        ));
+    }
+    let positive = |key: &str| -> Result<f64, ConfigError> {
+        let v = p.opt_f64(key)?.ok_or_else(|| p.missing(key))?;
+        if !(v.is_finite() && v > 0.0) {
+            return Err(ConfigError::invalid(p.path(key), v, "must be a finite number > 0"));
+        }
+        Ok(v)
+    };
+    let (factor, low, high) =
+        (positive("factor")?, positive("low_freq_factor")?, positive("high_freq_factor")?);
+    if high <= low {
+        return Err(ConfigError::invalid(
+            p.path("high_freq_factor"),
+            high,
+            format!("must be more than low_freq_factor ({low})"),
+        ));
+    }
+    let original = p
+        .opt_size("original_max_position_embeddings")?
+        .filter(|&n| n != 0)
+        .ok_or_else(|| p.missing("original_max_position_embeddings"))?;
+    Ok(Llama3Scaling {
+        factor,
+        low_freq_factor: low,
+        high_freq_factor: high,
+        original_max_position_embeddings: original,
+    })
 }
 
 /// `rope_type` (or the legacy `type` key) must be `"default"`, or absent.

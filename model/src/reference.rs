@@ -72,12 +72,12 @@ use thiserror::Error;
 
 use crate::moe::{self, FfnRounding, GluBias, Layout, Projection, SwiGlu, dot64};
 use crate::spec::{
-    Activation, AttentionForm, AttentionKind, FfnKind, MlaSpec, ModelSpec, NormKind, QkNorm,
-    RopeStyle, RouterPrecision, Routing,
+    Activation, AttentionForm, AttentionKind, ExpertWeighting, FfnKind, MlaSpec, ModelSpec,
+    Multipliers, NormKind, Positions, QkNorm, RopeStyle, RouterPrecision, Routing,
 };
 use crate::weights::{
-    ExpertNames, FfnNames, FusedExperts, MlaQueryNames, MlpNames, ModelNames, QkvNames, Tensor,
-    Weights, WeightsError,
+    ExpertNames, FfnNames, FusedExperts, GateUpColumns, MlaQueryNames, MlpNames, ModelNames,
+    QkvNames, Tensor, Weights, WeightsError,
 };
 use palladium_array::round_bf16;
 
@@ -199,30 +199,45 @@ impl Mlp {
         activation: Activation,
     ) -> Mlp {
         let (gate_up, down) = (get(&f.gate_up), get(&f.down));
-        let (hidden, two_i) = (gate_up.shape[1], gate_up.shape[2]);
+        let (hidden, two_i) = match f.layout {
+            Layout::InOut => (gate_up.shape[1], gate_up.shape[2]),
+            Layout::OutIn => (gate_up.shape[2], gate_up.shape[1]),
+        };
         let inter = two_i / 2;
         let gu = &gate_up.data[e * hidden * two_i..(e + 1) * hidden * two_i];
-        // `[in, out]` columns `pick(j)` of an expert's slice, as an `[out, in]` tensor.
+        // Outputs `pick(j)` of an expert's slice (`inputs x` all outputs, in `f.layout`), as
+        // an `[out, in]` tensor.
         let out_in = |w: &[f32], inputs: usize, outputs: usize, pick: &dyn Fn(usize) -> usize| {
-            let width = w.len() / inputs;
+            let all = w.len() / inputs;
             let data = (0..outputs)
-                .flat_map(|o| (0..inputs).map(move |i| w[i * width + pick(o)]))
+                .flat_map(|o| {
+                    (0..inputs).map(move |i| match f.layout {
+                        Layout::InOut => w[i * all + pick(o)],
+                        Layout::OutIn => w[pick(o) * inputs + i],
+                    })
+                })
                 .collect();
             Tensor { shape: vec![outputs, inputs], data }
         };
         let d = &down.data[e * inter * hidden..(e + 1) * inter * hidden];
+        // The gate's and the up projection's column of output `o`.
+        let (gate_col, up_col): (&dyn Fn(usize) -> usize, &dyn Fn(usize) -> usize) =
+            match f.gate_up_columns {
+                GateUpColumns::Interleaved => (&|o| 2 * o, &|o| 2 * o + 1),
+                GateUpColumns::Halves => (&|o| o, &move |o| inter + o),
+            };
         let bias = f.gate_up_bias.as_ref().zip(f.down_bias.as_ref()).map(|(gub, db)| {
             let (gub, db) = (get(gub), get(db));
             let gub = &gub.data[e * two_i..(e + 1) * two_i];
             [
-                gub.iter().step_by(2).copied().collect(),
-                gub.iter().skip(1).step_by(2).copied().collect(),
+                (0..inter).map(|o| gub[gate_col(o)]).collect(),
+                (0..inter).map(|o| gub[up_col(o)]).collect(),
                 db.data[e * hidden..(e + 1) * hidden].to_vec(),
             ]
         });
         Mlp {
-            gate: out_in(gu, hidden, inter, &|o| 2 * o),
-            up: out_in(gu, hidden, inter, &|o| 2 * o + 1),
+            gate: out_in(gu, hidden, inter, gate_col),
+            up: out_in(gu, hidden, inter, up_col),
             down: out_in(d, inter, hidden, &|o| o),
             bias,
             activation,
@@ -288,8 +303,10 @@ struct Layer {
     sinks: Option<Tensor>,
     post_norm: Tensor,
     ffn: Ffn,
-    /// Positions back (the current one included) this layer attends to; `None`: all.
-    window: Option<usize>,
+    /// Which cached positions this layer attends to.
+    span: AttentionKind,
+    /// Position encoding: RoPE, or none (with Llama 4's temperature tuning).
+    positions: Positions,
 }
 
 /// The K/V cache of one sequence: per layer, `len` positions of `[kv_heads, head_dim]` keys
@@ -338,9 +355,13 @@ pub struct Reference {
     eps: f32,
     /// [`NormKind::RmsF32Weight`]: the norm weight multiplies in f32, one rounding.
     norm_f32_weight: bool,
+    /// Granite's multipliers (identity elsewhere).
+    multipliers: Multipliers,
     max_pos: u64,
     /// `OLMoE`: `q_norm` / `k_norm` over the whole projections, not per head.
     whole_qk_norm: bool,
+    /// Llama 4: each q and k head L2-normed after RoPE, on the RoPE layers.
+    l2_qk_norm: bool,
     /// `OLMoE`'s `clip_qkv`.
     clip_qkv: Option<f32>,
     /// Dimensions RoPE rotates: the first `rotary` of each head (all of them but with a
@@ -470,10 +491,8 @@ impl Reference {
                         unreachable!("ModelNames follows the layer's FFN kind")
                     }
                 },
-                window: match ls.attention {
-                    AttentionKind::Full => None,
-                    AttentionKind::Sliding { window } => Some(window as usize),
-                },
+                span: ls.attention,
+                positions: ls.positions,
             })
             .collect();
         let a = &spec.attention;
@@ -494,8 +513,10 @@ impl Reference {
             scale: a.scale as f32,
             eps: spec.norm.eps as f32,
             norm_f32_weight: spec.norm.kind == NormKind::RmsF32Weight,
+            multipliers: spec.multipliers,
             max_pos: spec.max_position_embeddings,
             whole_qk_norm: matches!(a.qk_norm, QkNorm::WholeRms { .. }),
+            l2_qk_norm: a.qk_norm == QkNorm::L2AfterRope,
             clip_qkv: a.clip_qkv.map(|c| c as f32),
             rotary,
             inv_freq,
@@ -691,6 +712,23 @@ impl Reference {
         }
     }
 
+    /// A residual branch's output as it is added: times Granite's `residual_multiplier`,
+    /// rounded (as is, elsewhere).
+    fn residual_branch(&self, y: f32) -> f32 {
+        match self.multipliers.residual {
+            1.0 => y,
+            m => self.r(y * m as f32),
+        }
+    }
+
+    /// `Llama4TextL2Norm` in place: `r(x * rsqrt(mean(x^2) + eps))`, no weight.
+    fn l2norm(&self, x: &mut [f32]) {
+        let ms =
+            (x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64) as f32;
+        let inv = 1.0 / (ms + self.eps).sqrt();
+        x.iter_mut().for_each(|v| *v = self.r(*v * inv));
+    }
+
     /// RoPE of one head's rotated dimensions in place, in the config's [`RopeStyle`]; `cos`
     /// and `sin` are the f32 tables (YaRN's factor included), rounded here where transformers
     /// rounds them.
@@ -761,7 +799,14 @@ impl Reference {
                     (Precision::Bf16, true) => FfnRounding::TransformersF32Sum,
                     _ => self.ffn_rounding(),
                 };
-                let mut out = moe::moe_ffn(x, self.hidden, &route.chosen, expert, rounding);
+                let mut out = match routing.weighting {
+                    ExpertWeighting::Output => {
+                        moe::moe_ffn(x, self.hidden, &route.chosen, expert, rounding)
+                    }
+                    ExpertWeighting::Input => {
+                        moe::moe_ffn_weighted_input(x, self.hidden, &route.chosen, expert, rounding)
+                    }
+                };
                 if let Some((mlp, gate)) = shared.as_deref() {
                     let shared =
                         moe::Shared { mlp: mlp.swiglu(), gate: gate.as_ref().map(projection) };
@@ -774,11 +819,13 @@ impl Reference {
 
     /// One row's query `[heads, head_dim]`, key `[kv_heads, head_dim]` and value
     /// `[kv_heads, v_dim]` from its normed hidden state `hn`, after q/k norm and RoPE.
+    /// `rope`: whether the layer rotates (Llama 4's `NoPE` layers do not).
     fn qkv(
         &self,
         qkv: &Qkv,
         hn: &[f32],
         (cos, sin): &(Vec<f32>, Vec<f32>),
+        rope: bool,
     ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let hd = self.head_dim;
         match qkv {
@@ -801,7 +848,12 @@ impl Reference {
                         if let (true, Some(n)) = (per_head, norm) {
                             self.rmsnorm(head, n);
                         }
-                        self.rope(&mut head[..self.rotary], cos, sin);
+                        if rope {
+                            self.rope(&mut head[..self.rotary], cos, sin);
+                            if self.l2_qk_norm {
+                                self.l2norm(head);
+                            }
+                        }
                     }
                 }
                 (q, k, v)
@@ -886,7 +938,13 @@ impl Reference {
             .collect();
         let mut xs: Vec<Vec<f32>> = rows
             .iter()
-            .map(|&(_, t)| self.embed.data[t as usize * h..(t as usize + 1) * h].to_vec())
+            .map(|&(_, t)| {
+                let row = &self.embed.data[t as usize * h..(t as usize + 1) * h];
+                match self.multipliers.embedding {
+                    1.0 => row.to_vec(),
+                    m => row.iter().map(|&v| self.r(v * m as f32)).collect(),
+                }
+            })
             .collect();
         for (li, layer) in self.layers.iter().enumerate() {
             // q/k/v, q/k norm, RoPE; append k/v to the caches in row order.
@@ -894,16 +952,28 @@ impl Reference {
             for (r, &(c, _)) in rows.iter().enumerate() {
                 let mut hn = xs[r].clone();
                 self.rmsnorm(&mut hn, &layer.input_norm);
-                let (q, k, v) = self.qkv(&layer.qkv, &hn, &tables[r]);
+                let rope = layer.positions.is_rope();
+                let (mut q, k, v) = self.qkv(&layer.qkv, &hn, &tables[r], rope);
+                if let Positions::NoPe { temperature: Some(t) } = layer.positions {
+                    // `log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1` in f32; the
+                    // product rounded once.
+                    let steps = ((pos[r] as f32 + 1.0) / t.floor_scale as f32).floor();
+                    let scale = steps.ln_1p() * t.attn_scale as f32 + 1.0;
+                    q.iter_mut().for_each(|x| *x = self.r(*x * scale));
+                }
                 debug_assert_eq!(caches[c].k[li].len(), pos[r] * nkv * hd);
                 caches[c].k[li].extend_from_slice(&k);
                 caches[c].v[li].extend_from_slice(&v);
                 qs.push(q);
             }
             for (r, &(c, _)) in rows.iter().enumerate() {
-                // Causal (and sliding-window) attention over the cache, GQA.
+                // Causal (sliding-window, chunked) attention over the cache, GQA.
                 let p = pos[r];
-                let start = layer.window.map_or(0, |w| (p + 1).saturating_sub(w));
+                let start = match layer.span {
+                    AttentionKind::Full => 0,
+                    AttentionKind::Sliding { window } => (p + 1).saturating_sub(window as usize),
+                    AttentionKind::Chunked { chunk } => p / chunk as usize * chunk as usize,
+                };
                 let (keys, vals) = (&caches[c].k[li], &caches[c].v[li]);
                 let mut o = vec![0f32; nh * vd];
                 for head in 0..nh {
@@ -935,13 +1005,13 @@ impl Reference {
                 let attn = self.linear(&layer.o, layer.o_bias.as_ref(), &o);
                 let x = &mut xs[r];
                 for (x, a) in x.iter_mut().zip(attn) {
-                    *x = self.r(*x + a);
+                    *x = self.r(*x + self.residual_branch(a));
                 }
                 let mut hn = x.clone();
                 self.rmsnorm(&mut hn, &layer.post_norm);
                 let f = self.ffn(&layer.ffn, &hn, margin);
                 for (x, f) in x.iter_mut().zip(f) {
-                    *x = self.r(*x + f);
+                    *x = self.r(*x + self.residual_branch(f));
                 }
             }
         }
@@ -952,7 +1022,11 @@ impl Reference {
             .into_iter()
             .map(|mut x| {
                 self.rmsnorm(&mut x, &self.final_norm);
-                self.linear(&self.lm_head, None, &x)
+                let logits = self.linear(&self.lm_head, None, &x);
+                match self.multipliers.logits_divisor {
+                    1.0 => logits,
+                    d => logits.into_iter().map(|l| self.r(l / d as f32)).collect(),
+                }
             })
             .collect())
     }

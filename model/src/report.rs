@@ -32,6 +32,7 @@ fn attention_text(a: AttentionKind) -> String {
     match a {
         AttentionKind::Full => "full attention".into(),
         AttentionKind::Sliding { window } => format!("sliding window {window}"),
+        AttentionKind::Chunked { chunk } => format!("chunked attention, chunks of {chunk}"),
     }
 }
 
@@ -93,6 +94,8 @@ impl ModelSpec {
             Family::Glm4Moe => "GLM-4.5-MoE",
             Family::Olmoe => "OLMoE",
             Family::GptOss => "gpt-oss",
+            Family::Llama4 => "Llama 4",
+            Family::GraniteMoe => "Granite MoE",
         };
         writeln!(
             s,
@@ -129,6 +132,9 @@ impl ModelSpec {
                 s,
                 "  q/k norm: RMSNorm over the whole projections, weights [{q_len}] / [{k_len}], before RoPE"
             )?,
+            QkNorm::L2AfterRope => {
+                writeln!(s, "  q/k norm: per-head L2 norm without weight, after RoPE, RoPE layers")?
+            }
         }
         if let Some(c) = a.clip_qkv {
             writeln!(s, "  q/k/v clipped to [-{c}, {c}]")?;

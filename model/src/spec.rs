@@ -31,6 +31,15 @@ pub enum Family {
     /// alternating with full ones, attention sinks, biases everywhere, a clamped SwiGLU over
     /// interleaved gate/up columns, experts stored fused (and as MXFP4 codes as shipped).
     GptOss,
+    /// `"llama4_text"` (and the multimodal `"llama4"` through its `text_config`): Llama 4
+    /// Scout and Maverick (`modeling_llama4.py`): a top-1 sigmoid router scaling the expert's
+    /// input, an always-on shared expert, dense layers between MoE ones, `NoPE` layers with
+    /// attention temperature tuning, chunked attention and an L2 q/k norm on the RoPE layers.
+    Llama4,
+    /// `"granitemoe"`: IBM Granite 3.x MoE (`modeling_granitemoe.py`): multipliers on the
+    /// embedding, the residual branches, the attention scores and the logits; experts stored
+    /// fused `[experts, out, in]`.
+    GraniteMoe,
 }
 
 impl Family {
@@ -47,6 +56,9 @@ impl Family {
         "glm4_moe",
         "olmoe",
         "gpt_oss",
+        "llama4_text",
+        "llama4",
+        "granitemoe",
     ];
 
     /// The `model_type` string Hugging Face uses.
@@ -60,6 +72,8 @@ impl Family {
             Self::Glm4Moe => "glm4_moe",
             Self::Olmoe => "olmoe",
             Self::GptOss => "gpt_oss",
+            Self::Llama4 => "llama4_text",
+            Self::GraniteMoe => "granitemoe",
         }
     }
 
@@ -74,6 +88,8 @@ impl Family {
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::Olmoe => "OlmoeForCausalLM",
             Self::GptOss => "GptOssForCausalLM",
+            Self::Llama4 => "Llama4ForCausalLM",
+            Self::GraniteMoe => "GraniteMoeForCausalLM",
         }
     }
 }
@@ -148,6 +164,34 @@ pub struct ModelSpec {
     /// Optional fields that were absent from the config and took the family's Hugging Face
     /// default, with the value used: field name → value.
     pub defaulted: IndexMap<&'static str, String>,
+    /// What the checkpoint puts before every tensor name of the text model: empty, or
+    /// `"language_model."` for a multimodal checkpoint read through its `text_config`
+    /// (Llama 4's `Llama4ForConditionalGeneration`), whose vision tensors are skipped.
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub checkpoint_prefix: &'static str,
+    /// Granite's scalars on the residual stream (1 elsewhere; left out of the serialized spec
+    /// then).
+    #[serde(skip_serializing_if = "Multipliers::is_identity")]
+    pub multipliers: Multipliers,
+}
+
+/// Granite's `embedding_multiplier`, `residual_multiplier` and `logits_scaling`: the
+/// embedding rows are multiplied by the first, each residual branch's output (attention, FFN)
+/// by the second before it is added, and the logits divided by the third.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Multipliers {
+    pub embedding: f64,
+    pub residual: f64,
+    pub logits_divisor: f64,
+}
+
+impl Multipliers {
+    pub const IDENTITY: Multipliers =
+        Multipliers { embedding: 1.0, residual: 1.0, logits_divisor: 1.0 };
+
+    pub fn is_identity(&self) -> bool {
+        *self == Self::IDENTITY
+    }
 }
 
 /// A checkpoint's `quantization_config`.
@@ -304,6 +348,9 @@ pub enum QkNorm {
     /// head_dim]`) and the whole k projection (`[kv_heads * head_dim]`), before the view as
     /// heads (`OlmoeAttention.forward`).
     WholeRms { q_len: u64, k_len: u64 },
+    /// Llama 4 (`Llama4TextL2Norm`, `use_qk_norm`): each head of q and k divided by its RMS
+    /// (no weight, `rms_norm_eps`), AFTER RoPE, on the RoPE layers only.
+    L2AfterRope,
 }
 
 /// Rotary position embedding.
@@ -348,6 +395,19 @@ pub enum RopeScaling {
         /// `truncate` (default true): floor/ceil the correction range.
         truncate: bool,
     },
+    /// Llama 3's (and Llama 4's) frequency bands.
+    Llama3(Llama3Scaling),
+}
+
+/// `rope_type: "llama3"` (`_compute_llama3_parameters`): wavelengths longer than
+/// `original_max_position_embeddings / low_freq_factor` divided by `factor`, shorter than
+/// `.. / high_freq_factor` kept, a linear blend between; `cos`/`sin` unscaled.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Llama3Scaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: u64,
 }
 
 impl RopeScaling {
@@ -360,6 +420,27 @@ impl RopeScaling {
             (0..d / 2).map(|i| (theta as f32).powf((2 * i) as f32 / d as f32)).collect();
         match *self {
             Self::Default => (pos_freqs.iter().map(|p| 1.0 / p).collect(), 1.0),
+            Self::Llama3(l) => {
+                // f32 tensor ops with Python-float scalars (cast to f32), as transformers.
+                let (factor, low, high) =
+                    (l.factor as f32, l.low_freq_factor as f32, l.high_freq_factor as f32);
+                let old = l.original_max_position_embeddings as f32;
+                let (low_wavelen, high_wavelen) = (old / low, old / high);
+                let inv = pos_freqs
+                    .iter()
+                    .map(|p| {
+                        let inv = 1.0 / p;
+                        let wavelen = (2.0 * std::f32::consts::PI) / inv;
+                        let scaled = if wavelen > low_wavelen { inv / factor } else { inv };
+                        let smooth = (old / wavelen - low) / (high - low);
+                        let smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
+                        // `~(wavelen < high) * ~(wavelen > low)`: NaN-free here, so between.
+                        let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
+                        if medium { smoothed } else { scaled }
+                    })
+                    .collect();
+                (inv, 1.0)
+            }
             Self::Yarn {
                 factor,
                 original_max_position_embeddings: orig,
@@ -483,6 +564,33 @@ pub struct LayerSpec {
     pub index: usize,
     pub attention: AttentionKind,
     pub ffn: FfnKind,
+    /// How the layer knows positions: RoPE, or not at all (Llama 4's `NoPE` layers); left out
+    /// of the serialized spec for RoPE.
+    #[serde(skip_serializing_if = "Positions::is_rope")]
+    pub positions: Positions,
+}
+
+/// A layer's position encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum Positions {
+    /// RoPE on q and k (the model's [`RopeSpec`]).
+    Rope,
+    /// No position encoding (Llama 4's `no_rope_layers` entries 0); with attention temperature
+    /// tuning, q is multiplied by `log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1`.
+    NoPe { temperature: Option<TemperatureTuning> },
+}
+
+impl Positions {
+    pub fn is_rope(&self) -> bool {
+        matches!(self, Self::Rope)
+    }
+}
+
+/// Llama 4's `attn_temperature_tuning` (`floor_scale`, `attn_scale`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TemperatureTuning {
+    pub floor_scale: f64,
+    pub attn_scale: f64,
 }
 
 /// Attention span of one layer.
@@ -492,6 +600,9 @@ pub enum AttentionKind {
     Full,
     /// Causal attention over the last `window` positions (the current one included).
     Sliding { window: u64 },
+    /// Causal attention within the position's chunk of `chunk` positions (Llama 4's
+    /// `attention_chunk_size`): position `p` sees `chunk * floor(p / chunk) ..= p`.
+    Chunked { chunk: u64 },
 }
 
 impl AttentionKind {
@@ -500,6 +611,7 @@ impl AttentionKind {
         match self {
             Self::Full => context,
             Self::Sliding { window } => context.min(window),
+            Self::Chunked { chunk } => context.min(chunk),
         }
     }
 }
@@ -547,6 +659,26 @@ pub struct Routing {
     pub scaling: f64,
     /// How precisely the router module computes, beyond the activations' dtype.
     pub precision: RouterPrecision,
+    /// Where a chosen expert's weight applies (left out of the serialized spec for the
+    /// output, every family but Llama 4).
+    #[serde(skip_serializing_if = "ExpertWeighting::is_output")]
+    pub weighting: ExpertWeighting,
+}
+
+/// Where the routing weight multiplies a chosen expert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum ExpertWeighting {
+    /// `w * expert(x)`, the weighted outputs summed.
+    Output,
+    /// Llama 4 (`Llama4TextMoe`): `expert(w * x)`, the outputs summed in f32 and rounded
+    /// once (`sum(dim=0)` over every expert's, zero for the unchosen).
+    Input,
+}
+
+impl ExpertWeighting {
+    pub fn is_output(&self) -> bool {
+        matches!(self, Self::Output)
+    }
 }
 
 impl Routing {
@@ -560,6 +692,7 @@ impl Routing {
             groups: None,
             scaling: 1.0,
             precision: RouterPrecision::Activations,
+            weighting: ExpertWeighting::Output,
         }
     }
 }

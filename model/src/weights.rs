@@ -40,6 +40,11 @@
 //! | gpt-oss: `model.layers.{i}.mlp.experts.gate_up_proj` (`x @ W`; gate, up interleaved by column) | `[experts, hidden, 2*intermediate]` |
 //! | gpt-oss: `model.layers.{i}.mlp.experts.gate_up_proj_bias` | `[experts, 2*intermediate]` |
 //! | gpt-oss: `model.layers.{i}.mlp.experts.down_proj`, `.down_proj_bias` | `[experts, intermediate, hidden]`, `[experts, hidden]` |
+//! | Llama 4: `model.layers.{i}.feed_forward.router.weight` | `[experts, hidden]` |
+//! | Llama 4: `model.layers.{i}.feed_forward.experts.gate_up_proj` (`x @ W`; gate then up) | `[experts, hidden, 2*intermediate]` |
+//! | Llama 4: `model.layers.{i}.feed_forward.experts.down_proj` | `[experts, intermediate, hidden]` |
+//! | Llama 4: `model.layers.{i}.feed_forward.shared_expert.{gate,up,down}_proj.weight` | as an expert's |
+//! | Llama 4 dense layer: `model.layers.{i}.feed_forward.{gate,up,down}_proj.weight` | `intermediate_size_mlp` |
 //! | `model.norm.weight` | `[hidden]` |
 //! | `lm_head.weight` (absent when `tie_word_embeddings`) | `[vocab, hidden]` |
 //!
@@ -58,6 +63,7 @@ use palladium_array::{bf16_to_f32, f32_to_bf16, round_bf16};
 use safetensors::{Dtype as StDtype, tensor::TensorView};
 use thiserror::Error;
 
+use crate::moe::Layout;
 use crate::spec::{AttentionForm, Family, FfnKind, LmHead, ModelSpec, QkNorm, Quantization};
 
 /// Why weights could not be built, read or written. Every variant about a tensor names it.
@@ -118,8 +124,11 @@ fn io_err(path: &Path, e: impl fmt::Display) -> WeightsError {
 pub enum TensorRole {
     /// Embedding rows: standard deviation 1, so the residual stream starts at O(1).
     Embedding,
-    /// `[out, in]` linear weight: standard deviation `1/sqrt(in)`, so outputs stay O(1).
+    /// `[out, in]` linear weight (fused experts: `[experts, in, out]`): standard deviation
+    /// `1/sqrt(in)`, so outputs stay O(1).
     Linear,
+    /// Fused experts stored `[experts, out, in]` (Granite): as [`Self::Linear`].
+    ExpertsOutIn,
     /// Bias: standard deviation 0.1.
     Bias,
     /// RMSNorm scale: uniform in `[0.8, 1.2]` (never zero, not all equal).
@@ -229,6 +238,15 @@ pub enum FfnNames {
     },
 }
 
+/// Where gate and up sit among a fused `gate_up` tensor's `2 * intermediate` columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateUpColumns {
+    /// gpt-oss: alternate columns (`gate_up[..., ::2]`, `gate_up[..., 1::2]`).
+    Interleaved,
+    /// Llama 4, Granite: the first half gate, the second up (`chunk(2, dim=-1)`).
+    Halves,
+}
+
 /// How a checkpoint stores the routed experts.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ExpertNames {
@@ -248,13 +266,17 @@ impl ExpertNames {
     }
 }
 
-/// Fused expert tensors (`GptOssExperts`): `gate_up` `[experts, hidden, 2 * intermediate]`
-/// with gate and up in alternate columns (`gate_up[..., ::2]`, `gate_up[..., 1::2]`), `down`
-/// `[experts, intermediate, hidden]`, biases `[experts, 2 * intermediate]` and
-/// `[experts, hidden]`.
+/// Fused expert tensors: with [`Layout::InOut`] (`GptOssExperts`, `Llama4TextExperts`)
+/// `gate_up` `[experts, hidden, 2 * intermediate]` and `down` `[experts, intermediate,
+/// hidden]`; with [`Layout::OutIn`] (`GraniteMoeParallelExperts`: `input_linear`,
+/// `output_linear`) `[experts, 2 * intermediate, hidden]` and `[experts, hidden,
+/// intermediate]`; biases `[experts, 2 * intermediate]` and `[experts, hidden]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FusedExperts {
     pub gate_up: String,
+    /// How each expert's matrices are laid out.
+    pub layout: Layout,
+    pub gate_up_columns: GateUpColumns,
     pub gate_up_bias: Option<String>,
     pub down: String,
     pub down_bias: Option<String>,
@@ -293,10 +315,16 @@ impl ModelNames {
     pub fn new(spec: &ModelSpec) -> Result<Self, WeightsError> {
         let mut layers = Vec::with_capacity(spec.layers.len());
         for layer in &spec.layers {
-            let p = format!("model.layers.{}.", layer.index);
+            let p = format!("{}model.layers.{}.", spec.checkpoint_prefix, layer.index);
             let a = |s: &str| format!("{p}self_attn.{s}");
             let qkv_bias = spec.attention.qkv_bias;
-            let qk_norm = spec.attention.qk_norm != QkNorm::None;
+            // Llama 4's L2 norm has no weights.
+            let qk_norm = !matches!(spec.attention.qk_norm, QkNorm::None | QkNorm::L2AfterRope);
+            // Llama 4 calls the FFN `feed_forward`, the others `mlp`.
+            let ffn_module = match spec.family {
+                Family::Llama4 => "feed_forward",
+                _ => "mlp",
+            };
             let ffn = match (&layer.ffn, spec.family) {
                 (
                     FfnKind::Dense { .. },
@@ -304,13 +332,17 @@ impl ModelNames {
                     | Family::Qwen2Moe
                     | Family::Glm4Moe
                     | Family::DeepseekV3
-                    | Family::DeepseekV2,
+                    | Family::DeepseekV2
+                    | Family::Llama4,
                 ) => FfnNames::Dense(MlpNames {
-                    gate: format!("{p}mlp.gate_proj.weight"),
-                    up: format!("{p}mlp.up_proj.weight"),
-                    down: format!("{p}mlp.down_proj.weight"),
+                    gate: format!("{p}{ffn_module}.gate_proj.weight"),
+                    up: format!("{p}{ffn_module}.up_proj.weight"),
+                    down: format!("{p}{ffn_module}.down_proj.weight"),
                 }),
-                (FfnKind::Dense { .. }, Family::Mixtral | Family::Olmoe | Family::GptOss) => {
+                (
+                    FfnKind::Dense { .. },
+                    Family::Mixtral | Family::Olmoe | Family::GptOss | Family::GraniteMoe,
+                ) => {
                     return Err(WeightsError::Unsupported {
                         what: format!(
                             "dense FFN in {} layer {}",
@@ -326,8 +358,9 @@ impl ModelNames {
                         | Family::Glm4Moe
                         | Family::Olmoe
                         | Family::DeepseekV3
-                        | Family::GptOss => format!("{p}mlp."),
-                        Family::Mixtral => format!("{p}block_sparse_moe."),
+                        | Family::GptOss
+                        | Family::Llama4 => format!("{p}{ffn_module}."),
+                        Family::Mixtral | Family::GraniteMoe => format!("{p}block_sparse_moe."),
                         Family::DeepseekV2 => {
                             return Err(WeightsError::Unsupported {
                                 what: format!("{} MoE layer {}", family.model_type(), layer.index),
@@ -351,30 +384,49 @@ impl ModelNames {
                                 up: format!("{x}w3.weight"),
                                 down: format!("{x}w2.weight"),
                             },
-                            Family::DeepseekV2 | Family::GptOss => {
+                            Family::DeepseekV2
+                            | Family::GptOss
+                            | Family::Llama4
+                            | Family::GraniteMoe => {
                                 unreachable!("refused above, or fused")
                             }
                         }
                     });
                     let bias = spec.mlp.bias;
-                    let experts = match family {
-                        Family::GptOss => ExpertNames::Fused(FusedExperts {
+                    let fused = |gate_up_columns| {
+                        ExpertNames::Fused(FusedExperts {
                             gate_up: format!("{block}experts.gate_up_proj"),
+                            layout: Layout::InOut,
+                            gate_up_columns,
                             gate_up_bias: bias.then(|| format!("{block}experts.gate_up_proj_bias")),
                             down: format!("{block}experts.down_proj"),
                             down_bias: bias.then(|| format!("{block}experts.down_proj_bias")),
+                        })
+                    };
+                    let experts = match family {
+                        Family::GptOss => fused(GateUpColumns::Interleaved),
+                        Family::Llama4 => fused(GateUpColumns::Halves),
+                        Family::GraniteMoe => ExpertNames::Fused(FusedExperts {
+                            gate_up: format!("{block}input_linear.weight"),
+                            layout: Layout::OutIn,
+                            gate_up_columns: GateUpColumns::Halves,
+                            gate_up_bias: None,
+                            down: format!("{block}output_linear.weight"),
+                            down_bias: None,
                         }),
                         _ => ExpertNames::PerExpert(per_expert.collect()),
                     };
-                    // gpt-oss calls its router `mlp.router`, the others `mlp.gate`.
+                    // gpt-oss and Llama 4 call the router `router`, Granite `router.layer`,
+                    // the others `gate`.
                     let router = match family {
-                        Family::GptOss => format!("{block}router."),
+                        Family::GptOss | Family::Llama4 => format!("{block}router."),
+                        Family::GraniteMoe => format!("{block}router.layer."),
                         _ => format!("{block}gate."),
                     };
                     // Qwen2-MoE's `shared_expert` (and `shared_expert_gate`); GLM-4.5's (and
                     // `DeepSeek`'s) `shared_experts`, all of them one MLP.
                     let shared_module = match family {
-                        Family::Qwen2Moe => "shared_expert",
+                        Family::Qwen2Moe | Family::Llama4 => "shared_expert",
                         _ => "shared_experts",
                     };
                     let shared = moe.shared.map(|s| SharedNames {
@@ -432,13 +484,14 @@ impl ModelNames {
                 ffn,
             });
         }
+        let prefix = spec.checkpoint_prefix;
         Ok(Self {
-            embed: EMBED.into(),
+            embed: format!("{prefix}{EMBED}"),
             layers,
-            final_norm: FINAL_NORM.into(),
+            final_norm: format!("{prefix}{FINAL_NORM}"),
             lm_head: match spec.lm_head {
-                LmHead::Untied => LM_HEAD.into(),
-                LmHead::Tied => EMBED.into(),
+                LmHead::Untied => format!("{prefix}{LM_HEAD}"),
+                LmHead::Tied => format!("{prefix}{EMBED}"),
             },
         })
     }
@@ -514,7 +567,7 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
         if let Some(g) = ln.gqa() {
             let (q_norm, k_norm) = match spec.attention.qk_norm {
                 QkNorm::WholeRms { q_len, k_len } => (q_len as usize, k_len as usize),
-                QkNorm::None | QkNorm::PerHeadRms { .. } => (hd, hd),
+                QkNorm::None | QkNorm::PerHeadRms { .. } | QkNorm::L2AfterRope => (hd, hd),
             };
             if let Some(n) = &g.q_norm {
                 t(n, vec![q_norm], Norm);
@@ -555,11 +608,17 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
                     }
                     // `GptOssExperts.__init__` order.
                     ExpertNames::Fused(f) => {
-                        t(&f.gate_up, vec![e, h, 2 * inter], Linear);
+                        let matrix = |inputs, outputs| match f.layout {
+                            Layout::InOut => (vec![e, inputs, outputs], Linear),
+                            Layout::OutIn => (vec![e, outputs, inputs], ExpertsOutIn),
+                        };
+                        let (shape, role) = matrix(h, 2 * inter);
+                        t(&f.gate_up, shape, role);
                         if let Some(b) = &f.gate_up_bias {
                             t(b, vec![e, 2 * inter], Bias);
                         }
-                        t(&f.down, vec![e, inter, h], Linear);
+                        let (shape, role) = matrix(inter, h);
+                        t(&f.down, shape, role);
                         if let Some(b) = &f.down_bias {
                             t(b, vec![e, h], Bias);
                         }
@@ -580,7 +639,7 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
     }
     t(&names.final_norm, vec![h], Norm);
     if spec.lm_head == LmHead::Untied {
-        t(LM_HEAD, vec![vocab, h], Linear);
+        t(&names.lm_head, vec![vocab, h], Linear);
     }
     Ok(out)
 }
@@ -591,10 +650,13 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
 /// (`Glm4MoeForCausalLM` ignores `model.layers.46.*` and `.92.*`, the MTP layer of GLM-4.5-Air
 /// and GLM-4.5; `DeepseekV3ForCausalLM` `model.layers.61.*`).
 pub(crate) fn ignored_tensor(spec: &ModelSpec, name: &str) -> bool {
-    let tied_head = spec.lm_head == LmHead::Tied && name == LM_HEAD;
+    let prefix = spec.checkpoint_prefix;
+    let tied_head = spec.lm_head == LmHead::Tied && name == format!("{prefix}{LM_HEAD}");
     let mtp_layer = matches!(spec.family, Family::Glm4Moe | Family::DeepseekV3)
         && name.starts_with(&format!("model.layers.{}.", spec.layers.len()));
-    tied_head || mtp_layer || name.ends_with("rotary_emb.inv_freq")
+    // A multimodal checkpoint's other models (Llama 4's vision model and projector).
+    let not_text = !prefix.is_empty() && !name.starts_with(prefix);
+    tied_head || mtp_layer || not_text || name.ends_with("rotary_emb.inv_freq")
 }
 
 /// One MXFP4 tensor's two stored parts: `(file, shape, dtype, bytes)` each.
@@ -783,6 +845,7 @@ impl Weights {
                             TensorRole::Embedding => u * sqrt3,
                             // `[out, in]`, or fused experts' `[experts, in, out]`.
                             TensorRole::Linear => u * sqrt3 / (ts.shape[1] as f32).sqrt(),
+                            TensorRole::ExpertsOutIn => u * sqrt3 / (ts.shape[2] as f32).sqrt(),
                             TensorRole::Bias => u * sqrt3 * 0.1,
                             TensorRole::Norm => 1.0 + 0.2 * u,
                             TensorRole::Logit => u * sqrt3,

@@ -632,3 +632,51 @@ fn gpt_oss() {
         assert!(close(active_count, active, 0.01), "{file}: active {active_count}");
     }
 }
+
+/// Llama 4 Scout and Maverick as shipped (`model_type: "llama4"`, the text model in
+/// `text_config`, tensors under `language_model.`): Scout every layer MoE (16 experts) with
+/// Llama 3 RoPE scaling and the L2 q/k norm, `attn_temperature_tuning` given as 4; Maverick
+/// MoE on odd layers (128 experts, dense MLPs of 16384 between), no scaling, no q/k norm.
+/// Both: every fourth layer `NoPE` with full attention, the others chunked (8192). Their cards:
+/// 109B / 400B total parameters (the vision model included), 17B active.
+#[test]
+fn llama_4() {
+    use palladium_model::spec::{AttentionKind, ExpertWeighting, Positions, RopeScaling};
+    for (file, experts, moe_every, total) in [
+        ("llama-4-scout-17b-16e.json", 16, 1, 109e9),
+        ("llama-4-maverick-17b-128e.json", 128, 2, 400e9),
+    ] {
+        let s = spec(file);
+        assert_eq!(s.family, Family::Llama4);
+        assert_eq!(s.checkpoint_prefix, "language_model.");
+        assert_eq!(s.layers.len(), 48);
+        let scout = experts == 16;
+        assert_eq!(s.attention.qk_norm == QkNorm::L2AfterRope, scout);
+        assert_eq!(matches!(s.attention.rope.scaling, RopeScaling::Llama3(_)), scout);
+        for l in &s.layers {
+            let nope = (l.index + 1) % 4 == 0;
+            assert_eq!(!l.positions.is_rope(), nope, "layer {}", l.index);
+            if let Positions::NoPe { temperature } = l.positions {
+                assert!(
+                    temperature.is_some_and(|t| t.floor_scale == 8192.0 && t.attn_scale == 0.1)
+                );
+            }
+            let span =
+                if nope { AttentionKind::Full } else { AttentionKind::Chunked { chunk: 8192 } };
+            assert_eq!(l.attention, span, "layer {}", l.index);
+            if (l.index + 1) % moe_every == 0 {
+                let m = moe(&s, l.index);
+                assert_eq!((m.num_experts, m.top_k, m.intermediate), (experts, 1, 8192));
+                assert_eq!(m.routing.weighting, ExpertWeighting::Input);
+                assert_eq!(m.shared.map(|s| s.intermediate), Some(8192));
+            } else {
+                assert_eq!(l.ffn, FfnKind::Dense { intermediate: 16384 });
+            }
+        }
+        let p = s.params();
+        // The vision model (about 1B of the card's total) is not read.
+        assert!(close(p.total(), total, 0.03), "{file}: total {}", p.total());
+        // The card's 17B active counts the embedding and lm_head (1.03B each).
+        assert!(close(p.active(), 17e9, 0.03), "{file}: active {}", p.active());
+    }
+}

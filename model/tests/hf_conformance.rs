@@ -240,6 +240,24 @@ fn gpt_oss_mxfp4_matches_transformers() {
     check_variant("tiny-gpt-oss", "tiny-gpt-oss-mxfp4", edit, 3, &[1, 17, 300, 42, 5], 10);
 }
 
+/// Llama 4 (`llama4_text`): dense layers between MoE ones (`interleave_moe_layer_step` 2),
+/// the top-1 sigmoid router scaling the expert's input, the shared expert, fused experts
+/// (gate then up), complex-pair RoPE with Llama 3 scaling, chunked attention (chunks of 4, so
+/// the 15 positions span 4 chunks), the L2 q/k norm after RoPE, and a `NoPE` layer (layer 3)
+/// whose temperature tuning (`floor_scale` 4) changes from position 3 on.
+#[test]
+fn llama4_matches_transformers() {
+    check("fixtures/models/tiny-llama4.json", 7, &[1, 17, 300, 42, 5], 10);
+}
+
+/// Granite MoE: the embedding (12), residual (0.22) and logits (1/6) multipliers, the
+/// attention multiplier as the softmax scale, experts fused `[experts, out, in]` with gate
+/// then up, a softmax over the top-k logits, a tied `lm_head`.
+#[test]
+fn granitemoe_matches_transformers() {
+    check("fixtures/models/tiny-granitemoe.json", 7, &[1, 17, 300, 42, 5], 10);
+}
+
 #[test]
 fn mixtral_matches_transformers() {
     check("fixtures/models/tiny-mixtral.json", 11, &[3, 99, 250, 7], 10);

@@ -60,7 +60,8 @@ def reinit(model, seed):
             elif p.dim() == 3:
                 # Fused experts (gpt-oss), `x @ W`: [experts, in, out]. gate_up 4x larger,
                 # so that its clamp at 7 (swiglu_limit) is reached.
-                scale = 4.0 if name.endswith("gate_up_proj") else 1.0
+                gpt_oss = model.config.model_type == "gpt_oss"
+                scale = 4.0 if gpt_oss and name.endswith("gate_up_proj") else 1.0
                 p.copy_(scale * torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
             else:
                 raise SystemExit(f"hf_reference.py: no init rule for parameter {name} {tuple(p.shape)}")

@@ -632,3 +632,46 @@ fn mxfp4_experts_decode_and_bad_parts_are_named() {
     let e = load(&file(&blocks, "I8", &scales, true)).unwrap_err();
     assert!(e.to_string().contains("stored as I8; MXFP4 blocks are U8"), "{e}");
 }
+
+/// Llama 4 as shipped is multimodal: its text model under `language_model.`, read through
+/// `text_config`; the vision tensors are skipped, and the text model computes what the same
+/// weights do unprefixed.
+#[test]
+fn multimodal_llama4_reads_its_language_model() {
+    use palladium_model::reference::{Precision, Reference};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/tiny-llama4.json");
+    let text: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let outer = serde_json::json!({
+        "architectures": ["Llama4ForConditionalGeneration"],
+        "model_type": "llama4",
+        "text_config": text,
+    });
+    let plain = ModelSpec::from_json(&text).unwrap();
+    let s = ModelSpec::from_json(&outer).unwrap();
+    assert_eq!(s.layers, plain.layers);
+    let w = Weights::random(&s, 4).unwrap();
+    assert!(w.iter().all(|(n, _)| n.starts_with("language_model.")));
+    let lm = w.to_safetensors_bytes(SaveDtype::BFloat16).unwrap();
+    let vision = raw_safetensors(
+        &serde_json::json!({"vision_model.patch_embedding.weight":
+            {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}),
+        &[0; 8],
+    );
+    let files = [(Path::new("lm"), &lm[..]), (Path::new("vision"), &vision[..])];
+    let loaded = Weights::from_safetensors(&s, &files).unwrap();
+    assert_eq!(loaded, w);
+    // The same values under the text model's own names.
+    let unprefixed = w.to_safetensors_bytes(SaveDtype::BFloat16).unwrap();
+    let header_len = u64::from_le_bytes(unprefixed[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&unprefixed[8..8 + header_len]).unwrap();
+    let renamed = header.replace("\"language_model.", "\"");
+    let mut bytes = (renamed.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(renamed.as_bytes());
+    bytes.extend_from_slice(&unprefixed[8 + header_len..]);
+    let w_plain = Weights::from_safetensors(&plain, &[(Path::new("plain"), &bytes[..])]).unwrap();
+    let run = |spec: &ModelSpec, w: &Weights| {
+        Reference::new(spec, w, Precision::Bf16).unwrap().generate(&[3, 1, 4], 3).unwrap()
+    };
+    assert_eq!(run(&s, &loaded), run(&plain, &w_plain));
+}
