@@ -284,13 +284,9 @@ impl ModelNames {
                         | Family::Qwen2Moe
                         | Family::Glm4Moe
                         | Family::Olmoe
-                        | Family::DeepseekV3 => format!("{p}mlp."),
+                        | Family::DeepseekV3
+                        | Family::DeepseekV2 => format!("{p}mlp."),
                         Family::Mixtral => format!("{p}block_sparse_moe."),
-                        Family::DeepseekV2 => {
-                            return Err(WeightsError::Unsupported {
-                                what: format!("{} MoE layer {}", family.model_type(), layer.index),
-                            });
-                        }
                     };
                     let experts = (0..moe.num_experts)
                         .map(|e| {
@@ -300,7 +296,8 @@ impl ModelNames {
                                 | Family::Qwen2Moe
                                 | Family::Glm4Moe
                                 | Family::Olmoe
-                                | Family::DeepseekV3 => MlpNames {
+                                | Family::DeepseekV3
+                                | Family::DeepseekV2 => MlpNames {
                                     gate: format!("{x}gate_proj.weight"),
                                     up: format!("{x}up_proj.weight"),
                                     down: format!("{x}down_proj.weight"),
@@ -310,9 +307,6 @@ impl ModelNames {
                                     up: format!("{x}w3.weight"),
                                     down: format!("{x}w2.weight"),
                                 },
-                                Family::DeepseekV2 => {
-                                    unreachable!("refused above")
-                                }
                             }
                         })
                         .collect();

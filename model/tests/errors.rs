@@ -48,9 +48,32 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
         ),
         (
             D2,
-            vec![del("first_k_dense_replace")],
-            "first_k_dense_replace",
-            "layers 0..2 would be deepseek_v2 MoE layers",
+            vec![del("first_k_dense_replace"), set("topk_method", json!("noaux_tc"))],
+            "topk_method",
+            "unsupported value \"noaux_tc\" (supported: \"greedy\", \"group_limited_greedy\" or absent)",
+        ),
+        (
+            D2,
+            vec![del("first_k_dense_replace"), set("norm_topk_prob", json!(true))],
+            "norm_topk_prob",
+            "the two disagree",
+        ),
+        (
+            D2,
+            vec![del("first_k_dense_replace"), set("topk_method", json!("group_limited_greedy"))],
+            "n_group",
+            "missing required field \"n_group\"",
+        ),
+        (
+            D2,
+            vec![
+                del("first_k_dense_replace"),
+                set("topk_method", json!("group_limited_greedy")),
+                set("n_group", json!(3)),
+                set("topk_group", json!(1)),
+            ],
+            "n_group",
+            "must divide n_routed_experts (8) into groups of at least 1 experts",
         ),
         (
             D3,
