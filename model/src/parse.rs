@@ -984,6 +984,18 @@ impl<'a> Parser<'a> {
         if family != Family::DeepseekV2 {
             self.deepseek_router_methods()?;
         }
+        // DeepSeek's own modeling code makes every `moe_layer_freq`-th layer past the dense
+        // ones MoE; transformers 4.57 (the specification) makes all of them MoE: they agree
+        // only at 1, the value every published config has.
+        if let Some(freq) = o.opt_u64("moe_layer_freq")?
+            && freq != 1
+        {
+            return Err(ConfigError::unsupported(
+                "moe_layer_freq",
+                freq,
+                "1 or absent (transformers makes every layer from first_k_dense_replace on MoE, DeepSeek's own code only every moe_layer_freq-th: the two disagree)",
+            ));
+        }
         let first_dense = o.opt_size("first_k_dense_replace")?;
         let first_dense = self.or_default("first_k_dense_replace", first_dense, d.first_dense);
         let moe = if first_dense < num_layers {
@@ -1294,7 +1306,7 @@ impl<'a> Parser<'a> {
     /// it claims to be; refuse instead of silently building the wrong network.
     fn reject_foreign_fields(&self, family: Family) -> Result<(), ConfigError> {
         if matches!(family, Family::DeepseekV3 | Family::DeepseekV2) {
-            // These are the DeepSeek families' own fields (read in `deepseek_moe_layers` and `deepseek_v2_layers`).
+            // These are the DeepSeek families' own fields (read in `deepseek_moe_layers`).
             return Ok(());
         }
         let mut fields = vec![];

@@ -456,6 +456,36 @@ fn tiny_deepseek_v2_moe() {
     );
 }
 
+/// DeepSeek-V2-Lite as shipped: 27 layers (layer 0 dense, intermediate 10944), 64 routed
+/// experts top-6 of 1408 with 2 shared, softmax `greedy` routing; 16 heads of MLA without a
+/// query LoRA; per position and layer the latent cache holds 576 values (1152 B in bf16)
+/// against 16 x (192 + 128) values (20480 B) of expanded K/V.
+#[test]
+fn deepseek_v2_lite() {
+    use palladium_model::spec::RouterScoring;
+    let s = spec("deepseek-v2-lite.json");
+    assert_eq!(
+        (s.family, s.layers.len(), s.hidden_size, s.vocab_size),
+        (Family::DeepseekV2, 27, 2048, 102400)
+    );
+    assert_eq!(s.layers[0].ffn, FfnKind::Dense { intermediate: 10944 });
+    let m = moe(&s, 1);
+    assert_eq!((m.num_experts, m.top_k, m.intermediate), (64, 6, 1408));
+    assert_eq!(
+        (m.routing.scoring, m.routing.top_k_weights),
+        (RouterScoring::Softmax, TopKWeights::Raw)
+    );
+    assert_eq!((m.routing.groups, m.routing.scaling), (None, 1.0));
+    assert_eq!(m.shared.map(|sh| sh.intermediate), Some(2816));
+    assert_eq!(s.layers[26].ffn, s.layers[1].ffn);
+    let AttentionForm::Mla(mla) = s.attention.form else { panic!("MLA") };
+    assert_eq!(mla.q_lora_rank, None);
+    assert_eq!((mla.kv_lora_rank, mla.latent_cache_width()), (512, 576));
+    assert_eq!((s.attention.num_heads, s.attention.head_dim), (16, 192));
+    assert_eq!(s.kv_bytes_per_token_per_layer(2), 1152);
+    assert_eq!(s.expanded_kv_bytes_per_token_per_layer(2), 16 * (192 + 128) * 2);
+}
+
 /// Qwen2-MoE: the sigmoid-gated shared expert on every MoE layer, q/k/v biases (`qkv_bias`,
 /// default true) without an `o_proj` bias, no q/k norm, raw top-k weights; its dense
 /// layers by the same rule as Qwen3-MoE's.

@@ -90,6 +90,7 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
         (D3, vec![set("q_lora_rank", json!("96"))], "q_lora_rank", "non-negative integer"),
         (D3, vec![set("rope_interleave", json!(1))], "rope_interleave", "true or false"),
         (D2, vec![set("mlp_bias", json!(true))], "mlp_bias", "not implemented"),
+        (D3, vec![set("moe_layer_freq", json!(2))], "moe_layer_freq", "the two disagree"),
         (D3, vec![yarn(json!({"foo": 1}))], "rope_scaling.foo", "the yarn rope_scaling keys"),
         (D3, vec![yarn(json!({"factor": 0.5}))], "rope_scaling.factor", ">= 1"),
         (D3, vec![yarn(json!({"mscale": -1}))], "rope_scaling.mscale", ">= 0"),
