@@ -458,7 +458,7 @@ fn tiny_deepseek_v2_moe() {
 
 /// DeepSeek-V2-Lite as shipped: 27 layers (layer 0 dense, intermediate 10944), 64 routed
 /// experts top-6 of 1408 with 2 shared, softmax `greedy` routing; 16 heads of MLA without a
-/// query LoRA; per position and layer the latent cache holds 576 values (1152 B in bf16)
+/// query `LoRA`; per position and layer the latent cache holds 576 values (1152 B in bf16)
 /// against 16 x (192 + 128) values (20480 B) of expanded K/V.
 #[test]
 fn deepseek_v2_lite() {
