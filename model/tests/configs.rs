@@ -330,6 +330,7 @@ fn deepseek_v3() {
         Some(ExpertGroups { groups: 8, chosen_groups: 4, score: GroupScore::TopTwoSum })
     );
     assert_eq!((r.scaling, r.precision), (2.5, RouterPrecision::F32));
+    assert!(s.report().contains("best 4 of 8 groups by their best two"), "{}", s.report());
     let shared = m.shared.expect("DeepSeek-V3's MoE layers have a shared expert");
     assert_eq!((shared.intermediate, shared.sigmoid_gate), (2048, false));
     assert_eq!(s.layers[60].ffn, s.layers[3].ffn);
@@ -439,6 +440,8 @@ fn tiny_deepseek_v2_moe() {
         Some(ExpertGroups { groups: 4, chosen_groups: 2, score: GroupScore::Max })
     );
     assert_eq!(r.scaling, 16.0);
+    let report = s.report();
+    assert!(report.contains("softmax, best 2 of 4 groups by their best, weights x 16"), "{report}");
     let names: Vec<String> = palladium_model::weights::tensor_layout(&s)
         .unwrap()
         .into_iter()
