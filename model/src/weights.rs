@@ -35,6 +35,7 @@
 //! | DeepSeek: `model.layers.{i}.self_attn.kv_b_proj.weight` (per head `qk_nope_head_dim` key rows, then `v_head_dim` value rows) | `[heads*(qk_nope_head_dim + v_head_dim), kv_lora_rank]` |
 //! | DeepSeek: `model.layers.{i}.self_attn.o_proj.weight` | `[hidden, heads*v_head_dim]` |
 //! | DeepSeek dense layer: `model.layers.{i}.mlp.{gate,up,down}_proj.weight` | as Qwen3-MoE's dense layer |
+//! | DeepSeek MoE layer: as GLM-4.5's (router, `experts.{e}`, `shared_experts`); DeepSeek-V2's router has no `e_score_correction_bias` | as GLM-4.5's |
 //! | `model.norm.weight` | `[hidden]` |
 //! | `lm_head.weight` (absent when `tie_word_embeddings`) | `[vocab, hidden]` |
 //!
