@@ -60,6 +60,33 @@ fn shapes(kernel: &str) -> Option<Vec<Vec<(&'static str, &'static str)>>> {
                 ("block_kv", "256"),
             ],
         ],
+        // DeepSeek-V2-Lite's head dims (the defaults); a latent wider than one rope block with
+        // a partial rope block and a single tile; V2-like heads with rope filling its block.
+        "mla_decode_attention" => vec![
+            vec![],
+            vec![
+                ("batch", "3"),
+                ("heads", "4"),
+                ("nope", "32"),
+                ("rope", "16"),
+                ("v_dim", "32"),
+                ("rank", "256"),
+                ("max_context", "128"),
+                ("block_kv", "128"),
+                ("scale", "0.144"),
+            ],
+            vec![
+                ("batch", "1"),
+                ("heads", "8"),
+                ("nope", "64"),
+                ("rope", "128"),
+                ("v_dim", "64"),
+                ("rank", "128"),
+                ("max_context", "512"),
+                ("block_kv", "64"),
+                ("scale", "0.1"),
+            ],
+        ],
         // Causal (blocks above the diagonal skipped, diagonal ones masked) and not; single-
         // and double-buffered K/V; a head_dim of 128 (no lane slice) with 2 key tiles per
         // major block (m and l tiled over 256 lanes).

@@ -28,6 +28,7 @@ mod gather;
 mod gmm;
 mod kv_cache;
 mod linalg;
+mod mla;
 pub mod moe_reference;
 mod norm;
 mod norm_matmul;
@@ -48,6 +49,7 @@ pub use gather::gather_rows;
 pub use gmm::{grouped_matmul, grouped_matmul_quantized};
 pub use kv_cache::kv_cache_update;
 pub use linalg::matmul;
+pub use mla::mla_decode_attention;
 pub use norm::rmsnorm;
 pub use norm_matmul::rmsnorm_matmul;
 pub use quantized::{
@@ -160,6 +162,11 @@ pub static REGISTRY: &[KernelEntry] = &[
         decode_attention,
         "GQA decode attention over an HBM KV cache: per-sequence lengths, double-buffered KV tiles, online softmax",
         cases::decode_attention
+    ),
+    entry!(
+        mla_decode_attention,
+        "DeepSeek MLA decode attention, absorbed: W_UK into the query, W_UV on the output (kv_b_proj as shipped), over a latent cache of [latent | rope key] rows, online softmax",
+        cases::mla_decode_attention
     ),
     entry!(
         kv_cache_update,

@@ -31,7 +31,8 @@
 //!   vector-bf16packed, got vector-int16 … vmatmul.bf16"): `gemv` at its default batch of 8,
 //!   and JAX's own gemv identically; `gemv_quantized` (bf16 x i8/i4/f8e4m3fn) likewise;
 //!   `expert_ffn_quantized` on an unpack of the 8-bit / 4-bit codes ("Expected vector-int16,
-//!   got vector-bf16packed … vunpack.c.l.b16");
+//!   got vector-bf16packed … vunpack.c.l.b16"); `mla_decode_attention` likewise
+//!   (`vunpack.c.h.b16`);
 //! - v7x: most kernels (an `LloOpcodeIsScalarBranch` check), so v7x compiles without it.
 //!
 //! So estimates are required where they are known to work: on v5e for every kernel but
@@ -66,6 +67,7 @@ const V5E_PROFILE_ABORTS: &[&str] = &[
     "gemv_quantized_fp8",
     "expert_ffn_quantized",
     "expert_ffn_quantized_fp8",
+    "mla_decode_attention",
 ];
 
 fn lowered(k: &palladium_dsl::Kernel) -> Lowered {

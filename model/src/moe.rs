@@ -22,7 +22,7 @@
 //! kernels add `sum(scores * 0)` to the weights), so the poison reaches the output. With the
 //! softmax, one NaN or infinite logit makes every score NaN.
 
-use crate::spec::{Activation, RouterScoring, TopKWeights};
+use crate::spec::{Activation, ExpertGroups, GroupScore, RouterScoring, TopKWeights};
 use palladium_array::round_bf16;
 
 /// A token's routing: its chosen experts in descending score order, and the best expert it
@@ -52,17 +52,18 @@ pub fn route(logits: &[f32], top_k: usize, scoring: RouterScoring, weights: TopK
 }
 
 /// How the scores choose the experts beyond their plain order, and how the chosen weights
-/// are scaled: `DeepSeek`-V3's `noaux_tc` router (GLM-4.5), as transformers 4.57 computes it
-/// (`DeepseekV3TopkRouter`, `Glm4MoeTopkRouter`).
+/// are scaled: `DeepSeek`-V3's `noaux_tc` router (GLM-4.5) and `DeepSeek`-V2's `greedy` /
+/// `group_limited_greedy`, as transformers 4.57 computes them (`DeepseekV3TopkRouter`,
+/// `Glm4MoeTopkRouter`, `DeepseekV2MoEGate`).
 #[derive(Debug, Clone, Copy)]
 pub struct Choice<'a> {
     /// `e_score_correction_bias`, one per expert: added to the scores to choose experts and
     /// groups, never to the weights.
     pub correction_bias: Option<&'a [f32]>,
-    /// `(n_group, topk_group)`: the experts in `n_group` equal consecutive groups, a group
-    /// scored by the sum of its two best choice scores, the `topk_group` best kept (ties to
-    /// the lower group), every other expert's choice score set to 0.
-    pub groups: Option<(usize, usize)>,
+    /// The experts in `n_group` equal consecutive groups, each scored by its
+    /// [`GroupScore`], the `topk_group` best kept (ties to the lower group), every other
+    /// expert's choice score set to 0.
+    pub groups: Option<ExpertGroups>,
     /// `routed_scaling_factor`, multiplying the weights after any renormalisation.
     pub scaling: f32,
 }
@@ -94,7 +95,8 @@ fn ranking(scores: &[f32]) -> Vec<usize> {
 ///
 /// # Panics
 /// If `top_k` is 0 or more than the number of experts, the bias has another length, or the
-/// groups do not divide the experts into groups of at least two (transformers' `topk(2)`).
+/// groups do not divide the experts equally (into groups of at least two for
+/// [`GroupScore::TopTwoSum`], transformers' `topk(2)`).
 pub fn route_with(
     logits: &[f32],
     top_k: usize,
@@ -120,15 +122,20 @@ pub fn route_with(
             *s += b;
         }
     }
-    if let Some((groups, kept)) = choice.groups {
+    if let Some(g) = choice.groups {
+        let (groups, kept) = (g.groups as usize, g.chosen_groups as usize);
         let size = n / groups;
-        assert!(size >= 2 && size * groups == n, "{n} experts in {groups} groups");
+        let least = if g.score == GroupScore::TopTwoSum { 2 } else { 1 };
+        assert!(size >= least && size * groups == n, "{n} experts in {groups} groups");
         assert!((1..=groups).contains(&kept), "topk_group {kept} of {groups} groups");
         let group_scores: Vec<f32> = for_choice
             .chunks_exact(size)
-            .map(|g| {
-                let best = ranking(g);
-                g[best[0]] + g[best[1]]
+            .map(|group| {
+                let best = ranking(group);
+                match g.score {
+                    GroupScore::TopTwoSum => group[best[0]] + group[best[1]],
+                    GroupScore::Max => group[best[0]],
+                }
             })
             .collect();
         let kept_groups = &ranking(&group_scores)[..kept];
@@ -460,6 +467,9 @@ mod tests {
         assert_eq!(r.chosen, vec![(2, sigmoid(3.0) / sum), (0, sigmoid(1.0) / sum)]);
     }
 
+    const TWO_GROUPS_ONE_KEPT: ExpertGroups =
+        ExpertGroups { groups: 2, chosen_groups: 1, score: GroupScore::TopTwoSum };
+
     /// `DeepSeek`-V3's router by hand: 8 experts in 2 groups of 4, sigmoid scores.
     #[test]
     fn grouped_biased_routing_by_hand() {
@@ -474,11 +484,16 @@ mod tests {
         // Groups: group 0's two best (biased) sum to sigmoid(-1) + 0.9 + sigmoid(2), group 1's
         // sigmoid(1.5) + sigmoid(1.4), less: with one group kept, every choice is group 0's
         // even though experts 4 and 5 outscore expert 1.
-        let choice = Choice { correction_bias: Some(&bias), groups: Some((2, 1)), scaling: 1.0 };
+        let choice = Choice {
+            correction_bias: Some(&bias),
+            groups: Some(TWO_GROUPS_ONE_KEPT),
+            scaling: 1.0,
+        };
         let r = route_with(&logits, 3, RouterScoring::Sigmoid, TopKWeights::Raw, &choice);
         assert_eq!(ids(&r), vec![3, 0, 1]);
         // Without the bias group 1 wins (sigmoid(1.5) + sigmoid(1.4) > sigmoid(2) + sigmoid(1)).
-        let choice = Choice { correction_bias: None, groups: Some((2, 1)), scaling: 1.0 };
+        let choice =
+            Choice { correction_bias: None, groups: Some(TWO_GROUPS_ONE_KEPT), scaling: 1.0 };
         let r = route_with(&logits, 2, RouterScoring::Sigmoid, TopKWeights::Raw, &choice);
         assert_eq!(ids(&r), vec![4, 5]);
         // The dropped group's experts score 0 for the choice, as transformers' masked_fill:
@@ -486,7 +501,11 @@ mod tests {
         // whose biased score is negative (expert 7: sigmoid(-3) - 0.5).
         let bias = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -0.5];
         let logits = [-5.0, -5.0, -5.0, -5.0, 1.0, 1.0, 1.0, -3.0];
-        let choice = Choice { correction_bias: Some(&bias), groups: Some((2, 1)), scaling: 1.0 };
+        let choice = Choice {
+            correction_bias: Some(&bias),
+            groups: Some(TWO_GROUPS_ONE_KEPT),
+            scaling: 1.0,
+        };
         let r = route_with(&logits, 4, RouterScoring::Sigmoid, TopKWeights::Raw, &choice);
         assert_eq!(ids(&r), vec![4, 5, 6, 0]);
         // Renormalised, then scaled.
@@ -495,6 +514,34 @@ mod tests {
         let r = route_with(&logits, 2, RouterScoring::Sigmoid, TopKWeights::Renormalized, &choice);
         let sum = sigmoid(2.0) + sigmoid(1.5);
         assert_eq!(r.chosen, vec![(0, sigmoid(2.0) / sum * 2.5), (4, sigmoid(1.5) / sum * 2.5)]);
+    }
+
+    /// `DeepSeek`-V2's `group_limited_greedy` by hand: softmax scores, a group scored by its
+    /// best expert, not by its best two as `DeepSeek`-V3's.
+    #[test]
+    fn max_scored_groups_by_hand() {
+        let logits = [2.0, -5.0, -5.0, -5.0, 1.5, 1.4, 1.3, 1.2];
+        let groups = |groups, chosen_groups, score| Choice {
+            correction_bias: None,
+            groups: Some(ExpertGroups { groups, chosen_groups, score }),
+            scaling: 1.0,
+        };
+        let r =
+            |c: &Choice<'_>| route_with(&logits, 2, RouterScoring::Softmax, TopKWeights::Raw, c);
+        // Group 0's best (expert 0) beats group 1's: group 0 is kept, expert 1 its second.
+        assert_eq!(ids(&r(&groups(2, 1, GroupScore::Max))), vec![0, 1]);
+        // Group 1's best two sum to more than group 0's.
+        assert_eq!(ids(&r(&groups(2, 1, GroupScore::TopTwoSum))), vec![4, 5]);
+        // Groups of one expert: the 3 best groups are the 3 best experts, so plain top-k.
+        let plain = route(&logits, 2, RouterScoring::Softmax, TopKWeights::Raw);
+        assert_eq!(r(&groups(8, 3, GroupScore::Max)).chosen, plain.chosen);
+        // The weights are the softmax over all experts, scaled, not renormalised.
+        let scaled = Choice { scaling: 2.0, ..groups(2, 1, GroupScore::Max) };
+        let w: Vec<f32> = r(&scaled).chosen.iter().map(|c| c.1).collect();
+        assert_eq!(
+            w,
+            vec![plain.chosen[0].1 * 2.0, r(&groups(2, 1, GroupScore::Max)).chosen[1].1 * 2.0]
+        );
     }
 
     /// What the kernels' `top_k` body does with NaN scores: they rank below every number,

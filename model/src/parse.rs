@@ -14,9 +14,9 @@ use crate::error::ConfigError;
 use crate::json::{Obj, describe};
 use crate::spec::{
     Activation, AttentionForm, AttentionKind, AttentionSpec, Dtype, ExpertGroups, ExpertWeighting,
-    Family, FfnKind, LayerSpec, Llama3Scaling, LmHead, MlaSpec, MlpSpec, ModelSpec, MoeSpec,
-    Multipliers, NormKind, NormSpec, Positions, QkNorm, Quantization, RopeScaling, RopeSpec,
-    RopeStyle, RouterPrecision, RouterScoring, Routing, SharedExpert, TemperatureTuning,
+    Family, FfnKind, GroupScore, LayerSpec, Llama3Scaling, LmHead, MlaSpec, MlpSpec, ModelSpec,
+    MoeSpec, Multipliers, NormKind, NormSpec, Positions, QkNorm, Quantization, RopeScaling,
+    RopeSpec, RopeStyle, RouterPrecision, RouterScoring, Routing, SharedExpert, TemperatureTuning,
     TopKWeights, yarn_mscale,
 };
 
@@ -134,14 +134,14 @@ impl Family {
     }
 }
 
-/// The config class defaults of `DeepSeek`-V3's MoE layers (`DeepseekV3Config`,
-/// `Glm4MoeConfig`), for fields a config leaves out.
+/// The config class defaults of `DeepSeek`-style MoE layers (`DeepseekV3Config`,
+/// `Glm4MoeConfig`, `DeepseekV2Config`), for fields a config leaves out. `None`: the class
+/// default is `None`, which transformers cannot run, so the field is required.
 struct DeepseekMoeDefaults {
     experts: u64,
-    top_k: u64,
+    top_k: Option<u64>,
     moe_intermediate: u64,
-    groups: u64,
-    chosen_groups: u64,
+    shared: u64,
     scaling: f64,
     first_dense: u64,
     intermediate: u64,
@@ -152,27 +152,42 @@ impl DeepseekMoeDefaults {
         match family {
             Family::Glm4Moe => Self {
                 experts: 128,
-                top_k: 8,
+                top_k: Some(8),
                 moe_intermediate: 1408,
-                groups: 1,
-                chosen_groups: 1,
+                shared: 1,
                 scaling: 1.0,
                 first_dense: 1,
                 intermediate: 10944,
             },
+            Family::DeepseekV2 => Self {
+                experts: 64,
+                top_k: None,
+                moe_intermediate: 1407,
+                shared: 2,
+                scaling: 1.0,
+                first_dense: 0,
+                intermediate: 11008,
+            },
             // DeepSeek-V3 (`DeepseekV3Config`); no other family reads these layers.
             _ => Self {
                 experts: 256,
-                top_k: 8,
+                top_k: Some(8),
                 moe_intermediate: 2048,
-                groups: 8,
-                chosen_groups: 4,
+                shared: 1,
                 scaling: 2.5,
                 first_dense: 3,
                 intermediate: 18432,
             },
         }
     }
+}
+
+/// What a `DeepSeek`-style router reads from the config beyond the shared fields.
+struct RouterRule {
+    scoring: RouterScoring,
+    top_k_weights: TopKWeights,
+    correction_bias: bool,
+    groups: Option<ExpertGroups>,
 }
 
 impl<'a> Parser<'a> {
@@ -237,8 +252,9 @@ impl<'a> Parser<'a> {
             Family::Qwen3Moe | Family::Qwen2Moe => self.qwen_moe_layers(family, num_layers)?,
             Family::Mixtral => self.mixtral_layers(num_layers)?,
             Family::GraniteMoe => self.granite_layers(num_layers)?,
-            Family::DeepseekV3 | Family::Glm4Moe => self.deepseek_moe_layers(family, num_layers)?,
-            Family::DeepseekV2 => self.deepseek_v2_layers(num_layers)?,
+            Family::DeepseekV3 | Family::Glm4Moe | Family::DeepseekV2 => {
+                self.deepseek_moe_layers(family, num_layers)?
+            }
             Family::Olmoe => self.olmoe_layers(num_layers)?,
             Family::GptOss => self.gpt_oss_layers(num_layers)?,
             Family::Llama4 => self.llama4_layers(num_layers)?,
@@ -1095,55 +1111,6 @@ impl<'a> Parser<'a> {
             .collect())
     }
 
-    /// DeepSeek-V2: layer `i` is a dense MLP of `intermediate_size` for
-    /// `i < first_k_dense_replace`, else the MoE block, whose softmax `greedy` /
-    /// `group_limited_greedy` routing is not read yet: a config with any MoE layer is refused
-    /// naming the field; its MoE fields are still type-checked.
-    fn deepseek_v2_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
-        let o = self.obj;
-        let first_dense = o.opt_u64("first_k_dense_replace")?;
-        let first_dense = self.or_default("first_k_dense_replace", first_dense, 0);
-        for field in ["n_routed_experts", "num_experts_per_tok", "n_shared_experts"] {
-            o.opt_u64(field)?;
-        }
-        for field in ["moe_intermediate_size", "n_group", "topk_group"] {
-            o.opt_size(field)?;
-        }
-        o.opt_str("topk_method")?;
-        o.opt_str("scoring_func")?;
-        o.opt_f64("routed_scaling_factor")?;
-        o.opt_bool("norm_topk_prob")?;
-        if first_dense < num_layers {
-            return Err(ConfigError::unsupported(
-                "first_k_dense_replace",
-                first_dense,
-                format!(
-                    "num_hidden_layers ({num_layers}) or more: layers {first_dense}..{num_layers} would be deepseek_v2 MoE layers (softmax greedy routing), which are not implemented yet; only all-dense configs are"
-                ),
-            ));
-        }
-        if o.opt_bool("mlp_bias")? == Some(true) {
-            return Err(ConfigError::unsupported(
-                "mlp_bias",
-                true,
-                "false or absent (biases on the MLP projections are not implemented)",
-            ));
-        }
-        let inter = o.opt_size("intermediate_size")?;
-        let intermediate = self.or_default("intermediate_size", inter, 11008);
-        if intermediate == 0 {
-            return Err(ConfigError::invalid("intermediate_size", 0, "must be at least 1"));
-        }
-        Ok((0..num_layers as usize)
-            .map(|index| LayerSpec {
-                index,
-                attention: AttentionKind::Full,
-                ffn: FfnKind::Dense { intermediate },
-                positions: Positions::Rope,
-            })
-            .collect())
-    }
-
     /// Qwen2-MoE: full attention in every layer. Its sliding window (`use_sliding_window:
     /// true`, layers `>= max_window_layers`) is not implemented: refused by name, as is a
     /// `layer_types` entry that slides (transformers 4.57's Qwen2-MoE has no `layer_types`).
@@ -1171,12 +1138,13 @@ impl<'a> Parser<'a> {
         Ok(vec![AttentionKind::Full; num_layers as usize])
     }
 
-    /// `DeepSeek`-V3's decoder layers, which GLM-4.5 (`Glm4MoeDecoderLayer`) copies: layers
-    /// `< first_k_dense_replace` are a dense MLP of `intermediate_size`, the others the MoE block
-    /// (`DeepseekV3MoE` / `Glm4MoeMoE`): `DeepseekV3TopkRouter` (sigmoid scores,
-    /// `e_score_correction_bias` to choose, groups, `norm_topk_prob`, `routed_scaling_factor`,
-    /// f32 logits and sum) and `n_shared_experts * moe_intermediate_size` of ungated shared MLP.
-    /// Absent fields take the family's config class defaults ([`DeepseekMoeDefaults`]).
+    /// `DeepSeek`-V3's decoder layers, which GLM-4.5 (`Glm4MoeDecoderLayer`) copies and
+    /// `DeepSeek`-V2's share: layers `< first_k_dense_replace` are a dense MLP of
+    /// `intermediate_size`, the others the MoE block (`DeepseekV3MoE` / `Glm4MoeMoE` /
+    /// `DeepseekV2MoE`): the family's router ([`Self::deepseek_v3_router`],
+    /// [`Self::deepseek_v2_router`]), `routed_scaling_factor`, f32 logits and routed sum, and
+    /// `n_shared_experts * moe_intermediate_size` of ungated shared MLP. Absent fields take
+    /// the family's config class defaults ([`DeepseekMoeDefaults`]).
     fn deepseek_moe_layers(
         &mut self,
         family: Family,
@@ -1184,7 +1152,13 @@ impl<'a> Parser<'a> {
     ) -> Result<Vec<LayerSpec>, ConfigError> {
         let d = DeepseekMoeDefaults::of(family);
         let o = self.obj;
-        self.deepseek_router_methods()?;
+        if family == Family::DeepseekV2 && o.opt_bool("mlp_bias")? == Some(true) {
+            return Err(ConfigError::unsupported(
+                "mlp_bias",
+                true,
+                "false or absent (biases on the MLP projections are not implemented)",
+            ));
+        }
         let size = |p: &mut Self, field: &'static str, default: u64| -> Result<u64, ConfigError> {
             let v = p.obj.opt_size(field)?;
             let v = p.or_default(field, v, default);
@@ -1193,11 +1167,34 @@ impl<'a> Parser<'a> {
             }
             Ok(v)
         };
+        if family != Family::DeepseekV2 {
+            self.deepseek_router_methods()?;
+        }
+        // DeepSeek's own modeling code makes every `moe_layer_freq`-th layer past the dense
+        // ones MoE; transformers 4.57 (the specification) makes all of them MoE: they agree
+        // only at 1, the value every published config has.
+        if let Some(freq) = o.opt_u64("moe_layer_freq")?
+            && freq != 1
+        {
+            return Err(ConfigError::unsupported(
+                "moe_layer_freq",
+                freq,
+                "1 or absent (transformers makes every layer from first_k_dense_replace on MoE, DeepSeek's own code only every moe_layer_freq-th: the two disagree)",
+            ));
+        }
         let first_dense = o.opt_size("first_k_dense_replace")?;
         let first_dense = self.or_default("first_k_dense_replace", first_dense, d.first_dense);
         let moe = if first_dense < num_layers {
             let experts = size(self, "n_routed_experts", d.experts)?;
-            let top_k = size(self, "num_experts_per_tok", d.top_k)?;
+            let top_k = match d.top_k {
+                Some(default) => size(self, "num_experts_per_tok", default)?,
+                None => o
+                    .opt_size("num_experts_per_tok")?
+                    .ok_or_else(|| o.missing("num_experts_per_tok"))?,
+            };
+            if top_k == 0 {
+                return Err(ConfigError::invalid("num_experts_per_tok", 0, "must be at least 1"));
+            }
             if top_k > experts {
                 return Err(ConfigError::invalid(
                     "num_experts_per_tok",
@@ -1206,28 +1203,11 @@ impl<'a> Parser<'a> {
                 ));
             }
             let intermediate = size(self, "moe_intermediate_size", d.moe_intermediate)?;
-            let shared = size(self, "n_shared_experts", 1)?;
-            let groups = size(self, "n_group", d.groups)?;
-            let chosen_groups = size(self, "topk_group", d.chosen_groups)?;
-            // `scores.view(-1, n_group, experts / n_group).topk(2)`: equal groups of two or more.
-            if !experts.is_multiple_of(groups) || experts / groups < 2 && groups > 1 {
-                return Err(ConfigError::invalid(
-                    "n_group",
-                    groups,
-                    format!(
-                        "must divide n_routed_experts ({experts}) into groups of at least 2 experts"
-                    ),
-                ));
-            }
-            if chosen_groups > groups {
-                return Err(ConfigError::invalid(
-                    "topk_group",
-                    chosen_groups,
-                    format!("more than the {groups} groups (n_group)"),
-                ));
-            }
-            let norm_topk = o.opt_bool("norm_topk_prob")?;
-            let norm_topk = self.or_default("norm_topk_prob", norm_topk, true);
+            let shared = size(self, "n_shared_experts", d.shared)?;
+            let rule = match family {
+                Family::DeepseekV2 => self.deepseek_v2_router(experts)?,
+                _ => self.deepseek_v3_router(family, experts)?,
+            };
             let scaling = o.opt_pos_f64("routed_scaling_factor")?;
             let scaling = self.or_default("routed_scaling_factor", scaling, d.scaling);
             Some(MoeSpec {
@@ -1236,14 +1216,10 @@ impl<'a> Parser<'a> {
                 intermediate,
                 routing: Routing {
                     router_bias: false,
-                    scoring: RouterScoring::Sigmoid,
-                    top_k_weights: if norm_topk {
-                        TopKWeights::Renormalized
-                    } else {
-                        TopKWeights::Raw
-                    },
-                    correction_bias: true,
-                    groups: (groups > 1).then_some(ExpertGroups { groups, chosen_groups }),
+                    scoring: rule.scoring,
+                    top_k_weights: rule.top_k_weights,
+                    correction_bias: rule.correction_bias,
+                    groups: rule.groups,
                     scaling,
                     precision: RouterPrecision::F32,
                     weighting: ExpertWeighting::Output,
@@ -1275,6 +1251,121 @@ impl<'a> Parser<'a> {
                 positions: Positions::Rope,
             })
             .collect())
+    }
+
+    /// `n_group` and `topk_group` of `experts`, checked: `n_group` equal groups of at least
+    /// `least` experts, `topk_group` of them kept. `None` where the config names neither
+    /// and `defaults` is `None` (one group).
+    fn expert_groups(
+        &mut self,
+        experts: u64,
+        defaults: Option<(u64, u64)>,
+        score: GroupScore,
+    ) -> Result<Option<ExpertGroups>, ConfigError> {
+        let o = self.obj;
+        let (groups, chosen_groups) =
+            match (defaults, o.opt_size("n_group")?, o.opt_size("topk_group")?) {
+                (Some((g, k)), groups, chosen) => (
+                    self.or_default("n_group", groups, g),
+                    self.or_default("topk_group", chosen, k),
+                ),
+                (None, Some(g), Some(k)) => (g, k),
+                (None, None, _) => return Err(o.missing("n_group")),
+                (None, Some(_), None) => return Err(o.missing("topk_group")),
+            };
+        for (field, v) in [("n_group", groups), ("topk_group", chosen_groups)] {
+            if v == 0 {
+                return Err(ConfigError::invalid(field, 0, "must be at least 1"));
+            }
+        }
+        // `scores.view(-1, n_group, experts / n_group)`: equal groups (V3's `topk(2)`: of two
+        // or more).
+        let least = if score == GroupScore::TopTwoSum { 2 } else { 1 };
+        if !experts.is_multiple_of(groups) || experts / groups < least && groups > 1 {
+            return Err(ConfigError::invalid(
+                "n_group",
+                groups,
+                format!(
+                    "must divide n_routed_experts ({experts}) into groups of at least {least} experts"
+                ),
+            ));
+        }
+        if chosen_groups > groups {
+            return Err(ConfigError::invalid(
+                "topk_group",
+                chosen_groups,
+                format!("more than the {groups} groups (n_group)"),
+            ));
+        }
+        Ok((groups > 1).then_some(ExpertGroups { groups, chosen_groups, score }))
+    }
+
+    /// `DeepseekV3TopkRouter` (GLM-4.5's too): sigmoid scores, `e_score_correction_bias` to
+    /// choose, groups scored by their best two, `norm_topk_prob` (default true).
+    fn deepseek_v3_router(
+        &mut self,
+        family: Family,
+        experts: u64,
+    ) -> Result<RouterRule, ConfigError> {
+        self.deepseek_router_methods()?;
+        let defaults = if family == Family::Glm4Moe { (1, 1) } else { (8, 4) };
+        let groups = self.expert_groups(experts, Some(defaults), GroupScore::TopTwoSum)?;
+        let norm_topk = self.obj.opt_bool("norm_topk_prob")?;
+        let norm_topk = self.or_default("norm_topk_prob", norm_topk, true);
+        Ok(RouterRule {
+            scoring: RouterScoring::Sigmoid,
+            top_k_weights: if norm_topk { TopKWeights::Renormalized } else { TopKWeights::Raw },
+            correction_bias: true,
+            groups,
+        })
+    }
+
+    /// `DeepseekV2MoEGate` as transformers 4.57 computes it: softmax scores over all experts
+    /// (f32), `topk_method` `"greedy"` (plain top-k) or `"group_limited_greedy"` (`n_group`
+    /// groups scored by their best expert, the `topk_group` best kept), the chosen scores as
+    /// weights (not renormalised), times `routed_scaling_factor`.
+    fn deepseek_v2_router(&mut self, experts: u64) -> Result<RouterRule, ConfigError> {
+        let o = self.obj;
+        if let Some(v) = o.opt_str("scoring_func")?
+            && v != "softmax"
+        {
+            return Err(ConfigError::unsupported(
+                "scoring_func",
+                format!("{v:?}"),
+                "\"softmax\" or absent (DeepseekV2MoEGate's softmax)",
+            ));
+        }
+        // transformers 4.57's gate reads `norm_topk_prob` and never applies it, while
+        // DeepSeek's own modeling code renormalises: the two disagree, so only false is read.
+        if self.obj.opt_bool("norm_topk_prob")? == Some(true) {
+            return Err(ConfigError::unsupported(
+                "norm_topk_prob",
+                true,
+                "false or absent (transformers' DeepseekV2MoEGate ignores it, DeepSeek's own code renormalises: the two disagree)",
+            ));
+        }
+        let method = o.opt_str("topk_method")?;
+        let groups = match self.or_default("topk_method", method, "greedy") {
+            "greedy" => {
+                o.opt_size("n_group")?;
+                o.opt_size("topk_group")?;
+                None
+            }
+            "group_limited_greedy" => self.expert_groups(experts, None, GroupScore::Max)?,
+            other => {
+                return Err(ConfigError::unsupported(
+                    "topk_method",
+                    format!("{other:?}"),
+                    "\"greedy\", \"group_limited_greedy\" or absent",
+                ));
+            }
+        };
+        Ok(RouterRule {
+            scoring: RouterScoring::Softmax,
+            top_k_weights: TopKWeights::Raw,
+            correction_bias: false,
+            groups,
+        })
     }
 
     /// `DeepSeek`-V3's `topk_method` and `scoring_func`, where a config names them: only the
@@ -1739,7 +1830,7 @@ impl<'a> Parser<'a> {
     /// it claims to be; refuse instead of silently building the wrong network.
     fn reject_foreign_fields(&self, family: Family) -> Result<(), ConfigError> {
         if matches!(family, Family::DeepseekV3 | Family::DeepseekV2) {
-            // These are the DeepSeek families' own fields (read in `deepseek_moe_layers` and `deepseek_v2_layers`).
+            // These are the DeepSeek families' own fields (read in `deepseek_moe_layers`).
             return Ok(());
         }
         let mut fields = vec![];

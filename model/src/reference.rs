@@ -783,7 +783,7 @@ impl Reference {
                 };
                 let choice = moe::Choice {
                     correction_bias: correction_bias.as_ref().map(|b| &b.data[..]),
-                    groups: routing.groups.map(|g| (g.groups as usize, g.chosen_groups as usize)),
+                    groups: routing.groups,
                     scaling: routing.scaling as f32,
                 };
                 let route = moe::route_with(

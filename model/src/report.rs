@@ -4,8 +4,8 @@
 use std::fmt::Write as _;
 
 use crate::spec::{
-    AttentionForm, AttentionKind, Family, FfnKind, LmHead, ModelSpec, QkNorm, RouterScoring,
-    TopKWeights,
+    AttentionForm, AttentionKind, Family, FfnKind, GroupScore, LmHead, ModelSpec, QkNorm,
+    RouterScoring, TopKWeights,
 };
 
 /// Batches the report lists decode-step traffic for.
@@ -60,7 +60,11 @@ fn ffn_text(f: &FfnKind) -> String {
                 scoring += ", correction bias to choose";
             }
             if let Some(g) = r.groups {
-                scoring += &format!(", best {} of {} groups", g.chosen_groups, g.groups);
+                let by = match g.score {
+                    GroupScore::TopTwoSum => "their best two",
+                    GroupScore::Max => "their best",
+                };
+                scoring += &format!(", best {} of {} groups by {by}", g.chosen_groups, g.groups);
             }
             if r.scaling != 1.0 {
                 scoring += &format!(", weights x {}", r.scaling);

@@ -697,16 +697,27 @@ impl Routing {
     }
 }
 
-/// `DeepSeek`-V3's group-limited top-k: the experts fall into `groups` consecutive groups of
-/// equal size; a group's score is the sum of its two best (biased) scores; the
-/// `chosen_groups` best groups are kept, every other expert's choice score set to 0 (not
-/// minus infinity, as transformers' `masked_fill(..., 0.0)` does); then the top-k.
+/// Group-limited top-k (`DeepSeek`-V3's `noaux_tc`, `DeepSeek`-V2's `group_limited_greedy`):
+/// the experts fall into `groups` consecutive groups of equal size, each group scored by
+/// `score`; the `chosen_groups` best groups are kept, every other expert's choice score set
+/// to 0 (not minus infinity, as transformers' `masked_fill(..., 0.0)` does); then the top-k.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ExpertGroups {
     /// `n_group`.
     pub groups: u64,
     /// `topk_group`.
     pub chosen_groups: u64,
+    pub score: GroupScore,
+}
+
+/// How a group of experts is scored for the group-limited choice ([`ExpertGroups`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum GroupScore {
+    /// The sum of its two best (biased) choice scores: `DeepSeek`-V3 (`topk(2).sum`), GLM-4.5;
+    /// groups of at least two experts.
+    TopTwoSum,
+    /// Its best score: `DeepSeek`-V2's `group_limited_greedy` (`max(dim=-1)`).
+    Max,
 }
 
 /// Where the MoE block of the bf16 model computes in f32 beyond the activations' dtype.

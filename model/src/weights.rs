@@ -45,6 +45,7 @@
 //! | Llama 4: `model.layers.{i}.feed_forward.experts.down_proj` | `[experts, intermediate, hidden]` |
 //! | Llama 4: `model.layers.{i}.feed_forward.shared_expert.{gate,up,down}_proj.weight` | as an expert's |
 //! | Llama 4 dense layer: `model.layers.{i}.feed_forward.{gate,up,down}_proj.weight` | `intermediate_size_mlp` |
+//! | DeepSeek MoE layer: as GLM-4.5's (router, `experts.{e}`, `shared_experts`); DeepSeek-V2's router has no `e_score_correction_bias` | as GLM-4.5's |
 //! | `model.norm.weight` | `[hidden]` |
 //! | `lm_head.weight` (absent when `tie_word_embeddings`) | `[vocab, hidden]` |
 //!
@@ -358,14 +359,10 @@ impl ModelNames {
                         | Family::Glm4Moe
                         | Family::Olmoe
                         | Family::DeepseekV3
+                        | Family::DeepseekV2
                         | Family::GptOss
                         | Family::Llama4 => format!("{p}{ffn_module}."),
                         Family::Mixtral | Family::GraniteMoe => format!("{p}block_sparse_moe."),
-                        Family::DeepseekV2 => {
-                            return Err(WeightsError::Unsupported {
-                                what: format!("{} MoE layer {}", family.model_type(), layer.index),
-                            });
-                        }
                     };
                     let per_expert = (0..moe.num_experts).map(|e| {
                         let x = format!("{block}experts.{e}.");
@@ -374,7 +371,8 @@ impl ModelNames {
                             | Family::Qwen2Moe
                             | Family::Glm4Moe
                             | Family::Olmoe
-                            | Family::DeepseekV3 => MlpNames {
+                            | Family::DeepseekV3
+                            | Family::DeepseekV2 => MlpNames {
                                 gate: format!("{x}gate_proj.weight"),
                                 up: format!("{x}up_proj.weight"),
                                 down: format!("{x}down_proj.weight"),
@@ -384,11 +382,8 @@ impl ModelNames {
                                 up: format!("{x}w3.weight"),
                                 down: format!("{x}w2.weight"),
                             },
-                            Family::DeepseekV2
-                            | Family::GptOss
-                            | Family::Llama4
-                            | Family::GraniteMoe => {
-                                unreachable!("refused above, or fused")
+                            Family::GptOss | Family::Llama4 | Family::GraniteMoe => {
+                                unreachable!("their experts are named fused, below")
                             }
                         }
                     });

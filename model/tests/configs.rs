@@ -313,7 +313,7 @@ fn decode_traffic_qwen3_30b() {
 /// softmax scale carries YaRN's `mscale_all_dim` correction.
 #[test]
 fn deepseek_v3() {
-    use palladium_model::spec::{ExpertGroups, RouterPrecision, RouterScoring};
+    use palladium_model::spec::{ExpertGroups, GroupScore, RouterPrecision, RouterScoring};
     let s = spec("deepseek-v3.json");
     assert_eq!(s.layers.len(), 61);
     for l in &s.layers[..3] {
@@ -325,8 +325,12 @@ fn deepseek_v3() {
     assert_eq!(r.scoring, RouterScoring::Sigmoid);
     assert!(r.correction_bias);
     assert_eq!(r.top_k_weights, TopKWeights::Renormalized);
-    assert_eq!(r.groups, Some(ExpertGroups { groups: 8, chosen_groups: 4 }));
+    assert_eq!(
+        r.groups,
+        Some(ExpertGroups { groups: 8, chosen_groups: 4, score: GroupScore::TopTwoSum })
+    );
     assert_eq!((r.scaling, r.precision), (2.5, RouterPrecision::F32));
+    assert!(s.report().contains("best 4 of 8 groups by their best two"), "{}", s.report());
     let shared = m.shared.expect("DeepSeek-V3's MoE layers have a shared expert");
     assert_eq!((shared.intermediate, shared.sigmoid_gate), (2048, false));
     assert_eq!(s.layers[60].ffn, s.layers[3].ffn);
@@ -401,6 +405,90 @@ fn tiny_deepseek() {
     assert_eq!(neox.attention.rope.style, RopeStyle::NeoxRotateHalf);
 }
 
+/// DeepSeek-V2's MoE layers: softmax scores, raw weights times `routed_scaling_factor`, f32
+/// router, `n_shared_experts` ungated shared experts; `group_limited_greedy` groups scored by
+/// their best expert; `greedy` reads no groups.
+#[test]
+fn tiny_deepseek_v2_moe() {
+    use palladium_model::spec::{ExpertGroups, GroupScore, RouterPrecision, RouterScoring};
+    let s = edited("tiny-deepseek-v2.json", &[("first_k_dense_replace", Some(json!(1)))]).unwrap();
+    assert_eq!(s.layers[0].ffn, FfnKind::Dense { intermediate: 512 });
+    let m = moe(&s, 1);
+    assert_eq!((m.num_experts, m.top_k, m.intermediate), (8, 2, 128));
+    let r = m.routing;
+    assert_eq!((r.scoring, r.top_k_weights), (RouterScoring::Softmax, TopKWeights::Raw));
+    assert_eq!((r.correction_bias, r.groups), (false, None));
+    assert_eq!((r.scaling, r.precision), (1.0, RouterPrecision::F32));
+    let shared = m.shared.expect("DeepSeek-V2's MoE layers have shared experts");
+    assert_eq!((shared.intermediate, shared.sigmoid_gate), (256, false));
+    let s = edited(
+        "tiny-deepseek-v2.json",
+        &[
+            ("first_k_dense_replace", None),
+            ("topk_method", Some(json!("group_limited_greedy"))),
+            ("n_group", Some(json!(4))),
+            ("topk_group", Some(json!(2))),
+            ("routed_scaling_factor", Some(json!(16.0))),
+        ],
+    )
+    .unwrap();
+    // DeepseekV2Config's default: every layer MoE.
+    assert!(s.defaulted.contains_key("first_k_dense_replace"));
+    let r = moe(&s, 0).routing;
+    assert_eq!(
+        r.groups,
+        Some(ExpertGroups { groups: 4, chosen_groups: 2, score: GroupScore::Max })
+    );
+    assert_eq!(r.scaling, 16.0);
+    let report = s.report();
+    assert!(report.contains("softmax, best 2 of 4 groups by their best, weights x 16"), "{report}");
+    let names: Vec<String> = palladium_model::weights::tensor_layout(&s)
+        .unwrap()
+        .into_iter()
+        .filter(|t| t.name.starts_with("model.layers.0.mlp.") && !t.name.contains(".experts."))
+        .map(|t| format!("{} {:?}", t.name, t.shape))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "model.layers.0.mlp.gate.weight [8, 256]",
+            "model.layers.0.mlp.shared_experts.gate_proj.weight [256, 256]",
+            "model.layers.0.mlp.shared_experts.up_proj.weight [256, 256]",
+            "model.layers.0.mlp.shared_experts.down_proj.weight [256, 256]",
+        ]
+    );
+}
+
+/// DeepSeek-V2-Lite as shipped: 27 layers (layer 0 dense, intermediate 10944), 64 routed
+/// experts top-6 of 1408 with 2 shared, softmax `greedy` routing; 16 heads of MLA without a
+/// query `LoRA`; per position and layer the latent cache holds 576 values (1152 B in bf16)
+/// against 16 x (192 + 128) values (20480 B) of expanded K/V.
+#[test]
+fn deepseek_v2_lite() {
+    use palladium_model::spec::RouterScoring;
+    let s = spec("deepseek-v2-lite.json");
+    assert_eq!(
+        (s.family, s.layers.len(), s.hidden_size, s.vocab_size),
+        (Family::DeepseekV2, 27, 2048, 102400)
+    );
+    assert_eq!(s.layers[0].ffn, FfnKind::Dense { intermediate: 10944 });
+    let m = moe(&s, 1);
+    assert_eq!((m.num_experts, m.top_k, m.intermediate), (64, 6, 1408));
+    assert_eq!(
+        (m.routing.scoring, m.routing.top_k_weights),
+        (RouterScoring::Softmax, TopKWeights::Raw)
+    );
+    assert_eq!((m.routing.groups, m.routing.scaling), (None, 1.0));
+    assert_eq!(m.shared.map(|sh| sh.intermediate), Some(2816));
+    assert_eq!(s.layers[26].ffn, s.layers[1].ffn);
+    let AttentionForm::Mla(mla) = s.attention.form else { panic!("MLA") };
+    assert_eq!(mla.q_lora_rank, None);
+    assert_eq!((mla.kv_lora_rank, mla.latent_cache_width()), (512, 576));
+    assert_eq!((s.attention.num_heads, s.attention.head_dim), (16, 192));
+    assert_eq!(s.kv_bytes_per_token_per_layer(2), 1152);
+    assert_eq!(s.expanded_kv_bytes_per_token_per_layer(2), 16 * (192 + 128) * 2);
+}
+
 /// Qwen2-MoE: the sigmoid-gated shared expert on every MoE layer, q/k/v biases (`qkv_bias`,
 /// default true) without an `o_proj` bias, no q/k norm, raw top-k weights; its dense
 /// layers by the same rule as Qwen3-MoE's.
@@ -444,7 +532,7 @@ fn tiny_qwen2_moe() {
 /// partial rotary; the `Glm4MoeConfig` defaults where fields are absent.
 #[test]
 fn tiny_glm4_moe() {
-    use palladium_model::spec::{ExpertGroups, RouterPrecision, RouterScoring};
+    use palladium_model::spec::{ExpertGroups, GroupScore, RouterPrecision, RouterScoring};
     let s = spec("tiny-glm4-moe.json");
     assert_eq!(s.family, Family::Glm4Moe);
     assert_eq!(s.attention.rope.rotary_dim, 32);
@@ -456,7 +544,10 @@ fn tiny_glm4_moe() {
     let r = m.routing;
     assert_eq!(r.scoring, RouterScoring::Sigmoid);
     assert!(r.correction_bias);
-    assert_eq!(r.groups, Some(ExpertGroups { groups: 2, chosen_groups: 1 }));
+    assert_eq!(
+        r.groups,
+        Some(ExpertGroups { groups: 2, chosen_groups: 1, score: GroupScore::TopTwoSum })
+    );
     assert_eq!((r.scaling, r.precision), (2.5, RouterPrecision::F32));
     let shared = m.shared.expect("GLM-4.5's MoE layers have shared experts");
     assert_eq!((shared.intermediate, shared.sigmoid_gate), (128, false));

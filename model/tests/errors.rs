@@ -48,9 +48,32 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
         ),
         (
             D2,
-            vec![del("first_k_dense_replace")],
-            "first_k_dense_replace",
-            "layers 0..2 would be deepseek_v2 MoE layers",
+            vec![del("first_k_dense_replace"), set("topk_method", json!("noaux_tc"))],
+            "topk_method",
+            "unsupported value \"noaux_tc\" (supported: \"greedy\", \"group_limited_greedy\" or absent)",
+        ),
+        (
+            D2,
+            vec![del("first_k_dense_replace"), set("norm_topk_prob", json!(true))],
+            "norm_topk_prob",
+            "the two disagree",
+        ),
+        (
+            D2,
+            vec![del("first_k_dense_replace"), set("topk_method", json!("group_limited_greedy"))],
+            "n_group",
+            "missing required field \"n_group\"",
+        ),
+        (
+            D2,
+            vec![
+                del("first_k_dense_replace"),
+                set("topk_method", json!("group_limited_greedy")),
+                set("n_group", json!(3)),
+                set("topk_group", json!(1)),
+            ],
+            "n_group",
+            "must divide n_routed_experts (8) into groups of at least 1 experts",
         ),
         (
             D3,
@@ -67,6 +90,7 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
         (D3, vec![set("q_lora_rank", json!("96"))], "q_lora_rank", "non-negative integer"),
         (D3, vec![set("rope_interleave", json!(1))], "rope_interleave", "true or false"),
         (D2, vec![set("mlp_bias", json!(true))], "mlp_bias", "not implemented"),
+        (D3, vec![set("moe_layer_freq", json!(2))], "moe_layer_freq", "the two disagree"),
         (D3, vec![yarn(json!({"foo": 1}))], "rope_scaling.foo", "the yarn rope_scaling keys"),
         (D3, vec![yarn(json!({"factor": 0.5}))], "rope_scaling.factor", ">= 1"),
         (D3, vec![yarn(json!({"mscale": -1}))], "rope_scaling.mscale", ">= 0"),

@@ -311,6 +311,38 @@ fn deepseek_v2_matches_transformers() {
     check("fixtures/models/tiny-deepseek-v2.json", 17, &[2, 71, 130, 500, 64], 10);
 }
 
+/// DeepSeek-V2's MoE layers (`DeepseekV2MoEGate`, `topk_method: "greedy"`): one dense
+/// layer, then an MoE layer; softmax top-2 of 8 in f32, the raw weights times
+/// `routed_scaling_factor` 2.0, the weighted outputs summed in f32, two shared experts.
+#[test]
+fn deepseek_v2_moe_matches_transformers() {
+    let edit = |v: &mut serde_json::Value| {
+        v["first_k_dense_replace"] = 1.into();
+        v["routed_scaling_factor"] = 2.0.into();
+    };
+    check_variant("tiny-deepseek-v2", "tiny-deepseek-v2-moe", edit, 19, &[2, 71, 130, 500, 64], 10);
+}
+
+/// DeepSeek-V2's `group_limited_greedy` (DeepSeek-V2, V2-Chat): every layer MoE, 4 groups of
+/// 2 experts each scored by its best, the best 2 groups kept.
+#[test]
+fn deepseek_v2_grouped_moe_matches_transformers() {
+    let edit = |v: &mut serde_json::Value| {
+        v["first_k_dense_replace"] = 0.into();
+        v["topk_method"] = "group_limited_greedy".into();
+        v["n_group"] = 4.into();
+        v["topk_group"] = 2.into();
+    };
+    check_variant(
+        "tiny-deepseek-v2",
+        "tiny-deepseek-v2-grouped-moe",
+        edit,
+        23,
+        &[9, 300, 2, 77, 401, 5],
+        10,
+    );
+}
+
 /// More seeds for both families (slow: two transformers runs per seed). Run with
 /// `cargo test -p palladium-model --test tests hf_conformance:: -- --ignored --nocapture`.
 #[test]
