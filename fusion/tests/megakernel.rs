@@ -641,6 +641,7 @@ fn gpt_oss_llama4_and_granite_are_refused_by_feature() {
             "tiny-granitemoe",
             &["Granite's embedding, residual and logits multipliers", "experts stored fused"][..],
         ),
+        ("tiny-ernie4_5-moe", &["Llama 3 RoPE scaling or complex-pair RoPE"][..]),
     ] {
         match Plan::new(&spec(fixture), &options(Chip::V6e, 1, 256, Some(2))) {
             Err(e @ PlanError::Unsupported(_)) => {

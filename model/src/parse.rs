@@ -130,6 +130,7 @@ impl Family {
             Self::Olmoe => Defaults { rms_norm_eps: 1e-5 },
             Self::GptOss | Self::Llama4 => Defaults { rms_norm_eps: 1e-5 },
             Self::GraniteMoe => Defaults { rms_norm_eps: 1e-6 },
+            Self::Ernie45Moe => Defaults { rms_norm_eps: 1e-5 },
         }
     }
 }
@@ -236,14 +237,16 @@ impl<'a> Parser<'a> {
             | Family::Olmoe
             | Family::GptOss
             | Family::Llama4
-            | Family::GraniteMoe => self.attention(family, hidden_size)?,
+            | Family::GraniteMoe
+            | Family::Ernie45Moe => self.attention(family, hidden_size)?,
         };
 
         let eps = o.opt_pos_f64("rms_norm_eps")?;
         let eps = self.or_default("rms_norm_eps", eps, family.defaults().rms_norm_eps);
 
         let tied = o.opt_bool("tie_word_embeddings")?;
-        let tied = self.or_default("tie_word_embeddings", tied, false);
+        // `Ernie4_5_MoeConfig` ties by default, the others do not.
+        let tied = self.or_default("tie_word_embeddings", tied, family == Family::Ernie45Moe);
 
         let dtype = self.dtype()?;
         let quantization = self.quantization()?;
@@ -252,6 +255,7 @@ impl<'a> Parser<'a> {
             Family::Qwen3Moe | Family::Qwen2Moe => self.qwen_moe_layers(family, num_layers)?,
             Family::Mixtral => self.mixtral_layers(num_layers)?,
             Family::GraniteMoe => self.granite_layers(num_layers)?,
+            Family::Ernie45Moe => self.ernie_layers(num_layers)?,
             Family::DeepseekV3 | Family::Glm4Moe | Family::DeepseekV2 => {
                 self.deepseek_moe_layers(family, num_layers)?
             }
@@ -302,6 +306,7 @@ impl<'a> Parser<'a> {
             "gpt_oss" => Family::GptOss,
             "llama4_text" => Family::Llama4,
             "granitemoe" => Family::GraniteMoe,
+            "ernie4_5_moe" => Family::Ernie45Moe,
             other => {
                 return Err(ConfigError::unsupported(
                     "model_type",
@@ -461,6 +466,18 @@ impl<'a> Parser<'a> {
                 let bias = self.or_default("attention_bias", bias, false);
                 (bias, bias, QkNorm::None)
             }
+            // Ernie4_5_MoeAttention / MLP: every linear takes `bias=config.use_bias` (false in
+            // the released models): biases inside `nn.Linear` on the MLPs are not modelled.
+            Family::Ernie45Moe => {
+                if o.opt_bool("use_bias")? == Some(true) {
+                    return Err(ConfigError::unsupported(
+                        "use_bias",
+                        true,
+                        "false or absent (biases on ERNIE's attention and MLP projections are not implemented)",
+                    ));
+                }
+                (false, false, QkNorm::None)
+            }
             // Llama4TextConfig sets `attention_bias = False`; `use_qk_norm` (default true) is
             // the weightless L2 norm after RoPE on the RoPE layers.
             Family::Llama4 => {
@@ -508,6 +525,8 @@ impl<'a> Parser<'a> {
         let (style, rule) = match family {
             Family::GptOss => (RopeStyle::NeoxRotateHalf, ScalingRule::Yarn),
             Family::Llama4 => (RopeStyle::ComplexPairs, ScalingRule::Llama3),
+            // `apply_rotary_pos_emb` rotates pairs (2i, 2i+1) in f32 and rounds once.
+            Family::Ernie45Moe => (RopeStyle::ComplexPairs, ScalingRule::DefaultOnly),
             _ => (RopeStyle::NeoxRotateHalf, ScalingRule::DefaultOnly),
         };
         let mut rope = self.rope(factor, rotary_dim, style, rule)?;
@@ -1718,6 +1737,91 @@ impl<'a> Parser<'a> {
             .collect())
     }
 
+    /// ERNIE-4.5 MoE (`Ernie4_5_MoeDecoderLayer`): layer `i` is MoE iff `(i + 1) %
+    /// moe_layer_interval == 0` and `moe_layer_start_index <= i <= moe_layer_end_index` (-1:
+    /// the last layer), else a dense MLP of `intermediate_size`. A MoE layer
+    /// (`Ernie4_5_MoeSparseMoeBlock`): `moe_num_experts` experts of `moe_intermediate_size`,
+    /// top-`moe_k` of the f32 softmax plus `e_score_correction_bias`, the unbiased scores
+    /// renormalised (`moe_norm_min` floors the sum), and `moe_num_shared_experts` shared
+    /// experts as one MLP.
+    fn ernie_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
+        let o = self.obj;
+        let size = |this: &mut Self, field: &'static str, default: u64| {
+            let v = o.opt_size(field)?;
+            let v = this.or_default(field, v, default);
+            if v == 0 {
+                return Err(ConfigError::invalid(field, 0, "must be at least 1"));
+            }
+            Ok(v)
+        };
+        let experts = size(self, "moe_num_experts", 64)?;
+        let top_k = size(self, "moe_k", 6)?;
+        if top_k > experts {
+            return Err(ConfigError::invalid(
+                "moe_k",
+                top_k,
+                format!("more than the {experts} experts (moe_num_experts)"),
+            ));
+        }
+        let moe_intermediate = size(self, "moe_intermediate_size", 1536)?;
+        let intermediate = size(self, "intermediate_size", 12288)?;
+        let shared = o.opt_u64("moe_num_shared_experts")?;
+        let shared = self.or_default("moe_num_shared_experts", shared, 2);
+        let start = o.opt_u64("moe_layer_start_index")?;
+        let start = self.or_default("moe_layer_start_index", start, 1);
+        let end = match o.get("moe_layer_end_index").and_then(|v| v.as_i64()) {
+            Some(-1) | None => {
+                if !o.has("moe_layer_end_index") {
+                    self.or_default("moe_layer_end_index", None, -1);
+                }
+                num_layers - 1
+            }
+            Some(e) if e >= 0 => e as u64,
+            Some(e) => {
+                return Err(ConfigError::invalid(
+                    "moe_layer_end_index",
+                    e,
+                    "must be a layer index, or -1 for the last layer",
+                ));
+            }
+        };
+        let interval = size(self, "moe_layer_interval", 1)?;
+        if let Some(m) = o.opt_f64("moe_norm_min")?
+            && !(m.is_finite() && (0.0..1e-6).contains(&m))
+        {
+            return Err(ConfigError::unsupported(
+                "moe_norm_min",
+                m,
+                "a floor below 1e-6 (the renormalising sum of k softmax scores is never that small here)",
+            ));
+        }
+        let mut routing = Routing::top_k(RouterScoring::Softmax, TopKWeights::Renormalized);
+        routing.correction_bias = true;
+        routing.precision = RouterPrecision::F32Logits;
+        let moe = MoeSpec {
+            num_experts: experts,
+            top_k,
+            intermediate: moe_intermediate,
+            routing,
+            shared: (shared > 0).then_some(SharedExpert {
+                intermediate: shared * moe_intermediate,
+                sigmoid_gate: false,
+            }),
+        };
+        Ok((0..num_layers)
+            .map(|i| LayerSpec {
+                index: i as usize,
+                attention: AttentionKind::Full,
+                ffn: if (i + 1) % interval == 0 && (start..=end).contains(&i) {
+                    FfnKind::Moe(moe.clone())
+                } else {
+                    FfnKind::Dense { intermediate }
+                },
+                positions: Positions::Rope,
+            })
+            .collect())
+    }
+
     /// Granite's `embedding_multiplier`, `residual_multiplier`, `logits_scaling` (class
     /// defaults 1); the other families have none and would ignore them, so they are refused.
     fn multipliers(&mut self, family: Family) -> Result<Multipliers, ConfigError> {
@@ -1840,7 +1944,7 @@ impl<'a> Parser<'a> {
         if family != Family::Qwen2Moe {
             fields.push("shared_expert_intermediate_size");
         }
-        if family == Family::Glm4Moe {
+        if matches!(family, Family::Glm4Moe | Family::Ernie45Moe) {
             fields.extend(["mlp_only_layers", "use_sliding_window"]);
         }
         if matches!(

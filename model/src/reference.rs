@@ -775,7 +775,7 @@ impl Reference {
         match ffn {
             Ffn::Dense(m) => moe::swiglu(&m.swiglu(), x, self.ffn_rounding()),
             Ffn::Moe { router, router_bias, experts, top_k, routing, correction_bias, shared } => {
-                let f32_router = routing.precision == RouterPrecision::F32;
+                let f32_router = routing.precision != RouterPrecision::Activations;
                 // An f32 router's logits are not rounded to the activations' dtype.
                 let logits = match f32_router {
                     true => projection(router).apply(x, router_bias.as_ref().map(|b| &b.data[..])),
@@ -795,8 +795,8 @@ impl Reference {
                 );
                 *margin = margin.min(route.margin);
                 let expert = |e: usize| experts[e].swiglu();
-                let rounding = match (self.precision, f32_router) {
-                    (Precision::Bf16, true) => FfnRounding::TransformersF32Sum,
+                let rounding = match (self.precision, routing.precision) {
+                    (Precision::Bf16, RouterPrecision::F32) => FfnRounding::TransformersF32Sum,
                     _ => self.ffn_rounding(),
                 };
                 let mut out = match routing.weighting {

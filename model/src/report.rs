@@ -100,6 +100,7 @@ impl ModelSpec {
             Family::GptOss => "gpt-oss",
             Family::Llama4 => "Llama 4",
             Family::GraniteMoe => "Granite MoE",
+            Family::Ernie45Moe => "ERNIE-4.5-MoE",
         };
         writeln!(
             s,

@@ -40,6 +40,10 @@ pub enum Family {
     /// embedding, the residual branches, the attention scores and the logits; experts stored
     /// fused `[experts, out, in]`.
     GraniteMoe,
+    /// `"ernie4_5_moe"`: Baidu ERNIE-4.5 MoE (`modeling_ernie4_5_moe.py`): a softmax router in
+    /// f32 with a correction bias choosing the experts, shared experts, dense layers outside
+    /// `moe_layer_start_index..=moe_layer_end_index`, RoPE over interleaved pairs in f32.
+    Ernie45Moe,
 }
 
 impl Family {
@@ -59,6 +63,7 @@ impl Family {
         "llama4_text",
         "llama4",
         "granitemoe",
+        "ernie4_5_moe",
     ];
 
     /// The `model_type` string Hugging Face uses.
@@ -74,6 +79,7 @@ impl Family {
             Self::GptOss => "gpt_oss",
             Self::Llama4 => "llama4_text",
             Self::GraniteMoe => "granitemoe",
+            Self::Ernie45Moe => "ernie4_5_moe",
         }
     }
 
@@ -90,6 +96,7 @@ impl Family {
             Self::GptOss => "GptOssForCausalLM",
             Self::Llama4 => "Llama4ForCausalLM",
             Self::GraniteMoe => "GraniteMoeForCausalLM",
+            Self::Ernie45Moe => "Ernie4_5_MoeForCausalLM",
         }
     }
 }
@@ -730,6 +737,10 @@ pub enum RouterPrecision {
     /// in f32, logits never rounded), the weights stay f32 and the weighted expert outputs
     /// are summed in an f32 buffer, rounded to the activations' dtype once.
     F32,
+    /// ERNIE-4.5: the router in f32 as [`Self::F32`] (its gate kept in f32), but the weights
+    /// cast to the activations' dtype and the weighted outputs summed in it (`index_add_`
+    /// into a bf16 buffer), as [`Self::Activations`].
+    F32Logits,
 }
 
 /// Scoring of router logits, before the top-k choice ([`crate::moe::route`] computes it).

@@ -45,6 +45,7 @@
 //! | Llama 4: `model.layers.{i}.feed_forward.experts.down_proj` | `[experts, intermediate, hidden]` |
 //! | Llama 4: `model.layers.{i}.feed_forward.shared_expert.{gate,up,down}_proj.weight` | as an expert's |
 //! | Llama 4 dense layer: `model.layers.{i}.feed_forward.{gate,up,down}_proj.weight` | `intermediate_size_mlp` |
+//! | ERNIE-4.5 MoE layer: `model.layers.{i}.mlp.gate.weight`, `mlp.moe_statics.e_score_correction_bias` | `[experts, hidden]`, `[1, experts]` |
 //! | DeepSeek MoE layer: as GLM-4.5's (router, `experts.{e}`, `shared_experts`); DeepSeek-V2's router has no `e_score_correction_bias` | as GLM-4.5's |
 //! | `model.norm.weight` | `[hidden]` |
 //! | `lm_head.weight` (absent when `tie_word_embeddings`) | `[vocab, hidden]` |
@@ -334,7 +335,8 @@ impl ModelNames {
                     | Family::Glm4Moe
                     | Family::DeepseekV3
                     | Family::DeepseekV2
-                    | Family::Llama4,
+                    | Family::Llama4
+                    | Family::Ernie45Moe,
                 ) => FfnNames::Dense(MlpNames {
                     gate: format!("{p}{ffn_module}.gate_proj.weight"),
                     up: format!("{p}{ffn_module}.up_proj.weight"),
@@ -361,7 +363,8 @@ impl ModelNames {
                         | Family::DeepseekV3
                         | Family::DeepseekV2
                         | Family::GptOss
-                        | Family::Llama4 => format!("{p}{ffn_module}."),
+                        | Family::Llama4
+                        | Family::Ernie45Moe => format!("{p}{ffn_module}."),
                         Family::Mixtral | Family::GraniteMoe => format!("{p}block_sparse_moe."),
                     };
                     let per_expert = (0..moe.num_experts).map(|e| {
@@ -372,7 +375,8 @@ impl ModelNames {
                             | Family::Glm4Moe
                             | Family::Olmoe
                             | Family::DeepseekV3
-                            | Family::DeepseekV2 => MlpNames {
+                            | Family::DeepseekV2
+                            | Family::Ernie45Moe => MlpNames {
                                 gate: format!("{x}gate_proj.weight"),
                                 up: format!("{x}up_proj.weight"),
                                 down: format!("{x}down_proj.weight"),
@@ -418,6 +422,11 @@ impl ModelNames {
                         Family::GraniteMoe => format!("{block}router.layer."),
                         _ => format!("{block}gate."),
                     };
+                    // ERNIE keeps its correction bias in `moe_statics`, the others in the gate.
+                    let correction_module = match family {
+                        Family::Ernie45Moe => format!("{block}moe_statics."),
+                        _ => router.clone(),
+                    };
                     // Qwen2-MoE's `shared_expert` (and `shared_expert_gate`); GLM-4.5's (and
                     // `DeepSeek`'s) `shared_experts`, all of them one MLP.
                     let shared_module = match family {
@@ -438,7 +447,7 @@ impl ModelNames {
                         correction_bias: moe
                             .routing
                             .correction_bias
-                            .then(|| format!("{router}e_score_correction_bias")),
+                            .then(|| format!("{correction_module}e_score_correction_bias")),
                         experts,
                         shared,
                     }
@@ -591,7 +600,10 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
                     t(b, vec![e], Bias);
                 }
                 if let Some(b) = correction_bias {
-                    t(b, vec![e], Bias);
+                    // ERNIE's `Ernie4_5_MoeStatics` holds it as `[1, experts]`.
+                    let shape =
+                        if spec.family == Family::Ernie45Moe { vec![1, e] } else { vec![e] };
+                    t(b, shape, Bias);
                 }
                 match experts {
                     ExpertNames::PerExpert(experts) => {

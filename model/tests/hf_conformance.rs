@@ -258,6 +258,15 @@ fn granitemoe_matches_transformers() {
     check("fixtures/models/tiny-granitemoe.json", 7, &[1, 17, 300, 42, 5], 10);
 }
 
+/// ERNIE-4.5-MoE: layer 0 a dense MLP (`moe_layer_start_index` 1), the f32 softmax router
+/// whose random `e_score_correction_bias` chooses the experts, renormalised top-2, two shared
+/// experts as one MLP, RoPE over interleaved pairs in f32 (`lm_head` untied: a tied one makes
+/// the tiny model repeat its input token, logits dominated by it).
+#[test]
+fn ernie4_5_moe_matches_transformers() {
+    check("fixtures/models/tiny-ernie4_5-moe.json", 7, &[1, 17, 300, 42, 5], 10);
+}
+
 #[test]
 fn mixtral_matches_transformers() {
     check("fixtures/models/tiny-mixtral.json", 11, &[3, 99, 250, 7], 10);
