@@ -189,6 +189,14 @@ fn tiny_qwen2_moe_gives_the_same_tokens_on_1_and_2_devices() {
     );
 }
 
+/// GLM-4.5: DeepSeek-V3's router (the correction bias row replicated: every device routes
+/// over all experts), 1 of 2 expert groups, the scaled weights, partial rotary, q/k/v
+/// biases, the ungated shared expert split by columns and the dense first layer.
+#[test]
+fn tiny_glm4_moe_gives_the_same_tokens_on_1_and_2_devices() {
+    same_tokens_on_devices("tiny-glm4-moe", &spec("tiny-glm4-moe"), &[0, 1], &[2], ExpertSplit::Ep);
+}
+
 /// Experts split by expert (EP): the planner's choice for the tiny models at batch 1. On
 /// 8 devices each of the 2 KV heads is on 4 devices, its 2 query heads padded to 4.
 #[test]

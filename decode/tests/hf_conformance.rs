@@ -152,3 +152,12 @@ fn mixtral_megakernel_matches_transformers() {
 fn qwen2_moe_matches_transformers() {
     check("fixtures/models/tiny-qwen2-moe.json", 13, &[2, 41, 310, 9, 77], 10);
 }
+
+/// GLM-4.5: DeepSeek-V3's router (sigmoid scores, a random correction bias used only to
+/// choose, best 1 of 2 expert groups, `routed_scaling_factor` 2.5, computed in f32), partial
+/// rotary (half of each head), q/k/v biases, per-head q/k norms, the ungated shared
+/// expert and a dense first layer.
+#[test]
+fn glm4_moe_matches_transformers() {
+    check("fixtures/models/tiny-glm4-moe.json", 13, &[4, 23, 280, 11, 63], 10);
+}

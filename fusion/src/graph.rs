@@ -34,6 +34,8 @@ pub enum WeightKind {
     PostAttentionNorm,
     /// The MoE router (`gate.weight`).
     Router,
+    /// `DeepSeek`-V3's router's `e_score_correction_bias` (`[experts]`, f32).
+    CorrectionBias,
     ExpertGate,
     ExpertUp,
     ExpertDown,

@@ -146,6 +146,9 @@ pub enum OperandKind {
     HeadNorms,
     /// The q/k/v projections' biases, a row per head (where the model has them).
     QkvBias,
+    /// `DeepSeek`-V3's `e_score_correction_bias`, a row per MoE layer (where the router
+    /// has one): added to the scores to choose the experts only.
+    CorrectionBias,
     KCache,
     VCache,
     Logits,
@@ -184,6 +187,7 @@ impl OperandKind {
             OperandKind::WMlp => "w_mlp",
             OperandKind::HeadNorms => "head_norms",
             OperandKind::QkvBias => "qkv_bias",
+            OperandKind::CorrectionBias => "correction_bias",
             OperandKind::KCache => "k_cache",
             OperandKind::VCache => "v_cache",
             OperandKind::Logits => "logits",

@@ -160,8 +160,26 @@ pub struct Dims {
     /// How the router scores its logits before the top-k (the config's, as data).
     pub scoring: RouterScoring,
     pub renormalize: bool,
+    /// `DeepSeek`-V3's router (GLM-4.5): `e_score_correction_bias` added to the scores to
+    /// choose the experts (the `router_bias` operand, a row per layer), never to weigh them.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub correction_bias: bool,
+    /// Group-limited choice `(n_group, topk_group)`; `None` for one group.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert_groups: Option<(u64, u64)>,
+    /// `routed_scaling_factor` on the chosen experts' weights (1 where the model has none).
+    #[serde(skip_serializing_if = "is_one")]
+    pub routed_scaling: f64,
+    /// Partial rotary: the first `rotary_dim` lanes of each q/k head rotated, the rest
+    /// passed through (GLM-4.5's `partial_rotary_factor`); `None` when the whole head is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rotary_dim: Option<u64>,
     /// KV-cache positions (context rounded up to `block_kv`).
     pub positions: u64,
+}
+
+fn is_one(x: &f64) -> bool {
+    *x == 1.0
 }
 
 impl Dims {
@@ -169,6 +187,12 @@ impl Dims {
     /// heads in order, each padded to `head_pad`), rounded up to 8 sublanes.
     pub fn qkv_bias_rows(&self) -> u64 {
         (self.heads + 2 * self.kv_heads).next_multiple_of(8)
+    }
+
+    /// Bytes of one layer's `correction_bias` row block (`f32[8, experts_pad]`, row 0),
+    /// 0 without the bias.
+    pub fn correction_bias_bytes(&self) -> u64 {
+        if self.correction_bias { 4 * 8 * self.experts_pad } else { 0 }
     }
 
     /// The most distinct experts a step's rows choose, `min(experts, batch * K * top_k)`

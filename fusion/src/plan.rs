@@ -51,7 +51,7 @@ use palladium_dsl::ir::{Shape, padded_vmem_bytes};
 use palladium_dsl::spec::Chip;
 use palladium_kernels::body::{DIGIT_ROWS, widened_code_bytes};
 use palladium_model::quant::WeightsDtype;
-use palladium_model::spec::{Quantization, RouterPrecision};
+use palladium_model::spec::Quantization;
 use palladium_model::{
     AttentionForm, AttentionKind, Family, FfnKind, LmHead, ModelSpec, MoeSpec, QkNorm, TopKWeights,
 };
@@ -215,6 +215,9 @@ pub struct Traffic {
     /// The q/k/v biases' rows, one copy per layer (0 without biases).
     #[serde(skip_serializing_if = "is_zero")]
     pub qkv_bias: u64,
+    /// The MoE layers' correction-bias rows, one copy per layer (0 without them).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub correction_bias: u64,
     pub total: u64,
     /// The model's own count for the same step (`ModelSpec::decode_traffic`, unpadded).
     pub model_total: f64,
@@ -588,35 +591,11 @@ fn supported<'s>(
     if a.o_bias || r.router_bias {
         missing.push("o_proj or router biases".to_string());
     }
-    if r.correction_bias || r.groups.is_some() || r.scaling != 1.0 {
-        missing.push(format!(
-            "DeepSeek-V3 routing ({}{}{})",
-            if r.correction_bias { "e_score_correction_bias" } else { "no correction bias" },
-            r.groups.map_or(String::new(), |g| format!(
-                ", best {} of {} expert groups",
-                g.chosen_groups, g.groups
-            )),
-            if r.scaling != 1.0 {
-                format!(", routed_scaling_factor {}", r.scaling)
-            } else {
-                String::new()
-            }
-        ));
-    }
-    if r.precision != RouterPrecision::Activations {
-        missing.push("a router computed in f32".to_string());
-    }
     if let QkNorm::WholeRms { .. } = a.qk_norm {
         missing.push("q/k RMS norms over the whole projections".to_string());
     }
     if let Some(c) = a.clip_qkv {
         missing.push(format!("clip_qkv {c}"));
-    }
-    if a.rope.rotary_dim != a.head_dim {
-        missing.push(format!(
-            "partial rotary ({} of head_dim {} rotated)",
-            a.rope.rotary_dim, a.head_dim
-        ));
     }
     if !missing.is_empty() {
         return Err(PlanError::Unsupported(format!(
@@ -721,6 +700,10 @@ fn dims(
         },
         scoring: moe.routing.scoring,
         renormalize: moe.routing.top_k_weights == TopKWeights::Renormalized,
+        correction_bias: moe.routing.correction_bias,
+        expert_groups: moe.routing.groups.map(|g| (g.groups, g.chosen_groups)),
+        routed_scaling: moe.routing.scaling,
+        rotary_dim: (a.rope.rotary_dim < a.head_dim).then_some(a.rope.rotary_dim),
         positions: round_up(options.context, block_kv),
     };
     (dims, block_kv)
@@ -956,6 +939,16 @@ fn stream_layout(
             vec![l, rows, hp],
             MemorySpace::Any,
             4 * l * rows * hp,
+        ));
+    }
+    if dims.correction_bias {
+        operands.push(operand(
+            CorrectionBias,
+            Input,
+            DType::F32,
+            vec![l, 8, dims.experts_pad],
+            MemorySpace::Any,
+            l * dims.correction_bias_bytes(),
         ));
     }
     if let Some(q) = quant {
@@ -1219,7 +1212,8 @@ fn hbm_fit(
                 )
                 .saturating_add(2 * (kv_bytes / l))
                 .saturating_add(if dims.qk_norm { 4 * 8 * hp } else { 0 })
-                .saturating_add(if dims.qkv_bias { 4 * dims.qkv_bias_rows() * hp } else { 0 }),
+                .saturating_add(if dims.qkv_bias { 4 * dims.qkv_bias_rows() * hp } else { 0 })
+                .saturating_add(dims.correction_bias_bytes()),
             // Every operand with a leading layer axis (a quantized w_stream has no lm_head
             // chunks; `norms` has one more entry, the final norm).
             Some(_) => {
@@ -1229,6 +1223,7 @@ fn hbm_fit(
                     WExperts,
                     HeadNorms,
                     QkvBias,
+                    CorrectionBias,
                     KCache,
                     VCache,
                     QkvScales,
@@ -1404,9 +1399,21 @@ fn traffic(
     let embedding = tokens * 16 * h * 2;
     let head_norms = if dims.qk_norm { l * 8 * hp * 4 } else { 0 };
     let qkv_bias = if dims.qkv_bias { l * dims.qkv_bias_rows() * hp * 4 } else { 0 };
+    let correction_bias = l_moe * dims.correction_bias_bytes();
     let step_total = total(
         "the bytes moved per step",
-        &[dense, lm_head, experts, mlp, kv_read, kv_write, embedding, head_norms, qkv_bias],
+        &[
+            dense,
+            lm_head,
+            experts,
+            mlp,
+            kv_read,
+            kv_write,
+            embedding,
+            head_norms,
+            qkv_bias,
+            correction_bias,
+        ],
     )?;
     let mut truncated = spec.clone();
     truncated.layers.truncate(layers);
@@ -1429,6 +1436,7 @@ fn traffic(
         &[
             product("the DMAs per step", &[l_moe, distinct + shared, layout.expert_chunks, 2])?,
             product("the DMAs per step", &[l_mlp, layout.mlp_chunks, 2])?,
+            l_moe * u64::from(dims.correction_bias),
         ],
     )?;
     // A quantized plan adds per layer its scales, router and norm rows (4) and two scale
@@ -1461,6 +1469,7 @@ fn traffic(
         embedding,
         head_norms,
         qkv_bias,
+        correction_bias,
         total: step_total,
         model_total,
         floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(),

@@ -193,6 +193,9 @@ pub struct ScratchKeys {
     pub head_norm_sem: SemaphoresKey,
     /// The layer's q/k/v bias rows and their copy's semaphore (models with the biases).
     pub qkv_bias: Option<(BufferKey, SemaphoresKey)>,
+    /// The layer's correction-bias rows and their copy's semaphore (`DeepSeek`-V3's
+    /// router).
+    pub correction_bias: Option<(BufferKey, SemaphoresKey)>,
     pub x: BufferKey,
     pub expert_acc: BufferKey,
     pub o_acc: BufferKey,
@@ -279,6 +282,10 @@ impl MegakernelScratch {
             let rows = dims.qkv_bias_rows();
             let buf = s.buffer("q/k/v biases", "qkv_bias_buf", vm, f32, &[rows, hp]);
             (buf, s.dma_semaphores("qkv_bias_sem", &[1]))
+        });
+        let correction_bias = dims.correction_bias.then(|| {
+            let buf = s.buffer("correction bias", "bias_buf", vm, f32, &[8, dims.experts_pad]);
+            (buf, s.dma_semaphores("bias_sem", &[1]))
         });
         let acc = "residual and accumulators";
         let x = s.buffer(acc, "x", vm, f32, &[rows, h]);
@@ -394,6 +401,7 @@ impl MegakernelScratch {
             head_norm_buf,
             head_norm_sem,
             qkv_bias,
+            correction_bias,
             x,
             expert_acc,
             o_acc,

@@ -62,6 +62,7 @@ impl Role {
                 WeightKind::KProj | WeightKind::VProj => vec![kv, h],
                 WeightKind::OProj => vec![h, q],
                 WeightKind::Router => vec![m.experts, h],
+                WeightKind::CorrectionBias => vec![m.experts],
                 WeightKind::ExpertGate | WeightKind::ExpertUp => vec![i, h],
                 WeightKind::ExpertDown => vec![h, i],
                 WeightKind::MlpGate | WeightKind::MlpUp => vec![di, h],
@@ -80,6 +81,9 @@ impl Role {
 pub enum Element {
     /// The tensor's value rounded to bf16 (times the folded norm's, in f32).
     Value,
+    /// The tensor's value as loaded, unrounded (an f32 operand the kernel adds in f32:
+    /// the router's correction bias, which checkpoints ship in f32).
+    Exact,
     /// The tensor's quantized code, stored as `format` says.
     Code(CodeFormat),
     /// The f32 scale of the tensor's code at the element's (row, input).
@@ -802,6 +806,17 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 })
                 .collect()
         }
+        OperandKind::CorrectionBias => vec![Block {
+            stack: vec![(Stack::Layers { only: Some(Ffn::RoutedExperts) }, shape[1] * shape[2])],
+            at: 0,
+            rows: 1,
+            cols: shape[2],
+            row_stride: shape[2],
+            row: whole(1),
+            col: whole(m.experts),
+            read: read(WeightKind::CorrectionBias, Element::Exact, false, None),
+            what: "",
+        }],
         _ => return None,
     })
 }
@@ -864,6 +879,7 @@ pub fn tensor_name(layout: &StreamLayout, role: Role) -> String {
         .map_or("mlp", |(ffn, _)| ffn);
     match kind {
         WeightKind::Router => format!("{ffn}.gate.weight"),
+        WeightKind::CorrectionBias => format!("{ffn}.gate.e_score_correction_bias"),
         WeightKind::MlpGate => "mlp.gate_proj.weight".into(),
         WeightKind::MlpUp => "mlp.up_proj.weight".into(),
         WeightKind::MlpDown => "mlp.down_proj.weight".into(),
@@ -980,7 +996,7 @@ impl OperandSource {
             (format!("[{ri}, {ci}]"), ci)
         };
         let element = match b.read.element {
-            Element::Value => String::new(),
+            Element::Value | Element::Exact => String::new(),
             Element::Code(f) => format!("{} codes of ", f.codes),
             Element::Scale(f) => format!(
                 "the f32 scale ({}) of ",

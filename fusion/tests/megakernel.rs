@@ -550,18 +550,7 @@ fn mla_is_refused_by_name() {
 /// nothing it emits: shared experts are not named).
 #[test]
 fn families_the_megakernel_lacks_are_refused_by_feature() {
-    for (fixture, features) in [
-        (
-            "tiny-glm4-moe",
-            &[
-                "DeepSeek-V3 routing (e_score_correction_bias, best 1 of 2 expert groups, routed_scaling_factor 2.5)",
-                "a router computed in f32",
-                "partial rotary (32 of head_dim 64 rotated)",
-            ][..],
-        ),
-        ("tiny-olmoe", &["q/k RMS norms over the whole projections"][..]),
-        ("glm-4.5-air", &["DeepSeek-V3 routing", "partial rotary"][..]),
-    ] {
+    for (fixture, features) in [("tiny-olmoe", &["q/k RMS norms over the whole projections"][..])] {
         match Plan::new(&spec(fixture), &options(Chip::V6e, 1, 256, Some(2))) {
             Err(e @ PlanError::Unsupported(_)) => {
                 let msg = e.to_string();
@@ -570,6 +559,31 @@ fn families_the_megakernel_lacks_are_refused_by_feature() {
             }
             other => panic!("{fixture}: expected a refusal, got {other:?}"),
         }
+    }
+}
+
+/// GLM-4.5 plans with DeepSeek-V3's router as data: the correction bias a row per layer
+/// (`correction_bias`, read by the MoE layers only: layer 0 is dense), 1 of 2 expert groups
+/// kept, the weights scaled by 2.5; partial rotary (32 of each head's 64 lanes); and so
+/// GLM-4.5-Air as shipped is refused for its dense first layer's intermediate size only.
+#[test]
+fn glm4_moe_plans_its_router_options_and_partial_rotary() {
+    use palladium_fusion::layout::OperandKind;
+    let p = Plan::new(&spec("tiny-glm4-moe"), &options(Chip::V6e, 1, 256, None)).unwrap();
+    let d = &p.dims;
+    assert!(d.correction_bias);
+    assert_eq!((d.expert_groups, d.routed_scaling, d.rotary_dim), (Some((2, 1)), 2.5, Some(32)));
+    assert_eq!(p.layout.operand(OperandKind::CorrectionBias).unwrap().shape, [4, 8, 128]);
+    assert_eq!(p.traffic.correction_bias, 3 * 8 * 128 * 4);
+    let text = report::text(&p);
+    assert!(text.contains("mlp.gate.e_score_correction_bias"), "{text}");
+    assert!(text.contains("layers [1, 2, 3] only"), "{text}");
+    // GLM-4.5-Air as shipped: what is left is its dense first layer's size.
+    match Plan::new(&spec("glm-4.5-air"), &options(Chip::V7x, 1, 256, Some(4))) {
+        Err(e @ PlanError::Unsupported(_)) => {
+            assert!(e.to_string().contains("intermediate_size 10944"), "{e}")
+        }
+        other => panic!("GLM-4.5-Air: expected a refusal, got {other:?}"),
     }
 }
 

@@ -84,10 +84,21 @@ impl Attention {
             let at = if r % kt == 0 { at } else { at + (r % kt) as i32 };
             pos = row_i.put(pos, r as i32, at.cast(f32));
         }
-        let (cos, sin) = rope_tables(pos, d.head_pad, d.head_dim, d.rope_theta);
+        // Partial rotary (GLM-4.5): the first `rotary_dim` lanes rotate as a head of that
+        // size would (frequencies and halves of `rotary_dim`), the rest pass through
+        // (cos 1, sin 0, no rotation).
+        let rotary = d.rotary_dim.unwrap_or(d.head_dim);
+        let (cos, sin) = rope_tables(pos, d.head_pad, rotary, d.rope_theta);
+        let (cos, sin) = match d.rotary_dim {
+            Some(r) => {
+                let rotated = lt(iota([1, d.head_pad], 1), r as i32);
+                (select(rotated, cos, 1.0), select(rotated, sin, 0.0))
+            }
+            None => (cos, sin),
+        };
         self.cos.store(.., cos);
         self.sin.store(.., sin);
-        self.rot.store(.., rope_rotation(d.head_pad, d.head_dim, false));
+        self.rot.store(.., rope_rotation(d.head_pad, rotary, false));
         self.qs.store(.., 0.0);
     }
 

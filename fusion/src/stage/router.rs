@@ -3,6 +3,12 @@
 //! logits (the dense stream's `Router` segment, or a quantized plan's own bf16 `router`
 //! operand), the scoring and top-k, the distinct chosen experts to SMEM for
 //! [`super::experts`], and the per-layer record of non-finite router logits.
+//!
+//! The routing is the model's as data ([`Choice`]): softmax or sigmoid scores, and for
+//! `DeepSeek`-V3's router (GLM-4.5) the `correction_bias` operand's row (copied per MoE
+//! layer) added to choose only, the expert groups and `routed_scaling_factor`. The logits
+//! are the MXU's f32 products of the bf16 activations and weights, never rounded: what
+//! transformers' f32 router (`RouterPrecision::F32`) computes, up to the folded norm.
 
 use super::o_proj::OProjection;
 use super::{Handles, LayerCopies, LayerOperand, Norm, WeightTile};
@@ -11,7 +17,7 @@ use crate::plan::Plan;
 use crate::spmd::Spmd;
 use palladium_dsl::build::{eq, ge, lt};
 use palladium_dsl::prelude::*;
-use palladium_kernels::body::{Routing, WeightLayout};
+use palladium_kernels::body::{Choice, Routing, WeightLayout};
 use palladium_model::spec::RouterScoring;
 use std::ops::Range;
 
@@ -31,6 +37,8 @@ pub struct Router {
     logits: Ref,
     non_finite: Ref,
     ids: Ref,
+    /// The layer's correction-bias rows: the operand, its buffer, the copy's semaphore.
+    correction_bias: Option<(Ref, Ref, SemRef)>,
     spmd: Option<Spmd>,
 }
 
@@ -43,6 +51,9 @@ impl Router {
             logits: hs.buffer(hs.keys.router_logits),
             non_finite: hs.must(OperandKind::RouterNonFinite),
             ids: hs.buffer(hs.keys.expert_ids),
+            correction_bias: hs.keys.correction_bias.map(|(buf, sem)| {
+                (hs.must(OperandKind::CorrectionBias), hs.buffer(buf), hs.sems(sem))
+            }),
             spmd: hs.spmd,
         }
     }
@@ -105,7 +116,15 @@ impl Router {
         let logits = self.logits.load(..);
         record_non_finite(p, self.non_finite, layer, logits);
         let sigmoid = d.scoring == RouterScoring::Sigmoid;
-        let routing = Routing::new(logits, d.experts, k, sigmoid, d.renormalize);
+        // The bias row of the layer (a small copy, waited at once: routing needs it).
+        let correction_bias = self.correction_bias.map(|(operand, buf, sem)| {
+            let copy = async_copy(operand.at(layer), buf, sem.at(0));
+            copy.start();
+            copy.wait();
+            buf.load((0..1, ..))
+        });
+        let choice = Choice { correction_bias, groups: d.expert_groups, scaling: d.routed_scaling };
+        let routing = Routing::choosing(logits, d.experts, k, sigmoid, d.renormalize, choice);
         let own_first = self.spmd.and_then(|spmd| spmd.expert_first());
         if own_first.is_some() {
             self.ids.store(0, scalar(0));
