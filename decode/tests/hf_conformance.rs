@@ -32,7 +32,7 @@
 
 use crate::hf_oracle;
 
-use hf_oracle::run_oracle;
+use hf_oracle::{run_oracle, variant_config};
 use palladium_decode::{Comparison, Decoder, Matched, ROUTER_TIE, check_step, pack::pack};
 use palladium_dsl::spec::Chip;
 use palladium_fusion::{megakernel::Megakernel, plan::PlanOptions};
@@ -160,4 +160,23 @@ fn qwen2_moe_matches_transformers() {
 #[test]
 fn glm4_moe_matches_transformers() {
     check("fixtures/models/tiny-glm4-moe.json", 13, &[4, 23, 280, 11, 63], 10);
+}
+
+/// `OLMoE`: q/k RMS norms over the whole q and k projections (a row of each weight per
+/// head), raw top-k weights.
+#[test]
+fn olmoe_matches_transformers() {
+    check("fixtures/models/tiny-olmoe.json", 7, &[1, 17, 300, 42, 5], 10);
+}
+
+/// `OLMoE` with `clip_qkv` small enough to clip (0.5: the normed q and k are O(1)) and
+/// renormalised top-k weights.
+#[test]
+fn olmoe_clip_qkv_matches_transformers() {
+    let cfg = variant_config("tiny-olmoe", "tiny-olmoe-clip", |v| {
+        v["clip_qkv"] = 0.5.into();
+        v["norm_topk_prob"] = true.into();
+    });
+    check(cfg.to_str().unwrap(), 5, &[9, 8, 7, 6, 5, 4], 10);
+    let _ = std::fs::remove_file(&cfg);
 }

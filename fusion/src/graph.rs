@@ -207,8 +207,8 @@ impl LayerGraph {
                     &[k],
                 ),
             ),
-            // Never planned (`plan::supported` refuses OLMoE's norm over the whole
-            // projections, naming it, before any graph is built).
+            // OLMoE's norms over the whole projections are the attention stage's (before
+            // the view as heads); no weight to fold or fuse.
             QkNorm::None | QkNorm::WholeRms { .. } => (q, k),
         };
         let qr = node(&mut g, "q_rope", OpKind::Rope, &[q]);

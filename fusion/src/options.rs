@@ -153,6 +153,13 @@ pub struct Dims {
     pub rope_theta: f64,
     pub scale: f64,
     pub qk_norm: bool,
+    /// `OLMoE`'s q/k RMS norms over the whole q and k projections (`QkNorm::WholeRms`):
+    /// `head_norms` then holds a row per q and k head (each head's slice of the weight).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub whole_qk_norm: bool,
+    /// `OLMoE`'s `clip_qkv`: q and k (after their norms) and v clamped to `[-c, c]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_qkv: Option<f64>,
     /// Biases on the q/k/v projections (the `qkv_bias` operand), added to each head as
     /// the attention stage reads it.
     pub qkv_bias: bool,
@@ -187,6 +194,18 @@ impl Dims {
     /// heads in order, each padded to `head_pad`), rounded up to 8 sublanes.
     pub fn qkv_bias_rows(&self) -> u64 {
         (self.heads + 2 * self.kv_heads).next_multiple_of(8)
+    }
+
+    /// Rows of one layer's `head_norms`: `q_norm` and `k_norm` in rows 0 and 1 of 8
+    /// (per-head norms), or a row per q head then per k head, rounded up to 8 sublanes
+    /// (norms over the whole projections).
+    pub fn head_norm_rows(&self) -> u64 {
+        if self.whole_qk_norm { (self.heads + self.kv_heads).next_multiple_of(8) } else { 8 }
+    }
+
+    /// Whether the plan has the `head_norms` operand.
+    pub fn head_norms(&self) -> bool {
+        self.qk_norm || self.whole_qk_norm
     }
 
     /// Bytes of one layer's `correction_bias` row block (`f32[8, experts_pad]`, row 0),

@@ -591,11 +591,11 @@ fn supported<'s>(
     if a.o_bias || r.router_bias {
         missing.push("o_proj or router biases".to_string());
     }
-    if let QkNorm::WholeRms { .. } = a.qk_norm {
-        missing.push("q/k RMS norms over the whole projections".to_string());
-    }
-    if let Some(c) = a.clip_qkv {
-        missing.push(format!("clip_qkv {c}"));
+    if let (QkNorm::WholeRms { .. }, n @ 2..) = (a.qk_norm, options.devices) {
+        return Err(PlanError::Unsupported(format!(
+            "q/k RMS norms over the whole projections ({}) on --devices {n}: the norm's sum of squares spans every head, and the heads are split over the devices (no collective sums it yet); plan it on one device",
+            spec.family.model_type()
+        )));
     }
     if !missing.is_empty() {
         return Err(PlanError::Unsupported(format!(
@@ -693,6 +693,8 @@ fn dims(
         rope_theta: a.rope.theta,
         scale: a.scale,
         qk_norm: matches!(a.qk_norm, QkNorm::PerHeadRms { .. }),
+        whole_qk_norm: matches!(a.qk_norm, QkNorm::WholeRms { .. }),
+        clip_qkv: a.clip_qkv,
         qkv_bias: a.qkv_bias,
         window: match spec.layers[0].attention {
             AttentionKind::Full => None,
@@ -920,14 +922,15 @@ fn stream_layout(
             product("the dense-MLP weights (w_mlp)", &[bits(expert_dtype), l_mlp, di, h, 3])? / 8,
         ));
     }
-    if dims.qk_norm {
+    if dims.head_norms() {
+        let rows = dims.head_norm_rows();
         operands.push(operand(
             HeadNorms,
             Input,
             DType::F32,
-            vec![l, 8, hp],
+            vec![l, rows, hp],
             MemorySpace::Any,
-            4 * l * 8 * hp,
+            4 * l * rows * hp,
         ));
     }
     if dims.qkv_bias {
@@ -1211,7 +1214,7 @@ fn hbm_fit(
                         / l,
                 )
                 .saturating_add(2 * (kv_bytes / l))
-                .saturating_add(if dims.qk_norm { 4 * 8 * hp } else { 0 })
+                .saturating_add(if dims.head_norms() { 4 * dims.head_norm_rows() * hp } else { 0 })
                 .saturating_add(if dims.qkv_bias { 4 * dims.qkv_bias_rows() * hp } else { 0 })
                 .saturating_add(dims.correction_bias_bytes()),
             // Every operand with a leading layer axis (a quantized w_stream has no lm_head
@@ -1397,7 +1400,7 @@ fn traffic(
         &[l, batch, kvh, 2, 16 * kv_write_groups(dims.tokens_per_seq, block_kv), hp, 2],
     )?;
     let embedding = tokens * 16 * h * 2;
-    let head_norms = if dims.qk_norm { l * 8 * hp * 4 } else { 0 };
+    let head_norms = if dims.head_norms() { l * dims.head_norm_rows() * hp * 4 } else { 0 };
     let qkv_bias = if dims.qkv_bias { l * dims.qkv_bias_rows() * hp * 4 } else { 0 };
     let correction_bias = l_moe * dims.correction_bias_bytes();
     let step_total = total(

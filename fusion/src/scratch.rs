@@ -276,7 +276,8 @@ impl MegakernelScratch {
         let kv_write_sems = s.dma_semaphores("kv_write_sems", &[2 * sizes.kv_write_groups]);
         let emb_rows = s.buffer("embedding rows", "emb_rows", vm, bf16, &[tokens, 16, h]);
         let emb_sems = s.dma_semaphores("emb_sems", &[tokens]);
-        let head_norm_buf = s.buffer("head norms", "head_norm_buf", vm, f32, &[8, hp]);
+        let head_norm_buf =
+            s.buffer("head norms", "head_norm_buf", vm, f32, &[dims.head_norm_rows(), hp]);
         let head_norm_sem = s.dma_semaphores("head_norm_sem", &[1]);
         let qkv_bias = dims.qkv_bias.then(|| {
             let rows = dims.qkv_bias_rows();

@@ -55,6 +55,8 @@ impl Role {
                 WeightKind::InputNorm | WeightKind::PostAttentionNorm | WeightKind::FinalNorm => {
                     vec![h]
                 }
+                WeightKind::QNorm if m.whole_qk_norm => vec![q],
+                WeightKind::KNorm if m.whole_qk_norm => vec![kv],
                 WeightKind::QNorm | WeightKind::KNorm => vec![m.head_dim],
                 WeightKind::QBias => vec![q],
                 WeightKind::KBias | WeightKind::VBias => vec![kv],
@@ -767,6 +769,29 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 norm(WeightKind::PostAttentionNorm, h, layers()),
                 norm(WeightKind::FinalNorm, plan.layers as u64 * 8 * h, vec![]),
             ]
+        }
+        // Norms over the whole projections: a row per q head, then per k head, each the
+        // head's slice of the weight (as the q/k/v bias rows).
+        OperandKind::HeadNorms if d.whole_qk_norm => {
+            let mut col = 0;
+            [WeightKind::QNorm, WeightKind::KNorm]
+                .into_iter()
+                .zip(qkv)
+                .map(|(w, (_, map, cols, what))| {
+                    col += cols;
+                    Block {
+                        stack: vec![(Stack::Layers { only: None }, shape[1] * hp)],
+                        at: col - cols,
+                        rows: 1,
+                        cols,
+                        row_stride: cols,
+                        row: whole(1),
+                        col: Axis::new(map),
+                        read: read(w, Element::Value, false, None),
+                        what,
+                    }
+                })
+                .collect()
         }
         OperandKind::HeadNorms => [WeightKind::QNorm, WeightKind::KNorm]
             .into_iter()

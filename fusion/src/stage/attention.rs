@@ -141,26 +141,53 @@ impl Attention {
         let cos = self.cos.load(..);
         let sin = self.sin.load(..);
         let rot = self.rot.load(..);
-        // A head's q or k columns: per-head RMSNorm (Qwen3's q_norm/k_norm, rounded to bf16 as
-        // Hugging Face does), RoPE, and for q the softmax scale folded in.
-        let prep = |col: u64, norm_row: Option<u64>, scale: f64| {
+        // OLMoE's clip_qkv: q and k after their norms, and v, clamped.
+        let clip = |v: Val| match d.clip_qkv {
+            Some(c) => v.cast(f32).maximum(-c).minimum(c),
+            None => v,
+        };
+        // OLMoE's RMSNorm over the whole q and k projections (`[heads * head_dim]` values,
+        // head padding zero): the inverse rms of each, per row.
+        let whole_inv = d.whole_qk_norm.then(|| {
+            let inv = |first: u64, count: u64| {
+                let squares = (first..first + count)
+                    .map(|t| {
+                        let v = head(t * hp);
+                        (v * v).sum_keepdims(1)
+                    })
+                    .reduce(|a, b| a + b)
+                    .expect("a projection has heads");
+                (squares / (count * d.head_dim) as f64 + d.eps).rsqrt()
+            };
+            [inv(0, d.heads), inv(d.heads, kvh)]
+        });
+        // A head's q (`which` 0) or k (1) columns: the q/k norm (Qwen3's per head, or OLMoE's
+        // whole-projection one with the head's row of the weight; rounded to bf16 as Hugging
+        // Face does), the clip, RoPE, and for q the softmax scale folded in.
+        let prep = |col: u64, which: usize, scale: f64| {
             let v = head(col);
-            let v = match norm_row {
-                Some(rw) => rms_norm(v, Some(self.hn.load((rw..rw + 1, ..))), d.head_dim, d.eps),
+            let v = match whole_inv {
+                Some(inv) => {
+                    let t = col / hp;
+                    (v * inv[which] * self.hn.load((t..t + 1, ..))).cast(bf16)
+                }
+                None if d.qk_norm => {
+                    let w = self.hn.load((which as u64..which as u64 + 1, ..));
+                    rms_norm(v, Some(w), d.head_dim, d.eps)
+                }
                 None => v,
             };
-            rope_apply(v, rot, cos, sin) * scale
+            rope_apply(clip(v), rot, cos, sin) * scale
         };
-        let qk_rows = |r: u64| if d.qk_norm { Some(r) } else { None };
         for head in 0..d.heads {
             let (g, j) = (head / group, head % group);
-            let v = prep(head * hp, qk_rows(0), d.scale);
+            let v = prep(head * hp, 0, d.scale);
             self.qs.store((g, j * rows..(j + 1) * rows, ..), v);
         }
         for g in 0..kvh {
-            let v = prep((d.heads + g) * hp, qk_rows(1), 1.0);
+            let v = prep((d.heads + g) * hp, 1, 1.0);
             self.ks.store(g, v);
-            self.vs.store(g, head((d.heads + kvh + g) * hp));
+            self.vs.store(g, clip(head((d.heads + kvh + g) * hp)));
         }
         let bkv = p.block_kv;
         let qrows = d.attn_rows;
