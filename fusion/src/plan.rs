@@ -605,14 +605,6 @@ fn supported<'s>(
         )));
     }
     if let Some(shared) = moe.shared {
-        // Its chunks stream through the expert ring as an expert's (bf16 only so far).
-        if options.weights != WeightsDtype::Bf16 {
-            return Err(PlanError::Unsupported(format!(
-                "--weights-dtype {} with a shared expert (intermediate {}): the shared expert is planned with bf16 weights only",
-                options.weights.name(),
-                shared.intermediate
-            )));
-        }
         if !shared.intermediate.is_multiple_of(moe.intermediate) {
             return Err(PlanError::Unsupported(format!(
                 "shared expert intermediate size {} (shared_expert_intermediate_size): must be a multiple of the experts' {} (its chunks stream as an expert's)",
@@ -984,15 +976,22 @@ fn stream_layout(
         if let Some(f) = q.lm_head {
             operands.push(f32_operand(LmScales, vec![lm_chunks, f.scale_rows(h, h), chunk_cols])?);
         }
+        // A shared expert's entries have their scales, as its codes (after the experts').
         operands.push(f32_operand(
             ExpertScales,
-            vec![l_moe, e, expert_chunks, q.experts.scale_rows(h, h), 2 * expert_block],
+            vec![
+                l_moe,
+                e + shared_entries,
+                expert_chunks,
+                q.experts.scale_rows(h, h),
+                2 * expert_block,
+            ],
         )?);
         operands.push(f32_operand(
             ExpertDownScales,
             vec![
                 l_moe,
-                e,
+                e + shared_entries,
                 expert_chunks,
                 CodeFormat::dma_scale_rows(q.experts.scale_rows(expert_block, i)),
                 h,

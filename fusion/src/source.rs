@@ -625,33 +625,8 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                     what,
                 })
                 .collect();
-            // A shared expert: entries `experts_per_device + j` of each MoE layer, entry j
-            // its intermediate columns from `j * expert_chunks * eb`, chunked as an
-            // expert's.
             if kind == OperandKind::WExperts {
-                let ec = layout.expert_chunks;
-                let shared = [WeightKind::SharedGate, WeightKind::SharedUp, WeightKind::SharedDown];
-                let what = ["shared gate^T", "shared up^T", "shared down"];
-                for j in 0..layout.shared_entries {
-                    for (i, (w, transposed, fold, what)) in
-                        parts(shared, what).into_iter().enumerate()
-                    {
-                        out.push(Block {
-                            stack: vec![
-                                (Stack::Slots(Ffn::RoutedExperts), shape[1] * shape[2] * at),
-                                (Stack::Chunks(ec), at),
-                            ],
-                            at: (d.experts_per_device + j) * shape[2] * at + i as u64 * eb,
-                            rows: h,
-                            cols: eb,
-                            row_stride: 3 * eb,
-                            row: whole(h),
-                            col: Axis::new(share.shared_columns).chunked(eb).from(j * ec * eb),
-                            read: read(w, experts, transposed, fold),
-                            what,
-                        });
-                    }
-                }
+                out.extend(shared_entries(plan, &share, shape, at, &out, Intermediate::Cols));
             }
             out
         }
@@ -666,7 +641,7 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
             let eb = layout.expert_block;
             let rows = shape[shape.len() - 2];
             let at = rows * 2 * eb;
-            [(g, "gate^T's scales"), (u, "up^T's scales")]
+            let mut out: Vec<Block> = [(g, "gate^T's scales"), (u, "up^T's scales")]
                 .into_iter()
                 .enumerate()
                 .map(|(i, (w, what))| Block {
@@ -680,7 +655,11 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                     read: read(w, Element::Scale(q.experts), true, None),
                     what,
                 })
-                .collect()
+                .collect();
+            if kind == OperandKind::ExpertScales {
+                out.extend(shared_entries(plan, &share, shape, at, &out, Intermediate::Cols));
+            }
+            out
         }
         OperandKind::ExpertDownScales | OperandKind::MlpDownScales => {
             let q = quant?;
@@ -692,7 +671,7 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
             let (stack, cols, [_, _, dn]) = ffn(plan, &share, ffn_kind)?;
             let eb = layout.expert_block;
             let stride = shape[shape.len() - 2];
-            vec![Block {
+            let routed = vec![Block {
                 stack: strided(&stack, shape, stride * h),
                 at: 0,
                 rows: q.experts.scale_rows(eb, inter),
@@ -702,7 +681,14 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 col: whole(h),
                 read: read(dn, Element::Scale(q.experts), true, None),
                 what: "down's scales",
-            }]
+            }];
+            let shared = match kind {
+                OperandKind::ExpertDownScales => {
+                    shared_entries(plan, &share, shape, stride * h, &routed, Intermediate::Rows)
+                }
+                _ => Vec::new(),
+            };
+            routed.into_iter().chain(shared).collect()
         }
         OperandKind::QkvScales => {
             let q = quant?;
@@ -740,17 +726,35 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 what: "o_proj's scales",
             }]
         }
-        OperandKind::Router => vec![Block {
-            stack: vec![(Stack::Layers { only: Some(Ffn::RoutedExperts) }, h * shape[2])],
-            at: 0,
-            rows: h,
-            cols: shape[2],
-            row_stride: shape[2],
-            row: whole(h),
-            col: whole(m.experts),
-            read: read(WeightKind::Router, Element::Value, true, None),
-            what: "the router",
-        }],
+        OperandKind::Router => {
+            let block = |at: u64, cols: u64, col: u64, w: WeightKind, what| Block {
+                stack: vec![(Stack::Layers { only: Some(Ffn::RoutedExperts) }, h * shape[2])],
+                at,
+                rows: h,
+                cols,
+                row_stride: shape[2],
+                row: whole(h),
+                col: whole(col),
+                read: read(w, Element::Value, true, None),
+                what,
+            };
+            let router = block(0, shape[2], m.experts, WeightKind::Router, "the router");
+            // A sigmoid-gated shared expert's gate: the logit column after the experts', as
+            // in the bf16 plans' router segment.
+            match d.shared_gate {
+                true => vec![
+                    Block { cols: m.experts, ..router },
+                    block(
+                        m.experts,
+                        1,
+                        1,
+                        WeightKind::SharedExpertGate,
+                        "the shared expert's gate",
+                    ),
+                ],
+                false => vec![router],
+            }
+        }
         OperandKind::Norms => {
             let norm = |w, at, stack| Block {
                 stack,
@@ -844,6 +848,65 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
         }],
         _ => return None,
     })
+}
+
+/// Which axis of an expert operand's block runs over the expert's intermediate columns.
+#[derive(Clone, Copy)]
+enum Intermediate {
+    Cols,
+    Rows,
+}
+
+/// A shared expert's blocks of an expert operand (`w_experts`, `expert_scales`,
+/// `expert_down_scales`), from the routed experts' `routed` blocks: entries
+/// `experts_per_device + j` of each MoE layer (`shape[1]` entries of `shape[2]` chunks of
+/// `item` elements), entry `j` the shared expert's intermediate columns from `j *
+/// expert_chunks * expert_block`, chunked as an expert's, its tensors the shared expert's.
+fn shared_entries(
+    plan: &Plan,
+    share: &Share,
+    shape: &[u64],
+    item: u64,
+    routed: &[Block],
+    intermediate: Intermediate,
+) -> Vec<Block> {
+    let layout = &plan.layout;
+    let (ec, eb) = (layout.expert_chunks, layout.expert_block);
+    let mut out = Vec::new();
+    for j in 0..layout.shared_entries {
+        for b in routed {
+            let tensor = match b.read.tensor {
+                Role::Weight(WeightKind::ExpertGate) => WeightKind::SharedGate,
+                Role::Weight(WeightKind::ExpertUp) => WeightKind::SharedUp,
+                _ => WeightKind::SharedDown,
+            };
+            let columns = |a: Axis| Axis { map: share.shared_columns, ..a.from(j * ec * eb) };
+            let (row, col) = match intermediate {
+                Intermediate::Cols => (b.row, columns(b.col)),
+                Intermediate::Rows => (columns(b.row), b.col),
+            };
+            out.push(Block {
+                stack: vec![
+                    (Stack::Slots(Ffn::RoutedExperts), shape[1] * shape[2] * item),
+                    (Stack::Chunks(ec), item),
+                ],
+                at: (plan.dims.experts_per_device + j) * shape[2] * item + b.at,
+                row,
+                col,
+                read: Read { tensor: Role::Weight(tensor), ..b.read },
+                what: match b.what {
+                    "gate^T" => "shared gate^T",
+                    "up^T" => "shared up^T",
+                    "down" => "shared down",
+                    "gate^T's scales" => "shared gate^T's scales",
+                    "up^T's scales" => "shared up^T's scales",
+                    _ => "shared down's scales",
+                },
+                ..b.clone()
+            });
+        }
+    }
+    out
 }
 
 /// An FFN operand's stack (layers of its kind, then experts for the routed ones, then

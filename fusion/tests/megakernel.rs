@@ -595,8 +595,8 @@ fn glm4_moe_plans_its_router_options_and_partial_rotary() {
 
 /// Qwen2-MoE plans: its shared expert as 2 more entries of `w_experts` (256 intermediate
 /// columns as two experts' 128), its gate as the router's column 8 (so 128 padded columns
-/// still), its q/k/v biases a row per head; quantized weights with a shared expert are
-/// refused by name, and so is the unfused step (it has no shared-expert call).
+/// still), its q/k/v biases a row per head; with quantized weights too (the shared
+/// entries' codes and scales); the unfused step is refused (it has no shared-expert call).
 #[test]
 fn qwen2_moe_plans_its_shared_expert_and_biases() {
     use palladium_fusion::layout::OperandKind;
@@ -614,14 +614,19 @@ fn qwen2_moe_plans_its_shared_expert_and_biases() {
     for read in ["q_proj.bias", "shared_expert.down_proj.weight", "shared_expert_gate.weight"] {
         assert!(text.contains(read), "{read} not in the report:\n{text}");
     }
+    // Quantized: the shared entries' codes and scales beside the experts', the gate's
+    // column in the bf16 router operand.
     for weights in [WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4] {
         let o = PlanOptions { weights, ..options(Chip::V6e, 1, 256, None) };
-        match Plan::new(&s, &o) {
-            Err(e @ PlanError::Unsupported(_)) => assert!(
-                e.to_string().contains("with a shared expert (intermediate 256)"),
-                "{weights:?}: {e}"
-            ),
-            other => panic!("{weights:?}: expected a refusal, got {other:?}"),
+        let p = Plan::new(&s, &o).unwrap();
+        for kind in
+            [OperandKind::WExperts, OperandKind::ExpertScales, OperandKind::ExpertDownScales]
+        {
+            assert_eq!(p.layout.operand(kind).unwrap().shape[..2], [4, 8 + 2], "{weights:?}");
+        }
+        let text = report::text(&p);
+        for read in ["shared_expert.up_proj.weight", "shared_expert_gate.weight"] {
+            assert!(text.contains(read), "{weights:?}: {read} not in the report:\n{text}");
         }
     }
     let unfused = palladium_fusion::unfused::unfused_kernels(&s, 4, 1, 256).unwrap_err();
