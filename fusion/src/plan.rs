@@ -604,13 +604,13 @@ fn supported<'s>(
             spec.family.model_type()
         )));
     }
-    if let Some(shared) = moe.shared {
-        if !shared.intermediate.is_multiple_of(moe.intermediate) {
-            return Err(PlanError::Unsupported(format!(
-                "shared expert intermediate size {} (shared_expert_intermediate_size): must be a multiple of the experts' {} (its chunks stream as an expert's)",
-                shared.intermediate, moe.intermediate
-            )));
-        }
+    if let Some(shared) = moe.shared
+        && !shared.intermediate.is_multiple_of(moe.intermediate)
+    {
+        return Err(PlanError::Unsupported(format!(
+            "shared expert intermediate size {} (shared_expert_intermediate_size): must be a multiple of the experts' {} (its chunks stream as an expert's)",
+            shared.intermediate, moe.intermediate
+        )));
     }
     if !layer_ffns.all_routed() {
         // The dense MLP's chunks go through the expert ring, so its codes must be the
