@@ -944,8 +944,10 @@ fn strided(stack: &[Stack], shape: &[u64], item: u64) -> Vec<(Stack, u64)> {
 }
 
 /// The name of role `role` in `layout`'s Hugging Face names (per-layer ones relative to
-/// the layer, `{e}` for the expert), as the rewrites extracted them.
-pub fn tensor_name(layout: &StreamLayout, role: Role) -> String {
+/// the layer, `{e}` for the expert), as the rewrites extracted them. `shared_gate`: the
+/// shared expert is Qwen2-MoE's gated `shared_expert` (else `DeepSeek`'s and GLM-4.5's
+/// `shared_experts`).
+pub fn tensor_name(layout: &StreamLayout, role: Role, shared_gate: bool) -> String {
     let Role::Weight(kind) = role else { return "model.embed_tokens.weight".into() };
     let extracted = layout
         .segments
@@ -971,9 +973,15 @@ pub fn tensor_name(layout: &StreamLayout, role: Role) -> String {
         WeightKind::MlpGate => "mlp.gate_proj.weight".into(),
         WeightKind::MlpUp => "mlp.up_proj.weight".into(),
         WeightKind::MlpDown => "mlp.down_proj.weight".into(),
-        WeightKind::SharedGate => format!("{ffn}.shared_expert.gate_proj.weight"),
-        WeightKind::SharedUp => format!("{ffn}.shared_expert.up_proj.weight"),
-        WeightKind::SharedDown => format!("{ffn}.shared_expert.down_proj.weight"),
+        WeightKind::SharedGate | WeightKind::SharedUp | WeightKind::SharedDown => {
+            let module = if shared_gate { "shared_expert" } else { "shared_experts" };
+            let proj = match kind {
+                WeightKind::SharedGate => "gate",
+                WeightKind::SharedUp => "up",
+                _ => "down",
+            };
+            format!("{ffn}.{module}.{proj}_proj.weight")
+        }
         WeightKind::SharedExpertGate => format!("{ffn}.shared_expert_gate.weight"),
         WeightKind::QNorm => "self_attn.q_norm.weight".into(),
         WeightKind::KNorm => "self_attn.k_norm.weight".into(),
@@ -1069,7 +1077,7 @@ impl OperandSource {
             idx[rank - 2] = format!("i % {n}");
         }
         let name = |role: Role| {
-            let n = tensor_name(layout, role);
+            let n = tensor_name(layout, role, plan.dims.shared_gate);
             if role.per_layer() { format!("model.layers.{{l}}.{n}") } else { n }
         };
         let one_d = Role::shape(b.read.tensor, &plan.model_dims).len() == 1;

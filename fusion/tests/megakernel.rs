@@ -583,6 +583,7 @@ fn glm4_moe_plans_its_router_options_and_partial_rotary() {
     assert_eq!(p.traffic.correction_bias, 3 * 8 * 128 * 4);
     let text = report::text(&p);
     assert!(text.contains("mlp.gate.e_score_correction_bias"), "{text}");
+    assert!(text.contains("mlp.shared_experts.down_proj.weight"), "{text}");
     assert!(text.contains("layers [1, 2, 3] only"), "{text}");
     // GLM-4.5-Air as shipped: what is left is its dense first layer's size.
     match Plan::new(&spec("glm-4.5-air"), &options(Chip::V7x, 1, 256, Some(4))) {
