@@ -384,6 +384,9 @@ fn tensor_name<'n>(
         (WeightKind::InputNorm, _) => &ln.input_norm,
         (WeightKind::PostAttentionNorm, _) => &ln.post_norm,
         (WeightKind::OProj, _) => &ln.o,
+        (WeightKind::OBias, _) => {
+            ln.o_bias.as_deref().ok_or_else(|| wrong("no o_proj bias (the config has none)"))?
+        }
         (WeightKind::QProj | WeightKind::KProj | WeightKind::VProj, _) => {
             let g = ln.gqa().ok_or_else(|| wrong("no q/k/v projections (MLA attention)"))?;
             match kind {

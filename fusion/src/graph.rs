@@ -31,6 +31,8 @@ pub enum WeightKind {
     KBias,
     VBias,
     OProj,
+    /// `o_proj`'s bias (`OLMoE` with `attention_bias`).
+    OBias,
     PostAttentionNorm,
     /// The MoE router (`gate.weight`).
     Router,

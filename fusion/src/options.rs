@@ -163,6 +163,9 @@ pub struct Dims {
     /// Biases on the q/k/v projections (the `qkv_bias` operand), added to each head as
     /// the attention stage reads it.
     pub qkv_bias: bool,
+    /// A bias on `o_proj` (the `o_bias` operand), added once after the all-reduce.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub o_bias: bool,
     pub window: Option<u64>,
     /// How the router scores its logits before the top-k (the config's, as data).
     pub scoring: RouterScoring,
@@ -206,6 +209,11 @@ impl Dims {
     /// Whether the plan has the `head_norms` operand.
     pub fn head_norms(&self) -> bool {
         self.qk_norm || self.whole_qk_norm
+    }
+
+    /// Bytes of one layer's `o_bias` row block (`f32[8, hidden]`, row 0), 0 without it.
+    pub fn o_bias_bytes(&self) -> u64 {
+        if self.o_bias { 4 * 8 * self.hidden } else { 0 }
     }
 
     /// Bytes of one layer's `correction_bias` row block (`f32[8, experts_pad]`, row 0),

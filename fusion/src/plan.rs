@@ -587,9 +587,10 @@ fn supported<'s>(
     let a = &spec.attention;
     let r = &moe.routing;
     let mut missing = Vec::new();
-    // q/k/v biases are the `qkv_bias` operand; o_proj's and the router's are not emitted.
-    if a.o_bias || r.router_bias {
-        missing.push("o_proj or router biases".to_string());
+    // q/k/v biases are the `qkv_bias` operand, o_proj's the `o_bias` one; a router's
+    // (no family so far) is not emitted.
+    if r.router_bias {
+        missing.push("a router bias".to_string());
     }
     if let (QkNorm::WholeRms { .. }, n @ 2..) = (a.qk_norm, options.devices) {
         return Err(PlanError::Unsupported(format!(
@@ -688,6 +689,7 @@ fn dims(
         whole_qk_norm: matches!(a.qk_norm, QkNorm::WholeRms { .. }),
         clip_qkv: a.clip_qkv,
         qkv_bias: a.qkv_bias,
+        o_bias: a.o_bias,
         window: match spec.layers[0].attention {
             AttentionKind::Full => None,
             AttentionKind::Sliding { window } => Some(window),
@@ -934,6 +936,16 @@ fn stream_layout(
             vec![l, rows, hp],
             MemorySpace::Any,
             4 * l * rows * hp,
+        ));
+    }
+    if dims.o_bias {
+        operands.push(operand(
+            OBias,
+            Input,
+            DType::F32,
+            vec![l, 8, h],
+            MemorySpace::Any,
+            l * dims.o_bias_bytes(),
         ));
     }
     if dims.correction_bias {
@@ -1215,7 +1227,8 @@ fn hbm_fit(
                 .saturating_add(2 * (kv_bytes / l))
                 .saturating_add(if dims.head_norms() { 4 * dims.head_norm_rows() * hp } else { 0 })
                 .saturating_add(if dims.qkv_bias { 4 * dims.qkv_bias_rows() * hp } else { 0 })
-                .saturating_add(dims.correction_bias_bytes()),
+                .saturating_add(dims.correction_bias_bytes())
+                .saturating_add(dims.o_bias_bytes()),
             // Every operand with a leading layer axis (a quantized w_stream has no lm_head
             // chunks; `norms` has one more entry, the final norm).
             Some(_) => {
@@ -1226,6 +1239,7 @@ fn hbm_fit(
                     HeadNorms,
                     QkvBias,
                     CorrectionBias,
+                    OBias,
                     KCache,
                     VCache,
                     QkvScales,
@@ -1400,7 +1414,9 @@ fn traffic(
     )?;
     let embedding = tokens * 16 * h * 2;
     let head_norms = if dims.head_norms() { l * dims.head_norm_rows() * hp * 4 } else { 0 };
-    let qkv_bias = if dims.qkv_bias { l * dims.qkv_bias_rows() * hp * 4 } else { 0 };
+    // The q/k/v and o biases' rows.
+    let qkv_bias =
+        if dims.qkv_bias { l * dims.qkv_bias_rows() * hp * 4 } else { 0 } + l * dims.o_bias_bytes();
     let correction_bias = l_moe * dims.correction_bias_bytes();
     let step_total = total(
         "the bytes moved per step",
@@ -1426,7 +1442,7 @@ fn traffic(
         "the DMAs per step",
         &[
             per_layer,
-            1 + u64::from(dims.qkv_bias),
+            1 + u64::from(dims.qkv_bias) + u64::from(dims.o_bias),
             product(
                 "the DMAs per step",
                 &[batch, kvh, 2, tiles + kv_write_groups(dims.tokens_per_seq, block_kv)],

@@ -422,6 +422,7 @@ fn per_device(kind: OperandKind) -> bool {
             | OperandKind::Norms
             | OperandKind::HeadNorms
             | OperandKind::CorrectionBias
+            | OperandKind::OBias
             | OperandKind::NextIds
             | OperandKind::MaxLogits
             | OperandKind::RouterNonFinite

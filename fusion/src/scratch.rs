@@ -196,6 +196,8 @@ pub struct ScratchKeys {
     /// The layer's correction-bias rows and their copy's semaphore (`DeepSeek`-V3's
     /// router).
     pub correction_bias: Option<(BufferKey, SemaphoresKey)>,
+    /// The layer's `o_proj` bias rows and their copy's semaphore.
+    pub o_bias: Option<(BufferKey, SemaphoresKey)>,
     pub x: BufferKey,
     pub expert_acc: BufferKey,
     pub o_acc: BufferKey,
@@ -287,6 +289,10 @@ impl MegakernelScratch {
         let correction_bias = dims.correction_bias.then(|| {
             let buf = s.buffer("correction bias", "bias_buf", vm, f32, &[8, dims.experts_pad]);
             (buf, s.dma_semaphores("bias_sem", &[1]))
+        });
+        let o_bias = dims.o_bias.then(|| {
+            let buf = s.buffer("o_proj bias", "o_bias_buf", vm, f32, &[8, h]);
+            (buf, s.dma_semaphores("o_bias_sem", &[1]))
         });
         let acc = "residual and accumulators";
         let x = s.buffer(acc, "x", vm, f32, &[rows, h]);
@@ -403,6 +409,7 @@ impl MegakernelScratch {
             head_norm_sem,
             qkv_bias,
             correction_bias,
+            o_bias,
             x,
             expert_acc,
             o_acc,

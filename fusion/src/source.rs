@@ -65,6 +65,7 @@ impl Role {
                 WeightKind::OProj => vec![h, q],
                 WeightKind::Router => vec![m.experts, h],
                 WeightKind::CorrectionBias => vec![m.experts],
+                WeightKind::OBias => vec![h],
                 WeightKind::ExpertGate | WeightKind::ExpertUp => vec![i, h],
                 WeightKind::ExpertDown => vec![h, i],
                 WeightKind::MlpGate | WeightKind::MlpUp => vec![di, h],
@@ -835,6 +836,18 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 })
                 .collect()
         }
+        // Whole on every device: added once, after the attention output's all-reduce.
+        OperandKind::OBias => vec![Block {
+            stack: vec![(Stack::Layers { only: None }, shape[1] * shape[2])],
+            at: 0,
+            rows: 1,
+            cols: h,
+            row_stride: h,
+            row: whole(1),
+            col: whole(h),
+            read: read(WeightKind::OBias, Element::Value, false, None),
+            what: "",
+        }],
         OperandKind::CorrectionBias => vec![Block {
             stack: vec![(Stack::Layers { only: Some(Ffn::RoutedExperts) }, shape[1] * shape[2])],
             at: 0,
@@ -988,6 +1001,7 @@ pub fn tensor_name(layout: &StreamLayout, role: Role, shared_gate: bool) -> Stri
         WeightKind::QBias => "self_attn.q_proj.bias".into(),
         WeightKind::KBias => "self_attn.k_proj.bias".into(),
         WeightKind::VBias => "self_attn.v_proj.bias".into(),
+        WeightKind::OBias => "self_attn.o_proj.bias".into(),
         other => format!("{other:?}"),
     }
 }

@@ -64,8 +64,8 @@ impl Router {
     }
 
     /// The residual stream after attention ([`OProjection::residual`]), normed for the FFN.
-    fn post_attention_norm(self, p: &Plan, o_proj: OProjection) -> Val {
-        let x = o_proj.residual();
+    fn post_attention_norm(self, p: &Plan, o_proj: OProjection, layer: Val) -> Val {
+        let x = o_proj.residual(layer);
         self.norm.apply(p, x)
     }
 
@@ -75,11 +75,12 @@ impl Router {
         self,
         p: &Plan,
         o_proj: OProjection,
+        layer: Val,
         xn2: &mut Option<Val>,
         w: Val,
         seg_cols: Range<u64>,
     ) {
-        let xn = *xn2.get_or_insert_with(|| self.post_attention_norm(p, o_proj));
+        let xn = *xn2.get_or_insert_with(|| self.post_attention_norm(p, o_proj, layer));
         self.logits.store((.., seg_cols), WeightTile::Bf16(w).product(p, xn, WeightLayout::InOut));
     }
 
@@ -89,7 +90,7 @@ impl Router {
         match (xn2, self.weights) {
             (Some(xn), _) => xn,
             (None, RouterWeights::Own(copies)) => {
-                let xn = self.post_attention_norm(p, o_proj);
+                let xn = self.post_attention_norm(p, o_proj, layer);
                 copies.dma(LayerOperand::Router, layer).wait();
                 let w = copies.buffer(LayerOperand::Router).load(..);
                 self.logits.store(.., WeightTile::Bf16(w).product(p, xn, WeightLayout::InOut));
