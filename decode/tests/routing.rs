@@ -13,7 +13,7 @@ use palladium_kernels::body::{Choice, Routing};
 use palladium_kernels::reference::Rng;
 use palladium_lowering::{LowerOptions, lower};
 use palladium_model::moe::{self, route_with};
-use palladium_model::spec::{RouterScoring, TopKWeights};
+use palladium_model::spec::{ExpertGroups, RouterScoring, TopKWeights};
 
 const ROWS: u64 = 16;
 const WIDTH: u64 = 128;
@@ -27,8 +27,13 @@ struct Case {
     sigmoid: bool,
     renormalize: bool,
     bias: bool,
-    groups: Option<(u64, u64)>,
+    groups: Option<ExpertGroups>,
     scaling: f64,
+}
+
+/// `n_group` groups, the best `topk_group` kept.
+fn groups(groups: u64, chosen_groups: u64) -> Option<ExpertGroups> {
+    Some(ExpertGroups { groups, chosen_groups })
 }
 
 /// A kernel: `logits f32[16, 128]`, `bias f32[8, 128]` (row 0) in; the routing's ids and
@@ -90,7 +95,7 @@ fn check(c: Case, seed: u64) {
     let top = if c.renormalize { TopKWeights::Renormalized } else { TopKWeights::Raw };
     let choice = moe::Choice {
         correction_bias: c.bias.then_some(&bias[..e]),
-        groups: c.groups.map(|(g, k)| (g as usize, k as usize)),
+        groups: c.groups.map(|g| (g.groups as usize, g.chosen_groups as usize)),
         scaling: c.scaling as f32,
     };
     for r in 0..ROWS as usize {
@@ -117,7 +122,7 @@ fn the_router_body_routes_as_the_reference_with_every_option() {
         groups: None,
         scaling: 1.0,
     };
-    let deepseek = Case { sigmoid: true, bias: true, groups: Some((2, 1)), scaling: 2.5, ..plain };
+    let deepseek = Case { sigmoid: true, bias: true, groups: groups(2, 1), scaling: 2.5, ..plain };
     for (i, c) in [
         plain,
         Case { sigmoid: true, renormalize: false, ..plain },
@@ -126,7 +131,7 @@ fn the_router_body_routes_as_the_reference_with_every_option() {
         Case { bias: false, ..deepseek },
         Case { renormalize: false, scaling: 1.0, ..deepseek },
         // DeepSeek-V3's shape, scaled down: 8 groups, 4 kept, top-8 of 64.
-        Case { experts: 64, top_k: 8, groups: Some((8, 4)), ..deepseek },
+        Case { experts: 64, top_k: 8, groups: groups(8, 4), ..deepseek },
         // Top-k past the kept group's experts: dropped experts (choice score 0) are chosen.
         Case { top_k: 6, ..deepseek },
     ]

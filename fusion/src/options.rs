@@ -6,7 +6,7 @@
 
 use palladium_dsl::spec::Chip;
 use palladium_model::quant::WeightsDtype;
-use palladium_model::spec::RouterScoring;
+use palladium_model::spec::{ExpertGroups, RouterScoring};
 use serde::Serialize;
 
 const GIB: u64 = 1 << 30;
@@ -176,7 +176,7 @@ pub struct Dims {
     pub correction_bias: bool,
     /// Group-limited choice `(n_group, topk_group)`; `None` for one group.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub expert_groups: Option<(u64, u64)>,
+    pub expert_groups: Option<ExpertGroups>,
     /// `routed_scaling_factor` on the chosen experts' weights (1 where the model has none).
     #[serde(skip_serializing_if = "is_one")]
     pub routed_scaling: f64,

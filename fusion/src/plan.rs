@@ -697,7 +697,7 @@ fn dims(
         scoring: moe.routing.scoring,
         renormalize: moe.routing.top_k_weights == TopKWeights::Renormalized,
         correction_bias: moe.routing.correction_bias,
-        expert_groups: moe.routing.groups.map(|g| (g.groups, g.chosen_groups)),
+        expert_groups: moe.routing.groups,
         routed_scaling: moe.routing.scaling,
         rotary_dim: (a.rope.rotary_dim < a.head_dim).then_some(a.rope.rotary_dim),
         positions: round_up(options.context, block_kv),

@@ -3,6 +3,7 @@
 
 use palladium_dsl::build::{IntoVal, eq, ge, lt};
 use palladium_dsl::prelude::*;
+use palladium_model::spec::ExpertGroups;
 
 /// The router's scores from its f32 logits `[rows, width]`, the first `experts` columns real
 /// (columns past them, padding, score zero): softmax over the experts (max-subtracted), or an
@@ -74,11 +75,11 @@ pub struct Choice {
     /// anything): added to the scores to choose the experts and groups, never to the
     /// weights.
     pub correction_bias: Option<Val>,
-    /// `(n_group, topk_group)`: the experts in `n_group` equal consecutive groups, a
+    /// The model's [`ExpertGroups`]: the experts in `n_group` equal consecutive groups, a
     /// group scored by the sum of its two best choice scores, the `topk_group` best kept
     /// (ties to the lower group), every other expert's choice score 0 (transformers'
     /// `masked_fill(..., 0.0)`).
-    pub groups: Option<(u64, u64)>,
+    pub groups: Option<ExpertGroups>,
     /// `routed_scaling_factor`, multiplying the weights after any renormalisation.
     pub scaling: f64,
 }
@@ -117,7 +118,8 @@ fn choose(scores: Val, experts: u64, k: u64, renormalize: bool, choice: Choice) 
         let best = v.max_keepdims(1);
         (best, select(eq(v, best), col, width as i32).min_keepdims(1))
     };
-    if let Some((groups, kept)) = choice.groups {
+    if let Some(g) = choice.groups {
+        let (groups, kept) = (g.groups, g.chosen_groups);
         let size = (experts / groups) as i32;
         // The group of each column (of `at`: a column per row), by comparisons.
         let group_of = |c: Val, shape: [u64; 2]| {
