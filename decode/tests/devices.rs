@@ -206,6 +206,14 @@ fn tiny_qwen3_moe_with_attention_biases_on_1_and_2_devices() {
     same_tokens_on_devices("tiny-qwen3-moe (biases)", &s, &[0, 1], &[2], ExpertSplit::Ep);
 }
 
+/// `OLMoE`'s q/k norms over the whole projections on several devices: each device's sums
+/// of squares over its heads summed over the devices (f32 on the wire); on 4 devices each
+/// of the 2 KV heads is on 2 devices and counted once.
+#[test]
+fn tiny_olmoe_gives_the_same_tokens_on_1_2_and_4_devices() {
+    same_tokens_on_devices("tiny-olmoe", &spec("tiny-olmoe"), &[0, 1], &[2, 4], ExpertSplit::Ep);
+}
+
 /// Experts split by expert (EP): the planner's choice for the tiny models at batch 1. On
 /// 8 devices each of the 2 KV heads is on 4 devices, its 2 query heads padded to 4.
 #[test]

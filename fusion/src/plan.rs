@@ -592,12 +592,6 @@ fn supported<'s>(
     if r.router_bias {
         missing.push("a router bias".to_string());
     }
-    if let (QkNorm::WholeRms { .. }, n @ 2..) = (a.qk_norm, options.devices) {
-        return Err(PlanError::Unsupported(format!(
-            "q/k RMS norms over the whole projections ({}) on --devices {n}: the norm's sum of squares spans every head, and the heads are split over the devices (no collective sums it yet); plan it on one device",
-            spec.family.model_type()
-        )));
-    }
     if !missing.is_empty() {
         return Err(PlanError::Unsupported(format!(
             "{} of {}: the reference forward pass computes them, the megakernel does not emit them yet",

@@ -150,7 +150,8 @@ fn libtpu_accepts_the_multi_device_megakernels() {
 /// GLM-4.5 and `OLMoE` (issue 31): the tiny GLM-4.5 (DeepSeek-V3's router as data: the
 /// correction bias, 1 of 2 expert groups, scaled weights; partial rotary; its shared expert
 /// and dense first layer) on v6e and on 2 v7x devices, fp8 on v6e; the tiny `OLMoE`
-/// (whole-projection q/k norms) with `clip_qkv` on v6e; and GLM-4.5 (355B) as shipped,
+/// (whole-projection q/k norms, their sums of squares summed over the devices) on v6e and
+/// 2 v7x devices, with `clip_qkv` on v6e; and GLM-4.5 (355B) as shipped,
 /// fp8 on 8 v7x devices, its first 4 layers (3 dense, 1 MoE with 160 experts and the shared
 /// expert's fp8 codes).
 #[test]
@@ -175,6 +176,7 @@ fn libtpu_accepts_the_glm4_moe_and_olmoe_megakernels() {
             PlanOptions { weights: WeightsDtype::Fp8, ..plain(Chip::V6e, 1, 256, None) },
         ),
         job("tiny-olmoe", plain(Chip::V6e, 2, 256, None)),
+        job("tiny-olmoe", PlanOptions { devices: 2, ..plain(Chip::V7x, 1, 256, None) }),
         ("tiny-olmoe with clip_qkv 0.5 on v6e".to_string(), clip_job),
         job(
             "glm-4.5",

@@ -7,6 +7,7 @@
 use super::Handles;
 use crate::layout::OperandKind;
 use crate::plan::{KvTiles, Plan, written_groups};
+use crate::spmd::Spmd;
 use palladium_dsl::build::{Drain, eq, for_range, ge, if_else, le, lt, pipeline, range};
 use palladium_dsl::prelude::*;
 use palladium_kernels::body::{
@@ -38,6 +39,7 @@ pub struct Attention {
     rot: Ref,
     cos: Ref,
     sin: Ref,
+    spmd: Option<Spmd>,
 }
 
 impl Attention {
@@ -68,6 +70,7 @@ impl Attention {
             rot: hs.buffer(k.rope_rot),
             cos: hs.buffer(k.rope_cos),
             sin: hs.buffer(k.rope_sin),
+            spmd: hs.spmd,
         }
     }
 
@@ -147,19 +150,34 @@ impl Attention {
             None => v,
         };
         // OLMoE's RMSNorm over the whole q and k projections (`[heads * head_dim]` values,
-        // head padding zero): the inverse rms of each, per row.
+        // head padding zero): the inverse rms of each, per row. On N devices each holds some
+        // heads: the sums of squares are summed over the devices (exactly, in f32), a KV
+        // head's counted once (each is on `kv_replicas` devices).
         let whole_inv = d.whole_qk_norm.then(|| {
-            let inv = |first: u64, count: u64| {
-                let squares = (first..first + count)
+            let squares = |first: u64, count: u64| {
+                (first..first + count)
                     .map(|t| {
                         let v = head(t * hp);
                         (v * v).sum_keepdims(1)
                     })
                     .reduce(|a, b| a + b)
-                    .expect("a projection has heads");
-                (squares / (count * d.head_dim) as f64 + d.eps).rsqrt()
+                    .expect("a projection has heads")
             };
-            [inv(0, d.heads), inv(d.heads, kvh)]
+            let (q, k) = (squares(0, d.heads), squares(d.heads, kvh));
+            let m = &p.model_dims;
+            let (q, k) = match self.spmd {
+                None => (q, k),
+                Some(spmd) => {
+                    let lane = iota([rows, 128], 1);
+                    let both = select(eq(lane, 0), q, select(eq(lane, 1), k, 0.0));
+                    let sum = spmd.sum_rows(both);
+                    let replicas = p.sharding.as_ref().map_or(1, |s| s.heads.kv_replicas);
+                    (sum.slice((.., 0..1)), sum.slice((.., 1..2)) / replicas as f64)
+                }
+            };
+            let inv =
+                |squares: Val, heads: u64| (squares / (heads * m.head_dim) as f64 + d.eps).rsqrt();
+            [inv(q, m.heads), inv(k, m.kv_heads)]
         });
         // A head's q (`which` 0) or k (1) columns: the q/k norm (Qwen3's per head, or OLMoE's
         // whole-projection one with the head's row of the weight; rounded to bf16 as Hugging
