@@ -303,6 +303,10 @@ fn pack_from(
                             None => fill(&|o, i| round_bf16(t.data[o * inputs + i])),
                         }
                     }
+                    Element::Exact => {
+                        let t = weights.plain(name, &tshape)?;
+                        fill(&|o, i| t.data[o * inputs + i]);
+                    }
                     Element::Code(f) => {
                         let q =
                             weights.quantized(name, [tshape[0], tshape[1]], stored_format(f))?;
@@ -380,6 +384,9 @@ fn tensor_name<'n>(
         (WeightKind::InputNorm, _) => &ln.input_norm,
         (WeightKind::PostAttentionNorm, _) => &ln.post_norm,
         (WeightKind::OProj, _) => &ln.o,
+        (WeightKind::OBias, _) => {
+            ln.o_bias.as_deref().ok_or_else(|| wrong("no o_proj bias (the config has none)"))?
+        }
         (WeightKind::QProj | WeightKind::KProj | WeightKind::VProj, _) => {
             let g = ln.gqa().ok_or_else(|| wrong("no q/k/v projections (MLA attention)"))?;
             match kind {
@@ -403,6 +410,9 @@ fn tensor_name<'n>(
             n.as_deref().ok_or_else(|| wrong("no q/k norm names"))?
         }
         (WeightKind::Router, FfnNames::Moe { router, .. }) => router,
+        (WeightKind::CorrectionBias, FfnNames::Moe { correction_bias, .. }) => correction_bias
+            .as_deref()
+            .ok_or_else(|| wrong("no e_score_correction_bias (the router has none)"))?,
         (
             WeightKind::ExpertGate | WeightKind::ExpertUp | WeightKind::ExpertDown,
             FfnNames::Moe { experts, .. },

@@ -189,6 +189,31 @@ fn tiny_qwen2_moe_gives_the_same_tokens_on_1_and_2_devices() {
     );
 }
 
+/// GLM-4.5: DeepSeek-V3's router (the correction bias row replicated: every device routes
+/// over all experts), 1 of 2 expert groups, the scaled weights, partial rotary, q/k/v
+/// biases, the ungated shared expert split by columns and the dense first layer.
+#[test]
+fn tiny_glm4_moe_gives_the_same_tokens_on_1_and_2_devices() {
+    same_tokens_on_devices("tiny-glm4-moe", &spec("tiny-glm4-moe"), &[0, 1], &[2], ExpertSplit::Ep);
+}
+
+/// Qwen3-MoE with `attention_bias` (q/k/v biases and `o_proj`'s, the `o_bias` operand):
+/// on 2 devices `o_proj`'s bias is added once, after the attention output's all-reduce.
+#[test]
+fn tiny_qwen3_moe_with_attention_biases_on_1_and_2_devices() {
+    let mut s = spec("tiny-qwen3-moe");
+    (s.attention.qkv_bias, s.attention.o_bias) = (true, true);
+    same_tokens_on_devices("tiny-qwen3-moe (biases)", &s, &[0, 1], &[2], ExpertSplit::Ep);
+}
+
+/// `OLMoE`'s q/k norms over the whole projections on several devices: each device's sums
+/// of squares over its heads summed over the devices (f32 on the wire); on 4 devices each
+/// of the 2 KV heads is on 2 devices and counted once.
+#[test]
+fn tiny_olmoe_gives_the_same_tokens_on_1_2_and_4_devices() {
+    same_tokens_on_devices("tiny-olmoe", &spec("tiny-olmoe"), &[0, 1], &[2, 4], ExpertSplit::Ep);
+}
+
 /// Experts split by expert (EP): the planner's choice for the tiny models at batch 1. On
 /// 8 devices each of the 2 KV heads is on 4 devices, its 2 query heads padded to 4.
 #[test]

@@ -12,4 +12,5 @@ mod interpret;
 mod layer_kinds;
 mod numerics;
 mod quantized;
+mod routing;
 mod verify;

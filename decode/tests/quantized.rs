@@ -54,6 +54,28 @@ fn quantized_at_load_megakernels_match_the_reference_on_dequantized_weights() {
     }
 }
 
+/// Shared experts with quantized weights: their entries of `w_experts` hold codes in the
+/// routed experts' format and their scales sit in the experts' scale operands, streamed as
+/// an expert's chunks are. Qwen2-MoE (a gated shared expert) in every format; GLM-4.5 (an
+/// ungated one, DeepSeek-V3 routing, a dense first layer, so no int4: its dense MLP would
+/// be int8) in int8 and fp8.
+#[test]
+fn quantized_shared_experts_match_the_reference_on_dequantized_weights() {
+    for (name, dtypes) in [
+        ("tiny-qwen2-moe", &[WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4][..]),
+        ("tiny-glm4-moe", &[WeightsDtype::Int8, WeightsDtype::Fp8][..]),
+    ] {
+        let spec = fixture(name);
+        let weights = Weights::random(&spec, 5).unwrap();
+        for &dtype in dtypes {
+            let quantized = QuantizedWeights::quantize(&spec, &weights, dtype).unwrap();
+            let c = run_and_compare(&spec, &quantized, 4);
+            println!("{name} {}: {}", dtype.name(), c.summary());
+            assert!(c.passed(), "{name} {}: {}", dtype.name(), c.summary());
+        }
+    }
+}
+
 #[test]
 fn weights_of_another_dtype_are_refused_when_packing() {
     let spec = fixture("tiny-qwen3-moe");

@@ -218,7 +218,7 @@ fn layer_body(p: &Plan, s: &Stages, layer: Val, base: Val) {
                     }
                     s.o_proj.piece(p, w, seg_cols);
                 }
-                Router => s.router.piece(p, s.o_proj, &mut xn2, w, seg_cols),
+                Router => s.router.piece(p, s.o_proj, layer, &mut xn2, w, seg_cols),
             }
         }
     }

@@ -31,9 +31,13 @@ pub enum WeightKind {
     KBias,
     VBias,
     OProj,
+    /// `o_proj`'s bias (`OLMoE` with `attention_bias`).
+    OBias,
     PostAttentionNorm,
     /// The MoE router (`gate.weight`).
     Router,
+    /// `DeepSeek`-V3's router's `e_score_correction_bias` (`[experts]`, f32).
+    CorrectionBias,
     ExpertGate,
     ExpertUp,
     ExpertDown,
@@ -206,8 +210,9 @@ impl LayerGraph {
                     &[k],
                 ),
             ),
-            // Never planned (`plan::supported` refuses OLMoE's norm over the whole
-            // projections and Llama 4's L2 norm, naming them, before any graph is built).
+            // OLMoE's norms over the whole projections are the attention stage's (before
+            // the view as heads); no weight to fold or fuse. Llama 4's L2 norm is never
+            // planned (`plan::supported` refuses it by name before any graph is built).
             QkNorm::None | QkNorm::WholeRms { .. } | QkNorm::L2AfterRope => (q, k),
         };
         let qr = node(&mut g, "q_rope", OpKind::Rope, &[q]);

@@ -146,6 +146,12 @@ pub enum OperandKind {
     HeadNorms,
     /// The q/k/v projections' biases, a row per head (where the model has them).
     QkvBias,
+    /// `DeepSeek`-V3's `e_score_correction_bias`, a row per MoE layer (where the router
+    /// has one): added to the scores to choose the experts only.
+    CorrectionBias,
+    /// `o_proj`'s bias, a row per layer (where the model has it): added once to the
+    /// attention output after its all-reduce.
+    OBias,
     KCache,
     VCache,
     Logits,
@@ -184,6 +190,8 @@ impl OperandKind {
             OperandKind::WMlp => "w_mlp",
             OperandKind::HeadNorms => "head_norms",
             OperandKind::QkvBias => "qkv_bias",
+            OperandKind::CorrectionBias => "correction_bias",
+            OperandKind::OBias => "o_bias",
             OperandKind::KCache => "k_cache",
             OperandKind::VCache => "v_cache",
             OperandKind::Logits => "logits",

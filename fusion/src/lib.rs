@@ -56,8 +56,10 @@
 //! | 3 | `w_stream` | `bf16[L*n + ceil(V/cw), H, cw]` | HBM | the dense stream: per layer `[q|k|v heads (transposed, input_layernorm folded) | o_proj.weight (heads padded to hp) | router^T (post_attention_layernorm folded, padded to 128)]` in `n` chunks of `cw` columns, then `lm_head^T` with the final norm folded in chunks of `cw` columns |
 //! | 4 | `w_experts` | `bf16[L, E, C, H, 3*block]` (`L_moe` where layers mix kinds; `E + S/I` with a shared expert) | HBM | chunk `c` of expert `e`, one DMA: `[gate^T cols | up^T cols` (post-attention norm folded) `| down_proj.weight cols]`; entry `E + j` the shared expert's intermediate columns `j*I..(j+1)*I` |
 //! | | `w_mlp` (only where layers mix kinds) | `bf16[L_dense, C_d, H, 3*block]` | HBM | chunk `c` of a dense-MLP layer's MLP, as an expert's; those layers' router columns in `w_stream` are zero |
-//! | 5 | `head_norms` (Qwen3 only) | `f32[L, 8, hp]` | HBM | row 0 `q_norm`, row 1 `k_norm` |
+//! | 5 | `head_norms` (q/k norms only) | `f32[L, 8, hp]`; OLMoE's: `f32[L, R, hp]` | HBM | Qwen3, GLM-4.5 (per head): row 0 `q_norm`, row 1 `k_norm`; OLMoE (whole projections): row `t` head `t`'s slice of `q_norm` then `k_norm`, `R` = heads + kv heads rounded up to 8 |
 //! | | `qkv_bias` (q/k/v biases only) | `f32[L, R, hp]` | HBM | row `t` the bias of head `t` of the q, k, v heads in order, padded to `hp`; `R` = heads + 2 kv heads rounded up to 8 |
+//! | | `o_bias` (`o_proj` biases only) | `f32[L, 8, H]` | HBM | row 0: layer `l`'s `o_proj.bias`, whole on every device (added once, after the all-reduce) |
+//! | | `correction_bias` (DeepSeek-V3 routing only) | `f32[L, 8, 128*ceil(E/128)]` | HBM | row 0 of MoE layer `l`: its `e_score_correction_bias` (f32, unrounded); dense layers' zero |
 //! | | `k_cache`, `v_cache` | `bf16[L, B, kv_heads, T, hp]` | HBM | K (normed, roped) / V; aliased to outputs |
 //! | out | `logits` (only with `--logits`) | `f32[ceil(V/cw), rows, cw]` | VMEM | logit of token row r, token v at `[v / cw, r, v % cw]` |
 //! | out | `next_ids` | `i32[rows, 128]` | VMEM | greedy next id of token row r (lowest id among equal maxima), every lane of row r |

@@ -6,7 +6,7 @@
 
 use palladium_dsl::spec::Chip;
 use palladium_model::quant::WeightsDtype;
-use palladium_model::spec::RouterScoring;
+use palladium_model::spec::{ExpertGroups, RouterScoring};
 use serde::Serialize;
 
 const GIB: u64 = 1 << 30;
@@ -153,15 +153,43 @@ pub struct Dims {
     pub rope_theta: f64,
     pub scale: f64,
     pub qk_norm: bool,
+    /// `OLMoE`'s q/k RMS norms over the whole q and k projections (`QkNorm::WholeRms`):
+    /// `head_norms` then holds a row per q and k head (each head's slice of the weight).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub whole_qk_norm: bool,
+    /// `OLMoE`'s `clip_qkv`: q and k (after their norms) and v clamped to `[-c, c]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_qkv: Option<f64>,
     /// Biases on the q/k/v projections (the `qkv_bias` operand), added to each head as
     /// the attention stage reads it.
     pub qkv_bias: bool,
+    /// A bias on `o_proj` (the `o_bias` operand), added once after the all-reduce.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub o_bias: bool,
     pub window: Option<u64>,
     /// How the router scores its logits before the top-k (the config's, as data).
     pub scoring: RouterScoring,
     pub renormalize: bool,
+    /// `DeepSeek`-V3's router (GLM-4.5): `e_score_correction_bias` added to the scores to
+    /// choose the experts (the `router_bias` operand, a row per layer), never to weigh them.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub correction_bias: bool,
+    /// Group-limited choice `(n_group, topk_group)`; `None` for one group.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert_groups: Option<ExpertGroups>,
+    /// `routed_scaling_factor` on the chosen experts' weights (1 where the model has none).
+    #[serde(skip_serializing_if = "is_one")]
+    pub routed_scaling: f64,
+    /// Partial rotary: the first `rotary_dim` lanes of each q/k head rotated, the rest
+    /// passed through (GLM-4.5's `partial_rotary_factor`); `None` when the whole head is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rotary_dim: Option<u64>,
     /// KV-cache positions (context rounded up to `block_kv`).
     pub positions: u64,
+}
+
+fn is_one(x: &f64) -> bool {
+    *x == 1.0
 }
 
 impl Dims {
@@ -169,6 +197,29 @@ impl Dims {
     /// heads in order, each padded to `head_pad`), rounded up to 8 sublanes.
     pub fn qkv_bias_rows(&self) -> u64 {
         (self.heads + 2 * self.kv_heads).next_multiple_of(8)
+    }
+
+    /// Rows of one layer's `head_norms`: `q_norm` and `k_norm` in rows 0 and 1 of 8
+    /// (per-head norms), or a row per q head then per k head, rounded up to 8 sublanes
+    /// (norms over the whole projections).
+    pub fn head_norm_rows(&self) -> u64 {
+        if self.whole_qk_norm { (self.heads + self.kv_heads).next_multiple_of(8) } else { 8 }
+    }
+
+    /// Whether the plan has the `head_norms` operand.
+    pub fn head_norms(&self) -> bool {
+        self.qk_norm || self.whole_qk_norm
+    }
+
+    /// Bytes of one layer's `o_bias` row block (`f32[8, hidden]`, row 0), 0 without it.
+    pub fn o_bias_bytes(&self) -> u64 {
+        if self.o_bias { 4 * 8 * self.hidden } else { 0 }
+    }
+
+    /// Bytes of one layer's `correction_bias` row block (`f32[8, experts_pad]`, row 0),
+    /// 0 without the bias.
+    pub fn correction_bias_bytes(&self) -> u64 {
+        if self.correction_bias { 4 * 8 * self.experts_pad } else { 0 }
     }
 
     /// The most distinct experts a step's rows choose, `min(experts, batch * K * top_k)`

@@ -52,9 +52,8 @@ use palladium_dsl::spec::Chip;
 use palladium_kernels::body::{DIGIT_ROWS, widened_code_bytes};
 use palladium_model::quant::WeightsDtype;
 use palladium_model::spec::{
-    Activation, ExpertWeighting, NormKind, Quantization, RopeScaling, RopeStyle, RouterPrecision,
+    Activation, ExpertWeighting, NormKind, Quantization, RopeScaling, RopeStyle,
 };
-use palladium_model::weights::{FfnNames, ModelNames};
 use palladium_model::{
     AttentionForm, AttentionKind, Family, FfnKind, LmHead, ModelSpec, MoeSpec, QkNorm, TopKWeights,
 };
@@ -218,6 +217,9 @@ pub struct Traffic {
     /// The q/k/v biases' rows, one copy per layer (0 without biases).
     #[serde(skip_serializing_if = "is_zero")]
     pub qkv_bias: u64,
+    /// The MoE layers' correction-bias rows, one copy per layer (0 without them).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub correction_bias: u64,
     pub total: u64,
     /// The model's own count for the same step (`ModelSpec::decode_traffic`, unpadded).
     pub model_total: f64,
@@ -559,11 +561,7 @@ fn supported<'s>(
         ),
         (!spec.multipliers.is_identity(), "Granite's embedding, residual and logits multipliers"),
         (
-            ModelNames::new(spec).is_ok_and(|n| {
-                n.layers.iter().any(|l| {
-                    matches!(&l.ffn, FfnNames::Moe { experts, .. } if experts.per_expert().is_none())
-                })
-            }),
+            spec.family.experts_fused(),
             "experts stored fused (one tensor per matrix for all experts)",
         ),
     ];
@@ -631,39 +629,10 @@ fn supported<'s>(
     let a = &spec.attention;
     let r = &moe.routing;
     let mut missing = Vec::new();
-    // q/k/v biases are the `qkv_bias` operand; o_proj's and the router's are not emitted.
-    if a.o_bias || r.router_bias {
-        missing.push("o_proj or router biases".to_string());
-    }
-    if r.correction_bias || r.groups.is_some() || r.scaling != 1.0 {
-        missing.push(format!(
-            "DeepSeek-V3 routing ({}{}{})",
-            if r.correction_bias { "e_score_correction_bias" } else { "no correction bias" },
-            r.groups.map_or(String::new(), |g| format!(
-                ", best {} of {} expert groups",
-                g.chosen_groups, g.groups
-            )),
-            if r.scaling != 1.0 {
-                format!(", routed_scaling_factor {}", r.scaling)
-            } else {
-                String::new()
-            }
-        ));
-    }
-    if r.precision != RouterPrecision::Activations {
-        missing.push("a router computed in f32".to_string());
-    }
-    if let QkNorm::WholeRms { .. } = a.qk_norm {
-        missing.push("q/k RMS norms over the whole projections".to_string());
-    }
-    if let Some(c) = a.clip_qkv {
-        missing.push(format!("clip_qkv {c}"));
-    }
-    if a.rope.rotary_dim != a.head_dim {
-        missing.push(format!(
-            "partial rotary ({} of head_dim {} rotated)",
-            a.rope.rotary_dim, a.head_dim
-        ));
+    // q/k/v biases are the `qkv_bias` operand, o_proj's the `o_bias` one; a router's
+    // (no family so far) is not emitted.
+    if r.router_bias {
+        missing.push("a router bias".to_string());
     }
     if !missing.is_empty() {
         return Err(PlanError::Unsupported(format!(
@@ -672,21 +641,13 @@ fn supported<'s>(
             spec.family.model_type()
         )));
     }
-    if let Some(shared) = moe.shared {
-        // Its chunks stream through the expert ring as an expert's (bf16 only so far).
-        if options.weights != WeightsDtype::Bf16 {
-            return Err(PlanError::Unsupported(format!(
-                "--weights-dtype {} with a shared expert (intermediate {}): the shared expert is planned with bf16 weights only",
-                options.weights.name(),
-                shared.intermediate
-            )));
-        }
-        if !shared.intermediate.is_multiple_of(moe.intermediate) {
-            return Err(PlanError::Unsupported(format!(
-                "shared expert intermediate size {} (shared_expert_intermediate_size): must be a multiple of the experts' {} (its chunks stream as an expert's)",
-                shared.intermediate, moe.intermediate
-            )));
-        }
+    if let Some(shared) = moe.shared
+        && !shared.intermediate.is_multiple_of(moe.intermediate)
+    {
+        return Err(PlanError::Unsupported(format!(
+            "shared expert intermediate size {} (shared_expert_intermediate_size): must be a multiple of the experts' {} (its chunks stream as an expert's)",
+            shared.intermediate, moe.intermediate
+        )));
     }
     if !layer_ffns.all_routed() {
         // The dense MLP's chunks go through the expert ring, so its codes must be the
@@ -761,7 +722,10 @@ fn dims(
         rope_theta: a.rope.theta,
         scale: a.scale,
         qk_norm: matches!(a.qk_norm, QkNorm::PerHeadRms { .. }),
+        whole_qk_norm: matches!(a.qk_norm, QkNorm::WholeRms { .. }),
+        clip_qkv: a.clip_qkv,
         qkv_bias: a.qkv_bias,
+        o_bias: a.o_bias,
         window: match spec.layers[0].attention {
             AttentionKind::Full => None,
             AttentionKind::Sliding { window } => Some(window),
@@ -769,6 +733,10 @@ fn dims(
         },
         scoring: moe.routing.scoring,
         renormalize: moe.routing.top_k_weights == TopKWeights::Renormalized,
+        correction_bias: moe.routing.correction_bias,
+        expert_groups: moe.routing.groups,
+        routed_scaling: moe.routing.scaling,
+        rotary_dim: (a.rope.rotary_dim < a.head_dim).then_some(a.rope.rotary_dim),
         positions: round_up(options.context, block_kv),
     };
     (dims, block_kv)
@@ -985,14 +953,15 @@ fn stream_layout(
             product("the dense-MLP weights (w_mlp)", &[bits(expert_dtype), l_mlp, di, h, 3])? / 8,
         ));
     }
-    if dims.qk_norm {
+    if dims.head_norms() {
+        let rows = dims.head_norm_rows();
         operands.push(operand(
             HeadNorms,
             Input,
             DType::F32,
-            vec![l, 8, hp],
+            vec![l, rows, hp],
             MemorySpace::Any,
-            4 * l * 8 * hp,
+            4 * l * rows * hp,
         ));
     }
     if dims.qkv_bias {
@@ -1004,6 +973,26 @@ fn stream_layout(
             vec![l, rows, hp],
             MemorySpace::Any,
             4 * l * rows * hp,
+        ));
+    }
+    if dims.o_bias {
+        operands.push(operand(
+            OBias,
+            Input,
+            DType::F32,
+            vec![l, 8, h],
+            MemorySpace::Any,
+            l * dims.o_bias_bytes(),
+        ));
+    }
+    if dims.correction_bias {
+        operands.push(operand(
+            CorrectionBias,
+            Input,
+            DType::F32,
+            vec![l, 8, dims.experts_pad],
+            MemorySpace::Any,
+            l * dims.correction_bias_bytes(),
         ));
     }
     if let Some(q) = quant {
@@ -1036,15 +1025,22 @@ fn stream_layout(
         if let Some(f) = q.lm_head {
             operands.push(f32_operand(LmScales, vec![lm_chunks, f.scale_rows(h, h), chunk_cols])?);
         }
+        // A shared expert's entries have their scales, as its codes (after the experts').
         operands.push(f32_operand(
             ExpertScales,
-            vec![l_moe, e, expert_chunks, q.experts.scale_rows(h, h), 2 * expert_block],
+            vec![
+                l_moe,
+                e + shared_entries,
+                expert_chunks,
+                q.experts.scale_rows(h, h),
+                2 * expert_block,
+            ],
         )?);
         operands.push(f32_operand(
             ExpertDownScales,
             vec![
                 l_moe,
-                e,
+                e + shared_entries,
                 expert_chunks,
                 CodeFormat::dma_scale_rows(q.experts.scale_rows(expert_block, i)),
                 h,
@@ -1266,8 +1262,10 @@ fn hbm_fit(
                         / l,
                 )
                 .saturating_add(2 * (kv_bytes / l))
-                .saturating_add(if dims.qk_norm { 4 * 8 * hp } else { 0 })
-                .saturating_add(if dims.qkv_bias { 4 * dims.qkv_bias_rows() * hp } else { 0 }),
+                .saturating_add(if dims.head_norms() { 4 * dims.head_norm_rows() * hp } else { 0 })
+                .saturating_add(if dims.qkv_bias { 4 * dims.qkv_bias_rows() * hp } else { 0 })
+                .saturating_add(dims.correction_bias_bytes())
+                .saturating_add(dims.o_bias_bytes()),
             // Every operand with a leading layer axis (a quantized w_stream has no lm_head
             // chunks; `norms` has one more entry, the final norm).
             Some(_) => {
@@ -1277,6 +1275,8 @@ fn hbm_fit(
                     WExperts,
                     HeadNorms,
                     QkvBias,
+                    CorrectionBias,
+                    OBias,
                     KCache,
                     VCache,
                     QkvScales,
@@ -1450,11 +1450,25 @@ fn traffic(
         &[l, batch, kvh, 2, 16 * kv_write_groups(dims.tokens_per_seq, block_kv), hp, 2],
     )?;
     let embedding = tokens * 16 * h * 2;
-    let head_norms = if dims.qk_norm { l * 8 * hp * 4 } else { 0 };
-    let qkv_bias = if dims.qkv_bias { l * dims.qkv_bias_rows() * hp * 4 } else { 0 };
+    let head_norms = if dims.head_norms() { l * dims.head_norm_rows() * hp * 4 } else { 0 };
+    // The q/k/v and o biases' rows.
+    let qkv_bias =
+        if dims.qkv_bias { l * dims.qkv_bias_rows() * hp * 4 } else { 0 } + l * dims.o_bias_bytes();
+    let correction_bias = l_moe * dims.correction_bias_bytes();
     let step_total = total(
         "the bytes moved per step",
-        &[dense, lm_head, experts, mlp, kv_read, kv_write, embedding, head_norms, qkv_bias],
+        &[
+            dense,
+            lm_head,
+            experts,
+            mlp,
+            kv_read,
+            kv_write,
+            embedding,
+            head_norms,
+            qkv_bias,
+            correction_bias,
+        ],
     )?;
     let mut truncated = spec.clone();
     truncated.layers.truncate(layers);
@@ -1465,7 +1479,7 @@ fn traffic(
         "the DMAs per step",
         &[
             per_layer,
-            1 + u64::from(dims.qkv_bias),
+            1 + u64::from(dims.qkv_bias) + u64::from(dims.o_bias),
             product(
                 "the DMAs per step",
                 &[batch, kvh, 2, tiles + kv_write_groups(dims.tokens_per_seq, block_kv)],
@@ -1477,6 +1491,7 @@ fn traffic(
         &[
             product("the DMAs per step", &[l_moe, distinct + shared, layout.expert_chunks, 2])?,
             product("the DMAs per step", &[l_mlp, layout.mlp_chunks, 2])?,
+            l_moe * u64::from(dims.correction_bias),
         ],
     )?;
     // A quantized plan adds per layer its scales, router and norm rows (4) and two scale
@@ -1509,6 +1524,7 @@ fn traffic(
         embedding,
         head_norms,
         qkv_bias,
+        correction_bias,
         total: step_total,
         model_total,
         floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(),

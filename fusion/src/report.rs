@@ -55,16 +55,25 @@ pub fn text(p: &Plan) -> String {
     let t = &p.traffic;
     // The dense MLP's share where layers mix kinds.
     let mlp = if t.mlp > 0 { format!(", dense MLP {}", gb(t.mlp as f64)) } else { String::new() };
-    let bias = if t.qkv_bias > 0 {
+    let mut bias = if t.qkv_bias > 0 {
         format!(", q/k/v biases {}", gb(t.qkv_bias as f64))
     } else {
         String::new()
     };
+    if t.correction_bias > 0 {
+        bias += &format!(", correction biases {}", gb(t.correction_bias as f64));
+    }
     let _ = writeln!(
         s,
         "weight bytes streamed per step: {} (dense {}, experts {}{mlp}, lm_head {}, embedding {}, head norms {}{bias})",
-        gb((t.dense + t.experts + t.mlp + t.lm_head + t.embedding + t.head_norms + t.qkv_bias)
-            as f64),
+        gb((t.dense
+            + t.experts
+            + t.mlp
+            + t.lm_head
+            + t.embedding
+            + t.head_norms
+            + t.qkv_bias
+            + t.correction_bias) as f64),
         gb(t.dense as f64),
         gb(t.experts as f64),
         gb(t.lm_head as f64),
@@ -412,6 +421,8 @@ fn per_device(kind: OperandKind) -> bool {
             | OperandKind::Router
             | OperandKind::Norms
             | OperandKind::HeadNorms
+            | OperandKind::CorrectionBias
+            | OperandKind::OBias
             | OperandKind::NextIds
             | OperandKind::MaxLogits
             | OperandKind::RouterNonFinite

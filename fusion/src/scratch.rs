@@ -193,6 +193,11 @@ pub struct ScratchKeys {
     pub head_norm_sem: SemaphoresKey,
     /// The layer's q/k/v bias rows and their copy's semaphore (models with the biases).
     pub qkv_bias: Option<(BufferKey, SemaphoresKey)>,
+    /// The layer's correction-bias rows and their copy's semaphore (`DeepSeek`-V3's
+    /// router).
+    pub correction_bias: Option<(BufferKey, SemaphoresKey)>,
+    /// The layer's `o_proj` bias rows and their copy's semaphore.
+    pub o_bias: Option<(BufferKey, SemaphoresKey)>,
     pub x: BufferKey,
     pub expert_acc: BufferKey,
     pub o_acc: BufferKey,
@@ -273,12 +278,21 @@ impl MegakernelScratch {
         let kv_write_sems = s.dma_semaphores("kv_write_sems", &[2 * sizes.kv_write_groups]);
         let emb_rows = s.buffer("embedding rows", "emb_rows", vm, bf16, &[tokens, 16, h]);
         let emb_sems = s.dma_semaphores("emb_sems", &[tokens]);
-        let head_norm_buf = s.buffer("head norms", "head_norm_buf", vm, f32, &[8, hp]);
+        let head_norm_buf =
+            s.buffer("head norms", "head_norm_buf", vm, f32, &[dims.head_norm_rows(), hp]);
         let head_norm_sem = s.dma_semaphores("head_norm_sem", &[1]);
         let qkv_bias = dims.qkv_bias.then(|| {
             let rows = dims.qkv_bias_rows();
             let buf = s.buffer("q/k/v biases", "qkv_bias_buf", vm, f32, &[rows, hp]);
             (buf, s.dma_semaphores("qkv_bias_sem", &[1]))
+        });
+        let correction_bias = dims.correction_bias.then(|| {
+            let buf = s.buffer("correction bias", "bias_buf", vm, f32, &[8, dims.experts_pad]);
+            (buf, s.dma_semaphores("bias_sem", &[1]))
+        });
+        let o_bias = dims.o_bias.then(|| {
+            let buf = s.buffer("o_proj bias", "o_bias_buf", vm, f32, &[8, h]);
+            (buf, s.dma_semaphores("o_bias_sem", &[1]))
         });
         let acc = "residual and accumulators";
         let x = s.buffer(acc, "x", vm, f32, &[rows, h]);
@@ -394,6 +408,8 @@ impl MegakernelScratch {
             head_norm_buf,
             head_norm_sem,
             qkv_bias,
+            correction_bias,
+            o_bias,
             x,
             expert_acc,
             o_acc,

@@ -55,6 +55,8 @@ impl Role {
                 WeightKind::InputNorm | WeightKind::PostAttentionNorm | WeightKind::FinalNorm => {
                     vec![h]
                 }
+                WeightKind::QNorm if m.whole_qk_norm => vec![q],
+                WeightKind::KNorm if m.whole_qk_norm => vec![kv],
                 WeightKind::QNorm | WeightKind::KNorm => vec![m.head_dim],
                 WeightKind::QBias => vec![q],
                 WeightKind::KBias | WeightKind::VBias => vec![kv],
@@ -62,6 +64,8 @@ impl Role {
                 WeightKind::KProj | WeightKind::VProj => vec![kv, h],
                 WeightKind::OProj => vec![h, q],
                 WeightKind::Router => vec![m.experts, h],
+                WeightKind::CorrectionBias => vec![m.experts],
+                WeightKind::OBias => vec![h],
                 WeightKind::ExpertGate | WeightKind::ExpertUp => vec![i, h],
                 WeightKind::ExpertDown => vec![h, i],
                 WeightKind::MlpGate | WeightKind::MlpUp => vec![di, h],
@@ -80,6 +84,9 @@ impl Role {
 pub enum Element {
     /// The tensor's value rounded to bf16 (times the folded norm's, in f32).
     Value,
+    /// The tensor's value as loaded, unrounded (an f32 operand the kernel adds in f32:
+    /// the router's correction bias, which checkpoints ship in f32).
+    Exact,
     /// The tensor's quantized code, stored as `format` says.
     Code(CodeFormat),
     /// The f32 scale of the tensor's code at the element's (row, input).
@@ -619,33 +626,8 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                     what,
                 })
                 .collect();
-            // A shared expert: entries `experts_per_device + j` of each MoE layer, entry j
-            // its intermediate columns from `j * expert_chunks * eb`, chunked as an
-            // expert's.
             if kind == OperandKind::WExperts {
-                let ec = layout.expert_chunks;
-                let shared = [WeightKind::SharedGate, WeightKind::SharedUp, WeightKind::SharedDown];
-                let what = ["shared gate^T", "shared up^T", "shared down"];
-                for j in 0..layout.shared_entries {
-                    for (i, (w, transposed, fold, what)) in
-                        parts(shared, what).into_iter().enumerate()
-                    {
-                        out.push(Block {
-                            stack: vec![
-                                (Stack::Slots(Ffn::RoutedExperts), shape[1] * shape[2] * at),
-                                (Stack::Chunks(ec), at),
-                            ],
-                            at: (d.experts_per_device + j) * shape[2] * at + i as u64 * eb,
-                            rows: h,
-                            cols: eb,
-                            row_stride: 3 * eb,
-                            row: whole(h),
-                            col: Axis::new(share.shared_columns).chunked(eb).from(j * ec * eb),
-                            read: read(w, experts, transposed, fold),
-                            what,
-                        });
-                    }
-                }
+                out.extend(shared_entries(plan, &share, shape, at, &out, Intermediate::Cols));
             }
             out
         }
@@ -660,7 +642,7 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
             let eb = layout.expert_block;
             let rows = shape[shape.len() - 2];
             let at = rows * 2 * eb;
-            [(g, "gate^T's scales"), (u, "up^T's scales")]
+            let mut out: Vec<Block> = [(g, "gate^T's scales"), (u, "up^T's scales")]
                 .into_iter()
                 .enumerate()
                 .map(|(i, (w, what))| Block {
@@ -674,7 +656,11 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                     read: read(w, Element::Scale(q.experts), true, None),
                     what,
                 })
-                .collect()
+                .collect();
+            if kind == OperandKind::ExpertScales {
+                out.extend(shared_entries(plan, &share, shape, at, &out, Intermediate::Cols));
+            }
+            out
         }
         OperandKind::ExpertDownScales | OperandKind::MlpDownScales => {
             let q = quant?;
@@ -686,7 +672,7 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
             let (stack, cols, [_, _, dn]) = ffn(plan, &share, ffn_kind)?;
             let eb = layout.expert_block;
             let stride = shape[shape.len() - 2];
-            vec![Block {
+            let routed = vec![Block {
                 stack: strided(&stack, shape, stride * h),
                 at: 0,
                 rows: q.experts.scale_rows(eb, inter),
@@ -696,7 +682,14 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 col: whole(h),
                 read: read(dn, Element::Scale(q.experts), true, None),
                 what: "down's scales",
-            }]
+            }];
+            let shared = match kind {
+                OperandKind::ExpertDownScales => {
+                    shared_entries(plan, &share, shape, stride * h, &routed, Intermediate::Rows)
+                }
+                _ => Vec::new(),
+            };
+            routed.into_iter().chain(shared).collect()
         }
         OperandKind::QkvScales => {
             let q = quant?;
@@ -734,17 +727,35 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 what: "o_proj's scales",
             }]
         }
-        OperandKind::Router => vec![Block {
-            stack: vec![(Stack::Layers { only: Some(Ffn::RoutedExperts) }, h * shape[2])],
-            at: 0,
-            rows: h,
-            cols: shape[2],
-            row_stride: shape[2],
-            row: whole(h),
-            col: whole(m.experts),
-            read: read(WeightKind::Router, Element::Value, true, None),
-            what: "the router",
-        }],
+        OperandKind::Router => {
+            let block = |at: u64, cols: u64, col: u64, w: WeightKind, what| Block {
+                stack: vec![(Stack::Layers { only: Some(Ffn::RoutedExperts) }, h * shape[2])],
+                at,
+                rows: h,
+                cols,
+                row_stride: shape[2],
+                row: whole(h),
+                col: whole(col),
+                read: read(w, Element::Value, true, None),
+                what,
+            };
+            let router = block(0, shape[2], m.experts, WeightKind::Router, "the router");
+            // A sigmoid-gated shared expert's gate: the logit column after the experts', as
+            // in the bf16 plans' router segment.
+            match d.shared_gate {
+                true => vec![
+                    Block { cols: m.experts, ..router },
+                    block(
+                        m.experts,
+                        1,
+                        1,
+                        WeightKind::SharedExpertGate,
+                        "the shared expert's gate",
+                    ),
+                ],
+                false => vec![router],
+            }
+        }
         OperandKind::Norms => {
             let norm = |w, at, stack| Block {
                 stack,
@@ -763,6 +774,29 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 norm(WeightKind::PostAttentionNorm, h, layers()),
                 norm(WeightKind::FinalNorm, plan.layers as u64 * 8 * h, vec![]),
             ]
+        }
+        // Norms over the whole projections: a row per q head, then per k head, each the
+        // head's slice of the weight (as the q/k/v bias rows).
+        OperandKind::HeadNorms if d.whole_qk_norm => {
+            let mut col = 0;
+            [WeightKind::QNorm, WeightKind::KNorm]
+                .into_iter()
+                .zip(qkv)
+                .map(|(w, (_, map, cols, what))| {
+                    col += cols;
+                    Block {
+                        stack: vec![(Stack::Layers { only: None }, shape[1] * hp)],
+                        at: col - cols,
+                        rows: 1,
+                        cols,
+                        row_stride: cols,
+                        row: whole(1),
+                        col: Axis::new(map),
+                        read: read(w, Element::Value, false, None),
+                        what,
+                    }
+                })
+                .collect()
         }
         OperandKind::HeadNorms => [WeightKind::QNorm, WeightKind::KNorm]
             .into_iter()
@@ -802,8 +836,90 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 })
                 .collect()
         }
+        // Whole on every device: added once, after the attention output's all-reduce.
+        OperandKind::OBias => vec![Block {
+            stack: vec![(Stack::Layers { only: None }, shape[1] * shape[2])],
+            at: 0,
+            rows: 1,
+            cols: h,
+            row_stride: h,
+            row: whole(1),
+            col: whole(h),
+            read: read(WeightKind::OBias, Element::Value, false, None),
+            what: "",
+        }],
+        OperandKind::CorrectionBias => vec![Block {
+            stack: vec![(Stack::Layers { only: Some(Ffn::RoutedExperts) }, shape[1] * shape[2])],
+            at: 0,
+            rows: 1,
+            cols: shape[2],
+            row_stride: shape[2],
+            row: whole(1),
+            col: whole(m.experts),
+            read: read(WeightKind::CorrectionBias, Element::Exact, false, None),
+            what: "",
+        }],
         _ => return None,
     })
+}
+
+/// Which axis of an expert operand's block runs over the expert's intermediate columns.
+#[derive(Clone, Copy)]
+enum Intermediate {
+    Cols,
+    Rows,
+}
+
+/// A shared expert's blocks of an expert operand (`w_experts`, `expert_scales`,
+/// `expert_down_scales`), from the routed experts' `routed` blocks: entries
+/// `experts_per_device + j` of each MoE layer (`shape[1]` entries of `shape[2]` chunks of
+/// `item` elements), entry `j` the shared expert's intermediate columns from `j *
+/// expert_chunks * expert_block`, chunked as an expert's, its tensors the shared expert's.
+fn shared_entries(
+    plan: &Plan,
+    share: &Share,
+    shape: &[u64],
+    item: u64,
+    routed: &[Block],
+    intermediate: Intermediate,
+) -> Vec<Block> {
+    let layout = &plan.layout;
+    let (ec, eb) = (layout.expert_chunks, layout.expert_block);
+    let mut out = Vec::new();
+    for j in 0..layout.shared_entries {
+        for b in routed {
+            let tensor = match b.read.tensor {
+                Role::Weight(WeightKind::ExpertGate) => WeightKind::SharedGate,
+                Role::Weight(WeightKind::ExpertUp) => WeightKind::SharedUp,
+                _ => WeightKind::SharedDown,
+            };
+            let columns = |a: Axis| Axis { map: share.shared_columns, ..a.from(j * ec * eb) };
+            let (row, col) = match intermediate {
+                Intermediate::Cols => (b.row, columns(b.col)),
+                Intermediate::Rows => (columns(b.row), b.col),
+            };
+            out.push(Block {
+                stack: vec![
+                    (Stack::Slots(Ffn::RoutedExperts), shape[1] * shape[2] * item),
+                    (Stack::Chunks(ec), item),
+                ],
+                at: (plan.dims.experts_per_device + j) * shape[2] * item + b.at,
+                row,
+                col,
+                read: Read { tensor: Role::Weight(tensor), ..b.read },
+                what: match b.what {
+                    "gate^T" => "shared gate^T",
+                    "up^T" => "shared up^T",
+                    "down" => "shared down",
+                    "gate^T's scales" => "shared gate^T's scales",
+                    "up^T's scales" => "shared up^T's scales",
+                    _ => "shared down's scales",
+                },
+                ..b.clone()
+            });
+        }
+    }
+    out
 }
 
 /// An FFN operand's stack (layers of its kind, then experts for the routed ones, then
@@ -841,8 +957,10 @@ fn strided(stack: &[Stack], shape: &[u64], item: u64) -> Vec<(Stack, u64)> {
 }
 
 /// The name of role `role` in `layout`'s Hugging Face names (per-layer ones relative to
-/// the layer, `{e}` for the expert), as the rewrites extracted them.
-pub fn tensor_name(layout: &StreamLayout, role: Role) -> String {
+/// the layer, `{e}` for the expert), as the rewrites extracted them. `shared_gate`: the
+/// shared expert is Qwen2-MoE's gated `shared_expert` (else `DeepSeek`'s and GLM-4.5's
+/// `shared_experts`).
+pub fn tensor_name(layout: &StreamLayout, role: Role, shared_gate: bool) -> String {
     let Role::Weight(kind) = role else { return "model.embed_tokens.weight".into() };
     let extracted = layout
         .segments
@@ -864,18 +982,26 @@ pub fn tensor_name(layout: &StreamLayout, role: Role) -> String {
         .map_or("mlp", |(ffn, _)| ffn);
     match kind {
         WeightKind::Router => format!("{ffn}.gate.weight"),
+        WeightKind::CorrectionBias => format!("{ffn}.gate.e_score_correction_bias"),
         WeightKind::MlpGate => "mlp.gate_proj.weight".into(),
         WeightKind::MlpUp => "mlp.up_proj.weight".into(),
         WeightKind::MlpDown => "mlp.down_proj.weight".into(),
-        WeightKind::SharedGate => format!("{ffn}.shared_expert.gate_proj.weight"),
-        WeightKind::SharedUp => format!("{ffn}.shared_expert.up_proj.weight"),
-        WeightKind::SharedDown => format!("{ffn}.shared_expert.down_proj.weight"),
+        WeightKind::SharedGate | WeightKind::SharedUp | WeightKind::SharedDown => {
+            let module = if shared_gate { "shared_expert" } else { "shared_experts" };
+            let proj = match kind {
+                WeightKind::SharedGate => "gate",
+                WeightKind::SharedUp => "up",
+                _ => "down",
+            };
+            format!("{ffn}.{module}.{proj}_proj.weight")
+        }
         WeightKind::SharedExpertGate => format!("{ffn}.shared_expert_gate.weight"),
         WeightKind::QNorm => "self_attn.q_norm.weight".into(),
         WeightKind::KNorm => "self_attn.k_norm.weight".into(),
         WeightKind::QBias => "self_attn.q_proj.bias".into(),
         WeightKind::KBias => "self_attn.k_proj.bias".into(),
         WeightKind::VBias => "self_attn.v_proj.bias".into(),
+        WeightKind::OBias => "self_attn.o_proj.bias".into(),
         other => format!("{other:?}"),
     }
 }
@@ -965,7 +1091,7 @@ impl OperandSource {
             idx[rank - 2] = format!("i % {n}");
         }
         let name = |role: Role| {
-            let n = tensor_name(layout, role);
+            let n = tensor_name(layout, role, plan.dims.shared_gate);
             if role.per_layer() { format!("model.layers.{{l}}.{n}") } else { n }
         };
         let one_d = Role::shape(b.read.tensor, &plan.model_dims).len() == 1;
@@ -980,7 +1106,7 @@ impl OperandSource {
             (format!("[{ri}, {ci}]"), ci)
         };
         let element = match b.read.element {
-            Element::Value => String::new(),
+            Element::Value | Element::Exact => String::new(),
             Element::Code(f) => format!("{} codes of ", f.codes),
             Element::Scale(f) => format!(
                 "the f32 scale ({}) of ",

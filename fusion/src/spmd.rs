@@ -144,6 +144,20 @@ impl Spmd {
         }
     }
 
+    /// Sum the `[rows, 128]` f32 `partial` over the devices, exactly (f32 on the wire: each
+    /// device's block gathered into the greedy pairs' `maxes` buffer, then added in device
+    /// order, so every device gets the same sum). For a few per-row values (`OLMoE`'s q/k
+    /// sums of squares).
+    pub fn sum_rows(&self, partial: Val) -> Val {
+        let (rows, r8) = (self.rows, self.r8);
+        self.maxes.at((ds(self.me * r8 as i32, r8), ..)).store((0..rows, ..), partial);
+        let way = Way { dir: 1, cols: (0, 128), send: self.send.at(0), recv: self.recv.at(0) };
+        Hops { me: self.me, n: self.n, rows: r8, ways: vec![way] }.gather(self.maxes);
+        (1..self.n as u64)
+            .map(|j| self.maxes.load((j * r8..j * r8 + rows, ..)))
+            .fold(self.maxes.load((0..rows, ..)), |a, b| a + b)
+    }
+
     /// Every device's greedy choice (local ids) combined into the global one, the same on
     /// every device.
     pub fn gather_greedy(&self, local: Greedy) -> Greedy {

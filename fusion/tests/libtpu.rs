@@ -147,6 +147,49 @@ fn libtpu_accepts_the_multi_device_megakernels() {
     assert_accepted(&jobs);
 }
 
+/// GLM-4.5 and `OLMoE` (issue 31): the tiny GLM-4.5 (DeepSeek-V3's router as data: the
+/// correction bias, 1 of 2 expert groups, scaled weights; partial rotary; its shared expert
+/// and dense first layer) on v6e and on 2 v7x devices, fp8 on v6e; the tiny `OLMoE`
+/// (whole-projection q/k norms, their sums of squares summed over the devices) on v6e and
+/// 2 v7x devices, with `clip_qkv` on v6e; and GLM-4.5 (355B) as shipped,
+/// fp8 on 8 v7x devices, its first 4 layers (3 dense, 1 MoE with 160 experts and the shared
+/// expert's fp8 codes).
+#[test]
+fn libtpu_accepts_the_glm4_moe_and_olmoe_megakernels() {
+    use palladium_model::quant::WeightsDtype;
+    let mut clipped = ModelSpec::from_path(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/tiny-olmoe.json"),
+    )
+    .unwrap();
+    clipped.attention.clip_qkv = Some(0.5);
+    let l = Megakernel::build(&clipped, &plain(Chip::V6e, 1, 256, None)).unwrap().lowered;
+    let clip_job = Job {
+        program: wrap(&l.body, &CallSpec::from_json(&l.call_json).unwrap()).unwrap(),
+        chip: Chip::V6e,
+        serialize: false,
+    };
+    let jobs = vec![
+        job("tiny-glm4-moe", plain(Chip::V6e, 1, 256, None)),
+        job("tiny-glm4-moe", PlanOptions { devices: 2, ..plain(Chip::V7x, 1, 256, None) }),
+        job(
+            "tiny-glm4-moe",
+            PlanOptions { weights: WeightsDtype::Fp8, ..plain(Chip::V6e, 1, 256, None) },
+        ),
+        job("tiny-olmoe", plain(Chip::V6e, 2, 256, None)),
+        job("tiny-olmoe", PlanOptions { devices: 2, ..plain(Chip::V7x, 1, 256, None) }),
+        ("tiny-olmoe with clip_qkv 0.5 on v6e".to_string(), clip_job),
+        job(
+            "glm-4.5",
+            PlanOptions {
+                devices: 8,
+                weights: WeightsDtype::Fp8,
+                ..plain(Chip::V7x, 1, 4096, Some(4))
+            },
+        ),
+    ];
+    assert_accepted(&jobs);
+}
+
 /// A layer kind per layer (issue 29): the tiny Qwen3-MoE with dense-MLP layers among its MoE
 /// layers (`mlp_only_layers: [1]`; `decoder_sparse_step: 2`, layer 0 dense) on v6e, on one
 /// device and split over 2 (the dense MLP by intermediate columns), bf16 and int8: the FFN

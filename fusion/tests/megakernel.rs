@@ -545,38 +545,59 @@ fn mla_is_refused_by_name() {
     }
 }
 
-/// The families the reference computes and the megakernel does not emit yet are refused
-/// with every missing feature named at once, whatever layer the plan starts at (and
-/// nothing it emits: shared experts are not named).
+/// What the reference computes and the megakernel does not emit yet is refused by name: a
+/// router bias (no family has one so far). `OLMoE` plans, on several devices too.
 #[test]
-fn families_the_megakernel_lacks_are_refused_by_feature() {
-    for (fixture, features) in [
-        (
-            "tiny-glm4-moe",
-            &[
-                "DeepSeek-V3 routing (e_score_correction_bias, best 1 of 2 expert groups, routed_scaling_factor 2.5)",
-                "a router computed in f32",
-                "partial rotary (32 of head_dim 64 rotated)",
-            ][..],
-        ),
-        ("tiny-olmoe", &["q/k RMS norms over the whole projections"][..]),
-        ("glm-4.5-air", &["DeepSeek-V3 routing", "partial rotary"][..]),
-    ] {
-        match Plan::new(&spec(fixture), &options(Chip::V6e, 1, 256, Some(2))) {
-            Err(e @ PlanError::Unsupported(_)) => {
-                let msg = e.to_string();
-                assert!(features.iter().all(|f| msg.contains(f)), "{fixture}: {msg}");
-                assert!(!msg.contains("shared"), "{fixture}: {msg}");
-            }
-            other => panic!("{fixture}: expected a refusal, got {other:?}"),
+fn features_the_megakernel_lacks_are_refused_by_feature() {
+    let olmoe = spec("tiny-olmoe");
+    assert!(Plan::new(&olmoe, &options(Chip::V6e, 1, 256, Some(2))).is_ok());
+    let two = PlanOptions { devices: 2, ..options(Chip::V7x, 1, 256, None) };
+    assert!(Plan::new(&olmoe, &two).is_ok());
+    let mut biased = olmoe.clone();
+    for layer in &mut biased.layers {
+        if let palladium_model::spec::FfnKind::Moe(m) = &mut layer.ffn {
+            m.routing.router_bias = true;
         }
+    }
+    match Plan::new(&biased, &options(Chip::V6e, 1, 256, None)) {
+        Err(e @ PlanError::Unsupported(_)) => {
+            assert!(e.to_string().contains("a router bias of olmoe"), "{e}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// GLM-4.5 plans with DeepSeek-V3's router as data: the correction bias a row per layer
+/// (`correction_bias`, read by the MoE layers only: layer 0 is dense), 1 of 2 expert groups
+/// kept, the weights scaled by 2.5; partial rotary (32 of each head's 64 lanes); and so
+/// GLM-4.5-Air as shipped is refused for its dense first layer's intermediate size only.
+#[test]
+fn glm4_moe_plans_its_router_options_and_partial_rotary() {
+    use palladium_fusion::layout::OperandKind;
+    let p = Plan::new(&spec("tiny-glm4-moe"), &options(Chip::V6e, 1, 256, None)).unwrap();
+    let d = &p.dims;
+    assert!(d.correction_bias);
+    let groups = d.expert_groups.map(|g| (g.groups, g.chosen_groups));
+    assert_eq!((groups, d.routed_scaling, d.rotary_dim), (Some((2, 1)), 2.5, Some(32)));
+    assert_eq!(p.layout.operand(OperandKind::CorrectionBias).unwrap().shape, [4, 8, 128]);
+    assert_eq!(p.traffic.correction_bias, 3 * 8 * 128 * 4);
+    let text = report::text(&p);
+    assert!(text.contains("mlp.gate.e_score_correction_bias"), "{text}");
+    assert!(text.contains("mlp.shared_experts.down_proj.weight"), "{text}");
+    assert!(text.contains("layers [1, 2, 3] only"), "{text}");
+    // GLM-4.5-Air as shipped: what is left is its dense first layer's size.
+    match Plan::new(&spec("glm-4.5-air"), &options(Chip::V7x, 1, 256, Some(4))) {
+        Err(e @ PlanError::Unsupported(_)) => {
+            assert!(e.to_string().contains("intermediate_size 10944"), "{e}")
+        }
+        other => panic!("GLM-4.5-Air: expected a refusal, got {other:?}"),
     }
 }
 
 /// Qwen2-MoE plans: its shared expert as 2 more entries of `w_experts` (256 intermediate
 /// columns as two experts' 128), its gate as the router's column 8 (so 128 padded columns
-/// still), its q/k/v biases a row per head; quantized weights with a shared expert are
-/// refused by name, and so is the unfused step (it has no shared-expert call).
+/// still), its q/k/v biases a row per head; with quantized weights too (the shared
+/// entries' codes and scales); the unfused step is refused (it has no shared-expert call).
 #[test]
 fn qwen2_moe_plans_its_shared_expert_and_biases() {
     use palladium_fusion::layout::OperandKind;
@@ -594,14 +615,19 @@ fn qwen2_moe_plans_its_shared_expert_and_biases() {
     for read in ["q_proj.bias", "shared_expert.down_proj.weight", "shared_expert_gate.weight"] {
         assert!(text.contains(read), "{read} not in the report:\n{text}");
     }
+    // Quantized: the shared entries' codes and scales beside the experts', the gate's
+    // column in the bf16 router operand.
     for weights in [WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4] {
         let o = PlanOptions { weights, ..options(Chip::V6e, 1, 256, None) };
-        match Plan::new(&s, &o) {
-            Err(e @ PlanError::Unsupported(_)) => assert!(
-                e.to_string().contains("with a shared expert (intermediate 256)"),
-                "{weights:?}: {e}"
-            ),
-            other => panic!("{weights:?}: expected a refusal, got {other:?}"),
+        let p = Plan::new(&s, &o).unwrap();
+        for kind in
+            [OperandKind::WExperts, OperandKind::ExpertScales, OperandKind::ExpertDownScales]
+        {
+            assert_eq!(p.layout.operand(kind).unwrap().shape[..2], [4, 8 + 2], "{weights:?}");
+        }
+        let text = report::text(&p);
+        for read in ["shared_expert.up_proj.weight", "shared_expert_gate.weight"] {
+            assert!(text.contains(read), "{weights:?}: {read} not in the report:\n{text}");
         }
     }
     let unfused = palladium_fusion::unfused::unfused_kernels(&s, 4, 1, 256).unwrap_err();

@@ -38,7 +38,10 @@ pub struct Route {
     /// The routing's margin, relative: the gap between the last chosen expert's and the
     /// runner-up's logits over the largest `|logit|` (with a correction bias or groups: of
     /// their choice scores, over the largest `|choice score|`); infinite when every expert
-    /// is chosen. Small: a near tie.
+    /// is chosen. With expert groups, also the gap between the last kept group's score and
+    /// the best dropped one's over the largest `|group score|`, where smaller: a flip of
+    /// the kept groups changes the choice as much as a flip of the last expert. Small: a
+    /// near tie.
     pub margin: f32,
 }
 
@@ -122,6 +125,7 @@ pub fn route_with(
             *s += b;
         }
     }
+    let mut group_margin = f32::INFINITY;
     if let Some(g) = choice.groups {
         let (groups, kept) = (g.groups as usize, g.chosen_groups as usize);
         let size = n / groups;
@@ -138,7 +142,13 @@ pub fn route_with(
                 }
             })
             .collect();
-        let kept_groups = &ranking(&group_scores)[..kept];
+        let group_order = ranking(&group_scores);
+        let kept_groups = &group_order[..kept];
+        if let Some(&next) = group_order.get(kept) {
+            let scale = crate::tolerance::max_abs(&group_scores);
+            let gap = group_scores[group_order[kept - 1]] - group_scores[next];
+            group_margin = if scale > 0.0 { gap / scale } else { 0.0 };
+        }
         for (g, chunk) in for_choice.chunks_exact_mut(size).enumerate() {
             if !kept_groups.contains(&g) {
                 chunk.fill(0.0);
@@ -171,7 +181,7 @@ pub fn route_with(
         }
         _ => f32::INFINITY,
     };
-    Route { chosen, runner_up, margin }
+    Route { chosen, runner_up, margin: margin.min(group_margin) }
 }
 
 /// Where an FFN rounds to bf16. The math between the rounding points is f32, dot products
@@ -542,6 +552,28 @@ mod tests {
             w,
             vec![plain.chosen[0].1 * 2.0, r(&groups(2, 1, GroupScore::Max)).chosen[1].1 * 2.0]
         );
+    }
+
+    /// Two groups whose scores nearly tie: which one is kept decides every choice, so the
+    /// routing's margin is that near tie's, however far apart the experts inside them.
+    #[test]
+    fn a_near_tie_of_the_groups_is_a_near_tie_of_the_routing() {
+        let logits = [2.0, 1.0, -3.0, -3.0, 2.0, 1.0001, -3.0, -3.0];
+        let choice = Choice {
+            correction_bias: None,
+            groups: Some(ExpertGroups {
+                groups: 2,
+                chosen_groups: 1,
+                score: GroupScore::TopTwoSum,
+            }),
+            scaling: 1.0,
+        };
+        let r = route_with(&logits, 2, RouterScoring::Sigmoid, TopKWeights::Raw, &choice);
+        assert_eq!((ids(&r), r.runner_up), (vec![4, 5], Some(6)));
+        assert!(r.margin < 1e-4, "margin {}", r.margin);
+        // Without the groups the same logits route with a wide margin.
+        let r = route(&logits, 2, RouterScoring::Sigmoid, TopKWeights::Raw);
+        assert!(r.margin > 0.1, "margin {}", r.margin);
     }
 
     /// What the kernels' `top_k` body does with NaN scores: they rank below every number,

@@ -83,6 +83,12 @@ impl Family {
         }
     }
 
+    /// Whether the checkpoint stores the routed experts fused, one tensor per matrix for all
+    /// experts (`crate::weights::ExpertNames::Fused`), not a module per expert.
+    pub fn experts_fused(self) -> bool {
+        matches!(self, Self::GptOss | Self::Llama4 | Self::GraniteMoe)
+    }
+
     /// The causal-LM class named in `architectures`.
     pub fn causal_lm_class(self) -> &'static str {
         match self {

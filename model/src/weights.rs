@@ -413,7 +413,10 @@ impl ModelNames {
                             down: format!("{block}output_linear.weight"),
                             down_bias: None,
                         }),
-                        _ => ExpertNames::PerExpert(per_expert.collect()),
+                        _ => {
+                            debug_assert!(!family.experts_fused());
+                            ExpertNames::PerExpert(per_expert.collect())
+                        }
                     };
                     // gpt-oss and Llama 4 call the router `router`, Granite `router.layer`,
                     // the others `gate`.

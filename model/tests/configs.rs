@@ -652,6 +652,33 @@ fn glm_4_5_air() {
     assert!(close(active, 12e9, 0.02), "active {active}");
 }
 
+/// GLM-4.5 (355B) as shipped: 92 decoder layers (the first 3 dense MLPs of 12288, then 160
+/// routed experts top-8 of 1536 + 1 shared, `routed_scaling_factor` 2.5; its MTP layer 92
+/// outside the forward pass), hidden 5120, 96 heads / 8 KV heads of 128 with half rotated,
+/// attention biases, per-head q/k norms: the card's 355B total and 32B active parameters.
+#[test]
+fn glm_4_5() {
+    let s = spec("glm-4.5.json");
+    assert_eq!(s.family, Family::Glm4Moe);
+    assert_eq!(s.layers.len(), 92);
+    assert_eq!(s.attention.rope.rotary_dim, 64);
+    assert_eq!(s.attention.qk_norm, QkNorm::PerHeadRms { weight_len: 128 });
+    for l in &s.layers[..3] {
+        assert_eq!(l.ffn, FfnKind::Dense { intermediate: 12288 });
+    }
+    for l in &s.layers[3..] {
+        let m = moe(&s, l.index);
+        assert_eq!((m.num_experts, m.top_k, m.intermediate), (160, 8, 1536));
+        assert_eq!((m.routing.scaling, m.routing.groups), (2.5, None));
+        assert_eq!(m.shared.map(|s| s.intermediate), Some(1536));
+    }
+    assert!(s.defaulted.is_empty(), "{:?}", s.defaulted);
+    let p = s.params();
+    assert!(close(p.total(), 355e9, 0.02), "total {}", p.total());
+    let active = p.active_without_embedding() - p.lm_head;
+    assert!(close(active, 32e9, 0.03), "active {active}");
+}
+
 /// Qwen1.5-MoE-A2.7B as shipped: every layer MoE (60 experts top-4, raw top-k weights) with
 /// the sigmoid-gated shared expert of 5632 (4 experts' width), q/k/v biases by `qkv_bias`'s
 /// default. Its card: 14.3B parameters in total, 2.7B activated.

@@ -25,9 +25,7 @@
 
 use crate::hf_oracle;
 
-use std::path::Path;
-
-use hf_oracle::{repo_root, run_oracle};
+use hf_oracle::{repo_root, run_oracle, variant_config};
 use palladium_model::ModelSpec;
 use palladium_model::reference::{Precision, Reference};
 use palladium_model::tolerance::{LogitsDiff, logits_tolerance};
@@ -117,13 +115,7 @@ fn check_variant(
     prompt: &[u32],
     steps: usize,
 ) {
-    let path = repo_root().join(format!("fixtures/models/{fixture}.json"));
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    edit(&mut v);
-    let cfg = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("{variant}-{}.json", std::process::id()));
-    std::fs::write(&cfg, v.to_string()).unwrap();
+    let cfg = variant_config(fixture, variant, edit);
     check(cfg.to_str().unwrap(), seed, prompt, steps);
     let _ = std::fs::remove_file(&cfg);
 }

@@ -7,6 +7,7 @@
 use super::Handles;
 use crate::layout::OperandKind;
 use crate::plan::{KvTiles, Plan, written_groups};
+use crate::spmd::Spmd;
 use palladium_dsl::build::{Drain, eq, for_range, ge, if_else, le, lt, pipeline, range};
 use palladium_dsl::prelude::*;
 use palladium_kernels::body::{
@@ -38,6 +39,7 @@ pub struct Attention {
     rot: Ref,
     cos: Ref,
     sin: Ref,
+    spmd: Option<Spmd>,
 }
 
 impl Attention {
@@ -68,6 +70,7 @@ impl Attention {
             rot: hs.buffer(k.rope_rot),
             cos: hs.buffer(k.rope_cos),
             sin: hs.buffer(k.rope_sin),
+            spmd: hs.spmd,
         }
     }
 
@@ -84,10 +87,21 @@ impl Attention {
             let at = if r % kt == 0 { at } else { at + (r % kt) as i32 };
             pos = row_i.put(pos, r as i32, at.cast(f32));
         }
-        let (cos, sin) = rope_tables(pos, d.head_pad, d.head_dim, d.rope_theta);
+        // Partial rotary (GLM-4.5): the first `rotary_dim` lanes rotate as a head of that
+        // size would (frequencies and halves of `rotary_dim`), the rest pass through
+        // (cos 1, sin 0, no rotation).
+        let rotary = d.rotary_dim.unwrap_or(d.head_dim);
+        let (cos, sin) = rope_tables(pos, d.head_pad, rotary, d.rope_theta);
+        let (cos, sin) = match d.rotary_dim {
+            Some(r) => {
+                let rotated = lt(iota([1, d.head_pad], 1), r as i32);
+                (select(rotated, cos, 1.0), select(rotated, sin, 0.0))
+            }
+            None => (cos, sin),
+        };
         self.cos.store(.., cos);
         self.sin.store(.., sin);
-        self.rot.store(.., rope_rotation(d.head_pad, d.head_dim, false));
+        self.rot.store(.., rope_rotation(d.head_pad, rotary, false));
         self.qs.store(.., 0.0);
     }
 
@@ -130,26 +144,68 @@ impl Attention {
         let cos = self.cos.load(..);
         let sin = self.sin.load(..);
         let rot = self.rot.load(..);
-        // A head's q or k columns: per-head RMSNorm (Qwen3's q_norm/k_norm, rounded to bf16 as
-        // Hugging Face does), RoPE, and for q the softmax scale folded in.
-        let prep = |col: u64, norm_row: Option<u64>, scale: f64| {
+        // OLMoE's clip_qkv: q and k after their norms, and v, clamped.
+        let clip = |v: Val| match d.clip_qkv {
+            Some(c) => v.cast(f32).maximum(-c).minimum(c),
+            None => v,
+        };
+        // OLMoE's RMSNorm over the whole q and k projections (`[heads * head_dim]` values,
+        // head padding zero): the inverse rms of each, per row. On N devices each holds some
+        // heads: the sums of squares are summed over the devices (exactly, in f32), a KV
+        // head's counted once (each is on `kv_replicas` devices).
+        let whole_inv = d.whole_qk_norm.then(|| {
+            let squares = |first: u64, count: u64| {
+                (first..first + count)
+                    .map(|t| {
+                        let v = head(t * hp);
+                        (v * v).sum_keepdims(1)
+                    })
+                    .reduce(|a, b| a + b)
+                    .expect("a projection has heads")
+            };
+            let (q, k) = (squares(0, d.heads), squares(d.heads, kvh));
+            let m = &p.model_dims;
+            let (q, k) = match self.spmd {
+                None => (q, k),
+                Some(spmd) => {
+                    let lane = iota([rows, 128], 1);
+                    let both = select(eq(lane, 0), q, select(eq(lane, 1), k, 0.0));
+                    let sum = spmd.sum_rows(both);
+                    let replicas = p.sharding.as_ref().map_or(1, |s| s.heads.kv_replicas);
+                    (sum.slice((.., 0..1)), sum.slice((.., 1..2)) / replicas as f64)
+                }
+            };
+            let inv =
+                |squares: Val, heads: u64| (squares / (heads * m.head_dim) as f64 + d.eps).rsqrt();
+            [inv(q, m.heads), inv(k, m.kv_heads)]
+        });
+        // A head's q (`which` 0) or k (1) columns: the q/k norm (Qwen3's per head, or OLMoE's
+        // whole-projection one with the head's row of the weight; rounded to bf16 as Hugging
+        // Face does), the clip, RoPE, and for q the softmax scale folded in.
+        let prep = |col: u64, which: usize, scale: f64| {
             let v = head(col);
-            let v = match norm_row {
-                Some(rw) => rms_norm(v, Some(self.hn.load((rw..rw + 1, ..))), d.head_dim, d.eps),
+            let v = match whole_inv {
+                Some(inv) => {
+                    let t = col / hp;
+                    (v * inv[which] * self.hn.load((t..t + 1, ..))).cast(bf16)
+                }
+                None if d.qk_norm => {
+                    let w = self.hn.load((which as u64..which as u64 + 1, ..));
+                    rms_norm(v, Some(w), d.head_dim, d.eps)
+                }
                 None => v,
             };
-            rope_apply(v, rot, cos, sin) * scale
+            rope_apply(clip(v), rot, cos, sin) * scale
         };
-        let qk_rows = |r: u64| if d.qk_norm { Some(r) } else { None };
         for head in 0..d.heads {
             let (g, j) = (head / group, head % group);
-            let v = prep(head * hp, qk_rows(0), d.scale);
+            let v = prep(head * hp, 0, d.scale);
             self.qs.store((g, j * rows..(j + 1) * rows, ..), v);
         }
         for g in 0..kvh {
-            let v = prep((d.heads + g) * hp, qk_rows(1), 1.0);
+            let v = prep((d.heads + g) * hp, 1, 1.0);
             self.ks.store(g, v);
-            self.vs.store(g, head((d.heads + kvh + g) * hp));
+            self.vs.store(g, clip(head((d.heads + kvh + g) * hp)));
         }
         let bkv = p.block_kv;
         let qrows = d.attn_rows;

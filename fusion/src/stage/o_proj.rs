@@ -3,7 +3,7 @@
 //! all-reduce on N devices).
 
 use super::{Handles, LayerCopies, LayerOperand, WeightTile};
-use crate::layout::CodeFormat;
+use crate::layout::{CodeFormat, OperandKind};
 use crate::plan::Plan;
 use crate::spmd::Spmd;
 use palladium_dsl::prelude::*;
@@ -18,6 +18,8 @@ pub struct OProjection {
     /// A quantized plan's per-layer copies: its scales (`o_scales`, `[n_o/group, H]`).
     copies: Option<LayerCopies>,
     format: Option<CodeFormat>,
+    /// `o_proj`'s bias rows (`o_bias`): the operand, its buffer, the copy's semaphore.
+    bias: Option<(Ref, Ref, SemRef)>,
     spmd: Option<Spmd>,
 }
 
@@ -29,14 +31,26 @@ impl OProjection {
             x: hs.buffer(hs.keys.x),
             copies: LayerCopies::new(hs),
             format: p.layout.quant.map(|f| f.dense),
+            bias: hs
+                .keys
+                .o_bias
+                .map(|(buf, sem)| (hs.must(OperandKind::OBias), hs.buffer(buf), hs.sems(sem))),
             spmd: hs.spmd,
         }
     }
 
+    /// The copy of layer `layer`'s bias rows.
+    fn bias_copy(self, layer: Val) -> Option<(Dma, Ref)> {
+        self.bias.map(|(operand, buf, sem)| (async_copy(operand.at(layer), buf, sem.at(0)), buf))
+    }
+
     /// Before the first piece (after attention): the accumulator cleared, a quantized
-    /// plan's scales landed.
+    /// plan's scales landed, the layer's bias copy started.
     pub fn begin(self, layer: Val) {
         self.o_acc.store(.., 0.0);
+        if let Some((copy, _)) = self.bias_copy(layer) {
+            copy.start();
+        }
         if let Some(copies) = self.copies {
             copies.dma(LayerOperand::OScales, layer).wait();
         }
@@ -58,12 +72,20 @@ impl OProjection {
     }
 
     /// The attention output added to the residual stream (after its all-reduce on N
-    /// devices), stored and returned.
-    pub fn residual(self) -> Val {
+    /// devices, then `o_proj`'s bias, once), stored and returned.
+    pub fn residual(self, layer: Val) -> Val {
         if let Some(spmd) = self.spmd {
             spmd.all_reduce(self.o_acc);
         }
-        let x = residual_add(self.x.load(..), self.o_acc.load(..));
+        let residual = self.x.load(..);
+        let out = match self.bias_copy(layer) {
+            Some((copy, buf)) => {
+                copy.wait();
+                self.o_acc.load(..) + buf.load((0..1, ..))
+            }
+            None => self.o_acc.load(..),
+        };
+        let x = residual_add(residual, out);
         self.x.store(.., x);
         x
     }

@@ -3,6 +3,12 @@
 //! logits (the dense stream's `Router` segment, or a quantized plan's own bf16 `router`
 //! operand), the scoring and top-k, the distinct chosen experts to SMEM for
 //! [`super::experts`], and the per-layer record of non-finite router logits.
+//!
+//! The routing is the model's as data ([`Choice`]): softmax or sigmoid scores, and for
+//! `DeepSeek`-V3's router (GLM-4.5) the `correction_bias` operand's row (copied per MoE
+//! layer) added to choose only, the expert groups and `routed_scaling_factor`. The logits
+//! are the MXU's f32 products of the bf16 activations and weights, never rounded: what
+//! transformers' f32 router (`RouterPrecision::F32`) computes, up to the folded norm.
 
 use super::o_proj::OProjection;
 use super::{Handles, LayerCopies, LayerOperand, Norm, WeightTile};
@@ -11,7 +17,7 @@ use crate::plan::Plan;
 use crate::spmd::Spmd;
 use palladium_dsl::build::{eq, ge, lt};
 use palladium_dsl::prelude::*;
-use palladium_kernels::body::{Routing, WeightLayout};
+use palladium_kernels::body::{Choice, Routing, WeightLayout};
 use palladium_model::spec::RouterScoring;
 use std::ops::Range;
 
@@ -31,6 +37,8 @@ pub struct Router {
     logits: Ref,
     non_finite: Ref,
     ids: Ref,
+    /// The layer's correction-bias rows: the operand, its buffer, the copy's semaphore.
+    correction_bias: Option<(Ref, Ref, SemRef)>,
     spmd: Option<Spmd>,
 }
 
@@ -43,6 +51,9 @@ impl Router {
             logits: hs.buffer(hs.keys.router_logits),
             non_finite: hs.must(OperandKind::RouterNonFinite),
             ids: hs.buffer(hs.keys.expert_ids),
+            correction_bias: hs.keys.correction_bias.map(|(buf, sem)| {
+                (hs.must(OperandKind::CorrectionBias), hs.buffer(buf), hs.sems(sem))
+            }),
             spmd: hs.spmd,
         }
     }
@@ -53,8 +64,8 @@ impl Router {
     }
 
     /// The residual stream after attention ([`OProjection::residual`]), normed for the FFN.
-    fn post_attention_norm(self, p: &Plan, o_proj: OProjection) -> Val {
-        let x = o_proj.residual();
+    fn post_attention_norm(self, p: &Plan, o_proj: OProjection, layer: Val) -> Val {
+        let x = o_proj.residual(layer);
         self.norm.apply(p, x)
     }
 
@@ -64,11 +75,12 @@ impl Router {
         self,
         p: &Plan,
         o_proj: OProjection,
+        layer: Val,
         xn2: &mut Option<Val>,
         w: Val,
         seg_cols: Range<u64>,
     ) {
-        let xn = *xn2.get_or_insert_with(|| self.post_attention_norm(p, o_proj));
+        let xn = *xn2.get_or_insert_with(|| self.post_attention_norm(p, o_proj, layer));
         self.logits.store((.., seg_cols), WeightTile::Bf16(w).product(p, xn, WeightLayout::InOut));
     }
 
@@ -78,7 +90,7 @@ impl Router {
         match (xn2, self.weights) {
             (Some(xn), _) => xn,
             (None, RouterWeights::Own(copies)) => {
-                let xn = self.post_attention_norm(p, o_proj);
+                let xn = self.post_attention_norm(p, o_proj, layer);
                 copies.dma(LayerOperand::Router, layer).wait();
                 let w = copies.buffer(LayerOperand::Router).load(..);
                 self.logits.store(.., WeightTile::Bf16(w).product(p, xn, WeightLayout::InOut));
@@ -105,7 +117,15 @@ impl Router {
         let logits = self.logits.load(..);
         record_non_finite(p, self.non_finite, layer, logits);
         let sigmoid = d.scoring == RouterScoring::Sigmoid;
-        let routing = Routing::new(logits, d.experts, k, sigmoid, d.renormalize);
+        // The bias row of the layer (a small copy, waited at once: routing needs it).
+        let correction_bias = self.correction_bias.map(|(operand, buf, sem)| {
+            let copy = async_copy(operand.at(layer), buf, sem.at(0));
+            copy.start();
+            copy.wait();
+            buf.load((0..1, ..))
+        });
+        let choice = Choice { correction_bias, groups: d.expert_groups, scaling: d.routed_scaling };
+        let routing = Routing::choosing(logits, d.experts, k, sigmoid, d.renormalize, choice);
         let own_first = self.spmd.and_then(|spmd| spmd.expert_first());
         if own_first.is_some() {
             self.ids.store(0, scalar(0));

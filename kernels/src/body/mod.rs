@@ -42,5 +42,5 @@ pub use greedy::Greedy;
 pub use kv::NewRow;
 pub use norm::{residual_add, rms_norm, rms_unit};
 pub use rope::{rope_apply, rope_rotation, rope_tables};
-pub use router::{Routing, router_scores, top_k};
+pub use router::{Choice, Routing, router_scores, top_k};
 pub use rows::RowSelect;

@@ -450,10 +450,11 @@ impl WeightsDtype {
                     for m in experts {
                         [&m.gate, &m.up, &m.down].into_iter().for_each(|n| add(n, expert));
                     }
-                    // A shared expert is always on, like a dense MLP: the dense format. Its
+                    // A shared expert streams through the megakernel's expert ring as the
+                    // routed experts' chunks do: their format (int4's too). Its
                     // `[1, hidden]` sigmoid gate stays as loaded, like the router.
                     if let Some(m) = shared.as_ref().map(|s| &s.mlp) {
-                        [&m.gate, &m.up, &m.down].into_iter().for_each(|n| add(n, dense));
+                        [&m.gate, &m.up, &m.down].into_iter().for_each(|n| add(n, expert));
                     }
                 }
             }

@@ -101,3 +101,20 @@ pub fn run_oracle(
         dir,
     }
 }
+
+/// Fixture `fixture` (`fixtures/models/<fixture>.json`) with `edit` applied, written to a
+/// scratch file of this process's named after `variant`: its path (the caller removes it).
+pub fn variant_config(
+    fixture: &str,
+    variant: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> PathBuf {
+    let path = repo_root().join(format!("fixtures/models/{fixture}.json"));
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    edit(&mut v);
+    let cfg = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{variant}-{}.json", std::process::id()));
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    cfg
+}
