@@ -292,12 +292,21 @@ pub fn sharding(
         }
     };
     let activation = rows * h * 2;
-    let collectives = vec![
+    let mut collectives = vec![
         all_reduce("attention output (after o_proj)", l, activation),
         all_reduce("MoE output (after the experts)", l, activation),
         // One f32 maximum and one i32 id per row: exact, 8 bytes a row.
         all_gather("greedy (max logit, id) per row", 1, rows * 8, DType::F32),
     ];
+    if dims.whole_qk_norm {
+        // OLMoE's q and k sums of squares, an f32 [rows (to 8), 128] block per device.
+        collectives.push(all_gather(
+            "q/k sums of squares (norms over the whole projections)",
+            l,
+            rows.next_multiple_of(8) * 128 * 4,
+            DType::F32,
+        ));
+    }
     let collective_bytes = collectives.iter().map(|c| c.sent_bytes).sum();
     let collective_seconds = collectives.iter().map(|c| c.seconds).sum();
     Ok(Sharding {

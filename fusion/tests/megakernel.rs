@@ -552,7 +552,8 @@ fn features_the_megakernel_lacks_are_refused_by_feature() {
     let olmoe = spec("tiny-olmoe");
     assert!(Plan::new(&olmoe, &options(Chip::V6e, 1, 256, Some(2))).is_ok());
     let two = PlanOptions { devices: 2, ..options(Chip::V7x, 1, 256, None) };
-    assert!(Plan::new(&olmoe, &two).is_ok());
+    let split = Plan::new(&olmoe, &two).unwrap().sharding.unwrap();
+    assert!(split.collectives.iter().any(|c| c.name.starts_with("q/k sums of squares")));
     let mut biased = olmoe.clone();
     for layer in &mut biased.layers {
         if let palladium_model::spec::FfnKind::Moe(m) = &mut layer.ffn {
