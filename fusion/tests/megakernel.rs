@@ -641,6 +641,10 @@ fn gpt_oss_llama4_and_granite_are_refused_by_feature() {
             "tiny-granitemoe",
             &["Granite's embedding, residual and logits multipliers", "experts stored fused"][..],
         ),
+        (
+            "tiny-phimoe",
+            &["LayerNorm", "an lm_head bias", "the sparsemixer router", "LongRoPE", "phimoe"][..],
+        ),
     ] {
         match Plan::new(&spec(fixture), &options(Chip::V6e, 1, 256, Some(2))) {
             Err(e @ PlanError::Unsupported(_)) => {
