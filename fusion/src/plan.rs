@@ -542,7 +542,11 @@ fn supported<'s>(
         (spec.attention.sinks, "attention sinks"),
         (spec.mlp.bias, "expert biases"),
         (spec.mlp.activation != Activation::Silu, "the clamped SwiGLU"),
-        (spec.norm.kind != NormKind::Rms, "RMS norms weighted in f32"),
+        (spec.norm.kind == NormKind::RmsF32Weight, "RMS norms weighted in f32"),
+        (matches!(spec.norm.kind, NormKind::Layer { .. }), "LayerNorm"),
+        (spec.lm_head_bias, "an lm_head bias"),
+        (moe_layer(|m| m.routing.sparse_mixer.is_some()), "the sparsemixer router"),
+        (matches!(spec.attention.rope.scaling, RopeScaling::LongRope(_)), "LongRoPE"),
         (
             spec.layers.iter().any(|l| matches!(l.attention, AttentionKind::Chunked { .. })),
             "chunked attention",
@@ -554,7 +558,7 @@ fn supported<'s>(
             "routing weights scaling the experts' input",
         ),
         (
-            !matches!(spec.attention.rope.scaling, RopeScaling::Default | RopeScaling::Yarn { .. })
+            matches!(spec.attention.rope.scaling, RopeScaling::Llama3(_))
                 || spec.attention.rope.style == RopeStyle::ComplexPairs
                     && spec.attention.form.is_gqa(),
             "Llama 3 RoPE scaling or complex-pair RoPE",

@@ -669,6 +669,10 @@ fn gpt_oss_llama4_and_granite_are_refused_by_feature() {
             &["Granite's embedding, residual and logits multipliers", "experts stored fused"][..],
         ),
         ("tiny-ernie4_5-moe", &["Llama 3 RoPE scaling or complex-pair RoPE"][..]),
+        (
+            "tiny-phimoe",
+            &["LayerNorm", "an lm_head bias", "the sparsemixer router", "LongRoPE", "phimoe"][..],
+        ),
     ] {
         match Plan::new(&spec(fixture), &options(Chip::V6e, 1, 256, Some(2))) {
             Err(e @ PlanError::Unsupported(_)) => {

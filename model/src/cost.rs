@@ -5,7 +5,9 @@
 
 use serde::Serialize;
 
-use crate::spec::{AttentionForm, FfnKind, LayerSpec, LmHead, ModelSpec, QkNorm, SharedExpert};
+use crate::spec::{
+    AttentionForm, FfnKind, LayerSpec, LmHead, ModelSpec, NormKind, QkNorm, SharedExpert,
+};
 
 /// Saturating sum. Counts of a parsed model are far below `u64::MAX` (sizes are capped at
 /// 2^24 when parsing); saturation only keeps hand-built absurd specs from panicking.
@@ -85,9 +87,9 @@ pub struct ModelParams {
     pub layers: LayerParams,
     /// `embed_tokens` (`vocab * hidden`).
     pub embedding: u64,
-    /// `lm_head` (`vocab * hidden`), 0 when tied to the embedding.
+    /// `lm_head` (`vocab * hidden`, plus `vocab` with a bias), 0 when tied to the embedding.
     pub lm_head: u64,
-    /// The final `norm` (`hidden`).
+    /// The final `norm` (`hidden`; twice that for a `LayerNorm` with bias).
     pub final_norm: u64,
 }
 
@@ -194,9 +196,11 @@ impl ModelSpec {
                 (query + kv_a + kv_b + o, q_norm + lora)
             }
         };
+        // `LayerNorms` with bias (Phi-3.5-MoE) store a bias as long as the weight.
+        let norm = if self.norm.kind == (NormKind::Layer { bias: true }) { 2 * h } else { h };
         let mut p = LayerParams {
             attention: sat(attention),
-            norms: sat(2 * h + attention_norms),
+            norms: sat(2 * norm + attention_norms),
             ..LayerParams::default()
         };
         match &layer.ffn {
@@ -228,8 +232,12 @@ impl ModelSpec {
             lm_head: match self.lm_head {
                 LmHead::Untied => embedding,
                 LmHead::Tied => 0,
+            }
+            .saturating_add(if self.lm_head_bias { self.vocab_size } else { 0 }),
+            final_norm: match self.norm.kind {
+                NormKind::Layer { bias: true } => 2 * self.hidden_size,
+                _ => self.hidden_size,
             },
-            final_norm: self.hidden_size,
         }
     }
 

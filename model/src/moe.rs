@@ -184,6 +184,44 @@ pub fn route_with(
     Route { chosen, runner_up, margin: margin.min(group_margin) }
 }
 
+/// Phi-3.5-MoE's router at inference (`sparsemixer(scores, jitter_eps, training=False)` in
+/// `modeling_phimoe.py`), two experts: the best logit `m1` (the lower id on ties, as
+/// `max(dim=-1)`), weighted by its softmax over the logits `s` kept by
+/// `(m1 - s) / max(|s|, m1) <= 2 * jitter_eps`; then the best logit `m2` of the others,
+/// weighted by its softmax over the others kept by the same test against `m2`. `round` is
+/// where the logits' dtype rounds (the differences, the quotients, the threshold and the
+/// two weights: transformers computes all of it in the router logits' dtype).
+pub fn sparse_mixer(logits: &[f32], jitter_eps: f64, round: impl Fn(f32) -> f32) -> Route {
+    let n = logits.len();
+    assert!(n >= 2, "the sparsemixer chooses 2 of {n} experts");
+    let threshold = round((2.0 * jitter_eps) as f32);
+    let order = ranking(logits);
+    // The weight of `best` (its logit the maximum of `candidates`): its softmax among the
+    // candidates within the relative threshold of it.
+    let weight = |best: usize, candidates: &dyn Fn(usize) -> bool| {
+        let m = logits[best];
+        let kept = |j: usize| {
+            let factor = logits[j].abs().max(m);
+            // `masked_fill` where the quotient is `> threshold` (a NaN quotient is kept).
+            let masked = round(round(m - logits[j]) / factor) > threshold;
+            candidates(j) && !masked
+        };
+        let sum: f32 = (0..n).filter(|&j| kept(j)).map(|j| (logits[j] - m).exp()).sum();
+        round(1.0 / sum)
+    };
+    let (first, second) = (order[0], order[1]);
+    let chosen = vec![(first, weight(first, &|_| true)), (second, weight(second, &|j| j != first))];
+    let runner_up = order.get(2).copied();
+    let margin = match runner_up {
+        Some(next) => {
+            let scale = crate::tolerance::max_abs(logits);
+            if scale > 0.0 { (logits[second] - logits[next]) / scale } else { 0.0 }
+        }
+        None => f32::INFINITY,
+    };
+    Route { chosen, runner_up, margin }
+}
+
 /// Where an FFN rounds to bf16. The math between the rounding points is f32, dot products
 /// accumulating in f64 and rounded once to f32 ([`Projection::apply`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,10 +14,10 @@ use crate::error::ConfigError;
 use crate::json::{Obj, describe};
 use crate::spec::{
     Activation, AttentionForm, AttentionKind, AttentionSpec, Dtype, ExpertGroups, ExpertWeighting,
-    Family, FfnKind, GroupScore, LayerSpec, Llama3Scaling, LmHead, MlaSpec, MlpSpec, ModelSpec,
-    MoeSpec, Multipliers, NormKind, NormSpec, Positions, QkNorm, Quantization, RopeScaling,
-    RopeSpec, RopeStyle, RouterPrecision, RouterScoring, Routing, SharedExpert, TemperatureTuning,
-    TopKWeights, yarn_mscale,
+    Family, FfnKind, GroupScore, LayerSpec, Llama3Scaling, LmHead, LongRope, MlaSpec, MlpSpec,
+    ModelSpec, MoeSpec, Multipliers, NormKind, NormSpec, Positions, QkNorm, Quantization,
+    RopeScaling, RopeSpec, RopeStyle, RouterPrecision, RouterScoring, Routing, SharedExpert,
+    SparseMixer, TemperatureTuning, TopKWeights, yarn_mscale,
 };
 
 impl ModelSpec {
@@ -131,6 +131,7 @@ impl Family {
             Self::GptOss | Self::Llama4 => Defaults { rms_norm_eps: 1e-5 },
             Self::GraniteMoe => Defaults { rms_norm_eps: 1e-6 },
             Self::Ernie45Moe => Defaults { rms_norm_eps: 1e-5 },
+            Self::Phimoe => Defaults { rms_norm_eps: 1e-5 },
         }
     }
 }
@@ -238,7 +239,8 @@ impl<'a> Parser<'a> {
             | Family::GptOss
             | Family::Llama4
             | Family::GraniteMoe
-            | Family::Ernie45Moe => self.attention(family, hidden_size)?,
+            | Family::Ernie45Moe
+            | Family::Phimoe => self.attention(family, hidden_size)?,
         };
 
         let eps = o.opt_pos_f64("rms_norm_eps")?;
@@ -262,9 +264,32 @@ impl<'a> Parser<'a> {
             Family::Olmoe => self.olmoe_layers(num_layers)?,
             Family::GptOss => self.gpt_oss_layers(num_layers)?,
             Family::Llama4 => self.llama4_layers(num_layers)?,
+            Family::Phimoe => self.phimoe_layers(num_layers)?,
+        };
+        // PhimoeForCausalLM: `nn.Linear(hidden, vocab, bias=config.lm_head_bias)`; no other
+        // family has the field.
+        let lm_head_bias = o.opt_bool("lm_head_bias")?;
+        let lm_head_bias = match family {
+            Family::Phimoe => self.or_default("lm_head_bias", lm_head_bias, false),
+            _ if lm_head_bias == Some(true) => {
+                return Err(ConfigError::unsupported(
+                    "lm_head_bias",
+                    true,
+                    format!(
+                        "false or absent (not part of the {} architecture)",
+                        family.model_type()
+                    ),
+                ));
+            }
+            _ => false,
         };
         let (norm, mlp) = match family {
             Family::GptOss => (NormKind::RmsF32Weight, self.gpt_oss_mlp()?),
+            // PhimoeDecoderLayer / PhimoeModel: `nn.LayerNorm(hidden, eps=rms_norm_eps)`.
+            Family::Phimoe => (
+                NormKind::Layer { bias: true },
+                MlpSpec { activation: Activation::Silu, gated: true, bias: false },
+            ),
             _ => {
                 (NormKind::Rms, MlpSpec { activation: Activation::Silu, gated: true, bias: false })
             }
@@ -283,6 +308,7 @@ impl<'a> Parser<'a> {
             layers,
             quantization,
             multipliers: self.multipliers(family)?,
+            lm_head_bias,
             defaulted: self.defaulted,
             checkpoint_prefix: "",
         })
@@ -307,6 +333,7 @@ impl<'a> Parser<'a> {
             "llama4_text" => Family::Llama4,
             "granitemoe" => Family::GraniteMoe,
             "ernie4_5_moe" => Family::Ernie45Moe,
+            "phimoe" => Family::Phimoe,
             other => {
                 return Err(ConfigError::unsupported(
                     "model_type",
@@ -318,6 +345,7 @@ impl<'a> Parser<'a> {
         if let Some(archs) = o.opt_str_list("architectures")?
             && !archs.is_empty()
             && !archs.contains(&family.causal_lm_class())
+            && !family.shipped_class_alias().is_some_and(|a| archs.contains(&a))
         {
             return Err(ConfigError::unsupported(
                 "architectures",
@@ -478,6 +506,21 @@ impl<'a> Parser<'a> {
                 }
                 (false, false, QkNorm::None)
             }
+            // PhimoeAttention: every projection takes `bias=config.attention_bias`; its
+            // head_dim is hidden_size // num_attention_heads.
+            Family::Phimoe => {
+                if head_dim * num_heads != hidden {
+                    return Err(ConfigError::invalid(
+                        "head_dim",
+                        head_dim,
+                        format!(
+                            "Phi-3.5-MoE's head_dim is hidden_size ({hidden}) / num_attention_heads ({num_heads})"
+                        ),
+                    ));
+                }
+                let bias = self.or_default("attention_bias", bias, false);
+                (bias, bias, QkNorm::None)
+            }
             // Llama4TextConfig sets `attention_bias = False`; `use_qk_norm` (default true) is
             // the weightless L2 norm after RoPE on the RoPE layers.
             Family::Llama4 => {
@@ -527,6 +570,7 @@ impl<'a> Parser<'a> {
             Family::Llama4 => (RopeStyle::ComplexPairs, ScalingRule::Llama3),
             // `apply_rotary_pos_emb` rotates pairs (2i, 2i+1) in f32 and rounds once.
             Family::Ernie45Moe => (RopeStyle::ComplexPairs, ScalingRule::DefaultOnly),
+            Family::Phimoe => (RopeStyle::NeoxRotateHalf, ScalingRule::LongRope),
             _ => (RopeStyle::NeoxRotateHalf, ScalingRule::DefaultOnly),
         };
         let mut rope = self.rope(factor, rotary_dim, style, rule)?;
@@ -643,8 +687,8 @@ impl<'a> Parser<'a> {
         let mut scale = (head_dim as f64).powf(-0.5);
         // DeepseekV3Attention.__init__: `scaling *= yarn_get_mscale(factor, mscale_all_dim)^2`
         // when `mscale_all_dim` is set (V2's attention has no such correction).
-        if let (Family::DeepseekV3, RopeScaling::Yarn { factor, mscale_all_dim, .. }) =
-            (family, rope.scaling)
+        if let (Family::DeepseekV3, &RopeScaling::Yarn { factor, mscale_all_dim, .. }) =
+            (family, &rope.scaling)
             && mscale_all_dim != 0.0
         {
             let m = yarn_mscale(factor, mscale_all_dim);
@@ -714,6 +758,8 @@ impl<'a> Parser<'a> {
                 scaling = self.yarn(&p)?;
             } else if rule == ScalingRule::Llama3 {
                 scaling = RopeScaling::Llama3(llama3(&p)?);
+            } else if rule == ScalingRule::LongRope && p.opt_str(key)? == Some("longrope") {
+                scaling = RopeScaling::LongRope(long_rope(&p, rotary_dim)?);
             } else {
                 check_rope_type(&p)?;
                 // DeepseekV3Attention reads `factor` and `mscale_all_dim` from any
@@ -1242,6 +1288,7 @@ impl<'a> Parser<'a> {
                     scaling,
                     precision: RouterPrecision::F32,
                     weighting: ExpertWeighting::Output,
+                    sparse_mixer: None,
                 },
                 shared: Some(SharedExpert {
                     intermediate: shared.checked_mul(intermediate).ok_or_else(|| {
@@ -1704,6 +1751,69 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// Phi-3.5-MoE (`PhimoeDecoderLayer`): every layer MoE of `num_local_experts` (default
+    /// 16) experts of `intermediate_size` (default 6400), routed by the `sparsemixer`, which
+    /// raises unless `num_experts_per_tok` is 2; `sliding_window` (default none) on every
+    /// layer, as Mixtral's.
+    fn phimoe_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
+        let o = self.obj;
+        let experts = o.opt_size("num_local_experts")?;
+        let experts = self.or_default("num_local_experts", experts, 16);
+        let top_k = o.opt_size("num_experts_per_tok")?;
+        let top_k = self.or_default("num_experts_per_tok", top_k, 2);
+        if top_k != 2 || experts < 2 {
+            return Err(ConfigError::unsupported(
+                "num_experts_per_tok",
+                top_k,
+                format!(
+                    "2 of at least 2 experts (num_local_experts {experts}): Phi-3.5-MoE's sparsemixer router chooses exactly two"
+                ),
+            ));
+        }
+        let intermediate = o.opt_size("intermediate_size")?;
+        let intermediate = self.or_default("intermediate_size", intermediate, 6400);
+        if intermediate == 0 {
+            return Err(ConfigError::invalid("intermediate_size", 0, "must be at least 1"));
+        }
+        let jitter = o.opt_f64("router_jitter_noise")?;
+        let jitter_eps = self.or_default("router_jitter_noise", jitter, 0.01);
+        if !(jitter_eps.is_finite() && jitter_eps >= 0.0) {
+            return Err(ConfigError::invalid(
+                "router_jitter_noise",
+                jitter_eps,
+                "must be a finite number >= 0",
+            ));
+        }
+        let mut routing = Routing::top_k(RouterScoring::Softmax, TopKWeights::Raw);
+        routing.sparse_mixer = Some(SparseMixer { jitter_eps });
+        let moe = MoeSpec { num_experts: experts, top_k, intermediate, routing, shared: None };
+        // Phi-3.5-MoE ships `sliding_window` = `max_position_embeddings` (131072): no position
+        // ever sees past it, full attention. A shorter window is refused: transformers 4.57
+        // masks it by absolute position over its sliding cache's last `window - 1` entries,
+        // so a decode past the window drops more than the window (not a model to match).
+        if o.opt_size("sliding_window")?.is_some() {
+            let window = self.window("")?;
+            let max = o.req_pos("max_position_embeddings")?;
+            if window < max {
+                return Err(ConfigError::unsupported(
+                    "sliding_window",
+                    window,
+                    format!(
+                        "null or at least max_position_embeddings ({max}): transformers 4.57's phimoe decode masks a shorter window by absolute position over its sliding cache"
+                    ),
+                ));
+            }
+        }
+        Ok((0..num_layers as usize)
+            .map(|index| LayerSpec {
+                index,
+                attention: AttentionKind::Full,
+                ffn: FfnKind::Moe(moe.clone()),
+                positions: Positions::Rope,
+            })
+            .collect())
+    }
+
     /// Granite MoE (`GraniteMoeDecoderLayer`): every layer MoE (`GraniteMoeTopKGating`:
     /// top-k of the router logits, a softmax over those k), full attention.
     fn granite_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
@@ -1949,7 +2059,12 @@ impl<'a> Parser<'a> {
         }
         if matches!(
             family,
-            Family::Mixtral | Family::Olmoe | Family::GptOss | Family::Llama4 | Family::GraniteMoe
+            Family::Mixtral
+                | Family::Olmoe
+                | Family::GptOss
+                | Family::Llama4
+                | Family::GraniteMoe
+                | Family::Phimoe
         ) {
             fields.extend(["mlp_only_layers", "moe_intermediate_size", "use_sliding_window"]);
         }
@@ -1982,6 +2097,64 @@ enum ScalingRule {
     /// Any dict is Llama 3's bands (`Llama4TextRotaryEmbedding` reads it so whatever its
     /// `rope_type`: another type named is refused).
     Llama3,
+    /// The default, or `LongRoPE` (Phi-3.5-MoE).
+    LongRope,
+}
+
+/// A `rope_scaling` of type `"longrope"` as `PhimoeConfig` / `PhimoeRotaryEmbedding` read it:
+/// both factor lists (`rotary_dim / 2` each), both mscales (`PhimoeConfig` requires them) and
+/// `original_max_position_embeddings` (the forward pass indexes it). `factor` and
+/// `attention_factor` only feed a scale the mscales replace.
+fn long_rope(p: &Obj<'_>, rotary_dim: u64) -> Result<LongRope, ConfigError> {
+    const KEYS: &[&str] = &[
+        "type",
+        "rope_type",
+        "short_factor",
+        "long_factor",
+        "short_mscale",
+        "long_mscale",
+        "original_max_position_embeddings",
+        "factor",
+        "attention_factor",
+    ];
+    if let Some(key) = p.keys().find(|k| !KEYS.contains(k)) {
+        return Err(ConfigError::unsupported(
+            p.path(key),
+            p.get(key).map_or_else(|| "null".into(), describe),
+            format!("absent (the longrope rope_scaling keys are {})", KEYS.join(", ")),
+        ));
+    }
+    let factors = |key: &str| -> Result<Vec<f64>, ConfigError> {
+        let list = p.get(key).and_then(Value::as_array).ok_or_else(|| p.missing(key))?;
+        let values: Option<Vec<f64>> =
+            list.iter().map(|v| v.as_f64().filter(|f| f.is_finite() && *f > 0.0)).collect();
+        match values {
+            Some(v) if v.len() as u64 == rotary_dim / 2 => Ok(v),
+            _ => Err(ConfigError::invalid(
+                p.path(key),
+                format!("an array of {} elements", list.len()),
+                format!("needs {} finite numbers > 0 (head_dim / 2)", rotary_dim / 2),
+            )),
+        }
+    };
+    let mscale = |key: &str| -> Result<f64, ConfigError> {
+        let v = p.opt_f64(key)?.ok_or_else(|| p.missing(key))?;
+        if !v.is_finite() {
+            return Err(ConfigError::invalid(p.path(key), v, "must be a finite number"));
+        }
+        Ok(v)
+    };
+    let original = p
+        .opt_size("original_max_position_embeddings")?
+        .filter(|&n| n != 0)
+        .ok_or_else(|| p.missing("original_max_position_embeddings"))?;
+    Ok(LongRope {
+        short_factor: factors("short_factor")?,
+        long_factor: factors("long_factor")?,
+        short_mscale: mscale("short_mscale")?,
+        long_mscale: mscale("long_mscale")?,
+        original_max_position_embeddings: original,
+    })
 }
 
 /// A Llama 3 `rope_scaling` (`_compute_llama3_parameters` reads all four keys).

@@ -51,6 +51,9 @@
 //! - RMSNorm (layer norms, q/k norms, final norm): `r(w * r(x * rsqrt(mean(x^2) + eps)))`,
 //!   statistics in f32 (`Qwen3MoeRMSNorm` casts to f32, casts back, then multiplies by the
 //!   bf16 weight).
+//! - `LayerNorm` (Phi-3.5-MoE's layer and final norms, [`NormKind::Layer`]): statistics and the
+//!   affine map in f32, `r((x - mean) * rsqrt(var + eps) * w + b)`.
+//! - Phi-3.5-MoE's router: [`crate::moe::sparse_mixer`] instead of the softmax top-k.
 //! - every linear layer's output (bias included): `r(W x + b)`, accumulated in high precision.
 //! - RoPE: `cos`, `sin` are computed in f32 and rounded to bf16, then
 //!   `r(r(q * cos) + r(rotate_half(q) * sin))`.
@@ -73,7 +76,7 @@ use thiserror::Error;
 use crate::moe::{self, FfnRounding, GluBias, Layout, Projection, SwiGlu, dot64};
 use crate::spec::{
     Activation, AttentionForm, AttentionKind, ExpertWeighting, FfnKind, MlaSpec, ModelSpec,
-    Multipliers, NormKind, Positions, QkNorm, RopeStyle, RouterPrecision, Routing,
+    Multipliers, NormKind, Positions, QkNorm, RopeScaling, RopeStyle, RouterPrecision, Routing,
 };
 use crate::weights::{
     ExpertNames, FfnNames, FusedExperts, GateUpColumns, MlaQueryNames, MlpNames, ModelNames,
@@ -296,6 +299,9 @@ const MLA_NORM_EPS: f32 = 1e-6;
 
 struct Layer {
     input_norm: Tensor,
+    /// The `LayerNorms`' biases (Phi-3.5-MoE).
+    input_norm_bias: Option<Tensor>,
+    post_norm_bias: Option<Tensor>,
     qkv: Qkv,
     o: Tensor,
     o_bias: Option<Tensor>,
@@ -353,8 +359,8 @@ pub struct Reference {
     v_dim: usize,
     scale: f32,
     eps: f32,
-    /// [`NormKind::RmsF32Weight`]: the norm weight multiplies in f32, one rounding.
-    norm_f32_weight: bool,
+    /// The layer and final norms' form ([`NormKind`]).
+    norm: NormKind,
     /// Granite's multipliers (identity elsewhere).
     multipliers: Multipliers,
     max_pos: u64,
@@ -369,15 +375,20 @@ pub struct Reference {
     rotary: usize,
     /// RoPE inverse frequencies, `rotary / 2` of them, computed in f32 as transformers does.
     inv_freq: Vec<f32>,
-    /// YaRN's factor on `cos` and `sin` (1 otherwise).
+    /// YaRN's factor on `cos` and `sin` (1 otherwise; `LongRoPE`'s short mscale).
     rope_factor: f32,
+    /// `LongRoPE`: the inverse frequencies and factor of sequences longer than the third
+    /// value (`original_max_position_embeddings`).
+    long_rope: Option<(Vec<f32>, f32, u64)>,
     rope_style: RopeStyle,
     /// MLA's dimensions; `None` for grouped-query attention.
     mla: Option<MlaSpec>,
     embed: Tensor,
     layers: Vec<Layer>,
     final_norm: Tensor,
+    final_norm_bias: Option<Tensor>,
     lm_head: Tensor,
+    lm_head_bias: Option<Tensor>,
 }
 
 impl std::fmt::Debug for Reference {
@@ -441,6 +452,8 @@ impl Reference {
             .zip(&spec.layers)
             .map(|(ln, ls)| Layer {
                 input_norm: get(&ln.input_norm),
+                input_norm_bias: opt(&ln.input_norm_bias),
+                post_norm_bias: opt(&ln.post_norm_bias),
                 qkv: match &ln.qkv {
                     QkvNames::Gqa(g) => Qkv::Gqa {
                         q: get(&g.q),
@@ -496,7 +509,17 @@ impl Reference {
             })
             .collect();
         let a = &spec.attention;
-        let (inv_freq, rope_factor) = a.rope.scaling.inv_freq(a.rope.theta, a.rope.rotary_dim);
+        // The short regime (any sequence, but `LongRoPE`'s past its original length).
+        let (inv_freq, rope_factor) = a.rope.scaling.inv_freq(a.rope.theta, a.rope.rotary_dim, 0);
+        let long_rope = match &a.rope.scaling {
+            RopeScaling::LongRope(l) => {
+                let past = l.original_max_position_embeddings;
+                let (inv, factor) =
+                    a.rope.scaling.inv_freq(a.rope.theta, a.rope.rotary_dim, past + 1);
+                Some((inv, factor, past))
+            }
+            _ => None,
+        };
         let mla = match a.form {
             AttentionForm::Gqa => None,
             AttentionForm::Mla(m) => Some(m),
@@ -512,7 +535,7 @@ impl Reference {
             v_dim: mla.map_or(a.head_dim, |m| m.v_head_dim) as usize,
             scale: a.scale as f32,
             eps: spec.norm.eps as f32,
-            norm_f32_weight: spec.norm.kind == NormKind::RmsF32Weight,
+            norm: spec.norm.kind,
             multipliers: spec.multipliers,
             max_pos: spec.max_position_embeddings,
             whole_qk_norm: matches!(a.qk_norm, QkNorm::WholeRms { .. }),
@@ -521,12 +544,15 @@ impl Reference {
             rotary,
             inv_freq,
             rope_factor,
+            long_rope,
             rope_style: a.rope.style,
             mla,
             embed: get(&names.embed),
             layers,
             final_norm: get(&names.final_norm),
+            final_norm_bias: opt(&names.final_norm_bias),
             lm_head: get(&names.lm_head),
+            lm_head_bias: opt(&names.lm_head_bias),
         })
     }
 
@@ -708,7 +734,27 @@ impl Reference {
         let inv = 1.0 / (ms + eps).sqrt();
         for (v, &g) in x.iter_mut().zip(&w.data) {
             let normed = *v * inv;
-            *v = self.r(g * if self.norm_f32_weight { normed } else { self.r(normed) });
+            let f32_weight = self.norm == NormKind::RmsF32Weight;
+            *v = self.r(g * if f32_weight { normed } else { self.r(normed) });
+        }
+    }
+
+    /// A layer or final norm in place: the model's [`NormKind`]; `b` is a `LayerNorm`'s bias.
+    fn norm(&self, x: &mut [f32], w: &Tensor, b: Option<&Tensor>) {
+        match self.norm {
+            NormKind::Rms | NormKind::RmsF32Weight => self.rmsnorm(x, w),
+            NormKind::Layer { .. } => {
+                // `nn.LayerNorm`: statistics and affine map in f32 (the biased variance),
+                // rounded once.
+                let n = x.len() as f64;
+                let mean = (x.iter().map(|&v| f64::from(v)).sum::<f64>() / n) as f32;
+                let var = (x.iter().map(|&v| f64::from(v - mean).powi(2)).sum::<f64>() / n) as f32;
+                let rstd = 1.0 / (var + self.eps).sqrt();
+                for (i, v) in x.iter_mut().enumerate() {
+                    let bias = b.map_or(0.0, |b| b.data[i]);
+                    *v = self.r((*v - mean) * rstd * w.data[i] + bias);
+                }
+            }
         }
     }
 
@@ -786,13 +832,16 @@ impl Reference {
                     groups: routing.groups,
                     scaling: routing.scaling as f32,
                 };
-                let route = moe::route_with(
-                    &logits,
-                    *top_k,
-                    routing.scoring,
-                    routing.top_k_weights,
-                    &choice,
-                );
+                let route = match routing.sparse_mixer {
+                    Some(m) => moe::sparse_mixer(&logits, m.jitter_eps, |v| self.r(v)),
+                    None => moe::route_with(
+                        &logits,
+                        *top_k,
+                        routing.scoring,
+                        routing.top_k_weights,
+                        &choice,
+                    ),
+                };
                 *margin = margin.min(route.margin);
                 let expert = |e: usize| experts[e].swiglu();
                 let rounding = match (self.precision, routing.precision) {
@@ -926,13 +975,20 @@ impl Reference {
             next[c] += 1;
         }
         // RoPE tables per row: f32 `cos(pos * inv_freq) * factor` ([`Self::rope`] rounds).
+        // `LongRoPE` picks its factors by the sequence's length after this call (transformers'
+        // `seq_len = cache_position[-1] + 1`).
         let tables: Vec<(Vec<f32>, Vec<f32>)> = pos
             .iter()
-            .map(|&p| {
-                let f: Vec<f32> = self.inv_freq.iter().map(|&w| w * p as f32).collect();
+            .zip(rows)
+            .map(|(&p, &(c, _))| {
+                let (inv_freq, factor) = match &self.long_rope {
+                    Some((inv, factor, original)) if next[c] as u64 > *original => (inv, *factor),
+                    _ => (&self.inv_freq, self.rope_factor),
+                };
+                let f: Vec<f32> = inv_freq.iter().map(|&w| w * p as f32).collect();
                 (
-                    f.iter().map(|&x| x.cos() * self.rope_factor).collect(),
-                    f.iter().map(|&x| x.sin() * self.rope_factor).collect(),
+                    f.iter().map(|&x| x.cos() * factor).collect(),
+                    f.iter().map(|&x| x.sin() * factor).collect(),
                 )
             })
             .collect();
@@ -951,7 +1007,7 @@ impl Reference {
             let mut qs = Vec::with_capacity(rows.len());
             for (r, &(c, _)) in rows.iter().enumerate() {
                 let mut hn = xs[r].clone();
-                self.rmsnorm(&mut hn, &layer.input_norm);
+                self.norm(&mut hn, &layer.input_norm, layer.input_norm_bias.as_ref());
                 let rope = layer.positions.is_rope();
                 let (mut q, k, v) = self.qkv(&layer.qkv, &hn, &tables[r], rope);
                 if let Positions::NoPe { temperature: Some(t) } = layer.positions {
@@ -1008,7 +1064,7 @@ impl Reference {
                     *x = self.r(*x + self.residual_branch(a));
                 }
                 let mut hn = x.clone();
-                self.rmsnorm(&mut hn, &layer.post_norm);
+                self.norm(&mut hn, &layer.post_norm, layer.post_norm_bias.as_ref());
                 let f = self.ffn(&layer.ffn, &hn, margin);
                 for (x, f) in x.iter_mut().zip(f) {
                     *x = self.r(*x + self.residual_branch(f));
@@ -1021,8 +1077,8 @@ impl Reference {
         Ok(xs
             .into_iter()
             .map(|mut x| {
-                self.rmsnorm(&mut x, &self.final_norm);
-                let logits = self.linear(&self.lm_head, None, &x);
+                self.norm(&mut x, &self.final_norm, self.final_norm_bias.as_ref());
+                let logits = self.linear(&self.lm_head, self.lm_head_bias.as_ref(), &x);
                 match self.multipliers.logits_divisor {
                     1.0 => logits,
                     d => logits.into_iter().map(|l| self.r(l / d as f32)).collect(),

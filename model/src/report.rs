@@ -52,9 +52,10 @@ fn ffn_text(f: &FfnKind) -> String {
                 )
             });
             let r = &m.routing;
-            let mut scoring = match r.scoring {
-                RouterScoring::Softmax => "softmax".to_string(),
-                RouterScoring::Sigmoid => "sigmoid".to_string(),
+            let mut scoring = match (r.sparse_mixer, r.scoring) {
+                (Some(m), _) => format!("sparsemixer, jitter_eps {}", m.jitter_eps),
+                (None, RouterScoring::Softmax) => "softmax".to_string(),
+                (None, RouterScoring::Sigmoid) => "sigmoid".to_string(),
             };
             if r.correction_bias {
                 scoring += ", correction bias to choose";
@@ -101,6 +102,7 @@ impl ModelSpec {
             Family::Llama4 => "Llama 4",
             Family::GraniteMoe => "Granite MoE",
             Family::Ernie45Moe => "ERNIE-4.5-MoE",
+            Family::Phimoe => "Phi-3.5-MoE",
         };
         writeln!(
             s,
@@ -175,11 +177,12 @@ impl ModelSpec {
         )?;
         writeln!(
             s,
-            "lm_head: {}",
+            "lm_head: {}{}",
             match self.lm_head {
                 LmHead::Untied => "untied",
                 LmHead::Tied => "tied to embed_tokens",
-            }
+            },
+            if self.lm_head_bias { ", with bias" } else { "" }
         )?;
 
         writeln!(s, "layers:")?;

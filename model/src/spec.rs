@@ -44,6 +44,9 @@ pub enum Family {
     /// f32 with a correction bias choosing the experts, shared experts, dense layers outside
     /// `moe_layer_start_index..=moe_layer_end_index`, RoPE over interleaved pairs in f32.
     Ernie45Moe,
+    /// `"phimoe"`: Phi-3.5-MoE (`modeling_phimoe.py`): `LayerNorms` with bias, attention and
+    /// `lm_head` biases, the `sparsemixer` top-2 router, `LongRoPE`.
+    Phimoe,
 }
 
 impl Family {
@@ -64,6 +67,7 @@ impl Family {
         "llama4",
         "granitemoe",
         "ernie4_5_moe",
+        "phimoe",
     ];
 
     /// The `model_type` string Hugging Face uses.
@@ -80,6 +84,7 @@ impl Family {
             Self::Llama4 => "llama4_text",
             Self::GraniteMoe => "granitemoe",
             Self::Ernie45Moe => "ernie4_5_moe",
+            Self::Phimoe => "phimoe",
         }
     }
 
@@ -103,6 +108,17 @@ impl Family {
             Self::Llama4 => "Llama4ForCausalLM",
             Self::GraniteMoe => "GraniteMoeForCausalLM",
             Self::Ernie45Moe => "Ernie4_5_MoeForCausalLM",
+            Self::Phimoe => "PhimoeForCausalLM",
+        }
+    }
+
+    /// Another spelling of the causal-LM class that checkpoints ship: Phi-3.5-MoE's
+    /// `config.json` names its remote-code class `PhiMoEForCausalLM`, which transformers maps
+    /// to `PhimoeForCausalLM`.
+    pub fn shipped_class_alias(self) -> Option<&'static str> {
+        match self {
+            Self::Phimoe => Some("PhiMoEForCausalLM"),
+            _ => None,
         }
     }
 }
@@ -182,6 +198,10 @@ pub struct ModelSpec {
     /// (Llama 4's `Llama4ForConditionalGeneration`), whose vision tensors are skipped.
     #[serde(skip_serializing_if = "str::is_empty")]
     pub checkpoint_prefix: &'static str,
+    /// A bias on `lm_head` (Phi-3.5-MoE's `lm_head_bias`); left out of the serialized spec
+    /// when false.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub lm_head_bias: bool,
     /// Granite's scalars on the residual stream (1 elsewhere; left out of the serialized spec
     /// then).
     #[serde(skip_serializing_if = "Multipliers::is_identity")]
@@ -367,7 +387,7 @@ pub enum QkNorm {
 }
 
 /// Rotary position embedding.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RopeSpec {
     /// Base frequency: `rope_theta` (4.x) or `rope_parameters.rope_theta` (5.x).
     pub theta: f64,
@@ -380,7 +400,7 @@ pub struct RopeSpec {
 }
 
 /// RoPE frequency scaling (`rope_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub enum RopeScaling {
     /// `inv_freq[i] = theta^(-2i/rotary_dim)`, no position scaling, attention factor 1.
     Default,
@@ -410,6 +430,22 @@ pub enum RopeScaling {
     },
     /// Llama 3's (and Llama 4's) frequency bands.
     Llama3(Llama3Scaling),
+    /// `rope_type: "longrope"` as Phi-3.5-MoE runs it (`PhimoeRotaryEmbedding` with
+    /// `_compute_longrope_parameters`): `inv_freq[i] = 1 / (ext[i] * theta^(2i/d))`, `ext` the
+    /// short factors while the sequence (the last position + 1 of the forward call) is at
+    /// most `original_max_position_embeddings`, the long factors past it; `cos`/`sin` times
+    /// `short_mscale` / `long_mscale` likewise.
+    LongRope(LongRope),
+}
+
+/// The parameters of [`RopeScaling::LongRope`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LongRope {
+    pub short_factor: Vec<f64>,
+    pub long_factor: Vec<f64>,
+    pub short_mscale: f64,
+    pub long_mscale: f64,
+    pub original_max_position_embeddings: u64,
 }
 
 /// `rope_type: "llama3"` (`_compute_llama3_parameters`): wavelengths longer than
@@ -425,15 +461,25 @@ pub struct Llama3Scaling {
 
 impl RopeScaling {
     /// The RoPE inverse frequencies of `rotary_dim` rotated dimensions, in f32 as
-    /// transformers computes them, and the factor on `cos`/`sin`.
-    pub fn inv_freq(&self, theta: f64, rotary_dim: u64) -> (Vec<f32>, f32) {
+    /// transformers computes them, and the factor on `cos`/`sin`, for a forward call over a
+    /// sequence of `seq_len` positions (only `LongRoPE` depends on it).
+    pub fn inv_freq(&self, theta: f64, rotary_dim: u64, seq_len: u64) -> (Vec<f32>, f32) {
         let d = rotary_dim as usize;
         // `base ** (torch.arange(0, dim, 2).float() / dim)`, all f32.
         let pos_freqs: Vec<f32> =
             (0..d / 2).map(|i| (theta as f32).powf((2 * i) as f32 / d as f32)).collect();
-        match *self {
+        match self {
             Self::Default => (pos_freqs.iter().map(|p| 1.0 / p).collect(), 1.0),
-            Self::Llama3(l) => {
+            Self::LongRope(l) => {
+                let long = seq_len > l.original_max_position_embeddings;
+                let (ext, mscale) = match long {
+                    true => (&l.long_factor, l.long_mscale),
+                    false => (&l.short_factor, l.short_mscale),
+                };
+                let inv = ext.iter().zip(&pos_freqs).map(|(&e, &p)| 1.0 / (e as f32 * p)).collect();
+                (inv, mscale as f32)
+            }
+            &Self::Llama3(l) => {
                 // f32 tensor ops with Python-float scalars (cast to f32), as transformers.
                 let (factor, low, high) =
                     (l.factor as f32, l.low_freq_factor as f32, l.high_freq_factor as f32);
@@ -454,7 +500,7 @@ impl RopeScaling {
                     .collect();
                 (inv, 1.0)
             }
-            Self::Yarn {
+            &Self::Yarn {
                 factor,
                 original_max_position_embeddings: orig,
                 beta_fast,
@@ -536,6 +582,10 @@ pub enum NormKind {
     /// multiply (`GptOssRMSNorm`, whose weights transformers keeps in float32 in a bf16 model:
     /// `_keep_in_fp32_modules`).
     RmsF32Weight,
+    /// `nn.LayerNorm`: `(x - mean(x)) / sqrt(var(x) + eps) * w (+ b)`, the biased variance;
+    /// torch computes a bf16 `LayerNorm` in float32 and rounds once, after the bias.
+    /// Phi-3.5-MoE: with bias (`input_layernorm.bias`, ..., `model.norm.bias`).
+    Layer { bias: bool },
 }
 
 /// The MLP form used by experts, shared experts and dense layers.
@@ -676,6 +726,21 @@ pub struct Routing {
     /// output, every family but Llama 4).
     #[serde(skip_serializing_if = "ExpertWeighting::is_output")]
     pub weighting: ExpertWeighting,
+    /// Phi-3.5-MoE's `sparsemixer` (`router_jitter_noise`, its `jitter_eps`), replacing the
+    /// plain softmax top-k ([`crate::moe::sparse_mixer`]); left out of the serialized spec
+    /// when `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sparse_mixer: Option<SparseMixer>,
+}
+
+/// Phi-3.5-MoE's top-2 router at inference (`sparsemixer` with `training=False`): the best
+/// expert, weighted by its softmax among the logits within `2 * jitter_eps` of it
+/// (relative: `(max - s) / max(|s|, max) <= 2 * jitter_eps`); then the best other expert,
+/// weighted likewise among the others.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SparseMixer {
+    /// `router_jitter_noise`.
+    pub jitter_eps: f64,
 }
 
 /// Where the routing weight multiplies a chosen expert.
@@ -706,6 +771,7 @@ impl Routing {
             scaling: 1.0,
             precision: RouterPrecision::Activations,
             weighting: ExpertWeighting::Output,
+            sparse_mixer: None,
         }
     }
 }

@@ -49,6 +49,7 @@
 //! | DeepSeek MoE layer: as GLM-4.5's (router, `experts.{e}`, `shared_experts`); DeepSeek-V2's router has no `e_score_correction_bias` | as GLM-4.5's |
 //! | `model.norm.weight` | `[hidden]` |
 //! | `lm_head.weight` (absent when `tie_word_embeddings`) | `[vocab, hidden]` |
+//! | Phi-3.5-MoE: `input_layernorm.bias`, `post_attention_layernorm.bias`, `model.norm.bias`; `lm_head.bias` with `lm_head_bias`; experts as Mixtral's (`block_sparse_moe.experts.{e}.w1/w2/w3`) | `[hidden]`; `[vocab]` |
 //!
 //! Values are held as `f32`. Random weights and weights read from a bf16 file are exactly
 //! bf16-representable; weights read from an f32 file keep their f32 values (the reference
@@ -66,7 +67,9 @@ use safetensors::{Dtype as StDtype, tensor::TensorView};
 use thiserror::Error;
 
 use crate::moe::Layout;
-use crate::spec::{AttentionForm, Family, FfnKind, LmHead, ModelSpec, QkNorm, Quantization};
+use crate::spec::{
+    AttentionForm, Family, FfnKind, LmHead, ModelSpec, NormKind, QkNorm, Quantization,
+};
 
 /// Why weights could not be built, read or written. Every variant about a tensor names it.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -152,6 +155,8 @@ pub struct TensorSpec {
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerNames {
     pub input_norm: String,
+    /// The `LayerNorms`' biases (Phi-3.5-MoE): `input_layernorm.bias`.
+    pub input_norm_bias: Option<String>,
     /// The projections that make q, k and v.
     pub qkv: QkvNames,
     pub o: String,
@@ -159,6 +164,8 @@ pub struct LayerNames {
     /// gpt-oss's `self_attn.sinks`.
     pub sinks: Option<String>,
     pub post_norm: String,
+    /// `post_attention_layernorm.bias` (Phi-3.5-MoE).
+    pub post_norm_bias: Option<String>,
     pub ffn: FfnNames,
 }
 
@@ -305,8 +312,12 @@ pub struct ModelNames {
     pub embed: String,
     pub layers: Vec<LayerNames>,
     pub final_norm: String,
+    /// `model.norm.bias` (Phi-3.5-MoE).
+    pub final_norm_bias: Option<String>,
     /// `lm_head.weight`, or the embedding's name when tied.
     pub lm_head: String,
+    /// `lm_head.bias` (Phi-3.5-MoE's `lm_head_bias`).
+    pub lm_head_bias: Option<String>,
 }
 
 pub const EMBED: &str = "model.embed_tokens.weight";
@@ -344,7 +355,11 @@ impl ModelNames {
                 }),
                 (
                     FfnKind::Dense { .. },
-                    Family::Mixtral | Family::Olmoe | Family::GptOss | Family::GraniteMoe,
+                    Family::Mixtral
+                    | Family::Olmoe
+                    | Family::GptOss
+                    | Family::GraniteMoe
+                    | Family::Phimoe,
                 ) => {
                     return Err(WeightsError::Unsupported {
                         what: format!(
@@ -365,7 +380,9 @@ impl ModelNames {
                         | Family::GptOss
                         | Family::Llama4
                         | Family::Ernie45Moe => format!("{p}{ffn_module}."),
-                        Family::Mixtral | Family::GraniteMoe => format!("{p}block_sparse_moe."),
+                        Family::Mixtral | Family::GraniteMoe | Family::Phimoe => {
+                            format!("{p}block_sparse_moe.")
+                        }
                     };
                     let per_expert = (0..moe.num_experts).map(|e| {
                         let x = format!("{block}experts.{e}.");
@@ -381,7 +398,7 @@ impl ModelNames {
                                 up: format!("{x}up_proj.weight"),
                                 down: format!("{x}down_proj.weight"),
                             },
-                            Family::Mixtral => MlpNames {
+                            Family::Mixtral | Family::Phimoe => MlpNames {
                                 gate: format!("{x}w1.weight"),
                                 up: format!("{x}w3.weight"),
                                 down: format!("{x}w2.weight"),
@@ -481,13 +498,16 @@ impl ModelNames {
                     kv_b: a("kv_b_proj.weight"),
                 }),
             };
+            let norm_bias = matches!(spec.norm.kind, NormKind::Layer { bias: true });
             layers.push(LayerNames {
                 input_norm: format!("{p}input_layernorm.weight"),
+                input_norm_bias: norm_bias.then(|| format!("{p}input_layernorm.bias")),
                 qkv,
                 o: a("o_proj.weight"),
                 o_bias: spec.attention.o_bias.then(|| a("o_proj.bias")),
                 sinks: spec.attention.sinks.then(|| a("sinks")),
                 post_norm: format!("{p}post_attention_layernorm.weight"),
+                post_norm_bias: norm_bias.then(|| format!("{p}post_attention_layernorm.bias")),
                 ffn,
             });
         }
@@ -496,10 +516,13 @@ impl ModelNames {
             embed: format!("{prefix}{EMBED}"),
             layers,
             final_norm: format!("{prefix}{FINAL_NORM}"),
+            final_norm_bias: matches!(spec.norm.kind, NormKind::Layer { bias: true })
+                .then(|| format!("{prefix}model.norm.bias")),
             lm_head: match spec.lm_head {
                 LmHead::Untied => format!("{prefix}{LM_HEAD}"),
                 LmHead::Tied => format!("{prefix}{EMBED}"),
             },
+            lm_head_bias: spec.lm_head_bias.then(|| format!("{prefix}lm_head.bias")),
         })
     }
 }
@@ -527,6 +550,9 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
     t(&names.embed, vec![vocab, h], Embedding);
     for (ln, layer) in names.layers.iter().zip(&spec.layers) {
         t(&ln.input_norm, vec![h], Norm);
+        if let Some(b) = &ln.input_norm_bias {
+            t(b, vec![h], Bias);
+        }
         match (&ln.qkv, spec.attention.form) {
             (QkvNames::Gqa(g), _) => {
                 t(&g.q, vec![q_out, h], Linear);
@@ -584,6 +610,9 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
             }
         }
         t(&ln.post_norm, vec![h], Norm);
+        if let Some(b) = &ln.post_norm_bias {
+            t(b, vec![h], Bias);
+        }
         match (&ln.ffn, &layer.ffn) {
             (FfnNames::Dense(m), FfnKind::Dense { intermediate }) => {
                 let inter = *intermediate as usize;
@@ -648,8 +677,14 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
         }
     }
     t(&names.final_norm, vec![h], Norm);
+    if let Some(b) = &names.final_norm_bias {
+        t(b, vec![h], Bias);
+    }
     if spec.lm_head == LmHead::Untied {
         t(&names.lm_head, vec![vocab, h], Linear);
+    }
+    if let Some(b) = &names.lm_head_bias {
+        t(b, vec![vocab], Bias);
     }
     Ok(out)
 }

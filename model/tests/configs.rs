@@ -358,8 +358,8 @@ fn deepseek_v3() {
     );
     assert_eq!(a.rope.style, RopeStyle::DeinterleaveRotateHalf);
     assert_eq!(a.rope.rotary_dim, 64);
-    match a.rope.scaling {
-        RopeScaling::Yarn {
+    match &a.rope.scaling {
+        &RopeScaling::Yarn {
             factor, original_max_position_embeddings, attention_factor, ..
         } => {
             assert_eq!((factor, original_max_position_embeddings), (40.0, 4096));
@@ -797,4 +797,36 @@ fn llama_4() {
         // The card's 17B active counts the embedding and lm_head (1.03B each).
         assert!(close(p.active(), 17e9, 0.03), "{file}: active {}", p.active());
     }
+}
+
+/// Phi-3.5-MoE-instruct as shipped (`PhiMoEForCausalLM`, the remote-code class name): 32
+/// layers of 16 experts top-2 by the sparsemixer (`router_jitter_noise` 0.01), `LayerNorms`
+/// with bias, q/k/v/o and `lm_head` biases, `LongRoPE` over 4096 original positions (its
+/// mscales 1.2432), the window equal to the 131072 positions (full attention). Its card: 42B
+/// total parameters, 6.6B active.
+#[test]
+fn phi_3_5_moe() {
+    use palladium_model::spec::{AttentionKind, NormKind, RopeScaling};
+    let s = spec("phi-3.5-moe-instruct.json");
+    assert_eq!(s.family, Family::Phimoe);
+    assert_eq!(s.norm.kind, NormKind::Layer { bias: true });
+    assert!(s.lm_head_bias && s.attention.qkv_bias && s.attention.o_bias);
+    match &s.attention.rope.scaling {
+        RopeScaling::LongRope(l) => {
+            assert_eq!(l.original_max_position_embeddings, 4096);
+            assert_eq!((l.short_factor.len(), l.long_factor.len()), (64, 64));
+            assert_eq!((l.short_mscale, l.long_mscale), (1.243163121016122, 1.243163121016122));
+        }
+        other => panic!("{other:?}"),
+    }
+    for l in &s.layers {
+        assert_eq!(l.attention, AttentionKind::Full);
+        let m = moe(&s, l.index);
+        assert_eq!((m.num_experts, m.top_k, m.intermediate), (16, 2, 6400));
+        assert_eq!(m.routing.sparse_mixer.map(|m| m.jitter_eps), Some(0.01));
+    }
+    let p = s.params();
+    assert_eq!(p.total(), 41_873_153_344);
+    assert_eq!(p.active(), 6_640_999_744);
+    assert!(close(p.total(), 42e9, 0.01) && close(p.active(), 6.6e9, 0.01));
 }

@@ -25,6 +25,15 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
     const Q2: &str = "tiny-qwen2-moe.json";
     const G: &str = "tiny-glm4-moe.json";
     const O: &str = "tiny-olmoe.json";
+    const P: &str = "tiny-phimoe.json";
+    let long_rope = |short: Value, mscale: Option<f64>| {
+        let mut r = json!({"type": "longrope", "short_factor": short, "long_factor": vec![1.0; 32],
+            "long_mscale": 1.2, "original_max_position_embeddings": 8});
+        if let Some(m) = mscale {
+            r["short_mscale"] = json!(m);
+        }
+        set("rope_scaling", r)
+    };
     let sliding = || vec![set("use_sliding_window", json!(true)), set("sliding_window", json!(64))];
     let yarn = |extra: Value| {
         let mut r = json!({"type": "yarn", "factor": 4, "original_max_position_embeddings": 1024});
@@ -34,6 +43,21 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
         set("rope_scaling", r)
     };
     vec![
+        (
+            P,
+            vec![set("sliding_window", json!(64))],
+            "sliding_window",
+            "at least max_position_embeddings",
+        ),
+        (P, vec![set("num_experts_per_tok", json!(3))], "num_experts_per_tok", "sparsemixer"),
+        (
+            P,
+            vec![long_rope(json!([1.0, 1.0, 1.0]), Some(1.1))],
+            "rope_scaling.short_factor",
+            "needs 32",
+        ),
+        (P, vec![long_rope(json!(vec![1.0; 32]), None)], "rope_scaling.short_mscale", "missing"),
+        (M, vec![set("lm_head_bias", json!(true))], "lm_head_bias", "not part of the mixtral"),
         (
             D3,
             vec![set("topk_method", json!("greedy"))],
@@ -129,13 +153,13 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             Q,
             vec![del("model_type")],
             "model_type",
-            "missing required field \"model_type\" (supported: qwen3_moe, mixtral, deepseek_v3, kimi_k2, deepseek_v2, qwen2_moe, glm4_moe, olmoe, gpt_oss, llama4_text, llama4, granitemoe, ernie4_5_moe)",
+            "missing required field \"model_type\" (supported: qwen3_moe, mixtral, deepseek_v3, kimi_k2, deepseek_v2, qwen2_moe, glm4_moe, olmoe, gpt_oss, llama4_text, llama4, granitemoe, ernie4_5_moe, phimoe)",
         ),
         (
             Q,
             vec![set("model_type", json!("llama"))],
             "model_type",
-            "unsupported value \"llama\" (supported: qwen3_moe, mixtral, deepseek_v3, kimi_k2, deepseek_v2, qwen2_moe, glm4_moe, olmoe, gpt_oss, llama4_text, llama4, granitemoe, ernie4_5_moe)",
+            "unsupported value \"llama\" (supported: qwen3_moe, mixtral, deepseek_v3, kimi_k2, deepseek_v2, qwen2_moe, glm4_moe, olmoe, gpt_oss, llama4_text, llama4, granitemoe, ernie4_5_moe, phimoe)",
         ),
         (Q, vec![set("model_type", json!(3))], "model_type", "expected a string, got 3"),
         (

@@ -189,7 +189,8 @@ def main():
         m = AutoModelForCausalLM.from_pretrained(load_dir, torch_dtype=dtype, attn_implementation="eager")
         m.eval()
         ids, steps = greedy(m, prompt, args.steps)
-        inv_freq = m.model.rotary_emb.inv_freq
+        # Phi-3.5-MoE's rotary embedding computes its (f32) inv_freq in every call.
+        inv_freq = getattr(m.model.rotary_emb, "inv_freq", torch.zeros(0, dtype=torch.float32))
         result = {
             "generated_ids": ids,
             "steps": steps,
