@@ -22,7 +22,9 @@
 //! kernels add `sum(scores * 0)` to the weights), so the poison reaches the output. With the
 //! softmax, one NaN or infinite logit makes every score NaN.
 
-use crate::spec::{Activation, ExpertGroups, GroupScore, RouterScoring, TopKWeights};
+use crate::spec::{
+    Activation, ExpertGroups, ExpertWeighting, GroupScore, RouterScoring, TopKWeights,
+};
 use palladium_array::round_bf16;
 
 /// A token's routing: its chosen experts in descending score order, and the best expert it
@@ -402,44 +404,40 @@ pub fn moe_ffn<'a>(
     expert: impl Fn(usize) -> SwiGlu<'a>,
     rounding: FfnRounding,
 ) -> Vec<f32> {
-    let r = |v: f32| rounding.combine(v);
-    let mut by_id = chosen.to_vec();
-    by_id.sort_by_key(|c| c.0);
-    let mut acc = vec![0f32; hidden];
-    for (e, w) in by_id {
-        let w = r(w);
-        let y = swiglu(&expert(e), x, rounding);
-        assert_eq!(y.len(), hidden, "expert {e}'s output");
-        for (a, y) in acc.iter_mut().zip(y) {
-            *a = r(*a + r(y * w));
-        }
-    }
-    acc.into_iter().map(|a| rounding.output(a)).collect()
+    moe_ffn_weighted(x, hidden, chosen, expert, rounding, ExpertWeighting::Output)
 }
 
-/// Llama 4's combination ([`crate::spec::ExpertWeighting::Input`]): `sum over chosen
-/// (e, w) of swiglu(expert(e), w * x)`, the weight and the scaled input rounded where the FFN
-/// rounds each op, the outputs summed in f32 in increasing expert id (transformers' `sum(dim=0)`
-/// over every expert's bf16 output accumulates in f32; the unchosen ones are exact zeros)
-/// and rounded once.
-pub fn moe_ffn_weighted_input<'a>(
+/// [`moe_ffn`] with the weight applied where `weighting` says. With
+/// [`ExpertWeighting::Input`] (Llama 4): `sum over chosen (e, w) of swiglu(expert(e), w * x)`,
+/// the weight and the scaled input rounded where the FFN rounds each op, the outputs summed
+/// in f32 in increasing expert id (transformers' `sum(dim=0)` over every expert's bf16 output
+/// accumulates in f32; the unchosen ones are exact zeros) and rounded once.
+pub fn moe_ffn_weighted<'a>(
     x: &[f32],
     hidden: usize,
     chosen: &[(usize, f32)],
     expert: impl Fn(usize) -> SwiGlu<'a>,
     rounding: FfnRounding,
+    weighting: ExpertWeighting,
 ) -> Vec<f32> {
-    let r = |v: f32| rounding.each_op(v);
     let mut by_id = chosen.to_vec();
     by_id.sort_by_key(|c| c.0);
     let mut acc = vec![0f32; hidden];
     for (e, w) in by_id {
-        let w = r(w);
-        let scaled: Vec<f32> = x.iter().map(|&v| r(v * w)).collect();
-        let y = swiglu(&expert(e), &scaled, rounding);
+        let (y, weight) = match weighting {
+            ExpertWeighting::Output => (swiglu(&expert(e), x, rounding), rounding.combine(w)),
+            ExpertWeighting::Input => {
+                let w = rounding.each_op(w);
+                let scaled: Vec<f32> = x.iter().map(|&v| rounding.each_op(v * w)).collect();
+                (swiglu(&expert(e), &scaled, rounding), 1.0)
+            }
+        };
         assert_eq!(y.len(), hidden, "expert {e}'s output");
         for (a, y) in acc.iter_mut().zip(y) {
-            *a += y;
+            *a = match weighting {
+                ExpertWeighting::Output => rounding.combine(*a + rounding.combine(y * weight)),
+                ExpertWeighting::Input => *a + y,
+            };
         }
     }
     acc.into_iter().map(|a| rounding.output(a)).collect()

@@ -193,6 +193,34 @@ struct RouterRule {
 }
 
 impl<'a> Parser<'a> {
+    /// A positive size field, or the class's `default` (recorded) when absent.
+    fn positive(&mut self, field: &'static str, default: u64) -> Result<u64, ConfigError> {
+        let v = self.obj.opt_size(field)?;
+        let v = self.or_default(field, v, default);
+        if v == 0 {
+            return Err(ConfigError::invalid(field, 0, "must be at least 1"));
+        }
+        Ok(v)
+    }
+
+    /// The number of experts and of experts per token, each `(field, class default)`; the
+    /// latter at most the former.
+    fn experts_top_k(
+        &mut self,
+        experts: (&'static str, u64),
+        top_k: (&'static str, u64),
+    ) -> Result<(u64, u64), ConfigError> {
+        let (e, k) = (self.positive(experts.0, experts.1)?, self.positive(top_k.0, top_k.1)?);
+        if k > e {
+            return Err(ConfigError::invalid(
+                top_k.0,
+                k,
+                format!("more than the {e} experts ({})", experts.0),
+            ));
+        }
+        Ok((e, k))
+    }
+
     /// An optional field's value, or `default` recorded in [`ModelSpec::defaulted`].
     fn or_default<T: ToString>(&mut self, field: &'static str, value: Option<T>, default: T) -> T {
         value.unwrap_or_else(|| {
@@ -400,6 +428,20 @@ impl<'a> Parser<'a> {
         }
 
         let bias = o.opt_bool("attention_bias")?;
+        // The families whose attention takes head_dim as hidden_size / num_attention_heads
+        // whatever the config says (or raises otherwise).
+        let whole_heads = |who: &str| {
+            if head_dim * num_heads == hidden {
+                return Ok(());
+            }
+            Err(ConfigError::invalid(
+                "head_dim",
+                head_dim,
+                format!(
+                    "{who}'s head_dim is hidden_size ({hidden}) / num_attention_heads ({num_heads})"
+                ),
+            ))
+        };
         let (qkv_bias, o_bias, qk_norm) = match family {
             // Qwen3MoeAttention: q/k/v/o_proj all take `bias=config.attention_bias`; q_norm and
             // k_norm are `Qwen3MoeRMSNorm(head_dim)`.
@@ -425,15 +467,7 @@ impl<'a> Parser<'a> {
             // k_norm are `OlmoeRMSNorm` over the whole projections; head_dim is
             // hidden_size / num_attention_heads whatever the config says.
             Family::Olmoe => {
-                if head_dim * num_heads != hidden {
-                    return Err(ConfigError::invalid(
-                        "head_dim",
-                        head_dim,
-                        format!(
-                            "OLMoE's head_dim is hidden_size ({hidden}) / num_attention_heads ({num_heads})"
-                        ),
-                    ));
-                }
+                whole_heads("OLMoE")?;
                 let bias = self.or_default("attention_bias", bias, false);
                 let qk_norm = QkNorm::WholeRms {
                     q_len: num_heads * head_dim,
@@ -444,15 +478,7 @@ impl<'a> Parser<'a> {
             // Qwen2MoeAttention: q/k/v_proj take `bias=config.qkv_bias`, o_proj never; no q/k
             // norm; it raises unless `head_dim * num_attention_heads == hidden_size`.
             Family::Qwen2Moe => {
-                if head_dim * num_heads != hidden {
-                    return Err(ConfigError::invalid(
-                        "head_dim",
-                        head_dim,
-                        format!(
-                            "Qwen2-MoE needs head_dim * num_attention_heads ({num_heads}) == hidden_size ({hidden})"
-                        ),
-                    ));
-                }
+                whole_heads("Qwen2-MoE")?;
                 let qkv_bias = o.opt_bool("qkv_bias")?;
                 (self.or_default("qkv_bias", qkv_bias, true), false, QkNorm::None)
             }
@@ -479,18 +505,10 @@ impl<'a> Parser<'a> {
                 }
                 (true, true, QkNorm::None)
             }
-            // GraniteMoeAttention: every projection takes `bias=config.attention_bias`; its
-            // head_dim is hidden_size / num_attention_heads.
-            Family::GraniteMoe => {
-                if head_dim * num_heads != hidden {
-                    return Err(ConfigError::invalid(
-                        "head_dim",
-                        head_dim,
-                        format!(
-                            "Granite's head_dim is hidden_size ({hidden}) / num_attention_heads ({num_heads})"
-                        ),
-                    ));
-                }
+            // GraniteMoeAttention, PhimoeAttention: every projection takes
+            // `bias=config.attention_bias`; head_dim is hidden_size / num_attention_heads.
+            Family::GraniteMoe | Family::Phimoe => {
+                whole_heads(if family == Family::Phimoe { "Phi-3.5-MoE" } else { "Granite" })?;
                 let bias = self.or_default("attention_bias", bias, false);
                 (bias, bias, QkNorm::None)
             }
@@ -505,21 +523,6 @@ impl<'a> Parser<'a> {
                     ));
                 }
                 (false, false, QkNorm::None)
-            }
-            // PhimoeAttention: every projection takes `bias=config.attention_bias`; its
-            // head_dim is hidden_size // num_attention_heads.
-            Family::Phimoe => {
-                if head_dim * num_heads != hidden {
-                    return Err(ConfigError::invalid(
-                        "head_dim",
-                        head_dim,
-                        format!(
-                            "Phi-3.5-MoE's head_dim is hidden_size ({hidden}) / num_attention_heads ({num_heads})"
-                        ),
-                    ));
-                }
-                let bias = self.or_default("attention_bias", bias, false);
-                (bias, bias, QkNorm::None)
             }
             // Llama4TextConfig sets `attention_bias = False`; `use_qk_norm` (default true) is
             // the weightless L2 norm after RoPE on the RoPE layers.
@@ -610,21 +613,13 @@ impl<'a> Parser<'a> {
     fn mla_attention(&mut self, family: Family) -> Result<AttentionSpec, ConfigError> {
         let o = self.obj;
         let num_heads = o.req_pos("num_attention_heads")?;
-        let dim = |this: &mut Self, field: &'static str, default: u64| {
-            let v = o.opt_size(field)?;
-            let v = this.or_default(field, v, default);
-            if v == 0 {
-                return Err(ConfigError::invalid(field, 0, "must be at least 1"));
-            }
-            Ok(v)
-        };
         // `q_lora_rank: null` is the q_proj variant; absent is the class default 1536.
         let q_lora_rank =
-            if o.is_null("q_lora_rank") { None } else { Some(dim(self, "q_lora_rank", 1536)?) };
-        let kv_lora_rank = dim(self, "kv_lora_rank", 512)?;
-        let qk_nope_head_dim = dim(self, "qk_nope_head_dim", 128)?;
-        let qk_rope_head_dim = dim(self, "qk_rope_head_dim", 64)?;
-        let v_head_dim = dim(self, "v_head_dim", 128)?;
+            if o.is_null("q_lora_rank") { None } else { Some(self.positive("q_lora_rank", 1536)?) };
+        let kv_lora_rank = self.positive("kv_lora_rank", 512)?;
+        let qk_nope_head_dim = self.positive("qk_nope_head_dim", 128)?;
+        let qk_rope_head_dim = self.positive("qk_rope_head_dim", 64)?;
+        let v_head_dim = self.positive("v_head_dim", 128)?;
         if qk_rope_head_dim % 2 != 0 {
             return Err(ConfigError::invalid(
                 "qk_rope_head_dim",
@@ -1224,14 +1219,6 @@ impl<'a> Parser<'a> {
                 "false or absent (biases on the MLP projections are not implemented)",
             ));
         }
-        let size = |p: &mut Self, field: &'static str, default: u64| -> Result<u64, ConfigError> {
-            let v = p.obj.opt_size(field)?;
-            let v = p.or_default(field, v, default);
-            if v == 0 {
-                return Err(ConfigError::invalid(field, 0, "must be at least 1"));
-            }
-            Ok(v)
-        };
         if family != Family::DeepseekV2 {
             self.deepseek_router_methods()?;
         }
@@ -1250,9 +1237,9 @@ impl<'a> Parser<'a> {
         let first_dense = o.opt_size("first_k_dense_replace")?;
         let first_dense = self.or_default("first_k_dense_replace", first_dense, d.first_dense);
         let moe = if first_dense < num_layers {
-            let experts = size(self, "n_routed_experts", d.experts)?;
+            let experts = self.positive("n_routed_experts", d.experts)?;
             let top_k = match d.top_k {
-                Some(default) => size(self, "num_experts_per_tok", default)?,
+                Some(default) => self.positive("num_experts_per_tok", default)?,
                 None => o
                     .opt_size("num_experts_per_tok")?
                     .ok_or_else(|| o.missing("num_experts_per_tok"))?,
@@ -1267,8 +1254,8 @@ impl<'a> Parser<'a> {
                     format!("more than the {experts} experts (n_routed_experts)"),
                 ));
             }
-            let intermediate = size(self, "moe_intermediate_size", d.moe_intermediate)?;
-            let shared = size(self, "n_shared_experts", d.shared)?;
+            let intermediate = self.positive("moe_intermediate_size", d.moe_intermediate)?;
+            let shared = self.positive("n_shared_experts", d.shared)?;
             let rule = match family {
                 Family::DeepseekV2 => self.deepseek_v2_router(experts)?,
                 _ => self.deepseek_v3_router(family, experts)?,
@@ -1301,7 +1288,7 @@ impl<'a> Parser<'a> {
             None
         };
         let dense = if first_dense > 0 {
-            Some(size(self, "intermediate_size", d.intermediate)?)
+            Some(self.positive("intermediate_size", d.intermediate)?)
         } else {
             None
         };
@@ -1568,25 +1555,10 @@ impl<'a> Parser<'a> {
     /// attention temperature with `attn_temperature_tuning`.
     fn llama4_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
         let o = self.obj;
-        let size = |this: &mut Self, field: &'static str, default: u64| {
-            let v = o.opt_size(field)?;
-            let v = this.or_default(field, v, default);
-            if v == 0 {
-                return Err(ConfigError::invalid(field, 0, "must be at least 1"));
-            }
-            Ok(v)
-        };
-        let experts = size(self, "num_local_experts", 16)?;
-        let top_k = size(self, "num_experts_per_tok", 1)?;
-        if top_k > experts {
-            return Err(ConfigError::invalid(
-                "num_experts_per_tok",
-                top_k,
-                format!("more than the {experts} experts (num_local_experts)"),
-            ));
-        }
-        let intermediate = size(self, "intermediate_size", 8192)?;
-        let mlp_intermediate = size(self, "intermediate_size_mlp", 16384)?;
+        let (experts, top_k) =
+            self.experts_top_k(("num_local_experts", 16), ("num_experts_per_tok", 1))?;
+        let intermediate = self.positive("intermediate_size", 8192)?;
+        let mlp_intermediate = self.positive("intermediate_size_mlp", 16384)?;
         let n = num_layers as usize;
         let moe_layers: Vec<bool> = match o.opt_u64_list("moe_layers")? {
             Some(list) => {
@@ -1600,7 +1572,7 @@ impl<'a> Parser<'a> {
                 (0..num_layers).map(|i| list.contains(&i)).collect()
             }
             None => {
-                let step = size(self, "interleave_moe_layer_step", 1)?;
+                let step = self.positive("interleave_moe_layer_step", 1)?;
                 (0..num_layers).map(|i| (i + 1) % step == 0).collect()
             }
         };
@@ -1624,7 +1596,7 @@ impl<'a> Parser<'a> {
                 list.iter().map(|&v| v == 1).collect()
             }
             None => {
-                let interval = size(self, "no_rope_layer_interval", 4)?;
+                let interval = self.positive("no_rope_layer_interval", 4)?;
                 (0..num_layers).map(|i| (i + 1) % interval != 0).collect()
             }
         };
@@ -1653,8 +1625,11 @@ impl<'a> Parser<'a> {
             }
             None => rope.clone(),
         };
-        let chunk =
-            if chunked.iter().any(|&c| c) { size(self, "attention_chunk_size", 8192)? } else { 0 };
+        let chunk = if chunked.iter().any(|&c| c) {
+            self.positive("attention_chunk_size", 8192)?
+        } else {
+            0
+        };
         // Read as Python does (`if self.attn_temperature_tuning`): Scout ships it as 4.
         let tuning = match o.get("attn_temperature_tuning") {
             None => self.or_default("attn_temperature_tuning", None, true),
@@ -1818,17 +1793,8 @@ impl<'a> Parser<'a> {
     /// top-k of the router logits, a softmax over those k), full attention.
     fn granite_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
         let o = self.obj;
-        let experts = o.opt_size("num_local_experts")?;
-        let experts = self.or_default("num_local_experts", experts, 8);
-        let top_k = o.opt_size("num_experts_per_tok")?;
-        let top_k = self.or_default("num_experts_per_tok", top_k, 2);
-        if experts == 0 || top_k == 0 || top_k > experts {
-            return Err(ConfigError::invalid(
-                "num_experts_per_tok",
-                top_k,
-                format!("must be 1..={experts} (num_local_experts)"),
-            ));
-        }
+        let (experts, top_k) =
+            self.experts_top_k(("num_local_experts", 8), ("num_experts_per_tok", 2))?;
         let intermediate = o.req_pos("intermediate_size")?;
         let moe = MoeSpec {
             num_experts: experts,
@@ -1856,25 +1822,9 @@ impl<'a> Parser<'a> {
     /// experts as one MLP.
     fn ernie_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
         let o = self.obj;
-        let size = |this: &mut Self, field: &'static str, default: u64| {
-            let v = o.opt_size(field)?;
-            let v = this.or_default(field, v, default);
-            if v == 0 {
-                return Err(ConfigError::invalid(field, 0, "must be at least 1"));
-            }
-            Ok(v)
-        };
-        let experts = size(self, "moe_num_experts", 64)?;
-        let top_k = size(self, "moe_k", 6)?;
-        if top_k > experts {
-            return Err(ConfigError::invalid(
-                "moe_k",
-                top_k,
-                format!("more than the {experts} experts (moe_num_experts)"),
-            ));
-        }
-        let moe_intermediate = size(self, "moe_intermediate_size", 1536)?;
-        let intermediate = size(self, "intermediate_size", 12288)?;
+        let (experts, top_k) = self.experts_top_k(("moe_num_experts", 64), ("moe_k", 6))?;
+        let moe_intermediate = self.positive("moe_intermediate_size", 1536)?;
+        let intermediate = self.positive("intermediate_size", 12288)?;
         let shared = o.opt_u64("moe_num_shared_experts")?;
         let shared = self.or_default("moe_num_shared_experts", shared, 2);
         let start = o.opt_u64("moe_layer_start_index")?;
@@ -1895,7 +1845,7 @@ impl<'a> Parser<'a> {
                 ));
             }
         };
-        let interval = size(self, "moe_layer_interval", 1)?;
+        let interval = self.positive("moe_layer_interval", 1)?;
         if let Some(m) = o.opt_f64("moe_norm_min")?
             && !(m.is_finite() && (0.0..1e-6).contains(&m))
         {

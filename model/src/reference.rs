@@ -75,8 +75,8 @@ use thiserror::Error;
 
 use crate::moe::{self, FfnRounding, GluBias, Layout, Projection, SwiGlu, dot64};
 use crate::spec::{
-    Activation, AttentionForm, AttentionKind, ExpertWeighting, FfnKind, MlaSpec, ModelSpec,
-    Multipliers, NormKind, Positions, QkNorm, RopeScaling, RopeStyle, RouterPrecision, Routing,
+    Activation, AttentionForm, AttentionKind, FfnKind, MlaSpec, ModelSpec, Multipliers, NormKind,
+    Positions, QkNorm, RopeScaling, RopeStyle, RouterPrecision, Routing,
 };
 use crate::weights::{
     ExpertNames, FfnNames, FusedExperts, GateUpColumns, MlaQueryNames, MlpNames, ModelNames,
@@ -848,14 +848,14 @@ impl Reference {
                     (Precision::Bf16, RouterPrecision::F32) => FfnRounding::TransformersF32Sum,
                     _ => self.ffn_rounding(),
                 };
-                let mut out = match routing.weighting {
-                    ExpertWeighting::Output => {
-                        moe::moe_ffn(x, self.hidden, &route.chosen, expert, rounding)
-                    }
-                    ExpertWeighting::Input => {
-                        moe::moe_ffn_weighted_input(x, self.hidden, &route.chosen, expert, rounding)
-                    }
-                };
+                let mut out = moe::moe_ffn_weighted(
+                    x,
+                    self.hidden,
+                    &route.chosen,
+                    expert,
+                    rounding,
+                    routing.weighting,
+                );
                 if let Some((mlp, gate)) = shared.as_deref() {
                     let shared =
                         moe::Shared { mlp: mlp.swiglu(), gate: gate.as_ref().map(projection) };

@@ -416,7 +416,12 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             "shared_expert_intermediate_size",
             "at least 1",
         ),
-        (Q2, vec![set("head_dim", json!(32))], "head_dim", "== hidden_size"),
+        (
+            Q2,
+            vec![set("head_dim", json!(32))],
+            "head_dim",
+            "head_dim is hidden_size (256) / num_attention_heads (4)",
+        ),
         (
             Q2,
             vec![set("n_shared_experts", json!(1))],
