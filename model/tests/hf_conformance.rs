@@ -261,8 +261,9 @@ fn ernie4_5_moe_matches_transformers() {
 
 /// Phi-3.5-MoE (`phimoe`): `LayerNorms` with bias, q/k/v/o and `lm_head` biases, the
 /// `sparsemixer` top-2 router at inference (`router_jitter_noise` 0.3, so the softmax of each
-/// choice keeps several logits), a sliding window of 6, and `LongRoPE` over 8 original
-/// positions: the 15 positions cross it, so the long factors and mscale take over mid-run.
+/// choice keeps several logits), and `LongRoPE` over 8 original positions: the 15
+/// positions cross it, so the long factors and mscale take over mid-run. (Its window is the
+/// whole context, as shipped: a shorter one is refused by name.)
 #[test]
 fn phimoe_matches_transformers() {
     check("fixtures/models/tiny-phimoe.json", 3, &[1, 17, 300, 42, 5], 10);
