@@ -1458,14 +1458,7 @@ impl<'a> Parser<'a> {
                 "\"full_attention\" (OLMoE attends fully in every layer)",
             ));
         }
-        Ok((0..num_layers as usize)
-            .map(|index| LayerSpec {
-                index,
-                attention: AttentionKind::Full,
-                ffn: FfnKind::Moe(moe.clone()),
-                positions: Positions::Rope,
-            })
-            .collect())
+        Ok(uniform_moe_layers(num_layers, AttentionKind::Full, &moe))
     }
 
     /// gpt-oss (`GptOssDecoderLayer`): every layer MoE (`num_local_experts` experts of
@@ -1779,14 +1772,7 @@ impl<'a> Parser<'a> {
                 ));
             }
         }
-        Ok((0..num_layers as usize)
-            .map(|index| LayerSpec {
-                index,
-                attention: AttentionKind::Full,
-                ffn: FfnKind::Moe(moe.clone()),
-                positions: Positions::Rope,
-            })
-            .collect())
+        Ok(uniform_moe_layers(num_layers, AttentionKind::Full, &moe))
     }
 
     /// Granite MoE (`GraniteMoeDecoderLayer`): every layer MoE (`GraniteMoeTopKGating`:
@@ -1803,14 +1789,7 @@ impl<'a> Parser<'a> {
             routing: Routing::top_k(RouterScoring::Softmax, TopKWeights::Renormalized),
             shared: None,
         };
-        Ok((0..num_layers as usize)
-            .map(|index| LayerSpec {
-                index,
-                attention: AttentionKind::Full,
-                ffn: FfnKind::Moe(moe.clone()),
-                positions: Positions::Rope,
-            })
-            .collect())
+        Ok(uniform_moe_layers(num_layers, AttentionKind::Full, &moe))
     }
 
     /// ERNIE-4.5 MoE (`Ernie4_5_MoeDecoderLayer`): layer `i` is MoE iff `(i + 1) %
@@ -1939,14 +1918,7 @@ impl<'a> Parser<'a> {
                 ));
             }
         }
-        Ok((0..num_layers as usize)
-            .map(|index| LayerSpec {
-                index,
-                attention,
-                ffn: FfnKind::Moe(moe.clone()),
-                positions: Positions::Rope,
-            })
-            .collect())
+        Ok(uniform_moe_layers(num_layers, attention, &moe))
     }
 
     fn window(&self, why: &str) -> Result<u64, ConfigError> {
@@ -2035,6 +2007,19 @@ impl<'a> Parser<'a> {
         }
         Ok(())
     }
+}
+
+/// `num_layers` layers alike: `attention`, the MoE `moe`, RoPE (`OLMoE`, Mixtral, Granite,
+/// Phi-3.5-MoE).
+fn uniform_moe_layers(num_layers: u64, attention: AttentionKind, moe: &MoeSpec) -> Vec<LayerSpec> {
+    (0..num_layers as usize)
+        .map(|index| LayerSpec {
+            index,
+            attention,
+            ffn: FfnKind::Moe(moe.clone()),
+            positions: Positions::Rope,
+        })
+        .collect()
 }
 
 /// What a family's `rope_scaling` may be.
