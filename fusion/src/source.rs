@@ -469,6 +469,30 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
         (WeightKind::KProj, heads(share.kv_heads), d.kv_heads * hp, "k heads"),
         (WeightKind::VProj, heads(share.kv_heads), d.kv_heads * hp, "v heads"),
     ];
+    // A row of `hp` per head of the q/k/v segment's parts, `weights[i]` read at part `i`'s
+    // head columns: row t is the t-th head of `[q heads | k heads | v heads]`, as the
+    // attention stage reads the projection (q/k/v biases, OLMoE's whole-projection norms).
+    let head_rows = |weights: &[WeightKind]| -> Vec<Block> {
+        let mut col = 0;
+        weights
+            .iter()
+            .zip(qkv)
+            .map(|(&w, (_, map, cols, what))| {
+                col += cols;
+                Block {
+                    stack: vec![(Stack::Layers { only: None }, shape[1] * hp)],
+                    at: col - cols,
+                    rows: 1,
+                    cols,
+                    row_stride: cols,
+                    row: whole(1),
+                    col: Axis::new(map),
+                    read: read(w, Element::Value, false, None),
+                    what,
+                }
+            })
+            .collect()
+    };
     let vocab = Axis::new(share.vocab).chunked(layout.chunk_cols);
     Some(match kind {
         OperandKind::Embed => vec![Block {
@@ -778,25 +802,7 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
         // Norms over the whole projections: a row per q head, then per k head, each the
         // head's slice of the weight (as the q/k/v bias rows).
         OperandKind::HeadNorms if d.whole_qk_norm => {
-            let mut col = 0;
-            [WeightKind::QNorm, WeightKind::KNorm]
-                .into_iter()
-                .zip(qkv)
-                .map(|(w, (_, map, cols, what))| {
-                    col += cols;
-                    Block {
-                        stack: vec![(Stack::Layers { only: None }, shape[1] * hp)],
-                        at: col - cols,
-                        rows: 1,
-                        cols,
-                        row_stride: cols,
-                        row: whole(1),
-                        col: Axis::new(map),
-                        read: read(w, Element::Value, false, None),
-                        what,
-                    }
-                })
-                .collect()
+            head_rows(&[WeightKind::QNorm, WeightKind::KNorm])
         }
         OperandKind::HeadNorms => [WeightKind::QNorm, WeightKind::KNorm]
             .into_iter()
@@ -813,28 +819,8 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 what: "",
             })
             .collect(),
-        // The q/k/v segment's head columns as rows of `hp`: row t is the t-th head of
-        // `[q heads | k heads | v heads]`, as the attention stage reads the projection.
         OperandKind::QkvBias => {
-            let mut col = 0;
-            [WeightKind::QBias, WeightKind::KBias, WeightKind::VBias]
-                .into_iter()
-                .zip(qkv)
-                .map(|(w, (_, map, cols, what))| {
-                    col += cols;
-                    Block {
-                        stack: vec![(Stack::Layers { only: None }, shape[1] * hp)],
-                        at: col - cols,
-                        rows: 1,
-                        cols,
-                        row_stride: cols,
-                        row: whole(1),
-                        col: Axis::new(map),
-                        read: read(w, Element::Value, false, None),
-                        what,
-                    }
-                })
-                .collect()
+            head_rows(&[WeightKind::QBias, WeightKind::KBias, WeightKind::VBias])
         }
         // Whole on every device: added once, after the attention output's all-reduce.
         OperandKind::OBias => vec![Block {
