@@ -211,9 +211,13 @@ impl LayerGraph {
                 ),
             ),
             // OLMoE's norms over the whole projections are the attention stage's (before
-            // the view as heads); no weight to fold or fuse. Llama 4's L2 norm is never
-            // planned (`plan::supported` refuses it by name before any graph is built).
-            QkNorm::None | QkNorm::WholeRms { .. } | QkNorm::L2AfterRope => (q, k),
+            // the view as heads); no weight to fold or fuse. Llama 4's L2 norm and Hunyuan's
+            // norms after RoPE are never planned (`plan::supported` refuses them by name
+            // before any graph is built).
+            QkNorm::None
+            | QkNorm::WholeRms { .. }
+            | QkNorm::L2AfterRope
+            | QkNorm::PerHeadRmsAfterRope { .. } => (q, k),
         };
         let qr = node(&mut g, "q_rope", OpKind::Rope, &[q]);
         let kr = node(&mut g, "k_rope", OpKind::Rope, &[k]);

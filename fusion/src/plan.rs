@@ -554,6 +554,12 @@ fn supported<'s>(
         (spec.layers.iter().any(|l| !l.positions.is_rope()), "NoPE layers"),
         (spec.attention.qk_norm == QkNorm::L2AfterRope, "the L2 q/k norm after RoPE"),
         (
+            matches!(spec.attention.qk_norm, QkNorm::PerHeadRmsAfterRope { .. }),
+            "the per-head q/k RMS norms after RoPE",
+        ),
+        (matches!(spec.attention.rope.scaling, RopeScaling::NtkAlpha { .. }), "NTK-alpha RoPE"),
+        (spec.family == Family::Dbrx, "DBRX's fused Wqkv"),
+        (
             moe_layer(|m| m.routing.weighting == ExpertWeighting::Input),
             "routing weights scaling the experts' input",
         ),

@@ -174,7 +174,9 @@ impl ModelSpec {
         let o_bias = if a.o_bias { h } else { 0 };
         let qk_norm = match a.qk_norm {
             QkNorm::None | QkNorm::L2AfterRope => 0,
-            QkNorm::PerHeadRms { weight_len } => 2 * u128::from(weight_len),
+            QkNorm::PerHeadRms { weight_len } | QkNorm::PerHeadRmsAfterRope { weight_len } => {
+                2 * u128::from(weight_len)
+            }
             QkNorm::WholeRms { q_len, k_len } => u128::from(q_len) + u128::from(k_len),
         };
         // gpt-oss's experts have biases: 2 * inter on gate/up, hidden on down.

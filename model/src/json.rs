@@ -143,6 +143,29 @@ impl<'a> Obj<'a> {
         self.opt_list(key, "a non-negative integer", Value::as_u64)
     }
 
+    /// A size per layer: one integer for every layer, or an array of `layers` of them
+    /// (Hunyuan's `num_experts`, `moe_topk`).
+    pub(crate) fn opt_per_layer(
+        &self,
+        key: &str,
+        layers: u64,
+    ) -> Result<Option<Vec<u64>>, ConfigError> {
+        if let Some(n) = self.get(key).and_then(Value::as_u64) {
+            return Ok(Some(vec![n; layers as usize]));
+        }
+        let Some(list) = self.opt_list(key, "a non-negative integer", Value::as_u64)? else {
+            return Ok(None);
+        };
+        if list.len() as u64 != layers {
+            return Err(ConfigError::Invalid {
+                field: self.path(key),
+                value: format!("an array of {} elements", list.len()),
+                reason: format!("needs one entry per layer ({layers}), or one integer for all"),
+            });
+        }
+        Ok(Some(list))
+    }
+
     pub(crate) fn opt_str_list(&self, key: &str) -> Result<Option<Vec<&'a str>>, ConfigError> {
         self.opt_list(key, "a string", Value::as_str)
     }

@@ -131,7 +131,9 @@ impl Family {
             Self::GptOss | Self::Llama4 => Defaults { rms_norm_eps: 1e-5 },
             Self::GraniteMoe => Defaults { rms_norm_eps: 1e-6 },
             Self::Ernie45Moe => Defaults { rms_norm_eps: 1e-5 },
-            Self::Phimoe => Defaults { rms_norm_eps: 1e-5 },
+            Self::Phimoe | Self::HunyuanMoe => Defaults { rms_norm_eps: 1e-5 },
+            // `nn.LayerNorm`'s default; `DbrxConfig` has no eps field.
+            Self::Dbrx => Defaults { rms_norm_eps: 1e-5 },
         }
     }
 }
@@ -230,8 +232,199 @@ impl<'a> Parser<'a> {
     }
 
     fn model(self) -> Result<ModelSpec, ConfigError> {
-        let family = self.family()?;
-        self.model_of(family)
+        match self.family()? {
+            Family::Dbrx => self.dbrx_model(),
+            family => self.model_of(family),
+        }
+    }
+
+    /// DBRX (`DbrxConfig`, `modeling_dbrx.py`), whose config has a layout of its own:
+    /// `d_model`, `n_heads`, `n_layers`, `max_seq_len`, and the `attn_config` / `ffn_config`
+    /// objects, whose unknown keys transformers refuses (so do we). Every layer: a
+    /// `LayerNorm` without bias, the fused `Wqkv` clamped to `clip_qkv`, RoPE, `out_proj`,
+    /// a `LayerNorm`, the softmax top-k router (its top weights divided by their
+    /// `moe_normalize_expert_weights`-norm) and the experts.
+    fn dbrx_model(mut self) -> Result<ModelSpec, ConfigError> {
+        let o = self.obj;
+        let hidden = self.positive("d_model", 2048)?;
+        let heads = self.positive("n_heads", 16)?;
+        let num_layers = self.positive("n_layers", 24)?;
+        if num_layers > MAX_LAYERS {
+            return Err(ConfigError::invalid(
+                "n_layers",
+                num_layers,
+                format!("larger than {MAX_LAYERS}, the most Palladium accepts for a layer count"),
+            ));
+        }
+        let max_positions = self.positive("max_seq_len", 2048)?;
+        let vocab = self.positive("vocab_size", 32000)?;
+        if !hidden.is_multiple_of(heads) {
+            return Err(ConfigError::invalid(
+                "n_heads",
+                heads,
+                format!("DBRX's head_dim is d_model ({hidden}) / n_heads: it must divide d_model"),
+            ));
+        }
+        let head_dim = hidden / heads;
+        if head_dim % 2 != 0 {
+            return Err(ConfigError::invalid(
+                "n_heads",
+                heads,
+                format!("RoPE needs an even head_dim (d_model / n_heads = {head_dim})"),
+            ));
+        }
+        // `DbrxAttentionConfig` / `DbrxFFNConfig` drop these keys and raise on any other.
+        const DROPPED: &[&str] = &[
+            "model_type",
+            "attn_implementation",
+            "transformers_version",
+            "_commit_hash",
+            "torch_dtype",
+            "dtype",
+        ];
+        static EMPTY: std::sync::LazyLock<serde_json::Map<String, Value>> =
+            std::sync::LazyLock::new(serde_json::Map::new);
+        let sub = |field: &'static str, keys: &[&str]| -> Result<Obj<'a>, ConfigError> {
+            let map = o.opt_obj(field)?;
+            let prefix = if field == "attn_config" { "attn_config." } else { "ffn_config." };
+            let sub = Obj::new(map.unwrap_or(&EMPTY), prefix);
+            if let Some(k) = sub.keys().find(|k| !keys.contains(k) && !DROPPED.contains(k)) {
+                return Err(ConfigError::unsupported(
+                    sub.path(k),
+                    sub.get(k).map_or_else(|| "null".into(), describe),
+                    format!(
+                        "absent (transformers' Dbrx config raises on it: {} read)",
+                        keys.join(", ")
+                    ),
+                ));
+            }
+            Ok(sub)
+        };
+        let attn = sub("attn_config", &["attn_pdrop", "clip_qkv", "kv_n_heads", "rope_theta"])?;
+        let kv_heads = attn.opt_size("kv_n_heads")?;
+        let kv_heads = self.or_default("attn_config.kv_n_heads", kv_heads, 1);
+        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(ConfigError::invalid(
+                attn.path("kv_n_heads"),
+                kv_heads,
+                format!("n_heads ({heads}) must be a multiple of it"),
+            ));
+        }
+        let theta = attn.opt_pos_f64("rope_theta")?;
+        let theta = self.or_default("attn_config.rope_theta", theta, 10000.0);
+        let clip_qkv = attn.opt_pos_f64("clip_qkv")?;
+        let ffn = sub(
+            "ffn_config",
+            &[
+                "ffn_act_fn",
+                "ffn_hidden_size",
+                "moe_num_experts",
+                "moe_top_k",
+                "moe_jitter_eps",
+                "moe_loss_weight",
+                "moe_normalize_expert_weights",
+            ],
+        )?;
+        if let Some(act) = ffn.opt_obj("ffn_act_fn")? {
+            let act = Obj::new(act, "ffn_config.ffn_act_fn.");
+            if let Some(name) = act.opt_str("name")?
+                && name != "silu"
+            {
+                return Err(ConfigError::unsupported(
+                    act.path("name"),
+                    format!("{name:?}"),
+                    "silu",
+                ));
+            }
+        }
+        let positive = |parser: &mut Self, field: &'static str, default: u64| {
+            let v = ffn.opt_size(field.trim_start_matches("ffn_config."))?;
+            match parser.or_default(field, v, default) {
+                0 => Err(ConfigError::invalid(field, 0, "must be at least 1")),
+                v => Ok(v),
+            }
+        };
+        let intermediate = positive(&mut self, "ffn_config.ffn_hidden_size", 3584)?;
+        let experts = positive(&mut self, "ffn_config.moe_num_experts", 4)?;
+        let top_k = positive(&mut self, "ffn_config.moe_top_k", 1)?;
+        if top_k > experts {
+            return Err(ConfigError::invalid(
+                ffn.path("moe_top_k"),
+                top_k,
+                format!("more than the {experts} experts (moe_num_experts)"),
+            ));
+        }
+        // `top_weights / torch.norm(top_weights, p)`: p = 1 is the sum of the (positive)
+        // weights; null leaves them raw.
+        let norm = "moe_normalize_expert_weights";
+        let top_k_weights = match ffn.opt_f64(norm)? {
+            _ if ffn.is_null(norm) => TopKWeights::Raw,
+            None => {
+                self.or_default("ffn_config.moe_normalize_expert_weights", None, 1.0);
+                TopKWeights::Renormalized
+            }
+            Some(1.0) => TopKWeights::Renormalized,
+            Some(p) => {
+                return Err(ConfigError::unsupported(
+                    ffn.path(norm),
+                    p,
+                    "1.0 (the weights' sum) or null: other norms are not implemented",
+                ));
+            }
+        };
+        if o.opt_bool("tie_word_embeddings")? == Some(true) {
+            return Err(ConfigError::unsupported(
+                "tie_word_embeddings",
+                true,
+                "false or absent (DbrxConfig raises: DBRX does not tie them)",
+            ));
+        }
+        let dtype = self.dtype()?;
+        let quantization = self.quantization()?;
+        let moe = MoeSpec {
+            num_experts: experts,
+            top_k,
+            intermediate,
+            routing: Routing::top_k(RouterScoring::Softmax, top_k_weights),
+            shared: None,
+        };
+        Ok(ModelSpec {
+            family: Family::Dbrx,
+            hidden_size: hidden,
+            vocab_size: vocab,
+            max_position_embeddings: max_positions,
+            dtype,
+            attention: AttentionSpec {
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                head_dim,
+                scale: (head_dim as f64).powf(-0.5),
+                qkv_bias: false,
+                o_bias: false,
+                qk_norm: QkNorm::None,
+                clip_qkv,
+                rope: RopeSpec {
+                    theta,
+                    scaling: RopeScaling::Default,
+                    style: RopeStyle::NeoxRotateHalf,
+                    rotary_dim: head_dim,
+                },
+                sinks: false,
+                form: AttentionForm::Gqa,
+            },
+            norm: NormSpec {
+                eps: Family::Dbrx.defaults().rms_norm_eps,
+                kind: NormKind::Layer { bias: false },
+            },
+            mlp: MlpSpec { activation: Activation::Silu, gated: true, bias: false },
+            lm_head: LmHead::Untied,
+            layers: uniform_moe_layers(num_layers, AttentionKind::Full, &moe),
+            quantization,
+            defaulted: self.defaulted,
+            checkpoint_prefix: "",
+            lm_head_bias: false,
+            multipliers: Multipliers::IDENTITY,
+        })
     }
 
     /// The model of `family` (read from `model_type`, or implied by an outer config).
@@ -268,7 +461,9 @@ impl<'a> Parser<'a> {
             | Family::Llama4
             | Family::GraniteMoe
             | Family::Ernie45Moe
-            | Family::Phimoe => self.attention(family, hidden_size)?,
+            | Family::Phimoe
+            | Family::HunyuanMoe => self.attention(family, hidden_size)?,
+            Family::Dbrx => unreachable!("read by dbrx_model"),
         };
 
         let eps = o.opt_pos_f64("rms_norm_eps")?;
@@ -293,6 +488,8 @@ impl<'a> Parser<'a> {
             Family::GptOss => self.gpt_oss_layers(num_layers)?,
             Family::Llama4 => self.llama4_layers(num_layers)?,
             Family::Phimoe => self.phimoe_layers(num_layers)?,
+            Family::HunyuanMoe => self.hunyuan_layers(num_layers)?,
+            Family::Dbrx => unreachable!("read by dbrx_model"),
         };
         // PhimoeForCausalLM: `nn.Linear(hidden, vocab, bias=config.lm_head_bias)`; no other
         // family has the field.
@@ -362,6 +559,8 @@ impl<'a> Parser<'a> {
             "granitemoe" => Family::GraniteMoe,
             "ernie4_5_moe" => Family::Ernie45Moe,
             "phimoe" => Family::Phimoe,
+            "hunyuan_v1_moe" => Family::HunyuanMoe,
+            "dbrx" => Family::Dbrx,
             other => {
                 return Err(ConfigError::unsupported(
                     "model_type",
@@ -405,6 +604,13 @@ impl<'a> Parser<'a> {
             }
             None if family == Family::Llama4 && !o.is_null("head_dim") => {
                 self.or_default("head_dim", None, 128)
+            }
+            // HunYuanMoEV1Config's `head_dim` defaults to None, which its attention cannot run.
+            None if family == Family::HunyuanMoe => {
+                return Err(ConfigError::Missing {
+                    field: "head_dim".into(),
+                    hint: " (Hunyuan's attention reads it; transformers has no default)".into(),
+                });
             }
             None => {
                 if !hidden.is_multiple_of(num_heads) {
@@ -452,6 +658,7 @@ impl<'a> Parser<'a> {
             Family::DeepseekV3 | Family::DeepseekV2 => {
                 unreachable!("the MLA families are read by mla_attention")
             }
+            Family::Dbrx => unreachable!("read by dbrx_model"),
             // MixtralAttention: all projections `bias=False`; there is no config field for it.
             Family::Mixtral => {
                 if bias == Some(true) {
@@ -541,6 +748,19 @@ impl<'a> Parser<'a> {
                 };
                 (false, false, qk_norm)
             }
+            // HunYuanMoEV1Attention: every projection takes `bias=config.attention_bias`;
+            // `query_layernorm` / `key_layernorm` (RMS over each head) always follow RoPE.
+            Family::HunyuanMoe => {
+                if o.opt_bool("use_qk_norm")? == Some(false) {
+                    return Err(ConfigError::unsupported(
+                        "use_qk_norm",
+                        false,
+                        "true or absent (transformers 4.57's Hunyuan always norms q and k after RoPE)",
+                    ));
+                }
+                let bias = self.or_default("attention_bias", bias, false);
+                (bias, bias, QkNorm::PerHeadRmsAfterRope { weight_len: head_dim })
+            }
         };
 
         // GLM-4.5 rotates the first `int(head_dim * partial_rotary_factor)` dimensions of each
@@ -574,6 +794,7 @@ impl<'a> Parser<'a> {
             // `apply_rotary_pos_emb` rotates pairs (2i, 2i+1) in f32 and rounds once.
             Family::Ernie45Moe => (RopeStyle::ComplexPairs, ScalingRule::DefaultOnly),
             Family::Phimoe => (RopeStyle::NeoxRotateHalf, ScalingRule::LongRope),
+            Family::HunyuanMoe => (RopeStyle::NeoxRotateHalf, ScalingRule::NtkAlpha),
             _ => (RopeStyle::NeoxRotateHalf, ScalingRule::DefaultOnly),
         };
         let mut rope = self.rope(factor, rotary_dim, style, rule)?;
@@ -755,6 +976,8 @@ impl<'a> Parser<'a> {
                 scaling = RopeScaling::Llama3(llama3(&p)?);
             } else if rule == ScalingRule::LongRope && p.opt_str(key)? == Some("longrope") {
                 scaling = RopeScaling::LongRope(long_rope(&p, rotary_dim)?);
+            } else if rule == ScalingRule::NtkAlpha && p.opt_str(key)? == Some("dynamic") {
+                scaling = ntk_alpha(&p, rotary_dim)?;
             } else {
                 check_rope_type(&p)?;
                 // DeepseekV3Attention reads `factor` and `mscale_all_dim` from any
@@ -1775,6 +1998,79 @@ impl<'a> Parser<'a> {
         Ok(uniform_moe_layers(num_layers, AttentionKind::Full, &moe))
     }
 
+    /// Hunyuan (`HunYuanMoEV1DecoderLayer`): every layer MoE, `num_experts` experts (one
+    /// integer, or one per layer) of `intermediate_size`, the top-`moe_topk` of the f32
+    /// softmax renormalised (`HunYuanMoEV1Gate` keeps `wg` in f32; the weights are cast to the
+    /// activations' dtype), and the shared MLP of `intermediate_size`, ungated. The shipped
+    /// config's `moe_intermediate_size` and `num_shared_expert` lists are not read by
+    /// transformers: values that would describe another model are refused.
+    fn hunyuan_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
+        let o = self.obj;
+        let intermediate = self.positive("intermediate_size", 11008)?;
+        let per_layer = |parser: &mut Self, field: &'static str| -> Result<Vec<u64>, ConfigError> {
+            let values = o.opt_per_layer(field, num_layers)?;
+            if values.is_none() {
+                parser.or_default(field, None, 1);
+            }
+            Ok(values.unwrap_or_else(|| vec![1; num_layers as usize]))
+        };
+        let experts = per_layer(self, "num_experts")?;
+        let top_k = per_layer(self, "moe_topk")?;
+        for (field, want) in [("moe_intermediate_size", intermediate), ("num_shared_expert", 1)] {
+            if let Some(values) = o.opt_per_layer(field, num_layers)?
+                && let Some((i, v)) = values.iter().enumerate().find(|(_, v)| **v != want)
+            {
+                return Err(ConfigError::unsupported(
+                    format!("{field}[{i}]"),
+                    v,
+                    format!(
+                        "{want} or absent (transformers 4.57's Hunyuan builds every expert and its one shared MLP of intermediate_size)"
+                    ),
+                ));
+            }
+        }
+        for (field, want) in [("use_cla", false), ("use_mixed_mlp_moe", true)] {
+            if let Some(v) = o.opt_bool(field)?
+                && v != want
+            {
+                return Err(ConfigError::unsupported(
+                    field,
+                    v,
+                    format!("{want} or absent (transformers 4.57's Hunyuan does not read it)"),
+                ));
+            }
+        }
+        let mut routing = Routing::top_k(RouterScoring::Softmax, TopKWeights::Renormalized);
+        routing.precision = RouterPrecision::F32Logits;
+        let shared = Some(SharedExpert { intermediate, sigmoid_gate: false });
+        (0..num_layers as usize)
+            .map(|index| {
+                let (e, k) = (experts[index], top_k[index]);
+                if e == 0 {
+                    return Err(ConfigError::invalid(
+                        format!("num_experts[{index}]"),
+                        0,
+                        "must be at least 1",
+                    ));
+                }
+                if k == 0 || k > e {
+                    return Err(ConfigError::invalid(
+                        format!("moe_topk[{index}]"),
+                        k,
+                        format!("must be 1..=num_experts ({e}) for layer {index}"),
+                    ));
+                }
+                let moe = MoeSpec { num_experts: e, top_k: k, intermediate, routing, shared };
+                Ok(LayerSpec {
+                    index,
+                    attention: AttentionKind::Full,
+                    ffn: FfnKind::Moe(moe),
+                    positions: Positions::Rope,
+                })
+            })
+            .collect()
+    }
+
     /// Granite MoE (`GraniteMoeDecoderLayer`): every layer MoE (`GraniteMoeTopKGating`:
     /// top-k of the router logits, a softmax over those k), full attention.
     fn granite_layers(&mut self, num_layers: u64) -> Result<Vec<LayerSpec>, ConfigError> {
@@ -1976,7 +2272,7 @@ impl<'a> Parser<'a> {
         if family != Family::Qwen2Moe {
             fields.push("shared_expert_intermediate_size");
         }
-        if matches!(family, Family::Glm4Moe | Family::Ernie45Moe) {
+        if matches!(family, Family::Glm4Moe | Family::Ernie45Moe | Family::HunyuanMoe) {
             fields.extend(["mlp_only_layers", "use_sliding_window"]);
         }
         if matches!(
@@ -2034,6 +2330,27 @@ enum ScalingRule {
     Llama3,
     /// The default, or `LongRoPE` (Phi-3.5-MoE).
     LongRope,
+    /// The default, or `"dynamic"` with an `alpha` (Hunyuan).
+    NtkAlpha,
+}
+
+/// Hunyuan's `rope_scaling` of type `"dynamic"`: its `alpha` raises the base
+/// ([`RopeScaling::NtkAlpha`]); the other keys it ships (`factor`, `beta_*`, `mscale*`) only
+/// matter past `max_position_embeddings`, where no position goes.
+fn ntk_alpha(p: &Obj<'_>, rotary_dim: u64) -> Result<RopeScaling, ConfigError> {
+    // `config.rope_scaling["alpha"]`: transformers raises without one.
+    let alpha = p.opt_f64("alpha")?.ok_or_else(|| p.missing("alpha"))?;
+    if !(alpha.is_finite() && alpha > 0.0) {
+        return Err(ConfigError::invalid(p.path("alpha"), alpha, "must be a number > 0"));
+    }
+    if rotary_dim <= 2 {
+        return Err(ConfigError::invalid(
+            "head_dim",
+            rotary_dim,
+            "the NTK alpha raises the base to d / (d - 2): head_dim must be more than 2",
+        ));
+    }
+    Ok(RopeScaling::NtkAlpha { alpha })
 }
 
 /// A `rope_scaling` of type `"longrope"` as `PhimoeConfig` / `PhimoeRotaryEmbedding` read it:

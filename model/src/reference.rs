@@ -368,6 +368,8 @@ pub struct Reference {
     whole_qk_norm: bool,
     /// Llama 4: each q and k head L2-normed after RoPE, on the RoPE layers.
     l2_qk_norm: bool,
+    /// Hunyuan: the per-head q/k RMS norms follow RoPE (they precede it elsewhere).
+    qk_norm_after_rope: bool,
     /// `OLMoE`'s `clip_qkv`.
     clip_qkv: Option<f32>,
     /// Dimensions RoPE rotates: the first `rotary` of each head (all of them but with a
@@ -465,6 +467,25 @@ impl Reference {
                         q_norm: opt(&g.q_norm),
                         k_norm: opt(&g.k_norm),
                     },
+                    // DBRX's `Wqkv`: q, k and v are its row blocks, in that order.
+                    QkvNames::Fused { qkv } => {
+                        let w = get(qkv);
+                        let a = &spec.attention;
+                        let (q, kv) = (
+                            (a.num_heads * a.head_dim) as usize,
+                            (a.num_kv_heads * a.head_dim) as usize,
+                        );
+                        Qkv::Gqa {
+                            q: w.rows(0..q),
+                            k: w.rows(q..q + kv),
+                            v: w.rows(q + kv..q + 2 * kv),
+                            q_bias: None,
+                            k_bias: None,
+                            v_bias: None,
+                            q_norm: None,
+                            k_norm: None,
+                        }
+                    }
                     QkvNames::Mla(m) => Qkv::Mla {
                         query: match &m.query {
                             MlaQueryNames::Direct { q } => MlaQuery::Direct(get(q)),
@@ -494,6 +515,22 @@ impl Reference {
                             ExpertNames::Fused(f) => (0..moe.num_experts as usize)
                                 .map(|e| Mlp::fused_expert(f, e, &get, activation))
                                 .collect(),
+                            ExpertNames::Stacked { gate, up, down } => {
+                                let (gate, up, down) = (get(gate), get(up), get(down));
+                                let inter = moe.intermediate as usize;
+                                (0..moe.num_experts as usize)
+                                    .map(|e| {
+                                        let rows = e * inter..(e + 1) * inter;
+                                        Mlp {
+                                            gate: gate.rows(rows.clone()),
+                                            up: up.rows(rows.clone()),
+                                            down: down.rows(rows).transposed(),
+                                            bias: None,
+                                            activation,
+                                        }
+                                    })
+                                    .collect()
+                            }
                         },
                         top_k: moe.top_k as usize,
                         routing: moe.routing,
@@ -540,6 +577,7 @@ impl Reference {
             max_pos: spec.max_position_embeddings,
             whole_qk_norm: matches!(a.qk_norm, QkNorm::WholeRms { .. }),
             l2_qk_norm: a.qk_norm == QkNorm::L2AfterRope,
+            qk_norm_after_rope: matches!(a.qk_norm, QkNorm::PerHeadRmsAfterRope { .. }),
             clip_qkv: a.clip_qkv.map(|c| c as f32),
             rotary,
             inv_freq,
@@ -893,8 +931,9 @@ impl Reference {
                 }
                 let per_head = !self.whole_qk_norm;
                 for (x, norm) in [(&mut q, q_norm), (&mut k, k_norm)] {
+                    let per_head_norm = norm.as_ref().filter(|_| per_head);
                     for head in x.chunks_mut(hd) {
-                        if let (true, Some(n)) = (per_head, norm) {
+                        if let (false, Some(n)) = (self.qk_norm_after_rope, per_head_norm) {
                             self.rmsnorm(head, n);
                         }
                         if rope {
@@ -902,6 +941,9 @@ impl Reference {
                             if self.l2_qk_norm {
                                 self.l2norm(head);
                             }
+                        }
+                        if let (true, Some(n)) = (self.qk_norm_after_rope, per_head_norm) {
+                            self.rmsnorm(head, n);
                         }
                     }
                 }

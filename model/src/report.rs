@@ -103,6 +103,8 @@ impl ModelSpec {
             Family::GraniteMoe => "Granite MoE",
             Family::Ernie45Moe => "ERNIE-4.5-MoE",
             Family::Phimoe => "Phi-3.5-MoE",
+            Family::HunyuanMoe => "Hunyuan-MoE",
+            Family::Dbrx => "DBRX",
         };
         writeln!(
             s,
@@ -141,6 +143,9 @@ impl ModelSpec {
             )?,
             QkNorm::L2AfterRope => {
                 writeln!(s, "  q/k norm: per-head L2 norm without weight, after RoPE, RoPE layers")?
+            }
+            QkNorm::PerHeadRmsAfterRope { weight_len } => {
+                writeln!(s, "  q/k norm: per-head RMSNorm, weight [{weight_len}], after RoPE")?
             }
         }
         if let Some(c) = a.clip_qkv {

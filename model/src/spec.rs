@@ -47,6 +47,14 @@ pub enum Family {
     /// `"phimoe"`: Phi-3.5-MoE (`modeling_phimoe.py`): `LayerNorms` with bias, attention and
     /// `lm_head` biases, the `sparsemixer` top-2 router, `LongRoPE`.
     Phimoe,
+    /// `"hunyuan_v1_moe"`: Tencent Hunyuan-A13B (`modeling_hunyuan_v1_moe.py`): per-head q/k
+    /// RMS norms AFTER RoPE, an f32 softmax router, an always-on shared MLP, RoPE's base
+    /// raised by the NTK `alpha`.
+    HunyuanMoe,
+    /// `"dbrx"`: Databricks DBRX (`modeling_dbrx.py`): its own config layout (`d_model`,
+    /// `attn_config`, `ffn_config`), `LayerNorms` without bias, one fused `Wqkv` clipped at
+    /// `clip_qkv`, experts stacked by rows (`w1`, `v1`, `w2`).
+    Dbrx,
 }
 
 impl Family {
@@ -68,6 +76,8 @@ impl Family {
         "granitemoe",
         "ernie4_5_moe",
         "phimoe",
+        "hunyuan_v1_moe",
+        "dbrx",
     ];
 
     /// The `model_type` string Hugging Face uses.
@@ -85,13 +95,15 @@ impl Family {
             Self::GraniteMoe => "granitemoe",
             Self::Ernie45Moe => "ernie4_5_moe",
             Self::Phimoe => "phimoe",
+            Self::HunyuanMoe => "hunyuan_v1_moe",
+            Self::Dbrx => "dbrx",
         }
     }
 
     /// Whether the checkpoint stores the routed experts fused, one tensor per matrix for all
     /// experts (`crate::weights::ExpertNames::Fused`), not a module per expert.
     pub fn experts_fused(self) -> bool {
-        matches!(self, Self::GptOss | Self::Llama4 | Self::GraniteMoe)
+        matches!(self, Self::GptOss | Self::Llama4 | Self::GraniteMoe | Self::Dbrx)
     }
 
     /// The causal-LM class named in `architectures`.
@@ -109,6 +121,8 @@ impl Family {
             Self::GraniteMoe => "GraniteMoeForCausalLM",
             Self::Ernie45Moe => "Ernie4_5_MoeForCausalLM",
             Self::Phimoe => "PhimoeForCausalLM",
+            Self::HunyuanMoe => "HunYuanMoEV1ForCausalLM",
+            Self::Dbrx => "DbrxForCausalLM",
         }
     }
 
@@ -377,6 +391,8 @@ pub enum QkNorm {
     /// the projection is viewed as `[.., heads, head_dim]` and before RoPE
     /// (`modeling_qwen3_moe.py`, `Qwen3MoeAttention.forward`).
     PerHeadRms { weight_len: u64 },
+    /// Hunyuan (`query_layernorm` / `key_layernorm`): as [`Self::PerHeadRms`], but AFTER RoPE.
+    PerHeadRmsAfterRope { weight_len: u64 },
     /// `OLMoE`: `q_norm` / `k_norm` are RMS norms over the whole q projection (`[heads *
     /// head_dim]`) and the whole k projection (`[kv_heads * head_dim]`), before the view as
     /// heads (`OlmoeAttention.forward`).
@@ -436,6 +452,11 @@ pub enum RopeScaling {
     /// most `original_max_position_embeddings`, the long factors past it; `cos`/`sin` times
     /// `short_mscale` / `long_mscale` likewise.
     LongRope(LongRope),
+    /// Hunyuan's `rope_scaling: {"type": "dynamic", "alpha": a}`
+    /// (`HunYuanMoEV1RotaryEmbedding`): the default frequencies of the base `theta *
+    /// alpha^(d / (d - 2))` (`d` = `head_dim`, Python floats), `cos`/`sin` unscaled. Dynamic NTK
+    /// would recompute them past `max_position_embeddings`, where no position goes.
+    NtkAlpha { alpha: f64 },
 }
 
 /// The parameters of [`RopeScaling::LongRope`].
@@ -465,11 +486,19 @@ impl RopeScaling {
     /// sequence of `seq_len` positions (only `LongRoPE` depends on it).
     pub fn inv_freq(&self, theta: f64, rotary_dim: u64, seq_len: u64) -> (Vec<f32>, f32) {
         let d = rotary_dim as usize;
+        let theta = match *self {
+            Self::NtkAlpha { alpha } => {
+                theta * alpha.powf(rotary_dim as f64 / (rotary_dim as f64 - 2.0))
+            }
+            _ => theta,
+        };
         // `base ** (torch.arange(0, dim, 2).float() / dim)`, all f32.
         let pos_freqs: Vec<f32> =
             (0..d / 2).map(|i| (theta as f32).powf((2 * i) as f32 / d as f32)).collect();
         match self {
-            Self::Default => (pos_freqs.iter().map(|p| 1.0 / p).collect(), 1.0),
+            Self::Default | Self::NtkAlpha { .. } => {
+                (pos_freqs.iter().map(|p| 1.0 / p).collect(), 1.0)
+            }
             Self::LongRope(l) => {
                 let long = seq_len > l.original_max_position_embeddings;
                 let (ext, mscale) = match long {

@@ -134,6 +134,9 @@ pub enum TensorRole {
     Linear,
     /// Fused experts stored `[experts, out, in]` (Granite): as [`Self::Linear`].
     ExpertsOutIn,
+    /// Experts' rows stacked `[experts * inputs, out]` in `x @ W` form (DBRX's `w2`): as
+    /// [`Self::Linear`] over `inputs`.
+    StackedInOut { inputs: usize },
     /// Bias: standard deviation 0.1.
     Bias,
     /// RMSNorm scale: uniform in `[0.8, 1.2]` (never zero, not all equal).
@@ -170,11 +173,11 @@ pub struct LayerNames {
 }
 
 impl LayerNames {
-    /// The q/k/v names of a grouped-query attention layer.
+    /// The q/k/v names of a grouped-query attention layer with a matrix each.
     pub fn gqa(&self) -> Option<&GqaNames> {
         match &self.qkv {
             QkvNames::Gqa(g) => Some(g),
-            QkvNames::Mla(_) => None,
+            QkvNames::Mla(_) | QkvNames::Fused { .. } => None,
         }
     }
 }
@@ -184,6 +187,11 @@ impl LayerNames {
 pub enum QkvNames {
     Gqa(GqaNames),
     Mla(MlaNames),
+    /// DBRX's `Wqkv`: q, k and v stacked by rows in one `[(heads + 2 * kv_heads) * head_dim,
+    /// hidden]` matrix, in that order, no bias.
+    Fused {
+        qkv: String,
+    },
 }
 
 /// `q_proj`, `k_proj`, `v_proj`, their biases and the q/k norms.
@@ -263,6 +271,11 @@ pub enum ExpertNames {
     PerExpert(Vec<MlpNames>),
     /// Every expert in one tensor per matrix, `x @ W` layout (gpt-oss).
     Fused(FusedExperts),
+    /// DBRX (`DbrxExpertGLU`'s `w1`, `v1`, `w2`): every expert's rows stacked in one 2-D
+    /// tensor per matrix, `[experts * intermediate, hidden]` each; expert `e`'s gate and up
+    /// are rows `e * I .. (e + 1) * I` of `gate` and `up` (`[out, in]`), its down projection
+    /// the same rows of `down` in `x @ W` form (`[in, out]`).
+    Stacked { gate: String, up: String, down: String },
 }
 
 impl ExpertNames {
@@ -270,7 +283,7 @@ impl ExpertNames {
     pub fn per_expert(&self) -> Option<&[MlpNames]> {
         match self {
             Self::PerExpert(m) => Some(m),
-            Self::Fused(_) => None,
+            Self::Fused(_) | Self::Stacked { .. } => None,
         }
     }
 }
@@ -326,6 +339,9 @@ pub const LM_HEAD: &str = "lm_head.weight";
 
 impl ModelNames {
     pub fn new(spec: &ModelSpec) -> Result<Self, WeightsError> {
+        if spec.family == Family::Dbrx {
+            return Ok(Self::dbrx(spec));
+        }
         let mut layers = Vec::with_capacity(spec.layers.len());
         for layer in &spec.layers {
             let p = format!("{}model.layers.{}.", spec.checkpoint_prefix, layer.index);
@@ -359,7 +375,9 @@ impl ModelNames {
                     | Family::Olmoe
                     | Family::GptOss
                     | Family::GraniteMoe
-                    | Family::Phimoe,
+                    | Family::Phimoe
+                    | Family::HunyuanMoe
+                    | Family::Dbrx,
                 ) => {
                     return Err(WeightsError::Unsupported {
                         what: format!(
@@ -379,10 +397,12 @@ impl ModelNames {
                         | Family::DeepseekV2
                         | Family::GptOss
                         | Family::Llama4
-                        | Family::Ernie45Moe => format!("{p}{ffn_module}."),
+                        | Family::Ernie45Moe
+                        | Family::HunyuanMoe => format!("{p}{ffn_module}."),
                         Family::Mixtral | Family::GraniteMoe | Family::Phimoe => {
                             format!("{p}block_sparse_moe.")
                         }
+                        Family::Dbrx => unreachable!("named by ModelNames::dbrx"),
                     };
                     let per_expert = (0..moe.num_experts).map(|e| {
                         let x = format!("{block}experts.{e}.");
@@ -393,7 +413,8 @@ impl ModelNames {
                             | Family::Olmoe
                             | Family::DeepseekV3
                             | Family::DeepseekV2
-                            | Family::Ernie45Moe => MlpNames {
+                            | Family::Ernie45Moe
+                            | Family::HunyuanMoe => MlpNames {
                                 gate: format!("{x}gate_proj.weight"),
                                 up: format!("{x}up_proj.weight"),
                                 down: format!("{x}down_proj.weight"),
@@ -403,7 +424,7 @@ impl ModelNames {
                                 up: format!("{x}w3.weight"),
                                 down: format!("{x}w2.weight"),
                             },
-                            Family::GptOss | Family::Llama4 | Family::GraniteMoe => {
+                            Family::GptOss | Family::Llama4 | Family::GraniteMoe | Family::Dbrx => {
                                 unreachable!("their experts are named fused, below")
                             }
                         }
@@ -436,10 +457,11 @@ impl ModelNames {
                         }
                     };
                     // gpt-oss and Llama 4 call the router `router`, Granite `router.layer`,
-                    // the others `gate`.
+                    // Hunyuan `gate.wg`, the others `gate`.
                     let router = match family {
                         Family::GptOss | Family::Llama4 => format!("{block}router."),
                         Family::GraniteMoe => format!("{block}router.layer."),
+                        Family::HunyuanMoe => format!("{block}gate.wg."),
                         _ => format!("{block}gate."),
                     };
                     // ERNIE keeps its correction bias in `moe_statics`, the others in the gate.
@@ -448,9 +470,11 @@ impl ModelNames {
                         _ => router.clone(),
                     };
                     // Qwen2-MoE's `shared_expert` (and `shared_expert_gate`); GLM-4.5's (and
-                    // `DeepSeek`'s) `shared_experts`, all of them one MLP.
+                    // `DeepSeek`'s) `shared_experts`, all of them one MLP; Hunyuan's
+                    // `shared_mlp`.
                     let shared_module = match family {
                         Family::Qwen2Moe | Family::Llama4 => "shared_expert",
+                        Family::HunyuanMoe => "shared_mlp",
                         _ => "shared_experts",
                     };
                     let shared = moe.shared.map(|s| SharedNames {
@@ -473,6 +497,11 @@ impl ModelNames {
                     }
                 }
             };
+            // Hunyuan names its q/k norms `query_layernorm` / `key_layernorm`.
+            let norm_names = match spec.family {
+                Family::HunyuanMoe => ("query_layernorm.weight", "key_layernorm.weight"),
+                _ => ("q_norm.weight", "k_norm.weight"),
+            };
             let qkv = match spec.attention.form {
                 AttentionForm::Gqa => QkvNames::Gqa(GqaNames {
                     q: a("q_proj.weight"),
@@ -481,8 +510,8 @@ impl ModelNames {
                     q_bias: qkv_bias.then(|| a("q_proj.bias")),
                     k_bias: qkv_bias.then(|| a("k_proj.bias")),
                     v_bias: qkv_bias.then(|| a("v_proj.bias")),
-                    q_norm: qk_norm.then(|| a("q_norm.weight")),
-                    k_norm: qk_norm.then(|| a("k_norm.weight")),
+                    q_norm: qk_norm.then(|| a(norm_names.0)),
+                    k_norm: qk_norm.then(|| a(norm_names.1)),
                 }),
                 AttentionForm::Mla(m) => QkvNames::Mla(MlaNames {
                     query: match m.q_lora_rank {
@@ -524,6 +553,52 @@ impl ModelNames {
             },
             lm_head_bias: spec.lm_head_bias.then(|| format!("{prefix}lm_head.bias")),
         })
+    }
+}
+
+impl ModelNames {
+    /// DBRX's names (`DbrxForCausalLM`): the model under `transformer.`, each layer a
+    /// `blocks.{i}` of `norm_attn_norm` (`norm_1`, `attn.Wqkv`, `attn.out_proj`, `norm_2`:
+    /// `LayerNorms` without bias) and `ffn` (`router.layer`, `experts.mlp.{w1,v1,w2}`).
+    fn dbrx(spec: &ModelSpec) -> Self {
+        let layers = spec
+            .layers
+            .iter()
+            .map(|layer| {
+                let p = format!("transformer.blocks.{}.", layer.index);
+                let n = |s: &str| format!("{p}norm_attn_norm.{s}");
+                let experts = |m: &str| format!("{p}ffn.experts.mlp.{m}");
+                LayerNames {
+                    input_norm: n("norm_1.weight"),
+                    input_norm_bias: None,
+                    qkv: QkvNames::Fused { qkv: n("attn.Wqkv.weight") },
+                    o: n("attn.out_proj.weight"),
+                    o_bias: None,
+                    sinks: None,
+                    post_norm: n("norm_2.weight"),
+                    post_norm_bias: None,
+                    ffn: FfnNames::Moe {
+                        router: format!("{p}ffn.router.layer.weight"),
+                        router_bias: None,
+                        correction_bias: None,
+                        experts: ExpertNames::Stacked {
+                            gate: experts("w1"),
+                            up: experts("v1"),
+                            down: experts("w2"),
+                        },
+                        shared: None,
+                    },
+                }
+            })
+            .collect();
+        Self {
+            embed: "transformer.wte.weight".into(),
+            layers,
+            final_norm: "transformer.norm_f.weight".into(),
+            final_norm_bias: None,
+            lm_head: LM_HEAD.into(),
+            lm_head_bias: None,
+        }
     }
 }
 
@@ -586,7 +661,10 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
                 let per_head = (m.qk_nope_head_dim + m.v_head_dim) as usize;
                 t(&n.kv_b, vec![heads * per_head, lora], Linear);
             }
-            (QkvNames::Mla(_), AttentionForm::Gqa) => {
+            (QkvNames::Fused { qkv }, AttentionForm::Gqa) => {
+                t(qkv, vec![q_out + 2 * kv_out, h], Linear);
+            }
+            (QkvNames::Mla(_) | QkvNames::Fused { .. }, _) => {
                 unreachable!("ModelNames follows the attention form")
             }
         }
@@ -600,7 +678,10 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
         if let Some(g) = ln.gqa() {
             let (q_norm, k_norm) = match spec.attention.qk_norm {
                 QkNorm::WholeRms { q_len, k_len } => (q_len as usize, k_len as usize),
-                QkNorm::None | QkNorm::PerHeadRms { .. } | QkNorm::L2AfterRope => (hd, hd),
+                QkNorm::None
+                | QkNorm::PerHeadRms { .. }
+                | QkNorm::PerHeadRmsAfterRope { .. }
+                | QkNorm::L2AfterRope => (hd, hd),
             };
             if let Some(n) = &g.q_norm {
                 t(n, vec![q_norm], Norm);
@@ -661,6 +742,12 @@ pub fn tensor_layout(spec: &ModelSpec) -> Result<Vec<TensorSpec>, WeightsError> 
                         if let Some(b) = &f.down_bias {
                             t(b, vec![e, h], Bias);
                         }
+                    }
+                    // `DbrxExpertGLU.__init__` order; `w2`'s inputs are its rows.
+                    ExpertNames::Stacked { gate, up, down } => {
+                        t(gate, vec![e * inter, h], Linear);
+                        t(up, vec![e * inter, h], Linear);
+                        t(down, vec![e * inter, h], StackedInOut { inputs: inter });
                     }
                 }
                 if let (Some(names), Some(s)) = (shared, &moe.shared) {
@@ -816,6 +903,20 @@ pub struct Tensor {
 }
 
 impl Tensor {
+    /// Rows `rows` of a 2-D tensor.
+    pub fn rows(&self, rows: std::ops::Range<usize>) -> Tensor {
+        let cols = self.shape[1];
+        let data = self.data[rows.start * cols..rows.end * cols].to_vec();
+        Tensor { shape: vec![rows.len(), cols], data }
+    }
+
+    /// A 2-D tensor transposed.
+    pub fn transposed(&self) -> Tensor {
+        let (r, c) = (self.shape[0], self.shape[1]);
+        let data = (0..c).flat_map(|j| (0..r).map(move |i| self.data[i * c + j])).collect();
+        Tensor { shape: vec![c, r], data }
+    }
+
     /// Whether every value is exactly representable in bf16.
     pub fn is_bf16_valued(&self) -> bool {
         self.data.iter().all(|&x| round_bf16(x).to_bits() == x.to_bits() || x.is_nan())
@@ -891,6 +992,9 @@ impl Weights {
                             // `[out, in]`, or fused experts' `[experts, in, out]`.
                             TensorRole::Linear => u * sqrt3 / (ts.shape[1] as f32).sqrt(),
                             TensorRole::ExpertsOutIn => u * sqrt3 / (ts.shape[2] as f32).sqrt(),
+                            TensorRole::StackedInOut { inputs } => {
+                                u * sqrt3 / (inputs as f32).sqrt()
+                            }
                             TensorRole::Bias => u * sqrt3 * 0.1,
                             TensorRole::Norm => 1.0 + 0.2 * u,
                             TensorRole::Logit => u * sqrt3,

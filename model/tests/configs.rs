@@ -830,3 +830,122 @@ fn phi_3_5_moe() {
     assert_eq!(p.active(), 6_640_999_744);
     assert!(close(p.total(), 42e9, 0.01) && close(p.active(), 6.6e9, 0.01));
 }
+
+/// Hunyuan-A13B-Instruct as shipped (`hunyuan_v1_moe`, the per-layer lists of its hub file):
+/// 32 layers of 64 experts top-8 of intermediate 3072 plus the shared MLP, per-head q/k
+/// norms after RoPE, RoPE's base raised by `alpha` 1000. Its card: 80B total, 13B active.
+#[test]
+fn hunyuan_a13b() {
+    use palladium_model::spec::RouterPrecision;
+    let s = spec("hunyuan-a13b-instruct.json");
+    assert_eq!(s.family, Family::HunyuanMoe);
+    assert_eq!(s.attention.qk_norm, QkNorm::PerHeadRmsAfterRope { weight_len: 128 });
+    assert_eq!(s.attention.rope.scaling, RopeScaling::NtkAlpha { alpha: 1000.0 });
+    for l in &s.layers {
+        let m = moe(&s, l.index);
+        assert_eq!((m.num_experts, m.top_k, m.intermediate), (64, 8, 3072));
+        assert_eq!(m.shared.map(|s| (s.intermediate, s.sigmoid_gate)), Some((3072, false)));
+        assert_eq!(m.routing.precision, RouterPrecision::F32Logits);
+        assert_eq!(m.routing.top_k_weights, TopKWeights::Renormalized);
+    }
+    // `alpha` raises the base to 10000 * 1000^(128/126): the slowest frequency far slower.
+    let (inv, factor) = s.attention.rope.scaling.inv_freq(1e4, 128, 0);
+    let base = 1e4 * 1000f64.powf(128.0 / 126.0);
+    assert_eq!(factor, 1.0);
+    assert!(((inv[63] as f64) - base.powf(-126.0 / 128.0)).abs() < 1e-12);
+    let p = s.params();
+    eprintln!("hunyuan-a13b: {} parameters, {} active", p.total(), p.active());
+    assert!(close(p.total(), 80e9, 0.02), "total {}", p.total());
+    assert!(close(p.active(), 13e9, 0.03), "active {}", p.active());
+}
+
+/// Hunyuan's per-layer lists must describe the model transformers builds: one shared MLP and
+/// experts of `intermediate_size`, one entry per layer; `use_cla` and a `"dynamic"` RoPE
+/// without `alpha` are refused by name.
+#[test]
+fn hunyuan_refusals_name_the_field() {
+    for (key, value, field) in [
+        ("moe_intermediate_size", json!([128, 64, 128]), "moe_intermediate_size[1]"),
+        ("num_shared_expert", json!(2), "num_shared_expert[0]"),
+        ("moe_topk", json!([2, 2]), "moe_topk"),
+        ("moe_topk", json!([2, 9, 2]), "moe_topk[1]"),
+        ("use_cla", json!(true), "use_cla"),
+        ("use_qk_norm", json!(false), "use_qk_norm"),
+        ("rope_scaling", json!({"type": "dynamic", "factor": 2.0}), "rope_scaling.alpha"),
+        ("rope_scaling", json!({"type": "linear", "factor": 2.0}), "rope_scaling"),
+        ("head_dim", serde_json::Value::Null, "head_dim"),
+    ] {
+        let err = edited("tiny-hunyuan-moe.json", &[(key, Some(value.clone()))])
+            .expect_err(&format!("{key}: {value}"))
+            .to_string();
+        assert!(err.contains(field), "{key}: {value}: {err}");
+    }
+}
+
+/// DBRX-instruct as shipped (`dbrx`, its own config layout): 40 layers of 16 experts top-4
+/// (intermediate 10752), `d_model` 6144, 48 heads / 8 KV heads of 128, `clip_qkv` 8, RoPE base
+/// 500000, `LayerNorms` without bias. Its card: 132B total, 36B active.
+#[test]
+fn dbrx_instruct() {
+    use palladium_model::spec::NormKind;
+    let s = spec("dbrx-instruct.json");
+    assert_eq!(s.family, Family::Dbrx);
+    assert_eq!((s.hidden_size, s.vocab_size, s.max_position_embeddings), (6144, 100352, 32768));
+    assert_eq!(
+        (s.attention.num_heads, s.attention.num_kv_heads, s.attention.head_dim),
+        (48, 8, 128)
+    );
+    assert_eq!((s.attention.clip_qkv, s.attention.rope.theta), (Some(8.0), 500000.0));
+    assert_eq!(s.norm.kind, NormKind::Layer { bias: false });
+    assert_eq!(s.lm_head, LmHead::Untied);
+    assert_eq!(s.layers.len(), 40);
+    for l in &s.layers {
+        let m = moe(&s, l.index);
+        assert_eq!((m.num_experts, m.top_k, m.intermediate), (16, 4, 10752));
+        assert_eq!(m.routing.top_k_weights, TopKWeights::Renormalized);
+    }
+    assert_eq!(
+        s.defaulted.get("ffn_config.moe_normalize_expert_weights").map(String::as_str),
+        Some("1")
+    );
+    let p = s.params();
+    eprintln!("dbrx-instruct: {} parameters, {} active", p.total(), p.active());
+    assert!(close(p.total(), 132e9, 0.01), "total {}", p.total());
+    assert!(close(p.active(), 36e9, 0.02), "active {}", p.active());
+}
+
+/// DBRX's sub-configs refuse what transformers refuses (an unknown key, a tied head) and what
+/// is not implemented (another activation, a p-norm other than 1), naming the field.
+#[test]
+fn dbrx_refusals_name_the_field() {
+    let sub = |key: &str, extra: serde_json::Value| {
+        let mut v = fixture_json("tiny-dbrx.json");
+        let obj = v[key].as_object_mut().expect("sub-config");
+        for (k, x) in extra.as_object().expect("object") {
+            obj.insert(k.clone(), x.clone());
+        }
+        v
+    };
+    for (config, field) in [
+        (sub("attn_config", json!({"qk_ln": true})), "attn_config.qk_ln"),
+        (
+            sub("ffn_config", json!({"moe_normalize_expert_weights": 2.0})),
+            "ffn_config.moe_normalize_expert_weights",
+        ),
+        (sub("ffn_config", json!({"ffn_act_fn": {"name": "gelu"}})), "ffn_config.ffn_act_fn.name"),
+        (sub("ffn_config", json!({"moe_top_k": 9})), "ffn_config.moe_top_k"),
+        (sub("attn_config", json!({"kv_n_heads": 3})), "attn_config.kv_n_heads"),
+    ] {
+        let err = ModelSpec::from_json(&config).expect_err(field).to_string();
+        assert!(err.contains(field), "{field}: {err}");
+    }
+    let err = edited("tiny-dbrx.json", &[("tie_word_embeddings", Some(json!(true)))])
+        .expect_err("tied")
+        .to_string();
+    assert!(err.contains("tie_word_embeddings"), "{err}");
+    // `null` leaves the top-k weights raw.
+    let raw =
+        ModelSpec::from_json(&sub("ffn_config", json!({"moe_normalize_expert_weights": null})))
+            .unwrap();
+    assert_eq!(moe(&raw, 0).routing.top_k_weights, TopKWeights::Raw);
+}

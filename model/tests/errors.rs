@@ -153,13 +153,13 @@ fn cases() -> Vec<(&'static str, Edits, &'static str, &'static str)> {
             Q,
             vec![del("model_type")],
             "model_type",
-            "missing required field \"model_type\" (supported: qwen3_moe, mixtral, deepseek_v3, kimi_k2, deepseek_v2, qwen2_moe, glm4_moe, olmoe, gpt_oss, llama4_text, llama4, granitemoe, ernie4_5_moe, phimoe)",
+            "missing required field \"model_type\" (supported: qwen3_moe, mixtral, deepseek_v3, kimi_k2, deepseek_v2, qwen2_moe, glm4_moe, olmoe, gpt_oss, llama4_text, llama4, granitemoe, ernie4_5_moe, phimoe, hunyuan_v1_moe, dbrx)",
         ),
         (
             Q,
             vec![set("model_type", json!("llama"))],
             "model_type",
-            "unsupported value \"llama\" (supported: qwen3_moe, mixtral, deepseek_v3, kimi_k2, deepseek_v2, qwen2_moe, glm4_moe, olmoe, gpt_oss, llama4_text, llama4, granitemoe, ernie4_5_moe, phimoe)",
+            "unsupported value \"llama\" (supported: qwen3_moe, mixtral, deepseek_v3, kimi_k2, deepseek_v2, qwen2_moe, glm4_moe, olmoe, gpt_oss, llama4_text, llama4, granitemoe, ernie4_5_moe, phimoe, hunyuan_v1_moe, dbrx)",
         ),
         (Q, vec![set("model_type", json!(3))], "model_type", "expected a string, got 3"),
         (

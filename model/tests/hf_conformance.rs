@@ -270,6 +270,22 @@ fn phimoe_matches_transformers() {
     check("fixtures/models/tiny-phimoe.json", 3, &[1, 17, 300, 42, 5], 10);
 }
 
+/// Hunyuan-MoE (`hunyuan_v1_moe`, the shipped config's per-layer lists): per-head q/k RMS
+/// norms AFTER RoPE, RoPE's base raised by `alpha` 1000 (`"dynamic"`), the f32 softmax router
+/// renormalised over the top 2 with its weights cast to bf16, the ungated shared MLP.
+#[test]
+fn hunyuan_moe_matches_transformers() {
+    check("fixtures/models/tiny-hunyuan-moe.json", 7, &[1, 17, 300, 42, 5], 10);
+}
+
+/// DBRX: its own config layout, `LayerNorms` without bias, the fused `Wqkv` clamped at
+/// `clip_qkv` 1.5 (reached by the tiny model's O(1) activations), the softmax top-4 of 8
+/// experts divided by their sum (`moe_normalize_expert_weights` 1), experts stacked by rows.
+#[test]
+fn dbrx_matches_transformers() {
+    check("fixtures/models/tiny-dbrx.json", 7, &[1, 17, 300, 42, 5], 10);
+}
+
 #[test]
 fn mixtral_matches_transformers() {
     check("fixtures/models/tiny-mixtral.json", 11, &[3, 99, 250, 7], 10);

@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -47,9 +48,10 @@ def reinit(model, seed):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            # `*norm.weight`, and DBRX's `norm_1` / `norm_2` / `norm_f`.
+            if re.search(r"norm(_\w+)?\.weight$", name):
                 p.copy_(0.8 + 0.4 * torch.rand(p.shape, generator=g))
-            elif name.endswith("embed_tokens.weight"):
+            elif name.endswith("embed_tokens.weight") or name.endswith("wte.weight"):
                 p.copy_(torch.randn(p.shape, generator=g))
             elif name.endswith(".bias") or name.endswith("_bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
@@ -189,8 +191,10 @@ def main():
         m = AutoModelForCausalLM.from_pretrained(load_dir, torch_dtype=dtype, attn_implementation="eager")
         m.eval()
         ids, steps = greedy(m, prompt, args.steps)
-        # Phi-3.5-MoE's rotary embedding computes its (f32) inv_freq in every call.
-        inv_freq = getattr(m.model.rotary_emb, "inv_freq", torch.zeros(0, dtype=torch.float32))
+        # Phi-3.5-MoE's rotary embedding computes its (f32) inv_freq in every call; DBRX's
+        # (under `transformer`) is each attention's own.
+        rotary = getattr(getattr(m, "model", None), "rotary_emb", None)
+        inv_freq = getattr(rotary, "inv_freq", torch.zeros(0, dtype=torch.float32))
         result = {
             "generated_ids": ids,
             "steps": steps,

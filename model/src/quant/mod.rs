@@ -426,6 +426,7 @@ impl WeightsDtype {
             let qkv = match &layer.qkv {
                 QkvNames::Gqa(g) => vec![&g.q, &g.k, &g.v],
                 QkvNames::Mla(m) => m.linears(),
+                QkvNames::Fused { qkv } => vec![qkv],
             };
             for n in qkv.into_iter().chain([&layer.o]) {
                 add(n, dense);
