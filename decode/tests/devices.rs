@@ -197,6 +197,14 @@ fn tiny_glm4_moe_gives_the_same_tokens_on_1_and_2_devices() {
     same_tokens_on_devices("tiny-glm4-moe", &spec("tiny-glm4-moe"), &[0, 1], &[2], ExpertSplit::Ep);
 }
 
+/// GLM-4.5 with sizes padded to 128-lane tiles (hidden 192, intermediates 80 and 200): on
+/// 2 devices each holds 128 of the dense MLP's and the shared expert's padded columns.
+#[test]
+fn tiny_glm4_moe_with_padded_sizes_on_1_and_2_devices() {
+    let s = spec("tiny-glm4-moe-padded");
+    same_tokens_on_devices("tiny-glm4-moe-padded", &s, &[0], &[2], ExpertSplit::Ep);
+}
+
 /// Qwen3-MoE with `attention_bias` (q/k/v biases and `o_proj`'s, the `o_bias` operand):
 /// on 2 devices `o_proj`'s bias is added once, after the attention output's all-reduce.
 #[test]

@@ -167,6 +167,14 @@ fn glm4_moe_matches_transformers() {
     check("fixtures/models/tiny-glm4-moe.json", 13, &[4, 23, 280, 11, 63], 10);
 }
 
+/// GLM-4.5 with sizes that fill no 128-lane tile (hidden 192, expert and shared expert
+/// intermediate 80, dense intermediate 200): the megakernel pads them with zeros, its RMS
+/// norms divide by the model's 192.
+#[test]
+fn glm4_moe_with_padded_sizes_matches_transformers() {
+    check("fixtures/models/tiny-glm4-moe-padded.json", 7, &[4, 23, 280, 11, 63], 10);
+}
+
 /// `OLMoE`: q/k RMS norms over the whole q and k projections (a row of each weight per
 /// head), raw top-k weights.
 #[test]
