@@ -207,7 +207,7 @@ fn choose_experts(dims: &Dims, n: u64, layers: u64, hbm: u64) -> Result<ExpertCh
         }
         (false, false) => (ep, "neither split's experts fit the device's HBM; EP stores no more"),
         _ if tp_step_bytes < ep_step_bytes => (tp, "TP streams fewer bytes"),
-        _ => (ep, "EP streams no more bytes and pads no expert"),
+        _ => (ep, "EP streams no more bytes, whole experts"),
     };
     Ok(ExpertChoice { reason: format!("{why}: {both}; {stored}"), ..choice })
 }

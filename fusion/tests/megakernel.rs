@@ -624,7 +624,11 @@ fn sizes_that_fill_no_tile_are_padded() {
     let two = PlanOptions { devices: 2, ..options(Chip::V6e, 1, 256, None) };
     let p2 = Plan::new(&s, &two).unwrap();
     assert_eq!(sizes(&p2.dims), (256, 128, Some(128), Some(128)));
-    assert!(report::text(&p2).contains("padding to native tiles"));
+    let text = report::text(&p2);
+    assert!(
+        text.contains("padding to native tiles: hidden 192 -> 256, expert intermediate 80 -> 128, shared expert intermediate 80 -> 256 (128 per device), dense-MLP intermediate 200 -> 256 (128 per device), zero"),
+        "{text}"
+    );
     for weights in [WeightsDtype::Int8, WeightsDtype::Fp8] {
         let o = PlanOptions { weights, ..options(Chip::V6e, 1, 256, None) };
         assert_eq!(sizes(&Plan::new(&s, &o).unwrap().dims), sizes(d), "{weights:?}");
