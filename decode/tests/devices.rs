@@ -197,6 +197,14 @@ fn tiny_glm4_moe_gives_the_same_tokens_on_1_and_2_devices() {
     same_tokens_on_devices("tiny-glm4-moe", &spec("tiny-glm4-moe"), &[0, 1], &[2], ExpertSplit::Ep);
 }
 
+/// GLM-4.5 with sizes padded to 128-lane tiles (hidden 192, intermediates 80 and 200): on
+/// 2 devices each holds 128 of the dense MLP's and the shared expert's padded columns.
+#[test]
+fn tiny_glm4_moe_with_padded_sizes_on_1_and_2_devices() {
+    let s = spec("tiny-glm4-moe-padded");
+    same_tokens_on_devices("tiny-glm4-moe-padded", &s, &[0], &[2], ExpertSplit::Ep);
+}
+
 /// Qwen3-MoE with `attention_bias` (q/k/v biases and `o_proj`'s, the `o_bias` operand):
 /// on 2 devices `o_proj`'s bias is added once, after the attention output's all-reduce.
 #[test]
@@ -255,6 +263,24 @@ fn tiny_qwen3_moe_with_tensor_parallel_experts_gives_the_same_tokens() {
         &[2, 4],
         ExpertSplit::Tp,
     );
+}
+
+/// Tiny Qwen3-MoE with sizes padded to 128-lane tiles (hidden 192, expert intermediate
+/// 400), experts split inside (TP): 256 padded columns per device on 2 devices (device 1
+/// holds columns 256..400 and zeros), 128 on 4 (device 3 holds 384..400).
+fn padded_qwen3_moe() -> ModelSpec {
+    let path = format!("{}/../fixtures/models/tiny-qwen3-moe.json", env!("CARGO_MANIFEST_DIR"));
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["hidden_size"] = 192.into();
+    v["moe_intermediate_size"] = 400.into();
+    ModelSpec::from_json(&v).unwrap()
+}
+
+#[test]
+fn tiny_qwen3_moe_with_padded_tensor_parallel_experts_gives_the_same_tokens() {
+    let s = padded_qwen3_moe();
+    same_tokens_on_devices("tiny-qwen3-moe (padded)", &s, &[0], &[2, 4], ExpertSplit::Tp);
 }
 
 /// The decoder of `s` on `devices` devices with `w`'s shares.
@@ -413,6 +439,16 @@ fn quantized_weights_on_several_devices_match_the_reference() {
             &[WeightsDtype::Fp8],
         ),
         ("tiny-qwen3-moe (intermediate 512)", wide, 4, ExpertSplit::Tp, &[WeightsDtype::Int4]),
+        // Padded sizes: each device's groups hold the checkpoint's partial last tile or
+        // group (columns 384..400) beside zero codes.
+        (
+            "tiny-qwen3-moe (padded)",
+            padded_qwen3_moe(),
+            2,
+            ExpertSplit::Tp,
+            &[WeightsDtype::Int8, WeightsDtype::Fp8],
+        ),
+        ("tiny-qwen3-moe (padded)", padded_qwen3_moe(), 4, ExpertSplit::Tp, &[WeightsDtype::Int4]),
     ];
     for (name, s, devices, split, dtypes) in cases {
         let w = Weights::random(&s, 3).unwrap();

@@ -167,6 +167,17 @@ fn glm4_moe_matches_transformers() {
     check("fixtures/models/tiny-glm4-moe.json", 13, &[4, 23, 280, 11, 63], 10);
 }
 
+/// GLM-4.5 with sizes that fill no 128-lane tile (hidden 192, expert and shared expert
+/// intermediate 80, dense intermediate 200): the megakernel pads them with zeros, its RMS
+/// norms divide by the model's 192. Seed 7: with seed 13 (`glm4_moe`'s) the f32 router
+/// margin reaches 0 and step 2's logits are 0.063 from transformers' bf16 ones (tolerance
+/// 0.054; 0.033 from its f32 ones, not taken where its bf16 and f32 agree within the
+/// tolerance); `layer_kinds.rs` holds seed 13 to the relative L2 rule on 1 and 2 devices.
+#[test]
+fn glm4_moe_with_padded_sizes_matches_transformers() {
+    check("fixtures/models/tiny-glm4-moe-padded.json", 7, &[4, 23, 280, 11, 63], 10);
+}
+
 /// `OLMoE`: q/k RMS norms over the whole q and k projections (a row of each weight per
 /// head), raw top-k weights.
 #[test]

@@ -128,6 +128,15 @@ fn decoder_sparse_step_matches_transformers_on_1_and_2_devices() {
     check("fixtures/models/tiny-qwen3-moe-sparse-step-2.json", &[0, 2], 9, &[3, 99, 250, 7], 4);
 }
 
+/// GLM-4.5 with sizes that fill no 128-lane tile (hidden 192, expert and shared expert
+/// intermediate 80, its dense first layer's 200), padded with zeros by the megakernel (its
+/// RMS norms dividing by the model's 192), on 1 and 2 devices (each holding 128 of the
+/// dense MLP's and the shared expert's padded columns).
+#[test]
+fn padded_sizes_match_transformers_on_1_and_2_devices() {
+    check("fixtures/models/tiny-glm4-moe-padded.json", &[0], 13, &[4, 23, 280, 11, 63], 10);
+}
+
 /// Quantized weights (int8, fp8; quantized at load) with dense-MLP layers: the dense MLP's
 /// codes and scales as an expert's, on 1 and 2 devices, against the reference forward pass
 /// on the dequantized weights within the project's logits tolerance (the `--check` rules).

@@ -76,6 +76,21 @@ fn quantized_shared_experts_match_the_reference_on_dequantized_weights() {
     }
 }
 
+/// Sizes padded to 128-lane tiles with quantized weights (tiny GLM-4.5 of hidden 192,
+/// intermediates 80 and 200): fp8's 128x128 tiles and int8's channels end inside the
+/// padded blocks, whose codes are zero, so each group's scale is the checkpoint tile's.
+#[test]
+fn quantized_padded_sizes_match_the_reference_on_dequantized_weights() {
+    let spec = fixture("tiny-glm4-moe-padded");
+    let weights = Weights::random(&spec, 5).unwrap();
+    for dtype in [WeightsDtype::Int8, WeightsDtype::Fp8] {
+        let quantized = QuantizedWeights::quantize(&spec, &weights, dtype).unwrap();
+        let c = run_and_compare(&spec, &quantized, 4);
+        println!("tiny-glm4-moe-padded {}: {}", dtype.name(), c.summary());
+        assert!(c.passed(), "tiny-glm4-moe-padded {}: {}", dtype.name(), c.summary());
+    }
+}
+
 #[test]
 fn weights_of_another_dtype_are_refused_when_packing() {
     let spec = fixture("tiny-qwen3-moe");

@@ -46,7 +46,9 @@
 //! rounded up to 128, `E` experts, `I` expert intermediate, `cw` = [`layout::StreamLayout::chunk_cols`],
 //! `n` = dense chunks per layer, `C` = `I / expert_block`, `T` = cache positions; where
 //! dense-MLP layers sit among the MoE layers, `L_moe` and `L_dense` count each kind,
-//! `C_d` = `intermediate_size / expert_block`):
+//! `C_d` = `intermediate_size / expert_block`; `H`, `I`, `S` and `intermediate_size` are
+//! the kernel's sizes, rounded up to 128 lanes where the model's fill no tile, the padding
+//! zero: [`options::Dims::tiled`], `docs/megakernel.md`'s Padding):
 //!
 //! | # | name | type | space | content |
 //! |---|---|---|---|---|

@@ -222,6 +222,25 @@ impl Dims {
         if self.correction_bias { 4 * 8 * self.experts_pad } else { 0 }
     }
 
+    /// The kernel's sizes of these (per-device) dims: the hidden size and every
+    /// intermediate size rounded up to whole 128-lane tiles, a shared expert's to whole
+    /// experts' (its chunks stream as entries of `w_experts`). The padding is zero in
+    /// every weight (the source maps map it to no checkpoint element): padded hidden lanes
+    /// of the residual stream stay zero (the embedding, `o_proj` and the down projections
+    /// write none there; the RMS norms divide by the model's size), and padded
+    /// intermediate columns add `silu(0) * 0 = 0`. The plan's `model_dims` keep the
+    /// model's sizes.
+    pub fn tiled(self) -> Dims {
+        let intermediate = round_up(self.intermediate, 128);
+        Dims {
+            hidden: round_up(self.hidden, 128),
+            intermediate,
+            dense_intermediate: self.dense_intermediate.map(|i| round_up(i, 128)),
+            shared_intermediate: self.shared_intermediate.map(|s| round_up(s, intermediate)),
+            ..self
+        }
+    }
+
     /// The most distinct experts a step's rows choose, `min(experts, batch * K * top_k)`
     /// (of this device's): the expert stream's static worst case.
     pub fn distinct_experts(&self) -> u64 {

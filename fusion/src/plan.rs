@@ -220,6 +220,10 @@ pub struct Traffic {
     /// The MoE layers' correction-bias rows, one copy per layer (0 without them).
     #[serde(skip_serializing_if = "is_zero")]
     pub correction_bias: u64,
+    /// Of the weight bytes above, the zero padding of the sizes that do not fill native
+    /// tiles (`Dims::tiled`): each stream's padded share (0 where every size fills them).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub padding: u64,
     pub total: u64,
     /// The model's own count for the same step (`ModelSpec::decode_traffic`, unpadded).
     pub model_total: f64,
@@ -394,6 +398,7 @@ impl Plan {
         let moe_layers = layer_ffns.count(Ffn::RoutedExperts) as usize;
         let model_dims = dims.clone();
         let (dims, split) = shard::split(dims, options, moe_layers)?;
+        let dims = dims.tiled();
         let extracted = rewrites(spec, &dims)?;
         let layout = stream_layout(spec, options, &layer_ffns, &dims, &extracted)?;
         let rings = prefetch_schedule(options, layers, &dims, &layout);
@@ -419,7 +424,13 @@ impl Plan {
             &dims,
             &layout,
         )?;
-        let traffic = traffic(spec, options, &layer_ffns, &dims, &layout, block_kv)?;
+        let mut traffic = traffic(spec, options, &layer_ffns, &dims, &layout, block_kv)?;
+        // TP experts split each expert's columns over the devices; EP keeps them whole.
+        let expert_ways = match &split {
+            Some((_, e)) if e.split == shard::ExpertSplit::Tp => options.devices,
+            _ => 1,
+        };
+        traffic.padding = padding_bytes(&traffic, &model_dims, &dims, options.devices, expert_ways);
         let sharding =
             split.map(|split| shard::sharding(options, layers, &dims, vocab, split)).transpose()?;
         let model = if layer_ffns.all_routed() {
@@ -651,14 +662,6 @@ fn supported<'s>(
             spec.family.model_type()
         )));
     }
-    if let Some(shared) = moe.shared
-        && !shared.intermediate.is_multiple_of(moe.intermediate)
-    {
-        return Err(PlanError::Unsupported(format!(
-            "shared expert intermediate size {} (shared_expert_intermediate_size): must be a multiple of the experts' {} (its chunks stream as an expert's)",
-            shared.intermediate, moe.intermediate
-        )));
-    }
     if !layer_ffns.all_routed() {
         // The dense MLP's chunks go through the expert ring, so its codes must be the
         // experts': int4's scheme keeps a dense MLP int8 (the dense weights' format).
@@ -668,25 +671,9 @@ fn supported<'s>(
                 layer_ffns.layers_of(Ffn::DenseMlp)
             )));
         }
-        let i = dense_intermediate(spec).unwrap_or(0);
-        if i == 0 || !i.is_multiple_of(128) {
-            return Err(PlanError::Unsupported(format!(
-                "intermediate_size {i} of the dense-MLP layers ({dense_fields}): must be a multiple of 128"
-            )));
-        }
     }
     if !a.head_dim.is_multiple_of(2) || a.head_dim > 256 {
         return Err(PlanError::Unsupported(format!("head_dim {}", a.head_dim)));
-    }
-    let h = spec.hidden_size;
-    if !h.is_multiple_of(128) {
-        return Err(PlanError::Unsupported(format!("hidden_size {h} (must be a multiple of 128)")));
-    }
-    if moe.intermediate % 128 != 0 {
-        return Err(PlanError::Unsupported(format!(
-            "expert intermediate size {} (must be a multiple of 128)",
-            moe.intermediate
-        )));
     }
     Ok((layers, kind, moe, layer_ffns))
 }
@@ -1389,6 +1376,29 @@ fn weight_traffic(
     ))
 }
 
+/// The zero padding among `t`'s weight bytes per step ([`Dims::tiled`]): each stream's
+/// share of padded hidden lanes and intermediate columns, the model's sizes (`model`)
+/// against all devices' (`dims`, per device, times the devices the stream's columns are
+/// split over: `expert_ways` for the routed experts, every device for a shared expert and a
+/// dense MLP), at the same worst case of routing as the stream.
+fn padding_bytes(t: &Traffic, model: &Dims, dims: &Dims, devices: u64, expert_ways: u64) -> u64 {
+    let padded = |bytes: u64, model_area: u64, area: u64| {
+        (bytes as u128 * (area - model_area.min(area)) as u128 / area.max(1) as u128) as u64
+    };
+    let (h, mh) = (dims.hidden, model.hidden);
+    // The shared expert's entries are read whole in every MoE layer.
+    let shared_entries = dims.shared_intermediate.map_or(0, |s| s / dims.intermediate);
+    let fetched = dims.distinct_experts() + shared_entries;
+    let shared = t.experts / fetched.max(1) * shared_entries;
+    let ffn = |bytes: u64, model_cols: Option<u64>, cols: Option<u64>, ways: u64| {
+        padded(bytes, mh * model_cols.unwrap_or(0), h * ways * cols.unwrap_or(0))
+    };
+    padded(t.dense + t.lm_head + t.embedding, mh, h)
+        + ffn(t.experts - shared, Some(model.intermediate), Some(dims.intermediate), expert_ways)
+        + ffn(shared, model.shared_intermediate, dims.shared_intermediate, devices)
+        + ffn(t.mlp, model.dense_intermediate, dims.dense_intermediate, devices)
+}
+
 /// The 16-row groups written back from a KV tile holding new rows: one for one token; for
 /// K > 1, two (K <= 16 rows span at most two groups), one where the tile is one group.
 pub fn written_groups(tokens_per_seq: u64, block_kv: u64) -> u64 {
@@ -1535,6 +1545,7 @@ fn traffic(
         head_norms,
         qkv_bias,
         correction_bias,
+        padding: 0,
         total: step_total,
         model_total,
         floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(),

@@ -80,6 +80,7 @@ pub fn text(p: &Plan) -> String {
         gb(t.embedding as f64),
         gb(t.head_norms as f64)
     );
+    padding(&mut s, p);
     let _ = writeln!(
         s,
         "expert bytes per step: {} at the static worst case of {} distinct experts per layer (min(E, batch x K x top_k), each fetched once), {} without dedupe ({} fetches per layer), {} expected under uniform routing",
@@ -226,6 +227,44 @@ pub fn text(p: &Plan) -> String {
         );
     }
     s
+}
+
+/// The sizes padded to native tiles (the model's against the kernel's, all devices'
+/// columns together, with each device's where they are split) and the zero bytes they
+/// stream per step; nothing where every size fills its tiles.
+fn padding(s: &mut String, p: &Plan) {
+    let (d, m) = (&p.dims, &p.model_dims);
+    let devices = p.sharding.as_ref().map_or(1, |sh| sh.devices);
+    let tp = p.sharding.as_ref().is_some_and(|sh| sh.experts.split == ExpertSplit::Tp);
+    let mut sizes = Vec::new();
+    // `kernel`: one device's size, split `ways` ways.
+    let mut size = |what: &str, model: Option<u64>, kernel: Option<u64>, ways: u64| {
+        if let (Some(model), Some(kernel)) = (model, kernel)
+            && model != kernel * ways
+        {
+            let per_device =
+                if ways > 1 { format!(" ({kernel} per device)") } else { String::new() };
+            sizes.push(format!("{what} {model} -> {}{per_device}", kernel * ways));
+        }
+    };
+    size("hidden", Some(m.hidden), Some(d.hidden), 1);
+    size(
+        "expert intermediate",
+        Some(m.intermediate),
+        Some(d.intermediate),
+        if tp { devices } else { 1 },
+    );
+    size("shared expert intermediate", m.shared_intermediate, d.shared_intermediate, devices);
+    size("dense-MLP intermediate", m.dense_intermediate, d.dense_intermediate, devices);
+    if sizes.is_empty() && p.traffic.padding == 0 {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "padding to native tiles: {}, zero in every weight: {} of the weight bytes per step",
+        sizes.join(", "),
+        gb(p.traffic.padding as f64)
+    );
 }
 
 /// The layers' kinds where they mix: which layers run which FFN stage, the dense MLP's

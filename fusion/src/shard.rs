@@ -150,13 +150,18 @@ fn choose_experts(dims: &Dims, n: u64, layers: u64, hbm: u64) -> Result<ExpertCh
     let chosen = dims.tokens * dims.top_k;
     let ep_experts = e.div_ceil(n);
     let tp_intermediate = round_up(i, 128 * n) / n;
-    let ep_step_bytes =
-        product("the expert weights read per step", &[layers, ep_experts.min(chosen), 2, 3, h, i])?;
+    // Whole experts, padded to 128 lanes as on one device (`Dims::tiled`).
+    let ep_intermediate = round_up(i, 128);
+    let ep_step_bytes = product(
+        "the expert weights read per step",
+        &[layers, ep_experts.min(chosen), 2, 3, h, ep_intermediate],
+    )?;
     let tp_step_bytes = product(
         "the expert weights read per step",
         &[layers, e.min(chosen), 2, 3, h, tp_intermediate],
     )?;
-    let ep_stored = product("a device's expert weights", &[layers, ep_experts, 2, 3, h, i])?;
+    let ep_stored =
+        product("a device's expert weights", &[layers, ep_experts, 2, 3, h, ep_intermediate])?;
     let tp_stored = product("a device's expert weights", &[layers, e, 2, 3, h, tp_intermediate])?;
     let gb = |b: u64| format!("{:.3} GB", b as f64 / 1e9);
     let padded = if tp_intermediate * n > i {
@@ -189,7 +194,7 @@ fn choose_experts(dims: &Dims, n: u64, layers: u64, hbm: u64) -> Result<ExpertCh
     let ep = ExpertChoice {
         split: ExpertSplit::Ep,
         experts_per_device: ep_experts,
-        intermediate_per_device: i,
+        intermediate_per_device: ep_intermediate,
         ep_step_bytes,
         tp_step_bytes,
         reason: String::new(),
@@ -202,7 +207,7 @@ fn choose_experts(dims: &Dims, n: u64, layers: u64, hbm: u64) -> Result<ExpertCh
         }
         (false, false) => (ep, "neither split's experts fit the device's HBM; EP stores no more"),
         _ if tp_step_bytes < ep_step_bytes => (tp, "TP streams fewer bytes"),
-        _ => (ep, "EP streams no more bytes and pads no expert"),
+        _ => (ep, "EP streams no more bytes, whole experts"),
     };
     Ok(ExpertChoice { reason: format!("{why}: {both}; {stored}"), ..choice })
 }

@@ -462,6 +462,9 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
     };
     let whole = |n: u64| Axis::new(IndexMap::whole(n));
     let (h, hd, hp) = (d.hidden, d.head_dim, d.head_pad);
+    // The hidden axis: the kernel's `h` lanes, zero past the model's (`Dims::tiled`), so
+    // the residual stream's padding lanes stay zero.
+    let hidden = Axis::new(IndexMap::Slice { per_device: 0, len: h, size: m.hidden });
     let heads = |map| IndexMap::Heads { head_dim: hd, head_pad: hp, heads: map };
     // The q/k/v segment's parts: its columns' tensor and head map.
     let qkv = [
@@ -502,7 +505,7 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
             cols: h,
             row_stride: h,
             row: whole(m.vocab),
-            col: whole(h),
+            col: hidden,
             read: Read {
                 tensor: Role::Embed,
                 element: Element::Value,
@@ -572,7 +575,7 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                             rows: h,
                             cols: to - from,
                             row_stride: cw,
-                            row: whole(h),
+                            row: hidden,
                             col: Axis::new(map).from(from - first),
                             read: r,
                             what,
@@ -587,7 +590,7 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                     rows: h,
                     cols: cw,
                     row_stride: cw,
-                    row: whole(h),
+                    row: hidden,
                     col: vocab,
                     read: read(
                         WeightKind::LmHead,
@@ -611,8 +614,8 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
             };
             let cw = layout.chunk_cols;
             let row = match element {
-                Element::Scale(f) => whole(h).every(f.group_of(h)),
-                _ => whole(h),
+                Element::Scale(f) => hidden.every(f.group_of(h)),
+                _ => hidden,
             };
             vec![Block {
                 stack: vec![(Stack::Chunks(layout.lm_chunks), shape[1] * cw)],
@@ -644,7 +647,7 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                     rows: h,
                     cols: eb,
                     row_stride: 3 * eb,
-                    row: whole(h),
+                    row: hidden,
                     col,
                     read: read(w, experts, transposed, fold),
                     what,
@@ -675,7 +678,7 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                     rows,
                     cols: eb,
                     row_stride: 2 * eb,
-                    row: whole(h).every(q.experts.group_of(h)),
+                    row: hidden.every(q.experts.group_of(h)),
                     col: Axis::new(cols).chunked(eb),
                     read: read(w, Element::Scale(q.experts), true, None),
                     what,
@@ -703,7 +706,7 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 cols: h,
                 row_stride: h,
                 row: Axis::new(cols).chunked(eb).every(q.experts.group_of(inter)),
-                col: whole(h),
+                col: hidden,
                 read: read(dn, Element::Scale(q.experts), true, None),
                 what: "down's scales",
             }];
@@ -728,7 +731,7 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                         rows,
                         cols,
                         row_stride: nqkv,
-                        row: whole(h).every(q.dense.group_of(h)),
+                        row: hidden.every(q.dense.group_of(h)),
                         col: Axis::new(map),
                         read: read(w, Element::Scale(q.dense), true, None),
                         what,
@@ -746,7 +749,7 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 cols: h,
                 row_stride: h,
                 row: Axis::new(heads(share.q_heads)).every(q.dense.group_of(d.heads * hp)),
-                col: whole(h),
+                col: hidden,
                 read: read(WeightKind::OProj, Element::Scale(q.dense), true, None),
                 what: "o_proj's scales",
             }]
@@ -758,7 +761,7 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 rows: h,
                 cols,
                 row_stride: shape[2],
-                row: whole(h),
+                row: hidden,
                 col: whole(col),
                 read: read(w, Element::Value, true, None),
                 what,
@@ -788,7 +791,7 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
                 cols: h,
                 row_stride: h,
                 row: whole(1),
-                col: whole(h),
+                col: hidden,
                 read: read(w, Element::Value, false, None),
                 what: "",
             };
@@ -830,7 +833,7 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
             cols: h,
             row_stride: h,
             row: whole(1),
-            col: whole(h),
+            col: hidden,
             read: read(WeightKind::OBias, Element::Value, false, None),
             what: "",
         }],

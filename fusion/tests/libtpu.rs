@@ -190,6 +190,23 @@ fn libtpu_accepts_the_glm4_moe_and_olmoe_megakernels() {
     assert_accepted(&jobs);
 }
 
+/// Sizes padded to 128-lane tiles (issue 31): the tiny GLM-4.5 of hidden 192 and
+/// intermediates 80 and 200 on v6e (bf16 and fp8) and on 2 v7x devices, and GLM-4.5-Air
+/// as shipped (its dense first layer's 10944 columns padded to 11008), fp8 on one v7x
+/// device, its first 4 layers.
+#[test]
+fn libtpu_accepts_megakernels_with_padded_sizes() {
+    use palladium_model::quant::WeightsDtype;
+    let fp8 = |o: PlanOptions| PlanOptions { weights: WeightsDtype::Fp8, ..o };
+    let jobs = vec![
+        job("tiny-glm4-moe-padded", plain(Chip::V6e, 1, 256, None)),
+        job("tiny-glm4-moe-padded", fp8(plain(Chip::V6e, 1, 256, None))),
+        job("tiny-glm4-moe-padded", PlanOptions { devices: 2, ..plain(Chip::V7x, 1, 256, None) }),
+        job("glm-4.5-air", fp8(plain(Chip::V7x, 1, 4096, Some(4)))),
+    ];
+    assert_accepted(&jobs);
+}
+
 /// A layer kind per layer (issue 29): the tiny Qwen3-MoE with dense-MLP layers among its MoE
 /// layers (`mlp_only_layers: [1]`; `decoder_sparse_step: 2`, layer 0 dense) on v6e, on one
 /// device and split over 2 (the dense MLP by intermediate columns), bf16 and int8: the FFN

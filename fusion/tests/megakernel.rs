@@ -69,12 +69,17 @@ fn tiny_megakernel_snapshots() {
 fn the_vmem_plan_counts_what_the_kernel_declares() {
     use palladium_dsl::ir::{BufOrigin, MemorySpace, padded_vmem_bytes};
     use palladium_model::quant::WeightsDtype;
-    for name in ["tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen3-moe-sparse-step-2"] {
+    for name in
+        ["tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen3-moe-sparse-step-2", "tiny-glm4-moe-padded"]
+    {
         for weights in
             [WeightsDtype::Bf16, WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4]
         {
-            // Dense-MLP layers are not planned with int4 weights.
-            if name.contains("sparse-step") && weights == WeightsDtype::Int4 {
+            // Dense-MLP layers (a sparse step, GLM's dense first layer) are not planned with
+            // int4 weights.
+            if (name.contains("sparse-step") || name.contains("glm4"))
+                && weights == WeightsDtype::Int4
+            {
                 continue;
             }
             for (devices, tokens_per_seq) in [(1, 1), (1, 4), (2, 1), (4, 2)] {
@@ -570,8 +575,7 @@ fn features_the_megakernel_lacks_are_refused_by_feature() {
 
 /// GLM-4.5 plans with DeepSeek-V3's router as data: the correction bias a row per layer
 /// (`correction_bias`, read by the MoE layers only: layer 0 is dense), 1 of 2 expert groups
-/// kept, the weights scaled by 2.5; partial rotary (32 of each head's 64 lanes); and so
-/// GLM-4.5-Air as shipped is refused for its dense first layer's intermediate size only.
+/// kept, the weights scaled by 2.5; partial rotary (32 of each head's 64 lanes).
 #[test]
 fn glm4_moe_plans_its_router_options_and_partial_rotary() {
     use palladium_fusion::layout::OperandKind;
@@ -586,13 +590,60 @@ fn glm4_moe_plans_its_router_options_and_partial_rotary() {
     assert!(text.contains("mlp.gate.e_score_correction_bias"), "{text}");
     assert!(text.contains("mlp.shared_experts.down_proj.weight"), "{text}");
     assert!(text.contains("layers [1, 2, 3] only"), "{text}");
-    // GLM-4.5-Air as shipped: what is left is its dense first layer's size.
-    match Plan::new(&spec("glm-4.5-air"), &options(Chip::V7x, 1, 256, Some(4))) {
-        Err(e @ PlanError::Unsupported(_)) => {
-            assert!(e.to_string().contains("intermediate_size 10944"), "{e}")
-        }
-        other => panic!("GLM-4.5-Air: expected a refusal, got {other:?}"),
+}
+
+/// Sizes that fill no 128-lane tile are padded with zeros in every weight: tiny GLM-4.5
+/// with hidden 192, expert (and shared expert) intermediate 80 and a dense first layer of
+/// 200 plans at 256, 128, 128 and 256 (on 2 devices the shared expert's and the dense
+/// MLP's columns split 128 per device), the report names the sizes and the zero bytes
+/// streamed, the operand prose says where the checkpoint ends; a model that fills its
+/// tiles pads nothing. GLM-4.5-Air as shipped (dense intermediate 10944) plans with fp8
+/// weights on v7x.
+#[test]
+fn sizes_that_fill_no_tile_are_padded() {
+    use palladium_model::quant::WeightsDtype;
+    let s = spec("tiny-glm4-moe-padded");
+    let p = Plan::new(&s, &options(Chip::V6e, 1, 256, None)).unwrap();
+    let (d, m) = (&p.dims, &p.model_dims);
+    let sizes = |d: &palladium_fusion::plan::Dims| {
+        (d.hidden, d.intermediate, d.shared_intermediate, d.dense_intermediate)
+    };
+    assert_eq!(sizes(d), (256, 128, Some(128), Some(256)));
+    assert_eq!(sizes(m), (192, 80, Some(80), Some(200)));
+    assert_eq!(p.layout.shared_entries, 1);
+    // The dense stream and lm_head: 64 of every 256 rows are zero.
+    let t = &p.traffic;
+    assert!(t.padding >= (t.dense + t.lm_head + t.embedding) / 4, "{t:?}");
+    assert!(t.padding < t.dense + t.lm_head + t.embedding + t.experts + t.mlp, "{t:?}");
+    let text = report::text(&p);
+    assert!(
+        text.contains("padding to native tiles: hidden 192 -> 256, expert intermediate 80 -> 128, shared expert intermediate 80 -> 128, dense-MLP intermediate 200 -> 256, zero in every weight"),
+        "{text}"
+    );
+    assert!(text.contains("(zero past 192)") && text.contains("(zero past 80)"), "{text}");
+    let two = PlanOptions { devices: 2, ..options(Chip::V6e, 1, 256, None) };
+    let p2 = Plan::new(&s, &two).unwrap();
+    assert_eq!(sizes(&p2.dims), (256, 128, Some(128), Some(128)));
+    let text = report::text(&p2);
+    assert!(
+        text.contains("padding to native tiles: hidden 192 -> 256, expert intermediate 80 -> 128, shared expert intermediate 80 -> 256 (128 per device), dense-MLP intermediate 200 -> 256 (128 per device), zero"),
+        "{text}"
+    );
+    for weights in [WeightsDtype::Int8, WeightsDtype::Fp8] {
+        let o = PlanOptions { weights, ..options(Chip::V6e, 1, 256, None) };
+        assert_eq!(sizes(&Plan::new(&s, &o).unwrap().dims), sizes(d), "{weights:?}");
     }
+    let plain = Plan::new(&spec("tiny-glm4-moe"), &options(Chip::V6e, 1, 256, None)).unwrap();
+    assert_eq!(plain.traffic.padding, 0);
+    assert!(!report::text(&plain).contains("padding to native tiles"));
+    // GLM-4.5-Air as shipped: its dense first layer's 10944 columns padded to 11008.
+    let o = PlanOptions { weights: WeightsDtype::Fp8, ..options(Chip::V7x, 1, 256, Some(4)) };
+    let air = Plan::new(&spec("glm-4.5-air"), &o).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (air.dims.dense_intermediate, air.model_dims.dense_intermediate),
+        (Some(11008), Some(10944))
+    );
+    assert!(report::text(&air).contains("dense-MLP intermediate 10944 -> 11008"));
 }
 
 /// Qwen2-MoE plans: its shared expert as 2 more entries of `w_experts` (256 intermediate

@@ -123,7 +123,9 @@ fn check(plan: &Plan, maps: &[OperandSource]) -> Result<(), String> {
                     | WeightKind::PostAttentionNorm
                     | WeightKind::FinalNorm
                     | WeightKind::QNorm
-                    | WeightKind::KNorm,
+                    | WeightKind::KNorm
+                    | WeightKind::CorrectionBias
+                    | WeightKind::OBias,
                 ) => devices as u32,
                 Role::Weight(
                     WeightKind::KProj | WeightKind::VProj | WeightKind::KBias | WeightKind::VBias,
@@ -136,6 +138,7 @@ fn check(plan: &Plan, maps: &[OperandSource]) -> Result<(), String> {
                 let kind = match role {
                     Role::Weight(
                         WeightKind::Router
+                        | WeightKind::CorrectionBias
                         | WeightKind::SharedExpertGate
                         | WeightKind::SharedGate
                         | WeightKind::SharedUp
@@ -179,12 +182,14 @@ fn check(plan: &Plan, maps: &[OperandSource]) -> Result<(), String> {
     Ok(())
 }
 
-const FIXTURES: [&str; 5] = [
+const FIXTURES: [&str; 6] = [
     "tiny-qwen3-moe",
     "tiny-mixtral",
     "tiny-qwen3-moe-mlp-only-layers",
     "tiny-qwen3-moe-sparse-step-2",
     "tiny-qwen3-moe-tf5",
+    // Sizes padded to 128-lane tiles: every checkpoint element read once all the same.
+    "tiny-glm4-moe-padded",
 ];
 
 #[test]

@@ -161,13 +161,14 @@ impl Norm {
         norm_buf.map_or(Norm::Folded, |buf| Norm::Row(buf, row))
     }
 
-    /// RMSNorm of `x` over the hidden columns, times the weight where it is applied here.
+    /// RMSNorm of `x` over the hidden columns, times the weight where it is applied here:
+    /// the mean square over the model's hidden size (the lanes padded past it are zero).
     pub fn apply(self, p: &Plan, x: Val) -> Val {
         let weight = match self {
             Norm::Folded => None,
             Norm::Row(buf, r) => Some(buf.load((r..r + 1, ..))),
         };
-        rms_norm(x, weight, p.dims.hidden, p.dims.eps)
+        rms_norm(x, weight, p.model_dims.hidden, p.dims.eps)
     }
 }
 
