@@ -410,8 +410,8 @@ fn bad_kernel_parameters_are_refused_naming_the_parameter_and_the_rule() {
         &["ir", "gemv_quantized", "--set", "group=100"],
         "group = 100 does not divide k = 4096",
     );
-    // The latent cache's row: the latent in whole lane tiles, the rope key in one.
-    refused(&["ir", "mla_decode_attention", "--set", "rank=100"], "128 does not divide rank = 100");
+    // The latent cache's row: the latent padded to whole lane tiles, the rope key in one.
+    refused(&["ir", "mla_decode_attention", "--set", "rope=3"], "2 does not divide rope = 3");
     refused(
         &["ir", "mla_decode_attention", "--set", "rope=130"],
         "requires rope <= 128, but rope = 130",

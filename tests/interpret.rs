@@ -60,8 +60,9 @@ fn shapes(kernel: &str) -> Option<Vec<Vec<(&'static str, &'static str)>>> {
                 ("block_kv", "256"),
             ],
         ],
-        // DeepSeek-V2-Lite's head dims (the defaults); a latent wider than one rope block with
-        // a partial rope block and a single tile; V2-like heads with rope filling its block.
+        // DeepSeek-V2-Lite's head dims (the defaults); the tiny checkpoints' latent of 64
+        // (padded to a lane tile) with a partial rope block and a single tile; V2-like heads
+        // with rope filling its block.
         "mla_decode_attention" => vec![
             vec![],
             vec![
@@ -70,7 +71,7 @@ fn shapes(kernel: &str) -> Option<Vec<Vec<(&'static str, &'static str)>>> {
                 ("nope", "32"),
                 ("rope", "16"),
                 ("v_dim", "32"),
-                ("rank", "256"),
+                ("rank", "64"),
                 ("max_context", "128"),
                 ("block_kv", "128"),
                 ("scale", "0.144"),

@@ -29,7 +29,9 @@ use palladium_model::ModelSpec;
 use palladium_model::quant::{
     FP8_BLOCK, INT4_GROUP, QuantFormat, QuantizedTensor, QuantizedWeights, StoredTensor,
 };
-use palladium_model::weights::{FfnNames, ModelNames, Tensor, Weights, WeightsError};
+use palladium_model::weights::{
+    FfnNames, MlaQueryNames, ModelNames, QkvNames, Tensor, Weights, WeightsError,
+};
 
 /// Why weights could not be packed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -363,6 +365,29 @@ fn fill_block(
 }
 
 /// The Hugging Face name of tensor `role` of `inst`'s layer and expert.
+/// Multi-head latent attention's tensor of `kind` among a layer's attention names (none
+/// for grouped-query attention's, or a query the layer projects otherwise).
+fn mla_tensor_name(qkv: &QkvNames, kind: WeightKind) -> Option<&str> {
+    let QkvNames::Mla(m) = qkv else { return None };
+    let low_rank = match &m.query {
+        MlaQueryNames::LowRank { q_a, q_a_norm, q_b } => Some((q_a, q_a_norm, q_b)),
+        MlaQueryNames::Direct { .. } => None,
+    };
+    Some(match kind {
+        WeightKind::QProj => match &m.query {
+            MlaQueryNames::Direct { q } => q,
+            MlaQueryNames::LowRank { .. } => return None,
+        },
+        WeightKind::QAProj => low_rank?.0,
+        WeightKind::QANorm => low_rank?.1,
+        WeightKind::QBProj => low_rank?.2,
+        WeightKind::KvAProj => &m.kv_a,
+        WeightKind::KvANorm => &m.kv_a_norm,
+        WeightKind::KvBProj => &m.kv_b,
+        _ => return None,
+    })
+}
+
 fn tensor_name<'n>(
     names: &'n ModelNames,
     role: Role,
@@ -387,6 +412,17 @@ fn tensor_name<'n>(
         (WeightKind::OBias, _) => {
             ln.o_bias.as_deref().ok_or_else(|| wrong("no o_proj bias (the config has none)"))?
         }
+        (
+            WeightKind::QProj
+            | WeightKind::QAProj
+            | WeightKind::QANorm
+            | WeightKind::QBProj
+            | WeightKind::KvAProj
+            | WeightKind::KvANorm
+            | WeightKind::KvBProj,
+            _,
+        ) if ln.gqa().is_none() => mla_tensor_name(&ln.qkv, kind)
+            .ok_or_else(|| wrong(&format!("no {kind:?} tensor (its query is not the plan's)")))?,
         (WeightKind::QProj | WeightKind::KProj | WeightKind::VProj, _) => {
             let g = ln.gqa().ok_or_else(|| wrong("no q/k/v projections (MLA attention)"))?;
             match kind {
@@ -454,5 +490,50 @@ fn stored_format(f: CodeFormat) -> QuantFormat {
         (DType::F8E4M3, _) => QuantFormat::Fp8Block { block: FP8_BLOCK },
         (DType::I4, _) => QuantFormat::Int4Group { group: INT4_GROUP },
         _ => QuantFormat::Int8PerChannel,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every weight of multi-head latent attention resolves to the layer's checkpoint name:
+    /// the low-rank query's three (DeepSeek-V3) or the direct one (DeepSeek-V2), the latent's
+    /// projection, norm and expansion; the other query's kinds resolve to none.
+    #[test]
+    fn mla_weights_resolve_to_the_checkpoint_names() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/models");
+        for (fixture, query, absent) in [
+            (
+                "tiny-deepseek-v3",
+                vec![
+                    (WeightKind::QAProj, "q_a_proj.weight"),
+                    (WeightKind::QANorm, "q_a_layernorm.weight"),
+                    (WeightKind::QBProj, "q_b_proj.weight"),
+                ],
+                vec![WeightKind::QProj],
+            ),
+            (
+                "tiny-deepseek-v2",
+                vec![(WeightKind::QProj, "q_proj.weight")],
+                vec![WeightKind::QAProj, WeightKind::QANorm, WeightKind::QBProj],
+            ),
+        ] {
+            let spec = ModelSpec::from_path(format!("{dir}/{fixture}.json")).unwrap();
+            let names = ModelNames::new(&spec).unwrap();
+            let qkv = &names.layers[1].qkv;
+            let latent = [
+                (WeightKind::KvAProj, "kv_a_proj_with_mqa.weight"),
+                (WeightKind::KvANorm, "kv_a_layernorm.weight"),
+                (WeightKind::KvBProj, "kv_b_proj.weight"),
+            ];
+            for (kind, name) in query.into_iter().chain(latent) {
+                let want = format!("model.layers.1.self_attn.{name}");
+                assert_eq!(mla_tensor_name(qkv, kind), Some(want.as_str()), "{fixture}");
+            }
+            for kind in absent.into_iter().chain([WeightKind::KProj, WeightKind::OProj]) {
+                assert_eq!(mla_tensor_name(qkv, kind), None, "{fixture}: {kind:?}");
+            }
+        }
     }
 }

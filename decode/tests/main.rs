@@ -9,6 +9,7 @@ mod hf_oracle;
 mod devices;
 mod hf_conformance;
 mod interpret;
+mod latent;
 mod layer_kinds;
 mod numerics;
 mod quantized;

@@ -10,7 +10,8 @@
 //! egg rewrites ([`crate::rewrite`]), which see it as one expression with shared subterms
 //! ([`LayerGraph::to_expr`]).
 
-use palladium_model::{AttentionKind, FfnKind, ModelSpec, QkNorm};
+use palladium_model::spec::MlaSpec;
+use palladium_model::{AttentionForm, AttentionKind, FfnKind, ModelSpec, QkNorm};
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::EdgeRef;
@@ -30,6 +31,16 @@ pub enum WeightKind {
     QBias,
     KBias,
     VBias,
+    /// Multi-head latent attention's (`DeepSeek`): the low-rank query (`q_a_proj`,
+    /// `q_a_layernorm`, `q_b_proj`; a direct query is [`WeightKind::QProj`]), the latent and
+    /// rope key's projection (`kv_a_proj_with_mqa`), the latent's norm (`kv_a_layernorm`)
+    /// and its expansion to every head's key and value parts (`kv_b_proj`).
+    QAProj,
+    QANorm,
+    QBProj,
+    KvAProj,
+    KvANorm,
+    KvBProj,
     OProj,
     /// `o_proj`'s bias (`OLMoE` with `attention_bias`).
     OBias,
@@ -85,6 +96,11 @@ pub enum OpKind {
     Rope,
     /// Write the new K and V into the cache (in place) and attend over the cache.
     Attention,
+    /// Multi-head latent attention on the query and `kv_a_proj_with_mqa`'s output: the
+    /// latent normed by `kv_norm`, RoPE on the rope parts, the latent cache written in
+    /// place, attention with `kv_b`'s key and value parts (absorbed for decode:
+    /// `docs/deepseek.md`).
+    LatentAttention { kv_norm: Weight, kv_b: Weight },
     /// `a + b`.
     Residual,
     /// `silu(a) * b` (a dense MLP's activation).
@@ -159,69 +175,18 @@ impl LayerGraph {
         let layer = &spec.layers[index];
         let mixtral = spec.family == palladium_model::Family::Mixtral;
         let mut g = StableDiGraph::new();
-        let node = |g: &mut StableDiGraph<OpNode, usize>,
-                    name: &str,
-                    kind: OpKind,
-                    inputs: &[NodeIndex]| {
-            let n = g.add_node(OpNode { name: name.to_string(), kind });
-            for (i, &src) in inputs.iter().enumerate() {
-                g.add_edge(src, n, i);
-            }
-            n
-        };
         let x = node(&mut g, "x", OpKind::Input, &[]);
-        let w = |kind: WeightKind, name: &str| Weight::new(kind, name);
+        let w = Weight::new;
         let n1 = node(
             &mut g,
             "input_layernorm",
             OpKind::RmsNorm { weight: w(WeightKind::InputNorm, "input_layernorm.weight") },
             &[x],
         );
-        let q = node(
-            &mut g,
-            "q_proj",
-            OpKind::Linear { weight: w(WeightKind::QProj, "self_attn.q_proj.weight") },
-            &[n1],
-        );
-        let k = node(
-            &mut g,
-            "k_proj",
-            OpKind::Linear { weight: w(WeightKind::KProj, "self_attn.k_proj.weight") },
-            &[n1],
-        );
-        let v = node(
-            &mut g,
-            "v_proj",
-            OpKind::Linear { weight: w(WeightKind::VProj, "self_attn.v_proj.weight") },
-            &[n1],
-        );
-        let (q, k) = match spec.attention.qk_norm {
-            QkNorm::PerHeadRms { .. } => (
-                node(
-                    &mut g,
-                    "q_norm",
-                    OpKind::HeadNorm { weight: w(WeightKind::QNorm, "self_attn.q_norm.weight") },
-                    &[q],
-                ),
-                node(
-                    &mut g,
-                    "k_norm",
-                    OpKind::HeadNorm { weight: w(WeightKind::KNorm, "self_attn.k_norm.weight") },
-                    &[k],
-                ),
-            ),
-            // OLMoE's norms over the whole projections are the attention stage's (before
-            // the view as heads); no weight to fold or fuse. Llama 4's L2 norm and Hunyuan's
-            // norms after RoPE are never planned (`plan::supported` refuses them by name
-            // before any graph is built).
-            QkNorm::None
-            | QkNorm::WholeRms { .. }
-            | QkNorm::L2AfterRope
-            | QkNorm::PerHeadRmsAfterRope { .. } => (q, k),
+        let attn = match spec.attention.form {
+            AttentionForm::Gqa => gqa_attention(&mut g, spec, n1),
+            AttentionForm::Mla(mla) => latent_attention(&mut g, mla, n1),
         };
-        let qr = node(&mut g, "q_rope", OpKind::Rope, &[q]);
-        let kr = node(&mut g, "k_rope", OpKind::Rope, &[k]);
-        let attn = node(&mut g, "attn", OpKind::Attention, &[qr, kr, v]);
         let o = node(
             &mut g,
             "o_proj",
@@ -320,6 +285,9 @@ impl LayerGraph {
                 OpKind::HeadNorm { weight } => format!("(headnorm {} {})", ins[0], w(weight)),
                 OpKind::Rope => format!("(rope {})", ins[0]),
                 OpKind::Attention => format!("(attn {} {} {})", ins[0], ins[1], ins[2]),
+                OpKind::LatentAttention { kv_norm, kv_b } => {
+                    format!("(mla_attn {} {} {} {})", ins[0], ins[1], w(kv_norm), w(kv_b))
+                }
                 OpKind::SiluMul => format!("(silu_mul {} {})", ins[0], ins[1]),
                 OpKind::Residual => format!("(add {} {})", ins[0], ins[1]),
                 OpKind::TopK { k } => format!("(topk {} {k})", ins[0]),
@@ -346,4 +314,102 @@ impl LayerGraph {
             })
             .collect()
     }
+}
+
+/// Adds op `name` of `kind` reading `inputs` (in operand order) to `g`.
+fn node(
+    g: &mut StableDiGraph<OpNode, usize>,
+    name: &str,
+    kind: OpKind,
+    inputs: &[NodeIndex],
+) -> NodeIndex {
+    let n = g.add_node(OpNode { name: name.to_string(), kind });
+    for (i, &src) in inputs.iter().enumerate() {
+        g.add_edge(src, n, i);
+    }
+    n
+}
+
+/// Grouped-query attention on the normed input `n1`: `q_proj`, `k_proj`, `v_proj` (their
+/// per-head norms), RoPE, attention over the K/V cache.
+fn gqa_attention(
+    g: &mut StableDiGraph<OpNode, usize>,
+    spec: &ModelSpec,
+    n1: NodeIndex,
+) -> NodeIndex {
+    let w = Weight::new;
+    let q = node(
+        g,
+        "q_proj",
+        OpKind::Linear { weight: w(WeightKind::QProj, "self_attn.q_proj.weight") },
+        &[n1],
+    );
+    let k = node(
+        g,
+        "k_proj",
+        OpKind::Linear { weight: w(WeightKind::KProj, "self_attn.k_proj.weight") },
+        &[n1],
+    );
+    let v = node(
+        g,
+        "v_proj",
+        OpKind::Linear { weight: w(WeightKind::VProj, "self_attn.v_proj.weight") },
+        &[n1],
+    );
+    let (q, k) = match spec.attention.qk_norm {
+        QkNorm::PerHeadRms { .. } => (
+            node(
+                g,
+                "q_norm",
+                OpKind::HeadNorm { weight: w(WeightKind::QNorm, "self_attn.q_norm.weight") },
+                &[q],
+            ),
+            node(
+                g,
+                "k_norm",
+                OpKind::HeadNorm { weight: w(WeightKind::KNorm, "self_attn.k_norm.weight") },
+                &[k],
+            ),
+        ),
+        // OLMoE's norms over the whole projections are the attention stage's (before the
+        // view as heads); no weight to fold or fuse. Llama 4's L2 norm and Hunyuan's norms
+        // after RoPE are never planned (`plan::supported` refuses them by name before any
+        // graph is built).
+        QkNorm::None
+        | QkNorm::WholeRms { .. }
+        | QkNorm::L2AfterRope
+        | QkNorm::PerHeadRmsAfterRope { .. } => (q, k),
+    };
+    let qr = node(g, "q_rope", OpKind::Rope, &[q]);
+    let kr = node(g, "k_rope", OpKind::Rope, &[k]);
+    node(g, "attn", OpKind::Attention, &[qr, kr, v])
+}
+
+/// Multi-head latent attention on the normed input `n1`: the query (`q_proj`, or
+/// `q_a_proj` -> `q_a_layernorm` -> `q_b_proj`) and `kv_a_proj_with_mqa`, both reading
+/// `n1`, into the latent attention with `kv_a_layernorm` and `kv_b_proj`.
+fn latent_attention(
+    g: &mut StableDiGraph<OpNode, usize>,
+    mla: MlaSpec,
+    n1: NodeIndex,
+) -> NodeIndex {
+    let linear = |g: &mut StableDiGraph<OpNode, usize>, kind, name: &str, input| {
+        let weight = Weight::new(kind, format!("self_attn.{name}.weight"));
+        node(g, name, OpKind::Linear { weight }, &[input])
+    };
+    let q = match mla.q_lora_rank {
+        None => linear(g, WeightKind::QProj, "q_proj", n1),
+        Some(_) => {
+            let q_a = linear(g, WeightKind::QAProj, "q_a_proj", n1);
+            let weight = Weight::new(WeightKind::QANorm, "self_attn.q_a_layernorm.weight");
+            let normed = node(g, "q_a_layernorm", OpKind::RmsNorm { weight }, &[q_a]);
+            linear(g, WeightKind::QBProj, "q_b_proj", normed)
+        }
+    };
+    let kv_a = linear(g, WeightKind::KvAProj, "kv_a_proj_with_mqa", n1);
+    let kind = OpKind::LatentAttention {
+        kv_norm: Weight::new(WeightKind::KvANorm, "self_attn.kv_a_layernorm.weight"),
+        kv_b: Weight::new(WeightKind::KvBProj, "self_attn.kv_b_proj.weight"),
+    };
+    node(g, "attn", kind, &[q, kv_a])
 }

@@ -6,7 +6,7 @@
 
 use palladium_dsl::spec::Chip;
 use palladium_model::quant::WeightsDtype;
-use palladium_model::spec::{ExpertGroups, RouterScoring};
+use palladium_model::spec::{ExpertGroups, MlaSpec, RouterScoring};
 use serde::Serialize;
 
 const GIB: u64 = 1 << 30;
@@ -186,6 +186,9 @@ pub struct Dims {
     pub rotary_dim: Option<u64>,
     /// KV-cache positions (context rounded up to `block_kv`).
     pub positions: u64,
+    /// Multi-head latent attention's sizes (`DeepSeek`), where the model has it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mla: Option<MlaSpec>,
 }
 
 fn is_one(x: &f64) -> bool {

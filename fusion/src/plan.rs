@@ -257,13 +257,44 @@ pub fn layer_weight_bytes(spec: &ModelSpec) -> Vec<(Weight, u64)> {
         FfnKind::Moe(m) => m.intermediate,
         FfnKind::Dense { intermediate } => *intermediate,
     };
+    // Multi-head latent attention's sizes (`[out, in]` products; zero without it).
+    let mla = match a.form {
+        AttentionForm::Mla(m) => {
+            let (nope, rope) = (m.qk_nope_head_dim, m.qk_rope_head_dim);
+            let q_in = m.q_lora_rank.unwrap_or(h);
+            let heads = a.num_heads;
+            [
+                (WeightKind::QProj, q_in * heads * (nope + rope)),
+                (WeightKind::QAProj, h * q_in),
+                (WeightKind::QANorm, q_in),
+                (WeightKind::QBProj, q_in * heads * (nope + rope)),
+                (WeightKind::KvAProj, h * m.latent_cache_width()),
+                (WeightKind::KvANorm, m.kv_lora_rank),
+                (WeightKind::KvBProj, m.kv_lora_rank * heads * (nope + m.v_head_dim)),
+                (WeightKind::OProj, h * heads * m.v_head_dim),
+            ]
+            .to_vec()
+        }
+        AttentionForm::Gqa => Vec::new(),
+    };
+    let mla_bytes = |kind| mla.iter().find(|&&(k, _)| k == kind).map(|&(_, n)| 2 * n);
     let mut out = Vec::new();
     // Graph insertion order: q, k, v, ... (the fused column order).
     for n in g.graph.node_indices() {
         use crate::graph::OpKind::*;
         match &g.graph[n].kind {
-            RmsNorm { weight } => out.push((weight.clone(), 2 * h)),
+            RmsNorm { weight } => {
+                out.push((weight.clone(), mla_bytes(weight.kind).unwrap_or(2 * h)))
+            }
             HeadNorm { weight } => out.push((weight.clone(), 2 * a.head_dim)),
+            LatentAttention { kv_norm, kv_b } => {
+                for w in [kv_norm, kv_b] {
+                    out.push((w.clone(), mla_bytes(w.kind).unwrap_or(0)));
+                }
+            }
+            Linear { weight } if mla_bytes(weight.kind).is_some() => {
+                out.push((weight.clone(), mla_bytes(weight.kind).unwrap_or(0)))
+            }
             Linear { weight } => {
                 let b = match weight.kind {
                     WeightKind::QProj | WeightKind::OProj => 2 * h * q,
@@ -735,6 +766,10 @@ fn dims(
         routed_scaling: moe.routing.scaling,
         rotary_dim: (a.rope.rotary_dim < a.head_dim).then_some(a.rope.rotary_dim),
         positions: round_up(options.context, block_kv),
+        mla: match a.form {
+            AttentionForm::Mla(m) => Some(m),
+            AttentionForm::Gqa => None,
+        },
     };
     (dims, block_kv)
 }

@@ -6,7 +6,8 @@
 //!
 //! Language (weights are symbols `w:NAME`; static parameters are children, tensat-style):
 //! - activations: `(rmsnorm X W)`, `(rms X)` (unit scale), `(matmul X W)`, `(headnorm X W)`,
-//!   `(rope X)`, `(attn Q K V)`, `(add A B)`, `(silu_mul A B)`, `(topk LOGITS K)`,
+//!   `(rope X)`, `(attn Q K V)`, `(mla_attn Q KV_A NORM KV_B)` (multi-head latent attention
+//!   with its latent norm's and `kv_b_proj`'s weights), `(add A B)`, `(silu_mul A B)`, `(topk LOGITS K)`,
 //!   `(experts X TOPK GATE UP DOWN)`, `(experts_gu X TOPK GATE_UP DOWN)`, `(lo Y)` / `(hi Y)`
 //!   (the column halves of a fused matmul's output), `(layer OUT)` (the root);
 //! - host-side weight transforms (free at run time): `(fold S W)` = `diag(S) · W^T` (a norm
@@ -42,6 +43,7 @@ define_language! {
         "headnorm" = HeadNorm([Id; 2]),
         "rope" = Rope(Id),
         "attn" = Attn([Id; 3]),
+        "mla_attn" = MlaAttn([Id; 4]),
         "add" = Add([Id; 2]),
         "silu_mul" = SiluMul([Id; 2]),
         "topk" = TopK([Id; 2]),
@@ -201,6 +203,8 @@ fn node_cost(egraph: &EGraph<LayerLang, WeightInfo>, n: &LayerLang) -> u64 {
         | LayerLang::SiluMul(_)
         | LayerLang::TopK(_) => VPU,
         LayerLang::Attn(_) => OP,
+        // The latent's norm and `kv_b_proj`, read by the attention itself.
+        LayerLang::MlaAttn([_, _, norm, kv_b]) => OP + bytes(norm) + bytes(kv_b),
         LayerLang::Experts([_, _, g, u, d]) => 3 * OP + bytes(g) + bytes(u) + bytes(d),
         LayerLang::ExpertsGu([_, _, gu, d]) => 2 * OP + bytes(gu) + bytes(d),
         LayerLang::Layer(_)

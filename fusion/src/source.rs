@@ -20,6 +20,7 @@ use crate::layout::{CodeFormat, Ffn, OperandKind, SegmentKind, StreamLayout};
 use crate::options::Dims;
 use crate::plan::Plan;
 use crate::shard::ExpertSplit;
+use palladium_model::spec::MlaSpec;
 
 /// A checkpoint tensor by role; per-layer roles take the layer (and expert) from the
 /// block's [`Stack`] indices. The packer resolves roles to Hugging Face names.
@@ -60,7 +61,17 @@ impl Role {
                 WeightKind::QNorm | WeightKind::KNorm => vec![m.head_dim],
                 WeightKind::QBias => vec![q],
                 WeightKind::KBias | WeightKind::VBias => vec![kv],
-                WeightKind::QProj => vec![q, h],
+                WeightKind::QProj if m.mla.is_none() => vec![q, h],
+                WeightKind::QProj
+                | WeightKind::QAProj
+                | WeightKind::QANorm
+                | WeightKind::QBProj
+                | WeightKind::KvAProj
+                | WeightKind::KvANorm
+                | WeightKind::KvBProj => match m.mla {
+                    Some(mla) => mla_shape(w, mla, m.heads, h),
+                    None => unreachable!("{w:?} is read only where the model has MLA"),
+                },
                 WeightKind::KProj | WeightKind::VProj => vec![kv, h],
                 WeightKind::OProj => vec![h, q],
                 WeightKind::Router => vec![m.experts, h],
@@ -76,6 +87,25 @@ impl Role {
                 WeightKind::LmHead => unreachable!("matched above"),
             },
         }
+    }
+}
+
+/// The `[out, in]` shape of multi-head latent attention's weight `kind` (a norm's `[n]`),
+/// for `heads` query heads on a hidden size `h`.
+fn mla_shape(kind: WeightKind, m: MlaSpec, heads: u64, h: u64) -> Vec<u64> {
+    let q = heads * (m.qk_nope_head_dim + m.qk_rope_head_dim);
+    let q_lora = m.q_lora_rank.unwrap_or(0);
+    match kind {
+        WeightKind::QProj => vec![q, h],
+        WeightKind::QAProj => vec![q_lora, h],
+        WeightKind::QANorm => vec![q_lora],
+        WeightKind::QBProj => vec![q, q_lora],
+        WeightKind::KvAProj => vec![m.latent_cache_width(), h],
+        WeightKind::KvANorm => vec![m.kv_lora_rank],
+        WeightKind::KvBProj => {
+            vec![heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank]
+        }
+        other => unreachable!("{other:?} is not a weight of multi-head latent attention"),
     }
 }
 
@@ -991,6 +1021,9 @@ pub fn tensor_name(layout: &StreamLayout, role: Role, shared_gate: bool) -> Stri
         WeightKind::KBias => "self_attn.k_proj.bias".into(),
         WeightKind::VBias => "self_attn.v_proj.bias".into(),
         WeightKind::OBias => "self_attn.o_proj.bias".into(),
+        WeightKind::QANorm => "self_attn.q_a_layernorm.weight".into(),
+        WeightKind::KvANorm => "self_attn.kv_a_layernorm.weight".into(),
+        WeightKind::KvBProj => "self_attn.kv_b_proj.weight".into(),
         other => format!("{other:?}"),
     }
 }

@@ -84,3 +84,47 @@ fn graph_is_a_dag_in_layer_order() {
     assert!(names.last().unwrap().starts_with("ffn_residual"));
     assert_eq!(names.len(), g.graph.node_count());
 }
+
+/// Multi-head latent attention's layer (DeepSeek-V3's low-rank query, DeepSeek-V2's
+/// direct one): the query's first projection and `kv_a_proj_with_mqa` read the same normed
+/// input, so the rewrites fold `input_layernorm` into both and fuse them into one matmul
+/// (the design's one `H`-input segment); `q_a_layernorm` folds into `q_b_proj`; the latent
+/// attention keeps `kv_a_layernorm` and `kv_b_proj` (folded and stacked by the stage's
+/// source maps, not by a matmul here).
+#[test]
+fn deepseek_layers_fuse_the_query_and_latent_projections_and_fold_their_norms() {
+    let fused = |q| (vec![q, WeightKind::KvAProj], Some(WeightKind::InputNorm));
+    for (name, query, attention) in [
+        (
+            "tiny-deepseek-v3",
+            "q_b_proj",
+            vec![
+                fused(WeightKind::QAProj),
+                (vec![WeightKind::QBProj], Some(WeightKind::QANorm)),
+                (vec![WeightKind::OProj], None),
+            ],
+        ),
+        (
+            "tiny-deepseek-v2",
+            "q_proj",
+            vec![fused(WeightKind::QProj), (vec![WeightKind::OProj], None)],
+        ),
+    ] {
+        let s = spec(name);
+        let g = LayerGraph::build(&s, 0);
+        let names = g.describe();
+        assert!(
+            names.contains(&format!("attn <- {query}, kv_a_proj_with_mqa")),
+            "{name}: {names:?}"
+        );
+        let r = rewrite(&g.to_expr(), &layer_weight_bytes(&s));
+        assert_eq!(r.stop, "Saturated", "{name}");
+        assert!(r.cost_after < r.cost_before, "{name}");
+        let kinds: Vec<(Vec<WeightKind>, Option<WeightKind>)> =
+            r.matmuls.iter().map(|m| (m.kinds(), m.folded_kind())).collect();
+        assert_eq!(kinds[..attention.len()], attention[..], "{name}: {}", r.expr);
+        for weight in ["kv_a_layernorm", "kv_b_proj"] {
+            assert!(r.expr.contains(&format!("w:self_attn.{weight}.weight")), "{name}: {}", r.expr);
+        }
+    }
+}

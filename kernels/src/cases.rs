@@ -123,13 +123,15 @@ pub mod decode_attention {
 
 pub mod mla_decode_attention {
     use super::*;
+    use crate::body::LatentRow;
     use crate::mla_decode_attention::Params;
     use palladium_model::mla::{KvB, absorbed_attention};
     use palladium_model::spec::MlaSpec;
 
     /// `lens` in `1..=max_context`, a partial last tile exercised as `decode_attention`'s;
-    /// the rope parts random on their `rope` lanes and zero past them (the layout's
-    /// padding); `kv_b` scaled by `1 / sqrt(nope)` so the absorbed query is `O(1)`.
+    /// the latent and the rope parts random on their `rank` and `rope` lanes and zero past
+    /// them (the [`LatentRow`] layout's padding); `kv_b` scaled by `1 / sqrt(nope)` so the
+    /// absorbed query is `O(1)`.
     pub fn inputs(p: &Params, seed: u64) -> Vec<HostArray> {
         let mut rng = Rng::new(seed);
         let mut lens: Vec<i32> =
@@ -138,30 +140,38 @@ pub mod mla_decode_attention {
         if bkv > 1 && lens.iter().all(|l| l % bkv == 0) {
             lens[0] -= 1;
         }
-        // `rows` rows of `lanes` values: the first `dense` random, the rest the rope block's
-        // zero padding past `rope` values.
-        let padded = |rows: usize, dense: usize, lanes: usize, rng: &mut Rng| {
+        // `rows` rows of `lanes` values: the lanes of the `(start, end)` runs in `dense`
+        // random, the rest zero padding.
+        let padded = |rows: usize, dense: &[(usize, usize)], lanes: usize, rng: &mut Rng| {
             let mut values = vec![0f32; rows * lanes];
             for row in values.chunks_mut(lanes) {
-                for v in &mut row[..dense] {
-                    *v = rng.unit();
+                for v in dense.iter().flat_map(|&(start, end)| start..end) {
+                    row[v] = rng.unit();
                 }
             }
             values
         };
-        let q_rope = padded(p.batch * p.heads, p.rope, 128, &mut rng);
-        let cache = padded(p.batch * p.max_context, p.rank + p.rope, p.rank + 128, &mut rng);
+        let q_rope = padded(p.batch * p.heads, &[(0, p.rope)], 128, &mut rng);
+        let row = LatentRow { rank: p.rank as u64 };
+        let lat = row.latent_lanes() as usize;
+        let cache = padded(
+            p.batch * p.max_context,
+            &[(0, p.rank), (lat, lat + p.rope)],
+            row.width() as usize,
+            &mut rng,
+        );
         vec![
             HostArray::from_i32(&[p.batch], &lens),
             bf16_array(&mut rng, &[p.batch, p.heads, p.nope], 1.0),
             HostArray::bf16_from_f32(&[p.batch, p.heads, 128], &q_rope),
             bf16_array(&mut rng, &[p.heads * (p.nope + p.v_dim), p.rank], fan_in_scale(p.nope)),
-            HostArray::bf16_from_f32(&[p.batch, p.max_context, p.rank + 128], &cache),
+            HostArray::bf16_from_f32(&[p.batch, p.max_context, row.width() as usize], &cache),
         ]
     }
 
     /// [`absorbed_attention`], the model crate's algebra, per sequence over its first
-    /// `lens[b]` cache rows (the rope key's padding lanes dropped), rounded to bf16.
+    /// `lens[b]` cache rows (the latent's and the rope key's padding lanes dropped), rounded
+    /// to bf16.
     pub fn reference(p: &Params, x: &[HostArray]) -> Vec<HostArray> {
         let (lens, q_nope, q_rope, kv_b, cache) =
             (x[0].to_i32(), x[1].to_f32(), x[2].to_f32(), x[3].to_f32(), x[4].to_f32());
@@ -173,7 +183,8 @@ pub mod mla_decode_attention {
             v_head_dim: p.v_dim as u64,
         };
         let kv_b = KvB { weight: &kv_b, heads: p.heads, mla };
-        let (width, entry) = (p.rank + 128, p.rank + p.rope);
+        let row = LatentRow { rank: p.rank as u64 };
+        let (width, lat) = (row.width() as usize, row.latent_lanes() as usize);
         let mut out = Vec::with_capacity(p.batch * p.heads * p.v_dim);
         for (b, &len) in lens.iter().enumerate() {
             let q: Vec<f32> = (0..p.heads)
@@ -189,7 +200,7 @@ pub mod mla_decode_attention {
             let rows: Vec<f32> = (0..len as usize)
                 .flat_map(|j| {
                     let at = (b * p.max_context + j) * width;
-                    cache[at..at + entry].to_vec()
+                    [&cache[at..at + p.rank], &cache[at + lat..at + lat + p.rope]].concat()
                 })
                 .collect();
             out.extend(absorbed_attention(&kv_b, &q, &rows, p.scale as f32));

@@ -1,9 +1,11 @@
 //! Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2) for decode, absorbed, over a
 //! latent KV cache: the algebra of `palladium_model::mla` (`docs/deepseek.md`) as a kernel.
 //!
-//! The cache holds, per sequence and position, one row `[latent (rank) | rope key]`, the rope
-//! key in a 128-lane block of its own (`rope <= 128` values, zero past them): 640 lanes for
-//! DeepSeek-V3's 512 + 64, against every head's K and V expanded. One grid step per
+//! The cache holds, per sequence and position, one row `[latent (rank) | rope key]`
+//! ([`LatentRow`]): the latent in whole 128-lane tiles (zero past `rank`: the tiny
+//! checkpoints' rank of 64 pads to 128), the rope key in a 128-lane block of its own
+//! (`rope <= 128` values, zero past them): 640 lanes for DeepSeek-V3's 512 + 64, against
+//! every head's K and V expanded. One grid step per
 //! sequence, all heads at once:
 //! 1. the query's nope part is taken into the latent space, `q_lat_h = q_nope_h W_UK_h`,
 //!    with `W_UK_h` head `h`'s first `nope` rows of `kv_b` (`kv_b_proj.weight` as shipped,
@@ -22,14 +24,14 @@
 //! softmax scale (`qk_head_dim^-0.5`, times YaRN's correction where the model has one) is a
 //! parameter.
 
-use crate::body::{KvMask, OnlineSoftmax};
+use crate::body::{KvMask, LatentRow, OnlineSoftmax};
 use palladium_dsl::build::{Drain, eq, pipeline, range};
 use palladium_dsl::prelude::*;
 
 #[kernel(
     grid = (batch,),
     semantics = (arbitrary,),
-    requires = [max_context % block_kv == 0, rank % 128 == 0, rope % 2 == 0, rope <= 128, (nope + v_dim) % 16 == 0]
+    requires = [max_context % block_kv == 0, rope % 2 == 0, rope <= 128, (nope + v_dim) % 16 == 0]
 )]
 pub fn mla_decode_attention(
     #[default(2)] batch: usize,
@@ -48,17 +50,17 @@ pub fn mla_decode_attention(
     q_rope: Ref,
     #[input(bf16[heads * (nope + v_dim), rank], block = [heads * (nope + v_dim), rank], map = |_b, _lens| (0, 0))]
     kv_b: Ref,
-    #[input(bf16[batch, max_context, rank + 128], space = any)] cache: Ref,
+    #[input(bf16[batch, max_context, (rank + 127) / 128 * 128 + 128], space = any)] cache: Ref,
     #[output(bf16[batch, heads, v_dim], block = [None, heads, v_dim], map = |b, _lens| (b, 0, 0))]
     o: Ref,
-    #[scratch(vmem, bf16[2, block_kv, rank + 128])] buf: Ref,
+    #[scratch(vmem, bf16[2, block_kv, (rank + 127) / 128 * 128 + 128])] buf: Ref,
     #[scratch(dma_sem[2])] sems: SemRef,
 ) {
     let _ = rope;
     let b = program_id(0);
     let len = lens[b];
     let tiles = (len + (block_kv as i32 - 1)) / block_kv as i32;
-    let width = (rank + 128) as u64;
+    let row = LatentRow { rank: rank as u64 };
     // Head `h`'s rows of `x @ w` (or `x @ w.T`) for every head's rows, stacked.
     let per_head = |x: Val, w: &dyn Fn(u64) -> Val, transposed: bool, cols: u64| {
         let row = iota([heads as u64, cols], 0);
@@ -72,7 +74,7 @@ pub fn mla_decode_attention(
     let uk = |h: u64| kv_b[(h * stride..h * stride + nope_u, ..)];
     let uv = |h: u64| kv_b[(h * stride + nope_u..(h + 1) * stride, ..)];
     let q_lat = per_head(q_nope[(0, .., ..)], &uk, false, rank_u);
-    let q = concatenate(&[q_lat.cast(bf16), q_rope[(0, .., ..)]], 1);
+    let q = row.query(q_lat.cast(bf16), q_rope[(0, .., ..)]);
     let fetch = |tile: Val, slot: Val| {
         let start = (tile * block_kv as i32).multiple_of(block_kv as u32);
         async_copy(cache.at((b, ds(start, block_kv as u64), ..)), buf.at(slot), sems.at(slot))
@@ -83,7 +85,7 @@ pub fn mla_decode_attention(
         range(scalar(0), last),
         Drain::Peeled { start: last, count: 1 },
         1,
-        (OnlineSoftmax::start(heads as u64, width), scalar(0)),
+        (OnlineSoftmax::start(heads as u64, row.width()), scalar(0)),
         |next: Val, &(_, slot): &(OnlineSoftmax, Val)| fetch(next, 1 - slot).start(),
         |t: Val, (state, slot): (OnlineSoftmax, Val), _draining: bool| {
             fetch(t, slot).wait();
@@ -100,6 +102,6 @@ pub fn mla_decode_attention(
             (state.attend(q, tile, tile, Some(scale), Some(mask)), 1 - slot)
         },
     );
-    let latent = state.output().slice((.., 0..rank_u)).cast(bf16);
+    let latent = row.latent(state.output()).cast(bf16);
     o[(0, .., ..)] = per_head(latent, &uv, true, v_u).cast(bf16);
 }

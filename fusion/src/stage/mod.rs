@@ -28,6 +28,7 @@ pub mod embed;
 pub mod expert_ring;
 pub mod experts;
 pub mod lm_head;
+pub mod mla;
 pub mod o_proj;
 pub mod qkv;
 pub mod router;

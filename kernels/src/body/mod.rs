@@ -15,6 +15,7 @@
 //! | [`kv`] | the KV-cache update inside a VMEM tile | `kv_cache_update` |
 //! | [`collective`] | ring hops over remote DMAs: barrier, reduce-scatter and all-gather of row blocks (bf16 wire) | `permute`, `all_gather`, `reduce_scatter`, `all_reduce` |
 //! | [`attention`] | one KV tile of attention (scores, mask, online-softmax fold) | `decode_attention` |
+//! | [`mla`] | multi-head latent attention's cache row (the new position's: latent norm, RoPE on the rope block) and the query attending to it | `mla_decode_attention` |
 //! | [`router`] | router scores, top-k, the routing table's entries | `moe_router` |
 //! | [`ffn`] | one SwiGLU expert chunk; the expert stream's cursor | `expert_ffn` |
 //! | [`rows`] | row moves on loaded vectors (a batch's rows on the MXU's sublanes) | (megakernel only) |
@@ -26,6 +27,7 @@ pub mod ffn;
 pub mod gemv;
 pub mod greedy;
 pub mod kv;
+pub mod mla;
 pub mod norm;
 pub mod rope;
 pub mod router;
@@ -40,6 +42,7 @@ pub use gemv::{
 };
 pub use greedy::Greedy;
 pub use kv::NewRow;
+pub use mla::{LatentRow, RopeBlock};
 pub use norm::{residual_add, rms_norm, rms_unit};
 pub use rope::{rope_apply, rope_rotation, rope_tables};
 pub use router::{Choice, Routing, router_scores, top_k};
