@@ -205,6 +205,15 @@ fn tiny_glm4_moe_with_padded_sizes_on_1_and_2_devices() {
     same_tokens_on_devices("tiny-glm4-moe-padded", &s, &[0], &[2], ExpertSplit::Ep);
 }
 
+/// Hunyuan-MoE: the per-head q/k norms after RoPE (the `head_norms` rows on every
+/// device), the NTK-alpha RoPE base, the f32 router and the ungated shared MLP split by
+/// columns.
+#[test]
+fn tiny_hunyuan_moe_gives_the_same_tokens_on_1_and_2_devices() {
+    let s = spec("tiny-hunyuan-moe");
+    same_tokens_on_devices("tiny-hunyuan-moe", &s, &[0, 1], &[2], ExpertSplit::Ep);
+}
+
 /// Qwen3-MoE with `attention_bias` (q/k/v biases and `o_proj`'s, the `o_bias` operand):
 /// on 2 devices `o_proj`'s bias is added once, after the attention output's all-reduce.
 #[test]

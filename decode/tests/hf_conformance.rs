@@ -178,6 +178,14 @@ fn glm4_moe_with_padded_sizes_matches_transformers() {
     check("fixtures/models/tiny-glm4-moe-padded.json", 7, &[4, 23, 280, 11, 63], 10);
 }
 
+/// Hunyuan-MoE: per-head q/k norms after RoPE, RoPE's base raised by the NTK `alpha` 1000,
+/// the f32 softmax router renormalised over the top 2, the ungated shared MLP (the
+/// checkpoint's `mlp.gate.wg`, `mlp.shared_mlp`, `self_attn.query_layernorm` names).
+#[test]
+fn hunyuan_moe_matches_transformers() {
+    check("fixtures/models/tiny-hunyuan-moe.json", 7, &[1, 17, 300, 42, 5], 10);
+}
+
 /// `OLMoE`: q/k RMS norms over the whole q and k projections (a row of each weight per
 /// head), raw top-k weights.
 #[test]

@@ -58,12 +58,14 @@ fn quantized_at_load_megakernels_match_the_reference_on_dequantized_weights() {
 /// routed experts' format and their scales sit in the experts' scale operands, streamed as
 /// an expert's chunks are. Qwen2-MoE (a gated shared expert) in every format; GLM-4.5 (an
 /// ungated one, DeepSeek-V3 routing, a dense first layer, so no int4: its dense MLP would
-/// be int8) in int8 and fp8.
+/// be int8) in int8 and fp8; Hunyuan-MoE (an ungated one, q/k norms after RoPE) in int8
+/// and int4.
 #[test]
 fn quantized_shared_experts_match_the_reference_on_dequantized_weights() {
     for (name, dtypes) in [
         ("tiny-qwen2-moe", &[WeightsDtype::Int8, WeightsDtype::Fp8, WeightsDtype::Int4][..]),
         ("tiny-glm4-moe", &[WeightsDtype::Int8, WeightsDtype::Fp8][..]),
+        ("tiny-hunyuan-moe", &[WeightsDtype::Int8, WeightsDtype::Int4][..]),
     ] {
         let spec = fixture(name);
         let weights = Weights::random(&spec, 5).unwrap();

@@ -10,7 +10,12 @@
 //! egg rewrites ([`crate::rewrite`]), which see it as one expression with shared subterms
 //! ([`LayerGraph::to_expr`]).
 
+use std::collections::BTreeMap;
+
 use palladium_model::spec::MlaSpec;
+use palladium_model::weights::{
+    ExpertNames, FfnNames, MlaQueryNames, ModelNames, QkvNames, WeightsError,
+};
 use palladium_model::{AttentionForm, AttentionKind, FfnKind, ModelSpec, QkNorm};
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
@@ -66,6 +71,142 @@ pub enum WeightKind {
     FinalNorm,
     /// `lm_head.weight`, or the embedding when tied.
     LmHead,
+}
+
+/// The checkpoint's tensor names by [`WeightKind`], from the model crate's one naming of
+/// them (`palladium_model::weights::ModelNames`): a layer's relative to its prefix
+/// (`self_attn.q_proj.weight`; an expert's with `{e}` for the expert), the prefix with `{l}`
+/// for the layer (`model.layers.{l}.`). The graph, the rewrites' report and the source maps'
+/// prose name weights by it; the packer reads the same `ModelNames`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TensorNames {
+    pub layer_prefix: String,
+    pub embed: String,
+    pub final_norm: String,
+    pub lm_head: String,
+    layer: BTreeMap<WeightKind, String>,
+}
+
+impl TensorNames {
+    pub fn new(spec: &ModelSpec) -> Result<Self, WeightsError> {
+        // Names are alike across layers of one FFN kind and across experts: name the first
+        // layer of each kind with one expert (a model may have 2^16 layers of 2^24 experts).
+        let mut sample = ModelSpec { layers: Vec::new(), ..spec.clone() };
+        for layer in &spec.layers {
+            let kind = std::mem::discriminant(&layer.ffn);
+            if sample.layers.iter().all(|l| std::mem::discriminant(&l.ffn) != kind) {
+                let mut layer = layer.clone();
+                if let FfnKind::Moe(m) = &mut layer.ffn {
+                    (m.num_experts, m.top_k) = (1, 1);
+                }
+                sample.layers.push(layer);
+            }
+        }
+        let names = ModelNames::new(&sample)?;
+        let mut layer = BTreeMap::new();
+        for ln in &names.layers {
+            let relative = |n: &str| n.strip_prefix(ln.prefix.as_str()).unwrap_or(n).to_string();
+            let mut put = |kind, n: Option<&String>| {
+                if let Some(n) = n {
+                    layer.entry(kind).or_insert_with(|| relative(n));
+                }
+            };
+            use WeightKind::*;
+            put(InputNorm, Some(&ln.input_norm));
+            put(OProj, Some(&ln.o));
+            put(OBias, ln.o_bias.as_ref());
+            put(PostAttentionNorm, Some(&ln.post_norm));
+            match &ln.qkv {
+                QkvNames::Gqa(g) => {
+                    for (kind, n) in [(QProj, &g.q), (KProj, &g.k), (VProj, &g.v)] {
+                        put(kind, Some(n));
+                    }
+                    put(QBias, g.q_bias.as_ref());
+                    put(KBias, g.k_bias.as_ref());
+                    put(VBias, g.v_bias.as_ref());
+                    put(QNorm, g.q_norm.as_ref());
+                    put(KNorm, g.k_norm.as_ref());
+                }
+                QkvNames::Fused { qkv } => {
+                    for kind in [QProj, KProj, VProj] {
+                        put(kind, Some(qkv));
+                    }
+                }
+                QkvNames::Mla(m) => {
+                    match &m.query {
+                        MlaQueryNames::Direct { q } => put(QProj, Some(q)),
+                        MlaQueryNames::LowRank { q_a, q_a_norm, q_b } => {
+                            put(QAProj, Some(q_a));
+                            put(QANorm, Some(q_a_norm));
+                            put(QBProj, Some(q_b));
+                        }
+                    }
+                    put(KvAProj, Some(&m.kv_a));
+                    put(KvANorm, Some(&m.kv_a_norm));
+                    put(KvBProj, Some(&m.kv_b));
+                }
+            }
+            match &ln.ffn {
+                FfnNames::Dense(m) => {
+                    put(MlpGate, Some(&m.gate));
+                    put(MlpUp, Some(&m.up));
+                    put(MlpDown, Some(&m.down));
+                }
+                FfnNames::Moe { router, correction_bias, experts, shared, .. } => {
+                    put(Router, Some(router));
+                    put(CorrectionBias, correction_bias.as_ref());
+                    // Expert 0's names with `{e}` for the expert.
+                    let any_expert = |n: &String| n.replacen("experts.0.", "experts.{e}.", 1);
+                    let (gate, up, down) = match experts {
+                        ExpertNames::PerExpert(m) => {
+                            (any_expert(&m[0].gate), any_expert(&m[0].up), any_expert(&m[0].down))
+                        }
+                        ExpertNames::Fused(f) => {
+                            (f.gate_up.clone(), f.gate_up.clone(), f.down.clone())
+                        }
+                        ExpertNames::Stacked { gate, up, down } => {
+                            (gate.clone(), up.clone(), down.clone())
+                        }
+                    };
+                    put(ExpertGate, Some(&gate));
+                    put(ExpertUp, Some(&up));
+                    put(ExpertDown, Some(&down));
+                    if let Some(sh) = shared {
+                        put(SharedGate, Some(&sh.mlp.gate));
+                        put(SharedUp, Some(&sh.mlp.up));
+                        put(SharedDown, Some(&sh.mlp.down));
+                        put(SharedExpertGate, sh.gate.as_ref());
+                    }
+                }
+            }
+        }
+        let layer_prefix = match (names.layers.first(), sample.layers.first()) {
+            (Some(n), Some(l)) => n.prefix.replacen(&format!(".{}.", l.index), ".{l}.", 1),
+            _ => String::new(),
+        };
+        Ok(TensorNames {
+            layer_prefix,
+            embed: names.embed,
+            final_norm: names.final_norm,
+            lm_head: names.lm_head,
+            layer,
+        })
+    }
+
+    /// The name of a weight of `kind`: a layer's relative to its prefix; `None` where the
+    /// model has no such weight.
+    pub fn get(&self, kind: WeightKind) -> Option<&str> {
+        match kind {
+            WeightKind::FinalNorm => Some(&self.final_norm),
+            WeightKind::LmHead => Some(&self.lm_head),
+            _ => self.layer.get(&kind).map(String::as_str),
+        }
+    }
+
+    /// [`Self::get`] for a weight every planned model has.
+    fn of(&self, kind: WeightKind) -> String {
+        self.get(kind).unwrap_or_default().to_string()
+    }
 }
 
 /// A Hugging Face weight (name relative to the layer for per-layer weights) and its kind.
@@ -172,83 +313,50 @@ impl LayerGraph {
     /// The graph of layer `index` of `spec`, with Hugging Face weight names relative to the
     /// layer (`self_attn.q_proj.weight`, `mlp.experts.{e}.gate_proj.weight`, ...).
     pub fn build(spec: &ModelSpec, index: usize) -> LayerGraph {
+        // `Plan::new` names the model's tensors first, refusing a model it cannot name.
+        let names = TensorNames::new(spec).expect("the model crate names every model it reads");
         let layer = &spec.layers[index];
-        let mixtral = spec.family == palladium_model::Family::Mixtral;
         let mut g = StableDiGraph::new();
         let x = node(&mut g, "x", OpKind::Input, &[]);
-        let w = Weight::new;
+        let w = |kind| Weight::new(kind, names.of(kind));
         let n1 = node(
             &mut g,
             "input_layernorm",
-            OpKind::RmsNorm { weight: w(WeightKind::InputNorm, "input_layernorm.weight") },
+            OpKind::RmsNorm { weight: w(WeightKind::InputNorm) },
             &[x],
         );
         let attn = match spec.attention.form {
-            AttentionForm::Gqa => gqa_attention(&mut g, spec, n1),
-            AttentionForm::Mla(mla) => latent_attention(&mut g, mla, n1),
+            AttentionForm::Gqa => gqa_attention(&mut g, spec, &names, n1),
+            AttentionForm::Mla(mla) => latent_attention(&mut g, mla, &names, n1),
         };
-        let o = node(
-            &mut g,
-            "o_proj",
-            OpKind::Linear { weight: w(WeightKind::OProj, "self_attn.o_proj.weight") },
-            &[attn],
-        );
+        let o = node(&mut g, "o_proj", OpKind::Linear { weight: w(WeightKind::OProj) }, &[attn]);
         let h = node(&mut g, "attn_residual", OpKind::Residual, &[x, o]);
         let n2 = node(
             &mut g,
             "post_attention_layernorm",
-            OpKind::RmsNorm {
-                weight: w(WeightKind::PostAttentionNorm, "post_attention_layernorm.weight"),
-            },
+            OpKind::RmsNorm { weight: w(WeightKind::PostAttentionNorm) },
             &[h],
         );
         let ffn = match &layer.ffn {
             FfnKind::Moe(m) => {
-                let (gate_w, prefix, names) = if mixtral {
-                    (
-                        "block_sparse_moe.gate.weight",
-                        "block_sparse_moe.experts.{e}",
-                        ["w1", "w3", "w2"],
-                    )
-                } else {
-                    ("mlp.gate.weight", "mlp.experts.{e}", ["gate_proj", "up_proj", "down_proj"])
-                };
-                let logits = node(
-                    &mut g,
-                    "router",
-                    OpKind::Linear { weight: w(WeightKind::Router, gate_w) },
-                    &[n2],
-                );
+                let logits =
+                    node(&mut g, "router", OpKind::Linear { weight: w(WeightKind::Router) }, &[n2]);
                 let topk = node(&mut g, "topk", OpKind::TopK { k: m.top_k }, &[logits]);
-                let ew =
-                    |kind: WeightKind, n: &str| Weight::new(kind, format!("{prefix}.{n}.weight"));
                 let experts = OpKind::Experts {
-                    gate: ew(WeightKind::ExpertGate, names[0]),
-                    up: ew(WeightKind::ExpertUp, names[1]),
-                    down: ew(WeightKind::ExpertDown, names[2]),
+                    gate: w(WeightKind::ExpertGate),
+                    up: w(WeightKind::ExpertUp),
+                    down: w(WeightKind::ExpertDown),
                 };
                 node(&mut g, "experts", experts, &[n2, topk])
             }
             FfnKind::Dense { .. } => {
-                let gt = node(
-                    &mut g,
-                    "gate_proj",
-                    OpKind::Linear { weight: w(WeightKind::MlpGate, "mlp.gate_proj.weight") },
-                    &[n2],
-                );
-                let up = node(
-                    &mut g,
-                    "up_proj",
-                    OpKind::Linear { weight: w(WeightKind::MlpUp, "mlp.up_proj.weight") },
-                    &[n2],
-                );
+                let linear = |g: &mut StableDiGraph<OpNode, usize>, label, kind, input| {
+                    node(g, label, OpKind::Linear { weight: w(kind) }, &[input])
+                };
+                let gt = linear(&mut g, "gate_proj", WeightKind::MlpGate, n2);
+                let up = linear(&mut g, "up_proj", WeightKind::MlpUp, n2);
                 let act = node(&mut g, "silu_mul", OpKind::SiluMul, &[gt, up]);
-                node(
-                    &mut g,
-                    "down_proj",
-                    OpKind::Linear { weight: w(WeightKind::MlpDown, "mlp.down_proj.weight") },
-                    &[act],
-                )
+                linear(&mut g, "down_proj", WeightKind::MlpDown, act)
             }
         };
         let out = node(&mut g, "ffn_residual", OpKind::Residual, &[h, ffn]);
@@ -335,46 +443,22 @@ fn node(
 fn gqa_attention(
     g: &mut StableDiGraph<OpNode, usize>,
     spec: &ModelSpec,
+    names: &TensorNames,
     n1: NodeIndex,
 ) -> NodeIndex {
-    let w = Weight::new;
-    let q = node(
-        g,
-        "q_proj",
-        OpKind::Linear { weight: w(WeightKind::QProj, "self_attn.q_proj.weight") },
-        &[n1],
-    );
-    let k = node(
-        g,
-        "k_proj",
-        OpKind::Linear { weight: w(WeightKind::KProj, "self_attn.k_proj.weight") },
-        &[n1],
-    );
-    let v = node(
-        g,
-        "v_proj",
-        OpKind::Linear { weight: w(WeightKind::VProj, "self_attn.v_proj.weight") },
-        &[n1],
-    );
+    let w = |kind| Weight::new(kind, names.of(kind));
+    let q = node(g, "q_proj", OpKind::Linear { weight: w(WeightKind::QProj) }, &[n1]);
+    let k = node(g, "k_proj", OpKind::Linear { weight: w(WeightKind::KProj) }, &[n1]);
+    let v = node(g, "v_proj", OpKind::Linear { weight: w(WeightKind::VProj) }, &[n1]);
     let (q, k) = match spec.attention.qk_norm {
         QkNorm::PerHeadRms { .. } => (
-            node(
-                g,
-                "q_norm",
-                OpKind::HeadNorm { weight: w(WeightKind::QNorm, "self_attn.q_norm.weight") },
-                &[q],
-            ),
-            node(
-                g,
-                "k_norm",
-                OpKind::HeadNorm { weight: w(WeightKind::KNorm, "self_attn.k_norm.weight") },
-                &[k],
-            ),
+            node(g, "q_norm", OpKind::HeadNorm { weight: w(WeightKind::QNorm) }, &[q]),
+            node(g, "k_norm", OpKind::HeadNorm { weight: w(WeightKind::KNorm) }, &[k]),
         ),
         // OLMoE's norms over the whole projections are the attention stage's (before the
-        // view as heads); no weight to fold or fuse. Llama 4's L2 norm and Hunyuan's norms
-        // after RoPE are never planned (`plan::supported` refuses them by name before any
-        // graph is built).
+        // view as heads), Hunyuan's per-head ones after RoPE too; no weight to fold or fuse.
+        // Llama 4's L2 norm is never planned (`plan::supported` refuses it by name before
+        // any graph is built).
         QkNorm::None
         | QkNorm::WholeRms { .. }
         | QkNorm::L2AfterRope
@@ -391,25 +475,24 @@ fn gqa_attention(
 fn latent_attention(
     g: &mut StableDiGraph<OpNode, usize>,
     mla: MlaSpec,
+    names: &TensorNames,
     n1: NodeIndex,
 ) -> NodeIndex {
-    let linear = |g: &mut StableDiGraph<OpNode, usize>, kind, name: &str, input| {
-        let weight = Weight::new(kind, format!("self_attn.{name}.weight"));
-        node(g, name, OpKind::Linear { weight }, &[input])
+    let w = |kind| Weight::new(kind, names.of(kind));
+    let linear = |g: &mut StableDiGraph<OpNode, usize>, kind, label: &str, input| {
+        node(g, label, OpKind::Linear { weight: w(kind) }, &[input])
     };
     let q = match mla.q_lora_rank {
         None => linear(g, WeightKind::QProj, "q_proj", n1),
         Some(_) => {
             let q_a = linear(g, WeightKind::QAProj, "q_a_proj", n1);
-            let weight = Weight::new(WeightKind::QANorm, "self_attn.q_a_layernorm.weight");
+            let weight = w(WeightKind::QANorm);
             let normed = node(g, "q_a_layernorm", OpKind::RmsNorm { weight }, &[q_a]);
             linear(g, WeightKind::QBProj, "q_b_proj", normed)
         }
     };
     let kv_a = linear(g, WeightKind::KvAProj, "kv_a_proj_with_mqa", n1);
-    let kind = OpKind::LatentAttention {
-        kv_norm: Weight::new(WeightKind::KvANorm, "self_attn.kv_a_layernorm.weight"),
-        kv_b: Weight::new(WeightKind::KvBProj, "self_attn.kv_b_proj.weight"),
-    };
+    let kind =
+        OpKind::LatentAttention { kv_norm: w(WeightKind::KvANorm), kv_b: w(WeightKind::KvBProj) };
     node(g, "attn", kind, &[q, kv_a])
 }

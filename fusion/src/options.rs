@@ -153,6 +153,9 @@ pub struct Dims {
     pub rope_theta: f64,
     pub scale: f64,
     pub qk_norm: bool,
+    /// Hunyuan: the per-head q/k norms follow RoPE (`QkNorm::PerHeadRmsAfterRope`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub qk_norm_after_rope: bool,
     /// `OLMoE`'s q/k RMS norms over the whole q and k projections (`QkNorm::WholeRms`):
     /// `head_norms` then holds a row per q and k head (each head's slice of the weight).
     #[serde(skip_serializing_if = "std::ops::Not::not")]

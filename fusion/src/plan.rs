@@ -36,7 +36,7 @@
 //!   chip's VMEM per core, and every operand the chip's HBM per device; a model that does
 //!   not fit is refused with the numbers.
 
-use crate::graph::{LayerGraph, LayerKind, Weight, WeightKind};
+use crate::graph::{LayerGraph, LayerKind, TensorNames, Weight, WeightKind};
 use crate::layout::{
     CodeFormat, Ffn, LayerFfns, Operand, OperandKind, QuantLayout, Segment, SegmentKind,
     StreamLayout,
@@ -152,6 +152,9 @@ pub struct Plan {
     /// ([`crate::source`]) index the checkpoint's tensors by.
     #[serde(skip)]
     pub model_dims: Dims,
+    /// The checkpoint's tensor names, as the packer reads them (the report's prose).
+    #[serde(skip)]
+    pub names: TensorNames,
     pub graph: Vec<String>,
     pub layer_rewrite: Rewritten,
     pub head_rewrite: Rewritten,
@@ -424,13 +427,14 @@ impl Plan {
     /// there are several (the caller refuses or searches).
     fn for_devices(spec: &ModelSpec, options: &PlanOptions) -> Result<Plan, PlanError> {
         let (layers, kind, moe, layer_ffns) = supported(spec, options)?;
+        let names = TensorNames::new(spec).map_err(|e| PlanError::Unsupported(e.to_string()))?;
         let (dims, block_kv) = dims(spec, moe, &layer_ffns, options);
         let vocab = dims.vocab;
         let moe_layers = layer_ffns.count(Ffn::RoutedExperts) as usize;
         let model_dims = dims.clone();
         let (dims, split) = shard::split(dims, options, moe_layers)?;
         let dims = dims.tiled();
-        let extracted = rewrites(spec, &dims)?;
+        let extracted = rewrites(spec, &names, &dims)?;
         let layout = stream_layout(spec, options, &layer_ffns, &dims, &extracted)?;
         let rings = prefetch_schedule(options, layers, &dims, &layout);
         let scratch = MegakernelScratch::declare(
@@ -490,6 +494,7 @@ impl Plan {
             context: options.context,
             dims,
             model_dims,
+            names,
             graph: extracted.graph.describe(),
             layer_rewrite: extracted.layer,
             head_rewrite: extracted.head,
@@ -595,11 +600,6 @@ fn supported<'s>(
         ),
         (spec.layers.iter().any(|l| !l.positions.is_rope()), "NoPE layers"),
         (spec.attention.qk_norm == QkNorm::L2AfterRope, "the L2 q/k norm after RoPE"),
-        (
-            matches!(spec.attention.qk_norm, QkNorm::PerHeadRmsAfterRope { .. }),
-            "the per-head q/k RMS norms after RoPE",
-        ),
-        (matches!(spec.attention.rope.scaling, RopeScaling::NtkAlpha { .. }), "NTK-alpha RoPE"),
         (spec.family == Family::Dbrx, "DBRX's fused Wqkv"),
         (
             moe_layer(|m| m.routing.weighting == ExpertWeighting::Input),
@@ -747,9 +747,14 @@ fn dims(
         rows: round_up(batch * options.tokens_per_seq, 16),
         attn_rows: round_up(a.group_size() * options.tokens_per_seq, 16),
         eps: spec.norm.eps,
-        rope_theta: a.rope.theta,
+        // Hunyuan's NTK alpha raises the base; the kernel's frequencies are its powers.
+        rope_theta: a.rope.scaling.base(a.rope.theta, a.rope.rotary_dim),
         scale: a.scale,
-        qk_norm: matches!(a.qk_norm, QkNorm::PerHeadRms { .. }),
+        qk_norm: matches!(
+            a.qk_norm,
+            QkNorm::PerHeadRms { .. } | QkNorm::PerHeadRmsAfterRope { .. }
+        ),
+        qk_norm_after_rope: matches!(a.qk_norm, QkNorm::PerHeadRmsAfterRope { .. }),
         whole_qk_norm: matches!(a.qk_norm, QkNorm::WholeRms { .. }),
         clip_qkv: a.clip_qkv,
         qkv_bias: a.qkv_bias,
@@ -779,17 +784,13 @@ fn dims(
 /// extracted matmul of the layer is one segment, in the extraction's dataflow order; its
 /// weight kinds say which), the experts' fused weights and `lm_head`'s. A form the
 /// emitter has no schedule for (q/k/v left apart, a norm not folded) is refused.
-fn rewrites(spec: &ModelSpec, dims: &Dims) -> Result<Extracted, PlanError> {
+fn rewrites(spec: &ModelSpec, names: &TensorNames, dims: &Dims) -> Result<Extracted, PlanError> {
     let h = spec.hidden_size;
     let graph = LayerGraph::build(spec, rewritten_layer(spec));
     let layer = rewrite(&graph.to_expr(), &layer_weight_bytes(spec));
-    let head_name = match spec.lm_head {
-        LmHead::Untied => "lm_head.weight",
-        LmHead::Tied => "model.embed_tokens.weight",
-    };
     let (norm, lm_head) = (
-        Weight::new(WeightKind::FinalNorm, "model.norm.weight"),
-        Weight::new(WeightKind::LmHead, head_name),
+        Weight::new(WeightKind::FinalNorm, names.final_norm.as_str()),
+        Weight::new(WeightKind::LmHead, names.lm_head.as_str()),
     );
     let head = rewrite(
         &format!("(layer (matmul (rmsnorm x w:{}) w:{}))", norm.name, lm_head.name),

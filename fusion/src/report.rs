@@ -490,7 +490,13 @@ fn other_source(p: &Plan, o: &Operand, ix: Option<&DeviceIndex>) -> String {
             let what = if o.kind == OperandKind::KCache { "K" } else { "V" };
             let out = layout.operands.iter().find(|x| x.kind.aliased_input() == Some(o.kind)).map_or("", |x| x.kind.name());
             let head = ix.map_or(String::new(), |ix| format!(" (the model's KV head {})", ix.kv_head.replace('j', "g")));
-            format!("{what} of layer l, sequence b, kv head g{head} at position t: [l, b, g, t, :{hd}] (after k_norm and RoPE for K; cols {hd}.. zero); aliased to the output {out} (updated in place)")
+            // K as cached: after its norm where the model norms k, before or after RoPE.
+            let k = match (d.qk_norm || d.whole_qk_norm, d.qk_norm_after_rope) {
+                (false, _) => "RoPE",
+                (true, false) => "k_norm and RoPE",
+                (true, true) => "RoPE and k_norm",
+            };
+            format!("{what} of layer l, sequence b, kv head g{head} at position t: [l, b, g, t, :{hd}] (after {k} for K; cols {hd}.. zero); aliased to the output {out} (updated in place)")
         }
         OperandKind::Logits => {
             let (token, slice) = ix.map_or((String::new(), "vocab".to_string()), |ix| (format!(" (the model's token {} + v; the devices' slices concatenated give the vocabulary)", ix.vocab_start), d.vocab.to_string()));

@@ -16,7 +16,7 @@
 //! device and the report prints the formulas.
 
 use crate::graph::WeightKind;
-use crate::layout::{CodeFormat, Ffn, OperandKind, SegmentKind, StreamLayout};
+use crate::layout::{CodeFormat, Ffn, OperandKind, SegmentKind};
 use crate::options::Dims;
 use crate::plan::Plan;
 use crate::shard::ExpertSplit;
@@ -26,7 +26,7 @@ use palladium_model::spec::MlaSpec;
 /// block's [`Stack`] indices. The packer resolves roles to Hugging Face names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Role {
-    /// `model.embed_tokens.weight`.
+    /// The embedding (`model.embed_tokens.weight`).
     Embed,
     Weight(WeightKind),
 }
@@ -975,57 +975,11 @@ fn strided(stack: &[Stack], shape: &[u64], item: u64) -> Vec<(Stack, u64)> {
     (0..k).map(|i| (stack[i].clone(), shape[i + 1..k].iter().product::<u64>() * item)).collect()
 }
 
-/// The name of role `role` in `layout`'s Hugging Face names (per-layer ones relative to
-/// the layer, `{e}` for the expert), as the rewrites extracted them. `shared_gate`: the
-/// shared expert is Qwen2-MoE's gated `shared_expert` (else `DeepSeek`'s and GLM-4.5's
-/// `shared_experts`).
-pub fn tensor_name(layout: &StreamLayout, role: Role, shared_gate: bool) -> String {
-    let Role::Weight(kind) = role else { return "model.embed_tokens.weight".into() };
-    let extracted = layout
-        .segments
-        .iter()
-        .map(|s| &s.weight)
-        .chain(&layout.experts)
-        .chain([&layout.lm_head])
-        .flat_map(|w| w.weights.iter().chain(&w.folded_scale))
-        .find(|w| w.kind == kind);
-    if let Some(w) = extracted {
-        return w.name.clone();
-    }
-    // Not in the extracted matmuls (a quantized plan's router; the dense MLP; the q/k
-    // norms): the names beside the experts'.
-    let ffn = layout.experts[0]
-        .weights
-        .first()
-        .and_then(|w| w.name.split_once(".experts."))
-        .map_or("mlp", |(ffn, _)| ffn);
-    match kind {
-        WeightKind::Router => format!("{ffn}.gate.weight"),
-        WeightKind::CorrectionBias => format!("{ffn}.gate.e_score_correction_bias"),
-        WeightKind::MlpGate => "mlp.gate_proj.weight".into(),
-        WeightKind::MlpUp => "mlp.up_proj.weight".into(),
-        WeightKind::MlpDown => "mlp.down_proj.weight".into(),
-        WeightKind::SharedGate | WeightKind::SharedUp | WeightKind::SharedDown => {
-            let module = if shared_gate { "shared_expert" } else { "shared_experts" };
-            let proj = match kind {
-                WeightKind::SharedGate => "gate",
-                WeightKind::SharedUp => "up",
-                _ => "down",
-            };
-            format!("{ffn}.{module}.{proj}_proj.weight")
-        }
-        WeightKind::SharedExpertGate => format!("{ffn}.shared_expert_gate.weight"),
-        WeightKind::QNorm => "self_attn.q_norm.weight".into(),
-        WeightKind::KNorm => "self_attn.k_norm.weight".into(),
-        WeightKind::QBias => "self_attn.q_proj.bias".into(),
-        WeightKind::KBias => "self_attn.k_proj.bias".into(),
-        WeightKind::VBias => "self_attn.v_proj.bias".into(),
-        WeightKind::OBias => "self_attn.o_proj.bias".into(),
-        WeightKind::QANorm => "self_attn.q_a_layernorm.weight".into(),
-        WeightKind::KvANorm => "self_attn.kv_a_layernorm.weight".into(),
-        WeightKind::KvBProj => "self_attn.kv_b_proj.weight".into(),
-        other => format!("{other:?}"),
-    }
+/// The checkpoint's name of role `role` (a per-layer one relative to the layer, `{e}` for
+/// the expert): the plan's [`crate::graph::TensorNames`].
+pub fn tensor_name(plan: &Plan, role: Role) -> String {
+    let Role::Weight(kind) = role else { return plan.names.embed.clone() };
+    plan.names.get(kind).map_or_else(|| format!("{kind:?}"), str::to_string)
 }
 
 impl OperandSource {
@@ -1039,7 +993,6 @@ impl OperandSource {
     }
 
     fn describe_block(&self, plan: &Plan, b: &Block) -> String {
-        let layout = &plan.layout;
         let rank = self.shape.len();
         let inner: Vec<u64> = (0..rank).map(|i| self.shape[i + 1..].iter().product()).collect();
         // Each leading dimension's index: the stack indices that advance it, then the
@@ -1113,8 +1066,8 @@ impl OperandSource {
             idx[rank - 2] = format!("i % {n}");
         }
         let name = |role: Role| {
-            let n = tensor_name(layout, role, plan.dims.shared_gate);
-            if role.per_layer() { format!("model.layers.{{l}}.{n}") } else { n }
+            let n = tensor_name(plan, role);
+            if role.per_layer() { format!("{}{n}", plan.names.layer_prefix) } else { n }
         };
         let one_d = Role::shape(b.read.tensor, &plan.model_dims).len() == 1;
         let var = |v: &'static str, n: u64| if n == 1 { "0" } else { v };

@@ -724,10 +724,6 @@ fn gpt_oss_llama4_and_granite_are_refused_by_feature() {
             "tiny-phimoe",
             &["LayerNorm", "an lm_head bias", "the sparsemixer router", "LongRoPE", "phimoe"][..],
         ),
-        (
-            "tiny-hunyuan-moe",
-            &["the per-head q/k RMS norms after RoPE", "NTK-alpha RoPE", "hunyuan_v1_moe"][..],
-        ),
         ("tiny-dbrx", &["LayerNorm", "experts stored fused", "DBRX's fused Wqkv", "dbrx"][..]),
     ] {
         match Plan::new(&spec(fixture), &options(Chip::V6e, 1, 256, Some(2))) {

@@ -481,17 +481,23 @@ pub struct Llama3Scaling {
 }
 
 impl RopeScaling {
+    /// The base the frequencies are powers of: `theta`, raised by Hunyuan's NTK `alpha`
+    /// ([`Self::NtkAlpha`]) in Python floats.
+    pub fn base(&self, theta: f64, rotary_dim: u64) -> f64 {
+        match *self {
+            Self::NtkAlpha { alpha } => {
+                theta * alpha.powf(rotary_dim as f64 / (rotary_dim as f64 - 2.0))
+            }
+            _ => theta,
+        }
+    }
+
     /// The RoPE inverse frequencies of `rotary_dim` rotated dimensions, in f32 as
     /// transformers computes them, and the factor on `cos`/`sin`, for a forward call over a
     /// sequence of `seq_len` positions (only `LongRoPE` depends on it).
     pub fn inv_freq(&self, theta: f64, rotary_dim: u64, seq_len: u64) -> (Vec<f32>, f32) {
         let d = rotary_dim as usize;
-        let theta = match *self {
-            Self::NtkAlpha { alpha } => {
-                theta * alpha.powf(rotary_dim as f64 / (rotary_dim as f64 - 2.0))
-            }
-            _ => theta,
-        };
+        let theta = self.base(theta, rotary_dim);
         // `base ** (torch.arange(0, dim, 2).float() / dim)`, all f32.
         let pos_freqs: Vec<f32> =
             (0..d / 2).map(|i| (theta as f32).powf((2 * i) as f32 / d as f32)).collect();

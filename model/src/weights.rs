@@ -157,6 +157,9 @@ pub struct TensorSpec {
 /// The names of one layer's tensors (what [`tensor_layout`] lists, per layer).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerNames {
+    /// What every name of the layer starts with (`model.layers.{i}.`,
+    /// `transformer.blocks.{i}.`).
+    pub prefix: String,
     pub input_norm: String,
     /// The `LayerNorms`' biases (Phi-3.5-MoE): `input_layernorm.bias`.
     pub input_norm_bias: Option<String>,
@@ -529,6 +532,7 @@ impl ModelNames {
             };
             let norm_bias = matches!(spec.norm.kind, NormKind::Layer { bias: true });
             layers.push(LayerNames {
+                prefix: p.clone(),
                 input_norm: format!("{p}input_layernorm.weight"),
                 input_norm_bias: norm_bias.then(|| format!("{p}input_layernorm.bias")),
                 qkv,
@@ -569,6 +573,7 @@ impl ModelNames {
                 let n = |s: &str| format!("{p}norm_attn_norm.{s}");
                 let experts = |m: &str| format!("{p}ffn.experts.mlp.{m}");
                 LayerNames {
+                    prefix: p.clone(),
                     input_norm: n("norm_1.weight"),
                     input_norm_bias: None,
                     qkv: QkvNames::Fused { qkv: n("attn.Wqkv.weight") },

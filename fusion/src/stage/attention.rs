@@ -181,7 +181,8 @@ impl Attention {
         });
         // A head's q (`which` 0) or k (1) columns: the q/k norm (Qwen3's per head, or OLMoE's
         // whole-projection one with the head's row of the weight; rounded to bf16 as Hugging
-        // Face does), the clip, RoPE, and for q the softmax scale folded in.
+        // Face does), the clip, RoPE (Hunyuan's per-head norm after it), and for q the
+        // softmax scale folded in.
         let prep = |col: u64, which: usize, scale: f64| {
             let v = head(col);
             let v = match whole_inv {
@@ -189,13 +190,22 @@ impl Attention {
                     let t = col / hp;
                     (v * inv[which] * self.hn.load((t..t + 1, ..))).cast(bf16)
                 }
-                None if d.qk_norm => {
+                None if d.qk_norm && !d.qk_norm_after_rope => {
                     let w = self.hn.load((which as u64..which as u64 + 1, ..));
                     rms_norm(v, Some(w), d.head_dim, d.eps)
                 }
                 None => v,
             };
-            rope_apply(clip(v), rot, cos, sin) * scale
+            let v = rope_apply(clip(v), rot, cos, sin);
+            // Hunyuan's norms after RoPE, on the rotated head rounded as transformers' bf16.
+            let v = match d.qk_norm_after_rope {
+                true => {
+                    let w = self.hn.load((which as u64..which as u64 + 1, ..));
+                    rms_norm(v.cast(bf16), Some(w), d.head_dim, d.eps).cast(f32)
+                }
+                false => v,
+            };
+            v * scale
         };
         for head in 0..d.heads {
             let (g, j) = (head / group, head % group);
