@@ -38,6 +38,13 @@ pub enum WeightKind {
     Router,
     /// `DeepSeek`-V3's router's `e_score_correction_bias` (`[experts]`, f32).
     CorrectionBias,
+    /// gpt-oss's `self_attn.sinks` (`[heads]`), its router's bias (`[experts]`) and its
+    /// experts' biases (an expert's `[intermediate]` gate and up, `[hidden]` down).
+    Sinks,
+    RouterBias,
+    ExpertGateBias,
+    ExpertUpBias,
+    ExpertDownBias,
     ExpertGate,
     ExpertUp,
     ExpertDown,
