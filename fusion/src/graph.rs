@@ -10,7 +10,7 @@
 //! egg rewrites ([`crate::rewrite`]), which see it as one expression with shared subterms
 //! ([`LayerGraph::to_expr`]).
 
-use palladium_model::{AttentionKind, FfnKind, ModelSpec, QkNorm};
+use palladium_model::{AttentionKind, Family, FfnKind, ModelSpec, QkNorm};
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::EdgeRef;
@@ -248,6 +248,8 @@ impl LayerGraph {
                         "block_sparse_moe.experts.{e}",
                         ["w1", "w3", "w2"],
                     )
+                } else if spec.family == Family::GptOss {
+                    ("mlp.router.weight", "mlp.experts", ["", "", ""])
                 } else {
                     ("mlp.gate.weight", "mlp.experts.{e}", ["gate_proj", "up_proj", "down_proj"])
                 };
@@ -260,10 +262,24 @@ impl LayerGraph {
                 let topk = node(&mut g, "topk", OpKind::TopK { k: m.top_k }, &[logits]);
                 let ew =
                     |kind: WeightKind, n: &str| Weight::new(kind, format!("{prefix}.{n}.weight"));
-                let experts = OpKind::Experts {
-                    gate: ew(WeightKind::ExpertGate, names[0]),
-                    up: ew(WeightKind::ExpertUp, names[1]),
-                    down: ew(WeightKind::ExpertDown, names[2]),
+                let experts = match spec.family {
+                    // gpt-oss's fused tensors (`x @ W`): expert e's `[out, in]` views.
+                    Family::GptOss => OpKind::Experts {
+                        gate: Weight::new(
+                            WeightKind::ExpertGate,
+                            "mlp.experts.gate_up_proj[{e},:,0::2]^T",
+                        ),
+                        up: Weight::new(
+                            WeightKind::ExpertUp,
+                            "mlp.experts.gate_up_proj[{e},:,1::2]^T",
+                        ),
+                        down: Weight::new(WeightKind::ExpertDown, "mlp.experts.down_proj[{e}]^T"),
+                    },
+                    _ => OpKind::Experts {
+                        gate: ew(WeightKind::ExpertGate, names[0]),
+                        up: ew(WeightKind::ExpertUp, names[1]),
+                        down: ew(WeightKind::ExpertDown, names[2]),
+                    },
                 };
                 node(&mut g, "experts", experts, &[n2, topk])
             }

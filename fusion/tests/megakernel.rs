@@ -702,8 +702,15 @@ fn gpt_oss_plans_its_stage_options() {
     for read in ["self_attn.sinks", "router.bias", "gate_up_proj_bias", "down_proj_bias"] {
         assert!(text.contains(read), "{read} not in the report:\n{text}");
     }
-    // Both layer kinds under one traced layer loop.
+    // Both layer kinds under one traced layer loop; a quantized plan (its router bias and
+    // norm rows beside the bf16 router, the expert ring's scales beside the bias blocks)
+    // builds too, though the model crate does not quantize fused expert tensors.
     Megakernel::build(&s, &options(Chip::V6e, 1, 256, None)).unwrap_or_else(|e| panic!("{e}"));
+    let int8 = PlanOptions {
+        weights: palladium_model::quant::WeightsDtype::Int8,
+        ..options(Chip::V6e, 1, 256, None)
+    };
+    Megakernel::build(&s, &int8).unwrap_or_else(|e| panic!("int8: {e}"));
 }
 
 /// The tiny gpt-oss megakernel as the Mosaic module libtpu gets (the per-layer window,
