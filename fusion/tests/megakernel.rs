@@ -711,6 +711,16 @@ fn gpt_oss_plans_its_stage_options() {
         ..options(Chip::V6e, 1, 256, None)
     };
     Megakernel::build(&s, &int8).unwrap_or_else(|e| panic!("int8: {e}"));
+    // Sliding layers of two windows are two attention kinds: refused, naming the layers.
+    let mut two_windows = s.clone();
+    two_windows.layers[2].attention = palladium_model::AttentionKind::Sliding { window: 8 };
+    match Plan::new(&two_windows, &options(Chip::V6e, 1, 256, None)) {
+        Err(e @ PlanError::Unsupported(_)) => {
+            assert!(e.to_string().contains("layers of different kinds (layer 0"), "{e}");
+            assert!(e.to_string().contains("layer 2: sliding attention (window 8)"), "{e}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
 }
 
 /// The tiny gpt-oss megakernel as the Mosaic module libtpu gets (the per-layer window,
