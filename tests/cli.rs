@@ -775,6 +775,21 @@ fn run_quantized_weights_dtypes_pass_the_check_and_report_the_quantization_error
         !ok && err.contains("unknown weights dtype `int3` (known: bf16, int8, fp8, int4)"),
         "{err}"
     );
+    // MXFP4 kept as codes is refused by name, saying what an MXFP4 checkpoint does instead.
+    let (ok, _, err) = palladium(&[
+        "megakernel",
+        &model("tiny-gpt-oss-256"),
+        "--chip",
+        "v6e",
+        "--weights-dtype",
+        "mxfp4",
+        "--out",
+        &scratch("weights_dtype_mxfp4").display().to_string(),
+    ]);
+    assert!(
+        !ok && err.contains("`mxfp4` (MXFP4 experts kept as codes in HBM) is not supported yet"),
+        "{err}"
+    );
 }
 
 /// `megakernel --weights-dtype` sets the operand dtypes; a config with an FP8

@@ -26,11 +26,13 @@ use palladium_fusion::layout::{CodeFormat, OperandKind};
 use palladium_fusion::plan::Plan;
 use palladium_fusion::source::{Element, Instance, Role, source_maps};
 use palladium_model::ModelSpec;
+use palladium_model::moe::Layout;
 use palladium_model::quant::{
     FP8_BLOCK, INT4_GROUP, QuantFormat, QuantizedTensor, QuantizedWeights, StoredTensor,
 };
 use palladium_model::weights::{
-    FfnNames, MlaQueryNames, ModelNames, QkvNames, Tensor, Weights, WeightsError,
+    ExpertNames, FfnNames, FusedExperts, GateUpColumns, MlaQueryNames, ModelNames, QkvNames,
+    Tensor, Weights, WeightsError,
 };
 
 /// Why weights could not be packed.
@@ -254,6 +256,7 @@ fn pack_from(
         )));
     }
     let names = ModelNames::new(spec)?;
+    let experts = plan.model_dims.experts as usize;
     let layout = &plan.layout;
     let us = |s: &[u64]| s.iter().map(|&x| x as usize).collect::<Vec<_>>();
     let (mut operands, mut arrays) = (Vec::new(), Vec::new());
@@ -265,12 +268,13 @@ fn pack_from(
             let tshape = us(&read.tensor.shape(&plan.model_dims));
             let inputs = *tshape.last().unwrap_or(&0);
             for inst in block.instances(plan, device) {
-                let name = tensor_name(&names, read.tensor, &inst)?;
+                let source = tensor_source(&names, read.tensor, &inst, &tshape, experts)?;
+                let name = source.name;
                 let fold = match read.fold {
                     Some(norm) => {
                         let norm = Role::Weight(norm);
                         let t = weights.plain(
-                            tensor_name(&names, norm, &inst)?,
+                            tensor_source(&names, norm, &inst, &[], experts)?.name,
                             &us(&norm.shape(&plan.model_dims)),
                         )?;
                         Some(t)
@@ -295,19 +299,29 @@ fn pack_from(
                         value(o, i)
                     })
                 };
+                // Element [o, i] of the role's tensor in the stored tensor's data.
+                let fused = source.view.is_some();
+                let view =
+                    source.view.unwrap_or(View { shape: tshape.clone(), ..View::plain(inputs) });
+                let index = |o: usize, i: usize| view.offset + o * view.row + i * view.col;
                 match read.element {
                     Element::Value => {
-                        let t = weights.plain(name, &tshape)?;
+                        let t = weights.plain(name, &view.shape)?;
                         match fold {
                             Some(g) => fill(&|o, i| {
-                                round_bf16(t.data[o * inputs + i]) * round_bf16(g.data[i])
+                                round_bf16(t.data[index(o, i)]) * round_bf16(g.data[i])
                             }),
-                            None => fill(&|o, i| round_bf16(t.data[o * inputs + i])),
+                            None => fill(&|o, i| round_bf16(t.data[index(o, i)])),
                         }
                     }
                     Element::Exact => {
-                        let t = weights.plain(name, &tshape)?;
-                        fill(&|o, i| t.data[o * inputs + i]);
+                        let t = weights.plain(name, &view.shape)?;
+                        fill(&|o, i| t.data[index(o, i)]);
+                    }
+                    Element::Code(_) | Element::Scale(_) if fused => {
+                        return Err(PackError::Layout(format!(
+                            "tensor \"{name}\": fused expert tensors are not quantized (plan them as bf16)"
+                        )));
                     }
                     Element::Code(f) => {
                         let q =
@@ -362,6 +376,132 @@ fn fill_block(
             }
         }
     }
+}
+
+/// Where a role's `[out, in]` tensor (a vector's `[n]` as `[1, n]`) sits in a stored
+/// tensor of `shape`: element `[o, i]` at `offset + o * row + i * col` of its data. One
+/// expert of fused expert tensors (gpt-oss's `gate_up_proj` `[E, hidden, 2I]`, gate and up
+/// interleaved, `down_proj` `[E, I, hidden]`, their biases) is such a view.
+struct View {
+    shape: Vec<usize>,
+    offset: usize,
+    row: usize,
+    col: usize,
+}
+
+impl View {
+    /// A tensor stored as the role's `[out, in]` (`inputs` columns).
+    fn plain(inputs: usize) -> View {
+        View { shape: Vec::new(), offset: 0, row: inputs, col: 1 }
+    }
+}
+
+/// A role's tensor: its Hugging Face name, and where it is a view of a stored tensor of
+/// another shape, the view.
+struct Source<'n> {
+    name: &'n str,
+    view: Option<View>,
+}
+
+/// The source of tensor `role` (of `shape`, `[out, in]` or `[n]`) of `inst`'s layer and
+/// expert (of the model's `experts`).
+fn tensor_source<'n>(
+    names: &'n ModelNames,
+    role: Role,
+    inst: &Instance,
+    shape: &[usize],
+    experts: usize,
+) -> Result<Source<'n>, PackError> {
+    if let (
+        Role::Weight(
+            kind @ (WeightKind::ExpertGate
+            | WeightKind::ExpertUp
+            | WeightKind::ExpertDown
+            | WeightKind::ExpertGateBias
+            | WeightKind::ExpertUpBias
+            | WeightKind::ExpertDownBias),
+        ),
+        Some(l),
+    ) = (role, inst.layer)
+        && let Some(FfnNames::Moe { experts: ExpertNames::Fused(f), .. }) =
+            names.layers.get(l as usize).map(|ln| &ln.ffn)
+    {
+        let e = inst.expert.expect("an expert tensor's block stacks experts") as usize;
+        return fused_view(f, kind, (e, experts), shape, l);
+    }
+    tensor_name(names, role, inst).map(|name| Source { name, view: None })
+}
+
+/// Expert `e`'s `kind` tensor (`[out, in]` = `shape`; a bias `[n]`) in the fused tensors
+/// `f` of layer `l`.
+fn fused_view<'n>(
+    f: &'n FusedExperts,
+    kind: WeightKind,
+    (e, experts): (usize, usize),
+    shape: &[usize],
+    l: u64,
+) -> Result<Source<'n>, PackError> {
+    let missing_bias =
+        || PackError::Layout(format!("layer {l}: no fused expert biases (the config has none)"));
+    // Gate's and up's column `o` among `2I` columns: interleaved (gpt-oss) or halves.
+    let gate_up_step = |i: usize| match f.gate_up_columns {
+        GateUpColumns::Interleaved => (2, 1),
+        GateUpColumns::Halves => (1, i),
+    };
+    Ok(match kind {
+        WeightKind::ExpertGate | WeightKind::ExpertUp => {
+            let (i, h) = (shape[0], shape[1]);
+            let (step, up) = gate_up_step(i);
+            let first = if kind == WeightKind::ExpertUp { up } else { 0 };
+            let view = match f.layout {
+                // [E, hidden, 2I]: [o, x] at x * 2I + column(o).
+                Layout::InOut => View {
+                    shape: vec![experts, h, 2 * i],
+                    offset: e * h * 2 * i + first,
+                    row: step,
+                    col: 2 * i,
+                },
+                // [E, 2I, hidden].
+                Layout::OutIn => View {
+                    shape: vec![experts, 2 * i, h],
+                    offset: e * 2 * i * h + first * h,
+                    row: step * h,
+                    col: 1,
+                },
+            };
+            Source { name: &f.gate_up, view: Some(view) }
+        }
+        WeightKind::ExpertDown => {
+            let (h, i) = (shape[0], shape[1]);
+            let view = match f.layout {
+                // [E, I, hidden]: [o, x] at x * hidden + o.
+                Layout::InOut => {
+                    View { shape: vec![experts, i, h], offset: e * i * h, row: 1, col: h }
+                }
+                Layout::OutIn => {
+                    View { shape: vec![experts, h, i], offset: e * h * i, row: i, col: 1 }
+                }
+            };
+            Source { name: &f.down, view: Some(view) }
+        }
+        WeightKind::ExpertGateBias | WeightKind::ExpertUpBias => {
+            let i = shape[0];
+            let (step, up) = gate_up_step(i);
+            let first = if kind == WeightKind::ExpertUpBias { up } else { 0 };
+            let name = f.gate_up_bias.as_deref().ok_or_else(missing_bias)?;
+            let view =
+                View { shape: vec![experts, 2 * i], offset: e * 2 * i + first, row: 0, col: step };
+            Source { name, view: Some(view) }
+        }
+        _ => {
+            let h = shape[0];
+            let name = f.down_bias.as_deref().ok_or_else(missing_bias)?;
+            Source {
+                name,
+                view: Some(View { shape: vec![experts, h], offset: e * h, row: 0, col: 1 }),
+            }
+        }
+    })
 }
 
 /// The Hugging Face name of tensor `role` of `inst`'s layer and expert.
@@ -446,6 +586,12 @@ fn tensor_name<'n>(
             n.as_deref().ok_or_else(|| wrong("no q/k norm names"))?
         }
         (WeightKind::Router, FfnNames::Moe { router, .. }) => router,
+        (WeightKind::RouterBias, FfnNames::Moe { router_bias, .. }) => {
+            router_bias.as_deref().ok_or_else(|| wrong("no router bias (the config has none)"))?
+        }
+        (WeightKind::Sinks, _) => {
+            ln.sinks.as_deref().ok_or_else(|| wrong("no attention sinks (the config has none)"))?
+        }
         (WeightKind::CorrectionBias, FfnNames::Moe { correction_bias, .. }) => correction_bias
             .as_deref()
             .ok_or_else(|| wrong("no e_score_correction_bias (the router has none)"))?,

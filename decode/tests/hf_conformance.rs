@@ -206,3 +206,13 @@ fn olmoe_variant_matches_transformers() {
     check(cfg.to_str().unwrap(), 5, &[9, 8, 7, 6, 5, 4], 10);
     let _ = std::fs::remove_file(&cfg);
 }
+
+/// gpt-oss: sliding (window 4, shorter than the 15 positions) and full layers under one
+/// traced layer loop, per-head attention sinks, q/k/v/o biases, the router's bias (top-k,
+/// then a softmax over the k), fused experts (gate/up interleaved by column) with their
+/// biases and the clamped SwiGLU (gate/up weights drawn 4x larger by the generator, so the
+/// clamp at 7 is reached), f32-weighted RMS norms folded, YaRN.
+#[test]
+fn gpt_oss_megakernel_matches_transformers() {
+    check("fixtures/models/tiny-gpt-oss-256.json", 7, &[1, 17, 300, 42, 5], 10);
+}

@@ -128,6 +128,20 @@ fn k_token_runs_equal_one_token_runs() {
     k_runs_match_one_token_runs("tiny-mixtral, sliding window 6", &windowed_mixtral(6), &[prompt]);
 }
 
+/// gpt-oss at K = 4, batch 2: the per-layer window (4 positions, so the K queries of a
+/// run have windows starting at different tiles' rows) in its sliding layers, full
+/// attention in the others, and each of the K rows of a head with its head's sink.
+#[test]
+fn gpt_oss_k_token_runs_equal_one_token_runs() {
+    let prompt: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % 512).collect();
+    let other: Vec<u32> = (0..11).map(|i| (i * 53 + 100) % 512).collect();
+    k_runs_match_one_token_runs(
+        "tiny-gpt-oss-256, batch 2",
+        &spec("tiny-gpt-oss-256"),
+        &[prompt, other],
+    );
+}
+
 /// Plain greedy (K = 1, no drafts) against speculation (K = 4) with each drafter.
 fn speculation_matches_greedy(name: &str, prompt: &[u32], steps: usize) {
     let s = spec(name);

@@ -53,10 +53,10 @@ use crate::plan::Plan;
 use crate::spmd::{self, Spmd};
 use crate::stage::{
     Handles, attention::Attention, dense_mlp::DenseMlp, embed::Embed, expert_ring::ExpertRing,
-    experts::RoutedExperts, lm_head::LmHead, o_proj::OProjection, qkv::QkvProjection, ring_add,
-    router, stream::DenseStream,
+    experts::RoutedExperts, is_one_of, lm_head::LmHead, o_proj::OProjection, qkv::QkvProjection,
+    ring_add, router, stream::DenseStream,
 };
-use palladium_dsl::build::{KernelBuilder, eq, for_range, ge, if_else, lt, range};
+use palladium_dsl::build::{KernelBuilder, for_range, ge, if_else, lt, range};
 use palladium_dsl::prelude::*;
 use palladium_dsl::trace::builder_handles::Slot;
 use palladium_dsl::{BuildErrors, Kernel};
@@ -241,8 +241,7 @@ fn ffn(p: &Plan, s: &Stages, layer: Val, xn2: Val) {
     if dense.is_empty() {
         return moe(layer);
     }
-    let is_dense =
-        dense.iter().map(|&l| eq(layer, l as i32)).reduce(|a, b| a | b).expect("not empty");
+    let is_dense = is_one_of(layer, &dense);
     // The dense layers before this one: its slot in w_mlp, or the count to take off its
     // index for its slot in w_experts.
     let dense_before = dense

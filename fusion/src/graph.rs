@@ -12,9 +12,10 @@
 
 use std::collections::BTreeMap;
 
+use palladium_model::moe::Layout;
 use palladium_model::spec::MlaSpec;
 use palladium_model::weights::{
-    ExpertNames, FfnNames, MlaQueryNames, ModelNames, QkvNames, WeightsError,
+    ExpertNames, FfnNames, GateUpColumns, MlaQueryNames, ModelNames, QkvNames, WeightsError,
 };
 use palladium_model::{AttentionForm, AttentionKind, FfnKind, ModelSpec, QkNorm};
 use petgraph::Direction;
@@ -54,6 +55,13 @@ pub enum WeightKind {
     Router,
     /// `DeepSeek`-V3's router's `e_score_correction_bias` (`[experts]`, f32).
     CorrectionBias,
+    /// gpt-oss's `self_attn.sinks` (`[heads]`), its router's bias (`[experts]`) and its
+    /// experts' biases (an expert's `[intermediate]` gate and up, `[hidden]` down).
+    Sinks,
+    RouterBias,
+    ExpertGateBias,
+    ExpertUpBias,
+    ExpertDownBias,
     ExpertGate,
     ExpertUp,
     ExpertDown,
@@ -116,6 +124,7 @@ impl TensorNames {
             put(OProj, Some(&ln.o));
             put(OBias, ln.o_bias.as_ref());
             put(PostAttentionNorm, Some(&ln.post_norm));
+            put(Sinks, ln.sinks.as_ref());
             match &ln.qkv {
                 QkvNames::Gqa(g) => {
                     for (kind, n) in [(QProj, &g.q), (KProj, &g.k), (VProj, &g.v)] {
@@ -152,25 +161,13 @@ impl TensorNames {
                     put(MlpUp, Some(&m.up));
                     put(MlpDown, Some(&m.down));
                 }
-                FfnNames::Moe { router, correction_bias, experts, shared, .. } => {
+                FfnNames::Moe { router, router_bias, correction_bias, experts, shared } => {
                     put(Router, Some(router));
                     put(CorrectionBias, correction_bias.as_ref());
-                    // Expert 0's names with `{e}` for the expert.
-                    let any_expert = |n: &String| n.replacen("experts.0.", "experts.{e}.", 1);
-                    let (gate, up, down) = match experts {
-                        ExpertNames::PerExpert(m) => {
-                            (any_expert(&m[0].gate), any_expert(&m[0].up), any_expert(&m[0].down))
-                        }
-                        ExpertNames::Fused(f) => {
-                            (f.gate_up.clone(), f.gate_up.clone(), f.down.clone())
-                        }
-                        ExpertNames::Stacked { gate, up, down } => {
-                            (gate.clone(), up.clone(), down.clone())
-                        }
-                    };
-                    put(ExpertGate, Some(&gate));
-                    put(ExpertUp, Some(&up));
-                    put(ExpertDown, Some(&down));
+                    put(RouterBias, router_bias.as_ref());
+                    for (kind, n) in expert_names(experts) {
+                        put(kind, Some(&n));
+                    }
                     if let Some(sh) = shared {
                         put(SharedGate, Some(&sh.mlp.gate));
                         put(SharedUp, Some(&sh.mlp.up));
@@ -206,6 +203,55 @@ impl TensorNames {
     /// [`Self::get`] for a weight every planned model has.
     fn of(&self, kind: WeightKind) -> String {
         self.get(kind).unwrap_or_default().to_string()
+    }
+}
+
+/// A layer's expert weights and biases by kind, `{e}` for the expert: a module per expert's
+/// names, or the views of fused and stacked tensors that hold an expert's `[out, in]`
+/// matrix (`I` the intermediate size).
+fn expert_names(experts: &ExpertNames) -> Vec<(WeightKind, String)> {
+    use WeightKind::*;
+    match experts {
+        ExpertNames::PerExpert(m) => {
+            let any = |n: &String| n.replacen("experts.0.", "experts.{e}.", 1);
+            vec![
+                (ExpertGate, any(&m[0].gate)),
+                (ExpertUp, any(&m[0].up)),
+                (ExpertDown, any(&m[0].down)),
+            ]
+        }
+        ExpertNames::Fused(f) => {
+            let (gate, up) = match f.gate_up_columns {
+                GateUpColumns::Interleaved => ("0::2", "1::2"),
+                GateUpColumns::Halves => (":I", "I:"),
+            };
+            let (gu, down) = (&f.gate_up, &f.down);
+            let mut out = match f.layout {
+                Layout::InOut => vec![
+                    (ExpertGate, format!("{gu}[{{e}},:,{gate}]^T")),
+                    (ExpertUp, format!("{gu}[{{e}},:,{up}]^T")),
+                    (ExpertDown, format!("{down}[{{e}}]^T")),
+                ],
+                Layout::OutIn => vec![
+                    (ExpertGate, format!("{gu}[{{e}},{gate}]")),
+                    (ExpertUp, format!("{gu}[{{e}},{up}]")),
+                    (ExpertDown, format!("{down}[{{e}}]")),
+                ],
+            };
+            if let Some(b) = &f.gate_up_bias {
+                out.push((ExpertGateBias, format!("{b}[{{e}},{gate}]")));
+                out.push((ExpertUpBias, format!("{b}[{{e}},{up}]")));
+            }
+            if let Some(b) = &f.down_bias {
+                out.push((ExpertDownBias, format!("{b}[{{e}}]")));
+            }
+            out
+        }
+        ExpertNames::Stacked { gate, up, down } => vec![
+            (ExpertGate, format!("{gate}[{{e}}*I..({{e}}+1)*I]")),
+            (ExpertUp, format!("{up}[{{e}}*I..({{e}}+1)*I]")),
+            (ExpertDown, format!("{down}[{{e}}*I..({{e}}+1)*I]^T")),
+        ],
     }
 }
 

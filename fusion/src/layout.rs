@@ -152,6 +152,14 @@ pub enum OperandKind {
     /// `o_proj`'s bias, a row per layer (where the model has it): added once to the
     /// attention output after its all-reduce.
     OBias,
+    /// gpt-oss's attention sinks, per layer a row per query row of each kv group's
+    /// attention (the row's head's sink in every lane).
+    Sinks,
+    /// The router's bias, a row per MoE layer (gpt-oss).
+    RouterBias,
+    /// The experts' biases, a block per expert chunk (gpt-oss): row 0 the chunk's gate
+    /// and up biases, row 1 the expert's down bias (its first chunk only).
+    ExpertBias,
     KCache,
     VCache,
     Logits,
@@ -192,6 +200,9 @@ impl OperandKind {
             OperandKind::QkvBias => "qkv_bias",
             OperandKind::CorrectionBias => "correction_bias",
             OperandKind::OBias => "o_bias",
+            OperandKind::Sinks => "sinks",
+            OperandKind::RouterBias => "router_bias",
+            OperandKind::ExpertBias => "expert_bias",
             OperandKind::KCache => "k_cache",
             OperandKind::VCache => "v_cache",
             OperandKind::Logits => "logits",

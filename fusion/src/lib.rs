@@ -62,6 +62,9 @@
 //! | | `qkv_bias` (q/k/v biases only) | `f32[L, R, hp]` | HBM | row `t` the bias of head `t` of the q, k, v heads in order, padded to `hp`; `R` = heads + 2 kv heads rounded up to 8 |
 //! | | `o_bias` (`o_proj` biases only) | `f32[L, 8, H]` | HBM | row 0: layer `l`'s `o_proj.bias`, whole on every device (added once, after the all-reduce) |
 //! | | `correction_bias` (DeepSeek-V3 routing only) | `f32[L, 8, 128*ceil(E/128)]` | HBM | row 0 of MoE layer `l`: its `e_score_correction_bias` (f32, unrounded); dense layers' zero |
+//! | | `sinks` (gpt-oss) | `f32[L, kv_heads, attn_rows, 128]` | HBM | row `k*group + j` of kv group `g`: the sink of query head `g*group + j`, every lane |
+//! | | `router_bias` (gpt-oss) | `f32[L, 8, 128*ceil(E/128)]` | HBM | row 0 of MoE layer `l`: the router's bias |
+//! | | `expert_bias` (gpt-oss) | `f32[L, E, C, 8, max(2*block, H)]` | HBM | chunk `c` of expert `e`: row 0 `[gate bias | up bias]` of its columns, row 1 the down bias (chunk 0 only) |
 //! | | `k_cache`, `v_cache` | `bf16[L, B, kv_heads, T, hp]` | HBM | K (normed, roped) / V; aliased to outputs |
 //! | out | `logits` (only with `--logits`) | `f32[ceil(V/cw), rows, cw]` | VMEM | logit of token row r, token v at `[v / cw, r, v % cw]` |
 //! | out | `next_ids` | `i32[rows, 128]` | VMEM | greedy next id of token row r (lowest id among equal maxima), every lane of row r |
@@ -86,7 +89,8 @@
 //!
 //! The plan holds every layer's FFN stage ([`plan::Plan::layer_ffns`],
 //! [`layout::Ffn`]): routed experts, or a dense MLP (Qwen3-MoE's `mlp_only_layers` /
-//! `decoder_sparse_step`); one attention kind for every layer. The dense stream is
+//! `decoder_sparse_step`); one attention kind for every layer but for a sliding window
+//! (gpt-oss's sliding and full layers, `options::Dims::sliding_layers`). The dense stream is
 //! uniform per layer, so the dense ring is unchanged; the dense MLP streams its chunks
 //! (shaped as an expert's) through the expert ring; the emitted layer loop picks the stage
 //! under an `scf.if` from scalar compares of the layer index, and emits nothing new where

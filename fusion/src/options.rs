@@ -169,7 +169,33 @@ pub struct Dims {
     /// A bias on `o_proj` (the `o_bias` operand), added once after the all-reduce.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub o_bias: bool,
+    /// The sliding layers' window (every layer's where `sliding_layers` is `None`).
     pub window: Option<u64>,
+    /// Where the planned layers mix sliding and full attention (gpt-oss's `layer_types`):
+    /// the sliding ones; the others attend to the whole cache. `None`: every layer has
+    /// `window`'s attention.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sliding_layers: Option<Vec<u64>>,
+    /// gpt-oss's attention sinks: a learned logit per head in its softmax denominator
+    /// (the `sinks` operand, a row per query row of each kv group's attention).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub sinks: bool,
+    /// RoPE's inverse frequencies and the factor on `cos`/`sin` where the model scales
+    /// them (YaRN: computed on the host as the model does); `None`: `theta^(-2i/d)`, 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_table: Option<(Vec<f32>, f64)>,
+    /// A bias on the router's logits (gpt-oss; the `router_bias` operand, a row per MoE
+    /// layer), added before the scoring and the choice.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub router_bias: bool,
+    /// Biases on the experts' gate, up and down projections (gpt-oss; the `expert_bias`
+    /// operand, fetched with each expert chunk).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub expert_bias: bool,
+    /// gpt-oss's clamped SwiGLU `(alpha, limit)` ([`palladium_kernels::body::Glu`]);
+    /// `None`: `silu(gate) * up`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clamped_swiglu: Option<(f64, f64)>,
     /// How the router scores its logits before the top-k (the config's, as data).
     pub scoring: RouterScoring,
     pub renormalize: bool,
@@ -220,6 +246,29 @@ impl Dims {
     /// Bytes of one layer's `o_bias` row block (`f32[8, hidden]`, row 0), 0 without it.
     pub fn o_bias_bytes(&self) -> u64 {
         if self.o_bias { 4 * 8 * self.hidden } else { 0 }
+    }
+
+    /// Bytes of one layer's `sinks` block (`f32[kv_heads, attn_rows, 128]`: each kv
+    /// group's query rows, the sink of the row's head in every lane), 0 without sinks.
+    pub fn sinks_bytes(&self) -> u64 {
+        if self.sinks { 4 * self.kv_heads * self.attn_rows * 128 } else { 0 }
+    }
+
+    /// Bytes of one MoE layer's `router_bias` row block (`f32[8, experts_pad]`, row 0), 0
+    /// without the bias.
+    pub fn router_bias_bytes(&self) -> u64 {
+        if self.router_bias { 4 * 8 * self.experts_pad } else { 0 }
+    }
+
+    /// Lanes of an `expert_bias` chunk block: the chunk's gate and up biases (`2 * block`)
+    /// in row 0, the expert's down bias (`hidden`) in row 1.
+    pub fn expert_bias_lanes(&self, block: u64) -> u64 {
+        (2 * block).max(self.hidden)
+    }
+
+    /// Whether layer `l`'s attention slides.
+    pub fn slides(&self, l: u64) -> bool {
+        self.window.is_some() && self.sliding_layers.as_ref().is_none_or(|s| s.contains(&l))
     }
 
     /// Bytes of one layer's `correction_bias` row block (`f32[8, experts_pad]`, row 0),

@@ -227,6 +227,9 @@ pub struct Traffic {
     /// tiles (`Dims::tiled`): each stream's padded share (0 where every size fills them).
     #[serde(skip_serializing_if = "is_zero")]
     pub padding: u64,
+    /// The attention sinks' and the router biases' rows, one copy per layer (0 without).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub sinks: u64,
     pub total: u64,
     /// The model's own count for the same step (`ModelSpec::decode_traffic`, unpadded).
     pub model_total: f64,
@@ -468,19 +471,25 @@ impl Plan {
         traffic.padding = padding_bytes(&traffic, &model_dims, &dims, options.devices, expert_ways);
         let sharding =
             split.map(|split| shard::sharding(options, layers, &dims, vocab, split)).transpose()?;
+        // Layers mixing sliding and full attention (gpt-oss) say which slide.
+        let kind_text = match (&model_dims.sliding_layers, model_dims.window) {
+            (Some(sliding), Some(w)) => {
+                LayerKind { attention: AttentionKind::Full, ..kind.clone() }.describe().replacen(
+                    "full attention",
+                    &format!("full attention (sliding, window {w}, on layers {sliding:?})"),
+                    1,
+                )
+            }
+            _ => kind.describe(),
+        };
         let model = if layer_ffns.all_routed() {
-            format!(
-                "{} ({} layers of {})",
-                spec.family.model_type(),
-                spec.layers.len(),
-                kind.describe()
-            )
+            format!("{} ({} layers of {kind_text})", spec.family.model_type(), spec.layers.len())
         } else {
             format!(
                 "{} ({} layers: MoE layers of {}, dense-MLP layers of intermediate {})",
                 spec.family.model_type(),
                 spec.layers.len(),
-                kind.describe(),
+                kind_text,
                 dense_intermediate(spec).unwrap_or(0)
             )
         };
@@ -489,7 +498,7 @@ impl Plan {
             chip: options.chip,
             layers,
             model_layers: spec.layers.len(),
-            layer_kind: kind.describe(),
+            layer_kind: kind_text,
             layer_ffns,
             context: options.context,
             dims,
@@ -586,10 +595,6 @@ fn supported<'s>(
         spec.layers.iter().any(|l| matches!(&l.ffn, FfnKind::Moe(m) if f(m)))
     };
     let unemitted = [
-        (spec.attention.sinks, "attention sinks"),
-        (spec.mlp.bias, "expert biases"),
-        (spec.mlp.activation != Activation::Silu, "the clamped SwiGLU"),
-        (spec.norm.kind == NormKind::RmsF32Weight, "RMS norms weighted in f32"),
         (matches!(spec.norm.kind, NormKind::Layer { .. }), "LayerNorm"),
         (spec.lm_head_bias, "an lm_head bias"),
         (moe_layer(|m| m.routing.sparse_mixer.is_some()), "the sparsemixer router"),
@@ -612,10 +617,6 @@ fn supported<'s>(
             "Llama 3 RoPE scaling or complex-pair RoPE",
         ),
         (!spec.multipliers.is_identity(), "Granite's embedding, residual and logits multipliers"),
-        (
-            spec.family.experts_fused(),
-            "experts stored fused (one tensor per matrix for all experts)",
-        ),
     ];
     let lacking: Vec<&str> = unemitted.iter().filter(|f| f.0).map(|f| f.1).collect();
     if !lacking.is_empty() {
@@ -650,10 +651,26 @@ fn supported<'s>(
         )));
     };
     let kind = LayerKind::of(first_moe);
+    // Layers may differ in attention only by a sliding window (gpt-oss's `layer_types`),
+    // all sliding layers by the same one.
+    let window = planned.iter().find_map(|l| match l.attention {
+        AttentionKind::Sliding { window } => Some(window),
+        _ => None,
+    });
+    let same_attention = |a: AttentionKind| match a {
+        AttentionKind::Full => true,
+        AttentionKind::Sliding { window: w } => Some(w) == window,
+        AttentionKind::Chunked { .. } => a == first_moe.attention,
+    };
     // A dense-MLP layer is the MoE layers' kind but for its FFN: same attention.
-    let same_kind = |l: &palladium_model::LayerSpec| match l.ffn {
-        FfnKind::Moe(_) => LayerKind::of(l) == kind,
-        FfnKind::Dense { .. } => l.attention == first_moe.attention,
+    let same_kind = |l: &palladium_model::LayerSpec| {
+        same_attention(l.attention)
+            && match l.ffn {
+                FfnKind::Moe(_) => {
+                    LayerKind { attention: first_moe.attention, ..LayerKind::of(l) } == kind
+                }
+                FfnKind::Dense { .. } => true,
+            }
     };
     if let Some(l) = planned.iter().find(|l| !same_kind(l)) {
         return Err(PlanError::Unsupported(format!(
@@ -676,20 +693,12 @@ fn supported<'s>(
             })
             .collect(),
     );
-    // What the reference forward pass computes and the megakernel does not emit yet, all
-    // named at once.
     let a = &spec.attention;
-    let r = &moe.routing;
-    let mut missing = Vec::new();
-    // q/k/v biases are the `qkv_bias` operand, o_proj's the `o_bias` one; a router's
-    // (no family so far) is not emitted.
-    if r.router_bias {
-        missing.push("a router bias".to_string());
-    }
-    if !missing.is_empty() {
+    // The expert ring's bias slots hold a routed expert's chunk biases; a dense MLP or a
+    // shared expert streaming through it has none (no family has both).
+    if spec.mlp.bias && (!layer_ffns.all_routed() || moe.shared.is_some()) {
         return Err(PlanError::Unsupported(format!(
-            "{} of {}: the reference forward pass computes them, the megakernel does not emit them yet",
-            missing.join(", "),
+            "expert biases with dense-MLP layers or a shared expert ({}): the expert ring carries biases for routed experts only",
             spec.family.model_type()
         )));
     }
@@ -718,6 +727,7 @@ fn dims(
 ) -> (Dims, u64) {
     let a = &spec.attention;
     let batch = options.batch;
+    let planned = &spec.layers[..layer_ffns.0.len()];
     // Tiles of up to 1024 positions: libtpu's v6e estimate of Qwen3-30B-A3B at batch 8
     // (4 layers, 4096 positions): 256-position tiles 3.33M cycles, 512 2.66M, 1024 2.40M;
     // larger tiles read more past the position at run time.
@@ -759,10 +769,29 @@ fn dims(
         clip_qkv: a.clip_qkv,
         qkv_bias: a.qkv_bias,
         o_bias: a.o_bias,
-        window: match spec.layers[0].attention {
-            AttentionKind::Full => None,
+        window: planned.iter().find_map(|l| match l.attention {
             AttentionKind::Sliding { window } => Some(window),
-            AttentionKind::Chunked { .. } => unreachable!("refused by `supported`"),
+            _ => None,
+        }),
+        sliding_layers: {
+            let sliding: Vec<u64> = planned
+                .iter()
+                .filter(|l| matches!(l.attention, AttentionKind::Sliding { .. }))
+                .map(|l| l.index as u64)
+                .collect();
+            (!sliding.is_empty() && sliding.len() < planned.len()).then_some(sliding)
+        },
+        sinks: a.sinks,
+        rope_table: (a.rope.scaling != RopeScaling::Default).then(|| {
+            let rotary = a.rope.rotary_dim.min(a.head_dim);
+            let (inv_freq, factor) = a.rope.scaling.inv_freq(a.rope.theta, rotary, options.context);
+            (inv_freq, f64::from(factor))
+        }),
+        router_bias: moe.routing.router_bias,
+        expert_bias: spec.mlp.bias,
+        clamped_swiglu: match spec.mlp.activation {
+            Activation::Silu => None,
+            Activation::ClampedSwiGlu { alpha, limit } => Some((alpha, limit)),
         },
         scoring: moe.routing.scoring,
         renormalize: moe.routing.top_k_weights == TopKWeights::Renormalized,
@@ -1028,6 +1057,37 @@ fn stream_layout(
             l * dims.correction_bias_bytes(),
         ));
     }
+    if dims.sinks {
+        operands.push(operand(
+            Sinks,
+            Input,
+            DType::F32,
+            vec![l, kvh, dims.attn_rows, 128],
+            MemorySpace::Any,
+            l * dims.sinks_bytes(),
+        ));
+    }
+    if dims.router_bias {
+        operands.push(operand(
+            RouterBias,
+            Input,
+            DType::F32,
+            vec![l, 8, dims.experts_pad],
+            MemorySpace::Any,
+            l * dims.router_bias_bytes(),
+        ));
+    }
+    if dims.expert_bias {
+        let lanes = dims.expert_bias_lanes(expert_block);
+        operands.push(operand(
+            ExpertBias,
+            Input,
+            DType::F32,
+            vec![l_moe, e + shared_entries, expert_chunks, 8, lanes],
+            MemorySpace::Any,
+            product("the expert biases", &[4, l_moe, e + shared_entries, expert_chunks, 8, lanes])?,
+        ));
+    }
     if let Some(q) = quant {
         let (nqkv, nq) = (segments[0].cols, segments[1].cols);
         let f32_operand = |kind, shape: Vec<u64>| {
@@ -1288,7 +1348,7 @@ fn hbm_fit(
             // over the layers.
             None => (2 * layout.per_layer * h * layout.chunk_cols)
                 .saturating_add(
-                    [OperandKind::WExperts, OperandKind::WMlp]
+                    [OperandKind::WExperts, OperandKind::WMlp, OperandKind::ExpertBias]
                         .iter()
                         .map(|&kind| layout.operand(kind).map_or(0, |o| o.bytes))
                         .fold(0u64, u64::saturating_add)
@@ -1298,7 +1358,9 @@ fn hbm_fit(
                 .saturating_add(if dims.head_norms() { 4 * dims.head_norm_rows() * hp } else { 0 })
                 .saturating_add(if dims.qkv_bias { 4 * dims.qkv_bias_rows() * hp } else { 0 })
                 .saturating_add(dims.correction_bias_bytes())
-                .saturating_add(dims.o_bias_bytes()),
+                .saturating_add(dims.o_bias_bytes())
+                .saturating_add(dims.sinks_bytes())
+                .saturating_add(dims.router_bias_bytes()),
             // Every operand with a leading layer axis (a quantized w_stream has no lm_head
             // chunks; `norms` has one more entry, the final norm).
             Some(_) => {
@@ -1310,6 +1372,9 @@ fn hbm_fit(
                     QkvBias,
                     CorrectionBias,
                     OBias,
+                    Sinks,
+                    RouterBias,
+                    ExpertBias,
                     KCache,
                     VCache,
                     QkvScales,
@@ -1368,7 +1433,8 @@ fn weight_traffic(
     let (l, h, chunk_cols) = (layer_ffns.0.len() as u64, dims.hidden, layout.chunk_cols);
     let Some(q) = layout.quant else {
         let dense = product("the dense stream per step", &[2, l, layout.per_layer, h, chunk_cols])?;
-        let expert_bytes = product("one expert's weights", &[2, 3, h, dims.intermediate])?;
+        let expert_bytes = product("one expert's weights", &[2, 3, h, dims.intermediate])?
+            + expert_bias_bytes(dims, layout);
         return Ok((dense, 2 * layout.lm_chunks * h * chunk_cols, expert_bytes, None));
     };
     let bytes_of = |kind| layout.operand(kind).map_or(0, |o: &Operand| o.bytes);
@@ -1384,8 +1450,9 @@ fn weight_traffic(
     let mlp_codes = bytes_of(OperandKind::WMlp);
     let mlp_f32 = bytes_of(OperandKind::MlpScales) + bytes_of(OperandKind::MlpDownScales);
     let expert_codes = per_expert(OperandKind::WExperts);
-    let expert_f32 =
-        per_expert(OperandKind::ExpertScales) + per_expert(OperandKind::ExpertDownScales);
+    let expert_f32 = per_expert(OperandKind::ExpertScales)
+        + per_expert(OperandKind::ExpertDownScales)
+        + expert_bias_bytes(dims, layout);
     let lm_dtype = q.lm_head.map_or(DType::Bf16, |f| f.codes);
     let mut parts: DtypeParts = Vec::new();
     for (dtype, per, fixed) in [
@@ -1433,6 +1500,15 @@ fn padding_bytes(t: &Traffic, model: &Dims, dims: &Dims, devices: u64, expert_wa
         + ffn(t.experts - shared, Some(model.intermediate), Some(dims.intermediate), expert_ways)
         + ffn(shared, model.shared_intermediate, dims.shared_intermediate, devices)
         + ffn(t.mlp, model.dense_intermediate, dims.dense_intermediate, devices)
+}
+
+/// One expert's `expert_bias` blocks (every chunk's), 0 without expert biases.
+fn expert_bias_bytes(dims: &Dims, layout: &StreamLayout) -> u64 {
+    if dims.expert_bias {
+        4 * layout.expert_chunks * 8 * dims.expert_bias_lanes(layout.expert_block)
+    } else {
+        0
+    }
 }
 
 /// The 16-row groups written back from a KV tile holding new rows: one for one token; for
@@ -1493,14 +1569,19 @@ fn traffic(
         * (1.0 - (1.0 - dims.top_k as f64 / e).powf(tokens as f64))
         * expert_bytes as f64
         + (l_moe * shared * expert_bytes) as f64;
-    let span = dims.window.map_or(options.context, |w| w.min(options.context));
-    let tiles = span.div_ceil(block_kv) + u64::from(dims.window.is_some());
-    let tiles = match options.kv_tiles {
-        KvTiles::UpToPosition => tiles.min(dims.positions / block_kv),
-        KvTiles::All => dims.positions / block_kv,
+    // KV tiles read per (layer, sequence, kv head): a sliding layer's its window's (one
+    // more where the window straddles a tile boundary), a full one's the context's.
+    let tiles_of = |window: Option<u64>| {
+        let span = window.map_or(options.context, |w| w.min(options.context));
+        let tiles = span.div_ceil(block_kv) + u64::from(window.is_some());
+        match options.kv_tiles {
+            KvTiles::UpToPosition => tiles.min(dims.positions / block_kv),
+            KvTiles::All => dims.positions / block_kv,
+        }
     };
-    let kv_read =
-        product("the KV cache read per step", &[l, batch, kvh, 2, tiles, block_kv, hp, 2])?;
+    let sliding = (0..l).filter(|&i| dims.slides(i)).count() as u64;
+    let tiles = sliding * tiles_of(dims.window) + (l - sliding) * tiles_of(None);
+    let kv_read = product("the KV cache read per step", &[batch, kvh, 2, tiles, block_kv, hp, 2])?;
     let kv_write = product(
         "the KV cache written per step",
         &[l, batch, kvh, 2, 16 * kv_write_groups(dims.tokens_per_seq, block_kv), hp, 2],
@@ -1511,6 +1592,8 @@ fn traffic(
     let qkv_bias =
         if dims.qkv_bias { l * dims.qkv_bias_rows() * hp * 4 } else { 0 } + l * dims.o_bias_bytes();
     let correction_bias = l_moe * dims.correction_bias_bytes();
+    // The sinks' and router biases' rows, one copy per layer.
+    let sinks = l * dims.sinks_bytes() + l_moe * dims.router_bias_bytes();
     let step_total = total(
         "the bytes moved per step",
         &[
@@ -1524,6 +1607,7 @@ fn traffic(
             head_norms,
             qkv_bias,
             correction_bias,
+            sinks,
         ],
     )?;
     let mut truncated = spec.clone();
@@ -1535,19 +1619,25 @@ fn traffic(
         "the DMAs per step",
         &[
             per_layer,
-            1 + u64::from(dims.qkv_bias) + u64::from(dims.o_bias),
+            1 + u64::from(dims.qkv_bias) + u64::from(dims.o_bias) + u64::from(dims.sinks),
             product(
                 "the DMAs per step",
-                &[batch, kvh, 2, tiles + kv_write_groups(dims.tokens_per_seq, block_kv)],
+                &[batch, kvh, 2, kv_write_groups(dims.tokens_per_seq, block_kv)],
             )?,
         ],
     )?;
+    let kv_read_dmas = product("the DMAs per step", &[batch, kvh, 2, tiles])?;
+    // An expert chunk's DMAs, one more with its bias block.
+    let per_chunk = 2 + u64::from(dims.expert_bias);
     let ffn_dmas = total(
         "the DMAs per step",
         &[
-            product("the DMAs per step", &[l_moe, distinct + shared, layout.expert_chunks, 2])?,
+            product(
+                "the DMAs per step",
+                &[l_moe, distinct + shared, layout.expert_chunks, per_chunk],
+            )?,
             product("the DMAs per step", &[l_mlp, layout.mlp_chunks, 2])?,
-            l_moe * u64::from(dims.correction_bias),
+            l_moe * (u64::from(dims.correction_bias) + u64::from(dims.router_bias)),
         ],
     )?;
     // A quantized plan adds per layer its scales, router and norm rows (4) and two scale
@@ -1561,6 +1651,7 @@ fn traffic(
         "the DMAs per step",
         &[
             product("the DMAs per step", &[l, dmas_per_layer + quant_per_layer])?,
+            kv_read_dmas,
             ffn_dmas,
             lm_chunks,
             tokens,
@@ -1582,6 +1673,7 @@ fn traffic(
         qkv_bias,
         correction_bias,
         padding: 0,
+        sinks,
         total: step_total,
         model_total,
         floor_seconds: step_total as f64 / options.chip.target().hbm_bandwidth_per_tensorcore(),

@@ -63,6 +63,9 @@ pub fn text(p: &Plan) -> String {
     if t.correction_bias > 0 {
         bias += &format!(", correction biases {}", gb(t.correction_bias as f64));
     }
+    if t.sinks > 0 {
+        bias += &format!(", sinks and router biases {}", gb(t.sinks as f64));
+    }
     let _ = writeln!(
         s,
         "weight bytes streamed per step: {} (dense {}, experts {}{mlp}, lm_head {}, embedding {}, head norms {}{bias})",
@@ -73,7 +76,8 @@ pub fn text(p: &Plan) -> String {
             + t.embedding
             + t.head_norms
             + t.qkv_bias
-            + t.correction_bias) as f64),
+            + t.correction_bias
+            + t.sinks) as f64),
         gb(t.dense as f64),
         gb(t.experts as f64),
         gb(t.lm_head as f64),
@@ -461,6 +465,7 @@ fn per_device(kind: OperandKind) -> bool {
             | OperandKind::Norms
             | OperandKind::HeadNorms
             | OperandKind::CorrectionBias
+            | OperandKind::RouterBias
             | OperandKind::OBias
             | OperandKind::NextIds
             | OperandKind::MaxLogits

@@ -198,6 +198,12 @@ pub struct ScratchKeys {
     pub correction_bias: Option<(BufferKey, SemaphoresKey)>,
     /// The layer's `o_proj` bias rows and their copy's semaphore.
     pub o_bias: Option<(BufferKey, SemaphoresKey)>,
+    /// The layer's attention sinks (`[kv_heads, attn_rows, 128]`), the router bias row,
+    /// and the expert ring's bias blocks (`[slots, 8, lanes]`, `sems[slot]`), where the
+    /// model has them (gpt-oss).
+    pub sinks: Option<(BufferKey, SemaphoresKey)>,
+    pub router_bias: Option<(BufferKey, SemaphoresKey)>,
+    pub expert_bias: Option<(BufferKey, SemaphoresKey)>,
     pub x: BufferKey,
     pub expert_acc: BufferKey,
     pub o_acc: BufferKey,
@@ -293,6 +299,20 @@ impl MegakernelScratch {
         let o_bias = dims.o_bias.then(|| {
             let buf = s.buffer("o_proj bias", "o_bias_buf", vm, f32, &[8, h]);
             (buf, s.dma_semaphores("o_bias_sem", &[1]))
+        });
+        let sinks = dims.sinks.then(|| {
+            let buf =
+                s.buffer("attention sinks", "sinks_buf", vm, f32, &[kvh, dims.attn_rows, 128]);
+            (buf, s.dma_semaphores("sinks_sem", &[1]))
+        });
+        let router_bias = dims.router_bias.then(|| {
+            let buf = s.buffer("router bias", "router_bias_buf", vm, f32, &[8, dims.experts_pad]);
+            (buf, s.dma_semaphores("router_bias_sem", &[1]))
+        });
+        let expert_bias = dims.expert_bias.then(|| {
+            let lanes = dims.expert_bias_lanes(eb);
+            let buf = s.buffer("expert ring", "expert_bias_buf", vm, f32, &[slots, 8, lanes]);
+            (buf, s.dma_semaphores("expert_bias_sems", &[slots]))
         });
         let acc = "residual and accumulators";
         let x = s.buffer(acc, "x", vm, f32, &[rows, h]);
@@ -410,6 +430,9 @@ impl MegakernelScratch {
             qkv_bias,
             correction_bias,
             o_bias,
+            sinks,
+            router_bias,
+            expert_bias,
             x,
             expert_acc,
             o_acc,

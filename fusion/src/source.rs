@@ -41,7 +41,14 @@ impl Role {
     pub fn per_expert(self) -> bool {
         matches!(
             self,
-            Role::Weight(WeightKind::ExpertGate | WeightKind::ExpertUp | WeightKind::ExpertDown)
+            Role::Weight(
+                WeightKind::ExpertGate
+                    | WeightKind::ExpertUp
+                    | WeightKind::ExpertDown
+                    | WeightKind::ExpertGateBias
+                    | WeightKind::ExpertUpBias
+                    | WeightKind::ExpertDownBias
+            )
         )
     }
 
@@ -75,7 +82,10 @@ impl Role {
                 WeightKind::KProj | WeightKind::VProj => vec![kv, h],
                 WeightKind::OProj => vec![h, q],
                 WeightKind::Router => vec![m.experts, h],
-                WeightKind::CorrectionBias => vec![m.experts],
+                WeightKind::CorrectionBias | WeightKind::RouterBias => vec![m.experts],
+                WeightKind::Sinks => vec![m.heads],
+                WeightKind::ExpertGateBias | WeightKind::ExpertUpBias => vec![i],
+                WeightKind::ExpertDownBias => vec![h],
                 WeightKind::OBias => vec![h],
                 WeightKind::ExpertGate | WeightKind::ExpertUp => vec![i, h],
                 WeightKind::ExpertDown => vec![h, i],
@@ -867,6 +877,80 @@ fn blocks(plan: &Plan, kind: OperandKind) -> Option<Vec<Block>> {
             read: read(WeightKind::OBias, Element::Value, false, None),
             what: "",
         }],
+        // Each kv group's query rows (`k * group + j`: head j of the group, token k), the
+        // sink of the row's head in every lane.
+        OperandKind::Sinks => (0..d.tokens_per_seq)
+            .map(|k| Block {
+                stack: vec![
+                    (Stack::Layers { only: None }, shape[1] * shape[2] * 128),
+                    (Stack::Chunks(d.kv_heads), shape[2] * 128),
+                ],
+                at: k * d.group * 128,
+                rows: d.group,
+                cols: 128,
+                row_stride: 128,
+                row: Axis::new(IndexMap::Heads { head_dim: 1, head_pad: 1, heads: share.q_heads })
+                    .chunked(d.group),
+                col: whole(128),
+                read: read(WeightKind::Sinks, Element::Value, true, None),
+                what: "",
+            })
+            .collect(),
+        OperandKind::RouterBias => vec![Block {
+            stack: vec![(Stack::Layers { only: Some(Ffn::RoutedExperts) }, shape[1] * shape[2])],
+            at: 0,
+            rows: 1,
+            cols: m.experts,
+            row_stride: shape[2],
+            row: whole(1),
+            col: whole(m.experts),
+            read: read(WeightKind::RouterBias, Element::Value, false, None),
+            what: "",
+        }],
+        // Per expert chunk: row 0 its gate then up biases, row 1 the expert's down bias in
+        // its first chunk (on one device of a split by columns: the partial sums are
+        // all-reduced, the bias added once).
+        OperandKind::ExpertBias => {
+            let (ec, eb, lanes) = (layout.expert_chunks, layout.expert_block, shape[4]);
+            let experts = || {
+                vec![
+                    (Stack::Slots(Ffn::RoutedExperts), shape[1] * shape[2] * 8 * lanes),
+                    (Stack::Experts(share.experts), shape[2] * 8 * lanes),
+                ]
+            };
+            let gate_up = |at: u64, w: WeightKind, what| Block {
+                stack: [experts(), vec![(Stack::Chunks(ec), 8 * lanes)]].concat(),
+                at,
+                rows: 1,
+                cols: eb,
+                row_stride: lanes,
+                row: whole(1),
+                col: Axis::new(share.columns).chunked(eb),
+                read: read(w, Element::Value, false, None),
+                what,
+            };
+            let once = match share.columns {
+                IndexMap::Slice { per_device, .. } if per_device > 0 => {
+                    IndexMap::Slice { per_device: h, len: h, size: h }
+                }
+                _ => IndexMap::whole(h),
+            };
+            vec![
+                gate_up(0, WeightKind::ExpertGateBias, "gate bias"),
+                gate_up(eb, WeightKind::ExpertUpBias, "up bias"),
+                Block {
+                    stack: experts(),
+                    at: lanes,
+                    rows: 1,
+                    cols: h,
+                    row_stride: lanes,
+                    row: whole(1),
+                    col: Axis::new(once),
+                    read: read(WeightKind::ExpertDownBias, Element::Value, false, None),
+                    what: "down bias",
+                },
+            ]
+        }
         OperandKind::CorrectionBias => vec![Block {
             stack: vec![(Stack::Layers { only: Some(Ffn::RoutedExperts) }, shape[1] * shape[2])],
             at: 0,
@@ -1073,7 +1157,9 @@ impl OperandSource {
         let var = |v: &'static str, n: u64| if n == 1 { "0" } else { v };
         let (ri, ci) =
             (b.row.describe(var("i", b.rows), b.rows), b.col.describe(var("j", b.cols), b.cols));
-        let (at, input) = if one_d {
+        let (at, input) = if one_d && b.read.transposed {
+            (format!("[{ri}]"), ri)
+        } else if one_d {
             (format!("[{ci}]"), ci)
         } else if b.read.transposed {
             (format!("[{ci}, {ri}]"), ri)

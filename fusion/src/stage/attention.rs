@@ -4,14 +4,15 @@
 //! causal at its own position), the outputs reassembled into `attn` for [`super::o_proj`].
 //! Also the prologue's RoPE tables for the token rows' positions.
 
-use super::Handles;
+use super::{Handles, is_one_of};
 use crate::layout::OperandKind;
 use crate::plan::{KvTiles, Plan, written_groups};
 use crate::spmd::Spmd;
 use palladium_dsl::build::{Drain, eq, for_range, ge, if_else, le, lt, pipeline, range};
 use palladium_dsl::prelude::*;
 use palladium_kernels::body::{
-    KvMask, NewRow, OnlineSoftmax, RowSelect, rms_norm, rope_apply, rope_rotation, rope_tables,
+    KvMask, NewRow, OnlineSoftmax, RowSelect, Window, rms_norm, rope_apply, rope_rotation,
+    rope_tables, rope_tables_of,
 };
 
 #[derive(Clone, Copy)]
@@ -26,6 +27,8 @@ pub struct Attention {
     /// The q/k/v bias rows per layer (`qkv_bias`, a row per projection head), copied
     /// into their buffer at the layer's start.
     bias: Option<LayerRows>,
+    /// The layer's attention sinks (gpt-oss): each kv group's query rows' sink.
+    sinks: Option<LayerRows>,
     kbuf: Ref,
     vbuf: Ref,
     kv_sems: SemRef,
@@ -54,6 +57,11 @@ impl Attention {
             hn_sem: hs.sems(k.head_norm_sem),
             bias: k.qkv_bias.map(|(buf, sem)| LayerRows {
                 operand: hs.must(OperandKind::QkvBias),
+                buf: hs.buffer(buf),
+                sem: hs.sems(sem),
+            }),
+            sinks: k.sinks.map(|(buf, sem)| LayerRows {
+                operand: hs.must(OperandKind::Sinks),
                 buf: hs.buffer(buf),
                 sem: hs.sems(sem),
             }),
@@ -91,7 +99,10 @@ impl Attention {
         // size would (frequencies and halves of `rotary_dim`), the rest pass through
         // (cos 1, sin 0, no rotation).
         let rotary = d.rotary_dim.unwrap_or(d.head_dim);
-        let (cos, sin) = rope_tables(pos, d.head_pad, rotary, d.rope_theta);
+        let (cos, sin) = match &d.rope_table {
+            Some((inv_freq, factor)) => rope_tables_of(pos, d.head_pad, inv_freq, *factor),
+            None => rope_tables(pos, d.head_pad, rotary, d.rope_theta),
+        };
         let (cos, sin) = match d.rotary_dim {
             Some(r) => {
                 let rotated = lt(iota([1, d.head_pad], 1), r as i32);
@@ -110,13 +121,13 @@ impl Attention {
         self.os.store(.., 0.0);
     }
 
-    /// The layer's first thing: its head norms (Qwen3) and q/k/v biases issued.
+    /// The layer's first thing: its head norms (Qwen3), q/k/v biases and sinks issued.
     pub fn issue_head_rows(self, layer: Val) {
         if let Some(norms) = self.head_norms {
             async_copy(norms.at(layer), self.hn, self.hn_sem.at(0)).start();
         }
-        if let Some(bias) = self.bias {
-            bias.copy(layer).start();
+        for rows in [self.bias, self.sinks].into_iter().flatten() {
+            rows.copy(layer).start();
         }
     }
 
@@ -129,9 +140,19 @@ impl Attention {
         if let Some(norms) = self.head_norms {
             async_copy(norms.at(layer), self.hn, self.hn_sem.at(0)).wait();
         }
-        if let Some(bias) = self.bias {
-            bias.copy(layer).wait();
+        for rows in [self.bias, self.sinks].into_iter().flatten() {
+            rows.copy(layer).wait();
         }
+        // The layer's window where layers differ in it (gpt-oss's sliding and full layers:
+        // a full layer's spans the whole cache), from compares of the layer index.
+        let window = match (d.window, &d.sliding_layers) {
+            (Some(w), Some(sliding)) => Some(Window::PerLayer(select(
+                is_one_of(layer, sliding),
+                scalar(w as i32),
+                scalar(d.positions as i32),
+            ))),
+            (w, _) => w.map(Window::Fixed),
+        };
         // The projection's head at column `col`, its bias added (`r(W x + b)` in the
         // reference: the bias before the norm and RoPE).
         let head = |col: u64| {
@@ -263,9 +284,13 @@ impl Attention {
                 let last = newest / bkv_i;
                 let (t0, ntiles) = match p.kv_tiles {
                     KvTiles::UpToPosition => {
-                        let t0 = match d.window {
-                            Some(w) => {
+                        let t0 = match window {
+                            Some(Window::Fixed(w)) => {
                                 let first = pos - (w as i32 - 1);
+                                select(lt(first, 0), 0, first) / bkv_i
+                            }
+                            Some(Window::PerLayer(w)) => {
+                                let first = pos - (w - 1);
                                 select(lt(first, 0), 0, first) / bkv_i
                             }
                             None => scalar(0),
@@ -349,11 +374,21 @@ impl Attention {
                 let (k0, v0) = fetch(t0, scalar(0));
                 k0.start();
                 v0.start();
+                // A sink per query row (its head's, lane 0 of the row) starts each row's
+                // softmax (gpt-oss).
+                let start = || match self.sinks {
+                    Some(sinks) => OnlineSoftmax::with_sink(
+                        qrows,
+                        hp,
+                        sinks.buf.load((g, .., ..)).slice((.., 0..1)),
+                    ),
+                    None => OnlineSoftmax::start(qrows, hp),
+                };
                 let (state, _) = pipeline(
                     range(t0, ntiles - 1),
                     Drain::Loop(range(ntiles - 1, ntiles)),
                     1,
-                    (OnlineSoftmax::start(qrows, hp), scalar(0)),
+                    (start(), scalar(0)),
                     |next: Val, &(_, slot): &(OnlineSoftmax, Val)| {
                         let (kn, vn) = fetch(next, 1 - slot);
                         kn.start();
@@ -392,13 +427,13 @@ impl Attention {
                         // tiles, every tile pays (a run-time choice per tile costs more in
                         // libtpu's estimate than the masking: the cost variant stays an upper
                         // bound).
-                        let mask = match (p.kv_tiles, d.window) {
+                        let mask = match (p.kv_tiles, window) {
                             (KvTiles::UpToPosition, None) if !draining && kt == 1 => None,
                             _ => Some(KvMask {
                                 start: t * bkv_i,
                                 last: pos,
                                 queries,
-                                window: d.window,
+                                window,
                                 zero_values: true,
                             }),
                         };

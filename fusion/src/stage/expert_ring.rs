@@ -10,7 +10,9 @@ use crate::spmd::Spmd;
 use palladium_dsl::build::pipeline_lagged;
 use palladium_dsl::prelude::*;
 use palladium_dsl::trace::IntoIndex;
-use palladium_kernels::body::{ExpertItem, GroupScales, WeightLayout, residual_add, swiglu_chunk};
+use palladium_kernels::body::{
+    ExpertItem, Glu, GroupScales, WeightLayout, glu_chunk, residual_add,
+};
 
 /// An FFN's weights as they stream through the ring: the chunks' codes (bf16 or quantized),
 /// and a quantized plan's scales (`[gate | up]` and down), chunked alike.
@@ -18,6 +20,8 @@ use palladium_kernels::body::{ExpertItem, GroupScales, WeightLayout, residual_ad
 pub struct RingWeights {
     codes: Ref,
     scales: Option<(Ref, Ref)>,
+    /// The chunks' bias blocks (`expert_bias`, gpt-oss's routed experts).
+    bias: Option<Ref>,
 }
 
 impl RingWeights {
@@ -31,7 +35,14 @@ impl RingWeights {
         Some(RingWeights {
             codes: hs.operand(codes)?,
             scales: hs.operand(scales).zip(hs.operand(down_scales)),
+            bias: None,
         })
+    }
+
+    /// These weights with their chunks' bias blocks, the operand `bias` where the plan has
+    /// it.
+    pub fn with_bias(self, hs: &Handles, bias: OperandKind) -> RingWeights {
+        RingWeights { bias: hs.operand(bias), ..self }
     }
 }
 
@@ -50,6 +61,9 @@ pub struct ExpertRing {
     buf: Ref,
     sems: SemRef,
     scales: Option<RingScales>,
+    /// The bias block slots (`[slots, 8, lanes]`) and their semaphores, where the experts
+    /// have biases.
+    bias: Option<(Ref, SemRef)>,
     acc: Ref,
     x: Ref,
     spmd: Option<Spmd>,
@@ -66,6 +80,7 @@ impl ExpertRing {
                 sems: hs.sems(q.expert_scale_sems),
                 format: f.experts,
             }),
+            bias: hs.keys.expert_bias.map(|(buf, sem)| (hs.buffer(buf), hs.sems(sem))),
             acc: hs.buffer(hs.keys.expert_acc),
             x: hs.buffer(hs.keys.x),
             spmd: hs.spmd,
@@ -83,6 +98,9 @@ impl ExpertRing {
                 ring.down.at(slot),
                 ring.sems.at((1, slot)),
             ));
+        }
+        if let (Some(bias), Some((buf, sems))) = (w.bias, self.bias) {
+            copies.push(async_copy(bias.at(at), buf.at(slot), sems.at(slot)));
         }
         copies
     }
@@ -104,8 +122,17 @@ impl ExpertRing {
             });
             WeightTile::new(self.buf.load((slot, .., part * eb..(part + 1) * eb)), scales)
         };
+        // gpt-oss's activation and the chunk's biases (row 0: gate then up; row 1: the
+        // down bias, zero past the expert's first chunk).
+        let glu = Glu {
+            clamped: p.dims.clamped_swiglu,
+            gate_up_bias: self.bias.map(|(buf, _)| {
+                (buf.load((slot, 0..1, 0..eb)), buf.load((slot, 0..1, eb..2 * eb)))
+            }),
+            down_bias: self.bias.map(|(buf, _)| buf.load((slot, 1..2, 0..h))),
+        };
         on_token_rows(p, self.scales.is_some(), xn2, |x| {
-            swiglu_chunk(x, tile(0, h), tile(1, h), tile(2, i), WeightLayout::OutIn)
+            glu_chunk(x, tile(0, h), tile(1, h), tile(2, i), WeightLayout::OutIn, glu)
         })
     }
 

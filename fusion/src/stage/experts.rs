@@ -33,7 +33,9 @@ impl RoutedExperts {
             OperandKind::ExpertDownScales,
         );
         RoutedExperts {
-            weights: weights.expect("the plan's layout has no w_experts operand"),
+            weights: weights
+                .expect("the plan's layout has no w_experts operand")
+                .with_bias(hs, OperandKind::ExpertBias),
             ids: hs.buffer(hs.keys.expert_ids),
             logits: hs.buffer(hs.keys.router_logits),
             spmd: hs.spmd,

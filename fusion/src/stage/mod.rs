@@ -38,7 +38,7 @@ use crate::layout::OperandKind;
 use crate::plan::Plan;
 use crate::scratch::{BufferKey, QuantKeys, ScratchHandles, ScratchKeys, SemaphoresKey};
 use crate::spmd::Spmd;
-use palladium_dsl::build::{ge, lt};
+use palladium_dsl::build::{eq, ge, lt};
 use palladium_dsl::prelude::*;
 use palladium_kernels::body::{
     DIGIT_ROWS, GroupScales, QuantizedBlock, WeightBlock, WeightLayout, project, rms_norm,
@@ -83,6 +83,12 @@ impl Handles<'_> {
 pub fn ring_add(base: Val, k: u64, n: u64) -> Val {
     let t = base + (k % n) as i32;
     select(ge(t, n as i32), t - n as i32, t)
+}
+
+/// Whether the traced `layer` is one of `layers` (a chain of scalar compares; no table
+/// operand): a per-layer choice under the one traced layer loop.
+pub fn is_one_of(layer: Val, layers: &[u64]) -> Val {
+    layers.iter().map(|&l| eq(layer, l as i32)).reduce(|a, b| a | b).expect("some layers")
 }
 
 /// `i` clamped into `0..n`: an index read from data addresses nothing outside its array

@@ -39,6 +39,8 @@ pub struct Router {
     ids: Ref,
     /// The layer's correction-bias rows: the operand, its buffer, the copy's semaphore.
     correction_bias: Option<(Ref, Ref, SemRef)>,
+    /// The layer's router-bias row (gpt-oss), as the correction bias's.
+    bias: Option<(Ref, Ref, SemRef)>,
     spmd: Option<Spmd>,
 }
 
@@ -54,6 +56,10 @@ impl Router {
             correction_bias: hs.keys.correction_bias.map(|(buf, sem)| {
                 (hs.must(OperandKind::CorrectionBias), hs.buffer(buf), hs.sems(sem))
             }),
+            bias: hs
+                .keys
+                .router_bias
+                .map(|(buf, sem)| (hs.must(OperandKind::RouterBias), hs.buffer(buf), hs.sems(sem))),
             spmd: hs.spmd,
         }
     }
@@ -114,16 +120,22 @@ impl Router {
         let d = &p.dims;
         let k = d.top_k;
         let trash = p.distinct_experts() as i32;
-        let logits = self.logits.load(..);
-        record_non_finite(p, self.non_finite, layer, logits);
-        let sigmoid = d.scoring == RouterScoring::Sigmoid;
-        // The bias row of the layer (a small copy, waited at once: routing needs it).
-        let correction_bias = self.correction_bias.map(|(operand, buf, sem)| {
+        // A bias row of the layer (a small copy, waited at once: routing needs it).
+        let row = |(operand, buf, sem): (Ref, Ref, SemRef)| {
             let copy = async_copy(operand.at(layer), buf, sem.at(0));
             copy.start();
             copy.wait();
             buf.load((0..1, ..))
-        });
+        };
+        let logits = self.logits.load(..);
+        // gpt-oss's router bias: part of the logits (padding columns zero).
+        let logits = match self.bias {
+            Some(bias) => logits + row(bias),
+            None => logits,
+        };
+        record_non_finite(p, self.non_finite, layer, logits);
+        let sigmoid = d.scoring == RouterScoring::Sigmoid;
+        let correction_bias = self.correction_bias.map(row);
         let choice = Choice { correction_bias, groups: d.expert_groups, scaling: d.routed_scaling };
         let routing = Routing::choosing(logits, d.experts, k, sigmoid, d.renormalize, choice);
         let own_first = self.spmd.and_then(|spmd| spmd.expert_first());

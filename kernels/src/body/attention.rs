@@ -39,7 +39,7 @@ pub struct KvMask {
     /// position for every row.
     pub queries: Option<(Val, u64)>,
     /// Only the `window` positions up to `last` (Mistral's `sliding_window`).
-    pub window: Option<u64>,
+    pub window: Option<Window>,
     /// Also zero the V rows of masked positions. Their probabilities are zero, but a cache
     /// past `last` holds whatever it held (stale or uninitialised data) and `0 * NaN` is
     /// NaN; a caller whose masked rows are known finite skips it.
@@ -53,7 +53,7 @@ impl KvMask {
         let (rows, tile) = (scores.shape().0[0], scores.shape().0[1]);
         let width = v.shape().0[1];
         // Before the (first) query's window; a query at `last` attends `(before, last]`.
-        let first = self.window.map(|w| self.last - w as i32);
+        let first = self.window.map(|w| w.before(self.last));
         let attended = |position: Val, last: Val, before: Option<Val>| {
             let causal = le(position, last);
             match before {
@@ -67,7 +67,7 @@ impl KvMask {
                 let row_last = self.last + offsets;
                 (
                     row_last,
-                    self.window.map(|w| row_last - w as i32),
+                    self.window.map(|window| window.before(row_last)),
                     self.last + (tokens as i32 - 1),
                 )
             }
@@ -138,5 +138,33 @@ impl OnlineSoftmax {
     /// The attention output, `acc / l` (f32).
     pub fn output(self) -> Val {
         self.acc / self.l
+    }
+}
+
+/// A sliding window's size: static, or a run-time scalar (`i32`; layers of one traced
+/// loop that differ in their window, gpt-oss's sliding and full layers, a full one's as
+/// large as the cache).
+#[derive(Clone, Copy)]
+pub enum Window {
+    Fixed(u64),
+    PerLayer(Val),
+}
+
+impl Window {
+    /// The last position before the window of a query at `last`.
+    fn before(self, last: Val) -> Val {
+        match self {
+            Window::Fixed(w) => last - w as i32,
+            Window::PerLayer(w) => last - w,
+        }
+    }
+}
+
+impl OnlineSoftmax {
+    /// [`Self::start`] with a sink per row (`sink` `[rows, 1]` f32; gpt-oss's per-head
+    /// learned logit): one more logit in each row's softmax denominator, attending to no
+    /// value. As if a first tile held it: running max `sink`, sum `exp(sink - sink)` = 1.
+    pub fn with_sink(rows: u64, width: u64, sink: Val) -> OnlineSoftmax {
+        OnlineSoftmax { m: sink, l: zeros([rows, 1], f32) + 1.0, acc: zeros([rows, width], f32) }
     }
 }

@@ -17,9 +17,9 @@ pub fn swiglu(gate: Val, up: Val) -> Val {
 /// (`[chunk, hidden]` in-out, `[hidden, chunk]` out-in), bf16 or quantized ([`WeightBlock`]).
 /// SwiGLU is separable along the intermediate dim, so the chunks of an expert just add up.
 pub fn swiglu_chunk<W: WeightBlock>(x: Val, gate: W, up: W, down: W, layout: WeightLayout) -> Val {
-    let act =
-        swiglu(gate.project_from(x, WeightLayout::InOut), up.project_from(x, WeightLayout::InOut));
-    down.project_from(act, layout)
+    // `glu_chunk` without a clamp or biases: the same ops.
+    let glu = Glu::SWIGLU;
+    glu_chunk(x, gate, up, down, layout, glu)
 }
 
 /// A chunk's share of the combine: the chunk was computed for every row of the batch (the
@@ -52,5 +52,53 @@ impl ExpertItem {
     /// the pair reaches the next row's first slot).
     pub fn row_from(self, row: Val, top_k: u64) -> Val {
         select(eq(self.pair, (row + 1) * top_k as i32), row + 1, row)
+    }
+}
+
+/// A gated MLP's activation and biases, as data ([`glu_chunk`]).
+#[derive(Clone, Copy)]
+pub struct Glu {
+    /// gpt-oss's clamped SwiGLU `(alpha, limit)`: `g = min(gate, limit)`, `u = clamp(up,
+    /// -limit, limit)`, `(u + 1) * g * sigmoid(alpha * g)`; `None`: `silu(gate) * up`.
+    pub clamped: Option<(f64, f64)>,
+    /// The chunk's gate and up biases (`[1, chunk]` f32), added to the products.
+    pub gate_up_bias: Option<(Val, Val)>,
+    /// The down projection's bias (`[1, hidden]` f32), added to the chunk's output (the
+    /// caller passes it with one chunk of the expert only).
+    pub down_bias: Option<Val>,
+}
+
+impl Glu {
+    pub const SWIGLU: Glu = Glu { clamped: None, gate_up_bias: None, down_bias: None };
+}
+
+/// [`swiglu_chunk`] with `glu`'s activation and biases (the plain SwiGLU traces the same
+/// ops as it).
+pub fn glu_chunk<W: WeightBlock>(
+    x: Val,
+    gate: W,
+    up: W,
+    down: W,
+    layout: WeightLayout,
+    glu: Glu,
+) -> Val {
+    let (g, u) =
+        (gate.project_from(x, WeightLayout::InOut), up.project_from(x, WeightLayout::InOut));
+    let (g, u) = match glu.gate_up_bias {
+        Some((gb, ub)) => (g + gb, u + ub),
+        None => (g, u),
+    };
+    let act = match glu.clamped {
+        None => swiglu(g, u),
+        Some((alpha, limit)) => {
+            let g = g.minimum(limit);
+            let u = u.maximum(-limit).minimum(limit);
+            ((u + 1.0) * (g * (g * alpha).sigmoid())).cast(bf16)
+        }
+    };
+    let y = down.project_from(act, layout);
+    match glu.down_bias {
+        Some(b) => y + b,
+        None => y,
     }
 }

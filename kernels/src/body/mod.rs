@@ -33,9 +33,9 @@ pub mod rope;
 pub mod router;
 pub mod rows;
 
-pub use attention::{KvMask, OnlineSoftmax};
+pub use attention::{KvMask, OnlineSoftmax, Window};
 pub use embed::embedding_row;
-pub use ffn::{ExpertItem, routed, swiglu, swiglu_chunk};
+pub use ffn::{ExpertItem, Glu, glu_chunk, routed, swiglu, swiglu_chunk};
 pub use gemv::{
     DIGIT_ROWS, GroupScales, QuantizedBlock, WeightBlock, WeightLayout, project, project_quantized,
     widened_code_bytes,
@@ -44,6 +44,6 @@ pub use greedy::Greedy;
 pub use kv::NewRow;
 pub use mla::{LatentRow, RopeBlock};
 pub use norm::{residual_add, rms_norm, rms_unit};
-pub use rope::{rope_apply, rope_rotation, rope_tables};
+pub use rope::{rope_apply, rope_rotation, rope_tables, rope_tables_of};
 pub use router::{Choice, Routing, router_scores, top_k};
 pub use rows::RowSelect;

@@ -48,3 +48,19 @@ pub fn rope_apply(x: Val, rotation: Val, cos: Val, sin: Val) -> Val {
     let rotated = dot(x.cast(bf16), rotation);
     x.cast(f32) * cos + rotated * sin
 }
+
+/// [`rope_tables`] from the model's own inverse frequencies (`inv_freq[i]` of lanes `i` and
+/// `i + head_dim / 2`, `head_dim = 2 * inv_freq.len()`; YaRN's, computed on the host as
+/// the model computes them) and the factor on `cos` and `sin` (YaRN's attention factor).
+/// Lanes past `head_dim` get frequency 0.
+pub fn rope_tables_of(positions: Val, width: u64, inv_freq: &[f32], factor: f64) -> (Val, Val) {
+    let half = inv_freq.len() as i32;
+    let lane = iota([1, width], 1);
+    let pair = select(ge(lane, half), lane - half, lane);
+    let inv = inv_freq
+        .iter()
+        .enumerate()
+        .fold(zeros([1, width], f32), |acc, (i, &f)| select(eq(pair, i as i32), f as f64, acc));
+    let angle = positions * inv;
+    (angle.cos() * factor, angle.sin() * factor)
+}
