@@ -23,6 +23,7 @@ use palladium_array::quant::f32_to_e4m3fn_saturating;
 use palladium_array::{DType, HostArray, round_bf16};
 use palladium_fusion::graph::WeightKind;
 use palladium_fusion::layout::{CodeFormat, OperandKind};
+use palladium_fusion::options::Dims;
 use palladium_fusion::plan::Plan;
 use palladium_fusion::source::{Element, Instance, Role, source_maps};
 use palladium_model::ModelSpec;
@@ -30,7 +31,8 @@ use palladium_model::quant::{
     FP8_BLOCK, INT4_GROUP, QuantFormat, QuantizedTensor, QuantizedWeights, StoredTensor,
 };
 use palladium_model::weights::{
-    FfnNames, MlaQueryNames, ModelNames, QkvNames, Tensor, Weights, WeightsError,
+    ExpertNames, FfnNames, LayerNames, MlaQueryNames, ModelNames, QkvNames, Tensor, Weights,
+    WeightsError,
 };
 
 /// Why weights could not be packed.
@@ -263,14 +265,22 @@ fn pack_from(
         for block in &map.blocks {
             let read = block.read;
             let tshape = us(&read.tensor.shape(&plan.model_dims));
-            let inputs = *tshape.last().unwrap_or(&0);
             for inst in block.instances(plan, device) {
-                let name = tensor_name(&names, read.tensor, &inst)?;
+                let src = stored(&names, read.tensor, &inst, &plan.model_dims)?;
+                let name = src.name;
+                // The checkpoint tensor's shape and row width, and where the role's element
+                // `[o, i]` sits in it.
+                let sshape = src.shape.clone().unwrap_or_else(|| tshape.clone());
+                let width = *sshape.last().unwrap_or(&0);
+                let place = |o: usize, i: usize| match src.in_out {
+                    true => (src.row + i, o),
+                    false => (src.row + o, i),
+                };
                 let fold = match read.fold {
                     Some(norm) => {
                         let norm = Role::Weight(norm);
                         let t = weights.plain(
-                            tensor_name(&names, norm, &inst)?,
+                            stored(&names, norm, &inst, &plan.model_dims)?.name,
                             &us(&norm.shape(&plan.model_dims)),
                         )?;
                         Some(t)
@@ -289,35 +299,37 @@ fn pack_from(
                     if tshape.len() == 1 { (0, i) } else { (o, i) }
                 };
                 let block_at = (inst.at as usize, block.row_stride as usize);
-                let mut fill = |value: &dyn Fn(usize, usize) -> f32| {
+                // `value(o, i)` of the role's element `[o, i]`, `(r, c)` its place in the
+                // checkpoint tensor (the folded norm's index is the role's input `i`).
+                let mut fill = |value: &dyn Fn((usize, usize), usize) -> f32| {
                     fill_block(&mut data, block_at, &rows, &cols, |r, s| {
                         let (o, i) = at(r, s);
-                        value(o, i)
+                        value(place(o, i), i)
                     })
                 };
                 match read.element {
                     Element::Value => {
-                        let t = weights.plain(name, &tshape)?;
+                        let t = weights.plain(name, &sshape)?;
                         match fold {
-                            Some(g) => fill(&|o, i| {
-                                round_bf16(t.data[o * inputs + i]) * round_bf16(g.data[i])
+                            Some(g) => fill(&|(r, c), i| {
+                                round_bf16(t.data[r * width + c]) * round_bf16(g.data[i])
                             }),
-                            None => fill(&|o, i| round_bf16(t.data[o * inputs + i])),
+                            None => fill(&|(r, c), _| round_bf16(t.data[r * width + c])),
                         }
                     }
                     Element::Exact => {
-                        let t = weights.plain(name, &tshape)?;
-                        fill(&|o, i| t.data[o * inputs + i]);
+                        let t = weights.plain(name, &sshape)?;
+                        fill(&|(r, c), _| t.data[r * width + c]);
                     }
                     Element::Code(f) => {
                         let q =
-                            weights.quantized(name, [tshape[0], tshape[1]], stored_format(f))?;
-                        fill(&|o, i| q.code(o, i));
+                            weights.quantized(name, [sshape[0], sshape[1]], stored_format(f))?;
+                        fill(&|(r, c), _| q.code(r, c));
                     }
                     Element::Scale(f) => {
                         let q =
-                            weights.quantized(name, [tshape[0], tshape[1]], stored_format(f))?;
-                        fill(&|o, i| q.scale(o, i));
+                            weights.quantized(name, [sshape[0], sshape[1]], stored_format(f))?;
+                        fill(&|(r, c), _| q.scale(r, c));
                     }
                 }
             }
@@ -364,7 +376,73 @@ fn fill_block(
     }
 }
 
-/// The Hugging Face name of tensor `role` of `inst`'s layer and expert.
+/// Where the `[out, in]` tensor of a role (of one layer and expert) sits in the checkpoint:
+/// a tensor of its own, or a row block of one it shares (DBRX's fused `Wqkv`, its experts
+/// stacked by rows).
+struct Stored<'n> {
+    name: &'n str,
+    /// The checkpoint tensor's shape where it is not the role's own.
+    shape: Option<Vec<usize>>,
+    /// The checkpoint row of the role's first row (of its first input where `in_out`).
+    row: usize,
+    /// Stored in `x @ W` form (DBRX's `w2`): element `[o, i]` at `[row + i, o]`.
+    in_out: bool,
+}
+
+/// [`Stored`] of tensor `role` of `inst`'s layer and expert, in the model of sizes `m`.
+fn stored<'n>(
+    names: &'n ModelNames,
+    role: Role,
+    inst: &Instance,
+    m: &Dims,
+) -> Result<Stored<'n>, PackError> {
+    let whole = |name| Stored { name, shape: None, row: 0, in_out: false };
+    let Role::Weight(kind) = role else { return Ok(whole(&names.embed)) };
+    let layer = inst.layer.and_then(|l| names.layers.get(l as usize));
+    let (q, kv) = ((m.heads * m.head_dim) as usize, (m.kv_heads * m.head_dim) as usize);
+    let hidden = m.hidden as usize;
+    match (kind, layer) {
+        (WeightKind::QProj | WeightKind::KProj | WeightKind::VProj, Some(l)) => {
+            if let QkvNames::Fused { qkv } = &l.qkv {
+                let row = match kind {
+                    WeightKind::QProj => 0,
+                    WeightKind::KProj => q,
+                    _ => q + kv,
+                };
+                return Ok(Stored {
+                    name: qkv,
+                    shape: Some(vec![q + 2 * kv, hidden]),
+                    row,
+                    in_out: false,
+                });
+            }
+        }
+        (
+            WeightKind::ExpertGate | WeightKind::ExpertUp | WeightKind::ExpertDown,
+            Some(LayerNames {
+                ffn: FfnNames::Moe { experts: ExpertNames::Stacked { gate, up, down }, .. },
+                ..
+            }),
+        ) => {
+            let e = inst.expert.expect("an expert tensor's block stacks experts") as usize;
+            let i = m.intermediate as usize;
+            let name = match kind {
+                WeightKind::ExpertGate => gate,
+                WeightKind::ExpertUp => up,
+                _ => down,
+            };
+            return Ok(Stored {
+                name,
+                shape: Some(vec![m.experts as usize * i, hidden]),
+                row: e * i,
+                in_out: kind == WeightKind::ExpertDown,
+            });
+        }
+        _ => {}
+    }
+    tensor_name(names, role, inst).map(whole)
+}
+
 /// Multi-head latent attention's tensor of `kind` among a layer's attention names (none
 /// for grouped-query attention's, or a query the layer projects otherwise).
 fn mla_tensor_name(qkv: &QkvNames, kind: WeightKind) -> Option<&str> {
@@ -388,6 +466,8 @@ fn mla_tensor_name(qkv: &QkvNames, kind: WeightKind) -> Option<&str> {
     })
 }
 
+/// The Hugging Face name of tensor `role` of `inst`'s layer and expert (a tensor of its
+/// own: [`stored`] places the others).
 fn tensor_name<'n>(
     names: &'n ModelNames,
     role: Role,

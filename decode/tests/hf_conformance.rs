@@ -198,3 +198,11 @@ fn olmoe_variant_matches_transformers() {
     check(cfg.to_str().unwrap(), 5, &[9, 8, 7, 6, 5, 4], 10);
     let _ = std::fs::remove_file(&cfg);
 }
+
+/// DBRX: `LayerNorms` without bias (the norm stage's option, weights folded), q/k/v the row
+/// blocks of one fused `Wqkv` clamped at `clip_qkv` 1.5, experts stacked by rows (`w2` in
+/// `x @ W` form), renormalised top-4 of 8.
+#[test]
+fn dbrx_matches_transformers() {
+    check("fixtures/models/tiny-dbrx.json", 7, &[1, 17, 300, 42, 5], 10);
+}

@@ -585,7 +585,7 @@ fn supported<'s>(
         (spec.mlp.bias, "expert biases"),
         (spec.mlp.activation != Activation::Silu, "the clamped SwiGLU"),
         (spec.norm.kind == NormKind::RmsF32Weight, "RMS norms weighted in f32"),
-        (matches!(spec.norm.kind, NormKind::Layer { .. }), "LayerNorm"),
+        (matches!(spec.norm.kind, NormKind::Layer { bias: true }), "LayerNorm with bias"),
         (spec.lm_head_bias, "an lm_head bias"),
         (moe_layer(|m| m.routing.sparse_mixer.is_some()), "the sparsemixer router"),
         (matches!(spec.attention.rope.scaling, RopeScaling::LongRope(_)), "LongRoPE"),
@@ -600,7 +600,6 @@ fn supported<'s>(
             "the per-head q/k RMS norms after RoPE",
         ),
         (matches!(spec.attention.rope.scaling, RopeScaling::NtkAlpha { .. }), "NTK-alpha RoPE"),
-        (spec.family == Family::Dbrx, "DBRX's fused Wqkv"),
         (
             moe_layer(|m| m.routing.weighting == ExpertWeighting::Input),
             "routing weights scaling the experts' input",
@@ -612,8 +611,9 @@ fn supported<'s>(
             "Llama 3 RoPE scaling or complex-pair RoPE",
         ),
         (!spec.multipliers.is_identity(), "Granite's embedding, residual and logits multipliers"),
+        // DBRX's experts stacked by rows are read through the experts' source maps.
         (
-            spec.family.experts_fused(),
+            spec.family.experts_fused() && spec.family != Family::Dbrx,
             "experts stored fused (one tensor per matrix for all experts)",
         ),
     ];
@@ -747,6 +747,7 @@ fn dims(
         rows: round_up(batch * options.tokens_per_seq, 16),
         attn_rows: round_up(a.group_size() * options.tokens_per_seq, 16),
         eps: spec.norm.eps,
+        layer_norm: matches!(spec.norm.kind, NormKind::Layer { bias: false }),
         rope_theta: a.rope.theta,
         scale: a.scale,
         qk_norm: matches!(a.qk_norm, QkNorm::PerHeadRms { .. }),
