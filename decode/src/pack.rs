@@ -23,6 +23,7 @@ use palladium_array::quant::f32_to_e4m3fn_saturating;
 use palladium_array::{DType, HostArray, round_bf16};
 use palladium_fusion::graph::WeightKind;
 use palladium_fusion::layout::{CodeFormat, OperandKind};
+use palladium_fusion::options::Dims;
 use palladium_fusion::plan::Plan;
 use palladium_fusion::source::{Element, Instance, Role, source_maps};
 use palladium_model::ModelSpec;
@@ -256,7 +257,6 @@ fn pack_from(
         )));
     }
     let names = ModelNames::new(spec)?;
-    let experts = plan.model_dims.experts as usize;
     let layout = &plan.layout;
     let us = |s: &[u64]| s.iter().map(|&x| x as usize).collect::<Vec<_>>();
     let (mut operands, mut arrays) = (Vec::new(), Vec::new());
@@ -268,13 +268,13 @@ fn pack_from(
             let tshape = us(&read.tensor.shape(&plan.model_dims));
             let inputs = *tshape.last().unwrap_or(&0);
             for inst in block.instances(plan, device) {
-                let source = tensor_source(&names, read.tensor, &inst, &tshape, experts)?;
+                let source = tensor_source(&names, read.tensor, &inst, &tshape, &plan.model_dims)?;
                 let name = source.name;
                 let fold = match read.fold {
                     Some(norm) => {
                         let norm = Role::Weight(norm);
                         let t = weights.plain(
-                            tensor_source(&names, norm, &inst, &[], experts)?.name,
+                            tensor_source(&names, norm, &inst, &[], &plan.model_dims)?.name,
                             &us(&norm.shape(&plan.model_dims)),
                         )?;
                         Some(t)
@@ -300,10 +300,14 @@ fn pack_from(
                     })
                 };
                 // Element [o, i] of the role's tensor in the stored tensor's data.
-                let fused = source.view.is_some();
                 let view =
                     source.view.unwrap_or(View { shape: tshape.clone(), ..View::plain(inputs) });
                 let index = |o: usize, i: usize| view.offset + o * view.row + i * view.col;
+                // A stored matrix's rows and columns (a vector's: one row).
+                let stored = match view.shape[..] {
+                    [r, c] => [r, c],
+                    _ => [1, view.shape.iter().product()],
+                };
                 match read.element {
                     Element::Value => {
                         let t = weights.plain(name, &view.shape)?;
@@ -318,20 +322,25 @@ fn pack_from(
                         let t = weights.plain(name, &view.shape)?;
                         fill(&|o, i| t.data[index(o, i)]);
                     }
-                    Element::Code(_) | Element::Scale(_) if fused => {
+                    Element::Code(_) | Element::Scale(_) if view.shape.len() != 2 => {
                         return Err(PackError::Layout(format!(
                             "tensor \"{name}\": fused expert tensors are not quantized (plan them as bf16)"
                         )));
                     }
+                    // Codes and scales are by the stored matrix's rows and columns.
                     Element::Code(f) => {
-                        let q =
-                            weights.quantized(name, [tshape[0], tshape[1]], stored_format(f))?;
-                        fill(&|o, i| q.code(o, i));
+                        let q = weights.quantized(name, stored, stored_format(f))?;
+                        fill(&|o, i| {
+                            let k = index(o, i);
+                            q.code(k / stored[1], k % stored[1])
+                        });
                     }
                     Element::Scale(f) => {
-                        let q =
-                            weights.quantized(name, [tshape[0], tshape[1]], stored_format(f))?;
-                        fill(&|o, i| q.scale(o, i));
+                        let q = weights.quantized(name, stored, stored_format(f))?;
+                        fill(&|o, i| {
+                            let k = index(o, i);
+                            q.scale(k / stored[1], k % stored[1])
+                        });
                     }
                 }
             }
@@ -404,30 +413,55 @@ struct Source<'n> {
 }
 
 /// The source of tensor `role` (of `shape`, `[out, in]` or `[n]`) of `inst`'s layer and
-/// expert (of the model's `experts`).
+/// expert, in the model of sizes `m`: a tensor of its own, or a view of one it shares
+/// (gpt-oss's fused experts, DBRX's fused `Wqkv` and its experts stacked by rows).
 fn tensor_source<'n>(
     names: &'n ModelNames,
     role: Role,
     inst: &Instance,
     shape: &[usize],
-    experts: usize,
+    m: &Dims,
 ) -> Result<Source<'n>, PackError> {
-    if let (
-        Role::Weight(
-            kind @ (WeightKind::ExpertGate
-            | WeightKind::ExpertUp
-            | WeightKind::ExpertDown
-            | WeightKind::ExpertGateBias
-            | WeightKind::ExpertUpBias
-            | WeightKind::ExpertDownBias),
-        ),
-        Some(l),
-    ) = (role, inst.layer)
-        && let Some(FfnNames::Moe { experts: ExpertNames::Fused(f), .. }) =
-            names.layers.get(l as usize).map(|ln| &ln.ffn)
-    {
-        let e = inst.expert.expect("an expert tensor's block stacks experts") as usize;
-        return fused_view(f, kind, (e, experts), shape, l);
+    let experts = m.experts as usize;
+    let layer = inst.layer.and_then(|l| names.layers.get(l as usize).map(|ln| (l, ln)));
+    if let (Role::Weight(kind), Some((l, ln))) = (role, layer) {
+        let e = || inst.expert.expect("an expert tensor's block stacks experts") as usize;
+        let h = m.hidden as usize;
+        use WeightKind::*;
+        match (kind, &ln.qkv, &ln.ffn) {
+            // DBRX's `Wqkv`: q, k and v its row blocks.
+            (QProj | KProj | VProj, QkvNames::Fused { qkv }, _) => {
+                let (q, kv) = ((m.heads * m.head_dim) as usize, (m.kv_heads * m.head_dim) as usize);
+                let first = match kind {
+                    QProj => 0,
+                    KProj => q,
+                    _ => q + kv,
+                };
+                let view = View { shape: vec![q + 2 * kv, h], offset: first * h, row: h, col: 1 };
+                return Ok(Source { name: qkv, view: Some(view) });
+            }
+            // DBRX's experts: rows `e * I ..` of `w1`, `v1`, and of `w2` in `x @ W` form.
+            (
+                ExpertGate | ExpertUp | ExpertDown,
+                _,
+                FfnNames::Moe { experts: ExpertNames::Stacked { gate, up, down }, .. },
+            ) => {
+                let i = m.intermediate as usize;
+                let (name, row, col) = match kind {
+                    ExpertGate => (gate, h, 1),
+                    ExpertUp => (up, h, 1),
+                    _ => (down, 1, h),
+                };
+                let view = View { shape: vec![experts * i, h], offset: e() * i * h, row, col };
+                return Ok(Source { name, view: Some(view) });
+            }
+            (
+                ExpertGate | ExpertUp | ExpertDown | ExpertGateBias | ExpertUpBias | ExpertDownBias,
+                _,
+                FfnNames::Moe { experts: ExpertNames::Fused(f), .. },
+            ) => return fused_view(f, kind, (e(), experts), shape, l),
+            _ => {}
+        }
     }
     tensor_name(names, role, inst).map(|name| Source { name, view: None })
 }
@@ -528,6 +562,8 @@ fn mla_tensor_name(qkv: &QkvNames, kind: WeightKind) -> Option<&str> {
     })
 }
 
+/// The Hugging Face name of tensor `role` of `inst`'s layer and expert (a tensor of its
+/// own: [`stored`] places the others).
 fn tensor_name<'n>(
     names: &'n ModelNames,
     role: Role,

@@ -554,3 +554,44 @@ fn quantized_weights_on_several_devices_match_the_reference() {
         }
     }
 }
+
+/// DBRX: `LayerNorms` (the norm stage's option), the fused `Wqkv`'s q/k/v row blocks split
+/// with their heads, the row-stacked experts split by expert (EP).
+#[test]
+fn tiny_dbrx_gives_the_same_tokens_on_1_and_2_devices() {
+    same_tokens_on_devices("tiny-dbrx", &spec("tiny-dbrx"), &[0, 1], &[2], ExpertSplit::Ep);
+}
+
+/// DBRX with sizes that fill no tile (`d_model` 192, heads of 48, `ffn_hidden_size` 400):
+/// the `LayerNorms`' mean and variance over the model's 192 lanes (the padded ones masked),
+/// each device's columns of the stacked experts (TP: 256 padded columns per device).
+#[test]
+fn tiny_dbrx_with_padded_sizes_and_tensor_parallel_experts() {
+    let s = padded_dbrx();
+    same_tokens_on_devices("tiny-dbrx (padded)", &s, &[0], &[2], ExpertSplit::Tp);
+}
+
+/// Tiny DBRX with `d_model` 192 (64 padded lanes) and `ffn_hidden_size` 400.
+fn padded_dbrx() -> ModelSpec {
+    let path = format!("{}/../fixtures/models/tiny-dbrx.json", env!("CARGO_MANIFEST_DIR"));
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["d_model"] = 192.into();
+    v["ffn_config"]["ffn_hidden_size"] = 400.into();
+    ModelSpec::from_json(&v).unwrap()
+}
+
+/// The `LayerNorms` of padded DBRX on a residual stream far from zero mean (every
+/// embedding shifted by 4): the padded lanes of the centred stream (`-mean` before the
+/// mask) count in neither the variance nor the result, so the kernel matches the
+/// reference.
+#[test]
+fn padded_layer_norms_mask_the_padded_lanes() {
+    let s = padded_dbrx();
+    let mut w = Weights::random(&s, 3).unwrap();
+    w.get_mut("transformer.wte.weight").unwrap().iter_mut().for_each(|x| *x += 4.0);
+    let prompt = [3, 17, 300, 42, 5];
+    let steps = decode(&s, &w, 1, &prompt, 4, None);
+    let check = compare(&s, &w, &prompt, &generation(&steps, prompt.len())).unwrap();
+    assert!(check.passed(), "{}", check.summary());
+}

@@ -216,3 +216,11 @@ fn olmoe_variant_matches_transformers() {
 fn gpt_oss_megakernel_matches_transformers() {
     check("fixtures/models/tiny-gpt-oss-256.json", 7, &[1, 17, 300, 42, 5], 10);
 }
+
+/// DBRX: `LayerNorms` without bias (the norm stage's option, weights folded), q/k/v the row
+/// blocks of one fused `Wqkv` clamped at `clip_qkv` 1.5, experts stacked by rows (`w2` in
+/// `x @ W` form), renormalised top-4 of 8.
+#[test]
+fn dbrx_matches_transformers() {
+    check("fixtures/models/tiny-dbrx.json", 7, &[1, 17, 300, 42, 5], 10);
+}

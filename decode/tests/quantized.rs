@@ -150,3 +150,22 @@ fn fp8_checkpoints_written_by_torch_run_and_match_the_reference() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// DBRX in fp8: the fused `Wqkv` and the row-stacked experts quantized as whole tensors in
+/// 128 x 128 blocks (each block one expert's), their codes and scales placed by the
+/// source maps (`w2`'s transposed: its blocks group the down projection's inputs); the
+/// kernel applies the `LayerNorms`' weights from `norms`. int8 and int4, which would group
+/// `w2` by its outputs, are refused naming the stacked experts.
+#[test]
+fn dbrx_fp8_matches_the_reference_on_dequantized_weights() {
+    let spec = fixture("tiny-dbrx");
+    let weights = Weights::random(&spec, 5).unwrap();
+    let fp8 = QuantizedWeights::quantize(&spec, &weights, WeightsDtype::Fp8).unwrap();
+    let c = run_and_compare(&spec, &fp8, 4);
+    println!("tiny-dbrx fp8: {}", c.summary());
+    assert!(c.passed(), "tiny-dbrx fp8: {}", c.summary());
+    for dtype in [WeightsDtype::Int8, WeightsDtype::Int4] {
+        let err = QuantizedWeights::quantize(&spec, &weights, dtype).unwrap_err();
+        assert!(err.to_string().contains("experts stacked by rows"), "{err}");
+    }
+}

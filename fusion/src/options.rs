@@ -150,6 +150,10 @@ pub struct Dims {
     /// and probabilities are bf16 MXU operands, whatever the batch.
     pub attn_rows: u64,
     pub eps: f64,
+    /// The norms (input, post-attention, final) are `nn.LayerNorm`s without bias (DBRX):
+    /// the mean subtracted, the biased variance; their weights fold as RMS norms' do.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub layer_norm: bool,
     pub rope_theta: f64,
     pub scale: f64,
     pub qk_norm: bool,

@@ -595,7 +595,7 @@ fn supported<'s>(
         spec.layers.iter().any(|l| matches!(&l.ffn, FfnKind::Moe(m) if f(m)))
     };
     let unemitted = [
-        (matches!(spec.norm.kind, NormKind::Layer { .. }), "LayerNorm"),
+        (matches!(spec.norm.kind, NormKind::Layer { bias: true }), "LayerNorm with bias"),
         (spec.lm_head_bias, "an lm_head bias"),
         (moe_layer(|m| m.routing.sparse_mixer.is_some()), "the sparsemixer router"),
         (matches!(spec.attention.rope.scaling, RopeScaling::LongRope(_)), "LongRoPE"),
@@ -605,7 +605,6 @@ fn supported<'s>(
         ),
         (spec.layers.iter().any(|l| !l.positions.is_rope()), "NoPE layers"),
         (spec.attention.qk_norm == QkNorm::L2AfterRope, "the L2 q/k norm after RoPE"),
-        (spec.family == Family::Dbrx, "DBRX's fused Wqkv"),
         (
             moe_layer(|m| m.routing.weighting == ExpertWeighting::Input),
             "routing weights scaling the experts' input",
@@ -757,6 +756,7 @@ fn dims(
         rows: round_up(batch * options.tokens_per_seq, 16),
         attn_rows: round_up(a.group_size() * options.tokens_per_seq, 16),
         eps: spec.norm.eps,
+        layer_norm: matches!(spec.norm.kind, NormKind::Layer { bias: false }),
         // Hunyuan's NTK alpha raises the base; the kernel's frequencies are its powers.
         rope_theta: a.rope.scaling.base(a.rope.theta, a.rope.rotary_dim),
         scale: a.scale,

@@ -230,3 +230,20 @@ fn libtpu_accepts_megakernels_with_mixed_layer_kinds() {
     ];
     assert_accepted(&jobs);
 }
+
+/// DBRX-Instruct (4 of its 40 layers, batch 1, context 4096) on the v7x devices the whole
+/// model needs: bf16 on 4 (263 GB), fp8 on 2: its `LayerNorms`, the fused `Wqkv`'s heads
+/// (48 query, 8 KV, split with their heads) and the stacked experts (16, split as the plan
+/// chooses: TP on 2 devices).
+#[test]
+fn libtpu_accepts_dbrx() {
+    use palladium_model::quant::WeightsDtype;
+    let jobs: Vec<(String, Job)> = [(WeightsDtype::Bf16, 4), (WeightsDtype::Fp8, 2)]
+        .into_iter()
+        .map(|(weights, devices)| {
+            let options = plain(Chip::V7x, 1, 4096, Some(4));
+            job("dbrx-instruct", PlanOptions { weights, devices, ..options })
+        })
+        .collect();
+    assert_accepted(&jobs);
+}

@@ -152,9 +152,9 @@ pub fn on_token_rows(p: &Plan, quantized: bool, x: Val, product: impl FnOnce(Val
     concatenate(&[y, zeros([rows - DIGIT_ROWS, cols], f32)], 0)
 }
 
-/// An RMSNorm's weight as the stage's operands hold it: folded into the weights that
-/// follow (bf16 plans), or applied from row `r` of a quantized plan's norm rows (`norms`,
-/// copied per layer into its buffer).
+/// A norm's weight (RMSNorm, or a `LayerNorm` without bias) as the stage's operands hold
+/// it: folded into the weights that follow (bf16 plans), or applied from row `r` of a
+/// quantized plan's norm rows (`norms`, copied per layer into its buffer).
 #[derive(Clone, Copy)]
 pub enum Norm {
     Folded,
@@ -168,14 +168,19 @@ impl Norm {
         norm_buf.map_or(Norm::Folded, |buf| Norm::Row(buf, row))
     }
 
-    /// RMSNorm of `x` over the hidden columns, times the weight where it is applied here:
-    /// the mean square over the model's hidden size (the lanes padded past it are zero).
+    /// The model's norm of `x` over the hidden columns (RMSNorm, or the plan's
+    /// [`crate::options::Dims::layer_norm`]), times the weight where it is applied here:
+    /// the statistics over the model's hidden size (the lanes padded past it are zero).
     pub fn apply(self, p: &Plan, x: Val) -> Val {
         let weight = match self {
             Norm::Folded => None,
             Norm::Row(buf, r) => Some(buf.load((r..r + 1, ..))),
         };
-        rms_norm(x, weight, p.model_dims.hidden, p.dims.eps)
+        let norm = match p.dims.layer_norm {
+            true => palladium_kernels::body::layer_norm,
+            false => rms_norm,
+        };
+        norm(x, weight, p.model_dims.hidden, p.dims.eps)
     }
 }
 

@@ -43,7 +43,7 @@ pub use gemv::{
 pub use greedy::Greedy;
 pub use kv::NewRow;
 pub use mla::{LatentRow, RopeBlock};
-pub use norm::{residual_add, rms_norm, rms_unit};
+pub use norm::{layer_norm, layer_norm_unit, residual_add, rms_norm, rms_unit};
 pub use rope::{rope_apply, rope_rotation, rope_tables, rope_tables_of};
 pub use router::{Choice, Routing, router_scores, top_k};
 pub use rows::RowSelect;

@@ -25,3 +25,29 @@ pub fn rms_norm(x: Val, weight: Option<Val>, n: u64, eps: f64) -> Val {
 pub fn residual_add(x: Val, residual: Val) -> Val {
     x.cast(f32) + residual.cast(f32)
 }
+
+/// `nn.LayerNorm` without its weight and bias: `(x - mean(x)) * rsqrt(var(x) + eps)` over
+/// the last dim of `x` (`[rows, lanes]`), f32, the biased variance, `n` being the true
+/// length of that dim (lanes past it must hold zeros). The lanes past `n` of the centred
+/// `x` are masked back to zero, so they count in neither the variance nor the result.
+pub fn layer_norm_unit(x: Val, n: u64, eps: f64) -> Val {
+    let [rows, lanes] = [x.shape().0[0], x.shape().0[1]];
+    let centred = x - x.sum_keepdims(1) / n as f64;
+    let centred = match n < lanes {
+        true => select(palladium_dsl::build::lt(iota([rows, lanes], 1), n as i32), centred, 0.0),
+        false => centred,
+    };
+    let variance = (centred * centred).sum_keepdims(1) / n as f64;
+    centred * (variance + eps).rsqrt()
+}
+
+/// `nn.LayerNorm` (no bias) as the next matmul's operand, as [`rms_norm`] is RMSNorm:
+/// [`layer_norm_unit`] of `x` in f32, times `weight` where it is not folded, rounded once
+/// to bf16.
+pub fn layer_norm(x: Val, weight: Option<Val>, n: u64, eps: f64) -> Val {
+    let normed = layer_norm_unit(x.cast(f32), n, eps);
+    match weight {
+        Some(w) => (normed * w.cast(f32)).cast(bf16),
+        None => normed.cast(bf16),
+    }
+}

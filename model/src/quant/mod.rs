@@ -35,8 +35,8 @@ use indexmap::IndexMap;
 use palladium_array::{DType, HostArray};
 use thiserror::Error;
 
-use crate::spec::{Family, ModelSpec, Quantization};
-use crate::weights::{FfnNames, ModelNames, QkvNames, Tensor, Weights, WeightsError};
+use crate::spec::{Family, FfnKind, ModelSpec, Quantization};
+use crate::weights::{ExpertNames, FfnNames, ModelNames, QkvNames, Tensor, Weights, WeightsError};
 use convert::{
     E4M3FN_MAX, INT4_MAX, INT4_MIN, e4m3fn_to_f32, f32_to_e4m3fn_saturating, round_clamp,
 };
@@ -417,7 +417,7 @@ impl WeightsDtype {
             Self::Fp8 => (fp8, fp8),
             Self::Int4 => (int8, QuantFormat::Int4Group { group: INT4_GROUP }),
         };
-        for layer in &names.layers {
+        for (layer, planned) in names.layers.iter().zip(&spec.layers) {
             let mut add = |name: &str, format| {
                 if self != Self::Fp8 || fp8_rule.converts(name) {
                     out.insert(name.to_string(), format);
@@ -438,6 +438,29 @@ impl WeightsDtype {
                 FfnNames::Moe { router, experts, shared, .. } => {
                     if self == Self::Fp8 {
                         add(router, fp8);
+                    }
+                    // DBRX's experts stacked by rows (`[experts * I, hidden]` each, `w2` in
+                    // `x @ W` form) quantize as whole tensors in fp8's 128 x 128 blocks: a
+                    // block is then one expert's, of 128 outputs and 128 inputs whichever
+                    // form, where `I` is whole blocks. Per-row int8 and int4 would group
+                    // `w2` by its outputs, not its inputs.
+                    if let ExpertNames::Stacked { gate, up, down } = experts {
+                        let i = match &planned.ffn {
+                            FfnKind::Moe(m) => m.intermediate,
+                            FfnKind::Dense { intermediate } => *intermediate,
+                        };
+                        if self != Self::Fp8 || i % FP8_BLOCK[0] as u64 != 0 {
+                            return Err(WeightsError::Unsupported {
+                                what: format!(
+                                    "--weights-dtype {} with {}'s experts stacked by rows (quantized as fp8, with an intermediate size of whole {}-row blocks: {i})",
+                                    self.name(),
+                                    spec.family.model_type(),
+                                    FP8_BLOCK[0]
+                                ),
+                            });
+                        }
+                        [gate, up, down].into_iter().for_each(|n| add(n, expert));
+                        continue;
                     }
                     let Some(experts) = experts.per_expert() else {
                         return Err(WeightsError::Unsupported {
