@@ -136,9 +136,11 @@ impl TensorNames {
                     put(QNorm, g.q_norm.as_ref());
                     put(KNorm, g.k_norm.as_ref());
                 }
+                // Its row blocks (`Q` = heads x head_dim rows, `KV` the kv heads'): distinct
+                // names, or the rewrites would take the three matmuls for one.
                 QkvNames::Fused { qkv } => {
-                    for kind in [QProj, KProj, VProj] {
-                        put(kind, Some(qkv));
+                    for (kind, rows) in [(QProj, "0:Q"), (KProj, "Q:Q+KV"), (VProj, "Q+KV:")] {
+                        put(kind, Some(&format!("{qkv}[{rows}]")));
                     }
                 }
                 QkvNames::Mla(m) => {
@@ -247,10 +249,11 @@ fn expert_names(experts: &ExpertNames) -> Vec<(WeightKind, String)> {
             }
             out
         }
+        // No parentheses or spaces: the rewrites read the names as s-expression symbols.
         ExpertNames::Stacked { gate, up, down } => vec![
-            (ExpertGate, format!("{gate}[{{e}}*I..({{e}}+1)*I]")),
-            (ExpertUp, format!("{up}[{{e}}*I..({{e}}+1)*I]")),
-            (ExpertDown, format!("{down}[{{e}}*I..({{e}}+1)*I]^T")),
+            (ExpertGate, format!("{gate}[{{e}}*I:{{e}}*I+I]")),
+            (ExpertUp, format!("{up}[{{e}}*I:{{e}}*I+I]")),
+            (ExpertDown, format!("{down}[{{e}}*I:{{e}}*I+I]^T")),
         ],
     }
 }

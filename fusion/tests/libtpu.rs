@@ -153,7 +153,7 @@ fn libtpu_accepts_the_multi_device_megakernels() {
 /// (whole-projection q/k norms, their sums of squares summed over the devices) on v6e and
 /// 2 v7x devices, with `clip_qkv` on v6e; and GLM-4.5 (355B) as shipped,
 /// fp8 on 8 v7x devices, its first 4 layers (3 dense, 1 MoE with 160 experts and the shared
-/// expert's fp8 codes).
+/// expert's fp8 codes); the tiny Hunyuan-MoE (q/k norms after RoPE) on v6e and 2 v7x devices.
 #[test]
 fn libtpu_accepts_the_glm4_moe_and_olmoe_megakernels() {
     use palladium_model::quant::WeightsDtype;
@@ -178,6 +178,8 @@ fn libtpu_accepts_the_glm4_moe_and_olmoe_megakernels() {
         job("tiny-olmoe", plain(Chip::V6e, 2, 256, None)),
         job("tiny-olmoe", PlanOptions { devices: 2, ..plain(Chip::V7x, 1, 256, None) }),
         ("tiny-olmoe with clip_qkv 0.5 on v6e".to_string(), clip_job),
+        job("tiny-hunyuan-moe", plain(Chip::V6e, 1, 256, None)),
+        job("tiny-hunyuan-moe", PlanOptions { devices: 2, ..plain(Chip::V7x, 1, 256, None) }),
         job(
             "glm-4.5",
             PlanOptions {
