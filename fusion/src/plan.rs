@@ -1015,86 +1015,28 @@ fn stream_layout(
             product("the dense-MLP weights (w_mlp)", &[bits(expert_dtype), l_mlp, di, h, 3])? / 8,
         ));
     }
-    if dims.head_norms() {
-        let rows = dims.head_norm_rows();
-        operands.push(operand(
-            HeadNorms,
-            Input,
-            DType::F32,
-            vec![l, rows, hp],
-            MemorySpace::Any,
-            4 * l * rows * hp,
-        ));
-    }
-    if dims.qkv_bias {
-        let rows = dims.qkv_bias_rows();
-        operands.push(operand(
-            QkvBias,
-            Input,
-            DType::F32,
-            vec![l, rows, hp],
-            MemorySpace::Any,
-            4 * l * rows * hp,
-        ));
-    }
-    if dims.o_bias {
-        operands.push(operand(
-            OBias,
-            Input,
-            DType::F32,
-            vec![l, 8, h],
-            MemorySpace::Any,
-            l * dims.o_bias_bytes(),
-        ));
-    }
-    if dims.correction_bias {
-        operands.push(operand(
-            CorrectionBias,
-            Input,
-            DType::F32,
-            vec![l, 8, dims.experts_pad],
-            MemorySpace::Any,
-            l * dims.correction_bias_bytes(),
-        ));
-    }
-    if dims.sinks {
-        operands.push(operand(
-            Sinks,
-            Input,
-            DType::F32,
-            vec![l, kvh, dims.attn_rows, 128],
-            MemorySpace::Any,
-            l * dims.sinks_bytes(),
-        ));
-    }
-    if dims.router_bias {
-        operands.push(operand(
-            RouterBias,
-            Input,
-            DType::F32,
-            vec![l, 8, dims.experts_pad],
-            MemorySpace::Any,
-            l * dims.router_bias_bytes(),
-        ));
-    }
-    if dims.expert_bias {
-        let lanes = dims.expert_bias_lanes(expert_block);
-        operands.push(operand(
-            ExpertBias,
-            Input,
-            DType::F32,
-            vec![l_moe, e + shared_entries, expert_chunks, 8, lanes],
-            MemorySpace::Any,
-            product("the expert biases", &[4, l_moe, e + shared_entries, expert_chunks, 8, lanes])?,
-        ));
+    // The f32 operands of rows beside the weights: each the model's if it has them.
+    let f32_operand = |kind, shape: Vec<u64>| {
+        let bytes = product(&format!("the {}", OperandKind::name(kind)), &shape).map(|n| 4 * n)?;
+        Ok::<_, PlanError>(operand(kind, Input, DType::F32, shape, MemorySpace::Any, bytes))
+    };
+    let (rows, lanes) = (dims.head_norm_rows(), dims.expert_bias_lanes(expert_block));
+    let entries = e + shared_entries;
+    for (has, kind, shape) in [
+        (dims.head_norms(), HeadNorms, vec![l, rows, hp]),
+        (dims.qkv_bias, QkvBias, vec![l, dims.qkv_bias_rows(), hp]),
+        (dims.o_bias, OBias, vec![l, 8, h]),
+        (dims.correction_bias, CorrectionBias, vec![l, 8, dims.experts_pad]),
+        (dims.sinks, Sinks, vec![l, kvh, dims.attn_rows, 128]),
+        (dims.router_bias, RouterBias, vec![l, 8, dims.experts_pad]),
+        (dims.expert_bias, ExpertBias, vec![l_moe, entries, expert_chunks, 8, lanes]),
+    ] {
+        if has {
+            operands.push(f32_operand(kind, shape)?);
+        }
     }
     if let Some(q) = quant {
         let (nqkv, nq) = (segments[0].cols, segments[1].cols);
-        let f32_operand = |kind, shape: Vec<u64>| {
-            let bytes =
-                product(&format!("the {}", OperandKind::name(kind)), &shape).map(|n| 4 * n)?;
-            Ok::<_, PlanError>(operand(kind, Input, DType::F32, shape, MemorySpace::Any, bytes))
-        };
         operands.push(f32_operand(QkvScales, vec![l, q.dense.scale_rows(h, h), nqkv])?);
         operands.push(f32_operand(OScales, vec![l, q.dense.scale_rows(nq, nq), h])?);
         operands.push(operand(
