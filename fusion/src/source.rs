@@ -1,5 +1,5 @@
 //! Where every element of every weight operand comes from: one typed source map per
-//! operand of [`StreamLayout::operands`], declared once here from the plan. The weight
+//! operand of [`crate::layout::StreamLayout::operands`], declared once here from the plan. The weight
 //! packer (`palladium-decode`'s `pack`) walks these maps to fill the arrays, and the
 //! report ([`crate::report::operand_source`]) renders its operand prose from them, so the
 //! layout's index math (q/k/v heads, head padding, chunks, device slices, quantized codes
